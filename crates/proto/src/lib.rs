@@ -1,0 +1,1 @@
+//! PMNet protocol state machines.

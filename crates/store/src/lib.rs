@@ -1,0 +1,1 @@
+//! The server's embedded durable key-value store.

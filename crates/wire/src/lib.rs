@@ -1,0 +1,1 @@
+//! PMNet wire format.

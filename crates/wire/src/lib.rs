@@ -1,1 +1,426 @@
-//! PMNet wire format.
+//! The PMNet wire format.
+//!
+//! Every PMNet datagram is a 32-byte header followed by `payload_len` payload bytes, carried in
+//! one UDP datagram. All integers are big-endian (network order). `docs/protocol.md` is the
+//! specification; the golden vectors there are the ones this crate's tests check.
+//!
+//! | offset | size | field            |
+//! |-------:|-----:|------------------|
+//! | 0      | 2    | magic `0x504E` ("PN") |
+//! | 2      | 1    | version (1)      |
+//! | 3      | 1    | packet type      |
+//! | 4      | 2    | flags            |
+//! | 6      | 2    | server id        |
+//! | 8      | 8    | session id       |
+//! | 16     | 4    | sequence number  |
+//! | 20     | 2    | fragment index   |
+//! | 22     | 2    | fragment count   |
+//! | 24     | 2    | payload length   |
+//! | 26     | 2    | device id        |
+//! | 28     | 4    | CRC32C of bytes 0..28 and the payload |
+//!
+//! Two layers, after smoltcp: [`Packet`] is a view over bytes whose accessors cannot panic once
+//! [`Packet::new_checked`] succeeded; [`Header`] is the parsed, validated value with
+//! [`Header::parse`] and [`Header::emit`]. Parsing never panics and every rejection names its
+//! reason ([`ParseError`]), so callers can count drops by reason.
+
+use std::fmt;
+
+/// Bytes 0..2 of every PMNet datagram: "PN".
+pub const MAGIC: u16 = 0x504E;
+/// The only version this crate speaks.
+pub const VERSION: u8 = 1;
+/// Size of the fixed header.
+pub const HEADER_LEN: usize = 32;
+/// Largest UDP payload over IPv4; no PMNet datagram is larger.
+pub const MAX_DATAGRAM_LEN: usize = 65_507;
+/// Largest datagram that fits a 1500-byte Ethernet MTU without IP fragmentation.
+pub const DEFAULT_MAX_DATAGRAM_LEN: usize = 1472;
+/// Largest payload one datagram can carry (limited by the 16-bit length field).
+pub const MAX_PAYLOAD_LEN: usize = MAX_DATAGRAM_LEN - HEADER_LEN;
+
+/// Byte ranges of the header fields.
+pub mod field {
+    use std::ops::Range;
+    pub const MAGIC: Range<usize> = 0..2;
+    pub const VERSION: usize = 2;
+    pub const TYPE: usize = 3;
+    pub const FLAGS: Range<usize> = 4..6;
+    pub const SERVER_ID: Range<usize> = 6..8;
+    pub const SESSION_ID: Range<usize> = 8..16;
+    pub const SEQ: Range<usize> = 16..20;
+    pub const FRAGMENT_INDEX: Range<usize> = 20..22;
+    pub const FRAGMENT_COUNT: Range<usize> = 22..24;
+    pub const PAYLOAD_LEN: Range<usize> = 24..26;
+    pub const DEVICE_ID: Range<usize> = 26..28;
+    pub const CRC: Range<usize> = 28..32;
+    /// The header bytes the CRC covers (everything before the CRC field).
+    pub const CRC_COVERED: Range<usize> = 0..28;
+}
+
+/// The packet types of PMNet.
+///
+/// Type codes are grouped so later in-network functions have room of their own:
+/// `0x01..=0x0F` the core protocol (below), `0x10..=0x1F` the read cache, `0x20..=0x2F` chain
+/// replication, `0x30..=0x3F` ABD quorum registers. Codes in those ranges that this version does
+/// not define are rejected as [`ParseError::UnknownType`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum PacketType {
+    /// Client → server: a request whose reply is fixed. Logged by a device, which acks it early.
+    UpdateRequest = 0x01,
+    /// Client → server: a request whose reply depends on server state. Never logged or acked
+    /// by a device; completes only on the server's reply.
+    BypassRequest = 0x02,
+    /// Device → client: fragment `(session, seq, fragment)` is durable in the log of `device_id`.
+    PmnetAck = 0x03,
+    /// Server → client (through devices): request `(session, seq)` is applied and durable at the
+    /// server; the payload is (one fragment of) the server's reply. Devices drop the log entries
+    /// of that request when they see it.
+    ServerAck = 0x04,
+    /// Server → device → client: the server is missing fragment `(session, seq, fragment)`
+    /// (or every fragment of `seq` with [`flags::ALL_FRAGMENTS`]). A device answers from its log
+    /// if it can, and passes the request on to the client otherwise.
+    RetransmitRequest = 0x05,
+    /// Server → device: the server has (re)started; resend every live log entry for
+    /// `server_id`, in per-session sequence order, then send [`PacketType::RecoveryDone`].
+    RecoveryPoll = 0x06,
+    /// Device → server: the end of a recovery resend. The payload is the number of entries
+    /// resent (u32, big-endian).
+    RecoveryDone = 0x07,
+}
+
+impl PacketType {
+    /// Every type this version defines.
+    pub const ALL: [PacketType; 7] = [
+        PacketType::UpdateRequest,
+        PacketType::BypassRequest,
+        PacketType::PmnetAck,
+        PacketType::ServerAck,
+        PacketType::RetransmitRequest,
+        PacketType::RecoveryPoll,
+        PacketType::RecoveryDone,
+    ];
+
+    /// The type with code `code`, if this version defines one.
+    pub fn from_code(code: u8) -> Option<PacketType> {
+        PacketType::ALL.into_iter().find(|t| *t as u8 == code)
+    }
+
+    /// Short stable name, used for counters and traces.
+    pub fn name(self) -> &'static str {
+        match self {
+            PacketType::UpdateRequest => "update",
+            PacketType::BypassRequest => "bypass",
+            PacketType::PmnetAck => "pmnet_ack",
+            PacketType::ServerAck => "server_ack",
+            PacketType::RetransmitRequest => "retransmit_request",
+            PacketType::RecoveryPoll => "recovery_poll",
+            PacketType::RecoveryDone => "recovery_done",
+        }
+    }
+
+    /// Whether a client sends this type (requests travel client → server).
+    pub fn is_request(self) -> bool {
+        matches!(self, PacketType::UpdateRequest | PacketType::BypassRequest)
+    }
+}
+
+impl fmt::Display for PacketType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Flag bits. Bits 0–7 belong to the core protocol, bits 8–15 are reserved for the later
+/// in-network functions; unknown bits are carried through untouched.
+pub mod flags {
+    /// Server-ACK answering a duplicate or redone request that was already applied: the
+    /// "make-up" ACK. Its payload is the reply stored when the request was first applied.
+    pub const MAKEUP: u16 = 1 << 0;
+    /// Make-up server-ACK whose original reply is no longer kept; the payload is empty. The
+    /// request *was* applied exactly once.
+    pub const REPLY_UNAVAILABLE: u16 = 1 << 1;
+    /// Retransmission request for every fragment of the sequence number.
+    pub const ALL_FRAGMENTS: u16 = 1 << 2;
+}
+
+/// Why a datagram was rejected. Every variant has a stable [`ParseError::reason`] for counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ParseError {
+    /// Shorter than the header, or shorter than the header's payload length says.
+    Truncated,
+    /// Longer than the header's payload length says.
+    TrailingBytes,
+    /// Bytes 0..2 are not [`MAGIC`]: not a PMNet datagram.
+    BadMagic,
+    /// A version this implementation does not speak.
+    UnsupportedVersion,
+    /// The CRC32C does not match: corrupted in flight.
+    BadChecksum,
+    /// A type code this version does not define.
+    UnknownType,
+    /// Fragment count zero or fragment index not below the count.
+    BadFragment,
+}
+
+impl ParseError {
+    /// Every reason, for registering counters.
+    pub const ALL: [ParseError; 7] = [
+        ParseError::Truncated,
+        ParseError::TrailingBytes,
+        ParseError::BadMagic,
+        ParseError::UnsupportedVersion,
+        ParseError::BadChecksum,
+        ParseError::UnknownType,
+        ParseError::BadFragment,
+    ];
+
+    /// Short stable name, used for counters.
+    pub fn reason(self) -> &'static str {
+        match self {
+            ParseError::Truncated => "truncated",
+            ParseError::TrailingBytes => "trailing_bytes",
+            ParseError::BadMagic => "bad_magic",
+            ParseError::UnsupportedVersion => "unsupported_version",
+            ParseError::BadChecksum => "bad_checksum",
+            ParseError::UnknownType => "unknown_type",
+            ParseError::BadFragment => "bad_fragment",
+        }
+    }
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.reason())
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+/// A view over the bytes of a PMNet datagram.
+#[derive(Debug, Clone, Copy)]
+pub struct Packet<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+fn read_u16(bytes: &[u8], at: std::ops::Range<usize>) -> u16 {
+    u16::from_be_bytes([bytes[at.start], bytes[at.start + 1]])
+}
+
+fn read_u32(bytes: &[u8], at: std::ops::Range<usize>) -> u32 {
+    let mut word = [0u8; 4];
+    word.copy_from_slice(&bytes[at]);
+    u32::from_be_bytes(word)
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    /// Wrap bytes without checking them; accessors may panic if the buffer is too short.
+    pub fn new_unchecked(buffer: T) -> Packet<T> {
+        Packet { buffer }
+    }
+
+    /// Wrap bytes after checking what the accessors rely on: the header is present, it is
+    /// ours (magic, version), and the datagram length matches the payload length field.
+    /// The checksum and the field values are checked by [`Header::parse`].
+    pub fn new_checked(buffer: T) -> Result<Packet<T>, ParseError> {
+        let packet = Packet { buffer };
+        let bytes = packet.buffer.as_ref();
+        if bytes.len() < HEADER_LEN {
+            // A short datagram that does not even start like ours is better reported as such.
+            if bytes.len() >= 2 && read_u16(bytes, field::MAGIC) != MAGIC {
+                return Err(ParseError::BadMagic);
+            }
+            return Err(ParseError::Truncated);
+        }
+        if packet.magic() != MAGIC {
+            return Err(ParseError::BadMagic);
+        }
+        if packet.version() != VERSION {
+            return Err(ParseError::UnsupportedVersion);
+        }
+        let expected_len = HEADER_LEN + usize::from(packet.payload_len());
+        match bytes.len().cmp(&expected_len) {
+            std::cmp::Ordering::Less => Err(ParseError::Truncated),
+            std::cmp::Ordering::Greater => Err(ParseError::TrailingBytes),
+            std::cmp::Ordering::Equal => Ok(packet),
+        }
+    }
+
+    /// The underlying bytes.
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    pub fn magic(&self) -> u16 {
+        read_u16(self.buffer.as_ref(), field::MAGIC)
+    }
+    pub fn version(&self) -> u8 {
+        self.buffer.as_ref()[field::VERSION]
+    }
+    pub fn type_code(&self) -> u8 {
+        self.buffer.as_ref()[field::TYPE]
+    }
+    pub fn flags(&self) -> u16 {
+        read_u16(self.buffer.as_ref(), field::FLAGS)
+    }
+    pub fn server_id(&self) -> u16 {
+        read_u16(self.buffer.as_ref(), field::SERVER_ID)
+    }
+    pub fn session_id(&self) -> u64 {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&self.buffer.as_ref()[field::SESSION_ID]);
+        u64::from_be_bytes(word)
+    }
+    pub fn seq(&self) -> u32 {
+        read_u32(self.buffer.as_ref(), field::SEQ)
+    }
+    pub fn fragment_index(&self) -> u16 {
+        read_u16(self.buffer.as_ref(), field::FRAGMENT_INDEX)
+    }
+    pub fn fragment_count(&self) -> u16 {
+        read_u16(self.buffer.as_ref(), field::FRAGMENT_COUNT)
+    }
+    pub fn payload_len(&self) -> u16 {
+        read_u16(self.buffer.as_ref(), field::PAYLOAD_LEN)
+    }
+    pub fn device_id(&self) -> u16 {
+        read_u16(self.buffer.as_ref(), field::DEVICE_ID)
+    }
+    pub fn crc(&self) -> u32 {
+        read_u32(self.buffer.as_ref(), field::CRC)
+    }
+
+    /// The payload bytes (valid after [`Packet::new_checked`]).
+    pub fn payload(&self) -> &[u8] {
+        let end = HEADER_LEN + usize::from(self.payload_len());
+        &self.buffer.as_ref()[HEADER_LEN..end]
+    }
+
+    /// The CRC32C the header's CRC field should hold for these bytes.
+    pub fn compute_crc(&self) -> u32 {
+        let bytes = self.buffer.as_ref();
+        let crc = crc32c::crc32c(&bytes[field::CRC_COVERED]);
+        crc32c::crc32c_append(crc, self.payload())
+    }
+
+    /// Whether the CRC field matches the bytes.
+    pub fn verify_checksum(&self) -> bool {
+        self.crc() == self.compute_crc()
+    }
+}
+
+/// The parsed, validated header of a PMNet datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Header {
+    pub packet_type: PacketType,
+    pub flags: u16,
+    /// The server this request is for (or that sent this reply); a device may front several.
+    pub server_id: u16,
+    /// Random per client session, 64 bits so that sessions of different clients never collide.
+    pub session_id: u64,
+    /// Per-session request sequence number, from 1.
+    pub seq: u32,
+    pub fragment_index: u16,
+    /// Number of fragments of this message (at least 1).
+    pub fragment_count: u16,
+    /// The device that logged the request (PMNet-ACK), or 0.
+    pub device_id: u16,
+}
+
+impl Header {
+    /// A header with the given type and identifiers, one fragment, no flags, device 0.
+    pub fn new(packet_type: PacketType, server_id: u16, session_id: u64, seq: u32) -> Header {
+        Header {
+            packet_type,
+            flags: 0,
+            server_id,
+            session_id,
+            seq,
+            fragment_index: 0,
+            fragment_count: 1,
+            device_id: 0,
+        }
+    }
+
+    /// Validate a datagram completely (length, magic, version, CRC, type, fragment fields)
+    /// and return its header and payload.
+    pub fn parse(bytes: &[u8]) -> Result<(Header, &[u8]), ParseError> {
+        let packet = Packet::new_checked(bytes)?;
+        if !packet.verify_checksum() {
+            return Err(ParseError::BadChecksum);
+        }
+        let packet_type =
+            PacketType::from_code(packet.type_code()).ok_or(ParseError::UnknownType)?;
+        let fragment_index = packet.fragment_index();
+        let fragment_count = packet.fragment_count();
+        if fragment_count == 0 || fragment_index >= fragment_count {
+            return Err(ParseError::BadFragment);
+        }
+        let header = Header {
+            packet_type,
+            flags: packet.flags(),
+            server_id: packet.server_id(),
+            session_id: packet.session_id(),
+            seq: packet.seq(),
+            fragment_index,
+            fragment_count,
+            device_id: packet.device_id(),
+        };
+        let payload_len = usize::from(packet.payload_len());
+        Ok((header, &bytes[HEADER_LEN..HEADER_LEN + payload_len]))
+    }
+
+    /// Whether flag bit(s) `flag` are all set.
+    pub fn has_flag(&self, flag: u16) -> bool {
+        self.flags & flag == flag
+    }
+
+    /// Write the header for `payload` into `buffer[..HEADER_LEN]` and the payload after it,
+    /// computing the CRC. `buffer` must be exactly `HEADER_LEN + payload.len()` bytes and the
+    /// payload at most [`MAX_PAYLOAD_LEN`]; both are caller bugs otherwise.
+    pub fn emit(&self, payload: &[u8], buffer: &mut [u8]) {
+        assert!(payload.len() <= MAX_PAYLOAD_LEN, "payload larger than one datagram");
+        assert_eq!(buffer.len(), HEADER_LEN + payload.len(), "buffer length");
+        assert!(self.fragment_count >= 1 && self.fragment_index < self.fragment_count);
+        buffer[field::MAGIC].copy_from_slice(&MAGIC.to_be_bytes());
+        buffer[field::VERSION] = VERSION;
+        buffer[field::TYPE] = self.packet_type as u8;
+        buffer[field::FLAGS].copy_from_slice(&self.flags.to_be_bytes());
+        buffer[field::SERVER_ID].copy_from_slice(&self.server_id.to_be_bytes());
+        buffer[field::SESSION_ID].copy_from_slice(&self.session_id.to_be_bytes());
+        buffer[field::SEQ].copy_from_slice(&self.seq.to_be_bytes());
+        buffer[field::FRAGMENT_INDEX].copy_from_slice(&self.fragment_index.to_be_bytes());
+        buffer[field::FRAGMENT_COUNT].copy_from_slice(&self.fragment_count.to_be_bytes());
+        let payload_len = u16::try_from(payload.len()).expect("checked above");
+        buffer[field::PAYLOAD_LEN].copy_from_slice(&payload_len.to_be_bytes());
+        buffer[field::DEVICE_ID].copy_from_slice(&self.device_id.to_be_bytes());
+        buffer[HEADER_LEN..].copy_from_slice(payload);
+        let crc = Packet::new_unchecked(&*buffer).compute_crc();
+        buffer[field::CRC].copy_from_slice(&crc.to_be_bytes());
+    }
+
+    /// The datagram for this header and `payload`, in a new buffer.
+    pub fn encode(&self, payload: &[u8]) -> Vec<u8> {
+        let mut buffer = vec![0u8; HEADER_LEN + payload.len()];
+        self.emit(payload, &mut buffer);
+        buffer
+    }
+}
+
+/// Payload of a [`PacketType::RecoveryDone`]: the number of entries resent.
+pub fn encode_recovery_done_payload(entry_count: u32) -> [u8; 4] {
+    entry_count.to_be_bytes()
+}
+
+/// Parse the payload of a [`PacketType::RecoveryDone`].
+pub fn decode_recovery_done_payload(payload: &[u8]) -> Result<u32, ParseError> {
+    match <[u8; 4]>::try_from(payload) {
+        Ok(word) => Ok(u32::from_be_bytes(word)),
+        Err(_) if payload.len() < 4 => Err(ParseError::Truncated),
+        Err(_) => Err(ParseError::TrailingBytes),
+    }
+}
+
+#[cfg(test)]
+mod tests;

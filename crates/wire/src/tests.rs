@@ -1,0 +1,186 @@
+//! Golden vectors (the same bytes as `docs/protocol.md`), round trips, and rejection reasons.
+
+use super::*;
+use proptest::prelude::*;
+
+const SESSION: u64 = 0x0123_4567_89AB_CDEF;
+
+/// docs/protocol.md, example 1: update request, server 1, seq 7, payload "hello".
+const GOLDEN_UPDATE: [u8; 37] = [
+    0x50, 0x4e, 0x01, 0x01, 0x00, 0x00, 0x00, 0x01, // magic, version, type, flags, server id
+    0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, // session id
+    0x00, 0x00, 0x00, 0x07, 0x00, 0x00, 0x00, 0x01, // seq, fragment index, fragment count
+    0x00, 0x05, 0x00, 0x00, 0x5c, 0xb6, 0x3a, 0x7f, // payload length, device id, crc32c
+    0x68, 0x65, 0x6c, 0x6c, 0x6f, // "hello"
+];
+
+/// docs/protocol.md, example 2: the PMNet-ACK of device 9 for that update.
+const GOLDEN_PMNET_ACK: [u8; 32] = [
+    0x50, 0x4e, 0x01, 0x03, 0x00, 0x00, 0x00, 0x01, //
+    0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, //
+    0x00, 0x00, 0x00, 0x07, 0x00, 0x00, 0x00, 0x01, //
+    0x00, 0x00, 0x00, 0x09, 0x88, 0xee, 0xfa, 0xd2, //
+];
+
+/// docs/protocol.md, example 3: a make-up server-ACK whose reply is the one byte 0x00 (OK).
+const GOLDEN_MAKEUP_SERVER_ACK: [u8; 33] = [
+    0x50, 0x4e, 0x01, 0x04, 0x00, 0x01, 0x00, 0x01, //
+    0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, //
+    0x00, 0x00, 0x00, 0x07, 0x00, 0x00, 0x00, 0x01, //
+    0x00, 0x01, 0x00, 0x00, 0x49, 0xe8, 0x83, 0x23, //
+    0x00, //
+];
+
+#[test]
+fn crc32c_is_the_castagnoli_polynomial() {
+    // The standard check value of CRC-32C.
+    assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
+}
+
+#[test]
+fn golden_update_request() {
+    let header = Header::new(PacketType::UpdateRequest, 1, SESSION, 7);
+    assert_eq!(header.encode(b"hello"), GOLDEN_UPDATE);
+    let (parsed, payload) = Header::parse(&GOLDEN_UPDATE).unwrap();
+    assert_eq!(parsed, header);
+    assert_eq!(payload, b"hello");
+}
+
+#[test]
+fn golden_pmnet_ack() {
+    let mut header = Header::new(PacketType::PmnetAck, 1, SESSION, 7);
+    header.device_id = 9;
+    assert_eq!(header.encode(b""), GOLDEN_PMNET_ACK);
+    let (parsed, payload) = Header::parse(&GOLDEN_PMNET_ACK).unwrap();
+    assert_eq!(parsed, header);
+    assert!(payload.is_empty());
+}
+
+#[test]
+fn golden_makeup_server_ack() {
+    let mut header = Header::new(PacketType::ServerAck, 1, SESSION, 7);
+    header.flags = flags::MAKEUP;
+    assert_eq!(header.encode(&[0x00]), GOLDEN_MAKEUP_SERVER_ACK);
+    let (parsed, payload) = Header::parse(&GOLDEN_MAKEUP_SERVER_ACK).unwrap();
+    assert!(parsed.has_flag(flags::MAKEUP));
+    assert!(!parsed.has_flag(flags::REPLY_UNAVAILABLE));
+    assert_eq!(payload, [0x00]);
+}
+
+#[test]
+fn view_accessors_read_the_documented_ranges() {
+    let packet = Packet::new_checked(&GOLDEN_UPDATE[..]).unwrap();
+    assert_eq!(packet.magic(), MAGIC);
+    assert_eq!(packet.version(), 1);
+    assert_eq!(packet.type_code(), 0x01);
+    assert_eq!(packet.server_id(), 1);
+    assert_eq!(packet.session_id(), SESSION);
+    assert_eq!(packet.seq(), 7);
+    assert_eq!(packet.fragment_index(), 0);
+    assert_eq!(packet.fragment_count(), 1);
+    assert_eq!(packet.payload_len(), 5);
+    assert_eq!(packet.crc(), 0x5cb6_3a7f);
+    assert!(packet.verify_checksum());
+}
+
+fn with_crc_fixed(mut bytes: Vec<u8>) -> Vec<u8> {
+    let crc = Packet::new_unchecked(&bytes[..]).compute_crc();
+    bytes[field::CRC].copy_from_slice(&crc.to_be_bytes());
+    bytes
+}
+
+#[test]
+fn every_rejection_has_its_reason() {
+    assert_eq!(Header::parse(&[]), Err(ParseError::Truncated));
+    assert_eq!(Header::parse(&GOLDEN_UPDATE[..31]), Err(ParseError::Truncated));
+    assert_eq!(Header::parse(&GOLDEN_UPDATE[..36]), Err(ParseError::Truncated));
+    assert_eq!(Header::parse(b"GET / HTTP/1.1"), Err(ParseError::BadMagic));
+
+    let mut long = GOLDEN_UPDATE.to_vec();
+    long.push(0);
+    assert_eq!(Header::parse(&long), Err(ParseError::TrailingBytes));
+
+    let mut version = GOLDEN_UPDATE.to_vec();
+    version[field::VERSION] = 2;
+    assert_eq!(Header::parse(&version), Err(ParseError::UnsupportedVersion));
+
+    let mut corrupt = GOLDEN_UPDATE.to_vec();
+    corrupt[33] ^= 0x01;
+    assert_eq!(Header::parse(&corrupt), Err(ParseError::BadChecksum));
+
+    let mut unknown = GOLDEN_UPDATE.to_vec();
+    unknown[field::TYPE] = 0x10; // reserved for the cache, not defined in this version
+    assert_eq!(Header::parse(&with_crc_fixed(unknown)), Err(ParseError::UnknownType));
+
+    let mut zero_count = GOLDEN_UPDATE.to_vec();
+    zero_count[field::FRAGMENT_COUNT].copy_from_slice(&0u16.to_be_bytes());
+    assert_eq!(Header::parse(&with_crc_fixed(zero_count)), Err(ParseError::BadFragment));
+
+    let mut index_past = GOLDEN_UPDATE.to_vec();
+    index_past[field::FRAGMENT_INDEX].copy_from_slice(&1u16.to_be_bytes());
+    assert_eq!(Header::parse(&with_crc_fixed(index_past)), Err(ParseError::BadFragment));
+}
+
+#[test]
+fn recovery_done_payload_round_trip() {
+    assert_eq!(decode_recovery_done_payload(&encode_recovery_done_payload(42)), Ok(42));
+    assert_eq!(decode_recovery_done_payload(&[0, 0, 1]), Err(ParseError::Truncated));
+    assert_eq!(decode_recovery_done_payload(&[0; 5]), Err(ParseError::TrailingBytes));
+}
+
+fn arbitrary_header() -> impl Strategy<Value = Header> {
+    (
+        proptest::sample::select(PacketType::ALL.to_vec()),
+        any::<u16>(),
+        any::<u16>(),
+        any::<u64>(),
+        any::<u32>(),
+        1u16..=u16::MAX,
+        any::<u16>(),
+        any::<u16>(),
+    )
+        .prop_map(
+            |(packet_type, flags, server_id, session_id, seq, fragment_count, index, device_id)| {
+                Header {
+                    packet_type,
+                    flags,
+                    server_id,
+                    session_id,
+                    seq,
+                    fragment_index: index % fragment_count,
+                    fragment_count,
+                    device_id,
+                }
+            },
+        )
+}
+
+proptest! {
+    #[test]
+    fn emit_then_parse_round_trips(
+        header in arbitrary_header(),
+        payload in proptest::collection::vec(any::<u8>(), 0..2048),
+    ) {
+        let bytes = header.encode(&payload);
+        let (parsed, parsed_payload) = Header::parse(&bytes).unwrap();
+        prop_assert_eq!(parsed, header);
+        prop_assert_eq!(parsed_payload, &payload[..]);
+    }
+
+    #[test]
+    fn parsing_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
+        let _ = Header::parse(&bytes);
+    }
+
+    #[test]
+    fn any_single_bit_flip_is_rejected(
+        header in arbitrary_header(),
+        payload in proptest::collection::vec(any::<u8>(), 0..256),
+        bit in any::<usize>(),
+    ) {
+        let mut bytes = header.encode(&payload);
+        let bit = bit % (bytes.len() * 8);
+        bytes[bit / 8] ^= 1 << (bit % 8);
+        prop_assert!(Header::parse(&bytes).is_err());
+    }
+}

@@ -1,1 +1,88 @@
-//! PMNet protocol state machines.
+//! The PMNet protocol as state machines with no I/O.
+//!
+//! Three endpoints speak PMNet: a [`Client`] session, a [`Device`] on the path that logs update
+//! requests in persistent memory and acks them early, and a [`Server`] session table that
+//! applies requests exactly once in per-session order. None of them owns a socket, a clock, a
+//! thread or a random number generator. Each is driven the same way (after quinn-proto):
+//!
+//! - feed input with `handle(now, from, datagram)` and `handle_timeout(now)`;
+//! - then drain output: `poll_transmit()` until `None` (datagrams to send), and the
+//!   endpoint-specific queues: [`Device::poll_persist`] (log writes to make durable, reported
+//!   back with [`Device::on_persisted`]), [`Server::poll_event`] (requests to apply, reported back
+//!   with [`Server::on_applied`]), [`Client::poll_event`] (completed requests);
+//! - sleep until `poll_timeout()` or the next datagram, whichever comes first.
+//!
+//! Every output that depends on durability is held back until the caller reports it: the
+//! device emits a PMNet-ACK only after `on_persisted` for that log write, and the server
+//! emits a server-ACK only after `on_applied`. Both rules are asserted.
+
+mod client;
+mod device;
+mod function;
+mod server;
+mod time;
+
+pub use client::{Client, ClientConfig, ClientCounters, ClientError, ClientEvent, Completion};
+pub use device::{Device, DeviceConfig, DeviceCounters, DropReason, PersistToken, PersistWork};
+pub use function::NetworkFunction;
+pub use pmnet_pm::EntryKey;
+pub use server::{RecoveredSession, Server, ServerConfig, ServerCounters, ServerEvent};
+pub use time::Time;
+
+use std::net::SocketAddr;
+
+/// A datagram to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    pub destination: SocketAddr,
+    pub bytes: Vec<u8>,
+}
+
+/// Which path a request takes through a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RequestKind {
+    /// A request whose reply is fixed: logged by a device and acked early.
+    Update,
+    /// A request whose reply depends on server state: completes only on the server's reply.
+    Bypass,
+}
+
+impl RequestKind {
+    fn packet_type(self) -> pmnet_wire::PacketType {
+        match self {
+            RequestKind::Update => pmnet_wire::PacketType::UpdateRequest,
+            RequestKind::Bypass => pmnet_wire::PacketType::BypassRequest,
+        }
+    }
+}
+
+/// Largest payload that fits a datagram of `max_datagram_len` bytes.
+fn max_fragment_payload_len(max_datagram_len: usize) -> usize {
+    max_datagram_len
+        .min(pmnet_wire::MAX_DATAGRAM_LEN)
+        .saturating_sub(pmnet_wire::HEADER_LEN)
+}
+
+/// Split `payload` into datagrams of at most `max_datagram_len` bytes with `header` as
+/// template; `None` if it would need more than `u16::MAX` fragments.
+fn encode_fragments(
+    header: pmnet_wire::Header,
+    payload: &[u8],
+    max_datagram_len: usize,
+) -> Option<Vec<Vec<u8>>> {
+    let chunk_len = max_fragment_payload_len(max_datagram_len).max(1);
+    let fragment_count = payload.len().div_ceil(chunk_len).max(1);
+    let fragment_count = u16::try_from(fragment_count).ok()?;
+    let mut datagrams = Vec::with_capacity(usize::from(fragment_count));
+    for fragment_index in 0..fragment_count {
+        let start = usize::from(fragment_index) * chunk_len;
+        let end = (start + chunk_len).min(payload.len());
+        let fragment_header = pmnet_wire::Header {
+            fragment_index,
+            fragment_count,
+            ..header
+        };
+        datagrams.push(fragment_header.encode(&payload[start.min(end)..end]));
+    }
+    Some(datagrams)
+}

@@ -1,0 +1,416 @@
+//! The client side of one PMNet session.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pmnet_wire::{flags, Header, PacketType};
+
+use crate::{encode_fragments, max_fragment_payload_len, RequestKind, Time, Transmit};
+
+/// Settings of a client session.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Random per session (the caller draws it), so sessions of different clients never collide.
+    pub session_id: u64,
+    /// The server the requests are for.
+    pub server_id: u16,
+    /// Where requests go: the first device on the path, or the server itself without one.
+    pub peer: SocketAddr,
+    /// Largest datagram sent; larger requests are split into fragments.
+    pub max_datagram_len: usize,
+    /// Most requests in flight at once.
+    pub window: u32,
+    /// Largest request payload accepted, and largest reply reassembled.
+    pub max_request_len: usize,
+    /// First retransmission timeout; doubles on each retransmission up to the maximum.
+    pub retransmit_timeout: Duration,
+    pub max_retransmit_timeout: Duration,
+    /// Retransmissions of one request before it fails with [`ClientError::TimedOut`].
+    pub max_retransmits: u32,
+}
+
+impl ClientConfig {
+    /// Defaults for a session `session_id` to `server_id` through `peer`.
+    pub fn new(session_id: u64, server_id: u16, peer: SocketAddr) -> ClientConfig {
+        ClientConfig {
+            session_id,
+            server_id,
+            peer,
+            max_datagram_len: pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN,
+            window: 64,
+            max_request_len: 1 << 20,
+            retransmit_timeout: Duration::from_millis(2),
+            max_retransmit_timeout: Duration::from_millis(200),
+            max_retransmits: 64,
+        }
+    }
+}
+
+/// Why a request could not be started or did not complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientError {
+    /// `window` requests are already in flight; wait for a completion.
+    WindowFull,
+    /// The payload is larger than `max_request_len` or needs more than 65 535 fragments.
+    TooLarge,
+    /// The session used every sequence number; start a new session.
+    SessionExhausted,
+    /// No acknowledgement after `max_retransmits` retransmissions. The request may or may not
+    /// have been applied.
+    TimedOut,
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ClientError::WindowFull => "too many requests in flight",
+            ClientError::TooLarge => "request larger than the configured maximum",
+            ClientError::SessionExhausted => "session sequence numbers exhausted",
+            ClientError::TimedOut => "no acknowledgement after the maximum retransmissions",
+        })
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+/// How a request completed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Completion {
+    /// Every fragment is durable in the log of a device (the PMNet-ACK), which names itself.
+    /// The server applies the update later; its reply is consumed quietly.
+    Logged { device_id: u16 },
+    /// The server applied the request and replied.
+    Replied { reply: Vec<u8>, makeup: bool },
+    /// The server had applied the request before (a make-up ACK) but no longer keeps its reply.
+    ReplyUnavailable,
+}
+
+/// What the session reports to its user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientEvent {
+    Completed { seq: u32, kind: RequestKind, completion: Completion },
+    Failed { seq: u32, kind: RequestKind, error: ClientError },
+}
+
+/// What the session counted; monotonically increasing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientCounters {
+    pub requests_started: u64,
+    pub fragments_sent: u64,
+    pub retransmitted_fragments: u64,
+    pub retransmit_requests_answered: u64,
+    pub pmnet_acks_received: u64,
+    pub server_acks_received: u64,
+    /// Acks and replies for requests already complete, consumed quietly.
+    pub late_acks_consumed: u64,
+    /// Datagrams that failed to parse or belong to another session or type.
+    pub datagrams_dropped: u64,
+    pub requests_failed: u64,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    kind: RequestKind,
+    /// The encoded datagrams, kept for retransmission.
+    fragments: Vec<Vec<u8>>,
+    /// Fragments acked by a device (update requests only).
+    logged: Vec<bool>,
+    logged_count: usize,
+    logged_by_device: u16,
+    reply: Option<ReplyAssembly>,
+    deadline: Time,
+    timeout: Duration,
+    retransmit_count: u32,
+}
+
+#[derive(Debug)]
+struct ReplyAssembly {
+    flags: u16,
+    parts: Vec<Option<Vec<u8>>>,
+    received_count: usize,
+    received_len: usize,
+}
+
+/// One client session: sequencing, windowing, fragmentation, retransmission and completion.
+#[derive(Debug)]
+pub struct Client {
+    config: ClientConfig,
+    next_seq: u32,
+    in_flight: BTreeMap<u32, InFlight>,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<ClientEvent>,
+    counters: ClientCounters,
+}
+
+impl Client {
+    /// A new session; sequence numbers start at 1.
+    pub fn new(config: ClientConfig) -> Client {
+        assert!(config.window >= 1, "window must be at least 1");
+        assert!(
+            max_fragment_payload_len(config.max_datagram_len) >= 1,
+            "max_datagram_len must exceed the header"
+        );
+        Client {
+            config,
+            next_seq: 1,
+            in_flight: BTreeMap::new(),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            counters: ClientCounters::default(),
+        }
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    pub fn session_id(&self) -> u64 {
+        self.config.session_id
+    }
+
+    pub fn counters(&self) -> &ClientCounters {
+        &self.counters
+    }
+
+    /// Requests started and not yet completed or failed.
+    pub fn in_flight_count(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Whether another request can start now.
+    pub fn can_send(&self) -> bool {
+        self.in_flight.len() < self.config.window as usize && self.next_seq != u32::MAX
+    }
+
+    /// Start an update: completes on the PMNet-ACKs of every fragment or on the server's reply,
+    /// whichever comes first. Returns its sequence number. Poll transmits afterwards.
+    pub fn update(&mut self, now: Time, payload: &[u8]) -> Result<u32, ClientError> {
+        self.start(now, RequestKind::Update, payload)
+    }
+
+    /// Start a bypass request: never logged by a device, completes only on the server's reply.
+    pub fn bypass(&mut self, now: Time, payload: &[u8]) -> Result<u32, ClientError> {
+        self.start(now, RequestKind::Bypass, payload)
+    }
+
+    fn start(&mut self, now: Time, kind: RequestKind, payload: &[u8]) -> Result<u32, ClientError> {
+        if self.next_seq == u32::MAX {
+            return Err(ClientError::SessionExhausted);
+        }
+        if self.in_flight.len() >= self.config.window as usize {
+            return Err(ClientError::WindowFull);
+        }
+        if payload.len() > self.config.max_request_len {
+            return Err(ClientError::TooLarge);
+        }
+        let seq = self.next_seq;
+        let header = Header::new(
+            kind.packet_type(),
+            self.config.server_id,
+            self.config.session_id,
+            seq,
+        );
+        let fragments = encode_fragments(header, payload, self.config.max_datagram_len)
+            .ok_or(ClientError::TooLarge)?;
+        self.next_seq += 1;
+        for fragment in &fragments {
+            self.queue(fragment.clone());
+        }
+        self.counters.requests_started += 1;
+        let fragment_count = fragments.len();
+        self.in_flight.insert(
+            seq,
+            InFlight {
+                kind,
+                fragments,
+                logged: vec![false; fragment_count],
+                logged_count: 0,
+                logged_by_device: 0,
+                reply: None,
+                deadline: now + self.config.retransmit_timeout,
+                timeout: self.config.retransmit_timeout,
+                retransmit_count: 0,
+            },
+        );
+        Ok(seq)
+    }
+
+    fn queue(&mut self, bytes: Vec<u8>) {
+        self.counters.fragments_sent += 1;
+        self.transmits.push_back(Transmit {
+            destination: self.config.peer,
+            bytes,
+        });
+    }
+
+    /// Process a datagram received from the network. Never panics on its contents.
+    pub fn handle(&mut self, _now: Time, _from: SocketAddr, datagram: &[u8]) {
+        let Ok((header, payload)) = Header::parse(datagram) else {
+            self.counters.datagrams_dropped += 1;
+            return;
+        };
+        if header.session_id != self.config.session_id {
+            self.counters.datagrams_dropped += 1;
+            return;
+        }
+        match header.packet_type {
+            PacketType::PmnetAck => self.on_pmnet_ack(&header),
+            PacketType::ServerAck => self.on_server_ack(&header, payload),
+            PacketType::RetransmitRequest => self.on_retransmit_request(&header),
+            _ => self.counters.datagrams_dropped += 1,
+        }
+    }
+
+    fn on_pmnet_ack(&mut self, header: &Header) {
+        self.counters.pmnet_acks_received += 1;
+        let Some(request) = self.in_flight.get_mut(&header.seq) else {
+            self.counters.late_acks_consumed += 1;
+            return;
+        };
+        let index = usize::from(header.fragment_index);
+        let matches = request.kind == RequestKind::Update
+            && usize::from(header.fragment_count) == request.fragments.len();
+        if !matches {
+            self.counters.datagrams_dropped += 1;
+            return;
+        }
+        if !request.logged[index] {
+            request.logged[index] = true;
+            request.logged_count += 1;
+            request.logged_by_device = header.device_id;
+        }
+        if request.logged_count == request.fragments.len() {
+            let device_id = request.logged_by_device;
+            self.complete(header.seq, Completion::Logged { device_id });
+        }
+    }
+
+    fn on_server_ack(&mut self, header: &Header, payload: &[u8]) {
+        self.counters.server_acks_received += 1;
+        let max_reply_len = self.config.max_request_len;
+        let Some(request) = self.in_flight.get_mut(&header.seq) else {
+            self.counters.late_acks_consumed += 1;
+            return;
+        };
+        let fragment_count = usize::from(header.fragment_count);
+        let assembly = request.reply.get_or_insert_with(|| ReplyAssembly {
+            flags: header.flags,
+            parts: vec![None; fragment_count],
+            received_count: 0,
+            received_len: 0,
+        });
+        let index = usize::from(header.fragment_index);
+        if assembly.parts.len() != fragment_count {
+            self.counters.datagrams_dropped += 1;
+            return;
+        }
+        if assembly.parts[index].is_some() {
+            return;
+        }
+        if assembly.received_len + payload.len() > max_reply_len {
+            self.counters.datagrams_dropped += 1;
+            return;
+        }
+        assembly.parts[index] = Some(payload.to_vec());
+        assembly.received_count += 1;
+        assembly.received_len += payload.len();
+        if assembly.received_count < fragment_count {
+            return;
+        }
+        let flags = assembly.flags;
+        let reply: Vec<u8> = assembly.parts.iter().flatten().flatten().copied().collect();
+        let completion = if flags & flags::REPLY_UNAVAILABLE != 0 {
+            Completion::ReplyUnavailable
+        } else {
+            Completion::Replied {
+                reply,
+                makeup: flags & flags::MAKEUP != 0,
+            }
+        };
+        self.complete(header.seq, completion);
+    }
+
+    fn on_retransmit_request(&mut self, header: &Header) {
+        let Some(request) = self.in_flight.get(&header.seq) else {
+            // Complete requests are durable in a device log or applied; nothing to resend.
+            self.counters.late_acks_consumed += 1;
+            return;
+        };
+        self.counters.retransmit_requests_answered += 1;
+        let resend: Vec<Vec<u8>> = if header.has_flag(flags::ALL_FRAGMENTS) {
+            request.fragments.clone()
+        } else {
+            let index = usize::from(header.fragment_index);
+            request.fragments.get(index).cloned().into_iter().collect()
+        };
+        for bytes in resend {
+            self.counters.retransmitted_fragments += 1;
+            self.queue(bytes);
+        }
+    }
+
+    fn complete(&mut self, seq: u32, completion: Completion) {
+        let request = self.in_flight.remove(&seq).expect("completing an in-flight request");
+        self.events.push_back(ClientEvent::Completed {
+            seq,
+            kind: request.kind,
+            completion,
+        });
+    }
+
+    /// Retransmit what timed out; fail requests that exhausted their retransmissions.
+    pub fn handle_timeout(&mut self, now: Time) {
+        let due: Vec<u32> = self
+            .in_flight
+            .iter()
+            .filter(|(_, request)| request.deadline <= now)
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in due {
+            let request = self.in_flight.get_mut(&seq).expect("due request");
+            if request.retransmit_count >= self.config.max_retransmits {
+                let kind = request.kind;
+                self.in_flight.remove(&seq);
+                self.counters.requests_failed += 1;
+                self.events.push_back(ClientEvent::Failed {
+                    seq,
+                    kind,
+                    error: ClientError::TimedOut,
+                });
+                continue;
+            }
+            request.retransmit_count += 1;
+            request.timeout = (request.timeout * 2).min(self.config.max_retransmit_timeout);
+            request.deadline = now + request.timeout;
+            // Fragments a device already logged need no resend; the server gets them from
+            // the device.
+            let resend: Vec<Vec<u8>> = request
+                .fragments
+                .iter()
+                .zip(&request.logged)
+                .filter(|(_, logged)| !**logged)
+                .map(|(bytes, _)| bytes.clone())
+                .collect();
+            for bytes in resend {
+                self.counters.retransmitted_fragments += 1;
+                self.queue(bytes);
+            }
+        }
+    }
+
+    /// The next datagram to send, if any. Poll until `None` after every call that changes state.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// The next completion or failure, if any.
+    pub fn poll_event(&mut self) -> Option<ClientEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`Client::handle_timeout`] must next be called.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.in_flight.values().map(|request| request.deadline).min()
+    }
+}

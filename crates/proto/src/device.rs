@@ -1,0 +1,669 @@
+//! The PMNet device: logs update requests in persistent memory, acks them early, forwards
+//! every request to its server, and replays its log when a server asks.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pmnet_pm::log::RecoveredEntry;
+use pmnet_pm::EntryKey;
+use pmnet_wire::{flags, Header, PacketType, ParseError};
+
+use crate::{NetworkFunction, Time, Transmit};
+
+/// Settings of a device.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// Named in every PMNet-ACK this device sends.
+    pub device_id: u16,
+    /// The servers behind this device and their ids: one for the "NIC" deployment, several
+    /// for the "switch".
+    pub servers: Vec<(u16, SocketAddr)>,
+    /// When false the device forwards everything without logging: a plain switch.
+    pub logging: bool,
+    /// Slots of the persistent log (must match the log the runtime opened).
+    pub slot_count: u32,
+    /// Largest datagram a slot holds; larger update fragments are forwarded without logging.
+    pub max_logged_packet_len: usize,
+    /// Slots tried, from the one the hash picks, before counting a collision.
+    pub probe_limit: u32,
+    /// Most live entries at once; at the limit, updates are forwarded without logging.
+    pub max_live_entries: u32,
+    /// A logged entry the server has not acked is resent to it after this long, then with
+    /// exponential backoff up to the maximum, for as long as the entry is live.
+    pub resend_timeout: Duration,
+    pub max_resend_timeout: Duration,
+    /// Most client addresses remembered (one per session); the oldest is forgotten first.
+    pub max_sessions: usize,
+    /// Most datagrams queued for sending; beyond it, datagrams are dropped and counted.
+    pub max_transmit_queue_len: usize,
+}
+
+impl DeviceConfig {
+    /// Defaults for device `device_id` in front of `servers`, logging on, with a log of
+    /// `slot_count` slots of `max_logged_packet_len` bytes each.
+    pub fn new(
+        device_id: u16,
+        servers: Vec<(u16, SocketAddr)>,
+        slot_count: u32,
+        max_logged_packet_len: usize,
+    ) -> DeviceConfig {
+        DeviceConfig {
+            device_id,
+            servers,
+            logging: true,
+            slot_count,
+            max_logged_packet_len,
+            probe_limit: 4,
+            max_live_entries: slot_count,
+            resend_timeout: Duration::from_millis(20),
+            max_resend_timeout: Duration::from_secs(1),
+            max_sessions: 1 << 16,
+            max_transmit_queue_len: 2 * slot_count as usize + 4096,
+        }
+    }
+}
+
+/// Identifies one log write so its completion can be matched to the entry that asked for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PersistToken {
+    pub slot: u32,
+    generation: u64,
+}
+
+/// Persistence work for the runtime, to be carried out **in the order emitted**.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PersistWork {
+    /// Write `packet` into `slot` crash-consistently, then report [`Device::on_persisted`]
+    /// with `token`. The PMNet-ACK waits for that report.
+    LogWrite {
+        token: PersistToken,
+        key: EntryKey,
+        packet: Vec<u8>,
+    },
+    /// Mark `slot` free. Needs no report: losing an invalidation to a crash only causes a
+    /// resend that the server recognises as a duplicate.
+    LogInvalidate { slot: u32 },
+}
+
+/// Why a device dropped a datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    Parse(ParseError),
+    /// The header names a server this device does not front.
+    UnknownServer,
+    /// A server-side message from an address that is not that server's.
+    UnexpectedSource,
+    /// A type a device does not accept.
+    UnexpectedType,
+    /// A server reply or retransmission request for a session whose client is unknown.
+    NoClientRoute,
+    /// The transmit queue is full.
+    QueueFull,
+}
+
+impl DropReason {
+    pub fn reason(self) -> &'static str {
+        match self {
+            DropReason::Parse(error) => error.reason(),
+            DropReason::UnknownServer => "unknown_server",
+            DropReason::UnexpectedSource => "unexpected_source",
+            DropReason::UnexpectedType => "unexpected_type",
+            DropReason::NoClientRoute => "no_client_route",
+            DropReason::QueueFull => "queue_full",
+        }
+    }
+}
+
+/// What the device counted; monotonically increasing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceCounters {
+    pub updates_received: u64,
+    pub updates_logged: u64,
+    /// Updates forwarded without logging because every probed slot was taken.
+    pub log_collisions: u64,
+    /// Updates forwarded without logging because the live-entry limit was reached.
+    pub log_full: u64,
+    /// Updates forwarded without logging because they do not fit a slot (or logging is off).
+    pub forwarded_without_log: u64,
+    /// Retransmitted updates that were already logged (re-acked, not forwarded again).
+    pub duplicate_updates: u64,
+    pub bypass_forwarded: u64,
+    pub pmnet_acks_sent: u64,
+    pub server_acks_forwarded: u64,
+    pub entries_invalidated: u64,
+    pub retransmit_requests_received: u64,
+    pub resent_from_log: u64,
+    pub retransmit_requests_passed_to_client: u64,
+    /// Unacked entries resent to their server after the resend timeout.
+    pub resend_timeouts: u64,
+    pub recovery_polls: u64,
+    pub recovery_entries_resent: u64,
+    /// Entries rebuilt from the log at start-up.
+    pub entries_recovered: u64,
+    pub dropped: BTreeMap<&'static str, u64>,
+}
+
+impl DeviceCounters {
+    pub fn dropped_total(&self) -> u64 {
+        self.dropped.values().sum()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EntryState {
+    /// The log write is issued and not yet reported durable: no ack may be sent.
+    Persisting,
+    /// Durable in the log: acked (or ackable).
+    Durable,
+}
+
+#[derive(Debug)]
+struct Entry {
+    key: EntryKey,
+    state: EntryState,
+    generation: u64,
+    packet: Vec<u8>,
+    fragment_count: u16,
+    /// Where the PMNet-ACK goes; unknown for entries rebuilt from the log.
+    client: Option<SocketAddr>,
+    /// The server acked while the write was persisting: free the slot once it completes.
+    invalidate_when_persisted: bool,
+    resend_deadline: Time,
+    resend_timeout: Duration,
+}
+
+/// The PMNet device state machine.
+#[derive(Debug)]
+pub struct Device {
+    config: DeviceConfig,
+    servers: HashMap<u16, SocketAddr>,
+    /// Live entries by slot.
+    entries: HashMap<u32, Entry>,
+    /// Live entries by key, in (server, session, seq, fragment) order for recovery resends.
+    index: BTreeMap<EntryKey, u32>,
+    resend_timers: BTreeSet<(Time, u32)>,
+    next_generation: u64,
+    clients: HashMap<u64, SocketAddr>,
+    client_order: VecDeque<u64>,
+    transmits: VecDeque<Transmit>,
+    persists: VecDeque<PersistWork>,
+    counters: DeviceCounters,
+}
+
+impl Device {
+    /// A device whose log held `recovered` at start-up (empty for a new log). Entries are
+    /// resent to their servers right away: the server-ACKs of their first delivery may have
+    /// been lost with the device.
+    pub fn new(config: DeviceConfig, now: Time, recovered: Vec<RecoveredEntry>) -> Device {
+        assert!(config.slot_count >= 1, "a log needs at least one slot");
+        assert!(config.probe_limit >= 1, "probe_limit must be at least 1");
+        let servers = config.servers.iter().copied().collect();
+        let mut device = Device {
+            servers,
+            entries: HashMap::new(),
+            index: BTreeMap::new(),
+            resend_timers: BTreeSet::new(),
+            next_generation: 1,
+            clients: HashMap::new(),
+            client_order: VecDeque::new(),
+            transmits: VecDeque::new(),
+            persists: VecDeque::new(),
+            counters: DeviceCounters::default(),
+            config,
+        };
+        for entry in recovered {
+            device.rebuild(now, entry);
+        }
+        device
+    }
+
+    fn rebuild(&mut self, now: Time, recovered: RecoveredEntry) {
+        let fragment_count = match Header::parse(&recovered.packet) {
+            Ok((header, _)) if header.packet_type == PacketType::UpdateRequest => {
+                header.fragment_count
+            }
+            // The log checked its own CRC; a packet that still fails to parse is dropped
+            // rather than replayed, and the slot freed.
+            _ => {
+                self.count_drop(DropReason::UnexpectedType);
+                self.persists.push_back(PersistWork::LogInvalidate {
+                    slot: recovered.slot,
+                });
+                return;
+            }
+        };
+        if recovered.slot >= self.config.slot_count || self.entries.contains_key(&recovered.slot)
+        {
+            return;
+        }
+        let generation = self.take_generation();
+        self.index.insert(recovered.key, recovered.slot);
+        self.resend_timers.insert((now, recovered.slot));
+        self.entries.insert(
+            recovered.slot,
+            Entry {
+                key: recovered.key,
+                state: EntryState::Durable,
+                generation,
+                packet: recovered.packet,
+                fragment_count,
+                client: None,
+                invalidate_when_persisted: false,
+                resend_deadline: now,
+                resend_timeout: self.config.resend_timeout,
+            },
+        );
+        self.counters.entries_recovered += 1;
+    }
+
+    pub fn config(&self) -> &DeviceConfig {
+        &self.config
+    }
+
+    pub fn counters(&self) -> &DeviceCounters {
+        &self.counters
+    }
+
+    /// Entries in the log that their server has not yet acked.
+    pub fn live_entry_count(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The live entry keys, in order (for tests and the simulator's convergence check).
+    pub fn live_keys(&self) -> impl Iterator<Item = &EntryKey> {
+        self.index.keys()
+    }
+
+    fn take_generation(&mut self) -> u64 {
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        generation
+    }
+
+    fn count_drop(&mut self, reason: DropReason) {
+        *self.counters.dropped.entry(reason.reason()).or_insert(0) += 1;
+    }
+
+    fn send(&mut self, destination: SocketAddr, bytes: Vec<u8>) {
+        if self.transmits.len() >= self.config.max_transmit_queue_len {
+            self.count_drop(DropReason::QueueFull);
+            return;
+        }
+        self.transmits.push_back(Transmit { destination, bytes });
+    }
+
+    fn remember_client(&mut self, session_id: u64, client: SocketAddr) {
+        if let Some(known) = self.clients.get_mut(&session_id) {
+            *known = client;
+            return;
+        }
+        while self.clients.len() >= self.config.max_sessions {
+            let Some(oldest) = self.client_order.pop_front() else {
+                break;
+            };
+            self.clients.remove(&oldest);
+        }
+        self.clients.insert(session_id, client);
+        self.client_order.push_back(session_id);
+    }
+
+    /// Process a datagram from the network. Never panics on its contents.
+    pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
+        let header = match Header::parse(datagram) {
+            Ok((header, _)) => header,
+            Err(error) => {
+                self.count_drop(DropReason::Parse(error));
+                return;
+            }
+        };
+        let Some(&server) = self.servers.get(&header.server_id) else {
+            self.count_drop(DropReason::UnknownServer);
+            return;
+        };
+        match header.packet_type {
+            PacketType::UpdateRequest => self.on_update_request(now, from, server, &header, datagram),
+            PacketType::BypassRequest => {
+                self.remember_client(header.session_id, from);
+                self.counters.bypass_forwarded += 1;
+                self.send(server, datagram.to_vec());
+            }
+            PacketType::ServerAck
+            | PacketType::RetransmitRequest
+            | PacketType::RecoveryPoll
+                if from != server =>
+            {
+                self.count_drop(DropReason::UnexpectedSource);
+            }
+            PacketType::ServerAck => self.on_server_ack(&header, datagram),
+            PacketType::RetransmitRequest => self.on_retransmit_request(&header, datagram),
+            PacketType::RecoveryPoll => self.on_recovery_poll(now, server, &header),
+            PacketType::PmnetAck | PacketType::RecoveryDone => {
+                self.count_drop(DropReason::UnexpectedType);
+            }
+        }
+    }
+
+    fn on_update_request(
+        &mut self,
+        now: Time,
+        client: SocketAddr,
+        server: SocketAddr,
+        header: &Header,
+        datagram: &[u8],
+    ) {
+        self.counters.updates_received += 1;
+        self.remember_client(header.session_id, client);
+        let key = EntryKey {
+            server_id: header.server_id,
+            session_id: header.session_id,
+            seq: header.seq,
+            fragment_index: header.fragment_index,
+        };
+        if let Some(&slot) = self.index.get(&key) {
+            // A retransmission: the client lost our ack. The entry's own resend timer takes
+            // care of the server.
+            self.counters.duplicate_updates += 1;
+            let entry = &self.entries[&slot];
+            if entry.state == EntryState::Durable {
+                self.send_pmnet_ack(slot, client);
+            } else {
+                self.entries.get_mut(&slot).expect("indexed").client = Some(client);
+            }
+            return;
+        }
+        if self.config.logging && datagram.len() <= self.config.max_logged_packet_len {
+            if self.entries.len() >= self.config.max_live_entries as usize {
+                self.counters.log_full += 1;
+            } else if let Some(slot) = self.free_slot(&key) {
+                self.log(now, slot, key, header.fragment_count, client, datagram);
+            } else {
+                self.counters.log_collisions += 1;
+            }
+        } else {
+            self.counters.forwarded_without_log += 1;
+        }
+        self.send(server, datagram.to_vec());
+    }
+
+    /// The first free slot among `probe_limit` from the one the key hashes to.
+    fn free_slot(&self, key: &EntryKey) -> Option<u32> {
+        let home = slot_hash(key) % u64::from(self.config.slot_count);
+        (0..u64::from(self.config.probe_limit))
+            .map(|probe| ((home + probe) % u64::from(self.config.slot_count)) as u32)
+            .find(|slot| !self.entries.contains_key(slot))
+    }
+
+    fn log(
+        &mut self,
+        now: Time,
+        slot: u32,
+        key: EntryKey,
+        fragment_count: u16,
+        client: SocketAddr,
+        datagram: &[u8],
+    ) {
+        let generation = self.take_generation();
+        let deadline = now + self.config.resend_timeout;
+        self.index.insert(key, slot);
+        self.resend_timers.insert((deadline, slot));
+        self.entries.insert(
+            slot,
+            Entry {
+                key,
+                state: EntryState::Persisting,
+                generation,
+                packet: datagram.to_vec(),
+                fragment_count,
+                client: Some(client),
+                invalidate_when_persisted: false,
+                resend_deadline: deadline,
+                resend_timeout: self.config.resend_timeout,
+            },
+        );
+        self.counters.updates_logged += 1;
+        self.persists.push_back(PersistWork::LogWrite {
+            token: PersistToken { slot, generation },
+            key,
+            packet: datagram.to_vec(),
+        });
+    }
+
+    /// Report that the [`PersistWork::LogWrite`] with `token` is durable. Only now may the
+    /// entry be acked.
+    pub fn on_persisted(&mut self, _now: Time, token: PersistToken) {
+        let Some(entry) = self.entries.get_mut(&token.slot) else {
+            panic!("persist completion for a slot with no entry: {token:?}");
+        };
+        assert_eq!(entry.generation, token.generation, "stale persist completion");
+        assert_eq!(entry.state, EntryState::Persisting, "write completed twice");
+        entry.state = EntryState::Durable;
+        if entry.invalidate_when_persisted {
+            self.free(token.slot);
+            return;
+        }
+        if let Some(client) = entry.client {
+            self.send_pmnet_ack(token.slot, client);
+        }
+    }
+
+    fn send_pmnet_ack(&mut self, slot: u32, client: SocketAddr) {
+        let entry = &self.entries[&slot];
+        // The promise of a PMNet-ACK: the entry is durable in the log.
+        assert_eq!(entry.state, EntryState::Durable, "PMNet-ACK before the log write is durable");
+        let header = Header {
+            packet_type: PacketType::PmnetAck,
+            flags: 0,
+            server_id: entry.key.server_id,
+            session_id: entry.key.session_id,
+            seq: entry.key.seq,
+            fragment_index: entry.key.fragment_index,
+            fragment_count: entry.fragment_count,
+            device_id: self.config.device_id,
+        };
+        self.counters.pmnet_acks_sent += 1;
+        self.send(client, header.encode(&[]));
+    }
+
+    /// Drop a durable entry: index, timer, and (persistently) its slot.
+    fn free(&mut self, slot: u32) {
+        let entry = self.entries.remove(&slot).expect("freeing a live slot");
+        debug_assert_eq!(entry.state, EntryState::Durable);
+        if self.index.get(&entry.key) == Some(&slot) {
+            self.index.remove(&entry.key);
+        }
+        self.resend_timers.remove(&(entry.resend_deadline, slot));
+        self.counters.entries_invalidated += 1;
+        self.persists.push_back(PersistWork::LogInvalidate { slot });
+    }
+
+    fn slots_of(&self, server_id: u16, session_id: u64, seq: u32) -> Vec<u32> {
+        let first = EntryKey {
+            server_id,
+            session_id,
+            seq,
+            fragment_index: 0,
+        };
+        let last = EntryKey {
+            fragment_index: u16::MAX,
+            ..first
+        };
+        self.index.range(first..=last).map(|(_, slot)| *slot).collect()
+    }
+
+    fn on_server_ack(&mut self, header: &Header, datagram: &[u8]) {
+        for slot in self.slots_of(header.server_id, header.session_id, header.seq) {
+            let entry = self.entries.get_mut(&slot).expect("indexed slot");
+            match entry.state {
+                EntryState::Durable => self.free(slot),
+                EntryState::Persisting => {
+                    // Keep the slot until the write completes, but forget the key: the request
+                    // is applied, and no ack is owed any more.
+                    entry.invalidate_when_persisted = true;
+                    let key = entry.key;
+                    let deadline = entry.resend_deadline;
+                    self.index.remove(&key);
+                    self.resend_timers.remove(&(deadline, slot));
+                }
+            }
+        }
+        match self.clients.get(&header.session_id).copied() {
+            Some(client) => {
+                self.counters.server_acks_forwarded += 1;
+                self.send(client, datagram.to_vec());
+            }
+            // Replays after a device restart: the client got its PMNet-ACK long ago.
+            None => self.count_drop(DropReason::NoClientRoute),
+        }
+    }
+
+    fn on_retransmit_request(&mut self, header: &Header, datagram: &[u8]) {
+        self.counters.retransmit_requests_received += 1;
+        let server = self.servers[&header.server_id];
+        let slots = self.slots_of(header.server_id, header.session_id, header.seq);
+        let wanted: Vec<u32> = if header.has_flag(flags::ALL_FRAGMENTS) {
+            slots
+        } else {
+            slots
+                .into_iter()
+                .filter(|slot| self.entries[slot].key.fragment_index == header.fragment_index)
+                .collect()
+        };
+        let complete = match wanted.first() {
+            None => false,
+            Some(slot) if header.has_flag(flags::ALL_FRAGMENTS) => {
+                wanted.len() == usize::from(self.entries[slot].fragment_count)
+            }
+            Some(_) => true,
+        };
+        for slot in wanted {
+            self.counters.resent_from_log += 1;
+            let packet = self.entries[&slot].packet.clone();
+            self.send(server, packet);
+        }
+        if !complete {
+            match self.clients.get(&header.session_id).copied() {
+                Some(client) => {
+                    self.counters.retransmit_requests_passed_to_client += 1;
+                    self.send(client, datagram.to_vec());
+                }
+                None => self.count_drop(DropReason::NoClientRoute),
+            }
+        }
+    }
+
+    fn on_recovery_poll(&mut self, now: Time, server: SocketAddr, header: &Header) {
+        self.counters.recovery_polls += 1;
+        let first = EntryKey {
+            server_id: header.server_id,
+            session_id: 0,
+            seq: 0,
+            fragment_index: 0,
+        };
+        let last = EntryKey {
+            server_id: header.server_id,
+            session_id: u64::MAX,
+            seq: u32::MAX,
+            fragment_index: u16::MAX,
+        };
+        let slots: Vec<u32> = self.index.range(first..=last).map(|(_, slot)| *slot).collect();
+        let mut resent: u32 = 0;
+        for slot in slots {
+            self.reschedule_resend(now, slot, false);
+            let packet = self.entries[&slot].packet.clone();
+            self.counters.recovery_entries_resent += 1;
+            resent = resent.saturating_add(1);
+            self.send(server, packet);
+        }
+        let mut done = Header::new(PacketType::RecoveryDone, header.server_id, 0, header.seq);
+        done.device_id = self.config.device_id;
+        let payload = pmnet_wire::encode_recovery_done_payload(resent);
+        self.send(server, done.encode(&payload));
+    }
+
+    fn reschedule_resend(&mut self, now: Time, slot: u32, back_off: bool) {
+        let max_timeout = self.config.max_resend_timeout;
+        let entry = self.entries.get_mut(&slot).expect("live slot");
+        self.resend_timers.remove(&(entry.resend_deadline, slot));
+        if back_off {
+            entry.resend_timeout = (entry.resend_timeout * 2).min(max_timeout);
+        }
+        entry.resend_deadline = now + entry.resend_timeout;
+        self.resend_timers.insert((entry.resend_deadline, slot));
+    }
+
+    /// Resend entries whose server has not acked them in time.
+    pub fn handle_timeout(&mut self, now: Time) {
+        while let Some(&(deadline, slot)) = self.resend_timers.first() {
+            if deadline > now {
+                break;
+            }
+            self.reschedule_resend(now, slot, true);
+            let entry = &self.entries[&slot];
+            let server = self.servers.get(&entry.key.server_id).copied();
+            let packet = entry.packet.clone();
+            self.counters.resend_timeouts += 1;
+            match server {
+                Some(server) => self.send(server, packet),
+                None => self.count_drop(DropReason::UnknownServer),
+            }
+        }
+    }
+
+    /// The next datagram to send, if any. Poll until `None` after every call that changes state.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// The next persistence work, if any. Carry it out in order; report each `LogWrite` with
+    /// [`Device::on_persisted`].
+    pub fn poll_persist(&mut self) -> Option<PersistWork> {
+        self.persists.pop_front()
+    }
+
+    /// When [`Device::handle_timeout`] must next be called.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.resend_timers.first().map(|(deadline, _)| *deadline)
+    }
+}
+
+/// Where an entry lives in the log: a hash of its identity (FNV-1a, then a final mix so
+/// neighbouring sequence numbers land far apart).
+fn slot_hash(key: &EntryKey) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let bytes = key
+        .session_id
+        .to_le_bytes()
+        .into_iter()
+        .chain(key.seq.to_le_bytes())
+        .chain(key.fragment_index.to_le_bytes())
+        .chain(key.server_id.to_le_bytes());
+    for byte in bytes {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^ (hash >> 33)
+}
+
+impl NetworkFunction for Device {
+    fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
+        Device::handle(self, now, from, datagram)
+    }
+    fn on_persisted(&mut self, now: Time, token: PersistToken) {
+        Device::on_persisted(self, now, token)
+    }
+    fn handle_timeout(&mut self, now: Time) {
+        Device::handle_timeout(self, now)
+    }
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        Device::poll_transmit(self)
+    }
+    fn poll_persist(&mut self) -> Option<PersistWork> {
+        Device::poll_persist(self)
+    }
+    fn poll_timeout(&self) -> Option<Time> {
+        Device::poll_timeout(self)
+    }
+}

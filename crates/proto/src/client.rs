@@ -89,8 +89,16 @@ pub enum Completion {
 /// What the session reports to its user.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClientEvent {
-    Completed { seq: u32, kind: RequestKind, completion: Completion },
-    Failed { seq: u32, kind: RequestKind, error: ClientError },
+    Completed {
+        seq: u32,
+        kind: RequestKind,
+        completion: Completion,
+    },
+    Failed {
+        seq: u32,
+        kind: RequestKind,
+        error: ClientError,
+    },
 }
 
 /// What the session counted; monotonically increasing.
@@ -351,7 +359,10 @@ impl Client {
     }
 
     fn complete(&mut self, seq: u32, completion: Completion) {
-        let request = self.in_flight.remove(&seq).expect("completing an in-flight request");
+        let request = self
+            .in_flight
+            .remove(&seq)
+            .expect("completing an in-flight request");
         self.events.push_back(ClientEvent::Completed {
             seq,
             kind: request.kind,
@@ -411,6 +422,9 @@ impl Client {
 
     /// When [`Client::handle_timeout`] must next be called.
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.in_flight.values().map(|request| request.deadline).min()
+        self.in_flight
+            .values()
+            .map(|request| request.deadline)
+            .min()
     }
 }

@@ -233,8 +233,7 @@ impl Device {
                 return;
             }
         };
-        if recovered.slot >= self.config.slot_count || self.entries.contains_key(&recovered.slot)
-        {
+        if recovered.slot >= self.config.slot_count || self.entries.contains_key(&recovered.slot) {
             return;
         }
         let generation = self.take_generation();
@@ -322,15 +321,15 @@ impl Device {
             return;
         };
         match header.packet_type {
-            PacketType::UpdateRequest => self.on_update_request(now, from, server, &header, datagram),
+            PacketType::UpdateRequest => {
+                self.on_update_request(now, from, server, &header, datagram)
+            }
             PacketType::BypassRequest => {
                 self.remember_client(header.session_id, from);
                 self.counters.bypass_forwarded += 1;
                 self.send(server, datagram.to_vec());
             }
-            PacketType::ServerAck
-            | PacketType::RetransmitRequest
-            | PacketType::RecoveryPoll
+            PacketType::ServerAck | PacketType::RetransmitRequest | PacketType::RecoveryPoll
                 if from != server =>
             {
                 self.count_drop(DropReason::UnexpectedSource);
@@ -435,7 +434,10 @@ impl Device {
         let Some(entry) = self.entries.get_mut(&token.slot) else {
             panic!("persist completion for a slot with no entry: {token:?}");
         };
-        assert_eq!(entry.generation, token.generation, "stale persist completion");
+        assert_eq!(
+            entry.generation, token.generation,
+            "stale persist completion"
+        );
         assert_eq!(entry.state, EntryState::Persisting, "write completed twice");
         entry.state = EntryState::Durable;
         if entry.invalidate_when_persisted {
@@ -450,7 +452,11 @@ impl Device {
     fn send_pmnet_ack(&mut self, slot: u32, client: SocketAddr) {
         let entry = &self.entries[&slot];
         // The promise of a PMNet-ACK: the entry is durable in the log.
-        assert_eq!(entry.state, EntryState::Durable, "PMNet-ACK before the log write is durable");
+        assert_eq!(
+            entry.state,
+            EntryState::Durable,
+            "PMNet-ACK before the log write is durable"
+        );
         let header = Header {
             packet_type: PacketType::PmnetAck,
             flags: 0,
@@ -488,7 +494,10 @@ impl Device {
             fragment_index: u16::MAX,
             ..first
         };
-        self.index.range(first..=last).map(|(_, slot)| *slot).collect()
+        self.index
+            .range(first..=last)
+            .map(|(_, slot)| *slot)
+            .collect()
     }
 
     fn on_server_ack(&mut self, header: &Header, datagram: &[u8]) {
@@ -566,7 +575,11 @@ impl Device {
             seq: u32::MAX,
             fragment_index: u16::MAX,
         };
-        let slots: Vec<u32> = self.index.range(first..=last).map(|(_, slot)| *slot).collect();
+        let slots: Vec<u32> = self
+            .index
+            .range(first..=last)
+            .map(|(_, slot)| *slot)
+            .collect();
         let mut resent: u32 = 0;
         for slot in slots {
             self.reschedule_resend(now, slot, false);

@@ -158,8 +158,14 @@ impl Server {
         now: Time,
         sessions: impl IntoIterator<Item = RecoveredSession>,
     ) -> Server {
-        assert!(config.reply_cache_len >= 1, "reply_cache_len must be at least 1");
-        assert!(config.reorder_window >= 1, "reorder_window must be at least 1");
+        assert!(
+            config.reply_cache_len >= 1,
+            "reply_cache_len must be at least 1"
+        );
+        assert!(
+            config.reorder_window >= 1,
+            "reorder_window must be at least 1"
+        );
         let sessions = sessions
             .into_iter()
             .map(|recovered| {
@@ -211,12 +217,17 @@ impl Server {
 
     /// The last sequence number applied for `session_id`, 0 if none.
     pub fn last_applied(&self, session_id: u64) -> u32 {
-        self.sessions.get(&session_id).map_or(0, |session| session.last_applied)
+        self.sessions
+            .get(&session_id)
+            .map_or(0, |session| session.last_applied)
     }
 
     /// Sessions with buffered or unapplied requests (for convergence checks).
     pub fn busy_session_count(&self) -> usize {
-        self.sessions.values().filter(|session| !session.is_idle()).count()
+        self.sessions
+            .values()
+            .filter(|session| !session.is_idle())
+            .count()
     }
 
     fn count_drop(&mut self, reason: &'static str) {
@@ -228,7 +239,12 @@ impl Server {
             return;
         };
         recovery.next_poll = now + self.config.recovery_poll_interval;
-        let poll = Header::new(PacketType::RecoveryPoll, self.config.server_id, 0, recovery.poll_seq);
+        let poll = Header::new(
+            PacketType::RecoveryPoll,
+            self.config.server_id,
+            0,
+            recovery.poll_seq,
+        );
         recovery.poll_seq = recovery.poll_seq.wrapping_add(1);
         let bytes = poll.encode(&[]);
         for &device in &recovery.awaiting {
@@ -266,7 +282,8 @@ impl Server {
     }
 
     fn session_for(&mut self, now: Time, session_id: u64) -> Option<&mut Session> {
-        if !self.sessions.contains_key(&session_id) && self.sessions.len() >= self.config.max_sessions
+        if !self.sessions.contains_key(&session_id)
+            && self.sessions.len() >= self.config.max_sessions
         {
             let idlest = self
                 .sessions
@@ -399,8 +416,20 @@ impl Server {
         }
     }
 
-    fn send_server_ack(&mut self, session_id: u64, seq: u32, flags: u16, reply: &[u8], to: SocketAddr) {
-        let mut header = Header::new(PacketType::ServerAck, self.config.server_id, session_id, seq);
+    fn send_server_ack(
+        &mut self,
+        session_id: u64,
+        seq: u32,
+        flags: u16,
+        reply: &[u8],
+        to: SocketAddr,
+    ) {
+        let mut header = Header::new(
+            PacketType::ServerAck,
+            self.config.server_id,
+            session_id,
+            seq,
+        );
         header.flags = flags;
         let datagrams = encode_fragments(header, reply, self.config.max_datagram_len)
             .or_else(|| {
@@ -439,7 +468,9 @@ impl Server {
             session.replies.pop_front();
         }
         session.replies.push_back((seq, reply.clone()));
-        let to = session.reply_to.expect("a session with requests has a reply address");
+        let to = session
+            .reply_to
+            .expect("a session with requests has a reply address");
         self.counters.requests_applied += 1;
         self.send_server_ack(session_id, seq, 0, &reply, to);
     }
@@ -461,7 +492,8 @@ impl Server {
         }
         let entries_resent = recovery.entries_resent;
         self.recovery = None;
-        self.events.push_back(ServerEvent::RecoveryComplete { entries_resent });
+        self.events
+            .push_back(ServerEvent::RecoveryComplete { entries_resent });
         let waiting: Vec<u64> = self
             .sessions
             .iter()
@@ -476,7 +508,11 @@ impl Server {
     /// Ask for what is missing in sessions whose gap lasted too long; re-poll devices that
     /// have not answered the recovery poll.
     pub fn handle_timeout(&mut self, now: Time) {
-        if self.recovery.as_ref().is_some_and(|recovery| recovery.next_poll <= now) {
+        if self
+            .recovery
+            .as_ref()
+            .is_some_and(|recovery| recovery.next_poll <= now)
+        {
             self.send_recovery_polls(now);
         }
         while let Some(&(deadline, session_id)) = self.gap_timers.first() {
@@ -504,15 +540,25 @@ impl Server {
         let mut requests = Vec::new();
         if first_pending > next {
             for seq in (next..first_pending).take(limit) {
-                let mut header = Header::new(PacketType::RetransmitRequest, server_id, session_id, seq);
+                let mut header =
+                    Header::new(PacketType::RetransmitRequest, server_id, session_id, seq);
                 header.flags = flags::ALL_FRAGMENTS;
                 requests.push(header.encode(&[]));
             }
         } else {
             let fragment_count = u16::try_from(assembly.parts.len()).unwrap_or(u16::MAX);
-            let missing = assembly.parts.iter().enumerate().filter(|(_, part)| part.is_none());
+            let missing = assembly
+                .parts
+                .iter()
+                .enumerate()
+                .filter(|(_, part)| part.is_none());
             for (index, _) in missing.take(limit) {
-                let mut header = Header::new(PacketType::RetransmitRequest, server_id, session_id, first_pending);
+                let mut header = Header::new(
+                    PacketType::RetransmitRequest,
+                    server_id,
+                    session_id,
+                    first_pending,
+                );
                 header.fragment_index = u16::try_from(index).unwrap_or(0);
                 header.fragment_count = fragment_count;
                 requests.push(header.encode(&[]));
@@ -523,7 +569,10 @@ impl Server {
         self.gap_timers.insert((deadline, session_id));
         for bytes in requests {
             self.counters.retransmit_requests_sent += 1;
-            self.transmits.push_back(Transmit { destination: to, bytes });
+            self.transmits.push_back(Transmit {
+                destination: to,
+                bytes,
+            });
         }
     }
 

@@ -380,7 +380,10 @@ impl Header {
     /// computing the CRC. `buffer` must be exactly `HEADER_LEN + payload.len()` bytes and the
     /// payload at most [`MAX_PAYLOAD_LEN`]; both are caller bugs otherwise.
     pub fn emit(&self, payload: &[u8], buffer: &mut [u8]) {
-        assert!(payload.len() <= MAX_PAYLOAD_LEN, "payload larger than one datagram");
+        assert!(
+            payload.len() <= MAX_PAYLOAD_LEN,
+            "payload larger than one datagram"
+        );
         assert_eq!(buffer.len(), HEADER_LEN + payload.len(), "buffer length");
         assert!(self.fragment_count >= 1 && self.fragment_index < self.fragment_count);
         buffer[field::MAGIC].copy_from_slice(&MAGIC.to_be_bytes());

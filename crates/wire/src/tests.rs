@@ -92,8 +92,14 @@ fn with_crc_fixed(mut bytes: Vec<u8>) -> Vec<u8> {
 #[test]
 fn every_rejection_has_its_reason() {
     assert_eq!(Header::parse(&[]), Err(ParseError::Truncated));
-    assert_eq!(Header::parse(&GOLDEN_UPDATE[..31]), Err(ParseError::Truncated));
-    assert_eq!(Header::parse(&GOLDEN_UPDATE[..36]), Err(ParseError::Truncated));
+    assert_eq!(
+        Header::parse(&GOLDEN_UPDATE[..31]),
+        Err(ParseError::Truncated)
+    );
+    assert_eq!(
+        Header::parse(&GOLDEN_UPDATE[..36]),
+        Err(ParseError::Truncated)
+    );
     assert_eq!(Header::parse(b"GET / HTTP/1.1"), Err(ParseError::BadMagic));
 
     let mut long = GOLDEN_UPDATE.to_vec();
@@ -110,22 +116,40 @@ fn every_rejection_has_its_reason() {
 
     let mut unknown = GOLDEN_UPDATE.to_vec();
     unknown[field::TYPE] = 0x10; // reserved for the cache, not defined in this version
-    assert_eq!(Header::parse(&with_crc_fixed(unknown)), Err(ParseError::UnknownType));
+    assert_eq!(
+        Header::parse(&with_crc_fixed(unknown)),
+        Err(ParseError::UnknownType)
+    );
 
     let mut zero_count = GOLDEN_UPDATE.to_vec();
     zero_count[field::FRAGMENT_COUNT].copy_from_slice(&0u16.to_be_bytes());
-    assert_eq!(Header::parse(&with_crc_fixed(zero_count)), Err(ParseError::BadFragment));
+    assert_eq!(
+        Header::parse(&with_crc_fixed(zero_count)),
+        Err(ParseError::BadFragment)
+    );
 
     let mut index_past = GOLDEN_UPDATE.to_vec();
     index_past[field::FRAGMENT_INDEX].copy_from_slice(&1u16.to_be_bytes());
-    assert_eq!(Header::parse(&with_crc_fixed(index_past)), Err(ParseError::BadFragment));
+    assert_eq!(
+        Header::parse(&with_crc_fixed(index_past)),
+        Err(ParseError::BadFragment)
+    );
 }
 
 #[test]
 fn recovery_done_payload_round_trip() {
-    assert_eq!(decode_recovery_done_payload(&encode_recovery_done_payload(42)), Ok(42));
-    assert_eq!(decode_recovery_done_payload(&[0, 0, 1]), Err(ParseError::Truncated));
-    assert_eq!(decode_recovery_done_payload(&[0; 5]), Err(ParseError::TrailingBytes));
+    assert_eq!(
+        decode_recovery_done_payload(&encode_recovery_done_payload(42)),
+        Ok(42)
+    );
+    assert_eq!(
+        decode_recovery_done_payload(&[0, 0, 1]),
+        Err(ParseError::Truncated)
+    );
+    assert_eq!(
+        decode_recovery_done_payload(&[0; 5]),
+        Err(ParseError::TrailingBytes)
+    );
 }
 
 fn arbitrary_header() -> impl Strategy<Value = Header> {

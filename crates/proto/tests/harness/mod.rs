@@ -56,14 +56,22 @@ pub struct RecordingApp {
 impl RecordingApp {
     fn apply(&mut self, session_id: u64, seq: u32, kind: RequestKind, request: Vec<u8>) -> Vec<u8> {
         let last = self.sessions.get(&session_id).map_or(0, |(seq, _)| *seq);
-        assert_eq!(seq, last + 1, "applied out of order or twice: session {session_id:x}");
+        assert_eq!(
+            seq,
+            last + 1,
+            "applied out of order or twice: session {session_id:x}"
+        );
         let reply = match kind {
             RequestKind::Update => {
                 *self.updates_per_session.entry(session_id).or_insert(0) += 1;
                 b"ok".to_vec()
             }
             RequestKind::Bypass => {
-                let count = self.updates_per_session.get(&session_id).copied().unwrap_or(0);
+                let count = self
+                    .updates_per_session
+                    .get(&session_id)
+                    .copied()
+                    .unwrap_or(0);
                 count.to_be_bytes().to_vec()
             }
         };
@@ -85,7 +93,10 @@ impl RecordingApp {
 
     /// How often `(session, seq)` was applied.
     pub fn times_applied(&self, session_id: u64, seq: u32) -> usize {
-        self.applied.iter().filter(|(s, q, _, _)| *s == session_id && *q == seq).count()
+        self.applied
+            .iter()
+            .filter(|(s, q, _, _)| *s == session_id && *q == seq)
+            .count()
     }
 }
 
@@ -112,10 +123,13 @@ pub struct ClientNode {
 
 type DropRule = Box<dyn FnMut(&Seen) -> bool>;
 
+/// A datagram in flight: delivery time, tie-breaking sequence, source, destination, bytes.
+type InFlight = Reverse<(Time, u64, SocketAddr, SocketAddr, Vec<u8>)>;
+
 pub struct World {
     pub now: Time,
     pub latency: Duration,
-    queue: BinaryHeap<Reverse<(Time, u64, SocketAddr, SocketAddr, Vec<u8>)>>,
+    queue: BinaryHeap<InFlight>,
     sequence: u64,
     pub seen: Vec<Seen>,
     drop_rules: Vec<DropRule>,
@@ -129,7 +143,9 @@ impl World {
     /// server (or none), and a network delay of 5 µs per hop.
     pub fn new(client_count: usize, slot_count: Option<u32>) -> World {
         let device = slot_count.map(|slot_count| {
-            let region = SimRegion::new(PmLog::<SimRegion>::required_region_len(slot_count, SLOT_SIZE));
+            let region = SimRegion::new(PmLog::<SimRegion>::required_region_len(
+                slot_count, SLOT_SIZE,
+            ));
             let log = PmLog::format(region, slot_count, SLOT_SIZE).expect("format log");
             let config = DeviceConfig::new(
                 DEVICE_ID,
@@ -146,7 +162,11 @@ impl World {
             }
         });
         let peer = if device.is_some() { DEVICE() } else { SERVER() };
-        let devices = if device.is_some() { vec![DEVICE()] } else { Vec::new() };
+        let devices = if device.is_some() {
+            vec![DEVICE()]
+        } else {
+            Vec::new()
+        };
         let server_config = ServerConfig::new(SERVER_ID, devices);
         let server = ServerNode {
             server: Server::new(server_config.clone(), Time::ZERO, Vec::new()),
@@ -194,14 +214,20 @@ impl World {
 
     pub fn update(&mut self, client: usize, payload: &[u8]) -> u32 {
         let now = self.now;
-        let seq = self.clients[client].client.update(now, payload).expect("update accepted");
+        let seq = self.clients[client]
+            .client
+            .update(now, payload)
+            .expect("update accepted");
         self.flush_outputs();
         seq
     }
 
     pub fn bypass(&mut self, client: usize, payload: &[u8]) -> u32 {
         let now = self.now;
-        let seq = self.clients[client].client.bypass(now, payload).expect("bypass accepted");
+        let seq = self.clients[client]
+            .client
+            .bypass(now, payload)
+            .expect("bypass accepted");
         self.flush_outputs();
         seq
     }
@@ -237,7 +263,13 @@ impl World {
     /// Inject raw bytes (for malformed-input tests).
     pub fn inject(&mut self, from: SocketAddr, to: SocketAddr, bytes: Vec<u8>) {
         self.sequence += 1;
-        self.queue.push(Reverse((self.now + self.latency, self.sequence, from, to, bytes)));
+        self.queue.push(Reverse((
+            self.now + self.latency,
+            self.sequence,
+            from,
+            to,
+            bytes,
+        )));
     }
 
     /// Run persistence work (unless held), applications, and collect every node's output.
@@ -266,9 +298,17 @@ impl World {
             if self.server.up {
                 while let Some(event) = self.server.server.poll_event() {
                     progressed = true;
-                    if let ServerEvent::Apply { session_id, seq, kind, request } = event {
+                    if let ServerEvent::Apply {
+                        session_id,
+                        seq,
+                        kind,
+                        request,
+                    } = event
+                    {
                         let reply = self.server.app.apply(session_id, seq, kind, request);
-                        self.server.server.on_applied(self.now, session_id, seq, reply);
+                        self.server
+                            .server
+                            .on_applied(self.now, session_id, seq, reply);
                     }
                 }
                 let mut out = Vec::new();
@@ -306,7 +346,9 @@ impl World {
         let node = self.device.as_mut().expect("a device");
         let count = count.unwrap_or(node.held.len());
         for _ in 0..count {
-            let Some(work) = node.held.pop_front() else { break };
+            let Some(work) = node.held.pop_front() else {
+                break;
+            };
             execute_persist(node, now, work);
         }
         self.flush_outputs();
@@ -342,7 +384,7 @@ impl World {
                 self.now = self.now.max(timer);
                 self.fire_timers();
             }
-            (None, None) | (Some(_), None) => unreachable!(),
+            (Some(_), None) => unreachable!("handled by the guard above"),
         }
         self.flush_outputs();
         true
@@ -390,7 +432,11 @@ impl World {
                 break;
             }
         }
-        assert!(done(self), "condition not reached within {max_steps} steps at {}", self.now);
+        assert!(
+            done(self),
+            "condition not reached within {max_steps} steps at {}",
+            self.now
+        );
     }
 
     /// Deliver only what is in flight and fire due timers until the network is quiet and no
@@ -412,13 +458,21 @@ impl World {
 
     /// Every datagram of `packet_type` seen so far.
     pub fn seen_of(&self, packet_type: PacketType) -> Vec<&Seen> {
-        self.seen.iter().filter(|seen| seen.header.packet_type == packet_type).collect()
+        self.seen
+            .iter()
+            .filter(|seen| seen.header.packet_type == packet_type)
+            .collect()
     }
 
     pub fn completion(&self, client: usize, seq: u32) -> Option<&ClientEvent> {
-        self.clients[client].completed.iter().find(|event| match event {
-            ClientEvent::Completed { seq: s, .. } | ClientEvent::Failed { seq: s, .. } => *s == seq,
-        })
+        self.clients[client]
+            .completed
+            .iter()
+            .find(|event| match event {
+                ClientEvent::Completed { seq: s, .. } | ClientEvent::Failed { seq: s, .. } => {
+                    *s == seq
+                }
+            })
     }
 
     /// Crash the device: volatile state lost, the log keeps what the crash model leaves

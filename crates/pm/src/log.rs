@@ -1,0 +1,1240 @@
+//! The PMNet device log: a superblock, then `slot_count` fixed-size slots, each holding at most
+//! one logged packet.
+//!
+//! The device writes an update request into a free slot and acknowledges the client once
+//! [`PmLog::write`] returns (the entry is durable then); it frees the slot with
+//! [`PmLog::invalidate`] when the server has acknowledged the update. After a crash,
+//! [`PmLog::open`] returns every entry still logged so the device can resend them. Choosing slots
+//! and deduplicating entries is the caller's business: the log only stores and recovers.
+//!
+//! # Layout (version 1)
+//!
+//! All integers are little-endian. Offsets are in bytes.
+//!
+//! Superblock, at offset 0, 4096 bytes:
+//!
+//! | offset | size | field          | value                                              |
+//! |--------|------|----------------|----------------------------------------------------|
+//! | 0      | 8    | magic          | `b"PMNETLOG"`                                      |
+//! | 8      | 4    | layout_version | u32, 1                                             |
+//! | 12     | 4    | slot_size      | u32, multiple of 64, 128 ..= 1 MiB                 |
+//! | 16     | 4    | slot_count     | u32, 1 ..= 2^24                                    |
+//! | 20     | 40   | reserved       | zero                                               |
+//! | 60     | 4    | crc            | u32, CRC-32C of bytes 0..60                        |
+//! | 64     | 4032 | unused         | zero                                               |
+//!
+//! Slot `i` starts at `4096 + i * slot_size`. Its first 64 bytes (one cache line) are the header;
+//! the packet follows it, so a slot holds at most `slot_size - 64` packet bytes.
+//!
+//! | offset | size | field          | value                                              |
+//! |--------|------|----------------|----------------------------------------------------|
+//! | 0      | 4    | state          | u32: FREE = 0, VALID = 0x564C_4944; else corrupt   |
+//! | 4      | 4    | packet_len     | u32, ≤ slot_size - 64                              |
+//! | 8      | 8    | session_id     | u64                                                |
+//! | 16     | 4    | seq            | u32                                                |
+//! | 20     | 2    | fragment_index | u16                                                |
+//! | 22     | 2    | server_id      | u16                                                |
+//! | 24     | 4    | slot_index     | u32, the slot's own index `i`                      |
+//! | 28     | 32   | reserved       | zero                                               |
+//! | 60     | 4    | crc            | u32, CRC-32C of header bytes 4..60, then the packet |
+//! | 64     | len  | packet         | `packet_len` bytes                                 |
+//!
+//! The slot index inside the header makes an entry written to (or copied into) the wrong slot
+//! fail its check. The state is outside the CRC because it is the commit word.
+//!
+//! # Crash consistency
+//!
+//! A write is two persists. First the whole header with state FREE and the packet are written,
+//! flushed and fenced; then the state alone becomes VALID with one aligned 4-byte store, flushed
+//! and fenced. A crash before the second fence leaves the state FREE (the entry is absent) or
+//! VALID over a header and packet that are already durable. The CRC catches what that order
+//! cannot: torn overwrites of a VALID slot and corruption at rest. Recovery frees such slots and
+//! counts them; it never returns an entry whose bytes differ from what was written.
+
+use std::fmt;
+use std::ops::Range;
+
+use crate::region::{MediumInfo, PmRegion, CACHE_LINE_SIZE};
+
+/// Bytes before the first slot.
+pub const SUPERBLOCK_SIZE: usize = 4096;
+/// First bytes of every pmnet log.
+pub const MAGIC: [u8; 8] = *b"PMNETLOG";
+/// The layout this build writes and reads.
+pub const LAYOUT_VERSION: u32 = 1;
+/// Bytes of slot header before the packet: one cache line.
+pub const SLOT_HEADER_SIZE: usize = 64;
+/// Smallest slot: a header and one cache line of packet.
+pub const SLOT_SIZE_MIN: u32 = 128;
+/// Largest slot: far above any datagram a device logs; bounds a corrupt superblock's claims.
+pub const SLOT_SIZE_MAX: u32 = 1 << 20;
+/// Most slots in one log: bounds recovery time and memory.
+pub const SLOT_COUNT_MAX: u32 = 1 << 24;
+/// Slot state of a slot holding no entry.
+pub const STATE_FREE: u32 = 0;
+/// Slot state of a committed entry: an unlikely bit pattern ("DILV" in memory), so that neither
+/// zeroed nor random bytes read as committed.
+pub const STATE_VALID: u32 = 0x564C_4944;
+
+const _: () = assert!(SUPERBLOCK_SIZE % CACHE_LINE_SIZE == 0);
+const _: () = assert!(SLOT_HEADER_SIZE == CACHE_LINE_SIZE);
+const _: () = assert!(SLOT_SIZE_MIN as usize >= 2 * SLOT_HEADER_SIZE);
+
+// Superblock field offsets.
+const SB_MAGIC: usize = 0;
+const SB_LAYOUT_VERSION: usize = 8;
+const SB_SLOT_SIZE: usize = 12;
+const SB_SLOT_COUNT: usize = 16;
+const SB_CRC: usize = 60;
+const SB_FIELDS_SIZE: usize = 64;
+
+// Slot header field offsets.
+const HEADER_STATE: usize = 0;
+const HEADER_PACKET_LEN: usize = 4;
+const HEADER_SESSION_ID: usize = 8;
+const HEADER_SEQ: usize = 16;
+const HEADER_FRAGMENT_INDEX: usize = 20;
+const HEADER_SERVER_ID: usize = 22;
+const HEADER_SLOT_INDEX: usize = 24;
+const HEADER_CRC: usize = 60;
+/// The header bytes the CRC covers: everything but the state and the CRC itself.
+const HEADER_CRC_COVERED: Range<usize> = HEADER_PACKET_LEN..HEADER_CRC;
+
+/// What identifies a logged packet. Orders by server, session, sequence number, fragment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EntryKey {
+    pub server_id: u16,
+    pub session_id: u64,
+    pub seq: u32,
+    pub fragment_index: u16,
+}
+
+/// An entry found by [`PmLog::open`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveredEntry {
+    pub slot: u32,
+    pub key: EntryKey,
+    pub packet: Vec<u8>,
+}
+
+/// What [`PmLog::open`] found.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LogRecovery {
+    /// Committed entries with intact bytes, sorted by key (then slot).
+    pub entries: Vec<RecoveredEntry>,
+    /// Slots whose state was VALID over a bad checksum, length or slot index, or was neither
+    /// FREE nor VALID: torn overwrites or corruption. They are FREE (and persisted) now.
+    pub rejected_slot_count: u32,
+}
+
+/// Why a log could not be formatted or opened. Messages say what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LogError {
+    #[error(
+        "invalid log geometry: {slot_count} slots of {slot_size} bytes: {reason}; slot_size must \
+         be a multiple of 64 in {SLOT_SIZE_MIN}..={SLOT_SIZE_MAX}, slot_count in \
+         1..={SLOT_COUNT_MAX}"
+    )]
+    BadGeometry {
+        slot_count: u32,
+        slot_size: u32,
+        reason: &'static str,
+    },
+
+    #[error(
+        "region of {region_len} bytes is too small for a log of {slot_count} slots of \
+         {slot_size} bytes, which needs {required_len}; make it at least that large or use \
+         fewer or smaller slots"
+    )]
+    RegionTooSmall {
+        region_len: usize,
+        required_len: usize,
+        slot_count: u32,
+        slot_size: u32,
+    },
+
+    #[error(
+        "region of {region_len} bytes is smaller than a pmnet log superblock \
+         ({SUPERBLOCK_SIZE} bytes), so it holds no pmnet log; use a larger file and format it"
+    )]
+    NoSuperblock { region_len: usize },
+
+    #[error(
+        "region holds no pmnet log: its superblock is blank; format it first (formatting \
+         erases the region)"
+    )]
+    Unformatted,
+
+    #[error(
+        "region is not a pmnet log: it starts with {found_magic:02x?}, not \"PMNETLOG\"; point at \
+         the right file, or format this one if its contents are expendable (formatting erases it)"
+    )]
+    NotALog { found_magic: [u8; 8] },
+
+    #[error(
+        "pmnet log layout version {found}, but this build reads version {LAYOUT_VERSION}; open \
+         it with a matching pmnet build, or reformat it (loses the logged entries)"
+    )]
+    UnsupportedVersion { found: u32 },
+
+    #[error(
+        "pmnet log superblock is corrupt: checksum {stored_crc:#010x} stored, {computed_crc:#010x} \
+         computed; restore the file from a copy or reformat it (loses the logged entries)"
+    )]
+    SuperblockCorrupt { stored_crc: u32, computed_crc: u32 },
+
+    #[error(
+        "pmnet log superblock records {slot_count} slots of {slot_size} bytes, which this build \
+         does not accept ({reason}); the log was formatted differently: open it with the build \
+         that made it, or reformat it (loses the logged entries)"
+    )]
+    SuperblockGeometry {
+        slot_count: u32,
+        slot_size: u32,
+        reason: &'static str,
+    },
+
+    #[error(
+        "pmnet log is truncated: its superblock records {slot_count} slots of {slot_size} bytes \
+         ({required_len} bytes) but the region has {region_len}; restore the full file, or \
+         reformat it (loses the logged entries)"
+    )]
+    Truncated {
+        region_len: usize,
+        required_len: usize,
+        slot_count: u32,
+        slot_size: u32,
+    },
+}
+
+/// The PMNet device log over a region. See the module doc for the layout and crash model.
+pub struct PmLog<R: PmRegion> {
+    region: R,
+    slot_count: u32,
+    slot_size: u32,
+}
+
+impl<R: PmRegion> fmt::Debug for PmLog<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PmLog")
+            .field("slot_count", &self.slot_count)
+            .field("slot_size", &self.slot_size)
+            .field("medium", &self.region.medium())
+            .finish()
+    }
+}
+
+impl<R: PmRegion> PmLog<R> {
+    /// Bytes a region needs for `slot_count` slots of `slot_size` bytes. Saturates instead of
+    /// overflowing, so a nonsensical geometry asks for an impossible size.
+    pub fn required_region_len(slot_count: u32, slot_size: u32) -> usize {
+        (slot_count as usize)
+            .saturating_mul(slot_size as usize)
+            .saturating_add(SUPERBLOCK_SIZE)
+    }
+
+    /// Erase `region` and lay out an empty log on it. Durable on return.
+    pub fn format(mut region: R, slot_count: u32, slot_size: u32) -> Result<Self, LogError> {
+        if let Err(reason) = check_geometry(slot_count, slot_size) {
+            return Err(LogError::BadGeometry {
+                slot_count,
+                slot_size,
+                reason,
+            });
+        }
+        let required_len = Self::required_region_len(slot_count, slot_size);
+        if region.len() < required_len {
+            return Err(LogError::RegionTooSmall {
+                region_len: region.len(),
+                required_len,
+                slot_count,
+                slot_size,
+            });
+        }
+
+        // Blank the superblock first: a crash part-way through leaves "unformatted", never an
+        // old superblock over half-erased slots.
+        region.write(0, &[0; SUPERBLOCK_SIZE]);
+        region.persist(0, SUPERBLOCK_SIZE);
+
+        let mut log = PmLog {
+            region,
+            slot_count,
+            slot_size,
+        };
+        // A zeroed header is FREE; the stale packet bytes behind it are never read.
+        for slot in 0..slot_count {
+            let offset = log.slot_offset(slot);
+            log.region.write(offset, &[0; SLOT_HEADER_SIZE]);
+            log.region.flush(offset, SLOT_HEADER_SIZE);
+        }
+        log.region.fence();
+
+        let superblock = encode_superblock(slot_count, slot_size);
+        log.region.write(0, &superblock);
+        log.region.persist(0, SB_FIELDS_SIZE);
+        Ok(log)
+    }
+
+    /// Open the log on `region`: check the superblock, then recover every committed entry.
+    /// Slots that fail their checks are freed (durably) and counted.
+    pub fn open(region: R) -> Result<(Self, LogRecovery), LogError> {
+        let (slot_count, slot_size) = decode_superblock(region.bytes())?;
+        let required_len = Self::required_region_len(slot_count, slot_size);
+        if region.len() < required_len {
+            return Err(LogError::Truncated {
+                region_len: region.len(),
+                required_len,
+                slot_count,
+                slot_size,
+            });
+        }
+        let mut log = PmLog {
+            region,
+            slot_count,
+            slot_size,
+        };
+
+        let mut recovery = LogRecovery::default();
+        for slot in 0..slot_count {
+            match log.check_slot(slot) {
+                SlotCheck::Free => {}
+                SlotCheck::Valid(key, packet) => recovery.entries.push(RecoveredEntry {
+                    slot,
+                    key,
+                    packet: packet.to_vec(),
+                }),
+                SlotCheck::Rejected => {
+                    recovery.rejected_slot_count += 1;
+                    let offset = log.slot_offset(slot) + HEADER_STATE;
+                    log.region.write(offset, &STATE_FREE.to_le_bytes());
+                    log.region.flush(offset, 4);
+                }
+            }
+        }
+        if recovery.rejected_slot_count > 0 {
+            log.region.fence();
+        }
+        recovery
+            .entries
+            .sort_by_key(|entry| (entry.key, entry.slot));
+        assert!(
+            recovery.entries.len() + recovery.rejected_slot_count as usize <= slot_count as usize
+        );
+        Ok((log, recovery))
+    }
+
+    /// Log `packet` under `key` in `slot`. Durable on return; until then a crash leaves the
+    /// slot either without an entry or (only when the slot held one) with its old entry.
+    ///
+    /// Panics if `slot` is out of range or `packet` is longer than [`Self::max_packet_len`].
+    pub fn write(&mut self, slot: u32, key: &EntryKey, packet: &[u8]) {
+        self.write_payload(slot, key, packet);
+        self.region.fence();
+        self.write_state(slot, STATE_VALID);
+        self.region.fence();
+    }
+
+    /// [`Self::write`] for many slots with two fences in all: every header and packet, fence,
+    /// every state, fence. A crash before it returns may leave any subset of the entries.
+    /// A slot listed twice ends with its last entry.
+    pub fn write_batch(&mut self, entries: &[(u32, EntryKey, &[u8])]) {
+        if entries.is_empty() {
+            return;
+        }
+        for (slot, key, packet) in entries {
+            self.write_payload(*slot, key, packet);
+        }
+        self.region.fence();
+        for (slot, _, _) in entries {
+            self.write_state(*slot, STATE_VALID);
+        }
+        self.region.fence();
+    }
+
+    /// Free `slot`. Durable on return.
+    pub fn invalidate(&mut self, slot: u32) {
+        self.write_state(slot, STATE_FREE);
+        self.region.fence();
+    }
+
+    /// Free every slot in `slots` with one fence. Durable on return.
+    pub fn invalidate_batch(&mut self, slots: &[u32]) {
+        if slots.is_empty() {
+            return;
+        }
+        for slot in slots {
+            self.write_state(*slot, STATE_FREE);
+        }
+        self.region.fence();
+    }
+
+    /// The entry in `slot`, if it is committed and intact.
+    pub fn read(&self, slot: u32) -> Option<(EntryKey, &[u8])> {
+        match self.check_slot(slot) {
+            SlotCheck::Valid(key, packet) => Some((key, packet)),
+            SlotCheck::Free | SlotCheck::Rejected => None,
+        }
+    }
+
+    pub fn slot_count(&self) -> u32 {
+        self.slot_count
+    }
+
+    pub fn slot_size(&self) -> u32 {
+        self.slot_size
+    }
+
+    /// The longest packet a slot holds.
+    pub fn max_packet_len(&self) -> usize {
+        self.slot_size as usize - SLOT_HEADER_SIZE
+    }
+
+    pub fn medium(&self) -> MediumInfo {
+        self.region.medium()
+    }
+
+    pub fn region(&self) -> &R {
+        &self.region
+    }
+
+    /// The region underneath, for tests and the simulator (corrupting it, crashing it). Writing
+    /// through it bypasses the log's crash consistency.
+    pub fn region_mut(&mut self) -> &mut R {
+        &mut self.region
+    }
+
+    pub fn into_region(self) -> R {
+        self.region
+    }
+
+    /// Bytes of the region that `slot` occupies, header included.
+    pub fn slot_range(&self, slot: u32) -> Range<usize> {
+        let offset = self.slot_offset(slot);
+        offset..offset + self.slot_size as usize
+    }
+
+    fn slot_offset(&self, slot: u32) -> usize {
+        assert!(
+            slot < self.slot_count,
+            "slot {slot} out of range: the log has {} slots",
+            self.slot_count
+        );
+        SUPERBLOCK_SIZE + slot as usize * self.slot_size as usize
+    }
+
+    /// Write and flush the header (state FREE) and packet of `slot`; the caller fences.
+    fn write_payload(&mut self, slot: u32, key: &EntryKey, packet: &[u8]) {
+        assert!(
+            packet.len() <= self.max_packet_len(),
+            "packet of {} bytes exceeds the slot's {} bytes",
+            packet.len(),
+            self.max_packet_len()
+        );
+        let offset = self.slot_offset(slot);
+        let header = encode_slot_header(slot, key, packet);
+        self.region.write(offset, &header);
+        self.region.write(offset + SLOT_HEADER_SIZE, packet);
+        self.region.flush(offset, SLOT_HEADER_SIZE + packet.len());
+    }
+
+    /// Store `state` in `slot` with one aligned 4-byte store and flush it; the caller fences.
+    fn write_state(&mut self, slot: u32, state: u32) {
+        let offset = self.slot_offset(slot) + HEADER_STATE;
+        debug_assert_eq!(offset % 4, 0);
+        self.region.write(offset, &state.to_le_bytes());
+        self.region.flush(offset, 4);
+    }
+
+    /// Classify a slot from the region's bytes, trusting none of them.
+    fn check_slot(&self, slot: u32) -> SlotCheck<'_> {
+        let offset = self.slot_offset(slot);
+        let bytes = &self.region.bytes()[offset..offset + self.slot_size as usize];
+        let header = &bytes[..SLOT_HEADER_SIZE];
+        match read_u32(header, HEADER_STATE) {
+            STATE_FREE => return SlotCheck::Free,
+            STATE_VALID => {}
+            _ => return SlotCheck::Rejected,
+        }
+        let packet_len = read_u32(header, HEADER_PACKET_LEN) as usize;
+        if packet_len > self.max_packet_len() || read_u32(header, HEADER_SLOT_INDEX) != slot {
+            return SlotCheck::Rejected;
+        }
+        let packet = &bytes[SLOT_HEADER_SIZE..SLOT_HEADER_SIZE + packet_len];
+        if read_u32(header, HEADER_CRC) != slot_crc(header, packet) {
+            return SlotCheck::Rejected;
+        }
+        let key = EntryKey {
+            server_id: read_u16(header, HEADER_SERVER_ID),
+            session_id: read_u64(header, HEADER_SESSION_ID),
+            seq: read_u32(header, HEADER_SEQ),
+            fragment_index: read_u16(header, HEADER_FRAGMENT_INDEX),
+        };
+        SlotCheck::Valid(key, packet)
+    }
+}
+
+enum SlotCheck<'a> {
+    Free,
+    Valid(EntryKey, &'a [u8]),
+    Rejected,
+}
+
+fn check_geometry(slot_count: u32, slot_size: u32) -> Result<(), &'static str> {
+    if slot_count == 0 {
+        return Err("slot_count is zero");
+    }
+    if slot_count > SLOT_COUNT_MAX {
+        return Err("slot_count is too large");
+    }
+    if slot_size < SLOT_SIZE_MIN {
+        return Err("slot_size is too small");
+    }
+    if slot_size > SLOT_SIZE_MAX {
+        return Err("slot_size is too large");
+    }
+    if slot_size as usize % CACHE_LINE_SIZE != 0 {
+        return Err("slot_size is not a multiple of 64");
+    }
+    Ok(())
+}
+
+fn encode_superblock(slot_count: u32, slot_size: u32) -> [u8; SB_FIELDS_SIZE] {
+    let mut superblock = [0u8; SB_FIELDS_SIZE];
+    superblock[SB_MAGIC..SB_MAGIC + 8].copy_from_slice(&MAGIC);
+    superblock[SB_LAYOUT_VERSION..SB_LAYOUT_VERSION + 4]
+        .copy_from_slice(&LAYOUT_VERSION.to_le_bytes());
+    superblock[SB_SLOT_SIZE..SB_SLOT_SIZE + 4].copy_from_slice(&slot_size.to_le_bytes());
+    superblock[SB_SLOT_COUNT..SB_SLOT_COUNT + 4].copy_from_slice(&slot_count.to_le_bytes());
+    let crc = crc32c::crc32c(&superblock[..SB_CRC]);
+    superblock[SB_CRC..SB_CRC + 4].copy_from_slice(&crc.to_le_bytes());
+    superblock
+}
+
+/// The geometry a superblock records, if it is one this build accepts.
+fn decode_superblock(region_bytes: &[u8]) -> Result<(u32, u32), LogError> {
+    if region_bytes.len() < SUPERBLOCK_SIZE {
+        return Err(LogError::NoSuperblock {
+            region_len: region_bytes.len(),
+        });
+    }
+    let superblock = &region_bytes[..SB_FIELDS_SIZE];
+    let mut found_magic = [0u8; 8];
+    found_magic.copy_from_slice(&superblock[SB_MAGIC..SB_MAGIC + 8]);
+    if found_magic != MAGIC {
+        if superblock.iter().all(|b| *b == 0) {
+            return Err(LogError::Unformatted);
+        }
+        return Err(LogError::NotALog { found_magic });
+    }
+    // The CRC before the version: a version field that reads wrong because of a flipped bit is
+    // corruption, not a newer layout.
+    let stored_crc = read_u32(superblock, SB_CRC);
+    let computed_crc = crc32c::crc32c(&superblock[..SB_CRC]);
+    if stored_crc != computed_crc {
+        return Err(LogError::SuperblockCorrupt {
+            stored_crc,
+            computed_crc,
+        });
+    }
+    let found = read_u32(superblock, SB_LAYOUT_VERSION);
+    if found != LAYOUT_VERSION {
+        return Err(LogError::UnsupportedVersion { found });
+    }
+    let slot_size = read_u32(superblock, SB_SLOT_SIZE);
+    let slot_count = read_u32(superblock, SB_SLOT_COUNT);
+    if let Err(reason) = check_geometry(slot_count, slot_size) {
+        return Err(LogError::SuperblockGeometry {
+            slot_count,
+            slot_size,
+            reason,
+        });
+    }
+    Ok((slot_count, slot_size))
+}
+
+fn encode_slot_header(slot: u32, key: &EntryKey, packet: &[u8]) -> [u8; SLOT_HEADER_SIZE] {
+    let packet_len = u32::try_from(packet.len()).expect("bounded by max_packet_len");
+    let mut header = [0u8; SLOT_HEADER_SIZE];
+    header[HEADER_STATE..HEADER_STATE + 4].copy_from_slice(&STATE_FREE.to_le_bytes());
+    header[HEADER_PACKET_LEN..HEADER_PACKET_LEN + 4].copy_from_slice(&packet_len.to_le_bytes());
+    header[HEADER_SESSION_ID..HEADER_SESSION_ID + 8].copy_from_slice(&key.session_id.to_le_bytes());
+    header[HEADER_SEQ..HEADER_SEQ + 4].copy_from_slice(&key.seq.to_le_bytes());
+    header[HEADER_FRAGMENT_INDEX..HEADER_FRAGMENT_INDEX + 2]
+        .copy_from_slice(&key.fragment_index.to_le_bytes());
+    header[HEADER_SERVER_ID..HEADER_SERVER_ID + 2].copy_from_slice(&key.server_id.to_le_bytes());
+    header[HEADER_SLOT_INDEX..HEADER_SLOT_INDEX + 4].copy_from_slice(&slot.to_le_bytes());
+    let crc = slot_crc(&header, packet);
+    header[HEADER_CRC..HEADER_CRC + 4].copy_from_slice(&crc.to_le_bytes());
+    header
+}
+
+fn slot_crc(header: &[u8], packet: &[u8]) -> u32 {
+    let crc = crc32c::crc32c(&header[HEADER_CRC_COVERED]);
+    crc32c::crc32c_append(crc, packet)
+}
+
+fn read_u16(bytes: &[u8], offset: usize) -> u16 {
+    let mut word = [0u8; 2];
+    word.copy_from_slice(&bytes[offset..offset + 2]);
+    u16::from_le_bytes(word)
+}
+
+fn read_u32(bytes: &[u8], offset: usize) -> u32 {
+    let mut word = [0u8; 4];
+    word.copy_from_slice(&bytes[offset..offset + 4]);
+    u32::from_le_bytes(word)
+}
+
+fn read_u64(bytes: &[u8], offset: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[offset..offset + 8]);
+    u64::from_le_bytes(word)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    use super::*;
+    use crate::{test_seed, SimRegion};
+
+    const SLOT_COUNT: u32 = 8;
+    const SLOT_SIZE: u32 = 256;
+    /// Random crashes tried at each recorded point of an operation.
+    const CRASHES_PER_POINT: usize = 40;
+
+    type Contents = HashMap<u32, (EntryKey, Vec<u8>)>;
+
+    fn key(n: u32) -> EntryKey {
+        EntryKey {
+            server_id: (n % 3) as u16,
+            session_id: 0x1_0000_0000 + u64::from(n),
+            seq: n.wrapping_mul(7),
+            fragment_index: (n % 2) as u16,
+        }
+    }
+
+    fn packet(len: usize, salt: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(13).wrapping_add(salt))
+            .collect()
+    }
+
+    fn region_len() -> usize {
+        PmLog::<SimRegion>::required_region_len(SLOT_COUNT, SLOT_SIZE)
+    }
+
+    fn new_log() -> PmLog<SimRegion> {
+        PmLog::format(SimRegion::new(region_len()), SLOT_COUNT, SLOT_SIZE).unwrap()
+    }
+
+    fn contents(recovery: &LogRecovery) -> Contents {
+        let mut map = Contents::new();
+        for entry in &recovery.entries {
+            let previous = map.insert(entry.slot, (entry.key, entry.packet.clone()));
+            assert!(previous.is_none(), "slot {} recovered twice", entry.slot);
+        }
+        map
+    }
+
+    fn assert_sorted(recovery: &LogRecovery) {
+        assert!(recovery
+            .entries
+            .windows(2)
+            .all(|pair| (pair[0].key, pair[0].slot) < (pair[1].key, pair[1].slot)));
+    }
+
+    /// A simulated region that keeps a copy of itself after every operation, so a test can crash
+    /// "between any two instructions" of the code under test.
+    #[derive(Debug, Clone)]
+    struct Recorder {
+        region: SimRegion,
+        snapshots: Vec<SimRegion>,
+    }
+
+    impl Recorder {
+        fn record(&mut self) {
+            self.snapshots.push(self.region.clone());
+        }
+
+        /// Forget earlier points and record the present one: the state before the next operation.
+        fn start(&mut self) {
+            self.snapshots.clear();
+            self.record();
+        }
+    }
+
+    impl PmRegion for Recorder {
+        fn len(&self) -> usize {
+            self.region.len()
+        }
+        fn bytes(&self) -> &[u8] {
+            self.region.bytes()
+        }
+        fn write(&mut self, offset: usize, data: &[u8]) {
+            self.region.write(offset, data);
+            self.record();
+        }
+        fn flush(&mut self, offset: usize, len: usize) {
+            self.region.flush(offset, len);
+            self.record();
+        }
+        fn fence(&mut self) {
+            self.region.fence();
+            self.record();
+        }
+        fn medium(&self) -> MediumInfo {
+            self.region.medium()
+        }
+    }
+
+    fn new_recorded_log() -> PmLog<Recorder> {
+        let recorder = Recorder {
+            region: SimRegion::new(region_len()),
+            snapshots: Vec::new(),
+        };
+        PmLog::format(recorder, SLOT_COUNT, SLOT_SIZE).unwrap()
+    }
+
+    /// What recovery returns after crashes at every recorded point: the deterministic
+    /// lose-everything-unpersisted crash and `CRASHES_PER_POINT` random ones at each.
+    fn recoveries_after_crashes(snapshots: &[SimRegion], rng: &mut ChaCha8Rng) -> Vec<LogRecovery> {
+        assert!(!snapshots.is_empty());
+        let mut recoveries = Vec::new();
+        for snapshot in snapshots {
+            let mut crashed = vec![snapshot.crash_losing_unpersisted()];
+            crashed.extend((0..CRASHES_PER_POINT).map(|_| snapshot.crash(rng)));
+            for region in crashed {
+                let (_, recovery) = PmLog::open(region).expect("the superblock is durable");
+                assert_sorted(&recovery);
+                recoveries.push(recovery);
+            }
+        }
+        recoveries
+    }
+
+    #[test]
+    fn format_open_round_trip() {
+        let mut log = new_log();
+        assert_eq!(log.slot_count(), SLOT_COUNT);
+        assert_eq!(log.slot_size(), SLOT_SIZE);
+        assert_eq!(log.max_packet_len(), 192);
+        assert_eq!(log.medium().medium, crate::Medium::Simulated);
+        assert_eq!(log.slot_range(0), 4096..4352);
+        assert_eq!(log.slot_range(7), 4096 + 7 * 256..4096 + 8 * 256);
+        assert!(log.read(0).is_none());
+
+        let empty = packet(0, 0);
+        let full = packet(192, 1);
+        log.write(0, &key(10), &empty);
+        log.write(5, &key(11), &full);
+        log.write(2, &key(12), &packet(70, 2));
+        assert_eq!(log.read(5), Some((key(11), full.as_slice())));
+        assert_eq!(log.read(0), Some((key(10), empty.as_slice())));
+        assert!(log.region().is_durable(0, region_len()));
+
+        let (log, recovery) = PmLog::open(log.into_region()).unwrap();
+        assert_eq!(recovery.rejected_slot_count, 0);
+        assert_eq!(recovery.entries.len(), 3);
+        assert_sorted(&recovery);
+        // Sorted by key: key(12) has server 0, key(10) server 1, key(11) server 2.
+        let slots: Vec<u32> = recovery.entries.iter().map(|entry| entry.slot).collect();
+        assert_eq!(slots, [2, 0, 5]);
+        assert_eq!(
+            recovery.entries[1],
+            RecoveredEntry {
+                slot: 0,
+                key: key(10),
+                packet: empty
+            }
+        );
+        assert_eq!(log.read(2), Some((key(12), packet(70, 2).as_slice())));
+        assert_eq!(contents(&recovery).len(), 3);
+    }
+
+    #[test]
+    fn write_and_invalidate_fence_counts() {
+        let mut log = new_log();
+        let fences = log.region().fence_count();
+        log.write(1, &key(1), &packet(100, 1));
+        assert_eq!(log.region().fence_count(), fences + 2);
+        let batch: Vec<(u32, EntryKey, &[u8])> = vec![
+            (2, key(2), &[1, 2, 3]),
+            (3, key(3), &[4; 150]),
+            (4, key(4), &[]),
+        ];
+        log.write_batch(&batch);
+        assert_eq!(log.region().fence_count(), fences + 4);
+        log.invalidate(1);
+        assert_eq!(log.region().fence_count(), fences + 5);
+        log.invalidate_batch(&[2, 3, 4]);
+        assert_eq!(log.region().fence_count(), fences + 6);
+        log.write_batch(&[]);
+        log.invalidate_batch(&[]);
+        assert_eq!(log.region().fence_count(), fences + 6);
+        assert!((0..SLOT_COUNT).all(|slot| log.read(slot).is_none()));
+        assert!(log.region().is_durable(0, region_len()));
+    }
+
+    #[test]
+    fn crash_during_write_never_yields_a_wrong_entry() {
+        let seed = test_seed("crash_during_write_never_yields_a_wrong_entry");
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut log = new_recorded_log();
+        let a = (key(1), packet(150, 1));
+        let b = (key(2), packet(192, 2));
+        log.write(1, &a.0, &a.1);
+        log.write(3, &b.0, &b.1);
+
+        // A new entry into a free slot.
+        let n = (key(3), packet(130, 3));
+        log.region_mut().start();
+        let fences_before = log.region().region.fence_count();
+        log.write(0, &n.0, &n.1);
+        let snapshots = std::mem::take(&mut log.region_mut().snapshots);
+        for recovery in recoveries_after_crashes(&snapshots, &mut rng) {
+            let found = contents(&recovery);
+            assert_eq!(recovery.rejected_slot_count, 0, "seed {seed}");
+            assert_eq!(found.get(&1), Some(&a), "seed {seed}");
+            assert_eq!(found.get(&3), Some(&b), "seed {seed}");
+            if let Some(entry) = found.get(&0) {
+                assert_eq!(entry, &n, "seed {seed}: wrong entry recovered");
+            }
+            assert_eq!(found.len(), 2 + usize::from(found.contains_key(&0)));
+        }
+        // After the payload is persisted and before the state is: durable, and not an entry.
+        let after_payload = snapshots
+            .iter()
+            .find(|s| s.fence_count() == fences_before + 1)
+            .unwrap();
+        let slot_range = log.slot_range(0);
+        assert!(after_payload.is_durable(slot_range.start, slot_range.len()));
+        let (_, recovery) = PmLog::open(after_payload.crash_losing_unpersisted()).unwrap();
+        assert!(!contents(&recovery).contains_key(&0));
+        // Once write returns, every crash keeps the entry.
+        let last = snapshots.last().unwrap();
+        assert!(last.is_durable(slot_range.start, slot_range.len()));
+        for _ in 0..CRASHES_PER_POINT {
+            let (_, recovery) = PmLog::open(last.crash(&mut rng)).unwrap();
+            assert_eq!(contents(&recovery).get(&0), Some(&n), "seed {seed}");
+        }
+
+        // Overwriting a committed entry: old, new, or (torn) rejected and gone; never a mix.
+        let c = (key(4), packet(40, 4));
+        log.region_mut().start();
+        log.write(3, &c.0, &c.1);
+        let snapshots = std::mem::take(&mut log.region_mut().snapshots);
+        let (mut old_seen, mut new_seen) = (false, false);
+        for recovery in recoveries_after_crashes(&snapshots, &mut rng) {
+            let found = contents(&recovery);
+            assert!(recovery.rejected_slot_count <= 1, "seed {seed}");
+            assert_eq!(found.get(&1), Some(&a), "seed {seed}");
+            match found.get(&3) {
+                None => {}
+                Some(entry) if *entry == b => old_seen = true,
+                Some(entry) if *entry == c => new_seen = true,
+                Some(entry) => panic!("seed {seed}: wrong entry recovered: {entry:?}"),
+            }
+        }
+        assert!(old_seen && new_seen, "seed {seed}");
+    }
+
+    #[test]
+    fn crash_during_batches_never_yields_a_wrong_entry() {
+        let seed = test_seed("crash_during_batches_never_yields_a_wrong_entry");
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut log = new_recorded_log();
+        let written: Vec<(u32, EntryKey, Vec<u8>)> = vec![
+            (0, key(20), packet(10, 20)),
+            (2, key(21), packet(192, 21)),
+            (5, key(22), packet(0, 22)),
+        ];
+        let batch: Vec<(u32, EntryKey, &[u8])> = written
+            .iter()
+            .map(|(slot, key, packet)| (*slot, *key, packet.as_slice()))
+            .collect();
+        log.region_mut().start();
+        log.write_batch(&batch);
+        let snapshots = std::mem::take(&mut log.region_mut().snapshots);
+        let mut partial_seen = false;
+        for recovery in recoveries_after_crashes(&snapshots, &mut rng) {
+            let found = contents(&recovery);
+            assert_eq!(recovery.rejected_slot_count, 0, "seed {seed}");
+            for (slot, entry) in &found {
+                let expected = written.iter().find(|(s, _, _)| s == slot).unwrap();
+                assert_eq!(entry, &(expected.1, expected.2.clone()), "seed {seed}");
+            }
+            partial_seen |= found.len() == 1 || found.len() == 2;
+        }
+        assert!(
+            partial_seen,
+            "seed {seed}: a batch is not atomic; some crash should show it"
+        );
+        let (_, recovery) = PmLog::open(snapshots.last().unwrap().crash(&mut rng)).unwrap();
+        assert_eq!(recovery.entries.len(), 3);
+
+        // Invalidating: each entry present and intact, or gone.
+        log.region_mut().start();
+        log.invalidate_batch(&[0, 5]);
+        log.invalidate(2);
+        let snapshots = std::mem::take(&mut log.region_mut().snapshots);
+        for recovery in recoveries_after_crashes(&snapshots, &mut rng) {
+            assert_eq!(recovery.rejected_slot_count, 0, "seed {seed}");
+            for (slot, entry) in contents(&recovery) {
+                let expected = written.iter().find(|(s, _, _)| *s == slot).unwrap();
+                assert_eq!(entry, (expected.1, expected.2.clone()), "seed {seed}");
+            }
+        }
+        let (_, recovery) = PmLog::open(snapshots.last().unwrap().crash(&mut rng)).unwrap();
+        assert!(recovery.entries.is_empty());
+    }
+
+    #[test]
+    fn crash_during_format_never_leaves_a_partial_log() {
+        let seed = test_seed("crash_during_format_never_leaves_a_partial_log");
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut log = new_recorded_log();
+        for slot in 0..SLOT_COUNT {
+            log.write(slot, &key(slot), &packet(100, slot as u8));
+        }
+        let mut recorder = log.into_region();
+        recorder.start();
+        let log = PmLog::format(recorder, SLOT_COUNT, SLOT_SIZE).unwrap();
+        let snapshots = &log.region().snapshots;
+        for snapshot in snapshots {
+            let mut crashed = vec![snapshot.crash_losing_unpersisted()];
+            crashed.extend((0..CRASHES_PER_POINT).map(|_| snapshot.crash(&mut rng)));
+            for region in crashed {
+                match PmLog::open(region) {
+                    Ok((_, recovery)) => {
+                        assert_eq!(recovery.rejected_slot_count, 0, "seed {seed}");
+                        let count = recovery.entries.len();
+                        assert!(count == 0 || count == SLOT_COUNT as usize, "seed {seed}");
+                    }
+                    Err(
+                        LogError::Unformatted
+                        | LogError::NotALog { .. }
+                        | LogError::SuperblockCorrupt { .. },
+                    ) => {}
+                    Err(error) => panic!("seed {seed}: unexpected {error}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn corruption_at_rest_is_rejected_and_counted() {
+        let mut log = new_log();
+        let entry = (key(5), packet(100, 5));
+        log.write(4, &entry.0, &entry.1);
+        log.write(6, &key(6), &packet(20, 6));
+        let slot_start = log.slot_range(4).start;
+        let region = log.into_region();
+
+        // Every bit of the header and packet, including the state and the reserved bytes.
+        for offset in slot_start..slot_start + SLOT_HEADER_SIZE + 100 {
+            for bit in 0..8 {
+                let mut corrupted = region.clone();
+                corrupted.flip_bit(offset, bit);
+                let (log, recovery) = PmLog::open(corrupted).unwrap();
+                assert_eq!(
+                    recovery.rejected_slot_count,
+                    1,
+                    "byte {} bit {bit}",
+                    offset - slot_start
+                );
+                assert_eq!(recovery.entries.len(), 1);
+                assert_eq!(recovery.entries[0].slot, 6);
+                assert!(log.read(4).is_none());
+                // The rejected slot was freed durably: a second recovery is clean.
+                let region = log.into_region();
+                assert!(region.is_durable(0, region.len()));
+                let (_, recovery) = PmLog::open(region.crash_losing_unpersisted()).unwrap();
+                assert_eq!(recovery.rejected_slot_count, 0);
+                assert_eq!(recovery.entries.len(), 1);
+            }
+        }
+
+        // Bytes past the packet are not part of the entry.
+        let mut corrupted = region.clone();
+        corrupted.flip_bit(slot_start + SLOT_HEADER_SIZE + 100, 0);
+        let (_, recovery) = PmLog::open(corrupted).unwrap();
+        assert_eq!(recovery.rejected_slot_count, 0);
+        assert_eq!(contents(&recovery).get(&4), Some(&entry));
+
+        // A FREE state with a flipped bit is neither FREE nor VALID: corrupt.
+        let mut corrupted = region.clone();
+        corrupted.flip_bit(PmLog::<SimRegion>::required_region_len(0, SLOT_SIZE), 3);
+        let (_, recovery) = PmLog::open(corrupted).unwrap();
+        assert_eq!(recovery.rejected_slot_count, 1);
+        assert_eq!(recovery.entries.len(), 2);
+    }
+
+    #[test]
+    fn random_corruption_at_rest_never_yields_a_wrong_entry() {
+        let seed = test_seed("random_corruption_at_rest_never_yields_a_wrong_entry");
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut log = new_log();
+        let mut written = Contents::new();
+        for slot in 0..SLOT_COUNT {
+            let entry = (key(slot), packet(slot as usize * 24, slot as u8));
+            log.write(slot, &entry.0, &entry.1);
+            written.insert(slot, entry);
+        }
+        let region = log.into_region();
+        for _ in 0..500 {
+            let mut corrupted = region.clone();
+            let flip_count = rand::Rng::random_range(&mut rng, 1..4);
+            for _ in 0..flip_count {
+                let offset = rand::Rng::random_range(&mut rng, SUPERBLOCK_SIZE..region.len());
+                corrupted.corrupt_at_rest(offset, &mut rng);
+            }
+            let (_, recovery) = PmLog::open(corrupted).unwrap();
+            for (slot, entry) in contents(&recovery) {
+                assert_eq!(Some(&entry), written.get(&slot), "seed {seed}");
+            }
+            assert!(
+                recovery.entries.len() + recovery.rejected_slot_count as usize
+                    >= SLOT_COUNT as usize - flip_count,
+                "seed {seed}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_superblocks_are_errors_that_say_what_to_do() {
+        let region = new_log().into_region();
+        let open_error = |region: SimRegion| PmLog::open(region).unwrap_err();
+
+        let error = open_error(SimRegion::new(region_len()));
+        assert_eq!(error, LogError::Unformatted);
+        assert!(error.to_string().contains("format it first"), "{error}");
+
+        let error = open_error(SimRegion::new(100));
+        assert!(
+            matches!(error, LogError::NoSuperblock { region_len: 100 }),
+            "{error}"
+        );
+
+        let mut not_a_log = SimRegion::new(region_len());
+        not_a_log.write(0, b"SQLite format 3\0");
+        let error = open_error(not_a_log);
+        assert!(matches!(error, LogError::NotALog { .. }), "{error}");
+        assert!(error.to_string().contains("not a pmnet log"), "{error}");
+
+        let mut bad_magic = region.clone();
+        bad_magic.flip_bit(0, 0);
+        assert!(matches!(open_error(bad_magic), LogError::NotALog { .. }));
+
+        for offset in SB_LAYOUT_VERSION..SB_CRC + 4 {
+            let mut corrupt = region.clone();
+            corrupt.flip_bit(offset, 2);
+            let error = open_error(corrupt);
+            assert!(
+                matches!(error, LogError::SuperblockCorrupt { .. }),
+                "{error}"
+            );
+            assert!(error.to_string().contains("reformat"), "{error}");
+        }
+
+        // Well-formed superblocks this build refuses.
+        let rewrite = |fields: [u8; SB_FIELDS_SIZE]| {
+            let mut region = region.clone();
+            region.write(0, &fields);
+            region
+        };
+        let mut newer = encode_superblock(SLOT_COUNT, SLOT_SIZE);
+        newer[SB_LAYOUT_VERSION] = 2;
+        let crc = crc32c::crc32c(&newer[..SB_CRC]);
+        newer[SB_CRC..].copy_from_slice(&crc.to_le_bytes());
+        let error = open_error(rewrite(newer));
+        assert_eq!(error, LogError::UnsupportedVersion { found: 2 });
+        assert!(
+            error.to_string().contains("matching pmnet build"),
+            "{error}"
+        );
+
+        let error = open_error(rewrite(encode_superblock(SLOT_COUNT, 100)));
+        assert!(
+            matches!(error, LogError::SuperblockGeometry { .. }),
+            "{error}"
+        );
+        assert!(
+            error.to_string().contains("formatted differently"),
+            "{error}"
+        );
+
+        let error = open_error(rewrite(encode_superblock(SLOT_COUNT + 1, SLOT_SIZE)));
+        assert!(matches!(error, LogError::Truncated { .. }), "{error}");
+    }
+
+    #[test]
+    fn format_checks_geometry_and_region_size() {
+        let format = |len: usize, slot_count: u32, slot_size: u32| {
+            PmLog::format(SimRegion::new(len), slot_count, slot_size).map(|_| ())
+        };
+        for (slot_count, slot_size) in [(0, 256), (4, 64), (4, 200), (4, SLOT_SIZE_MAX + 64)] {
+            let error = format(1 << 16, slot_count, slot_size).unwrap_err();
+            assert!(matches!(error, LogError::BadGeometry { .. }), "{error}");
+        }
+        let error = format(1 << 16, SLOT_COUNT_MAX + 1, 128).unwrap_err();
+        assert!(matches!(error, LogError::BadGeometry { .. }), "{error}");
+        let error = format(region_len() - 1, SLOT_COUNT, SLOT_SIZE).unwrap_err();
+        assert!(matches!(error, LogError::RegionTooSmall { .. }), "{error}");
+        assert!(error.to_string().contains("make it at least"), "{error}");
+        // A larger region is fine.
+        format(region_len() + 1000, SLOT_COUNT, SLOT_SIZE).unwrap();
+        assert_eq!(
+            PmLog::<SimRegion>::required_region_len(u32::MAX, u32::MAX),
+            (u32::MAX as usize) * (u32::MAX as usize) + SUPERBLOCK_SIZE
+        );
+    }
+
+    #[test]
+    fn format_erases_a_previous_log() {
+        let mut log = new_log();
+        log.write(3, &key(3), &packet(50, 3));
+        let log = PmLog::format(log.into_region(), SLOT_COUNT, SLOT_SIZE).unwrap();
+        assert!(log.read(3).is_none());
+        let (_, recovery) = PmLog::open(log.into_region().crash_losing_unpersisted()).unwrap();
+        assert_eq!(recovery, LogRecovery::default());
+    }
+
+    #[test]
+    #[should_panic(expected = "exceeds the slot")]
+    fn oversized_packet_panics() {
+        new_log().write(0, &key(0), &[0; 193]);
+    }
+
+    #[test]
+    #[should_panic(expected = "out of range")]
+    fn slot_out_of_range_panics() {
+        new_log().invalidate(SLOT_COUNT);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn log_on_a_mapped_file_survives_reopening() {
+        use crate::{MmapOptions, MmapRegion};
+        let path = std::env::temp_dir().join(format!("pmnet-pm-test-{}-log", std::process::id()));
+        let len = PmLog::<MmapRegion>::required_region_len(16, 1024);
+        {
+            let region = MmapRegion::create(&path, len, MmapOptions::default()).unwrap();
+            let mut log = PmLog::format(region, 16, 1024).unwrap();
+            log.write(9, &key(9), &packet(900, 9));
+            log.write(10, &key(10), &packet(10, 10));
+            log.invalidate(10);
+        }
+        let region = MmapRegion::open(&path, MmapOptions::default()).unwrap();
+        let (log, recovery) = PmLog::open(region).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(recovery.rejected_slot_count, 0);
+        assert_eq!(
+            recovery.entries,
+            vec![RecoveredEntry {
+                slot: 9,
+                key: key(9),
+                packet: packet(900, 9)
+            }]
+        );
+        assert_eq!(log.slot_count(), 16);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Write {
+            slot: u32,
+            key_n: u32,
+            len: usize,
+            salt: u8,
+        },
+        WriteBatch(Vec<(u32, u32, usize, u8)>),
+        Invalidate(u32),
+        InvalidateBatch(Vec<u32>),
+        Reopen,
+        Crash(u64),
+    }
+
+    fn op_strategy() -> impl Strategy<Value = Op> {
+        let slot = 0..SLOT_COUNT;
+        let entry = (0..SLOT_COUNT, 0..50u32, 0..=192usize, any::<u8>());
+        prop_oneof![
+            4 => entry.clone().prop_map(|(slot, key_n, len, salt)| Op::Write { slot, key_n, len, salt }),
+            2 => prop::collection::vec(entry, 0..5).prop_map(Op::WriteBatch),
+            3 => slot.clone().prop_map(Op::Invalidate),
+            1 => prop::collection::vec(slot, 0..5).prop_map(Op::InvalidateBatch),
+            1 => Just(Op::Reopen),
+            1 => any::<u64>().prop_map(Op::Crash),
+        ]
+    }
+
+    fn check_recovery(recovery: &LogRecovery, model: &Contents) {
+        assert_eq!(recovery.rejected_slot_count, 0);
+        assert_sorted(recovery);
+        assert_eq!(&contents(recovery), model);
+    }
+
+    proptest! {
+        #[test]
+        fn log_matches_a_model(ops in prop::collection::vec(op_strategy(), 1..40)) {
+            let mut log = new_log();
+            let mut model = Contents::new();
+            for op in ops {
+                match op {
+                    Op::Write { slot, key_n, len, salt } => {
+                        let entry = (key(key_n), packet(len, salt));
+                        log.write(slot, &entry.0, &entry.1);
+                        model.insert(slot, entry);
+                    }
+                    Op::WriteBatch(entries) => {
+                        let owned: Vec<(u32, EntryKey, Vec<u8>)> = entries
+                            .iter()
+                            .map(|(slot, key_n, len, salt)| (*slot, key(*key_n), packet(*len, *salt)))
+                            .collect();
+                        let batch: Vec<(u32, EntryKey, &[u8])> = owned
+                            .iter()
+                            .map(|(slot, key, packet)| (*slot, *key, packet.as_slice()))
+                            .collect();
+                        log.write_batch(&batch);
+                        for (slot, key, packet) in owned {
+                            model.insert(slot, (key, packet));
+                        }
+                    }
+                    Op::Invalidate(slot) => {
+                        log.invalidate(slot);
+                        model.remove(&slot);
+                    }
+                    Op::InvalidateBatch(slots) => {
+                        log.invalidate_batch(&slots);
+                        for slot in slots {
+                            model.remove(&slot);
+                        }
+                    }
+                    Op::Reopen => {
+                        let (reopened, recovery) = PmLog::open(log.into_region()).unwrap();
+                        check_recovery(&recovery, &model);
+                        log = reopened;
+                    }
+                    Op::Crash(seed) => {
+                        // Every operation is durable on return: a crash loses nothing.
+                        let region = log.into_region();
+                        prop_assert!(region.is_durable(0, region.len()));
+                        let crashed = region.crash(&mut ChaCha8Rng::seed_from_u64(seed));
+                        let (reopened, recovery) = PmLog::open(crashed).unwrap();
+                        check_recovery(&recovery, &model);
+                        log = reopened;
+                    }
+                }
+                for slot in 0..SLOT_COUNT {
+                    let expected = model.get(&slot).map(|(key, packet)| (*key, packet.as_slice()));
+                    prop_assert_eq!(log.read(slot), expected);
+                }
+            }
+        }
+    }
+}

@@ -35,9 +35,15 @@
 //! | 20     | 2    | fragment_index | u16                                                |
 //! | 22     | 2    | server_id      | u16                                                |
 //! | 24     | 4    | slot_index     | u32, the slot's own index `i`                      |
-//! | 28     | 32   | reserved       | zero                                               |
+//! | 28     | 1    | return_family  | u8: 0 none, 4 IPv4, 6 IPv6                         |
+//! | 29     | 2    | return_port    | u16                                                |
+//! | 31     | 16   | return_ip      | IPv4 in the first 4 bytes, or IPv6; zero when none |
+//! | 47     | 13   | reserved       | zero                                               |
 //! | 60     | 4    | crc            | u32, CRC-32C of header bytes 4..60, then the packet |
 //! | 64     | len  | packet         | `packet_len` bytes                                 |
+//!
+//! The return address is where acknowledgements for the entry go (the client that sent it), so
+//! a restarted device can still route them.
 //!
 //! The slot index inside the header makes an entry written to (or copied into) the wrong slot
 //! fail its check. The state is outside the CRC because it is the commit word.
@@ -52,6 +58,7 @@
 //! counts them; it never returns an entry whose bytes differ from what was written.
 
 use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::Range;
 
 use crate::region::{MediumInfo, PmRegion, CACHE_LINE_SIZE};
@@ -96,6 +103,9 @@ const HEADER_SEQ: usize = 16;
 const HEADER_FRAGMENT_INDEX: usize = 20;
 const HEADER_SERVER_ID: usize = 22;
 const HEADER_SLOT_INDEX: usize = 24;
+const HEADER_RETURN_FAMILY: usize = 28;
+const HEADER_RETURN_PORT: usize = 29;
+const HEADER_RETURN_IP: usize = 31;
 const HEADER_CRC: usize = 60;
 /// The header bytes the CRC covers: everything but the state and the CRC itself.
 const HEADER_CRC_COVERED: Range<usize> = HEADER_PACKET_LEN..HEADER_CRC;
@@ -114,6 +124,8 @@ pub struct EntryKey {
 pub struct RecoveredEntry {
     pub slot: u32,
     pub key: EntryKey,
+    /// Where acknowledgements for the entry go, if it was logged with one.
+    pub return_address: Option<SocketAddr>,
     pub packet: Vec<u8>,
 }
 
@@ -302,6 +314,7 @@ impl<R: PmRegion> PmLog<R> {
                 SlotCheck::Valid(key, packet) => recovery.entries.push(RecoveredEntry {
                     slot,
                     key,
+                    return_address: log.return_address(slot),
                     packet: packet.to_vec(),
                 }),
                 SlotCheck::Rejected => {
@@ -329,7 +342,18 @@ impl<R: PmRegion> PmLog<R> {
     ///
     /// Panics if `slot` is out of range or `packet` is longer than [`Self::max_packet_len`].
     pub fn write(&mut self, slot: u32, key: &EntryKey, packet: &[u8]) {
-        self.write_payload(slot, key, packet);
+        self.write_with_return_address(slot, key, None, packet);
+    }
+
+    /// [`Self::write`], recording where acknowledgements for the entry go.
+    pub fn write_with_return_address(
+        &mut self,
+        slot: u32,
+        key: &EntryKey,
+        return_address: Option<SocketAddr>,
+        packet: &[u8],
+    ) {
+        self.write_payload(slot, key, return_address, packet);
         self.region.fence();
         self.write_state(slot, STATE_VALID);
         self.region.fence();
@@ -343,7 +367,7 @@ impl<R: PmRegion> PmLog<R> {
             return;
         }
         for (slot, key, packet) in entries {
-            self.write_payload(*slot, key, packet);
+            self.write_payload(*slot, key, None, packet);
         }
         self.region.fence();
         for (slot, _, _) in entries {
@@ -424,7 +448,13 @@ impl<R: PmRegion> PmLog<R> {
     }
 
     /// Write and flush the header (state FREE) and packet of `slot`; the caller fences.
-    fn write_payload(&mut self, slot: u32, key: &EntryKey, packet: &[u8]) {
+    fn write_payload(
+        &mut self,
+        slot: u32,
+        key: &EntryKey,
+        return_address: Option<SocketAddr>,
+        packet: &[u8],
+    ) {
         assert!(
             packet.len() <= self.max_packet_len(),
             "packet of {} bytes exceeds the slot's {} bytes",
@@ -432,7 +462,7 @@ impl<R: PmRegion> PmLog<R> {
             self.max_packet_len()
         );
         let offset = self.slot_offset(slot);
-        let header = encode_slot_header(slot, key, packet);
+        let header = encode_slot_header(slot, key, return_address, packet);
         self.region.write(offset, &header);
         self.region.write(offset + SLOT_HEADER_SIZE, packet);
         self.region.flush(offset, SLOT_HEADER_SIZE + packet.len());
@@ -444,6 +474,25 @@ impl<R: PmRegion> PmLog<R> {
         debug_assert_eq!(offset % 4, 0);
         self.region.write(offset, &state.to_le_bytes());
         self.region.flush(offset, 4);
+    }
+
+    /// The return address recorded in `slot` (meaningful only for a valid slot).
+    fn return_address(&self, slot: u32) -> Option<SocketAddr> {
+        let offset = self.slot_offset(slot);
+        let header = &self.region.bytes()[offset..offset + SLOT_HEADER_SIZE];
+        let port = read_u16(header, HEADER_RETURN_PORT);
+        let ip_bytes = &header[HEADER_RETURN_IP..HEADER_RETURN_IP + 16];
+        let ip = match header[HEADER_RETURN_FAMILY] {
+            4 => IpAddr::V4(Ipv4Addr::new(
+                ip_bytes[0],
+                ip_bytes[1],
+                ip_bytes[2],
+                ip_bytes[3],
+            )),
+            6 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(ip_bytes).ok()?)),
+            _ => return None,
+        };
+        Some(SocketAddr::new(ip, port))
     }
 
     /// Classify a slot from the region's bytes, trusting none of them.
@@ -553,7 +602,12 @@ fn decode_superblock(region_bytes: &[u8]) -> Result<(u32, u32), LogError> {
     Ok((slot_count, slot_size))
 }
 
-fn encode_slot_header(slot: u32, key: &EntryKey, packet: &[u8]) -> [u8; SLOT_HEADER_SIZE] {
+fn encode_slot_header(
+    slot: u32,
+    key: &EntryKey,
+    return_address: Option<SocketAddr>,
+    packet: &[u8],
+) -> [u8; SLOT_HEADER_SIZE] {
     let packet_len = u32::try_from(packet.len()).expect("bounded by max_packet_len");
     let mut header = [0u8; SLOT_HEADER_SIZE];
     header[HEADER_STATE..HEADER_STATE + 4].copy_from_slice(&STATE_FREE.to_le_bytes());
@@ -564,6 +618,21 @@ fn encode_slot_header(slot: u32, key: &EntryKey, packet: &[u8]) -> [u8; SLOT_HEA
         .copy_from_slice(&key.fragment_index.to_le_bytes());
     header[HEADER_SERVER_ID..HEADER_SERVER_ID + 2].copy_from_slice(&key.server_id.to_le_bytes());
     header[HEADER_SLOT_INDEX..HEADER_SLOT_INDEX + 4].copy_from_slice(&slot.to_le_bytes());
+    if let Some(address) = return_address {
+        header[HEADER_RETURN_PORT..HEADER_RETURN_PORT + 2]
+            .copy_from_slice(&address.port().to_le_bytes());
+        let ip = HEADER_RETURN_IP;
+        match address.ip() {
+            IpAddr::V4(v4) => {
+                header[HEADER_RETURN_FAMILY] = 4;
+                header[ip..ip + 4].copy_from_slice(&v4.octets());
+            }
+            IpAddr::V6(v6) => {
+                header[HEADER_RETURN_FAMILY] = 6;
+                header[ip..ip + 16].copy_from_slice(&v6.octets());
+            }
+        }
+    }
     let crc = slot_crc(&header, packet);
     header[HEADER_CRC..HEADER_CRC + 4].copy_from_slice(&crc.to_le_bytes());
     header
@@ -750,6 +819,7 @@ mod tests {
             RecoveredEntry {
                 slot: 0,
                 key: key(10),
+                return_address: None,
                 packet: empty
             }
         );
@@ -1139,6 +1209,7 @@ mod tests {
             vec![RecoveredEntry {
                 slot: 9,
                 key: key(9),
+                return_address: None,
                 packet: packet(900, 9)
             }]
         );
@@ -1236,5 +1307,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn return_addresses_survive_reopen() {
+        let region = SimRegion::new(PmLog::<SimRegion>::required_region_len(4, 256));
+        let mut log = PmLog::format(region, 4, 256).unwrap();
+        let v4: std::net::SocketAddr = "192.0.2.7:40001".parse().unwrap();
+        let v6: std::net::SocketAddr = "[2001:db8::1]:51000".parse().unwrap();
+        log.write_with_return_address(0, &key(1), Some(v4), b"four");
+        log.write_with_return_address(1, &key(2), Some(v6), b"six");
+        log.write(2, &key(3), b"none");
+        let (_, recovery) = PmLog::open(log.into_region().crash_losing_unpersisted()).unwrap();
+        let mut entries = recovery.entries;
+        entries.sort_by_key(|entry| entry.slot);
+        let addresses: Vec<_> = entries.iter().map(|entry| entry.return_address).collect();
+        assert_eq!(addresses, [Some(v4), Some(v6), None]);
     }
 }

@@ -28,6 +28,9 @@ pub struct ClientConfig {
     pub max_retransmit_timeout: Duration,
     /// Retransmissions of one request before it fails with [`ClientError::TimedOut`].
     pub max_retransmits: u32,
+    /// Failed sequence numbers remembered, so that a server waiting for one can be told to
+    /// skip it (see [`flags::NOOP_FILL`]).
+    pub max_abandoned: usize,
 }
 
 impl ClientConfig {
@@ -43,6 +46,7 @@ impl ClientConfig {
             retransmit_timeout: Duration::from_millis(2),
             max_retransmit_timeout: Duration::from_millis(200),
             max_retransmits: 64,
+            max_abandoned: 1024,
         }
     }
 }
@@ -57,7 +61,8 @@ pub enum ClientError {
     /// The session used every sequence number; start a new session.
     SessionExhausted,
     /// No acknowledgement after `max_retransmits` retransmissions. The request may or may not
-    /// have been applied.
+    /// have been applied. If the server asks for it later, the session answers with a no-op
+    /// fill, so a request that never arrived is never applied after its failure was reported.
     TimedOut,
 }
 
@@ -115,6 +120,8 @@ pub struct ClientCounters {
     /// Datagrams that failed to parse or belong to another session or type.
     pub datagrams_dropped: u64,
     pub requests_failed: u64,
+    /// No-op fills sent for abandoned sequence numbers a server asked for.
+    pub noop_fills_sent: u64,
 }
 
 #[derive(Debug)]
@@ -146,6 +153,8 @@ pub struct Client {
     config: ClientConfig,
     next_seq: u32,
     in_flight: BTreeMap<u32, InFlight>,
+    /// Sequence numbers that failed, oldest first (bounded by `max_abandoned`).
+    abandoned: VecDeque<u32>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<ClientEvent>,
     counters: ClientCounters,
@@ -163,6 +172,7 @@ impl Client {
             config,
             next_seq: 1,
             in_flight: BTreeMap::new(),
+            abandoned: VecDeque::new(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: ClientCounters::default(),
@@ -341,6 +351,19 @@ impl Client {
 
     fn on_retransmit_request(&mut self, header: &Header) {
         let Some(request) = self.in_flight.get(&header.seq) else {
+            if self.abandoned.contains(&header.seq) {
+                // The server waits for a request we reported failed: let it skip the number.
+                let mut fill = Header::new(
+                    PacketType::BypassRequest,
+                    self.config.server_id,
+                    self.config.session_id,
+                    header.seq,
+                );
+                fill.flags = flags::NOOP_FILL;
+                self.counters.noop_fills_sent += 1;
+                self.queue(fill.encode(&[]));
+                return;
+            }
             // Complete requests are durable in a device log or applied; nothing to resend.
             self.counters.late_acks_consumed += 1;
             return;
@@ -384,6 +407,10 @@ impl Client {
                 let kind = request.kind;
                 self.in_flight.remove(&seq);
                 self.counters.requests_failed += 1;
+                if self.abandoned.len() >= self.config.max_abandoned {
+                    self.abandoned.pop_front();
+                }
+                self.abandoned.push_back(seq);
                 self.events.push_back(ClientEvent::Failed {
                     seq,
                     kind,

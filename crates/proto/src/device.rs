@@ -79,6 +79,9 @@ pub enum PersistWork {
     LogWrite {
         token: PersistToken,
         key: EntryKey,
+        /// The client that sent the packet: logged with it so that a restarted device can
+        /// still route the server's ACK and retransmission requests to the client.
+        return_address: SocketAddr,
         packet: Vec<u8>,
     },
     /// Mark `slot` free. Needs no report: losing an invalidation to a crash only causes a
@@ -165,7 +168,7 @@ struct Entry {
     generation: u64,
     packet: Vec<u8>,
     fragment_count: u16,
-    /// Where the PMNet-ACK goes; unknown for entries rebuilt from the log.
+    /// Where the PMNet-ACK goes.
     client: Option<SocketAddr>,
     /// The server acked while the write was persisting: free the slot once it completes.
     invalidate_when_persisted: bool,
@@ -237,6 +240,9 @@ impl Device {
             return;
         }
         let generation = self.take_generation();
+        if let Some(client) = recovered.return_address {
+            self.remember_client(recovered.key.session_id, client);
+        }
         self.index.insert(recovered.key, recovered.slot);
         self.resend_timers.insert((now, recovered.slot));
         self.entries.insert(
@@ -247,7 +253,7 @@ impl Device {
                 generation,
                 packet: recovered.packet,
                 fragment_count,
-                client: None,
+                client: recovered.return_address,
                 invalidate_when_persisted: false,
                 resend_deadline: now,
                 resend_timeout: self.config.resend_timeout,
@@ -424,6 +430,7 @@ impl Device {
         self.persists.push_back(PersistWork::LogWrite {
             token: PersistToken { slot, generation },
             key,
+            return_address: client,
             packet: datagram.to_vec(),
         });
     }

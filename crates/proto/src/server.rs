@@ -94,6 +94,8 @@ pub struct ServerCounters {
     pub retransmit_requests_sent: u64,
     pub recovery_polls_sent: u64,
     pub sessions_evicted: u64,
+    /// No-op fills for sequence numbers their client gave up on.
+    pub noop_fills_received: u64,
     pub dropped: BTreeMap<&'static str, u64>,
 }
 
@@ -308,6 +310,9 @@ impl Server {
         payload: &[u8],
     ) {
         self.counters.request_fragments_received += 1;
+        if header.has_flag(flags::NOOP_FILL) {
+            self.counters.noop_fills_received += 1;
+        }
         let seq = header.seq;
         if seq == 0 {
             self.count_drop("zero_seq");
@@ -331,6 +336,17 @@ impl Server {
         if seq - session.last_applied > reorder_window {
             self.count_drop("beyond_reorder_window");
             return;
+        }
+        if header.has_flag(flags::NOOP_FILL) {
+            // The client gave up on this number. Whatever part of the request arrived will
+            // never be completed; the fill takes its place.
+            if session
+                .pending
+                .get(&seq)
+                .is_some_and(|assembly| !assembly.is_complete())
+            {
+                session.pending.remove(&seq);
+            }
         }
         let fragment_count = usize::from(header.fragment_count);
         let assembly = session.pending.entry(seq).or_insert_with(|| Assembly {

@@ -143,6 +143,10 @@ pub mod flags {
     pub const REPLY_UNAVAILABLE: u16 = 1 << 1;
     /// Retransmission request for every fragment of the sequence number.
     pub const ALL_FRAGMENTS: u16 = 1 << 2;
+    /// Bypass request with an empty payload that fills a sequence number the client gave up
+    /// on, so that the session's later requests can be applied. Sent only in answer to a
+    /// retransmission request; the server applies it as an empty request.
+    pub const NOOP_FILL: u16 = 1 << 3;
 }
 
 /// Why a datagram was rejected. Every variant has a stable [`ParseError::reason`] for counters.

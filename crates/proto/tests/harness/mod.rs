@@ -126,8 +126,17 @@ type DropRule = Box<dyn FnMut(&Seen) -> bool>;
 /// A datagram in flight: delivery time, tie-breaking sequence, source, destination, bytes.
 type InFlight = Reverse<(Time, u64, SocketAddr, SocketAddr, Vec<u8>)>;
 
+/// Random network faults: loss, duplication and delay spread (which reorders), from one seed.
+pub struct Faults {
+    pub rng: rand_chacha::ChaCha8Rng,
+    pub loss: f64,
+    pub duplicate: f64,
+    pub jitter: Duration,
+}
+
 pub struct World {
     pub now: Time,
+    pub faults: Option<Faults>,
     pub latency: Duration,
     queue: BinaryHeap<InFlight>,
     sequence: u64,
@@ -186,6 +195,7 @@ impl World {
             .collect();
         let mut world = World {
             now: Time::ZERO,
+            faults: None,
             latency: Duration::from_micros(5),
             queue: BinaryHeap::new(),
             sequence: 0,
@@ -245,19 +255,34 @@ impl World {
             dropped: false,
         };
         seen.dropped = self.drop_rules.iter_mut().any(|rule| rule(&seen));
+        let mut copies = 1;
+        let mut delays = [self.latency; 2];
+        if let Some(faults) = self.faults.as_mut() {
+            use rand::Rng;
+            seen.dropped |= faults.rng.random_bool(faults.loss);
+            if faults.rng.random_bool(faults.duplicate) {
+                copies = 2;
+            }
+            for delay in &mut delays {
+                let spread = faults.rng.random_range(0..=faults.jitter.as_nanos() as u64);
+                *delay += Duration::from_nanos(spread);
+            }
+        }
         let dropped = seen.dropped;
         self.seen.push(seen);
         if dropped {
             return;
         }
-        self.sequence += 1;
-        self.queue.push(Reverse((
-            self.now + self.latency,
-            self.sequence,
-            from,
-            transmit.destination,
-            transmit.bytes,
-        )));
+        for delay in &delays[..copies] {
+            self.sequence += 1;
+            self.queue.push(Reverse((
+                self.now + *delay,
+                self.sequence,
+                from,
+                transmit.destination,
+                transmit.bytes.clone(),
+            )));
+        }
     }
 
     /// Inject raw bytes (for malformed-input tests).
@@ -478,9 +503,14 @@ impl World {
     /// Crash the device: volatile state lost, the log keeps what the crash model leaves
     /// (here: only what was persisted). Then restart it on the reopened log.
     pub fn restart_device(&mut self) {
+        self.restart_device_with(|region| region.crash_losing_unpersisted());
+    }
+
+    /// Crash the device, leaving the log as `crash` builds it from the region, and restart.
+    pub fn restart_device_with(&mut self, crash: impl FnOnce(&SimRegion) -> SimRegion) {
         let now = self.now;
         let node = self.device.take().expect("a device");
-        let region = node.log.into_region().crash_losing_unpersisted();
+        let region = crash(&node.log.into_region());
         let (log, recovery) = PmLog::open(region).expect("reopen log");
         let device = Device::new(node.config.clone(), now, recovery.entries);
         self.device = Some(DeviceNode {
@@ -540,8 +570,14 @@ impl World {
 
 fn execute_persist(node: &mut DeviceNode, now: Time, work: PersistWork) {
     match work {
-        PersistWork::LogWrite { token, key, packet } => {
-            node.log.write(token.slot, &key, &packet);
+        PersistWork::LogWrite {
+            token,
+            key,
+            return_address,
+            packet,
+        } => {
+            node.log
+                .write_with_return_address(token.slot, &key, Some(return_address), &packet);
             // The log says the write is durable; the simulated region must agree.
             let range = node.log.slot_range(token.slot);
             assert!(node.log.region().is_durable(range.start, range.len()));

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The project's test command (the README's, and what CI runs): formatting, lints, every test
+# of the workspace, and a short fuzzing run of the datagram parser.
+#
+#   scripts/test.sh            everything
+#   PMNET_FUZZ_SECONDS=0 ...   skip the fuzzing run
+#   PMNET_SEED=N ...           replay one seed of the randomised tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test"
+cargo test --workspace --locked
+
+fuzz_seconds="${PMNET_FUZZ_SECONDS:-30}"
+if [ "$fuzz_seconds" -gt 0 ]; then
+    step "fuzz the datagram parser for ${fuzz_seconds}s"
+    if ! command -v cargo-fuzz >/dev/null 2>&1; then
+        cargo install cargo-fuzz --locked
+    fi
+    # cargo-fuzz needs nightly-only compiler flags; the stable toolchain accepts them with
+    # RUSTC_BOOTSTRAP=1.
+    (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run parse_datagram -- \
+        -max_total_time="$fuzz_seconds" -print_final_stats=1 2>&1 | tail -n 12)
+fi
+
+echo
+echo "All checks passed."

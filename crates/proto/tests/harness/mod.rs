@@ -17,6 +17,7 @@ use pmnet_proto::{
     Client, ClientConfig, ClientEvent, Device, DeviceConfig, PersistWork, RecoveredSession,
     RequestKind, Server, ServerConfig, ServerEvent, Time, Transmit,
 };
+use pmnet_store::{Application, KvConfig, KvStore};
 use pmnet_wire::{Header, PacketType};
 
 pub const SERVER_ID: u16 = 1;
@@ -46,11 +47,13 @@ pub struct Seen {
 ///
 /// An update's reply is `b"ok"`; a bypass's reply is the number of updates of its session
 /// applied before it (u32, big-endian), so a test can check read-your-writes.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct RecordingApp {
     pub applied: Vec<(u64, u32, RequestKind, Vec<u8>)>,
     pub sessions: HashMap<u64, (u32, Vec<u8>)>,
     pub updates_per_session: HashMap<u64, u32>,
+    /// When set, requests are also applied to this real store, whose replies are returned.
+    pub kv: Option<KvStore<SimRegion>>,
 }
 
 impl RecordingApp {
@@ -75,12 +78,35 @@ impl RecordingApp {
                 count.to_be_bytes().to_vec()
             }
         };
+        let reply = match self.kv.as_mut() {
+            Some(kv) => kv.apply(session_id, seq, &request),
+            None => reply,
+        };
         self.applied.push((session_id, seq, kind, request));
         self.sessions.insert(session_id, (seq, reply.clone()));
         reply
     }
 
+    /// Crash the store (losing what was not persisted) and reopen it.
+    fn crash_store(&mut self) {
+        if let Some(kv) = self.kv.take() {
+            let region = kv.into_region().crash_losing_unpersisted();
+            self.kv = Some(KvStore::open(region).expect("reopen the store"));
+        }
+    }
+
     fn recovered_sessions(&self) -> Vec<RecoveredSession> {
+        if let Some(kv) = &self.kv {
+            return kv
+                .sessions()
+                .into_iter()
+                .map(|record| RecoveredSession {
+                    session_id: record.session_id,
+                    last_seq: record.last_seq,
+                    last_reply: record.last_reply,
+                })
+                .collect();
+        }
         self.sessions
             .iter()
             .map(|(session_id, (last_seq, last_reply))| RecoveredSession {
@@ -207,6 +233,13 @@ impl World {
         };
         world.flush_outputs();
         world
+    }
+
+    /// Put a real key-value store (on a simulated region of `len` bytes) behind the server.
+    pub fn with_kv_store(mut self, len: usize) -> World {
+        let store = KvStore::format(SimRegion::new(len), KvConfig::default()).expect("format");
+        self.server.app.kv = Some(store);
+        self
     }
 
     pub fn session(&self, client: usize) -> u64 {
@@ -530,6 +563,7 @@ impl World {
 
     /// Start the server again from its application's durable state.
     pub fn start_server(&mut self) {
+        self.server.app.crash_store();
         let sessions = self.server.app.recovered_sessions();
         self.server.server = Server::new(self.server.config.clone(), self.now, sessions);
         self.server.up = true;

@@ -1,0 +1,105 @@
+//! The protocol in front of the real key-value store: what clients were told is what the
+//! store holds, across device and server crashes.
+
+mod harness;
+
+use std::time::Duration;
+
+use harness::World;
+use pmnet_proto::{ClientEvent, Completion};
+use pmnet_store::{Reply, Request};
+
+fn set(key: &str, value: &str) -> Vec<u8> {
+    Request::Set {
+        key: key.as_bytes(),
+        value: value.as_bytes(),
+    }
+    .to_bytes()
+}
+
+fn get(key: &str) -> Vec<u8> {
+    Request::Get {
+        key: key.as_bytes(),
+    }
+    .to_bytes()
+}
+
+fn reply_of(world: &World, client: usize, seq: u32) -> Reply {
+    match world.completion(client, seq) {
+        Some(ClientEvent::Completed {
+            completion: Completion::Replied { reply, .. },
+            ..
+        }) => Reply::decode(reply).expect("a valid reply"),
+        other => panic!("seq {seq} did not complete with a reply: {other:?}"),
+    }
+}
+
+#[test]
+fn sets_acked_by_the_device_reach_the_store_across_crashes() {
+    let mut world = World::new(2, Some(32)).with_kv_store(1 << 20);
+    world.run_for(Duration::from_millis(100));
+    world.stop_server();
+    for index in 0..5 {
+        world.update(0, &set(&format!("a{index}"), &format!("first {index}")));
+        world.update(1, &set(&format!("b{index}"), &format!("first {index}")));
+    }
+    world.run_for(Duration::from_millis(1));
+    let acked = world
+        .clients
+        .iter()
+        .map(|node| node.completed.len())
+        .sum::<usize>();
+    assert_eq!(
+        acked, 10,
+        "every set is acked by the device while the server is down"
+    );
+    world.restart_device();
+    world.start_server();
+    world.run_for(Duration::from_secs(1));
+    // Overwrite some, then read back through the protocol, in the same session.
+    world.update(0, &set("a0", "second"));
+    let read_a0 = world.bypass(0, &get("a0"));
+    let read_b4 = world.bypass(1, &get("b4"));
+    let read_missing = world.bypass(1, &get("zz"));
+    world.run_for(Duration::from_secs(1));
+    assert_eq!(
+        reply_of(&world, 0, read_a0),
+        Reply::Value(b"second".to_vec())
+    );
+    assert_eq!(
+        reply_of(&world, 1, read_b4),
+        Reply::Value(b"first 4".to_vec())
+    );
+    assert_eq!(reply_of(&world, 1, read_missing), Reply::NotFound);
+    let store = world.server.app.kv.as_ref().unwrap();
+    assert_eq!(store.get(b"a1"), Some(&b"first 1"[..]));
+    assert_eq!(store.len(), 10);
+    assert_eq!(world.device.as_ref().unwrap().device.live_entry_count(), 0);
+}
+
+#[test]
+fn a_noop_fill_is_recorded_by_the_store_without_effect() {
+    let mut world = World::new(1, None).with_kv_store(1 << 20);
+    // The first transmission of seq 1 and all its retransmissions are lost: it fails.
+    world.drop_when(|seen| {
+        seen.header.seq == 1 && seen.header.packet_type == pmnet_wire::PacketType::UpdateRequest
+    });
+    let lost = world.update(0, &set("lost", "never"));
+    world.run_for(Duration::from_secs(30));
+    assert!(matches!(
+        world.completion(0, lost),
+        Some(ClientEvent::Failed { .. })
+    ));
+    world.clear_drop_rules();
+    // A later request reveals the hole; the server asks, the client fills it.
+    let later = world.update(0, &set("later", "applied"));
+    world.run_for(Duration::from_secs(1));
+    assert!(matches!(
+        world.completion(0, later),
+        Some(ClientEvent::Completed { .. })
+    ));
+    assert_eq!(world.clients[0].client.counters().noop_fills_sent, 1);
+    let store = world.server.app.kv.as_ref().unwrap();
+    assert_eq!(store.get(b"lost"), None);
+    assert_eq!(store.get(b"later"), Some(&b"applied"[..]));
+}

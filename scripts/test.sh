@@ -17,7 +17,11 @@ step "cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
-cargo test --workspace --locked
+test_log="$(mktemp)"
+trap 'rm -f "$test_log"' EXIT
+cargo test --workspace --locked 2>&1 | tee "$test_log"
+passed=$(awk '/^test result:/ { for (i = 1; i < NF; i++) if ($(i + 1) ~ /^passed/) sum += $i } END { print sum + 0 }' "$test_log")
+failed=$(awk '/^test result:/ { for (i = 1; i < NF; i++) if ($(i + 1) ~ /^failed/) sum += $i } END { print sum + 0 }' "$test_log")
 
 fuzz_seconds="${PMNET_FUZZ_SECONDS:-30}"
 if [ "$fuzz_seconds" -gt 0 ]; then
@@ -32,4 +36,5 @@ if [ "$fuzz_seconds" -gt 0 ]; then
 fi
 
 echo
-echo "All checks passed."
+echo "All checks passed. Tests of the workspace:"
+echo "${passed} passed, ${failed} failed"

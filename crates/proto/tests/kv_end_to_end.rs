@@ -1,12 +1,10 @@
 //! The protocol in front of the real key-value store: what clients were told is what the
 //! store holds, across device and server crashes.
 
-mod harness;
-
 use std::time::Duration;
 
-use harness::World;
 use pmnet_proto::{ClientEvent, Completion};
+use pmnet_sim::World;
 use pmnet_store::{Reply, Request};
 
 fn set(key: &str, value: &str) -> Vec<u8> {
@@ -38,7 +36,7 @@ fn reply_of(world: &World, client: usize, seq: u32) -> Reply {
 fn sets_acked_by_the_device_reach_the_store_across_crashes() {
     let mut world = World::new(2, Some(32)).with_kv_store(1 << 20);
     world.run_for(Duration::from_millis(100));
-    world.stop_server();
+    world.stop_server(0);
     for index in 0..5 {
         world.update(0, &set(&format!("a{index}"), &format!("first {index}")));
         world.update(1, &set(&format!("b{index}"), &format!("first {index}")));
@@ -53,8 +51,8 @@ fn sets_acked_by_the_device_reach_the_store_across_crashes() {
         acked, 10,
         "every set is acked by the device while the server is down"
     );
-    world.restart_device();
-    world.start_server();
+    world.restart_device(0);
+    world.start_server(0);
     world.run_for(Duration::from_secs(1));
     // Overwrite some, then read back through the protocol, in the same session.
     world.update(0, &set("a0", "second"));
@@ -71,10 +69,10 @@ fn sets_acked_by_the_device_reach_the_store_across_crashes() {
         Reply::Value(b"first 4".to_vec())
     );
     assert_eq!(reply_of(&world, 1, read_missing), Reply::NotFound);
-    let store = world.server.app.kv.as_ref().unwrap();
+    let store = world.servers[0].app.kv.as_ref().unwrap();
     assert_eq!(store.get(b"a1"), Some(&b"first 1"[..]));
     assert_eq!(store.len(), 10);
-    assert_eq!(world.device.as_ref().unwrap().device.live_entry_count(), 0);
+    assert_eq!(world.device(0).device.live_entry_count(), 0);
 }
 
 #[test]
@@ -99,7 +97,7 @@ fn a_noop_fill_is_recorded_by_the_store_without_effect() {
         Some(ClientEvent::Completed { .. })
     ));
     assert_eq!(world.clients[0].client.counters().noop_fills_sent, 1);
-    let store = world.server.app.kv.as_ref().unwrap();
+    let store = world.servers[0].app.kv.as_ref().unwrap();
     assert_eq!(store.get(b"lost"), None);
     assert_eq!(store.get(b"later"), Some(&b"applied"[..]));
 }

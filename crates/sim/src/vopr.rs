@@ -1,0 +1,587 @@
+//! One seed, one run: a swarm of faults in a safety phase, then a liveness phase that heals
+//! them and must converge, with the protocol's invariants checked throughout and at the end.
+//!
+//! Invariants (see `docs/simulation.md`):
+//! 1. every request a client saw complete is applied by its server exactly once, and every
+//!    session's requests are applied in sequence order (the server's application asserts
+//!    order on every apply);
+//! 2. nothing is applied that its client did not send: each applied request is byte for byte
+//!    the client's, or the empty no-op fill of a request the client reported failed;
+//! 3. a bypass read sees every earlier update of its session and no later one;
+//! 4. a device never acks before its log write is durable, by the persistence model (checked
+//!    on every PMNet-ACK sent); corrupted or torn log entries are never replayed;
+//! 5. once healed, every session converges: nothing in flight at clients, no live log entry at
+//!    any device, nothing buffered at any server, within a bounded virtual time.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use pmnet_pm::{PmRegion, CACHE_LINE_SIZE};
+use pmnet_proto::{ClientEvent, Completion, RequestKind};
+use pmnet_store::{Reply, Request};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::world::{client_addr, device_addr, server_addr, Faults, Topology, World};
+
+/// Knobs of a run; the seed picks everything else.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Requests each client issues in all.
+    pub requests_per_client: u32,
+    /// Actions (requests, faults, network steps) in the safety phase.
+    pub safety_actions: u32,
+    /// Virtual time the liveness phase may take to converge.
+    pub liveness_bound: Duration,
+    /// Keep a readable trace of every event.
+    pub trace: bool,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            requests_per_client: 60,
+            safety_actions: 3_000,
+            liveness_bound: Duration::from_secs(120),
+            trace: false,
+        }
+    }
+}
+
+/// The fault mix a seed chose, and what was exercised.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FaultSummary {
+    pub client_count: usize,
+    pub device_count: usize,
+    pub server_count: usize,
+    pub loss: f64,
+    pub duplicate: f64,
+    pub jitter_us: u64,
+    pub corrupt: f64,
+    pub datagrams_sent: u64,
+    pub datagrams_lost: u64,
+    pub datagrams_duplicated: u64,
+    pub datagrams_corrupted: u64,
+    pub datagrams_partitioned: u64,
+    pub partitions_symmetric: u64,
+    pub partitions_one_way: u64,
+    pub device_crashes: u64,
+    pub device_crashes_torn: u64,
+    pub device_crashes_with_held_writes: u64,
+    pub server_crashes: u64,
+    pub server_crashes_during_recovery: u64,
+    pub entries_corrupted_at_rest: u64,
+    pub log_slots_rejected: u64,
+    pub requests_failed: u64,
+    pub noop_fills: u64,
+}
+
+/// What a successful run reports.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub seed: u64,
+    pub trace_hash: u32,
+    pub requests_completed: u64,
+    pub virtual_time_to_converge: Duration,
+    pub faults: FaultSummary,
+    pub trace: Option<Vec<String>>,
+}
+
+/// The command that replays `seed`.
+pub fn reproduce_command(seed: u64) -> String {
+    format!("pmnet sim --seed {seed}")
+}
+
+fn key_of(session_id: u64) -> Vec<u8> {
+    format!("session-{session_id:016x}").into_bytes()
+}
+
+/// The value an update of `seq` writes: the sequence number, padded to `len` bytes.
+fn value_of(seq: u32, len: usize) -> Vec<u8> {
+    let mut value = seq.to_string().into_bytes();
+    value.resize(len.max(value.len()), b'.');
+    value
+}
+
+fn seq_of_value(value: &[u8]) -> u32 {
+    let digits: Vec<u8> = value
+        .iter()
+        .copied()
+        .take_while(u8::is_ascii_digit)
+        .collect();
+    std::str::from_utf8(&digits)
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Run one seed. Panics, with the reproduction command in the message, when an invariant
+/// breaks; returns the report otherwise.
+pub fn run(seed: u64, options: &Options) -> Report {
+    let result =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_inner(seed, options)));
+    match result {
+        Ok(report) => report,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
+                .unwrap_or_else(|| "unknown panic".to_string());
+            panic!(
+                "seed {seed} failed: {message}\nreproduce with: {}",
+                reproduce_command(seed)
+            );
+        }
+    }
+}
+
+struct Issued {
+    kind: RequestKind,
+    payload: Vec<u8>,
+}
+
+fn run_inner(seed: u64, options: &Options) -> Report {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let topology = Topology {
+        client_count: rng.random_range(1..=4),
+        device_slot_counts: (0..rng.random_range(1..=2))
+            .map(|_| rng.random_range(2..128))
+            .collect(),
+        server_count: rng.random_range(1..=2),
+    };
+    let mut summary = FaultSummary {
+        client_count: topology.client_count,
+        device_count: topology.device_slot_counts.len(),
+        server_count: topology.server_count,
+        loss: rng.random_range(0.0..0.3),
+        duplicate: rng.random_range(0.0..0.1),
+        jitter_us: rng.random_range(0..500),
+        corrupt: if rng.random_bool(0.5) {
+            rng.random_range(0.0..0.05)
+        } else {
+            0.0
+        },
+        ..FaultSummary::default()
+    };
+    let partitions_enabled = rng.random_bool(0.5);
+    let device_crash_weight = rng.random_range(0..4);
+    let server_crash_weight = rng.random_range(0..4);
+    let mut world = World::with_topology(topology).with_kv_store(4 << 20);
+    world.record_seen = false;
+    if options.trace {
+        world.trace = Some(Vec::new());
+    }
+    world.faults = Some(Faults {
+        rng: ChaCha8Rng::seed_from_u64(rng.random()),
+        loss: summary.loss,
+        duplicate: summary.duplicate,
+        jitter: Duration::from_micros(summary.jitter_us),
+        corrupt: summary.corrupt,
+    });
+    world.note_event(&format!("seed {seed}: {summary:?}"));
+
+    let client_count = world.clients.len();
+    let mut issued: Vec<Vec<Issued>> = (0..client_count).map(|_| Vec::new()).collect();
+
+    // Safety phase. Requests are spread over the whole phase, so that faults meet traffic.
+    let total_requests = options.requests_per_client as f64 * client_count as f64;
+    let issue_probability = (1.5 * total_requests / f64::from(options.safety_actions)).min(1.0);
+    for _ in 0..options.safety_actions {
+        if rng.random_bool(issue_probability) {
+            let client = rng.random_range(0..client_count);
+            issue(
+                &mut world,
+                &mut rng,
+                &mut issued,
+                client,
+                options.requests_per_client,
+            );
+            continue;
+        }
+        match rng.random_range(0..100) {
+            0..=3 if device_crash_weight > 0 => {
+                crash_device(&mut world, &mut rng, &mut summary, device_crash_weight);
+            }
+            4 if rng.random_range(0..4) < server_crash_weight => {
+                let index = rng.random_range(0..world.servers.len());
+                if world.servers[index].up {
+                    if world.servers[index].server.is_recovering() {
+                        summary.server_crashes_during_recovery += 1;
+                    }
+                    summary.server_crashes += 1;
+                    world.stop_server(index);
+                }
+            }
+            5..=7 => {
+                let index = rng.random_range(0..world.servers.len());
+                if !world.servers[index].up {
+                    world.start_server(index);
+                }
+            }
+            43..=44 => {
+                let index = rng.random_range(0..world.devices.len());
+                let node = world.device_mut(index);
+                node.hold_persistence = !node.hold_persistence;
+                if !node.hold_persistence {
+                    world.release_persistence(index, None);
+                }
+            }
+            45 if partitions_enabled => partition(&mut world, &mut rng, &mut summary),
+            46..=47 if partitions_enabled && !world.blocked.is_empty() => {
+                world.blocked.clear();
+                world.note_event("partitions healed");
+            }
+            _ => {
+                for _ in 0..rng.random_range(1..20) {
+                    world.step();
+                }
+            }
+        }
+    }
+
+    // Liveness phase: heal every fault, finish every session, converge within the bound.
+    world.note_event("liveness phase");
+    world.faults = None;
+    world.blocked.clear();
+    for index in 0..world.devices.len() {
+        world.device_mut(index).hold_persistence = false;
+        if world.devices[index].up {
+            world.release_persistence(index, None);
+        } else {
+            world.restart_device(index);
+        }
+    }
+    for index in 0..world.servers.len() {
+        if !world.servers[index].up {
+            world.start_server(index);
+        }
+    }
+    let liveness_start = world.now;
+    let deadline = world.now + options.liveness_bound;
+    loop {
+        for client in 0..client_count {
+            issue(
+                &mut world,
+                &mut rng,
+                &mut issued,
+                client,
+                options.requests_per_client,
+            );
+        }
+        let done = issued
+            .iter()
+            .all(|requests| requests.len() as u32 >= options.requests_per_client)
+            && converged(&world);
+        if done {
+            break;
+        }
+        match world.next_event_time() {
+            Some(at) if at <= deadline => {
+                world.step();
+            }
+            _ => panic!(
+                "invariant: not converged {:?} after the faults healed: {}",
+                options.liveness_bound,
+                convergence_state(&world)
+            ),
+        }
+    }
+    let virtual_time_to_converge = world.now.saturating_duration_since(liveness_start);
+
+    let requests_completed = check_invariants(&world, &issued, &mut summary);
+    summary.datagrams_sent = world.network.sent;
+    summary.datagrams_lost = world.network.lost;
+    summary.datagrams_duplicated = world.network.duplicated;
+    summary.datagrams_corrupted = world.network.corrupted;
+    summary.datagrams_partitioned = world.network.partitioned;
+    summary.log_slots_rejected = world
+        .devices
+        .iter()
+        .map(|node| node.rejected_slot_count)
+        .sum();
+    Report {
+        seed,
+        trace_hash: world.trace_hash(),
+        requests_completed,
+        virtual_time_to_converge,
+        faults: summary,
+        trace: world.trace.take(),
+    }
+}
+
+fn issue(
+    world: &mut World,
+    rng: &mut ChaCha8Rng,
+    issued: &mut [Vec<Issued>],
+    client: usize,
+    limit: u32,
+) {
+    if issued[client].len() as u32 >= limit || !world.clients[client].client.can_send() {
+        return;
+    }
+    let key = key_of(world.session(client));
+    let seq = issued[client].len() as u32 + 1;
+    let (kind, payload) = if rng.random_bool(0.75) {
+        let len = if rng.random_bool(0.1) { 3000 } else { 16 };
+        let value = value_of(seq, len);
+        (
+            RequestKind::Update,
+            Request::Set {
+                key: &key,
+                value: &value,
+            }
+            .to_bytes(),
+        )
+    } else {
+        (RequestKind::Bypass, Request::Get { key: &key }.to_bytes())
+    };
+    let sent = match kind {
+        RequestKind::Update => world.update(client, &payload),
+        RequestKind::Bypass => world.bypass(client, &payload),
+    };
+    assert_eq!(sent, seq, "the client numbers its requests 1, 2, 3, ...");
+    issued[client].push(Issued { kind, payload });
+}
+
+fn crash_device(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSummary, weight: u32) {
+    if rng.random_range(0..4) >= weight {
+        return;
+    }
+    let index = rng.random_range(0..world.devices.len());
+    summary.device_crashes += 1;
+    if !world.devices[index].held.is_empty() {
+        summary.device_crashes_with_held_writes += 1;
+    }
+    if rng.random_bool(0.3) {
+        corrupt_applied_entry_at_rest(world, rng, index, summary);
+    }
+    if rng.random_bool(0.5) {
+        summary.device_crashes_torn += 1;
+        let crash_seed: u64 = rng.random();
+        world.restart_device_with(index, |region| {
+            region.crash(&mut ChaCha8Rng::seed_from_u64(crash_seed))
+        });
+    } else {
+        world.restart_device(index);
+    }
+}
+
+/// Flip one bit inside a live log entry whose request its server already applied (so that no
+/// acknowledged update is lost to the corruption), and check that the reopened log rejects it.
+fn corrupt_applied_entry_at_rest(
+    world: &mut World,
+    rng: &mut ChaCha8Rng,
+    index: usize,
+    summary: &mut FaultSummary,
+) {
+    let candidates: Vec<(u32, usize)> = {
+        let node = &world.devices[index];
+        (0..node.log.slot_count())
+            .filter_map(|slot| {
+                let (key, packet) = node.log.read(slot)?;
+                let server = usize::from(key.server_id.checked_sub(crate::SERVER_ID)?);
+                let applied = world
+                    .servers
+                    .get(server)?
+                    .app
+                    .sessions
+                    .get(&key.session_id)?
+                    .0;
+                (applied >= key.seq).then_some((slot, packet.len()))
+            })
+            .collect()
+    };
+    if candidates.is_empty() {
+        return;
+    }
+    let (slot, packet_len) = candidates[rng.random_range(0..candidates.len())];
+    let node = world.device_mut(index);
+    let start = node.log.slot_range(slot).start;
+    let offset = start + rng.random_range(0..CACHE_LINE_SIZE + packet_len);
+    let bit = rng.random_range(0..8u8);
+    let key = node.log.read(slot).map(|(key, _)| key);
+    node.log.region_mut().flip_bit(offset, bit);
+    assert!(node.log.region().len() > offset);
+    summary.entries_corrupted_at_rest += 1;
+    world.note_event(&format!(
+        "device {index} slot {slot} corrupted at rest ({key:?})"
+    ));
+    world.restart_device(index);
+    let node = &world.devices[index];
+    if let Some(key) = key {
+        assert!(
+            node.device.live_keys().all(|live| *live != key),
+            "invariant: a corrupted log entry {key:?} was recovered as valid"
+        );
+    }
+}
+
+fn partition(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSummary) {
+    let device = device_addr(rng.random_range(0..world.devices.len()));
+    let other = if rng.random_bool(0.5) {
+        server_addr(rng.random_range(0..world.servers.len()))
+    } else {
+        client_addr(rng.random_range(0..world.clients.len()))
+    };
+    let (from, to) = if rng.random_bool(0.5) {
+        (device, other)
+    } else {
+        (other, device)
+    };
+    world.blocked.insert((from, to));
+    if rng.random_bool(0.5) {
+        world.blocked.insert((to, from));
+        summary.partitions_symmetric += 1;
+        world.note_event(&format!("partition {from} <-> {to}"));
+    } else {
+        summary.partitions_one_way += 1;
+        world.note_event(&format!("partition {from} -> {to}"));
+    }
+}
+
+fn converged(world: &World) -> bool {
+    world
+        .clients
+        .iter()
+        .all(|node| node.client.in_flight_count() == 0)
+        && world
+            .devices
+            .iter()
+            .all(|node| node.device.live_entry_count() == 0 && node.held.is_empty())
+        && world
+            .servers
+            .iter()
+            .all(|node| !node.server.is_recovering() && node.server.busy_session_count() == 0)
+}
+
+fn convergence_state(world: &World) -> String {
+    let clients: Vec<usize> = world
+        .clients
+        .iter()
+        .map(|node| node.client.in_flight_count())
+        .collect();
+    let devices: Vec<usize> = world
+        .devices
+        .iter()
+        .map(|node| node.device.live_entry_count())
+        .collect();
+    let servers: Vec<(bool, usize)> = world
+        .servers
+        .iter()
+        .map(|node| {
+            (
+                node.server.is_recovering(),
+                node.server.busy_session_count(),
+            )
+        })
+        .collect();
+    format!(
+        "in flight per client {clients:?}, live log entries per device {devices:?}, \
+         (recovering, busy sessions) per server {servers:?}"
+    )
+}
+
+/// Check invariants 1–3 on the final state; returns the number of completed requests.
+fn check_invariants(world: &World, issued: &[Vec<Issued>], summary: &mut FaultSummary) -> u64 {
+    let mut completed_count = 0;
+    for (client, requests) in issued.iter().enumerate() {
+        let session_id = world.session(client);
+        let app = &world.servers[world.server_of(client)].app;
+        let applied: Vec<&(u64, u32, RequestKind, Vec<u8>)> = app
+            .applied
+            .iter()
+            .filter(|(s, ..)| *s == session_id)
+            .collect();
+        let node = &world.clients[client];
+        let mut failed = Vec::new();
+        let mut completions: HashMap<u32, &Completion> = HashMap::new();
+        for event in &node.completed {
+            match event {
+                ClientEvent::Completed {
+                    seq, completion, ..
+                } => {
+                    completions.insert(*seq, completion);
+                }
+                ClientEvent::Failed { seq, .. } => failed.push(*seq),
+            }
+        }
+        summary.requests_failed += failed.len() as u64;
+        summary.noop_fills += node.client.counters().noop_fills_sent;
+        completed_count += completions.len() as u64;
+
+        // 1 and 2: a prefix of the session's numbers, each applied once, each the client's own
+        // request or the no-op fill of a failed one; whatever is missing at the end failed.
+        for (index, (_, seq, kind, request)) in applied.iter().enumerate() {
+            assert_eq!(
+                *seq as usize,
+                index + 1,
+                "invariant: client {client} applied out of order"
+            );
+            let sent = &requests[index];
+            let is_fill = request.is_empty() && *kind == RequestKind::Bypass;
+            assert!(
+                (*kind == sent.kind && *request == sent.payload)
+                    || (is_fill && failed.contains(seq)),
+                "invariant: client {client} seq {seq}: applied a request the client did not send"
+            );
+        }
+        for seq in applied.len() as u32 + 1..=requests.len() as u32 {
+            assert!(
+                failed.contains(&seq),
+                "invariant: client {client} seq {seq} was never applied"
+            );
+        }
+        for seq in completions.keys() {
+            let applied_request = &applied[*seq as usize - 1].3;
+            assert_eq!(
+                applied_request,
+                &requests[*seq as usize - 1].payload,
+                "invariant: client {client} seq {seq} completed but was not applied as sent"
+            );
+        }
+
+        // 3: a bypass read saw the latest update of its session before it, and nothing later.
+        for (seq, completion) in &completions {
+            let Completion::Replied {
+                reply,
+                makeup: false,
+            } = completion
+            else {
+                continue;
+            };
+            let index = *seq as usize - 1;
+            if requests[index].kind != RequestKind::Bypass {
+                continue;
+            }
+            let expected = applied[..index]
+                .iter()
+                .rev()
+                .find(|(_, _, kind, request)| *kind == RequestKind::Update && !request.is_empty())
+                .map(|(_, seq, ..)| *seq);
+            let seen = match Reply::decode(reply) {
+                Ok(Reply::Value(value)) => Some(seq_of_value(&value)),
+                Ok(Reply::NotFound) => None,
+                other => panic!("invariant: client {client} read {seq} got {other:?}"),
+            };
+            assert_eq!(
+                seen, expected,
+                "invariant: client {client} read {seq} missed its session's writes"
+            );
+        }
+
+        // The store holds the session's last applied update.
+        let last_update = applied
+            .iter()
+            .rev()
+            .find(|(_, _, kind, request)| *kind == RequestKind::Update && !request.is_empty())
+            .map(|(_, seq, ..)| *seq);
+        let store = app.kv.as_ref().expect("the swarm runs with the store");
+        let stored = store.get(&key_of(session_id)).map(seq_of_value);
+        assert_eq!(
+            stored, last_update,
+            "invariant: client {client}: the store lost an update"
+        );
+    }
+    completed_count
+}

@@ -359,6 +359,20 @@ impl<R: PmRegion> PmLog<R> {
         self.region.fence();
     }
 
+    /// The stores and flushes of [`Self::write_with_return_address`] without its fences: the
+    /// state a crash in the middle of a write finds. Only simulators call this, to build that
+    /// state on a [`crate::SimRegion`] before crashing it; the entry is not durable.
+    pub fn write_without_fences(
+        &mut self,
+        slot: u32,
+        key: &EntryKey,
+        return_address: Option<SocketAddr>,
+        packet: &[u8],
+    ) {
+        self.write_payload(slot, key, return_address, packet);
+        self.write_state(slot, STATE_VALID);
+    }
+
     /// [`Self::write`] for many slots with two fences in all: every header and packet, fence,
     /// every state, fence. A crash before it returns may leave any subset of the entries.
     /// A slot listed twice ends with its last entry.

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use pmnet_pm::{PmRegion, CACHE_LINE_SIZE};
-use pmnet_proto::{ClientEvent, Completion, RequestKind};
+use pmnet_proto::{ClientEvent, Completion, PersistWork, RequestKind};
 use pmnet_store::{Reply, Request};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -68,6 +68,7 @@ pub struct FaultSummary {
     pub device_crashes: u64,
     pub device_crashes_torn: u64,
     pub device_crashes_with_held_writes: u64,
+    pub device_crashes_mid_write: u64,
     pub server_crashes: u64,
     pub server_crashes_during_recovery: u64,
     pub entries_corrupted_at_rest: u64,
@@ -356,6 +357,17 @@ fn crash_device(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSumm
     if rng.random_bool(0.3) {
         corrupt_applied_entry_at_rest(world, rng, index, summary);
     }
+    // A write the device issued but the log has not finished: its stores may be anywhere
+    // between the cache and the medium when the crash comes.
+    if rng.random_bool(0.5) {
+        let node = world.device_mut(index);
+        if let Some(PersistWork::LogWrite { token, key, return_address, packet }) =
+            node.held.front().cloned()
+        {
+            node.log.write_without_fences(token.slot, &key, Some(return_address), &packet);
+            summary.device_crashes_mid_write += 1;
+        }
+    }
     if rng.random_bool(0.5) {
         summary.device_crashes_torn += 1;
         let crash_seed: u64 = rng.random();
@@ -584,4 +596,98 @@ fn check_invariants(world: &World, issued: &[Vec<Issued>], summary: &mut FaultSu
         );
     }
     completed_count
+}
+
+/// Totals over a swarm of seeds: what was exercised, for the summary `pmnet sim` prints.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SwarmSummary {
+    pub seeds: u64,
+    pub requests_completed: u64,
+    pub seeds_with_loss: u64,
+    pub seeds_with_duplication: u64,
+    pub seeds_with_corruption_in_flight: u64,
+    pub seeds_with_partitions: u64,
+    pub seeds_with_device_crashes: u64,
+    pub seeds_with_server_crashes: u64,
+    pub datagrams_sent: u64,
+    pub datagrams_lost: u64,
+    pub datagrams_duplicated: u64,
+    pub datagrams_corrupted: u64,
+    pub datagrams_partitioned: u64,
+    pub partitions_symmetric: u64,
+    pub partitions_one_way: u64,
+    pub device_crashes: u64,
+    pub device_crashes_torn: u64,
+    pub device_crashes_with_held_writes: u64,
+    pub device_crashes_mid_write: u64,
+    pub server_crashes: u64,
+    pub server_crashes_during_recovery: u64,
+    pub entries_corrupted_at_rest: u64,
+    pub log_slots_rejected: u64,
+    pub requests_failed: u64,
+    pub noop_fills: u64,
+}
+
+impl SwarmSummary {
+    /// Count one seed's report in.
+    pub fn add(&mut self, report: &Report) {
+        let faults = &report.faults;
+        self.seeds += 1;
+        self.requests_completed += report.requests_completed;
+        self.seeds_with_loss += u64::from(faults.datagrams_lost > 0);
+        self.seeds_with_duplication += u64::from(faults.datagrams_duplicated > 0);
+        self.seeds_with_corruption_in_flight += u64::from(faults.datagrams_corrupted > 0);
+        let partitions = faults.partitions_symmetric + faults.partitions_one_way;
+        self.seeds_with_partitions += u64::from(partitions > 0);
+        self.seeds_with_device_crashes += u64::from(faults.device_crashes > 0);
+        self.seeds_with_server_crashes += u64::from(faults.server_crashes > 0);
+        self.datagrams_sent += faults.datagrams_sent;
+        self.datagrams_lost += faults.datagrams_lost;
+        self.datagrams_duplicated += faults.datagrams_duplicated;
+        self.datagrams_corrupted += faults.datagrams_corrupted;
+        self.datagrams_partitioned += faults.datagrams_partitioned;
+        self.partitions_symmetric += faults.partitions_symmetric;
+        self.partitions_one_way += faults.partitions_one_way;
+        self.device_crashes += faults.device_crashes;
+        self.device_crashes_torn += faults.device_crashes_torn;
+        self.device_crashes_with_held_writes += faults.device_crashes_with_held_writes;
+        self.device_crashes_mid_write += faults.device_crashes_mid_write;
+        self.server_crashes += faults.server_crashes;
+        self.server_crashes_during_recovery += faults.server_crashes_during_recovery;
+        self.entries_corrupted_at_rest += faults.entries_corrupted_at_rest;
+        self.log_slots_rejected += faults.log_slots_rejected;
+        self.requests_failed += faults.requests_failed;
+        self.noop_fills += faults.noop_fills;
+    }
+
+    /// The summary as `name value` lines, one fault class a line.
+    pub fn lines(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("seeds run", self.seeds),
+            ("requests completed", self.requests_completed),
+            ("seeds with loss", self.seeds_with_loss),
+            ("seeds with duplication", self.seeds_with_duplication),
+            ("seeds with corruption in flight", self.seeds_with_corruption_in_flight),
+            ("seeds with partitions", self.seeds_with_partitions),
+            ("seeds with device crashes", self.seeds_with_device_crashes),
+            ("seeds with server crashes", self.seeds_with_server_crashes),
+            ("datagrams sent", self.datagrams_sent),
+            ("datagrams lost", self.datagrams_lost),
+            ("datagrams duplicated", self.datagrams_duplicated),
+            ("datagrams corrupted in flight", self.datagrams_corrupted),
+            ("datagrams cut by partitions", self.datagrams_partitioned),
+            ("partitions, symmetric", self.partitions_symmetric),
+            ("partitions, one-way", self.partitions_one_way),
+            ("device crashes", self.device_crashes),
+            ("device crashes with torn unpersisted lines", self.device_crashes_torn),
+            ("device crashes between log write and persist", self.device_crashes_with_held_writes),
+            ("device crashes in the middle of a log write", self.device_crashes_mid_write),
+            ("server crashes", self.server_crashes),
+            ("server crashes during recovery", self.server_crashes_during_recovery),
+            ("log entries corrupted at rest", self.entries_corrupted_at_rest),
+            ("log slots rejected at recovery", self.log_slots_rejected),
+            ("requests failed (timed out)", self.requests_failed),
+            ("no-op fills", self.noop_fills),
+        ]
+    }
 }

@@ -361,10 +361,15 @@ fn crash_device(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSumm
     // between the cache and the medium when the crash comes.
     if rng.random_bool(0.5) {
         let node = world.device_mut(index);
-        if let Some(PersistWork::LogWrite { token, key, return_address, packet }) =
-            node.held.front().cloned()
+        if let Some(PersistWork::LogWrite {
+            token,
+            key,
+            return_address,
+            packet,
+        }) = node.held.front().cloned()
         {
-            node.log.write_without_fences(token.slot, &key, Some(return_address), &packet);
+            node.log
+                .write_without_fences(token.slot, &key, Some(return_address), &packet);
             summary.device_crashes_mid_write += 1;
         }
     }
@@ -667,7 +672,10 @@ impl SwarmSummary {
             ("requests completed", self.requests_completed),
             ("seeds with loss", self.seeds_with_loss),
             ("seeds with duplication", self.seeds_with_duplication),
-            ("seeds with corruption in flight", self.seeds_with_corruption_in_flight),
+            (
+                "seeds with corruption in flight",
+                self.seeds_with_corruption_in_flight,
+            ),
             ("seeds with partitions", self.seeds_with_partitions),
             ("seeds with device crashes", self.seeds_with_device_crashes),
             ("seeds with server crashes", self.seeds_with_server_crashes),
@@ -679,12 +687,27 @@ impl SwarmSummary {
             ("partitions, symmetric", self.partitions_symmetric),
             ("partitions, one-way", self.partitions_one_way),
             ("device crashes", self.device_crashes),
-            ("device crashes with torn unpersisted lines", self.device_crashes_torn),
-            ("device crashes between log write and persist", self.device_crashes_with_held_writes),
-            ("device crashes in the middle of a log write", self.device_crashes_mid_write),
+            (
+                "device crashes with torn unpersisted lines",
+                self.device_crashes_torn,
+            ),
+            (
+                "device crashes between log write and persist",
+                self.device_crashes_with_held_writes,
+            ),
+            (
+                "device crashes in the middle of a log write",
+                self.device_crashes_mid_write,
+            ),
             ("server crashes", self.server_crashes),
-            ("server crashes during recovery", self.server_crashes_during_recovery),
-            ("log entries corrupted at rest", self.entries_corrupted_at_rest),
+            (
+                "server crashes during recovery",
+                self.server_crashes_during_recovery,
+            ),
+            (
+                "log entries corrupted at rest",
+                self.entries_corrupted_at_rest,
+            ),
             ("log slots rejected at recovery", self.log_slots_rejected),
             ("requests failed (timed out)", self.requests_failed),
             ("no-op fills", self.noop_fills),

@@ -23,7 +23,10 @@ fn every_seed_keeps_the_invariants_and_converges() {
     let mut summary = SwarmSummary::default();
     for seed in seeds() {
         let report = vopr::run(seed, &options);
-        assert!(report.requests_completed > 0, "seed {seed} completed nothing");
+        assert!(
+            report.requests_completed > 0,
+            "seed {seed} completed nothing"
+        );
         summary.add(&report);
     }
     for (name, value) in summary.lines() {

@@ -764,6 +764,8 @@ impl World {
         let (log, recovery) = PmLog::open(region).expect("reopen a device log after a crash");
         node.rejected_slot_count += u64::from(recovery.rejected_slot_count);
         let recovered = recovery.entries.len();
+        // Whatever the reopened log holds is durable now, whether or not it was before.
+        node.ever_durable.extend(recovery.entries.iter().map(|entry| entry.key));
         node.device = Device::new(node.config.clone(), now, recovery.entries);
         node.log = log;
         node.held.clear();

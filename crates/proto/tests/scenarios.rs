@@ -142,13 +142,8 @@ fn a_forward_lost_after_the_ack_is_resent_from_the_log() {
     drive_to_quiet(&mut world);
     let session = world.session(0);
     // The device's first forward of seq 1 to the server is lost.
-    let mut dropped = false;
-    world.drop_when(move |seen| {
-        let lose = !dropped
-            && seen.to == server_addr(0)
-            && seen.header.packet_type == PacketType::UpdateRequest;
-        dropped |= lose;
-        lose
+    world.drop_first(|seen| {
+        seen.to == server_addr(0) && seen.header.packet_type == PacketType::UpdateRequest
     });
     let seq = world.update(0, b"lost on the way");
     drive_to_completion(&mut world, 0, seq);
@@ -165,14 +160,10 @@ fn a_gap_is_filled_by_retransmission_from_the_log() {
     drive_to_quiet(&mut world);
     let session = world.session(0);
     // Lose the first forward of seq 2; seq 3 arrives and reveals the gap.
-    let mut dropped = false;
-    world.drop_when(move |seen| {
-        let lose = !dropped
-            && seen.to == server_addr(0)
+    world.drop_first(|seen| {
+        seen.to == server_addr(0)
             && seen.header.packet_type == PacketType::UpdateRequest
-            && seen.header.seq == 2;
-        dropped |= lose;
-        lose
+            && seen.header.seq == 2
     });
     for payload in [b"one", b"two", b"thr"] {
         world.update(0, payload);
@@ -191,14 +182,10 @@ fn a_gap_not_in_the_log_is_passed_to_the_client() {
     let mut world = World::new(1, Some(1));
     drive_to_quiet(&mut world);
     let session = world.session(0);
-    let mut dropped = false;
-    world.drop_when(move |seen| {
-        let lose = !dropped
-            && seen.to == server_addr(0)
+    world.drop_first(|seen| {
+        seen.to == server_addr(0)
             && seen.header.packet_type == PacketType::UpdateRequest
-            && seen.header.seq == 2;
-        dropped |= lose;
-        lose
+            && seen.header.seq == 2
     });
     world.device_mut(0).hold_persistence = true;
     world.update(0, b"one");
@@ -224,13 +211,8 @@ fn reordered_requests_are_applied_in_sequence_order() {
     let mut world = World::new(1, None); // client straight to server
     let session = world.session(0);
     // Delay seq 1 by dropping its first transmission; the client's timer resends it.
-    let mut dropped = false;
-    world.drop_when(move |seen| {
-        let lose = !dropped
-            && seen.header.packet_type == PacketType::UpdateRequest
-            && seen.header.seq == 1;
-        dropped |= lose;
-        lose
+    world.drop_first(|seen| {
+        seen.header.packet_type == PacketType::UpdateRequest && seen.header.seq == 1
     });
     for index in 0..5u8 {
         world.update(0, &[index]);
@@ -246,12 +228,7 @@ fn a_redone_update_is_not_applied_twice_and_gets_a_makeup_ack() {
     let mut world = World::new(1, None);
     let session = world.session(0);
     // Every server reply to seq 1 is lost once: the client retransmits.
-    let mut dropped = false;
-    world.drop_when(move |seen| {
-        let lose = !dropped && seen.header.packet_type == PacketType::ServerAck;
-        dropped |= lose;
-        lose
-    });
+    world.drop_first(|seen| seen.header.packet_type == PacketType::ServerAck);
     let seq = world.update(0, b"once");
     drive_to_completion(&mut world, 0, seq);
     assert_eq!(world.servers[0].app.times_applied(session, seq), 1);
@@ -296,13 +273,8 @@ fn large_requests_are_fragmented_logged_and_acked_per_fragment() {
 fn a_lost_fragment_ack_resends_only_that_fragment() {
     let mut world = World::new(1, Some(256));
     drive_to_quiet(&mut world);
-    let mut dropped = false;
-    world.drop_when(move |seen| {
-        let lose = !dropped
-            && seen.header.packet_type == PacketType::PmnetAck
-            && seen.header.fragment_index == 2;
-        dropped |= lose;
-        lose
+    world.drop_first(|seen| {
+        seen.header.packet_type == PacketType::PmnetAck && seen.header.fragment_index == 2
     });
     world.stop_server(0);
     let seq = world.update(0, &vec![7u8; 4000]);

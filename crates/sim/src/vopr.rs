@@ -58,6 +58,12 @@ pub struct FaultSummary {
     pub duplicate: f64,
     pub jitter_us: u64,
     pub corrupt: f64,
+    pub counts: FaultCounts,
+}
+
+/// What a run exercised, by fault class.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FaultCounts {
     pub datagrams_sent: u64,
     pub datagrams_lost: u64,
     pub datagrams_duplicated: u64,
@@ -75,6 +81,67 @@ pub struct FaultSummary {
     pub log_slots_rejected: u64,
     pub requests_failed: u64,
     pub noop_fills: u64,
+}
+
+impl FaultCounts {
+    /// Add `other`'s counts to these.
+    pub fn add(&mut self, other: &FaultCounts) {
+        self.datagrams_sent += other.datagrams_sent;
+        self.datagrams_lost += other.datagrams_lost;
+        self.datagrams_duplicated += other.datagrams_duplicated;
+        self.datagrams_corrupted += other.datagrams_corrupted;
+        self.datagrams_partitioned += other.datagrams_partitioned;
+        self.partitions_symmetric += other.partitions_symmetric;
+        self.partitions_one_way += other.partitions_one_way;
+        self.device_crashes += other.device_crashes;
+        self.device_crashes_torn += other.device_crashes_torn;
+        self.device_crashes_with_held_writes += other.device_crashes_with_held_writes;
+        self.device_crashes_mid_write += other.device_crashes_mid_write;
+        self.server_crashes += other.server_crashes;
+        self.server_crashes_during_recovery += other.server_crashes_during_recovery;
+        self.entries_corrupted_at_rest += other.entries_corrupted_at_rest;
+        self.log_slots_rejected += other.log_slots_rejected;
+        self.requests_failed += other.requests_failed;
+        self.noop_fills += other.noop_fills;
+    }
+
+    /// The counts with their names, one fault class a line.
+    pub fn lines(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("datagrams sent", self.datagrams_sent),
+            ("datagrams lost", self.datagrams_lost),
+            ("datagrams duplicated", self.datagrams_duplicated),
+            ("datagrams corrupted in flight", self.datagrams_corrupted),
+            ("datagrams cut by partitions", self.datagrams_partitioned),
+            ("partitions, symmetric", self.partitions_symmetric),
+            ("partitions, one-way", self.partitions_one_way),
+            ("device crashes", self.device_crashes),
+            (
+                "device crashes with torn unpersisted lines",
+                self.device_crashes_torn,
+            ),
+            (
+                "device crashes between log write and persist",
+                self.device_crashes_with_held_writes,
+            ),
+            (
+                "device crashes in the middle of a log write",
+                self.device_crashes_mid_write,
+            ),
+            ("server crashes", self.server_crashes),
+            (
+                "server crashes during recovery",
+                self.server_crashes_during_recovery,
+            ),
+            (
+                "log entries corrupted at rest",
+                self.entries_corrupted_at_rest,
+            ),
+            ("log slots rejected at recovery", self.log_slots_rejected),
+            ("requests failed (timed out)", self.requests_failed),
+            ("no-op fills", self.noop_fills),
+        ]
+    }
 }
 
 /// What a successful run reports.
@@ -208,9 +275,9 @@ fn run_inner(seed: u64, options: &Options) -> Report {
                 let index = rng.random_range(0..world.servers.len());
                 if world.servers[index].up {
                     if world.servers[index].server.is_recovering() {
-                        summary.server_crashes_during_recovery += 1;
+                        summary.counts.server_crashes_during_recovery += 1;
                     }
-                    summary.server_crashes += 1;
+                    summary.counts.server_crashes += 1;
                     world.stop_server(index);
                 }
             }
@@ -291,12 +358,12 @@ fn run_inner(seed: u64, options: &Options) -> Report {
     let virtual_time_to_converge = world.now.saturating_duration_since(liveness_start);
 
     let requests_completed = check_invariants(&world, &issued, &mut summary);
-    summary.datagrams_sent = world.network.sent;
-    summary.datagrams_lost = world.network.lost;
-    summary.datagrams_duplicated = world.network.duplicated;
-    summary.datagrams_corrupted = world.network.corrupted;
-    summary.datagrams_partitioned = world.network.partitioned;
-    summary.log_slots_rejected = world
+    summary.counts.datagrams_sent = world.network.sent;
+    summary.counts.datagrams_lost = world.network.lost;
+    summary.counts.datagrams_duplicated = world.network.duplicated;
+    summary.counts.datagrams_corrupted = world.network.corrupted;
+    summary.counts.datagrams_partitioned = world.network.partitioned;
+    summary.counts.log_slots_rejected = world
         .devices
         .iter()
         .map(|node| node.rejected_slot_count)
@@ -350,9 +417,9 @@ fn crash_device(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSumm
         return;
     }
     let index = rng.random_range(0..world.devices.len());
-    summary.device_crashes += 1;
+    summary.counts.device_crashes += 1;
     if !world.devices[index].held.is_empty() {
-        summary.device_crashes_with_held_writes += 1;
+        summary.counts.device_crashes_with_held_writes += 1;
     }
     if rng.random_bool(0.3) {
         corrupt_applied_entry_at_rest(world, rng, index, summary);
@@ -370,11 +437,11 @@ fn crash_device(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSumm
         {
             node.log
                 .write_without_fences(token.slot, &key, Some(return_address), &packet);
-            summary.device_crashes_mid_write += 1;
+            summary.counts.device_crashes_mid_write += 1;
         }
     }
     if rng.random_bool(0.5) {
-        summary.device_crashes_torn += 1;
+        summary.counts.device_crashes_torn += 1;
         let crash_seed: u64 = rng.random();
         world.restart_device_with(index, |region| {
             region.crash(&mut ChaCha8Rng::seed_from_u64(crash_seed))
@@ -420,7 +487,7 @@ fn corrupt_applied_entry_at_rest(
     let key = node.log.read(slot).map(|(key, _)| key);
     node.log.region_mut().flip_bit(offset, bit);
     assert!(node.log.region().len() > offset);
-    summary.entries_corrupted_at_rest += 1;
+    summary.counts.entries_corrupted_at_rest += 1;
     world.note_event(&format!(
         "device {index} slot {slot} corrupted at rest ({key:?})"
     ));
@@ -449,10 +516,10 @@ fn partition(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSummary
     world.blocked.insert((from, to));
     if rng.random_bool(0.5) {
         world.blocked.insert((to, from));
-        summary.partitions_symmetric += 1;
+        summary.counts.partitions_symmetric += 1;
         world.note_event(&format!("partition {from} <-> {to}"));
     } else {
-        summary.partitions_one_way += 1;
+        summary.counts.partitions_one_way += 1;
         world.note_event(&format!("partition {from} -> {to}"));
     }
 }
@@ -523,8 +590,8 @@ fn check_invariants(world: &World, issued: &[Vec<Issued>], summary: &mut FaultSu
                 ClientEvent::Failed { seq, .. } => failed.push(*seq),
             }
         }
-        summary.requests_failed += failed.len() as u64;
-        summary.noop_fills += node.client.counters().noop_fills_sent;
+        summary.counts.requests_failed += failed.len() as u64;
+        summary.counts.noop_fills += node.client.counters().noop_fills_sent;
         completed_count += completions.len() as u64;
 
         // 1 and 2: a prefix of the session's numbers, each applied once, each the client's own
@@ -614,60 +681,28 @@ pub struct SwarmSummary {
     pub seeds_with_partitions: u64,
     pub seeds_with_device_crashes: u64,
     pub seeds_with_server_crashes: u64,
-    pub datagrams_sent: u64,
-    pub datagrams_lost: u64,
-    pub datagrams_duplicated: u64,
-    pub datagrams_corrupted: u64,
-    pub datagrams_partitioned: u64,
-    pub partitions_symmetric: u64,
-    pub partitions_one_way: u64,
-    pub device_crashes: u64,
-    pub device_crashes_torn: u64,
-    pub device_crashes_with_held_writes: u64,
-    pub device_crashes_mid_write: u64,
-    pub server_crashes: u64,
-    pub server_crashes_during_recovery: u64,
-    pub entries_corrupted_at_rest: u64,
-    pub log_slots_rejected: u64,
-    pub requests_failed: u64,
-    pub noop_fills: u64,
+    pub counts: FaultCounts,
 }
 
 impl SwarmSummary {
     /// Count one seed's report in.
     pub fn add(&mut self, report: &Report) {
-        let faults = &report.faults;
+        let counts = &report.faults.counts;
         self.seeds += 1;
         self.requests_completed += report.requests_completed;
-        self.seeds_with_loss += u64::from(faults.datagrams_lost > 0);
-        self.seeds_with_duplication += u64::from(faults.datagrams_duplicated > 0);
-        self.seeds_with_corruption_in_flight += u64::from(faults.datagrams_corrupted > 0);
-        let partitions = faults.partitions_symmetric + faults.partitions_one_way;
+        self.seeds_with_loss += u64::from(counts.datagrams_lost > 0);
+        self.seeds_with_duplication += u64::from(counts.datagrams_duplicated > 0);
+        self.seeds_with_corruption_in_flight += u64::from(counts.datagrams_corrupted > 0);
+        let partitions = counts.partitions_symmetric + counts.partitions_one_way;
         self.seeds_with_partitions += u64::from(partitions > 0);
-        self.seeds_with_device_crashes += u64::from(faults.device_crashes > 0);
-        self.seeds_with_server_crashes += u64::from(faults.server_crashes > 0);
-        self.datagrams_sent += faults.datagrams_sent;
-        self.datagrams_lost += faults.datagrams_lost;
-        self.datagrams_duplicated += faults.datagrams_duplicated;
-        self.datagrams_corrupted += faults.datagrams_corrupted;
-        self.datagrams_partitioned += faults.datagrams_partitioned;
-        self.partitions_symmetric += faults.partitions_symmetric;
-        self.partitions_one_way += faults.partitions_one_way;
-        self.device_crashes += faults.device_crashes;
-        self.device_crashes_torn += faults.device_crashes_torn;
-        self.device_crashes_with_held_writes += faults.device_crashes_with_held_writes;
-        self.device_crashes_mid_write += faults.device_crashes_mid_write;
-        self.server_crashes += faults.server_crashes;
-        self.server_crashes_during_recovery += faults.server_crashes_during_recovery;
-        self.entries_corrupted_at_rest += faults.entries_corrupted_at_rest;
-        self.log_slots_rejected += faults.log_slots_rejected;
-        self.requests_failed += faults.requests_failed;
-        self.noop_fills += faults.noop_fills;
+        self.seeds_with_device_crashes += u64::from(counts.device_crashes > 0);
+        self.seeds_with_server_crashes += u64::from(counts.server_crashes > 0);
+        self.counts.add(counts);
     }
 
-    /// The summary as `name value` lines, one fault class a line.
+    /// The summary as `(name, value)` lines, one fault class a line.
     pub fn lines(&self) -> Vec<(&'static str, u64)> {
-        vec![
+        let mut lines = vec![
             ("seeds run", self.seeds),
             ("requests completed", self.requests_completed),
             ("seeds with loss", self.seeds_with_loss),
@@ -679,38 +714,8 @@ impl SwarmSummary {
             ("seeds with partitions", self.seeds_with_partitions),
             ("seeds with device crashes", self.seeds_with_device_crashes),
             ("seeds with server crashes", self.seeds_with_server_crashes),
-            ("datagrams sent", self.datagrams_sent),
-            ("datagrams lost", self.datagrams_lost),
-            ("datagrams duplicated", self.datagrams_duplicated),
-            ("datagrams corrupted in flight", self.datagrams_corrupted),
-            ("datagrams cut by partitions", self.datagrams_partitioned),
-            ("partitions, symmetric", self.partitions_symmetric),
-            ("partitions, one-way", self.partitions_one_way),
-            ("device crashes", self.device_crashes),
-            (
-                "device crashes with torn unpersisted lines",
-                self.device_crashes_torn,
-            ),
-            (
-                "device crashes between log write and persist",
-                self.device_crashes_with_held_writes,
-            ),
-            (
-                "device crashes in the middle of a log write",
-                self.device_crashes_mid_write,
-            ),
-            ("server crashes", self.server_crashes),
-            (
-                "server crashes during recovery",
-                self.server_crashes_during_recovery,
-            ),
-            (
-                "log entries corrupted at rest",
-                self.entries_corrupted_at_rest,
-            ),
-            ("log slots rejected at recovery", self.log_slots_rejected),
-            ("requests failed (timed out)", self.requests_failed),
-            ("no-op fills", self.noop_fills),
-        ]
+        ];
+        lines.extend(self.counts.lines());
+        lines
     }
 }

@@ -370,6 +370,16 @@ impl World {
         self.drop_rules.push(Box::new(rule));
     }
 
+    /// Drop the first datagram for which `matches` returns true, and only that one.
+    pub fn drop_first(&mut self, mut matches: impl FnMut(&Seen) -> bool + 'static) {
+        let mut dropped = false;
+        self.drop_when(move |seen| {
+            let lose = !dropped && matches(seen);
+            dropped |= lose;
+            lose
+        });
+    }
+
     pub fn clear_drop_rules(&mut self) {
         self.drop_rules.clear();
     }
@@ -765,7 +775,8 @@ impl World {
         node.rejected_slot_count += u64::from(recovery.rejected_slot_count);
         let recovered = recovery.entries.len();
         // Whatever the reopened log holds is durable now, whether or not it was before.
-        node.ever_durable.extend(recovery.entries.iter().map(|entry| entry.key));
+        node.ever_durable
+            .extend(recovery.entries.iter().map(|entry| entry.key));
         node.device = Device::new(node.config.clone(), now, recovery.entries);
         node.log = log;
         node.held.clear();

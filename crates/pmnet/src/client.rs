@@ -1,0 +1,228 @@
+//! `pmnet client`: key-value requests from the command line or a prompt.
+
+use std::io::{BufRead, Write};
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use pmnet_proto::Completion;
+use pmnet_runtime::{ClientSession, SessionOptions, WaitMode};
+use pmnet_store::{Reply, Request};
+
+use crate::CliError;
+
+#[derive(Debug, Clone, Args)]
+pub struct ClientArgs {
+    /// Where requests go: the PMNet device in front of the server (or the server itself, to
+    /// bypass the device).
+    #[arg(
+        long,
+        visible_alias = "to",
+        value_name = "ADDR",
+        default_value = "127.0.0.1:7400"
+    )]
+    pub device: SocketAddr,
+
+    /// The server the requests are for (its `--server-id`).
+    #[arg(long, value_name = "ID", default_value_t = 1)]
+    pub server_id: u16,
+
+    /// Spin while waiting for replies instead of sleeping.
+    #[arg(long)]
+    pub busy_poll: bool,
+
+    /// The request; without one, read requests line by line from standard input
+    /// (`set k v`, `get k`, `del k`, `incr k [delta]`, `quit`).
+    #[command(subcommand)]
+    pub request: Option<KvCommand>,
+}
+
+#[derive(Debug, Clone, Subcommand, PartialEq, Eq)]
+pub enum KvCommand {
+    /// Store VALUE under KEY (an update: acked as soon as a device has logged it).
+    Set { key: String, value: String },
+    /// Print the value of KEY (a bypass request: answered by the server).
+    Get { key: String },
+    /// Delete KEY (an update).
+    Del { key: String },
+    /// Add DELTA (default 1) to the integer under KEY and print the result (a bypass request).
+    Incr {
+        key: String,
+        #[arg(default_value_t = 1, allow_negative_numbers = true)]
+        delta: i64,
+    },
+}
+
+impl KvCommand {
+    /// Parse a line typed at the prompt.
+    fn parse_line(line: &str) -> Result<Option<KvCommand>, String> {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let usage = "requests: set KEY VALUE | get KEY | del KEY | incr KEY [DELTA] | quit";
+        match words.as_slice() {
+            [] => Ok(None),
+            [verb, rest @ ..] => match (verb.to_ascii_lowercase().as_str(), rest) {
+                ("set", [key, value @ ..]) if !value.is_empty() => Ok(Some(KvCommand::Set {
+                    key: key.to_string(),
+                    value: value.join(" "),
+                })),
+                ("get", [key]) => Ok(Some(KvCommand::Get {
+                    key: key.to_string(),
+                })),
+                ("del", [key]) => Ok(Some(KvCommand::Del {
+                    key: key.to_string(),
+                })),
+                ("incr", [key]) => Ok(Some(KvCommand::Incr {
+                    key: key.to_string(),
+                    delta: 1,
+                })),
+                ("incr", [key, delta]) => match delta.parse() {
+                    Ok(delta) => Ok(Some(KvCommand::Incr {
+                        key: key.to_string(),
+                        delta,
+                    })),
+                    Err(_) => Err(format!("{delta:?} is not an integer; {usage}")),
+                },
+                _ => Err(usage.to_owned()),
+            },
+        }
+    }
+}
+
+pub fn run(args: ClientArgs) -> Result<ExitCode, CliError> {
+    let mut options = SessionOptions::new(args.server_id, args.device);
+    options.wait = WaitMode::from_busy_poll(args.busy_poll);
+    let mut session = ClientSession::open(options)?;
+    if let Some(request) = &args.request {
+        let line = execute(&mut session, request)?;
+        println!("{line}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let stdin = std::io::stdin();
+    let interactive = is_terminal();
+    if interactive {
+        eprintln!(
+            "pmnet client: session {:016x} to server {} via {}; type `set k v`, `get k`, \
+             `del k`, `incr k [delta]`, or `quit`",
+            session.session_id(),
+            args.server_id,
+            args.device
+        );
+    }
+    let mut failures = 0u32;
+    loop {
+        if interactive {
+            eprint!("pmnet> ");
+            let _ = std::io::stderr().flush();
+        }
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            break;
+        }
+        let trimmed = line.trim();
+        if trimmed.eq_ignore_ascii_case("quit") || trimmed.eq_ignore_ascii_case("exit") {
+            break;
+        }
+        match KvCommand::parse_line(trimmed) {
+            Ok(None) => {}
+            Ok(Some(request)) => match execute(&mut session, &request) {
+                Ok(text) => println!("{text}"),
+                Err(error) => {
+                    failures += 1;
+                    println!("(error) {error}");
+                }
+            },
+            Err(message) => {
+                failures += 1;
+                println!("(error) {message}");
+            }
+        }
+    }
+    Ok(if failures == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn is_terminal() -> bool {
+    use std::io::IsTerminal;
+    std::io::stdin().is_terminal()
+}
+
+/// Send one request and describe its outcome in a line.
+fn execute(session: &mut ClientSession, command: &KvCommand) -> Result<String, CliError> {
+    let request = match command {
+        KvCommand::Set { key, value } => Request::Set {
+            key: key.as_bytes(),
+            value: value.as_bytes(),
+        },
+        KvCommand::Get { key } => Request::Get {
+            key: key.as_bytes(),
+        },
+        KvCommand::Del { key } => Request::Del {
+            key: key.as_bytes(),
+        },
+        KvCommand::Incr { key, delta } => Request::Incr {
+            key: key.as_bytes(),
+            delta: *delta,
+        },
+    };
+    let payload = request.to_bytes();
+    let completion = if request.is_update() {
+        session.update(&payload)
+    } else {
+        session.bypass(&payload)
+    }
+    .map_err(|error| {
+        format!(
+            "{error} (is a device or server listening at the address given to --device?); the \
+             request may or may not have been applied"
+        )
+    })?;
+    Ok(match completion {
+        Completion::Logged { device_id } => {
+            format!("OK (durable in the log of device {device_id}; the server applies it next)")
+        }
+        Completion::ReplyUnavailable => {
+            "OK (applied before; the server no longer keeps its reply)".to_owned()
+        }
+        Completion::Replied { reply, .. } => match Reply::decode(&reply) {
+            Ok(Reply::Ok) => "OK (applied by the server)".to_owned(),
+            Ok(Reply::Value(value)) => String::from_utf8_lossy(&value).into_owned(),
+            Ok(Reply::NotFound) => "(not found)".to_owned(),
+            Ok(Reply::Integer(value)) => format!("(integer) {value}"),
+            Ok(Reply::Deleted(count)) => format!("(deleted {count})"),
+            Ok(Reply::Error(message)) => format!("(error) {message}"),
+            Err(error) => format!("(undecodable reply: {error:?})"),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_lines_parse() {
+        assert_eq!(
+            KvCommand::parse_line("set k hello world").unwrap(),
+            Some(KvCommand::Set {
+                key: "k".into(),
+                value: "hello world".into()
+            })
+        );
+        assert_eq!(
+            KvCommand::parse_line("INCR n -3").unwrap(),
+            Some(KvCommand::Incr {
+                key: "n".into(),
+                delta: -3
+            })
+        );
+        assert_eq!(KvCommand::parse_line("   ").unwrap(), None);
+        assert!(KvCommand::parse_line("set k").is_err());
+        assert!(KvCommand::parse_line("incr n x")
+            .unwrap_err()
+            .contains("integer"));
+        assert!(KvCommand::parse_line("frobnicate").is_err());
+    }
+}

@@ -1,0 +1,129 @@
+//! `pmnet`: the PMNet device, server, client, benchmark, demo and simulator in one command.
+
+mod bench;
+mod client;
+mod config;
+mod demo;
+mod node;
+mod sim;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// PMNet: persistence in the network.
+///
+/// A device on the path between clients and a server (a switch, a NIC, a host in the middle)
+/// writes each update request to a persistent log, acknowledges the client at once, and
+/// forwards the request to the server; when the server has applied it, the device drops the
+/// log entry. After a crash the log is replayed, so an acknowledged update is never lost.
+///
+/// Quick start: `pmnet demo` runs everything on loopback and compares PMNet with talking to the
+/// server directly. By hand, on three hosts (or three terminals):
+///
+///   pmnet server --listen 0.0.0.0:7500 --device 10.0.0.2:7400
+///   pmnet device --listen 0.0.0.0:7400 --server 1=10.0.0.3:7500
+///   pmnet client --device 10.0.0.2:7400 set greeting hello
+#[derive(Debug, Parser)]
+#[command(name = "pmnet", version, about, long_about, max_term_width = 100)]
+struct Cli {
+    /// Read options from this TOML file: a table per command ([device], [server], [client],
+    /// [bench], [demo]) whose keys are the long option names, e.g. `listen = "0.0.0.0:7400"`,
+    /// `server = ["1=10.0.0.3:7500"]`, `busy-poll = true`. Options on the command line win.
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
+
+    /// More log output (-v: debug, -vv: trace). RUST_LOG-style filters are not needed.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+
+    /// Only warnings and errors.
+    #[arg(short, long, global = true)]
+    quiet: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a PMNet device: log update requests, ack them, forward them to their servers.
+    Device(node::DeviceArgs),
+    /// Run a server with the embedded key-value store (or the ideal handler).
+    Server(node::ServerArgs),
+    /// Send key-value requests: set, get, del, incr (one-shot, or interactive without a command).
+    Client(client::ClientArgs),
+    /// Measure latency and throughput: echo, baseline, forward and pmnet modes side by side.
+    Bench(bench::BenchArgs),
+    /// Start a device and a server on loopback and compare the modes in one run (< 1 minute).
+    Demo(demo::DemoArgs),
+    /// Run the deterministic fault-injecting simulator: one seed, or a swarm of seeds.
+    Sim(sim::SimArgs),
+}
+
+impl Command {
+    /// The table of the configuration file this command reads.
+    fn config_table(&self) -> &'static str {
+        match self {
+            Command::Device(_) => "device",
+            Command::Server(_) => "server",
+            Command::Client(_) => "client",
+            Command::Bench(_) => "bench",
+            Command::Demo(_) => "demo",
+            Command::Sim(_) => "sim",
+        }
+    }
+}
+
+/// The error every command returns: a message for the user.
+pub type CliError = Box<dyn std::error::Error + Send + Sync>;
+
+fn main() -> ExitCode {
+    let cli = match config::parse_with_config_file() {
+        Ok(cli) => cli,
+        Err(error) => {
+            // clap prints help and version to stdout with status 0, errors to stderr with 2.
+            let _ = error.print();
+            return ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2));
+        }
+    };
+    init_logging(cli.verbose, cli.quiet);
+    let result = match cli.command {
+        Command::Device(args) => node::run_device(args),
+        Command::Server(args) => node::run_server(args),
+        Command::Client(args) => client::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Demo(args) => demo::run(args),
+        Command::Sim(args) => sim::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("pmnet: error: {error}");
+            let mut source = error.source();
+            while let Some(cause) = source {
+                eprintln!("  caused by: {cause}");
+                source = cause.source();
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(verbose: u8, quiet: bool) {
+    let level = if quiet {
+        tracing::Level::WARN
+    } else {
+        match verbose {
+            0 => tracing::Level::INFO,
+            1 => tracing::Level::DEBUG,
+            _ => tracing::Level::TRACE,
+        }
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}

@@ -1,0 +1,356 @@
+//! `pmnet device` and `pmnet server`: the long-running processes.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use pmnet_pm::{FlushChoice, MmapOptions};
+use pmnet_runtime::{
+    DeviceOptions, DeviceRuntime, LogOptions, LoopOptions, ServerOptions, ServerRuntime, Shutdown,
+    StoreOptions, WaitMode,
+};
+
+use crate::CliError;
+
+/// How the event loop of a process on the data path runs.
+#[derive(Debug, Clone, Args)]
+pub struct LoopArgs {
+    /// Spin instead of sleeping while idle: lowest latency, burns a CPU. Without it the loop
+    /// sleeps in ppoll, and each wake-up on a virtual machine costs tens of microseconds.
+    #[arg(long)]
+    pub busy_poll: bool,
+
+    /// Pin the event loop to this CPU (0-based).
+    #[arg(long, value_name = "CPU")]
+    pub cpu: Option<usize>,
+
+    /// Serve counters in the Prometheus text format on this TCP address (e.g. 127.0.0.1:9400).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
+
+    /// Log a line of counters this often, in seconds (0: never).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    pub report_interval: u64,
+}
+
+impl LoopArgs {
+    pub fn loop_options(&self) -> LoopOptions {
+        LoopOptions {
+            wait: WaitMode::from_busy_poll(self.busy_poll),
+            cpu: self.cpu,
+            report_interval: (self.report_interval > 0)
+                .then(|| Duration::from_secs(self.report_interval)),
+            metrics_listen: self.metrics,
+            ..LoopOptions::default()
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "wait: {}; cpu: {}; metrics: {}",
+            WaitMode::from_busy_poll(self.busy_poll).name(),
+            self.cpu
+                .map_or_else(|| "not pinned".to_owned(), |cpu| format!("pinned to {cpu}")),
+            self.metrics
+                .map_or_else(|| "off".to_owned(), |addr| format!("http://{addr}/metrics")),
+        )
+    }
+}
+
+/// How a memory-mapped file is made durable.
+#[derive(Debug, Clone, Args)]
+pub struct MediumArgs {
+    /// How writes are made durable: auto (clwb, else clflushopt, else clflush), clwb,
+    /// clflushopt, clflush (cache-line flushes: real PM on DAX, emulated PM elsewhere), msync
+    /// or fdatasync (disk-backed durability; slow).
+    #[arg(long, value_name = "METHOD", default_value = "auto", value_parser = parse_flush)]
+    pub flush: FlushChoice,
+
+    /// Busy-wait this many nanoseconds after every persist, to emulate a slower medium.
+    #[arg(long, value_name = "NS", default_value_t = 0)]
+    pub persist_latency_ns: u64,
+
+    /// Erase the file and start empty, even if it holds data (its contents are lost).
+    #[arg(long)]
+    pub format: bool,
+}
+
+impl MediumArgs {
+    fn mmap_options(&self) -> MmapOptions {
+        MmapOptions {
+            flush: self.flush,
+            added_latency_ns: self.persist_latency_ns,
+        }
+    }
+}
+
+fn parse_flush(text: &str) -> Result<FlushChoice, String> {
+    text.parse::<FlushChoice>()
+        .map_err(|error| error.to_string())
+}
+
+/// `ID=ADDR`: a server id and its address.
+fn parse_server(text: &str) -> Result<(u16, SocketAddr), String> {
+    let (id, addr) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not ID=ADDR; write for example 1=127.0.0.1:7500"))?;
+    let id = id
+        .trim()
+        .parse::<u16>()
+        .map_err(|_| format!("server id {id:?} is not a number from 0 to 65535"))?;
+    let addr = addr.trim().parse::<SocketAddr>().map_err(|_| {
+        format!("server address {addr:?} is not IP:PORT; write for example 127.0.0.1:7500")
+    })?;
+    Ok((id, addr))
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DeviceArgs {
+    /// Where clients (and servers) reach the device.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7400")]
+    pub listen: SocketAddr,
+
+    /// A server behind the device, as ID=ADDR (repeat for several: the "switch" deployment; one
+    /// is the "NIC" deployment).
+    #[arg(long = "server", value_name = "ID=ADDR", required = true, value_parser = parse_server)]
+    pub servers: Vec<(u16, SocketAddr)>,
+
+    /// The device's id, named in every PMNet-ACK it sends.
+    #[arg(long, value_name = "ID", default_value_t = 1)]
+    pub device_id: u16,
+
+    /// The persistent log: a file mapped in memory. On a DAX file system it is real PM; under
+    /// /dev/shm, emulated PM (survives a process crash, not a power loss); on a disk, pair it
+    /// with --flush fdatasync. Default: /dev/shm/pmnet-device-<ID>.log.
+    #[arg(long, value_name = "PATH")]
+    pub log_file: Option<PathBuf>,
+
+    /// Slots of a new log (one logged request fragment each).
+    #[arg(long, value_name = "N", default_value_t = 32_768)]
+    pub slots: u32,
+
+    /// Bytes per slot of a new log, including a 64-byte slot header; a request fragment larger
+    /// than slot size - 64 is forwarded without logging.
+    #[arg(long, value_name = "BYTES", default_value_t = 2048)]
+    pub slot_size: u32,
+
+    /// Run without a log: forward everything, ack nothing (a plain switch).
+    #[arg(long)]
+    pub no_log: bool,
+
+    /// Also forward without logging on this port (the benchmark's `forward` mode).
+    #[arg(long, value_name = "ADDR")]
+    pub forward_listen: Option<SocketAddr>,
+
+    /// Also answer UDP echo on this port (the benchmark's `echo` mode: the floor for any ack).
+    #[arg(long, value_name = "ADDR")]
+    pub echo_listen: Option<SocketAddr>,
+
+    #[command(flatten)]
+    pub medium: MediumArgs,
+
+    #[command(flatten)]
+    pub run: LoopArgs,
+}
+
+impl DeviceArgs {
+    pub fn options(&self) -> DeviceOptions {
+        let log = (!self.no_log).then(|| LogOptions {
+            path: self.log_file.clone().unwrap_or_else(|| {
+                PathBuf::from(format!("/dev/shm/pmnet-device-{}.log", self.device_id))
+            }),
+            slot_count: self.slots,
+            slot_size: self.slot_size,
+            format: self.medium.format,
+            mmap: self.medium.mmap_options(),
+        });
+        DeviceOptions {
+            device_id: self.device_id,
+            listen: self.listen,
+            servers: self.servers.clone(),
+            log,
+            forward_listen: self.forward_listen,
+            echo_listen: self.echo_listen,
+            loop_options: self.run.loop_options(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServerArgs {
+    /// Where devices (and clients talking to the server directly) reach the server.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7500")]
+    pub listen: SocketAddr,
+
+    /// This server's id: the ID of `--server ID=ADDR` on the devices.
+    #[arg(long, value_name = "ID", default_value_t = 1)]
+    pub server_id: u16,
+
+    /// A device in front of this server (repeat for several). At start-up the server polls
+    /// each for requests it logged, and applies them before anything new.
+    #[arg(long = "device", value_name = "ADDR")]
+    pub devices: Vec<SocketAddr>,
+
+    /// Reply OK to everything without storing anything (the "ideal handler": measures the
+    /// protocol alone; no data, no exactly-once across restarts).
+    #[arg(long)]
+    pub ideal: bool,
+
+    /// The store's data file, mapped in memory (see `pmnet device --help` on media).
+    /// Default: /dev/shm/pmnet-server-<ID>.data.
+    #[arg(long, value_name = "PATH")]
+    pub data_file: Option<PathBuf>,
+
+    /// Size of a new data file in MiB (keys, values and per-session records live in it).
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    pub data_mib: u64,
+
+    /// Client sessions whose exactly-once record a new store keeps (the least recently
+    /// active is forgotten beyond it).
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub max_sessions: u32,
+
+    #[command(flatten)]
+    pub medium: MediumArgs,
+
+    #[command(flatten)]
+    pub run: LoopArgs,
+}
+
+impl ServerArgs {
+    pub fn options(&self) -> ServerOptions {
+        let store = (!self.ideal).then(|| StoreOptions {
+            path: self.data_file.clone().unwrap_or_else(|| {
+                PathBuf::from(format!("/dev/shm/pmnet-server-{}.data", self.server_id))
+            }),
+            size_bytes: self.data_mib.saturating_mul(1 << 20),
+            max_sessions: self.max_sessions,
+            format: self.medium.format,
+            mmap: self.medium.mmap_options(),
+        });
+        ServerOptions {
+            server_id: self.server_id,
+            listen: self.listen,
+            devices: self.devices.clone(),
+            store,
+            loop_options: self.run.loop_options(),
+        }
+    }
+}
+
+/// Print lines to stdout at once (scripts and tests wait for the "listening on" line).
+fn announce(lines: &[String]) {
+    let mut out = std::io::stdout().lock();
+    for line in lines {
+        let _ = writeln!(out, "{line}");
+    }
+    let _ = out.flush();
+}
+
+pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
+    let shutdown = Shutdown::on_signals()?;
+    let mut device = DeviceRuntime::open(args.options(), shutdown)?;
+    let startup = device.startup().clone();
+    let addresses = device.addresses();
+    let servers: Vec<String> = args
+        .servers
+        .iter()
+        .map(|(id, addr)| format!("{id}={addr}"))
+        .collect();
+    let mut lines = vec![
+        format!(
+            "pmnet device {} listening on {}",
+            args.device_id, addresses.data
+        ),
+        format!("  servers: {}", servers.join(", ")),
+    ];
+    match &startup.log_path {
+        Some(path) => lines.push(format!(
+            "  log: {} ({} slots of {} bytes; {}; {} entries recovered and resent, {} torn or \
+             corrupt slots rejected)",
+            path.display(),
+            startup.slot_count,
+            startup.slot_size,
+            if startup.formatted { "new" } else { "reopened" },
+            startup.recovered_entry_count,
+            startup.rejected_slot_count
+        )),
+        None => lines.push("  log: off (--no-log)".to_owned()),
+    }
+    lines.push(format!("  medium: {}", startup.medium_text()));
+    if let Some(addr) = addresses.forward {
+        lines.push(format!("  forward (no logging) on {addr}"));
+    }
+    if let Some(addr) = addresses.echo {
+        lines.push(format!("  echo on {addr}"));
+    }
+    lines.push(format!("  {}", args.run.describe()));
+    announce(&lines);
+    device.run()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
+    let shutdown = Shutdown::on_signals()?;
+    let mut server = ServerRuntime::open(args.options(), shutdown)?;
+    let startup = server.startup().clone();
+    let addresses = server.addresses();
+    let mut lines = vec![format!(
+        "pmnet server {} listening on {}",
+        args.server_id, addresses.data
+    )];
+    match &startup.data_path {
+        Some(path) => lines.push(format!(
+            "  store: {} ({}; {} keys, {} sessions recovered)",
+            path.display(),
+            if startup.formatted { "new" } else { "reopened" },
+            startup.recovered_key_count,
+            startup.recovered_session_count
+        )),
+        None => lines.push("  store: none (--ideal: replies OK, keeps nothing)".to_owned()),
+    }
+    lines.push(format!("  medium: {}", startup.medium_text()));
+    if let Some(warning) = &startup.store_warning {
+        lines.push(format!("  WARNING: {warning}"));
+    }
+    if args.devices.is_empty() {
+        lines.push(
+            "  devices: none (no recovery poll: requests a device logged while this server was \
+             down are only replayed by the device's own resend timer)"
+                .to_owned(),
+        );
+    } else {
+        let devices: Vec<String> = args.devices.iter().map(ToString::to_string).collect();
+        lines.push(format!(
+            "  devices: {} (polled for logged requests before serving)",
+            devices.join(", ")
+        ));
+    }
+    lines.push(format!("  {}", args.run.describe()));
+    announce(&lines);
+    server.run()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_specs_parse_or_say_how_to_write_them() {
+        assert_eq!(
+            parse_server("3=127.0.0.1:7500").unwrap(),
+            (3, "127.0.0.1:7500".parse().unwrap())
+        );
+        assert!(parse_server("127.0.0.1:7500")
+            .unwrap_err()
+            .contains("ID=ADDR"));
+        assert!(parse_server("x=127.0.0.1:7500")
+            .unwrap_err()
+            .contains("server id"));
+        assert!(parse_server("1=localhost").unwrap_err().contains("IP:PORT"));
+    }
+}

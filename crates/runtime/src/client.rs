@@ -1,0 +1,235 @@
+//! One PMNet client session over UDP: the `pmnet client` command and the benchmark use it.
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use pmnet_proto::{Client, ClientConfig, ClientCounters, ClientError, ClientEvent, Completion};
+
+use crate::udp::{BatchSocket, SocketCounters};
+use crate::wait::{wait_for_sockets, yield_cpu, Clock, WaitMode, MAX_SLEEP};
+
+/// Datagrams a client session queues for sending at most: a full window of fragmented
+/// requests fits.
+const CLIENT_MAX_QUEUED: usize = 4096;
+
+/// How to open a session.
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    /// The server the requests are for.
+    pub server_id: u16,
+    /// Where requests go: the device in front of the server, or the server itself.
+    pub peer: SocketAddr,
+    pub wait: WaitMode,
+    /// The session id; `None` draws a random one (sessions of different clients must never
+    /// share an id).
+    pub session_id: Option<u64>,
+    /// Requests in flight at most (`None`: the protocol's default).
+    pub window: Option<u32>,
+}
+
+impl SessionOptions {
+    pub fn new(server_id: u16, peer: SocketAddr) -> SessionOptions {
+        SessionOptions {
+            server_id,
+            peer,
+            wait: WaitMode::Blocking,
+            session_id: None,
+            window: None,
+        }
+    }
+}
+
+/// A client session on its own UDP socket.
+#[derive(Debug)]
+pub struct ClientSession {
+    clock: Clock,
+    client: Client,
+    socket: BatchSocket,
+    wait: WaitMode,
+    /// Events taken from the state machine but not yet handed to the caller.
+    events: VecDeque<ClientEvent>,
+}
+
+impl ClientSession {
+    /// Bind an ephemeral port of the peer's address family and start a session.
+    pub fn open(options: SessionOptions) -> io::Result<ClientSession> {
+        let bind: SocketAddr = if options.peer.is_ipv4() {
+            SocketAddr::from(([0, 0, 0, 0], 0))
+        } else {
+            SocketAddr::from(([0u16; 8], 0))
+        };
+        let socket = BatchSocket::bind(bind, CLIENT_MAX_QUEUED)?;
+        let session_id = options.session_id.unwrap_or_else(random_session_id);
+        let mut config = ClientConfig::new(session_id, options.server_id, options.peer);
+        if let Some(window) = options.window {
+            config.window = window.max(1);
+        }
+        Ok(ClientSession {
+            clock: Clock::new(),
+            client: Client::new(config),
+            socket,
+            wait: options.wait,
+            events: VecDeque::new(),
+        })
+    }
+
+    pub fn session_id(&self) -> u64 {
+        self.client.session_id()
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.socket.local_addr()
+    }
+
+    pub fn counters(&self) -> &ClientCounters {
+        self.client.counters()
+    }
+
+    pub fn socket_counters(&self) -> &SocketCounters {
+        self.socket.counters()
+    }
+
+    pub fn in_flight_count(&self) -> usize {
+        self.client.in_flight_count()
+    }
+
+    pub fn can_send(&self) -> bool {
+        self.client.can_send()
+    }
+
+    /// Start an update request (completes on the device's PMNet-ACK or the server's reply) and
+    /// send it at once. Returns its sequence number.
+    pub fn start_update(&mut self, payload: &[u8]) -> Result<u32, ClientError> {
+        let seq = self.client.update(self.clock.now(), payload)?;
+        self.send_pending();
+        Ok(seq)
+    }
+
+    /// Start a bypass request (completes only on the server's reply) and send it at once.
+    pub fn start_bypass(&mut self, payload: &[u8]) -> Result<u32, ClientError> {
+        let seq = self.client.bypass(self.clock.now(), payload)?;
+        self.send_pending();
+        Ok(seq)
+    }
+
+    /// Drive the session until it reports an event, or `deadline` passes (`None`).
+    pub fn next_event(&mut self, deadline: Option<Instant>) -> Option<ClientEvent> {
+        loop {
+            if let Some(event) = self.events.pop_front() {
+                return Some(event);
+            }
+            let busy = self.poll_once();
+            if let Some(event) = self.events.pop_front() {
+                return Some(event);
+            }
+            let wall = Instant::now();
+            if deadline.is_some_and(|deadline| wall >= deadline) {
+                return None;
+            }
+            if busy {
+                continue;
+            }
+            match self.wait {
+                WaitMode::BusyPoll => yield_cpu(),
+                WaitMode::Blocking => {
+                    let mut timeout = MAX_SLEEP;
+                    if let Some(at) = self.client.poll_timeout() {
+                        timeout = timeout.min(self.clock.until(at));
+                    }
+                    if let Some(deadline) = deadline {
+                        timeout = timeout.min(deadline.saturating_duration_since(wall));
+                    }
+                    let fds = [(self.socket.raw_fd(), self.socket.is_write_blocked())];
+                    if wait_for_sockets(&fds, timeout).is_err() {
+                        std::thread::sleep(timeout.min(Duration::from_millis(1)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Send an update and wait for its completion.
+    pub fn update(&mut self, payload: &[u8]) -> Result<Completion, ClientError> {
+        let seq = self.start_update(payload)?;
+        self.wait_for(seq)
+    }
+
+    /// Send a bypass request and wait for the server's reply.
+    pub fn bypass(&mut self, payload: &[u8]) -> Result<Completion, ClientError> {
+        let seq = self.start_bypass(payload)?;
+        self.wait_for(seq)
+    }
+
+    /// Wait for the completion of request `seq`; events of other requests are kept for
+    /// [`ClientSession::next_event`].
+    fn wait_for(&mut self, seq: u32) -> Result<Completion, ClientError> {
+        let mut others = Vec::new();
+        let result = loop {
+            // The state machine always ends a request with Completed or Failed (it gives up
+            // after its bounded retransmissions), so this loop ends.
+            let Some(event) = self.next_event(None) else {
+                continue;
+            };
+            match event {
+                ClientEvent::Completed {
+                    seq: done,
+                    completion,
+                    ..
+                } if done == seq => break Ok(completion),
+                ClientEvent::Failed {
+                    seq: done, error, ..
+                } if done == seq => break Err(error),
+                other => others.push(other),
+            }
+        };
+        for event in others.into_iter().rev() {
+            self.events.push_front(event);
+        }
+        result
+    }
+
+    /// Receive, handle timers, send. Returns whether anything happened.
+    fn poll_once(&mut self) -> bool {
+        let mut busy = false;
+        let count = self.socket.receive_batch();
+        if count > 0 {
+            busy = true;
+            let now = self.clock.now();
+            for index in 0..count {
+                if let Some((from, datagram)) = self.socket.received(index) {
+                    self.client.handle(now, from, datagram);
+                }
+            }
+        }
+        let now = self.clock.now();
+        if self.client.poll_timeout().is_some_and(|at| at <= now) {
+            busy = true;
+            self.client.handle_timeout(now);
+        }
+        self.send_pending();
+        while let Some(event) = self.client.poll_event() {
+            busy = true;
+            self.events.push_back(event);
+        }
+        busy
+    }
+
+    fn send_pending(&mut self) {
+        while let Some(transmit) = self.client.poll_transmit() {
+            self.socket.enqueue(transmit);
+        }
+        self.socket.flush();
+    }
+}
+
+/// A random, nonzero session id.
+pub fn random_session_id() -> u64 {
+    loop {
+        let id: u64 = rand::random();
+        if id != 0 {
+            return id;
+        }
+    }
+}

@@ -1,0 +1,813 @@
+//! The PMNet device over UDP.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use pmnet_pm::{MediumInfo, MmapOptions, MmapRegion, PmLog};
+use pmnet_proto::{Device, DeviceConfig, DeviceCounters, PersistWork, Transmit};
+
+use crate::metrics::Metrics;
+use crate::udp::{BatchSocket, BATCH_LEN};
+use crate::wait::{pin_current_thread, wait_for_sockets, yield_cpu, Clock, WaitMode, MAX_SLEEP};
+use crate::{
+    socket_digest, socket_metrics, start_metrics, LoopOptions, MetricsBoard, RuntimeError,
+    Shutdown, METRICS_PUBLISH_INTERVAL,
+};
+
+/// Echoed datagrams waiting to be sent at most.
+pub const ECHO_MAX_QUEUED: usize = 4096;
+
+/// Consecutive invalidations carried out under one fence at most.
+const MAX_INVALIDATIONS_PER_FENCE: usize = 256;
+
+/// The device's persistent log.
+#[derive(Debug, Clone)]
+pub struct LogOptions {
+    pub path: PathBuf,
+    /// Geometry of a new log; an existing log keeps its own (a warning says so if it differs).
+    pub slot_count: u32,
+    pub slot_size: u32,
+    /// Erase the file and format a new, empty log even if it holds one.
+    pub format: bool,
+    pub mmap: MmapOptions,
+}
+
+/// Everything a device needs to start.
+#[derive(Debug, Clone)]
+pub struct DeviceOptions {
+    /// Named in every PMNet-ACK.
+    pub device_id: u16,
+    /// Where clients (and servers) reach the device.
+    pub listen: SocketAddr,
+    /// The servers behind the device and their ids: one for the "NIC" deployment, several for
+    /// the "switch".
+    pub servers: Vec<(u16, SocketAddr)>,
+    /// The log; `None` runs the device with logging off (a plain switch: nothing is acked).
+    pub log: Option<LogOptions>,
+    /// A second port that forwards to the same servers without logging, to measure the
+    /// switch alone beside the PMNet function (the benchmark's `forward` mode).
+    pub forward_listen: Option<SocketAddr>,
+    /// A UDP echo port served by the same loop: the floor for any acknowledgement (the
+    /// benchmark's `echo` mode).
+    pub echo_listen: Option<SocketAddr>,
+    pub loop_options: LoopOptions,
+}
+
+/// What the device found when it started.
+#[derive(Debug, Clone)]
+pub struct DeviceStartup {
+    /// `None` when logging is off.
+    pub medium: Option<MediumInfo>,
+    pub log_path: Option<PathBuf>,
+    pub slot_count: u32,
+    pub slot_size: u32,
+    /// The log file was created or erased and formatted now.
+    pub formatted: bool,
+    pub recovered_entry_count: usize,
+    /// Torn or corrupt slots freed at open, never replayed.
+    pub rejected_slot_count: u32,
+}
+
+impl DeviceStartup {
+    /// The medium in words, for banners and reports.
+    pub fn medium_text(&self) -> String {
+        match &self.medium {
+            Some(medium) => medium.to_string(),
+            None => "none: logging off (a plain switch; nothing is acked early)".to_owned(),
+        }
+    }
+}
+
+/// Where the device's sockets are bound.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceAddresses {
+    pub data: SocketAddr,
+    pub forward: Option<SocketAddr>,
+    pub echo: Option<SocketAddr>,
+    pub metrics: Option<SocketAddr>,
+}
+
+/// Counters of the runtime itself (the state machine counts the protocol).
+#[derive(Debug, Clone, Default)]
+struct RuntimeCounters {
+    log_writes: u64,
+    log_invalidations: u64,
+    invalidation_fences: u64,
+    /// Log writes asked for with no log open: never acked (cannot happen with a consistent
+    /// configuration; counted rather than trusted).
+    log_writes_without_log: u64,
+    echoed: u64,
+    loop_iterations: u64,
+    idle_waits: u64,
+}
+
+/// A running PMNet device: sockets, log, state machines. See the crate docs.
+#[derive(Debug)]
+pub struct DeviceRuntime {
+    options: DeviceOptions,
+    clock: Clock,
+    device: Device,
+    log: Option<PmLog<MmapRegion>>,
+    data: BatchSocket,
+    forward: Option<(Device, BatchSocket)>,
+    echo: Option<BatchSocket>,
+    startup: DeviceStartup,
+    addresses: DeviceAddresses,
+    board: MetricsBoard,
+    shutdown: Shutdown,
+    counters: RuntimeCounters,
+}
+
+fn bind(
+    what: &'static str,
+    addr: SocketAddr,
+    max_queued: usize,
+) -> Result<BatchSocket, RuntimeError> {
+    BatchSocket::bind(addr, max_queued).map_err(|source| RuntimeError::Bind { what, addr, source })
+}
+
+/// Open the log at `options.path`: format a new one when the file is missing, empty, blank or
+/// `format` is set; otherwise recover what it holds.
+fn open_log(
+    options: &LogOptions,
+) -> Result<(PmLog<MmapRegion>, pmnet_pm::LogRecovery, bool), RuntimeError> {
+    let path = &options.path;
+    let log_file_error = |source| RuntimeError::LogFile {
+        path: path.clone(),
+        source,
+    };
+    let log_error = |source| RuntimeError::Log {
+        path: path.clone(),
+        source,
+    };
+    let is_new = std::fs::metadata(path).map_or(true, |metadata| metadata.len() == 0);
+    let format = |options: &LogOptions| -> Result<PmLog<MmapRegion>, RuntimeError> {
+        // Check the geometry before touching the file: formatting an empty region fails on
+        // the geometry first, if it is wrong.
+        if let Err(error @ pmnet_pm::LogError::BadGeometry { .. }) = PmLog::format(
+            pmnet_pm::SimRegion::new(0),
+            options.slot_count,
+            options.slot_size,
+        ) {
+            return Err(log_error(error));
+        }
+        let len = PmLog::<MmapRegion>::required_region_len(options.slot_count, options.slot_size);
+        let region = MmapRegion::create(path, len, options.mmap).map_err(log_file_error)?;
+        PmLog::format(region, options.slot_count, options.slot_size).map_err(log_error)
+    };
+    if is_new || options.format {
+        if options.format && !is_new {
+            tracing::warn!(
+                "--format: erasing the device log {} (its entries are discarded)",
+                path.display()
+            );
+        }
+        return Ok((format(options)?, pmnet_pm::LogRecovery::default(), true));
+    }
+    let region = MmapRegion::open(path, options.mmap).map_err(log_file_error)?;
+    match PmLog::open(region) {
+        Ok((log, recovery)) => Ok((log, recovery, false)),
+        Err(pmnet_pm::LogError::Unformatted) => {
+            // A blank superblock: a new (pre-allocated) file or a format that never finished;
+            // no entry can be committed in it.
+            tracing::info!("device log {} is blank; formatting it", path.display());
+            Ok((format(options)?, pmnet_pm::LogRecovery::default(), true))
+        }
+        Err(source) => Err(log_error(source)),
+    }
+}
+
+impl DeviceRuntime {
+    /// Bind the sockets, open (or format) the log and rebuild the device from it.
+    pub fn open(options: DeviceOptions, shutdown: Shutdown) -> Result<DeviceRuntime, RuntimeError> {
+        if options.servers.is_empty() {
+            return Err(RuntimeError::Config(
+                "a device needs at least one server: pass --server ID=ADDR (for example \
+                 --server 1=127.0.0.1:7500)"
+                    .into(),
+            ));
+        }
+        for (index, (id, _)) in options.servers.iter().enumerate() {
+            if options.servers[..index]
+                .iter()
+                .any(|(other, _)| other == id)
+            {
+                return Err(RuntimeError::Config(format!(
+                    "server id {id} is given twice; every server behind a device needs its own id"
+                )));
+            }
+        }
+        let max_queued = options.loop_options.max_queued;
+        let data = bind("device", options.listen, max_queued)?;
+        let forward_socket = match options.forward_listen {
+            Some(addr) => Some(bind("forward", addr, max_queued)?),
+            None => None,
+        };
+        let echo = match options.echo_listen {
+            Some(addr) => Some(bind("echo", addr, ECHO_MAX_QUEUED)?),
+            None => None,
+        };
+        let clock = Clock::new();
+        let now = clock.now();
+
+        let (log, startup) = match &options.log {
+            Some(log_options) => {
+                let (log, recovery, formatted) = open_log(log_options)?;
+                if !formatted
+                    && (log.slot_count() != log_options.slot_count
+                        || log.slot_size() != log_options.slot_size)
+                {
+                    tracing::warn!(
+                        "device log {} has {} slots of {} bytes, not the {} of {} asked for; \
+                         using the log as it is (pass --format to erase it and use the new \
+                         geometry)",
+                        log_options.path.display(),
+                        log.slot_count(),
+                        log.slot_size(),
+                        log_options.slot_count,
+                        log_options.slot_size
+                    );
+                }
+                let startup = DeviceStartup {
+                    medium: Some(log.medium()),
+                    log_path: Some(log_options.path.clone()),
+                    slot_count: log.slot_count(),
+                    slot_size: log.slot_size(),
+                    formatted,
+                    recovered_entry_count: recovery.entries.len(),
+                    rejected_slot_count: recovery.rejected_slot_count,
+                };
+                (Some((log, recovery.entries)), startup)
+            }
+            None => (
+                None,
+                DeviceStartup {
+                    medium: None,
+                    log_path: None,
+                    slot_count: 0,
+                    slot_size: 0,
+                    formatted: false,
+                    recovered_entry_count: 0,
+                    rejected_slot_count: 0,
+                },
+            ),
+        };
+        let (device, log) = match log {
+            Some((log, entries)) => {
+                let config = DeviceConfig::new(
+                    options.device_id,
+                    options.servers.clone(),
+                    log.slot_count(),
+                    log.max_packet_len(),
+                );
+                (Device::new(config, now, entries), Some(log))
+            }
+            None => (
+                Device::new(plain_switch_config(&options), now, Vec::new()),
+                None,
+            ),
+        };
+        let forward = forward_socket.map(|socket| {
+            (
+                Device::new(plain_switch_config(&options), now, Vec::new()),
+                socket,
+            )
+        });
+
+        let board = MetricsBoard::new();
+        let metrics = start_metrics(&options.loop_options, &board, &shutdown)?;
+        let addresses = DeviceAddresses {
+            data: data.local_addr(),
+            forward: forward.as_ref().map(|(_, socket)| socket.local_addr()),
+            echo: echo.as_ref().map(BatchSocket::local_addr),
+            metrics,
+        };
+        let mut runtime = DeviceRuntime {
+            options,
+            clock,
+            device,
+            log,
+            data,
+            forward,
+            echo,
+            startup,
+            addresses,
+            board,
+            shutdown,
+            counters: RuntimeCounters::default(),
+        };
+        // Recovered entries are resent to their servers right away, and rejected slots freed.
+        runtime.drain();
+        runtime.board.publish(&runtime.metrics());
+        Ok(runtime)
+    }
+
+    pub fn startup(&self) -> &DeviceStartup {
+        &self.startup
+    }
+
+    pub fn addresses(&self) -> DeviceAddresses {
+        self.addresses
+    }
+
+    pub fn counters(&self) -> &DeviceCounters {
+        self.device.counters()
+    }
+
+    /// Log entries the servers have not yet acknowledged.
+    pub fn live_entry_count(&self) -> usize {
+        self.device.live_entry_count()
+    }
+
+    /// Run until the shutdown flag is set; then finish the batch in hand, send what is owed,
+    /// and return.
+    pub fn run(&mut self) -> Result<(), RuntimeError> {
+        if let Some(cpu) = self.options.loop_options.cpu {
+            pin_current_thread(cpu).map_err(RuntimeError::Pin)?;
+        }
+        let report_interval = self.options.loop_options.report_interval;
+        let wait = self.options.loop_options.wait;
+        let publish = self.addresses.metrics.is_some();
+        let mut next_publish = Instant::now() + METRICS_PUBLISH_INTERVAL;
+        let mut next_report = report_interval.map(|interval| Instant::now() + interval);
+        loop {
+            let stopping = self.shutdown.is_requested();
+            self.counters.loop_iterations += 1;
+            let busy = self.poll_once();
+            if stopping {
+                break;
+            }
+            let wall = Instant::now();
+            if publish && wall >= next_publish {
+                self.board.publish(&self.metrics());
+                next_publish = wall + METRICS_PUBLISH_INTERVAL;
+            }
+            if let (Some(at), Some(interval)) = (next_report, report_interval) {
+                if wall >= at {
+                    tracing::info!("{}", self.report_line());
+                    next_report = Some(wall + interval);
+                }
+            }
+            if busy {
+                continue;
+            }
+            self.counters.idle_waits += 1;
+            match wait {
+                WaitMode::BusyPoll => yield_cpu(),
+                WaitMode::Blocking => {
+                    let mut timeout = MAX_SLEEP;
+                    let now = self.clock.now();
+                    for deadline in self.timer_deadlines() {
+                        timeout = timeout.min(deadline.saturating_duration_since(now));
+                    }
+                    if publish {
+                        timeout = timeout.min(next_publish.saturating_duration_since(wall));
+                    }
+                    if let Some(at) = next_report {
+                        timeout = timeout.min(at.saturating_duration_since(wall));
+                    }
+                    let fds = self.poll_fds();
+                    // A failing ppoll degrades to a short sleep: the loop must keep serving.
+                    if wait_for_sockets(&fds, timeout).is_err() {
+                        std::thread::sleep(timeout.min(Duration::from_millis(1)));
+                    }
+                }
+            }
+        }
+        self.finish();
+        Ok(())
+    }
+
+    /// One turn of the loop: receive a batch on every socket, handle it, fire due timers,
+    /// persist, send. Returns whether anything happened.
+    pub fn poll_once(&mut self) -> bool {
+        let mut busy = false;
+        let count = self.data.receive_batch();
+        if count > 0 {
+            busy = true;
+            let now = self.clock.now();
+            for index in 0..count {
+                if let Some((from, datagram)) = self.data.received(index) {
+                    self.device.handle(now, from, datagram);
+                }
+            }
+        }
+        if let Some((forward, socket)) = self.forward.as_mut() {
+            let count = socket.receive_batch();
+            if count > 0 {
+                busy = true;
+                let now = self.clock.now();
+                for index in 0..count {
+                    if let Some((from, datagram)) = socket.received(index) {
+                        forward.handle(now, from, datagram);
+                    }
+                }
+            }
+        }
+        if let Some(socket) = self.echo.as_mut() {
+            let count = socket.receive_batch();
+            if count > 0 {
+                busy = true;
+                let mut echoes: [Option<Transmit>; BATCH_LEN] = Default::default();
+                for (index, echo) in echoes.iter_mut().enumerate().take(count) {
+                    *echo = socket.received(index).map(|(from, datagram)| Transmit {
+                        destination: from,
+                        bytes: datagram.to_vec(),
+                    });
+                }
+                for echo in echoes.into_iter().flatten() {
+                    self.counters.echoed += 1;
+                    socket.enqueue(echo);
+                }
+            }
+        }
+        let now = self.clock.now();
+        if self
+            .device
+            .poll_timeout()
+            .is_some_and(|deadline| deadline <= now)
+        {
+            busy = true;
+            self.device.handle_timeout(now);
+        }
+        if let Some((forward, _)) = self.forward.as_mut() {
+            if forward
+                .poll_timeout()
+                .is_some_and(|deadline| deadline <= now)
+            {
+                busy = true;
+                forward.handle_timeout(now);
+            }
+        }
+        self.drain();
+        busy
+    }
+
+    /// Carry out persistence work in order, then send everything the state machines emitted.
+    fn drain(&mut self) {
+        loop {
+            self.carry_out_persist_work();
+            let mut emitted = false;
+            while let Some(transmit) = self.device.poll_transmit() {
+                emitted = true;
+                self.data.enqueue(transmit);
+            }
+            if let Some((forward, socket)) = self.forward.as_mut() {
+                while let Some(transmit) = forward.poll_transmit() {
+                    emitted = true;
+                    socket.enqueue(transmit);
+                }
+            }
+            if !emitted {
+                break;
+            }
+        }
+        self.data.flush();
+        if let Some((_, socket)) = self.forward.as_mut() {
+            socket.flush();
+        }
+        if let Some(socket) = self.echo.as_mut() {
+            socket.flush();
+        }
+    }
+
+    /// The device's persistence work, strictly in the order emitted. A write is reported with
+    /// `on_persisted` only after `PmLog` returned from it (it persists before returning): that
+    /// is what lets the device send the PMNet-ACK. Runs of invalidations share one fence; they
+    /// are always carried out before any later write (which may reuse the slot).
+    fn carry_out_persist_work(&mut self) {
+        let mut invalidations: Vec<u32> = Vec::new();
+        while let Some(work) = self.device.poll_persist() {
+            match work {
+                PersistWork::LogWrite {
+                    token,
+                    key,
+                    return_address,
+                    packet,
+                } => {
+                    let Some(log) = self.log.as_mut() else {
+                        self.counters.log_writes_without_log += 1;
+                        continue;
+                    };
+                    if !invalidations.is_empty() {
+                        log.invalidate_batch(&invalidations);
+                        self.counters.invalidation_fences += 1;
+                        invalidations.clear();
+                    }
+                    log.write_with_return_address(token.slot, &key, Some(return_address), &packet);
+                    self.counters.log_writes += 1;
+                    // Durable now: PmLog::write persists (flush + fence) before returning.
+                    self.device.on_persisted(self.clock.now(), token);
+                }
+                PersistWork::LogInvalidate { slot } => {
+                    self.counters.log_invalidations += 1;
+                    invalidations.push(slot);
+                    if invalidations.len() >= MAX_INVALIDATIONS_PER_FENCE {
+                        if let Some(log) = self.log.as_mut() {
+                            log.invalidate_batch(&invalidations);
+                            self.counters.invalidation_fences += 1;
+                        }
+                        invalidations.clear();
+                    }
+                }
+            }
+        }
+        if !invalidations.is_empty() {
+            if let Some(log) = self.log.as_mut() {
+                log.invalidate_batch(&invalidations);
+                self.counters.invalidation_fences += 1;
+            }
+        }
+    }
+
+    fn timer_deadlines(&self) -> impl Iterator<Item = pmnet_proto::Time> + '_ {
+        self.device.poll_timeout().into_iter().chain(
+            self.forward
+                .as_ref()
+                .and_then(|(forward, _)| forward.poll_timeout()),
+        )
+    }
+
+    fn poll_fds(&self) -> Vec<(std::os::fd::RawFd, bool)> {
+        let mut fds = vec![(self.data.raw_fd(), self.data.is_write_blocked())];
+        if let Some((_, socket)) = &self.forward {
+            fds.push((socket.raw_fd(), socket.is_write_blocked()));
+        }
+        if let Some(socket) = &self.echo {
+            fds.push((socket.raw_fd(), socket.is_write_blocked()));
+        }
+        fds
+    }
+
+    /// Shutting down: everything received was handled and persisted by the last turn; give
+    /// the sockets a bounded chance to send what is still queued, and publish final counters.
+    fn finish(&mut self) {
+        for _ in 0..100 {
+            let queued = self.data.queued_len()
+                + self.forward.as_ref().map_or(0, |(_, s)| s.queued_len())
+                + self.echo.as_ref().map_or(0, BatchSocket::queued_len);
+            if queued == 0 {
+                break;
+            }
+            let fds = self.poll_fds();
+            let _ = wait_for_sockets(&fds, Duration::from_millis(10));
+            self.data.flush();
+            if let Some((_, socket)) = self.forward.as_mut() {
+                socket.flush();
+            }
+            if let Some(socket) = self.echo.as_mut() {
+                socket.flush();
+            }
+        }
+        self.board.publish(&self.metrics());
+        tracing::info!("device stopped: {}", self.report_line());
+    }
+
+    /// A line of the most telling counters.
+    pub fn report_line(&self) -> String {
+        let counters = self.device.counters();
+        let mut line = format!(
+            "device {}: {}; log {}/{} live; updates {} logged {} acked {}; collisions {} \
+             log-full {} forwarded-without-log {}; resends {} (timeout) {} (asked); \
+             dropped {}",
+            self.options.device_id,
+            socket_digest(self.data.counters()),
+            self.device.live_entry_count(),
+            self.startup.slot_count,
+            counters.updates_received,
+            counters.updates_logged,
+            counters.pmnet_acks_sent,
+            counters.log_collisions,
+            counters.log_full,
+            counters.forwarded_without_log,
+            counters.resend_timeouts,
+            counters.resent_from_log,
+            counters.dropped_total(),
+        );
+        for (reason, count) in &counters.dropped {
+            line.push_str(&format!(" {reason}={count}"));
+        }
+        if let Some((_, socket)) = &self.forward {
+            line.push_str(&format!(
+                "; forward port {}",
+                socket_digest(socket.counters())
+            ));
+        }
+        if self.echo.is_some() {
+            line.push_str(&format!("; echoed {}", self.counters.echoed));
+        }
+        line.push_str(&format!("; medium {}", self.startup.medium_text()));
+        line
+    }
+
+    /// Every counter of the device, its sockets and its log.
+    pub fn metrics(&self) -> Metrics {
+        let mut out = Metrics::new();
+        let medium = self.startup.medium;
+        out.gauge(
+            "pmnet_device_info",
+            "The device's identity and persistence medium (value always 1).",
+            &[
+                ("device_id", &self.options.device_id.to_string()),
+                ("medium", medium.map_or("none", |m| m.medium.name())),
+                ("flush", medium.map_or("none", |m| m.flush.name())),
+                (
+                    "guarantee",
+                    medium.map_or("logging off", |m| m.medium.guarantee()),
+                ),
+                ("wait", self.options.loop_options.wait.name()),
+            ],
+            1.0,
+        );
+        out.gauge(
+            "pmnet_device_log_slots",
+            "Slots of the persistent log.",
+            &[],
+            f64::from(self.startup.slot_count),
+        );
+        out.gauge(
+            "pmnet_device_log_live_entries",
+            "Log entries the server has not acknowledged yet (log occupancy).",
+            &[],
+            self.device.live_entry_count() as f64,
+        );
+        out.gauge(
+            "pmnet_device_log_recovered_entries",
+            "Entries found in the log at start-up (and resent to their servers).",
+            &[],
+            self.startup.recovered_entry_count as f64,
+        );
+        out.gauge(
+            "pmnet_device_log_rejected_slots",
+            "Torn or corrupt slots freed at start-up, never replayed.",
+            &[],
+            f64::from(self.startup.rejected_slot_count),
+        );
+        device_counter_metrics(&mut out, "pmnet", self.device.counters());
+        if let Some((forward, _)) = &self.forward {
+            device_counter_metrics(&mut out, "forward", forward.counters());
+        }
+        for (name, help, value) in [
+            (
+                "pmnet_device_log_writes_total",
+                "Log writes carried out (each persisted before its ack).",
+                self.counters.log_writes,
+            ),
+            (
+                "pmnet_device_log_invalidations_total",
+                "Log slots freed after the server's ACK.",
+                self.counters.log_invalidations,
+            ),
+            (
+                "pmnet_device_log_invalidation_fences_total",
+                "Fences issued for invalidations (runs of them share one).",
+                self.counters.invalidation_fences,
+            ),
+            (
+                "pmnet_device_log_writes_without_log_total",
+                "Log writes asked for with no log open (never acked).",
+                self.counters.log_writes_without_log,
+            ),
+            (
+                "pmnet_echo_datagrams_total",
+                "Datagrams answered by the echo port.",
+                self.counters.echoed,
+            ),
+            (
+                "pmnet_loop_iterations_total",
+                "Turns of the event loop.",
+                self.counters.loop_iterations,
+            ),
+            (
+                "pmnet_loop_idle_waits_total",
+                "Turns that found nothing to do and waited (or yielded).",
+                self.counters.idle_waits,
+            ),
+        ] {
+            out.counter(name, help, &[], value);
+        }
+        socket_metrics(&mut out, "device", self.data.counters());
+        if let Some((_, socket)) = &self.forward {
+            socket_metrics(&mut out, "forward", socket.counters());
+        }
+        if let Some(socket) = &self.echo {
+            socket_metrics(&mut out, "echo", socket.counters());
+        }
+        out
+    }
+}
+
+fn plain_switch_config(options: &DeviceOptions) -> DeviceConfig {
+    let mut config = DeviceConfig::new(options.device_id, options.servers.clone(), 1, 0);
+    config.logging = false;
+    config
+}
+
+/// The state machine's counters, labelled with the port they belong to.
+fn device_counter_metrics(out: &mut Metrics, port: &str, counters: &DeviceCounters) {
+    let labels = [("port", port)];
+    for (name, help, value) in [
+        (
+            "pmnet_device_updates_received_total",
+            "Update requests received.",
+            counters.updates_received,
+        ),
+        (
+            "pmnet_device_updates_logged_total",
+            "Update requests written to the log.",
+            counters.updates_logged,
+        ),
+        (
+            "pmnet_device_log_collisions_total",
+            "Updates forwarded without logging: every probed slot was taken.",
+            counters.log_collisions,
+        ),
+        (
+            "pmnet_device_log_full_total",
+            "Updates forwarded without logging: the live-entry limit was reached.",
+            counters.log_full,
+        ),
+        (
+            "pmnet_device_forwarded_without_log_total",
+            "Updates forwarded without logging: too large for a slot, or logging off.",
+            counters.forwarded_without_log,
+        ),
+        (
+            "pmnet_device_duplicate_updates_total",
+            "Retransmitted updates already logged (re-acked, not forwarded again).",
+            counters.duplicate_updates,
+        ),
+        (
+            "pmnet_device_bypass_forwarded_total",
+            "Bypass requests forwarded.",
+            counters.bypass_forwarded,
+        ),
+        (
+            "pmnet_device_pmnet_acks_sent_total",
+            "PMNet-ACKs sent (each after its log write was durable).",
+            counters.pmnet_acks_sent,
+        ),
+        (
+            "pmnet_device_server_acks_forwarded_total",
+            "Server-ACKs forwarded to clients.",
+            counters.server_acks_forwarded,
+        ),
+        (
+            "pmnet_device_entries_invalidated_total",
+            "Log entries dropped after the server's ACK.",
+            counters.entries_invalidated,
+        ),
+        (
+            "pmnet_device_retransmit_requests_received_total",
+            "Retransmission requests from servers.",
+            counters.retransmit_requests_received,
+        ),
+        (
+            "pmnet_device_resent_from_log_total",
+            "Entries resent from the log on a server's retransmission request.",
+            counters.resent_from_log,
+        ),
+        (
+            "pmnet_device_retransmit_requests_passed_to_client_total",
+            "Retransmission requests passed on to clients (not in the log).",
+            counters.retransmit_requests_passed_to_client,
+        ),
+        (
+            "pmnet_device_resend_timeouts_total",
+            "Entries resent to their server because it had not acknowledged them in time.",
+            counters.resend_timeouts,
+        ),
+        (
+            "pmnet_device_recovery_polls_total",
+            "Recovery polls received from restarting servers.",
+            counters.recovery_polls,
+        ),
+        (
+            "pmnet_device_recovery_entries_resent_total",
+            "Entries resent in answer to recovery polls.",
+            counters.recovery_entries_resent,
+        ),
+        (
+            "pmnet_device_entries_recovered_total",
+            "Entries rebuilt from the log at start-up.",
+            counters.entries_recovered,
+        ),
+    ] {
+        out.counter(name, help, &labels, value);
+    }
+    for (reason, value) in &counters.dropped {
+        out.counter(
+            "pmnet_device_dropped_total",
+            "Datagrams the device dropped, by port and reason.",
+            &[("port", port), ("reason", reason)],
+            *value,
+        );
+    }
+    out.counter(
+        "pmnet_device_dropped_all_total",
+        "Datagrams the device dropped, all reasons.",
+        &labels,
+        counters.dropped_total(),
+    );
+}

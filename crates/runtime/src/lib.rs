@@ -1,0 +1,214 @@
+//! The PMNet runtime: drives the I/O-free state machines of `pmnet-proto` over real UDP.
+//!
+//! - [`DeviceRuntime`]: the PMNet device. Opens (or formats) its log file, rebuilds the
+//!   [`pmnet_proto::Device`] from the recovered entries, and runs a loop that receives batches
+//!   of datagrams, carries out the log writes in order (a PMNet-ACK leaves only after
+//!   [`pmnet_pm::PmLog`] returned from the write), and sends in batches. Optionally a second
+//!   port that forwards without logging (a plain switch, for comparison) and a UDP echo port
+//!   (the floor for any acknowledgement).
+//! - [`ServerRuntime`]: the server. Opens its key-value store (or the ideal handler), tells the
+//!   [`pmnet_proto::Server`] what the store recovered, polls its devices, and applies requests
+//!   (the server-ACK leaves only after [`pmnet_store::Application::apply`] returned).
+//! - [`ClientSession`]: one client session on its own UDP socket, for the `pmnet client` command
+//!   and the benchmark.
+//!
+//! Every loop receives and sends with `recvmmsg`/`sendmmsg` ([`udp::BATCH_LEN`] datagrams per
+//! call), waits with `ppoll` until the next datagram or timer ([`WaitMode::Blocking`]) or spins
+//! ([`WaitMode::BusyPoll`]), may be pinned to a CPU, stops cleanly on SIGINT/SIGTERM through a
+//! [`Shutdown`] flag, and publishes its counters in the Prometheus text format.
+
+mod client;
+mod device;
+pub mod metrics;
+mod server;
+mod shutdown;
+pub mod udp;
+mod wait;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use client::{random_session_id, ClientSession, SessionOptions};
+pub use device::{
+    DeviceAddresses, DeviceOptions, DeviceRuntime, DeviceStartup, LogOptions, ECHO_MAX_QUEUED,
+};
+pub use metrics::{Metrics, MetricsBoard};
+pub use server::{
+    ServerAddresses, ServerApp, ServerOptions, ServerRuntime, ServerStartup, StoreOptions,
+};
+pub use shutdown::Shutdown;
+pub use wait::{online_cpu_count, pin_current_thread, Clock, WaitMode};
+
+/// How an event loop runs: shared by the device and the server.
+#[derive(Debug, Clone)]
+pub struct LoopOptions {
+    pub wait: WaitMode,
+    /// Pin the loop's thread to this CPU.
+    pub cpu: Option<usize>,
+    /// Log a line of counters at info level this often (`None`: never).
+    pub report_interval: Option<Duration>,
+    /// Serve the counters in the Prometheus text format on this TCP address.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Datagrams queued for sending per socket at most; beyond it they are dropped and counted.
+    pub max_queued: usize,
+}
+
+impl Default for LoopOptions {
+    fn default() -> Self {
+        LoopOptions {
+            wait: WaitMode::Blocking,
+            cpu: None,
+            report_interval: Some(Duration::from_secs(10)),
+            metrics_listen: None,
+            max_queued: 1 << 16,
+        }
+    }
+}
+
+/// How often a loop renders its metrics for the endpoint.
+const METRICS_PUBLISH_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Why a runtime could not start. Every message says what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(
+        "cannot bind the {what} socket to {addr}: {source}; choose another address or port \
+         (port 0 picks a free one)"
+    )]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot open the device log {}: {source}", path.display())]
+    LogFile {
+        path: PathBuf,
+        #[source]
+        source: pmnet_pm::PmError,
+    },
+    #[error("device log {}: {source}", path.display())]
+    Log {
+        path: PathBuf,
+        #[source]
+        source: pmnet_pm::LogError,
+    },
+    #[error("cannot open the data file {}: {source}", path.display())]
+    DataFile {
+        path: PathBuf,
+        #[source]
+        source: pmnet_pm::PmError,
+    },
+    #[error(
+        "data file {}: {source}; point --data-file at another file, or pass --format to erase \
+         it and start an empty store",
+        path.display()
+    )]
+    Store {
+        path: PathBuf,
+        #[source]
+        source: pmnet_store::StoreError,
+    },
+    #[error("{0}")]
+    Config(String),
+    #[error("{0}")]
+    Pin(String),
+}
+
+/// Start the metrics endpoint if asked for.
+fn start_metrics(
+    options: &LoopOptions,
+    board: &MetricsBoard,
+    shutdown: &Shutdown,
+) -> Result<Option<SocketAddr>, RuntimeError> {
+    let Some(addr) = options.metrics_listen else {
+        return Ok(None);
+    };
+    metrics::serve_metrics(addr, board.clone(), shutdown.clone())
+        .map(Some)
+        .map_err(|source| RuntimeError::Bind {
+            what: "metrics",
+            addr,
+            source,
+        })
+}
+
+/// Counters of a socket as metrics, labelled with the socket's role.
+fn socket_metrics(out: &mut Metrics, socket: &str, counters: &udp::SocketCounters) {
+    for slot in 0..udp::TYPE_SLOT_COUNT {
+        let labels = [("socket", socket), ("type", udp::type_slot_name(slot))];
+        out.counter(
+            "pmnet_packets_received_total",
+            "Datagrams received, by socket and PMNet type (\"other\": not a PMNet datagram).",
+            &labels,
+            counters.received_by_type[slot],
+        );
+    }
+    for slot in 0..udp::TYPE_SLOT_COUNT {
+        let labels = [("socket", socket), ("type", udp::type_slot_name(slot))];
+        out.counter(
+            "pmnet_packets_sent_total",
+            "Datagrams sent, by socket and PMNet type.",
+            &labels,
+            counters.sent_by_type[slot],
+        );
+    }
+    let labels = [("socket", socket)];
+    out.counter(
+        "pmnet_bytes_received_total",
+        "Bytes of datagrams received.",
+        &labels,
+        counters.bytes_received,
+    );
+    out.counter(
+        "pmnet_bytes_sent_total",
+        "Bytes of datagrams sent.",
+        &labels,
+        counters.bytes_sent,
+    );
+    out.counter(
+        "pmnet_receive_batches_total",
+        "recvmmsg calls that returned datagrams.",
+        &labels,
+        counters.receive_batches,
+    );
+    out.counter(
+        "pmnet_send_batches_total",
+        "sendmmsg calls that sent datagrams.",
+        &labels,
+        counters.send_batches,
+    );
+    for (reason, value) in [
+        ("truncated", counters.truncated),
+        ("unknown_source", counters.unknown_source),
+        ("send_error", counters.send_errors),
+        ("send_queue_full", counters.send_queue_full),
+        ("receive_error", counters.receive_errors),
+    ] {
+        out.counter(
+            "pmnet_socket_dropped_total",
+            "Datagrams the runtime dropped, by socket and reason.",
+            &[("socket", socket), ("reason", reason)],
+            value,
+        );
+    }
+}
+
+/// A one-line digest of a socket's counters for the periodic report.
+fn socket_digest(counters: &udp::SocketCounters) -> String {
+    let mut text = format!(
+        "in {} out {}",
+        counters.received_total(),
+        counters.sent_total()
+    );
+    let dropped = counters.truncated
+        + counters.unknown_source
+        + counters.send_errors
+        + counters.send_queue_full
+        + counters.receive_errors;
+    if dropped > 0 {
+        text.push_str(&format!(" socket-drops {dropped}"));
+    }
+    text
+}

@@ -1,0 +1,512 @@
+//! A nonblocking UDP socket that receives and sends in batches with `recvmmsg`/`sendmmsg`.
+//!
+//! One system call moves up to [`BATCH_LEN`] datagrams. The socket owns its receive buffers
+//! (one per batch slot, each larger than the largest UDP datagram, so truncation is detectable
+//! and counted rather than silently cutting a packet) and an outgoing queue with a bound:
+//! beyond it, datagrams are dropped and counted, never buffered without limit.
+
+use std::collections::VecDeque;
+use std::io;
+use std::mem::{size_of, MaybeUninit};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
+
+use pmnet_proto::Transmit;
+use pmnet_wire::PacketType;
+
+/// Datagrams moved by one `recvmmsg` or `sendmmsg`.
+pub const BATCH_LEN: usize = 32;
+
+/// Bytes of each receive buffer: above the largest UDP payload (65 507 bytes), so a datagram
+/// that does not fit is reported truncated by the kernel instead of being cut unnoticed.
+const RECEIVE_BUFFER_LEN: usize = 65_536;
+
+/// Packet-type slots of the per-type counters: index 0 is "not a PMNet datagram", 1..=7 the
+/// type codes of [`PacketType`].
+pub const TYPE_SLOT_COUNT: usize = 8;
+
+/// The counter slot of a datagram, from its magic and type byte alone (no checksum: the state
+/// machines validate, and count what they reject).
+pub fn type_slot(datagram: &[u8]) -> usize {
+    if datagram.len() < pmnet_wire::HEADER_LEN || datagram[0..2] != pmnet_wire::MAGIC.to_be_bytes()
+    {
+        return 0;
+    }
+    match PacketType::from_code(datagram[3]) {
+        Some(packet_type) => packet_type as usize,
+        None => 0,
+    }
+}
+
+/// The name of a counter slot, for metrics.
+pub fn type_slot_name(slot: usize) -> &'static str {
+    match PacketType::from_code(slot as u8) {
+        Some(packet_type) if slot != 0 => packet_type.name(),
+        _ => "other",
+    }
+}
+
+/// What one socket counted; monotonically increasing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SocketCounters {
+    pub received_by_type: [u64; TYPE_SLOT_COUNT],
+    pub sent_by_type: [u64; TYPE_SLOT_COUNT],
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+    /// `recvmmsg` calls that returned at least one datagram.
+    pub receive_batches: u64,
+    /// `sendmmsg` calls that sent at least one datagram.
+    pub send_batches: u64,
+    /// Datagrams larger than the receive buffer (dropped).
+    pub truncated: u64,
+    /// Datagrams from an address family the runtime does not handle (dropped).
+    pub unknown_source: u64,
+    /// Datagrams the kernel refused to send (dropped): unreachable network, wrong family, …
+    pub send_errors: u64,
+    /// Datagrams dropped because the outgoing queue was full.
+    pub send_queue_full: u64,
+    /// Receive calls that failed with an error other than "would block".
+    pub receive_errors: u64,
+}
+
+impl SocketCounters {
+    pub fn received_total(&self) -> u64 {
+        self.received_by_type.iter().sum()
+    }
+
+    pub fn sent_total(&self) -> u64 {
+        self.sent_by_type.iter().sum()
+    }
+}
+
+/// A nonblocking UDP socket with batched receive and send and a bounded outgoing queue.
+pub struct BatchSocket {
+    socket: UdpSocket,
+    local_addr: SocketAddr,
+    buffers: Vec<u8>,
+    sources: Vec<Option<SocketAddr>>,
+    lens: [usize; BATCH_LEN],
+    truncated: [bool; BATCH_LEN],
+    received_count: usize,
+    /// Sent before `queue`: datagrams whose latency matters most (PMNet-ACKs).
+    urgent: VecDeque<Transmit>,
+    queue: VecDeque<Transmit>,
+    max_queued: usize,
+    /// The last send met a full socket buffer: wait for writability before trying again.
+    write_blocked: bool,
+    counters: SocketCounters,
+}
+
+impl std::fmt::Debug for BatchSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchSocket")
+            .field("local_addr", &self.local_addr)
+            .field("queued", &self.queued_len())
+            .field("counters", &self.counters)
+            .finish()
+    }
+}
+
+impl BatchSocket {
+    /// Bind `addr` (port 0 picks a free port) and make the socket nonblocking. At most
+    /// `max_queued` datagrams wait to be sent.
+    pub fn bind(addr: SocketAddr, max_queued: usize) -> io::Result<BatchSocket> {
+        let socket = UdpSocket::bind(addr)?;
+        socket.set_nonblocking(true)?;
+        let local_addr = socket.local_addr()?;
+        // Larger kernel buffers absorb bursts while the loop is busy persisting; failure to
+        // raise them is not fatal (the kernel caps them at net.core.[rw]mem_max).
+        set_buffer_size(&socket, libc::SO_RCVBUF, 4 << 20);
+        set_buffer_size(&socket, libc::SO_SNDBUF, 4 << 20);
+        Ok(BatchSocket {
+            socket,
+            local_addr,
+            buffers: vec![0; BATCH_LEN * RECEIVE_BUFFER_LEN],
+            sources: vec![None; BATCH_LEN],
+            lens: [0; BATCH_LEN],
+            truncated: [false; BATCH_LEN],
+            received_count: 0,
+            urgent: VecDeque::new(),
+            queue: VecDeque::new(),
+            max_queued: max_queued.max(BATCH_LEN),
+            write_blocked: false,
+            counters: SocketCounters::default(),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn raw_fd(&self) -> RawFd {
+        self.socket.as_raw_fd()
+    }
+
+    pub fn counters(&self) -> &SocketCounters {
+        &self.counters
+    }
+
+    /// Datagrams waiting to be sent.
+    pub fn queued_len(&self) -> usize {
+        self.urgent.len() + self.queue.len()
+    }
+
+    /// Whether the last send met a full socket buffer (the loop should wait for POLLOUT).
+    pub fn is_write_blocked(&self) -> bool {
+        self.write_blocked && self.queued_len() > 0
+    }
+
+    /// Receive up to [`BATCH_LEN`] datagrams without blocking; returns how many arrived
+    /// (0 when none were waiting). Read them with [`BatchSocket::received`].
+    pub fn receive_batch(&mut self) -> usize {
+        self.received_count = 0;
+        // SAFETY: zeroed iovec, mmsghdr and sockaddr_storage are valid (all-integer/pointer
+        // plain C structs); every pointer set below points into `self` or these locals, which
+        // outlive the call.
+        let mut iovecs: [libc::iovec; BATCH_LEN] = unsafe { MaybeUninit::zeroed().assume_init() };
+        let mut headers: [libc::mmsghdr; BATCH_LEN] =
+            unsafe { MaybeUninit::zeroed().assume_init() };
+        let mut addrs: [libc::sockaddr_storage; BATCH_LEN] =
+            unsafe { MaybeUninit::zeroed().assume_init() };
+        let base = self.buffers.as_mut_ptr();
+        for (index, iovec) in iovecs.iter_mut().enumerate() {
+            *iovec = libc::iovec {
+                // SAFETY: index * RECEIVE_BUFFER_LEN + RECEIVE_BUFFER_LEN <= buffers.len().
+                iov_base: unsafe { base.add(index * RECEIVE_BUFFER_LEN) }.cast(),
+                iov_len: RECEIVE_BUFFER_LEN,
+            };
+        }
+        for index in 0..BATCH_LEN {
+            let header = &mut headers[index].msg_hdr;
+            header.msg_name = (&mut addrs[index] as *mut libc::sockaddr_storage).cast();
+            header.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            header.msg_iov = &mut iovecs[index];
+            header.msg_iovlen = 1;
+        }
+        let count = loop {
+            // SAFETY: headers describe BATCH_LEN valid buffers and address slots.
+            let count = unsafe {
+                libc::recvmmsg(
+                    self.socket.as_raw_fd(),
+                    headers.as_mut_ptr(),
+                    BATCH_LEN as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                )
+            };
+            if count >= 0 {
+                break count as usize;
+            }
+            let error = io::Error::last_os_error();
+            match error.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return 0,
+                _ => {
+                    // ICMP errors queued on the socket and the like: count and carry on; the
+                    // next call returns datagrams again.
+                    self.counters.receive_errors += 1;
+                    return 0;
+                }
+            }
+        };
+        for index in 0..count {
+            let len = headers[index].msg_len as usize;
+            let truncated = headers[index].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+            self.lens[index] = len.min(RECEIVE_BUFFER_LEN);
+            self.truncated[index] = truncated;
+            self.sources[index] = socket_addr_from(&addrs[index]);
+            if truncated {
+                self.counters.truncated += 1;
+            } else if self.sources[index].is_none() {
+                self.counters.unknown_source += 1;
+            } else {
+                let datagram = &self.buffers
+                    [index * RECEIVE_BUFFER_LEN..index * RECEIVE_BUFFER_LEN + self.lens[index]];
+                self.counters.received_by_type[type_slot(datagram)] += 1;
+                self.counters.bytes_received += len as u64;
+            }
+        }
+        if count > 0 {
+            self.counters.receive_batches += 1;
+        }
+        self.received_count = count;
+        count
+    }
+
+    /// Datagram `index` of the last batch, with its source; `None` if it was truncated or its
+    /// source could not be read (both counted).
+    pub fn received(&self, index: usize) -> Option<(SocketAddr, &[u8])> {
+        if index >= self.received_count || self.truncated[index] {
+            return None;
+        }
+        let source = self.sources[index]?;
+        let start = index * RECEIVE_BUFFER_LEN;
+        Some((source, &self.buffers[start..start + self.lens[index]]))
+    }
+
+    /// Queue a datagram. PMNet-ACKs go ahead of everything else: the client waits on them,
+    /// while forwards to the server and the rest are off the client's critical path.
+    pub fn enqueue(&mut self, transmit: Transmit) {
+        if self.queued_len() >= self.max_queued {
+            self.counters.send_queue_full += 1;
+            return;
+        }
+        if type_slot(&transmit.bytes) == PacketType::PmnetAck as usize {
+            self.urgent.push_back(transmit);
+        } else {
+            self.queue.push_back(transmit);
+        }
+    }
+
+    /// Send queued datagrams in batches until the queue is empty or the socket buffer is full.
+    /// Returns how many were sent.
+    pub fn flush(&mut self) -> usize {
+        let mut sent_total = 0;
+        self.write_blocked = false;
+        while self.queued_len() > 0 {
+            match self.send_one_batch() {
+                Ok(0) => {
+                    self.write_blocked = true;
+                    break;
+                }
+                Ok(sent) => sent_total += sent,
+                Err(()) => {
+                    // The first datagram was refused: drop it (counted) and go on.
+                    self.counters.send_errors += 1;
+                    if self.urgent.pop_front().is_none() {
+                        self.queue.pop_front();
+                    }
+                }
+            }
+        }
+        sent_total
+    }
+
+    /// One `sendmmsg` of up to [`BATCH_LEN`] queued datagrams, urgent ones first. `Ok(0)` when
+    /// the socket buffer is full; `Err` when the kernel refused the first datagram.
+    fn send_one_batch(&mut self) -> Result<usize, ()> {
+        // SAFETY: as in `receive_batch`: zeroed C structs are valid.
+        let mut iovecs: [libc::iovec; BATCH_LEN] = unsafe { MaybeUninit::zeroed().assume_init() };
+        let mut headers: [libc::mmsghdr; BATCH_LEN] =
+            unsafe { MaybeUninit::zeroed().assume_init() };
+        let mut addrs: [libc::sockaddr_storage; BATCH_LEN] =
+            unsafe { MaybeUninit::zeroed().assume_init() };
+        let mut count = 0;
+        for transmit in self.urgent.iter().chain(self.queue.iter()).take(BATCH_LEN) {
+            let addr_len = socket_addr_to(transmit.destination, &mut addrs[count]);
+            iovecs[count] = libc::iovec {
+                iov_base: transmit.bytes.as_ptr() as *mut libc::c_void,
+                iov_len: transmit.bytes.len(),
+            };
+            count += 1;
+            let header = &mut headers[count - 1].msg_hdr;
+            header.msg_namelen = addr_len;
+        }
+        for index in 0..count {
+            let header = &mut headers[index].msg_hdr;
+            header.msg_name = (&mut addrs[index] as *mut libc::sockaddr_storage).cast();
+            header.msg_iov = &mut iovecs[index];
+            header.msg_iovlen = 1;
+        }
+        let sent = loop {
+            // SAFETY: `count` headers, each pointing at a live datagram and address.
+            let sent = unsafe {
+                libc::sendmmsg(
+                    self.socket.as_raw_fd(),
+                    headers.as_mut_ptr(),
+                    count as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if sent >= 0 {
+                break sent as usize;
+            }
+            let error = io::Error::last_os_error();
+            match error.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Ok(0),
+                _ => return Err(()),
+            }
+        };
+        for _ in 0..sent {
+            let transmit = self
+                .urgent
+                .pop_front()
+                .or_else(|| self.queue.pop_front())
+                .expect("sent datagrams were queued");
+            self.counters.sent_by_type[type_slot(&transmit.bytes)] += 1;
+            self.counters.bytes_sent += transmit.bytes.len() as u64;
+        }
+        if sent > 0 {
+            self.counters.send_batches += 1;
+        }
+        Ok(sent)
+    }
+}
+
+fn set_buffer_size(socket: &UdpSocket, option: libc::c_int, bytes: libc::c_int) {
+    // SAFETY: a plain setsockopt with an int argument on a socket we own.
+    let _ = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            option,
+            (&bytes as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+}
+
+/// The socket address the kernel wrote into `storage`, if it is IPv4 or IPv6.
+fn socket_addr_from(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match libc::c_int::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in; storage is large enough
+            // and suitably aligned for any sockaddr.
+            let addr = unsafe { &*(storage as *const _ as *const libc::sockaddr_in) };
+            let ip = Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr));
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(addr.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, for sockaddr_in6.
+            let addr = unsafe { &*(storage as *const _ as *const libc::sockaddr_in6) };
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(addr.sin6_addr.s6_addr),
+                u16::from_be(addr.sin6_port),
+                u32::from_be(addr.sin6_flowinfo),
+                addr.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// Write `addr` into `storage`; returns the length to pass to the kernel.
+fn socket_addr_to(addr: SocketAddr, storage: &mut libc::sockaddr_storage) -> libc::socklen_t {
+    match addr {
+        SocketAddr::V4(v4) => {
+            // SAFETY: storage is large enough and aligned for a sockaddr_in.
+            let out = unsafe { &mut *(storage as *mut _ as *mut libc::sockaddr_in) };
+            out.sin_family = libc::AF_INET as libc::sa_family_t;
+            out.sin_port = v4.port().to_be();
+            out.sin_addr = libc::in_addr {
+                s_addr: u32::from(*v4.ip()).to_be(),
+            };
+            size_of::<libc::sockaddr_in>() as libc::socklen_t
+        }
+        SocketAddr::V6(v6) => {
+            // SAFETY: as above, for sockaddr_in6.
+            let out = unsafe { &mut *(storage as *mut _ as *mut libc::sockaddr_in6) };
+            out.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            out.sin6_port = v6.port().to_be();
+            out.sin6_flowinfo = v6.flowinfo().to_be();
+            out.sin6_addr = libc::in6_addr {
+                s6_addr: v6.ip().octets(),
+            };
+            out.sin6_scope_id = v6.scope_id();
+            size_of::<libc::sockaddr_in6>() as libc::socklen_t
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loopback() -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 0))
+    }
+
+    #[test]
+    fn a_batch_goes_out_and_comes_back_in_order() {
+        let mut sender = BatchSocket::bind(loopback(), 1024).unwrap();
+        let mut receiver = BatchSocket::bind(loopback(), 1024).unwrap();
+        for index in 0..40u8 {
+            sender.enqueue(Transmit {
+                destination: receiver.local_addr(),
+                bytes: vec![index; 10 + usize::from(index)],
+            });
+        }
+        assert_eq!(sender.flush(), 40);
+        let mut got = Vec::new();
+        // Loopback delivers synchronously inside sendmmsg: everything is queued by now.
+        while got.len() < 40 {
+            let count = receiver.receive_batch();
+            assert!(
+                count > 0,
+                "loopback datagrams are queued by the time send returns"
+            );
+            for index in 0..count {
+                let (from, bytes) = receiver.received(index).unwrap();
+                assert_eq!(from, sender.local_addr());
+                got.push(bytes.to_vec());
+            }
+        }
+        for (index, bytes) in got.iter().enumerate() {
+            assert_eq!(bytes, &vec![index as u8; 10 + index]);
+        }
+        assert_eq!(receiver.counters().received_by_type[0], 40);
+        assert!(receiver.counters().receive_batches >= 2);
+    }
+
+    #[test]
+    fn pmnet_acks_jump_the_queue() {
+        let mut sender = BatchSocket::bind(loopback(), 1024).unwrap();
+        let mut receiver = BatchSocket::bind(loopback(), 1024).unwrap();
+        let destination = receiver.local_addr();
+        let update =
+            pmnet_wire::Header::new(PacketType::UpdateRequest, 1, 9, 1).encode(b"forwarded");
+        let ack = pmnet_wire::Header::new(PacketType::PmnetAck, 1, 9, 1).encode(&[]);
+        sender.enqueue(Transmit {
+            destination,
+            bytes: update.clone(),
+        });
+        sender.enqueue(Transmit {
+            destination,
+            bytes: ack.clone(),
+        });
+        sender.flush();
+        assert_eq!(receiver.receive_batch(), 2);
+        assert_eq!(receiver.received(0).unwrap().1, &ack[..]);
+        assert_eq!(receiver.received(1).unwrap().1, &update[..]);
+        assert_eq!(
+            receiver.counters().received_by_type[PacketType::PmnetAck as usize],
+            1
+        );
+    }
+
+    #[test]
+    fn a_refused_destination_is_counted_and_the_rest_still_go() {
+        let mut sender = BatchSocket::bind(loopback(), 1024).unwrap();
+        let mut receiver = BatchSocket::bind(loopback(), 1024).unwrap();
+        // An IPv6 destination from an IPv4 socket is refused by the kernel.
+        sender.enqueue(Transmit {
+            destination: "[::1]:9".parse().unwrap(),
+            bytes: vec![1],
+        });
+        sender.enqueue(Transmit {
+            destination: receiver.local_addr(),
+            bytes: vec![2],
+        });
+        sender.flush();
+        assert_eq!(sender.counters().send_errors, 1);
+        assert_eq!(receiver.receive_batch(), 1);
+        assert_eq!(receiver.received(0).unwrap().1, &[2]);
+    }
+
+    #[test]
+    fn the_queue_is_bounded() {
+        let mut sender = BatchSocket::bind(loopback(), 32).unwrap();
+        for _ in 0..40 {
+            sender.enqueue(Transmit {
+                destination: loopback(),
+                bytes: vec![0],
+            });
+        }
+        assert_eq!(sender.queued_len(), 32);
+        assert_eq!(sender.counters().send_queue_full, 8);
+    }
+}

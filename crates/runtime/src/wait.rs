@@ -1,0 +1,184 @@
+//! How an event loop waits for its next datagram or timer, CPU pinning, and the clock.
+
+use std::io;
+use std::os::fd::RawFd;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use pmnet_proto::Time;
+
+/// How a loop with nothing to do waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WaitMode {
+    /// Sleep in `ppoll(2)` until a socket is readable or the next timer is due. Cheap on CPU,
+    /// but a wake-up on another vCPU costs tens of microseconds on a virtual machine.
+    #[default]
+    Blocking,
+    /// Never sleep: poll the sockets in a loop, yielding the CPU between empty polls (so that
+    /// several busy processes pinned to one vCPU take turns instead of running out their time
+    /// slices). Burns a CPU; gives the lowest latency.
+    BusyPoll,
+}
+
+impl WaitMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            WaitMode::Blocking => "blocking",
+            WaitMode::BusyPoll => "busy-poll",
+        }
+    }
+
+    pub fn from_busy_poll(busy_poll: bool) -> WaitMode {
+        if busy_poll {
+            WaitMode::BusyPoll
+        } else {
+            WaitMode::Blocking
+        }
+    }
+}
+
+impl FromStr for WaitMode {
+    type Err = String;
+    fn from_str(text: &str) -> Result<WaitMode, String> {
+        match text {
+            "blocking" => Ok(WaitMode::Blocking),
+            "busy-poll" | "busy" => Ok(WaitMode::BusyPoll),
+            other => Err(format!(
+                "unknown wait mode {other:?}: expected blocking or busy-poll"
+            )),
+        }
+    }
+}
+
+/// Longest a blocking loop sleeps without looking at its shutdown flag and its reports.
+pub const MAX_SLEEP: Duration = Duration::from_millis(50);
+
+/// Wait until one of `fds` is readable (or writable, where asked), or `timeout` passes.
+/// Returns early on a signal. `timeout` of zero only polls.
+pub fn wait_for_sockets(fds: &[(RawFd, bool)], timeout: Duration) -> io::Result<()> {
+    let mut pollfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&(fd, want_write)| libc::pollfd {
+            fd,
+            events: libc::POLLIN | if want_write { libc::POLLOUT } else { 0 },
+            revents: 0,
+        })
+        .collect();
+    let timeout = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: pollfds is a valid array of its length; the timespec lives across the call.
+    let result = unsafe {
+        libc::ppoll(
+            pollfds.as_mut_ptr(),
+            pollfds.len() as libc::nfds_t,
+            &timeout,
+            std::ptr::null(),
+        )
+    };
+    if result < 0 {
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
+    Ok(())
+}
+
+/// Give the CPU to another runnable thread on it, if there is one.
+pub fn yield_cpu() {
+    // SAFETY: no arguments, no memory.
+    unsafe {
+        libc::sched_yield();
+    }
+}
+
+/// CPUs this machine has online.
+pub fn online_cpu_count() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let count = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if count > 0 {
+        count as usize
+    } else {
+        1
+    }
+}
+
+/// Pin the calling thread to `cpu`.
+pub fn pin_current_thread(cpu: usize) -> Result<(), String> {
+    let online = online_cpu_count();
+    if cpu >= online || cpu >= libc::CPU_SETSIZE as usize {
+        return Err(format!(
+            "cannot pin to CPU {cpu}: this machine has {online} online CPUs (0..={}); choose \
+             one of those",
+            online.saturating_sub(1)
+        ));
+    }
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes inside it (cpu is below
+    // CPU_SETSIZE); sched_setaffinity reads it.
+    let result = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if result != 0 {
+        return Err(format!(
+            "cannot pin to CPU {cpu}: {}; check the CPUs this process may use (taskset -p $$)",
+            io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// The state machines' clock: nanoseconds since the runtime started.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    epoch: Instant,
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::new()
+    }
+}
+
+impl Clock {
+    pub fn new() -> Clock {
+        Clock {
+            epoch: Instant::now(),
+        }
+    }
+
+    pub fn now(&self) -> Time {
+        Time::since(self.epoch, Instant::now())
+    }
+
+    /// The instant `time` stands for.
+    pub fn instant(&self, time: Time) -> Instant {
+        self.epoch + Duration::from_nanos(time.as_nanos())
+    }
+
+    /// How long from now until `deadline` (zero if it has passed).
+    pub fn until(&self, deadline: Time) -> Duration {
+        deadline.saturating_duration_since(self.now())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinning_to_a_missing_cpu_says_which_exist() {
+        let error = pin_current_thread(100_000).unwrap_err();
+        assert!(error.contains("online CPUs"), "{error}");
+    }
+
+    #[test]
+    fn wait_modes_parse() {
+        assert_eq!("busy-poll".parse::<WaitMode>(), Ok(WaitMode::BusyPoll));
+        assert_eq!("blocking".parse::<WaitMode>(), Ok(WaitMode::Blocking));
+        assert!("sometimes".parse::<WaitMode>().is_err());
+    }
+}

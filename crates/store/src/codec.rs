@@ -7,17 +7,25 @@
 //!
 //! # Requests
 //!
-//! | op | name | fields after the op byte                                  | PMNet kind |
-//! |----|------|-----------------------------------------------------------|------------|
-//! | 1  | SET  | `key_len u16`, `key`, `value_len u32`, `value`            | update     |
-//! | 2  | GET  | `key_len u16`, `key`                                      | bypass     |
-//! | 3  | DEL  | `key_len u16`, `key`                                      | update     |
-//! | 4  | INCR | `key_len u16`, `key`, `delta i64`                         | bypass     |
+//! | op | name   | fields after the op byte                                  | PMNet kind |
+//! |----|--------|-----------------------------------------------------------|------------|
+//! | 1  | SET    | `key_len u16`, `key`, `value_len u32`, `value`            | update     |
+//! | 2  | GET    | `key_len u16`, `key`                                      | bypass     |
+//! | 3  | DEL    | `key_len u16`, `key`                                      | update     |
+//! | 4  | INCR   | `key_len u16`, `key`, `delta i64`                         | bypass     |
+//! | 5  | APPEND | `key_len u16`, `key`, `value_len u32`, `value`            | update     |
 //!
-//! Keys are 1..=[`MAX_KEY_LEN`] bytes, values 0..=[`MAX_VALUE_LEN`] bytes. SET and DEL are
-//! *update* requests ([`Request::is_update`]): their reply does not depend on server state
-//! beyond "it was applied", so a PMNet device may log them and ack the client early. GET and
-//! INCR must be sent as bypass requests: their reply carries server state.
+//! Keys are 1..=[`MAX_KEY_LEN`] bytes, values 0..=[`MAX_VALUE_LEN`] bytes. SET, DEL and
+//! APPEND are *update* requests ([`Request::is_update`]): their reply does not depend on server
+//! state beyond "it was applied", so a PMNet device may log them and ack the client early. GET
+//! and INCR must be sent as bypass requests: their reply carries server state.
+//!
+//! APPEND adds `value` at the end of the key's value (an absent key counts as empty) and
+//! replies OK; if the result would exceed [`MAX_VALUE_LEN`] it changes nothing and replies
+//! ERROR (a client acked early by a device never sees that reply: keep appended values well
+//! below the limit). Every applied APPEND leaves its mark in order, so a history of appends
+//! shows whether each request was applied exactly once and in sequence (the crash tests of
+//! `crates/pmnet` use it).
 //!
 //! # Replies
 //!
@@ -42,6 +50,7 @@
 //! | GET `"k"`                 | `02 01 00 6b`                           |
 //! | DEL `"k"`                 | `03 01 00 6b`                           |
 //! | INCR `"n"` by -2          | `04 01 00 6e fe ff ff ff ff ff ff ff`   |
+//! | APPEND `"k"` + `"v"`      | `05 01 00 6b 01 00 00 00 76`            |
 //! | OK                        | `00`                                    |
 //! | VALUE `"v"`               | `01 01 00 00 00 76`                     |
 //! | NOT_FOUND                 | `02`                                    |
@@ -73,6 +82,7 @@ const OP_SET: u8 = 1;
 const OP_GET: u8 = 2;
 const OP_DEL: u8 = 3;
 const OP_INCR: u8 = 4;
+const OP_APPEND: u8 = 5;
 
 const STATUS_OK: u8 = 0;
 const STATUS_VALUE: u8 = 1;
@@ -122,6 +132,7 @@ pub enum Request<'a> {
     Get { key: &'a [u8] },
     Del { key: &'a [u8] },
     Incr { key: &'a [u8], delta: i64 },
+    Append { key: &'a [u8], value: &'a [u8] },
 }
 
 impl<'a> Request<'a> {
@@ -130,14 +141,18 @@ impl<'a> Request<'a> {
         let mut reader = Reader { bytes };
         let op = reader.u8("op").map_err(|_| DecodeError::Empty)?;
         let request = match op {
-            OP_SET => {
+            OP_SET | OP_APPEND => {
                 let key = reader.key()?;
                 let value_len = reader.u32("value_len")? as usize;
                 if value_len > MAX_VALUE_LEN {
                     return Err(DecodeError::ValueTooLong { len: value_len });
                 }
                 let value = reader.take("value", value_len)?;
-                Request::Set { key, value }
+                if op == OP_SET {
+                    Request::Set { key, value }
+                } else {
+                    Request::Append { key, value }
+                }
             }
             OP_GET => Request::Get { key: reader.key()? },
             OP_DEL => Request::Del { key: reader.key()? },
@@ -161,7 +176,7 @@ impl<'a> Request<'a> {
         if key.len() > MAX_KEY_LEN {
             return Err(DecodeError::KeyTooLong { len: key.len() });
         }
-        if let Request::Set { value, .. } = self {
+        if let Request::Set { value, .. } | Request::Append { value, .. } = self {
             if value.len() > MAX_VALUE_LEN {
                 return Err(DecodeError::ValueTooLong { len: value.len() });
             }
@@ -183,7 +198,7 @@ impl<'a> Request<'a> {
         out.extend_from_slice(&(key.len() as u16).to_le_bytes());
         out.extend_from_slice(key);
         match self {
-            Request::Set { value, .. } => {
+            Request::Set { value, .. } | Request::Append { value, .. } => {
                 out.extend_from_slice(&(value.len() as u32).to_le_bytes());
                 out.extend_from_slice(value);
             }
@@ -202,19 +217,19 @@ impl<'a> Request<'a> {
     /// Size of the encoding in bytes.
     pub fn encoded_len(&self) -> usize {
         let fields = match self {
-            Request::Set { value, .. } => 4 + value.len(),
+            Request::Set { value, .. } | Request::Append { value, .. } => 4 + value.len(),
             Request::Get { .. } | Request::Del { .. } => 0,
             Request::Incr { .. } => 8,
         };
         1 + 2 + self.key().len() + fields
     }
 
-    /// True for SET and DEL: the reply is fixed, so the request may travel as a PMNet update
-    /// request and be acked by a device before the server applies it. False for GET and INCR,
-    /// whose reply depends on server state: they must travel as bypass requests.
+    /// True for SET, DEL and APPEND: the reply is fixed, so the request may travel as a PMNet
+    /// update request and be acked by a device before the server applies it. False for GET and
+    /// INCR, whose reply depends on server state: they must travel as bypass requests.
     pub fn is_update(&self) -> bool {
         match self {
-            Request::Set { .. } | Request::Del { .. } => true,
+            Request::Set { .. } | Request::Del { .. } | Request::Append { .. } => true,
             Request::Get { .. } | Request::Incr { .. } => false,
         }
     }
@@ -225,7 +240,8 @@ impl<'a> Request<'a> {
             Request::Set { key, .. }
             | Request::Get { key }
             | Request::Del { key }
-            | Request::Incr { key, .. } => key,
+            | Request::Incr { key, .. }
+            | Request::Append { key, .. } => key,
         }
     }
 
@@ -235,6 +251,7 @@ impl<'a> Request<'a> {
             Request::Get { .. } => OP_GET,
             Request::Del { .. } => OP_DEL,
             Request::Incr { .. } => OP_INCR,
+            Request::Append { .. } => OP_APPEND,
         }
     }
 }
@@ -423,7 +440,7 @@ mod tests {
     /// The examples in the module documentation, byte for byte.
     #[test]
     fn golden_requests() {
-        let cases: [(Request, &[u8]); 5] = [
+        let cases: [(Request, &[u8]); 7] = [
             (
                 Request::Set {
                     key: b"k",
@@ -448,6 +465,22 @@ mod tests {
                     value: b"",
                 },
                 &[0x01, 0x02, 0x00, 0x61, 0x62, 0x00, 0x00, 0x00, 0x00],
+            ),
+            (
+                Request::Append {
+                    key: b"k",
+                    value: b"v",
+                },
+                &[0x05, 0x01, 0x00, 0x6b, 0x01, 0x00, 0x00, 0x00, 0x76],
+            ),
+            (
+                Request::Append {
+                    key: b"s1",
+                    value: b"12,",
+                },
+                &[
+                    0x05, 0x02, 0x00, 0x73, 0x31, 0x03, 0x00, 0x00, 0x00, 0x31, 0x32, 0x2c,
+                ],
             ),
         ];
         for (request, bytes) in cases {
@@ -488,6 +521,11 @@ mod tests {
         }
         .is_update());
         assert!(Request::Del { key: b"k" }.is_update());
+        assert!(Request::Append {
+            key: b"k",
+            value: b"v"
+        }
+        .is_update());
         assert!(!Request::Get { key: b"k" }.is_update());
         assert!(!Request::Incr {
             key: b"k",
@@ -498,9 +536,18 @@ mod tests {
 
     #[test]
     fn request_errors() {
-        let cases: [(&[u8], DecodeError); 9] = [
+        let cases: [(&[u8], DecodeError); 11] = [
             (&[], DecodeError::Empty),
             (&[0x09], DecodeError::UnknownOp(9)),
+            (&[0x06], DecodeError::UnknownOp(6)),
+            (
+                &[0x05, 0x01, 0x00, 0x6b, 0x02, 0x00, 0x00, 0x00, 0x76],
+                DecodeError::Truncated {
+                    field: "value",
+                    needed: 2,
+                    available: 1,
+                },
+            ),
             (
                 &[0x02, 0x01],
                 DecodeError::Truncated {
@@ -597,6 +644,16 @@ mod tests {
                 len: MAX_VALUE_LEN + 1
             })
         );
+        assert_eq!(
+            Request::Append {
+                key: b"k",
+                value: &big
+            }
+            .validate(),
+            Err(DecodeError::ValueTooLong {
+                len: MAX_VALUE_LEN + 1
+            })
+        );
         let max_key = vec![1u8; MAX_KEY_LEN];
         let max_value = vec![2u8; MAX_VALUE_LEN];
         let request = Request::Set {
@@ -627,7 +684,7 @@ mod tests {
 
     fn owned_request() -> impl Strategy<Value = (u8, Vec<u8>, Vec<u8>, i64)> {
         (
-            1u8..=4,
+            1u8..=5,
             key(),
             proptest::collection::vec(any::<u8>(), 0..256),
             any::<i64>(),
@@ -639,7 +696,8 @@ mod tests {
             1 => Request::Set { key, value },
             2 => Request::Get { key },
             3 => Request::Del { key },
-            _ => Request::Incr { key, delta },
+            4 => Request::Incr { key, delta },
+            _ => Request::Append { key, value },
         }
     }
 
@@ -683,7 +741,7 @@ mod tests {
         }
 
         #[test]
-        fn arbitrary_bytes_after_valid_op_never_panic(op in 0u8..=5, status in prop::sample::select(vec![0u8, 1, 2, 3, 4, 255]), rest in proptest::collection::vec(any::<u8>(), 0..64)) {
+        fn arbitrary_bytes_after_valid_op_never_panic(op in 0u8..=6, status in prop::sample::select(vec![0u8, 1, 2, 3, 4, 255]), rest in proptest::collection::vec(any::<u8>(), 0..64)) {
             let mut request = vec![op];
             request.extend_from_slice(&rest);
             let _ = Request::decode(&request);

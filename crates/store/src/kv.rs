@@ -485,6 +485,22 @@ impl<R: PmRegion> KvStore<R> {
                     None => error_outcome("increment or decrement would overflow"),
                 }
             }
+            Request::Append { key, value } => {
+                let current = self.state.keys.get(key).map_or(&[][..], Vec::as_slice);
+                if current.len() + value.len() > MAX_VALUE_LEN {
+                    return error_outcome("append would make the value longer than 1048576 bytes");
+                }
+                let mut new = Vec::with_capacity(current.len() + value.len());
+                new.extend_from_slice(current);
+                new.extend_from_slice(value);
+                Outcome {
+                    effect: Effect::Put {
+                        key,
+                        value: Cow::Owned(new),
+                    },
+                    reply: Reply::Ok.to_bytes(),
+                }
+            }
         }
     }
 

@@ -43,6 +43,9 @@ fn del(key: &[u8]) -> Vec<u8> {
 fn incr(key: &[u8], delta: i64) -> Vec<u8> {
     Request::Incr { key, delta }.to_bytes()
 }
+fn append(key: &[u8], value: &[u8]) -> Vec<u8> {
+    Request::Append { key, value }.to_bytes()
+}
 fn reply(bytes: &[u8]) -> Reply {
     Reply::decode(bytes).expect("store replies decode")
 }
@@ -79,6 +82,17 @@ impl Model {
                 None => Reply::NotFound,
             },
             Ok(Request::Del { key }) => Reply::Deleted(u32::from(self.keys.remove(key).is_some())),
+            Ok(Request::Append { key, value }) => {
+                let current = self.keys.get(key).cloned().unwrap_or_default();
+                if current.len() + value.len() > crate::codec::MAX_VALUE_LEN {
+                    Reply::Error("append would make the value longer than 1048576 bytes".to_owned())
+                } else {
+                    let mut new = current;
+                    new.extend_from_slice(value);
+                    self.keys.insert(key.to_vec(), new);
+                    Reply::Ok
+                }
+            }
             Ok(Request::Incr { key, delta }) => {
                 let current = match self.keys.get(key) {
                     None => Some(0),
@@ -157,7 +171,12 @@ fn random_request(rng: &mut impl Rng) -> Vec<u8> {
             set(&key, &value)
         }
         40..=59 => get(&key),
-        60..=74 => del(&key),
+        60..=69 => del(&key),
+        70..=74 => {
+            let len = rng.random_range(0..16usize);
+            let value: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+            append(&key, &value)
+        }
         75..=94 => incr(&key, rng.random_range(-5..=5i64)),
         95..=97 => incr(
             &key,
@@ -336,6 +355,49 @@ fn incr_accepts_only_canonical_integers() {
         reply(&store.apply(1, 103, &incr(b"k", 3))),
         Reply::Integer(-7)
     );
+}
+
+#[test]
+fn append_builds_a_history_and_survives_reopen() {
+    let mut store = KvStore::format(SimRegion::new(1 << 20), KvConfig::default()).unwrap();
+    assert_eq!(reply(&store.apply(1, 1, &append(b"h", b"1,"))), Reply::Ok);
+    assert_eq!(reply(&store.apply(1, 2, &append(b"h", b""))), Reply::Ok);
+    assert_eq!(reply(&store.apply(1, 3, &append(b"h", b"2,"))), Reply::Ok);
+    assert_eq!(
+        reply(&store.apply(1, 4, &get(b"h"))),
+        Reply::Value(b"1,2,".to_vec())
+    );
+    // APPEND to a SET value, and after a DEL starts from empty.
+    store.apply(2, 1, &set(b"x", b"ab"));
+    store.apply(2, 2, &append(b"x", b"cd"));
+    assert_eq!(store.get(b"x"), Some(&b"abcd"[..]));
+    store.apply(2, 3, &del(b"x"));
+    store.apply(2, 4, &append(b"x", b"z"));
+    assert_eq!(store.get(b"x"), Some(&b"z"[..]));
+    let store = KvStore::open(store.into_region().crash_losing_unpersisted()).unwrap();
+    assert_eq!(store.get(b"h"), Some(&b"1,2,"[..]));
+    assert_eq!(store.get(b"x"), Some(&b"z"[..]));
+    assert_eq!(store.sessions()[0].last_seq, 4);
+    assert_eq!(
+        store.sessions()[0].last_reply,
+        Reply::Value(b"1,2,".to_vec()).to_bytes()
+    );
+}
+
+#[test]
+fn append_past_the_value_limit_is_refused_and_changes_nothing() {
+    let max = crate::codec::MAX_VALUE_LEN;
+    let mut store = KvStore::format(SimRegion::new(8 << 20), KvConfig::default()).unwrap();
+    let big = vec![7u8; max - 1];
+    assert_eq!(reply(&store.apply(1, 1, &set(b"k", &big))), Reply::Ok);
+    assert_eq!(
+        reply(&store.apply(1, 2, &append(b"k", b"xy"))),
+        Reply::Error("append would make the value longer than 1048576 bytes".to_owned())
+    );
+    assert_eq!(store.get(b"k").map(<[u8]>::len), Some(max - 1));
+    assert_eq!(reply(&store.apply(1, 3, &append(b"k", b"x"))), Reply::Ok);
+    assert_eq!(store.get(b"k").map(<[u8]>::len), Some(max));
+    assert_eq!(store.sessions()[0].last_seq, 3);
 }
 
 #[test]
@@ -836,6 +898,7 @@ enum Op {
     Get(u8),
     Del(u8),
     Incr(u8, i64),
+    Append(u8, Vec<u8>),
     Garbage(Vec<u8>),
     Reopen,
 }
@@ -846,7 +909,8 @@ fn op() -> impl Strategy<Value = (u64, Op)> {
         4 => (key.clone(), proptest::collection::vec(any::<u8>(), 0..300)).prop_map(|(k, v)| Op::Set(k, v)),
         2 => key.clone().prop_map(Op::Get),
         2 => key.clone().prop_map(Op::Del),
-        3 => (key, -3i64..3).prop_map(|(k, d)| Op::Incr(k, d)),
+        3 => (key.clone(), -3i64..3).prop_map(|(k, d)| Op::Incr(k, d)),
+        2 => (key, proptest::collection::vec(any::<u8>(), 0..40)).prop_map(|(k, v)| Op::Append(k, v)),
         1 => proptest::collection::vec(any::<u8>(), 0..6).prop_map(Op::Garbage),
         1 => Just(Op::Reopen),
     ];
@@ -871,6 +935,7 @@ proptest! {
                 Op::Get(k) => get(&key(k)),
                 Op::Del(k) => del(&key(k)),
                 Op::Incr(k, delta) => incr(&key(k), delta),
+                Op::Append(k, value) => append(&key(k), &value),
                 Op::Garbage(bytes) => bytes,
                 Op::Reopen => {
                     store = KvStore::open(store.into_region().crash_losing_unpersisted()).unwrap();

@@ -48,14 +48,14 @@ impl LoopArgs {
         }
     }
 
-    fn describe(&self) -> String {
+    /// `metrics`: the address the endpoint is bound to (the real port when 0 was asked for).
+    fn describe(&self, metrics: Option<SocketAddr>) -> String {
         format!(
             "wait: {}; cpu: {}; metrics: {}",
             WaitMode::from_busy_poll(self.busy_poll).name(),
             self.cpu
                 .map_or_else(|| "not pinned".to_owned(), |cpu| format!("pinned to {cpu}")),
-            self.metrics
-                .map_or_else(|| "off".to_owned(), |addr| format!("http://{addr}/metrics")),
+            metrics.map_or_else(|| "off".to_owned(), |addr| format!("http://{addr}/metrics")),
         )
     }
 }
@@ -287,7 +287,7 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
     if let Some(addr) = addresses.echo {
         lines.push(format!("  echo on {addr}"));
     }
-    lines.push(format!("  {}", args.run.describe()));
+    lines.push(format!("  {}", args.run.describe(addresses.metrics)));
     announce(&lines);
     device.run()?;
     Ok(ExitCode::SUCCESS)
@@ -329,7 +329,7 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
             devices.join(", ")
         ));
     }
-    lines.push(format!("  {}", args.run.describe()));
+    lines.push(format!("  {}", args.run.describe(addresses.metrics)));
     announce(&lines);
     server.run()?;
     Ok(ExitCode::SUCCESS)

@@ -20,6 +20,7 @@
 mod client;
 mod device;
 pub mod metrics;
+mod relay;
 mod server;
 mod shutdown;
 pub mod udp;
@@ -34,6 +35,7 @@ pub use device::{
     DeviceAddresses, DeviceOptions, DeviceRuntime, DeviceStartup, LogOptions, ECHO_MAX_QUEUED,
 };
 pub use metrics::{Metrics, MetricsBoard};
+pub use relay::{RelayOptions, UdpRelay};
 pub use server::{
     ServerAddresses, ServerApp, ServerOptions, ServerRuntime, ServerStartup, StoreOptions,
 };

@@ -1,0 +1,283 @@
+//! Forwarding capacity: a plain UDP relay against the device's forward port, one thread each,
+//! under the same offered load.
+//!
+//! A generator thread (on another CPU) sends update datagrams of the benchmark's size as fast
+//! as `sendmmsg` goes, round-robin over 64 sessions, to the forwarder; the forwarder sends
+//! them on to a sink socket that is never read (the kernel drops there, after the forwarder's
+//! work is done). The figure is what left the forwarder per second of the generator's run.
+//! When the forwarder's socket drops part of the offered load, the forwarder was the
+//! bottleneck and the figure is its capacity; when it drops nothing, the generator was, and
+//! the report says so.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use pmnet_proto::Transmit;
+use pmnet_runtime::udp::{type_slot_name, BatchSocket, BATCH_LEN, TYPE_SLOT_COUNT};
+use pmnet_runtime::{
+    pin_current_thread, DeviceOptions, DeviceRuntime, LoopOptions, Metrics, RelayOptions,
+    Shutdown, UdpRelay, WaitMode,
+};
+use pmnet_wire::{Header, PacketType};
+
+use super::report::{CapacityReport, CapacityResult};
+
+/// Sessions the generator's datagrams belong to.
+const GENERATOR_SESSIONS: u64 = 64;
+
+/// Time the forwarder gets to empty its socket after the generator stops.
+const DRAIN: Duration = Duration::from_millis(100);
+
+#[derive(Debug, Clone)]
+pub struct CapacityConfig {
+    pub duration: Duration,
+    pub wait: WaitMode,
+    pub forwarder_cpu: Option<usize>,
+    pub generator_cpu: Option<usize>,
+    /// The request payload each datagram carries.
+    pub payload: Vec<u8>,
+    pub server_id: u16,
+}
+
+/// Which forwarder to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Forwarder {
+    Relay,
+    DeviceForward,
+}
+
+impl Forwarder {
+    fn name(self) -> &'static str {
+        match self {
+            Forwarder::Relay => "plain relay (recvmmsg/sendmmsg)",
+            Forwarder::DeviceForward => "device forward port (logging off)",
+        }
+    }
+}
+
+/// What the forwarder thread reports when it stops: datagrams received and sent on.
+struct ForwarderCounts {
+    received: u64,
+    forwarded: u64,
+}
+
+fn socket_total(metrics: &Metrics, name: &str, socket: &str) -> u64 {
+    (0..TYPE_SLOT_COUNT)
+        .map(|slot| {
+            metrics
+                .value(
+                    name,
+                    &[("socket", socket), ("type", type_slot_name(slot))],
+                )
+                .unwrap_or(0.0) as u64
+        })
+        .sum()
+}
+
+fn start_forwarder(
+    forwarder: Forwarder,
+    config: &CapacityConfig,
+    sink: SocketAddr,
+    shutdown: Shutdown,
+) -> Result<(SocketAddr, JoinHandle<Result<ForwarderCounts, String>>), String> {
+    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+    let loop_options = LoopOptions {
+        wait: config.wait,
+        cpu: config.forwarder_cpu,
+        report_interval: None,
+        metrics_listen: None,
+        ..LoopOptions::default()
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server_id = config.server_id;
+    let handle = std::thread::Builder::new()
+        .name("pmnet-forwarder".into())
+        .spawn(move || match forwarder {
+            Forwarder::Relay => {
+                let options = RelayOptions {
+                    listen: loopback,
+                    target: sink,
+                    loop_options,
+                };
+                let mut relay = match UdpRelay::open(options, shutdown) {
+                    Ok(relay) => relay,
+                    Err(error) => {
+                        let _ = tx.send(Err(error.to_string()));
+                        return Err(error.to_string());
+                    }
+                };
+                let _ = tx.send(Ok(relay.local_addr()));
+                relay.run().map_err(|error| error.to_string())?;
+                Ok(ForwarderCounts {
+                    received: relay.front_counters().received_total(),
+                    forwarded: relay.back_counters().sent_total(),
+                })
+            }
+            Forwarder::DeviceForward => {
+                // The device as the latency runs have it, minus the log file: a PMNet port,
+                // a forward port and an echo port, all polled by one loop.
+                let options = DeviceOptions {
+                    device_id: 1,
+                    listen: loopback,
+                    servers: vec![(server_id, sink)],
+                    log: None,
+                    forward_listen: Some(loopback),
+                    echo_listen: Some(loopback),
+                    loop_options,
+                };
+                let mut device = match DeviceRuntime::open(options, shutdown) {
+                    Ok(device) => device,
+                    Err(error) => {
+                        let _ = tx.send(Err(error.to_string()));
+                        return Err(error.to_string());
+                    }
+                };
+                let Some(forward) = device.addresses().forward else {
+                    let _ = tx.send(Err("the device opened no forward port".into()));
+                    return Err("no forward port".into());
+                };
+                let _ = tx.send(Ok(forward));
+                let subscriber = tracing_subscriber::fmt()
+                    .with_max_level(tracing::Level::WARN)
+                    .with_writer(std::io::stderr)
+                    .finish();
+                tracing::subscriber::with_default(subscriber, || device.run())
+                    .map_err(|error| error.to_string())?;
+                let metrics = device.metrics();
+                Ok(ForwarderCounts {
+                    received: socket_total(&metrics, "pmnet_packets_received_total", "forward"),
+                    forwarded: socket_total(&metrics, "pmnet_packets_sent_total", "forward"),
+                })
+            }
+        })
+        .map_err(|error| format!("cannot start the forwarder thread: {error}"))?;
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(Ok(addr)) => Ok((addr, handle)),
+        Ok(Err(error)) => {
+            let _ = handle.join();
+            Err(format!("the {} did not start: {error}", forwarder.name()))
+        }
+        Err(_) => Err(format!("the {} did not start in time", forwarder.name())),
+    }
+}
+
+/// Send as fast as possible until `stop`; returns datagrams sent and for how long.
+fn generate(
+    target: SocketAddr,
+    config: &CapacityConfig,
+    stop: &AtomicBool,
+) -> Result<(u64, Duration), String> {
+    if let Some(cpu) = config.generator_cpu {
+        pin_current_thread(cpu)?;
+    }
+    let mut socket = BatchSocket::bind(SocketAddr::from(([127, 0, 0, 1], 0)), 4 * BATCH_LEN)
+        .map_err(|error| format!("cannot open the generator's socket: {error}"))?;
+    let datagrams: Vec<Vec<u8>> = (0..GENERATOR_SESSIONS * 16)
+        .map(|index| {
+            let session = 1 + index % GENERATOR_SESSIONS;
+            let seq = 1 + (index / GENERATOR_SESSIONS) as u32;
+            Header::new(PacketType::UpdateRequest, config.server_id, session, seq)
+                .encode(&config.payload)
+        })
+        .collect();
+    let start = Instant::now();
+    let mut next = 0usize;
+    let mut sent = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        for _ in 0..BATCH_LEN {
+            socket.enqueue(Transmit {
+                destination: target,
+                bytes: datagrams[next].clone(),
+            });
+            next = (next + 1) % datagrams.len();
+        }
+        sent += socket.flush() as u64;
+        if socket.queued_len() > 0 {
+            // The generator's own socket buffer is full: let it drain.
+            std::thread::yield_now();
+        }
+    }
+    Ok((sent, start.elapsed()))
+}
+
+fn measure(
+    forwarder: Forwarder,
+    config: &CapacityConfig,
+    shutdown: &Shutdown,
+) -> Result<CapacityResult, String> {
+    // The sink: bound, never read. Its buffer fills and the kernel drops what arrives after
+    // the forwarder has done all of its work on it.
+    let sink = UdpSocket::bind("127.0.0.1:0")
+        .map_err(|error| format!("cannot open the sink socket: {error}"))?;
+    let sink_addr = sink
+        .local_addr()
+        .map_err(|error| format!("sink address: {error}"))?;
+    let forwarder_shutdown = Shutdown::new();
+    let (addr, handle) = start_forwarder(forwarder, config, sink_addr, forwarder_shutdown.clone())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let generator = {
+        let stop = stop.clone();
+        let config = config.clone();
+        std::thread::Builder::new()
+            .name("pmnet-generator".into())
+            .spawn(move || generate(addr, &config, &stop))
+            .map_err(|error| format!("cannot start the generator thread: {error}"))?
+    };
+    let end = Instant::now() + config.duration;
+    while Instant::now() < end && !shutdown.is_requested() && !generator.is_finished() {
+        std::thread::sleep(Duration::from_millis(10).min(end.saturating_duration_since(Instant::now())));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let generated = generator
+        .join()
+        .map_err(|_| "the generator thread panicked".to_owned())?;
+    std::thread::sleep(DRAIN);
+    forwarder_shutdown.request();
+    let counts = handle
+        .join()
+        .map_err(|_| "the forwarder thread panicked".to_owned())??;
+    let (offered, elapsed) = generated?;
+    drop(sink);
+    let seconds = elapsed.as_secs_f64().max(1e-9);
+    let dropped = offered.saturating_sub(counts.received);
+    Ok(CapacityResult {
+        forwarder: forwarder.name().to_owned(),
+        packets_per_s: (counts.forwarded as f64 / seconds).round(),
+        offered_per_s: (offered as f64 / seconds).round(),
+        dropped_before_forwarder: if offered > 0 {
+            dropped as f64 / offered as f64
+        } else {
+            0.0
+        },
+        forwarded: counts.forwarded,
+        measured_s: (seconds * 1000.0).round() / 1000.0,
+        datagram_bytes: pmnet_wire::HEADER_LEN + config.payload.len(),
+    })
+}
+
+/// Measure the relay, then the device's forward port, under the same load.
+pub fn run_capacity(config: &CapacityConfig, shutdown: &Shutdown) -> Result<CapacityReport, String> {
+    let mut results = Vec::new();
+    for forwarder in [Forwarder::Relay, Forwarder::DeviceForward] {
+        if shutdown.is_requested() {
+            break;
+        }
+        results.push(measure(forwarder, config, shutdown)?);
+    }
+    let forward_vs_relay = match results.as_slice() {
+        [relay, forward] if relay.packets_per_s > 0.0 => {
+            Some((forward.packets_per_s / relay.packets_per_s * 1000.0).round() / 1000.0)
+        }
+        _ => None,
+    };
+    Ok(CapacityReport {
+        results,
+        forward_vs_relay,
+        forwarder_cpu: config.forwarder_cpu,
+        generator_cpu: config.generator_cpu,
+        wait: config.wait.name().to_owned(),
+    })
+}

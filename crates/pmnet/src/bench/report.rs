@@ -1,0 +1,435 @@
+//! Latency summaries, the JSON report and the text tables.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Latencies are recorded in nanoseconds, from 1 ns to this bound (longer ones are clamped to
+/// it and counted in `clamped`); three significant digits.
+pub const HISTOGRAM_MAX_NS: u64 = 60_000_000_000;
+
+/// A histogram of latencies in nanoseconds with the bounds above.
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, HISTOGRAM_MAX_NS, 3).expect("valid histogram bounds")
+}
+
+/// Record `nanos`, clamped to the histogram's range.
+pub fn record(histogram: &mut Histogram<u64>, nanos: u64) {
+    let _ = histogram.record(nanos.clamp(1, HISTOGRAM_MAX_NS));
+}
+
+/// Percentiles of one set of latencies, in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LatencySummary {
+    pub count: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub mean_us: f64,
+    pub min_us: f64,
+    pub max_us: f64,
+}
+
+fn us(nanos: u64) -> f64 {
+    // Two decimals are more than the histogram's precision at these magnitudes.
+    (nanos as f64 / 10.0).round() / 100.0
+}
+
+/// The summary of `histogram`, or `None` when it is empty.
+pub fn summarize(histogram: &Histogram<u64>) -> Option<LatencySummary> {
+    if histogram.is_empty() {
+        return None;
+    }
+    Some(LatencySummary {
+        count: histogram.len(),
+        p50_us: us(histogram.value_at_quantile(0.50)),
+        p99_us: us(histogram.value_at_quantile(0.99)),
+        p999_us: us(histogram.value_at_quantile(0.999)),
+        mean_us: (histogram.mean() / 10.0).round() / 100.0,
+        min_us: us(histogram.min()),
+        max_us: us(histogram.max()),
+    })
+}
+
+/// The result of one mode, as printed and as written to JSON.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModeResult {
+    pub mode: String,
+    /// What a request waits for in this mode, in words.
+    pub waits_for: String,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub p999_us: Option<f64>,
+    pub mean_us: Option<f64>,
+    pub max_us: Option<f64>,
+    pub ops_per_s: f64,
+    /// Requests measured (completed after the warm-up, inside the measured interval).
+    pub requests: u64,
+    pub measured_s: f64,
+    /// Requests that failed (timed out after the session's retransmissions).
+    pub failed: u64,
+    /// Completions by the device's PMNet-ACK, and by the server's reply.
+    pub acked_by_device: u64,
+    pub answered_by_server: u64,
+    /// Latency of updates and of bypass requests separately (when the mix has both).
+    pub updates: Option<LatencySummary>,
+    pub bypass: Option<LatencySummary>,
+    /// Datagrams the clients retransmitted (a sign of loss or overload).
+    pub client_retransmissions: u64,
+    /// What the device and server counted during this mode (in-process targets only).
+    pub notes: Vec<String>,
+}
+
+impl ModeResult {
+    pub fn from_summary(mode: &str, waits_for: &str, summary: Option<LatencySummary>) -> Self {
+        ModeResult {
+            mode: mode.to_owned(),
+            waits_for: waits_for.to_owned(),
+            p50_us: summary.map(|s| s.p50_us),
+            p99_us: summary.map(|s| s.p99_us),
+            p999_us: summary.map(|s| s.p999_us),
+            mean_us: summary.map(|s| s.mean_us),
+            max_us: summary.map(|s| s.max_us),
+            ops_per_s: 0.0,
+            requests: summary.map_or(0, |s| s.count),
+            measured_s: 0.0,
+            failed: 0,
+            acked_by_device: 0,
+            answered_by_server: 0,
+            updates: None,
+            bypass: None,
+            client_retransmissions: 0,
+            notes: Vec::new(),
+        }
+    }
+}
+
+/// One mode against another: each figure is `numerator / denominator` (below 1 means the
+/// numerator is faster for latencies; above 1 means more throughput).
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratio {
+    pub numerator: String,
+    pub denominator: String,
+    pub p50: Option<f64>,
+    pub p99: Option<f64>,
+    pub p999: Option<f64>,
+    pub ops_per_s: Option<f64>,
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some((a / b * 1000.0).round() / 1000.0),
+        _ => None,
+    }
+}
+
+/// The ratios worth reading: pmnet against baseline and against the echo floor, forward
+/// against baseline (what the extra hop costs), for the modes that were run.
+pub fn ratios(results: &[ModeResult]) -> Vec<Ratio> {
+    let find = |mode: &str| results.iter().find(|result| result.mode == mode);
+    let mut out = Vec::new();
+    for (numerator, denominator) in [
+        ("pmnet", "baseline"),
+        ("pmnet", "echo"),
+        ("pmnet", "forward"),
+        ("forward", "baseline"),
+    ] {
+        let (Some(a), Some(b)) = (find(numerator), find(denominator)) else {
+            continue;
+        };
+        out.push(Ratio {
+            numerator: numerator.to_owned(),
+            denominator: denominator.to_owned(),
+            p50: ratio(a.p50_us, b.p50_us),
+            p99: ratio(a.p99_us, b.p99_us),
+            p999: ratio(a.p999_us, b.p999_us),
+            ops_per_s: ratio(Some(a.ops_per_s), Some(b.ops_per_s)),
+        });
+    }
+    out
+}
+
+/// The forwarding-capacity comparison: a plain relay against the device's forward port.
+#[derive(Debug, Clone, Serialize)]
+pub struct CapacityResult {
+    pub forwarder: String,
+    /// Datagrams forwarded per second (what left the forwarder towards the sink).
+    pub packets_per_s: f64,
+    /// Datagrams the generator offered per second.
+    pub offered_per_s: f64,
+    /// Share of the offered datagrams the forwarder never read (its socket buffer overflowed):
+    /// well above zero means the forwarder, not the generator, was the bottleneck.
+    pub dropped_before_forwarder: f64,
+    pub forwarded: u64,
+    pub measured_s: f64,
+    pub datagram_bytes: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CapacityReport {
+    pub results: Vec<CapacityResult>,
+    /// forward / relay packets per second.
+    pub forward_vs_relay: Option<f64>,
+    pub forwarder_cpu: Option<usize>,
+    pub generator_cpu: Option<usize>,
+    pub wait: String,
+}
+
+/// What a run was: everything a reader needs to compare it with another.
+#[derive(Debug, Clone, Serialize)]
+pub struct Setting {
+    pub busy_poll: bool,
+    pub wait: String,
+    pub pinned: bool,
+    /// Where each thread ran, in words.
+    pub placement: String,
+    pub client_cpu: Option<usize>,
+    pub device_cpu: Option<usize>,
+    pub server_cpu: Option<usize>,
+    /// The device log's medium and flush method, and what it survives.
+    pub medium: String,
+    /// The server store's medium (or the ideal handler).
+    pub server_medium: String,
+    pub server_app: String,
+    /// Bytes of each SET's value.
+    pub payload_bytes: usize,
+    /// Bytes of each update datagram (PMNet header + encoded SET).
+    pub request_datagram_bytes: usize,
+    pub clients: u32,
+    /// Requests in flight per client.
+    pub window: u32,
+    pub update_ratio: f64,
+    pub keys: u64,
+    pub distribution: String,
+    pub zipf_exponent: Option<f64>,
+    pub seed: u64,
+    pub duration_s: Option<f64>,
+    pub requests_per_mode: Option<u64>,
+    pub warmup_s: f64,
+    /// "loopback" (device and server started in this process) or "external".
+    pub target: String,
+    pub cpus_online: usize,
+    /// /proc/loadavg when the run started.
+    pub load_average: String,
+    pub kernel: String,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub setting: Setting,
+    pub results: Vec<ModeResult>,
+    pub ratios: Vec<Ratio>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<CapacityReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub functional_check: Option<Vec<String>>,
+    /// The run was stopped by a signal before every mode finished.
+    pub interrupted: bool,
+}
+
+impl Report {
+    pub fn write_json(&self, path: &Path) -> Result<(), String> {
+        let text = serde_json::to_string_pretty(self)
+            .map_err(|error| format!("cannot encode the report as JSON: {error}"))?;
+        std::fs::write(path, text + "\n").map_err(|error| {
+            format!(
+                "cannot write the JSON report to {}: {error}; check that the directory exists \
+                 and is writable",
+                path.display()
+            )
+        })
+    }
+}
+
+fn cell(value: Option<f64>) -> String {
+    match value {
+        Some(value) if value >= 1000.0 => format!("{value:.0}"),
+        Some(value) => format!("{value:.1}"),
+        None => "-".to_owned(),
+    }
+}
+
+/// `1234567.0` as `1,234,567`.
+pub fn thousands(value: f64) -> String {
+    let digits = format!("{:.0}", value.max(0.0));
+    let mut out = String::new();
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+/// The latency table.
+pub fn results_table(results: &[ModeResult]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "  {:<9} {:<44} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9}",
+        "mode", "the client waits for", "p50 µs", "p99 µs", "p99.9 µs", "mean µs", "ops/s", "requests"
+    );
+    for result in results {
+        let _ = writeln!(
+            out,
+            "  {:<9} {:<44} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9}",
+            result.mode,
+            result.waits_for,
+            cell(result.p50_us),
+            cell(result.p99_us),
+            cell(result.p999_us),
+            cell(result.mean_us),
+            thousands(result.ops_per_s),
+            thousands(result.requests as f64),
+        );
+    }
+    out
+}
+
+fn times(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |value| format!("{value:.2}×"))
+}
+
+/// The ratio lines.
+pub fn ratios_table(ratios: &[Ratio]) -> String {
+    let mut out = String::new();
+    for ratio in ratios {
+        let _ = writeln!(
+            out,
+            "  {:<20} p50 {:>7}  p99 {:>7}  p99.9 {:>7}  throughput {:>7}",
+            format!("{} / {}", ratio.numerator, ratio.denominator),
+            times(ratio.p50),
+            times(ratio.p99),
+            times(ratio.p999),
+            times(ratio.ops_per_s),
+        );
+    }
+    out
+}
+
+/// The capacity table.
+pub fn capacity_table(report: &CapacityReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "  {:<34} {:>12} {:>12} {:>22}",
+        "forwarder (one thread)", "packets/s", "offered/s", "dropped before it"
+    );
+    for result in &report.results {
+        let _ = writeln!(
+            out,
+            "  {:<34} {:>12} {:>12} {:>21.1}%",
+            result.forwarder,
+            thousands(result.packets_per_s),
+            thousands(result.offered_per_s),
+            result.dropped_before_forwarder * 100.0,
+        );
+    }
+    if let Some(ratio) = report.forward_vs_relay {
+        let _ = writeln!(
+            out,
+            "  device forward port / plain relay: {:.0}% of the relay's packet rate",
+            ratio * 100.0
+        );
+    }
+    out
+}
+
+/// The setting in a few lines.
+pub fn setting_text(setting: &Setting) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "  wait: {} ({}); placement: {}",
+        setting.wait,
+        if setting.busy_poll {
+            "every loop and client spins, yielding between empty polls"
+        } else {
+            "every loop and client sleeps in ppoll until a datagram arrives"
+        },
+        setting.placement
+    );
+    let _ = writeln!(
+        out,
+        "  workload: {} client{} × window {}; SET value {} B (update datagram {} B); {:.0}% \
+         updates; {} keys, {}{}; seed {}",
+        setting.clients,
+        if setting.clients == 1 { "" } else { "s" },
+        setting.window,
+        setting.payload_bytes,
+        setting.request_datagram_bytes,
+        setting.update_ratio * 100.0,
+        setting.keys,
+        setting.distribution,
+        setting
+            .zipf_exponent
+            .map_or_else(String::new, |s| format!(" (s = {s})")),
+        setting.seed
+    );
+    let length = match (setting.duration_s, setting.requests_per_mode) {
+        (_, Some(requests)) => format!("{requests} measured requests per mode"),
+        (Some(seconds), None) => format!("{seconds} s measured per mode"),
+        (None, None) => "-".to_owned(),
+    };
+    let _ = writeln!(
+        out,
+        "  {length} after {} s of warm-up; target: {}; {} CPUs online; load average at start: {}",
+        setting.warmup_s, setting.target, setting.cpus_online, setting.load_average
+    );
+    let _ = writeln!(out, "  device log medium: {}", setting.medium);
+    let _ = writeln!(
+        out,
+        "  server store ({}): {}",
+        setting.server_app, setting.server_medium
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summaries_report_microseconds() {
+        let mut histogram = new_histogram();
+        for nanos in 1..=1000u64 {
+            record(&mut histogram, nanos * 1000);
+        }
+        let summary = summarize(&histogram).unwrap();
+        assert_eq!(summary.count, 1000);
+        assert!((summary.p50_us - 500.0).abs() < 1.0, "{summary:?}");
+        assert!((summary.p99_us - 990.0).abs() < 1.5, "{summary:?}");
+        assert!((summary.p999_us - 999.0).abs() < 1.5, "{summary:?}");
+        assert!((summary.max_us - 1000.0).abs() < 1.5, "{summary:?}");
+        assert!(summarize(&new_histogram()).is_none());
+        // Out of range values are clamped, not lost.
+        record(&mut histogram, u64::MAX);
+        assert_eq!(histogram.len(), 1001);
+    }
+
+    #[test]
+    fn ratios_compare_the_modes_that_ran() {
+        let mut pmnet = ModeResult::from_summary("pmnet", "", None);
+        pmnet.p50_us = Some(10.0);
+        pmnet.ops_per_s = 200.0;
+        let mut baseline = ModeResult::from_summary("baseline", "", None);
+        baseline.p50_us = Some(40.0);
+        baseline.ops_per_s = 50.0;
+        let ratios = ratios(&[baseline, pmnet]);
+        assert_eq!(ratios.len(), 1, "only pmnet / baseline can be formed");
+        assert_eq!(ratios[0].p50, Some(0.25));
+        assert_eq!(ratios[0].ops_per_s, Some(4.0));
+        assert_eq!(ratios[0].p99, None);
+    }
+
+    #[test]
+    fn thousands_are_separated() {
+        assert_eq!(thousands(0.0), "0");
+        assert_eq!(thousands(999.4), "999");
+        assert_eq!(thousands(1234567.0), "1,234,567");
+    }
+}

@@ -1,0 +1,342 @@
+//! A device and a server on loopback, as threads of this process, with their files in a
+//! temporary place (under /dev/shm by default) that is removed when the system stops.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use pmnet_pm::MmapOptions;
+use pmnet_runtime::{
+    DeviceOptions, DeviceRuntime, LogOptions, LoopOptions, Metrics, ServerOptions, ServerRuntime,
+    Shutdown, StoreOptions, WaitMode,
+};
+
+/// How long a starting thread may take to bind its sockets and open its file.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a loopback system is made of.
+#[derive(Debug, Clone)]
+pub struct LoopbackConfig {
+    pub server_id: u16,
+    pub device_id: u16,
+    /// The server runs the ideal handler instead of the key-value store.
+    pub ideal: bool,
+    pub mmap: MmapOptions,
+    /// Where the log and data files go.
+    pub dir: PathBuf,
+    pub slots: u32,
+    pub slot_size: u32,
+    pub data_bytes: u64,
+    pub max_sessions: u32,
+    pub wait: WaitMode,
+    pub device_cpu: Option<usize>,
+    pub server_cpu: Option<usize>,
+}
+
+/// Where the parts of a system listen.
+#[derive(Debug, Clone, Copy)]
+pub struct SystemAddresses {
+    /// The device's PMNet port (logging on).
+    pub device: SocketAddr,
+    /// The device's forward port (logging off: a plain switch).
+    pub forward: SocketAddr,
+    /// The device's UDP echo port.
+    pub echo: SocketAddr,
+    pub server: SocketAddr,
+}
+
+/// What the device and the server counted, when they stopped.
+#[derive(Debug)]
+pub struct SystemCounters {
+    pub device: Option<Metrics>,
+    pub server: Option<Metrics>,
+}
+
+/// A running device and server. Stop it with [`LoopbackSystem::stop`]; dropping it stops it too.
+#[derive(Debug)]
+pub struct LoopbackSystem {
+    shutdown: Shutdown,
+    device: Option<JoinHandle<Metrics>>,
+    server: Option<JoinHandle<Metrics>>,
+    files: Vec<PathBuf>,
+    pub addresses: SystemAddresses,
+    pub device_medium: String,
+    pub server_medium: String,
+}
+
+/// Removes a file when dropped.
+#[derive(Debug)]
+struct FileGuard(Option<PathBuf>);
+
+impl Drop for FileGuard {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+fn temp_path(dir: &Path, what: &str) -> PathBuf {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let index = NEXT.fetch_add(1, Ordering::Relaxed);
+    dir.join(format!(
+        "pmnet-bench-{}-{index}.{what}",
+        std::process::id()
+    ))
+}
+
+/// Run `body` with only warnings and errors logged from this thread: the runtimes' start and
+/// stop lines would interleave with the benchmark's own output.
+fn quietly<T>(body: impl FnOnce() -> T) -> T {
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, body)
+}
+
+impl LoopbackSystem {
+    /// Start the server, then the device in front of it; each binds 127.0.0.1 ports chosen by
+    /// the kernel and formats a new file.
+    pub fn start(config: &LoopbackConfig) -> Result<LoopbackSystem, String> {
+        let shutdown = Shutdown::new();
+        let log_path = temp_path(&config.dir, "log");
+        let data_path = temp_path(&config.dir, "data");
+        // Guards remove the files if starting fails half-way.
+        let log_guard = FileGuard(Some(log_path.clone()));
+        let data_guard = FileGuard(Some(data_path.clone()));
+        let loop_options = |cpu| LoopOptions {
+            wait: config.wait,
+            cpu,
+            report_interval: None,
+            metrics_listen: None,
+            ..LoopOptions::default()
+        };
+        let loopback: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 0));
+
+        let server_options = ServerOptions {
+            server_id: config.server_id,
+            listen: loopback,
+            devices: Vec::new(),
+            store: (!config.ideal).then(|| StoreOptions {
+                path: data_path.clone(),
+                size_bytes: config.data_bytes,
+                max_sessions: config.max_sessions,
+                format: true,
+                mmap: config.mmap,
+            }),
+            loop_options: loop_options(config.server_cpu),
+        };
+        let (server_tx, server_rx) = mpsc::channel();
+        let server_shutdown = shutdown.clone();
+        let server = std::thread::Builder::new()
+            .name("pmnet-server".into())
+            .spawn(move || {
+                quietly(|| {
+                    let mut server = match ServerRuntime::open(server_options, server_shutdown) {
+                        Ok(server) => server,
+                        Err(error) => {
+                            let _ = server_tx.send(Err(error.to_string()));
+                            return Metrics::new();
+                        }
+                    };
+                    let _ = server_tx.send(Ok((
+                        server.addresses().data,
+                        server.startup().medium_text(),
+                    )));
+                    if let Err(error) = server.run() {
+                        tracing::error!("server: {error}");
+                    }
+                    server.metrics()
+                })
+            })
+            .map_err(|error| format!("cannot start the server thread: {error}"))?;
+        let (server_addr, server_medium) = match server_rx.recv_timeout(START_TIMEOUT) {
+            Ok(Ok(started)) => started,
+            Ok(Err(error)) => {
+                let _ = server.join();
+                return Err(format!("the server did not start: {error}"));
+            }
+            Err(_) => {
+                shutdown.request();
+                let _ = server.join();
+                return Err("the server did not start in time".into());
+            }
+        };
+
+        let device_options = DeviceOptions {
+            device_id: config.device_id,
+            listen: loopback,
+            servers: vec![(config.server_id, server_addr)],
+            log: Some(LogOptions {
+                path: log_path.clone(),
+                slot_count: config.slots,
+                slot_size: config.slot_size,
+                format: true,
+                mmap: config.mmap,
+            }),
+            forward_listen: Some(loopback),
+            echo_listen: Some(loopback),
+            loop_options: loop_options(config.device_cpu),
+        };
+        let (device_tx, device_rx) = mpsc::channel();
+        let device_shutdown = shutdown.clone();
+        let device = std::thread::Builder::new()
+            .name("pmnet-device".into())
+            .spawn(move || {
+                quietly(|| {
+                    let mut device = match DeviceRuntime::open(device_options, device_shutdown) {
+                        Ok(device) => device,
+                        Err(error) => {
+                            let _ = device_tx.send(Err(error.to_string()));
+                            return Metrics::new();
+                        }
+                    };
+                    let _ = device_tx.send(Ok((
+                        device.addresses(),
+                        device.startup().medium_text(),
+                    )));
+                    if let Err(error) = device.run() {
+                        tracing::error!("device: {error}");
+                    }
+                    device.metrics()
+                })
+            });
+        let fail = |message: String, device: Option<JoinHandle<Metrics>>, server: JoinHandle<_>| {
+            shutdown.request();
+            if let Some(device) = device {
+                let _ = device.join();
+            }
+            let _ = server.join();
+            Err(message)
+        };
+        let device = match device {
+            Ok(device) => device,
+            Err(error) => {
+                return fail(
+                    format!("cannot start the device thread: {error}"),
+                    None,
+                    server,
+                )
+            }
+        };
+        let (device_addresses, device_medium) = match device_rx.recv_timeout(START_TIMEOUT) {
+            Ok(Ok(started)) => started,
+            Ok(Err(error)) => {
+                return fail(
+                    format!("the device did not start: {error}"),
+                    Some(device),
+                    server,
+                )
+            }
+            Err(_) => {
+                return fail(
+                    "the device did not start in time".into(),
+                    Some(device),
+                    server,
+                )
+            }
+        };
+        let (Some(forward), Some(echo)) = (device_addresses.forward, device_addresses.echo) else {
+            return fail(
+                "the device opened no forward or echo port".into(),
+                Some(device),
+                server,
+            );
+        };
+        let mut files = Vec::new();
+        for mut guard in [log_guard, data_guard] {
+            files.extend(guard.0.take());
+        }
+        Ok(LoopbackSystem {
+            shutdown,
+            device: Some(device),
+            server: Some(server),
+            files,
+            addresses: SystemAddresses {
+                device: device_addresses.data,
+                forward,
+                echo,
+                server: server_addr,
+            },
+            device_medium,
+            server_medium,
+        })
+    }
+
+    /// Stop both threads (each finishes the batch in hand), remove the files, and return what
+    /// they counted.
+    pub fn stop(mut self) -> SystemCounters {
+        self.stop_inner()
+    }
+
+    fn stop_inner(&mut self) -> SystemCounters {
+        self.shutdown.request();
+        let device = self.device.take().and_then(|handle| handle.join().ok());
+        let server = self.server.take().and_then(|handle| handle.join().ok());
+        for path in self.files.drain(..) {
+            let _ = std::fs::remove_file(path);
+        }
+        SystemCounters { device, server }
+    }
+}
+
+impl Drop for LoopbackSystem {
+    fn drop(&mut self) {
+        self.stop_inner();
+    }
+}
+
+/// The value of a counter, 0 if absent.
+pub fn counter(metrics: &Metrics, name: &str, labels: &[(&str, &str)]) -> u64 {
+    metrics.value(name, labels).unwrap_or(0.0) as u64
+}
+
+impl SystemCounters {
+    /// What is worth telling about a mode's run, in a few short phrases.
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if let Some(device) = &self.device {
+            let pmnet = [("port", "pmnet")];
+            let received = counter(device, "pmnet_device_updates_received_total", &pmnet);
+            if received > 0 {
+                let logged = counter(device, "pmnet_device_updates_logged_total", &pmnet);
+                notes.push(format!(
+                    "device: {logged} of {received} updates logged and acked early ({} log \
+                     full, {} slot collisions, {} resent after a timeout)",
+                    counter(device, "pmnet_device_log_full_total", &pmnet),
+                    counter(device, "pmnet_device_log_collisions_total", &pmnet),
+                    counter(device, "pmnet_device_resend_timeouts_total", &pmnet),
+                ));
+            }
+            let dropped = device.sum("pmnet_device_dropped_all_total")
+                + device.sum("pmnet_socket_dropped_total");
+            if dropped > 0.0 {
+                notes.push(format!("device dropped {dropped:.0} datagrams"));
+            }
+        }
+        if let Some(server) = &self.server {
+            let applied = counter(server, "pmnet_server_requests_applied_total", &[]);
+            let compactions = counter(server, "pmnet_store_compactions_total", &[]);
+            let gaps = counter(server, "pmnet_server_retransmit_requests_sent_total", &[]);
+            let dropped = server.sum("pmnet_server_dropped_total")
+                + server.sum("pmnet_socket_dropped_total");
+            let mut note = format!("server: {applied} requests applied");
+            if compactions > 0 {
+                note.push_str(&format!(", {compactions} store compactions"));
+            }
+            if gaps > 0 {
+                note.push_str(&format!(", {gaps} retransmission requests for gaps"));
+            }
+            if dropped > 0.0 {
+                note.push_str(&format!(", {dropped:.0} datagrams dropped"));
+            }
+            notes.push(note);
+        }
+        notes
+    }
+}

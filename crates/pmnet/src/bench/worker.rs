@@ -1,0 +1,338 @@
+//! The client threads: closed loops that keep `window` requests in flight and time each one.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use pmnet_proto::{ClientEvent, Completion};
+use pmnet_runtime::udp::BatchSocket;
+use pmnet_runtime::{pin_current_thread, ClientSession, SessionOptions, WaitMode};
+use pmnet_wire::{Header, Packet, PacketType};
+
+use super::report::{new_histogram, record};
+use super::workload::{RequestGenerator, Workload};
+
+/// An echo datagram not answered within this long is counted failed and replaced (UDP echo
+/// has no retransmission of its own).
+const ECHO_GIVE_UP: Duration = Duration::from_secs(1);
+
+/// Longest single wait of a blocking client, so it notices the end of the run.
+const MAX_WAIT: Duration = Duration::from_millis(50);
+
+/// What every client thread of one mode shares.
+#[derive(Debug)]
+pub struct Shared {
+    /// Set to stop every client now (a signal, or the request count was reached).
+    pub stop: AtomicBool,
+    /// Requests measured so far, all clients together.
+    pub measured: AtomicU64,
+    /// Requests completed so far including the warm-up (for the progress line).
+    pub completed: AtomicU64,
+}
+
+impl Shared {
+    pub fn new() -> Arc<Shared> {
+        Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            measured: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+        })
+    }
+}
+
+/// How one client thread runs.
+#[derive(Debug, Clone)]
+pub struct ClientPlan {
+    pub index: u32,
+    pub peer: SocketAddr,
+    pub server_id: u16,
+    /// Raw UDP echo instead of a PMNet session.
+    pub echo: bool,
+    pub wait: WaitMode,
+    pub cpu: Option<usize>,
+    pub window: u32,
+    pub workload: Workload,
+    pub seed: u64,
+    /// Requests started before this are warm-up: not recorded.
+    pub measure_from: Instant,
+    /// Requests completing after this are not recorded, and the client stops (`None`: stop
+    /// when `requests` have been measured).
+    pub measure_until: Option<Instant>,
+    pub requests: Option<u64>,
+}
+
+/// What one client thread measured.
+#[derive(Debug)]
+pub struct ClientOutcome {
+    pub updates: Histogram<u64>,
+    pub bypass: Histogram<u64>,
+    pub failed: u64,
+    pub acked_by_device: u64,
+    pub answered_by_server: u64,
+    pub retransmissions: u64,
+    /// When the last measured request completed.
+    pub last_measured: Option<Instant>,
+    pub error: Option<String>,
+}
+
+impl ClientOutcome {
+    fn new() -> ClientOutcome {
+        ClientOutcome {
+            updates: new_histogram(),
+            bypass: new_histogram(),
+            failed: 0,
+            acked_by_device: 0,
+            answered_by_server: 0,
+            retransmissions: 0,
+            last_measured: None,
+            error: None,
+        }
+    }
+}
+
+/// A request in flight: its sequence number, when it started, whether it is an update.
+#[derive(Debug, Clone, Copy)]
+struct Started {
+    seq: u32,
+    at: Instant,
+    is_update: bool,
+}
+
+impl ClientPlan {
+    fn should_stop(&self, shared: &Shared, now: Instant) -> bool {
+        shared.stop.load(Ordering::Relaxed)
+            || self.measure_until.is_some_and(|until| now >= until)
+            || self
+                .requests
+                .is_some_and(|requests| shared.measured.load(Ordering::Relaxed) >= requests)
+    }
+
+    /// Record a completion of a request that started at `started` and completed `now`.
+    /// Returns whether it was measured.
+    fn record(
+        &self,
+        shared: &Shared,
+        outcome: &mut ClientOutcome,
+        started: Started,
+        now: Instant,
+    ) -> bool {
+        shared.completed.fetch_add(1, Ordering::Relaxed);
+        if started.at < self.measure_from || self.measure_until.is_some_and(|until| now > until)
+        {
+            return false;
+        }
+        if self
+            .requests
+            .is_some_and(|requests| shared.measured.load(Ordering::Relaxed) >= requests)
+        {
+            return false;
+        }
+        shared.measured.fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(now.duration_since(started.at).as_nanos()).unwrap_or(u64::MAX);
+        let histogram = if started.is_update {
+            &mut outcome.updates
+        } else {
+            &mut outcome.bypass
+        };
+        record(histogram, nanos);
+        outcome.last_measured = Some(now);
+        true
+    }
+}
+
+/// Run one client until the plan says stop.
+pub fn run_client(plan: ClientPlan, shared: Arc<Shared>) -> ClientOutcome {
+    if let Some(cpu) = plan.cpu {
+        if let Err(error) = pin_current_thread(cpu) {
+            let mut outcome = ClientOutcome::new();
+            outcome.error = Some(error);
+            shared.stop.store(true, Ordering::Relaxed);
+            return outcome;
+        }
+    }
+    if plan.echo {
+        run_echo_client(&plan, &shared)
+    } else {
+        run_session_client(&plan, &shared)
+    }
+}
+
+fn run_session_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
+    let mut outcome = ClientOutcome::new();
+    let mut options = SessionOptions::new(plan.server_id, plan.peer);
+    options.wait = plan.wait;
+    options.window = Some(plan.window);
+    let mut session = match ClientSession::open(options) {
+        Ok(session) => session,
+        Err(error) => {
+            outcome.error = Some(format!("cannot open a client session: {error}"));
+            shared.stop.store(true, Ordering::Relaxed);
+            return outcome;
+        }
+    };
+    let mut generator = RequestGenerator::new(&plan.workload, plan.seed, plan.index);
+    let mut in_flight: Vec<Started> = Vec::with_capacity(plan.window as usize);
+    loop {
+        let now = Instant::now();
+        if plan.should_stop(shared, now) {
+            break;
+        }
+        while in_flight.len() < plan.window as usize && session.can_send() {
+            let request = generator.next_request();
+            let at = Instant::now();
+            let started = if request.is_update {
+                session.start_update(&request.bytes)
+            } else {
+                session.start_bypass(&request.bytes)
+            };
+            match started {
+                Ok(seq) => in_flight.push(Started {
+                    seq,
+                    at,
+                    is_update: request.is_update,
+                }),
+                Err(error) => {
+                    outcome.error = Some(format!("the session refused a request: {error}"));
+                    shared.stop.store(true, Ordering::Relaxed);
+                    break;
+                }
+            }
+        }
+        let deadline = match plan.measure_until {
+            Some(until) => until.min(Instant::now() + MAX_WAIT),
+            None => Instant::now() + MAX_WAIT,
+        };
+        let Some(event) = session.next_event(Some(deadline)) else {
+            continue;
+        };
+        let done = Instant::now();
+        let (seq, completion) = match event {
+            ClientEvent::Completed {
+                seq, completion, ..
+            } => (seq, Some(completion)),
+            ClientEvent::Failed { seq, .. } => (seq, None),
+        };
+        let Some(position) = in_flight.iter().position(|started| started.seq == seq) else {
+            continue;
+        };
+        let started = in_flight.swap_remove(position);
+        match completion {
+            Some(completion) => {
+                if plan.record(shared, &mut outcome, started, done) {
+                    match completion {
+                        Completion::Logged { .. } => outcome.acked_by_device += 1,
+                        _ => outcome.answered_by_server += 1,
+                    }
+                }
+            }
+            None => outcome.failed += 1,
+        }
+    }
+    outcome.retransmissions = session.counters().retransmitted_fragments;
+    outcome
+}
+
+/// Wait until `fd` is readable or `timeout` passes.
+fn wait_readable(fd: std::os::fd::RawFd, timeout: Duration) {
+    let mut pollfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let timeout = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: one valid pollfd; the timespec lives across the call.
+    unsafe {
+        libc::ppoll(&mut pollfd, 1, &timeout, std::ptr::null());
+    }
+}
+
+fn yield_cpu() {
+    // SAFETY: no arguments, no memory.
+    unsafe {
+        libc::sched_yield();
+    }
+}
+
+/// Echo mode: a datagram of the size of an update request (a PMNet header and the same SET),
+/// sent to the device's echo port and timed until it comes back.
+fn run_echo_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
+    let mut outcome = ClientOutcome::new();
+    let bind = if plan.peer.is_ipv4() {
+        SocketAddr::from(([0, 0, 0, 0], 0))
+    } else {
+        SocketAddr::from(([0u16; 8], 0))
+    };
+    let mut socket = match BatchSocket::bind(bind, 4096) {
+        Ok(socket) => socket,
+        Err(error) => {
+            outcome.error = Some(format!("cannot open the echo client's socket: {error}"));
+            shared.stop.store(true, Ordering::Relaxed);
+            return outcome;
+        }
+    };
+    let session_id = pmnet_runtime::random_session_id();
+    let mut generator = RequestGenerator::new(&plan.workload, plan.seed, plan.index);
+    let mut in_flight: Vec<Started> = Vec::with_capacity(plan.window as usize);
+    let mut next_seq: u32 = 1;
+    loop {
+        let now = Instant::now();
+        if plan.should_stop(shared, now) {
+            break;
+        }
+        let before = in_flight.len();
+        in_flight.retain(|started| now.duration_since(started.at) < ECHO_GIVE_UP);
+        outcome.failed += (before - in_flight.len()) as u64;
+        while in_flight.len() < plan.window as usize {
+            let request = generator.next_request();
+            let seq = next_seq;
+            next_seq = next_seq.wrapping_add(1).max(1);
+            let datagram = Header::new(PacketType::UpdateRequest, plan.server_id, session_id, seq)
+                .encode(&request.bytes);
+            let at = Instant::now();
+            socket.enqueue(pmnet_proto::Transmit {
+                destination: plan.peer,
+                bytes: datagram,
+            });
+            socket.flush();
+            in_flight.push(Started {
+                seq,
+                at,
+                is_update: request.is_update,
+            });
+        }
+        let count = socket.receive_batch();
+        if count == 0 {
+            match plan.wait {
+                WaitMode::BusyPoll => yield_cpu(),
+                WaitMode::Blocking => {
+                    let mut timeout = MAX_WAIT;
+                    if let Some(until) = plan.measure_until {
+                        timeout = timeout.min(until.saturating_duration_since(now));
+                    }
+                    wait_readable(socket.raw_fd(), timeout);
+                }
+            }
+            continue;
+        }
+        let done = Instant::now();
+        for index in 0..count {
+            let Some((_, datagram)) = socket.received(index) else {
+                continue;
+            };
+            let Ok(packet) = Packet::new_checked(datagram) else {
+                continue;
+            };
+            let seq = packet.seq();
+            if let Some(position) = in_flight.iter().position(|started| started.seq == seq) {
+                let started = in_flight.swap_remove(position);
+                plan.record(shared, &mut outcome, started, done);
+            }
+        }
+    }
+    outcome
+}

@@ -1,0 +1,239 @@
+//! What the benchmark's clients send: keys drawn uniformly or from a Zipf distribution, a mix
+//! of updates (SET) and bypass requests (GET), all from a seed so that a run can be replayed.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Zipf};
+use serde::Serialize;
+
+use pmnet_store::Request;
+
+/// How keys are drawn from the key space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyDistribution {
+    /// Every key equally likely.
+    Uniform,
+    /// Key of rank k with probability proportional to 1 / k^s (s: --zipf-exponent).
+    Zipf,
+}
+
+impl KeyDistribution {
+    pub fn name(self) -> &'static str {
+        match self {
+            KeyDistribution::Uniform => "uniform",
+            KeyDistribution::Zipf => "zipf",
+        }
+    }
+}
+
+/// The workload every client of a run shares.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    /// Keys `0..keys`.
+    pub keys: u64,
+    pub distribution: KeyDistribution,
+    pub zipf_exponent: f64,
+    /// Fraction of requests that are updates (SET); the rest are bypass requests (GET).
+    pub update_ratio: f64,
+    /// Bytes of every SET's value.
+    pub value_len: usize,
+}
+
+impl Workload {
+    /// The bytes of a SET request of this workload: what a client puts in a datagram's payload.
+    pub fn set_request_len(&self) -> usize {
+        let key = key_name(0);
+        let value = vec![0u8; self.value_len];
+        Request::Set {
+            key: key.as_bytes(),
+            value: &value,
+        }
+        .to_bytes()
+        .len()
+    }
+}
+
+/// Where keys come from.
+#[derive(Debug, Clone)]
+enum KeySampler {
+    Uniform(u64),
+    /// Samples ranks 1..=n.
+    Zipf(Zipf<f64>),
+}
+
+/// One client's stream of requests.
+#[derive(Debug)]
+pub struct RequestGenerator {
+    rng: ChaCha8Rng,
+    sampler: KeySampler,
+    keys: u64,
+    update_ratio: f64,
+    value: Vec<u8>,
+}
+
+/// One request: whether it is an update, and its encoded bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GeneratedRequest {
+    pub is_update: bool,
+    pub key: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// The seed of client `index` of a run with seed `seed` (SplitMix64 of both: clients draw
+/// independent streams, and the same seed gives the same streams).
+pub fn client_seed(seed: u64, index: u32) -> u64 {
+    let mut z = seed ^ (u64::from(index) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The key of id `id`: fixed width, so every request of a run has the same size.
+pub fn key_name(id: u64) -> String {
+    format!("key:{id:012}")
+}
+
+impl RequestGenerator {
+    /// The generator of client `index`. `workload` must have been validated (keys >= 1,
+    /// exponent > 0): the command line does that.
+    pub fn new(workload: &Workload, seed: u64, index: u32) -> RequestGenerator {
+        let keys = workload.keys.max(1);
+        let sampler = match workload.distribution {
+            KeyDistribution::Uniform => KeySampler::Uniform(keys),
+            KeyDistribution::Zipf => match Zipf::new(keys as f64, workload.zipf_exponent) {
+                Ok(zipf) => KeySampler::Zipf(zipf),
+                // Unreachable with validated arguments; uniform is the safe fallback.
+                Err(_) => KeySampler::Uniform(keys),
+            },
+        };
+        RequestGenerator {
+            rng: ChaCha8Rng::seed_from_u64(client_seed(seed, index)),
+            sampler,
+            keys,
+            update_ratio: workload.update_ratio.clamp(0.0, 1.0),
+            value: value_bytes(workload.value_len),
+        }
+    }
+
+    /// The next key id, in `0..keys` (rank 1 of the Zipf distribution is key 0).
+    pub fn next_key(&mut self) -> u64 {
+        match &self.sampler {
+            KeySampler::Uniform(keys) => self.rng.random_range(0..*keys),
+            KeySampler::Zipf(zipf) => {
+                let rank = zipf.sample(&mut self.rng) as u64;
+                rank.clamp(1, self.keys) - 1
+            }
+        }
+    }
+
+    /// The next request.
+    pub fn next_request(&mut self) -> GeneratedRequest {
+        let is_update = self.update_ratio >= 1.0 || self.rng.random::<f64>() < self.update_ratio;
+        let key = self.next_key();
+        let name = key_name(key);
+        let bytes = if is_update {
+            Request::Set {
+                key: name.as_bytes(),
+                value: &self.value,
+            }
+            .to_bytes()
+        } else {
+            Request::Get {
+                key: name.as_bytes(),
+            }
+            .to_bytes()
+        };
+        GeneratedRequest {
+            is_update,
+            key,
+            bytes,
+        }
+    }
+}
+
+/// A value of `len` printable bytes.
+fn value_bytes(len: usize) -> Vec<u8> {
+    (0..len).map(|index| b'a' + (index % 26) as u8).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload(distribution: KeyDistribution, update_ratio: f64) -> Workload {
+        Workload {
+            keys: 1000,
+            distribution,
+            zipf_exponent: 0.99,
+            update_ratio,
+            value_len: 100,
+        }
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_keys() {
+        for distribution in [KeyDistribution::Uniform, KeyDistribution::Zipf] {
+            let workload = workload(distribution, 0.5);
+            let mut a = RequestGenerator::new(&workload, 42, 3);
+            let mut b = RequestGenerator::new(&workload, 42, 3);
+            let first: Vec<_> = (0..500).map(|_| a.next_request()).collect();
+            let second: Vec<_> = (0..500).map(|_| b.next_request()).collect();
+            assert_eq!(first, second);
+            let mut other_client = RequestGenerator::new(&workload, 42, 4);
+            let third: Vec<_> = (0..500).map(|_| other_client.next_request()).collect();
+            assert_ne!(first, third, "clients draw different streams");
+            let mut other_seed = RequestGenerator::new(&workload, 43, 3);
+            let fourth: Vec<_> = (0..500).map(|_| other_seed.next_request()).collect();
+            assert_ne!(first, fourth, "seeds draw different streams");
+        }
+    }
+
+    #[test]
+    fn keys_stay_in_the_key_space_and_zipf_is_skewed() {
+        let mut zipf = RequestGenerator::new(&workload(KeyDistribution::Zipf, 1.0), 7, 0);
+        let mut uniform = RequestGenerator::new(&workload(KeyDistribution::Uniform, 1.0), 7, 0);
+        let mut zipf_hot = 0;
+        let mut uniform_hot = 0;
+        for _ in 0..20_000 {
+            let z = zipf.next_key();
+            let u = uniform.next_key();
+            assert!(z < 1000 && u < 1000);
+            zipf_hot += usize::from(z < 10);
+            uniform_hot += usize::from(u < 10);
+        }
+        // Under Zipf(0.99) over 1000 keys the 10 hottest take about 39 % of draws; uniform 1 %.
+        assert!(zipf_hot > 5_000, "{zipf_hot}");
+        assert!(uniform_hot < 600, "{uniform_hot}");
+    }
+
+    #[test]
+    fn the_update_ratio_decides_the_mix() {
+        let mut all = RequestGenerator::new(&workload(KeyDistribution::Uniform, 1.0), 1, 0);
+        assert!((0..1000).all(|_| all.next_request().is_update));
+        let mut none = RequestGenerator::new(&workload(KeyDistribution::Uniform, 0.0), 1, 0);
+        assert!((0..1000).all(|_| !none.next_request().is_update));
+        let mut half = RequestGenerator::new(&workload(KeyDistribution::Uniform, 0.5), 1, 0);
+        let updates = (0..10_000)
+            .filter(|_| half.next_request().is_update)
+            .count();
+        assert!((4_500..5_500).contains(&updates), "{updates}");
+    }
+
+    #[test]
+    fn requests_have_a_fixed_size_and_decode() {
+        let workload = workload(KeyDistribution::Uniform, 1.0);
+        let mut generator = RequestGenerator::new(&workload, 5, 0);
+        for _ in 0..100 {
+            let request = generator.next_request();
+            assert_eq!(request.bytes.len(), workload.set_request_len());
+            match Request::decode(&request.bytes).unwrap() {
+                Request::Set { key, value } => {
+                    assert_eq!(key, key_name(request.key).as_bytes());
+                    assert_eq!(value.len(), 100);
+                }
+                other => panic!("expected a SET, got {other:?}"),
+            }
+        }
+    }
+}

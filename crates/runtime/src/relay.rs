@@ -1,0 +1,225 @@
+//! A plain UDP relay: the yardstick for the device's forwarding capacity.
+//!
+//! It does what any user-space UDP forwarder must do and nothing more: receive a batch with
+//! `recvmmsg`, queue each datagram for its next hop, send the batch with `sendmmsg`, on the
+//! same [`BatchSocket`] machinery (buffers, bounded queue, counters) as the device. There is
+//! no parsing, no checksum, no per-session state and no log. Datagrams from anyone but the
+//! target go to the target (out of a second socket, as a device forwards on behalf of its
+//! clients); datagrams from the target go back to the most recent client, so one client (with
+//! any window) can run round trips through it. `pmnet bench --capacity` compares it with the
+//! device's forward port under the same load.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pmnet_proto::Transmit;
+
+use crate::udp::{BatchSocket, SocketCounters};
+use crate::wait::{pin_current_thread, wait_for_sockets, yield_cpu, WaitMode, MAX_SLEEP};
+use crate::{LoopOptions, RuntimeError, Shutdown};
+
+/// Where a relay listens and where it sends.
+#[derive(Debug, Clone)]
+pub struct RelayOptions {
+    /// Where clients send (port 0 picks a free one).
+    pub listen: SocketAddr,
+    /// Where everything from clients goes.
+    pub target: SocketAddr,
+    /// `wait` and `cpu` are honoured; the relay has no metrics endpoint or report line.
+    pub loop_options: LoopOptions,
+}
+
+/// A running relay. See the module docs.
+#[derive(Debug)]
+pub struct UdpRelay {
+    options: RelayOptions,
+    /// Clients send here; replies to clients leave from here.
+    front: BatchSocket,
+    /// Datagrams to the target leave from here; its replies arrive here.
+    back: BatchSocket,
+    last_client: Option<SocketAddr>,
+    /// Datagrams from the target received before any client was seen (dropped).
+    replies_without_client: u64,
+    shutdown: Shutdown,
+}
+
+impl UdpRelay {
+    /// Bind both sockets (the back one on the listen address's IP, any port).
+    pub fn open(options: RelayOptions, shutdown: Shutdown) -> Result<UdpRelay, RuntimeError> {
+        let max_queued = options.loop_options.max_queued;
+        let front =
+            BatchSocket::bind(options.listen, max_queued).map_err(|source| RuntimeError::Bind {
+                what: "relay",
+                addr: options.listen,
+                source,
+            })?;
+        let back_addr = SocketAddr::new(options.listen.ip(), 0);
+        let back =
+            BatchSocket::bind(back_addr, max_queued).map_err(|source| RuntimeError::Bind {
+                what: "relay upstream",
+                addr: back_addr,
+                source,
+            })?;
+        Ok(UdpRelay {
+            options,
+            front,
+            back,
+            last_client: None,
+            replies_without_client: 0,
+            shutdown,
+        })
+    }
+
+    /// Where clients reach the relay.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.front.local_addr()
+    }
+
+    /// Counters of the client-facing socket (its `sent` are replies relayed to clients).
+    pub fn front_counters(&self) -> &SocketCounters {
+        self.front.counters()
+    }
+
+    /// Counters of the target-facing socket (its `sent` are datagrams relayed to the target).
+    pub fn back_counters(&self) -> &SocketCounters {
+        self.back.counters()
+    }
+
+    /// Datagrams relayed, both directions.
+    pub fn relayed_total(&self) -> u64 {
+        self.front.counters().sent_total() + self.back.counters().sent_total()
+    }
+
+    /// Replies from the target dropped because no client had been seen yet.
+    pub fn replies_without_client(&self) -> u64 {
+        self.replies_without_client
+    }
+
+    /// Run until the shutdown flag is set; then send what is queued (bounded) and return.
+    pub fn run(&mut self) -> Result<(), RuntimeError> {
+        if let Some(cpu) = self.options.loop_options.cpu {
+            pin_current_thread(cpu).map_err(RuntimeError::Pin)?;
+        }
+        let wait = self.options.loop_options.wait;
+        while !self.shutdown.is_requested() {
+            if self.poll_once() {
+                continue;
+            }
+            match wait {
+                WaitMode::BusyPoll => yield_cpu(),
+                WaitMode::Blocking => {
+                    let fds = [
+                        (self.front.raw_fd(), self.front.is_write_blocked()),
+                        (self.back.raw_fd(), self.back.is_write_blocked()),
+                    ];
+                    if wait_for_sockets(&fds, MAX_SLEEP).is_err() {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+            }
+        }
+        for _ in 0..100 {
+            if self.front.queued_len() + self.back.queued_len() == 0 {
+                break;
+            }
+            let fds = [(self.front.raw_fd(), true), (self.back.raw_fd(), true)];
+            let _ = wait_for_sockets(&fds, Duration::from_millis(10));
+            self.front.flush();
+            self.back.flush();
+        }
+        Ok(())
+    }
+
+    /// One turn: a batch from each socket, relayed. Returns whether anything arrived.
+    pub fn poll_once(&mut self) -> bool {
+        let mut busy = false;
+        let target = self.options.target;
+        let count = self.front.receive_batch();
+        if count > 0 {
+            busy = true;
+            for index in 0..count {
+                if let Some((from, datagram)) = self.front.received(index) {
+                    self.last_client = Some(from);
+                    self.back.enqueue(Transmit {
+                        destination: target,
+                        bytes: datagram.to_vec(),
+                    });
+                }
+            }
+            self.back.flush();
+        }
+        let count = self.back.receive_batch();
+        if count > 0 {
+            busy = true;
+            for index in 0..count {
+                if let Some((_, datagram)) = self.back.received(index) {
+                    match self.last_client {
+                        Some(client) => self.front.enqueue(Transmit {
+                            destination: client,
+                            bytes: datagram.to_vec(),
+                        }),
+                        None => self.replies_without_client += 1,
+                    }
+                }
+            }
+            self.front.flush();
+        }
+        if self.front.is_write_blocked() {
+            self.front.flush();
+        }
+        if self.back.is_write_blocked() {
+            self.back.flush();
+        }
+        busy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::UdpSocket;
+
+    #[test]
+    fn relays_both_ways() {
+        let server = UdpSocket::bind("127.0.0.1:0").unwrap();
+        server
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let options = RelayOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            target: server.local_addr().unwrap(),
+            loop_options: LoopOptions::default(),
+        };
+        let mut relay = UdpRelay::open(options, Shutdown::new()).unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        client.send_to(b"ping", relay.local_addr()).unwrap();
+        let mut buffer = [0u8; 16];
+        let mut from = None;
+        for _ in 0..1000 {
+            relay.poll_once();
+            server.set_nonblocking(true).unwrap();
+            if let Ok((len, source)) = server.recv_from(&mut buffer) {
+                assert_eq!(&buffer[..len], b"ping");
+                from = Some(source);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let from = from.expect("the relay forwarded the datagram");
+        server.send_to(b"pong", from).unwrap();
+        for _ in 0..1000 {
+            relay.poll_once();
+            client.set_nonblocking(true).unwrap();
+            if let Ok((len, _)) = client.recv_from(&mut buffer) {
+                assert_eq!(&buffer[..len], b"pong");
+                assert_eq!(relay.relayed_total(), 2);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        panic!("the reply never came back through the relay");
+    }
+}

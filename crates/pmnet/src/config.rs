@@ -22,24 +22,21 @@ use crate::Cli;
 /// options inserted after the command name.
 pub fn parse_with_config_file() -> Result<Cli, clap::Error> {
     let argv: Vec<OsString> = std::env::args_os().collect();
-    let cli = parse(&argv)?;
-    let Some(path) = cli.config.clone() else {
-        return Ok(cli);
+    // The file is read before the command line is parsed: it may hold options the command
+    // requires (`server = [...]` for a device), without which parsing alone would fail.
+    let (Some(path), Some((position, table))) = (config_path(&argv), command_name(&argv)) else {
+        return parse(&argv);
     };
-    let table = cli.command.config_table();
-    let from_file = match options_from_file(&path, table) {
+    let from_file = match options_from_file(&path, &table) {
         Ok(options) => options,
         Err(message) => {
             return Err(Cli::command().error(clap::error::ErrorKind::InvalidValue, message));
         }
     };
-    let Some(position) = command_position(&argv, table) else {
-        return Ok(cli);
-    };
     let mut merged = argv[..=position].to_vec();
     merged.extend(from_file.into_iter().map(OsString::from));
     merged.extend_from_slice(&argv[position + 1..]);
-    parse(&merged).map_err(|error| {
+    let cli = parse(&merged).map_err(|error| {
         // Say where a bad option came from: the message alone would point at the command line.
         let message = format!(
             "{}\n(options were read from [{table}] in {} as well as from the command line)",
@@ -47,7 +44,9 @@ pub fn parse_with_config_file() -> Result<Cli, clap::Error> {
             path.display()
         );
         Cli::command().error(error.kind(), message)
-    })
+    })?;
+    debug_assert_eq!(cli.command.config_table(), table);
+    Ok(cli)
 }
 
 fn parse(argv: &[OsString]) -> Result<Cli, clap::Error> {
@@ -56,8 +55,27 @@ fn parse(argv: &[OsString]) -> Result<Cli, clap::Error> {
     Cli::from_arg_matches(&matches)
 }
 
-/// Index in `argv` of the command name (the first token that is not a global option).
-fn command_position(argv: &[OsString], command: &str) -> Option<usize> {
+/// The value of `--config FILE` or `--config=FILE`, wherever it is on the command line.
+fn config_path(argv: &[OsString]) -> Option<std::path::PathBuf> {
+    let mut tokens = argv.iter().skip(1);
+    let mut found = None;
+    while let Some(token) = tokens.next() {
+        let text = token.to_string_lossy();
+        if text == "--" {
+            break;
+        }
+        if text == "--config" {
+            found = tokens.next().map(std::path::PathBuf::from);
+        } else if let Some(value) = text.strip_prefix("--config=") {
+            found = Some(std::path::PathBuf::from(value));
+        }
+    }
+    found
+}
+
+/// Index in `argv` and name of the command (the first token that is not a global option), if
+/// it names one. Its configuration table has the same name.
+fn command_name(argv: &[OsString]) -> Option<(usize, String)> {
     let mut index = 1;
     while index < argv.len() {
         let token = argv[index].to_string_lossy();
@@ -65,11 +83,11 @@ fn command_position(argv: &[OsString], command: &str) -> Option<usize> {
             index += 2;
             continue;
         }
-        if token == command {
-            return Some(index);
-        }
         if !token.starts_with('-') {
-            return None;
+            return Cli::command()
+                .get_subcommands()
+                .any(|command| command.get_name() == token)
+                .then(|| (index, token.into_owned()));
         }
         index += 1;
     }
@@ -168,6 +186,25 @@ mod tests {
     }
 
     #[test]
+    fn the_file_and_command_are_found_before_parsing() {
+        let argv =
+            |tokens: &[&str]| -> Vec<OsString> { tokens.iter().map(OsString::from).collect() };
+        let line = argv(&[
+            "pmnet", "--config", "a.toml", "-v", "device", "--slots", "1",
+        ]);
+        assert_eq!(config_path(&line), Some("a.toml".into()));
+        assert_eq!(command_name(&line), Some((4, "device".to_owned())));
+        let line = argv(&["pmnet", "server", "--config=b.toml"]);
+        assert_eq!(config_path(&line), Some("b.toml".into()));
+        assert_eq!(command_name(&line), Some((1, "server".to_owned())));
+        assert_eq!(config_path(&argv(&["pmnet", "device"])), None);
+        assert_eq!(
+            command_name(&argv(&["pmnet", "--config", "c", "nope"])),
+            None
+        );
+    }
+
+    #[test]
     fn bad_files_say_what_is_wrong() {
         assert!(options_from_text("device = 3", "device")
             .unwrap_err()
@@ -200,6 +237,6 @@ mod tests {
             panic!("parsed as another command");
         };
         assert_eq!(args.listen.to_string(), "127.0.0.1:3");
-        assert_eq!(command_position(&argv, "device"), Some(1));
+        assert_eq!(command_name(&argv), Some((1, "device".to_owned())));
     }
 }

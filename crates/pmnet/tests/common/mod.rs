@@ -1,0 +1,514 @@
+//! Helpers shared by the integration tests: run real `pmnet` processes on loopback, wait for
+//! them to be ready by reading their banner, scrape their metrics, poll for conditions with a
+//! deadline, and never leave a process behind (every child is killed when its guard drops).
+
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long anything may take before a test gives up: generous, because the machine may be
+/// small and busy (tests never assert on speed).
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// The `pmnet` binary cargo built for these tests.
+pub fn pmnet_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_pmnet")
+}
+
+/// A port on 127.0.0.1 that was free a moment ago (for a process that must know another's
+/// address before that one starts).
+pub fn free_udp_addr() -> SocketAddr {
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind an ephemeral UDP port");
+    socket.local_addr().expect("local address")
+}
+
+/// Call `check` until it returns `Some`, every 20 ms, for at most `PATIENCE`; panic with `what`
+/// (and the last observation) if it never does.
+pub fn poll_until<T>(what: &str, mut check: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match check() {
+            Ok(value) => return value,
+            Err(last) => {
+                if Instant::now() >= deadline {
+                    panic!("gave up after {PATIENCE:?} waiting for {what}; last seen: {last}");
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A running child process whose standard output and error are collected by threads. Killed
+/// (SIGKILL) and reaped when dropped.
+#[derive(Debug)]
+pub struct Proc {
+    pub name: String,
+    child: Option<Child>,
+    lines: Receiver<String>,
+    stdout: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<String>>,
+    status: Option<ExitStatus>,
+}
+
+impl Proc {
+    /// Start `pmnet ARGS`.
+    pub fn spawn(name: &str, args: &[String]) -> Proc {
+        let mut child = Command::new(pmnet_bin())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|error| panic!("cannot start {name} ({}): {error}", pmnet_bin()));
+        let (sender, lines) = mpsc::channel();
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let out = child.stdout.take().expect("piped stdout");
+        let seen = stdout.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                seen.lock().unwrap().push(line.clone());
+                let _ = sender.send(line);
+            }
+        });
+        let mut err = child.stderr.take().expect("piped stderr");
+        let collected = stderr.clone();
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            loop {
+                match err.read(&mut buffer) {
+                    Ok(0) | Err(_) => break,
+                    Ok(count) => collected
+                        .lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&buffer[..count])),
+                }
+            }
+        });
+        Proc {
+            name: name.to_owned(),
+            child: Some(child),
+            lines,
+            stdout,
+            stderr,
+            status: None,
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Everything the process wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Every line the process wrote to stdout so far.
+    pub fn stdout(&self) -> Vec<String> {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    /// The next stdout line that `wanted` accepts (lines before it are skipped), within
+    /// `PATIENCE`.
+    pub fn wait_for_line(&mut self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if wanted(&line) => return line,
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => panic!(
+                    "{}: no {what} on stdout within {PATIENCE:?}\nstdout: {:?}\nstderr:\n{}",
+                    self.name,
+                    self.stdout(),
+                    self.stderr()
+                ),
+                Err(RecvTimeoutError::Disconnected) => {
+                    // Give the stderr reader a moment to collect the last words.
+                    let status = self.wait_timeout(Duration::from_secs(5));
+                    panic!(
+                        "{}: exited ({status:?}) before printing {what}\nstdout: {:?}\nstderr:\n{}",
+                        self.name,
+                        self.stdout(),
+                        self.stderr()
+                    )
+                }
+            }
+        }
+    }
+
+    /// Send `signal` to the process.
+    pub fn signal(&self, signal: libc::c_int) {
+        if let Some(pid) = self.pid() {
+            if self.status.is_none() {
+                // SAFETY: kill(2) with the pid of our own unreaped child: the pid cannot have
+                // been reused, since we have not waited for it yet.
+                unsafe {
+                    libc::kill(pid as libc::pid_t, signal);
+                }
+            }
+        }
+    }
+
+    /// Wait for the process to exit, for at most `timeout`; `None` if it is still running.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        if let Some(status) = self.status {
+            return Some(status);
+        }
+        let child = self.child.as_mut()?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.status = Some(status);
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// SIGKILL: the process dies at once, wherever it is (a process crash).
+    pub fn kill(&mut self) {
+        if self.status.is_some() {
+            return;
+        }
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            if let Ok(status) = child.wait() {
+                self.status = Some(status);
+            }
+        }
+    }
+
+    /// SIGTERM, then wait for a clean exit (status 0); panics otherwise.
+    pub fn stop(&mut self) {
+        self.signal(libc::SIGTERM);
+        match self.wait_timeout(PATIENCE) {
+            Some(status) if status.success() => {}
+            Some(status) => panic!(
+                "{} exited with {status} after SIGTERM\nstderr:\n{}",
+                self.name,
+                self.stderr()
+            ),
+            None => panic!(
+                "{} did not stop within {PATIENCE:?} of SIGTERM\nstderr:\n{}",
+                self.name,
+                self.stderr()
+            ),
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The address after `marker` in `line`, up to the next whitespace or `/`.
+fn addr_after(line: &str, marker: &str) -> Option<SocketAddr> {
+    let start = line.find(marker)? + marker.len();
+    let rest = &line[start..];
+    let end = rest
+        .find(|c: char| c.is_whitespace() || c == '/' || c == ';')
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+/// A device or server process and what its banner said.
+#[derive(Debug)]
+pub struct Node {
+    pub proc: Proc,
+    /// The data address from "listening on ADDR".
+    pub addr: SocketAddr,
+    /// The metrics endpoint, when started with one.
+    pub metrics: Option<SocketAddr>,
+    /// Every banner line.
+    pub banner: Vec<String>,
+}
+
+impl Node {
+    /// Start `pmnet ARGS` and read its banner: the "listening on" line, up to the line that
+    /// describes the loop (the last one, with "metrics:").
+    pub fn start(name: &str, args: Vec<String>) -> Node {
+        let mut proc = Proc::spawn(name, &args);
+        let first = proc.wait_for_line("a \"listening on\" line", |line| {
+            line.contains(" listening on ")
+        });
+        let addr = addr_after(&first, " listening on ")
+            .unwrap_or_else(|| panic!("{name}: no address in {first:?}"));
+        let last = proc.wait_for_line("the end of the banner", |line| line.contains("metrics: "));
+        let banner = proc.stdout();
+        let metrics = addr_after(&last, "metrics: http://");
+        Node {
+            proc,
+            addr,
+            metrics,
+            banner,
+        }
+    }
+
+    /// The current value of a metric sample (`labels` as written, e.g. `reason="x"`).
+    pub fn metric(&self, name: &str, labels: &str) -> Result<f64, String> {
+        let addr = self
+            .metrics
+            .ok_or_else(|| format!("{} has no metrics endpoint", self.proc.name))?;
+        let text = pmnet_runtime::metrics::scrape(addr, Duration::from_secs(5))
+            .map_err(|error| format!("scrape {addr}: {error}"))?;
+        pmnet_runtime::metrics::find_sample(&text, name, labels)
+            .ok_or_else(|| format!("no sample {name}{{{labels}}} in the metrics"))
+    }
+
+    /// Wait until metric `name{labels}` satisfies `ok`.
+    pub fn wait_metric(&self, name: &str, labels: &str, what: &str, ok: impl Fn(f64) -> bool) {
+        poll_until(
+            &format!("{} {name}{{{labels}}} {what}", self.proc.name),
+            || match self.metric(name, labels) {
+                Ok(value) if ok(value) => Ok(()),
+                Ok(value) => Err(format!("{value}")),
+                Err(error) => Err(error),
+            },
+        );
+    }
+}
+
+fn s(text: impl ToString) -> String {
+    text.to_string()
+}
+
+/// Arguments of a server with id 1 listening on `listen`, its store in `data_file`, polling
+/// `device` at start-up, with a metrics endpoint on a free port.
+pub fn server_args(listen: SocketAddr, device: SocketAddr, data_file: &Path) -> Vec<String> {
+    vec![
+        s("server"),
+        s("--listen"),
+        s(listen),
+        s("--server-id"),
+        s(1),
+        s("--device"),
+        s(device),
+        s("--data-file"),
+        s(data_file.display()),
+        s("--data-mib"),
+        s(8),
+        s("--metrics"),
+        s("127.0.0.1:0"),
+        s("--report-interval"),
+        s(0),
+    ]
+}
+
+/// Arguments of device 1 listening on `listen` in front of server 1 at `server`, its log in
+/// `log_file` (1024 slots), with a metrics endpoint on a free port.
+pub fn device_args(listen: SocketAddr, server: SocketAddr, log_file: &Path) -> Vec<String> {
+    vec![
+        s("device"),
+        s("--listen"),
+        s(listen),
+        s("--server"),
+        format!("1={server}"),
+        s("--log-file"),
+        s(log_file.display()),
+        s("--slots"),
+        s(1024),
+        s("--metrics"),
+        s("127.0.0.1:0"),
+        s("--report-interval"),
+        s(0),
+    ]
+}
+
+/// A device and a server on loopback, with their files in a temporary directory. Each can be
+/// stopped, killed and restarted on the same address and files.
+#[derive(Debug)]
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub device_addr: SocketAddr,
+    /// Known once the server has started the first time (it binds port 0 then).
+    pub server_addr: SocketAddr,
+    pub device: Option<Node>,
+    pub server: Option<Node>,
+    pub device_starts: u32,
+    pub server_starts: u32,
+}
+
+impl Cluster {
+    /// Start the server (on a free port), then the device in front of it.
+    pub fn start() -> Cluster {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let device_addr = free_udp_addr();
+        let mut cluster = Cluster {
+            dir,
+            device_addr,
+            server_addr: "127.0.0.1:0".parse().unwrap(),
+            device: None,
+            server: None,
+            device_starts: 0,
+            server_starts: 0,
+        };
+        cluster.start_server();
+        cluster.start_device();
+        cluster
+    }
+
+    pub fn log_file(&self) -> PathBuf {
+        self.dir.path().join("device.log")
+    }
+
+    pub fn data_file(&self) -> PathBuf {
+        self.dir.path().join("server.data")
+    }
+
+    pub fn start_server(&mut self) {
+        assert!(self.server.is_none(), "the server is running");
+        self.server_starts += 1;
+        let node = Node::start(
+            &format!("server (start {})", self.server_starts),
+            server_args(self.server_addr, self.device_addr, &self.data_file()),
+        );
+        self.server_addr = node.addr;
+        self.server = Some(node);
+    }
+
+    pub fn start_device(&mut self) {
+        assert!(self.device.is_none(), "the device is running");
+        self.device_starts += 1;
+        let node = Node::start(
+            &format!("device (start {})", self.device_starts),
+            device_args(self.device_addr, self.server_addr, &self.log_file()),
+        );
+        assert_eq!(node.addr, self.device_addr);
+        self.device = Some(node);
+    }
+
+    pub fn device(&self) -> &Node {
+        self.device.as_ref().expect("the device is running")
+    }
+
+    pub fn server(&self) -> &Node {
+        self.server.as_ref().expect("the server is running")
+    }
+
+    /// SIGKILL the device (a process crash).
+    pub fn kill_device(&mut self) {
+        let mut node = self.device.take().expect("the device is running");
+        node.proc.kill();
+        assert_no_panic(&node.proc);
+    }
+
+    /// SIGKILL the server (a process crash).
+    pub fn kill_server(&mut self) {
+        let mut node = self.server.take().expect("the server is running");
+        node.proc.kill();
+        assert_no_panic(&node.proc);
+    }
+
+    /// SIGTERM the server and wait for its clean exit.
+    pub fn stop_server(&mut self) {
+        let mut node = self.server.take().expect("the server is running");
+        node.proc.stop();
+        assert_no_panic(&node.proc);
+    }
+
+    /// SIGTERM the device and wait for its clean exit.
+    pub fn stop_device(&mut self) {
+        let mut node = self.device.take().expect("the device is running");
+        node.proc.stop();
+        assert_no_panic(&node.proc);
+    }
+
+    /// Open the server's data file (the server must be stopped) as a key-value store.
+    pub fn open_store(&self) -> pmnet_store::KvStore<pmnet_pm::MmapRegion> {
+        assert!(
+            self.server.is_none(),
+            "stop the server before opening its store"
+        );
+        let region =
+            pmnet_pm::MmapRegion::open(&self.data_file(), pmnet_pm::MmapOptions::default())
+                .expect("open the data file");
+        pmnet_store::KvStore::open(region).expect("the data file holds a store")
+    }
+}
+
+/// A process must never die of a panic: that is a bug whatever the input.
+pub fn assert_no_panic(proc: &Proc) {
+    let stderr = proc.stderr();
+    assert!(
+        !stderr.contains("panicked"),
+        "{} panicked:\n{stderr}",
+        proc.name
+    );
+}
+
+/// A client session through `peer` (default protocol settings).
+pub fn session(peer: SocketAddr) -> pmnet_runtime::ClientSession {
+    pmnet_runtime::ClientSession::open(pmnet_runtime::SessionOptions::new(1, peer))
+        .expect("open a client session")
+}
+
+/// Run `pmnet ARGS` to completion (at most `PATIENCE`): (status, stdout, stderr).
+pub fn run_pmnet(args: &[String], stdin: Option<&str>) -> (ExitStatus, String, String) {
+    use std::io::Write;
+    let mut child = Command::new(pmnet_bin())
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start pmnet");
+    if let Some(text) = stdin {
+        let mut input = child.stdin.take().expect("piped stdin");
+        input.write_all(text.as_bytes()).expect("write stdin");
+    }
+    // Read both pipes on threads so a chatty child never blocks.
+    let mut out = child.stdout.take().expect("piped stdout");
+    let mut err = child.stderr.take().expect("piped stderr");
+    let out_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = out.read_to_string(&mut text);
+        text
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = err.read_to_string(&mut text);
+        text
+    });
+    let deadline = Instant::now() + PATIENCE;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for pmnet") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "pmnet {} did not finish within {PATIENCE:?}",
+                args.join(" ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let stdout = out_reader.join().unwrap_or_default();
+    let stderr = err_reader.join().unwrap_or_default();
+    (status, stdout, stderr)
+}
+
+/// String arguments from string slices.
+pub fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|arg| (*arg).to_owned()).collect()
+}

@@ -36,7 +36,7 @@ pub use report::{
     capacity_table, ratios, ratios_table, results_table, setting_text, thousands, ModeResult,
     Report, Setting,
 };
-pub use system::{LoopbackConfig, LoopbackSystem};
+pub use system::{remove_stale_files, LoopbackConfig, LoopbackSystem};
 pub use workload::{KeyDistribution, Workload};
 
 use report::{new_histogram, summarize};
@@ -307,7 +307,9 @@ pub fn parse_seconds(text: &str, min: f64, max: f64) -> Result<f64, String> {
         .parse()
         .map_err(|_| format!("{text:?} is not a number of seconds"))?;
     if !(value >= min && value <= max) {
-        return Err(format!("{value} s is out of range: use {min} to {max} seconds"));
+        return Err(format!(
+            "{value} s is out of range: use {min} to {max} seconds"
+        ));
     }
     Ok(value)
 }
@@ -394,9 +396,11 @@ impl Plan {
             || external.echo.is_some()
             || external.server.is_some();
         if is_external && args.capacity {
-            return Err("--capacity starts its own relay and device on loopback; drop the \
+            return Err(
+                "--capacity starts its own relay and device on loopback; drop the \
                         --device/--forward/--echo/--server addresses"
-                .into());
+                    .into(),
+            );
         }
         let wait = WaitMode::from_busy_poll(args.busy_poll);
         let (client_cpu, device_cpu, server_cpu) = resolve_pinning(
@@ -491,10 +495,10 @@ impl Plan {
 
     /// Where the threads run, in words.
     pub fn placement(&self) -> String {
-        let cpu = |cpu: Option<usize>| cpu.map_or_else(|| "any CPU".to_owned(), |c| format!("CPU {c}"));
+        let cpu =
+            |cpu: Option<usize>| cpu.map_or_else(|| "any CPU".to_owned(), |c| format!("CPU {c}"));
         if self.is_loopback() {
-            if self.client_cpu.is_none() && self.device_cpu.is_none() && self.server_cpu.is_none()
-            {
+            if self.client_cpu.is_none() && self.device_cpu.is_none() && self.server_cpu.is_none() {
                 return "not pinned (client, device and server threads go where the scheduler \
                         puts them)"
                     .into();
@@ -568,7 +572,12 @@ impl Plan {
 pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
-        .map(|text| text.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .map(|text| {
+            text.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
         .unwrap_or_else(|| "unknown".into())
 }
 
@@ -795,7 +804,11 @@ impl Progress {
         } else {
             let elapsed = now.duration_since(measure_from).as_secs_f64();
             let length = match (plan.duration, plan.requests) {
-                (_, Some(requests)) => format!("{}/{} requests", thousands(measured as f64), thousands(requests as f64)),
+                (_, Some(requests)) => format!(
+                    "{}/{} requests",
+                    thousands(measured as f64),
+                    thousands(requests as f64)
+                ),
                 (Some(duration), None) => {
                     format!("{elapsed:.1}/{:.1} s", duration.as_secs_f64())
                 }
@@ -1056,7 +1069,10 @@ mod tests {
         let args = parse(&["--device", "127.0.0.1:7400", "--mode", "pmnet"]).unwrap();
         let plan = Plan::from_args(&args).unwrap();
         assert!(matches!(plan.target, Target::External(_)));
-        assert!(plan.device_cpu.is_none(), "nothing to pin for external processes");
+        assert!(
+            plan.device_cpu.is_none(),
+            "nothing to pin for external processes"
+        );
         let args = parse(&["--device", "127.0.0.1:7400", "--capacity"]).unwrap();
         assert!(Plan::from_args(&args).is_err());
     }
@@ -1097,7 +1113,10 @@ mod tests {
             "wait",
             "placement",
         ] {
-            assert!(setting.get(key).is_some(), "setting.{key} missing: {setting}");
+            assert!(
+                setting.get(key).is_some(),
+                "setting.{key} missing: {setting}"
+            );
         }
         assert_eq!(setting["seed"], 7);
         assert_eq!(setting["payload_bytes"], 100);

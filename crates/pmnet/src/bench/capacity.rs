@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use pmnet_proto::Transmit;
 use pmnet_runtime::udp::{type_slot_name, BatchSocket, BATCH_LEN, TYPE_SLOT_COUNT};
 use pmnet_runtime::{
-    pin_current_thread, DeviceOptions, DeviceRuntime, LoopOptions, Metrics, RelayOptions,
-    Shutdown, UdpRelay, WaitMode,
+    pin_current_thread, DeviceOptions, DeviceRuntime, LoopOptions, Metrics, RelayOptions, Shutdown,
+    UdpRelay, WaitMode,
 };
 use pmnet_wire::{Header, PacketType};
 
@@ -68,10 +68,7 @@ fn socket_total(metrics: &Metrics, name: &str, socket: &str) -> u64 {
     (0..TYPE_SLOT_COUNT)
         .map(|slot| {
             metrics
-                .value(
-                    name,
-                    &[("socket", socket), ("type", type_slot_name(slot))],
-                )
+                .value(name, &[("socket", socket), ("type", type_slot_name(slot))])
                 .unwrap_or(0.0) as u64
         })
         .sum()
@@ -228,7 +225,9 @@ fn measure(
     };
     let end = Instant::now() + config.duration;
     while Instant::now() < end && !shutdown.is_requested() && !generator.is_finished() {
-        std::thread::sleep(Duration::from_millis(10).min(end.saturating_duration_since(Instant::now())));
+        std::thread::sleep(
+            Duration::from_millis(10).min(end.saturating_duration_since(Instant::now())),
+        );
     }
     stop.store(true, Ordering::Relaxed);
     let generated = generator
@@ -259,7 +258,10 @@ fn measure(
 }
 
 /// Measure the relay, then the device's forward port, under the same load.
-pub fn run_capacity(config: &CapacityConfig, shutdown: &Shutdown) -> Result<CapacityReport, String> {
+pub fn run_capacity(
+    config: &CapacityConfig,
+    shutdown: &Shutdown,
+) -> Result<CapacityReport, String> {
     let mut results = Vec::new();
     for forwarder in [Forwarder::Relay, Forwarder::DeviceForward] {
         if shutdown.is_requested() {

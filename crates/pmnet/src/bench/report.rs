@@ -271,7 +271,14 @@ pub fn results_table(results: &[ModeResult]) -> String {
     let _ = writeln!(
         out,
         "  {:<9} {:<44} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9}",
-        "mode", "the client waits for", "p50 µs", "p99 µs", "p99.9 µs", "mean µs", "ops/s", "requests"
+        "mode",
+        "the client waits for",
+        "p50 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "mean µs",
+        "ops/s",
+        "requests"
     );
     for result in results {
         let _ = writeln!(

@@ -82,10 +82,7 @@ impl Drop for FileGuard {
 fn temp_path(dir: &Path, what: &str) -> PathBuf {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let index = NEXT.fetch_add(1, Ordering::Relaxed);
-    dir.join(format!(
-        "pmnet-bench-{}-{index}.{what}",
-        std::process::id()
-    ))
+    dir.join(format!("pmnet-bench-{}-{index}.{what}", std::process::id()))
 }
 
 /// Run `body` with only warnings and errors logged from this thread: the runtimes' start and
@@ -196,10 +193,8 @@ impl LoopbackSystem {
                             return Metrics::new();
                         }
                     };
-                    let _ = device_tx.send(Ok((
-                        device.addresses(),
-                        device.startup().medium_text(),
-                    )));
+                    let _ =
+                        device_tx.send(Ok((device.addresses(), device.startup().medium_text())));
                     if let Err(error) = device.run() {
                         tracing::error!("device: {error}");
                     }
@@ -323,8 +318,8 @@ impl SystemCounters {
             let applied = counter(server, "pmnet_server_requests_applied_total", &[]);
             let compactions = counter(server, "pmnet_store_compactions_total", &[]);
             let gaps = counter(server, "pmnet_server_retransmit_requests_sent_total", &[]);
-            let dropped = server.sum("pmnet_server_dropped_total")
-                + server.sum("pmnet_socket_dropped_total");
+            let dropped =
+                server.sum("pmnet_server_dropped_total") + server.sum("pmnet_socket_dropped_total");
             let mut note = format!("server: {applied} requests applied");
             if compactions > 0 {
                 note.push_str(&format!(", {compactions} store compactions"));
@@ -338,5 +333,60 @@ impl SystemCounters {
             notes.push(note);
         }
         notes
+    }
+}
+
+/// Remove files an earlier benchmark left in `dir` when it was killed before it could (named
+/// `pmnet-bench-<pid>-*` with no process `<pid>` alive). Returns how many were removed.
+pub fn remove_stale_files(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    // Bounded: a directory with more entries than this is not scanned to the end.
+    for entry in entries.take(100_000).flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix("pmnet-bench-"))
+        else {
+            continue;
+        };
+        let Some(pid) = rest
+            .split('-')
+            .next()
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_files_of_dead_processes_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        // No process has pid 4_000_000_000 (above the kernel's pid limit).
+        let stale = dir.path().join("pmnet-bench-4000000000-0.log");
+        let live = dir
+            .path()
+            .join(format!("pmnet-bench-{}-0.log", std::process::id()));
+        let other = dir.path().join("unrelated.log");
+        for path in [&stale, &live, &other] {
+            std::fs::write(path, b"x").unwrap();
+        }
+        assert_eq!(remove_stale_files(dir.path()), 1);
+        assert!(!stale.exists());
+        assert!(live.exists() && other.exists());
     }
 }

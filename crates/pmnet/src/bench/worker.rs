@@ -119,8 +119,7 @@ impl ClientPlan {
         now: Instant,
     ) -> bool {
         shared.completed.fetch_add(1, Ordering::Relaxed);
-        if started.at < self.measure_from || self.measure_until.is_some_and(|until| now > until)
-        {
+        if started.at < self.measure_from || self.measure_until.is_some_and(|until| now > until) {
             return false;
         }
         if self

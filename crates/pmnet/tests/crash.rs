@@ -172,7 +172,7 @@ impl Session {
             Patience::Quick => {
                 config.window = 8;
                 config.retransmit_timeout = Duration::from_millis(2);
-                config.max_retransmit_timeout = Duration::from_millis(30);
+                config.max_retransmit_timeout = Duration::from_millis(50);
                 config.max_retransmits = 10;
             }
         }
@@ -555,9 +555,12 @@ fn crash_test(name: &str, victim: Victim, rounds: u32) {
     eprintln!(
         "{context}: {rounds} crashes, {} device and {} server starts, {applied} appends \
          applied ({failed_applied} of them after their client gave up), {fills} no-op fills \
-         since the last server start, {:.1} s",
+         since the last server start, {} log entries recovered by restarted devices, {} torn \
+         slots rejected, {:.1} s",
         cluster.device_starts,
         cluster.server_starts,
+        cluster.device_recovered_entries,
+        cluster.device_rejected_slots,
         started.elapsed().as_secs_f64()
     );
 }

@@ -341,6 +341,10 @@ pub struct Cluster {
     pub server: Option<Node>,
     pub device_starts: u32,
     pub server_starts: u32,
+    /// Log entries the device found at its start-ups (and resent), and torn or corrupt slots
+    /// it rejected, from its banners.
+    pub device_recovered_entries: u64,
+    pub device_rejected_slots: u64,
 }
 
 impl Cluster {
@@ -356,6 +360,8 @@ impl Cluster {
             server: None,
             device_starts: 0,
             server_starts: 0,
+            device_recovered_entries: 0,
+            device_rejected_slots: 0,
         };
         cluster.start_server();
         cluster.start_device();
@@ -389,6 +395,19 @@ impl Cluster {
             device_args(self.device_addr, self.server_addr, &self.log_file()),
         );
         assert_eq!(node.addr, self.device_addr);
+        // "  log: PATH (N slots of B bytes; reopened; E entries recovered and resent, R torn
+        // or corrupt slots rejected)"
+        let number_before = |marker: &str| -> u64 {
+            node.banner
+                .iter()
+                .find_map(|line| {
+                    let end = line.find(marker)?;
+                    line[..end].rsplit(' ').next()?.parse().ok()
+                })
+                .unwrap_or_else(|| panic!("no \"{marker}\" in the banner {:?}", node.banner))
+        };
+        self.device_recovered_entries += number_before(" entries recovered");
+        self.device_rejected_slots += number_before(" torn or corrupt");
         self.device = Some(node);
     }
 

@@ -352,14 +352,17 @@ pub struct Plan {
     pub progress: bool,
 }
 
-/// CPU placement from the options: (client, device, server, pinned at all).
+/// CPUs of the client threads, the device and the server (`None`: not pinned).
+pub type Placement = (Option<usize>, Option<usize>, Option<usize>);
+
+/// CPU placement from the options.
 pub fn resolve_pinning(
     pinning: Pinning,
     client: Option<usize>,
     device: Option<usize>,
     server: Option<usize>,
     loopback: bool,
-) -> Result<(Option<usize>, Option<usize>, Option<usize>), String> {
+) -> Result<Placement, String> {
     let online = online_cpu_count();
     for (what, cpu) in [("client", client), ("device", device), ("server", server)] {
         if let Some(cpu) = cpu {
@@ -1051,7 +1054,8 @@ mod tests {
             (&["--payload", "100000"][..], "out of range"),
             (&["--update-ratio", "1.5"][..], "not a fraction"),
             (&["--zipf-exponent", "0"][..], "out of range"),
-            (&["--duration", "-1"][..], "out of range"),
+            (&["--duration=-1"][..], "out of range"),
+            (&["--duration", "0"][..], "out of range"),
             (&["--duration", "abc"][..], "not a number"),
             (&["--mode", "teleport"][..], "teleport"),
             (&["--flush", "sometimes"][..], "sometimes"),

@@ -315,19 +315,19 @@ mod tests {
             demo: DemoArgs,
         }
         let args = Cli::try_parse_from(["demo"]).unwrap().demo;
-        let plan = plan(&args).unwrap();
-        let per_mode = plan.warmup + plan.duration.unwrap();
+        let demo = plan(&args).unwrap();
+        let per_mode = demo.warmup + demo.duration.unwrap();
         let total =
-            per_mode * plan.modes.len() as u32 + Duration::from_secs_f64(2.0 * CAPACITY_SECONDS);
+            per_mode * demo.modes.len() as u32 + Duration::from_secs_f64(2.0 * CAPACITY_SECONDS);
         assert!(total < Duration::from_secs(30), "{total:?}");
         // The longest the options allow still fits.
         let args = Cli::try_parse_from(["demo", "--duration", "8", "--warmup", "2"])
             .unwrap()
             .demo;
-        let plan = plan(&args).unwrap();
-        let per_mode = plan.warmup + plan.duration.unwrap();
+        let demo = plan(&args).unwrap();
+        let per_mode = demo.warmup + demo.duration.unwrap();
         let total =
-            per_mode * plan.modes.len() as u32 + Duration::from_secs_f64(2.0 * CAPACITY_SECONDS);
+            per_mode * demo.modes.len() as u32 + Duration::from_secs_f64(2.0 * CAPACITY_SECONDS);
         assert!(total < Duration::from_secs(50), "{total:?}");
         assert!(Cli::try_parse_from(["demo", "--duration", "60"]).is_err());
         assert!(Cli::try_parse_from(["demo", "--clients", "0"]).is_err());

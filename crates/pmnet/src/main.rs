@@ -5,6 +5,7 @@ mod client;
 mod config;
 mod demo;
 mod node;
+mod redis;
 mod sim;
 
 use std::process::ExitCode;
@@ -59,6 +60,10 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Run the deterministic fault-injecting simulator: one seed, or a swarm of seeds.
     Sim(sim::SimArgs),
+    /// Run the PMNet server side in front of a real redis-server (see docs/redis.md).
+    RedisAdaptor(redis::RedisAdaptorArgs),
+    /// Serve unmodified Redis clients (RESP over TCP), each connection a PMNet session.
+    Gateway(redis::GatewayArgs),
 }
 
 impl Command {
@@ -71,6 +76,8 @@ impl Command {
             Command::Bench(_) => "bench",
             Command::Demo(_) => "demo",
             Command::Sim(_) => "sim",
+            Command::RedisAdaptor(_) => "redis-adaptor",
+            Command::Gateway(_) => "gateway",
         }
     }
 }
@@ -95,6 +102,8 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Sim(args) => sim::run(args),
+        Command::RedisAdaptor(args) => redis::run_adaptor(args),
+        Command::Gateway(args) => redis::run_gateway(args),
     };
     match result {
         Ok(code) => code,

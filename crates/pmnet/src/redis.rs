@@ -1,0 +1,217 @@
+//! `pmnet redis-adaptor` and `pmnet gateway`: a real Redis behind PMNet, and unmodified Redis
+//! clients in front of it (see docs/redis.md).
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use pmnet_redis::commands::Policy;
+use pmnet_redis::{Adaptor, AdaptorOptions, Durability, Gateway, GatewayOptions};
+use pmnet_runtime::{Shutdown, WaitMode};
+
+use crate::node::LoopArgs;
+use crate::CliError;
+
+#[derive(Debug, Clone, Args)]
+pub struct RedisAdaptorArgs {
+    /// Where devices reach the adaptor (UDP): the ADDR of `--server ID=ADDR` on the device.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7500")]
+    pub listen: SocketAddr,
+
+    /// This server's id: the ID of `--server ID=ADDR` on the devices.
+    #[arg(long, value_name = "ID", default_value_t = 1)]
+    pub server_id: u16,
+
+    /// A device in front of the adaptor (repeat for several). At start-up the adaptor polls
+    /// each for requests it logged, and applies them before anything new.
+    #[arg(long = "device", value_name = "ADDR")]
+    pub devices: Vec<SocketAddr>,
+
+    /// The redis-server to apply requests to. Run it with `--appendonly yes --appendfsync
+    /// always` for the durability PMNet's acks promise.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6379")]
+    pub redis: SocketAddr,
+
+    /// Pipelined connections to Redis; each session always uses the same one.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub redis_connections: usize,
+
+    /// Key prefix of the per-session exactly-once records kept in Redis.
+    #[arg(long, value_name = "PREFIX", default_value = pmnet_redis::script::DEFAULT_RECORD_PREFIX)]
+    pub record_prefix: String,
+
+    /// Requests taken from the protocol and not yet answered by Redis, at most.
+    #[arg(long, value_name = "N", default_value_t = 16_384)]
+    pub max_outstanding: usize,
+
+    /// How long to wait for Redis to answer PING at start-up.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub startup_timeout: u64,
+
+    #[command(flatten)]
+    pub run: LoopArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GatewayArgs {
+    /// Where Redis clients connect (TCP, RESP).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6380")]
+    pub listen: SocketAddr,
+
+    /// The PMNet device in front of the adaptor (UDP).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7400")]
+    pub device: SocketAddr,
+
+    /// The adaptor's server id (the ID of `--server ID=ADDR` on the device).
+    #[arg(long, value_name = "ID", default_value_t = 1)]
+    pub server_id: u16,
+
+    /// Requests in flight per client connection at most (the PMNet window).
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub window: u32,
+
+    /// Client connections open at most; more are refused with an error.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub max_connections: usize,
+
+    /// Send writes whose reply is a count or a new value (LPUSH, RPUSH, SADD, ZADD, HSET, DEL,
+    /// EXPIRE, INCR, INCRBY, APPEND, …) as PMNet updates answered `+OK` on the device's ack,
+    /// instead of bypass requests answered with Redis's integer. Only for clients that do not
+    /// use the integer.
+    #[arg(long)]
+    pub ack_counting_writes: bool,
+
+    #[command(flatten)]
+    pub run: LoopArgs,
+}
+
+fn report_interval(run: &LoopArgs) -> Option<Duration> {
+    (run.report_interval > 0).then(|| Duration::from_secs(run.report_interval))
+}
+
+fn describe(run: &LoopArgs, metrics: Option<SocketAddr>) -> String {
+    format!(
+        "wait: {}; cpu: {}; metrics: {}",
+        WaitMode::from_busy_poll(run.busy_poll).name(),
+        run.cpu
+            .map_or_else(|| "not pinned".to_owned(), |cpu| format!("pinned to {cpu}")),
+        metrics.map_or_else(|| "off".to_owned(), |addr| format!("http://{addr}/metrics")),
+    )
+}
+
+/// Print lines to stdout at once (scripts and tests wait for the "listening on" line).
+fn announce(lines: &[String]) {
+    let mut out = std::io::stdout().lock();
+    for line in lines {
+        let _ = writeln!(out, "{line}");
+    }
+    let _ = out.flush();
+}
+
+pub fn run_adaptor(args: RedisAdaptorArgs) -> Result<ExitCode, CliError> {
+    let shutdown = Shutdown::on_signals()?;
+    let mut options = AdaptorOptions::new(args.listen, args.redis);
+    options.server_id = args.server_id;
+    options.devices = args.devices.clone();
+    options.connections = args.redis_connections;
+    options.record_prefix = args.record_prefix.clone();
+    options.max_outstanding = args.max_outstanding.max(1);
+    options.startup_timeout = Duration::from_secs(args.startup_timeout);
+    options.wait = WaitMode::from_busy_poll(args.run.busy_poll);
+    options.cpu = args.run.cpu;
+    options.report_interval = report_interval(&args.run);
+    options.metrics_listen = args.run.metrics;
+    let mut adaptor = Adaptor::open(options, shutdown)?;
+    let startup = adaptor.startup().clone();
+    let mut lines = vec![
+        format!(
+            "pmnet redis-adaptor {} listening on {}",
+            args.server_id,
+            adaptor.local_addr()
+        ),
+        format!(
+            "  redis: {} (Redis {}; {} session records loaded{})",
+            args.redis,
+            startup.redis_version,
+            startup.sessions_recovered,
+            if startup.records_skipped > 0 {
+                format!(
+                    ", {} keys under {:?} skipped: not session records",
+                    startup.records_skipped, args.record_prefix
+                )
+            } else {
+                String::new()
+            }
+        ),
+        format!("  medium: {}", startup.durability_text()),
+    ];
+    if startup.durability() != Durability::FsyncAlways {
+        lines.push(
+            "  WARNING: a server-ACK then promises less than the device's log does; run Redis \
+             with --appendonly yes --appendfsync always"
+                .to_owned(),
+        );
+    }
+    if args.devices.is_empty() {
+        lines.push(
+            "  devices: none (no recovery poll: requests a device logged while the adaptor was \
+             down are only replayed by the device's own resend timer)"
+                .to_owned(),
+        );
+    } else {
+        let devices: Vec<String> = args.devices.iter().map(ToString::to_string).collect();
+        lines.push(format!(
+            "  devices: {} (polled for logged requests before serving)",
+            devices.join(", ")
+        ));
+    }
+    lines.push(format!(
+        "  {} pipelined connections to Redis; {}",
+        args.redis_connections,
+        describe(&args.run, adaptor.metrics_addr())
+    ));
+    announce(&lines);
+    adaptor.run()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
+    let shutdown = Shutdown::on_signals()?;
+    let mut options = GatewayOptions::new(args.listen, args.device);
+    options.server_id = args.server_id;
+    options.window = args.window;
+    options.max_connections = args.max_connections.max(1);
+    options.policy = Policy {
+        ack_counting_writes: args.ack_counting_writes,
+    };
+    options.wait = WaitMode::from_busy_poll(args.run.busy_poll);
+    options.cpu = args.run.cpu;
+    options.report_interval = report_interval(&args.run);
+    options.metrics_listen = args.run.metrics;
+    let mut gateway = Gateway::open(options, shutdown)?;
+    let lines = vec![
+        format!("pmnet gateway listening on {}", gateway.local_addr()),
+        format!(
+            "  device: {} (server {}); window {} requests per connection; at most {} connections",
+            args.device, args.server_id, args.window, args.max_connections
+        ),
+        "  medium: an update is answered when the device's PMNet-ACK says it is durable in the \
+         device's log (its medium is in the device's banner); bypass commands are answered with \
+         Redis's reply (durable as the adaptor's banner says)"
+            .to_owned(),
+        format!(
+            "  counting writes (LPUSH, DEL, INCR, …): {}",
+            if args.ack_counting_writes {
+                "PMNet updates answered +OK on the device's ack (--ack-counting-writes)"
+            } else {
+                "bypass, answered with Redis's reply"
+            }
+        ),
+        format!("  {}", describe(&args.run, gateway.metrics_addr())),
+    ];
+    announce(&lines);
+    gateway.run()?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,836 @@
+//! The gateway: a RESP server for unmodified Redis clients, each connection a PMNet session.
+//!
+//! Commands are routed by [`crate::commands::route`]: answered locally, sent as PMNet updates
+//! (answered with their fixed reply as soon as the device acks them: the update is then
+//! durable in the device's log and will be applied by Redis in order), or sent as bypass
+//! requests (answered with Redis's reply). Replies go back in request order, whatever order
+//! the acks arrive in; pipelined clients keep up to `window` requests in flight.
+//!
+//! One thread runs every connection and one UDP socket shared by all sessions; datagrams are
+//! handed to the session named in their header.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+use pmnet_proto::{Client, ClientConfig, ClientError, ClientEvent, Completion};
+use pmnet_runtime::metrics::{serve_metrics, Metrics, MetricsBoard};
+use pmnet_runtime::udp::BatchSocket;
+use pmnet_runtime::{pin_current_thread, random_session_id, Clock, Shutdown, WaitMode};
+
+use crate::commands::{route, Policy, Route, OK};
+use crate::poll::{wait, yield_cpu, PollFd};
+use crate::resp::{error_reply, parse_command, parse_value, Limits};
+
+/// Everything the gateway needs to start.
+#[derive(Debug, Clone)]
+pub struct GatewayOptions {
+    /// Where Redis clients connect (TCP).
+    pub listen: SocketAddr,
+    /// The PMNet device in front of the adaptor (or the adaptor itself: no early acks).
+    pub device: SocketAddr,
+    /// The adaptor's server id (the ID of `--server ID=ADDR` on the device).
+    pub server_id: u16,
+    /// Requests in flight per connection at most (the PMNet client window).
+    pub window: u32,
+    pub max_connections: usize,
+    pub policy: Policy,
+    pub wait: WaitMode,
+    pub cpu: Option<usize>,
+    pub report_interval: Option<Duration>,
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+impl GatewayOptions {
+    pub fn new(listen: SocketAddr, device: SocketAddr) -> GatewayOptions {
+        GatewayOptions {
+            listen,
+            device,
+            server_id: 1,
+            window: 64,
+            max_connections: 1024,
+            policy: Policy::default(),
+            wait: WaitMode::Blocking,
+            cpu: None,
+            report_interval: Some(Duration::from_secs(10)),
+            metrics_listen: None,
+        }
+    }
+}
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("cannot bind {what} {addr}: {source}; choose another address or port")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{0}")]
+    Config(String),
+    #[error("{0}")]
+    Pin(String),
+}
+
+/// What the gateway counted; monotonically increasing.
+#[derive(Debug, Clone, Default)]
+pub struct GatewayCounters {
+    pub connections_accepted: u64,
+    /// Refused because `max_connections` were open.
+    pub connections_refused: u64,
+    pub connections_closed: u64,
+    pub commands_local: u64,
+    pub commands_update: u64,
+    pub commands_bypass: u64,
+    /// Unknown, unsupported, refused or ill-formed commands answered with an error.
+    pub commands_rejected: u64,
+    /// Connections closed for bad RESP input.
+    pub protocol_errors: u64,
+    /// Updates answered on the device's ack.
+    pub updates_acked_by_device: u64,
+    /// Updates answered by the server's reply first (not logged by the device).
+    pub updates_answered_by_server: u64,
+    /// Requests that timed out (no ack or reply after every retransmission).
+    pub requests_timed_out: u64,
+    pub replies_unavailable: u64,
+    /// Server replies that were not one RESP value (answered with an error).
+    pub malformed_replies: u64,
+    /// Datagrams for no open session (dropped).
+    pub datagrams_unknown_session: u64,
+}
+
+/// A reply owed to a client, in request order.
+#[derive(Debug)]
+enum Slot {
+    Ready(Vec<u8>),
+    Waiting {
+        seq: u32,
+        /// The fixed reply of an update (on the device's ack).
+        ack: Option<&'static [u8]>,
+    },
+}
+
+#[derive(Debug)]
+struct Conn {
+    stream: TcpStream,
+    fd: RawFd,
+    client: Client,
+    input: Vec<u8>,
+    out: Vec<u8>,
+    out_sent: usize,
+    slots: VecDeque<Slot>,
+    /// The peer closed its side (or reading failed): parse what is buffered, read no more.
+    read_closed: bool,
+    /// QUIT or a protocol error: answer what came before, then close.
+    closing: bool,
+    /// Writing failed: replies are discarded; the session lingers until nothing is in flight.
+    broken: bool,
+    readable: bool,
+}
+
+/// Bytes read from a client and not yet parsed, at most (a command is at most 1 MiB).
+const MAX_INPUT: usize = 2 << 20;
+/// Bytes of replies not yet written before the gateway stops reading a client.
+const MAX_OUTPUT: usize = 8 << 20;
+/// Replies owed to one client at most (beyond the window: local replies and errors).
+const MAX_SLOTS: usize = 4096;
+const PUBLISH_INTERVAL: Duration = Duration::from_millis(100);
+const MAX_SLEEP: Duration = Duration::from_millis(50);
+
+impl Conn {
+    fn unsent(&self) -> usize {
+        self.out.len() - self.out_sent
+    }
+
+    fn is_done(&self) -> bool {
+        (self.read_closed || self.closing || self.broken)
+            && self.client.in_flight_count() == 0
+            && (self.broken || (self.slots.is_empty() && self.unsent() == 0))
+    }
+}
+
+/// A running gateway. See the module docs.
+#[derive(Debug)]
+pub struct Gateway {
+    options: GatewayOptions,
+    clock: Clock,
+    listener: TcpListener,
+    socket: BatchSocket,
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    sessions: HashMap<u64, usize>,
+    counters: GatewayCounters,
+    limits: Limits,
+    board: MetricsBoard,
+    metrics_addr: Option<SocketAddr>,
+    shutdown: Shutdown,
+    listener_readable: bool,
+}
+
+impl Gateway {
+    pub fn open(options: GatewayOptions, shutdown: Shutdown) -> Result<Gateway, GatewayError> {
+        if options.window == 0 {
+            return Err(GatewayError::Config(
+                "--window must be at least 1".to_owned(),
+            ));
+        }
+        let listener = TcpListener::bind(options.listen).map_err(|source| GatewayError::Bind {
+            what: "the gateway's TCP listener to",
+            addr: options.listen,
+            source,
+        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| GatewayError::Bind {
+                what: "the gateway's TCP listener to",
+                addr: options.listen,
+                source,
+            })?;
+        let bind: SocketAddr = if options.device.is_ipv4() {
+            SocketAddr::from(([0, 0, 0, 0], 0))
+        } else {
+            SocketAddr::from(([0u16; 8], 0))
+        };
+        let socket = BatchSocket::bind(bind, 1 << 16).map_err(|source| GatewayError::Bind {
+            what: "the gateway's UDP socket to",
+            addr: bind,
+            source,
+        })?;
+        let board = MetricsBoard::new();
+        let metrics_addr = match options.metrics_listen {
+            Some(addr) => Some(
+                serve_metrics(addr, board.clone(), shutdown.clone()).map_err(|source| {
+                    GatewayError::Bind {
+                        what: "the metrics endpoint to",
+                        addr,
+                        source,
+                    }
+                })?,
+            ),
+            None => None,
+        };
+        Ok(Gateway {
+            options,
+            clock: Clock::new(),
+            listener,
+            socket,
+            conns: Vec::new(),
+            free: Vec::new(),
+            sessions: HashMap::new(),
+            counters: GatewayCounters::default(),
+            limits: Limits::default(),
+            board,
+            metrics_addr,
+            shutdown,
+            listener_readable: true,
+        })
+    }
+
+    /// The TCP address clients connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().unwrap_or(self.options.listen)
+    }
+
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    pub fn counters(&self) -> &GatewayCounters {
+        &self.counters
+    }
+
+    fn open_count(&self) -> usize {
+        self.conns.len() - self.free.len()
+    }
+
+    /// Run until the shutdown flag is set.
+    pub fn run(&mut self) -> Result<(), GatewayError> {
+        if let Some(cpu) = self.options.cpu {
+            pin_current_thread(cpu).map_err(GatewayError::Pin)?;
+        }
+        let report_interval = self.options.report_interval;
+        let publish = self.metrics_addr.is_some();
+        let mut next_publish = Instant::now() + PUBLISH_INTERVAL;
+        let mut next_report = report_interval.map(|interval| Instant::now() + interval);
+        let mut busy = true;
+        let mut fds: Vec<PollFd> = Vec::new();
+        let mut owners: Vec<usize> = Vec::new();
+        while !self.shutdown.is_requested() {
+            // Wait (or just look, when busy or busy-polling) for readiness.
+            let wall = Instant::now();
+            let mut timeout = Duration::ZERO;
+            if !busy && self.options.wait == WaitMode::Blocking {
+                timeout = MAX_SLEEP;
+                for conn in self.conns.iter().flatten() {
+                    if let Some(at) = conn.client.poll_timeout() {
+                        timeout = timeout.min(self.clock.until(at));
+                    }
+                }
+                if publish {
+                    timeout = timeout.min(next_publish.saturating_duration_since(wall));
+                }
+                if let Some(at) = next_report {
+                    timeout = timeout.min(at.saturating_duration_since(wall));
+                }
+            }
+            fds.clear();
+            owners.clear();
+            fds.push(PollFd::new(self.listener.as_raw_fd(), true, false));
+            fds.push(PollFd::new(
+                self.socket.raw_fd(),
+                true,
+                self.socket.is_write_blocked(),
+            ));
+            for (index, conn) in self.conns.iter().enumerate() {
+                if let Some(conn) = conn {
+                    let want_read =
+                        !conn.read_closed && !conn.closing && conn.input.len() < MAX_INPUT;
+                    let want_write = conn.unsent() > 0 && !conn.broken;
+                    if want_read || want_write {
+                        fds.push(PollFd::new(conn.fd, want_read, want_write));
+                        owners.push(index);
+                    }
+                }
+            }
+            if wait(&mut fds, timeout).is_err() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            self.listener_readable = fds[0].readable;
+            let udp_readable = fds[1].readable;
+            for (entry, &index) in fds[2..].iter().zip(&owners) {
+                if let Some(conn) = self.conns[index].as_mut() {
+                    conn.readable = entry.readable;
+                }
+            }
+            busy = self.turn(udp_readable);
+            let wall = Instant::now();
+            if publish && wall >= next_publish {
+                self.board.publish(&self.metrics());
+                next_publish = wall + PUBLISH_INTERVAL;
+            }
+            if let (Some(at), Some(interval)) = (next_report, report_interval) {
+                if wall >= at {
+                    tracing::info!("{}", self.report_line());
+                    next_report = Some(wall + interval);
+                }
+            }
+            if !busy && self.options.wait == WaitMode::BusyPoll {
+                yield_cpu();
+            }
+        }
+        self.board.publish(&self.metrics());
+        tracing::info!("gateway stopped: {}", self.report_line());
+        Ok(())
+    }
+
+    /// One turn after a wait. Returns whether anything happened.
+    fn turn(&mut self, udp_readable: bool) -> bool {
+        let mut busy = false;
+        if self.listener_readable {
+            busy |= self.accept();
+        }
+        if udp_readable || self.options.wait == WaitMode::BusyPoll {
+            busy |= self.receive();
+        }
+        let now = self.clock.now();
+        for index in 0..self.conns.len() {
+            let Some(conn) = self.conns[index].as_mut() else {
+                continue;
+            };
+            if conn.client.poll_timeout().is_some_and(|at| at <= now) {
+                conn.client.handle_timeout(now);
+                busy = true;
+            }
+            if conn.readable {
+                conn.readable = false;
+                busy |= read_client(conn);
+            }
+            busy |= self.service(index);
+        }
+        if self.socket.queued_len() > 0 {
+            self.socket.flush();
+        }
+        // Close what is finished.
+        for index in 0..self.conns.len() {
+            if self.conns[index].as_ref().is_some_and(Conn::is_done) {
+                if let Some(conn) = self.conns[index].take() {
+                    self.sessions.remove(&conn.client.session_id());
+                    self.free.push(index);
+                    self.counters.connections_closed += 1;
+                }
+            }
+        }
+        busy
+    }
+
+    fn accept(&mut self) -> bool {
+        let mut any = false;
+        loop {
+            let (stream, _) = match self.listener.accept() {
+                Ok(accepted) => accepted,
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                Err(error) => {
+                    // Out of descriptors and the like: try again next turn.
+                    tracing::warn!("accept failed: {error}");
+                    break;
+                }
+            };
+            any = true;
+            if self.open_count() >= self.options.max_connections {
+                self.counters.connections_refused += 1;
+                let mut stream = stream;
+                let _ = stream.set_nonblocking(true);
+                let _ = stream.write(b"-ERR max number of clients reached\r\n");
+                continue;
+            }
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            let mut session_id = random_session_id();
+            while self.sessions.contains_key(&session_id) {
+                session_id = random_session_id();
+            }
+            let mut config =
+                ClientConfig::new(session_id, self.options.server_id, self.options.device);
+            config.window = self.options.window;
+            let conn = Conn {
+                fd: stream.as_raw_fd(),
+                stream,
+                client: Client::new(config),
+                input: Vec::new(),
+                out: Vec::new(),
+                out_sent: 0,
+                slots: VecDeque::new(),
+                read_closed: false,
+                closing: false,
+                broken: false,
+                readable: true,
+            };
+            let index = match self.free.pop() {
+                Some(index) => {
+                    self.conns[index] = Some(conn);
+                    index
+                }
+                None => {
+                    self.conns.push(Some(conn));
+                    self.conns.len() - 1
+                }
+            };
+            self.sessions.insert(session_id, index);
+            self.counters.connections_accepted += 1;
+        }
+        any
+    }
+
+    fn receive(&mut self) -> bool {
+        let mut any = false;
+        loop {
+            let count = self.socket.receive_batch();
+            if count == 0 {
+                break;
+            }
+            any = true;
+            let now = self.clock.now();
+            for index in 0..count {
+                let Some((from, datagram)) = self.socket.received(index) else {
+                    continue;
+                };
+                let session = datagram
+                    .get(pmnet_wire::field::SESSION_ID)
+                    .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
+                    .map(u64::from_be_bytes);
+                let target = session.and_then(|id| self.sessions.get(&id)).copied();
+                match target.and_then(|index| self.conns[index].as_mut()) {
+                    Some(conn) => conn.client.handle(now, from, datagram),
+                    None => self.counters.datagrams_unknown_session += 1,
+                }
+            }
+            if count < pmnet_runtime::udp::BATCH_LEN {
+                break;
+            }
+        }
+        any
+    }
+
+    /// Parse and start commands, collect completions, queue replies in order, write.
+    fn service(&mut self, index: usize) -> bool {
+        let Some(conn) = self.conns[index].as_mut() else {
+            return false;
+        };
+        let mut busy = false;
+        loop {
+            let mut progressed = false;
+            // Start what the window allows.
+            let mut consumed = 0;
+            while !conn.closing
+                && conn.client.can_send()
+                && conn.slots.len() < MAX_SLOTS
+                && conn.unsent() < MAX_OUTPUT
+            {
+                match parse_command(&conn.input[consumed..], &self.limits) {
+                    Ok(None) => break,
+                    Err(error) => {
+                        self.counters.protocol_errors += 1;
+                        conn.slots
+                            .push_back(Slot::Ready(error_reply(&format!("ERR {error}"))));
+                        conn.closing = true;
+                        consumed = conn.input.len();
+                        progressed = true;
+                        break;
+                    }
+                    Ok(Some((args, used))) => {
+                        consumed += used;
+                        progressed = true;
+                        if !args.is_empty() {
+                            start_command(
+                                conn,
+                                &args,
+                                &self.options.policy,
+                                &self.clock,
+                                &mut self.counters,
+                            );
+                        }
+                    }
+                }
+            }
+            if consumed > 0 {
+                conn.input.drain(..consumed);
+            }
+            while let Some(transmit) = conn.client.poll_transmit() {
+                self.socket.enqueue(transmit);
+            }
+            while let Some(event) = conn.client.poll_event() {
+                progressed = true;
+                complete(conn, event, &self.limits, &mut self.counters);
+            }
+            while let Some(Slot::Ready(_)) = conn.slots.front() {
+                if let Some(Slot::Ready(bytes)) = conn.slots.pop_front() {
+                    if !conn.broken {
+                        conn.out.extend_from_slice(&bytes);
+                    }
+                }
+                progressed = true;
+            }
+            if !progressed {
+                break;
+            }
+            busy = true;
+        }
+        busy |= write_client(conn);
+        busy
+    }
+
+    pub fn report_line(&self) -> String {
+        let counters = &self.counters;
+        let socket = self.socket.counters();
+        format!(
+            "gateway: connections open {} accepted {} refused {} closed {}; commands local {} \
+             update {} bypass {} rejected {}; updates acked by device {} by server {}; timed \
+             out {} replies unavailable {} malformed replies {} protocol errors {}; udp in {} \
+             out {} unknown-session {}",
+            self.open_count(),
+            counters.connections_accepted,
+            counters.connections_refused,
+            counters.connections_closed,
+            counters.commands_local,
+            counters.commands_update,
+            counters.commands_bypass,
+            counters.commands_rejected,
+            counters.updates_acked_by_device,
+            counters.updates_answered_by_server,
+            counters.requests_timed_out,
+            counters.replies_unavailable,
+            counters.malformed_replies,
+            counters.protocol_errors,
+            socket.received_total(),
+            socket.sent_total(),
+            counters.datagrams_unknown_session,
+        )
+    }
+
+    pub fn metrics(&self) -> Metrics {
+        let mut out = Metrics::new();
+        let counters = &self.counters;
+        out.gauge(
+            "pmnet_gateway_connections_open",
+            "Client connections open (each a PMNet session).",
+            &[],
+            self.open_count() as f64,
+        );
+        for (name, help, value) in [
+            (
+                "pmnet_gateway_connections_accepted_total",
+                "Client connections accepted.",
+                counters.connections_accepted,
+            ),
+            (
+                "pmnet_gateway_connections_refused_total",
+                "Client connections refused (too many open).",
+                counters.connections_refused,
+            ),
+            (
+                "pmnet_gateway_connections_closed_total",
+                "Client connections closed.",
+                counters.connections_closed,
+            ),
+            (
+                "pmnet_gateway_updates_acked_by_device_total",
+                "Updates answered on the device's ack.",
+                counters.updates_acked_by_device,
+            ),
+            (
+                "pmnet_gateway_updates_answered_by_server_total",
+                "Updates answered by the server first.",
+                counters.updates_answered_by_server,
+            ),
+            (
+                "pmnet_gateway_requests_timed_out_total",
+                "Requests that timed out.",
+                counters.requests_timed_out,
+            ),
+            (
+                "pmnet_gateway_replies_unavailable_total",
+                "Requests whose reply was no longer kept.",
+                counters.replies_unavailable,
+            ),
+            (
+                "pmnet_gateway_malformed_replies_total",
+                "Server replies that were not one RESP value.",
+                counters.malformed_replies,
+            ),
+            (
+                "pmnet_gateway_protocol_errors_total",
+                "Connections closed for bad RESP input.",
+                counters.protocol_errors,
+            ),
+            (
+                "pmnet_gateway_datagrams_unknown_session_total",
+                "Datagrams for no open session.",
+                counters.datagrams_unknown_session,
+            ),
+        ] {
+            out.counter(name, help, &[], value);
+        }
+        for (path, value) in [
+            ("local", counters.commands_local),
+            ("update", counters.commands_update),
+            ("bypass", counters.commands_bypass),
+            ("rejected", counters.commands_rejected),
+        ] {
+            out.counter(
+                "pmnet_gateway_commands_total",
+                "Commands by path.",
+                &[("path", path)],
+                value,
+            );
+        }
+        let socket = self.socket.counters();
+        out.counter(
+            "pmnet_packets_received_total",
+            "Datagrams received.",
+            &[("socket", "gateway")],
+            socket.received_total(),
+        );
+        out.counter(
+            "pmnet_packets_sent_total",
+            "Datagrams sent.",
+            &[("socket", "gateway")],
+            socket.sent_total(),
+        );
+        out.counter(
+            "pmnet_socket_dropped_total",
+            "Datagrams dropped because the send queue was full.",
+            &[("socket", "gateway"), ("reason", "send_queue_full")],
+            socket.send_queue_full,
+        );
+        out
+    }
+}
+
+fn read_client(conn: &mut Conn) -> bool {
+    if conn.read_closed || conn.closing {
+        return false;
+    }
+    let mut any = false;
+    let mut chunk = [0u8; 64 << 10];
+    while conn.input.len() < MAX_INPUT {
+        match conn.stream.read(&mut chunk) {
+            Ok(0) => {
+                conn.read_closed = true;
+                any = true;
+                break;
+            }
+            Ok(count) => {
+                conn.input.extend_from_slice(&chunk[..count]);
+                any = true;
+                if count < chunk.len() {
+                    break;
+                }
+            }
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                conn.read_closed = true;
+                conn.broken = true;
+                any = true;
+                break;
+            }
+        }
+    }
+    any
+}
+
+fn write_client(conn: &mut Conn) -> bool {
+    if conn.broken {
+        conn.out.clear();
+        conn.out_sent = 0;
+        return false;
+    }
+    let mut any = false;
+    while conn.out_sent < conn.out.len() {
+        match conn.stream.write(&conn.out[conn.out_sent..]) {
+            Ok(0) => {
+                conn.broken = true;
+                break;
+            }
+            Ok(count) => {
+                conn.out_sent += count;
+                any = true;
+            }
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                conn.broken = true;
+                break;
+            }
+        }
+    }
+    if conn.out_sent == conn.out.len() || conn.broken {
+        conn.out.clear();
+        conn.out_sent = 0;
+    }
+    any
+}
+
+fn start_command(
+    conn: &mut Conn,
+    args: &[Vec<u8>],
+    policy: &Policy,
+    clock: &Clock,
+    counters: &mut GatewayCounters,
+) {
+    let route = route(args, policy);
+    let (ack, update) = match route {
+        Route::Reply(bytes) => {
+            if bytes.first() == Some(&b'-') {
+                counters.commands_rejected += 1;
+            } else {
+                counters.commands_local += 1;
+            }
+            conn.slots.push_back(Slot::Ready(bytes));
+            return;
+        }
+        Route::Quit => {
+            counters.commands_local += 1;
+            conn.slots.push_back(Slot::Ready(OK.to_vec()));
+            conn.closing = true;
+            return;
+        }
+        Route::Update { ack } => (Some(ack), true),
+        Route::Bypass => (None, false),
+    };
+    let payload = crate::resp::command_bytes(args);
+    let now = clock.now();
+    let started = if update {
+        conn.client.update(now, &payload)
+    } else {
+        conn.client.bypass(now, &payload)
+    };
+    match started {
+        Ok(seq) => {
+            if update {
+                counters.commands_update += 1;
+            } else {
+                counters.commands_bypass += 1;
+            }
+            conn.slots.push_back(Slot::Waiting { seq, ack });
+        }
+        Err(error) => {
+            counters.commands_rejected += 1;
+            let message = match error {
+                ClientError::TooLarge => {
+                    "ERR command too large for a PMNet request (at most 1 MiB)".to_owned()
+                }
+                ClientError::SessionExhausted => {
+                    conn.closing = true;
+                    "ERR this connection used every PMNet sequence number; reconnect".to_owned()
+                }
+                other => format!("ERR pmnet: {other}"),
+            };
+            conn.slots.push_back(Slot::Ready(error_reply(&message)));
+        }
+    }
+}
+
+/// Fill the slot of a completed or failed request.
+fn complete(conn: &mut Conn, event: ClientEvent, limits: &Limits, counters: &mut GatewayCounters) {
+    let (seq, bytes) = match event {
+        ClientEvent::Completed {
+            seq, completion, ..
+        } => {
+            let ack = conn.slots.iter().find_map(|slot| match slot {
+                Slot::Waiting { seq: waiting, ack } if *waiting == seq => Some(*ack),
+                _ => None,
+            });
+            let bytes = match completion {
+                Completion::Logged { .. } => {
+                    counters.updates_acked_by_device += 1;
+                    ack.flatten().unwrap_or(OK).to_vec()
+                }
+                Completion::Replied { reply, .. } => {
+                    if ack.flatten().is_some() {
+                        counters.updates_answered_by_server += 1;
+                    }
+                    match parse_value(&reply, limits) {
+                        Ok(Some((_, used))) if used == reply.len() => reply,
+                        _ => {
+                            counters.malformed_replies += 1;
+                            error_reply(
+                                "ERR pmnet gateway: the server's reply is not one RESP value",
+                            )
+                        }
+                    }
+                }
+                Completion::ReplyUnavailable => {
+                    counters.replies_unavailable += 1;
+                    error_reply(
+                        "ERR pmnet: this request was applied exactly once, but its reply is no \
+                         longer kept",
+                    )
+                }
+            };
+            (seq, bytes)
+        }
+        ClientEvent::Failed { seq, error, .. } => {
+            counters.requests_timed_out += 1;
+            (
+                seq,
+                error_reply(&format!(
+                    "ERR pmnet: {error}; the command may or may not have been applied"
+                )),
+            )
+        }
+    };
+    for slot in conn.slots.iter_mut() {
+        if matches!(slot, Slot::Waiting { seq: waiting, .. } if *waiting == seq) {
+            *slot = Slot::Ready(bytes);
+            return;
+        }
+    }
+}

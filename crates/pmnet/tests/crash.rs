@@ -18,7 +18,8 @@
 //! applied once or not at all (the server skips it on the client's no-op fill).
 //!
 //! The kill schedule is random: the seed is printed, and `PMNET_SEED=N` replays the same
-//! schedule (the processes' own timing still varies from run to run).
+//! schedule (the processes' own timing still varies from run to run). Each test crashes 12
+//! times; `PMNET_CRASH_ROUNDS=N` asks for N (a longer soak).
 
 mod common;
 
@@ -447,7 +448,14 @@ fn pause(rng: &mut ChaCha8Rng, range: std::ops::Range<u64>) {
     }
 }
 
-fn crash_test(name: &str, victim: Victim, rounds: u32) {
+fn crash_test(name: &str, victim: Victim) {
+    let rounds: u32 = match std::env::var("PMNET_CRASH_ROUNDS") {
+        Ok(text) => text
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("PMNET_CRASH_ROUNDS must be a number, got {text:?}")),
+        Err(_) => 12,
+    };
     let seed = seed(name);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let started = Instant::now();
@@ -567,7 +575,7 @@ fn crash_test(name: &str, victim: Victim, rounds: u32) {
 
 #[test]
 fn device_crashes_lose_no_acked_update() {
-    crash_test("device_crashes_lose_no_acked_update", Victim::Device, 12);
+    crash_test("device_crashes_lose_no_acked_update", Victim::Device);
 }
 
 #[test]
@@ -575,11 +583,10 @@ fn server_crashes_apply_every_acked_update_exactly_once() {
     crash_test(
         "server_crashes_apply_every_acked_update_exactly_once",
         Victim::Server,
-        12,
     );
 }
 
 #[test]
 fn device_and_server_crashes_together() {
-    crash_test("device_and_server_crashes_together", Victim::Both, 12);
+    crash_test("device_and_server_crashes_together", Victim::Both);
 }

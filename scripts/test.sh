@@ -10,6 +10,16 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# The Redis tests (crates/pmnet/tests/redis.rs) run real redis-server, redis-cli and
+# redis-benchmark processes.
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-benchmark >/dev/null 2>&1; then
+    step "install redis-server and redis-tools (for the Redis tests)"
+    sudo_cmd=()
+    if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+    "${sudo_cmd[@]}" apt-get update -qq
+    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools
+fi
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -50,6 +50,12 @@ pub struct RedisAdaptorArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub startup_timeout: u64,
 
+    /// Record reads in the session records too (each read then costs Redis a write and, with
+    /// appendfsync always, an fsync). Needed only for PMNet clients other than `pmnet gateway`
+    /// that do not answer retransmission requests for completed reads (see docs/redis.md).
+    #[arg(long)]
+    pub record_reads: bool,
+
     #[command(flatten)]
     pub run: LoopArgs,
 }
@@ -119,6 +125,7 @@ pub fn run_adaptor(args: RedisAdaptorArgs) -> Result<ExitCode, CliError> {
     options.record_prefix = args.record_prefix.clone();
     options.max_outstanding = args.max_outstanding.max(1);
     options.startup_timeout = Duration::from_secs(args.startup_timeout);
+    options.record_reads = args.record_reads;
     options.wait = WaitMode::from_busy_poll(args.run.busy_poll);
     options.cpu = args.run.cpu;
     options.report_interval = report_interval(&args.run);

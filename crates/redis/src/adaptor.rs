@@ -59,6 +59,11 @@ pub struct AdaptorOptions {
     pub max_outstanding: usize,
     /// How long to wait for Redis at start-up.
     pub startup_timeout: Duration,
+    /// Record reads too (their sequence number and reply, through the script). Off, a read
+    /// writes nothing to Redis; after an adaptor restart a session that ended with reads then
+    /// needs its client to answer retransmission requests for them with no-op fills (the
+    /// gateway does).
+    pub record_reads: bool,
     pub wait: WaitMode,
     pub cpu: Option<usize>,
     pub report_interval: Option<Duration>,
@@ -76,6 +81,7 @@ impl AdaptorOptions {
             record_prefix: script::DEFAULT_RECORD_PREFIX.to_owned(),
             max_outstanding: 16_384,
             startup_timeout: Duration::from_secs(30),
+            record_reads: false,
             wait: WaitMode::Blocking,
             cpu: None,
             report_interval: Some(Duration::from_secs(10)),
@@ -850,10 +856,11 @@ impl Adaptor {
                 return Op::Literal(error_reply(&format!("ERR {reason}")));
             }
         }
-        match (adaptor_class(&args), kind) {
-            (AdaptorClass::StatelessRead, _) => Op::StatelessRead(args),
-            (AdaptorClass::Read, _) => Op::Read(args),
-            (AdaptorClass::Write, _) => Op::Write(args),
+        let _ = kind;
+        match adaptor_class(&args) {
+            AdaptorClass::StatelessRead if !self.options.record_reads => Op::StatelessRead(args),
+            AdaptorClass::Read if !self.options.record_reads => Op::Read(args),
+            _ => Op::Write(args),
         }
     }
 

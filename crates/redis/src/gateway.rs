@@ -15,10 +15,11 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
-use pmnet_proto::{Client, ClientConfig, ClientError, ClientEvent, Completion};
+use pmnet_proto::{Client, ClientConfig, ClientError, ClientEvent, Completion, Transmit};
 use pmnet_runtime::metrics::{serve_metrics, Metrics, MetricsBoard};
 use pmnet_runtime::udp::BatchSocket;
 use pmnet_runtime::{pin_current_thread, random_session_id, Clock, Shutdown, WaitMode};
+use pmnet_wire::{flags, Header, PacketType};
 
 use crate::commands::{route, Policy, Route, OK};
 use crate::poll::{wait, yield_cpu, PollFd};
@@ -101,6 +102,9 @@ pub struct GatewayCounters {
     pub malformed_replies: u64,
     /// Datagrams for no open session (dropped).
     pub datagrams_unknown_session: u64,
+    /// No-op fills sent for completed reads a restarted adaptor asked for (see
+    /// [`fill_for_completed_read`]).
+    pub noop_fills_for_reads: u64,
 }
 
 /// A reply owed to a client, in request order.
@@ -123,6 +127,8 @@ struct Conn {
     out: Vec<u8>,
     out_sent: usize,
     slots: VecDeque<Slot>,
+    /// The highest sequence number started on this session.
+    last_started: u32,
     /// The peer closed its side (or reading failed): parse what is buffered, read no more.
     read_closed: bool,
     /// QUIT or a protocol error: answer what came before, then close.
@@ -407,6 +413,7 @@ impl Gateway {
                 out: Vec::new(),
                 out_sent: 0,
                 slots: VecDeque::new(),
+                last_started: 0,
                 read_closed: false,
                 closing: false,
                 broken: false,
@@ -430,6 +437,7 @@ impl Gateway {
 
     fn receive(&mut self) -> bool {
         let mut any = false;
+        let mut fills = Vec::new();
         loop {
             let count = self.socket.receive_batch();
             if count == 0 {
@@ -447,13 +455,25 @@ impl Gateway {
                     .map(u64::from_be_bytes);
                 let target = session.and_then(|id| self.sessions.get(&id)).copied();
                 match target.and_then(|index| self.conns[index].as_mut()) {
-                    Some(conn) => conn.client.handle(now, from, datagram),
+                    Some(conn) => {
+                        if let Some(fill) = fill_for_completed_read(conn, datagram) {
+                            fills.push(fill);
+                        }
+                        conn.client.handle(now, from, datagram);
+                    }
                     None => self.counters.datagrams_unknown_session += 1,
                 }
             }
             if count < pmnet_runtime::udp::BATCH_LEN {
                 break;
             }
+        }
+        for bytes in fills {
+            self.counters.noop_fills_for_reads += 1;
+            self.socket.enqueue(Transmit {
+                destination: self.options.device,
+                bytes,
+            });
         }
         any
     }
@@ -533,7 +553,7 @@ impl Gateway {
             "gateway: connections open {} accepted {} refused {} closed {}; commands local {} \
              update {} bypass {} rejected {}; updates acked by device {} by server {}; timed \
              out {} replies unavailable {} malformed replies {} protocol errors {}; udp in {} \
-             out {} unknown-session {}",
+             out {} unknown-session {} no-op fills for reads {}",
             self.open_count(),
             counters.connections_accepted,
             counters.connections_refused,
@@ -551,6 +571,7 @@ impl Gateway {
             socket.received_total(),
             socket.sent_total(),
             counters.datagrams_unknown_session,
+            counters.noop_fills_for_reads,
         )
     }
 
@@ -613,6 +634,11 @@ impl Gateway {
                 "pmnet_gateway_datagrams_unknown_session_total",
                 "Datagrams for no open session.",
                 counters.datagrams_unknown_session,
+            ),
+            (
+                "pmnet_gateway_noop_fills_for_reads_total",
+                "No-op fills sent for completed reads a restarted adaptor asked for.",
+                counters.noop_fills_for_reads,
             ),
         ] {
             out.counter(name, help, &[], value);
@@ -759,6 +785,7 @@ fn start_command(
             } else {
                 counters.commands_bypass += 1;
             }
+            conn.last_started = conn.last_started.max(seq);
             conn.slots.push_back(Slot::Waiting { seq, ack });
         }
         Err(error) => {
@@ -833,4 +860,38 @@ fn complete(conn: &mut Conn, event: ClientEvent, limits: &Limits, counters: &mut
             return;
         }
     }
+}
+
+/// The adaptor records writes but not reads (a read changes nothing, and recording it would
+/// cost Redis an fsync). After the adaptor restarts, a session whose last applied requests
+/// were reads therefore resumes from the last recorded write, and the adaptor asks for the
+/// missing numbers with retransmission requests. Those reads completed here and are in no
+/// device log (a device answers for what it logged), and the protocol's client ignores
+/// requests for completed numbers; so the gateway answers with a no-op fill, which the
+/// adaptor records in the read's place. A retransmission request for a number this session
+/// started and no longer waits for can only be such a read: a completed update is either in
+/// the device's log (the device answers) or recorded by the adaptor (no gap).
+fn fill_for_completed_read(conn: &Conn, datagram: &[u8]) -> Option<Vec<u8>> {
+    if datagram.get(3) != Some(&(PacketType::RetransmitRequest as u8)) {
+        return None;
+    }
+    let (header, _) = Header::parse(datagram).ok()?;
+    if header.packet_type != PacketType::RetransmitRequest
+        || header.seq == 0
+        || header.seq > conn.last_started
+        || conn
+            .slots
+            .iter()
+            .any(|slot| matches!(slot, Slot::Waiting { seq, .. } if *seq == header.seq))
+    {
+        return None;
+    }
+    let mut fill = Header::new(
+        PacketType::BypassRequest,
+        header.server_id,
+        header.session_id,
+        header.seq,
+    );
+    fill.flags = flags::NOOP_FILL;
+    Some(fill.encode(&[]))
 }

@@ -22,7 +22,7 @@ use pmnet_store::{Reply, Request};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::world::{client_addr, device_addr, server_addr, Faults, Topology, World};
+use crate::world::{client_addr, device_addr, node_name, server_addr, Faults, Topology, World};
 
 /// Knobs of a run; the seed picks everything else.
 #[derive(Debug, Clone)]
@@ -35,6 +35,8 @@ pub struct Options {
     pub liveness_bound: Duration,
     /// Keep a readable trace of every event.
     pub trace: bool,
+    /// With `trace`: keep the datagram lines (every send and receive) too.
+    pub trace_datagrams: bool,
 }
 
 impl Default for Options {
@@ -44,6 +46,7 @@ impl Default for Options {
             safety_actions: 3_000,
             liveness_bound: Duration::from_secs(120),
             trace: false,
+            trace_datagrams: true,
         }
     }
 }
@@ -183,25 +186,97 @@ fn seq_of_value(value: &[u8]) -> u32 {
         .unwrap_or(0)
 }
 
+/// A seed that broke an invariant: the message, and what the run did up to the failure.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub seed: u64,
+    /// The panic message: which invariant broke, and how.
+    pub message: String,
+    /// The hash of the events up to the failure.
+    pub trace_hash: u32,
+    /// The fault mix, and the faults exercised up to the failure.
+    pub faults: FaultSummary,
+    /// The readable trace up to the failure, when [`Options::trace`] was on.
+    pub trace: Option<Vec<String>>,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "seed {} failed: {}\nreproduce with: {}",
+            self.seed,
+            self.message,
+            reproduce_command(self.seed)
+        )
+    }
+}
+
 /// Run one seed. Panics, with the reproduction command in the message, when an invariant
 /// breaks; returns the report otherwise.
 pub fn run(seed: u64, options: &Options) -> Report {
-    let result =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_inner(seed, options)));
-    match result {
+    match try_run(seed, options) {
         Ok(report) => report,
+        Err(failure) => panic!("{failure}"),
+    }
+}
+
+/// Run one seed; a broken invariant (a panic anywhere in the run) is returned as a
+/// [`Failure`] with the trace hash, fault counts and trace up to that point. The panic hook
+/// still sees the panic; a caller running many seeds may want to silence it.
+pub fn try_run(seed: u64, options: &Options) -> Result<Report, Box<Failure>> {
+    let mut state = None;
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_inner(seed, options, &mut state)
+    }));
+    match result {
+        Ok(report) => Ok(report),
         Err(panic) => {
             let message = panic
                 .downcast_ref::<String>()
                 .cloned()
                 .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
                 .unwrap_or_else(|| "unknown panic".to_string());
-            panic!(
-                "seed {seed} failed: {message}\nreproduce with: {}",
-                reproduce_command(seed)
-            );
+            let (trace_hash, faults, trace) = match state {
+                Some(Run {
+                    mut world,
+                    mut summary,
+                }) => {
+                    world.note_by("check", &format!("FAILED: {message}"));
+                    count_world_faults(&world, &mut summary);
+                    (world.trace_hash(), summary, world.trace.take())
+                }
+                None => (0, FaultSummary::default(), None),
+            };
+            Err(Box::new(Failure {
+                seed,
+                message,
+                trace_hash,
+                faults,
+                trace,
+            }))
         }
     }
+}
+
+/// The state of a run, kept outside the unwinding code so that a failure can report it.
+struct Run {
+    world: World,
+    summary: FaultSummary,
+}
+
+/// Copy what the world counted (network faults, rejected log slots) into `summary`.
+fn count_world_faults(world: &World, summary: &mut FaultSummary) {
+    summary.counts.datagrams_sent = world.network.sent;
+    summary.counts.datagrams_lost = world.network.lost;
+    summary.counts.datagrams_duplicated = world.network.duplicated;
+    summary.counts.datagrams_corrupted = world.network.corrupted;
+    summary.counts.datagrams_partitioned = world.network.partitioned;
+    summary.counts.log_slots_rejected = world
+        .devices
+        .iter()
+        .map(|node| node.rejected_slot_count)
+        .sum();
 }
 
 struct Issued {
@@ -209,7 +284,7 @@ struct Issued {
     payload: Vec<u8>,
 }
 
-fn run_inner(seed: u64, options: &Options) -> Report {
+fn run_inner(seed: u64, options: &Options, state: &mut Option<Run>) -> Report {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let topology = Topology {
         client_count: rng.random_range(1..=4),
@@ -218,7 +293,7 @@ fn run_inner(seed: u64, options: &Options) -> Report {
             .collect(),
         server_count: rng.random_range(1..=2),
     };
-    let mut summary = FaultSummary {
+    let summary = FaultSummary {
         client_count: topology.client_count,
         device_count: topology.device_slot_counts.len(),
         server_count: topology.server_count,
@@ -235,19 +310,40 @@ fn run_inner(seed: u64, options: &Options) -> Report {
     let partitions_enabled = rng.random_bool(0.5);
     let device_crash_weight = rng.random_range(0..4);
     let server_crash_weight = rng.random_range(0..4);
+    let slot_counts = topology.device_slot_counts.clone();
     let mut world = World::with_topology(topology).with_kv_store(4 << 20);
     world.record_seen = false;
     if options.trace {
         world.trace = Some(Vec::new());
+        world.trace_datagrams = options.trace_datagrams;
     }
+    let network_seed: u64 = rng.random();
     world.faults = Some(Faults {
-        rng: ChaCha8Rng::seed_from_u64(rng.random()),
+        rng: ChaCha8Rng::seed_from_u64(network_seed),
         loss: summary.loss,
         duplicate: summary.duplicate,
         jitter: Duration::from_micros(summary.jitter_us),
         corrupt: summary.corrupt,
     });
-    world.note_event(&format!("seed {seed}: {summary:?}"));
+    world.note_event(&format!(
+        "seed {seed}: {} client(s), {} device(s) (log slots {slot_counts:?}), {} server(s)",
+        summary.client_count, summary.device_count, summary.server_count
+    ));
+    world.note_event(&format!(
+        "faults: loss {:.1}%, duplication {:.1}%, delay spread 0-{} us, corruption in flight \
+         {:.2}%, partitions {}, device crashes {device_crash_weight}/3, server crashes \
+         {server_crash_weight}/3, network seed {network_seed}",
+        summary.loss * 100.0,
+        summary.duplicate * 100.0,
+        summary.jitter_us,
+        summary.corrupt * 100.0,
+        if partitions_enabled { "on" } else { "off" },
+    ));
+    world.note_event(&format!(
+        "safety phase: {} actions, {} requests per client",
+        options.safety_actions, options.requests_per_client
+    ));
+    let Run { world, summary } = state.insert(Run { world, summary });
 
     let client_count = world.clients.len();
     let mut issued: Vec<Vec<Issued>> = (0..client_count).map(|_| Vec::new()).collect();
@@ -259,7 +355,7 @@ fn run_inner(seed: u64, options: &Options) -> Report {
         if rng.random_bool(issue_probability) {
             let client = rng.random_range(0..client_count);
             issue(
-                &mut world,
+                world,
                 &mut rng,
                 &mut issued,
                 client,
@@ -269,13 +365,17 @@ fn run_inner(seed: u64, options: &Options) -> Report {
         }
         match rng.random_range(0..100) {
             0..=3 if device_crash_weight > 0 => {
-                crash_device(&mut world, &mut rng, &mut summary, device_crash_weight);
+                crash_device(world, &mut rng, summary, device_crash_weight);
             }
             4 if rng.random_range(0..4) < server_crash_weight => {
                 let index = rng.random_range(0..world.servers.len());
                 if world.servers[index].up {
                     if world.servers[index].server.is_recovering() {
                         summary.counts.server_crashes_during_recovery += 1;
+                        world.note_by(
+                            &format!("server{index}"),
+                            "crash during its start-up recovery poll",
+                        );
                     }
                     summary.counts.server_crashes += 1;
                     world.stop_server(index);
@@ -291,14 +391,20 @@ fn run_inner(seed: u64, options: &Options) -> Report {
                 let index = rng.random_range(0..world.devices.len());
                 let node = world.device_mut(index);
                 node.hold_persistence = !node.hold_persistence;
-                if !node.hold_persistence {
+                if node.hold_persistence {
+                    world.note_by(
+                        &format!("device{index}"),
+                        "persistence held: log writes are issued but do not complete; acks wait",
+                    );
+                } else {
+                    world.note_by(&format!("device{index}"), "persistence released");
                     world.release_persistence(index, None);
                 }
             }
-            45 if partitions_enabled => partition(&mut world, &mut rng, &mut summary),
+            45 if partitions_enabled => partition(world, &mut rng, summary),
             46..=47 if partitions_enabled && !world.blocked.is_empty() => {
                 world.blocked.clear();
-                world.note_event("partitions healed");
+                world.note_by("network", "partitions healed");
             }
             _ => {
                 for _ in 0..rng.random_range(1..20) {
@@ -309,7 +415,11 @@ fn run_inner(seed: u64, options: &Options) -> Report {
     }
 
     // Liveness phase: heal every fault, finish every session, converge within the bound.
-    world.note_event("liveness phase");
+    world.note_event(&format!(
+        "liveness phase: faults healed, held persistence released, every node up; \
+         must converge within {:?}",
+        options.liveness_bound
+    ));
     world.faults = None;
     world.blocked.clear();
     for index in 0..world.devices.len() {
@@ -330,7 +440,7 @@ fn run_inner(seed: u64, options: &Options) -> Report {
     loop {
         for client in 0..client_count {
             issue(
-                &mut world,
+                world,
                 &mut rng,
                 &mut issued,
                 client,
@@ -340,7 +450,7 @@ fn run_inner(seed: u64, options: &Options) -> Report {
         let done = issued
             .iter()
             .all(|requests| requests.len() as u32 >= options.requests_per_client)
-            && converged(&world);
+            && converged(world);
         if done {
             break;
         }
@@ -351,29 +461,27 @@ fn run_inner(seed: u64, options: &Options) -> Report {
             _ => panic!(
                 "invariant: not converged {:?} after the faults healed: {}",
                 options.liveness_bound,
-                convergence_state(&world)
+                convergence_state(world)
             ),
         }
     }
     let virtual_time_to_converge = world.now.saturating_duration_since(liveness_start);
+    world.note_by(
+        "check",
+        &format!(
+            "invariant 5 (convergence): converged {virtual_time_to_converge:?} after the faults \
+             healed: nothing in flight, no live log entry, nothing buffered"
+        ),
+    );
 
-    let requests_completed = check_invariants(&world, &issued, &mut summary);
-    summary.counts.datagrams_sent = world.network.sent;
-    summary.counts.datagrams_lost = world.network.lost;
-    summary.counts.datagrams_duplicated = world.network.duplicated;
-    summary.counts.datagrams_corrupted = world.network.corrupted;
-    summary.counts.datagrams_partitioned = world.network.partitioned;
-    summary.counts.log_slots_rejected = world
-        .devices
-        .iter()
-        .map(|node| node.rejected_slot_count)
-        .sum();
+    let requests_completed = check_invariants(world, &issued, summary);
+    count_world_faults(world, summary);
     Report {
         seed,
         trace_hash: world.trace_hash(),
         requests_completed,
         virtual_time_to_converge,
-        faults: summary,
+        faults: std::mem::take(summary),
         trace: world.trace.take(),
     }
 }
@@ -417,10 +525,16 @@ fn crash_device(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSumm
         return;
     }
     let index = rng.random_range(0..world.devices.len());
+    let actor = format!("device{index}");
     summary.counts.device_crashes += 1;
-    if !world.devices[index].held.is_empty() {
+    let held = world.devices[index].held.len();
+    if held > 0 {
         summary.counts.device_crashes_with_held_writes += 1;
     }
+    world.note_by(
+        &actor,
+        &format!("CRASH ({held} persistence work items issued but not complete)"),
+    );
     if rng.random_bool(0.3) {
         corrupt_applied_entry_at_rest(world, rng, index, summary);
     }
@@ -438,15 +552,31 @@ fn crash_device(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSumm
             node.log
                 .write_without_fences(token.slot, &key, Some(return_address), &packet);
             summary.counts.device_crashes_mid_write += 1;
+            world.note_by(
+                &actor,
+                &format!(
+                    "crash in the middle of the log write of slot {} (s={:x} seq={} frag={}): \
+                     its stores issued, not fenced",
+                    token.slot, key.session_id, key.seq, key.fragment_index
+                ),
+            );
         }
     }
     if rng.random_bool(0.5) {
         summary.counts.device_crashes_torn += 1;
         let crash_seed: u64 = rng.random();
+        world.note_by(
+            &actor,
+            &format!(
+                "crash image: each unpersisted cache line kept, lost or torn at 8 bytes \
+                 (crash seed {crash_seed})"
+            ),
+        );
         world.restart_device_with(index, |region| {
             region.crash(&mut ChaCha8Rng::seed_from_u64(crash_seed))
         });
     } else {
+        world.note_by(&actor, "crash image: what was persisted, nothing more");
         world.restart_device(index);
     }
 }
@@ -488,15 +618,24 @@ fn corrupt_applied_entry_at_rest(
     node.log.region_mut().flip_bit(offset, bit);
     assert!(node.log.region().len() > offset);
     summary.counts.entries_corrupted_at_rest += 1;
-    world.note_event(&format!(
-        "device {index} slot {slot} corrupted at rest ({key:?})"
-    ));
+    world.note_by(
+        &format!("device{index}"),
+        &format!(
+            "log slot {slot} corrupted at rest: bit {bit} of byte {} flipped ({key:?}, \
+             already applied); restart",
+            offset - start
+        ),
+    );
     world.restart_device(index);
     let node = &world.devices[index];
     if let Some(key) = key {
         assert!(
             node.device.live_keys().all(|live| *live != key),
             "invariant: a corrupted log entry {key:?} was recovered as valid"
+        );
+        world.note_by(
+            "check",
+            &format!("invariant 4: device{index} did not recover the corrupted entry"),
         );
     }
 }
@@ -517,10 +656,20 @@ fn partition(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSummary
     if rng.random_bool(0.5) {
         world.blocked.insert((to, from));
         summary.counts.partitions_symmetric += 1;
-        world.note_event(&format!("partition {from} <-> {to}"));
+        world.note_by(
+            "network",
+            &format!("partition {} <-> {}", node_name(from), node_name(to)),
+        );
     } else {
         summary.counts.partitions_one_way += 1;
-        world.note_event(&format!("partition {from} -> {to}"));
+        world.note_by(
+            "network",
+            &format!(
+                "partition {} -> {} (one-way)",
+                node_name(from),
+                node_name(to)
+            ),
+        );
     }
 }
 
@@ -566,8 +715,32 @@ fn convergence_state(world: &World) -> String {
     )
 }
 
-/// Check invariants 1–3 on the final state; returns the number of completed requests.
-fn check_invariants(world: &World, issued: &[Vec<Issued>], summary: &mut FaultSummary) -> u64 {
+/// Check invariants 1–3 on the final state, noting each check in the trace; returns the
+/// number of completed requests.
+fn check_invariants(world: &mut World, issued: &[Vec<Issued>], summary: &mut FaultSummary) -> u64 {
+    let (completed, notes) = check_sessions(world, issued, summary);
+    for note in notes {
+        world.note_by("check", &note);
+    }
+    let acks = world.acks_checked;
+    world.note_by(
+        "check",
+        &format!(
+            "invariant 4 (an ack is a promise): {acks} PMNet-ACKs, each of an entry durable \
+             in the persistence model"
+        ),
+    );
+    completed
+}
+
+/// Invariants 1–3, session by session; returns the number of completed requests and what was
+/// checked, for the trace.
+fn check_sessions(
+    world: &World,
+    issued: &[Vec<Issued>],
+    summary: &mut FaultSummary,
+) -> (u64, Vec<String>) {
+    let mut notes = Vec::new();
     let mut completed_count = 0;
     for (client, requests) in issued.iter().enumerate() {
         let session_id = world.session(client);
@@ -626,6 +799,7 @@ fn check_invariants(world: &World, issued: &[Vec<Issued>], summary: &mut FaultSu
         }
 
         // 3: a bypass read saw the latest update of its session before it, and nothing later.
+        let mut reads_checked = 0;
         for (seq, completion) in &completions {
             let Completion::Replied {
                 reply,
@@ -652,6 +826,7 @@ fn check_invariants(world: &World, issued: &[Vec<Issued>], summary: &mut FaultSu
                 seen, expected,
                 "invariant: client {client} read {seq} missed its session's writes"
             );
+            reads_checked += 1;
         }
 
         // The store holds the session's last applied update.
@@ -666,8 +841,22 @@ fn check_invariants(world: &World, issued: &[Vec<Issued>], summary: &mut FaultSu
             stored, last_update,
             "invariant: client {client}: the store lost an update"
         );
+        let fills = applied
+            .iter()
+            .filter(|(_, _, kind, request)| *kind == RequestKind::Bypass && request.is_empty())
+            .count();
+        notes.push(format!(
+            "invariants 1-3, client{client} (s={session_id:x}): {} requests, {} completed, \
+             {} failed; {} applied once in order, as sent ({fills} no-op fills); {reads_checked} \
+             reads saw their session's latest write; the store holds seq {}",
+            requests.len(),
+            completions.len(),
+            failed.len(),
+            applied.len(),
+            stored.map_or_else(|| "none".to_string(), |seq| seq.to_string()),
+        ));
     }
-    completed_count
+    (completed_count, notes)
 }
 
 /// Totals over a swarm of seeds: what was exercised, for the summary `pmnet sim` prints.

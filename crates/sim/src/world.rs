@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use pmnet_pm::{EntryKey, PmLog, SimRegion};
 use pmnet_proto::{
-    Client, ClientConfig, ClientEvent, Device, DeviceConfig, PersistWork, RecoveredSession,
-    RequestKind, Server, ServerConfig, ServerEvent, Time, Transmit,
+    Client, ClientConfig, ClientEvent, Completion, Device, DeviceConfig, PersistWork,
+    RecoveredSession, RequestKind, Server, ServerConfig, ServerEvent, Time, Transmit,
 };
 use pmnet_store::{Application, KvConfig, KvStore};
 use pmnet_wire::{Header, PacketType};
@@ -45,6 +45,90 @@ pub fn device_addr(index: usize) -> SocketAddr {
 /// Address of client `index`.
 pub fn client_addr(index: usize) -> SocketAddr {
     SocketAddr::from(([10, 0, 100, 1], 40000 + index as u16))
+}
+
+/// The name of the node at `addr` in traces: `client0`, `device1`, `server0`, or the address.
+pub fn node_name(addr: SocketAddr) -> String {
+    if let SocketAddr::V4(v4) = addr {
+        let [a, b, c, d] = v4.ip().octets();
+        match (a, b, c, d, v4.port()) {
+            (10, 0, 1, host, 51000) if host > 0 => return format!("server{}", host - 1),
+            (10, 0, 2, host, 51000) if host > 0 => return format!("device{}", host - 1),
+            (10, 0, 100, 1, port) if port >= 40000 => return format!("client{}", port - 40000),
+            _ => {}
+        }
+    }
+    addr.to_string()
+}
+
+/// A header as traces show it: type, session, sequence number, fragment, flags.
+pub fn describe_header(header: &Header) -> String {
+    let mut text = format!(
+        "{} s={:x} seq={}",
+        header.packet_type, header.session_id, header.seq
+    );
+    if header.fragment_count > 1 {
+        text.push_str(&format!(
+            " frag={}/{}",
+            header.fragment_index, header.fragment_count
+        ));
+    }
+    if header.device_id != 0 {
+        text.push_str(&format!(" dev={}", header.device_id));
+    }
+    for (bit, name) in [
+        (pmnet_wire::flags::MAKEUP, "makeup"),
+        (pmnet_wire::flags::REPLY_UNAVAILABLE, "reply-unavailable"),
+        (pmnet_wire::flags::ALL_FRAGMENTS, "all-fragments"),
+        (pmnet_wire::flags::NOOP_FILL, "noop-fill"),
+    ] {
+        if header.flags & bit != 0 {
+            text.push_str(&format!(" +{name}"));
+        }
+    }
+    text
+}
+
+fn describe_key(key: &EntryKey) -> String {
+    format!(
+        "server{} s={:x} seq={} frag={}",
+        key.server_id.wrapping_sub(SERVER_ID),
+        key.session_id,
+        key.seq,
+        key.fragment_index
+    )
+}
+
+fn describe_client_event(event: &ClientEvent) -> String {
+    match event {
+        ClientEvent::Completed {
+            seq,
+            kind,
+            completion,
+        } => {
+            let how = match completion {
+                Completion::Logged { device_id } => {
+                    format!(
+                        "logged by device{} (pmnet_ack)",
+                        device_id.wrapping_sub(DEVICE_ID)
+                    )
+                }
+                Completion::Replied {
+                    reply,
+                    makeup: false,
+                } => format!("server reply, {} bytes", reply.len()),
+                Completion::Replied {
+                    reply,
+                    makeup: true,
+                } => format!("make-up server reply, {} bytes", reply.len()),
+                Completion::ReplyUnavailable => "make-up ack, reply no longer kept".to_string(),
+            };
+            format!("completed {kind:?} seq={seq}: {how}")
+        }
+        ClientEvent::Failed { seq, kind, error } => {
+            format!("FAILED {kind:?} seq={seq}: {error}")
+        }
+    }
 }
 
 /// One datagram put on the network, for assertions and traces.
@@ -217,8 +301,12 @@ pub struct World {
     /// Every datagram sent, when `record_seen` is on (tests); off in long swarms.
     pub seen: Vec<Seen>,
     pub record_seen: bool,
-    /// A readable event log, when on.
+    /// A readable event log, when on: one line an event, `<virtual time>  <node>  <event>`.
     pub trace: Option<Vec<String>>,
+    /// Keep datagram lines (`send`, `recv`) in `trace`; they are hashed either way.
+    pub trace_datagrams: bool,
+    /// PMNet-ACKs checked against the persistence model (invariant 4).
+    pub acks_checked: u64,
     trace_hash: u32,
     drop_rules: Vec<DropRule>,
     pub clients: Vec<ClientNode>,
@@ -309,6 +397,8 @@ impl World {
             seen: Vec::new(),
             record_seen: true,
             trace: None,
+            trace_datagrams: true,
+            acks_checked: 0,
             trace_hash: 0,
             drop_rules: Vec::new(),
             clients,
@@ -351,18 +441,34 @@ impl World {
         self.trace_hash
     }
 
-    fn note(&mut self, event: impl FnOnce() -> String) {
-        let text = event();
+    /// Hash an event by `actor` (a node name, `network`, `sim`, `check`) and keep it in the
+    /// trace when the trace is on.
+    fn note(&mut self, actor: &str, event: impl FnOnce() -> String) {
+        let text = format!("{:>16}  {actor:<8} {}", self.now.to_string(), event());
         self.trace_hash = crc32c::crc32c_append(self.trace_hash, text.as_bytes());
         if let Some(trace) = self.trace.as_mut() {
             trace.push(text);
         }
     }
 
-    /// Note an event of the caller's (faults, crashes) in the trace.
+    /// A datagram event: hashed always, kept in the trace unless `trace_datagrams` is off.
+    fn note_datagram(&mut self, actor: &str, event: impl FnOnce() -> String) {
+        let keep = self.trace_datagrams;
+        let trace = if keep { None } else { self.trace.take() };
+        self.note(actor, event);
+        if !keep {
+            self.trace = trace;
+        }
+    }
+
+    /// Note an event of the caller's (faults, crashes, checks) in the trace, by `sim`.
     pub fn note_event(&mut self, text: &str) {
-        let now = self.now;
-        self.note(|| format!("{now} {text}"));
+        self.note("sim", || text.to_string());
+    }
+
+    /// Note an event of the caller's by `actor` (`device0`, `network`, `check`, ...).
+    pub fn note_by(&mut self, actor: &str, text: &str) {
+        self.note(actor, || text.to_string());
     }
 
     /// Drop every datagram for which `rule` returns true (rules stay until cleared).
@@ -390,11 +496,8 @@ impl World {
             .client
             .update(now, payload)
             .expect("update accepted");
-        self.note(|| {
-            format!(
-                "{now} client {client} update seq {seq} ({} bytes)",
-                payload.len()
-            )
+        self.note(&format!("client{client}"), || {
+            format!("issue Update seq={seq} ({} bytes)", payload.len())
         });
         self.flush_outputs();
         seq
@@ -406,11 +509,8 @@ impl World {
             .client
             .bypass(now, payload)
             .expect("bypass accepted");
-        self.note(|| {
-            format!(
-                "{now} client {client} bypass seq {seq} ({} bytes)",
-                payload.len()
-            )
+        self.note(&format!("client{client}"), || {
+            format!("issue Bypass seq={seq} ({} bytes)", payload.len())
         });
         self.flush_outputs();
         seq
@@ -429,10 +529,16 @@ impl World {
             header,
             dropped: false,
         };
+        // What happened to the datagram, for the trace.
+        let mut fate = String::new();
         seen.dropped = self.drop_rules.iter_mut().any(|rule| rule(&seen));
+        if seen.dropped {
+            fate.push_str(" [dropped by a test rule]");
+        }
         if self.blocked.contains(&(from, transmit.destination)) {
             seen.dropped = true;
             self.network.partitioned += 1;
+            fate.push_str(" [cut by a partition]");
         }
         let mut bytes = transmit.bytes;
         let mut copies = 1;
@@ -441,10 +547,14 @@ impl World {
             if !seen.dropped && faults.rng.random_bool(faults.loss) {
                 seen.dropped = true;
                 self.network.lost += 1;
+                fate.push_str(" [lost]");
             }
             if faults.rng.random_bool(faults.duplicate) {
                 copies = 2;
                 self.network.duplicated += 1;
+                if !seen.dropped {
+                    fate.push_str(" [duplicated]");
+                }
             }
             let jitter_ns = u64::try_from(faults.jitter.as_nanos()).unwrap_or(u64::MAX);
             for delay in &mut delays {
@@ -454,21 +564,26 @@ impl World {
                 let bit = faults.rng.random_range(0..bytes.len() * 8);
                 bytes[bit / 8] ^= 1 << (bit % 8);
                 self.network.corrupted += 1;
+                if !seen.dropped {
+                    fate.push_str(&format!(
+                        " [corrupted: bit {} of byte {}]",
+                        bit % 8,
+                        bit / 8
+                    ));
+                }
             }
         }
         let dropped = seen.dropped;
         let header = seen.header;
-        self.note(|| {
+        let to = seen.to;
+        if from_device_ack(from, &header) {
+            fate.push_str(" [checked durable]");
+        }
+        self.note_datagram(&node_name(from), || {
             format!(
-                "{} {from} -> {} {} s={:x} seq={} frag={}/{}{}",
-                seen.at,
-                seen.to,
-                header.packet_type,
-                header.session_id,
-                header.seq,
-                header.fragment_index,
-                header.fragment_count,
-                if dropped { " DROPPED" } else { "" }
+                "send {} -> {}{fate}",
+                describe_header(&header),
+                node_name(to)
             )
         });
         if self.record_seen {
@@ -512,18 +627,26 @@ impl World {
                 }
                 let now = self.now;
                 let node = &mut self.devices[index];
+                let mut persisted = Vec::new();
                 while let Some(work) = node.device.poll_persist() {
+                    if node.hold_persistence {
+                        persisted.push(format!("persistence held: {} waits", describe_work(&work)));
+                    }
                     node.held.push_back(work);
                 }
                 if !node.hold_persistence {
                     while let Some(work) = node.held.pop_front() {
                         progressed = true;
-                        execute_persist(node, now, work);
+                        persisted.push(execute_persist(node, now, work));
                     }
                 }
                 let mut out = Vec::new();
                 while let Some(transmit) = node.device.poll_transmit() {
                     out.push(transmit);
+                }
+                let actor = format!("device{index}");
+                for text in persisted {
+                    self.note(&actor, || text);
                 }
                 for transmit in out {
                     progressed = true;
@@ -547,12 +670,20 @@ impl World {
                             kind,
                             request,
                         } => {
+                            let what = match (kind, request.is_empty()) {
+                                (RequestKind::Bypass, true) => "no-op fill".to_string(),
+                                _ => format!("{kind:?} ({} bytes)", request.len()),
+                            };
                             let reply = node.app.apply(session_id, seq, kind, request);
                             node.server.on_applied(now, session_id, seq, reply);
-                            applied.push((session_id, seq));
+                            applied.push(format!(
+                                "apply s={session_id:x} seq={seq} {what} [in order, once]"
+                            ));
                         }
                         ServerEvent::RecoveryComplete { entries_resent } => {
-                            applied.push((u64::MAX, entries_resent as u32));
+                            applied.push(format!(
+                                "recovery complete: {entries_resent} logged entries resent"
+                            ));
                         }
                     }
                 }
@@ -560,11 +691,9 @@ impl World {
                 while let Some(transmit) = node.server.poll_transmit() {
                     out.push(transmit);
                 }
-                for (session_id, seq) in applied {
-                    self.note(|| match session_id {
-                        u64::MAX => format!("{now} server {index} recovered ({seq} resent)"),
-                        _ => format!("{now} server {index} applied s={session_id:x} seq={seq}"),
-                    });
+                let actor = format!("server{index}");
+                for text in applied {
+                    self.note(&actor, || text);
                 }
                 for transmit in out {
                     progressed = true;
@@ -582,9 +711,9 @@ impl World {
                 while let Some(transmit) = node.client.poll_transmit() {
                     out.push(transmit);
                 }
-                let now = self.now;
+                let actor = format!("client{index}");
                 for event in events {
-                    self.note(|| format!("{now} client {index} {event:?}"));
+                    self.note(&actor, || describe_client_event(&event));
                 }
                 for transmit in out {
                     progressed = true;
@@ -599,7 +728,7 @@ impl World {
 
     /// An ack is a promise: a PMNet-ACK may name only an entry the device's log has held
     /// durably, by the persistence model's account rather than the device's.
-    fn check_pmnet_ack(&self, device: usize, transmit: &Transmit) {
+    fn check_pmnet_ack(&mut self, device: usize, transmit: &Transmit) {
         let Ok((header, _)) = Header::parse(&transmit.bytes) else {
             return;
         };
@@ -616,6 +745,7 @@ impl World {
             self.devices[device].ever_durable.contains(&key),
             "invariant: device {device} acked {key:?} before its log write was durable"
         );
+        self.acks_checked += 1;
     }
 
     /// Release held persistence work of device `index`, `count` items (all when `None`).
@@ -623,11 +753,16 @@ impl World {
         let now = self.now;
         let node = &mut self.devices[index];
         let count = count.unwrap_or(node.held.len());
+        let mut persisted = Vec::new();
         for _ in 0..count {
             let Some(work) = node.held.pop_front() else {
                 break;
             };
-            execute_persist(node, now, work);
+            persisted.push(execute_persist(node, now, work));
+        }
+        let actor = format!("device{index}");
+        for text in persisted {
+            self.note(&actor, || format!("released: {text}"));
         }
         self.flush_outputs();
     }
@@ -676,6 +811,24 @@ impl World {
 
     fn deliver(&mut self, from: SocketAddr, to: SocketAddr, bytes: &[u8]) {
         let now = self.now;
+        let up = if let Some(index) = (0..self.servers.len()).find(|i| server_addr(*i) == to) {
+            self.servers[index].up
+        } else if let Some(index) = (0..self.devices.len()).find(|i| device_addr(*i) == to) {
+            self.devices[index].up
+        } else {
+            true
+        };
+        self.note_datagram(&node_name(to), || {
+            let what = match Header::parse(bytes) {
+                Ok((header, _)) => describe_header(&header),
+                Err(error) => format!(
+                    "a datagram of {} bytes that does not parse ({error})",
+                    bytes.len()
+                ),
+            };
+            let fate = if up { "" } else { " [lost: the node is down]" };
+            format!("recv {what} from {}{fate}", node_name(from))
+        });
         if let Some(node) = (0..self.servers.len()).find(|i| server_addr(*i) == to) {
             let node = &mut self.servers[node];
             if node.up {
@@ -770,6 +923,7 @@ impl World {
     ) {
         let now = self.now;
         let node = &mut self.devices[index];
+        let held_lost = node.held.len();
         let region = crash(node.log.region());
         let (log, recovery) = PmLog::open(region).expect("reopen a device log after a crash");
         node.rejected_slot_count += u64::from(recovery.rejected_slot_count);
@@ -784,8 +938,11 @@ impl World {
         node.up = true;
         node.restart_count += 1;
         let rejected = recovery.rejected_slot_count;
-        self.note(|| {
-            format!("{now} device {index} restarted: {recovered} entries, {rejected} rejected")
+        self.note(&format!("device{index}"), || {
+            format!(
+                "restarted: log reopened, {recovered} entries recovered, {rejected} slots \
+                 rejected (torn or corrupt), {held_lost} held persistence work lost"
+            )
         });
         self.flush_outputs();
     }
@@ -793,13 +950,13 @@ impl World {
     /// Take device `index` down: it receives nothing and its timers stop until restarted.
     pub fn stop_device(&mut self, index: usize) {
         self.devices[index].up = false;
-        self.note_event(&format!("device {index} down"));
+        self.note_by(&format!("device{index}"), "down");
     }
 
     /// Take server `index` down: it receives nothing until [`World::start_server`].
     pub fn stop_server(&mut self, index: usize) {
         self.servers[index].up = false;
-        self.note_event(&format!("server {index} down"));
+        self.note_by(&format!("server{index}"), "down (crashed)");
     }
 
     /// Start server `index` again (a new process) from its application's durable state.
@@ -808,10 +965,16 @@ impl World {
         let node = &mut self.servers[index];
         node.app.crash_store();
         let sessions = node.app.recovered_sessions();
+        let session_count = sessions.len();
         node.server = Server::new(node.config.clone(), now, sessions);
         node.up = true;
         node.restart_count += 1;
-        self.note_event(&format!("server {index} started"));
+        self.note_by(
+            &format!("server{index}"),
+            &format!(
+                "started: store reopened, {session_count} sessions recovered; polling devices"
+            ),
+        );
         self.flush_outputs();
     }
 
@@ -846,7 +1009,22 @@ impl World {
     }
 }
 
-fn execute_persist(node: &mut DeviceNode, now: Time, work: PersistWork) {
+/// Persistence work as traces show it.
+fn describe_work(work: &PersistWork) -> String {
+    match work {
+        PersistWork::LogWrite { token, key, .. } => {
+            format!("log write of slot {} ({})", token.slot, describe_key(key))
+        }
+        PersistWork::LogInvalidate { slot } => format!("invalidation of slot {slot}"),
+    }
+}
+
+/// Carry out persistence work on the device's log; returns what happened, for the trace.
+fn execute_persist(node: &mut DeviceNode, now: Time, work: PersistWork) -> String {
+    let text = match &work {
+        PersistWork::LogWrite { .. } => format!("{}: durable [checked]", describe_work(&work)),
+        PersistWork::LogInvalidate { slot } => format!("slot {slot} invalidated"),
+    };
     match work {
         PersistWork::LogWrite {
             token,
@@ -867,4 +1045,10 @@ fn execute_persist(node: &mut DeviceNode, now: Time, work: PersistWork) {
         }
         PersistWork::LogInvalidate { slot } => node.log.invalidate(slot),
     }
+    text
+}
+
+/// Whether a datagram is a PMNet-ACK from a device (checked durable before it is sent).
+fn from_device_ack(from: SocketAddr, header: &Header) -> bool {
+    header.packet_type == PacketType::PmnetAck && node_name(from).starts_with("device")
 }

@@ -1,6 +1,8 @@
 //! The simulator's swarm, bounded for CI: many seeds, each with its own fault mix.
 //!
-//! `PMNET_SEED=N` replays one seed; `PMNET_SEEDS=K` sets how many (default 200).
+//! `PMNET_SEED=N` replays one seed; `PMNET_SEEDS=K` sets how many (default 200). From the
+//! command line, `pmnet sim --seed N` replays a seed with its readable trace and `pmnet sim
+//! --seeds K` runs a swarm (see `docs/simulation.md`).
 
 use pmnet_sim::vopr::{self, Options, SwarmSummary};
 
@@ -57,6 +59,85 @@ fn the_same_seed_gives_the_same_trace() {
         first.trace_hash, other.trace_hash,
         "the trace hash ignores the run"
     );
+}
+
+#[test]
+fn the_same_seed_gives_the_same_readable_trace() {
+    let seed: u64 = rand::random();
+    eprintln!("PMNET_SEED={seed}");
+    let options = Options {
+        trace: true,
+        ..Options::default()
+    };
+    let first = vopr::run(seed, &options);
+    let second = vopr::run(seed, &options);
+    let (Some(first_trace), Some(second_trace)) = (&first.trace, &second.trace) else {
+        panic!("seed {seed}: no trace kept");
+    };
+    assert_eq!(first_trace.len(), second_trace.len(), "seed {seed}");
+    for (index, (one, two)) in first_trace.iter().zip(second_trace).enumerate() {
+        assert_eq!(one, two, "seed {seed}: the traces differ at line {index}");
+    }
+    assert_eq!(first.trace_hash, second.trace_hash);
+    // What a reader needs is there: the seed's fault mix, datagrams by node name, the checks.
+    let text = first_trace.join("\n");
+    for needle in [
+        &format!("seed {seed}:") as &str,
+        "client0  send ",
+        " recv ",
+        "liveness phase",
+        "invariant 4",
+        "invariant 5",
+    ] {
+        assert!(
+            text.contains(needle),
+            "seed {seed}: no {needle:?} in the trace"
+        );
+    }
+    // Keeping the trace, with or without the datagram lines, does not change the run.
+    let untraced = vopr::run(seed, &Options::default());
+    assert_eq!(untraced.trace_hash, first.trace_hash);
+    let quiet = vopr::run(
+        seed,
+        &Options {
+            trace_datagrams: false,
+            ..options
+        },
+    );
+    assert_eq!(quiet.trace_hash, first.trace_hash);
+    let quiet = quiet.trace.expect("a trace");
+    assert!(quiet.len() < first_trace.len());
+    assert!(quiet
+        .iter()
+        .all(|line| !line.contains(" send ") && !line.contains(" recv ")));
+}
+
+#[test]
+fn a_broken_invariant_is_a_failure_with_its_trace() {
+    // No run converges in no time: the liveness check fails, and try_run reports it.
+    let options = Options {
+        liveness_bound: std::time::Duration::ZERO,
+        requests_per_client: 100,
+        safety_actions: 10,
+        trace: true,
+        ..Options::default()
+    };
+    let failure = vopr::try_run(3, &options).expect_err("no run converges in no time");
+    assert_eq!(failure.seed, 3);
+    assert!(
+        failure.message.contains("not converged"),
+        "{}",
+        failure.message
+    );
+    assert!(failure
+        .to_string()
+        .contains("reproduce with: pmnet sim --seed 3"));
+    assert_ne!(failure.trace_hash, 0);
+    assert!(failure.faults.counts.datagrams_sent > 0);
+    let trace = failure.trace.expect("the trace up to the failure");
+    assert!(trace.last().is_some_and(|line| line.contains("FAILED")));
+    let again = vopr::try_run(3, &options).expect_err("deterministic");
+    assert_eq!(again.trace_hash, failure.trace_hash);
 }
 
 /// Seeds that once broke an invariant, replayed on every run. (A change to how the simulator

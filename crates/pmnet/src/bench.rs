@@ -231,6 +231,12 @@ pub struct BenchArgs {
     #[arg(long)]
     pub capacity: bool,
 
+    /// With --capacity: split --duration into this many rounds per forwarder, relay and device
+    /// in turns; the median round of each is reported.
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: u32,
+
     /// Also write the results, with the setting, as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -956,12 +962,13 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
 
 /// The capacity settings that go with a plan: the forwarder where the device would run, the
 /// generator where the server would.
-pub fn capacity_config(plan: &Plan, duration: Duration) -> CapacityConfig {
+pub fn capacity_config(plan: &Plan, duration: Duration, rounds: u32) -> CapacityConfig {
     let request = workload::RequestGenerator::new(&plan.workload, plan.seed, 0)
         .next_request()
         .bytes;
     CapacityConfig {
         duration,
+        rounds,
         wait: plan.wait,
         forwarder_cpu: plan.device_cpu,
         generator_cpu: plan.server_cpu,
@@ -976,9 +983,12 @@ fn run_capacity_command(
     shutdown: &Shutdown,
 ) -> Result<ExitCode, CliError> {
     let duration = plan.duration.unwrap_or(Duration::from_secs(5));
-    let config = capacity_config(plan, duration);
+    let rounds = args.rounds;
+    let per_round = duration / rounds;
+    let config = capacity_config(plan, per_round, rounds);
     println!(
-        "pmnet bench --capacity: {:.1} s per forwarder; forwarder on {}, generator on {}; {}",
+        "pmnet bench --capacity: {:.1} s per forwarder in {rounds} rounds; forwarder on {}, \
+         generator on {}; {}",
         duration.as_secs_f64(),
         config
             .forwarder_cpu

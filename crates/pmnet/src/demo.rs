@@ -68,8 +68,11 @@ pub struct DemoArgs {
     pub json: Option<PathBuf>,
 }
 
-/// Seconds each forwarder of the capacity comparison runs.
-const CAPACITY_SECONDS: f64 = 2.0;
+/// Seconds each forwarder of the capacity comparison runs, in all.
+const CAPACITY_SECONDS: f64 = 3.0;
+
+/// Rounds those seconds are split into, relay and device in turns.
+const CAPACITY_ROUNDS: u32 = 3;
 
 fn plan(args: &DemoArgs) -> Result<Plan, String> {
     if !args.dir.is_dir() {
@@ -177,10 +180,14 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
     } else {
         println!(
             "3. Forwarding capacity: one thread forwarding {}-byte datagrams as fast as it can \
-             ({CAPACITY_SECONDS:.0} s each):",
+             ({CAPACITY_SECONDS:.0} s each, in {CAPACITY_ROUNDS} rounds):",
             pmnet_wire::HEADER_LEN + plan.workload.set_request_len()
         );
-        let config = bench::capacity_config(&plan, Duration::from_secs_f64(CAPACITY_SECONDS));
+        let config = bench::capacity_config(
+            &plan,
+            Duration::from_secs_f64(CAPACITY_SECONDS / f64::from(CAPACITY_ROUNDS)),
+            CAPACITY_ROUNDS,
+        );
         let report = bench::run_capacity(&config, &shutdown)?;
         print!("{}", capacity_table(&report));
         println!();

@@ -15,8 +15,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use pmnet_proto::Transmit;
-use pmnet_runtime::udp::{type_slot_name, BatchSocket, BATCH_LEN, TYPE_SLOT_COUNT};
+use pmnet_runtime::udp::{type_slot_name, BATCH_LEN, TYPE_SLOT_COUNT};
 use pmnet_runtime::{
     pin_current_thread, DeviceOptions, DeviceRuntime, LoopOptions, Metrics, RelayOptions, Shutdown,
     UdpRelay, WaitMode,
@@ -33,7 +32,10 @@ const DRAIN: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone)]
 pub struct CapacityConfig {
+    /// Generator run per forwarder and round.
     pub duration: Duration,
+    /// Turns of relay-then-forward; each forwarder's median round is reported.
+    pub rounds: u32,
     pub wait: WaitMode,
     pub forwarder_cpu: Option<usize>,
     pub generator_cpu: Option<usize>,
@@ -161,16 +163,20 @@ fn start_forwarder(
     }
 }
 
-/// Send as fast as possible until `stop`; returns datagrams sent and for how long.
+/// Send as fast as possible until `stop`; returns datagrams sent and for how long. The
+/// generator is as cheap as a sender can be (a connected socket, `sendmmsg` of prebuilt
+/// batches, no copies), so that the forwarder, not the generator, is the bottleneck.
 fn generate(
     target: SocketAddr,
     config: &CapacityConfig,
     stop: &AtomicBool,
 ) -> Result<(u64, Duration), String> {
+    use std::os::fd::AsRawFd;
     if let Some(cpu) = config.generator_cpu {
         pin_current_thread(cpu)?;
     }
-    let mut socket = BatchSocket::bind(SocketAddr::from(([127, 0, 0, 1], 0)), 4 * BATCH_LEN)
+    let socket = UdpSocket::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .and_then(|socket| socket.connect(target).map(|()| socket))
         .map_err(|error| format!("cannot open the generator's socket: {error}"))?;
     let datagrams: Vec<Vec<u8>> = (0..GENERATOR_SESSIONS * 16)
         .map(|index| {
@@ -180,22 +186,46 @@ fn generate(
                 .encode(&config.payload)
         })
         .collect();
+    // One prebuilt batch per window of BATCH_LEN datagrams; the kernel only reads them.
+    let mut iovecs: Vec<libc::iovec> = datagrams
+        .iter()
+        .map(|datagram| libc::iovec {
+            iov_base: datagram.as_ptr() as *mut libc::c_void,
+            iov_len: datagram.len(),
+        })
+        .collect();
+    let batches = datagrams.len() / BATCH_LEN;
+    let mut headers: Vec<libc::mmsghdr> = (0..datagrams.len())
+        .map(|index| {
+            // SAFETY: a zeroed mmsghdr is valid (integers and null pointers).
+            let mut header: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            header.msg_hdr.msg_iov = &mut iovecs[index];
+            header.msg_hdr.msg_iovlen = 1;
+            header
+        })
+        .collect();
+    let fd = socket.as_raw_fd();
     let start = Instant::now();
-    let mut next = 0usize;
+    let mut batch = 0usize;
     let mut sent = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        for _ in 0..BATCH_LEN {
-            socket.enqueue(Transmit {
-                destination: target,
-                bytes: datagrams[next].clone(),
-            });
-            next = (next + 1) % datagrams.len();
-        }
-        sent += socket.flush() as u64;
-        if socket.queued_len() > 0 {
-            // The generator's own socket buffer is full: let it drain.
+        // SAFETY: the headers of this batch point at live iovecs and datagrams; the socket
+        // is connected, so no addresses are needed.
+        let result = unsafe {
+            libc::sendmmsg(
+                fd,
+                headers[batch * BATCH_LEN..].as_mut_ptr(),
+                BATCH_LEN as libc::c_uint,
+                0,
+            )
+        };
+        if result > 0 {
+            sent += result as u64;
+        } else {
+            // ECONNREFUSED from an ICMP error, ENOBUFS and the like: carry on.
             std::thread::yield_now();
         }
+        batch = (batch + 1) % batches;
     }
     Ok((sent, start.elapsed()))
 }
@@ -252,22 +282,38 @@ fn measure(
             0.0
         },
         forwarded: counts.forwarded,
+        rounds_per_s: Vec::new(),
         measured_s: (seconds * 1000.0).round() / 1000.0,
         datagram_bytes: pmnet_wire::HEADER_LEN + config.payload.len(),
     })
 }
 
-/// Measure the relay, then the device's forward port, under the same load.
+/// Measure the relay and the device's forward port in turns, `rounds` times each (so that a
+/// drift of the machine's load hits both alike), and report the median round of each.
 pub fn run_capacity(
     config: &CapacityConfig,
     shutdown: &Shutdown,
 ) -> Result<CapacityReport, String> {
-    let mut results = Vec::new();
-    for forwarder in [Forwarder::Relay, Forwarder::DeviceForward] {
-        if shutdown.is_requested() {
-            break;
+    let forwarders = [Forwarder::Relay, Forwarder::DeviceForward];
+    let mut samples: Vec<Vec<CapacityResult>> = vec![Vec::new(), Vec::new()];
+    'rounds: for _ in 0..config.rounds.max(1) {
+        for (index, forwarder) in forwarders.iter().enumerate() {
+            if shutdown.is_requested() {
+                break 'rounds;
+            }
+            samples[index].push(measure(*forwarder, config, shutdown)?);
         }
-        results.push(measure(forwarder, config, shutdown)?);
+    }
+    let mut results = Vec::new();
+    for mut rounds in samples {
+        if rounds.is_empty() {
+            continue;
+        }
+        let rates: Vec<f64> = rounds.iter().map(|result| result.packets_per_s).collect();
+        rounds.sort_by(|a, b| a.packets_per_s.total_cmp(&b.packets_per_s));
+        let mut median = rounds.swap_remove(rounds.len() / 2);
+        median.rounds_per_s = rates;
+        results.push(median);
     }
     let forward_vs_relay = match results.as_slice() {
         [relay, forward] if relay.packets_per_s > 0.0 => {
@@ -281,5 +327,7 @@ pub fn run_capacity(
         forwarder_cpu: config.forwarder_cpu,
         generator_cpu: config.generator_cpu,
         wait: config.wait.name().to_owned(),
+        rounds: config.rounds.max(1),
+        seconds_per_round: config.duration.as_secs_f64(),
     })
 }

@@ -327,12 +327,8 @@ pub fn capacity_table(report: &CapacityReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "  {:<34} {:>10} {:>10} {:>12}   {}",
-        "forwarder (one thread)",
-        "packets/s",
-        "offered/s",
-        "not read [1]",
-        "every round, packets/s"
+        "  {:<34} {:>10} {:>10} {:>12}   every round, packets/s",
+        "forwarder (one thread)", "packets/s", "offered/s", "not read [1]"
     );
     for result in &report.results {
         let rounds: Vec<String> = result

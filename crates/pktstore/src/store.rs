@@ -476,6 +476,50 @@ impl<R: PmRegion> Store<R> {
         self.region
     }
 
+    /// The region, to damage it under a live store in tests.
+    #[cfg(test)]
+    pub(crate) fn region_mut(&mut self) -> &mut R {
+        &mut self.region
+    }
+
+    /// Test invariant: after a commit the persistent level-0 list is the DRAM index, and no
+    /// free slot is part of a live record.
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
+        let bytes = self.region.bytes();
+        let mut pm = Vec::new();
+        let mut link = u32_at(bytes, HEAD_OFFSET);
+        while let Some(id) = id_of_link(link) {
+            pm.push(id);
+            if pm.len() > self.geometry.granule_count() as usize {
+                return Err("PM list loops".into());
+            }
+            link = self.meta(id).map_or(0, |meta| meta.next0);
+        }
+        let dram: Vec<u32> = self.index.records().collect();
+        if pm != dram {
+            return Err(format!("PM list {pm:?} != index {dram:?}"));
+        }
+        if self.geometry.engine == EngineKind::Packet {
+            let free: std::collections::HashSet<u32> = self.free_slots.iter().copied().collect();
+            for id in dram {
+                for member in self
+                    .check_record(id, false)
+                    .map(|c| c.ids)
+                    .unwrap_or_default()
+                {
+                    if free.contains(&self.geometry.slot_of(member).unwrap_or(u32::MAX)) {
+                        return Err(format!(
+                            "slot of live record {member} (head {id}) is free; limbo {:?}",
+                            self.limbo
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn stats(&self) -> &StoreStats {
         &self.stats
     }
@@ -537,11 +581,12 @@ impl<R: PmRegion> Store<R> {
         }
     }
 
+    /// Reads see the batch being staged too (its records carry the next epoch).
     fn view(&self) -> View<'_> {
         View {
             bytes: self.region.bytes(),
             geometry: self.geometry,
-            committed_epoch: self.committed_epoch,
+            committed_epoch: self.batch_epoch(),
         }
     }
 
@@ -835,12 +880,6 @@ impl<R: PmRegion> Store<R> {
             }
             datagrams.push(self.received_datagram(slot).ok_or("slot_not_received")?);
         }
-        debug_assert!(
-            datagrams
-                .iter()
-                .all(|d| Packet::new_checked(*d).is_ok_and(|p| p.verify_checksum())),
-            "stage_received on a datagram whose CRC was not checked on receipt"
-        );
         let shape = inspect_request(&datagrams, false, PacketType::UpdateRequest)?;
         if shape.session_id != session_id || shape.seq != seq {
             return Err("slots_hold_another_request");
@@ -1638,7 +1677,11 @@ impl<R: PmRegion> Store<R> {
             for member in &checked.ids {
                 allocated.push((*member, checked.order));
             }
-            self.limbo.push((committed, id));
+            if matches!(op, IntentOp::Unlink(_)) {
+                // A DEL record is needed only until the next batch commits. A linked record
+                // stays live unless a later operation of the batch displaces it (below).
+                self.limbo.push((committed, id));
+            }
             let geometry = self.geometry;
             let bytes = view.bytes;
             let key = checked.key;
@@ -1669,11 +1712,16 @@ impl<R: PmRegion> Store<R> {
                 self.limbo.push((committed, displaced));
             }
         }
-        // A record the redo displaced still heads sessions it was the last of: drop those
-        // that point at records no longer indexed unless the table knows better below.
+        // Redo replays the batch from a state where some of its links were already durable,
+        // so a record can be displaced and linked again: only what is not live is freed.
+        let live: std::collections::HashSet<u32> = self.index.records().collect();
+        self.limbo.retain(|(_, id)| !live.contains(id));
 
         // The session table.
         let mut table_sessions: HashMap<u64, (u32, u64, u32)> = HashMap::new();
+        // Copies written by a batch that never committed carry a later epoch: left alone they
+        // would turn valid once the epoch counter reaches theirs. Unmark them.
+        let mut uncommitted_copies = Vec::new();
         for index in 0..self.geometry.max_sessions {
             let mut best: Option<(SessionEntry, u8)> = None;
             for copy in 0..2u8 {
@@ -1685,7 +1733,7 @@ impl<R: PmRegion> Store<R> {
                             best = Some((entry, copy));
                         }
                     }
-                    Some(_) => {}
+                    Some(_) => uncommitted_copies.push(offset),
                     None => {
                         if raw[20] != 0 {
                             self.recovery.rejected_session_copies += 1;
@@ -1810,6 +1858,10 @@ impl<R: PmRegion> Store<R> {
         self.limbo.sort_unstable();
         self.limbo.dedup();
 
+        for offset in &uncommitted_copies {
+            self.region.write(offset + 20, &[0]);
+            self.region.flush(offset + 20, 1);
+        }
         // Write what redo and repair changed, and make it durable before anything new.
         let mut links = std::mem::take(&mut self.links);
         self.index.take_dirty(&mut links);
@@ -1821,7 +1873,7 @@ impl<R: PmRegion> Store<R> {
             self.region.write(at, &link_of(link.to).to_le_bytes());
             self.region.flush(at, 4);
         }
-        if !links.is_empty() {
+        if !links.is_empty() || !uncommitted_copies.is_empty() {
             self.region.fence();
         }
         self.links = links;
@@ -1854,6 +1906,7 @@ impl<R: PmRegion> Store<R> {
 struct View<'a> {
     bytes: &'a [u8],
     geometry: Geometry,
+    /// Records of later epochs are not (yet) part of the store.
     committed_epoch: u64,
 }
 
@@ -1981,9 +2034,11 @@ impl<'a> View<'a> {
     }
 
     fn conventional_body(&self, id: u32, meta: &Meta) -> Result<&'a [u8], &'static str> {
+        if meta.order > crate::buddy::MAX_ORDER {
+            return Err("bad_length");
+        }
         let block_len = GRANULE << meta.order;
-        if meta.order > crate::buddy::MAX_ORDER
-            || META_LEN + meta.len as usize > block_len
+        if META_LEN + meta.len as usize > block_len
             || (meta.len as usize) < CONVENTIONAL_HEADER_LEN
             || id % (1 << meta.order) != 0
         {

@@ -761,6 +761,21 @@ impl<R: PmRegion> Store<R> {
             .map_err(|error| error.reason())
     }
 
+    /// The region, for the receiver to build iovecs into lent slots.
+    pub(crate) fn region_for_receive(&mut self) -> &mut R {
+        &mut self.region
+    }
+
+    /// The first `len` bytes of lent `slot`'s datagram area.
+    pub(crate) fn slot_bytes(&self, slot: u32, len: usize) -> &[u8] {
+        let area = self.receive_slot(slot);
+        let len = len.min(area.capacity);
+        self.region
+            .bytes()
+            .get(area.offset..area.offset + len)
+            .unwrap_or(&[])
+    }
+
     /// Give a lent slot back.
     pub fn release_slot(&mut self, slot: u32) {
         if self.loans.remove(&slot).is_some() {

@@ -213,6 +213,14 @@ pub struct ServerArgs {
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_sessions: u32,
 
+    /// The storage engine: `kv` (the append-only key-value store), `packet` (received
+    /// datagrams kept in persistent memory as the stored records, no copy, the header's CRC
+    /// reused; see docs/storage.md) or `conventional` (copy, own checksum, allocator: the
+    /// baseline the packet store is measured against). A data file holds one engine's format.
+    #[arg(long, value_name = "ENGINE", default_value = "kv",
+          value_parser = ["kv", "packet", "conventional"])]
+    pub engine: String,
+
     #[command(flatten)]
     pub medium: MediumArgs,
 
@@ -221,6 +229,11 @@ pub struct ServerArgs {
 }
 
 impl ServerArgs {
+    /// The `pmnet-pktstore` engine asked for; `None` for the key-value store.
+    pub fn engine_kind(&self) -> Option<pmnet_pktstore::EngineKind> {
+        self.engine.parse().ok()
+    }
+
     pub fn options(&self) -> ServerOptions {
         let store = (!self.ideal).then(|| StoreOptions {
             path: self.data_file.clone().unwrap_or_else(|| {
@@ -295,7 +308,7 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
 
 pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
     let shutdown = Shutdown::on_signals()?;
-    let mut server = ServerRuntime::open(args.options(), shutdown)?;
+    let mut server = ServerRuntime::open_with_engine(args.options(), args.engine_kind(), shutdown)?;
     let startup = server.startup().clone();
     let addresses = server.addresses();
     let mut lines = vec![format!(
@@ -311,6 +324,10 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
             startup.recovered_session_count
         )),
         None => lines.push("  store: none (--ideal: replies OK, keeps nothing)".to_owned()),
+    }
+    lines.push(format!("  engine: {}", startup.engine));
+    if let Some(note) = &startup.recovery_note {
+        lines.push(format!("  recovery: {note}"));
     }
     lines.push(format!("  medium: {}", startup.medium_text()));
     if let Some(warning) = &startup.store_warning {

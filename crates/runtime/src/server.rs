@@ -1,9 +1,12 @@
 //! The PMNet server over UDP, with its application.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use pmnet_pktstore::recv::{now_ns, Received, SlotReceiver};
+use pmnet_pktstore::{EngineKind, Store, StoreConfig};
 use pmnet_pm::{MediumInfo, MmapOptions, MmapRegion};
 use pmnet_proto::{RecoveredSession, Server, ServerConfig, ServerCounters, ServerEvent};
 use pmnet_store::{Application, IdealHandler, KvConfig, KvStore, SessionRecord};
@@ -46,6 +49,8 @@ pub struct ServerOptions {
 #[derive(Debug)]
 pub enum ServerApp {
     Kv(Box<KvStore<MmapRegion>>),
+    /// The packet store or the conventional engine of `pmnet-pktstore` (`--engine`).
+    Engine(Box<Store<MmapRegion>>),
     Ideal(IdealHandler),
 }
 
@@ -53,6 +58,7 @@ impl ServerApp {
     fn as_application(&mut self) -> &mut dyn Application {
         match self {
             ServerApp::Kv(store) => store.as_mut(),
+            ServerApp::Engine(store) => store.as_mut(),
             ServerApp::Ideal(handler) => handler,
         }
     }
@@ -60,6 +66,7 @@ impl ServerApp {
     fn sessions(&self) -> Vec<SessionRecord> {
         match self {
             ServerApp::Kv(store) => store.sessions(),
+            ServerApp::Engine(store) => store.sessions(),
             ServerApp::Ideal(handler) => handler.sessions(),
         }
     }
@@ -67,15 +74,39 @@ impl ServerApp {
     pub fn medium(&self) -> Option<MediumInfo> {
         match self {
             ServerApp::Kv(store) => store.medium(),
+            ServerApp::Engine(store) => store.medium(),
             ServerApp::Ideal(handler) => handler.medium(),
         }
     }
 
-    /// The value of `key` in the store (the ideal handler keeps nothing).
+    /// The value of `key` in the store (the ideal handler keeps nothing). The engines of
+    /// `pmnet-pktstore` keep a value as one or more packets: see [`ServerApp::value`].
     pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
         match self {
             ServerApp::Kv(store) => store.get(key),
+            ServerApp::Engine(store) => match store.get(key) {
+                Ok(Some(value)) if value.segments.len() == 1 => Some(value.segments[0]),
+                _ => None,
+            },
             ServerApp::Ideal(_) => None,
+        }
+    }
+
+    /// The value of `key`, copied out (checksum-verified for the `pmnet-pktstore` engines).
+    pub fn value(&self, key: &[u8]) -> Option<Vec<u8>> {
+        match self {
+            ServerApp::Kv(store) => store.get(key).map(<[u8]>::to_vec),
+            ServerApp::Engine(store) => store.get(key).ok().flatten().map(|v| v.to_vec()),
+            ServerApp::Ideal(_) => None,
+        }
+    }
+
+    /// Which application this is, for banners and metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ServerApp::Kv(_) => "kv",
+            ServerApp::Engine(store) => store.engine().name(),
+            ServerApp::Ideal(_) => "ideal",
         }
     }
 }
@@ -90,6 +121,10 @@ pub struct ServerStartup {
     pub recovered_key_count: usize,
     /// What store recovery reported, in words, when it is worth a warning.
     pub store_warning: Option<String>,
+    /// The application: kv, packet, conventional or ideal.
+    pub engine: &'static str,
+    /// What recovery of a `pmnet-pktstore` engine did and how long it took.
+    pub recovery_note: Option<String>,
 }
 
 impl ServerStartup {
@@ -109,6 +144,11 @@ pub struct ServerAddresses {
     pub data: SocketAddr,
     pub metrics: Option<SocketAddr>,
 }
+
+/// Received datagrams of update requests waiting in store slots, by (session, seq): one slot
+/// per fragment. Bounded by a receive batch; whatever is not applied by the end of the turn
+/// goes back to the store (a reordered request is applied later from its bytes).
+type ReceivedSlots = HashMap<(u64, u32), Vec<Option<u32>>>;
 
 #[derive(Debug, Clone, Default)]
 struct RuntimeCounters {
@@ -131,6 +171,57 @@ pub struct ServerRuntime {
     board: MetricsBoard,
     shutdown: Shutdown,
     counters: RuntimeCounters,
+    /// The packet store's receive path: datagrams land in store slots.
+    receiver: Option<Box<SlotReceiver>>,
+    received_slots: ReceivedSlots,
+}
+
+/// Open (or format) a `pmnet-pktstore` engine at `options.path`.
+fn open_engine(
+    options: &StoreOptions,
+    engine: EngineKind,
+) -> Result<(Store<MmapRegion>, bool), RuntimeError> {
+    let path = &options.path;
+    let file_error = |source| RuntimeError::DataFile {
+        path: path.clone(),
+        source,
+    };
+    let store_error = |error: pmnet_pktstore::StoreError| {
+        RuntimeError::Config(format!(
+            "data file {}: {error}; point --data-file at another file, or pass --format to \
+             erase it and start an empty {} store",
+            path.display(),
+            engine.name()
+        ))
+    };
+    let is_new = std::fs::metadata(path).map_or(true, |metadata| metadata.len() == 0);
+    if is_new || options.format {
+        if options.format && !is_new {
+            tracing::warn!("--format: erasing the store {}", path.display());
+        }
+        let len = usize::try_from(options.size_bytes).map_err(|_| {
+            RuntimeError::Config(format!(
+                "data size {} bytes does not fit this machine's address space; ask for less",
+                options.size_bytes
+            ))
+        })?;
+        let region = MmapRegion::create(path, len, options.mmap).map_err(file_error)?;
+        let mut config = StoreConfig::new(engine);
+        config.max_sessions = options.max_sessions.max(128);
+        return Ok((Store::format(region, config).map_err(store_error)?, true));
+    }
+    let region = MmapRegion::open(path, options.mmap).map_err(file_error)?;
+    let store = Store::open(region).map_err(store_error)?;
+    if store.engine() != engine {
+        return Err(RuntimeError::Config(format!(
+            "data file {} holds a {} store, not {}: choose --engine {}, or pass --format",
+            path.display(),
+            store.engine().name(),
+            engine.name(),
+            store.engine().name()
+        )));
+    }
+    Ok((store, false))
 }
 
 /// Open the store at `options.path`: a new one when the file is missing, empty or `format` is
@@ -169,6 +260,16 @@ fn open_store(options: &StoreOptions) -> Result<(KvStore<MmapRegion>, bool), Run
 impl ServerRuntime {
     /// Bind the socket, open the application, and start the server (which polls its devices).
     pub fn open(options: ServerOptions, shutdown: Shutdown) -> Result<ServerRuntime, RuntimeError> {
+        ServerRuntime::open_with_engine(options, None, shutdown)
+    }
+
+    /// [`ServerRuntime::open`] with a `pmnet-pktstore` engine instead of the key-value store
+    /// (`None`: the key-value store). Ignored with the ideal handler (`store: None`).
+    pub fn open_with_engine(
+        options: ServerOptions,
+        engine: Option<EngineKind>,
+        shutdown: Shutdown,
+    ) -> Result<ServerRuntime, RuntimeError> {
         let socket = BatchSocket::bind(options.listen, options.loop_options.max_queued).map_err(
             |source| RuntimeError::Bind {
                 what: "server",
@@ -176,12 +277,16 @@ impl ServerRuntime {
                 source,
             },
         )?;
-        let (app, formatted) = match &options.store {
-            Some(store_options) => {
+        let (app, formatted) = match (&options.store, engine) {
+            (Some(store_options), Some(engine)) => {
+                let (store, formatted) = open_engine(store_options, engine)?;
+                (ServerApp::Engine(Box::new(store)), formatted)
+            }
+            (Some(store_options), None) => {
                 let (store, formatted) = open_store(store_options)?;
                 (ServerApp::Kv(Box::new(store)), formatted)
             }
-            None => (ServerApp::Ideal(IdealHandler::new()), false),
+            (None, _) => (ServerApp::Ideal(IdealHandler::new()), false),
         };
         let mut store_warning = None;
         let mut recovered_key_count = 0;
@@ -203,6 +308,22 @@ impl ServerRuntime {
                 });
             }
         }
+        let mut recovery_note = None;
+        if let ServerApp::Engine(store) = &app {
+            recovered_key_count = store.key_count();
+            store_warning = store.recovery().warning();
+            let report = store.recovery();
+            recovery_note = Some(format!(
+                "{} engine recovered {} keys and {} sessions in {:.3} ms (checksums of {} \
+                 bytes verified, {} index operations redone)",
+                store.engine().name(),
+                report.key_count,
+                report.session_count,
+                report.duration.as_secs_f64() * 1e3,
+                report.verified_bytes,
+                report.redone_ops
+            ));
+        }
         let sessions: Vec<RecoveredSession> = app
             .sessions()
             .into_iter()
@@ -219,6 +340,8 @@ impl ServerRuntime {
             recovered_session_count: sessions.len(),
             recovered_key_count,
             store_warning,
+            engine: app.name(),
+            recovery_note,
         };
         let clock = Clock::new();
         let config = ServerConfig::new(options.server_id, options.devices.clone());
@@ -240,7 +363,13 @@ impl ServerRuntime {
             board,
             shutdown,
             counters: RuntimeCounters::default(),
+            receiver: None,
+            received_slots: HashMap::new(),
         };
+        if matches!(&runtime.app, ServerApp::Engine(store) if store.engine() == EngineKind::Packet)
+        {
+            runtime.receiver = Some(Box::new(SlotReceiver::new()));
+        }
         // The recovery polls to the devices go out now.
         runtime.drain();
         runtime.board.publish(&runtime.metrics());
@@ -336,15 +465,10 @@ impl ServerRuntime {
     /// Returns whether anything happened.
     pub fn poll_once(&mut self) -> bool {
         let mut busy = false;
-        let count = self.socket.receive_batch();
-        if count > 0 {
-            busy = true;
-            let now = self.clock.now();
-            for index in 0..count {
-                if let Some((from, datagram)) = self.socket.received(index) {
-                    self.server.handle(now, from, datagram);
-                }
-            }
+        if self.receiver.is_some() {
+            busy = self.receive_into_slots();
+        } else {
+            busy |= self.receive_into_socket_buffers();
         }
         let now = self.clock.now();
         if self
@@ -356,7 +480,93 @@ impl ServerRuntime {
             self.server.handle_timeout(now);
         }
         self.drain();
+        self.release_unapplied_slots();
         busy
+    }
+
+    fn receive_into_socket_buffers(&mut self) -> bool {
+        let mut busy = false;
+        let count = self.socket.receive_batch();
+        if count > 0 {
+            busy = true;
+            let now = self.clock.now();
+            for index in 0..count {
+                if let Some((from, datagram)) = self.socket.received(index) {
+                    self.server.handle(now, from, datagram);
+                }
+            }
+        }
+        busy
+    }
+
+    /// The packet store's receive path: one `recvmmsg` into lent store slots; each datagram is
+    /// checked (CRC included) once, by `Server::handle`, straight from persistent memory. The
+    /// slots of update requests are remembered so that applying the request makes them the
+    /// record in place.
+    fn receive_into_slots(&mut self) -> bool {
+        let (Some(receiver), ServerApp::Engine(store)) = (self.receiver.as_mut(), &mut self.app)
+        else {
+            return false;
+        };
+        let count = receiver.receive(self.socket.raw_fd(), store, now_ns());
+        if count == 0 {
+            return false;
+        }
+        let now = self.clock.now();
+        for received in receiver.received() {
+            match *received {
+                Received::InSlot { slot, from, .. } => {
+                    let Some(datagram) = store.received_datagram(slot) else {
+                        store.release_slot(slot);
+                        continue;
+                    };
+                    self.server.handle(now, from, datagram);
+                    let kept = match pmnet_wire::Packet::new_checked(datagram) {
+                        Ok(packet)
+                            if packet.type_code()
+                                == pmnet_wire::PacketType::UpdateRequest as u8
+                                && packet.fragment_index() < packet.fragment_count() =>
+                        {
+                            let fragments = self
+                                .received_slots
+                                .entry((packet.session_id(), packet.seq()))
+                                .or_insert_with(|| {
+                                    vec![None; usize::from(packet.fragment_count())]
+                                });
+                            match fragments.get_mut(usize::from(packet.fragment_index())) {
+                                Some(entry @ None) => {
+                                    *entry = Some(slot);
+                                    true
+                                }
+                                _ => false,
+                            }
+                        }
+                        _ => false,
+                    };
+                    if !kept {
+                        store.release_slot(slot);
+                    }
+                }
+                Received::Spilled { index, from } => {
+                    self.server.handle(now, from, receiver.spilled(index));
+                }
+            }
+        }
+        true
+    }
+
+    /// Slots of requests not applied this turn (reordered, duplicates, dropped) go back.
+    fn release_unapplied_slots(&mut self) {
+        if self.received_slots.is_empty() {
+            return;
+        }
+        if let ServerApp::Engine(store) = &mut self.app {
+            for (_, fragments) in self.received_slots.drain() {
+                for slot in fragments.into_iter().flatten() {
+                    store.release_slot(slot);
+                }
+            }
+        }
     }
 
     /// Apply what the server hands over, in order, and send what it emits. The server-ACK of a
@@ -365,6 +575,7 @@ impl ServerRuntime {
     fn drain(&mut self) {
         loop {
             let mut progressed = false;
+            let mut staged: Vec<(u64, u32, Vec<u8>)> = Vec::new();
             while let Some(event) = self.server.poll_event() {
                 progressed = true;
                 match event {
@@ -374,6 +585,25 @@ impl ServerRuntime {
                         request,
                         ..
                     } => {
+                        if let ServerApp::Engine(store) = &mut self.app {
+                            // Staged now, durable at the commit below: one commit (two
+                            // fences) per batch of requests, and every reply after it.
+                            let slots = self.received_slots.remove(&(session_id, seq));
+                            let reply = stage_on_engine(store, session_id, seq, &request, slots);
+                            staged.push((session_id, seq, reply));
+                            if staged.len() >= pmnet_pktstore::layout::MAX_BATCH_OPS {
+                                store.commit();
+                                for (session_id, seq, reply) in staged.drain(..) {
+                                    self.server.on_applied(
+                                        self.clock.now(),
+                                        session_id,
+                                        seq,
+                                        reply,
+                                    );
+                                }
+                            }
+                            continue;
+                        }
                         let reply = self.app.as_application().apply(session_id, seq, &request);
                         self.server
                             .on_applied(self.clock.now(), session_id, seq, reply);
@@ -386,6 +616,15 @@ impl ServerRuntime {
                              entries were resent and are applied in order"
                         );
                     }
+                }
+            }
+            if !staged.is_empty() {
+                if let ServerApp::Engine(store) = &mut self.app {
+                    store.commit();
+                }
+                for (session_id, seq, reply) in staged {
+                    self.server
+                        .on_applied(self.clock.now(), session_id, seq, reply);
                 }
             }
             while let Some(transmit) = self.server.poll_transmit() {
@@ -430,6 +669,25 @@ impl ServerRuntime {
                 stats.compactions
             ));
         }
+        if let ServerApp::Engine(store) = &self.app {
+            let stats = store.stats();
+            line.push_str(&format!(
+                "; {} store keys {} batches {} in-place {} written {} freed {}",
+                store.engine().name(),
+                store.key_count(),
+                stats.batches,
+                stats.records_received_in_place,
+                stats.records_written,
+                stats.records_freed
+            ));
+            if let Some(receiver) = &self.receiver {
+                let counters = receiver.counters();
+                line.push_str(&format!(
+                    " received {} (in slots {}, spilled {}, truncated {})",
+                    counters.datagrams, counters.in_slot, counters.spilled, counters.truncated
+                ));
+            }
+        }
         line.push_str(&format!("; medium {}", self.startup.medium_text()));
         line
     }
@@ -443,13 +701,7 @@ impl ServerRuntime {
             "The server's identity and persistence medium (value always 1).",
             &[
                 ("server_id", &self.options.server_id.to_string()),
-                (
-                    "application",
-                    match self.app {
-                        ServerApp::Kv(_) => "kv",
-                        ServerApp::Ideal(_) => "ideal",
-                    },
-                ),
+                ("application", self.app.name()),
                 ("medium", medium.map_or("none", |m| m.medium.name())),
                 ("flush", medium.map_or("none", |m| m.flush.name())),
                 (
@@ -614,7 +866,103 @@ impl ServerRuntime {
                 out.counter(name, help, &[], value);
             }
         }
+        if let ServerApp::Engine(store) = &self.app {
+            let stats = store.stats();
+            out.gauge(
+                "pmnet_store_keys",
+                "Live keys in the store.",
+                &[],
+                store.key_count() as f64,
+            );
+            out.gauge(
+                "pmnet_store_free_bytes",
+                "Bytes free for new records.",
+                &[],
+                store.free_bytes() as f64,
+            );
+            for (name, help, value) in [
+                (
+                    "pmnet_store_batches_total",
+                    "Batches committed (two fences each).",
+                    stats.batches,
+                ),
+                (
+                    "pmnet_store_records_received_in_place_total",
+                    "Records that are the received datagrams themselves (no copy).",
+                    stats.records_received_in_place,
+                ),
+                (
+                    "pmnet_store_records_written_total",
+                    "Records the store wrote itself.",
+                    stats.records_written,
+                ),
+                (
+                    "pmnet_store_records_freed_total",
+                    "Overwritten, deleted or superseded records reclaimed.",
+                    stats.records_freed,
+                ),
+                (
+                    "pmnet_store_read_verify_failures_total",
+                    "Reads that found a record failing its checksum.",
+                    stats.read_verify_failures,
+                ),
+                (
+                    "pmnet_store_full_replies_total",
+                    "Requests answered \"store full\".",
+                    stats.store_full_replies,
+                ),
+            ] {
+                out.counter(name, help, &[], value);
+            }
+        }
         socket_metrics(&mut out, "server", self.socket.counters());
         out
     }
+}
+
+/// Stage one request on a `pmnet-pktstore` engine: in place when its datagrams are in store
+/// slots (every fragment, and they hold exactly this request), else from its bytes.
+fn stage_on_engine(
+    store: &mut Store<MmapRegion>,
+    session_id: u64,
+    seq: u32,
+    request: &[u8],
+    slots: Option<Vec<Option<u32>>>,
+) -> Vec<u8> {
+    if let Some(fragments) = slots {
+        if fragments.iter().all(Option::is_some) {
+            let slots: Vec<u32> = fragments.into_iter().flatten().collect();
+            // The protocol applies the first copy of each fragment it received; a slot may hold
+            // a later copy. Keep the slots only if they hold exactly the bytes applied.
+            let mut rest = request;
+            let mut same = true;
+            for slot in &slots {
+                let payload = store
+                    .received_datagram(*slot)
+                    .and_then(|datagram| datagram.get(pmnet_wire::HEADER_LEN..))
+                    .unwrap_or(&[]);
+                match rest.strip_prefix(payload) {
+                    Some(tail) => rest = tail,
+                    None => {
+                        same = false;
+                        break;
+                    }
+                }
+            }
+            if same && rest.is_empty() {
+                if let Ok(reply) = store.stage_received(session_id, seq, &slots) {
+                    return reply;
+                }
+            } else {
+                for slot in slots {
+                    store.release_slot(slot);
+                }
+            }
+        } else {
+            for slot in fragments.into_iter().flatten() {
+                store.release_slot(slot);
+            }
+        }
+    }
+    store.stage_request(session_id, seq, request)
 }

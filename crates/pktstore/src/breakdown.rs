@@ -16,17 +16,20 @@ pub enum Phase {
     Checksum,
     /// Copying the data into persistent memory.
     Copy,
-    /// Taking a buffer and linking the record into the index (and session bookkeeping).
-    AllocInsert,
+    /// Taking a buffer for the record (and, conventionally, an index node).
+    Allocate,
+    /// Linking the record into the index, session bookkeeping, freeing what it replaces.
+    Insert,
     /// Cache-line flushes and fences, commit word included.
     Persist,
 }
 
-pub const PHASES: [Phase; 5] = [
+pub const PHASES: [Phase; 6] = [
     Phase::Prepare,
     Phase::Checksum,
     Phase::Copy,
-    Phase::AllocInsert,
+    Phase::Allocate,
+    Phase::Insert,
     Phase::Persist,
 ];
 
@@ -36,7 +39,8 @@ impl Phase {
             Phase::Prepare => "request preparation",
             Phase::Checksum => "checksum calculation",
             Phase::Copy => "data copy",
-            Phase::AllocInsert => "buffer allocation and insertion",
+            Phase::Allocate => "buffer allocation",
+            Phase::Insert => "index insertion",
             Phase::Persist => "flush CPU caches to PM (+fences)",
         }
     }
@@ -49,8 +53,8 @@ impl Phase {
 /// Accumulated ticks per phase.
 #[derive(Debug, Clone, Default)]
 pub struct Breakdown {
-    ticks: [u64; 5],
-    marks: [u64; 5],
+    ticks: [u64; 6],
+    marks: [u64; 6],
     last: u64,
     pub operations: u64,
 }

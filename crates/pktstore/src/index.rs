@@ -4,8 +4,8 @@
 //! `next0` field): in the packet store the received datagram's slot *is* the list node, as the
 //! paper suggests ("a socket buffer is a linked list of packet metadata"), so inserting a key
 //! allocates nothing and copies no key. The upper levels ("express lanes") are volatile, kept
-//! here in DRAM together with an 8-byte key prefix per node so most comparisons never touch
-//! persistent memory; recovery rebuilds them in one pass over level 0, which is already sorted.
+//! here in DRAM together with the first 16 key bytes and the key length per node, so most
+//! comparisons never touch persistent memory; recovery rebuilds them in one pass over level 0, which is already sorted.
 //!
 //! This structure owns no persistent memory. It keeps a DRAM mirror of level 0 and reports the
 //! level-0 links that changed ([`Index::take_dirty`]); the store writes them to the records'
@@ -20,7 +20,7 @@ pub const HEAD: u32 = 0;
 #[derive(Debug, Clone)]
 struct Node {
     record: u32,
-    prefix: u64,
+    prefix: Prefix,
     height: u8,
     live: bool,
     dirty: bool,
@@ -44,12 +44,29 @@ pub struct Upsert {
     pub successor: Option<u32>,
 }
 
-/// The first 8 key bytes, big-endian, zero-padded: orders like the keys or ties.
-pub fn key_prefix(key: &[u8]) -> u64 {
-    let mut word = [0u8; 8];
-    let len = key.len().min(8);
-    word[..len].copy_from_slice(&key[..len]);
-    u64::from_be_bytes(word)
+/// The first 16 key bytes (big-endian words, zero-padded) and the key's length. Compared as a
+/// tuple it orders like the keys, and decides completely for keys of at most 16 bytes; longer
+/// keys that tie are compared in persistent memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Prefix {
+    high: u64,
+    low: u64,
+    len: u32,
+}
+
+pub fn key_prefix(key: &[u8]) -> Prefix {
+    let mut bytes = [0u8; 16];
+    let len = key.len().min(16);
+    bytes[..len].copy_from_slice(&key[..len]);
+    let mut high = [0u8; 8];
+    let mut low = [0u8; 8];
+    high.copy_from_slice(&bytes[..8]);
+    low.copy_from_slice(&bytes[8..]);
+    Prefix {
+        high: u64::from_be_bytes(high),
+        low: u64::from_be_bytes(low),
+        len: key.len().min(u32::MAX as usize) as u32,
+    }
 }
 
 #[derive(Debug)]
@@ -65,7 +82,7 @@ impl Index {
     pub fn new(seed: u64) -> Index {
         let head = Node {
             record: u32::MAX,
-            prefix: 0,
+            prefix: key_prefix(&[]),
             height: MAX_LEVEL as u8,
             live: true,
             dirty: false,
@@ -101,11 +118,13 @@ impl Index {
         &self,
         node: u32,
         key: &[u8],
-        prefix: u64,
+        prefix: Prefix,
         key_of: &impl Fn(u32) -> &'k [u8],
     ) -> Ordering {
         let node = &self.nodes[node as usize];
-        match node.prefix.cmp(&prefix) {
+        let (a, b) = (node.prefix, prefix);
+        match (a.high, a.low).cmp(&(b.high, b.low)) {
+            Ordering::Equal if a.len <= 16 && b.len <= 16 => a.len.cmp(&b.len),
             Ordering::Equal => key_of(node.record).cmp(key),
             other => other,
         }
@@ -342,7 +361,13 @@ mod tests {
             let mut index = Index::new(7);
             let mut model: BTreeMap<Vec<u8>, u32> = BTreeMap::new();
             for (op, number) in ops {
-                let key = format!("k{number}").into_bytes();
+                // Short keys decide on the DRAM prefix alone; long ones share 16 bytes and
+                // are compared in full.
+                let key = if number % 2 == 0 {
+                    format!("k{number}").into_bytes()
+                } else {
+                    format!("shared-prefix-of-16k{number}").into_bytes()
+                };
                 if op < 2 {
                     keys.push(key.clone());
                     let record = (keys.len() - 1) as u32;

@@ -23,6 +23,7 @@
 //! of it, and two fences per batch (not per request) make a whole receive batch durable.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
 use pmnet_pm::{MediumInfo, PmRegion};
@@ -38,6 +39,34 @@ use crate::layout::*;
 const OP_SET: u8 = 1;
 const OP_DEL: u8 = 3;
 const OP_APPEND: u8 = 5;
+
+/// A multiplicative hash for ids the store chooses itself (slots, record ids): never keyed by
+/// network input, so it needs no protection against chosen collisions.
+#[derive(Debug, Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.write_u64(u64::from(*byte));
+        }
+    }
+
+    fn write_u32(&mut self, value: u32) {
+        self.write_u64(u64::from(value));
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        let mixed = (self.0 ^ value).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = mixed ^ (mixed >> 29);
+    }
+}
+
+type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 /// How to format a store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,6 +251,9 @@ struct Batch {
 struct Pending {
     id: u32,
     meta: Meta,
+    /// Bytes after the metadata line written and not flushed yet: flushed with the line, in
+    /// one range, once the record's place in the index is known.
+    unflushed: u32,
 }
 
 /// What a request looks like, read from its datagrams without copying.
@@ -245,8 +277,11 @@ pub struct Store<R: PmRegion> {
     limbo: Vec<(u64, u32)>,
     /// Lent receive slots: slot → (received length, receive time), length `u32::MAX` while
     /// nothing was received.
-    loans: HashMap<u32, (u32, u64)>,
+    loans: IdMap<u32, (u32, u64)>,
     sessions: HashMap<u64, SessionState>,
+    /// The session whose last applied request each record is (the inverse of
+    /// `Source::Record`), so retiring a record needs no read of it.
+    record_owner: IdMap<u32, u64>,
     table: Vec<TableSlot>,
     free_table: Vec<u32>,
     activity: u64,
@@ -437,8 +472,9 @@ impl<R: PmRegion> Store<R> {
             free_slots: Vec::new(),
             buddy: None,
             limbo: Vec::new(),
-            loans: HashMap::new(),
+            loans: IdMap::default(),
             sessions: HashMap::new(),
+            record_owner: IdMap::default(),
             table: vec![TableSlot::default(); geometry.max_sessions as usize],
             free_table: Vec::new(),
             activity: 0,
@@ -835,17 +871,21 @@ impl<R: PmRegion> Store<R> {
         // The slots become a chain: metadata of every fragment but the head now; the head's
         // once its place in the index is known.
         let epoch = self.batch_epoch();
-        let mut ids = Vec::with_capacity(slots.len());
-        for &slot in slots {
-            ids.push(self.geometry.slot_id(slot));
-        }
         let mut head_meta = None;
+        // Lengths of the fragments after the first (no allocation for one datagram).
+        let mut tail_lens: Vec<u32> = Vec::new();
         for (index, &slot) in slots.iter().enumerate() {
             let (len, time) = self.loans.remove(&slot).unwrap_or((0, 0));
-            let id = ids[index];
+            if index > 0 {
+                tail_lens.push(len);
+            }
+            let id = self.geometry.slot_id(slot);
+            let next = slots
+                .get(index + 1)
+                .map(|next| self.geometry.slot_id(*next));
             let meta = Meta {
                 next0: 0,
-                frag_next: link_of(ids.get(index + 1).copied()),
+                frag_next: link_of(next),
                 epoch,
                 receive_time_ns: time,
                 len,
@@ -854,20 +894,32 @@ impl<R: PmRegion> Store<R> {
                 reply_style: ReplyStyle::Ok,
                 self_id: id,
             };
-            let offset = self.geometry.record_offset(id);
             if index == 0 {
                 head_meta = Some(meta);
-                self.region.flush(offset + META_LEN, len as usize);
             } else {
-                self.region.write(offset, &meta.encode());
-                self.region.flush(offset, META_LEN + len as usize);
+                self.region
+                    .write(self.geometry.record_offset(id), &meta.encode());
+            }
+        }
+        self.mark(Phase::Allocate);
+        for (index, &slot) in slots.iter().enumerate() {
+            let offset = self.receive_slot(slot).offset;
+            let len = match index {
+                0 => head_meta.map_or(0, |meta| meta.len as usize),
+                _ => tail_lens[index - 1] as usize,
+            };
+            if index > 0 {
+                self.region.flush(offset - META_LEN, META_LEN + len);
             }
         }
         self.stats.records_received_in_place += 1;
         self.mark(Phase::Persist);
+        let head_id = self.geometry.slot_id(slots[0]);
+        let head_meta = head_meta.expect("at least one slot");
         let pending = Pending {
-            id: ids[0],
-            meta: head_meta.expect("at least one slot"),
+            id: head_id,
+            meta: head_meta,
+            unflushed: head_meta.len,
         };
         let key = key_range;
         let reply = if op == OP_SET {
@@ -1082,15 +1134,18 @@ impl<R: PmRegion> Store<R> {
             .upsert(key_bytes, pending.id, |r| record_key(bytes, &geometry, r));
         let mut meta = pending.meta;
         meta.next0 = link_of(upsert.successor);
+        self.mark(Phase::Insert);
         let offset = self.geometry.record_offset(pending.id);
         self.region.write(offset, &meta.encode());
-        self.region.flush(offset, META_LEN);
+        self.region
+            .flush(offset, META_LEN + pending.unflushed as usize);
+        self.mark(Phase::Persist);
         self.batch.ops.push(IntentOp::Link(pending.id));
         self.touch_session(session_id, seq, Source::Record(pending.id));
         if let Some(displaced) = upsert.displaced {
             self.retire_indexed(displaced);
         }
-        self.mark(Phase::AllocInsert);
+        self.mark(Phase::Insert);
         match meta.reply_style {
             ReplyStyle::Ok => Reply::Ok.to_bytes(),
             ReplyStyle::Integer => {
@@ -1170,7 +1225,8 @@ impl<R: PmRegion> Store<R> {
         };
         let offset = self.geometry.record_offset(pending.id);
         self.region.write(offset, &pending.meta.encode());
-        self.region.flush(offset, META_LEN);
+        self.region
+            .flush(offset, META_LEN + pending.unflushed as usize);
         let bytes = self.region.bytes();
         let key_bytes = key.resolve(bytes, &geometry);
         let removed = self
@@ -1183,7 +1239,7 @@ impl<R: PmRegion> Store<R> {
         }
         // The DEL record is needed only until the next batch commits.
         self.batch.freed.push(pending.id);
-        self.mark(Phase::AllocInsert);
+        self.mark(Phase::Insert);
         reply
     }
 
@@ -1200,28 +1256,31 @@ impl<R: PmRegion> Store<R> {
         let activity = self.activity;
         let state = self.sessions.entry(session_id).or_insert(SessionState {
             last_seq: 0,
-            source,
+            source: Source::Table,
             table: None,
             last_active: activity,
         });
+        if let Source::Record(old) = state.source {
+            self.record_owner.remove(&old);
+        }
         state.last_seq = seq;
         state.source = source;
         state.last_active = activity;
+        if let Source::Record(id) = source {
+            self.record_owner.insert(id, session_id);
+        }
     }
 
     /// A record left the index: keep its session's sequence number if it was the only place
     /// holding it, then free the record after the next commit.
     fn retire_indexed(&mut self, id: u32) {
-        let owner = self
-            .check_record(id, false)
-            .ok()
-            .map(|checked| (checked.session_id, checked.seq));
-        if let Some((session_id, seq)) = owner {
-            let holds_last = self
+        if let Some(session_id) = self.record_owner.remove(&id) {
+            let last_seq = self
                 .sessions
                 .get(&session_id)
-                .is_some_and(|state| state.source == Source::Record(id));
-            if holds_last {
+                .filter(|state| state.source == Source::Record(id))
+                .map(|state| state.last_seq);
+            if let Some(seq) = last_seq {
                 let reply = self.derived_reply(id);
                 self.stats.session_folds += 1;
                 self.write_session_entry(session_id, seq, reply);
@@ -1248,7 +1307,7 @@ impl<R: PmRegion> Store<R> {
     /// errors): write the entry in this batch.
     fn table_commit(&mut self, session_id: u64, seq: u32, reply: Vec<u8>) -> Vec<u8> {
         let reply = self.write_session_entry(session_id, seq, reply);
-        self.mark(Phase::AllocInsert);
+        self.mark(Phase::Insert);
         reply
     }
 
@@ -1274,7 +1333,8 @@ impl<R: PmRegion> Store<R> {
                 Some(pending) => {
                     let offset = self.geometry.record_offset(pending.id);
                     self.region.write(offset, &pending.meta.encode());
-                    self.region.flush(offset, META_LEN);
+                    self.region
+                        .flush(offset, META_LEN + pending.unflushed as usize);
                     (EntryReply::Record(pending.id), reply)
                 }
                 None => {
@@ -1374,7 +1434,7 @@ impl<R: PmRegion> Store<R> {
             let slot = self.free_slots.pop()?;
             ids.push(self.geometry.slot_id(slot));
         }
-        self.mark(Phase::AllocInsert);
+        self.mark(Phase::Allocate);
         let mut head = None;
         for (index, &id) in ids.iter().enumerate() {
             let chunk = &payload[(index * capacity).min(payload.len())
@@ -1403,9 +1463,8 @@ impl<R: PmRegion> Store<R> {
                 self_id: id,
             };
             if index == 0 {
+                // Flushed with its metadata line once linked.
                 head = Some(meta);
-                self.region
-                    .flush(offset + META_LEN, HEADER_LEN + chunk.len());
             } else {
                 self.region.write(offset, &meta.encode());
                 self.region
@@ -1414,9 +1473,11 @@ impl<R: PmRegion> Store<R> {
             self.mark(Phase::Persist);
         }
         self.stats.records_written += 1;
+        let head = head?;
         Some(Pending {
             id: ids[0],
-            meta: head?,
+            meta: head,
+            unflushed: head.len,
         })
     }
 
@@ -1433,7 +1494,7 @@ impl<R: PmRegion> Store<R> {
         let body_len = CONVENTIONAL_HEADER_LEN + key.len() + value.len();
         let order = order_for(META_LEN + body_len)?;
         let id = self.buddy.as_mut()?.alloc(order)?;
-        self.mark(Phase::AllocInsert);
+        self.mark(Phase::Allocate);
         let mut header = [0u8; CONVENTIONAL_HEADER_LEN];
         header[0..8].copy_from_slice(&session_id.to_le_bytes());
         header[8..12].copy_from_slice(&seq.to_le_bytes());
@@ -1452,11 +1513,10 @@ impl<R: PmRegion> Store<R> {
         self.region
             .write(body + CONVENTIONAL_HEADER_LEN + key.len(), value);
         self.mark(Phase::Copy);
-        self.region.flush(body, body_len);
-        self.mark(Phase::Persist);
         self.stats.records_written += 1;
         Some(Pending {
             id,
+            unflushed: body_len as u32,
             meta: Meta {
                 next0: 0,
                 frag_next: 0,
@@ -1486,6 +1546,7 @@ impl<R: PmRegion> Store<R> {
         self.stats.records_written += 1;
         Some(Pending {
             id,
+            unflushed: 0,
             meta: Meta {
                 next0: 0,
                 frag_next: 0,
@@ -1837,6 +1898,12 @@ impl<R: PmRegion> Store<R> {
                 if !indexed.contains(&id) && limbo_ids.contains(&id) && state.table.is_some() {
                     state.source = Source::Table;
                 }
+            }
+        }
+
+        for (session_id, state) in &self.sessions {
+            if let Source::Record(id) = state.source {
+                self.record_owner.insert(id, *session_id);
             }
         }
 

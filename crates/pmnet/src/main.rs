@@ -7,6 +7,7 @@ mod demo;
 mod node;
 mod redis;
 mod sim;
+mod store_bench;
 
 use std::process::ExitCode;
 
@@ -64,6 +65,9 @@ enum Command {
     RedisAdaptor(redis::RedisAdaptorArgs),
     /// Serve unmodified Redis clients (RESP over TCP), each connection a PMNet session.
     Gateway(redis::GatewayArgs),
+    /// Compare the storage engines: the write-path breakdown (the paper's Table 1) and
+    /// updates through a server with each (see docs/storage.md).
+    StoreBench(store_bench::StoreBenchArgs),
 }
 
 impl Command {
@@ -78,6 +82,7 @@ impl Command {
             Command::Sim(_) => "sim",
             Command::RedisAdaptor(_) => "redis-adaptor",
             Command::Gateway(_) => "gateway",
+            Command::StoreBench(_) => "store-bench",
         }
     }
 }
@@ -104,6 +109,7 @@ fn main() -> ExitCode {
         Command::Sim(args) => sim::run(args),
         Command::RedisAdaptor(args) => redis::run_adaptor(args),
         Command::Gateway(args) => redis::run_gateway(args),
+        Command::StoreBench(args) => store_bench::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,365 @@
+//! `pmnet store-bench`: the storage engines side by side in one run — the per-write breakdown
+//! in the layout of Table 1 of "Packets as Persistent In-Memory Data Structures", then update
+//! latency and throughput through a real server (loopback UDP, a client session talking to
+//! the server directly) with each engine. See docs/storage.md.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use pmnet_pktstore::bench::{run_breakdown, BreakdownOptions};
+use pmnet_pktstore::EngineKind;
+use pmnet_pm::{FlushChoice, MmapOptions};
+use pmnet_proto::ClientEvent;
+use pmnet_runtime::{
+    online_cpu_count, pin_current_thread, ClientSession, LoopOptions, ServerOptions, ServerRuntime,
+    SessionOptions, Shutdown, StoreOptions, WaitMode,
+};
+use pmnet_store::Request;
+
+use crate::CliError;
+
+#[derive(Debug, Clone, Args)]
+pub struct StoreBenchArgs {
+    /// Directory of the store files (a DRAM file system such as /dev/shm is emulated PM).
+    #[arg(long, value_name = "DIR", default_value = "/dev/shm")]
+    pub dir: PathBuf,
+
+    /// How writes are made durable: auto, clwb, clflushopt, clflush, msync, fdatasync.
+    #[arg(long, value_name = "METHOD", default_value = "auto")]
+    pub flush: FlushChoice,
+
+    /// Value sizes of the breakdown, in bytes, comma-separated.
+    #[arg(
+        long,
+        value_name = "BYTES",
+        value_delimiter = ',',
+        default_value = "64,1024,4096"
+    )]
+    pub sizes: Vec<usize>,
+
+    /// Timed writes per engine and size in the breakdown.
+    #[arg(long, value_name = "N", default_value_t = 20_000)]
+    pub writes: usize,
+
+    /// Distinct keys, overwritten at random.
+    #[arg(long, value_name = "N", default_value_t = 2_000)]
+    pub keys: usize,
+
+    /// Value size of the end-to-end updates.
+    #[arg(long, value_name = "BYTES", default_value_t = 1024)]
+    pub value: usize,
+
+    /// Seconds of pipelined updates per engine for throughput.
+    #[arg(long, value_name = "S", default_value_t = 3.0)]
+    pub seconds: f64,
+
+    /// Requests in flight in the throughput run.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub window: u32,
+
+    /// Sequential updates per engine for latency.
+    #[arg(long, value_name = "N", default_value_t = 3_000)]
+    pub latency_requests: usize,
+
+    /// Rounds of the server runs; the engines alternate within each round and the report
+    /// gives medians (a shared machine is noisy).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub rounds: usize,
+
+    /// Sleep in ppoll instead of busy-polling (on a VM a wake-up costs tens of µs).
+    #[arg(long)]
+    pub blocking: bool,
+
+    /// Only the breakdown, no server.
+    #[arg(long)]
+    pub no_server: bool,
+}
+
+#[derive(Debug)]
+struct EndToEnd {
+    engine: &'static str,
+    medium: String,
+    latency_us: Vec<f64>,
+    throughput: f64,
+    in_place: String,
+}
+
+fn percentile(sorted: &[f64], fraction: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * fraction).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+fn run_server_engine(
+    args: &StoreBenchArgs,
+    engine: Option<EngineKind>,
+    name: &'static str,
+) -> Result<EndToEnd, String> {
+    let wait = if args.blocking {
+        WaitMode::Blocking
+    } else {
+        WaitMode::BusyPoll
+    };
+    let pin = !args.blocking && online_cpu_count() >= 2;
+    let path = args.dir.join(format!(
+        "pmnet-store-bench-e2e-{}-{name}.data",
+        std::process::id()
+    ));
+    let options = ServerOptions {
+        server_id: 1,
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        devices: Vec::new(),
+        store: Some(StoreOptions {
+            path: path.clone(),
+            size_bytes: 256 << 20,
+            max_sessions: 1024,
+            format: true,
+            mmap: MmapOptions {
+                flush: args.flush,
+                added_latency_ns: 0,
+            },
+        }),
+        loop_options: LoopOptions {
+            wait,
+            cpu: pin.then_some(1),
+            report_interval: None,
+            metrics_listen: None,
+            ..LoopOptions::default()
+        },
+    };
+    let shutdown = Shutdown::new();
+    let server_shutdown = shutdown.clone();
+    let (started_tx, started_rx) = mpsc::channel();
+    let server = std::thread::Builder::new()
+        .name("pmnet-server".into())
+        .spawn(move || {
+            // The server's own report lines would interleave with the table.
+            let quiet = tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::WARN)
+                .with_writer(std::io::stderr)
+                .finish();
+            let _guard = tracing::subscriber::set_default(quiet);
+            let mut server = match ServerRuntime::open_with_engine(options, engine, server_shutdown)
+            {
+                Ok(server) => server,
+                Err(error) => {
+                    let _ = started_tx.send(Err(error.to_string()));
+                    return String::new();
+                }
+            };
+            let _ = started_tx.send(Ok((
+                server.addresses().data,
+                server.startup().medium_text(),
+            )));
+            if let Err(error) = server.run() {
+                return format!("server error: {error}");
+            }
+            server.report_line()
+        })
+        .map_err(|error| format!("cannot start the server thread: {error}"))?;
+    let result = (|| {
+        let (addr, medium) = started_rx
+            .recv_timeout(Duration::from_secs(10))
+            .map_err(|_| "the server did not start in time".to_owned())??;
+        if pin {
+            pin_current_thread(0)?;
+        }
+        let mut options = SessionOptions::new(1, addr);
+        options.wait = wait;
+        options.window = Some(args.window.max(1));
+        let mut session =
+            ClientSession::open(options).map_err(|error| format!("client socket: {error}"))?;
+        let value = vec![0x5Au8; args.value];
+        let key_count = args.keys.max(1) as u64;
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next_request = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let key = format!("user{:08}", state % key_count).into_bytes();
+            Request::Set {
+                key: &key,
+                value: &value,
+            }
+            .to_bytes()
+        };
+        // Warm up: every key once.
+        for _ in 0..key_count.min(4000) {
+            session
+                .update(&next_request())
+                .map_err(|error| format!("update failed: {error:?}"))?;
+        }
+        let mut latency_us = Vec::with_capacity(args.latency_requests);
+        for _ in 0..args.latency_requests {
+            let request = next_request();
+            let start = Instant::now();
+            session
+                .update(&request)
+                .map_err(|error| format!("update failed: {error:?}"))?;
+            latency_us.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+        latency_us.sort_by(f64::total_cmp);
+        let deadline = Instant::now() + Duration::from_secs_f64(args.seconds.max(0.1));
+        let start = Instant::now();
+        let mut completed = 0u64;
+        while Instant::now() < deadline {
+            while session.can_send() {
+                session
+                    .start_update(&next_request())
+                    .map_err(|error| format!("update failed: {error:?}"))?;
+            }
+            match session.next_event(Some(deadline)) {
+                Some(ClientEvent::Completed { .. }) => completed += 1,
+                Some(ClientEvent::Failed { error, .. }) => {
+                    return Err(format!("update failed: {error:?}"));
+                }
+                None => {}
+            }
+        }
+        let throughput = completed as f64 / start.elapsed().as_secs_f64();
+        // Let the requests in flight finish before stopping the server.
+        while session.in_flight_count() > 0 {
+            if session
+                .next_event(Some(Instant::now() + Duration::from_secs(1)))
+                .is_none()
+            {
+                break;
+            }
+        }
+        Ok((medium, latency_us, throughput))
+    })();
+    shutdown.request();
+    let report = server.join().unwrap_or_default();
+    let _ = std::fs::remove_file(&path);
+    let (medium, latency_us, throughput) = result?;
+    let in_place = report
+        .split("; ")
+        .find(|part| part.contains("store keys"))
+        .unwrap_or("")
+        .to_owned();
+    Ok(EndToEnd {
+        engine: name,
+        medium,
+        latency_us,
+        throughput,
+        in_place,
+    })
+}
+
+pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
+    let options = BreakdownOptions {
+        dir: args.dir.clone(),
+        mmap: MmapOptions {
+            flush: args.flush,
+            added_latency_ns: 0,
+        },
+        value_lens: args.sizes.clone(),
+        writes: args.writes.max(1),
+        key_count: args.keys.max(1),
+        ..BreakdownOptions::default()
+    };
+    println!("pmnet store-bench: the storage engines side by side (docs/storage.md)\n");
+    let report = run_breakdown(&options)?;
+    println!("{}", report.table());
+    if let Some(removed) = report.removed_fraction(1024) {
+        println!(
+            "target: the packet store removes >= 80 % of the conventional engine's checksum + \
+             copy + allocation/insertion time per 1 KB write: {:.0} % ({})",
+            removed * 100.0,
+            if removed >= 0.8 { "met" } else { "NOT met" }
+        );
+    }
+    if args.no_server {
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "\nUpdates through a server (loopback UDP, client -> server directly, {}-byte values, \
+         {} keys; {}{}):",
+        args.value,
+        args.keys,
+        if args.blocking {
+            "blocking waits"
+        } else {
+            "busy-poll"
+        },
+        if !args.blocking && online_cpu_count() >= 2 {
+            ", server pinned to CPU 1, client to CPU 0"
+        } else {
+            ", not pinned"
+        }
+    );
+    let engines = [
+        (Some(EngineKind::Conventional), "conventional"),
+        (Some(EngineKind::Packet), "packet"),
+        (None, "kv"),
+    ];
+    let rounds = args.rounds.max(1);
+    let mut runs: Vec<Vec<EndToEnd>> = Vec::new();
+    for round in 0..rounds {
+        let mut round_runs = Vec::new();
+        for (engine, name) in engines {
+            round_runs.push(run_server_engine(&args, engine, name)?);
+        }
+        eprintln!(
+            "  round {}/{rounds}: {}",
+            round + 1,
+            round_runs
+                .iter()
+                .map(|r| format!("{} {:.0}/s", r.engine, r.throughput))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        runs.push(round_runs);
+    }
+    if let Some(first) = runs.first().and_then(|round| round.first()) {
+        println!("medium: {}", first.medium);
+    }
+    println!(
+        "  {:<13} {:>9} {:>9} {:>9} {:>16}   server's store counters (last round)",
+        "engine", "p50 µs", "p99 µs", "mean µs", "updates/s (med)"
+    );
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values.get(values.len() / 2).copied().unwrap_or(0.0)
+    };
+    for (index, (_, name)) in engines.iter().enumerate() {
+        let mut latency: Vec<f64> = runs
+            .iter()
+            .flat_map(|round| round[index].latency_us.iter().copied())
+            .collect();
+        latency.sort_by(f64::total_cmp);
+        let mean = latency.iter().sum::<f64>() / latency.len().max(1) as f64;
+        let throughput = median(runs.iter().map(|round| round[index].throughput).collect());
+        let counters = runs
+            .last()
+            .map_or(String::new(), |round| round[index].in_place.clone());
+        println!(
+            "  {:<13} {:>9.1} {:>9.1} {:>9.1} {:>16.0}   {}",
+            name,
+            percentile(&latency, 0.5),
+            percentile(&latency, 0.99),
+            mean,
+            throughput,
+            counters
+        );
+    }
+    let ratio = median(
+        runs.iter()
+            .map(|round| round[1].throughput / round[0].throughput.max(1.0))
+            .collect(),
+    );
+    println!(
+        "target: packet store update throughput >= 1.3x the conventional engine's: {ratio:.2}x \
+         (median of {rounds} rounds; {}); window {}, {} s per engine per round",
+        if ratio >= 1.3 { "met" } else { "NOT met" },
+        args.window,
+        args.seconds
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -977,6 +977,10 @@ pub fn capacity_config(plan: &Plan, duration: Duration, rounds: u32) -> Capacity
     }
 }
 
+fn cpu_text(cpu: Option<usize>) -> String {
+    cpu.map_or_else(|| "any CPU".to_owned(), |cpu| format!("CPU {cpu}"))
+}
+
 fn run_capacity_command(
     args: &BenchArgs,
     plan: &Plan,
@@ -990,21 +994,34 @@ fn run_capacity_command(
         "pmnet bench --capacity: {:.1} s per forwarder in {rounds} rounds; forwarder on {}, \
          generator on {}; {}",
         duration.as_secs_f64(),
-        config
-            .forwarder_cpu
-            .map_or_else(|| "any CPU".to_owned(), |cpu| format!("CPU {cpu}")),
-        config
-            .generator_cpu
-            .map_or_else(|| "any CPU".to_owned(), |cpu| format!("CPU {cpu}")),
+        cpu_text(config.forwarder_cpu),
+        cpu_text(config.generator_cpu),
         plan.wait.name()
     );
     let report = run_capacity(&config, shutdown)?;
     println!();
     print!("{}", capacity_table(&report));
-    let setting = plan.setting(None);
+    let mut setting = plan.setting(Some((
+        "none: forwarding only, nothing is logged".to_owned(),
+        "none: no server; the forwarders send to a sink socket".to_owned(),
+    )));
+    setting.placement = format!(
+        "forwarder on {}, generator on {}",
+        cpu_text(config.forwarder_cpu),
+        cpu_text(config.generator_cpu)
+    );
+    setting.server_app = "none".to_owned();
     println!();
     println!("setting:");
-    print!("{}", setting_text(&setting));
+    println!(
+        "  wait: {}; placement: {}; {}-byte update datagrams over 64 sessions; {} CPUs online; \
+         load average at start: {}",
+        setting.wait,
+        setting.placement,
+        setting.request_datagram_bytes,
+        setting.cpus_online,
+        setting.load_average
+    );
     let interrupted = shutdown.is_requested();
     if let Some(path) = &args.json {
         let full = Report {

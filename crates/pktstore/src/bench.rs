@@ -8,7 +8,7 @@
 //! header check on receipt are networking, the same for both engines, and reported on a line
 //! of their own.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use pmnet_pm::{MediumInfo, MmapOptions, MmapRegion, PmRegion};
@@ -59,6 +59,10 @@ pub struct BreakdownRow {
     /// do not split).
     pub total_ns: f64,
     pub writes: usize,
+    /// Reopening the store afterwards: recovery time, keys and verified bytes.
+    pub recovery_ms: f64,
+    pub recovered_keys: usize,
+    pub recovered_verified_bytes: u64,
 }
 
 impl BreakdownRow {
@@ -135,76 +139,81 @@ fn key_for(index: u64) -> Vec<u8> {
     format!("user{index:08}").into_bytes()
 }
 
-fn measure(
+/// One engine's store under the breakdown.
+struct Subject {
     engine: EngineKind,
-    value_len: usize,
-    options: &BreakdownOptions,
-    path: &Path,
-    mark_cost: f64,
-) -> Result<(BreakdownRow, MediumInfo), String> {
-    let slots_per_value = value_len.div_ceil(1024) + 1;
-    let data_len = (options.key_count * 3 + 4096) * slots_per_value * 2048 + (8 << 20);
-    let _guard = TempFile(path.to_path_buf());
-    let region = MmapRegion::create(path, data_len, options.mmap)
-        .map_err(|error| format!("cannot create {}: {error}", path.display()))?;
-    let mut store = Store::format(region, StoreConfig::new(engine))
-        .map_err(|error| format!("cannot format a store: {error}"))?;
-    let medium = store.region().medium();
-    let value: Vec<u8> = (0..value_len).map(|i| (i * 7 + 3) as u8).collect();
-    let session_id = 0x5EED;
-    let mut seq = 0u32;
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-    let mut datagram_count = 0;
-    let mut total_ticks = 0u64;
-    let total_writes = options.key_count + 2 * options.writes;
-    let mut lent = Vec::new();
-    for write in 0..total_writes {
-        // Fill every key first, then overwrite at random: a store in steady state, where each
-        // write also frees the record it replaces.
-        let key_index = if write < options.key_count {
-            write as u64
-        } else {
-            xorshift(&mut rng) % options.key_count as u64
-        };
-        let timed = write >= options.key_count + options.writes;
-        if write == options.key_count + options.writes {
-            store.enable_breakdown();
-        }
-        seq += 1;
+    store: Store<MmapRegion>,
+    path: PathBuf,
+    _guard: TempFile,
+    value: Vec<u8>,
+    seq: u32,
+    rng: u64,
+    lent: Vec<crate::ReceiveSlot>,
+    datagram_count: usize,
+}
+
+const SESSION_ID: u64 = 0x5EED;
+
+impl Subject {
+    fn new(
+        engine: EngineKind,
+        value_len: usize,
+        options: &BreakdownOptions,
+        path: PathBuf,
+    ) -> Result<Subject, String> {
+        let slots_per_value = value_len.div_ceil(1024) + 1;
+        let data_len = (options.key_count * 3 + 4096) * slots_per_value * 2048 + (8 << 20);
+        let guard = TempFile(path.clone());
+        let region = MmapRegion::create(&path, data_len, options.mmap)
+            .map_err(|error| format!("cannot create {}: {error}", path.display()))?;
+        let store = Store::format(region, StoreConfig::new(engine))
+            .map_err(|error| format!("cannot format a store: {error}"))?;
+        Ok(Subject {
+            engine,
+            store,
+            path,
+            _guard: guard,
+            value: (0..value_len).map(|i| (i * 7 + 3) as u8).collect(),
+            seq: 0,
+            rng: 0x9E37_79B9_7F4A_7C15,
+            lent: Vec::new(),
+            datagram_count: 0,
+        })
+    }
+
+    /// One write of key `key_index`; returns the ticks the engine took.
+    fn write(&mut self, key_index: u64, options: &BreakdownOptions) -> Result<u64, String> {
+        self.seq += 1;
+        let seq = self.seq;
         let key = key_for(key_index);
         let request = Request::Set {
             key: &key,
-            value: &value,
+            value: &self.value,
         }
         .to_bytes();
-        let datagrams = client_datagrams(session_id, seq, &request, options.max_datagram_len);
-        datagram_count = datagrams.len();
-        match engine {
+        let datagrams = client_datagrams(SESSION_ID, seq, &request, options.max_datagram_len);
+        self.datagram_count = datagrams.len();
+        let store = &mut self.store;
+        let (reply, elapsed) = match self.engine {
             EngineKind::Packet => {
                 // The network's part, untimed: the kernel copies each datagram into the slot
                 // the runtime lent for it, and the protocol checks its CRC.
-                store.lend_receive_slots(datagrams.len(), &mut lent);
-                if lent.len() != datagrams.len() {
+                store.lend_receive_slots(datagrams.len(), &mut self.lent);
+                if self.lent.len() != datagrams.len() {
                     return Err("the packet store ran out of receive slots".to_owned());
                 }
-                for (slot, datagram) in lent.iter().zip(&datagrams) {
+                for (slot, datagram) in self.lent.iter().zip(&datagrams) {
                     store
                         .write_received(slot.slot, datagram, 0)
                         .map_err(|reject| reject.reason.to_owned())?;
                 }
-                let slots: Vec<u32> = lent.iter().map(|slot| slot.slot).collect();
+                let slots: Vec<u32> = self.lent.iter().map(|slot| slot.slot).collect();
                 let start = ticks();
                 let reply = store
-                    .stage_received(session_id, seq, &slots)
+                    .stage_received(SESSION_ID, seq, &slots)
                     .map_err(|reject| reject.reason.to_owned())?;
                 store.commit();
-                let end = ticks();
-                if reply.first() != Some(&0) {
-                    return Err(format!("a write failed: {reply:?}"));
-                }
-                if timed {
-                    total_ticks += end - start;
-                }
+                (reply, ticks() - start)
             }
             EngineKind::Conventional => {
                 // The request as the protocol layer hands it over: reassembled in DRAM.
@@ -213,34 +222,126 @@ fn measure(
                     payload.extend_from_slice(Packet::new_unchecked(datagram).payload());
                 }
                 let start = ticks();
-                let reply = store.stage_request(session_id, seq, &payload);
+                let reply = store.stage_request(SESSION_ID, seq, &payload);
                 store.commit();
-                let end = ticks();
-                if reply.first() != Some(&0) {
-                    return Err(format!("a write failed: {reply:?}"));
-                }
-                if timed {
-                    total_ticks += end - start;
-                }
+                (reply, ticks() - start)
             }
+        };
+        if reply.first() != Some(&0) {
+            return Err(format!("a write failed: {reply:?}"));
+        }
+        Ok(elapsed)
+    }
+
+    /// `count` overwrites of random keys; with `timed`, the per-phase means and the mean
+    /// total (ns) of this chunk.
+    fn chunk(
+        &mut self,
+        count: usize,
+        options: &BreakdownOptions,
+        mark_cost: f64,
+    ) -> Result<([f64; 6], f64), String> {
+        self.store.enable_breakdown();
+        let mut total_ticks = 0u64;
+        for _ in 0..count {
+            let key_index = xorshift(&mut self.rng) % options.key_count as u64;
+            total_ticks += self.write(key_index, options)?;
+        }
+        let breakdown = self.store.take_breakdown().unwrap_or_default();
+        let mut phase_ns = [0.0; 6];
+        for (slot, phase) in PHASES.iter().enumerate() {
+            phase_ns[slot] = breakdown.mean_ns(*phase, mark_cost);
+        }
+        Ok((
+            phase_ns,
+            total_ticks as f64 / ticks_per_ns() / count.max(1) as f64,
+        ))
+    }
+
+    /// Reopen the store and time its recovery.
+    fn recover(self, options: &BreakdownOptions) -> Result<crate::RecoveryReport, String> {
+        let Subject {
+            store,
+            path,
+            _guard,
+            ..
+        } = self;
+        drop(store);
+        let region = MmapRegion::open(&path, options.mmap)
+            .map_err(|error| format!("cannot reopen {}: {error}", path.display()))?;
+        let reopened = Store::open(region).map_err(|error| format!("cannot recover: {error}"))?;
+        let recovery = reopened.recovery().clone();
+        if recovery.key_count != options.key_count || recovery.warning().is_some() {
+            return Err(format!("recovery found something wrong: {recovery:?}"));
+        }
+        drop(reopened);
+        drop(_guard);
+        Ok(recovery)
+    }
+}
+
+/// Chunks the timed writes are split into; the report gives the median of the chunk means,
+/// so a preemption by another process spoils one chunk, not the figure.
+const CHUNKS: usize = 10;
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Both engines at one value size, their chunks alternating.
+fn measure_size(
+    value_len: usize,
+    options: &BreakdownOptions,
+    mark_cost: f64,
+) -> Result<(Vec<BreakdownRow>, MediumInfo), String> {
+    let mut subjects = Vec::new();
+    for engine in [EngineKind::Conventional, EngineKind::Packet] {
+        let path = options.dir.join(format!(
+            "pmnet-store-bench-{}-{}-{value_len}.data",
+            std::process::id(),
+            engine.name()
+        ));
+        let mut subject = Subject::new(engine, value_len, options, path)?;
+        // Fill every key, then as many untimed overwrites as timed ones: a store in steady
+        // state, where each write also frees the record it replaces.
+        for key_index in 0..options.key_count as u64 {
+            subject.write(key_index, options)?;
+        }
+        subject.chunk(options.writes, options, mark_cost)?;
+        subjects.push(subject);
+    }
+    let medium = subjects[0].store.region().medium();
+    let chunk_len = options.writes.div_ceil(CHUNKS).max(1);
+    let mut chunks: Vec<Vec<([f64; 6], f64)>> = vec![Vec::new(), Vec::new()];
+    for _ in 0..CHUNKS {
+        for (index, subject) in subjects.iter_mut().enumerate() {
+            chunks[index].push(subject.chunk(chunk_len, options, mark_cost)?);
         }
     }
-    let breakdown = store.take_breakdown().unwrap_or_default();
-    let mut phase_ns = [0.0; 6];
-    for (slot, phase) in PHASES.iter().enumerate() {
-        phase_ns[slot] = breakdown.mean_ns(*phase, mark_cost);
-    }
-    Ok((
-        BreakdownRow {
+    let mut rows = Vec::new();
+    for (subject, chunks) in subjects.into_iter().zip(chunks) {
+        let mut phase_ns = [0.0; 6];
+        for (slot, value) in phase_ns.iter_mut().enumerate() {
+            *value = median(chunks.iter().map(|(phases, _)| phases[slot]).collect());
+        }
+        let total_ns = median(chunks.iter().map(|(_, total)| *total).collect());
+        let engine = subject.engine;
+        let datagram_count = subject.datagram_count;
+        let recovery = subject.recover(options)?;
+        rows.push(BreakdownRow {
             engine,
             value_len,
             datagram_count,
             phase_ns,
-            total_ns: total_ticks as f64 / ticks_per_ns() / options.writes as f64,
-            writes: options.writes,
-        },
-        medium,
-    ))
+            total_ns,
+            writes: chunk_len * CHUNKS,
+            recovery_ms: recovery.duration.as_secs_f64() * 1e3,
+            recovered_keys: recovery.key_count,
+            recovered_verified_bytes: recovery.verified_bytes,
+        });
+    }
+    Ok((rows, medium))
 }
 
 /// Measure both engines at every value size.
@@ -256,16 +357,9 @@ pub fn run_breakdown(options: &BreakdownOptions) -> Result<BreakdownReport, Stri
         if value_len > pmnet_store::codec::MAX_VALUE_LEN {
             return Err(format!("value size {value_len} is above the store's limit"));
         }
-        for engine in [EngineKind::Conventional, EngineKind::Packet] {
-            let path = options.dir.join(format!(
-                "pmnet-store-bench-{}-{}-{value_len}.data",
-                std::process::id(),
-                engine.name()
-            ));
-            let (row, row_medium) = measure(engine, value_len, options, &path, mark_cost)?;
-            medium = Some(row_medium);
-            rows.push(row);
-        }
+        let (size_rows, size_medium) = measure_size(value_len, options, mark_cost)?;
+        rows.extend(size_rows);
+        medium = Some(size_medium);
         let request = Request::Set {
             key: &key_for(1),
             value: &vec![1u8; value_len],
@@ -315,9 +409,13 @@ impl BreakdownReport {
     pub fn table(&self) -> String {
         let mut out = String::new();
         out.push_str(&format!(
-            "Storage engine write path, ns per write (mean of {} writes per cell over {} keys, \
-             after {} untimed; batch of 1 write per commit)\nmedium: {}\n",
-            self.options.writes, self.options.key_count, self.options.writes, self.medium
+            "Storage engine write path, ns per write: median of {CHUNKS} chunk means, {} timed \
+             writes per cell in chunks alternating between the engines, over {} keys \
+             overwritten at random after {} untimed writes; one write per commit\nmedium: {}\n",
+            self.options.writes.div_ceil(CHUNKS) * CHUNKS,
+            self.options.key_count,
+            self.options.writes,
+            self.medium
         ));
         for &value_len in &self.options.value_lens {
             let (Some(conventional), Some(packet)) = (
@@ -426,6 +524,12 @@ impl BreakdownReport {
             out.push_str(&format!(
                 "  checksum + copy + allocation/insertion: conventional {core_conventional:.0} ns, \
                  packet {core_packet:.0} ns: the packet store removes {removed:.0} %\n"
+            ));
+            out.push_str(&format!(
+                "  recovery after reopening, {} keys: conventional {:.2} ms, packet {:.2} ms \
+                 (walks the persistent level 0, verifies every record's checksum, redoes the \
+                 last batch; no rebuild from a log)\n",
+                packet.recovered_keys, conventional.recovery_ms, packet.recovery_ms
             ));
             if let Some((_, check)) = self
                 .receipt_check_ns

@@ -113,7 +113,8 @@ impl SlotReceiver {
 
     /// Receive up to [`RECEIVE_BATCH_LEN`] datagrams from `fd` without blocking; returns how
     /// many ([`SlotReceiver::received`]). Datagrams in slots stay lent to the caller, who
-    /// must stage or release each; slots left unused go back at once.
+    /// must stage or release each; slots that received nothing stay in the receiver's ring
+    /// (see [`SlotReceiver::release_ring`]).
     pub fn receive<R: ReceiveRegion>(
         &mut self,
         fd: RawFd,
@@ -122,7 +123,7 @@ impl SlotReceiver {
     ) -> usize {
         self.received.clear();
         self.spilled.clear();
-        store.lend_receive_slots(RECEIVE_BATCH_LEN, &mut self.lent);
+        store.top_up_receive_slots(RECEIVE_BATCH_LEN, &mut self.lent);
         let base = store.region_for_receive().receive_base();
         // SAFETY: zeroed iovec, mmsghdr and sockaddr_storage are valid plain C structs.
         let mut iovecs: [[libc::iovec; 2]; RECEIVE_BATCH_LEN] =
@@ -237,13 +238,20 @@ impl SlotReceiver {
                 }
             }
         }
-        for slot in self.lent.iter().skip(count) {
-            store.release_slot(slot.slot);
-        }
+        // The slots that received something are the caller's now (or were released above);
+        // the rest stay in the ring for the next call.
+        self.lent.drain(..count.min(self.lent.len()));
         if count > 0 {
             self.counters.batches += 1;
         }
         self.received.len()
+    }
+
+    /// Give the ring's unused slots back to the store.
+    pub fn release_ring<R: ReceiveRegion>(&mut self, store: &mut Store<R>) {
+        for slot in self.lent.drain(..) {
+            store.release_slot(slot.slot);
+        }
     }
 
     fn spill(&mut self, bytes: Vec<u8>, from: SocketAddr) {
@@ -333,8 +341,8 @@ mod tests {
         assert_eq!(receiver.spilled(index), &vec![0xAB; 5000][..]);
         assert_eq!(
             store.lent_slot_count(),
-            1,
-            "only the datagram's slot stays lent"
+            RECEIVE_BATCH_LEN - 1,
+            "the datagram's slot and the rest of the ring stay lent"
         );
         let reply = store.stage_received(77, 1, &[slot]).unwrap();
         store.commit();
@@ -345,12 +353,16 @@ mod tests {
         let reopened =
             Store::open(MmapRegion::open(&path, MmapOptions::default()).unwrap()).unwrap();
         assert_eq!(reopened.get(b"k").unwrap().unwrap().to_vec(), b"in place");
-        // Nothing waiting: a receive returns 0 and lends nothing out.
+        // Nothing waiting: a receive returns 0; the ring goes back on request. (A receiver's
+        // ring belongs to one store: a reopened store gets a new receiver.)
         let mut store = reopened;
+        let mut receiver = SlotReceiver::new();
         assert_eq!(
             receiver.receive(receiver_socket.as_raw_fd(), &mut store, 0),
             0
         );
+        assert_eq!(store.lent_slot_count(), RECEIVE_BATCH_LEN);
+        receiver.release_ring(&mut store);
         assert_eq!(store.lent_slot_count(), 0);
     }
 }

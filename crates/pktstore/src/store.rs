@@ -704,6 +704,13 @@ impl<R: PmRegion> Store<R> {
     /// kept for records the store writes itself).
     pub fn lend_receive_slots(&mut self, want: usize, out: &mut Vec<ReceiveSlot>) {
         out.clear();
+        self.top_up_receive_slots(want, out);
+    }
+
+    /// Lend more free slots until `ring` holds `want` (a receive ring: slots stay lent across
+    /// receive calls, and only those that received a datagram are replaced).
+    pub fn top_up_receive_slots(&mut self, want: usize, ring: &mut Vec<ReceiveSlot>) {
+        let out = ring;
         if self.geometry.engine != EngineKind::Packet {
             return;
         }

@@ -115,7 +115,7 @@ fn run_server_engine(
         server_id: 1,
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         devices: Vec::new(),
-        store: Some(StoreOptions {
+        store: (name != "ideal").then(|| StoreOptions {
             path: path.clone(),
             size_bytes: 256 << 20,
             max_sessions: 1024,
@@ -294,10 +294,12 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
             ", not pinned"
         }
     );
+    // The ideal handler (replies OK, keeps nothing) is the ceiling any engine can reach here.
     let engines = [
         (Some(EngineKind::Conventional), "conventional"),
         (Some(EngineKind::Packet), "packet"),
         (None, "kv"),
+        (None, "ideal"),
     ];
     let rounds = args.rounds.max(1);
     let mut runs: Vec<Vec<EndToEnd>> = Vec::new();

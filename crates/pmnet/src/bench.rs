@@ -193,6 +193,15 @@ pub struct BenchArgs {
     #[arg(long, value_name = "ADDR")]
     pub server: Option<SocketAddr>,
 
+    /// A running device's metrics endpoint (its `--metrics`): read once, for the report's
+    /// medium (otherwise the report says the medium is unknown).
+    #[arg(long, value_name = "ADDR")]
+    pub device_metrics: Option<SocketAddr>,
+
+    /// A running server's metrics endpoint (its `--metrics`), for the report's store medium.
+    #[arg(long, value_name = "ADDR")]
+    pub server_metrics: Option<SocketAddr>,
+
     /// The server's id (its `--server-id`; the device's `--server ID=...`).
     #[arg(long, value_name = "ID", default_value_t = 1)]
     pub server_id: u16,
@@ -327,6 +336,81 @@ pub struct ExternalTargets {
     pub forward: Option<SocketAddr>,
     pub echo: Option<SocketAddr>,
     pub server: Option<SocketAddr>,
+    pub device_metrics: Option<SocketAddr>,
+    pub server_metrics: Option<SocketAddr>,
+}
+
+/// The labels of the first sample of `name` in a Prometheus text, unescaped.
+fn sample_labels(text: &str, name: &str) -> Option<Vec<(String, String)>> {
+    let prefix = format!("{name}{{");
+    let line = text.lines().find(|line| line.starts_with(&prefix))?;
+    let mut labels = Vec::new();
+    let mut chars = line[prefix.len()..].chars();
+    loop {
+        let mut key = String::new();
+        for c in chars.by_ref() {
+            match c {
+                '=' => break,
+                '}' => return Some(labels),
+                ',' => {}
+                c => key.push(c),
+            }
+        }
+        if chars.next() != Some('"') {
+            return None;
+        }
+        let mut value = String::new();
+        loop {
+            match chars.next()? {
+                '\\' => match chars.next()? {
+                    'n' => value.push('\n'),
+                    c => value.push(c),
+                },
+                '"' => break,
+                c => value.push(c),
+            }
+        }
+        labels.push((key, value));
+    }
+}
+
+/// "medium via flush; guarantee" from the `*_info` gauge of a running process's metrics.
+fn medium_from_metrics(text: &str, info: &str) -> Option<String> {
+    let labels = sample_labels(text, info)?;
+    let get = |key: &str| {
+        labels
+            .iter()
+            .find(|(name, _)| name == key)
+            .map(|(_, value)| value.as_str())
+    };
+    match (get("medium")?, get("flush"), get("guarantee")) {
+        ("none", _, guarantee) => Some(format!("none: {}", guarantee.unwrap_or("nothing kept"))),
+        (medium, Some(flush), Some(guarantee)) => {
+            Some(format!("{medium} via {flush}; {guarantee}"))
+        }
+        (medium, _, _) => Some(medium.to_owned()),
+    }
+}
+
+/// The media of running processes, from their metrics endpoints where given.
+fn external_media(targets: &ExternalTargets) -> Result<(String, String), String> {
+    let read = |addr: Option<SocketAddr>, info: &str, what: &str| -> Result<String, String> {
+        let Some(addr) = addr else {
+            return Ok(format!(
+                "unknown: an external {what} (its start-up banner says; pass --{what}-metrics \
+                 ADDR to have it read here)"
+            ));
+        };
+        let text = pmnet_runtime::metrics::scrape(addr, Duration::from_secs(5))
+            .map_err(|error| format!("cannot read the {what}'s metrics at {addr}: {error}"))?;
+        medium_from_metrics(&text, info).ok_or_else(|| {
+            format!("the metrics at {addr} have no {info} sample: is that a pmnet {what}?")
+        })
+    };
+    Ok((
+        read(targets.device_metrics, "pmnet_device_info", "device")?,
+        read(targets.server_metrics, "pmnet_server_info", "server")?,
+    ))
 }
 
 /// What to measure against.
@@ -399,6 +483,8 @@ impl Plan {
             forward: args.forward,
             echo: args.echo,
             server: args.server,
+            device_metrics: args.device_metrics,
+            server_metrics: args.server_metrics,
         };
         let is_external = external.device.is_some()
             || external.forward.is_some()
@@ -921,7 +1007,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
             .join(", "),
         plan.seed
     );
-    let (results, media, interrupted) = run_modes(&plan, &shutdown)?;
+    let (results, mut media, interrupted) = run_modes(&plan, &shutdown)?;
+    if let Target::External(targets) = &plan.target {
+        media = Some(external_media(targets)?);
+    }
     let setting = plan.setting(media);
     let ratios = ratios(&results);
     println!();
@@ -1106,6 +1195,27 @@ mod tests {
         );
         let args = parse(&["--device", "127.0.0.1:7400", "--capacity"]).unwrap();
         assert!(Plan::from_args(&args).is_err());
+    }
+
+    #[test]
+    fn the_medium_of_a_running_process_is_read_from_its_metrics() {
+        let text = "# HELP pmnet_device_info x\n# TYPE pmnet_device_info gauge\n\
+                    pmnet_device_info{device_id=\"1\",medium=\"emulated-pm\",\
+                    flush=\"clwb+sfence\",guarantee=\"durable across process crash, NOT \
+                    power loss (\\\"DRAM\\\")\",wait=\"blocking\"} 1\n";
+        assert_eq!(
+            medium_from_metrics(text, "pmnet_device_info").unwrap(),
+            "emulated-pm via clwb+sfence; durable across process crash, NOT power loss \
+             (\"DRAM\")"
+        );
+        let ideal = "pmnet_server_info{server_id=\"1\",application=\"ideal\",medium=\"none\",\
+                     flush=\"none\",guarantee=\"nothing kept\",wait=\"blocking\"} 1\n";
+        assert_eq!(
+            medium_from_metrics(ideal, "pmnet_server_info").unwrap(),
+            "none: nothing kept"
+        );
+        assert!(medium_from_metrics("pmnet_other 1\n", "pmnet_device_info").is_none());
+        assert!(medium_from_metrics("pmnet_device_info{medium=\"x", "pmnet_device_info").is_none());
     }
 
     #[test]

@@ -21,6 +21,19 @@ const ECHO_GIVE_UP: Duration = Duration::from_secs(1);
 /// Longest single wait of a blocking client, so it notices the end of the run.
 const MAX_WAIT: Duration = Duration::from_millis(50);
 
+/// A client that completes nothing for this long gives up: the target is not answering.
+const STALL_LIMIT: Duration = Duration::from_secs(10);
+
+fn stalled(plan: &ClientPlan, last_progress: Instant, now: Instant) -> Option<String> {
+    (now.duration_since(last_progress) >= STALL_LIMIT).then(|| {
+        format!(
+            "no reply from {} for {} s: is it running, and is it what the mode expects?",
+            plan.peer,
+            STALL_LIMIT.as_secs()
+        )
+    })
+}
+
 /// What every client thread of one mode shares.
 #[derive(Debug)]
 pub struct Shared {
@@ -173,9 +186,15 @@ fn run_session_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
     };
     let mut generator = RequestGenerator::new(&plan.workload, plan.seed, plan.index);
     let mut in_flight: Vec<Started> = Vec::with_capacity(plan.window as usize);
+    let mut last_progress = Instant::now();
     loop {
         let now = Instant::now();
         if plan.should_stop(shared, now) {
+            break;
+        }
+        if let Some(error) = stalled(plan, last_progress, now) {
+            outcome.error = Some(error);
+            shared.stop.store(true, Ordering::Relaxed);
             break;
         }
         while in_flight.len() < plan.window as usize && session.can_send() {
@@ -219,6 +238,7 @@ fn run_session_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
         let started = in_flight.swap_remove(position);
         match completion {
             Some(completion) => {
+                last_progress = done;
                 if plan.record(shared, &mut outcome, started, done) {
                     match completion {
                         Completion::Logged { .. } => outcome.acked_by_device += 1,
@@ -278,9 +298,15 @@ fn run_echo_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
     let mut generator = RequestGenerator::new(&plan.workload, plan.seed, plan.index);
     let mut in_flight: Vec<Started> = Vec::with_capacity(plan.window as usize);
     let mut next_seq: u32 = 1;
+    let mut last_progress = Instant::now();
     loop {
         let now = Instant::now();
         if plan.should_stop(shared, now) {
+            break;
+        }
+        if let Some(error) = stalled(plan, last_progress, now) {
+            outcome.error = Some(error);
+            shared.stop.store(true, Ordering::Relaxed);
             break;
         }
         let before = in_flight.len();
@@ -328,6 +354,7 @@ fn run_echo_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
             };
             let seq = packet.seq();
             if let Some(position) = in_flight.iter().position(|started| started.seq == seq) {
+                last_progress = done;
                 let started = in_flight.swap_remove(position);
                 plan.record(shared, &mut outcome, started, done);
             }

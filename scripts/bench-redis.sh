@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Redis with and without PMNet, side by side, in one run: redis-benchmark -t set,get with 1 and
+# 50 clients and 64 and 1024-byte values against
+#   always      redis-server, appendonly yes, appendfsync always (each reply after fsync)
+#   pmnet       the same Redis behind pmnet gateway -> pmnet device -> pmnet redis-adaptor
+#               (SET answered when the device logged it; GET answered by Redis)
+#   everysec    redis-server, appendfsync everysec (WEAKER: up to ~1 s lost at a power loss)
+#   no          redis-server, appendfsync no (WEAKER: the kernel decides when to write back)
+# and prints one table: requests/s, p50 and p99 (ms), and PMNet / always ratios.
+#
+#   scripts/bench-redis.sh                    everything (a few minutes)
+#   PMNET_BENCH_REQUESTS=N ...                requests per run with 1 client (default 20000;
+#                                             10x that with 50 clients)
+#   PMNET_BENCH_GATEWAY_BUSY=0|1 ...          the gateway busy-polls (default 1) or sleeps in
+#                                             ppoll
+#   PMNET_BENCH_DEVICE_BUSY=0|1 ...           the same for the device (default 1)
+#   PMNET_BENCH_PIN=CPU|none ...              pin gateway and device to this CPU (default 0:
+#                                             both busy-pollers share one vCPU, taking turns,
+#                                             and leave the other to Redis, the adaptor and
+#                                             redis-benchmark)
+#   PMNET_BENCH_CLIENTS="1 50" PMNET_BENCH_SIZES="64 1024"   the grid
+#   PMNET_BENCH_DIR=DIR ...                   where the append-only files go (default: a new
+#                                             directory under /var/tmp, on disk)
+#
+# Needs redis-server and redis-benchmark (apt-get install redis-server redis-tools). The
+# device log is in /dev/shm: emulated persistent memory (survives a process crash, not a power
+# loss), as in the rest of pmnet's benchmarks; say so when quoting the figures.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+requests="${PMNET_BENCH_REQUESTS:-20000}"
+gateway_busy="${PMNET_BENCH_GATEWAY_BUSY:-1}"
+device_busy="${PMNET_BENCH_DEVICE_BUSY:-1}"
+base="${PMNET_BENCH_DIR:-}"
+clients_list="${PMNET_BENCH_CLIENTS:-1 50}"
+sizes_list="${PMNET_BENCH_SIZES:-64 1024}"
+pin="${PMNET_BENCH_PIN:-0}"
+if [ -z "$base" ]; then
+    base="$(mktemp -d /var/tmp/pmnet-bench-redis.XXXXXX)"
+fi
+mkdir -p "$base"
+
+cargo build --release -q -p pmnet
+pmnet="$PWD/target/release/pmnet"
+
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    wait 2>/dev/null || true
+    rm -rf "$base" "/dev/shm/pmnet-bench-redis-$$.log"
+}
+trap cleanup EXIT
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# start_redis NAME FSYNC: starts it and sets $port
+start_redis() {
+    local name="$1" fsync="$2" dir
+    port="$(free_port)"
+    dir="$base/redis-$name"
+    mkdir -p "$dir"
+    redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --appendonly yes \
+        --appendfsync "$fsync" --save '' --daemonize no --logfile "$dir/redis.log" \
+        </dev/null >/dev/null 2>&1 &
+    pids+=($!)
+    for _ in $(seq 1 200); do
+        if [ "$(redis-cli -p "$port" ping 2>/dev/null)" = "PONG" ]; then
+            return
+        fi
+        sleep 0.05
+    done
+    echo "redis-server $name did not start; see $dir/redis.log" >&2
+    exit 1
+}
+
+# wait_line FILE PATTERN: until the process's banner says it listens
+wait_line() {
+    for _ in $(seq 1 400); do
+        if grep -q "$2" "$1" 2>/dev/null; then
+            return
+        fi
+        sleep 0.05
+    done
+    echo "no '$2' in $1:" >&2
+    cat "$1" >&2
+    exit 1
+}
+
+start_redis always always
+always_port="$port"
+start_redis pmnet always
+pmnet_redis_port="$port"
+start_redis everysec everysec
+everysec_port="$port"
+start_redis no no
+no_port="$port"
+
+adaptor_port="$(free_port)"
+device_port="$(free_port)"
+gateway_port="$(free_port)"
+gateway_flags=()
+device_flags=()
+if [ "$gateway_busy" = "1" ]; then gateway_flags=(--busy-poll); fi
+if [ "$device_busy" = "1" ]; then device_flags=(--busy-poll); fi
+if [ "$pin" != "none" ]; then
+    gateway_flags+=(--cpu "$pin")
+    device_flags+=(--cpu "$pin")
+fi
+"$pmnet" redis-adaptor --listen "127.0.0.1:$adaptor_port" --redis "127.0.0.1:$pmnet_redis_port" \
+    --device "127.0.0.1:$device_port" --report-interval 0 </dev/null >"$base/adaptor.out" 2>&1 &
+pids+=($!)
+"$pmnet" device --listen "127.0.0.1:$device_port" --server "1=127.0.0.1:$adaptor_port" \
+    --log-file "/dev/shm/pmnet-bench-redis-$$.log" --format --report-interval 0 "${device_flags[@]}" \
+    </dev/null >"$base/device.out" 2>&1 &
+pids+=($!)
+"$pmnet" gateway --listen "127.0.0.1:$gateway_port" --device "127.0.0.1:$device_port" \
+    --report-interval 0 "${gateway_flags[@]}" </dev/null >"$base/gateway.out" 2>&1 &
+pids+=($!)
+wait_line "$base/adaptor.out" "listening on"
+wait_line "$base/device.out" "listening on"
+wait_line "$base/gateway.out" "listening on"
+
+echo "machine: $(nproc) vCPUs; $(uptime | sed 's/.*load average/load average/')"
+echo "append-only files under $base ($(df -P "$base" | awk 'NR==2 {print $1}'))"
+mode() { if [ "$1" = 1 ]; then echo busy-poll; else echo blocking; fi; }
+echo "device log: /dev/shm (emulated PM); gateway: $(mode "$gateway_busy"); device: $(mode "$device_busy"); gateway and device pinned to CPU: $pin; adaptor, Redis and redis-benchmark: blocking, unpinned"
+grep -h "medium:" "$base/adaptor.out" "$base/device.out" | sed 's/^ */  /'
+echo
+
+results="$base/results.csv"
+: >"$results"
+# run TARGET PORT CLIENTS SIZE
+run() {
+    local target="$1" port="$2" clients="$3" size="$4" n="$requests"
+    if [ "$clients" -gt 1 ]; then n=$((requests * 10)); fi
+    redis-benchmark -p "$port" -t set,get -n "$n" -c "$clients" -d "$size" -r 100000 --csv 2>/dev/null |
+        awk -F'"' -v t="$target" -v c="$clients" -v d="$size" \
+            'NR > 1 && NF > 10 { print t "," $2 "," c "," d "," $4 "," $10 "," $14 }' >>"$results"
+}
+
+for clients in $clients_list; do
+    for size in $sizes_list; do
+        run always "$always_port" "$clients" "$size"
+        run pmnet "$gateway_port" "$clients" "$size"
+        run everysec "$everysec_port" "$clients" "$size"
+        run no "$no_port" "$clients" "$size"
+    done
+done
+
+echo "load after the runs: $(uptime | sed 's/.*load average/load average/')"
+echo
+awk -F, '
+    { key = $2 "," $3 "," $4; rps[$1 "," key] = $5; p50[$1 "," key] = $6; p99[$1 "," key] = $7;
+      if (!(key in seen)) { seen[key] = 1; order[++count] = key } }
+    END {
+        printf "%-4s %7s %5s | %-9s %9s %7s %7s | %-27s\n", "test", "clients", "bytes",
+            "target", "req/s", "p50 ms", "p99 ms", "vs always: req/s  p99"
+        for (i = 1; i <= count; i++) {
+            split(order[i], part, ",")
+            n = split("always pmnet everysec no", targets, " ")
+            for (j = 1; j <= n; j++) {
+                t = targets[j]; k = t "," order[i]
+                if (!(k in rps)) continue
+                base_rps = rps["always," order[i]]; base_p99 = p99["always," order[i]]
+                ratio = (t == "always") ? "" : sprintf("%6.2fx  %6.2fx", rps[k] / base_rps, p99[k] / base_p99)
+                note = (t == "everysec" || t == "no") ? " (weaker durability)" : ""
+                printf "%-4s %7s %5s | %-9s %9.0f %7.3f %7.3f | %s%s\n", part[1], part[2], part[3],
+                    t, rps[k], p50[k], p99[k], ratio, note
+            }
+        }
+    }' "$results"

@@ -510,12 +510,15 @@ impl Server {
         self.recovery = None;
         self.events
             .push_back(ServerEvent::RecoveryComplete { entries_resent });
-        let waiting: Vec<u64> = self
+        // Resume in session-id order: `sessions` is a HashMap whose iteration order differs
+        // between maps, and a seed must replay the same applies and acks every time.
+        let mut waiting: Vec<u64> = self
             .sessions
             .iter()
             .filter(|(_, session)| !session.pending.is_empty())
             .map(|(id, _)| *id)
             .collect();
+        waiting.sort_unstable();
         for session_id in waiting {
             self.advance(now, session_id);
         }

@@ -44,21 +44,25 @@ fn every_seed_keeps_the_invariants_and_converges() {
 
 #[test]
 fn the_same_seed_gives_the_same_trace() {
-    let seed: u64 = rand::random();
-    eprintln!("PMNET_SEED={seed}");
+    // Several seeds: a nondeterminism (say, HashMap iteration order) may show only when two
+    // or more sessions are waiting at once, which not every seed produces.
+    let base: u64 = rand::random();
+    eprintln!("seeds {base}.. (replay one with PMNET_SEED=N)");
     let options = Options::default();
-    let first = vopr::run(seed, &options);
-    let second = vopr::run(seed, &options);
-    assert_eq!(
-        first.trace_hash, second.trace_hash,
-        "seed {seed} is not deterministic"
-    );
-    assert_eq!(first.faults, second.faults);
-    let other = vopr::run(seed.wrapping_add(1), &options);
-    assert_ne!(
-        first.trace_hash, other.trace_hash,
-        "the trace hash ignores the run"
-    );
+    for seed in (0..8).map(|index| base.wrapping_add(index)) {
+        let first = vopr::run(seed, &options);
+        let second = vopr::run(seed, &options);
+        assert_eq!(
+            first.trace_hash, second.trace_hash,
+            "seed {seed} is not deterministic"
+        );
+        assert_eq!(first.faults, second.faults, "seed {seed}");
+        let other = vopr::run(seed.wrapping_add(1), &options);
+        assert_ne!(
+            first.trace_hash, other.trace_hash,
+            "the trace hash ignores the run"
+        );
+    }
 }
 
 #[test]

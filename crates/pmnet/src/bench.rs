@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
+use pmnet_pktstore::EngineKind;
 use pmnet_pm::{FlushChoice, MmapOptions, ADDED_LATENCY_NS_MAX};
 use pmnet_proto::Completion;
 use pmnet_runtime::{online_cpu_count, ClientSession, SessionOptions, Shutdown, WaitMode};
@@ -209,6 +210,12 @@ pub struct BenchArgs {
     /// In-process server: the ideal handler (replies OK, stores nothing) instead of the store.
     #[arg(long)]
     pub ideal: bool,
+
+    /// In-process server: the storage engine, as `pmnet server --engine` (packet,
+    /// conventional, kv).
+    #[arg(long, value_name = "ENGINE", default_value = "packet",
+          value_parser = ["kv", "packet", "conventional"])]
+    pub engine: String,
 
     /// In-process device log and store: how writes are made durable (auto, clwb, clflushopt,
     /// clflush, msync, fdatasync).
@@ -542,6 +549,7 @@ impl Plan {
                 server_id: args.server_id,
                 device_id: 1,
                 ideal: args.ideal,
+                engine: args.engine.parse().ok(),
                 mmap: MmapOptions {
                     flush: args.flush,
                     added_latency_ns: args.persist_latency_ns,
@@ -622,7 +630,11 @@ impl Plan {
         });
         let server_app = match &self.target {
             Target::Loopback(config) if config.ideal => "ideal handler",
-            Target::Loopback(_) => "key-value store",
+            Target::Loopback(config) => match config.engine {
+                Some(EngineKind::Packet) => "packet store",
+                Some(EngineKind::Conventional) => "conventional engine",
+                None => "key-value store (kv)",
+            },
             Target::External(_) => "external",
         };
         Setting {

@@ -1,7 +1,7 @@
 //! `pmnet demo`: the whole system on loopback, side by side with its baselines, in one run of
 //! well under a minute.
 //!
-//! A device (with its persistent log) and a server (with the key-value store) run as threads
+//! A device (with its persistent log) and a server (with the packet store) run as threads
 //! of this process, their files under /dev/shm (emulated persistent memory), removed at the
 //! end and on Ctrl-C. The demo first shows that the system works (a SET acknowledged by the
 //! device, then a GET answered by the server that returns it), then runs the benchmark's four
@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use pmnet_pktstore::EngineKind;
 use pmnet_pm::MmapOptions;
 use pmnet_runtime::{Shutdown, WaitMode};
 
@@ -109,6 +110,7 @@ fn plan(args: &DemoArgs) -> Result<Plan, String> {
             server_id: 1,
             device_id: 1,
             ideal: false,
+            engine: Some(EngineKind::Packet),
             mmap: MmapOptions::default(),
             dir: args.dir.clone(),
             slots: 32_768,
@@ -134,7 +136,7 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
 
     println!("pmnet demo: PMNet in-network persistence, in software, on loopback");
     println!(
-        "  a device (persistent log) and a server (key-value store) run as threads of this \
+        "  a device (persistent log) and a server (packet store) run as threads of this \
          process; their files go under {} and are removed at exit",
         config.dir.display()
     );
@@ -270,8 +272,8 @@ pub fn explanation(results: &[ModeResult], setting: &bench::Setting) -> String {
     };
     format!(
         "Every mode sent the same {payload}-byte SETs. In baseline the client waited for the \
-         server to apply each one to its store (a persisted append on {medium}) and reply: \
-         {baseline:.1} µs at the median. In pmnet the device acknowledged each update as soon \
+         server to store each one (the received datagram kept as the record, persisted on \
+         {medium}) and reply: {baseline:.1} µs at the median. In pmnet the device acknowledged each update as soon \
          as it was durable in its own log, {pmnet:.1} µs ({vs_base:.2}× baseline); the server \
          still applied every update, but after the client had moved on. forward is the same \
          path through the device with logging off, {forward:.1} µs: what a plain switch on the \

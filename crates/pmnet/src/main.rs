@@ -51,12 +51,12 @@ struct Cli {
 enum Command {
     /// Run a PMNet device: log update requests, ack them, forward them to their servers.
     Device(node::DeviceArgs),
-    /// Run a server with the embedded key-value store (or the ideal handler).
+    /// Run a server with its store (the packet store by default) or the ideal handler.
     Server(node::ServerArgs),
     /// Send key-value requests: set, get, del, incr (one-shot, or interactive without a command).
     Client(client::ClientArgs),
     /// Measure latency and throughput: echo, baseline, forward and pmnet modes side by side.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Start a device and a server on loopback and compare the modes in one run (< 1 minute).
     Demo(demo::DemoArgs),
     /// Run the deterministic fault-injecting simulator: one seed, or a swarm of seeds.
@@ -104,7 +104,7 @@ fn main() -> ExitCode {
         Command::Device(args) => node::run_device(args),
         Command::Server(args) => node::run_server(args),
         Command::Client(args) => client::run(args),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(args) => bench::run(*args),
         Command::Demo(args) => demo::run(args),
         Command::Sim(args) => sim::run(args),
         Command::RedisAdaptor(args) => redis::run_adaptor(args),

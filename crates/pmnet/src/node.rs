@@ -213,11 +213,12 @@ pub struct ServerArgs {
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_sessions: u32,
 
-    /// The storage engine: `kv` (the append-only key-value store), `packet` (received
-    /// datagrams kept in persistent memory as the stored records, no copy, the header's CRC
-    /// reused; see docs/storage.md) or `conventional` (copy, own checksum, allocator: the
-    /// baseline the packet store is measured against). A data file holds one engine's format.
-    #[arg(long, value_name = "ENGINE", default_value = "kv",
+    /// The storage engine: `packet` (the default: received datagrams kept in persistent
+    /// memory as the stored records, no copy, the header's CRC reused; see docs/storage.md),
+    /// `conventional` (copy, own checksum, allocator: the baseline the packet store is
+    /// measured against) or `kv` (an append-only record log with a DRAM hash index). A data
+    /// file holds one engine's format.
+    #[arg(long, value_name = "ENGINE", default_value = "packet",
           value_parser = ["kv", "packet", "conventional"])]
     pub engine: String,
 

@@ -17,6 +17,9 @@
 //! update is present, nothing is applied twice, the order is kept; a failed request is either
 //! applied once or not at all (the server skips it on the client's no-op fill).
 //!
+//! The server runs the default engine (the packet store) but in one test, which runs the
+//! append-only key-value store (`--engine kv`).
+//!
 //! The kill schedule is random: the seed is printed, and `PMNET_SEED=N` replays the same
 //! schedule (the processes' own timing still varies from run to run). Each test crashes 12
 //! times; `PMNET_CRASH_ROUNDS=N` asks for N (a longer soak).
@@ -32,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use common::{poll_until, Cluster, PATIENCE};
 use pmnet_proto::{Client, ClientConfig, ClientError, ClientEvent, Completion, Time};
-use pmnet_store::{Application, Reply, Request};
+use pmnet_store::{Reply, Request};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -359,7 +362,7 @@ fn check_store(cluster: &Cluster, outcomes: &[SessionOutcome], context: &str) ->
             let Some(value) = store.get(key.as_bytes()) else {
                 continue;
             };
-            let items = parse_history(&key, value);
+            let items = parse_history(&key, &value);
             for n in &items {
                 assert_eq!(n / CHUNK, chunk, "{context}: session {index}: {n} in {key}");
             }
@@ -402,7 +405,7 @@ fn check_store(cluster: &Cluster, outcomes: &[SessionOutcome], context: &str) ->
         // The final GET saw the last key as the store holds it.
         let last_key = chunk_key(index, outcome.started);
         assert_eq!(
-            outcome.final_get.1.as_deref(),
+            outcome.final_get.1,
             store.get(last_key.as_bytes()),
             "{context}: session {index}: GET {last_key}"
         );
@@ -428,7 +431,7 @@ fn check_store(cluster: &Cluster, outcomes: &[SessionOutcome], context: &str) ->
         applied_total += applied.len();
         failed_applied_total += failed_applied;
     }
-    assert_eq!(store.recovery().rejected, None, "{context}: store recovery");
+    assert_eq!(store.recovery_problem(), None, "{context}: store recovery");
     (applied_total, failed_applied_total)
 }
 
@@ -448,7 +451,7 @@ fn pause(rng: &mut ChaCha8Rng, range: std::ops::Range<u64>) {
     }
 }
 
-fn crash_test(name: &str, victim: Victim) {
+fn crash_test(name: &str, victim: Victim, engine: Option<&'static str>) {
     let rounds: u32 = match std::env::var("PMNET_CRASH_ROUNDS") {
         Ok(text) => text
             .trim()
@@ -459,7 +462,7 @@ fn crash_test(name: &str, victim: Victim) {
     let seed = seed(name);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let started = Instant::now();
-    let mut cluster = Cluster::start();
+    let mut cluster = Cluster::start_with_engine(engine);
     let driver = Driver::start(
         cluster.device_addr,
         &[
@@ -575,7 +578,7 @@ fn crash_test(name: &str, victim: Victim) {
 
 #[test]
 fn device_crashes_lose_no_acked_update() {
-    crash_test("device_crashes_lose_no_acked_update", Victim::Device);
+    crash_test("device_crashes_lose_no_acked_update", Victim::Device, None);
 }
 
 #[test]
@@ -583,10 +586,22 @@ fn server_crashes_apply_every_acked_update_exactly_once() {
     crash_test(
         "server_crashes_apply_every_acked_update_exactly_once",
         Victim::Server,
+        None,
     );
 }
 
 #[test]
 fn device_and_server_crashes_together() {
-    crash_test("device_and_server_crashes_together", Victim::Both);
+    crash_test("device_and_server_crashes_together", Victim::Both, None);
+}
+
+/// The same with the server on the append-only key-value store (`--engine kv`) instead of the
+/// default packet store.
+#[test]
+fn server_crashes_with_the_kv_engine() {
+    crash_test(
+        "server_crashes_with_the_kv_engine",
+        Victim::Server,
+        Some("kv"),
+    );
 }

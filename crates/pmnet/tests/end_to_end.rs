@@ -10,7 +10,7 @@ use std::net::{SocketAddr, UdpSocket};
 
 use common::{args, poll_until, run_pmnet, session, Cluster, Node, Proc};
 use pmnet_proto::Completion;
-use pmnet_store::{Application, Reply, Request};
+use pmnet_store::{Reply, Request};
 use pmnet_wire::{Header, Packet, PacketType, HEADER_LEN};
 
 fn client(peer: SocketAddr, request: &[&str]) -> (bool, String, String) {
@@ -132,16 +132,16 @@ fn sets_are_acked_by_the_device_and_reach_the_store() {
     // A clean stop, then the data file itself holds everything.
     cluster.stop_server();
     let store = cluster.open_store();
-    assert_eq!(store.get(b"greeting"), Some(&b"hello"[..]));
+    assert_eq!(store.get(b"greeting"), Some(b"hello".to_vec()));
     for i in 0..count {
         assert_eq!(
             store.get(format!("key{i}").as_bytes()),
-            Some(format!("value{i}").as_bytes()),
+            Some(format!("value{i}").into_bytes()),
             "key{i}"
         );
     }
     assert_eq!(store.len(), count as usize + 1);
-    assert_eq!(store.recovery().rejected, None);
+    assert_eq!(store.recovery_problem(), None);
     let record = store
         .sessions()
         .into_iter()
@@ -232,8 +232,8 @@ fn a_killed_server_gets_the_logged_updates_replayed_exactly_once() {
 
     cluster.stop_server();
     let store = cluster.open_store();
-    assert_eq!(store.get(b"a"), Some(history(1..=10 + down).as_bytes()));
-    assert_eq!(store.get(b"b"), Some(history(1..=down).as_bytes()));
+    assert_eq!(store.get(b"a"), Some(history(1..=10 + down).into_bytes()));
+    assert_eq!(store.get(b"b"), Some(history(1..=down).into_bytes()));
     let sessions = store.sessions();
     let last_seq = |id: u64| {
         sessions

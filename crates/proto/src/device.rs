@@ -134,6 +134,9 @@ pub struct DeviceCounters {
     pub bypass_forwarded: u64,
     pub pmnet_acks_sent: u64,
     pub server_acks_forwarded: u64,
+    /// Server-ACKs of updates whose every fragment this device had PMNet-acked: not
+    /// forwarded (the client completed on the PMNet-ACKs).
+    pub server_acks_absorbed: u64,
     pub entries_invalidated: u64,
     pub retransmit_requests_received: u64,
     pub resent_from_log: u64,
@@ -172,6 +175,9 @@ struct Entry {
     client: Option<SocketAddr>,
     /// The server acked while the write was persisting: free the slot once it completes.
     invalidate_when_persisted: bool,
+    /// This device queued a PMNet-ACK for the entry (false for entries recovered from the
+    /// log: whether their ack left before the crash is unknown).
+    ack_sent: bool,
     resend_deadline: Time,
     resend_timeout: Duration,
 }
@@ -255,6 +261,7 @@ impl Device {
                 fragment_count,
                 client: recovered.return_address,
                 invalidate_when_persisted: false,
+                ack_sent: false,
                 resend_deadline: now,
                 resend_timeout: self.config.resend_timeout,
             },
@@ -290,12 +297,14 @@ impl Device {
         *self.counters.dropped.entry(reason.reason()).or_insert(0) += 1;
     }
 
-    fn send(&mut self, destination: SocketAddr, bytes: Vec<u8>) {
+    /// Queue a datagram; false when the queue is full (dropped and counted).
+    fn send(&mut self, destination: SocketAddr, bytes: Vec<u8>) -> bool {
         if self.transmits.len() >= self.config.max_transmit_queue_len {
             self.count_drop(DropReason::QueueFull);
-            return;
+            return false;
         }
         self.transmits.push_back(Transmit { destination, bytes });
+        true
     }
 
     fn remember_client(&mut self, session_id: u64, client: SocketAddr) {
@@ -422,6 +431,7 @@ impl Device {
                 fragment_count,
                 client: Some(client),
                 invalidate_when_persisted: false,
+                ack_sent: false,
                 resend_deadline: deadline,
                 resend_timeout: self.config.resend_timeout,
             },
@@ -475,7 +485,12 @@ impl Device {
             device_id: self.config.device_id,
         };
         self.counters.pmnet_acks_sent += 1;
-        self.send(client, header.encode(&[]));
+        if self.send(client, header.encode(&[])) {
+            self.entries
+                .get_mut(&slot)
+                .expect("acked entry is live")
+                .ack_sent = true;
+        }
     }
 
     /// Drop a durable entry: index, timer, and (persistently) its slot.
@@ -508,7 +523,18 @@ impl Device {
     }
 
     fn on_server_ack(&mut self, header: &Header, datagram: &[u8]) {
-        for slot in self.slots_of(header.server_id, header.session_id, header.seq) {
+        let slots = self.slots_of(header.server_id, header.session_id, header.seq);
+        // The client completed this update on our PMNet-ACKs, one per fragment: the server's
+        // reply (a fixed OK) would only wake it to be thrown away. Had an ack been lost, the
+        // client retransmits and is acked again (or answered by the server's make-up ACK).
+        let client_has_every_ack = slots.first().is_some_and(|slot| {
+            usize::from(self.entries[slot].fragment_count) == slots.len()
+                && slots.iter().all(|slot| {
+                    let entry = &self.entries[slot];
+                    entry.state == EntryState::Durable && entry.ack_sent
+                })
+        });
+        for slot in slots {
             let entry = self.entries.get_mut(&slot).expect("indexed slot");
             match entry.state {
                 EntryState::Durable => self.free(slot),
@@ -522,6 +548,10 @@ impl Device {
                     self.resend_timers.remove(&(deadline, slot));
                 }
             }
+        }
+        if client_has_every_ack {
+            self.counters.server_acks_absorbed += 1;
+            return;
         }
         match self.clients.get(&header.session_id).copied() {
             Some(client) => {
@@ -624,7 +654,9 @@ impl Device {
             let packet = entry.packet.clone();
             self.counters.resend_timeouts += 1;
             match server {
-                Some(server) => self.send(server, packet),
+                Some(server) => {
+                    self.send(server, packet);
+                }
                 None => self.count_drop(DropReason::UnknownServer),
             }
         }

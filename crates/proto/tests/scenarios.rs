@@ -42,9 +42,59 @@ fn update_is_acked_by_the_device_before_the_server_applies_it() {
     world.start_server(0);
     drive_to_quiet(&mut world);
     assert_eq!(world.applied_seqs(session), vec![seq]);
-    // The server's later reply is consumed quietly.
+    // The server's later reply stops at the device, which acked the update: the client
+    // completed once and is not woken for it.
     assert_eq!(world.clients[0].completed.len(), 1);
-    assert!(world.clients[0].client.counters().late_acks_consumed >= 1);
+    let device = world.device(0).device.counters();
+    assert_eq!(device.server_acks_absorbed, 1);
+    assert_eq!(device.server_acks_forwarded, 0);
+    assert_eq!(world.clients[0].client.counters().server_acks_received, 0);
+}
+
+#[test]
+fn a_server_ack_the_device_owes_no_ack_for_reaches_the_client() {
+    let mut world = World::new(1, Some(64));
+    drive_to_quiet(&mut world);
+    // The log write never completes: the server's reply arrives first, and the device, which
+    // never acked, passes it on.
+    world.device_mut(0).hold_persistence = true;
+    let seq = world.update(0, b"k=v");
+    drive_to_completion(&mut world, 0, seq);
+    assert!(world.seen_of(PacketType::PmnetAck).is_empty());
+    assert!(matches!(
+        world.completion(0, seq),
+        Some(ClientEvent::Completed {
+            completion: Completion::Replied { makeup: false, .. },
+            ..
+        })
+    ));
+    let device = world.device(0).device.counters();
+    assert_eq!(device.server_acks_forwarded, 1);
+    assert_eq!(device.server_acks_absorbed, 0);
+}
+
+#[test]
+fn a_lost_pmnet_ack_is_made_good_although_the_server_ack_stops_at_the_device() {
+    let mut world = World::new(1, Some(64));
+    drive_to_quiet(&mut world);
+    let session = world.session(0);
+    world.drop_first(|seen| seen.header.packet_type == PacketType::PmnetAck);
+    let seq = world.update(0, b"k=v");
+    drive_to_completion(&mut world, 0, seq);
+    // The device absorbed the server's reply to the first copy, the client retransmitted,
+    // and the second copy was acked again (logged anew, or answered by a make-up ACK).
+    assert!(matches!(
+        world.completion(0, seq),
+        Some(ClientEvent::Completed { .. })
+    ));
+    assert_eq!(
+        world.clients[0].client.counters().retransmitted_fragments,
+        1
+    );
+    assert!(world.device(0).device.counters().server_acks_absorbed >= 1);
+    drive_to_quiet(&mut world);
+    assert_eq!(world.servers[0].app.times_applied(session, seq), 1);
+    assert_eq!(world.device(0).device.live_entry_count(), 0);
 }
 
 #[test]

@@ -568,9 +568,9 @@ impl DeviceRuntime {
     pub fn report_line(&self) -> String {
         let counters = self.device.counters();
         let mut line = format!(
-            "device {}: {}; log {}/{} live; updates {} logged {} acked {}; collisions {} \
-             log-full {} forwarded-without-log {}; resends {} (timeout) {} (asked); \
-             dropped {}",
+            "device {}: {}; log {}/{} live; updates {} logged {} acked {}; server-acks \
+             forwarded {} absorbed {}; collisions {} log-full {} forwarded-without-log {}; \
+             resends {} (timeout) {} (asked); dropped {}",
             self.options.device_id,
             socket_digest(self.data.counters()),
             self.device.live_entry_count(),
@@ -578,6 +578,8 @@ impl DeviceRuntime {
             counters.updates_received,
             counters.updates_logged,
             counters.pmnet_acks_sent,
+            counters.server_acks_forwarded,
+            counters.server_acks_absorbed,
             counters.log_collisions,
             counters.log_full,
             counters.forwarded_without_log,
@@ -752,6 +754,11 @@ fn device_counter_metrics(out: &mut Metrics, port: &str, counters: &DeviceCounte
             "pmnet_device_server_acks_forwarded_total",
             "Server-ACKs forwarded to clients.",
             counters.server_acks_forwarded,
+        ),
+        (
+            "pmnet_device_server_acks_absorbed_total",
+            "Server-ACKs of updates this device had PMNet-acked in full: not forwarded.",
+            counters.server_acks_absorbed,
         ),
         (
             "pmnet_device_entries_invalidated_total",

@@ -8,6 +8,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use pmnet_pktstore::EngineKind;
 use pmnet_pm::MmapOptions;
 use pmnet_runtime::{
     DeviceOptions, DeviceRuntime, LogOptions, LoopOptions, Metrics, ServerOptions, ServerRuntime,
@@ -22,8 +23,10 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct LoopbackConfig {
     pub server_id: u16,
     pub device_id: u16,
-    /// The server runs the ideal handler instead of the key-value store.
+    /// The server runs the ideal handler instead of a store.
     pub ideal: bool,
+    /// The server's `pmnet-pktstore` engine; `None` for the key-value store (`--engine kv`).
+    pub engine: Option<EngineKind>,
     pub mmap: MmapOptions,
     /// Where the log and data files go.
     pub dir: PathBuf,
@@ -130,11 +133,16 @@ impl LoopbackSystem {
         };
         let (server_tx, server_rx) = mpsc::channel();
         let server_shutdown = shutdown.clone();
+        let engine = config.engine;
         let server = std::thread::Builder::new()
             .name("pmnet-server".into())
             .spawn(move || {
                 quietly(|| {
-                    let mut server = match ServerRuntime::open(server_options, server_shutdown) {
+                    let mut server = match ServerRuntime::open_with_engine(
+                        server_options,
+                        engine,
+                        server_shutdown,
+                    ) {
                         Ok(server) => server,
                         Err(error) => {
                             let _ = server_tx.send(Err(error.to_string()));

@@ -288,9 +288,15 @@ fn s(text: impl ToString) -> String {
 }
 
 /// Arguments of a server with id 1 listening on `listen`, its store in `data_file`, polling
-/// `device` at start-up, with a metrics endpoint on a free port.
-pub fn server_args(listen: SocketAddr, device: SocketAddr, data_file: &Path) -> Vec<String> {
-    vec![
+/// `device` at start-up, with a metrics endpoint on a free port; `engine` is its `--engine`
+/// (`None`: the default, the packet store).
+pub fn server_args(
+    listen: SocketAddr,
+    device: SocketAddr,
+    data_file: &Path,
+    engine: Option<&str>,
+) -> Vec<String> {
+    let mut args = vec![
         s("server"),
         s("--listen"),
         s(listen),
@@ -306,7 +312,11 @@ pub fn server_args(listen: SocketAddr, device: SocketAddr, data_file: &Path) -> 
         s("127.0.0.1:0"),
         s("--report-interval"),
         s(0),
-    ]
+    ];
+    if let Some(engine) = engine {
+        args.extend([s("--engine"), s(engine)]);
+    }
+    args
 }
 
 /// Arguments of device 1 listening on `listen` in front of server 1 at `server`, its log in
@@ -345,11 +355,19 @@ pub struct Cluster {
     /// it rejected, from its banners.
     pub device_recovered_entries: u64,
     pub device_rejected_slots: u64,
+    /// The server's `--engine`; `None` runs the default.
+    pub engine: Option<&'static str>,
 }
 
 impl Cluster {
-    /// Start the server (on a free port), then the device in front of it.
+    /// Start the server (on a free port, with the default engine), then the device in front
+    /// of it.
     pub fn start() -> Cluster {
+        Cluster::start_with_engine(None)
+    }
+
+    /// [`Cluster::start`] with the server's `--engine` (`kv`, `packet`, `conventional`).
+    pub fn start_with_engine(engine: Option<&'static str>) -> Cluster {
         let dir = tempfile::tempdir().expect("temporary directory");
         let device_addr = free_udp_addr();
         let mut cluster = Cluster {
@@ -362,6 +380,7 @@ impl Cluster {
             server_starts: 0,
             device_recovered_entries: 0,
             device_rejected_slots: 0,
+            engine,
         };
         cluster.start_server();
         cluster.start_device();
@@ -381,7 +400,12 @@ impl Cluster {
         self.server_starts += 1;
         let node = Node::start(
             &format!("server (start {})", self.server_starts),
-            server_args(self.server_addr, self.device_addr, &self.data_file()),
+            server_args(
+                self.server_addr,
+                self.device_addr,
+                &self.data_file(),
+                self.engine,
+            ),
         );
         self.server_addr = node.addr;
         self.server = Some(node);
@@ -447,16 +471,92 @@ impl Cluster {
         assert_no_panic(&node.proc);
     }
 
-    /// Open the server's data file (the server must be stopped) as a key-value store.
-    pub fn open_store(&self) -> pmnet_store::KvStore<pmnet_pm::MmapRegion> {
+    /// Open the server's data file (the server must be stopped) with the engine that wrote
+    /// it.
+    pub fn open_store(&self) -> StoredData {
         assert!(
             self.server.is_none(),
             "stop the server before opening its store"
         );
-        let region =
-            pmnet_pm::MmapRegion::open(&self.data_file(), pmnet_pm::MmapOptions::default())
-                .expect("open the data file");
-        pmnet_store::KvStore::open(region).expect("the data file holds a store")
+        StoredData::open(&self.data_file())
+    }
+}
+
+/// A stopped server's data file, opened with the engine that wrote it (the packet store and
+/// the conventional engine share a format; the key-value store has its own).
+#[derive(Debug)]
+pub enum StoredData {
+    Kv(Box<pmnet_store::KvStore<pmnet_pm::MmapRegion>>),
+    Engine(Box<pmnet_pktstore::Store<pmnet_pm::MmapRegion>>),
+}
+
+impl StoredData {
+    pub fn open(path: &Path) -> StoredData {
+        let region = || {
+            pmnet_pm::MmapRegion::open(path, pmnet_pm::MmapOptions::default())
+                .expect("open the data file")
+        };
+        match pmnet_pktstore::Store::open(region()) {
+            Ok(store) => StoredData::Engine(Box::new(store)),
+            Err(engine_error) => match pmnet_store::KvStore::open(region()) {
+                Ok(store) => StoredData::Kv(Box::new(store)),
+                Err(kv_error) => panic!(
+                    "{} holds no store: as an engine's: {engine_error}; as a key-value \
+                     store: {kv_error}",
+                    path.display()
+                ),
+            },
+        }
+    }
+
+    /// The value of `key`; a record that fails its checksum fails the test.
+    pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        match self {
+            StoredData::Kv(store) => store.get(key).map(<[u8]>::to_vec),
+            StoredData::Engine(store) => store
+                .get(key)
+                .unwrap_or_else(|corruption| panic!("a corrupt record: {corruption:?}"))
+                .map(|value| value.to_vec()),
+        }
+    }
+
+    /// Keys stored.
+    pub fn len(&self) -> usize {
+        match self {
+            StoredData::Kv(store) => store.len(),
+            StoredData::Engine(store) => store.key_count(),
+        }
+    }
+
+    /// The per-session exactly-once records.
+    pub fn sessions(&self) -> Vec<pmnet_store::SessionRecord> {
+        use pmnet_store::Application;
+        match self {
+            StoredData::Kv(store) => store.sessions(),
+            StoredData::Engine(store) => store.sessions(),
+        }
+    }
+
+    /// What recovery rejected or found damaged, if anything.
+    pub fn recovery_problem(&self) -> Option<String> {
+        match self {
+            StoredData::Kv(store) => store
+                .recovery()
+                .rejected
+                .as_ref()
+                .map(|rejected| format!("rejected record: {rejected:?}")),
+            StoredData::Engine(store) => {
+                let report = store.recovery();
+                if !report.corrupt_records.is_empty() {
+                    Some(format!("corrupt records: {:?}", report.corrupt_records))
+                } else {
+                    report
+                        .index_broken
+                        .as_ref()
+                        .map(|broken| format!("index broken: {broken}"))
+                }
+            }
+        }
     }
 }
 

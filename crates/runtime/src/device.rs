@@ -102,6 +102,31 @@ struct RuntimeCounters {
     idle_waits: u64,
 }
 
+/// Which of the device's sockets a turn receives on.
+#[derive(Debug, Clone, Copy)]
+struct SocketSet {
+    data: bool,
+    forward: bool,
+    echo: bool,
+}
+
+impl SocketSet {
+    const ALL: SocketSet = SocketSet {
+        data: true,
+        forward: true,
+        echo: true,
+    };
+}
+
+/// What a turn of the loop did.
+#[derive(Debug, Default, Clone, Copy)]
+struct Turn {
+    /// Something was received or a timer fired.
+    busy: bool,
+    /// A receive filled its batch or a timer fired: go round again before waiting.
+    more: bool,
+}
+
 /// A running PMNet device: sockets, log, state machines. See the crate docs.
 #[derive(Debug)]
 pub struct DeviceRuntime {
@@ -331,10 +356,14 @@ impl DeviceRuntime {
         let publish = self.addresses.metrics.is_some();
         let mut next_publish = Instant::now() + METRICS_PUBLISH_INTERVAL;
         let mut next_report = report_interval.map(|interval| Instant::now() + interval);
+        // The sockets the next turn receives on: after a wait, those the kernel said are
+        // readable; otherwise all of them.
+        let mut ready = SocketSet::ALL;
         loop {
             let stopping = self.shutdown.is_requested();
             self.counters.loop_iterations += 1;
-            let busy = self.poll_once();
+            let turn = self.turn(if stopping { SocketSet::ALL } else { ready });
+            ready = SocketSet::ALL;
             if stopping {
                 break;
             }
@@ -349,8 +378,12 @@ impl DeviceRuntime {
                     next_report = Some(wall + interval);
                 }
             }
-            if busy {
-                continue;
+            match wait {
+                WaitMode::BusyPoll if turn.busy => continue,
+                // A blocking loop goes back to the kernel's readiness as soon as a turn left
+                // nothing behind, instead of a round of receives that would find nothing.
+                WaitMode::Blocking if turn.more => continue,
+                _ => {}
             }
             self.counters.idle_waits += 1;
             match wait {
@@ -368,9 +401,11 @@ impl DeviceRuntime {
                         timeout = timeout.min(at.saturating_duration_since(wall));
                     }
                     let fds = self.poll_fds();
-                    // A failing ppoll degrades to a short sleep: the loop must keep serving.
-                    if wait_for_sockets(&fds, timeout).is_err() {
-                        std::thread::sleep(timeout.min(Duration::from_millis(1)));
+                    match wait_for_sockets(&fds, timeout) {
+                        Ok(mask) => ready = self.readable(mask),
+                        // A failing ppoll degrades to a short sleep: the loop must keep
+                        // serving.
+                        Err(_) => std::thread::sleep(timeout.min(Duration::from_millis(1))),
                     }
                 }
             }
@@ -382,10 +417,20 @@ impl DeviceRuntime {
     /// One turn of the loop: receive a batch on every socket, handle it, fire due timers,
     /// persist, send. Returns whether anything happened.
     pub fn poll_once(&mut self) -> bool {
-        let mut busy = false;
-        let count = self.data.receive_batch();
+        self.turn(SocketSet::ALL).busy
+    }
+
+    /// A turn that receives on the sockets in `ready` only.
+    fn turn(&mut self, ready: SocketSet) -> Turn {
+        let mut turn = Turn::default();
+        let count = if ready.data {
+            self.data.receive_batch()
+        } else {
+            0
+        };
+        turn.more |= count == BATCH_LEN;
         if count > 0 {
-            busy = true;
+            turn.busy = true;
             let now = self.clock.now();
             for index in 0..count {
                 if let Some((from, datagram)) = self.data.received(index) {
@@ -393,10 +438,11 @@ impl DeviceRuntime {
                 }
             }
         }
-        if let Some((forward, socket)) = self.forward.as_mut() {
+        if let Some((forward, socket)) = self.forward.as_mut().filter(|_| ready.forward) {
             let count = socket.receive_batch();
+            turn.more |= count == BATCH_LEN;
             if count > 0 {
-                busy = true;
+                turn.busy = true;
                 let now = self.clock.now();
                 for index in 0..count {
                     if let Some((from, datagram)) = socket.received(index) {
@@ -405,10 +451,11 @@ impl DeviceRuntime {
                 }
             }
         }
-        if let Some(socket) = self.echo.as_mut() {
+        if let Some(socket) = self.echo.as_mut().filter(|_| ready.echo) {
             let count = socket.receive_batch();
+            turn.more |= count == BATCH_LEN;
             if count > 0 {
-                busy = true;
+                turn.busy = true;
                 let mut echoes: [Option<Transmit>; BATCH_LEN] = Default::default();
                 for (index, echo) in echoes.iter_mut().enumerate().take(count) {
                     *echo = socket.received(index).map(|(from, datagram)| Transmit {
@@ -428,7 +475,8 @@ impl DeviceRuntime {
             .poll_timeout()
             .is_some_and(|deadline| deadline <= now)
         {
-            busy = true;
+            turn.busy = true;
+            turn.more = true;
             self.device.handle_timeout(now);
         }
         if let Some((forward, _)) = self.forward.as_mut() {
@@ -436,12 +484,31 @@ impl DeviceRuntime {
                 .poll_timeout()
                 .is_some_and(|deadline| deadline <= now)
             {
-                busy = true;
+                turn.busy = true;
+                turn.more = true;
                 forward.handle_timeout(now);
             }
         }
         self.drain();
-        busy
+        turn
+    }
+
+    /// The sockets `wait_for_sockets` found readable, from its mask over `poll_fds`.
+    fn readable(&self, mask: u64) -> SocketSet {
+        let mut bit = 0;
+        let mut next = || {
+            let set = mask & (1 << bit) != 0;
+            bit += 1;
+            set
+        };
+        let data = next();
+        let forward = self.forward.is_some() && next();
+        let echo = self.echo.is_some() && next();
+        SocketSet {
+            data,
+            forward,
+            echo,
+        }
     }
 
     /// Carry out persistence work in order, then send everything the state machines emitted.
@@ -529,6 +596,8 @@ impl DeviceRuntime {
         )
     }
 
+    /// The sockets to wait on, in the order [`DeviceRuntime::readable`] reads the mask:
+    /// data, then forward and echo where they exist.
     fn poll_fds(&self) -> Vec<(std::os::fd::RawFd, bool)> {
         let mut fds = vec![(self.data.raw_fd(), self.data.is_write_blocked())];
         if let Some((_, socket)) = &self.forward {

@@ -191,6 +191,15 @@ pub struct ServerRuntime {
     received_slots: ReceivedSlots,
 }
 
+/// What a turn of the loop did.
+#[derive(Debug, Default, Clone, Copy)]
+struct Turn {
+    /// Something was received or a timer fired.
+    busy: bool,
+    /// The receive filled its batch or a timer fired: go round again before waiting.
+    more: bool,
+}
+
 /// Open (or format) a `pmnet-pktstore` engine at `options.path`.
 fn open_engine(
     options: &StoreOptions,
@@ -422,10 +431,14 @@ impl ServerRuntime {
         let publish = self.addresses.metrics.is_some();
         let mut next_publish = Instant::now() + METRICS_PUBLISH_INTERVAL;
         let mut next_report = report_interval.map(|interval| Instant::now() + interval);
+        // Whether the next turn receives: after a wait, only if the kernel said the socket
+        // is readable.
+        let mut readable = true;
         loop {
             let stopping = self.shutdown.is_requested();
             self.counters.loop_iterations += 1;
-            let busy = self.poll_once();
+            let turn = self.turn(readable || stopping);
+            readable = true;
             if stopping {
                 break;
             }
@@ -440,8 +453,12 @@ impl ServerRuntime {
                     next_report = Some(wall + interval);
                 }
             }
-            if busy {
-                continue;
+            match wait {
+                WaitMode::BusyPoll if turn.busy => continue,
+                // A blocking loop goes back to the kernel's readiness as soon as a turn left
+                // nothing behind, instead of a receive that would find nothing.
+                WaitMode::Blocking if turn.more => continue,
+                _ => {}
             }
             self.counters.idle_waits += 1;
             match wait {
@@ -458,8 +475,9 @@ impl ServerRuntime {
                         timeout = timeout.min(at.saturating_duration_since(wall));
                     }
                     let fds = [(self.socket.raw_fd(), self.socket.is_write_blocked())];
-                    if wait_for_sockets(&fds, timeout).is_err() {
-                        std::thread::sleep(timeout.min(Duration::from_millis(1)));
+                    match wait_for_sockets(&fds, timeout) {
+                        Ok(mask) => readable = mask & 1 != 0,
+                        Err(_) => std::thread::sleep(timeout.min(Duration::from_millis(1))),
                     }
                 }
             }
@@ -479,11 +497,23 @@ impl ServerRuntime {
     /// One turn of the loop: receive a batch, handle it, fire due timers, apply, send.
     /// Returns whether anything happened.
     pub fn poll_once(&mut self) -> bool {
-        let mut busy = false;
-        if self.receiver.is_some() {
-            busy = self.receive_into_slots();
-        } else {
-            busy |= self.receive_into_socket_buffers();
+        self.turn(true).busy
+    }
+
+    /// A turn of the loop; it receives only if `receive`.
+    fn turn(&mut self, receive: bool) -> Turn {
+        let mut turn = Turn::default();
+        if receive {
+            let (count, full) = if self.receiver.is_some() {
+                (
+                    self.receive_into_slots(),
+                    pmnet_pktstore::recv::RECEIVE_BATCH_LEN,
+                )
+            } else {
+                (self.receive_into_socket_buffers(), crate::udp::BATCH_LEN)
+            };
+            turn.busy = count > 0;
+            turn.more = count >= full;
         }
         let now = self.clock.now();
         if self
@@ -491,19 +521,19 @@ impl ServerRuntime {
             .poll_timeout()
             .is_some_and(|deadline| deadline <= now)
         {
-            busy = true;
+            turn.busy = true;
+            turn.more = true;
             self.server.handle_timeout(now);
         }
         self.drain();
         self.release_unapplied_slots();
-        busy
+        turn
     }
 
-    fn receive_into_socket_buffers(&mut self) -> bool {
-        let mut busy = false;
+    /// Datagrams received and handled.
+    fn receive_into_socket_buffers(&mut self) -> usize {
         let count = self.socket.receive_batch();
         if count > 0 {
-            busy = true;
             let now = self.clock.now();
             for index in 0..count {
                 if let Some((from, datagram)) = self.socket.received(index) {
@@ -511,21 +541,21 @@ impl ServerRuntime {
                 }
             }
         }
-        busy
+        count
     }
 
     /// The packet store's receive path: one `recvmmsg` into lent store slots; each datagram is
     /// checked (CRC included) once, by `Server::handle`, straight from persistent memory. The
     /// slots of update requests are remembered so that applying the request makes them the
     /// record in place.
-    fn receive_into_slots(&mut self) -> bool {
+    fn receive_into_slots(&mut self) -> usize {
         let (Some(receiver), ServerApp::Engine(store)) = (self.receiver.as_mut(), &mut self.app)
         else {
-            return false;
+            return 0;
         };
         let count = receiver.receive(self.socket.raw_fd(), store, now_ns());
         if count == 0 {
-            return false;
+            return 0;
         }
         let now = self.clock.now();
         for received in receiver.received() {
@@ -573,7 +603,7 @@ impl ServerRuntime {
                 }
             }
         }
-        true
+        count
     }
 
     /// Slots of requests not applied within [`HOLD_SLOTS`] (reordered, duplicates, dropped)

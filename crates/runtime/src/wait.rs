@@ -55,7 +55,11 @@ pub const MAX_SLEEP: Duration = Duration::from_millis(50);
 
 /// Wait until one of `fds` is readable (or writable, where asked), or `timeout` passes.
 /// Returns early on a signal. `timeout` of zero only polls.
-pub fn wait_for_sockets(fds: &[(RawFd, bool)], timeout: Duration) -> io::Result<()> {
+///
+/// The result has bit `i` set when `fds[i]` has something to receive (or an error to
+/// report): the caller need not try the others. Zero after a timeout or a signal. Only the
+/// first 64 descriptors are reported.
+pub fn wait_for_sockets(fds: &[(RawFd, bool)], timeout: Duration) -> io::Result<u64> {
     let mut pollfds: Vec<libc::pollfd> = fds
         .iter()
         .map(|&(fd, want_write)| libc::pollfd {
@@ -82,8 +86,15 @@ pub fn wait_for_sockets(fds: &[(RawFd, bool)], timeout: Duration) -> io::Result<
         if error.kind() != io::ErrorKind::Interrupted {
             return Err(error);
         }
+        return Ok(0);
     }
-    Ok(())
+    let readable = libc::POLLIN | libc::POLLERR | libc::POLLHUP | libc::POLLNVAL;
+    Ok(pollfds
+        .iter()
+        .take(64)
+        .enumerate()
+        .filter(|(_, pollfd)| pollfd.revents & readable != 0)
+        .fold(0, |mask, (index, _)| mask | 1 << index))
 }
 
 /// Give the CPU to another runnable thread on it, if there is one.

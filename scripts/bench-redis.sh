@@ -11,13 +11,18 @@
 #   scripts/bench-redis.sh                    everything (a few minutes)
 #   PMNET_BENCH_REQUESTS=N ...                requests per run with 1 client (default 20000;
 #                                             10x that with 50 clients)
-#   PMNET_BENCH_GATEWAY_BUSY=0|1 ...          the gateway busy-polls (default 1) or sleeps in
-#                                             ppoll
-#   PMNET_BENCH_DEVICE_BUSY=0|1 ...           the same for the device (default 1)
-#   PMNET_BENCH_PIN=CPU|none ...              pin gateway and device to this CPU (default 0:
-#                                             both busy-pollers share one vCPU, taking turns,
-#                                             and leave the other to Redis, the adaptor and
-#                                             redis-benchmark)
+#   PMNET_BENCH_GATEWAY_BUSY=0|1 ...          the gateway busy-polls (1) or sleeps in ppoll (0,
+#                                             the default)
+#   PMNET_BENCH_DEVICE_BUSY=0|1 ...           the same for the device (default 0)
+#   PMNET_BENCH_PIN=CPU|none ...              pin gateway and device to this CPU (default 0)
+#   PMNET_BENCH_CLIENT_CPU=CPU|none ...       pin redis-benchmark to this CPU (default 0)
+#   PMNET_BENCH_BACKEND_CPU=CPU|none ...      pin every redis-server and the adaptor to this CPU
+#                                             (default 1)
+#
+# The default placement splits the machine as separate hosts would: the client side
+# (redis-benchmark, and for PMNet the gateway and the device next to it) on CPU 0, the server
+# side (Redis, and for PMNet the adaptor) on CPU 1; every target is measured in it. On a
+# one-CPU machine nothing is pinned.
 #   PMNET_BENCH_CLIENTS="1 50" PMNET_BENCH_SIZES="64 1024"   the grid
 #   PMNET_BENCH_DIR=DIR ...                   where the append-only files go (default: a new
 #                                             directory under /var/tmp, on disk)
@@ -29,12 +34,28 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 requests="${PMNET_BENCH_REQUESTS:-20000}"
-gateway_busy="${PMNET_BENCH_GATEWAY_BUSY:-1}"
-device_busy="${PMNET_BENCH_DEVICE_BUSY:-1}"
+gateway_busy="${PMNET_BENCH_GATEWAY_BUSY:-0}"
+device_busy="${PMNET_BENCH_DEVICE_BUSY:-0}"
 base="${PMNET_BENCH_DIR:-}"
 clients_list="${PMNET_BENCH_CLIENTS:-1 50}"
 sizes_list="${PMNET_BENCH_SIZES:-64 1024}"
-pin="${PMNET_BENCH_PIN:-0}"
+if [ "$(nproc)" -ge 2 ]; then
+    pin="${PMNET_BENCH_PIN:-0}"
+    client_cpu="${PMNET_BENCH_CLIENT_CPU:-0}"
+    backend_cpu="${PMNET_BENCH_BACKEND_CPU:-1}"
+else
+    pin="${PMNET_BENCH_PIN:-none}"
+    client_cpu="${PMNET_BENCH_CLIENT_CPU:-none}"
+    backend_cpu="${PMNET_BENCH_BACKEND_CPU:-none}"
+fi
+if [ "$client_cpu" = none ]; then client_cpu=""; fi
+if [ "$backend_cpu" = none ]; then backend_cpu=""; fi
+# on_cpu CPU COMMAND...: run COMMAND pinned to CPU, or as it is when CPU is empty
+on_cpu() {
+    local cpu="$1"
+    shift
+    if [ -n "$cpu" ]; then taskset -c "$cpu" "$@"; else "$@"; fi
+}
 if [ -z "$base" ]; then
     base="$(mktemp -d /var/tmp/pmnet-bench-redis.XXXXXX)"
 fi
@@ -63,7 +84,7 @@ start_redis() {
     port="$(free_port)"
     dir="$base/redis-$name"
     mkdir -p "$dir"
-    redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --appendonly yes \
+    on_cpu "$backend_cpu" redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --appendonly yes \
         --appendfsync "$fsync" --save '' --daemonize no --logfile "$dir/redis.log" \
         </dev/null >/dev/null 2>&1 &
     pids+=($!)
@@ -110,7 +131,7 @@ if [ "$pin" != "none" ]; then
     gateway_flags+=(--cpu "$pin")
     device_flags+=(--cpu "$pin")
 fi
-"$pmnet" redis-adaptor --listen "127.0.0.1:$adaptor_port" --redis "127.0.0.1:$pmnet_redis_port" \
+on_cpu "$backend_cpu" "$pmnet" redis-adaptor --listen "127.0.0.1:$adaptor_port" --redis "127.0.0.1:$pmnet_redis_port" \
     --device "127.0.0.1:$device_port" --report-interval 0 </dev/null >"$base/adaptor.out" 2>&1 &
 pids+=($!)
 "$pmnet" device --listen "127.0.0.1:$device_port" --server "1=127.0.0.1:$adaptor_port" \
@@ -127,7 +148,7 @@ wait_line "$base/gateway.out" "listening on"
 echo "machine: $(nproc) vCPUs; $(uptime | sed 's/.*load average/load average/')"
 echo "append-only files under $base ($(df -P "$base" | awk 'NR==2 {print $1}'))"
 mode() { if [ "$1" = 1 ]; then echo busy-poll; else echo blocking; fi; }
-echo "device log: /dev/shm (emulated PM); gateway: $(mode "$gateway_busy"); device: $(mode "$device_busy"); gateway and device pinned to CPU: $pin; adaptor, Redis and redis-benchmark: blocking, unpinned"
+echo "device log: /dev/shm (emulated PM); gateway: $(mode "$gateway_busy"); device: $(mode "$device_busy"); gateway and device pinned to CPU: $pin; adaptor and Redis: blocking, CPU ${backend_cpu:-unpinned}; redis-benchmark: CPU ${client_cpu:-unpinned}"
 grep -h "medium:" "$base/adaptor.out" "$base/device.out" | sed 's/^ */  /'
 echo
 
@@ -137,7 +158,7 @@ results="$base/results.csv"
 run() {
     local target="$1" port="$2" clients="$3" size="$4" n="$requests"
     if [ "$clients" -gt 1 ]; then n=$((requests * 10)); fi
-    redis-benchmark -p "$port" -t set,get -n "$n" -c "$clients" -d "$size" -r 100000 --csv 2>/dev/null |
+    on_cpu "$client_cpu" redis-benchmark -p "$port" -t set,get -n "$n" -c "$clients" -d "$size" -r 100000 --csv 2>/dev/null |
         awk -F'"' -v t="$target" -v c="$clients" -v d="$size" \
             'NR > 1 && NF > 10 { print t "," $2 "," c "," d "," $4 "," $10 "," $14 }' >>"$results"
 }

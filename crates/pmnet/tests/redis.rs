@@ -219,10 +219,16 @@ struct System {
     adaptor: Option<Proc>,
     device: Option<Proc>,
     gateway: Option<Proc>,
+    /// The adaptor runs with `--record-reads`.
+    record_reads: bool,
 }
 
 impl System {
     fn start(ack_counting_writes: bool) -> System {
+        System::start_with(ack_counting_writes, false)
+    }
+
+    fn start_with(ack_counting_writes: bool, record_reads: bool) -> System {
         require_redis();
         let dir = tempfile::tempdir().expect("temporary directory");
         let redis = Redis::start(dir.path());
@@ -233,6 +239,7 @@ impl System {
             adaptor: None,
             device: None,
             gateway: None,
+            record_reads,
             dir,
         };
         system.start_adaptor();
@@ -264,7 +271,7 @@ impl System {
     }
 
     fn start_adaptor(&mut self) {
-        let args = [
+        let mut args = [
             "redis-adaptor",
             "--listen",
             &self.adaptor_addr().to_string(),
@@ -275,7 +282,11 @@ impl System {
             "--report-interval",
             "0",
         ]
-        .map(str::to_owned);
+        .map(str::to_owned)
+        .to_vec();
+        if self.record_reads {
+            args.push("--record-reads".to_owned());
+        }
         self.adaptor = Some(Proc::spawn(&args, &self.dir.path().join("adaptor.log")));
     }
 
@@ -610,8 +621,11 @@ enum Victim {
 /// with LLEN (a bypass read, ordered after their pushes) that they see all their own pushes;
 /// the victim is killed with SIGKILL mid-load and restarted. At the end each history is
 /// exactly 0, 1, …, n−1: no acknowledged push lost, none applied twice, order kept.
-fn crash_during_writes(victim: Victim) {
-    let mut system = System::start(true);
+///
+/// With `record_reads` the adaptor records reads like writes (`--record-reads`), so a read
+/// redone after a crash gets its recorded reply: no read may come back without one.
+fn crash_during_writes(victim: Victim, record_reads: bool) {
+    let mut system = System::start_with(true, record_reads);
     let writers = 3;
     let pushes = 300;
     let acked = Arc::new(AtomicUsize::new(0));
@@ -698,6 +712,13 @@ fn crash_during_writes(victim: Victim) {
         total / 3,
         reads_without_reply.load(Ordering::Relaxed)
     );
+    if record_reads {
+        assert_eq!(
+            reads_without_reply.load(Ordering::Relaxed),
+            0,
+            "with --record-reads every redone read keeps its reply"
+        );
+    }
     let mut redis = system.redis.client();
     for (writer, &count) in finished.iter().enumerate() {
         assert_eq!(count, pushes);
@@ -718,15 +739,20 @@ fn crash_during_writes(victim: Victim) {
 
 #[test]
 fn killing_redis_loses_no_acked_write_and_applies_none_twice() {
-    crash_during_writes(Victim::Redis);
+    crash_during_writes(Victim::Redis, false);
 }
 
 #[test]
 fn killing_the_adaptor_loses_no_acked_write_and_applies_none_twice() {
-    crash_during_writes(Victim::Adaptor);
+    crash_during_writes(Victim::Adaptor, false);
 }
 
 #[test]
 fn killing_the_device_loses_no_acked_write_and_applies_none_twice() {
-    crash_during_writes(Victim::Device);
+    crash_during_writes(Victim::Device, false);
+}
+
+#[test]
+fn killing_the_adaptor_that_records_reads_loses_no_reply() {
+    crash_during_writes(Victim::Adaptor, true);
 }

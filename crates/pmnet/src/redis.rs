@@ -56,6 +56,12 @@ pub struct RedisAdaptorArgs {
     #[arg(long)]
     pub record_reads: bool,
 
+    /// Seconds a session's exactly-once record stays in Redis after the session's last write
+    /// (0: for ever). A request redone after its record expired would be applied again, so keep
+    /// it well above any outage of the adaptor or Redis.
+    #[arg(long, value_name = "SECONDS", default_value_t = pmnet_redis::script::DEFAULT_SESSION_TTL_SECS)]
+    pub session_ttl: u64,
+
     #[command(flatten)]
     pub run: LoopArgs,
 }
@@ -126,6 +132,7 @@ pub fn run_adaptor(args: RedisAdaptorArgs) -> Result<ExitCode, CliError> {
     options.max_outstanding = args.max_outstanding.max(1);
     options.startup_timeout = Duration::from_secs(args.startup_timeout);
     options.record_reads = args.record_reads;
+    options.session_ttl = (args.session_ttl > 0).then(|| Duration::from_secs(args.session_ttl));
     options.wait = WaitMode::from_busy_poll(args.run.busy_poll);
     options.cpu = args.run.cpu;
     options.report_interval = report_interval(&args.run);
@@ -153,6 +160,16 @@ pub fn run_adaptor(args: RedisAdaptorArgs) -> Result<ExitCode, CliError> {
             }
         ),
         format!("  medium: {}", startup.durability_text()),
+        match args.session_ttl {
+            0 => format!(
+                "  session records: {}<session>, kept for ever (--session-ttl 0)",
+                args.record_prefix
+            ),
+            ttl => format!(
+                "  session records: {}<session>, expire {ttl} s after their session's last write",
+                args.record_prefix
+            ),
+        },
     ];
     if startup.durability() != Durability::FsyncAlways {
         lines.push(

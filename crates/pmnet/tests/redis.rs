@@ -449,6 +449,23 @@ fn redis_cli_and_redis_benchmark_through_the_gateway() {
         );
         thread::sleep(Duration::from_millis(50));
     }
+
+    // Every connection left a session record, set to expire (the default --session-ttl), so
+    // that ended sessions do not pile up in Redis.
+    let Value::Array(Some(records)) = redis.command(&["KEYS", "pmnet:session:*"]).expect("KEYS")
+    else {
+        panic!("KEYS did not answer a list");
+    };
+    assert!(records.len() >= 4, "{} session records", records.len());
+    let ttl_max = pmnet_redis::script::DEFAULT_SESSION_TTL_SECS as i64;
+    for record in records {
+        let key = String::from_utf8(record.as_bytes().expect("a key").to_vec()).expect("utf-8");
+        let ttl = int_of(&redis.command(&["TTL", &key]).expect("TTL"));
+        assert!(
+            (ttl_max - 60..=ttl_max).contains(&ttl),
+            "{key}: TTL {ttl}, expected about {ttl_max}"
+        );
+    }
 }
 
 fn check_benchmark_content(data: &BTreeMap<String, Value>) -> Result<(), String> {

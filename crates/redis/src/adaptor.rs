@@ -64,6 +64,10 @@ pub struct AdaptorOptions {
     /// needs its client to answer retransmission requests for them with no-op fills (the
     /// gateway does).
     pub record_reads: bool,
+    /// A session record expires this long after its session's last write (`None`: never).
+    /// A request redone after its record expired would be applied again, so this must
+    /// exceed any outage of the adaptor or Redis during which a device keeps the request.
+    pub session_ttl: Option<Duration>,
     pub wait: WaitMode,
     pub cpu: Option<usize>,
     pub report_interval: Option<Duration>,
@@ -82,6 +86,7 @@ impl AdaptorOptions {
             max_outstanding: 16_384,
             startup_timeout: Duration::from_secs(30),
             record_reads: false,
+            session_ttl: Some(Duration::from_secs(script::DEFAULT_SESSION_TTL_SECS)),
             wait: WaitMode::Blocking,
             cpu: None,
             report_interval: Some(Duration::from_secs(10)),
@@ -873,11 +878,17 @@ impl Adaptor {
             sent_as: SentAs::Direct,
         };
         let prefix = self.options.record_prefix.clone();
+        let ttl = self
+            .options
+            .session_ttl
+            .map_or(0, |ttl| ttl.as_secs().max(1))
+            .to_string();
         let conn = &mut self.conns[index];
         if conn.stream.is_some() {
             pending.sent_as = encode_request(
                 &mut conn.out,
                 &prefix,
+                &ttl,
                 &self.apply_sha,
                 &self.read_sha,
                 &pending,
@@ -909,6 +920,11 @@ impl Adaptor {
             self.counters.reconnects += 1;
         }
         let prefix = self.options.record_prefix.clone();
+        let ttl = self
+            .options
+            .session_ttl
+            .map_or(0, |ttl| ttl.as_secs().max(1))
+            .to_string();
         let conn = &mut self.conns[index];
         conn.stream = Some(stream);
         conn.retry_at = None;
@@ -942,6 +958,7 @@ impl Adaptor {
             pending.sent_as = encode_request(
                 &mut conn.out,
                 &prefix,
+                &ttl,
                 &self.apply_sha,
                 &self.read_sha,
                 pending,
@@ -1404,6 +1421,7 @@ impl Adaptor {
 fn encode_request(
     out: &mut Vec<u8>,
     prefix: &str,
+    ttl: &str,
     apply_sha: &str,
     read_sha: &str,
     pending: &Pending,
@@ -1421,6 +1439,7 @@ fn encode_request(
                     b"1",
                     &key,
                     seq.as_bytes(),
+                    ttl.as_bytes(),
                     b"c",
                 ],
                 args,
@@ -1436,6 +1455,7 @@ fn encode_request(
                     b"1",
                     &key,
                     seq.as_bytes(),
+                    ttl.as_bytes(),
                     b"r",
                     reply,
                 ],

@@ -9,10 +9,15 @@
 //! (the last applied sequence number, decimal) and the fields `r0` … `r63`: the RESP reply of
 //! request `n` is kept in `r<n mod 64>`, so the replies of the last 64 requests are kept. The
 //! adaptor never has more than 64 requests of one session at Redis at once, so a request redone
-//! after a crash always finds its reply.
+//! after a crash always finds its reply. Each write also sets the record to expire after the
+//! adaptor's session TTL (`--session-ttl`, default 7 days; 0 keeps records for ever), so the
+//! records of sessions that ended do not pile up.
 
 /// Replies kept per session (the adaptor's limit of requests of one session at Redis).
 pub const REPLY_RING: u32 = 64;
+
+/// How long a session record outlives its session's last write, by default (7 days).
+pub const DEFAULT_SESSION_TTL_SECS: u64 = 7 * 24 * 3600;
 
 /// The default key prefix of the session records.
 pub const DEFAULT_RECORD_PREFIX: &str = "pmnet:session:";
@@ -51,8 +56,9 @@ end
 "#;
 
 /// The update script. `KEYS[1]`: the session record; `ARGV[1]`: the sequence number;
-/// `ARGV[2]`: `c` (the command follows in `ARGV[3..]`) or `r` (record `ARGV[3]` as the reply
-/// and run nothing: no-op fills and undecodable payloads). Returns `{status, reply}`.
+/// `ARGV[2]`: seconds the record lives after this write (0: for ever); `ARGV[3]`: `c` (the
+/// command follows in `ARGV[4..]`) or `r` (record `ARGV[4]` as the reply and run nothing: no-op
+/// fills and undecodable payloads). Returns `{status, reply}`.
 const APPLY_BODY: &str = r#"
 local ring = 64
 local seq = tonumber(ARGV[1])
@@ -65,12 +71,14 @@ if seq <= last then
   return {2, ''}
 end
 local reply
-if ARGV[2] == 'c' then
-  reply = enc(redis.pcall(unpack(ARGV, 3)))
+if ARGV[3] == 'c' then
+  reply = enc(redis.pcall(unpack(ARGV, 4)))
 else
-  reply = ARGV[3] or ''
+  reply = ARGV[4] or ''
 end
 redis.call('HSET', KEYS[1], 'seq', ARGV[1], 'r' .. (seq % ring), reply)
+local ttl = tonumber(ARGV[2]) or 0
+if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) end
 return {1, reply}
 "#;
 

@@ -85,7 +85,30 @@ struct EndToEnd {
     medium: String,
     latency_us: Vec<f64>,
     throughput: f64,
+    /// CPU time the server's thread spent per update in the throughput run (µs); `None`
+    /// where the thread's CPU clock cannot be read.
+    server_cpu_us: Option<f64>,
     in_place: String,
+}
+
+/// The CPU time a thread has used so far, in ns, read through its CPU-time clock.
+fn thread_cpu_ns(clock: libc::clockid_t) -> Option<u64> {
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `time` is a valid timespec to write; a bad clock id is an error, not UB.
+    let result = unsafe { libc::clock_gettime(clock, &mut time) };
+    (result == 0).then(|| time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64)
+}
+
+/// The CPU-time clock of a running thread.
+fn thread_cpu_clock<T>(thread: &std::thread::JoinHandle<T>) -> Option<libc::clockid_t> {
+    use std::os::unix::thread::JoinHandleExt;
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: the thread is alive (its JoinHandle is not joined) and `clock` is writable.
+    let result = unsafe { libc::pthread_getcpuclockid(thread.as_pthread_t(), &mut clock) };
+    (result == 0).then_some(clock)
 }
 
 fn percentile(sorted: &[f64], fraction: f64) -> f64 {
@@ -205,13 +228,17 @@ fn run_server_engine(
             latency_us.push(start.elapsed().as_secs_f64() * 1e6);
         }
         latency_us.sort_by(f64::total_cmp);
+        let server_clock = thread_cpu_clock(&server);
+        let server_cpu_start = server_clock.and_then(thread_cpu_ns);
         let deadline = Instant::now() + Duration::from_secs_f64(args.seconds.max(0.1));
         let start = Instant::now();
         let mut completed = 0u64;
         while Instant::now() < deadline {
+            // Refill the window and send the new requests together: one system call for a
+            // batch keeps the client from being what limits the server.
             while session.can_send() {
                 session
-                    .start_update(&next_request())
+                    .queue_update(&next_request())
                     .map_err(|error| format!("update failed: {error:?}"))?;
             }
             match session.next_event(Some(deadline)) {
@@ -223,6 +250,12 @@ fn run_server_engine(
             }
         }
         let throughput = completed as f64 / start.elapsed().as_secs_f64();
+        let server_cpu_us = match (server_cpu_start, server_clock.and_then(thread_cpu_ns)) {
+            (Some(before), Some(after)) if completed > 0 => {
+                Some(after.saturating_sub(before) as f64 / 1000.0 / completed as f64)
+            }
+            _ => None,
+        };
         // Let the requests in flight finish before stopping the server.
         while session.in_flight_count() > 0 {
             if session
@@ -232,12 +265,12 @@ fn run_server_engine(
                 break;
             }
         }
-        Ok((medium, latency_us, throughput))
+        Ok((medium, latency_us, throughput, server_cpu_us))
     })();
     shutdown.request();
     let report = server.join().unwrap_or_default();
     let _ = std::fs::remove_file(&path);
-    let (medium, latency_us, throughput) = result?;
+    let (medium, latency_us, throughput, server_cpu_us) = result?;
     let in_place = report
         .split("; ")
         .find(|part| part.contains("store keys"))
@@ -248,6 +281,7 @@ fn run_server_engine(
         medium,
         latency_us,
         throughput,
+        server_cpu_us,
         in_place,
     })
 }
@@ -323,8 +357,8 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
         println!("medium: {}", first.medium);
     }
     println!(
-        "  {:<13} {:>9} {:>9} {:>9} {:>16}   server's store counters (last round)",
-        "engine", "p50 µs", "p99 µs", "mean µs", "updates/s (med)"
+        "  {:<13} {:>9} {:>9} {:>9} {:>16} {:>16}   server's store counters (last round)",
+        "engine", "p50 µs", "p99 µs", "mean µs", "updates/s (med)", "server CPU µs/upd"
     );
     let median = |mut values: Vec<f64>| {
         values.sort_by(f64::total_cmp);
@@ -341,13 +375,16 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
         let counters = runs
             .last()
             .map_or(String::new(), |round| round[index].in_place.clone());
+        let cpu = server_cpu_median(&runs, index)
+            .map_or_else(|| "-".to_owned(), |cpu| format!("{cpu:.2}"));
         println!(
-            "  {:<13} {:>9.1} {:>9.1} {:>9.1} {:>16.0}   {}",
+            "  {:<13} {:>9.1} {:>9.1} {:>9.1} {:>16.0} {:>16}   {}",
             name,
             percentile(&latency, 0.5),
             percentile(&latency, 0.99),
             mean,
             throughput,
+            cpu,
             counters
         );
     }
@@ -363,5 +400,33 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
         args.window,
         args.seconds
     );
+    // The client shares the machine and, on loopback, pays for delivering each datagram: the
+    // throughput above can be the client's limit as much as the server's. The server thread's
+    // CPU time per update is its own cost, whatever limited the run.
+    if let (Some(conventional), Some(packet)) =
+        (server_cpu_median(&runs, 0), server_cpu_median(&runs, 1))
+    {
+        println!(
+            "server CPU per update: conventional {conventional:.2} µs, packet {packet:.2} µs: \
+             the packet store's server would serve {:.2}x the updates per CPU second{}",
+            conventional / packet.max(f64::MIN_POSITIVE),
+            if args.blocking {
+                ""
+            } else {
+                " (busy-poll: idle spinning counts as CPU time too; --blocking measures the \
+                 work alone)"
+            }
+        );
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The median over the rounds of engine `index`'s server CPU time per update.
+fn server_cpu_median(runs: &[Vec<EndToEnd>], index: usize) -> Option<f64> {
+    let mut values: Vec<f64> = runs
+        .iter()
+        .filter_map(|round| round[index].server_cpu_us)
+        .collect();
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied()
 }

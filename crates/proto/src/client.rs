@@ -337,7 +337,7 @@ impl Client {
             return;
         }
         let flags = assembly.flags;
-        let reply: Vec<u8> = assembly.parts.iter().flatten().flatten().copied().collect();
+        let reply = crate::concat_parts(std::mem::take(&mut assembly.parts));
         let completion = if flags & flags::REPLY_UNAVAILABLE != 0 {
             Completion::ReplyUnavailable
         } else {

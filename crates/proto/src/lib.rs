@@ -63,6 +63,20 @@ fn max_fragment_payload_len(max_datagram_len: usize) -> usize {
         .saturating_sub(pmnet_wire::HEADER_LEN)
 }
 
+/// The payload of a reassembled request or reply: its fragments' parts in order. The first
+/// part is moved, not copied, so a single-datagram message costs no copy at all; the others
+/// are appended with `memcpy` (a byte-wise `flatten().collect()` cost microseconds per KB).
+fn concat_parts(parts: Vec<Option<Vec<u8>>>) -> Vec<u8> {
+    let mut parts = parts.into_iter().flatten();
+    let Some(mut whole) = parts.next() else {
+        return Vec::new();
+    };
+    for part in parts {
+        whole.extend_from_slice(&part);
+    }
+    whole
+}
+
 /// Split `payload` into datagrams of at most `max_datagram_len` bytes with `header` as
 /// template; `None` if it would need more than `u16::MAX` fragments.
 fn encode_fragments(
@@ -85,4 +99,19 @@ fn encode_fragments(
         datagrams.push(fragment_header.encode(&payload[start.min(end)..end]));
     }
     Some(datagrams)
+}
+
+#[cfg(test)]
+mod concat_tests {
+    use super::concat_parts;
+
+    #[test]
+    fn parts_are_joined_in_order() {
+        assert_eq!(concat_parts(Vec::new()), Vec::<u8>::new());
+        assert_eq!(concat_parts(vec![Some(vec![1, 2])]), vec![1, 2]);
+        assert_eq!(
+            concat_parts(vec![Some(vec![1]), Some(Vec::new()), Some(vec![2, 3])]),
+            vec![1, 2, 3]
+        );
+    }
 }

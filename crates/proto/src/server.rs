@@ -390,7 +390,7 @@ impl Server {
                 }
                 let (seq, assembly) = entry.remove_entry();
                 session.issued_through = seq;
-                let request: Vec<u8> = assembly.parts.into_iter().flatten().flatten().collect();
+                let request = crate::concat_parts(assembly.parts);
                 self.events.push_back(ServerEvent::Apply {
                     session_id,
                     seq,

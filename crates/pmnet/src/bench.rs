@@ -43,6 +43,7 @@ pub use workload::{KeyDistribution, Workload};
 use report::{new_histogram, summarize};
 use worker::{run_client, ClientPlan, Shared};
 
+use crate::node::EngineChoice;
 use crate::CliError;
 
 /// Slot size of the device log: any single datagram (up to 1472 bytes) plus the slot header.
@@ -213,9 +214,8 @@ pub struct BenchArgs {
 
     /// In-process server: the storage engine, as `pmnet server --engine` (packet,
     /// conventional, kv).
-    #[arg(long, value_name = "ENGINE", default_value = "packet",
-          value_parser = ["kv", "packet", "conventional"])]
-    pub engine: String,
+    #[arg(long, value_name = "ENGINE", value_enum, default_value_t = EngineChoice::Packet)]
+    pub engine: EngineChoice,
 
     /// In-process device log and store: how writes are made durable (auto, clwb, clflushopt,
     /// clflush, msync, fdatasync).
@@ -549,7 +549,7 @@ impl Plan {
                 server_id: args.server_id,
                 device_id: 1,
                 ideal: args.ideal,
-                engine: args.engine.parse().ok(),
+                engine: args.engine.kind(),
                 mmap: MmapOptions {
                     flush: args.flush,
                     added_latency_ns: args.persist_latency_ns,

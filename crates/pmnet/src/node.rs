@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use pmnet_pm::{FlushChoice, MmapOptions};
 use pmnet_runtime::{
     DeviceOptions, DeviceRuntime, LogOptions, LoopOptions, ServerOptions, ServerRuntime, Shutdown,
@@ -218,9 +218,8 @@ pub struct ServerArgs {
     /// `conventional` (copy, own checksum, allocator: the baseline the packet store is
     /// measured against) or `kv` (an append-only record log with a DRAM hash index). A data
     /// file holds one engine's format.
-    #[arg(long, value_name = "ENGINE", default_value = "packet",
-          value_parser = ["kv", "packet", "conventional"])]
-    pub engine: String,
+    #[arg(long, value_name = "ENGINE", value_enum, default_value_t = EngineChoice::Packet)]
+    pub engine: EngineChoice,
 
     #[command(flatten)]
     pub medium: MediumArgs,
@@ -229,12 +228,26 @@ pub struct ServerArgs {
     pub run: LoopArgs,
 }
 
-impl ServerArgs {
-    /// The `pmnet-pktstore` engine asked for; `None` for the key-value store.
-    pub fn engine_kind(&self) -> Option<pmnet_pktstore::EngineKind> {
-        self.engine.parse().ok()
-    }
+/// A server's storage engine on the command line (`pmnet server`, `pmnet bench`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EngineChoice {
+    Packet,
+    Conventional,
+    Kv,
+}
 
+impl EngineChoice {
+    /// The `pmnet-pktstore` engine; `None` for the key-value store.
+    pub fn kind(self) -> Option<pmnet_pktstore::EngineKind> {
+        match self {
+            EngineChoice::Packet => Some(pmnet_pktstore::EngineKind::Packet),
+            EngineChoice::Conventional => Some(pmnet_pktstore::EngineKind::Conventional),
+            EngineChoice::Kv => None,
+        }
+    }
+}
+
+impl ServerArgs {
     pub fn options(&self) -> ServerOptions {
         let store = (!self.ideal).then(|| StoreOptions {
             path: self.data_file.clone().unwrap_or_else(|| {
@@ -309,7 +322,7 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
 
 pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
     let shutdown = Shutdown::on_signals()?;
-    let mut server = ServerRuntime::open_with_engine(args.options(), args.engine_kind(), shutdown)?;
+    let mut server = ServerRuntime::open_with_engine(args.options(), args.engine.kind(), shutdown)?;
     let startup = server.startup().clone();
     let addresses = server.addresses();
     let mut lines = vec![format!(

@@ -360,10 +360,6 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
         "  {:<13} {:>9} {:>9} {:>9} {:>16} {:>16}   server's store counters (last round)",
         "engine", "p50 µs", "p99 µs", "mean µs", "updates/s (med)", "server CPU µs/upd"
     );
-    let median = |mut values: Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        values.get(values.len() / 2).copied().unwrap_or(0.0)
-    };
     for (index, (_, name)) in engines.iter().enumerate() {
         let mut latency: Vec<f64> = runs
             .iter()
@@ -371,7 +367,8 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
             .collect();
         latency.sort_by(f64::total_cmp);
         let mean = latency.iter().sum::<f64>() / latency.len().max(1) as f64;
-        let throughput = median(runs.iter().map(|round| round[index].throughput).collect());
+        let throughput =
+            median(runs.iter().map(|round| round[index].throughput).collect()).unwrap_or(0.0);
         let counters = runs
             .last()
             .map_or(String::new(), |round| round[index].in_place.clone());
@@ -392,7 +389,8 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
         runs.iter()
             .map(|round| round[1].throughput / round[0].throughput.max(1.0))
             .collect(),
-    );
+    )
+    .unwrap_or(0.0);
     println!(
         "target: packet store update throughput >= 1.3x the conventional engine's: {ratio:.2}x \
          (median of {rounds} rounds; {}); window {}, {} s per engine per round",
@@ -421,12 +419,17 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The median over the rounds of engine `index`'s server CPU time per update.
-fn server_cpu_median(runs: &[Vec<EndToEnd>], index: usize) -> Option<f64> {
-    let mut values: Vec<f64> = runs
-        .iter()
-        .filter_map(|round| round[index].server_cpu_us)
-        .collect();
+/// The median of `values`; `None` when there are none.
+fn median(mut values: Vec<f64>) -> Option<f64> {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied()
+}
+
+/// The median over the rounds of engine `index`'s server CPU time per update.
+fn server_cpu_median(runs: &[Vec<EndToEnd>], index: usize) -> Option<f64> {
+    median(
+        runs.iter()
+            .filter_map(|round| round[index].server_cpu_us)
+            .collect(),
+    )
 }

@@ -349,6 +349,8 @@ pub struct Adaptor {
     outstanding: usize,
     apply_sha: String,
     read_sha: String,
+    /// The update script's TTL argument: `options.session_ttl` in seconds, `0` for none.
+    ttl_arg: String,
     startup: AdaptorStartup,
     counters: AdaptorCounters,
     limits: Limits,
@@ -597,6 +599,10 @@ impl Adaptor {
             None => None,
         };
         let conns = (0..options.connections).map(|_| Conn::new()).collect();
+        let ttl_arg = options
+            .session_ttl
+            .map_or(0, |ttl| ttl.as_secs().max(1))
+            .to_string();
         let mut adaptor = Adaptor {
             options,
             clock,
@@ -607,6 +613,7 @@ impl Adaptor {
             outstanding: 0,
             apply_sha,
             read_sha,
+            ttl_arg,
             startup,
             counters: AdaptorCounters::default(),
             limits: Limits {
@@ -878,17 +885,12 @@ impl Adaptor {
             sent_as: SentAs::Direct,
         };
         let prefix = self.options.record_prefix.clone();
-        let ttl = self
-            .options
-            .session_ttl
-            .map_or(0, |ttl| ttl.as_secs().max(1))
-            .to_string();
         let conn = &mut self.conns[index];
         if conn.stream.is_some() {
             pending.sent_as = encode_request(
                 &mut conn.out,
                 &prefix,
-                &ttl,
+                &self.ttl_arg,
                 &self.apply_sha,
                 &self.read_sha,
                 &pending,
@@ -920,11 +922,6 @@ impl Adaptor {
             self.counters.reconnects += 1;
         }
         let prefix = self.options.record_prefix.clone();
-        let ttl = self
-            .options
-            .session_ttl
-            .map_or(0, |ttl| ttl.as_secs().max(1))
-            .to_string();
         let conn = &mut self.conns[index];
         conn.stream = Some(stream);
         conn.retry_at = None;
@@ -958,7 +955,7 @@ impl Adaptor {
             pending.sent_as = encode_request(
                 &mut conn.out,
                 &prefix,
-                &ttl,
+                &self.ttl_arg,
                 &self.apply_sha,
                 &self.read_sha,
                 pending,

@@ -108,15 +108,10 @@ impl ClientSession {
     }
 
     /// Start an update request like [`ClientSession::start_update`] but leave it queued: it
-    /// leaves with the next [`ClientSession::flush`] or [`ClientSession::next_event`], together
-    /// with everything else queued, in as few `sendmmsg` calls as the batch allows.
+    /// leaves with the next [`ClientSession::next_event`], together with everything else
+    /// queued, in as few `sendmmsg` calls as the batch allows.
     pub fn queue_update(&mut self, payload: &[u8]) -> Result<u32, ClientError> {
         self.client.update(self.clock.now(), payload)
-    }
-
-    /// Send everything queued.
-    pub fn flush(&mut self) {
-        self.send_pending();
     }
 
     /// Start a bypass request (completes only on the server's reply) and send it at once.

@@ -9,7 +9,9 @@ use pmnet_proto::{Device, DeviceConfig, DeviceCounters, PersistWork, Transmit};
 
 use crate::metrics::Metrics;
 use crate::udp::{BatchSocket, BATCH_LEN};
-use crate::wait::{pin_current_thread, wait_for_sockets, yield_cpu, Clock, WaitMode, MAX_SLEEP};
+use crate::wait::{
+    pin_current_thread, wait_for_sockets, yield_cpu, Clock, Turn, WaitMode, MAX_SLEEP,
+};
 use crate::{
     socket_digest, socket_metrics, start_metrics, LoopOptions, MetricsBoard, RuntimeError,
     Shutdown, METRICS_PUBLISH_INTERVAL,
@@ -116,17 +118,6 @@ impl SocketSet {
         forward: true,
         echo: true,
     };
-}
-
-/// What a turn of the loop did.
-#[derive(Debug, Default, Clone, Copy)]
-struct Turn {
-    /// Something was received or a timer fired.
-    busy: bool,
-    /// A receive filled its batch or a timer fired: go round again before waiting.
-    more: bool,
-    /// The data socket received something.
-    data: bool,
 }
 
 /// A running PMNet device: sockets, log, state machines. See the crate docs.

@@ -13,7 +13,9 @@ use pmnet_store::{Application, IdealHandler, KvConfig, KvStore, SessionRecord};
 
 use crate::metrics::Metrics;
 use crate::udp::BatchSocket;
-use crate::wait::{pin_current_thread, wait_for_sockets, yield_cpu, Clock, WaitMode, MAX_SLEEP};
+use crate::wait::{
+    pin_current_thread, wait_for_sockets, yield_cpu, Clock, Turn, WaitMode, MAX_SLEEP,
+};
 use crate::{
     socket_digest, socket_metrics, start_metrics, LoopOptions, MetricsBoard, RuntimeError,
     Shutdown, METRICS_PUBLISH_INTERVAL,
@@ -189,15 +191,6 @@ pub struct ServerRuntime {
     /// The packet store's receive path: datagrams land in store slots.
     receiver: Option<Box<SlotReceiver>>,
     received_slots: ReceivedSlots,
-}
-
-/// What a turn of the loop did.
-#[derive(Debug, Default, Clone, Copy)]
-struct Turn {
-    /// Something was received or a timer fired.
-    busy: bool,
-    /// The receive filled its batch or a timer fired: go round again before waiting.
-    more: bool,
 }
 
 /// Open (or format) a `pmnet-pktstore` engine at `options.path`.

@@ -50,6 +50,17 @@ impl FromStr for WaitMode {
     }
 }
 
+/// What a turn of an event loop did, for deciding whether to go round again or wait.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Turn {
+    /// Something was received or a timer fired.
+    pub busy: bool,
+    /// A receive filled its batch or a timer fired: go round again before waiting.
+    pub more: bool,
+    /// The device's data socket received something (unused by single-socket loops).
+    pub data: bool,
+}
+
 /// Longest a blocking loop sleeps without looking at its shutdown flag and its reports.
 pub const MAX_SLEEP: Duration = Duration::from_millis(50);
 

@@ -7,24 +7,61 @@
 //! here in DRAM together with the first 16 key bytes and the key length per node, so most
 //! comparisons never touch persistent memory; recovery rebuilds them in one pass over level 0, which is already sorted.
 //!
+//! A DRAM hash table over the same nodes answers exact lookups — a read, and the overwrite of a
+//! key that exists, the common write — without walking the towers: each node also knows its
+//! level-0 predecessor, whose link is the one an overwrite changes. Only a new key (and a
+//! removal, which unlinks the towers) searches the skip list. The table hashes the whole key with
+//! a per-process random seed (foldhash), so keys chosen by a client cannot force collisions
+//! cheaply; it affects no order, so stores behave the same whatever the seed.
+//!
 //! This structure owns no persistent memory. It keeps a DRAM mirror of level 0 and reports the
 //! level-0 links that changed ([`Index::take_dirty`]); the store writes them to the records'
 //! metadata after the batch that changed them has committed.
 
 use std::cmp::Ordering;
+use std::hash::BuildHasher;
+
+use hashbrown::{DefaultHashBuilder, HashTable};
 
 pub const MAX_LEVEL: usize = 12;
 const NIL: u32 = u32::MAX;
 pub const HEAD: u32 = 0;
 
-#[derive(Debug, Clone)]
-struct Node {
+/// What an overwrite and a level-0 walk touch, 32 bytes, two to a cache line: the record, the
+/// level-0 neighbours and the key prefix to compare with.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(32))]
+struct Hot {
     record: u32,
-    prefix: Prefix,
+    /// The level-0 predecessor (`HEAD` for the first key).
+    prev0: u32,
+    next0: u32,
+    /// The key's length.
+    len: u32,
+    /// The first 16 key bytes, big-endian, zero-padded.
+    high: u64,
+    low: u64,
+}
+
+impl Hot {
+    fn prefix(&self) -> Prefix {
+        Prefix {
+            high: self.high,
+            low: self.low,
+            len: self.len,
+        }
+    }
+}
+
+/// What only a search of the towers, a removal or a rehash needs.
+#[derive(Debug, Clone)]
+struct Cold {
+    /// The hash of the whole key, for the exact-lookup table.
+    hash: u64,
+    /// Links at levels 1 and up.
+    up: [u32; MAX_LEVEL - 1],
     height: u8,
     live: bool,
-    dirty: bool,
-    next: [u32; MAX_LEVEL],
 }
 
 /// A level-0 link to write to persistent memory: `from` (a record id, or `None` for the list
@@ -69,37 +106,98 @@ pub fn key_prefix(key: &[u8]) -> Prefix {
     }
 }
 
-#[derive(Debug)]
+/// Nodes are numbered; node `HEAD` is the list head and holds no key. A node's fields are
+/// split over `hot`, `cold` and `dirty`, all indexed by the node's number.
 pub struct Index {
-    nodes: Vec<Node>,
+    hot: Vec<Hot>,
+    cold: Vec<Cold>,
+    /// Whether the node's level-0 link changed since the last [`Index::take_dirty`].
+    dirty: Vec<bool>,
+    /// Live nodes by key hash.
+    table: HashTable<u32>,
+    hasher: DefaultHashBuilder,
     free_nodes: Vec<u32>,
-    dirty: Vec<u32>,
+    dirty_list: Vec<u32>,
     len: usize,
     rng_state: u64,
 }
 
+impl std::fmt::Debug for Index {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Index")
+            .field("len", &self.len)
+            .field("nodes", &self.hot.len())
+            .field("dirty", &self.dirty_list.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Index {
     pub fn new(seed: u64) -> Index {
-        let head = Node {
-            record: u32::MAX,
-            prefix: key_prefix(&[]),
-            height: MAX_LEVEL as u8,
-            live: true,
-            dirty: false,
-            next: [NIL; MAX_LEVEL],
-        };
-        Index {
-            nodes: vec![head],
-            free_nodes: Vec::new(),
+        let mut index = Index {
+            hot: Vec::new(),
+            cold: Vec::new(),
             dirty: Vec::new(),
+            table: HashTable::new(),
+            hasher: DefaultHashBuilder::default(),
+            free_nodes: Vec::new(),
+            dirty_list: Vec::new(),
             len: 0,
             rng_state: seed | 1,
-        }
+        };
+        index.push_node(u32::MAX, &[], 0, MAX_LEVEL as u8);
+        index
     }
 
     /// Keys in the index.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// A new unlinked node (reusing a free one), its number.
+    fn push_node(&mut self, record: u32, key: &[u8], hash: u64, height: u8) -> u32 {
+        let prefix = key_prefix(key);
+        let hot = Hot {
+            record,
+            prev0: NIL,
+            next0: NIL,
+            len: prefix.len,
+            high: prefix.high,
+            low: prefix.low,
+        };
+        let cold = Cold {
+            hash,
+            up: [NIL; MAX_LEVEL - 1],
+            height,
+            live: true,
+        };
+        match self.free_nodes.pop() {
+            Some(node) => {
+                self.hot[node as usize] = hot;
+                self.cold[node as usize] = cold;
+                node
+            }
+            None => {
+                self.hot.push(hot);
+                self.cold.push(cold);
+                self.dirty.push(false);
+                (self.hot.len() - 1) as u32
+            }
+        }
+    }
+
+    fn next(&self, node: u32, level: usize) -> u32 {
+        match level {
+            0 => self.hot[node as usize].next0,
+            _ => self.cold[node as usize].up[level - 1],
+        }
+    }
+
+    fn set_next(&mut self, node: u32, level: usize, to: u32) {
+        match level {
+            0 => self.hot[node as usize].next0 = to,
+            _ => self.cold[node as usize].up[level - 1] = to,
+        }
     }
 
     fn random_height(&mut self) -> u8 {
@@ -121,11 +219,11 @@ impl Index {
         prefix: Prefix,
         key_of: &impl Fn(u32) -> &'k [u8],
     ) -> Ordering {
-        let node = &self.nodes[node as usize];
-        let (a, b) = (node.prefix, prefix);
+        let hot = &self.hot[node as usize];
+        let (a, b) = (hot.prefix(), prefix);
         match (a.high, a.low).cmp(&(b.high, b.low)) {
             Ordering::Equal if a.len <= 16 && b.len <= 16 => a.len.cmp(&b.len),
-            Ordering::Equal => key_of(node.record).cmp(key),
+            Ordering::Equal => key_of(hot.record).cmp(key),
             other => other,
         }
     }
@@ -142,7 +240,7 @@ impl Index {
         let mut found = None;
         for level in (0..MAX_LEVEL).rev() {
             loop {
-                let next = self.nodes[current as usize].next[level];
+                let next = self.next(current, level);
                 if next == NIL {
                     break;
                 }
@@ -160,17 +258,40 @@ impl Index {
         (preds, found)
     }
 
+    fn hash_of(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The node holding `key`, by the hash table; `hash` is `hash_of(key)`.
+    fn find<'k>(&self, key: &[u8], hash: u64, key_of: &impl Fn(u32) -> &'k [u8]) -> Option<u32> {
+        let prefix = key_prefix(key);
+        self.table
+            .find(hash, |&node| {
+                self.compare(node, key, prefix, key_of) == Ordering::Equal
+            })
+            .copied()
+    }
+
+    /// Enter a new live node in the hash table.
+    fn table_insert(&mut self, node: u32) {
+        let cold = &self.cold;
+        self.table
+            .insert_unique(cold[node as usize].hash, node, |&other| {
+                cold[other as usize].hash
+            });
+    }
+
     /// The record holding `key`.
     pub fn get<'k>(&self, key: &[u8], key_of: impl Fn(u32) -> &'k [u8]) -> Option<u32> {
-        let (_, found) = self.search(key, &key_of);
-        found.map(|node| self.nodes[node as usize].record)
+        let found = self.find(key, self.hash_of(key), &key_of);
+        found.map(|node| self.hot[node as usize].record)
     }
 
     pub(crate) fn mark_dirty(&mut self, node: u32) {
-        let entry = &mut self.nodes[node as usize];
-        if !entry.dirty {
-            entry.dirty = true;
-            self.dirty.push(node);
+        let dirty = &mut self.dirty[node as usize];
+        if !*dirty {
+            *dirty = true;
+            self.dirty_list.push(node);
         }
     }
 
@@ -182,91 +303,89 @@ impl Index {
         record: u32,
         key_of: impl Fn(u32) -> &'k [u8],
     ) -> Upsert {
-        let (preds, found) = self.search(key, &key_of);
-        if let Some(node) = found {
-            let old = std::mem::replace(&mut self.nodes[node as usize].record, record);
+        let hash = self.hash_of(key);
+        if let Some(node) = self.find(key, hash, &key_of) {
+            let hot = &mut self.hot[node as usize];
+            let old = std::mem::replace(&mut hot.record, record);
+            let prev = hot.prev0;
             // The predecessor's link now names the new record, and the new record's own link
             // must name the successor.
-            self.mark_dirty(preds[0]);
+            self.mark_dirty(prev);
             self.mark_dirty(node);
             return Upsert {
                 displaced: Some(old),
                 successor: self.successor(node),
             };
         }
+        let (preds, _) = self.search(key, &key_of);
         let height = self.random_height();
-        let node = Node {
-            record,
-            prefix: key_prefix(key),
-            height,
-            live: true,
-            dirty: false,
-            next: [NIL; MAX_LEVEL],
-        };
-        let index = match self.free_nodes.pop() {
-            Some(index) => {
-                self.nodes[index as usize] = node;
-                index
-            }
-            None => {
-                self.nodes.push(node);
-                (self.nodes.len() - 1) as u32
-            }
-        };
+        let node = self.push_node(record, key, hash, height);
         for (level, &pred) in preds.iter().enumerate().take(usize::from(height)) {
-            self.nodes[index as usize].next[level] = self.nodes[pred as usize].next[level];
-            self.nodes[pred as usize].next[level] = index;
+            self.set_next(node, level, self.next(pred, level));
+            self.set_next(pred, level, node);
         }
+        let next = self.hot[node as usize].next0;
+        self.hot[node as usize].prev0 = preds[0];
+        if next != NIL {
+            self.hot[next as usize].prev0 = node;
+        }
+        self.table_insert(node);
         self.mark_dirty(preds[0]);
-        self.mark_dirty(index);
+        self.mark_dirty(node);
         self.len += 1;
         Upsert {
             displaced: None,
-            successor: self.successor(index),
+            successor: self.successor(node),
         }
     }
 
     fn successor(&self, node: u32) -> Option<u32> {
-        let next = self.nodes[node as usize].next[0];
-        (next != NIL).then(|| self.nodes[next as usize].record)
+        let next = self.hot[node as usize].next0;
+        (next != NIL).then(|| self.hot[next as usize].record)
     }
 
     /// Remove `key`; returns the record that held it.
     pub fn remove<'k>(&mut self, key: &[u8], key_of: impl Fn(u32) -> &'k [u8]) -> Option<u32> {
         let (preds, found) = self.search(key, &key_of);
         let node = found?;
-        let height = usize::from(self.nodes[node as usize].height);
+        let height = usize::from(self.cold[node as usize].height);
         for (level, &pred) in preds.iter().enumerate().take(height) {
-            if self.nodes[pred as usize].next[level] == node {
-                self.nodes[pred as usize].next[level] = self.nodes[node as usize].next[level];
+            if self.next(pred, level) == node {
+                self.set_next(pred, level, self.next(node, level));
             }
         }
+        let next = self.hot[node as usize].next0;
+        if next != NIL {
+            self.hot[next as usize].prev0 = preds[0];
+        }
+        let hash = self.cold[node as usize].hash;
+        if let Ok(entry) = self.table.find_entry(hash, |&other| other == node) {
+            entry.remove();
+        }
         self.mark_dirty(preds[0]);
-        let entry = &mut self.nodes[node as usize];
-        entry.live = false;
-        let record = entry.record;
-        if !entry.dirty {
+        self.cold[node as usize].live = false;
+        if !self.dirty[node as usize] {
             self.free_nodes.push(node);
         }
         self.len -= 1;
-        Some(record)
+        Some(self.hot[node as usize].record)
     }
 
     /// The level-0 links changed since the last call, as they are now.
     pub fn take_dirty(&mut self, out: &mut Vec<LinkUpdate>) {
         out.clear();
-        for node in std::mem::take(&mut self.dirty) {
-            let entry = &mut self.nodes[node as usize];
-            entry.dirty = false;
-            if !entry.live {
+        for node in std::mem::take(&mut self.dirty_list) {
+            self.dirty[node as usize] = false;
+            if !self.cold[node as usize].live {
                 // Removed after it was marked: its record left the list, its link is moot.
                 self.free_nodes.push(node);
                 continue;
             }
-            let next = entry.next[0];
-            let from = (node != HEAD).then_some(entry.record);
-            let to = (next != NIL).then(|| self.nodes[next as usize].record);
-            out.push(LinkUpdate { from, to });
+            let from = (node != HEAD).then_some(self.hot[node as usize].record);
+            out.push(LinkUpdate {
+                from,
+                to: self.successor(node),
+            });
         }
     }
 
@@ -277,29 +396,60 @@ impl Index {
         key_of: impl Fn(u32) -> &'k [u8],
     ) -> impl Iterator<Item = u32> + '_ {
         let (preds, found) = self.search(start, &key_of);
-        let first = found.unwrap_or(self.nodes[preds[0] as usize].next[0]);
+        self.walk(found.unwrap_or(self.hot[preds[0] as usize].next0))
+    }
+
+    /// Every record, in key order.
+    pub fn records(&self) -> impl Iterator<Item = u32> + '_ {
+        self.walk(self.hot[HEAD as usize].next0)
+    }
+
+    fn walk(&self, first: u32) -> impl Iterator<Item = u32> + '_ {
         let mut current = first;
         std::iter::from_fn(move || {
             if current == NIL {
                 return None;
             }
-            let node = &self.nodes[current as usize];
-            current = node.next[0];
-            Some(node.record)
+            let hot = &self.hot[current as usize];
+            current = hot.next0;
+            Some(hot.record)
         })
     }
+}
 
-    /// Every record, in key order.
-    pub fn records(&self) -> impl Iterator<Item = u32> + '_ {
-        let mut current = self.nodes[HEAD as usize].next[0];
-        std::iter::from_fn(move || {
-            if current == NIL {
-                return None;
+#[cfg(test)]
+impl Index {
+    /// Every level-0 node's predecessor is the node linking to it, and the hash table holds
+    /// exactly the live nodes.
+    fn check_links(&self) -> Result<(), String> {
+        let mut previous = HEAD;
+        let mut current = self.hot[HEAD as usize].next0;
+        let mut count = 0;
+        while current != NIL {
+            let node = &self.hot[current as usize];
+            if node.prev0 != previous {
+                return Err(format!(
+                    "node {current}: prev0 {} not {previous}",
+                    node.prev0
+                ));
             }
-            let node = &self.nodes[current as usize];
-            current = node.next[0];
-            Some(node.record)
-        })
+            let hash = self.cold[current as usize].hash;
+            let in_table = self.table.find(hash, |&other| other == current).is_some();
+            if !in_table {
+                return Err(format!("node {current} missing from the hash table"));
+            }
+            count += 1;
+            previous = current;
+            current = node.next0;
+        }
+        if count != self.len || self.table.len() != self.len {
+            return Err(format!(
+                "{count} nodes at level 0, {} in the table, len {}",
+                self.table.len(),
+                self.len
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -320,20 +470,14 @@ impl Default for Builder {
 impl Builder {
     pub fn push(&mut self, index: &mut Index, key: &[u8], record: u32) {
         let height = index.random_height();
-        index.nodes.push(Node {
-            record,
-            prefix: key_prefix(key),
-            height,
-            live: true,
-            dirty: false,
-            next: [NIL; MAX_LEVEL],
-        });
-        let node = (index.nodes.len() - 1) as u32;
+        let hash = index.hash_of(key);
+        let node = index.push_node(record, key, hash, height);
+        index.hot[node as usize].prev0 = self.tails[0];
         for level in 0..usize::from(height) {
-            let tail = self.tails[level];
-            index.nodes[tail as usize].next[level] = node;
+            index.set_next(self.tails[level], level, node);
             self.tails[level] = node;
         }
+        index.table_insert(node);
         index.len += 1;
     }
 
@@ -381,6 +525,7 @@ mod tests {
                 }
                 let mut links = Vec::new();
                 index.take_dirty(&mut links);
+                prop_assert_eq!(index.check_links(), Ok(()));
             }
             let in_order: Vec<u32> = index.records().collect();
             let expected: Vec<u32> = model.values().copied().collect();
@@ -442,5 +587,22 @@ mod tests {
             );
         }
         assert_eq!(index.get(b"x", |r| keys[r as usize].as_slice()), None);
+        assert_eq!(index.check_links(), Ok(()));
+        // Overwrites and removals after a build keep level 0 and the table in step.
+        let mut records: Vec<Vec<u8>> = keys.clone();
+        for number in (0..500u32).step_by(3) {
+            records.push(keys[number as usize].clone());
+            let record = (records.len() - 1) as u32;
+            let upsert = index.upsert(&keys[number as usize], record, |r| {
+                records[r as usize].as_slice()
+            });
+            assert_eq!(upsert.displaced, Some(number));
+        }
+        for number in (1..500u32).step_by(7) {
+            assert!(index
+                .remove(&keys[number as usize], |r| records[r as usize].as_slice())
+                .is_some());
+        }
+        assert_eq!(index.check_links(), Ok(()));
     }
 }

@@ -68,6 +68,33 @@ impl Hasher for IdHasher {
 
 type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
+/// One bit per record id.
+#[derive(Debug, Clone)]
+struct IdBits(Vec<u64>);
+
+impl IdBits {
+    fn new(ids: u32) -> IdBits {
+        IdBits(vec![0; (ids as usize).div_ceil(64)])
+    }
+
+    fn get(&self, id: u32) -> bool {
+        let word = self.0.get(id as usize / 64).copied().unwrap_or(0);
+        word & (1 << (id % 64)) != 0
+    }
+
+    fn set(&mut self, id: u32) {
+        if let Some(word) = self.0.get_mut(id as usize / 64) {
+            *word |= 1 << (id % 64);
+        }
+    }
+
+    fn clear(&mut self, id: u32) {
+        if let Some(word) = self.0.get_mut(id as usize / 64) {
+            *word &= !(1 << (id % 64));
+        }
+    }
+}
+
 /// How to format a store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreConfig {
@@ -278,10 +305,12 @@ pub struct Store<R: PmRegion> {
     /// Lent receive slots: slot → (received length, receive time), length `u32::MAX` while
     /// nothing was received.
     loans: IdMap<u32, (u32, u64)>,
-    sessions: HashMap<u64, SessionState>,
-    /// The session whose last applied request each record is (the inverse of
-    /// `Source::Record`), so retiring a record needs no read of it.
-    record_owner: IdMap<u32, u64>,
+    /// By client-chosen session id: a seeded hash (foldhash), so ids cannot be chosen to collide.
+    sessions: hashbrown::HashMap<u64, SessionState>,
+    /// Records that are some session's last applied request (`Source::Record`), one bit per
+    /// record id: retiring a record that is nobody's costs one bit test; for one that is, the
+    /// session is read from the record's own header.
+    session_sources: IdBits,
     table: Vec<TableSlot>,
     free_table: Vec<u32>,
     activity: u64,
@@ -473,8 +502,8 @@ impl<R: PmRegion> Store<R> {
             buddy: None,
             limbo: Vec::new(),
             loans: IdMap::default(),
-            sessions: HashMap::new(),
-            record_owner: IdMap::default(),
+            sessions: hashbrown::HashMap::default(),
+            session_sources: IdBits::new(geometry.granule_count()),
             table: vec![TableSlot::default(); geometry.max_sessions as usize],
             free_table: Vec::new(),
             activity: 0,
@@ -1268,25 +1297,42 @@ impl<R: PmRegion> Store<R> {
             last_active: activity,
         });
         if let Source::Record(old) = state.source {
-            self.record_owner.remove(&old);
+            self.session_sources.clear(old);
         }
         state.last_seq = seq;
         state.source = source;
         state.last_active = activity;
         if let Source::Record(id) = source {
-            self.record_owner.insert(id, session_id);
+            self.session_sources.set(id);
         }
+    }
+
+    /// The session whose last applied request record `id` is, if any.
+    fn source_owner(&self, id: u32) -> Option<u64> {
+        if !self.session_sources.get(id) {
+            return None;
+        }
+        let is_source = |session_id: &u64| {
+            self.sessions
+                .get(session_id)
+                .is_some_and(|state| state.source == Source::Record(id))
+        };
+        // The record's header names its session; a damaged header falls back to a search.
+        let named = self.check_record(id, false).ok().map(|r| r.session_id);
+        named.filter(is_source).or_else(|| {
+            self.sessions
+                .iter()
+                .find(|(_, state)| state.source == Source::Record(id))
+                .map(|(session_id, _)| *session_id)
+        })
     }
 
     /// A record left the index: keep its session's sequence number if it was the only place
     /// holding it, then free the record after the next commit.
     fn retire_indexed(&mut self, id: u32) {
-        if let Some(session_id) = self.record_owner.remove(&id) {
-            let last_seq = self
-                .sessions
-                .get(&session_id)
-                .filter(|state| state.source == Source::Record(id))
-                .map(|state| state.last_seq);
+        if let Some(session_id) = self.source_owner(id) {
+            self.session_sources.clear(id);
+            let last_seq = self.sessions.get(&session_id).map(|state| state.last_seq);
             if let Some(seq) = last_seq {
                 let reply = self.derived_reply(id);
                 self.stats.session_folds += 1;
@@ -1908,9 +1954,9 @@ impl<R: PmRegion> Store<R> {
             }
         }
 
-        for (session_id, state) in &self.sessions {
+        for state in self.sessions.values() {
             if let Source::Record(id) = state.source {
-                self.record_owner.insert(id, *session_id);
+                self.session_sources.set(id);
             }
         }
 

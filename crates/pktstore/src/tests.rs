@@ -830,3 +830,56 @@ fn long_replies_are_kept_in_reply_records() {
         assert_eq!(session.last_reply, reply, "{engine:?}");
     }
 }
+
+#[test]
+fn a_displaced_last_request_keeps_its_sessions_sequence_number() {
+    // Session 1's last request is the record holding "k"; session 2 overwrites "k", so the
+    // record that said "session 1 applied seq 7" leaves the index and its seq must move to the
+    // session table in the same batch (a fold), or a retransmission of seq 7 after a restart
+    // would be applied again.
+    for engine in [EngineKind::Packet, EngineKind::Conventional] {
+        for via_slots in [true, false] {
+            let mut store = Store::format(SimRegion::new(region_len(64)), config(engine)).unwrap();
+            let set = |value: &'static [u8]| Request::Set { key: b"k", value }.to_bytes();
+            stage(&mut store, 1, 7, &set(b"one"), via_slots);
+            store.commit();
+            assert_eq!(store.stats().session_folds, 0);
+            stage(&mut store, 2, 1, &set(b"two"), via_slots);
+            store.commit();
+            assert_eq!(
+                store.stats().session_folds,
+                1,
+                "{engine:?} via slots {via_slots}"
+            );
+            // Session 2 then moves on to another key: its record for "k" stays the holder, so
+            // nothing folds.
+            stage(
+                &mut store,
+                2,
+                2,
+                &Request::Get { key: b"k" }.to_bytes(),
+                via_slots,
+            );
+            store.commit();
+            assert_eq!(store.stats().session_folds, 1);
+            let reopened = Store::open(store.into_region()).unwrap();
+            let sessions: BTreeMap<u64, u32> = reopened
+                .sessions()
+                .into_iter()
+                .map(|s| (s.session_id, s.last_seq))
+                .collect();
+            assert_eq!(
+                sessions.get(&1),
+                Some(&7),
+                "{engine:?} via slots {via_slots}"
+            );
+            assert_eq!(
+                sessions.get(&2),
+                Some(&2),
+                "{engine:?} via slots {via_slots}"
+            );
+            let value = reopened.get(b"k").unwrap().unwrap().to_vec();
+            assert_eq!(value, b"two");
+        }
+    }
+}

@@ -976,14 +976,21 @@ impl<R: PmRegion> Store<R> {
         if self.geometry.engine != EngineKind::Packet {
             return Err("not_a_packet_store");
         }
-        let mut datagrams = Vec::with_capacity(slots.len());
-        for (index, &slot) in slots.iter().enumerate() {
-            if slots[..index].contains(&slot) {
-                return Err("slot_given_twice");
+        let single;
+        let mut several = Vec::new();
+        let datagrams: &[&[u8]] = if let [slot] = slots {
+            single = [self.received_datagram(*slot).ok_or("slot_not_received")?];
+            &single
+        } else {
+            for (index, &slot) in slots.iter().enumerate() {
+                if slots[..index].contains(&slot) {
+                    return Err("slot_given_twice");
+                }
+                several.push(self.received_datagram(slot).ok_or("slot_not_received")?);
             }
-            datagrams.push(self.received_datagram(slot).ok_or("slot_not_received")?);
-        }
-        let shape = inspect_request(&datagrams, false, PacketType::UpdateRequest)?;
+            &several
+        };
+        let shape = inspect_request(datagrams, false, PacketType::UpdateRequest)?;
         if shape.session_id != session_id || shape.seq != seq {
             return Err("slots_hold_another_request");
         }

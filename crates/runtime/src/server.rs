@@ -1,6 +1,5 @@
 //! The PMNet server over UDP, with its application.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -152,12 +151,45 @@ pub struct ServerAddresses {
 /// record in place. Bounded in time, requests and fragments; whatever is not applied in time
 /// (reordered beyond it, duplicates, dropped) goes back to the store, and a request applied
 /// later is applied from its bytes.
-type ReceivedSlots = HashMap<(u64, u32), HeldRequest>;
+/// By (session, seq) as the client sent them: a seeded hash (foldhash), so they cannot be chosen
+/// to collide.
+type ReceivedSlots = hashbrown::HashMap<(u64, u32), HeldRequest>;
 
 #[derive(Debug)]
 struct HeldRequest {
-    fragments: Vec<Option<u32>>,
+    fragments: HeldSlots,
     since: pmnet_proto::Time,
+}
+
+/// The slots holding a request's fragments, by fragment index: no allocation for a request of
+/// one datagram.
+#[derive(Debug)]
+enum HeldSlots {
+    One(Option<u32>),
+    Many(Vec<Option<u32>>),
+}
+
+impl HeldSlots {
+    fn new(fragment_count: usize) -> HeldSlots {
+        match fragment_count {
+            1 => HeldSlots::One(None),
+            _ => HeldSlots::Many(vec![None; fragment_count]),
+        }
+    }
+
+    fn get_mut(&mut self, index: usize) -> Option<&mut Option<u32>> {
+        match self {
+            HeldSlots::One(slot) => (index == 0).then_some(slot),
+            HeldSlots::Many(slots) => slots.get_mut(index),
+        }
+    }
+
+    fn as_slice(&self) -> &[Option<u32>] {
+        match self {
+            HeldSlots::One(slot) => std::slice::from_ref(slot),
+            HeldSlots::Many(slots) => slots,
+        }
+    }
 }
 
 /// How long received slots wait for their request to be applied: beyond the protocol's gap
@@ -191,6 +223,8 @@ pub struct ServerRuntime {
     /// The packet store's receive path: datagrams land in store slots.
     receiver: Option<Box<SlotReceiver>>,
     received_slots: ReceivedSlots,
+    /// The slots of the request being staged (reused, no allocation per request).
+    slot_scratch: Vec<u32>,
 }
 
 /// Open (or format) a `pmnet-pktstore` engine at `options.path`.
@@ -381,7 +415,8 @@ impl ServerRuntime {
             shutdown,
             counters: RuntimeCounters::default(),
             receiver: None,
-            received_slots: HashMap::new(),
+            received_slots: ReceivedSlots::default(),
+            slot_scratch: Vec::new(),
         };
         if matches!(&runtime.app, ServerApp::Engine(store) if store.engine() == EngineKind::Packet)
         {
@@ -574,7 +609,7 @@ impl ServerRuntime {
                                 .received_slots
                                 .entry((packet.session_id(), packet.seq()))
                                 .or_insert_with(|| HeldRequest {
-                                    fragments: vec![None; usize::from(packet.fragment_count())],
+                                    fragments: HeldSlots::new(usize::from(packet.fragment_count())),
                                     since: now,
                                 });
                             match held.fragments.get_mut(usize::from(packet.fragment_index())) {
@@ -611,7 +646,7 @@ impl ServerRuntime {
                 if now.saturating_duration_since(held.since) < HOLD_SLOTS {
                     return true;
                 }
-                for slot in held.fragments.iter().flatten() {
+                for slot in held.fragments.as_slice().iter().flatten() {
                     store.release_slot(*slot);
                 }
                 false
@@ -642,7 +677,14 @@ impl ServerRuntime {
                                 .received_slots
                                 .remove(&(session_id, seq))
                                 .map(|held| held.fragments);
-                            let reply = stage_on_engine(store, session_id, seq, &request, slots);
+                            let reply = stage_on_engine(
+                                store,
+                                session_id,
+                                seq,
+                                &request,
+                                slots,
+                                &mut self.slot_scratch,
+                            );
                             staged.push((session_id, seq, reply));
                             if staged.len() >= pmnet_pktstore::layout::MAX_BATCH_OPS {
                                 store.commit();
@@ -980,16 +1022,20 @@ fn stage_on_engine(
     session_id: u64,
     seq: u32,
     request: &[u8],
-    slots: Option<Vec<Option<u32>>>,
+    slots: Option<HeldSlots>,
+    scratch: &mut Vec<u32>,
 ) -> Vec<u8> {
     if let Some(fragments) = slots {
+        let fragments = fragments.as_slice();
         if fragments.iter().all(Option::is_some) {
-            let slots: Vec<u32> = fragments.into_iter().flatten().collect();
+            scratch.clear();
+            scratch.extend(fragments.iter().flatten());
+            let slots: &[u32] = scratch;
             // The protocol applies the first copy of each fragment it received; a slot may hold
             // a later copy. Keep the slots only if they hold exactly the bytes applied.
             let mut rest = request;
             let mut same = true;
-            for slot in &slots {
+            for slot in slots {
                 let payload = store
                     .received_datagram(*slot)
                     .and_then(|datagram| datagram.get(pmnet_wire::HEADER_LEN..))
@@ -1003,16 +1049,16 @@ fn stage_on_engine(
                 }
             }
             if same && rest.is_empty() {
-                if let Ok(reply) = store.stage_received(session_id, seq, &slots) {
+                if let Ok(reply) = store.stage_received(session_id, seq, slots) {
                     return reply;
                 }
             } else {
-                for slot in slots {
+                for &slot in slots {
                     store.release_slot(slot);
                 }
             }
         } else {
-            for slot in fragments.into_iter().flatten() {
+            for &slot in fragments.iter().flatten() {
                 store.release_slot(slot);
             }
         }

@@ -284,9 +284,10 @@ impl Subject {
 /// so a preemption by another process spoils one chunk, not the figure.
 const CHUNKS: usize = 10;
 
-fn median(mut values: Vec<f64>) -> f64 {
+/// The median of `values` (the upper one of an even count); `None` when there are none.
+pub fn median(mut values: Vec<f64>) -> Option<f64> {
     values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(0.0)
+    values.get(values.len() / 2).copied()
 }
 
 /// Both engines at one value size, their chunks alternating.
@@ -323,9 +324,9 @@ fn measure_size(
     for (subject, chunks) in subjects.into_iter().zip(chunks) {
         let mut phase_ns = [0.0; 6];
         for (slot, value) in phase_ns.iter_mut().enumerate() {
-            *value = median(chunks.iter().map(|(phases, _)| phases[slot]).collect());
+            *value = median(chunks.iter().map(|(phases, _)| phases[slot]).collect()).unwrap_or(0.0);
         }
-        let total_ns = median(chunks.iter().map(|(_, total)| *total).collect());
+        let total_ns = median(chunks.iter().map(|(_, total)| *total).collect()).unwrap_or(0.0);
         let engine = subject.engine;
         let datagram_count = subject.datagram_count;
         let recovery = subject.recover(options)?;

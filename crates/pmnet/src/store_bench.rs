@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use pmnet_pktstore::bench::{run_breakdown, BreakdownOptions};
+use pmnet_pktstore::bench::{median, run_breakdown, BreakdownOptions};
 use pmnet_pktstore::EngineKind;
 use pmnet_pm::{FlushChoice, MmapOptions};
 use pmnet_proto::ClientEvent;
@@ -417,12 +417,6 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
         );
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The median of `values`; `None` when there are none.
-fn median(mut values: Vec<f64>) -> Option<f64> {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied()
 }
 
 /// The median over the rounds of engine `index`'s server CPU time per update.

@@ -545,17 +545,7 @@ impl StoredData {
                 .rejected
                 .as_ref()
                 .map(|rejected| format!("rejected record: {rejected:?}")),
-            StoredData::Engine(store) => {
-                let report = store.recovery();
-                if !report.corrupt_records.is_empty() {
-                    Some(format!("corrupt records: {:?}", report.corrupt_records))
-                } else {
-                    report
-                        .index_broken
-                        .as_ref()
-                        .map(|broken| format!("index broken: {broken}"))
-                }
-            }
+            StoredData::Engine(store) => store.recovery().warning(),
         }
     }
 }

@@ -208,6 +208,7 @@ impl Subject {
                         .map_err(|reject| reject.reason.to_owned())?;
                 }
                 let slots: Vec<u32> = self.lent.iter().map(|slot| slot.slot).collect();
+                std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
                 let start = ticks();
                 let reply = store
                     .stage_received(SESSION_ID, seq, &slots)
@@ -221,6 +222,7 @@ impl Subject {
                 for datagram in &datagrams {
                     payload.extend_from_slice(Packet::new_unchecked(datagram).payload());
                 }
+                std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
                 let start = ticks();
                 let reply = store.stage_request(SESSION_ID, seq, &payload);
                 store.commit();

@@ -374,7 +374,9 @@ impl Index {
     /// The level-0 links changed since the last call, as they are now.
     pub fn take_dirty(&mut self, out: &mut Vec<LinkUpdate>) {
         out.clear();
-        for node in std::mem::take(&mut self.dirty_list) {
+        // By index, so the list keeps its capacity (no allocation per batch).
+        for position in 0..self.dirty_list.len() {
+            let node = self.dirty_list[position];
             self.dirty[node as usize] = false;
             if !self.cold[node as usize].live {
                 // Removed after it was marked: its record left the list, its link is moot.
@@ -387,6 +389,7 @@ impl Index {
                 to: self.successor(node),
             });
         }
+        self.dirty_list.clear();
     }
 
     /// The records in key order from the first key ≥ `start`.

@@ -23,7 +23,6 @@
 //! of it, and two fences per batch (not per request) make a whole receive batch durable.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
 use pmnet_pm::{MediumInfo, PmRegion};
@@ -40,33 +39,66 @@ const OP_SET: u8 = 1;
 const OP_DEL: u8 = 3;
 const OP_APPEND: u8 = 5;
 
-/// A multiplicative hash for ids the store chooses itself (slots, record ids): never keyed by
-/// network input, so it needs no protection against chosen collisions.
-#[derive(Debug, Default, Clone, Copy)]
-struct IdHasher(u64);
+/// The receive slots lent out, by slot number: what each received. An array, not a map: a loan
+/// is looked up for every received datagram.
+#[derive(Debug, Default)]
+struct Loans {
+    /// Per slot: (`NOT_LENT`, `AWAITING` or the received length; receive time).
+    entries: Vec<(u32, u64)>,
+    count: usize,
+}
 
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
+const NOT_LENT: u32 = u32::MAX;
+const AWAITING: u32 = u32::MAX - 1;
 
-    fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.write_u64(u64::from(*byte));
+impl Loans {
+    fn new(slot_count: u32) -> Loans {
+        Loans {
+            entries: vec![(NOT_LENT, 0); slot_count as usize],
+            count: 0,
         }
     }
 
-    fn write_u32(&mut self, value: u32) {
-        self.write_u64(u64::from(value));
+    fn lend(&mut self, slot: u32) {
+        if let Some(entry) = self.entries.get_mut(slot as usize) {
+            if entry.0 == NOT_LENT {
+                self.count += 1;
+            }
+            *entry = (AWAITING, 0);
+        }
     }
 
-    fn write_u64(&mut self, value: u64) {
-        let mixed = (self.0 ^ value).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = mixed ^ (mixed >> 29);
+    fn is_lent(&self, slot: u32) -> bool {
+        self.entries
+            .get(slot as usize)
+            .is_some_and(|entry| entry.0 != NOT_LENT)
+    }
+
+    /// A lent slot's entry, to record what it received.
+    fn entry_mut(&mut self, slot: u32) -> Option<&mut (u32, u64)> {
+        self.entries
+            .get_mut(slot as usize)
+            .filter(|entry| entry.0 != NOT_LENT)
+    }
+
+    /// (length, receive time) of what lent `slot` received.
+    fn received(&self, slot: u32) -> Option<(u32, u64)> {
+        self.entries
+            .get(slot as usize)
+            .copied()
+            .filter(|entry| entry.0 != NOT_LENT && entry.0 != AWAITING)
+    }
+
+    /// End the loan of `slot`; its entry (`AWAITING` as the length if nothing was received).
+    fn take(&mut self, slot: u32) -> Option<(u32, u64)> {
+        let entry = self.entries.get_mut(slot as usize)?;
+        if entry.0 == NOT_LENT {
+            return None;
+        }
+        self.count -= 1;
+        Some(std::mem::replace(entry, (NOT_LENT, 0)))
     }
 }
-
-type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 /// One bit per record id. Ids that can start a record are multiples of `per` (a slot's granules
 /// in the packet store, 1 in the conventional heap), so the bits stay dense: 2.5 KB for 20 000
@@ -318,9 +350,8 @@ pub struct Store<R: PmRegion> {
     buddy: Option<Buddy>,
     /// Records freed by a batch, reusable once a later batch committed: (epoch, record id).
     limbo: Vec<(u64, u32)>,
-    /// Lent receive slots: slot → (received length, receive time), length `u32::MAX` while
-    /// nothing was received.
-    loans: IdMap<u32, (u32, u64)>,
+    /// Lent receive slots.
+    loans: Loans,
     /// By client-chosen session id: a seeded hash (foldhash), so ids cannot be chosen to collide.
     sessions: hashbrown::HashMap<u64, SessionState>,
     /// Records that are some session's last applied request (`Source::Record`), one bit per
@@ -517,7 +548,10 @@ impl<R: PmRegion> Store<R> {
             free_slots: Vec::new(),
             buddy: None,
             limbo: Vec::new(),
-            loans: IdMap::default(),
+            loans: Loans::new(match geometry.engine {
+                EngineKind::Packet => geometry.slot_count,
+                EngineKind::Conventional => 0,
+            }),
             sessions: hashbrown::HashMap::default(),
             session_sources: IdBits::new(
                 geometry.granule_count(),
@@ -770,7 +804,7 @@ impl<R: PmRegion> Store<R> {
             let Some(slot) = self.free_slots.pop() else {
                 break;
             };
-            self.loans.insert(slot, (u32::MAX, 0));
+            self.loans.lend(slot);
             out.push(self.receive_slot(slot));
         }
     }
@@ -793,7 +827,7 @@ impl<R: PmRegion> Store<R> {
         receive_time_ns: u64,
     ) -> Result<(), ReceiveReject> {
         let capacity = self.geometry.slot_datagram_capacity();
-        let Some(loan) = self.loans.get_mut(&slot) else {
+        let Some(loan) = self.loans.entry_mut(slot) else {
             return Err(ReceiveReject {
                 reason: "slot_not_lent",
             });
@@ -820,7 +854,7 @@ impl<R: PmRegion> Store<R> {
         datagram: &[u8],
         receive_time_ns: u64,
     ) -> Result<(), ReceiveReject> {
-        if !self.loans.contains_key(&slot) {
+        if !self.loans.is_lent(slot) {
             return Err(ReceiveReject {
                 reason: "slot_not_lent",
             });
@@ -838,10 +872,7 @@ impl<R: PmRegion> Store<R> {
 
     /// The datagram received into lent `slot`.
     pub fn received_datagram(&self, slot: u32) -> Option<&[u8]> {
-        let (len, _) = *self.loans.get(&slot)?;
-        if len == u32::MAX {
-            return None;
-        }
+        let (len, _) = self.loans.received(slot)?;
         let offset = self.receive_slot(slot).offset;
         self.region.bytes().get(offset..offset + len as usize)
     }
@@ -872,14 +903,14 @@ impl<R: PmRegion> Store<R> {
 
     /// Give a lent slot back.
     pub fn release_slot(&mut self, slot: u32) {
-        if self.loans.remove(&slot).is_some() {
+        if self.loans.take(slot).is_some() {
             self.free_slots.push(slot);
         }
     }
 
     /// Slots lent and not yet returned.
     pub fn lent_slot_count(&self) -> usize {
-        self.loans.len()
+        self.loans.count
     }
 
     /// Apply request `seq` of `session_id` whose datagrams (one per fragment, in order) were
@@ -933,7 +964,7 @@ impl<R: PmRegion> Store<R> {
         // Lengths of the fragments after the first (no allocation for one datagram).
         let mut tail_lens: Vec<u32> = Vec::new();
         for (index, &slot) in slots.iter().enumerate() {
-            let (len, time) = self.loans.remove(&slot).unwrap_or((0, 0));
+            let (len, time) = self.loans.take(slot).unwrap_or((0, 0));
             if index > 0 {
                 tail_lens.push(len);
             }
@@ -1199,18 +1230,19 @@ impl<R: PmRegion> Store<R> {
             .upsert(key_bytes, pending.id, |r| record_key(bytes, &geometry, r));
         let mut meta = pending.meta;
         meta.next0 = link_of(upsert.successor);
-        self.mark(Phase::Insert);
-        let offset = self.geometry.record_offset(pending.id);
-        self.region.write(offset, &meta.encode());
-        self.region
-            .flush(offset, META_LEN + pending.unflushed as usize);
-        self.mark(Phase::Persist);
         self.batch.ops.push(IntentOp::Link(pending.id));
         self.touch_session(session_id, seq, Source::Record(pending.id));
         if let Some(displaced) = upsert.displaced {
             self.retire_indexed(displaced);
         }
         self.mark(Phase::Insert);
+        // The head's metadata line and its datagram, flushed last: the commit's fence waits
+        // for them, and nothing in between stalls behind the write-backs.
+        let offset = self.geometry.record_offset(pending.id);
+        self.region.write(offset, &meta.encode());
+        self.region
+            .flush(offset, META_LEN + pending.unflushed as usize);
+        self.mark(Phase::Persist);
         match meta.reply_style {
             ReplyStyle::Ok => Reply::Ok.to_bytes(),
             ReplyStyle::Integer => {

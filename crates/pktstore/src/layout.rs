@@ -284,10 +284,17 @@ impl Geometry {
     /// Packet engine: the slot of record id `id`, if `id` starts a slot.
     pub fn slot_of(&self, id: u32) -> Option<u32> {
         let per_slot = self.slot_size / GRANULE as u32;
-        if per_slot == 0 || id % per_slot != 0 || id / per_slot >= self.slot_count {
+        if per_slot == 0 {
             return None;
         }
-        Some(id / per_slot)
+        // A shift for the power-of-two slot sizes (the default), not a division: this runs for
+        // every fragment written and freed.
+        let (slot, rest) = if per_slot.is_power_of_two() {
+            (id >> per_slot.trailing_zeros(), id & (per_slot - 1))
+        } else {
+            (id / per_slot, id % per_slot)
+        };
+        (rest == 0 && slot < self.slot_count).then_some(slot)
     }
 
     /// Packet engine: the largest datagram a slot holds.

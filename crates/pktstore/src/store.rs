@@ -48,6 +48,9 @@ struct Loans {
     count: usize,
 }
 
+const CHAIN_UNKNOWN: u32 = u32::MAX;
+const CHAIN_END: u32 = u32::MAX - 1;
+
 const NOT_LENT: u32 = u32::MAX;
 const AWAITING: u32 = u32::MAX - 1;
 
@@ -107,6 +110,9 @@ impl Loans {
 struct IdBits {
     words: Vec<u64>,
     per: u32,
+    /// `log2(per)` when `per` is a power of two (the default slot size): a shift, not a
+    /// division, on every write.
+    shift: Option<u32>,
 }
 
 impl IdBits {
@@ -115,11 +121,16 @@ impl IdBits {
         IdBits {
             words: vec![0; (ids / per) as usize / 64 + 1],
             per,
+            shift: per.is_power_of_two().then(|| per.trailing_zeros()),
         }
     }
 
+    #[inline]
     fn locate(&self, id: u32) -> (usize, u64) {
-        let bit = id / self.per;
+        let bit = match self.shift {
+            Some(shift) => id >> shift,
+            None => id / self.per,
+        };
         (bit as usize / 64, 1 << (bit % 64))
     }
 
@@ -347,6 +358,10 @@ pub struct Store<R: PmRegion> {
     committed_epoch: u64,
     index: Index,
     free_slots: Vec<u32>,
+    /// Packet engine, by slot: the record id of the next fragment of the chain the slot
+    /// belongs to (`CHAIN_END`), or `CHAIN_UNKNOWN` (free, or recovered: read the metadata
+    /// line). Freeing a record walks this instead of its metadata lines in PM.
+    chain_next: Vec<u32>,
     buddy: Option<Buddy>,
     /// Records freed by a batch, reusable once a later batch committed: (epoch, record id).
     limbo: Vec<(u64, u32)>,
@@ -546,6 +561,13 @@ impl<R: PmRegion> Store<R> {
             committed_epoch,
             index: Index::new(0x9E37_79B9_7F4A_7C15 ^ committed_epoch),
             free_slots: Vec::new(),
+            chain_next: vec![
+                CHAIN_UNKNOWN;
+                match geometry.engine {
+                    EngineKind::Packet => geometry.slot_count as usize,
+                    EngineKind::Conventional => 0,
+                }
+            ],
             buddy: None,
             limbo: Vec::new(),
             loans: Loans::new(match geometry.engine {
@@ -624,17 +646,30 @@ impl<R: PmRegion> Store<R> {
         if self.geometry.engine == EngineKind::Packet {
             let free: std::collections::HashSet<u32> = self.free_slots.iter().copied().collect();
             for id in dram {
-                for member in self
+                let members = self
                     .check_record(id, false)
                     .map(|c| c.ids)
-                    .unwrap_or_default()
-                {
-                    if free.contains(&self.geometry.slot_of(member).unwrap_or(u32::MAX)) {
+                    .unwrap_or_default();
+                for (position, &member) in members.iter().enumerate() {
+                    let slot = self.geometry.slot_of(member).unwrap_or(u32::MAX);
+                    if free.contains(&slot) {
                         return Err(format!(
                             "slot of live record {member} (head {id}) is free; limbo {:?}",
                             self.limbo
                         ));
                     }
+                    let known = self.chain_next.get(slot as usize).copied();
+                    let expected = members.get(position + 1).copied().unwrap_or(CHAIN_END);
+                    if known != Some(CHAIN_UNKNOWN) && known != Some(expected) {
+                        return Err(format!(
+                            "record {id}: DRAM chain says {known:?} after {member}, PM says {expected}"
+                        ));
+                    }
+                }
+            }
+            for &slot in &self.free_slots {
+                if self.chain_next.get(slot as usize) != Some(&CHAIN_UNKNOWN) {
+                    return Err(format!("free slot {slot} still has a chain link"));
                 }
             }
         }
@@ -990,6 +1025,8 @@ impl<R: PmRegion> Store<R> {
                     .write(self.geometry.record_offset(id), &meta.encode());
             }
         }
+        let geometry = self.geometry;
+        self.note_chain(slots.iter().map(|slot| geometry.slot_id(*slot)));
         self.mark(Phase::Allocate);
         for (index, &slot) in slots.iter().enumerate() {
             let offset = self.receive_slot(slot).offset;
@@ -1548,6 +1585,7 @@ impl<R: PmRegion> Store<R> {
             let slot = self.free_slots.pop()?;
             ids.push(self.geometry.slot_id(slot));
         }
+        self.note_chain(ids.iter().copied());
         self.mark(Phase::Allocate);
         let mut head = None;
         for (index, &id) in ids.iter().enumerate() {
@@ -1728,6 +1766,24 @@ impl<R: PmRegion> Store<R> {
         self.mark(Phase::Persist);
     }
 
+    /// Packet engine: remember that record ids `ids` form one chain, in this order.
+    fn note_chain(&mut self, ids: impl IntoIterator<Item = u32>) {
+        let mut previous: Option<u32> = None;
+        for id in ids {
+            if let Some(slot) = previous.and_then(|p| self.geometry.slot_of(p)) {
+                if let Some(entry) = self.chain_next.get_mut(slot as usize) {
+                    *entry = id;
+                }
+            }
+            previous = Some(id);
+        }
+        if let Some(slot) = previous.and_then(|p| self.geometry.slot_of(p)) {
+            if let Some(entry) = self.chain_next.get_mut(slot as usize) {
+                *entry = CHAIN_END;
+            }
+        }
+    }
+
     /// Return record `id`'s space (all of its chain) to the allocator.
     fn free_record(&mut self, id: u32) {
         self.stats.records_freed += 1;
@@ -1743,11 +1799,17 @@ impl<R: PmRegion> Store<R> {
                     if guard > self.geometry.slot_count as usize {
                         break;
                     }
-                    next = self.meta(id).and_then(|meta| {
-                        (meta.self_id == id)
-                            .then_some(meta.frag_next)
-                            .and_then(id_of_link)
-                    });
+                    let known =
+                        std::mem::replace(&mut self.chain_next[slot as usize], CHAIN_UNKNOWN);
+                    next = match known {
+                        CHAIN_END => None,
+                        CHAIN_UNKNOWN => self.meta(id).and_then(|meta| {
+                            (meta.self_id == id)
+                                .then_some(meta.frag_next)
+                                .and_then(id_of_link)
+                        }),
+                        next => Some(next),
+                    };
                     self.free_slots.push(slot);
                 }
             }

@@ -575,3 +575,37 @@ fn bad_command_lines_fail_with_a_helpful_message() {
     )
     .proc;
 }
+
+#[test]
+fn store_bench_repeats_the_breakdown_and_reports_its_spread() {
+    let dir = tempfile::tempdir().unwrap();
+    let (status, out, err) = run_pmnet(
+        &args(&[
+            "store-bench",
+            "--no-server",
+            "--sizes",
+            "1024",
+            "--writes",
+            "200",
+            "--keys",
+            "20",
+            "--breakdown-runs",
+            "3",
+            "--dir",
+            &dir.path().display().to_string(),
+        ]),
+        None,
+    );
+    assert!(status.success(), "{out}\n{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for expected in [
+        "checksum calculation",
+        "medium:",
+        "1024-byte share removed over 3 breakdown runs",
+        "(the table above is the median run)",
+        "target: the packet store removes >= 80 %",
+        "median of the runs",
+    ] {
+        assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
+    }
+}

@@ -45,8 +45,9 @@ pub struct StoreBenchArgs {
     #[arg(long, value_name = "N", default_value_t = 20_000)]
     pub writes: usize,
 
-    /// Runs of the breakdown: the table shown is the run with the median share removed, and
-    /// the spread over the runs is reported (a shared machine is noisy).
+    /// Runs of the breakdown: the table shown is the run with the median share removed (the
+    /// upper middle one for an even count), and the spread over the runs is reported (a shared
+    /// machine is noisy).
     #[arg(long, value_name = "N", default_value_t = 5)]
     pub breakdown_runs: usize,
 

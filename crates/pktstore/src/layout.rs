@@ -129,6 +129,16 @@ pub struct Geometry {
     pub data_len: u64,
 }
 
+/// `id / per` and `id % per` (`per` > 0): a shift and a mask for the power-of-two granule counts
+/// of the default slot size, not a division — record ids are divided on every write and free.
+pub fn divide(id: u32, per: u32) -> (u32, u32) {
+    if per.is_power_of_two() {
+        (id >> per.trailing_zeros(), id & (per - 1))
+    } else {
+        (id / per, id % per)
+    }
+}
+
 impl Geometry {
     /// The geometry for a region of `region_len` bytes, or why it cannot hold a store.
     pub fn plan(
@@ -287,13 +297,7 @@ impl Geometry {
         if per_slot == 0 {
             return None;
         }
-        // A shift for the power-of-two slot sizes (the default), not a division: this runs for
-        // every fragment written and freed.
-        let (slot, rest) = if per_slot.is_power_of_two() {
-            (id >> per_slot.trailing_zeros(), id & (per_slot - 1))
-        } else {
-            (id / per_slot, id % per_slot)
-        };
+        let (slot, rest) = divide(id, per_slot);
         (rest == 0 && slot < self.slot_count).then_some(slot)
     }
 

@@ -110,9 +110,6 @@ impl Loans {
 struct IdBits {
     words: Vec<u64>,
     per: u32,
-    /// `log2(per)` when `per` is a power of two (the default slot size): a shift, not a
-    /// division, on every write.
-    shift: Option<u32>,
 }
 
 impl IdBits {
@@ -121,16 +118,11 @@ impl IdBits {
         IdBits {
             words: vec![0; (ids / per) as usize / 64 + 1],
             per,
-            shift: per.is_power_of_two().then(|| per.trailing_zeros()),
         }
     }
 
-    #[inline]
     fn locate(&self, id: u32) -> (usize, u64) {
-        let bit = match self.shift {
-            Some(shift) => id >> shift,
-            None => id / self.per,
-        };
+        let (bit, _) = divide(id, self.per);
         (bit as usize / 64, 1 << (bit % 64))
     }
 
@@ -561,19 +553,11 @@ impl<R: PmRegion> Store<R> {
             committed_epoch,
             index: Index::new(0x9E37_79B9_7F4A_7C15 ^ committed_epoch),
             free_slots: Vec::new(),
-            chain_next: vec![
-                CHAIN_UNKNOWN;
-                match geometry.engine {
-                    EngineKind::Packet => geometry.slot_count as usize,
-                    EngineKind::Conventional => 0,
-                }
-            ],
+            // No slots (so nothing) in the conventional engine.
+            chain_next: vec![CHAIN_UNKNOWN; geometry.slot_count as usize],
             buddy: None,
             limbo: Vec::new(),
-            loans: Loans::new(match geometry.engine {
-                EngineKind::Packet => geometry.slot_count,
-                EngineKind::Conventional => 0,
-            }),
+            loans: Loans::new(geometry.slot_count),
             sessions: hashbrown::HashMap::default(),
             session_sources: IdBits::new(
                 geometry.granule_count(),
@@ -1768,18 +1752,13 @@ impl<R: PmRegion> Store<R> {
 
     /// Packet engine: remember that record ids `ids` form one chain, in this order.
     fn note_chain(&mut self, ids: impl IntoIterator<Item = u32>) {
-        let mut previous: Option<u32> = None;
-        for id in ids {
-            if let Some(slot) = previous.and_then(|p| self.geometry.slot_of(p)) {
-                if let Some(entry) = self.chain_next.get_mut(slot as usize) {
-                    *entry = id;
-                }
-            }
-            previous = Some(id);
-        }
-        if let Some(slot) = previous.and_then(|p| self.geometry.slot_of(p)) {
-            if let Some(entry) = self.chain_next.get_mut(slot as usize) {
-                *entry = CHAIN_END;
+        let geometry = self.geometry;
+        let mut ids = ids.into_iter().peekable();
+        while let Some(id) = ids.next() {
+            let next = ids.peek().copied().unwrap_or(CHAIN_END);
+            let slot = geometry.slot_of(id).map(|slot| slot as usize);
+            if let Some(entry) = slot.and_then(|slot| self.chain_next.get_mut(slot)) {
+                *entry = next;
             }
         }
     }

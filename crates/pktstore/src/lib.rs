@@ -32,6 +32,7 @@ mod index;
 pub mod layout;
 #[cfg(target_os = "linux")]
 pub mod recv;
+mod sessions;
 mod store;
 
 pub use layout::EngineKind;

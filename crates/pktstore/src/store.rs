@@ -34,6 +34,7 @@ use crate::breakdown::{Breakdown, Phase};
 use crate::buddy::{order_for, Buddy};
 use crate::index::{Builder, Index, LinkUpdate};
 use crate::layout::*;
+use crate::sessions::{SessionState, Sessions, Source};
 
 const OP_SET: u8 = 1;
 const OP_DEL: u8 = 3;
@@ -293,22 +294,6 @@ pub struct ReceiveReject {
     pub reason: &'static str,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Source {
-    /// The session's last applied request is the record with this id (reply derived from it).
-    Record(u32),
-    /// The session table holds it.
-    Table,
-}
-
-#[derive(Debug, Clone)]
-struct SessionState {
-    last_seq: u32,
-    source: Source,
-    table: Option<u32>,
-    last_active: u64,
-}
-
 #[derive(Debug, Clone, Default)]
 struct TableSlot {
     owner: Option<u64>,
@@ -359,8 +344,7 @@ pub struct Store<R: PmRegion> {
     limbo: Vec<(u64, u32)>,
     /// Lent receive slots.
     loans: Loans,
-    /// By client-chosen session id: a seeded hash (foldhash), so ids cannot be chosen to collide.
-    sessions: hashbrown::HashMap<u64, SessionState>,
+    sessions: Sessions,
     /// Records that are some session's last applied request (`Source::Record`), one bit per
     /// record id: retiring a record that is nobody's costs one bit test; for one that is, the
     /// session is read from the record's own header.
@@ -558,7 +542,7 @@ impl<R: PmRegion> Store<R> {
             buddy: None,
             limbo: Vec::new(),
             loans: Loans::new(geometry.slot_count),
-            sessions: hashbrown::HashMap::default(),
+            sessions: Sessions::default(),
             session_sources: IdBits::new(
                 geometry.granule_count(),
                 match geometry.engine {
@@ -1372,12 +1356,14 @@ impl<R: PmRegion> Store<R> {
     /// `session_id` applied `seq`, now known from `source`.
     fn touch_session(&mut self, session_id: u64, seq: u32, source: Source) {
         let activity = self.activity;
-        let state = self.sessions.entry(session_id).or_insert(SessionState {
-            last_seq: 0,
-            source: Source::Table,
-            table: None,
-            last_active: activity,
-        });
+        let state = self
+            .sessions
+            .get_or_insert_with(session_id, || SessionState {
+                last_seq: 0,
+                source: Source::Table,
+                table: None,
+                last_active: activity,
+            });
         if let Source::Record(old) = state.source {
             self.session_sources.clear(old);
         }
@@ -1396,7 +1382,7 @@ impl<R: PmRegion> Store<R> {
         }
         let is_source = |session_id: &u64| {
             self.sessions
-                .get(session_id)
+                .get(*session_id)
                 .is_some_and(|state| state.source == Source::Record(id))
         };
         // The record's header names its session; a damaged header falls back to a search.
@@ -1405,7 +1391,7 @@ impl<R: PmRegion> Store<R> {
             self.sessions
                 .iter()
                 .find(|(_, state)| state.source == Source::Record(id))
-                .map(|(session_id, _)| *session_id)
+                .map(|(session_id, _)| session_id)
         })
     }
 
@@ -1414,7 +1400,7 @@ impl<R: PmRegion> Store<R> {
     fn retire_indexed(&mut self, id: u32) {
         if let Some(session_id) = self.source_owner(id) {
             self.session_sources.clear(id);
-            let last_seq = self.sessions.get(&session_id).map(|state| state.last_seq);
+            let last_seq = self.sessions.get(session_id).map(|state| state.last_seq);
             if let Some(seq) = last_seq {
                 let reply = self.derived_reply(id);
                 self.stats.session_folds += 1;
@@ -1506,7 +1492,7 @@ impl<R: PmRegion> Store<R> {
             self.batch.freed.push(old);
         }
         self.touch_session(session_id, seq, Source::Table);
-        if let Some(state) = self.sessions.get_mut(&session_id) {
+        if let Some(state) = self.sessions.get_mut(session_id) {
             state.table = Some(index);
         }
         reply
@@ -1515,7 +1501,7 @@ impl<R: PmRegion> Store<R> {
     /// The session-table index of `session_id`, assigning one (evicting the least recently
     /// active session not written in this batch) if it has none.
     fn table_index_for(&mut self, session_id: u64) -> u32 {
-        if let Some(index) = self.sessions.get(&session_id).and_then(|s| s.table) {
+        if let Some(index) = self.sessions.get(session_id).and_then(|s| s.table) {
             return index;
         }
         if let Some(index) = self.free_table.pop() {
@@ -1529,18 +1515,18 @@ impl<R: PmRegion> Store<R> {
             .filter(|(_, slot)| slot.latest_epoch != epoch)
             .filter_map(|(index, slot)| {
                 let owner = slot.owner?;
-                let active = self.sessions.get(&owner).map_or(0, |s| s.last_active);
+                let active = self.sessions.get(owner).map_or(0, |s| s.last_active);
                 Some((active, index as u32, owner))
             })
             .min();
         let (_, index, owner) = victim.expect("max_sessions ≥ 2 × MAX_BATCH_OPS leaves a victim");
-        if let Some(state) = self.sessions.get(&owner) {
+        if let Some(state) = self.sessions.get(owner) {
             if state.source == Source::Table {
                 // Its exactly-once record goes: a retransmission of its last request would be
                 // applied again. Counted; the protocol's own session limit is far larger.
-                self.sessions.remove(&owner);
+                self.sessions.remove(owner);
                 self.stats.sessions_evicted += 1;
-            } else if let Some(state) = self.sessions.get_mut(&owner) {
+            } else if let Some(state) = self.sessions.get_mut(owner) {
                 state.table = None;
             }
         }
@@ -2031,12 +2017,14 @@ impl<R: PmRegion> Store<R> {
             );
         }
         for (session_id, (seq, _, index)) in table_sessions {
-            let state = self.sessions.entry(session_id).or_insert(SessionState {
-                last_seq: seq,
-                source: Source::Table,
-                table: None,
-                last_active: 0,
-            });
+            let state = self
+                .sessions
+                .get_or_insert_with(session_id, || SessionState {
+                    last_seq: seq,
+                    source: Source::Table,
+                    table: None,
+                    last_active: 0,
+                });
             state.table = Some(index);
             if seq >= state.last_seq {
                 state.last_seq = seq;
@@ -2056,7 +2044,7 @@ impl<R: PmRegion> Store<R> {
             }
         }
 
-        for state in self.sessions.values() {
+        for (_, state) in self.sessions.iter() {
             if let Source::Record(id) = state.source {
                 self.session_sources.set(id);
             }
@@ -2442,7 +2430,7 @@ impl<R: PmRegion> Application for Store<R> {
             .sessions
             .iter()
             .map(|(session_id, state)| SessionRecord {
-                session_id: *session_id,
+                session_id,
                 last_seq: state.last_seq,
                 last_reply: match (state.source, state.table) {
                     (Source::Record(id), _) => self.derived_reply(id),

@@ -1910,9 +1910,13 @@ impl<R: PmRegion> Store<R> {
                     if checked.seq >= entry.0 {
                         *entry = (checked.seq, id);
                     }
-                    self.index
-                        .upsert(key, id, |r| record_key(bytes, &geometry, r))
-                        .displaced
+                    let upsert = self
+                        .index
+                        .upsert(key, id, |r| record_key(bytes, &geometry, r));
+                    // The record's own link was written for the list as it was when the batch
+                    // was staged; the recovered list may differ, so it is rewritten.
+                    self.index.mark_dirty(upsert.node);
+                    upsert.displaced
                 }
                 (IntentOp::Unlink(_), OP_DEL) => {
                     self.index.remove(key, |r| record_key(bytes, &geometry, r))

@@ -526,7 +526,7 @@ impl BreakdownReport {
             };
             out.push_str(&format!(
                 "  checksum + copy + allocation/insertion: conventional {core_conventional:.0} ns, \
-                 packet {core_packet:.0} ns: the packet store removes {removed:.0} %\n"
+                 packet {core_packet:.0} ns: the packet store removes {removed:.1} %\n"
             ));
             out.push_str(&format!(
                 "  recovery after reopening, {} keys: conventional {:.2} ms, packet {:.2} ms \

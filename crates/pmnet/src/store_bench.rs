@@ -330,7 +330,7 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
     println!("{}", report.table());
     if runs > 1 {
         println!(
-            "{judged}-byte share removed over {runs} breakdown runs: {:.0}–{:.0} %, median {:.0} % \
+            "{judged}-byte share removed over {runs} breakdown runs: {:.1}–{:.1} %, median {:.1} % \
              (the table above is the median run)",
             shares.first().copied().unwrap_or(0.0),
             shares.last().copied().unwrap_or(0.0),
@@ -340,7 +340,7 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
     if judged == 1024 && report.removed_fraction(1024).is_some() {
         println!(
             "target: the packet store removes >= 80 % of the conventional engine's checksum + \
-             copy + allocation/insertion time per 1 KB write: {:.0} % ({}{})",
+             copy + allocation/insertion time per 1 KB write: {:.1} % ({}{})",
             removed * 100.0,
             if *removed >= 0.8 { "met" } else { "NOT met" },
             if runs > 1 { ", median of the runs" } else { "" }

@@ -446,7 +446,7 @@ impl Index {
 impl Index {
     /// Every level-0 node's predecessor is the node linking to it, and the hash table holds
     /// exactly the live nodes.
-    fn check_links(&self) -> Result<(), String> {
+    pub(crate) fn check_links(&self) -> Result<(), String> {
         let mut previous = HEAD;
         let mut current = self.hot[HEAD as usize].next0;
         let mut count = 0;

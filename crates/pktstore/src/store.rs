@@ -593,8 +593,8 @@ impl<R: PmRegion> Store<R> {
         &mut self.region
     }
 
-    /// Test invariant: after a commit the persistent level-0 list is the DRAM index, and no
-    /// free slot is part of a live record.
+    /// Test invariant: after a commit the DRAM index is consistent (predecessors, hash table),
+    /// the persistent level-0 list is the DRAM index, and no free slot is part of a live record.
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
         let bytes = self.region.bytes();
@@ -607,6 +607,7 @@ impl<R: PmRegion> Store<R> {
             }
             link = self.meta(id).map_or(0, |meta| meta.next0);
         }
+        self.index.check_links()?;
         let dram: Vec<u32> = self.index.records().collect();
         if pm != dram {
             return Err(format!("PM list {pm:?} != index {dram:?}"));

@@ -286,14 +286,20 @@ impl Geometry {
         (self.data_len / GRANULE as u64) as u32
     }
 
+    /// Packet engine: the granules of one slot, so the record ids that start slots are its
+    /// multiples (0 in the conventional engine, which has no slots).
+    pub fn granules_per_slot(&self) -> u32 {
+        self.slot_size / GRANULE as u32
+    }
+
     /// Packet engine: the record id of slot `slot`.
     pub fn slot_id(&self, slot: u32) -> u32 {
-        slot * (self.slot_size / GRANULE as u32)
+        slot * self.granules_per_slot()
     }
 
     /// Packet engine: the slot of record id `id`, if `id` starts a slot.
     pub fn slot_of(&self, id: u32) -> Option<u32> {
-        let per_slot = self.slot_size / GRANULE as u32;
+        let per_slot = self.granules_per_slot();
         if per_slot == 0 {
             return None;
         }

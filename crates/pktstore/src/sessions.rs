@@ -103,6 +103,10 @@ impl Sessions {
         self.states.iter().map(|(id, state)| (*id, state))
     }
 
+    pub fn values(&self) -> impl Iterator<Item = &SessionState> {
+        self.states.iter().map(|(_, state)| state)
+    }
+
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut SessionState> {
         self.states.iter_mut().map(|(_, state)| state)
     }

@@ -335,9 +335,9 @@ pub struct Store<R: PmRegion> {
     committed_epoch: u64,
     index: Index,
     free_slots: Vec<u32>,
-    /// Packet engine, by slot: the record id of the next fragment of the chain the slot
-    /// belongs to (`CHAIN_END`), or `CHAIN_UNKNOWN` (free, or recovered: read the metadata
-    /// line). Freeing a record walks this instead of its metadata lines in PM.
+    /// Packet engine, by slot: the record id of the next fragment in the slot's chain,
+    /// `CHAIN_END` for the last fragment, or `CHAIN_UNKNOWN` (free, or recovered: read the
+    /// metadata line). Freeing a record walks this instead of its metadata lines in PM.
     chain_next: Vec<u32>,
     buddy: Option<Buddy>,
     /// Records freed by a batch, reusable once a later batch committed: (epoch, record id).
@@ -543,13 +543,8 @@ impl<R: PmRegion> Store<R> {
             limbo: Vec::new(),
             loans: Loans::new(geometry.slot_count),
             sessions: Sessions::default(),
-            session_sources: IdBits::new(
-                geometry.granule_count(),
-                match geometry.engine {
-                    EngineKind::Packet => geometry.slot_size / GRANULE as u32,
-                    EngineKind::Conventional => 1,
-                },
-            ),
+            // Every granule can start a conventional record (no slots: `per` becomes 1).
+            session_sources: IdBits::new(geometry.granule_count(), geometry.granules_per_slot()),
             table: vec![TableSlot::default(); geometry.max_sessions as usize],
             free_table: Vec::new(),
             activity: 0,
@@ -2049,7 +2044,7 @@ impl<R: PmRegion> Store<R> {
             }
         }
 
-        for (_, state) in self.sessions.iter() {
+        for state in self.sessions.values() {
             if let Source::Record(id) = state.source {
                 self.session_sources.set(id);
             }

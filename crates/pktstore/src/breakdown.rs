@@ -16,11 +16,14 @@ pub enum Phase {
     Checksum,
     /// Copying the data into persistent memory.
     Copy,
-    /// Taking a buffer for the record (and, conventionally, an index node).
+    /// Taking a buffer for the record, and giving back at a commit the buffers of records that
+    /// left the index in an earlier batch (the buddy allocator's merge, or a slot's return).
     Allocate,
-    /// Linking the record into the index, session bookkeeping, freeing what it replaces.
+    /// Linking the record into the index, session bookkeeping, retiring the record it
+    /// replaces, and collecting at the commit the level-0 links that changed.
     Insert,
-    /// Cache-line flushes and fences, commit word included.
+    /// Writing and flushing to PM what the commit makes durable, with its fences: the record's
+    /// metadata line, the intent, the commit word, the changed level-0 links.
     Persist,
 }
 

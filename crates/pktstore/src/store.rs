@@ -1701,9 +1701,13 @@ impl<R: PmRegion> Store<R> {
         self.region.persist(COMMIT_OFFSET, 8);
         self.stats.fences += 2;
         self.committed_epoch = epoch;
+        // The breakdown charges each part of the commit to its phase: collecting the changed
+        // links is index work, returning buffers is the allocator's.
+        self.mark(Phase::Persist);
         // Level-0 links: durable by the next batch's first fence, redone until then.
         let mut links = std::mem::take(&mut self.links);
         self.index.take_dirty(&mut links);
+        self.mark(Phase::Insert);
         for link in &links {
             let at = match link.from {
                 None => HEAD_OFFSET,
@@ -1713,6 +1717,7 @@ impl<R: PmRegion> Store<R> {
             self.region.flush(at, 4);
         }
         self.links = links;
+        self.mark(Phase::Persist);
         // Records freed by earlier batches are reusable now; this batch's after the next.
         let mut index = 0;
         while index < self.limbo.len() {
@@ -1729,7 +1734,7 @@ impl<R: PmRegion> Store<R> {
         self.batch.ops.clear();
         self.batch.wrote = false;
         self.stats.batches += 1;
-        self.mark(Phase::Persist);
+        self.mark(Phase::Allocate);
     }
 
     /// Packet engine: remember that record ids `ids` form one chain, in this order.

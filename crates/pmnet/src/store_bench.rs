@@ -435,6 +435,29 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
         args.window,
         args.seconds
     );
+    // The ideal handler stores nothing: no engine behind this server can beat it, so its ratio
+    // to the conventional engine bounds what any engine could show here.
+    let ratio_to = |index: usize| {
+        median(
+            runs.iter()
+                .map(|round| round[index].throughput / round[0].throughput.max(1.0))
+                .collect(),
+        )
+        .unwrap_or(0.0)
+    };
+    let ceiling = ratio_to(3);
+    let gained = if ceiling > 1.0 {
+        format!(
+            "; the packet store has {:.0} % of the gain any engine could have",
+            100.0 * (ratio - 1.0) / (ceiling - 1.0)
+        )
+    } else {
+        String::new()
+    };
+    println!(
+        "ceiling: the ideal handler (stores nothing) serves {ceiling:.2}x the conventional \
+         engine's updates in the same rounds{gained}"
+    );
     // The client shares the machine and, on loopback, pays for delivering each datagram: the
     // throughput above can be the client's limit as much as the server's. The server thread's
     // CPU time per update is its own cost, whatever limited the run.

@@ -339,6 +339,10 @@ pub struct Store<R: PmRegion> {
     /// `CHAIN_END` for the last fragment, or `CHAIN_UNKNOWN` (free, or recovered: read the
     /// metadata line). Freeing a record walks this instead of its metadata lines in PM.
     chain_next: Vec<u32>,
+    /// Packet engine: records known to be one datagram, one bit per record id (their
+    /// `chain_next` stays `CHAIN_UNKNOWN`). Freeing one tests a bit of a small bitmap instead
+    /// of reading a random entry of `chain_next`, which a stream of writes keeps out of cache.
+    one_datagram: IdBits,
     buddy: Option<Buddy>,
     /// Records freed by a batch, reusable once a later batch committed: (epoch, record id).
     limbo: Vec<(u64, u32)>,
@@ -539,6 +543,7 @@ impl<R: PmRegion> Store<R> {
             free_slots: Vec::new(),
             // No slots (so nothing) in the conventional engine.
             chain_next: vec![CHAIN_UNKNOWN; geometry.slot_count as usize],
+            one_datagram: IdBits::new(geometry.granule_count(), geometry.granules_per_slot()),
             buddy: None,
             limbo: Vec::new(),
             loans: Loans::new(geometry.slot_count),
@@ -622,6 +627,12 @@ impl<R: PmRegion> Store<R> {
                             self.limbo
                         ));
                     }
+                    if self.one_datagram.get(member) && (position != 0 || members.len() != 1) {
+                        return Err(format!(
+                            "record {id}: {member} is marked one datagram in a chain of {}",
+                            members.len()
+                        ));
+                    }
                     let known = self.chain_next.get(slot as usize).copied();
                     let expected = members.get(position + 1).copied().unwrap_or(CHAIN_END);
                     if known != Some(CHAIN_UNKNOWN) && known != Some(expected) {
@@ -634,6 +645,9 @@ impl<R: PmRegion> Store<R> {
             for &slot in &self.free_slots {
                 if self.chain_next.get(slot as usize) != Some(&CHAIN_UNKNOWN) {
                     return Err(format!("free slot {slot} still has a chain link"));
+                }
+                if self.one_datagram.get(self.geometry.slot_id(slot)) {
+                    return Err(format!("free slot {slot} is still marked one datagram"));
                 }
             }
         }
@@ -1741,11 +1755,18 @@ impl<R: PmRegion> Store<R> {
     fn note_chain(&mut self, ids: impl IntoIterator<Item = u32>) {
         let geometry = self.geometry;
         let mut ids = ids.into_iter().peekable();
+        let mut head = true;
         while let Some(id) = ids.next() {
-            let next = ids.peek().copied().unwrap_or(CHAIN_END);
+            let next = ids.peek().copied();
+            if head && next.is_none() {
+                // One datagram: a bit, and `chain_next` stays unknown.
+                self.one_datagram.set(id);
+                return;
+            }
+            head = false;
             let slot = geometry.slot_of(id).map(|slot| slot as usize);
             if let Some(entry) = slot.and_then(|slot| self.chain_next.get_mut(slot)) {
-                *entry = next;
+                *entry = next.unwrap_or(CHAIN_END);
             }
         }
     }
@@ -1755,6 +1776,13 @@ impl<R: PmRegion> Store<R> {
         self.stats.records_freed += 1;
         match self.geometry.engine {
             EngineKind::Packet => {
+                if self.one_datagram.get(id) {
+                    self.one_datagram.clear(id);
+                    if let Some(slot) = self.geometry.slot_of(id) {
+                        self.free_slots.push(slot);
+                    }
+                    return;
+                }
                 let mut next = Some(id);
                 let mut guard = 0usize;
                 while let Some(id) = next {

@@ -543,7 +543,13 @@ impl<R: PmRegion> Store<R> {
             free_slots: Vec::new(),
             // No slots (so nothing) in the conventional engine.
             chain_next: vec![CHAIN_UNKNOWN; geometry.slot_count as usize],
-            one_datagram: IdBits::new(geometry.granule_count(), geometry.granules_per_slot()),
+            // A bit per slot; none in the conventional engine.
+            one_datagram: IdBits::new(
+                geometry
+                    .slot_count
+                    .saturating_mul(geometry.granules_per_slot()),
+                geometry.granules_per_slot(),
+            ),
             buddy: None,
             limbo: Vec::new(),
             loans: Loans::new(geometry.slot_count),

@@ -1009,8 +1009,7 @@ impl<R: PmRegion> Store<R> {
                     .write(self.geometry.record_offset(id), &meta.encode());
             }
         }
-        let geometry = self.geometry;
-        self.note_chain(slots.iter().map(|slot| geometry.slot_id(*slot)));
+        self.note_chain(slots);
         self.mark(Phase::Allocate);
         for (index, &slot) in slots.iter().enumerate() {
             let offset = self.receive_slot(slot).offset;
@@ -1568,10 +1567,13 @@ impl<R: PmRegion> Store<R> {
         let epoch = self.batch_epoch();
         let mut ids = Vec::with_capacity(count);
         for _ in 0..count {
-            let slot = self.free_slots.pop()?;
-            ids.push(self.geometry.slot_id(slot));
+            ids.push(self.free_slots.pop()?);
         }
-        self.note_chain(ids.iter().copied());
+        self.note_chain(&ids);
+        // Slots to the record ids they start.
+        for id in &mut ids {
+            *id = self.geometry.slot_id(*id);
+        }
         self.mark(Phase::Allocate);
         let mut head = None;
         for (index, &id) in ids.iter().enumerate() {
@@ -1757,22 +1759,19 @@ impl<R: PmRegion> Store<R> {
         self.mark(Phase::Allocate);
     }
 
-    /// Packet engine: remember that record ids `ids` form one chain, in this order.
-    fn note_chain(&mut self, ids: impl IntoIterator<Item = u32>) {
-        let geometry = self.geometry;
-        let mut ids = ids.into_iter().peekable();
-        let mut head = true;
-        while let Some(id) = ids.next() {
-            let next = ids.peek().copied();
-            if head && next.is_none() {
-                // One datagram: a bit, and `chain_next` stays unknown.
-                self.one_datagram.set(id);
-                return;
-            }
-            head = false;
-            let slot = geometry.slot_of(id).map(|slot| slot as usize);
-            if let Some(entry) = slot.and_then(|slot| self.chain_next.get_mut(slot)) {
-                *entry = next.unwrap_or(CHAIN_END);
+    /// Packet engine: remember that `slots` hold one record's chain, in this order.
+    fn note_chain(&mut self, slots: &[u32]) {
+        if let [slot] = slots {
+            // One datagram: a bit, and `chain_next` stays unknown.
+            self.one_datagram.set(self.geometry.slot_id(*slot));
+            return;
+        }
+        for (index, &slot) in slots.iter().enumerate() {
+            let next = slots
+                .get(index + 1)
+                .map_or(CHAIN_END, |&next| self.geometry.slot_id(next));
+            if let Some(entry) = self.chain_next.get_mut(slot as usize) {
+                *entry = next;
             }
         }
     }

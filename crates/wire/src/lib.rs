@@ -38,6 +38,15 @@ pub const MAX_DATAGRAM_LEN: usize = 65_507;
 pub const DEFAULT_MAX_DATAGRAM_LEN: usize = 1472;
 /// Largest payload one datagram can carry (limited by the 16-bit length field).
 pub const MAX_PAYLOAD_LEN: usize = MAX_DATAGRAM_LEN - HEADER_LEN;
+/// Most fragments one message may have: a 1 MiB request in 256-byte fragments. A header
+/// claiming more is rejected as [`ParseError::BadFragment`], so no receiver sizes a
+/// reassembly from a count a sender made up.
+pub const MAX_FRAGMENT_COUNT: u16 = 4096;
+/// Longest a client keeps trying one request, from its first transmission: after this it
+/// reports the request failed and accepts no acknowledgement of it any more. A server may
+/// skip a sequence number that no device holds once a gap at it has lasted longer than this
+/// (see `docs/protocol.md`, "Gaps the client left").
+pub const MAX_REQUEST_LIFETIME_MS: u64 = 15_000;
 
 /// Byte ranges of the header fields.
 pub mod field {
@@ -85,14 +94,26 @@ pub enum PacketType {
     /// Server → device: the server has (re)started; resend every live log entry for
     /// `server_id`, in per-session sequence order, then send [`PacketType::RecoveryDone`].
     RecoveryPoll = 0x06,
-    /// Device → server: the end of a recovery resend. The payload is the number of entries
-    /// resent (u32, big-endian).
+    /// Device → server: the answer to a recovery poll. The payload is the number of live
+    /// entries the device holds for the server and is resending, in order (u32, big-endian).
     RecoveryDone = 0x07,
+    /// Server → device: the server will skip sequence numbers `seq ..= last` of the session
+    /// (payload: `last`, u32) unless the device holds one of them whole. Sent only after a gap
+    /// outlived [`MAX_REQUEST_LIFETIME_MS`].
+    FillQuery = 0x08,
+    /// Device → server: the answer to a [`PacketType::FillQuery`] for `seq ..= last`. The
+    /// payload is `last` and the lowest sequence number of the range for which the device
+    /// holds every fragment (`last + 1` if none), two u32s; that request is being resent.
+    FillReply = 0x09,
+    /// Device → client: the device could not log update fragment `(session, seq, fragment)`
+    /// and forwarded it without an ack. The payload is one byte: why
+    /// ([`NotLoggedReason`]). The client then completes only on the server's reply.
+    NotLogged = 0x0A,
 }
 
 impl PacketType {
     /// Every type this version defines.
-    pub const ALL: [PacketType; 7] = [
+    pub const ALL: [PacketType; 10] = [
         PacketType::UpdateRequest,
         PacketType::BypassRequest,
         PacketType::PmnetAck,
@@ -100,6 +121,9 @@ impl PacketType {
         PacketType::RetransmitRequest,
         PacketType::RecoveryPoll,
         PacketType::RecoveryDone,
+        PacketType::FillQuery,
+        PacketType::FillReply,
+        PacketType::NotLogged,
     ];
 
     /// The type with code `code`, if this version defines one.
@@ -117,6 +141,9 @@ impl PacketType {
             PacketType::RetransmitRequest => "retransmit_request",
             PacketType::RecoveryPoll => "recovery_poll",
             PacketType::RecoveryDone => "recovery_done",
+            PacketType::FillQuery => "fill_query",
+            PacketType::FillReply => "fill_reply",
+            PacketType::NotLogged => "not_logged",
         }
     }
 
@@ -144,9 +171,47 @@ pub mod flags {
     /// Retransmission request for every fragment of the sequence number.
     pub const ALL_FRAGMENTS: u16 = 1 << 2;
     /// Bypass request with an empty payload that fills a sequence number the client gave up
-    /// on, so that the session's later requests can be applied. Sent only in answer to a
-    /// retransmission request; the server applies it as an empty request.
+    /// on, so that the session's later requests can be applied. Sent when the client gives
+    /// up and again in answer to a retransmission request; the server applies it as an empty
+    /// request.
     pub const NOOP_FILL: u16 = 1 << 3;
+    /// Make-up server-ACK for a sequence number the server skipped or filled: the request
+    /// was never applied and never will be. A client still waiting reports it failed.
+    pub const SKIPPED: u16 = 1 << 4;
+}
+
+/// Why a device forwarded an update fragment without logging it ([`PacketType::NotLogged`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum NotLoggedReason {
+    /// Every live-entry slot is taken: the server has not acked what the log holds.
+    LogFull = 1,
+    /// The slots the fragment hashes to are taken.
+    Collision = 2,
+    /// The fragment is larger than a slot.
+    TooLarge = 3,
+}
+
+impl NotLoggedReason {
+    /// The reason with code `code`, if defined.
+    pub fn from_code(code: u8) -> Option<NotLoggedReason> {
+        [
+            NotLoggedReason::LogFull,
+            NotLoggedReason::Collision,
+            NotLoggedReason::TooLarge,
+        ]
+        .into_iter()
+        .find(|reason| *reason as u8 == code)
+    }
+
+    /// Words for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            NotLoggedReason::LogFull => "the device's log is full",
+            NotLoggedReason::Collision => "the device's log slots for it were taken",
+            NotLoggedReason::TooLarge => "the request is larger than a device log slot",
+        }
+    }
 }
 
 /// Why a datagram was rejected. Every variant has a stable [`ParseError::reason`] for counters.
@@ -164,7 +229,8 @@ pub enum ParseError {
     BadChecksum,
     /// A type code this version does not define.
     UnknownType,
-    /// Fragment count zero or fragment index not below the count.
+    /// Fragment count zero or above [`MAX_FRAGMENT_COUNT`], or fragment index not below the
+    /// count.
     BadFragment,
 }
 
@@ -358,7 +424,10 @@ impl Header {
             PacketType::from_code(packet.type_code()).ok_or(ParseError::UnknownType)?;
         let fragment_index = packet.fragment_index();
         let fragment_count = packet.fragment_count();
-        if fragment_count == 0 || fragment_index >= fragment_count {
+        if fragment_count == 0
+            || fragment_index >= fragment_count
+            || fragment_count > MAX_FRAGMENT_COUNT
+        {
             return Err(ParseError::BadFragment);
         }
         let header = Header {
@@ -425,6 +494,37 @@ pub fn decode_recovery_done_payload(payload: &[u8]) -> Result<u32, ParseError> {
     match <[u8; 4]>::try_from(payload) {
         Ok(word) => Ok(u32::from_be_bytes(word)),
         Err(_) if payload.len() < 4 => Err(ParseError::Truncated),
+        Err(_) => Err(ParseError::TrailingBytes),
+    }
+}
+
+/// Payload of a [`PacketType::FillQuery`]: the last sequence number of the range.
+pub fn encode_fill_query_payload(last: u32) -> [u8; 4] {
+    last.to_be_bytes()
+}
+
+/// Parse the payload of a [`PacketType::FillQuery`].
+pub fn decode_fill_query_payload(payload: &[u8]) -> Result<u32, ParseError> {
+    decode_recovery_done_payload(payload)
+}
+
+/// Payload of a [`PacketType::FillReply`]: the range's last sequence number and the lowest
+/// one the device holds whole (`last + 1`, wrapping, if none).
+pub fn encode_fill_reply_payload(last: u32, held_from: u32) -> [u8; 8] {
+    let mut payload = [0u8; 8];
+    payload[..4].copy_from_slice(&last.to_be_bytes());
+    payload[4..].copy_from_slice(&held_from.to_be_bytes());
+    payload
+}
+
+/// Parse the payload of a [`PacketType::FillReply`]: `(last, held_from)`.
+pub fn decode_fill_reply_payload(payload: &[u8]) -> Result<(u32, u32), ParseError> {
+    match <[u8; 8]>::try_from(payload) {
+        Ok(words) => Ok((
+            u32::from_be_bytes([words[0], words[1], words[2], words[3]]),
+            u32::from_be_bytes([words[4], words[5], words[6], words[7]]),
+        )),
+        Err(_) if payload.len() < 8 => Err(ParseError::Truncated),
         Err(_) => Err(ParseError::TrailingBytes),
     }
 }

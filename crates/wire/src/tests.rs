@@ -128,6 +128,17 @@ fn every_rejection_has_its_reason() {
         Err(ParseError::BadFragment)
     );
 
+    // A count no sender may use: no receiver sizes a reassembly from it.
+    let mut count_past = GOLDEN_UPDATE.to_vec();
+    count_past[field::FRAGMENT_COUNT].copy_from_slice(&(MAX_FRAGMENT_COUNT + 1).to_be_bytes());
+    assert_eq!(
+        Header::parse(&with_crc_fixed(count_past)),
+        Err(ParseError::BadFragment)
+    );
+    let mut count_max = GOLDEN_UPDATE.to_vec();
+    count_max[field::FRAGMENT_COUNT].copy_from_slice(&MAX_FRAGMENT_COUNT.to_be_bytes());
+    assert!(Header::parse(&with_crc_fixed(count_max)).is_ok());
+
     let mut index_past = GOLDEN_UPDATE.to_vec();
     index_past[field::FRAGMENT_INDEX].copy_from_slice(&1u16.to_be_bytes());
     assert_eq!(
@@ -152,6 +163,34 @@ fn recovery_done_payload_round_trip() {
     );
 }
 
+#[test]
+fn fill_payloads_round_trip() {
+    assert_eq!(
+        decode_fill_query_payload(&encode_fill_query_payload(9)),
+        Ok(9)
+    );
+    assert_eq!(
+        decode_fill_reply_payload(&encode_fill_reply_payload(9, 4)),
+        Ok((9, 4))
+    );
+    assert_eq!(
+        decode_fill_reply_payload(&[0; 7]),
+        Err(ParseError::Truncated)
+    );
+    assert_eq!(
+        decode_fill_reply_payload(&[0; 9]),
+        Err(ParseError::TrailingBytes)
+    );
+    for reason in [
+        NotLoggedReason::LogFull,
+        NotLoggedReason::Collision,
+        NotLoggedReason::TooLarge,
+    ] {
+        assert_eq!(NotLoggedReason::from_code(reason as u8), Some(reason));
+    }
+    assert_eq!(NotLoggedReason::from_code(0), None);
+}
+
 fn arbitrary_header() -> impl Strategy<Value = Header> {
     (
         proptest::sample::select(PacketType::ALL.to_vec()),
@@ -159,7 +198,7 @@ fn arbitrary_header() -> impl Strategy<Value = Header> {
         any::<u16>(),
         any::<u64>(),
         any::<u32>(),
-        1u16..=u16::MAX,
+        1u16..=MAX_FRAGMENT_COUNT,
         any::<u16>(),
         any::<u16>(),
     )

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use pmnet_wire::{flags, Header, PacketType};
+use pmnet_wire::{flags, Header, NotLoggedReason, PacketType};
 
 use crate::{encode_fragments, max_fragment_payload_len, RequestKind, Time, Transmit};
 
@@ -28,6 +28,10 @@ pub struct ClientConfig {
     pub max_retransmit_timeout: Duration,
     /// Retransmissions of one request before it fails with [`ClientError::TimedOut`].
     pub max_retransmits: u32,
+    /// Longest the session tries one request, from its first transmission; at most
+    /// [`pmnet_wire::MAX_REQUEST_LIFETIME_MS`] (a longer setting is cut to it), because a
+    /// server skips a number nobody can supply once a gap outlives that.
+    pub request_lifetime: Duration,
     /// Failed sequence numbers remembered, so that a server waiting for one can be told to
     /// skip it (see [`flags::NOOP_FILL`]).
     pub max_abandoned: usize,
@@ -46,6 +50,7 @@ impl ClientConfig {
             retransmit_timeout: Duration::from_millis(2),
             max_retransmit_timeout: Duration::from_millis(200),
             max_retransmits: 64,
+            request_lifetime: Duration::from_secs(12),
             max_abandoned: 1024,
         }
     }
@@ -60,10 +65,16 @@ pub enum ClientError {
     TooLarge,
     /// The session used every sequence number; start a new session.
     SessionExhausted,
-    /// No acknowledgement after `max_retransmits` retransmissions. The request may or may not
-    /// have been applied. If the server asks for it later, the session answers with a no-op
-    /// fill, so a request that never arrived is never applied after its failure was reported.
+    /// No acknowledgement after `max_retransmits` retransmissions or `request_lifetime`. The
+    /// request may or may not have been applied. The session sends a no-op fill for it (and
+    /// again if the server asks), so a request that never arrived is never applied after its
+    /// failure was reported.
     TimedOut,
+    /// As [`ClientError::TimedOut`], but the device said why it gave no early ack: it could
+    /// not log the request (its log full, say) and the server did not answer either.
+    NotLogged(NotLoggedReason),
+    /// The server skipped the request's sequence number: it was never applied.
+    Skipped,
 }
 
 impl std::fmt::Display for ClientError {
@@ -73,6 +84,17 @@ impl std::fmt::Display for ClientError {
             ClientError::TooLarge => "request larger than the configured maximum",
             ClientError::SessionExhausted => "session sequence numbers exhausted",
             ClientError::TimedOut => "no acknowledgement after the maximum retransmissions",
+            ClientError::NotLogged(NotLoggedReason::LogFull) => {
+                "the device's log is full and the server did not answer"
+            }
+            ClientError::NotLogged(NotLoggedReason::Collision) => {
+                "the device could not log the request (its slots were taken) and the server \
+                 did not answer"
+            }
+            ClientError::NotLogged(NotLoggedReason::TooLarge) => {
+                "the request is too large for the device's log and the server did not answer"
+            }
+            ClientError::Skipped => "the server skipped the request: it was not applied",
         })
     }
 }
@@ -120,8 +142,10 @@ pub struct ClientCounters {
     /// Datagrams that failed to parse or belong to another session or type.
     pub datagrams_dropped: u64,
     pub requests_failed: u64,
-    /// No-op fills sent for abandoned sequence numbers a server asked for.
+    /// No-op fills sent for abandoned sequence numbers (on giving up, and when asked).
     pub noop_fills_sent: u64,
+    /// Notices from a device that it could not log a fragment.
+    pub not_logged_notices: u64,
 }
 
 #[derive(Debug)]
@@ -137,6 +161,10 @@ struct InFlight {
     deadline: Time,
     timeout: Duration,
     retransmit_count: u32,
+    /// Past this the request fails, whatever its retransmission count.
+    expires: Time,
+    /// Why a device last said it could not log a fragment, if it did.
+    not_logged: Option<NotLoggedReason>,
 }
 
 #[derive(Debug)]
@@ -183,6 +211,13 @@ impl Client {
         &self.config
     }
 
+    /// The configured request lifetime, cut to the protocol's maximum.
+    fn request_lifetime(&self) -> Duration {
+        self.config
+            .request_lifetime
+            .min(Duration::from_millis(pmnet_wire::MAX_REQUEST_LIFETIME_MS))
+    }
+
     pub fn session_id(&self) -> u64 {
         self.config.session_id
     }
@@ -194,6 +229,11 @@ impl Client {
     /// Requests started and not yet completed or failed.
     pub fn in_flight_count(&self) -> usize {
         self.in_flight.len()
+    }
+
+    /// The sequence numbers started and not yet completed or failed, in order.
+    pub fn in_flight_seqs(&self) -> impl Iterator<Item = u32> + '_ {
+        self.in_flight.keys().copied()
     }
 
     /// Whether another request can start now.
@@ -249,6 +289,8 @@ impl Client {
                 deadline: now + self.config.retransmit_timeout,
                 timeout: self.config.retransmit_timeout,
                 retransmit_count: 0,
+                expires: now + self.request_lifetime(),
+                not_logged: None,
             },
         );
         Ok(seq)
@@ -276,6 +318,7 @@ impl Client {
             PacketType::PmnetAck => self.on_pmnet_ack(&header),
             PacketType::ServerAck => self.on_server_ack(&header, payload),
             PacketType::RetransmitRequest => self.on_retransmit_request(&header),
+            PacketType::NotLogged => self.on_not_logged(&header, payload),
             _ => self.counters.datagrams_dropped += 1,
         }
     }
@@ -301,6 +344,20 @@ impl Client {
         if request.logged_count == request.fragments.len() {
             let device_id = request.logged_by_device;
             self.complete(header.seq, Completion::Logged { device_id });
+        }
+    }
+
+    fn on_not_logged(&mut self, header: &Header, payload: &[u8]) {
+        self.counters.not_logged_notices += 1;
+        let reason = payload
+            .first()
+            .and_then(|code| NotLoggedReason::from_code(*code));
+        match (self.in_flight.get_mut(&header.seq), reason) {
+            (Some(request), Some(reason)) if payload.len() == 1 => {
+                request.not_logged = Some(reason);
+            }
+            (Some(_), _) => self.counters.datagrams_dropped += 1,
+            (None, _) => self.counters.late_acks_consumed += 1,
         }
     }
 
@@ -337,6 +394,10 @@ impl Client {
             return;
         }
         let flags = assembly.flags;
+        if flags & flags::SKIPPED != 0 {
+            self.fail(header.seq, ClientError::Skipped);
+            return;
+        }
         let reply = crate::concat_parts(std::mem::take(&mut assembly.parts));
         let completion = if flags & flags::REPLY_UNAVAILABLE != 0 {
             Completion::ReplyUnavailable
@@ -353,15 +414,7 @@ impl Client {
         let Some(request) = self.in_flight.get(&header.seq) else {
             if self.abandoned.contains(&header.seq) {
                 // The server waits for a request we reported failed: let it skip the number.
-                let mut fill = Header::new(
-                    PacketType::BypassRequest,
-                    self.config.server_id,
-                    self.config.session_id,
-                    header.seq,
-                );
-                fill.flags = flags::NOOP_FILL;
-                self.counters.noop_fills_sent += 1;
-                self.queue(fill.encode(&[]));
+                self.send_noop_fill(header.seq);
                 return;
             }
             // Complete requests are durable in a device log or applied; nothing to resend.
@@ -381,6 +434,40 @@ impl Client {
         }
     }
 
+    fn send_noop_fill(&mut self, seq: u32) {
+        let mut fill = Header::new(
+            PacketType::BypassRequest,
+            self.config.server_id,
+            self.config.session_id,
+            seq,
+        );
+        fill.flags = flags::NOOP_FILL;
+        self.counters.noop_fills_sent += 1;
+        self.queue(fill.encode(&[]));
+    }
+
+    /// Give up on `seq`: report it failed, remember it, and tell the server to skip it (a
+    /// lost fill is sent again when the server asks).
+    fn fail(&mut self, seq: u32, error: ClientError) {
+        let request = self
+            .in_flight
+            .remove(&seq)
+            .expect("failing an in-flight request");
+        self.counters.requests_failed += 1;
+        if self.abandoned.len() >= self.config.max_abandoned {
+            self.abandoned.pop_front();
+        }
+        self.abandoned.push_back(seq);
+        if error != ClientError::Skipped {
+            self.send_noop_fill(seq);
+        }
+        self.events.push_back(ClientEvent::Failed {
+            seq,
+            kind: request.kind,
+            error,
+        });
+    }
+
     fn complete(&mut self, seq: u32, completion: Completion) {
         let request = self
             .in_flight
@@ -398,24 +485,16 @@ impl Client {
         let due: Vec<u32> = self
             .in_flight
             .iter()
-            .filter(|(_, request)| request.deadline <= now)
+            .filter(|(_, request)| request.deadline.min(request.expires) <= now)
             .map(|(seq, _)| *seq)
             .collect();
         for seq in due {
             let request = self.in_flight.get_mut(&seq).expect("due request");
-            if request.retransmit_count >= self.config.max_retransmits {
-                let kind = request.kind;
-                self.in_flight.remove(&seq);
-                self.counters.requests_failed += 1;
-                if self.abandoned.len() >= self.config.max_abandoned {
-                    self.abandoned.pop_front();
-                }
-                self.abandoned.push_back(seq);
-                self.events.push_back(ClientEvent::Failed {
-                    seq,
-                    kind,
-                    error: ClientError::TimedOut,
-                });
+            if request.retransmit_count >= self.config.max_retransmits || request.expires <= now {
+                let error = request
+                    .not_logged
+                    .map_or(ClientError::TimedOut, ClientError::NotLogged);
+                self.fail(seq, error);
                 continue;
             }
             request.retransmit_count += 1;
@@ -451,7 +530,7 @@ impl Client {
     pub fn poll_timeout(&self) -> Option<Time> {
         self.in_flight
             .values()
-            .map(|request| request.deadline)
+            .map(|request| request.deadline.min(request.expires))
             .min()
     }
 }

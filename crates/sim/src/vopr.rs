@@ -84,6 +84,14 @@ pub struct FaultCounts {
     pub log_slots_rejected: u64,
     pub requests_failed: u64,
     pub noop_fills: u64,
+    /// Sequence numbers never applied (filled or skipped): each one its client reported failed.
+    pub sequence_numbers_skipped: u64,
+    /// Gaps the server closed without the client (after every device said it held nothing).
+    pub gaps_skipped_by_server: u64,
+    /// Clients that gave up on a request and went away for good.
+    pub clients_gone: u64,
+    /// Requests the server's store had no room for and handed back to wait.
+    pub requests_deferred_store_full: u64,
 }
 
 impl FaultCounts {
@@ -106,6 +114,10 @@ impl FaultCounts {
         self.log_slots_rejected += other.log_slots_rejected;
         self.requests_failed += other.requests_failed;
         self.noop_fills += other.noop_fills;
+        self.sequence_numbers_skipped += other.sequence_numbers_skipped;
+        self.gaps_skipped_by_server += other.gaps_skipped_by_server;
+        self.clients_gone += other.clients_gone;
+        self.requests_deferred_store_full += other.requests_deferred_store_full;
     }
 
     /// The counts with their names, one fault class a line.
@@ -143,6 +155,19 @@ impl FaultCounts {
             ("log slots rejected at recovery", self.log_slots_rejected),
             ("requests failed (timed out)", self.requests_failed),
             ("no-op fills", self.noop_fills),
+            (
+                "sequence numbers never applied (failed requests)",
+                self.sequence_numbers_skipped,
+            ),
+            (
+                "sequence numbers skipped by a server",
+                self.gaps_skipped_by_server,
+            ),
+            ("clients that gave up and left", self.clients_gone),
+            (
+                "requests deferred by a full store",
+                self.requests_deferred_store_full,
+            ),
         ]
     }
 }
@@ -277,6 +302,13 @@ fn count_world_faults(world: &World, summary: &mut FaultSummary) {
         .iter()
         .map(|node| node.rejected_slot_count)
         .sum();
+    summary.counts.requests_deferred_store_full =
+        world.servers.iter().map(|node| node.deferred_count).sum();
+    summary.counts.gaps_skipped_by_server = world
+        .servers
+        .iter()
+        .map(|node| node.skipped_before_restart + node.server.counters().sequence_numbers_skipped)
+        .sum();
 }
 
 struct Issued {
@@ -308,11 +340,26 @@ fn run_inner(seed: u64, options: &Options, state: &mut Option<Run>) -> Report {
         ..FaultSummary::default()
     };
     let partitions_enabled = rng.random_bool(0.5);
+    let clients_leave = rng.random_bool(0.3);
+    let store_full_enabled = rng.random_bool(0.3);
+    // Some clients give up early (a short request lifetime), so that failed requests, the
+    // no-op fills they send and the gaps they leave meet the other faults.
+    let short_lifetimes: Vec<Option<Duration>> = (0..topology.client_count)
+        .map(|_| {
+            rng.random_bool(0.3)
+                .then(|| Duration::from_millis(rng.random_range(20..2_000)))
+        })
+        .collect();
     let device_crash_weight = rng.random_range(0..4);
     let server_crash_weight = rng.random_range(0..4);
     let slot_counts = topology.device_slot_counts.clone();
     let mut world = World::with_topology(topology).with_kv_store(4 << 20);
     world.record_seen = false;
+    for (client, lifetime) in short_lifetimes.iter().enumerate() {
+        if let Some(lifetime) = *lifetime {
+            world.reconfigure_client(client, |config| config.request_lifetime = lifetime);
+        }
+    }
     if options.trace {
         world.trace = Some(Vec::new());
         world.trace_datagrams = options.trace_datagrams;
@@ -332,7 +379,9 @@ fn run_inner(seed: u64, options: &Options, state: &mut Option<Run>) -> Report {
     world.note_event(&format!(
         "faults: loss {:.1}%, duplication {:.1}%, delay spread 0-{} us, corruption in flight \
          {:.2}%, partitions {}, device crashes {device_crash_weight}/3, server crashes \
-         {server_crash_weight}/3, network seed {network_seed}",
+         {server_crash_weight}/3, clients leaving {clients_leave}, store full \
+         {store_full_enabled}, short request lifetimes {short_lifetimes:?}, network seed \
+         {network_seed}",
         summary.loss * 100.0,
         summary.duplicate * 100.0,
         summary.jitter_us,
@@ -402,6 +451,26 @@ fn run_inner(seed: u64, options: &Options, state: &mut Option<Run>) -> Report {
                 }
             }
             45 if partitions_enabled => partition(world, &mut rng, summary),
+            48 if clients_leave => {
+                let client = rng.random_range(0..client_count);
+                // Leave while something is in flight: that is what leaves a gap behind.
+                if !world.clients[client].gone && world.clients[client].client.in_flight_count() > 0
+                {
+                    summary.counts.clients_gone += 1;
+                    world.client_leaves(client);
+                }
+            }
+            49..=50 if store_full_enabled => {
+                let index = rng.random_range(0..world.servers.len());
+                let node = &mut world.servers[index];
+                node.store_full = !node.store_full;
+                let text = if node.store_full {
+                    "store full: every update is handed back, nothing durable, no server-ACK"
+                } else {
+                    "store has room again"
+                };
+                world.note_by(&format!("server{index}"), text);
+            }
             46..=47 if partitions_enabled && !world.blocked.is_empty() => {
                 world.blocked.clear();
                 world.note_by("network", "partitions healed");
@@ -422,6 +491,9 @@ fn run_inner(seed: u64, options: &Options, state: &mut Option<Run>) -> Report {
     ));
     world.faults = None;
     world.blocked.clear();
+    for node in &mut world.servers {
+        node.store_full = false;
+    }
     for index in 0..world.devices.len() {
         world.device_mut(index).hold_persistence = false;
         if world.devices[index].up {
@@ -447,10 +519,9 @@ fn run_inner(seed: u64, options: &Options, state: &mut Option<Run>) -> Report {
                 options.requests_per_client,
             );
         }
-        let done = issued
-            .iter()
-            .all(|requests| requests.len() as u32 >= options.requests_per_client)
-            && converged(world);
+        let done = issued.iter().zip(&world.clients).all(|(requests, node)| {
+            node.gone || requests.len() as u32 >= options.requests_per_client
+        }) && converged(world);
         if done {
             break;
         }
@@ -493,7 +564,10 @@ fn issue(
     client: usize,
     limit: u32,
 ) {
-    if issued[client].len() as u32 >= limit || !world.clients[client].client.can_send() {
+    if world.clients[client].gone
+        || issued[client].len() as u32 >= limit
+        || !world.clients[client].client.can_send()
+    {
         return;
     }
     let key = key_of(world.session(client));
@@ -677,7 +751,7 @@ fn converged(world: &World) -> bool {
     world
         .clients
         .iter()
-        .all(|node| node.client.in_flight_count() == 0)
+        .all(|node| node.gone || node.client.in_flight_count() == 0)
         && world
             .devices
             .iter()
@@ -763,34 +837,51 @@ fn check_sessions(
                 ClientEvent::Failed { seq, .. } => failed.push(*seq),
             }
         }
+        // A client that left never reports what it had in flight; nothing of it was acked.
+        failed.extend(node.abandoned.iter().copied());
         summary.counts.requests_failed += failed.len() as u64;
         summary.counts.noop_fills += node.client.counters().noop_fills_sent;
         completed_count += completions.len() as u64;
 
-        // 1 and 2: a prefix of the session's numbers, each applied once, each the client's own
-        // request or the no-op fill of a failed one; whatever is missing at the end failed.
-        for (index, (_, seq, kind, request)) in applied.iter().enumerate() {
-            assert_eq!(
-                *seq as usize,
-                index + 1,
-                "invariant: client {client} applied out of order"
+        // 1 and 2: each of the session's numbers applied at most once, in order, each the
+        // client's own request or the no-op fill of a failed one; a number never applied (the
+        // server skipped it, or it is missing at the end) is one the client reported failed.
+        let mut applied_by_seq: HashMap<u32, &(u64, u32, RequestKind, Vec<u8>)> = HashMap::new();
+        let mut previous = 0;
+        for entry in &applied {
+            let (_, seq, kind, request) = *entry;
+            assert!(
+                *seq > previous,
+                "invariant: client {client} applied seq {seq} after {previous}"
             );
-            let sent = &requests[index];
+            previous = *seq;
+            let sent = requests
+                .get(*seq as usize - 1)
+                .unwrap_or_else(|| panic!("invariant: client {client} seq {seq} never sent"));
             let is_fill = request.is_empty() && *kind == RequestKind::Bypass;
             assert!(
                 (*kind == sent.kind && *request == sent.payload)
                     || (is_fill && failed.contains(seq)),
                 "invariant: client {client} seq {seq}: applied a request the client did not send"
             );
+            applied_by_seq.insert(*seq, *entry);
         }
-        for seq in applied.len() as u32 + 1..=requests.len() as u32 {
-            assert!(
-                failed.contains(&seq),
-                "invariant: client {client} seq {seq} was never applied"
-            );
+        for seq in 1..=requests.len() as u32 {
+            if !applied_by_seq.contains_key(&seq) {
+                assert!(
+                    failed.contains(&seq),
+                    "invariant: client {client} seq {seq} was never applied"
+                );
+                summary.counts.sequence_numbers_skipped += 1;
+            }
         }
         for seq in completions.keys() {
-            let applied_request = &applied[*seq as usize - 1].3;
+            let applied_request = applied_by_seq
+                .get(seq)
+                .map(|(_, _, _, request)| request)
+                .unwrap_or_else(|| {
+                    panic!("invariant: client {client} seq {seq} completed but was never applied")
+                });
             assert_eq!(
                 applied_request,
                 &requests[*seq as usize - 1].payload,
@@ -812,9 +903,10 @@ fn check_sessions(
             if requests[index].kind != RequestKind::Bypass {
                 continue;
             }
-            let expected = applied[..index]
+            let expected = applied
                 .iter()
                 .rev()
+                .filter(|(_, applied_seq, ..)| (*applied_seq as usize) <= index)
                 .find(|(_, _, kind, request)| *kind == RequestKind::Update && !request.is_empty())
                 .map(|(_, seq, ..)| *seq);
             let seen = match Reply::decode(reply) {

@@ -153,14 +153,24 @@ pub struct ServerApp {
     pub sessions: HashMap<u64, (u32, Vec<u8>)>,
     pub updates_per_session: HashMap<u64, u32>,
     pub kv: Option<KvStore<SimRegion>>,
+    /// The request the store last had no room for, handed back to the server.
+    pub last_refused: Option<Vec<u8>>,
 }
 
 impl ServerApp {
-    fn apply(&mut self, session_id: u64, seq: u32, kind: RequestKind, request: Vec<u8>) -> Vec<u8> {
+    /// The reply, or `None` when the store has no room (the request is in `last_refused`).
+    fn apply(
+        &mut self,
+        session_id: u64,
+        seq: u32,
+        kind: RequestKind,
+        request: Vec<u8>,
+    ) -> Option<Vec<u8>> {
+        // Numbers a server skipped (a gap no client or device could fill) leave holes; the
+        // run's end checks that each hole is a request its client reported failed.
         let last = self.sessions.get(&session_id).map_or(0, |(seq, _)| *seq);
-        assert_eq!(
-            seq,
-            last + 1,
+        assert!(
+            seq > last,
             "invariant: session {session_id:x} applied seq {seq} after {last} (out of order or twice)"
         );
         let reply = match (self.kv.as_mut(), kind) {
@@ -180,7 +190,7 @@ impl ServerApp {
         }
         self.applied.push((session_id, seq, kind, request));
         self.sessions.insert(session_id, (seq, reply.clone()));
-        reply
+        Some(reply)
     }
 
     /// Crash the store (losing what was not persisted) and reopen it.
@@ -245,12 +255,24 @@ pub struct ServerNode {
     pub config: ServerConfig,
     pub up: bool,
     pub restart_count: u64,
+    /// A store-full fault: while set, the application has no room for any update and hands
+    /// each back ([`Server::on_deferred`]); nothing of it becomes durable.
+    pub store_full: bool,
+    /// Updates handed back while `store_full` was set.
+    pub deferred_count: u64,
+    /// Sequence numbers skipped by earlier incarnations of this server.
+    pub skipped_before_restart: u64,
 }
 
 #[derive(Debug)]
 pub struct ClientNode {
     pub client: Client,
     pub completed: Vec<ClientEvent>,
+    /// The client went away for good (its process ended): it receives nothing and sends
+    /// nothing more. `abandoned` are the requests it had in flight then, neither completed
+    /// nor reported failed.
+    pub gone: bool,
+    pub abandoned: Vec<u32>,
 }
 
 /// Random network faults, from one seed: loss, duplication, delay spread (which reorders),
@@ -368,6 +390,9 @@ impl World {
                     config,
                     up: true,
                     restart_count: 0,
+                    store_full: false,
+                    deferred_count: 0,
+                    skipped_before_restart: 0,
                 }
             })
             .collect();
@@ -383,6 +408,8 @@ impl World {
                 ClientNode {
                     client: Client::new(ClientConfig::new(session_id, server_id, peer)),
                     completed: Vec::new(),
+                    gone: false,
+                    abandoned: Vec::new(),
                 }
             })
             .collect();
@@ -407,6 +434,31 @@ impl World {
         };
         world.flush_outputs();
         world
+    }
+
+    /// Change client `index`'s settings; only before it sent anything.
+    pub fn reconfigure_client(&mut self, index: usize, change: impl FnOnce(&mut ClientConfig)) {
+        let node = &mut self.clients[index];
+        assert_eq!(
+            node.client.counters().requests_started,
+            0,
+            "reconfigure a client before it starts"
+        );
+        let mut config = node.client.config().clone();
+        change(&mut config);
+        node.client = Client::new(config);
+    }
+
+    /// Client `index` goes away for good, with whatever it had in flight.
+    pub fn client_leaves(&mut self, index: usize) {
+        let node = &mut self.clients[index];
+        node.gone = true;
+        node.abandoned = node.client.in_flight_seqs().collect();
+        let text = format!(
+            "leaves for good with requests {:?} in flight",
+            node.abandoned
+        );
+        self.note_by(&format!("client{index}"), &text);
     }
 
     /// Put a real key-value store (on a simulated region of `len` bytes) behind every server.
@@ -674,11 +726,32 @@ impl World {
                                 (RequestKind::Bypass, true) => "no-op fill".to_string(),
                                 _ => format!("{kind:?} ({} bytes)", request.len()),
                             };
-                            let reply = node.app.apply(session_id, seq, kind, request);
-                            node.server.on_applied(now, session_id, seq, reply);
-                            applied.push(format!(
-                                "apply s={session_id:x} seq={seq} {what} [in order, once]"
-                            ));
+                            if node.store_full && kind == RequestKind::Update {
+                                node.deferred_count += 1;
+                                node.server.on_deferred(now, session_id, seq, kind, request);
+                                applied.push(format!(
+                                    "no room for s={session_id:x} seq={seq} {what}: deferred, \
+                                     nothing durable, no server-ACK"
+                                ));
+                                continue;
+                            }
+                            match node.app.apply(session_id, seq, kind, request) {
+                                Some(reply) => {
+                                    node.server.on_applied(now, session_id, seq, reply);
+                                    applied.push(format!(
+                                        "apply s={session_id:x} seq={seq} {what} [in order, once]"
+                                    ));
+                                }
+                                None => {
+                                    node.deferred_count += 1;
+                                    let request = node.app.last_refused.take().unwrap_or_default();
+                                    node.server.on_deferred(now, session_id, seq, kind, request);
+                                    applied.push(format!(
+                                        "the store has no room for s={session_id:x} seq={seq}: \
+                                         deferred"
+                                    ));
+                                }
+                            }
                         }
                         ServerEvent::RecoveryComplete { entries_resent } => {
                             applied.push(format!(
@@ -704,6 +777,10 @@ impl World {
                 let mut out = Vec::new();
                 let mut events = Vec::new();
                 let node = &mut self.clients[index];
+                if node.gone {
+                    while node.client.poll_transmit().is_some() {}
+                    continue;
+                }
                 while let Some(event) = node.client.poll_event() {
                     events.push(event.clone());
                     node.completed.push(event);
@@ -776,6 +853,7 @@ impl World {
             .chain(
                 self.clients
                     .iter()
+                    .filter(|node| !node.gone)
                     .filter_map(|node| node.client.poll_timeout()),
             )
             .min()
@@ -840,7 +918,9 @@ impl World {
                 node.device.handle(now, from, bytes);
             }
         } else if let Some(index) = (0..self.clients.len()).find(|i| client_addr(*i) == to) {
-            self.clients[index].client.handle(now, from, bytes);
+            if !self.clients[index].gone {
+                self.clients[index].client.handle(now, from, bytes);
+            }
         }
     }
 
@@ -856,7 +936,7 @@ impl World {
                 node.server.handle_timeout(now);
             }
         }
-        for node in &mut self.clients {
+        for node in self.clients.iter_mut().filter(|node| !node.gone) {
             if node.client.poll_timeout().is_some_and(|t| t <= now) {
                 node.client.handle_timeout(now);
             }
@@ -966,6 +1046,7 @@ impl World {
         node.app.crash_store();
         let sessions = node.app.recovered_sessions();
         let session_count = sessions.len();
+        node.skipped_before_restart += node.server.counters().sequence_numbers_skipped;
         node.server = Server::new(node.config.clone(), now, sessions);
         node.up = true;
         node.restart_count += 1;

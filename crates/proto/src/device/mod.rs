@@ -1,13 +1,15 @@
 //! The PMNet device: logs update requests in persistent memory, acks them early, forwards
 //! every request to its server, and replays its log when a server asks.
 
+mod replay;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use pmnet_pm::log::RecoveredEntry;
 use pmnet_pm::EntryKey;
-use pmnet_wire::{flags, Header, PacketType, ParseError};
+use pmnet_wire::{Header, NotLoggedReason, PacketType, ParseError};
 
 use crate::{NetworkFunction, Time, Transmit};
 
@@ -37,6 +39,10 @@ pub struct DeviceConfig {
     pub max_sessions: usize,
     /// Most datagrams queued for sending; beyond it, datagrams are dropped and counted.
     pub max_transmit_queue_len: usize,
+    /// Log entries resent to one server and not yet acked, at most: resends after a timeout
+    /// and the replay after a recovery poll go out at the pace the server acks them, in
+    /// (session, seq) order, instead of all at once into its receive buffer.
+    pub max_resends_in_flight: u32,
 }
 
 impl DeviceConfig {
@@ -60,6 +66,7 @@ impl DeviceConfig {
             max_resend_timeout: Duration::from_secs(1),
             max_sessions: 1 << 16,
             max_transmit_queue_len: 2 * slot_count as usize + 4096,
+            max_resends_in_flight: 256,
         }
     }
 }
@@ -103,6 +110,15 @@ pub enum DropReason {
     NoClientRoute,
     /// The transmit queue is full.
     QueueFull,
+    /// An update with sequence number 0, which no server applies: refused at the door
+    /// instead of holding a log slot for good.
+    ZeroSeq,
+    /// An unsolicited message to a client (a passed-on retransmission request, a not-logged
+    /// notice) that the client's own traffic has not paid for: never more bytes towards an
+    /// address than it sent.
+    Unpaid,
+    /// A payload that does not match its type.
+    BadPayload,
 }
 
 impl DropReason {
@@ -114,6 +130,9 @@ impl DropReason {
             DropReason::UnexpectedType => "unexpected_type",
             DropReason::NoClientRoute => "no_client_route",
             DropReason::QueueFull => "queue_full",
+            DropReason::ZeroSeq => "zero_seq",
+            DropReason::Unpaid => "unpaid",
+            DropReason::BadPayload => "bad_payload",
         }
     }
 }
@@ -145,6 +164,14 @@ pub struct DeviceCounters {
     pub resend_timeouts: u64,
     pub recovery_polls: u64,
     pub recovery_entries_resent: u64,
+    /// Entries queued to be resent at the server's pace, and sent from that queue.
+    pub replay_queued: u64,
+    pub replay_sent: u64,
+    /// Not-logged notices sent to clients (log full, collision, too large).
+    pub not_logged_notices_sent: u64,
+    /// Fill queries answered; of those, how many found a request held whole.
+    pub fill_queries: u64,
+    pub fill_queries_held: u64,
     /// Entries rebuilt from the log at start-up.
     pub entries_recovered: u64,
     pub dropped: BTreeMap<&'static str, u64>,
@@ -180,6 +207,27 @@ struct Entry {
     ack_sent: bool,
     resend_deadline: Time,
     resend_timeout: Duration,
+    /// Resent from the replay queue and not yet acked or timed out: counts against
+    /// `max_resends_in_flight`.
+    in_replay: bool,
+}
+
+/// Where a session's client is, and what its traffic has paid for.
+#[derive(Debug, Clone, Copy)]
+struct ClientRoute {
+    address: SocketAddr,
+    /// Bytes received from the client not yet spent on unsolicited messages to it.
+    credit_bytes: u32,
+}
+
+/// Bytes of credit a client route keeps at most.
+const MAX_CREDIT_BYTES: u32 = 64 * 1024;
+
+/// Entries of one server waiting to be resent, and how many are out.
+#[derive(Debug, Default)]
+struct Replay {
+    queue: BTreeSet<EntryKey>,
+    in_flight: u32,
 }
 
 /// The PMNet device state machine.
@@ -193,8 +241,9 @@ pub struct Device {
     index: BTreeMap<EntryKey, u32>,
     resend_timers: BTreeSet<(Time, u32)>,
     next_generation: u64,
-    clients: HashMap<u64, SocketAddr>,
+    clients: HashMap<u64, ClientRoute>,
     client_order: VecDeque<u64>,
+    replay: HashMap<u16, Replay>,
     transmits: VecDeque<Transmit>,
     persists: VecDeque<PersistWork>,
     counters: DeviceCounters,
@@ -216,6 +265,7 @@ impl Device {
             next_generation: 1,
             clients: HashMap::new(),
             client_order: VecDeque::new(),
+            replay: HashMap::new(),
             transmits: VecDeque::new(),
             persists: VecDeque::new(),
             counters: DeviceCounters::default(),
@@ -247,7 +297,7 @@ impl Device {
         }
         let generation = self.take_generation();
         if let Some(client) = recovered.return_address {
-            self.remember_client(recovered.key.session_id, client);
+            self.remember_client(recovered.key.session_id, client, 0);
         }
         self.index.insert(recovered.key, recovered.slot);
         self.resend_timers.insert((now, recovered.slot));
@@ -264,6 +314,7 @@ impl Device {
                 ack_sent: false,
                 resend_deadline: now,
                 resend_timeout: self.config.resend_timeout,
+                in_replay: false,
             },
         );
         self.counters.entries_recovered += 1;
@@ -307,9 +358,21 @@ impl Device {
         true
     }
 
-    fn remember_client(&mut self, session_id: u64, client: SocketAddr) {
+    /// Remember where `session_id`'s client is; `earned` bytes it just sent add to its
+    /// credit (a new address starts from nothing).
+    fn remember_client(&mut self, session_id: u64, client: SocketAddr, earned: usize) {
+        let earned = u32::try_from(earned).unwrap_or(u32::MAX);
         if let Some(known) = self.clients.get_mut(&session_id) {
-            *known = client;
+            if known.address != client {
+                *known = ClientRoute {
+                    address: client,
+                    credit_bytes: 0,
+                };
+            }
+            known.credit_bytes = known
+                .credit_bytes
+                .saturating_add(earned)
+                .min(MAX_CREDIT_BYTES);
             return;
         }
         while self.clients.len() >= self.config.max_sessions {
@@ -318,14 +381,41 @@ impl Device {
             };
             self.clients.remove(&oldest);
         }
-        self.clients.insert(session_id, client);
+        self.clients.insert(
+            session_id,
+            ClientRoute {
+                address: client,
+                credit_bytes: earned.min(MAX_CREDIT_BYTES),
+            },
+        );
         self.client_order.push_back(session_id);
+    }
+
+    /// Where `session_id`'s client is, if known.
+    fn client_of(&self, session_id: u64) -> Option<SocketAddr> {
+        self.clients.get(&session_id).map(|route| route.address)
+    }
+
+    /// Send an unsolicited datagram to `session_id`'s client if its traffic paid for it.
+    fn send_paid(&mut self, session_id: u64, bytes: Vec<u8>) -> bool {
+        let cost = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+        let Some(route) = self.clients.get_mut(&session_id) else {
+            self.count_drop(DropReason::NoClientRoute);
+            return false;
+        };
+        if route.credit_bytes < cost {
+            self.count_drop(DropReason::Unpaid);
+            return false;
+        }
+        route.credit_bytes -= cost;
+        let address = route.address;
+        self.send(address, bytes)
     }
 
     /// Process a datagram from the network. Never panics on its contents.
     pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
-        let header = match Header::parse(datagram) {
-            Ok((header, _)) => header,
+        let (header, payload) = match Header::parse(datagram) {
+            Ok(parsed) => parsed,
             Err(error) => {
                 self.count_drop(DropReason::Parse(error));
                 return;
@@ -340,19 +430,29 @@ impl Device {
                 self.on_update_request(now, from, server, &header, datagram)
             }
             PacketType::BypassRequest => {
-                self.remember_client(header.session_id, from);
+                self.remember_client(header.session_id, from, datagram.len());
                 self.counters.bypass_forwarded += 1;
                 self.send(server, datagram.to_vec());
             }
-            PacketType::ServerAck | PacketType::RetransmitRequest | PacketType::RecoveryPoll
+            PacketType::ServerAck
+            | PacketType::RetransmitRequest
+            | PacketType::RecoveryPoll
+            | PacketType::FillQuery
                 if from != server =>
             {
                 self.count_drop(DropReason::UnexpectedSource);
             }
-            PacketType::ServerAck => self.on_server_ack(&header, datagram),
+            PacketType::ServerAck => {
+                self.on_server_ack(&header, datagram);
+                self.pump_replay(now, header.server_id);
+            }
             PacketType::RetransmitRequest => self.on_retransmit_request(&header, datagram),
             PacketType::RecoveryPoll => self.on_recovery_poll(now, server, &header),
-            PacketType::PmnetAck | PacketType::RecoveryDone => {
+            PacketType::FillQuery => self.on_fill_query(server, &header, payload),
+            PacketType::PmnetAck
+            | PacketType::RecoveryDone
+            | PacketType::FillReply
+            | PacketType::NotLogged => {
                 self.count_drop(DropReason::UnexpectedType);
             }
         }
@@ -367,7 +467,11 @@ impl Device {
         datagram: &[u8],
     ) {
         self.counters.updates_received += 1;
-        self.remember_client(header.session_id, client);
+        if header.seq == 0 {
+            self.count_drop(DropReason::ZeroSeq);
+            return;
+        }
+        self.remember_client(header.session_id, client, datagram.len());
         let key = EntryKey {
             server_id: header.server_id,
             session_id: header.session_id,
@@ -386,18 +490,35 @@ impl Device {
             }
             return;
         }
-        if self.config.logging && datagram.len() <= self.config.max_logged_packet_len {
-            if self.entries.len() >= self.config.max_live_entries as usize {
-                self.counters.log_full += 1;
-            } else if let Some(slot) = self.free_slot(&key) {
-                self.log(now, slot, key, header.fragment_count, client, datagram);
-            } else {
-                self.counters.log_collisions += 1;
-            }
-        } else {
+        let not_logged = if !self.config.logging {
             self.counters.forwarded_without_log += 1;
-        }
+            None
+        } else if datagram.len() > self.config.max_logged_packet_len {
+            self.counters.forwarded_without_log += 1;
+            Some(NotLoggedReason::TooLarge)
+        } else if self.entries.len() >= self.config.max_live_entries as usize {
+            self.counters.log_full += 1;
+            Some(NotLoggedReason::LogFull)
+        } else if let Some(slot) = self.free_slot(&key) {
+            self.log(now, slot, key, header.fragment_count, client, datagram);
+            None
+        } else {
+            self.counters.log_collisions += 1;
+            Some(NotLoggedReason::Collision)
+        };
         self.send(server, datagram.to_vec());
+        if let Some(reason) = not_logged {
+            // The client waits for the server's reply now; tell it why, so that a failure
+            // can say the log was full rather than that nothing answered.
+            let mut notice = Header {
+                packet_type: PacketType::NotLogged,
+                device_id: self.config.device_id,
+                ..*header
+            };
+            notice.flags = 0;
+            self.counters.not_logged_notices_sent += 1;
+            self.send_paid(header.session_id, notice.encode(&[reason as u8]));
+        }
     }
 
     /// The first free slot among `probe_limit` from the one the key hashes to.
@@ -434,6 +555,7 @@ impl Device {
                 ack_sent: false,
                 resend_deadline: deadline,
                 resend_timeout: self.config.resend_timeout,
+                in_replay: false,
             },
         );
         self.counters.updates_logged += 1;
@@ -499,6 +621,15 @@ impl Device {
         debug_assert_eq!(entry.state, EntryState::Durable);
         if self.index.get(&entry.key) == Some(&slot) {
             self.index.remove(&entry.key);
+            if let Some(replay) = self.replay.get_mut(&entry.key.server_id) {
+                replay.queue.remove(&entry.key);
+            }
+        }
+        if entry.in_replay {
+            self.replay
+                .get_mut(&entry.key.server_id)
+                .expect("an entry in replay has a replay state")
+                .in_flight -= 1;
         }
         self.resend_timers.remove(&(entry.resend_deadline, slot));
         self.counters.entries_invalidated += 1;
@@ -542,6 +673,12 @@ impl Device {
                     // Keep the slot until the write completes, but forget the key: the request
                     // is applied, and no ack is owed any more.
                     entry.invalidate_when_persisted = true;
+                    if std::mem::take(&mut entry.in_replay) {
+                        self.replay
+                            .get_mut(&header.server_id)
+                            .expect("an entry in replay has a replay state")
+                            .in_flight -= 1;
+                    }
                     let key = entry.key;
                     let deadline = entry.resend_deadline;
                     self.index.remove(&key);
@@ -553,112 +690,13 @@ impl Device {
             self.counters.server_acks_absorbed += 1;
             return;
         }
-        match self.clients.get(&header.session_id).copied() {
+        match self.client_of(header.session_id) {
             Some(client) => {
                 self.counters.server_acks_forwarded += 1;
                 self.send(client, datagram.to_vec());
             }
             // Replays after a device restart: the client got its PMNet-ACK long ago.
             None => self.count_drop(DropReason::NoClientRoute),
-        }
-    }
-
-    fn on_retransmit_request(&mut self, header: &Header, datagram: &[u8]) {
-        self.counters.retransmit_requests_received += 1;
-        let server = self.servers[&header.server_id];
-        let slots = self.slots_of(header.server_id, header.session_id, header.seq);
-        let wanted: Vec<u32> = if header.has_flag(flags::ALL_FRAGMENTS) {
-            slots
-        } else {
-            slots
-                .into_iter()
-                .filter(|slot| self.entries[slot].key.fragment_index == header.fragment_index)
-                .collect()
-        };
-        let complete = match wanted.first() {
-            None => false,
-            Some(slot) if header.has_flag(flags::ALL_FRAGMENTS) => {
-                wanted.len() == usize::from(self.entries[slot].fragment_count)
-            }
-            Some(_) => true,
-        };
-        for slot in wanted {
-            self.counters.resent_from_log += 1;
-            let packet = self.entries[&slot].packet.clone();
-            self.send(server, packet);
-        }
-        if !complete {
-            match self.clients.get(&header.session_id).copied() {
-                Some(client) => {
-                    self.counters.retransmit_requests_passed_to_client += 1;
-                    self.send(client, datagram.to_vec());
-                }
-                None => self.count_drop(DropReason::NoClientRoute),
-            }
-        }
-    }
-
-    fn on_recovery_poll(&mut self, now: Time, server: SocketAddr, header: &Header) {
-        self.counters.recovery_polls += 1;
-        let first = EntryKey {
-            server_id: header.server_id,
-            session_id: 0,
-            seq: 0,
-            fragment_index: 0,
-        };
-        let last = EntryKey {
-            server_id: header.server_id,
-            session_id: u64::MAX,
-            seq: u32::MAX,
-            fragment_index: u16::MAX,
-        };
-        let slots: Vec<u32> = self
-            .index
-            .range(first..=last)
-            .map(|(_, slot)| *slot)
-            .collect();
-        let mut resent: u32 = 0;
-        for slot in slots {
-            self.reschedule_resend(now, slot, false);
-            let packet = self.entries[&slot].packet.clone();
-            self.counters.recovery_entries_resent += 1;
-            resent = resent.saturating_add(1);
-            self.send(server, packet);
-        }
-        let mut done = Header::new(PacketType::RecoveryDone, header.server_id, 0, header.seq);
-        done.device_id = self.config.device_id;
-        let payload = pmnet_wire::encode_recovery_done_payload(resent);
-        self.send(server, done.encode(&payload));
-    }
-
-    fn reschedule_resend(&mut self, now: Time, slot: u32, back_off: bool) {
-        let max_timeout = self.config.max_resend_timeout;
-        let entry = self.entries.get_mut(&slot).expect("live slot");
-        self.resend_timers.remove(&(entry.resend_deadline, slot));
-        if back_off {
-            entry.resend_timeout = (entry.resend_timeout * 2).min(max_timeout);
-        }
-        entry.resend_deadline = now + entry.resend_timeout;
-        self.resend_timers.insert((entry.resend_deadline, slot));
-    }
-
-    /// Resend entries whose server has not acked them in time.
-    pub fn handle_timeout(&mut self, now: Time) {
-        while let Some(&(deadline, slot)) = self.resend_timers.first() {
-            if deadline > now {
-                break;
-            }
-            self.reschedule_resend(now, slot, true);
-            let entry = &self.entries[&slot];
-            let server = self.servers.get(&entry.key.server_id).copied();
-            let packet = entry.packet.clone();
-            self.counters.resend_timeouts += 1;
-            match server {
-                Some(server) => {
-                    self.send(server, packet);
-                }
-                None => self.count_drop(DropReason::UnknownServer),
-            }
         }
     }
 

@@ -1,30 +1,43 @@
 //! The server side of PMNet: per-session ordering, exactly-once application, make-up ACKs,
-//! gap detection and the recovery poll at start-up.
+//! gaps (retransmission requests, and skipping what no client or device can supply any more),
+//! requests the store has no room for yet, and the recovery poll at start-up.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+mod gap;
+mod table;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use pmnet_wire::{flags, Header, PacketType};
 
 use crate::{encode_fragments, RequestKind, Time, Transmit};
+use table::{Assembly, CachedReply, Deferral, Session, Table};
 
 /// Settings of a server.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub server_id: u16,
-    /// Devices polled for logged requests at start-up; the server applies nothing new until
-    /// each has answered.
+    /// Every device in front of this server: polled for logged requests at start-up (the
+    /// server applies nothing new until each has answered) and asked before a sequence
+    /// number is skipped. A device missing here could hold acknowledged requests the server
+    /// would skip.
     pub devices: Vec<SocketAddr>,
     /// Largest datagram sent; larger replies are split into fragments.
     pub max_datagram_len: usize,
     /// Requests buffered at most this many sequence numbers ahead of the last applied one.
     pub reorder_window: u32,
     /// How long a gap in a session's sequence may last before the server asks for a
-    /// retransmission (and again after each further timeout).
+    /// retransmission; the interval doubles after each request, up to `max_gap_timeout`.
     pub gap_timeout: Duration,
+    pub max_gap_timeout: Duration,
     /// Missing sequence numbers (or fragments) requested per gap timeout.
     pub max_retransmit_requests_per_gap: usize,
+    /// A gap that lasts this long is resolved without its client: once every device says it
+    /// holds none of the missing requests whole, the server skips them. Must exceed the
+    /// longest request lifetime of any client ([`pmnet_wire::MAX_REQUEST_LIFETIME_MS`]), so
+    /// that no client can still be acked for a skipped number.
+    pub gap_fill_after: Duration,
     /// Replies kept per session for make-up ACKs; at least the client window.
     pub reply_cache_len: usize,
     /// Most sessions tracked; beyond it the longest-idle session without pending requests is
@@ -32,8 +45,17 @@ pub struct ServerConfig {
     pub max_sessions: usize,
     /// Largest request reassembled from fragments.
     pub max_request_len: usize,
+    /// Bytes all sessions together may buffer for reassembly and reordering; beyond it
+    /// fragments are dropped (the device or the client sends them again).
+    pub max_buffered_bytes: usize,
+    /// Bytes one session may buffer.
+    pub max_session_buffered_bytes: usize,
     /// Interval between recovery polls to a device that has not answered.
     pub recovery_poll_interval: Duration,
+    /// First wait before retrying a request the application had no room for; doubles while
+    /// the store stays full, up to `max_defer_interval`.
+    pub defer_interval: Duration,
+    pub max_defer_interval: Duration,
 }
 
 impl ServerConfig {
@@ -44,11 +66,18 @@ impl ServerConfig {
             max_datagram_len: pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN,
             reorder_window: 1024,
             gap_timeout: Duration::from_millis(2),
+            max_gap_timeout: Duration::from_secs(1),
             max_retransmit_requests_per_gap: 16,
+            gap_fill_after: Duration::from_millis(pmnet_wire::MAX_REQUEST_LIFETIME_MS)
+                + Duration::from_secs(5),
             reply_cache_len: 128,
-            max_sessions: 1 << 16,
+            max_sessions: 1 << 20,
             max_request_len: 1 << 20,
+            max_buffered_bytes: 256 << 20,
+            max_session_buffered_bytes: 16 << 20,
             recovery_poll_interval: Duration::from_millis(50),
+            defer_interval: Duration::from_millis(1),
+            max_defer_interval: Duration::from_millis(100),
         }
     }
 }
@@ -65,8 +94,9 @@ pub struct RecoveredSession {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ServerEvent {
     /// Apply `request`, make its effect, `seq` and its reply durable together, then report
-    /// [`Server::on_applied`]. Applies of one session come in sequence order and must be
-    /// reported in that order.
+    /// [`Server::on_applied`] — or, if the store has no room for it, make nothing durable and
+    /// report [`Server::on_deferred`]. Applies of one session come in sequence order and must
+    /// be reported in that order.
     Apply {
         session_id: u64,
         seq: u32,
@@ -92,44 +122,20 @@ pub struct ServerCounters {
     /// Requests that arrived ahead of a gap and waited.
     pub requests_reordered: u64,
     pub retransmit_requests_sent: u64,
+    /// Retransmission requests not sent because the session's source had not sent enough
+    /// bytes to pay for them.
+    pub retransmit_requests_unpaid: u64,
     pub recovery_polls_sent: u64,
     pub sessions_evicted: u64,
     /// No-op fills for sequence numbers their client gave up on.
     pub noop_fills_received: u64,
+    /// Fill queries sent to devices before skipping a gap.
+    pub fill_queries_sent: u64,
+    /// Sequence numbers skipped because no client or device could supply them any more.
+    pub sequence_numbers_skipped: u64,
+    /// Requests the application had no room for, handed back to wait (never refused).
+    pub requests_deferred: u64,
     pub dropped: BTreeMap<&'static str, u64>,
-}
-
-#[derive(Debug)]
-struct Assembly {
-    kind: RequestKind,
-    parts: Vec<Option<Vec<u8>>>,
-    received_count: usize,
-    received_len: usize,
-}
-
-impl Assembly {
-    fn is_complete(&self) -> bool {
-        self.received_count == self.parts.len()
-    }
-}
-
-#[derive(Debug, Default)]
-struct Session {
-    last_applied: u32,
-    /// Highest sequence number handed to the application (≥ `last_applied`).
-    issued_through: u32,
-    pending: BTreeMap<u32, Assembly>,
-    replies: VecDeque<(u32, Vec<u8>)>,
-    /// Where this session's requests came from last: the device, or the client directly.
-    reply_to: Option<SocketAddr>,
-    gap_deadline: Option<Time>,
-    last_active: Time,
-}
-
-impl Session {
-    fn is_idle(&self) -> bool {
-        self.pending.is_empty() && self.issued_through == self.last_applied
-    }
 }
 
 #[derive(Debug)]
@@ -144,8 +150,9 @@ struct Recovery {
 #[derive(Debug)]
 pub struct Server {
     config: ServerConfig,
-    sessions: HashMap<u64, Session>,
+    table: Table,
     gap_timers: BTreeSet<(Time, u64)>,
+    defer_timers: BTreeSet<(Time, u64)>,
     recovery: Option<Recovery>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<ServerEvent>,
@@ -168,24 +175,24 @@ impl Server {
             config.reorder_window >= 1,
             "reorder_window must be at least 1"
         );
-        let sessions = sessions
-            .into_iter()
-            .map(|recovered| {
-                let mut replies = VecDeque::new();
-                replies.push_back((recovered.last_seq, recovered.last_reply));
-                let session = Session {
-                    last_applied: recovered.last_seq,
-                    issued_through: recovered.last_seq,
-                    replies,
-                    last_active: now,
-                    ..Session::default()
-                };
-                (recovered.session_id, session)
-            })
-            .collect();
+        assert!(config.max_sessions >= 1, "max_sessions must be at least 1");
+        let mut table = Table::new(config.max_sessions);
+        for recovered in sessions {
+            let mut replies = VecDeque::new();
+            replies.push_back((recovered.last_seq, CachedReply::Reply(recovered.last_reply)));
+            let session = Session {
+                last_applied: recovered.last_seq,
+                issued_through: recovered.last_seq,
+                highest_seen: recovered.last_seq,
+                replies,
+                ..Session::default()
+            };
+            table.insert(now, recovered.session_id, session);
+        }
         let mut server = Server {
-            sessions,
+            table,
             gap_timers: BTreeSet::new(),
+            defer_timers: BTreeSet::new(),
             recovery: None,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
@@ -217,23 +224,44 @@ impl Server {
         self.recovery.is_some()
     }
 
-    /// The last sequence number applied for `session_id`, 0 if none.
+    /// The last sequence number applied (or skipped) for `session_id`, 0 if none.
     pub fn last_applied(&self, session_id: u64) -> u32 {
-        self.sessions
+        self.table
+            .sessions
             .get(&session_id)
             .map_or(0, |session| session.last_applied)
     }
 
     /// Sessions with buffered or unapplied requests (for convergence checks).
     pub fn busy_session_count(&self) -> usize {
-        self.sessions
+        self.table
+            .sessions
             .values()
             .filter(|session| !session.is_idle())
             .count()
     }
 
+    /// Sessions tracked.
+    pub fn session_count(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Requests waiting because the application had no room for them.
+    pub fn deferred_session_count(&self) -> usize {
+        self.defer_timers.len()
+    }
+
+    /// Bytes buffered for reassembly and reordering, all sessions together.
+    pub fn buffered_bytes(&self) -> usize {
+        self.table.buffered_bytes
+    }
+
     fn count_drop(&mut self, reason: &'static str) {
         *self.counters.dropped.entry(reason).or_insert(0) += 1;
+    }
+
+    fn is_device(&self, address: SocketAddr) -> bool {
+        self.config.devices.contains(&address)
     }
 
     fn send_recovery_polls(&mut self, now: Time) {
@@ -279,26 +307,12 @@ impl Server {
                 self.on_request(now, from, RequestKind::Bypass, &header, payload)
             }
             PacketType::RecoveryDone => self.on_recovery_done(now, from, payload),
+            PacketType::FillReply if self.is_device(from) => {
+                self.on_fill_reply(now, from, &header, payload)
+            }
+            PacketType::FillReply => self.count_drop("unexpected_source"),
             _ => self.count_drop("unexpected_type"),
         }
-    }
-
-    fn session_for(&mut self, now: Time, session_id: u64) -> Option<&mut Session> {
-        if !self.sessions.contains_key(&session_id)
-            && self.sessions.len() >= self.config.max_sessions
-        {
-            let idlest = self
-                .sessions
-                .iter()
-                .filter(|(_, session)| session.is_idle())
-                .min_by_key(|(_, session)| session.last_active)
-                .map(|(id, _)| *id)?;
-            self.sessions.remove(&idlest);
-            self.counters.sessions_evicted += 1;
-        }
-        let session = self.sessions.entry(session_id).or_default();
-        session.last_active = now;
-        Some(session)
     }
 
     fn on_request(
@@ -310,7 +324,8 @@ impl Server {
         payload: &[u8],
     ) {
         self.counters.request_fragments_received += 1;
-        if header.has_flag(flags::NOOP_FILL) {
+        let fill = header.has_flag(flags::NOOP_FILL);
+        if fill {
             self.counters.noop_fills_received += 1;
         }
         let seq = header.seq;
@@ -318,79 +333,138 @@ impl Server {
             self.count_drop("zero_seq");
             return;
         }
+        let session_id = header.session_id;
         let reorder_window = self.config.reorder_window;
-        let max_request_len = self.config.max_request_len;
-        let Some(session) = self.session_for(now, header.session_id) else {
+        let Some(session) = self.table.get_or_create(now, session_id) else {
             self.count_drop("sessions_full");
             return;
         };
-        session.reply_to = Some(from);
+        if session.reply_to != Some(from) {
+            session.reply_to = Some(from);
+            session.credit_bytes = 0;
+        }
+        let earned = u32::try_from(pmnet_wire::HEADER_LEN + payload.len()).unwrap_or(u32::MAX);
+        session.credit_bytes = session
+            .credit_bytes
+            .saturating_add(earned)
+            .min(table::MAX_CREDIT_BYTES);
         if seq <= session.last_applied {
-            self.send_makeup_ack(header.session_id, seq, from);
+            self.send_makeup_ack(session_id, seq, from);
             return;
         }
         if seq <= session.issued_through {
             self.counters.duplicates_in_progress += 1;
             return;
         }
+        session.highest_seen = session.highest_seen.max(seq);
         if seq - session.last_applied > reorder_window {
+            // Not buffered, but seen: the gap machinery knows something lies beyond.
             self.count_drop("beyond_reorder_window");
+            self.advance(now, session_id);
             return;
         }
-        if header.has_flag(flags::NOOP_FILL) {
-            // The client gave up on this number. Whatever part of the request arrived will
-            // never be completed; the fill takes its place.
-            if session
-                .pending
-                .get(&seq)
-                .is_some_and(|assembly| !assembly.is_complete())
-            {
-                session.pending.remove(&seq);
-            }
-        }
-        let fragment_count = usize::from(header.fragment_count);
-        let assembly = session.pending.entry(seq).or_insert_with(|| Assembly {
-            kind,
-            parts: vec![None; fragment_count],
-            received_count: 0,
-            received_len: 0,
-        });
-        if assembly.kind != kind || assembly.parts.len() != fragment_count {
-            self.count_drop("inconsistent_fragment");
+        if let Some(reason) = self.buffer_fragment(session_id, kind, fill, header, payload) {
+            self.count_drop(reason);
             return;
         }
-        let index = usize::from(header.fragment_index);
-        if assembly.parts[index].is_some() {
-            return;
-        }
-        if assembly.received_len + payload.len() > max_request_len {
-            self.count_drop("request_too_large");
-            return;
-        }
-        assembly.parts[index] = Some(payload.to_vec());
-        assembly.received_count += 1;
-        assembly.received_len += payload.len();
+        let session = &self.table.sessions[&session_id];
         if seq != session.issued_through + 1 {
             self.counters.requests_reordered += 1;
         }
-        self.advance(now, header.session_id);
+        self.advance(now, session_id);
+    }
+
+    /// Buffer one fragment of a request not yet issued; the drop reason if it is not kept.
+    fn buffer_fragment(
+        &mut self,
+        session_id: u64,
+        kind: RequestKind,
+        fill: bool,
+        header: &Header,
+        payload: &[u8],
+    ) -> Option<&'static str> {
+        let seq = header.seq;
+        let fragment_count = usize::from(header.fragment_count);
+        let max_request_len = self.config.max_request_len;
+        let max_session_bytes = self.config.max_session_buffered_bytes;
+        let max_total_bytes = self.config.max_buffered_bytes;
+        let total_bytes = self.table.buffered_bytes;
+        let session = self.table.sessions.get_mut(&session_id)?;
+        if fill {
+            // The client gave up on this number. Whatever part of the request arrived will
+            // never be completed; the fill takes its place.
+            if let Some(partial) = session.pending.remove(&seq) {
+                if partial.is_complete() {
+                    session.pending.insert(seq, partial);
+                } else {
+                    session.buffered_bytes -= partial.cost();
+                    self.table.buffered_bytes -= partial.cost();
+                }
+            }
+        }
+        let session = self.table.sessions.get_mut(&session_id)?;
+        let added = match session.pending.get(&seq) {
+            Some(assembly) if assembly.is_complete() => return None,
+            Some(assembly) if assembly.kind != kind || assembly.parts.len() != fragment_count => {
+                return Some("inconsistent_fragment");
+            }
+            Some(assembly) if assembly.parts[usize::from(header.fragment_index)].is_some() => {
+                return None;
+            }
+            Some(assembly) => {
+                if assembly.received_len + payload.len() > max_request_len {
+                    return Some("request_too_large");
+                }
+                payload.len()
+            }
+            None => {
+                if payload.len() > max_request_len {
+                    return Some("request_too_large");
+                }
+                Assembly::table_cost(fragment_count) + payload.len()
+            }
+        };
+        if session.buffered_bytes + added > max_session_bytes
+            || total_bytes + added > max_total_bytes
+        {
+            return Some("reassembly_budget");
+        }
+        let assembly = session
+            .pending
+            .entry(seq)
+            .or_insert_with(|| Assembly::new(kind, fill, fragment_count));
+        assembly.parts[usize::from(header.fragment_index)] = Some(payload.to_vec());
+        assembly.received_count += 1;
+        assembly.received_len += payload.len();
+        session.buffered_bytes += added;
+        self.table.buffered_bytes += added;
+        None
     }
 
     /// Hand every request that is next in sequence and complete to the application, then
     /// (re)arm or clear the session's gap timer.
     fn advance(&mut self, now: Time, session_id: u64) {
         let recovering = self.recovery.is_some();
-        let Some(session) = self.sessions.get_mut(&session_id) else {
+        let Some(session) = self.table.sessions.get_mut(&session_id) else {
             return;
         };
-        if !recovering {
+        if !recovering && session.deferral.is_none() {
             while let Some(entry) = session.pending.first_entry() {
                 if *entry.key() != session.issued_through + 1 || !entry.get().is_complete() {
                     break;
                 }
                 let (seq, assembly) = entry.remove_entry();
+                session.buffered_bytes -= assembly.cost();
+                self.table.buffered_bytes -= assembly.cost();
                 session.issued_through = seq;
-                let request = crate::concat_parts(assembly.parts);
+                if assembly.fill {
+                    session.fills_issued.push_back(seq);
+                }
+                let request = if assembly.fill {
+                    Vec::new()
+                } else {
+                    crate::concat_parts(assembly.parts)
+                };
                 self.events.push_back(ServerEvent::Apply {
                     session_id,
                     seq,
@@ -399,31 +473,26 @@ impl Server {
                 });
             }
         }
-        let has_gap = !recovering && !session.pending.is_empty();
-        match (has_gap, session.gap_deadline) {
-            (true, None) => {
-                let deadline = now + self.config.gap_timeout;
-                session.gap_deadline = Some(deadline);
-                self.gap_timers.insert((deadline, session_id));
-            }
-            (false, Some(deadline)) => {
-                session.gap_deadline = None;
-                self.gap_timers.remove(&(deadline, session_id));
-            }
-            _ => {}
-        }
+        self.update_gap(now, session_id);
     }
 
     fn send_makeup_ack(&mut self, session_id: u64, seq: u32, to: SocketAddr) {
-        let session = &self.sessions[&session_id];
+        let session = &self.table.sessions[&session_id];
         let cached = session
             .replies
             .iter()
             .find(|(replied_seq, _)| *replied_seq == seq)
-            .map(|(_, reply)| reply.clone());
+            .map(|(_, reply)| reply.clone())
+            .or_else(|| session.was_skipped(seq).then_some(CachedReply::Skipped));
         self.counters.makeup_acks_sent += 1;
         match cached {
-            Some(reply) => self.send_server_ack(session_id, seq, flags::MAKEUP, &reply, to),
+            Some(CachedReply::Reply(reply)) => {
+                self.send_server_ack(session_id, seq, flags::MAKEUP, &reply, to)
+            }
+            Some(CachedReply::Skipped) => {
+                let skipped = flags::MAKEUP | flags::REPLY_UNAVAILABLE | flags::SKIPPED;
+                self.send_server_ack(session_id, seq, skipped, &[], to);
+            }
             None => {
                 self.counters.makeup_acks_without_reply += 1;
                 let makeup = flags::MAKEUP | flags::REPLY_UNAVAILABLE;
@@ -468,7 +537,9 @@ impl Server {
     /// now is the server-ACK sent.
     pub fn on_applied(&mut self, now: Time, session_id: u64, seq: u32, reply: Vec<u8>) {
         let reply_cache_len = self.config.reply_cache_len;
+        let defer_interval = self.config.defer_interval;
         let session = self
+            .table
             .sessions
             .get_mut(&session_id)
             .expect("on_applied for a session with an issued request");
@@ -479,20 +550,95 @@ impl Server {
             session.issued_through
         );
         session.last_applied = seq;
-        session.last_active = now;
+        session.defer_interval = defer_interval;
         if session.replies.len() >= reply_cache_len {
             session.replies.pop_front();
         }
-        session.replies.push_back((seq, reply.clone()));
+        let was_fill = session.fills_issued.front() == Some(&seq);
+        if was_fill {
+            session.fills_issued.pop_front();
+            session.replies.push_back((seq, CachedReply::Skipped));
+        } else {
+            session
+                .replies
+                .push_back((seq, CachedReply::Reply(reply.clone())));
+        }
         let to = session
             .reply_to
             .expect("a session with requests has a reply address");
+        self.table.touch(now, session_id);
         self.counters.requests_applied += 1;
-        self.send_server_ack(session_id, seq, 0, &reply, to);
+        if was_fill {
+            let skipped = flags::MAKEUP | flags::REPLY_UNAVAILABLE | flags::SKIPPED;
+            self.send_server_ack(session_id, seq, skipped, &[], to);
+        } else {
+            self.send_server_ack(session_id, seq, 0, &reply, to);
+        }
+        self.update_gap(now, session_id);
+    }
+
+    /// Report that the application had no room for request `seq` of `session_id` and made
+    /// nothing of it durable. The request goes back to wait, with every later request of the
+    /// session already handed out; no server-ACK is sent, so every device keeps its log entry
+    /// (the write stays durable there), and the server tries again after a backoff.
+    pub fn on_deferred(
+        &mut self,
+        now: Time,
+        session_id: u64,
+        seq: u32,
+        kind: RequestKind,
+        request: Vec<u8>,
+    ) {
+        let max_defer_interval = self.config.max_defer_interval;
+        let first_interval = self.config.defer_interval;
+        let mut handed_back = vec![(seq, kind, request)];
+        let events = std::mem::take(&mut self.events);
+        for event in events {
+            match event {
+                ServerEvent::Apply {
+                    session_id: owner,
+                    seq,
+                    kind,
+                    request,
+                } if owner == session_id => handed_back.push((seq, kind, request)),
+                other => self.events.push_back(other),
+            }
+        }
+        let session = self
+            .table
+            .sessions
+            .get_mut(&session_id)
+            .expect("on_deferred for a session with an issued request");
+        assert!(
+            seq == session.last_applied + 1 && seq <= session.issued_through,
+            "on_deferred out of order: seq {seq}, last applied {}, issued through {}",
+            session.last_applied,
+            session.issued_through
+        );
+        for (seq, kind, request) in handed_back {
+            let fill = session.fills_issued.contains(&seq);
+            let assembly = Assembly::whole(kind, fill, request);
+            session.buffered_bytes += assembly.cost();
+            self.table.buffered_bytes += assembly.cost();
+            session.pending.insert(seq, assembly);
+        }
+        session.fills_issued.retain(|issued| *issued < seq);
+        session.issued_through = seq - 1;
+        let interval = session.defer_interval.max(first_interval);
+        session.defer_interval = (interval * 2).min(max_defer_interval);
+        if let Some(old) = session.deferral.take() {
+            self.defer_timers.remove(&(old.retry_at, session_id));
+        }
+        let retry_at = now + interval;
+        session.deferral = Some(Deferral { retry_at });
+        self.defer_timers.insert((retry_at, session_id));
+        self.counters.requests_deferred += 1;
+        self.update_gap(now, session_id);
     }
 
     fn on_recovery_done(&mut self, now: Time, from: SocketAddr, payload: &[u8]) {
         let Some(recovery) = self.recovery.as_mut() else {
+            self.count_drop("late_recovery_done");
             return;
         };
         let Ok(entries_resent) = pmnet_wire::decode_recovery_done_payload(payload) else {
@@ -500,6 +646,7 @@ impl Server {
             return;
         };
         if !recovery.awaiting.remove(&from) {
+            self.count_drop("late_recovery_done");
             return;
         }
         recovery.entries_resent += u64::from(entries_resent);
@@ -513,9 +660,10 @@ impl Server {
         // Resume in session-id order: `sessions` is a HashMap whose iteration order differs
         // between maps, and a seed must replay the same applies and acks every time.
         let mut waiting: Vec<u64> = self
+            .table
             .sessions
             .iter()
-            .filter(|(_, session)| !session.pending.is_empty())
+            .filter(|(_, session)| !session.pending.is_empty() || !session.is_idle())
             .map(|(id, _)| *id)
             .collect();
         waiting.sort_unstable();
@@ -524,8 +672,9 @@ impl Server {
         }
     }
 
-    /// Ask for what is missing in sessions whose gap lasted too long; re-poll devices that
-    /// have not answered the recovery poll.
+    /// Ask for what is missing in sessions whose gap lasted too long, skip what nobody can
+    /// supply any more, retry deferred requests, re-poll devices that have not answered the
+    /// recovery poll.
     pub fn handle_timeout(&mut self, now: Time) {
         if self
             .recovery
@@ -534,64 +683,22 @@ impl Server {
         {
             self.send_recovery_polls(now);
         }
+        while let Some(&(retry_at, session_id)) = self.defer_timers.first() {
+            if retry_at > now {
+                break;
+            }
+            self.defer_timers.remove(&(retry_at, session_id));
+            if let Some(session) = self.table.sessions.get_mut(&session_id) {
+                session.deferral = None;
+            }
+            self.advance(now, session_id);
+        }
         while let Some(&(deadline, session_id)) = self.gap_timers.first() {
             if deadline > now {
                 break;
             }
             self.gap_timers.remove(&(deadline, session_id));
-            self.request_missing(now, session_id);
-        }
-    }
-
-    fn request_missing(&mut self, now: Time, session_id: u64) {
-        let limit = self.config.max_retransmit_requests_per_gap;
-        let server_id = self.config.server_id;
-        let Some(session) = self.sessions.get_mut(&session_id) else {
-            return;
-        };
-        session.gap_deadline = None;
-        let (Some(to), Some((&first_pending, assembly))) =
-            (session.reply_to, session.pending.first_key_value())
-        else {
-            return;
-        };
-        let next = session.issued_through + 1;
-        let mut requests = Vec::new();
-        if first_pending > next {
-            for seq in (next..first_pending).take(limit) {
-                let mut header =
-                    Header::new(PacketType::RetransmitRequest, server_id, session_id, seq);
-                header.flags = flags::ALL_FRAGMENTS;
-                requests.push(header.encode(&[]));
-            }
-        } else {
-            let fragment_count = u16::try_from(assembly.parts.len()).unwrap_or(u16::MAX);
-            let missing = assembly
-                .parts
-                .iter()
-                .enumerate()
-                .filter(|(_, part)| part.is_none());
-            for (index, _) in missing.take(limit) {
-                let mut header = Header::new(
-                    PacketType::RetransmitRequest,
-                    server_id,
-                    session_id,
-                    first_pending,
-                );
-                header.fragment_index = u16::try_from(index).unwrap_or(0);
-                header.fragment_count = fragment_count;
-                requests.push(header.encode(&[]));
-            }
-        }
-        let deadline = now + self.config.gap_timeout;
-        session.gap_deadline = Some(deadline);
-        self.gap_timers.insert((deadline, session_id));
-        for bytes in requests {
-            self.counters.retransmit_requests_sent += 1;
-            self.transmits.push_back(Transmit {
-                destination: to,
-                bytes,
-            });
+            self.on_gap_timeout(now, session_id);
         }
     }
 
@@ -608,7 +715,8 @@ impl Server {
     /// When [`Server::handle_timeout`] must next be called.
     pub fn poll_timeout(&self) -> Option<Time> {
         let gap = self.gap_timers.first().map(|(deadline, _)| *deadline);
+        let defer = self.defer_timers.first().map(|(retry_at, _)| *retry_at);
         let poll = self.recovery.as_ref().map(|recovery| recovery.next_poll);
-        gap.into_iter().chain(poll).min()
+        gap.into_iter().chain(defer).chain(poll).min()
     }
 }

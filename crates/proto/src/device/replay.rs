@@ -1,0 +1,250 @@
+//! Getting logged entries to their server: resends after a timeout and the replay after a
+//! recovery poll, paced by the server's acks; retransmission requests; fill queries.
+//!
+//! Every resend goes through one queue per server, ordered by (session, seq, fragment), and
+//! at most `max_resends_in_flight` resent entries are out at once; each server-ACK that frees
+//! one lets the next go. A server that was down for a while so receives its backlog in order
+//! and at the rate it applies it, instead of everything at once into a socket buffer that
+//! drops most of it and a reorder window that refuses the rest.
+
+use std::net::SocketAddr;
+
+use pmnet_pm::EntryKey;
+use pmnet_wire::{flags, Header, PacketType};
+
+use super::{Device, DropReason};
+use crate::Time;
+
+impl Device {
+    pub(super) fn on_retransmit_request(&mut self, header: &Header, datagram: &[u8]) {
+        self.counters.retransmit_requests_received += 1;
+        let server = self.servers[&header.server_id];
+        let slots = self.slots_of(header.server_id, header.session_id, header.seq);
+        let wanted: Vec<u32> = if header.has_flag(flags::ALL_FRAGMENTS) {
+            slots
+        } else {
+            slots
+                .into_iter()
+                .filter(|slot| self.entries[slot].key.fragment_index == header.fragment_index)
+                .collect()
+        };
+        let complete = match wanted.first() {
+            None => false,
+            Some(slot) if header.has_flag(flags::ALL_FRAGMENTS) => {
+                wanted.len() == usize::from(self.entries[slot].fragment_count)
+            }
+            Some(_) => true,
+        };
+        for slot in wanted {
+            self.counters.resent_from_log += 1;
+            let packet = self.entries[&slot].packet.clone();
+            self.send(server, packet);
+        }
+        if !complete && self.send_paid(header.session_id, datagram.to_vec()) {
+            self.counters.retransmit_requests_passed_to_client += 1;
+        }
+    }
+
+    /// A server (re)started: answer at once with how many entries it will get, then replay
+    /// them in order at its pace.
+    pub(super) fn on_recovery_poll(&mut self, now: Time, server: SocketAddr, header: &Header) {
+        self.counters.recovery_polls += 1;
+        let server_id = header.server_id;
+        let first = EntryKey {
+            server_id,
+            session_id: 0,
+            seq: 0,
+            fragment_index: 0,
+        };
+        let last = EntryKey {
+            server_id,
+            session_id: u64::MAX,
+            seq: u32::MAX,
+            fragment_index: u16::MAX,
+        };
+        let keys: Vec<(EntryKey, u32)> = self
+            .index
+            .range(first..=last)
+            .map(|(key, slot)| (*key, *slot))
+            .collect();
+        // Whatever was out went to a server that has since restarted: start over.
+        let base_timeout = self.config.resend_timeout;
+        for entry in self.entries.values_mut() {
+            if entry.key.server_id == server_id {
+                entry.in_replay = false;
+                entry.resend_timeout = base_timeout;
+            }
+        }
+        let replay = self.replay.entry(server_id).or_default();
+        replay.in_flight = 0;
+        let mut queued: u32 = 0;
+        for &(key, slot) in &keys {
+            self.reschedule_resend(now, slot, false);
+            self.replay
+                .get_mut(&server_id)
+                .expect("created above")
+                .queue
+                .insert(key);
+            queued = queued.saturating_add(1);
+        }
+        self.counters.replay_queued += u64::from(queued);
+        self.counters.recovery_entries_resent += u64::from(queued);
+        let mut done = Header::new(PacketType::RecoveryDone, server_id, 0, header.seq);
+        done.device_id = self.config.device_id;
+        let payload = pmnet_wire::encode_recovery_done_payload(queued);
+        self.send(server, done.encode(&payload));
+        self.pump_replay(now, server_id);
+    }
+
+    /// Send queued entries of `server_id` while fewer than `max_resends_in_flight` are out.
+    pub(super) fn pump_replay(&mut self, now: Time, server_id: u16) {
+        let Some(&server) = self.servers.get(&server_id) else {
+            return;
+        };
+        loop {
+            let Some(replay) = self.replay.get_mut(&server_id) else {
+                return;
+            };
+            if replay.in_flight >= self.config.max_resends_in_flight {
+                return;
+            }
+            let Some(key) = replay.queue.pop_first() else {
+                return;
+            };
+            let Some(&slot) = self.index.get(&key) else {
+                continue;
+            };
+            replay.in_flight += 1;
+            let entry = self.entries.get_mut(&slot).expect("indexed slot");
+            debug_assert!(!entry.in_replay, "an entry out twice");
+            entry.in_replay = true;
+            let packet = entry.packet.clone();
+            self.reschedule_resend(now, slot, false);
+            self.counters.replay_sent += 1;
+            self.send(server, packet);
+        }
+    }
+
+    pub(super) fn reschedule_resend(&mut self, now: Time, slot: u32, back_off: bool) {
+        let max_timeout = self.config.max_resend_timeout;
+        let entry = self.entries.get_mut(&slot).expect("live slot");
+        self.resend_timers.remove(&(entry.resend_deadline, slot));
+        if back_off {
+            entry.resend_timeout = (entry.resend_timeout * 2).min(max_timeout);
+        }
+        entry.resend_deadline = now + entry.resend_timeout;
+        self.resend_timers.insert((entry.resend_deadline, slot));
+    }
+
+    /// Queue for a resend the entries whose server has not acked them in time (a resend that
+    /// got no ack counts as lost), then send what the pace allows.
+    pub fn handle_timeout(&mut self, now: Time) {
+        let mut servers = Vec::new();
+        while let Some(&(deadline, slot)) = self.resend_timers.first() {
+            if deadline > now {
+                break;
+            }
+            self.reschedule_resend(now, slot, true);
+            let entry = self.entries.get_mut(&slot).expect("timer of a live slot");
+            let key = entry.key;
+            let was_out = std::mem::take(&mut entry.in_replay);
+            if self.index.get(&key) != Some(&slot) {
+                // Acked while its write persists: nothing to resend, the slot frees itself.
+                continue;
+            }
+            if !self.servers.contains_key(&key.server_id) {
+                self.count_drop(DropReason::UnknownServer);
+                continue;
+            }
+            let replay = self.replay.entry(key.server_id).or_default();
+            if was_out {
+                replay.in_flight -= 1;
+            }
+            if replay.queue.insert(key) {
+                self.counters.resend_timeouts += 1;
+                self.counters.replay_queued += 1;
+            }
+            if !servers.contains(&key.server_id) {
+                servers.push(key.server_id);
+            }
+        }
+        for server_id in servers {
+            self.pump_replay(now, server_id);
+        }
+    }
+
+    /// The server will skip `seq ..= last` of the session unless this device holds one of
+    /// them whole: name the lowest such number (resending it), or `last + 1`.
+    pub(super) fn on_fill_query(&mut self, server: SocketAddr, header: &Header, payload: &[u8]) {
+        let Ok(last) = pmnet_wire::decode_fill_query_payload(payload) else {
+            self.count_drop(DropReason::BadPayload);
+            return;
+        };
+        self.counters.fill_queries += 1;
+        let held_from =
+            self.lowest_held_whole(header.server_id, header.session_id, header.seq, last);
+        let answer = match held_from {
+            Some(seq) => {
+                self.counters.fill_queries_held += 1;
+                for slot in self.slots_of(header.server_id, header.session_id, seq) {
+                    self.counters.resent_from_log += 1;
+                    let packet = self.entries[&slot].packet.clone();
+                    self.send(server, packet);
+                }
+                seq
+            }
+            None => last.wrapping_add(1),
+        };
+        let mut reply = Header::new(
+            PacketType::FillReply,
+            header.server_id,
+            header.session_id,
+            header.seq,
+        );
+        reply.device_id = self.config.device_id;
+        self.send(
+            server,
+            reply.encode(&pmnet_wire::encode_fill_reply_payload(last, answer)),
+        );
+    }
+
+    /// The lowest sequence number in `first ..= last` of the session for which this device
+    /// holds every fragment. An incomplete set was never acked whole to its client (a
+    /// request completes on an ack for each fragment), and the client can no longer send the
+    /// rest: it does not count.
+    fn lowest_held_whole(
+        &self,
+        server_id: u16,
+        session_id: u64,
+        first: u32,
+        last: u32,
+    ) -> Option<u32> {
+        if first > last {
+            return None;
+        }
+        let from = EntryKey {
+            server_id,
+            session_id,
+            seq: first,
+            fragment_index: 0,
+        };
+        let to = EntryKey {
+            server_id,
+            session_id,
+            seq: last,
+            fragment_index: u16::MAX,
+        };
+        let mut current: Option<(u32, usize)> = None;
+        for (key, slot) in self.index.range(from..=to) {
+            let count = match current {
+                Some((seq, count)) if seq == key.seq => count + 1,
+                _ => 1,
+            };
+            current = Some((key.seq, count));
+            if count == usize::from(self.entries[slot].fragment_count) {
+                return Some(key.seq);
+            }
+        }
+        None
+    }
+}

@@ -1,0 +1,243 @@
+//! The server's session table: sessions by id, the order they were last active in (for
+//! evicting the idlest when the table is full), and the bytes every session buffers for
+//! reassembly, within bounds a sender cannot lift.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::{RequestKind, Time};
+
+/// Sessions examined per eviction before the table counts itself full: busy sessions (with
+/// buffered or unapplied requests) are never evicted, and the scan must stay short when an
+/// attacker keeps many of them busy.
+const EVICTION_SCAN_LIMIT: usize = 256;
+
+/// Bytes an unsolicited message may spend from a source's credit, at most: a source earns
+/// credit by the bytes it sends, so the server never sends more than it received towards an
+/// address it has not verified (no reflection amplification).
+pub(super) const MAX_CREDIT_BYTES: u32 = 64 * 1024;
+
+/// A request being reassembled, or whole and waiting for its turn.
+#[derive(Debug)]
+pub(super) struct Assembly {
+    pub(super) kind: RequestKind,
+    /// A no-op fill (`NOOP_FILL`): applied as an empty request, answered as skipped.
+    pub(super) fill: bool,
+    pub(super) parts: Vec<Option<Vec<u8>>>,
+    pub(super) received_count: usize,
+    pub(super) received_len: usize,
+}
+
+impl Assembly {
+    pub(super) fn new(kind: RequestKind, fill: bool, fragment_count: usize) -> Assembly {
+        Assembly {
+            kind,
+            fill,
+            parts: vec![None; fragment_count],
+            received_count: 0,
+            received_len: 0,
+        }
+    }
+
+    /// A request already reassembled (handed back by the application, see
+    /// `Server::on_deferred`).
+    pub(super) fn whole(kind: RequestKind, fill: bool, request: Vec<u8>) -> Assembly {
+        let received_len = request.len();
+        Assembly {
+            kind,
+            fill,
+            parts: vec![Some(request)],
+            received_count: 1,
+            received_len,
+        }
+    }
+
+    pub(super) fn is_complete(&self) -> bool {
+        self.received_count == self.parts.len()
+    }
+
+    /// What this assembly costs the reassembly budget: its fragment table and its payload.
+    pub(super) fn cost(&self) -> usize {
+        Assembly::table_cost(self.parts.len()) + self.received_len
+    }
+
+    pub(super) fn table_cost(fragment_count: usize) -> usize {
+        fragment_count * std::mem::size_of::<Option<Vec<u8>>>()
+    }
+}
+
+/// A reply kept for make-up ACKs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum CachedReply {
+    Reply(Vec<u8>),
+    /// The number was filled or skipped: no request was applied for it.
+    Skipped,
+}
+
+/// A gap in a session's sequence: something later arrived, the next request did not.
+#[derive(Debug)]
+pub(super) struct Gap {
+    /// When the gap began, or the session last made progress: the client's first
+    /// transmission of the missing request came before this.
+    pub(super) since: Time,
+    /// `issued_through` when the gap began; progress resets the gap.
+    pub(super) at: u32,
+    pub(super) deadline: Time,
+    /// The current interval between retransmission requests (doubles to a maximum).
+    pub(super) interval: Duration,
+    pub(super) fill: Option<Fill>,
+}
+
+/// A skip in progress: the devices asked whether they hold any of `first ..= last`.
+#[derive(Debug)]
+pub(super) struct Fill {
+    pub(super) first: u32,
+    pub(super) last: u32,
+    pub(super) awaiting: BTreeSet<SocketAddr>,
+    /// The lowest number some device holds whole, so far (`last + 1` if none).
+    pub(super) held_from: u64,
+}
+
+/// Updates the application could not store yet (no room): retried after `retry_at`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Deferral {
+    pub(super) retry_at: Time,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Session {
+    pub(super) last_applied: u32,
+    /// Highest sequence number handed to the application (≥ `last_applied`).
+    pub(super) issued_through: u32,
+    /// Highest sequence number seen, buffered or not.
+    pub(super) highest_seen: u32,
+    pub(super) pending: BTreeMap<u32, Assembly>,
+    /// What `pending` costs the reassembly budget.
+    pub(super) buffered_bytes: usize,
+    /// No-op fills handed to the application and not yet applied, oldest first.
+    pub(super) fills_issued: VecDeque<u32>,
+    pub(super) replies: VecDeque<(u32, CachedReply)>,
+    /// Ranges skipped without a request, newest last (a few, for make-up ACKs).
+    pub(super) skipped: VecDeque<(u32, u32)>,
+    /// Where this session's requests came from last: the device, or the client directly.
+    pub(super) reply_to: Option<SocketAddr>,
+    /// Bytes received from `reply_to` not yet spent on unsolicited messages to it.
+    pub(super) credit_bytes: u32,
+    pub(super) gap: Option<Gap>,
+    pub(super) deferral: Option<Deferral>,
+    /// The wait before retrying a deferred request; doubles while the store stays full.
+    pub(super) defer_interval: Duration,
+    pub(super) last_active: Time,
+}
+
+impl Session {
+    pub(super) fn is_idle(&self) -> bool {
+        self.pending.is_empty() && self.issued_through == self.last_applied
+    }
+
+    /// Whether `seq` was skipped or filled (as far as this session still remembers).
+    pub(super) fn was_skipped(&self, seq: u32) -> bool {
+        self.skipped
+            .iter()
+            .any(|&(first, last)| (first..=last).contains(&seq))
+    }
+}
+
+/// Sessions by id, with eviction of the idlest and the reassembly budget.
+#[derive(Debug)]
+pub(super) struct Table {
+    pub(super) sessions: HashMap<u64, Session>,
+    /// Sessions in the order they became active, oldest first, lazily: an entry whose time
+    /// is not its session's `last_active` any more is stale and skipped.
+    activity: VecDeque<(Time, u64)>,
+    /// Bytes buffered for reassembly by all sessions.
+    pub(super) buffered_bytes: usize,
+    /// Sessions evicted to make room.
+    pub(super) evicted: u64,
+    max_sessions: usize,
+}
+
+impl Table {
+    pub(super) fn new(max_sessions: usize) -> Table {
+        Table {
+            sessions: HashMap::new(),
+            activity: VecDeque::new(),
+            buffered_bytes: 0,
+            evicted: 0,
+            max_sessions,
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Mark `session_id` active at `now`.
+    pub(super) fn touch(&mut self, now: Time, session_id: u64) {
+        let Some(session) = self.sessions.get_mut(&session_id) else {
+            return;
+        };
+        if session.last_active == now && now != Time::ZERO {
+            return;
+        }
+        session.last_active = now;
+        self.activity.push_back((now, session_id));
+        if self.activity.len() > 4 * self.sessions.len() + 4096 {
+            self.compact_activity();
+        }
+    }
+
+    fn compact_activity(&mut self) {
+        let mut order: Vec<(Time, u64)> = self
+            .sessions
+            .iter()
+            .map(|(id, session)| (session.last_active, *id))
+            .collect();
+        order.sort_unstable();
+        self.activity = order.into();
+    }
+
+    /// Insert a session recovered from the store.
+    pub(super) fn insert(&mut self, now: Time, session_id: u64, session: Session) {
+        self.sessions.insert(session_id, session);
+        self.touch(now, session_id);
+    }
+
+    /// The session `session_id`, created if new; `None` when the table is full of sessions
+    /// that cannot be evicted. Evicting forgets a session's duplicate detection; only idle
+    /// sessions are evicted, the one idle longest first.
+    pub(super) fn get_or_create(&mut self, now: Time, session_id: u64) -> Option<&mut Session> {
+        if !self.sessions.contains_key(&session_id) {
+            if self.sessions.len() >= self.max_sessions && !self.evict_idlest() {
+                return None;
+            }
+            self.sessions.insert(session_id, Session::default());
+        }
+        self.touch(now, session_id);
+        self.sessions.get_mut(&session_id)
+    }
+
+    /// Evict the session idle longest; false if none was found within the scan limit.
+    fn evict_idlest(&mut self) -> bool {
+        for _ in 0..EVICTION_SCAN_LIMIT {
+            let Some((time, session_id)) = self.activity.pop_front() else {
+                return false;
+            };
+            let Some(session) = self.sessions.get(&session_id) else {
+                continue;
+            };
+            if session.last_active != time {
+                continue;
+            }
+            if session.is_idle() {
+                self.sessions.remove(&session_id);
+                self.evicted += 1;
+                return true;
+            }
+            // Busy: it is touched again when it makes progress. Keep it in the order.
+            self.activity.push_back((time, session_id));
+        }
+        false
+    }
+}

@@ -241,3 +241,62 @@ impl Table {
         false
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(millis: u64) -> Time {
+        Time::from_nanos(millis * 1_000_000)
+    }
+
+    #[test]
+    fn the_idlest_session_is_evicted_and_busy_ones_never() {
+        let mut table = Table::new(3);
+        for (millis, id) in [(1, 10), (2, 20), (3, 30)] {
+            table.get_or_create(at(millis), id).expect("room");
+        }
+        // 10 is busy (a request buffered); 20 is then the idlest of the idle ones.
+        table
+            .sessions
+            .get_mut(&10)
+            .expect("session")
+            .pending
+            .insert(2, Assembly::new(RequestKind::Update, false, 1));
+        table.get_or_create(at(4), 40).expect("room by evicting 20");
+        assert!(table.sessions.contains_key(&10));
+        assert!(!table.sessions.contains_key(&20));
+        assert_eq!(table.evicted, 1);
+        // Touching 30 makes 40 the idlest.
+        table.touch(at(5), 30);
+        table.get_or_create(at(6), 50).expect("room by evicting 40");
+        assert!(!table.sessions.contains_key(&40));
+        assert!(table.sessions.contains_key(&30));
+    }
+
+    #[test]
+    fn a_table_full_of_busy_sessions_refuses_new_ones() {
+        let mut table = Table::new(2);
+        for id in [1, 2] {
+            let session = table.get_or_create(at(id), id).expect("room");
+            session
+                .pending
+                .insert(5, Assembly::new(RequestKind::Update, false, 1));
+        }
+        assert!(table.get_or_create(at(9), 3).is_none());
+        assert_eq!(table.len(), 2);
+    }
+
+    #[test]
+    fn many_more_sessions_than_the_table_holds_keep_the_order_bounded() {
+        let mut table = Table::new(1024);
+        for id in 0..200_000u64 {
+            table.get_or_create(at(id + 1), id).expect("room");
+            table.touch(at(id + 1), id / 2);
+        }
+        assert_eq!(table.len(), 1024);
+        // The lazy order is compacted: it never grows far beyond the table.
+        assert!(table.activity.len() <= 4 * 1024 + 4096 + 1);
+        assert_eq!(table.evicted, 200_000 - 1024);
+    }
+}

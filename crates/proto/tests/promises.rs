@@ -1,0 +1,354 @@
+//! An ack is a promise, everywhere: scenarios where an acknowledged update used to be lost or a
+//! sender could make an endpoint spend without bound, each driven through the in-memory
+//! network with a virtual clock.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pmnet_proto::{ClientError, ClientEvent, Completion, RequestKind};
+use pmnet_sim::{client_addr, device_addr, server_addr, World, SERVER_ID};
+use pmnet_wire::{Header, PacketType, MAX_REQUEST_LIFETIME_MS};
+
+const STEPS: usize = 2_000_000;
+
+fn drive_to_quiet(world: &mut World) {
+    world.run_for(Duration::from_secs(5));
+}
+
+/// Longer than any client's request lifetime plus the server's margin: every gap is resolved.
+fn past_every_lifetime() -> Duration {
+    Duration::from_millis(MAX_REQUEST_LIFETIME_MS) + Duration::from_secs(10)
+}
+
+fn is_logged(event: Option<&ClientEvent>) -> bool {
+    matches!(
+        event,
+        Some(ClientEvent::Completed {
+            completion: Completion::Logged { .. },
+            ..
+        })
+    )
+}
+
+fn is_failed(event: Option<&ClientEvent>) -> bool {
+    matches!(event, Some(ClientEvent::Failed { .. }))
+}
+
+fn short_lifetime(world: &mut World, client: usize) {
+    world.reconfigure_client(client, |config| {
+        config.request_lifetime = Duration::from_millis(300);
+    });
+}
+
+#[test]
+fn a_full_store_keeps_the_acked_update_in_the_log_until_there_is_room() {
+    let mut world = World::new(1, Some(64));
+    drive_to_quiet(&mut world);
+    let session = world.session(0);
+    world.servers[0].store_full = true;
+    let seq = world.update(0, b"k=v");
+    world.drive_until(STEPS, |w| w.completion(0, seq).is_some());
+    assert!(is_logged(world.completion(0, seq)), "acked by the device");
+    drive_to_quiet(&mut world);
+    // The store has no room: nothing applied, no server-ACK, and the entry stays logged.
+    assert!(world.applied_seqs(session).is_empty());
+    assert!(world.seen_of(PacketType::ServerAck).is_empty());
+    assert_eq!(world.device(0).device.live_entry_count(), 1);
+    assert!(world.servers[0].server.counters().requests_deferred >= 2);
+    // A later bypass of the session waits behind it (order is kept).
+    let read = world.bypass(0, b"get k");
+    drive_to_quiet(&mut world);
+    assert!(world.completion(0, read).is_none());
+    world.servers[0].store_full = false;
+    world.drive_until(STEPS, |w| w.completion(0, read).is_some());
+    drive_to_quiet(&mut world);
+    assert_eq!(world.applied_seqs(session), vec![seq, read]);
+    assert_eq!(world.device(0).device.live_entry_count(), 0);
+}
+
+#[test]
+fn a_request_the_client_gave_up_on_does_not_strand_the_acked_ones_behind_it() {
+    // Two log slots, the server down: updates 1 and 2 are logged and acked, 3 finds the log
+    // full, is forwarded unlogged and fails. The server starts; update 4 is acked and the
+    // client goes away. 4 must be applied without the client.
+    let mut world = World::new(1, Some(2));
+    short_lifetime(&mut world, 0);
+    drive_to_quiet(&mut world);
+    let session = world.session(0);
+    world.stop_server(0);
+    let first = world.update(0, b"a1");
+    let second = world.update(0, b"a2");
+    let third = world.update(0, b"a3");
+    world.drive_until(STEPS, |w| w.completion(0, third).is_some());
+    assert!(is_logged(world.completion(0, first)));
+    assert!(is_logged(world.completion(0, second)));
+    assert_eq!(
+        world.completion(0, third),
+        Some(&ClientEvent::Failed {
+            seq: third,
+            kind: RequestKind::Update,
+            error: ClientError::NotLogged(pmnet_wire::NotLoggedReason::LogFull),
+        })
+    );
+    // The no-op fills the client sends (on giving up, and when asked) are lost: as if it had
+    // exited at once, as a command-line client does.
+    world.drop_when(|seen| seen.header.has_flag(pmnet_wire::flags::NOOP_FILL));
+    world.start_server(0);
+    world.drive_until(STEPS, |w| w.device(0).device.live_entry_count() == 0);
+    let fourth = world.update(0, b"a4");
+    world.drive_until(STEPS, |w| w.completion(0, fourth).is_some());
+    assert!(is_logged(world.completion(0, fourth)));
+    world.client_leaves(0);
+    world.run_for(past_every_lifetime());
+    assert_eq!(world.applied_seqs(session), vec![first, second, fourth]);
+    assert_eq!(
+        world.servers[0].server.counters().sequence_numbers_skipped,
+        1
+    );
+    assert_eq!(world.device(0).device.live_entry_count(), 0);
+    assert_eq!(world.servers[0].server.busy_session_count(), 0);
+}
+
+#[test]
+fn a_window_of_acked_updates_behind_a_hole_is_applied_after_the_client_left() {
+    // The server is down; one update of a window finds no slot and is forwarded unlogged,
+    // the ones behind it are logged and acked; the client gives up on the hole and leaves.
+    let mut world = World::new(1, Some(64));
+    drive_to_quiet(&mut world);
+    let session = world.session(0);
+    world.stop_server(0);
+    // Seq 3 is never logged: every copy of it is lost before the device.
+    world.drop_when(|seen| {
+        seen.to == device_addr(0)
+            && seen.header.packet_type == PacketType::UpdateRequest
+            && seen.header.seq == 3
+    });
+    let seqs: Vec<u32> = (0..16)
+        .map(|index| world.update(0, format!("v{index}").as_bytes()))
+        .collect();
+    world.run_for(Duration::from_millis(50));
+    for &seq in &seqs {
+        if seq != 3 {
+            assert!(is_logged(world.completion(0, seq)), "seq {seq} acked");
+        }
+    }
+    world.client_leaves(0);
+    world.start_server(0);
+    world.run_for(past_every_lifetime());
+    let expected: Vec<u32> = seqs.iter().copied().filter(|seq| *seq != 3).collect();
+    assert_eq!(world.applied_seqs(session), expected);
+    assert_eq!(world.device(0).device.live_entry_count(), 0);
+    let server = world.servers[0].server.counters();
+    assert_eq!(server.sequence_numbers_skipped, 1);
+    assert!(server.fill_queries_sent >= 1);
+    // Nothing was dropped for being beyond the reorder window, nor asked for forever.
+    assert_eq!(server.dropped.get("beyond_reorder_window"), None);
+    let asked = server.retransmit_requests_sent;
+    world.run_for(Duration::from_secs(60));
+    assert_eq!(
+        world.servers[0].server.counters().retransmit_requests_sent,
+        asked
+    );
+}
+
+#[test]
+fn a_number_a_device_holds_whole_is_never_skipped() {
+    // The device holds seq 1 (acked) while the server is down for longer than every request
+    // lifetime; seq 2's forward arrives first. The fill query finds seq 1 at the device.
+    let mut world = World::new(1, Some(64));
+    drive_to_quiet(&mut world);
+    let session = world.session(0);
+    // Every forward of seq 1 and every resend is lost until the lease has passed.
+    world.drop_when(|seen| {
+        seen.to == server_addr(0)
+            && seen.header.packet_type == PacketType::UpdateRequest
+            && seen.header.seq == 1
+            && seen.at.as_nanos() < 25_000_000_000
+    });
+    let first = world.update(0, b"one");
+    let second = world.update(0, b"two");
+    world.drive_until(STEPS, |w| w.completion(0, second).is_some());
+    assert!(is_logged(world.completion(0, first)));
+    world.run_for(past_every_lifetime() + Duration::from_secs(10));
+    assert_eq!(world.applied_seqs(session), vec![first, second]);
+    let server = world.servers[0].server.counters();
+    assert_eq!(server.sequence_numbers_skipped, 0);
+    assert!(world.device(0).device.counters().fill_queries_held >= 1);
+}
+
+#[test]
+fn a_spoofed_gap_gets_at_most_what_its_source_paid_for() {
+    // One valid update with a random session and seq 2, straight at the server from an
+    // address nobody verified: the gap at seq 1 must not make the server send that address
+    // more bytes than it sent, however long the gap lasts.
+    let mut world = World::new(1, None);
+    drive_to_quiet(&mut world);
+    let victim: SocketAddr = "192.0.2.77:4000".parse().expect("address");
+    let header = Header::new(
+        PacketType::UpdateRequest,
+        SERVER_ID,
+        0xBAD5_E551_0000_0001,
+        2,
+    );
+    let datagram = header.encode(b"x");
+    let sent_len = datagram.len();
+    world.inject(victim, server_addr(0), datagram);
+    world.run_for(Duration::from_secs(60));
+    // Unsolicited: everything but the reply to the request once it is applied.
+    let towards_victim: usize = world
+        .seen
+        .iter()
+        .filter(|seen| seen.to == victim && seen.header.packet_type != PacketType::ServerAck)
+        .map(|_| pmnet_wire::HEADER_LEN)
+        .sum();
+    assert!(
+        towards_victim <= sent_len,
+        "{towards_victim} bytes sent towards a source that sent {sent_len}"
+    );
+    // And the gap was resolved: without devices nothing can hold seq 1, so it was skipped.
+    let server = &world.servers[0].server;
+    assert_eq!(server.busy_session_count(), 0);
+    assert_eq!(server.counters().sequence_numbers_skipped, 1);
+}
+
+#[test]
+fn a_device_passes_on_only_what_the_client_paid_for() {
+    // A spoofed update through the device: the server's retransmission requests go to the
+    // device, which may pass them on to the client's address only within its credit.
+    let mut world = World::new(1, Some(64));
+    drive_to_quiet(&mut world);
+    let victim: SocketAddr = "192.0.2.78:4000".parse().expect("address");
+    let header = Header::new(
+        PacketType::UpdateRequest,
+        SERVER_ID,
+        0xBAD5_E551_0000_0002,
+        2,
+    );
+    let datagram = header.encode(b"y");
+    let sent_len = datagram.len();
+    world.inject(victim, device_addr(0), datagram);
+    world.run_for(Duration::from_secs(60));
+    let unsolicited: usize = world
+        .seen
+        .iter()
+        .filter(|seen| {
+            seen.to == victim
+                && !matches!(
+                    seen.header.packet_type,
+                    PacketType::PmnetAck | PacketType::ServerAck
+                )
+        })
+        .map(|_| pmnet_wire::HEADER_LEN)
+        .sum();
+    assert!(
+        unsolicited <= sent_len,
+        "{unsolicited} unsolicited bytes towards a source that sent {sent_len}"
+    );
+    // The update itself was acked (it was valid) and, once the gap outlived every lifetime,
+    // applied: no log slot held for good.
+    assert_eq!(world.device(0).device.live_entry_count(), 0);
+}
+
+#[test]
+fn fragment_counts_no_sender_may_use_cost_nothing() {
+    let mut world = World::new(1, None);
+    drive_to_quiet(&mut world);
+    let from = client_addr(0);
+    for session in 0..1000u64 {
+        let mut header = Header::new(PacketType::UpdateRequest, SERVER_ID, 0xF000 + session, 1);
+        header.fragment_count = u16::MAX;
+        world.inject(from, server_addr(0), header.encode(&[0]));
+    }
+    world.run_for(Duration::from_millis(10));
+    let server = &world.servers[0].server;
+    assert_eq!(server.counters().dropped.get("bad_fragment"), Some(&1000));
+    assert_eq!(server.buffered_bytes(), 0);
+}
+
+#[test]
+fn reassembly_memory_is_bounded_in_all_and_per_session() {
+    let mut world = World::new(1, None);
+    let now = world.now;
+    let node = &mut world.servers[0];
+    node.config.max_buffered_bytes = 1 << 20;
+    node.config.max_session_buffered_bytes = 256 << 10;
+    node.server = pmnet_proto::Server::new(node.config.clone(), now, Vec::new());
+    drive_to_quiet(&mut world);
+    let from = client_addr(0);
+    // Many sessions, each starting the largest reassembly a sender may claim.
+    for session in 0..2000u64 {
+        let mut header = Header::new(PacketType::UpdateRequest, SERVER_ID, 0xE000 + session, 1);
+        header.fragment_count = pmnet_wire::MAX_FRAGMENT_COUNT;
+        world.inject(from, server_addr(0), header.encode(&[0; 64]));
+    }
+    // One session sending every sequence number of its reorder window, large.
+    for seq in 2..1000u32 {
+        let header = Header::new(PacketType::UpdateRequest, SERVER_ID, 0xD000, seq);
+        world.inject(from, server_addr(0), header.encode(&[1; 1400]));
+    }
+    world.run_for(Duration::from_millis(10));
+    let server = &world.servers[0].server;
+    assert!(server.buffered_bytes() <= 1 << 20);
+    assert!(server.counters().dropped.get("reassembly_budget").copied() > Some(0));
+}
+
+#[test]
+fn updates_no_server_accepts_do_not_hold_log_slots_for_good() {
+    let mut world = World::new(1, Some(64));
+    drive_to_quiet(&mut world);
+    let from = client_addr(0);
+    // Seq 0 is refused at the door.
+    for session in 0..10u64 {
+        let header = Header::new(PacketType::UpdateRequest, SERVER_ID, 0xA000 + session, 0);
+        world.inject(from, device_addr(0), header.encode(b"z"));
+    }
+    // Far beyond the server's reorder window, on sessions it never saw.
+    for session in 0..10u64 {
+        let header = Header::new(
+            PacketType::UpdateRequest,
+            SERVER_ID,
+            0xB000 + session,
+            1_000_000,
+        );
+        world.inject(from, device_addr(0), header.encode(b"w"));
+    }
+    world.run_for(Duration::from_millis(10));
+    let device = &world.device(0).device;
+    assert_eq!(device.counters().dropped.get("zero_seq"), Some(&10));
+    assert_eq!(device.live_entry_count(), 10);
+    world.run_for(past_every_lifetime());
+    // Resolved: the gaps before them skipped (no device held anything there), then applied.
+    assert_eq!(world.device(0).device.live_entry_count(), 0);
+    assert_eq!(world.servers[0].server.busy_session_count(), 0);
+}
+
+#[test]
+fn a_server_back_after_an_outage_drains_the_log_in_order_without_drops() {
+    let mut world = World::new(4, Some(4096));
+    drive_to_quiet(&mut world);
+    world.stop_server(0);
+    let mut logged = 0;
+    for round in 0..200 {
+        for client in 0..4 {
+            let seq = world.update(client, format!("r{round}").as_bytes());
+            world.drive_until(STEPS, |w| w.completion(client, seq).is_some());
+            assert!(is_logged(world.completion(client, seq)));
+            logged += 1;
+        }
+    }
+    assert_eq!(world.device(0).device.live_entry_count(), logged);
+    world.run_for(Duration::from_secs(5)); // resends pile up against a dead server
+    world.start_server(0);
+    world.drive_until(STEPS, |w| w.device(0).device.live_entry_count() == 0);
+    let server = world.servers[0].server.counters();
+    assert_eq!(server.requests_applied, logged as u64);
+    assert_eq!(server.dropped.get("beyond_reorder_window"), None);
+    let device = world.device(0).device.counters();
+    // Paced: the replay never had more out than its window.
+    assert!(device.replay_sent >= logged as u64);
+    for client in 0..4 {
+        let session = world.session(client);
+        assert_eq!(world.applied_seqs(session), (1..=200).collect::<Vec<u32>>());
+    }
+    assert!(!is_failed(world.completion(0, 1)));
+}

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use pmnet_proto::Completion;
+use pmnet_proto::{ClientError, Completion};
 use pmnet_runtime::{ClientSession, SessionOptions, WaitMode};
 use pmnet_store::{Reply, Request};
 
@@ -173,11 +173,18 @@ fn execute(session: &mut ClientSession, command: &KvCommand) -> Result<String, C
     } else {
         session.bypass(&payload)
     }
-    .map_err(|error| {
-        format!(
+    .map_err(|error| match error {
+        ClientError::TimedOut => format!(
             "{error} (is a device or server listening at the address given to --device?); the \
              request may or may not have been applied"
-        )
+        ),
+        ClientError::NotLogged(_) => format!(
+            "{error}: the request was not acknowledged and may or may not have been applied \
+             (the server is unreachable or overloaded; it applies the device's log when it is \
+             back)"
+        ),
+        ClientError::Skipped => format!("{error}"),
+        other => format!("{other}"),
     })?;
     Ok(match completion {
         Completion::Logged { device_id } => {

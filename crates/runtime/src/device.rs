@@ -873,6 +873,32 @@ fn device_counter_metrics(out: &mut Metrics, port: &str, counters: &DeviceCounte
             "Entries rebuilt from the log at start-up.",
             counters.entries_recovered,
         ),
+        (
+            "pmnet_device_replay_queued_total",
+            "Entries queued to be resent at the server's pace (timeouts, recovery polls).",
+            counters.replay_queued,
+        ),
+        (
+            "pmnet_device_replay_sent_total",
+            "Entries resent from the replay queue.",
+            counters.replay_sent,
+        ),
+        (
+            "pmnet_device_not_logged_notices_sent_total",
+            "Notices to clients that an update was forwarded without logging (log full, \
+             collision, too large).",
+            counters.not_logged_notices_sent,
+        ),
+        (
+            "pmnet_device_fill_queries_total",
+            "Fill queries answered for servers about to skip a gap.",
+            counters.fill_queries,
+        ),
+        (
+            "pmnet_device_fill_queries_held_total",
+            "Fill queries that found a request held whole (resent; the server skips nothing).",
+            counters.fill_queries_held,
+        ),
     ] {
         out.counter(name, help, &labels, value);
     }

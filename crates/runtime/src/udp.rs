@@ -21,9 +21,9 @@ pub const BATCH_LEN: usize = 32;
 /// that does not fit is reported truncated by the kernel instead of being cut unnoticed.
 const RECEIVE_BUFFER_LEN: usize = 65_536;
 
-/// Packet-type slots of the per-type counters: index 0 is "not a PMNet datagram", 1..=7 the
-/// type codes of [`PacketType`].
-pub const TYPE_SLOT_COUNT: usize = 8;
+/// Packet-type slots of the per-type counters: index 0 is "not a PMNet datagram" (or a type of
+/// a later function), 1..=0x0F the core protocol's type codes ([`PacketType`]).
+pub const TYPE_SLOT_COUNT: usize = 0x10;
 
 /// The counter slot of a datagram, from its magic and type byte alone (no checksum: the state
 /// machines validate, and count what they reject).
@@ -33,8 +33,8 @@ pub fn type_slot(datagram: &[u8]) -> usize {
         return 0;
     }
     match PacketType::from_code(datagram[3]) {
-        Some(packet_type) => packet_type as usize,
-        None => 0,
+        Some(packet_type) if (packet_type as usize) < TYPE_SLOT_COUNT => packet_type as usize,
+        _ => 0,
     }
 }
 
@@ -418,6 +418,21 @@ mod tests {
 
     fn loopback() -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 0))
+    }
+
+    #[test]
+    fn every_packet_type_has_a_counter_slot_of_its_own() {
+        let mut slots = std::collections::BTreeSet::new();
+        for packet_type in PacketType::ALL {
+            let datagram = pmnet_wire::Header::new(packet_type, 1, 1, 1).encode(&[]);
+            let slot = type_slot(&datagram);
+            assert!(slot > 0 && slot < TYPE_SLOT_COUNT, "{packet_type}");
+            assert!(slots.insert(slot), "{packet_type} shares a slot");
+            assert_eq!(type_slot_name(slot), packet_type.name());
+        }
+        let mut later = pmnet_wire::Header::new(PacketType::UpdateRequest, 1, 1, 1).encode(&[]);
+        later[3] = 0x30;
+        assert_eq!(type_slot(&later), 0);
     }
 
     #[test]

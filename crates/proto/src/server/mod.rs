@@ -335,10 +335,19 @@ impl Server {
         }
         let session_id = header.session_id;
         let reorder_window = self.config.reorder_window;
-        let Some(session) = self.table.get_or_create(now, session_id) else {
+        let known = self.table.sessions.contains_key(&session_id);
+        if self.table.get_or_create(now, session_id).is_none() {
             self.count_drop("sessions_full");
             return;
-        };
+        }
+        if !known {
+            self.counters.sessions_evicted = self.table.evicted;
+        }
+        let session = self
+            .table
+            .sessions
+            .get_mut(&session_id)
+            .expect("created above");
         if session.reply_to != Some(from) {
             session.reply_to = Some(from);
             session.credit_bytes = 0;

@@ -880,6 +880,26 @@ impl ServerRuntime {
                 counters.noop_fills_received,
             ),
             (
+                "pmnet_server_retransmit_requests_unpaid_total",
+                "Retransmission requests not sent: the source had not sent enough to pay for them.",
+                counters.retransmit_requests_unpaid,
+            ),
+            (
+                "pmnet_server_fill_queries_sent_total",
+                "Fill queries sent to devices before skipping a gap no client can close.",
+                counters.fill_queries_sent,
+            ),
+            (
+                "pmnet_server_sequence_numbers_skipped_total",
+                "Sequence numbers skipped: no client or device could supply them any more.",
+                counters.sequence_numbers_skipped,
+            ),
+            (
+                "pmnet_server_requests_deferred_total",
+                "Requests the store had no room for, kept waiting (never refused).",
+                counters.requests_deferred,
+            ),
+            (
                 "pmnet_loop_iterations_total",
                 "Turns of the event loop.",
                 self.counters.loop_iterations,

@@ -4,6 +4,7 @@ mod bench;
 mod client;
 mod config;
 mod demo;
+mod drain_bench;
 mod node;
 mod redis;
 mod sim;
@@ -68,6 +69,9 @@ enum Command {
     /// Compare the storage engines: the write-path breakdown (the paper's Table 1) and
     /// updates through a server with each (see docs/storage.md).
     StoreBench(store_bench::StoreBenchArgs),
+    /// Time how fast a server drains a device's log after an outage, the device's replay
+    /// paced and unpaced side by side (see docs/benchmarks.md).
+    DrainBench(drain_bench::DrainBenchArgs),
 }
 
 impl Command {
@@ -83,6 +87,7 @@ impl Command {
             Command::RedisAdaptor(_) => "redis-adaptor",
             Command::Gateway(_) => "gateway",
             Command::StoreBench(_) => "store-bench",
+            Command::DrainBench(_) => "drain-bench",
         }
     }
 }
@@ -110,6 +115,7 @@ fn main() -> ExitCode {
         Command::RedisAdaptor(args) => redis::run_adaptor(args),
         Command::Gateway(args) => redis::run_gateway(args),
         Command::StoreBench(args) => store_bench::run(args),
+        Command::DrainBench(args) => drain_bench::run(args),
     };
     match result {
         Ok(code) => code,

@@ -141,6 +141,12 @@ pub struct DeviceArgs {
     #[arg(long)]
     pub no_log: bool,
 
+    /// Logged entries resent to one server and not yet acked, at most: the backlog after a
+    /// server outage is replayed in order at the pace the server acks it.
+    #[arg(long, value_name = "N", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub resends_in_flight: u32,
+
     /// Also forward without logging on this port (the benchmark's `forward` mode).
     #[arg(long, value_name = "ADDR")]
     pub forward_listen: Option<SocketAddr>,
@@ -174,6 +180,7 @@ impl DeviceArgs {
             log,
             forward_listen: self.forward_listen,
             echo_listen: self.echo_listen,
+            max_resends_in_flight: Some(self.resends_in_flight),
             loop_options: self.run.loop_options(),
         }
     }

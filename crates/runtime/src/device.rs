@@ -53,6 +53,9 @@ pub struct DeviceOptions {
     /// A UDP echo port served by the same loop: the floor for any acknowledgement (the
     /// benchmark's `echo` mode).
     pub echo_listen: Option<SocketAddr>,
+    /// Resent log entries out to one server at once (the paced replay's window); `None`
+    /// keeps the state machine's default.
+    pub max_resends_in_flight: Option<u32>,
     pub loop_options: LoopOptions,
 }
 
@@ -273,12 +276,15 @@ impl DeviceRuntime {
         };
         let (device, log) = match log {
             Some((log, entries)) => {
-                let config = DeviceConfig::new(
+                let mut config = DeviceConfig::new(
                     options.device_id,
                     options.servers.clone(),
                     log.slot_count(),
                     log.max_packet_len(),
                 );
+                if let Some(window) = options.max_resends_in_flight {
+                    config.max_resends_in_flight = window;
+                }
                 (Device::new(config, now, entries), Some(log))
             }
             None => (

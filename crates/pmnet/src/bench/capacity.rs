@@ -125,6 +125,7 @@ fn start_forwarder(
                     log: None,
                     forward_listen: Some(loopback),
                     echo_listen: Some(loopback),
+                    max_resends_in_flight: None,
                     loop_options,
                 };
                 let mut device = match DeviceRuntime::open(options, shutdown) {

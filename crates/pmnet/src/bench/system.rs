@@ -186,6 +186,7 @@ impl LoopbackSystem {
             }),
             forward_listen: Some(loopback),
             echo_listen: Some(loopback),
+            max_resends_in_flight: None,
             loop_options: loop_options(config.device_cpu),
         };
         let (device_tx, device_rx) = mpsc::channel();

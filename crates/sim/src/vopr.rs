@@ -453,9 +453,10 @@ fn run_inner(seed: u64, options: &Options, state: &mut Option<Run>) -> Report {
             45 if partitions_enabled => partition(world, &mut rng, summary),
             48 if clients_leave => {
                 let client = rng.random_range(0..client_count);
-                // Leave while something is in flight: that is what leaves a gap behind.
-                if !world.clients[client].gone && world.clients[client].client.in_flight_count() > 0
-                {
+                // Leave while something is in flight (that is what leaves a gap behind), and
+                // after something completed (a run that completed nothing proves nothing).
+                let node = &world.clients[client];
+                if !node.gone && node.client.in_flight_count() > 0 && !node.completed.is_empty() {
                     summary.counts.clients_gone += 1;
                     world.client_leaves(client);
                 }

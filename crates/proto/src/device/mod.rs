@@ -27,7 +27,9 @@ pub struct DeviceConfig {
     pub slot_count: u32,
     /// Largest datagram a slot holds; larger update fragments are forwarded without logging.
     pub max_logged_packet_len: usize,
-    /// Slots tried, from the one the hash picks, before counting a collision.
+    /// Slots tried, from the one the hash picks, before counting a collision. Linear probing
+    /// clusters: with 4, a log an eighth full already turned away one update in a few
+    /// thousand; with 32, a collision needs a log nearly full.
     pub probe_limit: u32,
     /// Most live entries at once; at the limit, updates are forwarded without logging.
     pub max_live_entries: u32,
@@ -60,7 +62,7 @@ impl DeviceConfig {
             logging: true,
             slot_count,
             max_logged_packet_len,
-            probe_limit: 4,
+            probe_limit: 32,
             max_live_entries: slot_count,
             resend_timeout: Duration::from_millis(20),
             max_resend_timeout: Duration::from_secs(1),

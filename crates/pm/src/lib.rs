@@ -3,13 +3,20 @@
 
 pub mod log;
 #[cfg(target_os = "linux")]
+mod log_file;
+#[cfg(target_os = "linux")]
 mod mmap;
 mod region;
 mod sim;
 
-pub use log::{EntryKey, LogError, LogRecovery, PmLog, RecoveredEntry};
+pub use log::{
+    scan_for_entries, EntryKey, EntryScan, LogError, LogRecovery, PmLog, RecoveredEntry,
+    RejectedSlot, SlotDamage, REJECTED_SLOTS_DESCRIBED,
+};
 #[cfg(target_os = "linux")]
-pub use mmap::{FlushChoice, MmapOptions, MmapRegion, PmError, ADDED_LATENCY_NS_MAX};
+pub use log_file::{open_log_file, LogFileError, LogFileOpened, LogFileOptions};
+#[cfg(target_os = "linux")]
+pub use mmap::{FlushChoice, MmapOptions, MmapRegion, NewFile, PmError, ADDED_LATENCY_NS_MAX};
 pub use region::{FlushMethod, Medium, MediumInfo, PmRegion, CACHE_LINE_SIZE};
 pub use sim::SimRegion;
 

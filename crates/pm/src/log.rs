@@ -54,8 +54,8 @@
 //! flushed and fenced; then the state alone becomes VALID with one aligned 4-byte store, flushed
 //! and fenced. A crash before the second fence leaves the state FREE (the entry is absent) or
 //! VALID over a header and packet that are already durable. The CRC catches what that order
-//! cannot: torn overwrites of a VALID slot and corruption at rest. Recovery frees such slots and
-//! counts them; it never returns an entry whose bytes differ from what was written.
+//! cannot: torn overwrites of a VALID slot and corruption at rest. Recovery frees such slots,
+//! counts them and describes the first few; it never returns an entry whose bytes differ from what was written.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -137,6 +137,82 @@ pub struct LogRecovery {
     /// Slots whose state was VALID over a bad checksum, length or slot index, or was neither
     /// FREE nor VALID: torn overwrites or corruption. They are FREE (and persisted) now.
     pub rejected_slot_count: u32,
+    /// The first [`REJECTED_SLOTS_DESCRIBED`] of those slots, in slot order, with what their
+    /// headers said.
+    pub rejected_slots: Vec<RejectedSlot>,
+}
+
+/// Rejected slots [`LogRecovery`] describes one by one at most (it counts them all).
+pub const REJECTED_SLOTS_DESCRIBED: usize = 32;
+
+/// A slot [`PmLog::open`] rejected and freed: what was wrong and what its header recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RejectedSlot {
+    pub slot: u32,
+    pub damage: SlotDamage,
+    /// The entry the header names, as stored.
+    pub key: EntryKey,
+    /// The packet length the header records, as stored.
+    pub packet_len: u32,
+    /// The header and packet still match their CRC: the fields above are the entry's own
+    /// (only the state word or the slot index was damaged). Otherwise they are unverified.
+    pub fields_verified: bool,
+}
+
+/// What was wrong with a rejected slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotDamage {
+    /// The state word is neither FREE nor VALID.
+    State(u32),
+    /// The recorded packet length does not fit the slot.
+    Length(u32),
+    /// The header names another slot.
+    SlotIndex(u32),
+    /// Header and packet fail their CRC32C (a torn overwrite or corruption).
+    Checksum,
+}
+
+impl fmt::Display for SlotDamage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SlotDamage::State(state) => {
+                write!(f, "state word {state:#010x} is neither free nor valid")
+            }
+            SlotDamage::Length(len) => write!(f, "packet length {len} does not fit the slot"),
+            SlotDamage::SlotIndex(index) => write!(f, "its header names slot {index}"),
+            SlotDamage::Checksum => write!(f, "header and packet fail their CRC32C"),
+        }
+    }
+}
+
+impl fmt::Display for RejectedSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "slot {} ({}) held server {}, session {:#x}, seq {}, fragment {}, {} bytes{}",
+            self.slot,
+            self.damage,
+            self.key.server_id,
+            self.key.session_id,
+            self.key.seq,
+            self.key.fragment_index,
+            self.packet_len,
+            if self.fields_verified {
+                ""
+            } else {
+                " (as its damaged header reads; unverified)"
+            }
+        )
+    }
+}
+
+/// What [`scan_for_entries`] found in a region whose superblock cannot be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EntryScan {
+    /// Slot headers marked VALID whose header and packet match their CRC32C.
+    pub intact_entries: u32,
+    /// The slot size most of those entries imply (none if only slot 0 was found).
+    pub slot_size: Option<u32>,
 }
 
 /// Why a log could not be formatted or opened. Messages say what to do.
@@ -165,40 +241,48 @@ pub enum LogError {
         slot_size: u32,
     },
 
+    // The errors of `open` state what is wrong; what to do about it is the caller's to say
+    // (restore the file, or format it and lose what it held).
     #[error(
-        "region of {region_len} bytes is smaller than a pmnet log superblock \
-         ({SUPERBLOCK_SIZE} bytes), so it holds no pmnet log; use a larger file and format it"
+        "{}",
+        if *region_len == 0 {
+            "it is empty (0 bytes): it was truncated, or never held a log".to_owned()
+        } else {
+            format!(
+                "it is {region_len} bytes, shorter than a pmnet log's {SUPERBLOCK_SIZE}-byte \
+                 superblock: it was truncated, or never held a log"
+            )
+        }
     )]
     NoSuperblock { region_len: usize },
 
     #[error(
-        "region holds no pmnet log: its superblock is blank; format it first (formatting \
-         erases the region)"
+        "its superblock is blank (all zero): it was erased or never written, and the log's \
+         geometry with it"
     )]
     Unformatted,
 
     #[error(
-        "region is not a pmnet log: it starts with {found_magic:02x?}, not \"PMNETLOG\"; point at \
-         the right file, or format this one if its contents are expendable (formatting erases it)"
+        "it is not a pmnet log: it starts with {found_magic:02x?}, not \"PMNETLOG\" (another \
+         kind of file, or a damaged superblock)"
     )]
     NotALog { found_magic: [u8; 8] },
 
     #[error(
-        "pmnet log layout version {found}, but this build reads version {LAYOUT_VERSION}; open \
-         it with a matching pmnet build, or reformat it (loses the logged entries)"
+        "it is a pmnet log of layout version {found}, and this build reads version \
+         {LAYOUT_VERSION} (open it with the build that wrote it)"
     )]
     UnsupportedVersion { found: u32 },
 
     #[error(
-        "pmnet log superblock is corrupt: checksum {stored_crc:#010x} stored, {computed_crc:#010x} \
-         computed; restore the file from a copy or reformat it (loses the logged entries)"
+        "its superblock is corrupt: checksum {stored_crc:#010x} stored, {computed_crc:#010x} \
+         computed"
     )]
     SuperblockCorrupt { stored_crc: u32, computed_crc: u32 },
 
     #[error(
-        "pmnet log superblock records {slot_count} slots of {slot_size} bytes, which this build \
-         does not accept ({reason}); the log was formatted differently: open it with the build \
-         that made it, or reformat it (loses the logged entries)"
+        "its superblock records {slot_count} slots of {slot_size} bytes, which this build does \
+         not accept ({reason}): it was formatted differently, or the superblock is damaged"
     )]
     SuperblockGeometry {
         slot_count: u32,
@@ -207,9 +291,8 @@ pub enum LogError {
     },
 
     #[error(
-        "pmnet log is truncated: its superblock records {slot_count} slots of {slot_size} bytes \
-         ({required_len} bytes) but the region has {region_len}; restore the full file, or \
-         reformat it (loses the logged entries)"
+        "it is truncated: its superblock records {slot_count} slots of {slot_size} bytes \
+         ({required_len} bytes with the superblock) but there are only {region_len}"
     )]
     Truncated {
         region_len: usize,
@@ -291,16 +374,7 @@ impl<R: PmRegion> PmLog<R> {
     /// Open the log on `region`: check the superblock, then recover every committed entry.
     /// Slots that fail their checks are freed (durably) and counted.
     pub fn open(region: R) -> Result<(Self, LogRecovery), LogError> {
-        let (slot_count, slot_size) = decode_superblock(region.bytes())?;
-        let required_len = Self::required_region_len(slot_count, slot_size);
-        if region.len() < required_len {
-            return Err(LogError::Truncated {
-                region_len: region.len(),
-                required_len,
-                slot_count,
-                slot_size,
-            });
-        }
+        let (slot_count, slot_size) = check_layout(region.bytes())?;
         let mut log = PmLog {
             region,
             slot_count,
@@ -317,8 +391,13 @@ impl<R: PmRegion> PmLog<R> {
                     return_address: log.return_address(slot),
                     packet: packet.to_vec(),
                 }),
-                SlotCheck::Rejected => {
+                SlotCheck::Rejected(damage) => {
                     recovery.rejected_slot_count += 1;
+                    if recovery.rejected_slots.len() < REJECTED_SLOTS_DESCRIBED {
+                        recovery
+                            .rejected_slots
+                            .push(log.describe_rejected(slot, damage));
+                    }
                     let offset = log.slot_offset(slot) + HEADER_STATE;
                     log.region.write(offset, &STATE_FREE.to_le_bytes());
                     log.region.flush(offset, 4);
@@ -411,7 +490,7 @@ impl<R: PmRegion> PmLog<R> {
     pub fn read(&self, slot: u32) -> Option<(EntryKey, &[u8])> {
         match self.check_slot(slot) {
             SlotCheck::Valid(key, packet) => Some((key, packet)),
-            SlotCheck::Free | SlotCheck::Rejected => None,
+            SlotCheck::Free | SlotCheck::Rejected(_) => None,
         }
     }
 
@@ -517,30 +596,118 @@ impl<R: PmRegion> PmLog<R> {
         match read_u32(header, HEADER_STATE) {
             STATE_FREE => return SlotCheck::Free,
             STATE_VALID => {}
-            _ => return SlotCheck::Rejected,
+            state => return SlotCheck::Rejected(SlotDamage::State(state)),
         }
-        let packet_len = read_u32(header, HEADER_PACKET_LEN) as usize;
-        if packet_len > self.max_packet_len() || read_u32(header, HEADER_SLOT_INDEX) != slot {
-            return SlotCheck::Rejected;
+        let packet_len = read_u32(header, HEADER_PACKET_LEN);
+        if packet_len as usize > self.max_packet_len() {
+            return SlotCheck::Rejected(SlotDamage::Length(packet_len));
         }
-        let packet = &bytes[SLOT_HEADER_SIZE..SLOT_HEADER_SIZE + packet_len];
+        let slot_index = read_u32(header, HEADER_SLOT_INDEX);
+        if slot_index != slot {
+            return SlotCheck::Rejected(SlotDamage::SlotIndex(slot_index));
+        }
+        let packet = &bytes[SLOT_HEADER_SIZE..SLOT_HEADER_SIZE + packet_len as usize];
         if read_u32(header, HEADER_CRC) != slot_crc(header, packet) {
-            return SlotCheck::Rejected;
+            return SlotCheck::Rejected(SlotDamage::Checksum);
         }
-        let key = EntryKey {
-            server_id: read_u16(header, HEADER_SERVER_ID),
-            session_id: read_u64(header, HEADER_SESSION_ID),
-            seq: read_u32(header, HEADER_SEQ),
-            fragment_index: read_u16(header, HEADER_FRAGMENT_INDEX),
+        SlotCheck::Valid(header_key(header), packet)
+    }
+
+    /// What the header of rejected `slot` records (read before the slot is freed).
+    fn describe_rejected(&self, slot: u32, damage: SlotDamage) -> RejectedSlot {
+        let offset = self.slot_offset(slot);
+        let bytes = &self.region.bytes()[offset..offset + self.slot_size as usize];
+        let header = &bytes[..SLOT_HEADER_SIZE];
+        let packet_len = read_u32(header, HEADER_PACKET_LEN);
+        let fields_verified = packet_len as usize <= self.max_packet_len() && {
+            let packet = &bytes[SLOT_HEADER_SIZE..SLOT_HEADER_SIZE + packet_len as usize];
+            read_u32(header, HEADER_CRC) == slot_crc(header, packet)
         };
-        SlotCheck::Valid(key, packet)
+        RejectedSlot {
+            slot,
+            damage,
+            key: header_key(header),
+            packet_len,
+            fields_verified,
+        }
     }
 }
 
 enum SlotCheck<'a> {
     Free,
     Valid(EntryKey, &'a [u8]),
-    Rejected,
+    Rejected(SlotDamage),
+}
+
+/// The entry a slot header names (trusted only once the header's CRC is checked).
+fn header_key(header: &[u8]) -> EntryKey {
+    EntryKey {
+        server_id: read_u16(header, HEADER_SERVER_ID),
+        session_id: read_u64(header, HEADER_SESSION_ID),
+        seq: read_u32(header, HEADER_SEQ),
+        fragment_index: read_u16(header, HEADER_FRAGMENT_INDEX),
+    }
+}
+
+/// Check that `region_bytes` hold a log this build opens, superblock and length: its geometry.
+pub(crate) fn check_layout(region_bytes: &[u8]) -> Result<(u32, u32), LogError> {
+    let (slot_count, slot_size) = decode_superblock(region_bytes)?;
+    let required_len = PmLog::<crate::SimRegion>::required_region_len(slot_count, slot_size);
+    if region_bytes.len() < required_len {
+        return Err(LogError::Truncated {
+            region_len: region_bytes.len(),
+            required_len,
+            slot_count,
+            slot_size,
+        });
+    }
+    Ok((slot_count, slot_size))
+}
+
+/// Look for committed entries in a region whose superblock cannot be used: every cache line
+/// past the superblock that starts with the VALID state word is taken for a slot header, and
+/// counted if its header and packet match their CRC32C. A slot header names its own slot, so
+/// each one found also says what slot size the log had. One read per 64 bytes, plus a CRC for
+/// each candidate; nothing is written.
+pub fn scan_for_entries(region_bytes: &[u8]) -> EntryScan {
+    let mut scan = EntryScan::default();
+    let mut sizes: Vec<u32> = Vec::new();
+    let mut offset = SUPERBLOCK_SIZE;
+    while offset + SLOT_HEADER_SIZE <= region_bytes.len() {
+        let header = &region_bytes[offset..offset + SLOT_HEADER_SIZE];
+        offset += SLOT_HEADER_SIZE;
+        if read_u32(header, HEADER_STATE) != STATE_VALID {
+            continue;
+        }
+        let packet_len = read_u32(header, HEADER_PACKET_LEN) as usize;
+        let packet_start = offset;
+        if packet_len > SLOT_SIZE_MAX as usize - SLOT_HEADER_SIZE
+            || packet_start + packet_len > region_bytes.len()
+        {
+            continue;
+        }
+        let packet = &region_bytes[packet_start..packet_start + packet_len];
+        if read_u32(header, HEADER_CRC) != slot_crc(header, packet) {
+            continue;
+        }
+        scan.intact_entries += 1;
+        let slot = read_u32(header, HEADER_SLOT_INDEX);
+        let distance = (packet_start - SLOT_HEADER_SIZE - SUPERBLOCK_SIZE) as u64;
+        if slot > 0 && distance % u64::from(slot) == 0 {
+            if let Ok(size) = u32::try_from(distance / u64::from(slot)) {
+                if check_geometry(slot + 1, size).is_ok() {
+                    sizes.push(size);
+                }
+            }
+        }
+    }
+    // The size most entries imply (a stray match inside a packet does not outvote them).
+    sizes.sort_unstable();
+    scan.slot_size = sizes
+        .chunk_by(|a, b| a == b)
+        .max_by_key(|run| run.len())
+        .map(|run| run[0]);
+    scan
 }
 
 fn check_geometry(slot_count: u32, slot_size: u32) -> Result<(), &'static str> {
@@ -1060,6 +1227,109 @@ mod tests {
     }
 
     #[test]
+    fn rejected_slots_say_what_they_held() {
+        let mut log = new_log();
+        log.write(4, &key(5), &packet(100, 5));
+        log.write(6, &key(6), &packet(20, 6));
+        let slot4 = log.slot_range(4).start;
+        let slot6 = log.slot_range(6).start;
+        let region = log.into_region();
+
+        // A flipped packet bit: the checksum fails, the header's fields are unverified.
+        let mut corrupted = region.clone();
+        corrupted.flip_bit(slot4 + SLOT_HEADER_SIZE + 10, 1);
+        // A damaged state word over an intact header and packet: the fields are the entry's.
+        corrupted.write(slot6 + HEADER_STATE, &0x1234_5678u32.to_le_bytes());
+        let (_, recovery) = PmLog::open(corrupted).unwrap();
+        assert_eq!(recovery.rejected_slot_count, 2);
+        assert_eq!(
+            recovery.rejected_slots,
+            [
+                RejectedSlot {
+                    slot: 4,
+                    damage: SlotDamage::Checksum,
+                    key: key(5),
+                    packet_len: 100,
+                    fields_verified: false,
+                },
+                RejectedSlot {
+                    slot: 6,
+                    damage: SlotDamage::State(0x1234_5678),
+                    key: key(6),
+                    packet_len: 20,
+                    fields_verified: true,
+                },
+            ]
+        );
+        let text = recovery.rejected_slots[0].to_string();
+        for expected in [
+            "slot 4",
+            "CRC32C",
+            "seq 35",
+            "fragment 1",
+            "100 bytes",
+            "unverified",
+        ] {
+            assert!(text.contains(expected), "{expected:?} not in {text}");
+        }
+        assert!(!recovery.rejected_slots[1]
+            .to_string()
+            .contains("unverified"));
+    }
+
+    #[test]
+    fn rejected_slots_are_described_up_to_a_bound_and_all_counted() {
+        let slot_count = REJECTED_SLOTS_DESCRIBED as u32 + 8;
+        let len = PmLog::<SimRegion>::required_region_len(slot_count, SLOT_SIZE);
+        let mut log = PmLog::format(SimRegion::new(len), slot_count, SLOT_SIZE).unwrap();
+        for slot in 0..slot_count {
+            log.write(slot, &key(slot), &packet(30, slot as u8));
+        }
+        let mut region = log.into_region();
+        for slot in 0..slot_count as usize {
+            region.flip_bit(SUPERBLOCK_SIZE + slot * SLOT_SIZE as usize + HEADER_SEQ, 0);
+        }
+        let (_, recovery) = PmLog::open(region).unwrap();
+        assert_eq!(recovery.rejected_slot_count, slot_count);
+        assert_eq!(recovery.rejected_slots.len(), REJECTED_SLOTS_DESCRIBED);
+        assert!(recovery.entries.is_empty());
+    }
+
+    #[test]
+    fn a_scan_finds_intact_entries_without_a_superblock() {
+        let mut log = new_log();
+        for slot in [0, 3, 5] {
+            log.write(slot, &key(slot), &packet(40 + slot as usize, slot as u8));
+        }
+        log.write(7, &key(7), &packet(50, 7));
+        log.invalidate(7);
+        let mut region = log.into_region();
+        region.write(0, &[0; SB_FIELDS_SIZE]);
+        assert_eq!(
+            PmLog::open(region.clone()).unwrap_err(),
+            LogError::Unformatted
+        );
+        assert_eq!(
+            scan_for_entries(region.bytes()),
+            EntryScan {
+                intact_entries: 3,
+                slot_size: Some(SLOT_SIZE),
+            }
+        );
+        // A damaged entry is not counted.
+        region.flip_bit(
+            SUPERBLOCK_SIZE + 3 * SLOT_SIZE as usize + SLOT_HEADER_SIZE,
+            0,
+        );
+        assert_eq!(scan_for_entries(region.bytes()).intact_entries, 2);
+        assert_eq!(
+            scan_for_entries(new_log().region().bytes()),
+            EntryScan::default()
+        );
+        assert_eq!(scan_for_entries(&[0; 10]), EntryScan::default());
+    }
+
+    #[test]
     fn random_corruption_at_rest_never_yields_a_wrong_entry() {
         let seed = test_seed("random_corruption_at_rest_never_yields_a_wrong_entry");
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -1091,19 +1361,22 @@ mod tests {
     }
 
     #[test]
-    fn bad_superblocks_are_errors_that_say_what_to_do() {
+    fn bad_superblocks_are_errors_that_say_what_is_wrong() {
         let region = new_log().into_region();
         let open_error = |region: SimRegion| PmLog::open(region).unwrap_err();
 
         let error = open_error(SimRegion::new(region_len()));
         assert_eq!(error, LogError::Unformatted);
-        assert!(error.to_string().contains("format it first"), "{error}");
+        assert!(error.to_string().contains("blank (all zero)"), "{error}");
 
         let error = open_error(SimRegion::new(100));
         assert!(
             matches!(error, LogError::NoSuperblock { region_len: 100 }),
             "{error}"
         );
+        assert!(error.to_string().contains("shorter than"), "{error}");
+        let error = LogError::NoSuperblock { region_len: 0 };
+        assert!(error.to_string().contains("empty (0 bytes)"), "{error}");
 
         let mut not_a_log = SimRegion::new(region_len());
         not_a_log.write(0, b"SQLite format 3\0");
@@ -1123,7 +1396,7 @@ mod tests {
                 matches!(error, LogError::SuperblockCorrupt { .. }),
                 "{error}"
             );
-            assert!(error.to_string().contains("reformat"), "{error}");
+            assert!(error.to_string().contains("corrupt"), "{error}");
         }
 
         // Well-formed superblocks this build refuses.
@@ -1139,7 +1412,7 @@ mod tests {
         let error = open_error(rewrite(newer));
         assert_eq!(error, LogError::UnsupportedVersion { found: 2 });
         assert!(
-            error.to_string().contains("matching pmnet build"),
+            error.to_string().contains("the build that wrote it"),
             "{error}"
         );
 

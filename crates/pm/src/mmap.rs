@@ -186,6 +186,13 @@ pub enum PmError {
     )]
     Locked { path: PathBuf },
 
+    #[error(
+        "{} appeared while a new file was being made under that name (another process made \
+         it?); the new file was discarded and the other left alone: start again",
+        .path.display()
+    )]
+    AppearedMeanwhile { path: PathBuf },
+
     #[error("flush method {requested} is not available: {reason}; use {instead} instead, or auto")]
     FlushUnsupported {
         requested: FlushChoice,
@@ -207,7 +214,7 @@ pub enum PmError {
 }
 
 impl PmError {
-    fn from_io(path: &Path, action: &'static str, source: io::Error) -> PmError {
+    pub(crate) fn from_io(path: &Path, action: &'static str, source: io::Error) -> PmError {
         let path = path.to_path_buf();
         match source.kind() {
             io::ErrorKind::PermissionDenied => PmError::PermissionDenied { path, action },
@@ -338,16 +345,7 @@ impl MmapRegion {
     /// stores through the mapping never meet a full file system, and map it.
     pub fn create(path: &Path, len: usize, options: MmapOptions) -> Result<Self, PmError> {
         let flush = check_options(options)?;
-        if len == 0 {
-            return Err(PmError::TooSmall {
-                path: path.to_path_buf(),
-                len: 0,
-                min_len: 1,
-            });
-        }
-        let len_u64 = len as u64;
-        check_len_mappable(path, len_u64)?;
-
+        check_new_len(path, len)?;
         // Not `truncate(true)`: the file may be another process's live log; lock it first.
         let file = OpenOptions::new()
             .read(true)
@@ -357,6 +355,65 @@ impl MmapRegion {
             .open(path)
             .map_err(|e| PmError::from_io(path, "create", e))?;
         lock_exclusive(path, &file)?;
+        MmapRegion::size_and_map(path, file, len, flush, options.added_latency_ns)
+    }
+
+    /// Make a new zero-filled file of `len` bytes for `path`, which must not exist, and map
+    /// it. The file is made under a staging name beside `path` and gets its real name only
+    /// from [`NewFile::publish`], once the caller has laid out its contents: a crash before
+    /// that leaves no file at `path` (the staging file is reused by the next attempt), never a
+    /// half-made one. The region reports `path` as its path.
+    pub fn create_new(
+        path: &Path,
+        len: usize,
+        options: MmapOptions,
+    ) -> Result<(Self, NewFile), PmError> {
+        let flush = check_options(options)?;
+        check_new_len(path, len)?;
+        let staging = staging_path(path);
+        // A staging file nobody holds was left by a crash: remove it. One that is locked is
+        // another process making the same file.
+        match OpenOptions::new().read(true).write(true).open(&staging) {
+            Ok(stale) => {
+                lock_exclusive(path, &stale)?;
+                std::fs::remove_file(&staging)
+                    .map_err(|e| PmError::from_io(&staging, "remove", e))?;
+            }
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            Err(error) => return Err(PmError::from_io(&staging, "open", error)),
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&staging)
+            .map_err(|error| match error.kind() {
+                io::ErrorKind::AlreadyExists => PmError::Locked {
+                    path: path.to_path_buf(),
+                },
+                _ => PmError::from_io(path, "create", error),
+            })?;
+        // From here on, dropping `new_file` unpublished removes the staging file.
+        let new_file = NewFile {
+            staging,
+            path: path.to_path_buf(),
+            published: false,
+        };
+        lock_exclusive(path, &file)?;
+        let region = MmapRegion::size_and_map(path, file, len, flush, options.added_latency_ns)?;
+        Ok((region, new_file))
+    }
+
+    /// Size the empty, locked `file` to `len` zero bytes (preallocated), make that durable and
+    /// map it.
+    fn size_and_map(
+        path: &Path,
+        file: File,
+        len: usize,
+        flush: FlushMethod,
+        added_latency_ns: u64,
+    ) -> Result<Self, PmError> {
+        let len_u64 = len as u64;
         file.set_len(0)
             .map_err(|source| PmError::from_io(path, "truncate", source))?;
         preallocate(&file, len_u64).map_err(|source| PmError::Resize {
@@ -370,7 +427,7 @@ impl MmapRegion {
             .map_err(|source| PmError::from_io(path, "sync", source))?;
         sync_parent_directory(path);
 
-        MmapRegion::map(path, file, len, flush, options.added_latency_ns)
+        MmapRegion::map(path, file, len, flush, added_latency_ns)
     }
 
     /// Map the existing file at `path`, all of its length.
@@ -647,6 +704,82 @@ fn check_options(options: MmapOptions) -> Result<FlushMethod, PmError> {
         });
     }
     CpuFlushSupport::detect().resolve(options.flush)
+}
+
+/// A file made by [`MmapRegion::create_new`], not yet under its name.
+#[derive(Debug)]
+pub struct NewFile {
+    staging: PathBuf,
+    path: PathBuf,
+    published: bool,
+}
+
+impl NewFile {
+    /// Give the file its name: link it at its path (which must still be free) and remove the
+    /// staging name, durably. Dropped unpublished, the staging file is removed.
+    pub fn publish(mut self) -> Result<(), PmError> {
+        match std::fs::hard_link(&self.staging, &self.path) {
+            Ok(()) => {
+                let _ = std::fs::remove_file(&self.staging);
+            }
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(PmError::AppearedMeanwhile {
+                    path: self.path.clone(),
+                });
+            }
+            Err(_) => {
+                // A file system without hard links: rename, which replaces a file that appeared
+                // in the meantime, so look first (a window the link above does not have).
+                if self.path.exists() {
+                    return Err(PmError::AppearedMeanwhile {
+                        path: self.path.clone(),
+                    });
+                }
+                std::fs::rename(&self.staging, &self.path)
+                    .map_err(|error| PmError::from_io(&self.path, "create", error))?;
+            }
+        }
+        self.published = true;
+        sync_parent_directory(&self.path);
+        Ok(())
+    }
+
+    /// Where the file lives until it is published.
+    pub fn staging_path(&self) -> &Path {
+        &self.staging
+    }
+}
+
+impl Drop for NewFile {
+    fn drop(&mut self) {
+        if !self.published {
+            let _ = std::fs::remove_file(&self.staging);
+        }
+    }
+}
+
+/// The name a new file for `path` is made under: hidden, beside it (same file system).
+fn staging_path(path: &Path) -> PathBuf {
+    let name = path.file_name().map_or_else(
+        || std::ffi::OsString::from("pmnet"),
+        std::ffi::OsStr::to_os_string,
+    );
+    let mut staging = std::ffi::OsString::from(".");
+    staging.push(name);
+    staging.push(".pmnet-new");
+    path.with_file_name(staging)
+}
+
+/// A new file must have a length, and one this platform can map.
+fn check_new_len(path: &Path, len: usize) -> Result<(), PmError> {
+    if len == 0 {
+        return Err(PmError::TooSmall {
+            path: path.to_path_buf(),
+            len: 0,
+            min_len: 1,
+        });
+    }
+    check_len_mappable(path, len as u64)
 }
 
 fn check_len_mappable(path: &Path, len: u64) -> Result<(), PmError> {

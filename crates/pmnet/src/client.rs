@@ -31,6 +31,15 @@ pub struct ClientArgs {
     #[arg(long)]
     pub busy_poll: bool,
 
+    /// Seconds a request is tried before it fails (at most 15: a server closes a gap its
+    /// client left once that is past).
+    #[arg(long, value_name = "SECONDS", default_value_t = 12.0,
+          value_parser = |text: &str| crate::node::parse_seconds_at_least(text, 0.001)
+              .and_then(|seconds| if seconds <= 15.0 { Ok(seconds) } else {
+                  Err(format!("{seconds} is out of range: give at most 15 seconds"))
+              }))]
+    pub request_lifetime: f64,
+
     /// The request; without one, read requests line by line from standard input
     /// (`set k v`, `get k`, `del k`, `incr k [delta]`, `quit`).
     #[command(subcommand)]
@@ -91,6 +100,7 @@ impl KvCommand {
 pub fn run(args: ClientArgs) -> Result<ExitCode, CliError> {
     let mut options = SessionOptions::new(args.server_id, args.device);
     options.wait = WaitMode::from_busy_poll(args.busy_poll);
+    options.request_lifetime = Some(std::time::Duration::from_secs_f64(args.request_lifetime));
     let mut session = ClientSession::open(options)?;
     if let Some(request) = &args.request {
         let line = execute(&mut session, request)?;

@@ -228,6 +228,14 @@ pub struct ServerArgs {
     #[arg(long, value_name = "ENGINE", value_enum, default_value_t = EngineChoice::Packet)]
     pub engine: EngineChoice,
 
+    /// Seconds a gap in a session's sequence may last before the server closes it without
+    /// the client: it asks every --device whether it holds the missing requests and skips
+    /// what none holds, so the requests acked behind the gap are applied. Must exceed the
+    /// request lifetime of every client (pmnet's clients give up within 15 s).
+    #[arg(long, value_name = "SECONDS", default_value_t = 20.0,
+          value_parser = |text: &str| crate::node::parse_seconds_at_least(text, 0.001))]
+    pub gap_fill_after: f64,
+
     #[command(flatten)]
     pub medium: MediumArgs,
 
@@ -270,6 +278,7 @@ impl ServerArgs {
             listen: self.listen,
             devices: self.devices.clone(),
             store,
+            gap_fill_after: Some(Duration::from_secs_f64(self.gap_fill_after)),
             loop_options: self.run.loop_options(),
         }
     }
@@ -371,6 +380,20 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
     announce(&lines);
     server.run()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// A number of seconds, at least `minimum`, for an option's value parser.
+pub(crate) fn parse_seconds_at_least(text: &str, minimum: f64) -> Result<f64, String> {
+    let seconds: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !seconds.is_finite() || seconds < minimum || seconds > 86_400.0 {
+        return Err(format!(
+            "{seconds} is out of range: give {minimum} to 86400 seconds"
+        ));
+    }
+    Ok(seconds)
 }
 
 #[cfg(test)]

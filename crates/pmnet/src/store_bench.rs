@@ -154,6 +154,7 @@ fn run_server_engine(
                 added_latency_ns: 0,
             },
         }),
+        gap_fill_after: None,
         loop_options: LoopOptions {
             wait,
             cpu: pin.then_some(1),

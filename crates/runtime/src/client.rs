@@ -27,6 +27,9 @@ pub struct SessionOptions {
     pub session_id: Option<u64>,
     /// Requests in flight at most (`None`: the protocol's default).
     pub window: Option<u32>,
+    /// Longest one request is tried before it fails (`None`: the protocol's default, 12 s;
+    /// never more than 15 s).
+    pub request_lifetime: Option<Duration>,
 }
 
 impl SessionOptions {
@@ -37,6 +40,7 @@ impl SessionOptions {
             wait: WaitMode::Blocking,
             session_id: None,
             window: None,
+            request_lifetime: None,
         }
     }
 }
@@ -63,6 +67,9 @@ impl ClientSession {
         let socket = BatchSocket::bind(bind, CLIENT_MAX_QUEUED)?;
         let session_id = options.session_id.unwrap_or_else(random_session_id);
         let mut config = ClientConfig::new(session_id, options.server_id, options.peer);
+        if let Some(lifetime) = options.request_lifetime {
+            config.request_lifetime = lifetime;
+        }
         if let Some(window) = options.window {
             config.window = window.max(1);
         }

@@ -43,6 +43,9 @@ pub struct ServerOptions {
     pub devices: Vec<SocketAddr>,
     /// The key-value store; `None` runs the ideal handler (replies OK, keeps nothing).
     pub store: Option<StoreOptions>,
+    /// How long a gap in a session must last before the server closes it without the client
+    /// (`None`: the protocol's default, 20 s). Must exceed every client's request lifetime.
+    pub gap_fill_after: Option<Duration>,
     pub loop_options: LoopOptions,
 }
 
@@ -395,7 +398,10 @@ impl ServerRuntime {
             recovery_note,
         };
         let clock = Clock::new();
-        let config = ServerConfig::new(options.server_id, options.devices.clone());
+        let mut config = ServerConfig::new(options.server_id, options.devices.clone());
+        if let Some(gap_fill_after) = options.gap_fill_after {
+            config.gap_fill_after = gap_fill_after;
+        }
         let server = Server::new(config, clock.now(), sessions);
         let board = MetricsBoard::new();
         let metrics = start_metrics(&options.loop_options, &board, &shutdown)?;
@@ -1109,6 +1115,7 @@ mod tests {
                 format,
                 mmap: MmapOptions::default(),
             }),
+            gap_fill_after: None,
             loop_options: LoopOptions {
                 report_interval: None,
                 ..LoopOptions::default()

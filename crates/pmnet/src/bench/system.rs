@@ -129,6 +129,7 @@ impl LoopbackSystem {
                 format: true,
                 mmap: config.mmap,
             }),
+            gap_fill_after: None,
             loop_options: loop_options(config.server_cpu),
         };
         let (server_tx, server_rx) = mpsc::channel();

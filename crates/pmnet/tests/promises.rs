@@ -1,0 +1,276 @@
+//! An ack is a promise, with real processes started as the README shows: a client that gave up
+//! and left does not strand the writes acked after it, a full store loses nothing, and
+//! hostile datagrams cost the server no more than they carry.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, UdpSocket};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::time::{Duration, Instant};
+
+use common::{args, free_udp_addr, pmnet_bin, poll_until, run_pmnet, Node, PATIENCE};
+use pmnet_wire::{Header, PacketType};
+
+fn s(text: impl ToString) -> String {
+    text.to_string()
+}
+
+/// `pmnet client` at its prompt: one session for every line typed.
+struct Prompt {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+}
+
+impl Prompt {
+    fn start(device: SocketAddr, extra: &[&str]) -> Prompt {
+        let mut command = Command::new(pmnet_bin());
+        command
+            .args(["client", "--device", &device.to_string()])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = command.spawn().expect("start pmnet client");
+        let stdin = child.stdin.take().expect("piped stdin");
+        let out = child.stdout.take().expect("piped stdout");
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Prompt {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    /// Type `line` and return the answer (the next line printed).
+    fn ask(&mut self, line: &str) -> String {
+        writeln!(self.stdin, "{line}").expect("write to the client");
+        self.stdin.flush().expect("flush");
+        self.lines
+            .recv_timeout(PATIENCE)
+            .unwrap_or_else(|_| panic!("no answer to {line:?} within {PATIENCE:?}"))
+    }
+}
+
+impl Drop for Prompt {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn device_args(
+    listen: SocketAddr,
+    server: SocketAddr,
+    log: &std::path::Path,
+    slots: u32,
+) -> Vec<String> {
+    vec![
+        s("device"),
+        s("--listen"),
+        s(listen),
+        s("--server"),
+        format!("1={server}"),
+        s("--log-file"),
+        s(log.display()),
+        s("--slots"),
+        s(slots),
+        s("--metrics"),
+        s("127.0.0.1:0"),
+        s("--report-interval"),
+        s(0),
+    ]
+}
+
+fn server_args(listen: SocketAddr, device: SocketAddr, data: &std::path::Path) -> Vec<String> {
+    let mut list = vec![
+        s("server"),
+        s("--listen"),
+        s(listen),
+        s("--data-file"),
+        s(data.display()),
+        s("--data-mib"),
+        s(8),
+        s("--metrics"),
+        s("127.0.0.1:0"),
+        s("--report-interval"),
+        s(0),
+    ];
+    if device.port() != 0 {
+        list.extend([s("--device"), s(device)]);
+    }
+    list
+}
+
+fn get(device: SocketAddr, key: &str) -> String {
+    let (status, stdout, stderr) = run_pmnet(
+        &args(&["client", "--device", &device.to_string(), "get", key]),
+        None,
+    );
+    assert!(status.success(), "get {key}: {stdout} {stderr}");
+    stdout.trim().to_owned()
+}
+
+#[test]
+fn a_client_that_gave_up_and_exited_does_not_strand_the_set_acked_after() {
+    // The device has two log slots and no server runs: a1 and a2 are logged and acked, a3
+    // finds the log full and fails. The server starts; a4 is acked, and the client exits with
+    // a3's number still a hole in its session. The server must close the hole and apply a4.
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let device_addr = free_udp_addr();
+    let server_addr = free_udp_addr();
+    let device = Node::start(
+        "device",
+        device_args(device_addr, server_addr, &dir.path().join("d.log"), 2),
+    );
+    let mut client = Prompt::start(device_addr, &["--request-lifetime", "0.5"]);
+    assert!(client.ask("set a1 v1").starts_with("OK (durable"));
+    assert!(client.ask("set a2 v2").starts_with("OK (durable"));
+    let failed = client.ask("set a3 v3");
+    assert!(
+        failed.contains("log is full"),
+        "the failure names the full log: {failed}"
+    );
+    let server = Node::start("server", {
+        let mut list = server_args(server_addr, device_addr, &dir.path().join("s.data"));
+        list.extend([s("--gap-fill-after"), s(1)]);
+        list
+    });
+    device.wait_metric("pmnet_device_log_live_entries", "", "= 0", |v| v == 0.0);
+    assert!(client.ask("set a4 v4").starts_with("OK (durable"));
+    drop(client); // exits: no fill for a3 will come from it any more
+    poll_until("a4 applied", || match get(device_addr, "a4").as_str() {
+        "v4" => Ok(()),
+        other => Err(other.to_owned()),
+    });
+    assert_eq!(get(device_addr, "a1"), "v1");
+    assert_eq!(get(device_addr, "a2"), "v2");
+    assert_eq!(get(device_addr, "a3"), "(not found)");
+    device.wait_metric("pmnet_device_log_live_entries", "", "= 0", |v| v == 0.0);
+    // The hole at a3 was closed: by the fill the client sent on giving up (if the server was
+    // up to see it) or by the server's skip once the gap outlived every request lifetime.
+    poll_until("the hole at a3 closed", || {
+        let skipped = server.metric("pmnet_server_sequence_numbers_skipped_total", "")?;
+        let filled = server.metric("pmnet_server_noop_fills_received_total", "")?;
+        if skipped + filled >= 1.0 {
+            Ok(())
+        } else {
+            Err(format!("skipped {skipped}, filled {filled}"))
+        }
+    });
+}
+
+/// Datagrams received on `socket` until `until` holds (checked between datagrams and every
+/// 20 ms), within `PATIENCE`.
+fn count_received(socket: &UdpSocket, mut until: impl FnMut() -> bool) -> (usize, usize) {
+    socket
+        .set_read_timeout(Some(Duration::from_millis(20)))
+        .expect("timeout");
+    let deadline = Instant::now() + PATIENCE;
+    let (mut datagrams, mut bytes) = (0, 0);
+    let mut buffer = [0u8; 2048];
+    while Instant::now() < deadline {
+        if let Ok(len) = socket.recv(&mut buffer) {
+            datagrams += 1;
+            bytes += len;
+        }
+        if until() {
+            return (datagrams, bytes);
+        }
+    }
+    panic!("the condition never held within {PATIENCE:?}");
+}
+
+#[test]
+fn a_gap_from_an_unverified_source_is_answered_with_no_more_than_it_sent() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let server = Node::start(
+        "server",
+        server_args(
+            "127.0.0.1:0".parse().expect("address"),
+            "0.0.0.0:0".parse().expect("no device"),
+            &dir.path().join("s.data"),
+        ),
+    );
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let datagram = Header::new(PacketType::UpdateRequest, 1, 0xBAD_5E55, 2).encode(b"x");
+    socket.send_to(&datagram, server.addr).expect("send");
+    // Wait until the server wanted to ask more than the source paid for.
+    let (datagrams, bytes) = count_received(&socket, || {
+        server
+            .metric("pmnet_server_retransmit_requests_unpaid_total", "")
+            .is_ok_and(|value| value >= 1.0)
+    });
+    assert!(
+        bytes <= datagram.len(),
+        "{datagrams} datagrams, {bytes} bytes sent towards a source that sent {}",
+        datagram.len()
+    );
+}
+
+/// Resident memory of process `pid`, in KiB.
+fn resident_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+#[test]
+fn fragment_counts_and_reassembly_cannot_grow_the_server() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let server = Node::start(
+        "server",
+        server_args(
+            "127.0.0.1:0".parse().expect("address"),
+            "0.0.0.0:0".parse().expect("no device"),
+            &dir.path().join("s.data"),
+        ),
+    );
+    let pid = server.proc.pid().expect("running");
+    let before = resident_kib(pid);
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    // A count no sender may use, then the largest one allowed, on a thousand sessions each.
+    for (count, base) in [
+        (u16::MAX, 0xF000_0000u64),
+        (pmnet_wire::MAX_FRAGMENT_COUNT, 0xE000_0000),
+    ] {
+        for session in 0..1000u64 {
+            let mut header = Header::new(PacketType::UpdateRequest, 1, base + session, 1);
+            header.fragment_count = count;
+            socket
+                .send_to(&header.encode(&[0]), server.addr)
+                .expect("send");
+        }
+    }
+    server.wait_metric(
+        "pmnet_server_dropped_total",
+        "reason=\"bad_fragment\"",
+        "= 1000",
+        |value| value >= 1000.0,
+    );
+    server.wait_metric(
+        "pmnet_server_request_fragments_received_total",
+        "",
+        ">= 1000",
+        |value| value >= 1000.0,
+    );
+    let after = resident_kib(pid);
+    // The thousand largest reassemblies cost their fragment tables (128 KiB each at most,
+    // within the 256 MiB budget); the thousand claiming 65 535 fragments cost nothing.
+    assert!(
+        after < before + 200 * 1024,
+        "resident memory grew from {before} KiB to {after} KiB"
+    );
+}

@@ -140,6 +140,31 @@ pub struct DeviceRuntime {
     counters: RuntimeCounters,
 }
 
+/// Whether datagrams sent to `target` arrive at a socket bound to `own`.
+fn reaches(target: SocketAddr, own: SocketAddr) -> bool {
+    if target.port() != own.port() {
+        return false;
+    }
+    let target_ip = target.ip().to_canonical();
+    let own_ip = own.ip().to_canonical();
+    let is_local = |ip: std::net::IpAddr| {
+        // Binding succeeds only to an address of this host.
+        ip.is_loopback()
+            || ip.is_unspecified()
+            || std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
+    };
+    match own.ip() {
+        // Bound to every IPv4 address of the host.
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            target_ip.is_ipv4() && is_local(target_ip)
+        }
+        // Bound to every address of the host, IPv4 included (unless the host is IPv6-only).
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => is_local(target_ip),
+        // Sending to the unspecified address reaches the host itself.
+        _ => target_ip == own_ip || target_ip.is_unspecified(),
+    }
+}
+
 fn bind(
     what: &'static str,
     addr: SocketAddr,
@@ -148,55 +173,78 @@ fn bind(
     BatchSocket::bind(addr, max_queued).map_err(|source| RuntimeError::Bind { what, addr, source })
 }
 
-/// Open the log at `options.path`: format a new one when the file is missing, empty, blank or
-/// `format` is set; otherwise recover what it holds.
+/// Open the log at `options.path`: a new one when the file does not exist, erased when
+/// `format` is set, otherwise recovered. An existing file that holds no usable log (empty,
+/// short, blank or corrupt superblock) is an error: it may hold acknowledged entries.
 fn open_log(
     options: &LogOptions,
 ) -> Result<(PmLog<MmapRegion>, pmnet_pm::LogRecovery, bool), RuntimeError> {
     let path = &options.path;
-    let log_file_error = |source| RuntimeError::LogFile {
-        path: path.clone(),
-        source,
+    let file_options = pmnet_pm::LogFileOptions {
+        slot_count: options.slot_count,
+        slot_size: options.slot_size,
+        format: options.format,
+        mmap: options.mmap,
     };
-    let log_error = |source| RuntimeError::Log {
-        path: path.clone(),
-        source,
-    };
-    let is_new = std::fs::metadata(path).map_or(true, |metadata| metadata.len() == 0);
-    let format = |options: &LogOptions| -> Result<PmLog<MmapRegion>, RuntimeError> {
-        // Check the geometry before touching the file: formatting an empty region fails on
-        // the geometry first, if it is wrong.
-        if let Err(error @ pmnet_pm::LogError::BadGeometry { .. }) = PmLog::format(
-            pmnet_pm::SimRegion::new(0),
-            options.slot_count,
-            options.slot_size,
-        ) {
-            return Err(log_error(error));
-        }
-        let len = PmLog::<MmapRegion>::required_region_len(options.slot_count, options.slot_size);
-        let region = MmapRegion::create(path, len, options.mmap).map_err(log_file_error)?;
-        PmLog::format(region, options.slot_count, options.slot_size).map_err(log_error)
-    };
-    if is_new || options.format {
-        if options.format && !is_new {
-            tracing::warn!(
-                "--format: erasing the device log {} (its entries are discarded)",
-                path.display()
-            );
-        }
-        return Ok((format(options)?, pmnet_pm::LogRecovery::default(), true));
+    let (log, recovery, opened) =
+        pmnet_pm::open_log_file(path, &file_options).map_err(|error| match error {
+            pmnet_pm::LogFileError::File(source) => RuntimeError::LogFile {
+                path: path.clone(),
+                source,
+            },
+            pmnet_pm::LogFileError::Format { error, .. } => RuntimeError::Log {
+                path: path.clone(),
+                source: error,
+            },
+            unusable @ pmnet_pm::LogFileError::Unusable { .. } => {
+                RuntimeError::LogUnusable { problem: unusable }
+            }
+        })?;
+    match opened {
+        pmnet_pm::LogFileOpened::Created => tracing::info!(
+            "device log {} did not exist: created it with {} slots of {} bytes",
+            path.display(),
+            log.slot_count(),
+            log.slot_size()
+        ),
+        pmnet_pm::LogFileOpened::Erased => tracing::warn!(
+            "--format: erased the device log {} (whatever it held is gone) and formatted {} \
+             slots of {} bytes",
+            path.display(),
+            log.slot_count(),
+            log.slot_size()
+        ),
+        pmnet_pm::LogFileOpened::Reopened => {}
     }
-    let region = MmapRegion::open(path, options.mmap).map_err(log_file_error)?;
-    match PmLog::open(region) {
-        Ok((log, recovery)) => Ok((log, recovery, false)),
-        Err(pmnet_pm::LogError::Unformatted) => {
-            // A blank superblock: a new (pre-allocated) file or a format that never finished;
-            // no entry can be committed in it.
-            tracing::info!("device log {} is blank; formatting it", path.display());
-            Ok((format(options)?, pmnet_pm::LogRecovery::default(), true))
-        }
-        Err(source) => Err(log_error(source)),
+    log_damaged_slots(path, &recovery);
+    let formatted = opened != pmnet_pm::LogFileOpened::Reopened;
+    Ok((log, recovery, formatted))
+}
+
+/// Say at WARN what each damaged slot held (the first [`pmnet_pm::REJECTED_SLOTS_DESCRIBED`])
+/// and how many entries were lost.
+fn log_damaged_slots(path: &std::path::Path, recovery: &pmnet_pm::LogRecovery) {
+    if recovery.rejected_slot_count == 0 {
+        return;
     }
+    for slot in &recovery.rejected_slots {
+        tracing::warn!(
+            "device log {}: damaged entry lost: {slot}; the slot was freed",
+            path.display()
+        );
+    }
+    let unlisted = recovery.rejected_slot_count as usize - recovery.rejected_slots.len();
+    tracing::warn!(
+        "device log {}: {} logged entries were damaged and are lost{} (torn writes or \
+         corruption at rest; their slots were freed and nothing of them is replayed)",
+        path.display(),
+        recovery.rejected_slot_count,
+        if unlisted > 0 {
+            format!(" ({unlisted} not listed above)")
+        } else {
+            String::new()
+        }
+    );
 }
 
 impl DeviceRuntime {
@@ -229,6 +277,25 @@ impl DeviceRuntime {
             Some(addr) => Some(bind("echo", addr, ECHO_MAX_QUEUED)?),
             None => None,
         };
+        let own_sockets = [
+            ("listen", Some(&data)),
+            ("forward", forward_socket.as_ref()),
+            ("echo", echo.as_ref()),
+        ];
+        for (what, own) in own_sockets
+            .into_iter()
+            .filter_map(|(what, socket)| Some((what, socket?.local_addr())))
+        {
+            for (id, server) in &options.servers {
+                if reaches(*server, own) {
+                    return Err(RuntimeError::Config(format!(
+                        "server {id} at {server} is this device's own {what} address ({own}): \
+                         the device would forward to itself, acking updates that no server \
+                         stores; give --server the address of the server behind the device"
+                    )));
+                }
+            }
+        }
         let clock = Clock::new();
         let now = clock.now();
 
@@ -922,4 +989,79 @@ fn device_counter_metrics(out: &mut Metrics, port: &str, counters: &DeviceCounte
         &labels,
         counters.dropped_total(),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(text: &str) -> SocketAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn a_server_at_the_devices_own_address_is_recognised() {
+        // The same address, written either way.
+        assert!(reaches(addr("127.0.0.1:7400"), addr("127.0.0.1:7400")));
+        assert!(reaches(
+            addr("[::ffff:127.0.0.1]:7400"),
+            addr("127.0.0.1:7400")
+        ));
+        assert!(reaches(addr("0.0.0.0:7400"), addr("127.0.0.1:7400")));
+        // A device bound to every address is reached through any address of the host.
+        assert!(reaches(addr("127.0.0.1:7400"), addr("0.0.0.0:7400")));
+        assert!(reaches(addr("127.0.0.2:7400"), addr("0.0.0.0:7400")));
+        assert!(reaches(addr("127.0.0.1:7400"), addr("[::]:7400")));
+        // Another port, another loopback address than the one bound, an address of another
+        // host (TEST-NET-3, never local), or IPv6 towards an IPv4-only socket: no loop.
+        assert!(!reaches(addr("127.0.0.1:7500"), addr("127.0.0.1:7400")));
+        assert!(!reaches(addr("127.0.0.2:7400"), addr("127.0.0.1:7400")));
+        assert!(!reaches(addr("203.0.113.9:7400"), addr("0.0.0.0:7400")));
+        assert!(!reaches(addr("[::1]:7400"), addr("0.0.0.0:7400")));
+    }
+
+    fn device_options(listen: SocketAddr, servers: Vec<(u16, SocketAddr)>) -> DeviceOptions {
+        DeviceOptions {
+            device_id: 1,
+            listen,
+            servers,
+            log: None,
+            forward_listen: None,
+            echo_listen: None,
+            max_resends_in_flight: None,
+            loop_options: LoopOptions {
+                report_interval: None,
+                ..LoopOptions::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_device_refuses_to_forward_to_itself() {
+        // The port is known only once bound: take a free one and use it for both.
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let listen = SocketAddr::from(([127, 0, 0, 1], port));
+        let error = DeviceRuntime::open(device_options(listen, vec![(1, listen)]), Shutdown::new())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("own listen address"), "{error}");
+        assert!(error.contains(&listen.to_string()), "{error}");
+
+        let any = SocketAddr::from(([0, 0, 0, 0], port));
+        let servers = vec![(1, addr("127.0.0.1:9")), (2, listen)];
+        let error = DeviceRuntime::open(device_options(any, servers), Shutdown::new())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("server 2"), "{error}");
+
+        let twice = vec![(1, addr("127.0.0.1:9")), (1, addr("127.0.0.1:10"))];
+        let error = DeviceRuntime::open(device_options(listen, twice), Shutdown::new())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("given twice"), "{error}");
+    }
 }

@@ -96,6 +96,12 @@ pub enum RuntimeError {
         #[source]
         source: pmnet_pm::LogError,
     },
+    #[error(
+        "{problem}. It may hold updates that were acknowledged, so the device does not start \
+         on it: restore the file from a copy, or pass --format to erase it and start with an \
+         empty log (everything in it is lost)"
+    )]
+    LogUnusable { problem: pmnet_pm::LogFileError },
     #[error("cannot open the data file {}: {source}", path.display())]
     DataFile {
         path: PathBuf,
@@ -111,6 +117,19 @@ pub enum RuntimeError {
         path: PathBuf,
         #[source]
         source: pmnet_store::StoreError,
+    },
+    #[error(
+        "data file {} ({file_len} bytes) holds no usable {engine} store: {problem}. It may hold \
+         updates that were acknowledged, so the server does not start on it: restore the file \
+         from a copy, point --data-file at another file, or pass --format to erase it and start \
+         an empty store (everything in it is lost)",
+        path.display()
+    )]
+    StoreUnusable {
+        path: PathBuf,
+        file_len: u64,
+        engine: String,
+        problem: String,
     },
     #[error("{0}")]
     Config(String),

@@ -230,7 +230,119 @@ pub struct ServerRuntime {
     slot_scratch: Vec<u32>,
 }
 
-/// Open (or format) a `pmnet-pktstore` engine at `options.path`.
+/// Damaged records described one per warning line at start-up, at most; a summary counts all.
+const DAMAGED_RECORDS_LOGGED: usize = 32;
+
+/// Say at WARN what recovery of the store found damaged and lost.
+fn log_store_damage(path: &std::path::Path, app: &ServerApp) {
+    match app {
+        ServerApp::Kv(store) => match store.recovery().rejected {
+            Some(rejected) if rejected.valid_record_follows => tracing::warn!(
+                "data file {}: replay stopped at a damaged record at offset {} ({:?}) that valid \
+                 ones follow: the updates recorded after it were acknowledged and are lost",
+                path.display(),
+                rejected.offset_bytes,
+                rejected.reason
+            ),
+            Some(rejected) => tracing::info!(
+                "data file {}: the last record was torn (offset {}, {:?}): a request that was \
+                 never acknowledged; dropped",
+                path.display(),
+                rejected.offset_bytes,
+                rejected.reason
+            ),
+            None => {}
+        },
+        ServerApp::Engine(store) => {
+            let report = store.recovery();
+            for corruption in report.corrupt_records.iter().take(DAMAGED_RECORDS_LOGGED) {
+                tracing::warn!(
+                    "data file {}: damaged record lost: {corruption}; dropped from the index, \
+                     never served",
+                    path.display()
+                );
+            }
+            let count = report.corrupt_records.len();
+            if count > 0 {
+                tracing::warn!(
+                    "data file {}: {count} stored records were damaged and are lost{}",
+                    path.display(),
+                    if count > DAMAGED_RECORDS_LOGGED {
+                        format!(" ({} not listed above)", count - DAMAGED_RECORDS_LOGGED)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+            if let Some(broken) = &report.index_broken {
+                tracing::warn!(
+                    "data file {}: the index is broken ({broken}): the keys after the damage \
+                     are lost",
+                    path.display()
+                );
+            }
+        }
+        ServerApp::Ideal(_) => {}
+    }
+}
+
+/// The length of the file at `path`, or `None` if there is none.
+fn existing_len(path: &std::path::Path) -> Result<Option<u64>, RuntimeError> {
+    match std::fs::metadata(path) {
+        Ok(metadata) => Ok(Some(metadata.len())),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(RuntimeError::DataFile {
+            path: path.to_path_buf(),
+            source: pmnet_pm::PmError::Io {
+                path: path.to_path_buf(),
+                action: "open",
+                source,
+            },
+        }),
+    }
+}
+
+/// The size of a new data file, as this machine can map it.
+fn new_len(options: &StoreOptions) -> Result<usize, RuntimeError> {
+    usize::try_from(options.size_bytes).map_err(|_| {
+        RuntimeError::Config(format!(
+            "data size {} bytes does not fit this machine's address space; ask for less",
+            options.size_bytes
+        ))
+    })
+}
+
+/// The error for an existing data file that holds no store the server can open: it may hold
+/// acknowledged updates, so it is never formatted over unless `--format` says so. `problem`
+/// is what opening it reported; a blank (all-zero) start of the file is said as such.
+fn unusable_store(
+    path: &std::path::Path,
+    file_len: u64,
+    engine: &str,
+    problem: String,
+) -> RuntimeError {
+    let mut head = Vec::new();
+    if let Ok(file) = std::fs::File::open(path) {
+        use std::io::Read;
+        let _ = file.take(4096).read_to_end(&mut head);
+    }
+    let problem = if file_len == 0 {
+        "it is empty (0 bytes): it was truncated, or never held a store".to_owned()
+    } else if !head.is_empty() && head.iter().all(|byte| *byte == 0) {
+        format!("its superblock is blank (all zero): it was erased or never written ({problem})")
+    } else {
+        problem
+    };
+    RuntimeError::StoreUnusable {
+        path: path.to_path_buf(),
+        file_len,
+        engine: engine.to_owned(),
+        problem,
+    }
+}
+
+/// Open a `pmnet-pktstore` engine at `options.path`: a new store when the file does not exist,
+/// erased when `format` is set, otherwise recovered (an error if it holds no usable store).
 fn open_engine(
     options: &StoreOptions,
     engine: EngineKind,
@@ -248,24 +360,36 @@ fn open_engine(
             engine.name()
         ))
     };
-    let is_new = std::fs::metadata(path).map_or(true, |metadata| metadata.len() == 0);
-    if is_new || options.format {
-        if options.format && !is_new {
-            tracing::warn!("--format: erasing the store {}", path.display());
-        }
-        let len = usize::try_from(options.size_bytes).map_err(|_| {
-            RuntimeError::Config(format!(
-                "data size {} bytes does not fit this machine's address space; ask for less",
-                options.size_bytes
-            ))
-        })?;
-        let region = MmapRegion::create(path, len, options.mmap).map_err(file_error)?;
-        let mut config = StoreConfig::new(engine);
-        config.max_sessions = options.max_sessions.max(128);
+    let mut config = StoreConfig::new(engine);
+    config.max_sessions = options.max_sessions.max(128);
+    let Some(file_len) = existing_len(path)? else {
+        let (region, new_file) =
+            MmapRegion::create_new(path, new_len(options)?, options.mmap).map_err(file_error)?;
+        let store = Store::format(region, config).map_err(store_error)?;
+        new_file.publish().map_err(file_error)?;
+        tracing::info!(
+            "data file {} did not exist: created an empty {} store of {} bytes",
+            path.display(),
+            engine.name(),
+            options.size_bytes
+        );
+        return Ok((store, true));
+    };
+    if options.format {
+        tracing::warn!(
+            "--format: erasing the store {} (whatever it held is gone)",
+            path.display()
+        );
+        let region =
+            MmapRegion::create(path, new_len(options)?, options.mmap).map_err(file_error)?;
         return Ok((Store::format(region, config).map_err(store_error)?, true));
     }
+    if file_len == 0 {
+        return Err(unusable_store(path, 0, engine.name(), String::new()));
+    }
     let region = MmapRegion::open(path, options.mmap).map_err(file_error)?;
-    let store = Store::open(region).map_err(store_error)?;
+    let store = Store::open(region)
+        .map_err(|error| unusable_store(path, file_len, engine.name(), error.to_string()))?;
     if store.engine() != engine {
         return Err(RuntimeError::Config(format!(
             "data file {} holds a {} store, not {}: choose --engine {}, or pass --format",
@@ -278,8 +402,8 @@ fn open_engine(
     Ok((store, false))
 }
 
-/// Open the store at `options.path`: a new one when the file is missing, empty or `format` is
-/// set; otherwise recover it.
+/// Open the key-value store at `options.path`: a new store when the file does not exist,
+/// erased when `format` is set, otherwise recovered (an error if it holds no usable store).
 fn open_store(options: &StoreOptions) -> Result<(KvStore<MmapRegion>, bool), RuntimeError> {
     let path = &options.path;
     let file_error = |source| RuntimeError::DataFile {
@@ -290,25 +414,37 @@ fn open_store(options: &StoreOptions) -> Result<(KvStore<MmapRegion>, bool), Run
         path: path.clone(),
         source,
     };
-    let is_new = std::fs::metadata(path).map_or(true, |metadata| metadata.len() == 0);
-    if is_new || options.format {
-        if options.format && !is_new {
-            tracing::warn!("--format: erasing the store {}", path.display());
-        }
-        let len = usize::try_from(options.size_bytes).map_err(|_| {
-            RuntimeError::Config(format!(
-                "data size {} bytes does not fit this machine's address space; ask for less",
-                options.size_bytes
-            ))
-        })?;
-        let region = MmapRegion::create(path, len, options.mmap).map_err(file_error)?;
-        let config = KvConfig {
-            max_sessions: options.max_sessions,
-        };
+    let config = KvConfig {
+        max_sessions: options.max_sessions,
+    };
+    let Some(file_len) = existing_len(path)? else {
+        let (region, new_file) =
+            MmapRegion::create_new(path, new_len(options)?, options.mmap).map_err(file_error)?;
+        let store = KvStore::format(region, config).map_err(store_error)?;
+        new_file.publish().map_err(file_error)?;
+        tracing::info!(
+            "data file {} did not exist: created an empty kv store of {} bytes",
+            path.display(),
+            options.size_bytes
+        );
+        return Ok((store, true));
+    };
+    if options.format {
+        tracing::warn!(
+            "--format: erasing the store {} (whatever it held is gone)",
+            path.display()
+        );
+        let region =
+            MmapRegion::create(path, new_len(options)?, options.mmap).map_err(file_error)?;
         return Ok((KvStore::format(region, config).map_err(store_error)?, true));
     }
+    if file_len == 0 {
+        return Err(unusable_store(path, 0, "kv", String::new()));
+    }
     let region = MmapRegion::open(path, options.mmap).map_err(file_error)?;
-    Ok((KvStore::open(region).map_err(store_error)?, false))
+    let store = KvStore::open(region)
+        .map_err(|error| unusable_store(path, file_len, "kv", error.to_string()))?;
+    Ok((store, false))
 }
 
 impl ServerRuntime {
@@ -377,6 +513,9 @@ impl ServerRuntime {
                 report.verified_bytes,
                 report.redone_ops
             ));
+        }
+        if let Some(store_options) = &options.store {
+            log_store_damage(&store_options.path, &app);
         }
         let sessions: Vec<RecoveredSession> = app
             .sessions()

@@ -80,14 +80,14 @@ impl Drained {
 }
 
 /// A child `pmnet` process, killed when dropped.
-struct Process {
+pub(crate) struct Process {
     name: &'static str,
     child: Child,
     lines: mpsc::Receiver<String>,
 }
 
 impl Process {
-    fn spawn(name: &'static str, args: &[String]) -> Result<Process, CliError> {
+    pub(crate) fn spawn(name: &'static str, args: &[String]) -> Result<Process, CliError> {
         let exe = std::env::current_exe()?;
         let mut child = Command::new(exe)
             .args(args)
@@ -108,7 +108,7 @@ impl Process {
     }
 
     /// Wait for the "listening on" line; returns the lines up to it.
-    fn wait_listening(&mut self) -> Result<Vec<String>, CliError> {
+    pub(crate) fn wait_listening(&mut self) -> Result<Vec<String>, CliError> {
         let deadline = Instant::now() + START_TIMEOUT;
         let mut seen = Vec::new();
         loop {
@@ -145,7 +145,7 @@ impl Drop for Process {
     }
 }
 
-fn free_port() -> Result<SocketAddr, CliError> {
+pub(crate) fn free_port() -> Result<SocketAddr, CliError> {
     Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?)
 }
 
@@ -383,7 +383,7 @@ fn log_updates(
 }
 
 /// Removes files when dropped.
-struct FilesGuard(Vec<PathBuf>);
+pub(crate) struct FilesGuard(pub(crate) Vec<PathBuf>);
 
 impl Drop for FilesGuard {
     fn drop(&mut self) {

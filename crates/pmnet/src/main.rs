@@ -7,6 +7,7 @@ mod demo;
 mod drain_bench;
 mod node;
 mod redis;
+mod session_bench;
 mod sim;
 mod store_bench;
 
@@ -72,6 +73,9 @@ enum Command {
     /// Time how fast a server drains a device's log after an outage, the device's replay
     /// paced and unpaced side by side (see docs/benchmarks.md).
     DrainBench(drain_bench::DrainBenchArgs),
+    /// Measure a server's rate as the sessions it has seen grow past its session table
+    /// (see docs/benchmarks.md).
+    SessionBench(session_bench::SessionBenchArgs),
 }
 
 impl Command {
@@ -88,6 +92,7 @@ impl Command {
             Command::Gateway(_) => "gateway",
             Command::StoreBench(_) => "store-bench",
             Command::DrainBench(_) => "drain-bench",
+            Command::SessionBench(_) => "session-bench",
         }
     }
 }
@@ -116,6 +121,7 @@ fn main() -> ExitCode {
         Command::Gateway(args) => redis::run_gateway(args),
         Command::StoreBench(args) => store_bench::run(args),
         Command::DrainBench(args) => drain_bench::run(args),
+        Command::SessionBench(args) => session_bench::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,151 @@
+//! `pmnet session-bench`: does a server stay fast as the sessions it has seen grow past its
+//! session table?
+//!
+//! A `pmnet server` process, started as a user starts it; one client socket sends SETs, each
+//! from a session never seen before (as short-lived clients do: one command, one session),
+//! keeping a window of them in flight. The rate of acknowledged SETs is reported per stretch of
+//! sessions, so a slowdown once the table is full (eviction) shows as a falling ratio to the
+//! first stretch.
+
+use std::collections::HashMap;
+use std::net::UdpSocket;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use pmnet_store::Request;
+use pmnet_wire::{Header, PacketType};
+
+use crate::drain_bench::{free_port, FilesGuard, Process};
+use crate::CliError;
+
+/// A request not answered within this is sent again.
+const RESEND_AFTER: Duration = Duration::from_millis(200);
+
+#[derive(Debug, Clone, Args)]
+pub struct SessionBenchArgs {
+    /// New sessions in all, one SET each.
+    #[arg(long, value_name = "N", default_value_t = 1_200_000,
+          value_parser = clap::value_parser!(u64).range(1000..=100_000_000))]
+    pub sessions: u64,
+
+    /// Sessions per reported stretch.
+    #[arg(long, value_name = "N", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(100..=10_000_000))]
+    pub stretch: u64,
+
+    /// SETs in flight.
+    #[arg(long, value_name = "N", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub window: u32,
+
+    /// Size of the server's store, MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 256)]
+    pub data_mib: u64,
+
+    /// Where the store file goes (removed afterwards).
+    #[arg(long, value_name = "DIR", default_value = "/dev/shm")]
+    pub dir: std::path::PathBuf,
+}
+
+pub fn run(args: SessionBenchArgs) -> Result<ExitCode, CliError> {
+    let server_addr = free_port()?;
+    let data_file = args
+        .dir
+        .join(format!("pmnet-session-bench-{}.data", std::process::id()));
+    let _files = FilesGuard(vec![data_file.clone()]);
+    let mut server = Process::spawn(
+        "server",
+        &[
+            "server".to_owned(),
+            "--listen".to_owned(),
+            server_addr.to_string(),
+            "--data-file".to_owned(),
+            data_file.display().to_string(),
+            "--data-mib".to_owned(),
+            args.data_mib.to_string(),
+            "--format".to_owned(),
+        ],
+    )?;
+    let banner = server.wait_listening()?;
+    println!(
+        "session-bench: {} SETs, each from a new session, {} in flight, straight to a server \
+         (sleeping when idle)",
+        args.sessions, args.window
+    );
+    for line in banner.iter().filter(|line| line.contains("medium:")) {
+        println!("  {}", line.trim());
+    }
+    let socket = UdpSocket::bind("127.0.0.1:0")?;
+    socket.connect(server_addr)?;
+    socket.set_read_timeout(Some(Duration::from_millis(20)))?;
+    let mut in_flight: HashMap<u64, (Vec<u8>, Instant)> = HashMap::new();
+    let mut next_session: u64 = 1;
+    let mut acked: u64 = 0;
+    let mut stretch_start = Instant::now();
+    let mut stretch_acked: u64 = 0;
+    let mut first_rate: Option<f64> = None;
+    let mut buffer = [0u8; 2048];
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    while acked < args.sessions {
+        while in_flight.len() < args.window as usize && next_session <= args.sessions {
+            let session_id = 0x5E55_0000_0000_0000 | next_session;
+            let key = format!("k{next_session}");
+            let payload = Request::Set {
+                key: key.as_bytes(),
+                value: b"v",
+            }
+            .to_bytes();
+            let datagram =
+                Header::new(PacketType::UpdateRequest, 1, session_id, 1).encode(&payload);
+            socket.send(&datagram)?;
+            in_flight.insert(session_id, (datagram, Instant::now()));
+            next_session += 1;
+        }
+        match socket.recv(&mut buffer) {
+            Ok(len) => {
+                if let Ok((header, _)) = Header::parse(&buffer[..len]) {
+                    if header.packet_type == PacketType::ServerAck
+                        && in_flight.remove(&header.session_id).is_some()
+                    {
+                        acked += 1;
+                        stretch_acked += 1;
+                    }
+                }
+            }
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                let now = Instant::now();
+                for (datagram, sent) in in_flight.values_mut() {
+                    if now.duration_since(*sent) >= RESEND_AFTER {
+                        socket.send(datagram)?;
+                        *sent = now;
+                    }
+                }
+            }
+            Err(error) => return Err(error.into()),
+        }
+        if stretch_acked >= args.stretch || acked == args.sessions {
+            let rate = stretch_acked as f64 / stretch_start.elapsed().as_secs_f64();
+            let first = *first_rate.get_or_insert(rate);
+            println!(
+                "  sessions {:>9} .. {:>9}: {:>9.0} SETs/s  ({:.2}x the first stretch)",
+                acked - stretch_acked + 1,
+                acked,
+                rate,
+                rate / first
+            );
+            stretch_acked = 0;
+            stretch_start = Instant::now();
+        }
+        if Instant::now() > deadline {
+            return Err("the benchmark did not finish within an hour".into());
+        }
+    }
+    drop(server);
+    Ok(ExitCode::SUCCESS)
+}

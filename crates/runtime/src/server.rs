@@ -730,6 +730,7 @@ impl ServerRuntime {
         if count == 0 {
             return 0;
         }
+        self.socket.count_receive_batch_elsewhere();
         let now = self.clock.now();
         for received in receiver.received() {
             match *received {
@@ -738,6 +739,7 @@ impl ServerRuntime {
                         store.release_slot(slot);
                         continue;
                     };
+                    self.socket.count_received_elsewhere(datagram);
                     self.server.handle(now, from, datagram);
                     let kept = match pmnet_wire::Packet::new_checked(datagram) {
                         Ok(packet)
@@ -772,7 +774,9 @@ impl ServerRuntime {
                     }
                 }
                 Received::Spilled { index, from } => {
-                    self.server.handle(now, from, receiver.spilled(index));
+                    let datagram = receiver.spilled(index);
+                    self.socket.count_received_elsewhere(datagram);
+                    self.server.handle(now, from, datagram);
                 }
             }
         }
@@ -1242,7 +1246,7 @@ mod tests {
         path: &std::path::Path,
         engine: EngineKind,
         format: bool,
-    ) -> (Shutdown, SocketAddr, std::thread::JoinHandle<u64>) {
+    ) -> (Shutdown, SocketAddr, std::thread::JoinHandle<(u64, u64)>) {
         let options = ServerOptions {
             server_id: 1,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -1268,10 +1272,11 @@ mod tests {
                 ServerRuntime::open_with_engine(options, Some(engine), server_shutdown).unwrap();
             tx.send(server.addresses().data).unwrap();
             server.run().unwrap();
-            match &server.app {
+            let in_place = match &server.app {
                 ServerApp::Engine(store) => store.stats().records_received_in_place,
                 _ => 0,
-            }
+            };
+            (in_place, server.socket.counters().received_total())
         });
         let addr = rx.recv_timeout(Duration::from_secs(10)).unwrap();
         (shutdown, addr, handle)
@@ -1298,7 +1303,10 @@ mod tests {
             let del = Request::Del { key: b"key7" }.to_bytes();
             session.update(&del).unwrap();
             shutdown.request();
-            let in_place = handle.join().unwrap();
+            let (in_place, received) = handle.join().unwrap();
+            // Every datagram counted, whichever path received it (the packet store's own
+            // receive into its slots included): 50 SETs of three fragments and a DEL at least.
+            assert!(received >= 151, "{engine:?}: {received} datagrams counted");
             if engine == EngineKind::Packet {
                 // How many depends on timing (a request whose fragments wait too long is
                 // applied from its bytes); in practice all 51.

@@ -146,6 +146,18 @@ impl BatchSocket {
         &self.counters
     }
 
+    /// Count a datagram that another reader took from this socket's descriptor (the packet
+    /// store receives straight into its slots), so the socket's counters stay true.
+    pub fn count_received_elsewhere(&mut self, datagram: &[u8]) {
+        self.counters.received_by_type[type_slot(datagram)] += 1;
+        self.counters.bytes_received += datagram.len() as u64;
+    }
+
+    /// Count a receive batch that another reader made on this socket's descriptor.
+    pub fn count_receive_batch_elsewhere(&mut self) {
+        self.counters.receive_batches += 1;
+    }
+
     /// Datagrams waiting to be sent.
     pub fn queued_len(&self) -> usize {
         self.urgent.len() + self.queue.len()

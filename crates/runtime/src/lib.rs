@@ -97,9 +97,9 @@ pub enum RuntimeError {
         source: pmnet_pm::LogError,
     },
     #[error(
-        "{problem}. It may hold updates that were acknowledged, so the device does not start \
-         on it: restore the file from a copy, or pass --format to erase it and start with an \
-         empty log (everything in it is lost)"
+        "{problem}. It may have held updates that were acknowledged, so the device does not \
+         start on it: restore the file from a copy, or pass --format to erase it and start with \
+         an empty log (everything in it is lost)"
     )]
     LogUnusable { problem: pmnet_pm::LogFileError },
     #[error("cannot open the data file {}: {source}", path.display())]
@@ -119,10 +119,10 @@ pub enum RuntimeError {
         source: pmnet_store::StoreError,
     },
     #[error(
-        "data file {} ({file_len} bytes) holds no usable {engine} store: {problem}. It may hold \
-         updates that were acknowledged, so the server does not start on it: restore the file \
-         from a copy, point --data-file at another file, or pass --format to erase it and start \
-         an empty store (everything in it is lost)",
+        "data file {} ({file_len} bytes) holds no usable {engine} store: {problem}. It may have \
+         held updates that were acknowledged, so the server does not start on it: restore the \
+         file from a copy, point --data-file at another file, or pass --format to erase it and \
+         start an empty store (everything in it is lost)",
         path.display()
     )]
     StoreUnusable {

@@ -102,58 +102,236 @@ pub fn options_from_file(path: &Path, table: &str) -> Result<Vec<String>, String
             path.display()
         )
     })?;
-    options_from_text(&text, table)
-        .map_err(|message| format!("configuration file {}: {message}", path.display()))
+    options_from_text(&text, table, &Cli::command())
+        .map_err(|message| format!("configuration file {}, {message}", path.display()))
 }
 
-fn options_from_text(text: &str, table: &str) -> Result<Vec<String>, String> {
+/// The tokens of table `[table]` of `text` for the subcommand of `cli` with that name. Every
+/// table must name a command and every key one of its long options, in any table: a misspelt
+/// name is an error, not an option silently left out. The keys of `[table]` are checked
+/// against their option's type and values as the command line would check them. Errors start
+/// with the line they are about.
+fn options_from_text(text: &str, table: &str, cli: &clap::Command) -> Result<Vec<String>, String> {
+    let line_of = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
+    let spanned = toml::de::DeTable::parse(text).map_err(|error| match error.span() {
+        Some(span) => format!(
+            "line {}: not valid TOML: {}",
+            line_of(span.start),
+            error.message()
+        ),
+        None => format!("not valid TOML: {}", error.message()),
+    })?;
     let document: toml::Table = text
         .parse()
         .map_err(|error: toml::de::Error| format!("not valid TOML: {}", error.message()))?;
-    let Some(section) = document.get(table) else {
-        return Ok(Vec::new());
-    };
-    let Some(section) = section.as_table() else {
-        return Err(format!(
-            "`{table}` must be a table ([{table}] followed by `option = value` lines)"
-        ));
-    };
+
+    let tables: Vec<&str> = cli.get_subcommands().map(clap::Command::get_name).collect();
     let mut tokens = Vec::new();
-    for (key, value) in section {
-        let flag = format!("--{key}");
-        match value {
-            toml::Value::Boolean(true) => tokens.push(flag),
-            toml::Value::Boolean(false) => {}
-            toml::Value::Array(items) => {
-                for item in items {
-                    tokens.push(flag.clone());
-                    tokens.push(scalar(key, item)?);
-                }
-            }
-            other => {
-                tokens.push(flag);
-                tokens.push(scalar(key, other)?);
+    for (name, section) in spanned.get_ref() {
+        let line = line_of(name.span().start);
+        let name = name.get_ref().as_ref();
+        let Some(command) = cli.find_subcommand(name) else {
+            return Err(format!(
+                "line {line}: unknown table [{name}]{}; the tables are named after the commands: \
+                 {}",
+                suggestion(name, tables.iter().copied(), |t| format!("[{t}]")),
+                tables
+                    .iter()
+                    .map(|t| format!("[{t}]"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        };
+        let toml::de::DeValue::Table(keys) = section.get_ref() else {
+            return Err(format!(
+                "line {line}: `{name}` must be a table ([{name}] followed by `option = value` \
+                 lines)"
+            ));
+        };
+        let values = document
+            .get(name)
+            .and_then(toml::Value::as_table)
+            .expect("both parses of the text agree");
+        for key in keys.keys() {
+            let line = line_of(key.span().start);
+            let key = key.get_ref().as_ref();
+            let arg = find_option(cli, command, key).ok_or_else(|| {
+                let options = command
+                    .get_arguments()
+                    .chain(cli.get_arguments().filter(|arg| arg.is_global_set()))
+                    .filter_map(clap::Arg::get_long)
+                    .filter(|long| *long != "config");
+                format!(
+                    "line {line}: unknown option `{key}` in [{name}]{}; `pmnet {name} --help` \
+                     lists the options (a key is a long option name without its dashes)",
+                    suggestion(key, options, |o| format!("`{o}`"))
+                )
+            })?;
+            if name == table {
+                let value = &values[key];
+                tokens.extend(
+                    option_tokens(command, arg, key, value)
+                        .map_err(|message| format!("line {line}: `{key} = {value}`: {message}"))?,
+                );
             }
         }
     }
     Ok(tokens)
 }
 
-fn scalar(key: &str, value: &toml::Value) -> Result<String, String> {
+/// The option `key` names for `command`: one of its own, or a global one of `cli` (but not
+/// `--config` itself).
+fn find_option<'c>(
+    cli: &'c clap::Command,
+    command: &'c clap::Command,
+    key: &str,
+) -> Option<&'c clap::Arg> {
+    let named = |arg: &&clap::Arg| arg.get_long() == Some(key);
+    command.get_arguments().find(named).or_else(|| {
+        cli.get_arguments()
+            .filter(|arg| arg.is_global_set() && arg.get_long() != Some("config"))
+            .find(named)
+    })
+}
+
+/// " (did you mean X?)" for the candidate closest to `wrong`, if one is close.
+fn suggestion<'a>(
+    wrong: &str,
+    candidates: impl Iterator<Item = &'a str>,
+    show: impl Fn(&str) -> String,
+) -> String {
+    candidates
+        .map(|candidate| (edit_distance(wrong, candidate), candidate))
+        .filter(|(distance, candidate)| *distance <= 2.max(candidate.len() / 3))
+        .min()
+        .map_or_else(String::new, |(_, candidate)| {
+            format!(" (did you mean {}?)", show(candidate))
+        })
+}
+
+/// Levenshtein distance, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, a_char) in a.chars().enumerate() {
+        let mut current = vec![i + 1; b.len() + 1];
+        for (j, b_char) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(a_char != *b_char);
+            current[j + 1] = substitution.min(previous[j + 1] + 1).min(current[j] + 1);
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
+/// The command-line tokens for `key = value`, checked as the command line would check them.
+fn option_tokens(
+    command: &clap::Command,
+    arg: &clap::Arg,
+    key: &str,
+    value: &toml::Value,
+) -> Result<Vec<String>, String> {
+    let flag = format!("--{key}");
+    let takes_values = arg.get_action().takes_values();
+    let counts = matches!(arg.get_action(), clap::ArgAction::Count);
     match value {
-        toml::Value::String(text) => Ok(text.clone()),
-        toml::Value::Integer(number) => Ok(number.to_string()),
-        toml::Value::Float(number) => Ok(number.to_string()),
-        toml::Value::Boolean(flag) => Ok(flag.to_string()),
-        _ => Err(format!(
-            "option `{key}`: use a string, a number, a boolean or a list of those"
+        toml::Value::Boolean(on) if !takes_values => Ok(if *on { vec![flag] } else { vec![] }),
+        toml::Value::Integer(times) if counts => match usize::try_from(*times) {
+            Ok(times) if times <= 3 => Ok(vec![flag; times]),
+            _ => Err("expected true, false or a count from 0 to 3".to_owned()),
+        },
+        _ if !takes_values => Err("this option is a switch: expected true or false".to_owned()),
+        toml::Value::Boolean(_) => Err(format!(
+            "expected a value ({}), not true or false",
+            value_name(arg)
         )),
+        toml::Value::Array(items) => {
+            if !matches!(arg.get_action(), clap::ArgAction::Append) {
+                return Err(format!(
+                    "expected one value ({}), not a list",
+                    value_name(arg)
+                ));
+            }
+            let mut tokens = Vec::new();
+            for item in items {
+                tokens.push(checked_token(command, arg, key, item)?);
+            }
+            Ok(tokens)
+        }
+        other => Ok(vec![checked_token(command, arg, key, other)?]),
+    }
+}
+
+/// `--key=VALUE`, once the option's own parser accepts VALUE. Written with `=` so that a
+/// value starting with `-` stays a value.
+fn checked_token(
+    command: &clap::Command,
+    arg: &clap::Arg,
+    key: &str,
+    value: &toml::Value,
+) -> Result<String, String> {
+    let text = match value {
+        toml::Value::String(text) => text.clone(),
+        toml::Value::Integer(number) => number.to_string(),
+        toml::Value::Float(number) => number.to_string(),
+        _ => {
+            return Err(format!(
+                "expected {} as a string, a number or a list of those",
+                value_name(arg)
+            ))
+        }
+    };
+    let token = format!("--{key}={text}");
+    // The command alone with this one option (nothing required): only the value's own
+    // checks can fail.
+    let probe = command
+        .clone()
+        .mut_args(|arg| arg.required(false))
+        .subcommand_required(false)
+        .no_binary_name(true);
+    if let Err(error) = probe.try_get_matches_from([token.as_str()]) {
+        use clap::error::ErrorKind;
+        if matches!(
+            error.kind(),
+            ErrorKind::InvalidValue | ErrorKind::ValueValidation | ErrorKind::InvalidUtf8
+        ) {
+            let rendered = error.render().to_string();
+            let first = rendered.lines().next().unwrap_or_default();
+            return Err(format!(
+                "expected {}: {}",
+                value_name(arg),
+                first.trim_start_matches("error: ")
+            ));
+        }
+    }
+    Ok(token)
+}
+
+/// How the option's help names its value (`N`, `ADDR`, ...).
+fn value_name(arg: &clap::Arg) -> String {
+    let name = arg
+        .get_value_names()
+        .and_then(|names| names.first())
+        .map_or_else(|| "VALUE".to_owned(), ToString::to_string);
+    let possible: Vec<String> = arg
+        .get_possible_values()
+        .iter()
+        .map(|value| value.get_name().to_owned())
+        .collect();
+    if possible.is_empty() {
+        name
+    } else {
+        format!("{name}: one of {}", possible.join(", "))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn options(text: &str, table: &str) -> Result<Vec<String>, String> {
+        options_from_text(text, table, &Cli::command())
+    }
 
     #[test]
     fn a_table_becomes_options() {
@@ -165,24 +343,120 @@ mod tests {
             format = false
             slots = 1024
             [server]
-            listen = "ignored"
+            listen = "ignored: only the keys of other tables are checked"
         "#;
-        let tokens = options_from_text(text, "device").unwrap();
+        let tokens = options(text, "device").unwrap();
         assert_eq!(
             tokens,
             [
                 "--busy-poll",
-                "--listen",
-                "0.0.0.0:7400",
-                "--server",
-                "1=10.0.0.3:7500",
-                "--server",
-                "2=10.0.0.4:7500",
-                "--slots",
-                "1024"
+                "--listen=0.0.0.0:7400",
+                "--server=1=10.0.0.3:7500",
+                "--server=2=10.0.0.4:7500",
+                "--slots=1024"
             ]
         );
-        assert!(options_from_text(text, "client").unwrap().is_empty());
+        assert!(options(text, "client").unwrap().is_empty());
+        // Global options too.
+        assert_eq!(
+            options("[server]\nverbose = 2\nquiet = false", "server").unwrap(),
+            ["--verbose", "--verbose"]
+        );
+    }
+
+    #[test]
+    fn a_misspelt_table_or_key_is_an_error_naming_its_line() {
+        let error = options("[device]\nslots = 8\n\n[devise]\nslots = 8\n", "device").unwrap_err();
+        assert!(
+            error.starts_with("line 4: unknown table [devise]"),
+            "{error}"
+        );
+        assert!(error.contains("did you mean [device]?"), "{error}");
+        assert!(error.contains("[server]"), "{error}");
+        // Whichever command reads the file.
+        assert_eq!(
+            options("[devise]\nslots = 8\n", "server").unwrap_err(),
+            options("[devise]\nslots = 8\n", "device").unwrap_err()
+        );
+
+        let error = options("[device]\nslots = 8\nslot-sise = 512\n", "device").unwrap_err();
+        assert!(
+            error.starts_with("line 3: unknown option `slot-sise` in [device]"),
+            "{error}"
+        );
+        assert!(error.contains("did you mean `slot-size`?"), "{error}");
+        // In another command's table as well.
+        let error = options("[server]\ndata-mb = 8\n", "device").unwrap_err();
+        assert!(
+            error.starts_with("line 2: unknown option `data-mb` in [server]"),
+            "{error}"
+        );
+        assert!(error.contains("`data-mib`"), "{error}");
+        for key in ["config", "help", "no-such-option"] {
+            let error = options(&format!("[device]\n{key} = \"x\""), "device").unwrap_err();
+            assert!(
+                error.contains(&format!("unknown option `{key}`")),
+                "{error}"
+            );
+        }
+        // A top-level key is a table that does not exist.
+        let error = options("slots = 8\n", "device").unwrap_err();
+        assert!(
+            error.starts_with("line 1: unknown table [slots]"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_kind_says_what_is_expected() {
+        let error = options("[device]\n\nslots = -5\n", "device").unwrap_err();
+        assert!(
+            error.starts_with("line 3: `slots = -5`: expected N"),
+            "{error}"
+        );
+        assert!(error.contains("0..=4294967295"), "{error}");
+
+        let error = options("[device]\nslots = \"many\"\n", "device").unwrap_err();
+        assert!(
+            error.starts_with("line 2: `slots = \"many\"`: expected N"),
+            "{error}"
+        );
+
+        let error = options("[device]\nlisten = 7400\n", "device").unwrap_err();
+        assert!(
+            error.starts_with("line 2: `listen = 7400`: expected ADDR"),
+            "{error}"
+        );
+
+        let error = options("[device]\nserver = [\"1=x\"]\n", "device").unwrap_err();
+        assert!(error.contains("IP:PORT"), "{error}");
+
+        let error = options("[device]\nbusy-poll = \"yes\"\n", "device").unwrap_err();
+        assert!(
+            error.contains("a switch: expected true or false"),
+            "{error}"
+        );
+
+        let error = options("[device]\nslots = true\n", "device").unwrap_err();
+        assert!(
+            error.contains("expected a value (N), not true or false"),
+            "{error}"
+        );
+
+        let error = options("[device]\nlisten = [\"127.0.0.1:1\"]\n", "device").unwrap_err();
+        assert!(
+            error.contains("expected one value (ADDR), not a list"),
+            "{error}"
+        );
+
+        let error = options("[server]\nengine = \"fast\"\n", "server").unwrap_err();
+        assert!(error.contains("one of packet, conventional, kv"), "{error}");
+
+        // A value that starts with a dash stays a value.
+        assert_eq!(
+            options("[device]\nlog-file = \"-odd.log\"", "device").unwrap(),
+            ["--log-file=-odd.log"]
+        );
     }
 
     #[test]
@@ -206,15 +480,15 @@ mod tests {
 
     #[test]
     fn bad_files_say_what_is_wrong() {
-        assert!(options_from_text("device = 3", "device")
+        assert!(options("device = 3", "device")
             .unwrap_err()
-            .contains("must be a table"));
-        assert!(options_from_text("[device\n", "device")
+            .contains("line 1: `device` must be a table"));
+        assert!(options("[device]\nslots = 1\n[device\n", "device")
             .unwrap_err()
-            .contains("not valid TOML"));
-        assert!(options_from_text("[device]\nx = {a = 1}", "device")
+            .starts_with("line 3: not valid TOML"));
+        assert!(options("[device]\nlisten = {a = 1}", "device")
             .unwrap_err()
-            .contains("option `x`"));
+            .contains("line 2: `listen = { a = 1 }`: expected ADDR as a string"));
     }
 
     #[test]

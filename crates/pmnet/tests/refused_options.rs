@@ -1,0 +1,137 @@
+//! Options that cannot work are refused before anything starts: a configuration file with a
+//! misspelt table or key or a value of the wrong kind, and a device told that it is its own
+//! server. Real processes; each must exit non-zero with a message that says what to change.
+
+mod common;
+
+use std::path::Path;
+
+use common::{args, free_udp_addr, run_pmnet};
+
+/// Run `pmnet ARGS`, which must fail without a panic and without starting to serve, saying
+/// every one of `hints` on stderr.
+fn must_fail(list: &[&str], hints: &[&str]) {
+    let (status, stdout, stderr) = run_pmnet(&args(list), None);
+    let shown = format!("pmnet {}", list.join(" "));
+    assert!(
+        !status.success(),
+        "{shown} succeeded\nstdout: {stdout}\nstderr: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{shown} panicked:\n{stderr}");
+    assert!(
+        !stdout.contains(" listening on "),
+        "{shown} started:\n{stdout}"
+    );
+    for hint in hints {
+        assert!(
+            stderr.contains(hint),
+            "{shown}: stderr does not mention {hint:?}:\n{stderr}"
+        );
+    }
+}
+
+fn write(path: &Path, text: &str) -> String {
+    std::fs::write(path, text).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn a_configuration_file_with_a_mistake_is_refused_with_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = "1=127.0.0.1:9";
+
+    let file = write(&dir.path().join("table.toml"), "[devise]\nslots = 64\n");
+    must_fail(
+        &["--config", &file, "device", "--server", server],
+        &[
+            &file,
+            "line 1",
+            "unknown table [devise]",
+            "did you mean [device]?",
+        ],
+    );
+
+    let file = write(
+        &dir.path().join("key.toml"),
+        "[device]\nserver = [\"1=127.0.0.1:9\"]\nslot = 64\n",
+    );
+    must_fail(
+        &["--config", &file, "device"],
+        &[
+            &file,
+            "line 3",
+            "unknown option `slot` in [device]",
+            "`slots`",
+        ],
+    );
+
+    let file = write(
+        &dir.path().join("negative.toml"),
+        "[device]\nserver = [\"1=127.0.0.1:9\"]\nslots = -5\n",
+    );
+    must_fail(
+        &["--config", &file, "device"],
+        &[
+            &file,
+            "line 3",
+            "`slots = -5`",
+            "expected N",
+            "0..=4294967295",
+        ],
+    );
+}
+
+#[test]
+fn a_device_is_not_its_own_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let own = free_udp_addr();
+    let log = dir.path().join("device.log");
+    let log = log.display().to_string();
+    let listen = own.to_string();
+    let itself = format!("1={own}");
+    must_fail(
+        &[
+            "device",
+            "--listen",
+            &listen,
+            "--server",
+            &itself,
+            "--log-file",
+            &log,
+        ],
+        &["server 1", "own listen address", &listen],
+    );
+    // Listening on every address, reached through loopback.
+    let every = format!("0.0.0.0:{}", own.port());
+    let through_loopback = format!("2=127.0.0.1:{}", own.port());
+    must_fail(
+        &[
+            "device",
+            "--listen",
+            &every,
+            "--server",
+            "1=127.0.0.1:9",
+            "--server",
+            &through_loopback,
+            "--log-file",
+            &log,
+        ],
+        &["server 2", "own listen address"],
+    );
+    // Nothing was made of the log.
+    assert!(!Path::new(&log).exists());
+    must_fail(
+        &[
+            "device",
+            "--listen",
+            "127.0.0.1:0",
+            "--server",
+            "1=127.0.0.1:9",
+            "--server",
+            "1=127.0.0.1:10",
+            "--log-file",
+            &log,
+        ],
+        &["server id 1 is given twice"],
+    );
+}

@@ -73,7 +73,9 @@ pub struct MediumArgs {
     #[arg(long, value_name = "NS", default_value_t = 0)]
     pub persist_latency_ns: u64,
 
-    /// Erase the file and start empty, even if it holds data (its contents are lost).
+    /// Erase the file and start empty, even if it holds data (its contents are lost). Without
+    /// it a missing file is made, and an existing one that is empty, short, or whose superblock
+    /// is blank or corrupt is an error (it may have held acknowledged updates).
     #[arg(long)]
     pub format: bool,
 }
@@ -114,7 +116,8 @@ pub struct DeviceArgs {
     pub listen: SocketAddr,
 
     /// A server behind the device, as ID=ADDR (repeat for several: the "switch" deployment; one
-    /// is the "NIC" deployment).
+    /// is the "NIC" deployment). Each needs its own id, and none may be the device's own
+    /// address.
     #[arg(long = "server", value_name = "ID=ADDR", required = true, value_parser = parse_server)]
     pub servers: Vec<(u16, SocketAddr)>,
 

@@ -88,7 +88,16 @@ pub(crate) struct Process {
 
 impl Process {
     pub(crate) fn spawn(name: &'static str, args: &[String]) -> Result<Process, CliError> {
-        let exe = std::env::current_exe()?;
+        Process::spawn_binary(name, &std::env::current_exe()?, args)
+    }
+
+    /// Start `binary ARGS` (another build of `pmnet`, to compare against).
+    pub(crate) fn spawn_binary(
+        name: &'static str,
+        binary: &std::path::Path,
+        args: &[String],
+    ) -> Result<Process, CliError> {
+        let exe = binary;
         let mut child = Command::new(exe)
             .args(args)
             .stdin(Stdio::null())

@@ -46,6 +46,11 @@ pub struct SessionBenchArgs {
     /// Where the store file goes (removed afterwards).
     #[arg(long, value_name = "DIR", default_value = "/dev/shm")]
     pub dir: std::path::PathBuf,
+
+    /// Run this `pmnet` binary as the server instead of this one (an earlier build, to
+    /// compare side by side).
+    #[arg(long, value_name = "PATH")]
+    pub server_binary: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: SessionBenchArgs) -> Result<ExitCode, CliError> {
@@ -54,8 +59,13 @@ pub fn run(args: SessionBenchArgs) -> Result<ExitCode, CliError> {
         .dir
         .join(format!("pmnet-session-bench-{}.data", std::process::id()));
     let _files = FilesGuard(vec![data_file.clone()]);
-    let mut server = Process::spawn(
+    let binary = match &args.server_binary {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()?,
+    };
+    let mut server = Process::spawn_binary(
         "server",
+        &binary,
         &[
             "server".to_owned(),
             "--listen".to_owned(),
@@ -70,8 +80,10 @@ pub fn run(args: SessionBenchArgs) -> Result<ExitCode, CliError> {
     let banner = server.wait_listening()?;
     println!(
         "session-bench: {} SETs, each from a new session, {} in flight, straight to a server \
-         (sleeping when idle)",
-        args.sessions, args.window
+         (sleeping when idle): {}",
+        args.sessions,
+        args.window,
+        binary.display()
     );
     for line in banner.iter().filter(|line| line.contains("medium:")) {
         println!("  {}", line.trim());

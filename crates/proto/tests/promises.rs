@@ -352,3 +352,26 @@ fn a_server_back_after_an_outage_drains_the_log_in_order_without_drops() {
     }
     assert!(!is_failed(world.completion(0, 1)));
 }
+
+#[test]
+fn a_late_recovery_done_is_counted_as_a_drop() {
+    let mut world = World::new(1, Some(64));
+    drive_to_quiet(&mut world);
+    assert!(!world.servers[0].server.is_recovering());
+    let mut done = Header::new(PacketType::RecoveryDone, SERVER_ID, 0, 1);
+    done.device_id = pmnet_sim::DEVICE_ID;
+    world.inject(
+        device_addr(0),
+        server_addr(0),
+        done.encode(&pmnet_wire::encode_recovery_done_payload(0)),
+    );
+    world.run_for(Duration::from_millis(1));
+    assert_eq!(
+        world.servers[0]
+            .server
+            .counters()
+            .dropped
+            .get("late_recovery_done"),
+        Some(&1)
+    );
+}

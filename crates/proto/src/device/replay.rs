@@ -3,7 +3,9 @@
 //!
 //! Every resend goes through one queue per server, ordered by (session, seq, fragment), and
 //! at most `max_resends_in_flight` resent entries are out at once; each server-ACK that frees
-//! one lets the next go. A server that was down for a while so receives its backlog in order
+//! one lets the next go. An entry waiting in the queue has no timer (nothing of it is out);
+//! its timer starts when it is sent, so a backlog of any size costs timer work only for the
+//! window that is out. A server that was down for a while so receives its backlog in order
 //! and at the rate it applies it, instead of everything at once into a socket buffer that
 //! drops most of it and a reorder window that refuses the rest.
 
@@ -79,12 +81,7 @@ impl Device {
         replay.in_flight = 0;
         let mut queued: u32 = 0;
         for &(key, slot) in &keys {
-            self.reschedule_resend(now, slot, false);
-            self.replay
-                .get_mut(&server_id)
-                .expect("created above")
-                .queue
-                .insert(key);
+            self.queue_for_replay(key, slot);
             queued = queued.saturating_add(1);
         }
         self.counters.replay_queued += u64::from(queued);
@@ -94,6 +91,17 @@ impl Device {
         let payload = pmnet_wire::encode_recovery_done_payload(queued);
         self.send(server, done.encode(&payload));
         self.pump_replay(now, server_id);
+    }
+
+    /// Queue entry `slot` (key `key`) to be resent; its timer stops until it is sent.
+    fn queue_for_replay(&mut self, key: EntryKey, slot: u32) -> bool {
+        let entry = &self.entries[&slot];
+        self.resend_timers.remove(&(entry.resend_deadline, slot));
+        self.replay
+            .entry(key.server_id)
+            .or_default()
+            .queue
+            .insert(key)
     }
 
     /// Send queued entries of `server_id` while fewer than `max_resends_in_flight` are out.
@@ -144,8 +152,10 @@ impl Device {
             if deadline > now {
                 break;
             }
-            self.reschedule_resend(now, slot, true);
+            self.resend_timers.remove(&(deadline, slot));
+            let max_timeout = self.config.max_resend_timeout;
             let entry = self.entries.get_mut(&slot).expect("timer of a live slot");
+            entry.resend_timeout = (entry.resend_timeout * 2).min(max_timeout);
             let key = entry.key;
             let was_out = std::mem::take(&mut entry.in_replay);
             if self.index.get(&key) != Some(&slot) {
@@ -156,11 +166,13 @@ impl Device {
                 self.count_drop(DropReason::UnknownServer);
                 continue;
             }
-            let replay = self.replay.entry(key.server_id).or_default();
             if was_out {
-                replay.in_flight -= 1;
+                self.replay
+                    .get_mut(&key.server_id)
+                    .expect("an entry in replay has a replay state")
+                    .in_flight -= 1;
             }
-            if replay.queue.insert(key) {
+            if self.queue_for_replay(key, slot) {
                 self.counters.resend_timeouts += 1;
                 self.counters.replay_queued += 1;
             }

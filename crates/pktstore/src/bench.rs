@@ -212,7 +212,8 @@ impl Subject {
                 let start = ticks();
                 let reply = store
                     .stage_received(SESSION_ID, seq, &slots)
-                    .map_err(|reject| reject.reason.to_owned())?;
+                    .map_err(|reject| reject.reason.to_owned())?
+                    .map_err(|no_space| format!("a write found {no_space}"))?;
                 store.commit();
                 (reply, ticks() - start)
             }
@@ -224,7 +225,9 @@ impl Subject {
                 }
                 std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
                 let start = ticks();
-                let reply = store.stage_request(SESSION_ID, seq, &payload);
+                let reply = store
+                    .stage_request(SESSION_ID, seq, &payload)
+                    .map_err(|no_space| format!("a write found {no_space}"))?;
                 store.commit();
                 (reply, ticks() - start)
             }

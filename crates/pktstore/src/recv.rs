@@ -344,7 +344,7 @@ mod tests {
             RECEIVE_BATCH_LEN - 1,
             "the datagram's slot and the rest of the ring stay lent"
         );
-        let reply = store.stage_received(77, 1, &[slot]).unwrap();
+        let reply = store.stage_received(77, 1, &[slot]).unwrap().unwrap();
         store.commit();
         assert_eq!(reply, Reply::Ok.to_bytes());
         assert_eq!(store.get(b"k").unwrap().unwrap().to_vec(), b"in place");

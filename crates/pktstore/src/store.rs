@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use pmnet_pm::{MediumInfo, PmRegion};
 use pmnet_store::codec::{MAX_KEY_LEN, MAX_VALUE_LEN};
-use pmnet_store::{Application, Reply, Request, SessionRecord};
+use pmnet_store::{Application, NoSpace, Reply, Request, SessionRecord};
 use pmnet_wire::{Packet, PacketType, HEADER_LEN};
 
 use crate::breakdown::{Breakdown, Phase};
@@ -247,7 +247,14 @@ pub struct StoreStats {
     /// number was displaced.
     pub session_folds: u64,
     pub sessions_evicted: u64,
+    /// GETs whose reply was too long to keep inline and found no room for a reply record:
+    /// answered `ERROR store full: reply not kept` (a read; nothing acknowledged is lost).
     pub store_full_replies: u64,
+    /// Requests refused with [`NoSpace`]: nothing of them staged, the caller retries them.
+    pub no_space: u64,
+    /// Commits made early to turn records freed by earlier batches into free space for a
+    /// request that found none.
+    pub reclaim_commits: u64,
     pub read_verify_failures: u64,
     pub receive_rejects: u64,
 }
@@ -319,6 +326,21 @@ struct Pending {
     unflushed: u32,
 }
 
+/// What space is taken for. Data may not use the delete reserve; a delete, which frees at
+/// least as much as it takes, may (see [`Store::delete_reserve_slots`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    Data,
+    Delete,
+}
+
+/// What [`Store::begin_op`] changed, for [`Store::cancel_op`] to undo.
+#[derive(Debug, Clone, Copy)]
+struct OpMark {
+    epoch: u64,
+    wrote: bool,
+}
+
 /// What a request looks like, read from its datagrams without copying.
 #[derive(Debug)]
 struct RequestShape<'a> {
@@ -360,6 +382,12 @@ pub struct Store<R: PmRegion> {
     links: Vec<LinkUpdate>,
     scratch: Vec<u8>,
     receive_reserve: usize,
+    /// Packet engine: free slots only deletes may take (see [`Store::delete_reserve_slots`]).
+    delete_reserve: usize,
+    /// Conventional engine: a free block of `delete_block_order`, held out of the allocator
+    /// for deletes; taken again before the next data allocation.
+    delete_block: Option<u32>,
+    delete_block_order: u8,
     stats: StoreStats,
     recovery: RecoveryReport,
     breakdown: Option<Breakdown>,
@@ -563,6 +591,9 @@ impl<R: PmRegion> Store<R> {
             links: Vec::new(),
             scratch: Vec::new(),
             receive_reserve: 0,
+            delete_reserve: 0,
+            delete_block: None,
+            delete_block_order: 0,
             stats: StoreStats::default(),
             recovery: RecoveryReport {
                 committed_epoch,
@@ -680,12 +711,30 @@ impl<R: PmRegion> Store<R> {
         self.committed_epoch
     }
 
-    /// Free space for new records, in bytes.
+    /// Free space for new records, in bytes (the delete reserve included).
     pub fn free_bytes(&self) -> u64 {
         match &self.buddy {
-            Some(buddy) => buddy.free_bytes(),
+            Some(buddy) => {
+                let held = self
+                    .delete_block
+                    .map_or(0, |_| (GRANULE as u64) << self.delete_block_order);
+                buddy.free_bytes() + held
+            }
             None => self.free_slots.len() as u64 * u64::from(self.geometry.slot_size),
         }
+    }
+
+    /// Packet engine: the free slots only a DEL may take. A DEL of a present key writes a
+    /// record naming the key (recovery may have to redo the removal), so it needs room even
+    /// when the store is full, or nothing could ever make room. It frees at least as much as
+    /// it takes: the record it removes is a SET of the same key, whose datagrams are longer
+    /// than the DEL's. So data (SET, INCR, APPEND, long replies) stops short of the last
+    /// `delete_reserve_slots` free slots, receive loans stop above them, and a DEL may use
+    /// them; what a DEL takes comes back, with more, once the batch after it commits.
+    /// The reserve holds the longest DEL (key of `MAX_KEY_LEN` bytes) once per request of a
+    /// batch, up to 1/64 of the slots, and at least once.
+    pub fn delete_reserve_slots(&self) -> usize {
+        self.delete_reserve
     }
 
     /// Packet engine: free slots.
@@ -938,6 +987,11 @@ impl<R: PmRegion> Store<R> {
     /// becomes a record in place; any other request is applied from a copy of its bytes and
     /// the slots go back. Durable at the next [`Store::commit`]; returns the reply.
     ///
+    /// `Ok(Err(NoSpace))`: an INCR or APPEND received in slots found no room (see
+    /// [`Store::stage_request`]); nothing of it was staged, and its slots went back to the free
+    /// pool (they would not have been its record): retry it from its bytes. A SET or DEL
+    /// received in place never gets it: its record is the slots it arrived in.
+    ///
     /// On `Err` nothing was applied and the slots were released: apply the request from its
     /// bytes with [`Store::stage_request`].
     pub fn stage_received(
@@ -945,7 +999,7 @@ impl<R: PmRegion> Store<R> {
         session_id: u64,
         seq: u32,
         slots: &[u32],
-    ) -> Result<Vec<u8>, ReceiveReject> {
+    ) -> Result<Result<Vec<u8>, NoSpace>, ReceiveReject> {
         self.start_timing();
         let outcome = self.inspect_received(session_id, seq, slots);
         let shape = match outcome {
@@ -975,6 +1029,7 @@ impl<R: PmRegion> Store<R> {
             self.scratch = request;
             return Ok(reply);
         }
+        // Its own slots hold it: no room to find.
         self.begin_op();
         // The slots become a chain: metadata of every fragment but the head now; the head's
         // once its place in the index is known.
@@ -1036,7 +1091,7 @@ impl<R: PmRegion> Store<R> {
         } else {
             self.delete_with_record(session_id, seq, key, Some(pending))
         };
-        Ok(reply)
+        Ok(Ok(reply))
     }
 
     /// Check lent `slots` hold request `seq` of `session_id`; returns its op and key location.
@@ -1084,35 +1139,104 @@ impl<R: PmRegion> Store<R> {
     }
 
     /// Before staging a request: make room in the batch.
-    fn begin_op(&mut self) {
+    fn begin_op(&mut self) -> OpMark {
         if self.batch.ops.len() >= MAX_BATCH_OPS {
             // Committing early only makes earlier requests durable sooner.
             self.commit();
         }
+        let mark = OpMark {
+            epoch: self.committed_epoch,
+            wrote: self.batch.wrote,
+        };
         self.batch.wrote = true;
         self.stats.requests += 1;
         self.activity += 1;
+        mark
+    }
+
+    /// A request begun at `mark` found no room before it staged anything: undo
+    /// [`Store::begin_op`], so the store is as if it had never been asked.
+    fn cancel_op(&mut self, mark: OpMark) {
+        if self.committed_epoch == mark.epoch {
+            self.batch.wrote = mark.wrote;
+        }
+        self.stats.requests -= 1;
+        self.activity -= 1;
+        self.stats.no_space += 1;
+    }
+
+    /// Make the records that batches freed reusable: records freed by a committed batch are
+    /// free once a later batch commits, and this batch's once the one after it does. So at
+    /// most two commits, empty or not (committing early only makes the requests staged so far
+    /// durable sooner). False when nothing waits to be freed.
+    fn reclaim(&mut self) -> bool {
+        if self.limbo.is_empty() && self.batch.freed.is_empty() {
+            return false;
+        }
+        for _ in 0..2 {
+            if self.limbo.is_empty() && self.batch.freed.is_empty() {
+                break;
+            }
+            // An empty batch commits too: its intent block supersedes the one that named
+            // the freed records, and its first fence makes their unlinking durable.
+            self.batch.wrote = true;
+            self.commit();
+            self.stats.reclaim_commits += 1;
+        }
+        true
     }
 
     /// Stage request `seq` of `session_id` from its bytes; durable at the next
     /// [`Store::commit`], whose caller may send the returned reply only after it returns.
-    pub fn stage_request(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Vec<u8> {
+    ///
+    /// `Err(NoSpace)`: a SET, INCR or APPEND found no room, even after committing early to
+    /// reuse what earlier batches freed. Nothing of it was staged (no record, no index or
+    /// intent operation, no session change): the batch is as if it had never been asked, and
+    /// the caller applies it again later with the same `seq`. A GET, a DEL or a request that
+    /// fails to decode never gets it: a DEL may use the delete reserve
+    /// ([`Store::delete_reserve_slots`]), and a GET whose long reply finds no room is answered
+    /// `ERROR store full: reply not kept` (counted in [`StoreStats::store_full_replies`]).
+    pub fn stage_request(
+        &mut self,
+        session_id: u64,
+        seq: u32,
+        request: &[u8],
+    ) -> Result<Vec<u8>, NoSpace> {
         self.start_timing();
         self.stage_request_inner(session_id, seq, request)
     }
 
-    fn stage_request_inner(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Vec<u8> {
-        self.begin_op();
+    fn stage_request_inner(
+        &mut self,
+        session_id: u64,
+        seq: u32,
+        request: &[u8],
+    ) -> Result<Vec<u8>, NoSpace> {
+        let mark = self.begin_op();
+        let result = self.stage_decoded(session_id, seq, request);
+        if result.is_err() {
+            self.cancel_op(mark);
+        }
+        result
+    }
+
+    /// The request's effect; on `Err` nothing was staged (space is the first thing taken).
+    fn stage_decoded(
+        &mut self,
+        session_id: u64,
+        seq: u32,
+        request: &[u8],
+    ) -> Result<Vec<u8>, NoSpace> {
         let decoded = Request::decode(request);
         self.mark(Phase::Prepare);
-        match decoded {
+        Ok(match decoded {
             Err(error) => self.table_commit(
                 session_id,
                 seq,
                 error_reply(&format!("bad request: {error}")),
             ),
             Ok(Request::Set { key, value }) => {
-                self.put(session_id, seq, key, value, ReplyStyle::Ok, Some(request))
+                self.put(session_id, seq, key, value, ReplyStyle::Ok, Some(request))?
             }
             Ok(Request::Get { key }) => {
                 let reply = match self.get(key) {
@@ -1133,7 +1257,7 @@ impl<R: PmRegion> Store<R> {
                 };
                 self.table_commit(session_id, seq, reply)
             }
-            Ok(Request::Del { key }) => self.delete_request(session_id, seq, key, request),
+            Ok(Request::Del { key }) => self.delete_request(session_id, seq, key, request)?,
             Ok(Request::Incr { key, delta }) => {
                 let current = match self.get(key) {
                     Ok(None) => Some(0),
@@ -1145,7 +1269,7 @@ impl<R: PmRegion> Store<R> {
                 match current.map(|current| current.checked_add(delta)) {
                     Some(Some(new)) => {
                         let text = new.to_string().into_bytes();
-                        self.put(session_id, seq, key, &text, ReplyStyle::Integer, None)
+                        self.put(session_id, seq, key, &text, ReplyStyle::Integer, None)?
                     }
                     Some(None) => self.table_commit(
                         session_id,
@@ -1166,7 +1290,7 @@ impl<R: PmRegion> Store<R> {
                 match current {
                     Ok(mut current) if current.len() + value.len() <= MAX_VALUE_LEN => {
                         current.extend_from_slice(value);
-                        self.put(session_id, seq, key, &current, ReplyStyle::Ok, None)
+                        self.put(session_id, seq, key, &current, ReplyStyle::Ok, None)?
                     }
                     Ok(_) => self.table_commit(
                         session_id,
@@ -1180,10 +1304,11 @@ impl<R: PmRegion> Store<R> {
                     ),
                 }
             }
-        }
+        })
     }
 
-    /// Write a record for `key` = `value` and link it.
+    /// Write a record for `key` = `value` and link it; `Err` (nothing staged) when there is
+    /// no room for the record.
     fn put(
         &mut self,
         session_id: u64,
@@ -1192,7 +1317,7 @@ impl<R: PmRegion> Store<R> {
         value: &[u8],
         style: ReplyStyle,
         encoded_set: Option<&[u8]>,
-    ) -> Vec<u8> {
+    ) -> Result<Vec<u8>, NoSpace> {
         let written = match self.geometry.engine {
             EngineKind::Packet => {
                 let owned;
@@ -1210,18 +1335,23 @@ impl<R: PmRegion> Store<R> {
                     payload,
                     RecordKind::Packet,
                     style,
+                    Purpose::Data,
                 )
             }
-            EngineKind::Conventional => {
-                self.write_conventional(session_id, seq, CONVENTIONAL_OP_PUT, key, value, style)
-            }
+            EngineKind::Conventional => self.write_conventional(
+                session_id,
+                seq,
+                CONVENTIONAL_OP_PUT,
+                key,
+                value,
+                style,
+                Purpose::Data,
+            ),
         };
-        let Some(pending) = written else {
-            self.stats.store_full_replies += 1;
-            return self.table_commit(session_id, seq, error_reply("store full"));
-        };
+        // No room: the space is the first thing a write takes, so nothing is staged yet.
+        let pending = written.ok_or(NoSpace)?;
         let key = KeyAt::External(key);
-        self.link_record_key(session_id, seq, &key, pending)
+        Ok(self.link_record_key(session_id, seq, &key, pending))
     }
 
     fn link_record(
@@ -1279,9 +1409,18 @@ impl<R: PmRegion> Store<R> {
         }
     }
 
-    fn delete_request(&mut self, session_id: u64, seq: u32, key: &[u8], request: &[u8]) -> Vec<u8> {
+    /// A DEL from its bytes. Its record may use the delete reserve, so it finds room however
+    /// full the store is (see [`Store::delete_reserve_slots`]); `Err` would mean the reserve
+    /// was not kept (nothing is staged then either).
+    fn delete_request(
+        &mut self,
+        session_id: u64,
+        seq: u32,
+        key: &[u8],
+        request: &[u8],
+    ) -> Result<Vec<u8>, NoSpace> {
         if self.get_id(key).is_none() {
-            return self.table_commit(session_id, seq, Reply::Deleted(0).to_bytes());
+            return Ok(self.table_commit(session_id, seq, Reply::Deleted(0).to_bytes()));
         }
         // Recovery may have to redo the removal: it needs a record naming the key.
         let written = match self.geometry.engine {
@@ -1292,6 +1431,7 @@ impl<R: PmRegion> Store<R> {
                 request,
                 RecordKind::Packet,
                 ReplyStyle::Ok,
+                Purpose::Delete,
             ),
             EngineKind::Conventional => self.write_conventional(
                 session_id,
@@ -1300,17 +1440,17 @@ impl<R: PmRegion> Store<R> {
                 key,
                 &[],
                 ReplyStyle::Ok,
+                Purpose::Delete,
             ),
         };
-        match written {
-            Some(pending) => {
-                self.delete_with_record(session_id, seq, KeyAt::External(key), Some(pending))
-            }
-            None => {
-                self.stats.store_full_replies += 1;
-                self.table_commit(session_id, seq, error_reply("store full"))
-            }
-        }
+        let Some(pending) = written else {
+            debug_assert!(
+                false,
+                "a DEL found no room: the delete reserve was not kept"
+            );
+            return Err(NoSpace);
+        };
+        Ok(self.delete_with_record(session_id, seq, KeyAt::External(key), Some(pending)))
     }
 
     fn get_id(&self, key: &[u8]) -> Option<u32> {
@@ -1447,10 +1587,12 @@ impl<R: PmRegion> Store<R> {
         reply
     }
 
-    /// Write `session_id`'s entry (seq, reply) into the batch; returns the reply actually kept
-    /// (an ERROR when a long reply finds no room).
+    /// Write `session_id`'s entry (seq, reply) into the batch; returns the reply actually kept.
+    /// Only a GET's reply can be too long to keep inline; when no room is left for it (data
+    /// may not use the delete reserve), the GET is answered, and its session keeps, an ERROR
+    /// saying so (a read changes nothing a device acknowledged), counted in
+    /// [`StoreStats::store_full_replies`].
     fn write_session_entry(&mut self, session_id: u64, seq: u32, reply: Vec<u8>) -> Vec<u8> {
-        let epoch = self.batch_epoch();
         let (entry_reply, reply) = if reply.len() <= INLINE_REPLY_CAPACITY {
             (EntryReply::Inline(reply.clone()), reply)
         } else {
@@ -1462,6 +1604,7 @@ impl<R: PmRegion> Store<R> {
                     &reply,
                     RecordKind::Reply,
                     ReplyStyle::Ok,
+                    Purpose::Data,
                 ),
                 EngineKind::Conventional => self.write_reply_block(&reply),
             };
@@ -1480,6 +1623,9 @@ impl<R: PmRegion> Store<R> {
                 }
             }
         };
+        // After the reply record: finding room for it may have committed the batch so far.
+        let epoch = self.batch_epoch();
+        self.batch.wrote = true;
         let index = self.table_index_for(session_id);
         let slot = &mut self.table[index as usize];
         let copy = if slot.latest_epoch == epoch {
@@ -1549,7 +1695,9 @@ impl<R: PmRegion> Store<R> {
     }
 
     /// Write a chain of datagrams carrying `payload` into free slots; the head's metadata is
-    /// returned, the others' written. `None` when the slots run out.
+    /// returned, the others' written. `None` (nothing taken or written) when the slots run
+    /// out: data stops short of the delete reserve, a delete may use it.
+    #[allow(clippy::too_many_arguments)]
     fn write_packet_chain(
         &mut self,
         session_id: u64,
@@ -1558,12 +1706,14 @@ impl<R: PmRegion> Store<R> {
         payload: &[u8],
         kind: RecordKind,
         style: ReplyStyle,
+        purpose: Purpose,
     ) -> Option<Pending> {
         let capacity = self.geometry.slot_datagram_capacity() - HEADER_LEN;
         let count = payload.len().div_ceil(capacity).max(1);
-        if count > usize::from(u16::MAX) || count > self.free_slots.len() {
+        if count > usize::from(u16::MAX) || !self.room_for_slots(count, purpose) {
             return None;
         }
+        // After finding room, which may have committed the batch so far.
         let epoch = self.batch_epoch();
         let mut ids = Vec::with_capacity(count);
         for _ in 0..count {
@@ -1622,6 +1772,9 @@ impl<R: PmRegion> Store<R> {
     }
 
     /// The conventional write: allocate a block, build the record, checksum it, copy it in.
+    /// `None` (nothing taken or written) when no block is free for it: data leaves the delete
+    /// block alone, a delete may take it.
+    #[allow(clippy::too_many_arguments)]
     fn write_conventional(
         &mut self,
         session_id: u64,
@@ -1630,10 +1783,10 @@ impl<R: PmRegion> Store<R> {
         key: &[u8],
         value: &[u8],
         style: ReplyStyle,
+        purpose: Purpose,
     ) -> Option<Pending> {
         let body_len = CONVENTIONAL_HEADER_LEN + key.len() + value.len();
-        let order = order_for(META_LEN + body_len)?;
-        let id = self.buddy.as_mut()?.alloc(order)?;
+        let (id, order) = self.alloc_block(order_for(META_LEN + body_len)?, purpose)?;
         self.mark(Phase::Allocate);
         let mut header = [0u8; CONVENTIONAL_HEADER_LEN];
         header[0..8].copy_from_slice(&session_id.to_le_bytes());
@@ -1674,8 +1827,7 @@ impl<R: PmRegion> Store<R> {
     /// Conventional engine: a long reply in a block of its own: length, CRC32C, bytes.
     fn write_reply_block(&mut self, reply: &[u8]) -> Option<Pending> {
         let body_len = 8 + reply.len();
-        let order = order_for(META_LEN + body_len)?;
-        let id = self.buddy.as_mut()?.alloc(order)?;
+        let (id, order) = self.alloc_block(order_for(META_LEN + body_len)?, Purpose::Data)?;
         let offset = self.geometry.record_offset(id) + META_LEN;
         let mut header = [0u8; 8];
         header[0..4].copy_from_slice(&(reply.len() as u32).to_le_bytes());
@@ -1703,6 +1855,56 @@ impl<R: PmRegion> Store<R> {
 
     fn read_reply_record(&self, id: u32) -> Result<(Vec<u8>, Vec<u32>, u8), &'static str> {
         self.view().read_reply_record(id)
+    }
+
+    /// Packet engine: whether `count` free slots may be taken for `purpose`, reclaiming what
+    /// earlier batches freed if they are short. True means the caller takes them and stages
+    /// into the (possibly new) batch.
+    fn room_for_slots(&mut self, count: usize, purpose: Purpose) -> bool {
+        let floor = match purpose {
+            Purpose::Data => self.delete_reserve,
+            Purpose::Delete => 0,
+        };
+        let fits = |store: &Self| count + floor <= store.free_slots.len();
+        let room = fits(self) || (self.reclaim() && fits(self));
+        if room {
+            self.batch.wrote = true;
+        }
+        room
+    }
+
+    /// Conventional engine: a block of at least `order` for `purpose`, with the order it was
+    /// taken at; reclaims what earlier batches freed if none is free. Data first makes sure
+    /// the delete block is held (and is refused if no block of its size is free); a delete
+    /// takes the delete block, whole, when nothing else fits.
+    fn alloc_block(&mut self, order: u8, purpose: Purpose) -> Option<(u32, u8)> {
+        let taken = match self.take_block(order, purpose) {
+            Some(taken) => taken,
+            None if self.reclaim() => self.take_block(order, purpose)?,
+            None => return None,
+        };
+        self.batch.wrote = true;
+        Some(taken)
+    }
+
+    fn take_block(&mut self, order: u8, purpose: Purpose) -> Option<(u32, u8)> {
+        let buddy = self.buddy.as_mut()?;
+        match purpose {
+            Purpose::Data => {
+                if self.delete_block.is_none() {
+                    self.delete_block = Some(buddy.alloc(self.delete_block_order)?);
+                }
+                buddy.alloc(order).map(|id| (id, order))
+            }
+            Purpose::Delete => buddy.alloc(order).map(|id| (id, order)).or_else(|| {
+                // The record names the block's whole order, so freeing it frees all of it.
+                let reserve_order = self.delete_block_order;
+                if order > reserve_order {
+                    return None;
+                }
+                self.delete_block.take().map(|id| (id, reserve_order))
+            }),
+        }
     }
 
     /// Make everything staged since the last commit durable (see the module doc). Replies
@@ -2101,7 +2303,15 @@ impl<R: PmRegion> Store<R> {
                     .rev()
                     .filter(|slot| !used[*slot as usize])
                     .collect();
-                self.receive_reserve = (self.geometry.slot_count as usize / 16).max(4);
+                // The longest DEL, once per request of a batch, at most 1/64 of the slots.
+                let longest_delete =
+                    (3 + MAX_KEY_LEN).div_ceil(self.geometry.slot_datagram_capacity() - HEADER_LEN);
+                let deletes = (self.geometry.slot_count as usize / 64).clamp(1, MAX_BATCH_OPS);
+                self.delete_reserve = longest_delete * deletes;
+                // Loans stop above the delete reserve: a received SET must not take it.
+                self.receive_reserve = (self.geometry.slot_count as usize / 16)
+                    .max(4)
+                    .max(self.delete_reserve);
             }
             EngineKind::Conventional => {
                 let mut buddy = Buddy::new(self.geometry.granule_count());
@@ -2115,6 +2325,15 @@ impl<R: PmRegion> Store<R> {
                         });
                     }
                 }
+                // A block for the longest DEL record (no larger than the heap), held for
+                // deletes; if none is free now, data is refused until one is.
+                let longest_delete = order_for(META_LEN + CONVENTIONAL_HEADER_LEN + MAX_KEY_LEN)
+                    .expect("a DEL record fits the largest block");
+                let largest_block = (31 - self.geometry.granule_count().leading_zeros()) as u8;
+                self.delete_block_order = longest_delete
+                    .min(largest_block)
+                    .min(crate::buddy::MAX_ORDER);
+                self.delete_block = buddy.alloc(self.delete_block_order);
                 self.buddy = Some(buddy);
             }
         }
@@ -2457,7 +2676,9 @@ pub(crate) fn record_key<'a>(bytes: &'a [u8], geometry: &Geometry, id: u32) -> &
 }
 
 impl<R: PmRegion> Application for Store<R> {
-    fn apply(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Vec<u8> {
+    /// [`Store::stage_request`] and [`Store::commit`]: `Err(NoSpace)` for a SET, INCR or APPEND
+    /// with no room, never for anything else.
+    fn apply(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace> {
         let reply = self.stage_request(session_id, seq, request);
         self.commit();
         reply

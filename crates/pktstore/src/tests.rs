@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use pmnet_pm::{MediumInfo, PmRegion, SimRegion};
-use pmnet_store::{Application, Reply, Request};
+use pmnet_store::{Application, NoSpace, Reply, Request};
 use pmnet_wire::{Header, PacketType, HEADER_LEN};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -209,8 +209,16 @@ fn datagrams(
         .collect()
 }
 
-/// Stage one request the way the runtime would: through received slots when the engine and
-/// the request allow it (a SET or DEL whose key fits the first fragment), else from bytes.
+impl<R: PmRegion> Store<R> {
+    /// [`Application::apply`] of a request that must find room (every test but the
+    /// full-store ones).
+    fn apply_ok(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Vec<u8> {
+        self.apply(session_id, seq, request)
+            .unwrap_or_else(|NoSpace| panic!("session {session_id} seq {seq}: no space"))
+    }
+}
+
+/// [`try_stage`] of a request that must find room.
 fn stage<R: PmRegion>(
     store: &mut Store<R>,
     session_id: u64,
@@ -218,6 +226,19 @@ fn stage<R: PmRegion>(
     request: &[u8],
     via_slots: bool,
 ) -> Vec<u8> {
+    try_stage(store, session_id, seq, request, via_slots)
+        .unwrap_or_else(|NoSpace| panic!("session {session_id} seq {seq}: no space"))
+}
+
+/// Stage one request the way the runtime would: through received slots when the engine and
+/// the request allow it (a SET or DEL whose key fits the first fragment), else from bytes.
+fn try_stage<R: PmRegion>(
+    store: &mut Store<R>,
+    session_id: u64,
+    seq: u32,
+    request: &[u8],
+    via_slots: bool,
+) -> Result<Vec<u8>, NoSpace> {
     if via_slots && store.engine() == EngineKind::Packet {
         let fragment_len = SLOT_SIZE - META_LEN - HEADER_LEN - 40;
         let packets = datagrams(session_id, seq, request, fragment_len);
@@ -355,7 +376,7 @@ fn received_datagrams_become_records_in_place() {
         store.write_received(slot.slot, packet, 123_456).unwrap();
     }
     let slots: Vec<u32> = lent.iter().map(|s| s.slot).collect();
-    let reply = store.stage_received(9, 1, &slots).unwrap();
+    let reply = store.stage_received(9, 1, &slots).unwrap().unwrap();
     store.commit();
     assert_eq!(reply, Reply::Ok.to_bytes());
     assert_eq!(store.stats().records_received_in_place, 1);
@@ -386,12 +407,15 @@ fn received_datagrams_become_records_in_place() {
     let packet = &datagrams(9, 2, &del, 400)[0];
     store.lend_receive_slots(1, &mut lent);
     store.write_received(lent[0].slot, packet, 0).unwrap();
-    let reply = store.stage_received(9, 2, &[lent[0].slot]).unwrap();
+    let reply = store
+        .stage_received(9, 2, &[lent[0].slot])
+        .unwrap()
+        .unwrap();
     store.commit();
     assert_eq!(reply, Reply::Deleted(1).to_bytes());
     assert!(store.get(b"big").unwrap().is_none());
     let before = store.free_slot_count();
-    store.apply(9, 3, &Request::Get { key: b"x" }.to_bytes());
+    store.apply_ok(9, 3, &Request::Get { key: b"x" }.to_bytes());
     assert_eq!(
         store.free_slot_count(),
         before + 4,
@@ -467,7 +491,7 @@ fn bad_input_is_rejected_with_a_reason() {
         "slot_not_lent"
     );
     // Garbage requests from bytes get an ERROR reply and still advance the session.
-    let reply = store.apply(5, 1, &[0xEE, 1, 2]);
+    let reply = store.apply_ok(5, 1, &[0xEE, 1, 2]);
     assert_eq!(reply[0], 255);
     assert_eq!(store.sessions()[0].last_seq, 1);
     assert_eq!(store.key_count(), 0);
@@ -481,7 +505,7 @@ fn opening_garbage_never_panics() {
             let mut store = Store::format(SimRegion::new(region_len(64)), config(engine)).unwrap();
             for seq in 1..40 {
                 let request = random_request(&mut rng, 300);
-                store.apply(1, seq, &request);
+                store.apply_ok(1, seq, &request);
             }
             let mut region = store.into_region();
             for _ in 0..rng.random_range(1..200) {
@@ -509,7 +533,7 @@ fn a_corrupted_record_is_reported_never_returned() {
     for engine in [EngineKind::Packet, EngineKind::Conventional] {
         let mut store = Store::format(SimRegion::new(region_len(64)), config(engine)).unwrap();
         let value = b"precious value bytes".to_vec();
-        store.apply(
+        store.apply_ok(
             1,
             1,
             &Request::Set {
@@ -518,7 +542,7 @@ fn a_corrupted_record_is_reported_never_returned() {
             }
             .to_bytes(),
         );
-        store.apply(
+        store.apply_ok(
             1,
             2,
             &Request::Set {
@@ -543,7 +567,7 @@ fn a_corrupted_record_is_reported_never_returned() {
         assert!(store.get(b"a").unwrap().is_none(), "dropped from the index");
         assert_eq!(store.get(b"b").unwrap().unwrap().to_vec(), b"other");
         // The damaged record is not served by a GET either.
-        let reply = store.apply(1, 3, &Request::Get { key: b"a" }.to_bytes());
+        let reply = store.apply_ok(1, 3, &Request::Get { key: b"a" }.to_bytes());
         assert_eq!(reply, Reply::NotFound.to_bytes());
     }
 }
@@ -552,7 +576,7 @@ fn a_corrupted_record_is_reported_never_returned() {
 fn read_verify_catches_corruption_under_a_live_store() {
     for engine in [EngineKind::Packet, EngineKind::Conventional] {
         let mut store = Store::format(SimRegion::new(region_len(64)), config(engine)).unwrap();
-        store.apply(
+        store.apply_ok(
             1,
             1,
             &Request::Set {
@@ -569,12 +593,12 @@ fn read_verify_catches_corruption_under_a_live_store() {
         let corruption = store.get(b"a").unwrap_err();
         assert_eq!(corruption.reason, "bad_checksum", "{engine:?}");
         assert_eq!(store.scan(b"", 10).unwrap_err(), corruption);
-        let reply = store.apply(1, 2, &Request::Get { key: b"a" }.to_bytes());
+        let reply = store.apply_ok(1, 2, &Request::Get { key: b"a" }.to_bytes());
         assert_eq!(reply[0], 255, "an ERROR, not the damaged bytes");
         assert_eq!(store.stats().read_verify_failures, 1);
         assert_eq!(store.verify_all().len(), 1);
         // An APPEND or INCR on the damaged value does not build on it.
-        let reply = store.apply(
+        let reply = store.apply_ok(
             1,
             3,
             &Request::Append {
@@ -607,12 +631,27 @@ fn drive(store: &mut Store<Tap>, rng: &mut ChaCha8Rng, request_count: usize) -> 
         let session_id = 1000 + session as u64;
         let request = random_request(rng, 1100);
         let via_slots = rng.random_bool(0.6);
+        let epoch = store.committed_epoch();
+        let staged_result = try_stage(store, session_id, seqs[session], &request, via_slots);
+        if store.committed_epoch() != epoch {
+            // Finding room committed the requests staged before this one: an acknowledged
+            // state (its end is counted a little late, which only widens what may survive).
+            states.push(model.clone());
+            commit_ends.push(store.region().operations);
+        }
+        let Ok(reply) = staged_result else {
+            // No room: nothing of it was staged, so the model does not see it either.
+            continue;
+        };
         let expected = model.apply(session_id, seqs[session], &request);
-        let reply = stage(store, session_id, seqs[session], &request, via_slots);
-        assert!(
-            same_reply(&reply, &expected),
-            "reply {reply:?} expected {expected:?}"
-        );
+        if store_full_read(&reply, &request) {
+            model.sessions.insert(session_id, (seqs[session], reply));
+        } else {
+            assert!(
+                same_reply(&reply, &expected),
+                "reply {reply:?} expected {expected:?}"
+            );
+        }
         staged += 1;
         if staged >= batch_len {
             store.commit();
@@ -632,14 +671,35 @@ fn drive(store: &mut Store<Tap>, rng: &mut ChaCha8Rng, request_count: usize) -> 
     }
 }
 
-fn crash_run(engine: EngineKind, seed: u64) {
+/// A GET answered that its long reply could not be kept: what a full store does to a read.
+fn store_full_read(reply: &[u8], request: &[u8]) -> bool {
+    let full = matches!(Reply::decode(reply), Ok(Reply::Error(message)) if message.starts_with("store full"));
+    if full {
+        assert!(
+            matches!(Request::decode(request), Ok(Request::Get { .. })),
+            "only a GET may be answered \"store full\": {request:?}"
+        );
+    }
+    full
+}
+
+/// Crash a random run at a random point; with `full`, the store is small enough that requests
+/// find no room (refused, then the store keeps going), otherwise it never fills.
+fn crash_run(engine: EngineKind, seed: u64, full: bool) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let request_count = rng.random_range(5..80);
+    let request_count = if full {
+        rng.random_range(40..150)
+    } else {
+        rng.random_range(5..80)
+    };
     // Room for everything the requests can write (< 80 requests of at most 3 slots, replies
-    // included): the model has no notion of a full store, and with 60 slots a run could fill
-    // one (a "store full" reply the model did not expect, about one seed in a few hundred).
-    // Slots are still reused: freed slots go back to the front of the free list.
-    let slots = rng.random_range(260..320);
+    // included) unless `full`. Slots are still reused: freed slots go back to the front of the
+    // free list. A full run: 24 keys of up to 3 slots each do not fit in 24–40 slots.
+    let slots = if full {
+        rng.random_range(24..40)
+    } else {
+        rng.random_range(260..320)
+    };
     let base = Store::format(SimRegion::new(region_len(slots)), config(engine))
         .unwrap()
         .into_region();
@@ -703,9 +763,15 @@ fn crash_run(engine: EngineKind, seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 77);
     for seq in 1..30 {
         let request = random_request(&mut rng, 600);
+        let Ok(reply) = store.apply(42, seq, &request) else {
+            continue;
+        };
         let expected = model.apply(42, seq, &request);
-        let reply = store.apply(42, seq, &request);
-        assert!(same_reply(&reply, &expected), "{context}: after recovery");
+        if store_full_read(&reply, &request) {
+            model.sessions.insert(42, (seq, reply));
+        } else {
+            assert!(same_reply(&reply, &expected), "{context}: after recovery");
+        }
         if let Err(broken) = store.check_invariants() {
             panic!("{context}: after recovery, request {seq}: {broken}");
         }
@@ -718,7 +784,18 @@ fn crash_run(engine: EngineKind, seed: u64) {
 fn a_crash_at_any_point_recovers_a_prefix_with_every_acknowledged_request() {
     for seed in seeds("crash_at_any_point", 100) {
         for engine in [EngineKind::Packet, EngineKind::Conventional] {
-            crash_run(engine, seed);
+            crash_run(engine, seed, false);
+        }
+    }
+}
+
+/// The same in a store too small for the requests: refusals leave nothing behind, the early
+/// commits that reclaim space are crash-consistent, and deletes keep making room.
+#[test]
+fn a_crash_at_any_point_of_a_full_store_recovers_a_prefix() {
+    for seed in seeds("crash_at_any_point_full", 100) {
+        for engine in [EngineKind::Packet, EngineKind::Conventional] {
+            crash_run(engine, seed, true);
         }
     }
 }
@@ -745,12 +822,9 @@ fn space_is_reclaimed_online_under_overwrite_load_and_crashes() {
                     }
                     .to_bytes()
                 };
-                let reply = stage(&mut store, 7, seq, &request, rng.random_bool(0.5));
-                if reply.first() == Some(&255) {
-                    full_replies += 1;
-                    model.sessions.insert(7, (seq, reply));
-                } else {
-                    model.apply(7, seq, &request);
+                match try_stage(&mut store, 7, seq, &request, rng.random_bool(0.5)) {
+                    Ok(reply) => assert!(same_reply(&reply, &model.apply(7, seq, &request))),
+                    Err(NoSpace) => full_replies += 1,
                 }
                 store.commit();
                 if seq % 500 == 0 {
@@ -800,7 +874,7 @@ fn sessions_beyond_the_table_evict_the_least_recent() {
     )
     .unwrap();
     for session in 0..300u64 {
-        store.apply(session, 1, &Request::Get { key: b"x" }.to_bytes());
+        store.apply_ok(session, 1, &Request::Get { key: b"x" }.to_bytes());
     }
     assert!(store.stats().sessions_evicted >= 300 - 128);
     let reopened = Store::open(store.into_region()).unwrap();
@@ -814,7 +888,7 @@ fn long_replies_are_kept_in_reply_records() {
     for engine in [EngineKind::Packet, EngineKind::Conventional] {
         let mut store = Store::format(SimRegion::new(region_len(64)), config(engine)).unwrap();
         let value = vec![3u8; 1500];
-        store.apply(
+        store.apply_ok(
             1,
             1,
             &Request::Set {
@@ -823,7 +897,7 @@ fn long_replies_are_kept_in_reply_records() {
             }
             .to_bytes(),
         );
-        let reply = store.apply(2, 1, &Request::Get { key: b"v" }.to_bytes());
+        let reply = store.apply_ok(2, 1, &Request::Get { key: b"v" }.to_bytes());
         assert_eq!(reply, Reply::Value(value.clone()).to_bytes());
         let reopened = Store::open(store.into_region()).unwrap();
         let session = reopened
@@ -884,6 +958,297 @@ fn a_displaced_last_request_keeps_its_sessions_sequence_number() {
             );
             let value = reopened.get(b"k").unwrap().unwrap().to_vec();
             assert_eq!(value, b"two");
+        }
+    }
+}
+
+fn set_request(key: &[u8], value: &[u8]) -> Vec<u8> {
+    Request::Set { key, value }.to_bytes()
+}
+
+/// SETs of new keys by session 1 (from `seq` on), each committed, until one finds no room;
+/// returns the keys stored. `via_slots`: through received slots when there are any to lend.
+fn fill_store<R: PmRegion>(
+    store: &mut Store<R>,
+    seq: &mut u32,
+    value: &[u8],
+    via_slots: bool,
+) -> Vec<Vec<u8>> {
+    let mut stored = Vec::new();
+    loop {
+        *seq += 1;
+        let key = format!("k{seq}").into_bytes();
+        let result = try_stage(store, 1, *seq, &set_request(&key, value), via_slots);
+        store.commit();
+        match result {
+            Ok(reply) => {
+                assert_eq!(reply, Reply::Ok.to_bytes());
+                stored.push(key);
+            }
+            Err(NoSpace) => return stored,
+        }
+        assert!(*seq < 100_000, "the store never filled");
+    }
+}
+
+#[test]
+fn a_full_store_refuses_updates_and_keeps_nothing_of_them() {
+    for engine in [EngineKind::Packet, EngineKind::Conventional] {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let mut store = Store::format(SimRegion::new(region_len(48)), config(engine)).unwrap();
+        let value = vec![9u8; 300];
+        let mut seq = 0;
+        // Received in place while slots can be lent, then from bytes.
+        let mut stored = fill_store(&mut store, &mut seq, &value, true);
+        stored.extend(fill_store(&mut store, &mut seq, &value, false));
+        let refused = seq;
+        let last_stored: u32 = std::str::from_utf8(&stored.last().unwrap()[1..])
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(stored.len() > 10, "{engine:?}: {} keys", stored.len());
+        assert_eq!(store.stats().no_space, 2, "{engine:?}");
+        store.check_invariants().unwrap();
+        if engine == EngineKind::Packet {
+            assert!(store.free_slot_count() >= store.delete_reserve_slots());
+        }
+        let refused_set = set_request(format!("k{refused}").as_bytes(), &value);
+        // Nothing of the refused SET: its session is where it was, its key absent.
+        let sessions = store.sessions();
+        assert_eq!(sessions.len(), 1);
+        assert_eq!(sessions[0].last_seq, last_stored, "{engine:?}");
+        assert!(store
+            .get(format!("k{refused}").as_bytes())
+            .unwrap()
+            .is_none());
+        // Asked again with the same seq: the same answer; an INCR or APPEND, or a SET of
+        // another session, is refused alike and leaves no session behind.
+        assert_eq!(store.apply(1, refused, &refused_set), Err(NoSpace));
+        let incr = Request::Incr {
+            key: b"n",
+            delta: 1,
+        }
+        .to_bytes();
+        let append = Request::Append {
+            key: &stored[0],
+            value: b"more",
+        }
+        .to_bytes();
+        assert_eq!(store.apply(2, 1, &incr), Err(NoSpace));
+        assert_eq!(store.apply(2, 1, &append), Err(NoSpace));
+        assert_eq!(
+            try_stage(&mut store, 2, 1, &refused_set, true),
+            Err(NoSpace)
+        );
+        store.commit();
+        assert_eq!(store.sessions(), sessions);
+        // A GET still works: a short reply as usual, a long one (no room for its record) as
+        // an ERROR that says so.
+        let reply = store.apply_ok(3, 1, &Request::Get { key: b"absent" }.to_bytes());
+        assert_eq!(reply, Reply::NotFound.to_bytes());
+        let reply = store.apply_ok(3, 2, &Request::Get { key: &stored[0] }.to_bytes());
+        assert!(store_full_read(
+            &reply,
+            &Request::Get { key: &stored[0] }.to_bytes()
+        ));
+        assert_eq!(store.stats().store_full_replies, 1);
+        let sessions = store.sessions();
+
+        // A crash loses nothing acknowledged and shows nothing refused.
+        let mut store = Store::open(store.into_region().crash(&mut rng)).unwrap();
+        store.check_invariants().unwrap();
+        assert_eq!(store.sessions(), sessions);
+        assert_eq!(store.keys().len(), stored.len());
+        assert!(store
+            .get(format!("k{refused}").as_bytes())
+            .unwrap()
+            .is_none());
+        assert!(store.get(b"n").unwrap().is_none());
+        assert_eq!(store.get(&stored[0]).unwrap().unwrap().to_vec(), value);
+        // Still full after the restart. A DEL runs, and then the refused SET fits.
+        assert_eq!(store.apply(1, refused, &refused_set), Err(NoSpace));
+        let del = Request::Del { key: &stored[1] }.to_bytes();
+        assert_eq!(store.apply_ok(4, 1, &del), Reply::Deleted(1).to_bytes());
+        assert_eq!(
+            store.apply(1, refused, &refused_set),
+            Ok(Reply::Ok.to_bytes())
+        );
+        store.check_invariants().unwrap();
+        let store = Store::open(store.into_region().crash(&mut rng)).unwrap();
+        assert_eq!(
+            store
+                .get(format!("k{refused}").as_bytes())
+                .unwrap()
+                .unwrap()
+                .to_vec(),
+            value
+        );
+        assert!(store.get(&stored[1]).unwrap().is_none());
+        let session_1 = store.sessions().into_iter().find(|s| s.session_id == 1);
+        assert_eq!(session_1.unwrap().last_seq, refused, "{engine:?}");
+    }
+}
+
+/// A store filled to the last byte with keys of every length (up to the longest) can always
+/// be emptied by DELs, many to a batch, from bytes or received in place, across crashes.
+#[test]
+fn deletes_always_run_in_a_full_store() {
+    for seed in seeds("deletes_always_run_in_a_full_store", 10) {
+        for engine in [EngineKind::Packet, EngineKind::Conventional] {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let slots = rng.random_range(30..120);
+            let mut store =
+                Store::format(SimRegion::new(region_len(slots)), config(engine)).unwrap();
+            let mut stored = Vec::new();
+            let mut seq = 0;
+            // A DEL of a long key needs the most room. The packet engine reads a key from the
+            // first datagram of its record, which holds 409 bytes of key with these slots.
+            let longest_key = match engine {
+                EngineKind::Packet => 400,
+                EngineKind::Conventional => pmnet_store::codec::MAX_KEY_LEN,
+            };
+            // Long keys first, then ever smaller values into what is left.
+            for value_len in [0, 1000, 300, 40, 0] {
+                loop {
+                    seq += 1;
+                    let key_len = if stored.len() % 3 == 0 {
+                        longest_key - rng.random_range(0..8)
+                    } else {
+                        rng.random_range(1..40)
+                    };
+                    let mut key = format!("{seq}-").into_bytes();
+                    key.resize(key_len.max(key.len()), b'x');
+                    let request = set_request(&key, &vec![1; value_len]);
+                    let result = try_stage(&mut store, 1, seq, &request, rng.random_bool(0.3));
+                    store.commit();
+                    match result {
+                        Ok(reply) => {
+                            assert_eq!(reply, Reply::Ok.to_bytes());
+                            stored.push(key);
+                        }
+                        Err(NoSpace) => break,
+                    }
+                }
+            }
+            let context = format!("{engine:?} seed {seed} (PMNET_SEED={seed}), {slots} slots");
+            assert!(stored.len() > 3, "{context}");
+            // Every session table slot the deletes will use already taken by a long reply.
+            for session in 0..4u64 {
+                let get = Request::Get { key: &stored[0] }.to_bytes();
+                let _ = store.apply_ok(100 + session, 1, &get);
+            }
+            let mut model = Model::default();
+            while !stored.is_empty() {
+                let batch = rng.random_range(1..=70usize).min(stored.len());
+                for _ in 0..batch {
+                    let key = stored.swap_remove(rng.random_range(0..stored.len()));
+                    let session_id = 100 + rng.random_range(0..4u64);
+                    seq += 1;
+                    let request = Request::Del { key: &key }.to_bytes();
+                    let reply = try_stage(&mut store, session_id, seq, &request, true)
+                        .unwrap_or_else(|NoSpace| panic!("{context}: a DEL found no room"));
+                    assert_eq!(reply, Reply::Deleted(1).to_bytes(), "{context}");
+                    model.sessions.insert(session_id, (seq, reply));
+                }
+                store.commit();
+                store
+                    .check_invariants()
+                    .unwrap_or_else(|broken| panic!("{context}: {broken}"));
+                if rng.random_bool(0.2) {
+                    store = Store::open(store.into_region().crash(&mut rng)).unwrap();
+                }
+            }
+            assert_eq!(store.key_count(), 0, "{context}");
+            assert_matches(&store, &model, &context);
+            // Empty again: a SET fits.
+            seq += 1;
+            let request = set_request(b"again", &[2; 500]);
+            assert_eq!(store.apply(1, seq, &request), Ok(Reply::Ok.to_bytes()));
+        }
+    }
+}
+
+/// Refusing a request any number of times, then applying it once room was made, leaves the
+/// store exactly as applying it only then: the model sees each request once, when it
+/// succeeds, and the store matches it after every step, every commit and every crash.
+#[test]
+fn refusals_then_success_equal_success_alone() {
+    for seed in seeds("refusals_then_success_equal_success_alone", 10) {
+        for engine in [EngineKind::Packet, EngineKind::Conventional] {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let mut store = Store::format(SimRegion::new(region_len(40)), config(engine)).unwrap();
+            let mut model = Model::default();
+            let mut next_seq = [1u32; 5];
+            // Each session's refused request, retried before anything else of that session.
+            let mut waiting: [Option<Vec<u8>>; 5] = Default::default();
+            let (mut refusals, mut retried_later) = (0, 0);
+            let context = format!("{engine:?} seed {seed} (PMNET_SEED={seed})");
+            for step in 0..600 {
+                // Sessions 0–3 do anything; session 4 only deletes, so room is made while the
+                // others wait.
+                let session = rng.random_range(0..5usize);
+                let session_id = 200 + session as u64;
+                let seq = next_seq[session];
+                let was_waiting = waiting[session].is_some();
+                let request = match waiting[session].take() {
+                    Some(request) => request,
+                    None if session == 4 => {
+                        let key = format!("k{}", rng.random_range(0..30u32)).into_bytes();
+                        Request::Del { key: &key }.to_bytes()
+                    }
+                    None => {
+                        let key = format!("k{}", rng.random_range(0..30u32)).into_bytes();
+                        match rng.random_range(0..10u32) {
+                            0..=5 => set_request(&key, &vec![7; rng.random_range(0..1000)]),
+                            6 => Request::Append {
+                                key: &key,
+                                value: &[3; 150],
+                            }
+                            .to_bytes(),
+                            7 => Request::Incr {
+                                key: b"n",
+                                delta: 2,
+                            }
+                            .to_bytes(),
+                            8 => Request::Get { key: &key }.to_bytes(),
+                            _ => Request::Del { key: &key }.to_bytes(),
+                        }
+                    }
+                };
+                match try_stage(&mut store, session_id, seq, &request, rng.random_bool(0.5)) {
+                    Ok(reply) => {
+                        let expected = model.apply(session_id, seq, &request);
+                        if store_full_read(&reply, &request) {
+                            model.sessions.insert(session_id, (seq, reply));
+                        } else {
+                            assert!(same_reply(&reply, &expected), "{context}: step {step}");
+                        }
+                        next_seq[session] += 1;
+                        retried_later += usize::from(was_waiting);
+                    }
+                    Err(NoSpace) => {
+                        refusals += 1;
+                        waiting[session] = Some(request);
+                    }
+                }
+                if rng.random_bool(0.3) {
+                    store.commit();
+                    if let Err(difference) = check_matches(&store, &model) {
+                        panic!("{context}: step {step}: {difference}");
+                    }
+                    if rng.random_bool(0.1) {
+                        store = Store::open(store.into_region().crash(&mut rng)).unwrap();
+                        assert_matches(&store, &model, &format!("{context}: step {step}"));
+                    }
+                }
+            }
+            store.commit();
+            assert!(
+                refusals > 0 && retried_later > 0,
+                "{context}: {refusals} refusals"
+            );
+            let store = Store::open(store.into_region()).unwrap();
+            assert_matches(&store, &model, &context);
         }
     }
 }

@@ -8,7 +8,7 @@ use pmnet_pktstore::recv::{now_ns, Received, SlotReceiver};
 use pmnet_pktstore::{EngineKind, Store, StoreConfig};
 use pmnet_pm::{MediumInfo, MmapOptions, MmapRegion};
 use pmnet_proto::{RecoveredSession, Server, ServerConfig, ServerCounters, ServerEvent};
-use pmnet_store::{Application, IdealHandler, KvConfig, KvStore, SessionRecord};
+use pmnet_store::{Application, IdealHandler, KvConfig, KvStore, NoSpace, SessionRecord};
 
 use crate::metrics::Metrics;
 use crate::udp::BatchSocket;
@@ -816,8 +816,8 @@ impl ServerRuntime {
                     ServerEvent::Apply {
                         session_id,
                         seq,
+                        kind,
                         request,
-                        ..
                     } => {
                         if let ServerApp::Engine(store) = &mut self.app {
                             // Staged now, durable at the commit below: one commit (two
@@ -826,14 +826,36 @@ impl ServerRuntime {
                                 .received_slots
                                 .remove(&(session_id, seq))
                                 .map(|held| held.fragments);
-                            let reply = stage_on_engine(
+                            let Ok(reply) = stage_on_engine(
                                 store,
                                 session_id,
                                 seq,
                                 &request,
                                 slots,
                                 &mut self.slot_scratch,
-                            );
+                            ) else {
+                                // No room, nothing of it staged. What the batch staged before
+                                // it is committed and reported first: the server takes a
+                                // request back only as its session's next.
+                                store.commit();
+                                for (session_id, seq, reply) in staged.drain(..) {
+                                    self.server.on_applied(
+                                        self.clock.now(),
+                                        session_id,
+                                        seq,
+                                        reply,
+                                    );
+                                }
+                                // NoSpace: handed back to the server by Server::on_deferred
+                                self.server.on_deferred(
+                                    self.clock.now(),
+                                    session_id,
+                                    seq,
+                                    kind,
+                                    request,
+                                );
+                                continue;
+                            };
                             staged.push((session_id, seq, reply));
                             if staged.len() >= pmnet_pktstore::layout::MAX_BATCH_OPS {
                                 store.commit();
@@ -848,9 +870,20 @@ impl ServerRuntime {
                             }
                             continue;
                         }
-                        let reply = self.app.as_application().apply(session_id, seq, &request);
-                        self.server
-                            .on_applied(self.clock.now(), session_id, seq, reply);
+                        match self.app.as_application().apply(session_id, seq, &request) {
+                            Ok(reply) => {
+                                self.server
+                                    .on_applied(self.clock.now(), session_id, seq, reply);
+                            }
+                            // NoSpace: handed back to the server by Server::on_deferred
+                            Err(NoSpace) => self.server.on_deferred(
+                                self.clock.now(),
+                                session_id,
+                                seq,
+                                kind,
+                                request,
+                            ),
+                        }
                     }
                     ServerEvent::RecoveryComplete { entries_resent } => {
                         self.counters.recoveries_completed += 1;
@@ -1113,8 +1146,13 @@ impl ServerRuntime {
                 ),
                 (
                     "pmnet_store_full_replies_total",
-                    "Requests answered \"store full\".",
+                    "Reads answered \"store full\" (a reply too long to keep).",
                     stats.store_full_replies,
+                ),
+                (
+                    "pmnet_store_no_space_total",
+                    "Updates the store had no room for (nothing stored; kept and retried).",
+                    stats.no_space,
                 ),
                 (
                     "pmnet_store_recovered_records_total",
@@ -1172,8 +1210,13 @@ impl ServerRuntime {
                 ),
                 (
                     "pmnet_store_full_replies_total",
-                    "Requests answered \"store full\".",
+                    "Reads answered \"store full\" (a reply too long to keep).",
                     stats.store_full_replies,
+                ),
+                (
+                    "pmnet_store_no_space_total",
+                    "Updates the store had no room for (nothing stored; kept and retried).",
+                    stats.no_space,
                 ),
             ] {
                 out.counter(name, help, &[], value);
@@ -1186,6 +1229,8 @@ impl ServerRuntime {
 
 /// Stage one request on a `pmnet-pktstore` engine: in place when its datagrams are in store
 /// slots (every fragment, and they hold exactly this request), else from its bytes.
+/// `Err(NoSpace)`: nothing of it was staged and its slots went back to the store; it is applied
+/// again later from its bytes.
 fn stage_on_engine(
     store: &mut Store<MmapRegion>,
     session_id: u64,
@@ -1193,7 +1238,7 @@ fn stage_on_engine(
     request: &[u8],
     slots: Option<HeldSlots>,
     scratch: &mut Vec<u32>,
-) -> Vec<u8> {
+) -> Result<Vec<u8>, NoSpace> {
     if let Some(fragments) = slots {
         let fragments = fragments.as_slice();
         if fragments.iter().all(Option::is_some) {

@@ -174,7 +174,13 @@ impl ServerApp {
             "invariant: session {session_id:x} applied seq {seq} after {last} (out of order or twice)"
         );
         let reply = match (self.kv.as_mut(), kind) {
-            (Some(kv), _) => kv.apply(session_id, seq, &request),
+            (Some(kv), _) => match kv.apply(session_id, seq, &request) {
+                Ok(reply) => reply,
+                Err(pmnet_store::NoSpace) => {
+                    self.last_refused = Some(request);
+                    return None;
+                }
+            },
             (None, RequestKind::Update) => b"ok".to_vec(),
             (None, RequestKind::Bypass) => {
                 let count = self

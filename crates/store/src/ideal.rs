@@ -5,7 +5,7 @@
 //! exactly-once guarantee across restarts ([`Application::sessions`] is always empty and
 //! [`Application::medium`] is `None`).
 
-use crate::app::{Application, SessionRecord};
+use crate::app::{Application, NoSpace, SessionRecord};
 use pmnet_pm::MediumInfo;
 
 /// The encoding of `Reply::Ok`, returned for every request.
@@ -29,9 +29,10 @@ impl IdealHandler {
 }
 
 impl Application for IdealHandler {
-    fn apply(&mut self, _session_id: u64, _seq: u32, _request: &[u8]) -> Vec<u8> {
+    /// Never [`NoSpace`]: nothing is stored.
+    fn apply(&mut self, _session_id: u64, _seq: u32, _request: &[u8]) -> Result<Vec<u8>, NoSpace> {
         self.applied_count += 1;
-        REPLY_OK.to_vec()
+        Ok(REPLY_OK.to_vec())
     }
 
     fn sessions(&self) -> Vec<SessionRecord> {
@@ -55,7 +56,7 @@ mod tests {
             .iter()
             .enumerate()
         {
-            let reply = handler.apply(7, seq as u32, request);
+            let reply = handler.apply(7, seq as u32, request).unwrap();
             assert_eq!(Reply::decode(&reply).unwrap(), Reply::Ok);
         }
         assert_eq!(handler.applied_count(), 3);

@@ -41,13 +41,23 @@
 //!
 //! # Capacity and the reserve
 //!
-//! Every request, even one the store cannot hold, must advance its session's seq durably, so
-//! the protocol never stalls. The store therefore keeps room, at all times, for a snapshot
-//! in which every one of `max_sessions` sessions holds an ERROR reply of at most
-//! [`STORE_ERROR_REPLY_MAX_LEN`] bytes. A request is admitted only if the snapshot of the state
-//! after it, plus that reserve, fits in a half; otherwise its outcome is replaced by
-//! `Reply::Error("store full: ...")`, which always fits. Large replies (a GET of a large value)
-//! count against capacity as long as they are some session's last reply.
+//! The store keeps room, at all times, for a snapshot in which every one of `max_sessions`
+//! sessions holds a reply of up to [`STORE_ERROR_REPLY_MAX_LEN`] bytes (the *reserve*). A
+//! request is admitted only if the snapshot of the state after it, plus that reserve, fits in
+//! a half. One that does not:
+//!
+//! - a request that would store something (SET, INCR, APPEND) is refused with
+//!   [`NoSpace`]: nothing of it is written and its session is unchanged, so the server can
+//!   keep it and apply it once deletes made room (a device may have acknowledged it already:
+//!   it must not be turned into an error);
+//! - a request with no effect whose reply is too long to keep (a GET of a large value) is
+//!   answered `ERROR store full: ...`, which fits in its session's reserved slot. Large
+//!   replies count against capacity as long as they are some session's last reply.
+//!
+//! **A DEL always fits**, however full the store: its effect removes a KEY record and its
+//! reply (`Deleted(n)`, 5 bytes) fits in the session's reserved slot, so the state after it
+//! needs no more than the state before it, which fits by this invariant. Deletes can
+//! therefore always make room.
 //!
 //! When a request comes from a new session and the table already holds `max_sessions`, the
 //! session with the oldest activity is evicted (counted in [`KvStats::evicted_sessions`]). An
@@ -80,7 +90,7 @@ use std::collections::{BTreeMap, HashMap};
 use pmnet_pm::{MediumInfo, PmRegion};
 use thiserror::Error;
 
-use crate::app::{Application, SessionRecord};
+use crate::app::{Application, NoSpace, SessionRecord};
 use crate::codec::{self, Reply, Request, MAX_KEY_LEN, MAX_REPLY_LEN, MAX_VALUE_LEN};
 pub use layout::RejectReason;
 use layout::{
@@ -163,8 +173,11 @@ pub struct KvStats {
     /// Sessions evicted to admit a new one (during apply; replay repeats the same evictions
     /// silently).
     pub evicted_sessions: u64,
-    /// Requests answered "store full".
+    /// Requests without an effect answered "store full": a reply too long to keep (a GET of a
+    /// large value in a full store).
     pub store_full_replies: u64,
+    /// Requests refused with [`NoSpace`] (nothing stored; the caller retries them).
+    pub no_space: u64,
     /// Records replayed at open: snapshot records plus APPLY records.
     pub recovered_records: u64,
     /// Records rejected at the end of the log at open (0 or 1).
@@ -755,7 +768,9 @@ impl<R: PmRegion> KvStore<R> {
 }
 
 impl<R: PmRegion> Application for KvStore<R> {
-    fn apply(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Vec<u8> {
+    /// [`NoSpace`] for a SET, INCR or APPEND that does not fit (see "Capacity and the
+    /// reserve" in the module documentation); never for anything else.
+    fn apply(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace> {
         if let Some(session) = self.state.sessions.get(&session_id) {
             assert!(
                 seq > session.last_seq,
@@ -766,7 +781,18 @@ impl<R: PmRegion> Application for KvStore<R> {
         let outcome = self.plan(request);
         let committed = self.state.committed_bytes_after(session_id, &outcome);
         if committed + TERMINATOR_SIZE <= self.half_len_bytes {
-            return self.commit(session_id, seq, outcome);
+            return Ok(self.commit(session_id, seq, outcome));
+        }
+        match outcome.effect {
+            Effect::Put { .. } => {
+                // Nothing written, nothing in memory changed: the caller keeps the request.
+                self.stats.no_space += 1;
+                return Err(NoSpace);
+            }
+            // Removing a key and a reply within the session's reserved slot never need more
+            // than the state before, which fits (checked at open, kept by every apply).
+            Effect::Delete { .. } => unreachable!("a delete needs no room: {committed} bytes"),
+            Effect::None => {}
         }
         self.stats.store_full_replies += 1;
         let capacity = self.capacity_bytes();
@@ -780,7 +806,7 @@ impl<R: PmRegion> Application for KvStore<R> {
             self.state.committed_bytes_after(session_id, &full) + TERMINATOR_SIZE
                 <= self.half_len_bytes
         );
-        self.commit(session_id, seq, full)
+        Ok(self.commit(session_id, seq, full))
     }
 
     fn sessions(&self) -> Vec<SessionRecord> {

@@ -50,6 +50,14 @@ fn reply(bytes: &[u8]) -> Reply {
     Reply::decode(bytes).expect("store replies decode")
 }
 
+impl<R: PmRegion> KvStore<R> {
+    /// [`Application::apply`] of a request that must fit (every test but the full-store ones).
+    fn apply_ok(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Vec<u8> {
+        self.apply(session_id, seq, request)
+            .unwrap_or_else(|NoSpace| panic!("session {session_id} seq {seq}: no space"))
+    }
+}
+
 /// What the store must contain: applies the same semantics independently.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Model {
@@ -279,22 +287,22 @@ impl PmRegion for CrashingRegion {
 fn basic_operations_and_reopen() {
     let mut store = KvStore::format(SimRegion::new(1 << 20), KvConfig::default()).unwrap();
     assert!(store.is_empty());
-    assert_eq!(reply(&store.apply(1, 1, &set(b"a", b"1"))), Reply::Ok);
+    assert_eq!(reply(&store.apply_ok(1, 1, &set(b"a", b"1"))), Reply::Ok);
     assert_eq!(
-        reply(&store.apply(1, 2, &get(b"a"))),
+        reply(&store.apply_ok(1, 2, &get(b"a"))),
         Reply::Value(b"1".to_vec())
     );
-    assert_eq!(reply(&store.apply(1, 3, &get(b"b"))), Reply::NotFound);
+    assert_eq!(reply(&store.apply_ok(1, 3, &get(b"b"))), Reply::NotFound);
     assert_eq!(
-        reply(&store.apply(2, 7, &incr(b"a", 41))),
+        reply(&store.apply_ok(2, 7, &incr(b"a", 41))),
         Reply::Integer(42)
     );
     assert_eq!(
-        reply(&store.apply(2, 8, &incr(b"n", -3))),
+        reply(&store.apply_ok(2, 8, &incr(b"n", -3))),
         Reply::Integer(-3)
     );
-    assert_eq!(reply(&store.apply(2, 9, &del(b"n"))), Reply::Deleted(1));
-    assert_eq!(reply(&store.apply(2, 10, &del(b"n"))), Reply::Deleted(0));
+    assert_eq!(reply(&store.apply_ok(2, 9, &del(b"n"))), Reply::Deleted(1));
+    assert_eq!(reply(&store.apply_ok(2, 10, &del(b"n"))), Reply::Deleted(0));
     assert_eq!(store.get(b"a"), Some(&b"42"[..]));
     assert_eq!(store.len(), 1);
     assert_eq!(store.stats().records_appended, 7);
@@ -337,22 +345,22 @@ fn incr_accepts_only_canonical_integers() {
     .enumerate()
     {
         let seq = 2 * seq as u32 + 1;
-        store.apply(1, seq, &set(b"k", value));
+        store.apply_ok(1, seq, &set(b"k", value));
         assert_eq!(
-            reply(&store.apply(1, seq + 1, &incr(b"k", 1))),
+            reply(&store.apply_ok(1, seq + 1, &incr(b"k", 1))),
             not_integer,
             "{value:?}"
         );
     }
-    store.apply(1, 100, &set(b"k", i64::MAX.to_string().as_bytes()));
+    store.apply_ok(1, 100, &set(b"k", i64::MAX.to_string().as_bytes()));
     assert_eq!(
-        reply(&store.apply(1, 101, &incr(b"k", 1))),
+        reply(&store.apply_ok(1, 101, &incr(b"k", 1))),
         Reply::Error("increment or decrement would overflow".to_owned())
     );
     assert_eq!(store.get(b"k"), Some(i64::MAX.to_string().as_bytes()));
-    store.apply(1, 102, &set(b"k", b"-10"));
+    store.apply_ok(1, 102, &set(b"k", b"-10"));
     assert_eq!(
-        reply(&store.apply(1, 103, &incr(b"k", 3))),
+        reply(&store.apply_ok(1, 103, &incr(b"k", 3))),
         Reply::Integer(-7)
     );
 }
@@ -360,19 +368,25 @@ fn incr_accepts_only_canonical_integers() {
 #[test]
 fn append_builds_a_history_and_survives_reopen() {
     let mut store = KvStore::format(SimRegion::new(1 << 20), KvConfig::default()).unwrap();
-    assert_eq!(reply(&store.apply(1, 1, &append(b"h", b"1,"))), Reply::Ok);
-    assert_eq!(reply(&store.apply(1, 2, &append(b"h", b""))), Reply::Ok);
-    assert_eq!(reply(&store.apply(1, 3, &append(b"h", b"2,"))), Reply::Ok);
     assert_eq!(
-        reply(&store.apply(1, 4, &get(b"h"))),
+        reply(&store.apply_ok(1, 1, &append(b"h", b"1,"))),
+        Reply::Ok
+    );
+    assert_eq!(reply(&store.apply_ok(1, 2, &append(b"h", b""))), Reply::Ok);
+    assert_eq!(
+        reply(&store.apply_ok(1, 3, &append(b"h", b"2,"))),
+        Reply::Ok
+    );
+    assert_eq!(
+        reply(&store.apply_ok(1, 4, &get(b"h"))),
         Reply::Value(b"1,2,".to_vec())
     );
     // APPEND to a SET value, and after a DEL starts from empty.
-    store.apply(2, 1, &set(b"x", b"ab"));
-    store.apply(2, 2, &append(b"x", b"cd"));
+    store.apply_ok(2, 1, &set(b"x", b"ab"));
+    store.apply_ok(2, 2, &append(b"x", b"cd"));
     assert_eq!(store.get(b"x"), Some(&b"abcd"[..]));
-    store.apply(2, 3, &del(b"x"));
-    store.apply(2, 4, &append(b"x", b"z"));
+    store.apply_ok(2, 3, &del(b"x"));
+    store.apply_ok(2, 4, &append(b"x", b"z"));
     assert_eq!(store.get(b"x"), Some(&b"z"[..]));
     let store = KvStore::open(store.into_region().crash_losing_unpersisted()).unwrap();
     assert_eq!(store.get(b"h"), Some(&b"1,2,"[..]));
@@ -389,13 +403,13 @@ fn append_past_the_value_limit_is_refused_and_changes_nothing() {
     let max = crate::codec::MAX_VALUE_LEN;
     let mut store = KvStore::format(SimRegion::new(8 << 20), KvConfig::default()).unwrap();
     let big = vec![7u8; max - 1];
-    assert_eq!(reply(&store.apply(1, 1, &set(b"k", &big))), Reply::Ok);
+    assert_eq!(reply(&store.apply_ok(1, 1, &set(b"k", &big))), Reply::Ok);
     assert_eq!(
-        reply(&store.apply(1, 2, &append(b"k", b"xy"))),
+        reply(&store.apply_ok(1, 2, &append(b"k", b"xy"))),
         Reply::Error("append would make the value longer than 1048576 bytes".to_owned())
     );
     assert_eq!(store.get(b"k").map(<[u8]>::len), Some(max - 1));
-    assert_eq!(reply(&store.apply(1, 3, &append(b"k", b"x"))), Reply::Ok);
+    assert_eq!(reply(&store.apply_ok(1, 3, &append(b"k", b"x"))), Reply::Ok);
     assert_eq!(store.get(b"k").map(<[u8]>::len), Some(max));
     assert_eq!(store.sessions()[0].last_seq, 3);
 }
@@ -403,12 +417,12 @@ fn append_past_the_value_limit_is_refused_and_changes_nothing() {
 #[test]
 fn bad_request_is_recorded_with_its_seq() {
     let mut store = KvStore::format(SimRegion::new(1 << 20), KvConfig::default()).unwrap();
-    let bytes = store.apply(5, 1, &[0x09]);
+    let bytes = store.apply_ok(5, 1, &[0x09]);
     assert_eq!(
         reply(&bytes),
         Reply::Error("bad request: unknown op 9".to_owned())
     );
-    let bytes = store.apply(5, 2, &[]);
+    let bytes = store.apply_ok(5, 2, &[]);
     assert_eq!(
         reply(&bytes),
         Reply::Error("bad request: empty message".to_owned())
@@ -428,8 +442,8 @@ fn bad_request_is_recorded_with_its_seq() {
 #[should_panic(expected = "seq 3 applied after seq 3")]
 fn repeated_seq_is_a_caller_bug() {
     let mut store = KvStore::format(SimRegion::new(1 << 20), KvConfig::default()).unwrap();
-    store.apply(1, 3, &get(b"k"));
-    store.apply(1, 3, &get(b"k"));
+    store.apply_ok(1, 3, &get(b"k"));
+    store.apply_ok(1, 3, &get(b"k"));
 }
 
 #[test]
@@ -502,7 +516,7 @@ fn reformat_does_not_resurrect_old_records() {
     )
     .unwrap();
     for seq in 1..200 {
-        store.apply(1, seq, &set(format!("k{}", seq % 7).as_bytes(), b"value"));
+        store.apply_ok(1, seq, &set(format!("k{}", seq % 7).as_bytes(), b"value"));
     }
     assert!(store.stats().compactions > 0);
     let store = KvStore::format(store.into_region(), KvConfig { max_sessions: 4 }).unwrap();
@@ -524,7 +538,7 @@ fn compaction_preserves_state() {
     for _ in 0..2000 {
         let (session_id, seq, request) = workload.next();
         assert_eq!(
-            store.apply(session_id, seq, &request),
+            store.apply_ok(session_id, seq, &request),
             model.apply(session_id, seq, &request)
         );
     }
@@ -540,70 +554,203 @@ fn compaction_preserves_state() {
 #[test]
 fn session_table_evicts_least_recently_active() {
     let mut store = KvStore::format(SimRegion::new(1 << 20), KvConfig { max_sessions: 2 }).unwrap();
-    store.apply(1, 1, &get(b"k"));
-    store.apply(2, 1, &get(b"k"));
-    store.apply(1, 2, &get(b"k"));
-    store.apply(3, 1, &get(b"k")); // evicts 2, the least recently active
+    store.apply_ok(1, 1, &get(b"k"));
+    store.apply_ok(2, 1, &get(b"k"));
+    store.apply_ok(1, 2, &get(b"k"));
+    store.apply_ok(3, 1, &get(b"k")); // evicts 2, the least recently active
     assert_eq!(store.stats().evicted_sessions, 1);
     let ids: Vec<u64> = store.sessions().iter().map(|s| s.session_id).collect();
     assert_eq!(ids, vec![1, 3]);
     // An evicted session is unknown: any seq is accepted for it.
-    store.apply(2, 1, &get(b"k")); // evicts 1
+    store.apply_ok(2, 1, &get(b"k")); // evicts 1
     let store = KvStore::open(store.into_region().crash_losing_unpersisted()).unwrap();
     let ids: Vec<u64> = store.sessions().iter().map(|s| s.session_id).collect();
     assert_eq!(ids, vec![2, 3]);
 }
 
+/// Fill a store with SETs of new keys (session 1, from `seq` on) until one is refused; returns
+/// the refused SET's seq and the keys stored.
+fn fill<R: PmRegion>(store: &mut KvStore<R>, seq: &mut u32, value: &[u8]) -> usize {
+    let mut stored = 0;
+    loop {
+        *seq += 1;
+        match store.apply(1, *seq, &set(format!("k{seq}").as_bytes(), value)) {
+            Ok(bytes) => {
+                assert_eq!(reply(&bytes), Reply::Ok);
+                stored += 1;
+            }
+            Err(NoSpace) => return stored,
+        }
+        assert!(*seq < 10_000, "the store never filled");
+    }
+}
+
 #[test]
-fn store_full_still_advances_the_session() {
+fn store_full_refuses_updates_and_makes_nothing_durable() {
     let max_sessions = 2;
     let region = SimRegion::new(small_region_len(max_sessions));
     let mut store = KvStore::format(region, KvConfig { max_sessions }).unwrap();
     let capacity = store.capacity_bytes();
     let value = vec![7u8; 1000];
     let mut seq = 0;
-    let mut stored = 0;
-    let full_reply = loop {
-        seq += 1;
-        let bytes = store.apply(1, seq, &set(format!("k{seq}").as_bytes(), &value));
-        match reply(&bytes) {
-            Reply::Ok => stored += 1,
-            Reply::Error(message) => break message,
-            other => panic!("{other:?}"),
-        }
-        assert!(seq < 100);
-    };
-    assert!(full_reply.starts_with("store full: "), "{full_reply}");
+    // Large values, then empty ones into what is left: full to the last record.
+    let mut stored = fill(&mut store, &mut seq, &value);
+    stored += fill(&mut store, &mut seq, &[]);
+    let refused = seq;
     assert!(stored > 0);
     assert!(store.used_bytes() <= capacity);
-    assert_eq!(store.stats().store_full_replies, 1);
+    assert_eq!(store.stats().no_space, 2);
+    assert_eq!(store.stats().store_full_replies, 0);
     assert_eq!(store.len(), stored);
-    // Other sessions, new and old, still get their requests recorded.
-    for session_id in [2, 3, 4, 1] {
-        seq += 1;
-        let bytes = store.apply(session_id, seq, &set(b"another", &value));
-        assert!(matches!(reply(&bytes), Reply::Error(m) if m.starts_with("store full")));
+    // The refused SET left its session at the seq before it, and nothing in the store.
+    let sessions = store.sessions();
+    assert_eq!(sessions.len(), 1);
+    assert_eq!(sessions[0].last_seq, refused - 1);
+    assert_eq!(reply(&sessions[0].last_reply), Reply::Ok);
+    assert_eq!(store.get(format!("k{refused}").as_bytes()), None);
+    // Updates of other sessions, new and old, are refused the same way and leave no trace:
+    // no session record, no eviction (two slots, one taken by session 1).
+    for session_id in [2, 3, 4] {
+        let refusal = store.apply(session_id, 1, &set(b"another", &value));
+        assert_eq!(refusal, Err(NoSpace));
+        let refusal = store.apply(session_id, 2, &incr(b"a number", 1));
+        assert_eq!(refusal, Err(NoSpace));
+        let refusal = store.apply(session_id, 3, &append(b"k1", &[b'x'; 64]));
+        assert_eq!(refusal, Err(NoSpace));
     }
-    // A GET whose reply would not fit is refused too, and a small one is fine.
+    assert_eq!(store.sessions(), sessions);
+    assert_eq!(store.stats().evicted_sessions, 0);
+    // Asked again, with the same seq, the same answer.
+    assert_eq!(
+        store.apply(1, refused, &set(format!("k{refused}").as_bytes(), &[])),
+        Err(NoSpace)
+    );
+    // A GET whose reply would not fit is answered with an error (it changes nothing a device
+    // acknowledged), and a small one is fine.
     seq += 1;
     assert!(matches!(
-        reply(&store.apply(1, seq, &get(b"k1"))),
-        Reply::Error(_)
+        reply(&store.apply_ok(1, seq, &get(b"k1"))),
+        Reply::Error(message) if message.starts_with("store full")
     ));
+    assert_eq!(store.stats().store_full_replies, 1);
     seq += 1;
     assert_eq!(
-        reply(&store.apply(1, seq, &get(b"missing"))),
+        reply(&store.apply_ok(1, seq, &get(b"missing"))),
         Reply::NotFound
     );
-
     let sessions = store.sessions();
+
+    // Nothing of the refusals survives a crash either.
     let mut store = KvStore::open(store.into_region().crash_losing_unpersisted()).unwrap();
     assert_eq!(store.sessions(), sessions);
     assert_eq!(store.len(), stored);
+    assert_eq!(store.get(format!("k{refused}").as_bytes()), None);
+    assert_eq!(store.get(b"another"), None);
+    assert_eq!(store.get(b"a number"), None);
+    // Still full after the restart; a DEL runs, and then the SET refused before fits.
+    assert_eq!(store.apply(3, 9, &set(b"another", &value)), Err(NoSpace));
     seq += 1;
-    assert_eq!(reply(&store.apply(1, seq, &del(b"k1"))), Reply::Deleted(1));
+    assert_eq!(
+        reply(&store.apply_ok(1, seq, &del(b"k1"))),
+        Reply::Deleted(1)
+    );
     seq += 1;
-    assert_eq!(reply(&store.apply(1, seq, &set(b"k1", &value))), Reply::Ok);
+    assert_eq!(
+        reply(&store.apply_ok(1, seq, &set(b"k1", &value))),
+        Reply::Ok
+    );
+}
+
+#[test]
+fn deletes_run_in_a_full_store_until_it_is_empty() {
+    for max_sessions in [1, 4] {
+        let region = SimRegion::new(small_region_len(max_sessions));
+        let mut store = KvStore::format(region, KvConfig { max_sessions }).unwrap();
+        // Fill with values of mixed sizes, small ones last, so the store is as full as it gets.
+        let mut seq = 0;
+        let mut stored = fill(&mut store, &mut seq, &[1u8; 700]);
+        stored += fill(&mut store, &mut seq, &[2u8; 60]);
+        stored += fill(&mut store, &mut seq, &[]);
+        let keys: Vec<Vec<u8>> = store.state.keys.keys().cloned().collect();
+        assert_eq!(keys.len(), stored);
+        // Every session slot in use with a long reply: the least room a DEL may find.
+        for session_id in 2..=u64::from(max_sessions) {
+            let _ = store.apply(session_id, 1, &get(&keys[0]));
+        }
+        for (index, key) in keys.iter().enumerate() {
+            seq += 1;
+            let bytes = store.apply(1, seq, &del(key)).expect("a DEL always fits");
+            assert_eq!(reply(&bytes), Reply::Deleted(1));
+            if index % 7 == 0 {
+                store = KvStore::open(store.into_region().crash_losing_unpersisted()).unwrap();
+            }
+        }
+        assert!(store.is_empty());
+        assert_eq!(store.used_bytes(), store.state.session_excess_bytes as u64);
+    }
+}
+
+/// A refused request changes nothing: refusing it any number of times, then applying it once
+/// room was made, leaves the store as applying it only then would.
+#[test]
+fn refusals_then_success_equal_success_alone() {
+    let seed = test_seed("refusals_then_success_equal_success_alone");
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let max_sessions = 3;
+    for _ in 0..20 {
+        let mut retried = KvStore::format(
+            SimRegion::new(small_region_len(max_sessions)),
+            KvConfig { max_sessions },
+        )
+        .unwrap();
+        let mut direct = KvStore::format(
+            SimRegion::new(small_region_len(max_sessions)),
+            KvConfig { max_sessions },
+        )
+        .unwrap();
+        let mut next_seq: HashMap<u64, u32> = HashMap::new();
+        // Each session's refused request, retried before anything else of that session.
+        let mut waiting: HashMap<u64, Vec<u8>> = HashMap::new();
+        let mut refusals = 0;
+        for _ in 0..400 {
+            let session_id = rng.random_range(1..=4u64);
+            let seq = *next_seq.entry(session_id).or_insert(1);
+            let request = match waiting.get(&session_id) {
+                Some(request) => request.clone(),
+                None => {
+                    let key = format!("k{}", rng.random_range(0..40u8)).into_bytes();
+                    match rng.random_range(0..10u8) {
+                        0..=5 => set(&key, &vec![b'v'; rng.random_range(0..900)]),
+                        6 => append(&key, &vec![b'a'; rng.random_range(0..200)]),
+                        7 => incr(&key, 1),
+                        8 => get(&key),
+                        _ => del(&key),
+                    }
+                }
+            };
+            match retried.apply(session_id, seq, &request) {
+                Ok(bytes) => {
+                    // The store that never saw the refusals gets the request only now.
+                    assert_eq!(direct.apply(session_id, seq, &request), Ok(bytes));
+                    waiting.remove(&session_id);
+                    *next_seq.get_mut(&session_id).unwrap() += 1;
+                }
+                Err(NoSpace) => {
+                    refusals += 1;
+                    waiting.insert(session_id, request);
+                }
+            }
+            assert_eq!(retried.sessions(), direct.sessions());
+            assert_eq!(retried.state.keys, direct.state.keys);
+            if rng.random_bool(0.05) {
+                retried = KvStore::open(retried.into_region().crash_losing_unpersisted()).unwrap();
+            }
+        }
+        assert!(refusals > 0, "the workload never filled the store");
+        let retried = KvStore::open(retried.into_region().crash_losing_unpersisted()).unwrap();
+        assert_eq!(retried.sessions(), direct.sessions());
+        assert_eq!(retried.state.keys, direct.state.keys);
+    }
 }
 
 /// Offsets (from the region start) of the APPLY records in the active half.
@@ -646,7 +793,7 @@ fn bit_flip_in_log_record_is_rejected_and_reported() {
             let (session_id, seq, request) = workload.next();
             let mut model = models.last().unwrap().clone();
             model.apply(session_id, seq, &request);
-            store.apply(session_id, seq, &request);
+            store.apply_ok(session_id, seq, &request);
             models.push(model);
         }
         let offsets = apply_record_offsets(&store);
@@ -681,7 +828,7 @@ fn bit_flip_in_log_record_is_rejected_and_reported() {
         for _ in 0..10 {
             let (session_id, seq, request) = workload.next();
             assert_eq!(
-                store.apply(session_id, seq, &request),
+                store.apply_ok(session_id, seq, &request),
                 model.apply(session_id, seq, &request)
             );
         }
@@ -702,7 +849,7 @@ fn bit_flip_in_snapshot_fails_open() {
     let mut seq = 0;
     while store.stats().compactions == 0 {
         seq += 1;
-        store.apply(
+        store.apply_ok(
             1,
             seq,
             &set(format!("k{}", seq % 5).as_bytes(), b"some value"),
@@ -734,7 +881,7 @@ fn damaged_newest_superblock_is_repaired_from_its_snapshot() {
     let mut workload = Workload::new(11, 3);
     while store.stats().compactions < 3 {
         let (session_id, seq, request) = workload.next();
-        store.apply(session_id, seq, &request);
+        store.apply_ok(session_id, seq, &request);
         model.apply(session_id, seq, &request);
     }
     let generation = store.superblock.generation;
@@ -786,7 +933,7 @@ fn crash_at_random_points_recovers_an_acknowledged_prefix() {
             let (session_id, seq, request) = workload.next();
             let mut model = models.last().unwrap().clone();
             let expected = model.apply(session_id, seq, &request);
-            assert_eq!(store.apply(session_id, seq, &request), expected);
+            assert_eq!(store.apply_ok(session_id, seq, &request), expected);
             models.push(model);
             store.region.applies_completed += 1;
         }
@@ -823,7 +970,7 @@ fn crash_at_random_points_recovers_an_acknowledged_prefix() {
             for _ in 0..100 {
                 let (session_id, seq, request) = carry_on.next();
                 assert_eq!(
-                    recovered.apply(session_id, seq, &request),
+                    recovered.apply_ok(session_id, seq, &request),
                     model.apply(session_id, seq, &request)
                 );
             }
@@ -854,7 +1001,7 @@ fn repeated_crashes_between_applies() {
         for _ in 0..rng.random_range(0..30) {
             let (session_id, seq, request) = workload.next();
             assert_eq!(
-                store.apply(session_id, seq, &request),
+                store.apply_ok(session_id, seq, &request),
                 model.apply(session_id, seq, &request)
             );
         }
@@ -878,8 +1025,8 @@ fn mmap_region_round_trip() {
     {
         let region = MmapRegion::create(&path, 1 << 20, MmapOptions::default()).unwrap();
         let mut store = KvStore::format(region, KvConfig::default()).unwrap();
-        store.apply(1, 1, &set(b"k", b"v"));
-        store.apply(1, 2, &incr(b"n", 5));
+        store.apply_ok(1, 1, &set(b"k", b"v"));
+        store.apply_ok(1, 2, &incr(b"n", 5));
     }
     {
         let region = MmapRegion::open(&path, MmapOptions::default()).unwrap();
@@ -920,8 +1067,9 @@ fn op() -> impl Strategy<Value = (u64, Op)> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
-    /// The store against the model, on a small region (compactions, store-full replies when
-    /// values pile up, evictions with five sessions over three slots) with clean reopens.
+    /// The store against the model, on a small region (compactions, refusals and store-full
+    /// replies to long GETs when values pile up, evictions with five sessions over three
+    /// slots) with clean reopens.
     #[test]
     fn store_matches_model(ops in proptest::collection::vec(op(), 1..300)) {
         let max_sessions = 3;
@@ -945,7 +1093,11 @@ proptest! {
             };
             let seq = next_seq.entry(session_id).or_insert(1);
             *seq += 1;
-            let actual = store.apply(session_id, *seq, &request);
+            let Ok(actual) = store.apply(session_id, *seq, &request) else {
+                // No room: nothing changed, in memory or on the medium.
+                model.assert_matches(&store);
+                continue;
+            };
             if let Ok(Reply::Error(message)) = Reply::decode(&actual) {
                 if message.starts_with("store full") {
                     // The model has no capacity; record the refusal as the store did.
@@ -962,7 +1114,7 @@ proptest! {
     }
 }
 
-/// Record in the model a request the store refused as full: no effect, the reply recorded.
+/// Record in the model a GET whose reply did not fit: no effect, the ERROR reply recorded.
 fn apply_refusal(model: &mut Model, session_id: u64, seq: u32, reply: Vec<u8>) {
     if !model.sessions.contains_key(&session_id) && model.sessions.len() == model.max_sessions {
         let oldest = *model
@@ -995,7 +1147,7 @@ fn crash_at_every_point_of_compaction() {
         let generation = store.superblock.generation;
         store.region.crash_probability = 1.0;
         assert_eq!(
-            store.apply(session_id, seq, &request),
+            store.apply_ok(session_id, seq, &request),
             model.apply(session_id, seq, &request)
         );
         store.region.crash_probability = 0.0;

@@ -737,6 +737,37 @@ impl<R: PmRegion> Store<R> {
         self.delete_reserve
     }
 
+    /// How many keys of `key_and_value_len` bytes (key and value together) the store holds
+    /// when it holds nothing else: its data space less the delete reserve, over what one such
+    /// key takes (packet engine: the slots of its SET datagrams; conventional engine: its
+    /// buddy block). Sessions' long replies and records waiting to be reused take some of it.
+    pub fn key_capacity(&self, key_and_value_len: usize) -> u64 {
+        match self.geometry.engine {
+            EngineKind::Packet => {
+                let slots_per_key = (7 + key_and_value_len)
+                    .div_ceil(self.geometry.slot_datagram_capacity() - HEADER_LEN)
+                    .max(1);
+                let usable =
+                    (self.geometry.slot_count as usize).saturating_sub(self.delete_reserve);
+                (usable / slots_per_key) as u64
+            }
+            EngineKind::Conventional => {
+                let Some(order) = order_for(META_LEN + CONVENTIONAL_HEADER_LEN + key_and_value_len)
+                else {
+                    return 0;
+                };
+                let reserve = (GRANULE as u64) << self.delete_block_order;
+                self.geometry.data_len.saturating_sub(reserve) / ((GRANULE as u64) << order)
+            }
+        }
+    }
+
+    /// Packet engine: the most bytes of key and value a SET may carry and still be one
+    /// datagram, so one slot.
+    pub fn one_slot_key_and_value_len(&self) -> usize {
+        self.geometry.slot_datagram_capacity() - HEADER_LEN - 7
+    }
+
     /// Packet engine: free slots.
     pub fn free_slot_count(&self) -> usize {
         self.free_slots.len()

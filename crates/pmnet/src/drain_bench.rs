@@ -264,6 +264,9 @@ fn drain_once(args: &DrainBenchArgs, window: u32) -> Result<Drained, CliError> {
         device_addr.to_string(),
         "--data-file".to_owned(),
         data_file.display().to_string(),
+        // One key per client: a small file keeps the timed start-up what it measures.
+        "--data-mib".to_owned(),
+        "64".to_owned(),
         "--format".to_owned(),
     ];
     if args.busy_poll {

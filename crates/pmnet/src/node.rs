@@ -214,8 +214,12 @@ pub struct ServerArgs {
     #[arg(long, value_name = "PATH")]
     pub data_file: Option<PathBuf>,
 
-    /// Size of a new data file in MiB (keys, values and per-session records live in it).
-    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    /// Size of a new data file in MiB (keys, values and per-session records live in it). The
+    /// default, 1 GiB, holds about 524 000 keys of up to 1.9 KB with the packet store (one
+    /// 2 KiB slot each); the start-up banner says what the store in use has room for. The file
+    /// is allocated in full when it is made (under /dev/shm that is RAM). Updates that do not
+    /// fit wait at the devices until deletes make room.
+    #[arg(long, value_name = "MIB", default_value_t = 1024)]
     pub data_mib: u64,
 
     /// Client sessions whose exactly-once record a new store keeps (the least recently
@@ -359,6 +363,9 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
         None => lines.push("  store: none (--ideal: replies OK, keeps nothing)".to_owned()),
     }
     lines.push(format!("  engine: {}", startup.engine));
+    if let Some(capacity) = &startup.capacity {
+        lines.push(format!("  capacity: {capacity}"));
+    }
     if let Some(note) = &startup.recovery_note {
         lines.push(format!("  recovery: {note}"));
     }

@@ -129,6 +129,8 @@ pub struct ServerStartup {
     pub engine: &'static str,
     /// What recovery of a `pmnet-pktstore` engine did and how long it took.
     pub recovery_note: Option<String>,
+    /// How many keys of which size the store has room for, in words (`None`: no store).
+    pub capacity: Option<String>,
 }
 
 impl ServerStartup {
@@ -535,6 +537,7 @@ impl ServerRuntime {
             store_warning,
             engine: app.name(),
             recovery_note,
+            capacity: capacity_text(&app),
         };
         let clock = Clock::new();
         let mut config = ServerConfig::new(options.server_id, options.devices.clone());
@@ -1225,6 +1228,27 @@ impl ServerRuntime {
         socket_metrics(&mut out, "server", self.socket.counters());
         out
     }
+}
+
+/// How many keys the store has room for, for the start-up banner: of 100 bytes and of 1 KiB
+/// (key and value together), or for the packet store, of up to one slot's worth.
+fn capacity_text(app: &ServerApp) -> Option<String> {
+    let (small, large) = match app {
+        ServerApp::Kv(store) => (store.key_capacity(100), store.key_capacity(1024)),
+        ServerApp::Engine(store) if store.engine() == EngineKind::Packet => {
+            return Some(format!(
+                "room for {} keys of up to {} bytes of key and value (one {}-byte slot each)",
+                store.key_capacity(1),
+                store.one_slot_key_and_value_len(),
+                store.geometry().slot_size
+            ));
+        }
+        ServerApp::Engine(store) => (store.key_capacity(100), store.key_capacity(1024)),
+        ServerApp::Ideal(_) => return None,
+    };
+    Some(format!(
+        "room for {small} keys of 100 bytes of key and value, or {large} of 1 KiB"
+    ))
 }
 
 /// Stage one request on a `pmnet-pktstore` engine: in place when its datagrams are in store

@@ -434,6 +434,12 @@ impl<R: PmRegion> KvStore<R> {
         (self.half_len_bytes - reserve_bytes(self.superblock.max_sessions)) as u64
     }
 
+    /// How many keys of `key_and_value_len` bytes (key and value together) fit in
+    /// [`KvStore::capacity_bytes`] when nothing else is stored.
+    pub fn key_capacity(&self, key_and_value_len: usize) -> u64 {
+        self.capacity_bytes() / key_record_size(0, key_and_value_len) as u64
+    }
+
     pub fn region(&self) -> &R {
         &self.region
     }

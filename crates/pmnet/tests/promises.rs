@@ -274,3 +274,93 @@ fn fragment_counts_and_reassembly_cannot_grow_the_server() {
         "resident memory grew from {before} KiB to {after} KiB"
     );
 }
+
+#[test]
+fn a_full_store_loses_no_acked_set_and_applies_each_once_room_is_made() {
+    // A 1 MiB store (room for a few hundred keys) behind a device: 1 200 SETs of distinct keys
+    // are all acked by the device. The store applies what fits and keeps the rest waiting
+    // (never "store full"); another session reads each key back and deletes the first 900,
+    // making room, until every acked SET has been seen applied.
+    use pmnet_proto::Completion;
+    use pmnet_store::{Reply, Request};
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let device_addr = free_udp_addr();
+    let server = Node::start("server", {
+        let mut list = server_args(
+            "127.0.0.1:0".parse().expect("address"),
+            device_addr,
+            &dir.path().join("s.data"),
+        );
+        let at = list
+            .iter()
+            .position(|arg| arg == "--data-mib")
+            .expect("size");
+        list[at + 1] = s(1);
+        list
+    });
+    let device = Node::start(
+        "device",
+        device_args(device_addr, server.addr, &dir.path().join("d.log"), 4096),
+    );
+    let total = 1200u32;
+    let key = |index: u32| format!("key{index}").into_bytes();
+    let value = |index: u32| format!("value{index}").into_bytes();
+    let mut writer = common::session(device_addr);
+    let mut started = 0;
+    let mut acked = 0;
+    while acked < total {
+        while started < total && writer.can_send() {
+            let request = Request::Set {
+                key: &key(started),
+                value: &value(started),
+            };
+            writer
+                .start_update(&request.to_bytes())
+                .expect("start a SET");
+            started += 1;
+        }
+        match writer.next_event(Some(Instant::now() + PATIENCE)) {
+            Some(pmnet_proto::ClientEvent::Completed {
+                completion: Completion::Logged { .. },
+                ..
+            }) => acked += 1,
+            other => panic!("a SET was not acked by the device: {other:?}"),
+        }
+    }
+    server.wait_metric(
+        "pmnet_server_requests_deferred_total",
+        "",
+        "> 0 (the store filled up)",
+        |value| value > 0.0,
+    );
+    let mut reader = common::session(device_addr);
+    for index in 0..total {
+        poll_until(&format!("SET {index} applied"), || {
+            match reader.bypass(&Request::Get { key: &key(index) }.to_bytes()) {
+                Ok(Completion::Replied { reply, .. }) => match Reply::decode(&reply) {
+                    Ok(Reply::Value(found)) if found == value(index) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                },
+                other => Err(format!("{other:?}")),
+            }
+        });
+        if index < 900 {
+            reader
+                .update(&Request::Del { key: &key(index) }.to_bytes())
+                .expect("DEL acked");
+        }
+    }
+    device.wait_metric("pmnet_device_log_live_entries", "", "= 0", |v| v == 0.0);
+    let full_replies = server
+        .metric("pmnet_store_full_replies_total", "")
+        .unwrap_or(0.0);
+    assert_eq!(full_replies, 0.0, "no update was answered \"store full\"");
+    poll_until("the server's warning and its all-clear", || {
+        let log = server.proc.stderr();
+        if log.contains("the store is full") && log.contains("the store has room again") {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    });
+}

@@ -230,7 +230,13 @@ pub struct ServerRuntime {
     received_slots: ReceivedSlots,
     /// The slots of the request being staged (reused, no allocation per request).
     slot_scratch: Vec<u32>,
+    /// Since when updates have waited for room in the store, and when that was last said.
+    store_full_since: Option<Instant>,
+    store_full_warned: Option<Instant>,
 }
+
+/// How often a server whose store is full says so.
+const STORE_FULL_WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Damaged records described one per warning line at start-up, at most; a summary counts all.
 const DAMAGED_RECORDS_LOGGED: usize = 32;
@@ -565,6 +571,8 @@ impl ServerRuntime {
             receiver: None,
             received_slots: ReceivedSlots::default(),
             slot_scratch: Vec::new(),
+            store_full_since: None,
+            store_full_warned: None,
         };
         if matches!(&runtime.app, ServerApp::Engine(store) if store.engine() == EngineKind::Packet)
         {
@@ -703,7 +711,43 @@ impl ServerRuntime {
         }
         self.drain();
         self.release_unapplied_slots();
+        self.report_store_full();
         turn
+    }
+
+    /// Say at WARN, every [`STORE_FULL_WARNING_INTERVAL`] while it lasts, that updates wait for
+    /// room in the store, and at INFO when they no longer do.
+    fn report_store_full(&mut self) {
+        let waiting = self.server.deferred_session_count();
+        match (waiting, self.store_full_since) {
+            (0, None) => {}
+            (0, Some(since)) => {
+                self.store_full_since = None;
+                self.store_full_warned = None;
+                tracing::info!(
+                    "the store has room again: the updates that waited {:.1} s are applied",
+                    since.elapsed().as_secs_f64()
+                );
+            }
+            (_, since) => {
+                let now = Instant::now();
+                self.store_full_since = Some(since.unwrap_or(now));
+                if self
+                    .store_full_warned
+                    .is_some_and(|at| now.duration_since(at) < STORE_FULL_WARNING_INTERVAL)
+                {
+                    return;
+                }
+                self.store_full_warned = Some(now);
+                tracing::warn!(
+                    "the store is full: updates of {waiting} session(s) wait for room ({} \
+                     deferred so far). Nothing acknowledged is lost: each stays durable in its \
+                     device's log and is retried, and the sessions' later requests wait behind \
+                     it. Delete keys, or move to a larger store (--data-mib, on a new data file)",
+                    self.server.counters().requests_deferred
+                );
+            }
+        }
     }
 
     /// Datagrams received and handled.

@@ -22,7 +22,7 @@
 //! count only when it is committed. So a crash anywhere leaves either the whole batch or none
 //! of it, and two fences per batch (not per request) make a whole receive batch durable.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use pmnet_pm::{MediumInfo, PmRegion};
@@ -377,6 +377,10 @@ pub struct Store<R: PmRegion> {
     session_sources: IdBits,
     table: Vec<TableSlot>,
     free_table: Vec<u32>,
+    /// Owned table entries in the order their sessions were last active, oldest first,
+    /// lazily: `(activity, index)` is stale once the owner's `last_active` moved on. Finding
+    /// the entry to evict so costs constant amortised time, not a scan of the table.
+    table_order: VecDeque<(u64, u32)>,
     activity: u64,
     batch: Batch,
     links: Vec<LinkUpdate>,
@@ -586,6 +590,7 @@ impl<R: PmRegion> Store<R> {
             session_sources: IdBits::new(geometry.granule_count(), geometry.granules_per_slot()),
             table: vec![TableSlot::default(); geometry.max_sessions as usize],
             free_table: Vec::new(),
+            table_order: VecDeque::new(),
             activity: 0,
             batch: Batch::default(),
             links: Vec::new(),
@@ -1556,8 +1561,12 @@ impl<R: PmRegion> Store<R> {
         state.last_seq = seq;
         state.source = source;
         state.last_active = activity;
+        let table = state.table;
         if let Source::Record(id) = source {
             self.session_sources.set(id);
+        }
+        if let Some(index) = table {
+            self.note_table_activity(activity, index);
         }
     }
 
@@ -1686,8 +1695,68 @@ impl<R: PmRegion> Store<R> {
         self.touch_session(session_id, seq, Source::Table);
         if let Some(state) = self.sessions.get_mut(session_id) {
             state.table = Some(index);
+            let active = state.last_active;
+            self.note_table_activity(active, index);
         }
         reply
+    }
+
+    /// Remember that table entry `index`'s owner was active at `active`.
+    fn note_table_activity(&mut self, active: u64, index: u32) {
+        if self.table_order.back() == Some(&(active, index)) {
+            return;
+        }
+        self.table_order.push_back((active, index));
+        if self.table_order.len() > 4 * self.table.len() + 1024 {
+            self.rebuild_table_order();
+        }
+    }
+
+    /// The order of the owned table entries, from scratch.
+    fn rebuild_table_order(&mut self) {
+        let mut order: Vec<(u64, u32)> = self
+            .table
+            .iter()
+            .enumerate()
+            .filter_map(|(index, slot)| {
+                let owner = slot.owner?;
+                let active = self.sessions.get(owner).map_or(0, |s| s.last_active);
+                Some((active, index as u32))
+            })
+            .collect();
+        order.sort_unstable();
+        self.table_order = order.into();
+    }
+
+    /// The owned table entry idle longest and not written in batch `epoch`, with its owner:
+    /// from the lazy order, or (should that hold nothing usable) a scan of the table.
+    fn idlest_table_entry(&mut self, epoch: u64) -> Option<(u32, u64)> {
+        for _ in 0..self.table_order.len() {
+            let (active, index) = self.table_order.pop_front()?;
+            let slot = &self.table[index as usize];
+            let Some(owner) = slot.owner else {
+                continue;
+            };
+            if self.sessions.get(owner).map_or(0, |s| s.last_active) != active {
+                continue;
+            }
+            if slot.latest_epoch == epoch {
+                self.table_order.push_back((active, index));
+                continue;
+            }
+            return Some((index, owner));
+        }
+        self.table
+            .iter()
+            .enumerate()
+            .filter(|(_, slot)| slot.latest_epoch != epoch)
+            .filter_map(|(index, slot)| {
+                let owner = slot.owner?;
+                let active = self.sessions.get(owner).map_or(0, |s| s.last_active);
+                Some((active, index as u32, owner))
+            })
+            .min()
+            .map(|(_, index, owner)| (index, owner))
     }
 
     /// The session-table index of `session_id`, assigning one (evicting the least recently
@@ -1700,18 +1769,9 @@ impl<R: PmRegion> Store<R> {
             return index;
         }
         let epoch = self.batch_epoch();
-        let victim = self
-            .table
-            .iter()
-            .enumerate()
-            .filter(|(_, slot)| slot.latest_epoch != epoch)
-            .filter_map(|(index, slot)| {
-                let owner = slot.owner?;
-                let active = self.sessions.get(owner).map_or(0, |s| s.last_active);
-                Some((active, index as u32, owner))
-            })
-            .min();
-        let (_, index, owner) = victim.expect("max_sessions ≥ 2 × MAX_BATCH_OPS leaves a victim");
+        let (index, owner) = self
+            .idlest_table_entry(epoch)
+            .expect("max_sessions ≥ 2 × MAX_BATCH_OPS leaves a victim");
         if let Some(state) = self.sessions.get(owner) {
             if state.source == Source::Table {
                 // Its exactly-once record goes: a retransmission of its last request would be
@@ -2302,6 +2362,7 @@ impl<R: PmRegion> Store<R> {
                 state.source = Source::Table;
             }
         }
+        self.rebuild_table_order();
         // A record-derived session whose record the redo displaced: the batch that displaced
         // it wrote the session entry, so the table holds the seq (or a later one).
         let indexed: std::collections::HashSet<u32> = self.index.records().collect();

@@ -884,6 +884,31 @@ fn sessions_beyond_the_table_evict_the_least_recent() {
 }
 
 #[test]
+fn a_session_kept_active_is_never_the_one_evicted() {
+    for engine in [EngineKind::Packet, EngineKind::Conventional] {
+        let mut store = Store::format(SimRegion::new(region_len(64)), config(engine)).unwrap();
+        let mut seq_of_zero = 0;
+        for session in 1..2000u64 {
+            store.apply_ok(session, 1, &Request::Get { key: b"x" }.to_bytes());
+            if session % 10 == 0 {
+                seq_of_zero += 1;
+                store.apply_ok(0, seq_of_zero, &Request::Get { key: b"x" }.to_bytes());
+            }
+        }
+        assert!(store.stats().sessions_evicted >= 2000 - 128);
+        let reopened = Store::open(store.into_region()).unwrap();
+        let sessions = reopened.sessions();
+        assert_eq!(sessions.len(), 128, "{engine:?}");
+        assert!(
+            sessions
+                .iter()
+                .any(|s| s.session_id == 0 && s.last_seq == seq_of_zero),
+            "{engine:?}: the session active every tenth request was evicted"
+        );
+    }
+}
+
+#[test]
 fn long_replies_are_kept_in_reply_records() {
     for engine in [EngineKind::Packet, EngineKind::Conventional] {
         let mut store = Store::format(SimRegion::new(region_len(64)), config(engine)).unwrap();

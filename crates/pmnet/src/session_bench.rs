@@ -21,6 +21,10 @@ use crate::CliError;
 
 /// A request not answered within this is sent again.
 const RESEND_AFTER: Duration = Duration::from_millis(200);
+/// Keys the SETs write, round robin.
+const KEY_COUNT: u64 = 10_000;
+/// No acknowledgement for this long stops the run with an error.
+const STALL_LIMIT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Args)]
 pub struct SessionBenchArgs {
@@ -99,10 +103,13 @@ pub fn run(args: SessionBenchArgs) -> Result<ExitCode, CliError> {
     let mut first_rate: Option<f64> = None;
     let mut buffer = [0u8; 2048];
     let deadline = Instant::now() + Duration::from_secs(3600);
+    let mut last_ack = Instant::now();
     while acked < args.sessions {
         while in_flight.len() < args.window as usize && next_session <= args.sessions {
             let session_id = 0x5E55_0000_0000_0000 | next_session;
-            let key = format!("k{next_session}");
+            // A bounded key space: the store must not fill up (a full store keeps updates
+            // waiting, and this measures sessions, not capacity).
+            let key = format!("k{}", next_session % KEY_COUNT);
             let payload = Request::Set {
                 key: key.as_bytes(),
                 value: b"v",
@@ -116,12 +123,21 @@ pub fn run(args: SessionBenchArgs) -> Result<ExitCode, CliError> {
         }
         match socket.recv(&mut buffer) {
             Ok(len) => {
-                if let Ok((header, _)) = Header::parse(&buffer[..len]) {
+                if let Ok((header, reply)) = Header::parse(&buffer[..len]) {
                     if header.packet_type == PacketType::ServerAck
                         && in_flight.remove(&header.session_id).is_some()
                     {
+                        if pmnet_store::Reply::decode(reply) != Ok(pmnet_store::Reply::Ok) {
+                            return Err(format!(
+                                "SET {} was answered {:?}, not OK",
+                                acked + 1,
+                                pmnet_store::Reply::decode(reply)
+                            )
+                            .into());
+                        }
                         acked += 1;
                         stretch_acked += 1;
+                        last_ack = Instant::now();
                     }
                 }
             }
@@ -156,6 +172,12 @@ pub fn run(args: SessionBenchArgs) -> Result<ExitCode, CliError> {
         }
         if Instant::now() > deadline {
             return Err("the benchmark did not finish within an hour".into());
+        }
+        if last_ack.elapsed() > STALL_LIMIT {
+            return Err(format!(
+                "the server acknowledged nothing for {STALL_LIMIT:?} after {acked} SETs"
+            )
+            .into());
         }
     }
     drop(server);

@@ -349,36 +349,29 @@ fn unusable_store(
     }
 }
 
-/// Open a `pmnet-pktstore` engine at `options.path`: a new store when the file does not exist,
-/// erased when `format` is set, otherwise recovered (an error if it holds no usable store).
-fn open_engine(
+/// Open the data file at `options.path` for a store of kind `kind`: a new store when the file
+/// does not exist (made under a staging name, published once formatted), erased when
+/// `options.format` is set, otherwise recovered with `open` — an error naming the file if it
+/// holds no usable store. Also says whether the store is new.
+fn open_data_file<S>(
     options: &StoreOptions,
-    engine: EngineKind,
-) -> Result<(Store<MmapRegion>, bool), RuntimeError> {
+    kind: &str,
+    format: impl Fn(MmapRegion) -> Result<S, RuntimeError>,
+    open: impl FnOnce(MmapRegion) -> Result<S, String>,
+) -> Result<(S, bool), RuntimeError> {
     let path = &options.path;
     let file_error = |source| RuntimeError::DataFile {
         path: path.clone(),
         source,
     };
-    let store_error = |error: pmnet_pktstore::StoreError| {
-        RuntimeError::Config(format!(
-            "data file {}: {error}; point --data-file at another file, or pass --format to \
-             erase it and start an empty {} store",
-            path.display(),
-            engine.name()
-        ))
-    };
-    let mut config = StoreConfig::new(engine);
-    config.max_sessions = options.max_sessions.max(128);
     let Some(file_len) = existing_len(path)? else {
         let (region, new_file) =
             MmapRegion::create_new(path, new_len(options)?, options.mmap).map_err(file_error)?;
-        let store = Store::format(region, config).map_err(store_error)?;
+        let store = format(region)?;
         new_file.publish().map_err(file_error)?;
         tracing::info!(
-            "data file {} did not exist: created an empty {} store of {} bytes",
+            "data file {} did not exist: created an empty {kind} store of {} bytes",
             path.display(),
-            engine.name(),
             options.size_bytes
         );
         return Ok((store, true));
@@ -390,14 +383,37 @@ fn open_engine(
         );
         let region =
             MmapRegion::create(path, new_len(options)?, options.mmap).map_err(file_error)?;
-        return Ok((Store::format(region, config).map_err(store_error)?, true));
+        return Ok((format(region)?, true));
     }
     if file_len == 0 {
-        return Err(unusable_store(path, 0, engine.name(), String::new()));
+        return Err(unusable_store(path, 0, kind, String::new()));
     }
     let region = MmapRegion::open(path, options.mmap).map_err(file_error)?;
-    let store = Store::open(region)
-        .map_err(|error| unusable_store(path, file_len, engine.name(), error.to_string()))?;
+    let store = open(region).map_err(|problem| unusable_store(path, file_len, kind, problem))?;
+    Ok((store, false))
+}
+
+/// Open a `pmnet-pktstore` engine at `options.path` ([`open_data_file`]); a file holding the
+/// other engine is an error.
+fn open_engine(
+    options: &StoreOptions,
+    engine: EngineKind,
+) -> Result<(Store<MmapRegion>, bool), RuntimeError> {
+    let path = &options.path;
+    let mut config = StoreConfig::new(engine);
+    config.max_sessions = options.max_sessions.max(128);
+    let format = |region| {
+        Store::format(region, config).map_err(|error| {
+            RuntimeError::Config(format!(
+                "data file {}: {error}; point --data-file at another file, or pass --format to \
+                 erase it and start an empty {} store",
+                path.display(),
+                engine.name()
+            ))
+        })
+    };
+    let open = |region| Store::open(region).map_err(|error| error.to_string());
+    let (store, formatted) = open_data_file(options, engine.name(), format, open)?;
     if store.engine() != engine {
         return Err(RuntimeError::Config(format!(
             "data file {} holds a {} store, not {}: choose --engine {}, or pass --format",
@@ -407,52 +423,22 @@ fn open_engine(
             store.engine().name()
         )));
     }
-    Ok((store, false))
+    Ok((store, formatted))
 }
 
-/// Open the key-value store at `options.path`: a new store when the file does not exist,
-/// erased when `format` is set, otherwise recovered (an error if it holds no usable store).
+/// Open the key-value store at `options.path` ([`open_data_file`]).
 fn open_store(options: &StoreOptions) -> Result<(KvStore<MmapRegion>, bool), RuntimeError> {
-    let path = &options.path;
-    let file_error = |source| RuntimeError::DataFile {
-        path: path.clone(),
-        source,
-    };
-    let store_error = |source| RuntimeError::Store {
-        path: path.clone(),
-        source,
-    };
     let config = KvConfig {
         max_sessions: options.max_sessions,
     };
-    let Some(file_len) = existing_len(path)? else {
-        let (region, new_file) =
-            MmapRegion::create_new(path, new_len(options)?, options.mmap).map_err(file_error)?;
-        let store = KvStore::format(region, config).map_err(store_error)?;
-        new_file.publish().map_err(file_error)?;
-        tracing::info!(
-            "data file {} did not exist: created an empty kv store of {} bytes",
-            path.display(),
-            options.size_bytes
-        );
-        return Ok((store, true));
+    let format = |region| {
+        KvStore::format(region, config).map_err(|source| RuntimeError::Store {
+            path: options.path.clone(),
+            source,
+        })
     };
-    if options.format {
-        tracing::warn!(
-            "--format: erasing the store {} (whatever it held is gone)",
-            path.display()
-        );
-        let region =
-            MmapRegion::create(path, new_len(options)?, options.mmap).map_err(file_error)?;
-        return Ok((KvStore::format(region, config).map_err(store_error)?, true));
-    }
-    if file_len == 0 {
-        return Err(unusable_store(path, 0, "kv", String::new()));
-    }
-    let region = MmapRegion::open(path, options.mmap).map_err(file_error)?;
-    let store = KvStore::open(region)
-        .map_err(|error| unusable_store(path, file_len, "kv", error.to_string()))?;
-    Ok((store, false))
+    let open = |region| KvStore::open(region).map_err(|error| error.to_string());
+    open_data_file(options, "kv", format, open)
 }
 
 impl ServerRuntime {

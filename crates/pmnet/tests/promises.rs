@@ -68,27 +68,32 @@ impl Drop for Prompt {
     }
 }
 
+/// `common::device_args` with a log of `slots` slots.
 fn device_args(
     listen: SocketAddr,
     server: SocketAddr,
     log: &std::path::Path,
     slots: u32,
 ) -> Vec<String> {
-    vec![
-        s("device"),
-        s("--listen"),
-        s(listen),
-        s("--server"),
-        format!("1={server}"),
-        s("--log-file"),
-        s(log.display()),
-        s("--slots"),
-        s(slots),
-        s("--metrics"),
-        s("127.0.0.1:0"),
-        s("--report-interval"),
-        s(0),
-    ]
+    let mut list = common::device_args(listen, server, log);
+    let at = list
+        .iter()
+        .position(|arg| arg == "--slots")
+        .expect("--slots");
+    list[at + 1] = s(slots);
+    list
+}
+
+/// A server on a free port with no device in front of it, its store in `dir`.
+fn lone_server(dir: &std::path::Path) -> Node {
+    Node::start(
+        "server",
+        server_args(
+            "127.0.0.1:0".parse().expect("address"),
+            "0.0.0.0:0".parse().expect("no device"),
+            &dir.join("s.data"),
+        ),
+    )
 }
 
 fn server_args(listen: SocketAddr, device: SocketAddr, data: &std::path::Path) -> Vec<String> {
@@ -193,14 +198,7 @@ fn count_received(socket: &UdpSocket, mut until: impl FnMut() -> bool) -> (usize
 #[test]
 fn a_gap_from_an_unverified_source_is_answered_with_no_more_than_it_sent() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let server = Node::start(
-        "server",
-        server_args(
-            "127.0.0.1:0".parse().expect("address"),
-            "0.0.0.0:0".parse().expect("no device"),
-            &dir.path().join("s.data"),
-        ),
-    );
+    let server = lone_server(dir.path());
     let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
     let datagram = Header::new(PacketType::UpdateRequest, 1, 0xBAD_5E55, 2).encode(b"x");
     socket.send_to(&datagram, server.addr).expect("send");
@@ -230,14 +228,7 @@ fn resident_kib(pid: u32) -> u64 {
 #[test]
 fn fragment_counts_and_reassembly_cannot_grow_the_server() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let server = Node::start(
-        "server",
-        server_args(
-            "127.0.0.1:0".parse().expect("address"),
-            "0.0.0.0:0".parse().expect("no device"),
-            &dir.path().join("s.data"),
-        ),
-    );
+    let server = lone_server(dir.path());
     let pid = server.proc.pid().expect("running");
     let before = resident_kib(pid);
     let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");

@@ -870,15 +870,7 @@ impl ServerRuntime {
                                 // No room, nothing of it staged. What the batch staged before
                                 // it is committed and reported first: the server takes a
                                 // request back only as its session's next.
-                                store.commit();
-                                for (session_id, seq, reply) in staged.drain(..) {
-                                    self.server.on_applied(
-                                        self.clock.now(),
-                                        session_id,
-                                        seq,
-                                        reply,
-                                    );
-                                }
+                                commit_staged(store, &mut self.server, &self.clock, &mut staged);
                                 // NoSpace: handed back to the server by Server::on_deferred
                                 self.server.on_deferred(
                                     self.clock.now(),
@@ -891,15 +883,7 @@ impl ServerRuntime {
                             };
                             staged.push((session_id, seq, reply));
                             if staged.len() >= pmnet_pktstore::layout::MAX_BATCH_OPS {
-                                store.commit();
-                                for (session_id, seq, reply) in staged.drain(..) {
-                                    self.server.on_applied(
-                                        self.clock.now(),
-                                        session_id,
-                                        seq,
-                                        reply,
-                                    );
-                                }
+                                commit_staged(store, &mut self.server, &self.clock, &mut staged);
                             }
                             continue;
                         }
@@ -928,14 +912,8 @@ impl ServerRuntime {
                     }
                 }
             }
-            if !staged.is_empty() {
-                if let ServerApp::Engine(store) = &mut self.app {
-                    store.commit();
-                }
-                for (session_id, seq, reply) in staged {
-                    self.server
-                        .on_applied(self.clock.now(), session_id, seq, reply);
-                }
+            if let (false, ServerApp::Engine(store)) = (staged.is_empty(), &mut self.app) {
+                commit_staged(store, &mut self.server, &self.clock, &mut staged);
             }
             while let Some(transmit) = self.server.poll_transmit() {
                 progressed = true;
@@ -1279,6 +1257,20 @@ fn capacity_text(app: &ServerApp) -> Option<String> {
     Some(format!(
         "room for {small} keys of 100 bytes of key and value, or {large} of 1 KiB"
     ))
+}
+
+/// Commit the batch staged on the engine (two fences), then report each of its requests
+/// applied: only now may their server-ACKs leave.
+fn commit_staged(
+    store: &mut Store<MmapRegion>,
+    server: &mut Server,
+    clock: &Clock,
+    staged: &mut Vec<(u64, u32, Vec<u8>)>,
+) {
+    store.commit();
+    for (session_id, seq, reply) in staged.drain(..) {
+        server.on_applied(clock.now(), session_id, seq, reply);
+    }
 }
 
 /// Stage one request on a `pmnet-pktstore` engine: in place when its datagrams are in store

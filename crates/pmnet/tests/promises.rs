@@ -96,22 +96,15 @@ fn lone_server(dir: &std::path::Path) -> Node {
     )
 }
 
+/// `common::server_args` (default engine); a device at port 0 means none (no `--device`).
 fn server_args(listen: SocketAddr, device: SocketAddr, data: &std::path::Path) -> Vec<String> {
-    let mut list = vec![
-        s("server"),
-        s("--listen"),
-        s(listen),
-        s("--data-file"),
-        s(data.display()),
-        s("--data-mib"),
-        s(8),
-        s("--metrics"),
-        s("127.0.0.1:0"),
-        s("--report-interval"),
-        s(0),
-    ];
-    if device.port() != 0 {
-        list.extend([s("--device"), s(device)]);
+    let mut list = common::server_args(listen, device, data, None);
+    if device.port() == 0 {
+        let at = list
+            .iter()
+            .position(|arg| arg == "--device")
+            .expect("--device");
+        list.drain(at..at + 2);
     }
     list
 }

@@ -348,3 +348,101 @@ fn a_full_store_loses_no_acked_set_and_applies_each_once_room_is_made() {
         }
     });
 }
+
+/// The seed of a randomised test: `PMNET_SEED`, or a fresh one; printed either way.
+fn seed(test: &str) -> u64 {
+    let seed = match std::env::var("PMNET_SEED") {
+        Ok(text) => text
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("PMNET_SEED must be a u64, got {text:?}")),
+        Err(_) => rand::random(),
+    };
+    eprintln!("{test}: PMNET_SEED={seed}");
+    seed
+}
+
+#[test]
+fn hostile_datagrams_of_every_type_stop_neither_device_nor_server() {
+    // Well-formed datagrams (valid CRC) of every type with random fields and flags, and
+    // random bytes, from a socket of no client, at the device and at the server. Afterwards
+    // both still serve: a SET through the device is acked and read back, and neither panicked.
+    use rand::{Rng, SeedableRng};
+    let seed = seed("hostile_datagrams_of_every_type_stop_neither_device_nor_server");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let device_addr = free_udp_addr();
+    let mut server = Node::start(
+        "server",
+        server_args(
+            "127.0.0.1:0".parse().expect("address"),
+            device_addr,
+            &dir.path().join("s.data"),
+        ),
+    );
+    let mut device = Node::start(
+        "device",
+        device_args(device_addr, server.addr, &dir.path().join("d.log"), 1024),
+    );
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    for round in 0..20_000u32 {
+        let target = if round % 2 == 0 {
+            device.addr
+        } else {
+            server.addr
+        };
+        let datagram = if rng.random_bool(0.1) {
+            let len = rng.random_range(0..200);
+            (0..len).map(|_| rng.random()).collect()
+        } else {
+            let packet_type = PacketType::ALL[rng.random_range(0..PacketType::ALL.len())];
+            let mut header = Header::new(
+                packet_type,
+                if rng.random_bool(0.8) {
+                    1
+                } else {
+                    rng.random()
+                },
+                rng.random_range(0..64),
+                if rng.random_bool(0.5) {
+                    rng.random_range(0..8)
+                } else {
+                    rng.random()
+                },
+            );
+            header.flags = rng.random();
+            header.fragment_count = rng.random_range(1..=pmnet_wire::MAX_FRAGMENT_COUNT);
+            header.fragment_index = rng.random_range(0..header.fragment_count);
+            header.device_id = rng.random();
+            let len = rng.random_range(0..64);
+            let payload: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+            header.encode(&payload)
+        };
+        let _ = socket.send_to(&datagram, target);
+    }
+    let (status, stdout, stderr) = run_pmnet(
+        &args(&[
+            "client",
+            "--device",
+            &device_addr.to_string(),
+            "set",
+            "after",
+            "storm",
+        ]),
+        None,
+    );
+    assert!(
+        status.success() && stdout.starts_with("OK"),
+        "PMNET_SEED={seed}: a SET after the storm: {stdout} {stderr}"
+    );
+    poll_until("the SET after the storm applied", || {
+        match get(device_addr, "after").as_str() {
+            "storm" => Ok(()),
+            other => Err(other.to_owned()),
+        }
+    });
+    device.proc.stop();
+    server.proc.stop();
+    common::assert_no_panic(&device.proc);
+    common::assert_no_panic(&server.proc);
+}

@@ -517,16 +517,19 @@ impl Client {
     }
 
     /// The next datagram to send, if any. Poll until `None` after every call that changes state.
+    #[must_use]
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.transmits.pop_front()
     }
 
     /// The next completion or failure, if any.
+    #[must_use]
     pub fn poll_event(&mut self) -> Option<ClientEvent> {
         self.events.pop_front()
     }
 
     /// When [`Client::handle_timeout`] must next be called.
+    #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
         self.in_flight
             .values()

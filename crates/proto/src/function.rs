@@ -16,7 +16,10 @@ pub trait NetworkFunction {
     fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]);
     fn on_persisted(&mut self, now: Time, token: PersistToken);
     fn handle_timeout(&mut self, now: Time);
+    #[must_use]
     fn poll_transmit(&mut self) -> Option<Transmit>;
+    #[must_use]
     fn poll_persist(&mut self) -> Option<PersistWork>;
+    #[must_use]
     fn poll_timeout(&self) -> Option<Time>;
 }

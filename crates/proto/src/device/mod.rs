@@ -703,17 +703,20 @@ impl Device {
     }
 
     /// The next datagram to send, if any. Poll until `None` after every call that changes state.
+    #[must_use]
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.transmits.pop_front()
     }
 
     /// The next persistence work, if any. Carry it out in order; report each `LogWrite` with
     /// [`Device::on_persisted`].
+    #[must_use]
     pub fn poll_persist(&mut self) -> Option<PersistWork> {
         self.persists.pop_front()
     }
 
     /// When [`Device::handle_timeout`] must next be called.
+    #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
         self.resend_timers.first().map(|(deadline, _)| *deadline)
     }

@@ -712,16 +712,19 @@ impl Server {
     }
 
     /// The next datagram to send, if any. Poll until `None` after every call that changes state.
+    #[must_use]
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.transmits.pop_front()
     }
 
     /// The next request to apply (or recovery notice), if any.
+    #[must_use]
     pub fn poll_event(&mut self) -> Option<ServerEvent> {
         self.events.pop_front()
     }
 
     /// When [`Server::handle_timeout`] must next be called.
+    #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
         let gap = self.gap_timers.first().map(|(deadline, _)| *deadline);
         let defer = self.defer_timers.first().map(|(retry_at, _)| *retry_at);

@@ -294,9 +294,20 @@ impl Device {
                 return;
             }
         };
-        if recovered.slot >= self.config.slot_count || self.entries.contains_key(&recovered.slot) {
-            return;
-        }
+        // The log checked every slot's own index against its position: an entry outside the
+        // log, or two for one slot, is a bug of the log (or of the runtime's geometry), not
+        // damage to count.
+        assert!(
+            recovered.slot < self.config.slot_count,
+            "recovered slot {} of a log of {} slots",
+            recovered.slot,
+            self.config.slot_count
+        );
+        assert!(
+            !self.entries.contains_key(&recovered.slot),
+            "slot {} recovered twice",
+            recovered.slot
+        );
         let generation = self.take_generation();
         if let Some(client) = recovered.return_address {
             self.remember_client(recovered.key.session_id, client, 0);
@@ -561,6 +572,14 @@ impl Device {
             },
         );
         self.counters.updates_logged += 1;
+        assert!(
+            self.entries.len() <= self.config.max_live_entries as usize
+                && self.index.len() <= self.entries.len(),
+            "live entries {} over the bound {} or an index of {} keys",
+            self.entries.len(),
+            self.config.max_live_entries,
+            self.index.len()
+        );
         self.persists.push_back(PersistWork::LogWrite {
             token: PersistToken { slot, generation },
             key,

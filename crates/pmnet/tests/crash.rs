@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{poll_until, Cluster, PATIENCE};
+use common::{poll_until, seed, Cluster, PATIENCE};
 use pmnet_proto::{Client, ClientConfig, ClientError, ClientEvent, Completion, Time};
 use pmnet_store::{Reply, Request};
 use rand::{Rng, SeedableRng};
@@ -41,18 +41,6 @@ use rand_chacha::ChaCha8Rng;
 
 /// Appends per key: keeps every value (and so every store record) short.
 const CHUNK: u32 = 100;
-
-fn seed(test: &str) -> u64 {
-    let seed = match std::env::var("PMNET_SEED") {
-        Ok(text) => text
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("PMNET_SEED must be a u64, got {text:?}")),
-        Err(_) => rand::random(),
-    };
-    eprintln!("{test}: PMNET_SEED={seed}");
-    seed
-}
 
 fn chunk_key(session: usize, n: u32) -> String {
     format!("s{session}/{}", n / CHUNK)

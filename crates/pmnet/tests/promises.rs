@@ -10,7 +10,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
-use common::{args, free_udp_addr, pmnet_bin, poll_until, run_pmnet, Node, PATIENCE};
+use common::{args, free_udp_addr, pmnet_bin, poll_until, run_pmnet, seed, Node, PATIENCE};
 use pmnet_wire::{Header, PacketType};
 
 fn s(text: impl ToString) -> String {
@@ -347,19 +347,6 @@ fn a_full_store_loses_no_acked_set_and_applies_each_once_room_is_made() {
             Err(log)
         }
     });
-}
-
-/// The seed of a randomised test: `PMNET_SEED`, or a fresh one; printed either way.
-fn seed(test: &str) -> u64 {
-    let seed = match std::env::var("PMNET_SEED") {
-        Ok(text) => text
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("PMNET_SEED must be a u64, got {text:?}")),
-        Err(_) => rand::random(),
-    };
-    eprintln!("{test}: PMNET_SEED={seed}");
-    seed
 }
 
 #[test]

@@ -28,6 +28,19 @@ pub fn free_udp_addr() -> SocketAddr {
     socket.local_addr().expect("local address")
 }
 
+/// The seed of a randomised test: `PMNET_SEED`, or a fresh one; printed either way.
+pub fn seed(test: &str) -> u64 {
+    let seed = match std::env::var("PMNET_SEED") {
+        Ok(text) => text
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("PMNET_SEED must be a u64, got {text:?}")),
+        Err(_) => rand::random(),
+    };
+    eprintln!("{test}: PMNET_SEED={seed}");
+    seed
+}
+
 /// Call `check` until it returns `Some`, every 20 ms, for at most `PATIENCE`; panic with `what`
 /// (and the last observation) if it never does.
 pub fn poll_until<T>(what: &str, mut check: impl FnMut() -> Result<T, String>) -> T {

@@ -127,19 +127,16 @@ impl Device {
             debug_assert!(!entry.in_replay, "an entry out twice");
             entry.in_replay = true;
             let packet = entry.packet.clone();
-            self.reschedule_resend(now, slot, false);
+            self.start_resend_timer(now, slot);
             self.counters.replay_sent += 1;
             self.send(server, packet);
         }
     }
 
-    pub(super) fn reschedule_resend(&mut self, now: Time, slot: u32, back_off: bool) {
-        let max_timeout = self.config.max_resend_timeout;
+    /// (Re)start entry `slot`'s resend timer at its current timeout.
+    fn start_resend_timer(&mut self, now: Time, slot: u32) {
         let entry = self.entries.get_mut(&slot).expect("live slot");
         self.resend_timers.remove(&(entry.resend_deadline, slot));
-        if back_off {
-            entry.resend_timeout = (entry.resend_timeout * 2).min(max_timeout);
-        }
         entry.resend_deadline = now + entry.resend_timeout;
         self.resend_timers.insert((entry.resend_deadline, slot));
     }

@@ -411,7 +411,6 @@ impl Server {
                 }
             }
         }
-        let session = self.table.sessions.get_mut(&session_id)?;
         let added = match session.pending.get(&seq) {
             Some(assembly) if assembly.is_complete() => return None,
             Some(assembly) if assembly.kind != kind || assembly.parts.len() != fragment_count => {

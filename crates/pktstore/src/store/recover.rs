@@ -1,0 +1,359 @@
+//! Opening a store: rebuild the DRAM index, the session table, the sessions and the free
+//! space from the region, redo the last committed batch, and repair what it finds.
+
+use std::collections::HashMap;
+
+use pmnet_pm::PmRegion;
+use pmnet_store::codec::MAX_KEY_LEN;
+use pmnet_wire::HEADER_LEN;
+
+use super::view::{record_key, View};
+use super::{Corruption, Store, StoreError, OP_DEL, OP_SET};
+use crate::buddy::{order_for, Buddy};
+use crate::index::Builder;
+use crate::layout::*;
+use crate::sessions::{SessionState, Source};
+
+impl<R: PmRegion> Store<R> {
+    pub(super) fn recover(&mut self) -> Result<(), StoreError> {
+        let committed = self.committed_epoch;
+        let granules = self.geometry.granule_count() as usize;
+        // Allocated space: slots (packet) or (id, order) blocks (conventional).
+        let mut allocated: Vec<(u32, u8)> = Vec::new();
+        let mut builder = Builder::default();
+        let mut record_sessions: HashMap<u64, (u32, u32)> = HashMap::new();
+        let mut corrupt = Vec::new();
+        let mut broken = None;
+        let mut verified_bytes = 0u64;
+        let view = View {
+            bytes: self.region.bytes(),
+            geometry: self.geometry,
+            committed_epoch: committed,
+        };
+        {
+            let bytes = view.bytes;
+            let geometry = self.geometry;
+            let mut link = u32_at(bytes, HEAD_OFFSET);
+            let mut previous_key: Option<&[u8]> = None;
+            let mut steps = 0usize;
+            while let Some(id) = id_of_link(link) {
+                steps += 1;
+                if steps > granules {
+                    broken = Some("the level-0 list loops".to_owned());
+                    builder.mark_tail_dirty(&mut self.index);
+                    break;
+                }
+                // A record whose metadata names itself can be stepped over; one whose
+                // metadata does not cannot be followed.
+                let meta = if view.id_in_range(id) {
+                    view.meta(id).filter(|meta| meta.self_id == id)
+                } else {
+                    None
+                };
+                let Some(meta) = meta else {
+                    broken = Some(format!(
+                        "link to record {id} leads to damaged metadata; keys after it are lost"
+                    ));
+                    builder.mark_tail_dirty(&mut self.index);
+                    break;
+                };
+                match view.check_record(id, true) {
+                    Ok(checked) if checked.op == OP_SET => {
+                        if previous_key.is_some_and(|previous| previous >= checked.key) {
+                            broken = Some(format!(
+                                "record {id} is out of key order; keys after it are lost"
+                            ));
+                            builder.mark_tail_dirty(&mut self.index);
+                            break;
+                        }
+                        previous_key = Some(record_key(bytes, &geometry, id));
+                        builder.push(&mut self.index, checked.key, id);
+                        verified_bytes += checked.bytes;
+                        for member in &checked.ids {
+                            allocated.push((*member, checked.order));
+                        }
+                        let entry = record_sessions
+                            .entry(checked.session_id)
+                            .or_insert((checked.seq, id));
+                        if checked.seq > entry.0 {
+                            *entry = (checked.seq, id);
+                        }
+                    }
+                    Ok(_) => {
+                        corrupt.push(Corruption {
+                            record: id,
+                            reason: "not_a_set_record_in_index",
+                        });
+                        builder.mark_tail_dirty(&mut self.index);
+                    }
+                    Err(reason) => {
+                        corrupt.push(Corruption { record: id, reason });
+                        builder.mark_tail_dirty(&mut self.index);
+                    }
+                }
+                link = meta.next0;
+            }
+        }
+
+        // Redo the last committed batch's index operations (idempotent).
+        let intent_at = intent_offset(committed);
+        let ops = decode_intent(
+            &view.bytes[intent_at..intent_at + INTENT_BLOCK_LEN],
+            committed,
+        )
+        .map_err(|error| {
+            StoreError::Layout(format!(
+                "cannot redo the last committed batch (epoch {committed}): {error}"
+            ))
+        })?;
+        self.recovery.redone_ops = ops.len();
+        for op in ops {
+            let id = op.record();
+            let checked = match view.check_record(id, true) {
+                Ok(checked) => checked,
+                Err(reason) => {
+                    corrupt.push(Corruption { record: id, reason });
+                    continue;
+                }
+            };
+            for member in &checked.ids {
+                allocated.push((*member, checked.order));
+            }
+            if matches!(op, IntentOp::Unlink(_)) {
+                // A DEL record is needed only until the next batch commits. A linked record
+                // stays live unless a later operation of the batch displaces it (below).
+                self.limbo.push((committed, id));
+            }
+            let geometry = self.geometry;
+            let bytes = view.bytes;
+            let key = checked.key;
+            let displaced = match (op, checked.op) {
+                (IntentOp::Link(_), OP_SET) => {
+                    let entry = record_sessions
+                        .entry(checked.session_id)
+                        .or_insert((checked.seq, id));
+                    if checked.seq >= entry.0 {
+                        *entry = (checked.seq, id);
+                    }
+                    let upsert = self
+                        .index
+                        .upsert(key, id, |r| record_key(bytes, &geometry, r));
+                    // The record's own link was written for the list as it was when the batch
+                    // was staged; the recovered list may differ, so it is rewritten.
+                    self.index.mark_dirty(upsert.node);
+                    upsert.displaced
+                }
+                (IntentOp::Unlink(_), OP_DEL) => {
+                    self.index.remove(key, |r| record_key(bytes, &geometry, r))
+                }
+                _ => {
+                    corrupt.push(Corruption {
+                        record: id,
+                        reason: "intent names a record of the wrong kind",
+                    });
+                    None
+                }
+            };
+            if let Some(displaced) = displaced.filter(|d| *d != id) {
+                self.limbo.push((committed, displaced));
+            }
+        }
+        // Redo replays the batch from a state where some of its links were already durable,
+        // so a record can be displaced and linked again: only what is not live is freed.
+        let live: std::collections::HashSet<u32> = self.index.records().collect();
+        self.limbo.retain(|(_, id)| !live.contains(id));
+
+        // The session table.
+        let mut table_sessions: HashMap<u64, (u32, u64, u32)> = HashMap::new();
+        // Copies written by a batch that never committed carry a later epoch: left alone they
+        // would turn valid once the epoch counter reaches theirs. Unmark them.
+        let mut uncommitted_copies = Vec::new();
+        for index in 0..self.geometry.max_sessions {
+            let mut best: Option<(SessionEntry, u8)> = None;
+            for copy in 0..2u8 {
+                let offset = self.geometry.session_entry_offset(index, copy);
+                let raw = &self.region.bytes()[offset..offset + SESSION_ENTRY_LEN];
+                match SessionEntry::decode(raw) {
+                    Some(entry) if entry.epoch <= committed => {
+                        if best.as_ref().is_none_or(|(b, _)| entry.epoch > b.epoch) {
+                            best = Some((entry, copy));
+                        }
+                    }
+                    Some(_) => uncommitted_copies.push(offset),
+                    None => {
+                        if raw[20] != 0 {
+                            self.recovery.rejected_session_copies += 1;
+                        }
+                    }
+                }
+            }
+            let slot = &mut self.table[index as usize];
+            slot.latest_copy = 1;
+            let Some((entry, copy)) = best else {
+                continue;
+            };
+            slot.latest_copy = copy;
+            slot.latest_epoch = entry.epoch;
+            if let Some((_, epoch, other)) = table_sessions.get(&entry.session_id) {
+                if *epoch >= entry.epoch {
+                    let _ = other;
+                    continue;
+                }
+                let other = *other;
+                self.table[other as usize].owner = None;
+                self.table[other as usize].reply_record = None;
+            }
+            let slot = &mut self.table[index as usize];
+            slot.owner = Some(entry.session_id);
+            if let EntryReply::Record(id) = entry.reply {
+                slot.reply_record = Some(id);
+            }
+            table_sessions.insert(entry.session_id, (entry.last_seq, entry.epoch, index));
+        }
+        for index in 0..self.geometry.max_sessions {
+            let Some(id) = self.table[index as usize].reply_record else {
+                continue;
+            };
+            match self.read_reply_record(id) {
+                Ok((_, ids, order)) => {
+                    for member in ids {
+                        allocated.push((member, order));
+                    }
+                }
+                Err(reason) => {
+                    corrupt.push(Corruption { record: id, reason });
+                    self.table[index as usize].reply_record = None;
+                }
+            }
+        }
+        for (index, slot) in self.table.iter().enumerate() {
+            if slot.owner.is_none() {
+                self.free_table.push(index as u32);
+            }
+        }
+        self.free_table.reverse();
+
+        // Sessions: the later of what the records and the table say.
+        for (session_id, (seq, id)) in record_sessions {
+            self.sessions.insert(
+                session_id,
+                SessionState {
+                    last_seq: seq,
+                    source: Source::Record(id),
+                    table: None,
+                    last_active: 0,
+                },
+            );
+        }
+        for (session_id, (seq, _, index)) in table_sessions {
+            let state = self
+                .sessions
+                .get_or_insert_with(session_id, || SessionState {
+                    last_seq: seq,
+                    source: Source::Table,
+                    table: None,
+                    last_active: 0,
+                });
+            state.table = Some(index);
+            if seq >= state.last_seq {
+                state.last_seq = seq;
+                state.source = Source::Table;
+            }
+        }
+        self.rebuild_table_order();
+        // A record-derived session whose record the redo displaced: the batch that displaced
+        // it wrote the session entry, so the table holds the seq (or a later one).
+        let indexed: std::collections::HashSet<u32> = self.index.records().collect();
+        let limbo_ids: std::collections::HashSet<u32> =
+            self.limbo.iter().map(|(_, id)| *id).collect();
+        for state in self.sessions.values_mut() {
+            if let Source::Record(id) = state.source {
+                if !indexed.contains(&id) && limbo_ids.contains(&id) && state.table.is_some() {
+                    state.source = Source::Table;
+                }
+            }
+        }
+
+        for state in self.sessions.values() {
+            if let Source::Record(id) = state.source {
+                self.session_sources.set(id);
+            }
+        }
+
+        // Free space.
+        match self.geometry.engine {
+            EngineKind::Packet => {
+                let mut used = vec![false; self.geometry.slot_count as usize];
+                for (id, _) in &allocated {
+                    if let Some(slot) = self.geometry.slot_of(*id) {
+                        used[slot as usize] = true;
+                    }
+                }
+                self.free_slots = (0..self.geometry.slot_count)
+                    .rev()
+                    .filter(|slot| !used[*slot as usize])
+                    .collect();
+                // The longest DEL, once per request of a batch, at most 1/64 of the slots.
+                let longest_delete =
+                    (3 + MAX_KEY_LEN).div_ceil(self.geometry.slot_datagram_capacity() - HEADER_LEN);
+                let deletes = (self.geometry.slot_count as usize / 64).clamp(1, MAX_BATCH_OPS);
+                self.delete_reserve = longest_delete * deletes;
+                // Loans stop above the delete reserve: a received SET must not take it.
+                self.receive_reserve = (self.geometry.slot_count as usize / 16)
+                    .max(4)
+                    .max(self.delete_reserve);
+            }
+            EngineKind::Conventional => {
+                let mut buddy = Buddy::new(self.geometry.granule_count());
+                allocated.sort_unstable();
+                allocated.dedup();
+                for (id, order) in &allocated {
+                    if !buddy.reserve(*id, *order) {
+                        corrupt.push(Corruption {
+                            record: *id,
+                            reason: "overlaps another live block",
+                        });
+                    }
+                }
+                // A block for the longest DEL record (no larger than the heap), held for
+                // deletes; if none is free now, data is refused until one is.
+                let longest_delete = order_for(META_LEN + CONVENTIONAL_HEADER_LEN + MAX_KEY_LEN)
+                    .expect("a DEL record fits the largest block");
+                let largest_block = (31 - self.geometry.granule_count().leading_zeros()) as u8;
+                self.delete_block_order = longest_delete
+                    .min(largest_block)
+                    .min(crate::buddy::MAX_ORDER);
+                self.delete_block = buddy.alloc(self.delete_block_order);
+                self.buddy = Some(buddy);
+            }
+        }
+        self.limbo.sort_unstable();
+        self.limbo.dedup();
+
+        for offset in &uncommitted_copies {
+            self.region.write(offset + 20, &[0]);
+            self.region.flush(offset + 20, 1);
+        }
+        // Write what redo and repair changed, and make it durable before anything new.
+        let mut links = std::mem::take(&mut self.links);
+        self.index.take_dirty(&mut links);
+        for link in &links {
+            let at = match link.from {
+                None => HEAD_OFFSET,
+                Some(id) => self.geometry.record_offset(id) + META_NEXT0,
+            };
+            self.region.write(at, &link_of(link.to).to_le_bytes());
+            self.region.flush(at, 4);
+        }
+        if !links.is_empty() || !uncommitted_copies.is_empty() {
+            self.region.fence();
+        }
+        self.links = links;
+        self.recovery.key_count = self.index.len();
+        self.recovery.session_count = self.sessions.len();
+        self.recovery.corrupt_records = corrupt;
+        self.recovery.index_broken = broken;
+        self.recovery.verified_bytes = verified_bytes;
+        Ok(())
+    }
+}

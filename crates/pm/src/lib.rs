@@ -10,7 +10,7 @@ mod region;
 mod sim;
 
 pub use log::{
-    scan_for_entries, EntryKey, EntryScan, LogError, LogRecovery, PmLog, RecoveredEntry,
+    scan_for_entries, BatchStats, EntryKey, LogWork, EntryScan, LogError, LogRecovery, PmLog, RecoveredEntry,
     RejectedSlot, SlotDamage, REJECTED_SLOTS_DESCRIBED,
 };
 #[cfg(target_os = "linux")]

@@ -63,6 +63,10 @@ use std::ops::Range;
 
 use crate::region::{MediumInfo, PmRegion, CACHE_LINE_SIZE};
 
+mod batch;
+
+pub use batch::{BatchStats, LogWork};
+
 /// Bytes before the first slot.
 pub const SUPERBLOCK_SIZE: usize = 4096;
 /// First bytes of every pmnet log.

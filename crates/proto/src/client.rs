@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use pmnet_wire::{flags, Header, NotLoggedReason, PacketType};
 
-use crate::{encode_fragments, max_fragment_payload_len, RequestKind, Time, Transmit};
+use crate::{
+    encode_fragments, max_fragment_payload_len, CountDrop, DropCounts, DropReason, RequestKind,
+    Time, Transmit,
+};
 
 /// Settings of a client session.
 #[derive(Debug, Clone)]
@@ -139,13 +142,20 @@ pub struct ClientCounters {
     pub server_acks_received: u64,
     /// Acks and replies for requests already complete, consumed quietly.
     pub late_acks_consumed: u64,
-    /// Datagrams that failed to parse or belong to another session or type.
-    pub datagrams_dropped: u64,
+    /// Datagrams that failed to parse, belong to another session or type, or do not match
+    /// their request, by reason.
+    pub dropped: DropCounts,
     pub requests_failed: u64,
     /// No-op fills sent for abandoned sequence numbers (on giving up, and when asked).
     pub noop_fills_sent: u64,
     /// Notices from a device that it could not log a fragment.
     pub not_logged_notices: u64,
+}
+
+impl ClientCounters {
+    pub fn dropped_total(&self) -> u64 {
+        self.dropped.values().sum()
+    }
 }
 
 #[derive(Debug)]
@@ -306,12 +316,15 @@ impl Client {
 
     /// Process a datagram received from the network. Never panics on its contents.
     pub fn handle(&mut self, _now: Time, _from: SocketAddr, datagram: &[u8]) {
-        let Ok((header, payload)) = Header::parse(datagram) else {
-            self.counters.datagrams_dropped += 1;
-            return;
+        let (header, payload) = match Header::parse(datagram) {
+            Ok(parsed) => parsed,
+            Err(error) => {
+                self.counters.dropped.record(DropReason::Parse(error));
+                return;
+            }
         };
         if header.session_id != self.config.session_id {
-            self.counters.datagrams_dropped += 1;
+            self.counters.dropped.record(DropReason::WrongSession);
             return;
         }
         match header.packet_type {
@@ -319,7 +332,7 @@ impl Client {
             PacketType::ServerAck => self.on_server_ack(&header, payload),
             PacketType::RetransmitRequest => self.on_retransmit_request(&header),
             PacketType::NotLogged => self.on_not_logged(&header, payload),
-            _ => self.counters.datagrams_dropped += 1,
+            _ => self.counters.dropped.record(DropReason::UnexpectedType),
         }
     }
 
@@ -333,7 +346,7 @@ impl Client {
         let matches = request.kind == RequestKind::Update
             && usize::from(header.fragment_count) == request.fragments.len();
         if !matches {
-            self.counters.datagrams_dropped += 1;
+            self.counters.dropped.record(DropReason::Mismatch);
             return;
         }
         if !request.logged[index] {
@@ -356,7 +369,7 @@ impl Client {
             (Some(request), Some(reason)) if payload.len() == 1 => {
                 request.not_logged = Some(reason);
             }
-            (Some(_), _) => self.counters.datagrams_dropped += 1,
+            (Some(_), _) => self.counters.dropped.record(DropReason::BadPayload),
             (None, _) => self.counters.late_acks_consumed += 1,
         }
     }
@@ -377,14 +390,14 @@ impl Client {
         });
         let index = usize::from(header.fragment_index);
         if assembly.parts.len() != fragment_count {
-            self.counters.datagrams_dropped += 1;
+            self.counters.dropped.record(DropReason::InconsistentFragment);
             return;
         }
         if assembly.parts[index].is_some() {
             return;
         }
         if assembly.received_len + payload.len() > max_reply_len {
-            self.counters.datagrams_dropped += 1;
+            self.counters.dropped.record(DropReason::TooLarge);
             return;
         }
         assembly.parts[index] = Some(payload.to_vec());

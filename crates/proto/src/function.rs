@@ -1,25 +1,407 @@
-//! The one shape every in-network function has, so that a device can compose them in a
-//! pipeline and the simulator can drive any of them.
+//! The one shape every in-network function has, and the pipeline that composes them.
+//!
+//! A device is a [`Pipeline`] of functions. The pipeline parses each datagram once and offers it
+//! to its functions in order; the first to return [`Verdict::Consumed`] owns it, and a
+//! datagram that every function passes on is counted and dropped. Each function has its own
+//! persistence work ([`NetworkFunction::Work`]), emitted in numbered batches
+//! ([`PersistBatch`]) and acknowledged "through n" (after raft-rs's `Ready`): the caller
+//! carries out a whole batch with one [`Persist`] executor and reports its number, and a report
+//! of `n` covers every batch up to `n`. [`Stack`] composes two functions into one, so a pipeline
+//! of any length is `Stack<A, Stack<B, C>>`.
 
+use std::collections::VecDeque;
+use std::convert::Infallible;
 use std::net::SocketAddr;
 
-use crate::{PersistToken, PersistWork, Time, Transmit};
+use pmnet_wire::{Header, PacketType};
 
-/// An in-network function: fed datagrams, time and persistence completions; emits datagrams
-/// and persistence work.
+use crate::{CountDrop, DropCounts, DropReason, Time, Transmit};
+
+/// What a function did with a datagram offered to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Verdict {
+    /// The datagram was this function's: handled (or counted and dropped by it).
+    Consumed,
+    /// Not this function's: offer it to the next one.
+    Pass,
+}
+
+/// Persistence work numbered for acknowledgement: carry out all of `work`, in order, then
+/// report `number` with [`NetworkFunction::on_persisted`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PersistBatch<W> {
+    pub number: u64,
+    pub work: Vec<W>,
+}
+
+/// An in-network function: fed parsed datagrams, time and persistence completions; emits
+/// datagrams and persistence work.
 ///
 /// The caller's loop: `handle` each received datagram (and `handle_timeout` when
-/// `poll_timeout` passes), then drain `poll_persist` (carrying out the work in order and
-/// reporting each completed log write with `on_persisted`) and `poll_transmit`, repeating
-/// until both are empty.
+/// `poll_timeout` passes), then drain `poll_persist` (carrying out each batch and reporting it
+/// with `on_persisted`) and `poll_transmit`, repeating until both are empty. Any output that
+/// depends on durability waits for the report.
 pub trait NetworkFunction {
-    fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]);
-    fn on_persisted(&mut self, now: Time, token: PersistToken);
+    /// The persistence work this function asks for ([`Infallible`] for none).
+    type Work;
+
+    /// Offer a datagram whose header parsed (and, once sessions are authenticated, verified).
+    /// Never panics on its contents.
+    fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8])
+        -> Verdict;
     fn handle_timeout(&mut self, now: Time);
+    /// Every batch up to and including `through` is durable.
+    fn on_persisted(&mut self, now: Time, through: u64);
     #[must_use]
     fn poll_transmit(&mut self) -> Option<Transmit>;
+    /// The work asked for since the last batch, if any, as the next numbered batch.
     #[must_use]
-    fn poll_persist(&mut self) -> Option<PersistWork>;
+    fn poll_persist(&mut self) -> Option<PersistBatch<Self::Work>>;
     #[must_use]
     fn poll_timeout(&self) -> Option<Time>;
+}
+
+/// Carries out persistence work of type `W`: all of it durable when `persist` returns.
+pub trait Persist<W> {
+    fn persist(&mut self, work: Vec<W>);
+}
+
+/// The executor of a function that persists nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoPersistence;
+
+impl Persist<Infallible> for NoPersistence {
+    fn persist(&mut self, work: Vec<Infallible>) {
+        if let Some(never) = work.into_iter().next() {
+            match never {}
+        }
+    }
+}
+
+/// Work of a [`Stack`]: its front function's or the rest's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StackWork<A, B> {
+    Front(A),
+    Back(B),
+}
+
+/// Two executors side by side carry out a [`Stack`]'s work, each its own part (in order) with
+/// its own fences.
+impl<A, B, X: Persist<A>, Y: Persist<B>> Persist<StackWork<A, B>> for (X, Y) {
+    fn persist(&mut self, work: Vec<StackWork<A, B>>) {
+        let mut front = Vec::new();
+        let mut back = Vec::new();
+        for item in work {
+            match item {
+                StackWork::Front(item) => front.push(item),
+                StackWork::Back(item) => back.push(item),
+            }
+        }
+        if !front.is_empty() {
+            self.0.persist(front);
+        }
+        if !back.is_empty() {
+            self.1.persist(back);
+        }
+    }
+}
+
+/// Two functions as one: a datagram goes to `front` first and to `back` if `front` passes it.
+#[derive(Debug)]
+pub struct Stack<A, B> {
+    pub front: A,
+    pub back: B,
+    next_batch: u64,
+    /// Batches emitted and not yet reported: (this stack's number, front's, back's).
+    in_flight: VecDeque<(u64, Option<u64>, Option<u64>)>,
+}
+
+impl<A, B> Stack<A, B> {
+    pub fn new(front: A, back: B) -> Stack<A, B> {
+        Stack {
+            front,
+            back,
+            next_batch: 1,
+            in_flight: VecDeque::new(),
+        }
+    }
+}
+
+impl<A: NetworkFunction, B: NetworkFunction> NetworkFunction for Stack<A, B> {
+    type Work = StackWork<A::Work, B::Work>;
+
+    fn handle(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        header: &Header,
+        datagram: &[u8],
+    ) -> Verdict {
+        match self.front.handle(now, from, header, datagram) {
+            Verdict::Consumed => Verdict::Consumed,
+            Verdict::Pass => self.back.handle(now, from, header, datagram),
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Time) {
+        if self.front.poll_timeout().is_some_and(|at| at <= now) {
+            self.front.handle_timeout(now);
+        }
+        if self.back.poll_timeout().is_some_and(|at| at <= now) {
+            self.back.handle_timeout(now);
+        }
+    }
+
+    fn on_persisted(&mut self, now: Time, through: u64) {
+        assert!(
+            through < self.next_batch,
+            "batch {through} reported persisted before it was emitted"
+        );
+        let (mut front, mut back) = (None, None);
+        while self
+            .in_flight
+            .front()
+            .is_some_and(|(number, _, _)| *number <= through)
+        {
+            let (_, a, b) = self.in_flight.pop_front().expect("checked");
+            front = a.or(front);
+            back = b.or(back);
+        }
+        if let Some(through) = front {
+            self.front.on_persisted(now, through);
+        }
+        if let Some(through) = back {
+            self.back.on_persisted(now, through);
+        }
+    }
+
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.front
+            .poll_transmit()
+            .or_else(|| self.back.poll_transmit())
+    }
+
+    fn poll_persist(&mut self) -> Option<PersistBatch<Self::Work>> {
+        let front = self.front.poll_persist();
+        let back = self.back.poll_persist();
+        if front.is_none() && back.is_none() {
+            return None;
+        }
+        let number = self.next_batch;
+        self.next_batch += 1;
+        self.in_flight.push_back((
+            number,
+            front.as_ref().map(|batch| batch.number),
+            back.as_ref().map(|batch| batch.number),
+        ));
+        let mut work = Vec::new();
+        if let Some(batch) = front {
+            work.extend(batch.work.into_iter().map(StackWork::Front));
+        }
+        if let Some(batch) = back {
+            work.extend(batch.work.into_iter().map(StackWork::Back));
+        }
+        Some(PersistBatch { number, work })
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        match (self.front.poll_timeout(), self.back.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// A function that owns nothing and passes every datagram on: the front of a pipeline with a
+/// single function.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Nothing;
+
+impl NetworkFunction for Nothing {
+    type Work = Infallible;
+
+    fn handle(&mut self, _: Time, _: SocketAddr, _: &Header, _: &[u8]) -> Verdict {
+        Verdict::Pass
+    }
+    fn handle_timeout(&mut self, _: Time) {}
+    fn on_persisted(&mut self, _: Time, _: u64) {}
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        None
+    }
+    fn poll_persist(&mut self) -> Option<PersistBatch<Infallible>> {
+        None
+    }
+    fn poll_timeout(&self) -> Option<Time> {
+        None
+    }
+}
+
+/// A device's functions behind one parser: each datagram is parsed once and offered to the
+/// functions in order; what none of them consumes is counted and dropped here.
+#[derive(Debug)]
+pub struct Pipeline<F> {
+    functions: F,
+    drops: DropCounts,
+}
+
+impl<F: NetworkFunction> Pipeline<F> {
+    pub fn new(functions: F) -> Pipeline<F> {
+        Pipeline {
+            functions,
+            drops: DropCounts::default(),
+        }
+    }
+
+    pub fn functions(&self) -> &F {
+        &self.functions
+    }
+
+    pub fn functions_mut(&mut self) -> &mut F {
+        &mut self.functions
+    }
+
+    /// Datagrams the pipeline itself dropped: unparseable, or of a type no function owns.
+    pub fn drops(&self) -> &DropCounts {
+        &self.drops
+    }
+
+    /// Process a datagram from the network. Never panics on its contents.
+    pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
+        let header = match Header::parse(datagram) {
+            Ok((header, _)) => header,
+            Err(error) => {
+                self.drops.record(DropReason::Parse(error));
+                return;
+            }
+        };
+        if self.functions.handle(now, from, &header, datagram) == Verdict::Pass {
+            self.drops.record(match header.packet_type {
+                PacketType::Reserved(_) => DropReason::Parse(pmnet_wire::ParseError::UnknownType),
+                _ => DropReason::UnexpectedType,
+            });
+        }
+    }
+
+    pub fn handle_timeout(&mut self, now: Time) {
+        self.functions.handle_timeout(now)
+    }
+
+    pub fn on_persisted(&mut self, now: Time, through: u64) {
+        self.functions.on_persisted(now, through)
+    }
+
+    #[must_use]
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.functions.poll_transmit()
+    }
+
+    #[must_use]
+    pub fn poll_persist(&mut self) -> Option<PersistBatch<F::Work>> {
+        self.functions.poll_persist()
+    }
+
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.functions.poll_timeout()
+    }
+
+    /// Carry out every batch of persistence work with `executor` and report it, until the
+    /// functions ask for no more. Returns how many batches there were.
+    pub fn persist_with<E: Persist<F::Work>>(&mut self, now: Time, executor: &mut E) -> u64 {
+        let mut batches = 0;
+        while let Some(batch) = self.functions.poll_persist() {
+            executor.persist(batch.work);
+            self.functions.on_persisted(now, batch.number);
+            batches += 1;
+        }
+        batches
+    }
+}
+
+impl<B> StackWork<Infallible, B> {
+    /// The work of a stack whose front persists nothing: all of it is the back's.
+    pub fn into_back(self) -> B {
+        match self {
+            StackWork::Front(never) => match never {},
+            StackWork::Back(work) => work,
+        }
+    }
+}
+
+impl<W, P: Persist<W> + ?Sized> Persist<W> for &mut P {
+    fn persist(&mut self, work: Vec<W>) {
+        (**self).persist(work)
+    }
+}
+
+impl<F: NetworkFunction + ?Sized> NetworkFunction for Box<F> {
+    type Work = F::Work;
+
+    fn handle(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        header: &Header,
+        datagram: &[u8],
+    ) -> Verdict {
+        (**self).handle(now, from, header, datagram)
+    }
+    fn handle_timeout(&mut self, now: Time) {
+        (**self).handle_timeout(now)
+    }
+    fn on_persisted(&mut self, now: Time, through: u64) {
+        (**self).on_persisted(now, through)
+    }
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        (**self).poll_transmit()
+    }
+    fn poll_persist(&mut self) -> Option<PersistBatch<F::Work>> {
+        (**self).poll_persist()
+    }
+    fn poll_timeout(&self) -> Option<Time> {
+        (**self).poll_timeout()
+    }
+}
+
+/// A function that sits in front of a device's log and persists nothing of its own (a read
+/// cache, a counter in a test). The runtime and the simulator host one in every device, in
+/// front of the log: [`Nothing`] unless told otherwise.
+pub trait FrontFunction: NetworkFunction<Work = Infallible> + std::fmt::Debug + Send {}
+
+impl<F: NetworkFunction<Work = Infallible> + std::fmt::Debug + Send> FrontFunction for F {}
+
+/// The pipeline of a device: a front function, then the log ([`crate::Device`]), which forwards
+/// requests to their servers.
+pub type DevicePipeline = Pipeline<Stack<Box<dyn FrontFunction>, crate::Device>>;
+
+impl DevicePipeline {
+    /// A pipeline of `front` and then `device`.
+    pub fn with_front(front: Box<dyn FrontFunction>, device: crate::Device) -> DevicePipeline {
+        Pipeline::new(Stack::new(front, device))
+    }
+
+    /// The log function.
+    pub fn device(&self) -> &crate::Device {
+        &self.functions.back
+    }
+
+    pub fn device_mut(&mut self) -> &mut crate::Device {
+        &mut self.functions.back
+    }
+
+    /// Every datagram the device dropped, by reason: the pipeline's own drops (unparseable,
+    /// no function for the type) and the log's.
+    pub fn dropped(&self) -> DropCounts {
+        let mut dropped = self.drops.clone();
+        for (reason, count) in &self.functions.back.counters().dropped {
+            *dropped.entry(reason).or_insert(0) += count;
+        }
+        dropped
+    }
+
+    /// The front function.
+    pub fn front(&self) -> &dyn FrontFunction {
+        &*self.functions.front
+    }
 }

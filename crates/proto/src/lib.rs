@@ -17,14 +17,22 @@
 //! emits a server-ACK only after `on_applied`. Both rules are asserted.
 
 mod client;
+mod counter;
 mod device;
+mod drop;
 mod function;
 mod server;
 mod time;
 
 pub use client::{Client, ClientConfig, ClientCounters, ClientError, ClientEvent, Completion};
-pub use device::{Device, DeviceConfig, DeviceCounters, DropReason, PersistToken, PersistWork};
-pub use function::NetworkFunction;
+pub use counter::{Counter, COUNTER_TYPE_CODE};
+pub use device::{Device, DeviceConfig, DeviceCounters};
+pub use drop::{CountDrop, DropCounts, DropReason};
+pub use function::{
+    DevicePipeline, FrontFunction, NetworkFunction, NoPersistence, Nothing, Persist, PersistBatch,
+    Pipeline, Stack, StackWork, Verdict,
+};
+pub use pmnet_pm::{BatchStats, LogWork};
 pub use pmnet_pm::EntryKey;
 pub use server::{RecoveredSession, Server, ServerConfig, ServerCounters, ServerEvent};
 pub use time::Time;

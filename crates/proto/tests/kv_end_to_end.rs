@@ -72,7 +72,7 @@ fn sets_acked_by_the_device_reach_the_store_across_crashes() {
     let store = world.servers[0].app.kv.as_ref().unwrap();
     assert_eq!(store.get(b"a1"), Some(&b"first 1"[..]));
     assert_eq!(store.len(), 10);
-    assert_eq!(world.device(0).device.live_entry_count(), 0);
+    assert_eq!(world.device(0).device().live_entry_count(), 0);
 }
 
 #[test]

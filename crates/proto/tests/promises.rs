@@ -53,7 +53,7 @@ fn a_full_store_keeps_the_acked_update_in_the_log_until_there_is_room() {
     // The store has no room: nothing applied, no server-ACK, and the entry stays logged.
     assert!(world.applied_seqs(session).is_empty());
     assert!(world.seen_of(PacketType::ServerAck).is_empty());
-    assert_eq!(world.device(0).device.live_entry_count(), 1);
+    assert_eq!(world.device(0).device().live_entry_count(), 1);
     assert!(world.servers[0].server.counters().requests_deferred >= 2);
     // A later bypass of the session waits behind it (order is kept).
     let read = world.bypass(0, b"get k");
@@ -63,7 +63,7 @@ fn a_full_store_keeps_the_acked_update_in_the_log_until_there_is_room() {
     world.drive_until(STEPS, |w| w.completion(0, read).is_some());
     drive_to_quiet(&mut world);
     assert_eq!(world.applied_seqs(session), vec![seq, read]);
-    assert_eq!(world.device(0).device.live_entry_count(), 0);
+    assert_eq!(world.device(0).device().live_entry_count(), 0);
 }
 
 #[test]
@@ -94,7 +94,7 @@ fn a_request_the_client_gave_up_on_does_not_strand_the_acked_ones_behind_it() {
     // exited at once, as a command-line client does.
     world.drop_when(|seen| seen.header.has_flag(pmnet_wire::flags::NOOP_FILL));
     world.start_server(0);
-    world.drive_until(STEPS, |w| w.device(0).device.live_entry_count() == 0);
+    world.drive_until(STEPS, |w| w.device(0).device().live_entry_count() == 0);
     let fourth = world.update(0, b"a4");
     world.drive_until(STEPS, |w| w.completion(0, fourth).is_some());
     assert!(is_logged(world.completion(0, fourth)));
@@ -105,7 +105,7 @@ fn a_request_the_client_gave_up_on_does_not_strand_the_acked_ones_behind_it() {
         world.servers[0].server.counters().sequence_numbers_skipped,
         1
     );
-    assert_eq!(world.device(0).device.live_entry_count(), 0);
+    assert_eq!(world.device(0).device().live_entry_count(), 0);
     assert_eq!(world.servers[0].server.busy_session_count(), 0);
 }
 
@@ -137,7 +137,7 @@ fn a_window_of_acked_updates_behind_a_hole_is_applied_after_the_client_left() {
     world.run_for(past_every_lifetime());
     let expected: Vec<u32> = seqs.iter().copied().filter(|seq| *seq != 3).collect();
     assert_eq!(world.applied_seqs(session), expected);
-    assert_eq!(world.device(0).device.live_entry_count(), 0);
+    assert_eq!(world.device(0).device().live_entry_count(), 0);
     let server = world.servers[0].server.counters();
     assert_eq!(server.sequence_numbers_skipped, 1);
     assert!(server.fill_queries_sent >= 1);
@@ -173,7 +173,7 @@ fn a_number_a_device_holds_whole_is_never_skipped() {
     assert_eq!(world.applied_seqs(session), vec![first, second]);
     let server = world.servers[0].server.counters();
     assert_eq!(server.sequence_numbers_skipped, 0);
-    assert!(world.device(0).device.counters().fill_queries_held >= 1);
+    assert!(world.device(0).device().counters().fill_queries_held >= 1);
 }
 
 #[test]
@@ -246,7 +246,7 @@ fn a_device_passes_on_only_what_the_client_paid_for() {
     );
     // The update itself was acked (it was valid) and, once the gap outlived every lifetime,
     // applied: no log slot held for good.
-    assert_eq!(world.device(0).device.live_entry_count(), 0);
+    assert_eq!(world.device(0).device().live_entry_count(), 0);
 }
 
 #[test]
@@ -313,12 +313,12 @@ fn updates_no_server_accepts_do_not_hold_log_slots_for_good() {
         world.inject(from, device_addr(0), header.encode(b"w"));
     }
     world.run_for(Duration::from_millis(10));
-    let device = &world.device(0).device;
+    let device = &world.device(0).device();
     assert_eq!(device.counters().dropped.get("zero_seq"), Some(&10));
     assert_eq!(device.live_entry_count(), 10);
     world.run_for(past_every_lifetime());
     // Resolved: the gaps before them skipped (no device held anything there), then applied.
-    assert_eq!(world.device(0).device.live_entry_count(), 0);
+    assert_eq!(world.device(0).device().live_entry_count(), 0);
     assert_eq!(world.servers[0].server.busy_session_count(), 0);
 }
 
@@ -336,14 +336,14 @@ fn a_server_back_after_an_outage_drains_the_log_in_order_without_drops() {
             logged += 1;
         }
     }
-    assert_eq!(world.device(0).device.live_entry_count(), logged);
+    assert_eq!(world.device(0).device().live_entry_count(), logged);
     world.run_for(Duration::from_secs(5)); // resends pile up against a dead server
     world.start_server(0);
-    world.drive_until(STEPS, |w| w.device(0).device.live_entry_count() == 0);
+    world.drive_until(STEPS, |w| w.device(0).device().live_entry_count() == 0);
     let server = world.servers[0].server.counters();
     assert_eq!(server.requests_applied, logged as u64);
     assert_eq!(server.dropped.get("beyond_reorder_window"), None);
-    let device = world.device(0).device.counters();
+    let device = world.device(0).device().counters();
     // Paced: the replay never had more out than its window.
     assert!(device.replay_sent >= logged as u64);
     for client in 0..4 {

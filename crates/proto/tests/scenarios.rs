@@ -45,7 +45,7 @@ fn update_is_acked_by_the_device_before_the_server_applies_it() {
     // The server's later reply stops at the device, which acked the update: the client
     // completed once and is not woken for it.
     assert_eq!(world.clients[0].completed.len(), 1);
-    let device = world.device(0).device.counters();
+    let device = world.device(0).device().counters();
     assert_eq!(device.server_acks_absorbed, 1);
     assert_eq!(device.server_acks_forwarded, 0);
     assert_eq!(world.clients[0].client.counters().server_acks_received, 0);
@@ -68,7 +68,7 @@ fn a_server_ack_the_device_owes_no_ack_for_reaches_the_client() {
             ..
         })
     ));
-    let device = world.device(0).device.counters();
+    let device = world.device(0).device().counters();
     assert_eq!(device.server_acks_forwarded, 1);
     assert_eq!(device.server_acks_absorbed, 0);
 }
@@ -91,10 +91,10 @@ fn a_lost_pmnet_ack_is_made_good_although_the_server_ack_stops_at_the_device() {
         world.clients[0].client.counters().retransmitted_fragments,
         1
     );
-    assert!(world.device(0).device.counters().server_acks_absorbed >= 1);
+    assert!(world.device(0).device().counters().server_acks_absorbed >= 1);
     drive_to_quiet(&mut world);
     assert_eq!(world.servers[0].app.times_applied(session, seq), 1);
-    assert_eq!(world.device(0).device.live_entry_count(), 0);
+    assert_eq!(world.device(0).device().live_entry_count(), 0);
 }
 
 #[test]
@@ -124,7 +124,7 @@ fn server_ack_frees_the_log_slot() {
         world.update(0, &[index]);
     }
     drive_to_quiet(&mut world);
-    let device = &world.device(0).device;
+    let device = &world.device(0).device();
     assert_eq!(device.counters().updates_logged, 10);
     assert_eq!(device.counters().entries_invalidated, 10);
     assert_eq!(device.live_entry_count(), 0);
@@ -141,7 +141,7 @@ fn collision_and_full_log_forward_without_ack() {
     let second = world.update(0, b"b");
     // Less than one retransmission timeout: each update reached the device once.
     world.run_for(Duration::from_micros(100));
-    let counters = world.device(0).device.counters().clone();
+    let counters = world.device(0).device().counters().clone();
     assert_eq!(counters.updates_logged, 1);
     assert_eq!(counters.log_full + counters.log_collisions, 1);
     assert!(matches!(
@@ -174,13 +174,13 @@ fn hash_collision_with_probe_limit_one_is_counted() {
     let node = world.device_mut(0);
     node.config.probe_limit = 1;
     node.config.max_live_entries = 8; // so the slot, not the limit, is what runs out
-    node.device = pmnet_proto::Device::new(node.config.clone(), now, Vec::new());
+    *node.pipeline.device_mut() = pmnet_proto::Device::new(node.config.clone(), now, Vec::new());
     drive_to_quiet(&mut world);
     world.stop_server(0);
     world.update(0, b"a");
     world.update(1, b"b");
     world.run_for(Duration::from_micros(100));
-    let counters = world.device(0).device.counters();
+    let counters = world.device(0).device().counters();
     assert_eq!(counters.updates_logged, 1);
     assert_eq!(counters.log_collisions, 1);
     assert_eq!(counters.log_full, 0);
@@ -199,7 +199,7 @@ fn a_forward_lost_after_the_ack_is_resent_from_the_log() {
     drive_to_completion(&mut world, 0, seq);
     drive_to_quiet(&mut world);
     assert_eq!(world.applied_seqs(session), vec![seq]);
-    let device = &world.device(0).device;
+    let device = &world.device(0).device();
     assert!(device.counters().resend_timeouts >= 1);
     assert_eq!(device.live_entry_count(), 0);
 }
@@ -221,7 +221,7 @@ fn a_gap_is_filled_by_retransmission_from_the_log() {
     drive_to_quiet(&mut world);
     assert_eq!(world.applied_seqs(session), vec![1, 2, 3]);
     assert!(world.servers[0].server.counters().retransmit_requests_sent >= 1);
-    assert!(world.device(0).device.counters().resent_from_log >= 1);
+    assert!(world.device(0).device().counters().resent_from_log >= 1);
     assert_eq!(world.servers[0].server.counters().requests_reordered, 1);
 }
 
@@ -316,7 +316,7 @@ fn large_requests_are_fragmented_logged_and_acked_per_fragment() {
         "reassembled in order"
     );
     assert_eq!(world.applied_seqs(session), vec![seq]);
-    assert_eq!(world.device(0).device.live_entry_count(), 0);
+    assert_eq!(world.device(0).device().live_entry_count(), 0);
 }
 
 #[test]
@@ -331,7 +331,7 @@ fn a_lost_fragment_ack_resends_only_that_fragment() {
     drive_to_completion(&mut world, 0, seq);
     let counters = world.clients[0].client.counters();
     assert_eq!(counters.retransmitted_fragments, 1);
-    assert_eq!(world.device(0).device.counters().duplicate_updates, 1);
+    assert_eq!(world.device(0).device().counters().duplicate_updates, 1);
 }
 
 #[test]
@@ -378,9 +378,9 @@ fn device_restart_rebuilds_its_index_and_replays_the_log() {
         world.update(1, &[index]);
     }
     drive_to_quiet(&mut world);
-    assert_eq!(world.device(0).device.live_entry_count(), 8);
+    assert_eq!(world.device(0).device().live_entry_count(), 8);
     world.restart_device(0);
-    let device = &world.device(0).device;
+    let device = &world.device(0).device();
     assert_eq!(device.counters().entries_recovered, 8);
     assert_eq!(device.live_entry_count(), 8);
     world.start_server(0);
@@ -389,7 +389,7 @@ fn device_restart_rebuilds_its_index_and_replays_the_log() {
         let session = world.session(client);
         assert_eq!(world.applied_seqs(session), vec![1, 2, 3, 4]);
     }
-    assert_eq!(world.device(0).device.live_entry_count(), 0);
+    assert_eq!(world.device(0).device().live_entry_count(), 0);
 }
 
 #[test]
@@ -404,7 +404,7 @@ fn device_crash_before_persist_completes_loses_no_acked_update() {
     world.run_for(Duration::from_micros(100));
     assert!(world.completion(0, pending).is_none());
     world.restart_device(0); // the held write never happened
-    assert_eq!(world.device(0).device.live_entry_count(), 1);
+    assert_eq!(world.device(0).device().live_entry_count(), 1);
     world.start_server(0);
     drive_to_quiet(&mut world);
     let session = world.session(0);
@@ -428,8 +428,8 @@ fn server_restart_polls_the_device_and_applies_pending_entries_first() {
     drive_to_quiet(&mut world);
     assert!(!world.servers[0].server.is_recovering());
     assert_eq!(world.applied_seqs(session), vec![1, 2, 3, 4]);
-    assert!(world.device(0).device.counters().recovery_entries_resent >= 3);
-    assert_eq!(world.device(0).device.live_entry_count(), 0);
+    assert!(world.device(0).device().counters().recovery_entries_resent >= 3);
+    assert_eq!(world.device(0).device().live_entry_count(), 0);
     // A duplicate after the restart is answered from the stored reply, not applied.
     let redo = Header::new(PacketType::UpdateRequest, SERVER_ID, session, 4).encode(&[2]);
     world.inject(device_addr(0), server_addr(0), redo);
@@ -453,7 +453,7 @@ fn bad_datagrams_are_counted_and_dropped() {
     let forged = Header::new(PacketType::ServerAck, SERVER_ID, 1, 1).encode(b"");
     world.inject(client_addr(0), device_addr(0), forged);
     drive_to_quiet(&mut world);
-    let dropped = &world.device(0).device.counters().dropped;
+    let dropped = world.device(0).pipeline.dropped();
     assert_eq!(dropped.get("bad_checksum"), Some(&1));
     assert_eq!(dropped.get("bad_magic"), Some(&1));
     assert_eq!(dropped.get("truncated"), Some(&1));

@@ -872,7 +872,7 @@ fn complete(conn: &mut Conn, event: ClientEvent, limits: &Limits, counters: &mut
 /// started and no longer waits for can only be such a read: a completed update is either in
 /// the device's log (the device answers) or recorded by the adaptor (no gap).
 fn fill_for_completed_read(conn: &Conn, datagram: &[u8]) -> Option<Vec<u8>> {
-    if datagram.get(3) != Some(&(PacketType::RetransmitRequest as u8)) {
+    if datagram.get(3) != Some(&PacketType::RetransmitRequest.code()) {
         return None;
     }
     let (header, _) = Header::parse(datagram).ok()?;

@@ -4,8 +4,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use pmnet_pm::{MediumInfo, MmapOptions, MmapRegion, PmLog};
-use pmnet_proto::{Device, DeviceConfig, DeviceCounters, PersistWork, Transmit};
+use pmnet_pm::{LogWork, MediumInfo, MmapOptions, MmapRegion, PmLog};
+use pmnet_proto::{
+    Device, DeviceConfig, DeviceCounters, DevicePipeline, DropCounts, FrontFunction,
+    NoPersistence, Nothing, Persist, Transmit,
+};
 
 use crate::metrics::Metrics;
 use crate::udp::{BatchSocket, BATCH_LEN};
@@ -19,9 +22,6 @@ use crate::{
 
 /// Echoed datagrams waiting to be sent at most.
 pub const ECHO_MAX_QUEUED: usize = 4096;
-
-/// Consecutive invalidations carried out under one fence at most.
-const MAX_INVALIDATIONS_PER_FENCE: usize = 256;
 
 /// The device's persistent log.
 #[derive(Debug, Clone)]
@@ -93,15 +93,36 @@ pub struct DeviceAddresses {
     pub metrics: Option<SocketAddr>,
 }
 
+/// Carries out the device's log work: each batch with [`PmLog::persist_batch`] (one pair of
+/// fences), the same executor the simulator runs.
+#[derive(Debug, Default)]
+struct LogExecutor {
+    log: Option<PmLog<MmapRegion>>,
+    batches: u64,
+    writes: u64,
+    invalidations: u64,
+    fences: u64,
+}
+
+impl Persist<LogWork> for LogExecutor {
+    fn persist(&mut self, work: Vec<LogWork>) {
+        // A device without a log runs with logging off and asks for no log work; a batch
+        // reaching here anyway is a bug, and acking its writes would break the promise.
+        let log = self
+            .log
+            .as_mut()
+            .expect("log work asked for by a device with no log");
+        let stats = log.persist_batch(&work);
+        self.batches += 1;
+        self.writes += stats.writes;
+        self.invalidations += stats.invalidations;
+        self.fences += stats.fences;
+    }
+}
+
 /// Counters of the runtime itself (the state machine counts the protocol).
 #[derive(Debug, Clone, Default)]
 struct RuntimeCounters {
-    log_writes: u64,
-    log_invalidations: u64,
-    invalidation_fences: u64,
-    /// Log writes asked for with no log open: never acked (cannot happen with a consistent
-    /// configuration; counted rather than trusted).
-    log_writes_without_log: u64,
     echoed: u64,
     loop_iterations: u64,
     idle_waits: u64,
@@ -128,10 +149,12 @@ impl SocketSet {
 pub struct DeviceRuntime {
     options: DeviceOptions,
     clock: Clock,
-    device: Device,
-    log: Option<PmLog<MmapRegion>>,
+    /// The device's functions, the log last.
+    pipeline: DevicePipeline,
+    executor: LogExecutor,
     data: BatchSocket,
-    forward: Option<(Device, BatchSocket)>,
+    /// The forward port's plain switch (a pipeline whose log does not log).
+    forward: Option<(DevicePipeline, BatchSocket)>,
     echo: Option<BatchSocket>,
     startup: DeviceStartup,
     addresses: DeviceAddresses,
@@ -247,100 +270,135 @@ fn log_damaged_slots(path: &std::path::Path, recovery: &pmnet_pm::LogRecovery) {
     );
 }
 
-impl DeviceRuntime {
-    /// Bind the sockets, open (or format) the log and rebuild the device from it.
-    pub fn open(options: DeviceOptions, shutdown: Shutdown) -> Result<DeviceRuntime, RuntimeError> {
-        if options.servers.is_empty() {
-            return Err(RuntimeError::Config(
-                "a device needs at least one server: pass --server ID=ADDR (for example \
-                 --server 1=127.0.0.1:7500)"
-                    .into(),
-            ));
+/// The sockets a device serves on.
+struct Sockets {
+    data: BatchSocket,
+    forward: Option<BatchSocket>,
+    echo: Option<BatchSocket>,
+}
+
+/// Refuse a configuration a device cannot serve: no server, or an id given twice.
+fn check_servers(options: &DeviceOptions) -> Result<(), RuntimeError> {
+    if options.servers.is_empty() {
+        return Err(RuntimeError::Config(
+            "a device needs at least one server: pass --server ID=ADDR (for example \
+             --server 1=127.0.0.1:7500)"
+                .into(),
+        ));
+    }
+    for (index, (id, _)) in options.servers.iter().enumerate() {
+        if options.servers[..index]
+            .iter()
+            .any(|(other, _)| other == id)
+        {
+            return Err(RuntimeError::Config(format!(
+                "server id {id} is given twice; every server behind a device needs its own id"
+            )));
         }
-        for (index, (id, _)) in options.servers.iter().enumerate() {
-            if options.servers[..index]
-                .iter()
-                .any(|(other, _)| other == id)
-            {
+    }
+    Ok(())
+}
+
+/// Bind the device's sockets, refusing a server at one of their addresses.
+fn bind_sockets(options: &DeviceOptions) -> Result<Sockets, RuntimeError> {
+    let max_queued = options.loop_options.max_queued;
+    let data = bind("device", options.listen, max_queued)?;
+    let forward = match options.forward_listen {
+        Some(addr) => Some(bind("forward", addr, max_queued)?),
+        None => None,
+    };
+    let echo = match options.echo_listen {
+        Some(addr) => Some(bind("echo", addr, ECHO_MAX_QUEUED)?),
+        None => None,
+    };
+    let own_sockets = [
+        ("listen", Some(&data)),
+        ("forward", forward.as_ref()),
+        ("echo", echo.as_ref()),
+    ];
+    for (what, own) in own_sockets
+        .into_iter()
+        .filter_map(|(what, socket)| Some((what, socket?.local_addr())))
+    {
+        for (id, server) in &options.servers {
+            if reaches(*server, own) {
                 return Err(RuntimeError::Config(format!(
-                    "server id {id} is given twice; every server behind a device needs its own id"
+                    "server {id} at {server} is this device's own {what} address ({own}): \
+                     the device would forward to itself, acking updates that no server \
+                     stores; give --server the address of the server behind the device"
                 )));
             }
         }
-        let max_queued = options.loop_options.max_queued;
-        let data = bind("device", options.listen, max_queued)?;
-        let forward_socket = match options.forward_listen {
-            Some(addr) => Some(bind("forward", addr, max_queued)?),
-            None => None,
+    }
+    Ok(Sockets {
+        data,
+        forward,
+        echo,
+    })
+}
+
+/// Open the log the options name (if any): the log, the entries it held, and what to say of
+/// it at start-up.
+type OpenedLog = (Option<(PmLog<MmapRegion>, Vec<pmnet_pm::RecoveredEntry>)>, DeviceStartup);
+
+fn open_device_log(options: &DeviceOptions) -> Result<OpenedLog, RuntimeError> {
+    let Some(log_options) = &options.log else {
+        let startup = DeviceStartup {
+            medium: None,
+            log_path: None,
+            slot_count: 0,
+            slot_size: 0,
+            formatted: false,
+            recovered_entry_count: 0,
+            rejected_slot_count: 0,
         };
-        let echo = match options.echo_listen {
-            Some(addr) => Some(bind("echo", addr, ECHO_MAX_QUEUED)?),
-            None => None,
-        };
-        let own_sockets = [
-            ("listen", Some(&data)),
-            ("forward", forward_socket.as_ref()),
-            ("echo", echo.as_ref()),
-        ];
-        for (what, own) in own_sockets
-            .into_iter()
-            .filter_map(|(what, socket)| Some((what, socket?.local_addr())))
-        {
-            for (id, server) in &options.servers {
-                if reaches(*server, own) {
-                    return Err(RuntimeError::Config(format!(
-                        "server {id} at {server} is this device's own {what} address ({own}): \
-                         the device would forward to itself, acking updates that no server \
-                         stores; give --server the address of the server behind the device"
-                    )));
-                }
-            }
-        }
+        return Ok((None, startup));
+    };
+    let (log, recovery, formatted) = open_log(log_options)?;
+    if !formatted
+        && (log.slot_count() != log_options.slot_count || log.slot_size() != log_options.slot_size)
+    {
+        tracing::warn!(
+            "device log {} has {} slots of {} bytes, not the {} of {} asked for; \
+             using the log as it is (pass --format to erase it and use the new \
+             geometry)",
+            log_options.path.display(),
+            log.slot_count(),
+            log.slot_size(),
+            log_options.slot_count,
+            log_options.slot_size
+        );
+    }
+    let startup = DeviceStartup {
+        medium: Some(log.medium()),
+        log_path: Some(log_options.path.clone()),
+        slot_count: log.slot_count(),
+        slot_size: log.slot_size(),
+        formatted,
+        recovered_entry_count: recovery.entries.len(),
+        rejected_slot_count: recovery.rejected_slot_count,
+    };
+    Ok((Some((log, recovery.entries)), startup))
+}
+
+impl DeviceRuntime {
+    /// Bind the sockets, open (or format) the log and rebuild the device from it.
+    pub fn open(options: DeviceOptions, shutdown: Shutdown) -> Result<DeviceRuntime, RuntimeError> {
+        DeviceRuntime::open_with_front(options, shutdown, Box::new(Nothing))
+    }
+
+    /// [`DeviceRuntime::open`] with `front` in the pipeline in front of the log: it is offered
+    /// every datagram first, and the log gets what it passes on.
+    pub fn open_with_front(
+        options: DeviceOptions,
+        shutdown: Shutdown,
+        front: Box<dyn FrontFunction>,
+    ) -> Result<DeviceRuntime, RuntimeError> {
+        check_servers(&options)?;
+        let sockets = bind_sockets(&options)?;
         let clock = Clock::new();
         let now = clock.now();
-
-        let (log, startup) = match &options.log {
-            Some(log_options) => {
-                let (log, recovery, formatted) = open_log(log_options)?;
-                if !formatted
-                    && (log.slot_count() != log_options.slot_count
-                        || log.slot_size() != log_options.slot_size)
-                {
-                    tracing::warn!(
-                        "device log {} has {} slots of {} bytes, not the {} of {} asked for; \
-                         using the log as it is (pass --format to erase it and use the new \
-                         geometry)",
-                        log_options.path.display(),
-                        log.slot_count(),
-                        log.slot_size(),
-                        log_options.slot_count,
-                        log_options.slot_size
-                    );
-                }
-                let startup = DeviceStartup {
-                    medium: Some(log.medium()),
-                    log_path: Some(log_options.path.clone()),
-                    slot_count: log.slot_count(),
-                    slot_size: log.slot_size(),
-                    formatted,
-                    recovered_entry_count: recovery.entries.len(),
-                    rejected_slot_count: recovery.rejected_slot_count,
-                };
-                (Some((log, recovery.entries)), startup)
-            }
-            None => (
-                None,
-                DeviceStartup {
-                    medium: None,
-                    log_path: None,
-                    slot_count: 0,
-                    slot_size: 0,
-                    formatted: false,
-                    recovered_entry_count: 0,
-                    rejected_slot_count: 0,
-                },
-            ),
-        };
+        let (log, startup) = open_device_log(&options)?;
         let (device, log) = match log {
             Some((log, entries)) => {
                 let mut config = DeviceConfig::new(
@@ -359,29 +417,32 @@ impl DeviceRuntime {
                 None,
             ),
         };
-        let forward = forward_socket.map(|socket| {
+        let forward = sockets.forward.map(|socket| {
+            let switch = Device::new(plain_switch_config(&options), now, Vec::new());
             (
-                Device::new(plain_switch_config(&options), now, Vec::new()),
+                DevicePipeline::with_front(Box::new(Nothing), switch),
                 socket,
             )
         });
-
         let board = MetricsBoard::new();
         let metrics = start_metrics(&options.loop_options, &board, &shutdown)?;
         let addresses = DeviceAddresses {
-            data: data.local_addr(),
+            data: sockets.data.local_addr(),
             forward: forward.as_ref().map(|(_, socket)| socket.local_addr()),
-            echo: echo.as_ref().map(BatchSocket::local_addr),
+            echo: sockets.echo.as_ref().map(BatchSocket::local_addr),
             metrics,
         };
         let mut runtime = DeviceRuntime {
             options,
             clock,
-            device,
-            log,
-            data,
+            pipeline: DevicePipeline::with_front(front, device),
+            executor: LogExecutor {
+                log,
+                ..LogExecutor::default()
+            },
+            data: sockets.data,
             forward,
-            echo,
+            echo: sockets.echo,
             startup,
             addresses,
             board,
@@ -403,12 +464,18 @@ impl DeviceRuntime {
     }
 
     pub fn counters(&self) -> &DeviceCounters {
-        self.device.counters()
+        self.pipeline.device().counters()
+    }
+
+    /// Every datagram the device's pipeline dropped, by reason (the log's drops and the
+    /// pipeline's own: unparseable, or of a type no function owns).
+    pub fn dropped(&self) -> DropCounts {
+        self.pipeline.dropped()
     }
 
     /// Log entries the servers have not yet acknowledged.
     pub fn live_entry_count(&self) -> usize {
-        self.device.live_entry_count()
+        self.pipeline.device().live_entry_count()
     }
 
     /// Run until the shutdown flag is set; then finish the batch in hand, send what is owed,
@@ -511,7 +578,7 @@ impl DeviceRuntime {
             let now = self.clock.now();
             for index in 0..count {
                 if let Some((from, datagram)) = self.data.received(index) {
-                    self.device.handle(now, from, datagram);
+                    self.pipeline.handle(now, from, datagram);
                 }
             }
         }
@@ -548,13 +615,13 @@ impl DeviceRuntime {
         }
         let now = self.clock.now();
         if self
-            .device
+            .pipeline
             .poll_timeout()
             .is_some_and(|deadline| deadline <= now)
         {
             turn.busy = true;
             turn.more = true;
-            self.device.handle_timeout(now);
+            self.pipeline.handle_timeout(now);
         }
         if let Some((forward, _)) = self.forward.as_mut() {
             if forward
@@ -593,7 +660,7 @@ impl DeviceRuntime {
         loop {
             self.carry_out_persist_work();
             let mut emitted = false;
-            while let Some(transmit) = self.device.poll_transmit() {
+            while let Some(transmit) = self.pipeline.poll_transmit() {
                 emitted = true;
                 self.data.enqueue(transmit);
             }
@@ -616,57 +683,18 @@ impl DeviceRuntime {
         }
     }
 
-    /// The device's persistence work, strictly in the order emitted. A write is reported with
-    /// `on_persisted` only after `PmLog` returned from it (it persists before returning): that
-    /// is what lets the device send the PMNet-ACK. Runs of invalidations share one fence; they
-    /// are always carried out before any later write (which may reuse the slot).
+    /// The device's persistence work, batch by batch in the order emitted: each batch is
+    /// durable (one pair of fences, [`PmLog::persist_batch`]) before it is reported, and only
+    /// the report lets the log send the PMNet-ACKs of its writes. The forward port's switch
+    /// logs nothing and asks for no work.
     fn carry_out_persist_work(&mut self) {
-        let mut invalidations: Vec<u32> = Vec::new();
-        while let Some(work) = self.device.poll_persist() {
-            match work {
-                PersistWork::LogWrite {
-                    token,
-                    key,
-                    return_address,
-                    packet,
-                } => {
-                    let Some(log) = self.log.as_mut() else {
-                        self.counters.log_writes_without_log += 1;
-                        continue;
-                    };
-                    if !invalidations.is_empty() {
-                        log.invalidate_batch(&invalidations);
-                        self.counters.invalidation_fences += 1;
-                        invalidations.clear();
-                    }
-                    log.write_with_return_address(token.slot, &key, Some(return_address), &packet);
-                    self.counters.log_writes += 1;
-                    // Durable now: PmLog::write persists (flush + fence) before returning.
-                    self.device.on_persisted(self.clock.now(), token);
-                }
-                PersistWork::LogInvalidate { slot } => {
-                    self.counters.log_invalidations += 1;
-                    invalidations.push(slot);
-                    if invalidations.len() >= MAX_INVALIDATIONS_PER_FENCE {
-                        if let Some(log) = self.log.as_mut() {
-                            log.invalidate_batch(&invalidations);
-                            self.counters.invalidation_fences += 1;
-                        }
-                        invalidations.clear();
-                    }
-                }
-            }
-        }
-        if !invalidations.is_empty() {
-            if let Some(log) = self.log.as_mut() {
-                log.invalidate_batch(&invalidations);
-                self.counters.invalidation_fences += 1;
-            }
-        }
+        let now = self.clock.now();
+        self.pipeline
+            .persist_with(now, &mut (NoPersistence, &mut self.executor));
     }
 
     fn timer_deadlines(&self) -> impl Iterator<Item = pmnet_proto::Time> + '_ {
-        self.device.poll_timeout().into_iter().chain(
+        self.pipeline.poll_timeout().into_iter().chain(
             self.forward
                 .as_ref()
                 .and_then(|(forward, _)| forward.poll_timeout()),
@@ -712,14 +740,15 @@ impl DeviceRuntime {
 
     /// A line of the most telling counters.
     pub fn report_line(&self) -> String {
-        let counters = self.device.counters();
+        let counters = self.pipeline.device().counters();
+        let dropped = self.pipeline.dropped();
         let mut line = format!(
             "device {}: {}; log {}/{} live; updates {} logged {} acked {}; server-acks \
              forwarded {} absorbed {}; collisions {} log-full {} forwarded-without-log {}; \
              resends {} (timeout) {} (asked); dropped {}",
             self.options.device_id,
             socket_digest(self.data.counters()),
-            self.device.live_entry_count(),
+            self.pipeline.device().live_entry_count(),
             self.startup.slot_count,
             counters.updates_received,
             counters.updates_logged,
@@ -731,9 +760,9 @@ impl DeviceRuntime {
             counters.forwarded_without_log,
             counters.resend_timeouts,
             counters.resent_from_log,
-            counters.dropped_total(),
+            dropped.values().sum::<u64>(),
         );
-        for (reason, count) in &counters.dropped {
+        for (reason, count) in &dropped {
             line.push_str(&format!(" {reason}={count}"));
         }
         if let Some((_, socket)) = &self.forward {
@@ -744,6 +773,12 @@ impl DeviceRuntime {
         }
         if self.echo.is_some() {
             line.push_str(&format!("; echoed {}", self.counters.echoed));
+        }
+        if self.executor.log.is_some() {
+            line.push_str(&format!(
+                "; log batches {} fences {}",
+                self.executor.batches, self.executor.fences
+            ));
         }
         line.push_str(&format!("; medium {}", self.startup.medium_text()));
         line
@@ -778,7 +813,7 @@ impl DeviceRuntime {
             "pmnet_device_log_live_entries",
             "Log entries the server has not acknowledged yet (log occupancy).",
             &[],
-            self.device.live_entry_count() as f64,
+            self.pipeline.device().live_entry_count() as f64,
         );
         out.gauge(
             "pmnet_device_log_recovered_entries",
@@ -792,30 +827,31 @@ impl DeviceRuntime {
             &[],
             f64::from(self.startup.rejected_slot_count),
         );
-        device_counter_metrics(&mut out, "pmnet", self.device.counters());
+        device_counter_metrics(&mut out, "pmnet", &self.pipeline);
         if let Some((forward, _)) = &self.forward {
-            device_counter_metrics(&mut out, "forward", forward.counters());
+            device_counter_metrics(&mut out, "forward", forward);
         }
         for (name, help, value) in [
             (
                 "pmnet_device_log_writes_total",
                 "Log writes carried out (each persisted before its ack).",
-                self.counters.log_writes,
+                self.executor.writes,
             ),
             (
                 "pmnet_device_log_invalidations_total",
                 "Log slots freed after the server's ACK.",
-                self.counters.log_invalidations,
+                self.executor.invalidations,
             ),
             (
-                "pmnet_device_log_invalidation_fences_total",
-                "Fences issued for invalidations (runs of them share one).",
-                self.counters.invalidation_fences,
+                "pmnet_device_log_batches_total",
+                "Batches of log work carried out (each durable before it is reported).",
+                self.executor.batches,
             ),
             (
-                "pmnet_device_log_writes_without_log_total",
-                "Log writes asked for with no log open (never acked).",
-                self.counters.log_writes_without_log,
+                "pmnet_device_log_fences_total",
+                "Fences issued for log batches: two per batch with writes (three when it \
+                 reuses a slot it frees), one per batch of invalidations only.",
+                self.executor.fences,
             ),
             (
                 "pmnet_echo_datagrams_total",
@@ -853,7 +889,9 @@ fn plain_switch_config(options: &DeviceOptions) -> DeviceConfig {
 }
 
 /// The state machine's counters, labelled with the port they belong to.
-fn device_counter_metrics(out: &mut Metrics, port: &str, counters: &DeviceCounters) {
+fn device_counter_metrics(out: &mut Metrics, port: &str, pipeline: &DevicePipeline) {
+    let counters = pipeline.device().counters();
+    let dropped = pipeline.dropped();
     let labels = [("port", port)];
     for (name, help, value) in [
         (
@@ -975,7 +1013,7 @@ fn device_counter_metrics(out: &mut Metrics, port: &str, counters: &DeviceCounte
     ] {
         out.counter(name, help, &labels, value);
     }
-    for (reason, value) in &counters.dropped {
+    for (reason, value) in &dropped {
         out.counter(
             "pmnet_device_dropped_total",
             "Datagrams the device dropped, by port and reason.",
@@ -987,7 +1025,7 @@ fn device_counter_metrics(out: &mut Metrics, port: &str, counters: &DeviceCounte
         "pmnet_device_dropped_all_total",
         "Datagrams the device dropped, all reasons.",
         &labels,
-        counters.dropped_total(),
+        dropped.values().sum(),
     );
 }
 

@@ -777,7 +777,7 @@ impl ServerRuntime {
                     let kept = match pmnet_wire::Packet::new_checked(datagram) {
                         Ok(packet)
                             if packet.type_code()
-                                == pmnet_wire::PacketType::UpdateRequest as u8
+                                == pmnet_wire::PacketType::UpdateRequest.code()
                                 && packet.fragment_index() < packet.fragment_count()
                                 && usize::from(packet.fragment_count()) <= MAX_HELD_FRAGMENTS
                                 && (self.received_slots.len() < MAX_HELD_REQUESTS

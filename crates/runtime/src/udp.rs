@@ -33,7 +33,9 @@ pub fn type_slot(datagram: &[u8]) -> usize {
         return 0;
     }
     match PacketType::from_code(datagram[3]) {
-        Some(packet_type) if (packet_type as usize) < TYPE_SLOT_COUNT => packet_type as usize,
+        Some(packet_type) if usize::from(packet_type.code()) < TYPE_SLOT_COUNT => {
+            usize::from(packet_type.code())
+        }
         _ => 0,
     }
 }
@@ -263,7 +265,7 @@ impl BatchSocket {
             self.counters.send_queue_full += 1;
             return;
         }
-        if type_slot(&transmit.bytes) == PacketType::PmnetAck as usize {
+        if type_slot(&transmit.bytes) == usize::from(PacketType::PmnetAck.code()) {
             self.urgent.push_back(transmit);
         } else {
             self.queue.push_back(transmit);
@@ -500,7 +502,7 @@ mod tests {
         assert_eq!(receiver.received(0).unwrap().1, &ack[..]);
         assert_eq!(receiver.received(1).unwrap().1, &update[..]);
         assert_eq!(
-            receiver.counters().received_by_type[PacketType::PmnetAck as usize],
+            receiver.counters().received_by_type[usize::from(PacketType::PmnetAck.code())],
             1
         );
     }

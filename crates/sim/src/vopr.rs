@@ -16,8 +16,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use pmnet_pm::{PmRegion, CACHE_LINE_SIZE};
-use pmnet_proto::{ClientEvent, Completion, PersistWork, RequestKind};
+use pmnet_pm::{LogWork, PmRegion, CACHE_LINE_SIZE};
+use pmnet_proto::{ClientEvent, Completion, RequestKind};
 use pmnet_store::{Reply, Request};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -608,31 +608,32 @@ fn crash_device(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSumm
     }
     world.note_by(
         &actor,
-        &format!("CRASH ({held} persistence work items issued but not complete)"),
+        &format!("CRASH ({held} persistence batches issued but not complete)"),
     );
     if rng.random_bool(0.3) {
         corrupt_applied_entry_at_rest(world, rng, index, summary);
     }
-    // A write the device issued but the log has not finished: its stores may be anywhere
+    // A batch the device issued but the log has not finished: its stores may be anywhere
     // between the cache and the medium when the crash comes.
     if rng.random_bool(0.5) {
         let node = world.device_mut(index);
-        if let Some(PersistWork::LogWrite {
-            token,
-            key,
-            return_address,
-            packet,
-        }) = node.held.front().cloned()
-        {
-            node.log
-                .write_without_fences(token.slot, &key, Some(return_address), &packet);
-            summary.counts.device_crashes_mid_write += 1;
+        if let Some(batch) = node.held.front().cloned() {
+            node.log.persist_batch_without_fences(&batch.work);
+            let writes = batch
+                .work
+                .iter()
+                .filter(|work| matches!(work, LogWork::Write { .. }))
+                .count();
+            if writes > 0 {
+                summary.counts.device_crashes_mid_write += 1;
+            }
             world.note_by(
                 &actor,
                 &format!(
-                    "crash in the middle of the log write of slot {} (s={:x} seq={} frag={}): \
-                     its stores issued, not fenced",
-                    token.slot, key.session_id, key.seq, key.fragment_index
+                    "crash in the middle of persistence batch {} ({} items, {writes} log \
+                     writes): its stores issued, not fenced",
+                    batch.number,
+                    batch.work.len()
                 ),
             );
         }
@@ -705,7 +706,7 @@ fn corrupt_applied_entry_at_rest(
     let node = &world.devices[index];
     if let Some(key) = key {
         assert!(
-            node.device.live_keys().all(|live| *live != key),
+            node.device().live_keys().all(|live| *live != key),
             "invariant: a corrupted log entry {key:?} was recovered as valid"
         );
         world.note_by(
@@ -756,7 +757,7 @@ fn converged(world: &World) -> bool {
         && world
             .devices
             .iter()
-            .all(|node| node.device.live_entry_count() == 0 && node.held.is_empty())
+            .all(|node| node.device().live_entry_count() == 0 && node.held.is_empty())
         && world
             .servers
             .iter()
@@ -772,7 +773,7 @@ fn convergence_state(world: &World) -> String {
     let devices: Vec<usize> = world
         .devices
         .iter()
-        .map(|node| node.device.live_entry_count())
+        .map(|node| node.device().live_entry_count())
         .collect();
     let servers: Vec<(bool, usize)> = world
         .servers

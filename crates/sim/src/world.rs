@@ -11,10 +11,11 @@ use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use pmnet_pm::{EntryKey, PmLog, SimRegion};
+use pmnet_pm::{EntryKey, LogWork, PmLog, SimRegion};
 use pmnet_proto::{
-    Client, ClientConfig, ClientEvent, Completion, Device, DeviceConfig, PersistWork,
-    RecoveredSession, RequestKind, Server, ServerConfig, ServerEvent, Time, Transmit,
+    Client, ClientConfig, ClientEvent, Completion, Device, DeviceConfig, DevicePipeline,
+    FrontFunction, Nothing, PersistBatch, RecoveredSession, RequestKind, Server, ServerConfig,
+    ServerEvent, StackWork, Time, Transmit,
 };
 use pmnet_store::{Application, KvConfig, KvStore};
 use pmnet_wire::{Header, PacketType};
@@ -240,11 +241,15 @@ impl ServerApp {
 
 #[derive(Debug)]
 pub struct DeviceNode {
-    pub device: Device,
+    /// The device's functions: a front function ([`Nothing`] unless a test puts one there),
+    /// then the log.
+    pub pipeline: DevicePipeline,
     pub log: PmLog<SimRegion>,
-    /// When set, persistence work waits in `held` until released; a crash loses it.
+    /// When set, persistence batches wait in `held` until released; a crash loses them.
     pub hold_persistence: bool,
-    pub held: VecDeque<PersistWork>,
+    pub held: VecDeque<PersistBatch<LogWork>>,
+    /// Builds the front function, at start and after each restart (its state is volatile).
+    pub new_front: fn() -> Box<dyn FrontFunction>,
     pub config: DeviceConfig,
     pub up: bool,
     /// Every key this device's log has held durably: a PMNet-ACK must name one of them.
@@ -252,6 +257,17 @@ pub struct DeviceNode {
     /// Restarts, and slots the log rejected at reopen (torn or corrupted entries).
     pub restart_count: u64,
     pub rejected_slot_count: u64,
+}
+
+impl DeviceNode {
+    /// The device's log function.
+    pub fn device(&self) -> &Device {
+        self.pipeline.device()
+    }
+}
+
+fn no_front() -> Box<dyn FrontFunction> {
+    Box::new(Nothing)
 }
 
 #[derive(Debug)]
@@ -373,7 +389,11 @@ impl World {
                     log.max_packet_len(),
                 );
                 DeviceNode {
-                    device: Device::new(config.clone(), Time::ZERO, Vec::new()),
+                    pipeline: DevicePipeline::with_front(
+                        no_front(),
+                        Device::new(config.clone(), Time::ZERO, Vec::new()),
+                    ),
+                    new_front: no_front,
                     log,
                     hold_persistence: false,
                     held: VecDeque::new(),
@@ -473,6 +493,20 @@ impl World {
             let store =
                 KvStore::format(SimRegion::new(len), KvConfig::default()).expect("format a store");
             node.app.kv = Some(store);
+        }
+        self
+    }
+
+    /// Put the function `new_front` builds in front of every device's log (a fresh one after
+    /// each restart).
+    pub fn with_front(mut self, new_front: fn() -> Box<dyn FrontFunction>) -> World {
+        for node in &mut self.devices {
+            node.new_front = new_front;
+            let device = std::mem::replace(
+                node.pipeline.device_mut(),
+                Device::new(node.config.clone(), Time::ZERO, Vec::new()),
+            );
+            node.pipeline = DevicePipeline::with_front(new_front(), device);
         }
         self
     }
@@ -686,20 +720,27 @@ impl World {
                 let now = self.now;
                 let node = &mut self.devices[index];
                 let mut persisted = Vec::new();
-                while let Some(work) = node.device.poll_persist() {
+                while let Some(batch) = node.pipeline.poll_persist() {
+                    let batch = PersistBatch {
+                        number: batch.number,
+                        work: batch.work.into_iter().map(StackWork::into_back).collect(),
+                    };
                     if node.hold_persistence {
-                        persisted.push(format!("persistence held: {} waits", describe_work(&work)));
+                        persisted.push(format!(
+                            "persistence held: {} waits",
+                            describe_batch(&batch)
+                        ));
                     }
-                    node.held.push_back(work);
+                    node.held.push_back(batch);
                 }
                 if !node.hold_persistence {
-                    while let Some(work) = node.held.pop_front() {
+                    while let Some(batch) = node.held.pop_front() {
                         progressed = true;
-                        persisted.push(execute_persist(node, now, work));
+                        persisted.push(execute_batch(node, now, batch));
                     }
                 }
                 let mut out = Vec::new();
-                while let Some(transmit) = node.device.poll_transmit() {
+                while let Some(transmit) = node.pipeline.poll_transmit() {
                     out.push(transmit);
                 }
                 let actor = format!("device{index}");
@@ -831,17 +872,17 @@ impl World {
         self.acks_checked += 1;
     }
 
-    /// Release held persistence work of device `index`, `count` items (all when `None`).
+    /// Release held persistence work of device `index`, `count` batches (all when `None`).
     pub fn release_persistence(&mut self, index: usize, count: Option<usize>) {
         let now = self.now;
         let node = &mut self.devices[index];
         let count = count.unwrap_or(node.held.len());
         let mut persisted = Vec::new();
         for _ in 0..count {
-            let Some(work) = node.held.pop_front() else {
+            let Some(batch) = node.held.pop_front() else {
                 break;
             };
-            persisted.push(execute_persist(node, now, work));
+            persisted.push(execute_batch(node, now, batch));
         }
         let actor = format!("device{index}");
         for text in persisted {
@@ -854,7 +895,7 @@ impl World {
         let devices = self.devices.iter().filter(|node| node.up);
         let servers = self.servers.iter().filter(|node| node.up);
         devices
-            .filter_map(|node| node.device.poll_timeout())
+            .filter_map(|node| node.pipeline.poll_timeout())
             .chain(servers.filter_map(|node| node.server.poll_timeout()))
             .chain(
                 self.clients
@@ -921,7 +962,7 @@ impl World {
         } else if let Some(node) = (0..self.devices.len()).find(|i| device_addr(*i) == to) {
             let node = &mut self.devices[node];
             if node.up {
-                node.device.handle(now, from, bytes);
+                node.pipeline.handle(now, from, bytes);
             }
         } else if let Some(index) = (0..self.clients.len()).find(|i| client_addr(*i) == to) {
             if !self.clients[index].gone {
@@ -933,8 +974,8 @@ impl World {
     fn fire_timers(&mut self) {
         let now = self.now;
         for node in self.devices.iter_mut().filter(|node| node.up) {
-            if node.device.poll_timeout().is_some_and(|t| t <= now) {
-                node.device.handle_timeout(now);
+            if node.pipeline.poll_timeout().is_some_and(|t| t <= now) {
+                node.pipeline.handle_timeout(now);
             }
         }
         for node in self.servers.iter_mut().filter(|node| node.up) {
@@ -1017,7 +1058,10 @@ impl World {
         // Whatever the reopened log holds is durable now, whether or not it was before.
         node.ever_durable
             .extend(recovery.entries.iter().map(|entry| entry.key));
-        node.device = Device::new(node.config.clone(), now, recovery.entries);
+        node.pipeline = DevicePipeline::with_front(
+            (node.new_front)(),
+            Device::new(node.config.clone(), now, recovery.entries),
+        );
         node.log = log;
         node.held.clear();
         node.hold_persistence = false;
@@ -1096,42 +1140,38 @@ impl World {
     }
 }
 
-/// Persistence work as traces show it.
-fn describe_work(work: &PersistWork) -> String {
-    match work {
-        PersistWork::LogWrite { token, key, .. } => {
-            format!("log write of slot {} ({})", token.slot, describe_key(key))
-        }
-        PersistWork::LogInvalidate { slot } => format!("invalidation of slot {slot}"),
-    }
+/// A batch of persistence work as traces show it.
+fn describe_batch(batch: &PersistBatch<LogWork>) -> String {
+    let items: Vec<String> = batch
+        .work
+        .iter()
+        .map(|work| match work {
+            LogWork::Write { slot, key, .. } => {
+                format!("log write of slot {slot} ({})", describe_key(key))
+            }
+            LogWork::Invalidate { slot } => format!("invalidation of slot {slot}"),
+        })
+        .collect();
+    format!("batch {}: {}", batch.number, items.join(", "))
 }
 
-/// Carry out persistence work on the device's log; returns what happened, for the trace.
-fn execute_persist(node: &mut DeviceNode, now: Time, work: PersistWork) -> String {
-    let text = match &work {
-        PersistWork::LogWrite { .. } => format!("{}: durable [checked]", describe_work(&work)),
-        PersistWork::LogInvalidate { slot } => format!("slot {slot} invalidated"),
-    };
-    match work {
-        PersistWork::LogWrite {
-            token,
-            key,
-            return_address,
-            packet,
-        } => {
-            node.log
-                .write_with_return_address(token.slot, &key, Some(return_address), &packet);
-            // The log says the write is durable; the persistence model must agree.
-            let range = node.log.slot_range(token.slot);
+/// Carry out a batch of persistence work on the device's log with the executor production
+/// uses ([`PmLog::persist_batch`]), check that every write is durable by the persistence
+/// model's account, and report the batch; returns what happened, for the trace.
+fn execute_batch(node: &mut DeviceNode, now: Time, batch: PersistBatch<LogWork>) -> String {
+    let text = format!("{}: durable [checked]", describe_batch(&batch));
+    node.log.persist_batch(&batch.work);
+    for work in &batch.work {
+        if let LogWork::Write { slot, key, .. } = work {
+            let range = node.log.slot_range(*slot);
             assert!(
                 node.log.region().is_durable(range.start, range.len()),
-                "invariant: the log returned from a write that is not durable"
+                "invariant: the log returned from a batch whose write to slot {slot} is not durable"
             );
-            node.ever_durable.insert(key);
-            node.device.on_persisted(now, token);
+            node.ever_durable.insert(*key);
         }
-        PersistWork::LogInvalidate { slot } => node.log.invalidate(slot),
     }
+    node.pipeline.on_persisted(now, batch.number);
     text
 }
 

@@ -71,45 +71,52 @@ pub mod field {
 ///
 /// Type codes are grouped so later in-network functions have room of their own:
 /// `0x01..=0x0F` the core protocol (below), `0x10..=0x1F` the read cache, `0x20..=0x2F` chain
-/// replication, `0x30..=0x3F` ABD quorum registers. Codes in those ranges that this version does
-/// not define are rejected as [`ParseError::UnknownType`].
+/// replication, `0x30..=0x3F` ABD quorum registers. A code in those ranges parses as
+/// [`PacketType::Reserved`], so that a device pipeline can offer it to the function that owns
+/// it (and count and drop it when none does); any other undefined code is rejected as
+/// [`ParseError::UnknownType`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u8)]
 pub enum PacketType {
     /// Client → server: a request whose reply is fixed. Logged by a device, which acks it early.
-    UpdateRequest = 0x01,
+    UpdateRequest,
     /// Client → server: a request whose reply depends on server state. Never logged or acked
     /// by a device; completes only on the server's reply.
-    BypassRequest = 0x02,
+    BypassRequest,
     /// Device → client: fragment `(session, seq, fragment)` is durable in the log of `device_id`.
-    PmnetAck = 0x03,
+    PmnetAck,
     /// Server → client (through devices): request `(session, seq)` is applied and durable at the
     /// server; the payload is (one fragment of) the server's reply. Devices drop the log entries
     /// of that request when they see it.
-    ServerAck = 0x04,
+    ServerAck,
     /// Server → device → client: the server is missing fragment `(session, seq, fragment)`
     /// (or every fragment of `seq` with [`flags::ALL_FRAGMENTS`]). A device answers from its log
     /// if it can, and passes the request on to the client otherwise.
-    RetransmitRequest = 0x05,
+    RetransmitRequest,
     /// Server → device: the server has (re)started; resend every live log entry for
     /// `server_id`, in per-session sequence order, then send [`PacketType::RecoveryDone`].
-    RecoveryPoll = 0x06,
+    RecoveryPoll,
     /// Device → server: the answer to a recovery poll. The payload is the number of live
     /// entries the device holds for the server and is resending, in order (u32, big-endian).
-    RecoveryDone = 0x07,
+    RecoveryDone,
     /// Server → device: the server will skip sequence numbers `seq ..= last` of the session
     /// (payload: `last`, u32) unless the device holds one of them whole. Sent only after a gap
     /// outlived [`MAX_REQUEST_LIFETIME_MS`].
-    FillQuery = 0x08,
+    FillQuery,
     /// Device → server: the answer to a [`PacketType::FillQuery`] for `seq ..= last`. The
     /// payload is `last` and the lowest sequence number of the range for which the device
     /// holds every fragment (`last + 1` if none), two u32s; that request is being resent.
-    FillReply = 0x09,
+    FillReply,
     /// Device → client: the device could not log update fragment `(session, seq, fragment)`
     /// and forwarded it without an ack. The payload is one byte: why
     /// ([`NotLoggedReason`]). The client then completes only on the server's reply.
-    NotLogged = 0x0A,
+    NotLogged,
+    /// A code in `0x10..=0x3F`, reserved for the in-network functions (see above): carried
+    /// through parsing untouched for the stage that owns it.
+    Reserved(u8),
 }
+
+/// The type codes reserved for the in-network functions.
+pub const RESERVED_TYPE_CODES: std::ops::RangeInclusive<u8> = 0x10..=0x3F;
 
 impl PacketType {
     /// Every type this version defines.
@@ -126,9 +133,29 @@ impl PacketType {
         PacketType::NotLogged,
     ];
 
-    /// The type with code `code`, if this version defines one.
+    /// The type with code `code`, if this version defines or reserves one.
     pub fn from_code(code: u8) -> Option<PacketType> {
-        PacketType::ALL.into_iter().find(|t| *t as u8 == code)
+        if RESERVED_TYPE_CODES.contains(&code) {
+            return Some(PacketType::Reserved(code));
+        }
+        PacketType::ALL.into_iter().find(|t| t.code() == code)
+    }
+
+    /// The type's code on the wire.
+    pub fn code(self) -> u8 {
+        match self {
+            PacketType::UpdateRequest => 0x01,
+            PacketType::BypassRequest => 0x02,
+            PacketType::PmnetAck => 0x03,
+            PacketType::ServerAck => 0x04,
+            PacketType::RetransmitRequest => 0x05,
+            PacketType::RecoveryPoll => 0x06,
+            PacketType::RecoveryDone => 0x07,
+            PacketType::FillQuery => 0x08,
+            PacketType::FillReply => 0x09,
+            PacketType::NotLogged => 0x0A,
+            PacketType::Reserved(code) => code,
+        }
     }
 
     /// Short stable name, used for counters and traces.
@@ -144,6 +171,7 @@ impl PacketType {
             PacketType::FillQuery => "fill_query",
             PacketType::FillReply => "fill_reply",
             PacketType::NotLogged => "not_logged",
+            PacketType::Reserved(_) => "reserved",
         }
     }
 
@@ -461,7 +489,7 @@ impl Header {
         assert!(self.fragment_count >= 1 && self.fragment_index < self.fragment_count);
         buffer[field::MAGIC].copy_from_slice(&MAGIC.to_be_bytes());
         buffer[field::VERSION] = VERSION;
-        buffer[field::TYPE] = self.packet_type as u8;
+        buffer[field::TYPE] = self.packet_type.code();
         buffer[field::FLAGS].copy_from_slice(&self.flags.to_be_bytes());
         buffer[field::SERVER_ID].copy_from_slice(&self.server_id.to_be_bytes());
         buffer[field::SESSION_ID].copy_from_slice(&self.session_id.to_be_bytes());

@@ -50,9 +50,9 @@ pub(super) fn inspect_request<'a>(
         {
             return Err("bad_fragment");
         }
-        let type_ok = packet.type_code() == expected_type as u8
+        let type_ok = packet.type_code() == expected_type.code()
             || (expected_type == PacketType::UpdateRequest
-                && packet.type_code() == PacketType::BypassRequest as u8);
+                && packet.type_code() == PacketType::BypassRequest.code());
         if !type_ok {
             return Err("unexpected_type");
         }

@@ -21,7 +21,7 @@ fn synth_header(
     let mut header = [0u8; HEADER_LEN];
     header[0..2].copy_from_slice(&pmnet_wire::MAGIC.to_be_bytes());
     header[2] = pmnet_wire::VERSION;
-    header[3] = packet_type as u8;
+    header[3] = packet_type.code();
     header[8..16].copy_from_slice(&session_id.to_be_bytes());
     header[16..20].copy_from_slice(&seq.to_be_bytes());
     header[20..22].copy_from_slice(&fragment.0.to_be_bytes());

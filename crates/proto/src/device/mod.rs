@@ -9,9 +9,12 @@ use std::time::Duration;
 
 use pmnet_pm::log::RecoveredEntry;
 use pmnet_pm::EntryKey;
-use pmnet_wire::{Header, NotLoggedReason, PacketType, ParseError};
+use pmnet_pm::LogWork;
+use pmnet_wire::{Header, NotLoggedReason, PacketType};
 
-use crate::{NetworkFunction, Time, Transmit};
+use crate::{
+    CountDrop, DropCounts, DropReason, NetworkFunction, PersistBatch, Time, Transmit, Verdict,
+};
 
 /// Settings of a device.
 #[derive(Debug, Clone)]
@@ -73,72 +76,6 @@ impl DeviceConfig {
     }
 }
 
-/// Identifies one log write so its completion can be matched to the entry that asked for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PersistToken {
-    pub slot: u32,
-    generation: u64,
-}
-
-/// Persistence work for the runtime, to be carried out **in the order emitted**.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PersistWork {
-    /// Write `packet` into `slot` crash-consistently, then report [`Device::on_persisted`]
-    /// with `token`. The PMNet-ACK waits for that report.
-    LogWrite {
-        token: PersistToken,
-        key: EntryKey,
-        /// The client that sent the packet: logged with it so that a restarted device can
-        /// still route the server's ACK and retransmission requests to the client.
-        return_address: SocketAddr,
-        packet: Vec<u8>,
-    },
-    /// Mark `slot` free. Needs no report: losing an invalidation to a crash only causes a
-    /// resend that the server recognises as a duplicate.
-    LogInvalidate { slot: u32 },
-}
-
-/// Why a device dropped a datagram.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DropReason {
-    Parse(ParseError),
-    /// The header names a server this device does not front.
-    UnknownServer,
-    /// A server-side message from an address that is not that server's.
-    UnexpectedSource,
-    /// A type a device does not accept.
-    UnexpectedType,
-    /// A server reply or retransmission request for a session whose client is unknown.
-    NoClientRoute,
-    /// The transmit queue is full.
-    QueueFull,
-    /// An update with sequence number 0, which no server applies: refused at the door
-    /// instead of holding a log slot for good.
-    ZeroSeq,
-    /// An unsolicited message to a client (a passed-on retransmission request, a not-logged
-    /// notice) that the client's own traffic has not paid for: never more bytes towards an
-    /// address than it sent.
-    Unpaid,
-    /// A payload that does not match its type.
-    BadPayload,
-}
-
-impl DropReason {
-    pub fn reason(self) -> &'static str {
-        match self {
-            DropReason::Parse(error) => error.reason(),
-            DropReason::UnknownServer => "unknown_server",
-            DropReason::UnexpectedSource => "unexpected_source",
-            DropReason::UnexpectedType => "unexpected_type",
-            DropReason::NoClientRoute => "no_client_route",
-            DropReason::QueueFull => "queue_full",
-            DropReason::ZeroSeq => "zero_seq",
-            DropReason::Unpaid => "unpaid",
-            DropReason::BadPayload => "bad_payload",
-        }
-    }
-}
-
 /// What the device counted; monotonically increasing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceCounters {
@@ -176,7 +113,7 @@ pub struct DeviceCounters {
     pub fill_queries_held: u64,
     /// Entries rebuilt from the log at start-up.
     pub entries_recovered: u64,
-    pub dropped: BTreeMap<&'static str, u64>,
+    pub dropped: DropCounts,
 }
 
 impl DeviceCounters {
@@ -247,7 +184,13 @@ pub struct Device {
     client_order: VecDeque<u64>,
     replay: HashMap<u16, Replay>,
     transmits: VecDeque<Transmit>,
-    persists: VecDeque<PersistWork>,
+    /// Log work asked for since the last batch, and the writes among it (slot, generation).
+    persists: Vec<LogWork>,
+    persist_writes: Vec<(u32, u64)>,
+    /// The number the next batch gets; batches emitted and not yet reported durable, with
+    /// their writes.
+    next_batch: u64,
+    batches_in_flight: VecDeque<(u64, Vec<(u32, u64)>)>,
     counters: DeviceCounters,
 }
 
@@ -269,7 +212,10 @@ impl Device {
             client_order: VecDeque::new(),
             replay: HashMap::new(),
             transmits: VecDeque::new(),
-            persists: VecDeque::new(),
+            persists: Vec::new(),
+            persist_writes: Vec::new(),
+            next_batch: 1,
+            batches_in_flight: VecDeque::new(),
             counters: DeviceCounters::default(),
             config,
         };
@@ -288,7 +234,7 @@ impl Device {
             // rather than replayed, and the slot freed.
             _ => {
                 self.count_drop(DropReason::UnexpectedType);
-                self.persists.push_back(PersistWork::LogInvalidate {
+                self.persists.push(LogWork::Invalidate {
                     slot: recovered.slot,
                 });
                 return;
@@ -358,7 +304,7 @@ impl Device {
     }
 
     fn count_drop(&mut self, reason: DropReason) {
-        *self.counters.dropped.entry(reason.reason()).or_insert(0) += 1;
+        self.counters.dropped.record(reason);
     }
 
     /// Queue a datagram; false when the queue is full (dropped and counted).
@@ -425,22 +371,41 @@ impl Device {
         self.send(address, bytes)
     }
 
-    /// Process a datagram from the network. Never panics on its contents.
+    /// Process a datagram from the network. Never panics on its contents. (A device in a
+    /// [`crate::Pipeline`] is offered datagrams already parsed, through [`NetworkFunction`].)
     pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
-        let (header, payload) = match Header::parse(datagram) {
-            Ok(parsed) => parsed,
+        let header = match Header::parse(datagram) {
+            Ok((header, _)) => header,
             Err(error) => {
                 self.count_drop(DropReason::Parse(error));
                 return;
             }
         };
+        if self.handle_parsed(now, from, &header, datagram) == Verdict::Pass {
+            self.count_drop(DropReason::Parse(pmnet_wire::ParseError::UnknownType));
+        }
+    }
+
+    /// Handle a parsed datagram of a core-protocol type; pass on the types reserved for the
+    /// other in-network functions.
+    fn handle_parsed(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        header: &Header,
+        datagram: &[u8],
+    ) -> Verdict {
+        if let PacketType::Reserved(_) = header.packet_type {
+            return Verdict::Pass;
+        }
+        let payload = &datagram[pmnet_wire::HEADER_LEN..];
         let Some(&server) = self.servers.get(&header.server_id) else {
             self.count_drop(DropReason::UnknownServer);
-            return;
+            return Verdict::Consumed;
         };
         match header.packet_type {
             PacketType::UpdateRequest => {
-                self.on_update_request(now, from, server, &header, datagram)
+                self.on_update_request(now, from, server, header, datagram)
             }
             PacketType::BypassRequest => {
                 self.remember_client(header.session_id, from, datagram.len());
@@ -456,19 +421,21 @@ impl Device {
                 self.count_drop(DropReason::UnexpectedSource);
             }
             PacketType::ServerAck => {
-                self.on_server_ack(&header, datagram);
+                self.on_server_ack(header, datagram);
                 self.pump_replay(now, header.server_id);
             }
-            PacketType::RetransmitRequest => self.on_retransmit_request(&header, datagram),
-            PacketType::RecoveryPoll => self.on_recovery_poll(now, server, &header),
-            PacketType::FillQuery => self.on_fill_query(server, &header, payload),
+            PacketType::RetransmitRequest => self.on_retransmit_request(header, datagram),
+            PacketType::RecoveryPoll => self.on_recovery_poll(now, server, header),
+            PacketType::FillQuery => self.on_fill_query(server, header, payload),
             PacketType::PmnetAck
             | PacketType::RecoveryDone
             | PacketType::FillReply
-            | PacketType::NotLogged => {
+            | PacketType::NotLogged
+            | PacketType::Reserved(_) => {
                 self.count_drop(DropReason::UnexpectedType);
             }
         }
+        Verdict::Consumed
     }
 
     fn on_update_request(
@@ -580,32 +547,47 @@ impl Device {
             self.config.max_live_entries,
             self.index.len()
         );
-        self.persists.push_back(PersistWork::LogWrite {
-            token: PersistToken { slot, generation },
+        self.persists.push(LogWork::Write {
+            slot,
             key,
-            return_address: client,
+            return_address: Some(client),
             packet: datagram.to_vec(),
         });
+        self.persist_writes.push((slot, generation));
     }
 
-    /// Report that the [`PersistWork::LogWrite`] with `token` is durable. Only now may the
-    /// entry be acked.
-    pub fn on_persisted(&mut self, _now: Time, token: PersistToken) {
-        let Some(entry) = self.entries.get_mut(&token.slot) else {
-            panic!("persist completion for a slot with no entry: {token:?}");
-        };
-        assert_eq!(
-            entry.generation, token.generation,
-            "stale persist completion"
+    /// Report that every batch of log work up to and including `through` is durable. Only
+    /// now may the entries those batches wrote be acked.
+    pub fn on_persisted(&mut self, _now: Time, through: u64) {
+        assert!(
+            through < self.next_batch,
+            "batch {through} reported durable before it was emitted"
         );
+        while self
+            .batches_in_flight
+            .front()
+            .is_some_and(|(number, _)| *number <= through)
+        {
+            let (_, writes) = self.batches_in_flight.pop_front().expect("checked");
+            for (slot, generation) in writes {
+                self.on_write_durable(slot, generation);
+            }
+        }
+    }
+
+    fn on_write_durable(&mut self, slot: u32, generation: u64) {
+        let Some(entry) = self.entries.get_mut(&slot) else {
+            panic!("log write of slot {slot} completed with no entry in it");
+        };
+        assert_eq!(entry.generation, generation, "stale persist completion");
         assert_eq!(entry.state, EntryState::Persisting, "write completed twice");
         entry.state = EntryState::Durable;
         if entry.invalidate_when_persisted {
-            self.free(token.slot);
+            self.free(slot);
             return;
         }
         if let Some(client) = entry.client {
-            self.send_pmnet_ack(token.slot, client);
+            self.send_pmnet_ack(slot, client);
         }
     }
 
@@ -654,7 +636,7 @@ impl Device {
         }
         self.resend_timers.remove(&(entry.resend_deadline, slot));
         self.counters.entries_invalidated += 1;
-        self.persists.push_back(PersistWork::LogInvalidate { slot });
+        self.persists.push(LogWork::Invalidate { slot });
     }
 
     fn slots_of(&self, server_id: u16, session_id: u64, seq: u32) -> Vec<u32> {
@@ -727,11 +709,22 @@ impl Device {
         self.transmits.pop_front()
     }
 
-    /// The next persistence work, if any. Carry it out in order; report each `LogWrite` with
-    /// [`Device::on_persisted`].
+    /// The log work asked for since the last batch, if any, as the next numbered batch.
+    /// Carry it out in order (e.g. with [`pmnet_pm::PmLog::persist_batch`]) and report it
+    /// with [`Device::on_persisted`].
     #[must_use]
-    pub fn poll_persist(&mut self) -> Option<PersistWork> {
-        self.persists.pop_front()
+    pub fn poll_persist(&mut self) -> Option<PersistBatch<LogWork>> {
+        if self.persists.is_empty() {
+            return None;
+        }
+        let number = self.next_batch;
+        self.next_batch += 1;
+        self.batches_in_flight
+            .push_back((number, std::mem::take(&mut self.persist_writes)));
+        Some(PersistBatch {
+            number,
+            work: std::mem::take(&mut self.persists),
+        })
     }
 
     /// When [`Device::handle_timeout`] must next be called.
@@ -762,11 +755,19 @@ fn slot_hash(key: &EntryKey) -> u64 {
 }
 
 impl NetworkFunction for Device {
-    fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
-        Device::handle(self, now, from, datagram)
+    type Work = LogWork;
+
+    fn handle(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        header: &Header,
+        datagram: &[u8],
+    ) -> Verdict {
+        self.handle_parsed(now, from, header, datagram)
     }
-    fn on_persisted(&mut self, now: Time, token: PersistToken) {
-        Device::on_persisted(self, now, token)
+    fn on_persisted(&mut self, now: Time, through: u64) {
+        Device::on_persisted(self, now, through)
     }
     fn handle_timeout(&mut self, now: Time) {
         Device::handle_timeout(self, now)
@@ -774,7 +775,7 @@ impl NetworkFunction for Device {
     fn poll_transmit(&mut self) -> Option<Transmit> {
         Device::poll_transmit(self)
     }
-    fn poll_persist(&mut self) -> Option<PersistWork> {
+    fn poll_persist(&mut self) -> Option<PersistBatch<LogWork>> {
         Device::poll_persist(self)
     }
     fn poll_timeout(&self) -> Option<Time> {

@@ -14,7 +14,8 @@ use std::net::SocketAddr;
 use pmnet_pm::EntryKey;
 use pmnet_wire::{flags, Header, PacketType};
 
-use super::{Device, DropReason};
+use super::Device;
+use crate::DropReason;
 use crate::Time;
 
 impl Device {

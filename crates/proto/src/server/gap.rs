@@ -13,7 +13,7 @@ use pmnet_wire::{flags, Header, PacketType};
 
 use super::table::{Fill, Gap};
 use super::Server;
-use crate::{Time, Transmit};
+use crate::{DropReason, Time, Transmit};
 
 /// Skipped ranges a session remembers for make-up ACKs.
 const SKIPPED_RANGES_KEPT: usize = 8;
@@ -202,7 +202,7 @@ impl Server {
         payload: &[u8],
     ) {
         let Ok((last, held_from)) = pmnet_wire::decode_fill_reply_payload(payload) else {
-            self.count_drop("bad_fill_reply");
+            self.count_drop(DropReason::BadFillReply);
             return;
         };
         let fill = self
@@ -213,11 +213,11 @@ impl Server {
             .and_then(|gap| gap.fill.as_mut())
             .filter(|fill| fill.first == header.seq && fill.last == last);
         let Some(fill) = fill else {
-            self.count_drop("stale_fill_reply");
+            self.count_drop(DropReason::StaleFillReply);
             return;
         };
         if !fill.awaiting.remove(&from) {
-            self.count_drop("stale_fill_reply");
+            self.count_drop(DropReason::StaleFillReply);
             return;
         }
         // A device names the lowest number it holds whole; anything below the range (it

@@ -5,13 +5,13 @@
 mod gap;
 mod table;
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use pmnet_wire::{flags, Header, PacketType};
 
-use crate::{encode_fragments, RequestKind, Time, Transmit};
+use crate::{encode_fragments, CountDrop, DropCounts, DropReason, RequestKind, Time, Transmit};
 use table::{Assembly, CachedReply, Deferral, Session, Table};
 
 /// Settings of a server.
@@ -135,7 +135,7 @@ pub struct ServerCounters {
     pub sequence_numbers_skipped: u64,
     /// Requests the application had no room for, handed back to wait (never refused).
     pub requests_deferred: u64,
-    pub dropped: BTreeMap<&'static str, u64>,
+    pub dropped: DropCounts,
 }
 
 #[derive(Debug)]
@@ -256,8 +256,8 @@ impl Server {
         self.table.buffered_bytes
     }
 
-    fn count_drop(&mut self, reason: &'static str) {
-        *self.counters.dropped.entry(reason).or_insert(0) += 1;
+    fn count_drop(&mut self, reason: DropReason) {
+        self.counters.dropped.record(reason);
     }
 
     fn is_device(&self, address: SocketAddr) -> bool {
@@ -291,12 +291,12 @@ impl Server {
         let (header, payload) = match Header::parse(datagram) {
             Ok(parsed) => parsed,
             Err(error) => {
-                self.count_drop(error.reason());
+                self.count_drop(DropReason::Parse(error));
                 return;
             }
         };
         if header.server_id != self.config.server_id {
-            self.count_drop("wrong_server");
+            self.count_drop(DropReason::WrongServer);
             return;
         }
         match header.packet_type {
@@ -310,8 +310,8 @@ impl Server {
             PacketType::FillReply if self.is_device(from) => {
                 self.on_fill_reply(now, from, &header, payload)
             }
-            PacketType::FillReply => self.count_drop("unexpected_source"),
-            _ => self.count_drop("unexpected_type"),
+            PacketType::FillReply => self.count_drop(DropReason::UnexpectedSource),
+            _ => self.count_drop(DropReason::UnexpectedType),
         }
     }
 
@@ -330,14 +330,14 @@ impl Server {
         }
         let seq = header.seq;
         if seq == 0 {
-            self.count_drop("zero_seq");
+            self.count_drop(DropReason::ZeroSeq);
             return;
         }
         let session_id = header.session_id;
         let reorder_window = self.config.reorder_window;
         let known = self.table.sessions.contains_key(&session_id);
         if self.table.get_or_create(now, session_id).is_none() {
-            self.count_drop("sessions_full");
+            self.count_drop(DropReason::SessionsFull);
             return;
         }
         if !known {
@@ -368,7 +368,7 @@ impl Server {
         session.highest_seen = session.highest_seen.max(seq);
         if seq - session.last_applied > reorder_window {
             // Not buffered, but seen: the gap machinery knows something lies beyond.
-            self.count_drop("beyond_reorder_window");
+            self.count_drop(DropReason::BeyondReorderWindow);
             self.advance(now, session_id);
             return;
         }
@@ -391,7 +391,7 @@ impl Server {
         fill: bool,
         header: &Header,
         payload: &[u8],
-    ) -> Option<&'static str> {
+    ) -> Option<DropReason> {
         let seq = header.seq;
         let fragment_count = usize::from(header.fragment_count);
         let max_request_len = self.config.max_request_len;
@@ -414,20 +414,20 @@ impl Server {
         let added = match session.pending.get(&seq) {
             Some(assembly) if assembly.is_complete() => return None,
             Some(assembly) if assembly.kind != kind || assembly.parts.len() != fragment_count => {
-                return Some("inconsistent_fragment");
+                return Some(DropReason::InconsistentFragment);
             }
             Some(assembly) if assembly.parts[usize::from(header.fragment_index)].is_some() => {
                 return None;
             }
             Some(assembly) => {
                 if assembly.received_len + payload.len() > max_request_len {
-                    return Some("request_too_large");
+                    return Some(DropReason::TooLarge);
                 }
                 payload.len()
             }
             None => {
                 if payload.len() > max_request_len {
-                    return Some("request_too_large");
+                    return Some(DropReason::TooLarge);
                 }
                 Assembly::table_cost(fragment_count) + payload.len()
             }
@@ -435,7 +435,7 @@ impl Server {
         if session.buffered_bytes + added > max_session_bytes
             || total_bytes + added > max_total_bytes
         {
-            return Some("reassembly_budget");
+            return Some(DropReason::ReassemblyBudget);
         }
         let assembly = session
             .pending
@@ -646,15 +646,15 @@ impl Server {
 
     fn on_recovery_done(&mut self, now: Time, from: SocketAddr, payload: &[u8]) {
         let Some(recovery) = self.recovery.as_mut() else {
-            self.count_drop("late_recovery_done");
+            self.count_drop(DropReason::LateRecoveryDone);
             return;
         };
         let Ok(entries_resent) = pmnet_wire::decode_recovery_done_payload(payload) else {
-            self.count_drop("bad_recovery_done");
+            self.count_drop(DropReason::BadRecoveryDone);
             return;
         };
         if !recovery.awaiting.remove(&from) {
-            self.count_drop("late_recovery_done");
+            self.count_drop(DropReason::LateRecoveryDone);
             return;
         }
         recovery.entries_resent += u64::from(entries_resent);

@@ -1,0 +1,97 @@
+//! Why a state machine dropped a datagram: one vocabulary for the device, the server, the
+//! client and the pipeline, counted by reason under the same stable names everywhere.
+
+use std::collections::BTreeMap;
+
+use pmnet_wire::ParseError;
+
+/// Why a datagram was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// The bytes are not a PMNet packet (or a type no function owns).
+    Parse(ParseError),
+    /// The header names a server this device does not front.
+    UnknownServer,
+    /// The header names a server other than this one.
+    WrongServer,
+    /// A message from an address that may not send it.
+    UnexpectedSource,
+    /// A type this endpoint does not accept.
+    UnexpectedType,
+    /// A message for a session other than this client's.
+    WrongSession,
+    /// A server reply or retransmission request for a session whose client is unknown.
+    NoClientRoute,
+    /// The transmit queue is full.
+    QueueFull,
+    /// A request with sequence number 0, which no server applies.
+    ZeroSeq,
+    /// An unsolicited message that the destination's own traffic has not paid for: never
+    /// more bytes towards an address than it sent.
+    Unpaid,
+    /// A payload that does not match its type.
+    BadPayload,
+    /// The session table is full of sessions with work in hand.
+    SessionsFull,
+    /// A request too far ahead of the session's last applied one to buffer.
+    BeyondReorderWindow,
+    /// A fragment that disagrees with the fragments of its request already received.
+    InconsistentFragment,
+    /// A request or reply larger than allowed.
+    TooLarge,
+    /// Buffering the fragment would exceed the reassembly memory budget.
+    ReassemblyBudget,
+    /// A fill reply whose payload does not fit the query.
+    BadFillReply,
+    /// A fill reply for a query no longer open.
+    StaleFillReply,
+    /// A recovery-done after recovery ended.
+    LateRecoveryDone,
+    /// A recovery-done whose payload is malformed.
+    BadRecoveryDone,
+    /// An ack or notice that does not match the request it names.
+    Mismatch,
+}
+
+impl DropReason {
+    /// Stable name, used in counters and metrics.
+    pub fn reason(self) -> &'static str {
+        match self {
+            DropReason::Parse(error) => error.reason(),
+            DropReason::UnknownServer => "unknown_server",
+            DropReason::WrongServer => "wrong_server",
+            DropReason::UnexpectedSource => "unexpected_source",
+            DropReason::UnexpectedType => "unexpected_type",
+            DropReason::WrongSession => "wrong_session",
+            DropReason::NoClientRoute => "no_client_route",
+            DropReason::QueueFull => "queue_full",
+            DropReason::ZeroSeq => "zero_seq",
+            DropReason::Unpaid => "unpaid",
+            DropReason::BadPayload => "bad_payload",
+            DropReason::SessionsFull => "sessions_full",
+            DropReason::BeyondReorderWindow => "beyond_reorder_window",
+            DropReason::InconsistentFragment => "inconsistent_fragment",
+            DropReason::TooLarge => "request_too_large",
+            DropReason::ReassemblyBudget => "reassembly_budget",
+            DropReason::BadFillReply => "bad_fill_reply",
+            DropReason::StaleFillReply => "stale_fill_reply",
+            DropReason::LateRecoveryDone => "late_recovery_done",
+            DropReason::BadRecoveryDone => "bad_recovery_done",
+            DropReason::Mismatch => "mismatch",
+        }
+    }
+}
+
+/// Datagrams dropped, by reason name.
+pub type DropCounts = BTreeMap<&'static str, u64>;
+
+/// Counting into a [`DropCounts`].
+pub trait CountDrop {
+    fn record(&mut self, reason: DropReason);
+}
+
+impl CountDrop for DropCounts {
+    fn record(&mut self, reason: DropReason) {
+        *self.entry(reason.reason()).or_insert(0) += 1;
+    }
+}

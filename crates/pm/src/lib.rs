@@ -10,8 +10,8 @@ mod region;
 mod sim;
 
 pub use log::{
-    scan_for_entries, BatchStats, EntryKey, LogWork, EntryScan, LogError, LogRecovery, PmLog, RecoveredEntry,
-    RejectedSlot, SlotDamage, REJECTED_SLOTS_DESCRIBED,
+    scan_for_entries, BatchStats, EntryKey, EntryScan, LogError, LogRecovery, LogWork, PmLog,
+    RecoveredEntry, RejectedSlot, SlotDamage, REJECTED_SLOTS_DESCRIBED,
 };
 #[cfg(target_os = "linux")]
 pub use log_file::{open_log_file, LogFileError, LogFileOpened, LogFileOptions};

@@ -390,7 +390,9 @@ impl Client {
         });
         let index = usize::from(header.fragment_index);
         if assembly.parts.len() != fragment_count {
-            self.counters.dropped.record(DropReason::InconsistentFragment);
+            self.counters
+                .dropped
+                .record(DropReason::InconsistentFragment);
             return;
         }
         if assembly.parts[index].is_some() {

@@ -48,8 +48,7 @@ pub trait NetworkFunction {
 
     /// Offer a datagram whose header parsed (and, once sessions are authenticated, verified).
     /// Never panics on its contents.
-    fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8])
-        -> Verdict;
+    fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict;
     fn handle_timeout(&mut self, now: Time);
     /// Every batch up to and including `through` is durable.
     fn on_persisted(&mut self, now: Time, through: u64);
@@ -131,13 +130,7 @@ impl<A, B> Stack<A, B> {
 impl<A: NetworkFunction, B: NetworkFunction> NetworkFunction for Stack<A, B> {
     type Work = StackWork<A::Work, B::Work>;
 
-    fn handle(
-        &mut self,
-        now: Time,
-        from: SocketAddr,
-        header: &Header,
-        datagram: &[u8],
-    ) -> Verdict {
+    fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {
         match self.front.handle(now, from, header, datagram) {
             Verdict::Consumed => Verdict::Consumed,
             Verdict::Pass => self.back.handle(now, from, header, datagram),
@@ -338,13 +331,7 @@ impl<W, P: Persist<W> + ?Sized> Persist<W> for &mut P {
 impl<F: NetworkFunction + ?Sized> NetworkFunction for Box<F> {
     type Work = F::Work;
 
-    fn handle(
-        &mut self,
-        now: Time,
-        from: SocketAddr,
-        header: &Header,
-        datagram: &[u8],
-    ) -> Verdict {
+    fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {
         (**self).handle(now, from, header, datagram)
     }
     fn handle_timeout(&mut self, now: Time) {

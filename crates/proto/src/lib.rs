@@ -32,8 +32,8 @@ pub use function::{
     DevicePipeline, FrontFunction, NetworkFunction, NoPersistence, Nothing, Persist, PersistBatch,
     Pipeline, Stack, StackWork, Verdict,
 };
-pub use pmnet_pm::{BatchStats, LogWork};
 pub use pmnet_pm::EntryKey;
+pub use pmnet_pm::{BatchStats, LogWork};
 pub use server::{RecoveredSession, Server, ServerConfig, ServerCounters, ServerEvent};
 pub use time::Time;
 

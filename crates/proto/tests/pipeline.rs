@@ -14,7 +14,13 @@ fn counter() -> Box<dyn FrontFunction> {
 }
 
 fn ask(session: u64) -> Vec<u8> {
-    Header::new(PacketType::Reserved(COUNTER_TYPE_CODE), SERVER_ID, session, 1).encode(&[0; 8])
+    Header::new(
+        PacketType::Reserved(COUNTER_TYPE_CODE),
+        SERVER_ID,
+        session,
+        1,
+    )
+    .encode(&[0; 8])
 }
 
 #[test]
@@ -29,7 +35,9 @@ fn a_function_in_front_of_the_log_owns_its_type_and_the_log_still_acks_updates()
     assert!(matches!(
         world.completion(0, seq),
         Some(ClientEvent::Completed {
-            completion: Completion::Logged { device_id: DEVICE_ID },
+            completion: Completion::Logged {
+                device_id: DEVICE_ID
+            },
             ..
         })
     ));

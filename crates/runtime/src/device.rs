@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use pmnet_pm::{LogWork, MediumInfo, MmapOptions, MmapRegion, PmLog};
 use pmnet_proto::{
-    Device, DeviceConfig, DeviceCounters, DevicePipeline, DropCounts, FrontFunction,
-    NoPersistence, Nothing, Persist, Transmit,
+    Device, DeviceConfig, DeviceCounters, DevicePipeline, DropCounts, FrontFunction, NoPersistence,
+    Nothing, Persist, Transmit,
 };
 
 use crate::metrics::Metrics;
@@ -339,7 +339,10 @@ fn bind_sockets(options: &DeviceOptions) -> Result<Sockets, RuntimeError> {
 
 /// Open the log the options name (if any): the log, the entries it held, and what to say of
 /// it at start-up.
-type OpenedLog = (Option<(PmLog<MmapRegion>, Vec<pmnet_pm::RecoveredEntry>)>, DeviceStartup);
+type OpenedLog = (
+    Option<(PmLog<MmapRegion>, Vec<pmnet_pm::RecoveredEntry>)>,
+    DeviceStartup,
+);
 
 fn open_device_log(options: &DeviceOptions) -> Result<OpenedLog, RuntimeError> {
     let Some(log_options) = &options.log else {

@@ -101,7 +101,10 @@ fn a_counter_in_front_of_the_log_answers_its_type_and_the_log_still_acks() {
             break;
         }
         // Wait for the datagram on the client's socket (nothing should come) rather than spin.
-        assert!(client.recv_from(&mut buffer).is_err(), "a dropped type was answered");
+        assert!(
+            client.recv_from(&mut buffer).is_err(),
+            "a dropped type was answered"
+        );
     }
     assert_eq!(device.dropped().get("unknown_type"), Some(&1));
 }

@@ -757,13 +757,7 @@ fn slot_hash(key: &EntryKey) -> u64 {
 impl NetworkFunction for Device {
     type Work = LogWork;
 
-    fn handle(
-        &mut self,
-        now: Time,
-        from: SocketAddr,
-        header: &Header,
-        datagram: &[u8],
-    ) -> Verdict {
+    fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {
         self.handle_parsed(now, from, header, datagram)
     }
     fn on_persisted(&mut self, now: Time, through: u64) {

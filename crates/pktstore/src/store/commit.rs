@@ -3,7 +3,7 @@
 
 use pmnet_pm::PmRegion;
 
-use super::space::{CHAIN_END, CHAIN_UNKNOWN};
+use super::view::View;
 use super::{OpMark, Store};
 use crate::breakdown::Phase;
 use crate::layout::*;
@@ -45,11 +45,11 @@ impl<R: PmRegion> Store<R> {
     /// most two commits, empty or not (committing early only makes the requests staged so far
     /// durable sooner). False when nothing waits to be freed.
     pub(super) fn reclaim(&mut self) -> bool {
-        if self.limbo.is_empty() && self.batch.freed.is_empty() {
+        if self.space.limbo_count() == 0 && self.batch.freed.is_empty() {
             return false;
         }
         for _ in 0..2 {
-            if self.limbo.is_empty() && self.batch.freed.is_empty() {
+            if self.space.limbo_count() == 0 && self.batch.freed.is_empty() {
                 break;
             }
             // An empty batch commits too: its intent block supersedes the one that named
@@ -97,84 +97,18 @@ impl<R: PmRegion> Store<R> {
         self.links = links;
         self.mark(Phase::Persist);
         // Records freed by earlier batches are reusable now; this batch's after the next.
-        let mut index = 0;
-        while index < self.limbo.len() {
-            if self.limbo[index].0 < epoch {
-                let (_, id) = self.limbo.swap_remove(index);
-                self.free_record(id);
-            } else {
-                index += 1;
-            }
-        }
+        let view = View {
+            bytes: self.region.bytes(),
+            geometry: self.geometry,
+            committed_epoch: self.batch_epoch(),
+        };
+        self.stats.records_freed += self.space.free_limbo_before(epoch, &view);
         for id in self.batch.freed.drain(..) {
-            self.limbo.push((epoch, id));
+            self.space.free_after(epoch, id);
         }
         self.batch.ops.clear();
         self.batch.wrote = false;
         self.stats.batches += 1;
         self.mark(Phase::Allocate);
-    }
-
-    /// Packet engine: remember that `slots` hold one record's chain, in this order.
-    pub(super) fn note_chain(&mut self, slots: &[u32]) {
-        if let [slot] = slots {
-            // One datagram: a bit, and `chain_next` stays unknown.
-            self.one_datagram.set(self.geometry.slot_id(*slot));
-            return;
-        }
-        for (index, &slot) in slots.iter().enumerate() {
-            let next = slots
-                .get(index + 1)
-                .map_or(CHAIN_END, |&next| self.geometry.slot_id(next));
-            if let Some(entry) = self.chain_next.get_mut(slot as usize) {
-                *entry = next;
-            }
-        }
-    }
-
-    /// Return record `id`'s space (all of its chain) to the allocator.
-    fn free_record(&mut self, id: u32) {
-        self.stats.records_freed += 1;
-        match self.geometry.engine {
-            EngineKind::Packet => {
-                if self.one_datagram.get(id) {
-                    self.one_datagram.clear(id);
-                    if let Some(slot) = self.geometry.slot_of(id) {
-                        self.free_slots.push(slot);
-                    }
-                    return;
-                }
-                let mut next = Some(id);
-                let mut guard = 0usize;
-                while let Some(id) = next {
-                    guard += 1;
-                    let Some(slot) = self.geometry.slot_of(id) else {
-                        break;
-                    };
-                    if guard > self.geometry.slot_count as usize {
-                        break;
-                    }
-                    let known =
-                        std::mem::replace(&mut self.chain_next[slot as usize], CHAIN_UNKNOWN);
-                    next = match known {
-                        CHAIN_END => None,
-                        CHAIN_UNKNOWN => self.meta(id).and_then(|meta| {
-                            (meta.self_id == id)
-                                .then_some(meta.frag_next)
-                                .and_then(id_of_link)
-                        }),
-                        next => Some(next),
-                    };
-                    self.free_slots.push(slot);
-                }
-            }
-            EngineKind::Conventional => {
-                if let (Some(meta), Some(buddy)) = (self.meta(id), self.buddy.as_mut()) {
-                    if meta.self_id == id {
-                        buddy.free(id, meta.order);
-                    }
-                }
-            }
-        }
     }
 }

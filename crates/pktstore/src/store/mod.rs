@@ -49,14 +49,12 @@ use pmnet_store::{Application, NoSpace, Reply, SessionRecord};
 use pmnet_wire::HEADER_LEN;
 
 use crate::breakdown::{Breakdown, Phase};
-use crate::buddy::{order_for, Buddy};
+use crate::buddy::order_for;
 use crate::index::{Index, LinkUpdate};
 use crate::layout::*;
 use crate::sessions::{Sessions, Source};
 use id_bits::IdBits;
-#[cfg(test)]
-use space::CHAIN_END;
-use space::{Loans, CHAIN_UNKNOWN};
+use space::Space;
 use table::TableSlot;
 
 const OP_SET: u8 = 1;
@@ -247,20 +245,8 @@ pub struct Store<R: PmRegion> {
     geometry: Geometry,
     committed_epoch: u64,
     index: Index,
-    free_slots: Vec<u32>,
-    /// Packet engine, by slot: the record id of the next fragment in the slot's chain,
-    /// `CHAIN_END` for the last fragment, or `CHAIN_UNKNOWN` (free, or recovered: read the
-    /// metadata line). Freeing a record walks this instead of its metadata lines in PM.
-    chain_next: Vec<u32>,
-    /// Packet engine: records known to be one datagram, one bit per record id (their
-    /// `chain_next` stays `CHAIN_UNKNOWN`). Freeing one tests a bit of a small bitmap instead
-    /// of reading a random entry of `chain_next`, which a stream of writes keeps out of cache.
-    one_datagram: IdBits,
-    buddy: Option<Buddy>,
-    /// Records freed by a batch, reusable once a later batch committed: (epoch, record id).
-    limbo: Vec<(u64, u32)>,
-    /// Lent receive slots.
-    loans: Loans,
+    /// Free space, receive loans, and records waiting to be reused.
+    space: Space,
     sessions: Sessions,
     /// Records that are some session's last applied request (`Source::Record`), one bit per
     /// record id: retiring a record that is nobody's costs one bit test; for one that is, the
@@ -276,13 +262,6 @@ pub struct Store<R: PmRegion> {
     batch: Batch,
     links: Vec<LinkUpdate>,
     scratch: Vec<u8>,
-    receive_reserve: usize,
-    /// Packet engine: free slots only deletes may take (see [`Store::delete_reserve_slots`]).
-    delete_reserve: usize,
-    /// Conventional engine: a free block of `delete_block_order`, held out of the allocator
-    /// for deletes; taken again before the next data allocation.
-    delete_block: Option<u32>,
-    delete_block_order: u8,
     stats: StoreStats,
     recovery: RecoveryReport,
     breakdown: Option<Breakdown>,
@@ -359,19 +338,7 @@ impl<R: PmRegion> Store<R> {
             geometry,
             committed_epoch,
             index: Index::new(0x9E37_79B9_7F4A_7C15 ^ committed_epoch),
-            free_slots: Vec::new(),
-            // No slots (so nothing) in the conventional engine.
-            chain_next: vec![CHAIN_UNKNOWN; geometry.slot_count as usize],
-            // A bit per slot; none in the conventional engine.
-            one_datagram: IdBits::new(
-                geometry
-                    .slot_count
-                    .saturating_mul(geometry.granules_per_slot()),
-                geometry.granules_per_slot(),
-            ),
-            buddy: None,
-            limbo: Vec::new(),
-            loans: Loans::new(geometry.slot_count),
+            space: Space::new(geometry),
             sessions: Sessions::default(),
             // Every granule can start a conventional record (no slots: `per` becomes 1).
             session_sources: IdBits::new(geometry.granule_count(), geometry.granules_per_slot()),
@@ -382,10 +349,6 @@ impl<R: PmRegion> Store<R> {
             batch: Batch::default(),
             links: Vec::new(),
             scratch: Vec::new(),
-            receive_reserve: 0,
-            delete_reserve: 0,
-            delete_block: None,
-            delete_block_order: 0,
             stats: StoreStats::default(),
             recovery: RecoveryReport {
                 committed_epoch,
@@ -442,43 +405,17 @@ impl<R: PmRegion> Store<R> {
             return Err(format!("PM list {pm:?} != index {dram:?}"));
         }
         if self.geometry.engine == EngineKind::Packet {
-            let free: std::collections::HashSet<u32> = self.free_slots.iter().copied().collect();
-            for id in dram {
-                let members = self
-                    .check_record(id, false)
-                    .map(|c| c.ids)
-                    .unwrap_or_default();
-                for (position, &member) in members.iter().enumerate() {
-                    let slot = self.geometry.slot_of(member).unwrap_or(u32::MAX);
-                    if free.contains(&slot) {
-                        return Err(format!(
-                            "slot of live record {member} (head {id}) is free; limbo {:?}",
-                            self.limbo
-                        ));
-                    }
-                    if self.one_datagram.get(member) && (position != 0 || members.len() != 1) {
-                        return Err(format!(
-                            "record {id}: {member} is marked one datagram in a chain of {}",
-                            members.len()
-                        ));
-                    }
-                    let known = self.chain_next.get(slot as usize).copied();
-                    let expected = members.get(position + 1).copied().unwrap_or(CHAIN_END);
-                    if known != Some(CHAIN_UNKNOWN) && known != Some(expected) {
-                        return Err(format!(
-                            "record {id}: DRAM chain says {known:?} after {member}, PM says {expected}"
-                        ));
-                    }
-                }
-            }
-            for &slot in &self.free_slots {
-                if self.chain_next.get(slot as usize) != Some(&CHAIN_UNKNOWN) {
-                    return Err(format!("free slot {slot} still has a chain link"));
-                }
-                if self.one_datagram.get(self.geometry.slot_id(slot)) {
-                    return Err(format!("free slot {slot} is still marked one datagram"));
-                }
-            }
+            let records: Vec<(u32, Vec<u32>)> = dram
+                .into_iter()
+                .map(|id| {
+                    let members = self
+                        .check_record(id, false)
+                        .map(|c| c.ids)
+                        .unwrap_or_default();
+                    (id, members)
+                })
+                .collect();
+            self.space.check_slots(&records)?;
         }
         Ok(())
     }
@@ -505,15 +442,7 @@ impl<R: PmRegion> Store<R> {
 
     /// Free space for new records, in bytes (the delete reserve included).
     pub fn free_bytes(&self) -> u64 {
-        match &self.buddy {
-            Some(buddy) => {
-                let held = self
-                    .delete_block
-                    .map_or(0, |_| (GRANULE as u64) << self.delete_block_order);
-                buddy.free_bytes() + held
-            }
-            None => self.free_slots.len() as u64 * u64::from(self.geometry.slot_size),
-        }
+        self.space.free_bytes()
     }
 
     /// Packet engine: the free slots only a DEL may take. A DEL of a present key writes a
@@ -526,7 +455,7 @@ impl<R: PmRegion> Store<R> {
     /// The reserve holds the longest DEL (key of `MAX_KEY_LEN` bytes) once per request of a
     /// batch, up to 1/64 of the slots, and at least once.
     pub fn delete_reserve_slots(&self) -> usize {
-        self.delete_reserve
+        self.space.delete_reserve_slots()
     }
 
     /// How many keys of `key_and_value_len` bytes (key and value together) the store holds
@@ -539,8 +468,8 @@ impl<R: PmRegion> Store<R> {
                 let slots_per_key = (7 + key_and_value_len)
                     .div_ceil(self.geometry.slot_datagram_capacity() - HEADER_LEN)
                     .max(1);
-                let usable =
-                    (self.geometry.slot_count as usize).saturating_sub(self.delete_reserve);
+                let usable = (self.geometry.slot_count as usize)
+                    .saturating_sub(self.space.delete_reserve_slots());
                 (usable / slots_per_key) as u64
             }
             EngineKind::Conventional => {
@@ -548,7 +477,7 @@ impl<R: PmRegion> Store<R> {
                 else {
                     return 0;
                 };
-                let reserve = (GRANULE as u64) << self.delete_block_order;
+                let reserve = self.space.delete_block_len();
                 self.geometry.data_len.saturating_sub(reserve) / ((GRANULE as u64) << order)
             }
         }
@@ -562,12 +491,12 @@ impl<R: PmRegion> Store<R> {
 
     /// Packet engine: free slots.
     pub fn free_slot_count(&self) -> usize {
-        self.free_slots.len()
+        self.space.free_slot_count()
     }
 
     /// Records freed by committed batches and waiting for the next commit.
     pub fn limbo_count(&self) -> usize {
-        self.limbo.len()
+        self.space.limbo_count()
     }
 
     /// Start timing the write path per phase (see [`crate::breakdown`]).

@@ -28,12 +28,10 @@ impl<R: PmRegion> Store<R> {
         if self.geometry.engine != EngineKind::Packet {
             return;
         }
-        let reserve = self.receive_reserve;
-        while out.len() < want && self.free_slots.len() > reserve {
-            let Some(slot) = self.free_slots.pop() else {
+        while out.len() < want {
+            let Some(slot) = self.space.lend_slot() else {
                 break;
             };
-            self.loans.lend(slot);
             out.push(self.receive_slot(slot));
         }
     }
@@ -56,11 +54,11 @@ impl<R: PmRegion> Store<R> {
         receive_time_ns: u64,
     ) -> Result<(), ReceiveReject> {
         let capacity = self.geometry.slot_datagram_capacity();
-        let Some(loan) = self.loans.entry_mut(slot) else {
+        if !self.space.is_lent(slot) {
             return Err(ReceiveReject {
                 reason: "slot_not_lent",
             });
-        };
+        }
         if len > capacity || len < HEADER_LEN {
             self.stats.receive_rejects += 1;
             return Err(ReceiveReject {
@@ -71,7 +69,7 @@ impl<R: PmRegion> Store<R> {
                 },
             });
         }
-        *loan = (len as u32, receive_time_ns);
+        self.space.note_received(slot, len as u32, receive_time_ns);
         Ok(())
     }
 
@@ -83,7 +81,7 @@ impl<R: PmRegion> Store<R> {
         datagram: &[u8],
         receive_time_ns: u64,
     ) -> Result<(), ReceiveReject> {
-        if !self.loans.is_lent(slot) {
+        if !self.space.is_lent(slot) {
             return Err(ReceiveReject {
                 reason: "slot_not_lent",
             });
@@ -101,7 +99,7 @@ impl<R: PmRegion> Store<R> {
 
     /// The datagram received into lent `slot`.
     pub fn received_datagram(&self, slot: u32) -> Option<&[u8]> {
-        let (len, _) = self.loans.received(slot)?;
+        let (len, _) = self.space.received(slot)?;
         let offset = self.receive_slot(slot).offset;
         self.region.bytes().get(offset..offset + len as usize)
     }
@@ -132,14 +130,12 @@ impl<R: PmRegion> Store<R> {
 
     /// Give a lent slot back.
     pub fn release_slot(&mut self, slot: u32) {
-        if self.loans.take(slot).is_some() {
-            self.free_slots.push(slot);
-        }
+        self.space.release(slot);
     }
 
     /// Slots lent and not yet returned.
     pub fn lent_slot_count(&self) -> usize {
-        self.loans.count
+        self.space.lent_count()
     }
 
     /// Apply request `seq` of `session_id` whose datagrams (one per fragment, in order) were
@@ -199,7 +195,7 @@ impl<R: PmRegion> Store<R> {
         // Lengths of the fragments after the first (no allocation for one datagram).
         let mut tail_lens: Vec<u32> = Vec::new();
         for (index, &slot) in slots.iter().enumerate() {
-            let (len, time) = self.loans.take(slot).unwrap_or((0, 0));
+            let (len, time) = self.space.end_loan(slot).unwrap_or((0, 0));
             if index > 0 {
                 tail_lens.push(len);
             }
@@ -225,7 +221,7 @@ impl<R: PmRegion> Store<R> {
                     .write(self.geometry.record_offset(id), &meta.encode());
             }
         }
-        self.note_chain(slots);
+        self.space.note_chain(slots);
         self.mark(Phase::Allocate);
         for (index, &slot) in slots.iter().enumerate() {
             let offset = self.receive_slot(slot).offset;

@@ -4,12 +4,9 @@
 use std::collections::HashMap;
 
 use pmnet_pm::PmRegion;
-use pmnet_store::codec::MAX_KEY_LEN;
-use pmnet_wire::HEADER_LEN;
 
 use super::view::{record_key, View};
 use super::{Corruption, Store, StoreError, OP_DEL, OP_SET};
-use crate::buddy::{order_for, Buddy};
 use crate::index::Builder;
 use crate::layout::*;
 use crate::sessions::{SessionState, Source};
@@ -122,7 +119,7 @@ impl<R: PmRegion> Store<R> {
             if matches!(op, IntentOp::Unlink(_)) {
                 // A DEL record is needed only until the next batch commits. A linked record
                 // stays live unless a later operation of the batch displaces it (below).
-                self.limbo.push((committed, id));
+                self.space.free_after(committed, id);
             }
             let geometry = self.geometry;
             let bytes = view.bytes;
@@ -155,13 +152,13 @@ impl<R: PmRegion> Store<R> {
                 }
             };
             if let Some(displaced) = displaced.filter(|d| *d != id) {
-                self.limbo.push((committed, displaced));
+                self.space.free_after(committed, displaced);
             }
         }
         // Redo replays the batch from a state where some of its links were already durable,
         // so a record can be displaced and linked again: only what is not live is freed.
         let live: std::collections::HashSet<u32> = self.index.records().collect();
-        self.limbo.retain(|(_, id)| !live.contains(id));
+        self.space.keep_live(&live);
 
         // The session table.
         let mut table_sessions: HashMap<u64, (u32, u64, u32)> = HashMap::new();
@@ -264,8 +261,7 @@ impl<R: PmRegion> Store<R> {
         // A record-derived session whose record the redo displaced: the batch that displaced
         // it wrote the session entry, so the table holds the seq (or a later one).
         let indexed: std::collections::HashSet<u32> = self.index.records().collect();
-        let limbo_ids: std::collections::HashSet<u32> =
-            self.limbo.iter().map(|(_, id)| *id).collect();
+        let limbo_ids = self.space.limbo_ids();
         for state in self.sessions.values_mut() {
             if let Source::Record(id) = state.source {
                 if !indexed.contains(&id) && limbo_ids.contains(&id) && state.table.is_some() {
@@ -281,54 +277,7 @@ impl<R: PmRegion> Store<R> {
         }
 
         // Free space.
-        match self.geometry.engine {
-            EngineKind::Packet => {
-                let mut used = vec![false; self.geometry.slot_count as usize];
-                for (id, _) in &allocated {
-                    if let Some(slot) = self.geometry.slot_of(*id) {
-                        used[slot as usize] = true;
-                    }
-                }
-                self.free_slots = (0..self.geometry.slot_count)
-                    .rev()
-                    .filter(|slot| !used[*slot as usize])
-                    .collect();
-                // The longest DEL, once per request of a batch, at most 1/64 of the slots.
-                let longest_delete =
-                    (3 + MAX_KEY_LEN).div_ceil(self.geometry.slot_datagram_capacity() - HEADER_LEN);
-                let deletes = (self.geometry.slot_count as usize / 64).clamp(1, MAX_BATCH_OPS);
-                self.delete_reserve = longest_delete * deletes;
-                // Loans stop above the delete reserve: a received SET must not take it.
-                self.receive_reserve = (self.geometry.slot_count as usize / 16)
-                    .max(4)
-                    .max(self.delete_reserve);
-            }
-            EngineKind::Conventional => {
-                let mut buddy = Buddy::new(self.geometry.granule_count());
-                allocated.sort_unstable();
-                allocated.dedup();
-                for (id, order) in &allocated {
-                    if !buddy.reserve(*id, *order) {
-                        corrupt.push(Corruption {
-                            record: *id,
-                            reason: "overlaps another live block",
-                        });
-                    }
-                }
-                // A block for the longest DEL record (no larger than the heap), held for
-                // deletes; if none is free now, data is refused until one is.
-                let longest_delete = order_for(META_LEN + CONVENTIONAL_HEADER_LEN + MAX_KEY_LEN)
-                    .expect("a DEL record fits the largest block");
-                let largest_block = (31 - self.geometry.granule_count().leading_zeros()) as u8;
-                self.delete_block_order = longest_delete
-                    .min(largest_block)
-                    .min(crate::buddy::MAX_ORDER);
-                self.delete_block = buddy.alloc(self.delete_block_order);
-                self.buddy = Some(buddy);
-            }
-        }
-        self.limbo.sort_unstable();
-        self.limbo.dedup();
+        self.space.rebuild(allocated, &mut corrupt);
 
         for offset in &uncommitted_copies {
             self.region.write(offset + 20, &[0]);

@@ -56,9 +56,9 @@ impl<R: PmRegion> Store<R> {
         let epoch = self.batch_epoch();
         let mut ids = Vec::with_capacity(count);
         for _ in 0..count {
-            ids.push(self.free_slots.pop()?);
+            ids.push(self.space.take_slot()?);
         }
-        self.note_chain(&ids);
+        self.space.note_chain(&ids);
         // Slots to the record ids they start.
         for id in &mut ids {
             *id = self.geometry.slot_id(*id);
@@ -196,11 +196,7 @@ impl<R: PmRegion> Store<R> {
     /// earlier batches freed if they are short. True means the caller takes them and stages
     /// into the (possibly new) batch.
     fn room_for_slots(&mut self, count: usize, purpose: Purpose) -> bool {
-        let floor = match purpose {
-            Purpose::Data => self.delete_reserve,
-            Purpose::Delete => 0,
-        };
-        let fits = |store: &Self| count + floor <= store.free_slots.len();
+        let fits = |store: &Self| store.space.slots_fit(count, purpose);
         let room = fits(self) || (self.reclaim() && fits(self));
         if room {
             self.batch.wrote = true;
@@ -213,32 +209,12 @@ impl<R: PmRegion> Store<R> {
     /// the delete block is held (and is refused if no block of its size is free); a delete
     /// takes the delete block, whole, when nothing else fits.
     fn alloc_block(&mut self, order: u8, purpose: Purpose) -> Option<(u32, u8)> {
-        let taken = match self.take_block(order, purpose) {
+        let taken = match self.space.take_block(order, purpose) {
             Some(taken) => taken,
-            None if self.reclaim() => self.take_block(order, purpose)?,
+            None if self.reclaim() => self.space.take_block(order, purpose)?,
             None => return None,
         };
         self.batch.wrote = true;
         Some(taken)
-    }
-
-    fn take_block(&mut self, order: u8, purpose: Purpose) -> Option<(u32, u8)> {
-        let buddy = self.buddy.as_mut()?;
-        match purpose {
-            Purpose::Data => {
-                if self.delete_block.is_none() {
-                    self.delete_block = Some(buddy.alloc(self.delete_block_order)?);
-                }
-                buddy.alloc(order).map(|id| (id, order))
-            }
-            Purpose::Delete => buddy.alloc(order).map(|id| (id, order)).or_else(|| {
-                // The record names the block's whole order, so freeing it frees all of it.
-                let reserve_order = self.delete_block_order;
-                if order > reserve_order {
-                    return None;
-                }
-                self.delete_block.take().map(|id| (id, reserve_order))
-            }),
-        }
     }
 }

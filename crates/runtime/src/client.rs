@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use pmnet_proto::{Client, ClientConfig, ClientCounters, ClientError, ClientEvent, Completion};
 
+use crate::event_loop::{wait_once, MAX_SLEEP};
 use crate::udp::{BatchSocket, SocketCounters};
-use crate::wait::{wait_for_sockets, yield_cpu, Clock, WaitMode, MAX_SLEEP};
+use crate::wait::{Clock, WaitMode};
 
 /// Datagrams a client session queues for sending at most: a full window of fragmented
 /// requests fits.
@@ -145,21 +146,16 @@ impl ClientSession {
             if busy {
                 continue;
             }
-            match self.wait {
-                WaitMode::BusyPoll => yield_cpu(),
-                WaitMode::Blocking => {
-                    let mut timeout = MAX_SLEEP;
-                    if let Some(at) = self.client.poll_timeout() {
-                        timeout = timeout.min(self.clock.until(at));
-                    }
-                    if let Some(deadline) = deadline {
-                        timeout = timeout.min(deadline.saturating_duration_since(wall));
-                    }
-                    let fds = [(self.socket.raw_fd(), self.socket.is_write_blocked())];
-                    if wait_for_sockets(&fds, timeout).is_err() {
-                        std::thread::sleep(timeout.min(Duration::from_millis(1)));
-                    }
-                }
+            let mut timeout = MAX_SLEEP;
+            if let Some(at) = self.client.poll_timeout() {
+                timeout = timeout.min(self.clock.until(at));
+            }
+            if let Some(deadline) = deadline {
+                timeout = timeout.min(deadline.saturating_duration_since(wall));
+            }
+            let fds = [(self.socket.raw_fd(), self.socket.is_write_blocked())];
+            if wait_once(self.wait, &fds, timeout).is_err() {
+                std::thread::sleep(timeout.min(Duration::from_millis(1)));
             }
         }
     }

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pmnet_pm::{LogWork, MediumInfo, MmapOptions, MmapRegion, PmLog};
 use pmnet_proto::{
@@ -10,14 +10,12 @@ use pmnet_proto::{
     Nothing, Persist, Transmit,
 };
 
+use crate::event_loop::{run_loop, LoopCounters, LoopSettings, Node, Ready, Turn};
 use crate::metrics::Metrics;
 use crate::udp::{BatchSocket, BATCH_LEN};
-use crate::wait::{
-    pin_current_thread, wait_for_sockets, yield_cpu, Clock, Turn, WaitMode, MAX_SLEEP,
-};
+use crate::wait::Clock;
 use crate::{
-    socket_digest, socket_metrics, start_metrics, LoopOptions, MetricsBoard, RuntimeError,
-    Shutdown, METRICS_PUBLISH_INTERVAL,
+    socket_digest, socket_metrics, start_metrics, LoopOptions, MetricsBoard, RuntimeError, Shutdown,
 };
 
 /// Echoed datagrams waiting to be sent at most.
@@ -124,8 +122,7 @@ impl Persist<LogWork> for LogExecutor {
 #[derive(Debug, Clone, Default)]
 struct RuntimeCounters {
     echoed: u64,
-    loop_iterations: u64,
-    idle_waits: u64,
+    event_loop: LoopCounters,
 }
 
 /// Which of the device's sockets a turn receives on.
@@ -484,90 +481,20 @@ impl DeviceRuntime {
     /// Run until the shutdown flag is set; then finish the batch in hand, send what is owed,
     /// and return.
     pub fn run(&mut self) -> Result<(), RuntimeError> {
-        if let Some(cpu) = self.options.loop_options.cpu {
-            pin_current_thread(cpu).map_err(RuntimeError::Pin)?;
-        }
-        let report_interval = self.options.loop_options.report_interval;
-        let wait = self.options.loop_options.wait;
-        let publish = self.addresses.metrics.is_some();
-        let mut next_publish = Instant::now() + METRICS_PUBLISH_INTERVAL;
-        let mut next_report = report_interval.map(|interval| Instant::now() + interval);
-        // The sockets the next turn receives on: after a wait, those the kernel said are
-        // readable; otherwise all of them.
-        let mut ready = SocketSet::ALL;
-        loop {
-            let stopping = self.shutdown.is_requested();
-            self.counters.loop_iterations += 1;
-            let turn = self.turn(if stopping { SocketSet::ALL } else { ready });
-            ready = SocketSet::ALL;
-            if stopping {
-                break;
-            }
-            let wall = Instant::now();
-            if publish && wall >= next_publish {
-                self.board.publish(&self.metrics());
-                next_publish = wall + METRICS_PUBLISH_INTERVAL;
-            }
-            if let (Some(at), Some(interval)) = (next_report, report_interval) {
-                if wall >= at {
-                    tracing::info!("{}", self.report_line());
-                    next_report = Some(wall + interval);
-                }
-            }
-            match wait {
-                WaitMode::BusyPoll if turn.busy => continue,
-                WaitMode::Blocking if turn.more => continue,
-                // After a turn that handled datagrams, look once more at the data socket only
-                // before sleeping: the server's ACK of what was just forwarded often arrives
-                // within microseconds, and taking it now saves a sleep and a wake-up on the
-                // vCPU the clients may share. The forward and echo sockets wait for ppoll.
-                WaitMode::Blocking if turn.data => {
-                    ready = SocketSet {
-                        data: true,
-                        forward: false,
-                        echo: false,
-                    };
-                    continue;
-                }
-                _ => {}
-            }
-            self.counters.idle_waits += 1;
-            match wait {
-                WaitMode::BusyPoll => yield_cpu(),
-                WaitMode::Blocking => {
-                    let mut timeout = MAX_SLEEP;
-                    let now = self.clock.now();
-                    for deadline in self.timer_deadlines() {
-                        timeout = timeout.min(deadline.saturating_duration_since(now));
-                    }
-                    if publish {
-                        timeout = timeout.min(next_publish.saturating_duration_since(wall));
-                    }
-                    if let Some(at) = next_report {
-                        timeout = timeout.min(at.saturating_duration_since(wall));
-                    }
-                    let fds = self.poll_fds();
-                    match wait_for_sockets(&fds, timeout) {
-                        Ok(mask) => ready = self.readable(mask),
-                        // A failing ppoll degrades to a short sleep: the loop must keep
-                        // serving.
-                        Err(_) => std::thread::sleep(timeout.min(Duration::from_millis(1))),
-                    }
-                }
-            }
-        }
-        self.finish();
-        Ok(())
+        let settings = LoopSettings::from(&self.options.loop_options);
+        let board = self.addresses.metrics.map(|_| self.board.clone());
+        let shutdown = self.shutdown.clone();
+        run_loop(self, settings, board.as_ref(), &shutdown)
     }
 
     /// One turn of the loop: receive a batch on every socket, handle it, fire due timers,
     /// persist, send. Returns whether anything happened.
     pub fn poll_once(&mut self) -> bool {
-        self.turn(SocketSet::ALL).busy
+        self.receive_and_handle(SocketSet::ALL).busy
     }
 
     /// A turn that receives on the sockets in `ready` only.
-    fn turn(&mut self, ready: SocketSet) -> Turn {
+    fn receive_and_handle(&mut self, ready: SocketSet) -> Turn {
         let mut turn = Turn::default();
         let count = if ready.data {
             self.data.receive_batch()
@@ -575,8 +502,11 @@ impl DeviceRuntime {
             0
         };
         turn.more |= count == BATCH_LEN;
-        turn.data = count > 0;
         if count > 0 {
+            // Look once more at the data socket (only) before sleeping: the server's ACK of
+            // what was just forwarded often arrives within microseconds, and taking it now
+            // saves a sleep and a wake-up on the vCPU the clients may share.
+            turn.again = 1;
             turn.busy = true;
             let now = self.clock.now();
             for index in 0..count {
@@ -717,30 +647,6 @@ impl DeviceRuntime {
         fds
     }
 
-    /// Shutting down: everything received was handled and persisted by the last turn; give
-    /// the sockets a bounded chance to send what is still queued, and publish final counters.
-    fn finish(&mut self) {
-        for _ in 0..100 {
-            let queued = self.data.queued_len()
-                + self.forward.as_ref().map_or(0, |(_, s)| s.queued_len())
-                + self.echo.as_ref().map_or(0, BatchSocket::queued_len);
-            if queued == 0 {
-                break;
-            }
-            let fds = self.poll_fds();
-            let _ = wait_for_sockets(&fds, Duration::from_millis(10));
-            self.data.flush();
-            if let Some((_, socket)) = self.forward.as_mut() {
-                socket.flush();
-            }
-            if let Some(socket) = self.echo.as_mut() {
-                socket.flush();
-            }
-        }
-        self.board.publish(&self.metrics());
-        tracing::info!("device stopped: {}", self.report_line());
-    }
-
     /// A line of the most telling counters.
     pub fn report_line(&self) -> String {
         let counters = self.pipeline.device().counters();
@@ -864,12 +770,12 @@ impl DeviceRuntime {
             (
                 "pmnet_loop_iterations_total",
                 "Turns of the event loop.",
-                self.counters.loop_iterations,
+                self.counters.event_loop.iterations,
             ),
             (
                 "pmnet_loop_idle_waits_total",
                 "Turns that found nothing to do and waited (or yielded).",
-                self.counters.idle_waits,
+                self.counters.event_loop.idle_waits,
             ),
         ] {
             out.counter(name, help, &[], value);
@@ -882,6 +788,56 @@ impl DeviceRuntime {
             socket_metrics(&mut out, "echo", socket.counters());
         }
         out
+    }
+}
+
+impl Node for DeviceRuntime {
+    fn turn(&mut self, ready: Ready) -> Turn {
+        let sockets = self.readable(ready);
+        self.receive_and_handle(sockets)
+    }
+
+    fn wait_fds(&self) -> Vec<(std::os::fd::RawFd, bool)> {
+        self.poll_fds()
+    }
+
+    fn next_timer(&self) -> Option<Duration> {
+        let now = self.clock.now();
+        self.timer_deadlines()
+            .map(|deadline| deadline.saturating_duration_since(now))
+            .min()
+    }
+
+    fn queued_len(&self) -> usize {
+        self.data.queued_len()
+            + self.forward.as_ref().map_or(0, |(_, s)| s.queued_len())
+            + self.echo.as_ref().map_or(0, BatchSocket::queued_len)
+    }
+
+    fn flush(&mut self) {
+        self.data.flush();
+        if let Some((_, socket)) = self.forward.as_mut() {
+            socket.flush();
+        }
+        if let Some(socket) = self.echo.as_mut() {
+            socket.flush();
+        }
+    }
+
+    fn metrics(&self) -> Metrics {
+        DeviceRuntime::metrics(self)
+    }
+
+    fn report_line(&self) -> String {
+        DeviceRuntime::report_line(self)
+    }
+
+    fn kind(&self) -> &'static str {
+        "device"
+    }
+
+    fn loop_counters(&mut self) -> &mut LoopCounters {
+        &mut self.counters.event_loop
     }
 }
 

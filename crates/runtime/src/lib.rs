@@ -19,6 +19,7 @@
 
 mod client;
 mod device;
+mod event_loop;
 pub mod metrics;
 mod relay;
 mod server;
@@ -33,6 +34,9 @@ use std::time::Duration;
 pub use client::{random_session_id, ClientSession, SessionOptions};
 pub use device::{
     DeviceAddresses, DeviceOptions, DeviceRuntime, DeviceStartup, LogOptions, ECHO_MAX_QUEUED,
+};
+pub use event_loop::{
+    run_loop, wait_once, LoopCounters, LoopSettings, Node, Ready, Turn, READY_ALL,
 };
 pub use metrics::{Metrics, MetricsBoard};
 pub use relay::{RelayOptions, UdpRelay};

@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use pmnet_proto::Transmit;
 
-use crate::udp::{BatchSocket, SocketCounters};
-use crate::wait::{pin_current_thread, wait_for_sockets, yield_cpu, WaitMode, MAX_SLEEP};
-use crate::{LoopOptions, RuntimeError, Shutdown};
+use crate::event_loop::{run_loop, LoopCounters, LoopSettings, Node, Ready, Turn};
+use crate::metrics::Metrics;
+use crate::udp::{BatchSocket, SocketCounters, BATCH_LEN};
+use crate::{socket_digest, socket_metrics, LoopOptions, RuntimeError, Shutdown};
 
 /// Where a relay listens and where it sends.
 #[derive(Debug, Clone)]
@@ -41,6 +42,7 @@ pub struct UdpRelay {
     /// Datagrams from the target received before any client was seen (dropped).
     replies_without_client: u64,
     shutdown: Shutdown,
+    event_loop: LoopCounters,
 }
 
 impl UdpRelay {
@@ -67,6 +69,7 @@ impl UdpRelay {
             last_client: None,
             replies_without_client: 0,
             shutdown,
+            event_loop: LoopCounters::default(),
         })
     }
 
@@ -97,46 +100,31 @@ impl UdpRelay {
 
     /// Run until the shutdown flag is set; then send what is queued (bounded) and return.
     pub fn run(&mut self) -> Result<(), RuntimeError> {
-        if let Some(cpu) = self.options.loop_options.cpu {
-            pin_current_thread(cpu).map_err(RuntimeError::Pin)?;
-        }
-        let wait = self.options.loop_options.wait;
-        while !self.shutdown.is_requested() {
-            if self.poll_once() {
-                continue;
-            }
-            match wait {
-                WaitMode::BusyPoll => yield_cpu(),
-                WaitMode::Blocking => {
-                    let fds = [
-                        (self.front.raw_fd(), self.front.is_write_blocked()),
-                        (self.back.raw_fd(), self.back.is_write_blocked()),
-                    ];
-                    if wait_for_sockets(&fds, MAX_SLEEP).is_err() {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                }
-            }
-        }
-        for _ in 0..100 {
-            if self.front.queued_len() + self.back.queued_len() == 0 {
-                break;
-            }
-            let fds = [(self.front.raw_fd(), true), (self.back.raw_fd(), true)];
-            let _ = wait_for_sockets(&fds, Duration::from_millis(10));
-            self.front.flush();
-            self.back.flush();
-        }
-        Ok(())
+        let settings = LoopSettings {
+            report_interval: None,
+            ..LoopSettings::from(&self.options.loop_options)
+        };
+        let shutdown = self.shutdown.clone();
+        run_loop(self, settings, None, &shutdown)
     }
 
     /// One turn: a batch from each socket, relayed. Returns whether anything arrived.
     pub fn poll_once(&mut self) -> bool {
-        let mut busy = false;
+        self.relay(u64::MAX).busy
+    }
+
+    /// A batch from each socket `ready` marks (bit 0 front, bit 1 back), relayed.
+    fn relay(&mut self, ready: Ready) -> Turn {
+        let mut turn = Turn::default();
         let target = self.options.target;
-        let count = self.front.receive_batch();
+        let count = if ready & 1 != 0 {
+            self.front.receive_batch()
+        } else {
+            0
+        };
+        turn.more |= count == BATCH_LEN;
         if count > 0 {
-            busy = true;
+            turn.busy = true;
             for index in 0..count {
                 if let Some((from, datagram)) = self.front.received(index) {
                     self.last_client = Some(from);
@@ -148,9 +136,14 @@ impl UdpRelay {
             }
             self.back.flush();
         }
-        let count = self.back.receive_batch();
+        let count = if ready & 2 != 0 {
+            self.back.receive_batch()
+        } else {
+            0
+        };
+        turn.more |= count == BATCH_LEN;
         if count > 0 {
-            busy = true;
+            turn.busy = true;
             for index in 0..count {
                 if let Some((_, datagram)) = self.back.received(index) {
                     match self.last_client {
@@ -170,7 +163,57 @@ impl UdpRelay {
         if self.back.is_write_blocked() {
             self.back.flush();
         }
-        busy
+        turn
+    }
+}
+
+impl Node for UdpRelay {
+    fn turn(&mut self, ready: Ready) -> Turn {
+        self.relay(ready)
+    }
+
+    fn wait_fds(&self) -> Vec<(std::os::fd::RawFd, bool)> {
+        vec![
+            (self.front.raw_fd(), self.front.is_write_blocked()),
+            (self.back.raw_fd(), self.back.is_write_blocked()),
+        ]
+    }
+
+    fn next_timer(&self) -> Option<Duration> {
+        None
+    }
+
+    fn queued_len(&self) -> usize {
+        self.front.queued_len() + self.back.queued_len()
+    }
+
+    fn flush(&mut self) {
+        self.front.flush();
+        self.back.flush();
+    }
+
+    fn metrics(&self) -> Metrics {
+        let mut out = Metrics::new();
+        socket_metrics(&mut out, "relay", self.front.counters());
+        socket_metrics(&mut out, "relay_upstream", self.back.counters());
+        out
+    }
+
+    fn report_line(&self) -> String {
+        format!(
+            "relay: front {}; back {}; replies without a client {}",
+            socket_digest(self.front.counters()),
+            socket_digest(self.back.counters()),
+            self.replies_without_client
+        )
+    }
+
+    fn kind(&self) -> &'static str {
+        "relay"
+    }
+
+    fn loop_counters(&mut self) -> &mut LoopCounters {
+        &mut self.event_loop
     }
 }
 

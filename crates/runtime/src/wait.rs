@@ -57,8 +57,6 @@ pub(crate) struct Turn {
     pub busy: bool,
     /// A receive filled its batch or a timer fired: go round again before waiting.
     pub more: bool,
-    /// The device's data socket received something (unused by single-socket loops).
-    pub data: bool,
 }
 
 /// Longest a blocking loop sleeps without looking at its shutdown flag and its reports.

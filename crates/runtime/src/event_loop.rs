@@ -1,0 +1,194 @@
+//! The one event loop every long-running node runs: pinning, publishing metrics and report
+//! lines, waiting (busy-poll or `ppoll`), timers and the shutdown drain. A node supplies its
+//! turn, its descriptors, its next deadline, its metrics and its report line ([`Node`]);
+//! [`run_loop`] does the rest, the same way for the device, the server, the relay, the Redis
+//! adaptor and the gateway.
+
+use std::io;
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+use crate::metrics::{Metrics, MetricsBoard};
+use crate::wait::{pin_current_thread, wait_for_sockets, yield_cpu, WaitMode};
+use crate::{RuntimeError, Shutdown, METRICS_PUBLISH_INTERVAL};
+
+/// Longest a blocking loop sleeps without looking at its shutdown flag and its reports.
+pub const MAX_SLEEP: Duration = Duration::from_millis(50);
+
+/// Rounds of the shutdown drain, each waiting at most [`DRAIN_WAIT`] for the sockets to take
+/// what is still queued: a bounded goodbye, never a hang.
+const DRAIN_ROUNDS: usize = 100;
+const DRAIN_WAIT: Duration = Duration::from_millis(10);
+
+/// Readiness of a node's descriptors: bit `i` is `wait_fds()[i]`.
+pub type Ready = u64;
+
+/// Every descriptor: what a turn receives on when the loop did not wait before it.
+pub const READY_ALL: Ready = u64::MAX;
+
+/// What a turn of a node did, for deciding whether to go round again or wait.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Turn {
+    /// Something was received or a timer fired.
+    pub busy: bool,
+    /// A receive filled its batch or a timer fired: go round again before waiting.
+    pub more: bool,
+    /// Descriptors worth one more look before a blocking loop sleeps (0: none). The device
+    /// looks once more at its data socket after a turn that received on it: the server's ACK
+    /// of what it just forwarded often arrives within microseconds, and taking it now saves a
+    /// sleep and a wake-up.
+    pub again: Ready,
+}
+
+/// A node the event loop drives.
+pub trait Node {
+    /// Receive on the descriptors `ready` marks (bit `i` is `wait_fds()[i]`), handle what
+    /// arrived, fire due timers, persist, send.
+    fn turn(&mut self, ready: Ready) -> Turn;
+    /// The descriptors to wait on, and whether each has sends waiting for room.
+    fn wait_fds(&self) -> Vec<(RawFd, bool)>;
+    /// How long until the node's next timer is due, if it has one.
+    fn next_timer(&self) -> Option<Duration>;
+    /// Datagrams (or bytes) still queued to send; the shutdown drain waits for them.
+    fn queued_len(&self) -> usize;
+    /// Try to send what is queued.
+    fn flush(&mut self);
+    /// The node's counters, for the metrics endpoint.
+    fn metrics(&self) -> Metrics;
+    /// A line of the most telling counters, logged every report interval and at the end.
+    fn report_line(&self) -> String;
+    /// What the node is, for the last line ("device", "server", …).
+    fn kind(&self) -> &'static str;
+    /// Where the loop counts its turns and waits (the node reports them with its metrics).
+    fn loop_counters(&mut self) -> &mut LoopCounters;
+}
+
+/// How the loop runs: the wait mode, pinning and reporting of [`crate::LoopOptions`].
+#[derive(Debug, Clone, Copy)]
+pub struct LoopSettings {
+    pub wait: WaitMode,
+    pub cpu: Option<usize>,
+    pub report_interval: Option<Duration>,
+}
+
+impl From<&crate::LoopOptions> for LoopSettings {
+    fn from(options: &crate::LoopOptions) -> LoopSettings {
+        LoopSettings {
+            wait: options.wait,
+            cpu: options.cpu,
+            report_interval: options.report_interval,
+        }
+    }
+}
+
+/// Run `node` until `shutdown` is requested; then take one last turn (so nothing received is
+/// left half done), give the sockets a bounded chance to send what is queued, publish the
+/// final metrics to `board` (if any) and log the node's last report line.
+pub fn run_loop<N: Node>(
+    node: &mut N,
+    settings: LoopSettings,
+    board: Option<&MetricsBoard>,
+    shutdown: &Shutdown,
+) -> Result<(), RuntimeError> {
+    if let Some(cpu) = settings.cpu {
+        pin_current_thread(cpu).map_err(RuntimeError::Pin)?;
+    }
+    let mut next_publish = Instant::now() + METRICS_PUBLISH_INTERVAL;
+    let mut next_report = settings
+        .report_interval
+        .map(|interval| Instant::now() + interval);
+    // The descriptors the next turn receives on: after a wait, those the kernel said are
+    // readable; otherwise all of them.
+    let mut ready = READY_ALL;
+    loop {
+        let stopping = shutdown.is_requested();
+        node.loop_counters().iterations += 1;
+        let turn = node.turn(if stopping { READY_ALL } else { ready });
+        ready = READY_ALL;
+        if stopping {
+            break;
+        }
+        let wall = Instant::now();
+        if let Some(board) = board.filter(|_| wall >= next_publish) {
+            board.publish(&node.metrics());
+            next_publish = wall + METRICS_PUBLISH_INTERVAL;
+        }
+        if let (Some(at), Some(interval)) = (next_report, settings.report_interval) {
+            if wall >= at {
+                tracing::info!("{}", node.report_line());
+                next_report = Some(wall + interval);
+            }
+        }
+        match settings.wait {
+            WaitMode::BusyPoll if turn.busy => continue,
+            WaitMode::Blocking if turn.more => continue,
+            WaitMode::Blocking if turn.again != 0 => {
+                ready = turn.again;
+                continue;
+            }
+            _ => {}
+        }
+        node.loop_counters().idle_waits += 1;
+        match settings.wait {
+            WaitMode::BusyPoll => yield_cpu(),
+            WaitMode::Blocking => {
+                let mut timeout = MAX_SLEEP;
+                if let Some(timer) = node.next_timer() {
+                    timeout = timeout.min(timer);
+                }
+                if board.is_some() {
+                    timeout = timeout.min(next_publish.saturating_duration_since(wall));
+                }
+                if let Some(at) = next_report {
+                    timeout = timeout.min(at.saturating_duration_since(wall));
+                }
+                match wait_for_sockets(&node.wait_fds(), timeout) {
+                    Ok(mask) => ready = mask,
+                    // A failing ppoll degrades to a short sleep: the loop must keep serving.
+                    Err(_) => std::thread::sleep(timeout.min(Duration::from_millis(1))),
+                }
+            }
+        }
+    }
+    drain(node);
+    if let Some(board) = board {
+        board.publish(&node.metrics());
+    }
+    tracing::info!("{} stopped: {}", node.kind(), node.report_line());
+    Ok(())
+}
+
+/// Give the sockets a bounded chance to send what is still queued.
+fn drain<N: Node>(node: &mut N) {
+    for _ in 0..DRAIN_ROUNDS {
+        if node.queued_len() == 0 {
+            break;
+        }
+        let fds: Vec<(RawFd, bool)> = node
+            .wait_fds()
+            .into_iter()
+            .map(|(fd, _)| (fd, true))
+            .collect();
+        let _ = wait_for_sockets(&fds, DRAIN_WAIT);
+        node.flush();
+    }
+}
+
+/// What the loop itself counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoopCounters {
+    pub iterations: u64,
+    pub idle_waits: u64,
+}
+
+/// Wait as `wait` says for one of `fds`, or `timeout`: for a node driven by its caller (a
+/// client session waiting for its next event) rather than by [`run_loop`].
+pub fn wait_once(wait: WaitMode, fds: &[(RawFd, bool)], timeout: Duration) -> io::Result<Ready> {
+    match wait {
+        WaitMode::BusyPoll => {
+            yield_cpu();
+            Ok(READY_ALL)
+        }
+        WaitMode::Blocking => wait_for_sockets(fds, timeout.min(MAX_SLEEP)),
+    }
+}

@@ -1,0 +1,73 @@
+//! Invariant 5, convergence: once the faults are healed, every session converges within a
+//! bounded virtual time.
+
+use std::time::Duration;
+
+use crate::world::World;
+
+/// Whether every session converged: nothing in flight at a client that is still there, no
+/// live log entry and no held persistence work at any device, no server recovering or holding
+/// a busy session.
+pub(super) fn converged(world: &World) -> bool {
+    world
+        .clients
+        .iter()
+        .all(|node| node.gone || node.client.in_flight_count() == 0)
+        && world
+            .devices
+            .iter()
+            .all(|node| node.device.live_entry_count() == 0 && node.held.is_empty())
+        && world
+            .servers
+            .iter()
+            .all(|node| !node.server.is_recovering() && node.server.busy_session_count() == 0)
+}
+
+/// What is left to converge, for the failure message.
+fn convergence_state(world: &World) -> String {
+    let clients: Vec<usize> = world
+        .clients
+        .iter()
+        .map(|node| node.client.in_flight_count())
+        .collect();
+    let devices: Vec<usize> = world
+        .devices
+        .iter()
+        .map(|node| node.device.live_entry_count())
+        .collect();
+    let servers: Vec<(bool, usize)> = world
+        .servers
+        .iter()
+        .map(|node| {
+            (
+                node.server.is_recovering(),
+                node.server.busy_session_count(),
+            )
+        })
+        .collect();
+    format!(
+        "in flight per client {clients:?}, live log entries per device {devices:?}, \
+         (recovering, busy sessions) per server {servers:?}"
+    )
+}
+
+/// The liveness phase cannot go on: no event is left before its deadline, and the world has
+/// not converged.
+pub(super) fn fail_not_converged(world: &World, bound: Duration) -> ! {
+    panic!(
+        "invariant: not converged {:?} after the faults healed: {}",
+        bound,
+        convergence_state(world)
+    )
+}
+
+/// Note in the trace that the world converged, `elapsed` after the faults were healed.
+pub(super) fn note_converged(world: &mut World, elapsed: Duration) {
+    world.note_by(
+        "check",
+        &format!(
+            "invariant 5 (convergence): converged {elapsed:?} after the faults \
+             healed: nothing in flight, no live log entry, nothing buffered"
+        ),
+    );
+}

@@ -1,0 +1,77 @@
+//! The liveness phase: heal every fault, let every client finish its requests, and converge
+//! within the bound.
+
+use std::time::Duration;
+
+use rand_chacha::ChaCha8Rng;
+
+use crate::world::World;
+
+use super::convergence_checker::{converged, fail_not_converged, note_converged};
+use super::workload::{issue, Issued};
+use super::Options;
+
+/// Run the liveness phase; returns the virtual time it took to converge.
+pub(super) fn run(
+    world: &mut World,
+    rng: &mut ChaCha8Rng,
+    issued: &mut [Vec<Issued>],
+    options: &Options,
+) -> Duration {
+    world.note_event(&format!(
+        "liveness phase: faults healed, held persistence released, every node up; \
+         must converge within {:?}",
+        options.liveness_bound
+    ));
+    heal(world);
+    let liveness_start = world.now;
+    let deadline = world.now + options.liveness_bound;
+    loop {
+        for client in 0..world.clients.len() {
+            issue(world, rng, issued, client, options.requests_per_client);
+        }
+        if all_issued(world, issued, options) && converged(world) {
+            break;
+        }
+        match world.next_event_time() {
+            Some(at) if at <= deadline => {
+                world.step();
+            }
+            _ => fail_not_converged(world, options.liveness_bound),
+        }
+    }
+    let virtual_time_to_converge = world.now.saturating_duration_since(liveness_start);
+    note_converged(world, virtual_time_to_converge);
+    virtual_time_to_converge
+}
+
+/// Heal every fault: no more network faults or partitions, every store with room, every
+/// device's persistence released (a crashed device restarted), every server up.
+fn heal(world: &mut World) {
+    world.faults = None;
+    world.blocked.clear();
+    for node in &mut world.servers {
+        node.store_full = false;
+    }
+    for index in 0..world.devices.len() {
+        world.device_mut(index).hold_persistence = false;
+        if world.devices[index].up {
+            world.release_persistence(index, None);
+        } else {
+            world.restart_device(index);
+        }
+    }
+    for index in 0..world.servers.len() {
+        if !world.servers[index].up {
+            world.start_server(index);
+        }
+    }
+}
+
+/// Whether every client still there issued all its requests.
+fn all_issued(world: &World, issued: &[Vec<Issued>], options: &Options) -> bool {
+    issued
+        .iter()
+        .zip(&world.clients)
+        .all(|(requests, node)| node.gone || requests.len() as u32 >= options.requests_per_client)
+}

@@ -1,0 +1,274 @@
+//! One seed, one run: a swarm of faults in a safety phase, then a liveness phase that heals
+//! them and must converge, with the protocol's invariants checked throughout and at the end.
+//!
+//! Invariants (see `docs/simulation.md`):
+//! 1. every request a client saw complete is applied by its server exactly once, and every
+//!    session's requests are applied in sequence order (the server's application asserts
+//!    order on every apply);
+//! 2. nothing is applied that its client did not send: each applied request is byte for byte
+//!    the client's, or the empty no-op fill of a request the client reported failed;
+//! 3. a bypass read sees every earlier update of its session and no later one;
+//! 4. a device never acks before its log write is durable, by the persistence model (checked
+//!    on every PMNet-ACK sent); corrupted or torn log entries are never replayed;
+//! 5. once healed, every session converges: nothing in flight at clients, no live log entry at
+//!    any device, nothing buffered at any server, within a bounded virtual time.
+//!
+//! The run is [`set_up`] (the seed picks the topology and the fault mix), the safety phase
+//! (`safety_phase.rs`, with device crashes in `device_crash.rs`), the liveness phase
+//! (`liveness_phase.rs`), then the final checks. Each invariant has its checker: invariants
+//! 1–3 in `sessions_checker.rs`, 4 in `durability_checker.rs` (the world checks every
+//! PMNet-ACK itself), 5 in `convergence_checker.rs`.
+
+mod convergence_checker;
+mod device_crash;
+mod durability_checker;
+mod liveness_phase;
+mod safety_phase;
+mod sessions_checker;
+mod summary;
+mod workload;
+
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::world::{Faults, Topology, World};
+
+use safety_phase::FaultMix;
+use summary::count_world_faults;
+pub use summary::{FaultCounts, FaultSummary, SwarmSummary};
+use workload::Issued;
+
+/// Knobs of a run; the seed picks everything else.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Requests each client issues in all.
+    pub requests_per_client: u32,
+    /// Actions (requests, faults, network steps) in the safety phase.
+    pub safety_actions: u32,
+    /// Virtual time the liveness phase may take to converge.
+    pub liveness_bound: Duration,
+    /// Keep a readable trace of every event.
+    pub trace: bool,
+    /// With `trace`: keep the datagram lines (every send and receive) too.
+    pub trace_datagrams: bool,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            requests_per_client: 60,
+            safety_actions: 3_000,
+            liveness_bound: Duration::from_secs(120),
+            trace: false,
+            trace_datagrams: true,
+        }
+    }
+}
+
+/// What a successful run reports.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub seed: u64,
+    pub trace_hash: u32,
+    pub requests_completed: u64,
+    pub virtual_time_to_converge: Duration,
+    pub faults: FaultSummary,
+    pub trace: Option<Vec<String>>,
+}
+
+/// The command that replays `seed`.
+pub fn reproduce_command(seed: u64) -> String {
+    format!("pmnet sim --seed {seed}")
+}
+
+/// A seed that broke an invariant: the message, and what the run did up to the failure.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub seed: u64,
+    /// The panic message: which invariant broke, and how.
+    pub message: String,
+    /// The hash of the events up to the failure.
+    pub trace_hash: u32,
+    /// The fault mix, and the faults exercised up to the failure.
+    pub faults: FaultSummary,
+    /// The readable trace up to the failure, when [`Options::trace`] was on.
+    pub trace: Option<Vec<String>>,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "seed {} failed: {}\nreproduce with: {}",
+            self.seed,
+            self.message,
+            reproduce_command(self.seed)
+        )
+    }
+}
+
+/// Run one seed. Panics, with the reproduction command in the message, when an invariant
+/// breaks; returns the report otherwise.
+pub fn run(seed: u64, options: &Options) -> Report {
+    match try_run(seed, options) {
+        Ok(report) => report,
+        Err(failure) => panic!("{failure}"),
+    }
+}
+
+/// Run one seed; a broken invariant (a panic anywhere in the run) is returned as a
+/// [`Failure`] with the trace hash, fault counts and trace up to that point. The panic hook
+/// still sees the panic; a caller running many seeds may want to silence it.
+pub fn try_run(seed: u64, options: &Options) -> Result<Report, Box<Failure>> {
+    let mut state = None;
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_inner(seed, options, &mut state)
+    }));
+    match result {
+        Ok(report) => Ok(report),
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
+                .unwrap_or_else(|| "unknown panic".to_string());
+            let (trace_hash, faults, trace) = match state {
+                Some(Run {
+                    mut world,
+                    mut summary,
+                }) => {
+                    world.note_by("check", &format!("FAILED: {message}"));
+                    count_world_faults(&world, &mut summary);
+                    (world.trace_hash(), summary, world.trace.take())
+                }
+                None => (0, FaultSummary::default(), None),
+            };
+            Err(Box::new(Failure {
+                seed,
+                message,
+                trace_hash,
+                faults,
+                trace,
+            }))
+        }
+    }
+}
+
+/// The state of a run, kept outside the unwinding code so that a failure can report it.
+struct Run {
+    world: World,
+    summary: FaultSummary,
+}
+
+fn run_inner(seed: u64, options: &Options, state: &mut Option<Run>) -> Report {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let (world, summary, mix) = set_up(seed, options, &mut rng);
+    let Run { world, summary } = state.insert(Run { world, summary });
+    let mut issued: Vec<Vec<Issued>> = (0..world.clients.len()).map(|_| Vec::new()).collect();
+    safety_phase::run(world, &mut rng, summary, &mut issued, &mix, options);
+    let virtual_time_to_converge = liveness_phase::run(world, &mut rng, &mut issued, options);
+    let requests_completed = check_invariants(world, &issued, summary);
+    count_world_faults(world, summary);
+    Report {
+        seed,
+        trace_hash: world.trace_hash(),
+        requests_completed,
+        virtual_time_to_converge,
+        faults: std::mem::take(summary),
+        trace: world.trace.take(),
+    }
+}
+
+/// The world a seed picks: its topology, its network faults and the fault mix of its safety
+/// phase, all noted at the head of the trace.
+fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSummary, FaultMix) {
+    let topology = Topology {
+        client_count: rng.random_range(1..=4),
+        device_slot_counts: (0..rng.random_range(1..=2))
+            .map(|_| rng.random_range(2..128))
+            .collect(),
+        server_count: rng.random_range(1..=2),
+    };
+    let summary = FaultSummary {
+        client_count: topology.client_count,
+        device_count: topology.device_slot_counts.len(),
+        server_count: topology.server_count,
+        loss: rng.random_range(0.0..0.3),
+        duplicate: rng.random_range(0.0..0.1),
+        jitter_us: rng.random_range(0..500),
+        corrupt: if rng.random_bool(0.5) {
+            rng.random_range(0.0..0.05)
+        } else {
+            0.0
+        },
+        ..FaultSummary::default()
+    };
+    let mix = FaultMix::choose(rng, topology.client_count);
+    let slot_counts = topology.device_slot_counts.clone();
+    let mut world = World::with_topology(topology).with_kv_store(4 << 20);
+    world.record_seen = false;
+    for (client, lifetime) in mix.short_lifetimes.iter().enumerate() {
+        if let Some(lifetime) = *lifetime {
+            world.reconfigure_client(client, |config| config.request_lifetime = lifetime);
+        }
+    }
+    if options.trace {
+        world.trace = Some(Vec::new());
+        world.trace_datagrams = options.trace_datagrams;
+    }
+    let network_seed: u64 = rng.random();
+    world.faults = Some(Faults {
+        rng: ChaCha8Rng::seed_from_u64(network_seed),
+        loss: summary.loss,
+        duplicate: summary.duplicate,
+        jitter: Duration::from_micros(summary.jitter_us),
+        corrupt: summary.corrupt,
+    });
+    world.note_event(&format!(
+        "seed {seed}: {} client(s), {} device(s) (log slots {slot_counts:?}), {} server(s)",
+        summary.client_count, summary.device_count, summary.server_count
+    ));
+    note_fault_mix(&mut world, &summary, &mix, network_seed);
+    world.note_event(&format!(
+        "safety phase: {} actions, {} requests per client",
+        options.safety_actions, options.requests_per_client
+    ));
+    (world, summary, mix)
+}
+
+/// Note the seed's faults at the head of the trace.
+fn note_fault_mix(world: &mut World, summary: &FaultSummary, mix: &FaultMix, network_seed: u64) {
+    let FaultMix {
+        partitions,
+        clients_leave,
+        store_full,
+        short_lifetimes,
+        device_crash_weight,
+        server_crash_weight,
+    } = mix;
+    world.note_event(&format!(
+        "faults: loss {:.1}%, duplication {:.1}%, delay spread 0-{} us, corruption in flight \
+         {:.2}%, partitions {}, device crashes {device_crash_weight}/3, server crashes \
+         {server_crash_weight}/3, clients leaving {clients_leave}, store full \
+         {store_full}, short request lifetimes {short_lifetimes:?}, network seed \
+         {network_seed}",
+        summary.loss * 100.0,
+        summary.duplicate * 100.0,
+        summary.jitter_us,
+        summary.corrupt * 100.0,
+        if *partitions { "on" } else { "off" },
+    ));
+}
+
+/// Check invariants 1–3 on the final state, noting each check in the trace; returns the
+/// number of completed requests.
+fn check_invariants(world: &mut World, issued: &[Vec<Issued>], summary: &mut FaultSummary) -> u64 {
+    let (completed, notes) = sessions_checker::check_sessions(world, issued, summary);
+    for note in notes {
+        world.note_by("check", &note);
+    }
+    durability_checker::note_acks_checked(world);
+    completed
+}

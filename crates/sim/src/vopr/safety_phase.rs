@@ -1,0 +1,198 @@
+//! The safety phase: requests spread over the whole phase, so that faults meet traffic, and
+//! among them the faults the seed chose — device and server crashes, held persistence,
+//! partitions, clients that leave, a full store — with the network stepped in between.
+
+use std::time::Duration;
+
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::world::{client_addr, device_addr, node_name, server_addr, World};
+
+use super::device_crash::crash_device;
+use super::workload::{issue, Issued};
+use super::{FaultSummary, Options};
+
+/// The faults a seed turned on for its safety phase, and how often they strike.
+pub(super) struct FaultMix {
+    pub(super) partitions: bool,
+    pub(super) clients_leave: bool,
+    pub(super) store_full: bool,
+    /// Each client's request lifetime, when the seed made it short.
+    pub(super) short_lifetimes: Vec<Option<Duration>>,
+    /// Out of 3: how often a device crash strikes (0: never).
+    pub(super) device_crash_weight: u32,
+    /// Out of 3: how often a server crash strikes (0: never).
+    pub(super) server_crash_weight: u32,
+}
+
+impl FaultMix {
+    /// Choose the mix for a world of `client_count` clients.
+    pub(super) fn choose(rng: &mut ChaCha8Rng, client_count: usize) -> FaultMix {
+        let partitions = rng.random_bool(0.5);
+        let clients_leave = rng.random_bool(0.3);
+        let store_full = rng.random_bool(0.3);
+        // Some clients give up early (a short request lifetime), so that failed requests, the
+        // no-op fills they send and the gaps they leave meet the other faults.
+        let short_lifetimes: Vec<Option<Duration>> = (0..client_count)
+            .map(|_| {
+                rng.random_bool(0.3)
+                    .then(|| Duration::from_millis(rng.random_range(20..2_000)))
+            })
+            .collect();
+        let device_crash_weight = rng.random_range(0..4);
+        let server_crash_weight = rng.random_range(0..4);
+        FaultMix {
+            partitions,
+            clients_leave,
+            store_full,
+            short_lifetimes,
+            device_crash_weight,
+            server_crash_weight,
+        }
+    }
+}
+
+/// Run the safety phase: `options.safety_actions` actions, each a request, a fault or a few
+/// network steps.
+pub(super) fn run(
+    world: &mut World,
+    rng: &mut ChaCha8Rng,
+    summary: &mut FaultSummary,
+    issued: &mut [Vec<Issued>],
+    mix: &FaultMix,
+    options: &Options,
+) {
+    let client_count = world.clients.len();
+    let total_requests = options.requests_per_client as f64 * client_count as f64;
+    let issue_probability = (1.5 * total_requests / f64::from(options.safety_actions)).min(1.0);
+    for _ in 0..options.safety_actions {
+        if rng.random_bool(issue_probability) {
+            let client = rng.random_range(0..client_count);
+            issue(world, rng, issued, client, options.requests_per_client);
+            continue;
+        }
+        match rng.random_range(0..100) {
+            0..=3 if mix.device_crash_weight > 0 => {
+                crash_device(world, rng, summary, mix.device_crash_weight);
+            }
+            4 if rng.random_range(0..4) < mix.server_crash_weight => {
+                crash_server(world, rng, summary);
+            }
+            5..=7 => restart_server(world, rng),
+            43..=44 => toggle_held_persistence(world, rng),
+            45 if mix.partitions => partition(world, rng, summary),
+            48 if mix.clients_leave => client_leaves(world, rng, summary),
+            49..=50 if mix.store_full => toggle_store_full(world, rng),
+            46..=47 if mix.partitions && !world.blocked.is_empty() => {
+                world.blocked.clear();
+                world.note_by("network", "partitions healed");
+            }
+            _ => {
+                for _ in 0..rng.random_range(1..20) {
+                    world.step();
+                }
+            }
+        }
+    }
+}
+
+/// Crash a server, when it is up (noting a crash during its start-up recovery).
+fn crash_server(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSummary) {
+    let index = rng.random_range(0..world.servers.len());
+    if world.servers[index].up {
+        if world.servers[index].server.is_recovering() {
+            summary.counts.server_crashes_during_recovery += 1;
+            world.note_by(
+                &format!("server{index}"),
+                "crash during its start-up recovery poll",
+            );
+        }
+        summary.counts.server_crashes += 1;
+        world.stop_server(index);
+    }
+}
+
+/// Restart a server, when it is down.
+fn restart_server(world: &mut World, rng: &mut ChaCha8Rng) {
+    let index = rng.random_range(0..world.servers.len());
+    if !world.servers[index].up {
+        world.start_server(index);
+    }
+}
+
+/// Hold a device's persistence (its log writes issued but not complete, its acks waiting), or
+/// release it.
+fn toggle_held_persistence(world: &mut World, rng: &mut ChaCha8Rng) {
+    let index = rng.random_range(0..world.devices.len());
+    let node = world.device_mut(index);
+    node.hold_persistence = !node.hold_persistence;
+    if node.hold_persistence {
+        world.note_by(
+            &format!("device{index}"),
+            "persistence held: log writes are issued but do not complete; acks wait",
+        );
+    } else {
+        world.note_by(&format!("device{index}"), "persistence released");
+        world.release_persistence(index, None);
+    }
+}
+
+/// Cut a device off from a server or a client: one way, or both ways.
+fn partition(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSummary) {
+    let device = device_addr(rng.random_range(0..world.devices.len()));
+    let other = if rng.random_bool(0.5) {
+        server_addr(rng.random_range(0..world.servers.len()))
+    } else {
+        client_addr(rng.random_range(0..world.clients.len()))
+    };
+    let (from, to) = if rng.random_bool(0.5) {
+        (device, other)
+    } else {
+        (other, device)
+    };
+    world.blocked.insert((from, to));
+    if rng.random_bool(0.5) {
+        world.blocked.insert((to, from));
+        summary.counts.partitions_symmetric += 1;
+        world.note_by(
+            "network",
+            &format!("partition {} <-> {}", node_name(from), node_name(to)),
+        );
+    } else {
+        summary.counts.partitions_one_way += 1;
+        world.note_by(
+            "network",
+            &format!(
+                "partition {} -> {} (one-way)",
+                node_name(from),
+                node_name(to)
+            ),
+        );
+    }
+}
+
+/// A client gives up on its requests and goes away for good.
+fn client_leaves(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSummary) {
+    let client = rng.random_range(0..world.clients.len());
+    // Leave while something is in flight (that is what leaves a gap behind), and after
+    // something completed (a run that completed nothing proves nothing).
+    let node = &world.clients[client];
+    if !node.gone && node.client.in_flight_count() > 0 && !node.completed.is_empty() {
+        summary.counts.clients_gone += 1;
+        world.client_leaves(client);
+    }
+}
+
+/// Fill a server's store (every update handed back), or give it room again.
+fn toggle_store_full(world: &mut World, rng: &mut ChaCha8Rng) {
+    let index = rng.random_range(0..world.servers.len());
+    let node = &mut world.servers[index];
+    node.store_full = !node.store_full;
+    let text = if node.store_full {
+        "store full: every update is handed back, nothing durable, no server-ACK"
+    } else {
+        "store has room again"
+    };
+    world.note_by(&format!("server{index}"), text);
+}

@@ -1,0 +1,198 @@
+//! What a run exercised: the fault mix a seed chose, the faults counted by class, and the
+//! totals over a swarm of seeds.
+
+use crate::world::World;
+
+use super::Report;
+
+/// The fault mix a seed chose, and what was exercised.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FaultSummary {
+    pub client_count: usize,
+    pub device_count: usize,
+    pub server_count: usize,
+    pub loss: f64,
+    pub duplicate: f64,
+    pub jitter_us: u64,
+    pub corrupt: f64,
+    pub counts: FaultCounts,
+}
+
+/// What a run exercised, by fault class.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FaultCounts {
+    pub datagrams_sent: u64,
+    pub datagrams_lost: u64,
+    pub datagrams_duplicated: u64,
+    pub datagrams_corrupted: u64,
+    pub datagrams_partitioned: u64,
+    pub partitions_symmetric: u64,
+    pub partitions_one_way: u64,
+    pub device_crashes: u64,
+    pub device_crashes_torn: u64,
+    pub device_crashes_with_held_writes: u64,
+    pub device_crashes_mid_write: u64,
+    pub server_crashes: u64,
+    pub server_crashes_during_recovery: u64,
+    pub entries_corrupted_at_rest: u64,
+    pub log_slots_rejected: u64,
+    pub requests_failed: u64,
+    pub noop_fills: u64,
+    /// Sequence numbers never applied (filled or skipped): each one its client reported failed.
+    pub sequence_numbers_skipped: u64,
+    /// Gaps the server closed without the client (after every device said it held nothing).
+    pub gaps_skipped_by_server: u64,
+    /// Clients that gave up on a request and went away for good.
+    pub clients_gone: u64,
+    /// Requests the server's store had no room for and handed back to wait.
+    pub requests_deferred_store_full: u64,
+}
+
+impl FaultCounts {
+    /// Add `other`'s counts to these.
+    pub fn add(&mut self, other: &FaultCounts) {
+        self.datagrams_sent += other.datagrams_sent;
+        self.datagrams_lost += other.datagrams_lost;
+        self.datagrams_duplicated += other.datagrams_duplicated;
+        self.datagrams_corrupted += other.datagrams_corrupted;
+        self.datagrams_partitioned += other.datagrams_partitioned;
+        self.partitions_symmetric += other.partitions_symmetric;
+        self.partitions_one_way += other.partitions_one_way;
+        self.device_crashes += other.device_crashes;
+        self.device_crashes_torn += other.device_crashes_torn;
+        self.device_crashes_with_held_writes += other.device_crashes_with_held_writes;
+        self.device_crashes_mid_write += other.device_crashes_mid_write;
+        self.server_crashes += other.server_crashes;
+        self.server_crashes_during_recovery += other.server_crashes_during_recovery;
+        self.entries_corrupted_at_rest += other.entries_corrupted_at_rest;
+        self.log_slots_rejected += other.log_slots_rejected;
+        self.requests_failed += other.requests_failed;
+        self.noop_fills += other.noop_fills;
+        self.sequence_numbers_skipped += other.sequence_numbers_skipped;
+        self.gaps_skipped_by_server += other.gaps_skipped_by_server;
+        self.clients_gone += other.clients_gone;
+        self.requests_deferred_store_full += other.requests_deferred_store_full;
+    }
+
+    /// The counts with their names, one fault class a line.
+    pub fn lines(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("datagrams sent", self.datagrams_sent),
+            ("datagrams lost", self.datagrams_lost),
+            ("datagrams duplicated", self.datagrams_duplicated),
+            ("datagrams corrupted in flight", self.datagrams_corrupted),
+            ("datagrams cut by partitions", self.datagrams_partitioned),
+            ("partitions, symmetric", self.partitions_symmetric),
+            ("partitions, one-way", self.partitions_one_way),
+            ("device crashes", self.device_crashes),
+            (
+                "device crashes with torn unpersisted lines",
+                self.device_crashes_torn,
+            ),
+            (
+                "device crashes between log write and persist",
+                self.device_crashes_with_held_writes,
+            ),
+            (
+                "device crashes in the middle of a log write",
+                self.device_crashes_mid_write,
+            ),
+            ("server crashes", self.server_crashes),
+            (
+                "server crashes during recovery",
+                self.server_crashes_during_recovery,
+            ),
+            (
+                "log entries corrupted at rest",
+                self.entries_corrupted_at_rest,
+            ),
+            ("log slots rejected at recovery", self.log_slots_rejected),
+            ("requests failed (timed out)", self.requests_failed),
+            ("no-op fills", self.noop_fills),
+            (
+                "sequence numbers never applied (failed requests)",
+                self.sequence_numbers_skipped,
+            ),
+            (
+                "sequence numbers skipped by a server",
+                self.gaps_skipped_by_server,
+            ),
+            ("clients that gave up and left", self.clients_gone),
+            (
+                "requests deferred by a full store",
+                self.requests_deferred_store_full,
+            ),
+        ]
+    }
+}
+
+/// Copy what the world counted (network faults, rejected log slots) into `summary`.
+pub(super) fn count_world_faults(world: &World, summary: &mut FaultSummary) {
+    summary.counts.datagrams_sent = world.network.sent;
+    summary.counts.datagrams_lost = world.network.lost;
+    summary.counts.datagrams_duplicated = world.network.duplicated;
+    summary.counts.datagrams_corrupted = world.network.corrupted;
+    summary.counts.datagrams_partitioned = world.network.partitioned;
+    summary.counts.log_slots_rejected = world
+        .devices
+        .iter()
+        .map(|node| node.rejected_slot_count)
+        .sum();
+    summary.counts.requests_deferred_store_full =
+        world.servers.iter().map(|node| node.deferred_count).sum();
+    summary.counts.gaps_skipped_by_server = world
+        .servers
+        .iter()
+        .map(|node| node.skipped_before_restart + node.server.counters().sequence_numbers_skipped)
+        .sum();
+}
+
+/// Totals over a swarm of seeds: what was exercised, for the summary `pmnet sim` prints.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SwarmSummary {
+    pub seeds: u64,
+    pub requests_completed: u64,
+    pub seeds_with_loss: u64,
+    pub seeds_with_duplication: u64,
+    pub seeds_with_corruption_in_flight: u64,
+    pub seeds_with_partitions: u64,
+    pub seeds_with_device_crashes: u64,
+    pub seeds_with_server_crashes: u64,
+    pub counts: FaultCounts,
+}
+
+impl SwarmSummary {
+    /// Count one seed's report in.
+    pub fn add(&mut self, report: &Report) {
+        let counts = &report.faults.counts;
+        self.seeds += 1;
+        self.requests_completed += report.requests_completed;
+        self.seeds_with_loss += u64::from(counts.datagrams_lost > 0);
+        self.seeds_with_duplication += u64::from(counts.datagrams_duplicated > 0);
+        self.seeds_with_corruption_in_flight += u64::from(counts.datagrams_corrupted > 0);
+        let partitions = counts.partitions_symmetric + counts.partitions_one_way;
+        self.seeds_with_partitions += u64::from(partitions > 0);
+        self.seeds_with_device_crashes += u64::from(counts.device_crashes > 0);
+        self.seeds_with_server_crashes += u64::from(counts.server_crashes > 0);
+        self.counts.add(counts);
+    }
+
+    /// The summary as `(name, value)` lines, one fault class a line.
+    pub fn lines(&self) -> Vec<(&'static str, u64)> {
+        let mut lines = vec![
+            ("seeds run", self.seeds),
+            ("requests completed", self.requests_completed),
+            ("seeds with loss", self.seeds_with_loss),
+            ("seeds with duplication", self.seeds_with_duplication),
+            (
+                "seeds with corruption in flight",
+                self.seeds_with_corruption_in_flight,
+            ),
+            ("seeds with partitions", self.seeds_with_partitions),
+            ("seeds with device crashes", self.seeds_with_device_crashes),
+            ("seeds with server crashes", self.seeds_with_server_crashes),
+        ];
+        lines.extend(self.counts.lines());
+        lines
+    }
+}

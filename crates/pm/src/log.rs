@@ -456,23 +456,6 @@ impl<R: PmRegion> PmLog<R> {
         self.write_state(slot, STATE_VALID);
     }
 
-    /// [`Self::write`] for many slots with two fences in all: every header and packet, fence,
-    /// every state, fence. A crash before it returns may leave any subset of the entries.
-    /// A slot listed twice ends with its last entry.
-    pub fn write_batch(&mut self, entries: &[(u32, EntryKey, &[u8])]) {
-        if entries.is_empty() {
-            return;
-        }
-        for (slot, key, packet) in entries {
-            self.write_payload(*slot, key, None, packet);
-        }
-        self.region.fence();
-        for (slot, _, _) in entries {
-            self.write_state(*slot, STATE_VALID);
-        }
-        self.region.fence();
-    }
-
     /// Free `slot`. Durable on return.
     pub fn invalidate(&mut self, slot: u32) {
         self.write_state(slot, STATE_FREE);

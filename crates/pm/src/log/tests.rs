@@ -16,6 +16,15 @@ const CRASHES_PER_POINT: usize = 40;
 
 type Contents = HashMap<u32, (EntryKey, Vec<u8>)>;
 
+fn write_of(slot: u32, key: EntryKey, packet: Vec<u8>) -> LogWork {
+    LogWork::Write {
+        slot,
+        key,
+        return_address: None,
+        packet,
+    }
+}
+
 fn key(n: u32) -> EntryKey {
     EntryKey {
         server_id: (n % 3) as u16,
@@ -170,20 +179,41 @@ fn write_and_invalidate_fence_counts() {
     let fences = log.region().fence_count();
     log.write(1, &key(1), &packet(100, 1));
     assert_eq!(log.region().fence_count(), fences + 2);
-    let batch: Vec<(u32, EntryKey, &[u8])> = vec![
-        (2, key(2), &[1, 2, 3]),
-        (3, key(3), &[4; 150]),
-        (4, key(4), &[]),
+    let batch = vec![
+        write_of(2, key(2), vec![1, 2, 3]),
+        write_of(3, key(3), vec![4; 150]),
+        write_of(4, key(4), Vec::new()),
     ];
-    log.write_batch(&batch);
+    let stats = log.persist_batch(&batch);
     assert_eq!(log.region().fence_count(), fences + 4);
+    assert_eq!((stats.writes, stats.invalidations, stats.fences), (3, 0, 2));
     log.invalidate(1);
     assert_eq!(log.region().fence_count(), fences + 5);
-    log.invalidate_batch(&[2, 3, 4]);
+    let frees: Vec<LogWork> = [2, 3, 4]
+        .into_iter()
+        .map(|slot| LogWork::Invalidate { slot })
+        .collect();
+    assert_eq!(log.persist_batch(&frees).fences, 1);
     assert_eq!(log.region().fence_count(), fences + 6);
-    log.write_batch(&[]);
+    assert_eq!(log.persist_batch(&[]), BatchStats::default());
     log.invalidate_batch(&[]);
     assert_eq!(log.region().fence_count(), fences + 6);
+    // Writes and invalidations of other slots share the pair of fences; a slot freed and
+    // written again in the same batch costs one more, before its new entry is stored.
+    let mixed = vec![
+        write_of(5, key(5), vec![5]),
+        LogWork::Invalidate { slot: 5 },
+    ];
+    assert_eq!(log.persist_batch(&mixed).fences, 2);
+    let reuse = vec![
+        LogWork::Invalidate { slot: 0 },
+        write_of(0, key(6), vec![6]),
+    ];
+    log.write(0, &key(0), &packet(10, 0));
+    assert_eq!(log.persist_batch(&reuse).fences, 3);
+    assert_eq!(log.read(0), Some((key(6), &[6u8][..])));
+    log.invalidate(0);
+    log.invalidate(5);
     assert!((0..SLOT_COUNT).all(|slot| log.read(slot).is_none()));
     assert!(log.region().is_durable(0, region_len()));
 }
@@ -261,12 +291,12 @@ fn crash_during_batches_never_yields_a_wrong_entry() {
         (2, key(21), packet(192, 21)),
         (5, key(22), packet(0, 22)),
     ];
-    let batch: Vec<(u32, EntryKey, &[u8])> = written
+    let batch: Vec<LogWork> = written
         .iter()
-        .map(|(slot, key, packet)| (*slot, *key, packet.as_slice()))
+        .map(|(slot, key, packet)| write_of(*slot, *key, packet.clone()))
         .collect();
     log.region_mut().start();
-    log.write_batch(&batch);
+    log.persist_batch(&batch);
     let snapshots = std::mem::take(&mut log.region_mut().snapshots);
     let mut partial_seen = false;
     for recovery in recoveries_after_crashes(&snapshots, &mut rng) {
@@ -299,6 +329,38 @@ fn crash_during_batches_never_yields_a_wrong_entry() {
     }
     let (_, recovery) = PmLog::open(snapshots.last().unwrap().crash(&mut rng)).unwrap();
     assert!(recovery.entries.is_empty());
+}
+
+#[test]
+fn crash_during_a_batch_that_reuses_a_freed_slot_never_yields_a_torn_entry() {
+    let seed = test_seed("crash_during_a_batch_that_reuses_a_freed_slot_never_yields_a_torn_entry");
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut log = new_recorded_log();
+    let old = (key(30), packet(180, 30));
+    let kept = (key(31), packet(60, 31));
+    log.write(4, &old.0, &old.1);
+    log.write(6, &kept.0, &kept.1);
+    // The device freed slot 4 (its server acked) and logs a new update into it, in one batch.
+    let new = (key(32), packet(120, 32));
+    log.region_mut().start();
+    log.persist_batch(&[
+        LogWork::Invalidate { slot: 4 },
+        write_of(4, new.0, new.1.clone()),
+    ]);
+    let snapshots = std::mem::take(&mut log.region_mut().snapshots);
+    let (mut old_seen, mut none_seen, mut new_seen) = (false, false, false);
+    for recovery in recoveries_after_crashes(&snapshots, &mut rng) {
+        let found = contents(&recovery);
+        assert_eq!(recovery.rejected_slot_count, 0, "seed {seed}: a torn entry");
+        assert_eq!(found.get(&6), Some(&kept), "seed {seed}");
+        match found.get(&4) {
+            None => none_seen = true,
+            Some(entry) if *entry == old => old_seen = true,
+            Some(entry) if *entry == new => new_seen = true,
+            Some(entry) => panic!("seed {seed}: wrong entry recovered: {entry:?}"),
+        }
+    }
+    assert!(old_seen && none_seen && new_seen, "seed {seed}");
 }
 
 #[test]
@@ -710,11 +772,11 @@ proptest! {
                         .iter()
                         .map(|(slot, key_n, len, salt)| (*slot, key(*key_n), packet(*len, *salt)))
                         .collect();
-                    let batch: Vec<(u32, EntryKey, &[u8])> = owned
+                    let batch: Vec<LogWork> = owned
                         .iter()
-                        .map(|(slot, key, packet)| (*slot, *key, packet.as_slice()))
+                        .map(|(slot, key, packet)| write_of(*slot, *key, packet.clone()))
                         .collect();
-                    log.write_batch(&batch);
+                    log.persist_batch(&batch);
                     for (slot, key, packet) in owned {
                         model.insert(slot, (key, packet));
                     }

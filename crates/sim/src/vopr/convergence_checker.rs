@@ -16,7 +16,7 @@ pub(super) fn converged(world: &World) -> bool {
         && world
             .devices
             .iter()
-            .all(|node| node.device.live_entry_count() == 0 && node.held.is_empty())
+            .all(|node| node.device().live_entry_count() == 0 && node.held.is_empty())
         && world
             .servers
             .iter()
@@ -33,7 +33,7 @@ fn convergence_state(world: &World) -> String {
     let devices: Vec<usize> = world
         .devices
         .iter()
-        .map(|node| node.device.live_entry_count())
+        .map(|node| node.device().live_entry_count())
         .collect();
     let servers: Vec<(bool, usize)> = world
         .servers

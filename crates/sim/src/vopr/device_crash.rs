@@ -1,8 +1,7 @@
 //! Device crashes: what the crash leaves in the log (held writes, a write half done, torn cache
 //! lines, an entry corrupted at rest) and the restart that recovers from it.
 
-use pmnet_pm::{PmRegion, CACHE_LINE_SIZE};
-use pmnet_proto::PersistWork;
+use pmnet_pm::{LogWork, PmRegion, CACHE_LINE_SIZE};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -32,31 +31,32 @@ pub(super) fn crash_device(
     }
     world.note_by(
         &actor,
-        &format!("CRASH ({held} persistence work items issued but not complete)"),
+        &format!("CRASH ({held} persistence batches issued but not complete)"),
     );
     if rng.random_bool(0.3) {
         corrupt_applied_entry_at_rest(world, rng, index, summary);
     }
-    // A write the device issued but the log has not finished: its stores may be anywhere
+    // A batch the device issued but the log has not finished: its stores may be anywhere
     // between the cache and the medium when the crash comes.
     if rng.random_bool(0.5) {
         let node = world.device_mut(index);
-        if let Some(PersistWork::LogWrite {
-            token,
-            key,
-            return_address,
-            packet,
-        }) = node.held.front().cloned()
-        {
-            node.log
-                .write_without_fences(token.slot, &key, Some(return_address), &packet);
-            summary.counts.device_crashes_mid_write += 1;
+        if let Some(batch) = node.held.front().cloned() {
+            node.log.persist_batch_without_fences(&batch.work);
+            let writes = batch
+                .work
+                .iter()
+                .filter(|work| matches!(work, LogWork::Write { .. }))
+                .count();
+            if writes > 0 {
+                summary.counts.device_crashes_mid_write += 1;
+            }
             world.note_by(
                 &actor,
                 &format!(
-                    "crash in the middle of the log write of slot {} (s={:x} seq={} frag={}): \
-                     its stores issued, not fenced",
-                    token.slot, key.session_id, key.seq, key.fragment_index
+                    "crash in the middle of persistence batch {} ({} items, {writes} log \
+                     writes): its stores issued, not fenced",
+                    batch.number,
+                    batch.work.len()
                 ),
             );
         }

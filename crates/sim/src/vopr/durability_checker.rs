@@ -11,7 +11,7 @@ use crate::world::World;
 pub(super) fn check_corrupted_entry_not_recovered(world: &mut World, index: usize, key: EntryKey) {
     let node = &world.devices[index];
     assert!(
-        node.device.live_keys().all(|live| *live != key),
+        node.device().live_keys().all(|live| *live != key),
         "invariant: a corrupted log entry {key:?} was recovered as valid"
     );
     world.note_by(

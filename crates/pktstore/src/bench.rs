@@ -430,129 +430,54 @@ impl BreakdownReport {
             ) else {
                 continue;
             };
-            let paper = value_len == 1024;
             out.push_str(&format!(
                 "\n{value_len}-byte values ({} datagram{} of at most {} B):\n",
                 packet.datagram_count,
                 if packet.datagram_count == 1 { "" } else { "s" },
                 self.options.max_datagram_len
             ));
-            out.push_str(&format!(
-                "  {:<12} {:<34} {:>12} {:>10}{}\n",
-                "overhead",
-                "operation",
-                "conventional",
-                "packet",
-                if paper { "   paper (NoveLSM)" } else { "" }
-            ));
-            let paper_ns = |index: usize| {
-                if paper {
-                    format!("   {:>8.0}", PAPER_TABLE_1_US[index].1 * 1000.0)
-                } else {
-                    String::new()
-                }
-            };
-            let line =
-                |out: &mut String, group: &str, name: &str, a: f64, b: f64, paper: String| {
-                    out.push_str(&format!(
-                        "  {group:<12} {name:<34} {a:>12.0} {b:>10.0}{paper}\n"
-                    ));
-                };
-            line(
-                &mut out,
-                "data mgmt.",
-                Phase::Prepare.name(),
-                conventional.phase(Phase::Prepare),
-                packet.phase(Phase::Prepare),
-                paper_ns(0),
-            );
-            line(
-                &mut out,
-                "",
-                Phase::Checksum.name(),
-                conventional.phase(Phase::Checksum),
-                packet.phase(Phase::Checksum),
-                paper_ns(1),
-            );
-            line(
-                &mut out,
-                "",
-                Phase::Copy.name(),
-                conventional.phase(Phase::Copy),
-                packet.phase(Phase::Copy),
-                paper_ns(2),
-            );
-            line(
-                &mut out,
-                "",
-                "buffer allocation and insertion",
-                conventional.allocation_and_insertion_ns(),
-                packet.allocation_and_insertion_ns(),
-                paper_ns(3),
-            );
-            for phase in [Phase::Allocate, Phase::Insert] {
-                line(
-                    &mut out,
-                    "",
-                    &format!("  of which {}", phase.name()),
-                    conventional.phase(phase),
-                    packet.phase(phase),
-                    String::new(),
-                );
-            }
-            out.push_str(&format!(
-                "  {:<12} {:<34} {:>12.0} {:>10.0}{}\n",
-                "",
-                "= data management",
-                conventional.data_management_ns(),
-                packet.data_management_ns(),
-                paper_ns(4)
-            ));
-            out.push_str(&format!(
-                "  {:<12} {:<34} {:>12.0} {:>10.0}{}\n",
-                "persistence",
-                Phase::Persist.name(),
-                conventional.phase(Phase::Persist),
-                packet.phase(Phase::Persist),
-                paper_ns(5)
-            ));
-            out.push_str(&format!(
-                "  {:<12} {:<34} {:>12.0} {:>10.0}\n",
-                "total", "engine, measured end to end", conventional.total_ns, packet.total_ns
-            ));
-            let core_conventional = conventional.data_management_core_ns();
-            let core_packet = packet.data_management_core_ns();
-            let removed = if core_conventional > 0.0 {
-                100.0 * (1.0 - core_packet / core_conventional)
-            } else {
-                0.0
-            };
-            out.push_str(&format!(
-                "  checksum + copy + allocation/insertion: conventional {core_conventional:.0} ns, \
-                 packet {core_packet:.0} ns: the packet store removes {removed:.1} %\n"
-            ));
-            out.push_str(&format!(
-                "  recovery after reopening, {} keys: conventional {:.2} ms, packet {:.2} ms \
-                 (walks the persistent level 0, verifies every record's checksum, redoes the \
-                 last batch; no rebuild from a log)\n",
-                packet.recovered_keys, conventional.recovery_ms, packet.recovery_ms
-            ));
-            if let Some((_, check)) = self
-                .receipt_check_ns
-                .iter()
-                .find(|(len, _)| *len == value_len)
-            {
-                out.push_str(&format!(
-                    "  networking, both engines (not above): PMNet CRC32C check on receipt \
-                     {check:.0} ns\n"
-                ));
-            }
+            // The paper measured 1 KB writes.
+            phase_lines(&mut out, conventional, packet, value_len == 1024);
+            self.summary_lines(&mut out, conventional, packet);
         }
         out.push_str(&format!(
             "\n(phase timing by TSC marks; {:.1} ns per mark subtracted)\n",
             self.mark_cost_ns
         ));
         out
+    }
+
+    /// Below the phases of one value size: what the packet store removes, recovery, and the
+    /// check on receipt.
+    fn summary_lines(&self, out: &mut String, conventional: &BreakdownRow, packet: &BreakdownRow) {
+        let value_len = packet.value_len;
+        let core_conventional = conventional.data_management_core_ns();
+        let core_packet = packet.data_management_core_ns();
+        let removed = if core_conventional > 0.0 {
+            100.0 * (1.0 - core_packet / core_conventional)
+        } else {
+            0.0
+        };
+        out.push_str(&format!(
+            "  checksum + copy + allocation/insertion: conventional {core_conventional:.0} ns, \
+             packet {core_packet:.0} ns: the packet store removes {removed:.1} %\n"
+        ));
+        out.push_str(&format!(
+            "  recovery after reopening, {} keys: conventional {:.2} ms, packet {:.2} ms \
+             (walks the persistent level 0, verifies every record's checksum, redoes the \
+             last batch; no rebuild from a log)\n",
+            packet.recovered_keys, conventional.recovery_ms, packet.recovery_ms
+        ));
+        if let Some((_, check)) = self
+            .receipt_check_ns
+            .iter()
+            .find(|(len, _)| *len == value_len)
+        {
+            out.push_str(&format!(
+                "  networking, both engines (not above): PMNet CRC32C check on receipt \
+                 {check:.0} ns\n"
+            ));
+        }
     }
 
     /// The share of the conventional engine's checksum + copy + allocation/insertion time the
@@ -563,6 +488,93 @@ impl BreakdownReport {
         let core = conventional.data_management_core_ns();
         (core > 0.0).then(|| 1.0 - packet.data_management_core_ns() / core)
     }
+}
+
+/// The phases of one value size, the two engines side by side (and the paper's figures, with
+/// `paper`), in the layout of Table 1.
+fn phase_lines(out: &mut String, conventional: &BreakdownRow, packet: &BreakdownRow, paper: bool) {
+    out.push_str(&format!(
+        "  {:<12} {:<34} {:>12} {:>10}{}\n",
+        "overhead",
+        "operation",
+        "conventional",
+        "packet",
+        if paper { "   paper (NoveLSM)" } else { "" }
+    ));
+    let paper_ns = |index: usize| {
+        if paper {
+            format!("   {:>8.0}", PAPER_TABLE_1_US[index].1 * 1000.0)
+        } else {
+            String::new()
+        }
+    };
+    let line = |out: &mut String, group: &str, name: &str, a: f64, b: f64, paper: String| {
+        out.push_str(&format!(
+            "  {group:<12} {name:<34} {a:>12.0} {b:>10.0}{paper}\n"
+        ));
+    };
+    line(
+        out,
+        "data mgmt.",
+        Phase::Prepare.name(),
+        conventional.phase(Phase::Prepare),
+        packet.phase(Phase::Prepare),
+        paper_ns(0),
+    );
+    line(
+        out,
+        "",
+        Phase::Checksum.name(),
+        conventional.phase(Phase::Checksum),
+        packet.phase(Phase::Checksum),
+        paper_ns(1),
+    );
+    line(
+        out,
+        "",
+        Phase::Copy.name(),
+        conventional.phase(Phase::Copy),
+        packet.phase(Phase::Copy),
+        paper_ns(2),
+    );
+    line(
+        out,
+        "",
+        "buffer allocation and insertion",
+        conventional.allocation_and_insertion_ns(),
+        packet.allocation_and_insertion_ns(),
+        paper_ns(3),
+    );
+    for phase in [Phase::Allocate, Phase::Insert] {
+        line(
+            out,
+            "",
+            &format!("  of which {}", phase.name()),
+            conventional.phase(phase),
+            packet.phase(phase),
+            String::new(),
+        );
+    }
+    out.push_str(&format!(
+        "  {:<12} {:<34} {:>12.0} {:>10.0}{}\n",
+        "",
+        "= data management",
+        conventional.data_management_ns(),
+        packet.data_management_ns(),
+        paper_ns(4)
+    ));
+    out.push_str(&format!(
+        "  {:<12} {:<34} {:>12.0} {:>10.0}{}\n",
+        "persistence",
+        Phase::Persist.name(),
+        conventional.phase(Phase::Persist),
+        packet.phase(Phase::Persist),
+        paper_ns(5)
+    ));
+    out.push_str(&format!(
+        "  {:<12} {:<34} {:>12.0} {:>10.0}\n",
+        "total", "engine, measured end to end", conventional.total_ns, packet.total_ns
+    ));
 }
 
 #[cfg(test)]

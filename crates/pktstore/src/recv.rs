@@ -132,6 +132,31 @@ impl SlotReceiver {
             unsafe { MaybeUninit::zeroed().assume_init() };
         let mut addrs: [libc::sockaddr_storage; RECEIVE_BATCH_LEN] =
             unsafe { MaybeUninit::zeroed().assume_init() };
+        self.describe_buffers(base, &mut iovecs, &mut headers, &mut addrs);
+        let count = self.receive_messages(fd, &mut headers);
+        for (index, header) in headers.iter().enumerate().take(count) {
+            self.sort_message(store, index, header, &addrs[index], receive_time_ns);
+        }
+        // The slots that received something are the caller's now (or were released above);
+        // the rest stay in the ring for the next call.
+        self.lent.drain(..count.min(self.lent.len()));
+        if count > 0 {
+            self.counters.batches += 1;
+        }
+        self.received.len()
+    }
+
+    /// Point message `index` of `headers` at its buffers: the lent slot of the ring at
+    /// `index` (the region's byte 0 is at `base`), if there is one, then the overflow buffer;
+    /// and at its entry of `addrs` for the source address. The arrays must stay where they
+    /// are until the messages are received.
+    fn describe_buffers(
+        &mut self,
+        base: *mut u8,
+        iovecs: &mut [[libc::iovec; 2]; RECEIVE_BATCH_LEN],
+        headers: &mut [libc::mmsghdr; RECEIVE_BATCH_LEN],
+        addrs: &mut [libc::sockaddr_storage; RECEIVE_BATCH_LEN],
+    ) {
         let overflow = self.overflow.as_mut_ptr();
         for index in 0..RECEIVE_BATCH_LEN {
             // SAFETY: index * OVERFLOW_LEN + OVERFLOW_LEN <= overflow.len().
@@ -159,7 +184,16 @@ impl SlotReceiver {
             header.msg_name = (&mut addrs[index] as *mut libc::sockaddr_storage).cast();
             header.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
         }
-        let count = loop {
+    }
+
+    /// One `recvmmsg` call, without blocking, retried if interrupted: how many messages it
+    /// received (none on an error, which is counted).
+    fn receive_messages(
+        &mut self,
+        fd: RawFd,
+        headers: &mut [libc::mmsghdr; RECEIVE_BATCH_LEN],
+    ) -> usize {
+        loop {
             // SAFETY: the headers describe live buffers: lent slots of the mapping (which
             // nothing else touches while lent) and the overflow buffers.
             let count = unsafe {
@@ -183,68 +217,71 @@ impl SlotReceiver {
                     break 0;
                 }
             }
+        }
+    }
+
+    /// Received message `index`: keep it in its slot, or spill it to DRAM, or drop it (no
+    /// source address, or truncated), releasing its slot unless the datagram stays there.
+    fn sort_message<R: ReceiveRegion>(
+        &mut self,
+        store: &mut Store<R>,
+        index: usize,
+        header: &libc::mmsghdr,
+        addr: &libc::sockaddr_storage,
+        receive_time_ns: u64,
+    ) {
+        let len = header.msg_len as usize;
+        let slot = self.lent.get(index).copied();
+        let truncated = header.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+        let Some(from) = socket_addr_from(addr) else {
+            self.counters.unknown_source += 1;
+            if let Some(slot) = slot {
+                store.release_slot(slot.slot);
+            }
+            return;
         };
-        for (index, header) in headers.iter().enumerate().take(count) {
-            let len = header.msg_len as usize;
-            let slot = self.lent.get(index).copied();
-            let truncated = header.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-            let Some(from) = socket_addr_from(&addrs[index]) else {
-                self.counters.unknown_source += 1;
-                if let Some(slot) = slot {
-                    store.release_slot(slot.slot);
-                }
-                continue;
-            };
-            if truncated {
-                self.counters.truncated += 1;
-                if let Some(slot) = slot {
-                    store.release_slot(slot.slot);
-                }
-                continue;
+        if truncated {
+            self.counters.truncated += 1;
+            if let Some(slot) = slot {
+                store.release_slot(slot.slot);
             }
-            self.counters.datagrams += 1;
-            self.counters.bytes += len as u64;
-            match slot {
-                Some(slot) if len <= slot.capacity => {
-                    if store
-                        .on_slot_received(slot.slot, len, receive_time_ns)
-                        .is_ok()
-                    {
-                        self.counters.in_slot += 1;
-                        self.received.push(Received::InSlot {
-                            slot: slot.slot,
-                            len,
-                            from,
-                        });
-                    } else {
-                        // Too short to be a datagram: pass it on for the protocol to count.
-                        let bytes = store.slot_bytes(slot.slot, len).to_vec();
-                        store.release_slot(slot.slot);
-                        self.spill(bytes, from);
-                    }
-                }
-                Some(slot) => {
-                    let mut bytes = store.slot_bytes(slot.slot, slot.capacity).to_vec();
-                    let rest = (len - slot.capacity).min(OVERFLOW_LEN);
-                    let start = index * OVERFLOW_LEN;
-                    bytes.extend_from_slice(&self.overflow[start..start + rest]);
+            return;
+        }
+        self.counters.datagrams += 1;
+        self.counters.bytes += len as u64;
+        match slot {
+            Some(slot) if len <= slot.capacity => {
+                if store
+                    .on_slot_received(slot.slot, len, receive_time_ns)
+                    .is_ok()
+                {
+                    self.counters.in_slot += 1;
+                    self.received.push(Received::InSlot {
+                        slot: slot.slot,
+                        len,
+                        from,
+                    });
+                } else {
+                    // Too short to be a datagram: pass it on for the protocol to count.
+                    let bytes = store.slot_bytes(slot.slot, len).to_vec();
                     store.release_slot(slot.slot);
                     self.spill(bytes, from);
                 }
-                None => {
-                    let start = index * OVERFLOW_LEN;
-                    let bytes = self.overflow[start..start + len.min(OVERFLOW_LEN)].to_vec();
-                    self.spill(bytes, from);
-                }
+            }
+            Some(slot) => {
+                let mut bytes = store.slot_bytes(slot.slot, slot.capacity).to_vec();
+                let rest = (len - slot.capacity).min(OVERFLOW_LEN);
+                let start = index * OVERFLOW_LEN;
+                bytes.extend_from_slice(&self.overflow[start..start + rest]);
+                store.release_slot(slot.slot);
+                self.spill(bytes, from);
+            }
+            None => {
+                let start = index * OVERFLOW_LEN;
+                let bytes = self.overflow[start..start + len.min(OVERFLOW_LEN)].to_vec();
+                self.spill(bytes, from);
             }
         }
-        // The slots that received something are the caller's now (or were released above);
-        // the rest stay in the ring for the next call.
-        self.lent.drain(..count.min(self.lent.len()));
-        if count > 0 {
-            self.counters.batches += 1;
-        }
-        self.received.len()
     }
 
     /// Give the ring's unused slots back to the store.

@@ -6,6 +6,7 @@ use pmnet_pm::PmRegion;
 use super::view::View;
 use super::{OpMark, Store};
 use crate::breakdown::Phase;
+use crate::index::LinkUpdate;
 use crate::layout::*;
 
 impl<R: PmRegion> Store<R> {
@@ -86,14 +87,7 @@ impl<R: PmRegion> Store<R> {
         let mut links = std::mem::take(&mut self.links);
         self.index.take_dirty(&mut links);
         self.mark(Phase::Insert);
-        for link in &links {
-            let at = match link.from {
-                None => HEAD_OFFSET,
-                Some(id) => self.geometry.record_offset(id) + META_NEXT0,
-            };
-            self.region.write(at, &link_of(link.to).to_le_bytes());
-            self.region.flush(at, 4);
-        }
+        self.write_links(&links);
         self.links = links;
         self.mark(Phase::Persist);
         // Records freed by earlier batches are reusable now; this batch's after the next.
@@ -110,5 +104,17 @@ impl<R: PmRegion> Store<R> {
         self.batch.wrote = false;
         self.stats.batches += 1;
         self.mark(Phase::Allocate);
+    }
+
+    /// Write changed level-0 links (4-byte stores) and flush them, without a fence.
+    pub(super) fn write_links(&mut self, links: &[LinkUpdate]) {
+        for link in links {
+            let at = match link.from {
+                None => HEAD_OFFSET,
+                Some(id) => self.geometry.record_offset(id) + META_NEXT0,
+            };
+            self.region.write(at, &link_of(link.to).to_le_bytes());
+            self.region.flush(at, 4);
+        }
     }
 }

@@ -172,24 +172,47 @@ impl<R: PmRegion> Store<R> {
         let (op, key_range) = shape;
         if op != OP_SET && op != OP_DEL {
             // GET, INCR, APPEND and the rest: their record (if any) is not this packet.
-            let mut request = std::mem::take(&mut self.scratch);
-            request.clear();
-            for &slot in slots {
-                if let Some(datagram) = self.received_datagram(slot) {
-                    request.extend_from_slice(&datagram[HEADER_LEN..]);
-                }
-            }
-            for &slot in slots {
-                self.release_slot(slot);
-            }
-            let reply = self.stage_request_inner(session_id, seq, &request);
-            self.scratch = request;
-            return Ok(reply);
+            return Ok(self.stage_received_copy(session_id, seq, slots));
         }
         // Its own slots hold it: no room to find.
         self.begin_op();
-        // The slots become a chain: metadata of every fragment but the head now; the head's
-        // once its place in the index is known.
+        let pending = self.chain_received(slots);
+        let key = key_range;
+        let reply = if op == OP_SET {
+            self.link_record(session_id, seq, key, pending)
+        } else {
+            self.delete_with_record(session_id, seq, key, Some(pending))
+        };
+        Ok(Ok(reply))
+    }
+
+    /// A request received into `slots` that does not become a record in place: apply it from
+    /// a copy of its bytes, and give the slots back.
+    fn stage_received_copy(
+        &mut self,
+        session_id: u64,
+        seq: u32,
+        slots: &[u32],
+    ) -> Result<Vec<u8>, NoSpace> {
+        let mut request = std::mem::take(&mut self.scratch);
+        request.clear();
+        for &slot in slots {
+            if let Some(datagram) = self.received_datagram(slot) {
+                request.extend_from_slice(&datagram[HEADER_LEN..]);
+            }
+        }
+        for &slot in slots {
+            self.release_slot(slot);
+        }
+        let reply = self.stage_request_inner(session_id, seq, &request);
+        self.scratch = request;
+        reply
+    }
+
+    /// Make lent `slots`, which received one request's datagrams in order, the chain of one
+    /// record: the metadata of every fragment but the head written and flushed now; the
+    /// head's returned, to be written once its place in the index is known.
+    fn chain_received(&mut self, slots: &[u32]) -> Pending {
         let epoch = self.batch_epoch();
         let mut head_meta = None;
         // Lengths of the fragments after the first (no allocation for one datagram).
@@ -237,18 +260,11 @@ impl<R: PmRegion> Store<R> {
         self.mark(Phase::Persist);
         let head_id = self.geometry.slot_id(slots[0]);
         let head_meta = head_meta.expect("at least one slot");
-        let pending = Pending {
+        Pending {
             id: head_id,
             meta: head_meta,
             unflushed: head_meta.len,
-        };
-        let key = key_range;
-        let reply = if op == OP_SET {
-            self.link_record(session_id, seq, key, pending)
-        } else {
-            self.delete_with_record(session_id, seq, key, Some(pending))
-        };
-        Ok(Ok(reply))
+        }
     }
 
     /// Check lent `slots` hold request `seq` of `session_id`; returns its op and key location.

@@ -15,7 +15,7 @@ pub struct SessionRecord {
 }
 
 /// The store has no room for a request: nothing of it became durable and its session is
-/// unchanged. See [`Application::apply`].
+/// unchanged. See [`Application::stage`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NoSpace;
 
@@ -27,31 +27,53 @@ impl std::fmt::Display for NoSpace {
 
 impl std::error::Error for NoSpace {}
 
-/// A request handler the server runtime drives.
+/// A request handler the server runtime drives, in batches: it stages each request the
+/// protocol hands over and commits them together, then reports them applied (raft-rs's
+/// `Ready`: nothing is acknowledged before the commit that made it durable returns). A store
+/// whose every stage is durable on return commits nothing; one that batches (the packet
+/// store) flushes and fences once per commit instead of once per request.
 pub trait Application {
-    /// Apply request `seq` of `session_id` and return the reply bytes. On `Ok`, the effect,
-    /// the session's last applied seq (= seq) and the reply are durable together, atomically:
-    /// after a crash either all of them or none survive.
+    /// Stage request `seq` of `session_id` and return its reply. The effect is visible to the
+    /// requests staged after it at once; at the next [`Application::commit`] the effect, the
+    /// session's last applied seq (= seq) and the reply become durable together, atomically:
+    /// after a crash either all of them or none survive. The reply must not be released (no
+    /// server-ACK may leave) before that commit returns.
     ///
     /// A request that fails to decode still counts as applied: its ERROR reply is recorded
     /// with `seq`, so the protocol never stalls on a bad payload.
     ///
     /// `Err(NoSpace)`: the store has no room for what the request would store. **Nothing**
-    /// about the request became durable, in memory or on the medium: the session's last
-    /// applied seq and reply are what they were, and no effect happened. A device may already
-    /// have acknowledged the request to its client, so a store never turns it into a refusal;
-    /// the caller keeps the request (sending no server-ACK, so every device keeps its log
-    /// entry) and calls `apply` again later with the same `seq` and bytes, once deletes may have
-    /// made room. Only a request that needs new room returns it (a SET, an INCR or an APPEND);
-    /// a GET, a DEL, or a request that fails to decode never does: a DEL must always be able
-    /// to run in a full store, or nothing could ever free space (each store keeps room for
-    /// it; see its own documentation).
+    /// about the request was staged, in memory or on the medium: the session's last applied
+    /// seq and reply are what they were, and no effect happened (what was staged before it
+    /// stays staged). A device may already have acknowledged the request to its client, so a
+    /// store never turns it into a refusal; the caller keeps the request (sending no
+    /// server-ACK, so every device keeps its log entry) and stages it again later with the
+    /// same `seq` and bytes, once deletes may have made room. Only a request that needs new
+    /// room returns it (a SET, an INCR or an APPEND); a GET, a DEL, or a request that fails to
+    /// decode never does: a DEL must always be able to run in a full store, or nothing could
+    /// ever free space (each store keeps room for it; see its own documentation).
     ///
     /// Calls for one session carry strictly increasing `seq` (gaps are allowed; a refused
     /// `seq` is retried before any later one); a `seq` at or below the session's last applied
     /// seq is a bug in the caller, which must answer duplicates from
     /// [`Application::sessions`] or its own table instead.
-    fn apply(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace>;
+    fn stage(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace>;
+
+    /// Make everything staged durable. May do nothing, for a store whose stages are durable
+    /// when they return.
+    fn commit(&mut self);
+
+    /// Requests one commit may cover at most: the caller commits when this many are staged.
+    fn max_staged(&self) -> usize {
+        usize::MAX
+    }
+
+    /// Stage one request and commit it: durable when it returns.
+    fn apply(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace> {
+        let reply = self.stage(session_id, seq, request)?;
+        self.commit();
+        Ok(reply)
+    }
 
     /// Sessions recovered at open, sorted by session id: what the server needs for
     /// exactly-once after a restart.

@@ -30,10 +30,13 @@ impl IdealHandler {
 
 impl Application for IdealHandler {
     /// Never [`NoSpace`]: nothing is stored.
-    fn apply(&mut self, _session_id: u64, _seq: u32, _request: &[u8]) -> Result<Vec<u8>, NoSpace> {
+    fn stage(&mut self, _session_id: u64, _seq: u32, _request: &[u8]) -> Result<Vec<u8>, NoSpace> {
         self.applied_count += 1;
         Ok(REPLY_OK.to_vec())
     }
+
+    /// Nothing to make durable.
+    fn commit(&mut self) {}
 
     fn sessions(&self) -> Vec<SessionRecord> {
         Vec::new()

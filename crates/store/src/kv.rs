@@ -524,7 +524,7 @@ impl<R: PmRegion> KvStore<R> {
     }
 
     /// Make `outcome` durable as request `seq` of `session_id`, then apply it to memory.
-    fn commit(&mut self, session_id: u64, seq: u32, outcome: Outcome<'_>) -> Vec<u8> {
+    fn commit_record(&mut self, session_id: u64, seq: u32, outcome: Outcome<'_>) -> Vec<u8> {
         let activity = self.state.clock + 1;
         let (effect_code, key, value): (EffectCode, &[u8], &[u8]) = match &outcome.effect {
             Effect::None => (EffectCode::None, &[], &[]),
@@ -774,9 +774,10 @@ impl<R: PmRegion> KvStore<R> {
 }
 
 impl<R: PmRegion> Application for KvStore<R> {
-    /// [`NoSpace`] for a SET, INCR or APPEND that does not fit (see "Capacity and the
-    /// reserve" in the module documentation); never for anything else.
-    fn apply(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace> {
+    /// Durable when it returns: each request is one CRC-checked record, appended and
+    /// persisted. [`NoSpace`] for a SET, INCR or APPEND that does not fit (see "Capacity and
+    /// the reserve" in the module documentation); never for anything else.
+    fn stage(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace> {
         if let Some(session) = self.state.sessions.get(&session_id) {
             assert!(
                 seq > session.last_seq,
@@ -787,7 +788,7 @@ impl<R: PmRegion> Application for KvStore<R> {
         let outcome = self.plan(request);
         let committed = self.state.committed_bytes_after(session_id, &outcome);
         if committed + TERMINATOR_SIZE <= self.half_len_bytes {
-            return Ok(self.commit(session_id, seq, outcome));
+            return Ok(self.commit_record(session_id, seq, outcome));
         }
         match outcome.effect {
             Effect::Put { .. } => {
@@ -812,8 +813,11 @@ impl<R: PmRegion> Application for KvStore<R> {
             self.state.committed_bytes_after(session_id, &full) + TERMINATOR_SIZE
                 <= self.half_len_bytes
         );
-        Ok(self.commit(session_id, seq, full))
+        Ok(self.commit_record(session_id, seq, full))
     }
+
+    /// Nothing to do: every stage was durable when it returned.
+    fn commit(&mut self) {}
 
     fn sessions(&self) -> Vec<SessionRecord> {
         let mut sessions: Vec<SessionRecord> = self

@@ -524,12 +524,19 @@ impl<R: PmRegion> Store<R> {
 }
 
 impl<R: PmRegion> Application for Store<R> {
-    /// [`Store::stage_request`] and [`Store::commit`]: `Err(NoSpace)` for a SET, INCR or APPEND
-    /// with no room, never for anything else.
-    fn apply(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace> {
-        let reply = self.stage_request(session_id, seq, request);
-        self.commit();
-        reply
+    /// [`Store::stage_request`]: `Err(NoSpace)` for a SET, INCR or APPEND with no room, never
+    /// for anything else.
+    fn stage(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace> {
+        self.stage_request(session_id, seq, request)
+    }
+
+    /// [`Store::commit`]: the whole batch with two fences.
+    fn commit(&mut self) {
+        Store::commit(self)
+    }
+
+    fn max_staged(&self) -> usize {
+        crate::layout::MAX_BATCH_OPS
     }
 
     fn sessions(&self) -> Vec<SessionRecord> {

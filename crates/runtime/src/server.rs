@@ -10,14 +10,12 @@ use pmnet_pm::{MediumInfo, MmapOptions, MmapRegion};
 use pmnet_proto::{RecoveredSession, Server, ServerConfig, ServerCounters, ServerEvent};
 use pmnet_store::{Application, IdealHandler, KvConfig, KvStore, NoSpace, SessionRecord};
 
+use crate::event_loop::{run_loop, LoopCounters, LoopSettings, Node, Ready, Turn};
 use crate::metrics::Metrics;
 use crate::udp::BatchSocket;
-use crate::wait::{
-    pin_current_thread, wait_for_sockets, yield_cpu, Clock, Turn, WaitMode, MAX_SLEEP,
-};
+use crate::wait::Clock;
 use crate::{
-    socket_digest, socket_metrics, start_metrics, LoopOptions, MetricsBoard, RuntimeError,
-    Shutdown, METRICS_PUBLISH_INTERVAL,
+    socket_digest, socket_metrics, start_metrics, LoopOptions, MetricsBoard, RuntimeError, Shutdown,
 };
 
 /// The embedded key-value store's file.
@@ -208,8 +206,7 @@ const MAX_HELD_FRAGMENTS: usize = 1024;
 struct RuntimeCounters {
     recoveries_completed: u64,
     recovery_entries_resent: u64,
-    loop_iterations: u64,
-    idle_waits: u64,
+    event_loop: LoopCounters,
 }
 
 /// A running PMNet server. See the crate docs.
@@ -593,75 +590,10 @@ impl ServerRuntime {
 
     /// Run until the shutdown flag is set; then finish the batch in hand and return.
     pub fn run(&mut self) -> Result<(), RuntimeError> {
-        if let Some(cpu) = self.options.loop_options.cpu {
-            pin_current_thread(cpu).map_err(RuntimeError::Pin)?;
-        }
-        let report_interval = self.options.loop_options.report_interval;
-        let wait = self.options.loop_options.wait;
-        let publish = self.addresses.metrics.is_some();
-        let mut next_publish = Instant::now() + METRICS_PUBLISH_INTERVAL;
-        let mut next_report = report_interval.map(|interval| Instant::now() + interval);
-        // Whether the next turn receives: after a wait, only if the kernel said the socket
-        // is readable.
-        let mut readable = true;
-        loop {
-            let stopping = self.shutdown.is_requested();
-            self.counters.loop_iterations += 1;
-            let turn = self.turn(readable || stopping);
-            readable = true;
-            if stopping {
-                break;
-            }
-            let wall = Instant::now();
-            if publish && wall >= next_publish {
-                self.board.publish(&self.metrics());
-                next_publish = wall + METRICS_PUBLISH_INTERVAL;
-            }
-            if let (Some(at), Some(interval)) = (next_report, report_interval) {
-                if wall >= at {
-                    tracing::info!("{}", self.report_line());
-                    next_report = Some(wall + interval);
-                }
-            }
-            match wait {
-                WaitMode::BusyPoll if turn.busy => continue,
-                // A blocking loop goes back to the kernel's readiness as soon as a turn left
-                // nothing behind, instead of a receive that would find nothing.
-                WaitMode::Blocking if turn.more => continue,
-                _ => {}
-            }
-            self.counters.idle_waits += 1;
-            match wait {
-                WaitMode::BusyPoll => yield_cpu(),
-                WaitMode::Blocking => {
-                    let mut timeout = MAX_SLEEP;
-                    if let Some(deadline) = self.server.poll_timeout() {
-                        timeout = timeout.min(self.clock.until(deadline));
-                    }
-                    if publish {
-                        timeout = timeout.min(next_publish.saturating_duration_since(wall));
-                    }
-                    if let Some(at) = next_report {
-                        timeout = timeout.min(at.saturating_duration_since(wall));
-                    }
-                    let fds = [(self.socket.raw_fd(), self.socket.is_write_blocked())];
-                    match wait_for_sockets(&fds, timeout) {
-                        Ok(mask) => readable = mask & 1 != 0,
-                        Err(_) => std::thread::sleep(timeout.min(Duration::from_millis(1))),
-                    }
-                }
-            }
-        }
-        for _ in 0..100 {
-            if self.socket.queued_len() == 0 {
-                break;
-            }
-            let _ = wait_for_sockets(&[(self.socket.raw_fd(), true)], Duration::from_millis(10));
-            self.socket.flush();
-        }
-        self.board.publish(&self.metrics());
-        tracing::info!("server stopped: {}", self.report_line());
-        Ok(())
+        let settings = LoopSettings::from(&self.options.loop_options);
+        let board = self.addresses.metrics.map(|_| self.board.clone());
+        let shutdown = self.shutdown.clone();
+        run_loop(self, settings, board.as_ref(), &shutdown)
     }
 
     /// One turn of the loop: receive a batch, handle it, fire due timers, apply, send.
@@ -836,9 +768,11 @@ impl ServerRuntime {
         }
     }
 
-    /// Apply what the server hands over, in order, and send what it emits. The server-ACK of a
-    /// request is emitted by `on_applied`, called only after `apply` returned (the store made
-    /// the effect, the session's sequence number and the reply durable before returning).
+    /// Apply what the server hands over, in order, and send what it emits. Requests are
+    /// staged on the application and committed together ([`Application::stage`] and
+    /// [`Application::commit`]: two fences per batch on the packet store, nothing more on a
+    /// store whose stages are durable on return); the server-ACK of a request is emitted by
+    /// `on_applied`, called only after the commit that made it durable returned.
     fn drain(&mut self) {
         loop {
             let mut progressed = false;
@@ -852,54 +786,24 @@ impl ServerRuntime {
                         kind,
                         request,
                     } => {
-                        if let ServerApp::Engine(store) = &mut self.app {
-                            // Staged now, durable at the commit below: one commit (two
-                            // fences) per batch of requests, and every reply after it.
-                            let slots = self
-                                .received_slots
-                                .remove(&(session_id, seq))
-                                .map(|held| held.fragments);
-                            let Ok(reply) = stage_on_engine(
-                                store,
-                                session_id,
-                                seq,
-                                &request,
-                                slots,
-                                &mut self.slot_scratch,
-                            ) else {
-                                // No room, nothing of it staged. What the batch staged before
-                                // it is committed and reported first: the server takes a
-                                // request back only as its session's next.
-                                commit_staged(store, &mut self.server, &self.clock, &mut staged);
-                                // NoSpace: handed back to the server by Server::on_deferred
-                                self.server.on_deferred(
-                                    self.clock.now(),
-                                    session_id,
-                                    seq,
-                                    kind,
-                                    request,
-                                );
-                                continue;
-                            };
-                            staged.push((session_id, seq, reply));
-                            if staged.len() >= pmnet_pktstore::layout::MAX_BATCH_OPS {
-                                commit_staged(store, &mut self.server, &self.clock, &mut staged);
-                            }
-                            continue;
-                        }
-                        match self.app.as_application().apply(session_id, seq, &request) {
-                            Ok(reply) => {
-                                self.server
-                                    .on_applied(self.clock.now(), session_id, seq, reply);
-                            }
+                        let Ok(reply) = self.stage(session_id, seq, &request) else {
+                            // No room, nothing of it staged. What the batch staged before it
+                            // is committed and reported first: the server takes a request
+                            // back only as its session's next.
+                            self.commit_staged(&mut staged);
                             // NoSpace: handed back to the server by Server::on_deferred
-                            Err(NoSpace) => self.server.on_deferred(
+                            self.server.on_deferred(
                                 self.clock.now(),
                                 session_id,
                                 seq,
                                 kind,
                                 request,
-                            ),
+                            );
+                            continue;
+                        };
+                        staged.push((session_id, seq, reply));
+                        if staged.len() >= self.app.as_application().max_staged() {
+                            self.commit_staged(&mut staged);
                         }
                     }
                     ServerEvent::RecoveryComplete { entries_resent } => {
@@ -912,9 +816,7 @@ impl ServerRuntime {
                     }
                 }
             }
-            if let (false, ServerApp::Engine(store)) = (staged.is_empty(), &mut self.app) {
-                commit_staged(store, &mut self.server, &self.clock, &mut staged);
-            }
+            self.commit_staged(&mut staged);
             while let Some(transmit) = self.server.poll_transmit() {
                 progressed = true;
                 self.socket.enqueue(transmit);
@@ -924,6 +826,39 @@ impl ServerRuntime {
             }
         }
         self.socket.flush();
+    }
+
+    /// Stage one request: in place from the store slots it was received into, when the packet
+    /// store's receive path holds them, else from its bytes.
+    fn stage(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace> {
+        let slots = self
+            .received_slots
+            .remove(&(session_id, seq))
+            .map(|held| held.fragments);
+        match (&mut self.app, slots) {
+            (ServerApp::Engine(store), Some(slots)) => stage_received(
+                store,
+                session_id,
+                seq,
+                request,
+                slots,
+                &mut self.slot_scratch,
+            ),
+            (app, _) => app.as_application().stage(session_id, seq, request),
+        }
+    }
+
+    /// Commit what is staged, then report each of its requests applied: only now may their
+    /// server-ACKs leave.
+    fn commit_staged(&mut self, staged: &mut Vec<(u64, u32, Vec<u8>)>) {
+        if staged.is_empty() {
+            return;
+        }
+        self.app.as_application().commit();
+        for (session_id, seq, reply) in staged.drain(..) {
+            self.server
+                .on_applied(self.clock.now(), session_id, seq, reply);
+        }
     }
 
     pub fn report_line(&self) -> String {
@@ -1095,12 +1030,12 @@ impl ServerRuntime {
             (
                 "pmnet_loop_iterations_total",
                 "Turns of the event loop.",
-                self.counters.loop_iterations,
+                self.counters.event_loop.iterations,
             ),
             (
                 "pmnet_loop_idle_waits_total",
                 "Turns that found nothing to do and waited (or yielded).",
-                self.counters.idle_waits,
+                self.counters.event_loop.idle_waits,
             ),
         ] {
             out.counter(name, help, &[], value);
@@ -1259,71 +1194,95 @@ fn capacity_text(app: &ServerApp) -> Option<String> {
     ))
 }
 
-/// Commit the batch staged on the engine (two fences), then report each of its requests
-/// applied: only now may their server-ACKs leave.
-fn commit_staged(
-    store: &mut Store<MmapRegion>,
-    server: &mut Server,
-    clock: &Clock,
-    staged: &mut Vec<(u64, u32, Vec<u8>)>,
-) {
-    store.commit();
-    for (session_id, seq, reply) in staged.drain(..) {
-        server.on_applied(clock.now(), session_id, seq, reply);
-    }
-}
-
-/// Stage one request on a `pmnet-pktstore` engine: in place when its datagrams are in store
-/// slots (every fragment, and they hold exactly this request), else from its bytes.
-/// `Err(NoSpace)`: nothing of it was staged and its slots went back to the store; it is applied
-/// again later from its bytes.
-fn stage_on_engine(
+/// Stage one request on a `pmnet-pktstore` engine whose receive path holds store slots for
+/// it: in place when the slots hold every fragment and exactly this request, else from its
+/// bytes. `Err(NoSpace)`: nothing of it was staged and its slots went back to the store; it is
+/// applied again later from its bytes.
+fn stage_received(
     store: &mut Store<MmapRegion>,
     session_id: u64,
     seq: u32,
     request: &[u8],
-    slots: Option<HeldSlots>,
+    fragments: HeldSlots,
     scratch: &mut Vec<u32>,
 ) -> Result<Vec<u8>, NoSpace> {
-    if let Some(fragments) = slots {
-        let fragments = fragments.as_slice();
-        if fragments.iter().all(Option::is_some) {
-            scratch.clear();
-            scratch.extend(fragments.iter().flatten());
-            let slots: &[u32] = scratch;
-            // The protocol applies the first copy of each fragment it received; a slot may hold
-            // a later copy. Keep the slots only if they hold exactly the bytes applied.
-            let mut rest = request;
-            let mut same = true;
-            for slot in slots {
-                let payload = store
-                    .received_datagram(*slot)
-                    .and_then(|datagram| datagram.get(pmnet_wire::HEADER_LEN..))
-                    .unwrap_or(&[]);
-                match rest.strip_prefix(payload) {
-                    Some(tail) => rest = tail,
-                    None => {
-                        same = false;
-                        break;
-                    }
+    let fragments = fragments.as_slice();
+    if fragments.iter().all(Option::is_some) {
+        scratch.clear();
+        scratch.extend(fragments.iter().flatten());
+        let slots: &[u32] = scratch;
+        // The protocol applies the first copy of each fragment it received; a slot may hold
+        // a later copy. Keep the slots only if they hold exactly the bytes applied.
+        let mut rest = request;
+        let mut same = true;
+        for slot in slots {
+            let payload = store
+                .received_datagram(*slot)
+                .and_then(|datagram| datagram.get(pmnet_wire::HEADER_LEN..))
+                .unwrap_or(&[]);
+            match rest.strip_prefix(payload) {
+                Some(tail) => rest = tail,
+                None => {
+                    same = false;
+                    break;
                 }
             }
-            if same && rest.is_empty() {
-                if let Ok(reply) = store.stage_received(session_id, seq, slots) {
-                    return reply;
-                }
-            } else {
-                for &slot in slots {
-                    store.release_slot(slot);
-                }
+        }
+        if same && rest.is_empty() {
+            if let Ok(reply) = store.stage_received(session_id, seq, slots) {
+                return reply;
             }
         } else {
-            for &slot in fragments.iter().flatten() {
+            for &slot in slots {
                 store.release_slot(slot);
             }
         }
+    } else {
+        for &slot in fragments.iter().flatten() {
+            store.release_slot(slot);
+        }
     }
     store.stage_request(session_id, seq, request)
+}
+
+impl Node for ServerRuntime {
+    fn turn(&mut self, ready: Ready) -> Turn {
+        ServerRuntime::turn(self, ready & 1 != 0)
+    }
+
+    fn wait_fds(&self) -> Vec<(std::os::fd::RawFd, bool)> {
+        vec![(self.socket.raw_fd(), self.socket.is_write_blocked())]
+    }
+
+    fn next_timer(&self) -> Option<Duration> {
+        self.server
+            .poll_timeout()
+            .map(|deadline| self.clock.until(deadline))
+    }
+
+    fn queued_len(&self) -> usize {
+        self.socket.queued_len()
+    }
+
+    fn flush(&mut self) {
+        self.socket.flush();
+    }
+
+    fn metrics(&self) -> Metrics {
+        ServerRuntime::metrics(self)
+    }
+
+    fn report_line(&self) -> String {
+        ServerRuntime::report_line(self)
+    }
+
+    fn kind(&self) -> &'static str {
+        "server"
+    }
+
+    fn loop_counters(&mut self) -> &mut LoopCounters {
+        &mut self.counters.event_loop
+    }
 }
 
 #[cfg(test)]

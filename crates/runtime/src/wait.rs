@@ -50,18 +50,6 @@ impl FromStr for WaitMode {
     }
 }
 
-/// What a turn of an event loop did, for deciding whether to go round again or wait.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Turn {
-    /// Something was received or a timer fired.
-    pub busy: bool,
-    /// A receive filled its batch or a timer fired: go round again before waiting.
-    pub more: bool,
-}
-
-/// Longest a blocking loop sleeps without looking at its shutdown flag and its reports.
-pub const MAX_SLEEP: Duration = Duration::from_millis(50);
-
 /// Wait until one of `fds` is readable (or writable, where asked), or `timeout` passes.
 /// Returns early on a signal. `timeout` of zero only polls.
 ///

@@ -9,7 +9,7 @@ use pmnet_proto::{Client, ClientConfig, ClientCounters, ClientError, ClientEvent
 
 use crate::event_loop::{wait_once, MAX_SLEEP};
 use crate::udp::{BatchSocket, SocketCounters};
-use crate::wait::{Clock, WaitMode};
+use crate::wait::{Clock, PollFd, WaitMode};
 
 /// Datagrams a client session queues for sending at most: a full window of fragmented
 /// requests fits.
@@ -153,8 +153,12 @@ impl ClientSession {
             if let Some(deadline) = deadline {
                 timeout = timeout.min(deadline.saturating_duration_since(wall));
             }
-            let fds = [(self.socket.raw_fd(), self.socket.is_write_blocked())];
-            if wait_once(self.wait, &fds, timeout).is_err() {
+            let mut fds = [PollFd::new(
+                self.socket.raw_fd(),
+                true,
+                self.socket.is_write_blocked(),
+            )];
+            if wait_once(self.wait, &mut fds, timeout).is_err() {
                 std::thread::sleep(timeout.min(Duration::from_millis(1)));
             }
         }

@@ -14,6 +14,7 @@ use crate::event_loop::{run_loop, LoopCounters, LoopSettings, Node, Ready, Turn}
 use crate::metrics::Metrics;
 use crate::udp::{BatchSocket, BATCH_LEN};
 use crate::wait::Clock;
+use crate::wait::PollFd;
 use crate::{
     socket_digest, socket_metrics, start_metrics, LoopOptions, MetricsBoard, RuntimeError, Shutdown,
 };
@@ -506,7 +507,7 @@ impl DeviceRuntime {
             // Look once more at the data socket (only) before sleeping: the server's ACK of
             // what was just forwarded often arrives within microseconds, and taking it now
             // saves a sleep and a wake-up on the vCPU the clients may share.
-            turn.again = 1;
+            turn.again = true;
             turn.busy = true;
             let now = self.clock.now();
             for index in 0..count {
@@ -570,12 +571,12 @@ impl DeviceRuntime {
         turn
     }
 
-    /// The sockets `wait_for_sockets` found readable, from its mask over `poll_fds`.
-    fn readable(&self, mask: u64) -> SocketSet {
-        let mut bit = 0;
+    /// The sockets a turn may receive on, numbered as `poll_fds` lists them.
+    fn readable(&self, ready: Ready<'_>) -> SocketSet {
+        let mut index = 0;
         let mut next = || {
-            let set = mask & (1 << bit) != 0;
-            bit += 1;
+            let set = ready.is_readable(index);
+            index += 1;
             set
         };
         let data = next();
@@ -792,13 +793,15 @@ impl DeviceRuntime {
 }
 
 impl Node for DeviceRuntime {
-    fn turn(&mut self, ready: Ready) -> Turn {
+    fn turn(&mut self, ready: Ready<'_>) -> Turn {
         let sockets = self.readable(ready);
         self.receive_and_handle(sockets)
     }
 
-    fn wait_fds(&self) -> Vec<(std::os::fd::RawFd, bool)> {
-        self.poll_fds()
+    fn wait_fds(&self, fds: &mut Vec<PollFd>) {
+        for (fd, write) in self.poll_fds() {
+            fds.push(PollFd::new(fd, true, write));
+        }
     }
 
     fn next_timer(&self) -> Option<Duration> {

@@ -5,11 +5,10 @@
 //! adaptor and the gateway.
 
 use std::io;
-use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 use crate::metrics::{Metrics, MetricsBoard};
-use crate::wait::{pin_current_thread, wait_for_sockets, yield_cpu, WaitMode};
+use crate::wait::{pin_current_thread, poll, yield_cpu, PollFd, WaitMode};
 use crate::{RuntimeError, Shutdown, METRICS_PUBLISH_INTERVAL};
 
 /// Longest a blocking loop sleeps without looking at its shutdown flag and its reports.
@@ -20,11 +19,27 @@ pub const MAX_SLEEP: Duration = Duration::from_millis(50);
 const DRAIN_ROUNDS: usize = 100;
 const DRAIN_WAIT: Duration = Duration::from_millis(10);
 
-/// Readiness of a node's descriptors: bit `i` is `wait_fds()[i]`.
-pub type Ready = u64;
+/// Which of a node's descriptors a turn may receive on.
+#[derive(Debug, Clone, Copy)]
+pub enum Ready<'a> {
+    /// All of them: the loop did not wait before this turn.
+    All,
+    /// The first only (the one more look [`Turn::again`] asks for).
+    First,
+    /// Those the wait found readable: entry `i` answers for `wait_fds`'s entry `i`.
+    Polled(&'a [PollFd]),
+}
 
-/// Every descriptor: what a turn receives on when the loop did not wait before it.
-pub const READY_ALL: Ready = u64::MAX;
+impl Ready<'_> {
+    /// Whether the turn may receive on descriptor `index` of `wait_fds`.
+    pub fn is_readable(&self, index: usize) -> bool {
+        match self {
+            Ready::All => true,
+            Ready::First => index == 0,
+            Ready::Polled(fds) => fds.get(index).is_some_and(|fd| fd.readable),
+        }
+    }
+}
 
 /// What a turn of a node did, for deciding whether to go round again or wait.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -33,20 +48,21 @@ pub struct Turn {
     pub busy: bool,
     /// A receive filled its batch or a timer fired: go round again before waiting.
     pub more: bool,
-    /// Descriptors worth one more look before a blocking loop sleeps (0: none). The device
-    /// looks once more at its data socket after a turn that received on it: the server's ACK
-    /// of what it just forwarded often arrives within microseconds, and taking it now saves a
-    /// sleep and a wake-up.
-    pub again: Ready,
+    /// Look once more at the first descriptor (only) before a blocking loop sleeps. The
+    /// device asks it after a turn that received on its data socket: the server's ACK of what
+    /// it just forwarded often arrives within microseconds, and taking it now saves a sleep
+    /// and a wake-up.
+    pub again: bool,
 }
 
 /// A node the event loop drives.
 pub trait Node {
-    /// Receive on the descriptors `ready` marks (bit `i` is `wait_fds()[i]`), handle what
-    /// arrived, fire due timers, persist, send.
-    fn turn(&mut self, ready: Ready) -> Turn;
-    /// The descriptors to wait on, and whether each has sends waiting for room.
-    fn wait_fds(&self) -> Vec<(RawFd, bool)>;
+    /// Receive on the descriptors `ready` allows, handle what arrived, fire due timers,
+    /// persist, send.
+    fn turn(&mut self, ready: Ready<'_>) -> Turn;
+    /// The descriptors to wait on and what for (reading; writing where sends wait for room),
+    /// pushed onto `fds` in the order [`Ready::is_readable`] numbers them.
+    fn wait_fds(&self, fds: &mut Vec<PollFd>);
     /// How long until the node's next timer is due, if it has one.
     fn next_timer(&self) -> Option<Duration>;
     /// Datagrams (or bytes) still queued to send; the shutdown drain waits for them.
@@ -97,14 +113,21 @@ pub fn run_loop<N: Node>(
     let mut next_report = settings
         .report_interval
         .map(|interval| Instant::now() + interval);
-    // The descriptors the next turn receives on: after a wait, those the kernel said are
-    // readable; otherwise all of them.
-    let mut ready = READY_ALL;
+    let mut fds: Vec<PollFd> = Vec::new();
+    // What the next turn receives on: after a wait, what the kernel said is readable;
+    // otherwise everything.
+    let mut waited = false;
+    let mut again = false;
     loop {
         let stopping = shutdown.is_requested();
         node.loop_counters().iterations += 1;
-        let turn = node.turn(if stopping { READY_ALL } else { ready });
-        ready = READY_ALL;
+        let ready = match (stopping, waited, again) {
+            (false, true, _) => Ready::Polled(&fds),
+            (false, false, true) => Ready::First,
+            _ => Ready::All,
+        };
+        let turn = node.turn(ready);
+        (waited, again) = (false, false);
         if stopping {
             break;
         }
@@ -122,8 +145,8 @@ pub fn run_loop<N: Node>(
         match settings.wait {
             WaitMode::BusyPoll if turn.busy => continue,
             WaitMode::Blocking if turn.more => continue,
-            WaitMode::Blocking if turn.again != 0 => {
-                ready = turn.again;
+            WaitMode::Blocking if turn.again => {
+                again = true;
                 continue;
             }
             _ => {}
@@ -142,8 +165,10 @@ pub fn run_loop<N: Node>(
                 if let Some(at) = next_report {
                     timeout = timeout.min(at.saturating_duration_since(wall));
                 }
-                match wait_for_sockets(&node.wait_fds(), timeout) {
-                    Ok(mask) => ready = mask,
+                fds.clear();
+                node.wait_fds(&mut fds);
+                match poll(&mut fds, timeout) {
+                    Ok(()) => waited = true,
                     // A failing ppoll degrades to a short sleep: the loop must keep serving.
                     Err(_) => std::thread::sleep(timeout.min(Duration::from_millis(1))),
                 }
@@ -160,16 +185,17 @@ pub fn run_loop<N: Node>(
 
 /// Give the sockets a bounded chance to send what is still queued.
 fn drain<N: Node>(node: &mut N) {
+    let mut fds = Vec::new();
     for _ in 0..DRAIN_ROUNDS {
         if node.queued_len() == 0 {
             break;
         }
-        let fds: Vec<(RawFd, bool)> = node
-            .wait_fds()
-            .into_iter()
-            .map(|(fd, _)| (fd, true))
-            .collect();
-        let _ = wait_for_sockets(&fds, DRAIN_WAIT);
+        fds.clear();
+        node.wait_fds(&mut fds);
+        for fd in &mut fds {
+            fd.write = true;
+        }
+        let _ = poll(&mut fds, DRAIN_WAIT);
         node.flush();
     }
 }
@@ -183,12 +209,15 @@ pub struct LoopCounters {
 
 /// Wait as `wait` says for one of `fds`, or `timeout`: for a node driven by its caller (a
 /// client session waiting for its next event) rather than by [`run_loop`].
-pub fn wait_once(wait: WaitMode, fds: &[(RawFd, bool)], timeout: Duration) -> io::Result<Ready> {
+pub fn wait_once(wait: WaitMode, fds: &mut [PollFd], timeout: Duration) -> io::Result<()> {
     match wait {
         WaitMode::BusyPoll => {
             yield_cpu();
-            Ok(READY_ALL)
+            for fd in fds.iter_mut() {
+                fd.readable = fd.read;
+            }
+            Ok(())
         }
-        WaitMode::Blocking => wait_for_sockets(fds, timeout.min(MAX_SLEEP)),
+        WaitMode::Blocking => poll(fds, timeout.min(MAX_SLEEP)),
     }
 }

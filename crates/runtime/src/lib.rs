@@ -35,16 +35,14 @@ pub use client::{random_session_id, ClientSession, SessionOptions};
 pub use device::{
     DeviceAddresses, DeviceOptions, DeviceRuntime, DeviceStartup, LogOptions, ECHO_MAX_QUEUED,
 };
-pub use event_loop::{
-    run_loop, wait_once, LoopCounters, LoopSettings, Node, Ready, Turn, READY_ALL,
-};
+pub use event_loop::{run_loop, wait_once, LoopCounters, LoopSettings, Node, Ready, Turn};
 pub use metrics::{Metrics, MetricsBoard};
 pub use relay::{RelayOptions, UdpRelay};
 pub use server::{
     ServerAddresses, ServerApp, ServerOptions, ServerRuntime, ServerStartup, StoreOptions,
 };
 pub use shutdown::Shutdown;
-pub use wait::{online_cpu_count, pin_current_thread, Clock, WaitMode};
+pub use wait::{online_cpu_count, pin_current_thread, poll, yield_cpu, Clock, PollFd, WaitMode};
 
 /// How an event loop runs: shared by the device and the server.
 #[derive(Debug, Clone)]

@@ -17,6 +17,7 @@ use pmnet_proto::Transmit;
 use crate::event_loop::{run_loop, LoopCounters, LoopSettings, Node, Ready, Turn};
 use crate::metrics::Metrics;
 use crate::udp::{BatchSocket, SocketCounters, BATCH_LEN};
+use crate::wait::PollFd;
 use crate::{socket_digest, socket_metrics, LoopOptions, RuntimeError, Shutdown};
 
 /// Where a relay listens and where it sends.
@@ -110,14 +111,14 @@ impl UdpRelay {
 
     /// One turn: a batch from each socket, relayed. Returns whether anything arrived.
     pub fn poll_once(&mut self) -> bool {
-        self.relay(u64::MAX).busy
+        self.relay(Ready::All).busy
     }
 
-    /// A batch from each socket `ready` marks (bit 0 front, bit 1 back), relayed.
-    fn relay(&mut self, ready: Ready) -> Turn {
+    /// A batch from each socket `ready` allows (0 front, 1 back), relayed.
+    fn relay(&mut self, ready: Ready<'_>) -> Turn {
         let mut turn = Turn::default();
         let target = self.options.target;
-        let count = if ready & 1 != 0 {
+        let count = if ready.is_readable(0) {
             self.front.receive_batch()
         } else {
             0
@@ -136,7 +137,7 @@ impl UdpRelay {
             }
             self.back.flush();
         }
-        let count = if ready & 2 != 0 {
+        let count = if ready.is_readable(1) {
             self.back.receive_batch()
         } else {
             0
@@ -168,15 +169,21 @@ impl UdpRelay {
 }
 
 impl Node for UdpRelay {
-    fn turn(&mut self, ready: Ready) -> Turn {
+    fn turn(&mut self, ready: Ready<'_>) -> Turn {
         self.relay(ready)
     }
 
-    fn wait_fds(&self) -> Vec<(std::os::fd::RawFd, bool)> {
-        vec![
-            (self.front.raw_fd(), self.front.is_write_blocked()),
-            (self.back.raw_fd(), self.back.is_write_blocked()),
-        ]
+    fn wait_fds(&self, fds: &mut Vec<PollFd>) {
+        fds.push(PollFd::new(
+            self.front.raw_fd(),
+            true,
+            self.front.is_write_blocked(),
+        ));
+        fds.push(PollFd::new(
+            self.back.raw_fd(),
+            true,
+            self.back.is_write_blocked(),
+        ));
     }
 
     fn next_timer(&self) -> Option<Duration> {

@@ -13,7 +13,7 @@ use pmnet_store::{Application, IdealHandler, KvConfig, KvStore, NoSpace, Session
 use crate::event_loop::{run_loop, LoopCounters, LoopSettings, Node, Ready, Turn};
 use crate::metrics::Metrics;
 use crate::udp::BatchSocket;
-use crate::wait::Clock;
+use crate::wait::{Clock, PollFd};
 use crate::{
     socket_digest, socket_metrics, start_metrics, LoopOptions, MetricsBoard, RuntimeError, Shutdown,
 };
@@ -1246,12 +1246,16 @@ fn stage_received(
 }
 
 impl Node for ServerRuntime {
-    fn turn(&mut self, ready: Ready) -> Turn {
-        ServerRuntime::turn(self, ready & 1 != 0)
+    fn turn(&mut self, ready: Ready<'_>) -> Turn {
+        ServerRuntime::turn(self, ready.is_readable(0))
     }
 
-    fn wait_fds(&self) -> Vec<(std::os::fd::RawFd, bool)> {
-        vec![(self.socket.raw_fd(), self.socket.is_write_blocked())]
+    fn wait_fds(&self, fds: &mut Vec<PollFd>) {
+        fds.push(PollFd::new(
+            self.socket.raw_fd(),
+            true,
+            self.socket.is_write_blocked(),
+        ));
     }
 
     fn next_timer(&self) -> Option<Duration> {

@@ -50,23 +50,45 @@ impl FromStr for WaitMode {
     }
 }
 
-/// Wait until one of `fds` is readable (or writable, where asked), or `timeout` passes.
-/// Returns early on a signal. `timeout` of zero only polls.
-///
-/// The result has bit `i` set when `fds[i]` has something to receive (or an error to
-/// report): the caller need not try the others. Zero after a timeout or a signal. Only the
-/// first 64 descriptors are reported.
-pub fn wait_for_sockets(fds: &[(RawFd, bool)], timeout: Duration) -> io::Result<u64> {
+/// What to wait for on one descriptor, and what happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PollFd {
+    pub fd: RawFd,
+    pub read: bool,
+    pub write: bool,
+    /// Set by [`poll`]: readable, or closed / in error (a read will tell which).
+    pub readable: bool,
+    /// Set by [`poll`]: writable, or in error.
+    pub writable: bool,
+}
+
+impl PollFd {
+    pub fn new(fd: RawFd, read: bool, write: bool) -> PollFd {
+        PollFd {
+            fd,
+            read,
+            write,
+            readable: false,
+            writable: false,
+        }
+    }
+}
+
+/// Wait until one of `fds` is ready or `timeout` passes (zero: only look), then fill in
+/// `readable` and `writable`. A signal ends the wait early (not an error). The one `ppoll`
+/// wrapper of the project: every loop waits through it.
+pub fn poll(fds: &mut [PollFd], timeout: Duration) -> io::Result<()> {
     let mut pollfds: Vec<libc::pollfd> = fds
         .iter()
-        .map(|&(fd, want_write)| libc::pollfd {
-            fd,
-            events: libc::POLLIN | if want_write { libc::POLLOUT } else { 0 },
+        .map(|entry| libc::pollfd {
+            fd: entry.fd,
+            events: (if entry.read { libc::POLLIN } else { 0 })
+                | (if entry.write { libc::POLLOUT } else { 0 }),
             revents: 0,
         })
         .collect();
     let timeout = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
         tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
     };
     // SAFETY: pollfds is a valid array of its length; the timespec lives across the call.
@@ -78,19 +100,40 @@ pub fn wait_for_sockets(fds: &[(RawFd, bool)], timeout: Duration) -> io::Result<
             std::ptr::null(),
         )
     };
+    for entry in fds.iter_mut() {
+        entry.readable = false;
+        entry.writable = false;
+    }
     if result < 0 {
         let error = io::Error::last_os_error();
-        if error.kind() != io::ErrorKind::Interrupted {
-            return Err(error);
+        if error.kind() == io::ErrorKind::Interrupted {
+            return Ok(());
         }
-        return Ok(0);
+        return Err(error);
     }
-    let readable = libc::POLLIN | libc::POLLERR | libc::POLLHUP | libc::POLLNVAL;
-    Ok(pollfds
+    let trouble = libc::POLLERR | libc::POLLHUP | libc::POLLNVAL;
+    for (entry, polled) in fds.iter_mut().zip(&pollfds) {
+        entry.readable = polled.revents & (libc::POLLIN | trouble) != 0;
+        entry.writable = polled.revents & (libc::POLLOUT | trouble) != 0;
+    }
+    Ok(())
+}
+
+/// Wait until one of `fds` is readable (or writable, where asked), or `timeout` passes: a
+/// shorthand of [`poll`] for sockets always read. Bit `i` of the result is set when `fds[i]`
+/// has something to receive (or an error to report); zero after a timeout or a signal. Only
+/// the first 64 descriptors are reported.
+pub fn wait_for_sockets(fds: &[(RawFd, bool)], timeout: Duration) -> io::Result<u64> {
+    let mut polled: Vec<PollFd> = fds
+        .iter()
+        .map(|&(fd, write)| PollFd::new(fd, true, write))
+        .collect();
+    poll(&mut polled, timeout)?;
+    Ok(polled
         .iter()
         .take(64)
         .enumerate()
-        .filter(|(_, pollfd)| pollfd.revents & readable != 0)
+        .filter(|(_, entry)| entry.readable)
         .fold(0, |mask, (index, _)| mask | 1 << index))
 }
 

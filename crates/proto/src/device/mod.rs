@@ -520,9 +520,16 @@ impl Device {
     ) {
         let generation = self.take_generation();
         let deadline = now + self.config.resend_timeout;
-        self.index.insert(key, slot);
-        self.resend_timers.insert((deadline, slot));
-        self.entries.insert(
+        let known = self.index.insert(key, slot);
+        assert!(
+            known.is_none(),
+            "{key:?} logged twice (slots {known:?} and {slot})"
+        );
+        assert!(
+            self.resend_timers.insert((deadline, slot)),
+            "slot {slot} has a resend timer already"
+        );
+        let held = self.entries.insert(
             slot,
             Entry {
                 key,
@@ -538,15 +545,9 @@ impl Device {
                 in_replay: false,
             },
         );
+        assert!(held.is_none(), "slot {slot} logged while it holds an entry");
         self.counters.updates_logged += 1;
-        assert!(
-            self.entries.len() <= self.config.max_live_entries as usize
-                && self.index.len() <= self.entries.len(),
-            "live entries {} over the bound {} or an index of {} keys",
-            self.entries.len(),
-            self.config.max_live_entries,
-            self.index.len()
-        );
+        self.assert_bounds();
         self.persists.push(LogWork::Write {
             slot,
             key,
@@ -637,6 +638,22 @@ impl Device {
         self.resend_timers.remove(&(entry.resend_deadline, slot));
         self.counters.entries_invalidated += 1;
         self.persists.push(LogWork::Invalidate { slot });
+        self.assert_bounds();
+    }
+
+    /// What every log and free keeps true: live entries within their bound, and no more keys
+    /// in the index or resend timers than live entries (each names one).
+    fn assert_bounds(&self) {
+        assert!(
+            self.entries.len() <= self.config.max_live_entries as usize
+                && self.index.len() <= self.entries.len()
+                && self.resend_timers.len() <= self.entries.len(),
+            "live entries {} (bound {}) with an index of {} keys and {} resend timers",
+            self.entries.len(),
+            self.config.max_live_entries,
+            self.index.len(),
+            self.resend_timers.len()
+        );
     }
 
     fn slots_of(&self, server_id: u16, session_id: u64, seq: u32) -> Vec<u32> {

@@ -11,7 +11,7 @@ use super::durability_checker::check_corrupted_entry_not_recovered;
 use super::FaultSummary;
 
 /// Crash device `index` (when the seed's crash weight allows): maybe with an applied entry
-/// corrupted at rest, maybe in the middle of a log write, and with a crash image that keeps
+/// corrupted at rest, maybe in the middle of a batch of log work, and with a crash image that keeps
 /// what was persisted or tears the unpersisted cache lines; then restart it.
 pub(super) fn crash_device(
     world: &mut World,

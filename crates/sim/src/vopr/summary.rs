@@ -94,7 +94,7 @@ impl FaultCounts {
                 self.device_crashes_with_held_writes,
             ),
             (
-                "device crashes in the middle of a log write",
+                "device crashes in the middle of a batch of log writes",
                 self.device_crashes_mid_write,
             ),
             ("server crashes", self.server_crashes),

@@ -11,8 +11,8 @@ use std::time::Duration;
 use pmnet_pktstore::EngineKind;
 use pmnet_pm::MmapOptions;
 use pmnet_runtime::{
-    DeviceOptions, DeviceRuntime, LogOptions, LoopOptions, Metrics, ServerOptions, ServerRuntime,
-    Shutdown, StoreOptions, WaitMode,
+    DeviceAddresses, DeviceOptions, DeviceRuntime, LogOptions, LoopOptions, Metrics, ServerOptions,
+    ServerRuntime, Shutdown, StoreOptions, WaitMode,
 };
 
 /// How long a starting thread may take to bind its sockets and open its file.
@@ -109,149 +109,14 @@ impl LoopbackSystem {
         // Guards remove the files if starting fails half-way.
         let log_guard = FileGuard(Some(log_path.clone()));
         let data_guard = FileGuard(Some(data_path.clone()));
-        let loop_options = |cpu| LoopOptions {
-            wait: config.wait,
-            cpu,
-            report_interval: None,
-            metrics_listen: None,
-            ..LoopOptions::default()
-        };
-        let loopback: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 0));
-
-        let server_options = ServerOptions {
-            server_id: config.server_id,
-            listen: loopback,
-            devices: Vec::new(),
-            store: (!config.ideal).then(|| StoreOptions {
-                path: data_path.clone(),
-                size_bytes: config.data_bytes,
-                max_sessions: config.max_sessions,
-                format: true,
-                mmap: config.mmap,
-            }),
-            gap_fill_after: None,
-            loop_options: loop_options(config.server_cpu),
-        };
-        let (server_tx, server_rx) = mpsc::channel();
-        let server_shutdown = shutdown.clone();
-        let engine = config.engine;
-        let server = std::thread::Builder::new()
-            .name("pmnet-server".into())
-            .spawn(move || {
-                quietly(|| {
-                    let mut server = match ServerRuntime::open_with_engine(
-                        server_options,
-                        engine,
-                        server_shutdown,
-                    ) {
-                        Ok(server) => server,
-                        Err(error) => {
-                            let _ = server_tx.send(Err(error.to_string()));
-                            return Metrics::new();
-                        }
-                    };
-                    let _ = server_tx.send(Ok((
-                        server.addresses().data,
-                        server.startup().medium_text(),
-                    )));
-                    if let Err(error) = server.run() {
-                        tracing::error!("server: {error}");
-                    }
-                    server.metrics()
-                })
-            })
-            .map_err(|error| format!("cannot start the server thread: {error}"))?;
-        let (server_addr, server_medium) = match server_rx.recv_timeout(START_TIMEOUT) {
-            Ok(Ok(started)) => started,
-            Ok(Err(error)) => {
-                let _ = server.join();
-                return Err(format!("the server did not start: {error}"));
-            }
-            Err(_) => {
-                shutdown.request();
-                let _ = server.join();
-                return Err("the server did not start in time".into());
-            }
-        };
-
-        let device_options = DeviceOptions {
-            device_id: config.device_id,
-            listen: loopback,
-            servers: vec![(config.server_id, server_addr)],
-            log: Some(LogOptions {
-                path: log_path.clone(),
-                slot_count: config.slots,
-                slot_size: config.slot_size,
-                format: true,
-                mmap: config.mmap,
-            }),
-            forward_listen: Some(loopback),
-            echo_listen: Some(loopback),
-            max_resends_in_flight: None,
-            loop_options: loop_options(config.device_cpu),
-        };
-        let (device_tx, device_rx) = mpsc::channel();
-        let device_shutdown = shutdown.clone();
-        let device = std::thread::Builder::new()
-            .name("pmnet-device".into())
-            .spawn(move || {
-                quietly(|| {
-                    let mut device = match DeviceRuntime::open(device_options, device_shutdown) {
-                        Ok(device) => device,
-                        Err(error) => {
-                            let _ = device_tx.send(Err(error.to_string()));
-                            return Metrics::new();
-                        }
-                    };
-                    let _ =
-                        device_tx.send(Ok((device.addresses(), device.startup().medium_text())));
-                    if let Err(error) = device.run() {
-                        tracing::error!("device: {error}");
-                    }
-                    device.metrics()
-                })
-            });
-        let fail = |message: String, device: Option<JoinHandle<Metrics>>, server: JoinHandle<_>| {
-            shutdown.request();
-            if let Some(device) = device {
-                let _ = device.join();
-            }
-            let _ = server.join();
-            Err(message)
-        };
-        let device = match device {
+        let server = start_server(config, data_path, &shutdown)?;
+        let device = match start_device(config, log_path, server.addr, &shutdown) {
             Ok(device) => device,
-            Err(error) => {
-                return fail(
-                    format!("cannot start the device thread: {error}"),
-                    None,
-                    server,
-                )
+            Err(message) => {
+                shutdown.request();
+                let _ = server.thread.join();
+                return Err(message);
             }
-        };
-        let (device_addresses, device_medium) = match device_rx.recv_timeout(START_TIMEOUT) {
-            Ok(Ok(started)) => started,
-            Ok(Err(error)) => {
-                return fail(
-                    format!("the device did not start: {error}"),
-                    Some(device),
-                    server,
-                )
-            }
-            Err(_) => {
-                return fail(
-                    "the device did not start in time".into(),
-                    Some(device),
-                    server,
-                )
-            }
-        };
-        let (Some(forward), Some(echo)) = (device_addresses.forward, device_addresses.echo) else {
-            return fail(
-                "the device opened no forward or echo port".into(),
-                Some(device),
-                server,
-            );
         };
         let mut files = Vec::new();
         for mut guard in [log_guard, data_guard] {
@@ -259,17 +124,17 @@ impl LoopbackSystem {
         }
         Ok(LoopbackSystem {
             shutdown,
-            device: Some(device),
-            server: Some(server),
+            device: Some(device.thread),
+            server: Some(server.thread),
             files,
             addresses: SystemAddresses {
-                device: device_addresses.data,
-                forward,
-                echo,
-                server: server_addr,
+                device: device.data,
+                forward: device.forward,
+                echo: device.echo,
+                server: server.addr,
             },
-            device_medium,
-            server_medium,
+            device_medium: device.medium,
+            server_medium: server.medium,
         })
     }
 
@@ -296,54 +161,183 @@ impl Drop for LoopbackSystem {
     }
 }
 
-/// The value of a counter, 0 if absent.
-pub fn counter(metrics: &Metrics, name: &str, labels: &[(&str, &str)]) -> u64 {
-    metrics.value(name, labels).unwrap_or(0.0) as u64
+/// The loop options of a part of the system: the system's wait mode, pinned to `cpu`, no
+/// reports and no metrics endpoint.
+fn loop_options(config: &LoopbackConfig, cpu: Option<usize>) -> LoopOptions {
+    LoopOptions {
+        wait: config.wait,
+        cpu,
+        report_interval: None,
+        metrics_listen: None,
+        ..LoopOptions::default()
+    }
 }
 
-impl SystemCounters {
-    /// What is worth telling about a mode's run, in a few short phrases.
-    pub fn notes(&self) -> Vec<String> {
-        let mut notes = Vec::new();
-        if let Some(device) = &self.device {
-            let pmnet = [("port", "pmnet")];
-            let received = counter(device, "pmnet_device_updates_received_total", &pmnet);
-            if received > 0 {
-                let logged = counter(device, "pmnet_device_updates_logged_total", &pmnet);
-                notes.push(format!(
-                    "device: {logged} of {received} updates logged and acked early ({} log \
-                     full, {} slot collisions, {} resent after a timeout)",
-                    counter(device, "pmnet_device_log_full_total", &pmnet),
-                    counter(device, "pmnet_device_log_collisions_total", &pmnet),
-                    counter(device, "pmnet_device_resend_timeouts_total", &pmnet),
-                ));
-            }
-            let dropped = device.sum("pmnet_device_dropped_all_total")
-                + device.sum("pmnet_socket_dropped_total");
-            if dropped > 0.0 {
-                notes.push(format!("device dropped {dropped:.0} datagrams"));
-            }
+/// A loopback address with a port the kernel chooses.
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+/// A started server thread: where it listens and its medium.
+struct StartedServer {
+    thread: JoinHandle<Metrics>,
+    addr: SocketAddr,
+    medium: String,
+}
+
+/// Start the server thread, with its store (or the ideal handler) in a new file at
+/// `data_path`, and wait until it listens.
+fn start_server(
+    config: &LoopbackConfig,
+    data_path: PathBuf,
+    shutdown: &Shutdown,
+) -> Result<StartedServer, String> {
+    let server_options = ServerOptions {
+        server_id: config.server_id,
+        listen: loopback(),
+        devices: Vec::new(),
+        store: (!config.ideal).then_some(StoreOptions {
+            path: data_path,
+            size_bytes: config.data_bytes,
+            max_sessions: config.max_sessions,
+            format: true,
+            mmap: config.mmap,
+        }),
+        gap_fill_after: None,
+        loop_options: loop_options(config, config.server_cpu),
+    };
+    let (server_tx, server_rx) = mpsc::channel();
+    let server_shutdown = shutdown.clone();
+    let engine = config.engine;
+    let server = std::thread::Builder::new()
+        .name("pmnet-server".into())
+        .spawn(move || quietly(|| run_server(server_options, engine, server_shutdown, server_tx)))
+        .map_err(|error| format!("cannot start the server thread: {error}"))?;
+    match server_rx.recv_timeout(START_TIMEOUT) {
+        Ok(Ok((addr, medium))) => Ok(StartedServer {
+            thread: server,
+            addr,
+            medium,
+        }),
+        Ok(Err(error)) => {
+            let _ = server.join();
+            Err(format!("the server did not start: {error}"))
         }
-        if let Some(server) = &self.server {
-            let applied = counter(server, "pmnet_server_requests_applied_total", &[]);
-            let compactions = counter(server, "pmnet_store_compactions_total", &[]);
-            let gaps = counter(server, "pmnet_server_retransmit_requests_sent_total", &[]);
-            let dropped =
-                server.sum("pmnet_server_dropped_total") + server.sum("pmnet_socket_dropped_total");
-            let mut note = format!("server: {applied} requests applied");
-            if compactions > 0 {
-                note.push_str(&format!(", {compactions} store compactions"));
-            }
-            if gaps > 0 {
-                note.push_str(&format!(", {gaps} retransmission requests for gaps"));
-            }
-            if dropped > 0.0 {
-                note.push_str(&format!(", {dropped:.0} datagrams dropped"));
-            }
-            notes.push(note);
+        Err(_) => {
+            shutdown.request();
+            let _ = server.join();
+            Err("the server did not start in time".into())
         }
-        notes
     }
+}
+
+/// The server thread: open the server, say where it listens (or why it did not open), run it
+/// until shutdown; returns what it counted.
+fn run_server(
+    options: ServerOptions,
+    engine: Option<EngineKind>,
+    shutdown: Shutdown,
+    started: mpsc::Sender<Result<(SocketAddr, String), String>>,
+) -> Metrics {
+    let mut server = match ServerRuntime::open_with_engine(options, engine, shutdown) {
+        Ok(server) => server,
+        Err(error) => {
+            let _ = started.send(Err(error.to_string()));
+            return Metrics::new();
+        }
+    };
+    let _ = started.send(Ok((
+        server.addresses().data,
+        server.startup().medium_text(),
+    )));
+    if let Err(error) = server.run() {
+        tracing::error!("server: {error}");
+    }
+    server.metrics()
+}
+
+/// A started device thread: where it listens and its medium.
+struct StartedDevice {
+    thread: JoinHandle<Metrics>,
+    /// The PMNet port.
+    data: SocketAddr,
+    forward: SocketAddr,
+    echo: SocketAddr,
+    medium: String,
+}
+
+/// Start the device thread in front of the server at `server_addr`, with its log in a new
+/// file at `log_path`, and wait until it listens on its PMNet, forward and echo ports. On
+/// failure the device thread is stopped (the caller stops the server).
+fn start_device(
+    config: &LoopbackConfig,
+    log_path: PathBuf,
+    server_addr: SocketAddr,
+    shutdown: &Shutdown,
+) -> Result<StartedDevice, String> {
+    let device_options = DeviceOptions {
+        device_id: config.device_id,
+        listen: loopback(),
+        servers: vec![(config.server_id, server_addr)],
+        log: Some(LogOptions {
+            path: log_path,
+            slot_count: config.slots,
+            slot_size: config.slot_size,
+            format: true,
+            mmap: config.mmap,
+        }),
+        forward_listen: Some(loopback()),
+        echo_listen: Some(loopback()),
+        max_resends_in_flight: None,
+        loop_options: loop_options(config, config.device_cpu),
+    };
+    let (device_tx, device_rx) = mpsc::channel();
+    let device_shutdown = shutdown.clone();
+    let device = std::thread::Builder::new()
+        .name("pmnet-device".into())
+        .spawn(move || quietly(|| run_device(device_options, device_shutdown, device_tx)))
+        .map_err(|error| format!("cannot start the device thread: {error}"))?;
+    let fail = |message: String, device: JoinHandle<Metrics>| {
+        shutdown.request();
+        let _ = device.join();
+        Err(message)
+    };
+    let (addresses, medium) = match device_rx.recv_timeout(START_TIMEOUT) {
+        Ok(Ok(started)) => started,
+        Ok(Err(error)) => return fail(format!("the device did not start: {error}"), device),
+        Err(_) => return fail("the device did not start in time".into(), device),
+    };
+    let (Some(forward), Some(echo)) = (addresses.forward, addresses.echo) else {
+        return fail("the device opened no forward or echo port".into(), device);
+    };
+    Ok(StartedDevice {
+        thread: device,
+        data: addresses.data,
+        forward,
+        echo,
+        medium,
+    })
+}
+
+/// The device thread: open the device, say where it listens (or why it did not open), run it
+/// until shutdown; returns what it counted.
+fn run_device(
+    options: DeviceOptions,
+    shutdown: Shutdown,
+    started: mpsc::Sender<Result<(DeviceAddresses, String), String>>,
+) -> Metrics {
+    let mut device = match DeviceRuntime::open(options, shutdown) {
+        Ok(device) => device,
+        Err(error) => {
+            let _ = started.send(Err(error.to_string()));
+            return Metrics::new();
+        }
+    };
+    let _ = started.send(Ok((device.addresses(), device.startup().medium_text())));
+    if let Err(error) = device.run() {
+        tracing::error!("device: {error}");
+    }
+    device.metrics()
 }
 
 /// Remove files an earlier benchmark left in `dir` when it was killed before it could (named

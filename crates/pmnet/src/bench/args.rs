@@ -1,0 +1,483 @@
+//! `pmnet bench`'s options: their parsing and checks, and the [`Plan`] they make.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use pmnet_pm::{FlushChoice, MmapOptions, ADDED_LATENCY_NS_MAX};
+use pmnet_runtime::WaitMode;
+
+use super::plan::{resolve_pinning, ExternalTargets, Plan, Target};
+use super::{KeyDistribution, LoopbackConfig, Mode, Workload};
+use crate::node::EngineChoice;
+
+/// Slot size of the device log: any single datagram (up to 1472 bytes) plus the slot header.
+const SLOT_SIZE: u32 = 2048;
+
+/// Clients at most: each is a thread.
+pub const MAX_CLIENTS: u32 = 256;
+
+/// Where the client, device and server threads run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Pinning {
+    /// With two or more CPUs: clients and device on CPU 0, server on CPU 1 (the device sits
+    /// next to its clients, as a ToR switch or the client's NIC would; the server is a hop
+    /// away). One CPU: no pinning.
+    Auto,
+    /// Leave placement to the scheduler.
+    None,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Modes to run, in order, comma-separated: echo, baseline, forward, pmnet.
+    #[arg(
+        long = "mode",
+        value_name = "MODES",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "echo,baseline,forward,pmnet"
+    )]
+    pub modes: Vec<Mode>,
+
+    /// Client sessions, one thread each.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_CLIENTS as i64))]
+    pub clients: u32,
+
+    /// Requests each client keeps in flight (1: one at a time).
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub window: u32,
+
+    /// Bytes of each SET's value (the request must fit one datagram).
+    #[arg(long, value_name = "BYTES", default_value_t = 100, value_parser = parse_payload)]
+    pub payload: usize,
+
+    /// Fraction of requests that are updates (SET); the rest are reads (GET, bypass requests).
+    #[arg(long, value_name = "FRACTION", default_value_t = 1.0, value_parser = parse_ratio)]
+    pub update_ratio: f64,
+
+    /// Keys in the key space.
+    #[arg(long, value_name = "N", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub keys: u64,
+
+    /// How keys are drawn.
+    #[arg(long, value_enum, default_value_t = KeyDistribution::Uniform)]
+    pub distribution: KeyDistribution,
+
+    /// Exponent s of the Zipf distribution (0.99 is YCSB's).
+    #[arg(long, value_name = "S", default_value_t = 0.99, value_parser = parse_exponent)]
+    pub zipf_exponent: f64,
+
+    /// Seconds measured per mode (after the warm-up).
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0,
+          value_parser = |text: &str| parse_seconds(text, 0.1, 3600.0))]
+    pub duration: f64,
+
+    /// Measure this many requests per mode (all clients together) instead of a duration.
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    pub requests: Option<u64>,
+
+    /// Seconds of warm-up per mode, not measured.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0,
+          value_parser = |text: &str| parse_seconds(text, 0.0, 600.0))]
+    pub warmup: f64,
+
+    /// Seed of the key and request-mix streams (printed; default: random).
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+
+    /// Every loop and client spins (yielding between empty polls) instead of sleeping in ppoll.
+    #[arg(long)]
+    pub busy_poll: bool,
+
+    /// Thread placement (overridden per part by --client-cpu, --device-cpu, --server-cpu).
+    #[arg(long, value_enum, default_value_t = Pinning::Auto)]
+    pub pin: Pinning,
+
+    /// Pin every client thread to this CPU.
+    #[arg(long, value_name = "CPU")]
+    pub client_cpu: Option<usize>,
+
+    /// Pin the in-process device to this CPU.
+    #[arg(long, value_name = "CPU")]
+    pub device_cpu: Option<usize>,
+
+    /// Pin the in-process server to this CPU.
+    #[arg(long, value_name = "CPU")]
+    pub server_cpu: Option<usize>,
+
+    /// A running device's PMNet port (`pmnet device --listen`), for mode pmnet. Giving any
+    /// address measures running processes instead of starting a device and server here.
+    #[arg(long, value_name = "ADDR")]
+    pub device: Option<SocketAddr>,
+
+    /// A running device's forward port (`--forward-listen`), for mode forward.
+    #[arg(long, value_name = "ADDR")]
+    pub forward: Option<SocketAddr>,
+
+    /// A running device's echo port (`--echo-listen`), for mode echo.
+    #[arg(long, value_name = "ADDR")]
+    pub echo: Option<SocketAddr>,
+
+    /// A running server (`pmnet server --listen`), for mode baseline.
+    #[arg(long, value_name = "ADDR")]
+    pub server: Option<SocketAddr>,
+
+    /// A running device's metrics endpoint (its `--metrics`): read once, for the report's
+    /// medium (otherwise the report says the medium is unknown).
+    #[arg(long, value_name = "ADDR")]
+    pub device_metrics: Option<SocketAddr>,
+
+    /// A running server's metrics endpoint (its `--metrics`), for the report's store medium.
+    #[arg(long, value_name = "ADDR")]
+    pub server_metrics: Option<SocketAddr>,
+
+    /// The server's id (its `--server-id`; the device's `--server ID=...`).
+    #[arg(long, value_name = "ID", default_value_t = 1)]
+    pub server_id: u16,
+
+    /// In-process server: the ideal handler (replies OK, stores nothing) instead of the store.
+    #[arg(long)]
+    pub ideal: bool,
+
+    /// In-process server: the storage engine, as `pmnet server --engine` (packet,
+    /// conventional, kv).
+    #[arg(long, value_name = "ENGINE", value_enum, default_value_t = EngineChoice::Packet)]
+    pub engine: EngineChoice,
+
+    /// In-process device log and store: how writes are made durable (auto, clwb, clflushopt,
+    /// clflush, msync, fdatasync).
+    #[arg(long, value_name = "METHOD", default_value = "auto", value_parser = parse_flush)]
+    pub flush: FlushChoice,
+
+    /// In-process device log and store: busy-wait this long after every persist.
+    #[arg(long, value_name = "NS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=ADDED_LATENCY_NS_MAX))]
+    pub persist_latency_ns: u64,
+
+    /// Directory of the in-process log and store files (removed at the end). /dev/shm is
+    /// emulated persistent memory.
+    #[arg(long, value_name = "DIR", default_value = "/dev/shm")]
+    pub dir: PathBuf,
+
+    /// Slots of the in-process device log.
+    #[arg(long, value_name = "N", default_value_t = 32_768,
+          value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    pub slots: u32,
+
+    /// Size of the in-process store's data file in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=16_384))]
+    pub data_mib: u64,
+
+    /// Instead of the latency modes: forwarding capacity (packets/s) of a plain UDP relay and
+    /// of the device's forward port, one thread each, under the same offered load.
+    #[arg(long)]
+    pub capacity: bool,
+
+    /// With --capacity: split --duration into this many rounds per forwarder, relay and device
+    /// in turns; the median round of each is reported.
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: u32,
+
+    /// Also write the results, with the setting, as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// No progress line on stderr.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+fn parse_flush(text: &str) -> Result<FlushChoice, String> {
+    text.parse::<FlushChoice>()
+        .map_err(|error| error.to_string())
+}
+
+/// Largest SET value whose request fits one datagram of the default size.
+pub fn max_payload() -> usize {
+    let overhead = Workload {
+        keys: 1,
+        distribution: KeyDistribution::Uniform,
+        zipf_exponent: 1.0,
+        update_ratio: 1.0,
+        value_len: 0,
+    }
+    .set_request_len();
+    pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN - pmnet_wire::HEADER_LEN - overhead
+}
+
+pub fn parse_payload(text: &str) -> Result<usize, String> {
+    let max = max_payload();
+    let value: usize = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of bytes"))?;
+    if value == 0 || value > max {
+        return Err(format!(
+            "a payload of {value} bytes is out of range: use 1 to {max} (the request must fit \
+             one {}-byte datagram)",
+            pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN
+        ));
+    }
+    Ok(value)
+}
+
+fn parse_ratio(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if !(0.0..=1.0).contains(&value) {
+        return Err(format!(
+            "{value} is not a fraction: use 0 (reads only) to 1 (updates only), e.g. 0.5"
+        ));
+    }
+    Ok(value)
+}
+
+fn parse_exponent(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if !(value > 0.0 && value <= 10.0) {
+        return Err(format!(
+            "a Zipf exponent of {value} is out of range: use more than 0 and at most 10 (0.99 \
+             is the usual skew)"
+        ));
+    }
+    Ok(value)
+}
+
+pub fn parse_seconds(text: &str, min: f64, max: f64) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(value >= min && value <= max) {
+        return Err(format!(
+            "{value} s is out of range: use {min} to {max} seconds"
+        ));
+    }
+    Ok(value)
+}
+
+impl Plan {
+    /// The plan `pmnet bench`'s options ask for, or why they do not make one.
+    pub fn from_args(args: &BenchArgs) -> Result<Plan, String> {
+        let external = external_targets(args);
+        let is_external = external.device.is_some()
+            || external.forward.is_some()
+            || external.echo.is_some()
+            || external.server.is_some();
+        if is_external && args.capacity {
+            return Err(
+                "--capacity starts its own relay and device on loopback; drop the \
+                        --device/--forward/--echo/--server addresses"
+                    .into(),
+            );
+        }
+        let wait = WaitMode::from_busy_poll(args.busy_poll);
+        let (client_cpu, device_cpu, server_cpu) = resolve_pinning(
+            args.pin,
+            args.client_cpu,
+            args.device_cpu,
+            args.server_cpu,
+            !is_external,
+        )?;
+        let modes = distinct_modes(&args.modes);
+        let target = if is_external {
+            check_external_addresses(&modes, &external)?;
+            Target::External(external)
+        } else {
+            Target::Loopback(loopback_config(args, wait, device_cpu, server_cpu)?)
+        };
+        Ok(Plan {
+            modes,
+            workload: Workload {
+                keys: args.keys,
+                distribution: args.distribution,
+                zipf_exponent: args.zipf_exponent,
+                update_ratio: args.update_ratio,
+                value_len: args.payload,
+            },
+            clients: args.clients,
+            window: args.window,
+            duration: args
+                .requests
+                .is_none()
+                .then(|| Duration::from_secs_f64(args.duration)),
+            requests: args.requests,
+            warmup: Duration::from_secs_f64(args.warmup),
+            seed: args.seed.unwrap_or_else(rand::random),
+            wait,
+            client_cpu,
+            device_cpu,
+            server_cpu,
+            server_id: args.server_id,
+            target,
+            progress: !args.no_progress,
+        })
+    }
+}
+
+/// The running processes' addresses given in the options.
+fn external_targets(args: &BenchArgs) -> ExternalTargets {
+    ExternalTargets {
+        device: args.device,
+        forward: args.forward,
+        echo: args.echo,
+        server: args.server,
+        device_metrics: args.device_metrics,
+        server_metrics: args.server_metrics,
+    }
+}
+
+/// The modes in the order given, each once.
+fn distinct_modes(given: &[Mode]) -> Vec<Mode> {
+    let mut modes = Vec::new();
+    for mode in given {
+        if !modes.contains(mode) {
+            modes.push(*mode);
+        }
+    }
+    modes
+}
+
+/// Measuring running processes: every mode has the address it goes to.
+fn check_external_addresses(modes: &[Mode], external: &ExternalTargets) -> Result<(), String> {
+    for mode in modes {
+        let (present, option) = match mode {
+            Mode::Echo => (external.echo.is_some(), "--echo"),
+            Mode::Baseline => (external.server.is_some(), "--server"),
+            Mode::Forward => (external.forward.is_some(), "--forward"),
+            Mode::Pmnet => (external.device.is_some(), "--device"),
+        };
+        if !present {
+            return Err(format!(
+                "mode {} needs {option} ADDR when measuring running processes; give \
+                 it, leave {} out of --mode, or give no addresses at all to start a \
+                 device and server here",
+                mode.name(),
+                mode.name()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The device and server to start in this process for every mode.
+fn loopback_config(
+    args: &BenchArgs,
+    wait: WaitMode,
+    device_cpu: Option<usize>,
+    server_cpu: Option<usize>,
+) -> Result<LoopbackConfig, String> {
+    if !args.dir.is_dir() {
+        return Err(format!(
+            "--dir {}: not a directory; the log and store files go there (/dev/shm is \
+             emulated persistent memory)",
+            args.dir.display()
+        ));
+    }
+    Ok(LoopbackConfig {
+        server_id: args.server_id,
+        device_id: 1,
+        ideal: args.ideal,
+        engine: args.engine.kind(),
+        mmap: MmapOptions {
+            flush: args.flush,
+            added_latency_ns: args.persist_latency_ns,
+        },
+        dir: args.dir.clone(),
+        slots: args.slots,
+        slot_size: SLOT_SIZE,
+        data_bytes: args.data_mib << 20,
+        max_sessions: 1024.max(args.clients * 4),
+        wait,
+        device_cpu,
+        server_cpu,
+    })
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    /// `pmnet bench ARGS`'s options.
+    pub(in crate::bench) fn parse(args: &[&str]) -> Result<BenchArgs, String> {
+        let argv = std::iter::once("bench").chain(args.iter().copied());
+        Cli::try_parse_from(argv)
+            .map(|cli| cli.bench)
+            .map_err(|error| error.to_string())
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(
+            args.modes,
+            [Mode::Echo, Mode::Baseline, Mode::Forward, Mode::Pmnet]
+        );
+        let plan = Plan::from_args(&args).unwrap();
+        assert!(matches!(plan.target, Target::Loopback(_)));
+        assert_eq!(plan.duration, Some(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_a_reason() {
+        for (args, expected) in [
+            (&["--clients", "0"][..], "0"),
+            (&["--clients", "100000"][..], "100000"),
+            (&["--payload", "0"][..], "out of range"),
+            (&["--payload", "100000"][..], "out of range"),
+            (&["--update-ratio", "1.5"][..], "not a fraction"),
+            (&["--zipf-exponent", "0"][..], "out of range"),
+            (&["--duration=-1"][..], "out of range"),
+            (&["--duration", "0"][..], "out of range"),
+            (&["--duration", "abc"][..], "not a number"),
+            (&["--mode", "teleport"][..], "teleport"),
+            (&["--flush", "sometimes"][..], "sometimes"),
+        ] {
+            let error = parse(args).unwrap_err();
+            assert!(error.contains(expected), "{args:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn external_targets_need_an_address_per_mode() {
+        let args = parse(&["--device", "127.0.0.1:7400"]).unwrap();
+        let error = Plan::from_args(&args).unwrap_err();
+        assert!(error.contains("mode echo needs --echo"), "{error}");
+        let args = parse(&["--device", "127.0.0.1:7400", "--mode", "pmnet"]).unwrap();
+        let plan = Plan::from_args(&args).unwrap();
+        assert!(matches!(plan.target, Target::External(_)));
+        assert!(
+            plan.device_cpu.is_none(),
+            "nothing to pin for external processes"
+        );
+        let args = parse(&["--device", "127.0.0.1:7400", "--capacity"]).unwrap();
+        assert!(Plan::from_args(&args).is_err());
+    }
+
+    #[test]
+    fn pinning_to_a_missing_cpu_is_refused() {
+        let args = parse(&["--server-cpu", "100000"]).unwrap();
+        let error = Plan::from_args(&args).unwrap_err();
+        assert!(error.contains("online CPUs"), "{error}");
+    }
+}

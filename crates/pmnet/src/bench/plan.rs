@@ -1,0 +1,497 @@
+//! What a benchmark runs: the [`Plan`] (modes, workload, placement, target), the setting it
+//! reports, and the running of its modes, one after the other.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use pmnet_pktstore::EngineKind;
+use pmnet_runtime::{online_cpu_count, Shutdown, WaitMode};
+
+use super::args::Pinning;
+use super::progress::Progress;
+use super::report::{new_histogram, summarize};
+use super::worker::{run_client, ClientOutcome, ClientPlan, Shared};
+use super::{KeyDistribution, LoopbackConfig, LoopbackSystem, Mode, ModeResult, Setting, Workload};
+
+/// Addresses of running processes to measure.
+#[derive(Debug, Clone, Default)]
+pub struct ExternalTargets {
+    pub device: Option<SocketAddr>,
+    pub forward: Option<SocketAddr>,
+    pub echo: Option<SocketAddr>,
+    pub server: Option<SocketAddr>,
+    pub device_metrics: Option<SocketAddr>,
+    pub server_metrics: Option<SocketAddr>,
+}
+
+/// What to measure against.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// Start a device and server in this process for every mode.
+    Loopback(LoopbackConfig),
+    External(ExternalTargets),
+}
+
+/// A validated benchmark run, from `pmnet bench`'s options or the demo's.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub modes: Vec<Mode>,
+    pub workload: Workload,
+    pub clients: u32,
+    pub window: u32,
+    /// Measured time per mode (`None` when `requests` is set).
+    pub duration: Option<Duration>,
+    pub requests: Option<u64>,
+    pub warmup: Duration,
+    pub seed: u64,
+    pub wait: WaitMode,
+    pub client_cpu: Option<usize>,
+    pub device_cpu: Option<usize>,
+    pub server_cpu: Option<usize>,
+    pub server_id: u16,
+    pub target: Target,
+    pub progress: bool,
+}
+
+/// CPUs of the client threads, the device and the server (`None`: not pinned).
+pub type Placement = (Option<usize>, Option<usize>, Option<usize>);
+
+/// CPU placement from the options.
+pub fn resolve_pinning(
+    pinning: Pinning,
+    client: Option<usize>,
+    device: Option<usize>,
+    server: Option<usize>,
+    loopback: bool,
+) -> Result<Placement, String> {
+    let online = online_cpu_count();
+    for (what, cpu) in [("client", client), ("device", device), ("server", server)] {
+        if let Some(cpu) = cpu {
+            if cpu >= online {
+                return Err(format!(
+                    "--{what}-cpu {cpu}: this machine has {online} online CPUs (0..={}); choose \
+                     one of those",
+                    online - 1
+                ));
+            }
+        }
+    }
+    let (auto_client, auto_device, auto_server) = match pinning {
+        Pinning::Auto if online >= 2 && loopback => (Some(0), Some(0), Some(1)),
+        _ => (None, None, None),
+    };
+    Ok((
+        client.or(auto_client),
+        device.or(auto_device),
+        server.or(auto_server),
+    ))
+}
+
+impl Plan {
+    fn is_loopback(&self) -> bool {
+        matches!(self.target, Target::Loopback(_))
+    }
+
+    /// Where the threads run, in words.
+    pub fn placement(&self) -> String {
+        let cpu =
+            |cpu: Option<usize>| cpu.map_or_else(|| "any CPU".to_owned(), |c| format!("CPU {c}"));
+        if self.is_loopback() {
+            if self.client_cpu.is_none() && self.device_cpu.is_none() && self.server_cpu.is_none() {
+                return "not pinned (client, device and server threads go where the scheduler \
+                        puts them)"
+                    .into();
+            }
+            format!(
+                "clients on {}, device on {}, server on {}",
+                cpu(self.client_cpu),
+                cpu(self.device_cpu),
+                cpu(self.server_cpu)
+            )
+        } else {
+            format!(
+                "clients on {}; device and server are external processes",
+                cpu(self.client_cpu)
+            )
+        }
+    }
+
+    /// The setting, for the report. `media` are the device's and server's medium texts.
+    pub fn setting(&self, media: Option<(String, String)>) -> Setting {
+        let (medium, server_medium) = media.unwrap_or_else(|| {
+            (
+                "unknown: an external device (its start-up banner says)".to_owned(),
+                "unknown: an external server (its start-up banner says)".to_owned(),
+            )
+        });
+        let server_app = match &self.target {
+            Target::Loopback(config) if config.ideal => "ideal handler",
+            Target::Loopback(config) => match config.engine {
+                Some(EngineKind::Packet) => "packet store",
+                Some(EngineKind::Conventional) => "conventional engine",
+                None => "key-value store (kv)",
+            },
+            Target::External(_) => "external",
+        };
+        Setting {
+            busy_poll: self.wait == WaitMode::BusyPoll,
+            wait: self.wait.name().to_owned(),
+            pinned: self.client_cpu.is_some()
+                || self.device_cpu.is_some()
+                || self.server_cpu.is_some(),
+            placement: self.placement(),
+            client_cpu: self.client_cpu,
+            device_cpu: self.device_cpu,
+            server_cpu: self.server_cpu,
+            medium,
+            server_medium,
+            server_app: server_app.to_owned(),
+            payload_bytes: self.workload.value_len,
+            request_datagram_bytes: pmnet_wire::HEADER_LEN + self.workload.set_request_len(),
+            clients: self.clients,
+            window: self.window,
+            update_ratio: self.workload.update_ratio,
+            keys: self.workload.keys,
+            distribution: self.workload.distribution.name().to_owned(),
+            zipf_exponent: (self.workload.distribution == KeyDistribution::Zipf)
+                .then_some(self.workload.zipf_exponent),
+            seed: self.seed,
+            duration_s: self.duration.map(|d| d.as_secs_f64()),
+            requests_per_mode: self.requests,
+            warmup_s: self.warmup.as_secs_f64(),
+            target: if self.is_loopback() {
+                "loopback: a device and a server started in this process for each mode".into()
+            } else {
+                "external processes".into()
+            },
+            cpus_online: online_cpu_count(),
+            load_average: load_average(),
+            kernel: kernel_release(),
+        }
+    }
+}
+
+/// The first three fields of /proc/loadavg.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|text| {
+            text.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|text| text.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Media of the in-process device and server, the first time a system starts.
+pub type Media = Option<(String, String)>;
+
+/// Every mode of `plan`, one after the other. Returns the results, the media (in-process
+/// systems) and whether a signal cut the run short.
+pub fn run_modes(
+    plan: &Plan,
+    shutdown: &Shutdown,
+) -> Result<(Vec<ModeResult>, Media, bool), String> {
+    let mut results = Vec::new();
+    let mut media = None;
+    for &mode in &plan.modes {
+        if shutdown.is_requested() {
+            break;
+        }
+        let result = match &plan.target {
+            Target::Loopback(config) => {
+                let system = LoopbackSystem::start(config)?;
+                if media.is_none() {
+                    media = Some((system.device_medium.clone(), system.server_medium.clone()));
+                }
+                let addresses = system.addresses;
+                let peer = match mode {
+                    Mode::Echo => addresses.echo,
+                    Mode::Baseline => addresses.server,
+                    Mode::Forward => addresses.forward,
+                    Mode::Pmnet => addresses.device,
+                };
+                let result = run_mode(plan, mode, peer, shutdown);
+                let counters = system.stop();
+                result.map(|mut result| {
+                    if mode != Mode::Echo {
+                        result.notes.extend(counters.notes());
+                    }
+                    result
+                })
+            }
+            Target::External(external) => {
+                let peer = match mode {
+                    Mode::Echo => external.echo,
+                    Mode::Baseline => external.server,
+                    Mode::Forward => external.forward,
+                    Mode::Pmnet => external.device,
+                }
+                .ok_or_else(|| format!("no address for mode {}", mode.name()))?;
+                run_mode(plan, mode, peer, shutdown)
+            }
+        }?;
+        results.push(result);
+    }
+    Ok((results, media, shutdown.is_requested()))
+}
+
+/// When a mode measures: from `start`, the warm-up, then from `measure_from` until
+/// `measure_until` (`None`: until the requests are measured).
+#[derive(Debug, Clone, Copy)]
+struct Stretch {
+    start: Instant,
+    measure_from: Instant,
+    measure_until: Option<Instant>,
+}
+
+/// Run one mode's clients to the end and summarise.
+fn run_mode(
+    plan: &Plan,
+    mode: Mode,
+    peer: SocketAddr,
+    shutdown: &Shutdown,
+) -> Result<ModeResult, String> {
+    let shared = Shared::new();
+    let start = Instant::now();
+    let measure_from = start + plan.warmup;
+    let stretch = Stretch {
+        start,
+        measure_from,
+        measure_until: plan.duration.map(|duration| measure_from + duration),
+    };
+    let handles = start_clients(plan, mode, peer, &shared, stretch)?;
+    wait_for_clients(plan, mode, &shared, &handles, stretch, shutdown);
+    let stopped = Instant::now();
+    let totals = join_clients(handles, mode)?;
+    let mut out = mode_result(mode, &totals, stretch, stopped);
+    add_notes(&mut out, plan, mode);
+    Ok(out)
+}
+
+/// Start the mode's client threads; if one cannot start, stop those that did.
+fn start_clients(
+    plan: &Plan,
+    mode: Mode,
+    peer: SocketAddr,
+    shared: &Arc<Shared>,
+    stretch: Stretch,
+) -> Result<Vec<JoinHandle<ClientOutcome>>, String> {
+    let mut handles = Vec::new();
+    for index in 0..plan.clients {
+        let client = ClientPlan {
+            index,
+            peer,
+            server_id: plan.server_id,
+            echo: mode == Mode::Echo,
+            wait: plan.wait,
+            cpu: plan.client_cpu,
+            window: plan.window,
+            workload: plan.workload.clone(),
+            seed: plan.seed,
+            measure_from: stretch.measure_from,
+            measure_until: stretch.measure_until,
+            requests: plan.requests,
+        };
+        let client_shared = Arc::clone(shared);
+        let handle = std::thread::Builder::new()
+            .name(format!("pmnet-client-{index}"))
+            .spawn(move || run_client(client, client_shared));
+        match handle {
+            Ok(handle) => handles.push(handle),
+            Err(error) => {
+                shared.stop.store(true, Ordering::Relaxed);
+                for handle in handles {
+                    let _ = handle.join();
+                }
+                return Err(format!("cannot start client thread {index}: {error}"));
+            }
+        }
+    }
+    Ok(handles)
+}
+
+/// Wait until every client thread is done, updating the progress line, and stop the clients
+/// when a signal asks.
+fn wait_for_clients(
+    plan: &Plan,
+    mode: Mode,
+    shared: &Shared,
+    handles: &[JoinHandle<ClientOutcome>],
+    stretch: Stretch,
+    shutdown: &Shutdown,
+) {
+    let progress = Progress::new(plan.progress, mode);
+    let mut next_report = stretch.start;
+    while !handles.iter().all(|handle| handle.is_finished()) {
+        if shutdown.is_requested() {
+            shared.stop.store(true, Ordering::Relaxed);
+        }
+        let now = Instant::now();
+        if now >= next_report {
+            progress.update(plan, shared, stretch.start, stretch.measure_from, now);
+            next_report = now + Duration::from_millis(500);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    progress.finish();
+}
+
+/// What the clients of a mode measured, all together.
+struct Totals {
+    updates: Histogram<u64>,
+    bypass: Histogram<u64>,
+    failed: u64,
+    acked_by_device: u64,
+    answered_by_server: u64,
+    retransmissions: u64,
+    /// When the last measured request completed.
+    last_measured: Option<Instant>,
+}
+
+/// Join the client threads and add up what they measured; the first client's error, if any,
+/// is the mode's.
+fn join_clients(handles: Vec<JoinHandle<ClientOutcome>>, mode: Mode) -> Result<Totals, String> {
+    let mut totals = Totals {
+        updates: new_histogram(),
+        bypass: new_histogram(),
+        failed: 0,
+        acked_by_device: 0,
+        answered_by_server: 0,
+        retransmissions: 0,
+        last_measured: None,
+    };
+    let mut errors = Vec::new();
+    for handle in handles {
+        let outcome = handle
+            .join()
+            .map_err(|_| format!("a client thread of mode {} panicked", mode.name()))?;
+        let _ = totals.updates.add(&outcome.updates);
+        let _ = totals.bypass.add(&outcome.bypass);
+        totals.failed += outcome.failed;
+        totals.acked_by_device += outcome.acked_by_device;
+        totals.answered_by_server += outcome.answered_by_server;
+        totals.retransmissions += outcome.retransmissions;
+        totals.last_measured = totals.last_measured.max(outcome.last_measured);
+        errors.extend(outcome.error);
+    }
+    if let Some(error) = errors.into_iter().next() {
+        return Err(format!("mode {}: {error}", mode.name()));
+    }
+    Ok(totals)
+}
+
+/// The mode's latencies, counts and rate over its measured stretch; the clients stopped at
+/// `stopped`.
+fn mode_result(mode: Mode, totals: &Totals, stretch: Stretch, stopped: Instant) -> ModeResult {
+    let mut all = new_histogram();
+    let _ = all.add(&totals.updates);
+    let _ = all.add(&totals.bypass);
+    let summary = summarize(&all);
+    let mut out = ModeResult::from_summary(mode.name(), mode.waits_for(), summary);
+    out.failed = totals.failed;
+    out.acked_by_device = totals.acked_by_device;
+    out.answered_by_server = totals.answered_by_server;
+    out.client_retransmissions = totals.retransmissions;
+    if !totals.updates.is_empty() && !totals.bypass.is_empty() {
+        out.updates = summarize(&totals.updates);
+        out.bypass = summarize(&totals.bypass);
+    }
+    let measured_until = match stretch.measure_until {
+        Some(until) => until.min(stopped),
+        None => totals.last_measured.unwrap_or(stopped),
+    };
+    let seconds = measured_until
+        .saturating_duration_since(stretch.measure_from)
+        .as_secs_f64();
+    out.measured_s = (seconds * 1000.0).round() / 1000.0;
+    if seconds > 0.0 {
+        out.ops_per_s = (out.requests as f64 / seconds).round();
+    }
+    out
+}
+
+/// What is worth telling about the mode's run: failures, retransmissions, and updates of the
+/// pmnet mode that the server answered instead of the device.
+fn add_notes(out: &mut ModeResult, plan: &Plan, mode: Mode) {
+    if out.failed > 0 {
+        out.notes.push(format!(
+            "{} requests failed (no answer after the session's retransmissions)",
+            out.failed
+        ));
+    }
+    if out.client_retransmissions > 0 {
+        out.notes.push(format!(
+            "clients retransmitted {} datagrams",
+            out.client_retransmissions
+        ));
+    }
+    if mode == Mode::Pmnet && out.answered_by_server > 0 && plan.workload.update_ratio >= 1.0 {
+        out.notes.push(format!(
+            "{} updates completed on the server's reply, not a PMNet-ACK (not logged)",
+            out.answered_by_server
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::args::tests::parse;
+    use super::super::{ratios, Report};
+    use super::*;
+
+    #[test]
+    fn the_json_report_has_the_setting_and_the_results() {
+        let args = parse(&["--seed", "7", "--mode", "pmnet,baseline"]).unwrap();
+        let plan = Plan::from_args(&args).unwrap();
+        let mut pmnet = ModeResult::from_summary("pmnet", Mode::Pmnet.waits_for(), None);
+        pmnet.p50_us = Some(5.0);
+        let mut baseline = ModeResult::from_summary("baseline", Mode::Baseline.waits_for(), None);
+        baseline.p50_us = Some(20.0);
+        let results = vec![baseline, pmnet];
+        let report = Report {
+            setting: plan.setting(Some(("emulated-pm via clwb".into(), "x".into()))),
+            ratios: ratios(&results),
+            results,
+            capacity: None,
+            functional_check: None,
+            interrupted: false,
+        };
+        let value = serde_json::to_value(&report).unwrap();
+        let setting = &value["setting"];
+        for key in [
+            "busy_poll",
+            "pinned",
+            "medium",
+            "payload_bytes",
+            "clients",
+            "seed",
+            "wait",
+            "placement",
+        ] {
+            assert!(
+                setting.get(key).is_some(),
+                "setting.{key} missing: {setting}"
+            );
+        }
+        assert_eq!(setting["seed"], 7);
+        assert_eq!(setting["payload_bytes"], 100);
+        let results = value["results"].as_array().unwrap();
+        assert_eq!(results[1]["mode"], "pmnet");
+        for key in ["p50_us", "p99_us", "p999_us", "ops_per_s"] {
+            assert!(results[1].get(key).is_some(), "results[].{key} missing");
+        }
+        assert_eq!(value["ratios"][0]["p50"], 0.25);
+    }
+}

@@ -1,0 +1,159 @@
+//! What the benchmark reads from the processes it measures: the medium of a running device or
+//! server from its metrics endpoint, and what an in-process device and server counted, as notes.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pmnet_runtime::Metrics;
+
+use super::plan::ExternalTargets;
+use super::system::SystemCounters;
+
+/// The labels of the first sample of `name` in a Prometheus text, unescaped.
+fn sample_labels(text: &str, name: &str) -> Option<Vec<(String, String)>> {
+    let prefix = format!("{name}{{");
+    let line = text.lines().find(|line| line.starts_with(&prefix))?;
+    let mut labels = Vec::new();
+    let mut chars = line[prefix.len()..].chars();
+    loop {
+        let mut key = String::new();
+        for c in chars.by_ref() {
+            match c {
+                '=' => break,
+                '}' => return Some(labels),
+                ',' => {}
+                c => key.push(c),
+            }
+        }
+        if chars.next() != Some('"') {
+            return None;
+        }
+        let mut value = String::new();
+        loop {
+            match chars.next()? {
+                '\\' => match chars.next()? {
+                    'n' => value.push('\n'),
+                    c => value.push(c),
+                },
+                '"' => break,
+                c => value.push(c),
+            }
+        }
+        labels.push((key, value));
+    }
+}
+
+/// "medium via flush; guarantee" from the `*_info` gauge of a running process's metrics.
+fn medium_from_metrics(text: &str, info: &str) -> Option<String> {
+    let labels = sample_labels(text, info)?;
+    let get = |key: &str| {
+        labels
+            .iter()
+            .find(|(name, _)| name == key)
+            .map(|(_, value)| value.as_str())
+    };
+    match (get("medium")?, get("flush"), get("guarantee")) {
+        ("none", _, guarantee) => Some(format!("none: {}", guarantee.unwrap_or("nothing kept"))),
+        (medium, Some(flush), Some(guarantee)) => {
+            Some(format!("{medium} via {flush}; {guarantee}"))
+        }
+        (medium, _, _) => Some(medium.to_owned()),
+    }
+}
+
+/// The media of running processes, from their metrics endpoints where given.
+pub(super) fn external_media(targets: &ExternalTargets) -> Result<(String, String), String> {
+    let read = |addr: Option<SocketAddr>, info: &str, what: &str| -> Result<String, String> {
+        let Some(addr) = addr else {
+            return Ok(format!(
+                "unknown: an external {what} (its start-up banner says; pass --{what}-metrics \
+                 ADDR to have it read here)"
+            ));
+        };
+        let text = pmnet_runtime::metrics::scrape(addr, Duration::from_secs(5))
+            .map_err(|error| format!("cannot read the {what}'s metrics at {addr}: {error}"))?;
+        medium_from_metrics(&text, info).ok_or_else(|| {
+            format!("the metrics at {addr} have no {info} sample: is that a pmnet {what}?")
+        })
+    };
+    Ok((
+        read(targets.device_metrics, "pmnet_device_info", "device")?,
+        read(targets.server_metrics, "pmnet_server_info", "server")?,
+    ))
+}
+
+/// The value of a counter, 0 if absent.
+fn counter(metrics: &Metrics, name: &str, labels: &[(&str, &str)]) -> u64 {
+    metrics.value(name, labels).unwrap_or(0.0) as u64
+}
+
+impl SystemCounters {
+    /// What is worth telling about a mode's run, in a few short phrases.
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if let Some(device) = &self.device {
+            let pmnet = [("port", "pmnet")];
+            let received = counter(device, "pmnet_device_updates_received_total", &pmnet);
+            if received > 0 {
+                let logged = counter(device, "pmnet_device_updates_logged_total", &pmnet);
+                notes.push(format!(
+                    "device: {logged} of {received} updates logged and acked early ({} log \
+                     full, {} slot collisions, {} resent after a timeout)",
+                    counter(device, "pmnet_device_log_full_total", &pmnet),
+                    counter(device, "pmnet_device_log_collisions_total", &pmnet),
+                    counter(device, "pmnet_device_resend_timeouts_total", &pmnet),
+                ));
+            }
+            let dropped = device.sum("pmnet_device_dropped_all_total")
+                + device.sum("pmnet_socket_dropped_total");
+            if dropped > 0.0 {
+                notes.push(format!("device dropped {dropped:.0} datagrams"));
+            }
+        }
+        if let Some(server) = &self.server {
+            let applied = counter(server, "pmnet_server_requests_applied_total", &[]);
+            let compactions = counter(server, "pmnet_store_compactions_total", &[]);
+            let gaps = counter(server, "pmnet_server_retransmit_requests_sent_total", &[]);
+            let dropped =
+                server.sum("pmnet_server_dropped_total") + server.sum("pmnet_socket_dropped_total");
+            let mut note = format!("server: {applied} requests applied");
+            if compactions > 0 {
+                note.push_str(&format!(", {compactions} store compactions"));
+            }
+            if gaps > 0 {
+                note.push_str(&format!(", {gaps} retransmission requests for gaps"));
+            }
+            if dropped > 0.0 {
+                note.push_str(&format!(", {dropped:.0} datagrams dropped"));
+            }
+            notes.push(note);
+        }
+        notes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_medium_of_a_running_process_is_read_from_its_metrics() {
+        let text = "# HELP pmnet_device_info x\n# TYPE pmnet_device_info gauge\n\
+                    pmnet_device_info{device_id=\"1\",medium=\"emulated-pm\",\
+                    flush=\"clwb+sfence\",guarantee=\"durable across process crash, NOT \
+                    power loss (\\\"DRAM\\\")\",wait=\"blocking\"} 1\n";
+        assert_eq!(
+            medium_from_metrics(text, "pmnet_device_info").unwrap(),
+            "emulated-pm via clwb+sfence; durable across process crash, NOT power loss \
+             (\"DRAM\")"
+        );
+        let ideal = "pmnet_server_info{server_id=\"1\",application=\"ideal\",medium=\"none\",\
+                     flush=\"none\",guarantee=\"nothing kept\",wait=\"blocking\"} 1\n";
+        assert_eq!(
+            medium_from_metrics(ideal, "pmnet_server_info").unwrap(),
+            "none: nothing kept"
+        );
+        assert!(medium_from_metrics("pmnet_other 1\n", "pmnet_device_info").is_none());
+        assert!(medium_from_metrics("pmnet_device_info{medium=\"x", "pmnet_device_info").is_none());
+    }
+}

@@ -164,8 +164,8 @@ impl Session {
             Patience::Quick => {
                 config.window = 8;
                 config.retransmit_timeout = Duration::from_millis(2);
-                config.max_retransmit_timeout = Duration::from_millis(50);
-                config.max_retransmits = 10;
+                config.retransmit_timeout_max = Duration::from_millis(50);
+                config.retransmits_max = 10;
             }
         }
         Session {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use pmnet_wire::{flags, Header, NotLoggedReason, PacketType};
 
 use crate::{
-    encode_fragments, max_fragment_payload_len, CountDrop, DropCounts, DropReason, RequestKind,
+    encode_fragments, fragment_payload_len_max, CountDrop, DropCounts, DropReason, RequestKind,
     Time, Transmit,
 };
 
@@ -21,23 +21,23 @@ pub struct ClientConfig {
     /// Where requests go: the first device on the path, or the server itself without one.
     pub peer: SocketAddr,
     /// Largest datagram sent; larger requests are split into fragments.
-    pub max_datagram_len: usize,
+    pub datagram_len_max: usize,
     /// Most requests in flight at once.
     pub window: u32,
     /// Largest request payload accepted, and largest reply reassembled.
-    pub max_request_len: usize,
+    pub request_len_max: usize,
     /// First retransmission timeout; doubles on each retransmission up to the maximum.
     pub retransmit_timeout: Duration,
-    pub max_retransmit_timeout: Duration,
+    pub retransmit_timeout_max: Duration,
     /// Retransmissions of one request before it fails with [`ClientError::TimedOut`].
-    pub max_retransmits: u32,
+    pub retransmits_max: u32,
     /// Longest the session tries one request, from its first transmission; at most
     /// [`pmnet_wire::MAX_REQUEST_LIFETIME_MS`] (a longer setting is cut to it), because a
     /// server skips a number nobody can supply once a gap outlives that.
     pub request_lifetime: Duration,
     /// Failed sequence numbers remembered, so that a server waiting for one can be told to
     /// skip it (see [`flags::NOOP_FILL`]).
-    pub max_abandoned: usize,
+    pub abandoned_max: usize,
 }
 
 impl ClientConfig {
@@ -47,14 +47,14 @@ impl ClientConfig {
             session_id,
             server_id,
             peer,
-            max_datagram_len: pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN,
+            datagram_len_max: pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN,
             window: 64,
-            max_request_len: 1 << 20,
+            request_len_max: 1 << 20,
             retransmit_timeout: Duration::from_millis(2),
-            max_retransmit_timeout: Duration::from_millis(200),
-            max_retransmits: 64,
+            retransmit_timeout_max: Duration::from_millis(200),
+            retransmits_max: 64,
             request_lifetime: Duration::from_secs(12),
-            max_abandoned: 1024,
+            abandoned_max: 1024,
         }
     }
 }
@@ -64,11 +64,11 @@ impl ClientConfig {
 pub enum ClientError {
     /// `window` requests are already in flight; wait for a completion.
     WindowFull,
-    /// The payload is larger than `max_request_len` or needs more than 65 535 fragments.
+    /// The payload is larger than `request_len_max` or needs more than 65 535 fragments.
     TooLarge,
     /// The session used every sequence number; start a new session.
     SessionExhausted,
-    /// No acknowledgement after `max_retransmits` retransmissions or `request_lifetime`. The
+    /// No acknowledgement after `retransmits_max` retransmissions or `request_lifetime`. The
     /// request may or may not have been applied. The session sends a no-op fill for it (and
     /// again if the server asks), so a request that never arrived is never applied after its
     /// failure was reported.
@@ -191,7 +191,7 @@ pub struct Client {
     config: ClientConfig,
     next_seq: u32,
     in_flight: BTreeMap<u32, InFlight>,
-    /// Sequence numbers that failed, oldest first (bounded by `max_abandoned`).
+    /// Sequence numbers that failed, oldest first (bounded by `abandoned_max`).
     abandoned: VecDeque<u32>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<ClientEvent>,
@@ -203,8 +203,8 @@ impl Client {
     pub fn new(config: ClientConfig) -> Client {
         assert!(config.window >= 1, "window must be at least 1");
         assert!(
-            max_fragment_payload_len(config.max_datagram_len) >= 1,
-            "max_datagram_len must exceed the header"
+            fragment_payload_len_max(config.datagram_len_max) >= 1,
+            "datagram_len_max must exceed the header"
         );
         Client {
             config,
@@ -269,7 +269,7 @@ impl Client {
         if self.in_flight.len() >= self.config.window as usize {
             return Err(ClientError::WindowFull);
         }
-        if payload.len() > self.config.max_request_len {
+        if payload.len() > self.config.request_len_max {
             return Err(ClientError::TooLarge);
         }
         let seq = self.next_seq;
@@ -279,7 +279,7 @@ impl Client {
             self.config.session_id,
             seq,
         );
-        let fragments = encode_fragments(header, payload, self.config.max_datagram_len)
+        let fragments = encode_fragments(header, payload, self.config.datagram_len_max)
             .ok_or(ClientError::TooLarge)?;
         self.next_seq += 1;
         for fragment in &fragments {
@@ -376,7 +376,7 @@ impl Client {
 
     fn on_server_ack(&mut self, header: &Header, payload: &[u8]) {
         self.counters.server_acks_received += 1;
-        let max_reply_len = self.config.max_request_len;
+        let max_reply_len = self.config.request_len_max;
         let Some(request) = self.in_flight.get_mut(&header.seq) else {
             self.counters.late_acks_consumed += 1;
             return;
@@ -469,7 +469,7 @@ impl Client {
             .remove(&seq)
             .expect("failing an in-flight request");
         self.counters.requests_failed += 1;
-        if self.abandoned.len() >= self.config.max_abandoned {
+        if self.abandoned.len() >= self.config.abandoned_max {
             self.abandoned.pop_front();
         }
         self.abandoned.push_back(seq);
@@ -505,7 +505,7 @@ impl Client {
             .collect();
         for seq in due {
             let request = self.in_flight.get_mut(&seq).expect("due request");
-            if request.retransmit_count >= self.config.max_retransmits || request.expires <= now {
+            if request.retransmit_count >= self.config.retransmits_max || request.expires <= now {
                 let error = request
                     .not_logged
                     .map_or(ClientError::TimedOut, ClientError::NotLogged);
@@ -513,7 +513,7 @@ impl Client {
                 continue;
             }
             request.retransmit_count += 1;
-            request.timeout = (request.timeout * 2).min(self.config.max_retransmit_timeout);
+            request.timeout = (request.timeout * 2).min(self.config.retransmit_timeout_max);
             request.deadline = now + request.timeout;
             // Fragments a device already logged need no resend; the server gets them from
             // the device.

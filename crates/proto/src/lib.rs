@@ -64,9 +64,9 @@ impl RequestKind {
     }
 }
 
-/// Largest payload that fits a datagram of `max_datagram_len` bytes.
-fn max_fragment_payload_len(max_datagram_len: usize) -> usize {
-    max_datagram_len
+/// Largest payload that fits a datagram of `datagram_len_max` bytes.
+fn fragment_payload_len_max(datagram_len_max: usize) -> usize {
+    datagram_len_max
         .min(pmnet_wire::MAX_DATAGRAM_LEN)
         .saturating_sub(pmnet_wire::HEADER_LEN)
 }
@@ -85,14 +85,14 @@ fn concat_parts(parts: Vec<Option<Vec<u8>>>) -> Vec<u8> {
     whole
 }
 
-/// Split `payload` into datagrams of at most `max_datagram_len` bytes with `header` as
+/// Split `payload` into datagrams of at most `datagram_len_max` bytes with `header` as
 /// template; `None` if it would need more than `u16::MAX` fragments.
 fn encode_fragments(
     header: pmnet_wire::Header,
     payload: &[u8],
-    max_datagram_len: usize,
+    datagram_len_max: usize,
 ) -> Option<Vec<Vec<u8>>> {
-    let chunk_len = max_fragment_payload_len(max_datagram_len).max(1);
+    let chunk_len = fragment_payload_len_max(datagram_len_max).max(1);
     let fragment_count = payload.len().div_ceil(chunk_len).max(1);
     let fragment_count = u16::try_from(fragment_count).ok()?;
     let mut datagrams = Vec::with_capacity(usize::from(fragment_count));

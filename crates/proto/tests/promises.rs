@@ -270,8 +270,8 @@ fn reassembly_memory_is_bounded_in_all_and_per_session() {
     let mut world = World::new(1, None);
     let now = world.now;
     let node = &mut world.servers[0];
-    node.config.max_buffered_bytes = 1 << 20;
-    node.config.max_session_buffered_bytes = 256 << 10;
+    node.config.buffered_bytes_max = 1 << 20;
+    node.config.session_buffered_bytes_max = 256 << 10;
     node.server = pmnet_proto::Server::new(node.config.clone(), now, Vec::new());
     drive_to_quiet(&mut world);
     let from = client_addr(0);

@@ -173,7 +173,7 @@ fn hash_collision_with_probe_limit_one_is_counted() {
     let now = world.now;
     let node = world.device_mut(0);
     node.config.probe_limit = 1;
-    node.config.max_live_entries = 8; // so the slot, not the limit, is what runs out
+    node.config.live_entries_max = 8; // so the slot, not the limit, is what runs out
     *node.pipeline.device_mut() = pmnet_proto::Device::new(node.config.clone(), now, Vec::new());
     drive_to_quiet(&mut world);
     world.stop_server(0);
@@ -489,7 +489,7 @@ fn a_request_that_is_never_acknowledged_fails_after_bounded_retries() {
         Some(ClientEvent::Failed { .. })
     ));
     let sent = world.seen_of(PacketType::UpdateRequest).len() as u32;
-    assert_eq!(sent, 1 + world.clients[0].client.config().max_retransmits);
+    assert_eq!(sent, 1 + world.clients[0].client.config().retransmits_max);
 }
 
 #[test]

@@ -409,7 +409,7 @@ impl DeviceRuntime {
                     log.max_packet_len(),
                 );
                 if let Some(window) = options.max_resends_in_flight {
-                    config.max_resends_in_flight = window;
+                    config.resends_in_flight_max = window;
                 }
                 (Device::new(config, now, entries), Some(log))
             }

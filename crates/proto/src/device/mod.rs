@@ -29,49 +29,49 @@ pub struct DeviceConfig {
     /// Slots of the persistent log (must match the log the runtime opened).
     pub slot_count: u32,
     /// Largest datagram a slot holds; larger update fragments are forwarded without logging.
-    pub max_logged_packet_len: usize,
+    pub logged_packet_len_max: usize,
     /// Slots tried, from the one the hash picks, before counting a collision. Linear probing
     /// clusters: with 4, a log an eighth full already turned away one update in a few
     /// thousand; with 32, a collision needs a log nearly full.
     pub probe_limit: u32,
     /// Most live entries at once; at the limit, updates are forwarded without logging.
-    pub max_live_entries: u32,
+    pub live_entries_max: u32,
     /// A logged entry the server has not acked is resent to it after this long, then with
     /// exponential backoff up to the maximum, for as long as the entry is live.
     pub resend_timeout: Duration,
-    pub max_resend_timeout: Duration,
+    pub resend_timeout_max: Duration,
     /// Most client addresses remembered (one per session); the oldest is forgotten first.
-    pub max_sessions: usize,
+    pub sessions_max: usize,
     /// Most datagrams queued for sending; beyond it, datagrams are dropped and counted.
-    pub max_transmit_queue_len: usize,
+    pub transmit_queue_len_max: usize,
     /// Log entries resent to one server and not yet acked, at most: resends after a timeout
     /// and the replay after a recovery poll go out at the pace the server acks them, in
     /// (session, seq) order, instead of all at once into its receive buffer.
-    pub max_resends_in_flight: u32,
+    pub resends_in_flight_max: u32,
 }
 
 impl DeviceConfig {
     /// Defaults for device `device_id` in front of `servers`, logging on, with a log of
-    /// `slot_count` slots of `max_logged_packet_len` bytes each.
+    /// `slot_count` slots of `logged_packet_len_max` bytes each.
     pub fn new(
         device_id: u16,
         servers: Vec<(u16, SocketAddr)>,
         slot_count: u32,
-        max_logged_packet_len: usize,
+        logged_packet_len_max: usize,
     ) -> DeviceConfig {
         DeviceConfig {
             device_id,
             servers,
             logging: true,
             slot_count,
-            max_logged_packet_len,
+            logged_packet_len_max,
             probe_limit: 32,
-            max_live_entries: slot_count,
+            live_entries_max: slot_count,
             resend_timeout: Duration::from_millis(20),
-            max_resend_timeout: Duration::from_secs(1),
-            max_sessions: 1 << 16,
-            max_transmit_queue_len: 2 * slot_count as usize + 4096,
-            max_resends_in_flight: 256,
+            resend_timeout_max: Duration::from_secs(1),
+            sessions_max: 1 << 16,
+            transmit_queue_len_max: 2 * slot_count as usize + 4096,
+            resends_in_flight_max: 256,
         }
     }
 }
@@ -147,7 +147,7 @@ struct Entry {
     resend_deadline: Time,
     resend_timeout: Duration,
     /// Resent from the replay queue and not yet acked or timed out: counts against
-    /// `max_resends_in_flight`.
+    /// `resends_in_flight_max`.
     in_replay: bool,
 }
 
@@ -309,7 +309,7 @@ impl Device {
 
     /// Queue a datagram; false when the queue is full (dropped and counted).
     fn send(&mut self, destination: SocketAddr, bytes: Vec<u8>) -> bool {
-        if self.transmits.len() >= self.config.max_transmit_queue_len {
+        if self.transmits.len() >= self.config.transmit_queue_len_max {
             self.count_drop(DropReason::QueueFull);
             return false;
         }
@@ -334,7 +334,7 @@ impl Device {
                 .min(MAX_CREDIT_BYTES);
             return;
         }
-        while self.clients.len() >= self.config.max_sessions {
+        while self.clients.len() >= self.config.sessions_max {
             let Some(oldest) = self.client_order.pop_front() else {
                 break;
             };
@@ -473,10 +473,10 @@ impl Device {
         let not_logged = if !self.config.logging {
             self.counters.forwarded_without_log += 1;
             None
-        } else if datagram.len() > self.config.max_logged_packet_len {
+        } else if datagram.len() > self.config.logged_packet_len_max {
             self.counters.forwarded_without_log += 1;
             Some(NotLoggedReason::TooLarge)
-        } else if self.entries.len() >= self.config.max_live_entries as usize {
+        } else if self.entries.len() >= self.config.live_entries_max as usize {
             self.counters.log_full += 1;
             Some(NotLoggedReason::LogFull)
         } else if let Some(slot) = self.free_slot(&key) {
@@ -645,12 +645,12 @@ impl Device {
     /// in the index or resend timers than live entries (each names one).
     fn assert_bounds(&self) {
         assert!(
-            self.entries.len() <= self.config.max_live_entries as usize
+            self.entries.len() <= self.config.live_entries_max as usize
                 && self.index.len() <= self.entries.len()
                 && self.resend_timers.len() <= self.entries.len(),
             "live entries {} (bound {}) with an index of {} keys and {} resend timers",
             self.entries.len(),
-            self.config.max_live_entries,
+            self.config.live_entries_max,
             self.index.len(),
             self.resend_timers.len()
         );

@@ -2,7 +2,7 @@
 //! recovery poll, paced by the server's acks; retransmission requests; fill queries.
 //!
 //! Every resend goes through one queue per server, ordered by (session, seq, fragment), and
-//! at most `max_resends_in_flight` resent entries are out at once; each server-ACK that frees
+//! at most `resends_in_flight_max` resent entries are out at once; each server-ACK that frees
 //! one lets the next go. An entry waiting in the queue has no timer (nothing of it is out);
 //! its timer starts when it is sent, so a backlog of any size costs timer work only for the
 //! window that is out. A server that was down for a while so receives its backlog in order
@@ -105,7 +105,7 @@ impl Device {
             .insert(key)
     }
 
-    /// Send queued entries of `server_id` while fewer than `max_resends_in_flight` are out.
+    /// Send queued entries of `server_id` while fewer than `resends_in_flight_max` are out.
     pub(super) fn pump_replay(&mut self, now: Time, server_id: u16) {
         let Some(&server) = self.servers.get(&server_id) else {
             return;
@@ -114,7 +114,7 @@ impl Device {
             let Some(replay) = self.replay.get_mut(&server_id) else {
                 return;
             };
-            if replay.in_flight >= self.config.max_resends_in_flight {
+            if replay.in_flight >= self.config.resends_in_flight_max {
                 return;
             }
             let Some(key) = replay.queue.pop_first() else {
@@ -151,7 +151,7 @@ impl Device {
                 break;
             }
             self.resend_timers.remove(&(deadline, slot));
-            let max_timeout = self.config.max_resend_timeout;
+            let max_timeout = self.config.resend_timeout_max;
             let entry = self.entries.get_mut(&slot).expect("timer of a live slot");
             entry.resend_timeout = (entry.resend_timeout * 2).min(max_timeout);
             let key = entry.key;

@@ -58,7 +58,7 @@ impl Server {
 
     pub(super) fn on_gap_timeout(&mut self, now: Time, session_id: u64) {
         let fill_after = self.config.gap_fill_after;
-        let max_interval = self.config.max_gap_timeout;
+        let max_interval = self.config.gap_timeout_max;
         let Some(session) = self.table.sessions.get_mut(&session_id) else {
             return;
         };
@@ -79,10 +79,10 @@ impl Server {
     }
 
     /// Retransmission requests for what the session misses, at most
-    /// `max_retransmit_requests_per_gap`, each paid for from the source's credit unless the
+    /// `retransmit_requests_per_gap_max`, each paid for from the source's credit unless the
     /// source is one of this server's devices.
     fn request_missing(&mut self, session_id: u64) {
-        let limit = self.config.max_retransmit_requests_per_gap;
+        let limit = self.config.retransmit_requests_per_gap_max;
         let server_id = self.config.server_id;
         let session = &self.table.sessions[&session_id];
         let Some(to) = session.reply_to else {

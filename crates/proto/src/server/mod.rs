@@ -24,15 +24,15 @@ pub struct ServerConfig {
     /// would skip.
     pub devices: Vec<SocketAddr>,
     /// Largest datagram sent; larger replies are split into fragments.
-    pub max_datagram_len: usize,
+    pub datagram_len_max: usize,
     /// Requests buffered at most this many sequence numbers ahead of the last applied one.
     pub reorder_window: u32,
     /// How long a gap in a session's sequence may last before the server asks for a
-    /// retransmission; the interval doubles after each request, up to `max_gap_timeout`.
+    /// retransmission; the interval doubles after each request, up to `gap_timeout_max`.
     pub gap_timeout: Duration,
-    pub max_gap_timeout: Duration,
+    pub gap_timeout_max: Duration,
     /// Missing sequence numbers (or fragments) requested per gap timeout.
-    pub max_retransmit_requests_per_gap: usize,
+    pub retransmit_requests_per_gap_max: usize,
     /// A gap that lasts this long is resolved without its client: once every device says it
     /// holds none of the missing requests whole, the server skips them. Must exceed the
     /// longest request lifetime of any client ([`pmnet_wire::MAX_REQUEST_LIFETIME_MS`]), so
@@ -42,20 +42,20 @@ pub struct ServerConfig {
     pub reply_cache_len: usize,
     /// Most sessions tracked; beyond it the longest-idle session without pending requests is
     /// forgotten (and loses duplicate detection).
-    pub max_sessions: usize,
+    pub sessions_max: usize,
     /// Largest request reassembled from fragments.
-    pub max_request_len: usize,
+    pub request_len_max: usize,
     /// Bytes all sessions together may buffer for reassembly and reordering; beyond it
     /// fragments are dropped (the device or the client sends them again).
-    pub max_buffered_bytes: usize,
+    pub buffered_bytes_max: usize,
     /// Bytes one session may buffer.
-    pub max_session_buffered_bytes: usize,
+    pub session_buffered_bytes_max: usize,
     /// Interval between recovery polls to a device that has not answered.
     pub recovery_poll_interval: Duration,
     /// First wait before retrying a request the application had no room for; doubles while
-    /// the store stays full, up to `max_defer_interval`.
+    /// the store stays full, up to `defer_interval_max`.
     pub defer_interval: Duration,
-    pub max_defer_interval: Duration,
+    pub defer_interval_max: Duration,
 }
 
 impl ServerConfig {
@@ -63,21 +63,21 @@ impl ServerConfig {
         ServerConfig {
             server_id,
             devices,
-            max_datagram_len: pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN,
+            datagram_len_max: pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN,
             reorder_window: 1024,
             gap_timeout: Duration::from_millis(2),
-            max_gap_timeout: Duration::from_secs(1),
-            max_retransmit_requests_per_gap: 16,
+            gap_timeout_max: Duration::from_secs(1),
+            retransmit_requests_per_gap_max: 16,
             gap_fill_after: Duration::from_millis(pmnet_wire::MAX_REQUEST_LIFETIME_MS)
                 + Duration::from_secs(5),
             reply_cache_len: 128,
-            max_sessions: 1 << 20,
-            max_request_len: 1 << 20,
-            max_buffered_bytes: 256 << 20,
-            max_session_buffered_bytes: 16 << 20,
+            sessions_max: 1 << 20,
+            request_len_max: 1 << 20,
+            buffered_bytes_max: 256 << 20,
+            session_buffered_bytes_max: 16 << 20,
             recovery_poll_interval: Duration::from_millis(50),
             defer_interval: Duration::from_millis(1),
-            max_defer_interval: Duration::from_millis(100),
+            defer_interval_max: Duration::from_millis(100),
         }
     }
 }
@@ -175,8 +175,8 @@ impl Server {
             config.reorder_window >= 1,
             "reorder_window must be at least 1"
         );
-        assert!(config.max_sessions >= 1, "max_sessions must be at least 1");
-        let mut table = Table::new(config.max_sessions);
+        assert!(config.sessions_max >= 1, "sessions_max must be at least 1");
+        let mut table = Table::new(config.sessions_max);
         for recovered in sessions {
             let mut replies = VecDeque::new();
             replies.push_back((recovered.last_seq, CachedReply::Reply(recovered.last_reply)));
@@ -394,9 +394,9 @@ impl Server {
     ) -> Option<DropReason> {
         let seq = header.seq;
         let fragment_count = usize::from(header.fragment_count);
-        let max_request_len = self.config.max_request_len;
-        let max_session_bytes = self.config.max_session_buffered_bytes;
-        let max_total_bytes = self.config.max_buffered_bytes;
+        let request_len_max = self.config.request_len_max;
+        let max_session_bytes = self.config.session_buffered_bytes_max;
+        let max_total_bytes = self.config.buffered_bytes_max;
         let total_bytes = self.table.buffered_bytes;
         let session = self.table.sessions.get_mut(&session_id)?;
         if fill {
@@ -420,13 +420,13 @@ impl Server {
                 return None;
             }
             Some(assembly) => {
-                if assembly.received_len + payload.len() > max_request_len {
+                if assembly.received_len + payload.len() > request_len_max {
                     return Some(DropReason::TooLarge);
                 }
                 payload.len()
             }
             None => {
-                if payload.len() > max_request_len {
+                if payload.len() > request_len_max {
                     return Some(DropReason::TooLarge);
                 }
                 Assembly::table_cost(fragment_count) + payload.len()
@@ -524,12 +524,12 @@ impl Server {
             seq,
         );
         header.flags = flags;
-        let datagrams = encode_fragments(header, reply, self.config.max_datagram_len)
+        let datagrams = encode_fragments(header, reply, self.config.datagram_len_max)
             .or_else(|| {
                 // Replies are bounded by the store; one that still does not fit is reported
                 // as unavailable rather than lost silently.
                 header.flags |= pmnet_wire::flags::REPLY_UNAVAILABLE;
-                encode_fragments(header, &[], self.config.max_datagram_len)
+                encode_fragments(header, &[], self.config.datagram_len_max)
             })
             .expect("an empty reply always fits");
         for bytes in datagrams {
@@ -597,7 +597,7 @@ impl Server {
         kind: RequestKind,
         request: Vec<u8>,
     ) {
-        let max_defer_interval = self.config.max_defer_interval;
+        let defer_interval_max = self.config.defer_interval_max;
         let first_interval = self.config.defer_interval;
         let mut handed_back = vec![(seq, kind, request)];
         let events = std::mem::take(&mut self.events);
@@ -633,7 +633,7 @@ impl Server {
         session.fills_issued.retain(|issued| *issued < seq);
         session.issued_through = seq - 1;
         let interval = session.defer_interval.max(first_interval);
-        session.defer_interval = (interval * 2).min(max_defer_interval);
+        session.defer_interval = (interval * 2).min(defer_interval_max);
         if let Some(old) = session.deferral.take() {
             self.defer_timers.remove(&(old.retry_at, session_id));
         }

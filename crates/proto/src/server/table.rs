@@ -155,17 +155,17 @@ pub(super) struct Table {
     pub(super) buffered_bytes: usize,
     /// Sessions evicted to make room.
     pub(super) evicted: u64,
-    max_sessions: usize,
+    sessions_max: usize,
 }
 
 impl Table {
-    pub(super) fn new(max_sessions: usize) -> Table {
+    pub(super) fn new(sessions_max: usize) -> Table {
         Table {
             sessions: HashMap::new(),
             activity: VecDeque::new(),
             buffered_bytes: 0,
             evicted: 0,
-            max_sessions,
+            sessions_max,
         }
     }
 
@@ -209,7 +209,7 @@ impl Table {
     /// sessions are evicted, the one idle longest first.
     pub(super) fn get_or_create(&mut self, now: Time, session_id: u64) -> Option<&mut Session> {
         if !self.sessions.contains_key(&session_id) {
-            if self.sessions.len() >= self.max_sessions && !self.evict_idlest() {
+            if self.sessions.len() >= self.sessions_max && !self.evict_idlest() {
                 return None;
             }
             self.sessions.insert(session_id, Session::default());

@@ -114,12 +114,27 @@ fn every_rejection_has_its_reason() {
     corrupt[33] ^= 0x01;
     assert_eq!(Header::parse(&corrupt), Err(ParseError::BadChecksum));
 
-    let mut unknown = GOLDEN_UPDATE.to_vec();
-    unknown[field::TYPE] = 0x10; // reserved for the cache, not defined in this version
-    assert_eq!(
-        Header::parse(&with_crc_fixed(unknown)),
-        Err(ParseError::UnknownType)
-    );
+    // Codes neither defined nor reserved for an in-network function.
+    for code in [0x00, 0x0B, 0x0F, 0x40, 0xFF] {
+        let mut unknown = GOLDEN_UPDATE.to_vec();
+        unknown[field::TYPE] = code;
+        assert_eq!(
+            Header::parse(&with_crc_fixed(unknown)),
+            Err(ParseError::UnknownType),
+            "type code {code:#04x}"
+        );
+    }
+    // The reserved ranges parse, for the function that owns the code (a device pipeline
+    // counts and drops what no function owns), and encode back to the same bytes.
+    for code in [0x10, 0x1F, 0x20, 0x3F] {
+        let mut reserved = GOLDEN_UPDATE.to_vec();
+        reserved[field::TYPE] = code;
+        let reserved = with_crc_fixed(reserved);
+        let (header, payload) = Header::parse(&reserved).unwrap();
+        assert_eq!(header.packet_type, PacketType::Reserved(code));
+        assert_eq!(header.packet_type.code(), code);
+        assert_eq!(header.encode(payload), reserved);
+    }
 
     let mut zero_count = GOLDEN_UPDATE.to_vec();
     zero_count[field::FRAGMENT_COUNT].copy_from_slice(&0u16.to_be_bytes());

@@ -37,8 +37,8 @@ pub use args::{parse_payload, parse_seconds, BenchArgs, Pinning};
 pub use capacity::{run_capacity, CapacityConfig};
 pub use plan::{resolve_pinning, run_modes, Plan, Target};
 pub use report::{
-    capacity_table, ratios, ratios_table, results_table, setting_text, thousands, ModeResult,
-    Report, Setting,
+    capacity_table, ratios, ratios_table, results_table, setting_text, thousands, CapacityReport,
+    ModeResult, Ratio, Report, Setting,
 };
 pub use system::{remove_stale_files, LoopbackConfig, LoopbackSystem};
 pub use workload::{KeyDistribution, Workload};

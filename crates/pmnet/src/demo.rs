@@ -17,8 +17,8 @@ use pmnet_pm::MmapOptions;
 use pmnet_runtime::{Shutdown, WaitMode};
 
 use crate::bench::{
-    self, capacity_table, ratios, ratios_table, results_table, setting_text, LoopbackConfig,
-    LoopbackSystem, Mode, ModeResult, Pinning, Plan, Report, Target,
+    self, capacity_table, ratios, ratios_table, results_table, setting_text, CapacityReport,
+    LoopbackConfig, LoopbackSystem, Mode, ModeResult, Pinning, Plan, Ratio, Report, Target,
 };
 use crate::CliError;
 
@@ -133,77 +133,16 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
     };
     let removed = bench::remove_stale_files(&config.dir);
     let began = Instant::now();
-
-    println!("pmnet demo: PMNet in-network persistence, in software, on loopback");
-    println!(
-        "  a device (persistent log) and a server (packet store) run as threads of this \
-         process; their files go under {} and are removed at exit",
-        config.dir.display()
-    );
-    if removed > 0 {
-        println!("  (removed {removed} files left behind by an earlier run that was killed)");
-    }
-    println!();
-
-    println!("1. Does it work? One client session through the device:");
-    let system = LoopbackSystem::start(config)?;
-    let check = bench::functional_check(&system, &plan);
-    let media = (system.device_medium.clone(), system.server_medium.clone());
-    drop(system.stop());
-    let check = check.map_err(|error| format!("the functional check failed: {error}"))?;
-    for line in &check {
-        println!("   {line}");
-    }
-    println!();
-
-    println!(
-        "2. Latency, side by side: {} client{} sending {}-byte SETs one at a time; every mode \
-         gets a fresh device and server, {:.1} s of warm-up and {:.1} s measured:",
-        plan.clients,
-        if plan.clients == 1 { "" } else { "s" },
-        plan.workload.value_len,
-        plan.warmup.as_secs_f64(),
-        args.duration
-    );
-    let (results, _, interrupted) = bench::run_modes(&plan, &shutdown)?;
-    let ratios = ratios(&results);
-    print!("{}", results_table(&results));
-    println!();
-    print!("{}", ratios_table(&ratios));
-    for result in &results {
-        for note in &result.notes {
-            println!("   {}: {note}", result.mode);
-        }
-    }
-    println!();
-
+    print_introduction(config, removed);
+    let (check, media) = does_it_work(config, &plan)?;
+    let (results, ratios, interrupted) = latency(&plan, &args, &shutdown)?;
     let capacity = if args.no_capacity || shutdown.is_requested() {
         None
     } else {
-        println!(
-            "3. Forwarding capacity: one thread forwarding {}-byte datagrams as fast as it can \
-             ({CAPACITY_SECONDS:.0} s each, in {CAPACITY_ROUNDS} rounds):",
-            pmnet_wire::HEADER_LEN + plan.workload.set_request_len()
-        );
-        let config = bench::capacity_config(
-            &plan,
-            Duration::from_secs_f64(CAPACITY_SECONDS / f64::from(CAPACITY_ROUNDS)),
-            CAPACITY_ROUNDS,
-        );
-        let report = bench::run_capacity(&config, &shutdown)?;
-        print!("{}", capacity_table(&report));
-        println!();
-        Some(report)
+        Some(capacity(&plan, &shutdown)?)
     };
-
     let setting = plan.setting(Some(media));
-    println!("Setting:");
-    print!("{}", setting_text(&setting));
-    println!();
-    println!("What you just saw:");
-    for line in wrap(&explanation(&results, &setting), 96) {
-        println!("  {line}");
-    }
+    print_setting_and_explanation(&results, &setting);
     let interrupted = interrupted || shutdown.is_requested();
     if interrupted {
         println!();
@@ -232,6 +171,98 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// What runs where, and the files an earlier killed run left that were removed.
+fn print_introduction(config: &LoopbackConfig, removed: usize) {
+    println!("pmnet demo: PMNet in-network persistence, in software, on loopback");
+    println!(
+        "  a device (persistent log) and a server (packet store) run as threads of this \
+         process; their files go under {} and are removed at exit",
+        config.dir.display()
+    );
+    if removed > 0 {
+        println!("  (removed {removed} files left behind by an earlier run that was killed)");
+    }
+    println!();
+}
+
+/// Part 1: the functional check on a system of its own. Returns its lines and the media of
+/// the device and server.
+fn does_it_work(
+    config: &LoopbackConfig,
+    plan: &Plan,
+) -> Result<(Vec<String>, (String, String)), CliError> {
+    println!("1. Does it work? One client session through the device:");
+    let system = LoopbackSystem::start(config)?;
+    let check = bench::functional_check(&system, plan);
+    let media = (system.device_medium.clone(), system.server_medium.clone());
+    drop(system.stop());
+    let check = check.map_err(|error| format!("the functional check failed: {error}"))?;
+    for line in &check {
+        println!("   {line}");
+    }
+    println!();
+    Ok((check, media))
+}
+
+/// Part 2: the four modes side by side. Returns their results, the ratios, and whether a
+/// signal cut the run short.
+fn latency(
+    plan: &Plan,
+    args: &DemoArgs,
+    shutdown: &Shutdown,
+) -> Result<(Vec<ModeResult>, Vec<Ratio>, bool), CliError> {
+    println!(
+        "2. Latency, side by side: {} client{} sending {}-byte SETs one at a time; every mode \
+         gets a fresh device and server, {:.1} s of warm-up and {:.1} s measured:",
+        plan.clients,
+        if plan.clients == 1 { "" } else { "s" },
+        plan.workload.value_len,
+        plan.warmup.as_secs_f64(),
+        args.duration
+    );
+    let (results, _, interrupted) = bench::run_modes(plan, shutdown)?;
+    let ratios = ratios(&results);
+    print!("{}", results_table(&results));
+    println!();
+    print!("{}", ratios_table(&ratios));
+    for result in &results {
+        for note in &result.notes {
+            println!("   {}: {note}", result.mode);
+        }
+    }
+    println!();
+    Ok((results, ratios, interrupted))
+}
+
+/// Part 3: the forwarding capacity of a plain relay and of the device.
+fn capacity(plan: &Plan, shutdown: &Shutdown) -> Result<CapacityReport, CliError> {
+    println!(
+        "3. Forwarding capacity: one thread forwarding {}-byte datagrams as fast as it can \
+         ({CAPACITY_SECONDS:.0} s each, in {CAPACITY_ROUNDS} rounds):",
+        pmnet_wire::HEADER_LEN + plan.workload.set_request_len()
+    );
+    let config = bench::capacity_config(
+        plan,
+        Duration::from_secs_f64(CAPACITY_SECONDS / f64::from(CAPACITY_ROUNDS)),
+        CAPACITY_ROUNDS,
+    );
+    let report = bench::run_capacity(&config, shutdown)?;
+    print!("{}", capacity_table(&report));
+    println!();
+    Ok(report)
+}
+
+/// The setting, and what the figures mean.
+fn print_setting_and_explanation(results: &[ModeResult], setting: &bench::Setting) {
+    println!("Setting:");
+    print!("{}", setting_text(setting));
+    println!();
+    println!("What you just saw:");
+    for line in wrap(&explanation(results, setting), 96) {
+        println!("  {line}");
+    }
 }
 
 fn p50(results: &[ModeResult], mode: &str) -> Option<f64> {

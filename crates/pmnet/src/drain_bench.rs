@@ -10,7 +10,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, UdpSocket};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -229,6 +229,8 @@ fn label(window: u32) -> String {
     }
 }
 
+/// One drain with `window` resends in flight: log the updates through a device with no server
+/// up, then start the server and time it until every session's read is answered.
 fn drain_once(args: &DrainBenchArgs, window: u32) -> Result<Drained, CliError> {
     let device_addr = free_port()?;
     let server_addr = free_port()?;
@@ -236,39 +238,8 @@ fn drain_once(args: &DrainBenchArgs, window: u32) -> Result<Drained, CliError> {
     let log_file = args.dir.join(format!("pmnet-drain-{unique}.log"));
     let data_file = args.dir.join(format!("pmnet-drain-{unique}.data"));
     let _files = FilesGuard(vec![log_file.clone(), data_file.clone()]);
-    // Slots are placed by a hash with a short probe: room for eight times the entries keeps
-    // collisions (an update forwarded unlogged) rare; slots just large enough for the SETs.
-    let slots = args.entries.saturating_mul(8).clamp(1024, 1 << 24);
-    let slot_size = (args.payload + 256).div_ceil(64) * 64;
-    let mut device_args = vec![
-        "device".to_owned(),
-        "--listen".to_owned(),
-        device_addr.to_string(),
-        "--server".to_owned(),
-        format!("1={server_addr}"),
-        "--log-file".to_owned(),
-        log_file.display().to_string(),
-        "--slots".to_owned(),
-        slots.to_string(),
-        "--slot-size".to_owned(),
-        slot_size.to_string(),
-        "--format".to_owned(),
-        "--resends-in-flight".to_owned(),
-        window.to_string(),
-    ];
-    let mut server_args = vec![
-        "server".to_owned(),
-        "--listen".to_owned(),
-        server_addr.to_string(),
-        "--device".to_owned(),
-        device_addr.to_string(),
-        "--data-file".to_owned(),
-        data_file.display().to_string(),
-        // One key per client: a small file keeps the timed start-up what it measures.
-        "--data-mib".to_owned(),
-        "64".to_owned(),
-        "--format".to_owned(),
-    ];
+    let mut device_args = device_args(args, window, device_addr, server_addr, &log_file);
+    let mut server_args = server_args(server_addr, device_addr, &data_file);
     if args.busy_poll {
         device_args.push("--busy-poll".to_owned());
         server_args.push("--busy-poll".to_owned());
@@ -304,6 +275,72 @@ fn drain_once(args: &DrainBenchArgs, window: u32) -> Result<Drained, CliError> {
     // out: the drain is timed from the moment the process started, and the start-up (to the
     // "listening on" line) reported beside it.
     let (_, listening) = server.wait_listening_since()?;
+    read_last_writes(&mut sessions, &last_value)?;
+    let done = Instant::now();
+    drop(server);
+    drop(device);
+    Ok(Drained {
+        window,
+        entries: logged,
+        server_start: listening - started,
+        drain: done - started,
+        medium,
+    })
+}
+
+/// The device's command line: its log sized for the entries, `window` resends in flight.
+fn device_args(
+    args: &DrainBenchArgs,
+    window: u32,
+    device_addr: SocketAddr,
+    server_addr: SocketAddr,
+    log_file: &Path,
+) -> Vec<String> {
+    // Slots are placed by a hash with a short probe: room for eight times the entries keeps
+    // collisions (an update forwarded unlogged) rare; slots just large enough for the SETs.
+    let slots = args.entries.saturating_mul(8).clamp(1024, 1 << 24);
+    let slot_size = (args.payload + 256).div_ceil(64) * 64;
+    vec![
+        "device".to_owned(),
+        "--listen".to_owned(),
+        device_addr.to_string(),
+        "--server".to_owned(),
+        format!("1={server_addr}"),
+        "--log-file".to_owned(),
+        log_file.display().to_string(),
+        "--slots".to_owned(),
+        slots.to_string(),
+        "--slot-size".to_owned(),
+        slot_size.to_string(),
+        "--format".to_owned(),
+        "--resends-in-flight".to_owned(),
+        window.to_string(),
+    ]
+}
+
+/// The server's command line, behind the device.
+fn server_args(server_addr: SocketAddr, device_addr: SocketAddr, data_file: &Path) -> Vec<String> {
+    vec![
+        "server".to_owned(),
+        "--listen".to_owned(),
+        server_addr.to_string(),
+        "--device".to_owned(),
+        device_addr.to_string(),
+        "--data-file".to_owned(),
+        data_file.display().to_string(),
+        // One key per client: a small file keeps the timed start-up what it measures.
+        "--data-mib".to_owned(),
+        "64".to_owned(),
+        "--format".to_owned(),
+    ]
+}
+
+/// Each session reads its key back (a bypass GET, ordered after its logged updates) and must
+/// get its last write; returns when every read is answered.
+fn read_last_writes(
+    sessions: &mut [ClientSession],
+    last_value: &[Vec<u8>],
+) -> Result<(), CliError> {
     let mut reads = Vec::new();
     for (client, session) in sessions.iter_mut().enumerate() {
         let payload = Request::Get {
@@ -347,16 +384,7 @@ fn drain_once(args: &DrainBenchArgs, window: u32) -> Result<Drained, CliError> {
             }
         }
     }
-    let done = Instant::now();
-    drop(server);
-    drop(device);
-    Ok(Drained {
-        window,
-        entries: logged,
-        server_start: listening - started,
-        drain: done - started,
-        medium,
-    })
+    Ok(())
 }
 
 /// Log `count` SETs of one key through the device (server down), each acked by the device.

@@ -95,21 +95,68 @@ pub fn run(args: SessionBenchArgs) -> Result<ExitCode, CliError> {
     let socket = UdpSocket::bind("127.0.0.1:0")?;
     socket.connect(server_addr)?;
     socket.set_read_timeout(Some(Duration::from_millis(20)))?;
-    let mut in_flight: HashMap<u64, (Vec<u8>, Instant)> = HashMap::new();
-    let mut next_session: u64 = 1;
-    let mut acked: u64 = 0;
-    let mut stretch_start = Instant::now();
-    let mut stretch_acked: u64 = 0;
-    let mut first_rate: Option<f64> = None;
+    send_sets(&args, &socket)?;
+    drop(server);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Send every session's SET, keeping the window full, until each is acknowledged; a line per
+/// stretch of sessions.
+fn send_sets(args: &SessionBenchArgs, socket: &UdpSocket) -> Result<(), CliError> {
+    let mut load = Load {
+        socket,
+        in_flight: HashMap::new(),
+        next_session: 1,
+        acked: 0,
+        last_ack: Instant::now(),
+    };
+    let mut stretch = Stretch {
+        start: Instant::now(),
+        acked: 0,
+        first_rate: None,
+    };
     let mut buffer = [0u8; 2048];
     let deadline = Instant::now() + Duration::from_secs(3600);
-    let mut last_ack = Instant::now();
-    while acked < args.sessions {
-        while in_flight.len() < args.window as usize && next_session <= args.sessions {
-            let session_id = 0x5E55_0000_0000_0000 | next_session;
+    while load.acked < args.sessions {
+        load.fill_window(args)?;
+        if load.receive(&mut buffer)? {
+            stretch.acked += 1;
+        }
+        if stretch.acked >= args.stretch || load.acked == args.sessions {
+            stretch.report(load.acked);
+        }
+        if Instant::now() > deadline {
+            return Err("the benchmark did not finish within an hour".into());
+        }
+        if load.last_ack.elapsed() > STALL_LIMIT {
+            return Err(format!(
+                "the server acknowledged nothing for {STALL_LIMIT:?} after {} SETs",
+                load.acked
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// The SETs sent and acknowledged.
+struct Load<'a> {
+    socket: &'a UdpSocket,
+    /// The SETs in flight by session: the datagram, and when it was last sent.
+    in_flight: HashMap<u64, (Vec<u8>, Instant)>,
+    next_session: u64,
+    acked: u64,
+    last_ack: Instant,
+}
+
+impl Load<'_> {
+    /// Send SETs of new sessions until the window is full or every session has been sent.
+    fn fill_window(&mut self, args: &SessionBenchArgs) -> Result<(), CliError> {
+        while self.in_flight.len() < args.window as usize && self.next_session <= args.sessions {
+            let session_id = 0x5E55_0000_0000_0000 | self.next_session;
             // A bounded key space: the store must not fill up (a full store keeps updates
             // waiting, and this measures sessions, not capacity).
-            let key = format!("k{}", next_session % KEY_COUNT);
+            let key = format!("k{}", self.next_session % KEY_COUNT);
             let payload = Request::Set {
                 key: key.as_bytes(),
                 value: b"v",
@@ -117,29 +164,37 @@ pub fn run(args: SessionBenchArgs) -> Result<ExitCode, CliError> {
             .to_bytes();
             let datagram =
                 Header::new(PacketType::UpdateRequest, 1, session_id, 1).encode(&payload);
-            socket.send(&datagram)?;
-            in_flight.insert(session_id, (datagram, Instant::now()));
-            next_session += 1;
+            self.socket.send(&datagram)?;
+            self.in_flight
+                .insert(session_id, (datagram, Instant::now()));
+            self.next_session += 1;
         }
-        match socket.recv(&mut buffer) {
+        Ok(())
+    }
+
+    /// Wait a little for a datagram: an OK acknowledgement of a SET in flight counts (returns
+    /// true); when none comes, resend the SETs unanswered for too long.
+    fn receive(&mut self, buffer: &mut [u8]) -> Result<bool, CliError> {
+        match self.socket.recv(buffer) {
             Ok(len) => {
                 if let Ok((header, reply)) = Header::parse(&buffer[..len]) {
                     if header.packet_type == PacketType::ServerAck
-                        && in_flight.remove(&header.session_id).is_some()
+                        && self.in_flight.remove(&header.session_id).is_some()
                     {
                         if pmnet_store::Reply::decode(reply) != Ok(pmnet_store::Reply::Ok) {
                             return Err(format!(
                                 "SET {} was answered {:?}, not OK",
-                                acked + 1,
+                                self.acked + 1,
                                 pmnet_store::Reply::decode(reply)
                             )
                             .into());
                         }
-                        acked += 1;
-                        stretch_acked += 1;
-                        last_ack = Instant::now();
+                        self.acked += 1;
+                        self.last_ack = Instant::now();
+                        return Ok(true);
                     }
                 }
+                Ok(false)
             }
             Err(error)
                 if matches!(
@@ -148,38 +203,40 @@ pub fn run(args: SessionBenchArgs) -> Result<ExitCode, CliError> {
                 ) =>
             {
                 let now = Instant::now();
-                for (datagram, sent) in in_flight.values_mut() {
+                for (datagram, sent) in self.in_flight.values_mut() {
                     if now.duration_since(*sent) >= RESEND_AFTER {
-                        socket.send(datagram)?;
+                        self.socket.send(datagram)?;
                         *sent = now;
                     }
                 }
+                Ok(false)
             }
-            Err(error) => return Err(error.into()),
-        }
-        if stretch_acked >= args.stretch || acked == args.sessions {
-            let rate = stretch_acked as f64 / stretch_start.elapsed().as_secs_f64();
-            let first = *first_rate.get_or_insert(rate);
-            println!(
-                "  sessions {:>9} .. {:>9}: {:>9.0} SETs/s  ({:.2}x the first stretch)",
-                acked - stretch_acked + 1,
-                acked,
-                rate,
-                rate / first
-            );
-            stretch_acked = 0;
-            stretch_start = Instant::now();
-        }
-        if Instant::now() > deadline {
-            return Err("the benchmark did not finish within an hour".into());
-        }
-        if last_ack.elapsed() > STALL_LIMIT {
-            return Err(format!(
-                "the server acknowledged nothing for {STALL_LIMIT:?} after {acked} SETs"
-            )
-            .into());
+            Err(error) => Err(error.into()),
         }
     }
-    drop(server);
-    Ok(ExitCode::SUCCESS)
+}
+
+/// A stretch of sessions being measured.
+struct Stretch {
+    start: Instant,
+    acked: u64,
+    /// The rate of the first stretch, the one the others are compared with.
+    first_rate: Option<f64>,
+}
+
+impl Stretch {
+    /// Print the stretch that ends at `acked` SETs, and start the next.
+    fn report(&mut self, acked: u64) {
+        let rate = self.acked as f64 / self.start.elapsed().as_secs_f64();
+        let first = *self.first_rate.get_or_insert(rate);
+        println!(
+            "  sessions {:>9} .. {:>9}: {:>9.0} SETs/s  ({:.2}x the first stretch)",
+            acked - self.acked + 1,
+            acked,
+            rate,
+            rate / first
+        );
+        self.acked = 0;
+        self.start = Instant::now();
+    }
 }

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -125,6 +126,8 @@ fn percentile(sorted: &[f64], fraction: f64) -> f64 {
     sorted[index.min(sorted.len() - 1)]
 }
 
+/// One engine behind a server on loopback: latency of sequential updates, then throughput of
+/// pipelined ones, and the server thread's CPU time per update.
 fn run_server_engine(
     args: &StoreBenchArgs,
     engine: Option<EngineKind>,
@@ -140,12 +143,54 @@ fn run_server_engine(
         "pmnet-store-bench-e2e-{}-{name}.data",
         std::process::id()
     ));
-    let options = ServerOptions {
+    let options = server_options(args, name, &path, wait, pin);
+    let shutdown = Shutdown::new();
+    let server_shutdown = shutdown.clone();
+    let (started_tx, started_rx) = mpsc::channel();
+    let server = std::thread::Builder::new()
+        .name("pmnet-server".into())
+        .spawn(move || run_server(options, engine, server_shutdown, started_tx))
+        .map_err(|error| format!("cannot start the server thread: {error}"))?;
+    let result = drive_server(args, &server, &started_rx, wait, pin);
+    shutdown.request();
+    let report = server.join().unwrap_or_default();
+    let _ = std::fs::remove_file(&path);
+    let Driven {
+        medium,
+        latency_us,
+        throughput,
+        server_cpu_us,
+    } = result?;
+    let in_place = report
+        .split("; ")
+        .find(|part| part.contains("store keys"))
+        .unwrap_or("")
+        .to_owned();
+    Ok(EndToEnd {
+        engine: name,
+        medium,
+        latency_us,
+        throughput,
+        server_cpu_us,
+        in_place,
+    })
+}
+
+/// The server of engine `name` (the ideal handler: no store) on a loopback port, its store in
+/// a new file at `path`; pinned to CPU 1 when `pin`.
+fn server_options(
+    args: &StoreBenchArgs,
+    name: &str,
+    path: &std::path::Path,
+    wait: WaitMode,
+    pin: bool,
+) -> ServerOptions {
+    ServerOptions {
         server_id: 1,
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         devices: Vec::new(),
         store: (name != "ideal").then(|| StoreOptions {
-            path: path.clone(),
+            path: path.to_owned(),
             size_bytes: 256 << 20,
             max_sessions: 1024,
             format: true,
@@ -162,138 +207,225 @@ fn run_server_engine(
             metrics_listen: None,
             ..LoopOptions::default()
         },
+    }
+}
+
+/// What a server thread says when it started: its address and medium, or why it did not.
+type Started = Result<(SocketAddr, String), String>;
+
+/// The server thread: open it, say so, run it until shutdown; returns its report line (or
+/// its error).
+fn run_server(
+    options: ServerOptions,
+    engine: Option<EngineKind>,
+    shutdown: Shutdown,
+    started: mpsc::Sender<Started>,
+) -> String {
+    // The server's own report lines would interleave with the table.
+    let quiet = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(std::io::stderr)
+        .finish();
+    let _guard = tracing::subscriber::set_default(quiet);
+    let mut server = match ServerRuntime::open_with_engine(options, engine, shutdown) {
+        Ok(server) => server,
+        Err(error) => {
+            let _ = started.send(Err(error.to_string()));
+            return String::new();
+        }
     };
-    let shutdown = Shutdown::new();
-    let server_shutdown = shutdown.clone();
-    let (started_tx, started_rx) = mpsc::channel();
-    let server = std::thread::Builder::new()
-        .name("pmnet-server".into())
-        .spawn(move || {
-            // The server's own report lines would interleave with the table.
-            let quiet = tracing_subscriber::fmt()
-                .with_max_level(tracing::Level::WARN)
-                .with_writer(std::io::stderr)
-                .finish();
-            let _guard = tracing::subscriber::set_default(quiet);
-            let mut server = match ServerRuntime::open_with_engine(options, engine, server_shutdown)
-            {
-                Ok(server) => server,
-                Err(error) => {
-                    let _ = started_tx.send(Err(error.to_string()));
-                    return String::new();
-                }
-            };
-            let _ = started_tx.send(Ok((
-                server.addresses().data,
-                server.startup().medium_text(),
-            )));
-            if let Err(error) = server.run() {
-                return format!("server error: {error}");
-            }
-            server.report_line()
-        })
-        .map_err(|error| format!("cannot start the server thread: {error}"))?;
-    let result = (|| {
-        let (addr, medium) = started_rx
-            .recv_timeout(Duration::from_secs(10))
-            .map_err(|_| "the server did not start in time".to_owned())??;
-        if pin {
-            pin_current_thread(0)?;
+    let _ = started.send(Ok((
+        server.addresses().data,
+        server.startup().medium_text(),
+    )));
+    if let Err(error) = server.run() {
+        return format!("server error: {error}");
+    }
+    server.report_line()
+}
+
+/// What the client measured of one engine.
+struct Driven {
+    medium: String,
+    latency_us: Vec<f64>,
+    throughput: f64,
+    server_cpu_us: Option<f64>,
+}
+
+/// Once the server is up: a client session warms the store up, then measures the latency of
+/// sequential updates and the throughput of pipelined ones.
+fn drive_server(
+    args: &StoreBenchArgs,
+    server: &JoinHandle<String>,
+    started: &mpsc::Receiver<Started>,
+    wait: WaitMode,
+    pin: bool,
+) -> Result<Driven, String> {
+    let (addr, medium) = started
+        .recv_timeout(Duration::from_secs(10))
+        .map_err(|_| "the server did not start in time".to_owned())??;
+    if pin {
+        pin_current_thread(0)?;
+    }
+    let mut options = SessionOptions::new(1, addr);
+    options.wait = wait;
+    options.window = Some(args.window.max(1));
+    let mut session =
+        ClientSession::open(options).map_err(|error| format!("client socket: {error}"))?;
+    let mut updates = Updates::new(args);
+    // Warm up: every key once.
+    for _ in 0..updates.key_count.min(4000) {
+        session
+            .update(&updates.next_request())
+            .map_err(|error| format!("update failed: {error:?}"))?;
+    }
+    let latency_us = measure_latency(&mut session, &mut updates, args.latency_requests)?;
+    let (throughput, server_cpu_us) =
+        measure_throughput(&mut session, &mut updates, server, args.seconds)?;
+    // Let the requests in flight finish before stopping the server.
+    while session.in_flight_count() > 0 {
+        if session
+            .next_event(Some(Instant::now() + Duration::from_secs(1)))
+            .is_none()
+        {
+            break;
         }
-        let mut options = SessionOptions::new(1, addr);
-        options.wait = wait;
-        options.window = Some(args.window.max(1));
-        let mut session =
-            ClientSession::open(options).map_err(|error| format!("client socket: {error}"))?;
-        let value = vec![0x5Au8; args.value];
-        let key_count = args.keys.max(1) as u64;
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
-        let mut next_request = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let key = format!("user{:08}", state % key_count).into_bytes();
-            Request::Set {
-                key: &key,
-                value: &value,
-            }
-            .to_bytes()
-        };
-        // Warm up: every key once.
-        for _ in 0..key_count.min(4000) {
-            session
-                .update(&next_request())
-                .map_err(|error| format!("update failed: {error:?}"))?;
-        }
-        let mut latency_us = Vec::with_capacity(args.latency_requests);
-        for _ in 0..args.latency_requests {
-            let request = next_request();
-            let start = Instant::now();
-            session
-                .update(&request)
-                .map_err(|error| format!("update failed: {error:?}"))?;
-            latency_us.push(start.elapsed().as_secs_f64() * 1e6);
-        }
-        latency_us.sort_by(f64::total_cmp);
-        let server_clock = thread_cpu_clock(&server);
-        let server_cpu_start = server_clock.and_then(thread_cpu_ns);
-        let deadline = Instant::now() + Duration::from_secs_f64(args.seconds.max(0.1));
-        let start = Instant::now();
-        let mut completed = 0u64;
-        while Instant::now() < deadline {
-            // Refill the window and send the new requests together: one system call for a
-            // batch keeps the client from being what limits the server.
-            while session.can_send() {
-                session
-                    .queue_update(&next_request())
-                    .map_err(|error| format!("update failed: {error:?}"))?;
-            }
-            match session.next_event(Some(deadline)) {
-                Some(ClientEvent::Completed { .. }) => completed += 1,
-                Some(ClientEvent::Failed { error, .. }) => {
-                    return Err(format!("update failed: {error:?}"));
-                }
-                None => {}
-            }
-        }
-        let throughput = completed as f64 / start.elapsed().as_secs_f64();
-        let server_cpu_us = match (server_cpu_start, server_clock.and_then(thread_cpu_ns)) {
-            (Some(before), Some(after)) if completed > 0 => {
-                Some(after.saturating_sub(before) as f64 / 1000.0 / completed as f64)
-            }
-            _ => None,
-        };
-        // Let the requests in flight finish before stopping the server.
-        while session.in_flight_count() > 0 {
-            if session
-                .next_event(Some(Instant::now() + Duration::from_secs(1)))
-                .is_none()
-            {
-                break;
-            }
-        }
-        Ok((medium, latency_us, throughput, server_cpu_us))
-    })();
-    shutdown.request();
-    let report = server.join().unwrap_or_default();
-    let _ = std::fs::remove_file(&path);
-    let (medium, latency_us, throughput, server_cpu_us) = result?;
-    let in_place = report
-        .split("; ")
-        .find(|part| part.contains("store keys"))
-        .unwrap_or("")
-        .to_owned();
-    Ok(EndToEnd {
-        engine: name,
+    }
+    Ok(Driven {
         medium,
         latency_us,
         throughput,
         server_cpu_us,
-        in_place,
     })
 }
 
+/// SETs of the benchmark's value to keys drawn by a xorshift generator.
+struct Updates {
+    value: Vec<u8>,
+    key_count: u64,
+    state: u64,
+}
+
+impl Updates {
+    fn new(args: &StoreBenchArgs) -> Updates {
+        Updates {
+            value: vec![0x5Au8; args.value],
+            key_count: args.keys.max(1) as u64,
+            state: 0x2545_F491_4F6C_DD1Du64,
+        }
+    }
+
+    fn next_request(&mut self) -> Vec<u8> {
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        let key = format!("user{:08}", self.state % self.key_count).into_bytes();
+        Request::Set {
+            key: &key,
+            value: &self.value,
+        }
+        .to_bytes()
+    }
+}
+
+/// `requests` updates one at a time; returns their latencies in µs, sorted.
+fn measure_latency(
+    session: &mut ClientSession,
+    updates: &mut Updates,
+    requests: usize,
+) -> Result<Vec<f64>, String> {
+    let mut latency_us = Vec::with_capacity(requests);
+    for _ in 0..requests {
+        let request = updates.next_request();
+        let start = Instant::now();
+        session
+            .update(&request)
+            .map_err(|error| format!("update failed: {error:?}"))?;
+        latency_us.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    latency_us.sort_by(f64::total_cmp);
+    Ok(latency_us)
+}
+
+/// Pipelined updates, the window kept full, for `seconds`; returns the updates per second and
+/// the server thread's CPU time per update in µs (`None` if its clock cannot be read).
+fn measure_throughput(
+    session: &mut ClientSession,
+    updates: &mut Updates,
+    server: &JoinHandle<String>,
+    seconds: f64,
+) -> Result<(f64, Option<f64>), String> {
+    let server_clock = thread_cpu_clock(server);
+    let server_cpu_start = server_clock.and_then(thread_cpu_ns);
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds.max(0.1));
+    let start = Instant::now();
+    let mut completed = 0u64;
+    while Instant::now() < deadline {
+        // Refill the window and send the new requests together: one system call for a
+        // batch keeps the client from being what limits the server.
+        while session.can_send() {
+            session
+                .queue_update(&updates.next_request())
+                .map_err(|error| format!("update failed: {error:?}"))?;
+        }
+        match session.next_event(Some(deadline)) {
+            Some(ClientEvent::Completed { .. }) => completed += 1,
+            Some(ClientEvent::Failed { error, .. }) => {
+                return Err(format!("update failed: {error:?}"));
+            }
+            None => {}
+        }
+    }
+    let throughput = completed as f64 / start.elapsed().as_secs_f64();
+    let server_cpu_us = match (server_cpu_start, server_clock.and_then(thread_cpu_ns)) {
+        (Some(before), Some(after)) if completed > 0 => {
+            Some(after.saturating_sub(before) as f64 / 1000.0 / completed as f64)
+        }
+        _ => None,
+    };
+    Ok((throughput, server_cpu_us))
+}
+
+/// The engines behind the server, in the order they run and are shown. The ideal handler
+/// (replies OK, keeps nothing) is the ceiling any engine can reach here.
+const ENGINES: [(Option<EngineKind>, &str); 4] = [
+    (Some(EngineKind::Conventional), "conventional"),
+    (Some(EngineKind::Packet), "packet"),
+    (None, "kv"),
+    (None, "ideal"),
+];
+
 pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
+    println!("pmnet store-bench: the storage engines side by side (docs/storage.md)\n");
+    breakdown(&args)?;
+    if args.no_server {
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "\nUpdates through a server (loopback UDP, client -> server directly, {}-byte values, \
+         {} keys; {}{}):",
+        args.value,
+        args.keys,
+        if args.blocking {
+            "blocking waits"
+        } else {
+            "busy-poll"
+        },
+        if !args.blocking && online_cpu_count() >= 2 {
+            ", server pinned to CPU 1, client to CPU 0"
+        } else {
+            ", not pinned"
+        }
+    );
+    let runs = server_rounds(&args)?;
+    print_engines(&runs);
+    print_targets(&args, &runs);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The per-write breakdown, run `--breakdown-runs` times: the median run's table, the spread
+/// of the share removed, and the target.
+fn breakdown(args: &StoreBenchArgs) -> Result<(), CliError> {
     let options = BreakdownOptions {
         dir: args.dir.clone(),
         mmap: MmapOptions {
@@ -305,7 +437,6 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
         key_count: args.keys.max(1),
         ..BreakdownOptions::default()
     };
-    println!("pmnet store-bench: the storage engines side by side (docs/storage.md)\n");
     let runs = args.breakdown_runs.max(1);
     // The size the target is judged on, else the first one measured.
     let judged = if args.sizes.contains(&1024) {
@@ -347,38 +478,17 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
             if runs > 1 { ", median of the runs" } else { "" }
         );
     }
-    if args.no_server {
-        return Ok(ExitCode::SUCCESS);
-    }
-    println!(
-        "\nUpdates through a server (loopback UDP, client -> server directly, {}-byte values, \
-         {} keys; {}{}):",
-        args.value,
-        args.keys,
-        if args.blocking {
-            "blocking waits"
-        } else {
-            "busy-poll"
-        },
-        if !args.blocking && online_cpu_count() >= 2 {
-            ", server pinned to CPU 1, client to CPU 0"
-        } else {
-            ", not pinned"
-        }
-    );
-    // The ideal handler (replies OK, keeps nothing) is the ceiling any engine can reach here.
-    let engines = [
-        (Some(EngineKind::Conventional), "conventional"),
-        (Some(EngineKind::Packet), "packet"),
-        (None, "kv"),
-        (None, "ideal"),
-    ];
+    Ok(())
+}
+
+/// `--rounds` rounds, each running every engine in turn; a line on stderr per round.
+fn server_rounds(args: &StoreBenchArgs) -> Result<Vec<Vec<EndToEnd>>, CliError> {
     let rounds = args.rounds.max(1);
     let mut runs: Vec<Vec<EndToEnd>> = Vec::new();
     for round in 0..rounds {
         let mut round_runs = Vec::new();
-        for (engine, name) in engines {
-            round_runs.push(run_server_engine(&args, engine, name)?);
+        for (engine, name) in ENGINES {
+            round_runs.push(run_server_engine(args, engine, name)?);
         }
         eprintln!(
             "  round {}/{rounds}: {}",
@@ -391,6 +501,12 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
         );
         runs.push(round_runs);
     }
+    Ok(runs)
+}
+
+/// The medium, and a line per engine: latency over every round, median throughput and server
+/// CPU time, and the store's counters of the last round.
+fn print_engines(runs: &[Vec<EndToEnd>]) {
     if let Some(first) = runs.first().and_then(|round| round.first()) {
         println!("medium: {}", first.medium);
     }
@@ -398,7 +514,7 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
         "  {:<13} {:>9} {:>9} {:>9} {:>16} {:>16}   server's store counters (last round)",
         "engine", "p50 µs", "p99 µs", "mean µs", "updates/s (med)", "server CPU µs/upd"
     );
-    for (index, (_, name)) in engines.iter().enumerate() {
+    for (index, (_, name)) in ENGINES.iter().enumerate() {
         let mut latency: Vec<f64> = runs
             .iter()
             .flat_map(|round| round[index].latency_us.iter().copied())
@@ -410,7 +526,7 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
         let counters = runs
             .last()
             .map_or(String::new(), |round| round[index].in_place.clone());
-        let cpu = server_cpu_median(&runs, index)
+        let cpu = server_cpu_median(runs, index)
             .map_or_else(|| "-".to_owned(), |cpu| format!("{cpu:.2}"));
         println!(
             "  {:<13} {:>9.1} {:>9.1} {:>9.1} {:>16.0} {:>16}   {}",
@@ -423,6 +539,12 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
             counters
         );
     }
+}
+
+/// The throughput target (packet store against the conventional engine), the ideal handler's
+/// ceiling, and the server CPU time per update of the two.
+fn print_targets(args: &StoreBenchArgs, runs: &[Vec<EndToEnd>]) {
+    let rounds = runs.len();
     // Engine `index`'s throughput over the conventional engine's, median over the rounds.
     let ratio_to = |index: usize| {
         median(
@@ -459,7 +581,7 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
     // throughput above can be the client's limit as much as the server's. The server thread's
     // CPU time per update is its own cost, whatever limited the run.
     if let (Some(conventional), Some(packet)) =
-        (server_cpu_median(&runs, 0), server_cpu_median(&runs, 1))
+        (server_cpu_median(runs, 0), server_cpu_median(runs, 1))
     {
         println!(
             "server CPU per update: conventional {conventional:.2} µs, packet {packet:.2} µs: \
@@ -473,7 +595,6 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
             }
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// The median over the rounds of engine `index`'s server CPU time per update.

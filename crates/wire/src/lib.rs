@@ -21,7 +21,9 @@
 //!
 //! Two layers, after smoltcp: [`Packet`] is a view over bytes whose accessors cannot panic once
 //! [`Packet::new_checked`] succeeded; [`Header`] is the parsed, validated value with
-//! [`Header::parse`] and [`Header::emit`]. Parsing never panics and every rejection names its
+//! [`Header::parse`] and [`Header::emit`]. The view has setters as well, for a writer that
+//! builds or patches a header in place; [`Header::emit_header`] writes a whole header in front
+//! of a payload already in its buffer. Parsing never panics and every rejection names its
 //! reason ([`ParseError`]), so callers can count drops by reason.
 
 use std::fmt;
@@ -312,6 +314,14 @@ fn read_u32(bytes: &[u8], at: std::ops::Range<usize>) -> u32 {
     u32::from_be_bytes(word)
 }
 
+fn write_u16(bytes: &mut [u8], at: std::ops::Range<usize>, value: u16) {
+    bytes[at].copy_from_slice(&value.to_be_bytes());
+}
+
+fn write_u32(bytes: &mut [u8], at: std::ops::Range<usize>, value: u32) {
+    bytes[at].copy_from_slice(&value.to_be_bytes());
+}
+
 impl<T: AsRef<[u8]>> Packet<T> {
     /// Wrap bytes without checking them; accessors may panic if the buffer is too short.
     pub fn new_unchecked(buffer: T) -> Packet<T> {
@@ -397,14 +407,83 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// The CRC32C the header's CRC field should hold for these bytes.
     pub fn compute_crc(&self) -> u32 {
-        let bytes = self.buffer.as_ref();
-        let crc = crc32c::crc32c(&bytes[field::CRC_COVERED]);
-        crc32c::crc32c_append(crc, self.payload())
+        self.compute_crc_for(self.payload())
+    }
+
+    /// The CRC32C the header's CRC field should hold for this header followed by `payload`:
+    /// for a header whose payload is not behind it in the buffer (the buffer may then be the
+    /// header alone).
+    pub fn compute_crc_for(&self, payload: &[u8]) -> u32 {
+        let crc = crc32c::crc32c(&self.buffer.as_ref()[field::CRC_COVERED]);
+        crc32c::crc32c_append(crc, payload)
     }
 
     /// Whether the CRC field matches the bytes.
     pub fn verify_checksum(&self) -> bool {
         self.crc() == self.compute_crc()
+    }
+}
+
+/// The write side of the view: setters for every header field, and the CRC. A setter writes
+/// its field only; [`Packet::fill_checksum`] makes the CRC match afterwards. Like the
+/// accessors, they may panic on a buffer shorter than the header (or than the payload length
+/// says, for the payload and the checksum).
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    pub fn set_magic(&mut self, value: u16) {
+        write_u16(self.buffer.as_mut(), field::MAGIC, value);
+    }
+    pub fn set_version(&mut self, value: u8) {
+        self.buffer.as_mut()[field::VERSION] = value;
+    }
+    pub fn set_type_code(&mut self, value: u8) {
+        self.buffer.as_mut()[field::TYPE] = value;
+    }
+    pub fn set_flags(&mut self, value: u16) {
+        write_u16(self.buffer.as_mut(), field::FLAGS, value);
+    }
+    pub fn set_server_id(&mut self, value: u16) {
+        write_u16(self.buffer.as_mut(), field::SERVER_ID, value);
+    }
+    pub fn set_session_id(&mut self, value: u64) {
+        self.buffer.as_mut()[field::SESSION_ID].copy_from_slice(&value.to_be_bytes());
+    }
+    pub fn set_seq(&mut self, value: u32) {
+        write_u32(self.buffer.as_mut(), field::SEQ, value);
+    }
+    pub fn set_fragment_index(&mut self, value: u16) {
+        write_u16(self.buffer.as_mut(), field::FRAGMENT_INDEX, value);
+    }
+    pub fn set_fragment_count(&mut self, value: u16) {
+        write_u16(self.buffer.as_mut(), field::FRAGMENT_COUNT, value);
+    }
+    pub fn set_payload_len(&mut self, value: u16) {
+        write_u16(self.buffer.as_mut(), field::PAYLOAD_LEN, value);
+    }
+    pub fn set_device_id(&mut self, value: u16) {
+        write_u16(self.buffer.as_mut(), field::DEVICE_ID, value);
+    }
+    /// Write the CRC field as given; [`Packet::fill_checksum`] computes it.
+    pub fn set_crc(&mut self, value: u32) {
+        write_u32(self.buffer.as_mut(), field::CRC, value);
+    }
+
+    /// The payload bytes, for writing (as many as the payload length field says).
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        let end = HEADER_LEN + usize::from(self.payload_len());
+        &mut self.buffer.as_mut()[HEADER_LEN..end]
+    }
+
+    /// Recompute the CRC over the header and the payload behind it, and write it.
+    pub fn fill_checksum(&mut self) {
+        let crc = self.compute_crc();
+        self.set_crc(crc);
+    }
+
+    /// Compute the CRC over the header and `payload`, and write it: for a header whose payload
+    /// is not behind it in the buffer (see [`Packet::compute_crc_for`]).
+    pub fn fill_checksum_for(&mut self, payload: &[u8]) {
+        let crc = self.compute_crc_for(payload);
+        self.set_crc(crc);
     }
 }
 
@@ -486,22 +565,55 @@ impl Header {
             "payload larger than one datagram"
         );
         assert_eq!(buffer.len(), HEADER_LEN + payload.len(), "buffer length");
-        assert!(self.fragment_count >= 1 && self.fragment_index < self.fragment_count);
-        buffer[field::MAGIC].copy_from_slice(&MAGIC.to_be_bytes());
-        buffer[field::VERSION] = VERSION;
-        buffer[field::TYPE] = self.packet_type.code();
-        buffer[field::FLAGS].copy_from_slice(&self.flags.to_be_bytes());
-        buffer[field::SERVER_ID].copy_from_slice(&self.server_id.to_be_bytes());
-        buffer[field::SESSION_ID].copy_from_slice(&self.session_id.to_be_bytes());
-        buffer[field::SEQ].copy_from_slice(&self.seq.to_be_bytes());
-        buffer[field::FRAGMENT_INDEX].copy_from_slice(&self.fragment_index.to_be_bytes());
-        buffer[field::FRAGMENT_COUNT].copy_from_slice(&self.fragment_count.to_be_bytes());
-        let payload_len = u16::try_from(payload.len()).expect("checked above");
-        buffer[field::PAYLOAD_LEN].copy_from_slice(&payload_len.to_be_bytes());
-        buffer[field::DEVICE_ID].copy_from_slice(&self.device_id.to_be_bytes());
         buffer[HEADER_LEN..].copy_from_slice(payload);
-        let crc = Packet::new_unchecked(&*buffer).compute_crc();
-        buffer[field::CRC].copy_from_slice(&crc.to_be_bytes());
+        self.emit_header(payload.len(), buffer);
+    }
+
+    /// Write the header into `buffer[..HEADER_LEN]` for the `payload_len` bytes of payload
+    /// already in place behind it: magic, version, the fields, the payload length and the CRC
+    /// over header and payload. The same bytes as [`Header::emit`] with that payload, without
+    /// copying it. `buffer` must be exactly `HEADER_LEN + payload_len` bytes and `payload_len`
+    /// at most [`MAX_PAYLOAD_LEN`]; both are caller bugs otherwise.
+    pub fn emit_header(&self, payload_len: usize, buffer: &mut [u8]) {
+        assert_eq!(buffer.len(), HEADER_LEN + payload_len, "buffer length");
+        let mut packet = Packet::new_unchecked(buffer);
+        self.emit_fields(payload_len, &mut packet);
+        packet.fill_checksum();
+    }
+
+    /// Write the header alone into `header` (exactly [`HEADER_LEN`] bytes) for `payload`, which
+    /// is kept somewhere else: the CRC covers `payload` as if it followed the header. For a
+    /// writer that puts header and payload in place separately (the packet store writes both
+    /// straight into persistent memory). The same header bytes as [`Header::emit`].
+    pub fn emit_header_for(&self, payload: &[u8], header: &mut [u8]) {
+        assert_eq!(header.len(), HEADER_LEN, "header length");
+        let mut packet = Packet::new_unchecked(header);
+        self.emit_fields(payload.len(), &mut packet);
+        packet.fill_checksum_for(payload);
+    }
+
+    /// Every header field but the CRC.
+    fn emit_fields<T: AsRef<[u8]> + AsMut<[u8]>>(
+        &self,
+        payload_len: usize,
+        packet: &mut Packet<T>,
+    ) {
+        assert!(
+            payload_len <= MAX_PAYLOAD_LEN,
+            "payload larger than one datagram"
+        );
+        assert!(self.fragment_count >= 1 && self.fragment_index < self.fragment_count);
+        packet.set_magic(MAGIC);
+        packet.set_version(VERSION);
+        packet.set_type_code(self.packet_type.code());
+        packet.set_flags(self.flags);
+        packet.set_server_id(self.server_id);
+        packet.set_session_id(self.session_id);
+        packet.set_seq(self.seq);
+        packet.set_fragment_index(self.fragment_index);
+        packet.set_fragment_count(self.fragment_count);
+        packet.set_payload_len(u16::try_from(payload_len).expect("checked above"));
+        packet.set_device_id(self.device_id);
     }
 
     /// The datagram for this header and `payload`, in a new buffer.

@@ -240,6 +240,84 @@ fn fill_payloads_round_trip() {
     assert_eq!(NotLoggedReason::from_code(0), None);
 }
 
+/// The golden vectors' headers and payloads.
+fn golden_vectors() -> [(Header, &'static [u8], &'static [u8]); 3] {
+    let update = Header::new(PacketType::UpdateRequest, 1, SESSION, 7);
+    let mut ack = Header::new(PacketType::PmnetAck, 1, SESSION, 7);
+    ack.device_id = 9;
+    let mut makeup = Header::new(PacketType::ServerAck, 1, SESSION, 7);
+    makeup.flags = flags::MAKEUP;
+    [
+        (update, b"hello", &GOLDEN_UPDATE),
+        (ack, b"", &GOLDEN_PMNET_ACK),
+        (makeup, &[0x00], &GOLDEN_MAKEUP_SERVER_ACK),
+    ]
+}
+
+#[test]
+fn emit_header_writes_the_golden_vectors() {
+    for (header, payload, golden) in golden_vectors() {
+        let mut buffer = vec![0xAA; HEADER_LEN + payload.len()];
+        buffer[HEADER_LEN..].copy_from_slice(payload);
+        header.emit_header(payload.len(), &mut buffer);
+        assert_eq!(buffer, golden, "{header:?}");
+
+        let mut alone = [0xAA; HEADER_LEN];
+        header.emit_header_for(payload, &mut alone);
+        assert_eq!(alone, golden[..HEADER_LEN], "{header:?}");
+    }
+}
+
+#[test]
+fn setters_patch_the_golden_update_into_its_pmnet_ack() {
+    // What a device does to answer an update: the same identifiers, another type, its id, no
+    // payload, a new CRC.
+    let mut bytes = GOLDEN_UPDATE[..HEADER_LEN].to_vec();
+    let mut packet = Packet::new_unchecked(&mut bytes);
+    packet.set_type_code(PacketType::PmnetAck.code());
+    packet.set_device_id(9);
+    packet.set_payload_len(0);
+    packet.fill_checksum();
+    assert_eq!(bytes, GOLDEN_PMNET_ACK);
+
+    let mut bytes = GOLDEN_UPDATE.to_vec();
+    let mut packet = Packet::new_unchecked(&mut bytes);
+    packet.set_crc(0);
+    assert!(!packet.verify_checksum());
+    packet.fill_checksum();
+    assert_eq!(bytes, GOLDEN_UPDATE);
+}
+
+#[test]
+fn each_setter_writes_its_documented_range_only() {
+    type Setter = fn(&mut Packet<&mut [u8]>);
+    let cases: [(Setter, std::ops::Range<usize>); 12] = [
+        (|p| p.set_magic(u16::MAX), field::MAGIC),
+        (
+            |p| p.set_version(u8::MAX),
+            field::VERSION..field::VERSION + 1,
+        ),
+        (|p| p.set_type_code(u8::MAX), field::TYPE..field::TYPE + 1),
+        (|p| p.set_flags(u16::MAX), field::FLAGS),
+        (|p| p.set_server_id(u16::MAX), field::SERVER_ID),
+        (|p| p.set_session_id(u64::MAX), field::SESSION_ID),
+        (|p| p.set_seq(u32::MAX), field::SEQ),
+        (|p| p.set_fragment_index(u16::MAX), field::FRAGMENT_INDEX),
+        (|p| p.set_fragment_count(u16::MAX), field::FRAGMENT_COUNT),
+        (|p| p.set_payload_len(u16::MAX), field::PAYLOAD_LEN),
+        (|p| p.set_device_id(u16::MAX), field::DEVICE_ID),
+        (|p| p.set_crc(u32::MAX), field::CRC),
+    ];
+    for (set, range) in cases {
+        let mut bytes = [0u8; HEADER_LEN + 4];
+        set(&mut Packet::new_unchecked(&mut bytes[..]));
+        for (at, byte) in bytes.iter().enumerate() {
+            let expected = if range.contains(&at) { u8::MAX } else { 0 };
+            assert_eq!(*byte, expected, "byte {at} after writing {range:?}");
+        }
+    }
+}
+
 fn arbitrary_header() -> impl Strategy<Value = Header> {
     (
         proptest::sample::select(PacketType::ALL.to_vec()),
@@ -277,6 +355,49 @@ proptest! {
         let (parsed, parsed_payload) = Header::parse(&bytes).unwrap();
         prop_assert_eq!(parsed, header);
         prop_assert_eq!(parsed_payload, &payload[..]);
+    }
+
+    #[test]
+    fn setters_round_trip_through_parse(
+        header in arbitrary_header(),
+        payload in proptest::collection::vec(any::<u8>(), 0..2048),
+    ) {
+        let mut bytes = vec![0u8; HEADER_LEN + payload.len()];
+        let mut packet = Packet::new_unchecked(&mut bytes);
+        packet.set_magic(MAGIC);
+        packet.set_version(VERSION);
+        packet.set_type_code(header.packet_type.code());
+        packet.set_flags(header.flags);
+        packet.set_server_id(header.server_id);
+        packet.set_session_id(header.session_id);
+        packet.set_seq(header.seq);
+        packet.set_fragment_index(header.fragment_index);
+        packet.set_fragment_count(header.fragment_count);
+        packet.set_payload_len(payload.len() as u16);
+        packet.set_device_id(header.device_id);
+        packet.payload_mut().copy_from_slice(&payload);
+        packet.fill_checksum();
+        let (parsed, parsed_payload) = Header::parse(&bytes).unwrap();
+        prop_assert_eq!(parsed, header);
+        prop_assert_eq!(parsed_payload, &payload[..]);
+        prop_assert_eq!(&bytes, &header.encode(&payload));
+    }
+
+    #[test]
+    fn emit_header_equals_emit(
+        header in arbitrary_header(),
+        payload in proptest::collection::vec(any::<u8>(), 0..2048),
+        garbage in any::<u8>(),
+    ) {
+        let emitted = header.encode(&payload);
+        // Whatever the header bytes held before is overwritten.
+        let mut in_place = vec![garbage; HEADER_LEN + payload.len()];
+        in_place[HEADER_LEN..].copy_from_slice(&payload);
+        header.emit_header(payload.len(), &mut in_place);
+        prop_assert_eq!(&in_place, &emitted);
+        let mut alone = [garbage; HEADER_LEN];
+        header.emit_header_for(&payload, &mut alone);
+        prop_assert_eq!(&alone[..], &emitted[..HEADER_LEN]);
     }
 
     #[test]

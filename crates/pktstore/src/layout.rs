@@ -312,6 +312,13 @@ impl Geometry {
         self.slot_size as usize - META_LEN
     }
 
+    /// Packet engine: the most payload one datagram in a slot carries: what the slot holds
+    /// after the PMNet header, and never more than one datagram may carry (slots may be larger
+    /// than a datagram).
+    pub fn slot_payload_capacity(&self) -> usize {
+        (self.slot_datagram_capacity() - pmnet_wire::HEADER_LEN).min(pmnet_wire::MAX_PAYLOAD_LEN)
+    }
+
     pub fn session_entry_offset(&self, index: u32, copy: u8) -> usize {
         SESSION_TABLE_OFFSET + (index as usize * 2 + copy as usize) * SESSION_ENTRY_LEN
     }

@@ -46,7 +46,6 @@ use std::time::{Duration, Instant};
 
 use pmnet_pm::{MediumInfo, PmRegion};
 use pmnet_store::{Application, NoSpace, Reply, SessionRecord};
-use pmnet_wire::HEADER_LEN;
 
 use crate::breakdown::{Breakdown, Phase};
 use crate::buddy::order_for;
@@ -466,7 +465,7 @@ impl<R: PmRegion> Store<R> {
         match self.geometry.engine {
             EngineKind::Packet => {
                 let slots_per_key = (7 + key_and_value_len)
-                    .div_ceil(self.geometry.slot_datagram_capacity() - HEADER_LEN)
+                    .div_ceil(self.geometry.slot_payload_capacity())
                     .max(1);
                 let usable = (self.geometry.slot_count as usize)
                     .saturating_sub(self.space.delete_reserve_slots());
@@ -486,7 +485,7 @@ impl<R: PmRegion> Store<R> {
     /// Packet engine: the most bytes of key and value a SET may carry and still be one
     /// datagram, so one slot.
     pub fn one_slot_key_and_value_len(&self) -> usize {
-        self.geometry.slot_datagram_capacity() - HEADER_LEN - 7
+        self.geometry.slot_payload_capacity() - 7
     }
 
     /// Packet engine: free slots.

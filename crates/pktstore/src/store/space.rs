@@ -6,7 +6,6 @@
 use std::collections::HashSet;
 
 use pmnet_store::codec::MAX_KEY_LEN;
-use pmnet_wire::HEADER_LEN;
 
 use super::id_bits::IdBits;
 use super::view::View;
@@ -294,7 +293,7 @@ impl Space {
                     .collect();
                 // The longest DEL, once per request of a batch, at most 1/64 of the slots.
                 let longest_delete =
-                    (3 + MAX_KEY_LEN).div_ceil(self.geometry.slot_datagram_capacity() - HEADER_LEN);
+                    (3 + MAX_KEY_LEN).div_ceil(self.geometry.slot_payload_capacity());
                 let deletes = (self.geometry.slot_count as usize / 64).clamp(1, MAX_BATCH_OPS);
                 self.delete_reserve = longest_delete * deletes;
                 // Loans stop above the delete reserve: a received SET must not take it.

@@ -47,7 +47,7 @@ impl<R: PmRegion> Store<R> {
         style: ReplyStyle,
         purpose: Purpose,
     ) -> Option<Pending> {
-        let capacity = self.geometry.slot_datagram_capacity() - HEADER_LEN;
+        let capacity = self.geometry.slot_payload_capacity();
         let count = payload.len().div_ceil(capacity).max(1);
         if count > usize::from(u16::MAX) || !self.room_for_slots(count, purpose) {
             return None;

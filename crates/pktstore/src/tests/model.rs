@@ -221,3 +221,42 @@ fn batches_commit_with_two_fences() {
     assert_eq!(store.region().fence_count() - fences_before, 2);
     assert_eq!(store.key_count(), 32);
 }
+
+/// Slots may be larger than a datagram (up to 128 KiB): a value the store writes itself is cut
+/// into datagrams of at most `MAX_PAYLOAD_LEN` bytes of payload however large the slot, so a
+/// value longer than one datagram reads back, before and after a restart.
+#[test]
+fn values_longer_than_a_datagram_in_slots_larger_than_one() {
+    let slot_size = crate::layout::MAX_SLOT_SIZE;
+    let config = crate::store::StoreConfig {
+        engine: EngineKind::Packet,
+        slot_size,
+        max_sessions: 128,
+    };
+    let mut store = Store::format(SimRegion::new(40 * 1024 + 24 * slot_size), config).unwrap();
+    assert_eq!(
+        store.one_slot_key_and_value_len(),
+        pmnet_wire::MAX_PAYLOAD_LEN - 7
+    );
+    let mut model = Model::default();
+    for (seq, len) in [65_000usize, 65_500, 70_000, 200_000]
+        .into_iter()
+        .enumerate()
+    {
+        let key = format!("big{seq}").into_bytes();
+        let value: Vec<u8> = (0..len).map(|i| (i * 7 + seq) as u8).collect();
+        let request = Request::Set {
+            key: &key,
+            value: &value,
+        }
+        .to_bytes();
+        let seq = seq as u32 + 1;
+        let expected = model.apply(1, seq, &request);
+        assert_eq!(store.apply_ok(1, seq, &request), expected);
+        store.commit();
+    }
+    assert_matches(&store, &model, "large slots");
+    let reopened = Store::open(store.into_region()).unwrap();
+    assert!(reopened.recovery().corrupt_records.is_empty());
+    assert_matches(&reopened, &model, "large slots, reopened");
+}

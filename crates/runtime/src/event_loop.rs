@@ -85,6 +85,8 @@ pub struct LoopSettings {
     pub wait: WaitMode,
     pub cpu: Option<usize>,
     pub report_interval: Option<Duration>,
+    /// Log the node's report line when it stops (the relay, a yardstick, stays quiet).
+    pub report_at_stop: bool,
 }
 
 impl From<&crate::LoopOptions> for LoopSettings {
@@ -93,6 +95,7 @@ impl From<&crate::LoopOptions> for LoopSettings {
             wait: options.wait,
             cpu: options.cpu,
             report_interval: options.report_interval,
+            report_at_stop: true,
         }
     }
 }
@@ -179,7 +182,9 @@ pub fn run_loop<N: Node>(
     if let Some(board) = board {
         board.publish(&node.metrics());
     }
-    tracing::info!("{} stopped: {}", node.kind(), node.report_line());
+    if settings.report_at_stop {
+        tracing::info!("{} stopped: {}", node.kind(), node.report_line());
+    }
     Ok(())
 }
 

@@ -103,6 +103,7 @@ impl UdpRelay {
     pub fn run(&mut self) -> Result<(), RuntimeError> {
         let settings = LoopSettings {
             report_interval: None,
+            report_at_stop: false,
             ..LoopSettings::from(&self.options.loop_options)
         };
         let shutdown = self.shutdown.clone();

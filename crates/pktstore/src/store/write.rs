@@ -2,7 +2,7 @@
 //! conventional records and reply blocks, and finding the room for them.
 
 use pmnet_pm::PmRegion;
-use pmnet_wire::{PacketType, HEADER_LEN};
+use pmnet_wire::{Header, PacketType, HEADER_LEN};
 
 use super::space::Purpose;
 use super::{Pending, Store};
@@ -10,7 +10,8 @@ use crate::breakdown::Phase;
 use crate::buddy::order_for;
 use crate::layout::*;
 
-/// The PMNet header of a datagram the store makes itself.
+/// The PMNet header of a datagram the store makes itself (server, flags and device 0), for
+/// `payload`, which goes into the slot behind it.
 fn synth_header(
     packet_type: PacketType,
     session_id: u64,
@@ -18,18 +19,11 @@ fn synth_header(
     fragment: (u16, u16),
     payload: &[u8],
 ) -> [u8; HEADER_LEN] {
-    let mut header = [0u8; HEADER_LEN];
-    header[0..2].copy_from_slice(&pmnet_wire::MAGIC.to_be_bytes());
-    header[2] = pmnet_wire::VERSION;
-    header[3] = packet_type.code();
-    header[8..16].copy_from_slice(&session_id.to_be_bytes());
-    header[16..20].copy_from_slice(&seq.to_be_bytes());
-    header[20..22].copy_from_slice(&fragment.0.to_be_bytes());
-    header[22..24].copy_from_slice(&fragment.1.to_be_bytes());
-    header[24..26].copy_from_slice(&(payload.len() as u16).to_be_bytes());
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&header[0..28]), payload);
-    header[28..32].copy_from_slice(&crc.to_be_bytes());
-    header
+    let mut header = Header::new(packet_type, 0, session_id, seq);
+    (header.fragment_index, header.fragment_count) = fragment;
+    let mut bytes = [0u8; HEADER_LEN];
+    header.emit_header_for(payload, &mut bytes);
+    bytes
 }
 
 impl<R: PmRegion> Store<R> {
@@ -216,5 +210,29 @@ impl<R: PmRegion> Store<R> {
         };
         self.batch.wrote = true;
         Some(taken)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A synthesised header and its payload are the datagram `Header::encode` makes for the
+    /// same fields, and parse back to them.
+    #[test]
+    fn a_synthesised_datagram_is_the_wire_encoding() {
+        for (packet_type, fragment, payload) in [
+            (PacketType::UpdateRequest, (0, 1), &b""[..]),
+            (PacketType::UpdateRequest, (2, 3), b"\x01\x03keyvalue"),
+            (PacketType::ServerAck, (0, 2), &[0xAB; 1400][..]),
+        ] {
+            let mut expected = Header::new(packet_type, 0, 0x0123_4567_89AB_CDEF, 7);
+            (expected.fragment_index, expected.fragment_count) = fragment;
+            let mut datagram =
+                synth_header(packet_type, 0x0123_4567_89AB_CDEF, 7, fragment, payload).to_vec();
+            datagram.extend_from_slice(payload);
+            assert_eq!(datagram, expected.encode(payload));
+            assert_eq!(Header::parse(&datagram), Ok((expected, payload)));
+        }
     }
 }

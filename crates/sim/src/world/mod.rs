@@ -1,0 +1,488 @@
+//! A deterministic world: clients, devices and servers wired through an in-memory network with
+//! a virtual clock, after quinn's `Pair`. No sockets, no threads, no sleeping.
+//!
+//! Devices persist into a real [`PmLog`] on a [`SimRegion`], so a device can crash and reopen
+//! its log from what the crash model says survived. Servers apply requests through a
+//! [`ServerApp`] that records what was applied (the durable record a test checks) and, when
+//! asked, applies them to a real [`KvStore`] on a [`SimRegion`] as well.
+//!
+//! The world's parts: `nodes` (addresses, the nodes and their application), `network`
+//! (datagrams in flight and their faults), `outputs` (what the nodes emit after each event)
+//! and `trace` (the event log and its hash). This file builds a world and drives it.
+
+mod network;
+mod nodes;
+mod outputs;
+mod trace;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pmnet_pm::{PmLog, SimRegion};
+use pmnet_proto::{
+    Client, ClientConfig, ClientEvent, Device, DeviceConfig, DevicePipeline, FrontFunction, Server,
+    ServerConfig, Time,
+};
+use pmnet_store::{KvConfig, KvStore};
+use pmnet_wire::{Header, PacketType};
+
+use network::{DropRule, InFlight};
+use nodes::no_front;
+pub use nodes::{
+    client_addr, device_addr, node_name, server_addr, ClientNode, DeviceNode, Faults,
+    NetworkCounters, Seen, ServerApp, ServerNode, Topology, DEVICE_ID, SERVER_ID, SLOT_SIZE,
+};
+pub use trace::describe_header;
+
+#[allow(missing_debug_implementations)] // holds boxed drop rules
+pub struct World {
+    pub now: Time,
+    pub latency: Duration,
+    pub faults: Option<Faults>,
+    /// Links that deliver nothing: `(from, to)`; a symmetric partition blocks both directions.
+    pub blocked: HashSet<(SocketAddr, SocketAddr)>,
+    pub network: NetworkCounters,
+    queue: BinaryHeap<InFlight>,
+    sequence: u64,
+    /// Every datagram sent, when `record_seen` is on (tests); off in long swarms.
+    pub seen: Vec<Seen>,
+    pub record_seen: bool,
+    /// A readable event log, when on: one line an event, `<virtual time>  <node>  <event>`.
+    pub trace: Option<Vec<String>>,
+    /// Keep datagram lines (`send`, `recv`) in `trace`; they are hashed either way.
+    pub trace_datagrams: bool,
+    /// PMNet-ACKs checked against the persistence model (invariant 4).
+    pub acks_checked: u64,
+    trace_hash: u32,
+    drop_rules: Vec<DropRule>,
+    pub clients: Vec<ClientNode>,
+    pub devices: Vec<DeviceNode>,
+    pub servers: Vec<ServerNode>,
+}
+
+impl World {
+    /// `client_count` clients, one device with `slot_count` slots in front of one server (or
+    /// no device), a network delay of 5 µs per hop.
+    pub fn new(client_count: usize, slot_count: Option<u32>) -> World {
+        World::with_topology(Topology {
+            client_count,
+            device_slot_counts: slot_count.into_iter().collect(),
+            server_count: 1,
+        })
+    }
+
+    pub fn with_topology(topology: Topology) -> World {
+        assert!(topology.server_count >= 1);
+        let servers: Vec<(u16, SocketAddr)> = (0..topology.server_count)
+            .map(|index| (SERVER_ID + index as u16, server_addr(index)))
+            .collect();
+        let devices: Vec<DeviceNode> = topology
+            .device_slot_counts
+            .iter()
+            .enumerate()
+            .map(|(index, &slot_count)| {
+                let region_len = PmLog::<SimRegion>::required_region_len(slot_count, SLOT_SIZE);
+                let log = PmLog::format(SimRegion::new(region_len), slot_count, SLOT_SIZE)
+                    .expect("format a device log");
+                let config = DeviceConfig::new(
+                    DEVICE_ID + index as u16,
+                    servers.clone(),
+                    slot_count,
+                    log.max_packet_len(),
+                );
+                DeviceNode {
+                    pipeline: DevicePipeline::with_front(
+                        no_front(),
+                        Device::new(config.clone(), Time::ZERO, Vec::new()),
+                    ),
+                    new_front: no_front,
+                    log,
+                    hold_persistence: false,
+                    held: VecDeque::new(),
+                    config,
+                    up: true,
+                    ever_durable: HashSet::new(),
+                    restart_count: 0,
+                    rejected_slot_count: 0,
+                }
+            })
+            .collect();
+        let device_addrs: Vec<SocketAddr> = (0..devices.len()).map(device_addr).collect();
+        let servers: Vec<ServerNode> = servers
+            .iter()
+            .map(|&(server_id, _)| {
+                let config = ServerConfig::new(server_id, device_addrs.clone());
+                ServerNode {
+                    server: Server::new(config.clone(), Time::ZERO, Vec::new()),
+                    app: ServerApp::default(),
+                    config,
+                    up: true,
+                    restart_count: 0,
+                    store_full: false,
+                    deferred_count: 0,
+                    skipped_before_restart: 0,
+                }
+            })
+            .collect();
+        let clients = (0..topology.client_count)
+            .map(|index| {
+                let peer = if device_addrs.is_empty() {
+                    server_addr(index % servers.len())
+                } else {
+                    device_addrs[index % device_addrs.len()]
+                };
+                let server_id = SERVER_ID + (index % servers.len()) as u16;
+                let session_id = 0x5E55_0000_0000_0000 | (index as u64 + 1);
+                ClientNode {
+                    client: Client::new(ClientConfig::new(session_id, server_id, peer)),
+                    completed: Vec::new(),
+                    gone: false,
+                    abandoned: Vec::new(),
+                }
+            })
+            .collect();
+        let mut world = World {
+            now: Time::ZERO,
+            latency: Duration::from_micros(5),
+            faults: None,
+            blocked: HashSet::new(),
+            network: NetworkCounters::default(),
+            queue: BinaryHeap::new(),
+            sequence: 0,
+            seen: Vec::new(),
+            record_seen: true,
+            trace: None,
+            trace_datagrams: true,
+            acks_checked: 0,
+            trace_hash: 0,
+            drop_rules: Vec::new(),
+            clients,
+            devices,
+            servers,
+        };
+        world.flush_outputs();
+        world
+    }
+
+    /// Change client `index`'s settings; only before it sent anything.
+    pub fn reconfigure_client(&mut self, index: usize, change: impl FnOnce(&mut ClientConfig)) {
+        let node = &mut self.clients[index];
+        assert_eq!(
+            node.client.counters().requests_started,
+            0,
+            "reconfigure a client before it starts"
+        );
+        let mut config = node.client.config().clone();
+        change(&mut config);
+        node.client = Client::new(config);
+    }
+
+    /// Client `index` goes away for good, with whatever it had in flight.
+    pub fn client_leaves(&mut self, index: usize) {
+        let node = &mut self.clients[index];
+        node.gone = true;
+        node.abandoned = node.client.in_flight_seqs().collect();
+        let text = format!(
+            "leaves for good with requests {:?} in flight",
+            node.abandoned
+        );
+        self.note_by(&format!("client{index}"), &text);
+    }
+
+    /// Put a real key-value store (on a simulated region of `len` bytes) behind every server.
+    pub fn with_kv_store(mut self, len: usize) -> World {
+        for node in &mut self.servers {
+            let store =
+                KvStore::format(SimRegion::new(len), KvConfig::default()).expect("format a store");
+            node.app.kv = Some(store);
+        }
+        self
+    }
+
+    /// Put the function `new_front` builds in front of every device's log (a fresh one after
+    /// each restart).
+    pub fn with_front(mut self, new_front: fn() -> Box<dyn FrontFunction>) -> World {
+        for node in &mut self.devices {
+            node.new_front = new_front;
+            let device = std::mem::replace(
+                node.pipeline.device_mut(),
+                Device::new(node.config.clone(), Time::ZERO, Vec::new()),
+            );
+            node.pipeline = DevicePipeline::with_front(new_front(), device);
+        }
+        self
+    }
+
+    pub fn device(&self, index: usize) -> &DeviceNode {
+        &self.devices[index]
+    }
+
+    pub fn device_mut(&mut self, index: usize) -> &mut DeviceNode {
+        &mut self.devices[index]
+    }
+
+    pub fn session(&self, client: usize) -> u64 {
+        self.clients[client].client.session_id()
+    }
+
+    /// The server index client `client` talks to.
+    pub fn server_of(&self, client: usize) -> usize {
+        usize::from(self.clients[client].client.config().server_id - SERVER_ID)
+    }
+
+    pub fn update(&mut self, client: usize, payload: &[u8]) -> u32 {
+        let now = self.now;
+        let seq = self.clients[client]
+            .client
+            .update(now, payload)
+            .expect("update accepted");
+        self.note(&format!("client{client}"), || {
+            format!("issue Update seq={seq} ({} bytes)", payload.len())
+        });
+        self.flush_outputs();
+        seq
+    }
+
+    pub fn bypass(&mut self, client: usize, payload: &[u8]) -> u32 {
+        let now = self.now;
+        let seq = self.clients[client]
+            .client
+            .bypass(now, payload)
+            .expect("bypass accepted");
+        self.note(&format!("client{client}"), || {
+            format!("issue Bypass seq={seq} ({} bytes)", payload.len())
+        });
+        self.flush_outputs();
+        seq
+    }
+
+    fn next_timeout(&self) -> Option<Time> {
+        let devices = self.devices.iter().filter(|node| node.up);
+        let servers = self.servers.iter().filter(|node| node.up);
+        devices
+            .filter_map(|node| node.pipeline.poll_timeout())
+            .chain(servers.filter_map(|node| node.server.poll_timeout()))
+            .chain(
+                self.clients
+                    .iter()
+                    .filter(|node| !node.gone)
+                    .filter_map(|node| node.client.poll_timeout()),
+            )
+            .min()
+    }
+
+    /// When the next datagram arrives or the next timer fires.
+    pub fn next_event_time(&self) -> Option<Time> {
+        let next_packet = self.queue.peek().map(|Reverse((at, ..))| *at);
+        next_packet.into_iter().chain(self.next_timeout()).min()
+    }
+
+    /// Deliver the next datagram or fire the next timer, whichever is earlier. False when
+    /// nothing is left to do.
+    pub fn step(&mut self) -> bool {
+        let next_packet = self.queue.peek().map(|Reverse((at, ..))| *at);
+        let next_timer = self.next_timeout();
+        match (next_packet, next_timer) {
+            (None, None) => return false,
+            (Some(at), timer) if timer.is_none_or(|timer| at <= timer) => {
+                let Reverse((at, _, from, to, bytes)) = self.queue.pop().expect("peeked");
+                self.now = self.now.max(at);
+                self.deliver(from, to, &bytes);
+            }
+            (_, Some(timer)) => {
+                self.now = self.now.max(timer);
+                self.fire_timers();
+            }
+            (Some(_), None) => unreachable!("handled by the guard above"),
+        }
+        self.flush_outputs();
+        true
+    }
+
+    fn deliver(&mut self, from: SocketAddr, to: SocketAddr, bytes: &[u8]) {
+        let now = self.now;
+        let up = if let Some(index) = (0..self.servers.len()).find(|i| server_addr(*i) == to) {
+            self.servers[index].up
+        } else if let Some(index) = (0..self.devices.len()).find(|i| device_addr(*i) == to) {
+            self.devices[index].up
+        } else {
+            true
+        };
+        self.note_datagram(&node_name(to), || {
+            let what = match Header::parse(bytes) {
+                Ok((header, _)) => describe_header(&header),
+                Err(error) => format!(
+                    "a datagram of {} bytes that does not parse ({error})",
+                    bytes.len()
+                ),
+            };
+            let fate = if up { "" } else { " [lost: the node is down]" };
+            format!("recv {what} from {}{fate}", node_name(from))
+        });
+        if let Some(node) = (0..self.servers.len()).find(|i| server_addr(*i) == to) {
+            let node = &mut self.servers[node];
+            if node.up {
+                node.server.handle(now, from, bytes);
+            }
+        } else if let Some(node) = (0..self.devices.len()).find(|i| device_addr(*i) == to) {
+            let node = &mut self.devices[node];
+            if node.up {
+                node.pipeline.handle(now, from, bytes);
+            }
+        } else if let Some(index) = (0..self.clients.len()).find(|i| client_addr(*i) == to) {
+            if !self.clients[index].gone {
+                self.clients[index].client.handle(now, from, bytes);
+            }
+        }
+    }
+
+    fn fire_timers(&mut self) {
+        let now = self.now;
+        for node in self.devices.iter_mut().filter(|node| node.up) {
+            if node.pipeline.poll_timeout().is_some_and(|t| t <= now) {
+                node.pipeline.handle_timeout(now);
+            }
+        }
+        for node in self.servers.iter_mut().filter(|node| node.up) {
+            if node.server.poll_timeout().is_some_and(|t| t <= now) {
+                node.server.handle_timeout(now);
+            }
+        }
+        for node in self.clients.iter_mut().filter(|node| !node.gone) {
+            if node.client.poll_timeout().is_some_and(|t| t <= now) {
+                node.client.handle_timeout(now);
+            }
+        }
+    }
+
+    /// Step until `done` holds; panics after `max_steps` (a liveness failure, not a hang).
+    pub fn drive_until(&mut self, max_steps: usize, mut done: impl FnMut(&World) -> bool) {
+        for _ in 0..max_steps {
+            if done(self) {
+                return;
+            }
+            if !self.step() {
+                break;
+            }
+        }
+        assert!(
+            done(self),
+            "condition not reached within {max_steps} steps at {}",
+            self.now
+        );
+    }
+
+    /// Deliver datagrams and fire timers up to `duration` from now.
+    pub fn run_for(&mut self, duration: Duration) {
+        let until = self.now + duration;
+        while self.next_event_time().is_some_and(|at| at <= until) {
+            self.step();
+        }
+        self.now = self.now.max(until);
+    }
+
+    /// Every datagram of `packet_type` seen so far.
+    pub fn seen_of(&self, packet_type: PacketType) -> Vec<&Seen> {
+        self.seen
+            .iter()
+            .filter(|seen| seen.header.packet_type == packet_type)
+            .collect()
+    }
+
+    pub fn completion(&self, client: usize, seq: u32) -> Option<&ClientEvent> {
+        self.clients[client]
+            .completed
+            .iter()
+            .find(|event| match event {
+                ClientEvent::Completed { seq: s, .. } | ClientEvent::Failed { seq: s, .. } => {
+                    *s == seq
+                }
+            })
+    }
+
+    /// Crash device `index` (volatile state and held persistence lost; the log keeps what was
+    /// persisted) and restart it.
+    pub fn restart_device(&mut self, index: usize) {
+        self.restart_device_with(index, |region| region.crash_losing_unpersisted());
+    }
+
+    /// Crash device `index`, leaving its log as `crash` builds it from the region, and
+    /// restart it on the reopened log.
+    pub fn restart_device_with(
+        &mut self,
+        index: usize,
+        crash: impl FnOnce(&SimRegion) -> SimRegion,
+    ) {
+        let now = self.now;
+        let node = &mut self.devices[index];
+        let held_lost = node.held.len();
+        let region = crash(node.log.region());
+        let (log, recovery) = PmLog::open(region).expect("reopen a device log after a crash");
+        node.rejected_slot_count += u64::from(recovery.rejected_slot_count);
+        let recovered = recovery.entries.len();
+        // Whatever the reopened log holds is durable now, whether or not it was before.
+        node.ever_durable
+            .extend(recovery.entries.iter().map(|entry| entry.key));
+        node.pipeline = DevicePipeline::with_front(
+            (node.new_front)(),
+            Device::new(node.config.clone(), now, recovery.entries),
+        );
+        node.log = log;
+        node.held.clear();
+        node.hold_persistence = false;
+        node.up = true;
+        node.restart_count += 1;
+        let rejected = recovery.rejected_slot_count;
+        self.note(&format!("device{index}"), || {
+            format!(
+                "restarted: log reopened, {recovered} entries recovered, {rejected} slots \
+                 rejected (torn or corrupt), {held_lost} held persistence work lost"
+            )
+        });
+        self.flush_outputs();
+    }
+
+    /// Take device `index` down: it receives nothing and its timers stop until restarted.
+    pub fn stop_device(&mut self, index: usize) {
+        self.devices[index].up = false;
+        self.note_by(&format!("device{index}"), "down");
+    }
+
+    /// Take server `index` down: it receives nothing until [`World::start_server`].
+    pub fn stop_server(&mut self, index: usize) {
+        self.servers[index].up = false;
+        self.note_by(&format!("server{index}"), "down (crashed)");
+    }
+
+    /// Start server `index` again (a new process) from its application's durable state.
+    pub fn start_server(&mut self, index: usize) {
+        let now = self.now;
+        let node = &mut self.servers[index];
+        node.app.crash_store();
+        let sessions = node.app.recovered_sessions();
+        let session_count = sessions.len();
+        node.skipped_before_restart += node.server.counters().sequence_numbers_skipped;
+        node.server = Server::new(node.config.clone(), now, sessions);
+        node.up = true;
+        node.restart_count += 1;
+        self.note_by(
+            &format!("server{index}"),
+            &format!(
+                "started: store reopened, {session_count} sessions recovered; polling devices"
+            ),
+        );
+        self.flush_outputs();
+    }
+
+    /// Sequence numbers of `session_id` applied by any server, in order.
+    pub fn applied_seqs(&self, session_id: u64) -> Vec<u32> {
+        self.servers
+            .iter()
+            .flat_map(|node| &node.app.applied)
+            .filter(|(s, ..)| *s == session_id)
+            .map(|(_, seq, ..)| *seq)
+            .collect()
+    }
+}

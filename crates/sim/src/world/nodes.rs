@@ -1,0 +1,253 @@
+//! The nodes of a world and how they are named: addresses, the server's application, the
+//! device, server and client nodes, network faults and counters, the shape of a world.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pmnet_pm::{EntryKey, LogWork, PmLog, SimRegion};
+use pmnet_proto::{
+    Client, ClientEvent, Device, DeviceConfig, DevicePipeline, FrontFunction, Nothing,
+    PersistBatch, RecoveredSession, RequestKind, Server, ServerConfig, Time,
+};
+use pmnet_store::{Application, KvStore};
+use pmnet_wire::Header;
+use rand_chacha::ChaCha8Rng;
+
+#[cfg(doc)]
+use super::World;
+
+/// Id of the first server; server `i` has id `SERVER_ID + i`.
+pub const SERVER_ID: u16 = 1;
+/// Id of the first device; device `j` has id `DEVICE_ID + j`.
+pub const DEVICE_ID: u16 = 7;
+/// Slot size of every simulated device log.
+pub const SLOT_SIZE: u32 = 2048;
+
+fn host(network: u8, index: usize, port: u16) -> SocketAddr {
+    SocketAddr::from(([10, 0, network, index as u8 + 1], port))
+}
+
+/// Address of server `index`.
+pub fn server_addr(index: usize) -> SocketAddr {
+    host(1, index, 51000)
+}
+
+/// Address of device `index`.
+pub fn device_addr(index: usize) -> SocketAddr {
+    host(2, index, 51000)
+}
+
+/// Address of client `index`.
+pub fn client_addr(index: usize) -> SocketAddr {
+    SocketAddr::from(([10, 0, 100, 1], 40000 + index as u16))
+}
+
+/// The name of the node at `addr` in traces: `client0`, `device1`, `server0`, or the address.
+pub fn node_name(addr: SocketAddr) -> String {
+    if let SocketAddr::V4(v4) = addr {
+        let [a, b, c, d] = v4.ip().octets();
+        match (a, b, c, d, v4.port()) {
+            (10, 0, 1, host, 51000) if host > 0 => return format!("server{}", host - 1),
+            (10, 0, 2, host, 51000) if host > 0 => return format!("device{}", host - 1),
+            (10, 0, 100, 1, port) if port >= 40000 => return format!("client{}", port - 40000),
+            _ => {}
+        }
+    }
+    addr.to_string()
+}
+
+/// One datagram put on the network, for assertions and traces.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub at: Time,
+    pub from: SocketAddr,
+    pub to: SocketAddr,
+    pub header: Header,
+    pub dropped: bool,
+}
+
+/// The server's application: records every request applied, in order, and checks the
+/// protocol's promise to it (each session's requests exactly once, in sequence order).
+///
+/// Without a store, an update's reply is `b"ok"` and a bypass's reply is the number of updates
+/// of its session applied before it (u32, big-endian), so tests can check read-your-writes.
+/// With a store ([`World::with_kv_store`]), the store's replies are returned.
+#[derive(Debug, Default)]
+pub struct ServerApp {
+    pub applied: Vec<(u64, u32, RequestKind, Vec<u8>)>,
+    pub sessions: HashMap<u64, (u32, Vec<u8>)>,
+    pub updates_per_session: HashMap<u64, u32>,
+    pub kv: Option<KvStore<SimRegion>>,
+    /// The request the store last had no room for, handed back to the server.
+    pub last_refused: Option<Vec<u8>>,
+}
+
+impl ServerApp {
+    /// The reply, or `None` when the store has no room (the request is in `last_refused`).
+    pub(super) fn apply(
+        &mut self,
+        session_id: u64,
+        seq: u32,
+        kind: RequestKind,
+        request: Vec<u8>,
+    ) -> Option<Vec<u8>> {
+        // Numbers a server skipped (a gap no client or device could fill) leave holes; the
+        // run's end checks that each hole is a request its client reported failed.
+        let last = self.sessions.get(&session_id).map_or(0, |(seq, _)| *seq);
+        assert!(
+            seq > last,
+            "invariant: session {session_id:x} applied seq {seq} after {last} (out of order or twice)"
+        );
+        let reply = match (self.kv.as_mut(), kind) {
+            (Some(kv), _) => match kv.apply(session_id, seq, &request) {
+                Ok(reply) => reply,
+                Err(pmnet_store::NoSpace) => {
+                    self.last_refused = Some(request);
+                    return None;
+                }
+            },
+            (None, RequestKind::Update) => b"ok".to_vec(),
+            (None, RequestKind::Bypass) => {
+                let count = self
+                    .updates_per_session
+                    .get(&session_id)
+                    .copied()
+                    .unwrap_or(0);
+                count.to_be_bytes().to_vec()
+            }
+        };
+        if kind == RequestKind::Update {
+            *self.updates_per_session.entry(session_id).or_insert(0) += 1;
+        }
+        self.applied.push((session_id, seq, kind, request));
+        self.sessions.insert(session_id, (seq, reply.clone()));
+        Some(reply)
+    }
+
+    /// Crash the store (losing what was not persisted) and reopen it.
+    pub(super) fn crash_store(&mut self) {
+        if let Some(kv) = self.kv.take() {
+            let region = kv.into_region().crash_losing_unpersisted();
+            self.kv = Some(KvStore::open(region).expect("reopen the store after a crash"));
+        }
+    }
+
+    pub(super) fn recovered_sessions(&self) -> Vec<RecoveredSession> {
+        if let Some(kv) = &self.kv {
+            return kv
+                .sessions()
+                .into_iter()
+                .map(|record| RecoveredSession {
+                    session_id: record.session_id,
+                    last_seq: record.last_seq,
+                    last_reply: record.last_reply,
+                })
+                .collect();
+        }
+        self.sessions
+            .iter()
+            .map(|(session_id, (last_seq, last_reply))| RecoveredSession {
+                session_id: *session_id,
+                last_seq: *last_seq,
+                last_reply: last_reply.clone(),
+            })
+            .collect()
+    }
+
+    /// How often `(session, seq)` was applied.
+    pub fn times_applied(&self, session_id: u64, seq: u32) -> usize {
+        self.applied
+            .iter()
+            .filter(|(s, q, _, _)| *s == session_id && *q == seq)
+            .count()
+    }
+}
+
+#[derive(Debug)]
+pub struct DeviceNode {
+    /// The device's functions: a front function ([`Nothing`] unless a test puts one there),
+    /// then the log.
+    pub pipeline: DevicePipeline,
+    pub log: PmLog<SimRegion>,
+    /// When set, persistence batches wait in `held` until released; a crash loses them.
+    pub hold_persistence: bool,
+    pub held: VecDeque<PersistBatch<LogWork>>,
+    /// Builds the front function, at start and after each restart (its state is volatile).
+    pub new_front: fn() -> Box<dyn FrontFunction>,
+    pub config: DeviceConfig,
+    pub up: bool,
+    /// Every key this device's log has held durably: a PMNet-ACK must name one of them.
+    pub ever_durable: HashSet<EntryKey>,
+    /// Restarts, and slots the log rejected at reopen (torn or corrupted entries).
+    pub restart_count: u64,
+    pub rejected_slot_count: u64,
+}
+
+impl DeviceNode {
+    /// The device's log function.
+    pub fn device(&self) -> &Device {
+        self.pipeline.device()
+    }
+}
+
+pub(super) fn no_front() -> Box<dyn FrontFunction> {
+    Box::new(Nothing)
+}
+
+#[derive(Debug)]
+pub struct ServerNode {
+    pub server: Server,
+    pub app: ServerApp,
+    pub config: ServerConfig,
+    pub up: bool,
+    pub restart_count: u64,
+    /// A store-full fault: while set, the application has no room for any update and hands
+    /// each back ([`Server::on_deferred`]); nothing of it becomes durable.
+    pub store_full: bool,
+    /// Updates handed back while `store_full` was set.
+    pub deferred_count: u64,
+    /// Sequence numbers skipped by earlier incarnations of this server.
+    pub skipped_before_restart: u64,
+}
+
+#[derive(Debug)]
+pub struct ClientNode {
+    pub client: Client,
+    pub completed: Vec<ClientEvent>,
+    /// The client went away for good (its process ended): it receives nothing and sends
+    /// nothing more. `abandoned` are the requests it had in flight then, neither completed
+    /// nor reported failed.
+    pub gone: bool,
+    pub abandoned: Vec<u32>,
+}
+
+/// Random network faults, from one seed: loss, duplication, delay spread (which reorders),
+/// and corruption of bytes in flight.
+#[derive(Debug)]
+pub struct Faults {
+    pub rng: ChaCha8Rng,
+    pub loss: f64,
+    pub duplicate: f64,
+    pub jitter: Duration,
+    pub corrupt: f64,
+}
+
+/// What the network did, for the swarm's summary.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NetworkCounters {
+    pub sent: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub corrupted: u64,
+    pub partitioned: u64,
+}
+
+/// The shape of a world.
+#[derive(Debug, Clone)]
+pub struct Topology {
+    pub client_count: usize,
+    /// Slot count of each device; empty for clients talking to servers directly.
+    pub device_slot_counts: Vec<u32>,
+    pub server_count: usize,
+}

@@ -1,0 +1,237 @@
+//! What the nodes emit after each event: persistence work carried out (or held), requests
+//! applied, datagrams sent, completions recorded; and the check of every PMNet-ACK.
+
+use pmnet_pm::{EntryKey, LogWork};
+use pmnet_proto::{PersistBatch, RequestKind, ServerEvent, StackWork, Time, Transmit};
+use pmnet_wire::{Header, PacketType};
+
+use super::trace::{describe_batch, describe_client_event};
+use super::{client_addr, device_addr, server_addr, DeviceNode, ServerNode, World};
+
+#[cfg(doc)]
+use pmnet_pm::PmLog;
+
+impl World {
+    /// Run persistence work (unless held), applications, and collect every node's output.
+    pub fn flush_outputs(&mut self) {
+        loop {
+            let mut progressed = false;
+            for index in 0..self.devices.len() {
+                progressed |= self.flush_device(index);
+            }
+            for index in 0..self.servers.len() {
+                progressed |= self.flush_server(index);
+            }
+            for index in 0..self.clients.len() {
+                progressed |= self.flush_client(index);
+            }
+            if !progressed {
+                break;
+            }
+        }
+    }
+
+    /// Device `index` (if up): take its persistence batches, carry them out unless held,
+    /// and send what it emitted, each PMNet-ACK checked. Whether anything happened.
+    fn flush_device(&mut self, index: usize) -> bool {
+        if !self.devices[index].up {
+            return false;
+        }
+        let mut progressed = false;
+        let now = self.now;
+        let node = &mut self.devices[index];
+        let mut persisted = Vec::new();
+        while let Some(batch) = node.pipeline.poll_persist() {
+            let batch = PersistBatch {
+                number: batch.number,
+                work: batch.work.into_iter().map(StackWork::into_back).collect(),
+            };
+            if node.hold_persistence {
+                persisted.push(format!(
+                    "persistence held: {} waits",
+                    describe_batch(&batch)
+                ));
+            }
+            node.held.push_back(batch);
+        }
+        if !node.hold_persistence {
+            while let Some(batch) = node.held.pop_front() {
+                progressed = true;
+                persisted.push(execute_batch(node, now, batch));
+            }
+        }
+        let mut out = Vec::new();
+        while let Some(transmit) = node.pipeline.poll_transmit() {
+            out.push(transmit);
+        }
+        let actor = format!("device{index}");
+        for text in persisted {
+            self.note(&actor, || text);
+        }
+        for transmit in out {
+            progressed = true;
+            self.check_pmnet_ack(index, &transmit);
+            self.enqueue(device_addr(index), transmit);
+        }
+        progressed
+    }
+
+    /// Server `index` (if up): apply what it hands the application, and send what it
+    /// emitted. Whether anything happened.
+    fn flush_server(&mut self, index: usize) -> bool {
+        if !self.servers[index].up {
+            return false;
+        }
+        let mut progressed = false;
+        let now = self.now;
+        let node = &mut self.servers[index];
+        let mut applied = Vec::new();
+        while let Some(event) = node.server.poll_event() {
+            progressed = true;
+            applied.push(handle_server_event(node, now, event));
+        }
+        let mut out = Vec::new();
+        while let Some(transmit) = node.server.poll_transmit() {
+            out.push(transmit);
+        }
+        let actor = format!("server{index}");
+        for text in applied {
+            self.note(&actor, || text);
+        }
+        for transmit in out {
+            progressed = true;
+            self.enqueue(server_addr(index), transmit);
+        }
+        progressed
+    }
+
+    /// Client `index`: record its completions and send what it emitted (a client gone for
+    /// good sends nothing). Whether anything was sent.
+    fn flush_client(&mut self, index: usize) -> bool {
+        let mut out = Vec::new();
+        let mut events = Vec::new();
+        let node = &mut self.clients[index];
+        if node.gone {
+            while node.client.poll_transmit().is_some() {}
+            return false;
+        }
+        while let Some(event) = node.client.poll_event() {
+            events.push(event.clone());
+            node.completed.push(event);
+        }
+        while let Some(transmit) = node.client.poll_transmit() {
+            out.push(transmit);
+        }
+        let actor = format!("client{index}");
+        for event in events {
+            self.note(&actor, || describe_client_event(&event));
+        }
+        let progressed = !out.is_empty();
+        for transmit in out {
+            self.enqueue(client_addr(index), transmit);
+        }
+        progressed
+    }
+
+    /// An ack is a promise: a PMNet-ACK may name only an entry the device's log has held
+    /// durably, by the persistence model's account rather than the device's.
+    fn check_pmnet_ack(&mut self, device: usize, transmit: &Transmit) {
+        let Ok((header, _)) = Header::parse(&transmit.bytes) else {
+            return;
+        };
+        if header.packet_type != PacketType::PmnetAck {
+            return;
+        }
+        let key = EntryKey {
+            server_id: header.server_id,
+            session_id: header.session_id,
+            seq: header.seq,
+            fragment_index: header.fragment_index,
+        };
+        assert!(
+            self.devices[device].ever_durable.contains(&key),
+            "invariant: device {device} acked {key:?} before its log write was durable"
+        );
+        self.acks_checked += 1;
+    }
+
+    /// Release held persistence work of device `index`, `count` batches (all when `None`).
+    pub fn release_persistence(&mut self, index: usize, count: Option<usize>) {
+        let now = self.now;
+        let node = &mut self.devices[index];
+        let count = count.unwrap_or(node.held.len());
+        let mut persisted = Vec::new();
+        for _ in 0..count {
+            let Some(batch) = node.held.pop_front() else {
+                break;
+            };
+            persisted.push(execute_batch(node, now, batch));
+        }
+        let actor = format!("device{index}");
+        for text in persisted {
+            self.note(&actor, || format!("released: {text}"));
+        }
+        self.flush_outputs();
+    }
+}
+
+/// Carry out a batch of persistence work on the device's log with the executor production
+/// uses ([`PmLog::persist_batch`]), check that every write is durable by the persistence
+/// model's account, and report the batch; returns what happened, for the trace.
+fn execute_batch(node: &mut DeviceNode, now: Time, batch: PersistBatch<LogWork>) -> String {
+    let text = format!("{}: durable [checked]", describe_batch(&batch));
+    node.log.persist_batch(&batch.work);
+    for work in &batch.work {
+        if let LogWork::Write { slot, key, .. } = work {
+            let range = node.log.slot_range(*slot);
+            assert!(
+                node.log.region().is_durable(range.start, range.len()),
+                "invariant: the log returned from a batch whose write to slot {slot} is not durable"
+            );
+            node.ever_durable.insert(*key);
+        }
+    }
+    node.pipeline.on_persisted(now, batch.number);
+    text
+}
+
+/// Hand a server's event to its application (or defer it: a full store) and tell the server
+/// the outcome; returns what happened, for the trace.
+fn handle_server_event(node: &mut ServerNode, now: Time, event: ServerEvent) -> String {
+    match event {
+        ServerEvent::Apply {
+            session_id,
+            seq,
+            kind,
+            request,
+        } => {
+            let what = match (kind, request.is_empty()) {
+                (RequestKind::Bypass, true) => "no-op fill".to_string(),
+                _ => format!("{kind:?} ({} bytes)", request.len()),
+            };
+            if node.store_full && kind == RequestKind::Update {
+                node.deferred_count += 1;
+                node.server.on_deferred(now, session_id, seq, kind, request);
+                return format!(
+                    "no room for s={session_id:x} seq={seq} {what}: deferred, nothing durable, \
+                     no server-ACK"
+                );
+            }
+            match node.app.apply(session_id, seq, kind, request) {
+                Some(reply) => {
+                    node.server.on_applied(now, session_id, seq, reply);
+                    format!("apply s={session_id:x} seq={seq} {what} [in order, once]")
+                }
+                None => {
+                    node.deferred_count += 1;
+                    let request = node.app.last_refused.take().unwrap_or_default();
+                    node.server.on_deferred(now, session_id, seq, kind, request);
+                    format!("the store has no room for s={session_id:x} seq={seq}: deferred")
+                }
+            }
+        }
+        ServerEvent::RecoveryComplete { entries_resent } => {
+            format!("recovery complete: {entries_resent} logged entries resent")
+        }
+    }
+}

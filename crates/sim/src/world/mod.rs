@@ -16,20 +16,18 @@ mod outputs;
 mod trace;
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashSet, VecDeque};
+use std::collections::{BinaryHeap, HashSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use pmnet_pm::{PmLog, SimRegion};
 use pmnet_proto::{
-    Client, ClientConfig, ClientEvent, Device, DeviceConfig, DevicePipeline, FrontFunction, Server,
-    ServerConfig, Time,
+    Client, ClientConfig, ClientEvent, Device, DevicePipeline, FrontFunction, Server, Time,
 };
 use pmnet_store::{KvConfig, KvStore};
 use pmnet_wire::{Header, PacketType};
 
 use network::{DropRule, InFlight};
-use nodes::no_front;
 pub use nodes::{
     client_addr, device_addr, node_name, server_addr, ClientNode, DeviceNode, Faults,
     NetworkCounters, Seen, ServerApp, ServerNode, Topology, DEVICE_ID, SERVER_ID, SLOT_SIZE,
@@ -82,66 +80,15 @@ impl World {
             .device_slot_counts
             .iter()
             .enumerate()
-            .map(|(index, &slot_count)| {
-                let region_len = PmLog::<SimRegion>::required_region_len(slot_count, SLOT_SIZE);
-                let log = PmLog::format(SimRegion::new(region_len), slot_count, SLOT_SIZE)
-                    .expect("format a device log");
-                let config = DeviceConfig::new(
-                    DEVICE_ID + index as u16,
-                    servers.clone(),
-                    slot_count,
-                    log.max_packet_len(),
-                );
-                DeviceNode {
-                    pipeline: DevicePipeline::with_front(
-                        no_front(),
-                        Device::new(config.clone(), Time::ZERO, Vec::new()),
-                    ),
-                    new_front: no_front,
-                    log,
-                    hold_persistence: false,
-                    held: VecDeque::new(),
-                    config,
-                    up: true,
-                    ever_durable: HashSet::new(),
-                    restart_count: 0,
-                    rejected_slot_count: 0,
-                }
-            })
+            .map(|(index, &slot_count)| DeviceNode::new(index, slot_count, &servers))
             .collect();
         let device_addrs: Vec<SocketAddr> = (0..devices.len()).map(device_addr).collect();
         let servers: Vec<ServerNode> = servers
             .iter()
-            .map(|&(server_id, _)| {
-                let config = ServerConfig::new(server_id, device_addrs.clone());
-                ServerNode {
-                    server: Server::new(config.clone(), Time::ZERO, Vec::new()),
-                    app: ServerApp::default(),
-                    config,
-                    up: true,
-                    restart_count: 0,
-                    store_full: false,
-                    deferred_count: 0,
-                    skipped_before_restart: 0,
-                }
-            })
+            .map(|&(server_id, _)| ServerNode::new(server_id, &device_addrs))
             .collect();
         let clients = (0..topology.client_count)
-            .map(|index| {
-                let peer = if device_addrs.is_empty() {
-                    server_addr(index % servers.len())
-                } else {
-                    device_addrs[index % device_addrs.len()]
-                };
-                let server_id = SERVER_ID + (index % servers.len()) as u16;
-                let session_id = 0x5E55_0000_0000_0000 | (index as u64 + 1);
-                ClientNode {
-                    client: Client::new(ClientConfig::new(session_id, server_id, peer)),
-                    completed: Vec::new(),
-                    gone: false,
-                    abandoned: Vec::new(),
-                }
-            })
+            .map(|index| ClientNode::new(index, servers.len(), &device_addrs))
             .collect();
         let mut world = World {
             now: Time::ZERO,

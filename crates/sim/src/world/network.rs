@@ -10,7 +10,7 @@ use pmnet_wire::{Header, PacketType};
 use rand::Rng;
 
 use super::trace::describe_header;
-use super::{node_name, Seen, World};
+use super::{node_name, Faults, NetworkCounters, Seen, World};
 
 pub(super) type DropRule = Box<dyn FnMut(&Seen) -> bool>;
 
@@ -65,34 +65,13 @@ impl World {
         let mut copies = 1;
         let mut delays = [self.latency; 2];
         if let Some(faults) = self.faults.as_mut() {
-            if !seen.dropped && faults.rng.random_bool(faults.loss) {
-                seen.dropped = true;
-                self.network.lost += 1;
-                fate.push_str(" [lost]");
-            }
-            if faults.rng.random_bool(faults.duplicate) {
-                copies = 2;
-                self.network.duplicated += 1;
-                if !seen.dropped {
-                    fate.push_str(" [duplicated]");
-                }
-            }
-            let jitter_ns = u64::try_from(faults.jitter.as_nanos()).unwrap_or(u64::MAX);
-            for delay in &mut delays {
-                *delay += Duration::from_nanos(faults.rng.random_range(0..=jitter_ns));
-            }
-            if faults.rng.random_bool(faults.corrupt) {
-                let bit = faults.rng.random_range(0..bytes.len() * 8);
-                bytes[bit / 8] ^= 1 << (bit % 8);
-                self.network.corrupted += 1;
-                if !seen.dropped {
-                    fate.push_str(&format!(
-                        " [corrupted: bit {} of byte {}]",
-                        bit % 8,
-                        bit / 8
-                    ));
-                }
-            }
+            copies = faults.strike(
+                &mut self.network,
+                &mut seen.dropped,
+                &mut bytes,
+                &mut delays,
+                &mut fate,
+            );
         }
         let dropped = seen.dropped;
         let header = seen.header;
@@ -142,4 +121,49 @@ impl World {
 /// Whether a datagram is a PMNet-ACK from a device (checked durable before it is sent).
 fn from_device_ack(from: SocketAddr, header: &Header) -> bool {
     header.packet_type == PacketType::PmnetAck && node_name(from).starts_with("device")
+}
+
+impl Faults {
+    /// What the random faults do to one datagram, in a fixed order of draws (loss unless
+    /// already dropped, duplication, the delay of each copy, corruption): counted in
+    /// `network`, noted in `fate`; returns the copies to deliver.
+    fn strike(
+        &mut self,
+        network: &mut NetworkCounters,
+        dropped: &mut bool,
+        bytes: &mut [u8],
+        delays: &mut [Duration; 2],
+        fate: &mut String,
+    ) -> usize {
+        let mut copies = 1;
+        if !*dropped && self.rng.random_bool(self.loss) {
+            *dropped = true;
+            network.lost += 1;
+            fate.push_str(" [lost]");
+        }
+        if self.rng.random_bool(self.duplicate) {
+            copies = 2;
+            network.duplicated += 1;
+            if !*dropped {
+                fate.push_str(" [duplicated]");
+            }
+        }
+        let jitter_ns = u64::try_from(self.jitter.as_nanos()).unwrap_or(u64::MAX);
+        for delay in delays.iter_mut() {
+            *delay += Duration::from_nanos(self.rng.random_range(0..=jitter_ns));
+        }
+        if self.rng.random_bool(self.corrupt) {
+            let bit = self.rng.random_range(0..bytes.len() * 8);
+            bytes[bit / 8] ^= 1 << (bit % 8);
+            network.corrupted += 1;
+            if !*dropped {
+                fate.push_str(&format!(
+                    " [corrupted: bit {} of byte {}]",
+                    bit % 8,
+                    bit / 8
+                ));
+            }
+        }
+        copies
+    }
 }

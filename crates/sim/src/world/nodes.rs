@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use pmnet_pm::{EntryKey, LogWork, PmLog, SimRegion};
 use pmnet_proto::{
-    Client, ClientEvent, Device, DeviceConfig, DevicePipeline, FrontFunction, Nothing,
-    PersistBatch, RecoveredSession, RequestKind, Server, ServerConfig, Time,
+    Client, ClientConfig, ClientEvent, Device, DeviceConfig, DevicePipeline, FrontFunction,
+    Nothing, PersistBatch, RecoveredSession, RequestKind, Server, ServerConfig, Time,
 };
 use pmnet_store::{Application, KvStore};
 use pmnet_wire::Header;
@@ -185,13 +185,41 @@ pub struct DeviceNode {
 }
 
 impl DeviceNode {
+    /// Device `index`: a freshly formatted log of `slot_count` slots in front of `servers`.
+    pub(super) fn new(index: usize, slot_count: u32, servers: &[(u16, SocketAddr)]) -> DeviceNode {
+        let region_len = PmLog::<SimRegion>::required_region_len(slot_count, SLOT_SIZE);
+        let log = PmLog::format(SimRegion::new(region_len), slot_count, SLOT_SIZE)
+            .expect("format a device log");
+        let config = DeviceConfig::new(
+            DEVICE_ID + index as u16,
+            servers.to_vec(),
+            slot_count,
+            log.max_packet_len(),
+        );
+        DeviceNode {
+            pipeline: DevicePipeline::with_front(
+                no_front(),
+                Device::new(config.clone(), Time::ZERO, Vec::new()),
+            ),
+            new_front: no_front,
+            log,
+            hold_persistence: false,
+            held: VecDeque::new(),
+            config,
+            up: true,
+            ever_durable: HashSet::new(),
+            restart_count: 0,
+            rejected_slot_count: 0,
+        }
+    }
+
     /// The device's log function.
     pub fn device(&self) -> &Device {
         self.pipeline.device()
     }
 }
 
-pub(super) fn no_front() -> Box<dyn FrontFunction> {
+fn no_front() -> Box<dyn FrontFunction> {
     Box::new(Nothing)
 }
 
@@ -211,6 +239,23 @@ pub struct ServerNode {
     pub skipped_before_restart: u64,
 }
 
+impl ServerNode {
+    /// Server `server_id`, new, polling `devices` for what they logged.
+    pub(super) fn new(server_id: u16, devices: &[SocketAddr]) -> ServerNode {
+        let config = ServerConfig::new(server_id, devices.to_vec());
+        ServerNode {
+            server: Server::new(config.clone(), Time::ZERO, Vec::new()),
+            app: ServerApp::default(),
+            config,
+            up: true,
+            restart_count: 0,
+            store_full: false,
+            deferred_count: 0,
+            skipped_before_restart: 0,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct ClientNode {
     pub client: Client,
@@ -220,6 +265,26 @@ pub struct ClientNode {
     /// nor reported failed.
     pub gone: bool,
     pub abandoned: Vec<u32>,
+}
+
+impl ClientNode {
+    /// Client `index`, in front of a device when there are `devices` (one each in turn),
+    /// talking to one of `server_count` servers in turn.
+    pub(super) fn new(index: usize, server_count: usize, devices: &[SocketAddr]) -> ClientNode {
+        let peer = if devices.is_empty() {
+            server_addr(index % server_count)
+        } else {
+            devices[index % devices.len()]
+        };
+        let server_id = SERVER_ID + (index % server_count) as u16;
+        let session_id = 0x5E55_0000_0000_0000 | (index as u64 + 1);
+        ClientNode {
+            client: Client::new(ClientConfig::new(session_id, server_id, peer)),
+            completed: Vec::new(),
+            gone: false,
+            abandoned: Vec::new(),
+        }
+    }
 }
 
 /// Random network faults, from one seed: loss, duplication, delay spread (which reorders),

@@ -1,0 +1,340 @@
+//! What the server reports: its report line and its metrics.
+
+use super::*;
+
+impl ServerRuntime {
+    pub fn report_line(&self) -> String {
+        let counters = self.server.counters();
+        let mut line = format!(
+            "server {}: {}; applied {} acks {} make-up {} reordered {} retransmit-requests {}{}; \
+             dropped {}",
+            self.options.server_id,
+            socket_digest(self.socket.counters()),
+            counters.requests_applied,
+            counters.server_acks_sent,
+            counters.makeup_acks_sent,
+            counters.requests_reordered,
+            counters.retransmit_requests_sent,
+            if self.server.is_recovering() {
+                "; RECOVERING (waiting for devices)"
+            } else {
+                ""
+            },
+            counters.dropped.values().sum::<u64>(),
+        );
+        for (reason, count) in &counters.dropped {
+            line.push_str(&format!(" {reason}={count}"));
+        }
+        if let ServerApp::Kv(store) = &self.app {
+            let stats = store.stats();
+            line.push_str(&format!(
+                "; store keys {} records {} compactions {}",
+                store.len(),
+                stats.records_appended,
+                stats.compactions
+            ));
+        }
+        if let ServerApp::Engine(store) = &self.app {
+            let stats = store.stats();
+            line.push_str(&format!(
+                "; {} store keys {} batches {} in-place {} written {} freed {}",
+                store.engine().name(),
+                store.key_count(),
+                stats.batches,
+                stats.records_received_in_place,
+                stats.records_written,
+                stats.records_freed
+            ));
+            if let Some(receiver) = &self.receiver {
+                let counters = receiver.counters();
+                line.push_str(&format!(
+                    " received {} (in slots {}, spilled {}, truncated {})",
+                    counters.datagrams, counters.in_slot, counters.spilled, counters.truncated
+                ));
+            }
+        }
+        line.push_str(&format!("; medium {}", self.startup.medium_text()));
+        line
+    }
+
+    /// Every counter of the server, its socket and its store.
+    pub fn metrics(&self) -> Metrics {
+        let mut out = Metrics::new();
+        self.identity_metrics(&mut out);
+        self.protocol_metrics(&mut out);
+        self.store_metrics(&mut out);
+        socket_metrics(&mut out, "server", self.socket.counters());
+        out
+    }
+
+    /// The server's identity, medium and recovery state.
+    fn identity_metrics(&self, out: &mut Metrics) {
+        let medium = self.startup.medium;
+        out.gauge(
+            "pmnet_server_info",
+            "The server's identity and persistence medium (value always 1).",
+            &[
+                ("server_id", &self.options.server_id.to_string()),
+                ("application", self.app.name()),
+                ("medium", medium.map_or("none", |m| m.medium.name())),
+                ("flush", medium.map_or("none", |m| m.flush.name())),
+                (
+                    "guarantee",
+                    medium.map_or("nothing kept", |m| m.medium.guarantee()),
+                ),
+                ("wait", self.options.loop_options.wait.name()),
+            ],
+            1.0,
+        );
+        out.gauge(
+            "pmnet_server_recovering",
+            "1 while the start-up recovery poll waits for a device.",
+            &[],
+            if self.server.is_recovering() {
+                1.0
+            } else {
+                0.0
+            },
+        );
+    }
+
+    /// The state machine's counters and drops.
+    fn protocol_metrics(&self, out: &mut Metrics) {
+        let counters = self.server.counters();
+        for (name, help, value) in [
+            (
+                "pmnet_server_request_fragments_received_total",
+                "Request datagrams received.",
+                counters.request_fragments_received,
+            ),
+            (
+                "pmnet_server_requests_applied_total",
+                "Requests applied (each exactly once).",
+                counters.requests_applied,
+            ),
+            (
+                "pmnet_server_acks_sent_total",
+                "Server-ACK datagrams sent.",
+                counters.server_acks_sent,
+            ),
+            (
+                "pmnet_server_makeup_acks_sent_total",
+                "Duplicates of applied requests answered with the stored reply.",
+                counters.makeup_acks_sent,
+            ),
+            (
+                "pmnet_server_makeup_acks_without_reply_total",
+                "Make-up ACKs whose reply was no longer kept.",
+                counters.makeup_acks_without_reply,
+            ),
+            (
+                "pmnet_server_duplicates_in_progress_total",
+                "Duplicates of requests being applied, ignored.",
+                counters.duplicates_in_progress,
+            ),
+            (
+                "pmnet_server_requests_reordered_total",
+                "Requests that arrived ahead of a gap and waited.",
+                counters.requests_reordered,
+            ),
+            (
+                "pmnet_server_retransmit_requests_sent_total",
+                "Retransmission requests sent for gaps.",
+                counters.retransmit_requests_sent,
+            ),
+            (
+                "pmnet_server_recovery_polls_sent_total",
+                "Recovery polls sent to devices.",
+                counters.recovery_polls_sent,
+            ),
+            (
+                "pmnet_server_recovery_entries_resent_total",
+                "Logged entries the devices said they resent at recovery.",
+                self.counters.recovery_entries_resent,
+            ),
+            (
+                "pmnet_server_sessions_evicted_total",
+                "Sessions forgotten to make room.",
+                counters.sessions_evicted,
+            ),
+            (
+                "pmnet_server_noop_fills_received_total",
+                "No-op fills for sequence numbers clients gave up on.",
+                counters.noop_fills_received,
+            ),
+            (
+                "pmnet_server_retransmit_requests_unpaid_total",
+                "Retransmission requests not sent: the source had not sent enough to pay for them.",
+                counters.retransmit_requests_unpaid,
+            ),
+            (
+                "pmnet_server_fill_queries_sent_total",
+                "Fill queries sent to devices before skipping a gap no client can close.",
+                counters.fill_queries_sent,
+            ),
+            (
+                "pmnet_server_sequence_numbers_skipped_total",
+                "Sequence numbers skipped: no client or device could supply them any more.",
+                counters.sequence_numbers_skipped,
+            ),
+            (
+                "pmnet_server_requests_deferred_total",
+                "Requests the store had no room for, kept waiting (never refused).",
+                counters.requests_deferred,
+            ),
+            (
+                "pmnet_loop_iterations_total",
+                "Turns of the event loop.",
+                self.counters.event_loop.iterations,
+            ),
+            (
+                "pmnet_loop_idle_waits_total",
+                "Turns that found nothing to do and waited (or yielded).",
+                self.counters.event_loop.idle_waits,
+            ),
+        ] {
+            out.counter(name, help, &[], value);
+        }
+        for (reason, value) in &counters.dropped {
+            out.counter(
+                "pmnet_server_dropped_total",
+                "Datagrams the server dropped, by reason.",
+                &[("reason", reason)],
+                *value,
+            );
+        }
+    }
+
+    /// The store's own counters, by engine.
+    fn store_metrics(&self, out: &mut Metrics) {
+        match &self.app {
+            ServerApp::Kv(store) => kv_metrics(out, store),
+            ServerApp::Engine(store) => engine_metrics(out, store),
+            ServerApp::Ideal(_) => {}
+        }
+    }
+}
+
+/// The key-value store's counters.
+fn kv_metrics(out: &mut Metrics, store: &KvStore<MmapRegion>) {
+    let stats = store.stats();
+    out.gauge(
+        "pmnet_store_keys",
+        "Live keys in the store.",
+        &[],
+        store.len() as f64,
+    );
+    out.gauge(
+        "pmnet_store_sessions",
+        "Sessions with an exactly-once record in the store.",
+        &[],
+        store.session_count() as f64,
+    );
+    out.gauge(
+        "pmnet_store_used_bytes",
+        "Bytes of live data in the store.",
+        &[],
+        store.used_bytes() as f64,
+    );
+    out.gauge(
+        "pmnet_store_capacity_bytes",
+        "Bytes of live data the store admits.",
+        &[],
+        store.capacity_bytes() as f64,
+    );
+    for (name, help, value) in [
+        (
+            "pmnet_store_records_appended_total",
+            "Requests applied by appending one record.",
+            stats.records_appended,
+        ),
+        (
+            "pmnet_store_compactions_total",
+            "Compactions (each also applied one request).",
+            stats.compactions,
+        ),
+        (
+            "pmnet_store_evicted_sessions_total",
+            "Sessions evicted from the store to admit new ones.",
+            stats.evicted_sessions,
+        ),
+        (
+            "pmnet_store_full_replies_total",
+            "Reads answered \"store full\" (a reply too long to keep).",
+            stats.store_full_replies,
+        ),
+        (
+            "pmnet_store_no_space_total",
+            "Updates the store had no room for (nothing stored; kept and retried).",
+            stats.no_space,
+        ),
+        (
+            "pmnet_store_recovered_records_total",
+            "Records replayed when the store was opened.",
+            stats.recovered_records,
+        ),
+        (
+            "pmnet_store_rejected_tail_records_total",
+            "Torn records found at the end of the log when opened.",
+            stats.rejected_tail_records,
+        ),
+    ] {
+        out.counter(name, help, &[], value);
+    }
+}
+
+/// A packet-store engine's counters.
+fn engine_metrics(out: &mut Metrics, store: &Store<MmapRegion>) {
+    let stats = store.stats();
+    out.gauge(
+        "pmnet_store_keys",
+        "Live keys in the store.",
+        &[],
+        store.key_count() as f64,
+    );
+    out.gauge(
+        "pmnet_store_free_bytes",
+        "Bytes free for new records.",
+        &[],
+        store.free_bytes() as f64,
+    );
+    for (name, help, value) in [
+        (
+            "pmnet_store_batches_total",
+            "Batches committed (two fences each).",
+            stats.batches,
+        ),
+        (
+            "pmnet_store_records_received_in_place_total",
+            "Records that are the received datagrams themselves (no copy).",
+            stats.records_received_in_place,
+        ),
+        (
+            "pmnet_store_records_written_total",
+            "Records the store wrote itself.",
+            stats.records_written,
+        ),
+        (
+            "pmnet_store_records_freed_total",
+            "Overwritten, deleted or superseded records reclaimed.",
+            stats.records_freed,
+        ),
+        (
+            "pmnet_store_read_verify_failures_total",
+            "Reads that found a record failing its checksum.",
+            stats.read_verify_failures,
+        ),
+        (
+            "pmnet_store_full_replies_total",
+            "Reads answered \"store full\" (a reply too long to keep).",
+            stats.store_full_replies,
+        ),
+        (
+            "pmnet_store_no_space_total",
+            "Updates the store had no room for (nothing stored; kept and retried).",
+            stats.no_space,
+        ),
+    ] {
+        out.counter(name, help, &[], value);
+    }
+}

@@ -1,0 +1,369 @@
+//! The PMNet server over UDP, with its application: a node of the one event loop.
+
+mod app;
+mod metrics;
+mod open;
+mod receive;
+
+use app::capacity_text;
+pub use app::ServerApp;
+use receive::{stage_received, ReceivedSlots};
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use pmnet_pktstore::recv::{now_ns, Received, SlotReceiver};
+use pmnet_pktstore::{EngineKind, Store, StoreConfig};
+use pmnet_pm::{MediumInfo, MmapOptions, MmapRegion};
+use pmnet_proto::{RecoveredSession, Server, ServerConfig, ServerCounters, ServerEvent};
+use pmnet_store::{Application, IdealHandler, KvConfig, KvStore, NoSpace, SessionRecord};
+
+use crate::event_loop::{run_loop, LoopCounters, LoopSettings, Node, Ready, Turn};
+use crate::metrics::Metrics;
+use crate::udp::BatchSocket;
+use crate::wait::{Clock, PollFd};
+use crate::{
+    socket_digest, socket_metrics, start_metrics, LoopOptions, MetricsBoard, RuntimeError, Shutdown,
+};
+
+/// The embedded key-value store's file.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub path: PathBuf,
+    /// Size of a new data file; an existing store keeps its own.
+    pub size_bytes: u64,
+    /// Sessions whose exactly-once record a new store keeps.
+    pub max_sessions: u32,
+    /// Erase the file and start an empty store even if it holds one.
+    pub format: bool,
+    pub mmap: MmapOptions,
+}
+
+/// Everything a server needs to start.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    pub server_id: u16,
+    pub listen: SocketAddr,
+    /// Devices polled for logged requests at start-up; nothing new is applied until each has
+    /// answered.
+    pub devices: Vec<SocketAddr>,
+    /// The key-value store; `None` runs the ideal handler (replies OK, keeps nothing).
+    pub store: Option<StoreOptions>,
+    /// How long a gap in a session must last before the server closes it without the client
+    /// (`None`: the protocol's default, 20 s). Must exceed every client's request lifetime.
+    pub gap_fill_after: Option<Duration>,
+    pub loop_options: LoopOptions,
+}
+
+/// What the server found when it started.
+#[derive(Debug, Clone)]
+pub struct ServerStartup {
+    pub medium: Option<MediumInfo>,
+    pub data_path: Option<PathBuf>,
+    pub formatted: bool,
+    pub recovered_session_count: usize,
+    pub recovered_key_count: usize,
+    /// What store recovery reported, in words, when it is worth a warning.
+    pub store_warning: Option<String>,
+    /// The application: kv, packet, conventional or ideal.
+    pub engine: &'static str,
+    /// What recovery of a `pmnet-pktstore` engine did and how long it took.
+    pub recovery_note: Option<String>,
+    /// How many keys of which size the store has room for, in words (`None`: no store).
+    pub capacity: Option<String>,
+}
+
+impl ServerStartup {
+    pub fn medium_text(&self) -> String {
+        match &self.medium {
+            Some(medium) => medium.to_string(),
+            None => "none: ideal handler (replies OK, keeps nothing, no exactly-once across \
+                     restarts)"
+                .to_owned(),
+        }
+    }
+}
+
+/// Where the server's sockets are bound.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerAddresses {
+    pub data: SocketAddr,
+    pub metrics: Option<SocketAddr>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct RuntimeCounters {
+    recoveries_completed: u64,
+    recovery_entries_resent: u64,
+    event_loop: LoopCounters,
+}
+
+/// A running PMNet server. See the crate docs.
+#[derive(Debug)]
+pub struct ServerRuntime {
+    options: ServerOptions,
+    clock: Clock,
+    server: Server,
+    app: ServerApp,
+    socket: BatchSocket,
+    startup: ServerStartup,
+    addresses: ServerAddresses,
+    board: MetricsBoard,
+    shutdown: Shutdown,
+    counters: RuntimeCounters,
+    /// The packet store's receive path: datagrams land in store slots.
+    receiver: Option<Box<SlotReceiver>>,
+    received_slots: ReceivedSlots,
+    /// The slots of the request being staged (reused, no allocation per request).
+    slot_scratch: Vec<u32>,
+    /// Since when updates have waited for room in the store, and when that was last said.
+    store_full_since: Option<Instant>,
+    store_full_warned: Option<Instant>,
+}
+
+/// How often a server whose store is full says so.
+const STORE_FULL_WARNING_INTERVAL: Duration = Duration::from_secs(10);
+
+impl ServerRuntime {
+    pub fn startup(&self) -> &ServerStartup {
+        &self.startup
+    }
+
+    pub fn addresses(&self) -> ServerAddresses {
+        self.addresses
+    }
+
+    pub fn counters(&self) -> &ServerCounters {
+        self.server.counters()
+    }
+
+    pub fn app(&self) -> &ServerApp {
+        &self.app
+    }
+
+    /// Whether the start-up recovery poll still waits for a device.
+    pub fn is_recovering(&self) -> bool {
+        self.server.is_recovering()
+    }
+
+    /// Run until the shutdown flag is set; then finish the batch in hand and return.
+    pub fn run(&mut self) -> Result<(), RuntimeError> {
+        let settings = LoopSettings::from(&self.options.loop_options);
+        let board = self.addresses.metrics.map(|_| self.board.clone());
+        let shutdown = self.shutdown.clone();
+        run_loop(self, settings, board.as_ref(), &shutdown)
+    }
+
+    /// One turn of the loop: receive a batch, handle it, fire due timers, apply, send.
+    /// Returns whether anything happened.
+    pub fn poll_once(&mut self) -> bool {
+        self.turn(true).busy
+    }
+
+    /// A turn of the loop; it receives only if `receive`.
+    fn turn(&mut self, receive: bool) -> Turn {
+        let mut turn = Turn::default();
+        if receive {
+            let (count, full) = if self.receiver.is_some() {
+                (
+                    self.receive_into_slots(),
+                    pmnet_pktstore::recv::RECEIVE_BATCH_LEN,
+                )
+            } else {
+                (self.receive_into_socket_buffers(), crate::udp::BATCH_LEN)
+            };
+            turn.busy = count > 0;
+            turn.more = count >= full;
+        }
+        let now = self.clock.now();
+        if self
+            .server
+            .poll_timeout()
+            .is_some_and(|deadline| deadline <= now)
+        {
+            turn.busy = true;
+            turn.more = true;
+            self.server.handle_timeout(now);
+        }
+        self.drain();
+        self.release_unapplied_slots();
+        self.report_store_full();
+        turn
+    }
+
+    /// Say at WARN, every [`STORE_FULL_WARNING_INTERVAL`] while it lasts, that updates wait for
+    /// room in the store, and at INFO when they no longer do.
+    fn report_store_full(&mut self) {
+        let waiting = self.server.deferred_session_count();
+        match (waiting, self.store_full_since) {
+            (0, None) => {}
+            (0, Some(since)) => {
+                self.store_full_since = None;
+                self.store_full_warned = None;
+                tracing::info!(
+                    "the store has room again: the updates that waited {:.1} s are applied",
+                    since.elapsed().as_secs_f64()
+                );
+            }
+            (_, since) => {
+                let now = Instant::now();
+                self.store_full_since = Some(since.unwrap_or(now));
+                if self
+                    .store_full_warned
+                    .is_some_and(|at| now.duration_since(at) < STORE_FULL_WARNING_INTERVAL)
+                {
+                    return;
+                }
+                self.store_full_warned = Some(now);
+                tracing::warn!(
+                    "the store is full: updates of {waiting} session(s) wait for room ({} \
+                     deferred so far). Nothing acknowledged is lost: each stays durable in its \
+                     device's log and is retried, and the sessions' later requests wait behind \
+                     it. Delete keys, or move to a larger store (--data-mib, on a new data file)",
+                    self.server.counters().requests_deferred
+                );
+            }
+        }
+    }
+
+    /// Apply what the server hands over, in order, and send what it emits. Requests are
+    /// staged on the application and committed together ([`Application::stage`] and
+    /// [`Application::commit`]: two fences per batch on the packet store, nothing more on a
+    /// store whose stages are durable on return); the server-ACK of a request is emitted by
+    /// `on_applied`, called only after the commit that made it durable returned.
+    fn drain(&mut self) {
+        loop {
+            let mut progressed = false;
+            let mut staged: Vec<(u64, u32, Vec<u8>)> = Vec::new();
+            while let Some(event) = self.server.poll_event() {
+                progressed = true;
+                match event {
+                    ServerEvent::Apply {
+                        session_id,
+                        seq,
+                        kind,
+                        request,
+                    } => {
+                        let Ok(reply) = self.stage(session_id, seq, &request) else {
+                            // No room, nothing of it staged. What the batch staged before it
+                            // is committed and reported first: the server takes a request
+                            // back only as its session's next.
+                            self.commit_staged(&mut staged);
+                            // NoSpace: handed back to the server by Server::on_deferred
+                            self.server.on_deferred(
+                                self.clock.now(),
+                                session_id,
+                                seq,
+                                kind,
+                                request,
+                            );
+                            continue;
+                        };
+                        staged.push((session_id, seq, reply));
+                        if staged.len() >= self.app.as_application().max_staged() {
+                            self.commit_staged(&mut staged);
+                        }
+                    }
+                    ServerEvent::RecoveryComplete { entries_resent } => {
+                        self.counters.recoveries_completed += 1;
+                        self.counters.recovery_entries_resent += entries_resent;
+                        tracing::info!(
+                            "recovery complete: every device answered; {entries_resent} logged \
+                             entries were resent and are applied in order"
+                        );
+                    }
+                }
+            }
+            self.commit_staged(&mut staged);
+            while let Some(transmit) = self.server.poll_transmit() {
+                progressed = true;
+                self.socket.enqueue(transmit);
+            }
+            if !progressed {
+                break;
+            }
+        }
+        self.socket.flush();
+    }
+
+    /// Stage one request: in place from the store slots it was received into, when the packet
+    /// store's receive path holds them, else from its bytes.
+    fn stage(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace> {
+        let slots = self
+            .received_slots
+            .remove(&(session_id, seq))
+            .map(|held| held.fragments);
+        match (&mut self.app, slots) {
+            (ServerApp::Engine(store), Some(slots)) => stage_received(
+                store,
+                session_id,
+                seq,
+                request,
+                slots,
+                &mut self.slot_scratch,
+            ),
+            (app, _) => app.as_application().stage(session_id, seq, request),
+        }
+    }
+
+    /// Commit what is staged, then report each of its requests applied: only now may their
+    /// server-ACKs leave.
+    fn commit_staged(&mut self, staged: &mut Vec<(u64, u32, Vec<u8>)>) {
+        if staged.is_empty() {
+            return;
+        }
+        self.app.as_application().commit();
+        for (session_id, seq, reply) in staged.drain(..) {
+            self.server
+                .on_applied(self.clock.now(), session_id, seq, reply);
+        }
+    }
+}
+
+impl Node for ServerRuntime {
+    fn turn(&mut self, ready: Ready<'_>) -> Turn {
+        ServerRuntime::turn(self, ready.is_readable(0))
+    }
+
+    fn wait_fds(&self, fds: &mut Vec<PollFd>) {
+        fds.push(PollFd::new(
+            self.socket.raw_fd(),
+            true,
+            self.socket.is_write_blocked(),
+        ));
+    }
+
+    fn next_timer(&self) -> Option<Duration> {
+        self.server
+            .poll_timeout()
+            .map(|deadline| self.clock.until(deadline))
+    }
+
+    fn queued_len(&self) -> usize {
+        self.socket.queued_len()
+    }
+
+    fn flush(&mut self) {
+        self.socket.flush();
+    }
+
+    fn metrics(&self) -> Metrics {
+        ServerRuntime::metrics(self)
+    }
+
+    fn report_line(&self) -> String {
+        ServerRuntime::report_line(self)
+    }
+
+    fn kind(&self) -> &'static str {
+        "server"
+    }
+
+    fn loop_counters(&mut self) -> &mut LoopCounters {
+        &mut self.counters.event_loop
+    }
+}
+
+#[cfg(test)]
+mod tests;

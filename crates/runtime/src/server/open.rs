@@ -1,0 +1,348 @@
+//! Opening a server: its data file (created, reopened or refused), its application and its
+//! socket.
+
+use super::*;
+
+/// Damaged records described one per warning line at start-up, at most; a summary counts all.
+const DAMAGED_RECORDS_LOGGED: usize = 32;
+
+/// Say at WARN what recovery of the store found damaged and lost.
+fn log_store_damage(path: &std::path::Path, app: &ServerApp) {
+    match app {
+        ServerApp::Kv(store) => match store.recovery().rejected {
+            Some(rejected) if rejected.valid_record_follows => tracing::warn!(
+                "data file {}: replay stopped at a damaged record at offset {} ({:?}) that valid \
+                 ones follow: the updates recorded after it were acknowledged and are lost",
+                path.display(),
+                rejected.offset_bytes,
+                rejected.reason
+            ),
+            Some(rejected) => tracing::info!(
+                "data file {}: the last record was torn (offset {}, {:?}): a request that was \
+                 never acknowledged; dropped",
+                path.display(),
+                rejected.offset_bytes,
+                rejected.reason
+            ),
+            None => {}
+        },
+        ServerApp::Engine(store) => {
+            let report = store.recovery();
+            for corruption in report.corrupt_records.iter().take(DAMAGED_RECORDS_LOGGED) {
+                tracing::warn!(
+                    "data file {}: damaged record lost: {corruption}; dropped from the index, \
+                     never served",
+                    path.display()
+                );
+            }
+            let count = report.corrupt_records.len();
+            if count > 0 {
+                tracing::warn!(
+                    "data file {}: {count} stored records were damaged and are lost{}",
+                    path.display(),
+                    if count > DAMAGED_RECORDS_LOGGED {
+                        format!(" ({} not listed above)", count - DAMAGED_RECORDS_LOGGED)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+            if let Some(broken) = &report.index_broken {
+                tracing::warn!(
+                    "data file {}: the index is broken ({broken}): the keys after the damage \
+                     are lost",
+                    path.display()
+                );
+            }
+        }
+        ServerApp::Ideal(_) => {}
+    }
+}
+
+/// The length of the file at `path`, or `None` if there is none.
+fn existing_len(path: &std::path::Path) -> Result<Option<u64>, RuntimeError> {
+    match std::fs::metadata(path) {
+        Ok(metadata) => Ok(Some(metadata.len())),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(RuntimeError::DataFile {
+            path: path.to_path_buf(),
+            source: pmnet_pm::PmError::Io {
+                path: path.to_path_buf(),
+                action: "open",
+                source,
+            },
+        }),
+    }
+}
+
+/// The size of a new data file, as this machine can map it.
+fn new_len(options: &StoreOptions) -> Result<usize, RuntimeError> {
+    usize::try_from(options.size_bytes).map_err(|_| {
+        RuntimeError::Config(format!(
+            "data size {} bytes does not fit this machine's address space; ask for less",
+            options.size_bytes
+        ))
+    })
+}
+
+/// The error for an existing data file that holds no store the server can open: it may hold
+/// acknowledged updates, so it is never formatted over unless `--format` says so. `problem`
+/// is what opening it reported; a blank (all-zero) start of the file is said as such.
+fn unusable_store(
+    path: &std::path::Path,
+    file_len: u64,
+    engine: &str,
+    problem: String,
+) -> RuntimeError {
+    let mut head = Vec::new();
+    if let Ok(file) = std::fs::File::open(path) {
+        use std::io::Read;
+        let _ = file.take(4096).read_to_end(&mut head);
+    }
+    let problem = if file_len == 0 {
+        "it is empty (0 bytes): it was truncated, or never held a store".to_owned()
+    } else if !head.is_empty() && head.iter().all(|byte| *byte == 0) {
+        format!("its superblock is blank (all zero): it was erased or never written ({problem})")
+    } else {
+        problem
+    };
+    RuntimeError::StoreUnusable {
+        path: path.to_path_buf(),
+        file_len,
+        engine: engine.to_owned(),
+        problem,
+    }
+}
+
+/// Open the data file at `options.path` for a store of kind `kind`: a new store when the file
+/// does not exist (made under a staging name, published once formatted), erased when
+/// `options.format` is set, otherwise recovered with `open` — an error naming the file if it
+/// holds no usable store. Also says whether the store is new.
+fn open_data_file<S>(
+    options: &StoreOptions,
+    kind: &str,
+    format: impl Fn(MmapRegion) -> Result<S, RuntimeError>,
+    open: impl FnOnce(MmapRegion) -> Result<S, String>,
+) -> Result<(S, bool), RuntimeError> {
+    let path = &options.path;
+    let file_error = |source| RuntimeError::DataFile {
+        path: path.clone(),
+        source,
+    };
+    let Some(file_len) = existing_len(path)? else {
+        let (region, new_file) =
+            MmapRegion::create_new(path, new_len(options)?, options.mmap).map_err(file_error)?;
+        let store = format(region)?;
+        new_file.publish().map_err(file_error)?;
+        tracing::info!(
+            "data file {} did not exist: created an empty {kind} store of {} bytes",
+            path.display(),
+            options.size_bytes
+        );
+        return Ok((store, true));
+    };
+    if options.format {
+        tracing::warn!(
+            "--format: erasing the store {} (whatever it held is gone)",
+            path.display()
+        );
+        let region =
+            MmapRegion::create(path, new_len(options)?, options.mmap).map_err(file_error)?;
+        return Ok((format(region)?, true));
+    }
+    if file_len == 0 {
+        return Err(unusable_store(path, 0, kind, String::new()));
+    }
+    let region = MmapRegion::open(path, options.mmap).map_err(file_error)?;
+    let store = open(region).map_err(|problem| unusable_store(path, file_len, kind, problem))?;
+    Ok((store, false))
+}
+
+/// Open a `pmnet-pktstore` engine at `options.path` ([`open_data_file`]); a file holding the
+/// other engine is an error.
+fn open_engine(
+    options: &StoreOptions,
+    engine: EngineKind,
+) -> Result<(Store<MmapRegion>, bool), RuntimeError> {
+    let path = &options.path;
+    let mut config = StoreConfig::new(engine);
+    config.max_sessions = options.max_sessions.max(128);
+    let format = |region| {
+        Store::format(region, config).map_err(|error| {
+            RuntimeError::Config(format!(
+                "data file {}: {error}; point --data-file at another file, or pass --format to \
+                 erase it and start an empty {} store",
+                path.display(),
+                engine.name()
+            ))
+        })
+    };
+    let open = |region| Store::open(region).map_err(|error| error.to_string());
+    let (store, formatted) = open_data_file(options, engine.name(), format, open)?;
+    if store.engine() != engine {
+        return Err(RuntimeError::Config(format!(
+            "data file {} holds a {} store, not {}: choose --engine {}, or pass --format",
+            path.display(),
+            store.engine().name(),
+            engine.name(),
+            store.engine().name()
+        )));
+    }
+    Ok((store, formatted))
+}
+
+/// Open the key-value store at `options.path` ([`open_data_file`]).
+fn open_store(options: &StoreOptions) -> Result<(KvStore<MmapRegion>, bool), RuntimeError> {
+    let config = KvConfig {
+        max_sessions: options.max_sessions,
+    };
+    let format = |region| {
+        KvStore::format(region, config).map_err(|source| RuntimeError::Store {
+            path: options.path.clone(),
+            source,
+        })
+    };
+    let open = |region| KvStore::open(region).map_err(|error| error.to_string());
+    open_data_file(options, "kv", format, open)
+}
+
+impl ServerRuntime {
+    /// Bind the socket, open the application, and start the server (which polls its devices).
+    pub fn open(options: ServerOptions, shutdown: Shutdown) -> Result<ServerRuntime, RuntimeError> {
+        ServerRuntime::open_with_engine(options, None, shutdown)
+    }
+
+    /// [`ServerRuntime::open`] with a `pmnet-pktstore` engine instead of the key-value store
+    /// (`None`: the key-value store). Ignored with the ideal handler (`store: None`).
+    pub fn open_with_engine(
+        options: ServerOptions,
+        engine: Option<EngineKind>,
+        shutdown: Shutdown,
+    ) -> Result<ServerRuntime, RuntimeError> {
+        let socket = BatchSocket::bind(options.listen, options.loop_options.max_queued).map_err(
+            |source| RuntimeError::Bind {
+                what: "server",
+                addr: options.listen,
+                source,
+            },
+        )?;
+        let (app, formatted) = match (&options.store, engine) {
+            (Some(store_options), Some(engine)) => {
+                let (store, formatted) = open_engine(store_options, engine)?;
+                (ServerApp::Engine(Box::new(store)), formatted)
+            }
+            (Some(store_options), None) => {
+                let (store, formatted) = open_store(store_options)?;
+                (ServerApp::Kv(Box::new(store)), formatted)
+            }
+            (None, _) => (ServerApp::Ideal(IdealHandler::new()), false),
+        };
+        let (startup, sessions) = startup_report(&options, &app, formatted);
+        let clock = Clock::new();
+        let mut config = ServerConfig::new(options.server_id, options.devices.clone());
+        if let Some(gap_fill_after) = options.gap_fill_after {
+            config.gap_fill_after = gap_fill_after;
+        }
+        let server = Server::new(config, clock.now(), sessions);
+        let board = MetricsBoard::new();
+        let metrics = start_metrics(&options.loop_options, &board, &shutdown)?;
+        let addresses = ServerAddresses {
+            data: socket.local_addr(),
+            metrics,
+        };
+        let mut runtime = ServerRuntime {
+            options,
+            clock,
+            server,
+            app,
+            socket,
+            startup,
+            addresses,
+            board,
+            shutdown,
+            counters: RuntimeCounters::default(),
+            receiver: None,
+            received_slots: ReceivedSlots::default(),
+            slot_scratch: Vec::new(),
+            store_full_since: None,
+            store_full_warned: None,
+        };
+        if matches!(&runtime.app, ServerApp::Engine(store) if store.engine() == EngineKind::Packet)
+        {
+            runtime.receiver = Some(Box::new(SlotReceiver::new()));
+        }
+        // The recovery polls to the devices go out now.
+        runtime.drain();
+        runtime.board.publish(&runtime.metrics());
+        Ok(runtime)
+    }
+}
+
+/// What the server found at start-up (for its banner and reports), and the sessions its
+/// application recovered (for exactly-once after a restart). Damage is logged here.
+fn startup_report(
+    options: &ServerOptions,
+    app: &ServerApp,
+    formatted: bool,
+) -> (ServerStartup, Vec<RecoveredSession>) {
+    let mut store_warning = None;
+    let mut recovered_key_count = 0;
+    if let ServerApp::Kv(store) = app {
+        recovered_key_count = store.len();
+        if let Some(rejected) = store.recovery().rejected {
+            store_warning = Some(if rejected.valid_record_follows {
+                format!(
+                    "the store is CORRUPT at offset {}: replay stopped at a damaged record \
+                     ({:?}) followed by valid ones; acknowledged requests after it are lost",
+                    rejected.offset_bytes, rejected.reason
+                )
+            } else {
+                format!(
+                    "the store's last record was torn (offset {}, {:?}): a request that was \
+                     never acknowledged; dropped",
+                    rejected.offset_bytes, rejected.reason
+                )
+            });
+        }
+    }
+    let mut recovery_note = None;
+    if let ServerApp::Engine(store) = app {
+        recovered_key_count = store.key_count();
+        store_warning = store.recovery().warning();
+        let report = store.recovery();
+        recovery_note = Some(format!(
+            "{} engine recovered {} keys and {} sessions in {:.3} ms (checksums of {} \
+             bytes verified, {} index operations redone)",
+            store.engine().name(),
+            report.key_count,
+            report.session_count,
+            report.duration.as_secs_f64() * 1e3,
+            report.verified_bytes,
+            report.redone_ops
+        ));
+    }
+    if let Some(store_options) = &options.store {
+        log_store_damage(&store_options.path, app);
+    }
+    let sessions: Vec<RecoveredSession> = app
+        .sessions()
+        .into_iter()
+        .map(|record| RecoveredSession {
+            session_id: record.session_id,
+            last_seq: record.last_seq,
+            last_reply: record.last_reply,
+        })
+        .collect();
+    let startup = ServerStartup {
+        medium: app.medium(),
+        data_path: options.store.as_ref().map(|store| store.path.clone()),
+        formatted,
+        recovered_session_count: sessions.len(),
+        recovered_key_count,
+        store_warning,
+        engine: app.name(),
+        recovery_note,
+        capacity: capacity_text(app),
+    };
+    (startup, sessions)
+}

@@ -1,0 +1,210 @@
+//! The server's receive paths: into socket buffers, or (the packet store) into lent store slots,
+//! and staging a request in place from the slots it arrived in.
+
+use super::*;
+
+/// Received datagrams of update requests waiting in store slots, by (session, seq): one slot
+/// per fragment, so that fragments arriving in different receive batches still become one
+/// record in place. Bounded in time, requests and fragments; whatever is not applied in time
+/// (reordered beyond it, duplicates, dropped) goes back to the store, and a request applied
+/// later is applied from its bytes.
+/// By (session, seq) as the client sent them: a seeded hash (foldhash), so they cannot be chosen
+/// to collide.
+pub(super) type ReceivedSlots = hashbrown::HashMap<(u64, u32), HeldRequest>;
+
+#[derive(Debug)]
+pub(super) struct HeldRequest {
+    pub(super) fragments: HeldSlots,
+    since: pmnet_proto::Time,
+}
+
+/// The slots holding a request's fragments, by fragment index: no allocation for a request of
+/// one datagram.
+#[derive(Debug)]
+pub(super) enum HeldSlots {
+    One(Option<u32>),
+    Many(Vec<Option<u32>>),
+}
+
+impl HeldSlots {
+    pub(super) fn new(fragment_count: usize) -> HeldSlots {
+        match fragment_count {
+            1 => HeldSlots::One(None),
+            _ => HeldSlots::Many(vec![None; fragment_count]),
+        }
+    }
+
+    pub(super) fn get_mut(&mut self, index: usize) -> Option<&mut Option<u32>> {
+        match self {
+            HeldSlots::One(slot) => (index == 0).then_some(slot),
+            HeldSlots::Many(slots) => slots.get_mut(index),
+        }
+    }
+
+    pub(super) fn as_slice(&self) -> &[Option<u32>] {
+        match self {
+            HeldSlots::One(slot) => std::slice::from_ref(slot),
+            HeldSlots::Many(slots) => slots,
+        }
+    }
+}
+
+/// How long received slots wait for their request to be applied: beyond the protocol's gap
+/// timeout (2 ms), so a request whose fragments straddle receive batches keeps its slots.
+pub(super) const HOLD_SLOTS: Duration = Duration::from_millis(5);
+/// Requests whose slots are held at most, and fragments of one request.
+pub(super) const MAX_HELD_REQUESTS: usize = 256;
+pub(super) const MAX_HELD_FRAGMENTS: usize = 1024;
+
+impl ServerRuntime {
+    /// Datagrams received and handled.
+    pub(super) fn receive_into_socket_buffers(&mut self) -> usize {
+        let count = self.socket.receive_batch();
+        if count > 0 {
+            let now = self.clock.now();
+            for index in 0..count {
+                if let Some((from, datagram)) = self.socket.received(index) {
+                    self.server.handle(now, from, datagram);
+                }
+            }
+        }
+        count
+    }
+
+    /// The packet store's receive path: one `recvmmsg` into lent store slots; each datagram is
+    /// checked (CRC included) once, by `Server::handle`, straight from persistent memory. The
+    /// slots of update requests are remembered so that applying the request makes them the
+    /// record in place.
+    pub(super) fn receive_into_slots(&mut self) -> usize {
+        let (Some(receiver), ServerApp::Engine(store)) = (self.receiver.as_mut(), &mut self.app)
+        else {
+            return 0;
+        };
+        let count = receiver.receive(self.socket.raw_fd(), store, now_ns());
+        if count == 0 {
+            return 0;
+        }
+        self.socket.count_receive_batch_elsewhere();
+        let now = self.clock.now();
+        for received in receiver.received() {
+            match *received {
+                Received::InSlot { slot, from, .. } => {
+                    let Some(datagram) = store.received_datagram(slot) else {
+                        store.release_slot(slot);
+                        continue;
+                    };
+                    self.socket.count_received_elsewhere(datagram);
+                    self.server.handle(now, from, datagram);
+                    let kept = match pmnet_wire::Packet::new_checked(datagram) {
+                        Ok(packet)
+                            if packet.type_code()
+                                == pmnet_wire::PacketType::UpdateRequest.code()
+                                && packet.fragment_index() < packet.fragment_count()
+                                && usize::from(packet.fragment_count()) <= MAX_HELD_FRAGMENTS
+                                && (self.received_slots.len() < MAX_HELD_REQUESTS
+                                    || self
+                                        .received_slots
+                                        .contains_key(&(packet.session_id(), packet.seq()))) =>
+                        {
+                            let held = self
+                                .received_slots
+                                .entry((packet.session_id(), packet.seq()))
+                                .or_insert_with(|| HeldRequest {
+                                    fragments: HeldSlots::new(usize::from(packet.fragment_count())),
+                                    since: now,
+                                });
+                            match held.fragments.get_mut(usize::from(packet.fragment_index())) {
+                                Some(entry @ None) => {
+                                    *entry = Some(slot);
+                                    true
+                                }
+                                _ => false,
+                            }
+                        }
+                        _ => false,
+                    };
+                    if !kept {
+                        store.release_slot(slot);
+                    }
+                }
+                Received::Spilled { index, from } => {
+                    let datagram = receiver.spilled(index);
+                    self.socket.count_received_elsewhere(datagram);
+                    self.server.handle(now, from, datagram);
+                }
+            }
+        }
+        count
+    }
+
+    /// Slots of requests not applied within [`HOLD_SLOTS`] (reordered, duplicates, dropped)
+    /// go back to the store.
+    pub(super) fn release_unapplied_slots(&mut self) {
+        if self.received_slots.is_empty() {
+            return;
+        }
+        let now = self.clock.now();
+        if let ServerApp::Engine(store) = &mut self.app {
+            self.received_slots.retain(|_, held| {
+                if now.saturating_duration_since(held.since) < HOLD_SLOTS {
+                    return true;
+                }
+                for slot in held.fragments.as_slice().iter().flatten() {
+                    store.release_slot(*slot);
+                }
+                false
+            });
+        }
+    }
+}
+
+/// Stage one request on a `pmnet-pktstore` engine whose receive path holds store slots for
+/// it: in place when the slots hold every fragment and exactly this request, else from its
+/// bytes. `Err(NoSpace)`: nothing of it was staged and its slots went back to the store; it is
+/// applied again later from its bytes.
+pub(super) fn stage_received(
+    store: &mut Store<MmapRegion>,
+    session_id: u64,
+    seq: u32,
+    request: &[u8],
+    fragments: HeldSlots,
+    scratch: &mut Vec<u32>,
+) -> Result<Vec<u8>, NoSpace> {
+    let fragments = fragments.as_slice();
+    if fragments.iter().all(Option::is_some) {
+        scratch.clear();
+        scratch.extend(fragments.iter().flatten());
+        let slots: &[u32] = scratch;
+        // The protocol applies the first copy of each fragment it received; a slot may hold
+        // a later copy. Keep the slots only if they hold exactly the bytes applied.
+        let mut rest = request;
+        let mut same = true;
+        for slot in slots {
+            let payload = store
+                .received_datagram(*slot)
+                .and_then(|datagram| datagram.get(pmnet_wire::HEADER_LEN..))
+                .unwrap_or(&[]);
+            match rest.strip_prefix(payload) {
+                Some(tail) => rest = tail,
+                None => {
+                    same = false;
+                    break;
+                }
+            }
+        }
+        if same && rest.is_empty() {
+            if let Ok(reply) = store.stage_received(session_id, seq, slots) {
+                return reply;
+            }
+        } else {
+            for &slot in slots {
+                store.release_slot(slot);
+            }
+        }
+    } else {
+        for &slot in fragments.iter().flatten() {
+            store.release_slot(slot);
+        }
+    }
+    store.stage_request(session_id, seq, request)
+}

@@ -137,6 +137,23 @@ impl ServerRuntime {
                 "Requests that arrived ahead of a gap and waited.",
                 counters.requests_reordered,
             ),
+        ] {
+            out.counter(name, help, &[], value);
+        }
+        self.gap_and_recovery_metrics(out, counters);
+        for (reason, value) in &counters.dropped {
+            out.counter(
+                "pmnet_server_dropped_total",
+                "Datagrams the server dropped, by reason.",
+                &[("reason", reason)],
+                *value,
+            );
+        }
+    }
+
+    /// Counters of gaps, recovery, eviction, fills and deferrals.
+    fn gap_and_recovery_metrics(&self, out: &mut Metrics, counters: &ServerCounters) {
+        for (name, help, value) in [
             (
                 "pmnet_server_retransmit_requests_sent_total",
                 "Retransmission requests sent for gaps.",
@@ -194,14 +211,6 @@ impl ServerRuntime {
             ),
         ] {
             out.counter(name, help, &[], value);
-        }
-        for (reason, value) in &counters.dropped {
-            out.counter(
-                "pmnet_server_dropped_total",
-                "Datagrams the server dropped, by reason.",
-                &[("reason", reason)],
-                *value,
-            );
         }
     }
 

@@ -1,0 +1,331 @@
+//! What a device tells about itself: the periodic report line and its metrics.
+
+use pmnet_proto::{DeviceCounters, DevicePipeline};
+
+use super::DeviceRuntime;
+use crate::metrics::Metrics;
+use crate::{socket_digest, socket_metrics};
+
+impl DeviceRuntime {
+    /// A line of the most telling counters.
+    pub fn report_line(&self) -> String {
+        let counters = self.pipeline.device().counters();
+        let dropped = self.pipeline.dropped();
+        let mut line = format!(
+            "device {}: {}; log {}/{} live; updates {} logged {} acked {}; server-acks \
+             forwarded {} absorbed {}; collisions {} log-full {} forwarded-without-log {}; \
+             resends {} (timeout) {} (asked); dropped {}",
+            self.options.device_id,
+            socket_digest(self.data.counters()),
+            self.pipeline.device().live_entry_count(),
+            self.startup.slot_count,
+            counters.updates_received,
+            counters.updates_logged,
+            counters.pmnet_acks_sent,
+            counters.server_acks_forwarded,
+            counters.server_acks_absorbed,
+            counters.log_collisions,
+            counters.log_full,
+            counters.forwarded_without_log,
+            counters.resend_timeouts,
+            counters.resent_from_log,
+            dropped.values().sum::<u64>(),
+        );
+        for (reason, count) in &dropped {
+            line.push_str(&format!(" {reason}={count}"));
+        }
+        if let Some((_, socket)) = &self.forward {
+            line.push_str(&format!(
+                "; forward port {}",
+                socket_digest(socket.counters())
+            ));
+        }
+        if self.echo.is_some() {
+            line.push_str(&format!("; echoed {}", self.counters.echoed));
+        }
+        if self.executor.log.is_some() {
+            line.push_str(&format!(
+                "; log batches {} fences {}",
+                self.executor.batches, self.executor.fences
+            ));
+        }
+        line.push_str(&format!("; medium {}", self.startup.medium_text()));
+        line
+    }
+
+    /// Every counter of the device, its sockets and its log.
+    pub fn metrics(&self) -> Metrics {
+        let mut out = Metrics::new();
+        self.log_gauges(&mut out);
+        device_counter_metrics(&mut out, "pmnet", &self.pipeline);
+        if let Some((forward, _)) = &self.forward {
+            device_counter_metrics(&mut out, "forward", forward);
+        }
+        self.runtime_counter_metrics(&mut out);
+        socket_metrics(&mut out, "device", self.data.counters());
+        if let Some((_, socket)) = &self.forward {
+            socket_metrics(&mut out, "forward", socket.counters());
+        }
+        if let Some(socket) = &self.echo {
+            socket_metrics(&mut out, "echo", socket.counters());
+        }
+        out
+    }
+
+    /// The device's identity and medium, and the log's geometry, occupancy and recovery.
+    fn log_gauges(&self, out: &mut Metrics) {
+        let medium = self.startup.medium;
+        out.gauge(
+            "pmnet_device_info",
+            "The device's identity and persistence medium (value always 1).",
+            &[
+                ("device_id", &self.options.device_id.to_string()),
+                ("medium", medium.map_or("none", |m| m.medium.name())),
+                ("flush", medium.map_or("none", |m| m.flush.name())),
+                (
+                    "guarantee",
+                    medium.map_or("logging off", |m| m.medium.guarantee()),
+                ),
+                ("wait", self.options.loop_options.wait.name()),
+            ],
+            1.0,
+        );
+        out.gauge(
+            "pmnet_device_log_slots",
+            "Slots of the persistent log.",
+            &[],
+            f64::from(self.startup.slot_count),
+        );
+        out.gauge(
+            "pmnet_device_log_live_entries",
+            "Log entries the server has not acknowledged yet (log occupancy).",
+            &[],
+            self.pipeline.device().live_entry_count() as f64,
+        );
+        out.gauge(
+            "pmnet_device_log_recovered_entries",
+            "Entries found in the log at start-up (and resent to their servers).",
+            &[],
+            self.startup.recovered_entry_count as f64,
+        );
+        out.gauge(
+            "pmnet_device_log_rejected_slots",
+            "Torn or corrupt slots freed at start-up, never replayed.",
+            &[],
+            f64::from(self.startup.rejected_slot_count),
+        );
+    }
+
+    /// What the runtime counts itself: the log executor's work, echoes, the loop's turns.
+    fn runtime_counter_metrics(&self, out: &mut Metrics) {
+        for (name, help, value) in [
+            (
+                "pmnet_device_log_writes_total",
+                "Log writes carried out (each persisted before its ack).",
+                self.executor.writes,
+            ),
+            (
+                "pmnet_device_log_invalidations_total",
+                "Log slots freed after the server's ACK.",
+                self.executor.invalidations,
+            ),
+            (
+                "pmnet_device_log_batches_total",
+                "Batches of log work carried out (each durable before it is reported).",
+                self.executor.batches,
+            ),
+            (
+                "pmnet_device_log_fences_total",
+                "Fences issued for log batches: two per batch with writes (three when it \
+                 reuses a slot it frees), one per batch of invalidations only.",
+                self.executor.fences,
+            ),
+            (
+                "pmnet_echo_datagrams_total",
+                "Datagrams answered by the echo port.",
+                self.counters.echoed,
+            ),
+            (
+                "pmnet_loop_iterations_total",
+                "Turns of the event loop.",
+                self.counters.event_loop.iterations,
+            ),
+            (
+                "pmnet_loop_idle_waits_total",
+                "Turns that found nothing to do and waited (or yielded).",
+                self.counters.event_loop.idle_waits,
+            ),
+        ] {
+            out.counter(name, help, &[], value);
+        }
+    }
+}
+
+/// The state machine's counters, labelled with the port they belong to.
+fn device_counter_metrics(out: &mut Metrics, port: &str, pipeline: &DevicePipeline) {
+    let counters = pipeline.device().counters();
+    let labels = [("port", port)];
+    update_metrics(out, &labels, counters);
+    log_entry_metrics(out, &labels, counters);
+    notice_and_drop_metrics(out, port, pipeline);
+}
+
+/// Updates and acknowledgements: received, logged or forwarded without logging (and why),
+/// bypasses forwarded, PMNet-ACKs sent, server-ACKs forwarded or absorbed.
+fn update_metrics(out: &mut Metrics, labels: &[(&str, &str)], counters: &DeviceCounters) {
+    for (name, help, value) in [
+        (
+            "pmnet_device_updates_received_total",
+            "Update requests received.",
+            counters.updates_received,
+        ),
+        (
+            "pmnet_device_updates_logged_total",
+            "Update requests written to the log.",
+            counters.updates_logged,
+        ),
+        (
+            "pmnet_device_log_collisions_total",
+            "Updates forwarded without logging: every probed slot was taken.",
+            counters.log_collisions,
+        ),
+        (
+            "pmnet_device_log_full_total",
+            "Updates forwarded without logging: the live-entry limit was reached.",
+            counters.log_full,
+        ),
+        (
+            "pmnet_device_forwarded_without_log_total",
+            "Updates forwarded without logging: too large for a slot, or logging off.",
+            counters.forwarded_without_log,
+        ),
+        (
+            "pmnet_device_duplicate_updates_total",
+            "Retransmitted updates already logged (re-acked, not forwarded again).",
+            counters.duplicate_updates,
+        ),
+        (
+            "pmnet_device_bypass_forwarded_total",
+            "Bypass requests forwarded.",
+            counters.bypass_forwarded,
+        ),
+        (
+            "pmnet_device_pmnet_acks_sent_total",
+            "PMNet-ACKs sent (each after its log write was durable).",
+            counters.pmnet_acks_sent,
+        ),
+        (
+            "pmnet_device_server_acks_forwarded_total",
+            "Server-ACKs forwarded to clients.",
+            counters.server_acks_forwarded,
+        ),
+        (
+            "pmnet_device_server_acks_absorbed_total",
+            "Server-ACKs of updates this device had PMNet-acked in full: not forwarded.",
+            counters.server_acks_absorbed,
+        ),
+    ] {
+        out.counter(name, help, labels, value);
+    }
+}
+
+/// The log's entries after they were logged: invalidated, resent (asked for, timed out,
+/// polled for in recovery, replayed at the server's pace), recovered at start-up.
+fn log_entry_metrics(out: &mut Metrics, labels: &[(&str, &str)], counters: &DeviceCounters) {
+    for (name, help, value) in [
+        (
+            "pmnet_device_entries_invalidated_total",
+            "Log entries dropped after the server's ACK.",
+            counters.entries_invalidated,
+        ),
+        (
+            "pmnet_device_retransmit_requests_received_total",
+            "Retransmission requests from servers.",
+            counters.retransmit_requests_received,
+        ),
+        (
+            "pmnet_device_resent_from_log_total",
+            "Entries resent from the log on a server's retransmission request.",
+            counters.resent_from_log,
+        ),
+        (
+            "pmnet_device_retransmit_requests_passed_to_client_total",
+            "Retransmission requests passed on to clients (not in the log).",
+            counters.retransmit_requests_passed_to_client,
+        ),
+        (
+            "pmnet_device_resend_timeouts_total",
+            "Entries resent to their server because it had not acknowledged them in time.",
+            counters.resend_timeouts,
+        ),
+        (
+            "pmnet_device_recovery_polls_total",
+            "Recovery polls received from restarting servers.",
+            counters.recovery_polls,
+        ),
+        (
+            "pmnet_device_recovery_entries_resent_total",
+            "Entries resent in answer to recovery polls.",
+            counters.recovery_entries_resent,
+        ),
+        (
+            "pmnet_device_entries_recovered_total",
+            "Entries rebuilt from the log at start-up.",
+            counters.entries_recovered,
+        ),
+        (
+            "pmnet_device_replay_queued_total",
+            "Entries queued to be resent at the server's pace (timeouts, recovery polls).",
+            counters.replay_queued,
+        ),
+        (
+            "pmnet_device_replay_sent_total",
+            "Entries resent from the replay queue.",
+            counters.replay_sent,
+        ),
+    ] {
+        out.counter(name, help, labels, value);
+    }
+}
+
+/// What the device answered instead of logging (not-logged notices to clients, fill queries
+/// from servers), and the datagrams it dropped, by reason and in all.
+fn notice_and_drop_metrics(out: &mut Metrics, port: &str, pipeline: &DevicePipeline) {
+    let counters = pipeline.device().counters();
+    let dropped = pipeline.dropped();
+    let labels = [("port", port)];
+    for (name, help, value) in [
+        (
+            "pmnet_device_not_logged_notices_sent_total",
+            "Notices to clients that an update was forwarded without logging (log full, \
+         collision, too large).",
+            counters.not_logged_notices_sent,
+        ),
+        (
+            "pmnet_device_fill_queries_total",
+            "Fill queries answered for servers about to skip a gap.",
+            counters.fill_queries,
+        ),
+        (
+            "pmnet_device_fill_queries_held_total",
+            "Fill queries that found a request held whole (resent; the server skips nothing).",
+            counters.fill_queries_held,
+        ),
+    ] {
+        out.counter(name, help, &labels, value);
+    }
+    for (reason, value) in &dropped {
+        out.counter(
+            "pmnet_device_dropped_total",
+            "Datagrams the device dropped, by port and reason.",
+            &[("port", port), ("reason", reason)],
+            *value,
+        );
+    }
+    out.counter(
+        "pmnet_device_dropped_all_total",
+        "Datagrams the device dropped, all reasons.",
+        &labels,
+        dropped.values().sum(),
+    );
+}

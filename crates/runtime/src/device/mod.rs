@@ -1,0 +1,547 @@
+//! The PMNet device over UDP.
+//!
+//! This file holds the options, the runtime and its turn of the loop; `open` checks the
+//! configuration, binds the sockets and opens the log; `metrics` renders the report line and
+//! the metrics.
+
+mod metrics;
+mod open;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use pmnet_pm::{LogWork, MediumInfo, MmapOptions, MmapRegion, PmLog};
+use pmnet_proto::{
+    Device, DeviceConfig, DeviceCounters, DevicePipeline, DropCounts, FrontFunction, NoPersistence,
+    Nothing, Persist, Transmit,
+};
+
+use crate::event_loop::{run_loop, LoopCounters, LoopSettings, Node, Ready, Turn};
+use crate::metrics::Metrics;
+use crate::udp::{BatchSocket, BATCH_LEN};
+use crate::wait::Clock;
+use crate::wait::PollFd;
+use crate::{start_metrics, LoopOptions, MetricsBoard, RuntimeError, Shutdown};
+use open::{bind_sockets, check_servers, open_device_log};
+
+/// Echoed datagrams waiting to be sent at most.
+pub const ECHO_MAX_QUEUED: usize = 4096;
+
+/// The device's persistent log.
+#[derive(Debug, Clone)]
+pub struct LogOptions {
+    pub path: PathBuf,
+    /// Geometry of a new log; an existing log keeps its own (a warning says so if it differs).
+    pub slot_count: u32,
+    pub slot_size: u32,
+    /// Erase the file and format a new, empty log even if it holds one.
+    pub format: bool,
+    pub mmap: MmapOptions,
+}
+
+/// Everything a device needs to start.
+#[derive(Debug, Clone)]
+pub struct DeviceOptions {
+    /// Named in every PMNet-ACK.
+    pub device_id: u16,
+    /// Where clients (and servers) reach the device.
+    pub listen: SocketAddr,
+    /// The servers behind the device and their ids: one for the "NIC" deployment, several for
+    /// the "switch".
+    pub servers: Vec<(u16, SocketAddr)>,
+    /// The log; `None` runs the device with logging off (a plain switch: nothing is acked).
+    pub log: Option<LogOptions>,
+    /// A second port that forwards to the same servers without logging, to measure the
+    /// switch alone beside the PMNet function (the benchmark's `forward` mode).
+    pub forward_listen: Option<SocketAddr>,
+    /// A UDP echo port served by the same loop: the floor for any acknowledgement (the
+    /// benchmark's `echo` mode).
+    pub echo_listen: Option<SocketAddr>,
+    /// Resent log entries out to one server at once (the paced replay's window); `None`
+    /// keeps the state machine's default.
+    pub max_resends_in_flight: Option<u32>,
+    pub loop_options: LoopOptions,
+}
+
+/// What the device found when it started.
+#[derive(Debug, Clone)]
+pub struct DeviceStartup {
+    /// `None` when logging is off.
+    pub medium: Option<MediumInfo>,
+    pub log_path: Option<PathBuf>,
+    pub slot_count: u32,
+    pub slot_size: u32,
+    /// The log file was created or erased and formatted now.
+    pub formatted: bool,
+    pub recovered_entry_count: usize,
+    /// Torn or corrupt slots freed at open, never replayed.
+    pub rejected_slot_count: u32,
+}
+
+impl DeviceStartup {
+    /// The medium in words, for banners and reports.
+    pub fn medium_text(&self) -> String {
+        match &self.medium {
+            Some(medium) => medium.to_string(),
+            None => "none: logging off (a plain switch; nothing is acked early)".to_owned(),
+        }
+    }
+}
+
+/// Where the device's sockets are bound.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceAddresses {
+    pub data: SocketAddr,
+    pub forward: Option<SocketAddr>,
+    pub echo: Option<SocketAddr>,
+    pub metrics: Option<SocketAddr>,
+}
+
+/// Carries out the device's log work: each batch with [`PmLog::persist_batch`] (one pair of
+/// fences), the same executor the simulator runs.
+#[derive(Debug, Default)]
+struct LogExecutor {
+    log: Option<PmLog<MmapRegion>>,
+    batches: u64,
+    writes: u64,
+    invalidations: u64,
+    fences: u64,
+}
+
+impl Persist<LogWork> for LogExecutor {
+    fn persist(&mut self, work: Vec<LogWork>) {
+        // A device without a log runs with logging off and asks for no log work; a batch
+        // reaching here anyway is a bug, and acking its writes would break the promise.
+        let log = self
+            .log
+            .as_mut()
+            .expect("log work asked for by a device with no log");
+        let stats = log.persist_batch(&work);
+        self.batches += 1;
+        self.writes += stats.writes;
+        self.invalidations += stats.invalidations;
+        self.fences += stats.fences;
+    }
+}
+
+/// Counters of the runtime itself (the state machine counts the protocol).
+#[derive(Debug, Clone, Default)]
+struct RuntimeCounters {
+    echoed: u64,
+    event_loop: LoopCounters,
+}
+
+/// Which of the device's sockets a turn receives on.
+#[derive(Debug, Clone, Copy)]
+struct SocketSet {
+    data: bool,
+    forward: bool,
+    echo: bool,
+}
+
+impl SocketSet {
+    const ALL: SocketSet = SocketSet {
+        data: true,
+        forward: true,
+        echo: true,
+    };
+}
+
+/// A running PMNet device: sockets, log, state machines. See the crate docs.
+#[derive(Debug)]
+pub struct DeviceRuntime {
+    options: DeviceOptions,
+    clock: Clock,
+    /// The device's functions, the log last.
+    pipeline: DevicePipeline,
+    executor: LogExecutor,
+    data: BatchSocket,
+    /// The forward port's plain switch (a pipeline whose log does not log).
+    forward: Option<(DevicePipeline, BatchSocket)>,
+    echo: Option<BatchSocket>,
+    startup: DeviceStartup,
+    addresses: DeviceAddresses,
+    board: MetricsBoard,
+    shutdown: Shutdown,
+    counters: RuntimeCounters,
+}
+
+impl DeviceRuntime {
+    /// Bind the sockets, open (or format) the log and rebuild the device from it.
+    pub fn open(options: DeviceOptions, shutdown: Shutdown) -> Result<DeviceRuntime, RuntimeError> {
+        DeviceRuntime::open_with_front(options, shutdown, Box::new(Nothing))
+    }
+
+    /// [`DeviceRuntime::open`] with `front` in the pipeline in front of the log: it is offered
+    /// every datagram first, and the log gets what it passes on.
+    pub fn open_with_front(
+        options: DeviceOptions,
+        shutdown: Shutdown,
+        front: Box<dyn FrontFunction>,
+    ) -> Result<DeviceRuntime, RuntimeError> {
+        check_servers(&options)?;
+        let sockets = bind_sockets(&options)?;
+        let clock = Clock::new();
+        let now = clock.now();
+        let (log, startup) = open_device_log(&options)?;
+        let (device, log) = match log {
+            Some((log, entries)) => {
+                let mut config = DeviceConfig::new(
+                    options.device_id,
+                    options.servers.clone(),
+                    log.slot_count(),
+                    log.max_packet_len(),
+                );
+                if let Some(window) = options.max_resends_in_flight {
+                    config.resends_in_flight_max = window;
+                }
+                (Device::new(config, now, entries), Some(log))
+            }
+            None => (
+                Device::new(plain_switch_config(&options), now, Vec::new()),
+                None,
+            ),
+        };
+        let forward = sockets.forward.map(|socket| {
+            let switch = Device::new(plain_switch_config(&options), now, Vec::new());
+            (
+                DevicePipeline::with_front(Box::new(Nothing), switch),
+                socket,
+            )
+        });
+        let board = MetricsBoard::new();
+        let metrics = start_metrics(&options.loop_options, &board, &shutdown)?;
+        let addresses = DeviceAddresses {
+            data: sockets.data.local_addr(),
+            forward: forward.as_ref().map(|(_, socket)| socket.local_addr()),
+            echo: sockets.echo.as_ref().map(BatchSocket::local_addr),
+            metrics,
+        };
+        let mut runtime = DeviceRuntime {
+            options,
+            clock,
+            pipeline: DevicePipeline::with_front(front, device),
+            executor: LogExecutor {
+                log,
+                ..LogExecutor::default()
+            },
+            data: sockets.data,
+            forward,
+            echo: sockets.echo,
+            startup,
+            addresses,
+            board,
+            shutdown,
+            counters: RuntimeCounters::default(),
+        };
+        // Recovered entries are resent to their servers right away, and rejected slots freed.
+        runtime.drain();
+        runtime.board.publish(&runtime.metrics());
+        Ok(runtime)
+    }
+
+    pub fn startup(&self) -> &DeviceStartup {
+        &self.startup
+    }
+
+    pub fn addresses(&self) -> DeviceAddresses {
+        self.addresses
+    }
+
+    pub fn counters(&self) -> &DeviceCounters {
+        self.pipeline.device().counters()
+    }
+
+    /// Every datagram the device's pipeline dropped, by reason (the log's drops and the
+    /// pipeline's own: unparseable, or of a type no function owns).
+    pub fn dropped(&self) -> DropCounts {
+        self.pipeline.dropped()
+    }
+
+    /// Log entries the servers have not yet acknowledged.
+    pub fn live_entry_count(&self) -> usize {
+        self.pipeline.device().live_entry_count()
+    }
+
+    /// Run until the shutdown flag is set; then finish the batch in hand, send what is owed,
+    /// and return.
+    pub fn run(&mut self) -> Result<(), RuntimeError> {
+        let settings = LoopSettings::from(&self.options.loop_options);
+        let board = self.addresses.metrics.map(|_| self.board.clone());
+        let shutdown = self.shutdown.clone();
+        run_loop(self, settings, board.as_ref(), &shutdown)
+    }
+
+    /// One turn of the loop: receive a batch on every socket, handle it, fire due timers,
+    /// persist, send. Returns whether anything happened.
+    pub fn poll_once(&mut self) -> bool {
+        self.receive_and_handle(SocketSet::ALL).busy
+    }
+
+    /// A turn that receives on the sockets in `ready` only.
+    fn receive_and_handle(&mut self, ready: SocketSet) -> Turn {
+        let mut turn = Turn::default();
+        let count = if ready.data {
+            self.data.receive_batch()
+        } else {
+            0
+        };
+        turn.more |= count == BATCH_LEN;
+        if count > 0 {
+            // Look once more at the data socket (only) before sleeping: the server's ACK of
+            // what was just forwarded often arrives within microseconds, and taking it now
+            // saves a sleep and a wake-up on the vCPU the clients may share.
+            turn.again = true;
+            turn.busy = true;
+            let now = self.clock.now();
+            for index in 0..count {
+                if let Some((from, datagram)) = self.data.received(index) {
+                    self.pipeline.handle(now, from, datagram);
+                }
+            }
+        }
+        if let Some((forward, socket)) = self.forward.as_mut().filter(|_| ready.forward) {
+            let count = socket.receive_batch();
+            turn.more |= count == BATCH_LEN;
+            if count > 0 {
+                turn.busy = true;
+                let now = self.clock.now();
+                for index in 0..count {
+                    if let Some((from, datagram)) = socket.received(index) {
+                        forward.handle(now, from, datagram);
+                    }
+                }
+            }
+        }
+        if let Some(socket) = self.echo.as_mut().filter(|_| ready.echo) {
+            let count = socket.receive_batch();
+            turn.more |= count == BATCH_LEN;
+            if count > 0 {
+                turn.busy = true;
+                let mut echoes: [Option<Transmit>; BATCH_LEN] = Default::default();
+                for (index, echo) in echoes.iter_mut().enumerate().take(count) {
+                    *echo = socket.received(index).map(|(from, datagram)| Transmit {
+                        destination: from,
+                        bytes: datagram.to_vec(),
+                    });
+                }
+                for echo in echoes.into_iter().flatten() {
+                    self.counters.echoed += 1;
+                    socket.enqueue(echo);
+                }
+            }
+        }
+        let now = self.clock.now();
+        if self
+            .pipeline
+            .poll_timeout()
+            .is_some_and(|deadline| deadline <= now)
+        {
+            turn.busy = true;
+            turn.more = true;
+            self.pipeline.handle_timeout(now);
+        }
+        if let Some((forward, _)) = self.forward.as_mut() {
+            if forward
+                .poll_timeout()
+                .is_some_and(|deadline| deadline <= now)
+            {
+                turn.busy = true;
+                turn.more = true;
+                forward.handle_timeout(now);
+            }
+        }
+        self.drain();
+        turn
+    }
+
+    /// The sockets a turn may receive on, numbered as `poll_fds` lists them.
+    fn readable(&self, ready: Ready<'_>) -> SocketSet {
+        let mut index = 0;
+        let mut next = || {
+            let set = ready.is_readable(index);
+            index += 1;
+            set
+        };
+        let data = next();
+        let forward = self.forward.is_some() && next();
+        let echo = self.echo.is_some() && next();
+        SocketSet {
+            data,
+            forward,
+            echo,
+        }
+    }
+
+    /// Carry out persistence work in order, then send everything the state machines emitted.
+    fn drain(&mut self) {
+        loop {
+            self.carry_out_persist_work();
+            let mut emitted = false;
+            while let Some(transmit) = self.pipeline.poll_transmit() {
+                emitted = true;
+                self.data.enqueue(transmit);
+            }
+            if let Some((forward, socket)) = self.forward.as_mut() {
+                while let Some(transmit) = forward.poll_transmit() {
+                    emitted = true;
+                    socket.enqueue(transmit);
+                }
+            }
+            if !emitted {
+                break;
+            }
+        }
+        self.data.flush();
+        if let Some((_, socket)) = self.forward.as_mut() {
+            socket.flush();
+        }
+        if let Some(socket) = self.echo.as_mut() {
+            socket.flush();
+        }
+    }
+
+    /// The device's persistence work, batch by batch in the order emitted: each batch is
+    /// durable (one pair of fences, [`PmLog::persist_batch`]) before it is reported, and only
+    /// the report lets the log send the PMNet-ACKs of its writes. The forward port's switch
+    /// logs nothing and asks for no work.
+    fn carry_out_persist_work(&mut self) {
+        let now = self.clock.now();
+        self.pipeline
+            .persist_with(now, &mut (NoPersistence, &mut self.executor));
+    }
+
+    fn timer_deadlines(&self) -> impl Iterator<Item = pmnet_proto::Time> + '_ {
+        self.pipeline.poll_timeout().into_iter().chain(
+            self.forward
+                .as_ref()
+                .and_then(|(forward, _)| forward.poll_timeout()),
+        )
+    }
+
+    /// The sockets to wait on, in the order [`DeviceRuntime::readable`] reads the mask:
+    /// data, then forward and echo where they exist.
+    fn poll_fds(&self) -> Vec<(std::os::fd::RawFd, bool)> {
+        let mut fds = vec![(self.data.raw_fd(), self.data.is_write_blocked())];
+        if let Some((_, socket)) = &self.forward {
+            fds.push((socket.raw_fd(), socket.is_write_blocked()));
+        }
+        if let Some(socket) = &self.echo {
+            fds.push((socket.raw_fd(), socket.is_write_blocked()));
+        }
+        fds
+    }
+}
+
+impl Node for DeviceRuntime {
+    fn turn(&mut self, ready: Ready<'_>) -> Turn {
+        let sockets = self.readable(ready);
+        self.receive_and_handle(sockets)
+    }
+
+    fn wait_fds(&self, fds: &mut Vec<PollFd>) {
+        for (fd, write) in self.poll_fds() {
+            fds.push(PollFd::new(fd, true, write));
+        }
+    }
+
+    fn next_timer(&self) -> Option<Duration> {
+        let now = self.clock.now();
+        self.timer_deadlines()
+            .map(|deadline| deadline.saturating_duration_since(now))
+            .min()
+    }
+
+    fn queued_len(&self) -> usize {
+        self.data.queued_len()
+            + self.forward.as_ref().map_or(0, |(_, s)| s.queued_len())
+            + self.echo.as_ref().map_or(0, BatchSocket::queued_len)
+    }
+
+    fn flush(&mut self) {
+        self.data.flush();
+        if let Some((_, socket)) = self.forward.as_mut() {
+            socket.flush();
+        }
+        if let Some(socket) = self.echo.as_mut() {
+            socket.flush();
+        }
+    }
+
+    fn metrics(&self) -> Metrics {
+        DeviceRuntime::metrics(self)
+    }
+
+    fn report_line(&self) -> String {
+        DeviceRuntime::report_line(self)
+    }
+
+    fn kind(&self) -> &'static str {
+        "device"
+    }
+
+    fn loop_counters(&mut self) -> &mut LoopCounters {
+        &mut self.counters.event_loop
+    }
+}
+
+fn plain_switch_config(options: &DeviceOptions) -> DeviceConfig {
+    let mut config = DeviceConfig::new(options.device_id, options.servers.clone(), 1, 0);
+    config.logging = false;
+    config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(text: &str) -> SocketAddr {
+        text.parse().unwrap()
+    }
+
+    fn device_options(listen: SocketAddr, servers: Vec<(u16, SocketAddr)>) -> DeviceOptions {
+        DeviceOptions {
+            device_id: 1,
+            listen,
+            servers,
+            log: None,
+            forward_listen: None,
+            echo_listen: None,
+            max_resends_in_flight: None,
+            loop_options: LoopOptions {
+                report_interval: None,
+                ..LoopOptions::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_device_refuses_to_forward_to_itself() {
+        // The port is known only once bound: take a free one and use it for both.
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let listen = SocketAddr::from(([127, 0, 0, 1], port));
+        let error = DeviceRuntime::open(device_options(listen, vec![(1, listen)]), Shutdown::new())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("own listen address"), "{error}");
+        assert!(error.contains(&listen.to_string()), "{error}");
+
+        let any = SocketAddr::from(([0, 0, 0, 0], port));
+        let servers = vec![(1, addr("127.0.0.1:9")), (2, listen)];
+        let error = DeviceRuntime::open(device_options(any, servers), Shutdown::new())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("server 2"), "{error}");
+
+        let twice = vec![(1, addr("127.0.0.1:9")), (1, addr("127.0.0.1:10"))];
+        let error = DeviceRuntime::open(device_options(listen, twice), Shutdown::new())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("given twice"), "{error}");
+    }
+}

@@ -34,7 +34,9 @@ pub use function::{
 };
 pub use pmnet_pm::EntryKey;
 pub use pmnet_pm::{BatchStats, LogWork};
-pub use server::{RecoveredSession, Server, ServerConfig, ServerCounters, ServerEvent};
+pub use server::{
+    Applied, RecoveredSession, Server, ServerConfig, ServerCounters, ServerEvent, Stager,
+};
 pub use time::Time;
 
 use std::net::SocketAddr;

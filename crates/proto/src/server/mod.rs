@@ -2,6 +2,7 @@
 //! gaps (retransmission requests, and skipping what no client or device can supply any more),
 //! requests the store has no room for yet, and the recovery poll at start-up.
 
+mod apply;
 mod gap;
 mod table;
 
@@ -12,6 +13,7 @@ use std::time::Duration;
 use pmnet_wire::{flags, Header, PacketType};
 
 use crate::{encode_fragments, CountDrop, DropCounts, DropReason, RequestKind, Time, Transmit};
+pub use apply::{Applied, Stager};
 use table::{Assembly, CachedReply, Deferral, Session, Table};
 
 /// Settings of a server.

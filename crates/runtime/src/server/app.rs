@@ -20,6 +20,15 @@ impl ServerApp {
         }
     }
 
+    /// Requests one commit covers at most.
+    pub(super) fn max_staged(&self) -> usize {
+        match self {
+            ServerApp::Kv(store) => store.max_staged(),
+            ServerApp::Engine(store) => store.max_staged(),
+            ServerApp::Ideal(handler) => handler.max_staged(),
+        }
+    }
+
     pub(super) fn sessions(&self) -> Vec<SessionRecord> {
         match self {
             ServerApp::Kv(store) => store.sessions(),

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use pmnet_pktstore::recv::{now_ns, Received, SlotReceiver};
 use pmnet_pktstore::{EngineKind, Store, StoreConfig};
 use pmnet_pm::{MediumInfo, MmapOptions, MmapRegion};
-use pmnet_proto::{RecoveredSession, Server, ServerConfig, ServerCounters, ServerEvent};
+use pmnet_proto::{RecoveredSession, RequestKind, Server, ServerConfig, ServerCounters, Stager};
 use pmnet_store::{Application, IdealHandler, KvConfig, KvStore, NoSpace, SessionRecord};
 
 use crate::event_loop::{run_loop, LoopCounters, LoopSettings, Node, Ready, Turn};
@@ -227,55 +227,28 @@ impl ServerRuntime {
         }
     }
 
-    /// Apply what the server hands over, in order, and send what it emits. Requests are
-    /// staged on the application and committed together ([`Application::stage`] and
-    /// [`Application::commit`]: two fences per batch on the packet store, nothing more on a
-    /// store whose stages are durable on return); the server-ACK of a request is emitted by
-    /// `on_applied`, called only after the commit that made it durable returned.
+    /// Apply what the server hands over and send what it emits. Requests are staged on the
+    /// application and committed together by the executor the simulator runs too
+    /// ([`Server::apply_ready`]: two fences per batch on the packet store, nothing more on a
+    /// store whose stages are durable on return); a request's server-ACK is emitted only after
+    /// the commit that made it durable returned.
     fn drain(&mut self) {
         loop {
-            let mut progressed = false;
-            let mut staged: Vec<(u64, u32, Vec<u8>)> = Vec::new();
-            while let Some(event) = self.server.poll_event() {
-                progressed = true;
-                match event {
-                    ServerEvent::Apply {
-                        session_id,
-                        seq,
-                        kind,
-                        request,
-                    } => {
-                        let Ok(reply) = self.stage(session_id, seq, &request) else {
-                            // No room, nothing of it staged. What the batch staged before it
-                            // is committed and reported first: the server takes a request
-                            // back only as its session's next.
-                            self.commit_staged(&mut staged);
-                            // NoSpace: handed back to the server by Server::on_deferred
-                            self.server.on_deferred(
-                                self.clock.now(),
-                                session_id,
-                                seq,
-                                kind,
-                                request,
-                            );
-                            continue;
-                        };
-                        staged.push((session_id, seq, reply));
-                        if staged.len() >= self.app.as_application().max_staged() {
-                            self.commit_staged(&mut staged);
-                        }
-                    }
-                    ServerEvent::RecoveryComplete { entries_resent } => {
-                        self.counters.recoveries_completed += 1;
-                        self.counters.recovery_entries_resent += entries_resent;
-                        tracing::info!(
-                            "recovery complete: every device answered; {entries_resent} logged \
-                             entries were resent and are applied in order"
-                        );
-                    }
-                }
+            let mut stager = RuntimeStager {
+                app: &mut self.app,
+                received_slots: &mut self.received_slots,
+                scratch: &mut self.slot_scratch,
+            };
+            let applied = self.server.apply_ready(self.clock.now(), &mut stager);
+            for entries_resent in &applied.recoveries_complete {
+                self.counters.recoveries_completed += 1;
+                self.counters.recovery_entries_resent += entries_resent;
+                tracing::info!(
+                    "recovery complete: every device answered; {entries_resent} logged \
+                     entries were resent and are applied in order"
+                );
             }
-            self.commit_staged(&mut staged);
+            let mut progressed = !applied.is_empty();
             while let Some(transmit) = self.server.poll_transmit() {
                 progressed = true;
                 self.socket.enqueue(transmit);
@@ -286,38 +259,44 @@ impl ServerRuntime {
         }
         self.socket.flush();
     }
+}
 
-    /// Stage one request: in place from the store slots it was received into, when the packet
-    /// store's receive path holds them, else from its bytes.
-    fn stage(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace> {
+/// The server's application as the executor stages on it: from the store slots a request was
+/// received into, when the packet store's receive path holds them, else from its bytes.
+struct RuntimeStager<'a> {
+    app: &'a mut ServerApp,
+    received_slots: &'a mut ReceivedSlots,
+    scratch: &'a mut Vec<u32>,
+}
+
+impl Stager for RuntimeStager<'_> {
+    fn stage(
+        &mut self,
+        session_id: u64,
+        seq: u32,
+        _kind: RequestKind,
+        request: &[u8],
+    ) -> Option<Vec<u8>> {
         let slots = self
             .received_slots
             .remove(&(session_id, seq))
             .map(|held| held.fragments);
-        match (&mut self.app, slots) {
-            (ServerApp::Engine(store), Some(slots)) => stage_received(
-                store,
-                session_id,
-                seq,
-                request,
-                slots,
-                &mut self.slot_scratch,
-            ),
+        let staged = match (&mut *self.app, slots) {
+            (ServerApp::Engine(store), Some(slots)) => {
+                stage_received(store, session_id, seq, request, slots, self.scratch)
+            }
             (app, _) => app.as_application().stage(session_id, seq, request),
-        }
+        };
+        // NoSpace: the executor hands the request back to the server (Server::on_deferred).
+        staged.ok()
     }
 
-    /// Commit what is staged, then report each of its requests applied: only now may their
-    /// server-ACKs leave.
-    fn commit_staged(&mut self, staged: &mut Vec<(u64, u32, Vec<u8>)>) {
-        if staged.is_empty() {
-            return;
-        }
+    fn commit(&mut self) {
         self.app.as_application().commit();
-        for (session_id, seq, reply) in staged.drain(..) {
-            self.server
-                .on_applied(self.clock.now(), session_id, seq, reply);
-        }
+    }
+
+    fn max_staged(&self) -> usize {
+        self.app.max_staged()
     }
 }
 

@@ -79,18 +79,17 @@ pub struct ServerApp {
     pub sessions: HashMap<u64, (u32, Vec<u8>)>,
     pub updates_per_session: HashMap<u64, u32>,
     pub kv: Option<KvStore<SimRegion>>,
-    /// The request the store last had no room for, handed back to the server.
-    pub last_refused: Option<Vec<u8>>,
 }
 
 impl ServerApp {
-    /// The reply, or `None` when the store has no room (the request is in `last_refused`).
-    pub(super) fn apply(
+    /// Stage a request (the store's stage is durable on return, and its commit does nothing):
+    /// the reply, or `None` when the store has no room (nothing staged).
+    pub(super) fn stage(
         &mut self,
         session_id: u64,
         seq: u32,
         kind: RequestKind,
-        request: Vec<u8>,
+        request: &[u8],
     ) -> Option<Vec<u8>> {
         // Numbers a server skipped (a gap no client or device could fill) leave holes; the
         // run's end checks that each hole is a request its client reported failed.
@@ -100,12 +99,9 @@ impl ServerApp {
             "invariant: session {session_id:x} applied seq {seq} after {last} (out of order or twice)"
         );
         let reply = match (self.kv.as_mut(), kind) {
-            (Some(kv), _) => match kv.apply(session_id, seq, &request) {
+            (Some(kv), _) => match kv.stage(session_id, seq, request) {
                 Ok(reply) => reply,
-                Err(pmnet_store::NoSpace) => {
-                    self.last_refused = Some(request);
-                    return None;
-                }
+                Err(pmnet_store::NoSpace) => return None,
             },
             (None, RequestKind::Update) => b"ok".to_vec(),
             (None, RequestKind::Bypass) => {
@@ -120,9 +116,21 @@ impl ServerApp {
         if kind == RequestKind::Update {
             *self.updates_per_session.entry(session_id).or_insert(0) += 1;
         }
-        self.applied.push((session_id, seq, kind, request));
+        self.applied.push((session_id, seq, kind, request.to_vec()));
         self.sessions.insert(session_id, (seq, reply.clone()));
         Some(reply)
+    }
+
+    /// Make what was staged durable (the store's commit).
+    pub(super) fn commit(&mut self) {
+        if let Some(kv) = self.kv.as_mut() {
+            kv.commit();
+        }
+    }
+
+    /// Requests one commit covers at most.
+    pub(super) fn max_staged(&self) -> usize {
+        self.kv.as_ref().map_or(usize::MAX, |kv| kv.max_staged())
     }
 
     /// Crash the store (losing what was not persisted) and reopen it.

@@ -2,11 +2,11 @@
 //! applied, datagrams sent, completions recorded; and the check of every PMNet-ACK.
 
 use pmnet_pm::{EntryKey, LogWork};
-use pmnet_proto::{PersistBatch, RequestKind, ServerEvent, StackWork, Time, Transmit};
+use pmnet_proto::{PersistBatch, RequestKind, StackWork, Stager, Time, Transmit};
 use pmnet_wire::{Header, PacketType};
 
 use super::trace::{describe_batch, describe_client_event};
-use super::{client_addr, device_addr, server_addr, DeviceNode, ServerNode, World};
+use super::{client_addr, device_addr, server_addr, DeviceNode, ServerApp, World};
 
 #[cfg(doc)]
 use pmnet_pm::PmLog;
@@ -85,11 +85,20 @@ impl World {
         let mut progressed = false;
         let now = self.now;
         let node = &mut self.servers[index];
-        let mut applied = Vec::new();
-        while let Some(event) = node.server.poll_event() {
-            progressed = true;
-            applied.push(handle_server_event(node, now, event));
+        let mut stager = SimStager {
+            app: &mut node.app,
+            store_full: node.store_full,
+            deferred_count: &mut node.deferred_count,
+            notes: Vec::new(),
+        };
+        let outcome = node.server.apply_ready(now, &mut stager);
+        let mut applied = stager.notes;
+        for entries_resent in &outcome.recoveries_complete {
+            applied.push(format!(
+                "recovery complete: {entries_resent} logged entries resent"
+            ));
         }
+        progressed |= !outcome.is_empty();
         let mut out = Vec::new();
         while let Some(transmit) = node.server.poll_transmit() {
             out.push(transmit);
@@ -195,43 +204,52 @@ fn execute_batch(node: &mut DeviceNode, now: Time, batch: PersistBatch<LogWork>)
     text
 }
 
-/// Hand a server's event to its application (or defer it: a full store) and tell the server
-/// the outcome; returns what happened, for the trace.
-fn handle_server_event(node: &mut ServerNode, now: Time, event: ServerEvent) -> String {
-    match event {
-        ServerEvent::Apply {
-            session_id,
-            seq,
-            kind,
-            request,
-        } => {
-            let what = match (kind, request.is_empty()) {
-                (RequestKind::Bypass, true) => "no-op fill".to_string(),
-                _ => format!("{kind:?} ({} bytes)", request.len()),
-            };
-            if node.store_full && kind == RequestKind::Update {
-                node.deferred_count += 1;
-                node.server.on_deferred(now, session_id, seq, kind, request);
-                return format!(
-                    "no room for s={session_id:x} seq={seq} {what}: deferred, nothing durable, \
-                     no server-ACK"
-                );
-            }
-            match node.app.apply(session_id, seq, kind, request) {
-                Some(reply) => {
-                    node.server.on_applied(now, session_id, seq, reply);
-                    format!("apply s={session_id:x} seq={seq} {what} [in order, once]")
-                }
-                None => {
-                    node.deferred_count += 1;
-                    let request = node.app.last_refused.take().unwrap_or_default();
-                    node.server.on_deferred(now, session_id, seq, kind, request);
-                    format!("the store has no room for s={session_id:x} seq={seq}: deferred")
-                }
-            }
+/// A server's application as the executor ([`pmnet_proto::Server::apply_ready`], the one the
+/// runtime runs) stages on it, noting each request for the trace.
+struct SimStager<'a> {
+    app: &'a mut ServerApp,
+    /// The fault "the store is full": every update is refused, nothing staged.
+    store_full: bool,
+    deferred_count: &'a mut u64,
+    notes: Vec<String>,
+}
+
+impl Stager for SimStager<'_> {
+    fn stage(
+        &mut self,
+        session_id: u64,
+        seq: u32,
+        kind: RequestKind,
+        request: &[u8],
+    ) -> Option<Vec<u8>> {
+        let what = match (kind, request.is_empty()) {
+            (RequestKind::Bypass, true) => "no-op fill".to_string(),
+            _ => format!("{kind:?} ({} bytes)", request.len()),
+        };
+        if self.store_full && kind == RequestKind::Update {
+            *self.deferred_count += 1;
+            self.notes.push(format!(
+                "no room for s={session_id:x} seq={seq} {what}: deferred, nothing durable, \
+                 no server-ACK"
+            ));
+            return None;
         }
-        ServerEvent::RecoveryComplete { entries_resent } => {
-            format!("recovery complete: {entries_resent} logged entries resent")
-        }
+        let reply = self.app.stage(session_id, seq, kind, request);
+        self.notes.push(match reply {
+            Some(_) => format!("apply s={session_id:x} seq={seq} {what} [in order, once]"),
+            None => {
+                *self.deferred_count += 1;
+                format!("the store has no room for s={session_id:x} seq={seq}: deferred")
+            }
+        });
+        reply
+    }
+
+    fn commit(&mut self) {
+        self.app.commit();
+    }
+
+    fn max_staged(&self) -> usize {
+        self.app.max_staged()
     }
 }

@@ -1,0 +1,104 @@
+//! Applying what the server hands over, in batches: the one executor of server-side
+//! persistence, shared by the runtime and the simulator (raft-rs's `Ready`, server side).
+//!
+//! Each request is staged on the application; the batch is committed (made durable) once;
+//! only then is each of its requests reported applied, which is what lets its server-ACK
+//! leave. A request the store has no room for is handed back with [`Server::on_deferred`],
+//! after committing and reporting what the batch staged before it (the server takes a request
+//! back only as its session's next).
+
+use super::{Server, ServerEvent};
+use crate::{RequestKind, Time};
+
+/// The application side of a server, as the executor sees it.
+pub trait Stager {
+    /// Stage request `seq` of `session_id`: its effect visible to later requests at once,
+    /// durable (with the session's seq and the reply) at the next [`Stager::commit`]. Its
+    /// reply, or `None` when the store has no room for it: then nothing of it was staged.
+    fn stage(
+        &mut self,
+        session_id: u64,
+        seq: u32,
+        kind: RequestKind,
+        request: &[u8],
+    ) -> Option<Vec<u8>>;
+    /// Make everything staged durable.
+    fn commit(&mut self);
+    /// Requests one commit covers at most.
+    fn max_staged(&self) -> usize;
+}
+
+/// What one call of [`Server::apply_ready`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Requests staged, committed and reported applied.
+    pub applied: u64,
+    /// Commits made (each covering at least one request).
+    pub commits: u64,
+    /// Requests handed back for lack of room.
+    pub deferred: u64,
+    /// Recovery completions seen, with the entries the devices said they resent.
+    pub recoveries_complete: Vec<u64>,
+}
+
+impl Applied {
+    /// Whether anything happened.
+    pub fn is_empty(&self) -> bool {
+        *self == Applied::default()
+    }
+}
+
+impl Server {
+    /// Apply every request the server has handed over, in batches (see the module docs).
+    /// Call it after every input, like `poll_transmit`; it drains [`Server::poll_event`].
+    pub fn apply_ready(&mut self, now: Time, app: &mut dyn Stager) -> Applied {
+        let mut outcome = Applied::default();
+        let mut staged: Vec<(u64, u32, Vec<u8>)> = Vec::new();
+        while let Some(event) = self.poll_event() {
+            match event {
+                ServerEvent::Apply {
+                    session_id,
+                    seq,
+                    kind,
+                    request,
+                } => match app.stage(session_id, seq, kind, &request) {
+                    Some(reply) => {
+                        staged.push((session_id, seq, reply));
+                        if staged.len() >= app.max_staged().max(1) {
+                            self.commit_staged(now, app, &mut staged, &mut outcome);
+                        }
+                    }
+                    None => {
+                        self.commit_staged(now, app, &mut staged, &mut outcome);
+                        outcome.deferred += 1;
+                        self.on_deferred(now, session_id, seq, kind, request);
+                    }
+                },
+                ServerEvent::RecoveryComplete { entries_resent } => {
+                    outcome.recoveries_complete.push(entries_resent);
+                }
+            }
+        }
+        self.commit_staged(now, app, &mut staged, &mut outcome);
+        outcome
+    }
+
+    /// Commit what is staged, then report each of its requests applied.
+    fn commit_staged(
+        &mut self,
+        now: Time,
+        app: &mut dyn Stager,
+        staged: &mut Vec<(u64, u32, Vec<u8>)>,
+        outcome: &mut Applied,
+    ) {
+        if staged.is_empty() {
+            return;
+        }
+        app.commit();
+        outcome.commits += 1;
+        for (session_id, seq, reply) in staged.drain(..) {
+            outcome.applied += 1;
+            self.on_applied(now, session_id, seq, reply);
+        }
+    }
+}

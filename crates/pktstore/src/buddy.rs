@@ -108,6 +108,39 @@ impl Buddy {
     }
 }
 
+#[cfg(any(test, debug_assertions))]
+impl Buddy {
+    /// The free blocks, as (first granule, order).
+    pub fn free_blocks(&self) -> impl Iterator<Item = (u32, u8)> + '_ {
+        self.free
+            .iter()
+            .enumerate()
+            .flat_map(|(order, ids)| ids.iter().map(move |id| (*id, order as u8)))
+    }
+
+    /// The free lists agree with the free-granule count, and every free block is aligned to
+    /// its order and inside the heap. (Whether free blocks overlap each other or live ones,
+    /// the store checks: it knows the live ones.)
+    pub fn check(&self) -> Result<(), String> {
+        let mut granules = 0u64;
+        for (id, order) in self.free_blocks() {
+            if id % (1 << order) != 0
+                || u64::from(id) + (1u64 << order) > u64::from(self.granule_count)
+            {
+                return Err(format!("free block {id} of order {order} is misplaced"));
+            }
+            granules += 1 << order;
+        }
+        if granules != self.free_granules {
+            return Err(format!(
+                "the free lists hold {granules} granules, the count says {}",
+                self.free_granules
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

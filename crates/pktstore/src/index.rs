@@ -442,7 +442,7 @@ impl Index {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, debug_assertions))]
 impl Index {
     /// Every level-0 node's predecessor is the node linking to it, and the hash table holds
     /// exactly the live nodes.

@@ -112,6 +112,29 @@ impl Sessions {
     }
 }
 
+#[cfg(any(test, debug_assertions))]
+impl Sessions {
+    /// The map gives every session's position and nothing else.
+    pub fn check(&self) -> Result<(), String> {
+        if self.positions.len() != self.states.len() {
+            return Err(format!(
+                "{} session positions for {} sessions",
+                self.positions.len(),
+                self.states.len()
+            ));
+        }
+        for (at, (session_id, _)) in self.states.iter().enumerate() {
+            if self.positions.get(session_id) != Some(&(at as u32)) {
+                return Err(format!(
+                    "session {session_id} is at {at}, its position says {:?}",
+                    self.positions.get(session_id)
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

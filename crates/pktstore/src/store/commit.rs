@@ -54,17 +54,30 @@ impl<R: PmRegion> Store<R> {
                 break;
             }
             // An empty batch commits too: its intent block supersedes the one that named
-            // the freed records, and its first fence makes their unlinking durable.
+            // the freed records, and its first fence makes their unlinking durable. Not
+            // `commit`: this may be the middle of a request (a record it displaced is not
+            // yet freed), where the invariants need not hold.
             self.batch.wrote = true;
-            self.commit();
+            self.commit_batch();
             self.stats.reclaim_commits += 1;
         }
         true
     }
 
     /// Make everything staged since the last commit durable (see the module doc). Replies
-    /// of staged requests may be sent once this returns.
+    /// of staged requests may be sent once this returns. Debug builds then check the
+    /// bookkeeping ([`Store::check_invariants`]).
     pub fn commit(&mut self) {
+        if !self.batch.wrote {
+            return;
+        }
+        self.commit_batch();
+        #[cfg(debug_assertions)]
+        self.check_invariants_after_commit();
+    }
+
+    /// [`Store::commit`] without the check, which may come in the middle of a request.
+    fn commit_batch(&mut self) {
         if !self.batch.wrote {
             return;
         }

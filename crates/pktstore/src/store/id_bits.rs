@@ -44,3 +44,14 @@ impl IdBits {
         }
     }
 }
+
+#[cfg(any(test, debug_assertions))]
+impl IdBits {
+    /// How many ids are set.
+    pub(super) fn count(&self) -> usize {
+        self.words
+            .iter()
+            .map(|word| word.count_ones() as usize)
+            .sum()
+    }
+}

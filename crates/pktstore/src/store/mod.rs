@@ -28,12 +28,16 @@
 //! `receive.rs` the receive path (slots lent for receiving, received datagrams staged in
 //! place), `apply.rs` staging requests, `write.rs` writing records into free space,
 //! `table.rs` the session table, `commit.rs` batches and the commit, `recover.rs` opening a
-//! store, `view.rs` the read-only queries and record checks, and `space.rs` the allocation
-//! state (free slots or buddy blocks, receive loans, records waiting to be reused).
+//! store, `view.rs` the read-only queries and record checks, `space.rs` the allocation
+//! state (free slots or buddy blocks, receive loans, records waiting to be reused), and
+//! `invariants.rs` the self-checks of the DRAM bookkeeping that debug builds run after every
+//! commit.
 
 mod apply;
 mod commit;
 mod id_bits;
+#[cfg(any(test, debug_assertions))]
+mod invariants;
 mod receive;
 mod recover;
 mod space;
@@ -382,41 +386,6 @@ impl<R: PmRegion> Store<R> {
     #[cfg(test)]
     pub(crate) fn region_mut(&mut self) -> &mut R {
         &mut self.region
-    }
-
-    /// Test invariant: after a commit the DRAM index is consistent (predecessors, hash table),
-    /// the persistent level-0 list is the DRAM index, and no free slot is part of a live record.
-    #[cfg(test)]
-    pub(crate) fn check_invariants(&self) -> Result<(), String> {
-        let bytes = self.region.bytes();
-        let mut pm = Vec::new();
-        let mut link = u32_at(bytes, HEAD_OFFSET);
-        while let Some(id) = id_of_link(link) {
-            pm.push(id);
-            if pm.len() > self.geometry.granule_count() as usize {
-                return Err("PM list loops".into());
-            }
-            link = self.meta(id).map_or(0, |meta| meta.next0);
-        }
-        self.index.check_links()?;
-        let dram: Vec<u32> = self.index.records().collect();
-        if pm != dram {
-            return Err(format!("PM list {pm:?} != index {dram:?}"));
-        }
-        if self.geometry.engine == EngineKind::Packet {
-            let records: Vec<(u32, Vec<u32>)> = dram
-                .into_iter()
-                .map(|id| {
-                    let members = self
-                        .check_record(id, false)
-                        .map(|c| c.ids)
-                        .unwrap_or_default();
-                    (id, members)
-                })
-                .collect();
-            self.space.check_slots(&records)?;
-        }
-        Ok(())
     }
 
     pub fn stats(&self) -> &StoreStats {

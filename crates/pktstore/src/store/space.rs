@@ -339,6 +339,166 @@ impl Space {
         self.limbo.iter().map(|(_, id)| *id).collect()
     }
 
+    /// The space's part of [`Store::check_invariants`](crate::Store::check_invariants), between
+    /// batches: every record older batches freed is free now (the limbo holds only the last
+    /// committed batch's), and the free space, the lent slots and the records (`held`, the
+    /// records the store references, and the limbo's) cover the data area exactly once, so
+    /// nothing leaked and nothing is handed out twice. Reads only the metadata lines of
+    /// chains and blocks whose length DRAM does not know (recovered records).
+    #[cfg(any(test, debug_assertions))]
+    pub(super) fn check(
+        &self,
+        held: &[u32],
+        committed_epoch: u64,
+        view: &View<'_>,
+    ) -> Result<(), String> {
+        let mut records = held.to_vec();
+        for &(epoch, id) in &self.limbo {
+            if epoch != committed_epoch {
+                return Err(format!(
+                    "record {id} freed by batch {epoch} is still in limbo after batch \
+                     {committed_epoch} committed"
+                ));
+            }
+            records.push(id);
+        }
+        match self.geometry.engine {
+            EngineKind::Packet => self.check_slots_cover(&records, view),
+            EngineKind::Conventional => self.check_blocks_cover(&records, view),
+        }
+    }
+
+    /// Packet engine: each slot is free, lent or in exactly one of `records`' chains.
+    #[cfg(any(test, debug_assertions))]
+    fn check_slots_cover(&self, records: &[u32], view: &View<'_>) -> Result<(), String> {
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        enum Holder {
+            Nobody,
+            Free,
+            Lent,
+            Record(u32),
+        }
+        let slot_count = self.geometry.slot_count as usize;
+        let mut holders = vec![Holder::Nobody; slot_count];
+        let mut take = |slot: u32, holder: Holder| match holders.get_mut(slot as usize) {
+            None => Err(format!("{holder:?} names slot {slot}, past the last")),
+            Some(Holder::Nobody) => {
+                holders[slot as usize] = holder;
+                Ok(())
+            }
+            Some(earlier) => Err(format!("slot {slot} is both {earlier:?} and {holder:?}")),
+        };
+        for &slot in &self.free_slots {
+            take(slot, Holder::Free)?;
+            if self.chain_next[slot as usize] != CHAIN_UNKNOWN {
+                return Err(format!("free slot {slot} still has a chain link"));
+            }
+            if self.one_datagram.get(self.geometry.slot_id(slot)) {
+                return Err(format!("free slot {slot} is still marked one datagram"));
+            }
+        }
+        let mut lent = 0;
+        for (slot, entry) in self.loans.entries.iter().enumerate() {
+            if entry.0 != NOT_LENT {
+                take(slot as u32, Holder::Lent)?;
+                lent += 1;
+            }
+        }
+        if lent != self.loans.count {
+            return Err(format!(
+                "{lent} slots are lent, the loans count {}",
+                self.loans.count
+            ));
+        }
+        for &head in records {
+            let mut id = head;
+            loop {
+                let slot = self
+                    .geometry
+                    .slot_of(id)
+                    .ok_or_else(|| format!("record {head}: {id} does not start a slot"))?;
+                take(slot, Holder::Record(head))?;
+                if self.one_datagram.get(id) {
+                    if id != head || self.chain_next[slot as usize] != CHAIN_UNKNOWN {
+                        return Err(format!(
+                            "record {head}: {id} is marked one datagram but is in a chain"
+                        ));
+                    }
+                    break;
+                }
+                let next =
+                    match self.chain_next[slot as usize] {
+                        CHAIN_END => None,
+                        CHAIN_UNKNOWN => {
+                            let meta = view.meta(id).filter(|meta| meta.self_id == id).ok_or_else(
+                                || format!("record {head}: {id} has no metadata naming it"),
+                            )?;
+                            id_of_link(meta.frag_next)
+                        }
+                        next => Some(next),
+                    };
+                match next {
+                    Some(next) => id = next,
+                    None => break,
+                }
+            }
+        }
+        match holders.iter().position(|holder| *holder == Holder::Nobody) {
+            Some(slot) => Err(format!(
+                "slot {slot} is neither free, lent nor part of a record: leaked"
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Conventional engine: the buddy's free blocks, the delete block and `records`' blocks
+    /// tile the heap.
+    #[cfg(any(test, debug_assertions))]
+    fn check_blocks_cover(&self, records: &[u32], view: &View<'_>) -> Result<(), String> {
+        let buddy = self
+            .buddy
+            .as_ref()
+            .ok_or("the conventional engine has no buddy")?;
+        buddy.check()?;
+        // (first granule, order, what)
+        let mut blocks: Vec<(u32, u8, String)> = buddy
+            .free_blocks()
+            .map(|(id, order)| (id, order, "free".to_owned()))
+            .collect();
+        if let Some(id) = self.delete_block {
+            blocks.push((id, self.delete_block_order, "the delete block".to_owned()));
+        }
+        for &id in records {
+            let meta = view
+                .meta(id)
+                .filter(|meta| meta.self_id == id)
+                .ok_or_else(|| format!("record {id} has no metadata naming it"))?;
+            blocks.push((id, meta.order, format!("record {id}")));
+        }
+        blocks.sort_unstable_by_key(|block| block.0);
+        let mut end = 0u64;
+        let mut previous = "the heap's start";
+        for (id, order, what) in &blocks {
+            if u64::from(*id) < end {
+                return Err(format!("{what} overlaps {previous}"));
+            }
+            if u64::from(*id) > end {
+                return Err(format!(
+                    "granules {end}..{id} are neither free nor part of a record: leaked"
+                ));
+            }
+            end = u64::from(*id) + (1u64 << order);
+            previous = what;
+        }
+        if end != u64::from(self.geometry.granule_count()) {
+            return Err(format!(
+                "the blocks end at granule {end}, the heap at {}",
+                self.geometry.granule_count()
+            ));
+        }
+        Ok(())
+    }
+
     /// Test invariant (packet engine): no free slot is part of a live record, and what the
     /// chain links and one-datagram bits say agrees with `records` (each live record's head
     /// and the ids of its chain, as the metadata lines in PM say).

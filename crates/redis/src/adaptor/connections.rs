@@ -1,0 +1,289 @@
+//! The pipelined connections to Redis: opening them (with back-off), sending again what a lost
+//! connection owed, writing, and reading Redis's replies in order.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use crate::resp::{self, parse_value, Value};
+use crate::script;
+
+use super::translation::{encode_request, Op, Pending};
+use super::Adaptor;
+
+/// What the next reply on a connection answers.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Expect {
+    ScriptLoad,
+    Request,
+}
+
+/// One pipelined connection to Redis.
+#[derive(Debug)]
+pub(super) struct Conn {
+    pub(super) stream: Option<TcpStream>,
+    pub(super) out: Vec<u8>,
+    out_sent: usize,
+    input: Vec<u8>,
+    pub(super) expect: VecDeque<Expect>,
+    /// Requests at Redis or about to be, oldest first; kept across reconnections.
+    pub(super) pending: VecDeque<Pending>,
+    pub(super) retry_at: Option<Instant>,
+    backoff: Duration,
+    failures_in_a_row: u32,
+}
+
+const MIN_BACKOFF: Duration = Duration::from_millis(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(200);
+/// Bytes read from one connection per turn at most (fairness).
+const READ_PER_TURN: usize = 1 << 20;
+
+impl Conn {
+    pub(super) fn new() -> Conn {
+        Conn {
+            stream: None,
+            out: Vec::new(),
+            out_sent: 0,
+            input: Vec::new(),
+            expect: VecDeque::new(),
+            pending: VecDeque::new(),
+            retry_at: Some(Instant::now()),
+            backoff: MIN_BACKOFF,
+            failures_in_a_row: 0,
+        }
+    }
+
+    pub(super) fn unsent(&self) -> usize {
+        self.out.len() - self.out_sent
+    }
+}
+
+impl Adaptor {
+    pub(super) fn conn_of(&self, session_id: u64) -> usize {
+        // Session ids are random; fold the high bits in anyway.
+        ((session_id ^ (session_id >> 32)) % self.conns.len() as u64) as usize
+    }
+
+    /// Open connection `index` and send again what it owes. Returns whether it connected.
+    pub(super) fn try_connect(&mut self, index: usize) -> bool {
+        let addr = self.options.redis;
+        let connected = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).and_then(|stream| {
+            stream.set_nodelay(true)?;
+            stream.set_nonblocking(true)?;
+            Ok(stream)
+        });
+        let stream = match connected {
+            Ok(stream) => stream,
+            Err(error) => {
+                self.note_failure(index, &format!("cannot connect: {error}"));
+                return false;
+            }
+        };
+        let first =
+            self.conns[index].failures_in_a_row == 0 && self.counters.connection_failures == 0;
+        if !first {
+            self.counters.reconnects += 1;
+        }
+        let prefix = self.options.record_prefix.clone();
+        let conn = &mut self.conns[index];
+        conn.stream = Some(stream);
+        conn.retry_at = None;
+        conn.out.clear();
+        conn.out_sent = 0;
+        conn.input.clear();
+        conn.expect.clear();
+        // Load the scripts again: Redis may have restarted.
+        for text in [script::apply_script(), script::checked_read_script()] {
+            resp::encode_command(
+                &[b"SCRIPT".as_slice(), b"LOAD", text.as_bytes()],
+                &mut conn.out,
+            );
+            conn.expect.push_back(Expect::ScriptLoad);
+        }
+        // A read resent while a later write of its session may already be applied must not
+        // see that write: resend it through the checked read, bounded by that write's number.
+        let mut later_write: HashMap<u64, u32> = HashMap::new();
+        let mut bounds = vec![None; conn.pending.len()];
+        for (position, pending) in conn.pending.iter().enumerate().rev() {
+            match pending.op {
+                Op::Write(_) | Op::Literal(_) => {
+                    later_write.insert(pending.session_id, pending.seq);
+                }
+                Op::Read(_) => bounds[position] = later_write.get(&pending.session_id).copied(),
+                Op::StatelessRead(_) => {}
+            }
+        }
+        let resent = conn.pending.len() as u64;
+        for (pending, bound) in conn.pending.iter_mut().zip(bounds) {
+            pending.sent_as = encode_request(
+                &mut conn.out,
+                &prefix,
+                &self.ttl_arg,
+                &self.apply_sha,
+                &self.read_sha,
+                pending,
+                bound,
+            );
+            conn.expect.push_back(Expect::Request);
+        }
+        if !first {
+            self.counters.resent += resent;
+            tracing::info!(
+                "connection {index} to Redis {addr} open again; {resent} unanswered requests sent \
+                 again"
+            );
+        }
+        self.conns[index].failures_in_a_row = 0;
+        self.conns[index].backoff = MIN_BACKOFF;
+        true
+    }
+
+    /// Close connection `index` and schedule a new attempt.
+    fn note_failure(&mut self, index: usize, why: &str) {
+        self.counters.connection_failures += 1;
+        let conn = &mut self.conns[index];
+        conn.stream = None;
+        conn.out.clear();
+        conn.out_sent = 0;
+        conn.input.clear();
+        conn.expect.clear();
+        conn.failures_in_a_row += 1;
+        let backoff = conn.backoff;
+        conn.retry_at = Some(Instant::now() + backoff);
+        conn.backoff = (backoff * 2).min(MAX_BACKOFF);
+        // Say it the first time and then about every ten seconds.
+        if conn.failures_in_a_row == 1 || conn.failures_in_a_row % 16 == 0 {
+            tracing::warn!(
+                "Redis {} (connection {index}): {why}; {} requests wait; retrying in {backoff:?}",
+                self.options.redis,
+                conn.pending.len()
+            );
+        }
+    }
+
+    pub(super) fn write_out(&mut self, index: usize) -> bool {
+        let conn = &mut self.conns[index];
+        let Some(stream) = conn.stream.as_mut() else {
+            return false;
+        };
+        let mut wrote = false;
+        let mut failure = None;
+        while conn.out_sent < conn.out.len() {
+            match stream.write(&conn.out[conn.out_sent..]) {
+                Ok(0) => {
+                    failure = Some("connection closed while writing".to_owned());
+                    break;
+                }
+                Ok(count) => {
+                    conn.out_sent += count;
+                    wrote = true;
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => {
+                    failure = Some(format!("write failed: {error}"));
+                    break;
+                }
+            }
+        }
+        if conn.out_sent == conn.out.len() {
+            conn.out.clear();
+            conn.out_sent = 0;
+        }
+        if let Some(why) = failure {
+            self.note_failure(index, &why);
+        }
+        wrote
+    }
+
+    /// Read and handle Redis's replies on connection `index`.
+    pub(super) fn read_replies(&mut self, index: usize) -> bool {
+        let mut read_any = false;
+        let mut failure: Option<String> = None;
+        {
+            let conn = &mut self.conns[index];
+            let Some(stream) = conn.stream.as_mut() else {
+                return false;
+            };
+            let mut chunk = [0u8; 64 << 10];
+            let mut total = 0;
+            while total < READ_PER_TURN {
+                match stream.read(&mut chunk) {
+                    Ok(0) => {
+                        failure = Some("Redis closed the connection".to_owned());
+                        break;
+                    }
+                    Ok(count) => {
+                        conn.input.extend_from_slice(&chunk[..count]);
+                        total += count;
+                        read_any = true;
+                    }
+                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                    Err(error) => {
+                        failure = Some(format!("read failed: {error}"));
+                        break;
+                    }
+                }
+            }
+        }
+        // Replies that arrived before a failure are still good.
+        let mut consumed = 0;
+        let mut completed: Vec<(u64, u32, Vec<u8>)> = Vec::new();
+        while failure.is_none() {
+            let parsed = parse_value(&self.conns[index].input[consumed..], &self.limits);
+            let (value, used) = match parsed {
+                Ok(Some(parsed)) => parsed,
+                Ok(None) => break,
+                Err(error) => {
+                    failure = Some(format!("unreadable reply: {error}"));
+                    break;
+                }
+            };
+            consumed += used;
+            let conn = &mut self.conns[index];
+            match conn.expect.pop_front() {
+                None => {
+                    failure = Some("a reply nobody asked for".to_owned());
+                }
+                Some(Expect::ScriptLoad) => {
+                    if let Value::Error(message) = &value {
+                        self.counters.transient_errors += 1;
+                        failure = Some(format!(
+                            "SCRIPT LOAD failed: {}",
+                            String::from_utf8_lossy(message)
+                        ));
+                    }
+                }
+                Some(Expect::Request) => {
+                    let Some(pending) = conn.pending.pop_front() else {
+                        failure = Some("a reply without a request".to_owned());
+                        continue;
+                    };
+                    match self.interpret(&pending, value) {
+                        Ok(reply) => completed.push((pending.session_id, pending.seq, reply)),
+                        Err(why) => {
+                            self.conns[index].pending.push_front(pending);
+                            failure = Some(why);
+                        }
+                    }
+                }
+            }
+        }
+        if consumed > 0 {
+            self.conns[index].input.drain(..consumed);
+        }
+        let any = read_any || !completed.is_empty();
+        let now = self.clock.now();
+        for (session_id, seq, reply) in completed {
+            self.server.on_applied(now, session_id, seq, reply);
+            self.finish(session_id);
+        }
+        if let Some(why) = failure {
+            self.note_failure(index, &why);
+        }
+        any
+    }
+}

@@ -1,0 +1,346 @@
+//! The adaptor: the PMNet server side in front of a real `redis-server`.
+//!
+//! It runs [`pmnet_proto::Server`] on a UDP socket like `pmnet server` does, but applies each
+//! request to Redis instead of the embedded store. The request payload is one RESP-encoded
+//! command; the reply payload is Redis's RESP reply.
+//!
+//! - **Exactly once.** Every request that may write runs inside one Lua script call
+//!   ([`crate::script`]) that checks the session's record, runs the command, and records the
+//!   sequence number and the reply, atomically and durably (Redis writes the script's effects
+//!   to its append-only file as one `MULTI … EXEC`). A request redone after a crash of Redis,
+//!   the adaptor or the device finds its sequence number recorded and gets the stored reply.
+//!   Reads run as they are (nothing to record).
+//! - **The server-ACK waits for Redis.** `on_applied` (which sends the server-ACK) is called
+//!   only when Redis's reply arrived; with `appendfsync always` Redis replies only after it
+//!   wrote and fsynced the append-only file.
+//! - **Order.** A session's requests always travel on the same pipelined connection, so Redis
+//!   runs them, and answers them, in sequence order; sessions are spread over several
+//!   connections. Everything pipelined in one Redis event-loop turn shares one fsync (group
+//!   commit).
+//! - **Lost connections.** Requests sent but unanswered stay queued; the connection is opened
+//!   again (with back-off) and they are sent again, in order: the scripts recognise those that
+//!   were applied. Transient errors (`LOADING`, `BUSY`, `OOM`, `MISCONF`, …) are handled the
+//!   same way, so an acknowledged update is never dropped.
+//! - **Start-up.** The session records are loaded from Redis and handed to the `Server`,
+//!   which then polls its devices for logged requests before applying anything new.
+
+mod connections;
+mod event_loop;
+mod metrics;
+mod recovery;
+mod translation;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pmnet_proto::{Server, ServerConfig};
+use pmnet_runtime::metrics::{serve_metrics, MetricsBoard};
+use pmnet_runtime::udp::BatchSocket;
+use pmnet_runtime::{Clock, Shutdown, WaitMode};
+
+use crate::resp::Limits;
+use crate::script;
+
+use connections::Conn;
+pub use recovery::load_sessions;
+use translation::Flow;
+
+/// Everything the adaptor needs to start.
+#[derive(Debug, Clone)]
+pub struct AdaptorOptions {
+    pub server_id: u16,
+    /// Where devices reach the adaptor (UDP).
+    pub listen: SocketAddr,
+    /// Devices polled for logged requests at start-up.
+    pub devices: Vec<SocketAddr>,
+    /// The Redis server.
+    pub redis: SocketAddr,
+    /// Pipelined connections to Redis (sessions are spread over them).
+    pub connections: usize,
+    /// Key prefix of the session records.
+    pub record_prefix: String,
+    /// Requests taken from the protocol and not yet answered by Redis, at most.
+    pub max_outstanding: usize,
+    /// How long to wait for Redis at start-up.
+    pub startup_timeout: Duration,
+    /// Record reads too (their sequence number and reply, through the script). Off, a read
+    /// writes nothing to Redis; after an adaptor restart a session that ended with reads then
+    /// needs its client to answer retransmission requests for them with no-op fills (the
+    /// gateway does).
+    pub record_reads: bool,
+    /// A session record expires this long after its session's last write (`None`: never).
+    /// A request redone after its record expired would be applied again, so this must
+    /// exceed any outage of the adaptor or Redis during which a device keeps the request.
+    pub session_ttl: Option<Duration>,
+    pub wait: WaitMode,
+    pub cpu: Option<usize>,
+    pub report_interval: Option<Duration>,
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+impl AdaptorOptions {
+    pub fn new(listen: SocketAddr, redis: SocketAddr) -> AdaptorOptions {
+        AdaptorOptions {
+            server_id: 1,
+            listen,
+            devices: Vec::new(),
+            redis,
+            connections: 4,
+            record_prefix: script::DEFAULT_RECORD_PREFIX.to_owned(),
+            max_outstanding: 16_384,
+            startup_timeout: Duration::from_secs(30),
+            record_reads: false,
+            session_ttl: Some(Duration::from_secs(script::DEFAULT_SESSION_TTL_SECS)),
+            wait: WaitMode::Blocking,
+            cpu: None,
+            report_interval: Some(Duration::from_secs(10)),
+            metrics_listen: None,
+        }
+    }
+}
+
+/// Why the adaptor could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AdaptorError {
+    #[error(
+        "cannot bind the adaptor's UDP socket to {addr}: {source}; choose another address or port"
+    )]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "Redis at {addr} did not become ready within {waited:?}: {reason}; start redis-server \
+         (with --appendonly yes --appendfsync always) or point --redis at it"
+    )]
+    RedisUnavailable {
+        addr: SocketAddr,
+        waited: Duration,
+        reason: String,
+    },
+    #[error("Redis at {addr}: {reason}")]
+    Redis { addr: SocketAddr, reason: String },
+    #[error("{0}")]
+    Config(String),
+    #[error("{0}")]
+    Pin(String),
+}
+
+/// What the adaptor found when it started.
+#[derive(Debug, Clone)]
+pub struct AdaptorStartup {
+    pub redis_version: String,
+    pub appendonly: String,
+    pub appendfsync: String,
+    pub redis_dir: String,
+    pub sessions_recovered: usize,
+    /// Keys under the record prefix that are not session records (ignored).
+    pub records_skipped: usize,
+}
+
+/// How durable Redis's replies are, from its configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// AOF, fsync before every reply: the promise PMNet's acks rely on.
+    FsyncAlways,
+    /// AOF, fsync once a second: a power loss or OS crash loses up to ~1 s of replied writes.
+    FsyncEverySec,
+    /// AOF, the kernel decides when to write back (tens of seconds at a power loss).
+    FsyncNo,
+    /// No AOF: a Redis crash loses replied writes and the exactly-once records.
+    None,
+}
+
+impl AdaptorStartup {
+    pub fn durability(&self) -> Durability {
+        if !self.appendonly.eq_ignore_ascii_case("yes") {
+            return Durability::None;
+        }
+        match self.appendfsync.to_ascii_lowercase().as_str() {
+            "always" => Durability::FsyncAlways,
+            "everysec" => Durability::FsyncEverySec,
+            _ => Durability::FsyncNo,
+        }
+    }
+
+    /// The persistence medium and its promise, in words.
+    pub fn durability_text(&self) -> String {
+        match self.durability() {
+            Durability::FsyncAlways => format!(
+                "disk: Redis append-only file in {} with appendfsync always (each reply, and \
+                 so each server-ACK, after write + fsync; survives process crash and power loss)",
+                self.redis_dir
+            ),
+            Durability::FsyncEverySec => format!(
+                "WEAKER THAN PMNET PROMISES: Redis append-only file in {} with appendfsync \
+                 everysec (replies before fsync; a power loss or OS crash loses up to ~1 s of \
+                 replied writes; a process crash loses none)",
+                self.redis_dir
+            ),
+            Durability::FsyncNo => format!(
+                "WEAKER THAN PMNET PROMISES: Redis append-only file in {} with appendfsync no \
+                 (the kernel writes back when it likes; a power loss or OS crash loses replied \
+                 writes; a process crash loses none)",
+                self.redis_dir
+            ),
+            Durability::None => "NOT DURABLE: Redis runs without an append-only file; a Redis \
+                                 crash loses replied writes and the exactly-once records"
+                .to_owned(),
+        }
+    }
+}
+
+/// What the adaptor counted; monotonically increasing.
+#[derive(Debug, Clone, Default)]
+pub struct AdaptorCounters {
+    /// Writes applied now (the script ran the command and recorded it).
+    pub writes_applied: u64,
+    /// Reads answered.
+    pub reads: u64,
+    /// Requests Redis had applied before (redone after a crash): answered with the stored reply.
+    pub redone_recognised: u64,
+    /// Redone requests whose reply was no longer kept (or checked reads that came too late).
+    pub replies_gone: u64,
+    /// Commands Redis answered with an error (WRONGTYPE and the like); recorded as the reply.
+    pub command_errors: u64,
+    /// No-op fills recorded.
+    pub noop_fills: u64,
+    /// Payloads that are not one RESP command; recorded with an error reply.
+    pub bad_payloads: u64,
+    /// Commands refused by the adaptor (FLUSHALL, MULTI, …); recorded with an error reply.
+    pub refused: u64,
+    /// Script calls Redis failed for good (answered with Redis's error, not recorded).
+    pub script_failures: u64,
+    /// Transient errors (LOADING, BUSY, OOM, …): the connection was reopened and requests resent.
+    pub transient_errors: u64,
+    /// Connections to Redis lost or refused.
+    pub connection_failures: u64,
+    /// Connections to Redis (re)established after the first.
+    pub reconnects: u64,
+    /// Requests sent to Redis again after a lost connection.
+    pub resent: u64,
+    /// Requests held back because 64 of their session were already at Redis.
+    pub held_back: u64,
+    /// Recovery polls answered by every device.
+    pub recoveries_completed: u64,
+    pub recovery_entries_resent: u64,
+}
+
+/// A running adaptor. See the module docs.
+#[derive(Debug)]
+pub struct Adaptor {
+    options: AdaptorOptions,
+    clock: Clock,
+    server: Server,
+    socket: BatchSocket,
+    conns: Vec<Conn>,
+    flows: HashMap<u64, Flow>,
+    /// Requests taken from the server and not yet answered (at Redis or held).
+    outstanding: usize,
+    apply_sha: String,
+    read_sha: String,
+    /// The update script's TTL argument: `options.session_ttl` in seconds, `0` for none.
+    ttl_arg: String,
+    startup: AdaptorStartup,
+    counters: AdaptorCounters,
+    limits: Limits,
+    board: MetricsBoard,
+    metrics_addr: Option<SocketAddr>,
+    shutdown: Shutdown,
+    loop_iterations: u64,
+    idle_waits: u64,
+}
+
+impl Adaptor {
+    /// Wait for Redis, load the session records, bind the socket and start the server (which
+    /// polls its devices).
+    pub fn open(options: AdaptorOptions, shutdown: Shutdown) -> Result<Adaptor, AdaptorError> {
+        if options.connections == 0 || options.connections > 256 {
+            return Err(AdaptorError::Config(format!(
+                "--redis-connections {} is out of range; use 1 to 256",
+                options.connections
+            )));
+        }
+        let redis = recovery::read_redis_state(&options, &shutdown)?;
+        let socket =
+            BatchSocket::bind(options.listen, 1 << 16).map_err(|source| AdaptorError::Bind {
+                addr: options.listen,
+                source,
+            })?;
+        let clock = Clock::new();
+        let config = ServerConfig::new(options.server_id, options.devices.clone());
+        let server = Server::new(config, clock.now(), redis.sessions);
+        let board = MetricsBoard::new();
+        let metrics_addr = match options.metrics_listen {
+            Some(addr) => Some(
+                serve_metrics(addr, board.clone(), shutdown.clone())
+                    .map_err(|source| AdaptorError::Metrics { addr, source })?,
+            ),
+            None => None,
+        };
+        let conns = (0..options.connections).map(|_| Conn::new()).collect();
+        let ttl_arg = options
+            .session_ttl
+            .map_or(0, |ttl| ttl.as_secs().max(1))
+            .to_string();
+        let mut adaptor = Adaptor {
+            options,
+            clock,
+            server,
+            socket,
+            conns,
+            flows: HashMap::new(),
+            outstanding: 0,
+            apply_sha: redis.apply_sha,
+            read_sha: redis.read_sha,
+            ttl_arg,
+            startup: redis.startup,
+            counters: AdaptorCounters::default(),
+            limits: Limits {
+                max_bulk_len: 512 << 20,
+                ..Limits::default()
+            },
+            board,
+            metrics_addr,
+            shutdown,
+            loop_iterations: 0,
+            idle_waits: 0,
+        };
+        for index in 0..adaptor.conns.len() {
+            adaptor.try_connect(index);
+        }
+        // The recovery polls go out now.
+        adaptor.send_transmits();
+        adaptor.board.publish(&adaptor.metrics());
+        Ok(adaptor)
+    }
+
+    pub fn startup(&self) -> &AdaptorStartup {
+        &self.startup
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.socket.local_addr()
+    }
+
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    pub fn counters(&self) -> &AdaptorCounters {
+        &self.counters
+    }
+
+    pub fn is_recovering(&self) -> bool {
+        self.server.is_recovering()
+    }
+}

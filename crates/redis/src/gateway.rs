@@ -577,13 +577,21 @@ impl Gateway {
 
     pub fn metrics(&self) -> Metrics {
         let mut out = Metrics::new();
-        let counters = &self.counters;
         out.gauge(
             "pmnet_gateway_connections_open",
             "Client connections open (each a PMNet session).",
             &[],
             self.open_count() as f64,
         );
+        self.connection_metrics(&mut out);
+        self.command_metrics(&mut out);
+        self.socket_metrics(&mut out);
+        out
+    }
+
+    /// The client connections, the fate of requests and of the datagrams for them.
+    fn connection_metrics(&self, out: &mut Metrics) {
+        let counters = &self.counters;
         for (name, help, value) in [
             (
                 "pmnet_gateway_connections_accepted_total",
@@ -643,6 +651,11 @@ impl Gateway {
         ] {
             out.counter(name, help, &[], value);
         }
+    }
+
+    /// Commands by the path they took.
+    fn command_metrics(&self, out: &mut Metrics) {
+        let counters = &self.counters;
         for (path, value) in [
             ("local", counters.commands_local),
             ("update", counters.commands_update),
@@ -656,6 +669,10 @@ impl Gateway {
                 value,
             );
         }
+    }
+
+    /// The UDP socket shared by every session.
+    fn socket_metrics(&self, out: &mut Metrics) {
         let socket = self.socket.counters();
         out.counter(
             "pmnet_packets_received_total",
@@ -675,7 +692,6 @@ impl Gateway {
             &[("socket", "gateway"), ("reason", "send_queue_full")],
             socket.send_queue_full,
         );
-        out
     }
 }
 

@@ -79,7 +79,15 @@
 //! corruption, and the server should say so loudly. Damage inside the committed snapshot, a record whose
 //! CRC verifies but whose fields are inconsistent, or a superblock copy with a generation
 //! whose snapshot is incomplete, make open fail with [`StoreError::Corrupt`].
+//!
+//! # Self-checks
+//!
+//! Debug builds check the in-memory bookkeeping (the byte accounting against the contents,
+//! the activity index, the reserve, the log's tail and terminator) after format, open and
+//! every applied request: `KvStore::check_invariants`, in `kv/invariants.rs`.
 
+#[cfg(any(test, debug_assertions))]
+mod invariants;
 mod layout;
 mod replay;
 mod state;
@@ -315,6 +323,8 @@ impl<R: PmRegion> KvStore<R> {
         store.write_superblock(superblock);
         store.tail_bytes = snapshot_len;
         store.tail_crc = crc;
+        #[cfg(debug_assertions)]
+        store.check_invariants();
         Ok(store)
     }
 
@@ -388,6 +398,8 @@ impl<R: PmRegion> KvStore<R> {
         if superblock_repaired {
             store.write_superblock(superblock);
         }
+        #[cfg(debug_assertions)]
+        store.check_invariants();
         Ok(store)
     }
 
@@ -576,6 +588,8 @@ impl<R: PmRegion> KvStore<R> {
             // The snapshot of the state after this request is what makes it durable.
             self.compact();
         }
+        #[cfg(debug_assertions)]
+        self.check_invariants_after_apply();
         outcome.reply
     }
 

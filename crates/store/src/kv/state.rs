@@ -177,3 +177,77 @@ impl State {
         self.session_excess_bytes -= session_excess(session.last_reply.len());
     }
 }
+
+#[cfg(any(test, debug_assertions))]
+impl State {
+    /// The byte accounting is the sum over the contents, the activity index is the session
+    /// table ordered, and everything is within the codec's and the table's bounds.
+    pub(super) fn check(&self) -> Result<(), String> {
+        let mut key_bytes = 0;
+        for (key, value) in &self.keys {
+            if key.is_empty() || key.len() > MAX_KEY_LEN || value.len() > MAX_VALUE_LEN {
+                return Err(format!(
+                    "a key of {} bytes holds a value of {} bytes",
+                    key.len(),
+                    value.len()
+                ));
+            }
+            key_bytes += key_record_size(key.len(), value.len());
+        }
+        if key_bytes != self.key_bytes {
+            return Err(format!(
+                "the keys' records take {key_bytes} bytes, the count says {}",
+                self.key_bytes
+            ));
+        }
+        if self.sessions.len() > self.max_sessions as usize {
+            return Err(format!(
+                "{} sessions, at most {} allowed",
+                self.sessions.len(),
+                self.max_sessions
+            ));
+        }
+        // Activities are distinct keys, so an index as long as the table that names each
+        // session at its own activity names every session once.
+        if self.sessions_by_activity.len() != self.sessions.len() {
+            return Err(format!(
+                "{} sessions by activity, {} sessions",
+                self.sessions_by_activity.len(),
+                self.sessions.len()
+            ));
+        }
+        for (activity, session_id) in &self.sessions_by_activity {
+            let session = self.sessions.get(session_id).ok_or_else(|| {
+                format!("activity {activity} names session {session_id}, which is not there")
+            })?;
+            if session.activity != *activity {
+                return Err(format!(
+                    "activity {activity} names session {session_id}, last active at {}",
+                    session.activity
+                ));
+            }
+            if *activity > self.clock {
+                return Err(format!(
+                    "session {session_id} was active at {activity}, after the clock ({})",
+                    self.clock
+                ));
+            }
+        }
+        let (mut session_bytes, mut excess_bytes) = (0, 0);
+        for session in self.sessions.values() {
+            if session.last_reply.len() > MAX_REPLY_LEN {
+                return Err(format!("a reply of {} bytes", session.last_reply.len()));
+            }
+            session_bytes += session_record_size(session.last_reply.len());
+            excess_bytes += session_excess(session.last_reply.len());
+        }
+        if (session_bytes, excess_bytes) != (self.session_bytes, self.session_excess_bytes) {
+            return Err(format!(
+                "the sessions' records take {session_bytes} bytes, {excess_bytes} beyond their \
+                 reserve; the counts say {} and {}",
+                self.session_bytes, self.session_excess_bytes
+            ));
+        }
+        Ok(())
+    }
+}

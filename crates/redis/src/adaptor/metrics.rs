@@ -185,12 +185,12 @@ impl Adaptor {
                 (
                     "pmnet_loop_iterations_total",
                     "Turns of the event loop.",
-                    self.loop_iterations,
+                    self.event_loop.iterations,
                 ),
                 (
                     "pmnet_loop_idle_waits_total",
                     "Turns that found nothing to do.",
-                    self.idle_waits,
+                    self.event_loop.idle_waits,
                 ),
             ],
         );

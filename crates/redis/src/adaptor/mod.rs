@@ -25,20 +25,20 @@
 //!   which then polls its devices for logged requests before applying anything new.
 
 mod connections;
-mod event_loop;
 mod metrics;
+mod node;
 mod recovery;
 mod translation;
 
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pmnet_proto::{Server, ServerConfig};
 use pmnet_runtime::metrics::{serve_metrics, MetricsBoard};
 use pmnet_runtime::udp::BatchSocket;
-use pmnet_runtime::{Clock, Shutdown, WaitMode};
+use pmnet_runtime::{Clock, LoopCounters, Shutdown, WaitMode};
 
 use crate::resp::Limits;
 use crate::script;
@@ -256,8 +256,9 @@ pub struct Adaptor {
     board: MetricsBoard,
     metrics_addr: Option<SocketAddr>,
     shutdown: Shutdown,
-    loop_iterations: u64,
-    idle_waits: u64,
+    /// When a stopping adaptor gives up waiting for Redis's outstanding replies.
+    stop_by: Option<Instant>,
+    event_loop: LoopCounters,
 }
 
 impl Adaptor {
@@ -312,8 +313,8 @@ impl Adaptor {
             board,
             metrics_addr,
             shutdown,
-            loop_iterations: 0,
-            idle_waits: 0,
+            stop_by: None,
+            event_loop: LoopCounters::default(),
         };
         for index in 0..adaptor.conns.len() {
             adaptor.try_connect(index);

@@ -1,18 +1,17 @@
-//! The adaptor's event loop: receive, fire timers, read Redis's replies, hand requests to
-//! Redis, send; publish, report, wait; and the shutdown grace for Redis's outstanding replies.
+//! The adaptor as a node of the runtime's event loop ([`run_loop`]): its turn (reconnect,
+//! receive, fire timers, read Redis's replies, hand requests to Redis, send), its descriptors
+//! and timers, and the shutdown grace for Redis's outstanding replies.
 
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use pmnet_runtime::{pin_current_thread, WaitMode};
-
-use crate::poll::{wait, yield_cpu, PollFd};
+use pmnet_runtime::metrics::Metrics;
+use pmnet_runtime::{
+    run_loop, wait_once, LoopCounters, LoopSettings, Node, PollFd, Ready, RuntimeError, Turn,
+};
 
 use super::{Adaptor, AdaptorError};
 
-/// How often the metrics are rendered for the endpoint.
-const PUBLISH_INTERVAL: Duration = Duration::from_millis(100);
-/// Longest sleep without looking at the shutdown flag.
-const MAX_SLEEP: Duration = Duration::from_millis(50);
 /// How long a stopping adaptor waits for Redis's outstanding replies.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
@@ -20,93 +19,30 @@ impl Adaptor {
     /// Run until the shutdown flag is set; then wait (briefly) for Redis's outstanding replies
     /// so their server-ACKs go out, and return.
     pub fn run(&mut self) -> Result<(), AdaptorError> {
-        if let Some(cpu) = self.options.cpu {
-            pin_current_thread(cpu).map_err(AdaptorError::Pin)?;
-        }
-        let report_interval = self.options.report_interval;
-        let publish = self.metrics_addr.is_some();
-        let mut next_publish = Instant::now() + PUBLISH_INTERVAL;
-        let mut next_report = report_interval.map(|interval| Instant::now() + interval);
-        let mut stop_by: Option<Instant> = None;
-        loop {
-            self.loop_iterations += 1;
-            if stop_by.is_none() && self.shutdown.is_requested() {
-                stop_by = Some(Instant::now() + STOP_GRACE);
-                tracing::info!(
-                    "stopping: waiting up to {STOP_GRACE:?} for {} requests at Redis",
-                    self.outstanding
-                );
-            }
-            let busy = self.poll_once(stop_by.is_none());
-            let wall = Instant::now();
-            if let Some(deadline) = stop_by {
-                let at_redis: usize = self.conns.iter().map(|conn| conn.pending.len()).sum();
-                if (at_redis == 0 && self.socket.queued_len() == 0) || wall >= deadline {
-                    break;
-                }
-            }
-            if publish && wall >= next_publish {
-                self.board.publish(&self.metrics());
-                next_publish = wall + PUBLISH_INTERVAL;
-            }
-            if let (Some(at), Some(interval)) = (next_report, report_interval) {
-                if wall >= at {
-                    tracing::info!("{}", self.report_line());
-                    next_report = Some(wall + interval);
-                }
-            }
-            if busy {
-                continue;
-            }
-            self.idle_waits += 1;
-            match self.options.wait {
-                WaitMode::BusyPoll => yield_cpu(),
-                WaitMode::Blocking => {
-                    let mut timeout = MAX_SLEEP;
-                    if let Some(deadline) = self.server.poll_timeout() {
-                        timeout = timeout.min(self.clock.until(deadline));
-                    }
-                    for conn in &self.conns {
-                        if conn.stream.is_none() {
-                            if let Some(at) = conn.retry_at {
-                                timeout = timeout.min(at.saturating_duration_since(wall));
-                            }
-                        }
-                    }
-                    if publish {
-                        timeout = timeout.min(next_publish.saturating_duration_since(wall));
-                    }
-                    if let Some(at) = next_report {
-                        timeout = timeout.min(at.saturating_duration_since(wall));
-                    }
-                    let mut fds = vec![PollFd::new(
-                        self.socket.raw_fd(),
-                        true,
-                        self.socket.is_write_blocked(),
-                    )];
-                    for conn in &self.conns {
-                        if let Some(stream) = &conn.stream {
-                            fds.push(PollFd::new(
-                                std::os::fd::AsRawFd::as_raw_fd(stream),
-                                true,
-                                conn.unsent() > 0,
-                            ));
-                        }
-                    }
-                    if wait(&mut fds, timeout).is_err() {
-                        std::thread::sleep(timeout.min(Duration::from_millis(1)));
-                    }
-                }
-            }
-        }
-        self.board.publish(&self.metrics());
-        tracing::info!("adaptor stopped: {}", self.report_line());
-        Ok(())
+        let settings = LoopSettings {
+            wait: self.options.wait,
+            cpu: self.options.cpu,
+            report_interval: self.options.report_interval,
+            report_at_stop: true,
+        };
+        let board = self.metrics_addr.map(|_| self.board.clone());
+        let shutdown = self.shutdown.clone();
+        run_loop(self, settings, board.as_ref(), &shutdown).map_err(|error| match error {
+            RuntimeError::Pin(why) => AdaptorError::Pin(why),
+            other => AdaptorError::Config(other.to_string()),
+        })
     }
 
     /// One turn: reconnect, receive, fire timers, read Redis's replies, hand new requests to
     /// Redis, send. Returns whether anything happened.
     pub fn poll_once(&mut self, accept_input: bool) -> bool {
+        self.turn_on(Ready::All, accept_input)
+    }
+
+    /// One turn, receiving (from the devices when `accept_input`, and from Redis) only on the
+    /// descriptors `ready` allows: entry 0 of [`Node::wait_fds`] is the UDP socket, entry
+    /// `1 + i` connection `i` to Redis.
+    fn turn_on(&mut self, ready: Ready<'_>, accept_input: bool) -> bool {
         let mut busy = false;
         let wall = Instant::now();
         for index in 0..self.conns.len() {
@@ -115,7 +51,7 @@ impl Adaptor {
                 busy |= self.try_connect(index);
             }
         }
-        if accept_input {
+        if accept_input && ready.is_readable(0) {
             let count = self.socket.receive_batch();
             if count > 0 {
                 busy = true;
@@ -137,7 +73,9 @@ impl Adaptor {
             self.server.handle_timeout(now);
         }
         for index in 0..self.conns.len() {
-            busy |= self.read_replies(index);
+            if ready.is_readable(1 + index) {
+                busy |= self.read_replies(index);
+            }
         }
         busy |= self.take_requests();
         for index in 0..self.conns.len() {
@@ -157,5 +95,129 @@ impl Adaptor {
             self.socket.flush();
         }
         any
+    }
+
+    /// Stop taking requests from the devices; returns when the grace for Redis's outstanding
+    /// replies ends.
+    fn begin_stop(&mut self) -> Instant {
+        *self.stop_by.get_or_insert_with(|| {
+            tracing::info!(
+                "stopping: waiting up to {STOP_GRACE:?} for {} requests at Redis",
+                self.outstanding
+            );
+            Instant::now() + STOP_GRACE
+        })
+    }
+
+    /// Turns that take no new requests, waiting in between, until Redis has answered what it
+    /// was sent and the server-ACKs have left, or the grace has run out. The runtime's drain
+    /// waits only for sockets to take what is queued; Redis's replies take an fsync to come.
+    fn finish_outstanding(&mut self) {
+        let deadline = self.begin_stop();
+        let mut fds = Vec::new();
+        let mut waited = false;
+        while self.queued_len() > 0 {
+            self.event_loop.iterations += 1;
+            let ready = if waited {
+                Ready::Polled(&fds)
+            } else {
+                Ready::All
+            };
+            waited = false;
+            if self.turn_on(ready, false) {
+                continue;
+            }
+            self.event_loop.idle_waits += 1;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let timeout = self.next_timer().map_or(left, |timer| timer.min(left));
+            fds.clear();
+            self.wait_fds(&mut fds);
+            match wait_once(self.options.wait, &mut fds, timeout) {
+                Ok(()) => waited = true,
+                Err(_) => std::thread::sleep(timeout.min(Duration::from_millis(1))),
+            }
+        }
+    }
+}
+
+impl Node for Adaptor {
+    fn turn(&mut self, ready: Ready<'_>) -> Turn {
+        if self.stop_by.is_none() && self.shutdown.is_requested() {
+            self.begin_stop();
+        }
+        let busy = self.turn_on(ready, self.stop_by.is_none());
+        // A turn that did anything is followed by another before any wait: requests handed to
+        // Redis make room for more, and replies let held requests of their session go, without
+        // a descriptor becoming ready.
+        Turn {
+            busy,
+            more: busy,
+            again: false,
+        }
+    }
+
+    fn wait_fds(&self, fds: &mut Vec<PollFd>) {
+        fds.push(PollFd::new(
+            self.socket.raw_fd(),
+            true,
+            self.socket.is_write_blocked(),
+        ));
+        for conn in &self.conns {
+            fds.push(match &conn.stream {
+                Some(stream) => PollFd::new(stream.as_raw_fd(), true, conn.unsent() > 0),
+                // Not connected: an entry ppoll ignores, so that entry 1 + i stays connection i.
+                None => PollFd::new(-1, false, false),
+            });
+        }
+    }
+
+    fn next_timer(&self) -> Option<Duration> {
+        let wall = Instant::now();
+        let server = self
+            .server
+            .poll_timeout()
+            .map(|deadline| self.clock.until(deadline));
+        let reconnect = self
+            .conns
+            .iter()
+            .filter(|conn| conn.stream.is_none())
+            .filter_map(|conn| conn.retry_at)
+            .map(|at| at.saturating_duration_since(wall))
+            .min();
+        server.into_iter().chain(reconnect).min()
+    }
+
+    /// Requests at Redis and datagrams queued; nothing once a stopping adaptor's grace is over.
+    fn queued_len(&self) -> usize {
+        if self
+            .stop_by
+            .is_some_and(|deadline| Instant::now() >= deadline)
+        {
+            return 0;
+        }
+        let at_redis: usize = self.conns.iter().map(|conn| conn.pending.len()).sum();
+        at_redis + self.socket.queued_len()
+    }
+
+    /// Called by the shutdown drain: wait (at most the grace) for Redis's replies to what it
+    /// was sent, and send their server-ACKs.
+    fn flush(&mut self) {
+        self.finish_outstanding();
+    }
+
+    fn metrics(&self) -> Metrics {
+        Adaptor::metrics(self)
+    }
+
+    fn report_line(&self) -> String {
+        Adaptor::report_line(self)
+    }
+
+    fn kind(&self) -> &'static str {
+        "adaptor"
+    }
+
+    fn loop_counters(&mut self) -> &mut LoopCounters {
+        &mut self.event_loop
     }
 }

@@ -13,16 +13,18 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pmnet_proto::{Client, ClientConfig, ClientError, ClientEvent, Completion, Transmit};
 use pmnet_runtime::metrics::{serve_metrics, Metrics, MetricsBoard};
 use pmnet_runtime::udp::BatchSocket;
-use pmnet_runtime::{pin_current_thread, random_session_id, Clock, Shutdown, WaitMode};
+use pmnet_runtime::{
+    poll, random_session_id, run_loop, Clock, LoopCounters, LoopSettings, Node, PollFd, Ready,
+    RuntimeError, Shutdown, Turn, WaitMode,
+};
 use pmnet_wire::{flags, Header, PacketType};
 
 use crate::commands::{route, Policy, Route, OK};
-use crate::poll::{wait, yield_cpu, PollFd};
 use crate::resp::{error_reply, parse_command, parse_value, Limits};
 
 /// Everything the gateway needs to start.
@@ -135,6 +137,7 @@ struct Conn {
     closing: bool,
     /// Writing failed: replies are discarded; the session lingers until nothing is in flight.
     broken: bool,
+    /// The last wait (or look) found it readable.
     readable: bool,
 }
 
@@ -144,12 +147,17 @@ const MAX_INPUT: usize = 2 << 20;
 const MAX_OUTPUT: usize = 8 << 20;
 /// Replies owed to one client at most (beyond the window: local replies and errors).
 const MAX_SLOTS: usize = 4096;
-const PUBLISH_INTERVAL: Duration = Duration::from_millis(100);
-const MAX_SLEEP: Duration = Duration::from_millis(50);
 
 impl Conn {
     fn unsent(&self) -> usize {
         self.out.len() - self.out_sent
+    }
+
+    /// What to wait for on this connection (read, write), if anything.
+    fn interest(&self) -> Option<(bool, bool)> {
+        let read = !self.read_closed && !self.closing && self.input.len() < MAX_INPUT;
+        let write = self.unsent() > 0 && !self.broken;
+        (read || write).then_some((read, write))
     }
 
     fn is_done(&self) -> bool {
@@ -175,6 +183,9 @@ pub struct Gateway {
     metrics_addr: Option<SocketAddr>,
     shutdown: Shutdown,
     listener_readable: bool,
+    /// Where a turn not preceded by a wait looks at what is ready.
+    probe: Vec<PollFd>,
+    event_loop: LoopCounters,
 }
 
 impl Gateway {
@@ -233,6 +244,8 @@ impl Gateway {
             metrics_addr,
             shutdown,
             listener_readable: true,
+            probe: Vec::new(),
+            event_loop: LoopCounters::default(),
         })
     }
 
@@ -255,86 +268,51 @@ impl Gateway {
 
     /// Run until the shutdown flag is set.
     pub fn run(&mut self) -> Result<(), GatewayError> {
-        if let Some(cpu) = self.options.cpu {
-            pin_current_thread(cpu).map_err(GatewayError::Pin)?;
-        }
-        let report_interval = self.options.report_interval;
-        let publish = self.metrics_addr.is_some();
-        let mut next_publish = Instant::now() + PUBLISH_INTERVAL;
-        let mut next_report = report_interval.map(|interval| Instant::now() + interval);
-        let mut busy = true;
-        let mut fds: Vec<PollFd> = Vec::new();
-        let mut owners: Vec<usize> = Vec::new();
-        while !self.shutdown.is_requested() {
-            // Wait (or just look, when busy or busy-polling) for readiness.
-            let wall = Instant::now();
-            let mut timeout = Duration::ZERO;
-            if !busy && self.options.wait == WaitMode::Blocking {
-                timeout = MAX_SLEEP;
-                for conn in self.conns.iter().flatten() {
-                    if let Some(at) = conn.client.poll_timeout() {
-                        timeout = timeout.min(self.clock.until(at));
-                    }
-                }
-                if publish {
-                    timeout = timeout.min(next_publish.saturating_duration_since(wall));
-                }
-                if let Some(at) = next_report {
-                    timeout = timeout.min(at.saturating_duration_since(wall));
-                }
-            }
-            fds.clear();
-            owners.clear();
-            fds.push(PollFd::new(self.listener.as_raw_fd(), true, false));
-            fds.push(PollFd::new(
-                self.socket.raw_fd(),
-                true,
-                self.socket.is_write_blocked(),
-            ));
-            for (index, conn) in self.conns.iter().enumerate() {
-                if let Some(conn) = conn {
-                    let want_read =
-                        !conn.read_closed && !conn.closing && conn.input.len() < MAX_INPUT;
-                    let want_write = conn.unsent() > 0 && !conn.broken;
-                    if want_read || want_write {
-                        fds.push(PollFd::new(conn.fd, want_read, want_write));
-                        owners.push(index);
-                    }
-                }
-            }
-            if wait(&mut fds, timeout).is_err() {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            self.listener_readable = fds[0].readable;
-            let udp_readable = fds[1].readable;
-            for (entry, &index) in fds[2..].iter().zip(&owners) {
-                if let Some(conn) = self.conns[index].as_mut() {
-                    conn.readable = entry.readable;
-                }
-            }
-            busy = self.turn(udp_readable);
-            let wall = Instant::now();
-            if publish && wall >= next_publish {
-                self.board.publish(&self.metrics());
-                next_publish = wall + PUBLISH_INTERVAL;
-            }
-            if let (Some(at), Some(interval)) = (next_report, report_interval) {
-                if wall >= at {
-                    tracing::info!("{}", self.report_line());
-                    next_report = Some(wall + interval);
-                }
-            }
-            if !busy && self.options.wait == WaitMode::BusyPoll {
-                yield_cpu();
-            }
-        }
-        self.board.publish(&self.metrics());
-        tracing::info!("gateway stopped: {}", self.report_line());
-        Ok(())
+        let settings = LoopSettings {
+            wait: self.options.wait,
+            cpu: self.options.cpu,
+            report_interval: self.options.report_interval,
+            report_at_stop: true,
+        };
+        let board = self.metrics_addr.map(|_| self.board.clone());
+        let shutdown = self.shutdown.clone();
+        run_loop(self, settings, board.as_ref(), &shutdown).map_err(|error| match error {
+            RuntimeError::Pin(why) => GatewayError::Pin(why),
+            other => GatewayError::Config(other.to_string()),
+        })
     }
 
-    /// One turn after a wait. Returns whether anything happened.
-    fn turn(&mut self, udp_readable: bool) -> bool {
+    /// Take in what `ready` found readable, numbered as [`Node::wait_fds`] pushed them: the
+    /// listener, the UDP socket, then each connection that waits for something, in order.
+    /// Returns whether the UDP socket is readable.
+    fn note_ready(&mut self, ready: Ready<'_>) -> bool {
+        self.listener_readable = ready.is_readable(0);
+        let mut entry = 2;
+        for conn in self.conns.iter_mut().flatten() {
+            if conn.interest().is_some() {
+                conn.readable = ready.is_readable(entry);
+                entry += 1;
+            }
+        }
+        ready.is_readable(1)
+    }
+
+    /// Look, without waiting, at what is ready: one `ppoll` rather than an accept and a read on
+    /// every connection. Returns whether the UDP socket is readable.
+    fn look(&mut self) -> bool {
+        let mut fds = std::mem::take(&mut self.probe);
+        fds.clear();
+        self.wait_fds(&mut fds);
+        if poll(&mut fds, Duration::ZERO).is_err() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let udp_readable = self.note_ready(Ready::Polled(&fds));
+        self.probe = fds;
+        udp_readable
+    }
+
+    /// One turn after a wait or a look. Returns whether anything happened.
+    fn turn_on(&mut self, udp_readable: bool) -> bool {
         let mut busy = false;
         if self.listener_readable {
             busy |= self.accept();
@@ -692,6 +670,71 @@ impl Gateway {
             &[("socket", "gateway"), ("reason", "send_queue_full")],
             socket.send_queue_full,
         );
+    }
+}
+
+impl Node for Gateway {
+    fn turn(&mut self, ready: Ready<'_>) -> Turn {
+        let udp_readable = match ready {
+            Ready::Polled(_) => self.note_ready(ready),
+            // Not after a wait (the turn before was busy, or the loop busy-polls): look first.
+            Ready::All | Ready::First => self.look(),
+        };
+        let busy = self.turn_on(udp_readable);
+        // A turn that did anything is followed by another before any wait: a command started
+        // or completed may let the next one start without a descriptor becoming ready.
+        Turn {
+            busy,
+            more: busy,
+            again: false,
+        }
+    }
+
+    fn wait_fds(&self, fds: &mut Vec<PollFd>) {
+        fds.push(PollFd::new(self.listener.as_raw_fd(), true, false));
+        fds.push(PollFd::new(
+            self.socket.raw_fd(),
+            true,
+            self.socket.is_write_blocked(),
+        ));
+        for conn in self.conns.iter().flatten() {
+            if let Some((read, write)) = conn.interest() {
+                fds.push(PollFd::new(conn.fd, read, write));
+            }
+        }
+    }
+
+    fn next_timer(&self) -> Option<Duration> {
+        self.conns
+            .iter()
+            .flatten()
+            .filter_map(|conn| conn.client.poll_timeout())
+            .map(|at| self.clock.until(at))
+            .min()
+    }
+
+    fn queued_len(&self) -> usize {
+        self.socket.queued_len()
+    }
+
+    fn flush(&mut self) {
+        self.socket.flush();
+    }
+
+    fn metrics(&self) -> Metrics {
+        Gateway::metrics(self)
+    }
+
+    fn report_line(&self) -> String {
+        Gateway::report_line(self)
+    }
+
+    fn kind(&self) -> &'static str {
+        "gateway"
+    }
+
+    fn loop_counters(&mut self) -> &mut LoopCounters {
+        &mut self.event_loop
     }
 }
 

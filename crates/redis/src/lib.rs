@@ -16,7 +16,6 @@
 pub mod adaptor;
 pub mod commands;
 pub mod gateway;
-mod poll;
 pub mod resp;
 pub mod script;
 

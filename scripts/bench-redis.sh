@@ -50,11 +50,13 @@ else
 fi
 if [ "$client_cpu" = none ]; then client_cpu=""; fi
 if [ "$backend_cpu" = none ]; then backend_cpu=""; fi
-# on_cpu CPU COMMAND...: run COMMAND pinned to CPU, or as it is when CPU is empty
+# on_cpu CPU COMMAND...: run COMMAND pinned to CPU, or as it is when CPU is empty. It replaces
+# the (sub)shell it runs in, so that `on_cpu ... &` leaves in $! the command's own pid, which
+# cleanup can kill; call it only in the background or in a pipeline.
 on_cpu() {
     local cpu="$1"
     shift
-    if [ -n "$cpu" ]; then taskset -c "$cpu" "$@"; else "$@"; fi
+    if [ -n "$cpu" ]; then exec taskset -c "$cpu" "$@"; else exec "$@"; fi
 }
 if [ -z "$base" ]; then
     base="$(mktemp -d /var/tmp/pmnet-bench-redis.XXXXXX)"

@@ -208,6 +208,9 @@ pub mod flags {
     /// Make-up server-ACK for a sequence number the server skipped or filled: the request
     /// was never applied and never will be. A client still waiting reports it failed.
     pub const SKIPPED: u16 = 1 << 4;
+    /// The datagram ends in an authentication trailer (a key id and a MAC over everything
+    /// before it) that `payload_len` does not count. See `pmnet-auth` and docs/security.md.
+    pub const AUTHENTICATED: u16 = 1 << 5;
 }
 
 /// Why a device forwarded an update fragment without logging it ([`PacketType::NotLogged`]).

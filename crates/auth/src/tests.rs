@@ -1,0 +1,130 @@
+use proptest::prelude::*;
+
+use super::*;
+use pmnet_wire::{Header, PacketType};
+
+fn keys(ids: &[u16]) -> KeySet {
+    KeySet::new(
+        ids.iter()
+            .map(|&id| DeploymentKey::new(id, [id as u8 ^ 0x5A; KEY_LEN]))
+            .collect(),
+    )
+}
+
+fn datagram(session: u64, payload: &[u8]) -> Vec<u8> {
+    Header::new(PacketType::UpdateRequest, 1, session, 7).encode(payload)
+}
+
+#[test]
+fn a_sealed_datagram_verifies_and_parses_without_its_trailer() {
+    let mut auth = Authenticator::new(keys(&[3]));
+    let plain = datagram(42, b"SET k v");
+    let mut sealed = plain.clone();
+    auth.seal(&mut sealed);
+    assert_eq!(sealed.len(), plain.len() + TRAILER_LEN);
+    let inner = auth.verify(&sealed).unwrap();
+    let (header, payload) = Header::parse(inner).unwrap();
+    assert!(header.has_flag(flags::AUTHENTICATED));
+    assert_eq!(payload, b"SET k v");
+    // Sealing the verified bytes again gives the same datagram (a device forwarding it).
+    let mut again = inner.to_vec();
+    auth.seal(&mut again);
+    assert_eq!(again, sealed);
+}
+
+#[test]
+fn every_change_is_caught() {
+    let mut auth = Authenticator::new(keys(&[3]));
+    let mut sealed = datagram(42, b"SET k v");
+    auth.seal(&mut sealed);
+    for index in 0..sealed.len() {
+        for bit in 0..8 {
+            let mut altered = sealed.clone();
+            altered[index] ^= 1 << bit;
+            assert!(auth.verify(&altered).is_err(), "byte {index} bit {bit}");
+        }
+    }
+    assert_eq!(auth.verify(&sealed[..20]), Err(AuthError::Truncated));
+    assert_eq!(
+        auth.verify(&datagram(42, &[0; 40])),
+        Err(AuthError::Unauthenticated)
+    );
+}
+
+#[test]
+fn another_secret_or_an_unknown_key_is_refused() {
+    let mut sender = Authenticator::new(keys(&[3]));
+    let mut sealed = datagram(42, b"x");
+    sender.seal(&mut sealed);
+    let mut other = Authenticator::new(KeySet::new(vec![DeploymentKey::new(3, [1; KEY_LEN])]));
+    assert_eq!(other.verify(&sealed), Err(AuthError::BadTag));
+    let mut rotated_away = Authenticator::new(keys(&[4]));
+    assert_eq!(rotated_away.verify(&sealed), Err(AuthError::UnknownKey));
+    // During a rotation both keys are accepted; the first seals.
+    let mut rotating = Authenticator::new(keys(&[4, 3]));
+    assert!(rotating.verify(&sealed).is_ok());
+    let mut resealed = rotating.verify(&sealed).unwrap().to_vec();
+    rotating.seal(&mut resealed);
+    assert_eq!(
+        u16::from_be_bytes([
+            resealed[resealed.len() - TRAILER_LEN],
+            resealed[resealed.len() - TRAILER_LEN + 1]
+        ]),
+        4
+    );
+}
+
+#[test]
+fn the_same_bytes_under_another_session_get_another_tag() {
+    let mut auth = Authenticator::new(keys(&[3]));
+    let mut a = datagram(1, b"same");
+    let mut b = datagram(2, b"same");
+    auth.seal(&mut a);
+    auth.seal(&mut b);
+    assert_ne!(a[a.len() - TAG_LEN..], b[b.len() - TAG_LEN..]);
+}
+
+#[test]
+fn key_files_parse_and_errors_name_the_line() {
+    let text =
+        "# keys\n\nkey 2 ".to_string() + &"ab".repeat(32) + "\nkey 1 " + &"01".repeat(32) + "\n";
+    let set = KeySet::parse(&text).unwrap();
+    assert_eq!(set.key_ids(), vec![2, 1]);
+    assert_eq!(KeySet::parse(&set.to_file_text()).unwrap(), set);
+    let cases = [
+        ("", 0, "no key"),
+        ("key 1 abc\n", 1, "hex digits"),
+        ("secret 1 x\n", 1, "unknown entry"),
+        ("key x 00\n", 1, "not a number"),
+        ("key 1\n", 1, "expected"),
+    ];
+    for (text, line, words) in cases {
+        let error = KeySet::parse(text).unwrap_err();
+        assert_eq!(error.line, line, "{text:?}");
+        assert!(error.to_string().contains(words), "{error}");
+    }
+    let twice = format!("key 1 {0}\nkey 1 {0}\n", "00".repeat(32));
+    assert!(KeySet::parse(&twice)
+        .unwrap_err()
+        .to_string()
+        .contains("twice"));
+    let three = format!("key 1 {0}\nkey 2 {0}\nkey 3 {0}\n", "00".repeat(32));
+    assert_eq!(KeySet::parse(&three).unwrap_err().line, 3);
+    assert!(
+        !format!("{:?}", set).contains("abab"),
+        "Debug never prints a secret"
+    );
+}
+
+proptest! {
+    #[test]
+    fn verify_never_panics_and_accepts_only_what_was_sealed(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let mut auth = Authenticator::new(keys(&[3]));
+        let _ = auth.verify(&bytes);
+        if let Ok((header, payload)) = Header::parse(&bytes) {
+            let mut sealed = header.encode(payload);
+            auth.seal(&mut sealed);
+            prop_assert!(auth.verify(&sealed).is_ok());
+        }
+    }
+}

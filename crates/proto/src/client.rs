@@ -7,8 +7,8 @@ use std::time::Duration;
 use pmnet_wire::{flags, Header, NotLoggedReason, PacketType};
 
 use crate::{
-    encode_fragments, fragment_payload_len_max, CountDrop, DropCounts, DropReason, RequestKind,
-    Time, Transmit,
+    encode_fragments, fragment_payload_len_max, unsealed_len_max, CountDrop, DropCounts,
+    DropReason, RequestKind, Time, Transmit,
 };
 
 /// Settings of a client session.
@@ -22,6 +22,9 @@ pub struct ClientConfig {
     pub peer: SocketAddr,
     /// Largest datagram sent; larger requests are split into fragments.
     pub datagram_len_max: usize,
+    /// Seal every datagram sent and accept only datagrams that verify (see `pmnet-auth`);
+    /// `None`: no authentication.
+    pub auth: Option<pmnet_auth::Authenticator>,
     /// Most requests in flight at once.
     pub window: u32,
     /// Largest request payload accepted, and largest reply reassembled.
@@ -48,6 +51,7 @@ impl ClientConfig {
             server_id,
             peer,
             datagram_len_max: pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN,
+            auth: None,
             window: 64,
             request_len_max: 1 << 20,
             retransmit_timeout: Duration::from_millis(2),
@@ -203,7 +207,7 @@ impl Client {
     pub fn new(config: ClientConfig) -> Client {
         assert!(config.window >= 1, "window must be at least 1");
         assert!(
-            fragment_payload_len_max(config.datagram_len_max) >= 1,
+            fragment_payload_len_max(unsealed_len_max(config.datagram_len_max, &config.auth)) >= 1,
             "datagram_len_max must exceed the header"
         );
         Client {
@@ -279,8 +283,12 @@ impl Client {
             self.config.session_id,
             seq,
         );
-        let fragments = encode_fragments(header, payload, self.config.datagram_len_max)
-            .ok_or(ClientError::TooLarge)?;
+        let fragments = encode_fragments(
+            header,
+            payload,
+            unsealed_len_max(self.config.datagram_len_max, &self.config.auth),
+        )
+        .ok_or(ClientError::TooLarge)?;
         self.next_seq += 1;
         for fragment in &fragments {
             self.queue(fragment.clone());
@@ -316,6 +324,14 @@ impl Client {
 
     /// Process a datagram received from the network. Never panics on its contents.
     pub fn handle(&mut self, _now: Time, _from: SocketAddr, datagram: &[u8]) {
+        let datagram = match self.config.auth.as_mut().map(|auth| auth.verify(datagram)) {
+            None => datagram,
+            Some(Ok(inner)) => inner,
+            Some(Err(error)) => {
+                self.counters.dropped.record(DropReason::Auth(error));
+                return;
+            }
+        };
         let (header, payload) = match Header::parse(datagram) {
             Ok(parsed) => parsed,
             Err(error) => {
@@ -534,7 +550,11 @@ impl Client {
     /// The next datagram to send, if any. Poll until `None` after every call that changes state.
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.transmits.pop_front()
+        let mut transmit = self.transmits.pop_front()?;
+        if let Some(auth) = self.config.auth.as_mut() {
+            auth.seal(&mut transmit.bytes);
+        }
+        Some(transmit)
     }
 
     /// The next completion or failure, if any.

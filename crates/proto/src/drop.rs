@@ -8,6 +8,9 @@ use pmnet_wire::ParseError;
 /// Why a datagram was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DropReason {
+    /// The datagram failed authentication (checked before anything else): forged, altered,
+    /// replayed under another key, or sent without one.
+    Auth(pmnet_auth::AuthError),
     /// The bytes are not a PMNet packet (or a type no function owns).
     Parse(ParseError),
     /// The header names a server this device does not front.
@@ -57,6 +60,7 @@ impl DropReason {
     /// Stable name, used in counters and metrics.
     pub fn reason(self) -> &'static str {
         match self {
+            DropReason::Auth(error) => error.reason(),
             DropReason::Parse(error) => error.reason(),
             DropReason::UnknownServer => "unknown_server",
             DropReason::WrongServer => "wrong_server",

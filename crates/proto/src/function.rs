@@ -236,6 +236,9 @@ impl NetworkFunction for Nothing {
 pub struct Pipeline<F> {
     functions: F,
     drops: DropCounts,
+    /// With keys configured: every datagram verified before it is parsed, every datagram
+    /// sent sealed (what a device forwards is sealed again, which reproduces its tag).
+    auth: Option<pmnet_auth::Authenticator>,
 }
 
 impl<F: NetworkFunction> Pipeline<F> {
@@ -243,7 +246,19 @@ impl<F: NetworkFunction> Pipeline<F> {
         Pipeline {
             functions,
             drops: DropCounts::default(),
+            auth: None,
         }
+    }
+
+    /// Authenticate every datagram in and out with `auth`.
+    pub fn with_auth(mut self, auth: Option<pmnet_auth::Authenticator>) -> Pipeline<F> {
+        self.auth = auth;
+        self
+    }
+
+    /// Whether datagrams are authenticated.
+    pub fn is_authenticated(&self) -> bool {
+        self.auth.is_some()
     }
 
     pub fn functions(&self) -> &F {
@@ -261,6 +276,14 @@ impl<F: NetworkFunction> Pipeline<F> {
 
     /// Process a datagram from the network. Never panics on its contents.
     pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
+        let datagram = match self.auth.as_mut().map(|auth| auth.verify(datagram)) {
+            None => datagram,
+            Some(Ok(inner)) => inner,
+            Some(Err(error)) => {
+                self.drops.record(DropReason::Auth(error));
+                return;
+            }
+        };
         let header = match Header::parse(datagram) {
             Ok((header, _)) => header,
             Err(error) => {
@@ -286,7 +309,11 @@ impl<F: NetworkFunction> Pipeline<F> {
 
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.functions.poll_transmit()
+        let mut transmit = self.functions.poll_transmit()?;
+        if let Some(auth) = self.auth.as_mut() {
+            auth.seal(&mut transmit.bytes);
+        }
+        Some(transmit)
     }
 
     #[must_use]

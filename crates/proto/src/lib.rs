@@ -32,6 +32,7 @@ pub use function::{
     DevicePipeline, FrontFunction, NetworkFunction, NoPersistence, Nothing, Persist, PersistBatch,
     Pipeline, Stack, StackWork, Verdict,
 };
+pub use pmnet_auth::{AuthError, Authenticator, DeploymentKey, KeySet};
 pub use pmnet_pm::EntryKey;
 pub use pmnet_pm::{BatchStats, LogWork};
 pub use server::{
@@ -63,6 +64,15 @@ impl RequestKind {
             RequestKind::Update => pmnet_wire::PacketType::UpdateRequest,
             RequestKind::Bypass => pmnet_wire::PacketType::BypassRequest,
         }
+    }
+}
+
+/// Bytes of a datagram left for header and payload once an authentication trailer (if any)
+/// is appended: what `datagram_len_max` allows, less the trailer.
+fn unsealed_len_max(datagram_len_max: usize, auth: &Option<pmnet_auth::Authenticator>) -> usize {
+    match auth {
+        Some(_) => datagram_len_max.saturating_sub(pmnet_auth::TRAILER_LEN),
+        None => datagram_len_max,
     }
 }
 

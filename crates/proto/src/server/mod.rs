@@ -27,6 +27,9 @@ pub struct ServerConfig {
     pub devices: Vec<SocketAddr>,
     /// Largest datagram sent; larger replies are split into fragments.
     pub datagram_len_max: usize,
+    /// Seal every datagram sent and accept only datagrams that verify (see `pmnet-auth`);
+    /// `None`: no authentication.
+    pub auth: Option<pmnet_auth::Authenticator>,
     /// Requests buffered at most this many sequence numbers ahead of the last applied one.
     pub reorder_window: u32,
     /// How long a gap in a session's sequence may last before the server asks for a
@@ -66,6 +69,7 @@ impl ServerConfig {
             server_id,
             devices,
             datagram_len_max: pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN,
+            auth: None,
             reorder_window: 1024,
             gap_timeout: Duration::from_millis(2),
             gap_timeout_max: Duration::from_secs(1),
@@ -288,8 +292,22 @@ impl Server {
         }
     }
 
-    /// Process a datagram from the network. Never panics on its contents.
+    /// Bytes of header and payload a datagram may have (the trailer, if any, comes on top).
+    fn datagram_budget(&self) -> usize {
+        crate::unsealed_len_max(self.config.datagram_len_max, &self.config.auth)
+    }
+
+    /// Process a datagram from the network: verified first (with keys configured), then
+    /// parsed. Never panics on its contents.
     pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
+        let datagram = match self.config.auth.as_mut().map(|auth| auth.verify(datagram)) {
+            None => datagram,
+            Some(Ok(inner)) => inner,
+            Some(Err(error)) => {
+                self.count_drop(DropReason::Auth(error));
+                return;
+            }
+        };
         let (header, payload) = match Header::parse(datagram) {
             Ok(parsed) => parsed,
             Err(error) => {
@@ -526,12 +544,12 @@ impl Server {
             seq,
         );
         header.flags = flags;
-        let datagrams = encode_fragments(header, reply, self.config.datagram_len_max)
+        let datagrams = encode_fragments(header, reply, self.datagram_budget())
             .or_else(|| {
                 // Replies are bounded by the store; one that still does not fit is reported
                 // as unavailable rather than lost silently.
                 header.flags |= pmnet_wire::flags::REPLY_UNAVAILABLE;
-                encode_fragments(header, &[], self.config.datagram_len_max)
+                encode_fragments(header, &[], self.datagram_budget())
             })
             .expect("an empty reply always fits");
         for bytes in datagrams {
@@ -715,7 +733,11 @@ impl Server {
     /// The next datagram to send, if any. Poll until `None` after every call that changes state.
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.transmits.pop_front()
+        let mut transmit = self.transmits.pop_front()?;
+        if let Some(auth) = self.config.auth.as_mut() {
+            auth.seal(&mut transmit.bytes);
+        }
+        Some(transmit)
     }
 
     /// The next request to apply (or recovery notice), if any.

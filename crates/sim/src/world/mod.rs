@@ -157,8 +157,35 @@ impl World {
                 node.pipeline.device_mut(),
                 Device::new(node.config.clone(), Time::ZERO, Vec::new()),
             );
-            node.pipeline = DevicePipeline::with_front(new_front(), device);
+            node.pipeline =
+                DevicePipeline::with_front(new_front(), device).with_auth(node.auth.clone());
         }
+        self
+    }
+
+    /// Authenticate every datagram of every node with `keys` (see `pmnet-auth`): devices,
+    /// servers and clients seal what they send and drop what does not verify. The servers
+    /// start again (their first recovery poll is sealed too).
+    pub fn with_auth(mut self, keys: pmnet_proto::KeySet) -> World {
+        let auth = Some(pmnet_proto::Authenticator::new(keys));
+        self.queue.clear();
+        for node in &mut self.devices {
+            node.auth = auth.clone();
+            let device = std::mem::replace(
+                node.pipeline.device_mut(),
+                Device::new(node.config.clone(), Time::ZERO, Vec::new()),
+            );
+            node.pipeline =
+                DevicePipeline::with_front((node.new_front)(), device).with_auth(auth.clone());
+        }
+        for node in &mut self.servers {
+            node.config.auth = auth.clone();
+            node.server = Server::new(node.config.clone(), self.now, Vec::new());
+        }
+        for index in 0..self.clients.len() {
+            self.reconfigure_client(index, |config| config.auth = auth.clone());
+        }
+        self.flush_outputs();
         self
     }
 
@@ -258,7 +285,7 @@ impl World {
             true
         };
         self.note_datagram(&node_name(to), || {
-            let what = match Header::parse(bytes) {
+            let what = match Header::parse(pmnet_auth::without_trailer(bytes)) {
                 Ok((header, _)) => describe_header(&header),
                 Err(error) => format!(
                     "a datagram of {} bytes that does not parse ({error})",
@@ -375,7 +402,8 @@ impl World {
         node.pipeline = DevicePipeline::with_front(
             (node.new_front)(),
             Device::new(node.config.clone(), now, recovery.entries),
-        );
+        )
+        .with_auth(node.auth.clone());
         node.log = log;
         node.held.clear();
         node.hold_persistence = false;

@@ -38,7 +38,7 @@ impl World {
     }
 
     pub(super) fn enqueue(&mut self, from: SocketAddr, transmit: Transmit) {
-        let header = match Header::parse(&transmit.bytes) {
+        let header = match Header::parse(pmnet_auth::without_trailer(&transmit.bytes)) {
             Ok((header, _)) => header,
             Err(error) => panic!("invariant: {from} sent an invalid datagram: {error}"),
         };

@@ -183,6 +183,8 @@ pub struct DeviceNode {
     pub held: VecDeque<PersistBatch<LogWork>>,
     /// Builds the front function, at start and after each restart (its state is volatile).
     pub new_front: fn() -> Box<dyn FrontFunction>,
+    /// The device's authenticator (kept across restarts: the key file outlives the process).
+    pub auth: Option<pmnet_proto::Authenticator>,
     pub config: DeviceConfig,
     pub up: bool,
     /// Every key this device's log has held durably: a PMNet-ACK must name one of them.
@@ -210,6 +212,7 @@ impl DeviceNode {
                 Device::new(config.clone(), Time::ZERO, Vec::new()),
             ),
             new_front: no_front,
+            auth: None,
             log,
             hold_persistence: false,
             held: VecDeque::new(),

@@ -145,7 +145,7 @@ impl World {
     /// An ack is a promise: a PMNet-ACK may name only an entry the device's log has held
     /// durably, by the persistence model's account rather than the device's.
     fn check_pmnet_ack(&mut self, device: usize, transmit: &Transmit) {
-        let Ok((header, _)) = Header::parse(&transmit.bytes) else {
+        let Ok((header, _)) = Header::parse(pmnet_auth::without_trailer(&transmit.bytes)) else {
             return;
         };
         if header.packet_type != PacketType::PmnetAck {

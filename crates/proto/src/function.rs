@@ -230,6 +230,9 @@ impl NetworkFunction for Nothing {
     }
 }
 
+/// Verified datagrams whose trailers a pipeline keeps for forwarding them: a receive batch.
+const FORWARDED_TRAILERS_KEPT: usize = 32;
+
 /// A device's functions behind one parser: each datagram is parsed once and offered to the
 /// functions in order; what none of them consumes is counted and dropped here.
 #[derive(Debug)]
@@ -252,7 +255,9 @@ impl<F: NetworkFunction> Pipeline<F> {
 
     /// Authenticate every datagram in and out with `auth`.
     pub fn with_auth(mut self, auth: Option<pmnet_auth::Authenticator>) -> Pipeline<F> {
-        self.auth = auth;
+        // What a device forwards is what it just verified: reuse the trailer rather than
+        // compute the MAC again (a receive batch's worth).
+        self.auth = auth.map(|auth| auth.remember_verified(FORWARDED_TRAILERS_KEPT));
         self
     }
 

@@ -40,6 +40,11 @@ pub struct ClientArgs {
               }))]
     pub request_lifetime: f64,
 
+    /// Authenticate every datagram with the deployment keys in this file (mode 0600; make one
+    /// with `pmnet keygen`). Without it traffic is not authenticated.
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<std::path::PathBuf>,
+
     /// The request; without one, read requests line by line from standard input
     /// (`set k v`, `get k`, `del k`, `incr k [delta]`, `quit`).
     #[command(subcommand)]
@@ -101,6 +106,9 @@ pub fn run(args: ClientArgs) -> Result<ExitCode, CliError> {
     let mut options = SessionOptions::new(args.server_id, args.device);
     options.wait = WaitMode::from_busy_poll(args.busy_poll);
     options.request_lifetime = Some(std::time::Duration::from_secs_f64(args.request_lifetime));
+    if let Some(path) = &args.key_file {
+        options.keys = Some(pmnet_runtime::load_key_file(path)?);
+    }
     let mut session = ClientSession::open(options)?;
     if let Some(request) = &args.request {
         let line = execute(&mut session, request)?;

@@ -5,6 +5,7 @@ mod client;
 mod config;
 mod demo;
 mod drain_bench;
+mod keygen;
 mod node;
 mod redis;
 mod session_bench;
@@ -76,6 +77,8 @@ enum Command {
     /// Measure a server's rate as the sessions it has seen grow past its session table
     /// (see docs/benchmarks.md).
     SessionBench(session_bench::SessionBenchArgs),
+    /// Make a deployment key file for `--key-file` (see docs/security.md).
+    Keygen(keygen::KeygenArgs),
 }
 
 impl Command {
@@ -93,6 +96,7 @@ impl Command {
             Command::StoreBench(_) => "store-bench",
             Command::DrainBench(_) => "drain-bench",
             Command::SessionBench(_) => "session-bench",
+            Command::Keygen(_) => "keygen",
         }
     }
 }
@@ -122,6 +126,7 @@ fn main() -> ExitCode {
         Command::StoreBench(args) => store_bench::run(args),
         Command::DrainBench(args) => drain_bench::run(args),
         Command::SessionBench(args) => session_bench::run(args),
+        Command::Keygen(args) => keygen::run(args),
     };
     match result {
         Ok(code) => code,

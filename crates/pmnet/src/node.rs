@@ -9,8 +9,8 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use pmnet_pm::{FlushChoice, MmapOptions};
 use pmnet_runtime::{
-    DeviceOptions, DeviceRuntime, LogOptions, LoopOptions, ServerOptions, ServerRuntime, Shutdown,
-    StoreOptions, WaitMode,
+    auth_text, load_key_file, DeviceOptions, DeviceRuntime, KeySet, LogOptions, LoopOptions,
+    ServerOptions, ServerRuntime, Shutdown, StoreOptions, WaitMode,
 };
 
 use crate::CliError;
@@ -34,6 +34,11 @@ pub struct LoopArgs {
     /// Log a line of counters this often, in seconds (0: never).
     #[arg(long, value_name = "SECONDS", default_value_t = 10)]
     pub report_interval: u64,
+
+    /// Authenticate every datagram with the deployment keys in this file (mode 0600; make one
+    /// with `pmnet keygen`). Without it traffic is not authenticated.
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
 }
 
 impl LoopArgs {
@@ -46,6 +51,14 @@ impl LoopArgs {
             metrics_listen: self.metrics,
             ..LoopOptions::default()
         }
+    }
+
+    /// The deployment keys of `--key-file`, if given.
+    pub fn keys(&self) -> Result<Option<KeySet>, CliError> {
+        Ok(match &self.key_file {
+            Some(path) => Some(load_key_file(path)?),
+            None => None,
+        })
     }
 
     /// `metrics`: the address the endpoint is bound to (the real port when 0 was asked for).
@@ -185,6 +198,7 @@ impl DeviceArgs {
             echo_listen: self.echo_listen,
             max_resends_in_flight: Some(self.resends_in_flight),
             loop_options: self.run.loop_options(),
+            keys: None,
         }
     }
 }
@@ -287,6 +301,7 @@ impl ServerArgs {
             store,
             gap_fill_after: Some(Duration::from_secs_f64(self.gap_fill_after)),
             loop_options: self.run.loop_options(),
+            keys: None,
         }
     }
 }
@@ -302,7 +317,10 @@ fn announce(lines: &[String]) {
 
 pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
     let shutdown = Shutdown::on_signals()?;
-    let mut device = DeviceRuntime::open(args.options(), shutdown)?;
+    let mut options = args.options();
+    options.keys = args.run.keys()?;
+    let traffic = auth_text(options.keys.as_ref());
+    let mut device = DeviceRuntime::open(options, shutdown)?;
     let startup = device.startup().clone();
     let addresses = device.addresses();
     let servers: Vec<String> = args
@@ -331,6 +349,7 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
         None => lines.push("  log: off (--no-log)".to_owned()),
     }
     lines.push(format!("  medium: {}", startup.medium_text()));
+    lines.push(format!("  traffic: {traffic}"));
     if let Some(addr) = addresses.forward {
         lines.push(format!("  forward (no logging) on {addr}"));
     }
@@ -345,7 +364,10 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
 
 pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
     let shutdown = Shutdown::on_signals()?;
-    let mut server = ServerRuntime::open_with_engine(args.options(), args.engine.kind(), shutdown)?;
+    let mut options = args.options();
+    options.keys = args.run.keys()?;
+    let traffic = auth_text(options.keys.as_ref());
+    let mut server = ServerRuntime::open_with_engine(options, args.engine.kind(), shutdown)?;
     let startup = server.startup().clone();
     let addresses = server.addresses();
     let mut lines = vec![format!(
@@ -370,6 +392,7 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
         lines.push(format!("  recovery: {note}"));
     }
     lines.push(format!("  medium: {}", startup.medium_text()));
+    lines.push(format!("  traffic: {traffic}"));
     if let Some(warning) = &startup.store_warning {
         lines.push(format!("  WARNING: {warning}"));
     }

@@ -137,6 +137,8 @@ pub fn run_adaptor(args: RedisAdaptorArgs) -> Result<ExitCode, CliError> {
     options.cpu = args.run.cpu;
     options.report_interval = report_interval(&args.run);
     options.metrics_listen = args.run.metrics;
+    options.keys = args.run.keys()?;
+    let adaptor_traffic = pmnet_runtime::auth_text(options.keys.as_ref());
     let mut adaptor = Adaptor::open(options, shutdown)?;
     let startup = adaptor.startup().clone();
     let mut lines = vec![
@@ -160,6 +162,7 @@ pub fn run_adaptor(args: RedisAdaptorArgs) -> Result<ExitCode, CliError> {
             }
         ),
         format!("  medium: {}", startup.durability_text()),
+        format!("  traffic: {adaptor_traffic}"),
         match args.session_ttl {
             0 => format!(
                 "  session records: {}<session>, kept for ever (--session-ttl 0)",
@@ -214,6 +217,8 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
     options.cpu = args.run.cpu;
     options.report_interval = report_interval(&args.run);
     options.metrics_listen = args.run.metrics;
+    options.keys = args.run.keys()?;
+    let traffic = pmnet_runtime::auth_text(options.keys.as_ref());
     let mut gateway = Gateway::open(options, shutdown)?;
     let lines = vec![
         format!("pmnet gateway listening on {}", gateway.local_addr()),
@@ -225,6 +230,7 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
          device's log (its medium is in the device's banner); bypass commands are answered with \
          Redis's reply (durable as the adaptor's banner says)"
             .to_owned(),
+        format!("  traffic: {traffic}"),
         format!(
             "  counting writes (LPUSH, DEL, INCR, …): {}",
             if args.ack_counting_writes {

@@ -207,6 +207,7 @@ fn server_options(
             metrics_listen: None,
             ..LoopOptions::default()
         },
+        keys: None,
     }
 }
 

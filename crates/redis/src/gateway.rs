@@ -44,6 +44,8 @@ pub struct GatewayOptions {
     pub cpu: Option<usize>,
     pub report_interval: Option<Duration>,
     pub metrics_listen: Option<SocketAddr>,
+    /// Authenticate every datagram with these deployment keys (`None`: no authentication).
+    pub keys: Option<pmnet_proto::KeySet>,
 }
 
 impl GatewayOptions {
@@ -59,6 +61,7 @@ impl GatewayOptions {
             cpu: None,
             report_interval: Some(Duration::from_secs(10)),
             metrics_listen: None,
+            keys: None,
         }
     }
 }
@@ -383,6 +386,11 @@ impl Gateway {
             let mut config =
                 ClientConfig::new(session_id, self.options.server_id, self.options.device);
             config.window = self.options.window;
+            config.auth = self
+                .options
+                .keys
+                .clone()
+                .map(pmnet_proto::Authenticator::new);
             let conn = Conn {
                 fd: stream.as_raw_fd(),
                 stream,

@@ -31,6 +31,8 @@ pub struct SessionOptions {
     /// Longest one request is tried before it fails (`None`: the protocol's default, 12 s;
     /// never more than 15 s).
     pub request_lifetime: Option<Duration>,
+    /// Authenticate every datagram with these deployment keys (`None`: no authentication).
+    pub keys: Option<pmnet_auth::KeySet>,
 }
 
 impl SessionOptions {
@@ -42,6 +44,7 @@ impl SessionOptions {
             session_id: None,
             window: None,
             request_lifetime: None,
+            keys: None,
         }
     }
 }
@@ -68,6 +71,7 @@ impl ClientSession {
         let socket = BatchSocket::bind(bind, CLIENT_MAX_QUEUED)?;
         let session_id = options.session_id.unwrap_or_else(random_session_id);
         let mut config = ClientConfig::new(session_id, options.server_id, options.peer);
+        config.auth = options.keys.clone().map(pmnet_auth::Authenticator::new);
         if let Some(lifetime) = options.request_lifetime {
             config.request_lifetime = lifetime;
         }

@@ -20,6 +20,7 @@
 mod client;
 mod device;
 mod event_loop;
+mod keys;
 pub mod metrics;
 mod relay;
 mod server;
@@ -36,7 +37,9 @@ pub use device::{
     DeviceAddresses, DeviceOptions, DeviceRuntime, DeviceStartup, LogOptions, ECHO_MAX_QUEUED,
 };
 pub use event_loop::{run_loop, wait_once, LoopCounters, LoopSettings, Node, Ready, Turn};
+pub use keys::{auth_text, load_key_file};
 pub use metrics::{Metrics, MetricsBoard};
+pub use pmnet_auth::KeySet;
 pub use relay::{RelayOptions, UdpRelay};
 pub use server::{
     ServerAddresses, ServerApp, ServerOptions, ServerRuntime, ServerStartup, StoreOptions,

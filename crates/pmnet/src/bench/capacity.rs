@@ -127,6 +127,7 @@ fn start_forwarder(
                     echo_listen: Some(loopback),
                     max_resends_in_flight: None,
                     loop_options,
+                    keys: None,
                 };
                 let mut device = match DeviceRuntime::open(options, shutdown) {
                     Ok(device) => device,

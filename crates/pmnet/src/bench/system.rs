@@ -205,6 +205,7 @@ fn start_server(
         }),
         gap_fill_after: None,
         loop_options: loop_options(config, config.server_cpu),
+        keys: None,
     };
     let (server_tx, server_rx) = mpsc::channel();
     let server_shutdown = shutdown.clone();
@@ -290,6 +291,7 @@ fn start_device(
         echo_listen: Some(loopback()),
         max_resends_in_flight: None,
         loop_options: loop_options(config, config.device_cpu),
+        keys: None,
     };
     let (device_tx, device_rx) = mpsc::channel();
     let device_shutdown = shutdown.clone();

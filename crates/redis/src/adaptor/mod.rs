@@ -78,6 +78,8 @@ pub struct AdaptorOptions {
     pub cpu: Option<usize>,
     pub report_interval: Option<Duration>,
     pub metrics_listen: Option<SocketAddr>,
+    /// Authenticate every datagram with these deployment keys (`None`: no authentication).
+    pub keys: Option<pmnet_proto::KeySet>,
 }
 
 impl AdaptorOptions {
@@ -97,6 +99,7 @@ impl AdaptorOptions {
             cpu: None,
             report_interval: Some(Duration::from_secs(10)),
             metrics_listen: None,
+            keys: None,
         }
     }
 }
@@ -278,7 +281,8 @@ impl Adaptor {
                 source,
             })?;
         let clock = Clock::new();
-        let config = ServerConfig::new(options.server_id, options.devices.clone());
+        let mut config = ServerConfig::new(options.server_id, options.devices.clone());
+        config.auth = options.keys.clone().map(pmnet_proto::Authenticator::new);
         let server = Server::new(config, clock.now(), redis.sessions);
         let board = MetricsBoard::new();
         let metrics_addr = match options.metrics_listen {

@@ -61,6 +61,8 @@ pub struct DeviceOptions {
     /// Resent log entries out to one server at once (the paced replay's window); `None`
     /// keeps the state machine's default.
     pub max_resends_in_flight: Option<u32>,
+    /// Authenticate every datagram with these deployment keys (`None`: no authentication).
+    pub keys: Option<pmnet_auth::KeySet>,
     pub loop_options: LoopOptions,
 }
 
@@ -206,7 +208,8 @@ impl DeviceRuntime {
         let forward = sockets.forward.map(|socket| {
             let switch = Device::new(plain_switch_config(&options), now, Vec::new());
             (
-                DevicePipeline::with_front(Box::new(Nothing), switch),
+                DevicePipeline::with_front(Box::new(Nothing), switch)
+                    .with_auth(options.keys.clone().map(pmnet_proto::Authenticator::new)),
                 socket,
             )
         });
@@ -218,10 +221,11 @@ impl DeviceRuntime {
             echo: sockets.echo.as_ref().map(BatchSocket::local_addr),
             metrics,
         };
+        let auth = options.keys.clone().map(pmnet_proto::Authenticator::new);
         let mut runtime = DeviceRuntime {
             options,
             clock,
-            pipeline: DevicePipeline::with_front(front, device),
+            pipeline: DevicePipeline::with_front(front, device).with_auth(auth),
             executor: LogExecutor {
                 log,
                 ..LogExecutor::default()
@@ -513,6 +517,7 @@ mod tests {
                 report_interval: None,
                 ..LoopOptions::default()
             },
+            keys: None,
         }
     }
 

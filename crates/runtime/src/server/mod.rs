@@ -53,6 +53,8 @@ pub struct ServerOptions {
     /// How long a gap in a session must last before the server closes it without the client
     /// (`None`: the protocol's default, 20 s). Must exceed every client's request lifetime.
     pub gap_fill_after: Option<Duration>,
+    /// Authenticate every datagram with these deployment keys (`None`: no authentication).
+    pub keys: Option<pmnet_auth::KeySet>,
     pub loop_options: LoopOptions,
 }
 

@@ -240,6 +240,7 @@ impl ServerRuntime {
         let (startup, sessions) = startup_report(&options, &app, formatted);
         let clock = Clock::new();
         let mut config = ServerConfig::new(options.server_id, options.devices.clone());
+        config.auth = options.keys.clone().map(pmnet_auth::Authenticator::new);
         if let Some(gap_fill_after) = options.gap_fill_after {
             config.gap_fill_after = gap_fill_after;
         }

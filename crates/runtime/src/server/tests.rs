@@ -26,6 +26,7 @@ fn start(
             report_interval: None,
             ..LoopOptions::default()
         },
+        keys: None,
     };
     let shutdown = Shutdown::new();
     let server_shutdown = shutdown.clone();

@@ -120,8 +120,10 @@ fn plan(args: &DemoArgs) -> Result<Plan, String> {
             wait,
             device_cpu,
             server_cpu,
+            keys: None,
         }),
         progress: true,
+        keys: None,
     })
 }
 

@@ -160,6 +160,11 @@ pub struct BenchArgs {
           value_parser = clap::value_parser!(u64).range(0..=ADDED_LATENCY_NS_MAX))]
     pub persist_latency_ns: u64,
 
+    /// Authenticate every datagram (clients, device and server) with the deployment keys in
+    /// this file (see `pmnet keygen`); without it, traffic is not authenticated.
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+
     /// Directory of the in-process log and store files (removed at the end). /dev/shm is
     /// emulated persistent memory.
     #[arg(long, value_name = "DIR", default_value = "/dev/shm")]
@@ -293,11 +298,17 @@ impl Plan {
             !is_external,
         )?;
         let modes = distinct_modes(&args.modes);
+        let keys = match &args.key_file {
+            Some(path) => Some(pmnet_runtime::load_key_file(path).map_err(|e| e.to_string())?),
+            None => None,
+        };
         let target = if is_external {
             check_external_addresses(&modes, &external)?;
             Target::External(external)
         } else {
-            Target::Loopback(loopback_config(args, wait, device_cpu, server_cpu)?)
+            let mut config = loopback_config(args, wait, device_cpu, server_cpu)?;
+            config.keys = keys.clone();
+            Target::Loopback(config)
         };
         Ok(Plan {
             modes,
@@ -324,6 +335,7 @@ impl Plan {
             server_id: args.server_id,
             target,
             progress: !args.no_progress,
+            keys,
         })
     }
 }
@@ -404,6 +416,7 @@ fn loopback_config(
         wait,
         device_cpu,
         server_cpu,
+        keys: None,
     })
 }
 

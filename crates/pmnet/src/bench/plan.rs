@@ -48,6 +48,8 @@ pub struct Plan {
     pub requests: Option<u64>,
     pub warmup: Duration,
     pub seed: u64,
+    /// Every datagram authenticated with these keys (`--key-file`).
+    pub keys: Option<pmnet_runtime::KeySet>,
     pub wait: WaitMode,
     pub client_cpu: Option<usize>,
     pub device_cpu: Option<usize>,
@@ -303,6 +305,7 @@ fn start_clients(
             measure_from: stretch.measure_from,
             measure_until: stretch.measure_until,
             requests: plan.requests,
+            keys: plan.keys.clone(),
         };
         let client_shared = Arc::clone(shared);
         let handle = std::thread::Builder::new()

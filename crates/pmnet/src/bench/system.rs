@@ -37,6 +37,8 @@ pub struct LoopbackConfig {
     pub wait: WaitMode,
     pub device_cpu: Option<usize>,
     pub server_cpu: Option<usize>,
+    /// Authenticate every datagram with these keys (`None`: no authentication).
+    pub keys: Option<pmnet_runtime::KeySet>,
 }
 
 /// Where the parts of a system listen.
@@ -205,7 +207,7 @@ fn start_server(
         }),
         gap_fill_after: None,
         loop_options: loop_options(config, config.server_cpu),
-        keys: None,
+        keys: config.keys.clone(),
     };
     let (server_tx, server_rx) = mpsc::channel();
     let server_shutdown = shutdown.clone();
@@ -291,7 +293,7 @@ fn start_device(
         echo_listen: Some(loopback()),
         max_resends_in_flight: None,
         loop_options: loop_options(config, config.device_cpu),
-        keys: None,
+        keys: config.keys.clone(),
     };
     let (device_tx, device_rx) = mpsc::channel();
     let device_shutdown = shutdown.clone();

@@ -68,6 +68,8 @@ pub struct ClientPlan {
     pub window: u32,
     pub workload: Workload,
     pub seed: u64,
+    /// Authenticate the session's datagrams with these keys.
+    pub keys: Option<pmnet_runtime::KeySet>,
     /// Requests started before this are warm-up: not recorded.
     pub measure_from: Instant,
     /// Requests completing after this are not recorded, and the client stops (`None`: stop
@@ -176,6 +178,7 @@ fn run_session_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
     let mut options = SessionOptions::new(plan.server_id, plan.peer);
     options.wait = plan.wait;
     options.window = Some(plan.window);
+    options.keys = plan.keys.clone();
     let mut session = match ClientSession::open(options) {
         Ok(session) => session,
         Err(error) => {

@@ -275,7 +275,7 @@ impl Authenticator {
     /// Check `datagram`'s trailer before anything else is done with it; on success, the
     /// datagram without its trailer (header and payload, as the parser expects them).
     pub fn verify<'a>(&mut self, datagram: &'a [u8]) -> Result<&'a [u8], AuthError> {
-        if datagram.len() < HEADER_LEN + TRAILER_LEN {
+        if datagram.len() < HEADER_LEN {
             return Err(AuthError::Truncated);
         }
         let flags_now = u16::from_be_bytes([
@@ -284,6 +284,9 @@ impl Authenticator {
         ]);
         if flags_now & flags::AUTHENTICATED == 0 {
             return Err(AuthError::Unauthenticated);
+        }
+        if datagram.len() < HEADER_LEN + TRAILER_LEN {
+            return Err(AuthError::Truncated);
         }
         let (inner, trailer) = datagram.split_at(datagram.len() - TRAILER_LEN);
         let key_id = u16::from_be_bytes([trailer[0], trailer[1]]);

@@ -46,7 +46,7 @@ pub trait NetworkFunction {
     /// The persistence work this function asks for ([`Infallible`] for none).
     type Work;
 
-    /// Offer a datagram whose header parsed (and, once sessions are authenticated, verified).
+    /// Offer a datagram that verified (when keys are configured) and whose header parsed.
     /// Never panics on its contents.
     fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict;
     fn handle_timeout(&mut self, now: Time);

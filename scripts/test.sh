@@ -43,6 +43,11 @@ if [ "$fuzz_seconds" -gt 0 ]; then
     # RUSTC_BOOTSTRAP=1.
     (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run parse_datagram -- \
         -max_total_time="$fuzz_seconds" -print_final_stats=1 2>&1 | tail -n 12)
+    # The authenticated parser: a third of that time (at least 5 s).
+    verify_seconds=$(( fuzz_seconds / 3 > 5 ? fuzz_seconds / 3 : 5 ))
+    step "fuzz the authenticated parser for ${verify_seconds}s"
+    (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run verify_datagram -- \
+        -max_total_time="$verify_seconds" -print_final_stats=1 2>&1 | tail -n 12)
 fi
 
 echo

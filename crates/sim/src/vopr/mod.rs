@@ -19,6 +19,7 @@
 //! 1–3 in `sessions_checker.rs`, 4 in `durability_checker.rs` (the world checks every
 //! PMNet-ACK itself), 5 in `convergence_checker.rs`.
 
+mod attacker;
 mod convergence_checker;
 mod device_crash;
 mod durability_checker;
@@ -35,6 +36,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::world::{Faults, Topology, World};
 
+use attacker::Attacker;
 use safety_phase::FaultMix;
 use summary::count_world_faults;
 pub use summary::{FaultCounts, FaultSummary, SwarmSummary};
@@ -165,12 +167,25 @@ struct Run {
 fn run_inner(seed: u64, options: &Options, state: &mut Option<Run>) -> Report {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let (world, summary, mix) = set_up(seed, options, &mut rng);
+    let mut attacker = Attacker::for_seed(seed).map(|(attacker, _)| attacker);
     let Run { world, summary } = state.insert(Run { world, summary });
     let mut issued: Vec<Vec<Issued>> = (0..world.clients.len()).map(|_| Vec::new()).collect();
-    safety_phase::run(world, &mut rng, summary, &mut issued, &mix, options);
+    safety_phase::run(
+        world,
+        &mut rng,
+        summary,
+        &mut issued,
+        &mix,
+        options,
+        &mut attacker,
+    );
     let virtual_time_to_converge = liveness_phase::run(world, &mut rng, &mut issued, options);
     let requests_completed = check_invariants(world, &issued, summary);
     count_world_faults(world, summary);
+    if attacker.is_some() {
+        summary.counts.seeds_with_attacker += 1;
+        summary.counts.forgeries_dropped += attacker::auth_drops(world);
+    }
     Report {
         seed,
         trace_hash: world.trace_hash(),
@@ -208,6 +223,9 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
     let mix = FaultMix::choose(rng, topology.client_count);
     let slot_counts = topology.device_slot_counts.clone();
     let mut world = World::with_topology(topology).with_kv_store(4 << 20);
+    if let Some((_, keys)) = Attacker::for_seed(seed) {
+        world = world.with_auth(keys);
+    }
     world.record_seen = false;
     for (client, lifetime) in mix.short_lifetimes.iter().enumerate() {
         if let Some(lifetime) = *lifetime {

@@ -9,6 +9,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::world::{client_addr, device_addr, node_name, server_addr, World};
 
+use super::attacker::Attacker;
 use super::device_crash::crash_device;
 use super::workload::{issue, Issued};
 use super::{FaultSummary, Options};
@@ -62,11 +63,15 @@ pub(super) fn run(
     issued: &mut [Vec<Issued>],
     mix: &FaultMix,
     options: &Options,
+    attacker: &mut Option<Attacker>,
 ) {
     let client_count = world.clients.len();
     let total_requests = options.requests_per_client as f64 * client_count as f64;
     let issue_probability = (1.5 * total_requests / f64::from(options.safety_actions)).min(1.0);
     for _ in 0..options.safety_actions {
+        if let Some(attacker) = attacker.as_mut() {
+            attacker.strike(world, summary);
+        }
         if rng.random_bool(issue_probability) {
             let client = rng.random_range(0..client_count);
             issue(world, rng, issued, client, options.requests_per_client);

@@ -46,6 +46,11 @@ pub struct FaultCounts {
     pub clients_gone: u64,
     /// Requests the server's store had no room for and handed back to wait.
     pub requests_deferred_store_full: u64,
+    /// Seeds with an attacker (every node authenticating), the datagrams it forged, and the
+    /// authentication failures the nodes counted (forgeries, less those the network lost).
+    pub seeds_with_attacker: u64,
+    pub forged_datagrams: u64,
+    pub forgeries_dropped: u64,
 }
 
 impl FaultCounts {
@@ -62,6 +67,9 @@ impl FaultCounts {
         self.device_crashes_torn += other.device_crashes_torn;
         self.device_crashes_with_held_writes += other.device_crashes_with_held_writes;
         self.device_crashes_mid_write += other.device_crashes_mid_write;
+        self.seeds_with_attacker += other.seeds_with_attacker;
+        self.forged_datagrams += other.forged_datagrams;
+        self.forgeries_dropped += other.forgeries_dropped;
         self.server_crashes += other.server_crashes;
         self.server_crashes_during_recovery += other.server_crashes_during_recovery;
         self.entries_corrupted_at_rest += other.entries_corrupted_at_rest;
@@ -122,6 +130,9 @@ impl FaultCounts {
                 "requests deferred by a full store",
                 self.requests_deferred_store_full,
             ),
+            ("seeds with an attacker", self.seeds_with_attacker),
+            ("datagrams forged by the attacker", self.forged_datagrams),
+            ("authentication failures dropped", self.forgeries_dropped),
         ]
     }
 }

@@ -138,6 +138,9 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
     print_introduction(config, removed);
     let (check, media) = does_it_work(config, &plan)?;
     let (results, ratios, interrupted) = latency(&plan, &args, &shutdown)?;
+    if !interrupted && !shutdown.is_requested() {
+        authenticated(&plan, &results, &shutdown)?;
+    }
     let capacity = if args.no_capacity || shutdown.is_requested() {
         None
     } else {
@@ -236,6 +239,41 @@ fn latency(
     }
     println!();
     Ok((results, ratios, interrupted))
+}
+
+/// Part 2b: the pmnet mode again with every datagram authenticated (a fresh key, in memory).
+fn authenticated(plan: &Plan, plain: &[ModeResult], shutdown: &Shutdown) -> Result<(), CliError> {
+    let mut secret = [0u8; 32];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut secret)?;
+    let keys = pmnet_runtime::KeySet::new(vec![pmnet_auth::DeploymentKey::new(1, secret)]);
+    let mut plan = plan.clone();
+    plan.modes = vec![Mode::Pmnet];
+    plan.keys = Some(keys.clone());
+    if let Target::Loopback(config) = &mut plan.target {
+        config.keys = Some(keys);
+    }
+    println!(
+        "   the same pmnet mode with every datagram authenticated (BLAKE3 MAC; what \
+         `--key-file` does; docs/security.md):"
+    );
+    let (results, _, _) = bench::run_modes(&plan, shutdown)?;
+    let (Some(with), Some(without)) = (
+        results.iter().find(|result| result.mode == "pmnet"),
+        plain.iter().find(|result| result.mode == "pmnet"),
+    ) else {
+        return Ok(());
+    };
+    if let (Some(on), Some(off)) = (with.p50_us, without.p50_us) {
+        println!(
+            "   pmnet authenticated: p50 {on:.1} µs ({:.2}× unauthenticated), {:.0} ops/s \
+             ({:.2}×)",
+            on / off,
+            with.ops_per_s,
+            with.ops_per_s / without.ops_per_s.max(1.0)
+        );
+    }
+    println!();
+    Ok(())
 }
 
 /// Part 3: the forwarding capacity of a plain relay and of the device.

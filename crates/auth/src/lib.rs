@@ -1,5 +1,6 @@
-//! Authentication of PMNet datagrams: deployment keys, per-session keys derived from them, and
-//! a MAC on every datagram.
+//! Authentication of PMNet datagrams: deployment keys, per-session keys derived from them,
+//! and AES-256-GCM on every datagram — a MAC over all of it, and, when the key file asks for
+//! it, encryption of the payload.
 //!
 //! An authenticated datagram is an ordinary PMNet datagram with the flag
 //! [`flags::AUTHENTICATED`] set (the CRC covers it like any other header bit) followed by a
@@ -7,38 +8,53 @@
 //!
 //! | offset | size | field  | value                                                        |
 //! |--------|------|--------|--------------------------------------------------------------|
-//! | 0      | 2    | key_id | u16 big-endian: the deployment key the tag was made with      |
-//! | 2      | 16   | tag    | BLAKE3 keyed hash, first 16 bytes, under the session's key, of the datagram before the trailer followed by `key_id` |
+//! | 0      | 2    | key_id | u16 big-endian: the deployment key the session key comes from |
+//! | 2      | 12   | nonce  | the GCM nonce: the sender's 64-bit random prefix and a 32-bit counter, big-endian |
+//! | 14     | 16   | tag    | the GCM tag under the session's key                          |
 //!
-//! The session's key is `BLAKE3-derive_key(CONTEXT, deployment key ‖ session_id ‖ key_id)`: it
-//! never repeats across sessions or key ids, and anyone holding the deployment key (every
-//! device, server and client of the deployment) derives it without a handshake. Everything in
-//! the datagram — header, payload and the key id — is covered, whatever its type: a packet type
-//! added later needs no security work of its own. docs/security.md argues the choices and
-//! states the threat model.
+//! Without [`flags::ENCRYPTED`] the payload is in clear and the tag is GMAC (AES-256-GCM with
+//! nothing to encrypt) over the datagram before the trailer followed by `key_id`: every byte
+//! but the nonce and tag themselves is covered. With it, the payload is AES-256-GCM
+//! ciphertext, the additional data is the header with its CRC field zeroed followed by
+//! `key_id`, and the CRC on the wire covers the ciphertext (a CRC of the plaintext would
+//! leak it); the receiver refreshes the CRC after decrypting.
 //!
-//! Nothing here does I/O: [`KeySet::parse`] takes the key file's text; the runtime reads the
-//! file (and checks its mode).
+//! The session's key is `HKDF-SHA256(salt = CONTEXT, secret = deployment key, info =
+//! session_id ‖ key_id)`: it never repeats across sessions or key ids, and anyone holding
+//! the deployment key (every device, server and client of the deployment) derives it without
+//! a handshake. The nonce never repeats under a key: every [`Authenticator`] draws its own
+//! 64-bit prefix (from the operating system, or from the simulator's seed) and counts. Header
+//! and payload are covered whatever the packet type: a type added later needs no security
+//! work of its own. docs/security.md argues the choices and states the threat model.
+//!
+//! Nothing here does I/O but draw the nonce prefix: [`KeySet::parse`] takes the key file's
+//! text; the runtime reads the file (and checks its mode).
 
+use std::borrow::Cow;
 use std::fmt;
+
+use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+use aws_lc_rs::hkdf;
 
 use pmnet_wire::{field, flags, Packet, HEADER_LEN};
 
 /// Bytes of a deployment key.
 pub const KEY_LEN: usize = 32;
-/// Bytes of the tag: 128 bits, so a forger's chance per datagram is 2^-128 (see
-/// docs/security.md for why truncating BLAKE3's 256-bit output to this is enough).
+/// Bytes of the tag: GCM's full 128 bits (docs/security.md: a forger's chance per try).
 pub const TAG_LEN: usize = 16;
-/// Bytes of the trailer: the key id and the tag.
-pub const TRAILER_LEN: usize = 2 + TAG_LEN;
+/// Bytes of the nonce: GCM's 96 bits.
+pub const NONCE_LEN: usize = 12;
+/// Bytes of the trailer: the key id, the nonce and the tag.
+pub const TRAILER_LEN: usize = 2 + NONCE_LEN + TAG_LEN;
 /// Deployment keys valid at once, at most: the current one and the one being rotated out.
 pub const MAX_KEYS: usize = 2;
 /// Per-session keys cached at most; beyond it the cache starts over (a bound on memory that
-/// a sender spraying session ids can make an endpoint spend; each miss costs one derivation).
-pub const MAX_CACHED_SESSION_KEYS: usize = 1 << 16;
+/// a sender spraying session ids can make an endpoint spend: about 0.6 KiB a key, so 10 MiB;
+/// each miss costs one derivation, about 1 µs).
+pub const MAX_CACHED_SESSION_KEYS: usize = 1 << 14;
 
-/// The BLAKE3 key-derivation context of per-session keys.
-const CONTEXT: &str = "pmnet 2026-11-23 per-session datagram MAC key";
+/// The HKDF salt of per-session keys.
+const CONTEXT: &[u8] = b"pmnet 2026-11-24 per-session datagram key (AES-256-GCM)";
 
 /// One deployment key and its id.
 #[derive(Clone, PartialEq, Eq)]
@@ -60,11 +76,12 @@ impl fmt::Debug for DeploymentKey {
     }
 }
 
-/// The deployment keys an endpoint holds: the first seals what it sends, every one is
-/// accepted on what it receives.
+/// The deployment keys an endpoint holds (the first seals what it sends, every one is
+/// accepted on what it receives) and whether payloads are encrypted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeySet {
     keys: Vec<DeploymentKey>,
+    encrypt_payloads: bool,
 }
 
 /// A key file that cannot be used, with the line at fault (1-based; 0 for the file as a whole).
@@ -87,13 +104,29 @@ impl KeySet {
             keys.len() < 2 || keys[0].id != keys[1].id,
             "two keys with one id"
         );
-        KeySet { keys }
+        KeySet {
+            keys,
+            encrypt_payloads: false,
+        }
     }
 
-    /// Parse a key file: one key a line, `key <id> <64 hex digits>`, the sending key first;
-    /// blank lines and lines starting with `#` are ignored.
+    /// The same keys, sending payloads encrypted (`on`) or in clear.
+    pub fn encrypting_payloads(mut self, on: bool) -> KeySet {
+        self.encrypt_payloads = on;
+        self
+    }
+
+    /// Whether payloads are sent encrypted (every endpoint accepts both either way).
+    pub fn encrypts_payloads(&self) -> bool {
+        self.encrypt_payloads
+    }
+
+    /// Parse a key file: one key a line, `key <id> <64 hex digits>`, the sending key first,
+    /// and optionally the line `encrypt payloads`; blank lines and lines starting with `#`
+    /// are ignored.
     pub fn parse(text: &str) -> Result<KeySet, KeyFileError> {
         let mut keys: Vec<DeploymentKey> = Vec::new();
+        let mut encrypt_payloads = false;
         for (index, raw) in text.lines().enumerate() {
             let line = index + 1;
             let fail = |message: String| KeyFileError { line, message };
@@ -102,13 +135,24 @@ impl KeySet {
                 continue;
             }
             let words: Vec<&str> = trimmed.split_whitespace().collect();
+            if words[0] == "encrypt" {
+                if words[1..] != ["payloads"] {
+                    return Err(fail(
+                        "expected `encrypt payloads` (payloads are in clear without it)".into(),
+                    ));
+                }
+                encrypt_payloads = true;
+                continue;
+            }
             let [kind, id, secret] = words[..] else {
                 return Err(fail(
                     "expected `key <id> <64 hex digits>` (see `pmnet keygen`)".into(),
                 ));
             };
             if kind != "key" {
-                return Err(fail(format!("unknown entry {kind:?}: expected `key`")));
+                return Err(fail(format!(
+                    "unknown entry {kind:?}: expected `key` or `encrypt payloads`"
+                )));
             }
             let id: u16 = id
                 .parse()
@@ -135,15 +179,22 @@ impl KeySet {
                 message: "no key in the file (see `pmnet keygen`)".into(),
             });
         }
-        Ok(KeySet { keys })
+        Ok(KeySet {
+            keys,
+            encrypt_payloads,
+        })
     }
 
     /// The key file's text for these keys.
     pub fn to_file_text(&self) -> String {
         let mut text = String::from(
             "# pmnet deployment keys: the first seals what is sent, each is accepted.\n\
-             # Keep this file secret (mode 0600).\n",
+             # Keep this file secret (mode 0600). Add the line `encrypt payloads` to send\n\
+             # payloads encrypted as well as authenticated.\n",
         );
+        if self.encrypt_payloads {
+            text.push_str("encrypt payloads\n");
+        }
         for key in &self.keys {
             text.push_str(&format!("key {} {}\n", key.id, to_hex(&key.secret)));
         }
@@ -158,10 +209,6 @@ impl KeySet {
     /// The ids of every key accepted.
     pub fn key_ids(&self) -> Vec<u16> {
         self.keys.iter().map(|key| key.id).collect()
-    }
-
-    fn key(&self, id: u16) -> Option<&DeploymentKey> {
-        self.keys.iter().find(|key| key.id == id)
     }
 }
 
@@ -206,10 +253,17 @@ impl AuthError {
 }
 
 /// Seals and verifies datagrams with a [`KeySet`], caching per-session keys.
-#[derive(Debug, Clone)]
 pub struct Authenticator {
     keys: KeySet,
-    session_keys: hashbrown::HashMap<(u16, u64), [u8; KEY_LEN]>,
+    /// The HKDF pseudo-random key of each deployment key, by id.
+    prks: Vec<(u16, hkdf::Prk)>,
+    session_keys: hashbrown::HashMap<(u16, u64), LessSafeKey>,
+    /// The nonce's first 64 bits: this sealer's own, drawn at random.
+    nonce_prefix: u64,
+    /// The nonce's last 32 bits: the next value; on wrapping the prefix moves on.
+    nonce_counter: u32,
+    /// Copies made ([`Clone`]): each gets a prefix of its own, derived from this one.
+    clones: std::cell::Cell<u64>,
     /// The last datagrams verified and their trailers, when remembering is on (a device, which
     /// forwards what it verified: sealing those bytes again reuses the trailer instead of
     /// computing the MAC a second time).
@@ -217,11 +271,58 @@ pub struct Authenticator {
     recent_len_max: usize,
 }
 
+impl fmt::Debug for Authenticator {
+    /// Never prints a key.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Authenticator")
+            .field("keys", &self.keys)
+            .field("cached_session_keys", &self.session_keys.len())
+            .field("nonce_prefix", &format_args!("{:#018x}", self.nonce_prefix))
+            .field("recent_len_max", &self.recent_len_max)
+            .finish()
+    }
+}
+
+impl Clone for Authenticator {
+    /// A copy with a nonce prefix of its own (two sealers must never share one), derived from
+    /// this one's so that a seeded simulation stays reproducible.
+    fn clone(&self) -> Authenticator {
+        let clones = self.clones.get() + 1;
+        self.clones.set(clones);
+        let mut copy = Authenticator::with_nonce_prefix(
+            self.keys.clone(),
+            splitmix64(self.nonce_prefix ^ splitmix64(clones)),
+        );
+        copy.recent_len_max = self.recent_len_max;
+        copy
+    }
+}
+
 impl Authenticator {
+    /// An authenticator whose nonce prefix comes from the operating system's random source.
     pub fn new(keys: KeySet) -> Authenticator {
+        let mut prefix = [0u8; 8];
+        aws_lc_rs::rand::fill(&mut prefix).expect("the operating system's random source works");
+        Authenticator::with_nonce_prefix(keys, u64::from_be_bytes(prefix))
+    }
+
+    /// An authenticator with the given nonce prefix: for the simulator and tests, which draw
+    /// it from their seed. Two authenticators sealing under one deployment key must never
+    /// share a prefix.
+    pub fn with_nonce_prefix(keys: KeySet, nonce_prefix: u64) -> Authenticator {
+        let salt = hkdf::Salt::new(hkdf::HKDF_SHA256, CONTEXT);
+        let prks = keys
+            .keys
+            .iter()
+            .map(|key| (key.id, salt.extract(&key.secret)))
+            .collect();
         Authenticator {
             keys,
+            prks,
             session_keys: hashbrown::HashMap::new(),
+            nonce_prefix,
+            nonce_counter: 0,
+            clones: std::cell::Cell::new(0),
             recent: std::collections::VecDeque::new(),
             recent_len_max: 0,
         }
@@ -229,7 +330,8 @@ impl Authenticator {
 
     /// Remember the last `count` datagrams verified, so that sealing the same bytes again (a
     /// device forwarding what it received) reuses their trailer. Only a trailer made with the
-    /// sending key is reused, so what leaves is what [`Authenticator::seal`] would make.
+    /// sending key of a payload in clear is reused, so what leaves is what
+    /// [`Authenticator::seal`] could have made.
     pub fn remember_verified(mut self, count: usize) -> Authenticator {
         self.recent_len_max = count;
         self
@@ -239,9 +341,10 @@ impl Authenticator {
         &self.keys
     }
 
-    /// Seal `datagram` (a complete PMNet datagram of exactly header and payload, sealed or not
-    /// before): set [`flags::AUTHENTICATED`], refresh the CRC, append the trailer made with the
-    /// sending key. Sealing the same bytes twice gives the same trailer.
+    /// Seal `datagram` (a complete PMNet datagram of exactly header and payload, its payload
+    /// in clear): set [`flags::AUTHENTICATED`] (and [`flags::ENCRYPTED`] when the key set
+    /// encrypts and there is a payload), refresh the CRC, append the trailer made with the
+    /// sending key and a fresh nonce.
     ///
     /// Panics if `datagram` is shorter than a header (a caller's bug: endpoints seal only what
     /// they encoded or verified).
@@ -250,31 +353,56 @@ impl Authenticator {
             datagram.len() >= HEADER_LEN,
             "sealing a datagram without a header"
         );
-        {
-            let mut packet = Packet::new_unchecked(&mut datagram[..]);
-            let flags_now = packet.flags();
-            if flags_now & flags::AUTHENTICATED == 0 {
-                packet.set_flags(flags_now | flags::AUTHENTICATED);
-                packet.fill_checksum();
+        let encrypt = self.keys.encrypt_payloads && datagram.len() > HEADER_LEN;
+        if !encrypt {
+            set_flags(datagram, flags::AUTHENTICATED, flags::ENCRYPTED);
+            if let Some((_, trailer)) = self
+                .recent
+                .iter()
+                .find(|(inner, _)| inner.as_slice() == datagram.as_slice())
+            {
+                datagram.extend_from_slice(trailer);
+                return;
             }
         }
         let key_id = self.keys.sending_key_id();
-        if let Some((_, trailer)) = self
-            .recent
-            .iter()
-            .find(|(inner, _)| inner.as_slice() == datagram.as_slice())
-        {
-            datagram.extend_from_slice(trailer);
-            return;
-        }
-        let tag = self.tag(key_id, datagram).expect("the sending key is held");
-        datagram.extend_from_slice(&key_id.to_be_bytes());
-        datagram.extend_from_slice(&tag);
+        let nonce = self.next_nonce();
+        let session_id = session_id_of(datagram);
+        let key = self
+            .session_key(key_id, session_id)
+            .expect("the sending key is held");
+        datagram.reserve(TRAILER_LEN);
+        let tag = if encrypt {
+            set_flags(datagram, flags::AUTHENTICATED | flags::ENCRYPTED, 0);
+            let aad = header_aad(datagram, key_id);
+            let (_, payload) = datagram.split_at_mut(HEADER_LEN);
+            let tag = key
+                .seal_in_place_separate_tag(
+                    Nonce::assume_unique_for_key(nonce),
+                    Aad::from(&aad[..]),
+                    payload,
+                )
+                .expect("AES-GCM seals any datagram length");
+            Packet::new_unchecked(&mut datagram[..]).fill_checksum();
+            datagram.extend_from_slice(&key_id.to_be_bytes());
+            tag
+        } else {
+            datagram.extend_from_slice(&key_id.to_be_bytes());
+            key.seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(&datagram[..]),
+                &mut [],
+            )
+            .expect("AES-GCM seals any datagram length")
+        };
+        datagram.extend_from_slice(&nonce);
+        datagram.extend_from_slice(tag.as_ref());
     }
 
     /// Check `datagram`'s trailer before anything else is done with it; on success, the
-    /// datagram without its trailer (header and payload, as the parser expects them).
-    pub fn verify<'a>(&mut self, datagram: &'a [u8]) -> Result<&'a [u8], AuthError> {
+    /// datagram without its trailer, as the parser expects it: borrowed when its payload was
+    /// in clear, decrypted (with [`flags::ENCRYPTED`] cleared and the CRC refreshed) when not.
+    pub fn verify<'a>(&mut self, datagram: &'a [u8]) -> Result<Cow<'a, [u8]>, AuthError> {
         if datagram.len() < HEADER_LEN {
             return Err(AuthError::Truncated);
         }
@@ -290,54 +418,122 @@ impl Authenticator {
         }
         let (inner, trailer) = datagram.split_at(datagram.len() - TRAILER_LEN);
         let key_id = u16::from_be_bytes([trailer[0], trailer[1]]);
-        let expected = self.tag(key_id, inner).ok_or(AuthError::UnknownKey)?;
-        if !constant_time_eq(&expected, &trailer[2..]) {
-            return Err(AuthError::BadTag);
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&trailer[2..2 + NONCE_LEN]);
+        let tag = &trailer[2 + NONCE_LEN..];
+        let key = self
+            .session_key(key_id, session_id_of(inner))
+            .ok_or(AuthError::UnknownKey)?;
+        let nonce_once = Nonce::assume_unique_for_key(nonce);
+        if flags_now & flags::ENCRYPTED != 0 {
+            let aad = header_aad(inner, key_id);
+            let mut plain = inner.to_vec();
+            key.open_separate_gather(
+                nonce_once,
+                Aad::from(&aad[..]),
+                &inner[HEADER_LEN..],
+                tag,
+                &mut plain[HEADER_LEN..],
+            )
+            .map_err(|_| AuthError::BadTag)?;
+            set_flags(&mut plain, 0, flags::ENCRYPTED);
+            return Ok(Cow::Owned(plain));
         }
+        key.open_separate_gather(
+            nonce_once,
+            Aad::from(&datagram[..datagram.len() - TRAILER_LEN + 2]),
+            &[],
+            tag,
+            &mut [],
+        )
+        .map_err(|_| AuthError::BadTag)?;
         if self.recent_len_max > 0 && key_id == self.keys.sending_key_id() {
-            if self.recent.len() == self.recent_len_max {
-                self.recent.pop_front();
-            }
             let mut kept = [0u8; TRAILER_LEN];
             kept.copy_from_slice(trailer);
-            self.recent.push_back((inner.to_vec(), kept));
+            let mut bytes = if self.recent.len() == self.recent_len_max {
+                self.recent
+                    .pop_front()
+                    .map(|(bytes, _)| bytes)
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            bytes.clear();
+            bytes.extend_from_slice(inner);
+            self.recent.push_back((bytes, kept));
         }
-        Ok(inner)
+        Ok(Cow::Borrowed(inner))
     }
 
-    /// The tag of `inner` (header and payload) under `key_id`'s key for its session, if the
-    /// key is held.
-    fn tag(&mut self, key_id: u16, inner: &[u8]) -> Option<[u8; TAG_LEN]> {
-        let session_id = u64::from_be_bytes(
-            inner[field::SESSION_ID]
-                .try_into()
-                .expect("a header holds a session id"),
-        );
-        let session_key = self.session_key(key_id, session_id)?;
-        let mut hasher = blake3::Hasher::new_keyed(&session_key);
-        hasher.update(inner);
-        hasher.update(&key_id.to_be_bytes());
-        let mut tag = [0u8; TAG_LEN];
-        tag.copy_from_slice(&hasher.finalize().as_bytes()[..TAG_LEN]);
-        Some(tag)
+    fn next_nonce(&mut self) -> [u8; NONCE_LEN] {
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce[..8].copy_from_slice(&self.nonce_prefix.to_be_bytes());
+        nonce[8..].copy_from_slice(&self.nonce_counter.to_be_bytes());
+        self.nonce_counter = self.nonce_counter.wrapping_add(1);
+        if self.nonce_counter == 0 {
+            // 2^32 datagrams sealed: move to a new prefix rather than repeat a nonce.
+            self.nonce_prefix = splitmix64(self.nonce_prefix);
+        }
+        nonce
     }
 
-    fn session_key(&mut self, key_id: u16, session_id: u64) -> Option<[u8; KEY_LEN]> {
-        if let Some(key) = self.session_keys.get(&(key_id, session_id)) {
-            return Some(*key);
+    fn session_key(&mut self, key_id: u16, session_id: u64) -> Option<&LessSafeKey> {
+        if !self.session_keys.contains_key(&(key_id, session_id)) {
+            let prk = &self.prks.iter().find(|(id, _)| *id == key_id)?.1;
+            let mut info = [0u8; 10];
+            info[..8].copy_from_slice(&session_id.to_be_bytes());
+            info[8..].copy_from_slice(&key_id.to_be_bytes());
+            let info_parts = [&info[..]];
+            let material = prk
+                .expand(&info_parts, &AES_256_GCM)
+                .expect("HKDF gives 32 bytes");
+            let key = LessSafeKey::new(UnboundKey::from(material));
+            if self.session_keys.len() >= MAX_CACHED_SESSION_KEYS {
+                self.session_keys.clear();
+            }
+            self.session_keys.insert((key_id, session_id), key);
         }
-        let deployment = self.keys.key(key_id)?;
-        let mut material = [0u8; KEY_LEN + 8 + 2];
-        material[..KEY_LEN].copy_from_slice(&deployment.secret);
-        material[KEY_LEN..KEY_LEN + 8].copy_from_slice(&session_id.to_be_bytes());
-        material[KEY_LEN + 8..].copy_from_slice(&key_id.to_be_bytes());
-        let key = blake3::derive_key(CONTEXT, &material);
-        if self.session_keys.len() >= MAX_CACHED_SESSION_KEYS {
-            self.session_keys.clear();
-        }
-        self.session_keys.insert((key_id, session_id), key);
-        Some(key)
+        self.session_keys.get(&(key_id, session_id))
     }
+}
+
+/// The session id of a datagram at least a header long.
+fn session_id_of(datagram: &[u8]) -> u64 {
+    u64::from_be_bytes(
+        datagram[field::SESSION_ID]
+            .try_into()
+            .expect("a header holds a session id"),
+    )
+}
+
+/// Set the `set` flag bits and clear the `clear` ones of a datagram at least a header long,
+/// refreshing the CRC if that changed them.
+fn set_flags(datagram: &mut [u8], set: u16, clear: u16) {
+    let mut packet = Packet::new_unchecked(datagram);
+    let before = packet.flags();
+    let after = (before | set) & !clear;
+    if after != before {
+        packet.set_flags(after);
+        packet.fill_checksum();
+    }
+}
+
+/// The additional data of an encrypted datagram: its header with the CRC field zeroed (the
+/// CRC covers the ciphertext, computed after it), then the key id.
+fn header_aad(datagram: &[u8], key_id: u16) -> [u8; HEADER_LEN + 2] {
+    let mut aad = [0u8; HEADER_LEN + 2];
+    aad[..HEADER_LEN].copy_from_slice(&datagram[..HEADER_LEN]);
+    aad[field::CRC].fill(0);
+    aad[HEADER_LEN..].copy_from_slice(&key_id.to_be_bytes());
+    aad
+}
+
+/// A bijective mixer of 64-bit values (SplitMix64's finaliser).
+fn splitmix64(value: u64) -> u64 {
+    let mut z = value.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// `datagram` without its trailer when it says it has one, unverified: for observers (traces,
@@ -354,11 +550,6 @@ pub fn without_trailer(datagram: &[u8]) -> &[u8] {
     } else {
         datagram
     }
-}
-
-/// Whether `a` and `b` are equal, in time that does not depend on where they differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

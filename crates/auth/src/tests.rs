@@ -23,13 +23,86 @@ fn a_sealed_datagram_verifies_and_parses_without_its_trailer() {
     auth.seal(&mut sealed);
     assert_eq!(sealed.len(), plain.len() + TRAILER_LEN);
     let inner = auth.verify(&sealed).unwrap();
-    let (header, payload) = Header::parse(inner).unwrap();
+    let (header, payload) = Header::parse(&inner).unwrap();
     assert!(header.has_flag(flags::AUTHENTICATED));
+    assert!(!header.has_flag(flags::ENCRYPTED));
     assert_eq!(payload, b"SET k v");
-    // Sealing the verified bytes again gives the same datagram (a device forwarding it).
+    // The payload travels in clear.
+    assert_eq!(&sealed[HEADER_LEN..HEADER_LEN + 7], b"SET k v");
+    // Sealing the same bytes again takes a new nonce, so the tag differs, and both verify.
     let mut again = inner.to_vec();
     auth.seal(&mut again);
-    assert_eq!(again, sealed);
+    assert_ne!(again, sealed);
+    assert_eq!(again[..plain.len()], sealed[..plain.len()]);
+    assert!(auth.verify(&again).is_ok());
+}
+
+#[test]
+fn nonces_never_repeat_within_a_sealer_or_across_its_clones() {
+    let mut auth = Authenticator::with_nonce_prefix(keys(&[3]), 7);
+    let mut copy = auth.clone();
+    let mut second_copy = auth.clone();
+    let mut seen = std::collections::HashSet::new();
+    for sealer in [&mut auth, &mut copy, &mut second_copy] {
+        for _ in 0..100 {
+            let mut sealed = datagram(42, b"v");
+            sealer.seal(&mut sealed);
+            let nonce = sealed[sealed.len() - NONCE_LEN - TAG_LEN..sealed.len() - TAG_LEN].to_vec();
+            assert!(seen.insert(nonce), "a nonce repeated");
+        }
+    }
+    // The counter wrapping moves the prefix on instead of starting over.
+    let mut wrapping = Authenticator::with_nonce_prefix(keys(&[3]), 9);
+    wrapping.nonce_counter = u32::MAX;
+    let first = wrapping.next_nonce();
+    let second = wrapping.next_nonce();
+    assert_ne!(first[..8], second[..8]);
+    assert_eq!(second[8..], [0; 4]);
+}
+
+#[test]
+fn encrypted_payloads_are_unreadable_on_the_wire_and_verify_to_the_plaintext() {
+    let mut sender = Authenticator::new(keys(&[3]).encrypting_payloads(true));
+    let mut receiver = Authenticator::new(keys(&[3]));
+    let secret_value = b"SET password hunter2 hunter2 hunter2";
+    let plain = datagram(42, secret_value);
+    let mut sealed = plain.clone();
+    sender.seal(&mut sealed);
+    assert_eq!(sealed.len(), plain.len() + TRAILER_LEN);
+    let (on_wire, payload_on_wire) = Header::parse(without_trailer(&sealed)).unwrap();
+    assert!(on_wire.has_flag(flags::ENCRYPTED), "flagged");
+    assert_ne!(
+        payload_on_wire,
+        &secret_value[..],
+        "the wire shows ciphertext"
+    );
+    assert!(!sealed.windows(7).any(|window| window == b"hunter2"));
+    // The receiver decrypts whether or not it encrypts itself.
+    let opened = receiver.verify(&sealed).unwrap();
+    assert!(matches!(opened, Cow::Owned(_)));
+    let (header, payload) = Header::parse(&opened).unwrap();
+    assert!(!header.has_flag(flags::ENCRYPTED));
+    assert_eq!(payload, secret_value);
+    // Every byte but the CRC (which covers the ciphertext, and is refreshed after
+    // decrypting) is covered by the tag.
+    for index in 0..sealed.len() {
+        let mut altered = sealed.clone();
+        altered[index] ^= 0x01;
+        let outcome = receiver.verify(&altered);
+        if field::CRC.contains(&index) {
+            assert_eq!(Header::parse(&outcome.unwrap()).unwrap().1, secret_value);
+        } else {
+            assert!(outcome.is_err(), "byte {index}");
+        }
+    }
+    // A datagram without a payload has nothing to hide and is sealed in clear.
+    let mut empty = datagram(42, b"");
+    sender.seal(&mut empty);
+    assert!(!Header::parse(without_trailer(&empty))
+        .unwrap()
+        .0
+        .has_flag(flags::ENCRYPTED));
+    assert!(receiver.verify(&empty).is_ok());
 }
 
 #[test]
@@ -63,7 +136,7 @@ fn another_secret_or_an_unknown_key_is_refused() {
     // During a rotation both keys are accepted; the first seals.
     let mut rotating = Authenticator::new(keys(&[4, 3]));
     assert!(rotating.verify(&sealed).is_ok());
-    let mut resealed = rotating.verify(&sealed).unwrap().to_vec();
+    let mut resealed = rotating.verify(&sealed).unwrap().into_owned();
     rotating.seal(&mut resealed);
     assert_eq!(
         u16::from_be_bytes([
@@ -90,13 +163,21 @@ fn key_files_parse_and_errors_name_the_line() {
         "# keys\n\nkey 2 ".to_string() + &"ab".repeat(32) + "\nkey 1 " + &"01".repeat(32) + "\n";
     let set = KeySet::parse(&text).unwrap();
     assert_eq!(set.key_ids(), vec![2, 1]);
+    assert!(!set.encrypts_payloads());
     assert_eq!(KeySet::parse(&set.to_file_text()).unwrap(), set);
+    let encrypting = KeySet::parse(&format!("{text}encrypt payloads\n")).unwrap();
+    assert!(encrypting.encrypts_payloads());
+    assert_eq!(
+        KeySet::parse(&encrypting.to_file_text()).unwrap(),
+        encrypting
+    );
     let cases = [
         ("", 0, "no key"),
         ("key 1 abc\n", 1, "hex digits"),
         ("secret 1 x\n", 1, "unknown entry"),
         ("key x 00\n", 1, "not a number"),
         ("key 1\n", 1, "expected"),
+        ("encrypt everything\n", 1, "encrypt payloads"),
     ];
     for (text, line, words) in cases {
         let error = KeySet::parse(text).unwrap_err();
@@ -135,7 +216,7 @@ fn a_device_reuses_the_trailer_of_what_it_verified_and_the_bytes_are_the_same() 
     let mut device = Authenticator::new(keys(&[3])).remember_verified(4);
     let mut sealed = datagram(42, b"SET k v");
     client.seal(&mut sealed);
-    let mut forwarded = device.verify(&sealed).unwrap().to_vec();
+    let mut forwarded = device.verify(&sealed).unwrap().into_owned();
     device.seal(&mut forwarded);
     assert_eq!(forwarded, sealed);
     // Only exact bytes reuse a trailer; anything else is sealed afresh and still verifies.

@@ -22,6 +22,11 @@ pub struct KeygenArgs {
     /// Replace an existing file.
     #[arg(long)]
     pub force: bool,
+
+    /// Also encrypt payloads (AES-256-GCM; off by default: every datagram is authenticated,
+    /// its payload in clear). Writes the line `encrypt payloads` into the file.
+    #[arg(long)]
+    pub encrypt: bool,
 }
 
 pub fn run(args: KeygenArgs) -> Result<ExitCode, CliError> {
@@ -29,7 +34,9 @@ pub fn run(args: KeygenArgs) -> Result<ExitCode, CliError> {
     std::fs::File::open("/dev/urandom")
         .and_then(|mut random| std::io::Read::read_exact(&mut random, &mut secret))
         .map_err(|error| format!("cannot read random bytes from /dev/urandom: {error}"))?;
-    let text = KeySet::new(vec![DeploymentKey::new(args.id, secret)]).to_file_text();
+    let text = KeySet::new(vec![DeploymentKey::new(args.id, secret)])
+        .encrypting_payloads(args.encrypt)
+        .to_file_text();
     let Some(path) = &args.out else {
         print!("{text}");
         return Ok(ExitCode::SUCCESS);

@@ -324,14 +324,15 @@ impl Client {
 
     /// Process a datagram received from the network. Never panics on its contents.
     pub fn handle(&mut self, _now: Time, _from: SocketAddr, datagram: &[u8]) {
-        let datagram = match self.config.auth.as_mut().map(|auth| auth.verify(datagram)) {
-            None => datagram,
+        let verified = match self.config.auth.as_mut().map(|auth| auth.verify(datagram)) {
+            None => std::borrow::Cow::Borrowed(datagram),
             Some(Ok(inner)) => inner,
             Some(Err(error)) => {
                 self.counters.dropped.record(DropReason::Auth(error));
                 return;
             }
         };
+        let datagram: &[u8] = &verified;
         let (header, payload) = match Header::parse(datagram) {
             Ok(parsed) => parsed,
             Err(error) => {

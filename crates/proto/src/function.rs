@@ -281,14 +281,15 @@ impl<F: NetworkFunction> Pipeline<F> {
 
     /// Process a datagram from the network. Never panics on its contents.
     pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
-        let datagram = match self.auth.as_mut().map(|auth| auth.verify(datagram)) {
-            None => datagram,
+        let verified = match self.auth.as_mut().map(|auth| auth.verify(datagram)) {
+            None => std::borrow::Cow::Borrowed(datagram),
             Some(Ok(inner)) => inner,
             Some(Err(error)) => {
                 self.drops.record(DropReason::Auth(error));
                 return;
             }
         };
+        let datagram: &[u8] = &verified;
         let header = match Header::parse(datagram) {
             Ok((header, _)) => header,
             Err(error) => {

@@ -36,7 +36,12 @@ pub fn load_key_file(path: &Path) -> Result<KeySet, RuntimeError> {
 pub fn auth_text(keys: Option<&KeySet>) -> String {
     match keys {
         Some(keys) => format!(
-            "authenticated (BLAKE3 MAC, 16-byte tag; key ids {}; sealing with {})",
+            "authenticated (AES-256-GCM, 16-byte tag; payloads {}; key ids {}; sealing with {})",
+            if keys.encrypts_payloads() {
+                "encrypted"
+            } else {
+                "in clear (add `encrypt payloads` to the key file to encrypt them)"
+            },
             keys.key_ids()
                 .iter()
                 .map(u16::to_string)

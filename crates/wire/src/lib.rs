@@ -208,9 +208,13 @@ pub mod flags {
     /// Make-up server-ACK for a sequence number the server skipped or filled: the request
     /// was never applied and never will be. A client still waiting reports it failed.
     pub const SKIPPED: u16 = 1 << 4;
-    /// The datagram ends in an authentication trailer (a key id and a MAC over everything
-    /// before it) that `payload_len` does not count. See `pmnet-auth` and docs/security.md.
+    /// The datagram ends in an authentication trailer (a key id, a nonce and an AES-256-GCM
+    /// tag over everything before it) that `payload_len` does not count. See `pmnet-auth` and
+    /// docs/security.md.
     pub const AUTHENTICATED: u16 = 1 << 5;
+    /// With [`AUTHENTICATED`]: the payload is AES-256-GCM ciphertext (the CRC covers the
+    /// ciphertext). Only the key holders read it.
+    pub const ENCRYPTED: u16 = 1 << 6;
 }
 
 /// Why a device forwarded an update fragment without logging it ([`PacketType::NotLogged`]).

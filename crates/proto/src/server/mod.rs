@@ -300,14 +300,15 @@ impl Server {
     /// Process a datagram from the network: verified first (with keys configured), then
     /// parsed. Never panics on its contents.
     pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
-        let datagram = match self.config.auth.as_mut().map(|auth| auth.verify(datagram)) {
-            None => datagram,
+        let verified = match self.config.auth.as_mut().map(|auth| auth.verify(datagram)) {
+            None => std::borrow::Cow::Borrowed(datagram),
             Some(Ok(inner)) => inner,
             Some(Err(error)) => {
                 self.count_drop(DropReason::Auth(error));
                 return;
             }
         };
+        let datagram: &[u8] = &verified;
         let (header, payload) = match Header::parse(datagram) {
             Ok(parsed) => parsed,
             Err(error) => {

@@ -53,6 +53,10 @@ pub struct World {
     pub trace_datagrams: bool,
     /// PMNet-ACKs checked against the persistence model (invariant 4).
     pub acks_checked: u64,
+    /// The last datagrams put on the network, as sent (source, destination, bytes), when
+    /// capturing is on: what an eavesdropper holds and may replay. At most `capture_len_max`.
+    pub captured: std::collections::VecDeque<(SocketAddr, SocketAddr, Vec<u8>)>,
+    pub capture_len_max: usize,
     trace_hash: u32,
     drop_rules: Vec<DropRule>,
     pub clients: Vec<ClientNode>,
@@ -103,6 +107,8 @@ impl World {
             trace: None,
             trace_datagrams: true,
             acks_checked: 0,
+            captured: std::collections::VecDeque::new(),
+            capture_len_max: 0,
             trace_hash: 0,
             drop_rules: Vec::new(),
             clients,
@@ -167,7 +173,12 @@ impl World {
     /// servers and clients seal what they send and drop what does not verify. The servers
     /// start again (their first recovery poll is sealed too).
     pub fn with_auth(mut self, keys: pmnet_proto::KeySet) -> World {
-        let auth = Some(pmnet_proto::Authenticator::new(keys));
+        // One prefix for the world; each node's copy derives its own (see `Authenticator`'s
+        // `Clone`), so nonces never repeat and a seed replays exactly.
+        let auth = Some(pmnet_proto::Authenticator::with_nonce_prefix(
+            keys,
+            0x706d_6e65_745f_7369,
+        ));
         self.queue.clear();
         for node in &mut self.devices {
             node.auth = auth.clone();

@@ -2,9 +2,10 @@
 //! injects forged datagrams — of every packet type the wire crate lists and of the reserved
 //! ranges, so a type added later is covered without a change here — with real session ids and
 //! sequence numbers near the live ones, spoofing the addresses of real nodes, both without a
-//! trailer and with a guessed one. Nothing it sends may change what any node does: the
-//! invariants are checked as on every seed, and every forgery must be counted as an
-//! authentication failure.
+//! trailer and with a guessed one. It also eavesdrops: it keeps the last datagrams sent and
+//! replays them, verbatim (they verify), later, to where they went or to another node. Forged
+//! datagrams must be counted as authentication failures; no forgery or replay may change what
+//! any node does: the invariants are checked as on every seed.
 //!
 //! Its choices come from a generator of its own, seeded from the run's seed, so the seeds
 //! without an attacker draw exactly what they drew before it existed.
@@ -24,6 +25,10 @@ use super::FaultSummary;
 const ATTACKER_SEED_SHARE: f64 = 0.3;
 /// Chance that the attacker strikes after each safety action.
 const STRIKE_PROBABILITY: f64 = 0.05;
+/// Chance that a strike replays a captured datagram rather than forging one.
+const REPLAY_PROBABILITY: f64 = 0.4;
+/// Datagrams the attacker keeps to replay (the last ones sent).
+pub(super) const CAPTURED_MAX: usize = 512;
 
 pub(super) struct Attacker {
     rng: ChaCha8Rng,
@@ -40,15 +45,55 @@ impl Attacker {
         }
         let key_id: u16 = rng.random_range(1..=4);
         let secret: [u8; 32] = rng.random();
-        let keys = KeySet::new(vec![DeploymentKey::new(key_id, secret)]);
+        // Half of these seeds encrypt payloads as well.
+        let keys = KeySet::new(vec![DeploymentKey::new(key_id, secret)])
+            .encrypting_payloads(rng.random_bool(0.5));
         Some((Attacker { rng, key_id }, keys))
     }
 
-    /// Maybe inject one forged datagram.
+    /// Maybe inject one forged or replayed datagram.
     pub(super) fn strike(&mut self, world: &mut World, summary: &mut FaultSummary) {
         if !self.rng.random_bool(STRIKE_PROBABILITY) {
             return;
         }
+        if self.rng.random_bool(REPLAY_PROBABILITY) && !world.captured.is_empty() {
+            self.replay(world, summary);
+        } else {
+            self.forge(world, summary);
+        }
+    }
+
+    /// Send a captured datagram again, unchanged, from its source: to its destination, or
+    /// now and then to another node.
+    fn replay(&mut self, world: &mut World, summary: &mut FaultSummary) {
+        let index = self.rng.random_range(0..world.captured.len());
+        let (from, mut to, bytes) = world.captured[index].clone();
+        if self.rng.random_bool(0.25) {
+            to = self.node(world);
+        }
+        summary.counts.replayed_datagrams += 1;
+        let what = Header::parse(pmnet_auth::without_trailer(&bytes))
+            .map(|(header, _)| {
+                format!(
+                    "{} s={:x} seq={}",
+                    header.packet_type.name(),
+                    header.session_id,
+                    header.seq
+                )
+            })
+            .unwrap_or_else(|_| "datagram".into());
+        world.note_by(
+            "attacker",
+            &format!(
+                "replays a {what} captured {} datagrams ago, from {from} to {to}",
+                world.captured.len() - index
+            ),
+        );
+        world.inject(from, to, bytes);
+    }
+
+    /// Inject one forged datagram.
+    fn forge(&mut self, world: &mut World, summary: &mut FaultSummary) {
         let types = PacketType::ALL.len() + 1;
         let packet_type = match self.rng.random_range(0..types) {
             index if index < PacketType::ALL.len() => PacketType::ALL[index],
@@ -65,7 +110,8 @@ impl Attacker {
             session_id,
             self.rng.random_range(0..64),
         );
-        header.flags = self.rng.random::<u16>() & 0x1F;
+        // Any flag but AUTHENTICATED (set below with a guessed trailer), ENCRYPTED included.
+        header.flags = self.rng.random::<u16>() & !flags::AUTHENTICATED;
         if self.rng.random_bool(0.2) {
             header.fragment_count = 2;
             header.fragment_index = self.rng.random_range(0..2);
@@ -85,7 +131,7 @@ impl Attacker {
                 self.rng.random()
             };
             bytes.extend_from_slice(&key_id.to_be_bytes());
-            bytes.extend((0..16).map(|_| self.rng.random::<u8>()));
+            bytes.extend((2..pmnet_auth::TRAILER_LEN).map(|_| self.rng.random::<u8>()));
         }
         let from = self.node(world);
         let to = self.node(world);

@@ -225,6 +225,7 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
     let mut world = World::with_topology(topology).with_kv_store(4 << 20);
     if let Some((_, keys)) = Attacker::for_seed(seed) {
         world = world.with_auth(keys);
+        world.capture_len_max = attacker::CAPTURED_MAX;
     }
     world.record_seen = false;
     for (client, lifetime) in mix.short_lifetimes.iter().enumerate() {

@@ -46,11 +46,13 @@ pub struct FaultCounts {
     pub clients_gone: u64,
     /// Requests the server's store had no room for and handed back to wait.
     pub requests_deferred_store_full: u64,
-    /// Seeds with an attacker (every node authenticating), the datagrams it forged, and the
-    /// authentication failures the nodes counted (forgeries, less those the network lost).
+    /// Seeds with an attacker (every node authenticating), the datagrams it forged, the
+    /// authentication failures the nodes counted (forgeries, less those the network lost),
+    /// and the captured datagrams it replayed.
     pub seeds_with_attacker: u64,
     pub forged_datagrams: u64,
     pub forgeries_dropped: u64,
+    pub replayed_datagrams: u64,
 }
 
 impl FaultCounts {
@@ -70,6 +72,7 @@ impl FaultCounts {
         self.seeds_with_attacker += other.seeds_with_attacker;
         self.forged_datagrams += other.forged_datagrams;
         self.forgeries_dropped += other.forgeries_dropped;
+        self.replayed_datagrams += other.replayed_datagrams;
         self.server_crashes += other.server_crashes;
         self.server_crashes_during_recovery += other.server_crashes_during_recovery;
         self.entries_corrupted_at_rest += other.entries_corrupted_at_rest;
@@ -133,6 +136,10 @@ impl FaultCounts {
             ("seeds with an attacker", self.seeds_with_attacker),
             ("datagrams forged by the attacker", self.forged_datagrams),
             ("authentication failures dropped", self.forgeries_dropped),
+            (
+                "datagrams replayed by the attacker",
+                self.replayed_datagrams,
+            ),
         ]
     }
 }

@@ -62,6 +62,13 @@ impl World {
             fate.push_str(" [cut by a partition]");
         }
         let mut bytes = transmit.bytes;
+        if self.capture_len_max > 0 {
+            if self.captured.len() == self.capture_len_max {
+                self.captured.pop_front();
+            }
+            self.captured
+                .push_back((from, transmit.destination, bytes.clone()));
+        }
         let mut copies = 1;
         let mut delays = [self.latency; 2];
         if let Some(faults) = self.faults.as_mut() {

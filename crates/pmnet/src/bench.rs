@@ -33,7 +33,7 @@ use pmnet_proto::Completion;
 use pmnet_runtime::{ClientSession, SessionOptions, Shutdown};
 use pmnet_store::{Reply, Request};
 
-pub use args::{parse_payload, parse_seconds, BenchArgs, Pinning};
+pub use args::{fresh_keys, parse_payload, parse_seconds, BenchArgs, Pinning};
 pub use capacity::{run_capacity, CapacityConfig};
 pub use plan::{resolve_pinning, run_modes, Plan, Target};
 pub use report::{
@@ -58,6 +58,12 @@ pub enum Mode {
     Forward,
     /// Through the device's PMNet port: updates complete on the PMNet-ACK.
     Pmnet,
+    /// `baseline` with every datagram authenticated (the `--key-file` keys, or a fresh key).
+    BaselineAuth,
+    /// `forward` with every datagram authenticated.
+    ForwardAuth,
+    /// `pmnet` with every datagram authenticated.
+    PmnetAuth,
 }
 
 impl Mode {
@@ -67,7 +73,25 @@ impl Mode {
             Mode::Baseline => "baseline",
             Mode::Forward => "forward",
             Mode::Pmnet => "pmnet",
+            Mode::BaselineAuth => "baseline-auth",
+            Mode::ForwardAuth => "forward-auth",
+            Mode::PmnetAuth => "pmnet-auth",
         }
+    }
+
+    /// The mode without authentication: where its requests go and what they wait for.
+    pub fn path(self) -> Mode {
+        match self {
+            Mode::BaselineAuth => Mode::Baseline,
+            Mode::ForwardAuth => Mode::Forward,
+            Mode::PmnetAuth => Mode::Pmnet,
+            plain => plain,
+        }
+    }
+
+    /// Whether the mode authenticates every datagram whatever `--key-file` says.
+    pub fn is_authenticated(self) -> bool {
+        self.path() != self
     }
 
     pub fn waits_for(self) -> &'static str {
@@ -76,6 +100,9 @@ impl Mode {
             Mode::Baseline => "the server's reply, sent directly",
             Mode::Forward => "the server's reply via the device, no log",
             Mode::Pmnet => "the device's PMNet-ACK (after its log write)",
+            Mode::BaselineAuth => "as baseline, every datagram authenticated",
+            Mode::ForwardAuth => "as forward, every datagram authenticated",
+            Mode::PmnetAuth => "as pmnet, every datagram authenticated",
         }
     }
 }
@@ -208,6 +235,7 @@ pub fn capacity_config(plan: &Plan, duration: Duration, rounds: u32) -> Capacity
         generator_cpu: plan.server_cpu,
         payload: request,
         server_id: plan.server_id,
+        keys: Some(plan.auth_keys.clone()),
     }
 }
 
@@ -221,7 +249,7 @@ fn run_capacity_command(
     shutdown: &Shutdown,
 ) -> Result<ExitCode, CliError> {
     let duration = plan.duration.unwrap_or(Duration::from_secs(5));
-    let rounds = args.rounds;
+    let rounds = args.rounds.unwrap_or(3);
     let per_round = duration / rounds;
     let config = capacity_config(plan, per_round, rounds);
     println!(

@@ -87,7 +87,15 @@ fn plan(args: &DemoArgs) -> Result<Plan, String> {
     let (client_cpu, device_cpu, server_cpu) =
         bench::resolve_pinning(args.pin, None, None, None, true)?;
     Ok(Plan {
-        modes: vec![Mode::Echo, Mode::Baseline, Mode::Forward, Mode::Pmnet],
+        // pmnet-auth: the pmnet mode with every datagram authenticated (a fresh key, in
+        // memory; what `--key-file` does; docs/security.md).
+        modes: vec![
+            Mode::Echo,
+            Mode::Baseline,
+            Mode::Forward,
+            Mode::Pmnet,
+            Mode::PmnetAuth,
+        ],
         workload: bench::Workload {
             keys: 10_000,
             distribution: bench::KeyDistribution::Uniform,
@@ -101,6 +109,7 @@ fn plan(args: &DemoArgs) -> Result<Plan, String> {
         requests: None,
         warmup: Duration::from_secs_f64(args.warmup),
         seed: args.seed.unwrap_or_else(rand::random),
+        rounds: 1,
         wait,
         client_cpu,
         device_cpu,
@@ -123,6 +132,7 @@ fn plan(args: &DemoArgs) -> Result<Plan, String> {
             keys: None,
         }),
         progress: true,
+        auth_keys: bench::fresh_keys()?,
         keys: None,
     })
 }
@@ -138,9 +148,6 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
     print_introduction(config, removed);
     let (check, media) = does_it_work(config, &plan)?;
     let (results, ratios, interrupted) = latency(&plan, &args, &shutdown)?;
-    if !interrupted && !shutdown.is_requested() {
-        authenticated(&plan, &results, &shutdown)?;
-    }
     let capacity = if args.no_capacity || shutdown.is_requested() {
         None
     } else {
@@ -211,7 +218,7 @@ fn does_it_work(
     Ok((check, media))
 }
 
-/// Part 2: the four modes side by side. Returns their results, the ratios, and whether a
+/// Part 2: the modes side by side. Returns their results, the ratios, and whether a
 /// signal cut the run short.
 fn latency(
     plan: &Plan,
@@ -239,41 +246,6 @@ fn latency(
     }
     println!();
     Ok((results, ratios, interrupted))
-}
-
-/// Part 2b: the pmnet mode again with every datagram authenticated (a fresh key, in memory).
-fn authenticated(plan: &Plan, plain: &[ModeResult], shutdown: &Shutdown) -> Result<(), CliError> {
-    let mut secret = [0u8; 32];
-    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut secret)?;
-    let keys = pmnet_runtime::KeySet::new(vec![pmnet_auth::DeploymentKey::new(1, secret)]);
-    let mut plan = plan.clone();
-    plan.modes = vec![Mode::Pmnet];
-    plan.keys = Some(keys.clone());
-    if let Target::Loopback(config) = &mut plan.target {
-        config.keys = Some(keys);
-    }
-    println!(
-        "   the same pmnet mode with every datagram authenticated (BLAKE3 MAC; what \
-         `--key-file` does; docs/security.md):"
-    );
-    let (results, _, _) = bench::run_modes(&plan, shutdown)?;
-    let (Some(with), Some(without)) = (
-        results.iter().find(|result| result.mode == "pmnet"),
-        plain.iter().find(|result| result.mode == "pmnet"),
-    ) else {
-        return Ok(());
-    };
-    if let (Some(on), Some(off)) = (with.p50_us, without.p50_us) {
-        println!(
-            "   pmnet authenticated: p50 {on:.1} µs ({:.2}× unauthenticated), {:.0} ops/s \
-             ({:.2}×)",
-            on / off,
-            with.ops_per_s,
-            with.ops_per_s / without.ops_per_s.max(1.0)
-        );
-    }
-    println!();
-    Ok(())
 }
 
 /// Part 3: the forwarding capacity of a plain relay and of the device.

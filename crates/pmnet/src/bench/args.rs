@@ -31,7 +31,9 @@ pub enum Pinning {
 
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// Modes to run, in order, comma-separated: echo, baseline, forward, pmnet.
+    /// Modes to run, in order, comma-separated: echo, baseline, forward, pmnet, and
+    /// baseline-auth, forward-auth, pmnet-auth (the same with every datagram authenticated:
+    /// `--mode pmnet,pmnet-auth` shows what authentication costs).
     #[arg(
         long = "mode",
         value_name = "MODES",
@@ -185,11 +187,12 @@ pub struct BenchArgs {
     #[arg(long)]
     pub capacity: bool,
 
-    /// With --capacity: split --duration into this many rounds per forwarder, relay and device
-    /// in turns; the median round of each is reported.
-    #[arg(long, value_name = "N", default_value_t = 3,
+    /// Run every mode this many times, the modes in turns, and report each mode's median
+    /// round by p50 (default 1). With --capacity: split --duration into this many rounds per
+    /// forwarder, in turns, and report each one's median round (default 3).
+    #[arg(long, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=100))]
-    pub rounds: u32,
+    pub rounds: Option<u32>,
 
     /// Also write the results, with the setting, as JSON to this file.
     #[arg(long, value_name = "FILE")]
@@ -302,6 +305,17 @@ impl Plan {
             Some(path) => Some(pmnet_runtime::load_key_file(path).map_err(|e| e.to_string())?),
             None => None,
         };
+        let auth_keys = match &keys {
+            Some(keys) => keys.clone(),
+            None if is_external && modes.iter().any(|mode| mode.is_authenticated()) => {
+                return Err(
+                    "the -auth modes against running processes need --key-file (the \
+                     processes' key file)"
+                        .into(),
+                )
+            }
+            None => fresh_keys()?,
+        };
         let target = if is_external {
             check_external_addresses(&modes, &external)?;
             Target::External(external)
@@ -328,6 +342,7 @@ impl Plan {
             requests: args.requests,
             warmup: Duration::from_secs_f64(args.warmup),
             seed: args.seed.unwrap_or_else(rand::random),
+            rounds: args.rounds.unwrap_or(1),
             wait,
             client_cpu,
             device_cpu,
@@ -336,6 +351,7 @@ impl Plan {
             target,
             progress: !args.no_progress,
             keys,
+            auth_keys,
         })
     }
 }
@@ -366,11 +382,12 @@ fn distinct_modes(given: &[Mode]) -> Vec<Mode> {
 /// Measuring running processes: every mode has the address it goes to.
 fn check_external_addresses(modes: &[Mode], external: &ExternalTargets) -> Result<(), String> {
     for mode in modes {
-        let (present, option) = match mode {
+        let (present, option) = match mode.path() {
             Mode::Echo => (external.echo.is_some(), "--echo"),
             Mode::Baseline => (external.server.is_some(), "--server"),
             Mode::Forward => (external.forward.is_some(), "--forward"),
             Mode::Pmnet => (external.device.is_some(), "--device"),
+            _ => unreachable!("path() is a plain mode"),
         };
         if !present {
             return Err(format!(
@@ -383,6 +400,18 @@ fn check_external_addresses(modes: &[Mode], external: &ExternalTargets) -> Resul
         }
     }
     Ok(())
+}
+
+/// A deployment key set of one fresh random key: what the -auth modes use without
+/// `--key-file`.
+pub fn fresh_keys() -> Result<pmnet_runtime::KeySet, String> {
+    let mut secret = [0u8; pmnet_auth::KEY_LEN];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut random| std::io::Read::read_exact(&mut random, &mut secret))
+        .map_err(|error| format!("cannot read random bytes from /dev/urandom: {error}"))?;
+    Ok(pmnet_runtime::KeySet::new(vec![
+        pmnet_auth::DeploymentKey::new(1, secret),
+    ]))
 }
 
 /// The device and server to start in this process for every mode.

@@ -1,5 +1,7 @@
 //! Forwarding capacity: a plain UDP relay against the device's forward port, one thread each,
-//! under the same offered load.
+//! under the same offered load; and the device's forward port again with every datagram
+//! authenticated (the generator sends sealed datagrams, the device verifies each and seals
+//! what it forwards).
 //!
 //! A generator thread (on another CPU) sends update datagrams of the benchmark's size as fast
 //! as `sendmmsg` goes, round-robin over 64 sessions, to the forwarder; the forwarder sends
@@ -42,6 +44,8 @@ pub struct CapacityConfig {
     /// The request payload each datagram carries.
     pub payload: Vec<u8>,
     pub server_id: u16,
+    /// Keys of the authenticated round (`None`: no authenticated forwarder).
+    pub keys: Option<pmnet_runtime::KeySet>,
 }
 
 /// Which forwarder to measure.
@@ -49,6 +53,7 @@ pub struct CapacityConfig {
 enum Forwarder {
     Relay,
     DeviceForward,
+    DeviceForwardAuthenticated,
 }
 
 impl Forwarder {
@@ -56,6 +61,15 @@ impl Forwarder {
         match self {
             Forwarder::Relay => "plain relay (recvmmsg/sendmmsg)",
             Forwarder::DeviceForward => "device forward port (logging off)",
+            Forwarder::DeviceForwardAuthenticated => "device forward port, authenticated",
+        }
+    }
+
+    /// The keys its datagrams are sealed with.
+    fn keys(self, config: &CapacityConfig) -> Option<pmnet_runtime::KeySet> {
+        match self {
+            Forwarder::DeviceForwardAuthenticated => config.keys.clone(),
+            _ => None,
         }
     }
 }
@@ -92,6 +106,7 @@ fn start_forwarder(
     };
     let (tx, rx) = std::sync::mpsc::channel();
     let server_id = config.server_id;
+    let keys = forwarder.keys(config);
     let handle = std::thread::Builder::new()
         .name("pmnet-forwarder".into())
         .spawn(move || match forwarder {
@@ -115,7 +130,7 @@ fn start_forwarder(
                     forwarded: relay.back_counters().sent_total(),
                 })
             }
-            Forwarder::DeviceForward => {
+            Forwarder::DeviceForward | Forwarder::DeviceForwardAuthenticated => {
                 // The device as the latency runs have it, minus the log file: a PMNet port,
                 // a forward port and an echo port, all polled by one loop.
                 let options = DeviceOptions {
@@ -127,7 +142,7 @@ fn start_forwarder(
                     echo_listen: Some(loopback),
                     max_resends_in_flight: None,
                     loop_options,
-                    keys: None,
+                    keys,
                 };
                 let mut device = match DeviceRuntime::open(options, shutdown) {
                     Ok(device) => device,
@@ -171,6 +186,7 @@ fn start_forwarder(
 fn generate(
     target: SocketAddr,
     config: &CapacityConfig,
+    keys: Option<pmnet_runtime::KeySet>,
     stop: &AtomicBool,
 ) -> Result<(u64, Duration), String> {
     use std::os::fd::AsRawFd;
@@ -180,12 +196,18 @@ fn generate(
     let socket = UdpSocket::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
         .and_then(|socket| socket.connect(target).map(|()| socket))
         .map_err(|error| format!("cannot open the generator's socket: {error}"))?;
+    let mut auth = keys.map(pmnet_proto::Authenticator::new);
     let datagrams: Vec<Vec<u8>> = (0..GENERATOR_SESSIONS * 16)
         .map(|index| {
             let session = 1 + index % GENERATOR_SESSIONS;
             let seq = 1 + (index / GENERATOR_SESSIONS) as u32;
-            Header::new(PacketType::UpdateRequest, config.server_id, session, seq)
-                .encode(&config.payload)
+            let mut datagram =
+                Header::new(PacketType::UpdateRequest, config.server_id, session, seq)
+                    .encode(&config.payload);
+            if let Some(auth) = auth.as_mut() {
+                auth.seal(&mut datagram);
+            }
+            datagram
         })
         .collect();
     // One prebuilt batch per window of BATCH_LEN datagrams; the kernel only reads them.
@@ -250,9 +272,10 @@ fn measure(
     let generator = {
         let stop = stop.clone();
         let config = config.clone();
+        let keys = forwarder.keys(&config);
         std::thread::Builder::new()
             .name("pmnet-generator".into())
-            .spawn(move || generate(addr, &config, &stop))
+            .spawn(move || generate(addr, &config, keys, &stop))
             .map_err(|error| format!("cannot start the generator thread: {error}"))?
     };
     let end = Instant::now() + config.duration;
@@ -286,18 +309,26 @@ fn measure(
         forwarded: counts.forwarded,
         rounds_per_s: Vec::new(),
         measured_s: (seconds * 1000.0).round() / 1000.0,
-        datagram_bytes: pmnet_wire::HEADER_LEN + config.payload.len(),
+        datagram_bytes: pmnet_wire::HEADER_LEN
+            + config.payload.len()
+            + forwarder
+                .keys(config)
+                .map_or(0, |_| pmnet_auth::TRAILER_LEN),
     })
 }
 
-/// Measure the relay and the device's forward port in turns, `rounds` times each (so that a
-/// drift of the machine's load hits both alike), and report the median round of each.
+/// Measure the relay and the device's forward port (and, with keys, the authenticated forward
+/// port) in turns, `rounds` times each (so that a drift of the machine's load hits all
+/// alike), and report the median round of each.
 pub fn run_capacity(
     config: &CapacityConfig,
     shutdown: &Shutdown,
 ) -> Result<CapacityReport, String> {
-    let forwarders = [Forwarder::Relay, Forwarder::DeviceForward];
-    let mut samples: Vec<Vec<CapacityResult>> = vec![Vec::new(), Vec::new()];
+    let mut forwarders = vec![Forwarder::Relay, Forwarder::DeviceForward];
+    if config.keys.is_some() {
+        forwarders.push(Forwarder::DeviceForwardAuthenticated);
+    }
+    let mut samples: Vec<Vec<CapacityResult>> = vec![Vec::new(); forwarders.len()];
     'rounds: for _ in 0..config.rounds.max(1) {
         for (index, forwarder) in forwarders.iter().enumerate() {
             if shutdown.is_requested() {
@@ -317,15 +348,23 @@ pub fn run_capacity(
         median.rounds_per_s = rates;
         results.push(median);
     }
+    let share = |numerator: &CapacityResult, denominator: &CapacityResult| {
+        (denominator.packets_per_s > 0.0).then(|| {
+            (numerator.packets_per_s / denominator.packets_per_s * 1000.0).round() / 1000.0
+        })
+    };
     let forward_vs_relay = match results.as_slice() {
-        [relay, forward] if relay.packets_per_s > 0.0 => {
-            Some((forward.packets_per_s / relay.packets_per_s * 1000.0).round() / 1000.0)
-        }
+        [relay, forward, ..] => share(forward, relay),
+        _ => None,
+    };
+    let authenticated_vs_forward = match results.as_slice() {
+        [_, forward, authenticated] => share(authenticated, forward),
         _ => None,
     };
     Ok(CapacityReport {
         results,
         forward_vs_relay,
+        authenticated_vs_forward,
         forwarder_cpu: config.forwarder_cpu,
         generator_cpu: config.generator_cpu,
         wait: config.wait.name().to_owned(),

@@ -48,8 +48,12 @@ pub struct Plan {
     pub requests: Option<u64>,
     pub warmup: Duration,
     pub seed: u64,
+    /// Times every mode runs, in turns; each mode reports its median round.
+    pub rounds: u32,
     /// Every datagram authenticated with these keys (`--key-file`).
     pub keys: Option<pmnet_runtime::KeySet>,
+    /// The keys of the -auth modes: `keys`, or a fresh key.
+    pub auth_keys: pmnet_runtime::KeySet,
     pub wait: WaitMode,
     pub client_cpu: Option<usize>,
     pub device_cpu: Option<usize>,
@@ -119,6 +123,16 @@ impl Plan {
                 "clients on {}; device and server are external processes",
                 cpu(self.client_cpu)
             )
+        }
+    }
+
+    /// The keys of `mode`'s datagrams: the -auth modes' always, the others' with
+    /// `--key-file`.
+    pub fn mode_keys(&self, mode: Mode) -> Option<pmnet_runtime::KeySet> {
+        if mode.is_authenticated() {
+            Some(self.auth_keys.clone())
+        } else {
+            self.keys.clone()
         }
     }
 
@@ -199,54 +213,96 @@ fn kernel_release() -> String {
 /// Media of the in-process device and server, the first time a system starts.
 pub type Media = Option<(String, String)>;
 
-/// Every mode of `plan`, one after the other. Returns the results, the media (in-process
-/// systems) and whether a signal cut the run short.
+/// Every mode of `plan`, one after the other, `plan.rounds` times in turns (so that a drift
+/// of the machine's load hits every mode alike); each mode's result is its median round by
+/// p50. Returns the results, the media (in-process systems) and whether a signal cut the run
+/// short.
 pub fn run_modes(
     plan: &Plan,
     shutdown: &Shutdown,
 ) -> Result<(Vec<ModeResult>, Media, bool), String> {
-    let mut results = Vec::new();
+    let mut rounds: Vec<Vec<ModeResult>> = vec![Vec::new(); plan.modes.len()];
     let mut media = None;
-    for &mode in &plan.modes {
-        if shutdown.is_requested() {
-            break;
+    'rounds: for _ in 0..plan.rounds.max(1) {
+        for (index, &mode) in plan.modes.iter().enumerate() {
+            if shutdown.is_requested() {
+                break 'rounds;
+            }
+            rounds[index].push(run_mode_once(plan, mode, &mut media, shutdown)?);
         }
-        let result = match &plan.target {
-            Target::Loopback(config) => {
-                let system = LoopbackSystem::start(config)?;
-                if media.is_none() {
-                    media = Some((system.device_medium.clone(), system.server_medium.clone()));
-                }
-                let addresses = system.addresses;
-                let peer = match mode {
-                    Mode::Echo => addresses.echo,
-                    Mode::Baseline => addresses.server,
-                    Mode::Forward => addresses.forward,
-                    Mode::Pmnet => addresses.device,
-                };
-                let result = run_mode(plan, mode, peer, shutdown);
-                let counters = system.stop();
-                result.map(|mut result| {
-                    if mode != Mode::Echo {
-                        result.notes.extend(counters.notes());
-                    }
-                    result
-                })
-            }
-            Target::External(external) => {
-                let peer = match mode {
-                    Mode::Echo => external.echo,
-                    Mode::Baseline => external.server,
-                    Mode::Forward => external.forward,
-                    Mode::Pmnet => external.device,
-                }
-                .ok_or_else(|| format!("no address for mode {}", mode.name()))?;
-                run_mode(plan, mode, peer, shutdown)
-            }
-        }?;
-        results.push(result);
     }
+    let results = rounds.into_iter().filter_map(median_round).collect();
     Ok((results, media, shutdown.is_requested()))
+}
+
+/// The round with the median p50, noting every round's p50 when there were several.
+fn median_round(mut rounds: Vec<ModeResult>) -> Option<ModeResult> {
+    if rounds.len() < 2 {
+        return rounds.pop();
+    }
+    let p50s: Vec<String> = rounds
+        .iter()
+        .map(|round| round.p50_us.map_or("-".into(), |p50| format!("{p50:.1}")))
+        .collect();
+    let count = rounds.len();
+    rounds.sort_by(|a, b| {
+        a.p50_us
+            .unwrap_or(f64::INFINITY)
+            .total_cmp(&b.p50_us.unwrap_or(f64::INFINITY))
+    });
+    let mut median = rounds.swap_remove(count / 2);
+    median.notes.insert(
+        0,
+        format!(
+            "median of {count} rounds by p50 (the rounds' p50 in µs, in order: {})",
+            p50s.join(", ")
+        ),
+    );
+    Some(median)
+}
+
+/// One round of `mode`: a fresh device and server (in-process targets) and its clients.
+fn run_mode_once(
+    plan: &Plan,
+    mode: Mode,
+    media: &mut Media,
+    shutdown: &Shutdown,
+) -> Result<ModeResult, String> {
+    match &plan.target {
+        Target::Loopback(config) => {
+            let mut config = config.clone();
+            config.keys = plan.mode_keys(mode);
+            let system = LoopbackSystem::start(&config)?;
+            if media.is_none() {
+                *media = Some((system.device_medium.clone(), system.server_medium.clone()));
+            }
+            let addresses = system.addresses;
+            let peer = match mode.path() {
+                Mode::Echo => addresses.echo,
+                Mode::Baseline => addresses.server,
+                Mode::Forward => addresses.forward,
+                _ => addresses.device,
+            };
+            let result = run_mode(plan, mode, peer, shutdown);
+            let counters = system.stop();
+            result.map(|mut result| {
+                if mode != Mode::Echo {
+                    result.notes.extend(counters.notes());
+                }
+                result
+            })
+        }
+        Target::External(external) => {
+            let peer = match mode.path() {
+                Mode::Echo => external.echo,
+                Mode::Baseline => external.server,
+                Mode::Forward => external.forward,
+                _ => external.device,
+            }
+            .ok_or_else(|| format!("no address for mode {}", mode.name()))?;
+            run_mode(plan, mode, peer, shutdown)
+        }
+    }
 }
 
 /// When a mode measures: from `start`, the warm-up, then from `measure_from` until
@@ -305,7 +361,7 @@ fn start_clients(
             measure_from: stretch.measure_from,
             measure_until: stretch.measure_until,
             requests: plan.requests,
-            keys: plan.keys.clone(),
+            keys: plan.mode_keys(mode),
         };
         let client_shared = Arc::clone(shared);
         let handle = std::thread::Builder::new()
@@ -440,7 +496,8 @@ fn add_notes(out: &mut ModeResult, plan: &Plan, mode: Mode) {
             out.client_retransmissions
         ));
     }
-    if mode == Mode::Pmnet && out.answered_by_server > 0 && plan.workload.update_ratio >= 1.0 {
+    if mode.path() == Mode::Pmnet && out.answered_by_server > 0 && plan.workload.update_ratio >= 1.0
+    {
         out.notes.push(format!(
             "{} updates completed on the server's reply, not a PMNet-ACK (not logged)",
             out.answered_by_server

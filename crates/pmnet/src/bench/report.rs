@@ -135,6 +135,9 @@ pub fn ratios(results: &[ModeResult]) -> Vec<Ratio> {
         ("pmnet", "echo"),
         ("pmnet", "forward"),
         ("forward", "baseline"),
+        ("pmnet-auth", "pmnet"),
+        ("forward-auth", "forward"),
+        ("baseline-auth", "baseline"),
     ] {
         let (Some(a), Some(b)) = (find(numerator), find(denominator)) else {
             continue;
@@ -174,6 +177,8 @@ pub struct CapacityReport {
     pub results: Vec<CapacityResult>,
     /// forward / relay packets per second.
     pub forward_vs_relay: Option<f64>,
+    /// authenticated forward / forward packets per second (with keys).
+    pub authenticated_vs_forward: Option<f64>,
     pub forwarder_cpu: Option<usize>,
     pub generator_cpu: Option<usize>,
     pub wait: String,
@@ -356,6 +361,14 @@ pub fn capacity_table(report: &CapacityReport) -> String {
         let _ = writeln!(
             out,
             "  device forward port / plain relay: {:.0}% of the relay's packet rate",
+            ratio * 100.0
+        );
+    }
+    if let Some(ratio) = report.authenticated_vs_forward {
+        let _ = writeln!(
+            out,
+            "  authenticated / unauthenticated forward port: {:.0}% of the packet rate (every \
+             datagram verified, and sealed again when forwarded)",
             ratio * 100.0
         );
     }

@@ -116,3 +116,60 @@ fn a_key_file_others_may_read_or_with_a_bad_line_is_refused() {
         "{stderr}"
     );
 }
+
+#[test]
+fn with_encrypted_payloads_writes_and_reads_still_work_and_the_banner_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("pmnet.keys").display().to_string();
+    let (status, _, stderr) = run_pmnet(&args(&["keygen", "--encrypt", "--out", &keys]), None);
+    assert!(status.success(), "{stderr}");
+    assert!(std::fs::read_to_string(&keys)
+        .unwrap()
+        .lines()
+        .any(|line| line == "encrypt payloads"));
+    let device_addr = free_udp_addr();
+    let server_addr = free_udp_addr();
+    let mut server_args = server_args(server_addr, device_addr, &dir.path().join("s.data"), None);
+    server_args.extend(args(&["--key-file", &keys]));
+    let server = Node::start("server", server_args);
+    let mut device_args = device_args(device_addr, server_addr, &dir.path().join("d.log"));
+    device_args.extend(args(&["--key-file", &keys]));
+    let device = Node::start("device", device_args);
+    for node in [&server, &device] {
+        assert!(
+            node.banner
+                .iter()
+                .any(|line| line.contains("traffic: authenticated")
+                    && line.contains("payloads encrypted")),
+            "{:?}",
+            node.banner
+        );
+    }
+    let to = device_addr.to_string();
+    let client = |request: &[&str]| {
+        let mut list = vec![
+            "client",
+            "--to",
+            &to,
+            "--request-lifetime",
+            "1",
+            "--key-file",
+            &keys,
+        ];
+        list.extend_from_slice(request);
+        run_pmnet(&args(&list), None)
+    };
+    let (status, stdout, stderr) = client(&["set", "secret", "hunter2"]);
+    assert!(
+        status.success() && stdout.contains("durable"),
+        "{stdout}{stderr}"
+    );
+    poll_until("the server applied the SET", || {
+        let (_, stdout, stderr) = client(&["get", "secret"]);
+        if stdout.trim() == "hunter2" {
+            Ok(())
+        } else {
+            Err(format!("{stdout}{stderr}"))
+        }
+    });
+}

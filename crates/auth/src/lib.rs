@@ -46,6 +46,10 @@ pub const TAG_LEN: usize = 16;
 pub const NONCE_LEN: usize = 12;
 /// Bytes of the trailer: the key id, the nonce and the tag.
 pub const TRAILER_LEN: usize = 2 + NONCE_LEN + TAG_LEN;
+const _: () = assert!(
+    TRAILER_LEN <= pmnet_wire::TRAILER_ROOM,
+    "encoded datagrams leave room"
+);
 /// Deployment keys valid at once, at most: the current one and the one being rotated out.
 pub const MAX_KEYS: usize = 2;
 /// Per-session keys cached at most; beyond it the cache starts over (a bound on memory that

@@ -32,6 +32,16 @@ pub fn load_key_file(path: &Path) -> Result<KeySet, RuntimeError> {
         .map_err(|error| RuntimeError::Config(format!("{shown}:{}: {}", error.line, error.message)))
 }
 
+/// The `traffic` label of a process's info metric: `unauthenticated`, `authenticated` or
+/// `authenticated_encrypted`.
+pub fn traffic_label(keys: Option<&KeySet>) -> &'static str {
+    match keys {
+        None => "unauthenticated",
+        Some(keys) if keys.encrypts_payloads() => "authenticated_encrypted",
+        Some(_) => "authenticated",
+    }
+}
+
 /// What a start-up banner says of the traffic's authentication.
 pub fn auth_text(keys: Option<&KeySet>) -> String {
     match keys {

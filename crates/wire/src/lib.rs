@@ -44,6 +44,16 @@ pub const MAX_PAYLOAD_LEN: usize = MAX_DATAGRAM_LEN - HEADER_LEN;
 /// claiming more is rejected as [`ParseError::BadFragment`], so no receiver sizes a
 /// reassembly from a count a sender made up.
 pub const MAX_FRAGMENT_COUNT: u16 = 4096;
+/// Spare capacity of every datagram [`Header::encode`] makes, so that an authentication
+/// trailer (30 bytes, `pmnet-auth`) is appended without moving the datagram.
+pub const TRAILER_ROOM: usize = 32;
+
+/// A copy of `datagram` to send, with [`TRAILER_ROOM`] spare capacity.
+pub fn to_sendable(datagram: &[u8]) -> Vec<u8> {
+    let mut copy = Vec::with_capacity(datagram.len() + TRAILER_ROOM);
+    copy.extend_from_slice(datagram);
+    copy
+}
 /// Longest a client keeps trying one request, from its first transmission: after this it
 /// reports the request failed and accepts no acknowledgement of it any more. A server may
 /// skip a sequence number that no device holds once a gap at it has lasted longer than this
@@ -625,7 +635,9 @@ impl Header {
 
     /// The datagram for this header and `payload`, in a new buffer.
     pub fn encode(&self, payload: &[u8]) -> Vec<u8> {
-        let mut buffer = vec![0u8; HEADER_LEN + payload.len()];
+        let len = HEADER_LEN + payload.len();
+        let mut buffer = Vec::with_capacity(len + TRAILER_ROOM);
+        buffer.resize(len, 0);
         self.emit(payload, &mut buffer);
         buffer
     }

@@ -410,7 +410,7 @@ impl Device {
             PacketType::BypassRequest => {
                 self.remember_client(header.session_id, from, datagram.len());
                 self.counters.bypass_forwarded += 1;
-                self.send(server, datagram.to_vec());
+                self.send(server, pmnet_wire::to_sendable(datagram));
             }
             PacketType::ServerAck
             | PacketType::RetransmitRequest
@@ -486,7 +486,7 @@ impl Device {
             self.counters.log_collisions += 1;
             Some(NotLoggedReason::Collision)
         };
-        self.send(server, datagram.to_vec());
+        self.send(server, pmnet_wire::to_sendable(datagram));
         if let Some(reason) = not_logged {
             // The client waits for the server's reply now; tell it why, so that a failure
             // can say the log was full rather than that nothing answered.
@@ -713,7 +713,7 @@ impl Device {
         match self.client_of(header.session_id) {
             Some(client) => {
                 self.counters.server_acks_forwarded += 1;
-                self.send(client, datagram.to_vec());
+                self.send(client, pmnet_wire::to_sendable(datagram));
             }
             // Replays after a device restart: the client got its PMNet-ACK long ago.
             None => self.count_drop(DropReason::NoClientRoute),

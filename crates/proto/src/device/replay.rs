@@ -43,7 +43,7 @@ impl Device {
             let packet = self.entries[&slot].packet.clone();
             self.send(server, packet);
         }
-        if !complete && self.send_paid(header.session_id, datagram.to_vec()) {
+        if !complete && self.send_paid(header.session_id, pmnet_wire::to_sendable(datagram)) {
             self.counters.retransmit_requests_passed_to_client += 1;
         }
     }

@@ -77,7 +77,7 @@ impl DeviceRuntime {
         let medium = self.startup.medium;
         out.gauge(
             "pmnet_device_info",
-            "The device's identity and persistence medium (value always 1).",
+            "The device's identity, persistence medium and whether its traffic is authenticated (value always 1).",
             &[
                 ("device_id", &self.options.device_id.to_string()),
                 ("medium", medium.map_or("none", |m| m.medium.name())),
@@ -87,6 +87,10 @@ impl DeviceRuntime {
                     medium.map_or("logging off", |m| m.medium.guarantee()),
                 ),
                 ("wait", self.options.loop_options.wait.name()),
+                (
+                    "traffic",
+                    crate::keys::traffic_label(self.options.keys.as_ref()),
+                ),
             ],
             1.0,
         );

@@ -72,7 +72,7 @@ impl ServerRuntime {
         let medium = self.startup.medium;
         out.gauge(
             "pmnet_server_info",
-            "The server's identity and persistence medium (value always 1).",
+            "The server's identity, persistence medium and whether its traffic is authenticated (value always 1).",
             &[
                 ("server_id", &self.options.server_id.to_string()),
                 ("application", self.app.name()),
@@ -83,6 +83,10 @@ impl ServerRuntime {
                     medium.map_or("nothing kept", |m| m.medium.guarantee()),
                 ),
                 ("wait", self.options.loop_options.wait.name()),
+                (
+                    "traffic",
+                    crate::keys::traffic_label(self.options.keys.as_ref()),
+                ),
             ],
             1.0,
         );

@@ -17,6 +17,7 @@
 
 mod args;
 mod capacity;
+mod cpu;
 mod plan;
 mod progress;
 mod report;
@@ -35,6 +36,7 @@ use pmnet_store::{Reply, Request};
 
 pub use args::{fresh_keys, parse_payload, parse_seconds, BenchArgs, Pinning};
 pub use capacity::{run_capacity, CapacityConfig};
+pub use cpu::cpu_table;
 pub use plan::{resolve_pinning, run_modes, Plan, Target};
 pub use report::{
     capacity_table, ratios, ratios_table, results_table, setting_text, thousands, CapacityReport,
@@ -187,6 +189,11 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
     let ratios = ratios(&results);
     println!();
     print!("{}", results_table(&results));
+    let cpu = cpu::cpu_table(&results);
+    if !cpu.is_empty() {
+        println!();
+        print!("{cpu}");
+    }
     if !ratios.is_empty() {
         println!();
         print!("{}", ratios_table(&ratios));

@@ -12,6 +12,7 @@ use pmnet_pktstore::EngineKind;
 use pmnet_runtime::{online_cpu_count, Shutdown, WaitMode};
 
 use super::args::Pinning;
+use super::cpu::SystemCpu;
 use super::progress::Progress;
 use super::report::{new_histogram, summarize};
 use super::worker::{run_client, ClientOutcome, ClientPlan, Shared};
@@ -283,7 +284,11 @@ fn run_mode_once(
                 Mode::Forward => addresses.forward,
                 _ => addresses.device,
             };
-            let result = run_mode(plan, mode, peer, shutdown);
+            let cpu = SystemCpu::new(
+                (mode.path() != Mode::Baseline).then_some(system.device_tid),
+                (mode.path() != Mode::Echo).then_some(system.server_tid),
+            );
+            let result = run_mode(plan, mode, peer, cpu, shutdown);
             let counters = system.stop();
             result.map(|mut result| {
                 if mode != Mode::Echo {
@@ -300,7 +305,7 @@ fn run_mode_once(
                 _ => external.device,
             }
             .ok_or_else(|| format!("no address for mode {}", mode.name()))?;
-            run_mode(plan, mode, peer, shutdown)
+            run_mode(plan, mode, peer, SystemCpu::new(None, None), shutdown)
         }
     }
 }
@@ -319,6 +324,7 @@ fn run_mode(
     plan: &Plan,
     mode: Mode,
     peer: SocketAddr,
+    mut cpu: SystemCpu,
     shutdown: &Shutdown,
 ) -> Result<ModeResult, String> {
     let shared = Shared::new();
@@ -330,10 +336,11 @@ fn run_mode(
         measure_until: plan.duration.map(|duration| measure_from + duration),
     };
     let handles = start_clients(plan, mode, peer, &shared, stretch)?;
-    wait_for_clients(plan, mode, &shared, &handles, stretch, shutdown);
+    wait_for_clients(plan, mode, &shared, &handles, stretch, &mut cpu, shutdown);
     let stopped = Instant::now();
     let totals = join_clients(handles, mode)?;
     let mut out = mode_result(mode, &totals, stretch, stopped);
+    out.cpu = cpu.per_request(totals.client_cpu_ns, out.requests);
     add_notes(&mut out, plan, mode);
     Ok(out)
 }
@@ -383,27 +390,52 @@ fn start_clients(
 
 /// Wait until every client thread is done, updating the progress line, and stop the clients
 /// when a signal asks.
+/// Reads the device's and server's CPU time when the measured stretch starts and ends (when the
+/// clients have measured `plan.requests`, or have all stopped).
 fn wait_for_clients(
     plan: &Plan,
     mode: Mode,
     shared: &Shared,
     handles: &[JoinHandle<ClientOutcome>],
     stretch: Stretch,
+    cpu: &mut SystemCpu,
     shutdown: &Shutdown,
 ) {
     let progress = Progress::new(plan.progress, mode);
     let mut next_report = stretch.start;
+    let mut ended = false;
     while !handles.iter().all(|handle| handle.is_finished()) {
         if shutdown.is_requested() {
             shared.stop.store(true, Ordering::Relaxed);
         }
         let now = Instant::now();
+        if !cpu.is_started() && now >= stretch.measure_from {
+            cpu.start();
+        }
+        let requests_done = plan
+            .requests
+            .is_some_and(|requests| shared.measured.load(Ordering::Relaxed) >= requests);
+        if !ended && (stretch.measure_until.is_some_and(|until| now >= until) || requests_done) {
+            cpu.end();
+            ended = true;
+        }
         if now >= next_report {
             progress.update(plan, shared, stretch.start, stretch.measure_from, now);
             next_report = now + Duration::from_millis(500);
         }
-        std::thread::sleep(Duration::from_millis(20));
+        // Wake at the stretch's boundaries, so the readings are taken when it starts and ends.
+        let mut wake = now + Duration::from_millis(20);
+        for boundary in [Some(stretch.measure_from), stretch.measure_until]
+            .into_iter()
+            .flatten()
+        {
+            if boundary > now {
+                wake = wake.min(boundary);
+            }
+        }
+        std::thread::sleep(wake.saturating_duration_since(now));
     }
+    cpu.end();
     progress.finish();
 }
 
@@ -417,6 +449,8 @@ struct Totals {
     retransmissions: u64,
     /// When the last measured request completed.
     last_measured: Option<Instant>,
+    /// The clients' CPU time over the measured stretch, all together.
+    client_cpu_ns: Option<u64>,
 }
 
 /// Join the client threads and add up what they measured; the first client's error, if any,
@@ -430,6 +464,7 @@ fn join_clients(handles: Vec<JoinHandle<ClientOutcome>>, mode: Mode) -> Result<T
         answered_by_server: 0,
         retransmissions: 0,
         last_measured: None,
+        client_cpu_ns: None,
     };
     let mut errors = Vec::new();
     for handle in handles {
@@ -443,6 +478,9 @@ fn join_clients(handles: Vec<JoinHandle<ClientOutcome>>, mode: Mode) -> Result<T
         totals.answered_by_server += outcome.answered_by_server;
         totals.retransmissions += outcome.retransmissions;
         totals.last_measured = totals.last_measured.max(outcome.last_measured);
+        if let Some(ns) = outcome.cpu_ns {
+            totals.client_cpu_ns = Some(totals.client_cpu_ns.unwrap_or(0) + ns);
+        }
         errors.extend(outcome.error);
     }
     if let Some(error) = errors.into_iter().next() {

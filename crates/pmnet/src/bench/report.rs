@@ -78,6 +78,9 @@ pub struct ModeResult {
     pub bypass: Option<LatencySummary>,
     /// Datagrams the clients retransmitted (a sign of loss or overload).
     pub client_retransmissions: u64,
+    /// CPU µs per request of the clients, the device and the server on the mode's path
+    /// (in-process parts only).
+    pub cpu: Option<super::cpu::CpuPerRequest>,
     /// What the device and server counted during this mode (in-process targets only).
     pub notes: Vec<String>,
 }
@@ -101,6 +104,7 @@ impl ModeResult {
             updates: None,
             bypass: None,
             client_retransmissions: 0,
+            cpu: None,
             notes: Vec::new(),
         }
     }

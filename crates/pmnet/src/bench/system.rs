@@ -70,6 +70,9 @@ pub struct LoopbackSystem {
     pub addresses: SystemAddresses,
     pub device_medium: String,
     pub server_medium: String,
+    /// The device's and the server's threads (their CPU time is read from `/proc`).
+    pub device_tid: i32,
+    pub server_tid: i32,
 }
 
 /// Removes a file when dropped.
@@ -137,6 +140,8 @@ impl LoopbackSystem {
             },
             device_medium: device.medium,
             server_medium: server.medium,
+            device_tid: device.tid,
+            server_tid: server.tid,
         })
     }
 
@@ -185,6 +190,7 @@ struct StartedServer {
     thread: JoinHandle<Metrics>,
     addr: SocketAddr,
     medium: String,
+    tid: i32,
 }
 
 /// Start the server thread, with its store (or the ideal handler) in a new file at
@@ -217,10 +223,11 @@ fn start_server(
         .spawn(move || quietly(|| run_server(server_options, engine, server_shutdown, server_tx)))
         .map_err(|error| format!("cannot start the server thread: {error}"))?;
     match server_rx.recv_timeout(START_TIMEOUT) {
-        Ok(Ok((addr, medium))) => Ok(StartedServer {
+        Ok(Ok((addr, medium, tid))) => Ok(StartedServer {
             thread: server,
             addr,
             medium,
+            tid,
         }),
         Ok(Err(error)) => {
             let _ = server.join();
@@ -240,7 +247,7 @@ fn run_server(
     options: ServerOptions,
     engine: Option<EngineKind>,
     shutdown: Shutdown,
-    started: mpsc::Sender<Result<(SocketAddr, String), String>>,
+    started: mpsc::Sender<Result<(SocketAddr, String, i32), String>>,
 ) -> Metrics {
     let mut server = match ServerRuntime::open_with_engine(options, engine, shutdown) {
         Ok(server) => server,
@@ -252,6 +259,7 @@ fn run_server(
     let _ = started.send(Ok((
         server.addresses().data,
         server.startup().medium_text(),
+        super::cpu::current_tid(),
     )));
     if let Err(error) = server.run() {
         tracing::error!("server: {error}");
@@ -267,6 +275,7 @@ struct StartedDevice {
     forward: SocketAddr,
     echo: SocketAddr,
     medium: String,
+    tid: i32,
 }
 
 /// Start the device thread in front of the server at `server_addr`, with its log in a new
@@ -306,7 +315,7 @@ fn start_device(
         let _ = device.join();
         Err(message)
     };
-    let (addresses, medium) = match device_rx.recv_timeout(START_TIMEOUT) {
+    let (addresses, medium, tid) = match device_rx.recv_timeout(START_TIMEOUT) {
         Ok(Ok(started)) => started,
         Ok(Err(error)) => return fail(format!("the device did not start: {error}"), device),
         Err(_) => return fail("the device did not start in time".into(), device),
@@ -320,6 +329,7 @@ fn start_device(
         forward,
         echo,
         medium,
+        tid,
     })
 }
 
@@ -328,7 +338,7 @@ fn start_device(
 fn run_device(
     options: DeviceOptions,
     shutdown: Shutdown,
-    started: mpsc::Sender<Result<(DeviceAddresses, String), String>>,
+    started: mpsc::Sender<Result<(DeviceAddresses, String, i32), String>>,
 ) -> Metrics {
     let mut device = match DeviceRuntime::open(options, shutdown) {
         Ok(device) => device,
@@ -337,7 +347,11 @@ fn run_device(
             return Metrics::new();
         }
     };
-    let _ = started.send(Ok((device.addresses(), device.startup().medium_text())));
+    let _ = started.send(Ok((
+        device.addresses(),
+        device.startup().medium_text(),
+        super::cpu::current_tid(),
+    )));
     if let Err(error) = device.run() {
         tracing::error!("device: {error}");
     }

@@ -89,6 +89,8 @@ pub struct ClientOutcome {
     pub retransmissions: u64,
     /// When the last measured request completed.
     pub last_measured: Option<Instant>,
+    /// CPU time this thread ran from the start of the measured stretch to its end.
+    pub cpu_ns: Option<u64>,
     pub error: Option<String>,
 }
 
@@ -102,8 +104,27 @@ impl ClientOutcome {
             answered_by_server: 0,
             retransmissions: 0,
             last_measured: None,
+            cpu_ns: None,
             error: None,
         }
+    }
+}
+
+/// This thread's CPU time over the measured stretch: read when `measure_from` is first seen
+/// passed, and when the client stops.
+#[derive(Debug, Default)]
+struct ClientCpu(super::cpu::CpuSpan);
+
+impl ClientCpu {
+    fn tick(&mut self, plan: &ClientPlan, now: Instant) {
+        if !self.0.is_started() && now >= plan.measure_from {
+            self.0.start(Some(super::cpu::own_cpu_ns()));
+        }
+    }
+
+    fn finish(mut self, outcome: &mut ClientOutcome) {
+        self.0.end(Some(super::cpu::own_cpu_ns()));
+        outcome.cpu_ns = self.0.ns();
     }
 }
 
@@ -190,8 +211,10 @@ fn run_session_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
     let mut generator = RequestGenerator::new(&plan.workload, plan.seed, plan.index);
     let mut in_flight: Vec<Started> = Vec::with_capacity(plan.window as usize);
     let mut last_progress = Instant::now();
+    let mut cpu = ClientCpu::default();
     loop {
         let now = Instant::now();
+        cpu.tick(plan, now);
         if plan.should_stop(shared, now) {
             break;
         }
@@ -252,6 +275,7 @@ fn run_session_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
             None => outcome.failed += 1,
         }
     }
+    cpu.finish(&mut outcome);
     outcome.retransmissions = session.counters().retransmitted_fragments;
     outcome
 }
@@ -302,8 +326,10 @@ fn run_echo_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
     let mut in_flight: Vec<Started> = Vec::with_capacity(plan.window as usize);
     let mut next_seq: u32 = 1;
     let mut last_progress = Instant::now();
+    let mut cpu = ClientCpu::default();
     loop {
         let now = Instant::now();
+        cpu.tick(plan, now);
         if plan.should_stop(shared, now) {
             break;
         }
@@ -363,5 +389,6 @@ fn run_echo_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
             }
         }
     }
+    cpu.finish(&mut outcome);
     outcome
 }

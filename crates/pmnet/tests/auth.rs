@@ -33,12 +33,9 @@ fn with_a_key_file_only_clients_holding_the_key_are_served() {
         );
     }
 
-    device.wait_metric(
-        "pmnet_device_info",
-        "traffic=\"authenticated\"",
-        "says its traffic is authenticated",
-        |value| value == 1.0,
-    );
+    device.wait_metrics_line("says its traffic is authenticated", |line| {
+        line.starts_with("pmnet_device_info{") && line.contains("traffic=\"authenticated\"")
+    });
     let to = device_addr.to_string();
     let client = |extra: &[&str], request: &[&str]| {
         let mut list = vec!["client", "--to", &to, "--request-lifetime", "1"];
@@ -151,12 +148,10 @@ fn with_encrypted_payloads_writes_and_reads_still_work_and_the_banner_says_so() 
             node.banner
         );
     }
-    device.wait_metric(
-        "pmnet_device_info",
-        "traffic=\"authenticated_encrypted\"",
-        "says its traffic is authenticated and encrypted",
-        |value| value == 1.0,
-    );
+    device.wait_metrics_line("says its traffic is authenticated and encrypted", |line| {
+        line.starts_with("pmnet_device_info{")
+            && line.contains("traffic=\"authenticated_encrypted\"")
+    });
     let to = device_addr.to_string();
     let client = |request: &[&str]| {
         let mut list = vec![

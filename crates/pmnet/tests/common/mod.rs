@@ -283,6 +283,24 @@ impl Node {
             .ok_or_else(|| format!("no sample {name}{{{labels}}} in the metrics"))
     }
 
+    /// Wait until a line of the metrics text satisfies `ok` (for a sample whose other labels
+    /// do not matter).
+    #[allow(dead_code)] // not every test binary uses it
+    pub fn wait_metrics_line(&self, what: &str, ok: impl Fn(&str) -> bool) {
+        poll_until(&format!("{} {what}", self.proc.name), || {
+            let addr = self
+                .metrics
+                .ok_or_else(|| format!("{} has no metrics endpoint", self.proc.name))?;
+            let text = pmnet_runtime::metrics::scrape(addr, Duration::from_secs(5))
+                .map_err(|error| format!("scrape {addr}: {error}"))?;
+            if text.lines().any(&ok) {
+                Ok(())
+            } else {
+                Err("no such line".into())
+            }
+        });
+    }
+
     /// Wait until metric `name{labels}` satisfies `ok`.
     pub fn wait_metric(&self, name: &str, labels: &str, what: &str, ok: impl Fn(f64) -> bool) {
         poll_until(

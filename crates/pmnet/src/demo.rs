@@ -132,6 +132,7 @@ fn plan(args: &DemoArgs) -> Result<Plan, String> {
             device_cpu,
             server_cpu,
             keys: None,
+            batch: true,
         }),
         progress: true,
         auth_keys: bench::fresh_keys()?,

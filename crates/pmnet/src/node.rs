@@ -171,6 +171,11 @@ pub struct DeviceArgs {
     #[arg(long, value_name = "ADDR")]
     pub echo_listen: Option<SocketAddr>,
 
+    /// Send every datagram to a server on its own instead of packing what one turn sends a
+    /// server into batches (docs/protocol.md, "Batches").
+    #[arg(long)]
+    pub no_batch: bool,
+
     #[command(flatten)]
     pub medium: MediumArgs,
 
@@ -199,6 +204,7 @@ impl DeviceArgs {
             max_resends_in_flight: Some(self.resends_in_flight),
             loop_options: self.run.loop_options(),
             keys: None,
+            batch: !self.no_batch,
         }
     }
 }

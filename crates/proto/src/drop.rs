@@ -54,6 +54,8 @@ pub enum DropReason {
     BadRecoveryDone,
     /// An ack or notice that does not match the request it names.
     Mismatch,
+    /// A batch inside a batch: never sent, so not handled.
+    NestedBatch,
 }
 
 impl DropReason {
@@ -82,6 +84,7 @@ impl DropReason {
             DropReason::LateRecoveryDone => "late_recovery_done",
             DropReason::BadRecoveryDone => "bad_recovery_done",
             DropReason::Mismatch => "mismatch",
+            DropReason::NestedBatch => "nested_batch",
         }
     }
 }

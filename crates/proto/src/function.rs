@@ -242,6 +242,8 @@ pub struct Pipeline<F> {
     /// With keys configured: every datagram verified before it is parsed, every datagram
     /// sent sealed (what a device forwards is sealed again, which reproduces its tag).
     auth: Option<pmnet_auth::Authenticator>,
+    /// With peers to batch for: what a turn sends each of them, packed (see `batch.rs`).
+    batcher: Option<crate::Batcher>,
 }
 
 impl<F: NetworkFunction> Pipeline<F> {
@@ -250,7 +252,32 @@ impl<F: NetworkFunction> Pipeline<F> {
             functions,
             drops: DropCounts::default(),
             auth: None,
+            batcher: None,
         }
+    }
+
+    /// Pack what a turn sends each of `peers` into batches of at most `datagram_len_max` bytes
+    /// (trailer included), with `device_id` in their headers. Call after [`Pipeline::with_auth`].
+    pub fn with_batching(
+        mut self,
+        peers: &[SocketAddr],
+        datagram_len_max: usize,
+        device_id: u16,
+    ) -> Pipeline<F> {
+        let mut batcher = crate::Batcher::new(
+            crate::unsealed_len_max(datagram_len_max, &self.auth),
+            device_id,
+        );
+        for peer in peers {
+            batcher.add_peer(*peer);
+        }
+        self.batcher = Some(batcher);
+        self
+    }
+
+    /// What batching did (`None`: off).
+    pub fn batch_counters(&self) -> Option<crate::BatchCounters> {
+        self.batcher.as_ref().map(|batcher| batcher.counters)
     }
 
     /// Authenticate every datagram in and out with `auth`.
@@ -290,14 +317,38 @@ impl<F: NetworkFunction> Pipeline<F> {
             }
         };
         let datagram: &[u8] = &verified;
-        let header = match Header::parse(datagram) {
-            Ok((header, _)) => header,
+        let (header, payload) = match Header::parse(datagram) {
+            Ok(parsed) => parsed,
             Err(error) => {
                 self.drops.record(DropReason::Parse(error));
                 return;
             }
         };
-        if self.functions.handle(now, from, &header, datagram) == Verdict::Pass {
+        if header.packet_type == PacketType::Batch {
+            // Covered by the batch's trailer: each entry is parsed and handled on its own.
+            for entry in pmnet_wire::batch_entries(payload) {
+                match entry.and_then(Header::parse) {
+                    Ok((inner, _)) if inner.packet_type == PacketType::Batch => {
+                        self.drops.record(DropReason::NestedBatch);
+                    }
+                    Ok((inner, _)) => {
+                        let bytes = entry.expect("parsed above");
+                        self.dispatch(now, from, &inner, bytes);
+                    }
+                    Err(error) => {
+                        self.drops.record(DropReason::Parse(error));
+                        break;
+                    }
+                }
+            }
+            return;
+        }
+        self.dispatch(now, from, &header, datagram);
+    }
+
+    /// Hand a parsed datagram to the functions; one none of them takes is counted and dropped.
+    fn dispatch(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) {
+        if self.functions.handle(now, from, header, datagram) == Verdict::Pass {
             self.drops.record(match header.packet_type {
                 PacketType::Reserved(_) => DropReason::Parse(pmnet_wire::ParseError::UnknownType),
                 _ => DropReason::UnexpectedType,
@@ -315,7 +366,17 @@ impl<F: NetworkFunction> Pipeline<F> {
 
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        let mut transmit = self.functions.poll_transmit()?;
+        let mut transmit = match self.batcher.as_mut() {
+            Some(batcher) => match batcher.pop() {
+                Some(transmit) => transmit,
+                None => {
+                    let functions = &mut self.functions;
+                    batcher.fill(|| functions.poll_transmit());
+                    batcher.pop()?
+                }
+            },
+            None => self.functions.poll_transmit()?,
+        };
         if let Some(auth) = self.auth.as_mut() {
             auth.seal(&mut transmit.bytes);
         }

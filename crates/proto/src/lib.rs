@@ -16,6 +16,7 @@
 //! device emits a PMNet-ACK only after `on_persisted` for that log write, and the server
 //! emits a server-ACK only after `on_applied`. Both rules are asserted.
 
+mod batch;
 mod client;
 mod counter;
 mod device;
@@ -24,6 +25,7 @@ mod function;
 mod server;
 mod time;
 
+pub use batch::{BatchCounters, Batcher, BATCH_PEERS_MAX};
 pub use client::{Client, ClientConfig, ClientCounters, ClientError, ClientEvent, Completion};
 pub use counter::{Counter, COUNTER_TYPE_CODE};
 pub use device::{Device, DeviceConfig, DeviceCounters};

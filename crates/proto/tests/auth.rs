@@ -39,7 +39,7 @@ fn forgeries(header: Header, payload: &[u8]) -> Vec<Vec<u8>> {
     }
     .encode(payload);
     guessed.extend_from_slice(&1u16.to_be_bytes());
-    guessed.extend_from_slice(&[0xA5; 16]);
+    guessed.extend_from_slice(&[0xA5; pmnet_auth::TRAILER_LEN - 2]);
     vec![plain, guessed]
 }
 

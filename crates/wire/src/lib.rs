@@ -26,6 +26,8 @@
 //! of a payload already in its buffer. Parsing never panics and every rejection names its
 //! reason ([`ParseError`]), so callers can count drops by reason.
 
+pub mod batch;
+pub use batch::{batch_entries, batch_entry_len, encode_batch, BatchEntries};
 use std::fmt;
 
 /// Bytes 0..2 of every PMNet datagram: "PN".
@@ -122,6 +124,9 @@ pub enum PacketType {
     /// and forwarded it without an ack. The payload is one byte: why
     /// ([`NotLoggedReason`]). The client then completes only on the server's reply.
     NotLogged,
+    /// Device ↔ server: several complete datagrams for one peer (see [`batch`]); the receiver
+    /// handles each as if it had arrived on its own.
+    Batch,
     /// A code in `0x10..=0x3F`, reserved for the in-network functions (see above): carried
     /// through parsing untouched for the stage that owns it.
     Reserved(u8),
@@ -132,7 +137,7 @@ pub const RESERVED_TYPE_CODES: std::ops::RangeInclusive<u8> = 0x10..=0x3F;
 
 impl PacketType {
     /// Every type this version defines.
-    pub const ALL: [PacketType; 10] = [
+    pub const ALL: [PacketType; 11] = [
         PacketType::UpdateRequest,
         PacketType::BypassRequest,
         PacketType::PmnetAck,
@@ -143,6 +148,7 @@ impl PacketType {
         PacketType::FillQuery,
         PacketType::FillReply,
         PacketType::NotLogged,
+        PacketType::Batch,
     ];
 
     /// The type with code `code`, if this version defines or reserves one.
@@ -166,6 +172,7 @@ impl PacketType {
             PacketType::FillQuery => 0x08,
             PacketType::FillReply => 0x09,
             PacketType::NotLogged => 0x0A,
+            PacketType::Batch => 0x0B,
             PacketType::Reserved(code) => code,
         }
     }
@@ -183,6 +190,7 @@ impl PacketType {
             PacketType::FillQuery => "fill_query",
             PacketType::FillReply => "fill_reply",
             PacketType::NotLogged => "not_logged",
+            PacketType::Batch => "batch",
             PacketType::Reserved(_) => "reserved",
         }
     }

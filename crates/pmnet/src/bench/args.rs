@@ -162,6 +162,11 @@ pub struct BenchArgs {
           value_parser = clap::value_parser!(u64).range(0..=ADDED_LATENCY_NS_MAX))]
     pub persist_latency_ns: u64,
 
+    /// In-process device: send every datagram to the server on its own instead of packing
+    /// what one turn sends it into batches.
+    #[arg(long)]
+    pub no_batch: bool,
+
     /// Authenticate every datagram (clients, device and server) with the deployment keys in
     /// this file (see `pmnet keygen`); without it, traffic is not authenticated.
     #[arg(long, value_name = "FILE")]
@@ -446,6 +451,7 @@ fn loopback_config(
         device_cpu,
         server_cpu,
         keys: None,
+        batch: !args.no_batch,
     })
 }
 

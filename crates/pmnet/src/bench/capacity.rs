@@ -143,6 +143,7 @@ fn start_forwarder(
                     max_resends_in_flight: None,
                     loop_options,
                     keys,
+                    batch: false,
                 };
                 let mut device = match DeviceRuntime::open(options, shutdown) {
                     Ok(device) => device,

@@ -39,6 +39,8 @@ pub struct LoopbackConfig {
     pub server_cpu: Option<usize>,
     /// Authenticate every datagram with these keys (`None`: no authentication).
     pub keys: Option<pmnet_runtime::KeySet>,
+    /// The device packs what it sends the server into batches.
+    pub batch: bool,
 }
 
 /// Where the parts of a system listen.
@@ -303,6 +305,7 @@ fn start_device(
         max_resends_in_flight: None,
         loop_options: loop_options(config, config.device_cpu),
         keys: config.keys.clone(),
+        batch: config.batch,
     };
     let (device_tx, device_rx) = mpsc::channel();
     let device_shutdown = shutdown.clone();

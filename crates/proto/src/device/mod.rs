@@ -431,6 +431,8 @@ impl Device {
             | PacketType::RecoveryDone
             | PacketType::FillReply
             | PacketType::NotLogged
+            // Batches are unpacked by the pipeline; one reaching the function is misrouted.
+            | PacketType::Batch
             | PacketType::Reserved(_) => {
                 self.count_drop(DropReason::UnexpectedType);
             }

@@ -141,6 +141,10 @@ pub struct ServerCounters {
     pub sequence_numbers_skipped: u64,
     /// Requests the application had no room for, handed back to wait (never refused).
     pub requests_deferred: u64,
+    /// Batches received (each entry is counted as the datagram it is, too).
+    pub batches_received: u64,
+    /// What the server packed into batches for the peers that send it batches.
+    pub batches: crate::BatchCounters,
     pub dropped: DropCounts,
 }
 
@@ -161,6 +165,8 @@ pub struct Server {
     defer_timers: BTreeSet<(Time, u64)>,
     recovery: Option<Recovery>,
     transmits: VecDeque<Transmit>,
+    /// Packs what a turn sends each peer that sends batches (see `batch.rs`).
+    batcher: crate::Batcher,
     events: VecDeque<ServerEvent>,
     counters: ServerCounters,
 }
@@ -195,7 +201,12 @@ impl Server {
             };
             table.insert(now, recovered.session_id, session);
         }
+        let batcher = crate::Batcher::new(
+            crate::unsealed_len_max(config.datagram_len_max, &config.auth),
+            0,
+        );
         let mut server = Server {
+            batcher,
             table,
             gap_timers: BTreeSet::new(),
             defer_timers: BTreeSet::new(),
@@ -316,6 +327,34 @@ impl Server {
                 return;
             }
         };
+        if header.packet_type == PacketType::Batch {
+            self.on_batch(now, from, payload);
+            return;
+        }
+        self.handle_parsed(now, from, &header, payload);
+    }
+
+    /// A batch: the peer unpacks batches, so what goes back to it is packed too; each entry
+    /// is handled as if it had arrived on its own (the batch's trailer covered it).
+    fn on_batch(&mut self, now: Time, from: SocketAddr, payload: &[u8]) {
+        self.counters.batches_received += 1;
+        self.batcher.add_peer(from);
+        for entry in pmnet_wire::batch_entries(payload) {
+            match entry.and_then(Header::parse) {
+                Ok((inner, _)) if inner.packet_type == PacketType::Batch => {
+                    self.count_drop(DropReason::NestedBatch);
+                }
+                Ok((inner, inner_payload)) => self.handle_parsed(now, from, &inner, inner_payload),
+                Err(error) => {
+                    self.count_drop(DropReason::Parse(error));
+                    break;
+                }
+            }
+        }
+    }
+
+    fn handle_parsed(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) {
+        let header = *header;
         if header.server_id != self.config.server_id {
             self.count_drop(DropReason::WrongServer);
             return;
@@ -734,7 +773,15 @@ impl Server {
     /// The next datagram to send, if any. Poll until `None` after every call that changes state.
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        let mut transmit = self.transmits.pop_front()?;
+        let mut transmit = match self.batcher.pop() {
+            Some(transmit) => transmit,
+            None => {
+                let transmits = &mut self.transmits;
+                self.batcher.fill(|| transmits.pop_front());
+                self.counters.batches = self.batcher.counters;
+                self.batcher.pop()?
+            }
+        };
         if let Some(auth) = self.config.auth.as_mut() {
             auth.seal(&mut transmit.bytes);
         }

@@ -63,6 +63,9 @@ pub struct DeviceOptions {
     pub max_resends_in_flight: Option<u32>,
     /// Authenticate every datagram with these deployment keys (`None`: no authentication).
     pub keys: Option<pmnet_auth::KeySet>,
+    /// Pack what a turn forwards to each server into batches (the servers answer in batches
+    /// too). The forward port never batches: it stands for a plain switch.
+    pub batch: bool,
     pub loop_options: LoopOptions,
 }
 
@@ -222,10 +225,19 @@ impl DeviceRuntime {
             metrics,
         };
         let auth = options.keys.clone().map(pmnet_proto::Authenticator::new);
+        let mut pipeline = DevicePipeline::with_front(front, device).with_auth(auth);
+        if options.batch {
+            let servers: Vec<SocketAddr> = options.servers.iter().map(|(_, addr)| *addr).collect();
+            pipeline = pipeline.with_batching(
+                &servers,
+                pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN,
+                options.device_id,
+            );
+        }
         let mut runtime = DeviceRuntime {
             options,
             clock,
-            pipeline: DevicePipeline::with_front(front, device).with_auth(auth),
+            pipeline,
             executor: LogExecutor {
                 log,
                 ..LogExecutor::default()
@@ -518,6 +530,7 @@ mod tests {
                 ..LoopOptions::default()
             },
             keys: None,
+            batch: true,
         }
     }
 

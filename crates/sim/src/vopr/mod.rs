@@ -158,6 +158,12 @@ pub fn try_run(seed: u64, options: &Options) -> Result<Report, Box<Failure>> {
     }
 }
 
+/// Whether `seed`'s devices pack what they send servers into batches (half of the seeds),
+/// drawn from a generator of its own so that the other choices of a seed are unchanged.
+fn batches_for_seed(seed: u64) -> bool {
+    ChaCha8Rng::seed_from_u64(seed ^ 0xBA7C_4E55_0000_0018).random_bool(0.5)
+}
+
 /// The state of a run, kept outside the unwinding code so that a failure can report it.
 struct Run {
     world: World,
@@ -182,6 +188,21 @@ fn run_inner(seed: u64, options: &Options, state: &mut Option<Run>) -> Report {
     let virtual_time_to_converge = liveness_phase::run(world, &mut rng, &mut issued, options);
     let requests_completed = check_invariants(world, &issued, summary);
     count_world_faults(world, summary);
+    if batches_for_seed(seed) {
+        summary.counts.seeds_with_batches += 1;
+        summary.counts.batches_sent += world
+            .devices
+            .iter()
+            .filter_map(|node| node.pipeline.batch_counters())
+            .chain(
+                world
+                    .servers
+                    .iter()
+                    .map(|node| node.server.counters().batches),
+            )
+            .map(|counters| counters.batches_sent)
+            .sum::<u64>();
+    }
     if attacker.is_some() {
         summary.counts.seeds_with_attacker += 1;
         summary.counts.forgeries_dropped += attacker::auth_drops(world);
@@ -226,6 +247,9 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
     if let Some((_, keys)) = Attacker::for_seed(seed) {
         world = world.with_auth(keys);
         world.capture_len_max = attacker::CAPTURED_MAX;
+    }
+    if batches_for_seed(seed) {
+        world = world.with_batching();
     }
     world.record_seen = false;
     for (client, lifetime) in mix.short_lifetimes.iter().enumerate() {

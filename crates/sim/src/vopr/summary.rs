@@ -50,6 +50,10 @@ pub struct FaultCounts {
     /// authentication failures the nodes counted (forgeries, less those the network lost),
     /// and the captured datagrams it replayed.
     pub seeds_with_attacker: u64,
+    /// Seeds whose devices send servers batches, and the batches devices and servers sent
+    /// (counted when the seed ends: a crash forgets a node's count).
+    pub seeds_with_batches: u64,
+    pub batches_sent: u64,
     pub forged_datagrams: u64,
     pub forgeries_dropped: u64,
     pub replayed_datagrams: u64,
@@ -70,6 +74,8 @@ impl FaultCounts {
         self.device_crashes_with_held_writes += other.device_crashes_with_held_writes;
         self.device_crashes_mid_write += other.device_crashes_mid_write;
         self.seeds_with_attacker += other.seeds_with_attacker;
+        self.seeds_with_batches += other.seeds_with_batches;
+        self.batches_sent += other.batches_sent;
         self.forged_datagrams += other.forged_datagrams;
         self.forgeries_dropped += other.forgeries_dropped;
         self.replayed_datagrams += other.replayed_datagrams;
@@ -133,6 +139,8 @@ impl FaultCounts {
                 "requests deferred by a full store",
                 self.requests_deferred_store_full,
             ),
+            ("seeds with batches to servers", self.seeds_with_batches),
+            ("batches sent (devices and servers)", self.batches_sent),
             ("seeds with an attacker", self.seeds_with_attacker),
             ("datagrams forged by the attacker", self.forged_datagrams),
             ("authentication failures dropped", self.forgeries_dropped),

@@ -21,9 +21,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use pmnet_pm::{PmLog, SimRegion};
-use pmnet_proto::{
-    Client, ClientConfig, ClientEvent, Device, DevicePipeline, FrontFunction, Server, Time,
-};
+use pmnet_proto::{Client, ClientConfig, ClientEvent, Device, FrontFunction, Server, Time};
 use pmnet_store::{KvConfig, KvStore};
 use pmnet_wire::{Header, PacketType};
 
@@ -163,9 +161,23 @@ impl World {
                 node.pipeline.device_mut(),
                 Device::new(node.config.clone(), Time::ZERO, Vec::new()),
             );
-            node.pipeline =
-                DevicePipeline::with_front(new_front(), device).with_auth(node.auth.clone());
+            node.pipeline = node.pipeline_for(device);
         }
+        self
+    }
+
+    /// Every device packs what a step sends each server into batches (the servers answer in
+    /// batches); the devices start again (before anything reached them: nothing is lost).
+    pub fn with_batching(mut self) -> World {
+        for node in &mut self.devices {
+            node.batch = true;
+            let device = std::mem::replace(
+                node.pipeline.device_mut(),
+                Device::new(node.config.clone(), Time::ZERO, Vec::new()),
+            );
+            node.pipeline = node.pipeline_for(device);
+        }
+        self.flush_outputs();
         self
     }
 
@@ -186,8 +198,7 @@ impl World {
                 node.pipeline.device_mut(),
                 Device::new(node.config.clone(), Time::ZERO, Vec::new()),
             );
-            node.pipeline =
-                DevicePipeline::with_front((node.new_front)(), device).with_auth(auth.clone());
+            node.pipeline = node.pipeline_for(device);
         }
         for node in &mut self.servers {
             node.config.auth = auth.clone();
@@ -410,11 +421,7 @@ impl World {
         // Whatever the reopened log holds is durable now, whether or not it was before.
         node.ever_durable
             .extend(recovery.entries.iter().map(|entry| entry.key));
-        node.pipeline = DevicePipeline::with_front(
-            (node.new_front)(),
-            Device::new(node.config.clone(), now, recovery.entries),
-        )
-        .with_auth(node.auth.clone());
+        node.pipeline = node.pipeline_for(Device::new(node.config.clone(), now, recovery.entries));
         node.log = log;
         node.held.clear();
         node.hold_persistence = false;

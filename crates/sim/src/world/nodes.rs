@@ -185,6 +185,8 @@ pub struct DeviceNode {
     pub new_front: fn() -> Box<dyn FrontFunction>,
     /// The device's authenticator (kept across restarts: the key file outlives the process).
     pub auth: Option<pmnet_proto::Authenticator>,
+    /// Whether the device packs what a step sends each server into batches.
+    pub batch: bool,
     pub config: DeviceConfig,
     pub up: bool,
     /// Every key this device's log has held durably: a PMNet-ACK must name one of them.
@@ -213,6 +215,7 @@ impl DeviceNode {
             ),
             new_front: no_front,
             auth: None,
+            batch: false,
             log,
             hold_persistence: false,
             held: VecDeque::new(),
@@ -227,6 +230,22 @@ impl DeviceNode {
     /// The device's log function.
     pub fn device(&self) -> &Device {
         self.pipeline.device()
+    }
+
+    /// A pipeline around `device` as this node runs it: a new front function, its
+    /// authenticator, batching when on.
+    pub fn pipeline_for(&self, device: Device) -> DevicePipeline {
+        let pipeline =
+            DevicePipeline::with_front((self.new_front)(), device).with_auth(self.auth.clone());
+        if !self.batch {
+            return pipeline;
+        }
+        let servers: Vec<SocketAddr> = self.config.servers.iter().map(|(_, addr)| *addr).collect();
+        pipeline.with_batching(
+            &servers,
+            pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN,
+            self.config.device_id,
+        )
     }
 }
 

@@ -238,7 +238,13 @@ pub fn capacity_config(plan: &Plan, duration: Duration, rounds: u32) -> Capacity
         duration,
         rounds,
         wait: plan.wait,
-        forwarder_cpu: plan.device_cpu,
+        // Never the forwarder and its generator on one CPU (the placement for several clients
+        // puts the device with the server).
+        forwarder_cpu: if plan.device_cpu.is_some() && plan.device_cpu == plan.server_cpu {
+            plan.client_cpu
+        } else {
+            plan.device_cpu
+        },
         generator_cpu: plan.server_cpu,
         payload: request,
         server_id: plan.server_id,

@@ -87,7 +87,7 @@ fn plan(args: &DemoArgs) -> Result<Plan, String> {
     }
     let wait = WaitMode::from_busy_poll(args.busy_poll);
     let (client_cpu, device_cpu, server_cpu) =
-        bench::resolve_pinning(args.pin, None, None, None, true)?;
+        bench::resolve_pinning(args.pin, None, None, None, true, args.clients)?;
     Ok(Plan {
         // pmnet-auth: the pmnet mode with every datagram authenticated (a fresh key, in
         // memory; what `--key-file` does; docs/security.md).

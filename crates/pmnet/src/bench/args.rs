@@ -21,9 +21,11 @@ pub const MAX_CLIENTS: u32 = 256;
 /// Where the client, device and server threads run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Pinning {
-    /// With two or more CPUs: clients and device on CPU 0, server on CPU 1 (the device sits
-    /// next to its clients, as a ToR switch or the client's NIC would; the server is a hop
-    /// away). One CPU: no pinning.
+    /// With two or more CPUs: clients on CPU 0 and the server on CPU 1; the device next to
+    /// its client on CPU 0 with one client (as a ToR switch or the client's NIC would be: the
+    /// latency setting), on CPU 1 with the server under load from several clients (where the
+    /// clients' own CPU would otherwise cap the device: docs/benchmarks.md). One CPU: no
+    /// pinning.
     Auto,
     /// Leave placement to the scheduler.
     None,
@@ -304,6 +306,9 @@ impl Plan {
             args.device_cpu,
             args.server_cpu,
             !is_external,
+            // --capacity: the forwarder where the device goes with one client, the generator
+            // where the server goes.
+            if args.capacity { 1 } else { args.clients },
         )?;
         let modes = distinct_modes(&args.modes);
         let keys = match &args.key_file {

@@ -74,6 +74,7 @@ pub fn resolve_pinning(
     device: Option<usize>,
     server: Option<usize>,
     loopback: bool,
+    clients: u32,
 ) -> Result<Placement, String> {
     let online = online_cpu_count();
     for (what, cpu) in [("client", client), ("device", device), ("server", server)] {
@@ -88,7 +89,8 @@ pub fn resolve_pinning(
         }
     }
     let (auto_client, auto_device, auto_server) = match pinning {
-        Pinning::Auto if online >= 2 && loopback => (Some(0), Some(0), Some(1)),
+        Pinning::Auto if online >= 2 && loopback && clients <= 1 => (Some(0), Some(0), Some(1)),
+        Pinning::Auto if online >= 2 && loopback => (Some(0), Some(1), Some(1)),
         _ => (None, None, None),
     };
     Ok((

@@ -40,7 +40,7 @@ pub use cpu::cpu_table;
 pub use plan::{resolve_pinning, run_modes, Plan, Target};
 pub use report::{
     capacity_table, ratios, ratios_table, results_table, setting_text, thousands, CapacityReport,
-    ModeResult, Ratio, Report, Setting,
+    LoadPoint, ModeResult, Ratio, Report, Setting,
 };
 pub use system::{remove_stale_files, LoopbackConfig, LoopbackSystem};
 pub use workload::{KeyDistribution, Workload};
@@ -215,6 +215,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
         ratios,
         capacity: None,
         functional_check: None,
+        under_load: Vec::new(),
         interrupted,
     };
     if let Some(path) = &args.json {
@@ -305,6 +306,7 @@ fn run_capacity_command(
             ratios: Vec::new(),
             capacity: Some(report),
             functional_check: None,
+            under_load: Vec::new(),
             interrupted,
         };
         full.write_json(path)?;

@@ -19,8 +19,9 @@ use pmnet_pm::MmapOptions;
 use pmnet_runtime::{Shutdown, WaitMode};
 
 use crate::bench::{
-    self, capacity_table, ratios, ratios_table, results_table, setting_text, CapacityReport,
-    LoopbackConfig, LoopbackSystem, Mode, ModeResult, Pinning, Plan, Ratio, Report, Target,
+    self, capacity_table, ratios, ratios_table, results_table, setting_text, thousands,
+    CapacityReport, LoadPoint, LoopbackConfig, LoopbackSystem, Mode, ModeResult, Pinning, Plan,
+    Ratio, Report, Target,
 };
 use crate::CliError;
 
@@ -61,6 +62,10 @@ pub struct DemoArgs {
     /// Skip the forwarding-capacity comparison (relay against the device's forward port).
     #[arg(long)]
     pub no_capacity: bool,
+
+    /// Skip the short comparison under load (baseline and pmnet with 4 and 16 clients).
+    #[arg(long)]
+    pub no_load: bool,
 
     /// Directory of the log and store files (removed at the end).
     #[arg(long, value_name = "DIR", default_value = "/dev/shm")]
@@ -151,6 +156,11 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
     print_introduction(config, removed);
     let (check, media) = does_it_work(config, &plan)?;
     let (results, ratios, interrupted) = latency(&plan, &args, &shutdown)?;
+    let under_load = if args.no_load || shutdown.is_requested() {
+        Vec::new()
+    } else {
+        under_load(&plan, &args, &shutdown)?
+    };
     let capacity = if args.no_capacity || shutdown.is_requested() {
         None
     } else {
@@ -169,6 +179,7 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
         ratios,
         capacity,
         functional_check: Some(check),
+        under_load,
         interrupted,
     };
     if let Some(path) = &args.json {
@@ -254,6 +265,88 @@ fn latency(
     }
     println!();
     Ok((results, ratios, interrupted))
+}
+
+/// Client counts of the comparison under load, and its seconds per mode (after a warm-up).
+const LOAD_CLIENTS: [u32; 2] = [4, 16];
+const LOAD_SECONDS: f64 = 1.0;
+const LOAD_WARMUP_SECONDS: f64 = 0.3;
+
+/// Part 2b: baseline and pmnet with several clients each, with the CPU each part spends per
+/// update.
+fn under_load(
+    plan: &Plan,
+    args: &DemoArgs,
+    shutdown: &Shutdown,
+) -> Result<Vec<LoadPoint>, CliError> {
+    println!(
+        "   Under load: baseline and pmnet with {} clients, {LOAD_SECONDS:.0} s each (the device \
+         moves to the server's CPU: the clients' own CPU would cap it; docs/benchmarks.md):",
+        LOAD_CLIENTS
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(" and ")
+    );
+    println!(
+        "   {:>7} {:>12} {:>12} {:>10} {:>9} {:>9}   CPU µs/update: clients, device, server",
+        "clients", "baseline/s", "pmnet/s", "pmnet/base", "p50", "p99"
+    );
+    let mut points = Vec::new();
+    for clients in LOAD_CLIENTS {
+        if shutdown.is_requested() {
+            break;
+        }
+        let mut load = plan.clone();
+        load.clients = clients;
+        load.modes = vec![Mode::Baseline, Mode::Pmnet];
+        load.duration = Some(Duration::from_secs_f64(LOAD_SECONDS));
+        load.warmup = Duration::from_secs_f64(LOAD_WARMUP_SECONDS);
+        load.progress = false;
+        let (client_cpu, device_cpu, server_cpu) =
+            bench::resolve_pinning(args.pin, None, None, None, true, clients)?;
+        (load.client_cpu, load.device_cpu, load.server_cpu) = (client_cpu, device_cpu, server_cpu);
+        if let Target::Loopback(config) = &mut load.target {
+            config.device_cpu = device_cpu;
+            config.server_cpu = server_cpu;
+        }
+        let (results, _, _) = bench::run_modes(&load, shutdown)?;
+        let (Some(baseline), Some(pmnet)) = (
+            results.iter().find(|result| result.mode == "baseline"),
+            results.iter().find(|result| result.mode == "pmnet"),
+        ) else {
+            continue;
+        };
+        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
+            _ => "-".into(),
+        };
+        let cpu = |value: Option<f64>| value.map_or("-".into(), |v| format!("{v:.1}"));
+        let pmnet_cpu = pmnet.cpu;
+        let baseline_server = baseline.cpu.and_then(|cpu| cpu.server_us);
+        println!(
+            "   {:>7} {:>12} {:>12} {:>10} {:>9} {:>9}   pmnet {}, {}, {}; baseline {}, -, {}",
+            clients,
+            thousands(baseline.ops_per_s),
+            thousands(pmnet.ops_per_s),
+            ratio(Some(pmnet.ops_per_s), Some(baseline.ops_per_s)),
+            ratio(pmnet.p50_us, baseline.p50_us),
+            ratio(pmnet.p99_us, baseline.p99_us),
+            cpu(pmnet_cpu.and_then(|cpu| cpu.client_us)),
+            cpu(pmnet_cpu.and_then(|cpu| cpu.device_us)),
+            cpu(pmnet_cpu.and_then(|cpu| cpu.server_us)),
+            cpu(baseline.cpu.and_then(|cpu| cpu.client_us)),
+            cpu(baseline_server),
+        );
+        points.push(LoadPoint {
+            clients,
+            placement: load.placement(),
+            baseline: baseline.clone(),
+            pmnet: pmnet.clone(),
+        });
+    }
+    println!();
+    Ok(points)
 }
 
 /// Part 3: the forwarding capacity of a plain relay and of the device.
@@ -401,17 +494,23 @@ mod tests {
         let args = Cli::try_parse_from(["demo"]).unwrap().demo;
         let demo = plan(&args).unwrap();
         let per_mode = demo.warmup + demo.duration.unwrap();
-        let total =
-            per_mode * demo.modes.len() as u32 + Duration::from_secs_f64(3.0 * CAPACITY_SECONDS);
-        assert!(total < Duration::from_secs(30), "{total:?}");
+        let total = per_mode * demo.modes.len() as u32
+            + Duration::from_secs_f64(3.0 * CAPACITY_SECONDS)
+            + Duration::from_secs_f64(
+                (LOAD_SECONDS + LOAD_WARMUP_SECONDS) * 2.0 * LOAD_CLIENTS.len() as f64,
+            );
+        assert!(total < Duration::from_secs(40), "{total:?}");
         // The longest the options allow still fits.
         let args = Cli::try_parse_from(["demo", "--duration", "7", "--warmup", "2"])
             .unwrap()
             .demo;
         let demo = plan(&args).unwrap();
         let per_mode = demo.warmup + demo.duration.unwrap();
-        let total =
-            per_mode * demo.modes.len() as u32 + Duration::from_secs_f64(3.0 * CAPACITY_SECONDS);
+        let total = per_mode * demo.modes.len() as u32
+            + Duration::from_secs_f64(3.0 * CAPACITY_SECONDS)
+            + Duration::from_secs_f64(
+                (LOAD_SECONDS + LOAD_WARMUP_SECONDS) * 2.0 * LOAD_CLIENTS.len() as f64,
+            );
         assert!(total < Duration::from_secs(60), "{total:?}");
         assert!(Cli::try_parse_from(["demo", "--duration", "60"]).is_err());
         assert!(Cli::try_parse_from(["demo", "--clients", "0"]).is_err());
@@ -439,6 +538,7 @@ mod tests {
             clients: 1,
             seed: Some(1),
             no_capacity: true,
+            no_load: true,
             dir: PathBuf::from("/tmp"),
             json: None,
         };

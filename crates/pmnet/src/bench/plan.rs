@@ -566,6 +566,7 @@ mod tests {
             results,
             capacity: None,
             functional_check: None,
+            under_load: Vec::new(),
             interrupted: false,
         };
         let value = serde_json::to_value(&report).unwrap();

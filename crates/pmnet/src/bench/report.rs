@@ -239,8 +239,20 @@ pub struct Report {
     pub capacity: Option<CapacityReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub functional_check: Option<Vec<String>>,
+    /// The demo's short sweep under load: baseline and pmnet at several client counts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub under_load: Vec<LoadPoint>,
     /// The run was stopped by a signal before every mode finished.
     pub interrupted: bool,
+}
+
+/// Baseline and pmnet side by side at one client count.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadPoint {
+    pub clients: u32,
+    pub placement: String,
+    pub baseline: ModeResult,
+    pub pmnet: ModeResult,
 }
 
 impl Report {

@@ -100,6 +100,13 @@ impl From<&crate::LoopOptions> for LoopSettings {
     }
 }
 
+/// What a node publishes: its metrics and the process's.
+fn published<N: Node>(node: &N) -> crate::Metrics {
+    let mut metrics = node.metrics();
+    metrics.add_process_metrics();
+    metrics
+}
+
 /// Run `node` until `shutdown` is requested; then take one last turn (so nothing received is
 /// left half done), give the sockets a bounded chance to send what is queued, publish the
 /// final metrics to `board` (if any) and log the node's last report line.
@@ -136,7 +143,7 @@ pub fn run_loop<N: Node>(
         }
         let wall = Instant::now();
         if let Some(board) = board.filter(|_| wall >= next_publish) {
-            board.publish(&node.metrics());
+            board.publish(&published(node));
             next_publish = wall + METRICS_PUBLISH_INTERVAL;
         }
         if let (Some(at), Some(interval)) = (next_report, settings.report_interval) {
@@ -180,7 +187,7 @@ pub fn run_loop<N: Node>(
     }
     drain(node);
     if let Some(board) = board {
-        board.publish(&node.metrics());
+        board.publish(&published(node));
     }
     if settings.report_at_stop {
         tracing::info!("{} stopped: {}", node.kind(), node.report_line());

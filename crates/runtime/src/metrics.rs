@@ -43,6 +43,28 @@ impl Metrics {
         self.sample(name, help, Kind::Counter, labels, value as f64);
     }
 
+    /// Add a sample of a counter kept in seconds (a float).
+    pub fn counter_seconds(
+        &mut self,
+        name: &str,
+        help: &'static str,
+        labels: &[(&str, &str)],
+        seconds: f64,
+    ) {
+        self.sample(name, help, Kind::Counter, labels, seconds);
+    }
+
+    /// Add what every process reports: its CPU time so far (user and system, all threads),
+    /// under the name Prometheus's client libraries use.
+    pub fn add_process_metrics(&mut self) {
+        self.counter_seconds(
+            "process_cpu_seconds_total",
+            "CPU time the process has used, user and system, all threads.",
+            &[],
+            process_cpu_seconds(),
+        );
+    }
+
     /// Add a sample of a value that goes up and down.
     pub fn gauge(&mut self, name: &str, help: &'static str, labels: &[(&str, &str)], value: f64) {
         self.sample(name, help, Kind::Gauge, labels, value);
@@ -297,4 +319,16 @@ mod tests {
         assert_eq!(find_sample(&text, "pmnet_z_total", ""), Some(42.0));
         shutdown.request();
     }
+}
+
+/// CPU time this process has used so far, user and system, in seconds.
+pub fn process_cpu_seconds() -> f64 {
+    // SAFETY: a zeroed rusage is valid, and getrusage only writes into it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid pointer.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0.0;
+    }
+    let seconds = |time: libc::timeval| time.tv_sec as f64 + time.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }

@@ -4,7 +4,9 @@
 //! threads while the mode was measured, divided by the requests measured. The clients read
 //! their own thread clocks when they start and stop measuring; the device's and the server's
 //! threads (in-process targets) are read from the scheduler's statistics
-//! (`/proc/self/task/TID/schedstat`) by the benchmark's main thread at the same two moments.
+//! (`/proc/self/task/TID/schedstat`) by the benchmark's main thread at the same two moments,
+//! and running processes from the `process_cpu_seconds_total` of their metrics endpoints (which
+//! they refresh every 100 ms).
 //! Kernel work done for a thread (its sends, its receives, and the loopback delivery its sends
 //! trigger) counts as that thread's.
 
@@ -39,6 +41,30 @@ pub fn thread_cpu_ns(tid: i32) -> Option<u64> {
     text.split_whitespace().next()?.parse().ok()
 }
 
+/// Where a part's CPU time is read.
+#[derive(Debug, Clone, Copy)]
+pub enum CpuSource {
+    /// A thread of this process.
+    Thread(i32),
+    /// A running process, from its metrics endpoint.
+    Process(std::net::SocketAddr),
+}
+
+impl CpuSource {
+    fn read_ns(self) -> Option<u64> {
+        match self {
+            CpuSource::Thread(tid) => thread_cpu_ns(tid),
+            CpuSource::Process(addr) => {
+                let text =
+                    pmnet_runtime::metrics::scrape(addr, std::time::Duration::from_secs(2)).ok()?;
+                let seconds =
+                    pmnet_runtime::metrics::find_sample(&text, "process_cpu_seconds_total", "")?;
+                Some((seconds * 1e9) as u64)
+            }
+        }
+    }
+}
+
 /// CPU time a thread ran between two readings, in nanoseconds.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuSpan {
@@ -71,28 +97,29 @@ impl CpuSpan {
 /// of a mode's measured stretch.
 #[derive(Debug)]
 pub struct SystemCpu {
-    device: Option<(i32, CpuSpan)>,
-    server: Option<(i32, CpuSpan)>,
+    device: Option<(CpuSource, CpuSpan)>,
+    server: Option<(CpuSource, CpuSpan)>,
 }
 
 impl SystemCpu {
-    /// `device` and `server` are thread ids; `None` for a part that is not in this process.
-    pub fn new(device: Option<i32>, server: Option<i32>) -> SystemCpu {
+    /// Where the device's and the server's CPU time is read; `None` for a part that is not on
+    /// the mode's path or cannot be read.
+    pub fn new(device: Option<CpuSource>, server: Option<CpuSource>) -> SystemCpu {
         SystemCpu {
-            device: device.map(|tid| (tid, CpuSpan::default())),
-            server: server.map(|tid| (tid, CpuSpan::default())),
+            device: device.map(|source| (source, CpuSpan::default())),
+            server: server.map(|source| (source, CpuSpan::default())),
         }
     }
 
     pub fn start(&mut self) {
-        for (tid, span) in [&mut self.device, &mut self.server].into_iter().flatten() {
-            span.start(thread_cpu_ns(*tid));
+        for (source, span) in [&mut self.device, &mut self.server].into_iter().flatten() {
+            span.start(source.read_ns());
         }
     }
 
     pub fn end(&mut self) {
-        for (tid, span) in [&mut self.device, &mut self.server].into_iter().flatten() {
-            span.end(thread_cpu_ns(*tid));
+        for (source, span) in [&mut self.device, &mut self.server].into_iter().flatten() {
+            span.end(source.read_ns());
         }
     }
 
@@ -109,7 +136,8 @@ impl SystemCpu {
             return None;
         }
         let per = |ns: Option<u64>| ns.map(|ns| ns as f64 / 1000.0 / requests as f64);
-        let span = |part: &Option<(i32, CpuSpan)>| part.as_ref().and_then(|(_, span)| span.ns());
+        let span =
+            |part: &Option<(CpuSource, CpuSpan)>| part.as_ref().and_then(|(_, span)| span.ns());
         let out = CpuPerRequest {
             client_us: per(client_ns).map(round2),
             device_us: per(span(&self.device)).map(round2),

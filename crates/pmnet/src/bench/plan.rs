@@ -12,7 +12,7 @@ use pmnet_pktstore::EngineKind;
 use pmnet_runtime::{online_cpu_count, Shutdown, WaitMode};
 
 use super::args::Pinning;
-use super::cpu::SystemCpu;
+use super::cpu::{CpuSource, SystemCpu};
 use super::progress::Progress;
 use super::report::{new_histogram, summarize};
 use super::worker::{run_client, ClientOutcome, ClientPlan, Shared};
@@ -287,8 +287,8 @@ fn run_mode_once(
                 _ => addresses.device,
             };
             let cpu = SystemCpu::new(
-                (mode.path() != Mode::Baseline).then_some(system.device_tid),
-                (mode.path() != Mode::Echo).then_some(system.server_tid),
+                (mode.path() != Mode::Baseline).then_some(CpuSource::Thread(system.device_tid)),
+                (mode.path() != Mode::Echo).then_some(CpuSource::Thread(system.server_tid)),
             );
             let result = run_mode(plan, mode, peer, cpu, shutdown);
             let counters = system.stop();
@@ -307,7 +307,17 @@ fn run_mode_once(
                 _ => external.device,
             }
             .ok_or_else(|| format!("no address for mode {}", mode.name()))?;
-            run_mode(plan, mode, peer, SystemCpu::new(None, None), shutdown)
+            let cpu = SystemCpu::new(
+                external
+                    .device_metrics
+                    .filter(|_| mode.path() != Mode::Baseline)
+                    .map(CpuSource::Process),
+                external
+                    .server_metrics
+                    .filter(|_| mode.path() != Mode::Echo)
+                    .map(CpuSource::Process),
+            );
+            run_mode(plan, mode, peer, cpu, shutdown)
         }
     }
 }

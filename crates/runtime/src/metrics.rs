@@ -277,9 +277,40 @@ pub fn find_sample(text: &str, name: &str, labels: &str) -> Option<f64> {
         })
 }
 
+/// CPU time this process has used so far, user and system, in seconds.
+pub fn process_cpu_seconds() -> f64 {
+    // SAFETY: a zeroed rusage is valid, and getrusage only writes into it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid pointer.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0.0;
+    }
+    let seconds = |time: libc::timeval| time.tv_sec as f64 + time.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_process_reports_the_cpu_it_used() {
+        let before = process_cpu_seconds();
+        // Use some CPU: at least what the process clock then shows.
+        let mut spin = 0u64;
+        while process_cpu_seconds() - before < 0.01 {
+            spin = std::hint::black_box(spin.wrapping_add(1));
+        }
+        let mut metrics = Metrics::new();
+        metrics.add_process_metrics();
+        let text = metrics.render();
+        assert!(
+            text.contains("# TYPE process_cpu_seconds_total counter"),
+            "{text}"
+        );
+        let seconds = find_sample(&text, "process_cpu_seconds_total", "").unwrap();
+        assert!(seconds >= before + 0.01, "{seconds} after {before}");
+    }
 
     #[test]
     fn renders_families_once_with_escaped_labels() {
@@ -319,16 +350,4 @@ mod tests {
         assert_eq!(find_sample(&text, "pmnet_z_total", ""), Some(42.0));
         shutdown.request();
     }
-}
-
-/// CPU time this process has used so far, user and system, in seconds.
-pub fn process_cpu_seconds() -> f64 {
-    // SAFETY: a zeroed rusage is valid, and getrusage only writes into it.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: RUSAGE_SELF with a valid pointer.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
-        return 0.0;
-    }
-    let seconds = |time: libc::timeval| time.tv_sec as f64 + time.tv_usec as f64 / 1e6;
-    seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }

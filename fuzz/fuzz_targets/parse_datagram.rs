@@ -1,14 +1,31 @@
 //! Feeds arbitrary bytes to the datagram parser: it must never panic, and whatever it accepts
-//! must re-encode to the same bytes. Each input is tried twice: as it is, and with the magic,
+//! must re-encode to the same bytes; a batch's entries are parsed the same way, and the entries
+//! read back must re-encode to the batch. Each input is tried twice: as it is, and with the magic,
 //! version, length and CRC fixed up, so that the fuzzer also reaches the checks behind the CRC.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pmnet_wire::{field, Header, Packet, HEADER_LEN, MAGIC, VERSION};
+use pmnet_wire::{
+    batch_entries, encode_batch, field, Header, Packet, PacketType, HEADER_LEN, MAGIC, VERSION,
+};
 
 fn check(data: &[u8]) {
     if let Ok((header, payload)) = Header::parse(data) {
         assert_eq!(header.encode(payload), data);
+        if header.packet_type == PacketType::Batch {
+            let entries: Result<Vec<Vec<u8>>, _> = batch_entries(payload)
+                .map(|entry| entry.map(<[u8]>::to_vec))
+                .collect();
+            for entry in entries.iter().flatten() {
+                check(entry);
+            }
+            if let Ok(entries) = entries {
+                let mut again = encode_batch(header.server_id, header.device_id, &entries);
+                // The batch's other header fields are the sender's; compare the payloads.
+                again.drain(..HEADER_LEN);
+                assert_eq!(again, payload);
+            }
+        }
     }
 }
 

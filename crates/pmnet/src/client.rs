@@ -14,14 +14,16 @@ use crate::CliError;
 #[derive(Debug, Clone, Args)]
 pub struct ClientArgs {
     /// Where requests go: the PMNet device in front of the server (or the server itself, to
-    /// bypass the device).
+    /// bypass the device). For a device run with `--workers`, every worker's address,
+    /// comma-separated: the session goes to one of them by its id.
     #[arg(
         long,
         visible_alias = "to",
-        value_name = "ADDR",
+        value_name = "ADDR[,ADDR...]",
+        value_delimiter = ',',
         default_value = "127.0.0.1:7400"
     )]
-    pub device: SocketAddr,
+    pub device: Vec<SocketAddr>,
 
     /// The server the requests are for (its `--server-id`).
     #[arg(long, value_name = "ID", default_value_t = 1)]
@@ -103,7 +105,12 @@ impl KvCommand {
 }
 
 pub fn run(args: ClientArgs) -> Result<ExitCode, CliError> {
-    let mut options = SessionOptions::new(args.server_id, args.device);
+    let (&first, more) = args
+        .device
+        .split_first()
+        .ok_or("--device needs an address")?;
+    let mut options = SessionOptions::new(args.server_id, first);
+    options.more_peers = more.to_vec();
     options.wait = WaitMode::from_busy_poll(args.busy_poll);
     options.request_lifetime = Some(std::time::Duration::from_secs_f64(args.request_lifetime));
     if let Some(path) = &args.key_file {
@@ -123,7 +130,7 @@ pub fn run(args: ClientArgs) -> Result<ExitCode, CliError> {
              `del k`, `incr k [delta]`, or `quit`",
             session.session_id(),
             args.server_id,
-            args.device
+            session.peer()
         );
     }
     let mut failures = 0u32;

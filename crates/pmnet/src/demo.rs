@@ -138,6 +138,7 @@ fn plan(args: &DemoArgs) -> Result<Plan, String> {
             server_cpu,
             keys: None,
             batch: true,
+            device_workers: 1,
         }),
         progress: true,
         auth_keys: bench::fresh_keys()?,

@@ -176,6 +176,14 @@ pub struct DeviceArgs {
     #[arg(long)]
     pub no_batch: bool,
 
+    /// Run this many independent workers (each its own thread, port, device id and log, the
+    /// ports, ids and metrics ports counting up from the given ones; logs PATH, PATH.1, ...):
+    /// clients spread their sessions over them. One (the default) is fastest where the device
+    /// shares a few CPUs with others (docs/benchmarks.md); more for a host with cores to spare.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=pmnet_runtime::WORKERS_MAX as i64))]
+    pub workers: u16,
+
     #[command(flatten)]
     pub medium: MediumArgs,
 
@@ -326,45 +334,112 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
     let mut options = args.options();
     options.keys = args.run.keys()?;
     let traffic = auth_text(options.keys.as_ref());
-    let mut device = DeviceRuntime::open(options, shutdown)?;
-    let startup = device.startup().clone();
-    let addresses = device.addresses();
+    if let Some(log) = &options.log {
+        let stale = pmnet_runtime::stale_worker_logs(&log.path, args.workers);
+        if let Some(last) = stale.last() {
+            let shown: Vec<String> = stale
+                .iter()
+                .map(|path| path.display().to_string())
+                .collect();
+            let needed = last
+                .extension()
+                .and_then(|index| index.to_str())
+                .and_then(|index| index.parse::<u16>().ok())
+                .map_or(pmnet_runtime::WORKERS_MAX, |index| index + 1);
+            return Err(format!(
+                "{} {} the log of a worker this device no longer runs (it ran with more \
+                 --workers before): what it holds would not be replayed. Start it with \
+                 --workers {needed} again; remove a worker's log only once it holds nothing",
+                shown.join(", "),
+                if shown.len() == 1 { "is" } else { "are" },
+            )
+            .into());
+        }
+    }
+    let online = pmnet_runtime::online_cpu_count();
+    let mut devices = Vec::new();
+    for index in 0..args.workers {
+        let worker = options
+            .for_worker(index, online)
+            .map_err(|error| format!("--workers {}: {error}", args.workers))?;
+        devices.push(DeviceRuntime::open(worker, shutdown.clone())?);
+    }
     let servers: Vec<String> = args
         .servers
         .iter()
         .map(|(id, addr)| format!("{id}={addr}"))
         .collect();
-    let mut lines = vec![
-        format!(
-            "pmnet device {} listening on {}",
-            args.device_id, addresses.data
-        ),
-        format!("  servers: {}", servers.join(", ")),
-    ];
-    match &startup.log_path {
-        Some(path) => lines.push(format!(
-            "  log: {} ({} slots of {} bytes; {}; {} entries recovered and resent, {} torn or \
-             corrupt slots rejected)",
-            path.display(),
-            startup.slot_count,
-            startup.slot_size,
-            if startup.formatted { "new" } else { "reopened" },
-            startup.recovered_entry_count,
-            startup.rejected_slot_count
-        )),
-        None => lines.push("  log: off (--no-log)".to_owned()),
+    let first = devices[0].addresses();
+    let mut lines = vec![format!(
+        "pmnet device {} listening on {}",
+        args.device_id, first.data
+    )];
+    if devices.len() > 1 {
+        let all: Vec<String> = devices
+            .iter()
+            .map(|device| device.addresses().data.to_string())
+            .collect();
+        lines.push(format!(
+            "  workers: {} ({}; device ids {}..={}): give clients (`--device` takes a list) \
+             and the server (`--device` for each) every address",
+            devices.len(),
+            all.join(", "),
+            args.device_id,
+            u32::from(args.device_id) + devices.len() as u32 - 1
+        ));
     }
-    lines.push(format!("  medium: {}", startup.medium_text()));
+    lines.push(format!("  servers: {}", servers.join(", ")));
+    for device in &devices {
+        let startup = device.startup();
+        match &startup.log_path {
+            Some(path) => lines.push(format!(
+                "  log: {} ({} slots of {} bytes; {}; {} entries recovered and resent, {} torn \
+                 or corrupt slots rejected)",
+                path.display(),
+                startup.slot_count,
+                startup.slot_size,
+                if startup.formatted { "new" } else { "reopened" },
+                startup.recovered_entry_count,
+                startup.rejected_slot_count
+            )),
+            None => lines.push("  log: off (--no-log)".to_owned()),
+        }
+    }
+    lines.push(format!("  medium: {}", devices[0].startup().medium_text()));
     lines.push(format!("  traffic: {traffic}"));
-    if let Some(addr) = addresses.forward {
+    if let Some(addr) = first.forward {
         lines.push(format!("  forward (no logging) on {addr}"));
     }
-    if let Some(addr) = addresses.echo {
+    if let Some(addr) = first.echo {
         lines.push(format!("  echo on {addr}"));
     }
-    lines.push(format!("  {}", args.run.describe(addresses.metrics)));
+    lines.push(format!("  {}", args.run.describe(first.metrics)));
     announce(&lines);
-    device.run()?;
+    let mut devices = devices.into_iter();
+    let mut first = devices.next().expect("at least one worker");
+    let mut threads = Vec::new();
+    for (index, mut device) in devices.enumerate() {
+        let stop = shutdown.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("pmnet-device-{}", index + 1))
+            .spawn(move || {
+                let result = device.run();
+                if result.is_err() {
+                    // One worker failing stops the others: the process exits with its error.
+                    stop.request();
+                }
+                result
+            })?;
+        threads.push(thread);
+    }
+    let result = first.run();
+    shutdown.request();
+    result?;
+    for thread in threads {
+        thread
+            .join()
+            .map_err(|_| "a device worker panicked".to_owned())??;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -33,6 +33,10 @@ pub struct SessionOptions {
     pub request_lifetime: Option<Duration>,
     /// Authenticate every datagram with these deployment keys (`None`: no authentication).
     pub keys: Option<pmnet_auth::KeySet>,
+    /// The other workers of a device run with `--workers` (their addresses, after `peer`'s):
+    /// the session goes to one of them by its id, so that every session stays with one
+    /// worker and the workers share the sessions.
+    pub more_peers: Vec<SocketAddr>,
 }
 
 impl SessionOptions {
@@ -45,6 +49,19 @@ impl SessionOptions {
             window: None,
             request_lifetime: None,
             keys: None,
+            more_peers: Vec::new(),
+        }
+    }
+
+    /// Where session `session_id` goes: `peer`, or one of the device's workers.
+    pub fn steer(&self, session_id: u64) -> SocketAddr {
+        if self.more_peers.is_empty() {
+            return self.peer;
+        }
+        let count = 1 + self.more_peers.len() as u64;
+        match (session_id % count) as usize {
+            0 => self.peer,
+            index => self.more_peers[index - 1],
         }
     }
 }
@@ -70,7 +87,8 @@ impl ClientSession {
         };
         let socket = BatchSocket::bind(bind, CLIENT_MAX_QUEUED)?;
         let session_id = options.session_id.unwrap_or_else(random_session_id);
-        let mut config = ClientConfig::new(session_id, options.server_id, options.peer);
+        let mut config =
+            ClientConfig::new(session_id, options.server_id, options.steer(session_id));
         config.auth = options.keys.clone().map(pmnet_auth::Authenticator::new);
         if let Some(lifetime) = options.request_lifetime {
             config.request_lifetime = lifetime;
@@ -93,6 +111,11 @@ impl ClientSession {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.socket.local_addr()
+    }
+
+    /// Where the session's requests go.
+    pub fn peer(&self) -> SocketAddr {
+        self.client.config().peer
     }
 
     pub fn counters(&self) -> &ClientCounters {
@@ -249,5 +272,25 @@ pub fn random_session_id() -> u64 {
         if id != 0 {
             return id;
         }
+    }
+}
+
+#[cfg(test)]
+mod steer_tests {
+    use super::*;
+
+    #[test]
+    fn sessions_spread_over_the_workers_and_each_stays_with_one() {
+        let mut options = SessionOptions::new(1, "127.0.0.1:7400".parse().unwrap());
+        assert_eq!(options.steer(5), options.peer, "one device: always it");
+        options.more_peers = vec![
+            "127.0.0.1:7401".parse().unwrap(),
+            "127.0.0.1:7402".parse().unwrap(),
+        ];
+        let ports: Vec<u16> = (0..6u64)
+            .map(|session| options.steer(session).port())
+            .collect();
+        assert_eq!(ports, [7400, 7401, 7402, 7400, 7401, 7402]);
+        assert_eq!(options.steer(u64::MAX), options.steer(u64::MAX));
     }
 }

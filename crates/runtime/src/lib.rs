@@ -34,7 +34,8 @@ use std::time::Duration;
 
 pub use client::{random_session_id, ClientSession, SessionOptions};
 pub use device::{
-    DeviceAddresses, DeviceOptions, DeviceRuntime, DeviceStartup, LogOptions, ECHO_MAX_QUEUED,
+    stale_worker_logs, worker_log_path, DeviceAddresses, DeviceOptions, DeviceRuntime,
+    DeviceStartup, LogOptions, ECHO_MAX_QUEUED, WORKERS_MAX,
 };
 pub use event_loop::{run_loop, wait_once, LoopCounters, LoopSettings, Node, Ready, Turn};
 pub use keys::{auth_text, load_key_file};

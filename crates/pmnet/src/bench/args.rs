@@ -169,6 +169,12 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_batch: bool,
 
+    /// In-process device: run this many workers (as `pmnet device --workers`), the clients'
+    /// sessions spread over them; their CPUs count up from the device's.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=pmnet_runtime::WORKERS_MAX as i64))]
+    pub device_workers: u16,
+
     /// Authenticate every datagram (clients, device and server) with the deployment keys in
     /// this file (see `pmnet keygen`); without it, traffic is not authenticated.
     #[arg(long, value_name = "FILE")]
@@ -457,6 +463,7 @@ fn loopback_config(
         server_cpu,
         keys: None,
         batch: !args.no_batch,
+        device_workers: args.device_workers,
     })
 }
 

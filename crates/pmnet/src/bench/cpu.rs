@@ -42,19 +42,20 @@ pub fn thread_cpu_ns(tid: i32) -> Option<u64> {
 }
 
 /// Where a part's CPU time is read.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub enum CpuSource {
-    /// A thread of this process.
-    Thread(i32),
+    /// Threads of this process (added up).
+    Threads(Vec<i32>),
     /// A running process, from its metrics endpoint.
     Process(std::net::SocketAddr),
 }
 
 impl CpuSource {
-    fn read_ns(self) -> Option<u64> {
+    fn read_ns(&self) -> Option<u64> {
         match self {
-            CpuSource::Thread(tid) => thread_cpu_ns(tid),
+            CpuSource::Threads(tids) => tids.iter().map(|tid| thread_cpu_ns(*tid)).sum(),
             CpuSource::Process(addr) => {
+                let addr = *addr;
                 let text =
                     pmnet_runtime::metrics::scrape(addr, std::time::Duration::from_secs(2)).ok()?;
                 let seconds =

@@ -279,18 +279,19 @@ fn run_mode_once(
             if media.is_none() {
                 *media = Some((system.device_medium.clone(), system.server_medium.clone()));
             }
-            let addresses = system.addresses;
-            let peer = match mode.path() {
-                Mode::Echo => addresses.echo,
-                Mode::Baseline => addresses.server,
-                Mode::Forward => addresses.forward,
-                _ => addresses.device,
+            let addresses = system.addresses.clone();
+            let (peer, more_peers) = match mode.path() {
+                Mode::Echo => (addresses.echo, Vec::new()),
+                Mode::Baseline => (addresses.server, Vec::new()),
+                Mode::Forward => (addresses.forward, Vec::new()),
+                _ => (addresses.device, addresses.device_workers.clone()),
             };
             let cpu = SystemCpu::new(
-                (mode.path() != Mode::Baseline).then_some(CpuSource::Thread(system.device_tid)),
-                (mode.path() != Mode::Echo).then_some(CpuSource::Thread(system.server_tid)),
+                (mode.path() != Mode::Baseline)
+                    .then(|| CpuSource::Threads(system.device_tids.clone())),
+                (mode.path() != Mode::Echo).then(|| CpuSource::Threads(vec![system.server_tid])),
             );
-            let result = run_mode(plan, mode, peer, cpu, shutdown);
+            let result = run_mode(plan, mode, (peer, more_peers), cpu, shutdown);
             let counters = system.stop();
             result.map(|mut result| {
                 if mode != Mode::Echo {
@@ -317,7 +318,7 @@ fn run_mode_once(
                     .filter(|_| mode.path() != Mode::Echo)
                     .map(CpuSource::Process),
             );
-            run_mode(plan, mode, peer, cpu, shutdown)
+            run_mode(plan, mode, (peer, Vec::new()), cpu, shutdown)
         }
     }
 }
@@ -335,7 +336,7 @@ struct Stretch {
 fn run_mode(
     plan: &Plan,
     mode: Mode,
-    peer: SocketAddr,
+    peers: (SocketAddr, Vec<SocketAddr>),
     mut cpu: SystemCpu,
     shutdown: &Shutdown,
 ) -> Result<ModeResult, String> {
@@ -347,7 +348,7 @@ fn run_mode(
         measure_from,
         measure_until: plan.duration.map(|duration| measure_from + duration),
     };
-    let handles = start_clients(plan, mode, peer, &shared, stretch)?;
+    let handles = start_clients(plan, mode, &peers, &shared, stretch)?;
     wait_for_clients(plan, mode, &shared, &handles, stretch, &mut cpu, shutdown);
     let stopped = Instant::now();
     let totals = join_clients(handles, mode)?;
@@ -361,7 +362,7 @@ fn run_mode(
 fn start_clients(
     plan: &Plan,
     mode: Mode,
-    peer: SocketAddr,
+    peers: &(SocketAddr, Vec<SocketAddr>),
     shared: &Arc<Shared>,
     stretch: Stretch,
 ) -> Result<Vec<JoinHandle<ClientOutcome>>, String> {
@@ -369,7 +370,8 @@ fn start_clients(
     for index in 0..plan.clients {
         let client = ClientPlan {
             index,
-            peer,
+            peer: peers.0,
+            more_peers: peers.1.clone(),
             server_id: plan.server_id,
             echo: mode == Mode::Echo,
             wait: plan.wait,

@@ -87,25 +87,43 @@ fn counter(metrics: &Metrics, name: &str, labels: &[(&str, &str)]) -> u64 {
     metrics.value(name, labels).unwrap_or(0.0) as u64
 }
 
+/// A counter added up over several processes' (or workers') metrics.
+fn counter_sum(all: &[Metrics], name: &str, labels: &[(&str, &str)]) -> u64 {
+    all.iter()
+        .map(|metrics| counter(metrics, name, labels))
+        .sum()
+}
+
 impl SystemCounters {
     /// What is worth telling about a mode's run, in a few short phrases.
     pub fn notes(&self) -> Vec<String> {
         let mut notes = Vec::new();
-        if let Some(device) = &self.device {
+        if !self.device.is_empty() {
+            let device = &self.device;
             let pmnet = [("port", "pmnet")];
-            let received = counter(device, "pmnet_device_updates_received_total", &pmnet);
+            let received = counter_sum(device, "pmnet_device_updates_received_total", &pmnet);
             if received > 0 {
-                let logged = counter(device, "pmnet_device_updates_logged_total", &pmnet);
+                let logged = counter_sum(device, "pmnet_device_updates_logged_total", &pmnet);
                 notes.push(format!(
-                    "device: {logged} of {received} updates logged and acked early ({} log \
+                    "device{}: {logged} of {received} updates logged and acked early ({} log \
                      full, {} slot collisions, {} resent after a timeout)",
-                    counter(device, "pmnet_device_log_full_total", &pmnet),
-                    counter(device, "pmnet_device_log_collisions_total", &pmnet),
-                    counter(device, "pmnet_device_resend_timeouts_total", &pmnet),
+                    if device.len() > 1 {
+                        format!(" ({} workers)", device.len())
+                    } else {
+                        String::new()
+                    },
+                    counter_sum(device, "pmnet_device_log_full_total", &pmnet),
+                    counter_sum(device, "pmnet_device_log_collisions_total", &pmnet),
+                    counter_sum(device, "pmnet_device_resend_timeouts_total", &pmnet),
                 ));
             }
-            let dropped = device.sum("pmnet_device_dropped_all_total")
-                + device.sum("pmnet_socket_dropped_total");
+            let dropped: f64 = device
+                .iter()
+                .map(|metrics| {
+                    metrics.sum("pmnet_device_dropped_all_total")
+                        + metrics.sum("pmnet_socket_dropped_total")
+                })
+                .sum();
             if dropped > 0.0 {
                 notes.push(format!("device dropped {dropped:.0} datagrams"));
             }

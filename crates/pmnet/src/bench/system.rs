@@ -41,13 +41,18 @@ pub struct LoopbackConfig {
     pub keys: Option<pmnet_runtime::KeySet>,
     /// The device packs what it sends the server into batches.
     pub batch: bool,
+    /// Device workers (`pmnet device --workers`): independent devices the clients' sessions
+    /// are spread over.
+    pub device_workers: u16,
 }
 
 /// Where the parts of a system listen.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SystemAddresses {
-    /// The device's PMNet port (logging on).
+    /// The device's PMNet port (logging on); of its first worker when there are several.
     pub device: SocketAddr,
+    /// The PMNet ports of the other workers.
+    pub device_workers: Vec<SocketAddr>,
     /// The device's forward port (logging off: a plain switch).
     pub forward: SocketAddr,
     /// The device's UDP echo port.
@@ -58,7 +63,8 @@ pub struct SystemAddresses {
 /// What the device and the server counted, when they stopped.
 #[derive(Debug)]
 pub struct SystemCounters {
-    pub device: Option<Metrics>,
+    /// Every device worker's counters.
+    pub device: Vec<Metrics>,
     pub server: Option<Metrics>,
 }
 
@@ -66,14 +72,14 @@ pub struct SystemCounters {
 #[derive(Debug)]
 pub struct LoopbackSystem {
     shutdown: Shutdown,
-    device: Option<JoinHandle<Metrics>>,
+    device: Vec<JoinHandle<Metrics>>,
     server: Option<JoinHandle<Metrics>>,
     files: Vec<PathBuf>,
     pub addresses: SystemAddresses,
     pub device_medium: String,
     pub server_medium: String,
     /// The device's and the server's threads (their CPU time is read from `/proc`).
-    pub device_tid: i32,
+    pub device_tids: Vec<i32>,
     pub server_tid: i32,
 }
 
@@ -114,35 +120,49 @@ impl LoopbackSystem {
         let log_path = temp_path(&config.dir, "log");
         let data_path = temp_path(&config.dir, "data");
         // Guards remove the files if starting fails half-way.
-        let log_guard = FileGuard(Some(log_path.clone()));
+        let workers = config.device_workers.max(1);
+        let log_guards: Vec<FileGuard> = (0..workers)
+            .map(|index| FileGuard(Some(pmnet_runtime::worker_log_path(&log_path, index))))
+            .collect();
         let data_guard = FileGuard(Some(data_path.clone()));
         let server = start_server(config, data_path, &shutdown)?;
-        let device = match start_device(config, log_path, server.addr, &shutdown) {
-            Ok(device) => device,
-            Err(message) => {
-                shutdown.request();
-                let _ = server.thread.join();
-                return Err(message);
+        let mut devices: Vec<StartedDevice> = Vec::new();
+        for index in 0..workers {
+            match start_device(config, log_path.clone(), index, server.addr, &shutdown) {
+                Ok(device) => devices.push(device),
+                Err(message) => {
+                    shutdown.request();
+                    for device in devices {
+                        let _ = device.thread.join();
+                    }
+                    let _ = server.thread.join();
+                    return Err(message);
+                }
             }
-        };
+        }
         let mut files = Vec::new();
-        for mut guard in [log_guard, data_guard] {
+        for mut guard in log_guards.into_iter().chain([data_guard]) {
             files.extend(guard.0.take());
         }
+        let first = &devices[0];
+        let addresses = SystemAddresses {
+            device: first.data,
+            device_workers: devices[1..].iter().map(|device| device.data).collect(),
+            forward: first.forward.expect("worker 0 has a forward port"),
+            echo: first.echo.expect("worker 0 has an echo port"),
+            server: server.addr,
+        };
+        let device_medium = first.medium.clone();
+        let device_tids = devices.iter().map(|device| device.tid).collect();
         Ok(LoopbackSystem {
             shutdown,
-            device: Some(device.thread),
+            device: devices.into_iter().map(|device| device.thread).collect(),
             server: Some(server.thread),
             files,
-            addresses: SystemAddresses {
-                device: device.data,
-                forward: device.forward,
-                echo: device.echo,
-                server: server.addr,
-            },
-            device_medium: device.medium,
+            addresses,
+            device_medium,
             server_medium: server.medium,
-            device_tid: device.tid,
+            device_tids,
             server_tid: server.tid,
         })
     }
@@ -155,7 +175,11 @@ impl LoopbackSystem {
 
     fn stop_inner(&mut self) -> SystemCounters {
         self.shutdown.request();
-        let device = self.device.take().and_then(|handle| handle.join().ok());
+        let device = self
+            .device
+            .drain(..)
+            .filter_map(|handle| handle.join().ok())
+            .collect();
         let server = self.server.take().and_then(|handle| handle.join().ok());
         for path in self.files.drain(..) {
             let _ = std::fs::remove_file(path);
@@ -274,8 +298,8 @@ struct StartedDevice {
     thread: JoinHandle<Metrics>,
     /// The PMNet port.
     data: SocketAddr,
-    forward: SocketAddr,
-    echo: SocketAddr,
+    forward: Option<SocketAddr>,
+    echo: Option<SocketAddr>,
     medium: String,
     tid: i32,
 }
@@ -286,6 +310,7 @@ struct StartedDevice {
 fn start_device(
     config: &LoopbackConfig,
     log_path: PathBuf,
+    worker: u16,
     server_addr: SocketAddr,
     shutdown: &Shutdown,
 ) -> Result<StartedDevice, String> {
@@ -306,11 +331,12 @@ fn start_device(
         loop_options: loop_options(config, config.device_cpu),
         keys: config.keys.clone(),
         batch: config.batch,
-    };
+    }
+    .for_worker(worker, pmnet_runtime::online_cpu_count())?;
     let (device_tx, device_rx) = mpsc::channel();
     let device_shutdown = shutdown.clone();
     let device = std::thread::Builder::new()
-        .name("pmnet-device".into())
+        .name(format!("pmnet-device-{worker}"))
         .spawn(move || quietly(|| run_device(device_options, device_shutdown, device_tx)))
         .map_err(|error| format!("cannot start the device thread: {error}"))?;
     let fail = |message: String, device: JoinHandle<Metrics>| {
@@ -323,14 +349,14 @@ fn start_device(
         Ok(Err(error)) => return fail(format!("the device did not start: {error}"), device),
         Err(_) => return fail("the device did not start in time".into(), device),
     };
-    let (Some(forward), Some(echo)) = (addresses.forward, addresses.echo) else {
+    if worker == 0 && (addresses.forward.is_none() || addresses.echo.is_none()) {
         return fail("the device opened no forward or echo port".into(), device);
-    };
+    }
     Ok(StartedDevice {
         thread: device,
         data: addresses.data,
-        forward,
-        echo,
+        forward: addresses.forward,
+        echo: addresses.echo,
         medium,
         tid,
     })

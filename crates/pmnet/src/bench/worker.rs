@@ -60,6 +60,8 @@ impl Shared {
 pub struct ClientPlan {
     pub index: u32,
     pub peer: SocketAddr,
+    /// The device's other workers: the session goes to one of `peer` and these by its id.
+    pub more_peers: Vec<SocketAddr>,
     pub server_id: u16,
     /// Raw UDP echo instead of a PMNet session.
     pub echo: bool,
@@ -200,6 +202,7 @@ fn run_session_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
     options.wait = plan.wait;
     options.window = Some(plan.window);
     options.keys = plan.keys.clone();
+    options.more_peers = plan.more_peers.clone();
     let mut session = match ClientSession::open(options) {
         Ok(session) => session,
         Err(error) => {

@@ -6,10 +6,12 @@
 
 mod metrics;
 mod open;
+mod workers;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+pub use workers::{stale_worker_logs, worker_log_path, WORKERS_MAX};
 
 use pmnet_pm::{LogWork, MediumInfo, MmapOptions, MmapRegion, PmLog};
 use pmnet_proto::{

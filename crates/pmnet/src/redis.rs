@@ -72,9 +72,15 @@ pub struct GatewayArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6380")]
     pub listen: SocketAddr,
 
-    /// The PMNet device in front of the adaptor (UDP).
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7400")]
-    pub device: SocketAddr,
+    /// The PMNet device in front of the adaptor (UDP). For a device run with `--workers`,
+    /// every worker's address, comma-separated: each connection's session goes to one.
+    #[arg(
+        long,
+        value_name = "ADDR[,ADDR...]",
+        value_delimiter = ',',
+        default_value = "127.0.0.1:7400"
+    )]
+    pub device: Vec<SocketAddr>,
 
     /// The adaptor's server id (the ID of `--server ID=ADDR` on the device).
     #[arg(long, value_name = "ID", default_value_t = 1)]
@@ -206,7 +212,12 @@ pub fn run_adaptor(args: RedisAdaptorArgs) -> Result<ExitCode, CliError> {
 
 pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
     let shutdown = Shutdown::on_signals()?;
-    let mut options = GatewayOptions::new(args.listen, args.device);
+    let (&device, more_devices) = args
+        .device
+        .split_first()
+        .ok_or("--device needs an address")?;
+    let mut options = GatewayOptions::new(args.listen, device);
+    options.more_devices = more_devices.to_vec();
     options.server_id = args.server_id;
     options.window = args.window;
     options.max_connections = args.max_connections.max(1);
@@ -224,7 +235,14 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
         format!("pmnet gateway listening on {}", gateway.local_addr()),
         format!(
             "  device: {} (server {}); window {} requests per connection; at most {} connections",
-            args.device, args.server_id, args.window, args.max_connections
+            args.device
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            args.server_id,
+            args.window,
+            args.max_connections
         ),
         "  medium: an update is answered when the device's PMNet-ACK says it is durable in the \
          device's log (its medium is in the device's banner); bypass commands are answered with \

@@ -34,6 +34,9 @@ pub struct GatewayOptions {
     pub listen: SocketAddr,
     /// The PMNet device in front of the adaptor (or the adaptor itself: no early acks).
     pub device: SocketAddr,
+    /// The other workers of a device run with `--workers`: each connection's session goes to
+    /// one of `device` and these, by its id.
+    pub more_devices: Vec<SocketAddr>,
     /// The adaptor's server id (the ID of `--server ID=ADDR` on the device).
     pub server_id: u16,
     /// Requests in flight per connection at most (the PMNet client window).
@@ -49,10 +52,16 @@ pub struct GatewayOptions {
 }
 
 impl GatewayOptions {
+    /// The device worker session `session_id` goes to.
+    pub fn device_for(&self, session_id: u64) -> SocketAddr {
+        pmnet_runtime::steer_session(self.device, &self.more_devices, session_id)
+    }
+
     pub fn new(listen: SocketAddr, device: SocketAddr) -> GatewayOptions {
         GatewayOptions {
             listen,
             device,
+            more_devices: Vec::new(),
             server_id: 1,
             window: 64,
             max_connections: 1024,
@@ -383,8 +392,11 @@ impl Gateway {
             while self.sessions.contains_key(&session_id) {
                 session_id = random_session_id();
             }
-            let mut config =
-                ClientConfig::new(session_id, self.options.server_id, self.options.device);
+            let mut config = ClientConfig::new(
+                session_id,
+                self.options.server_id,
+                self.options.device_for(session_id),
+            );
             config.window = self.options.window;
             config.auth = self
                 .options
@@ -443,7 +455,7 @@ impl Gateway {
                 match target.and_then(|index| self.conns[index].as_mut()) {
                     Some(conn) => {
                         if let Some(fill) = fill_for_completed_read(conn, datagram) {
-                            fills.push(fill);
+                            fills.push((conn.client.config().peer, fill));
                         }
                         conn.client.handle(now, from, datagram);
                     }
@@ -454,12 +466,9 @@ impl Gateway {
                 break;
             }
         }
-        for bytes in fills {
+        for (destination, bytes) in fills {
             self.counters.noop_fills_for_reads += 1;
-            self.socket.enqueue(Transmit {
-                destination: self.options.device,
-                bytes,
-            });
+            self.socket.enqueue(Transmit { destination, bytes });
         }
         any
     }

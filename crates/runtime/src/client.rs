@@ -55,14 +55,17 @@ impl SessionOptions {
 
     /// Where session `session_id` goes: `peer`, or one of the device's workers.
     pub fn steer(&self, session_id: u64) -> SocketAddr {
-        if self.more_peers.is_empty() {
-            return self.peer;
-        }
-        let count = 1 + self.more_peers.len() as u64;
-        match (session_id % count) as usize {
-            0 => self.peer,
-            index => self.more_peers[index - 1],
-        }
+        steer_session(self.peer, &self.more_peers, session_id)
+    }
+}
+
+/// The worker of a device run with `--workers` that session `session_id` goes to: of `first`
+/// and `more`, the one at `session_id` modulo their number. Every session stays with one
+/// worker; random session ids spread the sessions evenly.
+pub fn steer_session(first: SocketAddr, more: &[SocketAddr], session_id: u64) -> SocketAddr {
+    match (session_id % (1 + more.len() as u64)) as usize {
+        0 => first,
+        index => more[index - 1],
     }
 }
 

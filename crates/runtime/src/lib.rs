@@ -32,7 +32,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use client::{random_session_id, ClientSession, SessionOptions};
+pub use client::{random_session_id, steer_session, ClientSession, SessionOptions};
 pub use device::{
     stale_worker_logs, worker_log_path, DeviceAddresses, DeviceOptions, DeviceRuntime,
     DeviceStartup, LogOptions, ECHO_MAX_QUEUED, WORKERS_MAX,

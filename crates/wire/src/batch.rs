@@ -31,15 +31,18 @@ pub fn encode_batch(server_id: u16, device_id: u16, entries: &[Vec<u8>]) -> Vec<
         payload_len <= usize::from(u16::MAX),
         "a batch of {payload_len} bytes"
     );
-    let mut payload = Vec::with_capacity(payload_len);
+    // One buffer, written once: the entries behind room for the header, then the header.
+    let mut datagram = Vec::with_capacity(HEADER_LEN + payload_len + crate::TRAILER_ROOM);
+    datagram.resize(HEADER_LEN, 0);
     for entry in entries {
         let len = u16::try_from(entry.len()).expect("an entry fits a datagram");
-        payload.extend_from_slice(&len.to_be_bytes());
-        payload.extend_from_slice(entry);
+        datagram.extend_from_slice(&len.to_be_bytes());
+        datagram.extend_from_slice(entry);
     }
     let mut header = Header::new(PacketType::Batch, server_id, 0, 0);
     header.device_id = device_id;
-    header.encode(&payload)
+    header.emit_header(payload_len, &mut datagram);
+    datagram
 }
 
 /// The entries of a batch's payload, in order. Yields an error (and nothing after it) for an

@@ -138,6 +138,7 @@ fn plan(args: &DemoArgs) -> Result<Plan, String> {
             server_cpu,
             keys: None,
             batch: true,
+            batch_hold: Duration::from_micros(crate::node::DEFAULT_BATCH_HOLD_US),
             device_workers: 1,
         }),
         progress: true,

@@ -176,6 +176,13 @@ pub struct DeviceArgs {
     #[arg(long)]
     pub no_batch: bool,
 
+    /// Microseconds a batch of update requests for a server may wait for more before it goes
+    /// (their clients have their acks: only the server's apply waits; anything else for that
+    /// server, such as a read, sends it at once). 0: never wait.
+    #[arg(long, value_name = "US", default_value_t = DEFAULT_BATCH_HOLD_US,
+          value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    pub batch_hold_us: u64,
+
     /// Run this many independent workers (each its own thread, port, device id and log, the
     /// ports, ids and metrics ports counting up from the given ones; logs PATH, PATH.1, ...):
     /// clients spread their sessions over them. One (the default) is fastest where the device
@@ -213,6 +220,7 @@ impl DeviceArgs {
             loop_options: self.run.loop_options(),
             keys: None,
             batch: !self.no_batch,
+            batch_hold: Duration::from_micros(self.batch_hold_us),
         }
     }
 }
@@ -328,6 +336,9 @@ fn announce(lines: &[String]) {
     }
     let _ = out.flush();
 }
+
+/// `--batch-hold-us`'s default (docs/benchmarks.md, "Under load").
+pub const DEFAULT_BATCH_HOLD_US: u64 = 200;
 
 pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
     let shutdown = Shutdown::on_signals()?;

@@ -2,19 +2,23 @@
 //! sends one peer in one turn go out packed, up to a datagram's size; a receiver unpacks a
 //! batch and handles each entry as if it had arrived on its own.
 //!
-//! Nothing is held back for a batch: [`Batcher::fill`] packs what is queued when the endpoint
-//! is polled for transmits, which is after it handled a whole receive batch (and, on a device,
-//! after the log write that releases the acks). Under load a turn holds many datagrams for the
-//! same peer and they share one datagram; at one request at a time nothing changes. Only
-//! datagrams to peers known to unpack batches are packed: a device's servers (configured) and,
-//! on a server, the peers that sent it a batch.
+//! [`Batcher::fill`] packs what is queued when the endpoint is polled for transmits, which is
+//! after it handled a whole receive batch (and, on a device, after the log write that releases
+//! the acks): under load a turn holds many datagrams for the same peer and they share one
+//! datagram. With a hold time (a device's, towards its servers), a batch of nothing but update
+//! requests — which their clients hold acks for already: nothing waits on them — may wait up to
+//! that long for more; anything else for the same peer (a bypass request, which must follow the
+//! session's earlier updates, a recovery or fill answer) sends it at once, as does a full
+//! batch. Only datagrams to peers known to unpack batches are packed: a device's servers
+//! (configured) and, on a server, the peers that sent it a batch.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use pmnet_wire::{batch_entry_len, encode_batch, field, PacketType, HEADER_LEN};
 
-use crate::Transmit;
+use crate::{Time, Transmit};
 
 /// Peers a server learns to send batches to, at most (a bound on what senders make it keep).
 pub const BATCH_PEERS_MAX: usize = 64;
@@ -26,15 +30,23 @@ pub struct BatchCounters {
     pub batches_sent: u64,
     /// Datagrams that went out inside a batch.
     pub datagrams_batched: u64,
+    /// Batches that waited for the hold time to pass.
+    pub batches_held: u64,
 }
 
 /// A batch being filled for one peer.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Pending {
     destination: SocketAddr,
     server_id: u16,
     entries: Vec<Vec<u8>>,
     payload_len: usize,
+    /// Every entry is an update request (what may be held).
+    updates_only: bool,
+    /// It has been kept back once (counted then).
+    held: bool,
+    /// When its first entry was queued.
+    since: Time,
 }
 
 /// Packs outgoing datagrams for batch-capable peers.
@@ -45,6 +57,11 @@ pub struct Batcher {
     datagram_budget: usize,
     /// The device id batches carry (0 from a server).
     device_id: u16,
+    /// Longest a batch of update requests waits for more (zero: never).
+    hold: Duration,
+    /// Batches waiting, at most one per peer and server id.
+    pending: Vec<Pending>,
+    now: Time,
     out: VecDeque<Transmit>,
     pub counters: BatchCounters,
 }
@@ -56,9 +73,42 @@ impl Batcher {
             peers: Vec::new(),
             datagram_budget,
             device_id,
+            hold: Duration::ZERO,
+            pending: Vec::new(),
+            now: Time::ZERO,
             out: VecDeque::new(),
             counters: BatchCounters::default(),
         }
+    }
+
+    /// Let a batch of update requests wait up to `hold` for more.
+    pub fn with_hold(mut self, hold: Duration) -> Batcher {
+        self.hold = hold;
+        self
+    }
+
+    /// The time now (the endpoint's last event): what the hold is measured against.
+    pub fn set_now(&mut self, now: Time) {
+        self.now = self.now.max(now);
+    }
+
+    /// When the oldest held batch must go out, if one is held.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.pending
+            .iter()
+            .map(|batch| batch.since + self.hold)
+            .min()
+    }
+
+    /// Send the held batches whose time has come (at `now`).
+    pub fn handle_timeout(&mut self, now: Time) {
+        self.set_now(now);
+        self.release();
+    }
+
+    /// Whether a batch is held.
+    pub fn is_holding(&self) -> bool {
+        !self.pending.is_empty()
     }
 
     /// Send batches to `peer` from now on. Returns false (and changes nothing) when
@@ -82,7 +132,7 @@ impl Batcher {
     /// (per peer and server id, in the order given; a batch of one goes out as it is).
     pub fn fill(&mut self, mut next: impl FnMut() -> Option<Transmit>) {
         let payload_budget = self.datagram_budget.saturating_sub(HEADER_LEN);
-        let mut pending: Vec<Pending> = Vec::new();
+        let mut pending = std::mem::take(&mut self.pending);
         while let Some(transmit) = next() {
             let bytes = &transmit.bytes;
             let packable = self.is_peer(&transmit.destination)
@@ -97,6 +147,7 @@ impl Batcher {
                 bytes[field::SERVER_ID.start],
                 bytes[field::SERVER_ID.start + 1],
             ]);
+            let is_update = bytes[field::TYPE] == PacketType::UpdateRequest.code();
             let entry_len = batch_entry_len(bytes.len());
             let position = pending.iter().position(|batch| {
                 batch.destination == transmit.destination && batch.server_id == server_id
@@ -108,19 +159,41 @@ impl Batcher {
                 Some(index) => {
                     let full = pending.remove(index);
                     self.emit(full);
-                    pending.push(Pending::new(transmit.destination, server_id));
+                    pending.push(Pending::new(transmit.destination, server_id, self.now));
                     pending.last_mut().expect("just pushed")
                 }
                 None => {
-                    pending.push(Pending::new(transmit.destination, server_id));
+                    pending.push(Pending::new(transmit.destination, server_id, self.now));
                     pending.last_mut().expect("just pushed")
                 }
             };
             batch.payload_len += entry_len;
+            batch.updates_only &= is_update;
             batch.entries.push(transmit.bytes);
         }
+        self.pending = pending;
+        self.release();
+    }
+
+    /// Send the pending batches that may not wait: all of them without a hold time, those
+    /// with anything but update requests, those whose hold time has passed. A batch that
+    /// waits goes out as soon as one of those holds, or when full.
+    fn release(&mut self) {
+        let now = self.now;
+        let hold = self.hold;
+        let pending = std::mem::take(&mut self.pending);
         for batch in pending {
-            self.emit(batch);
+            let waits = !hold.is_zero() && batch.updates_only && now < batch.since + hold;
+            if waits {
+                let mut batch = batch;
+                if !batch.held {
+                    batch.held = true;
+                    self.counters.batches_held += 1;
+                }
+                self.pending.push(batch);
+            } else {
+                self.emit(batch);
+            }
         }
     }
 
@@ -145,12 +218,15 @@ impl Batcher {
 }
 
 impl Pending {
-    fn new(destination: SocketAddr, server_id: u16) -> Pending {
+    fn new(destination: SocketAddr, server_id: u16, since: Time) -> Pending {
         Pending {
             destination,
             server_id,
             entries: Vec::new(),
             payload_len: 0,
+            updates_only: true,
+            held: false,
+            since,
         }
     }
 }

@@ -275,6 +275,13 @@ impl<F: NetworkFunction> Pipeline<F> {
         self
     }
 
+    /// Let a batch of update requests for a server wait up to `hold` for more (call after
+    /// [`Pipeline::with_batching`]; docs/protocol.md, "Batches").
+    pub fn with_batch_hold(mut self, hold: std::time::Duration) -> Pipeline<F> {
+        self.batcher = self.batcher.map(|batcher| batcher.with_hold(hold));
+        self
+    }
+
     /// What batching did (`None`: off).
     pub fn batch_counters(&self) -> Option<crate::BatchCounters> {
         self.batcher.as_ref().map(|batcher| batcher.counters)
@@ -308,6 +315,9 @@ impl<F: NetworkFunction> Pipeline<F> {
 
     /// Process a datagram from the network. Never panics on its contents.
     pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
+        if let Some(batcher) = self.batcher.as_mut() {
+            batcher.set_now(now);
+        }
         let verified = match self.auth.as_mut().map(|auth| auth.verify(datagram)) {
             None => std::borrow::Cow::Borrowed(datagram),
             Some(Ok(inner)) => inner,
@@ -357,10 +367,16 @@ impl<F: NetworkFunction> Pipeline<F> {
     }
 
     pub fn handle_timeout(&mut self, now: Time) {
-        self.functions.handle_timeout(now)
+        self.functions.handle_timeout(now);
+        if let Some(batcher) = self.batcher.as_mut() {
+            batcher.handle_timeout(now);
+        }
     }
 
     pub fn on_persisted(&mut self, now: Time, through: u64) {
+        if let Some(batcher) = self.batcher.as_mut() {
+            batcher.set_now(now);
+        }
         self.functions.on_persisted(now, through)
     }
 
@@ -390,7 +406,11 @@ impl<F: NetworkFunction> Pipeline<F> {
 
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.functions.poll_timeout()
+        let held = self.batcher.as_ref().and_then(crate::Batcher::poll_timeout);
+        match (self.functions.poll_timeout(), held) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Carry out every batch of persistence work with `executor` and report it, until the

@@ -14,7 +14,7 @@ const STEPS: usize = 200_000;
 fn a_backlog_replayed_to_a_restarted_server_goes_in_batches_and_is_applied_once() {
     let clients = 4;
     let per_client = 6u32;
-    let mut world = World::new(clients, Some(256)).with_batching();
+    let mut world = World::new(clients, Some(256)).with_batching(Duration::ZERO);
     world.run_for(Duration::from_millis(10));
     // The server is down: the device logs and acks every update, and keeps them.
     world.stop_server(0);
@@ -94,7 +94,7 @@ fn without_batching_the_same_backlog_goes_one_datagram_each() {
 
 #[test]
 fn hostile_batches_are_dropped_entry_by_entry_and_never_nest() {
-    let mut world = World::new(1, Some(64)).with_batching();
+    let mut world = World::new(1, Some(64)).with_batching(Duration::ZERO);
     world.run_for(Duration::from_millis(10));
     let session = 0x5EED_0000_0000_0001;
     let good = |seq: u32| {
@@ -131,4 +131,42 @@ fn hostile_batches_are_dropped_entry_by_entry_and_never_nest() {
     let dropped = world.device(0).pipeline.dropped();
     assert_eq!(dropped.get("nested_batch"), Some(&1), "{dropped:?}");
     assert_eq!(dropped.get("truncated"), Some(&1), "{dropped:?}");
+}
+
+#[test]
+fn held_updates_wait_at_most_the_hold_and_a_read_behind_them_sends_them_at_once() {
+    let hold = Duration::from_millis(5);
+    let mut world = World::new(1, Some(64)).with_batching(hold);
+    world.run_for(Duration::from_millis(10));
+    let session = world.session(0);
+    // An update is acked by the device at once, and reaches the server only when the hold
+    // has passed.
+    let started = world.now;
+    let seq = world.update(0, b"SET a 1");
+    world.drive_until(STEPS, |world| world.completion(0, seq).is_some());
+    assert!(matches!(
+        world.completion(0, seq),
+        Some(ClientEvent::Completed {
+            completion: Completion::Logged { .. },
+            ..
+        })
+    ));
+    assert!(
+        world.now < started + hold,
+        "the ack does not wait for the hold"
+    );
+    assert!(world.applied_seqs(session).is_empty(), "held at the device");
+    world.drive_until(STEPS, |world| !world.applied_seqs(session).is_empty());
+    assert!(world.now >= started + hold, "sent when the hold passed");
+    assert!(world.now < started + hold + Duration::from_millis(1));
+    // Two updates then a read: the read does not wait, and takes the updates with it, first.
+    let started = world.now;
+    world.update(0, b"SET b 2");
+    world.update(0, b"SET c 3");
+    let read = world.bypass(0, b"GET c");
+    world.drive_until(STEPS, |world| world.completion(0, read).is_some());
+    assert!(world.now < started + hold, "the read was not held");
+    assert_eq!(world.applied_seqs(session), vec![1, 2, 3, 4]);
+    let counters = world.device(0).pipeline.batch_counters().unwrap();
+    assert!(counters.batches_held >= 1, "{counters:?}");
 }

@@ -58,6 +58,7 @@ fn a_counter_in_front_of_the_log_answers_its_type_and_the_log_still_acks() {
         max_resends_in_flight: None,
         keys: None,
         batch: true,
+        batch_hold: std::time::Duration::ZERO,
         loop_options: LoopOptions {
             report_interval: None,
             ..LoopOptions::default()

@@ -169,6 +169,12 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_batch: bool,
 
+    /// In-process device: microseconds a batch of update requests may wait for more (as
+    /// `pmnet device --batch-hold-us`).
+    #[arg(long, value_name = "US", default_value_t = crate::node::DEFAULT_BATCH_HOLD_US,
+          value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    pub batch_hold_us: u64,
+
     /// In-process device: run this many workers (as `pmnet device --workers`), the clients'
     /// sessions spread over them; their CPUs count up from the device's.
     #[arg(long, value_name = "N", default_value_t = 1,
@@ -463,6 +469,7 @@ fn loopback_config(
         server_cpu,
         keys: None,
         batch: !args.no_batch,
+        batch_hold: Duration::from_micros(args.batch_hold_us),
         device_workers: args.device_workers,
     })
 }

@@ -144,6 +144,7 @@ fn start_forwarder(
                     loop_options,
                     keys,
                     batch: false,
+                    batch_hold: Duration::ZERO,
                 };
                 let mut device = match DeviceRuntime::open(options, shutdown) {
                     Ok(device) => device,

@@ -41,6 +41,8 @@ pub struct LoopbackConfig {
     pub keys: Option<pmnet_runtime::KeySet>,
     /// The device packs what it sends the server into batches.
     pub batch: bool,
+    /// How long a batch of update requests may wait for more (`pmnet device --batch-hold-us`).
+    pub batch_hold: Duration,
     /// Device workers (`pmnet device --workers`): independent devices the clients' sessions
     /// are spread over.
     pub device_workers: u16,
@@ -331,6 +333,7 @@ fn start_device(
         loop_options: loop_options(config, config.device_cpu),
         keys: config.keys.clone(),
         batch: config.batch,
+        batch_hold: config.batch_hold,
     }
     .for_worker(worker, pmnet_runtime::online_cpu_count())?;
     let (device_tx, device_rx) = mpsc::channel();

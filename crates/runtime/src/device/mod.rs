@@ -68,6 +68,9 @@ pub struct DeviceOptions {
     /// Pack what a turn forwards to each server into batches (the servers answer in batches
     /// too). The forward port never batches: it stands for a plain switch.
     pub batch: bool,
+    /// With `batch`: how long a batch of update requests (acked already: nothing waits on
+    /// them) may wait for more before it goes to its server.
+    pub batch_hold: Duration,
     pub loop_options: LoopOptions,
 }
 
@@ -230,11 +233,13 @@ impl DeviceRuntime {
         let mut pipeline = DevicePipeline::with_front(front, device).with_auth(auth);
         if options.batch {
             let servers: Vec<SocketAddr> = options.servers.iter().map(|(_, addr)| *addr).collect();
-            pipeline = pipeline.with_batching(
-                &servers,
-                pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN,
-                options.device_id,
-            );
+            pipeline = pipeline
+                .with_batching(
+                    &servers,
+                    pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN,
+                    options.device_id,
+                )
+                .with_batch_hold(options.batch_hold);
         }
         let mut runtime = DeviceRuntime {
             options,
@@ -533,6 +538,7 @@ mod tests {
             },
             keys: None,
             batch: true,
+            batch_hold: Duration::ZERO,
         }
     }
 

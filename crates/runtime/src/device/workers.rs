@@ -94,6 +94,7 @@ mod tests {
             max_resends_in_flight: None,
             keys: None,
             batch: true,
+            batch_hold: std::time::Duration::ZERO,
             loop_options: LoopOptions {
                 metrics_listen: Some("127.0.0.1:9400".parse().unwrap()),
                 cpu: Some(1),

@@ -158,10 +158,19 @@ pub fn try_run(seed: u64, options: &Options) -> Result<Report, Box<Failure>> {
     }
 }
 
-/// Whether `seed`'s devices pack what they send servers into batches (half of the seeds),
-/// drawn from a generator of its own so that the other choices of a seed are unchanged.
-fn batches_for_seed(seed: u64) -> bool {
-    ChaCha8Rng::seed_from_u64(seed ^ 0xBA7C_4E55_0000_0018).random_bool(0.5)
+/// Whether `seed`'s devices pack what they send servers into batches (half of the seeds), and
+/// if so how long a batch of updates may wait for more (none, or up to 2 ms), drawn from a
+/// generator of its own so that the other choices of a seed are unchanged.
+fn batches_for_seed(seed: u64) -> Option<Duration> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xBA7C_4E55_0000_0018);
+    if !rng.random_bool(0.5) {
+        return None;
+    }
+    Some(if rng.random_bool(0.5) {
+        Duration::ZERO
+    } else {
+        Duration::from_micros(rng.random_range(50..2_000))
+    })
 }
 
 /// The state of a run, kept outside the unwinding code so that a failure can report it.
@@ -188,7 +197,7 @@ fn run_inner(seed: u64, options: &Options, state: &mut Option<Run>) -> Report {
     let virtual_time_to_converge = liveness_phase::run(world, &mut rng, &mut issued, options);
     let requests_completed = check_invariants(world, &issued, summary);
     count_world_faults(world, summary);
-    if batches_for_seed(seed) {
+    if batches_for_seed(seed).is_some() {
         summary.counts.seeds_with_batches += 1;
         summary.counts.batches_sent += world
             .devices
@@ -248,8 +257,8 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
         world = world.with_auth(keys);
         world.capture_len_max = attacker::CAPTURED_MAX;
     }
-    if batches_for_seed(seed) {
-        world = world.with_batching();
+    if let Some(hold) = batches_for_seed(seed) {
+        world = world.with_batching(hold);
     }
     world.record_seen = false;
     for (client, lifetime) in mix.short_lifetimes.iter().enumerate() {

@@ -166,11 +166,13 @@ impl World {
         self
     }
 
-    /// Every device packs what a step sends each server into batches (the servers answer in
-    /// batches); the devices start again (before anything reached them: nothing is lost).
-    pub fn with_batching(mut self) -> World {
+    /// Every device packs what a step sends each server into batches, a batch of update
+    /// requests waiting up to `hold` for more (the servers answer in batches); the devices start
+    /// again (before anything reached them: nothing is lost).
+    pub fn with_batching(mut self, hold: Duration) -> World {
         for node in &mut self.devices {
             node.batch = true;
+            node.batch_hold = hold;
             let device = std::mem::replace(
                 node.pipeline.device_mut(),
                 Device::new(node.config.clone(), Time::ZERO, Vec::new()),

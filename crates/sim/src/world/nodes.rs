@@ -185,8 +185,10 @@ pub struct DeviceNode {
     pub new_front: fn() -> Box<dyn FrontFunction>,
     /// The device's authenticator (kept across restarts: the key file outlives the process).
     pub auth: Option<pmnet_proto::Authenticator>,
-    /// Whether the device packs what a step sends each server into batches.
+    /// Whether the device packs what a step sends each server into batches, and how long a
+    /// batch of update requests may wait for more.
     pub batch: bool,
+    pub batch_hold: std::time::Duration,
     pub config: DeviceConfig,
     pub up: bool,
     /// Every key this device's log has held durably: a PMNet-ACK must name one of them.
@@ -216,6 +218,7 @@ impl DeviceNode {
             new_front: no_front,
             auth: None,
             batch: false,
+            batch_hold: std::time::Duration::ZERO,
             log,
             hold_persistence: false,
             held: VecDeque::new(),
@@ -241,11 +244,13 @@ impl DeviceNode {
             return pipeline;
         }
         let servers: Vec<SocketAddr> = self.config.servers.iter().map(|(_, addr)| *addr).collect();
-        pipeline.with_batching(
-            &servers,
-            pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN,
-            self.config.device_id,
-        )
+        pipeline
+            .with_batching(
+                &servers,
+                pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN,
+                self.config.device_id,
+            )
+            .with_batch_hold(self.batch_hold)
     }
 }
 

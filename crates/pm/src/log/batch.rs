@@ -23,7 +23,8 @@ pub enum LogWork {
         slot: u32,
         key: EntryKey,
         return_address: Option<SocketAddr>,
-        packet: Vec<u8>,
+        /// Shared with the device's entry (kept for resends): one copy of the update.
+        packet: std::sync::Arc<[u8]>,
     },
     /// Free `slot`.
     Invalidate { slot: u32 },

@@ -21,7 +21,7 @@ fn write_of(slot: u32, key: EntryKey, packet: Vec<u8>) -> LogWork {
         slot,
         key,
         return_address: None,
-        packet,
+        packet: packet.into(),
     }
 }
 

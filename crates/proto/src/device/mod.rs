@@ -135,7 +135,8 @@ struct Entry {
     key: EntryKey,
     state: EntryState,
     generation: u64,
-    packet: Vec<u8>,
+    /// The update as received, shared with its log write (one copy).
+    packet: std::sync::Arc<[u8]>,
     fragment_count: u16,
     /// Where the PMNet-ACK goes.
     client: Option<SocketAddr>,
@@ -266,7 +267,7 @@ impl Device {
                 key: recovered.key,
                 state: EntryState::Durable,
                 generation,
-                packet: recovered.packet,
+                packet: recovered.packet.into(),
                 fragment_count,
                 client: recovered.return_address,
                 invalidate_when_persisted: false,
@@ -531,13 +532,14 @@ impl Device {
             self.resend_timers.insert((deadline, slot)),
             "slot {slot} has a resend timer already"
         );
+        let packet: std::sync::Arc<[u8]> = std::sync::Arc::from(datagram);
         let held = self.entries.insert(
             slot,
             Entry {
                 key,
                 state: EntryState::Persisting,
                 generation,
-                packet: datagram.to_vec(),
+                packet: packet.clone(),
                 fragment_count,
                 client: Some(client),
                 invalidate_when_persisted: false,
@@ -554,7 +556,7 @@ impl Device {
             slot,
             key,
             return_address: Some(client),
-            packet: datagram.to_vec(),
+            packet,
         });
         self.persist_writes.push((slot, generation));
     }

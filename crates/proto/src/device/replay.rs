@@ -40,7 +40,7 @@ impl Device {
         };
         for slot in wanted {
             self.counters.resent_from_log += 1;
-            let packet = self.entries[&slot].packet.clone();
+            let packet = pmnet_wire::to_sendable(&self.entries[&slot].packet);
             self.send(server, packet);
         }
         if !complete && self.send_paid(header.session_id, pmnet_wire::to_sendable(datagram)) {
@@ -127,7 +127,7 @@ impl Device {
             let entry = self.entries.get_mut(&slot).expect("indexed slot");
             debug_assert!(!entry.in_replay, "an entry out twice");
             entry.in_replay = true;
-            let packet = entry.packet.clone();
+            let packet = pmnet_wire::to_sendable(&entry.packet);
             self.start_resend_timer(now, slot);
             self.counters.replay_sent += 1;
             self.send(server, packet);
@@ -198,7 +198,7 @@ impl Device {
                 self.counters.fill_queries_held += 1;
                 for slot in self.slots_of(header.server_id, header.session_id, seq) {
                     self.counters.resent_from_log += 1;
-                    let packet = self.entries[&slot].packet.clone();
+                    let packet = pmnet_wire::to_sendable(&self.entries[&slot].packet);
                     self.send(server, packet);
                 }
                 seq

@@ -42,6 +42,13 @@ pub struct RedisAdaptorArgs {
     #[arg(long, value_name = "PREFIX", default_value = pmnet_redis::script::DEFAULT_RECORD_PREFIX)]
     pub record_prefix: String,
 
+    /// The Redis database (`SELECT` number) that holds the exactly-once records, out of the
+    /// users' database 0; 0 keeps them with the data (then `KEYS`, `SCAN` and `DBSIZE` show
+    /// them and `FLUSHDB`/`FLUSHALL` are refused). Records an earlier adaptor left in
+    /// database 0 are moved here at start-up.
+    #[arg(long, value_name = "N", default_value_t = pmnet_redis::script::DEFAULT_RECORD_DB)]
+    pub record_db: u32,
+
     /// Requests taken from the protocol and not yet answered by Redis, at most.
     #[arg(long, value_name = "N", default_value_t = 16_384)]
     pub max_outstanding: usize,
@@ -135,6 +142,7 @@ pub fn run_adaptor(args: RedisAdaptorArgs) -> Result<ExitCode, CliError> {
     options.devices = args.devices.clone();
     options.connections = args.redis_connections;
     options.record_prefix = args.record_prefix.clone();
+    options.record_db = args.record_db;
     options.max_outstanding = args.max_outstanding.max(1);
     options.startup_timeout = Duration::from_secs(args.startup_timeout);
     options.record_reads = args.record_reads;
@@ -171,12 +179,13 @@ pub fn run_adaptor(args: RedisAdaptorArgs) -> Result<ExitCode, CliError> {
         format!("  traffic: {adaptor_traffic}"),
         match args.session_ttl {
             0 => format!(
-                "  session records: {}<session>, kept for ever (--session-ttl 0)",
-                args.record_prefix
+                "  session records: {}<session> in database {}, kept for ever (--session-ttl 0)",
+                args.record_prefix, args.record_db
             ),
             ttl => format!(
-                "  session records: {}<session>, expire {ttl} s after their session's last write",
-                args.record_prefix
+                "  session records: {}<session> in database {}, expire {ttl} s after their \
+                 session's last write",
+                args.record_prefix, args.record_db
             ),
         },
     ];

@@ -1,26 +1,28 @@
-//! Which path each Redis command takes: answered by the gateway, sent as a PMNet update
+//! Which path each Redis command takes through the gateway: answered by the gateway (the
+//! connection's own state: `HELLO`, `AUTH`, `CLIENT`, `MULTI`, …), sent as a PMNet update
 //! (logged by the device and answered on its ack), or as a bypass request (answered with
-//! Redis's reply); and, at the adaptor, whether a command only reads.
+//! Redis's reply).
 //!
 //! The rule: a command goes as an update only when the gateway can tell from its arguments
-//! that Redis's reply is fixed (`+OK`). When in doubt, it goes as a bypass request, so the
-//! client sees Redis's own reply.
+//! that Redis's reply is fixed (`+OK`). Everything else the gateway does not answer itself goes
+//! as a bypass request, and the adaptor decides from Redis's own command table (`COMMAND`)
+//! how to run it, or refuses it with a precise error ([`crate::table`]).
 
 use crate::resp::{error_reply, parse_int};
 
 /// How the gateway treats a command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
-    /// Answered by the gateway itself.
+    /// Answered by the gateway from nothing but its arguments.
     Local,
+    /// Answered by the gateway from the connection's state (see `gateway::connection`).
+    Connection,
     /// Redis always answers `+OK` when the arguments are well formed: a PMNet update, answered
     /// `+OK` once the device logged it. Ill-formed arguments go as bypass (Redis's error).
     Fixed,
     /// A write whose reply is a count or a new value: bypass by default; with
     /// `--ack-counting-writes` an update answered `+OK` (the count is not known then).
     Counting,
-    /// The reply depends on server state (reads, conditional writes): bypass.
-    Bypass,
     /// Refused with an error that says why.
     Refused(&'static str),
 }
@@ -32,170 +34,77 @@ pub struct Spec {
     /// Redis's arity: `n` exactly n words (the name included), `-n` at least n.
     pub arity: i32,
     pub class: Class,
-    /// Whether it only reads (the adaptor runs it without recording anything).
-    pub read_only: bool,
 }
 
-const fn spec(name: &'static str, arity: i32, class: Class, read_only: bool) -> Spec {
-    Spec {
-        name,
-        arity,
-        class,
-        read_only,
-    }
+const fn spec(name: &'static str, arity: i32, class: Class) -> Spec {
+    Spec { name, arity, class }
 }
 
-const NO_FLUSH: &str = "FLUSHDB and FLUSHALL are refused through the pmnet gateway: they would \
-                        also erase the adaptor's exactly-once session records";
-const NO_TRANSACTIONS: &str = "transactions (MULTI/EXEC/WATCH) are not supported through the \
-                               pmnet gateway";
-const NO_BLOCKING: &str = "blocking and pub/sub commands are not supported through the pmnet \
-                           gateway";
-const NO_SCRIPTS: &str = "scripts are not supported through the pmnet gateway";
+const NO_SUBSCRIBE: &str = "pub/sub subscriptions, MONITOR and replication streams are not \
+                            supported through the pmnet gateway: connect to Redis directly for \
+                            them (PUBLISH works)";
 
-use Class::{Bypass, Counting, Fixed, Local, Refused};
+use Class::{Connection, Counting, Fixed, Local, Refused};
 
-/// Every command the gateway knows, in the order of the table in docs/redis.md.
+/// Every command the gateway itself knows, in the order of the table in docs/redis.md.
+/// Anything else goes to the adaptor as a bypass request.
 pub const COMMANDS: &[Spec] = &[
-    // Answered locally.
-    spec("PING", -1, Local, true),
-    spec("ECHO", 2, Local, true),
-    spec("QUIT", -1, Local, true),
-    spec("SELECT", 2, Local, true),
-    spec("COMMAND", -1, Local, true),
+    // Answered from the arguments.
+    spec("PING", -1, Local),
+    spec("ECHO", 2, Local),
+    spec("QUIT", -1, Local),
+    // Answered from the connection's state.
+    spec("HELLO", -1, Connection),
+    spec("AUTH", -2, Connection),
+    spec("CLIENT", -2, Connection),
+    spec("SELECT", 2, Connection),
+    spec("RESET", 1, Connection),
+    spec("MULTI", 1, Connection),
+    spec("EXEC", 1, Connection),
+    spec("DISCARD", 1, Connection),
+    spec("WATCH", -2, Connection),
+    spec("UNWATCH", 1, Connection),
     // Fixed reply: updates.
-    spec("SET", -3, Fixed, false),
-    spec("SETEX", 4, Fixed, false),
-    spec("PSETEX", 4, Fixed, false),
-    spec("MSET", -3, Fixed, false),
-    spec("HMSET", -4, Fixed, false),
+    spec("SET", -3, Fixed),
+    spec("SETEX", 4, Fixed),
+    spec("PSETEX", 4, Fixed),
+    spec("MSET", -3, Fixed),
+    spec("HMSET", -4, Fixed),
     // Counting writes: bypass, or updates answered +OK with --ack-counting-writes.
-    spec("DEL", -2, Counting, false),
-    spec("UNLINK", -2, Counting, false),
-    spec("EXPIRE", -3, Counting, false),
-    spec("PEXPIRE", -3, Counting, false),
-    spec("INCR", 2, Counting, false),
-    spec("DECR", 2, Counting, false),
-    spec("INCRBY", 3, Counting, false),
-    spec("DECRBY", 3, Counting, false),
-    spec("APPEND", 3, Counting, false),
-    spec("LPUSH", -3, Counting, false),
-    spec("RPUSH", -3, Counting, false),
-    spec("SADD", -3, Counting, false),
-    spec("SREM", -3, Counting, false),
-    spec("HSET", -4, Counting, false),
-    spec("HDEL", -3, Counting, false),
-    spec("ZADD", -4, Counting, false),
-    spec("ZREM", -3, Counting, false),
-    // Writes whose reply depends on state: bypass.
-    spec("SETNX", 3, Bypass, false),
-    spec("GETSET", 3, Bypass, false),
-    spec("GETDEL", 2, Bypass, false),
-    spec("MSETNX", -3, Bypass, false),
-    spec("SETRANGE", 4, Bypass, false),
-    spec("INCRBYFLOAT", 3, Bypass, false),
-    spec("LPOP", -2, Bypass, false),
-    spec("RPOP", -2, Bypass, false),
-    spec("LSET", 4, Bypass, false),
-    spec("LTRIM", 4, Bypass, false),
-    spec("LREM", 4, Bypass, false),
-    spec("HSETNX", 4, Bypass, false),
-    spec("HINCRBY", 4, Bypass, false),
-    spec("SPOP", -2, Bypass, false),
-    spec("ZINCRBY", 4, Bypass, false),
-    spec("PERSIST", 2, Bypass, false),
-    spec("RENAME", 3, Bypass, false),
-    // Reads: bypass.
-    spec("GET", 2, Bypass, true),
-    spec("MGET", -2, Bypass, true),
-    spec("EXISTS", -2, Bypass, true),
-    spec("STRLEN", 2, Bypass, true),
-    spec("GETRANGE", 4, Bypass, true),
-    spec("LLEN", 2, Bypass, true),
-    spec("LRANGE", 4, Bypass, true),
-    spec("LINDEX", 3, Bypass, true),
-    spec("HGET", 3, Bypass, true),
-    spec("HMGET", -3, Bypass, true),
-    spec("HGETALL", 2, Bypass, true),
-    spec("HLEN", 2, Bypass, true),
-    spec("HEXISTS", 3, Bypass, true),
-    spec("HKEYS", 2, Bypass, true),
-    spec("HVALS", 2, Bypass, true),
-    spec("SMEMBERS", 2, Bypass, true),
-    spec("SISMEMBER", 3, Bypass, true),
-    spec("SCARD", 2, Bypass, true),
-    spec("ZRANGE", -4, Bypass, true),
-    spec("ZRANGEBYSCORE", -4, Bypass, true),
-    spec("ZSCORE", 3, Bypass, true),
-    spec("ZCARD", 2, Bypass, true),
-    spec("ZRANK", 3, Bypass, true),
-    spec("TTL", 2, Bypass, true),
-    spec("PTTL", 2, Bypass, true),
-    spec("TYPE", 2, Bypass, true),
-    spec("KEYS", 2, Bypass, true),
-    spec("SCAN", -2, Bypass, true),
-    spec("DBSIZE", 1, Bypass, true),
-    spec("INFO", -1, Bypass, true),
-    spec("CONFIG", -2, Bypass, true),
-    // Refused, with the reason.
-    spec("FLUSHDB", -1, Refused(NO_FLUSH), false),
-    spec("FLUSHALL", -1, Refused(NO_FLUSH), false),
-    spec("MULTI", 1, Refused(NO_TRANSACTIONS), false),
-    spec("EXEC", 1, Refused(NO_TRANSACTIONS), false),
-    spec("DISCARD", 1, Refused(NO_TRANSACTIONS), false),
-    spec("WATCH", -2, Refused(NO_TRANSACTIONS), false),
-    spec("BLPOP", -3, Refused(NO_BLOCKING), false),
-    spec("BRPOP", -3, Refused(NO_BLOCKING), false),
-    spec("SUBSCRIBE", -2, Refused(NO_BLOCKING), false),
-    spec("PSUBSCRIBE", -2, Refused(NO_BLOCKING), false),
-    spec("EVAL", -3, Refused(NO_SCRIPTS), false),
-    spec("EVALSHA", -3, Refused(NO_SCRIPTS), false),
+    spec("DEL", -2, Counting),
+    spec("UNLINK", -2, Counting),
+    spec("EXPIRE", -3, Counting),
+    spec("PEXPIRE", -3, Counting),
+    spec("INCR", 2, Counting),
+    spec("DECR", 2, Counting),
+    spec("INCRBY", 3, Counting),
+    spec("DECRBY", 3, Counting),
+    spec("APPEND", 3, Counting),
+    spec("LPUSH", -3, Counting),
+    spec("RPUSH", -3, Counting),
+    spec("SADD", -3, Counting),
+    spec("SREM", -3, Counting),
+    spec("HSET", -4, Counting),
+    spec("HDEL", -3, Counting),
+    spec("ZADD", -4, Counting),
+    spec("ZREM", -3, Counting),
+    // Refused: they turn the connection into a stream.
+    spec("SUBSCRIBE", -2, Refused(NO_SUBSCRIBE)),
+    spec("PSUBSCRIBE", -2, Refused(NO_SUBSCRIBE)),
+    spec("SSUBSCRIBE", -2, Refused(NO_SUBSCRIBE)),
+    spec("UNSUBSCRIBE", -1, Refused(NO_SUBSCRIBE)),
+    spec("PUNSUBSCRIBE", -1, Refused(NO_SUBSCRIBE)),
+    spec("SUNSUBSCRIBE", -1, Refused(NO_SUBSCRIBE)),
+    spec("MONITOR", 1, Refused(NO_SUBSCRIBE)),
+    spec("SYNC", 1, Refused(NO_SUBSCRIBE)),
+    spec("PSYNC", -3, Refused(NO_SUBSCRIBE)),
 ];
-
-/// Commands the adaptor runs directly even when resending after a lost connection: their
-/// reply does not depend on the session's data.
-const STATELESS: &[&str] = &["PING", "ECHO", "INFO", "CONFIG", "TIME"];
 
 /// The spec of a command name (any case).
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
     COMMANDS
         .iter()
         .find(|spec| spec.name.as_bytes().eq_ignore_ascii_case(name))
-}
-
-/// How the adaptor runs a command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AdaptorClass {
-    /// Recorded with its session's sequence number in one script call.
-    Write,
-    /// Read-only: run as is (resent after a lost connection through the checked read).
-    Read,
-    /// Read-only and independent of the data: always run as is.
-    StatelessRead,
-}
-
-/// How the adaptor runs `args` (anything it does not know is treated as a write).
-pub fn adaptor_class(args: &[Vec<u8>]) -> AdaptorClass {
-    let Some(name) = args.first() else {
-        return AdaptorClass::Write;
-    };
-    if name.eq_ignore_ascii_case(b"CONFIG") {
-        // Only CONFIG GET reads; anything else goes through the script (which refuses it).
-        return match args.get(1) {
-            Some(sub) if sub.eq_ignore_ascii_case(b"GET") => AdaptorClass::StatelessRead,
-            _ => AdaptorClass::Write,
-        };
-    }
-    if STATELESS
-        .iter()
-        .any(|stateless| stateless.as_bytes().eq_ignore_ascii_case(name))
-    {
-        return AdaptorClass::StatelessRead;
-    }
-    match lookup(name) {
-        Some(spec) if spec.read_only => AdaptorClass::Read,
-        _ => AdaptorClass::Write,
-    }
 }
 
 /// What the gateway does with a command.
@@ -209,6 +118,8 @@ pub enum Route {
     Bypass,
     /// Answer `+OK` and close the connection.
     Quit,
+    /// Answered from the connection's state (named by the spec).
+    Connection(&'static str),
 }
 
 /// The gateway's choices.
@@ -236,11 +147,8 @@ pub fn route(args: &[Vec<u8>], policy: &Policy) -> Route {
         return Route::Reply(error_reply("ERR empty command"));
     };
     let Some(spec) = lookup(name) else {
-        let shown: String = String::from_utf8_lossy(name).chars().take(64).collect();
-        return Route::Reply(error_reply(&format!(
-            "ERR unknown or unsupported command '{shown}' (the pmnet gateway forwards the \
-             commands listed in docs/redis.md)"
-        )));
+        // The adaptor knows Redis's whole table: arity, unknown commands and refusals there.
+        return Route::Bypass;
     };
     let count = args.len() as i64;
     let arity = i64::from(spec.arity);
@@ -252,19 +160,13 @@ pub fn route(args: &[Vec<u8>], policy: &Policy) -> Route {
     }
     match spec.class {
         Local => local(spec.name, args),
+        Connection => Route::Connection(spec.name),
         Fixed if fixed_reply_is_certain(spec.name, args) => Route::Update { ack: OK },
         Fixed => Route::Bypass,
         Counting if policy.ack_counting_writes && counting_args_are_valid(spec.name, args) => {
             Route::Update { ack: OK }
         }
-        Counting | Bypass => {
-            if spec.name == "CONFIG" && !args[1].eq_ignore_ascii_case(b"GET") {
-                return Route::Reply(error_reply(
-                    "ERR only CONFIG GET is supported through the pmnet gateway",
-                ));
-            }
-            Route::Bypass
-        }
+        Counting => Route::Bypass,
         Refused(reason) => Route::Reply(error_reply(&format!("ERR {reason}"))),
     }
 }
@@ -279,16 +181,7 @@ fn local(name: &str, args: &[Vec<u8>]) -> Route {
             )),
         },
         "ECHO" => Route::Reply(bulk(&args[1])),
-        "QUIT" => Route::Quit,
-        "SELECT" => {
-            if args[1] == b"0" {
-                Route::Reply(OK.to_vec())
-            } else {
-                Route::Reply(error_reply("ERR the pmnet gateway serves database 0 only"))
-            }
-        }
-        // redis-cli asks for command docs at start-up; an empty list is a valid answer.
-        _ => Route::Reply(b"*0\r\n".to_vec()),
+        _ => Route::Quit,
     }
 }
 
@@ -419,36 +312,18 @@ mod tests {
             Route::Reply(b"$2\r\nhi\r\n".to_vec())
         );
         assert_eq!(route_of(&["QUIT"]), Route::Quit);
-        for words in [
-            &["NOPE"][..],
-            &["GET"],
-            &["FLUSHALL"],
-            &["CONFIG", "SET", "a", "b"],
-        ] {
+        for words in [&["SET", "k"][..], &["SUBSCRIBE", "c"], &["ECHO"]] {
             match route_of(words) {
                 Route::Reply(bytes) => assert!(bytes.starts_with(b"-ERR "), "{words:?}"),
                 other => panic!("{words:?} routed {other:?}"),
             }
         }
         assert_eq!(route_of(&["CONFIG", "GET", "save"]), Route::Bypass);
-    }
-
-    #[test]
-    fn the_adaptor_records_everything_but_reads() {
-        assert_eq!(adaptor_class(&args(&["get", "k"])), AdaptorClass::Read);
-        assert_eq!(
-            adaptor_class(&args(&["SET", "k", "v"])),
-            AdaptorClass::Write
-        );
-        assert_eq!(
-            adaptor_class(&args(&["CONFIG", "GET", "x"])),
-            AdaptorClass::StatelessRead
-        );
-        assert_eq!(
-            adaptor_class(&args(&["CONFIG", "SET", "x", "y"])),
-            AdaptorClass::Write
-        );
-        assert_eq!(adaptor_class(&args(&["WHATEVER"])), AdaptorClass::Write);
+        // Unknown here: the adaptor answers from Redis's table.
+        assert_eq!(route_of(&["NOPE"]), Route::Bypass);
+        assert_eq!(route_of(&["ZREVRANGE", "z", "0", "-1"]), Route::Bypass);
+        assert_eq!(route_of(&["multi"]), Route::Connection("MULTI"));
+        assert_eq!(route_of(&["hello", "3"]), Route::Connection("HELLO"));
     }
 
     #[test]

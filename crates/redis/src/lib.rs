@@ -18,6 +18,7 @@ pub mod commands;
 pub mod gateway;
 pub mod resp;
 pub mod script;
+pub mod table;
 
 pub use adaptor::{Adaptor, AdaptorError, AdaptorOptions, AdaptorStartup, Durability};
 pub use gateway::{Gateway, GatewayError, GatewayOptions};

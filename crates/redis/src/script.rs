@@ -1,5 +1,9 @@
 //! The Lua scripts the adaptor runs in Redis, and the per-session records they keep.
 //!
+//! The records live in their own logical database (`--record-db`, default 1), out of the
+//! user's keyspace (database 0); the scripts `SELECT` it around each record access, inside the
+//! same atomic script call.
+//!
 //! Every request that may change data runs as one script call (`EVALSHA`), so that the command,
 //! the session's last-applied sequence number and the command's reply become durable together:
 //! Redis runs a script atomically and writes its effects to the append-only file as one
@@ -22,6 +26,16 @@ pub const DEFAULT_SESSION_TTL_SECS: u64 = 7 * 24 * 3600;
 /// The default key prefix of the session records.
 pub const DEFAULT_RECORD_PREFIX: &str = "pmnet:session:";
 
+/// The database the session records live in by default: out of the user's keyspace (0).
+pub const DEFAULT_RECORD_DB: u32 = 1;
+
+/// The hash, in the records' database, of the user scripts loaded through the adaptor
+/// (`SCRIPT LOAD`): SHA-1 → body, so that `EVALSHA` finds them after a restart.
+pub const SCRIPTS_KEY: &str = "pmnet:scripts";
+
+/// User scripts the adaptor keeps in memory at most; beyond, `EVALSHA` reads them from Redis.
+pub const SCRIPTS_CACHED_MAX: usize = 4096;
+
 /// Status of a script's answer: the command ran now.
 pub const STATUS_APPLIED: i64 = 1;
 /// Status of a script's answer: applied before (a redo); the stored reply follows.
@@ -31,10 +45,11 @@ pub const STATUS_ALREADY_APPLIED: i64 = 0;
 /// its place in the sequence).
 pub const STATUS_REPLY_GONE: i64 = 2;
 
-/// The RESP encoder shared by both scripts: Redis hands a command's reply to Lua as a value
+/// The RESP encoder shared by every script: Redis hands a command's reply to Lua as a value
 /// (status and error replies as tables with `ok`/`err`, nil as `false`), and this turns it
 /// back into the RESP bytes a client would have received. Integers pass through a Lua number
-/// (a double): beyond ±2^53 they lose precision.
+/// (a double): beyond ±2^53 they lose precision. `enc_error` turns an error caught by `pcall`
+/// (a string, or a table with `err`) into an error reply.
 const ENCODER: &str = r#"
 local function enc(r)
   local t = type(r)
@@ -53,32 +68,107 @@ local function enc(r)
   end
   return '$-1\r\n'
 end
+local function enc_error(e)
+  local text
+  if type(e) == 'table' and e.err then text = tostring(e.err) else text = tostring(e) end
+  text = string.gsub(text, '[\r\n]', ' ')
+  if not string.find(text, '^[A-Z][A-Z_]* ') then text = 'ERR ' .. text end
+  return '-' .. text .. '\r\n'
+end
+"#;
+
+/// What every script shares after the encoder: moving between the database of the records
+/// and the user's (database 0), the reply ring, the redo check, recording a reply, and the
+/// fingerprint of a watched key. `{RECORD_DB}` is replaced by the record database.
+const PRELUDE: &str = r#"
+local recdb = {RECORD_DB}
+local ring = 64
+local function at_records() if recdb ~= 0 then redis.call('SELECT', recdb) end end
+local function at_data() if recdb ~= 0 then redis.call('SELECT', 0) end end
+local function redo(key, seq)
+  at_records()
+  local last = tonumber(redis.call('HGET', key, 'seq') or '0')
+  local answer = nil
+  if seq <= last then
+    local stored = false
+    if last - seq < ring then stored = redis.call('HGET', key, 'r' .. (seq % ring)) end
+    if stored then answer = {0, stored} else answer = {2, ''} end
+  end
+  at_data()
+  return answer
+end
+local function passed(key, bound)
+  at_records()
+  local last = tonumber(redis.call('HGET', key, 'seq') or '0')
+  at_data()
+  return last >= bound
+end
+local function record(key, seq, ttl, reply)
+  at_records()
+  redis.call('HSET', key, 'seq', seq, 'r' .. (tonumber(seq) % ring), reply)
+  if tonumber(ttl) > 0 then redis.call('EXPIRE', key, ttl) end
+  at_data()
+end
+local function fingerprint(key)
+  local dump = redis.call('DUMP', key)
+  if not dump then return '' end
+  return redis.sha1hex(dump) .. ':' .. redis.call('PEXPIRETIME', key)
+end
 "#;
 
 /// The update script. `KEYS[1]`: the session record; `ARGV[1]`: the sequence number;
-/// `ARGV[2]`: seconds the record lives after this write (0: for ever); `ARGV[3]`: `c` (the
-/// command follows in `ARGV[4..]`) or `r` (record `ARGV[4]` as the reply and run nothing: no-op
-/// fills and undecodable payloads). Returns `{status, reply}`.
+/// `ARGV[2]`: seconds the record lives after this write (0: for ever); `ARGV[3]`, the mode:
+/// - `c`: run the command in `ARGV[4..]`;
+/// - `r`: record `ARGV[4]` as the reply and run nothing (no-op fills, refused commands);
+/// - `x`: a transaction: `ARGV[4]` watched keys follow as (key, fingerprint) pairs, then the
+///   number of commands, then each command as its word count and its words; if a watched key
+///   changed the reply is the nil array and nothing runs, else every command runs (a failing
+///   one gives its error in its place, as `EXEC` does) and the reply is the array of replies;
+/// - `f`: `FLUSHALL` of every database but the records', `ARGV[4]` databases, `ARGV[5]` an
+///   optional `ASYNC`/`SYNC`.
+///
+/// Returns `{status, reply}`.
 const APPLY_BODY: &str = r#"
-local ring = 64
 local seq = tonumber(ARGV[1])
-local last = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
-if seq <= last then
-  if last - seq < ring then
-    local stored = redis.call('HGET', KEYS[1], 'r' .. (seq % ring))
-    if stored then return {0, stored} end
-  end
-  return {2, ''}
-end
+local answer = redo(KEYS[1], seq)
+if answer then return answer end
+local mode = ARGV[3]
 local reply
-if ARGV[3] == 'c' then
+if mode == 'c' then
   reply = enc(redis.pcall(unpack(ARGV, 4)))
+elseif mode == 'x' then
+  local i = 5
+  local intact = true
+  for w = 1, tonumber(ARGV[4]) do
+    if fingerprint(ARGV[i]) ~= ARGV[i + 1] then intact = false end
+    i = i + 2
+  end
+  if intact then
+    local count = tonumber(ARGV[i])
+    i = i + 1
+    local parts = {'*' .. count .. '\r\n'}
+    for c = 1, count do
+      local argc = tonumber(ARGV[i])
+      parts[#parts + 1] = enc(redis.pcall(unpack(ARGV, i + 1, i + argc)))
+      i = i + 1 + argc
+    end
+    reply = table.concat(parts)
+  else
+    reply = '*-1\r\n'
+  end
+elseif mode == 'f' then
+  for db = 0, tonumber(ARGV[4]) - 1 do
+    if db ~= recdb then
+      redis.call('SELECT', db)
+      if ARGV[5] then redis.call('FLUSHDB', ARGV[5]) else redis.call('FLUSHDB') end
+    end
+  end
+  redis.call('SELECT', 0)
+  reply = '+OK\r\n'
 else
   reply = ARGV[4] or ''
 end
-redis.call('HSET', KEYS[1], 'seq', ARGV[1], 'r' .. (seq % ring), reply)
-local ttl = tonumber(ARGV[2]) or 0
-if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) end
+record(KEYS[1], ARGV[1], ARGV[2], reply)
 return {1, reply}
 "#;
 
@@ -88,20 +178,99 @@ return {1, reply}
 /// the session has not reached `ARGV[1]` (so it still sees the state of its place in the
 /// sequence). Writes nothing.
 const CHECKED_READ_BODY: &str = r#"
-local bound = tonumber(ARGV[1])
-local last = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
-if last >= bound then return {2, ''} end
+if passed(KEYS[1], tonumber(ARGV[1])) then return {2, ''} end
 return {1, enc(redis.pcall(unpack(ARGV, 2)))}
 "#;
 
-/// The full text of the update script.
-pub fn apply_script() -> String {
-    format!("{ENCODER}{APPLY_BODY}")
+/// The fingerprints of watched keys (`WATCH` through the gateway): `KEYS[1]`: the session
+/// record; `ARGV[1]`: 0, or the bound of a checked read (as above); `ARGV[2..]`: the keys.
+/// A key's fingerprint is the SHA-1 of its serialized value and its expiry time, or empty when
+/// it does not exist; the reply is the array of them, as bulk strings. Writes nothing.
+const WATCH_BODY: &str = r#"
+local bound = tonumber(ARGV[1])
+if bound > 0 and passed(KEYS[1], bound) then return {2, ''} end
+local parts = {'*' .. (#ARGV - 1) .. '\r\n'}
+for i = 2, #ARGV do
+  local print = fingerprint(ARGV[i])
+  parts[#parts + 1] = '$' .. #print .. '\r\n' .. print .. '\r\n'
+end
+return {1, table.concat(parts)}
+"#;
+
+/// The exactly-once wrapper of a user's script (`EVAL`/`EVALSHA` through the gateway), with the
+/// user's code in place of `{USER_BODY}`: `KEYS[1]` the session record and `KEYS[2..]` the
+/// user's keys; `ARGV[1]` the sequence number, `ARGV[2]` the record's TTL, `ARGV[3..]` the
+/// user's arguments. The user's code runs as a function of its own `KEYS` and `ARGV`; its
+/// result, or its error, becomes the recorded reply, in the same atomic script call.
+const USER_SCRIPT_BODY: &str = r#"
+local function user_script(KEYS, ARGV)
+{USER_BODY}
+end
+local seq = tonumber(ARGV[1])
+local answer = redo(KEYS[1], seq)
+if answer then return answer end
+local keys, args = {}, {}
+for i = 2, #KEYS do keys[i - 1] = KEYS[i] end
+for i = 3, #ARGV do args[i - 2] = ARGV[i] end
+local ok, result = pcall(user_script, keys, args)
+local reply
+if ok then reply = enc(result) else reply = enc_error(result) end
+record(KEYS[1], ARGV[1], ARGV[2], reply)
+return {1, reply}
+"#;
+
+fn with_prelude(record_db: u32, body: &str) -> String {
+    let prelude = PRELUDE.replace("{RECORD_DB}", &record_db.to_string());
+    format!("{ENCODER}{prelude}{body}")
+}
+
+/// The full text of the update script, for records in database `record_db`.
+pub fn apply_script(record_db: u32) -> String {
+    with_prelude(record_db, APPLY_BODY)
 }
 
 /// The full text of the checked-read script.
-pub fn checked_read_script() -> String {
-    format!("{ENCODER}{CHECKED_READ_BODY}")
+pub fn checked_read_script(record_db: u32) -> String {
+    with_prelude(record_db, CHECKED_READ_BODY)
+}
+
+/// The full text of the watch script.
+pub fn watch_script(record_db: u32) -> String {
+    with_prelude(record_db, WATCH_BODY)
+}
+
+/// A user's script without its first line if that is a shebang (`#!lua flags=…`), and
+/// whether the shebang declares it read-only (`no-writes`).
+pub fn strip_shebang(body: &[u8]) -> (&[u8], bool) {
+    if !body.starts_with(b"#!") {
+        return (body, false);
+    }
+    let end = body.iter().position(|&b| b == b'\n').unwrap_or(body.len());
+    let line = &body[..end];
+    let no_writes = line
+        .windows(b"no-writes".len())
+        .any(|window| window == b"no-writes");
+    (&body[end.min(body.len())..], no_writes)
+}
+
+/// The exactly-once wrapper around a user's script body (shebang already stripped).
+pub fn user_script(record_db: u32, user_body: &[u8]) -> Vec<u8> {
+    let text = with_prelude(record_db, USER_SCRIPT_BODY);
+    let (before, after) = text
+        .split_once("{USER_BODY}")
+        .expect("the wrapper has a place for the user's code");
+    let mut out = Vec::with_capacity(text.len() + user_body.len() + 1);
+    out.extend_from_slice(before.as_bytes());
+    out.extend_from_slice(user_body);
+    // A last line that is a comment must not swallow the `end` that follows.
+    out.push(b'\n');
+    out.extend_from_slice(after.as_bytes());
+    out
+}
+
+/// The SHA-1 of a script, in lower-case hex: the name Redis gives it (`EVALSHA`).
+pub fn script_sha(body: &[u8]) -> String {
+    sha1_smol::Sha1::from(body).digest().to_string()
 }
 
 /// The record key of a session.
@@ -143,6 +312,34 @@ mod tests {
 
     #[test]
     fn the_ring_in_the_script_matches_the_constant() {
-        assert!(apply_script().contains(&format!("local ring = {REPLY_RING}")));
+        assert!(apply_script(1).contains(&format!("local ring = {REPLY_RING}")));
+        assert!(apply_script(3).contains("local recdb = 3"));
+    }
+
+    #[test]
+    fn shebangs_are_stripped_and_read_only_scripts_recognised() {
+        assert_eq!(strip_shebang(b"return 1"), (&b"return 1"[..], false));
+        assert_eq!(
+            strip_shebang(b"#!lua flags=no-writes\nreturn 1"),
+            (&b"\nreturn 1"[..], true)
+        );
+        assert_eq!(
+            strip_shebang(b"#!lua\nreturn 1"),
+            (&b"\nreturn 1"[..], false)
+        );
+        assert_eq!(strip_shebang(b"#!lua"), (&b""[..], false));
+    }
+
+    #[test]
+    fn a_user_script_is_wrapped_whole_and_named_as_redis_names_it() {
+        let wrapped = user_script(1, b"return ARGV[1] -- last line");
+        let text = String::from_utf8(wrapped).unwrap();
+        assert!(text.contains("return ARGV[1] -- last line\n"));
+        assert!(!text.contains("{USER_BODY}"));
+        // Redis's SCRIPT LOAD of "return 1" answers this name.
+        assert_eq!(
+            script_sha(b"return 1"),
+            "e0e1f9fabfc9d4800c877a703b823ac0578ff8db"
+        );
     }
 }

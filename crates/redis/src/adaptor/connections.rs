@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::resp::{self, parse_value, Value};
 use crate::script;
 
-use super::translation::{encode_request, Op, Pending};
+use super::translation::{encode_request, Pending};
 use super::Adaptor;
 
 /// What the next reply on a connection answers.
@@ -17,6 +17,8 @@ use super::Adaptor;
 pub(super) enum Expect {
     ScriptLoad,
     Request,
+    /// A reply nobody waits for (remembering a script body): an error is only logged.
+    Ignore,
 }
 
 /// One pipelined connection to Redis.
@@ -86,7 +88,7 @@ impl Adaptor {
         if !first {
             self.counters.reconnects += 1;
         }
-        let prefix = self.options.record_prefix.clone();
+        let record_db = self.options.record_db;
         let conn = &mut self.conns[index];
         conn.stream = Some(stream);
         conn.retry_at = None;
@@ -95,7 +97,11 @@ impl Adaptor {
         conn.input.clear();
         conn.expect.clear();
         // Load the scripts again: Redis may have restarted.
-        for text in [script::apply_script(), script::checked_read_script()] {
+        for text in [
+            script::apply_script(record_db),
+            script::checked_read_script(record_db),
+            script::watch_script(record_db),
+        ] {
             resp::encode_command(
                 &[b"SCRIPT".as_slice(), b"LOAD", text.as_bytes()],
                 &mut conn.out,
@@ -107,26 +113,21 @@ impl Adaptor {
         let mut later_write: HashMap<u64, u32> = HashMap::new();
         let mut bounds = vec![None; conn.pending.len()];
         for (position, pending) in conn.pending.iter().enumerate().rev() {
-            match pending.op {
-                Op::Write(_) | Op::Literal(_) => {
-                    later_write.insert(pending.session_id, pending.seq);
-                }
-                Op::Read(_) => bounds[position] = later_write.get(&pending.session_id).copied(),
-                Op::StatelessRead(_) => {}
+            if pending.op.writes() {
+                later_write.insert(pending.session_id, pending.seq);
+            } else if pending.op.reads() {
+                bounds[position] = later_write.get(&pending.session_id).copied();
             }
         }
         let resent = conn.pending.len() as u64;
         for (pending, bound) in conn.pending.iter_mut().zip(bounds) {
             pending.sent_as = encode_request(
                 &mut conn.out,
-                &prefix,
-                &self.ttl_arg,
-                &self.apply_sha,
-                &self.read_sha,
+                &mut conn.expect,
+                &self.encoding,
                 pending,
                 bound,
             );
-            conn.expect.push_back(Expect::Request);
         }
         if !first {
             self.counters.resent += resent;
@@ -255,6 +256,14 @@ impl Adaptor {
                             "SCRIPT LOAD failed: {}",
                             String::from_utf8_lossy(message)
                         ));
+                    }
+                }
+                Some(Expect::Ignore) => {
+                    if let Value::Error(message) = &value {
+                        tracing::warn!(
+                            "Redis refused to remember a script body: {}",
+                            String::from_utf8_lossy(message)
+                        );
                     }
                 }
                 Some(Expect::Request) => {

@@ -46,6 +46,7 @@ use crate::script;
 use connections::Conn;
 pub use recovery::load_sessions;
 use translation::Flow;
+pub use translation::{EXEC_COMMAND, WATCH_COMMAND};
 
 /// Everything the adaptor needs to start.
 #[derive(Debug, Clone)]
@@ -61,6 +62,8 @@ pub struct AdaptorOptions {
     pub connections: usize,
     /// Key prefix of the session records.
     pub record_prefix: String,
+    /// The logical database of the session records (0: with the data, in the user's keyspace).
+    pub record_db: u32,
     /// Requests taken from the protocol and not yet answered by Redis, at most.
     pub max_outstanding: usize,
     /// How long to wait for Redis at start-up.
@@ -91,6 +94,7 @@ impl AdaptorOptions {
             redis,
             connections: 4,
             record_prefix: script::DEFAULT_RECORD_PREFIX.to_owned(),
+            record_db: script::DEFAULT_RECORD_DB,
             max_outstanding: 16_384,
             startup_timeout: Duration::from_secs(30),
             record_reads: false,
@@ -249,10 +253,17 @@ pub struct Adaptor {
     flows: HashMap<u64, Flow>,
     /// Requests taken from the server and not yet answered (at Redis or held).
     outstanding: usize,
-    apply_sha: String,
-    read_sha: String,
-    /// The update script's TTL argument: `options.session_ttl` in seconds, `0` for none.
-    ttl_arg: String,
+    /// The record prefix, TTL and script names every request is encoded with.
+    encoding: translation::Encoding,
+    /// Redis's command table (`COMMAND`).
+    table: crate::table::CommandTable,
+    /// How many databases Redis has.
+    databases: u32,
+    /// User scripts by SHA-1 (bounded by [`script::SCRIPTS_CACHED_MAX`]).
+    scripts: HashMap<String, std::sync::Arc<[u8]>>,
+    /// A blocking connection for the rare lookups the event loop cannot pipeline (a script
+    /// `EVALSHA` names that is not in memory).
+    lookup: Option<crate::resp::SyncClient>,
     startup: AdaptorStartup,
     counters: AdaptorCounters,
     limits: Limits,
@@ -297,6 +308,14 @@ impl Adaptor {
             .session_ttl
             .map_or(0, |ttl| ttl.as_secs().max(1))
             .to_string();
+        let encoding = translation::Encoding {
+            prefix: options.record_prefix.clone(),
+            ttl: ttl_arg,
+            apply_sha: redis.apply_sha,
+            read_sha: redis.read_sha,
+            watch_sha: redis.watch_sha,
+            record_db: options.record_db,
+        };
         let mut adaptor = Adaptor {
             options,
             clock,
@@ -305,13 +324,21 @@ impl Adaptor {
             conns,
             flows: HashMap::new(),
             outstanding: 0,
-            apply_sha: redis.apply_sha,
-            read_sha: redis.read_sha,
-            ttl_arg,
+            encoding,
+            table: redis.table,
+            databases: redis.databases,
+            scripts: redis
+                .scripts
+                .into_iter()
+                .map(|(sha, body)| (sha, body.into()))
+                .collect(),
+            lookup: None,
             startup: redis.startup,
             counters: AdaptorCounters::default(),
             limits: Limits {
                 max_bulk_len: 512 << 20,
+                // A transaction through the gateway carries every queued command's words.
+                max_args: 1 << 16,
                 ..Limits::default()
             },
             board,

@@ -10,6 +10,7 @@ use pmnet_runtime::Shutdown;
 
 use crate::resp::{SyncClient, Value};
 use crate::script;
+use crate::table::CommandTable;
 
 use super::{AdaptorError, AdaptorOptions, AdaptorStartup};
 
@@ -20,6 +21,13 @@ pub(super) struct RedisState {
     pub(super) sessions: Vec<RecoveredSession>,
     pub(super) apply_sha: String,
     pub(super) read_sha: String,
+    pub(super) watch_sha: String,
+    /// Redis's command table.
+    pub(super) table: CommandTable,
+    /// How many databases Redis has (`databases`).
+    pub(super) databases: u32,
+    /// User scripts loaded through the adaptor (`SCRIPT LOAD`), by SHA-1.
+    pub(super) scripts: HashMap<String, Vec<u8>>,
 }
 
 /// Wait for Redis, read its version and durability settings, load the scripts and read every
@@ -44,9 +52,42 @@ pub(super) fn read_redis_state(
     let appendonly = config_get(&mut client, addr, "appendonly")?;
     let appendfsync = config_get(&mut client, addr, "appendfsync")?;
     let redis_dir = config_get(&mut client, addr, "dir")?;
-    let apply_sha = script_load(&mut client, addr, &script::apply_script())?;
-    let read_sha = script_load(&mut client, addr, &script::checked_read_script())?;
+    let databases: u32 = config_get(&mut client, addr, "databases")?
+        .parse()
+        .unwrap_or(16);
+    let record_db = options.record_db;
+    if record_db >= databases {
+        return Err(AdaptorError::Config(format!(
+            "--record-db {record_db}: Redis at {addr} has {databases} databases (its \
+             `databases` setting), so database {record_db} does not exist; choose 1 to {} or 0 \
+             to keep the records with the data",
+            databases.saturating_sub(1)
+        )));
+    }
+    let table_reply = client
+        .command(&["COMMAND"])
+        .map_err(|error| redis_error(addr, "COMMAND", error))?;
+    let table = CommandTable::from_reply(&table_reply).ok_or_else(|| {
+        redis_error(
+            addr,
+            "COMMAND",
+            "the reply is not a command table (the adaptor needs Redis 6 or later)",
+        )
+    })?;
+    let apply_sha = script_load(&mut client, addr, &script::apply_script(record_db))?;
+    let read_sha = script_load(&mut client, addr, &script::checked_read_script(record_db))?;
+    let watch_sha = script_load(&mut client, addr, &script::watch_script(record_db))?;
+    let moved = move_records(&mut client, addr, &options.record_prefix, record_db)?;
+    if moved > 0 {
+        tracing::info!(
+            "moved {moved} session records from database 0 to database {record_db} \
+             (--record-db)"
+        );
+    }
+    select(&mut client, addr, record_db)?;
     let (sessions, records_skipped) = load_sessions(&mut client, addr, &options.record_prefix)?;
+    let scripts = load_scripts(&mut client, addr)?;
+    select(&mut client, addr, 0)?;
     drop(client);
     let startup = AdaptorStartup {
         redis_version,
@@ -61,7 +102,121 @@ pub(super) fn read_redis_state(
         sessions,
         apply_sha,
         read_sha,
+        watch_sha,
+        table,
+        databases,
+        scripts,
     })
+}
+
+fn select(client: &mut SyncClient, addr: SocketAddr, db: u32) -> Result<(), AdaptorError> {
+    match client
+        .command(&["SELECT", &db.to_string()])
+        .map_err(|error| redis_error(addr, "SELECT", error))?
+    {
+        Value::Simple(_) => Ok(()),
+        other => Err(redis_error(addr, "SELECT", format!("{other:?}"))),
+    }
+}
+
+/// Move session records an adaptor that kept them with the data left in database 0 into
+/// `record_db`. Returns how many moved.
+fn move_records(
+    client: &mut SyncClient,
+    addr: SocketAddr,
+    prefix: &str,
+    record_db: u32,
+) -> Result<usize, AdaptorError> {
+    if record_db == 0 {
+        return Ok(0);
+    }
+    let keys = scan_keys(client, addr, &format!("{}*", glob_escape(prefix)))?;
+    let db = record_db.to_string();
+    let mut moved = 0;
+    for key in keys {
+        if script::session_of_key(prefix, &key).is_none() {
+            continue;
+        }
+        match client
+            .command(&[b"MOVE".as_slice(), &key, db.as_bytes()])
+            .map_err(|error| redis_error(addr, "MOVE", error))?
+        {
+            Value::Integer(1) => moved += 1,
+            _ => tracing::warn!(
+                "session record {} is in database 0 and in database {record_db}; the one in \
+                 database {record_db} is used",
+                String::from_utf8_lossy(&key)
+            ),
+        }
+    }
+    Ok(moved)
+}
+
+/// Every key matching `pattern` in the selected database.
+fn scan_keys(
+    client: &mut SyncClient,
+    addr: SocketAddr,
+    pattern: &str,
+) -> Result<Vec<Vec<u8>>, AdaptorError> {
+    let mut cursor = b"0".to_vec();
+    let mut all = Vec::new();
+    loop {
+        let reply = client
+            .command(&[
+                b"SCAN".as_slice(),
+                &cursor,
+                b"MATCH",
+                pattern.as_bytes(),
+                b"COUNT",
+                b"1000",
+            ])
+            .map_err(|error| redis_error(addr, "SCAN", error))?;
+        let Value::Array(Some(mut parts)) = reply else {
+            return Err(redis_error(
+                addr,
+                "SCAN",
+                format!("unexpected reply {reply:?}"),
+            ));
+        };
+        if parts.len() != 2 {
+            return Err(redis_error(addr, "SCAN", "unexpected reply shape"));
+        }
+        let keys = parts.pop();
+        let next = parts.pop();
+        let (Some(Value::Bulk(Some(next))), Some(Value::Array(Some(keys)))) = (next, keys) else {
+            return Err(redis_error(addr, "SCAN", "unexpected reply shape"));
+        };
+        all.extend(
+            keys.into_iter()
+                .filter_map(|key| key.as_bytes().map(<[u8]>::to_vec)),
+        );
+        if next == b"0" {
+            return Ok(all);
+        }
+        cursor = next;
+    }
+}
+
+/// The user scripts remembered in the records' database (selected).
+fn load_scripts(
+    client: &mut SyncClient,
+    addr: SocketAddr,
+) -> Result<HashMap<String, Vec<u8>>, AdaptorError> {
+    let reply = client
+        .command(&["HGETALL", script::SCRIPTS_KEY])
+        .map_err(|error| redis_error(addr, "HGETALL", error))?;
+    let mut scripts = HashMap::new();
+    if let Value::Array(Some(items)) = reply {
+        let mut items = items.into_iter();
+        while let (Some(sha), Some(body)) = (items.next(), items.next()) {
+            if let (Some(sha), Some(body)) = (sha.as_bytes(), body.as_bytes()) {
+                if scripts.len() < script::SCRIPTS_CACHED_MAX {
+                    scripts.insert(String::from_utf8_lossy(sha).into_owned(), body.to_vec());
+                }
+            }
+        }
+    }
+    Ok(scripts)
 }
 
 fn redis_error(addr: SocketAddr, what: &str, error: impl std::fmt::Display) -> AdaptorError {
@@ -146,68 +301,30 @@ fn glob_escape(text: &str) -> String {
     out
 }
 
-/// Read every session record under `prefix`. Returns the sessions and how many keys under the
+/// Read every session record under `prefix` in the selected database. Returns the sessions and how many keys under the
 /// prefix were not valid records.
 pub fn load_sessions(
     client: &mut SyncClient,
     addr: SocketAddr,
     prefix: &str,
 ) -> Result<(Vec<RecoveredSession>, usize), AdaptorError> {
-    let pattern = format!("{}*", glob_escape(prefix));
-    let mut cursor = b"0".to_vec();
+    let keys = scan_keys(client, addr, &format!("{}*", glob_escape(prefix)))?;
     let mut sessions = Vec::new();
     let mut skipped = 0;
-    loop {
-        let reply = client
-            .command(&[
-                b"SCAN".as_slice(),
-                &cursor,
-                b"MATCH",
-                pattern.as_bytes(),
-                b"COUNT",
-                b"1000",
-            ])
-            .map_err(|error| redis_error(addr, "SCAN", error))?;
-        let Value::Array(Some(mut parts)) = reply else {
-            return Err(redis_error(
-                addr,
-                "SCAN",
-                format!("unexpected reply {reply:?}"),
-            ));
-        };
-        if parts.len() != 2 {
-            return Err(redis_error(addr, "SCAN", "unexpected reply shape"));
-        }
-        let keys = parts.pop();
-        let next = parts.pop();
-        let (Some(Value::Bulk(Some(next))), Some(Value::Array(Some(keys)))) = (next, keys) else {
-            return Err(redis_error(addr, "SCAN", "unexpected reply shape"));
-        };
-        let keys: Vec<Vec<u8>> = keys
-            .into_iter()
-            .filter_map(|key| key.as_bytes().map(<[u8]>::to_vec))
-            .collect();
-        let commands: Vec<Vec<Vec<u8>>> = keys
+    for chunk in keys.chunks(1000) {
+        let commands: Vec<Vec<Vec<u8>>> = chunk
             .iter()
             .map(|key| vec![b"HGETALL".to_vec(), key.clone()])
             .collect();
-        let replies = if commands.is_empty() {
-            Vec::new()
-        } else {
-            client
-                .pipeline(&commands)
-                .map_err(|error| redis_error(addr, "HGETALL", error))?
-        };
-        for (key, reply) in keys.iter().zip(replies) {
+        let replies = client
+            .pipeline(&commands)
+            .map_err(|error| redis_error(addr, "HGETALL", error))?;
+        for (key, reply) in chunk.iter().zip(replies) {
             match parse_record(prefix, key, reply) {
                 Some(session) => sessions.push(session),
                 None => skipped += 1,
             }
         }
-        if next == b"0" {
-            break;
-        }
-        cursor = next;
     }
     Ok((sessions, skipped))
 }

@@ -3,12 +3,14 @@
 //! most [`REPLY_RING`] requests of a session at Redis.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
 
 use pmnet_proto::{RequestKind, ServerEvent};
 
-use crate::commands::{adaptor_class, lookup, AdaptorClass, Class};
-use crate::resp::{encode_bulk, error_reply, parse_command, Value};
+use crate::resp::{encode_bulk, error_reply, parse_command, parse_int, SyncClient, Value};
 use crate::script::{self, REPLY_RING};
+use crate::table::Run;
 
 use super::connections::{Conn, Expect};
 use super::Adaptor;
@@ -24,7 +26,59 @@ pub(super) enum Op {
     Read(Vec<Vec<u8>>),
     /// Run as is, always.
     StatelessRead(Vec<Vec<u8>>),
+    /// Through the apply script in another mode than `c`: these words follow the TTL (a
+    /// transaction, `x …`; `FLUSHALL`, `f …`).
+    Apply(Vec<Vec<u8>>),
+    /// A user's script in its exactly-once wrapper: `EVAL wrapper 1+keys record keys… seq ttl
+    /// args…`.
+    UserScript {
+        wrapper: Arc<[u8]>,
+        keys: Vec<Vec<u8>>,
+        args: Vec<Vec<u8>>,
+    },
+    /// The fingerprints of watched keys (like a read: resent through its bound).
+    Watch(Vec<Vec<u8>>),
+    /// `SCRIPT LOAD body`, then the body remembered in the records' database.
+    ScriptLoad(Vec<u8>),
 }
+
+impl Op {
+    /// Whether a read resent after it must not see this request's effects (it changes data).
+    pub(super) fn writes(&self) -> bool {
+        matches!(
+            self,
+            Op::Write(_) | Op::Literal(_) | Op::Apply(_) | Op::UserScript { .. }
+        )
+    }
+
+    /// Whether this request reads data of its session's place in the sequence.
+    pub(super) fn reads(&self) -> bool {
+        matches!(self, Op::Read(_) | Op::Watch(_))
+    }
+}
+
+/// What [`encode_request`] needs besides the request.
+#[derive(Debug, Clone)]
+pub(super) struct Encoding {
+    pub(super) prefix: String,
+    /// The record's TTL argument (seconds, 0 for none).
+    pub(super) ttl: String,
+    pub(super) apply_sha: String,
+    pub(super) read_sha: String,
+    pub(super) watch_sha: String,
+    pub(super) record_db: u32,
+}
+
+/// The store of a script body under its SHA-1 in the records' database.
+const STORE_SCRIPT: &str = "redis.call('SELECT', ARGV[1]) \
+     redis.call('HSET', KEYS[1], ARGV[2], ARGV[3]) redis.call('SELECT', 0)";
+
+/// The name of a transaction's payload through the gateway: `PMNET.EXEC watched [key
+/// fingerprint]… count [words word…]…`.
+pub const EXEC_COMMAND: &[u8] = b"PMNET.EXEC";
+/// The name of a watch's payload through the gateway: `PMNET.WATCH key…`; the reply is the
+/// array of the keys' fingerprints.
+pub const WATCH_COMMAND: &[u8] = b"PMNET.WATCH";
 
 /// How a request was last sent: how to read its reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,18 +184,152 @@ impl Adaptor {
                 ));
             }
         };
-        if let Some(spec) = lookup(&args[0]) {
-            if let Class::Refused(reason) = spec.class {
-                self.counters.refused += 1;
-                return Op::Literal(error_reply(&format!("ERR {reason}")));
+        let _ = kind;
+        let refuse = |counters: &mut super::AdaptorCounters, message: &str| {
+            counters.refused += 1;
+            Op::Literal(error_reply(message))
+        };
+        if args[0].eq_ignore_ascii_case(EXEC_COMMAND) {
+            return match self.transaction(&args) {
+                Ok(op) => op,
+                Err(message) => refuse(&mut self.counters, &message),
+            };
+        }
+        if args[0].eq_ignore_ascii_case(WATCH_COMMAND) {
+            return Op::Watch(args[1..].to_vec());
+        }
+        match self.table.classify(&args, self.options.record_db) {
+            Run::Refuse(message) => refuse(&mut self.counters, &message),
+            Run::Direct if !self.options.record_reads => Op::StatelessRead(args),
+            Run::Read if !self.options.record_reads => Op::Read(args),
+            Run::Direct | Run::Read | Run::Write => Op::Write(args),
+            Run::FlushAll => {
+                let mut words = vec![b"f".to_vec(), self.databases.to_string().into_bytes()];
+                words.extend(args.get(1).cloned());
+                Op::Apply(words)
+            }
+            Run::ScriptLoad => {
+                let body = args[2].clone();
+                self.remember_script(&body);
+                Op::ScriptLoad(body)
+            }
+            Run::Script => match self.user_script(args) {
+                Ok(op) => op,
+                Err(message) => refuse(&mut self.counters, &message),
+            },
+        }
+    }
+
+    /// Keep a script body for `EVALSHA` (bounded: beyond, it is read back from Redis).
+    fn remember_script(&mut self, body: &[u8]) -> String {
+        let sha = script::script_sha(body);
+        if self.scripts.len() >= script::SCRIPTS_CACHED_MAX {
+            self.scripts.clear();
+        }
+        self.scripts.insert(sha.clone(), body.into());
+        sha
+    }
+
+    /// A script body by SHA-1: in memory, else in the records' database.
+    fn find_script(&mut self, sha: &str) -> Option<Arc<[u8]>> {
+        if let Some(body) = self.scripts.get(sha) {
+            return Some(body.clone());
+        }
+        if self.lookup.is_none() {
+            let mut client =
+                SyncClient::connect(self.options.redis, Duration::from_secs(1)).ok()?;
+            let db = self.options.record_db.to_string();
+            client.command(&["SELECT", db.as_str()]).ok()?;
+            self.lookup = Some(client);
+        }
+        let reply = self
+            .lookup
+            .as_mut()?
+            .command(&["HGET", script::SCRIPTS_KEY, sha]);
+        match reply {
+            Ok(Value::Bulk(Some(body))) => {
+                self.remember_script(&body);
+                self.scripts.get(sha).cloned()
+            }
+            Ok(_) => None,
+            Err(_) => {
+                self.lookup = None;
+                None
             }
         }
-        let _ = kind;
-        match adaptor_class(&args) {
-            AdaptorClass::StatelessRead if !self.options.record_reads => Op::StatelessRead(args),
-            AdaptorClass::Read if !self.options.record_reads => Op::Read(args),
-            _ => Op::Write(args),
+    }
+
+    /// `EVAL body numkeys keys… args…` or `EVALSHA sha …`: the wrapped script, or Redis's error.
+    fn user_script(&mut self, args: Vec<Vec<u8>>) -> Result<Op, String> {
+        let count = parse_int(&args[2])
+            .ok_or_else(|| "ERR value is not an integer or out of range".to_owned())?;
+        if count < 0 {
+            return Err("ERR Number of keys can't be negative".to_owned());
         }
+        let count = count as usize;
+        if count > args.len() - 3 {
+            return Err("ERR Number of keys can't be greater than number of args".to_owned());
+        }
+        let body: Arc<[u8]> = if args[0].eq_ignore_ascii_case(b"EVALSHA") {
+            let sha = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
+            self.find_script(&sha)
+                .ok_or_else(|| "NOSCRIPT No matching script. Please use EVAL.".to_owned())?
+        } else {
+            self.remember_script(&args[1]);
+            args[1].as_slice().into()
+        };
+        let (code, read_only) = script::strip_shebang(&body);
+        if read_only && !self.options.record_reads {
+            // Declared `no-writes`: Redis runs it as a read; so does the adaptor.
+            let mut read = args.clone();
+            read[0] = b"EVAL".to_vec();
+            read[1] = body.to_vec();
+            return Ok(Op::Read(read));
+        }
+        let wrapper: Arc<[u8]> = script::user_script(self.options.record_db, code).into();
+        Ok(Op::UserScript {
+            wrapper,
+            keys: args[3..3 + count].to_vec(),
+            args: args[3 + count..].to_vec(),
+        })
+    }
+
+    /// `PMNET.EXEC`: checked like Redis checks queued commands (an error aborts it whole).
+    fn transaction(&self, args: &[Vec<u8>]) -> Result<Op, String> {
+        const ABORT: &str = "EXECABORT Transaction discarded because of previous errors";
+        let malformed = || format!("{ABORT}: the transaction payload is malformed");
+        let number = |index: usize| -> Result<usize, String> {
+            args.get(index)
+                .and_then(|word| parse_int(word))
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(malformed)
+        };
+        let watched = number(1)?;
+        let mut at = 2 + 2 * watched;
+        let commands = number(at)?;
+        at += 1;
+        for _ in 0..commands {
+            let words = number(at)?;
+            let command = args.get(at + 1..at + 1 + words).ok_or_else(malformed)?;
+            if words == 0 {
+                return Err(malformed());
+            }
+            self.table
+                .runs_in_script(command)
+                .map_err(|why| format!("{ABORT}: {}", why.trim_start_matches("ERR ")))?;
+            if let Run::Refuse(why) = self.table.classify(command, self.options.record_db) {
+                if !matches!(self.table.find(command), Ok((name, _)) if name == "publish") {
+                    return Err(format!("{ABORT}: {}", why.trim_start_matches("ERR ")));
+                }
+            }
+            at += 1 + words;
+        }
+        if at != args.len() {
+            return Err(malformed());
+        }
+        let mut words = vec![b"x".to_vec()];
+        words.extend_from_slice(&args[1..]);
+        Ok(Op::Apply(words))
     }
 
     fn dispatch(&mut self, session_id: u64, seq: u32, op: Op) {
@@ -152,19 +340,15 @@ impl Adaptor {
             op,
             sent_as: SentAs::Direct,
         };
-        let prefix = self.options.record_prefix.clone();
         let conn = &mut self.conns[index];
         if conn.stream.is_some() {
             pending.sent_as = encode_request(
                 &mut conn.out,
-                &prefix,
-                &self.ttl_arg,
-                &self.apply_sha,
-                &self.read_sha,
+                &mut conn.expect,
+                &self.encoding,
                 &pending,
                 None,
             );
-            conn.expect.push_back(Expect::Request);
         }
         conn.pending.push_back(pending);
     }
@@ -195,7 +379,10 @@ impl Adaptor {
     /// Turn Redis's answer into the request's reply; `Err` when it must be sent again.
     pub(super) fn interpret(&mut self, pending: &Pending, value: Value) -> Result<Vec<u8>, String> {
         if let Value::Error(message) = &value {
-            if is_transient(message) {
+            // A user's EVALSHA_RO of an unknown script is answered NOSCRIPT for good; only our
+            // own scripts come back after a reload.
+            let ours = pending.sent_as == SentAs::Script || !message.starts_with(b"NOSCRIPT");
+            if ours && is_transient(message) {
                 self.counters.transient_errors += 1;
                 return Err(format!(
                     "Redis answered {} (will retry)",
@@ -217,12 +404,12 @@ impl Adaptor {
                     let reply = reply.as_bytes().unwrap_or_default().to_vec();
                     match status {
                         Value::Integer(script::STATUS_APPLIED) => {
-                            if matches!(pending.op, Op::Read(_)) {
+                            if pending.op.reads() {
                                 self.counters.reads += 1;
                             } else {
                                 self.counters.writes_applied += 1;
                             }
-                            if reply.first() == Some(&b'-') && matches!(pending.op, Op::Write(_)) {
+                            if reply.first() == Some(&b'-') && pending.op.writes() {
                                 self.counters.command_errors += 1;
                             }
                             Ok(reply)
@@ -255,51 +442,97 @@ impl Adaptor {
     }
 }
 
-/// Append the command that carries `pending` to `out`; returns how its reply will look.
+/// Append the command that carries `pending` to `out`, and what its replies answer to
+/// `expect`; returns how its reply will look.
 pub(super) fn encode_request(
     out: &mut Vec<u8>,
-    prefix: &str,
-    ttl: &str,
-    apply_sha: &str,
-    read_sha: &str,
+    expect: &mut VecDeque<Expect>,
+    encoding: &Encoding,
     pending: &Pending,
     read_bound: Option<u32>,
 ) -> SentAs {
-    let key = script::record_key(prefix, pending.session_id);
+    let key = script::record_key(&encoding.prefix, pending.session_id);
     let seq = pending.seq.to_string();
+    let apply: [&[u8]; 6] = [
+        b"EVALSHA",
+        encoding.apply_sha.as_bytes(),
+        b"1",
+        &key,
+        seq.as_bytes(),
+        encoding.ttl.as_bytes(),
+    ];
+    expect.push_back(Expect::Request);
     match &pending.op {
         Op::Write(args) => {
-            encode_parts(
-                out,
-                &[
-                    b"EVALSHA",
-                    apply_sha.as_bytes(),
-                    b"1",
-                    &key,
-                    seq.as_bytes(),
-                    ttl.as_bytes(),
-                    b"c",
-                ],
-                args,
-            );
+            let mut head = apply.to_vec();
+            head.push(b"c");
+            encode_parts(out, &head, args);
             SentAs::Script
         }
         Op::Literal(reply) => {
+            let mut head = apply.to_vec();
+            head.extend([b"r".as_slice(), reply]);
+            encode_parts(out, &head, &[]);
+            SentAs::Script
+        }
+        Op::Apply(words) => {
+            encode_parts(out, &apply, words);
+            SentAs::Script
+        }
+        Op::UserScript {
+            wrapper,
+            keys,
+            args,
+        } => {
+            let count = (1 + keys.len()).to_string();
+            out.extend_from_slice(format!("*{}\r\n", 6 + keys.len() + args.len()).as_bytes());
+            for part in [b"EVAL".as_slice(), wrapper, count.as_bytes(), &key] {
+                encode_bulk(part, out);
+            }
+            for word in keys {
+                encode_bulk(word, out);
+            }
+            encode_bulk(seq.as_bytes(), out);
+            encode_bulk(encoding.ttl.as_bytes(), out);
+            for word in args {
+                encode_bulk(word, out);
+            }
+            SentAs::Script
+        }
+        Op::Watch(keys) => {
+            let bound = read_bound.unwrap_or(0).to_string();
             encode_parts(
                 out,
                 &[
                     b"EVALSHA",
-                    apply_sha.as_bytes(),
+                    encoding.watch_sha.as_bytes(),
                     b"1",
                     &key,
-                    seq.as_bytes(),
-                    ttl.as_bytes(),
-                    b"r",
-                    reply,
+                    bound.as_bytes(),
+                ],
+                keys,
+            );
+            SentAs::Script
+        }
+        Op::ScriptLoad(body) => {
+            encode_parts(out, &[b"SCRIPT", b"LOAD", body], &[]);
+            let sha = script::script_sha(body);
+            let db = encoding.record_db.to_string();
+            encode_parts(
+                out,
+                &[
+                    b"EVAL",
+                    STORE_SCRIPT.as_bytes(),
+                    b"1",
+                    script::SCRIPTS_KEY.as_bytes(),
+                    db.as_bytes(),
+                    sha.as_bytes(),
+                    body,
                 ],
                 &[],
             );
-            SentAs::Script
+            expect.push_back(Expect::Ignore);
+            SentAs::Direct
         }
         Op::Read(args) => match read_bound {
             Some(bound) => {
@@ -308,7 +541,7 @@ pub(super) fn encode_request(
                     out,
                     &[
                         b"EVALSHA",
-                        read_sha.as_bytes(),
+                        encoding.read_sha.as_bytes(),
                         b"1",
                         &key,
                         bound.as_bytes(),

@@ -15,7 +15,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
-use pmnet_proto::{Client, ClientConfig, ClientError, ClientEvent, Completion, Transmit};
+use pmnet_proto::{Client, ClientConfig, Transmit};
 use pmnet_runtime::metrics::{serve_metrics, Metrics, MetricsBoard};
 use pmnet_runtime::udp::BatchSocket;
 use pmnet_runtime::{
@@ -24,8 +24,14 @@ use pmnet_runtime::{
 };
 use pmnet_wire::{flags, Header, PacketType};
 
-use crate::commands::{route, Policy, Route, OK};
-use crate::resp::{error_reply, parse_command, parse_value, Limits};
+mod connection;
+mod request;
+
+pub use connection::Auth;
+use connection::ConnState;
+
+use crate::commands::Policy;
+use crate::resp::{error_reply, parse_command, Limits};
 
 /// Everything the gateway needs to start.
 #[derive(Debug, Clone)]
@@ -49,6 +55,8 @@ pub struct GatewayOptions {
     pub metrics_listen: Option<SocketAddr>,
     /// Authenticate every datagram with these deployment keys (`None`: no authentication).
     pub keys: Option<pmnet_proto::KeySet>,
+    /// The password clients must give (`AUTH`), if any.
+    pub auth: Auth,
 }
 
 impl GatewayOptions {
@@ -71,6 +79,7 @@ impl GatewayOptions {
             report_interval: Some(Duration::from_secs(10)),
             metrics_listen: None,
             keys: None,
+            auth: Auth::default(),
         }
     }
 }
@@ -129,11 +138,17 @@ enum Slot {
         seq: u32,
         /// The fixed reply of an update (on the device's ack).
         ack: Option<&'static [u8]>,
+        /// What the reply becomes.
+        then: request::Then,
     },
 }
 
 #[derive(Debug)]
 struct Conn {
+    state: ConnState,
+    /// `WATCH`es waiting for their fingerprints: nothing more is started until they arrive
+    /// (an `EXEC` behind them must carry them).
+    watches_in_flight: usize,
     stream: TcpStream,
     fd: RawFd,
     client: Client,
@@ -195,6 +210,8 @@ pub struct Gateway {
     metrics_addr: Option<SocketAddr>,
     shutdown: Shutdown,
     listener_readable: bool,
+    /// The id of the next connection (`CLIENT ID`).
+    next_client_id: u64,
     /// Where a turn not preceded by a wait looks at what is ready.
     probe: Vec<PollFd>,
     event_loop: LoopCounters,
@@ -256,6 +273,7 @@ impl Gateway {
             metrics_addr,
             shutdown,
             listener_readable: true,
+            next_client_id: 1,
             probe: Vec::new(),
             event_loop: LoopCounters::default(),
         })
@@ -403,7 +421,16 @@ impl Gateway {
                 .keys
                 .clone()
                 .map(pmnet_proto::Authenticator::new);
+            let state = ConnState::new(
+                self.next_client_id,
+                stream.peer_addr().ok(),
+                stream.local_addr().ok(),
+                &self.options.auth,
+            );
+            self.next_client_id += 1;
             let conn = Conn {
+                state,
+                watches_in_flight: 0,
                 fd: stream.as_raw_fd(),
                 stream,
                 client: Client::new(config),
@@ -484,6 +511,7 @@ impl Gateway {
             // Start what the window allows.
             let mut consumed = 0;
             while !conn.closing
+                && conn.watches_in_flight == 0
                 && conn.client.can_send()
                 && conn.slots.len() < MAX_SLOTS
                 && conn.unsent() < MAX_OUTPUT
@@ -503,10 +531,10 @@ impl Gateway {
                         consumed += used;
                         progressed = true;
                         if !args.is_empty() {
-                            start_command(
+                            request::start_command(
                                 conn,
                                 &args,
-                                &self.options.policy,
+                                &self.options,
                                 &self.clock,
                                 &mut self.counters,
                             );
@@ -522,7 +550,7 @@ impl Gateway {
             }
             while let Some(event) = conn.client.poll_event() {
                 progressed = true;
-                complete(conn, event, &self.limits, &mut self.counters);
+                request::complete(conn, event, &self.limits, &mut self.counters);
             }
             while let Some(Slot::Ready(_)) = conn.slots.front() {
                 if let Some(Slot::Ready(bytes)) = conn.slots.pop_front() {
@@ -818,124 +846,6 @@ fn write_client(conn: &mut Conn) -> bool {
         conn.out_sent = 0;
     }
     any
-}
-
-fn start_command(
-    conn: &mut Conn,
-    args: &[Vec<u8>],
-    policy: &Policy,
-    clock: &Clock,
-    counters: &mut GatewayCounters,
-) {
-    let route = route(args, policy);
-    let (ack, update) = match route {
-        Route::Reply(bytes) => {
-            if bytes.first() == Some(&b'-') {
-                counters.commands_rejected += 1;
-            } else {
-                counters.commands_local += 1;
-            }
-            conn.slots.push_back(Slot::Ready(bytes));
-            return;
-        }
-        Route::Quit => {
-            counters.commands_local += 1;
-            conn.slots.push_back(Slot::Ready(OK.to_vec()));
-            conn.closing = true;
-            return;
-        }
-        Route::Update { ack } => (Some(ack), true),
-        Route::Bypass => (None, false),
-    };
-    let payload = crate::resp::command_bytes(args);
-    let now = clock.now();
-    let started = if update {
-        conn.client.update(now, &payload)
-    } else {
-        conn.client.bypass(now, &payload)
-    };
-    match started {
-        Ok(seq) => {
-            if update {
-                counters.commands_update += 1;
-            } else {
-                counters.commands_bypass += 1;
-            }
-            conn.last_started = conn.last_started.max(seq);
-            conn.slots.push_back(Slot::Waiting { seq, ack });
-        }
-        Err(error) => {
-            counters.commands_rejected += 1;
-            let message = match error {
-                ClientError::TooLarge => {
-                    "ERR command too large for a PMNet request (at most 1 MiB)".to_owned()
-                }
-                ClientError::SessionExhausted => {
-                    conn.closing = true;
-                    "ERR this connection used every PMNet sequence number; reconnect".to_owned()
-                }
-                other => format!("ERR pmnet: {other}"),
-            };
-            conn.slots.push_back(Slot::Ready(error_reply(&message)));
-        }
-    }
-}
-
-/// Fill the slot of a completed or failed request.
-fn complete(conn: &mut Conn, event: ClientEvent, limits: &Limits, counters: &mut GatewayCounters) {
-    let (seq, bytes) = match event {
-        ClientEvent::Completed {
-            seq, completion, ..
-        } => {
-            let ack = conn.slots.iter().find_map(|slot| match slot {
-                Slot::Waiting { seq: waiting, ack } if *waiting == seq => Some(*ack),
-                _ => None,
-            });
-            let bytes = match completion {
-                Completion::Logged { .. } => {
-                    counters.updates_acked_by_device += 1;
-                    ack.flatten().unwrap_or(OK).to_vec()
-                }
-                Completion::Replied { reply, .. } => {
-                    if ack.flatten().is_some() {
-                        counters.updates_answered_by_server += 1;
-                    }
-                    match parse_value(&reply, limits) {
-                        Ok(Some((_, used))) if used == reply.len() => reply,
-                        _ => {
-                            counters.malformed_replies += 1;
-                            error_reply(
-                                "ERR pmnet gateway: the server's reply is not one RESP value",
-                            )
-                        }
-                    }
-                }
-                Completion::ReplyUnavailable => {
-                    counters.replies_unavailable += 1;
-                    error_reply(
-                        "ERR pmnet: this request was applied exactly once, but its reply is no \
-                         longer kept",
-                    )
-                }
-            };
-            (seq, bytes)
-        }
-        ClientEvent::Failed { seq, error, .. } => {
-            counters.requests_timed_out += 1;
-            (
-                seq,
-                error_reply(&format!(
-                    "ERR pmnet: {error}; the command may or may not have been applied"
-                )),
-            )
-        }
-    };
-    for slot in conn.slots.iter_mut() {
-        if matches!(slot, Slot::Waiting { seq: waiting, .. } if *waiting == seq) {
-            *slot = Slot::Ready(bytes);
-            return;
-        }
-    }
 }
 
 /// The adaptor records writes but not reads (a read changes nothing, and recording it would

@@ -1,0 +1,660 @@
+//! What a Redis connection holds besides its PMNet session, and the commands the gateway
+//! answers from it: `HELLO` (RESP2 or RESP3), `AUTH`, `CLIENT`, `SELECT`, `RESET`, and
+//! transactions (`MULTI`/`EXEC`/`DISCARD`/`WATCH`/`UNWATCH`).
+//!
+//! A transaction's commands are queued here and go to the adaptor at `EXEC` as one request
+//! (`PMNET.EXEC`), which runs them in one script call: atomically, and exactly once like any
+//! write. `WATCH` asks the adaptor for the watched keys' fingerprints (`PMNET.WATCH`: the hash
+//! of each key's serialized value and expiry); `EXEC` carries them, and the adaptor runs the
+//! transaction only if every watched key still has its fingerprint — otherwise the reply is the
+//! nil array, as Redis answers when a watched key changed. Unlike Redis, a key changed and
+//! changed back to the same value and expiry between `WATCH` and `EXEC` counts as unchanged.
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use crate::adaptor::{EXEC_COMMAND, WATCH_COMMAND};
+use crate::commands::{Route, OK};
+use crate::resp::{encode_bulk, error_reply};
+
+/// Words queued in one transaction at most (the adaptor's limit on one request's words).
+const MAX_QUEUED_WORDS: usize = 60_000;
+/// Bytes queued in one transaction at most (a PMNet request is at most 1 MiB).
+const MAX_QUEUED_BYTES: usize = 1 << 20;
+/// Keys watched by one connection at most.
+const MAX_WATCHED: usize = 1024;
+
+/// The gateway's own `AUTH` setting.
+#[derive(Debug, Clone, Default)]
+pub struct Auth {
+    /// Clients must `AUTH` (or `HELLO … AUTH`) with this password (user `default`) first.
+    pub password: Option<Vec<u8>>,
+}
+
+/// A transaction being queued.
+#[derive(Debug, Default)]
+struct Queued {
+    commands: Vec<Vec<Vec<u8>>>,
+    words: usize,
+    bytes: usize,
+    /// A command was refused while queueing: `EXEC` aborts.
+    dirty: bool,
+}
+
+/// A connection's state.
+#[derive(Debug)]
+pub struct ConnState {
+    pub id: u64,
+    pub peer: Option<SocketAddr>,
+    pub local: Option<SocketAddr>,
+    pub opened: Instant,
+    pub name: Option<Vec<u8>>,
+    lib_name: Option<Vec<u8>>,
+    lib_ver: Option<Vec<u8>>,
+    /// The client asked for RESP3 (`HELLO 3`).
+    pub resp3: bool,
+    pub authenticated: bool,
+    queued: Option<Queued>,
+    /// Watched keys and their fingerprints.
+    watched: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// What the gateway does for a connection command.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Answer at once.
+    Reply(Vec<u8>),
+    /// Ask the adaptor for these keys' fingerprints (this bypass payload); answer `+OK` then.
+    Watch {
+        payload: Vec<u8>,
+        keys: Vec<Vec<u8>>,
+    },
+    /// Send this transaction (bypass payload); its reply is the array of the commands'.
+    Exec {
+        payload: Vec<u8>,
+        commands: Vec<Vec<Vec<u8>>>,
+    },
+}
+
+fn bulk(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_bulk(bytes, &mut out);
+    out
+}
+
+fn words_len(args: &[Vec<u8>]) -> usize {
+    args.iter().map(Vec::len).sum()
+}
+
+impl ConnState {
+    pub fn new(id: u64, peer: Option<SocketAddr>, local: Option<SocketAddr>, auth: &Auth) -> Self {
+        ConnState {
+            id,
+            peer,
+            local,
+            opened: Instant::now(),
+            name: None,
+            lib_name: None,
+            lib_ver: None,
+            resp3: false,
+            authenticated: auth.password.is_none(),
+            queued: None,
+            watched: Vec::new(),
+        }
+    }
+
+    pub fn in_transaction(&self) -> bool {
+        self.queued.is_some()
+    }
+
+    /// Queue a command inside `MULTI` (routed as `route`); the reply to send now.
+    pub fn queue(&mut self, args: &[Vec<u8>], route: &Route) -> Vec<u8> {
+        let Some(queued) = self.queued.as_mut() else {
+            return error_reply("ERR internal: queueing outside MULTI");
+        };
+        let refusal = match route {
+            Route::Reply(bytes) if bytes.first() == Some(&b'-') => Some(bytes.clone()),
+            Route::Connection(name) => Some(error_reply(&format!(
+                "ERR {name} inside MULTI is not supported through the pmnet gateway"
+            ))),
+            _ if queued.words + args.len() + 1 > MAX_QUEUED_WORDS
+                || queued.bytes + words_len(args) > MAX_QUEUED_BYTES =>
+            {
+                Some(error_reply(
+                    "ERR transaction too large for the pmnet gateway (at most 1 MiB and 60000 \
+                     words queued)",
+                ))
+            }
+            _ => None,
+        };
+        if let Some(error) = refusal {
+            queued.dirty = true;
+            return error;
+        }
+        queued.words += args.len() + 1;
+        queued.bytes += words_len(args);
+        queued.commands.push(args.to_vec());
+        b"+QUEUED\r\n".to_vec()
+    }
+
+    /// Take in the fingerprints the adaptor answered for a `WATCH` of `keys`; the reply.
+    pub fn watched(&mut self, keys: Vec<Vec<u8>>, reply: &[u8]) -> Vec<u8> {
+        let prints = match crate::resp::parse_value(reply, &crate::resp::Limits::default()) {
+            Ok(Some((crate::resp::Value::Array(Some(items)), used))) if used == reply.len() => {
+                items
+                    .into_iter()
+                    .map(|item| item.as_bytes().map(<[u8]>::to_vec))
+                    .collect::<Option<Vec<_>>>()
+            }
+            _ => None,
+        };
+        match prints {
+            Some(prints) if prints.len() == keys.len() => {
+                for (key, print) in keys.into_iter().zip(prints) {
+                    if self.watched.len() < MAX_WATCHED {
+                        self.watched.push((key, print));
+                    }
+                }
+                OK.to_vec()
+            }
+            _ if reply.first() == Some(&b'-') => reply.to_vec(),
+            _ => error_reply("ERR pmnet gateway: unexpected answer to WATCH"),
+        }
+    }
+
+    /// A command the gateway answers from this state.
+    pub fn handle(&mut self, name: &str, args: &[Vec<u8>], auth: &Auth) -> Action {
+        match name {
+            "HELLO" => self.hello(args, auth),
+            "AUTH" => Action::Reply(self.auth(args, auth)),
+            "CLIENT" => self.client(args),
+            "SELECT" => Action::Reply(if args[1] == b"0" {
+                OK.to_vec()
+            } else {
+                error_reply("ERR the pmnet gateway serves database 0 only")
+            }),
+            "RESET" => {
+                self.queued = None;
+                self.watched.clear();
+                self.name = None;
+                self.resp3 = false;
+                self.authenticated = auth.password.is_none();
+                Action::Reply(b"+RESET\r\n".to_vec())
+            }
+            "MULTI" => Action::Reply(if self.queued.is_some() {
+                error_reply("ERR MULTI calls can not be nested")
+            } else {
+                self.queued = Some(Queued::default());
+                OK.to_vec()
+            }),
+            "DISCARD" => Action::Reply(match self.queued.take() {
+                Some(_) => {
+                    self.watched.clear();
+                    OK.to_vec()
+                }
+                None => error_reply("ERR DISCARD without MULTI"),
+            }),
+            "UNWATCH" => {
+                self.watched.clear();
+                Action::Reply(OK.to_vec())
+            }
+            "WATCH" => {
+                if self.queued.is_some() {
+                    return Action::Reply(error_reply("ERR WATCH inside MULTI is not allowed"));
+                }
+                if self.watched.len() + args.len() - 1 > MAX_WATCHED {
+                    return Action::Reply(error_reply(&format!(
+                        "ERR at most {MAX_WATCHED} keys can be watched through the pmnet gateway"
+                    )));
+                }
+                let mut words = vec![WATCH_COMMAND.to_vec()];
+                words.extend_from_slice(&args[1..]);
+                Action::Watch {
+                    payload: crate::resp::command_bytes(&words),
+                    keys: args[1..].to_vec(),
+                }
+            }
+            "EXEC" => self.exec(),
+            _ => Action::Reply(error_reply(&format!(
+                "ERR unknown command '{name}' for the pmnet gateway"
+            ))),
+        }
+    }
+
+    fn exec(&mut self) -> Action {
+        let Some(queued) = self.queued.take() else {
+            return Action::Reply(error_reply("ERR EXEC without MULTI"));
+        };
+        let watched = std::mem::take(&mut self.watched);
+        if queued.dirty {
+            return Action::Reply(error_reply(
+                "EXECABORT Transaction discarded because of previous errors.",
+            ));
+        }
+        if queued.commands.is_empty() && watched.is_empty() {
+            return Action::Reply(b"*0\r\n".to_vec());
+        }
+        let mut words: Vec<Vec<u8>> = vec![
+            EXEC_COMMAND.to_vec(),
+            watched.len().to_string().into_bytes(),
+        ];
+        for (key, print) in watched {
+            words.push(key);
+            words.push(print);
+        }
+        words.push(queued.commands.len().to_string().into_bytes());
+        for command in &queued.commands {
+            words.push(command.len().to_string().into_bytes());
+            words.extend(command.iter().cloned());
+        }
+        Action::Exec {
+            payload: crate::resp::command_bytes(&words),
+            commands: queued.commands,
+        }
+    }
+
+    fn check_password(&mut self, user: Option<&[u8]>, password: &[u8], auth: &Auth) -> Vec<u8> {
+        let Some(expected) = auth.password.as_deref() else {
+            return error_reply(
+                "ERR AUTH <password> called without any password configured for the default \
+                 user. Are you sure your configuration is correct?",
+            );
+        };
+        let user_ok = user.is_none_or(|user| user == b"default");
+        if user_ok && constant_time_eq(password, expected) {
+            self.authenticated = true;
+            OK.to_vec()
+        } else {
+            error_reply("WRONGPASS invalid username-password pair or user is disabled.")
+        }
+    }
+
+    fn auth(&mut self, args: &[Vec<u8>], auth: &Auth) -> Vec<u8> {
+        match args.len() {
+            2 => self.check_password(None, &args[1], auth),
+            3 => self.check_password(Some(&args[1]), &args[2], auth),
+            _ => error_reply("ERR syntax error"),
+        }
+    }
+
+    fn hello(&mut self, args: &[Vec<u8>], auth: &Auth) -> Action {
+        let mut protocol = if self.resp3 { 3 } else { 2 };
+        let mut index = 1;
+        if let Some(version) = args.get(1) {
+            match version.as_slice() {
+                b"2" => protocol = 2,
+                b"3" => protocol = 3,
+                _ => {
+                    return Action::Reply(error_reply(
+                        if crate::resp::parse_int(version).is_some() {
+                            "NOPROTO unsupported protocol version"
+                        } else {
+                            "ERR Protocol version is not an integer or out of range"
+                        },
+                    ))
+                }
+            }
+            index = 2;
+        }
+        let mut name = None;
+        while index < args.len() {
+            let option = args[index].to_ascii_uppercase();
+            match option.as_slice() {
+                b"AUTH" if index + 2 < args.len() => {
+                    let reply = self.check_password(Some(&args[index + 1]), &args[index + 2], auth);
+                    if reply != OK {
+                        return Action::Reply(reply);
+                    }
+                    index += 3;
+                }
+                b"SETNAME" if index + 1 < args.len() => {
+                    name = Some(args[index + 1].clone());
+                    index += 2;
+                }
+                _ => {
+                    return Action::Reply(error_reply(&format!(
+                        "ERR Syntax error in HELLO option '{}'",
+                        String::from_utf8_lossy(&args[index])
+                    )))
+                }
+            }
+        }
+        if !self.authenticated {
+            return Action::Reply(error_reply(
+                "NOAUTH HELLO must be called with the client already authenticated, otherwise \
+                 the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the \
+                 client and select the RESP protocol version at the same time",
+            ));
+        }
+        if let Some(name) = name {
+            if let Err(error) = valid_name(&name) {
+                return Action::Reply(error);
+            }
+            self.name = Some(name);
+        }
+        self.resp3 = protocol == 3;
+        let id = self.id.to_string();
+        let fields: [(&[u8], Vec<u8>); 7] = [
+            (b"server", bulk(b"redis")),
+            (b"version", bulk(b"7.0.0")),
+            (b"proto", format!(":{protocol}\r\n").into_bytes()),
+            (b"id", format!(":{id}\r\n").into_bytes()),
+            (b"mode", bulk(b"standalone")),
+            (b"role", bulk(b"master")),
+            (b"modules", b"*0\r\n".to_vec()),
+        ];
+        let mut out = if self.resp3 {
+            format!("%{}\r\n", fields.len()).into_bytes()
+        } else {
+            format!("*{}\r\n", 2 * fields.len()).into_bytes()
+        };
+        for (key, value) in fields {
+            encode_bulk(key, &mut out);
+            out.extend_from_slice(&value);
+        }
+        Action::Reply(out)
+    }
+
+    fn info_line(&self) -> String {
+        let show = |bytes: &Option<Vec<u8>>| {
+            bytes
+                .as_deref()
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default()
+        };
+        let addr = |addr: Option<SocketAddr>| addr.map(|a| a.to_string()).unwrap_or_default();
+        format!(
+            "id={} addr={} laddr={} name={} age={} idle=0 flags={} db=0 sub=0 psub=0 ssub=0 \
+             multi={} watch={} user=default redir=-1 resp={} lib-name={} lib-ver={}\n",
+            self.id,
+            addr(self.peer),
+            addr(self.local),
+            show(&self.name),
+            self.opened.elapsed().as_secs(),
+            if self.queued.is_some() { "x" } else { "N" },
+            self.queued
+                .as_ref()
+                .map_or(-1, |queued| queued.commands.len() as i64),
+            self.watched.len(),
+            if self.resp3 { 3 } else { 2 },
+            show(&self.lib_name),
+            show(&self.lib_ver),
+        )
+    }
+
+    fn client(&mut self, args: &[Vec<u8>]) -> Action {
+        let sub = args[1].to_ascii_uppercase();
+        let arity_error = || {
+            Action::Reply(error_reply(&format!(
+                "ERR wrong number of arguments for 'client|{}' command",
+                String::from_utf8_lossy(&args[1]).to_ascii_lowercase()
+            )))
+        };
+        let reply = match (sub.as_slice(), args.len()) {
+            (b"ID", 2) => format!(":{}\r\n", self.id).into_bytes(),
+            (b"GETNAME", 2) => match &self.name {
+                Some(name) => bulk(name),
+                None => b"$-1\r\n".to_vec(),
+            },
+            (b"SETNAME", 3) => match valid_name(&args[2]) {
+                Ok(()) => {
+                    self.name = (!args[2].is_empty()).then(|| args[2].clone());
+                    OK.to_vec()
+                }
+                Err(error) => error,
+            },
+            (b"SETINFO", 4) => {
+                let attribute = args[2].to_ascii_uppercase();
+                match attribute.as_slice() {
+                    b"LIB-NAME" | b"LIB-VER" => match valid_name(&args[3]) {
+                        Ok(()) => {
+                            let value = Some(args[3].clone());
+                            if attribute == b"LIB-NAME" {
+                                self.lib_name = value;
+                            } else {
+                                self.lib_ver = value;
+                            }
+                            OK.to_vec()
+                        }
+                        Err(error) => error,
+                    },
+                    _ => error_reply(&format!(
+                        "ERR Unrecognized option '{}'",
+                        String::from_utf8_lossy(&args[2])
+                    )),
+                }
+            }
+            (b"INFO", 2) | (b"LIST", 2) => {
+                let line = self.info_line();
+                if self.resp3 && sub == b"INFO" {
+                    let text = format!("txt:{line}");
+                    format!("={}\r\n{text}\r\n", text.len()).into_bytes()
+                } else {
+                    bulk(line.as_bytes())
+                }
+            }
+            (b"NO-EVICT", 3) | (b"NO-TOUCH", 3) => OK.to_vec(),
+            (b"GETREDIR", 2) => b":-1\r\n".to_vec(),
+            (b"HELP", 2) => {
+                let lines: [&[u8]; 9] = [
+                    b"CLIENT <subcommand> through the pmnet gateway:",
+                    b"ID, GETNAME, SETNAME <name>, SETINFO LIB-NAME|LIB-VER <value>",
+                    b"INFO, LIST (this connection), NO-EVICT|NO-TOUCH ON|OFF, GETREDIR",
+                    b"Each connection is one PMNet session; KILL, PAUSE, UNPAUSE, UNBLOCK,",
+                    b"TRACKING, CACHING, REPLY and TRACKINGINFO are not supported here:",
+                    b"run them against Redis directly.",
+                    b"",
+                    b"See docs/redis.md.",
+                    b"HELP",
+                ];
+                let mut out = format!("*{}\r\n", lines.len()).into_bytes();
+                for line in lines {
+                    out.push(b'+');
+                    out.extend_from_slice(line);
+                    out.extend_from_slice(b"\r\n");
+                }
+                out
+            }
+            (
+                b"ID" | b"GETNAME" | b"SETNAME" | b"SETINFO" | b"INFO" | b"LIST" | b"NO-EVICT"
+                | b"NO-TOUCH" | b"GETREDIR" | b"HELP",
+                _,
+            ) => return arity_error(),
+            (
+                b"KILL" | b"PAUSE" | b"UNPAUSE" | b"UNBLOCK" | b"TRACKING" | b"CACHING" | b"REPLY"
+                | b"TRACKINGINFO",
+                _,
+            ) => error_reply(&format!(
+                "ERR CLIENT {} is not supported through the pmnet gateway: run it against Redis \
+                 directly",
+                String::from_utf8_lossy(&sub)
+            )),
+            _ => error_reply(&format!(
+                "ERR unknown subcommand '{}'. Try CLIENT HELP.",
+                String::from_utf8_lossy(&args[1])
+            )),
+        };
+        Action::Reply(reply)
+    }
+}
+
+/// Redis's rule for client names and library attributes.
+fn valid_name(name: &[u8]) -> Result<(), Vec<u8>> {
+    if name.iter().any(|&b| !(b'!'..=b'~').contains(&b)) {
+        return Err(error_reply(
+            "ERR Client names cannot contain spaces, newlines or special characters.",
+        ));
+    }
+    Ok(())
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(words: &[&str]) -> Vec<Vec<u8>> {
+        words.iter().map(|w| w.as_bytes().to_vec()).collect()
+    }
+
+    fn state() -> ConnState {
+        ConnState::new(7, None, None, &Auth::default())
+    }
+
+    fn reply(state: &mut ConnState, words: &[&str]) -> Vec<u8> {
+        let words = args(words);
+        let name = words[0].to_ascii_uppercase();
+        match state.handle(
+            std::str::from_utf8(&name).unwrap(),
+            &words,
+            &Auth::default(),
+        ) {
+            Action::Reply(bytes) => bytes,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn hello_switches_protocols_and_answers_a_map_in_resp3() {
+        let mut conn = state();
+        let two = reply(&mut conn, &["HELLO", "2"]);
+        assert!(two.starts_with(b"*14\r\n$6\r\nserver\r\n$5\r\nredis\r\n"));
+        assert!(!conn.resp3);
+        let three = reply(&mut conn, &["HELLO", "3", "SETNAME", "app"]);
+        assert!(three.starts_with(b"%7\r\n"));
+        assert!(three.windows(8).any(|w| w == b"proto\r\n:"));
+        assert!(conn.resp3);
+        assert_eq!(conn.name.as_deref(), Some(&b"app"[..]));
+        assert_eq!(
+            reply(&mut conn, &["HELLO", "4"]),
+            b"-NOPROTO unsupported protocol version\r\n"
+        );
+        assert!(conn.resp3, "a refused HELLO changes nothing");
+    }
+
+    #[test]
+    fn auth_is_checked_by_the_gateway_when_it_has_a_password() {
+        let auth = Auth {
+            password: Some(b"secret".to_vec()),
+        };
+        let mut conn = ConnState::new(1, None, None, &auth);
+        assert!(!conn.authenticated);
+        let attempt = |conn: &mut ConnState, words: &[&str]| match conn.handle(
+            &words[0].to_ascii_uppercase(),
+            &args(words),
+            &auth,
+        ) {
+            Action::Reply(bytes) => bytes,
+            other => panic!("{other:?}"),
+        };
+        assert!(attempt(&mut conn, &["HELLO", "3"]).starts_with(b"-NOAUTH"));
+        assert!(attempt(&mut conn, &["AUTH", "wrong"]).starts_with(b"-WRONGPASS"));
+        assert!(attempt(&mut conn, &["AUTH", "other", "secret"]).starts_with(b"-WRONGPASS"));
+        assert!(!conn.authenticated);
+        assert!(attempt(&mut conn, &["HELLO", "3", "AUTH", "default", "secret"]).starts_with(b"%"));
+        assert!(conn.authenticated);
+        let mut open = state();
+        assert!(reply(&mut open, &["AUTH", "x"]).starts_with(b"-ERR AUTH <password> called"));
+    }
+
+    #[test]
+    fn client_names_ids_and_library_info() {
+        let mut conn = state();
+        assert_eq!(reply(&mut conn, &["CLIENT", "ID"]), b":7\r\n");
+        assert_eq!(reply(&mut conn, &["CLIENT", "GETNAME"]), b"$-1\r\n");
+        assert_eq!(reply(&mut conn, &["CLIENT", "SETNAME", "worker-1"]), OK);
+        assert_eq!(
+            reply(&mut conn, &["CLIENT", "GETNAME"]),
+            b"$8\r\nworker-1\r\n"
+        );
+        assert!(reply(&mut conn, &["CLIENT", "SETNAME", "a b"]).starts_with(b"-ERR Client names"));
+        assert_eq!(
+            reply(&mut conn, &["CLIENT", "SETINFO", "LIB-NAME", "redis-py"]),
+            OK
+        );
+        let info = reply(&mut conn, &["CLIENT", "INFO"]);
+        let text = String::from_utf8_lossy(&info);
+        assert!(
+            text.contains("id=7 ") && text.contains("name=worker-1 "),
+            "{text}"
+        );
+        assert!(text.contains("lib-name=redis-py "), "{text}");
+        assert!(reply(&mut conn, &["CLIENT", "KILL", "x"]).starts_with(b"-ERR CLIENT KILL"));
+        assert!(reply(&mut conn, &["CLIENT", "NOPE"]).starts_with(b"-ERR unknown subcommand"));
+        assert!(reply(&mut conn, &["CLIENT", "ID", "x"]).starts_with(b"-ERR wrong number"));
+    }
+
+    #[test]
+    fn a_transaction_is_queued_and_sent_whole_with_its_watches() {
+        let mut conn = state();
+        let watch = conn.handle("WATCH", &args(&["WATCH", "k"]), &Auth::default());
+        let Action::Watch { keys, .. } = watch else {
+            panic!("{watch:?}")
+        };
+        assert_eq!(conn.watched(keys, b"*1\r\n$3\r\nab:\r\n"), OK);
+        assert_eq!(reply(&mut conn, &["MULTI"]), OK);
+        assert_eq!(
+            reply(&mut conn, &["MULTI"]),
+            b"-ERR MULTI calls can not be nested\r\n"
+        );
+        assert_eq!(
+            conn.queue(&args(&["SET", "k", "v"]), &Route::Update { ack: OK }),
+            b"+QUEUED\r\n"
+        );
+        assert_eq!(
+            conn.queue(&args(&["INCR", "n"]), &Route::Bypass),
+            b"+QUEUED\r\n"
+        );
+        let exec = conn.handle("EXEC", &args(&["EXEC"]), &Auth::default());
+        let Action::Exec { payload, commands } = exec else {
+            panic!("{exec:?}")
+        };
+        assert_eq!(commands.len(), 2);
+        let expected = crate::resp::command_bytes(&[
+            "PMNET.EXEC",
+            "1",
+            "k",
+            "ab:",
+            "2",
+            "3",
+            "SET",
+            "k",
+            "v",
+            "2",
+            "INCR",
+            "n",
+        ]);
+        assert_eq!(payload, expected);
+        assert!(!conn.in_transaction());
+        assert_eq!(reply(&mut conn, &["EXEC"]), b"-ERR EXEC without MULTI\r\n");
+    }
+
+    #[test]
+    fn an_error_while_queueing_aborts_the_transaction() {
+        let mut conn = state();
+        reply(&mut conn, &["MULTI"]);
+        let refused = conn.queue(
+            &args(&["SET", "k"]),
+            &Route::Reply(error_reply(
+                "ERR wrong number of arguments for 'set' command",
+            )),
+        );
+        assert!(refused.starts_with(b"-ERR wrong number"));
+        assert!(conn
+            .queue(&args(&["HELLO", "3"]), &Route::Connection("HELLO"))
+            .starts_with(b"-ERR HELLO inside MULTI"));
+        assert!(reply(&mut conn, &["EXEC"]).starts_with(b"-EXECABORT"));
+        reply(&mut conn, &["MULTI"]);
+        assert_eq!(reply(&mut conn, &["DISCARD"]), OK);
+        assert_eq!(
+            reply(&mut conn, &["DISCARD"]),
+            b"-ERR DISCARD without MULTI\r\n"
+        );
+    }
+}

@@ -1,0 +1,233 @@
+//! Starting a client's command (answered here, queued in a transaction, or sent as a PMNet
+//! update or bypass request) and turning its completion into the reply the client reads, in
+//! the protocol version the client asked for.
+
+use pmnet_proto::{ClientError, ClientEvent, Completion};
+use pmnet_runtime::Clock;
+
+use crate::commands::{route, Route, OK};
+use crate::resp::{error_reply, parse_value, Limits};
+
+use super::connection::Action;
+use super::{Conn, GatewayCounters, GatewayOptions, Slot};
+
+/// What a request's reply becomes when it completes.
+#[derive(Debug)]
+pub(super) enum Then {
+    /// The reply as it is (converted to RESP3 for a RESP3 client: the command is kept).
+    Plain(Option<Vec<Vec<u8>>>),
+    /// The fingerprints of these watched keys: kept, and the client gets `+OK`.
+    Watch(Vec<Vec<u8>>),
+    /// A transaction's reply: the array of these commands' replies.
+    Exec(Vec<Vec<Vec<u8>>>),
+}
+
+/// Commands a client that has not authenticated may send.
+fn allowed_before_auth(route: &Route) -> bool {
+    matches!(
+        route,
+        Route::Connection("AUTH" | "HELLO" | "RESET") | Route::Quit
+    )
+}
+
+/// Commands that act on a transaction being queued rather than being queued.
+fn acts_on_transaction(route: &Route) -> bool {
+    matches!(
+        route,
+        Route::Connection("EXEC" | "DISCARD" | "MULTI" | "WATCH" | "RESET") | Route::Quit
+    )
+}
+
+pub(super) fn start_command(
+    conn: &mut Conn,
+    args: &[Vec<u8>],
+    options: &GatewayOptions,
+    clock: &Clock,
+    counters: &mut GatewayCounters,
+) {
+    let route = route(args, &options.policy);
+    if !conn.state.authenticated && !allowed_before_auth(&route) {
+        counters.commands_rejected += 1;
+        conn.slots
+            .push_back(Slot::Ready(error_reply("NOAUTH Authentication required.")));
+        return;
+    }
+    if conn.state.in_transaction() && !acts_on_transaction(&route) {
+        let reply = conn.state.queue(args, &route);
+        if reply.first() == Some(&b'-') {
+            counters.commands_rejected += 1;
+        } else {
+            counters.commands_local += 1;
+        }
+        conn.slots.push_back(Slot::Ready(reply));
+        return;
+    }
+    let (ack, update, payload, then) = match route {
+        Route::Reply(bytes) => {
+            if bytes.first() == Some(&b'-') {
+                counters.commands_rejected += 1;
+            } else {
+                counters.commands_local += 1;
+            }
+            conn.slots.push_back(Slot::Ready(bytes));
+            return;
+        }
+        Route::Quit => {
+            counters.commands_local += 1;
+            conn.slots.push_back(Slot::Ready(OK.to_vec()));
+            conn.closing = true;
+            return;
+        }
+        Route::Connection(name) => match conn.state.handle(name, args, &options.auth) {
+            Action::Reply(bytes) => {
+                if bytes.first() == Some(&b'-') {
+                    counters.commands_rejected += 1;
+                } else {
+                    counters.commands_local += 1;
+                }
+                conn.slots.push_back(Slot::Ready(bytes));
+                return;
+            }
+            Action::Watch { payload, keys } => (None, false, payload, Then::Watch(keys)),
+            Action::Exec { payload, commands } => (None, false, payload, Then::Exec(commands)),
+        },
+        Route::Update { ack } => (
+            Some(ack),
+            true,
+            crate::resp::command_bytes(args),
+            Then::Plain(None),
+        ),
+        Route::Bypass => (
+            None,
+            false,
+            crate::resp::command_bytes(args),
+            Then::Plain(conn.state.resp3.then(|| args.to_vec())),
+        ),
+    };
+    let now = clock.now();
+    let started = if update {
+        conn.client.update(now, &payload)
+    } else {
+        conn.client.bypass(now, &payload)
+    };
+    match started {
+        Ok(seq) => {
+            if update {
+                counters.commands_update += 1;
+            } else {
+                counters.commands_bypass += 1;
+            }
+            if matches!(then, Then::Watch(_)) {
+                conn.watches_in_flight += 1;
+            }
+            conn.last_started = conn.last_started.max(seq);
+            conn.slots.push_back(Slot::Waiting { seq, ack, then });
+        }
+        Err(error) => {
+            counters.commands_rejected += 1;
+            let message = match error {
+                ClientError::TooLarge => {
+                    "ERR command too large for a PMNet request (at most 1 MiB)".to_owned()
+                }
+                ClientError::SessionExhausted => {
+                    conn.closing = true;
+                    "ERR this connection used every PMNet sequence number; reconnect".to_owned()
+                }
+                other => format!("ERR pmnet: {other}"),
+            };
+            conn.slots.push_back(Slot::Ready(error_reply(&message)));
+        }
+    }
+}
+
+/// Fill the slot of a completed or failed request.
+pub(super) fn complete(
+    conn: &mut Conn,
+    event: ClientEvent,
+    limits: &Limits,
+    counters: &mut GatewayCounters,
+) {
+    let (seq, bytes) = match event {
+        ClientEvent::Completed {
+            seq, completion, ..
+        } => {
+            let ack = conn.slots.iter().find_map(|slot| match slot {
+                Slot::Waiting {
+                    seq: waiting, ack, ..
+                } if *waiting == seq => Some(*ack),
+                _ => None,
+            });
+            let bytes = match completion {
+                Completion::Logged { .. } => {
+                    counters.updates_acked_by_device += 1;
+                    ack.flatten().unwrap_or(OK).to_vec()
+                }
+                Completion::Replied { reply, .. } => {
+                    if ack.flatten().is_some() {
+                        counters.updates_answered_by_server += 1;
+                    }
+                    match parse_value(&reply, limits) {
+                        Ok(Some((_, used))) if used == reply.len() => reply,
+                        _ => {
+                            counters.malformed_replies += 1;
+                            error_reply(
+                                "ERR pmnet gateway: the server's reply is not one RESP value",
+                            )
+                        }
+                    }
+                }
+                Completion::ReplyUnavailable => {
+                    counters.replies_unavailable += 1;
+                    error_reply(
+                        "ERR pmnet: this request was applied exactly once, but its reply is no \
+                         longer kept",
+                    )
+                }
+            };
+            (seq, bytes)
+        }
+        ClientEvent::Failed { seq, error, .. } => {
+            counters.requests_timed_out += 1;
+            (
+                seq,
+                error_reply(&format!(
+                    "ERR pmnet: {error}; the command may or may not have been applied"
+                )),
+            )
+        }
+    };
+    let Some(position) = conn
+        .slots
+        .iter()
+        .position(|slot| matches!(slot, Slot::Waiting { seq: waiting, .. } if *waiting == seq))
+    else {
+        return;
+    };
+    let Slot::Waiting { then, .. } =
+        std::mem::replace(&mut conn.slots[position], Slot::Ready(Vec::new()))
+    else {
+        return;
+    };
+    let resp3 = conn.state.resp3;
+    let reply = match then {
+        Then::Plain(Some(args)) if resp3 => resp3_pending::to_resp3(&args, &bytes),
+        Then::Plain(_) => bytes,
+        Then::Watch(keys) => {
+            conn.watches_in_flight = conn.watches_in_flight.saturating_sub(1);
+            conn.state.watched(keys, &bytes)
+        }
+        Then::Exec(commands) if resp3 => resp3_pending::to_resp3_exec(&commands, &bytes),
+        Then::Exec(_) => bytes,
+    };
+    conn.slots[position] = Slot::Ready(reply);
+}
+
+/// Until the RESP3 reply shapes land: replies as they are.
+mod resp3_pending {
+    pub fn to_resp3(_args: &[Vec<u8>], reply: &[u8]) -> Vec<u8> {
+        reply.to_vec()
+    }
+    pub fn to_resp3_exec(_commands: &[Vec<Vec<u8>>], reply: &[u8]) -> Vec<u8> {
+        reply.to_vec()
+    }
+}

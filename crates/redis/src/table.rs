@@ -1,0 +1,555 @@
+//! Redis's own command table (`COMMAND`), read by the adaptor at start-up, and how the adaptor
+//! runs each command through it.
+//!
+//! Redis describes every command it has — modules' included — with its arity and flags
+//! (`write`, `readonly`, `noscript`, `blocking`, `pubsub`, `admin`, …) and its subcommands. The
+//! adaptor classifies from those flags:
+//!
+//! | Redis says | the adaptor |
+//! |---|---|
+//! | `write` | runs it in the update script: applied and recorded exactly once |
+//! | `readonly` | runs it as it is, in order (a read) |
+//! | neither (`PING`, `TIME`, `INFO`, `PUBSUB CHANNELS`, …) | runs it as it is |
+//! | `blocking` | refuses it (it would stall a connection other sessions share), except `XREAD`/`XREADGROUP` without `BLOCK` |
+//! | `noscript` and `admin` | refuses it (operators' commands: run them against Redis), except `CONFIG GET` |
+//! | `pubsub` and `noscript` (`SUBSCRIBE`, …) | refuses it |
+//!
+//! and the knowledge the flags do not carry is the short table [`SPECIAL`], one test each.
+
+use std::collections::HashMap;
+
+use crate::resp::Value;
+
+/// The flags the adaptor looks at.
+pub mod flag {
+    pub const WRITE: u16 = 1 << 0;
+    pub const READONLY: u16 = 1 << 1;
+    pub const NOSCRIPT: u16 = 1 << 2;
+    pub const BLOCKING: u16 = 1 << 3;
+    pub const PUBSUB: u16 = 1 << 4;
+    pub const ADMIN: u16 = 1 << 5;
+}
+
+/// One command (or subcommand) as Redis describes it.
+#[derive(Debug, Clone, Default)]
+pub struct CommandInfo {
+    /// Redis's arity: `n` exactly n words (the name included), `-n` at least n.
+    pub arity: i64,
+    pub flags: u16,
+    /// Subcommands by lower-case name (`object|encoding` is under `object`, as `encoding`).
+    pub subcommands: HashMap<String, CommandInfo>,
+}
+
+/// Every command Redis has.
+#[derive(Debug, Clone, Default)]
+pub struct CommandTable {
+    commands: HashMap<String, CommandInfo>,
+}
+
+/// How the adaptor runs a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Run {
+    /// In the update script, recorded with its session's sequence number.
+    Write,
+    /// As it is, ordered after its session's earlier requests (resent after a lost
+    /// connection through the checked read).
+    Read,
+    /// As it is, always: the reply does not depend on the session's data.
+    Direct,
+    /// `EVAL`/`EVALSHA`: the user's script inside the exactly-once wrapper.
+    Script,
+    /// `SCRIPT LOAD`: loaded into Redis and remembered for `EVALSHA`.
+    ScriptLoad,
+    /// `FLUSHALL`: every database but the records'.
+    FlushAll,
+    /// Not run: answered with this error reply (without the leading `-`).
+    Refuse(String),
+}
+
+/// Commands whose treatment the flags do not tell, with what the adaptor does and why.
+pub const SPECIAL: &[(&str, Special)] = &[
+    // Connection state: answered by the gateway, meaningless on a connection many sessions share.
+    ("hello", Special::Connection),
+    ("auth", Special::Connection),
+    ("client", Special::Connection),
+    ("select", Special::Connection),
+    ("reset", Special::Connection),
+    ("quit", Special::Connection),
+    ("multi", Special::Connection),
+    ("exec", Special::Connection),
+    ("discard", Special::Connection),
+    ("watch", Special::Connection),
+    ("unwatch", Special::Connection),
+    ("monitor", Special::Connection),
+    // A message published is an effect: exactly once, like a write.
+    ("publish", Special::Write),
+    ("spublish", Special::Write),
+    // Scripts: the user's code runs inside the exactly-once wrapper.
+    ("eval", Special::Script),
+    ("evalsha", Special::Script),
+    ("script|load", Special::ScriptLoad),
+    // Functions live in libraries the wrapper cannot embed yet.
+    ("fcall", Special::Refused(
+        "FCALL is not supported through the pmnet gateway (functions cannot be made exactly once \
+         yet): use EVAL/EVALSHA, or FCALL_RO for functions that only read",
+    )),
+    // Waiting for replicas would stall a connection other sessions share.
+    ("wait", Special::Refused(
+        "WAIT is not supported through the pmnet gateway: a reply from the gateway already \
+         means the write is durable (see docs/redis.md)",
+    )),
+    ("waitaof", Special::Refused(
+        "WAITAOF is not supported through the pmnet gateway: a reply from the gateway already \
+         means the write is durable (see docs/redis.md)",
+    )),
+    ("config|get", Special::Direct),
+    ("flushall", Special::FlushAll),
+];
+
+/// What [`SPECIAL`] says of a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Special {
+    Connection,
+    Write,
+    Direct,
+    Script,
+    ScriptLoad,
+    FlushAll,
+    Refused(&'static str),
+}
+
+fn special(name: &str) -> Option<Special> {
+    SPECIAL
+        .iter()
+        .find(|(special, _)| *special == name)
+        .map(|(_, what)| *what)
+}
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::Simple(bytes) | Value::Bulk(Some(bytes)) => {
+            Some(String::from_utf8_lossy(bytes).to_ascii_lowercase())
+        }
+        _ => None,
+    }
+}
+
+fn parse_entry(entry: &Value) -> Option<(String, CommandInfo)> {
+    let Value::Array(Some(fields)) = entry else {
+        return None;
+    };
+    let name = text(fields.first()?)?;
+    let arity = match fields.get(1)? {
+        Value::Integer(arity) => *arity,
+        _ => return None,
+    };
+    let mut flags = 0;
+    if let Some(Value::Array(Some(words))) = fields.get(2) {
+        for word in words.iter().filter_map(text) {
+            flags |= match word.as_str() {
+                "write" => flag::WRITE,
+                "readonly" => flag::READONLY,
+                "noscript" => flag::NOSCRIPT,
+                "blocking" => flag::BLOCKING,
+                "pubsub" => flag::PUBSUB,
+                "admin" => flag::ADMIN,
+                _ => 0,
+            };
+        }
+    }
+    let mut subcommands = HashMap::new();
+    // Redis 7: field 10 lists the subcommands, named `container|sub`.
+    if let Some(Value::Array(Some(subs))) = fields.get(9) {
+        for sub in subs {
+            if let Some((full, info)) = parse_entry(sub) {
+                let short = full
+                    .split_once('|')
+                    .map_or(full.clone(), |(_, sub)| sub.to_owned());
+                subcommands.insert(short, info);
+            }
+        }
+    }
+    Some((
+        name,
+        CommandInfo {
+            arity,
+            flags,
+            subcommands,
+        },
+    ))
+}
+
+fn shown(word: &[u8]) -> String {
+    String::from_utf8_lossy(word).chars().take(128).collect()
+}
+
+impl CommandTable {
+    /// The table from Redis's reply to `COMMAND`; `None` if the reply is not such a table.
+    pub fn from_reply(reply: &Value) -> Option<CommandTable> {
+        let Value::Array(Some(entries)) = reply else {
+            return None;
+        };
+        let commands: HashMap<String, CommandInfo> =
+            entries.iter().filter_map(parse_entry).collect();
+        (!commands.is_empty()).then_some(CommandTable { commands })
+    }
+
+    pub fn len(&self) -> usize {
+        self.commands.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.commands.is_empty()
+    }
+
+    /// Every command name, lower case.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.commands.keys().map(String::as_str)
+    }
+
+    /// The command (or subcommand) `args` names, with its full name (`object|encoding`), or the
+    /// error Redis would give.
+    pub fn find<'t>(&'t self, args: &[Vec<u8>]) -> Result<(String, &'t CommandInfo), String> {
+        let Some(word) = args.first() else {
+            return Err("ERR empty command".to_owned());
+        };
+        let name = String::from_utf8_lossy(word).to_ascii_lowercase();
+        let Some(info) = self.commands.get(&name) else {
+            let mut message = format!(
+                "ERR unknown command '{}', with args beginning with: ",
+                shown(word)
+            );
+            for arg in args.iter().skip(1).take(8) {
+                message.push_str(&format!("'{}' ", shown(arg)));
+            }
+            return Err(message);
+        };
+        let (full, info) = if info.subcommands.is_empty() {
+            (name, info)
+        } else {
+            let Some(sub) = args.get(1) else {
+                return Err(format!(
+                    "ERR wrong number of arguments for '{name}' command"
+                ));
+            };
+            let sub_name = String::from_utf8_lossy(sub).to_ascii_lowercase();
+            match info.subcommands.get(&sub_name) {
+                Some(sub_info) => (format!("{name}|{sub_name}"), sub_info),
+                None => {
+                    return Err(format!(
+                        "ERR unknown subcommand '{}'. Try {} HELP.",
+                        shown(sub),
+                        name.to_ascii_uppercase()
+                    ))
+                }
+            }
+        };
+        let count = args.len() as i64;
+        if (info.arity > 0 && count != info.arity) || (info.arity < 0 && count < -info.arity) {
+            return Err(format!(
+                "ERR wrong number of arguments for '{full}' command"
+            ));
+        }
+        Ok((full, info))
+    }
+
+    /// How the adaptor runs `args`, with records in database `record_db` (0: with the data).
+    pub fn classify(&self, args: &[Vec<u8>], record_db: u32) -> Run {
+        let (full, info) = match self.find(args) {
+            Ok(found) => found,
+            Err(message) => return Run::Refuse(message),
+        };
+        let container = full.split('|').next().unwrap_or_default().to_owned();
+        let what = special(&full).or_else(|| special(&container));
+        if let Some(refusal) = database_refusal(&container, args, record_db) {
+            return Run::Refuse(refusal);
+        }
+        match what {
+            Some(Special::Connection) => {
+                return Run::Refuse(format!(
+                    "ERR {} is a connection command: the pmnet gateway answers it, it is not \
+                     sent to Redis",
+                    full.to_ascii_uppercase()
+                ))
+            }
+            Some(Special::Write) => return Run::Write,
+            Some(Special::Direct) => return Run::Direct,
+            Some(Special::Script) => return Run::Script,
+            Some(Special::ScriptLoad) => return Run::ScriptLoad,
+            Some(Special::FlushAll) => return Run::FlushAll,
+            Some(Special::Refused(why)) => return Run::Refuse(format!("ERR {why}")),
+            None => {}
+        }
+        let flags = info.flags;
+        if flags & flag::BLOCKING != 0 && !non_blocking_stream_read(&container, args) {
+            return Run::Refuse(format!(
+                "ERR blocking commands ({}) are not supported through the pmnet gateway: use \
+                 the non-blocking form and poll",
+                full.to_ascii_uppercase()
+            ));
+        }
+        if flags & flag::PUBSUB != 0 && flags & flag::NOSCRIPT != 0 {
+            return Run::Refuse(format!(
+                "ERR {} is not supported through the pmnet gateway: subscribe to Redis directly \
+                 (PUBLISH works)",
+                full.to_ascii_uppercase()
+            ));
+        }
+        if flags & flag::NOSCRIPT != 0 && flags & flag::ADMIN != 0 {
+            return Run::Refuse(format!(
+                "ERR {} is an administrative command: run it against Redis directly, not \
+                 through the pmnet gateway",
+                full.to_ascii_uppercase()
+            ));
+        }
+        if flags & flag::WRITE != 0 {
+            if flags & flag::NOSCRIPT != 0 {
+                // FUNCTION LOAD/DELETE/FLUSH/RESTORE: cannot run inside the update script.
+                // Run as they are: each is idempotent or fails harmlessly when redone.
+                return Run::Direct;
+            }
+            return Run::Write;
+        }
+        if flags & flag::READONLY != 0 {
+            return Run::Read;
+        }
+        Run::Direct
+    }
+
+    /// Whether `args` can run inside a script (a transaction's commands must).
+    pub fn runs_in_script(&self, args: &[Vec<u8>]) -> Result<(), String> {
+        let (full, info) = self.find(args)?;
+        let container = full.split('|').next().unwrap_or_default();
+        if info.flags & flag::NOSCRIPT != 0
+            || matches!(special(container), Some(Special::Connection))
+            || container == "flushall"
+        {
+            return Err(format!(
+                "ERR {} is not supported inside MULTI through the pmnet gateway",
+                full.to_ascii_uppercase()
+            ));
+        }
+        if info.flags & flag::BLOCKING != 0 && !non_blocking_stream_read(container, args) {
+            return Err(format!(
+                "ERR blocking commands ({}) are not supported through the pmnet gateway",
+                full.to_ascii_uppercase()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `XREAD`/`XREADGROUP` block only with `BLOCK`.
+fn non_blocking_stream_read(container: &str, args: &[Vec<u8>]) -> bool {
+    matches!(container, "xread" | "xreadgroup")
+        && !args
+            .iter()
+            .skip(1)
+            .any(|arg| arg.eq_ignore_ascii_case(b"BLOCK"))
+}
+
+/// Commands that would reach into the records' database.
+fn database_refusal(container: &str, args: &[Vec<u8>], record_db: u32) -> Option<String> {
+    let record = record_db.to_string();
+    let names_record_db = |arg: &Vec<u8>| arg.as_slice() == record.as_bytes();
+    let refused = match container {
+        "flushdb" | "flushall" => record_db == 0,
+        "swapdb" => args.iter().skip(1).take(2).any(names_record_db),
+        "move" => args.get(2).is_some_and(names_record_db),
+        "copy" => args
+            .windows(2)
+            .any(|pair| pair[0].eq_ignore_ascii_case(b"DB") && names_record_db(&pair[1])),
+        _ => false,
+    };
+    refused.then(|| {
+        if record_db == 0 {
+            "ERR FLUSHDB and FLUSHALL are refused through the pmnet gateway while the adaptor \
+             keeps its exactly-once records with the data (--record-db 0): they would erase them"
+                .to_owned()
+        } else {
+            format!(
+                "ERR database {record_db} holds the pmnet adaptor's exactly-once records \
+                 (--record-db): it cannot be moved, swapped or copied into"
+            )
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(text: &str) -> Value {
+        Value::Bulk(Some(text.as_bytes().to_vec()))
+    }
+
+    fn entry(name: &str, arity: i64, flags: &[&str], subs: Vec<Value>) -> Value {
+        let mut fields = vec![
+            bulk(name),
+            Value::Integer(arity),
+            Value::Array(Some(
+                flags
+                    .iter()
+                    .map(|f| Value::Simple(f.as_bytes().to_vec()))
+                    .collect(),
+            )),
+            Value::Integer(0),
+            Value::Integer(0),
+            Value::Integer(0),
+            Value::Array(Some(vec![])),
+            Value::Array(Some(vec![])),
+            Value::Array(Some(vec![])),
+        ];
+        fields.push(Value::Array(Some(subs)));
+        Value::Array(Some(fields))
+    }
+
+    /// A table shaped like Redis 7's, with one command of each kind.
+    fn table() -> CommandTable {
+        CommandTable::from_reply(&Value::Array(Some(vec![
+            entry("get", 2, &["readonly", "fast"], vec![]),
+            entry("set", -3, &["write", "denyoom"], vec![]),
+            entry("ping", -1, &["fast"], vec![]),
+            entry("blpop", -3, &["write", "noscript", "blocking"], vec![]),
+            entry("xread", -4, &["readonly", "blocking"], vec![]),
+            entry("subscribe", -2, &["pubsub", "noscript"], vec![]),
+            entry("publish", 3, &["pubsub", "fast"], vec![]),
+            entry("eval", -3, &["noscript"], vec![]),
+            entry("evalsha", -3, &["noscript"], vec![]),
+            entry("fcall", -3, &["noscript"], vec![]),
+            entry("wait", 3, &["noscript"], vec![]),
+            entry("waitaof", 4, &["noscript"], vec![]),
+            entry("flushall", -1, &["write"], vec![]),
+            entry("flushdb", -1, &["write"], vec![]),
+            entry("move", 3, &["write"], vec![]),
+            entry("swapdb", 3, &["write"], vec![]),
+            entry("copy", -3, &["write"], vec![]),
+            entry("shutdown", -1, &["admin", "noscript"], vec![]),
+            entry("hello", -1, &["noscript"], vec![]),
+            entry(
+                "config",
+                -2,
+                &[],
+                vec![
+                    entry("config|get", -3, &["admin", "noscript"], vec![]),
+                    entry("config|set", -4, &["admin", "noscript"], vec![]),
+                ],
+            ),
+            entry(
+                "script",
+                -2,
+                &[],
+                vec![
+                    entry("script|load", 3, &["noscript"], vec![]),
+                    entry("script|exists", -3, &["noscript"], vec![]),
+                ],
+            ),
+            entry(
+                "function",
+                -2,
+                &[],
+                vec![entry("function|load", -3, &["write", "noscript"], vec![])],
+            ),
+        ])))
+        .unwrap()
+    }
+
+    fn args(words: &[&str]) -> Vec<Vec<u8>> {
+        words.iter().map(|w| w.as_bytes().to_vec()).collect()
+    }
+
+    fn run(words: &[&str]) -> Run {
+        table().classify(&args(words), 1)
+    }
+
+    #[test]
+    fn flags_decide_the_common_cases() {
+        assert_eq!(run(&["GET", "k"]), Run::Read);
+        assert_eq!(run(&["set", "k", "v"]), Run::Write);
+        assert_eq!(run(&["PING"]), Run::Direct);
+        assert_eq!(run(&["SCRIPT", "EXISTS", "abc"]), Run::Direct);
+        assert_eq!(run(&["FUNCTION", "LOAD", "code"]), Run::Direct);
+        assert_eq!(run(&["XREAD", "STREAMS", "s", "0"]), Run::Read);
+        for refused in [
+            &["BLPOP", "l", "0"][..],
+            &["XREAD", "BLOCK", "10", "STREAMS", "s", "0"],
+            &["SUBSCRIBE", "c"],
+            &["SHUTDOWN"],
+            &["CONFIG", "SET", "a", "b"],
+        ] {
+            assert!(matches!(run(refused), Run::Refuse(_)), "{refused:?}");
+        }
+    }
+
+    #[test]
+    fn every_special_entry_does_what_it_says() {
+        assert!(matches!(run(&["HELLO", "3"]), Run::Refuse(m) if m.contains("connection")));
+        assert_eq!(run(&["PUBLISH", "c", "m"]), Run::Write);
+        assert_eq!(run(&["EVAL", "return 1", "0"]), Run::Script);
+        assert_eq!(run(&["EVALSHA", "abc", "0"]), Run::Script);
+        assert_eq!(run(&["SCRIPT", "LOAD", "return 1"]), Run::ScriptLoad);
+        assert!(matches!(run(&["FCALL", "f", "0"]), Run::Refuse(m) if m.contains("FCALL")));
+        assert!(matches!(run(&["WAIT", "1", "0"]), Run::Refuse(m) if m.contains("WAIT")));
+        assert!(matches!(run(&["WAITAOF", "1", "0", "0"]), Run::Refuse(_)));
+        assert_eq!(run(&["CONFIG", "GET", "save"]), Run::Direct);
+        assert_eq!(run(&["FLUSHALL"]), Run::FlushAll);
+    }
+
+    #[test]
+    fn unknown_commands_and_wrong_arity_get_redis_errors() {
+        assert_eq!(
+            run(&["NOPE", "a"]),
+            Run::Refuse("ERR unknown command 'NOPE', with args beginning with: 'a' ".to_owned())
+        );
+        assert_eq!(
+            run(&["GET"]),
+            Run::Refuse("ERR wrong number of arguments for 'get' command".to_owned())
+        );
+        assert_eq!(
+            run(&["CONFIG", "NOPE"]),
+            Run::Refuse("ERR unknown subcommand 'NOPE'. Try CONFIG HELP.".to_owned())
+        );
+        assert_eq!(
+            run(&["CONFIG", "GET"]),
+            Run::Refuse("ERR wrong number of arguments for 'config|get' command".to_owned())
+        );
+    }
+
+    #[test]
+    fn the_records_database_is_out_of_reach() {
+        assert_eq!(run(&["FLUSHDB"]), Run::Write);
+        assert!(matches!(run(&["MOVE", "k", "1"]), Run::Refuse(_)));
+        assert_eq!(run(&["MOVE", "k", "2"]), Run::Write);
+        assert!(matches!(run(&["SWAPDB", "0", "1"]), Run::Refuse(_)));
+        assert!(matches!(
+            run(&["COPY", "a", "b", "DB", "1"]),
+            Run::Refuse(_)
+        ));
+        let with_data = table();
+        assert!(matches!(
+            with_data.classify(&args(&["FLUSHDB"]), 0),
+            Run::Refuse(_)
+        ));
+        assert!(matches!(
+            with_data.classify(&args(&["FLUSHALL"]), 0),
+            Run::Refuse(_)
+        ));
+    }
+
+    #[test]
+    fn transactions_take_only_what_runs_in_a_script() {
+        let table = table();
+        assert!(table.runs_in_script(&args(&["SET", "k", "v"])).is_ok());
+        assert!(table.runs_in_script(&args(&["PING"])).is_ok());
+        assert!(table.runs_in_script(&args(&["EVAL", "x", "0"])).is_err());
+        assert!(table.runs_in_script(&args(&["FLUSHALL"])).is_err());
+        assert!(table.runs_in_script(&args(&["BLPOP", "l", "0"])).is_err());
+        assert!(table.runs_in_script(&args(&["NOPE"])).is_err());
+    }
+
+    #[test]
+    fn garbage_is_not_a_table() {
+        assert!(CommandTable::from_reply(&Value::Integer(3)).is_none());
+        assert!(CommandTable::from_reply(&Value::Array(Some(vec![Value::Integer(1)]))).is_none());
+    }
+}

@@ -34,6 +34,16 @@ pub struct RedisAdaptorArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6379")]
     pub redis: SocketAddr,
 
+    /// A file whose first line is the password the adaptor gives Redis (`AUTH`), for a Redis
+    /// with `requirepass` or ACL users.
+    #[arg(long, value_name = "FILE")]
+    pub redis_password_file: Option<std::path::PathBuf>,
+
+    /// The ACL user the adaptor authenticates as (with `--redis-password-file`; default: the
+    /// default user).
+    #[arg(long, value_name = "USER", requires = "redis_password_file")]
+    pub redis_user: Option<String>,
+
     /// Pipelined connections to Redis; each session always uses the same one.
     #[arg(long, value_name = "N", default_value_t = 4)]
     pub redis_connections: usize,
@@ -108,8 +118,30 @@ pub struct GatewayArgs {
     #[arg(long)]
     pub ack_counting_writes: bool,
 
+    /// A file whose first line is the password clients must give (`AUTH password`, `AUTH
+    /// default password` or `HELLO 3 AUTH default password`) before any other command.
+    /// Without it the gateway asks for none.
+    #[arg(long, value_name = "FILE")]
+    pub password_file: Option<std::path::PathBuf>,
+
     #[command(flatten)]
     pub run: LoopArgs,
+}
+
+/// The first line of a password file (without its line end); an empty one is refused.
+fn read_password_file(path: &std::path::Path, option: &str) -> Result<Vec<u8>, CliError> {
+    let text = std::fs::read(path)
+        .map_err(|error| format!("{option} {}: cannot read it: {error}", path.display()))?;
+    let line = text.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.is_empty() {
+        return Err(format!(
+            "{option} {}: the first line is empty; it must hold the password",
+            path.display()
+        )
+        .into());
+    }
+    Ok(line.to_vec())
 }
 
 fn report_interval(run: &LoopArgs) -> Option<Duration> {
@@ -143,6 +175,10 @@ pub fn run_adaptor(args: RedisAdaptorArgs) -> Result<ExitCode, CliError> {
     options.connections = args.redis_connections;
     options.record_prefix = args.record_prefix.clone();
     options.record_db = args.record_db;
+    if let Some(path) = &args.redis_password_file {
+        let password = read_password_file(path, "--redis-password-file")?;
+        options.redis_auth = Some((args.redis_user.clone().map(String::into_bytes), password));
+    }
     options.max_outstanding = args.max_outstanding.max(1);
     options.startup_timeout = Duration::from_secs(args.startup_timeout);
     options.record_reads = args.record_reads;
@@ -238,6 +274,9 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
     options.report_interval = report_interval(&args.run);
     options.metrics_listen = args.run.metrics;
     options.keys = args.run.keys()?;
+    if let Some(path) = &args.password_file {
+        options.auth.password = Some(read_password_file(path, "--password-file")?);
+    }
     let traffic = pmnet_runtime::auth_text(options.keys.as_ref());
     let mut gateway = Gateway::open(options, shutdown)?;
     let lines = vec![

@@ -216,6 +216,16 @@ impl System {
     }
 
     pub fn start_with(ack_counting_writes: bool, record_reads: bool) -> System {
+        let extra: &[&str] = if ack_counting_writes {
+            &["--ack-counting-writes"]
+        } else {
+            &[]
+        };
+        System::start_gateway_with(extra, record_reads)
+    }
+
+    /// Redis, adaptor and device, and a gateway with these options besides the usual.
+    pub fn start_gateway_with(gateway_options: &[&str], record_reads: bool) -> System {
         require_redis();
         let dir = tempfile::tempdir().expect("temporary directory");
         let redis = Redis::start(dir.path());
@@ -242,9 +252,7 @@ impl System {
         ]
         .map(str::to_owned)
         .to_vec();
-        if ack_counting_writes {
-            args.push("--ack-counting-writes".to_owned());
-        }
+        args.extend(gateway_options.iter().map(|option| (*option).to_owned()));
         system.gateway = Some(Proc::spawn(&args, &system.dir.path().join("gateway.log")));
         system
     }

@@ -15,7 +15,8 @@ use super::Adaptor;
 /// What the next reply on a connection answers.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Expect {
-    ScriptLoad,
+    /// A reply to the connection's set-up (`AUTH`, `SCRIPT LOAD`): an error closes it.
+    Setup(&'static str),
     Request,
     /// A reply nobody waits for (remembering a script body): an error is only logged.
     Ignore,
@@ -96,6 +97,13 @@ impl Adaptor {
         conn.out_sent = 0;
         conn.input.clear();
         conn.expect.clear();
+        if let Some((user, password)) = &self.options.redis_auth {
+            let mut words: Vec<&[u8]> = vec![b"AUTH"];
+            words.extend(user.as_deref());
+            words.push(password);
+            resp::encode_command(&words, &mut conn.out);
+            conn.expect.push_back(Expect::Setup("AUTH"));
+        }
         // Load the scripts again: Redis may have restarted.
         for text in [
             script::apply_script(record_db),
@@ -106,7 +114,7 @@ impl Adaptor {
                 &[b"SCRIPT".as_slice(), b"LOAD", text.as_bytes()],
                 &mut conn.out,
             );
-            conn.expect.push_back(Expect::ScriptLoad);
+            conn.expect.push_back(Expect::Setup("SCRIPT LOAD"));
         }
         // A read resent while a later write of its session may already be applied must not
         // see that write: resend it through the checked read, bounded by that write's number.
@@ -249,11 +257,11 @@ impl Adaptor {
                 None => {
                     failure = Some("a reply nobody asked for".to_owned());
                 }
-                Some(Expect::ScriptLoad) => {
+                Some(Expect::Setup(what)) => {
                     if let Value::Error(message) = &value {
                         self.counters.transient_errors += 1;
                         failure = Some(format!(
-                            "SCRIPT LOAD failed: {}",
+                            "{what} failed: {}",
                             String::from_utf8_lossy(message)
                         ));
                     }

@@ -58,6 +58,8 @@ pub struct AdaptorOptions {
     pub devices: Vec<SocketAddr>,
     /// The Redis server.
     pub redis: SocketAddr,
+    /// `AUTH` to Redis with this user (`None`: the default user) and password.
+    pub redis_auth: Option<(Option<Vec<u8>>, Vec<u8>)>,
     /// Pipelined connections to Redis (sessions are spread over them).
     pub connections: usize,
     /// Key prefix of the session records.
@@ -92,6 +94,7 @@ impl AdaptorOptions {
             listen,
             devices: Vec::new(),
             redis,
+            redis_auth: None,
             connections: 4,
             record_prefix: script::DEFAULT_RECORD_PREFIX.to_owned(),
             record_db: script::DEFAULT_RECORD_DB,

@@ -37,7 +37,7 @@ pub(super) fn read_redis_state(
     shutdown: &Shutdown,
 ) -> Result<RedisState, AdaptorError> {
     let addr = options.redis;
-    let mut client = connect_when_ready(addr, options.startup_timeout, shutdown)?;
+    let mut client = connect_when_ready(options, shutdown)?;
     let info = client
         .command(&["INFO", "server"])
         .map_err(|error| redis_error(addr, "INFO", error))?;
@@ -228,13 +228,13 @@ fn redis_error(addr: SocketAddr, what: &str, error: impl std::fmt::Display) -> A
 
 /// Connect to Redis and wait until it answers PING (not LOADING), or `timeout` passes.
 fn connect_when_ready(
-    addr: SocketAddr,
-    timeout: Duration,
+    options: &AdaptorOptions,
     shutdown: &Shutdown,
 ) -> Result<SyncClient, AdaptorError> {
+    let (addr, timeout) = (options.redis, options.startup_timeout);
     let started = Instant::now();
     loop {
-        let reason = match SyncClient::connect(addr, Duration::from_secs(5)) {
+        let reason = match connect(options) {
             Ok(mut client) => match client.command(&["PING"]) {
                 Ok(Value::Simple(_)) => return Ok(client),
                 Ok(Value::Error(message)) => String::from_utf8_lossy(&message).into_owned(),
@@ -252,6 +252,23 @@ fn connect_when_ready(
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A blocking connection to Redis, authenticated if the options say so.
+pub(super) fn connect(options: &AdaptorOptions) -> std::io::Result<SyncClient> {
+    let mut client = SyncClient::connect(options.redis, Duration::from_secs(5))?;
+    if let Some((user, password)) = &options.redis_auth {
+        let mut words: Vec<&[u8]> = vec![b"AUTH"];
+        words.extend(user.as_deref());
+        words.push(password);
+        if let Value::Error(message) = client.command(&words)? {
+            return Err(std::io::Error::other(format!(
+                "AUTH failed: {}",
+                String::from_utf8_lossy(&message)
+            )));
+        }
+    }
+    Ok(client)
 }
 
 fn config_get(

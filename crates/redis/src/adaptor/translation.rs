@@ -4,11 +4,10 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
 
 use pmnet_proto::{RequestKind, ServerEvent};
 
-use crate::resp::{encode_bulk, error_reply, parse_command, parse_int, SyncClient, Value};
+use crate::resp::{encode_bulk, error_reply, parse_command, parse_int, Value};
 use crate::script::{self, REPLY_RING};
 use crate::table::Run;
 
@@ -236,8 +235,7 @@ impl Adaptor {
             return Some(body.clone());
         }
         if self.lookup.is_none() {
-            let mut client =
-                SyncClient::connect(self.options.redis, Duration::from_secs(1)).ok()?;
+            let mut client = super::recovery::connect(&self.options).ok()?;
             let db = self.options.record_db.to_string();
             client.command(&["SELECT", db.as_str()]).ok()?;
             self.lookup = Some(client);

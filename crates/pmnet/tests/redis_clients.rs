@@ -1,0 +1,241 @@
+//! Unmodified Redis clients against `pmnet gateway`, started as docs/redis.md tells a user:
+//! redis-py with its defaults (RESP3 handshake, transactions as its default pipeline, WATCH,
+//! scripts, its Lock) and with each protocol version, a walk over Redis's whole command table,
+//! and the gateway's own password.
+//!
+//! Needs `redis-server` and `redis-tools` (Debian) and Python 3 with redis-py ≥ 5
+//! (`pip install redis`); scripts/test.sh installs them.
+
+mod redis_harness;
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::process::Command;
+
+use pmnet_redis::resp::{SyncClient, Value};
+use redis_harness::*;
+
+const REDIS_PY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/redis_py.py");
+
+fn require_redis_py() {
+    let found = Command::new("python3")
+        .args(["-c", "import redis"])
+        .status()
+        .is_ok_and(|status| status.success());
+    assert!(
+        found,
+        "Python 3 with redis-py is needed: `pip install redis` (scripts/test.sh does)"
+    );
+}
+
+#[test]
+fn redis_py_works_with_its_defaults_and_with_each_protocol() {
+    require_redis_py();
+    let system = System::start(false);
+    for protocol in ["default", "2", "3"] {
+        let output = Command::new("python3")
+            .arg(REDIS_PY)
+            .arg(system.gateway_port().to_string())
+            .arg(protocol)
+            .output()
+            .expect("run python3");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success() && stdout.trim_end().ends_with("ok"),
+            "redis-py (protocol {protocol}) failed:\n{stdout}\n{stderr}"
+        );
+        eprintln!(
+            "redis-py (protocol {protocol}): {} checks passed",
+            stdout.lines().count() - 1
+        );
+    }
+}
+
+/// A command's words: its name (and subcommand), then placeholder arguments up to its arity.
+fn placeholder_command(name: &str, arity: i64) -> Vec<Vec<u8>> {
+    let mut words: Vec<Vec<u8>> = name.split('|').map(|w| w.as_bytes().to_vec()).collect();
+    let wanted = arity.unsigned_abs() as usize;
+    while words.len() < wanted {
+        words.push(b"walk".to_vec());
+    }
+    words
+}
+
+/// Every command Redis lists (each subcommand of a container), with its arity.
+fn redis_commands(redis: &mut SyncClient) -> Vec<(String, i64)> {
+    let Value::Array(Some(entries)) = redis.command(&["COMMAND"]).expect("COMMAND") else {
+        panic!("COMMAND did not answer a list");
+    };
+    let mut commands = Vec::new();
+    let add = |entry: &Value, commands: &mut Vec<(String, i64)>| {
+        let Value::Array(Some(fields)) = entry else {
+            return;
+        };
+        let (Some(name), Some(Value::Integer(arity))) =
+            (fields.first().and_then(Value::as_bytes), fields.get(1))
+        else {
+            return;
+        };
+        commands.push((String::from_utf8_lossy(name).to_lowercase(), *arity));
+    };
+    for entry in &entries {
+        // A container (`ACL`, `CONFIG`, …) is sent with one of its subcommands.
+        match entry {
+            Value::Array(Some(fields)) if matches!(fields.get(9), Some(Value::Array(Some(subs))) if !subs.is_empty()) => {
+                if let Some(Value::Array(Some(subs))) = fields.get(9) {
+                    for sub in subs {
+                        add(sub, &mut commands);
+                    }
+                }
+            }
+            _ => add(entry, &mut commands),
+        }
+    }
+    commands.sort();
+    commands
+}
+
+#[test]
+fn every_command_of_redis_is_served_or_refused_precisely() {
+    let system = System::start(false);
+    let commands = redis_commands(&mut system.redis.client());
+    assert!(commands.len() > 200, "{} commands", commands.len());
+    let mut gateway = system.gateway_client();
+    let mut refused = BTreeSet::new();
+    let mut served = 0;
+    for (name, arity) in &commands {
+        if name == "quit" || name == "shutdown" {
+            // QUIT closes the connection (tested elsewhere); SHUTDOWN is refused below.
+            continue;
+        }
+        let words = placeholder_command(name, *arity);
+        let reply = gateway
+            .command(&words)
+            .unwrap_or_else(|error| panic!("{name}: the connection broke: {error}"));
+        if let Value::Error(message) = &reply {
+            let message = String::from_utf8_lossy(message).into_owned();
+            assert!(
+                !message.contains("unknown command") && !message.contains("unknown subcommand"),
+                "{name}: Redis has it but the gateway answered {message:?}"
+            );
+            if message.contains("pmnet") {
+                refused.insert(name.clone());
+            }
+        } else {
+            served += 1;
+        }
+        if name == "multi" {
+            assert_eq!(
+                gateway.command(&["DISCARD"]).expect("DISCARD"),
+                Value::Simple(b"OK".to_vec())
+            );
+        }
+        if name == "hello" || name == "reset" {
+            // Back to RESP2 for this client.
+            gateway.command(&["HELLO", "2"]).expect("HELLO 2");
+        }
+        // The connection is in step: the next command gets its own reply.
+        assert_eq!(
+            gateway.command(&["ECHO", name]).expect("ECHO"),
+            Value::Bulk(Some(name.as_bytes().to_vec())),
+            "{name} left the connection out of step"
+        );
+    }
+    let shutdown = gateway.command(&["SHUTDOWN"]).expect("SHUTDOWN");
+    assert!(
+        matches!(&shutdown, Value::Error(m) if m.starts_with(b"ERR SHUTDOWN is an administrative")),
+        "{shutdown:?}"
+    );
+    eprintln!(
+        "{} commands walked: {served} served (a reply, or Redis's own error for placeholder \
+         arguments), {} refused by pmnet: {refused:?}",
+        commands.len(),
+        refused.len()
+    );
+    // The refusals are the documented ones, and nothing everyday is among them.
+    for everyday in [
+        "zrevrange",
+        "zpopmin",
+        "sinter",
+        "smove",
+        "lpos",
+        "lmove",
+        "getex",
+        "setbit",
+        "pfadd",
+        "xadd",
+        "geoadd",
+        "publish",
+        "time",
+        "eval",
+        "evalsha",
+        "script|load",
+        "copy",
+    ] {
+        assert!(!refused.contains(everyday), "{everyday} was refused");
+    }
+    for unsupported in [
+        "blpop",
+        "subscribe",
+        "monitor",
+        "fcall",
+        "wait",
+        "config|set",
+    ] {
+        assert!(
+            refused.contains(unsupported),
+            "{unsupported} was not refused"
+        );
+    }
+}
+
+#[test]
+fn the_gateway_asks_for_its_password() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let file = dir.path().join("password");
+    std::fs::write(&file, "s3cret\n").expect("write the password file");
+    let system = System::start_gateway_with(&["--password-file", file.to_str().unwrap()], false);
+    let mut client = system.gateway_client();
+    let error = |value: Value| match value {
+        Value::Error(message) => String::from_utf8_lossy(&message).into_owned(),
+        other => panic!("expected an error, got {other:?}"),
+    };
+    assert!(error(client.command(&["GET", "k"]).unwrap()).starts_with("NOAUTH"));
+    assert!(error(client.command(&["AUTH", "wrong"]).unwrap()).starts_with("WRONGPASS"));
+    assert_eq!(
+        client.command(&["AUTH", "s3cret"]).unwrap(),
+        Value::Simple(b"OK".to_vec())
+    );
+    assert_eq!(
+        client.command(&["SET", "k", "v"]).unwrap(),
+        Value::Simple(b"OK".to_vec())
+    );
+    assert_eq!(
+        client.command(&["GET", "k"]).unwrap(),
+        Value::Bulk(Some(b"v".to_vec()))
+    );
+    // HELLO with AUTH on a fresh connection, in RESP3: a map, whose last field is `modules`.
+    let mut fresh =
+        std::net::TcpStream::connect(system.gateway.as_ref().unwrap().addr).expect("connect");
+    fresh
+        .set_read_timeout(Some(PATIENCE))
+        .expect("read timeout");
+    fresh
+        .write_all(
+            b"*5\r\n$5\r\nHELLO\r\n$1\r\n3\r\n$4\r\nAUTH\r\n$7\r\ndefault\r\n$6\r\ns3cret\r\n",
+        )
+        .expect("send HELLO");
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !reply.ends_with(b"$7\r\nmodules\r\n*0\r\n") {
+        let count = fresh.read(&mut chunk).expect("read the HELLO reply");
+        assert!(count > 0, "closed: {}", String::from_utf8_lossy(&reply));
+        reply.extend_from_slice(&chunk[..count]);
+    }
+    assert!(
+        reply.starts_with(b"%7\r\n"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+}

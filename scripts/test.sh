@@ -20,6 +20,21 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-benchmark >/d
     "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools
 fi
 
+# The Redis client tests (crates/pmnet/tests/redis_clients.rs) run redis-py ≥ 5, unmodified;
+# Debian's python3-redis is older, so it goes into a virtual environment under target/.
+if ! python3 -c 'import redis, sys; sys.exit(int(redis.__version__.split(".")[0]) < 5)' >/dev/null 2>&1; then
+    step "install redis-py (for the Redis client tests)"
+    if ! python3 -m venv --help >/dev/null 2>&1 || ! command -v python3 >/dev/null 2>&1; then
+        sudo_cmd=()
+        if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+        "${sudo_cmd[@]}" apt-get update -qq
+        "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv
+    fi
+    python3 -m venv target/redis-py
+    target/redis-py/bin/pip install -q 'redis>=5,<9'
+    export PMNET_PYTHON="$PWD/target/redis-py/bin/python3"
+fi
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -8,6 +8,7 @@ mod drain_bench;
 mod keygen;
 mod node;
 mod redis;
+mod redis_up;
 mod session_bench;
 mod sim;
 mod store_bench;
@@ -68,6 +69,9 @@ enum Command {
     RedisAdaptor(redis::RedisAdaptorArgs),
     /// Serve unmodified Redis clients (RESP over TCP), each connection a PMNet session.
     Gateway(redis::GatewayArgs),
+    /// Put a Redis behind PMNet on this host in one command: device, adaptor and gateway (and
+    /// optionally redis-server), placed on CPUs, stopped together (see docs/redis.md).
+    RedisUp(redis_up::RedisUpArgs),
     /// Compare the storage engines: the write-path breakdown (the paper's Table 1) and
     /// updates through a server with each (see docs/storage.md).
     StoreBench(store_bench::StoreBenchArgs),
@@ -93,6 +97,7 @@ impl Command {
             Command::Sim(_) => "sim",
             Command::RedisAdaptor(_) => "redis-adaptor",
             Command::Gateway(_) => "gateway",
+            Command::RedisUp(_) => "redis-up",
             Command::StoreBench(_) => "store-bench",
             Command::DrainBench(_) => "drain-bench",
             Command::SessionBench(_) => "session-bench",
@@ -123,6 +128,7 @@ fn main() -> ExitCode {
         Command::Sim(args) => sim::run(args),
         Command::RedisAdaptor(args) => redis::run_adaptor(args),
         Command::Gateway(args) => redis::run_gateway(args),
+        Command::RedisUp(args) => redis_up::run(args),
         Command::StoreBench(args) => store_bench::run(args),
         Command::DrainBench(args) => drain_bench::run(args),
         Command::SessionBench(args) => session_bench::run(args),

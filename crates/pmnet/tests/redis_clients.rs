@@ -4,7 +4,8 @@
 //! and the gateway's own password.
 //!
 //! Needs `redis-server` and `redis-tools` (Debian) and Python 3 with redis-py ≥ 5
-//! (`pip install redis`); scripts/test.sh installs them.
+//! (`pip install redis`, or `PMNET_PYTHON` naming a Python that has it); scripts/test.sh
+//! installs them.
 
 mod redis_harness;
 
@@ -17,8 +18,14 @@ use redis_harness::*;
 
 const REDIS_PY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/redis_py.py");
 
+/// The Python with redis-py: `PMNET_PYTHON` (scripts/test.sh sets it when it installs
+/// redis-py in a virtual environment), else `python3`.
+fn python() -> String {
+    std::env::var("PMNET_PYTHON").unwrap_or_else(|_| "python3".to_owned())
+}
+
 fn require_redis_py() {
-    let found = Command::new("python3")
+    let found = Command::new(python())
         .args(["-c", "import redis"])
         .status()
         .is_ok_and(|status| status.success());
@@ -33,7 +40,7 @@ fn redis_py_works_with_its_defaults_and_with_each_protocol() {
     require_redis_py();
     let system = System::start(false);
     for protocol in ["default", "2", "3"] {
-        let output = Command::new("python3")
+        let output = Command::new(python())
             .arg(REDIS_PY)
             .arg(system.gateway_port().to_string())
             .arg(protocol)

@@ -1,0 +1,380 @@
+//! `pmnet redis-up`: a Redis behind PMNet on one host in one command. It starts a device, the
+//! adaptor and the gateway (and, with `--start-redis DIR`, a redis-server with `appendfsync
+//! always`) as child processes of this one, each started exactly as docs/redis.md tells a user
+//! to, places them on CPUs so that they do not disturb each other (`--cpu auto`), prints where
+//! clients connect, and stops them all on Ctrl-C or when any of them stops.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use pmnet_redis::resp::{SyncClient, Value};
+use pmnet_runtime::Shutdown;
+
+use crate::CliError;
+
+#[derive(Debug, Clone, Args)]
+pub struct RedisUpArgs {
+    /// The redis-server PMNet goes in front of (ignored with `--start-redis`, which starts one
+    /// on a free port).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6379")]
+    pub redis: SocketAddr,
+
+    /// Start a redis-server of its own (`--appendonly yes --appendfsync always`) with its files
+    /// in DIR, and stop it on exit.
+    #[arg(long, value_name = "DIR")]
+    pub start_redis: Option<PathBuf>,
+
+    /// Where Redis clients connect (the gateway).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6380")]
+    pub listen: SocketAddr,
+
+    /// The device's UDP address.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7400")]
+    pub device_listen: SocketAddr,
+
+    /// The adaptor's UDP address.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7500")]
+    pub adaptor_listen: SocketAddr,
+
+    /// The device's persistent log (a file on /dev/shm is memory that survives a crash of the
+    /// process but not of the host; a file on a DAX-mounted PM device is real PM).
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/dev/shm/pmnet-redis-device.log"
+    )]
+    pub log_file: PathBuf,
+
+    /// CPU placement: `auto` puts the client side (gateway and device) and the server side
+    /// (adaptor, and the redis-server it starts) on different CPUs when the host has two or
+    /// more; `none` leaves it to the kernel.
+    #[arg(long, value_name = "auto|none", default_value = "auto")]
+    pub cpu: String,
+
+    /// A file whose first line is the password clients must give the gateway (`AUTH`).
+    #[arg(long, value_name = "FILE")]
+    pub password_file: Option<PathBuf>,
+
+    /// Authenticate PMNet's datagrams with this deployment key file (`pmnet keygen`).
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+}
+
+/// Where each part runs: (gateway, device, adaptor, redis-server).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Placement {
+    gateway: Option<usize>,
+    device: Option<usize>,
+    adaptor: Option<usize>,
+    redis: Option<usize>,
+}
+
+fn placement(mode: &str, cpus: usize) -> Result<Placement, CliError> {
+    match mode {
+        "none" => Ok(Placement {
+            gateway: None,
+            device: None,
+            adaptor: None,
+            redis: None,
+        }),
+        "auto" if cpus >= 4 => Ok(Placement {
+            gateway: Some(0),
+            device: Some(1),
+            adaptor: Some(2),
+            redis: Some(3),
+        }),
+        // The client side on one CPU, the server side on the other: measured the best split
+        // on two vCPUs (docs/redis.md).
+        "auto" if cpus >= 2 => Ok(Placement {
+            gateway: Some(0),
+            device: Some(0),
+            adaptor: Some(1),
+            redis: Some(1),
+        }),
+        "auto" => placement("none", cpus),
+        other => Err(format!("--cpu {other}: use auto or none").into()),
+    }
+}
+
+fn show(cpu: Option<usize>) -> String {
+    cpu.map_or_else(|| "any CPU".to_owned(), |cpu| format!("CPU {cpu}"))
+}
+
+/// A child process, stopped (SIGTERM, then SIGKILL) when dropped.
+struct Part {
+    name: &'static str,
+    child: Child,
+}
+
+impl Part {
+    fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        // SAFETY: kill(2) on our own child's pid with SIGTERM; no memory is involved.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Part {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Start `pmnet ARGS`, pass its output on prefixed with its name, and wait for its
+/// "listening on" line.
+fn start_pmnet(name: &'static str, args: &[String]) -> Result<Part, CliError> {
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|error| format!("cannot start the {name}: {error}"))?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let (ready, listening) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut said = false;
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            println!("[{name}] {line}");
+            if !said && line.contains(" listening on ") {
+                let _ = ready.send(());
+                said = true;
+            }
+        }
+    });
+    let mut part = Part { name, child };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match listening.recv_timeout(Duration::from_millis(100)) {
+            Ok(()) => return Ok(part),
+            Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {
+                if let Ok(Some(status)) = part.child.try_wait() {
+                    return Err(format!("the {name} stopped at start-up ({status})").into());
+                }
+            }
+            Err(_) => {
+                part.stop();
+                return Err(format!("the {name} did not start within 60 s").into());
+            }
+        }
+    }
+}
+
+fn pin_command(command: &mut Command, cpu: Option<usize>) {
+    use std::os::unix::process::CommandExt;
+    let Some(cpu) = cpu else { return };
+    // SAFETY: between fork and exec only sched_setaffinity(2) runs, on a stack-local set; it
+    // allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            Ok(())
+        });
+    }
+}
+
+fn start_redis(dir: &PathBuf, cpu: Option<usize>) -> Result<(Part, SocketAddr), CliError> {
+    std::fs::create_dir_all(dir)
+        .map_err(|error| format!("--start-redis {}: {error}", dir.display()))?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut command = Command::new("redis-server");
+    command
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--dir"])
+        .arg(dir)
+        .args([
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    pin_command(&mut command, cpu);
+    let child = command.spawn().map_err(|error| {
+        format!(
+            "cannot start redis-server: {error} (install it: apt-get install redis-server; or \
+             point --redis at a running one)"
+        )
+    })?;
+    let mut part = Part {
+        name: "redis-server",
+        child,
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let up = SyncClient::connect(addr, Duration::from_secs(1))
+            .and_then(|mut client| client.command(&["PING"]))
+            .is_ok_and(|reply| reply == Value::Simple(b"PONG".to_vec()));
+        if up {
+            return Ok((part, addr));
+        }
+        if let Ok(Some(status)) = part.child.try_wait() {
+            return Err(format!("redis-server stopped at start-up ({status})").into());
+        }
+        if Instant::now() > deadline {
+            part.stop();
+            return Err("redis-server did not answer PING within 30 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn cpu_args(cpu: Option<usize>) -> Vec<String> {
+    cpu.map(|cpu| vec!["--cpu".to_owned(), cpu.to_string()])
+        .unwrap_or_default()
+}
+
+pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
+    let shutdown = Shutdown::on_signals()?;
+    let cpus = pmnet_runtime::online_cpu_count();
+    let place = placement(&args.cpu, cpus)?;
+    let mut parts: Vec<Part> = Vec::new();
+    let redis = match &args.start_redis {
+        Some(dir) => {
+            let (part, addr) = start_redis(dir, place.redis)?;
+            println!(
+                "[redis-server] started on {addr} (appendonly yes, appendfsync always, files in {}, {})",
+                dir.display(),
+                show(place.redis)
+            );
+            parts.push(part);
+            addr
+        }
+        None => args.redis,
+    };
+    let key_args: Vec<String> = args
+        .key_file
+        .iter()
+        .flat_map(|path| ["--key-file".to_owned(), path.display().to_string()])
+        .collect();
+    let mut device = vec![
+        "device".to_owned(),
+        "--listen".to_owned(),
+        args.device_listen.to_string(),
+        "--server".to_owned(),
+        format!("1={}", args.adaptor_listen),
+        "--log-file".to_owned(),
+        args.log_file.display().to_string(),
+    ];
+    device.extend(cpu_args(place.device));
+    device.extend(key_args.iter().cloned());
+    parts.push(start_pmnet("device", &device)?);
+    let mut adaptor = vec![
+        "redis-adaptor".to_owned(),
+        "--listen".to_owned(),
+        args.adaptor_listen.to_string(),
+        "--redis".to_owned(),
+        redis.to_string(),
+        "--device".to_owned(),
+        args.device_listen.to_string(),
+    ];
+    adaptor.extend(cpu_args(place.adaptor));
+    adaptor.extend(key_args.iter().cloned());
+    parts.push(start_pmnet("redis-adaptor", &adaptor)?);
+    let mut gateway = vec![
+        "gateway".to_owned(),
+        "--listen".to_owned(),
+        args.listen.to_string(),
+        "--device".to_owned(),
+        args.device_listen.to_string(),
+    ];
+    gateway.extend(cpu_args(place.gateway));
+    gateway.extend(key_args.iter().cloned());
+    if let Some(path) = &args.password_file {
+        gateway.extend(["--password-file".to_owned(), path.display().to_string()]);
+    }
+    parts.push(start_pmnet("gateway", &gateway)?);
+    println!(
+        "pmnet redis-up: Redis at {redis} behind PMNet; clients connect to {} (e.g. `redis-cli \
+         -p {}`)",
+        args.listen,
+        args.listen.port()
+    );
+    println!(
+        "  placement ({} CPUs, --cpu {}): gateway {}, device {}, adaptor {}{}",
+        cpus,
+        args.cpu,
+        show(place.gateway),
+        show(place.device),
+        show(place.adaptor),
+        if args.start_redis.is_some() {
+            format!(", redis-server {}", show(place.redis))
+        } else {
+            String::new()
+        }
+    );
+    println!("  Ctrl-C stops everything it started.");
+    let mut stopped = None;
+    while !shutdown.is_requested() && stopped.is_none() {
+        for part in &mut parts {
+            if let Ok(Some(status)) = part.child.try_wait() {
+                stopped = Some((part.name, status));
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Stop in reverse order: clients' side first, Redis last.
+    while let Some(mut part) = parts.pop() {
+        part.stop();
+    }
+    match stopped {
+        Some((name, status)) => {
+            Err(format!("the {name} stopped ({status}); everything else was stopped too").into())
+        }
+        None => {
+            println!("pmnet redis-up: stopped");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_placement_splits_the_two_sides_when_there_are_cpus_for_it() {
+        let two = placement("auto", 2).unwrap();
+        assert_eq!((two.gateway, two.device), (Some(0), Some(0)));
+        assert_eq!((two.adaptor, two.redis), (Some(1), Some(1)));
+        let one = placement("auto", 1).unwrap();
+        assert_eq!(one, placement("none", 1).unwrap());
+        let many = placement("auto", 8).unwrap();
+        assert_eq!(
+            [many.gateway, many.device, many.adaptor, many.redis],
+            [Some(0), Some(1), Some(2), Some(3)]
+        );
+        assert!(placement("sideways", 2).is_err());
+    }
+}

@@ -35,6 +35,20 @@ if ! python3 -c 'import redis, sys; sys.exit(int(redis.__version__.split(".")[0]
     export PMNET_PYTHON="$PWD/target/redis-py/bin/python3"
 fi
 
+# ... and ioredis (Node.js), unmodified, into target/node-clients.
+if [ ! -d target/node-clients/node_modules/ioredis ]; then
+    step "install ioredis (for the Redis client tests)"
+    if ! command -v npm >/dev/null 2>&1; then
+        sudo_cmd=()
+        if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+        "${sudo_cmd[@]}" apt-get update -qq
+        "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm
+    fi
+    mkdir -p target/node-clients
+    npm install --silent --no-audit --no-fund --prefix target/node-clients 'ioredis@5'
+fi
+export PMNET_NODE_PATH="$PWD/target/node-clients/node_modules"
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -3,7 +3,8 @@
 //! scripts, its Lock) and with each protocol version, a walk over Redis's whole command table,
 //! and the gateway's own password.
 //!
-//! Needs `redis-server` and `redis-tools` (Debian) and Python 3 with redis-py ≥ 5
+//! Needs `redis-server` and `redis-tools` (Debian), Node.js with ioredis, and Python 3 with
+//! redis-py ≥ 5
 //! (`pip install redis`, or `PMNET_PYTHON` naming a Python that has it); scripts/test.sh
 //! installs them.
 
@@ -17,6 +18,13 @@ use pmnet_redis::resp::{SyncClient, Value};
 use redis_harness::*;
 
 const REDIS_PY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/redis_py.py");
+const IOREDIS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/ioredis.js");
+
+/// The `node_modules` holding ioredis: `PMNET_NODE_PATH` (scripts/test.sh installs it under
+/// target/), else Node's own search.
+fn node_path() -> Option<String> {
+    std::env::var("PMNET_NODE_PATH").ok()
+}
 
 /// The Python with redis-py: `PMNET_PYTHON` (scripts/test.sh sets it when it installs
 /// redis-py in a virtual environment), else `python3`.
@@ -57,6 +65,34 @@ fn redis_py_works_with_its_defaults_and_with_each_protocol() {
             stdout.lines().count() - 1
         );
     }
+}
+
+#[test]
+fn ioredis_works_unmodified() {
+    let mut probe = Command::new("node");
+    probe.args(["-e", "require('ioredis')"]);
+    if let Some(path) = node_path() {
+        probe.env("NODE_PATH", path);
+    }
+    assert!(
+        probe.status().is_ok_and(|status| status.success()),
+        "Node.js with ioredis is needed: `npm install ioredis` and PMNET_NODE_PATH=its \
+         node_modules (scripts/test.sh does)"
+    );
+    let system = System::start(false);
+    let mut command = Command::new("node");
+    command.arg(IOREDIS).arg(system.gateway_port().to_string());
+    if let Some(path) = node_path() {
+        command.env("NODE_PATH", path);
+    }
+    let output = command.output().expect("run node");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.trim_end().ends_with("ok"),
+        "ioredis failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    eprintln!("ioredis: {} checks passed", stdout.lines().count() - 1);
 }
 
 /// A command's words: its name (and subcommand), then placeholder arguments up to its arity.

@@ -11,18 +11,13 @@
 #   scripts/bench-redis.sh                    everything (a few minutes)
 #   PMNET_BENCH_REQUESTS=N ...                requests per run with 1 client (default 20000;
 #                                             10x that with 50 clients)
-#   PMNET_BENCH_GATEWAY_BUSY=0|1 ...          the gateway busy-polls (1) or sleeps in ppoll (0,
-#                                             the default)
-#   PMNET_BENCH_DEVICE_BUSY=0|1 ...           the same for the device (default 0)
-#   PMNET_BENCH_PIN=CPU|none ...              pin gateway and device to this CPU (default 0)
-#   PMNET_BENCH_CLIENT_CPU=CPU|none ...       pin redis-benchmark to this CPU (default 0)
-#   PMNET_BENCH_BACKEND_CPU=CPU|none ...      pin every redis-server and the adaptor to this CPU
-#                                             (default 1)
+#   PMNET_BENCH_PLACEMENT=user|split ...      user (the default): nothing is pinned but what
+#                                             `pmnet redis-up` places itself, as a user runs it;
+#                                             split: also redis-benchmark on CPU 0 and every
+#                                             redis-server on CPU 1, as separate hosts would be
 #
-# The default placement splits the machine as separate hosts would: the client side
-# (redis-benchmark, and for PMNet the gateway and the device next to it) on CPU 0, the server
-# side (Redis, and for PMNet the adaptor) on CPU 1; every target is measured in it. On a
-# one-CPU machine nothing is pinned.
+# PMNet is started the way docs/redis.md tells a user: `pmnet redis-up --redis ADDR` (device,
+# adaptor and gateway, with its own CPU placement, --cpu auto).
 #   PMNET_BENCH_CLIENTS="1 50" PMNET_BENCH_SIZES="64 1024"   the grid
 #   PMNET_BENCH_DIR=DIR ...                   where the append-only files go (default: a new
 #                                             directory under /var/tmp, on disk)
@@ -34,22 +29,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 requests="${PMNET_BENCH_REQUESTS:-20000}"
-gateway_busy="${PMNET_BENCH_GATEWAY_BUSY:-0}"
-device_busy="${PMNET_BENCH_DEVICE_BUSY:-0}"
+placement="${PMNET_BENCH_PLACEMENT:-user}"
 base="${PMNET_BENCH_DIR:-}"
 clients_list="${PMNET_BENCH_CLIENTS:-1 50}"
 sizes_list="${PMNET_BENCH_SIZES:-64 1024}"
-if [ "$(nproc)" -ge 2 ]; then
-    pin="${PMNET_BENCH_PIN:-0}"
-    client_cpu="${PMNET_BENCH_CLIENT_CPU:-0}"
-    backend_cpu="${PMNET_BENCH_BACKEND_CPU:-1}"
-else
-    pin="${PMNET_BENCH_PIN:-none}"
-    client_cpu="${PMNET_BENCH_CLIENT_CPU:-none}"
-    backend_cpu="${PMNET_BENCH_BACKEND_CPU:-none}"
+client_cpu=""
+backend_cpu=""
+if [ "$placement" = split ] && [ "$(nproc)" -ge 2 ]; then
+    client_cpu=0
+    backend_cpu=1
 fi
-if [ "$client_cpu" = none ]; then client_cpu=""; fi
-if [ "$backend_cpu" = none ]; then backend_cpu=""; fi
 # on_cpu CPU COMMAND...: run COMMAND pinned to CPU, or as it is when CPU is empty. It replaces
 # the (sub)shell it runs in, so that `on_cpu ... &` leaves in $! the command's own pid, which
 # cleanup can kill; call it only in the background or in a pipeline.
@@ -125,33 +114,17 @@ no_port="$port"
 adaptor_port="$(free_port)"
 device_port="$(free_port)"
 gateway_port="$(free_port)"
-gateway_flags=()
-device_flags=()
-if [ "$gateway_busy" = "1" ]; then gateway_flags=(--busy-poll); fi
-if [ "$device_busy" = "1" ]; then device_flags=(--busy-poll); fi
-if [ "$pin" != "none" ]; then
-    gateway_flags+=(--cpu "$pin")
-    device_flags+=(--cpu "$pin")
-fi
-on_cpu "$backend_cpu" "$pmnet" redis-adaptor --listen "127.0.0.1:$adaptor_port" --redis "127.0.0.1:$pmnet_redis_port" \
-    --device "127.0.0.1:$device_port" --report-interval 0 </dev/null >"$base/adaptor.out" 2>&1 &
+"$pmnet" redis-up --redis "127.0.0.1:$pmnet_redis_port" --listen "127.0.0.1:$gateway_port" \
+    --device-listen "127.0.0.1:$device_port" --adaptor-listen "127.0.0.1:$adaptor_port" \
+    --log-file "/dev/shm/pmnet-bench-redis-$$.log" </dev/null >"$base/redis-up.out" 2>&1 &
 pids+=($!)
-"$pmnet" device --listen "127.0.0.1:$device_port" --server "1=127.0.0.1:$adaptor_port" \
-    --log-file "/dev/shm/pmnet-bench-redis-$$.log" --format --report-interval 0 "${device_flags[@]}" \
-    </dev/null >"$base/device.out" 2>&1 &
-pids+=($!)
-"$pmnet" gateway --listen "127.0.0.1:$gateway_port" --device "127.0.0.1:$device_port" \
-    --report-interval 0 "${gateway_flags[@]}" </dev/null >"$base/gateway.out" 2>&1 &
-pids+=($!)
-wait_line "$base/adaptor.out" "listening on"
-wait_line "$base/device.out" "listening on"
-wait_line "$base/gateway.out" "listening on"
+wait_line "$base/redis-up.out" "clients connect to"
 
 echo "machine: $(nproc) vCPUs; $(uptime | sed 's/.*load average/load average/')"
 echo "append-only files under $base ($(df -P "$base" | awk 'NR==2 {print $1}'))"
-mode() { if [ "$1" = 1 ]; then echo busy-poll; else echo blocking; fi; }
-echo "device log: /dev/shm (emulated PM); gateway: $(mode "$gateway_busy"); device: $(mode "$device_busy"); gateway and device pinned to CPU: $pin; adaptor and Redis: blocking, CPU ${backend_cpu:-unpinned}; redis-benchmark: CPU ${client_cpu:-unpinned}"
-grep -h "medium:" "$base/adaptor.out" "$base/device.out" | sed 's/^ */  /'
+echo "placement: $placement; redis-servers: CPU ${backend_cpu:-unpinned}; redis-benchmark: CPU ${client_cpu:-unpinned}"
+grep -h "placement (" "$base/redis-up.out" | sed 's/^ */  pmnet redis-up /'
+grep -h "medium:" "$base/redis-up.out" | sed 's/^ */  /'
 echo
 
 results="$base/results.csv"

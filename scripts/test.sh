@@ -22,7 +22,12 @@ fi
 
 # The Redis client tests (crates/pmnet/tests/redis_clients.rs) run redis-py ≥ 5, unmodified;
 # Debian's python3-redis is older, so it goes into a virtual environment under target/.
-if ! python3 -c 'import redis, sys; sys.exit(int(redis.__version__.split(".")[0]) < 5)' >/dev/null 2>&1; then
+has_redis_py() {
+    "$1" -c 'import redis, sys; sys.exit(int(redis.__version__.split(".")[0]) < 5)' >/dev/null 2>&1
+}
+if [ -x target/redis-py/bin/python3 ] && has_redis_py target/redis-py/bin/python3; then
+    export PMNET_PYTHON="$PWD/target/redis-py/bin/python3"
+elif ! has_redis_py python3; then
     step "install redis-py (for the Redis client tests)"
     if ! python3 -m venv --help >/dev/null 2>&1 || ! command -v python3 >/dev/null 2>&1; then
         sudo_cmd=()

@@ -17,6 +17,7 @@ pub mod adaptor;
 pub mod commands;
 pub mod gateway;
 pub mod resp;
+pub mod resp3;
 pub mod script;
 pub mod table;
 

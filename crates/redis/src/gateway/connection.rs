@@ -426,7 +426,7 @@ impl ConnState {
             }
             (b"INFO", 2) | (b"LIST", 2) => {
                 let line = self.info_line();
-                if self.resp3 && sub == b"INFO" {
+                if self.resp3 {
                     let text = format!("txt:{line}");
                     format!("={}\r\n{text}\r\n", text.len()).into_bytes()
                 } else {

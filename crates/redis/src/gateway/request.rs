@@ -210,24 +210,14 @@ pub(super) fn complete(
     };
     let resp3 = conn.state.resp3;
     let reply = match then {
-        Then::Plain(Some(args)) if resp3 => resp3_pending::to_resp3(&args, &bytes),
+        Then::Plain(Some(args)) if resp3 => crate::resp3::to_resp3(&args, &bytes),
         Then::Plain(_) => bytes,
         Then::Watch(keys) => {
             conn.watches_in_flight = conn.watches_in_flight.saturating_sub(1);
             conn.state.watched(keys, &bytes)
         }
-        Then::Exec(commands) if resp3 => resp3_pending::to_resp3_exec(&commands, &bytes),
+        Then::Exec(commands) if resp3 => crate::resp3::to_resp3_exec(&commands, &bytes),
         Then::Exec(_) => bytes,
     };
     conn.slots[position] = Slot::Ready(reply);
-}
-
-/// Until the RESP3 reply shapes land: replies as they are.
-mod resp3_pending {
-    pub fn to_resp3(_args: &[Vec<u8>], reply: &[u8]) -> Vec<u8> {
-        reply.to_vec()
-    }
-    pub fn to_resp3_exec(_commands: &[Vec<Vec<u8>>], reply: &[u8]) -> Vec<u8> {
-        reply.to_vec()
-    }
 }

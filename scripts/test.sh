@@ -67,6 +67,11 @@ cargo test --workspace --locked 2>&1 | tee "$test_log"
 passed=$(awk '/^test result:/ { for (i = 1; i < NF; i++) if ($(i + 1) ~ /^passed/) sum += $i } END { print sum + 0 }' "$test_log")
 failed=$(awk '/^test result:/ { for (i = 1; i < NF; i++) if ($(i + 1) ~ /^failed/) sum += $i } END { print sum + 0 }' "$test_log")
 
+step "the client API example (crates/runtime/examples/kv_client.rs)"
+cargo run --locked -q -p pmnet-runtime --example kv_client | tee "$test_log.example"
+grep -q "GET greeting: hello" "$test_log.example"
+rm -f "$test_log.example"
+
 fuzz_seconds="${PMNET_FUZZ_SECONDS:-30}"
 if [ "$fuzz_seconds" -gt 0 ]; then
     step "fuzz the datagram parser for ${fuzz_seconds}s"

@@ -16,6 +16,37 @@
 //! call), waits with `ppoll` until the next datagram or timer ([`WaitMode::Blocking`]) or spins
 //! ([`WaitMode::BusyPoll`]), may be pinned to a CPU, stops cleanly on SIGINT/SIGTERM through a
 //! [`Shutdown`] flag, and publishes its counters in the Prometheus text format.
+//!
+//! # The client API
+//!
+//! A [`ClientSession`] is one PMNet session: updates complete when a device has logged them
+//! (its PMNet-ACK) or, if no device could, with the server's reply; other requests (bypass)
+//! complete with the server's reply, in order with the session's updates. Payloads are the
+//! application's; with the embedded store they are [`pmnet_store::Request`]s:
+//!
+//! ```no_run
+//! use pmnet_proto::Completion;
+//! use pmnet_runtime::{ClientSession, SessionOptions};
+//! use pmnet_store::{Reply, Request};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Server 1, reached through the device at 10.0.0.2:7400.
+//! let device = "10.0.0.2:7400".parse()?;
+//! let mut session = ClientSession::open(SessionOptions::new(1, device))?;
+//! let set = Request::Set { key: b"greeting", value: b"hello" };
+//! if let Completion::Logged { device_id } = session.update(&set.to_bytes())? {
+//!     println!("durable in the log of device {device_id}");
+//! }
+//! let get = Request::Get { key: b"greeting" };
+//! if let Completion::Replied { reply, .. } = session.bypass(&get.to_bytes())? {
+//!     assert_eq!(Reply::decode(&reply)?, Reply::Value(b"hello".to_vec()));
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! `examples/kv_client.rs` runs the same against a server and a device it starts in-process:
+//! `cargo run -p pmnet-runtime --example kv_client`.
 
 mod client;
 mod device;

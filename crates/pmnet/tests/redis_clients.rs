@@ -282,3 +282,104 @@ fn the_gateway_asks_for_its_password() {
         String::from_utf8_lossy(&reply)
     );
 }
+
+/// Run `redis-cli ARGS` against `port`; its standard output.
+fn redis_cli(port: u16, args: &[&str]) -> String {
+    let output = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("run redis-cli");
+    assert!(output.status.success(), "redis-cli {args:?} failed");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn redis_cli_in_resp3_prints_what_it_prints_for_redis_itself() {
+    require_redis();
+    let system = System::start(false);
+    let port = system.gateway_port();
+    redis_cli(port, &["hset", "r3:h", "f", "v", "g", "w"]);
+    redis_cli(port, &["sadd", "r3:s", "7", "8"]);
+    redis_cli(port, &["zadd", "r3:z", "1.5", "m", "2", "n"]);
+    // redis-cli prints each RESP3 type its own way (maps as `key => value`, doubles as
+    // `(double)`): through the gateway as when it talks to Redis directly.
+    for command in [
+        &["hgetall", "r3:h"][..],
+        &["smembers", "r3:s"],
+        &["zscore", "r3:z", "m"],
+        &["zrange", "r3:z", "0", "-1", "withscores"],
+        &["get", "r3:missing"],
+        &["mget", "r3:missing", "r3:h"],
+        &["hgetall", "r3:missing"],
+    ] {
+        for protocol in ["-2", "-3"] {
+            let mut args = vec![protocol, "--no-raw"];
+            args.extend_from_slice(command);
+            let through = redis_cli(port, &args);
+            assert_eq!(
+                through,
+                redis_cli(system.redis.port, &args),
+                "redis-cli {args:?} through the gateway and against Redis"
+            );
+        }
+    }
+    let map = redis_cli(port, &["-3", "--no-raw", "hgetall", "r3:h"]);
+    assert!(map.contains("=>"), "a map: {map}");
+}
+
+/// `pmnet redis-up --start-redis DIR`, as the README shows it (with ports of the test's own),
+/// serves clients and stops everything it started when asked to.
+#[test]
+fn redis_up_starts_a_redis_behind_pmnet_and_stops_it_all() {
+    require_redis();
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let gateway = free_tcp_port();
+    let device = free_udp_port();
+    let adaptor = free_udp_port();
+    let log = dir.path().join("redis-up.out");
+    let mut child = Command::new(BIN)
+        .arg("redis-up")
+        .arg("--start-redis")
+        .arg(dir.path().join("redis"))
+        .args(["--listen", &format!("127.0.0.1:{gateway}")])
+        .args(["--device-listen", &format!("127.0.0.1:{device}")])
+        .args(["--adaptor-listen", &format!("127.0.0.1:{adaptor}")])
+        .arg("--log-file")
+        .arg(dir.path().join("device.log"))
+        .stdout(std::fs::File::create(&log).expect("log file"))
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("start pmnet redis-up");
+    poll_until("redis-up says where clients connect", || {
+        std::fs::read_to_string(&log).is_ok_and(|text| text.contains("clients connect to"))
+    });
+    let text = std::fs::read_to_string(&log).unwrap();
+    let redis_port: u16 = text
+        .split("Redis at 127.0.0.1:")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|port| port.parse().ok())
+        .unwrap_or_else(|| panic!("redis-up names its Redis:\n{text}"));
+    assert_eq!(redis_cli(gateway, &["set", "greeting", "hello"]), "OK\n");
+    assert_eq!(redis_cli(gateway, &["get", "greeting"]), "hello\n");
+    assert_eq!(redis_cli(redis_port, &["get", "greeting"]), "hello\n");
+    assert!(
+        text.contains("medium:"),
+        "the device says its medium:\n{text}"
+    );
+
+    // SIGTERM (as Ctrl-C or a service manager would stop it): everything it started stops.
+    let pid = i32::try_from(child.id()).expect("pid");
+    // SAFETY: kill(2) with a pid of our own child and a valid signal number.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = child.wait().expect("wait for redis-up");
+    assert!(status.success(), "redis-up stopped with {status}");
+    let refused = |port: u16| std::net::TcpStream::connect(("127.0.0.1", port)).is_err();
+    poll_until("the gateway and the redis-server are gone", || {
+        refused(gateway) && refused(redis_port)
+    });
+    assert!(std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("pmnet redis-up: stopped"));
+}

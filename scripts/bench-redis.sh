@@ -69,7 +69,8 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
-# start_redis NAME FSYNC: starts it and sets $port
+declare -A redis_pid
+# start_redis NAME FSYNC: starts it and sets $port (its pid in redis_pid[NAME])
 start_redis() {
     local name="$1" fsync="$2" dir
     port="$(free_port)"
@@ -79,6 +80,7 @@ start_redis() {
         --appendfsync "$fsync" --save '' --daemonize no --logfile "$dir/redis.log" \
         </dev/null >/dev/null 2>&1 &
     pids+=($!)
+    redis_pid[$name]=$!
     for _ in $(seq 1 200); do
         if [ "$(redis-cli -p "$port" ping 2>/dev/null)" = "PONG" ]; then
             return
@@ -118,6 +120,7 @@ gateway_port="$(free_port)"
     --device-listen "127.0.0.1:$device_port" --adaptor-listen "127.0.0.1:$adaptor_port" \
     --log-file "/dev/shm/pmnet-bench-redis-$$.log" </dev/null >"$base/redis-up.out" 2>&1 &
 pids+=($!)
+redis_up_pid=$!
 wait_line "$base/redis-up.out" "clients connect to"
 
 echo "machine: $(nproc) vCPUs; $(uptime | sed 's/.*load average/load average/')"
@@ -127,15 +130,45 @@ grep -h "placement (" "$base/redis-up.out" | sed 's/^ */  pmnet redis-up /'
 grep -h "medium:" "$base/redis-up.out" | sed 's/^ */  /'
 echo
 
+# The processes whose CPU time each target's requests cost: its redis-server, and for PMNet the
+# gateway, the device and the adaptor that redis-up started.
+declare -A part_pid
+for child in $(pgrep -P "$redis_up_pid"); do
+    part_pid[$(tr '\0' ' ' <"/proc/$child/cmdline" | awk '{print $2}')]=$child
+done
+# cpu_ticks PID: user + system CPU time of the process (all its threads), in clock ticks.
+cpu_ticks() {
+    awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat" 2>/dev/null || echo 0
+}
+tick_hz="$(getconf CLK_TCK)"
+
 results="$base/results.csv"
 : >"$results"
-# run TARGET PORT CLIENTS SIZE
+# run TARGET PORT CLIENTS SIZE: SET, then GET, each with the CPU µs per request of the target's
+# processes (10 ms clock ticks: with 20 000 requests, a resolution of 0.5 µs per request).
 run() {
-    local target="$1" port="$2" clients="$3" size="$4" n="$requests"
+    local target="$1" port="$2" clients="$3" size="$4" n="$requests" test parts part cpu
     if [ "$clients" -gt 1 ]; then n=$((requests * 10)); fi
-    on_cpu "$client_cpu" redis-benchmark -p "$port" -t set,get -n "$n" -c "$clients" -d "$size" -r 100000 --csv 2>/dev/null |
-        awk -F'"' -v t="$target" -v c="$clients" -v d="$size" \
-            'NR > 1 && NF > 10 { print t "," $2 "," c "," d "," $4 "," $10 "," $14 }' >>"$results"
+    if [ "$target" = pmnet ]; then parts="redis gateway device redis-adaptor"; else parts=redis; fi
+    for test in set get; do
+        declare -A before=()
+        for part in $parts; do
+            if [ "$part" = redis ]; then before[$part]=$(cpu_ticks "${redis_pid[$target]}");
+            else before[$part]=$(cpu_ticks "${part_pid[$part]:-0}"); fi
+        done
+        on_cpu "$client_cpu" redis-benchmark -p "$port" -t "$test" -n "$n" -c "$clients" -d "$size" -r 100000 --csv 2>/dev/null |
+            awk -F'"' -v t="$target" -v c="$clients" -v d="$size" \
+                'NR > 1 && NF > 10 { printf "%s,%s,%s,%s,%s,%s,%s,", t, $2, c, d, $4, $10, $14 }' >>"$results"
+        cpu=""
+        for part in $parts; do
+            local now
+            if [ "$part" = redis ]; then now=$(cpu_ticks "${redis_pid[$target]}");
+            else now=$(cpu_ticks "${part_pid[$part]:-0}"); fi
+            cpu="$cpu${cpu:+ }${part#redis-}=$(awk -v a="${before[$part]}" -v b="$now" -v hz="$tick_hz" -v n="$n" \
+                'BEGIN { printf "%.1f", (b - a) * 1e6 / hz / n }')"
+        done
+        echo "$cpu" >>"$results"
+    done
 }
 
 for clients in $clients_list; do
@@ -151,10 +184,11 @@ echo "load after the runs: $(uptime | sed 's/.*load average/load average/')"
 echo
 awk -F, '
     { key = $2 "," $3 "," $4; rps[$1 "," key] = $5; p50[$1 "," key] = $6; p99[$1 "," key] = $7;
+      cpu[$1 "," key] = $8;
       if (!(key in seen)) { seen[key] = 1; order[++count] = key } }
     END {
-        printf "%-4s %7s %5s | %-9s %9s %7s %7s | %-27s\n", "test", "clients", "bytes",
-            "target", "req/s", "p50 ms", "p99 ms", "vs always: req/s  p99"
+        printf "%-4s %7s %5s | %-9s %9s %7s %7s | %-19s | %s\n", "test", "clients", "bytes",
+            "target", "req/s", "p50 ms", "p99 ms", "vs always: req/s p99", "CPU us per request"
         for (i = 1; i <= count; i++) {
             split(order[i], part, ",")
             n = split("always pmnet everysec no", targets, " ")
@@ -163,9 +197,9 @@ awk -F, '
                 if (!(k in rps)) continue
                 base_rps = rps["always," order[i]]; base_p99 = p99["always," order[i]]
                 ratio = (t == "always") ? "" : sprintf("%6.2fx  %6.2fx", rps[k] / base_rps, p99[k] / base_p99)
-                note = (t == "everysec" || t == "no") ? " (weaker durability)" : ""
-                printf "%-4s %7s %5s | %-9s %9.0f %7.3f %7.3f | %s%s\n", part[1], part[2], part[3],
-                    t, rps[k], p50[k], p99[k], ratio, note
+                note = (t == "everysec" || t == "no") ? " (weaker)" : ""
+                printf "%-4s %7s %5s | %-9s %9.0f %7.3f %7.3f | %-19s | %s%s\n", part[1], part[2], part[3],
+                    t, rps[k], p50[k], p99[k], ratio, cpu[k], note
             }
         }
     }' "$results"

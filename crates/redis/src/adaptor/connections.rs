@@ -37,6 +37,8 @@ pub(super) struct Conn {
     failures_in_a_row: u32,
 }
 
+/// Bytes read from Redis at once.
+pub(super) const READ_CHUNK: usize = 64 << 10;
 const MIN_BACKOFF: Duration = Duration::from_millis(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(200);
@@ -216,10 +218,10 @@ impl Adaptor {
             let Some(stream) = conn.stream.as_mut() else {
                 return false;
             };
-            let mut chunk = [0u8; 64 << 10];
+            let chunk = &mut self.scratch;
             let mut total = 0;
             while total < READ_PER_TURN {
-                match stream.read(&mut chunk) {
+                match stream.read(chunk) {
                     Ok(0) => {
                         failure = Some("Redis closed the connection".to_owned());
                         break;

@@ -273,6 +273,9 @@ pub struct Adaptor {
     board: MetricsBoard,
     metrics_addr: Option<SocketAddr>,
     shutdown: Shutdown,
+    /// Where Redis's replies are read into before they join a connection's input (kept, not
+    /// zeroed anew for every read).
+    scratch: Vec<u8>,
     /// When a stopping adaptor gives up waiting for Redis's outstanding replies.
     stop_by: Option<Instant>,
     event_loop: LoopCounters,
@@ -347,6 +350,7 @@ impl Adaptor {
             board,
             metrics_addr,
             shutdown,
+            scratch: vec![0; connections::READ_CHUNK],
             stop_by: None,
             event_loop: LoopCounters::default(),
         };

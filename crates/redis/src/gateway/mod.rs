@@ -215,6 +215,9 @@ pub struct Gateway {
     /// Where a turn not preceded by a wait looks at what is ready.
     probe: Vec<PollFd>,
     event_loop: LoopCounters,
+    /// Where clients' bytes are read into before they join a connection's input (kept, not
+    /// zeroed anew for every read).
+    scratch: Vec<u8>,
 }
 
 impl Gateway {
@@ -276,6 +279,7 @@ impl Gateway {
             next_client_id: 1,
             probe: Vec::new(),
             event_loop: LoopCounters::default(),
+            scratch: vec![0; READ_CHUNK],
         })
     }
 
@@ -361,7 +365,7 @@ impl Gateway {
             }
             if conn.readable {
                 conn.readable = false;
-                busy |= read_client(conn);
+                busy |= read_client(conn, &mut self.scratch);
             }
             busy |= self.service(index);
         }
@@ -783,14 +787,16 @@ impl Node for Gateway {
     }
 }
 
-fn read_client(conn: &mut Conn) -> bool {
+/// Bytes read from a client at once.
+const READ_CHUNK: usize = 64 << 10;
+
+fn read_client(conn: &mut Conn, chunk: &mut [u8]) -> bool {
     if conn.read_closed || conn.closing {
         return false;
     }
     let mut any = false;
-    let mut chunk = [0u8; 64 << 10];
     while conn.input.len() < MAX_INPUT {
-        match conn.stream.read(&mut chunk) {
+        match conn.stream.read(chunk) {
             Ok(0) => {
                 conn.read_closed = true;
                 any = true;

@@ -21,7 +21,8 @@ pub struct ClientArgs {
         visible_alias = "to",
         value_name = "ADDR[,ADDR...]",
         value_delimiter = ',',
-        default_value = "127.0.0.1:7400"
+        default_value = "127.0.0.1:7400",
+        value_parser = crate::addr::parse_addr,
     )]
     pub device: Vec<SocketAddr>,
 

@@ -1,5 +1,6 @@
 //! `pmnet`: the PMNet device, server, client, benchmark, demo and simulator in one command.
 
+mod addr;
 mod bench;
 mod client;
 mod config;

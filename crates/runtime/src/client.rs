@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use pmnet_proto::{Client, ClientConfig, ClientCounters, ClientError, ClientEvent, Completion};
 
 use crate::event_loop::{wait_once, MAX_SLEEP};
-use crate::peers::{wants_answer, PeerWatch};
+use crate::peers::PeerWatch;
 use crate::udp::{BatchSocket, SocketCounters};
 use crate::wait::{Clock, PollFd, WaitMode};
 
@@ -310,18 +310,8 @@ impl ClientSession {
     fn send_pending(&mut self) {
         let mut now = None;
         while let Some(transmit) = self.client.poll_transmit() {
-            if wants_answer(&transmit.bytes) {
-                let now = *now.get_or_insert_with(Instant::now);
-                // The device answers an update itself (its PMNet-ACK); a read is answered by
-                // the server behind it.
-                if crate::udp::type_slot(&transmit.bytes)
-                    == usize::from(pmnet_wire::PacketType::BypassRequest.code())
-                {
-                    self.watch.sent_through(transmit.destination, now);
-                } else {
-                    self.watch.sent(transmit.destination, now);
-                }
-            }
+            self.watch
+                .sent_datagram(transmit.destination, &transmit.bytes, &mut now);
             self.socket.enqueue(transmit);
         }
         self.socket.flush();

@@ -104,6 +104,20 @@ impl PeerWatch {
         self.note_sent(addr, now, false);
     }
 
+    /// `datagram` went to `addr`: if it wants an answer, note it, as answered by the peer
+    /// itself or (a read, which a device passes to its server) from further on. `now` is
+    /// read once, at the first datagram that needs it.
+    #[inline]
+    pub fn sent_datagram(&mut self, addr: SocketAddr, datagram: &[u8], now: &mut Option<Instant>) {
+        if !wants_answer(datagram) {
+            return;
+        }
+        let now = *now.get_or_insert_with(Instant::now);
+        let read = crate::udp::type_slot(datagram)
+            == usize::from(pmnet_wire::PacketType::BypassRequest.code());
+        self.note_sent(addr, now, !read);
+    }
+
     fn note_sent(&mut self, addr: SocketAddr, now: Instant, direct: bool) {
         if let Some(peer) = self.peers.iter_mut().find(|peer| peer.addr == addr) {
             if peer.waiting_since.is_none() {

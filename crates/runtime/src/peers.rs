@@ -195,9 +195,10 @@ impl PeerWatch {
             if peer.reported {
                 continue;
             }
-            any_waiting = true;
             let silent = now.saturating_duration_since(since);
-            if silent >= SILENCE_WARNING {
+            if silent < SILENCE_WARNING {
+                any_waiting = true;
+            } else {
                 if peer.waiting_direct {
                     tracing::warn!(
                         "no reply from the {} at {} for {} s (is {} running there?); still \
@@ -287,6 +288,7 @@ mod tests {
         assert!(watch.silence(addr).is_none());
         assert!(watch.answers(addr));
         watch.sent("127.0.0.1:9".parse().unwrap(), start);
+        watch.check(start);
         assert!(!watch.any_waiting, "not a watched peer");
     }
 

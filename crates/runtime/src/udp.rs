@@ -696,6 +696,40 @@ mod tests {
     }
 
     #[test]
+    fn a_port_where_nothing_listens_is_reported_and_sending_goes_on() {
+        let mut sender = BatchSocket::bind(loopback(), 1024).unwrap();
+        sender.report_unreachable();
+        let closed = BatchSocket::bind(loopback(), 32).unwrap().local_addr();
+        let mut receiver = BatchSocket::bind(loopback(), 1024).unwrap();
+        sender.enqueue(Transmit {
+            destination: closed,
+            bytes: vec![1],
+        });
+        sender.flush();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut reports = Vec::new();
+        while reports.is_empty() && std::time::Instant::now() < deadline {
+            sender.receive_batch();
+            reports = sender.take_unreachable();
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(
+            reports,
+            [Unreachable {
+                addr: closed,
+                refused: true
+            }]
+        );
+        sender.enqueue(Transmit {
+            destination: receiver.local_addr(),
+            bytes: vec![2],
+        });
+        sender.flush();
+        assert_eq!(sender.counters().send_errors, 0);
+        assert_eq!(receiver.receive_batch(), 1);
+    }
+
+    #[test]
     fn the_queue_is_bounded() {
         let mut sender = BatchSocket::bind(loopback(), 32).unwrap();
         for _ in 0..40 {

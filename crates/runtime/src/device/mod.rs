@@ -129,6 +129,11 @@ impl Persist<LogWork> for LogExecutor {
             .as_mut()
             .expect("log work asked for by a device with no log");
         let stats = log.persist_batch(&work);
+        tracing::trace!(
+            writes = stats.writes,
+            invalidations = stats.invalidations,
+            "log batch persisted"
+        );
         self.batches += 1;
         self.writes += stats.writes;
         self.invalidations += stats.invalidations;

@@ -21,7 +21,8 @@ pub struct ClientArgs {
         visible_alias = "to",
         value_name = "ADDR[,ADDR...]",
         value_delimiter = ',',
-        default_value = "127.0.0.1:7400"
+        default_value = "127.0.0.1:7400",
+        value_parser = crate::addr::parse_addr,
     )]
     pub device: Vec<SocketAddr>,
 
@@ -199,16 +200,20 @@ fn execute(session: &mut ClientSession, command: &KvCommand) -> Result<String, C
         session.bypass(&payload)
     }
     .map_err(|error| match error {
-        ClientError::TimedOut => format!(
-            "{error} (is a device or server listening at the address given to --device?); the \
-             request may or may not have been applied"
-        ),
+        ClientError::TimedOut => match session.peer_silence() {
+            Some(why) => format!("{error}: {why}; the request may or may not have been applied"),
+            None => format!(
+                "{error}: the device at {} answers, but no reply came from the server behind it \
+                 (is the server running, at the address of the device's --server?); the request \
+                 may or may not have been applied",
+                session.peer()
+            ),
+        },
         ClientError::NotLogged(_) => format!(
             "{error}: the request was not acknowledged and may or may not have been applied \
              (the server is unreachable or overloaded; it applies the device's log when it is \
              back)"
         ),
-        ClientError::Skipped => format!("{error}"),
         other => format!("{other}"),
     })?;
     Ok(match completion {

@@ -1,5 +1,6 @@
 //! `pmnet`: the PMNet device, server, client, benchmark, demo and simulator in one command.
 
+mod addr;
 mod bench;
 mod client;
 mod config;
@@ -39,11 +40,12 @@ struct Cli {
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<std::path::PathBuf>,
 
-    /// More log output (-v: debug, -vv: trace). RUST_LOG-style filters are not needed.
+    /// More log output from pmnet's own crates (-v: debug, -vv: trace). A RUST_LOG filter in
+    /// the environment (e.g. RUST_LOG=pmnet_runtime=trace) takes precedence over -v and -q.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
 
-    /// Only warnings and errors.
+    /// Only warnings and errors (unless RUST_LOG says otherwise).
     #[arg(short, long, global = true)]
     quiet: bool,
 
@@ -148,20 +150,81 @@ fn main() -> ExitCode {
     }
 }
 
+/// pmnet's own crates: the targets `-v` and `-vv` turn up.
+const OWN_CRATES: &[&str] = &[
+    "pmnet",
+    "pmnet_runtime",
+    "pmnet_proto",
+    "pmnet_redis",
+    "pmnet_pm",
+    "pmnet_store",
+    "pmnet_pktstore",
+    "pmnet_sim",
+    "pmnet_wire",
+    "pmnet_auth",
+];
+
+/// The filter `-v`/`-q` stand for when RUST_LOG is not set: info by default, warnings only
+/// with `-q`, debug (`-v`) or trace (`-vv`) for pmnet's own crates.
+fn filter_for_flags(verbose: u8, quiet: bool) -> String {
+    let own = match (quiet, verbose) {
+        (true, _) => return "warn".to_owned(),
+        (false, 0) => return "info".to_owned(),
+        (false, 1) => "debug",
+        (false, _) => "trace",
+    };
+    let mut filter = "info".to_owned();
+    for target in OWN_CRATES {
+        filter.push_str(&format!(",{target}={own}"));
+    }
+    filter
+}
+
+/// Log to stderr. A RUST_LOG filter wins over `-v`/`-q`; one that does not parse is reported
+/// and the flags' filter used instead.
 fn init_logging(verbose: u8, quiet: bool) {
-    let level = if quiet {
-        tracing::Level::WARN
-    } else {
-        match verbose {
-            0 => tracing::Level::INFO,
-            1 => tracing::Level::DEBUG,
-            _ => tracing::Level::TRACE,
-        }
+    use tracing_subscriber::EnvFilter;
+    let from_flags = || EnvFilter::new(filter_for_flags(verbose, quiet));
+    let mut problem = None;
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(text) if !text.trim().is_empty() => match EnvFilter::try_new(&text) {
+            Ok(filter) => filter,
+            Err(error) => {
+                problem = Some(format!(
+                    "RUST_LOG={text:?} is not a filter ({error}); logging as -v/-q say"
+                ));
+                from_flags()
+            }
+        },
+        _ => from_flags(),
     };
     let _ = tracing_subscriber::fmt()
-        .with_max_level(level)
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
+    if let Some(problem) = problem {
+        tracing::warn!("{problem}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_stand_for_filters() {
+        assert_eq!(filter_for_flags(0, false), "info");
+        assert_eq!(filter_for_flags(3, true), "warn");
+        assert!(filter_for_flags(1, false).contains(",pmnet_runtime=debug"));
+        assert!(filter_for_flags(2, false).contains(",pmnet=trace"));
+        for verbose in 0..3 {
+            let text = filter_for_flags(verbose, false);
+            assert!(
+                tracing_subscriber::EnvFilter::try_new(&text).is_ok(),
+                "{text}"
+            );
+        }
+    }
 }

@@ -28,7 +28,7 @@ pub struct LoopArgs {
     pub cpu: Option<usize>,
 
     /// Serve counters in the Prometheus text format on this TCP address (e.g. 127.0.0.1:9400).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = crate::addr::parse_addr)]
     pub metrics: Option<SocketAddr>,
 
     /// Log a line of counters this often, in seconds (0: never).
@@ -116,16 +116,14 @@ fn parse_server(text: &str) -> Result<(u16, SocketAddr), String> {
         .trim()
         .parse::<u16>()
         .map_err(|_| format!("server id {id:?} is not a number from 0 to 65535"))?;
-    let addr = addr.trim().parse::<SocketAddr>().map_err(|_| {
-        format!("server address {addr:?} is not IP:PORT; write for example 127.0.0.1:7500")
-    })?;
+    let addr = crate::addr::parse_addr(addr).map_err(|error| format!("server {id}: {error}"))?;
     Ok((id, addr))
 }
 
 #[derive(Debug, Clone, Args)]
 pub struct DeviceArgs {
     /// Where clients (and servers) reach the device.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7400")]
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7400", value_parser = crate::addr::parse_addr)]
     pub listen: SocketAddr,
 
     /// A server behind the device, as ID=ADDR (repeat for several: the "switch" deployment; one
@@ -164,11 +162,11 @@ pub struct DeviceArgs {
     pub resends_in_flight: u32,
 
     /// Also forward without logging on this port (the benchmark's `forward` mode).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = crate::addr::parse_addr)]
     pub forward_listen: Option<SocketAddr>,
 
     /// Also answer UDP echo on this port (the benchmark's `echo` mode: the floor for any ack).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = crate::addr::parse_addr)]
     pub echo_listen: Option<SocketAddr>,
 
     /// Send every datagram to a server on its own instead of packing what one turn sends a
@@ -228,7 +226,7 @@ impl DeviceArgs {
 #[derive(Debug, Clone, Args)]
 pub struct ServerArgs {
     /// Where devices (and clients talking to the server directly) reach the server.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7500")]
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7500", value_parser = crate::addr::parse_addr)]
     pub listen: SocketAddr,
 
     /// This server's id: the ID of `--server ID=ADDR` on the devices.
@@ -237,7 +235,7 @@ pub struct ServerArgs {
 
     /// A device in front of this server (repeat for several). At start-up the server polls
     /// each for requests it logged, and applies them before anything new.
-    #[arg(long = "device", value_name = "ADDR")]
+    #[arg(long = "device", value_name = "ADDR", value_parser = crate::addr::parse_addr)]
     pub devices: Vec<SocketAddr>,
 
     /// Reply OK to everything without storing anything (the "ideal handler": measures the
@@ -537,6 +535,9 @@ mod tests {
         assert!(parse_server("x=127.0.0.1:7500")
             .unwrap_err()
             .contains("server id"));
-        assert!(parse_server("1=localhost").unwrap_err().contains("IP:PORT"));
+        assert!(parse_server("1=localhost")
+            .unwrap_err()
+            .contains("HOST:PORT"));
+        assert_eq!(parse_server("2=localhost:7500").unwrap().1.port(), 7500);
     }
 }

@@ -17,7 +17,7 @@ use crate::CliError;
 #[derive(Debug, Clone, Args)]
 pub struct RedisAdaptorArgs {
     /// Where devices reach the adaptor (UDP): the ADDR of `--server ID=ADDR` on the device.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7500")]
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7500", value_parser = crate::addr::parse_addr)]
     pub listen: SocketAddr,
 
     /// This server's id: the ID of `--server ID=ADDR` on the devices.
@@ -26,12 +26,12 @@ pub struct RedisAdaptorArgs {
 
     /// A device in front of the adaptor (repeat for several). At start-up the adaptor polls
     /// each for requests it logged, and applies them before anything new.
-    #[arg(long = "device", value_name = "ADDR")]
+    #[arg(long = "device", value_name = "ADDR", value_parser = crate::addr::parse_addr)]
     pub devices: Vec<SocketAddr>,
 
     /// The redis-server to apply requests to. Run it with `--appendonly yes --appendfsync
     /// always` for the durability PMNet's acks promise.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6379")]
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6379", value_parser = crate::addr::parse_addr)]
     pub redis: SocketAddr,
 
     /// A file whose first line is the password the adaptor gives Redis (`AUTH`), for a Redis
@@ -86,7 +86,7 @@ pub struct RedisAdaptorArgs {
 #[derive(Debug, Clone, Args)]
 pub struct GatewayArgs {
     /// Where Redis clients connect (TCP, RESP).
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6380")]
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6380", value_parser = crate::addr::parse_addr)]
     pub listen: SocketAddr,
 
     /// The PMNet device in front of the adaptor (UDP). For a device run with `--workers`,
@@ -95,7 +95,8 @@ pub struct GatewayArgs {
         long,
         value_name = "ADDR[,ADDR...]",
         value_delimiter = ',',
-        default_value = "127.0.0.1:7400"
+        default_value = "127.0.0.1:7400",
+        value_parser = crate::addr::parse_addr,
     )]
     pub device: Vec<SocketAddr>,
 

@@ -21,7 +21,7 @@ use crate::CliError;
 pub struct RedisUpArgs {
     /// The redis-server PMNet goes in front of (ignored with `--start-redis`, which starts one
     /// on a free port).
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6379")]
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6379", value_parser = crate::addr::parse_addr)]
     pub redis: SocketAddr,
 
     /// Start a redis-server of its own (`--appendonly yes --appendfsync always`) with its files
@@ -30,15 +30,15 @@ pub struct RedisUpArgs {
     pub start_redis: Option<PathBuf>,
 
     /// Where Redis clients connect (the gateway).
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6380")]
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6380", value_parser = crate::addr::parse_addr)]
     pub listen: SocketAddr,
 
     /// The device's UDP address.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7400")]
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7400", value_parser = crate::addr::parse_addr)]
     pub device_listen: SocketAddr,
 
     /// The adaptor's UDP address.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7500")]
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7500", value_parser = crate::addr::parse_addr)]
     pub adaptor_listen: SocketAddr,
 
     /// The device's persistent log (a file on /dev/shm is memory that survives a crash of the

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use pmnet_proto::{Client, ClientConfig, ClientCounters, ClientError, ClientEvent, Completion};
 
 use crate::event_loop::{wait_once, MAX_SLEEP};
+use crate::peers::PeerWatch;
 use crate::udp::{BatchSocket, SocketCounters};
 use crate::wait::{Clock, PollFd, WaitMode};
 
@@ -37,6 +38,9 @@ pub struct SessionOptions {
     /// the session goes to one of them by its id, so that every session stays with one
     /// worker and the workers share the sessions.
     pub more_peers: Vec<SocketAddr>,
+    /// What the peer is and the command that runs it, for the warning when it does not
+    /// answer: a device (`pmnet device`) unless the session talks to a server directly.
+    pub peer_role: (&'static str, &'static str),
 }
 
 impl SessionOptions {
@@ -50,6 +54,7 @@ impl SessionOptions {
             request_lifetime: None,
             keys: None,
             more_peers: Vec::new(),
+            peer_role: ("device", "`pmnet device`"),
         }
     }
 
@@ -78,6 +83,8 @@ pub struct ClientSession {
     wait: WaitMode,
     /// Events taken from the state machine but not yet handed to the caller.
     events: VecDeque<ClientEvent>,
+    /// Whether the peer answers.
+    watch: PeerWatch,
 }
 
 impl ClientSession {
@@ -88,8 +95,11 @@ impl ClientSession {
         } else {
             SocketAddr::from(([0u16; 8], 0))
         };
-        let socket = BatchSocket::bind(bind, CLIENT_MAX_QUEUED)?;
+        let mut socket = BatchSocket::bind(bind, CLIENT_MAX_QUEUED)?;
+        socket.report_unreachable();
         let session_id = options.session_id.unwrap_or_else(random_session_id);
+        let (role, command) = options.peer_role;
+        let watch = PeerWatch::new(role, command, &[options.steer(session_id)]);
         let mut config =
             ClientConfig::new(session_id, options.server_id, options.steer(session_id));
         config.auth = options.keys.clone().map(pmnet_auth::Authenticator::new);
@@ -105,6 +115,7 @@ impl ClientSession {
             socket,
             wait: options.wait,
             events: VecDeque::new(),
+            watch,
         })
     }
 
@@ -123,6 +134,17 @@ impl ClientSession {
 
     pub fn counters(&self) -> &ClientCounters {
         self.client.counters()
+    }
+
+    /// Why the peer may not have answered (it never did, it stopped, nothing listens at its
+    /// address), for a failure message; `None` while it answers.
+    pub fn peer_silence(&self) -> Option<String> {
+        self.watch.silence(self.peer())
+    }
+
+    /// Whether the peer has answered since the session last sent it a request.
+    pub fn peer_answers(&self) -> bool {
+        self.watch.answers(self.peer())
     }
 
     pub fn socket_counters(&self) -> &SocketCounters {
@@ -170,6 +192,7 @@ impl ClientSession {
                 return Some(event);
             }
             let wall = Instant::now();
+            self.watch.check(wall);
             if deadline.is_some_and(|deadline| wall >= deadline) {
                 return None;
             }
@@ -243,25 +266,52 @@ impl ClientSession {
             let now = self.clock.now();
             for index in 0..count {
                 if let Some((from, datagram)) = self.socket.received(index) {
+                    self.watch.heard(from);
                     self.client.handle(now, from, datagram);
                 }
             }
         }
+        if self.socket.has_unreachable() {
+            let reports = self.socket.take_unreachable();
+            self.watch.unreachable(&reports);
+        }
         let now = self.clock.now();
         if self.client.poll_timeout().is_some_and(|at| at <= now) {
             busy = true;
+            let before = self.client.counters().retransmitted_fragments;
             self.client.handle_timeout(now);
+            let resent = self.client.counters().retransmitted_fragments - before;
+            if resent > 0 {
+                tracing::debug!(
+                    session = self.client.session_id(),
+                    peer = %self.peer(),
+                    resent,
+                    in_flight = self.client.in_flight_count(),
+                    "retransmitted unacknowledged fragments"
+                );
+            }
         }
         self.send_pending();
         while let Some(event) = self.client.poll_event() {
             busy = true;
+            if let ClientEvent::Failed { seq, error, .. } = &event {
+                tracing::debug!(
+                    session = self.client.session_id(),
+                    seq,
+                    %error,
+                    "request failed"
+                );
+            }
             self.events.push_back(event);
         }
         busy
     }
 
     fn send_pending(&mut self) {
+        let mut now = None;
         while let Some(transmit) = self.client.poll_transmit() {
+            self.watch
+                .sent_datagram(transmit.destination, &transmit.bytes, &mut now);
             self.socket.enqueue(transmit);
         }
         self.socket.flush();

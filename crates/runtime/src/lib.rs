@@ -53,6 +53,7 @@ mod device;
 mod event_loop;
 mod keys;
 pub mod metrics;
+mod peers;
 mod relay;
 mod server;
 mod shutdown;
@@ -71,6 +72,7 @@ pub use device::{
 pub use event_loop::{run_loop, wait_once, LoopCounters, LoopSettings, Node, Ready, Turn};
 pub use keys::{auth_text, load_key_file};
 pub use metrics::{Metrics, MetricsBoard};
+pub use peers::{wants_answer, PeerWatch, SILENCE_WARNING};
 pub use pmnet_auth::KeySet;
 pub use relay::{RelayOptions, UdpRelay};
 pub use server::{

@@ -97,7 +97,28 @@ pub struct BatchSocket {
     /// The last send met a full socket buffer: wait for writability before trying again.
     write_blocked: bool,
     counters: SocketCounters,
+    /// The kernel queues ICMP errors for this socket (`IP_RECVERR`): see
+    /// [`BatchSocket::report_unreachable`].
+    reports_unreachable: bool,
+    /// A system call may have taken the socket's pending error while ICMP reports wait in its
+    /// error queue: read the queue at the next receive.
+    error_queue_pending: bool,
+    /// Destinations the kernel reported unreachable, not yet taken.
+    unreachable: Vec<Unreachable>,
 }
+
+/// A destination an ICMP error said cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unreachable {
+    /// The destination of the datagram the ICMP error answered.
+    pub addr: SocketAddr,
+    /// Port unreachable: the host is there but nothing listens on the port. Otherwise the
+    /// host or its network could not be reached.
+    pub refused: bool,
+}
+
+/// Unreachable reports kept at most between two takes.
+const UNREACHABLE_KEPT: usize = 64;
 
 impl std::fmt::Debug for BatchSocket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -133,7 +154,133 @@ impl BatchSocket {
             max_queued: max_queued.max(BATCH_LEN),
             write_blocked: false,
             counters: SocketCounters::default(),
+            reports_unreachable: false,
+            error_queue_pending: false,
+            unreachable: Vec::new(),
         })
+    }
+
+    /// Have the kernel report ICMP errors for the datagrams this socket sends (`IP_RECVERR`):
+    /// a destination where nothing listens (port unreachable) or that cannot be reached is
+    /// then known within a round trip. Take the reports with [`BatchSocket::take_unreachable`].
+    /// Where the option is not available the socket works as before, without reports.
+    pub fn report_unreachable(&mut self) {
+        let (level, option) = if self.local_addr.is_ipv4() {
+            (libc::SOL_IP, libc::IP_RECVERR)
+        } else {
+            (libc::SOL_IPV6, libc::IPV6_RECVERR)
+        };
+        let on: libc::c_int = 1;
+        // SAFETY: a plain setsockopt with an int argument on a socket we own.
+        let result = unsafe {
+            libc::setsockopt(
+                self.socket.as_raw_fd(),
+                level,
+                option,
+                (&on as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        self.reports_unreachable = result == 0;
+    }
+
+    /// The destinations reported unreachable since the last take (at most
+    /// [`UNREACHABLE_KEPT`]; older reports beyond it are dropped). Reads the socket's error
+    /// queue first if something may wait in it.
+    pub fn take_unreachable(&mut self) -> Vec<Unreachable> {
+        if self.error_queue_pending {
+            self.read_error_queue();
+        }
+        std::mem::take(&mut self.unreachable)
+    }
+
+    /// Whether unreachable reports are waiting to be taken (cheap: no system call).
+    pub fn has_unreachable(&self) -> bool {
+        !self.unreachable.is_empty() || self.error_queue_pending
+    }
+
+    /// Note that another reader of this socket's descriptor met an error: ICMP reports may
+    /// wait in the error queue.
+    pub fn note_receive_error_elsewhere(&mut self) {
+        if self.reports_unreachable {
+            self.error_queue_pending = true;
+        }
+    }
+
+    /// Read the socket's error queue (`MSG_ERRQUEUE`) empty, keeping what ICMP said about
+    /// each destination. Reading it also clears the socket's pending error, so that sends
+    /// and receives work again and `poll` stops reporting it.
+    fn read_error_queue(&mut self) {
+        self.error_queue_pending = false;
+        for _ in 0..UNREACHABLE_KEPT * 4 {
+            // SAFETY: zeroed msghdr and sockaddr_storage are valid; every pointer set below
+            // points at these locals, which outlive the call.
+            let mut addr: libc::sockaddr_storage = unsafe { MaybeUninit::zeroed().assume_init() };
+            let mut payload = [0u8; 64];
+            let mut iovec = libc::iovec {
+                iov_base: payload.as_mut_ptr().cast(),
+                iov_len: payload.len(),
+            };
+            let mut control = [0u64; 64];
+            let mut header: libc::msghdr = unsafe { MaybeUninit::zeroed().assume_init() };
+            header.msg_name = (&mut addr as *mut libc::sockaddr_storage).cast();
+            header.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            header.msg_iov = &mut iovec;
+            header.msg_iovlen = 1;
+            header.msg_control = control.as_mut_ptr().cast();
+            header.msg_controllen = size_of::<[u64; 64]>() as _;
+            // SAFETY: the header describes live buffers.
+            let result = unsafe {
+                libc::recvmsg(
+                    self.socket.as_raw_fd(),
+                    &mut header,
+                    libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT,
+                )
+            };
+            if result < 0 {
+                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return;
+            }
+            let Some(destination) = socket_addr_from(&addr) else {
+                continue;
+            };
+            // SAFETY: CMSG_FIRSTHDR/CMSG_NXTHDR walk the control buffer the kernel filled, as
+            // far as msg_controllen says; the error is read unaligned.
+            let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&header) };
+            while !cmsg.is_null() {
+                let (level, kind) = unsafe { ((*cmsg).cmsg_level, (*cmsg).cmsg_type) };
+                if (level == libc::SOL_IP && kind == libc::IP_RECVERR)
+                    || (level == libc::SOL_IPV6 && kind == libc::IPV6_RECVERR)
+                {
+                    let error: libc::sock_extended_err =
+                        unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast()) };
+                    let from_icmp = error.ee_origin == libc::SO_EE_ORIGIN_ICMP
+                        || error.ee_origin == libc::SO_EE_ORIGIN_ICMP6;
+                    if from_icmp && self.unreachable.len() < UNREACHABLE_KEPT {
+                        let report = Unreachable {
+                            addr: destination,
+                            refused: error.ee_errno == libc::ECONNREFUSED as u32,
+                        };
+                        if !self.unreachable.contains(&report) {
+                            self.unreachable.push(report);
+                        }
+                    }
+                }
+                cmsg = unsafe { libc::CMSG_NXTHDR(&header, cmsg) };
+            }
+        }
+    }
+
+    /// Whether `error` is one an ICMP report leaves on the socket (with reports on): the
+    /// report is read from the error queue, and the call that met it is tried again.
+    fn is_icmp_report(&self, error: &io::Error) -> bool {
+        self.reports_unreachable
+            && matches!(
+                error.raw_os_error(),
+                Some(libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH)
+            )
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -212,9 +359,19 @@ impl BatchSocket {
                 break count as usize;
             }
             let error = io::Error::last_os_error();
+            if self.is_icmp_report(&error) {
+                // Not a failure of this socket: a destination it sent to is unreachable.
+                self.read_error_queue();
+                continue;
+            }
             match error.kind() {
                 io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => return 0,
+                io::ErrorKind::WouldBlock => {
+                    if self.error_queue_pending {
+                        self.read_error_queue();
+                    }
+                    return 0;
+                }
                 _ => {
                     // ICMP errors queued on the socket and the like: count and carry on; the
                     // next call returns datagrams again.
@@ -322,6 +479,7 @@ impl BatchSocket {
             header.msg_iov = &mut iovecs[index];
             header.msg_iovlen = 1;
         }
+        let mut icmp_retries = 0;
         let sent = loop {
             // SAFETY: `count` headers, each pointing at a live datagram and address.
             let sent = unsafe {
@@ -336,12 +494,23 @@ impl BatchSocket {
                 break sent as usize;
             }
             let error = io::Error::last_os_error();
+            if self.is_icmp_report(&error) && icmp_retries < 4 {
+                // The socket's pending error was an ICMP report about an earlier datagram,
+                // not about these: read the report, and send them again.
+                icmp_retries += 1;
+                self.read_error_queue();
+                continue;
+            }
             match error.kind() {
                 io::ErrorKind::Interrupted => continue,
                 io::ErrorKind::WouldBlock => return Ok(0),
                 _ => return Err(()),
             }
         };
+        if sent < count && self.reports_unreachable {
+            // A send that stopped short may have taken the socket's pending error.
+            self.error_queue_pending = true;
+        }
         for _ in 0..sent {
             let transmit = self
                 .urgent
@@ -524,6 +693,40 @@ mod tests {
         assert_eq!(sender.counters().send_errors, 1);
         assert_eq!(receiver.receive_batch(), 1);
         assert_eq!(receiver.received(0).unwrap().1, &[2]);
+    }
+
+    #[test]
+    fn a_port_where_nothing_listens_is_reported_and_sending_goes_on() {
+        let mut sender = BatchSocket::bind(loopback(), 1024).unwrap();
+        sender.report_unreachable();
+        let closed = BatchSocket::bind(loopback(), 32).unwrap().local_addr();
+        let mut receiver = BatchSocket::bind(loopback(), 1024).unwrap();
+        sender.enqueue(Transmit {
+            destination: closed,
+            bytes: vec![1],
+        });
+        sender.flush();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut reports = Vec::new();
+        while reports.is_empty() && std::time::Instant::now() < deadline {
+            sender.receive_batch();
+            reports = sender.take_unreachable();
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(
+            reports,
+            [Unreachable {
+                addr: closed,
+                refused: true
+            }]
+        );
+        sender.enqueue(Transmit {
+            destination: receiver.local_addr(),
+            bytes: vec![2],
+        });
+        sender.flush();
+        assert_eq!(sender.counters().send_errors, 0);
+        assert_eq!(receiver.receive_batch(), 1);
     }
 
     #[test]

@@ -117,28 +117,28 @@ pub struct BenchArgs {
 
     /// A running device's PMNet port (`pmnet device --listen`), for mode pmnet. Giving any
     /// address measures running processes instead of starting a device and server here.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = crate::addr::parse_addr)]
     pub device: Option<SocketAddr>,
 
     /// A running device's forward port (`--forward-listen`), for mode forward.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = crate::addr::parse_addr)]
     pub forward: Option<SocketAddr>,
 
     /// A running device's echo port (`--echo-listen`), for mode echo.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = crate::addr::parse_addr)]
     pub echo: Option<SocketAddr>,
 
     /// A running server (`pmnet server --listen`), for mode baseline.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = crate::addr::parse_addr)]
     pub server: Option<SocketAddr>,
 
     /// A running device's metrics endpoint (its `--metrics`): read once, for the report's
     /// medium (otherwise the report says the medium is unknown).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = crate::addr::parse_addr)]
     pub device_metrics: Option<SocketAddr>,
 
     /// A running server's metrics endpoint (its `--metrics`), for the report's store medium.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = crate::addr::parse_addr)]
     pub server_metrics: Option<SocketAddr>,
 
     /// The server's id (its `--server-id`; the device's `--server ID=...`).

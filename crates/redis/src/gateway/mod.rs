@@ -18,6 +18,7 @@ use std::time::Duration;
 use pmnet_proto::{Client, ClientConfig, Transmit};
 use pmnet_runtime::metrics::{serve_metrics, Metrics, MetricsBoard};
 use pmnet_runtime::udp::BatchSocket;
+use pmnet_runtime::PeerWatch;
 use pmnet_runtime::{
     poll, random_session_id, run_loop, Clock, LoopCounters, LoopSettings, Node, PollFd, Ready,
     RuntimeError, Shutdown, Turn, WaitMode,
@@ -218,6 +219,8 @@ pub struct Gateway {
     /// Where clients' bytes are read into before they join a connection's input (kept, not
     /// zeroed anew for every read).
     scratch: Vec<u8>,
+    /// Whether the device (or its workers) answers.
+    devices: PeerWatch,
 }
 
 impl Gateway {
@@ -244,11 +247,15 @@ impl Gateway {
         } else {
             SocketAddr::from(([0u16; 8], 0))
         };
-        let socket = BatchSocket::bind(bind, 1 << 16).map_err(|source| GatewayError::Bind {
+        let mut socket = BatchSocket::bind(bind, 1 << 16).map_err(|source| GatewayError::Bind {
             what: "the gateway's UDP socket to",
             addr: bind,
             source,
         })?;
+        socket.report_unreachable();
+        let mut device_addrs = vec![options.device];
+        device_addrs.extend(&options.more_devices);
+        let devices = PeerWatch::new("device", "`pmnet device`", &device_addrs);
         let board = MetricsBoard::new();
         let metrics_addr = match options.metrics_listen {
             Some(addr) => Some(
@@ -280,6 +287,7 @@ impl Gateway {
             probe: Vec::new(),
             event_loop: LoopCounters::default(),
             scratch: vec![0; READ_CHUNK],
+            devices,
         })
     }
 
@@ -372,10 +380,19 @@ impl Gateway {
         if self.socket.queued_len() > 0 {
             self.socket.flush();
         }
+        if self.socket.has_unreachable() {
+            let reports = self.socket.take_unreachable();
+            self.devices.unreachable(&reports);
+        }
+        self.devices.check(std::time::Instant::now());
         // Close what is finished.
         for index in 0..self.conns.len() {
             if self.conns[index].as_ref().is_some_and(Conn::is_done) {
                 if let Some(conn) = self.conns[index].take() {
+                    tracing::trace!(
+                        session = conn.client.session_id(),
+                        "client connection closed"
+                    );
                     self.sessions.remove(&conn.client.session_id());
                     self.free.push(index);
                     self.counters.connections_closed += 1;
@@ -460,6 +477,11 @@ impl Gateway {
             };
             self.sessions.insert(session_id, index);
             self.counters.connections_accepted += 1;
+            tracing::trace!(
+                session = session_id,
+                client = ?self.conns[index].as_ref().and_then(|conn| conn.state.peer),
+                "client connection accepted"
+            );
         }
         any
     }
@@ -478,6 +500,7 @@ impl Gateway {
                 let Some((from, datagram)) = self.socket.received(index) else {
                     continue;
                 };
+                self.devices.heard(from);
                 let session = datagram
                     .get(pmnet_wire::field::SESSION_ID)
                     .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
@@ -549,7 +572,10 @@ impl Gateway {
             if consumed > 0 {
                 conn.input.drain(..consumed);
             }
+            let mut now = None;
             while let Some(transmit) = conn.client.poll_transmit() {
+                self.devices
+                    .sent_datagram(transmit.destination, &transmit.bytes, &mut now);
                 self.socket.enqueue(transmit);
             }
             while let Some(event) = conn.client.poll_event() {

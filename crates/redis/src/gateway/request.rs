@@ -46,6 +46,12 @@ pub(super) fn start_command(
     counters: &mut GatewayCounters,
 ) {
     let route = route(args, &options.policy);
+    tracing::trace!(
+        session = conn.client.session_id(),
+        command = %String::from_utf8_lossy(&args[0]),
+        route = ?route,
+        "command routed"
+    );
     if !conn.state.authenticated && !allowed_before_auth(&route) {
         counters.commands_rejected += 1;
         conn.slots

@@ -21,6 +21,7 @@ use pmnet_proto::{
 
 use crate::event_loop::{run_loop, LoopCounters, LoopSettings, Node, Ready, Turn};
 use crate::metrics::Metrics;
+use crate::peers::{wants_answer, PeerWatch};
 use crate::udp::{BatchSocket, BATCH_LEN};
 use crate::wait::Clock;
 use crate::wait::PollFd;
@@ -128,6 +129,11 @@ impl Persist<LogWork> for LogExecutor {
             .as_mut()
             .expect("log work asked for by a device with no log");
         let stats = log.persist_batch(&work);
+        tracing::trace!(
+            writes = stats.writes,
+            invalidations = stats.invalidations,
+            "log batch persisted"
+        );
         self.batches += 1;
         self.writes += stats.writes;
         self.invalidations += stats.invalidations;
@@ -175,6 +181,8 @@ pub struct DeviceRuntime {
     board: MetricsBoard,
     shutdown: Shutdown,
     counters: RuntimeCounters,
+    /// Whether the servers answer what the device forwards them.
+    servers: PeerWatch,
 }
 
 impl DeviceRuntime {
@@ -241,7 +249,16 @@ impl DeviceRuntime {
                 )
                 .with_batch_hold(options.batch_hold);
         }
+        let server_addrs: Vec<SocketAddr> = options.servers.iter().map(|(_, addr)| *addr).collect();
+        let servers = PeerWatch::new(
+            "server",
+            "`pmnet server` (or `pmnet redis-adaptor`)",
+            &server_addrs,
+        );
+        let mut data = sockets.data;
+        data.report_unreachable();
         let mut runtime = DeviceRuntime {
+            servers,
             options,
             clock,
             pipeline,
@@ -249,7 +266,7 @@ impl DeviceRuntime {
                 log,
                 ..LogExecutor::default()
             },
-            data: sockets.data,
+            data,
             forward,
             echo: sockets.echo,
             startup,
@@ -320,9 +337,15 @@ impl DeviceRuntime {
             let now = self.clock.now();
             for index in 0..count {
                 if let Some((from, datagram)) = self.data.received(index) {
+                    tracing::trace!(%from, len = datagram.len(), "datagram received");
+                    self.servers.heard(from);
                     self.pipeline.handle(now, from, datagram);
                 }
             }
+        }
+        if self.data.has_unreachable() {
+            let reports = self.data.take_unreachable();
+            self.servers.unreachable(&reports);
         }
         if let Some((forward, socket)) = self.forward.as_mut().filter(|_| ready.forward) {
             let count = socket.receive_batch();
@@ -365,6 +388,7 @@ impl DeviceRuntime {
             turn.more = true;
             self.pipeline.handle_timeout(now);
         }
+        self.servers.check(std::time::Instant::now());
         if let Some((forward, _)) = self.forward.as_mut() {
             if forward
                 .poll_timeout()
@@ -402,8 +426,13 @@ impl DeviceRuntime {
         loop {
             self.carry_out_persist_work();
             let mut emitted = false;
+            let mut now = None;
             while let Some(transmit) = self.pipeline.poll_transmit() {
                 emitted = true;
+                if wants_answer(&transmit.bytes) {
+                    let now = *now.get_or_insert_with(std::time::Instant::now);
+                    self.servers.sent(transmit.destination, now);
+                }
                 self.data.enqueue(transmit);
             }
             if let Some((forward, socket)) = self.forward.as_mut() {

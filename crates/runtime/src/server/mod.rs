@@ -21,6 +21,7 @@ use pmnet_store::{Application, IdealHandler, KvConfig, KvStore, NoSpace, Session
 
 use crate::event_loop::{run_loop, LoopCounters, LoopSettings, Node, Ready, Turn};
 use crate::metrics::Metrics;
+use crate::peers::{wants_answer, PeerWatch};
 use crate::udp::BatchSocket;
 use crate::wait::{Clock, PollFd};
 use crate::{
@@ -122,6 +123,8 @@ pub struct ServerRuntime {
     /// Since when updates have waited for room in the store, and when that was last said.
     store_full_since: Option<Instant>,
     store_full_warned: Option<Instant>,
+    /// Whether the devices answer the server's recovery polls and fill queries.
+    devices: PeerWatch,
 }
 
 /// How often a server whose store is full says so.
@@ -189,6 +192,11 @@ impl ServerRuntime {
             self.server.handle_timeout(now);
         }
         self.drain();
+        if self.socket.has_unreachable() {
+            let reports = self.socket.take_unreachable();
+            self.devices.unreachable(&reports);
+        }
+        self.devices.check(Instant::now());
         self.release_unapplied_slots();
         self.report_store_full();
         turn
@@ -253,6 +261,9 @@ impl ServerRuntime {
             let mut progressed = !applied.is_empty();
             while let Some(transmit) = self.server.poll_transmit() {
                 progressed = true;
+                if wants_answer(&transmit.bytes) {
+                    self.devices.sent(transmit.destination, Instant::now());
+                }
                 self.socket.enqueue(transmit);
             }
             if !progressed {

@@ -251,7 +251,11 @@ impl ServerRuntime {
             data: socket.local_addr(),
             metrics,
         };
+        let mut socket = socket;
+        socket.report_unreachable();
+        let devices = crate::peers::PeerWatch::new("device", "`pmnet device`", &options.devices);
         let mut runtime = ServerRuntime {
+            devices,
             options,
             clock,
             server,

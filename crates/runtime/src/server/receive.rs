@@ -64,6 +64,8 @@ impl ServerRuntime {
             let now = self.clock.now();
             for index in 0..count {
                 if let Some((from, datagram)) = self.socket.received(index) {
+                    tracing::trace!(%from, len = datagram.len(), "datagram received");
+                    self.devices.heard(from);
                     self.server.handle(now, from, datagram);
                 }
             }
@@ -80,7 +82,12 @@ impl ServerRuntime {
         else {
             return 0;
         };
+        let errors = receiver.counters().receive_errors;
         let count = receiver.receive(self.socket.raw_fd(), store, now_ns());
+        if receiver.counters().receive_errors != errors {
+            // An ICMP report about a datagram sent to a device, perhaps.
+            self.socket.note_receive_error_elsewhere();
+        }
         if count == 0 {
             return 0;
         }
@@ -94,6 +101,8 @@ impl ServerRuntime {
                         continue;
                     };
                     self.socket.count_received_elsewhere(datagram);
+                    tracing::trace!(%from, len = datagram.len(), slot, "datagram received");
+                    self.devices.heard(from);
                     self.server.handle(now, from, datagram);
                     let kept = match pmnet_wire::Packet::new_checked(datagram) {
                         Ok(packet)
@@ -130,6 +139,8 @@ impl ServerRuntime {
                 Received::Spilled { index, from } => {
                     let datagram = receiver.spilled(index);
                     self.socket.count_received_elsewhere(datagram);
+                    tracing::trace!(%from, len = datagram.len(), "datagram received (spilled)");
+                    self.devices.heard(from);
                     self.server.handle(now, from, datagram);
                 }
             }

@@ -1,0 +1,187 @@
+//! A peer that is not there is reported promptly, by role and address: a client whose device
+//! is not running, a device whose server is not, a server and a gateway whose device is not.
+//! Real processes; each test waits (with a generous deadline) for the warning on stderr and
+//! asserts on its words, never on how long it took.
+
+mod common;
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+
+use common::{args, device_args, free_udp_addr, poll_until, Node, Proc};
+
+/// Wait until `proc` has said `wanted` on stderr.
+fn wait_for_stderr(proc: &Proc, what: &str, wanted: impl Fn(&str) -> bool) -> String {
+    poll_until(what, || {
+        let stderr = proc.stderr();
+        if wanted(&stderr) {
+            Ok(stderr)
+        } else {
+            Err(stderr)
+        }
+    })
+}
+
+/// An address where a socket is bound but never read: datagrams to it are not refused, and
+/// never answered (a peer that is down without the network saying so).
+fn silent_peer() -> (UdpSocket, SocketAddr) {
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = socket.local_addr().unwrap();
+    (socket, addr)
+}
+
+#[test]
+fn a_client_names_a_device_where_nothing_listens() {
+    let addr = free_udp_addr();
+    let client = Proc::spawn(
+        "client",
+        &args(&[
+            "client",
+            "--device",
+            &addr.to_string(),
+            "--request-lifetime",
+            "2",
+            "set",
+            "k",
+            "v",
+        ]),
+    );
+    let stderr = wait_for_stderr(&client, "the client's final error", |text| {
+        text.contains("pmnet: error:")
+    });
+    assert!(
+        stderr.contains(&format!("nothing listens at {addr}")) && stderr.contains("`pmnet device`"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("server is unreachable"),
+        "blames the server: {stderr}"
+    );
+}
+
+#[test]
+fn a_client_warns_of_a_silent_device_and_fails_naming_it() {
+    let (_socket, addr) = silent_peer();
+    let client = Proc::spawn(
+        "client",
+        &args(&[
+            "client",
+            "--device",
+            &addr.to_string(),
+            "--request-lifetime",
+            "3",
+            "set",
+            "k",
+            "v",
+        ]),
+    );
+    let stderr = wait_for_stderr(&client, "the client's final error", |text| {
+        text.contains("pmnet: error:")
+    });
+    assert!(
+        stderr.contains(&format!("no reply from the device at {addr}")),
+        "no warning: {stderr}"
+    );
+    assert_eq!(
+        stderr.matches("no reply from the device").count(),
+        1,
+        "warned more than once: {stderr}"
+    );
+    let error = stderr
+        .lines()
+        .find(|line| line.contains("pmnet: error:"))
+        .unwrap();
+    assert!(
+        error.contains(&format!("the device at {addr} never answered")),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_device_names_a_server_that_is_not_running_and_says_when_it_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let server_addr = free_udp_addr();
+    let device_addr = free_udp_addr();
+    let device = Node::start(
+        "device",
+        device_args(device_addr, server_addr, &dir.path().join("device.log")),
+    );
+    // The device acks the update itself and forwards it to the server, which is not there.
+    let (status, stdout, stderr) = common::run_pmnet(
+        &args(&[
+            "client",
+            "--device",
+            &device_addr.to_string(),
+            "set",
+            "k",
+            "v",
+        ]),
+        None,
+    );
+    assert!(status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    let stderr = wait_for_stderr(&device.proc, "the device's warning", |text| {
+        text.contains(&server_addr.to_string()) && text.contains("the server")
+    });
+    assert!(
+        stderr.contains(&format!("nothing listens at {server_addr}"))
+            || stderr.contains(&format!("no reply from the server at {server_addr}")),
+        "{stderr}"
+    );
+    // The server starts where the device expects it: the device says it answers again.
+    let server = Node::start(
+        "server",
+        common::server_args(
+            server_addr,
+            device_addr,
+            &dir.path().join("server.data"),
+            None,
+        ),
+    );
+    wait_for_stderr(&device.proc, "the device's all-clear", |text| {
+        text.contains(&format!("the server at {server_addr} answers again"))
+    });
+    drop(server);
+}
+
+#[test]
+fn a_server_names_a_device_it_polls_in_vain() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_socket, device_addr) = silent_peer();
+    let server = Node::start(
+        "server",
+        common::server_args(
+            "127.0.0.1:0".parse().unwrap(),
+            device_addr,
+            &dir.path().join("server.data"),
+            None,
+        ),
+    );
+    wait_for_stderr(&server.proc, "the server's warning", |text| {
+        text.contains(&format!("no reply from the device at {device_addr}"))
+    });
+}
+
+#[test]
+fn a_gateway_names_a_device_that_is_not_running() {
+    let device_addr = free_udp_addr();
+    let gateway = Node::start(
+        "gateway",
+        args(&[
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--device",
+            &device_addr.to_string(),
+            "--report-interval",
+            "0",
+        ]),
+    );
+    let mut stream = TcpStream::connect(gateway.addr).unwrap();
+    stream
+        .write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n")
+        .unwrap();
+    wait_for_stderr(&gateway.proc, "the gateway's warning", |text| {
+        text.contains(&format!("nothing listens at {device_addr}"))
+            || text.contains(&format!("no reply from the device at {device_addr}"))
+    });
+}

@@ -15,7 +15,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
-use pmnet_proto::{Client, ClientConfig, Transmit};
+use pmnet_proto::{Client, ClientConfig, ClientLatency, Transmit};
 use pmnet_runtime::metrics::{serve_metrics, Metrics, MetricsBoard};
 use pmnet_runtime::udp::BatchSocket;
 use pmnet_runtime::{
@@ -215,6 +215,8 @@ pub struct Gateway {
     /// Where a turn not preceded by a wait looks at what is ready.
     probe: Vec<PollFd>,
     event_loop: LoopCounters,
+    /// The request latencies of the sessions closed so far.
+    latency_of_closed: ClientLatency,
 }
 
 impl Gateway {
@@ -276,6 +278,7 @@ impl Gateway {
             next_client_id: 1,
             probe: Vec::new(),
             event_loop: LoopCounters::default(),
+            latency_of_closed: ClientLatency::default(),
         })
     }
 
@@ -373,6 +376,7 @@ impl Gateway {
             if self.conns[index].as_ref().is_some_and(Conn::is_done) {
                 if let Some(conn) = self.conns[index].take() {
                     self.sessions.remove(&conn.client.session_id());
+                    self.latency_of_closed.merge(conn.client.latency());
                     self.free.push(index);
                     self.counters.connections_closed += 1;
                 }
@@ -609,6 +613,11 @@ impl Gateway {
         self.connection_metrics(&mut out);
         self.command_metrics(&mut out);
         self.socket_metrics(&mut out);
+        let mut latency = self.latency_of_closed.clone();
+        for conn in self.conns.iter().flatten() {
+            latency.merge(conn.client.latency());
+        }
+        pmnet_runtime::client_latency_metrics(&mut out, &latency);
         out
     }
 

@@ -58,6 +58,13 @@ impl DeviceRuntime {
         let mut out = Metrics::new();
         self.log_gauges(&mut out);
         device_counter_metrics(&mut out, "pmnet", &self.pipeline);
+        out.histogram(
+            "pmnet_device_log_entry_residency_seconds",
+            "Time a log entry stayed in the log: from logging and forwarding the update to its \
+             server-ACK (entries recovered at start-up are not counted).",
+            &[],
+            self.pipeline.device().entry_residency(),
+        );
         if let Some((forward, _)) = &self.forward {
             device_counter_metrics(&mut out, "forward", forward);
         }

@@ -1,0 +1,188 @@
+//! What the processes say about themselves: metrics that are current when scraped, latency
+//! histograms, the process metrics and build information, `pmnet status` and `pmnet log
+//! inspect`. Real `pmnet` processes on loopback; every wait polls with a generous deadline.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{session, Cluster};
+use pmnet_proto::Completion;
+use pmnet_runtime::metrics::{find_sample, scrape};
+use pmnet_store::Request;
+
+/// One scrape of `node`'s endpoint.
+fn scrape_once(node: &common::Node) -> String {
+    let addr = node.metrics.expect("a metrics endpoint");
+    scrape(addr, Duration::from_secs(10)).expect("scrape")
+}
+
+fn sample(text: &str, name: &str, labels: &str) -> f64 {
+    find_sample(text, name, labels)
+        .unwrap_or_else(|| panic!("no sample {name}{{{labels}}} in:\n{text}"))
+}
+
+/// The `(le, cumulative count)` buckets of histogram `name` (no other labels), checked to be
+/// cumulative and to end with `+Inf` equal to `_count`; returns `_count`.
+fn histogram_count(text: &str, name: &str) -> f64 {
+    assert!(
+        text.contains(&format!("# TYPE {name} histogram")),
+        "{name} is not a histogram in:\n{text}"
+    );
+    let prefix = format!("{name}_bucket{{le=\"");
+    let buckets: Vec<(String, f64)> = text
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(&prefix)?;
+            let (le, value) = rest.split_once("\"} ")?;
+            Some((le.to_owned(), value.parse().ok()?))
+        })
+        .collect();
+    assert!(buckets.len() >= 10, "{name}: too few buckets: {buckets:?}");
+    assert!(
+        buckets.windows(2).all(|pair| pair[0].1 <= pair[1].1),
+        "{name}: buckets not cumulative: {buckets:?}"
+    );
+    let bounds: Vec<f64> = buckets[..buckets.len() - 1]
+        .iter()
+        .map(|(le, _)| le.parse().expect("a bound"))
+        .collect();
+    assert!(
+        bounds.windows(2).all(|pair| pair[0] < pair[1]),
+        "{name}: bounds not increasing: {bounds:?}"
+    );
+    let (last_le, last) = buckets.last().expect("buckets").clone();
+    assert_eq!(last_le, "+Inf", "{name}: the last bucket is not +Inf");
+    let count = sample(text, &format!("{name}_count"), "");
+    assert_eq!(last, count, "{name}: +Inf bucket and _count differ");
+    let sum = sample(text, &format!("{name}_sum"), "");
+    assert!(sum >= 0.0 && sum.is_finite(), "{name}_sum = {sum}");
+    if count > 0.0 {
+        assert!(sum > 0.0, "{name}: {count} samples summing to 0");
+    }
+    count
+}
+
+#[test]
+fn a_scrape_right_after_the_last_reply_shows_every_request() {
+    const UPDATES: u32 = 25;
+    let cluster = Cluster::start();
+    let mut client = session(cluster.device_addr);
+    for index in 0..UPDATES {
+        let payload = Request::Set {
+            key: format!("key-{index}").as_bytes(),
+            value: b"value",
+        }
+        .to_bytes();
+        match client.update(&payload).expect("SET completes") {
+            Completion::Logged { .. } => {}
+            other => panic!("SET {index} completed with {other:?}"),
+        }
+    }
+    // A read in the same session is applied after every update before it, and its reply
+    // passes the device after their server-ACKs: once it is here, everything is counted.
+    let read = Request::Get { key: b"key-0" }.to_bytes();
+    assert!(matches!(
+        client.bypass(&read).expect("GET completes"),
+        Completion::Replied { .. }
+    ));
+
+    // One scrape each, at once: no polling.
+    let device = scrape_once(cluster.device());
+    let server = scrape_once(cluster.server());
+
+    let n = f64::from(UPDATES);
+    let port = "port=\"pmnet\"";
+    assert_eq!(
+        sample(&device, "pmnet_device_updates_logged_total", port),
+        n
+    );
+    assert_eq!(
+        sample(&device, "pmnet_device_pmnet_acks_sent_total", port),
+        n
+    );
+    // (Retransmissions are counted too: at least the one read.)
+    assert!(sample(&device, "pmnet_device_bypass_forwarded_total", port) >= 1.0);
+    assert_eq!(
+        sample(&device, "pmnet_device_entries_invalidated_total", port),
+        n
+    );
+    let received_updates = sample(
+        &device,
+        "pmnet_packets_received_total",
+        "socket=\"device\",type=\"update\"",
+    );
+    assert!(received_updates >= n, "device received {received_updates}");
+    assert_eq!(
+        histogram_count(&device, "pmnet_device_log_entry_residency_seconds"),
+        n
+    );
+
+    assert_eq!(
+        sample(&server, "pmnet_server_requests_applied_total", ""),
+        n + 1.0
+    );
+    assert!(sample(&server, "pmnet_server_request_fragments_received_total", "") >= n + 1.0);
+    // The packet store receives straight into its slots; its socket counters count them.
+    let server_received: f64 = server
+        .lines()
+        .filter(|line| line.starts_with("pmnet_packets_received_total{socket=\"server\""))
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    assert!(server_received >= 1.0, "server received {server_received}");
+    assert!(sample(&server, "pmnet_bytes_received_total", "socket=\"server\"") > 0.0);
+
+    // The session's own histograms (what the gateway publishes for its sessions).
+    let latency = client_latency(&client);
+    assert_eq!(latency.pmnet_ack.count(), u64::from(UPDATES));
+    assert_eq!(latency.server_reply.count(), 1);
+}
+
+fn client_latency(client: &pmnet_runtime::ClientSession) -> pmnet_proto::ClientLatency {
+    client.latency().clone()
+}
+
+#[test]
+fn every_process_publishes_process_metrics_and_build_info() {
+    let cluster = Cluster::start();
+    for node in [cluster.device(), cluster.server()] {
+        let text = scrape_once(node);
+        for name in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_virtual_memory_bytes",
+            "process_open_fds",
+            "process_max_fds",
+            "process_start_time_seconds",
+        ] {
+            let value = sample(&text, name, "");
+            assert!(value > 0.0, "{name} = {value}");
+        }
+        assert!(
+            sample(&text, "process_virtual_memory_bytes", "")
+                >= sample(&text, "process_resident_memory_bytes", "")
+        );
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let started = sample(&text, "process_start_time_seconds", "");
+        assert!(
+            started <= now + 2.0 && started > now - 3600.0,
+            "started {started}, now {now}"
+        );
+        let info = text
+            .lines()
+            .find(|line| line.starts_with("pmnet_build_info{"))
+            .unwrap_or_else(|| panic!("no pmnet_build_info in:\n{text}"));
+        assert!(info.ends_with("} 1"), "{info}");
+        let version = format!("version=\"{}\"", env!("CARGO_PKG_VERSION"));
+        assert!(info.contains(&version), "{info}");
+        assert!(info.contains("commit=\""), "{info}");
+        assert!(
+            info.contains("profile=\"debug\"") || info.contains("profile=\"release\""),
+            "{info}"
+        );
+        assert!(info.contains("rustc=\"rustc "), "{info}");
+    }
+}

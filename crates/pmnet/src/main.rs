@@ -11,6 +11,7 @@ mod redis;
 mod redis_up;
 mod session_bench;
 mod sim;
+mod status;
 mod store_bench;
 
 use std::process::ExitCode;
@@ -83,6 +84,9 @@ enum Command {
     SessionBench(session_bench::SessionBenchArgs),
     /// Make a deployment key file for `--key-file` (see docs/security.md).
     Keygen(keygen::KeygenArgs),
+    /// Show a running device's or server's state: log occupancy, sessions, recovery, peers,
+    /// counters (ADDR: its --metrics address).
+    Status(status::StatusArgs),
 }
 
 impl Command {
@@ -102,6 +106,7 @@ impl Command {
             Command::DrainBench(_) => "drain-bench",
             Command::SessionBench(_) => "session-bench",
             Command::Keygen(_) => "keygen",
+            Command::Status(_) => "status",
         }
     }
 }
@@ -133,6 +138,7 @@ fn main() -> ExitCode {
         Command::DrainBench(args) => drain_bench::run(args),
         Command::SessionBench(args) => session_bench::run(args),
         Command::Keygen(args) => keygen::run(args),
+        Command::Status(args) => status::run(args),
     };
     match result {
         Ok(code) => code,

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{session, Cluster};
+use common::{args, run_pmnet, session, Cluster};
 use pmnet_proto::Completion;
 use pmnet_runtime::metrics::{find_sample, scrape};
 use pmnet_store::Request;
@@ -184,5 +184,107 @@ fn every_process_publishes_process_metrics_and_build_info() {
             "{info}"
         );
         assert!(info.contains("rustc=\"rustc "), "{info}");
+    }
+}
+
+#[test]
+fn pmnet_status_describes_a_running_device_and_server() {
+    let cluster = Cluster::start();
+    let mut client = session(cluster.device_addr);
+    for index in 0..5 {
+        let payload = Request::Set {
+            key: format!("status-{index}").as_bytes(),
+            value: b"v",
+        }
+        .to_bytes();
+        client.update(&payload).expect("SET completes");
+    }
+    let read = Request::Get { key: b"status-0" }.to_bytes();
+    client.bypass(&read).expect("GET completes");
+
+    let device_metrics = cluster.device().metrics.unwrap().to_string();
+    let (status, stdout, stderr) = run_pmnet(&args(&["status", &device_metrics]), None);
+    assert!(status.success(), "pmnet status failed: {stderr}");
+    assert!(
+        stdout.starts_with("pmnet device 1 listening on "),
+        "{stdout}"
+    );
+    for wanted in [
+        "log:",
+        "of 1024 slots used",
+        "sessions:   1 known",
+        "recovery:   none in progress",
+        &format!("server 1 {}, heard ", cluster.server_addr),
+        "1 client address(es)",
+        "updates logged 5",
+    ] {
+        assert!(stdout.contains(wanted), "no {wanted:?} in:\n{stdout}");
+    }
+
+    let (status, stdout, stderr) = run_pmnet(&args(&["status", "--json", &device_metrics]), None);
+    assert!(status.success(), "pmnet status --json failed: {stderr}");
+    let json: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(json["role"], "device");
+    assert_eq!(json["id"], 1);
+    assert_eq!(json["log"]["slots"], 1024);
+    assert_eq!(json["log"]["entries_used"], 0);
+    assert_eq!(json["counters"]["updates_logged"], 5);
+    assert_eq!(json["recovery"]["in_progress"], false);
+    assert!(json["uptime_seconds"].as_f64().unwrap() > 0.0);
+    assert!(json["build"]["commit"].is_string());
+
+    let server_metrics = cluster.server().metrics.unwrap().to_string();
+    let (status, stdout, stderr) = run_pmnet(&args(&["status", "--json", &server_metrics]), None);
+    assert!(status.success(), "pmnet status --json failed: {stderr}");
+    let json: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(json["role"], "server");
+    assert_eq!(json["engine"], "packet");
+    assert_eq!(json["counters"]["requests_applied"], 6);
+    assert_eq!(json["recovery"]["in_progress"], false);
+    assert_eq!(
+        json["peers"]["devices"][0]["addr"],
+        cluster.device_addr.to_string()
+    );
+    let (status, stdout, _) = run_pmnet(&args(&["status", &server_metrics]), None);
+    assert!(status.success());
+    assert!(
+        stdout.starts_with("pmnet server 1 listening on "),
+        "{stdout}"
+    );
+    assert!(stdout.contains("requests applied 6"), "{stdout}");
+}
+
+#[test]
+fn pmnet_status_says_when_nothing_or_something_else_listens() {
+    // Nothing listens: a port that was free a moment ago.
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (status, _, stderr) = run_pmnet(&args(&["status", &free.to_string()]), None);
+    assert!(!status.success());
+    assert!(stderr.contains("nothing listens on"), "{stderr}");
+
+    // An HTTP server that is not pmnet's, and a TCP server that does not speak HTTP.
+    for answer in [
+        &b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"[..],
+        &b"220 welcome to something else\r\n"[..],
+    ] {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut buffer = [0u8; 1024];
+            let _ = stream.read(&mut buffer);
+            let _ = stream.write_all(answer);
+        });
+        let (status, _, stderr) = run_pmnet(&args(&["status", &addr.to_string()]), None);
+        assert!(!status.success());
+        assert!(
+            stderr.contains("is not a pmnet metrics endpoint"),
+            "{stderr}"
+        );
+        server.join().unwrap();
     }
 }

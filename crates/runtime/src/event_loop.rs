@@ -112,8 +112,9 @@ fn published<N: Node>(node: &N) -> crate::Metrics {
     metrics
 }
 
-/// Publish `node`'s metrics and status to `board`.
-fn publish<N: Node>(node: &N, board: &MetricsBoard) {
+/// Publish `node`'s metrics (with the process's) and status to `board`; the loop does it when
+/// a scrape asks and every so often, a node's `open` once before its loop runs.
+pub fn publish_node<N: Node>(node: &N, board: &MetricsBoard) {
     let metrics = published(node);
     match node.status() {
         Some(mut status) => {
@@ -158,7 +159,7 @@ pub fn run_loop<N: Node>(
         pin_current_thread(cpu).map_err(RuntimeError::Pin)?;
     }
     if let Some(board) = board {
-        publish(node, board);
+        publish_node(node, board);
         board.set_live(true);
     }
     let mut next_publish = Instant::now() + METRICS_PUBLISH_INTERVAL;
@@ -186,7 +187,7 @@ pub fn run_loop<N: Node>(
         let wall = Instant::now();
         // A scrape waiting for fresh values is answered at the end of this turn.
         if let Some(board) = board.filter(|board| board.is_wanted() || wall >= next_publish) {
-            publish(node, board);
+            publish_node(node, board);
             next_publish = wall + METRICS_PUBLISH_INTERVAL;
         }
         if let (Some(at), Some(interval)) = (next_report, settings.report_interval) {
@@ -230,7 +231,7 @@ pub fn run_loop<N: Node>(
     }
     drain(node);
     if let Some(board) = board {
-        publish(node, board);
+        publish_node(node, board);
         board.set_live(false);
     }
     if settings.report_at_stop {

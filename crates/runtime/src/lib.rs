@@ -22,6 +22,7 @@ mod device;
 mod event_loop;
 mod keys;
 pub mod metrics;
+mod peers;
 mod relay;
 mod server;
 mod shutdown;
@@ -37,7 +38,9 @@ pub use device::{
     stale_worker_logs, worker_log_path, DeviceAddresses, DeviceOptions, DeviceRuntime,
     DeviceStartup, LogOptions, ECHO_MAX_QUEUED, WORKERS_MAX,
 };
-pub use event_loop::{run_loop, wait_once, LoopCounters, LoopSettings, Node, Ready, Turn};
+pub use event_loop::{
+    publish_node, run_loop, wait_once, LoopCounters, LoopSettings, Node, Ready, Turn,
+};
 pub use keys::{auth_text, load_key_file};
 pub use metrics::{Metrics, MetricsBoard};
 pub use pmnet_auth::KeySet;

@@ -311,6 +311,14 @@ impl Device {
         counts
     }
 
+    /// Live entries recovered from the log at start-up (not yet acked by their servers).
+    pub fn recovered_entries_live(&self) -> usize {
+        self.entries
+            .values()
+            .filter(|entry| entry.logged_at.is_none())
+            .count()
+    }
+
     /// Client sessions whose address the device knows.
     pub fn known_session_count(&self) -> usize {
         self.clients.len()

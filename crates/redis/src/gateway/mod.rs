@@ -261,7 +261,7 @@ impl Gateway {
             ),
             None => None,
         };
-        Ok(Gateway {
+        let gateway = Gateway {
             options,
             clock: Clock::new(),
             listener,
@@ -279,7 +279,9 @@ impl Gateway {
             probe: Vec::new(),
             event_loop: LoopCounters::default(),
             latency_of_closed: ClientLatency::default(),
-        })
+        };
+        pmnet_runtime::publish_node(&gateway, &gateway.board);
+        Ok(gateway)
     }
 
     /// The TCP address clients connect to.

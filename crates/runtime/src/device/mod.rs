@@ -175,6 +175,8 @@ pub struct DeviceRuntime {
     board: MetricsBoard,
     shutdown: Shutdown,
     counters: RuntimeCounters,
+    /// Who the data socket last heard from, and when.
+    peers: crate::peers::PeerBook,
 }
 
 impl DeviceRuntime {
@@ -257,10 +259,11 @@ impl DeviceRuntime {
             board,
             shutdown,
             counters: RuntimeCounters::default(),
+            peers: crate::peers::PeerBook::default(),
         };
         // Recovered entries are resent to their servers right away, and rejected slots freed.
         runtime.drain();
-        runtime.board.publish(&runtime.metrics());
+        crate::publish_node(&runtime, &runtime.board);
         Ok(runtime)
     }
 
@@ -320,6 +323,7 @@ impl DeviceRuntime {
             let now = self.clock.now();
             for index in 0..count {
                 if let Some((from, datagram)) = self.data.received(index) {
+                    self.peers.heard(from, now);
                     self.pipeline.handle(now, from, datagram);
                 }
             }
@@ -494,6 +498,10 @@ impl Node for DeviceRuntime {
 
     fn metrics(&self) -> Metrics {
         DeviceRuntime::metrics(self)
+    }
+
+    fn status(&self) -> Option<serde_json::Value> {
+        Some(DeviceRuntime::status(self))
     }
 
     fn report_line(&self) -> String {

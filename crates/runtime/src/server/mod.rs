@@ -122,6 +122,8 @@ pub struct ServerRuntime {
     /// Since when updates have waited for room in the store, and when that was last said.
     store_full_since: Option<Instant>,
     store_full_warned: Option<Instant>,
+    /// Who the socket last heard from, and when.
+    peers: crate::peers::PeerBook,
 }
 
 /// How often a server whose store is full says so.
@@ -331,6 +333,10 @@ impl Node for ServerRuntime {
 
     fn metrics(&self) -> Metrics {
         ServerRuntime::metrics(self)
+    }
+
+    fn status(&self) -> Option<serde_json::Value> {
+        Some(ServerRuntime::status(self))
     }
 
     fn report_line(&self) -> String {

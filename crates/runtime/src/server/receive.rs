@@ -64,6 +64,7 @@ impl ServerRuntime {
             let now = self.clock.now();
             for index in 0..count {
                 if let Some((from, datagram)) = self.socket.received(index) {
+                    self.peers.heard(from, now);
                     self.server.handle(now, from, datagram);
                 }
             }
@@ -94,6 +95,7 @@ impl ServerRuntime {
                         continue;
                     };
                     self.socket.count_received_elsewhere(datagram);
+                    self.peers.heard(from, now);
                     self.server.handle(now, from, datagram);
                     let kept = match pmnet_wire::Packet::new_checked(datagram) {
                         Ok(packet)
@@ -130,6 +132,7 @@ impl ServerRuntime {
                 Received::Spilled { index, from } => {
                     let datagram = receiver.spilled(index);
                     self.socket.count_received_elsewhere(datagram);
+                    self.peers.heard(from, now);
                     self.server.handle(now, from, datagram);
                 }
             }

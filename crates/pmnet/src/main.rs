@@ -6,6 +6,7 @@ mod config;
 mod demo;
 mod drain_bench;
 mod keygen;
+mod log_inspect;
 mod node;
 mod redis;
 mod redis_up;
@@ -87,6 +88,9 @@ enum Command {
     /// Show a running device's or server's state: log occupancy, sessions, recovery, peers,
     /// counters (ADDR: its --metrics address).
     Status(status::StatusArgs),
+    /// Look into a device's log file offline: `pmnet log inspect FILE` lists its live entries
+    /// and damaged slots, never changing the file.
+    Log(log_inspect::LogArgs),
 }
 
 impl Command {
@@ -107,6 +111,7 @@ impl Command {
             Command::SessionBench(_) => "session-bench",
             Command::Keygen(_) => "keygen",
             Command::Status(_) => "status",
+            Command::Log(_) => "log",
         }
     }
 }
@@ -139,6 +144,7 @@ fn main() -> ExitCode {
         Command::SessionBench(args) => session_bench::run(args),
         Command::Keygen(args) => keygen::run(args),
         Command::Status(args) => status::run(args),
+        Command::Log(args) => log_inspect::run(args),
     };
     match result {
         Ok(code) => code,

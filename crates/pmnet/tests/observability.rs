@@ -10,6 +10,7 @@ use common::{args, run_pmnet, session, Cluster};
 use pmnet_proto::Completion;
 use pmnet_runtime::metrics::{find_sample, scrape};
 use pmnet_store::Request;
+use rand::SeedableRng;
 
 /// One scrape of `node`'s endpoint.
 fn scrape_once(node: &common::Node) -> String {
@@ -287,4 +288,123 @@ fn pmnet_status_says_when_nothing_or_something_else_listens() {
         );
         server.join().unwrap();
     }
+}
+
+#[test]
+fn pmnet_log_inspect_lists_live_entries_and_damage_without_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("device.log");
+    // A device whose server never answers: its updates stay in the log.
+    let absent_server = common::free_udp_addr();
+    let mut device = common::Node::start(
+        "device",
+        common::device_args(common::free_udp_addr(), absent_server, &log),
+    );
+    let mut client = session(device.addr);
+    for index in 0..3 {
+        let payload = Request::Set {
+            key: format!("inspect-{index}").as_bytes(),
+            value: b"logged value",
+        }
+        .to_bytes();
+        assert!(matches!(
+            client.update(&payload).expect("SET completes"),
+            Completion::Logged { .. }
+        ));
+    }
+    device.proc.stop();
+    let log_text = log.display().to_string();
+    let before = std::fs::read(&log).unwrap();
+
+    let (status, stdout, stderr) = run_pmnet(&args(&["log", "inspect", &log_text]), None);
+    assert!(status.success(), "{stderr}\n{stdout}");
+    assert!(stdout.contains("1024 slots of 2048 bytes"), "{stdout}");
+    assert!(
+        stdout.contains("summary: 3 live entries in 1024 slots"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("by server: server 1: 3"), "{stdout}");
+    assert!(stdout.contains("inspect-0"), "{stdout}");
+    assert!(stdout.contains("damaged slots: none"), "{stdout}");
+    assert_eq!(
+        std::fs::read(&log).unwrap(),
+        before,
+        "inspect changed the file"
+    );
+
+    let (status, stdout, _) = run_pmnet(&args(&["log", "inspect", "--json", &log_text]), None);
+    assert!(status.success());
+    let json: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(json["live_entries"], 3);
+    assert_eq!(json["entries_by_server"]["1"], 3);
+    let entries = json["entries"].as_array().unwrap();
+    assert!(entries
+        .iter()
+        .all(|entry| entry["type"] == "update" && entry["server_id"] == 1));
+    let mut seqs: Vec<u64> = entries
+        .iter()
+        .map(|entry| entry["seq"].as_u64().unwrap())
+        .collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, vec![1, 2, 3]);
+    // One session, its highest sequence number 3.
+    assert_eq!(json["sessions"].as_array().unwrap().len(), 1);
+    assert_eq!(json["sessions"][0]["highest_seq"], 3);
+    assert_eq!(json["sessions"][0]["session_id"], client.session_id());
+    assert_eq!(json["damaged"].as_array().unwrap().len(), 0);
+
+    // A damaged slot: one byte of a live entry's packet flipped.
+    let slot = entries[0]["slot"].as_u64().unwrap() as usize;
+    let mut damaged = before.clone();
+    damaged[4096 + slot * 2048 + 64 + 20] ^= 0x5a;
+    let damaged_path = dir.path().join("damaged.log");
+    std::fs::write(&damaged_path, &damaged).unwrap();
+    let (status, stdout, stderr) = run_pmnet(
+        &args(&["log", "inspect", &damaged_path.display().to_string()]),
+        None,
+    );
+    assert_eq!(status.code(), Some(2), "{stderr}\n{stdout}");
+    assert!(stdout.contains("summary: 2 live entries"), "{stdout}");
+    assert!(stdout.contains("DAMAGED: 1 slot(s)"), "{stdout}");
+    assert!(stdout.contains("fail their CRC32C"), "{stdout}");
+    assert_eq!(std::fs::read(&damaged_path).unwrap(), damaged);
+
+    // Cut short in the middle of the slots.
+    let truncated = dir.path().join("truncated.log");
+    std::fs::write(&truncated, &before[..4096 + 100 * 2048 + 7]).unwrap();
+    let (status, stdout, stderr) = run_pmnet(
+        &args(&["log", "inspect", &truncated.display().to_string()]),
+        None,
+    );
+    assert_eq!(status.code(), Some(2), "{stderr}\n{stdout}");
+    assert!(
+        stdout.contains("TRUNCATED: the file ends after 100 of 1024 slots"),
+        "{stdout}"
+    );
+
+    // Not a log: random bytes, a short file, an empty file, a missing file.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(common::seed("log_inspect_random"));
+    for len in [0usize, 100, 4096, 100_000] {
+        let mut bytes = vec![0u8; len];
+        rand::RngCore::fill_bytes(&mut rng, &mut bytes);
+        let path = dir.path().join(format!("random-{len}.bin"));
+        std::fs::write(&path, &bytes).unwrap();
+        let (status, stdout, stderr) = run_pmnet(
+            &args(&["log", "inspect", &path.display().to_string()]),
+            None,
+        );
+        assert_eq!(status.code(), Some(1), "{len} bytes: {stdout}\n{stderr}");
+        assert!(stderr.contains("holds no pmnet device log"), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    let (status, _, stderr) = run_pmnet(
+        &args(&[
+            "log",
+            "inspect",
+            &dir.path().join("missing.log").display().to_string(),
+        ]),
+        None,
+    );
+    assert_eq!(status.code(), Some(1));
+    assert!(stderr.contains("cannot read"), "{stderr}");
 }

@@ -210,7 +210,7 @@ fn describe_device(status: &Value, out: &mut String) {
             .unwrap_or_default();
         let _ = writeln!(
             out,
-            "  log:        {}: {} of {} slots used ({:.1}%; {} of {} bytes){}",
+            "  log:        {}: {} of {} slots used ({:.2}%; {} of {} bytes){}",
             text(&log["path"]),
             used,
             slots,
@@ -236,16 +236,26 @@ fn describe_device(status: &Value, out: &mut String) {
     let recovery = &status["recovery"];
     let line = if recovery["in_progress"] == Value::Bool(true) {
         format!(
-            "IN PROGRESS: {} entries recovered from the log not yet acked, {} queued for \
-             replay, {} resent and not yet acked",
+            "IN PROGRESS: {} entries recovered from the log at start-up not yet acked by their \
+             servers",
             text(&recovery["recovered_entries_left"]),
-            text(&recovery["replay_queued"]),
-            text(&recovery["replay_unacked"]),
         )
     } else {
-        "none in progress (every recovered entry acked, no replay queued)".to_owned()
+        "none in progress (every entry recovered at start-up is acked)".to_owned()
     };
     let _ = writeln!(out, "  recovery:   {line}");
+    let replay = &status["replay"];
+    let line = if replay["in_progress"] == Value::Bool(true) {
+        format!(
+            "IN PROGRESS: entries resent to servers that had not acked them in time: {} queued, \
+             {} resent and not yet acked",
+            text(&replay["queued"]),
+            text(&replay["resent_unacked"]),
+        )
+    } else {
+        "nothing being resent".to_owned()
+    };
+    let _ = writeln!(out, "  replay:     {line}");
 }
 
 fn describe_server(status: &Value, out: &mut String) {

@@ -215,6 +215,7 @@ fn pmnet_status_describes_a_running_device_and_server() {
         "of 1024 slots used",
         "sessions:   1 known",
         "recovery:   none in progress",
+        "replay:     nothing being resent",
         &format!("server 1 {}, heard ", cluster.server_addr),
         "1 client address(es)",
         "updates logged 5",
@@ -231,6 +232,7 @@ fn pmnet_status_describes_a_running_device_and_server() {
     assert_eq!(json["log"]["entries_used"], 0);
     assert_eq!(json["counters"]["updates_logged"], 5);
     assert_eq!(json["recovery"]["in_progress"], false);
+    assert_eq!(json["replay"]["in_progress"], false);
     assert!(json["uptime_seconds"].as_f64().unwrap() > 0.0);
     assert!(json["build"]["commit"].is_string());
 
@@ -407,4 +409,26 @@ fn pmnet_log_inspect_lists_live_entries_and_damage_without_writing() {
     );
     assert_eq!(status.code(), Some(1));
     assert!(stderr.contains("cannot read"), "{stderr}");
+
+    // The device restarted on its log, its server still absent: recovery in progress.
+    let device = common::Node::start(
+        "device",
+        common::device_args(common::free_udp_addr(), absent_server, &log),
+    );
+    let metrics = device.metrics.unwrap().to_string();
+    let (status, stdout, stderr) = run_pmnet(&args(&["status", "--json", &metrics]), None);
+    assert!(status.success(), "{stderr}");
+    let json: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(json["recovery"]["in_progress"], true, "{json}");
+    assert_eq!(json["recovery"]["recovered_entries_left"], 3, "{json}");
+    assert_eq!(json["log"]["entries_used"], 3, "{json}");
+    assert_eq!(json["log"]["recovered_at_start"], 3, "{json}");
+    assert_eq!(json["log"]["entries_by_server"]["1"], 3, "{json}");
+    let (status, stdout, _) = run_pmnet(&args(&["status", &metrics]), None);
+    assert!(status.success());
+    assert!(
+        stdout.contains("recovery:   IN PROGRESS: 3 entries recovered from the log"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("3 of 1024 slots used"), "{stdout}");
 }

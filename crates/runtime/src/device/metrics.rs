@@ -106,10 +106,13 @@ impl DeviceRuntime {
             "log": log,
             "sessions_known": device.known_session_count(),
             "recovery": {
-                "in_progress": recovered_left > 0 || queued > 0 || resent_unacked > 0,
+                "in_progress": recovered_left > 0,
                 "recovered_entries_left": recovered_left,
-                "replay_queued": queued,
-                "replay_unacked": resent_unacked,
+            },
+            "replay": {
+                "in_progress": queued > 0 || resent_unacked > 0,
+                "queued": queued,
+                "resent_unacked": resent_unacked,
             },
             "peers": {
                 "servers": servers,

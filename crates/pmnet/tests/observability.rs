@@ -66,8 +66,17 @@ fn histogram_count(text: &str, name: &str) -> f64 {
 
 #[test]
 fn a_scrape_right_after_the_last_reply_shows_every_request() {
+    // Every engine counts what its server receives (the packet store receives straight into
+    // its own slots, past the socket's buffers).
+    for engine in ["packet", "conventional", "kv"] {
+        scrape_after_traffic(engine);
+    }
+}
+
+fn scrape_after_traffic(engine: &'static str) {
     const UPDATES: u32 = 25;
-    let cluster = Cluster::start();
+    eprintln!("engine {engine}");
+    let cluster = Cluster::start_with_engine(Some(engine));
     let mut client = session(cluster.device_addr);
     for index in 0..UPDATES {
         let payload = Request::Set {

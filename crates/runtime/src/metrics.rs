@@ -708,6 +708,73 @@ mod tests {
     }
 
     #[test]
+    fn histograms_render_cumulative_buckets_sum_and_count() {
+        let mut histogram = LatencyHistogram::new();
+        histogram.record(Duration::from_micros(3));
+        histogram.record(Duration::from_millis(2));
+        let mut metrics = Metrics::new();
+        metrics.histogram("pmnet_t_seconds", "T.", &[("port", "p")], &histogram);
+        let text = metrics.render();
+        assert!(
+            text.contains("# TYPE pmnet_t_seconds histogram\n"),
+            "{text}"
+        );
+        let bucket = |le: &str| {
+            find_sample(
+                &text,
+                "pmnet_t_seconds_bucket",
+                &format!("port=\"p\",le=\"{le}\""),
+            )
+        };
+        assert_eq!(bucket("0.000005"), Some(1.0), "{text}");
+        assert_eq!(bucket("0.001"), Some(1.0), "{text}");
+        assert_eq!(bucket("0.0025"), Some(2.0), "{text}");
+        assert_eq!(bucket("+Inf"), Some(2.0), "{text}");
+        assert_eq!(
+            find_sample(&text, "pmnet_t_seconds_count", "port=\"p\""),
+            Some(2.0)
+        );
+        let sum = find_sample(&text, "pmnet_t_seconds_sum", "port=\"p\"").unwrap();
+        assert!((sum - 0.002003).abs() < 1e-9, "{sum}");
+        assert_eq!(
+            metrics.value("pmnet_t_seconds_count", &[("port", "p")]),
+            Some(2.0)
+        );
+    }
+
+    #[test]
+    fn a_scrape_waits_for_the_loop_to_publish_afresh() {
+        let board = MetricsBoard::new();
+        let mut metrics = Metrics::new();
+        metrics.counter("pmnet_n_total", "N.", &[], 1);
+        board.publish(&metrics);
+        board.set_live(true);
+        // A loop that publishes only when asked, with what it counted by then.
+        let loop_board = board.clone();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let looping = thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                if loop_board.is_wanted() {
+                    let mut metrics = Metrics::new();
+                    metrics.counter("pmnet_n_total", "N.", &[], 2);
+                    loop_board.publish_with_status(&metrics, "{\"pmnet_status\":1}".into());
+                }
+                thread::yield_now();
+            }
+        });
+        let (text, status) = board.fresh(Duration::from_secs(30));
+        assert_eq!(find_sample(&text, "pmnet_n_total", ""), Some(2.0));
+        assert_eq!(status, "{\"pmnet_status\":1}");
+        stop.store(true, Ordering::Relaxed);
+        looping.join().unwrap();
+        // No loop running: the last publication at once.
+        board.set_live(false);
+        let (text, _) = board.fresh(Duration::from_secs(30));
+        assert_eq!(find_sample(&text, "pmnet_n_total", ""), Some(2.0));
+    }
+
+    #[test]
     fn the_endpoint_serves_what_was_published() {
         let board = MetricsBoard::new();
         let shutdown = Shutdown::new();
@@ -722,6 +789,13 @@ mod tests {
         board.publish(&metrics);
         let text = scrape(addr, Duration::from_secs(5)).unwrap();
         assert_eq!(find_sample(&text, "pmnet_z_total", ""), Some(42.0));
+        // No status published: /status is a pmnet 404; then the status as published.
+        let response = get(addr, "/status", Duration::from_secs(5)).unwrap();
+        assert_eq!((response.code, response.from_pmnet), (404, true));
+        board.publish_with_status(&metrics, "{\"pmnet_status\":1}".into());
+        let response = get(addr, "/status?x=1", Duration::from_secs(5)).unwrap();
+        assert_eq!(response.code, 200);
+        assert_eq!(response.body, "{\"pmnet_status\":1}");
         shutdown.request();
     }
 }

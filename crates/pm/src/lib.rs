@@ -10,8 +10,9 @@ mod region;
 mod sim;
 
 pub use log::{
-    scan_for_entries, BatchStats, EntryKey, EntryScan, LogError, LogRecovery, LogWork, PmLog,
-    RecoveredEntry, RejectedSlot, SlotDamage, REJECTED_SLOTS_DESCRIBED,
+    inspect as inspect_log, scan_for_entries, BatchStats, EntryKey, EntryScan, LogError,
+    LogInspection, LogRecovery, LogWork, PmLog, RecoveredEntry, RejectedSlot, SlotDamage,
+    REJECTED_SLOTS_DESCRIBED,
 };
 #[cfg(target_os = "linux")]
 pub use log_file::{open_log_file, LogFileError, LogFileOpened, LogFileOptions};

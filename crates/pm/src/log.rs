@@ -559,65 +559,150 @@ impl<R: PmRegion> PmLog<R> {
     /// The return address recorded in `slot` (meaningful only for a valid slot).
     fn return_address(&self, slot: u32) -> Option<SocketAddr> {
         let offset = self.slot_offset(slot);
-        let header = &self.region.bytes()[offset..offset + SLOT_HEADER_SIZE];
-        let port = read_u16(header, HEADER_RETURN_PORT);
-        let ip_bytes = &header[HEADER_RETURN_IP..HEADER_RETURN_IP + 16];
-        let ip = match header[HEADER_RETURN_FAMILY] {
-            4 => IpAddr::V4(Ipv4Addr::new(
-                ip_bytes[0],
-                ip_bytes[1],
-                ip_bytes[2],
-                ip_bytes[3],
-            )),
-            6 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(ip_bytes).ok()?)),
-            _ => return None,
-        };
-        Some(SocketAddr::new(ip, port))
+        header_return_address(&self.region.bytes()[offset..offset + SLOT_HEADER_SIZE])
     }
 
     /// Classify a slot from the region's bytes, trusting none of them.
     fn check_slot(&self, slot: u32) -> SlotCheck<'_> {
         let offset = self.slot_offset(slot);
-        let bytes = &self.region.bytes()[offset..offset + self.slot_size as usize];
-        let header = &bytes[..SLOT_HEADER_SIZE];
-        match read_u32(header, HEADER_STATE) {
-            STATE_FREE => return SlotCheck::Free,
-            STATE_VALID => {}
-            state => return SlotCheck::Rejected(SlotDamage::State(state)),
-        }
-        let packet_len = read_u32(header, HEADER_PACKET_LEN);
-        if packet_len as usize > self.max_packet_len() {
-            return SlotCheck::Rejected(SlotDamage::Length(packet_len));
-        }
-        let slot_index = read_u32(header, HEADER_SLOT_INDEX);
-        if slot_index != slot {
-            return SlotCheck::Rejected(SlotDamage::SlotIndex(slot_index));
-        }
-        let packet = &bytes[SLOT_HEADER_SIZE..SLOT_HEADER_SIZE + packet_len as usize];
-        if read_u32(header, HEADER_CRC) != slot_crc(header, packet) {
-            return SlotCheck::Rejected(SlotDamage::Checksum);
-        }
-        SlotCheck::Valid(header_key(header), packet)
+        classify_slot(
+            &self.region.bytes()[offset..offset + self.slot_size as usize],
+            slot,
+        )
     }
 
     /// What the header of rejected `slot` records (read before the slot is freed).
     fn describe_rejected(&self, slot: u32, damage: SlotDamage) -> RejectedSlot {
         let offset = self.slot_offset(slot);
-        let bytes = &self.region.bytes()[offset..offset + self.slot_size as usize];
-        let header = &bytes[..SLOT_HEADER_SIZE];
-        let packet_len = read_u32(header, HEADER_PACKET_LEN);
-        let fields_verified = packet_len as usize <= self.max_packet_len() && {
-            let packet = &bytes[SLOT_HEADER_SIZE..SLOT_HEADER_SIZE + packet_len as usize];
-            read_u32(header, HEADER_CRC) == slot_crc(header, packet)
-        };
-        RejectedSlot {
+        describe_rejected(
+            &self.region.bytes()[offset..offset + self.slot_size as usize],
             slot,
             damage,
-            key: header_key(header),
-            packet_len,
-            fields_verified,
+        )
+    }
+}
+
+/// Classify the bytes of slot `slot` (the whole slot), trusting none of them.
+fn classify_slot(bytes: &[u8], slot: u32) -> SlotCheck<'_> {
+    let max_packet_len = bytes.len() - SLOT_HEADER_SIZE;
+    let header = &bytes[..SLOT_HEADER_SIZE];
+    match read_u32(header, HEADER_STATE) {
+        STATE_FREE => return SlotCheck::Free,
+        STATE_VALID => {}
+        state => return SlotCheck::Rejected(SlotDamage::State(state)),
+    }
+    let packet_len = read_u32(header, HEADER_PACKET_LEN);
+    if packet_len as usize > max_packet_len {
+        return SlotCheck::Rejected(SlotDamage::Length(packet_len));
+    }
+    let slot_index = read_u32(header, HEADER_SLOT_INDEX);
+    if slot_index != slot {
+        return SlotCheck::Rejected(SlotDamage::SlotIndex(slot_index));
+    }
+    let packet = &bytes[SLOT_HEADER_SIZE..SLOT_HEADER_SIZE + packet_len as usize];
+    if read_u32(header, HEADER_CRC) != slot_crc(header, packet) {
+        return SlotCheck::Rejected(SlotDamage::Checksum);
+    }
+    SlotCheck::Valid(header_key(header), packet)
+}
+
+/// What the header of a rejected slot (its whole bytes) records.
+fn describe_rejected(bytes: &[u8], slot: u32, damage: SlotDamage) -> RejectedSlot {
+    let max_packet_len = bytes.len() - SLOT_HEADER_SIZE;
+    let header = &bytes[..SLOT_HEADER_SIZE];
+    let packet_len = read_u32(header, HEADER_PACKET_LEN);
+    let fields_verified = packet_len as usize <= max_packet_len && {
+        let packet = &bytes[SLOT_HEADER_SIZE..SLOT_HEADER_SIZE + packet_len as usize];
+        read_u32(header, HEADER_CRC) == slot_crc(header, packet)
+    };
+    RejectedSlot {
+        slot,
+        damage,
+        key: header_key(header),
+        packet_len,
+        fields_verified,
+    }
+}
+
+/// The return address a slot header records (meaningful only for a valid slot).
+fn header_return_address(header: &[u8]) -> Option<SocketAddr> {
+    let port = read_u16(header, HEADER_RETURN_PORT);
+    let ip_bytes = &header[HEADER_RETURN_IP..HEADER_RETURN_IP + 16];
+    let ip = match header[HEADER_RETURN_FAMILY] {
+        4 => IpAddr::V4(Ipv4Addr::new(
+            ip_bytes[0],
+            ip_bytes[1],
+            ip_bytes[2],
+            ip_bytes[3],
+        )),
+        6 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(ip_bytes).ok()?)),
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+/// What [`inspect`] found in a log, read without changing a byte.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogInspection {
+    /// The geometry the superblock records.
+    pub slot_count: u32,
+    pub slot_size: u32,
+    /// Bytes given, and bytes the geometry needs.
+    pub region_len: usize,
+    pub required_len: usize,
+    /// Slots wholly within the bytes given (fewer than `slot_count` when truncated).
+    pub slots_present: u32,
+    /// Committed entries with intact bytes, in slot order: what [`PmLog::open`] would recover.
+    pub entries: Vec<RecoveredEntry>,
+    /// Every slot [`PmLog::open`] would reject and free, in slot order.
+    pub damaged: Vec<RejectedSlot>,
+}
+
+impl LogInspection {
+    /// The bytes end before the last slot.
+    pub fn is_truncated(&self) -> bool {
+        self.slots_present < self.slot_count
+    }
+}
+
+/// Read a log in `region_bytes` (a file's contents) the way [`PmLog::open`] does, with the same
+/// checks, but without writing anything: rejected slots are reported, not freed. A log whose
+/// bytes end early is read as far as whole slots go. Errors: the bytes hold no log this build
+/// reads (no superblock, blank, not a log, another version, a corrupt superblock).
+pub fn inspect(region_bytes: &[u8]) -> Result<LogInspection, LogError> {
+    let (slot_count, slot_size) = decode_superblock(region_bytes)?;
+    let required_len = PmLog::<crate::SimRegion>::required_region_len(slot_count, slot_size);
+    let slots_present = u32::try_from(
+        (region_bytes.len().saturating_sub(SUPERBLOCK_SIZE) / slot_size as usize)
+            .min(slot_count as usize),
+    )
+    .expect("at most slot_count");
+    let mut inspection = LogInspection {
+        slot_count,
+        slot_size,
+        region_len: region_bytes.len(),
+        required_len,
+        slots_present,
+        entries: Vec::new(),
+        damaged: Vec::new(),
+    };
+    for slot in 0..slots_present {
+        let offset = SUPERBLOCK_SIZE + slot as usize * slot_size as usize;
+        let bytes = &region_bytes[offset..offset + slot_size as usize];
+        match classify_slot(bytes, slot) {
+            SlotCheck::Free => {}
+            SlotCheck::Valid(key, packet) => inspection.entries.push(RecoveredEntry {
+                slot,
+                key,
+                return_address: header_return_address(&bytes[..SLOT_HEADER_SIZE]),
+                packet: packet.to_vec(),
+            }),
+            SlotCheck::Rejected(damage) => inspection
+                .damaged
+                .push(describe_rejected(bytes, slot, damage)),
         }
     }
+    Ok(inspection)
 }
 
 enum SlotCheck<'a> {

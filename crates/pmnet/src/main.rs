@@ -7,11 +7,13 @@ mod config;
 mod demo;
 mod drain_bench;
 mod keygen;
+mod log_inspect;
 mod node;
 mod redis;
 mod redis_up;
 mod session_bench;
 mod sim;
+mod status;
 mod store_bench;
 
 use std::process::ExitCode;
@@ -85,6 +87,12 @@ enum Command {
     SessionBench(session_bench::SessionBenchArgs),
     /// Make a deployment key file for `--key-file` (see docs/security.md).
     Keygen(keygen::KeygenArgs),
+    /// Show a running device's or server's state: log occupancy, sessions, recovery, peers,
+    /// counters (ADDR: its --metrics address).
+    Status(status::StatusArgs),
+    /// Look into a device's log file offline: `pmnet log inspect FILE` lists its live entries
+    /// and damaged slots, never changing the file.
+    Log(log_inspect::LogArgs),
 }
 
 impl Command {
@@ -104,6 +112,8 @@ impl Command {
             Command::DrainBench(_) => "drain-bench",
             Command::SessionBench(_) => "session-bench",
             Command::Keygen(_) => "keygen",
+            Command::Status(_) => "status",
+            Command::Log(_) => "log",
         }
     }
 }
@@ -135,6 +145,8 @@ fn main() -> ExitCode {
         Command::DrainBench(args) => drain_bench::run(args),
         Command::SessionBench(args) => session_bench::run(args),
         Command::Keygen(args) => keygen::run(args),
+        Command::Status(args) => status::run(args),
+        Command::Log(args) => log_inspect::run(args),
     };
     match result {
         Ok(code) => code,

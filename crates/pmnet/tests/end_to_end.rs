@@ -115,7 +115,8 @@ fn sets_are_acked_by_the_device_and_reach_the_store() {
             Some(format!("value{i}").as_bytes())
         );
     }
-    // Metrics are published every 100 ms: poll until they show every ack.
+    // Every ack was sent before its SET completed, and a scrape reads the counters as of the
+    // device loop's next turn: the first look shows them all (polled all the same).
     cluster.device().wait_metric(
         "pmnet_device_pmnet_acks_sent_total",
         r#"port="pmnet""#,

@@ -402,3 +402,66 @@ fn killing_the_device_loses_no_acked_write_and_applies_none_twice() {
 fn killing_the_adaptor_that_records_reads_loses_no_reply() {
     crash_during_writes(Victim::Adaptor, true);
 }
+
+#[test]
+fn the_gateway_counts_and_times_every_request_when_scraped_at_once() {
+    const SETS: usize = 20;
+    const GETS: usize = 7;
+    let metrics_port = free_tcp_port();
+    let metrics: std::net::SocketAddr = ([127, 0, 0, 1], metrics_port).into();
+    let system = System::start_gateway_with(&["--metrics", &metrics.to_string()], false);
+    let mut client = system.gateway_client();
+    for index in 0..SETS {
+        let key = format!("obs-{index}");
+        assert_eq!(
+            client.command(&["SET", key.as_str(), "v"]).unwrap(),
+            Value::Simple(b"OK".to_vec())
+        );
+    }
+    for _ in 0..GETS {
+        assert_eq!(client.command(&["GET", "obs-0"]).unwrap(), bulk("v"));
+    }
+    // One scrape, right after the last reply.
+    let text = pmnet_runtime::metrics::scrape(metrics, Duration::from_secs(10)).unwrap();
+    let value = |name: &str, labels: &str| {
+        pmnet_runtime::metrics::find_sample(&text, name, labels)
+            .unwrap_or_else(|| panic!("no {name}{{{labels}}} in:\n{text}"))
+    };
+    assert_eq!(
+        value("pmnet_gateway_commands_total", "path=\"update\""),
+        SETS as f64
+    );
+    assert_eq!(
+        value("pmnet_gateway_commands_total", "path=\"bypass\""),
+        GETS as f64
+    );
+    let by_device = value("pmnet_gateway_updates_acked_by_device_total", "");
+    let by_server = value("pmnet_gateway_updates_answered_by_server_total", "");
+    assert_eq!(by_device + by_server, SETS as f64);
+    let acks = value("pmnet_client_pmnet_ack_latency_seconds_count", "");
+    let replies = value("pmnet_client_server_reply_latency_seconds_count", "");
+    assert_eq!(acks, by_device);
+    assert_eq!(replies, GETS as f64 + by_server);
+    for name in [
+        "pmnet_client_pmnet_ack_latency_seconds",
+        "pmnet_client_server_reply_latency_seconds",
+    ] {
+        let prefix = format!("{name}_bucket{{le=\"");
+        let buckets: Vec<f64> = text
+            .lines()
+            .filter_map(|line| line.strip_prefix(prefix.as_str()))
+            .filter_map(|rest| rest.rsplit_once(' ')?.1.parse().ok())
+            .collect();
+        assert!(buckets.len() >= 10, "{name}: {buckets:?}");
+        assert!(
+            buckets.windows(2).all(|pair| pair[0] <= pair[1]),
+            "{buckets:?}"
+        );
+        assert_eq!(
+            *buckets.last().unwrap(),
+            value(&format!("{name}_count"), "")
+        );
+    }
+    assert!(value("process_resident_memory_bytes", "") > 0.0);
+    assert!(text.contains("pmnet_build_info{"));
+}

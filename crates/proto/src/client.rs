@@ -8,7 +8,7 @@ use pmnet_wire::{flags, Header, NotLoggedReason, PacketType};
 
 use crate::{
     encode_fragments, fragment_payload_len_max, unsealed_len_max, CountDrop, DropCounts,
-    DropReason, RequestKind, Time, Transmit,
+    DropReason, LatencyHistogram, RequestKind, Time, Transmit,
 };
 
 /// Settings of a client session.
@@ -179,6 +179,26 @@ struct InFlight {
     expires: Time,
     /// Why a device last said it could not log a fragment, if it did.
     not_logged: Option<NotLoggedReason>,
+    /// When the request was started (its first send).
+    started: Time,
+}
+
+/// How long requests took, from their first send: to the PMNet-ACKs of every fragment (updates
+/// a device logged), and to the server's reply (requests that completed on it: bypass requests,
+/// and updates no device acked first; a device keeps the server's reply to an update it acked
+/// from the client).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientLatency {
+    pub pmnet_ack: LatencyHistogram,
+    pub server_reply: LatencyHistogram,
+}
+
+impl ClientLatency {
+    /// Add every sample of `other`.
+    pub fn merge(&mut self, other: &ClientLatency) {
+        self.pmnet_ack.merge(&other.pmnet_ack);
+        self.server_reply.merge(&other.server_reply);
+    }
 }
 
 #[derive(Debug)]
@@ -200,6 +220,7 @@ pub struct Client {
     transmits: VecDeque<Transmit>,
     events: VecDeque<ClientEvent>,
     counters: ClientCounters,
+    latency: ClientLatency,
 }
 
 impl Client {
@@ -218,6 +239,7 @@ impl Client {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: ClientCounters::default(),
+            latency: ClientLatency::default(),
         }
     }
 
@@ -238,6 +260,11 @@ impl Client {
 
     pub fn counters(&self) -> &ClientCounters {
         &self.counters
+    }
+
+    /// How long the session's completed requests took.
+    pub fn latency(&self) -> &ClientLatency {
+        &self.latency
     }
 
     /// Requests started and not yet completed or failed.
@@ -309,6 +336,7 @@ impl Client {
                 retransmit_count: 0,
                 expires: now + self.request_lifetime(),
                 not_logged: None,
+                started: now,
             },
         );
         Ok(seq)
@@ -323,7 +351,7 @@ impl Client {
     }
 
     /// Process a datagram received from the network. Never panics on its contents.
-    pub fn handle(&mut self, _now: Time, _from: SocketAddr, datagram: &[u8]) {
+    pub fn handle(&mut self, now: Time, _from: SocketAddr, datagram: &[u8]) {
         let verified = match self.config.auth.as_mut().map(|auth| auth.verify(datagram)) {
             None => std::borrow::Cow::Borrowed(datagram),
             Some(Ok(inner)) => inner,
@@ -345,15 +373,15 @@ impl Client {
             return;
         }
         match header.packet_type {
-            PacketType::PmnetAck => self.on_pmnet_ack(&header),
-            PacketType::ServerAck => self.on_server_ack(&header, payload),
+            PacketType::PmnetAck => self.on_pmnet_ack(now, &header),
+            PacketType::ServerAck => self.on_server_ack(now, &header, payload),
             PacketType::RetransmitRequest => self.on_retransmit_request(&header),
             PacketType::NotLogged => self.on_not_logged(&header, payload),
             _ => self.counters.dropped.record(DropReason::UnexpectedType),
         }
     }
 
-    fn on_pmnet_ack(&mut self, header: &Header) {
+    fn on_pmnet_ack(&mut self, now: Time, header: &Header) {
         self.counters.pmnet_acks_received += 1;
         let Some(request) = self.in_flight.get_mut(&header.seq) else {
             self.counters.late_acks_consumed += 1;
@@ -373,6 +401,9 @@ impl Client {
         }
         if request.logged_count == request.fragments.len() {
             let device_id = request.logged_by_device;
+            self.latency
+                .pmnet_ack
+                .record(now.saturating_duration_since(request.started));
             self.complete(header.seq, Completion::Logged { device_id });
         }
     }
@@ -391,7 +422,7 @@ impl Client {
         }
     }
 
-    fn on_server_ack(&mut self, header: &Header, payload: &[u8]) {
+    fn on_server_ack(&mut self, now: Time, header: &Header, payload: &[u8]) {
         self.counters.server_acks_received += 1;
         let max_reply_len = self.config.request_len_max;
         let Some(request) = self.in_flight.get_mut(&header.seq) else {
@@ -431,6 +462,9 @@ impl Client {
             return;
         }
         let reply = crate::concat_parts(std::mem::take(&mut assembly.parts));
+        self.latency
+            .server_reply
+            .record(now.saturating_duration_since(request.started));
         let completion = if flags & flags::REPLY_UNAVAILABLE != 0 {
             Completion::ReplyUnavailable
         } else {

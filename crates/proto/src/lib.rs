@@ -22,11 +22,14 @@ mod counter;
 mod device;
 mod drop;
 mod function;
+mod histogram;
 mod server;
 mod time;
 
 pub use batch::{BatchCounters, Batcher, BATCH_PEERS_MAX};
-pub use client::{Client, ClientConfig, ClientCounters, ClientError, ClientEvent, Completion};
+pub use client::{
+    Client, ClientConfig, ClientCounters, ClientError, ClientEvent, ClientLatency, Completion,
+};
 pub use counter::{Counter, COUNTER_TYPE_CODE};
 pub use device::{Device, DeviceConfig, DeviceCounters};
 pub use drop::{CountDrop, DropCounts, DropReason};
@@ -34,6 +37,7 @@ pub use function::{
     DevicePipeline, FrontFunction, NetworkFunction, NoPersistence, Nothing, Persist, PersistBatch,
     Pipeline, Stack, StackWork, Verdict,
 };
+pub use histogram::{LatencyHistogram, LATENCY_BUCKETS_NS};
 pub use pmnet_auth::{AuthError, Authenticator, DeploymentKey, KeySet};
 pub use pmnet_pm::EntryKey;
 pub use pmnet_pm::{BatchStats, LogWork};

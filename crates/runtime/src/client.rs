@@ -147,6 +147,11 @@ impl ClientSession {
         self.watch.answers(self.peer())
     }
 
+    /// How long the session's requests took (to the PMNet-ACK, to the server's reply).
+    pub fn latency(&self) -> &pmnet_proto::ClientLatency {
+        self.client.latency()
+    }
+
     pub fn socket_counters(&self) -> &SocketCounters {
         self.socket.counters()
     }

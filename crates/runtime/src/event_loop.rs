@@ -71,6 +71,11 @@ pub trait Node {
     fn flush(&mut self);
     /// The node's counters, for the metrics endpoint.
     fn metrics(&self) -> Metrics;
+    /// The node's state for `/status` and `pmnet status` (a JSON object; `None`: the node
+    /// publishes none). The loop adds the process's uptime, pid and build.
+    fn status(&self) -> Option<serde_json::Value> {
+        None
+    }
     /// A line of the most telling counters, logged every report interval and at the end.
     fn report_line(&self) -> String;
     /// What the node is, for the last line ("device", "server", …).
@@ -107,6 +112,40 @@ fn published<N: Node>(node: &N) -> crate::Metrics {
     metrics
 }
 
+/// Publish `node`'s metrics (with the process's) and status to `board`; the loop does it when
+/// a scrape asks and every so often, a node's `open` once before its loop runs.
+pub fn publish_node<N: Node>(node: &N, board: &MetricsBoard) {
+    let metrics = published(node);
+    match node.status() {
+        Some(mut status) => {
+            if let Some(object) = status.as_object_mut() {
+                let build = crate::metrics::build_info();
+                object.insert("pid".into(), std::process::id().into());
+                object.insert("uptime_seconds".into(), process_uptime_seconds().into());
+                object.insert(
+                    "build".into(),
+                    serde_json::json!({
+                        "version": build.version,
+                        "commit": build.commit,
+                        "profile": build.profile,
+                        "rustc": build.rustc,
+                    }),
+                );
+            }
+            board.publish_with_status(&metrics, status.to_string());
+        }
+        None => board.publish(&metrics),
+    }
+}
+
+/// Seconds since the process started (0 where `/proc` does not say).
+fn process_uptime_seconds() -> f64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |since| since.as_secs_f64());
+    crate::metrics::process_start_time_seconds().map_or(0.0, |start| (now - start).max(0.0))
+}
+
 /// Run `node` until `shutdown` is requested; then take one last turn (so nothing received is
 /// left half done), give the sockets a bounded chance to send what is queued, publish the
 /// final metrics to `board` (if any) and log the node's last report line.
@@ -118,6 +157,10 @@ pub fn run_loop<N: Node>(
 ) -> Result<(), RuntimeError> {
     if let Some(cpu) = settings.cpu {
         pin_current_thread(cpu).map_err(RuntimeError::Pin)?;
+    }
+    if let Some(board) = board {
+        publish_node(node, board);
+        board.set_live(true);
     }
     let mut next_publish = Instant::now() + METRICS_PUBLISH_INTERVAL;
     let mut next_report = settings
@@ -142,8 +185,9 @@ pub fn run_loop<N: Node>(
             break;
         }
         let wall = Instant::now();
-        if let Some(board) = board.filter(|_| wall >= next_publish) {
-            board.publish(&published(node));
+        // A scrape waiting for fresh values is answered at the end of this turn.
+        if let Some(board) = board.filter(|board| board.is_wanted() || wall >= next_publish) {
+            publish_node(node, board);
             next_publish = wall + METRICS_PUBLISH_INTERVAL;
         }
         if let (Some(at), Some(interval)) = (next_report, settings.report_interval) {
@@ -187,7 +231,8 @@ pub fn run_loop<N: Node>(
     }
     drain(node);
     if let Some(board) = board {
-        board.publish(&published(node));
+        publish_node(node, board);
+        board.set_live(false);
     }
     if settings.report_at_stop {
         tracing::info!("{} stopped: {}", node.kind(), node.report_line());

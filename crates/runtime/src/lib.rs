@@ -53,6 +53,7 @@ mod device;
 mod event_loop;
 mod keys;
 pub mod metrics;
+mod peer_book;
 mod peers;
 mod relay;
 mod server;
@@ -69,7 +70,9 @@ pub use device::{
     stale_worker_logs, worker_log_path, DeviceAddresses, DeviceOptions, DeviceRuntime,
     DeviceStartup, LogOptions, ECHO_MAX_QUEUED, WORKERS_MAX,
 };
-pub use event_loop::{run_loop, wait_once, LoopCounters, LoopSettings, Node, Ready, Turn};
+pub use event_loop::{
+    publish_node, run_loop, wait_once, LoopCounters, LoopSettings, Node, Ready, Turn,
+};
 pub use keys::{auth_text, load_key_file};
 pub use metrics::{Metrics, MetricsBoard};
 pub use peers::{wants_answer, PeerWatch, SILENCE_WARNING};
@@ -107,8 +110,9 @@ impl Default for LoopOptions {
     }
 }
 
-/// How often a loop renders its metrics for the endpoint.
-const METRICS_PUBLISH_INTERVAL: Duration = Duration::from_millis(100);
+/// How often a loop renders its metrics for the endpoint on its own (a scrape asks for fresh
+/// values, answered at the end of the loop's next turn).
+const METRICS_PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Why a runtime could not start. Every message says what to change.
 #[derive(Debug, thiserror::Error)]
@@ -253,6 +257,22 @@ fn socket_metrics(out: &mut Metrics, socket: &str, counters: &udp::SocketCounter
             value,
         );
     }
+}
+
+/// A client's request latencies as histograms (the gateway's sessions, summed).
+pub fn client_latency_metrics(out: &mut Metrics, latency: &pmnet_proto::ClientLatency) {
+    out.histogram(
+        "pmnet_client_pmnet_ack_latency_seconds",
+        "Time from sending an update to the PMNet-ACKs of all its fragments (updates a device logged).",
+        &[],
+        &latency.pmnet_ack,
+    );
+    out.histogram(
+        "pmnet_client_server_reply_latency_seconds",
+        "Time from sending a request to the server's reply (requests that completed on it: reads, and updates no device acked).",
+        &[],
+        &latency.server_reply,
+    );
 }
 
 /// A one-line digest of a socket's counters for the periodic report.

@@ -829,3 +829,59 @@ fn return_addresses_survive_reopen() {
     let addresses: Vec<_> = entries.iter().map(|entry| entry.return_address).collect();
     assert_eq!(addresses, [Some(v4), Some(v6), None]);
 }
+
+#[test]
+fn inspect_reports_what_open_would_recover_and_writes_nothing() {
+    let mut log = new_log();
+    let client: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+    log.write_with_return_address(1, &key(1), Some(client), &packet(40, 1));
+    log.write(3, &key(3), &packet(100, 3));
+    log.write(5, &key(5), &packet(10, 5));
+    let mut bytes = log.region().bytes().to_vec();
+    // Damage slot 5's packet: its CRC fails.
+    let offset = SUPERBLOCK_SIZE + 5 * SLOT_SIZE as usize + SLOT_HEADER_SIZE;
+    bytes[offset] ^= 0xff;
+    let before = bytes.clone();
+
+    let inspection = inspect(&bytes).unwrap();
+    assert_eq!(bytes, before, "inspect changed the bytes");
+    assert_eq!(
+        (inspection.slot_count, inspection.slot_size),
+        (SLOT_COUNT, SLOT_SIZE)
+    );
+    assert!(!inspection.is_truncated());
+    let slots: Vec<u32> = inspection.entries.iter().map(|entry| entry.slot).collect();
+    assert_eq!(slots, vec![1, 3]);
+    assert_eq!(inspection.entries[0].key, key(1));
+    assert_eq!(inspection.entries[0].return_address, Some(client));
+    assert_eq!(inspection.entries[1].packet, packet(100, 3));
+    assert_eq!(inspection.damaged.len(), 1);
+    assert_eq!(inspection.damaged[0].slot, 5);
+    assert_eq!(inspection.damaged[0].damage, SlotDamage::Checksum);
+
+    // What open recovers is what inspect listed.
+    let mut region = SimRegion::new(bytes.len());
+    region.write(0, &bytes);
+    region.fence();
+    let (_, recovery) = PmLog::open(region).unwrap();
+    let mut recovered: Vec<u32> = recovery.entries.iter().map(|entry| entry.slot).collect();
+    recovered.sort_unstable();
+    assert_eq!(recovered, slots);
+    assert_eq!(recovery.rejected_slot_count, 1);
+
+    // Truncated in the middle of slot 4: slots 0..4 are read, the rest are missing.
+    let cut = SUPERBLOCK_SIZE + 4 * SLOT_SIZE as usize + 10;
+    let inspection = inspect(&before[..cut]).unwrap();
+    assert!(inspection.is_truncated());
+    assert_eq!(inspection.slots_present, 4);
+    assert_eq!(inspection.entries.len(), 2);
+    assert!(inspection.damaged.is_empty());
+
+    // Not a log at all.
+    assert!(matches!(
+        inspect(&[0x55; 8192]),
+        Err(LogError::NotALog { .. })
+    ));
+    assert!(matches!(inspect(&[]), Err(LogError::NoSuperblock { .. })));
+    assert!(matches!(inspect(&[0; 8192]), Err(LogError::Unformatted)));
+}

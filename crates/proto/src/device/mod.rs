@@ -13,7 +13,8 @@ use pmnet_pm::LogWork;
 use pmnet_wire::{Header, NotLoggedReason, PacketType};
 
 use crate::{
-    CountDrop, DropCounts, DropReason, NetworkFunction, PersistBatch, Time, Transmit, Verdict,
+    CountDrop, DropCounts, DropReason, LatencyHistogram, NetworkFunction, PersistBatch, Time,
+    Transmit, Verdict,
 };
 
 /// Settings of a device.
@@ -150,6 +151,8 @@ struct Entry {
     /// Resent from the replay queue and not yet acked or timed out: counts against
     /// `resends_in_flight_max`.
     in_replay: bool,
+    /// When the update was logged and forwarded (`None` for entries recovered from the log).
+    logged_at: Option<Time>,
 }
 
 /// Where a session's client is, and what its traffic has paid for.
@@ -193,6 +196,9 @@ pub struct Device {
     next_batch: u64,
     batches_in_flight: VecDeque<(u64, Vec<(u32, u64)>)>,
     counters: DeviceCounters,
+    /// How long entries logged by this device stayed in the log: from logging and forwarding
+    /// the update to its server-ACK.
+    residency: LatencyHistogram,
 }
 
 impl Device {
@@ -218,6 +224,7 @@ impl Device {
             next_batch: 1,
             batches_in_flight: VecDeque::new(),
             counters: DeviceCounters::default(),
+            residency: LatencyHistogram::new(),
             config,
         };
         for entry in recovered {
@@ -275,6 +282,7 @@ impl Device {
                 resend_deadline: now,
                 resend_timeout: self.config.resend_timeout,
                 in_replay: false,
+                logged_at: None,
             },
         );
         self.counters.entries_recovered += 1;
@@ -286,6 +294,42 @@ impl Device {
 
     pub fn counters(&self) -> &DeviceCounters {
         &self.counters
+    }
+
+    /// How long the entries this device logged (not those recovered at start-up) stayed in
+    /// the log, from logging and forwarding the update to the server-ACK that freed them.
+    pub fn entry_residency(&self) -> &LatencyHistogram {
+        &self.residency
+    }
+
+    /// Live entries by server id.
+    pub fn live_entries_by_server(&self) -> BTreeMap<u16, usize> {
+        let mut counts = BTreeMap::new();
+        for key in self.index.keys() {
+            *counts.entry(key.server_id).or_insert(0) += 1;
+        }
+        counts
+    }
+
+    /// Live entries recovered from the log at start-up (not yet acked by their servers).
+    pub fn recovered_entries_live(&self) -> usize {
+        self.entries
+            .values()
+            .filter(|entry| entry.logged_at.is_none())
+            .count()
+    }
+
+    /// Client sessions whose address the device knows.
+    pub fn known_session_count(&self) -> usize {
+        self.clients.len()
+    }
+
+    /// Entries waiting in the replay queues (to be resent at the servers' pace), and entries
+    /// resent from them and not yet acked.
+    pub fn replay_backlog(&self) -> (usize, u32) {
+        self.replay.values().fold((0, 0), |(queued, out), replay| {
+            (queued + replay.queue.len(), out + replay.in_flight)
+        })
     }
 
     /// Entries in the log that their server has not yet acked.
@@ -422,7 +466,7 @@ impl Device {
                 self.count_drop(DropReason::UnexpectedSource);
             }
             PacketType::ServerAck => {
-                self.on_server_ack(header, datagram);
+                self.on_server_ack(now, header, datagram);
                 self.pump_replay(now, header.server_id);
             }
             PacketType::RetransmitRequest => self.on_retransmit_request(header, datagram),
@@ -547,6 +591,7 @@ impl Device {
                 resend_deadline: deadline,
                 resend_timeout: self.config.resend_timeout,
                 in_replay: false,
+                logged_at: Some(now),
             },
         );
         assert!(held.is_none(), "slot {slot} logged while it holds an entry");
@@ -677,7 +722,7 @@ impl Device {
             .collect()
     }
 
-    fn on_server_ack(&mut self, header: &Header, datagram: &[u8]) {
+    fn on_server_ack(&mut self, now: Time, header: &Header, datagram: &[u8]) {
         let slots = self.slots_of(header.server_id, header.session_id, header.seq);
         // The client completed this update on our PMNet-ACKs, one per fragment: the server's
         // reply (a fixed OK) would only wake it to be thrown away. Had an ack been lost, the
@@ -691,6 +736,10 @@ impl Device {
         });
         for slot in slots {
             let entry = self.entries.get_mut(&slot).expect("indexed slot");
+            if let Some(logged_at) = entry.logged_at {
+                self.residency
+                    .record(now.saturating_duration_since(logged_at));
+            }
             match entry.state {
                 EntryState::Durable => self.free(slot),
                 EntryState::Persisting => {

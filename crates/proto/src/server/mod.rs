@@ -241,6 +241,14 @@ impl Server {
         self.recovery.is_some()
     }
 
+    /// The devices the start-up recovery poll still waits for (empty once recovered).
+    pub fn recovery_awaiting(&self) -> Vec<SocketAddr> {
+        self.recovery
+            .as_ref()
+            .map(|recovery| recovery.awaiting.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
     /// The last sequence number applied (or skipped) for `session_id`, 0 if none.
     pub fn last_applied(&self, session_id: u64) -> u32 {
         self.table

@@ -359,7 +359,7 @@ impl Adaptor {
         }
         // The recovery polls go out now.
         adaptor.send_transmits();
-        adaptor.board.publish(&adaptor.metrics());
+        pmnet_runtime::publish_node(&adaptor, &adaptor.board);
         Ok(adaptor)
     }
 

@@ -15,7 +15,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
-use pmnet_proto::{Client, ClientConfig, Transmit};
+use pmnet_proto::{Client, ClientConfig, ClientLatency, Transmit};
 use pmnet_runtime::metrics::{serve_metrics, Metrics, MetricsBoard};
 use pmnet_runtime::udp::BatchSocket;
 use pmnet_runtime::PeerWatch;
@@ -221,6 +221,8 @@ pub struct Gateway {
     scratch: Vec<u8>,
     /// Whether the device (or its workers) answers.
     devices: PeerWatch,
+    /// The request latencies of the sessions closed so far.
+    latency_of_closed: ClientLatency,
 }
 
 impl Gateway {
@@ -269,7 +271,7 @@ impl Gateway {
             ),
             None => None,
         };
-        Ok(Gateway {
+        let gateway = Gateway {
             options,
             clock: Clock::new(),
             listener,
@@ -288,7 +290,10 @@ impl Gateway {
             event_loop: LoopCounters::default(),
             scratch: vec![0; READ_CHUNK],
             devices,
-        })
+            latency_of_closed: ClientLatency::default(),
+        };
+        pmnet_runtime::publish_node(&gateway, &gateway.board);
+        Ok(gateway)
     }
 
     /// The TCP address clients connect to.
@@ -394,6 +399,7 @@ impl Gateway {
                         "client connection closed"
                     );
                     self.sessions.remove(&conn.client.session_id());
+                    self.latency_of_closed.merge(conn.client.latency());
                     self.free.push(index);
                     self.counters.connections_closed += 1;
                 }
@@ -639,6 +645,11 @@ impl Gateway {
         self.connection_metrics(&mut out);
         self.command_metrics(&mut out);
         self.socket_metrics(&mut out);
+        let mut latency = self.latency_of_closed.clone();
+        for conn in self.conns.iter().flatten() {
+            latency.merge(conn.client.latency());
+        }
+        pmnet_runtime::client_latency_metrics(&mut out, &latency);
         out
     }
 

@@ -53,11 +53,101 @@ impl DeviceRuntime {
         line
     }
 
+    /// The device's state for `/status` and `pmnet status`.
+    pub fn status(&self) -> serde_json::Value {
+        let device = self.pipeline.device();
+        let counters = device.counters();
+        let now = self.clock.now();
+        let live = device.live_entry_count();
+        let (queued, resent_unacked) = device.replay_backlog();
+        let recovered_left = device.recovered_entries_live();
+        let slot_size = u64::from(self.startup.slot_size);
+        let log = self.startup.log_path.as_ref().map(|path| {
+            let by_server: serde_json::Map<String, serde_json::Value> = device
+                .live_entries_by_server()
+                .into_iter()
+                .map(|(server, count)| (server.to_string(), count.into()))
+                .collect();
+            serde_json::json!({
+                "path": path.display().to_string(),
+                "slots": self.startup.slot_count,
+                "slot_size": self.startup.slot_size,
+                "entries_used": live,
+                "bytes_used": live as u64 * slot_size,
+                "bytes_total": u64::from(self.startup.slot_count) * slot_size,
+                "entries_by_server": by_server,
+                "recovered_at_start": self.startup.recovered_entry_count,
+                "rejected_at_start": self.startup.rejected_slot_count,
+            })
+        });
+        let servers: Vec<serde_json::Value> = self
+            .options
+            .servers
+            .iter()
+            .map(|(id, addr)| {
+                crate::peer_book::peer_json(
+                    "server",
+                    *addr,
+                    Some(*id),
+                    self.peers.last_heard(*addr),
+                    now,
+                )
+            })
+            .collect();
+        let known: Vec<std::net::SocketAddr> =
+            self.options.servers.iter().map(|(_, addr)| *addr).collect();
+        let (client_count, clients) = crate::peer_book::clients_json(&self.peers, &known, now, 10);
+        serde_json::json!({
+            "pmnet_status": 1,
+            "role": "device",
+            "id": self.options.device_id,
+            "listen": self.addresses.data.to_string(),
+            "medium": self.startup.medium_text(),
+            "log": log,
+            "sessions_known": device.known_session_count(),
+            "recovery": {
+                "in_progress": recovered_left > 0,
+                "recovered_entries_left": recovered_left,
+            },
+            "replay": {
+                "in_progress": queued > 0 || resent_unacked > 0,
+                "queued": queued,
+                "resent_unacked": resent_unacked,
+            },
+            "peers": {
+                "servers": servers,
+                "client_count": client_count,
+                "clients": clients,
+                "untracked_datagrams": self.peers.untracked(),
+            },
+            "counters": {
+                "updates_received": counters.updates_received,
+                "updates_logged": counters.updates_logged,
+                "pmnet_acks_sent": counters.pmnet_acks_sent,
+                "server_acks_absorbed": counters.server_acks_absorbed,
+                "server_acks_forwarded": counters.server_acks_forwarded,
+                "bypass_forwarded": counters.bypass_forwarded,
+                "log_full": counters.log_full,
+                "log_collisions": counters.log_collisions,
+                "forwarded_without_log": counters.forwarded_without_log,
+                "resend_timeouts": counters.resend_timeouts,
+                "dropped": self.pipeline.dropped().values().sum::<u64>(),
+            },
+        })
+    }
+
     /// Every counter of the device, its sockets and its log.
     pub fn metrics(&self) -> Metrics {
         let mut out = Metrics::new();
         self.log_gauges(&mut out);
         device_counter_metrics(&mut out, "pmnet", &self.pipeline);
+        out.histogram(
+            "pmnet_device_log_entry_residency_seconds",
+            "Time a log entry stayed in the log: from logging and forwarding the update to its \
+             server-ACK (entries recovered at start-up are not counted).",
+            &[],
+            self.pipeline.device().entry_residency(),
+        );
         if let Some((forward, _)) = &self.forward {
             device_counter_metrics(&mut out, "forward", forward);
         }

@@ -183,6 +183,8 @@ pub struct DeviceRuntime {
     counters: RuntimeCounters,
     /// Whether the servers answer what the device forwards them.
     servers: PeerWatch,
+    /// Who the data socket last heard from, and when.
+    peers: crate::peer_book::PeerBook,
 }
 
 impl DeviceRuntime {
@@ -274,10 +276,11 @@ impl DeviceRuntime {
             board,
             shutdown,
             counters: RuntimeCounters::default(),
+            peers: crate::peer_book::PeerBook::default(),
         };
         // Recovered entries are resent to their servers right away, and rejected slots freed.
         runtime.drain();
-        runtime.board.publish(&runtime.metrics());
+        crate::publish_node(&runtime, &runtime.board);
         Ok(runtime)
     }
 
@@ -339,6 +342,7 @@ impl DeviceRuntime {
                 if let Some((from, datagram)) = self.data.received(index) {
                     tracing::trace!(%from, len = datagram.len(), "datagram received");
                     self.servers.heard(from);
+                    self.peers.heard(from, now);
                     self.pipeline.handle(now, from, datagram);
                 }
             }
@@ -523,6 +527,10 @@ impl Node for DeviceRuntime {
 
     fn metrics(&self) -> Metrics {
         DeviceRuntime::metrics(self)
+    }
+
+    fn status(&self) -> Option<serde_json::Value> {
+        Some(DeviceRuntime::status(self))
     }
 
     fn report_line(&self) -> String {

@@ -57,6 +57,77 @@ impl ServerRuntime {
         line
     }
 
+    /// The server's state for `/status` and `pmnet status`.
+    pub fn status(&self) -> serde_json::Value {
+        let counters = self.server.counters();
+        let now = self.clock.now();
+        let awaiting = self.server.recovery_awaiting();
+        let devices: Vec<serde_json::Value> = self
+            .options
+            .devices
+            .iter()
+            .map(|addr| {
+                let mut peer = crate::peer_book::peer_json(
+                    "device",
+                    *addr,
+                    None,
+                    self.peers.last_heard(*addr),
+                    now,
+                );
+                peer["recovery_answered"] = (!awaiting.contains(addr)).into();
+                peer
+            })
+            .collect();
+        let (client_count, clients) =
+            crate::peer_book::clients_json(&self.peers, &self.options.devices, now, 10);
+        let store = match &self.app {
+            ServerApp::Kv(store) => serde_json::json!({
+                "keys": store.len(),
+                "sessions": store.session_count(),
+                "used_bytes": store.used_bytes(),
+                "capacity_bytes": store.capacity_bytes(),
+            }),
+            ServerApp::Engine(store) => serde_json::json!({
+                "keys": store.key_count(),
+                "free_bytes": store.free_bytes(),
+            }),
+            ServerApp::Ideal(_) => serde_json::Value::Null,
+        };
+        serde_json::json!({
+            "pmnet_status": 1,
+            "role": "server",
+            "id": self.options.server_id,
+            "listen": self.addresses.data.to_string(),
+            "engine": self.startup.engine,
+            "medium": self.startup.medium_text(),
+            "data_file": self.startup.data_path.as_ref().map(|path| path.display().to_string()),
+            "store": store,
+            "sessions_known": self.server.session_count(),
+            "sessions_waiting_for_room": self.server.deferred_session_count(),
+            "recovery": {
+                "in_progress": self.server.is_recovering(),
+                "devices_awaited": awaiting.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "entries_resent_by_devices": self.counters.recovery_entries_resent,
+            },
+            "peers": {
+                "devices": devices,
+                "client_count": client_count,
+                "clients": clients,
+                "untracked_datagrams": self.peers.untracked(),
+            },
+            "counters": {
+                "request_fragments_received": counters.request_fragments_received,
+                "requests_applied": counters.requests_applied,
+                "server_acks_sent": counters.server_acks_sent,
+                "makeup_acks_sent": counters.makeup_acks_sent,
+                "requests_reordered": counters.requests_reordered,
+                "requests_deferred": counters.requests_deferred,
+                "retransmit_requests_sent": counters.retransmit_requests_sent,
+                "dropped": counters.dropped.values().sum::<u64>(),
+            },
+        })
+    }
+
     /// Every counter of the server, its socket and its store.
     pub fn metrics(&self) -> Metrics {
         let mut out = Metrics::new();

@@ -125,6 +125,8 @@ pub struct ServerRuntime {
     store_full_warned: Option<Instant>,
     /// Whether the devices answer the server's recovery polls and fill queries.
     devices: PeerWatch,
+    /// Who the socket last heard from, and when.
+    peers: crate::peer_book::PeerBook,
 }
 
 /// How often a server whose store is full says so.
@@ -342,6 +344,10 @@ impl Node for ServerRuntime {
 
     fn metrics(&self) -> Metrics {
         ServerRuntime::metrics(self)
+    }
+
+    fn status(&self) -> Option<serde_json::Value> {
+        Some(ServerRuntime::status(self))
     }
 
     fn report_line(&self) -> String {

@@ -271,6 +271,7 @@ impl ServerRuntime {
             slot_scratch: Vec::new(),
             store_full_since: None,
             store_full_warned: None,
+            peers: crate::peer_book::PeerBook::default(),
         };
         if matches!(&runtime.app, ServerApp::Engine(store) if store.engine() == EngineKind::Packet)
         {
@@ -278,7 +279,7 @@ impl ServerRuntime {
         }
         // The recovery polls to the devices go out now.
         runtime.drain();
-        runtime.board.publish(&runtime.metrics());
+        crate::publish_node(&runtime, &runtime.board);
         Ok(runtime)
     }
 }

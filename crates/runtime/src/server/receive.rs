@@ -66,6 +66,7 @@ impl ServerRuntime {
                 if let Some((from, datagram)) = self.socket.received(index) {
                     tracing::trace!(%from, len = datagram.len(), "datagram received");
                     self.devices.heard(from);
+                    self.peers.heard(from, now);
                     self.server.handle(now, from, datagram);
                 }
             }
@@ -103,6 +104,7 @@ impl ServerRuntime {
                     self.socket.count_received_elsewhere(datagram);
                     tracing::trace!(%from, len = datagram.len(), slot, "datagram received");
                     self.devices.heard(from);
+                    self.peers.heard(from, now);
                     self.server.handle(now, from, datagram);
                     let kept = match pmnet_wire::Packet::new_checked(datagram) {
                         Ok(packet)
@@ -141,6 +143,7 @@ impl ServerRuntime {
                     self.socket.count_received_elsewhere(datagram);
                     tracing::trace!(%from, len = datagram.len(), "datagram received (spilled)");
                     self.devices.heard(from);
+                    self.peers.heard(from, now);
                     self.server.handle(now, from, datagram);
                 }
             }

@@ -58,6 +58,7 @@ impl Adaptor {
                 let now = self.clock.now();
                 for index in 0..count {
                     if let Some((from, datagram)) = self.socket.received(index) {
+                        self.devices.heard(from);
                         self.server.handle(now, from, datagram);
                     }
                 }
@@ -82,13 +83,26 @@ impl Adaptor {
             busy |= self.write_out(index);
         }
         busy |= self.send_transmits();
+        if self.socket.has_unreachable() {
+            let reports = self.socket.take_unreachable();
+            self.devices.unreachable(&reports);
+        }
+        self.devices.check(Instant::now());
+        if self.redis_watch.is_down() {
+            let waiting = self.waiting_for_redis();
+            self.redis_watch
+                .check(self.options.redis, Instant::now(), waiting);
+        }
         busy
     }
 
     pub(super) fn send_transmits(&mut self) -> bool {
         let mut any = false;
+        let mut now = None;
         while let Some(transmit) = self.server.poll_transmit() {
             any = true;
+            self.devices
+                .sent_datagram(transmit.destination, &transmit.bytes, &mut now);
             self.socket.enqueue(transmit);
         }
         if self.socket.queued_len() > 0 {
@@ -184,7 +198,15 @@ impl Node for Adaptor {
             .filter_map(|conn| conn.retry_at)
             .map(|at| at.saturating_duration_since(wall))
             .min();
-        server.into_iter().chain(reconnect).min()
+        let redis_warning = self
+            .redis_watch
+            .deadline()
+            .map(|at| at.saturating_duration_since(wall));
+        server
+            .into_iter()
+            .chain(reconnect)
+            .chain(redis_warning)
+            .min()
     }
 
     /// Requests at Redis and datagrams queued; nothing once a stopping adaptor's grace is over.

@@ -85,6 +85,8 @@ pub struct ClientSession {
     events: VecDeque<ClientEvent>,
     /// Whether the peer answers.
     watch: PeerWatch,
+    /// `client{session=..}`: the session's events carry it.
+    span: tracing::Span,
 }
 
 impl ClientSession {
@@ -116,6 +118,7 @@ impl ClientSession {
             wait: options.wait,
             events: VecDeque::new(),
             watch,
+            span: tracing::info_span!("client", session = session_id),
         })
     }
 
@@ -183,6 +186,15 @@ impl ClientSession {
 
     /// Drive the session until it reports an event, or `deadline` passes (`None`).
     pub fn next_event(&mut self, deadline: Option<Instant>) -> Option<ClientEvent> {
+        // Taken out for the call (a move, no reference count touched) so the session can be
+        // borrowed mutably inside it.
+        let span = std::mem::replace(&mut self.span, tracing::Span::none());
+        let event = span.in_scope(|| self.drive(deadline));
+        self.span = span;
+        event
+    }
+
+    fn drive(&mut self, deadline: Option<Instant>) -> Option<ClientEvent> {
         loop {
             if let Some(event) = self.events.pop_front() {
                 return Some(event);

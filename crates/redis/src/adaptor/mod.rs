@@ -261,6 +261,8 @@ pub struct Adaptor {
     redis_watch: RedisWatch,
     /// Whether the devices answer the adaptor's recovery polls and fill queries.
     devices: PeerWatch,
+    /// `adaptor{id=..}`: every event of the adaptor (its wait for Redis, its loop) carries it.
+    span: tracing::Span,
     flows: HashMap<u64, Flow>,
     /// Requests taken from the server and not yet answered (at Redis or held).
     outstanding: usize,
@@ -293,6 +295,8 @@ impl Adaptor {
     /// Wait for Redis, load the session records, bind the socket and start the server (which
     /// polls its devices).
     pub fn open(options: AdaptorOptions, shutdown: Shutdown) -> Result<Adaptor, AdaptorError> {
+        let span = tracing::info_span!("adaptor", id = options.server_id);
+        let _entered = span.clone().entered();
         if options.connections == 0 || options.connections > 256 {
             return Err(AdaptorError::Config(format!(
                 "--redis-connections {} is out of range; use 1 to 256",
@@ -340,6 +344,7 @@ impl Adaptor {
             conns,
             redis_watch: RedisWatch::default(),
             devices,
+            span,
             flows: HashMap::new(),
             outstanding: 0,
             encoding,

@@ -19,6 +19,7 @@ impl Adaptor {
     /// Run until the shutdown flag is set; then wait (briefly) for Redis's outstanding replies
     /// so their server-ACKs go out, and return.
     pub fn run(&mut self) -> Result<(), AdaptorError> {
+        let _entered = self.span.clone().entered();
         let settings = LoopSettings {
             wait: self.options.wait,
             cpu: self.options.cpu,

@@ -221,6 +221,8 @@ pub struct Gateway {
     scratch: Vec<u8>,
     /// Whether the device (or its workers) answers.
     devices: PeerWatch,
+    /// `gateway`: every event of the gateway's loop carries it.
+    span: tracing::Span,
 }
 
 impl Gateway {
@@ -288,6 +290,7 @@ impl Gateway {
             event_loop: LoopCounters::default(),
             scratch: vec![0; READ_CHUNK],
             devices,
+            span: tracing::info_span!("gateway"),
         })
     }
 
@@ -310,6 +313,7 @@ impl Gateway {
 
     /// Run until the shutdown flag is set.
     pub fn run(&mut self) -> Result<(), GatewayError> {
+        let _entered = self.span.clone().entered();
         let settings = LoopSettings {
             wait: self.options.wait,
             cpu: self.options.cpu,

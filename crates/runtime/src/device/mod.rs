@@ -183,6 +183,8 @@ pub struct DeviceRuntime {
     counters: RuntimeCounters,
     /// Whether the servers answer what the device forwards them.
     servers: PeerWatch,
+    /// `device{id=..}`: every event of this device (its log's recovery, its loop) carries it.
+    span: tracing::Span,
 }
 
 impl DeviceRuntime {
@@ -198,6 +200,8 @@ impl DeviceRuntime {
         shutdown: Shutdown,
         front: Box<dyn FrontFunction>,
     ) -> Result<DeviceRuntime, RuntimeError> {
+        let span = tracing::info_span!("device", id = options.device_id);
+        let _entered = span.clone().entered();
         check_servers(&options)?;
         let sockets = bind_sockets(&options)?;
         let clock = Clock::new();
@@ -259,6 +263,7 @@ impl DeviceRuntime {
         data.report_unreachable();
         let mut runtime = DeviceRuntime {
             servers,
+            span,
             options,
             clock,
             pipeline,
@@ -307,6 +312,7 @@ impl DeviceRuntime {
     /// Run until the shutdown flag is set; then finish the batch in hand, send what is owed,
     /// and return.
     pub fn run(&mut self) -> Result<(), RuntimeError> {
+        let _entered = self.span.clone().entered();
         let settings = LoopSettings::from(&self.options.loop_options);
         let board = self.addresses.metrics.map(|_| self.board.clone());
         let shutdown = self.shutdown.clone();

@@ -125,6 +125,8 @@ pub struct ServerRuntime {
     store_full_warned: Option<Instant>,
     /// Whether the devices answer the server's recovery polls and fill queries.
     devices: PeerWatch,
+    /// `server{id=..}`: every event of this server (its recovery, its loop) carries it.
+    span: tracing::Span,
 }
 
 /// How often a server whose store is full says so.
@@ -154,6 +156,7 @@ impl ServerRuntime {
 
     /// Run until the shutdown flag is set; then finish the batch in hand and return.
     pub fn run(&mut self) -> Result<(), RuntimeError> {
+        let _entered = self.span.clone().entered();
         let settings = LoopSettings::from(&self.options.loop_options);
         let board = self.addresses.metrics.map(|_| self.board.clone());
         let shutdown = self.shutdown.clone();

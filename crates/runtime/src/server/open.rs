@@ -219,6 +219,8 @@ impl ServerRuntime {
         engine: Option<EngineKind>,
         shutdown: Shutdown,
     ) -> Result<ServerRuntime, RuntimeError> {
+        let span = tracing::info_span!("server", id = options.server_id);
+        let _entered = span.clone().entered();
         let socket = BatchSocket::bind(options.listen, options.loop_options.max_queued).map_err(
             |source| RuntimeError::Bind {
                 what: "server",
@@ -256,6 +258,7 @@ impl ServerRuntime {
         let devices = crate::peers::PeerWatch::new("device", "`pmnet device`", &options.devices);
         let mut runtime = ServerRuntime {
             devices,
+            span,
             options,
             clock,
             server,

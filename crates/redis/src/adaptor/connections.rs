@@ -375,6 +375,13 @@ impl Adaptor {
         let any = read_any || !completed.is_empty();
         let now = self.clock.now();
         for (session_id, seq, reply) in completed {
+            tracing::trace!(
+                session = session_id,
+                seq,
+                connection = index,
+                reply_len = reply.len(),
+                "applied at Redis"
+            );
             self.server.on_applied(now, session_id, seq, reply);
             self.finish(session_id);
         }

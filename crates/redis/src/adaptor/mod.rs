@@ -375,6 +375,13 @@ impl Adaptor {
             adaptor.try_connect(index);
         }
         // The recovery polls go out now.
+        if adaptor.server.is_recovering() {
+            tracing::debug!(
+                devices = adaptor.options.devices.len(),
+                "recovery: polling the devices for requests they logged while the adaptor was \
+                 down; serving after every one has answered"
+            );
+        }
         adaptor.send_transmits();
         adaptor.board.publish(&adaptor.metrics());
         Ok(adaptor)

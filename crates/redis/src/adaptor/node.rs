@@ -57,10 +57,20 @@ impl Adaptor {
             if count > 0 {
                 busy = true;
                 let now = self.clock.now();
+                let tracing_on = pmnet_runtime::trace::enabled();
                 for index in 0..count {
                     if let Some((from, datagram)) = self.socket.received(index) {
                         self.devices.heard(from);
-                        self.server.handle(now, from, datagram);
+                        if tracing_on {
+                            pmnet_runtime::trace::server_handle(
+                                &mut self.server,
+                                now,
+                                from,
+                                datagram,
+                            );
+                        } else {
+                            self.server.handle(now, from, datagram);
+                        }
                     }
                 }
             }
@@ -102,6 +112,7 @@ impl Adaptor {
         let mut now = None;
         while let Some(transmit) = self.server.poll_transmit() {
             any = true;
+            pmnet_runtime::trace::sent(transmit.destination, &transmit.bytes);
             self.devices
                 .sent_datagram(transmit.destination, &transmit.bytes, &mut now);
             self.socket.enqueue(transmit);

@@ -262,8 +262,17 @@ impl ServerRuntime {
                 );
             }
             let mut progressed = !applied.is_empty();
+            if applied.applied > 0 || applied.deferred > 0 {
+                tracing::trace!(
+                    applied = applied.applied,
+                    commits = applied.commits,
+                    deferred = applied.deferred,
+                    "requests applied"
+                );
+            }
             while let Some(transmit) = self.server.poll_transmit() {
                 progressed = true;
+                crate::trace::sent(transmit.destination, &transmit.bytes);
                 if wants_answer(&transmit.bytes) {
                     self.devices.sent(transmit.destination, Instant::now());
                 }

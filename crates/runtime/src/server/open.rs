@@ -280,6 +280,13 @@ impl ServerRuntime {
             runtime.receiver = Some(Box::new(SlotReceiver::new()));
         }
         // The recovery polls to the devices go out now.
+        if runtime.server.is_recovering() {
+            tracing::debug!(
+                devices = runtime.options.devices.len(),
+                "recovery: polling the devices for requests they logged while this server was \
+                 down; serving after every one has answered"
+            );
+        }
         runtime.drain();
         runtime.board.publish(&runtime.metrics());
         Ok(runtime)

@@ -44,6 +44,11 @@ pub struct SessionOptions {
 }
 
 impl SessionOptions {
+    /// [`SessionOptions::peer_role`] of a session that talks to a device (the default).
+    pub const DEVICE_PEER: (&'static str, &'static str) = ("device", "`pmnet device`");
+    /// [`SessionOptions::peer_role`] of a session that talks to a server directly.
+    pub const SERVER_PEER: (&'static str, &'static str) = ("server", "`pmnet server`");
+
     pub fn new(server_id: u16, peer: SocketAddr) -> SessionOptions {
         SessionOptions {
             server_id,
@@ -54,7 +59,7 @@ impl SessionOptions {
             request_lifetime: None,
             keys: None,
             more_peers: Vec::new(),
-            peer_role: ("device", "`pmnet device`"),
+            peer_role: SessionOptions::DEVICE_PEER,
         }
     }
 

@@ -269,6 +269,7 @@ fn drive_server(
         pin_current_thread(0)?;
     }
     let mut options = SessionOptions::new(1, addr);
+    options.peer_role = SessionOptions::SERVER_PEER;
     options.wait = wait;
     options.window = Some(args.window.max(1));
     let mut session =

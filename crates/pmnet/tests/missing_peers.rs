@@ -185,3 +185,85 @@ fn a_gateway_names_a_device_that_is_not_running() {
             || text.contains(&format!("no reply from the device at {device_addr}"))
     });
 }
+
+/// A redis-server of the test's own on `port`, killed when dropped.
+struct RedisServer(std::process::Child);
+
+impl RedisServer {
+    fn start(port: u16, dir: &std::path::Path) -> RedisServer {
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ])
+            .arg("--dir")
+            .arg(dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start redis-server (install redis-server)");
+        RedisServer(child)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn an_adaptor_names_redis_when_it_is_not_there_and_a_device_that_does_not_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let redis_addr = SocketAddr::from(([127, 0, 0, 1], redis_port));
+    let (_socket, device_addr) = silent_peer();
+    let mut adaptor = Proc::spawn(
+        "adaptor",
+        &args(&[
+            "redis-adaptor",
+            "--listen",
+            "127.0.0.1:0",
+            "--redis",
+            &redis_addr.to_string(),
+            "--device",
+            &device_addr.to_string(),
+            "--report-interval",
+            "0",
+        ]),
+    );
+    let not_there = format!("Redis at {redis_addr} does not answer");
+    wait_for_stderr(&adaptor, "the adaptor's warning about Redis", |text| {
+        text.contains(&not_there)
+    });
+    // Redis starts where the adaptor expects it: the adaptor starts serving.
+    let redis = RedisServer::start(redis_port, dir.path());
+    adaptor.wait_for_line("the adaptor's banner", |line| {
+        line.contains(" listening on ")
+    });
+    // Its recovery poll goes to a device that never answers.
+    wait_for_stderr(&adaptor, "the adaptor's warning about the device", |text| {
+        text.contains(&format!("no reply from the device at {device_addr}"))
+    });
+    // Redis goes away and comes back: one warning for the outage (not one per connection or
+    // per retry), and one line when it is back.
+    drop(redis);
+    wait_for_stderr(&adaptor, "the adaptor's warning about the outage", |text| {
+        text.matches(&not_there).count() >= 2
+    });
+    let _redis = RedisServer::start(redis_port, dir.path());
+    let stderr = wait_for_stderr(&adaptor, "the adaptor's all-clear", |text| {
+        text.contains(&format!("Redis at {redis_addr} answers again"))
+    });
+    assert_eq!(stderr.matches(&not_there).count(), 2, "{stderr}");
+}

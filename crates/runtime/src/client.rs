@@ -44,6 +44,11 @@ pub struct SessionOptions {
 }
 
 impl SessionOptions {
+    /// [`SessionOptions::peer_role`] of a session that talks to a device (the default).
+    pub const DEVICE_PEER: (&'static str, &'static str) = ("device", "`pmnet device`");
+    /// [`SessionOptions::peer_role`] of a session that talks to a server directly.
+    pub const SERVER_PEER: (&'static str, &'static str) = ("server", "`pmnet server`");
+
     pub fn new(server_id: u16, peer: SocketAddr) -> SessionOptions {
         SessionOptions {
             server_id,
@@ -54,7 +59,7 @@ impl SessionOptions {
             request_lifetime: None,
             keys: None,
             more_peers: Vec::new(),
-            peer_role: ("device", "`pmnet device`"),
+            peer_role: SessionOptions::DEVICE_PEER,
         }
     }
 
@@ -85,6 +90,8 @@ pub struct ClientSession {
     events: VecDeque<ClientEvent>,
     /// Whether the peer answers.
     watch: PeerWatch,
+    /// `client{session=..}`: the session's events carry it.
+    span: tracing::Span,
 }
 
 impl ClientSession {
@@ -116,6 +123,7 @@ impl ClientSession {
             wait: options.wait,
             events: VecDeque::new(),
             watch,
+            span: tracing::info_span!("client", session = session_id),
         })
     }
 
@@ -188,6 +196,15 @@ impl ClientSession {
 
     /// Drive the session until it reports an event, or `deadline` passes (`None`).
     pub fn next_event(&mut self, deadline: Option<Instant>) -> Option<ClientEvent> {
+        // Taken out for the call (a move, no reference count touched) so the session can be
+        // borrowed mutably inside it.
+        let span = std::mem::replace(&mut self.span, tracing::Span::none());
+        let event = span.in_scope(|| self.drive(deadline));
+        self.span = span;
+        event
+    }
+
+    fn drive(&mut self, deadline: Option<Instant>) -> Option<ClientEvent> {
         loop {
             if let Some(event) = self.events.pop_front() {
                 return Some(event);

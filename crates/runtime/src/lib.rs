@@ -58,6 +58,7 @@ mod peers;
 mod relay;
 mod server;
 mod shutdown;
+pub mod trace;
 pub mod udp;
 mod wait;
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use pmnet_pktstore::EngineKind;
-use pmnet_runtime::{online_cpu_count, Shutdown, WaitMode};
+use pmnet_runtime::{online_cpu_count, SessionOptions, Shutdown, WaitMode};
 
 use super::args::Pinning;
 use super::cpu::{CpuSource, SystemCpu};
@@ -373,6 +373,11 @@ fn start_clients(
             peer: peers.0,
             more_peers: peers.1.clone(),
             server_id: plan.server_id,
+            peer_role: if mode.path() == Mode::Baseline {
+                SessionOptions::SERVER_PEER
+            } else {
+                SessionOptions::DEVICE_PEER
+            },
             echo: mode == Mode::Echo,
             wait: plan.wait,
             cpu: plan.client_cpu,

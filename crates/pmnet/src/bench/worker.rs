@@ -63,6 +63,9 @@ pub struct ClientPlan {
     /// The device's other workers: the session goes to one of `peer` and these by its id.
     pub more_peers: Vec<SocketAddr>,
     pub server_id: u16,
+    /// What `peer` is, for the warning when it does not answer: a device, or the server itself
+    /// (baseline mode) ([`SessionOptions::peer_role`]).
+    pub peer_role: (&'static str, &'static str),
     /// Raw UDP echo instead of a PMNet session.
     pub echo: bool,
     pub wait: WaitMode,
@@ -203,6 +206,7 @@ fn run_session_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
     options.window = Some(plan.window);
     options.keys = plan.keys.clone();
     options.more_peers = plan.more_peers.clone();
+    options.peer_role = plan.peer_role;
     let mut session = match ClientSession::open(options) {
         Ok(session) => session,
         Err(error) => {

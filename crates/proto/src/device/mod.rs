@@ -337,6 +337,15 @@ impl Device {
         self.entries.len()
     }
 
+    /// Live entries rebuilt from the log at start-up that their server has not yet acked (the
+    /// replay's progress). Walks every live entry: for occasional progress reports.
+    pub fn recovered_live_count(&self) -> usize {
+        self.entries
+            .values()
+            .filter(|entry| !entry.ack_sent)
+            .count()
+    }
+
     /// The live entry keys, in order (for tests and the simulator's convergence check).
     pub fn live_keys(&self) -> impl Iterator<Item = &EntryKey> {
         self.index.keys()

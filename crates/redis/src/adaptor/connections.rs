@@ -45,6 +45,76 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(200);
 /// Bytes read from one connection per turn at most (fairness).
 const READ_PER_TURN: usize = 1 << 20;
 
+/// Whether Redis answers, over all the connections: an outage (no connection getting replies)
+/// is reported once, naming Redis's address, after [`super::REDIS_SILENCE_WARNING`], and its
+/// end once, at info.
+#[derive(Debug, Default)]
+pub(super) struct RedisWatch {
+    /// Since when no connection has had a good reply, and why the last attempt failed.
+    down_since: Option<Instant>,
+    why: String,
+    /// The outage was reported.
+    reported: bool,
+}
+
+impl RedisWatch {
+    /// A connection failed (refused, lost, a transient error).
+    pub(super) fn failed(&mut self, now: Instant, why: &str) {
+        self.down_since.get_or_insert(now);
+        if !self.reported {
+            why.clone_into(&mut self.why);
+        }
+    }
+
+    #[inline]
+    pub(super) fn is_down(&self) -> bool {
+        self.down_since.is_some()
+    }
+
+    /// Redis answered on some connection.
+    #[inline]
+    pub(super) fn answered(&mut self, addr: std::net::SocketAddr, waiting: usize) {
+        let Some(since) = self.down_since.take() else {
+            return;
+        };
+        if self.reported {
+            tracing::info!(
+                "Redis at {addr} answers again after {:.1} s; {waiting} requests that waited \
+                 are sent again",
+                since.elapsed().as_secs_f64()
+            );
+        }
+        self.reported = false;
+    }
+
+    /// Warn once if the outage has lasted [`super::REDIS_SILENCE_WARNING`].
+    #[inline]
+    pub(super) fn check(&mut self, addr: std::net::SocketAddr, now: Instant, waiting: usize) {
+        let Some(since) = self.down_since else {
+            return;
+        };
+        let down = now.saturating_duration_since(since);
+        if self.reported || down < super::REDIS_SILENCE_WARNING {
+            return;
+        }
+        self.reported = true;
+        tracing::warn!(
+            "Redis at {addr} does not answer ({}) for {} s; is redis-server running there? \
+             {waiting} requests wait; still trying",
+            self.why,
+            down.as_secs()
+        );
+    }
+
+    /// When [`RedisWatch::check`] has something to say, if an outage is not yet reported.
+    pub(super) fn deadline(&self) -> Option<Instant> {
+        match self.down_since {
+            Some(since) if !self.reported => Some(since + super::REDIS_SILENCE_WARNING),
+            _ => None,
+        }
+    }
+}
+
 impl Conn {
     pub(super) fn new() -> Conn {
         Conn {
@@ -141,9 +211,9 @@ impl Adaptor {
         }
         if !first {
             self.counters.resent += resent;
-            tracing::info!(
-                "connection {index} to Redis {addr} open again; {resent} unanswered requests sent \
-                 again"
+            tracing::debug!(
+                "connection {index} to Redis at {addr} open again; {resent} unanswered requests \
+                 sent again"
             );
         }
         self.conns[index].failures_in_a_row = 0;
@@ -164,14 +234,18 @@ impl Adaptor {
         let backoff = conn.backoff;
         conn.retry_at = Some(Instant::now() + backoff);
         conn.backoff = (backoff * 2).min(MAX_BACKOFF);
-        // Say it the first time and then about every ten seconds.
-        if conn.failures_in_a_row == 1 || conn.failures_in_a_row % 16 == 0 {
-            tracing::warn!(
-                "Redis {} (connection {index}): {why}; {} requests wait; retrying in {backoff:?}",
-                self.options.redis,
-                conn.pending.len()
-            );
-        }
+        // One warning per outage, by the watch; each connection's failures only at debug.
+        tracing::debug!(
+            "Redis at {} (connection {index}): {why}; {} requests wait; retrying in {backoff:?}",
+            self.options.redis,
+            conn.pending.len()
+        );
+        self.redis_watch.failed(Instant::now(), why);
+    }
+
+    /// Requests waiting at (or for) Redis, over every connection.
+    pub(super) fn waiting_for_redis(&self) -> usize {
+        self.conns.iter().map(|conn| conn.pending.len()).sum()
     }
 
     pub(super) fn write_out(&mut self, index: usize) -> bool {
@@ -254,6 +328,10 @@ impl Adaptor {
                 }
             };
             consumed += used;
+            if self.redis_watch.is_down() && !matches!(value, Value::Error(_)) {
+                let waiting = self.waiting_for_redis();
+                self.redis_watch.answered(self.options.redis, waiting);
+            }
             let conn = &mut self.conns[index];
             match conn.expect.pop_front() {
                 None => {
@@ -297,6 +375,13 @@ impl Adaptor {
         let any = read_any || !completed.is_empty();
         let now = self.clock.now();
         for (session_id, seq, reply) in completed {
+            tracing::trace!(
+                session = session_id,
+                seq,
+                connection = index,
+                reply_len = reply.len(),
+                "applied at Redis"
+            );
             self.server.on_applied(now, session_id, seq, reply);
             self.finish(session_id);
         }

@@ -38,12 +38,16 @@ use std::time::{Duration, Instant};
 use pmnet_proto::{Server, ServerConfig};
 use pmnet_runtime::metrics::{serve_metrics, MetricsBoard};
 use pmnet_runtime::udp::BatchSocket;
-use pmnet_runtime::{Clock, LoopCounters, Shutdown, WaitMode};
+use pmnet_runtime::{Clock, LoopCounters, PeerWatch, Shutdown, WaitMode};
 
 use crate::resp::Limits;
 use crate::script;
 
-use connections::Conn;
+use connections::{Conn, RedisWatch};
+
+/// How long Redis may leave the adaptor without an answer (refused, closed, silent) before a
+/// warning naming its address.
+pub(crate) const REDIS_SILENCE_WARNING: Duration = pmnet_runtime::SILENCE_WARNING;
 pub use recovery::load_sessions;
 use translation::Flow;
 pub use translation::{EXEC_COMMAND, WATCH_COMMAND};
@@ -253,6 +257,12 @@ pub struct Adaptor {
     server: Server,
     socket: BatchSocket,
     conns: Vec<Conn>,
+    /// Whether Redis answers on any connection (one warning per outage).
+    redis_watch: RedisWatch,
+    /// Whether the devices answer the adaptor's recovery polls and fill queries.
+    devices: PeerWatch,
+    /// `adaptor{id=..}`: every event of the adaptor (its wait for Redis, its loop) carries it.
+    span: tracing::Span,
     flows: HashMap<u64, Flow>,
     /// Requests taken from the server and not yet answered (at Redis or held).
     outstanding: usize,
@@ -285,6 +295,8 @@ impl Adaptor {
     /// Wait for Redis, load the session records, bind the socket and start the server (which
     /// polls its devices).
     pub fn open(options: AdaptorOptions, shutdown: Shutdown) -> Result<Adaptor, AdaptorError> {
+        let span = tracing::info_span!("adaptor", id = options.server_id);
+        let _entered = span.clone().entered();
         if options.connections == 0 || options.connections > 256 {
             return Err(AdaptorError::Config(format!(
                 "--redis-connections {} is out of range; use 1 to 256",
@@ -292,11 +304,13 @@ impl Adaptor {
             )));
         }
         let redis = recovery::read_redis_state(&options, &shutdown)?;
-        let socket =
+        let mut socket =
             BatchSocket::bind(options.listen, 1 << 16).map_err(|source| AdaptorError::Bind {
                 addr: options.listen,
                 source,
             })?;
+        socket.report_unreachable();
+        let devices = PeerWatch::new("device", "`pmnet device`", &options.devices);
         let clock = Clock::new();
         let mut config = ServerConfig::new(options.server_id, options.devices.clone());
         config.auth = options.keys.clone().map(pmnet_proto::Authenticator::new);
@@ -328,6 +342,9 @@ impl Adaptor {
             server,
             socket,
             conns,
+            redis_watch: RedisWatch::default(),
+            devices,
+            span,
             flows: HashMap::new(),
             outstanding: 0,
             encoding,
@@ -358,6 +375,13 @@ impl Adaptor {
             adaptor.try_connect(index);
         }
         // The recovery polls go out now.
+        if adaptor.server.is_recovering() {
+            tracing::debug!(
+                devices = adaptor.options.devices.len(),
+                "recovery: polling the devices for requests they logged while the adaptor was \
+                 down; serving after every one has answered"
+            );
+        }
         adaptor.send_transmits();
         pmnet_runtime::publish_node(&adaptor, &adaptor.board);
         Ok(adaptor)

@@ -19,6 +19,7 @@ impl Adaptor {
     /// Run until the shutdown flag is set; then wait (briefly) for Redis's outstanding replies
     /// so their server-ACKs go out, and return.
     pub fn run(&mut self) -> Result<(), AdaptorError> {
+        let _entered = self.span.clone().entered();
         let settings = LoopSettings {
             wait: self.options.wait,
             cpu: self.options.cpu,
@@ -56,9 +57,20 @@ impl Adaptor {
             if count > 0 {
                 busy = true;
                 let now = self.clock.now();
+                let tracing_on = pmnet_runtime::trace::enabled();
                 for index in 0..count {
                     if let Some((from, datagram)) = self.socket.received(index) {
-                        self.server.handle(now, from, datagram);
+                        self.devices.heard(from);
+                        if tracing_on {
+                            pmnet_runtime::trace::server_handle(
+                                &mut self.server,
+                                now,
+                                from,
+                                datagram,
+                            );
+                        } else {
+                            self.server.handle(now, from, datagram);
+                        }
                     }
                 }
             }
@@ -82,13 +94,27 @@ impl Adaptor {
             busy |= self.write_out(index);
         }
         busy |= self.send_transmits();
+        if self.socket.has_unreachable() {
+            let reports = self.socket.take_unreachable();
+            self.devices.unreachable(&reports);
+        }
+        self.devices.check(Instant::now());
+        if self.redis_watch.is_down() {
+            let waiting = self.waiting_for_redis();
+            self.redis_watch
+                .check(self.options.redis, Instant::now(), waiting);
+        }
         busy
     }
 
     pub(super) fn send_transmits(&mut self) -> bool {
         let mut any = false;
+        let mut now = None;
         while let Some(transmit) = self.server.poll_transmit() {
             any = true;
+            pmnet_runtime::trace::sent(transmit.destination, &transmit.bytes);
+            self.devices
+                .sent_datagram(transmit.destination, &transmit.bytes, &mut now);
             self.socket.enqueue(transmit);
         }
         if self.socket.queued_len() > 0 {
@@ -184,7 +210,15 @@ impl Node for Adaptor {
             .filter_map(|conn| conn.retry_at)
             .map(|at| at.saturating_duration_since(wall))
             .min();
-        server.into_iter().chain(reconnect).min()
+        let redis_warning = self
+            .redis_watch
+            .deadline()
+            .map(|at| at.saturating_duration_since(wall));
+        server
+            .into_iter()
+            .chain(reconnect)
+            .chain(redis_warning)
+            .min()
     }
 
     /// Requests at Redis and datagrams queued; nothing once a stopping adaptor's grace is over.

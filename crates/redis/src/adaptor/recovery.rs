@@ -233,10 +233,19 @@ fn connect_when_ready(
 ) -> Result<SyncClient, AdaptorError> {
     let (addr, timeout) = (options.redis, options.startup_timeout);
     let started = Instant::now();
+    let mut warned = false;
     loop {
         let reason = match connect(options) {
             Ok(mut client) => match client.command(&["PING"]) {
-                Ok(Value::Simple(_)) => return Ok(client),
+                Ok(Value::Simple(_)) => {
+                    if warned {
+                        tracing::info!(
+                            "Redis at {addr} answers after {:.1} s; carrying on",
+                            started.elapsed().as_secs_f64()
+                        );
+                    }
+                    return Ok(client);
+                }
                 Ok(Value::Error(message)) => String::from_utf8_lossy(&message).into_owned(),
                 Ok(other) => format!("unexpected reply to PING: {other:?}"),
                 Err(error) => error.to_string(),
@@ -249,6 +258,17 @@ fn connect_when_ready(
                 waited: started.elapsed(),
                 reason,
             });
+        }
+        if !warned && started.elapsed() >= super::REDIS_SILENCE_WARNING {
+            warned = true;
+            tracing::warn!(
+                "Redis at {addr} does not answer ({reason}) for {} s; is redis-server running \
+                 there? still trying for up to {} s (--startup-timeout)",
+                started.elapsed().as_secs(),
+                timeout.as_secs()
+            );
+        } else {
+            tracing::debug!("Redis at {addr} is not ready: {reason}");
         }
         std::thread::sleep(Duration::from_millis(50));
     }

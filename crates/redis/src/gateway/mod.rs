@@ -223,6 +223,8 @@ pub struct Gateway {
     devices: PeerWatch,
     /// The request latencies of the sessions closed so far.
     latency_of_closed: ClientLatency,
+    /// `gateway`: every event of the gateway's loop carries it.
+    span: tracing::Span,
 }
 
 impl Gateway {
@@ -291,6 +293,7 @@ impl Gateway {
             scratch: vec![0; READ_CHUNK],
             devices,
             latency_of_closed: ClientLatency::default(),
+            span: tracing::info_span!("gateway"),
         };
         pmnet_runtime::publish_node(&gateway, &gateway.board);
         Ok(gateway)
@@ -315,6 +318,7 @@ impl Gateway {
 
     /// Run until the shutdown flag is set.
     pub fn run(&mut self) -> Result<(), GatewayError> {
+        let _entered = self.span.clone().entered();
         let settings = LoopSettings {
             wait: self.options.wait,
             cpu: self.options.cpu,

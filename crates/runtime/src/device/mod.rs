@@ -185,7 +185,22 @@ pub struct DeviceRuntime {
     servers: PeerWatch,
     /// Who the data socket last heard from, and when.
     peers: crate::peer_book::PeerBook,
+    /// `device{id=..}`: every event of this device (its log's recovery, its loop) carries it.
+    span: tracing::Span,
+    /// The replay of the entries recovered from the log, while some wait for their server.
+    replay: Option<ReplayProgress>,
 }
+
+/// How far the replay of the entries recovered at start-up has got.
+#[derive(Debug, Clone, Copy)]
+struct ReplayProgress {
+    recovered: usize,
+    started: std::time::Instant,
+    next_report: std::time::Instant,
+}
+
+/// How often the replay's progress is looked at (and said, at debug).
+const REPLAY_REPORT_INTERVAL: Duration = Duration::from_secs(1);
 
 impl DeviceRuntime {
     /// Bind the sockets, open (or format) the log and rebuild the device from it.
@@ -200,6 +215,8 @@ impl DeviceRuntime {
         shutdown: Shutdown,
         front: Box<dyn FrontFunction>,
     ) -> Result<DeviceRuntime, RuntimeError> {
+        let span = tracing::info_span!("device", id = options.device_id);
+        let _entered = span.clone().entered();
         check_servers(&options)?;
         let sockets = bind_sockets(&options)?;
         let clock = Clock::new();
@@ -259,8 +276,23 @@ impl DeviceRuntime {
         );
         let mut data = sockets.data;
         data.report_unreachable();
+        let recovered = startup.recovered_entry_count;
+        if recovered > 0 {
+            tracing::info!(
+                "replay: resending the {recovered} entries recovered from the log to their \
+                 servers (in order, at each server's pace)"
+            );
+        }
+        let started = std::time::Instant::now();
+        let replay = (recovered > 0).then_some(ReplayProgress {
+            recovered,
+            started,
+            next_report: started + REPLAY_REPORT_INTERVAL,
+        });
         let mut runtime = DeviceRuntime {
             servers,
+            span,
+            replay,
             options,
             clock,
             pipeline,
@@ -310,6 +342,7 @@ impl DeviceRuntime {
     /// Run until the shutdown flag is set; then finish the batch in hand, send what is owed,
     /// and return.
     pub fn run(&mut self) -> Result<(), RuntimeError> {
+        let _entered = self.span.clone().entered();
         let settings = LoopSettings::from(&self.options.loop_options);
         let board = self.addresses.metrics.map(|_| self.board.clone());
         let shutdown = self.shutdown.clone();
@@ -338,12 +371,30 @@ impl DeviceRuntime {
             turn.again = true;
             turn.busy = true;
             let now = self.clock.now();
+            let tracing_on = crate::trace::enabled();
             for index in 0..count {
                 if let Some((from, datagram)) = self.data.received(index) {
-                    tracing::trace!(%from, len = datagram.len(), "datagram received");
                     self.servers.heard(from);
                     self.peers.heard(from, now);
-                    self.pipeline.handle(now, from, datagram);
+                    if tracing_on {
+                        crate::trace::received(from, datagram);
+                        let drops = self.pipeline.dropped();
+                        let live = self.pipeline.device().live_entry_count();
+                        self.pipeline.handle(now, from, datagram);
+                        crate::trace::dropped(from, datagram, &drops, &self.pipeline.dropped());
+                        let freed = live.saturating_sub(self.pipeline.device().live_entry_count());
+                        if freed > 0 {
+                            tracing::trace!(
+                                %from,
+                                kind = %crate::trace::kind(datagram),
+                                freed,
+                                live = live - freed,
+                                "server-ACK: log entries freed"
+                            );
+                        }
+                    } else {
+                        self.pipeline.handle(now, from, datagram);
+                    }
                 }
             }
         }
@@ -392,7 +443,11 @@ impl DeviceRuntime {
             turn.more = true;
             self.pipeline.handle_timeout(now);
         }
-        self.servers.check(std::time::Instant::now());
+        let wall = std::time::Instant::now();
+        self.servers.check(wall);
+        if self.replay.is_some_and(|replay| wall >= replay.next_report) {
+            self.report_replay(wall);
+        }
         if let Some((forward, _)) = self.forward.as_mut() {
             if forward
                 .poll_timeout()
@@ -405,6 +460,32 @@ impl DeviceRuntime {
         }
         self.drain();
         turn
+    }
+
+    /// Say how far the replay of the recovered entries has got: at debug while some wait for
+    /// their server's ACK, at info when none does.
+    fn report_replay(&mut self, wall: std::time::Instant) {
+        let Some(replay) = self.replay.as_mut() else {
+            return;
+        };
+        let waiting = self.pipeline.device().recovered_live_count();
+        if waiting == 0 {
+            tracing::info!(
+                "replay done: the {} entries recovered from the log are acknowledged by their \
+                 servers ({:.1} s)",
+                replay.recovered,
+                replay.started.elapsed().as_secs_f64()
+            );
+            self.replay = None;
+        } else {
+            tracing::debug!(
+                waiting,
+                recovered = replay.recovered,
+                resent = self.pipeline.device().counters().replay_sent,
+                "replay: recovered entries still wait for their server's ACK"
+            );
+            replay.next_report = wall + REPLAY_REPORT_INTERVAL;
+        }
     }
 
     /// The sockets a turn may receive on, numbered as `poll_fds` lists them.
@@ -433,6 +514,7 @@ impl DeviceRuntime {
             let mut now = None;
             while let Some(transmit) = self.pipeline.poll_transmit() {
                 emitted = true;
+                crate::trace::sent(transmit.destination, &transmit.bytes);
                 if wants_answer(&transmit.bytes) {
                     let now = *now.get_or_insert_with(std::time::Instant::now);
                     self.servers.sent(transmit.destination, now);

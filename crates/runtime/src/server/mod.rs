@@ -127,6 +127,8 @@ pub struct ServerRuntime {
     devices: PeerWatch,
     /// Who the socket last heard from, and when.
     peers: crate::peer_book::PeerBook,
+    /// `server{id=..}`: every event of this server (its recovery, its loop) carries it.
+    span: tracing::Span,
 }
 
 /// How often a server whose store is full says so.
@@ -156,6 +158,7 @@ impl ServerRuntime {
 
     /// Run until the shutdown flag is set; then finish the batch in hand and return.
     pub fn run(&mut self) -> Result<(), RuntimeError> {
+        let _entered = self.span.clone().entered();
         let settings = LoopSettings::from(&self.options.loop_options);
         let board = self.addresses.metrics.map(|_| self.board.clone());
         let shutdown = self.shutdown.clone();
@@ -261,8 +264,17 @@ impl ServerRuntime {
                 );
             }
             let mut progressed = !applied.is_empty();
+            if applied.applied > 0 || applied.deferred > 0 {
+                tracing::trace!(
+                    applied = applied.applied,
+                    commits = applied.commits,
+                    deferred = applied.deferred,
+                    "requests applied"
+                );
+            }
             while let Some(transmit) = self.server.poll_transmit() {
                 progressed = true;
+                crate::trace::sent(transmit.destination, &transmit.bytes);
                 if wants_answer(&transmit.bytes) {
                     self.devices.sent(transmit.destination, Instant::now());
                 }

@@ -219,6 +219,8 @@ impl ServerRuntime {
         engine: Option<EngineKind>,
         shutdown: Shutdown,
     ) -> Result<ServerRuntime, RuntimeError> {
+        let span = tracing::info_span!("server", id = options.server_id);
+        let _entered = span.clone().entered();
         let socket = BatchSocket::bind(options.listen, options.loop_options.max_queued).map_err(
             |source| RuntimeError::Bind {
                 what: "server",
@@ -256,6 +258,7 @@ impl ServerRuntime {
         let devices = crate::peers::PeerWatch::new("device", "`pmnet device`", &options.devices);
         let mut runtime = ServerRuntime {
             devices,
+            span,
             options,
             clock,
             server,
@@ -278,6 +281,13 @@ impl ServerRuntime {
             runtime.receiver = Some(Box::new(SlotReceiver::new()));
         }
         // The recovery polls to the devices go out now.
+        if runtime.server.is_recovering() {
+            tracing::debug!(
+                devices = runtime.options.devices.len(),
+                "recovery: polling the devices for requests they logged while this server was \
+                 down; serving after every one has answered"
+            );
+        }
         runtime.drain();
         crate::publish_node(&runtime, &runtime.board);
         Ok(runtime)

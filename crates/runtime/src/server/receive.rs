@@ -62,12 +62,16 @@ impl ServerRuntime {
         let count = self.socket.receive_batch();
         if count > 0 {
             let now = self.clock.now();
+            let tracing_on = crate::trace::enabled();
             for index in 0..count {
                 if let Some((from, datagram)) = self.socket.received(index) {
-                    tracing::trace!(%from, len = datagram.len(), "datagram received");
                     self.devices.heard(from);
                     self.peers.heard(from, now);
-                    self.server.handle(now, from, datagram);
+                    if tracing_on {
+                        crate::trace::server_handle(&mut self.server, now, from, datagram);
+                    } else {
+                        self.server.handle(now, from, datagram);
+                    }
                 }
             }
         }
@@ -102,10 +106,14 @@ impl ServerRuntime {
                         continue;
                     };
                     self.socket.count_received_elsewhere(datagram);
-                    tracing::trace!(%from, len = datagram.len(), slot, "datagram received");
+                    tracing::trace!(slot, "datagram received into a store slot");
                     self.devices.heard(from);
                     self.peers.heard(from, now);
-                    self.server.handle(now, from, datagram);
+                    if crate::trace::enabled() {
+                        crate::trace::server_handle(&mut self.server, now, from, datagram);
+                    } else {
+                        self.server.handle(now, from, datagram);
+                    }
                     let kept = match pmnet_wire::Packet::new_checked(datagram) {
                         Ok(packet)
                             if packet.type_code()
@@ -141,10 +149,14 @@ impl ServerRuntime {
                 Received::Spilled { index, from } => {
                     let datagram = receiver.spilled(index);
                     self.socket.count_received_elsewhere(datagram);
-                    tracing::trace!(%from, len = datagram.len(), "datagram received (spilled)");
+                    tracing::trace!("datagram received, spilled from the store slots");
                     self.devices.heard(from);
                     self.peers.heard(from, now);
-                    self.server.handle(now, from, datagram);
+                    if crate::trace::enabled() {
+                        crate::trace::server_handle(&mut self.server, now, from, datagram);
+                    } else {
+                        self.server.handle(now, from, datagram);
+                    }
                 }
             }
         }

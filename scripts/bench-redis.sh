@@ -11,6 +11,7 @@
 #   scripts/bench-redis.sh                    everything (a few minutes)
 #   PMNET_BENCH_REQUESTS=N ...                requests per run with 1 client (default 20000;
 #                                             10x that with 50 clients)
+#   PMNET_BENCH_BUSY=1 ...                    `pmnet redis-up --busy-poll` (gateway and device spin)
 #   PMNET_BENCH_PLACEMENT=user|split ...      user (the default): nothing is pinned but what
 #                                             `pmnet redis-up` places itself, as a user runs it;
 #                                             split: also redis-benchmark on CPU 0 and every
@@ -30,6 +31,7 @@ cd "$(dirname "$0")/.."
 
 requests="${PMNET_BENCH_REQUESTS:-20000}"
 placement="${PMNET_BENCH_PLACEMENT:-user}"
+busy="${PMNET_BENCH_BUSY:-0}"
 base="${PMNET_BENCH_DIR:-}"
 clients_list="${PMNET_BENCH_CLIENTS:-1 50}"
 sizes_list="${PMNET_BENCH_SIZES:-64 1024}"
@@ -116,26 +118,38 @@ no_port="$port"
 adaptor_port="$(free_port)"
 device_port="$(free_port)"
 gateway_port="$(free_port)"
-"$pmnet" redis-up --redis "127.0.0.1:$pmnet_redis_port" --listen "127.0.0.1:$gateway_port" \
-    --device-listen "127.0.0.1:$device_port" --adaptor-listen "127.0.0.1:$adaptor_port" \
-    --log-file "/dev/shm/pmnet-bench-redis-$$.log" </dev/null >"$base/redis-up.out" 2>&1 &
-pids+=($!)
-redis_up_pid=$!
-wait_line "$base/redis-up.out" "clients connect to"
+busy_flags=()
+if [ "$busy" = 1 ]; then busy_flags=(--busy-poll); fi
+# PMNet runs only while it is measured, so that an idle (or, with --busy-poll, spinning)
+# gateway and device take nothing from Redis alone. start_pmnet fills part_pid: the gateway's,
+# the device's and the adaptor's pids, whose CPU time each PMNet request costs.
+declare -A part_pid
+start_pmnet() {
+    "$pmnet" redis-up --redis "127.0.0.1:$pmnet_redis_port" --listen "127.0.0.1:$gateway_port" \
+        --device-listen "127.0.0.1:$device_port" --adaptor-listen "127.0.0.1:$adaptor_port" \
+        --log-file "/dev/shm/pmnet-bench-redis-$$.log" "${busy_flags[@]}" </dev/null >"$base/redis-up.out" 2>&1 &
+    redis_up_pid=$!
+    pids+=("$redis_up_pid")
+    wait_line "$base/redis-up.out" "clients connect to"
+    part_pid=()
+    for child in $(pgrep -P "$redis_up_pid"); do
+        part_pid[$(tr '\0' ' ' <"/proc/$child/cmdline" | awk '{print $2}')]=$child
+    done
+}
+stop_pmnet() {
+    kill "$redis_up_pid" 2>/dev/null || true
+    wait "$redis_up_pid" 2>/dev/null || true
+}
+start_pmnet
 
 echo "machine: $(nproc) vCPUs; $(uptime | sed 's/.*load average/load average/')"
 echo "append-only files under $base ($(df -P "$base" | awk 'NR==2 {print $1}'))"
-echo "placement: $placement; redis-servers: CPU ${backend_cpu:-unpinned}; redis-benchmark: CPU ${client_cpu:-unpinned}"
+echo "placement: $placement; pmnet redis-up${busy_flags[*]:+ ${busy_flags[*]}}; redis-servers: CPU ${backend_cpu:-unpinned}; redis-benchmark: CPU ${client_cpu:-unpinned}"
 grep -h "placement (" "$base/redis-up.out" | sed 's/^ */  pmnet redis-up /'
 grep -h "medium:" "$base/redis-up.out" | sed 's/^ */  /'
 echo
+stop_pmnet
 
-# The processes whose CPU time each target's requests cost: its redis-server, and for PMNet the
-# gateway, the device and the adaptor that redis-up started.
-declare -A part_pid
-for child in $(pgrep -P "$redis_up_pid"); do
-    part_pid[$(tr '\0' ' ' <"/proc/$child/cmdline" | awk '{print $2}')]=$child
-done
 # cpu_ticks PID: user + system CPU time of the process (all its threads), in clock ticks.
 cpu_ticks() {
     awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat" 2>/dev/null || echo 0
@@ -174,7 +188,9 @@ run() {
 for clients in $clients_list; do
     for size in $sizes_list; do
         run always "$always_port" "$clients" "$size"
+        start_pmnet
         run pmnet "$gateway_port" "$clients" "$size"
+        stop_pmnet
         run everysec "$everysec_port" "$clients" "$size"
         run no "$no_port" "$clients" "$size"
     done

@@ -56,6 +56,13 @@ pub struct RedisUpArgs {
     #[arg(long, value_name = "auto|none", default_value = "auto")]
     pub cpu: String,
 
+    /// The gateway and the device spin on their sockets instead of sleeping until a datagram
+    /// or a connection's bytes arrive: lower latency for few clients (a SET at one client
+    /// about 1.3x faster on 2 vCPUs), at the price of the client side's CPU, always busy, even
+    /// when idle.
+    #[arg(long)]
+    pub busy_poll: bool,
+
     /// A file whose first line is the password clients must give the gateway (`AUTH`).
     #[arg(long, value_name = "FILE")]
     pub password_file: Option<PathBuf>,
@@ -287,6 +294,9 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
         args.log_file.display().to_string(),
     ];
     device.extend(cpu_args(place.device));
+    if args.busy_poll {
+        device.push("--busy-poll".to_owned());
+    }
     device.extend(key_args.iter().cloned());
     parts.push(start_pmnet("device", &device)?);
     let mut adaptor = vec![
@@ -309,6 +319,9 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
         args.device_listen.to_string(),
     ];
     gateway.extend(cpu_args(place.gateway));
+    if args.busy_poll {
+        gateway.push("--busy-poll".to_owned());
+    }
     gateway.extend(key_args.iter().cloned());
     if let Some(path) = &args.password_file {
         gateway.extend(["--password-file".to_owned(), path.display().to_string()]);

@@ -27,6 +27,7 @@
 //! reason ([`ParseError`]), so callers can count drops by reason.
 
 pub mod batch;
+pub mod cache;
 pub use batch::{batch_entries, batch_entry_len, encode_batch, BatchEntries};
 use std::fmt;
 

@@ -59,6 +59,10 @@ pub trait NetworkFunction {
     fn poll_persist(&mut self) -> Option<PersistBatch<Self::Work>>;
     #[must_use]
     fn poll_timeout(&self) -> Option<Time>;
+    /// A datagram a function behind this one emitted: in a [`Stack`], the front function sees
+    /// everything the back one sends (a read cache in front of the log learns from the log's
+    /// PMNet-ACKs which updates are durable). Nothing by default.
+    fn on_sent(&mut self, _transmit: &Transmit) {}
 }
 
 /// Carries out persistence work of type `W`: all of it durable when `persist` returns.
@@ -170,9 +174,18 @@ impl<A: NetworkFunction, B: NetworkFunction> NetworkFunction for Stack<A, B> {
     }
 
     fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.front
-            .poll_transmit()
-            .or_else(|| self.back.poll_transmit())
+        if let Some(transmit) = self.front.poll_transmit() {
+            return Some(transmit);
+        }
+        let transmit = self.back.poll_transmit()?;
+        self.front.on_sent(&transmit);
+        Some(transmit)
+    }
+
+    fn on_sent(&mut self, transmit: &Transmit) {
+        // Both are in front of whatever sent it.
+        self.front.on_sent(transmit);
+        self.back.on_sent(transmit);
     }
 
     fn poll_persist(&mut self) -> Option<PersistBatch<Self::Work>> {
@@ -462,6 +475,9 @@ impl<F: NetworkFunction + ?Sized> NetworkFunction for Box<F> {
     }
     fn poll_timeout(&self) -> Option<Time> {
         (**self).poll_timeout()
+    }
+    fn on_sent(&mut self, transmit: &Transmit) {
+        (**self).on_sent(transmit)
     }
 }
 

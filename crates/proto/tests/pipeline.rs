@@ -188,3 +188,49 @@ fn reporting_a_batch_never_emitted_is_a_bug() {
     let mut stack = Stack::new(Journal::new(0x10), Journal::new(0x11));
     stack.on_persisted(Time::ZERO, 1);
 }
+
+/// Records the type of every datagram the functions behind it sent.
+#[derive(Debug, Default)]
+struct Witness {
+    seen: Vec<PacketType>,
+}
+
+impl NetworkFunction for Witness {
+    type Work = std::convert::Infallible;
+
+    fn handle(&mut self, _: Time, _: SocketAddr, _: &Header, _: &[u8]) -> Verdict {
+        Verdict::Pass
+    }
+    fn handle_timeout(&mut self, _: Time) {}
+    fn on_persisted(&mut self, _: Time, _: u64) {}
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        None
+    }
+    fn poll_persist(&mut self) -> Option<PersistBatch<std::convert::Infallible>> {
+        None
+    }
+    fn poll_timeout(&self) -> Option<Time> {
+        None
+    }
+    fn on_sent(&mut self, transmit: &Transmit) {
+        if let Ok((header, _)) = Header::parse(&transmit.bytes) {
+            self.seen.push(header.packet_type);
+        }
+    }
+}
+
+#[test]
+fn a_function_in_front_of_the_log_sees_what_the_log_sends() {
+    let mut world = World::new(1, Some(64)).with_front(|| Box::new(Witness::default()));
+    world.run_for(Duration::from_secs(1));
+    let seq = world.update(0, b"x=1");
+    world.drive_until(STEPS, |w| w.completion(0, seq).is_some());
+    world.run_for(Duration::from_secs(1));
+    let front = format!("{:?}", world.device(0).pipeline.front());
+    // The log's PMNet-ACK to the client and its forward of the update to the server.
+    assert!(front.contains("PmnetAck"), "{front}");
+    assert!(
+        front.contains("UpdateRequest") || front.contains("Batch"),
+        "{front}"
+    );
+}

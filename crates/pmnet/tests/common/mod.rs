@@ -24,6 +24,15 @@ pub fn pmnet_bin() -> &'static str {
 /// A port on 127.0.0.1 that was free a moment ago (for a process that must know another's
 /// address before that one starts).
 pub fn free_udp_addr() -> SocketAddr {
+    // A free port below Linux's ephemeral range (32768 and up): a port chosen here is bound
+    // later by the process under test, and meanwhile every `bind(port 0)` — the other
+    // processes' own sockets — takes ports from the ephemeral range only, so none can take it.
+    for _ in 0..1000 {
+        let port = rand::random_range(20_000..32_768u16);
+        if let Ok(socket) = UdpSocket::bind(("127.0.0.1", port)) {
+            return socket.local_addr().expect("local address");
+        }
+    }
     let socket = UdpSocket::bind("127.0.0.1:0").expect("bind an ephemeral UDP port");
     socket.local_addr().expect("local address")
 }

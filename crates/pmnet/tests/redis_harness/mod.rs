@@ -46,18 +46,25 @@ pub fn require_redis() {
     }
 }
 
+/// Free ports are chosen below Linux's ephemeral range (32768 and up): a port chosen here is
+/// bound later by the process under test, and meanwhile every `bind(port 0)` — the other
+/// processes' own sockets, Redis's clients — takes ports from the ephemeral range only.
+fn free_port(bind: impl Fn(u16) -> bool) -> u16 {
+    for _ in 0..1000 {
+        let port = rand::random_range(20_000..32_768u16);
+        if bind(port) {
+            return port;
+        }
+    }
+    panic!("no free port found between 20000 and 32767");
+}
+
 pub fn free_tcp_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free TCP port")
-        .port()
+    free_port(|port| TcpListener::bind(("127.0.0.1", port)).is_ok())
 }
 
 pub fn free_udp_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .and_then(|socket| socket.local_addr())
-        .expect("a free UDP port")
-        .port()
+    free_port(|port| UdpSocket::bind(("127.0.0.1", port)).is_ok())
 }
 
 pub fn poll_until(what: &str, mut done: impl FnMut() -> bool) {

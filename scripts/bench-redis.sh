@@ -155,6 +155,10 @@ cpu_ticks() {
     awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat" 2>/dev/null || echo 0
 }
 tick_hz="$(getconf CLK_TCK)"
+# part_ticks TARGET PART: cpu_ticks of the target's redis-server or of a PMNet part.
+part_ticks() {
+    if [ "$2" = redis ]; then cpu_ticks "${redis_pid[$1]}"; else cpu_ticks "${part_pid[$2]:-0}"; fi
+}
 
 results="$base/results.csv"
 : >"$results"
@@ -167,18 +171,14 @@ run() {
     for test in set get; do
         declare -A before=()
         for part in $parts; do
-            if [ "$part" = redis ]; then before[$part]=$(cpu_ticks "${redis_pid[$target]}");
-            else before[$part]=$(cpu_ticks "${part_pid[$part]:-0}"); fi
+            before[$part]=$(part_ticks "$target" "$part")
         done
         on_cpu "$client_cpu" redis-benchmark -p "$port" -t "$test" -n "$n" -c "$clients" -d "$size" -r 100000 --csv 2>/dev/null |
             awk -F'"' -v t="$target" -v c="$clients" -v d="$size" \
                 'NR > 1 && NF > 10 { printf "%s,%s,%s,%s,%s,%s,%s,", t, $2, c, d, $4, $10, $14 }' >>"$results"
         cpu=""
         for part in $parts; do
-            local now
-            if [ "$part" = redis ]; then now=$(cpu_ticks "${redis_pid[$target]}");
-            else now=$(cpu_ticks "${part_pid[$part]:-0}"); fi
-            cpu="$cpu${cpu:+ }${part#redis-}=$(awk -v a="${before[$part]}" -v b="$now" -v hz="$tick_hz" -v n="$n" \
+            cpu="$cpu${cpu:+ }${part#redis-}=$(awk -v a="${before[$part]}" -v b="$(part_ticks "$target" "$part")" -v hz="$tick_hz" -v n="$n" \
                 'BEGIN { printf "%.1f", (b - a) * 1e6 / hz / n }')"
         done
         echo "$cpu" >>"$results"

@@ -267,10 +267,11 @@ fn verbatim(value: &Value, out: &mut Vec<u8>) {
     }
 }
 
-fn array(value: &Value, out: &mut Vec<u8>, item: impl Fn(&Value, &mut Vec<u8>)) {
+/// A list as an aggregate of type `kind` (`*` array, `~` set), each item shaped by `item`.
+fn aggregate(kind: u8, value: &Value, out: &mut Vec<u8>, item: impl Fn(&Value, &mut Vec<u8>)) {
     match value {
         Value::Array(Some(items)) => {
-            header(b'*', items.len(), out);
+            header(kind, items.len(), out);
             for each in items {
                 item(each, out);
             }
@@ -279,16 +280,12 @@ fn array(value: &Value, out: &mut Vec<u8>, item: impl Fn(&Value, &mut Vec<u8>)) 
     }
 }
 
+fn array(value: &Value, out: &mut Vec<u8>, item: impl Fn(&Value, &mut Vec<u8>)) {
+    aggregate(b'*', value, out, item)
+}
+
 fn set(value: &Value, out: &mut Vec<u8>, item: impl Fn(&Value, &mut Vec<u8>)) {
-    match value {
-        Value::Array(Some(items)) => {
-            header(b'~', items.len(), out);
-            for each in items {
-                item(each, out);
-            }
-        }
-        other => plain(other, out),
-    }
+    aggregate(b'~', value, out, item)
 }
 
 /// A flat `[key, value, key, value, ...]` list as a map, each value shaped by its key.

@@ -73,14 +73,20 @@ pub fn dropped(from: SocketAddr, datagram: &[u8], before: &DropCounts, after: &D
     }
 }
 
-/// [`Server::handle`] with trace events: the datagram, and whether it was dropped (and why) or
-/// was a duplicate of a request applied or being applied. Only when trace is enabled.
+/// [`Server::handle`], with trace events when `traced` ([`enabled`], read once per receive
+/// batch): the datagram, and whether it was dropped (and why) or was a duplicate of a request
+/// applied or being applied.
 pub fn server_handle(
     server: &mut pmnet_proto::Server,
     now: pmnet_proto::Time,
     from: std::net::SocketAddr,
     datagram: &[u8],
+    traced: bool,
 ) {
+    if !traced {
+        server.handle(now, from, datagram);
+        return;
+    }
     received(from, datagram);
     let counters = server.counters();
     let drops = counters.dropped.clone();

@@ -61,16 +61,13 @@ impl Adaptor {
                 for index in 0..count {
                     if let Some((from, datagram)) = self.socket.received(index) {
                         self.devices.heard(from);
-                        if tracing_on {
-                            pmnet_runtime::trace::server_handle(
-                                &mut self.server,
-                                now,
-                                from,
-                                datagram,
-                            );
-                        } else {
-                            self.server.handle(now, from, datagram);
-                        }
+                        pmnet_runtime::trace::server_handle(
+                            &mut self.server,
+                            now,
+                            from,
+                            datagram,
+                            tracing_on,
+                        );
                     }
                 }
             }

@@ -67,11 +67,7 @@ impl ServerRuntime {
                 if let Some((from, datagram)) = self.socket.received(index) {
                     self.devices.heard(from);
                     self.peers.heard(from, now);
-                    if tracing_on {
-                        crate::trace::server_handle(&mut self.server, now, from, datagram);
-                    } else {
-                        self.server.handle(now, from, datagram);
-                    }
+                    crate::trace::server_handle(&mut self.server, now, from, datagram, tracing_on);
                 }
             }
         }
@@ -98,6 +94,7 @@ impl ServerRuntime {
         }
         self.socket.count_receive_batch_elsewhere();
         let now = self.clock.now();
+        let tracing_on = crate::trace::enabled();
         for received in receiver.received() {
             match *received {
                 Received::InSlot { slot, from, .. } => {
@@ -106,14 +103,9 @@ impl ServerRuntime {
                         continue;
                     };
                     self.socket.count_received_elsewhere(datagram);
-                    tracing::trace!(slot, "datagram received into a store slot");
                     self.devices.heard(from);
                     self.peers.heard(from, now);
-                    if crate::trace::enabled() {
-                        crate::trace::server_handle(&mut self.server, now, from, datagram);
-                    } else {
-                        self.server.handle(now, from, datagram);
-                    }
+                    crate::trace::server_handle(&mut self.server, now, from, datagram, tracing_on);
                     let kept = match pmnet_wire::Packet::new_checked(datagram) {
                         Ok(packet)
                             if packet.type_code()
@@ -149,14 +141,9 @@ impl ServerRuntime {
                 Received::Spilled { index, from } => {
                     let datagram = receiver.spilled(index);
                     self.socket.count_received_elsewhere(datagram);
-                    tracing::trace!("datagram received, spilled from the store slots");
                     self.devices.heard(from);
                     self.peers.heard(from, now);
-                    if crate::trace::enabled() {
-                        crate::trace::server_handle(&mut self.server, now, from, datagram);
-                    } else {
-                        self.server.handle(now, from, datagram);
-                    }
+                    crate::trace::server_handle(&mut self.server, now, from, datagram, tracing_on);
                 }
             }
         }

@@ -375,3 +375,47 @@ fn a_late_recovery_done_is_counted_as_a_drop() {
         Some(&1)
     );
 }
+
+#[test]
+fn what_a_recovering_server_held_back_is_applied_in_arrival_order_across_sessions() {
+    // A server starting up holds every request until its device answers the recovery poll.
+    // An update acked by the device and then a read of another session (a smaller session
+    // id, so an order by id would put it first) must reach the store in the order they came.
+    use pmnet_proto::{Server, ServerConfig, ServerEvent, Time};
+    let device = device_addr(0);
+    let mut server = Server::new(
+        ServerConfig::new(SERVER_ID, vec![device]),
+        Time::ZERO,
+        Vec::new(),
+    );
+    assert!(server.is_recovering());
+    let (writer, reader) = (0x9000_u64, 0x1000_u64);
+    for (session, seq, packet_type, body) in [
+        (writer, 1, PacketType::UpdateRequest, &b"k=v"[..]),
+        (reader, 1, PacketType::BypassRequest, &b"get k"[..]),
+        (writer, 2, PacketType::UpdateRequest, &b"k=w"[..]),
+    ] {
+        let datagram = Header::new(packet_type, SERVER_ID, session, seq).encode(body);
+        server.handle(Time::ZERO, device, &datagram);
+    }
+    assert!(
+        std::iter::from_fn(|| server.poll_event()).next().is_none(),
+        "nothing applied while recovering"
+    );
+    let mut done = Header::new(PacketType::RecoveryDone, SERVER_ID, 0, 0);
+    done.device_id = pmnet_sim::DEVICE_ID;
+    server.handle(
+        Time::ZERO,
+        device,
+        &done.encode(&pmnet_wire::encode_recovery_done_payload(0)),
+    );
+    let applied: Vec<(u64, u32)> = std::iter::from_fn(|| server.poll_event())
+        .filter_map(|event| match event {
+            ServerEvent::Apply {
+                session_id, seq, ..
+            } => Some((session_id, seq)),
+            ServerEvent::RecoveryComplete { .. } => None,
+        })
+        .collect();
+    assert_eq!(applied, vec![(writer, 1), (reader, 1), (writer, 2)]);
+}

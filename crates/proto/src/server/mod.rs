@@ -6,7 +6,8 @@ mod apply;
 mod gap;
 mod table;
 
-use std::collections::{BTreeSet, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -169,6 +170,8 @@ pub struct Server {
     batcher: crate::Batcher,
     events: VecDeque<ServerEvent>,
     counters: ServerCounters,
+    /// Requests that became whole so far (see `Assembly::completed`).
+    requests_completed: u64,
 }
 
 impl Server {
@@ -214,6 +217,7 @@ impl Server {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: ServerCounters::default(),
+            requests_completed: 0,
             config,
         };
         if !server.config.devices.is_empty() {
@@ -512,6 +516,10 @@ impl Server {
         assembly.parts[usize::from(header.fragment_index)] = Some(payload.to_vec());
         assembly.received_count += 1;
         assembly.received_len += payload.len();
+        if assembly.is_complete() {
+            self.requests_completed += 1;
+            assembly.completed = self.requests_completed;
+        }
         session.buffered_bytes += added;
         self.table.buffered_bytes += added;
         None
@@ -520,36 +528,55 @@ impl Server {
     /// Hand every request that is next in sequence and complete to the application, then
     /// (re)arm or clear the session's gap timer.
     fn advance(&mut self, now: Time, session_id: u64) {
-        let recovering = self.recovery.is_some();
-        let Some(session) = self.table.sessions.get_mut(&session_id) else {
-            return;
-        };
-        if !recovering && session.deferral.is_none() {
-            while let Some(entry) = session.pending.first_entry() {
-                if *entry.key() != session.issued_through + 1 || !entry.get().is_complete() {
-                    break;
-                }
-                let (seq, assembly) = entry.remove_entry();
-                session.buffered_bytes -= assembly.cost();
-                self.table.buffered_bytes -= assembly.cost();
-                session.issued_through = seq;
-                if assembly.fill {
-                    session.fills_issued.push_back(seq);
-                }
-                let request = if assembly.fill {
-                    Vec::new()
-                } else {
-                    crate::concat_parts(assembly.parts)
-                };
-                self.events.push_back(ServerEvent::Apply {
-                    session_id,
-                    seq,
-                    kind: assembly.kind,
-                    request,
-                });
-            }
+        if self.recovery.is_none() {
+            while self.issue_next(session_id) {}
         }
         self.update_gap(now, session_id);
+    }
+
+    /// When the session's next request in sequence became whole, if it is whole and may be
+    /// handed to the application now.
+    fn next_completed(&self, session_id: u64) -> Option<u64> {
+        let session = self.table.sessions.get(&session_id)?;
+        if session.deferral.is_some() {
+            return None;
+        }
+        let (&seq, assembly) = session.pending.first_key_value()?;
+        (seq == session.issued_through + 1 && assembly.is_complete()).then_some(assembly.completed)
+    }
+
+    /// Hand the session's next request in sequence to the application, if it may go now.
+    fn issue_next(&mut self, session_id: u64) -> bool {
+        if self.next_completed(session_id).is_none() {
+            return false;
+        }
+        let session = self
+            .table
+            .sessions
+            .get_mut(&session_id)
+            .expect("session with a request to issue");
+        let (seq, assembly) = session
+            .pending
+            .pop_first()
+            .expect("session with a request to issue");
+        session.buffered_bytes -= assembly.cost();
+        self.table.buffered_bytes -= assembly.cost();
+        session.issued_through = seq;
+        if assembly.fill {
+            session.fills_issued.push_back(seq);
+        }
+        let request = if assembly.fill {
+            Vec::new()
+        } else {
+            crate::concat_parts(assembly.parts)
+        };
+        self.events.push_back(ServerEvent::Apply {
+            session_id,
+            seq,
+            kind: assembly.kind,
+            request,
+        });
+        true
     }
 
     fn send_makeup_ack(&mut self, session_id: u64, seq: u32, to: SocketAddr) {
@@ -733,18 +760,32 @@ impl Server {
         self.recovery = None;
         self.events
             .push_back(ServerEvent::RecoveryComplete { entries_resent });
-        // Resume in session-id order: `sessions` is a HashMap whose iteration order differs
-        // between maps, and a seed must replay the same applies and acks every time.
-        let mut waiting: Vec<u64> = self
+        // Hand on what was held back in the order it arrived, across sessions as within
+        // each: a request a device forwarded after another session's acked update must not
+        // overtake it (a read would miss the write its reader was told is done). Ties cannot
+        // occur (each request has its own arrival number), so a seed replays the same
+        // applies every time.
+        let waiting: Vec<u64> = self
             .table
             .sessions
             .iter()
             .filter(|(_, session)| !session.pending.is_empty() || !session.is_idle())
             .map(|(id, _)| *id)
             .collect();
+        let mut ready: BinaryHeap<Reverse<(u64, u64)>> = waiting
+            .iter()
+            .filter_map(|&id| Some(Reverse((self.next_completed(id)?, id))))
+            .collect();
+        while let Some(Reverse((_, session_id))) = ready.pop() {
+            self.issue_next(session_id);
+            if let Some(completed) = self.next_completed(session_id) {
+                ready.push(Reverse((completed, session_id)));
+            }
+        }
+        let mut waiting = waiting;
         waiting.sort_unstable();
         for session_id in waiting {
-            self.advance(now, session_id);
+            self.update_gap(now, session_id);
         }
     }
 

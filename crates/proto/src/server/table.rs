@@ -27,6 +27,9 @@ pub(super) struct Assembly {
     pub(super) parts: Vec<Option<Vec<u8>>>,
     pub(super) received_count: usize,
     pub(super) received_len: usize,
+    /// When the request became whole, in the server's count of completed requests: the
+    /// order in which requests held back (while recovering) are handed on across sessions.
+    pub(super) completed: u64,
 }
 
 impl Assembly {
@@ -37,6 +40,7 @@ impl Assembly {
             parts: vec![None; fragment_count],
             received_count: 0,
             received_len: 0,
+            completed: 0,
         }
     }
 
@@ -50,6 +54,7 @@ impl Assembly {
             parts: vec![Some(request)],
             received_count: 1,
             received_len,
+            completed: 0,
         }
     }
 

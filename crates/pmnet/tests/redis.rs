@@ -270,8 +270,26 @@ enum Victim {
 ///
 /// With `record_reads` the adaptor records reads like writes (`--record-reads`), so a read
 /// redone after a crash gets its recorded reply: no read may come back without one.
+/// A library whose `push` appends its argument to its key and answers the length (`FCALL`).
+const PUSH_LIBRARY: &str = "#!lua name=hist\n\
+    redis.register_function('push', function(keys, args) \
+        return redis.call('RPUSH', keys[1], args[1]) end)";
+
 fn crash_during_writes(victim: Victim, record_reads: bool) {
+    crash_during(victim, record_reads, false)
+}
+
+/// Writers push numbered histories (with `RPUSH`, or with `FCALL push` when `via_function`)
+/// while `victim` is killed and restarted; every acked push is in Redis exactly once.
+fn crash_during(victim: Victim, record_reads: bool, via_function: bool) {
     let mut system = System::start_with(true, record_reads);
+    if via_function {
+        let loaded = system
+            .gateway_client()
+            .command(&["FUNCTION", "LOAD", PUSH_LIBRARY])
+            .expect("FUNCTION LOAD");
+        assert_eq!(loaded, bulk("hist"));
+    }
     let writers = 3;
     let pushes = 300;
     let acked = Arc::new(AtomicUsize::new(0));
@@ -289,7 +307,15 @@ fn crash_during_writes(victim: Victim, record_reads: bool) {
                 while next < pushes && !stop.load(Ordering::Relaxed) {
                     let batch = (pushes - next).min(4);
                     let commands: Vec<Vec<String>> = (next..next + batch)
-                        .map(|i| vec!["RPUSH".to_owned(), key.clone(), i.to_string()])
+                        .map(|i| {
+                            let push = ["RPUSH", key.as_str(), &i.to_string()].map(String::from);
+                            if via_function {
+                                let call = ["FCALL", "push", "1"].map(String::from);
+                                call.into_iter().chain(push.into_iter().skip(1)).collect()
+                            } else {
+                                push.to_vec()
+                            }
+                        })
                         .chain(std::iter::once(vec!["LLEN".to_owned(), key.clone()]))
                         .collect();
                     let replies = client.pipeline(&commands).expect("pipeline");
@@ -396,6 +422,79 @@ fn killing_the_adaptor_loses_no_acked_write_and_applies_none_twice() {
 #[test]
 fn killing_the_device_loses_no_acked_write_and_applies_none_twice() {
     crash_during_writes(Victim::Device, false);
+}
+
+#[test]
+fn killing_the_adaptor_during_function_calls_applies_each_exactly_once() {
+    crash_during(Victim::Adaptor, false, true);
+}
+
+#[test]
+fn functions_are_called_through_the_gateway_and_see_every_change_to_their_libraries() {
+    let system = System::start(false);
+    let mut client = system.gateway_client();
+    let mut call = |words: &[&str]| client.command(words).expect("a reply");
+    assert_eq!(
+        call(&["FCALL", "push", "1", "f:list", "a"]),
+        err("ERR Function not found")
+    );
+    let library = format!(
+        "{PUSH_LIBRARY}\nredis.register_function{{function_name='peek', \
+         callback=function(keys) return redis.call('LLEN', keys[1]) end, flags={{'no-writes'}}}}"
+    );
+    assert_eq!(call(&["FUNCTION", "LOAD", &library]), bulk("hist"));
+    assert_eq!(
+        call(&["FCALL", "push", "1", "f:list", "a"]),
+        Value::Integer(1)
+    );
+    assert_eq!(
+        call(&["FCALL", "push", "1", "f:list", "b"]),
+        Value::Integer(2)
+    );
+    assert_eq!(
+        call(&["FCALL_RO", "peek", "1", "f:list"]),
+        Value::Integer(2)
+    );
+    assert_eq!(call(&["FCALL", "peek", "1", "f:list"]), Value::Integer(2));
+    assert_eq!(
+        call(&["FCALL_RO", "push", "1", "f:list", "c"]),
+        err("ERR Can not execute a script with write flag using *_ro command.")
+    );
+    assert_eq!(
+        call(&["FCALL", "push", "-1"]),
+        err("ERR Number of keys can't be negative")
+    );
+    // A library replaced through the gateway is what the next call runs.
+    let tenfold = "#!lua name=hist\nredis.register_function('push', function(keys, args) \
+                   return 10 * redis.call('RPUSH', keys[1], args[1]) end)";
+    assert_eq!(
+        call(&["FUNCTION", "LOAD", "REPLACE", tenfold]),
+        bulk("hist")
+    );
+    assert_eq!(
+        call(&["FCALL", "push", "1", "f:list", "c"]),
+        Value::Integer(30)
+    );
+    assert_eq!(
+        call(&["FUNCTION", "DELETE", "hist"]),
+        Value::Simple(b"OK".to_vec())
+    );
+    assert_eq!(
+        call(&["FCALL", "push", "1", "f:list", "d"]),
+        err("ERR Function not found")
+    );
+    // Each call ran once.
+    let mut redis = system.redis.client();
+    assert_eq!(
+        redis
+            .command(&["LRANGE", "f:list", "0", "-1"])
+            .expect("LRANGE"),
+        Value::Array(Some(["a", "b", "c"].map(bulk).to_vec()))
+    );
+}
+
+fn err(text: &str) -> Value {
+    Value::Error(text.as_bytes().to_vec())
 }
 
 #[test]

@@ -10,8 +10,10 @@
 //! `MULTI … EXEC` block, which a restart replays whole or not at all.
 //!
 //! The record of session `S` is the hash `<prefix><S as 16 hex digits>` with the field `seq`
-//! (the last applied sequence number, decimal) and the fields `r0` … `r63`: the RESP reply of
-//! request `n` is kept in `r<n mod 64>`, so the replies of the last 64 requests are kept. The
+//! (the last applied sequence number, decimal) and the fields `r0` … `r63` and `s0` … `s63`:
+//! the RESP reply of request `n` is kept in `r<n mod 64>` and its number in `s<n mod 64>`, so
+//! the replies of the last 64 recorded requests are kept, each with the number it answers (a
+//! read between them records nothing, and must not be taken for the request 64 before it). The
 //! adaptor never has more than 64 requests of one session at Redis at once, so a request redone
 //! after a crash always finds its reply. Each write also sets the record to expire after the
 //! adaptor's session TTL (`--session-ttl`, default 7 days; 0 keeps records for ever), so the
@@ -91,7 +93,10 @@ local function redo(key, seq)
   local answer = nil
   if seq <= last then
     local stored = false
-    if last - seq < ring then stored = redis.call('HGET', key, 'r' .. (seq % ring)) end
+    if last - seq < ring then
+      local kept = redis.call('HMGET', key, 's' .. (seq % ring), 'r' .. (seq % ring))
+      if kept[1] == tostring(seq) then stored = kept[2] end
+    end
     if stored then answer = {0, stored} else answer = {2, ''} end
   end
   at_data()
@@ -105,7 +110,8 @@ local function passed(key, bound)
 end
 local function record(key, seq, ttl, reply)
   at_records()
-  redis.call('HSET', key, 'seq', seq, 'r' .. (tonumber(seq) % ring), reply)
+  local slot = tonumber(seq) % ring
+  redis.call('HSET', key, 'seq', seq, 's' .. slot, seq, 'r' .. slot, reply)
   if tonumber(ttl) > 0 then redis.call('EXPIRE', key, ttl) end
   at_data()
 end
@@ -268,6 +274,39 @@ pub fn user_script(record_db: u32, user_body: &[u8]) -> Vec<u8> {
     out
 }
 
+/// What a function library's code runs with in place of Redis's `redis` table: the same
+/// table, but `register_function` (both its forms) files the callback by name instead of
+/// registering it, so the function can then be called inside the exactly-once wrapper.
+const FUNCTION_SHIM: &str = r#"
+local registered = {}
+local redis = setmetatable({
+  register_function = function(name, callback)
+    if type(name) == 'table' then registered[name.function_name] = name.callback
+    else registered[name] = callback end
+  end
+}, {__index = redis})
+"#;
+
+/// Whether `name` can be a Redis function's name (letters, digits and underscores), and so
+/// be written into a script as it is.
+pub fn is_function_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// The exactly-once wrapper that calls `function` of a library (`FCALL` through the gateway):
+/// the library's code (its `#!lua name=…` line stripped) runs with [`FUNCTION_SHIM`], then the
+/// function is called with the request's keys and arguments, inside [`user_script`]'s wrapper.
+/// `function` must pass [`is_function_name`].
+pub fn function_script(record_db: u32, library_code: &[u8], function: &str) -> Vec<u8> {
+    assert!(is_function_name(function), "function name {function:?}");
+    let (code, _) = strip_shebang(library_code);
+    let mut body = Vec::with_capacity(FUNCTION_SHIM.len() + code.len() + 64);
+    body.extend_from_slice(FUNCTION_SHIM.as_bytes());
+    body.extend_from_slice(code);
+    body.extend_from_slice(format!("\nreturn registered['{function}'](KEYS, ARGV)").as_bytes());
+    user_script(record_db, &body)
+}
+
 /// The SHA-1 of a script, in lower-case hex: the name Redis gives it (`EVALSHA`).
 pub fn script_sha(body: &[u8]) -> String {
     sha1_smol::Sha1::from(body).digest().to_string()
@@ -291,6 +330,11 @@ pub fn session_of_key(prefix: &str, key: &[u8]) -> Option<u64> {
 /// The hash field holding the reply of request `seq`.
 pub fn reply_field(seq: u32) -> String {
     format!("r{}", seq % REPLY_RING)
+}
+
+/// The hash field holding the number of the request whose reply is in [`reply_field`].
+pub fn reply_seq_field(seq: u32) -> String {
+    format!("s{}", seq % REPLY_RING)
 }
 
 #[cfg(test)]
@@ -341,5 +385,18 @@ mod tests {
             script_sha(b"return 1"),
             "e0e1f9fabfc9d4800c877a703b823ac0578ff8db"
         );
+    }
+
+    #[test]
+    fn a_function_is_called_from_its_library_in_the_wrapper() {
+        let library =
+            b"#!lua name=lib\nredis.register_function('f', function(keys, args) return 1 end)";
+        let text = String::from_utf8(function_script(1, library, "f")).unwrap();
+        assert!(!text.contains("#!lua"));
+        assert!(text.contains("redis.register_function('f'"));
+        assert!(text.contains("return registered['f'](KEYS, ARGV)"));
+        assert!(is_function_name("my_func2"));
+        assert!(!is_function_name("f']; os.exit() --"));
+        assert!(!is_function_name(""));
     }
 }

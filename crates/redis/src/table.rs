@@ -60,6 +60,10 @@ pub enum Run {
     Script,
     /// `SCRIPT LOAD`: loaded into Redis and remembered for `EVALSHA`.
     ScriptLoad,
+    /// `FCALL`/`FCALL_RO`: the function's library in the exactly-once wrapper.
+    Function,
+    /// `FUNCTION LOAD/DELETE/FLUSH/RESTORE`: run at once (before any later `FCALL` is read).
+    FunctionChange,
     /// `FLUSHALL`: every database but the records'.
     FlushAll,
     /// Not run: answered with this error reply (without the leading `-`).
@@ -88,20 +92,29 @@ pub const SPECIAL: &[(&str, Special)] = &[
     ("eval", Special::Script),
     ("evalsha", Special::Script),
     ("script|load", Special::ScriptLoad),
-    // Functions live in libraries the wrapper cannot embed yet.
-    ("fcall", Special::Refused(
-        "FCALL is not supported through the pmnet gateway (functions cannot be made exactly once \
-         yet): use EVAL/EVALSHA, or FCALL_RO for functions that only read",
-    )),
+    // Functions: the library's code runs inside the exactly-once wrapper (adaptor/functions.rs).
+    ("fcall", Special::Function),
+    ("fcall_ro", Special::Function),
+    // Changes to the libraries run at once, so that a later FCALL reads them.
+    ("function|load", Special::FunctionChange),
+    ("function|delete", Special::FunctionChange),
+    ("function|flush", Special::FunctionChange),
+    ("function|restore", Special::FunctionChange),
     // Waiting for replicas would stall a connection other sessions share.
-    ("wait", Special::Refused(
-        "WAIT is not supported through the pmnet gateway: a reply from the gateway already \
+    (
+        "wait",
+        Special::Refused(
+            "WAIT is not supported through the pmnet gateway: a reply from the gateway already \
          means the write is durable (see docs/redis.md)",
-    )),
-    ("waitaof", Special::Refused(
-        "WAITAOF is not supported through the pmnet gateway: a reply from the gateway already \
+        ),
+    ),
+    (
+        "waitaof",
+        Special::Refused(
+            "WAITAOF is not supported through the pmnet gateway: a reply from the gateway already \
          means the write is durable (see docs/redis.md)",
-    )),
+        ),
+    ),
     ("config|get", Special::Direct),
     ("flushall", Special::FlushAll),
 ];
@@ -114,6 +127,8 @@ pub enum Special {
     Direct,
     Script,
     ScriptLoad,
+    Function,
+    FunctionChange,
     FlushAll,
     Refused(&'static str),
 }
@@ -276,6 +291,8 @@ impl CommandTable {
             Some(Special::Direct) => return Run::Direct,
             Some(Special::Script) => return Run::Script,
             Some(Special::ScriptLoad) => return Run::ScriptLoad,
+            Some(Special::Function) => return Run::Function,
+            Some(Special::FunctionChange) => return Run::FunctionChange,
             Some(Special::FlushAll) => return Run::FlushAll,
             Some(Special::Refused(why)) => return Run::Refuse(format!("ERR {why}")),
             None => {}
@@ -417,6 +434,7 @@ mod tests {
             entry("eval", -3, &["noscript"], vec![]),
             entry("evalsha", -3, &["noscript"], vec![]),
             entry("fcall", -3, &["noscript"], vec![]),
+            entry("fcall_ro", -3, &["readonly", "noscript"], vec![]),
             entry("wait", 3, &["noscript"], vec![]),
             entry("waitaof", 4, &["noscript"], vec![]),
             entry("flushall", -1, &["write"], vec![]),
@@ -468,7 +486,7 @@ mod tests {
         assert_eq!(run(&["set", "k", "v"]), Run::Write);
         assert_eq!(run(&["PING"]), Run::Direct);
         assert_eq!(run(&["SCRIPT", "EXISTS", "abc"]), Run::Direct);
-        assert_eq!(run(&["FUNCTION", "LOAD", "code"]), Run::Direct);
+        assert_eq!(run(&["FUNCTION", "LOAD", "code"]), Run::FunctionChange);
         assert_eq!(run(&["XREAD", "STREAMS", "s", "0"]), Run::Read);
         for refused in [
             &["BLPOP", "l", "0"][..],
@@ -488,7 +506,8 @@ mod tests {
         assert_eq!(run(&["EVAL", "return 1", "0"]), Run::Script);
         assert_eq!(run(&["EVALSHA", "abc", "0"]), Run::Script);
         assert_eq!(run(&["SCRIPT", "LOAD", "return 1"]), Run::ScriptLoad);
-        assert!(matches!(run(&["FCALL", "f", "0"]), Run::Refuse(m) if m.contains("FCALL")));
+        assert_eq!(run(&["FCALL", "f", "0"]), Run::Function);
+        assert_eq!(run(&["FCALL_RO", "f", "0"]), Run::Function);
         assert!(matches!(run(&["WAIT", "1", "0"]), Run::Refuse(m) if m.contains("WAIT")));
         assert!(matches!(run(&["WAITAOF", "1", "0", "0"]), Run::Refuse(_)));
         assert_eq!(run(&["CONFIG", "GET", "save"]), Run::Direct);

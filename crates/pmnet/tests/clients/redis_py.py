@@ -97,6 +97,19 @@ try:
 except ResponseError as error:
     failed = "not an integer" in str(error)
 check("a script's error reaches the client", failed, True)
+# Functions: a library loaded through the gateway, called with FCALL and FCALL_RO.
+library = f"lib_p{protocol}"
+code = (
+    f"#!lua name={library}\n"
+    f"redis.register_function('{library}_add', function(keys, args) "
+    "return redis.call('INCRBY', keys[1], args[1]) end)\n"
+    f"redis.register_function{{function_name='{library}_get', "
+    "callback=function(keys) return redis.call('GET', keys[1]) end, flags={'no-writes'}}"
+)
+check("function load", r.function_load(code, replace=True) in (library, library.encode()), True)
+check("fcall", r.fcall(f"{library}_add", 1, tag + "f", 4), 4)
+check("fcall again", r.fcall(f"{library}_add", 1, tag + "f", 4), 8)
+check("fcall_ro", r.fcall_ro(f"{library}_get", 1, tag + "f"), b"8")
 lock = r.lock(tag + "lock", timeout=30)
 check("lock acquire", lock.acquire(blocking=False), True)
 check("lock held", r.get(tag + "lock") is not None, True)

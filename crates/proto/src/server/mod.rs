@@ -95,6 +95,9 @@ pub struct RecoveredSession {
     pub session_id: u64,
     pub last_seq: u32,
     pub last_reply: Vec<u8>,
+    /// Replies of earlier requests the store still keeps (numbers below `last_seq`), so that
+    /// a request resent after the restart gets its reply, not a make-up ACK without one.
+    pub earlier_replies: Vec<(u32, Vec<u8>)>,
 }
 
 /// Work for the server's application.
@@ -193,7 +196,18 @@ impl Server {
         assert!(config.sessions_max >= 1, "sessions_max must be at least 1");
         let mut table = Table::new(config.sessions_max);
         for recovered in sessions {
-            let mut replies = VecDeque::new();
+            let mut earlier = recovered.earlier_replies;
+            earlier.retain(|(seq, _)| *seq < recovered.last_seq);
+            earlier.sort_unstable_by_key(|(seq, _)| *seq);
+            earlier.dedup_by_key(|(seq, _)| *seq);
+            let keep = config.reply_cache_len - 1;
+            let mut replies: VecDeque<(u32, CachedReply)> = earlier
+                .into_iter()
+                .rev()
+                .take(keep)
+                .rev()
+                .map(|(seq, reply)| (seq, CachedReply::Reply(reply)))
+                .collect();
             replies.push_back((recovered.last_seq, CachedReply::Reply(recovered.last_reply)));
             let session = Session {
                 last_applied: recovered.last_seq,

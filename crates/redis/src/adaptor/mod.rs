@@ -25,6 +25,7 @@
 //!   which then polls its devices for logged requests before applying anything new.
 
 mod connections;
+mod functions;
 mod metrics;
 mod node;
 mod recovery;
@@ -275,8 +276,10 @@ pub struct Adaptor {
     /// User scripts by SHA-1 (bounded by [`script::SCRIPTS_CACHED_MAX`]).
     scripts: HashMap<String, std::sync::Arc<[u8]>>,
     /// A blocking connection for the rare lookups the event loop cannot pipeline (a script
-    /// `EVALSHA` names that is not in memory).
+    /// `EVALSHA` names that is not in memory, function libraries, changes to them).
     lookup: Option<crate::resp::SyncClient>,
+    /// The function libraries as last read from Redis (`FCALL`).
+    functions: functions::Functions,
     startup: AdaptorStartup,
     counters: AdaptorCounters,
     limits: Limits,
@@ -356,6 +359,7 @@ impl Adaptor {
                 .map(|(sha, body)| (sha, body.into()))
                 .collect(),
             lookup: None,
+            functions: functions::Functions::default(),
             startup: redis.startup,
             counters: AdaptorCounters::default(),
             limits: Limits {

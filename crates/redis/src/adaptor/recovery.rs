@@ -383,10 +383,20 @@ fn parse_record(prefix: &str, key: &[u8], reply: Value) -> Option<RecoveredSessi
     let last_reply = fields
         .remove(script::reply_field(last_seq).as_bytes())
         .unwrap_or_default();
+    // The replies kept of the requests before it, each where its own number says it is.
+    let earlier_replies = (1..script::REPLY_RING)
+        .filter_map(|back| last_seq.checked_sub(back).filter(|&seq| seq > 0))
+        .filter_map(|seq| {
+            let number = fields.get(script::reply_seq_field(seq).as_bytes())?;
+            (number.as_slice() == seq.to_string().as_bytes()).then_some(())?;
+            Some((seq, fields.remove(script::reply_field(seq).as_bytes())?))
+        })
+        .collect();
     Some(RecoveredSession {
         session_id,
         last_seq,
         last_reply,
+        earlier_replies,
     })
 }
 
@@ -403,11 +413,22 @@ mod tests {
             Value::Bulk(Some(b"65".to_vec())),
             Value::Bulk(Some(b"r1".to_vec())),
             Value::Bulk(Some(b"+OK\r\n".to_vec())),
+            // The reply of 64, with its number.
+            Value::Bulk(Some(b"s0".to_vec())),
+            Value::Bulk(Some(b"64".to_vec())),
+            Value::Bulk(Some(b"r0".to_vec())),
+            Value::Bulk(Some(b":3\r\n".to_vec())),
+            // The reply of 63's slot answers 63 - 64 < 0: not 63's, left out.
+            Value::Bulk(Some(b"s63".to_vec())),
+            Value::Bulk(Some(b"127".to_vec())),
+            Value::Bulk(Some(b"r63".to_vec())),
+            Value::Bulk(Some(b":9\r\n".to_vec())),
         ]));
         let session = parse_record(prefix, &key, reply).unwrap();
         assert_eq!(session.session_id, 7);
         assert_eq!(session.last_seq, 65);
         assert_eq!(session.last_reply, b"+OK\r\n");
+        assert_eq!(session.earlier_replies, vec![(64, b":3\r\n".to_vec())]);
         assert!(parse_record(prefix, &key, Value::Array(Some(vec![]))).is_none());
         assert!(parse_record(prefix, b"pmnet:session:zz", Value::Array(None)).is_none());
     }

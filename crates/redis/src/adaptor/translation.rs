@@ -216,7 +216,87 @@ impl Adaptor {
                 Ok(op) => op,
                 Err(message) => refuse(&mut self.counters, &message),
             },
+            Run::Function => match self.function_call(args) {
+                Ok(op) => op,
+                Err(message) => refuse(&mut self.counters, &message),
+            },
+            Run::FunctionChange => match self.change_functions(&args) {
+                Ok(op) => op,
+                Err(message) => refuse(&mut self.counters, &message),
+            },
         }
+    }
+
+    /// The blocking connection for lookups, opened (in the records' database) if need be.
+    fn lookup_client(&mut self) -> Option<&mut crate::resp::SyncClient> {
+        if self.lookup.is_none() {
+            let mut client = super::recovery::connect(&self.options).ok()?;
+            let db = self.options.record_db.to_string();
+            client.command(&["SELECT", db.as_str()]).ok()?;
+            self.lookup = Some(client);
+        }
+        self.lookup.as_mut()
+    }
+
+    /// Run `args` on the lookup connection now; the connection is dropped if it failed.
+    fn lookup_command(&mut self, args: &[Vec<u8>]) -> Result<Value, String> {
+        let failed = || {
+            format!(
+                "ERR pmnet-redis: Redis did not answer {} (try again)",
+                String::from_utf8_lossy(&args[0]).to_ascii_uppercase()
+            )
+        };
+        let client = self.lookup_client().ok_or_else(failed)?;
+        match client.command(args) {
+            Ok(value) => Ok(value),
+            Err(_) => {
+                self.lookup = None;
+                Err(failed())
+            }
+        }
+    }
+
+    /// `FCALL`/`FCALL_RO name numkeys keys… args…`: the function's library in the
+    /// exactly-once wrapper (see `functions.rs`), or Redis's error.
+    fn function_call(&mut self, args: Vec<Vec<u8>>) -> Result<Op, String> {
+        let count = key_count(&args)?;
+        let name = String::from_utf8_lossy(&args[1]).into_owned();
+        let now = std::time::Instant::now();
+        if self.functions.cached(&name, now).is_none() {
+            let list = self.lookup_command(&[
+                b"FUNCTION".to_vec(),
+                b"LIST".to_vec(),
+                b"WITHCODE".to_vec(),
+            ])?;
+            self.functions
+                .refresh(&list, now)
+                .map_err(|why| format!("ERR pmnet-redis: FUNCTION LIST: {why}"))?;
+        }
+        let function = self
+            .functions
+            .get(&name)
+            .ok_or_else(|| "ERR Function not found".to_owned())?;
+        if args[0].eq_ignore_ascii_case(b"FCALL_RO") && !function.no_writes {
+            return Err(
+                "ERR Can not execute a script with write flag using *_ro command.".to_owned(),
+            );
+        }
+        let wrapper: Arc<[u8]> =
+            script::function_script(self.options.record_db, &function.code, &name).into();
+        Ok(Op::UserScript {
+            wrapper,
+            keys: args[3..3 + count].to_vec(),
+            args: args[3 + count..].to_vec(),
+        })
+    }
+
+    /// `FUNCTION LOAD/DELETE/FLUSH/RESTORE`: run now, so that every `FCALL` translated after
+    /// it reads the libraries it left; its reply is recorded like a fixed reply.
+    fn change_functions(&mut self, args: &[Vec<u8>]) -> Result<Op, String> {
+        self.functions.invalidate();
+        let mut reply = Vec::new();
+        self.lookup_command(args)?.encode(&mut reply);
+        Ok(Op::Literal(reply))
     }
 
     /// Keep a script body for `EVALSHA` (bounded: beyond, it is read back from Redis).
@@ -234,40 +314,19 @@ impl Adaptor {
         if let Some(body) = self.scripts.get(sha) {
             return Some(body.clone());
         }
-        if self.lookup.is_none() {
-            let mut client = super::recovery::connect(&self.options).ok()?;
-            let db = self.options.record_db.to_string();
-            client.command(&["SELECT", db.as_str()]).ok()?;
-            self.lookup = Some(client);
-        }
-        let reply = self
-            .lookup
-            .as_mut()?
-            .command(&["HGET", script::SCRIPTS_KEY, sha]);
-        match reply {
+        let words = [b"HGET".to_vec(), script::SCRIPTS_KEY.into(), sha.into()];
+        match self.lookup_command(&words) {
             Ok(Value::Bulk(Some(body))) => {
                 self.remember_script(&body);
                 self.scripts.get(sha).cloned()
             }
-            Ok(_) => None,
-            Err(_) => {
-                self.lookup = None;
-                None
-            }
+            _ => None,
         }
     }
 
     /// `EVAL body numkeys keys… args…` or `EVALSHA sha …`: the wrapped script, or Redis's error.
     fn user_script(&mut self, args: Vec<Vec<u8>>) -> Result<Op, String> {
-        let count = parse_int(&args[2])
-            .ok_or_else(|| "ERR value is not an integer or out of range".to_owned())?;
-        if count < 0 {
-            return Err("ERR Number of keys can't be negative".to_owned());
-        }
-        let count = count as usize;
-        if count > args.len() - 3 {
-            return Err("ERR Number of keys can't be greater than number of args".to_owned());
-        }
+        let count = key_count(&args)?;
         let body: Arc<[u8]> = if args[0].eq_ignore_ascii_case(b"EVALSHA") {
             let sha = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
             self.find_script(&sha)
@@ -558,6 +617,20 @@ pub(super) fn encode_request(
             SentAs::Direct
         }
     }
+}
+
+/// The number of keys of `EVAL`/`EVALSHA`/`FCALL` (`args[2]`), checked as Redis checks it.
+fn key_count(args: &[Vec<u8>]) -> Result<usize, String> {
+    let count = parse_int(&args[2])
+        .ok_or_else(|| "ERR value is not an integer or out of range".to_owned())?;
+    if count < 0 {
+        return Err("ERR Number of keys can't be negative".to_owned());
+    }
+    let count = count as usize;
+    if count > args.len() - 3 {
+        return Err("ERR Number of keys can't be greater than number of args".to_owned());
+    }
+    Ok(count)
 }
 
 /// Append `*N` and bulk strings: the fixed parts, then the arguments.

@@ -347,6 +347,7 @@ fn startup_report(
             session_id: record.session_id,
             last_seq: record.last_seq,
             last_reply: record.last_reply,
+            earlier_replies: Vec::new(),
         })
         .collect();
     let startup = ServerStartup {

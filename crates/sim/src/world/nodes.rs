@@ -150,6 +150,7 @@ impl ServerApp {
                     session_id: record.session_id,
                     last_seq: record.last_seq,
                     last_reply: record.last_reply,
+                    earlier_replies: Vec::new(),
                 })
                 .collect();
         }
@@ -159,6 +160,7 @@ impl ServerApp {
                 session_id: *session_id,
                 last_seq: *last_seq,
                 last_reply: last_reply.clone(),
+                earlier_replies: Vec::new(),
             })
             .collect()
     }

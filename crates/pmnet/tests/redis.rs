@@ -564,3 +564,68 @@ fn the_gateway_counts_and_times_every_request_when_scraped_at_once() {
     assert!(value("process_resident_memory_bytes", "") > 0.0);
     assert!(text.contains("pmnet_build_info{"));
 }
+
+#[test]
+fn writes_of_many_sessions_share_script_calls_and_each_applies_once() {
+    // INCR goes as a bypass write: through the adaptor's scripts, grouped when several
+    // sessions' writes reach a connection to Redis in one turn.
+    let system = System::start(false);
+    let clients = 12;
+    let rounds = 20;
+    let batch = 10;
+    let handles: Vec<_> = (0..clients)
+        .map(|client_index| {
+            let mut client = system.gateway_client();
+            thread::spawn(move || {
+                for round in 0..rounds {
+                    let commands: Vec<Vec<String>> = (0..batch)
+                        .map(|i| {
+                            let key = if i % 2 == 0 { "shared" } else { "own" };
+                            let key = format!(
+                                "group:{key}:{}",
+                                if i % 2 == 0 { 0 } else { client_index }
+                            );
+                            vec!["INCR".to_owned(), key]
+                        })
+                        .collect();
+                    let replies = client.pipeline(&commands).expect("pipeline");
+                    for (i, reply) in replies.iter().enumerate() {
+                        let Value::Integer(value) = reply else {
+                            panic!("INCR answered {reply:?}");
+                        };
+                        if i % 2 == 1 {
+                            assert_eq!(*value, (round * batch / 2 + i / 2 + 1) as i64);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().expect("a client's thread");
+    }
+    let mut redis = system.redis.client();
+    let shared = redis.command(&["GET", "group:shared:0"]).expect("GET");
+    assert_eq!(shared, bulk(&(clients * rounds * batch / 2).to_string()));
+    for client_index in 0..clients {
+        let own = redis
+            .command(&["GET", &format!("group:own:{client_index}")])
+            .expect("GET");
+        assert_eq!(own, bulk(&(rounds * batch / 2).to_string()));
+    }
+    let metrics = system.adaptor.as_ref().and_then(|adaptor| adaptor.metrics);
+    let metrics = metrics.expect("the adaptor's metrics endpoint");
+    let text = pmnet_runtime::metrics::scrape(metrics, Duration::from_secs(5)).expect("scrape");
+    let sample = |name: &str| {
+        pmnet_runtime::metrics::find_sample(&text, name, "").unwrap_or_else(|| panic!("{name}"))
+    };
+    let grouped = sample("pmnet_redis_grouped_writes_total");
+    let groups = sample("pmnet_redis_write_groups_total");
+    let writes = sample("pmnet_redis_writes_applied_total");
+    eprintln!("{writes} writes applied, {grouped} of them in {groups} group calls");
+    assert_eq!(writes, (clients * rounds * batch) as f64);
+    assert!(
+        groups >= 1.0 && grouped >= 2.0 * groups,
+        "{groups} groups of {grouped}"
+    );
+}

@@ -178,6 +178,30 @@ record(KEYS[1], ARGV[1], ARGV[2], reply)
 return {1, reply}
 "#;
 
+/// The group script: several requests' commands (of one session or several) in one script
+/// call, each exactly as the update script's mode `c` runs it, in order. `KEYS[i]`: the record
+/// of request `i`; `ARGV[1]`: the record's TTL; then, for each request, its sequence number,
+/// its word count and its words. Returns one `{status, reply}` per request.
+const APPLY_GROUP_BODY: &str = r#"
+local ttl = ARGV[1]
+local out = {}
+local i = 2
+for e = 1, #KEYS do
+  local seq = tonumber(ARGV[i])
+  local last = i + 1 + tonumber(ARGV[i + 1])
+  local answer = redo(KEYS[e], seq)
+  if answer then
+    out[e] = answer
+  else
+    local reply = enc(redis.pcall(unpack(ARGV, i + 2, last)))
+    record(KEYS[e], ARGV[i], ttl, reply)
+    out[e] = {1, reply}
+  end
+  i = last + 1
+end
+return out
+"#;
+
 /// The checked read, used only when a read is resent after a lost connection while a later
 /// request of its session may have been applied. `KEYS[1]`: the session record; `ARGV[1]`:
 /// the sequence number of that later request; `ARGV[2..]`: the command. Runs the read only if
@@ -233,6 +257,11 @@ fn with_prelude(record_db: u32, body: &str) -> String {
 /// The full text of the update script, for records in database `record_db`.
 pub fn apply_script(record_db: u32) -> String {
     with_prelude(record_db, APPLY_BODY)
+}
+
+/// The full text of the group script.
+pub fn apply_group_script(record_db: u32) -> String {
+    with_prelude(record_db, APPLY_GROUP_BODY)
 }
 
 /// The full text of the checked-read script.

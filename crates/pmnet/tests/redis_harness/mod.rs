@@ -152,6 +152,8 @@ impl Drop for Redis {
 pub struct Proc {
     pub child: Child,
     pub addr: SocketAddr,
+    /// Its metrics endpoint, if it was started with one.
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Proc {
@@ -171,24 +173,27 @@ impl Proc {
         let stdout = child.stdout.take().expect("stdout");
         let (sender, receiver) = mpsc::channel();
         thread::spawn(move || {
-            let mut sent = false;
+            let mut addr = None;
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if !sent {
-                    if let Some((_, rest)) = line.split_once(" listening on ") {
-                        let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
-                        let _ = sender.send(addr);
-                        sent = true;
-                    }
+                if let Some((_, rest)) = line.split_once(" listening on ") {
+                    addr = Some(rest.split_whitespace().next().unwrap_or("").to_owned());
+                }
+                // The banner ends with "…; metrics: off" or "…; metrics: http://ADDR/metrics".
+                if let (Some(listen), Some((_, rest))) = (&addr, line.split_once("metrics: ")) {
+                    let metrics = rest.trim_start_matches("http://").split('/').next();
+                    let _ = sender.send((listen.clone(), metrics.unwrap_or("").to_owned()));
+                    addr = None;
                 }
             }
         });
-        let addr = receiver
+        let (addr, metrics) = receiver
             .recv_timeout(PATIENCE)
             .unwrap_or_else(|_| panic!("pmnet {args:?} did not say where it listens; see {log:?}"));
         Proc {
             child,
             addr: addr.parse().expect("a socket address"),
+            metrics: metrics.parse().ok(),
         }
     }
 
@@ -283,6 +288,8 @@ impl System {
             &self.device_addr().to_string(),
             "--report-interval",
             "0",
+            "--metrics",
+            "127.0.0.1:0",
         ]
         .map(str::to_owned)
         .to_vec();

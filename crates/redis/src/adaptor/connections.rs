@@ -18,6 +18,9 @@ pub(super) enum Expect {
     /// A reply to the connection's set-up (`AUTH`, `SCRIPT LOAD`): an error closes it.
     Setup(&'static str),
     Request,
+    /// The reply to a group of this many requests (the group script): one `{status, reply}`
+    /// for each, in order.
+    Group(usize),
     /// A reply nobody waits for (remembering a script body): an error is only logged.
     Ignore,
 }
@@ -32,6 +35,11 @@ pub(super) struct Conn {
     pub(super) expect: VecDeque<Expect>,
     /// Requests at Redis or about to be, oldest first; kept across reconnections.
     pub(super) pending: VecDeque<Pending>,
+    /// The last this many of `pending` are writes not yet encoded: they go to Redis as one
+    /// group script call when the turn sends (see `Adaptor::close_group`).
+    pub(super) ungrouped: usize,
+    /// Bytes of words of the ungrouped writes.
+    pub(super) ungrouped_bytes: usize,
     pub(super) retry_at: Option<Instant>,
     backoff: Duration,
     failures_in_a_row: u32,
@@ -124,6 +132,8 @@ impl Conn {
             input: Vec::new(),
             expect: VecDeque::new(),
             pending: VecDeque::new(),
+            ungrouped: 0,
+            ungrouped_bytes: 0,
             retry_at: Some(Instant::now()),
             backoff: MIN_BACKOFF,
             failures_in_a_row: 0,
@@ -169,6 +179,8 @@ impl Adaptor {
         conn.out_sent = 0;
         conn.input.clear();
         conn.expect.clear();
+        conn.ungrouped = 0;
+        conn.ungrouped_bytes = 0;
         if let Some((user, password)) = &self.options.redis_auth {
             let mut words: Vec<&[u8]> = vec![b"AUTH"];
             words.extend(user.as_deref());
@@ -179,6 +191,7 @@ impl Adaptor {
         // Load the scripts again: Redis may have restarted.
         for text in [
             script::apply_script(record_db),
+            script::apply_group_script(record_db),
             script::checked_read_script(record_db),
             script::watch_script(record_db),
         ] {
@@ -230,6 +243,8 @@ impl Adaptor {
         conn.out_sent = 0;
         conn.input.clear();
         conn.expect.clear();
+        conn.ungrouped = 0;
+        conn.ungrouped_bytes = 0;
         conn.failures_in_a_row += 1;
         let backoff = conn.backoff;
         conn.retry_at = Some(Instant::now() + backoff);
@@ -249,6 +264,7 @@ impl Adaptor {
     }
 
     pub(super) fn write_out(&mut self, index: usize) -> bool {
+        self.close_group(index);
         let conn = &mut self.conns[index];
         let Some(stream) = conn.stream.as_mut() else {
             return false;
@@ -352,6 +368,36 @@ impl Adaptor {
                             "Redis refused to remember a script body: {}",
                             String::from_utf8_lossy(message)
                         );
+                    }
+                }
+                Some(Expect::Group(count)) => {
+                    let replies = match value {
+                        Value::Array(Some(items)) if items.len() == count => items,
+                        other => {
+                            // Not one answer per request (a transient error, or the script
+                            // itself failed): send them again, each on its own.
+                            if let Value::Error(_) = other {
+                                self.counters.transient_errors += 1;
+                            }
+                            failure = Some(format!("the group script answered {other:?}"));
+                            continue;
+                        }
+                    };
+                    self.counters.groups += 1;
+                    self.counters.grouped_writes += count as u64;
+                    for value in replies {
+                        let Some(pending) = self.conns[index].pending.pop_front() else {
+                            failure = Some("a reply without a request".to_owned());
+                            break;
+                        };
+                        match self.interpret(&pending, value) {
+                            Ok(reply) => completed.push((pending.session_id, pending.seq, reply)),
+                            Err(why) => {
+                                self.conns[index].pending.push_front(pending);
+                                failure = Some(why);
+                                break;
+                            }
+                        }
                     }
                 }
                 Some(Expect::Request) => {

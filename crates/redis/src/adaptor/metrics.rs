@@ -17,7 +17,7 @@ impl Adaptor {
             .count();
         let mut line = format!(
             "redis-adaptor {}: udp in {} out {}; writes {} reads {} redone-recognised {} \
-             replies-gone {} command-errors {} noop-fills {} bad-payloads {} refused {}; \
+             groups {}/{} replies-gone {} command-errors {} noop-fills {} bad-payloads {} refused {}; \
              make-up acks {}; outstanding {} held {}; redis connections up {}/{} \
              reconnects {} transient-errors {} resent {}{}; dropped {}",
             self.options.server_id,
@@ -26,6 +26,8 @@ impl Adaptor {
             counters.writes_applied,
             counters.reads,
             counters.redone_recognised,
+            counters.grouped_writes,
+            counters.groups,
             counters.replies_gone,
             counters.command_errors,
             counters.noop_fills,
@@ -91,6 +93,16 @@ impl Adaptor {
                     counters.writes_applied,
                 ),
                 ("pmnet_redis_reads_total", "Reads answered.", counters.reads),
+                (
+                    "pmnet_redis_write_groups_total",
+                    "Group script calls answered (several writes in one script call).",
+                    counters.groups,
+                ),
+                (
+                    "pmnet_redis_grouped_writes_total",
+                    "Writes sent to Redis in group script calls.",
+                    counters.grouped_writes,
+                ),
                 (
                     "pmnet_redis_redone_recognised_total",
                     "Redone requests Redis had applied before, answered with the stored reply.",

@@ -221,6 +221,10 @@ pub struct AdaptorCounters {
     pub writes_applied: u64,
     /// Reads answered.
     pub reads: u64,
+    /// Group script calls answered (several writes in one call each).
+    pub groups: u64,
+    /// Writes applied in those group calls.
+    pub grouped_writes: u64,
     /// Requests Redis had applied before (redone after a crash): answered with the stored reply.
     pub redone_recognised: u64,
     /// Redone requests whose reply was no longer kept (or checked reads that came too late).
@@ -335,6 +339,7 @@ impl Adaptor {
             prefix: options.record_prefix.clone(),
             ttl: ttl_arg,
             apply_sha: redis.apply_sha,
+            group_sha: redis.group_sha,
             read_sha: redis.read_sha,
             watch_sha: redis.watch_sha,
             record_db: options.record_db,

@@ -20,6 +20,7 @@ pub(super) struct RedisState {
     pub(super) startup: AdaptorStartup,
     pub(super) sessions: Vec<RecoveredSession>,
     pub(super) apply_sha: String,
+    pub(super) group_sha: String,
     pub(super) read_sha: String,
     pub(super) watch_sha: String,
     /// Redis's command table.
@@ -75,6 +76,7 @@ pub(super) fn read_redis_state(
         )
     })?;
     let apply_sha = script_load(&mut client, addr, &script::apply_script(record_db))?;
+    let group_sha = script_load(&mut client, addr, &script::apply_group_script(record_db))?;
     let read_sha = script_load(&mut client, addr, &script::checked_read_script(record_db))?;
     let watch_sha = script_load(&mut client, addr, &script::watch_script(record_db))?;
     let moved = move_records(&mut client, addr, &options.record_prefix, record_db)?;
@@ -101,6 +103,7 @@ pub(super) fn read_redis_state(
         startup,
         sessions,
         apply_sha,
+        group_sha,
         read_sha,
         watch_sha,
         table,

@@ -63,6 +63,7 @@ pub(super) struct Encoding {
     /// The record's TTL argument (seconds, 0 for none).
     pub(super) ttl: String,
     pub(super) apply_sha: String,
+    pub(super) group_sha: String,
     pub(super) read_sha: String,
     pub(super) watch_sha: String,
     pub(super) record_db: u32,
@@ -94,6 +95,11 @@ pub(super) struct Pending {
     pub(super) op: Op,
     pub(super) sent_as: SentAs,
 }
+
+/// Writes in one group script call at most.
+const GROUP_MAX: usize = 32;
+/// Bytes of words in one group script call at most (a larger write closes the group).
+const GROUP_BYTES_MAX: usize = 64 << 10;
 
 /// Unsent bytes to Redis at most before the adaptor stops taking new requests.
 const MAX_UNSENT_BYTES: usize = 16 << 20;
@@ -398,6 +404,20 @@ impl Adaptor {
             sent_as: SentAs::Direct,
         };
         let conn = &mut self.conns[index];
+        if let (Op::Write(args), Some(_)) = (&pending.op, &conn.stream) {
+            // Joins the connection's open group, sent as one script call when the turn sends.
+            pending.sent_as = SentAs::Script;
+            conn.ungrouped += 1;
+            conn.ungrouped_bytes += args.iter().map(|word| word.len() + 16).sum::<usize>();
+            conn.pending.push_back(pending);
+            let conn = &self.conns[index];
+            if conn.ungrouped >= GROUP_MAX || conn.ungrouped_bytes >= GROUP_BYTES_MAX {
+                self.close_group(index);
+            }
+            return;
+        }
+        self.close_group(index);
+        let conn = &mut self.conns[index];
         if conn.stream.is_some() {
             pending.sent_as = encode_request(
                 &mut conn.out,
@@ -408,6 +428,32 @@ impl Adaptor {
             );
         }
         conn.pending.push_back(pending);
+    }
+
+    /// Encode the connection's open group of writes: one group script call, or the update
+    /// script's for a group of one.
+    pub(super) fn close_group(&mut self, index: usize) {
+        let conn = &mut self.conns[index];
+        let count = std::mem::take(&mut conn.ungrouped);
+        conn.ungrouped_bytes = 0;
+        if count == 0 || conn.stream.is_none() {
+            return;
+        }
+        let first = conn.pending.len() - count;
+        if count == 1 {
+            let pending = &conn.pending[first];
+            encode_request(
+                &mut conn.out,
+                &mut conn.expect,
+                &self.encoding,
+                pending,
+                None,
+            );
+            return;
+        }
+        let group = conn.pending.range(first..);
+        encode_group(&mut conn.out, &self.encoding, group, count);
+        conn.expect.push_back(Expect::Group(count));
     }
 
     /// A request of `session_id` was answered: let the next held one go.
@@ -631,6 +677,43 @@ fn key_count(args: &[Vec<u8>]) -> Result<usize, String> {
         return Err("ERR Number of keys can't be greater than number of args".to_owned());
     }
     Ok(count)
+}
+
+/// `EVALSHA group count record… ttl [seq words word…]…` for `count` writes (`Op::Write`).
+fn encode_group<'a>(
+    out: &mut Vec<u8>,
+    encoding: &Encoding,
+    group: impl Iterator<Item = &'a Pending> + Clone,
+    count: usize,
+) {
+    let words: usize = group
+        .clone()
+        .map(|pending| match &pending.op {
+            Op::Write(args) => 2 + args.len(),
+            _ => unreachable!("only writes are grouped"),
+        })
+        .sum();
+    out.extend_from_slice(format!("*{}\r\n", 4 + count + words).as_bytes());
+    encode_bulk(b"EVALSHA", out);
+    encode_bulk(encoding.group_sha.as_bytes(), out);
+    encode_bulk(count.to_string().as_bytes(), out);
+    for pending in group.clone() {
+        encode_bulk(
+            &script::record_key(&encoding.prefix, pending.session_id),
+            out,
+        );
+    }
+    encode_bulk(encoding.ttl.as_bytes(), out);
+    for pending in group {
+        let Op::Write(args) = &pending.op else {
+            unreachable!("only writes are grouped");
+        };
+        encode_bulk(pending.seq.to_string().as_bytes(), out);
+        encode_bulk(args.len().to_string().as_bytes(), out);
+        for word in args {
+            encode_bulk(word, out);
+        }
+    }
 }
 
 /// Append `*N` and bulk strings: the fixed parts, then the arguments.

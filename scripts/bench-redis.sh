@@ -12,6 +12,7 @@
 #   PMNET_BENCH_REQUESTS=N ...                requests per run with 1 client (default 20000;
 #                                             10x that with 50 clients)
 #   PMNET_BENCH_BUSY=1 ...                    `pmnet redis-up --busy-poll` (gateway and device spin)
+#   PMNET_BENCH_SPIN_US=N ...                 `pmnet redis-up --spin-us N` (default: redis-up's own)
 #   PMNET_BENCH_PLACEMENT=user|split ...      user (the default): nothing is pinned but what
 #                                             `pmnet redis-up` places itself, as a user runs it;
 #                                             split: also redis-benchmark on CPU 0 and every
@@ -120,6 +121,7 @@ device_port="$(free_port)"
 gateway_port="$(free_port)"
 busy_flags=()
 if [ "$busy" = 1 ]; then busy_flags=(--busy-poll); fi
+if [ -n "${PMNET_BENCH_SPIN_US:-}" ]; then busy_flags+=(--spin-us "$PMNET_BENCH_SPIN_US"); fi
 # PMNet runs only while it is measured, so that an idle (or, with --busy-poll, spinning)
 # gateway and device take nothing from Redis alone. start_pmnet fills part_pid: the gateway's,
 # the device's and the adaptor's pids, whose CPU time each PMNet request costs.

@@ -23,6 +23,12 @@ pub struct LoopArgs {
     #[arg(long)]
     pub busy_poll: bool,
 
+    /// Spin for this many microseconds after the last work before sleeping (0: sleep at
+    /// once): a busy peer's next datagram finds the loop awake, an idle loop costs no CPU.
+    /// `--busy-poll` overrides it.
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = 0)]
+    pub spin_us: u32,
+
     /// Pin the event loop to this CPU (0-based).
     #[arg(long, value_name = "CPU")]
     pub cpu: Option<usize>,
@@ -44,13 +50,18 @@ pub struct LoopArgs {
 impl LoopArgs {
     pub fn loop_options(&self) -> LoopOptions {
         LoopOptions {
-            wait: WaitMode::from_busy_poll(self.busy_poll),
+            wait: self.wait_mode(),
             cpu: self.cpu,
             report_interval: (self.report_interval > 0)
                 .then(|| Duration::from_secs(self.report_interval)),
             metrics_listen: self.metrics,
             ..LoopOptions::default()
         }
+    }
+
+    /// `--busy-poll`, else `--spin-us`.
+    pub fn wait_mode(&self) -> WaitMode {
+        WaitMode::from_args(self.busy_poll, self.spin_us)
     }
 
     /// The deployment keys of `--key-file`, if given.
@@ -65,7 +76,7 @@ impl LoopArgs {
     fn describe(&self, metrics: Option<SocketAddr>) -> String {
         format!(
             "wait: {}; cpu: {}; metrics: {}",
-            WaitMode::from_busy_poll(self.busy_poll).name(),
+            self.wait_mode().describe(),
             self.cpu
                 .map_or_else(|| "not pinned".to_owned(), |cpu| format!("pinned to {cpu}")),
             metrics.map_or_else(|| "off".to_owned(), |addr| format!("http://{addr}/metrics")),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Args;
 use pmnet_redis::commands::Policy;
 use pmnet_redis::{Adaptor, AdaptorOptions, Durability, Gateway, GatewayOptions};
-use pmnet_runtime::{Shutdown, WaitMode};
+use pmnet_runtime::Shutdown;
 
 use crate::node::LoopArgs;
 use crate::CliError;
@@ -152,7 +152,7 @@ fn report_interval(run: &LoopArgs) -> Option<Duration> {
 fn describe(run: &LoopArgs, metrics: Option<SocketAddr>) -> String {
     format!(
         "wait: {}; cpu: {}; metrics: {}",
-        WaitMode::from_busy_poll(run.busy_poll).name(),
+        run.wait_mode().describe(),
         run.cpu
             .map_or_else(|| "not pinned".to_owned(), |cpu| format!("pinned to {cpu}")),
         metrics.map_or_else(|| "off".to_owned(), |addr| format!("http://{addr}/metrics")),
@@ -184,7 +184,7 @@ pub fn run_adaptor(args: RedisAdaptorArgs) -> Result<ExitCode, CliError> {
     options.startup_timeout = Duration::from_secs(args.startup_timeout);
     options.record_reads = args.record_reads;
     options.session_ttl = (args.session_ttl > 0).then(|| Duration::from_secs(args.session_ttl));
-    options.wait = WaitMode::from_busy_poll(args.run.busy_poll);
+    options.wait = args.run.wait_mode();
     options.cpu = args.run.cpu;
     options.report_interval = report_interval(&args.run);
     options.metrics_listen = args.run.metrics;
@@ -270,7 +270,7 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
     options.policy = Policy {
         ack_counting_writes: args.ack_counting_writes,
     };
-    options.wait = WaitMode::from_busy_poll(args.run.busy_poll);
+    options.wait = args.run.wait_mode();
     options.cpu = args.run.cpu;
     options.report_interval = report_interval(&args.run);
     options.metrics_listen = args.run.metrics;

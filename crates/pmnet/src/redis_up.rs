@@ -63,6 +63,12 @@ pub struct RedisUpArgs {
     #[arg(long)]
     pub busy_poll: bool,
 
+    /// The gateway and the device spin this many microseconds after their last work before
+    /// they sleep (0: sleep at once): a client's next request finds them awake, and idle they
+    /// cost no CPU. `--busy-poll` overrides it.
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = DEFAULT_SPIN_US)]
+    pub spin_us: u32,
+
     /// A file whose first line is the password clients must give the gateway (`AUTH`).
     #[arg(long, value_name = "FILE")]
     pub password_file: Option<PathBuf>,
@@ -70,6 +76,18 @@ pub struct RedisUpArgs {
     /// Authenticate PMNet's datagrams with this deployment key file (`pmnet keygen`).
     #[arg(long, value_name = "FILE")]
     pub key_file: Option<PathBuf>,
+}
+
+/// How long the gateway and the device spin after their last work by default (µs).
+pub const DEFAULT_SPIN_US: u32 = 200;
+
+/// The wait options of the gateway and the device.
+fn wait_args(args: &RedisUpArgs) -> Vec<String> {
+    if args.busy_poll {
+        vec!["--busy-poll".to_owned()]
+    } else {
+        vec!["--spin-us".to_owned(), args.spin_us.to_string()]
+    }
 }
 
 /// Where each part runs: (gateway, device, adaptor, redis-server).
@@ -294,9 +312,7 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
         args.log_file.display().to_string(),
     ];
     device.extend(cpu_args(place.device));
-    if args.busy_poll {
-        device.push("--busy-poll".to_owned());
-    }
+    device.extend(wait_args(&args));
     device.extend(key_args.iter().cloned());
     parts.push(start_pmnet("device", &device)?);
     let mut adaptor = vec![
@@ -319,9 +335,7 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
         args.device_listen.to_string(),
     ];
     gateway.extend(cpu_args(place.gateway));
-    if args.busy_poll {
-        gateway.push("--busy-poll".to_owned());
-    }
+    gateway.extend(wait_args(&args));
     gateway.extend(key_args.iter().cloned());
     if let Some(path) = &args.password_file {
         gateway.extend(["--password-file".to_owned(), path.display().to_string()]);

@@ -171,6 +171,8 @@ pub fn run_loop<N: Node>(
     // otherwise everything.
     let mut waited = false;
     let mut again = false;
+    // When a turn last did something (`WaitMode::Spin` spins for a while after it).
+    let mut last_busy = Instant::now();
     loop {
         let stopping = shutdown.is_requested();
         node.loop_counters().iterations += 1;
@@ -196,19 +198,30 @@ pub fn run_loop<N: Node>(
                 next_report = Some(wall + interval);
             }
         }
+        if turn.busy {
+            last_busy = wall;
+        }
+        let sleeps = settings.wait.sleeps();
         match settings.wait {
             WaitMode::BusyPoll if turn.busy => continue,
-            WaitMode::Blocking if turn.more => continue,
-            WaitMode::Blocking if turn.again => {
+            _ if sleeps && turn.more => continue,
+            _ if sleeps && turn.again => {
                 again = true;
                 continue;
             }
             _ => {}
         }
         node.loop_counters().idle_waits += 1;
-        match settings.wait {
-            WaitMode::BusyPoll => yield_cpu(),
-            WaitMode::Blocking => {
+        let spinning = match settings.wait {
+            WaitMode::BusyPoll => true,
+            WaitMode::Spin(micros) => {
+                wall.saturating_duration_since(last_busy) < Duration::from_micros(micros.into())
+            }
+            WaitMode::Blocking => false,
+        };
+        match spinning {
+            true => yield_cpu(),
+            false => {
                 let mut timeout = MAX_SLEEP;
                 if let Some(timer) = node.next_timer() {
                     timeout = timeout.min(timer);
@@ -275,6 +288,98 @@ pub fn wait_once(wait: WaitMode, fds: &mut [PollFd], timeout: Duration) -> io::R
             }
             Ok(())
         }
-        WaitMode::Blocking => poll(fds, timeout.min(MAX_SLEEP)),
+        WaitMode::Blocking | WaitMode::Spin(_) => poll(fds, timeout.min(MAX_SLEEP)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node busy for its first `busy_turns` turns, idle after; it asks the loop to stop
+    /// once the loop has slept `sleeps_before_stop` times or turned `turns_max` times.
+    struct Probe {
+        busy_turns: u64,
+        turns: u64,
+        turns_max: u64,
+        sleeps: std::cell::Cell<u64>,
+        sleeps_before_stop: u64,
+        shutdown: Shutdown,
+        counters: LoopCounters,
+    }
+
+    impl Node for Probe {
+        fn turn(&mut self, _: Ready<'_>) -> Turn {
+            self.turns += 1;
+            if self.turns >= self.turns_max || self.sleeps.get() >= self.sleeps_before_stop {
+                self.shutdown.request();
+            }
+            let busy = self.turns <= self.busy_turns;
+            Turn {
+                busy,
+                more: false,
+                again: false,
+            }
+        }
+        fn wait_fds(&self, _: &mut Vec<PollFd>) {
+            // Asked only when the loop is about to sleep.
+            self.sleeps.set(self.sleeps.get() + 1);
+        }
+        fn next_timer(&self) -> Option<Duration> {
+            Some(Duration::ZERO)
+        }
+        fn queued_len(&self) -> usize {
+            0
+        }
+        fn flush(&mut self) {}
+        fn metrics(&self) -> Metrics {
+            Metrics::default()
+        }
+        fn report_line(&self) -> String {
+            String::new()
+        }
+        fn kind(&self) -> &'static str {
+            "probe"
+        }
+        fn loop_counters(&mut self) -> &mut LoopCounters {
+            &mut self.counters
+        }
+    }
+
+    fn run(wait: WaitMode, turns_max: u64, sleeps_before_stop: u64) -> Probe {
+        let shutdown = Shutdown::new();
+        let mut probe = Probe {
+            busy_turns: 3,
+            turns: 0,
+            turns_max,
+            sleeps: std::cell::Cell::new(0),
+            sleeps_before_stop,
+            shutdown: shutdown.clone(),
+            counters: LoopCounters::default(),
+        };
+        let settings = LoopSettings {
+            wait,
+            cpu: None,
+            report_interval: None,
+            report_at_stop: false,
+        };
+        run_loop(&mut probe, settings, None, &shutdown).expect("the loop");
+        probe
+    }
+
+    #[test]
+    fn a_spinning_loop_stays_awake_after_work_and_sleeps_once_idle_long_enough() {
+        // An hour of spin: 1 000 turns after the busy ones and not one sleep.
+        let awake = run(WaitMode::Spin(3_600_000_000), 1_000, u64::MAX);
+        assert_eq!(awake.sleeps.get(), 0, "slept while spinning");
+        assert_eq!(awake.turns, 1_000 + 1, "and the turn that stops");
+        // A microsecond of spin: it goes to sleep (the probe stops the loop once it has).
+        let asleep = run(WaitMode::Spin(1), u64::MAX, 1);
+        assert!(asleep.sleeps.get() >= 1);
+        // Blocking sleeps after its first turn (busy or not, when the node has no more): the
+        // turn after that sleep asks to stop, before the busy turns are over.
+        let blocking = run(WaitMode::Blocking, u64::MAX, 1);
+        assert!(blocking.turns <= 3, "{} turns", blocking.turns);
+        assert_eq!(run(WaitMode::BusyPoll, 1_000, u64::MAX).sleeps.get(), 0);
     }
 }

@@ -18,6 +18,10 @@ pub enum WaitMode {
     /// several busy processes pinned to one vCPU take turns instead of running out their time
     /// slices). Burns a CPU; gives the lowest latency.
     BusyPoll,
+    /// Spin (as [`WaitMode::BusyPoll`]) for this many microseconds after the last turn that
+    /// did something, then sleep (as [`WaitMode::Blocking`]): the next request of a busy
+    /// client finds the loop awake, and an idle loop costs nothing.
+    Spin(u32),
 }
 
 impl WaitMode {
@@ -25,15 +29,34 @@ impl WaitMode {
         match self {
             WaitMode::Blocking => "blocking",
             WaitMode::BusyPoll => "busy-poll",
+            WaitMode::Spin(_) => "spin-then-block",
+        }
+    }
+
+    /// The mode in words, for banners: `blocking`, `busy-poll`, `spin 200 µs, then blocking`.
+    pub fn describe(self) -> String {
+        match self {
+            WaitMode::Spin(micros) => format!("spin {micros} µs, then blocking"),
+            other => other.name().to_owned(),
         }
     }
 
     pub fn from_busy_poll(busy_poll: bool) -> WaitMode {
-        if busy_poll {
-            WaitMode::BusyPoll
-        } else {
-            WaitMode::Blocking
+        WaitMode::from_args(busy_poll, 0)
+    }
+
+    /// `--busy-poll` wins; else `--spin-us N` (0: blocking).
+    pub fn from_args(busy_poll: bool, spin_us: u32) -> WaitMode {
+        match (busy_poll, spin_us) {
+            (true, _) => WaitMode::BusyPoll,
+            (false, 0) => WaitMode::Blocking,
+            (false, micros) => WaitMode::Spin(micros),
         }
+    }
+
+    /// Whether the loop may sleep in `ppoll` at all.
+    pub fn sleeps(self) -> bool {
+        !matches!(self, WaitMode::BusyPoll)
     }
 }
 

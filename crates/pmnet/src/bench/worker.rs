@@ -370,7 +370,7 @@ fn run_echo_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
         if count == 0 {
             match plan.wait {
                 WaitMode::BusyPoll => yield_cpu(),
-                WaitMode::Blocking => {
+                WaitMode::Blocking | WaitMode::Spin(_) => {
                     let mut timeout = MAX_WAIT;
                     if let Some(until) = plan.measure_until {
                         timeout = timeout.min(until.saturating_duration_since(now));

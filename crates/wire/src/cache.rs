@@ -18,7 +18,10 @@
 //!
 //! | descriptor | field | size |
 //! |---|---|---|
-//! | write | key length *k* | 1 (1 to 255) |
+//! | write | after: session | 8 (set by the device that logs it; 0 from a client) |
+//! | | after: sequence number | 4 (0: the write waits for nothing) |
+//! | | stamp | 8 (the device's count of keyed writes; 0 from a client) |
+//! | | key length *k* | 1 (1 to 255) |
 //! | | key | *k* |
 //! | | reply-after length *r* | 2 ([`NO_REPLY_AFTER`]: none, the write only invalidates) |
 //! | | reply after the write | *r* (at most [`REPLY_AFTER_MAX`]) |
@@ -38,6 +41,57 @@ pub const NO_REPLY_AFTER: u16 = u16::MAX;
 /// Bytes of a reply-after at most.
 pub const REPLY_AFTER_MAX: usize = 4096;
 
+/// Bytes of a write descriptor's [`WriteOrder`], at its front.
+pub const ORDER_LEN: usize = 20;
+
+/// Where a keyed write stands among the writes to its key, as the device that logged it says:
+/// a client sends zeros, and the device writes its order in place before it logs the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WriteOrder {
+    /// The request a server must have applied before this one: the device's latest earlier
+    /// keyed write to the same key that its server had not yet acknowledged (`after_seq` 0:
+    /// none).
+    pub after_session: u64,
+    pub after_seq: u32,
+    /// The device's count of keyed writes when it logged this one (orders the writes it
+    /// recovers from its log after a restart).
+    pub stamp: u64,
+}
+
+impl WriteOrder {
+    /// The request this write waits for, if any.
+    pub fn after(&self) -> Option<(u64, u32)> {
+        (self.after_seq != 0).then_some((self.after_session, self.after_seq))
+    }
+
+    /// Overwrite the order at the front of a keyed update's payload. `false` (nothing
+    /// written) if the payload is shorter than [`ORDER_LEN`].
+    pub fn write_into(&self, payload: &mut [u8]) -> bool {
+        let Some(front) = payload.get_mut(..ORDER_LEN) else {
+            return false;
+        };
+        front[..8].copy_from_slice(&self.after_session.to_be_bytes());
+        front[8..12].copy_from_slice(&self.after_seq.to_be_bytes());
+        front[12..].copy_from_slice(&self.stamp.to_be_bytes());
+        true
+    }
+
+    fn parse(bytes: &[u8]) -> Result<(WriteOrder, &[u8]), DescriptorError> {
+        let (front, rest) = split(bytes, ORDER_LEN)?;
+        let u64_at = |at: usize| {
+            let mut word = [0; 8];
+            word.copy_from_slice(&front[at..at + 8]);
+            u64::from_be_bytes(word)
+        };
+        let order = WriteOrder {
+            after_session: u64_at(0),
+            after_seq: u32::from_be_bytes([front[8], front[9], front[10], front[11]]),
+            stamp: u64_at(12),
+        };
+        Ok((order, rest))
+    }
+}
+
 /// Why a descriptor did not parse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DescriptorError {
@@ -52,6 +106,7 @@ pub enum DescriptorError {
 /// What a keyed update writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteDescriptor<'a> {
+    pub order: WriteOrder,
     pub key: &'a [u8],
     /// The reply a read of `key` gives once this write is applied; `None`: the write only
     /// invalidates what a cache holds for the key.
@@ -61,12 +116,14 @@ pub struct WriteDescriptor<'a> {
 impl<'a> WriteDescriptor<'a> {
     /// The descriptor at the front of `payload`, and the application's request after it.
     pub fn parse(payload: &'a [u8]) -> Result<(WriteDescriptor<'a>, &'a [u8]), DescriptorError> {
-        let (key, rest) = key_at(payload)?;
+        let (order, rest) = WriteOrder::parse(payload)?;
+        let (key, rest) = key_at(rest)?;
         let (len, rest) = split(rest, 2)?;
         let len = u16::from_be_bytes([len[0], len[1]]);
         if len == NO_REPLY_AFTER {
             return Ok((
                 WriteDescriptor {
+                    order,
                     key,
                     reply_after: None,
                 },
@@ -79,6 +136,7 @@ impl<'a> WriteDescriptor<'a> {
         let (reply, rest) = split(rest, usize::from(len))?;
         Ok((
             WriteDescriptor {
+                order,
                 key,
                 reply_after: Some(reply),
             },
@@ -88,7 +146,7 @@ impl<'a> WriteDescriptor<'a> {
 
     /// Bytes the descriptor takes.
     pub fn len(&self) -> usize {
-        1 + self.key.len() + 2 + self.reply_after.map_or(0, <[u8]>::len)
+        ORDER_LEN + 1 + self.key.len() + 2 + self.reply_after.map_or(0, <[u8]>::len)
     }
 
     /// Never: a descriptor holds at least its lengths.
@@ -99,6 +157,9 @@ impl<'a> WriteDescriptor<'a> {
     /// Append the descriptor to `out`. Panics on a key of 0 or more than 255 bytes or a reply
     /// longer than [`REPLY_AFTER_MAX`]: the caller checks what it sends.
     pub fn emit(&self, out: &mut Vec<u8>) {
+        let at = out.len();
+        out.resize(at + ORDER_LEN, 0);
+        self.order.write_into(&mut out[at..]);
         emit_key(self.key, out);
         match self.reply_after {
             None => out.extend_from_slice(&NO_REPLY_AFTER.to_be_bytes()),
@@ -179,21 +240,48 @@ mod tests {
     #[test]
     fn golden_vectors() {
         // docs/cache.md, "Wire format": SET greeting hello through the gateway.
+        // As a client sends it: no order yet.
         let write = WriteDescriptor {
+            order: WriteOrder::default(),
             key: b"greeting",
             reply_after: Some(b"$5\r\nhello\r\n"),
         };
         let mut out = Vec::new();
         write.emit(&mut out);
-        assert_eq!(hex(&out), "086772656574696e67000b24350d0a68656c6c6f0d0a");
+        assert_eq!(
+            hex(&out),
+            "0000000000000000000000000000000000000000\
+             086772656574696e67000b24350d0a68656c6c6f0d0a"
+        );
         assert_eq!(out.len(), write.len());
+        // As a device logs it: after request 3 of session 0x5e55…01, its 42nd keyed write.
+        let order = WriteOrder {
+            after_session: 0x5e55_0000_0000_0001,
+            after_seq: 3,
+            stamp: 42,
+        };
+        assert!(order.write_into(&mut out));
+        assert_eq!(
+            hex(&out[..ORDER_LEN]),
+            "5e55000000000001" /* after session */
+            .to_owned() + "00000003" /* after seq */ + "000000000000002a" /* stamp */
+        );
+        assert_eq!(
+            WriteDescriptor::parse(&out).unwrap().0.order.after(),
+            Some((0x5e55_0000_0000_0001, 3))
+        );
         let invalidate = WriteDescriptor {
+            order: WriteOrder::default(),
             key: b"k",
             reply_after: None,
         };
         let mut out = Vec::new();
         invalidate.emit(&mut out);
-        assert_eq!(hex(&out), "016bffff");
+        assert_eq!(
+            hex(&out),
+            "0000000000000000000000000000000000000000016bffff"
+        );
+        assert!(!WriteOrder::default().write_into(&mut [0; ORDER_LEN - 1]));
         let read = ReadDescriptor {
             read_after: 7,
             key: b"greeting",
@@ -208,6 +296,11 @@ mod tests {
     fn descriptors_read_back_and_leave_the_application_s_bytes() {
         let mut payload = Vec::new();
         let write = WriteDescriptor {
+            order: WriteOrder {
+                after_session: u64::MAX,
+                after_seq: u32::MAX,
+                stamp: 1,
+            },
             key: b"k",
             reply_after: Some(b"v"),
         };
@@ -227,6 +320,7 @@ mod tests {
     fn every_prefix_of_a_descriptor_and_bad_lengths_are_refused() {
         let mut payload = Vec::new();
         WriteDescriptor {
+            order: WriteOrder::default(),
             key: b"key",
             reply_after: Some(b"reply"),
         }
@@ -237,12 +331,13 @@ mod tests {
                 Err(DescriptorError::Truncated)
             );
         }
+        let ordered = |rest: &[u8]| [&[0; ORDER_LEN][..], rest].concat();
         assert_eq!(
-            WriteDescriptor::parse(&[0, 0, 0]),
+            WriteDescriptor::parse(&ordered(&[0, 0, 0])),
             Err(DescriptorError::EmptyKey)
         );
         assert_eq!(
-            WriteDescriptor::parse(&[1, b'k', 0x10, 0x01]),
+            WriteDescriptor::parse(&ordered(&[1, b'k', 0x10, 0x01])),
             Err(DescriptorError::ReplyTooLong)
         );
         assert_eq!(

@@ -419,3 +419,99 @@ fn what_a_recovering_server_held_back_is_applied_in_arrival_order_across_session
         .collect();
     assert_eq!(applied, vec![(writer, 1), (reader, 1), (writer, 2)]);
 }
+
+/// A keyed write as a device forwards it: its descriptor's order names the request it follows.
+fn keyed_write(session: u64, seq: u32, after: Option<(u64, u32)>, value: &[u8]) -> Vec<u8> {
+    use pmnet_wire::cache::{WriteDescriptor, WriteOrder, KEYED};
+    let (after_session, after_seq) = after.unwrap_or((0, 0));
+    let mut payload = Vec::new();
+    WriteDescriptor {
+        order: WriteOrder {
+            after_session,
+            after_seq,
+            stamp: u64::from(seq),
+        },
+        key: b"k",
+        reply_after: Some(value),
+    }
+    .emit(&mut payload);
+    payload.extend_from_slice(b"k=");
+    payload.extend_from_slice(value);
+    let mut header = Header::new(PacketType::UpdateRequest, SERVER_ID, session, seq);
+    header.flags |= KEYED;
+    header.encode(&payload)
+}
+
+fn applied_events(server: &mut pmnet_proto::Server) -> Vec<(u64, u32, Vec<u8>)> {
+    use pmnet_proto::ServerEvent;
+    std::iter::from_fn(|| server.poll_event())
+        .filter_map(|event| match event {
+            ServerEvent::Apply {
+                session_id,
+                seq,
+                request,
+                ..
+            } => Some((session_id, seq, request)),
+            ServerEvent::RecoveryComplete { .. } => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_keyed_write_waits_for_the_earlier_write_to_its_key_it_names() {
+    use pmnet_proto::{Server, ServerConfig, Time};
+    let device = device_addr(0);
+    let mut server = Server::new(
+        ServerConfig::new(SERVER_ID, Vec::new()),
+        Time::ZERO,
+        Vec::new(),
+    );
+    let (first, second) = (0xA, 0xB);
+    // The later write arrives first (the earlier one's forward was delayed or lost).
+    server.handle(
+        Time::ZERO,
+        device,
+        &keyed_write(second, 1, Some((first, 1)), b"new"),
+    );
+    assert!(
+        applied_events(&mut server).is_empty(),
+        "held until the earlier write is applied"
+    );
+    assert_eq!(server.counters().keyed_writes_held, 1);
+    server.handle(Time::ZERO, device, &keyed_write(first, 1, None, b"old"));
+    // The earlier one goes to the application, without its descriptor; the later one still
+    // waits: issued is not applied.
+    assert_eq!(
+        applied_events(&mut server),
+        vec![(first, 1, b"k=old".to_vec())]
+    );
+    server.on_applied(Time::ZERO, first, 1, b"+OK".to_vec());
+    assert_eq!(
+        applied_events(&mut server),
+        vec![(second, 1, b"k=new".to_vec())]
+    );
+    server.on_applied(Time::ZERO, second, 1, b"+OK".to_vec());
+    assert_eq!(server.busy_session_count(), 0);
+}
+
+#[test]
+fn a_keyed_write_that_names_a_request_no_one_holds_is_applied_once_it_is_skipped() {
+    // The session named never sent that request through any device (a stale or forged
+    // order): the server asks the devices, none holds it, the number is skipped, and the
+    // waiting write goes on. A session never waits for what cannot come.
+    let mut world = World::new(1, Some(64));
+    drive_to_quiet(&mut world);
+    let (absent, waiting) = (0xDEAD_0000_0000_0001, 0xBEEF_0000_0000_0001);
+    world.inject(
+        device_addr(0),
+        server_addr(0),
+        keyed_write(waiting, 1, Some((absent, 5)), b"v"),
+    );
+    world.run_for(Duration::from_millis(10));
+    assert!(world.applied_seqs(waiting).is_empty(), "waits at first");
+    world.run_for(past_every_lifetime());
+    assert_eq!(world.applied_seqs(waiting), vec![1]);
+    let server = world.servers[0].server.counters();
+    assert_eq!(server.keyed_writes_held, 1);
+    assert!(server.sequence_numbers_skipped >= 5);
+}

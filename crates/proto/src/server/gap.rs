@@ -28,6 +28,7 @@ impl Server {
         };
         let has_gap = !recovering
             && session.deferral.is_none()
+            && session.waiting_for.is_none()
             && session.issued_through == session.last_applied
             && (!session.pending.is_empty() || session.highest_seen > session.issued_through);
         let restart = match &session.gap {
@@ -154,6 +155,9 @@ impl Server {
             // The next request is partly here: only it is in question.
             Some((&seq, _)) if seq == first => first,
             Some((&seq, _)) => seq - 1,
+            // A number another session's keyed write waits for is in question too (it may
+            // never have been seen here).
+            None if session.awaited_through >= session.highest_seen => session.highest_seen,
             None => session.highest_seen.saturating_sub(1).max(first),
         };
         if devices.is_empty() {
@@ -275,5 +279,6 @@ impl Server {
         self.counters.sequence_numbers_skipped += u64::from(last - first) + 1;
         self.table.touch(now, session_id);
         self.advance(now, session_id);
+        self.release_waiters(now, session_id, last);
     }
 }

@@ -4,6 +4,7 @@
 
 mod apply;
 mod gap;
+mod order;
 mod table;
 
 use std::cmp::Reverse;
@@ -145,6 +146,12 @@ pub struct ServerCounters {
     pub sequence_numbers_skipped: u64,
     /// Requests the application had no room for, handed back to wait (never refused).
     pub requests_deferred: u64,
+    /// Keyed writes that waited for another session's earlier write to the same key.
+    pub keyed_writes_held: u64,
+    /// Waits given up because the session waited for had no room in the table.
+    pub keyed_order_given_up: u64,
+    /// Keyed writes whose descriptor did not parse (handed to the application as they came).
+    pub keyed_bad_descriptors: u64,
     /// Batches received (each entry is counted as the datagram it is, too).
     pub batches_received: u64,
     /// What the server packed into batches for the peers that send it batches.
@@ -175,6 +182,9 @@ pub struct Server {
     counters: ServerCounters,
     /// Requests that became whole so far (see `Assembly::completed`).
     requests_completed: u64,
+    /// Sessions whose next request is a keyed write that waits: (the session it waits for,
+    /// the number, the waiting session). See `order.rs`.
+    order_waiters: BTreeSet<(u64, u32, u64)>,
 }
 
 impl Server {
@@ -232,6 +242,7 @@ impl Server {
             events: VecDeque::new(),
             counters: ServerCounters::default(),
             requests_completed: 0,
+            order_waiters: BTreeSet::new(),
             config,
         };
         if !server.config.devices.is_empty() {
@@ -528,6 +539,7 @@ impl Server {
             .entry(seq)
             .or_insert_with(|| Assembly::new(kind, fill, fragment_count));
         assembly.parts[usize::from(header.fragment_index)] = Some(payload.to_vec());
+        assembly.keyed |= header.has_flag(pmnet_wire::cache::KEYED);
         assembly.received_count += 1;
         assembly.received_len += payload.len();
         if assembly.is_complete() {
@@ -543,7 +555,7 @@ impl Server {
     /// (re)arm or clear the session's gap timer.
     fn advance(&mut self, now: Time, session_id: u64) {
         if self.recovery.is_none() {
-            while self.issue_next(session_id) {}
+            while self.issue_next(now, session_id) {}
         }
         self.update_gap(now, session_id);
     }
@@ -551,18 +563,45 @@ impl Server {
     /// When the session's next request in sequence became whole, if it is whole and may be
     /// handed to the application now.
     fn next_completed(&self, session_id: u64) -> Option<u64> {
-        let session = self.table.sessions.get(&session_id)?;
+        self.next_issuable(session_id).ok()
+    }
+
+    /// [`Server::next_completed`], or what stops it.
+    fn next_issuable(&self, session_id: u64) -> Result<u64, order::Blocked> {
+        let session = self
+            .table
+            .sessions
+            .get(&session_id)
+            .ok_or(order::Blocked::Nothing)?;
         if session.deferral.is_some() {
-            return None;
+            return Err(order::Blocked::Nothing);
         }
-        let (&seq, assembly) = session.pending.first_key_value()?;
-        (seq == session.issued_through + 1 && assembly.is_complete()).then_some(assembly.completed)
+        let (&seq, assembly) = session
+            .pending
+            .first_key_value()
+            .ok_or(order::Blocked::Nothing)?;
+        if seq != session.issued_through + 1 || !assembly.is_complete() {
+            return Err(order::Blocked::Nothing);
+        }
+        match order::after_of(assembly) {
+            Some((after, through))
+                if !session.order_given_up && !self.order_satisfied(session_id, after, through) =>
+            {
+                Err(order::Blocked::After(after, through))
+            }
+            _ => Ok(assembly.completed),
+        }
     }
 
     /// Hand the session's next request in sequence to the application, if it may go now.
-    fn issue_next(&mut self, session_id: u64) -> bool {
-        if self.next_completed(session_id).is_none() {
-            return false;
+    fn issue_next(&mut self, now: Time, session_id: u64) -> bool {
+        match self.next_issuable(session_id) {
+            Ok(_) => {}
+            Err(order::Blocked::Nothing) => return false,
+            Err(order::Blocked::After(after, through)) => {
+                self.wait_for(now, session_id, after, through);
+                return false;
+            }
         }
         let session = self
             .table
@@ -576,13 +615,19 @@ impl Server {
         session.buffered_bytes -= assembly.cost();
         self.table.buffered_bytes -= assembly.cost();
         session.issued_through = seq;
+        session.order_given_up = false;
         if assembly.fill {
             session.fills_issued.push_back(seq);
         }
         let request = if assembly.fill {
             Vec::new()
         } else {
-            crate::concat_parts(assembly.parts)
+            let (request, parsed) =
+                order::strip_descriptor(assembly.keyed, crate::concat_parts(assembly.parts));
+            if !parsed {
+                self.counters.keyed_bad_descriptors += 1;
+            }
+            request
         };
         self.events.push_back(ServerEvent::Apply {
             session_id,
@@ -692,6 +737,7 @@ impl Server {
             self.send_server_ack(session_id, seq, 0, &reply, to);
         }
         self.update_gap(now, session_id);
+        self.release_waiters(now, session_id, seq);
     }
 
     /// Report that the application had no room for request `seq` of `session_id` and made
@@ -791,15 +837,16 @@ impl Server {
             .filter_map(|&id| Some(Reverse((self.next_completed(id)?, id))))
             .collect();
         while let Some(Reverse((_, session_id))) = ready.pop() {
-            self.issue_next(session_id);
+            self.issue_next(now, session_id);
             if let Some(completed) = self.next_completed(session_id) {
                 ready.push(Reverse((completed, session_id)));
             }
         }
+        // What could not go yet (a keyed write that waits, a gap) is now waited for.
         let mut waiting = waiting;
         waiting.sort_unstable();
         for session_id in waiting {
-            self.update_gap(now, session_id);
+            self.advance(now, session_id);
         }
     }
 

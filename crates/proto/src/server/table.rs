@@ -24,6 +24,8 @@ pub(super) struct Assembly {
     pub(super) kind: RequestKind,
     /// A no-op fill (`NOOP_FILL`): applied as an empty request, answered as skipped.
     pub(super) fill: bool,
+    /// A keyed write (`KEYED`): its payload starts with a write descriptor (see `order.rs`).
+    pub(super) keyed: bool,
     pub(super) parts: Vec<Option<Vec<u8>>>,
     pub(super) received_count: usize,
     pub(super) received_len: usize,
@@ -37,6 +39,7 @@ impl Assembly {
         Assembly {
             kind,
             fill,
+            keyed: false,
             parts: vec![None; fragment_count],
             received_count: 0,
             received_len: 0,
@@ -51,6 +54,7 @@ impl Assembly {
         Assembly {
             kind,
             fill,
+            keyed: false,
             parts: vec![Some(request)],
             received_count: 1,
             received_len,
@@ -131,6 +135,13 @@ pub(super) struct Session {
     pub(super) credit_bytes: u32,
     pub(super) gap: Option<Gap>,
     pub(super) deferral: Option<Deferral>,
+    /// The next request is a keyed write that waits for this session to apply through this
+    /// number (see `order.rs`).
+    pub(super) waiting_for: Option<(u64, u32)>,
+    /// The highest number of this session another session's keyed write waits for.
+    pub(super) awaited_through: u32,
+    /// A wait of this session was given up (no room for the session it waited for).
+    pub(super) order_given_up: bool,
     /// The wait before retrying a deferred request; doubles while the store stays full.
     pub(super) defer_interval: Duration,
     pub(super) last_active: Time,
@@ -138,7 +149,9 @@ pub(super) struct Session {
 
 impl Session {
     pub(super) fn is_idle(&self) -> bool {
-        self.pending.is_empty() && self.issued_through == self.last_applied
+        self.pending.is_empty()
+            && self.issued_through == self.last_applied
+            && self.highest_seen <= self.last_applied
     }
 
     /// Whether `seq` was skipped or filled (as far as this session still remembers).

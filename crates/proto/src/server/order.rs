@@ -1,0 +1,165 @@
+//! Keyed writes to one key applied in the order their device acknowledged them.
+//!
+//! A keyed update (flag `KEYED`) starts with a write descriptor whose order names the request
+//! it must follow: the device's latest earlier keyed write to the same key that was not yet
+//! acknowledged by its server (docs/cache.md, "Order of writes to one key"). The server hands
+//! such a write to its application only once that session has applied through that number.
+//! A session that waits is neither a gap nor a deferral: its next request is here, whole.
+//!
+//! The request waited for always comes: its device logged it and holds it until this server
+//! acknowledges it, resending it as it resends every unacknowledged entry. A session the server
+//! does not know is made known (no requests, the awaited number as the highest seen), so the gap
+//! machinery asks for what it misses and, if no device holds it any more, skips it: a session
+//! never waits for a request that cannot come. Every `after` points to a write the device acked
+//! before, and the device's ack order agrees with every session's own order, so waits cannot
+//! form a cycle.
+
+use pmnet_wire::cache::WriteDescriptor;
+
+use super::table::Assembly;
+use super::Server;
+use crate::Time;
+
+/// What stops a session's next request from going to the application.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Blocked {
+    /// Nothing to issue: the next number is missing, incomplete, or the session is deferred.
+    Nothing,
+    /// Whole, but a keyed write that must follow request `.1` of session `.0`.
+    After(u64, u32),
+}
+
+/// The request a whole keyed write must follow, if any (`None` for anything else, and for a
+/// keyed write whose descriptor does not parse: it is handed on as it came).
+pub(super) fn after_of(assembly: &Assembly) -> Option<(u64, u32)> {
+    if !assembly.keyed || assembly.fill {
+        return None;
+    }
+    let first = assembly.parts.first()?.as_deref()?;
+    let (descriptor, _) = WriteDescriptor::parse(first).ok()?;
+    descriptor.order.after()
+}
+
+/// A keyed write's request as the application sees it: without its descriptor.
+pub(super) fn strip_descriptor(keyed: bool, request: Vec<u8>) -> (Vec<u8>, bool) {
+    if !keyed {
+        return (request, true);
+    }
+    match WriteDescriptor::parse(&request) {
+        Ok((descriptor, _)) => (request[descriptor.len()..].to_vec(), true),
+        Err(_) => (request, false),
+    }
+}
+
+impl Server {
+    /// Whether session `session_id` may apply a request that must follow `(after, through)`.
+    pub(super) fn order_satisfied(&self, session_id: u64, after: u64, through: u32) -> bool {
+        // A session's own earlier requests are issued before it, in order.
+        after == session_id
+            || self
+                .table
+                .sessions
+                .get(&after)
+                .is_some_and(|session| session.last_applied >= through)
+    }
+
+    /// Session `session_id` waits until `after` has applied through `through`: remember it,
+    /// and make sure `after` is known, so that what it misses is asked for or skipped.
+    pub(super) fn wait_for(&mut self, now: Time, session_id: u64, after: u64, through: u32) {
+        let Some(session) = self.table.sessions.get_mut(&session_id) else {
+            return;
+        };
+        if session.waiting_for == Some((after, through)) {
+            return;
+        }
+        session.waiting_for = Some((after, through));
+        let reply_to = session.reply_to;
+        self.order_waiters.insert((after, through, session_id));
+        self.counters.keyed_writes_held += 1;
+        let known = self.table.sessions.contains_key(&after);
+        let Some(awaited) = self.table.get_or_create(now, after) else {
+            // No room for it: the wait is given up (counted) rather than held for ever.
+            self.counters.keyed_order_given_up += 1;
+            self.order_waiters.remove(&(after, through, session_id));
+            if let Some(session) = self.table.sessions.get_mut(&session_id) {
+                session.waiting_for = None;
+                session.order_given_up = true;
+            }
+            return;
+        };
+        if !known {
+            // Its requests, if any come, come through the device that sent the waiting write.
+            awaited.reply_to = reply_to;
+        }
+        if awaited.highest_seen < through {
+            awaited.highest_seen = through;
+        }
+        awaited.awaited_through = awaited.awaited_through.max(through);
+        self.counters.sessions_evicted = self.table.evicted;
+        self.update_gap(now, after);
+    }
+
+    /// Session `session_id` applied through `last_applied`: let go of the sessions that waited
+    /// for it.
+    pub(super) fn release_waiters(&mut self, now: Time, session_id: u64, last_applied: u32) {
+        let released: Vec<(u64, u32, u64)> = self
+            .order_waiters
+            .range((session_id, 0, 0)..=(session_id, last_applied, u64::MAX))
+            .copied()
+            .collect();
+        for entry in released {
+            self.order_waiters.remove(&entry);
+            let waiting = entry.2;
+            if let Some(session) = self.table.sessions.get_mut(&waiting) {
+                session.waiting_for = None;
+            }
+            self.advance(now, waiting);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RequestKind;
+    use pmnet_wire::cache::WriteOrder;
+
+    fn keyed(after: Option<(u64, u32)>) -> Vec<u8> {
+        let (after_session, after_seq) = after.unwrap_or((0, 0));
+        let mut payload = Vec::new();
+        WriteDescriptor {
+            order: WriteOrder {
+                after_session,
+                after_seq,
+                stamp: 9,
+            },
+            key: b"k",
+            reply_after: Some(b"v"),
+        }
+        .emit(&mut payload);
+        payload.extend_from_slice(b"k=v");
+        payload
+    }
+
+    #[test]
+    fn a_keyed_write_names_what_it_follows_and_reaches_the_application_without_its_descriptor() {
+        let mut assembly = Assembly::whole(RequestKind::Update, false, keyed(Some((7, 3))));
+        assert_eq!(after_of(&assembly), None, "not keyed: no order");
+        assembly.keyed = true;
+        assert_eq!(after_of(&assembly), Some((7, 3)));
+        let first = Assembly {
+            keyed: true,
+            ..Assembly::whole(RequestKind::Update, false, keyed(None))
+        };
+        assert_eq!(after_of(&first), None);
+        assert_eq!(strip_descriptor(true, keyed(None)), (b"k=v".to_vec(), true));
+        assert_eq!(
+            strip_descriptor(false, b"k=v".to_vec()),
+            (b"k=v".to_vec(), true)
+        );
+        assert_eq!(
+            strip_descriptor(true, b"junk".to_vec()),
+            (b"junk".to_vec(), false)
+        );
+    }
+}

@@ -26,6 +26,8 @@
 //! | | reply-after length *r* | 2 ([`NO_REPLY_AFTER`]: none, the write only invalidates) |
 //! | | reply after the write | *r* (at most [`REPLY_AFTER_MAX`]) |
 //! | read | read after | 4 (the session's last update number; 0: none) |
+//! | | after: session | 8 (set by a device: a keyed write to the key not yet acknowledged) |
+//! | | after: sequence number | 4 (0: none) |
 //! | | key length *k* | 1 (1 to 255) |
 //! | | key | *k* |
 
@@ -91,6 +93,9 @@ impl WriteOrder {
         Ok((order, rest))
     }
 }
+
+/// Bytes of a read descriptor before its key: read-after and the device's after.
+pub const READ_ORDER_LEN: usize = 16;
 
 /// Why a descriptor did not parse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,21 +183,52 @@ pub struct ReadDescriptor<'a> {
     /// The session's last update number: a server answers the read only once it has applied
     /// the session through it (0: no update before it).
     pub read_after: u32,
+    /// Set by a device that forwards the read while a keyed write to the key it acknowledged
+    /// is not yet acknowledged by the server: that write (session, number), which the server
+    /// must have applied before it answers (`after_seq` 0: none; a client sends zeros).
+    pub after_session: u64,
+    pub after_seq: u32,
     pub key: &'a [u8],
 }
 
 impl<'a> ReadDescriptor<'a> {
     /// The descriptor at the front of `payload`, and the application's request after it.
     pub fn parse(payload: &'a [u8]) -> Result<(ReadDescriptor<'a>, &'a [u8]), DescriptorError> {
-        let (after, rest) = split(payload, 4)?;
-        let read_after = u32::from_be_bytes([after[0], after[1], after[2], after[3]]);
+        let (front, rest) = split(payload, READ_ORDER_LEN)?;
+        let read_after = u32::from_be_bytes([front[0], front[1], front[2], front[3]]);
+        let mut session = [0; 8];
+        session.copy_from_slice(&front[4..12]);
+        let after_seq = u32::from_be_bytes([front[12], front[13], front[14], front[15]]);
         let (key, rest) = key_at(rest)?;
-        Ok((ReadDescriptor { read_after, key }, rest))
+        Ok((
+            ReadDescriptor {
+                read_after,
+                after_session: u64::from_be_bytes(session),
+                after_seq,
+                key,
+            },
+            rest,
+        ))
+    }
+
+    /// The keyed write the read waits for, if a device named one.
+    pub fn after(&self) -> Option<(u64, u32)> {
+        (self.after_seq != 0).then_some((self.after_session, self.after_seq))
+    }
+
+    /// Overwrite the device's `after` in a cache read's payload (`false` if it is too short).
+    pub fn write_after(payload: &mut [u8], after_session: u64, after_seq: u32) -> bool {
+        let Some(front) = payload.get_mut(4..READ_ORDER_LEN) else {
+            return false;
+        };
+        front[..8].copy_from_slice(&after_session.to_be_bytes());
+        front[8..].copy_from_slice(&after_seq.to_be_bytes());
+        true
     }
 
     /// Bytes the descriptor takes.
     pub fn len(&self) -> usize {
-        4 + 1 + self.key.len()
+        READ_ORDER_LEN + 1 + self.key.len()
     }
 
     /// Never: a descriptor holds at least its lengths.
@@ -203,6 +239,8 @@ impl<'a> ReadDescriptor<'a> {
     /// Append the descriptor to `out`. Panics on a key of 0 or more than 255 bytes.
     pub fn emit(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.read_after.to_be_bytes());
+        out.extend_from_slice(&self.after_session.to_be_bytes());
+        out.extend_from_slice(&self.after_seq.to_be_bytes());
         emit_key(self.key, out);
     }
 }
@@ -284,12 +322,31 @@ mod tests {
         assert!(!WriteOrder::default().write_into(&mut [0; ORDER_LEN - 1]));
         let read = ReadDescriptor {
             read_after: 7,
+            after_session: 0,
+            after_seq: 0,
             key: b"greeting",
         };
         let mut out = Vec::new();
         read.emit(&mut out);
-        assert_eq!(hex(&out), "00000007086772656574696e67");
+        assert_eq!(
+            hex(&out),
+            "00000007000000000000000000000000086772656574696e67"
+        );
         assert_eq!(out.len(), read.len());
+        // A device names the keyed write it must follow: request 3 of session 0x5e55…01.
+        assert!(ReadDescriptor::write_after(
+            &mut out,
+            0x5e55_0000_0000_0001,
+            3
+        ));
+        assert_eq!(
+            hex(&out),
+            "000000075e5500000000000100000003086772656574696e67"
+        );
+        assert_eq!(
+            ReadDescriptor::parse(&out).unwrap().0.after(),
+            Some((0x5e55_0000_0000_0001, 3))
+        );
     }
 
     #[test]
@@ -310,6 +367,8 @@ mod tests {
         let mut payload = Vec::new();
         let read = ReadDescriptor {
             read_after: u32::MAX,
+            after_session: 1,
+            after_seq: 2,
             key: &[0xFF; 255],
         };
         read.emit(&mut payload);
@@ -340,12 +399,19 @@ mod tests {
             WriteDescriptor::parse(&ordered(&[1, b'k', 0x10, 0x01])),
             Err(DescriptorError::ReplyTooLong)
         );
+        let read = [&[0, 0, 0, 1][..], &[0; 12], &[1, b'k']].concat();
         assert_eq!(
-            ReadDescriptor::parse(&[0, 0, 0, 1, 0]),
+            ReadDescriptor::parse(
+                &read[..READ_ORDER_LEN + 1]
+                    .iter()
+                    .map(|_| 0)
+                    .collect::<Vec<u8>>()
+            ),
             Err(DescriptorError::EmptyKey)
         );
-        for len in 0..5 {
-            assert!(ReadDescriptor::parse(&[0, 0, 0, 1, 1][..len]).is_err());
+        for len in 0..read.len() {
+            assert!(ReadDescriptor::parse(&read[..len]).is_err());
         }
+        assert!(ReadDescriptor::parse(&read).is_ok());
     }
 }

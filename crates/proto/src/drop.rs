@@ -46,6 +46,8 @@ pub enum DropReason {
     ReassemblyBudget,
     /// A fill reply whose payload does not fit the query.
     BadFillReply,
+    /// A cache read in several fragments, or whose read descriptor does not parse.
+    BadCacheRead,
     /// A fill reply for a query no longer open.
     StaleFillReply,
     /// A recovery-done after recovery ended.
@@ -80,6 +82,7 @@ impl DropReason {
             DropReason::TooLarge => "request_too_large",
             DropReason::ReassemblyBudget => "reassembly_budget",
             DropReason::BadFillReply => "bad_fill_reply",
+            DropReason::BadCacheRead => "bad_cache_read",
             DropReason::StaleFillReply => "stale_fill_reply",
             DropReason::LateRecoveryDone => "late_recovery_done",
             DropReason::BadRecoveryDone => "bad_recovery_done",

@@ -44,6 +44,7 @@ pub use pmnet_pm::{BatchStats, LogWork};
 pub use server::{
     Applied, RecoveredSession, Server, ServerConfig, ServerCounters, ServerEvent, Stager,
 };
+pub use server::{ReadCounters, HELD_READS_MAX, READS_IN_FLIGHT_MAX};
 pub use time::Time;
 
 use std::net::SocketAddr;

@@ -28,6 +28,11 @@ impl Stager for Recorder {
     fn commit(&mut self) {
         self.log.push("commit".into());
     }
+    fn read(&mut self, request: &[u8]) -> Vec<u8> {
+        self.log
+            .push(format!("read {}", String::from_utf8_lossy(request)));
+        b"value".to_vec()
+    }
     fn max_staged(&self) -> usize {
         self.max_staged
     }
@@ -133,4 +138,31 @@ fn a_request_with_no_room_is_handed_back_after_what_came_before_it_is_committed(
     // Only what was committed is acked; seq 2 (and 3 behind it) wait for room.
     assert_eq!(acks(&mut server), vec![(5, 1)]);
     assert_eq!(server.counters().requests_deferred, 1);
+}
+
+#[test]
+fn a_cache_read_is_answered_on_what_is_committed() {
+    use pmnet_wire::cache::{ReadDescriptor, CACHE_READ};
+    let mut server = server();
+    update(&mut server, 5, 1);
+    let mut payload = Vec::new();
+    ReadDescriptor {
+        read_after: 1,
+        after_session: 0,
+        after_seq: 0,
+        key: b"k",
+    }
+    .emit(&mut payload);
+    payload.extend_from_slice(b"get k");
+    let read = Header::new(PacketType::Reserved(CACHE_READ), SERVER_ID, 5, 9).encode(&payload);
+    server.handle(Time::ZERO, device(), &read);
+    let mut app = Recorder {
+        max_staged: 100,
+        ..Recorder::default()
+    };
+    // The read waits for update 1 (read-your-writes), and is answered once it is applied
+    // and committed, in the same round.
+    let applied = server.apply_ready(Time::ZERO, &mut app);
+    assert_eq!((applied.applied, applied.reads), (1, 1));
+    assert_eq!(app.log, ["stage 5/1", "commit", "read get k"]);
 }

@@ -414,7 +414,7 @@ fn what_a_recovering_server_held_back_is_applied_in_arrival_order_across_session
             ServerEvent::Apply {
                 session_id, seq, ..
             } => Some((session_id, seq)),
-            ServerEvent::RecoveryComplete { .. } => None,
+            _ => None,
         })
         .collect();
     assert_eq!(applied, vec![(writer, 1), (reader, 1), (writer, 2)]);
@@ -452,7 +452,7 @@ fn applied_events(server: &mut pmnet_proto::Server) -> Vec<(u64, u32, Vec<u8>)> 
                 request,
                 ..
             } => Some((session_id, seq, request)),
-            ServerEvent::RecoveryComplete { .. } => None,
+            _ => None,
         })
         .collect()
 }
@@ -514,4 +514,107 @@ fn a_keyed_write_that_names_a_request_no_one_holds_is_applied_once_it_is_skipped
     let server = world.servers[0].server.counters();
     assert_eq!(server.keyed_writes_held, 1);
     assert!(server.sequence_numbers_skipped >= 5);
+}
+
+fn cache_read(session: u64, id: u32, read_after: u32, after: Option<(u64, u32)>) -> Vec<u8> {
+    use pmnet_wire::cache::{ReadDescriptor, CACHE_READ};
+    let (after_session, after_seq) = after.unwrap_or((0, 0));
+    let mut payload = Vec::new();
+    ReadDescriptor {
+        read_after,
+        after_session,
+        after_seq,
+        key: b"k",
+    }
+    .emit(&mut payload);
+    payload.extend_from_slice(b"get k");
+    Header::new(PacketType::Reserved(CACHE_READ), SERVER_ID, session, id).encode(&payload)
+}
+
+fn read_events(server: &mut pmnet_proto::Server) -> Vec<(u64, u32, Vec<u8>)> {
+    use pmnet_proto::ServerEvent;
+    std::iter::from_fn(|| server.poll_event())
+        .filter_map(|event| match event {
+            ServerEvent::Read {
+                session_id,
+                id,
+                request,
+            } => Some((session_id, id, request)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_cache_read_waits_for_its_session_s_updates_and_for_the_write_a_device_names() {
+    use pmnet_proto::{Server, ServerConfig, Time};
+    use pmnet_wire::cache::CACHE_REPLY;
+    let device = device_addr(0);
+    let mut server = Server::new(
+        ServerConfig::new(SERVER_ID, Vec::new()),
+        Time::ZERO,
+        Vec::new(),
+    );
+    let (reader, writer) = (0x1, 0x2);
+    // Read-your-writes: the reader's update 1 is not applied yet.
+    server.handle(Time::ZERO, device, &cache_read(reader, 7, 1, None));
+    // And another read names the writer's keyed write 1, acked by the device, not applied.
+    server.handle(
+        Time::ZERO,
+        device,
+        &cache_read(reader, 8, 0, Some((writer, 1))),
+    );
+    assert!(read_events(&mut server).is_empty());
+    assert_eq!(server.held_read_count(), 2);
+    server.handle(Time::ZERO, device, &keyed_write(reader, 1, None, b"mine"));
+    assert_eq!(applied_events(&mut server).len(), 1);
+    server.on_applied(Time::ZERO, reader, 1, b"+OK".to_vec());
+    assert_eq!(
+        read_events(&mut server),
+        vec![(reader, 7, b"get k".to_vec())]
+    );
+    server.handle(Time::ZERO, device, &keyed_write(writer, 1, None, b"theirs"));
+    assert_eq!(applied_events(&mut server).len(), 1);
+    server.on_applied(Time::ZERO, writer, 1, b"+OK".to_vec());
+    assert_eq!(
+        read_events(&mut server),
+        vec![(reader, 8, b"get k".to_vec())]
+    );
+    while server.poll_transmit().is_some() {}
+    // The application's answer goes back as a cache reply, to where the read came from.
+    server.on_read_reply(reader, 8, b"theirs");
+    let reply = server.poll_transmit().expect("a cache reply");
+    assert_eq!(reply.destination, device);
+    let (header, _) = Header::parse(&reply.bytes).unwrap();
+    assert_eq!(header.packet_type, PacketType::Reserved(CACHE_REPLY));
+    assert_eq!((header.session_id, header.seq), (reader, 8));
+    assert_eq!(&reply.bytes[pmnet_wire::HEADER_LEN..], b"theirs");
+    assert_eq!(server.counters().reads.answered, 1);
+    // A read whose descriptor does not parse is counted and dropped.
+    let bad = Header::new(
+        PacketType::Reserved(pmnet_wire::cache::CACHE_READ),
+        SERVER_ID,
+        3,
+        1,
+    )
+    .encode(&[0, 0]);
+    server.handle(Time::ZERO, device, &bad);
+    assert_eq!(server.counters().dropped.get("bad_cache_read"), Some(&1));
+}
+
+#[test]
+fn held_cache_reads_are_bounded_and_the_oldest_go_first() {
+    use pmnet_proto::{Server, ServerConfig, Time, HELD_READS_MAX};
+    let device = device_addr(0);
+    let mut server = Server::new(
+        ServerConfig::new(SERVER_ID, Vec::new()),
+        Time::ZERO,
+        Vec::new(),
+    );
+    // Reads that wait for an update their session never sends.
+    for id in 0..=HELD_READS_MAX as u32 {
+        server.handle(Time::ZERO, device, &cache_read(0x77, id + 1, 1_000, None));
+    }
+    assert_eq!(server.held_read_count(), HELD_READS_MAX);
+    assert_eq!(server.counters().reads.dropped_held_full, 1);
 }

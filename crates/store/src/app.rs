@@ -75,6 +75,11 @@ pub trait Application {
         Ok(reply)
     }
 
+    /// Answer a read (a cache read, unsequenced: nothing is recorded) on what is committed and
+    /// staged; a request that is not a read is answered with an ERROR reply and changes
+    /// nothing.
+    fn read(&mut self, request: &[u8]) -> Vec<u8>;
+
     /// Sessions recovered at open, sorted by session id: what the server needs for
     /// exactly-once after a restart.
     fn sessions(&self) -> Vec<SessionRecord>;

@@ -38,6 +38,11 @@ impl Application for IdealHandler {
     /// Nothing to make durable.
     fn commit(&mut self) {}
 
+    /// Nothing is stored: every key is absent.
+    fn read(&mut self, _request: &[u8]) -> Vec<u8> {
+        crate::codec::Reply::NotFound.to_bytes()
+    }
+
     fn sessions(&self) -> Vec<SessionRecord> {
         Vec::new()
     }

@@ -794,6 +794,14 @@ impl<R: PmRegion> Application for KvStore<R> {
     /// Durable when it returns: each request is one CRC-checked record, appended and
     /// persisted. [`NoSpace`] for a SET, INCR or APPEND that does not fit (see "Capacity and
     /// the reserve" in the module documentation); never for anything else.
+    fn read(&mut self, request: &[u8]) -> Vec<u8> {
+        let outcome = self.plan(request);
+        match outcome.effect {
+            Effect::None => outcome.reply,
+            _ => Reply::Error("not a read: a cache read must be a GET".to_owned()).to_bytes(),
+        }
+    }
+
     fn stage(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace> {
         if let Some(session) = self.state.sessions.get(&session_id) {
             assert!(

@@ -35,6 +35,36 @@ impl<R: PmRegion> Store<R> {
         self.stage_request_inner(session_id, seq, request)
     }
 
+    /// A read on what is committed and staged (a cache read): a GET's reply, or an ERROR
+    /// reply for anything else; nothing is recorded.
+    pub fn read_request(&mut self, request: &[u8]) -> Vec<u8> {
+        match Request::decode(request) {
+            Ok(Request::Get { key }) => self.get_reply(key),
+            Ok(_) => error_reply("not a read: a cache read must be a GET"),
+            Err(error) => error_reply(&format!("bad request: {error}")),
+        }
+    }
+
+    /// The reply to a GET of `key`.
+    fn get_reply(&mut self, key: &[u8]) -> Vec<u8> {
+        match self.get(key) {
+            Ok(Some(value)) => {
+                let mut reply = Vec::with_capacity(5 + value.len());
+                reply.push(1);
+                reply.extend_from_slice(&(value.len() as u32).to_le_bytes());
+                for segment in &value.segments {
+                    reply.extend_from_slice(segment);
+                }
+                reply
+            }
+            Ok(None) => Reply::NotFound.to_bytes(),
+            Err(corruption) => {
+                self.stats.read_verify_failures += 1;
+                error_reply(&format!("corrupt record: {}", corruption.reason))
+            }
+        }
+    }
+
     pub(super) fn stage_request_inner(
         &mut self,
         session_id: u64,
@@ -68,22 +98,7 @@ impl<R: PmRegion> Store<R> {
                 self.put(session_id, seq, key, value, ReplyStyle::Ok, Some(request))?
             }
             Ok(Request::Get { key }) => {
-                let reply = match self.get(key) {
-                    Ok(Some(value)) => {
-                        let mut reply = Vec::with_capacity(5 + value.len());
-                        reply.push(1);
-                        reply.extend_from_slice(&(value.len() as u32).to_le_bytes());
-                        for segment in &value.segments {
-                            reply.extend_from_slice(segment);
-                        }
-                        reply
-                    }
-                    Ok(None) => Reply::NotFound.to_bytes(),
-                    Err(corruption) => {
-                        self.stats.read_verify_failures += 1;
-                        error_reply(&format!("corrupt record: {}", corruption.reason))
-                    }
-                };
+                let reply = self.get_reply(key);
                 self.table_commit(session_id, seq, reply)
             }
             Ok(Request::Del { key }) => self.delete_request(session_id, seq, key, request)?,

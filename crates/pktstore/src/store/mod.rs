@@ -498,6 +498,11 @@ impl<R: PmRegion> Application for Store<R> {
         self.stage_request(session_id, seq, request)
     }
 
+    /// A GET on what is committed and staged; anything else is refused, recording nothing.
+    fn read(&mut self, request: &[u8]) -> Vec<u8> {
+        self.read_request(request)
+    }
+
     /// [`Store::commit`]: the whole batch with two fences.
     fn commit(&mut self) {
         Store::commit(self)

@@ -26,6 +26,8 @@ pub trait Stager {
     fn commit(&mut self);
     /// Requests one commit covers at most.
     fn max_staged(&self) -> usize;
+    /// Answer a cache read on what is applied (committed), recording nothing.
+    fn read(&mut self, request: &[u8]) -> Vec<u8>;
 }
 
 /// What one call of [`Server::apply_ready`] did.
@@ -39,6 +41,8 @@ pub struct Applied {
     pub deferred: u64,
     /// Recovery completions seen, with the entries the devices said they resent.
     pub recoveries_complete: Vec<u64>,
+    /// Cache reads answered.
+    pub reads: u64,
 }
 
 impl Applied {
@@ -54,7 +58,16 @@ impl Server {
     pub fn apply_ready(&mut self, now: Time, app: &mut dyn Stager) -> Applied {
         let mut outcome = Applied::default();
         let mut staged: Vec<(u64, u32, Vec<u8>)> = Vec::new();
-        while let Some(event) = self.poll_event() {
+        // Reporting a commit's requests applied may hand over more (a read or a keyed write
+        // that waited for them): go on until nothing is left.
+        loop {
+            let Some(event) = self.poll_event() else {
+                self.commit_staged(now, app, &mut staged, &mut outcome);
+                if self.events.is_empty() {
+                    break;
+                }
+                continue;
+            };
             match event {
                 ServerEvent::Apply {
                     session_id,
@@ -77,9 +90,19 @@ impl Server {
                 ServerEvent::RecoveryComplete { entries_resent } => {
                     outcome.recoveries_complete.push(entries_resent);
                 }
+                ServerEvent::Read {
+                    session_id,
+                    id,
+                    request,
+                } => {
+                    // On what is durable only: commit what is staged first.
+                    self.commit_staged(now, app, &mut staged, &mut outcome);
+                    let reply = app.read(&request);
+                    outcome.reads += 1;
+                    self.on_read_reply(session_id, id, &reply);
+                }
             }
         }
-        self.commit_staged(now, app, &mut staged, &mut outcome);
         outcome
     }
 

@@ -280,5 +280,6 @@ impl Server {
         self.table.touch(now, session_id);
         self.advance(now, session_id);
         self.release_waiters(now, session_id, last);
+        self.release_reads(now, session_id, last);
     }
 }

@@ -5,6 +5,7 @@
 mod apply;
 mod gap;
 mod order;
+mod reads;
 mod table;
 
 use std::cmp::Reverse;
@@ -16,6 +17,7 @@ use pmnet_wire::{flags, Header, PacketType};
 
 use crate::{encode_fragments, CountDrop, DropCounts, DropReason, RequestKind, Time, Transmit};
 pub use apply::{Applied, Stager};
+pub use reads::{ReadCounters, HELD_READS_MAX, READS_IN_FLIGHT_MAX};
 use table::{Assembly, CachedReply, Deferral, Session, Table};
 
 /// Settings of a server.
@@ -116,6 +118,13 @@ pub enum ServerEvent {
     },
     /// Every device answered the recovery poll; `entries_resent` is what they said they resent.
     RecoveryComplete { entries_resent: u64 },
+    /// Answer cache read `id` of `session_id` (a GET of the application, unsequenced: record
+    /// nothing) on what is applied, then report [`Server::on_read_reply`].
+    Read {
+        session_id: u64,
+        id: u32,
+        request: Vec<u8>,
+    },
 }
 
 /// What the server counted; monotonically increasing.
@@ -152,6 +161,8 @@ pub struct ServerCounters {
     pub keyed_order_given_up: u64,
     /// Keyed writes whose descriptor did not parse (handed to the application as they came).
     pub keyed_bad_descriptors: u64,
+    /// Cache reads (the read cache's misses).
+    pub reads: ReadCounters,
     /// Batches received (each entry is counted as the datagram it is, too).
     pub batches_received: u64,
     /// What the server packed into batches for the peers that send it batches.
@@ -185,6 +196,8 @@ pub struct Server {
     /// Sessions whose next request is a keyed write that waits: (the session it waits for,
     /// the number, the waiting session). See `order.rs`.
     order_waiters: BTreeSet<(u64, u32, u64)>,
+    /// Cache reads held or at the application (see `reads.rs`).
+    reads: reads::Reads,
 }
 
 impl Server {
@@ -243,6 +256,7 @@ impl Server {
             counters: ServerCounters::default(),
             requests_completed: 0,
             order_waiters: BTreeSet::new(),
+            reads: reads::Reads::default(),
             config,
         };
         if !server.config.devices.is_empty() {
@@ -404,6 +418,9 @@ impl Server {
                 self.on_request(now, from, RequestKind::Bypass, &header, payload)
             }
             PacketType::RecoveryDone => self.on_recovery_done(now, from, payload),
+            PacketType::Reserved(pmnet_wire::cache::CACHE_READ) => {
+                self.on_cache_read(now, from, &header, payload)
+            }
             PacketType::FillReply if self.is_device(from) => {
                 self.on_fill_reply(now, from, &header, payload)
             }
@@ -738,6 +755,7 @@ impl Server {
         }
         self.update_gap(now, session_id);
         self.release_waiters(now, session_id, seq);
+        self.release_reads(now, session_id, seq);
     }
 
     /// Report that the application had no room for request `seq` of `session_id` and made

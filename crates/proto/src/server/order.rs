@@ -76,8 +76,7 @@ impl Server {
         let reply_to = session.reply_to;
         self.order_waiters.insert((after, through, session_id));
         self.counters.keyed_writes_held += 1;
-        let known = self.table.sessions.contains_key(&after);
-        let Some(awaited) = self.table.get_or_create(now, after) else {
+        if !self.make_known(now, after, through, reply_to) {
             // No room for it: the wait is given up (counted) rather than held for ever.
             self.counters.keyed_order_given_up += 1;
             self.order_waiters.remove(&(after, through, session_id));
@@ -85,10 +84,25 @@ impl Server {
                 session.waiting_for = None;
                 session.order_given_up = true;
             }
-            return;
+        }
+    }
+
+    /// Make sure session `after` is known and that its number `through` is awaited, so that
+    /// the gap machinery asks for what it misses and skips what no device holds. `false` when
+    /// the table has no room for it.
+    pub(super) fn make_known(
+        &mut self,
+        now: Time,
+        after: u64,
+        through: u32,
+        reply_to: Option<std::net::SocketAddr>,
+    ) -> bool {
+        let known = self.table.sessions.contains_key(&after);
+        let Some(awaited) = self.table.get_or_create(now, after) else {
+            return false;
         };
         if !known {
-            // Its requests, if any come, come through the device that sent the waiting write.
+            // Its requests, if any come, come through the device that sent what waits.
             awaited.reply_to = reply_to;
         }
         if awaited.highest_seen < through {
@@ -97,6 +111,7 @@ impl Server {
         awaited.awaited_through = awaited.awaited_through.max(through);
         self.counters.sessions_evicted = self.table.evicted;
         self.update_gap(now, after);
+        true
     }
 
     /// Session `session_id` applied through `last_applied`: let go of the sessions that waited

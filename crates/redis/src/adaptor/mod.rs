@@ -282,6 +282,8 @@ pub struct Adaptor {
     /// A blocking connection for the rare lookups the event loop cannot pipeline (a script
     /// `EVALSHA` names that is not in memory, function libraries, changes to them).
     lookup: Option<crate::resp::SyncClient>,
+    /// A blocking connection in database 0 for cache reads (the read cache's misses).
+    reader: Option<crate::resp::SyncClient>,
     /// The function libraries as last read from Redis (`FCALL`).
     functions: functions::Functions,
     startup: AdaptorStartup,
@@ -365,6 +367,7 @@ impl Adaptor {
                 .collect(),
             lookup: None,
             functions: functions::Functions::default(),
+            reader: None,
             startup: redis.startup,
             counters: AdaptorCounters::default(),
             limits: Limits {

@@ -159,6 +159,14 @@ impl Adaptor {
                         self.dispatch(session_id, seq, op);
                     }
                 }
+                ServerEvent::Read {
+                    session_id,
+                    id,
+                    request,
+                } => {
+                    let reply = self.cache_read(&request);
+                    self.server.on_read_reply(session_id, id, &reply);
+                }
                 ServerEvent::RecoveryComplete { entries_resent } => {
                     self.counters.recoveries_completed += 1;
                     self.counters.recovery_entries_resent += entries_resent;
@@ -230,6 +238,31 @@ impl Adaptor {
                 Ok(op) => op,
                 Err(message) => refuse(&mut self.counters, &message),
             },
+        }
+    }
+
+    /// A cache read (the read cache's miss), answered on the reader connection (database 0)
+    /// now: the server hands it over only once what it must see is applied at Redis.
+    fn cache_read(&mut self, request: &[u8]) -> Vec<u8> {
+        let args = match parse_command(request, &self.limits) {
+            Ok(Some((args, used))) if used == request.len() && !args.is_empty() => args,
+            _ => return error_reply("ERR pmnet-redis: the cache read is not one RESP command"),
+        };
+        if self.table.classify(&args, self.options.record_db) != Run::Read {
+            return error_reply("ERR pmnet-redis: a cache read must be a command that only reads");
+        }
+        if self.reader.is_none() {
+            self.reader = super::recovery::connect(&self.options).ok();
+        }
+        let Some(reader) = self.reader.as_mut() else {
+            return error_reply("ERR pmnet-redis: Redis did not answer the read (try again)");
+        };
+        match reader.command(&args) {
+            Ok(value) => value.to_bytes(),
+            Err(_) => {
+                self.reader = None;
+                error_reply("ERR pmnet-redis: Redis did not answer the read (try again)")
+            }
         }
     }
 

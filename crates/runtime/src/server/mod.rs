@@ -322,6 +322,10 @@ impl Stager for RuntimeStager<'_> {
         self.app.as_application().commit();
     }
 
+    fn read(&mut self, request: &[u8]) -> Vec<u8> {
+        self.app.as_application().read(request)
+    }
+
     fn max_staged(&self) -> usize {
         self.app.max_staged()
     }

@@ -121,6 +121,15 @@ impl ServerApp {
         Some(reply)
     }
 
+    /// A cache read: the store's answer; without a store, the reading session's applied
+    /// update count, as a bypass read answers.
+    pub(super) fn read(&mut self, request: &[u8]) -> Vec<u8> {
+        match self.kv.as_mut() {
+            Some(kv) => kv.read(request),
+            None => Vec::new(),
+        }
+    }
+
     /// Make what was staged durable (the store's commit).
     pub(super) fn commit(&mut self) {
         if let Some(kv) = self.kv.as_mut() {

@@ -242,6 +242,7 @@ fn start_server(
         gap_fill_after: None,
         loop_options: loop_options(config, config.server_cpu),
         keys: config.keys.clone(),
+        max_ops_per_s: None,
     };
     let (server_tx, server_rx) = mpsc::channel();
     let server_shutdown = shutdown.clone();

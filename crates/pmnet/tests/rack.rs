@@ -139,3 +139,87 @@ fn capacities_out_of_range_are_refused() {
         &["not a whole number"],
     );
 }
+
+#[test]
+fn a_rack_bench_reports_each_second_and_the_busiest_servers_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("rack.json");
+    let list = [
+        "bench",
+        "--mode",
+        "pmnet",
+        "--servers",
+        "3",
+        "--server-max-ops-per-s",
+        "1000",
+        "--dist",
+        "zipf:0.99",
+        "--keys",
+        "1000",
+        "--popularity",
+        "hot-in",
+        "--change-every",
+        "0.5",
+        "--change-count",
+        "10",
+        "--duration",
+        "2",
+        "--warmup",
+        "0.2",
+        "--data-mib",
+        "4",
+        "--slots",
+        "1024",
+        "--pin",
+        "none",
+        "--no-progress",
+        "--seed",
+        "5",
+        "--dir",
+        dir.path().to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ];
+    let (status, stdout, stderr) = run_pmnet(&args(&list), None);
+    assert!(status.success(), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stdout.contains("capacity: at most 1000 requests/s (emulated"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("a line per second"), "{stdout}");
+    assert!(stdout.contains("busiest server: "), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let result = &report["results"][0];
+    assert_eq!(result["servers"], 3);
+    assert_eq!(result["server_max_ops_per_s"], 1000);
+    assert!(!result["per_second"].as_array().unwrap().is_empty());
+    let shares: Vec<f64> = result["server_shares"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|share| share.as_f64().unwrap())
+        .collect();
+    assert_eq!(shares.len(), 3);
+    assert!(
+        (shares.iter().sum::<f64>() - 1.0).abs() < 1e-3,
+        "{shares:?}"
+    );
+    let busiest = result["busiest_server_share"].as_f64().unwrap();
+    assert!(shares.iter().all(|share| *share <= busiest));
+    assert!(result["popularity_changes"].as_u64().unwrap() >= 1);
+    assert_eq!(report["setting"]["popularity"], "hot-in");
+    assert!(report["setting"]["rack"]
+        .as_str()
+        .unwrap()
+        .contains("(emulated"));
+    // Nothing left behind in the directory of the log and store files.
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.file_name())
+        .filter(|name| name != "rack.json")
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -457,7 +457,8 @@ impl RunState {
 
     /// Change the popularity and print the second's line when they are due.
     fn tick(&mut self, shared: &Shared, now: Instant) {
-        if let Some(popularity) = &self.popularity {
+        let measuring = self.stretch.measure_until.is_none_or(|until| now < until);
+        if let (Some(popularity), true) = (&self.popularity, measuring) {
             while now >= self.next_change {
                 popularity
                     .write()
@@ -607,6 +608,9 @@ fn wait_for_clients(
         }
         std::thread::sleep(wake.saturating_duration_since(now));
     }
+    // The second that ended with the measured stretch, if the clients stopped before the
+    // loop above saw it end.
+    run.tick(shared, Instant::now());
     cpu.end();
     progress.finish();
 }

@@ -121,6 +121,19 @@ impl SlotReceiver {
         store: &mut Store<R>,
         receive_time_ns: u64,
     ) -> usize {
+        self.receive_up_to(fd, store, receive_time_ns, RECEIVE_BATCH_LEN)
+    }
+
+    /// [`SlotReceiver::receive`], taking at most `limit` datagrams (at most
+    /// [`RECEIVE_BATCH_LEN`]); the rest stay in the kernel's socket buffer, in order.
+    pub fn receive_up_to<R: ReceiveRegion>(
+        &mut self,
+        fd: RawFd,
+        store: &mut Store<R>,
+        receive_time_ns: u64,
+        limit: usize,
+    ) -> usize {
+        let limit = limit.min(RECEIVE_BATCH_LEN);
         self.received.clear();
         self.spilled.clear();
         store.top_up_receive_slots(RECEIVE_BATCH_LEN, &mut self.lent);
@@ -133,7 +146,10 @@ impl SlotReceiver {
         let mut addrs: [libc::sockaddr_storage; RECEIVE_BATCH_LEN] =
             unsafe { MaybeUninit::zeroed().assume_init() };
         self.describe_buffers(base, &mut iovecs, &mut headers, &mut addrs);
-        let count = self.receive_messages(fd, &mut headers);
+        let count = match limit {
+            0 => 0,
+            _ => self.receive_messages(fd, &mut headers, limit),
+        };
         for (index, header) in headers.iter().enumerate().take(count) {
             self.sort_message(store, index, header, &addrs[index], receive_time_ns);
         }
@@ -192,7 +208,9 @@ impl SlotReceiver {
         &mut self,
         fd: RawFd,
         headers: &mut [libc::mmsghdr; RECEIVE_BATCH_LEN],
+        limit: usize,
     ) -> usize {
+        let limit = limit.min(RECEIVE_BATCH_LEN);
         loop {
             // SAFETY: the headers describe live buffers: lent slots of the mapping (which
             // nothing else touches while lent) and the overflow buffers.
@@ -200,7 +218,7 @@ impl SlotReceiver {
                 libc::recvmmsg(
                     fd,
                     headers.as_mut_ptr(),
-                    RECEIVE_BATCH_LEN as libc::c_uint,
+                    limit as libc::c_uint,
                     libc::MSG_DONTWAIT,
                     std::ptr::null_mut(),
                 )

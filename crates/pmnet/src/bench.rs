@@ -19,7 +19,10 @@ mod args;
 mod capacity;
 mod cpu;
 mod plan;
+mod popularity;
 mod progress;
+mod rack;
+mod rack_client;
 mod report;
 mod scrape;
 mod system;
@@ -38,6 +41,7 @@ pub use args::{fresh_keys, parse_payload, parse_seconds, BenchArgs, Pinning};
 pub use capacity::{run_capacity, CapacityConfig};
 pub use cpu::cpu_table;
 pub use plan::{resolve_pinning, run_modes, Plan, Target};
+pub use popularity::PopularityKind;
 pub use report::{
     capacity_table, ratios, ratios_table, results_table, setting_text, thousands, CapacityReport,
     LoadPoint, ModeResult, Ratio, Report, Setting,
@@ -181,6 +185,20 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
             .join(", "),
         plan.seed
     );
+    if let Some(rack) = &plan.rack {
+        println!(
+            "  rack: a device in front of {}; keys partitioned by CRC32C; {} keys, {}{}, {:.0}% \
+             updates",
+            rack.text(),
+            thousands(plan.workload.keys as f64),
+            plan.workload.distribution.name(),
+            match plan.workload.distribution {
+                KeyDistribution::Zipf => format!(" (s = {})", plan.workload.zipf_exponent),
+                KeyDistribution::Uniform => String::new(),
+            },
+            plan.workload.update_ratio * 100.0
+        );
+    }
     let (results, mut media, interrupted) = run_modes(&plan, &shutdown)?;
     if let Target::External(targets) = &plan.target {
         media = Some(external_media(targets)?);
@@ -201,6 +219,11 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
     for result in &results {
         for note in &result.notes {
             println!("  {}: {note}", result.mode);
+        }
+        let busiest = result.busiest_server.zip(result.busiest_server_share);
+        let load = rack::load_text(result.servers, plan.server_id, busiest);
+        if !load.is_empty() {
+            println!("  {}: {load}", result.mode);
         }
     }
     println!();

@@ -288,11 +288,25 @@ pub struct ServerArgs {
           value_parser = |text: &str| crate::node::parse_seconds_at_least(text, 0.001))]
     pub gap_fill_after: f64,
 
+    /// Emulate a server of this capacity: take at most N requests per second from the
+    /// socket (a token bucket a hundredth of a second deep); what is beyond it waits in the
+    /// socket's buffer, in order. Default: no limit.
+    #[arg(long, value_name = "N", value_parser = parse_max_ops_per_s)]
+    pub max_ops_per_s: Option<u64>,
+
     #[command(flatten)]
     pub medium: MediumArgs,
 
     #[command(flatten)]
     pub run: LoopArgs,
+}
+
+/// `--max-ops-per-s`: a number of requests per second a server accepts as its capacity.
+pub(crate) fn parse_max_ops_per_s(text: &str) -> Result<u64, String> {
+    let value: u64 = text.trim().parse().map_err(|_| {
+        format!("{text:?} is not a whole number of requests per second (e.g. 2000)")
+    })?;
+    pmnet_runtime::check_max_ops_per_s(value)
 }
 
 /// A server's storage engine on the command line (`pmnet server`, `pmnet bench`).
@@ -333,6 +347,7 @@ impl ServerArgs {
             gap_fill_after: Some(Duration::from_secs_f64(self.gap_fill_after)),
             loop_options: self.run.loop_options(),
             keys: None,
+            max_ops_per_s: self.max_ops_per_s,
         }
     }
 }
@@ -486,6 +501,9 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
         None => lines.push("  store: none (--ideal: replies OK, keeps nothing)".to_owned()),
     }
     lines.push(format!("  engine: {}", startup.engine));
+    if let Some(capacity) = server.capacity_text() {
+        lines.push(format!("  capacity: {capacity}"));
+    }
     if let Some(capacity) = &startup.capacity {
         lines.push(format!("  capacity: {capacity}"));
     }

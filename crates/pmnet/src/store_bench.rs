@@ -208,6 +208,7 @@ fn server_options(
             ..LoopOptions::default()
         },
         keys: None,
+        max_ops_per_s: None,
     }
 }
 

@@ -45,6 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             gap_fill_after: None,
             keys: None,
             loop_options: LoopOptions::default(),
+            max_ops_per_s: None,
         },
         shutdown.clone(),
     )?;

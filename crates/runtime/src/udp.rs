@@ -320,7 +320,17 @@ impl BatchSocket {
     /// Receive up to [`BATCH_LEN`] datagrams without blocking; returns how many arrived
     /// (0 when none were waiting). Read them with [`BatchSocket::received`].
     pub fn receive_batch(&mut self) -> usize {
+        self.receive_batch_up_to(BATCH_LEN)
+    }
+
+    /// [`BatchSocket::receive_batch`], taking at most `limit` datagrams (at most
+    /// [`BATCH_LEN`]); the rest stay in the kernel's socket buffer, in order.
+    pub fn receive_batch_up_to(&mut self, limit: usize) -> usize {
         self.received_count = 0;
+        let limit = limit.min(BATCH_LEN);
+        if limit == 0 {
+            return 0;
+        }
         // SAFETY: zeroed iovec, mmsghdr and sockaddr_storage are valid (all-integer/pointer
         // plain C structs); every pointer set below points into `self` or these locals, which
         // outlive the call.
@@ -350,7 +360,7 @@ impl BatchSocket {
                 libc::recvmmsg(
                     self.socket.as_raw_fd(),
                     headers.as_mut_ptr(),
-                    BATCH_LEN as libc::c_uint,
+                    limit as libc::c_uint,
                     libc::MSG_DONTWAIT,
                     std::ptr::null_mut(),
                 )

@@ -9,6 +9,8 @@ use pmnet_pm::{FlushChoice, MmapOptions, ADDED_LATENCY_NS_MAX};
 use pmnet_runtime::WaitMode;
 
 use super::plan::{resolve_pinning, ExternalTargets, Plan, Target};
+use super::popularity::{Popularity, PopularityKind};
+use super::rack::RackArgs;
 use super::{KeyDistribution, LoopbackConfig, Mode, Workload};
 use crate::node::EngineChoice;
 
@@ -45,36 +47,73 @@ pub struct BenchArgs {
     )]
     pub modes: Vec<Mode>,
 
-    /// Client sessions, one thread each.
-    #[arg(long, value_name = "N", default_value_t = 1,
+    /// Client threads, a session each (with a rack, a session per server each). Default 1;
+    /// 4 with a rack.
+    #[arg(long, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=MAX_CLIENTS as i64))]
-    pub clients: u32,
+    pub clients: Option<u32>,
 
-    /// Requests each client keeps in flight (1: one at a time).
-    #[arg(long, value_name = "N", default_value_t = 1,
+    /// Requests each client keeps in flight (1: one at a time). Default 1; 16 with a rack.
+    #[arg(long, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub window: u32,
+    pub window: Option<u32>,
 
     /// Bytes of each SET's value (the request must fit one datagram).
     #[arg(long, value_name = "BYTES", default_value_t = 100, value_parser = parse_payload)]
     pub payload: usize,
 
-    /// Fraction of requests that are updates (SET); the rest are reads (GET, bypass requests).
-    #[arg(long, value_name = "FRACTION", default_value_t = 1.0, value_parser = parse_ratio)]
-    pub update_ratio: f64,
+    /// Fraction of requests that are updates (SET); the rest are reads (GET, bypass
+    /// requests). Default 1; 0.05 with a rack (a read-mostly load, the read cache's case).
+    #[arg(long, value_name = "FRACTION", value_parser = parse_ratio)]
+    pub update_ratio: Option<f64>,
 
-    /// Keys in the key space.
-    #[arg(long, value_name = "N", default_value_t = 10_000,
+    /// Keys in the key space. Default 10 000; 1 000 000 with a rack.
+    #[arg(long, value_name = "N",
           value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
-    pub keys: u64,
+    pub keys: Option<u64>,
 
-    /// How keys are drawn.
+    /// How keys are drawn (or --dist).
     #[arg(long, value_enum, default_value_t = KeyDistribution::Uniform)]
     pub distribution: KeyDistribution,
 
     /// Exponent s of the Zipf distribution (0.99 is YCSB's).
     #[arg(long, value_name = "S", default_value_t = 0.99, value_parser = parse_exponent)]
     pub zipf_exponent: f64,
+
+    /// How keys are drawn, in one word: uniform, or zipf:S (zipf:0.9, zipf:0.95, zipf:0.99;
+    /// any S above 0 and at most 10). Replaces --distribution and --zipf-exponent.
+    #[arg(long, value_name = "DIST", value_parser = parse_dist,
+          conflicts_with_all = ["distribution", "zipf_exponent"])]
+    pub dist: Option<(KeyDistribution, f64)>,
+
+    /// A rack: the device in front of this many servers (1 to 32), keys partitioned over
+    /// them by a CRC32C of the key. With a rack the run prints a line per second (ops/s and
+    /// the spread over the servers) and the busiest server's share of requests.
+    #[arg(long, value_name = "S",
+          value_parser = clap::value_parser!(u16).range(1..=super::rack::SERVERS_MAX as i64))]
+    pub servers: Option<u16>,
+
+    /// Every in-process server takes at most N requests per second (`pmnet server
+    /// --max-ops-per-s`: an emulated capacity). Makes a rack (of --servers, default 1).
+    #[arg(long, value_name = "N", value_parser = crate::node::parse_max_ops_per_s)]
+    pub server_max_ops_per_s: Option<u64>,
+
+    /// How key popularity changes during the run, as NetCache's evaluation changes it:
+    /// static; hot-in (the --change-count coldest keys become the hottest every
+    /// --change-every seconds); random (that many keys among the 10 000 hottest swap ranks
+    /// with colder ones); hot-out (the hottest become the coldest).
+    #[arg(long, value_enum, default_value_t = PopularityKind::Static)]
+    pub popularity: PopularityKind,
+
+    /// Seconds between two popularity changes (counted from the end of the warm-up).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0,
+          value_parser = |text: &str| parse_seconds(text, 0.1, 3600.0))]
+    pub change_every: f64,
+
+    /// Keys each popularity change moves.
+    #[arg(long, value_name = "N", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub change_count: u64,
 
     /// Seconds measured per mode (after the warm-up).
     #[arg(long, value_name = "SECONDS", default_value_t = 5.0,
@@ -235,6 +274,10 @@ pub fn max_payload() -> usize {
         zipf_exponent: 1.0,
         update_ratio: 1.0,
         value_len: 0,
+        servers: 1,
+        popularity: PopularityKind::Static,
+        change_every: Duration::from_secs(10),
+        change_count: 1,
     }
     .set_request_len();
     pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN - pmnet_wire::HEADER_LEN - overhead
@@ -267,6 +310,20 @@ fn parse_ratio(text: &str) -> Result<f64, String> {
         ));
     }
     Ok(value)
+}
+
+/// `--dist`: `uniform`, or `zipf:S`.
+fn parse_dist(text: &str) -> Result<(KeyDistribution, f64), String> {
+    let text = text.trim();
+    if text == "uniform" {
+        return Ok((KeyDistribution::Uniform, 0.99));
+    }
+    match text.strip_prefix("zipf:") {
+        Some(exponent) => Ok((KeyDistribution::Zipf, parse_exponent(exponent)?)),
+        None => Err(format!(
+            "{text:?} is not a distribution: give uniform or zipf:S (zipf:0.9, zipf:0.95,              zipf:0.99)"
+        )),
+    }
 }
 
 fn parse_exponent(text: &str) -> Result<f64, String> {
@@ -311,6 +368,8 @@ impl Plan {
                     .into(),
             );
         }
+        let rack = RackArgs::from_args(args, is_external)?;
+        let defaults = Defaults::for_run(args, rack.is_some());
         let wait = WaitMode::from_busy_poll(args.busy_poll);
         let (client_cpu, device_cpu, server_cpu) = resolve_pinning(
             args.pin,
@@ -320,9 +379,15 @@ impl Plan {
             !is_external,
             // --capacity: the forwarder where the device goes with one client, the generator
             // where the server goes.
-            if args.capacity { 1 } else { args.clients },
+            if args.capacity { 1 } else { defaults.clients },
         )?;
         let modes = distinct_modes(&args.modes);
+        let (distribution, zipf_exponent) =
+            args.dist.unwrap_or((args.distribution, args.zipf_exponent));
+        if args.popularity != PopularityKind::Static {
+            // Refused here rather than when the first mode starts.
+            Popularity::new(args.popularity, defaults.keys, args.change_count)?;
+        }
         let keys = match &args.key_file {
             Some(path) => Some(pmnet_runtime::load_key_file(path).map_err(|e| e.to_string())?),
             None => None,
@@ -342,21 +407,30 @@ impl Plan {
             check_external_addresses(&modes, &external)?;
             Target::External(external)
         } else {
-            let mut config = loopback_config(args, wait, device_cpu, server_cpu)?;
+            let mut config = loopback_config(args, &defaults, wait, device_cpu, server_cpu)?;
+            if let Some(rack) = &rack {
+                config.servers = rack.servers;
+                config.server_max_ops_per_s = rack.server_max_ops_per_s;
+            }
             config.keys = keys.clone();
             Target::Loopback(config)
         };
         Ok(Plan {
             modes,
             workload: Workload {
-                keys: args.keys,
-                distribution: args.distribution,
-                zipf_exponent: args.zipf_exponent,
-                update_ratio: args.update_ratio,
+                keys: defaults.keys,
+                distribution,
+                zipf_exponent,
+                update_ratio: defaults.update_ratio,
                 value_len: args.payload,
+                servers: rack.as_ref().map_or(1, |rack| rack.servers),
+                popularity: args.popularity,
+                change_every: Duration::from_secs_f64(args.change_every),
+                change_count: args.change_count,
             },
-            clients: args.clients,
-            window: args.window,
+            clients: defaults.clients,
+            window: defaults.window,
+            rack,
             duration: args
                 .requests
                 .is_none()
@@ -436,9 +510,33 @@ pub fn fresh_keys() -> Result<pmnet_runtime::KeySet, String> {
     ]))
 }
 
+/// The options whose default depends on whether the run is a rack.
+pub(super) struct Defaults {
+    pub clients: u32,
+    pub window: u32,
+    pub keys: u64,
+    pub update_ratio: f64,
+}
+
+impl Defaults {
+    fn for_run(args: &BenchArgs, rack: bool) -> Defaults {
+        let (clients, window, keys, update_ratio) = match rack {
+            true => (4, 16, 1_000_000, 0.05),
+            false => (1, 1, 10_000, 1.0),
+        };
+        Defaults {
+            clients: args.clients.unwrap_or(clients),
+            window: args.window.unwrap_or(window),
+            keys: args.keys.unwrap_or(keys),
+            update_ratio: args.update_ratio.unwrap_or(update_ratio),
+        }
+    }
+}
+
 /// The device and server to start in this process for every mode.
 fn loopback_config(
     args: &BenchArgs,
+    defaults: &Defaults,
     wait: WaitMode,
     device_cpu: Option<usize>,
     server_cpu: Option<usize>,
@@ -463,7 +561,8 @@ fn loopback_config(
         slots: args.slots,
         slot_size: SLOT_SIZE,
         data_bytes: args.data_mib << 20,
-        max_sessions: 1024.max(args.clients * 4),
+        // A rack's client has a session per server, each server sees one of each.
+        max_sessions: 1024.max(defaults.clients * 4),
         wait,
         device_cpu,
         server_cpu,
@@ -471,6 +570,8 @@ fn loopback_config(
         batch: !args.no_batch,
         batch_hold: Duration::from_micros(args.batch_hold_us),
         device_workers: args.device_workers,
+        servers: 1,
+        server_max_ops_per_s: None,
     })
 }
 
@@ -539,6 +640,73 @@ pub(super) mod tests {
         );
         let args = parse(&["--device", "127.0.0.1:7400", "--capacity"]).unwrap();
         assert!(Plan::from_args(&args).is_err());
+    }
+
+    #[test]
+    fn a_rack_has_its_own_defaults_and_refusals() {
+        let plan =
+            Plan::from_args(&parse(&["--servers", "32", "--dist", "zipf:0.95"]).unwrap()).unwrap();
+        let rack = plan.rack.as_ref().unwrap();
+        assert_eq!((rack.servers, rack.server_max_ops_per_s), (32, None));
+        assert_eq!(plan.workload.servers, 32);
+        assert_eq!(plan.workload.distribution, KeyDistribution::Zipf);
+        assert_eq!(plan.workload.zipf_exponent, 0.95);
+        assert_eq!(
+            (plan.clients, plan.window, plan.workload.keys),
+            (4, 16, 1_000_000)
+        );
+        assert_eq!(plan.workload.update_ratio, 0.05);
+        let limited =
+            Plan::from_args(&parse(&["--server-max-ops-per-s", "2000"]).unwrap()).unwrap();
+        assert_eq!(limited.rack.unwrap().servers, 1);
+        let plain = Plan::from_args(&parse(&["--dist", "uniform"]).unwrap()).unwrap();
+        assert!(plain.rack.is_none());
+        assert_eq!((plain.clients, plain.workload.keys), (1, 10_000));
+        for (args, expected) in [
+            (&["--servers", "0"][..], "0"),
+            (&["--servers", "33"][..], "33"),
+            (&["--dist", "zipf:0"][..], "out of range"),
+            (&["--dist", "pareto"][..], "uniform or zipf:S"),
+            (
+                &["--dist", "zipf:0.9", "--distribution", "zipf"][..],
+                "cannot be used",
+            ),
+            (&["--server-max-ops-per-s", "0"][..], "out of range"),
+            (&["--change-count", "0"][..], "0"),
+            (&["--popularity", "sideways"][..], "sideways"),
+        ] {
+            let error = parse(args).unwrap_err();
+            assert!(error.contains(expected), "{args:?}: {error}");
+        }
+        for (args, expected) in [
+            (
+                &[
+                    "--servers",
+                    "2",
+                    "--device",
+                    "127.0.0.1:7400",
+                    "--mode",
+                    "pmnet",
+                ][..],
+                "start their own rack",
+            ),
+            (&["--servers", "2", "--capacity"][..], "--capacity"),
+            (
+                &["--servers", "2", "--device-workers", "2"][..],
+                "one device worker",
+            ),
+            (
+                &["--popularity", "random", "--keys", "20000000"][..],
+                "at most 16000000",
+            ),
+            (
+                &["--popularity", "hot-in", "--keys", "10"][..],
+                "--change-count 200",
+            ),
+        ] {
+            let error = Plan::from_args(&parse(args).unwrap()).unwrap_err();
+            assert!(error.contains(expected), "{args:?}: {error}");
+        }
     }
 
     #[test]

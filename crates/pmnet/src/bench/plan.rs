@@ -13,9 +13,13 @@ use pmnet_runtime::{online_cpu_count, SessionOptions, Shutdown, WaitMode};
 
 use super::args::Pinning;
 use super::cpu::{CpuSource, SystemCpu};
+use super::popularity::{Popularity, PopularityKind};
 use super::progress::Progress;
+use super::rack::{RackArgs, Timeline};
+use super::rack_client::RackRoute;
 use super::report::{new_histogram, summarize};
 use super::worker::{run_client, ClientOutcome, ClientPlan, Shared};
+use super::workload::SharedPopularity;
 use super::{KeyDistribution, LoopbackConfig, LoopbackSystem, Mode, ModeResult, Setting, Workload};
 
 /// Addresses of running processes to measure.
@@ -62,6 +66,8 @@ pub struct Plan {
     pub server_id: u16,
     pub target: Target,
     pub progress: bool,
+    /// The rack of `--servers` / `--server-max-ops-per-s` (`None`: one server, no limit).
+    pub rack: Option<super::rack::RackArgs>,
 }
 
 /// CPUs of the client threads, the device and the server (`None`: not pinned).
@@ -178,6 +184,12 @@ impl Plan {
             distribution: self.workload.distribution.name().to_owned(),
             zipf_exponent: (self.workload.distribution == KeyDistribution::Zipf)
                 .then_some(self.workload.zipf_exponent),
+            popularity: self.workload.popularity.name().to_owned(),
+            popularity_change_every_s: (self.workload.popularity != PopularityKind::Static)
+                .then_some(self.workload.change_every.as_secs_f64()),
+            popularity_change_count: (self.workload.popularity != PopularityKind::Static)
+                .then_some(self.workload.change_count),
+            rack: self.rack.as_ref().map(RackArgs::text),
             seed: self.seed,
             duration_s: self.duration.map(|d| d.as_secs_f64()),
             requests_per_mode: self.requests,
@@ -286,12 +298,22 @@ fn run_mode_once(
                 Mode::Forward => (addresses.forward, Vec::new()),
                 _ => (addresses.device, addresses.device_workers.clone()),
             };
+            let route = plan.rack.as_ref().map(|rack| RackRoute {
+                peers: match mode.path() {
+                    Mode::Baseline => addresses.servers.clone(),
+                    _ => vec![peer; addresses.servers.len()],
+                },
+                server_ids: (0..rack.servers)
+                    .map(|index| plan.server_id + index)
+                    .collect(),
+                retransmit_timeout: rack.retransmit_timeout(plan.clients * plan.window),
+            });
             let cpu = SystemCpu::new(
                 (mode.path() != Mode::Baseline)
                     .then(|| CpuSource::Threads(system.device_tids.clone())),
-                (mode.path() != Mode::Echo).then(|| CpuSource::Threads(vec![system.server_tid])),
+                (mode.path() != Mode::Echo).then(|| CpuSource::Threads(system.server_tids.clone())),
             );
-            let result = run_mode(plan, mode, (peer, more_peers), cpu, shutdown);
+            let result = run_mode(plan, mode, (peer, more_peers), route, cpu, shutdown);
             let counters = system.stop();
             result.map(|mut result| {
                 if mode != Mode::Echo {
@@ -318,7 +340,7 @@ fn run_mode_once(
                     .filter(|_| mode.path() != Mode::Echo)
                     .map(CpuSource::Process),
             );
-            run_mode(plan, mode, (peer, Vec::new()), cpu, shutdown)
+            run_mode(plan, mode, (peer, Vec::new()), None, cpu, shutdown)
         }
     }
 }
@@ -337,10 +359,20 @@ fn run_mode(
     plan: &Plan,
     mode: Mode,
     peers: (SocketAddr, Vec<SocketAddr>),
+    route: Option<RackRoute>,
     mut cpu: SystemCpu,
     shutdown: &Shutdown,
 ) -> Result<ModeResult, String> {
-    let shared = Shared::new();
+    let servers = plan.rack.as_ref().map_or(1, |rack| rack.servers);
+    let shared = Shared::new(servers);
+    let popularity = match plan.workload.popularity {
+        PopularityKind::Static => None,
+        kind => Some(Arc::new(std::sync::RwLock::new(Popularity::new(
+            kind,
+            plan.workload.keys,
+            plan.workload.change_count,
+        )?))),
+    };
     let start = Instant::now();
     let measure_from = start + plan.warmup;
     let stretch = Stretch {
@@ -348,21 +380,132 @@ fn run_mode(
         measure_from,
         measure_until: plan.duration.map(|duration| measure_from + duration),
     };
-    let handles = start_clients(plan, mode, &peers, &shared, stretch)?;
-    wait_for_clients(plan, mode, &shared, &handles, stretch, &mut cpu, shutdown);
+    let clients = ClientsStart {
+        peers: &peers,
+        route: route.filter(|_| mode != Mode::Echo),
+        popularity: popularity.clone(),
+    };
+    let handles = start_clients(plan, mode, clients, &shared, stretch)?;
+    let mut run = RunState::new(plan, mode, servers, stretch, popularity);
+    wait_for_clients(plan, mode, &shared, &handles, &mut run, &mut cpu, shutdown);
     let stopped = Instant::now();
     let totals = join_clients(handles, mode)?;
     let mut out = mode_result(mode, &totals, stretch, stopped);
     out.cpu = cpu.per_request(totals.client_cpu_ns, out.requests);
+    run.finish(plan, &totals, &mut out);
     add_notes(&mut out, plan, mode);
     Ok(out)
+}
+
+/// Where a mode's clients send, and the popularity they share.
+struct ClientsStart<'a> {
+    peers: &'a (SocketAddr, Vec<SocketAddr>),
+    route: Option<RackRoute>,
+    popularity: Option<SharedPopularity>,
+}
+
+/// What the driver of a mode keeps while its clients run: the line-per-second series of a
+/// rack, and the popularity it changes.
+struct RunState {
+    stretch: Stretch,
+    timeline: Option<Timeline>,
+    popularity: Option<SharedPopularity>,
+    next_change: Instant,
+    change_every: Duration,
+    change_rng: rand_chacha::ChaCha8Rng,
+}
+
+impl RunState {
+    fn new(
+        plan: &Plan,
+        mode: Mode,
+        servers: u16,
+        stretch: Stretch,
+        popularity: Option<SharedPopularity>,
+    ) -> RunState {
+        use rand::SeedableRng;
+        let timeline = (plan.rack.is_some() && mode != Mode::Echo)
+            .then(|| Timeline::new(stretch.measure_from, servers, plan.server_id));
+        if timeline.is_some() {
+            println!(
+                "  {} (a line per second of the measured stretch):",
+                mode.name()
+            );
+        }
+        let change_every = plan.workload.change_every.max(Duration::from_millis(100));
+        RunState {
+            stretch,
+            timeline,
+            popularity,
+            next_change: stretch.measure_from + change_every,
+            change_every,
+            change_rng: rand_chacha::ChaCha8Rng::seed_from_u64(super::workload::client_seed(
+                plan.seed,
+                u32::MAX,
+            )),
+        }
+    }
+
+    fn changes(&self) -> u64 {
+        self.popularity.as_ref().map_or(0, |popularity| {
+            popularity
+                .read()
+                .unwrap_or_else(|error| error.into_inner())
+                .changes()
+        })
+    }
+
+    /// Change the popularity and print the second's line when they are due.
+    fn tick(&mut self, shared: &Shared, now: Instant) {
+        let measuring = self.stretch.measure_until.is_none_or(|until| now < until);
+        if let (Some(popularity), true) = (&self.popularity, measuring) {
+            while now >= self.next_change {
+                popularity
+                    .write()
+                    .unwrap_or_else(|error| error.into_inner())
+                    .change(&mut self.change_rng);
+                self.next_change += self.change_every;
+            }
+        }
+        let changes = self.changes();
+        if let Some(timeline) = &mut self.timeline {
+            if let Some(line) = timeline.sample(shared, now, changes) {
+                println!("{line}");
+            }
+        }
+    }
+
+    /// When the driver must look next.
+    fn next_at(&self) -> Option<Instant> {
+        let timeline = self.timeline.as_ref().map(Timeline::next_at);
+        let change = self.popularity.as_ref().map(|_| self.next_change);
+        timeline.into_iter().chain(change).min()
+    }
+
+    /// The series, the servers' shares and the popularity changes, into the result.
+    fn finish(self, plan: &Plan, totals: &Totals, out: &mut ModeResult) {
+        out.popularity_changes = self.changes();
+        let Some(rack) = &plan.rack else {
+            return;
+        };
+        out.servers = rack.servers;
+        out.server_max_ops_per_s = rack.server_max_ops_per_s;
+        let Some(timeline) = self.timeline else {
+            return;
+        };
+        out.per_second = timeline.samples;
+        let (shares, busiest) = super::rack::shares(&totals.per_server);
+        out.server_shares = shares;
+        out.busiest_server = busiest.map(|(index, _)| index);
+        out.busiest_server_share = busiest.map(|(_, share)| share);
+    }
 }
 
 /// Start the mode's client threads; if one cannot start, stop those that did.
 fn start_clients(
     plan: &Plan,
     mode: Mode,
-    peers: &(SocketAddr, Vec<SocketAddr>),
+    clients: ClientsStart<'_>,
     shared: &Arc<Shared>,
     stretch: Stretch,
 ) -> Result<Vec<JoinHandle<ClientOutcome>>, String> {
@@ -370,8 +513,8 @@ fn start_clients(
     for index in 0..plan.clients {
         let client = ClientPlan {
             index,
-            peer: peers.0,
-            more_peers: peers.1.clone(),
+            peer: clients.peers.0,
+            more_peers: clients.peers.1.clone(),
             server_id: plan.server_id,
             peer_role: if mode.path() == Mode::Baseline {
                 SessionOptions::SERVER_PEER
@@ -388,6 +531,8 @@ fn start_clients(
             measure_until: stretch.measure_until,
             requests: plan.requests,
             keys: plan.mode_keys(mode),
+            rack: clients.route.clone(),
+            popularity: clients.popularity.clone(),
         };
         let client_shared = Arc::clone(shared);
         let handle = std::thread::Builder::new()
@@ -416,10 +561,11 @@ fn wait_for_clients(
     mode: Mode,
     shared: &Shared,
     handles: &[JoinHandle<ClientOutcome>],
-    stretch: Stretch,
+    run: &mut RunState,
     cpu: &mut SystemCpu,
     shutdown: &Shutdown,
 ) {
+    let stretch = run.stretch;
     let progress = Progress::new(plan.progress, mode);
     let mut next_report = stretch.start;
     let mut ended = false;
@@ -438,15 +584,23 @@ fn wait_for_clients(
             cpu.end();
             ended = true;
         }
+        if !ended {
+            run.tick(shared, now);
+        }
         if now >= next_report {
             progress.update(plan, shared, stretch.start, stretch.measure_from, now);
             next_report = now + Duration::from_millis(500);
         }
-        // Wake at the stretch's boundaries, so the readings are taken when it starts and ends.
+        // Wake at the stretch's boundaries, so the readings are taken when it starts and ends,
+        // and when a second ends or the popularity changes.
         let mut wake = now + Duration::from_millis(20);
-        for boundary in [Some(stretch.measure_from), stretch.measure_until]
-            .into_iter()
-            .flatten()
+        for boundary in [
+            Some(stretch.measure_from),
+            stretch.measure_until,
+            run.next_at(),
+        ]
+        .into_iter()
+        .flatten()
         {
             if boundary > now {
                 wake = wake.min(boundary);
@@ -454,6 +608,9 @@ fn wait_for_clients(
         }
         std::thread::sleep(wake.saturating_duration_since(now));
     }
+    // The second that ended with the measured stretch, if the clients stopped before the
+    // loop above saw it end.
+    run.tick(shared, Instant::now());
     cpu.end();
     progress.finish();
 }
@@ -470,6 +627,8 @@ struct Totals {
     last_measured: Option<Instant>,
     /// The clients' CPU time over the measured stretch, all together.
     client_cpu_ns: Option<u64>,
+    /// Requests measured by the server their key belongs to (rack clients).
+    per_server: Vec<u64>,
 }
 
 /// Join the client threads and add up what they measured; the first client's error, if any,
@@ -484,6 +643,7 @@ fn join_clients(handles: Vec<JoinHandle<ClientOutcome>>, mode: Mode) -> Result<T
         retransmissions: 0,
         last_measured: None,
         client_cpu_ns: None,
+        per_server: Vec::new(),
     };
     let mut errors = Vec::new();
     for handle in handles {
@@ -499,6 +659,12 @@ fn join_clients(handles: Vec<JoinHandle<ClientOutcome>>, mode: Mode) -> Result<T
         totals.last_measured = totals.last_measured.max(outcome.last_measured);
         if let Some(ns) = outcome.cpu_ns {
             totals.client_cpu_ns = Some(totals.client_cpu_ns.unwrap_or(0) + ns);
+        }
+        if totals.per_server.len() < outcome.per_server.len() {
+            totals.per_server.resize(outcome.per_server.len(), 0);
+        }
+        for (total, count) in totals.per_server.iter_mut().zip(&outcome.per_server) {
+            *total += count;
         }
         errors.extend(outcome.error);
     }

@@ -83,6 +83,21 @@ pub struct ModeResult {
     pub cpu: Option<super::cpu::CpuPerRequest>,
     /// What the device and server counted during this mode (in-process targets only).
     pub notes: Vec<String>,
+    /// Servers behind the device (a rack's `--servers`; 1 otherwise).
+    pub servers: u16,
+    /// Every server's emulated capacity in requests per second (`None`: no limit).
+    pub server_max_ops_per_s: Option<u64>,
+    /// A rack run's throughput second by second.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub per_second: Vec<super::rack::SecondSample>,
+    /// A rack run's share of measured requests per server, by the server their key maps to.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub server_shares: Vec<f64>,
+    /// The largest of `server_shares`, and its server (index from 0).
+    pub busiest_server_share: Option<f64>,
+    pub busiest_server: Option<u16>,
+    /// Key popularity changes applied during the run (`--popularity`).
+    pub popularity_changes: u64,
 }
 
 impl ModeResult {
@@ -106,6 +121,13 @@ impl ModeResult {
             client_retransmissions: 0,
             cpu: None,
             notes: Vec::new(),
+            servers: 1,
+            server_max_ops_per_s: None,
+            per_second: Vec::new(),
+            server_shares: Vec::new(),
+            busiest_server_share: None,
+            busiest_server: None,
+            popularity_changes: 0,
         }
     }
 }
@@ -217,6 +239,13 @@ pub struct Setting {
     pub keys: u64,
     pub distribution: String,
     pub zipf_exponent: Option<f64>,
+    /// How key popularity changed during the run (static, hot-in, random, hot-out), every
+    /// `popularity_change_every_s` by `popularity_change_count` keys.
+    pub popularity: String,
+    pub popularity_change_every_s: Option<f64>,
+    pub popularity_change_count: Option<u64>,
+    /// The rack: servers and their capacity in words (`None`: one server, no limit).
+    pub rack: Option<String>,
     pub seed: u64,
     pub duration_s: Option<f64>,
     pub requests_per_mode: Option<u64>,
@@ -432,6 +461,18 @@ pub fn setting_text(setting: &Setting) -> String {
         "  {length} after {} s of warm-up; target: {}; {} CPUs online; load average at start: {}",
         setting.warmup_s, setting.target, setting.cpus_online, setting.load_average
     );
+    if setting.popularity != "static" {
+        let _ = writeln!(
+            out,
+            "  popularity: {} every {} s by {} keys",
+            setting.popularity,
+            setting.popularity_change_every_s.unwrap_or(0.0),
+            setting.popularity_change_count.unwrap_or(0)
+        );
+    }
+    if let Some(rack) = &setting.rack {
+        let _ = writeln!(out, "  rack: {rack}");
+    }
     let _ = writeln!(out, "  device log medium: {}", setting.medium);
     let _ = writeln!(
         out,

@@ -128,13 +128,33 @@ impl SystemCounters {
                 notes.push(format!("device dropped {dropped:.0} datagrams"));
             }
         }
-        if let Some(server) = &self.server {
-            let applied = counter(server, "pmnet_server_requests_applied_total", &[]);
-            let compactions = counter(server, "pmnet_store_compactions_total", &[]);
-            let gaps = counter(server, "pmnet_server_retransmit_requests_sent_total", &[]);
-            let dropped =
-                server.sum("pmnet_server_dropped_total") + server.sum("pmnet_socket_dropped_total");
-            let mut note = format!("server: {applied} requests applied");
+        if !self.servers.is_empty() {
+            let servers = &self.servers;
+            let total = |name: &str| -> u64 {
+                servers
+                    .iter()
+                    .map(|server| counter(server, name, &[]))
+                    .sum()
+            };
+            let applied = total("pmnet_server_requests_applied_total");
+            let compactions = total("pmnet_store_compactions_total");
+            let gaps = total("pmnet_server_retransmit_requests_sent_total");
+            let duplicates = total("pmnet_server_makeup_acks_sent_total")
+                + total("pmnet_server_duplicates_in_progress_total");
+            let dropped: f64 = servers
+                .iter()
+                .map(|server| {
+                    server.sum("pmnet_server_dropped_total")
+                        + server.sum("pmnet_socket_dropped_total")
+                })
+                .sum();
+            let mut note = match servers.len() {
+                1 => format!("server: {applied} requests applied"),
+                count => format!("{count} servers: {applied} requests applied"),
+            };
+            if duplicates > 0 {
+                note.push_str(&format!(", {duplicates} duplicates answered or ignored"));
+            }
             if compactions > 0 {
                 note.push_str(&format!(", {compactions} store compactions"));
             }

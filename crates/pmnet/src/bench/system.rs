@@ -46,6 +46,10 @@ pub struct LoopbackConfig {
     /// Device workers (`pmnet device --workers`): independent devices the clients' sessions
     /// are spread over.
     pub device_workers: u16,
+    /// Servers behind the device (a rack: ids `server_id..server_id + servers`).
+    pub servers: u16,
+    /// Every server's emulated capacity (`pmnet server --max-ops-per-s`).
+    pub server_max_ops_per_s: Option<u64>,
 }
 
 /// Where the parts of a system listen.
@@ -59,7 +63,10 @@ pub struct SystemAddresses {
     pub forward: SocketAddr,
     /// The device's UDP echo port.
     pub echo: SocketAddr,
+    /// The first server.
     pub server: SocketAddr,
+    /// Every server, in id order (the first is `server`).
+    pub servers: Vec<SocketAddr>,
 }
 
 /// What the device and the server counted, when they stopped.
@@ -67,7 +74,8 @@ pub struct SystemAddresses {
 pub struct SystemCounters {
     /// Every device worker's counters.
     pub device: Vec<Metrics>,
-    pub server: Option<Metrics>,
+    /// Every server's counters.
+    pub servers: Vec<Metrics>,
 }
 
 /// A running device and server. Stop it with [`LoopbackSystem::stop`]; dropping it stops it too.
@@ -75,14 +83,14 @@ pub struct SystemCounters {
 pub struct LoopbackSystem {
     shutdown: Shutdown,
     device: Vec<JoinHandle<Metrics>>,
-    server: Option<JoinHandle<Metrics>>,
+    servers: Vec<JoinHandle<Metrics>>,
     files: Vec<PathBuf>,
     pub addresses: SystemAddresses,
     pub device_medium: String,
     pub server_medium: String,
     /// The device's and the server's threads (their CPU time is read from `/proc`).
     pub device_tids: Vec<i32>,
-    pub server_tid: i32,
+    pub server_tids: Vec<i32>,
 }
 
 /// Removes a file when dropped.
@@ -120,30 +128,38 @@ impl LoopbackSystem {
     pub fn start(config: &LoopbackConfig) -> Result<LoopbackSystem, String> {
         let shutdown = Shutdown::new();
         let log_path = temp_path(&config.dir, "log");
-        let data_path = temp_path(&config.dir, "data");
         // Guards remove the files if starting fails half-way.
         let workers = config.device_workers.max(1);
         let log_guards: Vec<FileGuard> = (0..workers)
             .map(|index| FileGuard(Some(pmnet_runtime::worker_log_path(&log_path, index))))
             .collect();
-        let data_guard = FileGuard(Some(data_path.clone()));
-        let server = start_server(config, data_path, &shutdown)?;
+        let data_guards: Vec<FileGuard> = (0..config.servers.max(1))
+            .map(|_| FileGuard(Some(temp_path(&config.dir, "data"))))
+            .collect();
+        let servers = start_servers(config, &data_guards, &shutdown)?;
+        let server_ids: Vec<(u16, SocketAddr)> = servers
+            .iter()
+            .enumerate()
+            .map(|(index, server)| (config.server_id + index as u16, server.addr))
+            .collect();
         let mut devices: Vec<StartedDevice> = Vec::new();
         for index in 0..workers {
-            match start_device(config, log_path.clone(), index, server.addr, &shutdown) {
+            match start_device(config, log_path.clone(), index, &server_ids, &shutdown) {
                 Ok(device) => devices.push(device),
                 Err(message) => {
                     shutdown.request();
                     for device in devices {
                         let _ = device.thread.join();
                     }
-                    let _ = server.thread.join();
+                    for server in servers {
+                        let _ = server.thread.join();
+                    }
                     return Err(message);
                 }
             }
         }
         let mut files = Vec::new();
-        for mut guard in log_guards.into_iter().chain([data_guard]) {
+        for mut guard in log_guards.into_iter().chain(data_guards) {
             files.extend(guard.0.take());
         }
         let first = &devices[0];
@@ -152,20 +168,23 @@ impl LoopbackSystem {
             device_workers: devices[1..].iter().map(|device| device.data).collect(),
             forward: first.forward.expect("worker 0 has a forward port"),
             echo: first.echo.expect("worker 0 has an echo port"),
-            server: server.addr,
+            server: servers[0].addr,
+            servers: servers.iter().map(|server| server.addr).collect(),
         };
         let device_medium = first.medium.clone();
         let device_tids = devices.iter().map(|device| device.tid).collect();
+        let server_medium = servers[0].medium.clone();
+        let server_tids = servers.iter().map(|server| server.tid).collect();
         Ok(LoopbackSystem {
             shutdown,
             device: devices.into_iter().map(|device| device.thread).collect(),
-            server: Some(server.thread),
+            servers: servers.into_iter().map(|server| server.thread).collect(),
             files,
             addresses,
             device_medium,
-            server_medium: server.medium,
+            server_medium,
             device_tids,
-            server_tid: server.tid,
+            server_tids,
         })
     }
 
@@ -182,11 +201,15 @@ impl LoopbackSystem {
             .drain(..)
             .filter_map(|handle| handle.join().ok())
             .collect();
-        let server = self.server.take().and_then(|handle| handle.join().ok());
+        let servers = self
+            .servers
+            .drain(..)
+            .filter_map(|handle| handle.join().ok())
+            .collect();
         for path in self.files.drain(..) {
             let _ = std::fs::remove_file(path);
         }
-        SystemCounters { device, server }
+        SystemCounters { device, servers }
     }
 }
 
@@ -221,15 +244,40 @@ struct StartedServer {
     tid: i32,
 }
 
-/// Start the server thread, with its store (or the ideal handler) in a new file at
-/// `data_path`, and wait until it listens.
+/// Start a server thread for each of `data_files` (ids counting up from the config's), and
+/// wait until each listens; if one does not, stop those that did.
+fn start_servers(
+    config: &LoopbackConfig,
+    data_files: &[FileGuard],
+    shutdown: &Shutdown,
+) -> Result<Vec<StartedServer>, String> {
+    let mut servers: Vec<StartedServer> = Vec::new();
+    for (index, file) in data_files.iter().enumerate() {
+        let data_path = file.0.clone().unwrap_or_default();
+        match start_server(config, index as u16, data_path, shutdown) {
+            Ok(server) => servers.push(server),
+            Err(message) => {
+                shutdown.request();
+                for server in servers {
+                    let _ = server.thread.join();
+                }
+                return Err(message);
+            }
+        }
+    }
+    Ok(servers)
+}
+
+/// Start server thread `index` (id `server_id + index`), with its store (or the ideal
+/// handler) in a new file at `data_path`, and wait until it listens.
 fn start_server(
     config: &LoopbackConfig,
+    index: u16,
     data_path: PathBuf,
     shutdown: &Shutdown,
 ) -> Result<StartedServer, String> {
     let server_options = ServerOptions {
-        server_id: config.server_id,
+        server_id: config.server_id + index,
         listen: loopback(),
         devices: Vec::new(),
         store: (!config.ideal).then_some(StoreOptions {
@@ -242,12 +290,13 @@ fn start_server(
         gap_fill_after: None,
         loop_options: loop_options(config, config.server_cpu),
         keys: config.keys.clone(),
+        max_ops_per_s: config.server_max_ops_per_s,
     };
     let (server_tx, server_rx) = mpsc::channel();
     let server_shutdown = shutdown.clone();
     let engine = config.engine;
     let server = std::thread::Builder::new()
-        .name("pmnet-server".into())
+        .name(format!("pmnet-server-{index}"))
         .spawn(move || quietly(|| run_server(server_options, engine, server_shutdown, server_tx)))
         .map_err(|error| format!("cannot start the server thread: {error}"))?;
     match server_rx.recv_timeout(START_TIMEOUT) {
@@ -306,20 +355,20 @@ struct StartedDevice {
     tid: i32,
 }
 
-/// Start the device thread in front of the server at `server_addr`, with its log in a new
+/// Start the device thread in front of `servers` (id, address), with its log in a new
 /// file at `log_path`, and wait until it listens on its PMNet, forward and echo ports. On
 /// failure the device thread is stopped (the caller stops the server).
 fn start_device(
     config: &LoopbackConfig,
     log_path: PathBuf,
     worker: u16,
-    server_addr: SocketAddr,
+    servers: &[(u16, SocketAddr)],
     shutdown: &Shutdown,
 ) -> Result<StartedDevice, String> {
     let device_options = DeviceOptions {
         device_id: config.device_id,
         listen: loopback(),
-        servers: vec![(config.server_id, server_addr)],
+        servers: servers.to_vec(),
         log: Some(LogOptions {
             path: log_path,
             slot_count: config.slots,

@@ -19,12 +19,12 @@ use super::workload::{RequestGenerator, Workload};
 const ECHO_GIVE_UP: Duration = Duration::from_secs(1);
 
 /// Longest single wait of a blocking client, so it notices the end of the run.
-const MAX_WAIT: Duration = Duration::from_millis(50);
+pub(super) const MAX_WAIT: Duration = Duration::from_millis(50);
 
 /// A client that completes nothing for this long gives up: the target is not answering.
 const STALL_LIMIT: Duration = Duration::from_secs(10);
 
-fn stalled(plan: &ClientPlan, last_progress: Instant, now: Instant) -> Option<String> {
+pub(super) fn stalled(plan: &ClientPlan, last_progress: Instant, now: Instant) -> Option<String> {
     (now.duration_since(last_progress) >= STALL_LIMIT).then(|| {
         format!(
             "no reply from {} for {} s: is it running, and is it what the mode expects?",
@@ -43,14 +43,18 @@ pub struct Shared {
     pub measured: AtomicU64,
     /// Requests completed so far including the warm-up (for the progress line).
     pub completed: AtomicU64,
+    /// Requests measured so far by the server their key belongs to (a rack's clients).
+    pub per_server: Vec<AtomicU64>,
 }
 
 impl Shared {
-    pub fn new() -> Arc<Shared> {
+    /// What the clients of a run over `servers` servers share.
+    pub fn new(servers: u16) -> Arc<Shared> {
         Arc::new(Shared {
             stop: AtomicBool::new(false),
             measured: AtomicU64::new(0),
             completed: AtomicU64::new(0),
+            per_server: (0..servers.max(1)).map(|_| AtomicU64::new(0)).collect(),
         })
     }
 }
@@ -81,6 +85,10 @@ pub struct ClientPlan {
     /// when `requests` have been measured).
     pub measure_until: Option<Instant>,
     pub requests: Option<u64>,
+    /// A rack client's sessions, one per server (`None`: one session to `peer`).
+    pub rack: Option<super::rack_client::RackRoute>,
+    /// The run's rank → key permutation, when popularity changes during the run.
+    pub popularity: Option<super::workload::SharedPopularity>,
 }
 
 /// What one client thread measured.
@@ -97,10 +105,12 @@ pub struct ClientOutcome {
     /// CPU time this thread ran from the start of the measured stretch to its end.
     pub cpu_ns: Option<u64>,
     pub error: Option<String>,
+    /// Requests measured by the server their key belongs to (a rack client).
+    pub per_server: Vec<u64>,
 }
 
 impl ClientOutcome {
-    fn new() -> ClientOutcome {
+    pub(super) fn new() -> ClientOutcome {
         ClientOutcome {
             updates: new_histogram(),
             bypass: new_histogram(),
@@ -111,6 +121,7 @@ impl ClientOutcome {
             last_measured: None,
             cpu_ns: None,
             error: None,
+            per_server: Vec::new(),
         }
     }
 }
@@ -118,16 +129,16 @@ impl ClientOutcome {
 /// This thread's CPU time over the measured stretch: read when `measure_from` is first seen
 /// passed, and when the client stops.
 #[derive(Debug, Default)]
-struct ClientCpu(super::cpu::CpuSpan);
+pub(super) struct ClientCpu(super::cpu::CpuSpan);
 
 impl ClientCpu {
-    fn tick(&mut self, plan: &ClientPlan, now: Instant) {
+    pub(super) fn tick(&mut self, plan: &ClientPlan, now: Instant) {
         if !self.0.is_started() && now >= plan.measure_from {
             self.0.start(Some(super::cpu::own_cpu_ns()));
         }
     }
 
-    fn finish(mut self, outcome: &mut ClientOutcome) {
+    pub(super) fn finish(mut self, outcome: &mut ClientOutcome) {
         self.0.end(Some(super::cpu::own_cpu_ns()));
         outcome.cpu_ns = self.0.ns();
     }
@@ -135,14 +146,14 @@ impl ClientCpu {
 
 /// A request in flight: its sequence number, when it started, whether it is an update.
 #[derive(Debug, Clone, Copy)]
-struct Started {
-    seq: u32,
-    at: Instant,
-    is_update: bool,
+pub(super) struct Started {
+    pub(super) seq: u32,
+    pub(super) at: Instant,
+    pub(super) is_update: bool,
 }
 
 impl ClientPlan {
-    fn should_stop(&self, shared: &Shared, now: Instant) -> bool {
+    pub(super) fn should_stop(&self, shared: &Shared, now: Instant) -> bool {
         shared.stop.load(Ordering::Relaxed)
             || self.measure_until.is_some_and(|until| now >= until)
             || self
@@ -152,7 +163,7 @@ impl ClientPlan {
 
     /// Record a completion of a request that started at `started` and completed `now`.
     /// Returns whether it was measured.
-    fn record(
+    pub(super) fn record(
         &self,
         shared: &Shared,
         outcome: &mut ClientOutcome,
@@ -194,6 +205,8 @@ pub fn run_client(plan: ClientPlan, shared: Arc<Shared>) -> ClientOutcome {
     }
     if plan.echo {
         run_echo_client(&plan, &shared)
+    } else if let Some(route) = &plan.rack {
+        super::rack_client::run_rack_client(&plan, route, &shared)
     } else {
         run_session_client(&plan, &shared)
     }
@@ -215,7 +228,8 @@ fn run_session_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
             return outcome;
         }
     };
-    let mut generator = RequestGenerator::new(&plan.workload, plan.seed, plan.index);
+    let mut generator = RequestGenerator::new(&plan.workload, plan.seed, plan.index)
+        .with_popularity(plan.popularity.clone());
     let mut in_flight: Vec<Started> = Vec::with_capacity(plan.window as usize);
     let mut last_progress = Instant::now();
     let mut cpu = ClientCpu::default();
@@ -288,7 +302,7 @@ fn run_session_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
 }
 
 /// Wait until `fd` is readable or `timeout` passes.
-fn wait_readable(fd: std::os::fd::RawFd, timeout: Duration) {
+pub(super) fn wait_readable(fd: std::os::fd::RawFd, timeout: Duration) {
     let mut pollfd = libc::pollfd {
         fd,
         events: libc::POLLIN,
@@ -304,7 +318,7 @@ fn wait_readable(fd: std::os::fd::RawFd, timeout: Duration) {
     }
 }
 
-fn yield_cpu() {
+pub(super) fn yield_cpu() {
     // SAFETY: no arguments, no memory.
     unsafe {
         libc::sched_yield();

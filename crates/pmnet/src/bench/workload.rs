@@ -1,12 +1,16 @@
 //! What the benchmark's clients send: keys drawn uniformly or from a Zipf distribution, a mix
 //! of updates (SET) and bypass requests (GET), all from a seed so that a run can be replayed.
 
+use std::sync::{Arc, RwLock};
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Zipf};
 use serde::Serialize;
 
 use pmnet_store::Request;
+
+use super::popularity::{Popularity, PopularityKind};
 
 /// How keys are drawn from the key space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -38,6 +42,32 @@ pub struct Workload {
     pub update_ratio: f64,
     /// Bytes of every SET's value.
     pub value_len: usize,
+    /// Servers the keys are partitioned over (by [`server_of_key`]); 1 without a rack.
+    pub servers: u16,
+    /// How key popularity changes during a run, every `change_every` by `change_count` keys.
+    pub popularity: PopularityKind,
+    pub change_every: std::time::Duration,
+    pub change_count: u64,
+}
+
+/// A rank → key permutation the clients of one run share, and the driver of the run changes.
+pub type SharedPopularity = Arc<RwLock<Popularity>>;
+
+/// The server (an index in `0..servers`) that holds key `key`: a CRC32C of its name, so the
+/// partition is stable across runs, machines and builds.
+pub fn server_of_key(key_name: &[u8], servers: u16) -> u16 {
+    if servers <= 1 {
+        return 0;
+    }
+    (crc32c::crc32c(key_name) % u32::from(servers)) as u16
+}
+
+/// The key name of key `id` (as [`key_name`]) into `out`, without allocating when `out` has
+/// room.
+fn write_key_name(out: &mut String, id: u64) {
+    use std::fmt::Write as _;
+    out.clear();
+    let _ = write!(out, "key:{id:012}");
 }
 
 impl Workload {
@@ -70,13 +100,19 @@ pub struct RequestGenerator {
     keys: u64,
     update_ratio: f64,
     value: Vec<u8>,
+    servers: u16,
+    /// The run's rank → key permutation (`None`: rank r is key r).
+    popularity: Option<SharedPopularity>,
+    name: String,
 }
 
-/// One request: whether it is an update, and its encoded bytes.
+/// One request: whether it is an update, its key, the server its key belongs to (an index
+/// in `0..servers`) and its encoded bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GeneratedRequest {
     pub is_update: bool,
     pub key: u64,
+    pub server: u16,
     pub bytes: Vec<u8>,
 }
 
@@ -113,11 +149,20 @@ impl RequestGenerator {
             keys,
             update_ratio: workload.update_ratio.clamp(0.0, 1.0),
             value: value_bytes(workload.value_len),
+            servers: workload.servers.max(1),
+            popularity: None,
+            name: String::with_capacity(32),
         }
     }
 
-    /// The next key id, in `0..keys` (rank 1 of the Zipf distribution is key 0).
-    pub fn next_key(&mut self) -> u64 {
+    /// Draw keys through the run's shared rank → key permutation.
+    pub fn with_popularity(mut self, popularity: Option<SharedPopularity>) -> RequestGenerator {
+        self.popularity = popularity;
+        self
+    }
+
+    /// The next rank, in `0..keys` (0 is the hottest: rank 1 of the Zipf distribution).
+    fn next_rank(&mut self) -> u64 {
         match &self.sampler {
             KeySampler::Uniform(keys) => self.rng.random_range(0..*keys),
             KeySampler::Zipf(zipf) => {
@@ -127,11 +172,25 @@ impl RequestGenerator {
         }
     }
 
+    /// The next key id, in `0..keys`: the key that holds the next rank drawn.
+    pub fn next_key(&mut self) -> u64 {
+        let rank = self.next_rank();
+        match &self.popularity {
+            None => rank,
+            Some(popularity) => {
+                // A writer that panicked left a permutation all the same: keep using it.
+                let popularity = popularity.read().unwrap_or_else(|error| error.into_inner());
+                popularity.key_of(rank)
+            }
+        }
+    }
+
     /// The next request.
     pub fn next_request(&mut self) -> GeneratedRequest {
         let is_update = self.update_ratio >= 1.0 || self.rng.random::<f64>() < self.update_ratio;
         let key = self.next_key();
-        let name = key_name(key);
+        let mut name = std::mem::take(&mut self.name);
+        write_key_name(&mut name, key);
         let bytes = if is_update {
             Request::Set {
                 key: name.as_bytes(),
@@ -144,9 +203,12 @@ impl RequestGenerator {
             }
             .to_bytes()
         };
+        let server = server_of_key(name.as_bytes(), self.servers);
+        self.name = name;
         GeneratedRequest {
             is_update,
             key,
+            server,
             bytes,
         }
     }
@@ -168,6 +230,10 @@ mod tests {
             zipf_exponent: 0.99,
             update_ratio,
             value_len: 100,
+            servers: 1,
+            popularity: PopularityKind::Static,
+            change_every: std::time::Duration::from_secs(10),
+            change_count: 1,
         }
     }
 
@@ -235,5 +301,75 @@ mod tests {
                 other => panic!("expected a SET, got {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn zipf_draws_ranks_with_the_expected_frequencies() {
+        // 200 000 draws over 100 keys: each of the five hottest ranks within 5 % of
+        // 1 / (k^s · H(100, s)), for the three skews the rack uses.
+        for exponent in [0.9, 0.95, 0.99] {
+            let mut workload = workload(KeyDistribution::Zipf, 1.0);
+            workload.keys = 100;
+            workload.zipf_exponent = exponent;
+            let mut generator = RequestGenerator::new(&workload, 11, 0);
+            let draws = 200_000;
+            let mut counts = [0u64; 100];
+            for _ in 0..draws {
+                counts[generator.next_key() as usize] += 1;
+            }
+            let harmonic: f64 = (1..=100).map(|k| 1.0 / f64::powf(k as f64, exponent)).sum();
+            for rank in 1..=5u32 {
+                let expected = draws as f64 / f64::powf(rank.into(), exponent) / harmonic;
+                let seen = counts[rank as usize - 1] as f64;
+                assert!(
+                    (seen - expected).abs() < expected * 0.05,
+                    "s {exponent} rank {rank}: {seen} drawn, {expected:.0} expected"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn keys_go_to_their_server_by_a_stable_hash_and_spread_over_all() {
+        let mut workload = workload(KeyDistribution::Uniform, 0.5);
+        workload.servers = 32;
+        let mut generator = RequestGenerator::new(&workload, 9, 0);
+        let mut per_server = [0u32; 32];
+        for _ in 0..32_000 {
+            let request = generator.next_request();
+            assert_eq!(
+                request.server,
+                server_of_key(key_name(request.key).as_bytes(), 32)
+            );
+            per_server[usize::from(request.server)] += 1;
+        }
+        assert!(
+            per_server.iter().all(|count| *count > 500),
+            "{per_server:?}"
+        );
+        // CRC32C of the name: fixed forever, whatever the build.
+        assert_eq!(server_of_key(b"key:000000000000", 1), 0);
+        assert_eq!(
+            server_of_key(b"key:000000000000", 32),
+            (crc32c::crc32c(b"key:000000000000") % 32) as u16
+        );
+    }
+
+    #[test]
+    fn a_shared_popularity_decides_which_key_a_rank_is() {
+        let mut workload = workload(KeyDistribution::Zipf, 1.0);
+        workload.keys = 1000;
+        let popularity = Arc::new(RwLock::new(
+            Popularity::new(PopularityKind::HotIn, 1000, 100).unwrap(),
+        ));
+        let mut generator =
+            RequestGenerator::new(&workload, 5, 0).with_popularity(Some(popularity.clone()));
+        let before: Vec<u64> = (0..2000).map(|_| generator.next_key()).collect();
+        assert!(before.iter().filter(|key| **key < 10).count() > 500);
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        popularity.write().unwrap().change(&mut rng);
+        // The hottest ranks now hold keys 900..1000.
+        let after: Vec<u64> = (0..2000).map(|_| generator.next_key()).collect();
+        assert!(after.iter().filter(|key| (900..910).contains(*key)).count() > 500);
     }
 }

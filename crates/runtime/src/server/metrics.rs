@@ -53,6 +53,12 @@ impl ServerRuntime {
                 ));
             }
         }
+        if let Some(capacity) = self.capacity_text() {
+            line.push_str(&format!(
+                "; capacity: {capacity}, out of tokens {} times",
+                self.counters.capacity_waits
+            ));
+        }
         line.push_str(&format!("; medium {}", self.startup.medium_text()));
         line
     }
@@ -102,6 +108,12 @@ impl ServerRuntime {
             "medium": self.startup.medium_text(),
             "data_file": self.startup.data_path.as_ref().map(|path| path.display().to_string()),
             "store": store,
+            "capacity": self.bucket.as_ref().map(|bucket| serde_json::json!({
+                "max_ops_per_s": bucket.rate_per_s(),
+                "burst_max": bucket.depth(),
+                "emulated": true,
+                "out_of_tokens": self.counters.capacity_waits,
+            })),
             "sessions_known": self.server.session_count(),
             "sessions_waiting_for_room": self.server.deferred_session_count(),
             "recovery": {
@@ -133,6 +145,7 @@ impl ServerRuntime {
         let mut out = Metrics::new();
         self.identity_metrics(&mut out);
         self.protocol_metrics(&mut out);
+        self.capacity_metrics(&mut out);
         self.store_metrics(&mut out);
         socket_metrics(&mut out, "server", self.socket.counters());
         out
@@ -170,6 +183,25 @@ impl ServerRuntime {
             } else {
                 0.0
             },
+        );
+    }
+
+    /// The emulated capacity, when the server has one.
+    fn capacity_metrics(&self, out: &mut Metrics) {
+        let Some(bucket) = &self.bucket else {
+            return;
+        };
+        out.gauge(
+            "pmnet_server_capacity_max_ops_per_s",
+            "The server's emulated capacity (--max-ops-per-s): requests taken per second at most.",
+            &[],
+            bucket.rate_per_s() as f64,
+        );
+        out.counter(
+            "pmnet_server_capacity_waits_total",
+            "Turns that left datagrams in the socket for want of tokens (emulated capacity).",
+            &[],
+            self.counters.capacity_waits,
         );
     }
 

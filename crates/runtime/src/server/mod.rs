@@ -1,12 +1,14 @@
 //! The PMNet server over UDP, with its application: a node of the one event loop.
 
 mod app;
+mod capacity;
 mod metrics;
 mod open;
 mod receive;
 
 use app::capacity_text;
 pub use app::ServerApp;
+pub use capacity::{capacity_text as emulated_capacity_text, check_max_ops_per_s, TokenBucket};
 use receive::{stage_received, ReceivedSlots};
 
 use std::net::SocketAddr;
@@ -16,7 +18,9 @@ use std::time::{Duration, Instant};
 use pmnet_pktstore::recv::{now_ns, Received, SlotReceiver};
 use pmnet_pktstore::{EngineKind, Store, StoreConfig};
 use pmnet_pm::{MediumInfo, MmapOptions, MmapRegion};
-use pmnet_proto::{RecoveredSession, RequestKind, Server, ServerConfig, ServerCounters, Stager};
+use pmnet_proto::{
+    RecoveredSession, RequestKind, Server, ServerConfig, ServerCounters, Stager, Time,
+};
 use pmnet_store::{Application, IdealHandler, KvConfig, KvStore, NoSpace, SessionRecord};
 
 use crate::event_loop::{run_loop, LoopCounters, LoopSettings, Node, Ready, Turn};
@@ -57,6 +61,10 @@ pub struct ServerOptions {
     /// Authenticate every datagram with these deployment keys (`None`: no authentication).
     pub keys: Option<pmnet_auth::KeySet>,
     pub loop_options: LoopOptions,
+    /// An emulated capacity: take at most this many requests per second from the socket,
+    /// leaving the rest in the kernel's socket buffer (`None`: no limit). See
+    /// [`TokenBucket`].
+    pub max_ops_per_s: Option<u64>,
 }
 
 /// What the server found when it started.
@@ -97,6 +105,8 @@ pub struct ServerAddresses {
 
 #[derive(Debug, Clone, Default)]
 struct RuntimeCounters {
+    /// Turns that left datagrams in the socket for want of tokens (an emulated capacity).
+    capacity_waits: u64,
     recoveries_completed: u64,
     recovery_entries_resent: u64,
     event_loop: LoopCounters,
@@ -129,6 +139,11 @@ pub struct ServerRuntime {
     peers: crate::peer_book::PeerBook,
     /// `server{id=..}`: every event of this server (its recovery, its loop) carries it.
     span: tracing::Span,
+    /// The emulated capacity (`--max-ops-per-s`), if any.
+    bucket: Option<TokenBucket>,
+    /// The last receive stopped for want of tokens: the next turn receives once tokens are
+    /// due, whether or not the wait reported the socket readable (it was not waited on).
+    capacity_starved: bool,
 }
 
 /// How often a server whose store is full says so.
@@ -174,17 +189,30 @@ impl ServerRuntime {
     /// A turn of the loop; it receives only if `receive`.
     fn turn(&mut self, receive: bool) -> Turn {
         let mut turn = Turn::default();
-        if receive {
-            let (count, full) = if self.receiver.is_some() {
-                (
-                    self.receive_into_slots(),
-                    pmnet_pktstore::recv::RECEIVE_BATCH_LEN,
-                )
-            } else {
-                (self.receive_into_socket_buffers(), crate::udp::BATCH_LEN)
+        if receive || self.capacity_starved {
+            let full = match self.receiver {
+                Some(_) => pmnet_pktstore::recv::RECEIVE_BATCH_LEN,
+                None => crate::udp::BATCH_LEN,
             };
-            turn.busy = count > 0;
-            turn.more = count >= full;
+            let limit = self.receive_limit(full);
+            if limit > 0 {
+                let requests_before = self.server.counters().request_fragments_received;
+                let count = match self.receiver {
+                    Some(_) => self.receive_into_slots(limit),
+                    None => self.receive_into_socket_buffers(limit),
+                };
+                let requests = self.server.counters().request_fragments_received - requests_before;
+                self.pay_for(requests);
+                turn.busy = count > 0;
+                turn.more = count >= full;
+                // Cut short by the tokens, and perhaps more waiting: look again when they are due.
+                self.capacity_starved = limit < full && count >= limit;
+            } else {
+                self.capacity_starved = true;
+            }
+            if self.capacity_starved {
+                self.counters.capacity_waits += 1;
+            }
         }
         let now = self.clock.now();
         if self
@@ -205,6 +233,42 @@ impl ServerRuntime {
         self.release_unapplied_slots();
         self.report_store_full();
         turn
+    }
+
+    /// Datagrams this turn may take from the socket: `full` without an emulated capacity,
+    /// else no more than the tokens available.
+    fn receive_limit(&mut self, full: usize) -> usize {
+        let now = self.clock.now();
+        match &mut self.bucket {
+            None => full,
+            Some(bucket) => usize::try_from(bucket.available(now))
+                .unwrap_or(usize::MAX)
+                .min(full),
+        }
+    }
+
+    /// Pay the emulated capacity for `requests` request datagrams taken (a batch's entries
+    /// each count).
+    fn pay_for(&mut self, requests: u64) {
+        let now = self.clock.now();
+        if let Some(bucket) = &mut self.bucket {
+            bucket.take(now, requests);
+        }
+    }
+
+    /// When tokens are due again, if the server waits for them.
+    fn capacity_wake(&self) -> Option<Time> {
+        let bucket = self.bucket.as_ref()?;
+        self.capacity_starved
+            .then(|| bucket.next_wake(self.clock.now()))
+            .flatten()
+    }
+
+    /// The emulated capacity in words, for banners and report lines (`None`: no limit).
+    pub fn capacity_text(&self) -> Option<String> {
+        self.bucket
+            .as_ref()
+            .map(|bucket| capacity::capacity_text(bucket.rate_per_s()))
     }
 
     /// Say at WARN, every [`STORE_FULL_WARNING_INTERVAL`] while it lasts, that updates wait for
@@ -337,17 +401,21 @@ impl Node for ServerRuntime {
     }
 
     fn wait_fds(&self, fds: &mut Vec<PollFd>) {
+        // Out of tokens: what waits in the socket stays there; the timer wakes the loop.
+        let read = self.capacity_wake().is_none();
         fds.push(PollFd::new(
             self.socket.raw_fd(),
-            true,
+            read,
             self.socket.is_write_blocked(),
         ));
     }
 
     fn next_timer(&self) -> Option<Duration> {
-        self.server
-            .poll_timeout()
-            .map(|deadline| self.clock.until(deadline))
+        let deadline = match (self.server.poll_timeout(), self.capacity_wake()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        deadline.map(|deadline| self.clock.until(deadline))
     }
 
     fn queued_len(&self) -> usize {

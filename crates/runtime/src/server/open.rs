@@ -221,6 +221,9 @@ impl ServerRuntime {
     ) -> Result<ServerRuntime, RuntimeError> {
         let span = tracing::info_span!("server", id = options.server_id);
         let _entered = span.clone().entered();
+        if let Some(ops_per_s) = options.max_ops_per_s {
+            check_max_ops_per_s(ops_per_s).map_err(RuntimeError::Config)?;
+        }
         let socket = BatchSocket::bind(options.listen, options.loop_options.max_queued).map_err(
             |source| RuntimeError::Bind {
                 what: "server",
@@ -275,7 +278,12 @@ impl ServerRuntime {
             store_full_since: None,
             store_full_warned: None,
             peers: crate::peer_book::PeerBook::default(),
+            bucket: None,
+            capacity_starved: false,
         };
+        if let Some(ops_per_s) = runtime.options.max_ops_per_s {
+            runtime.bucket = Some(TokenBucket::new(ops_per_s, runtime.clock.now()));
+        }
         if matches!(&runtime.app, ServerApp::Engine(store) if store.engine() == EngineKind::Packet)
         {
             runtime.receiver = Some(Box::new(SlotReceiver::new()));

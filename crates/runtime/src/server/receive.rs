@@ -57,9 +57,9 @@ pub(super) const MAX_HELD_REQUESTS: usize = 256;
 pub(super) const MAX_HELD_FRAGMENTS: usize = 1024;
 
 impl ServerRuntime {
-    /// Datagrams received and handled.
-    pub(super) fn receive_into_socket_buffers(&mut self) -> usize {
-        let count = self.socket.receive_batch();
+    /// Datagrams received (at most `limit`) and handled.
+    pub(super) fn receive_into_socket_buffers(&mut self, limit: usize) -> usize {
+        let count = self.socket.receive_batch_up_to(limit);
         if count > 0 {
             let now = self.clock.now();
             let tracing_on = crate::trace::enabled();
@@ -78,13 +78,13 @@ impl ServerRuntime {
     /// checked (CRC included) once, by `Server::handle`, straight from persistent memory. The
     /// slots of update requests are remembered so that applying the request makes them the
     /// record in place.
-    pub(super) fn receive_into_slots(&mut self) -> usize {
+    pub(super) fn receive_into_slots(&mut self, limit: usize) -> usize {
         let (Some(receiver), ServerApp::Engine(store)) = (self.receiver.as_mut(), &mut self.app)
         else {
             return 0;
         };
         let errors = receiver.counters().receive_errors;
-        let count = receiver.receive(self.socket.raw_fd(), store, now_ns());
+        let count = receiver.receive_up_to(self.socket.raw_fd(), store, now_ns(), limit);
         if receiver.counters().receive_errors != errors {
             // An ICMP report about a datagram sent to a device, perhaps.
             self.socket.note_receive_error_elsewhere();

@@ -27,6 +27,7 @@ fn start(
             ..LoopOptions::default()
         },
         keys: None,
+        max_ops_per_s: None,
     };
     let shutdown = Shutdown::new();
     let server_shutdown = shutdown.clone();

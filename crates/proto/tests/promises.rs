@@ -618,3 +618,87 @@ fn held_cache_reads_are_bounded_and_the_oldest_go_first() {
     assert_eq!(server.held_read_count(), HELD_READS_MAX);
     assert_eq!(server.counters().reads.dropped_held_full, 1);
 }
+
+#[test]
+fn keyed_writes_to_one_key_are_applied_in_the_order_the_device_acked_them() {
+    // Two sessions write one key through the device; the first write's forward to the
+    // server is lost, so the second reaches the server first. The device wrote into the
+    // second the write it must follow, and the server waits for the device's resend.
+    let mut world = World::new(1, Some(64));
+    drive_to_quiet(&mut world);
+    let (first, second) = (0x1111_0000_0000_0001, 0x2222_0000_0000_0001);
+    world.drop_first(move |seen| {
+        seen.to == server_addr(0)
+            && seen.header.packet_type == PacketType::UpdateRequest
+            && seen.header.session_id == first
+    });
+    world.inject(
+        client_addr(0),
+        device_addr(0),
+        keyed_write(first, 1, None, b"old"),
+    );
+    world.run_for(Duration::from_micros(300));
+    world.inject(
+        client_addr(0),
+        device_addr(0),
+        keyed_write(second, 1, None, b"new"),
+    );
+    world.run_for(Duration::from_secs(2));
+    let applied: Vec<u64> = world.servers[0]
+        .app
+        .applied
+        .iter()
+        .map(|(session, ..)| *session)
+        .filter(|session| [first, second].contains(session))
+        .collect();
+    assert_eq!(applied, vec![first, second], "in the device's order");
+    let device = world.device(0).device();
+    assert_eq!(device.counters().keyed_writes_ordered, 2);
+    assert_eq!(device.keyed_keys_in_log(), 0, "both acked by the server");
+    assert_eq!(world.servers[0].server.counters().keyed_writes_held, 1);
+}
+
+#[test]
+fn a_cache_read_the_device_forwards_waits_for_the_keyed_write_it_acked() {
+    let mut world = World::new(1, Some(64));
+    drive_to_quiet(&mut world);
+    let (writer, reader) = (0x3333_0000_0000_0001, 0x4444_0000_0000_0001);
+    world.drop_first(move |seen| {
+        seen.to == server_addr(0)
+            && seen.header.packet_type == PacketType::UpdateRequest
+            && seen.header.session_id == writer
+    });
+    world.inject(
+        client_addr(0),
+        device_addr(0),
+        keyed_write(writer, 1, None, b"v"),
+    );
+    world.run_for(Duration::from_micros(300));
+    world.inject(
+        client_addr(0),
+        device_addr(0),
+        cache_read(reader, 1, 0, None),
+    );
+    world.run_for(Duration::from_secs(2));
+    let device = world.device(0).device().counters().clone();
+    assert_eq!(
+        (device.cache_reads_forwarded, device.cache_reads_ordered),
+        (1, 1)
+    );
+    assert_eq!(device.cache_replies_forwarded, 1);
+    let reads = world.servers[0].server.counters().reads.clone();
+    assert_eq!((reads.held, reads.answered), (1, 1));
+    // Answered only after the write it follows was applied.
+    let replied_at = world
+        .seen_of(PacketType::Reserved(pmnet_wire::cache::CACHE_REPLY))
+        .first()
+        .map(|seen| seen.at)
+        .expect("a cache reply");
+    let applied_at = world
+        .seen_of(PacketType::ServerAck)
+        .iter()
+        .find(|seen| seen.header.session_id == writer)
+        .map(|seen| seen.at)
+        .expect("the write's server-ACK");
+    assert!(applied_at <= replied_at);
+}

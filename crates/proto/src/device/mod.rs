@@ -1,6 +1,7 @@
 //! The PMNet device: logs update requests in persistent memory, acks them early, forwards
 //! every request to its server, and replays its log when a server asks.
 
+mod keyed;
 mod replay;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -10,6 +11,7 @@ use std::time::Duration;
 use pmnet_pm::log::RecoveredEntry;
 use pmnet_pm::EntryKey;
 use pmnet_pm::LogWork;
+use pmnet_wire::cache::{CACHE_READ, CACHE_REPLY};
 use pmnet_wire::{Header, NotLoggedReason, PacketType};
 
 use crate::{
@@ -81,6 +83,13 @@ impl DeviceConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceCounters {
     pub updates_received: u64,
+    /// Keyed writes logged with their order written in (docs/cache.md).
+    pub keyed_writes_ordered: u64,
+    /// Cache reads forwarded to their server, and those that carry a keyed write to follow.
+    pub cache_reads_forwarded: u64,
+    pub cache_reads_ordered: u64,
+    /// Cache replies from a server forwarded to their client.
+    pub cache_replies_forwarded: u64,
     pub updates_logged: u64,
     /// Updates forwarded without logging because every probed slot was taken.
     pub log_collisions: u64,
@@ -199,9 +208,16 @@ pub struct Device {
     /// How long entries logged by this device stayed in the log: from logging and forwarding
     /// the update to its server-ACK.
     residency: LatencyHistogram,
+    /// The order of keyed writes to each key (see `keyed.rs`).
+    keyed: keyed::KeyedOrder,
 }
 
 impl Device {
+    /// Keys with a keyed write in the log (whose order later writes and reads follow).
+    pub fn keyed_keys_in_log(&self) -> usize {
+        self.keyed.len()
+    }
+
     /// A device whose log held `recovered` at start-up (empty for a new log). Entries are
     /// resent to their servers right away: the server-ACKs of their first delivery may have
     /// been lost with the device.
@@ -225,6 +241,7 @@ impl Device {
             batches_in_flight: VecDeque::new(),
             counters: DeviceCounters::default(),
             residency: LatencyHistogram::new(),
+            keyed: keyed::KeyedOrder::default(),
             config,
         };
         for entry in recovered {
@@ -236,6 +253,7 @@ impl Device {
     fn rebuild(&mut self, now: Time, recovered: RecoveredEntry) {
         let fragment_count = match Header::parse(&recovered.packet) {
             Ok((header, _)) if header.packet_type == PacketType::UpdateRequest => {
+                self.keyed.recovered(&header, &recovered.packet);
                 header.fragment_count
             }
             // The log checked its own CRC; a packet that still fails to parse is dropped
@@ -449,14 +467,24 @@ impl Device {
         header: &Header,
         datagram: &[u8],
     ) -> Verdict {
+        let cache_type = matches!(
+            header.packet_type,
+            PacketType::Reserved(CACHE_READ | CACHE_REPLY)
+        );
         if let PacketType::Reserved(_) = header.packet_type {
-            return Verdict::Pass;
+            if !cache_type {
+                return Verdict::Pass;
+            }
         }
         let payload = &datagram[pmnet_wire::HEADER_LEN..];
         let Some(&server) = self.servers.get(&header.server_id) else {
             self.count_drop(DropReason::UnknownServer);
             return Verdict::Consumed;
         };
+        if cache_type {
+            self.on_cache_datagram(from, server, header, datagram);
+            return Verdict::Consumed;
+        }
         match header.packet_type {
             PacketType::UpdateRequest => {
                 self.on_update_request(now, from, server, header, datagram)
@@ -494,6 +522,41 @@ impl Device {
         Verdict::Consumed
     }
 
+    /// A cache read from a client goes to its server with the keyed write to its key it must
+    /// follow written in; a cache reply from the server goes to the read's client.
+    fn on_cache_datagram(
+        &mut self,
+        from: SocketAddr,
+        server: SocketAddr,
+        header: &Header,
+        datagram: &[u8],
+    ) {
+        if header.packet_type == PacketType::Reserved(CACHE_REPLY) {
+            if from != server {
+                self.count_drop(DropReason::UnexpectedSource);
+                return;
+            }
+            match self.client_of(header.session_id) {
+                Some(client) => {
+                    self.counters.cache_replies_forwarded += 1;
+                    self.send(client, pmnet_wire::to_sendable(datagram));
+                }
+                None => self.count_drop(DropReason::NoClientRoute),
+            }
+            return;
+        }
+        self.remember_client(header.session_id, from, datagram.len());
+        self.counters.cache_reads_forwarded += 1;
+        let bytes = match self.keyed.order_read(header, datagram) {
+            Some(ordered) => {
+                self.counters.cache_reads_ordered += 1;
+                pmnet_wire::to_sendable(&ordered)
+            }
+            None => pmnet_wire::to_sendable(datagram),
+        };
+        self.send(server, bytes);
+    }
+
     fn on_update_request(
         &mut self,
         now: Time,
@@ -508,6 +571,11 @@ impl Device {
             return;
         }
         self.remember_client(header.session_id, client, datagram.len());
+        // A keyed write gets its order written in before it is logged (and forwarded).
+        let stamped = self.keyed.stamp(header, datagram);
+        let datagram: &[u8] = stamped
+            .as_ref()
+            .map_or(datagram, |stamped| &stamped.datagram);
         let key = EntryKey {
             server_id: header.server_id,
             session_id: header.session_id,
@@ -537,6 +605,15 @@ impl Device {
             Some(NotLoggedReason::LogFull)
         } else if let Some(slot) = self.free_slot(&key) {
             self.log(now, slot, key, header.fragment_count, client, datagram);
+            if let Some(stamped) = &stamped {
+                self.counters.keyed_writes_ordered += 1;
+                self.keyed.logged(
+                    stamped.key.clone(),
+                    header.session_id,
+                    header.seq,
+                    stamped.stamp,
+                );
+            }
             None
         } else {
             self.counters.log_collisions += 1;
@@ -732,6 +809,7 @@ impl Device {
     }
 
     fn on_server_ack(&mut self, now: Time, header: &Header, datagram: &[u8]) {
+        self.keyed.acked(header.session_id, header.seq);
         let slots = self.slots_of(header.server_id, header.session_id, header.seq);
         // The client completed this update on our PMNet-ACKs, one per fragment: the server's
         // reply (a fixed OK) would only wake it to be thrown away. Had an ack been lost, the

@@ -1,0 +1,126 @@
+//! The order of keyed writes (flag `KEYED`, the read cache's) to each key, as this device
+//! acknowledges them (docs/cache.md, "Order of writes to one key").
+//!
+//! When the device logs a keyed write to key K, it writes into the write's descriptor, in
+//! place and before the log write, the request the write must follow: the latest keyed write
+//! to K it logged whose server-ACK has not come back (none if every earlier one is
+//! acknowledged), and its stamp (a count of the keyed writes it logged). A server applies the
+//! write only after the one it names, so the writes to K are applied in the order this device
+//! acknowledged them. A cache read forwarded to the server carries the same "after", so a
+//! miss is not answered before a write the device acknowledged.
+//!
+//! Bounded: a key is remembered only while a keyed write to it is in the log.
+
+use std::collections::HashMap;
+
+use pmnet_wire::cache::{ReadDescriptor, WriteDescriptor, WriteOrder, KEYED};
+use pmnet_wire::Header;
+
+/// The latest logged keyed write to each key not yet acknowledged by its server.
+#[derive(Debug, Default)]
+pub(super) struct KeyedOrder {
+    /// Key → (session, seq, stamp).
+    latest: HashMap<Vec<u8>, (u64, u32, u64)>,
+    /// The key of each keyed write in `latest`, by (session, seq).
+    keys: HashMap<(u64, u32), Vec<u8>>,
+    next_stamp: u64,
+}
+
+/// A keyed write as it is to be logged: the datagram with its order written, and its key.
+pub(super) struct Stamped {
+    pub(super) datagram: Vec<u8>,
+    pub(super) key: Vec<u8>,
+    pub(super) stamp: u64,
+}
+
+impl KeyedOrder {
+    /// Write the order into the first fragment of a keyed update. `None` when the datagram
+    /// is not one (other fragments, other updates) or its descriptor does not parse (it is
+    /// then logged as it came, and the server hands it on as it came).
+    pub(super) fn stamp(&mut self, header: &Header, datagram: &[u8]) -> Option<Stamped> {
+        if !header.has_flag(KEYED) || header.fragment_index != 0 {
+            return None;
+        }
+        let payload = datagram.get(pmnet_wire::HEADER_LEN..)?;
+        let (descriptor, _) = WriteDescriptor::parse(payload).ok()?;
+        let key = descriptor.key.to_vec();
+        let (after_session, after_seq) = self
+            .latest
+            .get(&key)
+            .map_or((0, 0), |&(session, seq, _)| (session, seq));
+        self.next_stamp += 1;
+        let order = WriteOrder {
+            after_session,
+            after_seq,
+            stamp: self.next_stamp,
+        };
+        let mut new_payload = payload.to_vec();
+        order.write_into(&mut new_payload);
+        Some(Stamped {
+            datagram: header.encode(&new_payload),
+            key,
+            stamp: self.next_stamp,
+        })
+    }
+
+    /// The keyed write (session, seq) to `key` was logged: later writes and reads follow it.
+    pub(super) fn logged(&mut self, key: Vec<u8>, session_id: u64, seq: u32, stamp: u64) {
+        if let Some((session, seq, _)) = self.latest.insert(key.clone(), (session_id, seq, stamp)) {
+            self.keys.remove(&(session, seq));
+        }
+        self.keys.insert((session_id, seq), key);
+    }
+
+    /// The server acknowledged (session, seq): if it is its key's latest, the key is free.
+    pub(super) fn acked(&mut self, session_id: u64, seq: u32) {
+        if let Some(key) = self.keys.remove(&(session_id, seq)) {
+            if self
+                .latest
+                .get(&key)
+                .is_some_and(|&(session, number, _)| (session, number) == (session_id, seq))
+            {
+                self.latest.remove(&key);
+            }
+        }
+    }
+
+    /// A keyed write found in the log at start-up (its first fragment): the latest stamp of
+    /// each key is its latest write, and new stamps continue after the highest.
+    pub(super) fn recovered(&mut self, header: &Header, packet: &[u8]) {
+        if !header.has_flag(KEYED) || header.fragment_index != 0 {
+            return;
+        }
+        let Some(Ok((descriptor, _))) = packet
+            .get(pmnet_wire::HEADER_LEN..)
+            .map(WriteDescriptor::parse)
+        else {
+            return;
+        };
+        let stamp = descriptor.order.stamp;
+        self.next_stamp = self.next_stamp.max(stamp);
+        let key = descriptor.key.to_vec();
+        let newer = self
+            .latest
+            .get(&key)
+            .is_none_or(|&(_, _, latest)| latest < stamp);
+        if newer {
+            self.logged(key, header.session_id, header.seq, stamp);
+        }
+    }
+
+    /// Write into a cache read the keyed write to its key it must follow, if any. `None` when
+    /// there is none (forward it as it came) or the descriptor does not parse.
+    pub(super) fn order_read(&self, header: &Header, datagram: &[u8]) -> Option<Vec<u8>> {
+        let payload = datagram.get(pmnet_wire::HEADER_LEN..)?;
+        let (descriptor, _) = ReadDescriptor::parse(payload).ok()?;
+        let &(session, seq, _) = self.latest.get(descriptor.key)?;
+        let mut new_payload = payload.to_vec();
+        ReadDescriptor::write_after(&mut new_payload, session, seq);
+        Some(header.encode(&new_payload))
+    }
+
+    /// Keys with a keyed write in the log.
+    pub(super) fn len(&self) -> usize {
+        self.latest.len()
+    }
+}

@@ -101,3 +101,33 @@ fn a_noop_fill_is_recorded_by_the_store_without_effect() {
     assert_eq!(store.get(b"lost"), None);
     assert_eq!(store.get(b"later"), Some(&b"applied"[..]));
 }
+
+#[test]
+fn a_cache_read_sees_the_keyed_writes_acked_before_it_and_the_reader_s_own() {
+    // Without a cache in the device, cache reads are answered by the server: after every
+    // keyed write acked before the read was sent (another session's: the device names it),
+    // and after the reader's own earlier update (read-your-writes).
+    let mut world = World::new(2, Some(64)).with_kv_store(1 << 20);
+    world.run_for(Duration::from_millis(200));
+    let value = Reply::Value(b"v1".to_vec()).to_bytes();
+    let seq = world.keyed_update(0, b"k", Some(&value), &set("k", "v1"));
+    world.drive_until(100_000, |w| w.completion(0, seq).is_some());
+    let id = world.cache_read(1, b"k", &get("k"));
+    world.drive_until(100_000, |w| w.read_event(1, id).is_some());
+    let read = world.read_event(1, id).expect("answered").clone();
+    let (reply, from) = read.outcome.expect("a reply");
+    assert_eq!(Reply::decode(&reply).unwrap(), Reply::Value(b"v1".to_vec()));
+    assert_eq!(from, 0, "the server answered (no cache in the device)");
+    // The reader writes, then reads its own write at once.
+    let own = world.keyed_update(1, b"k", None, &set("k", "v2"));
+    let id = world.cache_read(1, b"k", &get("k"));
+    world.drive_until(100_000, |w| w.read_event(1, id).is_some());
+    assert!(world.completion(1, own).is_some());
+    let (reply, _) = world
+        .read_event(1, id)
+        .unwrap()
+        .outcome
+        .clone()
+        .expect("a reply");
+    assert_eq!(Reply::decode(&reply).unwrap(), Reply::Value(b"v2".to_vec()));
+}

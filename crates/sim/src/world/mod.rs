@@ -243,6 +243,45 @@ impl World {
         seq
     }
 
+    /// A keyed update of `key` (see `Client::keyed_update`).
+    pub fn keyed_update(
+        &mut self,
+        client: usize,
+        key: &[u8],
+        reply_after: Option<&[u8]>,
+        request: &[u8],
+    ) -> u32 {
+        let now = self.now;
+        let seq = self.clients[client]
+            .client
+            .keyed_update(now, key, reply_after, request)
+            .expect("keyed update accepted");
+        self.note(&format!("client{client}"), || {
+            format!("issue keyed Update seq={seq} ({} bytes)", request.len())
+        });
+        self.flush_outputs();
+        seq
+    }
+
+    /// A cache read of `key`; its outcome is in [`World::read_event`].
+    pub fn cache_read(&mut self, client: usize, key: &[u8], request: &[u8]) -> u32 {
+        let now = self.now;
+        let id = self.clients[client]
+            .client
+            .cache_read(now, key, request)
+            .expect("cache read accepted");
+        self.note(&format!("client{client}"), || {
+            format!("issue cache read id={id}")
+        });
+        self.flush_outputs();
+        id
+    }
+
+    /// How cache read `id` of client `client` ended, if it has.
+    pub fn read_event(&self, client: usize, id: u32) -> Option<&pmnet_proto::ReadEvent> {
+        self.clients[client].reads.iter().find(|read| read.id == id)
+    }
+
     pub fn bypass(&mut self, client: usize, payload: &[u8]) -> u32 {
         let now = self.now;
         let seq = self.clients[client]

@@ -306,6 +306,8 @@ impl ServerNode {
 pub struct ClientNode {
     pub client: Client,
     pub completed: Vec<ClientEvent>,
+    /// Cache reads that completed or failed, in order.
+    pub reads: Vec<pmnet_proto::ReadEvent>,
     /// The client went away for good (its process ended): it receives nothing and sends
     /// nothing more. `abandoned` are the requests it had in flight then, neither completed
     /// nor reported failed.
@@ -327,6 +329,7 @@ impl ClientNode {
         ClientNode {
             client: Client::new(ClientConfig::new(session_id, server_id, peer)),
             completed: Vec::new(),
+            reads: Vec::new(),
             gone: false,
             abandoned: Vec::new(),
         }

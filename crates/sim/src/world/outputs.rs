@@ -128,6 +128,9 @@ impl World {
             events.push(event.clone());
             node.completed.push(event);
         }
+        while let Some(read) = node.client.poll_read_event() {
+            node.reads.push(read);
+        }
         while let Some(transmit) = node.client.poll_transmit() {
             out.push(transmit);
         }

@@ -1,5 +1,9 @@
 //! The client side of one PMNet session.
 
+mod reads;
+
+pub use reads::ReadEvent;
+
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -154,6 +158,11 @@ pub struct ClientCounters {
     pub noop_fills_sent: u64,
     /// Notices from a device that it could not log a fragment.
     pub not_logged_notices: u64,
+    /// Cache reads started, answered (by anyone; by a device), and failed.
+    pub cache_reads_started: u64,
+    pub cache_replies_received: u64,
+    pub cache_reads_served_by_device: u64,
+    pub cache_reads_failed: u64,
 }
 
 impl ClientCounters {
@@ -191,6 +200,8 @@ struct InFlight {
 pub struct ClientLatency {
     pub pmnet_ack: LatencyHistogram,
     pub server_reply: LatencyHistogram,
+    /// Cache reads, to their reply (from a device or the server).
+    pub cache_read: LatencyHistogram,
 }
 
 impl ClientLatency {
@@ -198,6 +209,7 @@ impl ClientLatency {
     pub fn merge(&mut self, other: &ClientLatency) {
         self.pmnet_ack.merge(&other.pmnet_ack);
         self.server_reply.merge(&other.server_reply);
+        self.cache_read.merge(&other.cache_read);
     }
 }
 
@@ -221,6 +233,8 @@ pub struct Client {
     events: VecDeque<ClientEvent>,
     counters: ClientCounters,
     latency: ClientLatency,
+    /// Cache reads in flight (see `reads.rs`).
+    reads: reads::Reads,
 }
 
 impl Client {
@@ -240,6 +254,7 @@ impl Client {
             events: VecDeque::new(),
             counters: ClientCounters::default(),
             latency: ClientLatency::default(),
+            reads: reads::Reads::default(),
         }
     }
 
@@ -279,7 +294,8 @@ impl Client {
 
     /// Whether another request can start now.
     pub fn can_send(&self) -> bool {
-        self.in_flight.len() < self.config.window as usize && self.next_seq != u32::MAX
+        self.in_flight.len() + self.reads.len() < self.config.window as usize
+            && self.next_seq != u32::MAX
     }
 
     /// Start an update: completes on the PMNet-ACKs of every fragment or on the server's reply,
@@ -294,22 +310,33 @@ impl Client {
     }
 
     fn start(&mut self, now: Time, kind: RequestKind, payload: &[u8]) -> Result<u32, ClientError> {
+        self.start_with_flags(now, kind, payload, 0)
+    }
+
+    fn start_with_flags(
+        &mut self,
+        now: Time,
+        kind: RequestKind,
+        payload: &[u8],
+        header_flags: u16,
+    ) -> Result<u32, ClientError> {
         if self.next_seq == u32::MAX {
             return Err(ClientError::SessionExhausted);
         }
-        if self.in_flight.len() >= self.config.window as usize {
+        if self.in_flight.len() + self.reads.len() >= self.config.window as usize {
             return Err(ClientError::WindowFull);
         }
         if payload.len() > self.config.request_len_max {
             return Err(ClientError::TooLarge);
         }
         let seq = self.next_seq;
-        let header = Header::new(
+        let mut header = Header::new(
             kind.packet_type(),
             self.config.server_id,
             self.config.session_id,
             seq,
         );
+        header.flags |= header_flags;
         let fragments = encode_fragments(
             header,
             payload,
@@ -377,6 +404,9 @@ impl Client {
             PacketType::ServerAck => self.on_server_ack(now, &header, payload),
             PacketType::RetransmitRequest => self.on_retransmit_request(&header),
             PacketType::NotLogged => self.on_not_logged(&header, payload),
+            PacketType::Reserved(pmnet_wire::cache::CACHE_REPLY) => {
+                self.on_cache_reply(now, &header, payload)
+            }
             _ => self.counters.dropped.record(DropReason::UnexpectedType),
         }
     }
@@ -548,6 +578,7 @@ impl Client {
 
     /// Retransmit what timed out; fail requests that exhausted their retransmissions.
     pub fn handle_timeout(&mut self, now: Time) {
+        self.read_timeouts(now);
         let due: Vec<u32> = self
             .in_flight
             .iter()
@@ -604,6 +635,7 @@ impl Client {
         self.in_flight
             .values()
             .map(|request| request.deadline.min(request.expires))
+            .chain(self.reads.next_deadline())
             .min()
     }
 }

@@ -11,8 +11,12 @@
 //! The cache function in the device's pipeline, the controller and the order of writes to one
 //! key come next (docs/cache.md).
 
+pub mod function;
+pub mod sessions;
 pub mod stats;
 pub mod table;
+
+pub use function::{CacheConfig, CacheCounters, CacheFunction};
 
 pub use stats::{BloomFilter, CountMinSketch, HotKeys, StatsConfig, StatsConfigError};
 pub use table::{CacheTable, FetchTicket, TableConfig, TableCounters};

@@ -159,6 +159,17 @@ impl CacheTable {
         }
     }
 
+    /// A keyed write to `key` came in and is not yet acked by the log: until it is (or is
+    /// refused), the item is not served (its value is about to change).
+    pub fn on_write_received(&mut self, key: &[u8]) {
+        if self.fetching.remove(key).is_some() {
+            self.counters.fetches_voided += 1;
+        }
+        if let Some(item) = self.items.get_mut(key) {
+            item.reply = None;
+        }
+    }
+
     /// A keyed write to `key` went to its server without this device logging it.
     pub fn on_write_unlogged(&mut self, key: &[u8]) {
         if self.fetching.remove(key).is_some() {

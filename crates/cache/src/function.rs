@@ -1,0 +1,357 @@
+//! The read cache as an in-network function, in front of the log in a device's pipeline
+//! (`Stack<CacheFunction, Device>`), with its controller.
+//!
+//! - **Reads** (type `0x10`): a read of a key the table may serve, from a session whose earlier
+//!   requests are all accounted for ([`Sessions::may_serve`]), is answered here with a cache
+//!   reply (type `0x11`, this device's id). Any other read is a miss: counted in the query
+//!   statistics and passed on to the log function, which forwards it to the server (naming the
+//!   keyed write it must follow).
+//! - **Keyed writes**: seen on their way in (the item stops being served until the write is
+//!   acked), and in the log's output ([`NetworkFunction::on_sent`]): its PMNet-ACK makes the
+//!   write's reply-after the item's value (durable in this device's log), its not-logged notice
+//!   drops the item. Server-ACKs, passing through, move items on. A keyed write in several
+//!   fragments drops its key (only one-fragment values are cached).
+//! - **The controller** runs on this function's timer, never per packet: each interval it takes
+//!   the hot keys the statistics reported and admits at most `inserts_per_interval` of them;
+//!   the next miss of an admitted key fetches it: the read goes to the server as any miss does
+//!   (the log names the keyed write it must follow, so the server answers after every write the
+//!   device acked), and its answer, passing back, is inserted unless a write to the key came in
+//!   the meantime, evicting the least hit item when the table is full. Then a new interval
+//!   starts (statistics and hit counts reset).
+//!
+//! Nothing here is persistent: a restarted device starts with an empty cache.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pmnet_proto::{NetworkFunction, PersistBatch, Time, Transmit, Verdict};
+use pmnet_wire::cache::{ReadDescriptor, WriteDescriptor, CACHE_READ, CACHE_REPLY, KEYED};
+use pmnet_wire::{Header, PacketType};
+
+use crate::sessions::Sessions;
+use crate::stats::{HotKeys, StatsConfig, StatsConfigError};
+use crate::table::{CacheTable, FetchTicket, TableConfig};
+
+/// Settings of a device's cache.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheConfig {
+    pub table: TableConfig,
+    pub stats: StatsConfig,
+    /// This device's id (named in the replies it gives).
+    pub device_id: u16,
+    /// How often the controller runs (and the statistics start a new interval).
+    pub interval: Duration,
+    /// Items the controller inserts per interval at most.
+    pub inserts_per_interval: usize,
+    /// A fetch unanswered this long is abandoned.
+    pub fetch_timeout: Duration,
+    /// No fetch starts this long after the cache starts: a read a client sent before (to a
+    /// device that restarted since) may still be answered, on a state older than what this
+    /// device acked. At least the clients' longest request lifetime.
+    pub fetch_warmup: Duration,
+}
+
+impl CacheConfig {
+    pub fn new(device_id: u16) -> CacheConfig {
+        CacheConfig {
+            table: TableConfig::default(),
+            stats: StatsConfig::default(),
+            device_id,
+            interval: Duration::from_millis(100),
+            inserts_per_interval: 256,
+            fetch_timeout: Duration::from_millis(500),
+            fetch_warmup: Duration::from_millis(pmnet_wire::MAX_REQUEST_LIFETIME_MS),
+        }
+    }
+}
+
+/// What the cache function counted (the table's counters are in [`CacheTable::counters`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheCounters {
+    pub reads: u64,
+    pub served: u64,
+    pub passed_on: u64,
+    /// Misses because the reading session's earlier requests were not all accounted for.
+    pub not_yet_servable: u64,
+    pub keyed_writes_seen: u64,
+    pub fetches_sent: u64,
+    pub fetches_inserted: u64,
+    pub fetches_abandoned: u64,
+    pub intervals: u64,
+}
+
+/// A miss passed on to the server: its read-after, and the fetch it carries, if its key was
+/// admitted (key, ticket, when).
+#[derive(Debug)]
+struct Miss {
+    read_after: u32,
+    fetch: Option<(Vec<u8>, FetchTicket, Time)>,
+}
+
+/// A keyed write on its way in: its key and the reply after it.
+type SeenWrite = (Vec<u8>, Option<Vec<u8>>);
+
+/// The read cache of one device.
+#[derive(Debug)]
+pub struct CacheFunction {
+    config: CacheConfig,
+    pub table: CacheTable,
+    pub hot: HotKeys,
+    sessions: Sessions,
+    /// Keyed writes seen on their way in and not yet acked or refused by the log:
+    /// (session, seq) → (key, reply after).
+    writes: HashMap<(u64, u32), SeenWrite>,
+    /// Hot keys the controller admitted: their next miss fetches them.
+    wanted: std::collections::HashSet<Vec<u8>>,
+    /// Misses passed on, by (session, read id).
+    misses: HashMap<(u64, u32), Miss>,
+    next_interval: Option<Time>,
+    /// When the cache saw its first datagram (fetches wait for `fetch_warmup` after it).
+    started: Option<Time>,
+    transmits: std::collections::VecDeque<Transmit>,
+    pub counters: CacheCounters,
+}
+
+/// Keyed writes tracked on their way in at most (beyond, their keys are dropped instead).
+const WRITES_MAX: usize = 65_536;
+/// Misses remembered at most.
+const MISSES_MAX: usize = 65_536;
+
+impl CacheFunction {
+    pub fn new(config: CacheConfig) -> Result<CacheFunction, StatsConfigError> {
+        Ok(CacheFunction {
+            table: CacheTable::new(config.table),
+            hot: HotKeys::new(config.stats)?,
+            sessions: Sessions::default(),
+            writes: HashMap::new(),
+            wanted: std::collections::HashSet::new(),
+            misses: HashMap::new(),
+            next_interval: None,
+            started: None,
+            transmits: std::collections::VecDeque::new(),
+            counters: CacheCounters::default(),
+            config,
+        })
+    }
+
+    fn on_read(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) -> Verdict {
+        let Ok((read, _)) = ReadDescriptor::parse(payload) else {
+            return Verdict::Pass; // the log counts and forwards what it can
+        };
+        self.counters.reads += 1;
+        self.next_interval.get_or_insert(now + self.config.interval);
+        if !self.sessions.may_serve(header.session_id, read.read_after) {
+            self.counters.not_yet_servable += 1;
+            self.pass_miss(now, header, read.read_after, None);
+            return Verdict::Pass;
+        }
+        if let Some(reply) = self.table.lookup(read.key) {
+            let mut answer = Header::new(
+                PacketType::Reserved(CACHE_REPLY),
+                header.server_id,
+                header.session_id,
+                header.seq,
+            );
+            answer.device_id = self.config.device_id;
+            let bytes = answer.encode(reply);
+            self.counters.served += 1;
+            self.transmits.push_back(Transmit {
+                destination: from,
+                bytes: pmnet_wire::to_sendable(&bytes),
+            });
+            return Verdict::Consumed;
+        }
+        self.hot.record_miss(read.key);
+        // Only the first transmission of a read this device sees carries a fetch: the answer
+        // to an earlier transmission (with an older order) must never be taken for it.
+        let first_seen = !self.misses.contains_key(&(header.session_id, header.seq));
+        let warm = self
+            .started
+            .is_some_and(|at| now.saturating_duration_since(at) >= self.config.fetch_warmup);
+        let fetch = if first_seen && warm && self.wanted.remove(read.key) {
+            self.table
+                .begin_fetch(read.key)
+                .map(|ticket| (read.key.to_vec(), ticket, now))
+        } else {
+            None
+        };
+        self.pass_miss(now, header, read.read_after, fetch);
+        Verdict::Pass
+    }
+
+    fn pass_miss(
+        &mut self,
+        _now: Time,
+        header: &Header,
+        read_after: u32,
+        fetch: Option<(Vec<u8>, FetchTicket, Time)>,
+    ) {
+        self.counters.passed_on += 1;
+        if fetch.is_some() {
+            self.counters.fetches_sent += 1;
+        }
+        if self.misses.len() >= MISSES_MAX {
+            for (_, miss) in self.misses.drain() {
+                if let Some((key, ticket, _)) = miss.fetch {
+                    self.table.abandon_fetch(&key, ticket);
+                }
+            }
+        }
+        // A retransmitted read keeps what its first transmission recorded.
+        self.misses
+            .entry((header.session_id, header.seq))
+            .or_insert(Miss { read_after, fetch });
+    }
+
+    /// A cache reply from a server passing through: a fetch's answer, or a miss's, which
+    /// vouches that its session's requests up to its read-after are applied.
+    fn on_reply(&mut self, header: &Header, payload: &[u8]) -> Verdict {
+        if header.device_id != 0 {
+            return Verdict::Pass;
+        }
+        let Some(miss) = self.misses.remove(&(header.session_id, header.seq)) else {
+            return Verdict::Pass;
+        };
+        self.sessions
+            .applied_through(header.session_id, miss.read_after);
+        if let Some((key, ticket, _)) = miss.fetch {
+            if header.fragment_count == 1 && self.table.complete_fetch(&key, ticket, payload) {
+                self.counters.fetches_inserted += 1;
+            } else {
+                self.table.abandon_fetch(&key, ticket);
+            }
+        }
+        Verdict::Pass
+    }
+
+    fn on_update(&mut self, header: &Header, payload: &[u8]) {
+        let keyed = header.has_flag(KEYED);
+        if !keyed {
+            self.sessions.passed(header.session_id, header.seq, false);
+            return;
+        }
+        if header.fragment_index != 0 {
+            return;
+        }
+        let Ok((descriptor, _)) = WriteDescriptor::parse(payload) else {
+            self.sessions.passed(header.session_id, header.seq, false);
+            return;
+        };
+        if !self.sessions.passed(header.session_id, header.seq, true) {
+            return; // a duplicate: it changes nothing it has not changed already
+        }
+        self.counters.keyed_writes_seen += 1;
+        let key = descriptor.key;
+        if header.fragment_count != 1 || self.writes.len() >= WRITES_MAX {
+            self.table.on_write_unlogged(key);
+            self.sessions.settled(header.session_id, header.seq);
+            return;
+        }
+        self.table.on_write_received(key);
+        self.writes.insert(
+            (header.session_id, header.seq),
+            (key.to_vec(), descriptor.reply_after.map(<[u8]>::to_vec)),
+        );
+    }
+
+    /// The controller's turn: abandon fetches that went unanswered, admit the hot keys
+    /// reported, start a new interval.
+    fn run_controller(&mut self, now: Time) {
+        self.counters.intervals += 1;
+        let timeout = self.config.fetch_timeout;
+        for miss in self.misses.values_mut() {
+            let stale = miss
+                .fetch
+                .as_ref()
+                .is_some_and(|(_, _, at)| now.saturating_duration_since(*at) >= timeout);
+            if stale {
+                let (key, ticket, _) = miss.fetch.take().expect("checked");
+                self.table.abandon_fetch(&key, ticket);
+                self.counters.fetches_abandoned += 1;
+            }
+        }
+        self.wanted.clear();
+        for key in self
+            .hot
+            .take_reports()
+            .into_iter()
+            .filter(|key| !self.table.contains(key))
+            .take(self.config.inserts_per_interval)
+        {
+            self.wanted.insert(key);
+        }
+        self.hot.reset();
+        self.table.reset_hits();
+    }
+}
+
+impl NetworkFunction for CacheFunction {
+    type Work = std::convert::Infallible;
+
+    fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {
+        let payload = datagram.get(pmnet_wire::HEADER_LEN..).unwrap_or_default();
+        self.started.get_or_insert(now);
+        match header.packet_type {
+            PacketType::Reserved(CACHE_READ) => self.on_read(now, from, header, payload),
+            PacketType::Reserved(CACHE_REPLY) => self.on_reply(header, payload),
+            PacketType::UpdateRequest => {
+                self.on_update(header, payload);
+                Verdict::Pass
+            }
+            PacketType::BypassRequest => {
+                self.sessions.passed(header.session_id, header.seq, false);
+                Verdict::Pass
+            }
+            PacketType::ServerAck => {
+                self.table.on_server_ack(header.session_id, header.seq);
+                Verdict::Pass
+            }
+            _ => Verdict::Pass,
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Time) {
+        if self.next_interval.is_some_and(|at| at <= now) {
+            self.run_controller(now);
+            self.next_interval = Some(now + self.config.interval);
+        }
+    }
+
+    fn on_persisted(&mut self, _now: Time, _through: u64) {}
+
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    fn poll_persist(&mut self) -> Option<PersistBatch<Self::Work>> {
+        None
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        self.next_interval
+    }
+
+    /// The log's output: a PMNet-ACK settles a keyed write (its reply-after becomes the
+    /// item's value), a not-logged notice drops its key.
+    fn on_sent(&mut self, transmit: &Transmit) {
+        let Ok((header, _)) = Header::parse(&transmit.bytes) else {
+            return;
+        };
+        let acked = match header.packet_type {
+            PacketType::PmnetAck => true,
+            PacketType::NotLogged => false,
+            _ => return,
+        };
+        let Some((key, reply_after)) = self.writes.remove(&(header.session_id, header.seq)) else {
+            return;
+        };
+        if acked {
+            self.table
+                .on_write_acked(header.session_id, header.seq, &key, reply_after.as_deref());
+        } else {
+            self.table.on_write_unlogged(&key);
+        }
+        self.sessions.settled(header.session_id, header.seq);
+    }
+}

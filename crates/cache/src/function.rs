@@ -271,7 +271,11 @@ impl CacheFunction {
                 self.counters.fetches_abandoned += 1;
             }
         }
-        self.wanted.clear();
+        // Admitted keys wait for their next miss across intervals; a backlog of keys nobody
+        // reads again is dropped whole rather than grown.
+        if self.wanted.len() >= 4 * self.config.inserts_per_interval.max(1) {
+            self.wanted.clear();
+        }
         for key in self
             .hot
             .take_reports()
@@ -300,6 +304,14 @@ impl NetworkFunction for CacheFunction {
                 Verdict::Pass
             }
             PacketType::BypassRequest => {
+                // A keyed bypass writes its key with a reply only the server knows: the item
+                // goes (and any fetch of it), and the key's next fetch is ordered after it.
+                if header.has_flag(KEYED) && header.fragment_index == 0 {
+                    if let Ok((descriptor, _)) = WriteDescriptor::parse(payload) {
+                        self.counters.keyed_writes_seen += 1;
+                        self.table.on_write_unlogged(descriptor.key);
+                    }
+                }
                 self.sessions.passed(header.session_id, header.seq, false);
                 Verdict::Pass
             }
@@ -330,6 +342,64 @@ impl NetworkFunction for CacheFunction {
 
     fn poll_timeout(&self) -> Option<Time> {
         self.next_interval
+    }
+
+    fn counter_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
+        let c = &self.counters;
+        let t = &self.table.counters;
+        vec![
+            (
+                "pmnet_cache_reads_total",
+                "Cache reads that reached the device.",
+                c.reads,
+            ),
+            (
+                "pmnet_cache_hits_total",
+                "Cache reads answered by the device.",
+                c.served,
+            ),
+            (
+                "pmnet_cache_misses_total",
+                "Cache reads passed on to their server.",
+                c.passed_on,
+            ),
+            (
+                "pmnet_cache_not_yet_servable_total",
+                "Misses because the reading session's earlier requests were not all accounted for.",
+                c.not_yet_servable,
+            ),
+            (
+                "pmnet_cache_keyed_writes_total",
+                "Keyed writes seen.",
+                c.keyed_writes_seen,
+            ),
+            (
+                "pmnet_cache_fetches_total",
+                "Hot keys fetched (on their next miss).",
+                c.fetches_sent,
+            ),
+            ("pmnet_cache_inserts_total", "Items inserted.", t.inserts),
+            (
+                "pmnet_cache_evictions_total",
+                "Items evicted (least hit).",
+                t.evictions,
+            ),
+            (
+                "pmnet_cache_invalidations_total",
+                "Items dropped by writes the device did not log, or by acks.",
+                t.invalidations,
+            ),
+            (
+                "pmnet_cache_fetches_voided_total",
+                "Fetches voided by a write.",
+                t.fetches_voided,
+            ),
+            (
+                "pmnet_cache_intervals_total",
+                "Controller turns.",
+                c.intervals,
+            ),
+        ]
     }
 
     /// The log's output: a PMNet-ACK settles a keyed write (its reply-after becomes the

@@ -194,10 +194,25 @@ fn execute(session: &mut ClientSession, command: &KvCommand) -> Result<String, C
         },
     };
     let payload = request.to_bytes();
-    let completion = if request.is_update() {
-        session.update(&payload)
-    } else {
-        session.bypass(&payload)
+    // Every write is keyed and every GET a cache read, so a device run with --cache can serve
+    // this key's reads and keep them coherent (docs/cache.md); without a cache the device
+    // forwards them and the server answers as before.
+    let completion = match command {
+        KvCommand::Set { key, value } => {
+            let after = Reply::Value(value.as_bytes().to_vec()).to_bytes();
+            session.keyed_update(key.as_bytes(), Some(&after), &payload)
+        }
+        KvCommand::Del { key } => {
+            let after = Reply::NotFound.to_bytes();
+            session.keyed_update(key.as_bytes(), Some(&after), &payload)
+        }
+        KvCommand::Incr { key, .. } => session.keyed_bypass(key.as_bytes(), &payload),
+        KvCommand::Get { key } => session
+            .cache_read(key.as_bytes(), &payload)
+            .map(|(reply, _)| Completion::Replied {
+                reply,
+                makeup: false,
+            }),
     }
     .map_err(|error| match error {
         ClientError::TimedOut => match session.peer_silence() {

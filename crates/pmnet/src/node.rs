@@ -200,6 +200,40 @@ pub struct DeviceArgs {
           value_parser = clap::value_parser!(u16).range(1..=pmnet_runtime::WORKERS_MAX as i64))]
     pub workers: u16,
 
+    /// Serve reads of hot keys from the device (the read cache, docs/cache.md): cache reads of
+    /// cached keys are answered here, kept coherent with the log; clients must send every write
+    /// to a key that may be cached as a keyed write (`pmnet client` and the Redis gateway do).
+    #[arg(long)]
+    pub cache: bool,
+
+    /// Keys the cache holds at most.
+    #[arg(long, value_name = "N", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub cache_items: u32,
+
+    /// Bytes of a cached value at most (with the reply's framing, 32 bytes more); larger
+    /// values are never cached.
+    #[arg(long, value_name = "BYTES", default_value_t = 128,
+          value_parser = clap::value_parser!(u32).range(1..=4_000))]
+    pub cache_value_max: u32,
+
+    /// Milliseconds between the cache controller's turns (hot keys admitted, statistics reset).
+    #[arg(long, value_name = "MS", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub cache_interval_ms: u64,
+
+    /// Misses of one key in an interval that make it hot (count-min sketch estimate).
+    #[arg(long, value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub cache_hot_threshold: u32,
+
+    /// Milliseconds after start before the cache fetches anything: a read sent before the
+    /// device (re)started may still be answered on an older state. Defaults to the clients'
+    /// longest request lifetime; 0 only for a device whose clients are all new.
+    #[arg(long, value_name = "MS", default_value_t = pmnet_wire::MAX_REQUEST_LIFETIME_MS,
+          value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    pub cache_fetch_warmup_ms: u64,
+
     #[command(flatten)]
     pub medium: MediumArgs,
 
@@ -397,7 +431,13 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
         let worker = options
             .for_worker(index, online)
             .map_err(|error| format!("--workers {}: {error}", args.workers))?;
-        devices.push(DeviceRuntime::open(worker, shutdown.clone())?);
+        let device = if args.cache {
+            let id = worker.device_id;
+            DeviceRuntime::open_with_front(worker, shutdown.clone(), Box::new(cache(&args, id)?))?
+        } else {
+            DeviceRuntime::open(worker, shutdown.clone())?
+        };
+        devices.push(device);
     }
     let servers: Vec<String> = args
         .servers
@@ -441,6 +481,14 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
         }
     }
     lines.push(format!("  medium: {}", devices[0].startup().medium_text()));
+    if args.cache {
+        lines.push(format!(
+            "  cache: on ({} keys, values up to {} bytes, hot after {} misses in {} ms;              volatile: starts empty)",
+            args.cache_items, args.cache_value_max, args.cache_hot_threshold, args.cache_interval_ms
+        ));
+    } else {
+        lines.push("  cache: off".to_owned());
+    }
     lines.push(format!("  traffic: {traffic}"));
     if let Some(addr) = first.forward {
         lines.push(format!("  forward (no logging) on {addr}"));
@@ -569,4 +617,16 @@ mod tests {
             .contains("HOST:PORT"));
         assert_eq!(parse_server("2=localhost:7500").unwrap().1.port(), 7500);
     }
+}
+
+/// The read cache `pmnet device --cache` puts in front of the log of device `device_id`.
+fn cache(args: &DeviceArgs, device_id: u16) -> Result<pmnet_cache::CacheFunction, CliError> {
+    let mut config = pmnet_cache::CacheConfig::new(device_id);
+    config.table.items_max = args.cache_items as usize;
+    config.table.reply_max = args.cache_value_max as usize + 32;
+    config.interval = Duration::from_millis(args.cache_interval_ms);
+    config.stats.threshold = args.cache_hot_threshold;
+    config.fetch_warmup = Duration::from_millis(args.cache_fetch_warmup_ms);
+    pmnet_cache::CacheFunction::new(config)
+        .map_err(|error| CliError::from(format!("the read cache's statistics: {error}")))
 }

@@ -286,8 +286,10 @@ fn bad_datagrams_are_counted_by_reason_and_dropped() {
             "bad_checksum",
             edited(&|d| *d.last_mut().unwrap() ^= 1, false),
         ),
-        // 0x10: reserved for the read cache.
-        ("unknown_type", edited(&|d| d[3] = 0x10, true)),
+        // 0x1F: in the read cache's range, not assigned.
+        ("unknown_type", edited(&|d| d[3] = 0x1F, true)),
+        // 0x10, a cache read, whose payload is no read descriptor.
+        ("bad_cache_read", edited(&|d| d[3] = 0x10, true)),
         ("bad_fragment", edited(&|d| d[22..24].fill(0), true)),
         ("unknown_server", update_datagram(9, 1)),
         // A server-ACK from the client's address, not from the server it names.

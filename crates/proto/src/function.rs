@@ -63,6 +63,11 @@ pub trait NetworkFunction {
     /// everything the back one sends (a read cache in front of the log learns from the log's
     /// PMNet-ACKs which updates are durable). Nothing by default.
     fn on_sent(&mut self, _transmit: &Transmit) {}
+
+    /// The function's counters for a metrics endpoint: (name, help, value). None by default.
+    fn counter_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
+        Vec::new()
+    }
 }
 
 /// Carries out persistence work of type `W`: all of it durable when `persist` returns.
@@ -479,6 +484,9 @@ impl<F: NetworkFunction + ?Sized> NetworkFunction for Box<F> {
     fn on_sent(&mut self, transmit: &Transmit) {
         (**self).on_sent(transmit)
     }
+    fn counter_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
+        (**self).counter_samples()
+    }
 }
 
 /// A function that sits in front of a device's log and persists nothing of its own (a read
@@ -496,6 +504,11 @@ impl DevicePipeline {
     /// A pipeline of `front` and then `device`.
     pub fn with_front(front: Box<dyn FrontFunction>, device: crate::Device) -> DevicePipeline {
         Pipeline::new(Stack::new(front, device))
+    }
+
+    /// The front function's counters (see [`NetworkFunction::counter_samples`]).
+    pub fn front_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
+        self.functions.front.counter_samples()
     }
 
     /// The log function.

@@ -16,6 +16,9 @@ use crate::wait::{Clock, PollFd, WaitMode};
 /// requests fits.
 const CLIENT_MAX_QUEUED: usize = 4096;
 
+/// Cache reads that ended and were not yet taken, kept at most.
+const READ_EVENTS_KEPT: usize = 1024;
+
 /// How to open a session.
 #[derive(Debug, Clone)]
 pub struct SessionOptions {
@@ -88,6 +91,8 @@ pub struct ClientSession {
     wait: WaitMode,
     /// Events taken from the state machine but not yet handed to the caller.
     events: VecDeque<ClientEvent>,
+    /// Cache reads that ended, not yet taken (see [`ClientSession::cache_read`]).
+    read_events: VecDeque<pmnet_proto::ReadEvent>,
     /// Whether the peer answers.
     watch: PeerWatch,
     /// `client{session=..}`: the session's events carry it.
@@ -122,6 +127,7 @@ impl ClientSession {
             socket,
             wait: options.wait,
             events: VecDeque::new(),
+            read_events: VecDeque::new(),
             watch,
             span: tracing::info_span!("client", session = session_id),
         })
@@ -221,21 +227,74 @@ impl ClientSession {
             if busy {
                 continue;
             }
-            let mut timeout = MAX_SLEEP;
-            if let Some(at) = self.client.poll_timeout() {
-                timeout = timeout.min(self.clock.until(at));
+            self.wait_idle(wall, deadline);
+        }
+    }
+
+    /// Wait for the socket or the next timer (or `deadline`).
+    fn wait_idle(&mut self, wall: Instant, deadline: Option<Instant>) {
+        let mut timeout = MAX_SLEEP;
+        if let Some(at) = self.client.poll_timeout() {
+            timeout = timeout.min(self.clock.until(at));
+        }
+        if let Some(deadline) = deadline {
+            timeout = timeout.min(deadline.saturating_duration_since(wall));
+        }
+        let mut fds = [PollFd::new(
+            self.socket.raw_fd(),
+            true,
+            self.socket.is_write_blocked(),
+        )];
+        if wait_once(self.wait, &mut fds, timeout).is_err() {
+            std::thread::sleep(timeout.min(Duration::from_millis(1)));
+        }
+    }
+
+    /// Send a keyed update of `key` (the read cache's: `reply_after` is what a read of the key
+    /// answers once it is applied) and wait for its completion.
+    pub fn keyed_update(
+        &mut self,
+        key: &[u8],
+        reply_after: Option<&[u8]>,
+        payload: &[u8],
+    ) -> Result<Completion, ClientError> {
+        let seq = self
+            .client
+            .keyed_update(self.clock.now(), key, reply_after, payload)?;
+        self.send_pending();
+        self.wait_for(seq)
+    }
+
+    /// Send a keyed bypass request of `key` (a write whose reply only the server gives) and
+    /// wait for the server's reply.
+    pub fn keyed_bypass(&mut self, key: &[u8], payload: &[u8]) -> Result<Completion, ClientError> {
+        let seq = self.client.keyed_bypass(self.clock.now(), key, payload)?;
+        self.send_pending();
+        self.wait_for(seq)
+    }
+
+    /// Send a cache read of `key` and wait for its reply: `(reply, device id)`, the id 0 when
+    /// the server answered.
+    pub fn cache_read(
+        &mut self,
+        key: &[u8],
+        payload: &[u8],
+    ) -> Result<(Vec<u8>, u16), ClientError> {
+        let id = self.client.cache_read(self.clock.now(), key, payload)?;
+        self.send_pending();
+        loop {
+            if let Some(at) = self.read_events.iter().position(|read| read.id == id) {
+                let read = self.read_events.remove(at).expect("found");
+                return read.outcome;
             }
-            if let Some(deadline) = deadline {
-                timeout = timeout.min(deadline.saturating_duration_since(wall));
+            // The state machine ends every read (answered, or failed after its bounded
+            // retransmissions), so this loop ends.
+            if self.poll_once() {
+                continue;
             }
-            let mut fds = [PollFd::new(
-                self.socket.raw_fd(),
-                true,
-                self.socket.is_write_blocked(),
-            )];
-            if wait_once(self.wait, &mut fds, timeout).is_err() {
-                std::thread::sleep(timeout.min(Duration::from_millis(1)));
-            }
+            let wall = Instant::now();
+            self.watch.check(wall);
+            self.wait_idle(wall, None);
         }
     }
 
@@ -325,6 +384,13 @@ impl ClientSession {
                 );
             }
             self.events.push_back(event);
+        }
+        while let Some(read) = self.client.poll_read_event() {
+            busy = true;
+            if self.read_events.len() >= READ_EVENTS_KEPT {
+                self.read_events.pop_front();
+            }
+            self.read_events.push_back(read);
         }
         busy
     }

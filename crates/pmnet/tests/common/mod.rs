@@ -397,6 +397,8 @@ pub struct Cluster {
     pub device_rejected_slots: u64,
     /// The server's `--engine`; `None` runs the default.
     pub engine: Option<&'static str>,
+    /// Options every start of the device gets besides the usual.
+    pub device_extra: Vec<String>,
 }
 
 impl Cluster {
@@ -406,8 +408,18 @@ impl Cluster {
         Cluster::start_with_engine(None)
     }
 
+    /// [`Cluster::start`] with these options for the device besides the usual.
+    #[allow(dead_code)] // not every test binary uses it
+    pub fn start_with_device_options(options: &[&str]) -> Cluster {
+        Cluster::start_with(None, options)
+    }
+
     /// [`Cluster::start`] with the server's `--engine` (`kv`, `packet`, `conventional`).
     pub fn start_with_engine(engine: Option<&'static str>) -> Cluster {
+        Cluster::start_with(engine, &[])
+    }
+
+    fn start_with(engine: Option<&'static str>, device_options: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().expect("temporary directory");
         let device_addr = free_udp_addr();
         let mut cluster = Cluster {
@@ -421,6 +433,10 @@ impl Cluster {
             device_recovered_entries: 0,
             device_rejected_slots: 0,
             engine,
+            device_extra: device_options
+                .iter()
+                .map(|option| option.to_string())
+                .collect(),
         };
         cluster.start_server();
         cluster.start_device();
@@ -454,10 +470,11 @@ impl Cluster {
     pub fn start_device(&mut self) {
         assert!(self.device.is_none(), "the device is running");
         self.device_starts += 1;
-        let node = Node::start(
-            &format!("device (start {})", self.device_starts),
-            device_args(self.device_addr, self.server_addr, &self.log_file()),
-        );
+        let node = Node::start(&format!("device (start {})", self.device_starts), {
+            let mut args = device_args(self.device_addr, self.server_addr, &self.log_file());
+            args.extend(self.device_extra.iter().cloned());
+            args
+        });
         assert_eq!(node.addr, self.device_addr);
         // "  log: PATH (N slots of B bytes; reopened; E entries recovered and resent, R torn
         // or corrupt slots rejected)"

@@ -89,6 +89,29 @@ impl Client {
         self.start_with_flags(now, RequestKind::Update, &payload, KEYED)
     }
 
+    /// Start a keyed bypass request of `key`: a write whose reply only the server can give
+    /// (an increment): it completes on the server's reply, and a device's cache drops the key
+    /// (and orders its next fetch after it).
+    pub fn keyed_bypass(
+        &mut self,
+        now: Time,
+        key: &[u8],
+        request: &[u8],
+    ) -> Result<u32, ClientError> {
+        if key.is_empty() || key.len() > usize::from(u8::MAX) {
+            return Err(ClientError::TooLarge);
+        }
+        let descriptor = WriteDescriptor {
+            order: WriteOrder::default(),
+            key,
+            reply_after: None,
+        };
+        let mut payload = Vec::with_capacity(descriptor.len() + request.len());
+        descriptor.emit(&mut payload);
+        payload.extend_from_slice(request);
+        self.start_with_flags(now, RequestKind::Bypass, &payload, KEYED)
+    }
+
     /// Start a cache read of `key` (`request`: the application's read of it). Returns the
     /// read's id; its outcome comes from [`Client::poll_read_event`].
     pub fn cache_read(

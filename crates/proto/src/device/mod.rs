@@ -492,7 +492,24 @@ impl Device {
             PacketType::BypassRequest => {
                 self.remember_client(header.session_id, from, datagram.len());
                 self.counters.bypass_forwarded += 1;
-                self.send(server, pmnet_wire::to_sendable(datagram));
+                // A keyed bypass (a write whose reply the server gives, such as an INCR) is
+                // ordered among the key's writes like a logged one, though not logged.
+                match self.keyed.stamp(header, datagram) {
+                    Some(stamped) => {
+                        self.counters.keyed_writes_ordered += 1;
+                        let bytes = pmnet_wire::to_sendable(&stamped.datagram);
+                        self.keyed.logged(
+                            stamped.key,
+                            header.session_id,
+                            header.seq,
+                            stamped.stamp,
+                        );
+                        self.send(server, bytes);
+                    }
+                    None => {
+                        self.send(server, pmnet_wire::to_sendable(datagram));
+                    }
+                }
             }
             PacketType::ServerAck
             | PacketType::RetransmitRequest
@@ -543,6 +560,12 @@ impl Device {
                 }
                 None => self.count_drop(DropReason::NoClientRoute),
             }
+            return;
+        }
+        let payload = &datagram[pmnet_wire::HEADER_LEN..];
+        if header.fragment_count != 1 || pmnet_wire::cache::ReadDescriptor::parse(payload).is_err()
+        {
+            self.count_drop(DropReason::BadCacheRead);
             return;
         }
         self.remember_client(header.session_id, from, datagram.len());

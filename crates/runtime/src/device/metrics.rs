@@ -141,6 +141,9 @@ impl DeviceRuntime {
         let mut out = Metrics::new();
         self.log_gauges(&mut out);
         device_counter_metrics(&mut out, "pmnet", &self.pipeline);
+        for (name, help, value) in self.pipeline.front_samples() {
+            out.counter(name, help, &[], value);
+        }
         out.histogram(
             "pmnet_device_log_entry_residency_seconds",
             "Time a log entry stayed in the log: from logging and forwarding the update to its \

@@ -1,0 +1,75 @@
+//! The read cache in a real device (`pmnet device --cache`), with `pmnet client` (which sends
+//! every write keyed and every GET as a cache read): a hot key is served by the device, and a
+//! read returns the latest acknowledged value after a write, after a server restart and after
+//! a device restart (which empties the cache).
+
+mod common;
+
+use common::{args, run_pmnet, Cluster};
+
+fn client(cluster: &Cluster, words: &[&str]) -> String {
+    let device = cluster.device_addr.to_string();
+    let mut all = vec!["client", "--device", device.as_str()];
+    all.extend_from_slice(words);
+    let (status, stdout, stderr) = run_pmnet(&args(&all), None);
+    assert!(status.success(), "{words:?}: {stdout}\n{stderr}");
+    stdout.trim().to_owned()
+}
+
+fn hits(cluster: &Cluster) -> f64 {
+    cluster
+        .device
+        .as_ref()
+        .expect("the device runs")
+        .metric("pmnet_cache_hits_total", "")
+        .unwrap_or(0.0)
+}
+
+/// Read `key` until the device serves it (hot after one miss, admitted every millisecond,
+/// fetched on the next miss), checking every answer on the way.
+fn read_until_cached(cluster: &Cluster, key: &str, expected: &str) {
+    let before = hits(cluster);
+    for _ in 0..50 {
+        assert_eq!(client(cluster, &["get", key]), expected);
+        if hits(cluster) > before {
+            return;
+        }
+    }
+    panic!("the device never served {key}");
+}
+
+#[test]
+fn a_cached_key_reads_the_latest_acknowledged_value_through_writes_and_restarts() {
+    let mut cluster = Cluster::start_with_device_options(&[
+        "--cache",
+        "--cache-hot-threshold",
+        "1",
+        "--cache-interval-ms",
+        "1",
+        // Every client here is new: nothing sent before the device started can come back.
+        "--cache-fetch-warmup-ms",
+        "0",
+    ]);
+    let banner = cluster.device.as_ref().unwrap().banner.join("\n");
+    assert!(banner.contains("cache: on"), "{banner}");
+    assert!(client(&cluster, &["set", "greeting", "hello"]).starts_with("OK"));
+    read_until_cached(&cluster, "greeting", "hello");
+    // A write to the cached key: the next read (served by the device) has the new value.
+    assert!(client(&cluster, &["set", "greeting", "bonjour"]).starts_with("OK"));
+    let served = hits(&cluster);
+    assert_eq!(client(&cluster, &["get", "greeting"]), "bonjour");
+    assert!(hits(&cluster) > served, "the device served the new value");
+    assert!(client(&cluster, &["del", "greeting"]).starts_with("OK"));
+    assert_eq!(client(&cluster, &["get", "greeting"]), "(not found)");
+    assert!(client(&cluster, &["set", "greeting", "hola"]).starts_with("OK"));
+    // The server restarts: the device's cache and log carry on.
+    cluster.stop_server();
+    cluster.start_server();
+    assert_eq!(client(&cluster, &["get", "greeting"]), "hola");
+    // The device restarts: its cache starts empty, reads go to the server.
+    cluster.stop_device();
+    cluster.start_device();
+    assert_eq!(client(&cluster, &["get", "greeting"]), "hola");
+    assert!(client(&cluster, &["incr", "counter", "5"]).contains('5'));
+    assert_eq!(client(&cluster, &["get", "counter"]), "5");
+}

@@ -596,6 +596,18 @@ pub(crate) fn parse_seconds_at_least(text: &str, minimum: f64) -> Result<f64, St
     Ok(seconds)
 }
 
+/// The read cache `pmnet device --cache` puts in front of the log of device `device_id`.
+fn cache(args: &DeviceArgs, device_id: u16) -> Result<pmnet_cache::CacheFunction, CliError> {
+    let mut config = pmnet_cache::CacheConfig::new(device_id);
+    config.table.items_max = args.cache_items as usize;
+    config.table.reply_max = args.cache_value_max as usize + 32;
+    config.interval = Duration::from_millis(args.cache_interval_ms);
+    config.stats.threshold = args.cache_hot_threshold;
+    config.fetch_warmup = Duration::from_millis(args.cache_fetch_warmup_ms);
+    pmnet_cache::CacheFunction::new(config)
+        .map_err(|error| CliError::from(format!("the read cache's statistics: {error}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -617,16 +629,4 @@ mod tests {
             .contains("HOST:PORT"));
         assert_eq!(parse_server("2=localhost:7500").unwrap().1.port(), 7500);
     }
-}
-
-/// The read cache `pmnet device --cache` puts in front of the log of device `device_id`.
-fn cache(args: &DeviceArgs, device_id: u16) -> Result<pmnet_cache::CacheFunction, CliError> {
-    let mut config = pmnet_cache::CacheConfig::new(device_id);
-    config.table.items_max = args.cache_items as usize;
-    config.table.reply_max = args.cache_value_max as usize + 32;
-    config.interval = Duration::from_millis(args.cache_interval_ms);
-    config.stats.threshold = args.cache_hot_threshold;
-    config.fetch_warmup = Duration::from_millis(args.cache_fetch_warmup_ms);
-    pmnet_cache::CacheFunction::new(config)
-        .map_err(|error| CliError::from(format!("the read cache's statistics: {error}")))
 }

@@ -11,18 +11,21 @@
 //!
 //! Bounded: a key is remembered only while a keyed write to it is in the log.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use pmnet_wire::cache::{ReadDescriptor, WriteDescriptor, WriteOrder, KEYED};
 use pmnet_wire::Header;
 
-/// The latest logged keyed write to each key not yet acknowledged by its server.
+/// The logged keyed writes to each key not yet acknowledged by their server, by stamp: the
+/// latest is the one later writes and reads follow. All of them are kept, not only the latest:
+/// a write resent after its server-ACK (a late duplicate, logged again) is acknowledged at once
+/// and must not take away the order of an older write still on its way.
 #[derive(Debug, Default)]
 pub(super) struct KeyedOrder {
-    /// Key → (session, seq, stamp).
-    latest: HashMap<Vec<u8>, (u64, u32, u64)>,
-    /// The key of each keyed write in `latest`, by (session, seq).
-    keys: HashMap<(u64, u32), Vec<u8>>,
+    /// Key → stamp → (session, seq).
+    unacked: HashMap<Vec<u8>, BTreeMap<u64, (u64, u32)>>,
+    /// The key and stamp of each write in `unacked`, by (session, seq).
+    keys: HashMap<(u64, u32), (Vec<u8>, u64)>,
     next_stamp: u64,
 }
 
@@ -44,10 +47,7 @@ impl KeyedOrder {
         let payload = datagram.get(pmnet_wire::HEADER_LEN..)?;
         let (descriptor, _) = WriteDescriptor::parse(payload).ok()?;
         let key = descriptor.key.to_vec();
-        let (after_session, after_seq) = self
-            .latest
-            .get(&key)
-            .map_or((0, 0), |&(session, seq, _)| (session, seq));
+        let (after_session, after_seq) = self.latest(&key).unwrap_or((0, 0));
         self.next_stamp += 1;
         let order = WriteOrder {
             after_session,
@@ -65,27 +65,42 @@ impl KeyedOrder {
 
     /// The keyed write (session, seq) to `key` was logged: later writes and reads follow it.
     pub(super) fn logged(&mut self, key: Vec<u8>, session_id: u64, seq: u32, stamp: u64) {
-        if let Some((session, seq, _)) = self.latest.insert(key.clone(), (session_id, seq, stamp)) {
-            self.keys.remove(&(session, seq));
+        if let Some((old_key, old_stamp)) = self.keys.remove(&(session_id, seq)) {
+            self.forget(&old_key, old_stamp);
         }
-        self.keys.insert((session_id, seq), key);
+        self.unacked
+            .entry(key.clone())
+            .or_default()
+            .insert(stamp, (session_id, seq));
+        self.keys.insert((session_id, seq), (key, stamp));
     }
 
-    /// The server acknowledged (session, seq): if it is its key's latest, the key is free.
-    pub(super) fn acked(&mut self, session_id: u64, seq: u32) {
-        if let Some(key) = self.keys.remove(&(session_id, seq)) {
-            if self
-                .latest
-                .get(&key)
-                .is_some_and(|&(session, number, _)| (session, number) == (session_id, seq))
-            {
-                self.latest.remove(&key);
+    /// The latest unacknowledged keyed write to `key`.
+    fn latest(&self, key: &[u8]) -> Option<(u64, u32)> {
+        self.unacked
+            .get(key)
+            .and_then(|writes| writes.last_key_value())
+            .map(|(_, &write)| write)
+    }
+
+    fn forget(&mut self, key: &[u8], stamp: u64) {
+        if let Some(writes) = self.unacked.get_mut(key) {
+            writes.remove(&stamp);
+            if writes.is_empty() {
+                self.unacked.remove(key);
             }
         }
     }
 
-    /// A keyed write found in the log at start-up (its first fragment): the latest stamp of
-    /// each key is its latest write, and new stamps continue after the highest.
+    /// The server acknowledged (session, seq): it no longer orders anything.
+    pub(super) fn acked(&mut self, session_id: u64, seq: u32) {
+        if let Some((key, stamp)) = self.keys.remove(&(session_id, seq)) {
+            self.forget(&key, stamp);
+        }
+    }
+
+    /// A keyed write found in the log at start-up (its first fragment): ordered by its stamp
+    /// among the key's writes, and new stamps continue after the highest.
     pub(super) fn recovered(&mut self, header: &Header, packet: &[u8]) {
         if !header.has_flag(KEYED) || header.fragment_index != 0 {
             return;
@@ -98,14 +113,12 @@ impl KeyedOrder {
         };
         let stamp = descriptor.order.stamp;
         self.next_stamp = self.next_stamp.max(stamp);
-        let key = descriptor.key.to_vec();
-        let newer = self
-            .latest
-            .get(&key)
-            .is_none_or(|&(_, _, latest)| latest < stamp);
-        if newer {
-            self.logged(key, header.session_id, header.seq, stamp);
-        }
+        self.logged(
+            descriptor.key.to_vec(),
+            header.session_id,
+            header.seq,
+            stamp,
+        );
     }
 
     /// Write into a cache read the keyed write to its key it must follow, if any. `None` when
@@ -113,7 +126,7 @@ impl KeyedOrder {
     pub(super) fn order_read(&self, header: &Header, datagram: &[u8]) -> Option<Vec<u8>> {
         let payload = datagram.get(pmnet_wire::HEADER_LEN..)?;
         let (descriptor, _) = ReadDescriptor::parse(payload).ok()?;
-        let &(session, seq, _) = self.latest.get(descriptor.key)?;
+        let (session, seq) = self.latest(descriptor.key)?;
         let mut new_payload = payload.to_vec();
         ReadDescriptor::write_after(&mut new_payload, session, seq);
         Some(header.encode(&new_payload))
@@ -121,6 +134,6 @@ impl KeyedOrder {
 
     /// Keys with a keyed write in the log.
     pub(super) fn len(&self) -> usize {
-        self.latest.len()
+        self.unacked.len()
     }
 }

@@ -483,7 +483,7 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
     lines.push(format!("  medium: {}", devices[0].startup().medium_text()));
     if args.cache {
         lines.push(format!(
-            "  cache: on ({} keys, values up to {} bytes, hot after {} misses in {} ms;              volatile: starts empty)",
+            "  cache: on ({} keys, values up to {} bytes, hot after {} misses in {} ms; volatile: starts empty)",
             args.cache_items, args.cache_value_max, args.cache_hot_threshold, args.cache_interval_ms
         ));
     } else {

@@ -90,7 +90,7 @@ struct Miss {
 }
 
 /// A keyed write on its way in: its key and the reply after it.
-type SeenWrite = (Vec<u8>, Option<Vec<u8>>);
+type SeenWrite = (Vec<u8>, Option<Vec<u8>>, u64);
 
 /// The read cache of one device.
 #[derive(Debug)]
@@ -107,6 +107,8 @@ pub struct CacheFunction {
     /// Misses passed on, by (session, read id).
     misses: HashMap<(u64, u32), Miss>,
     next_interval: Option<Time>,
+    /// Keyed writes received so far: the order of each (the log stamps them in this order).
+    writes_received: u64,
     /// When the cache saw its first datagram (fetches wait for `fetch_warmup` after it).
     started: Option<Time>,
     transmits: std::collections::VecDeque<Transmit>,
@@ -128,6 +130,7 @@ impl CacheFunction {
             wanted: std::collections::HashSet::new(),
             misses: HashMap::new(),
             next_interval: None,
+            writes_received: 0,
             started: None,
             transmits: std::collections::VecDeque::new(),
             counters: CacheCounters::default(),
@@ -216,7 +219,9 @@ impl CacheFunction {
         self.sessions
             .applied_through(header.session_id, miss.read_after);
         if let Some((key, ticket, _)) = miss.fetch {
-            if header.fragment_count == 1 && self.table.complete_fetch(&key, ticket, payload) {
+            let order = self.writes_received;
+            if header.fragment_count == 1 && self.table.complete_fetch(&key, ticket, payload, order)
+            {
                 self.counters.fetches_inserted += 1;
             } else {
                 self.table.abandon_fetch(&key, ticket);
@@ -248,10 +253,22 @@ impl CacheFunction {
             self.sessions.settled(header.session_id, header.seq);
             return;
         }
-        self.table.on_write_received(key);
+        if self
+            .table
+            .on_write_received(key, header.session_id, header.seq)
+        {
+            // Older than what the item holds: its ack changes nothing here.
+            self.sessions.settled(header.session_id, header.seq);
+            return;
+        }
+        self.writes_received += 1;
         self.writes.insert(
             (header.session_id, header.seq),
-            (key.to_vec(), descriptor.reply_after.map(<[u8]>::to_vec)),
+            (
+                key.to_vec(),
+                descriptor.reply_after.map(<[u8]>::to_vec),
+                self.writes_received,
+            ),
         );
     }
 
@@ -413,12 +430,18 @@ impl NetworkFunction for CacheFunction {
             PacketType::NotLogged => false,
             _ => return,
         };
-        let Some((key, reply_after)) = self.writes.remove(&(header.session_id, header.seq)) else {
+        let Some((key, reply_after, order)) = self.writes.remove(&(header.session_id, header.seq))
+        else {
             return;
         };
         if acked {
-            self.table
-                .on_write_acked(header.session_id, header.seq, &key, reply_after.as_deref());
+            self.table.on_write_acked(
+                header.session_id,
+                header.seq,
+                &key,
+                reply_after.as_deref(),
+                order,
+            );
         } else {
             self.table.on_write_unlogged(&key);
         }

@@ -21,6 +21,9 @@
 
 use std::collections::HashMap;
 
+/// Sessions whose writes to one item are remembered at most (see `Item::writers`).
+pub const WRITERS_MAX: usize = 64;
+
 /// The table's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TableConfig {
@@ -58,6 +61,13 @@ struct Item {
     reply: Option<Vec<u8>>,
     /// Logged keyed writes to the key whose server-ACK has not come back.
     waiting: u32,
+    /// The order (as the device received them) of the write whose reply this is, or of the
+    /// fetch: an ack of an older write, coming later, does not replace it.
+    order: u64,
+    /// The highest number of each session's writes to the key seen since the item was made
+    /// (at most [`WRITERS_MAX`] sessions; beyond, the item goes): a session's write that comes
+    /// in after a later write of its own to the key is older than it, whatever the order.
+    writers: HashMap<u64, u32>,
     /// Reads served since the last [`CacheTable::reset_hits`].
     hits: u64,
 }
@@ -128,13 +138,16 @@ impl CacheTable {
         }
     }
 
-    /// Keyed write `(session, seq)` to `key` is durable in this device's log and acked.
+    /// Keyed write `(session, seq)` to `key`, the `order`-th the device received, is durable
+    /// in this device's log and acked. Acks may come out of the order the writes came in (a
+    /// later write's log batch first): only a write newer than the item's value replaces it.
     pub fn on_write_acked(
         &mut self,
         session: u64,
         seq: u32,
         key: &[u8],
         reply_after: Option<&[u8]>,
+        order: u64,
     ) {
         if self.fetching.remove(key).is_some() {
             self.counters.fetches_voided += 1;
@@ -153,21 +166,37 @@ impl CacheTable {
             .filter(|reply| reply.len() <= self.config.reply_max)
             .map(<[u8]>::to_vec);
         let item = self.items.get_mut(key).expect("checked");
-        item.reply = reply;
+        if order >= item.order {
+            item.reply = reply;
+            item.order = order;
+        }
         if self.pending.insert((session, seq), key.to_vec()).is_none() {
             item.waiting += 1;
         }
     }
 
-    /// A keyed write to `key` came in and is not yet acked by the log: until it is (or is
-    /// refused), the item is not served (its value is about to change).
-    pub fn on_write_received(&mut self, key: &[u8]) {
+    /// Keyed write `seq` of `session` to `key` came in and is not yet acked by the log: until
+    /// it is (or is refused), the item is not served (its value is about to change). `true`
+    /// if the write is *late*: the session's own later write to the key came in before it, so
+    /// it is older than the item's value and must not replace it (nor stop it being served).
+    pub fn on_write_received(&mut self, key: &[u8], session: u64, seq: u32) -> bool {
         if self.fetching.remove(key).is_some() {
             self.counters.fetches_voided += 1;
         }
-        if let Some(item) = self.items.get_mut(key) {
-            item.reply = None;
+        let Some(item) = self.items.get_mut(key) else {
+            return false;
+        };
+        match item.writers.get(&session) {
+            Some(&latest) if latest > seq => return true,
+            _ => {}
         }
+        if item.writers.len() >= WRITERS_MAX && !item.writers.contains_key(&session) {
+            self.invalidate(key);
+            return false;
+        }
+        item.writers.insert(session, seq);
+        item.reply = None;
+        false
     }
 
     /// A keyed write to `key` went to its server without this device logging it.
@@ -212,7 +241,13 @@ impl CacheTable {
     /// The fetch of `key` came back with `reply` (durable in the server's store). Inserts the
     /// item unless a write to the key was seen since the fetch began or the reply is too large;
     /// a full table first evicts its least-hit item. Whether it was inserted.
-    pub fn complete_fetch(&mut self, key: &[u8], ticket: FetchTicket, reply: &[u8]) -> bool {
+    pub fn complete_fetch(
+        &mut self,
+        key: &[u8],
+        ticket: FetchTicket,
+        reply: &[u8],
+        order: u64,
+    ) -> bool {
         if self.fetching.get(key) != Some(&ticket.0) {
             return false;
         }
@@ -229,6 +264,8 @@ impl CacheTable {
                 reply: Some(reply.to_vec()),
                 waiting: 0,
                 hits: 0,
+                order,
+                writers: HashMap::new(),
             },
         );
         self.counters.inserts += 1;
@@ -297,7 +334,7 @@ mod tests {
 
     fn insert(table: &mut CacheTable, key: &[u8], reply: &[u8]) {
         let ticket = table.begin_fetch(key).expect("a fetch");
-        assert!(table.complete_fetch(key, ticket, reply));
+        assert!(table.complete_fetch(key, ticket, reply, 1));
     }
 
     #[test]
@@ -314,13 +351,13 @@ mod tests {
     fn an_acked_write_is_served_at_once_and_stays_after_its_server_ack() {
         let mut table = table();
         insert(&mut table, b"k", b"v1");
-        table.on_write_acked(7, 1, b"k", Some(b"v2"));
+        table.on_write_acked(7, 1, b"k", Some(b"v2"), 101);
         assert_eq!(
             table.lookup(b"k"),
             Some(&b"v2"[..]),
             "the device's log holds v2"
         );
-        table.on_write_acked(8, 1, b"k", Some(b"v3"));
+        table.on_write_acked(8, 1, b"k", Some(b"v3"), 102);
         assert_eq!(table.lookup(b"k"), Some(&b"v3"[..]));
         table.on_server_ack(7, 1);
         table.on_server_ack(8, 1);
@@ -337,14 +374,14 @@ mod tests {
     fn a_write_without_a_reply_after_stops_the_item_until_its_ack_drops_it() {
         let mut table = table();
         insert(&mut table, b"k", b"v1");
-        table.on_write_acked(7, 1, b"k", None);
+        table.on_write_acked(7, 1, b"k", None, 103);
         assert_eq!(table.lookup(b"k"), None);
         assert!(table.contains(b"k"));
         table.on_server_ack(7, 1);
         assert!(!table.contains(b"k"));
         // A reply too large to cache is the same as none.
         insert(&mut table, b"k", b"v1");
-        table.on_write_acked(7, 2, b"k", Some(&[0; 17]));
+        table.on_write_acked(7, 2, b"k", Some(&[0; 17]), 107);
         assert_eq!(table.lookup(b"k"), None);
     }
 
@@ -356,7 +393,7 @@ mod tests {
         assert!(!table.contains(b"k"));
         let ticket = table.begin_fetch(b"j").unwrap();
         table.on_write_unlogged(b"j");
-        assert!(!table.complete_fetch(b"j", ticket, b"old"));
+        assert!(!table.complete_fetch(b"j", ticket, b"old", 1));
         assert_eq!(table.counters.fetches_voided, 1);
     }
 
@@ -364,9 +401,9 @@ mod tests {
     fn a_write_during_a_fetch_voids_it() {
         let mut table = table();
         let ticket = table.begin_fetch(b"k").unwrap();
-        table.on_write_acked(7, 1, b"k", Some(b"v2"));
+        table.on_write_acked(7, 1, b"k", Some(b"v2"), 104);
         assert!(
-            !table.complete_fetch(b"k", ticket, b"v1"),
+            !table.complete_fetch(b"k", ticket, b"v1", 1),
             "v1 may predate v2"
         );
         assert!(!table.contains(b"k"));
@@ -379,10 +416,10 @@ mod tests {
         let mut table = table();
         insert(&mut table, b"k", b"v");
         for seq in 1..=4 {
-            table.on_write_acked(1, seq, b"k", Some(b"w"));
+            table.on_write_acked(1, seq, b"k", Some(b"w"), 105);
         }
         assert!(table.contains(b"k"));
-        table.on_write_acked(1, 5, b"k", Some(b"x"));
+        table.on_write_acked(1, 5, b"k", Some(b"x"), 106);
         assert!(!table.contains(b"k"), "an untracked write drops the item");
     }
 
@@ -409,5 +446,29 @@ mod tests {
         assert!(table.begin_fetch(b"z").is_none(), "two fetches at most");
         table.abandon_fetch(b"x", first);
         assert!(table.begin_fetch(b"z").is_some());
+    }
+
+    #[test]
+    fn an_older_write_acked_after_a_newer_one_does_not_replace_its_value() {
+        let mut table = table();
+        insert(&mut table, b"k", b"v1");
+        assert!(!table.on_write_received(b"k", 1, 1));
+        assert!(!table.on_write_received(b"k", 1, 2));
+        // The second write (order 3) is acked before the first (order 2).
+        table.on_write_acked(1, 2, b"k", Some(b"new"), 3);
+        table.on_write_acked(1, 1, b"k", Some(b"old"), 2);
+        assert_eq!(table.lookup(b"k"), Some(&b"new"[..]));
+    }
+
+    #[test]
+    fn a_write_that_comes_in_after_a_later_one_of_its_session_is_late() {
+        let mut table = table();
+        insert(&mut table, b"k", b"v1");
+        assert!(!table.on_write_received(b"k", 1, 5));
+        assert!(
+            table.on_write_received(b"k", 1, 4),
+            "older than the session's 5"
+        );
+        assert!(!table.on_write_received(b"k", 2, 1), "another session's");
     }
 }

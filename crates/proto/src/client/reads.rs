@@ -77,12 +77,20 @@ impl Client {
         if key.is_empty() || key.len() > usize::from(u8::MAX) {
             return Err(ClientError::TooLarge);
         }
-        let reply_after = reply_after.filter(|reply| reply.len() <= REPLY_AFTER_MAX);
-        let descriptor = WriteDescriptor {
+        // The descriptor must be whole in the first fragment, where a device reads it: a
+        // reply-after that does not fit goes (the write then only drops a cached copy).
+        let first_fragment = crate::fragment_payload_len_max(unsealed_len_max(
+            self.config.datagram_len_max,
+            &self.config.auth,
+        ));
+        let mut descriptor = WriteDescriptor {
             order: WriteOrder::default(),
             key,
-            reply_after,
+            reply_after: reply_after.filter(|reply| reply.len() <= REPLY_AFTER_MAX),
         };
+        if descriptor.len() > first_fragment {
+            descriptor.reply_after = None;
+        }
         let mut payload = Vec::with_capacity(descriptor.len() + request.len());
         descriptor.emit(&mut payload);
         payload.extend_from_slice(request);

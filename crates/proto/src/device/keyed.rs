@@ -11,7 +11,7 @@
 //!
 //! Bounded: a key is remembered only while a keyed write to it is in the log.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 
 use pmnet_wire::cache::{ReadDescriptor, WriteDescriptor, WriteOrder, KEYED};
 use pmnet_wire::Header;
@@ -22,8 +22,8 @@ use pmnet_wire::Header;
 /// and must not take away the order of an older write still on its way.
 #[derive(Debug, Default)]
 pub(super) struct KeyedOrder {
-    /// Key → stamp → (session, seq).
-    unacked: HashMap<Vec<u8>, BTreeMap<u64, (u64, u32)>>,
+    /// Key → its writes in order: (stamp, session, seq).
+    unacked: HashMap<Vec<u8>, BTreeSet<(u64, u64, u32)>>,
     /// The key and stamp of each write in `unacked`, by (session, seq).
     keys: HashMap<(u64, u32), (Vec<u8>, u64)>,
     next_stamp: u64,
@@ -47,31 +47,60 @@ impl KeyedOrder {
         let payload = datagram.get(pmnet_wire::HEADER_LEN..)?;
         let (descriptor, _) = WriteDescriptor::parse(payload).ok()?;
         let key = descriptor.key.to_vec();
-        let (after_session, after_seq) = self.latest(&key).unwrap_or((0, 0));
-        self.next_stamp += 1;
+        let (stamp, after) = self.place(&key, header.session_id, header.seq);
+        let (after_session, after_seq) = after.unwrap_or((0, 0));
         let order = WriteOrder {
             after_session,
             after_seq,
-            stamp: self.next_stamp,
+            stamp,
         };
         let mut new_payload = payload.to_vec();
         order.write_into(&mut new_payload);
         Some(Stamped {
             datagram: header.encode(&new_payload),
             key,
-            stamp: self.next_stamp,
+            stamp,
         })
+    }
+
+    /// Where a new keyed write of (session, seq) to `key` goes among the key's unacknowledged
+    /// writes: its stamp, and the write it follows. Normally last (the next stamp, after the
+    /// latest). But a session's writes are ordered by their numbers whatever order they came
+    /// in: one that arrives after a later write of its own session takes that write's stamp
+    /// (writes of one stamp are ordered by session and number, so it comes just before it) and
+    /// follows what that one followed.
+    fn place(&mut self, key: &[u8], session_id: u64, seq: u32) -> (u64, Option<(u64, u32)>) {
+        let writes = self.unacked.get(key);
+        let later_own = writes.and_then(|writes| {
+            writes
+                .iter()
+                .find(|&&(_, session, number)| session == session_id && number > seq)
+                .copied()
+        });
+        match (writes, later_own) {
+            (Some(writes), Some(later)) => {
+                let before = writes
+                    .range(..later)
+                    .next_back()
+                    .map(|&(_, session, number)| (session, number));
+                (later.0, before)
+            }
+            _ => {
+                self.next_stamp += 1;
+                (self.next_stamp, self.latest(key))
+            }
+        }
     }
 
     /// The keyed write (session, seq) to `key` was logged: later writes and reads follow it.
     pub(super) fn logged(&mut self, key: Vec<u8>, session_id: u64, seq: u32, stamp: u64) {
         if let Some((old_key, old_stamp)) = self.keys.remove(&(session_id, seq)) {
-            self.forget(&old_key, old_stamp);
+            self.forget(&old_key, old_stamp, session_id, seq);
         }
         self.unacked
             .entry(key.clone())
             .or_default()
-            .insert(stamp, (session_id, seq));
+            .insert((stamp, session_id, seq));
         self.keys.insert((session_id, seq), (key, stamp));
     }
 
@@ -79,13 +108,13 @@ impl KeyedOrder {
     fn latest(&self, key: &[u8]) -> Option<(u64, u32)> {
         self.unacked
             .get(key)
-            .and_then(|writes| writes.last_key_value())
-            .map(|(_, &write)| write)
+            .and_then(|writes| writes.last())
+            .map(|&(_, session, seq)| (session, seq))
     }
 
-    fn forget(&mut self, key: &[u8], stamp: u64) {
+    fn forget(&mut self, key: &[u8], stamp: u64, session_id: u64, seq: u32) {
         if let Some(writes) = self.unacked.get_mut(key) {
-            writes.remove(&stamp);
+            writes.remove(&(stamp, session_id, seq));
             if writes.is_empty() {
                 self.unacked.remove(key);
             }
@@ -95,7 +124,7 @@ impl KeyedOrder {
     /// The server acknowledged (session, seq): it no longer orders anything.
     pub(super) fn acked(&mut self, session_id: u64, seq: u32) {
         if let Some((key, stamp)) = self.keys.remove(&(session_id, seq)) {
-            self.forget(&key, stamp);
+            self.forget(&key, stamp, session_id, seq);
         }
     }
 

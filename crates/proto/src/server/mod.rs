@@ -639,8 +639,15 @@ impl Server {
         let request = if assembly.fill {
             Vec::new()
         } else {
-            let (request, parsed) =
-                order::strip_descriptor(assembly.keyed, crate::concat_parts(assembly.parts));
+            let (request, parsed) = {
+                let first = assembly
+                    .parts
+                    .first()
+                    .and_then(Option::as_deref)
+                    .unwrap_or(&[]);
+                let first = first.to_vec();
+                order::strip_descriptor(assembly.keyed, &first, crate::concat_parts(assembly.parts))
+            };
             if !parsed {
                 self.counters.keyed_bad_descriptors += 1;
             }

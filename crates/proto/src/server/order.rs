@@ -40,12 +40,15 @@ pub(super) fn after_of(assembly: &Assembly) -> Option<(u64, u32)> {
     descriptor.order.after()
 }
 
-/// A keyed write's request as the application sees it: without its descriptor.
-pub(super) fn strip_descriptor(keyed: bool, request: Vec<u8>) -> (Vec<u8>, bool) {
+/// A keyed write's request as the application sees it: without its descriptor. The
+/// descriptor must be whole in the first fragment (`first`), where a device's cache reads it:
+/// a keyed write whose key a device could not read must not change that key, so it is handed
+/// on as it came (the application refuses what it cannot decode), and `false` says so.
+pub(super) fn strip_descriptor(keyed: bool, first: &[u8], request: Vec<u8>) -> (Vec<u8>, bool) {
     if !keyed {
         return (request, true);
     }
-    match WriteDescriptor::parse(&request) {
+    match WriteDescriptor::parse(first) {
         Ok((descriptor, _)) => (request[descriptor.len()..].to_vec(), true),
         Err(_) => (request, false),
     }
@@ -167,13 +170,22 @@ mod tests {
             ..Assembly::whole(RequestKind::Update, false, keyed(None))
         };
         assert_eq!(after_of(&first), None);
-        assert_eq!(strip_descriptor(true, keyed(None)), (b"k=v".to_vec(), true));
         assert_eq!(
-            strip_descriptor(false, b"k=v".to_vec()),
+            strip_descriptor(true, &keyed(None), keyed(None)),
+            (b"k=v".to_vec(), true)
+        );
+        // A descriptor cut by the first fragment's end: handed on whole, refused.
+        let whole = keyed(None);
+        assert_eq!(
+            strip_descriptor(true, &whole[..10], whole.clone()),
+            (whole, false)
+        );
+        assert_eq!(
+            strip_descriptor(false, b"", b"k=v".to_vec()),
             (b"k=v".to_vec(), true)
         );
         assert_eq!(
-            strip_descriptor(true, b"junk".to_vec()),
+            strip_descriptor(true, b"junk", b"junk".to_vec()),
             (b"junk".to_vec(), false)
         );
     }

@@ -173,6 +173,24 @@ fn batches_for_seed(seed: u64) -> Option<Duration> {
     })
 }
 
+/// Whether `seed`'s devices run the read cache and its clients send keyed updates and cache
+/// reads (a third of the seeds), drawn from a generator of its own.
+fn cache_for_seed(seed: u64) -> bool {
+    ChaCha8Rng::seed_from_u64(seed ^ 0xCAC4_E000_0000_0020).random_bool(1.0 / 3.0)
+}
+
+/// Client request lifetime on seeds with the cache (at most): the cache's fetch warm-up is
+/// longer, so no read sent to a device before it restarted can fill its cache.
+const CACHE_SEED_LIFETIME: Duration = Duration::from_secs(2);
+
+fn cache_front() -> Box<dyn pmnet_proto::FrontFunction> {
+    let mut config = pmnet_cache::CacheConfig::new(crate::world::DEVICE_ID);
+    config.interval = Duration::from_millis(5);
+    config.stats.threshold = 2;
+    config.fetch_warmup = CACHE_SEED_LIFETIME + Duration::from_millis(100);
+    Box::new(pmnet_cache::CacheFunction::new(config).expect("a valid cache configuration"))
+}
+
 /// The state of a run, kept outside the unwinding code so that a failure can report it.
 struct Run {
     world: World,
@@ -260,6 +278,15 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
     if let Some(hold) = batches_for_seed(seed) {
         world = world.with_batching(hold);
     }
+    if cache_for_seed(seed) {
+        world = world.with_front(cache_front);
+        world.keyed = true;
+        for client in 0..world.clients.len() {
+            world.reconfigure_client(client, |config| {
+                config.request_lifetime = config.request_lifetime.min(CACHE_SEED_LIFETIME)
+            });
+        }
+    }
     world.record_seen = false;
     for (client, lifetime) in mix.short_lifetimes.iter().enumerate() {
         if let Some(lifetime) = *lifetime {
@@ -320,6 +347,19 @@ fn check_invariants(world: &mut World, issued: &[Vec<Issued>], summary: &mut Fau
     let (completed, notes) = sessions_checker::check_sessions(world, issued, summary);
     for note in notes {
         world.note_by("check", &note);
+    }
+    if world.keyed {
+        let (checked, by_device) = workload::check_cache_reads(world, issued);
+        summary.counts.cache_reads_checked += checked;
+        summary.counts.cache_reads_served_by_device += by_device;
+        summary.counts.seeds_with_cache += 1;
+        world.note_by(
+            "check",
+            &format!(
+                "cache reads: {checked} checked (read-your-writes, own values), {by_device} \
+                 served by a device"
+            ),
+        );
     }
     durability_checker::note_acks_checked(world);
     completed

@@ -54,6 +54,11 @@ pub struct FaultCounts {
     /// (counted when the seed ends: a crash forgets a node's count).
     pub seeds_with_batches: u64,
     pub batches_sent: u64,
+    /// Seeds whose devices run the read cache, the cache reads checked and those a device
+    /// served.
+    pub seeds_with_cache: u64,
+    pub cache_reads_checked: u64,
+    pub cache_reads_served_by_device: u64,
     pub forged_datagrams: u64,
     pub forgeries_dropped: u64,
     pub replayed_datagrams: u64,
@@ -76,6 +81,9 @@ impl FaultCounts {
         self.seeds_with_attacker += other.seeds_with_attacker;
         self.seeds_with_batches += other.seeds_with_batches;
         self.batches_sent += other.batches_sent;
+        self.seeds_with_cache += other.seeds_with_cache;
+        self.cache_reads_checked += other.cache_reads_checked;
+        self.cache_reads_served_by_device += other.cache_reads_served_by_device;
         self.forged_datagrams += other.forged_datagrams;
         self.forgeries_dropped += other.forgeries_dropped;
         self.replayed_datagrams += other.replayed_datagrams;
@@ -141,6 +149,12 @@ impl FaultCounts {
             ),
             ("seeds with batches to servers", self.seeds_with_batches),
             ("batches sent (devices and servers)", self.batches_sent),
+            ("seeds with the read cache", self.seeds_with_cache),
+            ("cache reads checked", self.cache_reads_checked),
+            (
+                "cache reads served by a device",
+                self.cache_reads_served_by_device,
+            ),
             ("seeds with an attacker", self.seeds_with_attacker),
             ("datagrams forged by the attacker", self.forged_datagrams),
             ("authentication failures dropped", self.forgeries_dropped),

@@ -2,7 +2,7 @@
 //! what was sent, for the checkers to compare the servers' applied requests against.
 
 use pmnet_proto::RequestKind;
-use pmnet_store::Request;
+use pmnet_store::{Reply, Request};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
@@ -56,6 +56,13 @@ pub(super) fn issue(
     }
     let key = key_of(world.session(client));
     let seq = issued[client].len() as u32 + 1;
+    if world.keyed && rng.random_bool(0.2) {
+        // A cache read: unsequenced, checked on its own (see `check_cache_reads`).
+        let read = Request::Get { key: &key }.to_bytes();
+        let id = world.cache_read(client, &key, &read);
+        world.cache_reads.push((client, id, seq - 1));
+        return;
+    }
     let (kind, payload) = if rng.random_bool(0.75) {
         let len = if rng.random_bool(0.1) { 3000 } else { 16 };
         let value = value_of(seq, len);
@@ -71,9 +78,70 @@ pub(super) fn issue(
         (RequestKind::Bypass, Request::Get { key: &key }.to_bytes())
     };
     let sent = match kind {
+        RequestKind::Update if world.keyed => {
+            let value = match Request::decode(&payload) {
+                Ok(Request::Set { value, .. }) => value.to_vec(),
+                _ => unreachable!("an update here is a SET"),
+            };
+            let after = Reply::Value(value).to_bytes();
+            world.keyed_update(client, &key, Some(&after), &payload)
+        }
         RequestKind::Update => world.update(client, &payload),
         RequestKind::Bypass => world.bypass(client, &payload),
     };
     assert_eq!(sent, seq, "the client numbers its requests 1, 2, 3, ...");
     issued[client].push(Issued { kind, payload });
+}
+
+/// Check every cache read that completed: its value is one its own session wrote (the
+/// session writes only its own key), and it reflects every update of the session issued
+/// before the read that completed (read-your-writes; a failed update may have been filled).
+/// Returns how many were checked and how many the devices served.
+pub(super) fn check_cache_reads(world: &World, issued: &[Vec<Issued>]) -> (u64, u64) {
+    let (mut checked, mut by_device) = (0, 0);
+    for &(client, id, before) in &world.cache_reads {
+        let Some(read) = world.read_event(client, id) else {
+            continue;
+        };
+        let Ok((reply, from)) = &read.outcome else {
+            continue;
+        };
+        checked += 1;
+        if *from != 0 {
+            by_device += 1;
+        }
+        let completed = |seq: u32| {
+            matches!(
+                world.completion(client, seq),
+                Some(pmnet_proto::ClientEvent::Completed { .. })
+            )
+        };
+        let floor = (1..=before)
+            .rev()
+            .find(|&seq| {
+                issued[client][seq as usize - 1].kind == RequestKind::Update && completed(seq)
+            })
+            .unwrap_or(0);
+        let seen = match Reply::decode(reply) {
+            Ok(Reply::Value(value)) => seq_of_value(&value),
+            Ok(Reply::NotFound) => 0,
+            other => panic!("invariant: cache read {id} of client {client} answered {other:?}"),
+        };
+        assert!(
+            seen >= floor,
+            "invariant: cache read {id} of client {client} (after request {before}) saw the \
+             update of seq {seen}, older than its session's completed update {floor} \
+             (read-your-writes)"
+        );
+        if seen > 0 {
+            assert!(
+                issued[client]
+                    .get(seen as usize - 1)
+                    .is_some_and(|request| request.kind == RequestKind::Update),
+                "invariant: cache read {id} of client {client} saw a value its session never \
+                 wrote (seq {seen})"
+            );
+        }
+    }
+    (checked, by_device)
 }

@@ -55,6 +55,11 @@ pub struct World {
     /// capturing is on: what an eavesdropper holds and may replay. At most `capture_len_max`.
     pub captured: std::collections::VecDeque<(SocketAddr, SocketAddr, Vec<u8>)>,
     pub capture_len_max: usize,
+    /// The swarm's workload sends keyed updates and cache reads (the devices run the read
+    /// cache), and notes each cache read here: (client, read id, the session's requests
+    /// issued before it).
+    pub keyed: bool,
+    pub cache_reads: Vec<(usize, u32, u32)>,
     trace_hash: u32,
     drop_rules: Vec<DropRule>,
     pub clients: Vec<ClientNode>,
@@ -107,6 +112,8 @@ impl World {
             acks_checked: 0,
             captured: std::collections::VecDeque::new(),
             capture_len_max: 0,
+            keyed: false,
+            cache_reads: Vec::new(),
             trace_hash: 0,
             drop_rules: Vec::new(),
             clients,

@@ -24,6 +24,7 @@ mod popularity;
 mod progress;
 mod rack;
 mod rack_client;
+mod recovery;
 mod report;
 mod scrape;
 mod system;
@@ -245,6 +246,9 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
         }
         if let Some(cache) = &result.cache {
             println!("  {}: {}", result.mode, cache.text());
+        }
+        for line in recovery::recoveries_text(&result.recoveries).lines() {
+            println!("  {}: {line}", result.mode);
         }
     }
     if !cache_comparisons.is_empty() {

@@ -18,6 +18,7 @@ use super::popularity::{Popularity, PopularityKind};
 use super::progress::Progress;
 use super::rack::{RackArgs, Timeline};
 use super::rack_client::RackRoute;
+use super::recovery::Fine;
 use super::report::{new_histogram, summarize};
 use super::worker::{run_client, ClientOutcome, ClientPlan, Shared};
 use super::workload::SharedPopularity;
@@ -448,6 +449,8 @@ struct ClientsStart<'a> {
 struct RunState {
     stretch: Stretch,
     timeline: Option<Timeline>,
+    /// The 100 ms series around popularity changes (a rack whose popularity changes).
+    fine: Option<Fine>,
     popularity: Option<SharedPopularity>,
     next_change: Instant,
     change_every: Duration,
@@ -476,6 +479,8 @@ impl RunState {
         let change_every = plan.workload.change_every.max(Duration::from_millis(100));
         RunState {
             stretch,
+            fine: (timeline.is_some() && popularity.is_some())
+                .then(|| Fine::new(stretch.measure_from)),
             timeline,
             popularity,
             next_change: stretch.measure_from + change_every,
@@ -499,12 +504,18 @@ impl RunState {
     /// Change the popularity and print the second's line when they are due.
     fn tick(&mut self, shared: &Shared, now: Instant) {
         let measuring = self.stretch.measure_until.is_none_or(|until| now < until);
+        if let (Some(fine), true) = (&mut self.fine, now >= self.stretch.measure_from) {
+            fine.tick(shared.measured.load(Ordering::Relaxed), now);
+        }
         if let (Some(popularity), true) = (&self.popularity, measuring) {
             while now >= self.next_change {
                 popularity
                     .write()
                     .unwrap_or_else(|error| error.into_inner())
                     .change(&mut self.change_rng);
+                if let Some(fine) = &mut self.fine {
+                    fine.changed(self.next_change);
+                }
                 self.next_change += self.change_every;
             }
         }
@@ -520,7 +531,8 @@ impl RunState {
     fn next_at(&self) -> Option<Instant> {
         let timeline = self.timeline.as_ref().map(Timeline::next_at);
         let change = self.popularity.as_ref().map(|_| self.next_change);
-        timeline.into_iter().chain(change).min()
+        let fine = self.fine.as_ref().map(Fine::next_at);
+        timeline.into_iter().chain(change).chain(fine).min()
     }
 
     /// The series, the servers' shares and the popularity changes, into the result.
@@ -535,6 +547,9 @@ impl RunState {
             return;
         };
         out.per_second = timeline.samples;
+        if let Some(fine) = &self.fine {
+            out.recoveries = fine.recoveries();
+        }
         let (shares, busiest) = super::rack::shares(&totals.per_server);
         out.server_shares = shares;
         out.busiest_server = busiest.map(|(index, _)| index);

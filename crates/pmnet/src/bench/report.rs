@@ -90,6 +90,9 @@ pub struct ModeResult {
     /// A rack run's throughput second by second.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub per_second: Vec<super::rack::SecondSample>,
+    /// A rack run's throughput around each popularity change (100 ms steps).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub recoveries: Vec<super::recovery::Recovery>,
     /// A rack run's share of measured requests per server, by the server their key maps to.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub server_shares: Vec<f64>,
@@ -133,6 +136,7 @@ impl ModeResult {
             servers: 1,
             server_max_ops_per_s: None,
             per_second: Vec::new(),
+            recoveries: Vec::new(),
             server_shares: Vec::new(),
             busiest_server_share: None,
             busiest_server: None,

@@ -188,6 +188,10 @@ pub struct CacheResult {
     pub fetches: u64,
     pub device_hits: u64,
     pub device_misses: u64,
+    /// Misses because the reading session had requests the device had not seen settled.
+    pub not_yet_servable: u64,
+    /// Fetches voided by a write to their key.
+    pub fetches_voided: u64,
     pub settings: String,
 }
 
@@ -223,6 +227,8 @@ impl CacheResult {
             fetches: counter("pmnet_cache_fetches_total"),
             device_hits: counter("pmnet_cache_hits_total"),
             device_misses: counter("pmnet_cache_misses_total"),
+            not_yet_servable: counter("pmnet_cache_not_yet_servable_total"),
+            fetches_voided: counter("pmnet_cache_fetches_voided_total"),
             settings: settings.text(),
         }
     }
@@ -231,8 +237,9 @@ impl CacheResult {
     pub fn text(&self) -> String {
         format!(
             "cache: hit ratio {:.1} % ({} of {} measured reads served by the device); items {}, \
-             inserts {}, evictions {}, invalidations {}, fetches {} (device counters over the \
-             whole run); {}",
+             inserts {}, evictions {}, invalidations {}, fetches {} ({} voided by writes), \
+             misses {} ({} as the session had requests not yet settled) (device counters over \
+             the whole run); {}",
             self.hit_ratio * 100.0,
             self.reads_served_by_device,
             self.reads,
@@ -241,6 +248,9 @@ impl CacheResult {
             self.evictions,
             self.invalidations,
             self.fetches,
+            self.fetches_voided,
+            self.device_misses,
+            self.not_yet_servable,
             self.settings
         )
     }

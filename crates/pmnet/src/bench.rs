@@ -16,6 +16,7 @@
 //! measured in `bench/scrape.rs`.
 
 mod args;
+mod cache;
 mod capacity;
 mod cpu;
 mod plan;
@@ -23,6 +24,7 @@ mod popularity;
 mod progress;
 mod rack;
 mod rack_client;
+mod recovery;
 mod report;
 mod scrape;
 mod system;
@@ -38,6 +40,7 @@ use pmnet_runtime::{ClientSession, SessionOptions, Shutdown};
 use pmnet_store::{Reply, Request};
 
 pub use args::{fresh_keys, parse_payload, parse_seconds, BenchArgs, Pinning};
+pub use cache::CachePlan;
 pub use capacity::{run_capacity, CapacityConfig};
 pub use cpu::cpu_table;
 pub use plan::{resolve_pinning, run_modes, Plan, Target};
@@ -198,6 +201,18 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
             },
             plan.workload.update_ratio * 100.0
         );
+        if let Some(settings) = &plan.cache.settings {
+            println!(
+                "  read cache in the device: {}; {}",
+                plan.cache
+                    .variants
+                    .iter()
+                    .map(|on| if *on { "on" } else { "off" })
+                    .collect::<Vec<_>>()
+                    .join(", then "),
+                settings.text()
+            );
+        }
     }
     let (results, mut media, interrupted) = run_modes(&plan, &shutdown)?;
     if let Target::External(targets) = &plan.target {
@@ -205,6 +220,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
     }
     let setting = plan.setting(media);
     let ratios = ratios(&results);
+    let cache_comparisons = cache::comparisons(&results);
     println!();
     print!("{}", results_table(&results));
     let cpu = cpu::cpu_table(&results);
@@ -225,6 +241,19 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
         if !load.is_empty() {
             println!("  {}: {load}", result.mode);
         }
+        if plan.rack.is_some() {
+            println!("  {}: {}", result.mode, cache::reads_text(result));
+        }
+        if let Some(cache) = &result.cache {
+            println!("  {}: {}", result.mode, cache.text());
+        }
+        for line in recovery::recoveries_text(&result.recoveries).lines() {
+            println!("  {}: {line}", result.mode);
+        }
+    }
+    if !cache_comparisons.is_empty() {
+        println!();
+        print!("{}", cache::comparisons_text(&cache_comparisons));
     }
     println!();
     println!("setting:");
@@ -239,6 +268,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
         capacity: None,
         functional_check: None,
         under_load: Vec::new(),
+        cache_comparisons,
         interrupted,
     };
     if let Some(path) = &args.json {
@@ -330,6 +360,7 @@ fn run_capacity_command(
             capacity: Some(report),
             functional_check: None,
             under_load: Vec::new(),
+            cache_comparisons: Vec::new(),
             interrupted,
         };
         full.write_json(path)?;

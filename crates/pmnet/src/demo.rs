@@ -115,6 +115,7 @@ fn plan(args: &DemoArgs) -> Result<Plan, String> {
             change_count: 1,
         },
         rack: None,
+        cache: bench::CachePlan::off(),
         clients: args.clients,
         window: 1,
         duration: Some(Duration::from_secs_f64(args.duration)),
@@ -147,6 +148,7 @@ fn plan(args: &DemoArgs) -> Result<Plan, String> {
             device_workers: 1,
             servers: 1,
             server_max_ops_per_s: None,
+            cache: None,
         }),
         progress: true,
         auth_keys: bench::fresh_keys()?,
@@ -189,6 +191,7 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
         capacity,
         functional_check: Some(check),
         under_load,
+        cache_comparisons: Vec::new(),
         interrupted,
     };
     if let Some(path) = &args.json {

@@ -259,6 +259,9 @@ pub struct BenchArgs {
     /// No progress line on stderr.
     #[arg(long)]
     pub no_progress: bool,
+
+    #[command(flatten)]
+    pub cache: super::cache::CacheArgs,
 }
 
 fn parse_flush(text: &str) -> Result<FlushChoice, String> {
@@ -382,6 +385,12 @@ impl Plan {
             if args.capacity { 1 } else { defaults.clients },
         )?;
         let modes = distinct_modes(&args.modes);
+        let cache = super::cache::CachePlan::from_args(
+            &args.cache,
+            rack.is_some(),
+            modes.iter().any(|mode| mode.path() == Mode::Pmnet),
+            args.payload,
+        )?;
         let (distribution, zipf_exponent) =
             args.dist.unwrap_or((args.distribution, args.zipf_exponent));
         if args.popularity != PopularityKind::Static {
@@ -431,6 +440,7 @@ impl Plan {
             clients: defaults.clients,
             window: defaults.window,
             rack,
+            cache,
             duration: args
                 .requests
                 .is_none()
@@ -572,6 +582,7 @@ fn loopback_config(
         device_workers: args.device_workers,
         servers: 1,
         server_max_ops_per_s: None,
+        cache: None,
     })
 }
 
@@ -702,6 +713,48 @@ pub(super) mod tests {
             (
                 &["--popularity", "hot-in", "--keys", "10"][..],
                 "--change-count 200",
+            ),
+        ] {
+            let error = Plan::from_args(&parse(args).unwrap()).unwrap_err();
+            assert!(error.contains(expected), "{args:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn the_cache_runs_on_a_racks_pmnet_modes() {
+        let plan = Plan::from_args(
+            &parse(&[
+                "--servers",
+                "4",
+                "--mode",
+                "baseline,pmnet",
+                "--cache",
+                "on,off",
+            ])
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            plan.runs(),
+            [
+                (Mode::Baseline, false),
+                (Mode::Pmnet, true),
+                (Mode::Pmnet, false)
+            ]
+        );
+        let settings = plan.cache.settings.unwrap();
+        assert_eq!((settings.items, settings.reply_max), (10_000, 132));
+        let off = Plan::from_args(&parse(&["--servers", "4", "--mode", "pmnet"]).unwrap()).unwrap();
+        assert_eq!(off.runs(), [(Mode::Pmnet, false)]);
+        assert!(parse(&["--cache", "sometimes"])
+            .unwrap_err()
+            .contains("on,off"));
+        assert!(parse(&["--servers", "2", "--cache", "on", "--cache-items", "0"]).is_err());
+        for (args, expected) in [
+            (&["--cache", "on", "--mode", "pmnet"][..], "--servers"),
+            (
+                &["--servers", "2", "--cache", "on", "--mode", "baseline"][..],
+                "add pmnet",
             ),
         ] {
             let error = Plan::from_args(&parse(args).unwrap()).unwrap_err();

@@ -12,11 +12,13 @@ use pmnet_pktstore::EngineKind;
 use pmnet_runtime::{online_cpu_count, SessionOptions, Shutdown, WaitMode};
 
 use super::args::Pinning;
+use super::cache::{CachePlan, CacheResult, CACHE_SUFFIX};
 use super::cpu::{CpuSource, SystemCpu};
 use super::popularity::{Popularity, PopularityKind};
 use super::progress::Progress;
 use super::rack::{RackArgs, Timeline};
 use super::rack_client::RackRoute;
+use super::recovery::Fine;
 use super::report::{new_histogram, summarize};
 use super::worker::{run_client, ClientOutcome, ClientPlan, Shared};
 use super::workload::SharedPopularity;
@@ -68,6 +70,8 @@ pub struct Plan {
     pub progress: bool,
     /// The rack of `--servers` / `--server-max-ops-per-s` (`None`: one server, no limit).
     pub rack: Option<super::rack::RackArgs>,
+    /// The read cache in the rack's device (`--cache`).
+    pub cache: CachePlan,
 }
 
 /// CPUs of the client threads, the device and the server (`None`: not pinned).
@@ -228,6 +232,22 @@ fn kernel_release() -> String {
 /// Media of the in-process device and server, the first time a system starts.
 pub type Media = Option<(String, String)>;
 
+impl Plan {
+    /// What runs, in order: every mode, the pmnet modes once per `--cache` variant (whether
+    /// the device caches reads), the others without a cache.
+    pub fn runs(&self) -> Vec<(Mode, bool)> {
+        let mut runs = Vec::new();
+        for &mode in &self.modes {
+            if mode.path() == Mode::Pmnet && self.cache.settings.is_some() {
+                runs.extend(self.cache.variants.iter().map(|&cache| (mode, cache)));
+            } else {
+                runs.push((mode, false));
+            }
+        }
+        runs
+    }
+}
+
 /// Every mode of `plan`, one after the other, `plan.rounds` times in turns (so that a drift
 /// of the machine's load hits every mode alike); each mode's result is its median round by
 /// p50. Returns the results, the media (in-process systems) and whether a signal cut the run
@@ -236,14 +256,15 @@ pub fn run_modes(
     plan: &Plan,
     shutdown: &Shutdown,
 ) -> Result<(Vec<ModeResult>, Media, bool), String> {
-    let mut rounds: Vec<Vec<ModeResult>> = vec![Vec::new(); plan.modes.len()];
+    let runs = plan.runs();
+    let mut rounds: Vec<Vec<ModeResult>> = vec![Vec::new(); runs.len()];
     let mut media = None;
     'rounds: for _ in 0..plan.rounds.max(1) {
-        for (index, &mode) in plan.modes.iter().enumerate() {
+        for (index, &(mode, cache)) in runs.iter().enumerate() {
             if shutdown.is_requested() {
                 break 'rounds;
             }
-            rounds[index].push(run_mode_once(plan, mode, &mut media, shutdown)?);
+            rounds[index].push(run_mode_once(plan, mode, cache, &mut media, shutdown)?);
         }
     }
     let results = rounds.into_iter().filter_map(median_round).collect();
@@ -280,13 +301,16 @@ fn median_round(mut rounds: Vec<ModeResult>) -> Option<ModeResult> {
 fn run_mode_once(
     plan: &Plan,
     mode: Mode,
+    cache: bool,
     media: &mut Media,
     shutdown: &Shutdown,
 ) -> Result<ModeResult, String> {
+    let cache_settings = plan.cache.settings.filter(|_| cache);
     match &plan.target {
         Target::Loopback(config) => {
             let mut config = config.clone();
             config.keys = plan.mode_keys(mode);
+            config.cache = cache_settings;
             let system = LoopbackSystem::start(&config)?;
             if media.is_none() {
                 *media = Some((system.device_medium.clone(), system.server_medium.clone()));
@@ -307,6 +331,7 @@ fn run_mode_once(
                     .map(|index| plan.server_id + index)
                     .collect(),
                 retransmit_timeout: rack.retransmit_timeout(plan.clients * plan.window),
+                cache: cache_settings.is_some(),
             });
             let cpu = SystemCpu::new(
                 (mode.path() != Mode::Baseline)
@@ -318,6 +343,20 @@ fn run_mode_once(
             result.map(|mut result| {
                 if mode != Mode::Echo {
                     result.notes.extend(counters.notes());
+                }
+                if let Some(settings) = &cache_settings {
+                    result.mode.push_str(CACHE_SUFFIX);
+                    result.waits_for = "as pmnet; reads answered by the device's cache or \
+                                        a server"
+                        .to_owned();
+                    let by_device = result.reads_by_device.map_or(0, |reads| reads.count);
+                    let by_server = result.reads_by_server.map_or(0, |reads| reads.count);
+                    result.cache = Some(CacheResult::new(
+                        &counters.device,
+                        by_device + by_server,
+                        by_device,
+                        settings,
+                    ));
                 }
                 result
             })
@@ -364,7 +403,7 @@ fn run_mode(
     shutdown: &Shutdown,
 ) -> Result<ModeResult, String> {
     let servers = plan.rack.as_ref().map_or(1, |rack| rack.servers);
-    let shared = Shared::new(servers);
+    let shared = Shared::new(servers, plan.clients);
     let popularity = match plan.workload.popularity {
         PopularityKind::Static => None,
         kind => Some(Arc::new(std::sync::RwLock::new(Popularity::new(
@@ -385,8 +424,9 @@ fn run_mode(
         route: route.filter(|_| mode != Mode::Echo),
         popularity: popularity.clone(),
     };
+    let cache = clients.route.as_ref().is_some_and(|route| route.cache);
     let handles = start_clients(plan, mode, clients, &shared, stretch)?;
-    let mut run = RunState::new(plan, mode, servers, stretch, popularity);
+    let mut run = RunState::new(plan, mode, cache, servers, stretch, popularity);
     wait_for_clients(plan, mode, &shared, &handles, &mut run, &mut cpu, shutdown);
     let stopped = Instant::now();
     let totals = join_clients(handles, mode)?;
@@ -409,6 +449,8 @@ struct ClientsStart<'a> {
 struct RunState {
     stretch: Stretch,
     timeline: Option<Timeline>,
+    /// The 100 ms series around popularity changes (a rack whose popularity changes).
+    fine: Option<Fine>,
     popularity: Option<SharedPopularity>,
     next_change: Instant,
     change_every: Duration,
@@ -419,6 +461,7 @@ impl RunState {
     fn new(
         plan: &Plan,
         mode: Mode,
+        cache: bool,
         servers: u16,
         stretch: Stretch,
         popularity: Option<SharedPopularity>,
@@ -428,13 +471,16 @@ impl RunState {
             .then(|| Timeline::new(stretch.measure_from, servers, plan.server_id));
         if timeline.is_some() {
             println!(
-                "  {} (a line per second of the measured stretch):",
-                mode.name()
+                "  {}{} (a line per second of the measured stretch):",
+                mode.name(),
+                if cache { CACHE_SUFFIX } else { "" }
             );
         }
         let change_every = plan.workload.change_every.max(Duration::from_millis(100));
         RunState {
             stretch,
+            fine: (timeline.is_some() && popularity.is_some())
+                .then(|| Fine::new(stretch.measure_from)),
             timeline,
             popularity,
             next_change: stretch.measure_from + change_every,
@@ -458,12 +504,18 @@ impl RunState {
     /// Change the popularity and print the second's line when they are due.
     fn tick(&mut self, shared: &Shared, now: Instant) {
         let measuring = self.stretch.measure_until.is_none_or(|until| now < until);
+        if let (Some(fine), true) = (&mut self.fine, now >= self.stretch.measure_from) {
+            fine.tick(shared.measured.load(Ordering::Relaxed), now);
+        }
         if let (Some(popularity), true) = (&self.popularity, measuring) {
             while now >= self.next_change {
                 popularity
                     .write()
                     .unwrap_or_else(|error| error.into_inner())
                     .change(&mut self.change_rng);
+                if let Some(fine) = &mut self.fine {
+                    fine.changed(self.next_change);
+                }
                 self.next_change += self.change_every;
             }
         }
@@ -479,7 +531,8 @@ impl RunState {
     fn next_at(&self) -> Option<Instant> {
         let timeline = self.timeline.as_ref().map(Timeline::next_at);
         let change = self.popularity.as_ref().map(|_| self.next_change);
-        timeline.into_iter().chain(change).min()
+        let fine = self.fine.as_ref().map(Fine::next_at);
+        timeline.into_iter().chain(change).chain(fine).min()
     }
 
     /// The series, the servers' shares and the popularity changes, into the result.
@@ -494,6 +547,9 @@ impl RunState {
             return;
         };
         out.per_second = timeline.samples;
+        if let Some(fine) = &self.fine {
+            out.recoveries = fine.recoveries();
+        }
         let (shares, busiest) = super::rack::shares(&totals.per_server);
         out.server_shares = shares;
         out.busiest_server = busiest.map(|(index, _)| index);
@@ -629,6 +685,11 @@ struct Totals {
     client_cpu_ns: Option<u64>,
     /// Requests measured by the server their key belongs to (rack clients).
     per_server: Vec<u64>,
+    reads_by_device: Histogram<u64>,
+    reads_by_server: Histogram<u64>,
+    reads_checked: u64,
+    reads_unexplained: u64,
+    first_unexplained: Option<String>,
 }
 
 /// Join the client threads and add up what they measured; the first client's error, if any,
@@ -644,6 +705,11 @@ fn join_clients(handles: Vec<JoinHandle<ClientOutcome>>, mode: Mode) -> Result<T
         last_measured: None,
         client_cpu_ns: None,
         per_server: Vec::new(),
+        reads_by_device: new_histogram(),
+        reads_by_server: new_histogram(),
+        reads_checked: 0,
+        reads_unexplained: 0,
+        first_unexplained: None,
     };
     let mut errors = Vec::new();
     for handle in handles {
@@ -666,6 +732,13 @@ fn join_clients(handles: Vec<JoinHandle<ClientOutcome>>, mode: Mode) -> Result<T
         for (total, count) in totals.per_server.iter_mut().zip(&outcome.per_server) {
             *total += count;
         }
+        let _ = totals.reads_by_device.add(&outcome.reads_by_device);
+        let _ = totals.reads_by_server.add(&outcome.reads_by_server);
+        totals.reads_checked += outcome.reads_checked;
+        totals.reads_unexplained += outcome.reads_unexplained;
+        if totals.first_unexplained.is_none() {
+            totals.first_unexplained = outcome.first_unexplained;
+        }
         errors.extend(outcome.error);
     }
     if let Some(error) = errors.into_iter().next() {
@@ -686,6 +759,16 @@ fn mode_result(mode: Mode, totals: &Totals, stretch: Stretch, stopped: Instant) 
     out.acked_by_device = totals.acked_by_device;
     out.answered_by_server = totals.answered_by_server;
     out.client_retransmissions = totals.retransmissions;
+    out.reads_by_device = summarize(&totals.reads_by_device);
+    out.reads_by_server = summarize(&totals.reads_by_server);
+    out.reads_checked = totals.reads_checked;
+    out.reads_unexplained = totals.reads_unexplained;
+    if let Some(problem) = &totals.first_unexplained {
+        out.notes.push(format!(
+            "{} of {} reads checked returned a value no write stored; the first: {problem}",
+            totals.reads_unexplained, totals.reads_checked
+        ));
+    }
     if !totals.updates.is_empty() && !totals.bypass.is_empty() {
         out.updates = summarize(&totals.updates);
         out.bypass = summarize(&totals.bypass);
@@ -750,6 +833,7 @@ mod tests {
             capacity: None,
             functional_check: None,
             under_load: Vec::new(),
+            cache_comparisons: Vec::new(),
             interrupted: false,
         };
         let value = serde_json::to_value(&report).unwrap();

@@ -260,7 +260,7 @@ mod tests {
 
     #[test]
     fn each_second_is_taken_once_from_the_counters() {
-        let shared = Shared::new(2);
+        let shared = Shared::new(2, 1);
         let start = Instant::now();
         let mut timeline = Timeline::new(start, 2, 1);
         assert!(timeline.sample(&shared, start, 0).is_none());

@@ -14,11 +14,13 @@ use pmnet_proto::{Client, ClientConfig, ClientEvent, Completion};
 use pmnet_runtime::udp::BatchSocket;
 use pmnet_runtime::{random_session_id, Clock, WaitMode};
 
+use super::report::record;
 use super::worker::{
     stalled, wait_readable, yield_cpu, ClientCpu, ClientOutcome, ClientPlan, Shared, Started,
     MAX_WAIT,
 };
-use super::workload::{GeneratedRequest, RequestGenerator};
+use super::workload::{key_name, GeneratedRequest, RequestGenerator, Stamp, STAMP_LEN};
+use pmnet_store::Reply;
 
 /// Datagrams the thread's socket queues to send at most (every session's together).
 const QUEUED_MAX: usize = 1 << 14;
@@ -33,13 +35,18 @@ pub struct RackRoute {
     /// The sessions' first retransmission timeout: longer than a limited server's queue, so
     /// that waiting for tokens does not turn into retransmissions.
     pub retransmit_timeout: Duration,
+    /// The device caches reads: updates go as keyed updates, reads as cache reads.
+    pub cache: bool,
 }
 
-/// A request in flight on session `server`.
+/// A request in flight on session `server`: a sequenced request, or a cache read (whose
+/// ids are the session's own, apart from sequence numbers).
 #[derive(Debug, Clone, Copy)]
 struct InFlight {
     server: u16,
     started: Started,
+    cache_read: bool,
+    key: u64,
 }
 
 /// The sessions of one rack client and their socket.
@@ -78,16 +85,26 @@ impl Sessions {
         })
     }
 
-    /// Start `request` on its server's session; `None` when that session's window is full.
-    fn start(&mut self, request: &GeneratedRequest) -> Option<Result<u32, String>> {
+    /// Start `request` on its server's session (`cache`: as a keyed update or a cache read);
+    /// `None` when that session's window is full.
+    fn start(&mut self, request: &GeneratedRequest, cache: bool) -> Option<Result<u32, String>> {
         let client = self.clients.get_mut(usize::from(request.server))?;
         if !client.can_send() {
             return None;
         }
         let now = self.clock.now();
-        let started = match request.is_update {
-            true => client.update(now, &request.bytes),
-            false => client.bypass(now, &request.bytes),
+        let started = match (request.is_update, cache) {
+            (true, false) => client.update(now, &request.bytes),
+            (false, false) => client.bypass(now, &request.bytes),
+            (true, true) => {
+                let reply_after = Reply::Value(request.value.clone()).to_bytes();
+                let key = key_name(request.key);
+                client.keyed_update(now, key.as_bytes(), Some(&reply_after), &request.bytes)
+            }
+            (false, true) => {
+                let key = key_name(request.key);
+                client.cache_read(now, key.as_bytes(), &request.bytes)
+            }
         };
         Some(started.map_err(|error| format!("the session refused a request: {error}")))
     }
@@ -188,13 +205,18 @@ pub fn run_rack_client(plan: &ClientPlan, route: &RackRoute, shared: &Shared) ->
             shared.stop.store(true, Ordering::Relaxed);
             break;
         }
-        if let Err(error) = fill_window(
+        let filled = fill_window(
             plan,
+            route.cache,
             &mut sessions,
             &mut generator,
             &mut held,
             &mut in_flight,
-        ) {
+        );
+        if let Some(counter) = shared.writes_drawn.get(plan.index as usize) {
+            counter.store(generator.writes_drawn(), Ordering::Release);
+        }
+        if let Err(error) = filled {
             outcome.error = Some(error);
             shared.stop.store(true, Ordering::Relaxed);
             break;
@@ -219,6 +241,7 @@ pub fn run_rack_client(plan: &ClientPlan, route: &RackRoute, shared: &Shared) ->
 /// Start requests until `window` are in flight or the next one's session is full.
 fn fill_window(
     plan: &ClientPlan,
+    cache: bool,
     sessions: &mut Sessions,
     generator: &mut RequestGenerator,
     held: &mut Option<GeneratedRequest>,
@@ -227,7 +250,7 @@ fn fill_window(
     while in_flight.len() < plan.window as usize {
         let request = held.take().unwrap_or_else(|| generator.next_request());
         let at = Instant::now();
-        match sessions.start(&request) {
+        match sessions.start(&request, cache) {
             None => {
                 *held = Some(request);
                 return Ok(());
@@ -240,14 +263,16 @@ fn fill_window(
                     at,
                     is_update: request.is_update,
                 },
+                cache_read: cache && !request.is_update,
+                key: request.key,
             }),
         }
     }
     Ok(())
 }
 
-/// Take every session's events: record completions (by server), count failures. Returns how
-/// many requests ended.
+/// Take every session's events: record completions (by server, reads by who answered),
+/// check what reads returned, count failures. Returns how many requests ended.
 fn take_events(
     plan: &ClientPlan,
     shared: &Shared,
@@ -265,30 +290,146 @@ fn take_events(
                 } => (seq, Some(completion)),
                 ClientEvent::Failed { seq, .. } => (seq, None),
             };
-            let Some(position) = in_flight.iter().position(|request| {
-                usize::from(request.server) == server && request.started.seq == seq
-            }) else {
+            let Some(request) = take_in_flight(in_flight, server, seq, false) else {
                 continue;
             };
-            let request = in_flight.swap_remove(position);
             ended += 1;
             let Some(completion) = completion else {
                 outcome.failed += 1;
                 continue;
             };
-            if plan.record(shared, outcome, request.started, done) {
-                outcome.per_server[server] += 1;
-                if let Some(counter) = shared.per_server.get(server) {
-                    counter.fetch_add(1, Ordering::Relaxed);
+            let (by_device, reply) = match completion {
+                Completion::Logged { .. } => (true, None),
+                Completion::Replied { reply, .. } => (false, Some(reply)),
+                _ => (false, None),
+            };
+            finish(plan, shared, outcome, request, done, by_device, reply);
+        }
+        while let Some(event) = client.poll_read_event() {
+            let Some(request) = take_in_flight(in_flight, server, event.id, true) else {
+                continue;
+            };
+            ended += 1;
+            match event.outcome {
+                Ok((reply, device_id)) => {
+                    finish(
+                        plan,
+                        shared,
+                        outcome,
+                        request,
+                        done,
+                        device_id != 0,
+                        Some(reply),
+                    );
                 }
-                match completion {
-                    Completion::Logged { .. } => outcome.acked_by_device += 1,
-                    _ => outcome.answered_by_server += 1,
-                }
+                Err(_) => outcome.failed += 1,
             }
         }
     }
     ended
+}
+
+fn take_in_flight(
+    in_flight: &mut Vec<InFlight>,
+    server: usize,
+    seq: u32,
+    cache_read: bool,
+) -> Option<InFlight> {
+    let position = in_flight.iter().position(|request| {
+        usize::from(request.server) == server
+            && request.started.seq == seq
+            && request.cache_read == cache_read
+    })?;
+    Some(in_flight.swap_remove(position))
+}
+
+/// A request that completed: check a read's reply, and record it if it was measured (a
+/// request the device answered does not count for its server).
+fn finish(
+    plan: &ClientPlan,
+    shared: &Shared,
+    outcome: &mut ClientOutcome,
+    request: InFlight,
+    done: Instant,
+    by_device: bool,
+    reply: Option<Vec<u8>>,
+) {
+    let is_read = !request.started.is_update;
+    if is_read {
+        if let Some(reply) = &reply {
+            check_read(shared, outcome, request.key, reply);
+        }
+    }
+    if !plan.record(shared, outcome, request.started, done) {
+        return;
+    }
+    let server = usize::from(request.server);
+    let reached_server = !(is_read && by_device);
+    if reached_server {
+        if let Some(count) = outcome.per_server.get_mut(server) {
+            *count += 1;
+        }
+        if let Some(counter) = shared.per_server.get(server) {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    if by_device {
+        outcome.acked_by_device += 1;
+    } else {
+        outcome.answered_by_server += 1;
+    }
+    if is_read {
+        let nanos =
+            u64::try_from(done.duration_since(request.started.at).as_nanos()).unwrap_or(u64::MAX);
+        let histogram = match by_device {
+            true => &mut outcome.reads_by_device,
+            false => &mut outcome.reads_by_server,
+        };
+        record(histogram, nanos);
+    }
+}
+
+/// A read of `key` returned `reply`: "not found", or a value whose stamp names a write to
+/// `key` some client drew. Anything else is a value out of nowhere, counted and described.
+fn check_read(shared: &Shared, outcome: &mut ClientOutcome, key: u64, reply: &[u8]) {
+    outcome.reads_checked += 1;
+    let problem = match Reply::decode(reply) {
+        Ok(Reply::NotFound) => None,
+        Ok(Reply::Value(value)) => match Stamp::parse(&value) {
+            Some(stamp) if stamp.key != key => Some(format!(
+                "a read of key {key} returned a value written to key {}",
+                stamp.key
+            )),
+            Some(stamp) => {
+                let drawn = shared
+                    .writes_drawn
+                    .get(stamp.client as usize)
+                    .map(|count| count.load(Ordering::Acquire));
+                match drawn {
+                    Some(drawn) if stamp.write < drawn => None,
+                    _ => Some(format!(
+                        "a read of key {key} returned write {} of client {}, which it never \
+                         drew",
+                        stamp.write, stamp.client
+                    )),
+                }
+            }
+            // Values shorter than a stamp carry none: nothing to check them against.
+            None if value.len() < STAMP_LEN => None,
+            None => Some(format!(
+                "a read of key {key} returned a value with no stamp ({} bytes)",
+                value.len()
+            )),
+        },
+        Ok(other) => Some(format!("a read of key {key} returned {other:?}")),
+        Err(error) => Some(format!(
+            "a read of key {key} returned an undecodable reply ({error:?})"
+        )),
+    };
+    if let Some(problem) = problem {
+        outcome.reads_unexplained += 1;
+        outcome.first_unexplained.get_or_insert(problem);
+    }
 }
 
 /// Wait for a datagram, the next session timer, or the end of the run.

@@ -90,6 +90,9 @@ pub struct ModeResult {
     /// A rack run's throughput second by second.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub per_second: Vec<super::rack::SecondSample>,
+    /// A rack run's throughput around each popularity change (100 ms steps).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub recoveries: Vec<super::recovery::Recovery>,
     /// A rack run's share of measured requests per server, by the server their key maps to.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub server_shares: Vec<f64>,
@@ -98,6 +101,15 @@ pub struct ModeResult {
     pub busiest_server: Option<u16>,
     /// Key popularity changes applied during the run (`--popularity`).
     pub popularity_changes: u64,
+    /// A rack's reads, by who answered them: the device (a cache hit) or a server.
+    pub reads_by_device: Option<LatencySummary>,
+    pub reads_by_server: Option<LatencySummary>,
+    /// A rack's read replies checked against the writes drawn, and those that named no write
+    /// of their key (a value out of nowhere; always 0 in a correct system).
+    pub reads_checked: u64,
+    pub reads_unexplained: u64,
+    /// The read cache of the run (`null`: off).
+    pub cache: Option<super::cache::CacheResult>,
 }
 
 impl ModeResult {
@@ -124,10 +136,16 @@ impl ModeResult {
             servers: 1,
             server_max_ops_per_s: None,
             per_second: Vec::new(),
+            recoveries: Vec::new(),
             server_shares: Vec::new(),
             busiest_server_share: None,
             busiest_server: None,
             popularity_changes: 0,
+            reads_by_device: None,
+            reads_by_server: None,
+            reads_checked: 0,
+            reads_unexplained: 0,
+            cache: None,
         }
     }
 }
@@ -158,6 +176,8 @@ pub fn ratios(results: &[ModeResult]) -> Vec<Ratio> {
     let mut out = Vec::new();
     for (numerator, denominator) in [
         ("pmnet", "baseline"),
+        ("pmnet+cache", "pmnet"),
+        ("pmnet-auth+cache", "pmnet-auth"),
         ("pmnet", "echo"),
         ("pmnet", "forward"),
         ("forward", "baseline"),
@@ -271,6 +291,9 @@ pub struct Report {
     /// The demo's short sweep under load: baseline and pmnet at several client counts.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub under_load: Vec<LoadPoint>,
+    /// Runs with the read cache on against the same runs with it off (`--cache on,off`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cache_comparisons: Vec<super::cache::CacheComparison>,
     /// The run was stopped by a signal before every mode finished.
     pub interrupted: bool,
 }
@@ -324,7 +347,7 @@ pub fn results_table(results: &[ModeResult]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "  {:<9} {:<44} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9}",
+        "  {:<11} {:<44} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9}",
         "mode",
         "the client waits for",
         "p50 µs",
@@ -337,7 +360,7 @@ pub fn results_table(results: &[ModeResult]) -> String {
     for result in results {
         let _ = writeln!(
             out,
-            "  {:<9} {:<44} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9}",
+            "  {:<11} {:<44} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9}",
             result.mode,
             result.waits_for,
             cell(result.p50_us),

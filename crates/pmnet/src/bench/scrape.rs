@@ -152,6 +152,10 @@ impl SystemCounters {
                 1 => format!("server: {applied} requests applied"),
                 count => format!("{count} servers: {applied} requests applied"),
             };
+            let cache_reads = total("pmnet_server_cache_reads_answered_total");
+            if cache_reads > 0 {
+                note.push_str(&format!(", {cache_reads} cache reads answered"));
+            }
             if duplicates > 0 {
                 note.push_str(&format!(", {duplicates} duplicates answered or ignored"));
             }

@@ -50,6 +50,8 @@ pub struct LoopbackConfig {
     pub servers: u16,
     /// Every server's emulated capacity (`pmnet server --max-ops-per-s`).
     pub server_max_ops_per_s: Option<u64>,
+    /// The device runs the read cache in front of its log (`pmnet device --cache`).
+    pub cache: Option<super::cache::CacheSettings>,
 }
 
 /// Where the parts of a system listen.
@@ -385,11 +387,15 @@ fn start_device(
         batch_hold: config.batch_hold,
     }
     .for_worker(worker, pmnet_runtime::online_cpu_count())?;
+    let front: Box<dyn pmnet_proto::FrontFunction> = match &config.cache {
+        Some(cache) => Box::new(cache.function(device_options.device_id)?),
+        None => Box::new(pmnet_proto::Nothing),
+    };
     let (device_tx, device_rx) = mpsc::channel();
     let device_shutdown = shutdown.clone();
     let device = std::thread::Builder::new()
         .name(format!("pmnet-device-{worker}"))
-        .spawn(move || quietly(|| run_device(device_options, device_shutdown, device_tx)))
+        .spawn(move || quietly(|| run_device(device_options, front, device_shutdown, device_tx)))
         .map_err(|error| format!("cannot start the device thread: {error}"))?;
     let fail = |message: String, device: JoinHandle<Metrics>| {
         shutdown.request();
@@ -414,14 +420,15 @@ fn start_device(
     })
 }
 
-/// The device thread: open the device, say where it listens (or why it did not open), run it
+/// The device thread (with `front` in front of its log): open the device, say where it listens (or why it did not open), run it
 /// until shutdown; returns what it counted.
 fn run_device(
     options: DeviceOptions,
+    front: Box<dyn pmnet_proto::FrontFunction>,
     shutdown: Shutdown,
     started: mpsc::Sender<Result<(DeviceAddresses, String, i32), String>>,
 ) -> Metrics {
-    let mut device = match DeviceRuntime::open(options, shutdown) {
+    let mut device = match DeviceRuntime::open_with_front(options, shutdown, front) {
         Ok(device) => device,
         Err(error) => {
             let _ = started.send(Err(error.to_string()));

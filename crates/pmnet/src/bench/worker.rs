@@ -43,18 +43,23 @@ pub struct Shared {
     pub measured: AtomicU64,
     /// Requests completed so far including the warm-up (for the progress line).
     pub completed: AtomicU64,
-    /// Requests measured so far by the server their key belongs to (a rack's clients).
+    /// Requests measured so far by the server their key belongs to (a rack's clients; with a
+    /// read cache, the requests that reached a server).
     pub per_server: Vec<AtomicU64>,
+    /// Updates each client has drawn so far (a rack's clients): a value read back whose stamp
+    /// names client c's write n must have n below this.
+    pub writes_drawn: Vec<AtomicU64>,
 }
 
 impl Shared {
-    /// What the clients of a run over `servers` servers share.
-    pub fn new(servers: u16) -> Arc<Shared> {
+    /// What the `clients` clients of a run over `servers` servers share.
+    pub fn new(servers: u16, clients: u32) -> Arc<Shared> {
         Arc::new(Shared {
             stop: AtomicBool::new(false),
             measured: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             per_server: (0..servers.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            writes_drawn: (0..clients).map(|_| AtomicU64::new(0)).collect(),
         })
     }
 }
@@ -107,6 +112,15 @@ pub struct ClientOutcome {
     pub error: Option<String>,
     /// Requests measured by the server their key belongs to (a rack client).
     pub per_server: Vec<u64>,
+    /// A rack client's reads: answered by the device (a cache hit) and by a server.
+    pub reads_by_device: Histogram<u64>,
+    pub reads_by_server: Histogram<u64>,
+    /// Reads whose reply was checked against the writes drawn, and those that named no write
+    /// of their key ever drawn (or did not decode): a value out of nowhere.
+    pub reads_checked: u64,
+    pub reads_unexplained: u64,
+    /// The first unexplained reply, described.
+    pub first_unexplained: Option<String>,
 }
 
 impl ClientOutcome {
@@ -122,6 +136,11 @@ impl ClientOutcome {
             cpu_ns: None,
             error: None,
             per_server: Vec::new(),
+            reads_by_device: new_histogram(),
+            reads_by_server: new_histogram(),
+            reads_checked: 0,
+            reads_unexplained: 0,
+            first_unexplained: None,
         }
     }
 }

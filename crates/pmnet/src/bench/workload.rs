@@ -104,6 +104,9 @@ pub struct RequestGenerator {
     /// The run's rank → key permutation (`None`: rank r is key r).
     popularity: Option<SharedPopularity>,
     name: String,
+    /// This client's index, and the updates it has drawn (both stamped into every value).
+    client: u32,
+    writes: u64,
 }
 
 /// One request: whether it is an update, its key, the server its key belongs to (an index
@@ -114,6 +117,57 @@ pub struct GeneratedRequest {
     pub key: u64,
     pub server: u16,
     pub bytes: Vec<u8>,
+    /// An update's value (empty for a read).
+    pub value: Vec<u8>,
+}
+
+/// Bytes of the stamp at the start of every value of at least this many bytes:
+/// `KKKKKKKKKKKK/CCCC/NNNNNNNNNNNN;` — the key's id, the writing client, and the number of
+/// updates that client drew before this one. A value read back names the write that stored it.
+pub const STAMP_LEN: usize = 31;
+
+/// A value's stamp: which key, which client, which of its updates (counting from 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    pub key: u64,
+    pub client: u32,
+    pub write: u64,
+}
+
+impl Stamp {
+    /// The stamp at the start of `value`, if it has one.
+    pub fn parse(value: &[u8]) -> Option<Stamp> {
+        let stamp = value.get(..STAMP_LEN)?;
+        if stamp[12] != b'/' || stamp[17] != b'/' || stamp[30] != b';' {
+            return None;
+        }
+        let number = |bytes: &[u8]| -> Option<u64> {
+            if !bytes.iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            std::str::from_utf8(bytes).ok()?.parse().ok()
+        };
+        Some(Stamp {
+            key: number(&stamp[..12])?,
+            client: u32::try_from(number(&stamp[13..17])?).ok()?,
+            write: number(&stamp[18..30])?,
+        })
+    }
+
+    /// Write this stamp over the start of `value` (a value shorter than the stamp keeps none).
+    fn write_into(&self, value: &mut [u8]) {
+        use std::io::Write as _;
+        if let Some(head) = value.get_mut(..STAMP_LEN) {
+            let mut cursor = std::io::Cursor::new(head);
+            let _ = write!(
+                cursor,
+                "{:012}/{:04}/{:012};",
+                self.key % 1_000_000_000_000,
+                self.client % 10_000,
+                self.write % 1_000_000_000_000
+            );
+        }
+    }
 }
 
 /// The seed of client `index` of a run with seed `seed` (SplitMix64 of both: clients draw
@@ -152,6 +206,8 @@ impl RequestGenerator {
             servers: workload.servers.max(1),
             popularity: None,
             name: String::with_capacity(32),
+            client: index,
+            writes: 0,
         }
     }
 
@@ -185,23 +241,37 @@ impl RequestGenerator {
         }
     }
 
+    /// Updates drawn so far: every stamp this client wrote names a smaller number.
+    pub fn writes_drawn(&self) -> u64 {
+        self.writes
+    }
+
     /// The next request.
     pub fn next_request(&mut self) -> GeneratedRequest {
         let is_update = self.update_ratio >= 1.0 || self.rng.random::<f64>() < self.update_ratio;
         let key = self.next_key();
         let mut name = std::mem::take(&mut self.name);
         write_key_name(&mut name, key);
-        let bytes = if is_update {
-            Request::Set {
+        let (bytes, value) = if is_update {
+            Stamp {
+                key,
+                client: self.client,
+                write: self.writes,
+            }
+            .write_into(&mut self.value);
+            self.writes += 1;
+            let bytes = Request::Set {
                 key: name.as_bytes(),
                 value: &self.value,
             }
-            .to_bytes()
+            .to_bytes();
+            (bytes, self.value.clone())
         } else {
-            Request::Get {
+            let bytes = Request::Get {
                 key: name.as_bytes(),
             }
-            .to_bytes()
+            .to_bytes();
+            (bytes, Vec::new())
         };
         let server = server_of_key(name.as_bytes(), self.servers);
         self.name = name;
@@ -210,6 +280,7 @@ impl RequestGenerator {
             key,
             server,
             bytes,
+            value,
         }
     }
 }
@@ -301,6 +372,39 @@ mod tests {
                 other => panic!("expected a SET, got {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn every_value_is_stamped_with_its_key_client_and_write() {
+        let workload = workload(KeyDistribution::Zipf, 0.5);
+        let mut generator = RequestGenerator::new(&workload, 3, 7);
+        let mut writes = 0;
+        for _ in 0..200 {
+            let request = generator.next_request();
+            if !request.is_update {
+                assert!(request.value.is_empty());
+                continue;
+            }
+            let stamp = Stamp::parse(&request.value).expect("a stamp");
+            assert_eq!(
+                stamp,
+                Stamp {
+                    key: request.key,
+                    client: 7,
+                    write: writes
+                }
+            );
+            writes += 1;
+            assert_eq!(generator.writes_drawn(), writes);
+            match Request::decode(&request.bytes).unwrap() {
+                Request::Set { value, .. } => assert_eq!(value, request.value),
+                other => panic!("expected a SET, got {other:?}"),
+            }
+        }
+        assert!(writes > 50);
+        assert_eq!(Stamp::parse(b"key:000000000001"), None);
+        assert_eq!(Stamp::parse(&[b'a'; 100]), None);
+        assert_eq!(Stamp::parse(b"00000000000x/0001/000000000001;"), None);
     }
 
     #[test]

@@ -203,6 +203,12 @@ impl ServerRuntime {
             &[],
             self.counters.capacity_waits,
         );
+        out.counter(
+            "pmnet_server_capacity_paid_total",
+            "Requests paid for with tokens (emulated capacity): request fragments and cache reads.",
+            &[],
+            self.counters.capacity_paid,
+        );
     }
 
     /// The state machine's counters and drops.
@@ -213,6 +219,16 @@ impl ServerRuntime {
                 "pmnet_server_request_fragments_received_total",
                 "Request datagrams received.",
                 counters.request_fragments_received,
+            ),
+            (
+                "pmnet_server_cache_reads_received_total",
+                "Cache reads received (a device's cache misses and fetches).",
+                counters.reads.received,
+            ),
+            (
+                "pmnet_server_cache_reads_answered_total",
+                "Cache reads answered.",
+                counters.reads.answered,
             ),
             (
                 "pmnet_server_requests_applied_total",

@@ -107,6 +107,8 @@ pub struct ServerAddresses {
 struct RuntimeCounters {
     /// Turns that left datagrams in the socket for want of tokens (an emulated capacity).
     capacity_waits: u64,
+    /// Requests paid for with tokens (an emulated capacity): request fragments and cache reads.
+    capacity_paid: u64,
     recoveries_completed: u64,
     recovery_entries_resent: u64,
     event_loop: LoopCounters,
@@ -196,12 +198,12 @@ impl ServerRuntime {
             };
             let limit = self.receive_limit(full);
             if limit > 0 {
-                let requests_before = self.server.counters().request_fragments_received;
+                let requests_before = self.requests_received();
                 let count = match self.receiver {
                     Some(_) => self.receive_into_slots(limit),
                     None => self.receive_into_socket_buffers(limit),
                 };
-                let requests = self.server.counters().request_fragments_received - requests_before;
+                let requests = self.requests_received() - requests_before;
                 self.pay_for(requests);
                 turn.busy = count > 0;
                 turn.more = count >= full;
@@ -247,12 +249,20 @@ impl ServerRuntime {
         }
     }
 
+    /// Request datagrams received so far: request fragments and cache reads (a cache read
+    /// the server answers costs it as much as a read request).
+    fn requests_received(&self) -> u64 {
+        let counters = self.server.counters();
+        counters.request_fragments_received + counters.reads.received
+    }
+
     /// Pay the emulated capacity for `requests` request datagrams taken (a batch's entries
     /// each count).
     fn pay_for(&mut self, requests: u64) {
         let now = self.clock.now();
         if let Some(bucket) = &mut self.bucket {
             bucket.take(now, requests);
+            self.counters.capacity_paid += requests;
         }
     }
 

@@ -95,3 +95,59 @@ fn both_engines_serve_and_recover_through_the_server() {
         handle.join().unwrap();
     }
 }
+
+#[test]
+fn cache_reads_pay_for_an_emulated_capacity_as_requests_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = ServerOptions {
+        server_id: 1,
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        devices: Vec::new(),
+        store: Some(StoreOptions {
+            path: dir.path().join("data"),
+            size_bytes: 8 << 20,
+            max_sessions: 256,
+            format: true,
+            mmap: MmapOptions::default(),
+        }),
+        gap_fill_after: None,
+        loop_options: LoopOptions {
+            report_interval: None,
+            ..LoopOptions::default()
+        },
+        keys: None,
+        max_ops_per_s: Some(1_000_000),
+    };
+    let shutdown = Shutdown::new();
+    let server_shutdown = shutdown.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        let mut server =
+            ServerRuntime::open_with_engine(options, Some(EngineKind::Packet), server_shutdown)
+                .unwrap();
+        tx.send(server.addresses().data).unwrap();
+        server.run().unwrap();
+        server.metrics()
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    let mut session = ClientSession::open(SessionOptions::new(1, addr)).unwrap();
+    let set = Request::Set {
+        key: b"k",
+        value: b"v",
+    }
+    .to_bytes();
+    session.update(&set).unwrap();
+    let get = Request::Get { key: b"k" }.to_bytes();
+    for _ in 0..20 {
+        let (reply, device) = session.cache_read(b"k", &get).unwrap();
+        assert_eq!(device, 0, "the server answered");
+        assert_eq!(Reply::decode(&reply).unwrap(), Reply::Value(b"v".to_vec()));
+    }
+    shutdown.request();
+    let metrics = handle.join().unwrap();
+    // The update and the 20 reads, each paid for (retransmissions, if any, pay too).
+    let paid = metrics
+        .value("pmnet_server_capacity_paid_total", &[])
+        .unwrap();
+    assert!(paid >= 21.0, "{paid}");
+}

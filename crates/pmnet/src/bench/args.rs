@@ -324,7 +324,7 @@ fn parse_dist(text: &str) -> Result<(KeyDistribution, f64), String> {
     match text.strip_prefix("zipf:") {
         Some(exponent) => Ok((KeyDistribution::Zipf, parse_exponent(exponent)?)),
         None => Err(format!(
-            "{text:?} is not a distribution: give uniform or zipf:S (zipf:0.9, zipf:0.95,              zipf:0.99)"
+            "{text:?} is not a distribution: give uniform or zipf:S (zipf:0.9, zipf:0.95, zipf:0.99)"
         )),
     }
 }

@@ -40,7 +40,7 @@ use pmnet_runtime::{ClientSession, SessionOptions, Shutdown};
 use pmnet_store::{Reply, Request};
 
 pub use args::{fresh_keys, parse_payload, parse_seconds, BenchArgs, Pinning};
-pub use cache::CachePlan;
+pub use cache::{comparisons as cache_comparisons, CacheComparison, CachePlan};
 pub use capacity::{run_capacity, CapacityConfig};
 pub use cpu::cpu_table;
 pub use plan::{resolve_pinning, run_modes, Plan, Target};

@@ -67,6 +67,11 @@ pub struct DemoArgs {
     #[arg(long)]
     pub no_load: bool,
 
+    /// Skip the read cache's line (8 capacity-limited servers behind the device, Zipf 0.99
+    /// reads, the cache off and on).
+    #[arg(long)]
+    pub no_cache: bool,
+
     /// Directory of the log and store files (removed at the end).
     #[arg(long, value_name = "DIR", default_value = "/dev/shm")]
     pub dir: PathBuf,
@@ -172,6 +177,11 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
     } else {
         under_load(&plan, &args, &shutdown)?
     };
+    let cache_comparisons = if args.no_cache || shutdown.is_requested() {
+        Vec::new()
+    } else {
+        read_cache(&plan, &shutdown)?
+    };
     let capacity = if args.no_capacity || shutdown.is_requested() {
         None
     } else {
@@ -191,7 +201,7 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
         capacity,
         functional_check: Some(check),
         under_load,
-        cache_comparisons: Vec::new(),
+        cache_comparisons,
         interrupted,
     };
     if let Some(path) = &args.json {
@@ -283,6 +293,75 @@ fn latency(
 const LOAD_CLIENTS: [u32; 2] = [4, 16];
 const LOAD_SECONDS: f64 = 1.0;
 const LOAD_WARMUP_SECONDS: f64 = 0.3;
+
+/// The rack the read cache's line runs: servers, their (emulated) capacity, keys.
+const CACHE_RACK: (u16, u32, u64) = (8, 1_000, 100_000);
+
+/// Part 2c: the read cache, off and on, in front of a rack of capacity-limited servers (the
+/// same run as `pmnet bench --mode pmnet --cache on,off --servers 8 ...`): one line.
+fn read_cache(plan: &Plan, shutdown: &Shutdown) -> Result<Vec<bench::CacheComparison>, CliError> {
+    #[derive(clap::Parser)]
+    struct Bench {
+        #[command(flatten)]
+        args: bench::BenchArgs,
+    }
+    let (servers, capacity, keys) = CACHE_RACK;
+    let words = [
+        "bench".to_owned(),
+        "--mode".into(),
+        "pmnet".into(),
+        "--cache".into(),
+        "on,off".into(),
+        "--servers".into(),
+        servers.to_string(),
+        "--server-max-ops-per-s".into(),
+        capacity.to_string(),
+        "--dist".into(),
+        "zipf:0.99".into(),
+        "--update-ratio".into(),
+        "0".into(),
+        "--keys".into(),
+        keys.to_string(),
+        "--warmup".into(),
+        "3".into(),
+        "--duration".into(),
+        "2".into(),
+        "--seed".into(),
+        plan.seed.to_string(),
+    ];
+    let parsed = <Bench as clap::Parser>::try_parse_from(words)
+        .map_err(|error| format!("the read cache's run: {error}"))?;
+    let mut rack = Plan::from_args(&parsed.args)?;
+    rack.progress = false;
+    println!(
+        "   Read cache: {servers} servers of {capacity} requests/s each (emulated capacity) \
+         behind the device, {keys} keys, Zipf 0.99 reads, the cache off and on (3 s warm-up, \
+         2 s measured each):"
+    );
+    let (results, _, _) = bench::run_modes(&rack, shutdown)?;
+    let comparisons = bench::cache_comparisons(&results);
+    let off = results.iter().find(|result| result.cache.is_none());
+    let on = results.iter().find(|result| result.cache.is_some());
+    match (comparisons.first(), off, on) {
+        (Some(comparison), Some(off), Some(on)) => println!(
+            "   cache off {}/s, on {}/s: {:.2}× with {:.0} % of reads served by the device \
+             (ideal {}); a cached read's p50 {} of a server's",
+            thousands(off.ops_per_s),
+            thousands(on.ops_per_s),
+            comparison.gain,
+            comparison.hit_ratio * 100.0,
+            comparison
+                .ideal_gain
+                .map_or("-".to_owned(), |ideal| format!("{ideal:.2}×")),
+            comparison
+                .read_p50_hit_vs_off
+                .map_or("-".to_owned(), |ratio| format!("{ratio:.2}×")),
+        ),
+        _ => println!("   (the read cache's run did not finish)"),
+    }
+    println!();
+    Ok(comparisons)
+}
 
 /// Part 2b: baseline and pmnet with several clients each, with the CPU each part spends per
 /// update.
@@ -551,6 +630,7 @@ mod tests {
             seed: Some(1),
             no_capacity: true,
             no_load: true,
+            no_cache: true,
             dir: PathBuf::from("/tmp"),
             json: None,
         };

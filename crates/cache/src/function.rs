@@ -253,9 +253,10 @@ impl CacheFunction {
             self.sessions.settled(header.session_id, header.seq);
             return;
         }
+        let order = self.writes_received + 1;
         if self
             .table
-            .on_write_received(key, header.session_id, header.seq)
+            .on_write_received(key, header.session_id, header.seq, order)
         {
             // Older than what the item holds: its ack changes nothing here.
             self.sessions.settled(header.session_id, header.seq);
@@ -333,6 +334,25 @@ impl NetworkFunction for CacheFunction {
                 Verdict::Pass
             }
             PacketType::ServerAck => {
+                // A keyed write the server applied before the log acked it (its client has
+                // the server's reply): settled here, as an ack would have (or dropped, if
+                // the server skipped its number).
+                if let Some((key, reply_after, order)) =
+                    self.writes.remove(&(header.session_id, header.seq))
+                {
+                    if header.has_flag(pmnet_wire::flags::SKIPPED) {
+                        self.table.on_write_unlogged(&key);
+                    } else {
+                        self.table.on_write_acked(
+                            header.session_id,
+                            header.seq,
+                            &key,
+                            reply_after.as_deref(),
+                            order,
+                        );
+                    }
+                    self.sessions.settled(header.session_id, header.seq);
+                }
                 self.table.on_server_ack(header.session_id, header.seq);
                 Verdict::Pass
             }

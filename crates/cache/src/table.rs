@@ -64,6 +64,9 @@ struct Item {
     /// The order (as the device received them) of the write whose reply this is, or of the
     /// fetch: an ack of an older write, coming later, does not replace it.
     order: u64,
+    /// The order of the latest write to the key received (acked or not): until that write is
+    /// settled, no older write's ack makes the item servable again.
+    latest: u64,
     /// The highest number of each session's writes to the key seen since the item was made
     /// (at most [`WRITERS_MAX`] sessions; beyond, the item goes): a session's write that comes
     /// in after a later write of its own to the key is older than it, whatever the order.
@@ -166,7 +169,7 @@ impl CacheTable {
             .filter(|reply| reply.len() <= self.config.reply_max)
             .map(<[u8]>::to_vec);
         let item = self.items.get_mut(key).expect("checked");
-        if order >= item.order {
+        if order >= item.order && order >= item.latest {
             item.reply = reply;
             item.order = order;
         }
@@ -179,7 +182,7 @@ impl CacheTable {
     /// it is (or is refused), the item is not served (its value is about to change). `true`
     /// if the write is *late*: the session's own later write to the key came in before it, so
     /// it is older than the item's value and must not replace it (nor stop it being served).
-    pub fn on_write_received(&mut self, key: &[u8], session: u64, seq: u32) -> bool {
+    pub fn on_write_received(&mut self, key: &[u8], session: u64, seq: u32, order: u64) -> bool {
         if self.fetching.remove(key).is_some() {
             self.counters.fetches_voided += 1;
         }
@@ -196,6 +199,7 @@ impl CacheTable {
         }
         item.writers.insert(session, seq);
         item.reply = None;
+        item.latest = item.latest.max(order);
         false
     }
 
@@ -265,6 +269,7 @@ impl CacheTable {
                 waiting: 0,
                 hits: 0,
                 order,
+                latest: order,
                 writers: HashMap::new(),
             },
         );
@@ -452,8 +457,8 @@ mod tests {
     fn an_older_write_acked_after_a_newer_one_does_not_replace_its_value() {
         let mut table = table();
         insert(&mut table, b"k", b"v1");
-        assert!(!table.on_write_received(b"k", 1, 1));
-        assert!(!table.on_write_received(b"k", 1, 2));
+        assert!(!table.on_write_received(b"k", 1, 1, 2));
+        assert!(!table.on_write_received(b"k", 1, 2, 3));
         // The second write (order 3) is acked before the first (order 2).
         table.on_write_acked(1, 2, b"k", Some(b"new"), 3);
         table.on_write_acked(1, 1, b"k", Some(b"old"), 2);
@@ -470,5 +475,17 @@ mod tests {
             "older than the session's 5"
         );
         assert!(!table.on_write_received(b"k", 2, 1), "another session's");
+    }
+
+    #[test]
+    fn an_older_write_acked_while_a_newer_one_is_unsettled_does_not_make_the_item_servable() {
+        let mut table = table();
+        insert(&mut table, b"k", b"v1");
+        assert!(!table.on_write_received(b"k", 1, 9, 2));
+        assert!(!table.on_write_received(b"k", 1, 10, 3));
+        table.on_write_acked(1, 9, b"k", Some(b"nine"), 2);
+        assert_eq!(table.lookup(b"k"), None, "10 may be complete already");
+        table.on_write_acked(1, 10, b"k", Some(b"ten"), 3);
+        assert_eq!(table.lookup(b"k"), Some(&b"ten"[..]));
     }
 }

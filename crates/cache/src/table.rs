@@ -469,12 +469,12 @@ mod tests {
     fn a_write_that_comes_in_after_a_later_one_of_its_session_is_late() {
         let mut table = table();
         insert(&mut table, b"k", b"v1");
-        assert!(!table.on_write_received(b"k", 1, 5));
+        assert!(!table.on_write_received(b"k", 1, 5, 2));
         assert!(
-            table.on_write_received(b"k", 1, 4),
+            table.on_write_received(b"k", 1, 4, 3),
             "older than the session's 5"
         );
-        assert!(!table.on_write_received(b"k", 2, 1), "another session's");
+        assert!(!table.on_write_received(b"k", 2, 1, 4), "another session's");
     }
 
     #[test]

@@ -273,6 +273,21 @@ impl CacheFunction {
         );
     }
 
+    /// Keyed write `seq` of `session`, seen on its way in, is settled: durable (`applied`:
+    /// its reply-after may become the item's value) or not to be (the item goes).
+    fn settle(&mut self, session: u64, seq: u32, applied: bool) {
+        let Some((key, reply_after, order)) = self.writes.remove(&(session, seq)) else {
+            return;
+        };
+        if applied {
+            self.table
+                .on_write_acked(session, seq, &key, reply_after.as_deref(), order);
+        } else {
+            self.table.on_write_unlogged(&key);
+        }
+        self.sessions.settled(session, seq);
+    }
+
     /// The controller's turn: abandon fetches that went unanswered, admit the hot keys
     /// reported, start a new interval.
     fn run_controller(&mut self, now: Time) {
@@ -337,22 +352,11 @@ impl NetworkFunction for CacheFunction {
                 // A keyed write the server applied before the log acked it (its client has
                 // the server's reply): settled here, as an ack would have (or dropped, if
                 // the server skipped its number).
-                if let Some((key, reply_after, order)) =
-                    self.writes.remove(&(header.session_id, header.seq))
-                {
-                    if header.has_flag(pmnet_wire::flags::SKIPPED) {
-                        self.table.on_write_unlogged(&key);
-                    } else {
-                        self.table.on_write_acked(
-                            header.session_id,
-                            header.seq,
-                            &key,
-                            reply_after.as_deref(),
-                            order,
-                        );
-                    }
-                    self.sessions.settled(header.session_id, header.seq);
-                }
+                self.settle(
+                    header.session_id,
+                    header.seq,
+                    !header.has_flag(pmnet_wire::flags::SKIPPED),
+                );
                 self.table.on_server_ack(header.session_id, header.seq);
                 Verdict::Pass
             }
@@ -450,21 +454,6 @@ impl NetworkFunction for CacheFunction {
             PacketType::NotLogged => false,
             _ => return,
         };
-        let Some((key, reply_after, order)) = self.writes.remove(&(header.session_id, header.seq))
-        else {
-            return;
-        };
-        if acked {
-            self.table.on_write_acked(
-                header.session_id,
-                header.seq,
-                &key,
-                reply_after.as_deref(),
-                order,
-            );
-        } else {
-            self.table.on_write_unlogged(&key);
-        }
-        self.sessions.settled(header.session_id, header.seq);
+        self.settle(header.session_id, header.seq, acked);
     }
 }

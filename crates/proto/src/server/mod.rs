@@ -639,18 +639,19 @@ impl Server {
         let request = if assembly.fill {
             Vec::new()
         } else {
-            let (request, parsed) = {
-                let first = assembly
-                    .parts
-                    .first()
-                    .and_then(Option::as_deref)
-                    .unwrap_or(&[]);
-                let first = first.to_vec();
-                order::strip_descriptor(assembly.keyed, &first, crate::concat_parts(assembly.parts))
+            // A keyed write reaches the application without its descriptor.
+            let strip = if assembly.keyed {
+                let first = assembly.parts.first().and_then(Option::as_deref);
+                let len = order::descriptor_len(first.unwrap_or_default());
+                if len.is_none() {
+                    self.counters.keyed_bad_descriptors += 1;
+                }
+                len.unwrap_or(0)
+            } else {
+                0
             };
-            if !parsed {
-                self.counters.keyed_bad_descriptors += 1;
-            }
+            let mut request = crate::concat_parts(assembly.parts);
+            request.drain(..strip);
             request
         };
         self.events.push_back(ServerEvent::Apply {

@@ -40,18 +40,14 @@ pub(super) fn after_of(assembly: &Assembly) -> Option<(u64, u32)> {
     descriptor.order.after()
 }
 
-/// A keyed write's request as the application sees it: without its descriptor. The
-/// descriptor must be whole in the first fragment (`first`), where a device's cache reads it:
-/// a keyed write whose key a device could not read must not change that key, so it is handed
-/// on as it came (the application refuses what it cannot decode), and `false` says so.
-pub(super) fn strip_descriptor(keyed: bool, first: &[u8], request: Vec<u8>) -> (Vec<u8>, bool) {
-    if !keyed {
-        return (request, true);
-    }
-    match WriteDescriptor::parse(first) {
-        Ok((descriptor, _)) => (request[descriptor.len()..].to_vec(), true),
-        Err(_) => (request, false),
-    }
+/// How many bytes of a keyed write's request its descriptor takes, read from the first
+/// fragment (where a device's cache reads it); `None` when that fragment holds no whole
+/// descriptor: a keyed write whose key a device could not read must not change that key, so it
+/// is handed on as it came (the application refuses what it cannot decode).
+pub(super) fn descriptor_len(first: &[u8]) -> Option<usize> {
+    WriteDescriptor::parse(first)
+        .ok()
+        .map(|(descriptor, _)| descriptor.len())
 }
 
 impl Server {
@@ -170,23 +166,10 @@ mod tests {
             ..Assembly::whole(RequestKind::Update, false, keyed(None))
         };
         assert_eq!(after_of(&first), None);
-        assert_eq!(
-            strip_descriptor(true, &keyed(None), keyed(None)),
-            (b"k=v".to_vec(), true)
-        );
-        // A descriptor cut by the first fragment's end: handed on whole, refused.
         let whole = keyed(None);
-        assert_eq!(
-            strip_descriptor(true, &whole[..10], whole.clone()),
-            (whole, false)
-        );
-        assert_eq!(
-            strip_descriptor(false, b"", b"k=v".to_vec()),
-            (b"k=v".to_vec(), true)
-        );
-        assert_eq!(
-            strip_descriptor(true, b"junk", b"junk".to_vec()),
-            (b"junk".to_vec(), false)
-        );
+        assert_eq!(descriptor_len(&whole), Some(whole.len() - b"k=v".len()));
+        // A descriptor cut by the first fragment's end: handed on whole, refused.
+        assert_eq!(descriptor_len(&whole[..10]), None);
+        assert_eq!(descriptor_len(b"junk"), None);
     }
 }

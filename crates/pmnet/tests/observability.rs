@@ -107,11 +107,14 @@ fn scrape_after_traffic(engine: &'static str) {
         sample(&device, "pmnet_device_updates_logged_total", port),
         n
     );
-    // One PMNet-ACK per update, and one more for each retransmission the device had logged
-    // already (a slow host makes the client resend).
-    assert_eq!(
-        sample(&device, "pmnet_device_pmnet_acks_sent_total", port),
-        n + sample(&device, "pmnet_device_duplicate_updates_total", port)
+    // One PMNet-ACK per update, and at most one more for each retransmission the device had
+    // logged already (a slow host makes the client resend; one that comes while the entry is
+    // still being written shares its first ack).
+    let acks = sample(&device, "pmnet_device_pmnet_acks_sent_total", port);
+    let duplicates = sample(&device, "pmnet_device_duplicate_updates_total", port);
+    assert!(
+        acks >= n && acks <= n + duplicates,
+        "{acks} PMNet-ACKs for {n} updates and {duplicates} retransmissions"
     );
     // (Retransmissions are counted too: at least the one read.)
     assert!(sample(&device, "pmnet_device_bypass_forwarded_total", port) >= 1.0);

@@ -19,6 +19,11 @@
 //!   the meantime, evicting the least hit item when the table is full. Then a new interval
 //!   starts (statistics and hit counts reset).
 //!
+//! - **Barriers** (a keyed write with no key: one that may change any key, such as a Redis
+//!   `MSET` or a script): every item goes, every fetch is voided, and no fetch starts until the
+//!   server's answer to the barrier has passed back (it is applied), or `barrier_timeout` (the
+//!   request lifetime) has gone by.
+//!
 //! Nothing here is persistent: a restarted device starts with an empty cache.
 
 use std::collections::HashMap;
@@ -26,7 +31,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use pmnet_proto::{NetworkFunction, PersistBatch, Time, Transmit, Verdict};
-use pmnet_wire::cache::{ReadDescriptor, WriteDescriptor, CACHE_READ, CACHE_REPLY, KEYED};
+use pmnet_wire::cache::{
+    ReadDescriptor, WriteDescriptor, CACHE_READ, CACHE_REPLY, KEYED, NOT_CACHEABLE,
+};
 use pmnet_wire::{Header, PacketType};
 
 use crate::sessions::Sessions;
@@ -50,6 +57,10 @@ pub struct CacheConfig {
     /// device that restarted since) may still be answered, on a state older than what this
     /// device acked. At least the clients' longest request lifetime.
     pub fetch_warmup: Duration,
+    /// A barrier whose server answer has not passed back is let go after this long (then
+    /// fetches start again): the clients' longest request lifetime, after which it can no
+    /// longer be applied.
+    pub barrier_timeout: Duration,
 }
 
 impl CacheConfig {
@@ -62,6 +73,7 @@ impl CacheConfig {
             inserts_per_interval: 256,
             fetch_timeout: Duration::from_millis(500),
             fetch_warmup: Duration::from_millis(pmnet_wire::MAX_REQUEST_LIFETIME_MS),
+            barrier_timeout: Duration::from_millis(pmnet_wire::MAX_REQUEST_LIFETIME_MS),
         }
     }
 }
@@ -78,6 +90,10 @@ pub struct CacheCounters {
     pub fetches_sent: u64,
     pub fetches_inserted: u64,
     pub fetches_abandoned: u64,
+    /// Fetch answers a server marked not cacheable.
+    pub not_cacheable: u64,
+    /// Barriers seen (each drops the whole table).
+    pub barriers: u64,
     pub intervals: u64,
 }
 
@@ -111,6 +127,9 @@ pub struct CacheFunction {
     writes_received: u64,
     /// When the cache saw its first datagram (fetches wait for `fetch_warmup` after it).
     started: Option<Time>,
+    /// Barriers seen whose server answer has not passed back yet, with when they came: no
+    /// fetch starts while any is here (one older than `barrier_timeout` is let go).
+    barriers: HashMap<(u64, u32), Time>,
     transmits: std::collections::VecDeque<Transmit>,
     pub counters: CacheCounters,
 }
@@ -119,6 +138,9 @@ pub struct CacheFunction {
 const WRITES_MAX: usize = 65_536;
 /// Misses remembered at most.
 const MISSES_MAX: usize = 65_536;
+/// Barriers awaiting their server's answer remembered at most (beyond, the oldest is kept
+/// waiting in a longer quiet period: see [`CacheFunction::on_barrier`]).
+const BARRIERS_MAX: usize = 4_096;
 
 impl CacheFunction {
     pub fn new(config: CacheConfig) -> Result<CacheFunction, StatsConfigError> {
@@ -132,6 +154,7 @@ impl CacheFunction {
             next_interval: None,
             writes_received: 0,
             started: None,
+            barriers: HashMap::new(),
             transmits: std::collections::VecDeque::new(),
             counters: CacheCounters::default(),
             config,
@@ -172,7 +195,8 @@ impl CacheFunction {
         let warm = self
             .started
             .is_some_and(|at| now.saturating_duration_since(at) >= self.config.fetch_warmup);
-        let fetch = if first_seen && warm && self.wanted.remove(read.key) {
+        let quiet = !self.barriers.is_empty();
+        let fetch = if first_seen && warm && !quiet && self.wanted.remove(read.key) {
             self.table
                 .begin_fetch(read.key)
                 .map(|ticket| (read.key.to_vec(), ticket, now))
@@ -220,7 +244,11 @@ impl CacheFunction {
             .applied_through(header.session_id, miss.read_after);
         if let Some((key, ticket, _)) = miss.fetch {
             let order = self.writes_received;
-            if header.fragment_count == 1 && self.table.complete_fetch(&key, ticket, payload, order)
+            if header.has_flag(NOT_CACHEABLE) {
+                self.counters.not_cacheable += 1;
+                self.table.abandon_fetch(&key, ticket);
+            } else if header.fragment_count == 1
+                && self.table.complete_fetch(&key, ticket, payload, order)
             {
                 self.counters.fetches_inserted += 1;
             } else {
@@ -230,7 +258,24 @@ impl CacheFunction {
         Verdict::Pass
     }
 
-    fn on_update(&mut self, header: &Header, payload: &[u8]) {
+    /// A barrier on its way in: the table is emptied and fetches wait until the server's
+    /// answer to it passes back. Every write of any key the device acked before it is then
+    /// either applied or ordered before the key's next fetch (`keyed.rs`), and the barrier is
+    /// applied: a fetch started after it reads what the store holds.
+    fn on_barrier(&mut self, now: Time, header: &Header) {
+        self.sessions.passed(header.session_id, header.seq, false);
+        self.counters.barriers += 1;
+        self.table.invalidate_all();
+        if self.barriers.len() >= BARRIERS_MAX {
+            // Too many to follow one by one: keep the cache quiet a whole request lifetime
+            // from now (any of them may still be applied until then).
+            self.barriers.clear();
+            self.barriers.insert((0, 0), now);
+        }
+        self.barriers.insert((header.session_id, header.seq), now);
+    }
+
+    fn on_update(&mut self, now: Time, header: &Header, payload: &[u8]) {
         let keyed = header.has_flag(KEYED);
         if !keyed {
             self.sessions.passed(header.session_id, header.seq, false);
@@ -243,6 +288,10 @@ impl CacheFunction {
             self.sessions.passed(header.session_id, header.seq, false);
             return;
         };
+        if descriptor.is_barrier() {
+            self.on_barrier(now, header);
+            return;
+        }
         if !self.sessions.passed(header.session_id, header.seq, true) {
             return; // a duplicate: it changes nothing it has not changed already
         }
@@ -292,6 +341,9 @@ impl CacheFunction {
     /// reported, start a new interval.
     fn run_controller(&mut self, now: Time) {
         self.counters.intervals += 1;
+        let lifetime = self.config.barrier_timeout;
+        self.barriers
+            .retain(|_, at| now.saturating_duration_since(*at) < lifetime);
         let timeout = self.config.fetch_timeout;
         for miss in self.misses.values_mut() {
             let stale = miss
@@ -333,16 +385,23 @@ impl NetworkFunction for CacheFunction {
             PacketType::Reserved(CACHE_READ) => self.on_read(now, from, header, payload),
             PacketType::Reserved(CACHE_REPLY) => self.on_reply(header, payload),
             PacketType::UpdateRequest => {
-                self.on_update(header, payload);
+                self.on_update(now, header, payload);
                 Verdict::Pass
             }
             PacketType::BypassRequest => {
                 // A keyed bypass writes its key with a reply only the server knows: the item
                 // goes (and any fetch of it), and the key's next fetch is ordered after it.
                 if header.has_flag(KEYED) && header.fragment_index == 0 {
-                    if let Ok((descriptor, _)) = WriteDescriptor::parse(payload) {
-                        self.counters.keyed_writes_seen += 1;
-                        self.table.on_write_unlogged(descriptor.key);
+                    match WriteDescriptor::parse(payload) {
+                        Ok((descriptor, _)) if descriptor.is_barrier() => {
+                            self.on_barrier(now, header);
+                            return Verdict::Pass;
+                        }
+                        Ok((descriptor, _)) => {
+                            self.counters.keyed_writes_seen += 1;
+                            self.table.on_write_unlogged(descriptor.key);
+                        }
+                        Err(_) => {}
                     }
                 }
                 self.sessions.passed(header.session_id, header.seq, false);
@@ -358,6 +417,7 @@ impl NetworkFunction for CacheFunction {
                     !header.has_flag(pmnet_wire::flags::SKIPPED),
                 );
                 self.table.on_server_ack(header.session_id, header.seq);
+                self.barriers.remove(&(header.session_id, header.seq));
                 Verdict::Pass
             }
             _ => Verdict::Pass,
@@ -434,6 +494,21 @@ impl NetworkFunction for CacheFunction {
                 "pmnet_cache_fetches_voided_total",
                 "Fetches voided by a write.",
                 t.fetches_voided,
+            ),
+            (
+                "pmnet_cache_barriers_total",
+                "Barriers seen (writes that may change any key: the table is emptied).",
+                c.barriers,
+            ),
+            (
+                "pmnet_cache_not_cacheable_total",
+                "Fetch answers the server marked not cacheable.",
+                c.not_cacheable,
+            ),
+            (
+                "pmnet_cache_items",
+                "Items in the table now.",
+                self.table.len() as u64,
             ),
             (
                 "pmnet_cache_intervals_total",

@@ -317,6 +317,15 @@ impl CacheTable {
         }
     }
 
+    /// A barrier (a write that may change any key) came in: every item goes, and every fetch
+    /// under way is voided.
+    pub fn invalidate_all(&mut self) {
+        self.counters.invalidations += self.items.len() as u64;
+        self.counters.fetches_voided += self.fetching.len() as u64;
+        self.items.clear();
+        self.fetching.clear();
+    }
+
     fn invalidate(&mut self, key: &[u8]) {
         if self.items.remove(key).is_some() {
             self.counters.invalidations += 1;

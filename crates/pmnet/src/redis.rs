@@ -125,6 +125,12 @@ pub struct GatewayArgs {
     #[arg(long, value_name = "FILE")]
     pub password_file: Option<std::path::PathBuf>,
 
+    /// The device runs a read cache (`pmnet device --cache`): send `GET key` as a cache read
+    /// the device may answer, and every write keyed (or, for one that may change several
+    /// keys, as a barrier) so that the cache stays coherent (docs/cache.md).
+    #[arg(long)]
+    pub device_cache: bool,
+
     #[command(flatten)]
     pub run: LoopArgs,
 }
@@ -275,6 +281,14 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
     options.report_interval = report_interval(&args.run);
     options.metrics_listen = args.run.metrics;
     options.keys = args.run.keys()?;
+    if args.device_cache && !more_devices.is_empty() {
+        return Err(
+            "--device-cache needs one device address: a device's cache is coherent \
+                    only for the writes that pass through it, and --workers splits them"
+                .into(),
+        );
+    }
+    options.device_cache = args.device_cache;
     if let Some(path) = &args.password_file {
         options.auth.password = Some(read_password_file(path, "--password-file")?);
     }
@@ -304,6 +318,15 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
                 "PMNet updates answered +OK on the device's ack (--ack-counting-writes)"
             } else {
                 "bypass, answered with Redis's reply"
+            }
+        ),
+        format!(
+            "  device cache: {}",
+            if args.device_cache {
+                "GET as cache reads the device may answer; writes keyed, multi-key writes as \
+                 barriers (--device-cache)"
+            } else {
+                "not used (GET goes to Redis)"
             }
         ),
         format!("  {}", describe(&args.run, gateway.metrics_addr())),

@@ -76,6 +76,12 @@ pub struct RedisUpArgs {
     /// Authenticate PMNet's datagrams with this deployment key file (`pmnet keygen`).
     #[arg(long, value_name = "FILE")]
     pub key_file: Option<PathBuf>,
+
+    /// Run the device's read cache: hot keys' `GET`s are answered by the device, kept
+    /// coherent with every write (docs/cache.md; the device starts fetching hot keys 12 s
+    /// after it starts).
+    #[arg(long)]
+    pub cache: bool,
 }
 
 /// How long the gateway and the device spin after their last work by default (µs).
@@ -314,6 +320,9 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
     device.extend(cpu_args(place.device));
     device.extend(wait_args(&args));
     device.extend(key_args.iter().cloned());
+    if args.cache {
+        device.push("--cache".to_owned());
+    }
     parts.push(start_pmnet("device", &device)?);
     let mut adaptor = vec![
         "redis-adaptor".to_owned(),
@@ -339,6 +348,9 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
     gateway.extend(key_args.iter().cloned());
     if let Some(path) = &args.password_file {
         gateway.extend(["--password-file".to_owned(), path.display().to_string()]);
+    }
+    if args.cache {
+        gateway.push("--device-cache".to_owned());
     }
     parts.push(start_pmnet("gateway", &gateway)?);
     println!(

@@ -64,7 +64,8 @@ pub trait NetworkFunction {
     /// PMNet-ACKs which updates are durable). Nothing by default.
     fn on_sent(&mut self, _transmit: &Transmit) {}
 
-    /// The function's counters for a metrics endpoint: (name, help, value). None by default.
+    /// The function's counters for a metrics endpoint: (name, help, value); a name that does
+    /// not end in `_total` is a gauge (a level now). None by default.
     fn counter_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
         Vec::new()
     }

@@ -249,6 +249,212 @@ fn counting_args_are_valid(name: &str, args: &[Vec<u8>]) -> bool {
     }
 }
 
+/// What a command does to the keys a device's read cache may hold (docs/cache.md, "Through
+/// the Redis gateway"). Every command that may write reaches the device keyed, or as a
+/// barrier, so that no cached value outlives a write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheUse<'a> {
+    /// `GET key`: a cache read.
+    Read(&'a [u8]),
+    /// A write of this one key (a keyed update or bypass); `reply_after`, for a plain
+    /// `SET key value`, is what a `GET` of the key answers after it.
+    Write {
+        key: &'a [u8],
+        reply_after: Option<Vec<u8>>,
+    },
+    /// A write that may change several keys, or any (a barrier: the cache drops everything).
+    Barrier,
+    /// Changes no key.
+    Nothing,
+}
+
+/// Commands whose only key is their first argument and that may write it.
+const ONE_KEY_WRITES: &[&str] = &[
+    "SET",
+    "SETEX",
+    "PSETEX",
+    "SETNX",
+    "GETSET",
+    "GETDEL",
+    "GETEX",
+    "APPEND",
+    "SETRANGE",
+    "INCR",
+    "DECR",
+    "INCRBY",
+    "DECRBY",
+    "INCRBYFLOAT",
+    "EXPIRE",
+    "PEXPIRE",
+    "EXPIREAT",
+    "PEXPIREAT",
+    "PERSIST",
+    "HSET",
+    "HSETNX",
+    "HMSET",
+    "HDEL",
+    "HINCRBY",
+    "HINCRBYFLOAT",
+    "LPUSH",
+    "RPUSH",
+    "LPUSHX",
+    "RPUSHX",
+    "LPOP",
+    "RPOP",
+    "LSET",
+    "LREM",
+    "LTRIM",
+    "LINSERT",
+    "SADD",
+    "SREM",
+    "SPOP",
+    "ZADD",
+    "ZREM",
+    "ZINCRBY",
+    "ZPOPMIN",
+    "ZPOPMAX",
+    "ZREMRANGEBYSCORE",
+    "ZREMRANGEBYRANK",
+    "ZREMRANGEBYLEX",
+    "PFADD",
+    "SETBIT",
+    "BITFIELD",
+    "XADD",
+    "XDEL",
+    "XTRIM",
+    "GEOADD",
+    "RESTORE",
+];
+
+/// Commands that write no key (they read, or act outside the data).
+const NO_WRITES: &[&str] = &[
+    "GET",
+    "MGET",
+    "STRLEN",
+    "GETRANGE",
+    "SUBSTR",
+    "EXISTS",
+    "TTL",
+    "PTTL",
+    "EXPIRETIME",
+    "PEXPIRETIME",
+    "TYPE",
+    "HGET",
+    "HMGET",
+    "HGETALL",
+    "HKEYS",
+    "HVALS",
+    "HLEN",
+    "HEXISTS",
+    "HSTRLEN",
+    "HRANDFIELD",
+    "HSCAN",
+    "LRANGE",
+    "LLEN",
+    "LINDEX",
+    "LPOS",
+    "SMEMBERS",
+    "SISMEMBER",
+    "SMISMEMBER",
+    "SCARD",
+    "SRANDMEMBER",
+    "SSCAN",
+    "SINTER",
+    "SUNION",
+    "SDIFF",
+    "SINTERCARD",
+    "ZRANGE",
+    "ZRANGEBYSCORE",
+    "ZRANGEBYLEX",
+    "ZREVRANGE",
+    "ZREVRANGEBYSCORE",
+    "ZREVRANGEBYLEX",
+    "ZSCORE",
+    "ZMSCORE",
+    "ZCARD",
+    "ZCOUNT",
+    "ZLEXCOUNT",
+    "ZRANK",
+    "ZREVRANK",
+    "ZSCAN",
+    "ZRANDMEMBER",
+    "ZINTER",
+    "ZUNION",
+    "ZDIFF",
+    "ZINTERCARD",
+    "KEYS",
+    "SCAN",
+    "RANDOMKEY",
+    "DBSIZE",
+    "DUMP",
+    "OBJECT",
+    "GETBIT",
+    "BITCOUNT",
+    "BITPOS",
+    "BITFIELD_RO",
+    "XRANGE",
+    "XREVRANGE",
+    "XLEN",
+    "LCS",
+    "SORT_RO",
+    "GEOPOS",
+    "GEODIST",
+    "GEOHASH",
+    "GEOSEARCH",
+    "GEORADIUS_RO",
+    "GEORADIUSBYMEMBER_RO",
+    "TOUCH",
+    "INFO",
+    "TIME",
+    "LASTSAVE",
+    "PING",
+    "ECHO",
+    "COMMAND",
+    "PUBLISH",
+    "EVAL_RO",
+    "EVALSHA_RO",
+    "FCALL_RO",
+    "MEMORY",
+    "PFCOUNT",
+];
+
+fn named(list: &[&str], name: &[u8]) -> bool {
+    list.iter()
+        .any(|entry| entry.as_bytes().eq_ignore_ascii_case(name))
+}
+
+/// What `args` (a command the gateway sends on, not answered by itself) does to the keys a
+/// cache may hold. Unknown commands are barriers: a command must be known to write nothing,
+/// or one key, to be sent otherwise.
+pub fn cache_use(args: &[Vec<u8>]) -> CacheUse<'_> {
+    let Some(name) = args.first() else {
+        return CacheUse::Nothing;
+    };
+    if name.eq_ignore_ascii_case(b"GET") && args.len() == 2 && !args[1].is_empty() {
+        return CacheUse::Read(&args[1]);
+    }
+    if named(NO_WRITES, name) {
+        return CacheUse::Nothing;
+    }
+    let key = args
+        .get(1)
+        .filter(|key| !key.is_empty() && key.len() <= 255);
+    // DEL and UNLINK of one key write it; of several, they are barriers.
+    let one_key_delete = (name.eq_ignore_ascii_case(b"DEL")
+        || name.eq_ignore_ascii_case(b"UNLINK"))
+        && args.len() == 2;
+    match key {
+        Some(key) if one_key_delete || named(ONE_KEY_WRITES, name) => {
+            // A plain `SET key value`: the value a GET answers after it (an option such as
+            // an expiry or a condition makes the write only invalidate).
+            let reply_after =
+                (name.eq_ignore_ascii_case(b"SET") && args.len() == 3).then(|| bulk(&args[2]));
+            CacheUse::Write { key, reply_after }
+        }
+        _ => CacheUse::Barrier,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -324,6 +530,43 @@ mod tests {
         assert_eq!(route_of(&["ZREVRANGE", "z", "0", "-1"]), Route::Bypass);
         assert_eq!(route_of(&["multi"]), Route::Connection("MULTI"));
         assert_eq!(route_of(&["hello", "3"]), Route::Connection("HELLO"));
+    }
+
+    #[test]
+    fn every_write_reaches_a_cache_keyed_or_as_a_barrier() {
+        let uses = |words: &[&str]| {
+            let args = args(words);
+            let shape = match cache_use(&args) {
+                CacheUse::Read(key) => format!("read {}", String::from_utf8_lossy(key)),
+                CacheUse::Write { key, reply_after } => format!(
+                    "write {} {:?}",
+                    String::from_utf8_lossy(key),
+                    reply_after.map(|reply| String::from_utf8_lossy(&reply).into_owned())
+                ),
+                CacheUse::Barrier => "barrier".to_owned(),
+                CacheUse::Nothing => "nothing".to_owned(),
+            };
+            shape
+        };
+        assert_eq!(uses(&["get", "k"]), "read k");
+        assert_eq!(
+            uses(&["SET", "k", "hello"]),
+            "write k Some(\"$5\\r\\nhello\\r\\n\")"
+        );
+        assert_eq!(uses(&["SET", "k", "v", "EX", "10"]), "write k None");
+        assert_eq!(uses(&["incr", "n"]), "write n None");
+        assert_eq!(uses(&["DEL", "k"]), "write k None");
+        assert_eq!(uses(&["DEL", "a", "b"]), "barrier");
+        assert_eq!(uses(&["MSET", "a", "1", "b", "2"]), "barrier");
+        assert_eq!(uses(&["RENAME", "a", "b"]), "barrier");
+        assert_eq!(uses(&["FLUSHALL"]), "barrier");
+        assert_eq!(uses(&["EVAL", "return 1", "0"]), "barrier");
+        assert_eq!(uses(&["NOT-A-COMMAND", "k"]), "barrier");
+        assert_eq!(uses(&["PMNET.EXEC", "0", "0"]), "barrier");
+        assert_eq!(uses(&["MGET", "a", "b"]), "nothing");
+        assert_eq!(uses(&["GET", "a", "b"]), "nothing");
+        assert_eq!(uses(&["PTTL", "k"]), "nothing");
+        assert_eq!(uses(&["PMNET.WATCH", "k"]), "barrier");
     }
 
     #[test]

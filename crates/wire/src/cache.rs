@@ -1,5 +1,4 @@
-//! The read cache's wire format (docs/cache.md; the cache function is being built and no
-//! endpoint sends these yet).
+//! The read cache's wire format (docs/cache.md).
 //!
 //! - **Keyed update**: an update request (type `0x01`) with flag [`KEYED`]. Its payload (the
 //!   first fragment's, for a request in several) starts with a [`WriteDescriptor`]: the key it
@@ -21,7 +20,7 @@
 //! | write | after: session | 8 (set by the device that logs it; 0 from a client) |
 //! | | after: sequence number | 4 (0: the write waits for nothing) |
 //! | | stamp | 8 (the device's count of keyed writes; 0 from a client) |
-//! | | key length *k* | 1 (1 to 255) |
+//! | | key length *k* | 1 (0 to 255; 0: a *barrier*, a write that may change every key) |
 //! | | key | *k* |
 //! | | reply-after length *r* | 2 ([`NO_REPLY_AFTER`]: none, the write only invalidates) |
 //! | | reply after the write | *r* (at most [`REPLY_AFTER_MAX`]) |
@@ -38,6 +37,9 @@ pub const CACHE_REPLY: u8 = 0x11;
 /// Header flag of an update request whose payload starts with a [`WriteDescriptor`]
 /// (bit 8: the first of the bits reserved for the in-network functions).
 pub const KEYED: u16 = 1 << 8;
+/// Header flag of a cache reply from a server that no cache may keep (a Redis key with a
+/// time to live: the device would not see it expire). Bit 9.
+pub const NOT_CACHEABLE: u16 = 1 << 9;
 /// The reply-after length of a write that carries no reply (its value is too large to cache).
 pub const NO_REPLY_AFTER: u16 = u16::MAX;
 /// Bytes of a reply-after at most.
@@ -112,6 +114,8 @@ pub enum DescriptorError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteDescriptor<'a> {
     pub order: WriteOrder,
+    /// The key written; empty for a barrier (a write that may change any key: a cache drops
+    /// everything it holds).
     pub key: &'a [u8],
     /// The reply a read of `key` gives once this write is applied; `None`: the write only
     /// invalidates what a cache holds for the key.
@@ -122,7 +126,7 @@ impl<'a> WriteDescriptor<'a> {
     /// The descriptor at the front of `payload`, and the application's request after it.
     pub fn parse(payload: &'a [u8]) -> Result<(WriteDescriptor<'a>, &'a [u8]), DescriptorError> {
         let (order, rest) = WriteOrder::parse(payload)?;
-        let (key, rest) = key_at(rest)?;
+        let (key, rest) = key_or_barrier_at(rest)?;
         let (len, rest) = split(rest, 2)?;
         let len = u16::from_be_bytes([len[0], len[1]]);
         if len == NO_REPLY_AFTER {
@@ -159,13 +163,20 @@ impl<'a> WriteDescriptor<'a> {
         false
     }
 
-    /// Append the descriptor to `out`. Panics on a key of 0 or more than 255 bytes or a reply
+    /// Whether the write is a barrier (it names no key: it may change any).
+    pub fn is_barrier(&self) -> bool {
+        self.key.is_empty()
+    }
+
+    /// Append the descriptor to `out`. Panics on a key of more than 255 bytes or a reply
     /// longer than [`REPLY_AFTER_MAX`]: the caller checks what it sends.
     pub fn emit(&self, out: &mut Vec<u8>) {
         let at = out.len();
         out.resize(at + ORDER_LEN, 0);
         self.order.write_into(&mut out[at..]);
-        emit_key(self.key, out);
+        let len = u8::try_from(self.key.len()).expect("a key of at most 255 bytes");
+        out.push(len);
+        out.extend_from_slice(self.key);
         match self.reply_after {
             None => out.extend_from_slice(&NO_REPLY_AFTER.to_be_bytes()),
             Some(reply) => {
@@ -260,6 +271,12 @@ fn key_at(bytes: &[u8]) -> Result<(&[u8], &[u8]), DescriptorError> {
     split(rest, usize::from(len[0]))
 }
 
+/// A write's key: empty for a barrier.
+fn key_or_barrier_at(bytes: &[u8]) -> Result<(&[u8], &[u8]), DescriptorError> {
+    let (len, rest) = split(bytes, 1)?;
+    split(rest, usize::from(len[0]))
+}
+
 fn emit_key(key: &[u8], out: &mut Vec<u8>) {
     let len = u8::try_from(key.len()).expect("a key of at most 255 bytes");
     assert!(len > 0, "an empty key");
@@ -320,6 +337,16 @@ mod tests {
             "0000000000000000000000000000000000000000016bffff"
         );
         assert!(!WriteOrder::default().write_into(&mut [0; ORDER_LEN - 1]));
+        // A barrier: MSET a 1 b 2 through the gateway writes no single key.
+        let barrier = WriteDescriptor {
+            order: WriteOrder::default(),
+            key: b"",
+            reply_after: None,
+        };
+        let mut out = Vec::new();
+        barrier.emit(&mut out);
+        assert_eq!(hex(&out), "000000000000000000000000000000000000000000ffff");
+        assert!(WriteDescriptor::parse(&out).unwrap().0.is_barrier());
         let read = ReadDescriptor {
             read_after: 7,
             after_session: 0,
@@ -391,10 +418,10 @@ mod tests {
             );
         }
         let ordered = |rest: &[u8]| [&[0; ORDER_LEN][..], rest].concat();
-        assert_eq!(
-            WriteDescriptor::parse(&ordered(&[0, 0, 0])),
-            Err(DescriptorError::EmptyKey)
-        );
+        // A key of length 0 is a barrier.
+        let barrier_payload = ordered(&[0, 0xff, 0xff, b'X']);
+        let (barrier, rest) = WriteDescriptor::parse(&barrier_payload).unwrap();
+        assert!(barrier.is_barrier() && barrier.reply_after.is_none() && rest == b"X");
         assert_eq!(
             WriteDescriptor::parse(&ordered(&[1, b'k', 0x10, 0x01])),
             Err(DescriptorError::ReplyTooLong)

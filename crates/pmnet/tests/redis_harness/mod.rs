@@ -220,6 +220,8 @@ pub struct System {
     pub gateway: Option<Proc>,
     /// The adaptor runs with `--record-reads`.
     pub record_reads: bool,
+    /// Options the device runs with besides the usual.
+    pub device_options: Vec<String>,
 }
 
 impl System {
@@ -238,6 +240,15 @@ impl System {
 
     /// Redis, adaptor and device, and a gateway with these options besides the usual.
     pub fn start_gateway_with(gateway_options: &[&str], record_reads: bool) -> System {
+        System::start_full(&[], gateway_options, record_reads)
+    }
+
+    /// Redis, adaptor, a device and a gateway with these options besides the usual.
+    pub fn start_full(
+        device_options: &[&str],
+        gateway_options: &[&str],
+        record_reads: bool,
+    ) -> System {
         require_redis();
         let dir = tempfile::tempdir().expect("temporary directory");
         let redis = Redis::start(dir.path());
@@ -249,6 +260,7 @@ impl System {
             device: None,
             gateway: None,
             record_reads,
+            device_options: device_options.iter().map(|o| (*o).to_owned()).collect(),
             dir,
         };
         system.start_adaptor();
@@ -313,7 +325,10 @@ impl System {
             "--report-interval",
             "0",
         ]
-        .map(str::to_owned);
+        .map(str::to_owned)
+        .to_vec();
+        let mut args = args;
+        args.extend(self.device_options.iter().cloned());
         self.device = Some(Proc::spawn(&args, &self.dir.path().join("device.stderr")));
     }
 

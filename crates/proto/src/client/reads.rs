@@ -65,8 +65,9 @@ impl Reads {
 impl Client {
     /// Start a keyed update of `key`: `request` is the application's update, `reply_after`
     /// the reply a read of `key` gives once it is applied (`None`, or one longer than
-    /// [`REPLY_AFTER_MAX`]: the write only invalidates what a cache holds). Completes like
-    /// [`Client::update`].
+    /// [`REPLY_AFTER_MAX`]: the write only invalidates what a cache holds). An empty `key` makes
+    /// it a *barrier*, a write that may change any key (a cache drops everything, and fetches
+    /// nothing until the server has applied it). Completes like [`Client::update`].
     pub fn keyed_update(
         &mut self,
         now: Time,
@@ -74,7 +75,7 @@ impl Client {
         reply_after: Option<&[u8]>,
         request: &[u8],
     ) -> Result<u32, ClientError> {
-        if key.is_empty() || key.len() > usize::from(u8::MAX) {
+        if key.len() > usize::from(u8::MAX) {
             return Err(ClientError::TooLarge);
         }
         // The descriptor must be whole in the first fragment, where a device reads it: a
@@ -99,14 +100,15 @@ impl Client {
 
     /// Start a keyed bypass request of `key`: a write whose reply only the server can give
     /// (an increment): it completes on the server's reply, and a device's cache drops the key
-    /// (and orders its next fetch after it).
+    /// (and orders its next fetch after it). An empty `key` makes it a barrier (see
+    /// [`Client::keyed_update`]).
     pub fn keyed_bypass(
         &mut self,
         now: Time,
         key: &[u8],
         request: &[u8],
     ) -> Result<u32, ClientError> {
-        if key.is_empty() || key.len() > usize::from(u8::MAX) {
+        if key.len() > usize::from(u8::MAX) {
             return Err(ClientError::TooLarge);
         }
         let descriptor = WriteDescriptor {

@@ -46,6 +46,11 @@ impl KeyedOrder {
         }
         let payload = datagram.get(pmnet_wire::HEADER_LEN..)?;
         let (descriptor, _) = WriteDescriptor::parse(payload).ok()?;
+        if descriptor.is_barrier() {
+            // A barrier names no key to order it among; the cache keeps itself coherent
+            // around it (it fetches nothing until the server has applied it).
+            return None;
+        }
         let key = descriptor.key.to_vec();
         let (stamp, after) = self.place(&key, header.session_id, header.seq);
         let (after_session, after_seq) = after.unwrap_or((0, 0));
@@ -140,6 +145,9 @@ impl KeyedOrder {
         else {
             return;
         };
+        if descriptor.is_barrier() {
+            return;
+        }
         let stamp = descriptor.order.stamp;
         self.next_stamp = self.next_stamp.max(stamp);
         self.logged(

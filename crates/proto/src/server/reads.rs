@@ -170,15 +170,25 @@ impl Server {
 
     /// The application's answer to read `id` of `session_id` ([`ServerEvent::Read`]).
     pub fn on_read_reply(&mut self, session_id: u64, id: u32, reply: &[u8]) {
+        self.on_read_reply_with(session_id, id, reply, true);
+    }
+
+    /// [`Server::on_read_reply`], saying whether a cache may keep the reply (`false`: a
+    /// value that changes without a write, such as a Redis key with a time to live; the reply
+    /// carries flag `NOT_CACHEABLE`).
+    pub fn on_read_reply_with(&mut self, session_id: u64, id: u32, reply: &[u8], cacheable: bool) {
         let Some(to) = self.reads.in_flight.remove(&(session_id, id)) else {
             return;
         };
-        let header = Header::new(
+        let mut header = Header::new(
             PacketType::Reserved(CACHE_REPLY),
             self.config.server_id,
             session_id,
             id,
         );
+        if !cacheable {
+            header.flags |= pmnet_wire::cache::NOT_CACHEABLE;
+        }
         let Some(datagrams) = encode_fragments(header, reply, self.datagram_budget()) else {
             self.counters.reads.dropped_in_flight_full += 1;
             return;

@@ -164,8 +164,9 @@ impl Adaptor {
                     id,
                     request,
                 } => {
-                    let reply = self.cache_read(&request);
-                    self.server.on_read_reply(session_id, id, &reply);
+                    let (reply, cacheable) = self.cache_read(&request);
+                    self.server
+                        .on_read_reply_with(session_id, id, &reply, cacheable);
                 }
                 ServerEvent::RecoveryComplete { entries_resent } => {
                     self.counters.recoveries_completed += 1;
@@ -243,25 +244,57 @@ impl Adaptor {
 
     /// A cache read (the read cache's miss), answered on the reader connection (database 0)
     /// now: the server hands it over only once what it must see is applied at Redis.
-    fn cache_read(&mut self, request: &[u8]) -> Vec<u8> {
+    /// Answer a cache read on what Redis holds now (the server hands it over once what it
+    /// must follow is applied), and whether a cache may keep the answer: not for a key with a
+    /// time to live (Redis expires it without a write the device would see). A `GET` asks
+    /// `PTTL` in the same round trip.
+    fn cache_read(&mut self, request: &[u8]) -> (Vec<u8>, bool) {
         let args = match parse_command(request, &self.limits) {
             Ok(Some((args, used))) if used == request.len() && !args.is_empty() => args,
-            _ => return error_reply("ERR pmnet-redis: the cache read is not one RESP command"),
+            _ => {
+                return (
+                    error_reply("ERR pmnet-redis: the cache read is not one RESP command"),
+                    false,
+                )
+            }
         };
         if self.table.classify(&args, self.options.record_db) != Run::Read {
-            return error_reply("ERR pmnet-redis: a cache read must be a command that only reads");
+            return (
+                error_reply("ERR pmnet-redis: a cache read must be a command that only reads"),
+                false,
+            );
         }
         if self.reader.is_none() {
             self.reader = super::recovery::connect(&self.options).ok();
         }
-        let Some(reader) = self.reader.as_mut() else {
-            return error_reply("ERR pmnet-redis: Redis did not answer the read (try again)");
+        let unanswered = || {
+            (
+                error_reply("ERR pmnet-redis: Redis did not answer the read (try again)"),
+                false,
+            )
         };
-        match reader.command(&args) {
-            Ok(value) => value.to_bytes(),
+        let Some(reader) = self.reader.as_mut() else {
+            return unanswered();
+        };
+        let is_get = args.len() == 2 && args[0].eq_ignore_ascii_case(b"GET");
+        let answer = if is_get {
+            // PTTL first: a key that gains a time to live after it does so by a write, which
+            // passes the device and voids the fetch this read may be.
+            let pttl = vec![b"PTTL".to_vec(), args[1].clone()];
+            reader.pipeline(&[pttl, args.clone()]).map(|mut values| {
+                let value = values.pop().unwrap_or(Value::Bulk(None));
+                // -2: no key (its absence is cacheable); -1: no time to live.
+                let lasting = matches!(values.first(), Some(Value::Integer(-1 | -2)));
+                (value.to_bytes(), lasting)
+            })
+        } else {
+            reader.command(&args).map(|value| (value.to_bytes(), false))
+        };
+        match answer {
+            Ok(answer) => answer,
             Err(_) => {
                 self.reader = None;
-                error_reply("ERR pmnet-redis: Redis did not answer the read (try again)")
+                unanswered()
             }
         }
     }

@@ -58,6 +58,9 @@ pub struct GatewayOptions {
     pub keys: Option<pmnet_proto::KeySet>,
     /// The password clients must give (`AUTH`), if any.
     pub auth: Auth,
+    /// The device runs a read cache (`pmnet device --cache`): `GET key` goes as a cache read
+    /// the device may answer, every write keyed or as a barrier (docs/cache.md).
+    pub device_cache: bool,
 }
 
 impl GatewayOptions {
@@ -81,6 +84,7 @@ impl GatewayOptions {
             metrics_listen: None,
             keys: None,
             auth: Auth::default(),
+            device_cache: false,
         }
     }
 }
@@ -129,6 +133,10 @@ pub struct GatewayCounters {
     /// No-op fills sent for completed reads a restarted adaptor asked for (see
     /// [`fill_for_completed_read`]).
     pub noop_fills_for_reads: u64,
+    /// `GET`s sent as cache reads (with a device cache).
+    pub commands_cache_read: u64,
+    /// Cache reads the device answered.
+    pub cache_reads_from_device: u64,
 }
 
 /// A reply owed to a client, in request order.
@@ -141,6 +149,11 @@ enum Slot {
         ack: Option<&'static [u8]>,
         /// What the reply becomes.
         then: request::Then,
+    },
+    /// A cache read (`GET`), by its id; the command, for a RESP3 client.
+    Reading {
+        id: u32,
+        args: Option<Vec<Vec<u8>>>,
     },
 }
 
@@ -592,6 +605,10 @@ impl Gateway {
                 progressed = true;
                 request::complete(conn, event, &self.limits, &mut self.counters);
             }
+            while let Some(event) = conn.client.poll_read_event() {
+                progressed = true;
+                request::complete_read(conn, event, &self.limits, &mut self.counters);
+            }
             while let Some(Slot::Ready(_)) = conn.slots.front() {
                 if let Some(Slot::Ready(bytes)) = conn.slots.pop_front() {
                     if !conn.broken {
@@ -614,7 +631,7 @@ impl Gateway {
         let socket = self.socket.counters();
         format!(
             "gateway: connections open {} accepted {} refused {} closed {}; commands local {} \
-             update {} bypass {} rejected {}; updates acked by device {} by server {}; timed \
+             update {} bypass {} cache-read {} (answered by the device {}) rejected {}; updates acked by device {} by server {}; timed \
              out {} replies unavailable {} malformed replies {} protocol errors {}; udp in {} \
              out {} unknown-session {} no-op fills for reads {}",
             self.open_count(),
@@ -624,6 +641,8 @@ impl Gateway {
             counters.commands_local,
             counters.commands_update,
             counters.commands_bypass,
+            counters.commands_cache_read,
+            counters.cache_reads_from_device,
             counters.commands_rejected,
             counters.updates_acked_by_device,
             counters.updates_answered_by_server,
@@ -729,6 +748,7 @@ impl Gateway {
             ("update", counters.commands_update),
             ("bypass", counters.commands_bypass),
             ("rejected", counters.commands_rejected),
+            ("cache_read", counters.commands_cache_read),
         ] {
             out.counter(
                 "pmnet_gateway_commands_total",
@@ -737,6 +757,12 @@ impl Gateway {
                 value,
             );
         }
+        out.counter(
+            "pmnet_gateway_cache_reads_from_device_total",
+            "Cache reads (GET) the device answered from its cache.",
+            &[],
+            counters.cache_reads_from_device,
+        );
     }
 
     /// The UDP socket shared by every session.

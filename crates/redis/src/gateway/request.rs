@@ -5,7 +5,7 @@
 use pmnet_proto::{ClientError, ClientEvent, Completion};
 use pmnet_runtime::Clock;
 
-use crate::commands::{route, Route, OK};
+use crate::commands::{cache_use, route, CacheUse, Route, OK};
 use crate::resp::{error_reply, parse_value, Limits};
 
 use super::connection::Action;
@@ -68,6 +68,33 @@ pub(super) fn start_command(
         conn.slots.push_back(Slot::Ready(reply));
         return;
     }
+    if options.device_cache && matches!(route, Route::Bypass) {
+        if let CacheUse::Read(key) = cache_use(args) {
+            let payload = crate::resp::command_bytes(args);
+            match conn.client.cache_read(clock.now(), key, &payload) {
+                Ok(id) => {
+                    counters.commands_cache_read += 1;
+                    conn.slots.push_back(Slot::Reading {
+                        id,
+                        args: conn.state.resp3.then(|| args.to_vec()),
+                    });
+                }
+                Err(error) => {
+                    counters.commands_rejected += 1;
+                    conn.slots
+                        .push_back(Slot::Ready(error_reply(&format!("ERR pmnet: {error}"))));
+                }
+            }
+            return;
+        }
+    }
+    // With a device cache, every write reaches it keyed (or as a barrier): see
+    // `commands::cache_use`.
+    let mut shape = if options.device_cache {
+        cache_use(args)
+    } else {
+        CacheUse::Nothing
+    };
     let (ack, update, payload, then) = match route {
         Route::Reply(bytes) => {
             if bytes.first() == Some(&b'-') {
@@ -94,8 +121,16 @@ pub(super) fn start_command(
                 conn.slots.push_back(Slot::Ready(bytes));
                 return;
             }
-            Action::Watch { payload, keys } => (None, false, payload, Then::Watch(keys)),
-            Action::Exec { payload, commands } => (None, false, payload, Then::Exec(commands)),
+            Action::Watch { payload, keys } => {
+                shape = CacheUse::Nothing;
+                (None, false, payload, Then::Watch(keys))
+            }
+            Action::Exec { payload, commands } => {
+                if options.device_cache {
+                    shape = CacheUse::Barrier;
+                }
+                (None, false, payload, Then::Exec(commands))
+            }
         },
         Route::Update { ack } => (
             Some(ack),
@@ -111,10 +146,16 @@ pub(super) fn start_command(
         ),
     };
     let now = clock.now();
-    let started = if update {
-        conn.client.update(now, &payload)
-    } else {
-        conn.client.bypass(now, &payload)
+    let started = match (shape, update) {
+        (CacheUse::Write { key, reply_after }, true) => {
+            conn.client
+                .keyed_update(now, key, reply_after.as_deref(), &payload)
+        }
+        (CacheUse::Write { key, .. }, false) => conn.client.keyed_bypass(now, key, &payload),
+        (CacheUse::Barrier, true) => conn.client.keyed_update(now, b"", None, &payload),
+        (CacheUse::Barrier, false) => conn.client.keyed_bypass(now, b"", &payload),
+        (_, true) => conn.client.update(now, &payload),
+        (_, false) => conn.client.bypass(now, &payload),
     };
     match started {
         Ok(seq) => {
@@ -226,4 +267,47 @@ pub(super) fn complete(
         Then::Exec(_) => bytes,
     };
     conn.slots[position] = Slot::Ready(reply);
+}
+
+/// Fill the slot of a completed or failed cache read (a `GET` a device may answer).
+pub(super) fn complete_read(
+    conn: &mut Conn,
+    event: pmnet_proto::ReadEvent,
+    limits: &Limits,
+    counters: &mut GatewayCounters,
+) {
+    let Some(position) = conn
+        .slots
+        .iter()
+        .position(|slot| matches!(slot, Slot::Reading { id, .. } if *id == event.id))
+    else {
+        return;
+    };
+    let Slot::Reading { args, .. } =
+        std::mem::replace(&mut conn.slots[position], Slot::Ready(Vec::new()))
+    else {
+        return;
+    };
+    let bytes = match event.outcome {
+        Ok((reply, device)) => {
+            if device != 0 {
+                counters.cache_reads_from_device += 1;
+            }
+            match parse_value(&reply, limits) {
+                Ok(Some((_, used))) if used == reply.len() => reply,
+                _ => {
+                    counters.malformed_replies += 1;
+                    error_reply("ERR pmnet gateway: the reply is not one RESP value")
+                }
+            }
+        }
+        Err(error) => {
+            counters.requests_timed_out += 1;
+            error_reply(&format!("ERR pmnet: {error}"))
+        }
+    };
+    conn.slots[position] = Slot::Ready(match args {
+        Some(args) if conn.state.resp3 => crate::resp3::to_resp3(&args, &bytes),
+        _ => bytes,
+    });
 }

@@ -142,7 +142,12 @@ impl DeviceRuntime {
         self.log_gauges(&mut out);
         device_counter_metrics(&mut out, "pmnet", &self.pipeline);
         for (name, help, value) in self.pipeline.front_samples() {
-            out.counter(name, help, &[], value);
+            // Counters end in `_total`; anything else a function reports is a level now.
+            if name.ends_with("_total") {
+                out.counter(name, help, &[], value);
+            } else {
+                out.gauge(name, help, &[], value as f64);
+            }
         }
         out.histogram(
             "pmnet_device_log_entry_residency_seconds",

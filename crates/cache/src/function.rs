@@ -418,6 +418,9 @@ impl NetworkFunction for CacheFunction {
                 );
                 self.table.on_server_ack(header.session_id, header.seq);
                 self.barriers.remove(&(header.session_id, header.seq));
+                // A server applies a session's requests in order: everything up to this one
+                // is applied, and a copy of an earlier one coming in later is a duplicate.
+                self.sessions.applied_through(header.session_id, header.seq);
                 Verdict::Pass
             }
             _ => Verdict::Pass,

@@ -169,7 +169,10 @@ impl CacheTable {
             .filter(|reply| reply.len() <= self.config.reply_max)
             .map(<[u8]>::to_vec);
         let item = self.items.get_mut(key).expect("checked");
-        if order >= item.order && order >= item.latest {
+        // A fetched value has the order of the last write received before it was answered,
+        // and reflects every write to its key received before its read was sent: a write of
+        // that order (or older) is in it already, or older than a write it reflects.
+        if order > item.order && order >= item.latest {
             item.reply = reply;
             item.order = order;
         }

@@ -107,6 +107,7 @@ impl Rig {
             order: WriteOrder::default(),
             key: b"",
             reply_after: None,
+            afters: &[],
         }
         .emit(&mut payload);
         payload.extend_from_slice(b"MSET a 1 b 2");

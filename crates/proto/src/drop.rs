@@ -58,6 +58,9 @@ pub enum DropReason {
     Mismatch,
     /// A batch inside a batch: never sent, so not handled.
     NestedBatch,
+    /// A barrier (a keyed write with no key) with too little room for the sessions it must
+    /// follow: its client sends it again.
+    BarrierNoRoom,
 }
 
 impl DropReason {
@@ -88,6 +91,7 @@ impl DropReason {
             DropReason::BadRecoveryDone => "bad_recovery_done",
             DropReason::Mismatch => "mismatch",
             DropReason::NestedBatch => "nested_batch",
+            DropReason::BarrierNoRoom => "barrier_no_room",
         }
     }
 }

@@ -433,6 +433,7 @@ fn keyed_write(session: u64, seq: u32, after: Option<(u64, u32)>, value: &[u8]) 
         },
         key: b"k",
         reply_after: Some(value),
+        afters: &[],
     }
     .emit(&mut payload);
     payload.extend_from_slice(b"k=");
@@ -656,6 +657,116 @@ fn keyed_writes_to_one_key_are_applied_in_the_order_the_device_acked_them() {
     assert_eq!(device.counters().keyed_writes_ordered, 2);
     assert_eq!(device.keyed_keys_in_log(), 0, "both acked by the server");
     assert_eq!(world.servers[0].server.counters().keyed_writes_held, 1);
+}
+
+/// A barrier (a keyed write with no key) as a client sends it, with room for `room` afters.
+fn barrier(session: u64, seq: u32, room: usize, value: &[u8]) -> Vec<u8> {
+    let mut payload = pmnet_wire::cache::WriteDescriptor::barrier(room);
+    payload.extend_from_slice(b"k=");
+    payload.extend_from_slice(value);
+    let mut header = Header::new(PacketType::UpdateRequest, SERVER_ID, session, seq);
+    header.flags |= pmnet_wire::cache::KEYED;
+    header.encode(&payload)
+}
+
+fn applied_sessions(world: &World, sessions: &[u64]) -> Vec<u64> {
+    world.servers[0]
+        .app
+        .applied
+        .iter()
+        .map(|(session, ..)| *session)
+        .filter(|session| sessions.contains(session))
+        .collect()
+}
+
+#[test]
+fn a_barrier_is_applied_after_every_session_s_keyed_write_the_device_acked_before_it() {
+    // Two sessions' keyed writes to two keys; both forwards are lost. A barrier from a third
+    // session, acked after them, reaches the server first: it waits for both. A keyed write
+    // acked after the barrier (to a third key) waits for the barrier.
+    let mut world = World::new(1, Some(64));
+    drive_to_quiet(&mut world);
+    let (one, two, three, four) = (
+        0x1111_0000_0000_0002,
+        0x2222_0000_0000_0002,
+        0x3333_0000_0000_0002,
+        0x4444_0000_0000_0002,
+    );
+    world.drop_first(move |seen| {
+        seen.to == server_addr(0)
+            && seen.header.packet_type == PacketType::UpdateRequest
+            && seen.header.session_id == one
+    });
+    world.drop_first(move |seen| {
+        seen.to == server_addr(0)
+            && seen.header.packet_type == PacketType::UpdateRequest
+            && seen.header.session_id == two
+    });
+    let write_to = |world: &mut World, session: u64, key: &[u8]| {
+        use pmnet_wire::cache::{WriteDescriptor, WriteOrder, KEYED};
+        let mut payload = Vec::new();
+        WriteDescriptor {
+            order: WriteOrder::default(),
+            key,
+            reply_after: None,
+            afters: &[],
+        }
+        .emit(&mut payload);
+        payload.extend_from_slice(b"k=v");
+        let mut header = Header::new(PacketType::UpdateRequest, SERVER_ID, session, 1);
+        header.flags |= KEYED;
+        world.inject(client_addr(0), device_addr(0), header.encode(&payload));
+        world.run_for(Duration::from_micros(300));
+    };
+    write_to(&mut world, one, b"a");
+    write_to(&mut world, two, b"b");
+    world.inject(client_addr(0), device_addr(0), barrier(three, 1, 4, b"x"));
+    world.run_for(Duration::from_micros(300));
+    write_to(&mut world, four, b"c");
+    world.run_for(Duration::from_secs(2));
+    let applied = applied_sessions(&world, &[one, two, three, four]);
+    assert_eq!(applied.len(), 4, "{applied:x?}");
+    let at = |session| applied.iter().position(|s| *s == session).unwrap();
+    assert!(at(three) > at(one) && at(three) > at(two), "{applied:x?}");
+    assert!(at(four) > at(three), "{applied:x?}");
+    assert_eq!(world.device(0).device().keyed_keys_in_log(), 0);
+    assert!(world.servers[0].server.counters().keyed_writes_held >= 2);
+}
+
+#[test]
+fn a_barrier_without_room_for_the_sessions_it_must_follow_is_dropped_and_counted() {
+    let mut world = World::new(1, Some(64));
+    drive_to_quiet(&mut world);
+    let (one, two, three) = (0x1111_0000_0000_0003, 0x2222_0000_0000_0003, 0x3);
+    // Nothing reaches the server: both writes stay unacknowledged.
+    world.drop_when(move |seen| seen.to == server_addr(0));
+    world.inject(
+        client_addr(0),
+        device_addr(0),
+        keyed_write(one, 1, None, b"1"),
+    );
+    world.inject(
+        client_addr(0),
+        device_addr(0),
+        keyed_write(two, 1, None, b"2"),
+    );
+    world.run_for(Duration::from_micros(300));
+    world.inject(client_addr(0), device_addr(0), barrier(three, 1, 1, b"x"));
+    world.run_for(Duration::from_micros(300));
+    let dropped = world.device(0).pipeline.dropped();
+    assert_eq!(dropped.get("barrier_no_room"), Some(&1), "{dropped:?}");
+    // With room for both, it is logged.
+    world.inject(client_addr(0), device_addr(0), barrier(three, 1, 2, b"x"));
+    world.run_for(Duration::from_micros(300));
+    assert_eq!(
+        world.device(0).pipeline.dropped().get("barrier_no_room"),
+        Some(&1)
+    );
+    assert_eq!(
+        world.device(0).device().keyed_keys_in_log(),
+        2,
+        "k and the barriers"
+    );
 }
 
 #[test]

@@ -24,6 +24,8 @@
 //! | | key | *k* |
 //! | | reply-after length *r* | 2 ([`NO_REPLY_AFTER`]: none, the write only invalidates) |
 //! | | reply after the write | *r* (at most [`REPLY_AFTER_MAX`]) |
+//! | | a barrier only: room for afters *n* | 2 |
+//! | | a barrier only: *n* afters, each session (8) and sequence number (4) | 12 *n* (set by the device; zeros from a client; number 0: unused) |
 //! | read | read after | 4 (the session's last update number; 0: none) |
 //! | | after: session | 8 (set by a device: a keyed write to the key not yet acknowledged) |
 //! | | after: sequence number | 4 (0: none) |
@@ -108,6 +110,8 @@ pub enum DescriptorError {
     EmptyKey,
     /// A reply-after longer than [`REPLY_AFTER_MAX`].
     ReplyTooLong,
+    /// A barrier (no key) with a reply-after.
+    BarrierWithReply,
 }
 
 /// What a keyed update writes.
@@ -120,7 +124,18 @@ pub struct WriteDescriptor<'a> {
     /// The reply a read of `key` gives once this write is applied; `None`: the write only
     /// invalidates what a cache holds for the key.
     pub reply_after: Option<&'a [u8]>,
+    /// A barrier's afters as they are on the wire: [`AFTER_LEN`] bytes each, the requests a
+    /// server must have applied before it (one per session that had a keyed write the device
+    /// had not seen acknowledged; sequence number 0: unused room). Empty for a keyed write.
+    pub afters: &'a [u8],
 }
+
+/// Bytes of one of a barrier's afters: session (8) and sequence number (4).
+pub const AFTER_LEN: usize = 12;
+
+/// Where a barrier's afters start in its descriptor: the order, key length 0, reply-after
+/// length, room.
+const BARRIER_AFTERS_AT: usize = ORDER_LEN + 1 + 2 + 2;
 
 impl<'a> WriteDescriptor<'a> {
     /// The descriptor at the front of `payload`, and the application's request after it.
@@ -129,12 +144,30 @@ impl<'a> WriteDescriptor<'a> {
         let (key, rest) = key_or_barrier_at(rest)?;
         let (len, rest) = split(rest, 2)?;
         let len = u16::from_be_bytes([len[0], len[1]]);
+        if key.is_empty() {
+            if len != NO_REPLY_AFTER {
+                return Err(DescriptorError::BarrierWithReply);
+            }
+            let (room, rest) = split(rest, 2)?;
+            let room = usize::from(u16::from_be_bytes([room[0], room[1]]));
+            let (afters, rest) = split(rest, room * AFTER_LEN)?;
+            return Ok((
+                WriteDescriptor {
+                    order,
+                    key,
+                    reply_after: None,
+                    afters,
+                },
+                rest,
+            ));
+        }
         if len == NO_REPLY_AFTER {
             return Ok((
                 WriteDescriptor {
                     order,
                     key,
                     reply_after: None,
+                    afters: &[],
                 },
                 rest,
             ));
@@ -148,14 +181,61 @@ impl<'a> WriteDescriptor<'a> {
                 order,
                 key,
                 reply_after: Some(reply),
+                afters: &[],
             },
             rest,
         ))
     }
 
+    /// A barrier's descriptor as a client sends it, with room for `room` afters.
+    pub fn barrier(room: usize) -> Vec<u8> {
+        let room = room.min(usize::from(u16::MAX));
+        let mut out = vec![0; ORDER_LEN];
+        out.push(0);
+        out.extend_from_slice(&NO_REPLY_AFTER.to_be_bytes());
+        out.extend_from_slice(&(room as u16).to_be_bytes());
+        out.resize(out.len() + room * AFTER_LEN, 0);
+        out
+    }
+
+    /// A barrier's afters in use: (session, sequence number).
+    pub fn barrier_afters(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.afters.chunks_exact(AFTER_LEN).filter_map(|entry| {
+            let mut session = [0; 8];
+            session.copy_from_slice(&entry[..8]);
+            let seq = u32::from_be_bytes([entry[8], entry[9], entry[10], entry[11]]);
+            (seq != 0).then_some((u64::from_be_bytes(session), seq))
+        })
+    }
+
+    /// Write `afters` into the room of the barrier at the front of `payload` (the rest of the
+    /// room zeroed). `false` (nothing written) when the payload holds no barrier with room
+    /// enough.
+    pub fn write_barrier_afters(payload: &mut [u8], afters: &[(u64, u32)]) -> bool {
+        let Ok((descriptor, _)) = WriteDescriptor::parse(payload) else {
+            return false;
+        };
+        let room = descriptor.afters.len() / AFTER_LEN;
+        if !descriptor.is_barrier() || afters.len() > room {
+            return false;
+        }
+        let area = &mut payload[BARRIER_AFTERS_AT..BARRIER_AFTERS_AT + room * AFTER_LEN];
+        area.fill(0);
+        for (entry, (session, seq)) in area.chunks_exact_mut(AFTER_LEN).zip(afters) {
+            entry[..8].copy_from_slice(&session.to_be_bytes());
+            entry[8..].copy_from_slice(&seq.to_be_bytes());
+        }
+        true
+    }
+
     /// Bytes the descriptor takes.
     pub fn len(&self) -> usize {
-        ORDER_LEN + 1 + self.key.len() + 2 + self.reply_after.map_or(0, <[u8]>::len)
+        let barrier_room = if self.is_barrier() {
+            2 + self.afters.len()
+        } else {
+            0
+        };
+        ORDER_LEN + 1 + self.key.len() + 2 + self.reply_after.map_or(0, <[u8]>::len) + barrier_room
     }
 
     /// Never: a descriptor holds at least its lengths.
@@ -184,6 +264,12 @@ impl<'a> WriteDescriptor<'a> {
                 out.extend_from_slice(&(reply.len() as u16).to_be_bytes());
                 out.extend_from_slice(reply);
             }
+        }
+        if self.is_barrier() {
+            assert!(self.reply_after.is_none(), "a barrier has no reply-after");
+            let room = self.afters.len() / AFTER_LEN;
+            out.extend_from_slice(&(room as u16).to_be_bytes());
+            out.extend_from_slice(&self.afters[..room * AFTER_LEN]);
         }
     }
 }
@@ -300,6 +386,7 @@ mod tests {
             order: WriteOrder::default(),
             key: b"greeting",
             reply_after: Some(b"$5\r\nhello\r\n"),
+            afters: &[],
         };
         let mut out = Vec::new();
         write.emit(&mut out);
@@ -329,6 +416,7 @@ mod tests {
             order: WriteOrder::default(),
             key: b"k",
             reply_after: None,
+            afters: &[],
         };
         let mut out = Vec::new();
         invalidate.emit(&mut out);
@@ -338,15 +426,38 @@ mod tests {
         );
         assert!(!WriteOrder::default().write_into(&mut [0; ORDER_LEN - 1]));
         // A barrier: MSET a 1 b 2 through the gateway writes no single key.
-        let barrier = WriteDescriptor {
-            order: WriteOrder::default(),
-            key: b"",
-            reply_after: None,
-        };
-        let mut out = Vec::new();
-        barrier.emit(&mut out);
-        assert_eq!(hex(&out), "000000000000000000000000000000000000000000ffff");
-        assert!(WriteDescriptor::parse(&out).unwrap().0.is_barrier());
+        // With room for two afters, as a client sends it.
+        let mut out = WriteDescriptor::barrier(2);
+        assert_eq!(
+            hex(&out),
+            "000000000000000000000000000000000000000000ffff0002".to_owned()
+                + &"00".repeat(2 * AFTER_LEN)
+        );
+        let (parsed, rest) = WriteDescriptor::parse(&out).unwrap();
+        assert!(parsed.is_barrier() && rest.is_empty() && parsed.len() == out.len());
+        assert_eq!(parsed.barrier_afters().count(), 0);
+        // A device fills in one: request 3 of session 0x5e55…01 must be applied before it.
+        assert!(WriteDescriptor::write_barrier_afters(
+            &mut out,
+            &[(0x5e55_0000_0000_0001, 3)]
+        ));
+        assert_eq!(
+            hex(&out[ORDER_LEN..]),
+            "00ffff0002".to_owned() + "5e5500000000000100000003" + &"00".repeat(AFTER_LEN)
+        );
+        let (parsed, _) = WriteDescriptor::parse(&out).unwrap();
+        assert_eq!(
+            parsed.barrier_afters().collect::<Vec<_>>(),
+            vec![(0x5e55_0000_0000_0001, 3)]
+        );
+        let mut again = Vec::new();
+        parsed.emit(&mut again);
+        assert_eq!(again, out);
+        // No room for three.
+        assert!(!WriteDescriptor::write_barrier_afters(
+            &mut out,
+            &[(1, 1), (2, 2), (3, 3)]
+        ));
         let read = ReadDescriptor {
             read_after: 7,
             after_session: 0,
@@ -387,6 +498,7 @@ mod tests {
             },
             key: b"k",
             reply_after: Some(b"v"),
+            afters: &[],
         };
         write.emit(&mut payload);
         payload.extend_from_slice(b"APP");
@@ -409,6 +521,7 @@ mod tests {
             order: WriteOrder::default(),
             key: b"key",
             reply_after: Some(b"reply"),
+            afters: &[],
         }
         .emit(&mut payload);
         for len in 0..payload.len() {
@@ -418,10 +531,18 @@ mod tests {
             );
         }
         let ordered = |rest: &[u8]| [&[0; ORDER_LEN][..], rest].concat();
-        // A key of length 0 is a barrier.
-        let barrier_payload = ordered(&[0, 0xff, 0xff, b'X']);
+        // A key of length 0 is a barrier: no reply-after, then its room for afters.
+        let barrier_payload = ordered(&[0, 0xff, 0xff, 0, 0, b'X']);
         let (barrier, rest) = WriteDescriptor::parse(&barrier_payload).unwrap();
         assert!(barrier.is_barrier() && barrier.reply_after.is_none() && rest == b"X");
+        assert_eq!(
+            WriteDescriptor::parse(&ordered(&[0, 0, 1, b'v', 0, 0])),
+            Err(DescriptorError::BarrierWithReply)
+        );
+        assert_eq!(
+            WriteDescriptor::parse(&ordered(&[0, 0xff, 0xff, 0, 1, 0, 0])),
+            Err(DescriptorError::Truncated)
+        );
         assert_eq!(
             WriteDescriptor::parse(&ordered(&[1, b'k', 0x10, 0x01])),
             Err(DescriptorError::ReplyTooLong)

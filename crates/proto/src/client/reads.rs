@@ -13,8 +13,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use pmnet_wire::cache::{
-    ReadDescriptor, WriteDescriptor, WriteOrder, CACHE_READ, KEYED, REPLY_AFTER_MAX,
+    ReadDescriptor, WriteDescriptor, WriteOrder, AFTER_LEN, CACHE_READ, KEYED, REPLY_AFTER_MAX,
 };
+
+/// Afters a barrier has room for at most: sessions with keyed writes in flight through the
+/// device that a barrier can be ordered after (docs/cache.md, "Barriers").
+pub const BARRIER_ROOM_MAX: usize = 96;
 use pmnet_wire::{Header, PacketType};
 
 use super::{Client, ClientError};
@@ -78,16 +82,18 @@ impl Client {
         if key.len() > usize::from(u8::MAX) {
             return Err(ClientError::TooLarge);
         }
+        if key.is_empty() {
+            let payload = self.barrier_payload(request);
+            return self.start_with_flags(now, RequestKind::Update, &payload, KEYED);
+        }
         // The descriptor must be whole in the first fragment, where a device reads it: a
         // reply-after that does not fit goes (the write then only drops a cached copy).
-        let first_fragment = crate::fragment_payload_len_max(unsealed_len_max(
-            self.config.datagram_len_max,
-            &self.config.auth,
-        ));
+        let first_fragment = self.first_fragment_len();
         let mut descriptor = WriteDescriptor {
             order: WriteOrder::default(),
             key,
             reply_after: reply_after.filter(|reply| reply.len() <= REPLY_AFTER_MAX),
+            afters: &[],
         };
         if descriptor.len() > first_fragment {
             descriptor.reply_after = None;
@@ -111,15 +117,40 @@ impl Client {
         if key.len() > usize::from(u8::MAX) {
             return Err(ClientError::TooLarge);
         }
+        if key.is_empty() {
+            let payload = self.barrier_payload(request);
+            return self.start_with_flags(now, RequestKind::Bypass, &payload, KEYED);
+        }
         let descriptor = WriteDescriptor {
             order: WriteOrder::default(),
             key,
             reply_after: None,
+            afters: &[],
         };
         let mut payload = Vec::with_capacity(descriptor.len() + request.len());
         descriptor.emit(&mut payload);
         payload.extend_from_slice(request);
         self.start_with_flags(now, RequestKind::Bypass, &payload, KEYED)
+    }
+
+    /// Payload bytes of a first fragment at most.
+    fn first_fragment_len(&self) -> usize {
+        crate::fragment_payload_len_max(unsealed_len_max(
+            self.config.datagram_len_max,
+            &self.config.auth,
+        ))
+    }
+
+    /// A barrier's payload: its descriptor, with room for as many afters as fit in the first
+    /// fragment (at most [`BARRIER_ROOM_MAX`]; a device fills in one per session whose keyed
+    /// writes it has not seen acknowledged), then the request.
+    fn barrier_payload(&self, request: &[u8]) -> Vec<u8> {
+        let bare = WriteDescriptor::barrier(0).len();
+        let room =
+            (self.first_fragment_len().saturating_sub(bare) / AFTER_LEN).min(BARRIER_ROOM_MAX);
+        let mut payload = WriteDescriptor::barrier(room);
+        payload.extend_from_slice(request);
+        payload
     }
 
     /// Start a cache read of `key` (`request`: the application's read of it). Returns the

@@ -9,6 +9,14 @@
 //! acknowledged them. A cache read forwarded to the server carries the same "after", so a
 //! miss is not answered before a write the device acknowledged.
 //!
+//! A *barrier* (a keyed write with no key: it may change any key) is ordered after everything
+//! before it: the device writes into its room the latest unacknowledged keyed write of every
+//! other session that has one (a server applies a session's requests in order, so that covers
+//! all of them), and every later keyed write or read follows the latest unacknowledged barrier
+//! when it is newer than the key's own latest write. So the device's order of keyed writes
+//! and barriers is the order the server applies them in, key by key. A barrier without room
+//! enough for the sessions it must follow is refused (dropped: its client sends it again).
+//!
 //! Bounded: a key is remembered only while a keyed write to it is in the log.
 
 use std::collections::{BTreeSet, HashMap};
@@ -24,34 +32,165 @@ use pmnet_wire::Header;
 pub(super) struct KeyedOrder {
     /// Key → its writes in order: (stamp, session, seq).
     unacked: HashMap<Vec<u8>, BTreeSet<(u64, u64, u32)>>,
-    /// The key and stamp of each write in `unacked`, by (session, seq).
-    keys: HashMap<(u64, u32), (Vec<u8>, u64)>,
+    /// Each write in `unacked`, by (session, seq): its key and the order it was given (a
+    /// retransmission forwarded again, such as a keyed bypass's, gets the same order: a new
+    /// one could follow a write that follows it).
+    keys: HashMap<(u64, u32), Placed>,
     next_stamp: u64,
+    /// Each session's highest number a server acknowledged (a server applies a session's
+    /// requests in order, so everything up to it is applied): a keyed write at or below it is
+    /// a late duplicate, which no write or read may follow (its number is applied whatever
+    /// order it is given now). Bounded: the oldest session forgotten first.
+    applied: HashMap<u64, u32>,
+    applied_order: std::collections::VecDeque<u64>,
 }
 
-/// A keyed write as it is to be logged: the datagram with its order written, and its key.
+/// Sessions whose acknowledged numbers are remembered at most.
+const APPLIED_SESSIONS_MAX: usize = 65_536;
+
+#[derive(Debug, Clone)]
+struct Placed {
+    key: Vec<u8>,
+    order: WriteOrder,
+    afters: Vec<(u64, u32)>,
+}
+
+/// A barrier that must follow more sessions than it has room for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct NoRoom;
+
+/// Keys are kept per server (a write is ordered only among writes to its own server, which is
+/// the one that waits): the server id, then the key. A server's barriers are kept under its
+/// id alone (no key is empty).
+fn scoped(server_id: u16, key: &[u8]) -> Vec<u8> {
+    let mut scoped = Vec::with_capacity(2 + key.len());
+    scoped.extend_from_slice(&server_id.to_be_bytes());
+    scoped.extend_from_slice(key);
+    scoped
+}
+
+/// The pseudo-key of the barriers of the server of `scoped_key`.
+fn barriers_of(scoped_key: &[u8]) -> &[u8] {
+    &scoped_key[..2.min(scoped_key.len())]
+}
+
+/// A keyed write as it is to be logged: the datagram with its order written, its key (empty
+/// for a barrier) and its order.
 pub(super) struct Stamped {
     pub(super) datagram: Vec<u8>,
-    pub(super) key: Vec<u8>,
-    pub(super) stamp: u64,
+    key: Vec<u8>,
+    order: WriteOrder,
+    afters: Vec<(u64, u32)>,
 }
 
 impl KeyedOrder {
     /// Write the order into the first fragment of a keyed update. `None` when the datagram
     /// is not one (other fragments, other updates) or its descriptor does not parse (it is
     /// then logged as it came, and the server hands it on as it came).
-    pub(super) fn stamp(&mut self, header: &Header, datagram: &[u8]) -> Option<Stamped> {
+    pub(super) fn stamp(
+        &mut self,
+        header: &Header,
+        datagram: &[u8],
+    ) -> Result<Option<Stamped>, NoRoom> {
         if !header.has_flag(KEYED) || header.fragment_index != 0 {
-            return None;
+            return Ok(None);
         }
-        let payload = datagram.get(pmnet_wire::HEADER_LEN..)?;
-        let (descriptor, _) = WriteDescriptor::parse(payload).ok()?;
+        let Some(payload) = datagram.get(pmnet_wire::HEADER_LEN..) else {
+            return Ok(None);
+        };
+        let Ok((descriptor, _)) = WriteDescriptor::parse(payload) else {
+            return Ok(None);
+        };
+        if self
+            .applied
+            .get(&header.session_id)
+            .is_some_and(|&through| header.seq <= through)
+        {
+            // A late duplicate of an applied write: forwarded as it came (the server answers
+            // it with a make-up ACK), ordering nothing.
+            return Ok(None);
+        }
+        if let Some(placed) = self.keys.get(&(header.session_id, header.seq)) {
+            if placed.key == scoped(header.server_id, descriptor.key) {
+                let placed = placed.clone();
+                return Ok(Some(Self::restamp(header, payload, placed)));
+            }
+        }
         if descriptor.is_barrier() {
-            // A barrier names no key to order it among; the cache keeps itself coherent
-            // around it (it fetches nothing until the server has applied it).
-            return None;
+            return self.stamp_barrier(header, payload).map(Some);
         }
-        let key = descriptor.key.to_vec();
+        Ok(Some(self.stamp_write(header, payload, descriptor.key)))
+    }
+
+    /// A retransmission of a write already placed: the same order again.
+    fn restamp(header: &Header, payload: &[u8], placed: Placed) -> Stamped {
+        let mut new_payload = payload.to_vec();
+        placed.order.write_into(&mut new_payload);
+        if placed.key.len() == 2 {
+            WriteDescriptor::write_barrier_afters(&mut new_payload, &placed.afters);
+        }
+        Stamped {
+            datagram: header.encode(&new_payload),
+            key: placed.key,
+            order: placed.order,
+            afters: placed.afters,
+        }
+    }
+
+    /// A barrier follows the latest unacknowledged keyed write (or barrier) of every other
+    /// session.
+    ///
+    /// A barrier that arrives after a later write of its own session (any key) is placed just
+    /// before the earliest such write (its stamp) and follows only what was placed before
+    /// that: what came after may follow that write, which follows this barrier.
+    fn stamp_barrier(&mut self, header: &Header, payload: &[u8]) -> Result<Stamped, NoRoom> {
+        let (me, number) = (header.session_id, header.seq);
+        let server = header.server_id.to_be_bytes();
+        let later_own = self
+            .keys
+            .iter()
+            .filter(|(&(session, seq), _)| session == me && seq > number)
+            .map(|(_, placed)| placed.order.stamp)
+            .min();
+        let mut latest: HashMap<u64, u32> = HashMap::new();
+        for (&(session, seq), placed) in &self.keys {
+            if session != me
+                && placed.key.starts_with(&server)
+                && later_own.is_none_or(|bound| placed.order.stamp < bound)
+            {
+                let entry = latest.entry(session).or_insert(seq);
+                *entry = (*entry).max(seq);
+            }
+        }
+        let mut afters: Vec<(u64, u32)> = latest.into_iter().collect();
+        afters.sort_unstable();
+        let mut new_payload = payload.to_vec();
+        if !WriteDescriptor::write_barrier_afters(&mut new_payload, &afters) {
+            return Err(NoRoom);
+        }
+        let stamp = match later_own {
+            Some(stamp) => stamp,
+            None => {
+                self.next_stamp += 1;
+                self.next_stamp
+            }
+        };
+        let order = WriteOrder {
+            after_session: 0,
+            after_seq: 0,
+            stamp,
+        };
+        order.write_into(&mut new_payload);
+        Ok(Stamped {
+            datagram: header.encode(&new_payload),
+            key: scoped(header.server_id, b""),
+            order,
+            afters,
+        })
+    }
+
+    fn stamp_write(&mut self, header: &Header, payload: &[u8], key: &[u8]) -> Stamped {
+        let key = scoped(header.server_id, key);
         let (stamp, after) = self.place(&key, header.session_id, header.seq);
         let (after_session, after_seq) = after.unwrap_or((0, 0));
         let order = WriteOrder {
@@ -61,11 +200,12 @@ impl KeyedOrder {
         };
         let mut new_payload = payload.to_vec();
         order.write_into(&mut new_payload);
-        Some(Stamped {
+        Stamped {
             datagram: header.encode(&new_payload),
             key,
-            stamp,
-        })
+            order,
+            afters: Vec::new(),
+        }
     }
 
     /// Where a new keyed write of (session, seq) to `key` goes among the key's unacknowledged
@@ -74,47 +214,72 @@ impl KeyedOrder {
     /// in: one that arrives after a later write of its own session takes that write's stamp
     /// (writes of one stamp are ordered by session and number, so it comes just before it) and
     /// follows what that one followed.
+    /// The session's own barriers count as its later writes too.
     fn place(&mut self, key: &[u8], session_id: u64, seq: u32) -> (u64, Option<(u64, u32)>) {
-        let writes = self.unacked.get(key);
-        let later_own = writes.and_then(|writes| {
-            writes
-                .iter()
-                .find(|&&(_, session, number)| session == session_id && number > seq)
-                .copied()
-        });
-        match (writes, later_own) {
-            (Some(writes), Some(later)) => {
-                let before = writes
-                    .range(..later)
-                    .next_back()
+        let sets = || {
+            [key, barriers_of(key)]
+                .into_iter()
+                .filter_map(|k| self.unacked.get(k))
+        };
+        let later_own = sets()
+            .filter_map(|writes| {
+                writes
+                    .iter()
+                    .find(|&&(_, session, number)| session == session_id && number > seq)
+                    .copied()
+            })
+            .min();
+        match later_own {
+            Some(later) => {
+                let bound = (later.0, session_id, seq);
+                let before = sets()
+                    .filter_map(|writes| writes.range(..bound).next_back())
+                    .max()
                     .map(|&(_, session, number)| (session, number));
                 (later.0, before)
             }
-            _ => {
+            None => {
                 self.next_stamp += 1;
-                (self.next_stamp, self.latest(key))
+                (self.next_stamp, self.latest_with_barriers(key))
             }
         }
     }
 
-    /// The keyed write (session, seq) to `key` was logged: later writes and reads follow it.
-    pub(super) fn logged(&mut self, key: Vec<u8>, session_id: u64, seq: u32, stamp: u64) {
-        if let Some((old_key, old_stamp)) = self.keys.remove(&(session_id, seq)) {
-            self.forget(&old_key, old_stamp, session_id, seq);
+    /// The keyed write (session, seq) was logged (or, a keyed bypass, forwarded): later
+    /// writes and reads follow it.
+    pub(super) fn logged(&mut self, stamped: &Stamped, session_id: u64, seq: u32) {
+        if let Some(old) = self.keys.remove(&(session_id, seq)) {
+            self.forget(&old.key, old.order.stamp, session_id, seq);
         }
         self.unacked
-            .entry(key.clone())
+            .entry(stamped.key.clone())
             .or_default()
-            .insert((stamp, session_id, seq));
-        self.keys.insert((session_id, seq), (key, stamp));
+            .insert((stamped.order.stamp, session_id, seq));
+        self.keys.insert(
+            (session_id, seq),
+            Placed {
+                key: stamped.key.clone(),
+                order: stamped.order,
+                afters: stamped.afters.clone(),
+            },
+        );
     }
 
-    /// The latest unacknowledged keyed write to `key`.
-    fn latest(&self, key: &[u8]) -> Option<(u64, u32)> {
+    /// The latest unacknowledged keyed write to `key` (for the empty key: barrier).
+    fn latest_stamped(&self, key: &[u8]) -> Option<(u64, u64, u32)> {
         self.unacked
             .get(key)
             .and_then(|writes| writes.last())
-            .map(|&(_, session, seq)| (session, seq))
+            .copied()
+    }
+
+    /// What a new write or read of `key` follows: the key's latest unacknowledged write, or
+    /// the latest unacknowledged barrier if that is newer (a barrier follows everything before
+    /// it, so either way everything the device acked before is covered).
+    fn latest_with_barriers(&self, key: &[u8]) -> Option<(u64, u32)> {
+        let own = self.latest_stamped(key);
+        let barrier = self.latest_stamped(barriers_of(key));
+        own.max(barrier).map(|(_, session, seq)| (session, seq))
     }
 
     fn forget(&mut self, key: &[u8], stamp: u64, session_id: u64, seq: u32) {
@@ -126,10 +291,23 @@ impl KeyedOrder {
         }
     }
 
-    /// The server acknowledged (session, seq): it no longer orders anything.
+    /// The server acknowledged (session, seq): it no longer orders anything, and the session
+    /// is applied through it.
     pub(super) fn acked(&mut self, session_id: u64, seq: u32) {
-        if let Some((key, stamp)) = self.keys.remove(&(session_id, seq)) {
-            self.forget(&key, stamp, session_id, seq);
+        match self.applied.get_mut(&session_id) {
+            Some(through) => *through = (*through).max(seq),
+            None => {
+                if self.applied.len() >= APPLIED_SESSIONS_MAX {
+                    if let Some(oldest) = self.applied_order.pop_front() {
+                        self.applied.remove(&oldest);
+                    }
+                }
+                self.applied.insert(session_id, seq);
+                self.applied_order.push_back(session_id);
+            }
+        }
+        if let Some(placed) = self.keys.remove(&(session_id, seq)) {
+            self.forget(&placed.key, placed.order.stamp, session_id, seq);
         }
     }
 
@@ -145,17 +323,14 @@ impl KeyedOrder {
         else {
             return;
         };
-        if descriptor.is_barrier() {
-            return;
-        }
-        let stamp = descriptor.order.stamp;
-        self.next_stamp = self.next_stamp.max(stamp);
-        self.logged(
-            descriptor.key.to_vec(),
-            header.session_id,
-            header.seq,
-            stamp,
-        );
+        self.next_stamp = self.next_stamp.max(descriptor.order.stamp);
+        let stamped = Stamped {
+            datagram: Vec::new(),
+            key: scoped(header.server_id, descriptor.key),
+            order: descriptor.order,
+            afters: descriptor.barrier_afters().collect(),
+        };
+        self.logged(&stamped, header.session_id, header.seq);
     }
 
     /// Write into a cache read the keyed write to its key it must follow, if any. `None` when
@@ -163,13 +338,14 @@ impl KeyedOrder {
     pub(super) fn order_read(&self, header: &Header, datagram: &[u8]) -> Option<Vec<u8>> {
         let payload = datagram.get(pmnet_wire::HEADER_LEN..)?;
         let (descriptor, _) = ReadDescriptor::parse(payload).ok()?;
-        let (session, seq) = self.latest(descriptor.key)?;
+        let (session, seq) =
+            self.latest_with_barriers(&scoped(header.server_id, descriptor.key))?;
         let mut new_payload = payload.to_vec();
         ReadDescriptor::write_after(&mut new_payload, session, seq);
         Some(header.encode(&new_payload))
     }
 
-    /// Keys with a keyed write in the log.
+    /// Keys with a keyed write in the log (barriers count as one).
     pub(super) fn len(&self) -> usize {
         self.unacked.len()
     }

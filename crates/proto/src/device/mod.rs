@@ -495,20 +495,16 @@ impl Device {
                 // A keyed bypass (a write whose reply the server gives, such as an INCR) is
                 // ordered among the key's writes like a logged one, though not logged.
                 match self.keyed.stamp(header, datagram) {
-                    Some(stamped) => {
+                    Ok(Some(stamped)) => {
                         self.counters.keyed_writes_ordered += 1;
                         let bytes = pmnet_wire::to_sendable(&stamped.datagram);
-                        self.keyed.logged(
-                            stamped.key,
-                            header.session_id,
-                            header.seq,
-                            stamped.stamp,
-                        );
+                        self.keyed.logged(&stamped, header.session_id, header.seq);
                         self.send(server, bytes);
                     }
-                    None => {
+                    Ok(None) => {
                         self.send(server, pmnet_wire::to_sendable(datagram));
                     }
+                    Err(keyed::NoRoom) => self.count_drop(DropReason::BarrierNoRoom),
                 }
             }
             PacketType::ServerAck
@@ -595,7 +591,16 @@ impl Device {
         }
         self.remember_client(header.session_id, client, datagram.len());
         // A keyed write gets its order written in before it is logged (and forwarded).
-        let stamped = self.keyed.stamp(header, datagram);
+        let stamped = match self.keyed.stamp(header, datagram) {
+            Ok(stamped) => stamped,
+            Err(keyed::NoRoom) => {
+                // A barrier that cannot be ordered after every session it must follow: not
+                // logged, not forwarded; its client sends it again, and by then fewer
+                // sessions have writes in flight.
+                self.count_drop(DropReason::BarrierNoRoom);
+                return;
+            }
+        };
         let datagram: &[u8] = stamped
             .as_ref()
             .map_or(datagram, |stamped| &stamped.datagram);
@@ -630,12 +635,7 @@ impl Device {
             self.log(now, slot, key, header.fragment_count, client, datagram);
             if let Some(stamped) = &stamped {
                 self.counters.keyed_writes_ordered += 1;
-                self.keyed.logged(
-                    stamped.key.clone(),
-                    header.session_id,
-                    header.seq,
-                    stamped.stamp,
-                );
+                self.keyed.logged(stamped, header.session_id, header.seq);
             }
             None
         } else {

@@ -600,13 +600,15 @@ impl Server {
         if seq != session.issued_through + 1 || !assembly.is_complete() {
             return Err(order::Blocked::Nothing);
         }
-        match order::after_of(assembly) {
-            Some((after, through))
-                if !session.order_given_up && !self.order_satisfied(session_id, after, through) =>
-            {
-                Err(order::Blocked::After(after, through))
-            }
-            _ => Ok(assembly.completed),
+        if session.order_given_up {
+            return Ok(assembly.completed);
+        }
+        match order::afters_of(assembly)
+            .into_iter()
+            .find(|&(after, through)| !self.order_satisfied(session_id, after, through))
+        {
+            Some((after, through)) => Err(order::Blocked::After(after, through)),
+            None => Ok(assembly.completed),
         }
     }
 

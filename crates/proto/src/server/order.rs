@@ -1,7 +1,7 @@
 //! Keyed writes to one key applied in the order their device acknowledged them.
 //!
 //! A keyed update (flag `KEYED`) starts with a write descriptor whose order names the request
-//! it must follow: the device's latest earlier keyed write to the same key that was not yet
+//! it must follow (a barrier, one per session it follows, each in turn): the device's latest earlier keyed write to the same key that was not yet
 //! acknowledged by its server (docs/cache.md, "Order of writes to one key"). The server hands
 //! such a write to its application only once that session has applied through that number.
 //! A session that waits is neither a gap nor a deferral: its next request is here, whole.
@@ -29,15 +29,25 @@ pub(super) enum Blocked {
     After(u64, u32),
 }
 
-/// The request a whole keyed write must follow, if any (`None` for anything else, and for a
-/// keyed write whose descriptor does not parse: it is handed on as it came).
-pub(super) fn after_of(assembly: &Assembly) -> Option<(u64, u32)> {
+/// The requests a whole keyed write must follow: the one its order names, and a barrier's
+/// afters (none for anything else, and for a keyed write whose descriptor does not parse: it
+/// is handed on as it came).
+pub(super) fn afters_of(assembly: &Assembly) -> Vec<(u64, u32)> {
     if !assembly.keyed || assembly.fill {
-        return None;
+        return Vec::new();
     }
-    let first = assembly.parts.first()?.as_deref()?;
-    let (descriptor, _) = WriteDescriptor::parse(first).ok()?;
-    descriptor.order.after()
+    let Some(Some(first)) = assembly.parts.first() else {
+        return Vec::new();
+    };
+    let Ok((descriptor, _)) = WriteDescriptor::parse(first) else {
+        return Vec::new();
+    };
+    descriptor
+        .order
+        .after()
+        .into_iter()
+        .chain(descriptor.barrier_afters())
+        .collect()
 }
 
 /// How many bytes of a keyed write's request its descriptor takes, read from the first
@@ -149,6 +159,7 @@ mod tests {
             },
             key: b"k",
             reply_after: Some(b"v"),
+            afters: &[],
         }
         .emit(&mut payload);
         payload.extend_from_slice(b"k=v");
@@ -158,14 +169,14 @@ mod tests {
     #[test]
     fn a_keyed_write_names_what_it_follows_and_reaches_the_application_without_its_descriptor() {
         let mut assembly = Assembly::whole(RequestKind::Update, false, keyed(Some((7, 3))));
-        assert_eq!(after_of(&assembly), None, "not keyed: no order");
+        assert_eq!(afters_of(&assembly), vec![], "not keyed: no order");
         assembly.keyed = true;
-        assert_eq!(after_of(&assembly), Some((7, 3)));
+        assert_eq!(afters_of(&assembly), vec![(7, 3)]);
         let first = Assembly {
             keyed: true,
             ..Assembly::whole(RequestKind::Update, false, keyed(None))
         };
-        assert_eq!(after_of(&first), None);
+        assert_eq!(afters_of(&first), vec![]);
         let whole = keyed(None);
         assert_eq!(descriptor_len(&whole), Some(whole.len() - b"k=v".len()));
         // A descriptor cut by the first fragment's end: handed on whole, refused.

@@ -84,7 +84,13 @@ pub(super) fn issue(
                 _ => unreachable!("an update here is a SET"),
             };
             let after = Reply::Value(value).to_bytes();
-            world.keyed_update(client, &key, Some(&after), &payload)
+            if rng.random_bool(0.1) {
+                // A barrier (a write that names no key): the device orders it after every
+                // session's keyed writes in flight, and the cache empties.
+                world.keyed_update(client, b"", None, &payload)
+            } else {
+                world.keyed_update(client, &key, Some(&after), &payload)
+            }
         }
         RequestKind::Update => world.update(client, &payload),
         RequestKind::Bypass => world.bypass(client, &payload),

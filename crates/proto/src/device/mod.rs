@@ -3,6 +3,7 @@
 
 mod keyed;
 mod replay;
+mod rtt;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -39,7 +40,8 @@ pub struct DeviceConfig {
     pub probe_limit: u32,
     /// Most live entries at once; at the limit, updates are forwarded without logging.
     pub live_entries_max: u32,
-    /// A logged entry the server has not acked is resent to it after this long, then with
+    /// A logged entry the server has not acked is resent to it after this long at least (or
+    /// after the time the server's acks take, when that is longer: `rtt.rs`), then with
     /// exponential backoff up to the maximum, for as long as the entry is live.
     pub resend_timeout: Duration,
     pub resend_timeout_max: Duration,
@@ -162,6 +164,8 @@ struct Entry {
     in_replay: bool,
     /// When the update was logged and forwarded (`None` for entries recovered from the log).
     logged_at: Option<Time>,
+    /// Sent to its server more than once (its ack says nothing of the round trip).
+    resent: bool,
 }
 
 /// Where a session's client is, and what its traffic has paid for.
@@ -210,6 +214,8 @@ pub struct Device {
     residency: LatencyHistogram,
     /// The order of keyed writes to each key (see `keyed.rs`).
     keyed: keyed::KeyedOrder,
+    /// How long each server takes to ack (the first resend timeout, `rtt.rs`).
+    round_trips: rtt::RoundTrips,
 }
 
 impl Device {
@@ -242,6 +248,7 @@ impl Device {
             counters: DeviceCounters::default(),
             residency: LatencyHistogram::new(),
             keyed: keyed::KeyedOrder::default(),
+            round_trips: rtt::RoundTrips::default(),
             config,
         };
         for entry in recovered {
@@ -301,6 +308,7 @@ impl Device {
                 resend_timeout: self.config.resend_timeout,
                 in_replay: false,
                 logged_at: None,
+                resent: true,
             },
         );
         self.counters.entries_recovered += 1;
@@ -675,7 +683,12 @@ impl Device {
         datagram: &[u8],
     ) {
         let generation = self.take_generation();
-        let deadline = now + self.config.resend_timeout;
+        let timeout = self.round_trips.timeout(
+            key.server_id,
+            self.config.resend_timeout,
+            self.config.resend_timeout_max,
+        );
+        let deadline = now + timeout;
         let known = self.index.insert(key, slot);
         assert!(
             known.is_none(),
@@ -698,9 +711,10 @@ impl Device {
                 invalidate_when_persisted: false,
                 ack_sent: false,
                 resend_deadline: deadline,
-                resend_timeout: self.config.resend_timeout,
+                resend_timeout: timeout,
                 in_replay: false,
                 logged_at: Some(now),
+                resent: false,
             },
         );
         assert!(held.is_none(), "slot {slot} logged while it holds an entry");
@@ -847,8 +861,11 @@ impl Device {
         for slot in slots {
             let entry = self.entries.get_mut(&slot).expect("indexed slot");
             if let Some(logged_at) = entry.logged_at {
-                self.residency
-                    .record(now.saturating_duration_since(logged_at));
+                let residency = now.saturating_duration_since(logged_at);
+                self.residency.record(residency);
+                if !entry.resent {
+                    self.round_trips.sample(header.server_id, residency);
+                }
             }
             match entry.state {
                 EntryState::Durable => self.free(slot),

@@ -127,6 +127,7 @@ impl Device {
             let entry = self.entries.get_mut(&slot).expect("indexed slot");
             debug_assert!(!entry.in_replay, "an entry out twice");
             entry.in_replay = true;
+            entry.resent = true;
             let packet = pmnet_wire::to_sendable(&entry.packet);
             self.start_resend_timer(now, slot);
             self.counters.replay_sent += 1;

@@ -23,6 +23,11 @@
 #   PMNET_BENCH_CLIENTS="1 50" PMNET_BENCH_SIZES="64 1024"   the grid
 #   PMNET_BENCH_DIR=DIR ...                   where the append-only files go (default: a new
 #                                             directory under /var/tmp, on disk)
+#   PMNET_BENCH_CACHE=1 ...                   also `get-hot`: GETs of one hot key (redis-benchmark
+#                                             -t get without -r) against always, pmnet and
+#                                             pmnet-cache (`pmnet redis-up --cache`: the device
+#                                             answers the key's GETs; measured after its 12 s
+#                                             fetch warm-up and a warm-up run)
 #
 # Needs redis-server and redis-benchmark (apt-get install redis-server redis-tools). The
 # device log is in /dev/shm: emulated persistent memory (survives a process crash, not a power
@@ -33,6 +38,7 @@ cd "$(dirname "$0")/.."
 requests="${PMNET_BENCH_REQUESTS:-20000}"
 placement="${PMNET_BENCH_PLACEMENT:-user}"
 busy="${PMNET_BENCH_BUSY:-0}"
+cache="${PMNET_BENCH_CACHE:-0}"
 base="${PMNET_BENCH_DIR:-}"
 clients_list="${PMNET_BENCH_CLIENTS:-1 50}"
 sizes_list="${PMNET_BENCH_SIZES:-64 1024}"
@@ -129,7 +135,7 @@ declare -A part_pid
 start_pmnet() {
     "$pmnet" redis-up --redis "127.0.0.1:$pmnet_redis_port" --listen "127.0.0.1:$gateway_port" \
         --device-listen "127.0.0.1:$device_port" --adaptor-listen "127.0.0.1:$adaptor_port" \
-        --log-file "/dev/shm/pmnet-bench-redis-$$.log" "${busy_flags[@]}" </dev/null >"$base/redis-up.out" 2>&1 &
+        --log-file "/dev/shm/pmnet-bench-redis-$$.log" "${busy_flags[@]}" "$@" </dev/null >"$base/redis-up.out" 2>&1 &
     redis_up_pid=$!
     pids+=("$redis_up_pid")
     wait_line "$base/redis-up.out" "clients connect to"
@@ -198,6 +204,35 @@ for clients in $clients_list; do
     done
 done
 
+# run_hot TARGET PORT CLIENTS SIZE: GETs of one key (redis-benchmark's `key:__rand_int__`
+# without -r), set first; recorded as test `get-hot`.
+run_hot() {
+    local target="$1" port="$2" clients="$3" size="$4" n="$requests"
+    if [ "$clients" -gt 1 ]; then n=$((requests * 10)); fi
+    redis-benchmark -p "$port" -t set -n 1 -c 1 -d "$size" >/dev/null 2>&1
+    on_cpu "$client_cpu" redis-benchmark -p "$port" -t get -n "$n" -c "$clients" -d "$size" --csv 2>/dev/null |
+        awk -F'"' -v t="$target" -v c="$clients" -v d="$size" \
+            'NR > 1 && NF > 10 { printf "%s,get-hot,%s,%s,%s,%s,%s,\n", t, c, d, $4, $10, $14 }' >>"$results"
+}
+if [ "$cache" = 1 ]; then
+    for clients in $clients_list; do
+        for size in $sizes_list; do
+            run_hot always "$always_port" "$clients" "$size"
+            start_pmnet
+            run_hot pmnet "$gateway_port" "$clients" "$size"
+            stop_pmnet
+            start_pmnet --cache
+            # The device fetches nothing in its first 12 s (a read sent to an earlier
+            # incarnation could still be answered); then the key is hot at once.
+            redis-benchmark -p "$gateway_port" -t set -n 1 -c 1 -d "$size" >/dev/null 2>&1
+            sleep 13
+            redis-benchmark -p "$gateway_port" -t get -n 2000 -c 1 -d "$size" >/dev/null 2>&1
+            run_hot pmnet-cache "$gateway_port" "$clients" "$size"
+            stop_pmnet
+        done
+    done
+fi
+
 echo "load after the runs: $(uptime | sed 's/.*load average/load average/')"
 echo
 awk -F, '
@@ -209,7 +244,7 @@ awk -F, '
             "target", "req/s", "p50 ms", "p99 ms", "vs always: req/s p99", "CPU us per request"
         for (i = 1; i <= count; i++) {
             split(order[i], part, ",")
-            n = split("always pmnet everysec no", targets, " ")
+            n = split("always pmnet pmnet-cache everysec no", targets, " ")
             for (j = 1; j <= n; j++) {
                 t = targets[j]; k = t "," order[i]
                 if (!(k in rps)) continue

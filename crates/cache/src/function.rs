@@ -41,7 +41,7 @@ use crate::stats::{HotKeys, StatsConfig, StatsConfigError};
 use crate::table::{CacheTable, FetchTicket, TableConfig};
 
 /// Settings of a device's cache.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct CacheConfig {
     pub table: TableConfig,
     pub stats: StatsConfig,
@@ -61,9 +61,18 @@ pub struct CacheConfig {
     /// fetches start again): the clients' longest request lifetime, after which it can no
     /// longer be applied.
     pub barrier_timeout: Duration,
+    /// The servers' addresses: only datagrams from them (server-ACKs, cache replies) move the
+    /// cache on; anything else claiming to be a server's is left to the log, which drops it.
+    /// Empty: any source (the simulator's tests).
+    pub servers: Vec<SocketAddr>,
 }
 
 impl CacheConfig {
+    /// Whether `from` may speak for a server.
+    fn speaks_for_a_server(&self, from: SocketAddr) -> bool {
+        self.servers.is_empty() || self.servers.contains(&from)
+    }
+
     pub fn new(device_id: u16) -> CacheConfig {
         CacheConfig {
             table: TableConfig::default(),
@@ -74,6 +83,7 @@ impl CacheConfig {
             fetch_timeout: Duration::from_millis(500),
             fetch_warmup: Duration::from_millis(pmnet_wire::MAX_REQUEST_LIFETIME_MS),
             barrier_timeout: Duration::from_millis(pmnet_wire::MAX_REQUEST_LIFETIME_MS),
+            servers: Vec::new(),
         }
     }
 }
@@ -381,6 +391,13 @@ impl NetworkFunction for CacheFunction {
     fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {
         let payload = datagram.get(pmnet_wire::HEADER_LEN..).unwrap_or_default();
         self.started.get_or_insert(now);
+        let server_only = matches!(
+            header.packet_type,
+            PacketType::ServerAck | PacketType::Reserved(CACHE_REPLY)
+        );
+        if server_only && !self.config.speaks_for_a_server(from) {
+            return Verdict::Pass; // the log drops it (unexpected source)
+        }
         match header.packet_type {
             PacketType::Reserved(CACHE_READ) => self.on_read(now, from, header, payload),
             PacketType::Reserved(CACHE_REPLY) => self.on_reply(header, payload),

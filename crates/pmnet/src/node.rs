@@ -604,6 +604,7 @@ fn cache(args: &DeviceArgs, device_id: u16) -> Result<pmnet_cache::CacheFunction
     config.interval = Duration::from_millis(args.cache_interval_ms);
     config.stats.threshold = args.cache_hot_threshold;
     config.fetch_warmup = Duration::from_millis(args.cache_fetch_warmup_ms);
+    config.servers = args.servers.iter().map(|(_, addr)| *addr).collect();
     pmnet_cache::CacheFunction::new(config)
         .map_err(|error| CliError::from(format!("the read cache's statistics: {error}")))
 }

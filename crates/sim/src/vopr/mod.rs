@@ -188,6 +188,9 @@ fn cache_front() -> Box<dyn pmnet_proto::FrontFunction> {
     config.interval = Duration::from_millis(5);
     config.stats.threshold = 2;
     config.fetch_warmup = CACHE_SEED_LIFETIME + Duration::from_millis(100);
+    // The swarm has at most two servers; what claims to come from elsewhere (the attacker's
+    // forgeries) does not move the cache.
+    config.servers = (0..2).map(crate::world::server_addr).collect();
     Box::new(pmnet_cache::CacheFunction::new(config).expect("a valid cache configuration"))
 }
 

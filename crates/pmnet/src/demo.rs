@@ -153,6 +153,7 @@ fn plan(args: &DemoArgs) -> Result<Plan, String> {
             device_workers: 1,
             servers: 1,
             server_max_ops_per_s: None,
+            resend_timeout: None,
             cache: None,
         }),
         progress: true,

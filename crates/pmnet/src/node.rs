@@ -172,6 +172,14 @@ pub struct DeviceArgs {
           value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub resends_in_flight: u32,
 
+    /// Milliseconds a logged entry waits at least for its server's ack before it is resent
+    /// (then with backoff; the device waits longer for a server whose acks take longer). Size
+    /// it above the longest queue a server may have: a resend a server did not need costs it a
+    /// duplicate to answer.
+    #[arg(long, value_name = "MS", default_value_t = 20,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub resend_timeout_ms: u64,
+
     /// Also forward without logging on this port (the benchmark's `forward` mode).
     #[arg(long, value_name = "ADDR", value_parser = crate::addr::parse_addr)]
     pub forward_listen: Option<SocketAddr>,
@@ -260,6 +268,7 @@ impl DeviceArgs {
             forward_listen: self.forward_listen,
             echo_listen: self.echo_listen,
             max_resends_in_flight: Some(self.resends_in_flight),
+            resend_timeout: Some(Duration::from_millis(self.resend_timeout_ms)),
             loop_options: self.run.loop_options(),
             keys: None,
             batch: !self.no_batch,

@@ -68,6 +68,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             forward_listen: None,
             echo_listen: None,
             max_resends_in_flight: None,
+            resend_timeout: None,
             keys: None,
             batch: true,
             batch_hold: Duration::from_micros(200),

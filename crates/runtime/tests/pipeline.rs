@@ -56,6 +56,7 @@ fn a_counter_in_front_of_the_log_answers_its_type_and_the_log_still_acks() {
         forward_listen: None,
         echo_listen: None,
         max_resends_in_flight: None,
+        resend_timeout: None,
         keys: None,
         batch: true,
         batch_hold: std::time::Duration::ZERO,

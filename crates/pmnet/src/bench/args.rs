@@ -420,6 +420,7 @@ impl Plan {
             if let Some(rack) = &rack {
                 config.servers = rack.servers;
                 config.server_max_ops_per_s = rack.server_max_ops_per_s;
+                config.resend_timeout = rack.resend_timeout(defaults.clients, defaults.window);
             }
             config.keys = keys.clone();
             Target::Loopback(config)
@@ -582,6 +583,7 @@ fn loopback_config(
         device_workers: args.device_workers,
         servers: 1,
         server_max_ops_per_s: None,
+        resend_timeout: None,
         cache: None,
     })
 }

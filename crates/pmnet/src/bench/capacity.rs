@@ -141,6 +141,7 @@ fn start_forwarder(
                     forward_listen: Some(loopback),
                     echo_listen: Some(loopback),
                     max_resends_in_flight: None,
+                    resend_timeout: None,
                     loop_options,
                     keys,
                     batch: false,

@@ -58,6 +58,17 @@ impl RackArgs {
         }))
     }
 
+    /// The device's shortest resend timeout for this rack: above the longest queue a
+    /// capacity-limited server can have (every request of every client waiting at it), so
+    /// that the device resends only what was lost, not what waits; `None` (the default, 20
+    /// ms) for servers without a capacity.
+    pub fn resend_timeout(&self, clients: u32, window: u32) -> Option<Duration> {
+        let ops = self.server_max_ops_per_s?.max(1);
+        let queue = u64::from(clients) * u64::from(window.max(1));
+        let drain = Duration::from_micros(queue.saturating_mul(1_000_000) / ops);
+        Some((drain * 2).clamp(Duration::from_millis(20), Duration::from_secs(10)))
+    }
+
     /// The servers and their capacity, in words: every report says the capacity is emulated.
     pub fn text(&self) -> String {
         let servers = match self.servers {

@@ -50,6 +50,8 @@ pub struct LoopbackConfig {
     pub servers: u16,
     /// Every server's emulated capacity (`pmnet server --max-ops-per-s`).
     pub server_max_ops_per_s: Option<u64>,
+    /// The device's shortest resend timeout (`None`: its default).
+    pub resend_timeout: Option<Duration>,
     /// The device runs the read cache in front of its log (`pmnet device --cache`).
     pub cache: Option<super::cache::CacheSettings>,
 }
@@ -381,6 +383,7 @@ fn start_device(
         forward_listen: Some(loopback()),
         echo_listen: Some(loopback()),
         max_resends_in_flight: None,
+        resend_timeout: config.resend_timeout,
         loop_options: loop_options(config, config.device_cpu),
         keys: config.keys.clone(),
         batch: config.batch,

@@ -64,6 +64,10 @@ pub struct DeviceOptions {
     /// Resent log entries out to one server at once (the paced replay's window); `None`
     /// keeps the state machine's default.
     pub max_resends_in_flight: Option<u32>,
+    /// The shortest wait before a logged entry is resent to its server (the device waits
+    /// longer for a server whose acks take longer); `None` keeps the state machine's default
+    /// (20 ms).
+    pub resend_timeout: Option<Duration>,
     /// Authenticate every datagram with these deployment keys (`None`: no authentication).
     pub keys: Option<pmnet_auth::KeySet>,
     /// Pack what a turn forwards to each server into batches (the servers answer in batches
@@ -232,6 +236,10 @@ impl DeviceRuntime {
                 );
                 if let Some(window) = options.max_resends_in_flight {
                     config.resends_in_flight_max = window;
+                }
+                if let Some(timeout) = options.resend_timeout {
+                    config.resend_timeout = timeout;
+                    config.resend_timeout_max = config.resend_timeout_max.max(timeout);
                 }
                 (Device::new(config, now, entries), Some(log))
             }
@@ -651,6 +659,7 @@ mod tests {
             forward_listen: None,
             echo_listen: None,
             max_resends_in_flight: None,
+            resend_timeout: None,
             loop_options: LoopOptions {
                 report_interval: None,
                 ..LoopOptions::default()

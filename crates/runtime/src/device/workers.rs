@@ -92,6 +92,7 @@ mod tests {
             forward_listen: Some("127.0.0.1:7401".parse().unwrap()),
             echo_listen: None,
             max_resends_in_flight: None,
+            resend_timeout: None,
             keys: None,
             batch: true,
             batch_hold: std::time::Duration::ZERO,

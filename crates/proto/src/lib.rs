@@ -29,7 +29,7 @@ mod time;
 pub use batch::{BatchCounters, Batcher, BATCH_PEERS_MAX};
 pub use client::{
     Client, ClientConfig, ClientCounters, ClientError, ClientEvent, ClientLatency, Completion,
-    ReadEvent,
+    ReadEvent, REPLICAS_MAX,
 };
 pub use counter::{Counter, COUNTER_TYPE_CODE};
 pub use device::{Device, DeviceConfig, DeviceCounters};

@@ -45,7 +45,15 @@ pub struct ClientConfig {
     /// Failed sequence numbers remembered, so that a server waiting for one can be told to
     /// skip it (see [`flags::NOOP_FILL`]).
     pub abandoned_max: usize,
+    /// Devices in series that must each log an update before it completes on their
+    /// PMNet-ACKs (1: the first device's ack is enough). With more than one, updates carry
+    /// flag `REPLICATED` and every fragment needs acks from this many distinct devices
+    /// (docs/replication.md); 1 to [`REPLICAS_MAX`].
+    pub replicas: u8,
 }
+
+/// Devices in series a client can wait for at most.
+pub const REPLICAS_MAX: u8 = 8;
 
 impl ClientConfig {
     /// Defaults for a session `session_id` to `server_id` through `peer`.
@@ -63,6 +71,7 @@ impl ClientConfig {
             retransmits_max: 64,
             request_lifetime: Duration::from_secs(12),
             abandoned_max: 1024,
+            replicas: 1,
         }
     }
 }
@@ -176,8 +185,9 @@ struct InFlight {
     kind: RequestKind,
     /// The encoded datagrams, kept for retransmission.
     fragments: Vec<Vec<u8>>,
-    /// Fragments acked by a device (update requests only).
-    logged: Vec<bool>,
+    /// The devices that acked each fragment (update requests only), up to the replicas
+    /// wanted; a fragment is logged once it has that many distinct ones.
+    logged: Vec<Vec<u16>>,
     logged_count: usize,
     logged_by_device: u16,
     reply: Option<ReplyAssembly>,
@@ -263,6 +273,11 @@ impl Client {
     }
 
     /// The configured request lifetime, cut to the protocol's maximum.
+    /// Distinct devices that must ack each fragment of an update.
+    fn replicas(&self) -> u8 {
+        self.config.replicas.clamp(1, REPLICAS_MAX)
+    }
+
     fn request_lifetime(&self) -> Duration {
         self.config
             .request_lifetime
@@ -337,6 +352,9 @@ impl Client {
             seq,
         );
         header.flags |= header_flags;
+        if kind == RequestKind::Update && self.replicas() > 1 {
+            header.flags |= pmnet_wire::replication::REPLICATED;
+        }
         let fragments = encode_fragments(
             header,
             payload,
@@ -354,7 +372,7 @@ impl Client {
             InFlight {
                 kind,
                 fragments,
-                logged: vec![false; fragment_count],
+                logged: vec![Vec::new(); fragment_count],
                 logged_count: 0,
                 logged_by_device: 0,
                 reply: None,
@@ -413,6 +431,7 @@ impl Client {
 
     fn on_pmnet_ack(&mut self, now: Time, header: &Header) {
         self.counters.pmnet_acks_received += 1;
+        let wanted = usize::from(self.replicas());
         let Some(request) = self.in_flight.get_mut(&header.seq) else {
             self.counters.late_acks_consumed += 1;
             return;
@@ -424,10 +443,13 @@ impl Client {
             self.counters.dropped.record(DropReason::Mismatch);
             return;
         }
-        if !request.logged[index] {
-            request.logged[index] = true;
-            request.logged_count += 1;
-            request.logged_by_device = header.device_id;
+        let ackers = &mut request.logged[index];
+        if ackers.len() < wanted && !ackers.contains(&header.device_id) {
+            ackers.push(header.device_id);
+            if ackers.len() == wanted {
+                request.logged_count += 1;
+                request.logged_by_device = header.device_id;
+            }
         }
         if request.logged_count == request.fragments.len() {
             let device_id = request.logged_by_device;
@@ -579,6 +601,7 @@ impl Client {
     /// Retransmit what timed out; fail requests that exhausted their retransmissions.
     pub fn handle_timeout(&mut self, now: Time) {
         self.read_timeouts(now);
+        let wanted = usize::from(self.replicas());
         let due: Vec<u32> = self
             .in_flight
             .iter()
@@ -597,13 +620,13 @@ impl Client {
             request.retransmit_count += 1;
             request.timeout = (request.timeout * 2).min(self.config.retransmit_timeout_max);
             request.deadline = now + request.timeout;
-            // Fragments a device already logged need no resend; the server gets them from
-            // the device.
+            // Fragments the devices already logged need no resend; the server gets them from
+            // the devices.
             let resend: Vec<Vec<u8>> = request
                 .fragments
                 .iter()
                 .zip(&request.logged)
-                .filter(|(_, logged)| !**logged)
+                .filter(|(_, ackers)| ackers.len() < wanted)
                 .map(|(bytes, _)| bytes.clone())
                 .collect();
             for bytes in resend {

@@ -87,6 +87,9 @@ pub struct DeviceCounters {
     pub updates_received: u64,
     /// Keyed writes logged with their order written in (docs/cache.md).
     pub keyed_writes_ordered: u64,
+    /// PMNet-ACKs and not-logged notices of the next device of a chain, passed on towards
+    /// the client.
+    pub chain_acks_relayed: u64,
     /// Cache reads forwarded to their server, and those that carry a keyed write to follow.
     pub cache_reads_forwarded: u64,
     pub cache_reads_ordered: u64,
@@ -166,6 +169,8 @@ struct Entry {
     logged_at: Option<Time>,
     /// Sent to its server more than once (its ack says nothing of the round trip).
     resent: bool,
+    /// Acks of later devices of a chain passed on to the client for this fragment.
+    relayed: u8,
 }
 
 /// Where a session's client is, and what its traffic has paid for.
@@ -309,6 +314,7 @@ impl Device {
                 in_replay: false,
                 logged_at: None,
                 resent: true,
+                relayed: 0,
             },
         );
         self.counters.entries_recovered += 1;
@@ -527,6 +533,12 @@ impl Device {
                 self.on_server_ack(now, header, datagram);
                 self.pump_replay(now, header.server_id);
             }
+            // The next device of a chain (this device's "server") acked or could not log an
+            // update: passed on towards the client, which counts distinct devices' acks
+            // (docs/replication.md).
+            PacketType::PmnetAck | PacketType::NotLogged if from == server => {
+                self.relay_chain_ack(header, datagram);
+            }
             PacketType::RetransmitRequest => self.on_retransmit_request(header, datagram),
             PacketType::RecoveryPoll => self.on_recovery_poll(now, server, header),
             PacketType::FillQuery => self.on_fill_query(server, header, payload),
@@ -628,6 +640,11 @@ impl Device {
             } else {
                 self.entries.get_mut(&slot).expect("indexed").client = Some(client);
             }
+            if header.has_flag(pmnet_wire::replication::REPLICATED) {
+                // The client may miss a later device's ack, not only ours: the next device
+                // answers its own copy (and forwards nothing it already holds).
+                self.send(server, pmnet_wire::to_sendable(datagram));
+            }
             return;
         }
         let not_logged = if !self.config.logging {
@@ -715,6 +732,7 @@ impl Device {
                 in_replay: false,
                 logged_at: Some(now),
                 resent: false,
+                relayed: 0,
             },
         );
         assert!(held.is_none(), "slot {slot} logged while it holds an entry");
@@ -761,6 +779,37 @@ impl Device {
         }
         if let Some(client) = entry.client {
             self.send_pmnet_ack(slot, client);
+        }
+    }
+
+    /// Pass on towards the client an ack (or not-logged notice) of the next device of a
+    /// chain. It answers the client's own request, like this device's ack: free while this
+    /// device holds the fragment it answers, up to one per possible device of a chain
+    /// (`REPLICAS_MAX − 1`), so a chain of R devices sends a client at most R answers per
+    /// fragment it logged; anything else is paid for from the client's credit.
+    fn relay_chain_ack(&mut self, header: &Header, datagram: &[u8]) {
+        let key = EntryKey {
+            server_id: header.server_id,
+            session_id: header.session_id,
+            seq: header.seq,
+            fragment_index: header.fragment_index,
+        };
+        let client = self.index.get(&key).and_then(|slot| {
+            let entry = self.entries.get_mut(slot)?;
+            if entry.relayed >= crate::REPLICAS_MAX - 1 {
+                return None;
+            }
+            entry.relayed += 1;
+            entry.client
+        });
+        self.counters.chain_acks_relayed += 1;
+        match client {
+            Some(client) => {
+                self.send(client, pmnet_wire::to_sendable(datagram));
+            }
+            None => {
+                self.send_paid(header.session_id, pmnet_wire::to_sendable(datagram));
+            }
         }
     }
 
@@ -852,7 +901,11 @@ impl Device {
         // reply (a fixed OK) would only wake it to be thrown away. Had an ack been lost, the
         // client retransmits and is acked again (or answered by the server's make-up ACK).
         let client_has_every_ack = slots.first().is_some_and(|slot| {
-            usize::from(self.entries[slot].fragment_count) == slots.len()
+            // A client waiting for several devices' acks needs the server's ack passed on.
+            let replicated = Header::parse(&self.entries[slot].packet)
+                .is_ok_and(|(header, _)| header.has_flag(pmnet_wire::replication::REPLICATED));
+            !replicated
+                && usize::from(self.entries[slot].fragment_count) == slots.len()
                 && slots.iter().all(|slot| {
                     let entry = &self.entries[slot];
                     entry.state == EntryState::Durable && entry.ack_sent

@@ -256,6 +256,7 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
             .map(|_| rng.random_range(2..128))
             .collect(),
         server_count: rng.random_range(1..=2),
+        chain: false,
     };
     let summary = FaultSummary {
         client_count: topology.client_count,

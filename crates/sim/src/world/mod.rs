@@ -75,6 +75,7 @@ impl World {
             client_count,
             device_slot_counts: slot_count.into_iter().collect(),
             server_count: 1,
+            chain: false,
         })
     }
 
@@ -83,19 +84,36 @@ impl World {
         let servers: Vec<(u16, SocketAddr)> = (0..topology.server_count)
             .map(|index| (SERVER_ID + index as u16, server_addr(index)))
             .collect();
+        let device_count = topology.device_slot_counts.len();
         let devices: Vec<DeviceNode> = topology
             .device_slot_counts
             .iter()
             .enumerate()
-            .map(|(index, &slot_count)| DeviceNode::new(index, slot_count, &servers))
+            .map(|(index, &slot_count)| {
+                if topology.chain && index + 1 < device_count {
+                    // Every server is reached through the next device.
+                    let next: Vec<(u16, SocketAddr)> = servers
+                        .iter()
+                        .map(|&(server_id, _)| (server_id, device_addr(index + 1)))
+                        .collect();
+                    DeviceNode::new(index, slot_count, &next)
+                } else {
+                    DeviceNode::new(index, slot_count, &servers)
+                }
+            })
             .collect();
-        let device_addrs: Vec<SocketAddr> = (0..devices.len()).map(device_addr).collect();
+        let device_addrs: Vec<SocketAddr> = (0..device_count).map(device_addr).collect();
+        let (server_side, client_side) = if topology.chain && device_count > 0 {
+            (vec![device_addr(device_count - 1)], vec![device_addr(0)])
+        } else {
+            (device_addrs.clone(), device_addrs)
+        };
         let servers: Vec<ServerNode> = servers
             .iter()
-            .map(|&(server_id, _)| ServerNode::new(server_id, &device_addrs))
+            .map(|&(server_id, _)| ServerNode::new(server_id, &server_side))
             .collect();
         let clients = (0..topology.client_count)
-            .map(|index| ClientNode::new(index, servers.len(), &device_addrs))
+            .map(|index| ClientNode::new(index, servers.len(), &client_side))
             .collect();
         let mut world = World {
             now: Time::ZERO,

@@ -364,4 +364,9 @@ pub struct Topology {
     /// Slot count of each device; empty for clients talking to servers directly.
     pub device_slot_counts: Vec<u32>,
     pub server_count: usize,
+    /// The devices are in series (docs/replication.md): clients send to the first, each
+    /// device forwards to the next, the last to the servers, and the servers know only the
+    /// last. Otherwise each device is in front of every server and clients are spread
+    /// over them.
+    pub chain: bool,
 }

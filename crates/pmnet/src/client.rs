@@ -48,6 +48,13 @@ pub struct ClientArgs {
     #[arg(long, value_name = "FILE")]
     pub key_file: Option<std::path::PathBuf>,
 
+    /// Devices in series (`--device` is the first; each forwards to the next) whose
+    /// PMNet-ACKs an update waits for: it then survives the permanent loss of all but one
+    /// of them (docs/replication.md).
+    #[arg(long, value_name = "R", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..=i64::from(pmnet_proto::REPLICAS_MAX)))]
+    pub replicas: u8,
+
     /// The request; without one, read requests line by line from standard input
     /// (`set k v`, `get k`, `del k`, `incr k [delta]`, `quit`).
     #[command(subcommand)]
@@ -113,6 +120,7 @@ pub fn run(args: ClientArgs) -> Result<ExitCode, CliError> {
     let mut options = SessionOptions::new(args.server_id, first);
     options.more_peers = more.to_vec();
     options.wait = WaitMode::from_busy_poll(args.busy_poll);
+    options.replicas = args.replicas;
     options.request_lifetime = Some(std::time::Duration::from_secs_f64(args.request_lifetime));
     if let Some(path) = &args.key_file {
         options.keys = Some(pmnet_runtime::load_key_file(path)?);
@@ -232,9 +240,14 @@ fn execute(session: &mut ClientSession, command: &KvCommand) -> Result<String, C
         other => format!("{other}"),
     })?;
     Ok(match completion {
-        Completion::Logged { device_id } => {
-            format!("OK (durable in the log of device {device_id}; the server applies it next)")
-        }
+        Completion::Logged { device_id } => match session.replicas() {
+            1 => {
+                format!("OK (durable in the log of device {device_id}; the server applies it next)")
+            }
+            replicas => format!(
+                "OK (durable in the logs of {replicas} devices; the server applies it next)"
+            ),
+        },
         Completion::ReplyUnavailable => {
             "OK (applied before; the server no longer keeps its reply)".to_owned()
         }

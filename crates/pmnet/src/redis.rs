@@ -131,6 +131,13 @@ pub struct GatewayArgs {
     #[arg(long)]
     pub device_cache: bool,
 
+    /// Devices in series (`--device` is the first; each forwards to the next) whose
+    /// PMNet-ACKs a write waits for before the client is answered: it then survives the
+    /// permanent loss of all but one of them (docs/replication.md).
+    #[arg(long, value_name = "R", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..=i64::from(pmnet_proto::REPLICAS_MAX)))]
+    pub replicas: u8,
+
     #[command(flatten)]
     pub run: LoopArgs,
 }
@@ -289,6 +296,7 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
         );
     }
     options.device_cache = args.device_cache;
+    options.replicas = args.replicas;
     if let Some(path) = &args.password_file {
         options.auth.password = Some(read_password_file(path, "--password-file")?);
     }

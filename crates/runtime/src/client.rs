@@ -44,6 +44,8 @@ pub struct SessionOptions {
     /// What the peer is and the command that runs it, for the warning when it does not
     /// answer: a device (`pmnet device`) unless the session talks to a server directly.
     pub peer_role: (&'static str, &'static str),
+    /// Devices in series whose acks an update waits for (docs/replication.md); 1 by default.
+    pub replicas: u8,
 }
 
 impl SessionOptions {
@@ -63,6 +65,7 @@ impl SessionOptions {
             keys: None,
             more_peers: Vec::new(),
             peer_role: SessionOptions::DEVICE_PEER,
+            replicas: 1,
         }
     }
 
@@ -101,6 +104,11 @@ pub struct ClientSession {
 
 impl ClientSession {
     /// Bind an ephemeral port of the peer's address family and start a session.
+    /// Devices whose acks an update waits for.
+    pub fn replicas(&self) -> u8 {
+        self.client.config().replicas
+    }
+
     pub fn open(options: SessionOptions) -> io::Result<ClientSession> {
         let bind: SocketAddr = if options.peer.is_ipv4() {
             SocketAddr::from(([0, 0, 0, 0], 0))
@@ -121,6 +129,7 @@ impl ClientSession {
         if let Some(window) = options.window {
             config.window = window.max(1);
         }
+        config.replicas = options.replicas.clamp(1, pmnet_proto::REPLICAS_MAX);
         Ok(ClientSession {
             clock: Clock::new(),
             client: Client::new(config),

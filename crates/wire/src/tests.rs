@@ -462,3 +462,18 @@ fn golden_batch_of_an_update_and_a_server_ack() {
     );
     assert_eq!(batch, GOLDEN_BATCH);
 }
+
+#[test]
+fn golden_replicated_update_request() {
+    // docs/protocol.md, golden vector 8: vector 1 from a client waiting for several devices.
+    let mut header = Header::new(PacketType::UpdateRequest, 1, SESSION, 7);
+    header.flags = crate::replication::REPLICATED;
+    let bytes = header.encode(b"hello");
+    let hex: Vec<String> = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+    assert_eq!(hex.join(" "), GOLDEN_REPLICATED_HEX);
+    let (parsed, payload) = Header::parse(&bytes).unwrap();
+    assert!(parsed.has_flag(crate::replication::REPLICATED) && payload == b"hello");
+}
+
+const GOLDEN_REPLICATED_HEX: &str = "50 4e 01 01 04 00 00 01 01 23 45 67 89 ab cd ef \
+     00 00 00 07 00 00 00 01 00 05 00 00 8d ed 8d f8 68 65 6c 6c 6f";

@@ -61,6 +61,8 @@ pub struct GatewayOptions {
     /// The device runs a read cache (`pmnet device --cache`): `GET key` goes as a cache read
     /// the device may answer, every write keyed or as a barrier (docs/cache.md).
     pub device_cache: bool,
+    /// Devices in series whose PMNet-ACKs an update waits for (docs/replication.md).
+    pub replicas: u8,
 }
 
 impl GatewayOptions {
@@ -85,6 +87,7 @@ impl GatewayOptions {
             keys: None,
             auth: Auth::default(),
             device_cache: false,
+            replicas: 1,
         }
     }
 }
@@ -460,6 +463,7 @@ impl Gateway {
                 self.options.device_for(session_id),
             );
             config.window = self.options.window;
+            config.replicas = self.options.replicas.clamp(1, pmnet_proto::REPLICAS_MAX);
             config.auth = self
                 .options
                 .keys

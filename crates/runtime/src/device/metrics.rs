@@ -287,6 +287,11 @@ fn update_metrics(out: &mut Metrics, labels: &[(&str, &str)], counters: &DeviceC
             counters.updates_logged,
         ),
         (
+            "pmnet_device_chain_acks_relayed_total",
+            "PMNet-ACKs and not-logged notices of the next device of a chain passed on towards the client.",
+            counters.chain_acks_relayed,
+        ),
+        (
             "pmnet_device_log_collisions_total",
             "Updates forwarded without logging: every probed slot was taken.",
             counters.log_collisions,

@@ -1,0 +1,92 @@
+//! Three `pmnet device` processes in series in front of a `pmnet server` (docs/replication.md),
+//! with `pmnet client --replicas N`: an update is answered once every device logged it; after
+//! the middle device is lost for good (SIGKILL, its log file deleted) the first device is
+//! started again pointing at the third, what it had logged reaches the server, and clients
+//! go on with two devices. Nothing acknowledged is lost.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use common::{args, device_args, free_udp_addr, run_pmnet, server_args, Node};
+
+fn device(id: u16, listen: SocketAddr, next: SocketAddr, log: &Path) -> Node {
+    let mut list = device_args(listen, next, log);
+    list.extend(["--device-id".to_owned(), id.to_string()]);
+    Node::start(&format!("device {id}"), list)
+}
+
+fn client(first: SocketAddr, replicas: u8, words: &[&str]) -> (bool, String) {
+    let first = first.to_string();
+    let replicas = replicas.to_string();
+    let mut all = vec![
+        "client",
+        "--device",
+        first.as_str(),
+        "--replicas",
+        replicas.as_str(),
+        "--request-lifetime",
+        "1",
+    ];
+    all.extend_from_slice(words);
+    let (status, stdout, stderr) = run_pmnet(&args(&all), None);
+    (
+        status.success(),
+        format!("{}{}", stdout.trim(), stderr.trim()),
+    )
+}
+
+fn logged(node: &Node) -> f64 {
+    node.metric("pmnet_device_updates_logged_total", r#"port="pmnet""#)
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn a_three_device_chain_survives_the_permanent_loss_of_its_middle_device() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (d1, d2, d3) = (free_udp_addr(), free_udp_addr(), free_udp_addr());
+    let log = |id: u16| dir.path().join(format!("device{id}.log"));
+    let server = Node::start(
+        "server",
+        server_args(free_udp_addr(), d3, &dir.path().join("server.data"), None),
+    );
+    let third = device(3, d3, server.addr, &log(3));
+    let mut second = device(2, d2, d3, &log(2));
+    let mut first = device(1, d1, d2, &log(1));
+
+    let (ok, out) = client(d1, 3, &["set", "greeting", "hello"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("logs of 3 devices"), "{out}");
+    for node in [&first, &second, &third] {
+        assert!(logged(node) >= 1.0, "every device logged the update");
+    }
+    let (ok, out) = client(d1, 3, &["get", "greeting"]);
+    assert!(ok && out == "hello", "{out}");
+
+    // The middle device is lost for good.
+    second.proc.kill();
+    std::fs::remove_file(log(2)).expect("delete the middle device's log");
+    // With it gone, three devices' acks cannot come: the write is not acknowledged (the
+    // first device logged it, so it may still be applied).
+    let (ok, out) = client(d1, 3, &["set", "during", "outage"]);
+    assert!(!ok, "acknowledged without three devices: {out}");
+
+    // The operator's reconfiguration: the first device starts again with the third as its
+    // next hop. It recovers its log and replays it there.
+    first.proc.kill();
+    first = device(1, d1, d3, &log(1));
+    let (ok, out) = client(d1, 2, &["set", "after", "reconfiguration"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("logs of 2 devices"), "{out}");
+    for (key, value) in [
+        ("greeting", "hello"),
+        ("during", "outage"),
+        ("after", "reconfiguration"),
+    ] {
+        let (ok, out) = client(d1, 2, &["get", key]);
+        assert!(ok && out == value, "get {key}: {out}");
+    }
+    drop(second);
+    drop(first);
+}

@@ -813,3 +813,55 @@ fn a_cache_read_the_device_forwards_waits_for_the_keyed_write_it_acked() {
         .expect("the write's server-ACK");
     assert!(applied_at <= replied_at);
 }
+
+#[test]
+fn keyed_writes_that_wait_for_each_other_are_applied_after_the_longest_wait() {
+    // A cycle of waits cannot be built by one device's order (docs/cache.md), but a device
+    // that forgot an unlogged keyed bypass in a crash can place it after a write that waits
+    // for it. The server gives the wait up after ORDER_WAIT_MAX (60 s) rather than hold both.
+    use pmnet_proto::{Server, ServerConfig, Time};
+    let device = device_addr(0);
+    let mut server = Server::new(
+        ServerConfig::new(SERVER_ID, Vec::new()),
+        Time::ZERO,
+        Vec::new(),
+    );
+    let (one, two) = (0xA, 0xB);
+    server.handle(
+        Time::ZERO,
+        device,
+        &keyed_write(one, 1, Some((two, 1)), b"1"),
+    );
+    server.handle(
+        Time::ZERO,
+        device,
+        &keyed_write(two, 1, Some((one, 1)), b"2"),
+    );
+    let mut now = Time::ZERO;
+    loop {
+        let next = server
+            .poll_timeout()
+            .unwrap_or(now)
+            .max(Time::from_nanos(now.as_nanos() + 1_000_000));
+        if next >= Time::from_nanos(59_000_000_000) {
+            break;
+        }
+        now = next;
+        server.handle_timeout(now);
+        while server.poll_transmit().is_some() {}
+        assert!(applied_events(&mut server).is_empty(), "held at {now:?}");
+    }
+    now = Time::from_nanos(61_000_000_000);
+    server.handle_timeout(now);
+    // Both waits started together and are given up together.
+    let applied: Vec<u64> = applied_events(&mut server)
+        .into_iter()
+        .map(|(session, ..)| session)
+        .collect();
+    assert_eq!(
+        applied,
+        vec![one, two],
+        "applied once the waits are given up"
+    );
+    assert_eq!(server.counters().keyed_order_timed_out, 2);
+}

@@ -901,7 +901,10 @@ impl Device {
         // reply (a fixed OK) would only wake it to be thrown away. Had an ack been lost, the
         // client retransmits and is acked again (or answered by the server's make-up ACK).
         let client_has_every_ack = slots.first().is_some_and(|slot| {
-            // A client waiting for several devices' acks needs the server's ack passed on.
+            // A client waiting for several devices' acks needs the server's ack passed on (a
+            // device before this one in a chain, which this device cannot tell from a client,
+            // needs it too: so in a chain clients wait for two devices or more, and their
+            // updates carry `REPLICATED`; docs/replication.md).
             let replicated = Header::parse(&self.entries[slot].packet)
                 .is_ok_and(|(header, _)| header.has_flag(pmnet_wire::replication::REPLICATED));
             !replicated

@@ -159,6 +159,8 @@ pub struct ServerCounters {
     pub keyed_writes_held: u64,
     /// Waits given up because the session waited for had no room in the table.
     pub keyed_order_given_up: u64,
+    /// Waits given up after `ORDER_WAIT_MAX` (the write waited for never came).
+    pub keyed_order_timed_out: u64,
     /// Keyed writes whose descriptor did not parse (handed to the application as they came).
     pub keyed_bad_descriptors: u64,
     /// Cache reads (the read cache's misses).
@@ -196,6 +198,8 @@ pub struct Server {
     /// Sessions whose next request is a keyed write that waits: (the session it waits for,
     /// the number, the waiting session). See `order.rs`.
     order_waiters: BTreeSet<(u64, u32, u64)>,
+    /// When each wait is given up: (deadline, waiting session). See `order.rs`.
+    order_timers: BTreeSet<(Time, u64)>,
     /// Cache reads held or at the application (see `reads.rs`).
     reads: reads::Reads,
 }
@@ -256,6 +260,7 @@ impl Server {
             counters: ServerCounters::default(),
             requests_completed: 0,
             order_waiters: BTreeSet::new(),
+            order_timers: BTreeSet::new(),
             reads: reads::Reads::default(),
             config,
         };
@@ -635,6 +640,7 @@ impl Server {
         self.table.buffered_bytes -= assembly.cost();
         session.issued_through = seq;
         session.order_given_up = false;
+        session.waiting_until = None;
         if assembly.fill {
             session.fills_issued.push_back(seq);
         }
@@ -906,6 +912,13 @@ impl Server {
             self.gap_timers.remove(&(deadline, session_id));
             self.on_gap_timeout(now, session_id);
         }
+        while let Some(&(deadline, session_id)) = self.order_timers.first() {
+            if deadline > now {
+                break;
+            }
+            self.order_timers.remove(&(deadline, session_id));
+            self.on_order_timeout(now, session_id, deadline);
+        }
     }
 
     /// The next datagram to send, if any. Poll until `None` after every call that changes state.
@@ -938,6 +951,7 @@ impl Server {
         let gap = self.gap_timers.first().map(|(deadline, _)| *deadline);
         let defer = self.defer_timers.first().map(|(retry_at, _)| *retry_at);
         let poll = self.recovery.as_ref().map(|recovery| recovery.next_poll);
-        gap.into_iter().chain(defer).chain(poll).min()
+        let order = self.order_timers.first().map(|(deadline, _)| *deadline);
+        gap.into_iter().chain(defer).chain(poll).chain(order).min()
     }
 }

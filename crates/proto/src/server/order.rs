@@ -17,6 +17,15 @@
 use pmnet_wire::cache::WriteDescriptor;
 
 use super::table::Assembly;
+
+/// The longest a keyed write waits for the write it must follow. The write waited for is in a
+/// device's log and comes unless that device lost it: a keyed bypass (never logged) that a
+/// device forgot in a crash, and that, sent again, was ordered after a write that waits for
+/// it, would otherwise hold both sessions for ever. Past this the wait is given up (counted:
+/// `keyed_order_timed_out`) and the write is applied; the order of the two writes is then the
+/// order they reach the server. Longer than any request's lifetime, so that a write still on
+/// its way is not overtaken.
+pub(super) const ORDER_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 use super::Server;
 use crate::Time;
 
@@ -61,6 +70,23 @@ pub(super) fn descriptor_len(first: &[u8]) -> Option<usize> {
 }
 
 impl Server {
+    /// A wait of `session_id` reached its deadline: given up if it is still the same one.
+    pub(super) fn on_order_timeout(&mut self, now: Time, session_id: u64, deadline: Time) {
+        let Some(session) = self.table.sessions.get_mut(&session_id) else {
+            return;
+        };
+        if session.waiting_until != Some(deadline) {
+            return;
+        }
+        session.waiting_until = None;
+        if let Some((after, through)) = session.waiting_for.take() {
+            session.order_given_up = true;
+            self.order_waiters.remove(&(after, through, session_id));
+            self.counters.keyed_order_timed_out += 1;
+            self.advance(now, session_id);
+        }
+    }
+
     /// Whether session `session_id` may apply a request that must follow `(after, through)`.
     pub(super) fn order_satisfied(&self, session_id: u64, after: u64, through: u32) -> bool {
         // A session's own earlier requests are issued before it, in order.
@@ -82,6 +108,8 @@ impl Server {
             return;
         }
         session.waiting_for = Some((after, through));
+        let deadline = *session.waiting_until.get_or_insert(now + ORDER_WAIT_MAX);
+        self.order_timers.insert((deadline, session_id));
         let reply_to = session.reply_to;
         self.order_waiters.insert((after, through, session_id));
         self.counters.keyed_writes_held += 1;

@@ -138,6 +138,8 @@ pub(super) struct Session {
     /// The next request is a keyed write that waits for this session to apply through this
     /// number (see `order.rs`).
     pub(super) waiting_for: Option<(u64, u32)>,
+    /// When that wait is given up (see `order.rs`, `ORDER_WAIT_MAX`).
+    pub(super) waiting_until: Option<Time>,
     /// The highest number of this session another session's keyed write waits for.
     pub(super) awaited_through: u32,
     /// A wait of this session was given up (no room for the session it waited for).

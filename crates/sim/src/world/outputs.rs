@@ -146,12 +146,16 @@ impl World {
     }
 
     /// An ack is a promise: a PMNet-ACK may name only an entry the device's log has held
-    /// durably, by the persistence model's account rather than the device's.
+    /// durably, by the persistence model's account rather than the device's. A device of a
+    /// chain also passes on the next device's acks (another `device_id`): those were checked
+    /// when that device sent them.
     fn check_pmnet_ack(&mut self, device: usize, transmit: &Transmit) {
         let Ok((header, _)) = Header::parse(pmnet_auth::without_trailer(&transmit.bytes)) else {
             return;
         };
-        if header.packet_type != PacketType::PmnetAck {
+        if header.packet_type != PacketType::PmnetAck
+            || header.device_id != self.devices[device].pipeline.device().config().device_id
+        {
             return;
         }
         let key = EntryKey {

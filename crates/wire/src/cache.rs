@@ -254,9 +254,7 @@ impl<'a> WriteDescriptor<'a> {
         let at = out.len();
         out.resize(at + ORDER_LEN, 0);
         self.order.write_into(&mut out[at..]);
-        let len = u8::try_from(self.key.len()).expect("a key of at most 255 bytes");
-        out.push(len);
-        out.extend_from_slice(self.key);
+        emit_key(self.key, out);
         match self.reply_after {
             None => out.extend_from_slice(&NO_REPLY_AFTER.to_be_bytes()),
             Some(reply) => {
@@ -338,6 +336,7 @@ impl<'a> ReadDescriptor<'a> {
         out.extend_from_slice(&self.read_after.to_be_bytes());
         out.extend_from_slice(&self.after_session.to_be_bytes());
         out.extend_from_slice(&self.after_seq.to_be_bytes());
+        assert!(!self.key.is_empty(), "an empty key");
         emit_key(self.key, out);
     }
 }
@@ -363,9 +362,9 @@ fn key_or_barrier_at(bytes: &[u8]) -> Result<(&[u8], &[u8]), DescriptorError> {
     split(rest, usize::from(len[0]))
 }
 
+/// A key's length (one byte) and the key; panics on a key of more than 255 bytes.
 fn emit_key(key: &[u8], out: &mut Vec<u8>) {
     let len = u8::try_from(key.len()).expect("a key of at most 255 bytes");
-    assert!(len > 0, "an empty key");
     out.push(len);
     out.extend_from_slice(key);
 }

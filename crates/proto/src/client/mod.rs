@@ -187,7 +187,7 @@ struct InFlight {
     fragments: Vec<Vec<u8>>,
     /// The devices that acked each fragment (update requests only), up to the replicas
     /// wanted; a fragment is logged once it has that many distinct ones.
-    logged: Vec<Vec<u16>>,
+    logged: Vec<Ackers>,
     logged_count: usize,
     logged_by_device: u16,
     reply: Option<ReplyAssembly>,
@@ -200,6 +200,31 @@ struct InFlight {
     not_logged: Option<NotLoggedReason>,
     /// When the request was started (its first send).
     started: Time,
+}
+
+/// The distinct devices that acked one fragment, up to [`REPLICAS_MAX`] (no allocation: the
+/// ack path is the hot one).
+#[derive(Debug, Clone, Copy, Default)]
+struct Ackers {
+    ids: [u16; REPLICAS_MAX as usize],
+    len: u8,
+}
+
+impl Ackers {
+    fn len(&self) -> usize {
+        usize::from(self.len)
+    }
+
+    /// Count `device_id`'s ack; `true` when it is the `wanted`-th distinct one.
+    fn add(&mut self, device_id: u16, wanted: usize) -> bool {
+        let len = self.len();
+        if len >= wanted.min(self.ids.len()) || self.ids[..len].contains(&device_id) {
+            return false;
+        }
+        self.ids[len] = device_id;
+        self.len += 1;
+        self.len() == wanted
+    }
 }
 
 /// How long requests took, from their first send: to the PMNet-ACKs of every fragment (updates
@@ -372,7 +397,7 @@ impl Client {
             InFlight {
                 kind,
                 fragments,
-                logged: vec![Vec::new(); fragment_count],
+                logged: vec![Ackers::default(); fragment_count],
                 logged_count: 0,
                 logged_by_device: 0,
                 reply: None,
@@ -443,13 +468,9 @@ impl Client {
             self.counters.dropped.record(DropReason::Mismatch);
             return;
         }
-        let ackers = &mut request.logged[index];
-        if ackers.len() < wanted && !ackers.contains(&header.device_id) {
-            ackers.push(header.device_id);
-            if ackers.len() == wanted {
-                request.logged_count += 1;
-                request.logged_by_device = header.device_id;
-            }
+        if request.logged[index].add(header.device_id, wanted) {
+            request.logged_count += 1;
+            request.logged_by_device = header.device_id;
         }
         if request.logged_count == request.fragments.len() {
             let device_id = request.logged_by_device;

@@ -48,11 +48,30 @@ pub(super) struct KeyedOrder {
 /// Sessions whose acknowledged numbers are remembered at most.
 const APPLIED_SESSIONS_MAX: usize = 65_536;
 
+/// Where a keyed write (or barrier) was placed: its scoped key, its order and, for a
+/// barrier, its afters.
 #[derive(Debug, Clone)]
 struct Placed {
     key: Vec<u8>,
     order: WriteOrder,
     afters: Vec<(u64, u32)>,
+}
+
+impl Placed {
+    /// A barrier's scoped key is its server id alone.
+    fn is_barrier(&self) -> bool {
+        self.key.len() == 2
+    }
+
+    /// `payload` (a keyed write's, from its client) with this placement written in.
+    fn write_into(&self, payload: &[u8]) -> Vec<u8> {
+        let mut new_payload = payload.to_vec();
+        self.order.write_into(&mut new_payload);
+        if self.is_barrier() {
+            WriteDescriptor::write_barrier_afters(&mut new_payload, &self.afters);
+        }
+        new_payload
+    }
 }
 
 /// A barrier that must follow more sessions than it has room for.
@@ -78,9 +97,7 @@ fn barriers_of(scoped_key: &[u8]) -> &[u8] {
 /// for a barrier) and its order.
 pub(super) struct Stamped {
     pub(super) datagram: Vec<u8>,
-    key: Vec<u8>,
-    order: WriteOrder,
-    afters: Vec<(u64, u32)>,
+    placed: Placed,
 }
 
 impl KeyedOrder {
@@ -110,31 +127,20 @@ impl KeyedOrder {
             // it with a make-up ACK), ordering nothing.
             return Ok(None);
         }
-        if let Some(placed) = self.keys.get(&(header.session_id, header.seq)) {
-            if placed.key == scoped(header.server_id, descriptor.key) {
-                let placed = placed.clone();
-                return Ok(Some(Self::restamp(header, payload, placed)));
+        let key = scoped(header.server_id, descriptor.key);
+        let placed = match self.keys.get(&(header.session_id, header.seq)) {
+            // A retransmission of a write already placed: the same order again.
+            Some(placed) if placed.key == key => placed.clone(),
+            _ if descriptor.is_barrier() => {
+                let room = descriptor.afters.len() / pmnet_wire::cache::AFTER_LEN;
+                self.place_barrier(header, key, room)?
             }
-        }
-        if descriptor.is_barrier() {
-            return self.stamp_barrier(header, payload).map(Some);
-        }
-        Ok(Some(self.stamp_write(header, payload, descriptor.key)))
-    }
-
-    /// A retransmission of a write already placed: the same order again.
-    fn restamp(header: &Header, payload: &[u8], placed: Placed) -> Stamped {
-        let mut new_payload = payload.to_vec();
-        placed.order.write_into(&mut new_payload);
-        if placed.key.len() == 2 {
-            WriteDescriptor::write_barrier_afters(&mut new_payload, &placed.afters);
-        }
-        Stamped {
-            datagram: header.encode(&new_payload),
-            key: placed.key,
-            order: placed.order,
-            afters: placed.afters,
-        }
+            _ => self.place_write(header, key),
+        };
+        Ok(Some(Stamped {
+            datagram: header.encode(&placed.write_into(payload)),
+            placed,
+        }))
     }
 
     /// A barrier follows the latest unacknowledged keyed write (or barrier) of every other
@@ -143,7 +149,12 @@ impl KeyedOrder {
     /// A barrier that arrives after a later write of its own session (any key) is placed just
     /// before the earliest such write (its stamp) and follows only what was placed before
     /// that: what came after may follow that write, which follows this barrier.
-    fn stamp_barrier(&mut self, header: &Header, payload: &[u8]) -> Result<Stamped, NoRoom> {
+    fn place_barrier(
+        &mut self,
+        header: &Header,
+        key: Vec<u8>,
+        room: usize,
+    ) -> Result<Placed, NoRoom> {
         let (me, number) = (header.session_id, header.seq);
         let server = header.server_id.to_be_bytes();
         let later_own = self
@@ -164,8 +175,7 @@ impl KeyedOrder {
         }
         let mut afters: Vec<(u64, u32)> = latest.into_iter().collect();
         afters.sort_unstable();
-        let mut new_payload = payload.to_vec();
-        if !WriteDescriptor::write_barrier_afters(&mut new_payload, &afters) {
+        if afters.len() > room {
             return Err(NoRoom);
         }
         let stamp = match later_own {
@@ -180,30 +190,19 @@ impl KeyedOrder {
             after_seq: 0,
             stamp,
         };
-        order.write_into(&mut new_payload);
-        Ok(Stamped {
-            datagram: header.encode(&new_payload),
-            key: scoped(header.server_id, b""),
-            order,
-            afters,
-        })
+        Ok(Placed { key, order, afters })
     }
 
-    fn stamp_write(&mut self, header: &Header, payload: &[u8], key: &[u8]) -> Stamped {
-        let key = scoped(header.server_id, key);
+    fn place_write(&mut self, header: &Header, key: Vec<u8>) -> Placed {
         let (stamp, after) = self.place(&key, header.session_id, header.seq);
         let (after_session, after_seq) = after.unwrap_or((0, 0));
-        let order = WriteOrder {
-            after_session,
-            after_seq,
-            stamp,
-        };
-        let mut new_payload = payload.to_vec();
-        order.write_into(&mut new_payload);
-        Stamped {
-            datagram: header.encode(&new_payload),
+        Placed {
             key,
-            order,
+            order: WriteOrder {
+                after_session,
+                after_seq,
+                stamp,
+            },
             afters: Vec::new(),
         }
     }
@@ -248,21 +247,19 @@ impl KeyedOrder {
     /// The keyed write (session, seq) was logged (or, a keyed bypass, forwarded): later
     /// writes and reads follow it.
     pub(super) fn logged(&mut self, stamped: &Stamped, session_id: u64, seq: u32) {
+        self.record(stamped.placed.clone(), session_id, seq);
+    }
+
+    fn record(&mut self, placed: Placed, session_id: u64, seq: u32) {
         if let Some(old) = self.keys.remove(&(session_id, seq)) {
             self.forget(&old.key, old.order.stamp, session_id, seq);
         }
-        self.unacked
-            .entry(stamped.key.clone())
-            .or_default()
-            .insert((stamped.order.stamp, session_id, seq));
-        self.keys.insert(
-            (session_id, seq),
-            Placed {
-                key: stamped.key.clone(),
-                order: stamped.order,
-                afters: stamped.afters.clone(),
-            },
-        );
+        self.unacked.entry(placed.key.clone()).or_default().insert((
+            placed.order.stamp,
+            session_id,
+            seq,
+        ));
+        self.keys.insert((session_id, seq), placed);
     }
 
     /// The latest unacknowledged keyed write to `key` (for the empty key: barrier).
@@ -324,13 +321,12 @@ impl KeyedOrder {
             return;
         };
         self.next_stamp = self.next_stamp.max(descriptor.order.stamp);
-        let stamped = Stamped {
-            datagram: Vec::new(),
+        let placed = Placed {
             key: scoped(header.server_id, descriptor.key),
             order: descriptor.order,
             afters: descriptor.barrier_afters().collect(),
         };
-        self.logged(&stamped, header.session_id, header.seq);
+        self.record(placed, header.session_id, header.seq);
     }
 
     /// Write into a cache read the keyed write to its key it must follow, if any. `None` when

@@ -171,6 +171,8 @@ struct Entry {
     resent: bool,
     /// Acks of later devices of a chain passed on to the client for this fragment.
     relayed: u8,
+    /// Its client waits for several devices' acks (flag `REPLICATED`).
+    replicated: bool,
 }
 
 /// Where a session's client is, and what its traffic has paid for.
@@ -263,10 +265,13 @@ impl Device {
     }
 
     fn rebuild(&mut self, now: Time, recovered: RecoveredEntry) {
-        let fragment_count = match Header::parse(&recovered.packet) {
+        let (fragment_count, replicated) = match Header::parse(&recovered.packet) {
             Ok((header, _)) if header.packet_type == PacketType::UpdateRequest => {
                 self.keyed.recovered(&header, &recovered.packet);
-                header.fragment_count
+                (
+                    header.fragment_count,
+                    header.has_flag(pmnet_wire::replication::REPLICATED),
+                )
             }
             // The log checked its own CRC; a packet that still fails to parse is dropped
             // rather than replayed, and the slot freed.
@@ -315,6 +320,7 @@ impl Device {
                 logged_at: None,
                 resent: true,
                 relayed: 0,
+                replicated,
             },
         );
         self.counters.entries_recovered += 1;
@@ -657,7 +663,7 @@ impl Device {
             self.counters.log_full += 1;
             Some(NotLoggedReason::LogFull)
         } else if let Some(slot) = self.free_slot(&key) {
-            self.log(now, slot, key, header.fragment_count, client, datagram);
+            self.log(now, slot, key, header, client, datagram);
             if let Some(stamped) = &stamped {
                 self.counters.keyed_writes_ordered += 1;
                 self.keyed.logged(stamped, header.session_id, header.seq);
@@ -695,10 +701,11 @@ impl Device {
         now: Time,
         slot: u32,
         key: EntryKey,
-        fragment_count: u16,
+        header: &Header,
         client: SocketAddr,
         datagram: &[u8],
     ) {
+        let fragment_count = header.fragment_count;
         let generation = self.take_generation();
         let timeout = self.round_trips.timeout(
             key.server_id,
@@ -733,6 +740,7 @@ impl Device {
                 logged_at: Some(now),
                 resent: false,
                 relayed: 0,
+                replicated: header.has_flag(pmnet_wire::replication::REPLICATED),
             },
         );
         assert!(held.is_none(), "slot {slot} logged while it holds an entry");
@@ -905,9 +913,7 @@ impl Device {
             // device before this one in a chain, which this device cannot tell from a client,
             // needs it too: so in a chain clients wait for two devices or more, and their
             // updates carry `REPLICATED`; docs/replication.md).
-            let replicated = Header::parse(&self.entries[slot].packet)
-                .is_ok_and(|(header, _)| header.has_flag(pmnet_wire::replication::REPLICATED));
-            !replicated
+            !self.entries[slot].replicated
                 && usize::from(self.entries[slot].fragment_count) == slots.len()
                 && slots.iter().all(|slot| {
                     let entry = &self.entries[slot];

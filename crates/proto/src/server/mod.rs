@@ -640,7 +640,9 @@ impl Server {
         self.table.buffered_bytes -= assembly.cost();
         session.issued_through = seq;
         session.order_given_up = false;
-        session.waiting_until = None;
+        if let Some(deadline) = session.waiting_until.take() {
+            self.order_timers.remove(&(deadline, session_id));
+        }
         if assembly.fill {
             session.fills_issued.push_back(seq);
         }

@@ -213,15 +213,7 @@ pub(super) fn complete(
                     if ack.flatten().is_some() {
                         counters.updates_answered_by_server += 1;
                     }
-                    match parse_value(&reply, limits) {
-                        Ok(Some((_, used))) if used == reply.len() => reply,
-                        _ => {
-                            counters.malformed_replies += 1;
-                            error_reply(
-                                "ERR pmnet gateway: the server's reply is not one RESP value",
-                            )
-                        }
-                    }
+                    one_value(reply, limits, counters)
                 }
                 Completion::ReplyUnavailable => {
                     counters.replies_unavailable += 1;
@@ -269,6 +261,17 @@ pub(super) fn complete(
     conn.slots[position] = Slot::Ready(reply);
 }
 
+/// A reply as the client gets it: one RESP value, or an error saying it was not.
+fn one_value(reply: Vec<u8>, limits: &Limits, counters: &mut GatewayCounters) -> Vec<u8> {
+    match parse_value(&reply, limits) {
+        Ok(Some((_, used))) if used == reply.len() => reply,
+        _ => {
+            counters.malformed_replies += 1;
+            error_reply("ERR pmnet gateway: the server's reply is not one RESP value")
+        }
+    }
+}
+
 /// Fill the slot of a completed or failed cache read (a `GET` a device may answer).
 pub(super) fn complete_read(
     conn: &mut Conn,
@@ -293,13 +296,7 @@ pub(super) fn complete_read(
             if device != 0 {
                 counters.cache_reads_from_device += 1;
             }
-            match parse_value(&reply, limits) {
-                Ok(Some((_, used))) if used == reply.len() => reply,
-                _ => {
-                    counters.malformed_replies += 1;
-                    error_reply("ERR pmnet gateway: the reply is not one RESP value")
-                }
-            }
+            one_value(reply, limits, counters)
         }
         Err(error) => {
             counters.requests_timed_out += 1;

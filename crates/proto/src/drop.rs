@@ -61,6 +61,9 @@ pub enum DropReason {
     /// A barrier (a keyed write with no key) with too little room for the sessions it must
     /// follow: its client sends it again.
     BarrierNoRoom,
+    /// The device's order of keyed writes holds as many unacknowledged writes as it may: its
+    /// client sends it again.
+    KeyedOrderFull,
 }
 
 impl DropReason {
@@ -92,6 +95,7 @@ impl DropReason {
             DropReason::Mismatch => "mismatch",
             DropReason::NestedBatch => "nested_batch",
             DropReason::BarrierNoRoom => "barrier_no_room",
+            DropReason::KeyedOrderFull => "keyed_order_full",
         }
     }
 }

@@ -74,9 +74,27 @@ impl Placed {
     }
 }
 
-/// A barrier that must follow more sessions than it has room for.
+/// Why a keyed write was not placed (the device drops it; its client sends it again).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct NoRoom;
+pub(super) enum NoRoom {
+    /// A barrier that must follow more sessions than it has room for.
+    Barrier,
+    /// [`PLACED_MAX`] keyed writes are placed and not yet acknowledged (keyed bypasses are
+    /// not bounded by the log).
+    Full,
+}
+
+impl NoRoom {
+    pub(super) fn reason(self) -> crate::DropReason {
+        match self {
+            NoRoom::Barrier => crate::DropReason::BarrierNoRoom,
+            NoRoom::Full => crate::DropReason::KeyedOrderFull,
+        }
+    }
+}
+
+/// Keyed writes placed and not yet acknowledged by their server, at most.
+const PLACED_MAX: usize = 131_072;
 
 /// Keys are kept per server (a write is ordered only among writes to its own server, which is
 /// the one that waits): the server id, then the key. A server's barriers are kept under its
@@ -128,6 +146,10 @@ impl KeyedOrder {
             return Ok(None);
         }
         let key = scoped(header.server_id, descriptor.key);
+        let known = self.keys.contains_key(&(header.session_id, header.seq));
+        if !known && self.keys.len() >= PLACED_MAX {
+            return Err(NoRoom::Full);
+        }
         let placed = match self.keys.get(&(header.session_id, header.seq)) {
             // A retransmission of a write already placed: the same order again.
             Some(placed) if placed.key == key => placed.clone(),
@@ -176,7 +198,7 @@ impl KeyedOrder {
         let mut afters: Vec<(u64, u32)> = latest.into_iter().collect();
         afters.sort_unstable();
         if afters.len() > room {
-            return Err(NoRoom);
+            return Err(NoRoom::Barrier);
         }
         let stamp = match later_own {
             Some(stamp) => stamp,

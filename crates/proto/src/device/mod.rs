@@ -524,7 +524,7 @@ impl Device {
                     Ok(None) => {
                         self.send(server, pmnet_wire::to_sendable(datagram));
                     }
-                    Err(keyed::NoRoom) => self.count_drop(DropReason::BarrierNoRoom),
+                    Err(refused) => self.count_drop(refused.reason()),
                 }
             }
             PacketType::ServerAck
@@ -619,11 +619,11 @@ impl Device {
         // A keyed write gets its order written in before it is logged (and forwarded).
         let stamped = match self.keyed.stamp(header, datagram) {
             Ok(stamped) => stamped,
-            Err(keyed::NoRoom) => {
-                // A barrier that cannot be ordered after every session it must follow: not
-                // logged, not forwarded; its client sends it again, and by then fewer
-                // sessions have writes in flight.
-                self.count_drop(DropReason::BarrierNoRoom);
+            Err(refused) => {
+                // Not logged, not forwarded: a barrier that cannot be ordered after every
+                // session it must follow, or no room to place another keyed write. Its client
+                // sends it again, when fewer writes are in flight.
+                self.count_drop(refused.reason());
                 return;
             }
         };

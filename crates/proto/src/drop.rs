@@ -64,6 +64,9 @@ pub enum DropReason {
     /// The device's order of keyed writes holds as many unacknowledged writes as it may: its
     /// client sends it again.
     KeyedOrderFull,
+    /// A primary holds as many requests for its replicas as it may: the resent duplicate is
+    /// forwarded on a later resend.
+    ReplicationFull,
 }
 
 impl DropReason {
@@ -96,6 +99,7 @@ impl DropReason {
             DropReason::NestedBatch => "nested_batch",
             DropReason::BarrierNoRoom => "barrier_no_room",
             DropReason::KeyedOrderFull => "keyed_order_full",
+            DropReason::ReplicationFull => "replication_full",
         }
     }
 }

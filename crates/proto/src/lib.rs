@@ -43,7 +43,8 @@ pub use pmnet_auth::{AuthError, Authenticator, DeploymentKey, KeySet};
 pub use pmnet_pm::EntryKey;
 pub use pmnet_pm::{BatchStats, LogWork};
 pub use server::{
-    Applied, RecoveredSession, Server, ServerConfig, ServerCounters, ServerEvent, Stager,
+    Applied, RecoveredSession, ReplicationCounters, Server, ServerConfig, ServerCounters,
+    ServerEvent, Stager, REPLICATION_BYTES_MAX, REPLICATION_PENDING_MAX, REPLICA_SERVERS_MAX,
 };
 pub use server::{ReadCounters, HELD_READS_MAX, READS_IN_FLIGHT_MAX};
 pub use time::Time;

@@ -17,6 +17,7 @@ fn chain(devices: usize, replicas: u8) -> World {
         device_slot_counts: vec![256; devices],
         server_count: 1,
         chain: true,
+        server_replicas: 0,
     });
     world.reconfigure_client(0, |config| config.replicas = replicas);
     world.run_for(Duration::from_millis(50));

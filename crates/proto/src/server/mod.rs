@@ -6,6 +6,7 @@ mod apply;
 mod gap;
 mod order;
 mod reads;
+mod replicate;
 mod table;
 
 use std::cmp::Reverse;
@@ -18,6 +19,9 @@ use pmnet_wire::{flags, Header, PacketType};
 use crate::{encode_fragments, CountDrop, DropCounts, DropReason, RequestKind, Time, Transmit};
 pub use apply::{Applied, Stager};
 pub use reads::{ReadCounters, HELD_READS_MAX, READS_IN_FLIGHT_MAX};
+pub use replicate::{
+    ReplicationCounters, REPLICATION_BYTES_MAX, REPLICATION_PENDING_MAX, REPLICA_SERVERS_MAX,
+};
 use table::{Assembly, CachedReply, Deferral, Session, Table};
 
 /// Settings of a server.
@@ -65,6 +69,10 @@ pub struct ServerConfig {
     /// the store stays full, up to `defer_interval_max`.
     pub defer_interval: Duration,
     pub defer_interval_max: Duration,
+    /// Replica servers (at most [`REPLICA_SERVERS_MAX`]): this server is their primary; it
+    /// forwards every request it applies to each and sends a server-ACK only once all of them
+    /// acked it (see `replicate.rs`). Empty: not replicated.
+    pub replicas: Vec<SocketAddr>,
 }
 
 impl ServerConfig {
@@ -88,6 +96,7 @@ impl ServerConfig {
             recovery_poll_interval: Duration::from_millis(50),
             defer_interval: Duration::from_millis(1),
             defer_interval_max: Duration::from_millis(100),
+            replicas: Vec::new(),
         }
     }
 }
@@ -169,6 +178,8 @@ pub struct ServerCounters {
     pub batches_received: u64,
     /// What the server packed into batches for the peers that send it batches.
     pub batches: crate::BatchCounters,
+    /// A primary's replication (all zero without replicas).
+    pub replication: ReplicationCounters,
     pub dropped: DropCounts,
 }
 
@@ -202,6 +213,8 @@ pub struct Server {
     order_timers: BTreeSet<(Time, u64)>,
     /// Cache reads held or at the application (see `reads.rs`).
     reads: reads::Reads,
+    /// A primary's requests held for its replicas (see `replicate.rs`).
+    replication: replicate::Replication,
 }
 
 impl Server {
@@ -221,6 +234,10 @@ impl Server {
             "reorder_window must be at least 1"
         );
         assert!(config.sessions_max >= 1, "sessions_max must be at least 1");
+        assert!(
+            config.replicas.len() <= REPLICA_SERVERS_MAX,
+            "at most {REPLICA_SERVERS_MAX} replicas"
+        );
         let mut table = Table::new(config.sessions_max);
         for recovered in sessions {
             let mut earlier = recovered.earlier_replies;
@@ -262,6 +279,7 @@ impl Server {
             order_waiters: BTreeSet::new(),
             order_timers: BTreeSet::new(),
             reads: reads::Reads::default(),
+            replication: replicate::Replication::default(),
             config,
         };
         if !server.config.devices.is_empty() {
@@ -322,6 +340,11 @@ impl Server {
     /// Requests waiting because the application had no room for them.
     pub fn deferred_session_count(&self) -> usize {
         self.defer_timers.len()
+    }
+
+    /// Requests a primary holds back until every replica acked them.
+    pub fn replication_pending(&self) -> usize {
+        self.replication.pending_len()
     }
 
     /// Bytes buffered for reassembly and reordering, all sessions together.
@@ -415,6 +438,13 @@ impl Server {
             self.count_drop(DropReason::WrongServer);
             return;
         }
+        if let Some(replica) = self.replica_index(from) {
+            match header.packet_type {
+                PacketType::ServerAck => self.on_replica_ack(now, replica, &header),
+                _ => self.on_replica_message(from, &header, payload),
+            }
+            return;
+        }
         match header.packet_type {
             PacketType::UpdateRequest => {
                 self.on_request(now, from, RequestKind::Update, &header, payload)
@@ -477,7 +507,9 @@ impl Server {
             .saturating_add(earned)
             .min(table::MAX_CREDIT_BYTES);
         if seq <= session.last_applied {
-            self.send_makeup_ack(session_id, seq, from);
+            if !self.replicate_duplicate(from, header, payload) {
+                self.send_makeup_ack(session_id, seq, from);
+            }
             return;
         }
         if seq <= session.issued_through {
@@ -627,6 +659,9 @@ impl Server {
                 return false;
             }
         }
+        if !self.replication_room(session_id) {
+            return false;
+        }
         let session = self
             .table
             .sessions
@@ -664,6 +699,7 @@ impl Server {
             request.drain(..strip);
             request
         };
+        self.replication_issued(session_id, seq, assembly.kind, &request);
         self.events.push_back(ServerEvent::Apply {
             session_id,
             seq,
@@ -765,11 +801,16 @@ impl Server {
             .expect("a session with requests has a reply address");
         self.table.touch(now, session_id);
         self.counters.requests_applied += 1;
-        if was_fill {
-            let skipped = flags::MAKEUP | flags::REPLY_UNAVAILABLE | flags::SKIPPED;
-            self.send_server_ack(session_id, seq, skipped, &[], to);
+        let (ack_flags, reply) = if was_fill {
+            (
+                flags::MAKEUP | flags::REPLY_UNAVAILABLE | flags::SKIPPED,
+                &[][..],
+            )
         } else {
-            self.send_server_ack(session_id, seq, 0, &reply, to);
+            (0, &reply[..])
+        };
+        if !self.replicate_applied(session_id, seq, ack_flags, reply, to) {
+            self.send_server_ack(session_id, seq, ack_flags, reply, to);
         }
         self.update_gap(now, session_id);
         self.release_waiters(now, session_id, seq);
@@ -815,6 +856,7 @@ impl Server {
             session.issued_through
         );
         for (seq, kind, request) in handed_back {
+            self.replication.issued_remove(session_id, seq);
             let fill = session.fills_issued.contains(&seq);
             let assembly = Assembly::whole(kind, fill, request);
             session.buffered_bytes += assembly.cost();

@@ -277,6 +277,7 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
             .collect(),
         server_count: rng.random_range(1..=2),
         chain: false,
+        server_replicas: 0,
     };
     let chain = chain_for_seed(seed);
     if let Some((devices, _)) = &chain {

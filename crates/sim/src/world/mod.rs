@@ -27,7 +27,7 @@ use pmnet_wire::{Header, PacketType};
 
 use network::{DropRule, InFlight};
 pub use nodes::{
-    client_addr, device_addr, node_name, server_addr, ClientNode, DeviceNode, Faults,
+    client_addr, device_addr, node_name, replica_addr, server_addr, ClientNode, DeviceNode, Faults,
     NetworkCounters, Seen, ServerApp, ServerNode, Topology, DEVICE_ID, SERVER_ID, SLOT_SIZE,
 };
 pub use trace::describe_header;
@@ -65,6 +65,8 @@ pub struct World {
     pub clients: Vec<ClientNode>,
     pub devices: Vec<DeviceNode>,
     pub servers: Vec<ServerNode>,
+    /// Replica servers (see [`Topology::server_replicas`]), at [`replica_addr`].
+    pub replicas: Vec<ServerNode>,
 }
 
 impl World {
@@ -76,6 +78,7 @@ impl World {
             device_slot_counts: slot_count.into_iter().collect(),
             server_count: 1,
             chain: false,
+            server_replicas: 0,
         })
     }
 
@@ -108,9 +111,23 @@ impl World {
         } else {
             (device_addrs.clone(), device_addrs)
         };
+        let k = topology.server_replicas;
+        let replicas: Vec<ServerNode> = servers
+            .iter()
+            .enumerate()
+            .flat_map(|(index, &(server_id, _))| {
+                (0..k).map(move |_| ServerNode::new(server_id, &[server_addr(index)]))
+            })
+            .collect();
         let servers: Vec<ServerNode> = servers
             .iter()
-            .map(|&(server_id, _)| ServerNode::new(server_id, &server_side))
+            .enumerate()
+            .map(|(index, &(server_id, _))| {
+                let mut node = ServerNode::new(server_id, &server_side);
+                node.config.replicas = (index * k..(index + 1) * k).map(replica_addr).collect();
+                node.server = Server::new(node.config.clone(), Time::ZERO, Vec::new());
+                node
+            })
             .collect();
         let clients = (0..topology.client_count)
             .map(|index| ClientNode::new(index, servers.len(), &client_side))
@@ -137,6 +154,7 @@ impl World {
             clients,
             devices,
             servers,
+            replicas,
         };
         world.flush_outputs();
         world
@@ -169,7 +187,7 @@ impl World {
 
     /// Put a real key-value store (on a simulated region of `len` bytes) behind every server.
     pub fn with_kv_store(mut self, len: usize) -> World {
-        for node in &mut self.servers {
+        for node in self.servers.iter_mut().chain(&mut self.replicas) {
             let store =
                 KvStore::format(SimRegion::new(len), KvConfig::default()).expect("format a store");
             node.app.kv = Some(store);
@@ -227,7 +245,7 @@ impl World {
             );
             node.pipeline = node.pipeline_for(device);
         }
-        for node in &mut self.servers {
+        for node in self.servers.iter_mut().chain(&mut self.replicas) {
             node.config.auth = auth.clone();
             node.server = Server::new(node.config.clone(), self.now, Vec::new());
         }
@@ -322,7 +340,11 @@ impl World {
 
     fn next_timeout(&self) -> Option<Time> {
         let devices = self.devices.iter().filter(|node| node.up);
-        let servers = self.servers.iter().filter(|node| node.up);
+        let servers = self
+            .servers
+            .iter()
+            .chain(&self.replicas)
+            .filter(|node| node.up);
         devices
             .filter_map(|node| node.pipeline.poll_timeout())
             .chain(servers.filter_map(|node| node.server.poll_timeout()))
@@ -367,6 +389,8 @@ impl World {
         let now = self.now;
         let up = if let Some(index) = (0..self.servers.len()).find(|i| server_addr(*i) == to) {
             self.servers[index].up
+        } else if let Some(index) = (0..self.replicas.len()).find(|i| replica_addr(*i) == to) {
+            self.replicas[index].up
         } else if let Some(index) = (0..self.devices.len()).find(|i| device_addr(*i) == to) {
             self.devices[index].up
         } else {
@@ -385,6 +409,11 @@ impl World {
         });
         if let Some(node) = (0..self.servers.len()).find(|i| server_addr(*i) == to) {
             let node = &mut self.servers[node];
+            if node.up {
+                node.server.handle(now, from, bytes);
+            }
+        } else if let Some(node) = (0..self.replicas.len()).find(|i| replica_addr(*i) == to) {
+            let node = &mut self.replicas[node];
             if node.up {
                 node.server.handle(now, from, bytes);
             }
@@ -407,7 +436,8 @@ impl World {
                 node.pipeline.handle_timeout(now);
             }
         }
-        for node in self.servers.iter_mut().filter(|node| node.up) {
+        let servers = self.servers.iter_mut().chain(&mut self.replicas);
+        for node in servers.filter(|node| node.up) {
             if node.server.poll_timeout().is_some_and(|t| t <= now) {
                 node.server.handle_timeout(now);
             }
@@ -531,6 +561,51 @@ impl World {
             &format!(
                 "started: store reopened, {session_count} sessions recovered; polling devices"
             ),
+        );
+        self.flush_outputs();
+    }
+
+    /// Take replica `index` down: it receives nothing until [`World::start_replica`].
+    pub fn stop_replica(&mut self, index: usize) {
+        self.replicas[index].up = false;
+        self.note_by(&format!("replica{index}"), "down (crashed)");
+    }
+
+    /// Start replica `index` again (a new process) from its application's durable state.
+    pub fn start_replica(&mut self, index: usize) {
+        let now = self.now;
+        let node = &mut self.replicas[index];
+        node.app.crash_store();
+        let sessions = node.app.recovered_sessions();
+        node.server = Server::new(node.config.clone(), now, sessions);
+        node.up = true;
+        node.restart_count += 1;
+        self.note_by(&format!("replica{index}"), "started: store reopened");
+        self.flush_outputs();
+    }
+
+    /// Server `server`'s primary is lost for good (its store with it); its replica `replica`
+    /// takes its place — its store, at the primary's address, which its devices and the other
+    /// replicas know — and the other live replicas of `server` stay its replicas. Replica
+    /// `replica` is down for good afterwards (its store moved).
+    pub fn promote_replica(&mut self, server: usize, replica: usize) {
+        let now = self.now;
+        let mut app = std::mem::take(&mut self.replicas[replica].app);
+        app.crash_store();
+        self.replicas[replica].up = false;
+        let node = &mut self.servers[server];
+        node.config
+            .replicas
+            .retain(|&addr| addr != replica_addr(replica));
+        node.app = app;
+        let sessions = node.app.recovered_sessions();
+        node.skipped_before_restart = 0;
+        node.server = Server::new(node.config.clone(), now, sessions);
+        node.up = true;
+        node.restart_count += 1;
+        self.note_by(
+            &format!("server{server}"),
+            &format!("lost for good; replica{replica} promoted in its place"),
         );
         self.flush_outputs();
     }

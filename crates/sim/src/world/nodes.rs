@@ -38,6 +38,11 @@ pub fn device_addr(index: usize) -> SocketAddr {
     host(2, index, 51000)
 }
 
+/// Address of replica server `index` (see [`Topology::server_replicas`]).
+pub fn replica_addr(index: usize) -> SocketAddr {
+    host(3, index, 51000)
+}
+
 /// Address of client `index`.
 pub fn client_addr(index: usize) -> SocketAddr {
     SocketAddr::from(([10, 0, 100, 1], 40000 + index as u16))
@@ -50,6 +55,7 @@ pub fn node_name(addr: SocketAddr) -> String {
         match (a, b, c, d, v4.port()) {
             (10, 0, 1, host, 51000) if host > 0 => return format!("server{}", host - 1),
             (10, 0, 2, host, 51000) if host > 0 => return format!("device{}", host - 1),
+            (10, 0, 3, host, 51000) if host > 0 => return format!("replica{}", host - 1),
             (10, 0, 100, 1, port) if port >= 40000 => return format!("client{}", port - 40000),
             _ => {}
         }
@@ -369,4 +375,8 @@ pub struct Topology {
     /// last. Otherwise each device is in front of every server and clients are spread
     /// over them.
     pub chain: bool,
+    /// Replica servers of each server (docs/replication.md, "Replicated servers"): server
+    /// `i`'s replicas are `World::replicas[i * k .. (i + 1) * k]`, with server `i`'s id, and
+    /// server `i` as their only device. 0: servers are not replicated.
+    pub server_replicas: usize,
 }

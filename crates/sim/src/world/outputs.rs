@@ -6,7 +6,7 @@ use pmnet_proto::{PersistBatch, RequestKind, StackWork, Stager, Time, Transmit};
 use pmnet_wire::{Header, PacketType};
 
 use super::trace::{describe_batch, describe_client_event};
-use super::{client_addr, device_addr, server_addr, DeviceNode, ServerApp, World};
+use super::{client_addr, device_addr, replica_addr, server_addr, DeviceNode, ServerApp, World};
 
 #[cfg(doc)]
 use pmnet_pm::PmLog;
@@ -20,7 +20,10 @@ impl World {
                 progressed |= self.flush_device(index);
             }
             for index in 0..self.servers.len() {
-                progressed |= self.flush_server(index);
+                progressed |= self.flush_server(false, index);
+            }
+            for index in 0..self.replicas.len() {
+                progressed |= self.flush_server(true, index);
             }
             for index in 0..self.clients.len() {
                 progressed |= self.flush_client(index);
@@ -76,15 +79,21 @@ impl World {
         progressed
     }
 
-    /// Server `index` (if up): apply what it hands the application, and send what it
-    /// emitted. Whether anything happened.
-    fn flush_server(&mut self, index: usize) -> bool {
-        if !self.servers[index].up {
+    /// Server `index` (replica `index` if `replica`), if up: apply what it hands the
+    /// application, and send what it emitted. Whether anything happened.
+    fn flush_server(&mut self, replica: bool, index: usize) -> bool {
+        let (node, actor, addr) = if replica {
+            let node = &mut self.replicas[index];
+            (node, format!("replica{index}"), replica_addr(index))
+        } else {
+            let node = &mut self.servers[index];
+            (node, format!("server{index}"), server_addr(index))
+        };
+        if !node.up {
             return false;
         }
         let mut progressed = false;
         let now = self.now;
-        let node = &mut self.servers[index];
         let mut stager = SimStager {
             app: &mut node.app,
             store_full: node.store_full,
@@ -103,13 +112,12 @@ impl World {
         while let Some(transmit) = node.server.poll_transmit() {
             out.push(transmit);
         }
-        let actor = format!("server{index}");
         for text in applied {
             self.note(&actor, || text);
         }
         for transmit in out {
             progressed = true;
-            self.enqueue(server_addr(index), transmit);
+            self.enqueue(addr, transmit);
         }
         progressed
     }

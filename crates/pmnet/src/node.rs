@@ -292,6 +292,14 @@ pub struct ServerArgs {
     #[arg(long = "device", value_name = "ADDR", value_parser = crate::addr::parse_addr)]
     pub devices: Vec<SocketAddr>,
 
+    /// A replica server of this one (repeat for several, at most 8): this server becomes their
+    /// primary. It forwards every request it applies to each, and sends its server-ACK (which
+    /// frees the devices' entries and answers the client) only once every replica applied it.
+    /// A replica is an ordinary `pmnet server` with this server as its only `--device` and
+    /// the same `--server-id` (docs/replication.md).
+    #[arg(long = "replica", value_name = "ADDR", value_parser = crate::addr::parse_addr)]
+    pub replicas: Vec<SocketAddr>,
+
     /// Reply OK to everything without storing anything (the "ideal handler": measures the
     /// protocol alone; no data, no exactly-once across restarts).
     #[arg(long)]
@@ -386,6 +394,7 @@ impl ServerArgs {
             server_id: self.server_id,
             listen: self.listen,
             devices: self.devices.clone(),
+            replicas: self.replicas.clone(),
             store,
             gap_fill_after: Some(Duration::from_secs_f64(self.gap_fill_after)),
             loop_options: self.run.loop_options(),
@@ -536,6 +545,22 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
 }
 
 pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
+    if args.replicas.len() > pmnet_proto::REPLICA_SERVERS_MAX {
+        return Err(CliError::from(format!(
+            "--replica: {} replicas given, at most {} are supported",
+            args.replicas.len(),
+            pmnet_proto::REPLICA_SERVERS_MAX
+        )));
+    }
+    if let Some(own) = args
+        .replicas
+        .iter()
+        .find(|&&replica| replica == args.listen)
+    {
+        return Err(CliError::from(format!(
+            "--replica {own}: that is this server's own --listen address"
+        )));
+    }
     let shutdown = Shutdown::on_signals()?;
     let mut options = args.options();
     options.keys = args.run.keys()?;
@@ -583,6 +608,13 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
         lines.push(format!(
             "  devices: {} (polled for logged requests before serving)",
             devices.join(", ")
+        ));
+    }
+    if !args.replicas.is_empty() {
+        let replicas: Vec<String> = args.replicas.iter().map(ToString::to_string).collect();
+        lines.push(format!(
+            "  replicas: {} (primary: every request is applied there too before its server-ACK)",
+            replicas.join(", ")
         ));
     }
     lines.push(format!("  {}", args.run.describe(addresses.metrics)));

@@ -189,6 +189,7 @@ fn server_options(
         server_id: 1,
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         devices: Vec::new(),
+        replicas: Vec::new(),
         store: (name != "ideal").then(|| StoreOptions {
             path: path.to_owned(),
             size_bytes: 256 << 20,

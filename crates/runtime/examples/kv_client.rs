@@ -35,6 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             server_id: SERVER_ID,
             listen: loopback,
             devices: Vec::new(),
+            replicas: Vec::new(),
             store: Some(StoreOptions {
                 path: dir.path().join("store.pmem"),
                 size_bytes: 16 << 20,

@@ -284,6 +284,7 @@ fn start_server(
         server_id: config.server_id + index,
         listen: loopback(),
         devices: Vec::new(),
+        replicas: Vec::new(),
         store: (!config.ideal).then_some(StoreOptions {
             path: data_path,
             size_bytes: config.data_bytes,

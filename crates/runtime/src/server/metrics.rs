@@ -137,7 +137,61 @@ impl ServerRuntime {
                 "retransmit_requests_sent": counters.retransmit_requests_sent,
                 "dropped": counters.dropped.values().sum::<u64>(),
             },
+            "replication": (!self.options.replicas.is_empty()).then(|| serde_json::json!({
+                "replicas": self.options.replicas.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "pending": self.server.replication_pending(),
+                "forwarded": counters.replication.forwarded,
+                "acks_released": counters.replication.acks_released,
+            })),
         })
+    }
+
+    /// A primary's replication (docs/replication.md); nothing without replicas.
+    fn replication_metrics(&self, out: &mut Metrics, counters: &pmnet_proto::ServerCounters) {
+        if self.options.replicas.is_empty() {
+            return;
+        }
+        let replication = &counters.replication;
+        for (name, help, value) in [
+            (
+                "pmnet_server_replica_forwards_total",
+                "Applied requests forwarded to the replicas (once each).",
+                replication.forwarded,
+            ),
+            (
+                "pmnet_server_replica_duplicates_forwarded_total",
+                "Resent requests forwarded again to replicas that had not acked them.",
+                replication.duplicates_forwarded,
+            ),
+            (
+                "pmnet_server_replica_acks_total",
+                "Replicas' acks counted.",
+                replication.acks_received,
+            ),
+            (
+                "pmnet_server_replica_acks_released_total",
+                "Server-ACKs sent once every replica acked.",
+                replication.acks_released,
+            ),
+            (
+                "pmnet_server_replica_skips_total",
+                "Replicas that answered a request with skipped (a replica that lost its store).",
+                replication.replica_skips,
+            ),
+            (
+                "pmnet_server_replica_stalls_total",
+                "Times a session waited because the requests held for replicas reached the bound.",
+                replication.stalls,
+            ),
+        ] {
+            out.counter(name, help, &[], value);
+        }
+        out.gauge(
+            "pmnet_server_replica_pending",
+            "Requests applied here and held until every replica acks them.",
+            &[],
+            self.server.replication_pending() as f64,
+        );
     }
 
     /// Every counter of the server, its socket and its store.
@@ -264,6 +318,7 @@ impl ServerRuntime {
             out.counter(name, help, &[], value);
         }
         self.gap_and_recovery_metrics(out, counters);
+        self.replication_metrics(out, counters);
         for (reason, value) in &counters.dropped {
             out.counter(
                 "pmnet_server_dropped_total",

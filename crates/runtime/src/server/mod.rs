@@ -53,6 +53,9 @@ pub struct ServerOptions {
     /// Devices polled for logged requests at start-up; nothing new is applied until each has
     /// answered.
     pub devices: Vec<SocketAddr>,
+    /// Replica servers this server is the primary of (docs/replication.md): each request
+    /// applied is forwarded to every one, and its server-ACK waits until all acked it.
+    pub replicas: Vec<SocketAddr>,
     /// The key-value store; `None` runs the ideal handler (replies OK, keeps nothing).
     pub store: Option<StoreOptions>,
     /// How long a gap in a session must last before the server closes it without the client
@@ -137,6 +140,8 @@ pub struct ServerRuntime {
     store_full_warned: Option<Instant>,
     /// Whether the devices answer the server's recovery polls and fill queries.
     devices: PeerWatch,
+    /// Whether the replicas (if this server is a primary) answer what it forwards.
+    replicas: PeerWatch,
     /// Who the socket last heard from, and when.
     peers: crate::peer_book::PeerBook,
     /// `server{id=..}`: every event of this server (its recovery, its loop) carries it.
@@ -230,8 +235,10 @@ impl ServerRuntime {
         if self.socket.has_unreachable() {
             let reports = self.socket.take_unreachable();
             self.devices.unreachable(&reports);
+            self.replicas.unreachable(&reports);
         }
         self.devices.check(Instant::now());
+        self.replicas.check(Instant::now());
         self.release_unapplied_slots();
         self.report_store_full();
         turn
@@ -351,6 +358,7 @@ impl ServerRuntime {
                 crate::trace::sent(transmit.destination, &transmit.bytes);
                 if wants_answer(&transmit.bytes) {
                     self.devices.sent(transmit.destination, Instant::now());
+                    self.replicas.sent(transmit.destination, Instant::now());
                 }
                 self.socket.enqueue(transmit);
             }

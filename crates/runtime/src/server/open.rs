@@ -246,6 +246,7 @@ impl ServerRuntime {
         let clock = Clock::new();
         let mut config = ServerConfig::new(options.server_id, options.devices.clone());
         config.auth = options.keys.clone().map(pmnet_auth::Authenticator::new);
+        config.replicas = options.replicas.clone();
         if let Some(gap_fill_after) = options.gap_fill_after {
             config.gap_fill_after = gap_fill_after;
         }
@@ -259,8 +260,14 @@ impl ServerRuntime {
         let mut socket = socket;
         socket.report_unreachable();
         let devices = crate::peers::PeerWatch::new("device", "`pmnet device`", &options.devices);
+        let replicas = crate::peers::PeerWatch::new(
+            "replica",
+            "`pmnet server --device <this server>`",
+            &options.replicas,
+        );
         let mut runtime = ServerRuntime {
             devices,
+            replicas,
             span,
             options,
             clock,

@@ -66,6 +66,7 @@ impl ServerRuntime {
             for index in 0..count {
                 if let Some((from, datagram)) = self.socket.received(index) {
                     self.devices.heard(from);
+                    self.replicas.heard(from);
                     self.peers.heard(from, now);
                     crate::trace::server_handle(&mut self.server, now, from, datagram, tracing_on);
                 }
@@ -104,6 +105,7 @@ impl ServerRuntime {
                     };
                     self.socket.count_received_elsewhere(datagram);
                     self.devices.heard(from);
+                    self.replicas.heard(from);
                     self.peers.heard(from, now);
                     crate::trace::server_handle(&mut self.server, now, from, datagram, tracing_on);
                     let kept = match pmnet_wire::Packet::new_checked(datagram) {
@@ -142,6 +144,7 @@ impl ServerRuntime {
                     let datagram = receiver.spilled(index);
                     self.socket.count_received_elsewhere(datagram);
                     self.devices.heard(from);
+                    self.replicas.heard(from);
                     self.peers.heard(from, now);
                     crate::trace::server_handle(&mut self.server, now, from, datagram, tracing_on);
                 }

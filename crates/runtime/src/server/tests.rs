@@ -14,6 +14,7 @@ fn start(
         server_id: 1,
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         devices: Vec::new(),
+        replicas: Vec::new(),
         store: Some(StoreOptions {
             path: path.to_path_buf(),
             size_bytes: 8 << 20,
@@ -103,6 +104,7 @@ fn cache_reads_pay_for_an_emulated_capacity_as_requests_do() {
         server_id: 1,
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         devices: Vec::new(),
+        replicas: Vec::new(),
         store: Some(StoreOptions {
             path: dir.path().join("data"),
             size_bytes: 8 << 20,

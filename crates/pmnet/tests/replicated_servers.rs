@@ -1,0 +1,130 @@
+//! A `pmnet server` primary with two replica servers behind a `pmnet device`
+//! (docs/replication.md, "Replicated servers"), real processes: every update reaches both
+//! replicas; a replica that was down gets what it missed; the primary is lost for good
+//! (SIGKILL, its data file deleted) while a replica lags, a replica is promoted by the
+//! operator's restarts, and every acknowledged update is then on the new primary and on the
+//! other replica.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use common::{args, device_args, free_udp_addr, poll_until, run_pmnet, server_args, Node};
+
+fn client(to: SocketAddr, words: &[&str]) -> (bool, String) {
+    let to = to.to_string();
+    let mut all = vec!["client", "--device", to.as_str(), "--request-lifetime", "5"];
+    all.extend_from_slice(words);
+    let (status, stdout, stderr) = run_pmnet(&args(&all), None);
+    (
+        status.success(),
+        format!("{}{}", stdout.trim(), stderr.trim()),
+    )
+}
+
+/// Wait until `get key` at `server` (a replica read directly) answers `value`.
+fn wait_value(server: SocketAddr, key: &str, value: &str) {
+    poll_until(&format!("{key}={value} at {server}"), || {
+        let (ok, out) = client(server, &["get", key]);
+        if ok && out == value {
+            Ok(())
+        } else {
+            Err(out)
+        }
+    });
+}
+
+fn server(listen: SocketAddr, device: SocketAddr, data: &Path, replicas: &[SocketAddr]) -> Node {
+    let mut list = server_args(listen, device, data, Some("kv"));
+    for replica in replicas {
+        list.extend(["--replica".to_owned(), replica.to_string()]);
+    }
+    Node::start(&format!("server {listen}"), list)
+}
+
+#[test]
+fn a_replica_promoted_after_the_primary_is_lost_for_good_has_every_acknowledged_update() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let data = |name: &str| dir.path().join(format!("{name}.data"));
+    let log = dir.path().join("device.log");
+    let (d, p, r1, r2) = (
+        free_udp_addr(),
+        free_udp_addr(),
+        free_udp_addr(),
+        free_udp_addr(),
+    );
+    let mut replica1 = server(r1, p, &data("r1"), &[]);
+    let mut replica2 = server(r2, p, &data("r2"), &[]);
+    let mut primary = server(p, d, &data("p"), &[r1, r2]);
+    assert!(
+        primary
+            .banner
+            .iter()
+            .any(|line| line.contains("replicas: ")),
+        "{:?}",
+        primary.banner
+    );
+    let mut device = Node::start("device", device_args(d, p, &log));
+
+    let (ok, out) = client(d, &["set", "first", "one"]);
+    assert!(ok, "{out}");
+    for _ in 0..3 {
+        let (ok, out) = client(d, &["incr", "counter"]);
+        assert!(ok, "{out}");
+    }
+    for replica in [r1, r2] {
+        wait_value(replica, "first", "one");
+        wait_value(replica, "counter", "3");
+    }
+
+    // Replica 2 is down (its store kept): updates are acknowledged by the device, and the
+    // primary holds their server-ACKs, so the device keeps its entries.
+    replica2.proc.kill();
+    let (ok, out) = client(d, &["set", "lagging", "two"]);
+    assert!(ok, "{out}");
+    wait_value(r1, "lagging", "two");
+    device.wait_metric(
+        "pmnet_device_log_live_entries",
+        "",
+        "an entry held until replica 2 has it",
+        |entries| entries >= 1.0,
+    );
+
+    // The primary is lost for good, with replica 2 behind.
+    primary.proc.kill();
+    std::fs::remove_file(data("p")).expect("delete the primary's store");
+    let (ok, out) = client(d, &["set", "orphan", "three"]);
+    assert!(ok, "the device acks with the primary gone: {out}");
+
+    // The operator promotes replica 1: it starts again as the primary of replica 2, behind
+    // the device, which starts again with it as its server and replays its log there.
+    replica1.proc.kill();
+    replica1 = server(r1, d, &data("r1"), &[r2]);
+    replica2 = server(r2, r1, &data("r2"), &[]);
+    device.proc.kill();
+    device = Node::start("device", device_args(d, r1, &log));
+
+    let (ok, out) = client(d, &["set", "after", "four"]);
+    assert!(ok, "{out}");
+    for (key, value) in [
+        ("first", "one"),
+        ("counter", "3"),
+        ("lagging", "two"),
+        ("orphan", "three"),
+        ("after", "four"),
+    ] {
+        wait_value(r1, key, value);
+        wait_value(r2, key, value);
+    }
+    device.wait_metric(
+        "pmnet_device_log_live_entries",
+        "",
+        "every entry freed once both servers have it",
+        |entries| entries == 0.0,
+    );
+    let (ok, out) = client(d, &["incr", "counter"]);
+    assert!(ok && out == "(integer) 4", "applied once each: {out}");
+    wait_value(r2, "counter", "4");
+    drop((replica1, replica2, device));
+}

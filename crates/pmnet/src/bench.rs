@@ -25,6 +25,7 @@ mod progress;
 mod rack;
 mod rack_client;
 mod recovery;
+mod replication;
 mod report;
 mod scrape;
 mod system;
@@ -179,6 +180,9 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
     if args.capacity {
         return run_capacity_command(&args, &plan, &shutdown);
     }
+    if !args.replication.replicas.is_empty() {
+        return run_replication_command(&args, &plan, &shutdown);
+    }
     println!(
         "pmnet bench: modes {} (seed {})",
         plan.modes
@@ -269,6 +273,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
         functional_check: None,
         under_load: Vec::new(),
         cache_comparisons,
+        replication_ratios: Vec::new(),
         interrupted,
     };
     if let Some(path) = &args.json {
@@ -276,6 +281,62 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
         println!("JSON written to {}", path.display());
     }
     Ok(if interrupted {
+        ExitCode::from(130)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// `pmnet bench --replicas`: replication in the network against client- and server-side
+/// replication (see `bench/replication.rs`).
+fn run_replication_command(
+    args: &BenchArgs,
+    plan: &Plan,
+    shutdown: &Shutdown,
+) -> Result<ExitCode, CliError> {
+    let factors = &args.replication.replicas;
+    println!(
+        "pmnet bench --replicas {}: rep-client, rep-server and rep-pmnet at each R, {} client(s), \
+         one {} B update in flight each (seed {})",
+        factors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+        plan.clients,
+        plan.workload.value_len,
+        plan.seed
+    );
+    let run = replication::run(plan, factors, shutdown)?;
+    let setting = plan.setting(Some(run.media.clone()));
+    println!();
+    print!("{}", replication::results_text(&run.results));
+    if !run.ratios.is_empty() {
+        println!();
+        print!("{}", replication::ratios_text(&run.ratios));
+    }
+    println!();
+    println!("setting:");
+    print!("{}", setting_text(&setting));
+    if run.interrupted {
+        println!("interrupted: the modes not shown did not run");
+    }
+    let report = Report {
+        setting,
+        results: run.results,
+        ratios: Vec::new(),
+        capacity: None,
+        functional_check: None,
+        under_load: Vec::new(),
+        cache_comparisons: Vec::new(),
+        replication_ratios: run.ratios,
+        interrupted: run.interrupted,
+    };
+    if let Some(path) = &args.json {
+        report.write_json(path)?;
+        println!("JSON written to {}", path.display());
+    }
+    Ok(if run.interrupted {
         ExitCode::from(130)
     } else {
         ExitCode::SUCCESS
@@ -361,6 +422,7 @@ fn run_capacity_command(
             functional_check: None,
             under_load: Vec::new(),
             cache_comparisons: Vec::new(),
+            replication_ratios: Vec::new(),
             interrupted,
         };
         full.write_json(path)?;

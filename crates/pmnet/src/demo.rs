@@ -203,6 +203,7 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
         functional_check: Some(check),
         under_load,
         cache_comparisons,
+        replication_ratios: Vec::new(),
         interrupted,
     };
     if let Some(path) = &args.json {

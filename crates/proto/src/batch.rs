@@ -147,7 +147,11 @@ impl Batcher {
                 bytes[field::SERVER_ID.start],
                 bytes[field::SERVER_ID.start + 1],
             ]);
-            let is_update = bytes[field::TYPE] == PacketType::UpdateRequest.code();
+            // A replicated update's client waits for the next device's ack: it may not wait.
+            let flags =
+                u16::from_be_bytes([bytes[field::FLAGS.start], bytes[field::FLAGS.start + 1]]);
+            let is_update = bytes[field::TYPE] == PacketType::UpdateRequest.code()
+                && flags & pmnet_wire::replication::REPLICATED == 0;
             let entry_len = batch_entry_len(bytes.len());
             let position = pending.iter().position(|batch| {
                 batch.destination == transmit.destination && batch.server_id == server_id
@@ -312,5 +316,24 @@ mod tests {
         }
         assert!(!batcher.add_peer(to(9999)), "bounded");
         assert!(batcher.add_peer(to(1)), "a known peer stays known");
+    }
+
+    #[test]
+    fn updates_wait_for_the_hold_but_a_replicated_update_does_not() {
+        let mut batcher = Batcher::new(1472, 0).with_hold(Duration::from_micros(200));
+        batcher.add_peer(to(1));
+        let mut queued: VecDeque<Transmit> = [update(1, 1, 100)].into();
+        batcher.fill(|| queued.pop_front());
+        assert!(batcher.pop().is_none(), "a plain update waits for more");
+        let mut replicated = update(2, 1, 100);
+        let mut header = Header::parse(&replicated.bytes).unwrap().0;
+        header.flags |= pmnet_wire::replication::REPLICATED;
+        replicated.bytes = header.encode(&[7; 100]);
+        let mut queued: VecDeque<Transmit> = [replicated].into();
+        batcher.fill(|| queued.pop_front());
+        assert!(
+            batcher.pop().is_some(),
+            "a replicated update's client waits for the next device's ack: sent at once"
+        );
     }
 }

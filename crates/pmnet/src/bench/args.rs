@@ -262,6 +262,9 @@ pub struct BenchArgs {
 
     #[command(flatten)]
     pub cache: super::cache::CacheArgs,
+
+    #[command(flatten)]
+    pub replication: super::replication::ReplicationArgs,
 }
 
 fn parse_flush(text: &str) -> Result<FlushChoice, String> {
@@ -372,6 +375,27 @@ impl Plan {
             );
         }
         let rack = RackArgs::from_args(args, is_external)?;
+        if !args.replication.replicas.is_empty() {
+            let conflict = if is_external {
+                Some("the addresses of running parts (--device/--forward/--echo/--server)")
+            } else if args.capacity {
+                Some("--capacity")
+            } else if rack.is_some() {
+                Some("a rack (--servers, --server-max-ops-per-s)")
+            } else if args.cache.cache.contains(&true) {
+                Some("--cache on")
+            } else if args.window.is_some_and(|window| window > 1) {
+                Some("--window above 1 (each client keeps one update in flight)")
+            } else {
+                None
+            };
+            if let Some(conflict) = conflict {
+                return Err(format!(
+                    "--replicas runs its own replication modes on loopback; it does not go \
+                     with {conflict}"
+                ));
+            }
+        }
         let defaults = Defaults::for_run(args, rack.is_some());
         let wait = WaitMode::from_busy_poll(args.busy_poll);
         let (client_cpu, device_cpu, server_cpu) = resolve_pinning(
@@ -633,6 +657,8 @@ pub(super) mod tests {
             (&["--duration", "abc"][..], "not a number"),
             (&["--mode", "teleport"][..], "teleport"),
             (&["--flush", "sometimes"][..], "sometimes"),
+            (&["--replicas", "0"][..], "0 is not in 1..=8"),
+            (&["--replicas", "1,9"][..], "9 is not in 1..=8"),
         ] {
             let error = parse(args).unwrap_err();
             assert!(error.contains(expected), "{args:?}: {error}");
@@ -704,6 +730,19 @@ pub(super) mod tests {
                 "start their own rack",
             ),
             (&["--servers", "2", "--capacity"][..], "--capacity"),
+            (&["--replicas", "2", "--servers", "2"][..], "a rack"),
+            (
+                &["--replicas", "1,3", "--capacity"][..],
+                "not go with --capacity",
+            ),
+            (
+                &["--replicas", "3", "--window", "4"][..],
+                "--window above 1",
+            ),
+            (
+                &["--replicas", "2", "--device", "127.0.0.1:7400"][..],
+                "running parts",
+            ),
             (
                 &["--servers", "2", "--device-workers", "2"][..],
                 "one device worker",

@@ -272,7 +272,7 @@ pub fn run_modes(
 }
 
 /// The round with the median p50, noting every round's p50 when there were several.
-fn median_round(mut rounds: Vec<ModeResult>) -> Option<ModeResult> {
+pub(super) fn median_round(mut rounds: Vec<ModeResult>) -> Option<ModeResult> {
     if rounds.len() < 2 {
         return rounds.pop();
     }
@@ -834,6 +834,7 @@ mod tests {
             functional_check: None,
             under_load: Vec::new(),
             cache_comparisons: Vec::new(),
+            replication_ratios: Vec::new(),
             interrupted: false,
         };
         let value = serde_json::to_value(&report).unwrap();

@@ -110,6 +110,9 @@ pub struct ModeResult {
     pub reads_unexplained: u64,
     /// The read cache of the run (`null`: off).
     pub cache: Option<super::cache::CacheResult>,
+    /// The replication factor of a `--replicas` run (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u8>,
 }
 
 impl ModeResult {
@@ -146,6 +149,7 @@ impl ModeResult {
             reads_checked: 0,
             reads_unexplained: 0,
             cache: None,
+            replicas: None,
         }
     }
 }
@@ -294,6 +298,10 @@ pub struct Report {
     /// Runs with the read cache on against the same runs with it off (`--cache on,off`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub cache_comparisons: Vec<super::cache::CacheComparison>,
+    /// Replication in the network against client- and server-side replication
+    /// (`--replicas`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replication_ratios: Vec<super::replication::ReplicationRatio>,
     /// The run was stopped by a signal before every mode finished.
     pub interrupted: bool,
 }

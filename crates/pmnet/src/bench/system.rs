@@ -99,7 +99,7 @@ pub struct LoopbackSystem {
 
 /// Removes a file when dropped.
 #[derive(Debug)]
-struct FileGuard(Option<PathBuf>);
+pub(super) struct FileGuard(pub(super) Option<PathBuf>);
 
 impl Drop for FileGuard {
     fn drop(&mut self) {
@@ -109,7 +109,7 @@ impl Drop for FileGuard {
     }
 }
 
-fn temp_path(dir: &Path, what: &str) -> PathBuf {
+pub(super) fn temp_path(dir: &Path, what: &str) -> PathBuf {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let index = NEXT.fetch_add(1, Ordering::Relaxed);
     dir.join(format!("pmnet-bench-{}-{index}.{what}", std::process::id()))
@@ -241,11 +241,11 @@ fn loopback() -> SocketAddr {
 }
 
 /// A started server thread: where it listens and its medium.
-struct StartedServer {
-    thread: JoinHandle<Metrics>,
-    addr: SocketAddr,
-    medium: String,
-    tid: i32,
+pub(super) struct StartedServer {
+    pub(super) thread: JoinHandle<Metrics>,
+    pub(super) addr: SocketAddr,
+    pub(super) medium: String,
+    pub(super) tid: i32,
 }
 
 /// Start a server thread for each of `data_files` (ids counting up from the config's), and
@@ -280,11 +280,40 @@ fn start_server(
     data_path: PathBuf,
     shutdown: &Shutdown,
 ) -> Result<StartedServer, String> {
-    let server_options = ServerOptions {
+    let place = ServerPlace {
         server_id: config.server_id + index,
         listen: loopback(),
         devices: Vec::new(),
         replicas: Vec::new(),
+    };
+    start_server_at(config, place, data_path, shutdown)
+}
+
+/// Where a server goes and who it knows.
+#[derive(Debug, Clone)]
+pub(super) struct ServerPlace {
+    pub(super) server_id: u16,
+    pub(super) listen: SocketAddr,
+    /// Its `--device`s.
+    pub(super) devices: Vec<SocketAddr>,
+    /// Its `--replica`s.
+    pub(super) replicas: Vec<SocketAddr>,
+}
+
+/// Start a server thread at `place`, with its store (or the ideal handler) in a new file at
+/// `data_path`, and wait until it listens.
+pub(super) fn start_server_at(
+    config: &LoopbackConfig,
+    place: ServerPlace,
+    data_path: PathBuf,
+    shutdown: &Shutdown,
+) -> Result<StartedServer, String> {
+    let index = place.server_id.wrapping_sub(config.server_id);
+    let server_options = ServerOptions {
+        server_id: place.server_id,
+        listen: place.listen,
+        devices: place.devices,
+        replicas: place.replicas,
         store: (!config.ideal).then_some(StoreOptions {
             path: data_path,
             size_bytes: config.data_bytes,
@@ -350,20 +379,20 @@ fn run_server(
 }
 
 /// A started device thread: where it listens and its medium.
-struct StartedDevice {
-    thread: JoinHandle<Metrics>,
+pub(super) struct StartedDevice {
+    pub(super) thread: JoinHandle<Metrics>,
     /// The PMNet port.
-    data: SocketAddr,
+    pub(super) data: SocketAddr,
     forward: Option<SocketAddr>,
     echo: Option<SocketAddr>,
-    medium: String,
-    tid: i32,
+    pub(super) medium: String,
+    pub(super) tid: i32,
 }
 
 /// Start the device thread in front of `servers` (id, address), with its log in a new
 /// file at `log_path`, and wait until it listens on its PMNet, forward and echo ports. On
 /// failure the device thread is stopped (the caller stops the server).
-fn start_device(
+pub(super) fn start_device(
     config: &LoopbackConfig,
     log_path: PathBuf,
     worker: u16,

@@ -12,3 +12,10 @@
 /// Header flag of an update request whose client waits for PMNet-ACKs from more than one
 /// device (bit 10: among the bits reserved for the in-network functions).
 pub const REPLICATED: u16 = 1 << 10;
+
+/// Header flag of a request a primary server forwards to its replica servers as it applied it
+/// (bit 11; docs/replication.md, "Replicated servers"): a barrier descriptor naming the
+/// request the primary applied before it comes first, so its fragments are cut from a
+/// different payload than the client's. A replica never mixes fragments with and without it
+/// in one request: a fragment that disagrees replaces the unfinished request.
+pub const FROM_PRIMARY: u16 = 1 << 11;

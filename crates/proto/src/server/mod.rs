@@ -457,7 +457,9 @@ impl Server {
                 self.on_cache_read(now, from, &header, payload)
             }
             PacketType::FillReply if self.is_device(from) => {
-                self.on_fill_reply(now, from, &header, payload)
+                if !self.on_device_fill_reply_for_replicas(from, &header, payload) {
+                    self.on_fill_reply(now, from, &header, payload)
+                }
             }
             PacketType::FillReply => self.count_drop(DropReason::UnexpectedSource),
             _ => self.count_drop(DropReason::UnexpectedType),
@@ -562,6 +564,17 @@ impl Server {
                 }
             }
         }
+        let from_primary = header.has_flag(pmnet_wire::replication::FROM_PRIMARY);
+        if let Some(partial) = session.pending.get(&seq) {
+            if !partial.is_complete() && partial.from_primary != from_primary {
+                // A primary's forward and a copy as the client sent it are cut differently:
+                // the newer one replaces the unfinished request (see `replicate.rs`).
+                let partial = session.pending.remove(&seq).expect("looked up above");
+                session.buffered_bytes -= partial.cost();
+                self.table.buffered_bytes -= partial.cost();
+            }
+        }
+        let session = self.table.sessions.get_mut(&session_id)?;
         let added = match session.pending.get(&seq) {
             Some(assembly) if assembly.is_complete() => return None,
             Some(assembly) if assembly.kind != kind || assembly.parts.len() != fragment_count => {
@@ -594,6 +607,7 @@ impl Server {
             .or_insert_with(|| Assembly::new(kind, fill, fragment_count));
         assembly.parts[usize::from(header.fragment_index)] = Some(payload.to_vec());
         assembly.keyed |= header.has_flag(pmnet_wire::cache::KEYED);
+        assembly.from_primary = from_primary;
         assembly.received_count += 1;
         assembly.received_len += payload.len();
         if assembly.is_complete() {

@@ -22,13 +22,19 @@
 //! every replica holds the request. (Across sessions, a replica applies in the primary's order
 //! except for requests the primary applied before a restart and forwards after it.)
 //!
-//! A replica never skips a gap in what the primary forwards (the primary answers every fill
-//! query with "held"): the missing request is on its way from a device's log.
+//! A replica skips a gap in what the primary forwards only when the primary holds none of it
+//! for that replica (its fill queries are answered from what the primary holds back): a
+//! request a device logged comes again from the device's resends long before a gap may be
+//! skipped (docs/replication.md). What a replica may miss for good is a request no one
+//! resends — applied by a primary that crashed before its replicas had it, never logged by a
+//! device, its client gone or reporting it failed: never acknowledged to anyone, it is then
+//! applied on the primary and not on that replica.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 
 use pmnet_wire::cache::{WriteDescriptor, WriteOrder, KEYED};
+use pmnet_wire::replication::FROM_PRIMARY;
 use pmnet_wire::{flags, Header, PacketType};
 
 use super::table::CachedReply;
@@ -42,6 +48,9 @@ pub const REPLICA_SERVERS_MAX: usize = 8;
 /// most; beyond it, it hands nothing new to its application until replicas catch up, and
 /// resent duplicates wait for their device's next resend.
 pub const REPLICATION_PENDING_MAX: usize = 1 << 16;
+
+/// Skipped numbers a primary tells its replicas about at once, per skip.
+pub const SKIP_FILLS_MAX: usize = 1024;
 
 /// What a primary counted about its replicas; monotonically increasing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -60,10 +69,15 @@ pub struct ReplicationCounters {
     pub replica_skips: u64,
     /// Times a session's next request waited because too many requests were held.
     pub stalls: u64,
-    /// Resent fills of numbers the primary applied as real requests: not forwarded (the
-    /// replica gets the request itself from a device's resend).
-    pub fills_not_forwarded: u64,
-    /// Retransmission requests from replicas (answered by the devices' resends, not here).
+    /// Resent fills of numbers the primary applied as real requests and no longer holds,
+    /// forwarded to the replicas (one that lacks the request applies the fill).
+    pub fills_for_real_requests: u64,
+    /// Numbers skipped here and sent to the replicas as no-op fills.
+    pub skips_forwarded: u64,
+    /// Replicas' retransmission requests passed on to the session's device (or client).
+    pub retransmit_requests_passed_on: u64,
+    /// Replicas' retransmission requests for what is held here (the next resend brings it)
+    /// or not applied yet.
     pub retransmit_requests_ignored: u64,
 }
 
@@ -95,9 +109,22 @@ struct Pending {
     release: Release,
 }
 
+/// Replicas' fill queries a primary has open with its devices, at most.
+pub const REPLICA_FILLS_MAX: usize = 4096;
+
+/// A replica's fill query, asked of the primary's devices.
+#[derive(Debug)]
+struct ReplicaFill {
+    last: u32,
+    awaiting: std::collections::BTreeSet<SocketAddr>,
+    held_from: u64,
+}
+
 /// A primary's state about its replicas.
 #[derive(Debug, Default)]
 pub(super) struct Replication {
+    /// Replicas' fill queries open with the devices: (session, first, replica index).
+    fills: HashMap<(u64, u32, usize), ReplicaFill>,
     /// Requests handed to the application, kept until applied (then forwarded) or handed back.
     issued: HashMap<(u64, u32), (RequestKind, Vec<u8>)>,
     /// Applied (or duplicates) waiting for replicas' acks.
@@ -211,7 +238,7 @@ impl Server {
         if fill {
             header.flags = flags::NOOP_FILL;
         } else {
-            header.flags = KEYED;
+            header.flags = KEYED | FROM_PRIMARY;
             let (after_session, after_seq) = self.replication.last_applied.unwrap_or((0, 0));
             let descriptor = WriteDescriptor {
                 order: WriteOrder {
@@ -276,41 +303,57 @@ impl Server {
             return false;
         }
         let key = (header.session_id, header.seq);
-        if header.has_flag(flags::NOOP_FILL) {
-            let applied_as_fill = self
-                .table
-                .sessions
-                .get(&header.session_id)
-                .is_some_and(|s| {
-                    s.was_skipped(header.seq)
-                        || s.replies.iter().any(|(seq, reply)| {
-                            *seq == header.seq && *reply == CachedReply::Skipped
-                        })
-                });
-            if !applied_as_fill {
-                // Its client gave up on a number this server applied for real: a replica
-                // must not apply a fill in its place. The request itself comes again from
-                // a device's log if a replica lacks it.
-                self.counters.replication.fills_not_forwarded += 1;
+        if let Some(pending) = self.replication.pending.get_mut(&key) {
+            pending.to = from;
+            if let Release::Ack { forwarded, .. } = &pending.release {
+                // Sent again as first forwarded (with its order, or as the fill it was);
+                // once per resend of its first fragment.
+                if header.fragment_index == 0 {
+                    let (acked, forwarded) = (pending.acked, forwarded.clone());
+                    self.counters.replication.duplicates_forwarded += 1;
+                    self.send_to_replicas(&forwarded, acked);
+                }
                 return true;
             }
         }
-        let full = self.replication.is_full();
-        let acked = match self.replication.pending.get_mut(&key) {
-            Some(pending) => {
-                pending.to = from;
-                if let Release::Ack { forwarded, .. } = &pending.release {
-                    // Sent again as first forwarded, in the primary's order; once per
-                    // resend of its first fragment.
-                    if header.fragment_index == 0 {
-                        let (acked, forwarded) = (pending.acked, forwarded.clone());
-                        self.counters.replication.duplicates_forwarded += 1;
-                        self.send_to_replicas(&forwarded, acked);
-                    }
-                    return true;
-                }
-                pending.acked
+        // Not held: forwarded as what this primary applied under that number, as far as it
+        // remembers (a fill or the request), as it arrived if it does not remember.
+        let applied_as_fill = self
+            .table
+            .sessions
+            .get(&header.session_id)
+            .is_some_and(|s| {
+                s.was_skipped(header.seq)
+                    || s.replies
+                        .iter()
+                        .any(|(seq, reply)| *seq == header.seq && *reply == CachedReply::Skipped)
+            });
+        let bytes = match (header.has_flag(flags::NOOP_FILL), applied_as_fill) {
+            // Its client gave up on a number this server applied for real and holds no more:
+            // a replica that has the request applies it (a whole request is kept over a
+            // fill); one that lacks it — no one resends it: it was never acknowledged —
+            // applies the fill now rather than skip it after its own gap timeout.
+            (true, false) => {
+                self.counters.replication.fills_for_real_requests += 1;
+                header.encode(payload)
             }
+            (false, true) if header.fragment_index != 0 => return true,
+            (false, true) => {
+                // The client's fill came first and was applied: the replicas apply it too.
+                let mut fill = Header::new(
+                    PacketType::BypassRequest,
+                    header.server_id,
+                    header.session_id,
+                    header.seq,
+                );
+                fill.flags = flags::NOOP_FILL;
+                fill.encode(&[])
+            }
+            _ => header.encode(payload),
+        };
+        let full = self.replication.is_full();
+        let acked = match self.replication.pending.get(&key) {
+            Some(pending) => pending.acked,
             None if full => {
                 self.count_drop(DropReason::ReplicationFull);
                 return true;
@@ -328,7 +371,6 @@ impl Server {
             }
         };
         self.counters.replication.duplicates_forwarded += 1;
-        let bytes = header.encode(payload);
         for (index, &replica) in self.config.replicas.iter().enumerate() {
             if acked & (1 << index) == 0 {
                 self.transmits.push_back(Transmit {
@@ -338,6 +380,34 @@ impl Server {
             }
         }
         true
+    }
+
+    /// Numbers `first ..= last` of `session_id` were skipped here (no one could supply them):
+    /// tell the replicas at once, as no-op fills they apply in their place (at most
+    /// [`SKIP_FILLS_MAX`]; a fill lost on the way, or one beyond that, the replica finds
+    /// with its own gap timer, which this primary answers with "not held").
+    pub(super) fn replicate_skip(&mut self, session_id: u64, first: u32, last: u32) {
+        if !self.is_primary() {
+            return;
+        }
+        for seq in (first..=last).take(SKIP_FILLS_MAX) {
+            // As a client's no-op fill: a bypass request (no device logs it).
+            let mut header = Header::new(
+                PacketType::BypassRequest,
+                self.config.server_id,
+                session_id,
+                seq,
+            );
+            header.flags = flags::NOOP_FILL;
+            let bytes = header.encode(&[]);
+            self.counters.replication.skips_forwarded += 1;
+            for &replica in &self.config.replicas {
+                self.transmits.push_back(Transmit {
+                    destination: replica,
+                    bytes: bytes.clone(),
+                });
+            }
+        }
     }
 
     /// Whether `from` is one of this primary's replicas.
@@ -386,10 +456,161 @@ impl Server {
         }
     }
 
+    /// A replica's gap outlived every request's lifetime and it asks whether to skip
+    /// `header.seq ..= last`. Held here (for it): no. Otherwise the primary's devices are
+    /// asked, as for its own gaps — a device that holds one resends it (it comes on to the
+    /// replica) — and the replica gets the answer once each device gave its own; without
+    /// devices, at once.
+    fn on_replica_fill_query(&mut self, from: SocketAddr, header: &Header, last: u32) {
+        let Some(replica) = self.replica_index(from) else {
+            return;
+        };
+        let session_id = header.session_id;
+        let first = header.seq;
+        let held_here = (first..=last).take(1 << 16).find(|&seq| {
+            self.replication
+                .pending
+                .get(&(session_id, seq))
+                .is_some_and(|pending| pending.acked & (1 << replica) == 0)
+        });
+        if held_here.is_some() || self.config.devices.is_empty() {
+            let held_from = held_here.unwrap_or(last.wrapping_add(1));
+            self.send_replica_fill_reply(from, session_id, first, last, held_from);
+            return;
+        }
+        let key = (session_id, first, replica);
+        if !self.replication.fills.contains_key(&key) {
+            if self.replication.fills.len() >= REPLICA_FILLS_MAX {
+                // Queries a device never answered (it is down) pile up: forget them all;
+                // each replica asks again at its next gap timeout.
+                self.replication.fills.clear();
+            }
+            self.replication.fills.insert(
+                key,
+                ReplicaFill {
+                    last,
+                    awaiting: self.config.devices.iter().copied().collect(),
+                    held_from: u64::from(last) + 1,
+                },
+            );
+        }
+        let query = Header::new(
+            PacketType::FillQuery,
+            self.config.server_id,
+            session_id,
+            first,
+        );
+        let bytes = query.encode(&pmnet_wire::encode_fill_query_payload(last));
+        for &device in &self.config.devices {
+            self.transmits.push_back(Transmit {
+                destination: device,
+                bytes: bytes.clone(),
+            });
+        }
+    }
+
+    fn send_replica_fill_reply(
+        &mut self,
+        to: SocketAddr,
+        session_id: u64,
+        first: u32,
+        last: u32,
+        held_from: u32,
+    ) {
+        let reply = Header::new(
+            PacketType::FillReply,
+            self.config.server_id,
+            session_id,
+            first,
+        );
+        let bytes = reply.encode(&pmnet_wire::encode_fill_reply_payload(last, held_from));
+        self.transmits.push_back(Transmit {
+            destination: to,
+            bytes,
+        });
+    }
+
+    /// A device's fill reply that answers replicas' fill queries (`true`; the replica is
+    /// answered once every device did), or none (`false`: the server's own).
+    pub(super) fn on_device_fill_reply_for_replicas(
+        &mut self,
+        from: SocketAddr,
+        header: &Header,
+        payload: &[u8],
+    ) -> bool {
+        let Ok((last, held_from)) = pmnet_wire::decode_fill_reply_payload(payload) else {
+            return false;
+        };
+        let mut answered = false;
+        for replica in 0..self.config.replicas.len() {
+            let key = (header.session_id, header.seq, replica);
+            let Some(fill) = self.replication.fills.get_mut(&key) else {
+                continue;
+            };
+            if fill.last != last || !fill.awaiting.remove(&from) {
+                continue;
+            }
+            answered = true;
+            if (header.seq..=last).contains(&held_from) {
+                fill.held_from = fill.held_from.min(u64::from(held_from));
+            }
+            if fill.awaiting.is_empty() {
+                let fill = self
+                    .replication
+                    .fills
+                    .remove(&key)
+                    .expect("looked up above");
+                let held_from = u32::try_from(fill.held_from).unwrap_or(last.wrapping_add(1));
+                let to = self.config.replicas[replica];
+                self.send_replica_fill_reply(to, header.session_id, header.seq, last, held_from);
+            }
+        }
+        answered
+    }
+
+    /// A replica misses a request this primary applied and holds no more (or one it holds:
+    /// the next resend brings it). Asked of where the session's requests come from, as the
+    /// primary asks for its own gaps: a device answers from its log or asks the client, which
+    /// sends the request again, or its no-op fill; either comes back here as a duplicate and
+    /// goes on to the replica. Paid for from the session's credit unless it comes through
+    /// one of this server's devices.
+    fn pass_on_retransmit_request(&mut self, header: &Header) {
+        let key = (header.session_id, header.seq);
+        let Some(session) = self.table.sessions.get(&header.session_id) else {
+            self.counters.replication.retransmit_requests_ignored += 1;
+            return;
+        };
+        if header.seq > session.last_applied || self.replication.pending.contains_key(&key) {
+            self.counters.replication.retransmit_requests_ignored += 1;
+            return;
+        }
+        let Some(to) = session.reply_to else {
+            self.counters.replication.retransmit_requests_ignored += 1;
+            return;
+        };
+        if !self.is_device(to) {
+            let cost = pmnet_wire::HEADER_LEN as u32;
+            let session = self
+                .table
+                .sessions
+                .get_mut(&header.session_id)
+                .expect("looked up above");
+            if session.credit_bytes < cost {
+                self.counters.retransmit_requests_unpaid += 1;
+                return;
+            }
+            session.credit_bytes -= cost;
+        }
+        self.counters.replication.retransmit_requests_passed_on += 1;
+        self.transmits.push_back(Transmit {
+            destination: to,
+            bytes: header.encode(&[]),
+        });
+    }
+
     /// A datagram from a replica other than a server-ACK: its recovery poll is answered at
-    /// once (nothing is held here: the devices resend), its fill queries with "held" (a
-    /// replica never skips what the primary applied), its retransmission requests not at all
-    /// (the devices' resends answer them).
+    /// once (the devices resend what is missing), its fill queries from what is held back for
+    /// it, its retransmission requests by passing them on where the requests come from.
     pub(super) fn on_replica_message(&mut self, from: SocketAddr, header: &Header, payload: &[u8]) {
         let server_id = self.config.server_id;
         match header.packet_type {
@@ -406,21 +627,9 @@ impl Server {
                     self.count_drop(DropReason::BadPayload);
                     return;
                 };
-                let reply = Header::new(
-                    PacketType::FillReply,
-                    server_id,
-                    header.session_id,
-                    header.seq,
-                );
-                let bytes = reply.encode(&pmnet_wire::encode_fill_reply_payload(last, header.seq));
-                self.transmits.push_back(Transmit {
-                    destination: from,
-                    bytes,
-                });
+                self.on_replica_fill_query(from, header, last);
             }
-            PacketType::RetransmitRequest => {
-                self.counters.replication.retransmit_requests_ignored += 1;
-            }
+            PacketType::RetransmitRequest => self.pass_on_retransmit_request(header),
             _ => self.count_drop(DropReason::UnexpectedType),
         }
     }

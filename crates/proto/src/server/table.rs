@@ -26,6 +26,8 @@ pub(super) struct Assembly {
     pub(super) fill: bool,
     /// A keyed write (`KEYED`): its payload starts with a write descriptor (see `order.rs`).
     pub(super) keyed: bool,
+    /// Forwarded by a primary as it applied it (`FROM_PRIMARY`, see `replicate.rs`).
+    pub(super) from_primary: bool,
     pub(super) parts: Vec<Option<Vec<u8>>>,
     pub(super) received_count: usize,
     pub(super) received_len: usize,
@@ -40,6 +42,7 @@ impl Assembly {
             kind,
             fill,
             keyed: false,
+            from_primary: false,
             parts: vec![None; fragment_count],
             received_count: 0,
             received_len: 0,
@@ -55,6 +58,7 @@ impl Assembly {
             kind,
             fill,
             keyed: false,
+            from_primary: false,
             parts: vec![Some(request)],
             received_count: 1,
             received_len,

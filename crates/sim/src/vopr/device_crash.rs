@@ -80,8 +80,8 @@ pub(super) fn crash_device(
     }
 }
 
-/// Flip one bit inside a live log entry whose request its server already applied (so that no
-/// acknowledged update is lost to the corruption), and check that the reopened log rejects it.
+/// Flip one bit inside a live log entry whose request its server (and each of its replicas)
+/// already applied (so that no acknowledged update is lost to the corruption), and check that the reopened log rejects it.
 fn corrupt_applied_entry_at_rest(
     world: &mut World,
     rng: &mut ChaCha8Rng,
@@ -101,7 +101,19 @@ fn corrupt_applied_entry_at_rest(
                     .sessions
                     .get(&key.session_id)?
                     .0;
-                (applied >= key.seq).then_some((slot, packet.len()))
+                // With replica servers, on every one that may yet be promoted as well.
+                let per_server = world.replicas.len() / world.servers.len();
+                let on_replicas = world.replicas[server * per_server..(server + 1) * per_server]
+                    .iter()
+                    .filter(|replica| !replica.lost)
+                    .all(|replica| {
+                        replica
+                            .app
+                            .sessions
+                            .get(&key.session_id)
+                            .is_some_and(|(last, _)| *last >= key.seq)
+                    });
+                (applied >= key.seq && on_replicas).then_some((slot, packet.len()))
             })
             .collect()
     };

@@ -66,6 +66,11 @@ fn heal(world: &mut World) {
             world.start_server(index);
         }
     }
+    for index in 0..world.replicas.len() {
+        if !world.replicas[index].up && !world.replicas[index].lost {
+            world.start_replica(index);
+        }
+    }
 }
 
 /// Whether every client still there issued all its requests.

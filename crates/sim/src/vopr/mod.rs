@@ -24,6 +24,7 @@ mod convergence_checker;
 mod device_crash;
 mod durability_checker;
 mod liveness_phase;
+mod replication_checker;
 mod safety_phase;
 mod sessions_checker;
 mod summary;
@@ -199,6 +200,21 @@ fn chain_for_seed(seed: u64) -> Option<(usize, Vec<u8>)> {
     Some((devices, replicas))
 }
 
+/// How many replica servers each server of `seed` has (docs/replication.md, "Replicated
+/// servers"): 1 or 2 on a quarter of the seeds with neither the cache nor chains, none
+/// otherwise; drawn from a generator of its own, so that the other seeds' worlds do not
+/// change.
+fn replicas_for_seed(seed: u64) -> usize {
+    if cache_for_seed(seed) || chain_for_seed(seed).is_some() {
+        return 0;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x4E91_1CA5_0000_0021);
+    if !rng.random_bool(0.25) {
+        return 0;
+    }
+    rng.random_range(1..=2)
+}
+
 /// Client request lifetime on seeds with the cache (at most): the cache's fetch warm-up is
 /// longer, so no read sent to a device before it restarted can fill its cache.
 const CACHE_SEED_LIFETIME: Duration = Duration::from_secs(2);
@@ -277,7 +293,7 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
             .collect(),
         server_count: rng.random_range(1..=2),
         chain: false,
-        server_replicas: 0,
+        server_replicas: replicas_for_seed(seed),
     };
     let chain = chain_for_seed(seed);
     if let Some((devices, _)) = &chain {
@@ -343,8 +359,12 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
         corrupt: summary.corrupt,
     });
     world.note_event(&format!(
-        "seed {seed}: {} client(s), {} device(s) (log slots {slot_counts:?}), {} server(s)",
-        summary.client_count, summary.device_count, summary.server_count
+        "seed {seed}: {} client(s), {} device(s) (log slots {slot_counts:?}), {} server(s), \
+         {} replica server(s) each",
+        summary.client_count,
+        summary.device_count,
+        summary.server_count,
+        world.replicas.len() / world.servers.len()
     ));
     note_fault_mix(&mut world, &summary, &mix, network_seed);
     world.note_event(&format!(
@@ -399,5 +419,12 @@ fn check_invariants(world: &mut World, issued: &[Vec<Issued>], summary: &mut Fau
         );
     }
     durability_checker::note_acks_checked(world);
+    if !world.replicas.is_empty() {
+        summary.counts.seeds_with_replicas += 1;
+        let notes = replication_checker::check_replicas(world, summary);
+        for note in notes {
+            world.note_by("check", &note);
+        }
+    }
     completed
 }

@@ -85,6 +85,13 @@ pub(super) fn run(
                 crash_server(world, rng, summary);
             }
             5..=7 => restart_server(world, rng),
+            8 if !world.replicas.is_empty() && rng.random_range(0..4) < mix.server_crash_weight => {
+                crash_replica(world, rng, summary);
+            }
+            9..=10 if !world.replicas.is_empty() => restart_replica(world, rng),
+            11 if !world.replicas.is_empty() && rng.random_bool(0.2) => {
+                lose_primary(world, rng, summary);
+            }
             43..=44 => toggle_held_persistence(world, rng),
             45 if mix.partitions => partition(world, rng, summary),
             48 if mix.clients_leave => client_leaves(world, rng, summary),
@@ -100,6 +107,41 @@ pub(super) fn run(
             }
         }
     }
+}
+
+/// Crash a replica server, when it is up (its store survives).
+fn crash_replica(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSummary) {
+    let index = rng.random_range(0..world.replicas.len());
+    if world.replicas[index].up {
+        summary.counts.replica_crashes += 1;
+        world.stop_replica(index);
+    }
+}
+
+/// Start a crashed replica server again.
+fn restart_replica(world: &mut World, rng: &mut ChaCha8Rng) {
+    let index = rng.random_range(0..world.replicas.len());
+    let node = &world.replicas[index];
+    if !node.up && !node.lost {
+        world.start_replica(index);
+    }
+}
+
+/// A primary is lost for good (its store with it) and one of its replicas is promoted in its
+/// place: at most R − 1 of a server's R copies are lost in a seed.
+fn lose_primary(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSummary) {
+    let server = rng.random_range(0..world.servers.len());
+    let per_server = world.replicas.len() / world.servers.len();
+    let replicas = server * per_server..(server + 1) * per_server;
+    let lost = replicas.clone().filter(|&r| world.replicas[r].lost).count();
+    if lost + 1 >= per_server + 1 {
+        return;
+    }
+    let Some(replica) = replicas.clone().find(|&r| !world.replicas[r].lost) else {
+        return;
+    };
+    summary.counts.primaries_lost += 1;
+    world.promote_replica(server, replica);
 }
 
 /// Crash a server, when it is up (noting a crash during its start-up recovery).

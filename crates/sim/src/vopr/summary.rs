@@ -57,6 +57,12 @@ pub struct FaultCounts {
     /// Seeds whose devices run the read cache, the cache reads checked and those a device
     /// served.
     pub seeds_with_cache: u64,
+    /// Seeds whose servers have replica servers, replica crashes, primaries lost for good
+    /// (a replica promoted), and requests checked on live replicas.
+    pub seeds_with_replicas: u64,
+    pub replica_crashes: u64,
+    pub primaries_lost: u64,
+    pub replica_requests_checked: u64,
     pub cache_reads_checked: u64,
     pub cache_reads_served_by_device: u64,
     pub forged_datagrams: u64,
@@ -82,6 +88,10 @@ impl FaultCounts {
         self.seeds_with_batches += other.seeds_with_batches;
         self.batches_sent += other.batches_sent;
         self.seeds_with_cache += other.seeds_with_cache;
+        self.seeds_with_replicas += other.seeds_with_replicas;
+        self.replica_crashes += other.replica_crashes;
+        self.primaries_lost += other.primaries_lost;
+        self.replica_requests_checked += other.replica_requests_checked;
         self.cache_reads_checked += other.cache_reads_checked;
         self.cache_reads_served_by_device += other.cache_reads_served_by_device;
         self.forged_datagrams += other.forged_datagrams;
@@ -123,6 +133,16 @@ impl FaultCounts {
                 self.device_crashes_mid_write,
             ),
             ("server crashes", self.server_crashes),
+            ("seeds with replica servers", self.seeds_with_replicas),
+            ("replica server crashes", self.replica_crashes),
+            (
+                "primaries lost for good (a replica promoted)",
+                self.primaries_lost,
+            ),
+            (
+                "requests checked on live replicas",
+                self.replica_requests_checked,
+            ),
             (
                 "server crashes during recovery",
                 self.server_crashes_during_recovery,

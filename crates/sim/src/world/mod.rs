@@ -593,6 +593,7 @@ impl World {
         let mut app = std::mem::take(&mut self.replicas[replica].app);
         app.crash_store();
         self.replicas[replica].up = false;
+        self.replicas[replica].lost = true;
         let node = &mut self.servers[server];
         node.config
             .replicas

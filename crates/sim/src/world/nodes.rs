@@ -289,6 +289,9 @@ pub struct ServerNode {
     pub deferred_count: u64,
     /// Sequence numbers skipped by earlier incarnations of this server.
     pub skipped_before_restart: u64,
+    /// A replica whose store was promoted to primary ([`World::promote_replica`]): down for
+    /// good.
+    pub lost: bool,
 }
 
 impl ServerNode {
@@ -304,6 +307,7 @@ impl ServerNode {
             store_full: false,
             deferred_count: 0,
             skipped_before_restart: 0,
+            lost: false,
         }
     }
 }

@@ -342,6 +342,12 @@ impl Server {
         self.defer_timers.len()
     }
 
+    /// A primary's replication state in words (for a failure report): the requests at the
+    /// head of its forwarding order and the replicas that acked each.
+    pub fn replication_text(&self) -> String {
+        self.replication.text()
+    }
+
     /// Requests a primary holds back until every replica acked them.
     pub fn replication_pending(&self) -> usize {
         self.replication.pending_len()
@@ -516,6 +522,9 @@ impl Server {
         }
         if seq <= session.issued_through {
             self.counters.duplicates_in_progress += 1;
+            if self.is_primary() {
+                self.replicate_in_progress(header);
+            }
             return;
         }
         session.highest_seen = session.highest_seen.max(seq);
@@ -713,13 +722,7 @@ impl Server {
             request.drain(..strip);
             request
         };
-        self.replication_issued(session_id, seq, assembly.kind, &request);
-        self.events.push_back(ServerEvent::Apply {
-            session_id,
-            seq,
-            kind: assembly.kind,
-            request,
-        });
+        self.hand_on(now, session_id, seq, assembly.kind, assembly.fill, request);
         true
     }
 
@@ -823,9 +826,7 @@ impl Server {
         } else {
             (0, &reply[..])
         };
-        if !self.replicate_applied(session_id, seq, ack_flags, reply, to) {
-            self.send_server_ack(session_id, seq, ack_flags, reply, to);
-        }
+        self.send_server_ack(session_id, seq, ack_flags, reply, to);
         self.update_gap(now, session_id);
         self.release_waiters(now, session_id, seq);
         self.release_reads(now, session_id, seq);
@@ -869,8 +870,14 @@ impl Server {
             session.last_applied,
             session.issued_through
         );
+        // On a primary, what it forwarded after it and has not applied comes back too.
+        handed_back.extend(self.replication.take_session(session_id));
+        let session = self
+            .table
+            .sessions
+            .get_mut(&session_id)
+            .expect("on_deferred for a session with an issued request");
         for (seq, kind, request) in handed_back {
-            self.replication.issued_remove(session_id, seq);
             let fill = session.fills_issued.contains(&seq);
             let assembly = Assembly::whole(kind, fill, request);
             session.buffered_bytes += assembly.cost();
@@ -977,6 +984,7 @@ impl Server {
             self.order_timers.remove(&(deadline, session_id));
             self.on_order_timeout(now, session_id, deadline);
         }
+        self.resend_forwards(now);
     }
 
     /// The next datagram to send, if any. Poll until `None` after every call that changes state.
@@ -1010,6 +1018,12 @@ impl Server {
         let defer = self.defer_timers.first().map(|(retry_at, _)| *retry_at);
         let poll = self.recovery.as_ref().map(|recovery| recovery.next_poll);
         let order = self.order_timers.first().map(|(deadline, _)| *deadline);
-        gap.into_iter().chain(defer).chain(poll).chain(order).min()
+        let forwards = self.next_forward_resend();
+        gap.into_iter()
+            .chain(defer)
+            .chain(poll)
+            .chain(order)
+            .chain(forwards)
+            .min()
     }
 }

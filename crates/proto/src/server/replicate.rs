@@ -1,166 +1,201 @@
-//! Replicated servers (docs/replication.md, "Replicated servers"): a primary applies each
-//! request, forwards it to its replica servers, and sends the server-ACK — which frees the
-//! entries in every device and answers the client — only once every replica has applied it
-//! durably.
+//! Replicated servers (docs/replication.md, "Replicated servers"): a primary forwards each
+//! request, in the order it hands requests to its application, to its replica servers, and
+//! applies it only once every replica has applied it durably; only then does it send the
+//! server-ACK, which frees the entries in every device and answers the client.
 //!
 //! A replica is an ordinary server whose only device is the primary: it applies what the
 //! primary forwards in each session's order, exactly once (its own session table), and answers
-//! with a server-ACK, which the primary counts. The primary forwards every request it applies
-//! (fills as fills) as it arrived — update or bypass, same session and number — behind a
-//! barrier descriptor (`KEYED`, no key) whose order names the request the primary applied just
-//! before it: a replica applies in the primary's order across sessions too, with the keyed-write
-//! machinery every server has (see `order.rs`).
+//! with a server-ACK, which the primary counts. The primary forwards each request (fills as
+//! fills) with its session and number, update or bypass, behind a barrier descriptor (`KEYED`,
+//! no key) whose order names the request forwarded just before it and flag `FROM_PRIMARY`: a
+//! replica applies in the primary's order across sessions too, with the keyed-write machinery
+//! every server has (see `order.rs`). The primary applies in the same order.
 //!
-//! The primary keeps what it forwarded until every replica acked it, but sends it again only
-//! when asked: the server-ACK it holds back makes every device (or client) in front of it
-//! resend the request, and a resent request that is already applied is forwarded again — as
-//! first forwarded, to the replicas that have not acked it. One the primary no longer holds
-//! (it restarted since) is forwarded as it arrived: a replica applies it if it lacks it, or
-//! answers with a make-up ACK; the make-up ACK goes upstream once every replica acked. So loss
-//! between primary and replicas, a replica's restart and the primary's own restart are all
-//! repaired by the resends a device makes anyway, and an entry leaves a device's log only once
-//! every replica holds the request. (Across sessions, a replica applies in the primary's order
-//! except for requests the primary applied before a restart and forwards after it.)
+//! Replicating before applying means that what the primary applied, every replica holds: a
+//! primary that crashes loses only requests it had not applied, which its devices (or clients)
+//! send again, and a promoted replica holds everything its primary applied. The primary keeps
+//! what it forwarded until every replica acked it and sends it again when a device resends the
+//! request or a replica asks for it. A resent request the primary already applied is forwarded
+//! as it arrived, to every replica, and its make-up ACK goes upstream once all acked: after a
+//! promotion, a replica may lack what the new primary applied while it was a replica itself.
 //!
-//! A replica skips a gap in what the primary forwards only when the primary holds none of it
-//! for that replica (its fill queries are answered from what the primary holds back): a
-//! request a device logged comes again from the device's resends long before a gap may be
-//! skipped (docs/replication.md). What a replica may miss for good is a request no one
-//! resends — applied by a primary that crashed before its replicas had it, never logged by a
-//! device, its client gone or reporting it failed: never acknowledged to anyone, it is then
-//! applied on the primary and not on that replica.
+//! A replica skips a gap only when the primary says it holds none of it and no device in front
+//! of the primary holds it either (the primary asks them); the primary tells its replicas at
+//! once what it skips itself.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use pmnet_wire::cache::{WriteDescriptor, WriteOrder, KEYED};
 use pmnet_wire::replication::FROM_PRIMARY;
 use pmnet_wire::{flags, Header, PacketType};
 
 use super::table::CachedReply;
-use super::Server;
+use super::{Server, ServerEvent};
 use crate::{encode_fragments, DropReason, RequestKind, Time, Transmit};
 
 /// Most replica servers a primary forwards to.
 pub const REPLICA_SERVERS_MAX: usize = 8;
 
-/// Requests a primary holds (applied or being applied, not yet acked by every replica) at
-/// most; beyond it, it hands nothing new to its application until replicas catch up, and
-/// resent duplicates wait for their device's next resend.
+/// Requests a primary holds for its replicas (forwarded and not yet acked by every one) at
+/// most; beyond it, it forwards nothing new until replicas catch up, and resent duplicates
+/// wait for their device's next resend.
 pub const REPLICATION_PENDING_MAX: usize = 1 << 16;
+
+/// Bytes of forwarded requests a primary keeps at most; beyond it, as beyond
+/// [`REPLICATION_PENDING_MAX`] requests.
+pub const REPLICATION_BYTES_MAX: usize = 64 << 20;
 
 /// Skipped numbers a primary tells its replicas about at once, per skip.
 pub const SKIP_FILLS_MAX: usize = 1024;
 
+/// Replicas' fill queries a primary has open with its devices, at most.
+pub const REPLICA_FILLS_MAX: usize = 4096;
+
 /// What a primary counted about its replicas; monotonically increasing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReplicationCounters {
-    /// Applied requests forwarded to the replicas (once each, to every replica).
+    /// Requests forwarded to the replicas (once each, to every replica).
     pub forwarded: u64,
-    /// Resent duplicates of applied requests forwarded again to replicas that had not acked.
+    /// Forwarded requests sent again (a device resent the request, or a replica asked).
+    pub forwards_resent: u64,
+    /// Resent duplicates of applied requests forwarded to the replicas.
     pub duplicates_forwarded: u64,
     /// Replicas' acks counted.
     pub acks_received: u64,
     /// Replicas' acks for requests not held (late duplicates).
     pub acks_late: u64,
-    /// Server-ACKs (and make-up ACKs) released once every replica acked.
-    pub acks_released: u64,
-    /// Replicas that answered with "skipped" (a replica that lost what it applied).
+    /// Requests handed to the application once every replica acked them.
+    pub released: u64,
+    /// Make-up ACKs sent once every replica acked.
+    pub makeups_released: u64,
+    /// Replicas that answered a request with "skipped" (one that lost its store).
     pub replica_skips: u64,
     /// Times a session's next request waited because too many requests were held.
     pub stalls: u64,
-    /// Resent fills of numbers the primary applied as real requests and no longer holds,
-    /// forwarded to the replicas (one that lacks the request applies the fill).
+    /// Resent fills of numbers the primary applied as real requests, forwarded to the
+    /// replicas (one that has the request keeps it).
     pub fills_for_real_requests: u64,
     /// Numbers skipped here and sent to the replicas as no-op fills.
     pub skips_forwarded: u64,
     /// Replicas' retransmission requests passed on to the session's device (or client).
     pub retransmit_requests_passed_on: u64,
-    /// Replicas' retransmission requests for what is held here (the next resend brings it)
-    /// or not applied yet.
+    /// Replicas' retransmission requests for what is on its way.
     pub retransmit_requests_ignored: u64,
 }
 
-/// Bytes of forwarded requests a primary keeps (to forward again when a device resends) at
-/// most; beyond it, as beyond [`REPLICATION_PENDING_MAX`] requests.
-pub const REPLICATION_BYTES_MAX: usize = 64 << 20;
-
-/// What the primary sends upstream once every replica acked.
+/// A request forwarded to the replicas, not yet applied here.
 #[derive(Debug)]
-enum Release {
-    /// The request's own server-ACK; `forwarded`: the datagrams sent to the replicas, sent
-    /// again to those that have not acked when a device resends the request (with their
-    /// order, so a replica applies in the primary's order whichever copy arrives).
-    Ack {
-        flags: u16,
-        reply: Vec<u8>,
-        forwarded: Vec<Vec<u8>>,
-    },
-    /// A make-up ACK for a resent duplicate (from the reply cache, as without replicas).
-    Makeup,
-}
-
-#[derive(Debug)]
-struct Pending {
-    /// Where the server-ACK goes (the session's device or client).
-    to: SocketAddr,
+struct Forwarded {
+    kind: RequestKind,
+    /// As the application gets it.
+    request: Vec<u8>,
+    /// As the replicas got it.
+    datagrams: Vec<Vec<u8>>,
     /// Replicas that acked, one bit each.
     acked: u16,
-    release: Release,
+    /// When it is sent again to the replicas that have not acked, and the wait after that.
+    resend_at: Time,
+    interval: Duration,
 }
 
-/// Replicas' fill queries a primary has open with its devices, at most.
-pub const REPLICA_FILLS_MAX: usize = 4096;
+/// A request forwarded to the replicas is sent again to those that have not acked it after
+/// this long, then after twice as long each time, up to [`REPLICA_RESEND_MAX`].
+pub const REPLICA_RESEND_FIRST: Duration = Duration::from_millis(20);
+pub const REPLICA_RESEND_MAX: Duration = Duration::from_secs(1);
+
+/// A resent duplicate of an applied request, forwarded to the replicas: its make-up ACK goes
+/// to `to` once every replica acked.
+#[derive(Debug)]
+struct Makeup {
+    to: SocketAddr,
+    acked: u16,
+}
 
 /// A replica's fill query, asked of the primary's devices.
 #[derive(Debug)]
 struct ReplicaFill {
     last: u32,
-    awaiting: std::collections::BTreeSet<SocketAddr>,
+    awaiting: BTreeSet<SocketAddr>,
     held_from: u64,
 }
 
 /// A primary's state about its replicas.
 #[derive(Debug, Default)]
 pub(super) struct Replication {
-    /// Replicas' fill queries open with the devices: (session, first, replica index).
-    fills: HashMap<(u64, u32, usize), ReplicaFill>,
-    /// Requests handed to the application, kept until applied (then forwarded) or handed back.
-    issued: HashMap<(u64, u32), (RequestKind, Vec<u8>)>,
-    /// Applied (or duplicates) waiting for replicas' acks.
-    pending: HashMap<(u64, u32), Pending>,
-    /// The request applied last: the next one forwarded follows it.
-    last_applied: Option<(u64, u32)>,
+    forwarded: HashMap<(u64, u32), Forwarded>,
+    /// The keys of `forwarded` in the order forwarded.
+    order: VecDeque<(u64, u32)>,
+    /// When each forwarded request is sent again (entries whose request is gone, or whose
+    /// time changed, are stale and skipped).
+    resends: BTreeSet<(Time, u64, u32)>,
+    makeups: HashMap<(u64, u32), Makeup>,
+    /// The request forwarded last: the next one follows it.
+    last_forwarded: Option<(u64, u32)>,
     /// Sessions whose next request waits for room.
     stalled: BTreeSet<u64>,
-    /// Bytes of `forwarded` datagrams and issued requests held.
+    /// Bytes of forwarded requests held.
     bytes: usize,
+    /// Replicas' fill queries open with the devices: (session, first, replica index).
+    fills: HashMap<(u64, u32, usize), ReplicaFill>,
 }
 
 impl Replication {
     fn is_full(&self) -> bool {
-        self.issued.len() + self.pending.len() >= REPLICATION_PENDING_MAX
+        self.forwarded.len() + self.makeups.len() >= REPLICATION_PENDING_MAX
             || self.bytes >= REPLICATION_BYTES_MAX
     }
 
-    /// The application handed a request back: it was not applied.
-    pub(super) fn issued_remove(&mut self, session_id: u64, seq: u32) {
-        if let Some((_, request)) = self.issued.remove(&(session_id, seq)) {
-            self.bytes -= request.len();
-        }
+    fn cost(forwarded: &Forwarded) -> usize {
+        forwarded.request.len() + forwarded.datagrams.iter().map(Vec::len).sum::<usize>()
     }
 
-    fn remove_pending(&mut self, key: (u64, u32)) -> Option<Pending> {
-        let pending = self.pending.remove(&key)?;
-        if let Release::Ack { forwarded, .. } = &pending.release {
-            self.bytes -= forwarded.iter().map(Vec::len).sum::<usize>();
-        }
-        Some(pending)
+    pub(super) fn text(&self) -> String {
+        let head: Vec<String> = self
+            .order
+            .iter()
+            .take(4)
+            .map(|key| {
+                let acked = self.forwarded.get(key).map(|forwarded| forwarded.acked);
+                format!("{:x}#{} acked {acked:?}", key.0, key.1)
+            })
+            .collect();
+        format!(
+            "{} forwarded (head: {}), {} make-ups",
+            self.forwarded.len(),
+            head.join(", "),
+            self.makeups.len()
+        )
     }
 
-    /// Requests held back for replicas right now.
+    /// Requests held for the replicas right now.
     pub(super) fn pending_len(&self) -> usize {
-        self.pending.len()
+        self.forwarded.len() + self.makeups.len()
+    }
+
+    /// Take back every forwarded request of `session_id` not yet applied (the application had
+    /// no room for an earlier one): (seq, kind, request), in order.
+    pub(super) fn take_session(&mut self, session_id: u64) -> Vec<(u32, RequestKind, Vec<u8>)> {
+        let mut taken: Vec<(u32, RequestKind, Vec<u8>)> = Vec::new();
+        let keys: Vec<(u64, u32)> = self
+            .forwarded
+            .keys()
+            .filter(|(session, _)| *session == session_id)
+            .copied()
+            .collect();
+        for key in keys {
+            let forwarded = self.forwarded.remove(&key).expect("listed above");
+            self.resends.remove(&(forwarded.resend_at, key.0, key.1));
+            self.bytes -= Replication::cost(&forwarded);
+            taken.push((key.1, forwarded.kind, forwarded.request));
+        }
+        if !taken.is_empty() {
+            // Forwarded again when issued again, in their new place.
+            self.order.retain(|(session, _)| *session != session_id);
+        }
+        taken.sort_unstable_by_key(|(seq, ..)| *seq);
+        taken
     }
 }
 
@@ -177,8 +212,8 @@ impl Server {
         (1u16 << self.config.replicas.len()) - 1
     }
 
-    /// Whether a session's next request may be handed to the application now; if not, the
-    /// session waits for room.
+    /// Whether a session's next request may be handed on now; if not, the session waits for
+    /// room.
     pub(super) fn replication_room(&mut self, session_id: u64) -> bool {
         if !self.is_primary() || !self.replication.is_full() {
             return true;
@@ -189,42 +224,26 @@ impl Server {
         false
     }
 
-    /// A request went to the application: keep it until it is applied.
-    pub(super) fn replication_issued(
+    /// Hand request `seq` of `session_id` to the application — on a primary, once every
+    /// replica has it: forwarded now, applied on their acks (see the module docs).
+    pub(super) fn hand_on(
         &mut self,
+        now: Time,
         session_id: u64,
         seq: u32,
         kind: RequestKind,
-        request: &[u8],
+        fill: bool,
+        request: Vec<u8>,
     ) {
-        if self.is_primary() {
-            self.replication.bytes += request.len();
-            self.replication
-                .issued
-                .insert((session_id, seq), (kind, request.to_vec()));
-        }
-    }
-
-    /// Request `seq` of `session_id` is applied: forward it to every replica and hold its
-    /// server-ACK until they all acked. `false` without replicas (send the ACK now).
-    pub(super) fn replicate_applied(
-        &mut self,
-        session_id: u64,
-        seq: u32,
-        ack_flags: u16,
-        reply: &[u8],
-        to: SocketAddr,
-    ) -> bool {
         if !self.is_primary() {
-            return false;
+            self.events.push_back(ServerEvent::Apply {
+                session_id,
+                seq,
+                kind,
+                request,
+            });
+            return;
         }
-        let (kind, request) = self
-            .replication
-            .issued
-            .remove(&(session_id, seq))
-            .unwrap_or((RequestKind::Update, Vec::new()));
-        self.replication.bytes -= request.len();
-        let fill = ack_flags & flags::SKIPPED != 0;
         let mut header = Header::new(
             match kind {
                 RequestKind::Update => PacketType::UpdateRequest,
@@ -239,7 +258,7 @@ impl Server {
             header.flags = flags::NOOP_FILL;
         } else {
             header.flags = KEYED | FROM_PRIMARY;
-            let (after_session, after_seq) = self.replication.last_applied.unwrap_or((0, 0));
+            let (after_session, after_seq) = self.replication.last_forwarded.unwrap_or((0, 0));
             let descriptor = WriteDescriptor {
                 order: WriteOrder {
                     after_session,
@@ -254,26 +273,29 @@ impl Server {
             descriptor.emit(&mut payload);
             payload.extend_from_slice(&request);
         }
-        self.replication.last_applied = Some((session_id, seq));
+        self.replication.last_forwarded = Some((session_id, seq));
         self.counters.replication.forwarded += 1;
         // A request the server took in fits in as many fragments again, with the descriptor.
-        let forwarded =
+        let datagrams =
             encode_fragments(header, &payload, self.datagram_budget()).unwrap_or_default();
-        self.send_to_replicas(&forwarded, 0);
-        self.replication.bytes += forwarded.iter().map(Vec::len).sum::<usize>();
-        self.replication.pending.insert(
-            (session_id, seq),
-            Pending {
-                to,
-                acked: 0,
-                release: Release::Ack {
-                    flags: ack_flags,
-                    reply: reply.to_vec(),
-                    forwarded,
-                },
-            },
-        );
-        true
+        self.send_to_replicas(&datagrams, 0);
+        let resend_at = now + REPLICA_RESEND_FIRST;
+        let forwarded = Forwarded {
+            kind,
+            request,
+            datagrams,
+            acked: 0,
+            resend_at,
+            interval: REPLICA_RESEND_FIRST,
+        };
+        self.replication
+            .resends
+            .insert((resend_at, session_id, seq));
+        self.replication.bytes += Replication::cost(&forwarded);
+        self.replication
+            .forwarded
+            .insert((session_id, seq), forwarded);
+        self.replication.order.push_back((session_id, seq));
     }
 
     fn send_to_replicas(&mut self, datagrams: &[Vec<u8>], acked: u16) {
@@ -286,6 +308,94 @@ impl Server {
                     destination: replica,
                     bytes: bytes.clone(),
                 });
+            }
+        }
+    }
+
+    /// A resent fragment of a request forwarded and not yet applied: its first fragment sends
+    /// the forward again to the replicas that have not acked it.
+    pub(super) fn replicate_in_progress(&mut self, header: &Header) {
+        if header.fragment_index != 0 {
+            return;
+        }
+        let key = (header.session_id, header.seq);
+        let Some(forwarded) = self.replication.forwarded.get(&key) else {
+            return;
+        };
+        let (acked, datagrams) = (forwarded.acked, forwarded.datagrams.clone());
+        self.counters.replication.forwards_resent += 1;
+        self.send_to_replicas(&datagrams, acked);
+    }
+
+    /// Send again what a replica has not acked for too long (its ack, or the forward, was
+    /// lost: a replica that already applied it answers with a make-up ACK).
+    pub(super) fn resend_forwards(&mut self, now: Time) {
+        while let Some(&(at, session_id, seq)) = self.replication.resends.first() {
+            if at > now {
+                break;
+            }
+            self.replication.resends.remove(&(at, session_id, seq));
+            let key = (session_id, seq);
+            let Some(forwarded) = self.replication.forwarded.get_mut(&key) else {
+                continue;
+            };
+            if forwarded.resend_at != at {
+                continue;
+            }
+            forwarded.interval = (forwarded.interval * 2).min(REPLICA_RESEND_MAX);
+            forwarded.resend_at = now + forwarded.interval;
+            let (acked, datagrams, next) = (
+                forwarded.acked,
+                forwarded.datagrams.clone(),
+                forwarded.resend_at,
+            );
+            self.replication.resends.insert((next, session_id, seq));
+            self.counters.replication.forwards_resent += 1;
+            self.send_to_replicas(&datagrams, acked);
+        }
+    }
+
+    /// When [`Server::resend_forwards`] must next run.
+    pub(super) fn next_forward_resend(&self) -> Option<Time> {
+        self.replication.resends.first().map(|(at, ..)| *at)
+    }
+
+    /// Hand the application every forwarded request every replica acked, in the order
+    /// forwarded (stopping at the first one still waiting).
+    fn release_forwarded(&mut self, now: Time) {
+        let all = self.all_replicas_mask();
+        while let Some(&key) = self.replication.order.front() {
+            match self.replication.forwarded.get(&key) {
+                None => {
+                    debug_assert!(false, "{key:?} in the order, not forwarded");
+                    self.replication.order.pop_front();
+                }
+                Some(forwarded) if forwarded.acked == all => {
+                    self.replication.order.pop_front();
+                    let forwarded = self.replication.forwarded.remove(&key).expect("found");
+                    self.replication
+                        .resends
+                        .remove(&(forwarded.resend_at, key.0, key.1));
+                    self.replication.bytes -= Replication::cost(&forwarded);
+                    self.counters.replication.released += 1;
+                    self.events.push_back(ServerEvent::Apply {
+                        session_id: key.0,
+                        seq: key.1,
+                        kind: forwarded.kind,
+                        request: forwarded.request,
+                    });
+                }
+                Some(_) => break,
+            }
+        }
+        self.unstall(now);
+    }
+
+    fn unstall(&mut self, now: Time) {
+        if !self.replication.is_full() && !self.replication.stalled.is_empty() {
+            let stalled = std::mem::take(&mut self.replication.stalled);
+            for session_id in stalled {
+                self.advance(now, session_id);
             }
         }
     }
@@ -303,21 +413,8 @@ impl Server {
             return false;
         }
         let key = (header.session_id, header.seq);
-        if let Some(pending) = self.replication.pending.get_mut(&key) {
-            pending.to = from;
-            if let Release::Ack { forwarded, .. } = &pending.release {
-                // Sent again as first forwarded (with its order, or as the fill it was);
-                // once per resend of its first fragment.
-                if header.fragment_index == 0 {
-                    let (acked, forwarded) = (pending.acked, forwarded.clone());
-                    self.counters.replication.duplicates_forwarded += 1;
-                    self.send_to_replicas(&forwarded, acked);
-                }
-                return true;
-            }
-        }
-        // Not held: forwarded as what this primary applied under that number, as far as it
-        // remembers (a fill or the request), as it arrived if it does not remember.
+        // Forwarded as what this primary applied under that number, as far as it remembers
+        // (a fill or the request), as it arrived if it does not remember.
         let applied_as_fill = self
             .table
             .sessions
@@ -352,21 +449,19 @@ impl Server {
             _ => header.encode(payload),
         };
         let full = self.replication.is_full();
-        let acked = match self.replication.pending.get(&key) {
-            Some(pending) => pending.acked,
+        let acked = match self.replication.makeups.get_mut(&key) {
+            Some(makeup) => {
+                makeup.to = from;
+                makeup.acked
+            }
             None if full => {
                 self.count_drop(DropReason::ReplicationFull);
                 return true;
             }
             None => {
-                self.replication.pending.insert(
-                    key,
-                    Pending {
-                        to: from,
-                        acked: 0,
-                        release: Release::Makeup,
-                    },
-                );
+                self.replication
+                    .makeups
+                    .insert(key, Makeup { to: from, acked: 0 });
                 0
             }
         };
@@ -419,41 +514,39 @@ impl Server {
     pub(super) fn on_replica_ack(&mut self, now: Time, replica: usize, header: &Header) {
         let key = (header.session_id, header.seq);
         let all = self.all_replicas_mask();
-        let Some(pending) = self.replication.pending.get_mut(&key) else {
+        if let Some(forwarded) = self.replication.forwarded.get_mut(&key) {
+            self.counters.replication.acks_received += 1;
+            let fill = forwarded.datagrams.first().is_some_and(|bytes| {
+                Header::parse(bytes).is_ok_and(|(header, _)| header.has_flag(flags::NOOP_FILL))
+            });
+            if header.has_flag(flags::SKIPPED) && !fill {
+                self.counters.replication.replica_skips += 1;
+            }
+            forwarded.acked |= 1 << replica;
+            if forwarded.acked == all {
+                self.release_forwarded(now);
+            }
+            return;
+        }
+        let Some(makeup) = self.replication.makeups.get_mut(&key) else {
             self.counters.replication.acks_late += 1;
             return;
         };
         self.counters.replication.acks_received += 1;
-        let real =
-            matches!(pending.release, Release::Ack { flags: f, .. } if f & flags::SKIPPED == 0);
-        if real && header.has_flag(flags::SKIPPED) {
-            self.counters.replication.replica_skips += 1;
-        }
-        pending.acked |= 1 << replica;
-        if pending.acked != all {
+        makeup.acked |= 1 << replica;
+        if makeup.acked != all {
             return;
         }
-        let pending = self
+        let makeup = self
             .replication
-            .remove_pending(key)
+            .makeups
+            .remove(&key)
             .expect("looked up above");
-        self.counters.replication.acks_released += 1;
-        match pending.release {
-            Release::Ack { flags, reply, .. } => {
-                self.send_server_ack(key.0, key.1, flags, &reply, pending.to)
-            }
-            Release::Makeup => {
-                if self.table.sessions.contains_key(&key.0) {
-                    self.send_makeup_ack(key.0, key.1, pending.to);
-                }
-            }
+        self.counters.replication.makeups_released += 1;
+        if self.table.sessions.contains_key(&key.0) {
+            self.send_makeup_ack(key.0, key.1, makeup.to);
         }
-        if !self.replication.is_full() && !self.replication.stalled.is_empty() {
-            let stalled = std::mem::take(&mut self.replication.stalled);
-            for session_id in stalled {
-                self.advance(now, session_id);
-            }
-        }
+        self.unstall(now);
     }
 
     /// A replica's gap outlived every request's lifetime and it asks whether to skip
@@ -467,11 +560,26 @@ impl Server {
         };
         let session_id = header.session_id;
         let first = header.seq;
+        // On its way: forwarded and not acked by it, a resent one forwarded as it arrived, or
+        // one not applied here yet (what this primary skips, it says).
+        let applied_here = self
+            .table
+            .sessions
+            .get(&session_id)
+            .map_or(0, |s| s.last_applied);
         let held_here = (first..=last).take(1 << 16).find(|&seq| {
-            self.replication
-                .pending
-                .get(&(session_id, seq))
-                .is_some_and(|pending| pending.acked & (1 << replica) == 0)
+            let key = (session_id, seq);
+            seq > applied_here
+                || self
+                    .replication
+                    .forwarded
+                    .get(&key)
+                    .is_some_and(|forwarded| forwarded.acked & (1 << replica) == 0)
+                || self
+                    .replication
+                    .makeups
+                    .get(&key)
+                    .is_some_and(|makeup| makeup.acked & (1 << replica) == 0)
         });
         if held_here.is_some() || self.config.devices.is_empty() {
             let held_from = held_here.unwrap_or(last.wrapping_add(1));
@@ -568,19 +676,26 @@ impl Server {
         answered
     }
 
-    /// A replica misses a request this primary applied and holds no more (or one it holds:
-    /// the next resend brings it). Asked of where the session's requests come from, as the
+    /// A replica misses a request: one held here is sent again; one this primary applied and
+    /// holds no more (after a promotion) is asked for where the session's requests come from. Asked of where the session's requests come from, as the
     /// primary asks for its own gaps: a device answers from its log or asks the client, which
     /// sends the request again, or its no-op fill; either comes back here as a duplicate and
     /// goes on to the replica. Paid for from the session's credit unless it comes through
     /// one of this server's devices.
-    fn pass_on_retransmit_request(&mut self, header: &Header) {
+    fn on_replica_retransmit_request(&mut self, header: &Header) {
         let key = (header.session_id, header.seq);
         let Some(session) = self.table.sessions.get(&header.session_id) else {
             self.counters.replication.retransmit_requests_ignored += 1;
             return;
         };
-        if header.seq > session.last_applied || self.replication.pending.contains_key(&key) {
+        if let Some(forwarded) = self.replication.forwarded.get(&key) {
+            // Held here: sent again at once.
+            let (acked, datagrams) = (forwarded.acked, forwarded.datagrams.clone());
+            self.counters.replication.forwards_resent += 1;
+            self.send_to_replicas(&datagrams, acked);
+            return;
+        }
+        if header.seq > session.last_applied || self.replication.makeups.contains_key(&key) {
             self.counters.replication.retransmit_requests_ignored += 1;
             return;
         }
@@ -629,7 +744,7 @@ impl Server {
                 };
                 self.on_replica_fill_query(from, header, last);
             }
-            PacketType::RetransmitRequest => self.pass_on_retransmit_request(header),
+            PacketType::RetransmitRequest => self.on_replica_retransmit_request(header),
             _ => self.count_drop(DropReason::UnexpectedType),
         }
     }

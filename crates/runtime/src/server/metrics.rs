@@ -141,7 +141,7 @@ impl ServerRuntime {
                 "replicas": self.options.replicas.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "pending": self.server.replication_pending(),
                 "forwarded": counters.replication.forwarded,
-                "acks_released": counters.replication.acks_released,
+                "released": counters.replication.released,
             })),
         })
     }
@@ -155,12 +155,17 @@ impl ServerRuntime {
         for (name, help, value) in [
             (
                 "pmnet_server_replica_forwards_total",
-                "Applied requests forwarded to the replicas (once each).",
+                "Requests forwarded to the replicas (once each) before they are applied here.",
                 replication.forwarded,
             ),
             (
+                "pmnet_server_replica_forwards_resent_total",
+                "Forwards sent again (a device resent the request, or a replica asked).",
+                replication.forwards_resent,
+            ),
+            (
                 "pmnet_server_replica_duplicates_forwarded_total",
-                "Resent requests forwarded again to replicas that had not acked them.",
+                "Resent duplicates of applied requests forwarded to the replicas.",
                 replication.duplicates_forwarded,
             ),
             (
@@ -169,9 +174,9 @@ impl ServerRuntime {
                 replication.acks_received,
             ),
             (
-                "pmnet_server_replica_acks_released_total",
-                "Server-ACKs sent once every replica acked.",
-                replication.acks_released,
+                "pmnet_server_replica_released_total",
+                "Requests applied once every replica acked them.",
+                replication.released,
             ),
             (
                 "pmnet_server_replica_skips_total",
@@ -188,7 +193,7 @@ impl ServerRuntime {
         }
         out.gauge(
             "pmnet_server_replica_pending",
-            "Requests applied here and held until every replica acks them.",
+            "Requests forwarded and held until every replica acks them.",
             &[],
             self.server.replication_pending() as f64,
         );

@@ -54,10 +54,21 @@ fn convergence_state(world: &World) -> String {
 /// The liveness phase cannot go on: no event is left before its deadline, and the world has
 /// not converged.
 pub(super) fn fail_not_converged(world: &World, bound: Duration) -> ! {
+    let replication: Vec<String> = world
+        .servers
+        .iter()
+        .filter(|node| !node.config.replicas.is_empty())
+        .map(|node| node.server.replication_text())
+        .collect();
     panic!(
-        "invariant: not converged {:?} after the faults healed: {}",
+        "invariant: not converged {:?} after the faults healed: {}{}",
         bound,
-        convergence_state(world)
+        convergence_state(world),
+        if replication.is_empty() {
+            String::new()
+        } else {
+            format!("; primaries: {}", replication.join("; "))
+        }
     )
 }
 

@@ -134,7 +134,7 @@ fn lose_primary(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSumm
     let per_server = world.replicas.len() / world.servers.len();
     let replicas = server * per_server..(server + 1) * per_server;
     let lost = replicas.clone().filter(|&r| world.replicas[r].lost).count();
-    if lost + 1 >= per_server + 1 {
+    if lost >= per_server {
         return;
     }
     let Some(replica) = replicas.clone().find(|&r| !world.replicas[r].lost) else {

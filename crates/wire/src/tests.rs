@@ -477,3 +477,38 @@ fn golden_replicated_update_request() {
 
 const GOLDEN_REPLICATED_HEX: &str = "50 4e 01 01 04 00 00 01 01 23 45 67 89 ab cd ef \
      00 00 00 07 00 00 00 01 00 05 00 00 8d ed 8d f8 68 65 6c 6c 6f";
+
+#[test]
+fn golden_forward_from_a_primary() {
+    // docs/protocol.md, golden vector 9: vector 1 as a primary server forwards it to its
+    // replicas, after request 6 of the same session: a barrier descriptor (no key) whose order
+    // names that request, then the request.
+    let mut header = Header::new(PacketType::UpdateRequest, 1, SESSION, 7);
+    header.flags = crate::cache::KEYED | crate::replication::FROM_PRIMARY;
+    let descriptor = crate::cache::WriteDescriptor {
+        order: crate::cache::WriteOrder {
+            after_session: SESSION,
+            after_seq: 6,
+            stamp: 0,
+        },
+        key: &[],
+        reply_after: None,
+        afters: &[],
+    };
+    let mut payload = Vec::new();
+    descriptor.emit(&mut payload);
+    payload.extend_from_slice(b"hello");
+    let bytes = header.encode(&payload);
+    let hex: Vec<String> = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+    assert_eq!(hex.join(" "), GOLDEN_FORWARD_HEX);
+    let (parsed, payload) = Header::parse(&bytes).unwrap();
+    assert!(parsed.has_flag(crate::replication::FROM_PRIMARY));
+    let (descriptor, request) = crate::cache::WriteDescriptor::parse(payload).unwrap();
+    assert!(descriptor.is_barrier());
+    assert_eq!(descriptor.order.after(), Some((SESSION, 6)));
+    assert_eq!(request, b"hello");
+}
+
+const GOLDEN_FORWARD_HEX: &str = "50 4e 01 01 09 00 00 01 01 23 45 67 89 ab cd ef \
+     00 00 00 07 00 00 00 01 00 1e 00 00 ea 3e d0 7f 01 23 45 67 89 ab cd ef 00 00 00 06 \
+     00 00 00 00 00 00 00 00 00 ff ff 00 00 68 65 6c 6c 6f";

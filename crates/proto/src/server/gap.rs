@@ -278,7 +278,7 @@ impl Server {
         session.skipped.push_back((first, last));
         self.counters.sequence_numbers_skipped += u64::from(last - first) + 1;
         self.table.touch(now, session_id);
-        self.replicate_skip(session_id, first, last);
+        self.replicate_skip(now, session_id, first, last);
         self.advance(now, session_id);
         self.release_waiters(now, session_id, last);
         self.release_reads(now, session_id, last);

@@ -515,7 +515,7 @@ impl Server {
             .saturating_add(earned)
             .min(table::MAX_CREDIT_BYTES);
         if seq <= session.last_applied {
-            if !self.replicate_duplicate(from, header, payload) {
+            if !self.replicate_duplicate(now, from, header, payload) {
                 self.send_makeup_ack(session_id, seq, from);
             }
             return;

@@ -105,12 +105,17 @@ struct Forwarded {
 pub const REPLICA_RESEND_FIRST: Duration = Duration::from_millis(20);
 pub const REPLICA_RESEND_MAX: Duration = Duration::from_secs(1);
 
-/// A resent duplicate of an applied request, forwarded to the replicas: its make-up ACK goes
-/// to `to` once every replica acked.
+/// A resent duplicate of an applied request forwarded to the replicas (its make-up ACK goes
+/// to `to` once every replica acked), or a number skipped here sent as a fill (`to`: none).
+/// Sent again on the same timer as forwarded requests until every replica acked.
 #[derive(Debug)]
 struct Makeup {
-    to: SocketAddr,
+    to: Option<SocketAddr>,
     acked: u16,
+    /// By fragment index.
+    datagrams: std::collections::BTreeMap<u16, Vec<u8>>,
+    resend_at: Time,
+    interval: Duration,
 }
 
 /// A replica's fill query, asked of the primary's devices.
@@ -337,6 +342,7 @@ impl Server {
             self.replication.resends.remove(&(at, session_id, seq));
             let key = (session_id, seq);
             let Some(forwarded) = self.replication.forwarded.get_mut(&key) else {
+                self.resend_makeup(now, key, at);
                 continue;
             };
             if forwarded.resend_at != at {
@@ -353,6 +359,23 @@ impl Server {
             self.counters.replication.forwards_resent += 1;
             self.send_to_replicas(&datagrams, acked);
         }
+    }
+
+    fn resend_makeup(&mut self, now: Time, key: (u64, u32), at: Time) {
+        let Some(makeup) = self.replication.makeups.get_mut(&key) else {
+            return;
+        };
+        if makeup.resend_at != at {
+            return;
+        }
+        makeup.interval = (makeup.interval * 2).min(REPLICA_RESEND_MAX);
+        makeup.resend_at = now + makeup.interval;
+        let next = makeup.resend_at;
+        let acked = makeup.acked;
+        let datagrams: Vec<Vec<u8>> = makeup.datagrams.values().cloned().collect();
+        self.replication.resends.insert((next, key.0, key.1));
+        self.counters.replication.forwards_resent += 1;
+        self.send_to_replicas(&datagrams, acked);
     }
 
     /// When [`Server::resend_forwards`] must next run.
@@ -405,6 +428,7 @@ impl Server {
     /// without replicas (answer it now).
     pub(super) fn replicate_duplicate(
         &mut self,
+        now: Time,
         from: SocketAddr,
         header: &Header,
         payload: &[u8],
@@ -425,6 +449,7 @@ impl Server {
                         .iter()
                         .any(|(seq, reply)| *seq == header.seq && *reply == CachedReply::Skipped)
             });
+        let mut fragment = header.fragment_index;
         let bytes = match (header.has_flag(flags::NOOP_FILL), applied_as_fill) {
             // Its client gave up on a number this server applied for real and holds no more:
             // a replica that has the request applies it (a whole request is kept over a
@@ -434,9 +459,10 @@ impl Server {
                 self.counters.replication.fills_for_real_requests += 1;
                 header.encode(payload)
             }
-            (false, true) if header.fragment_index != 0 => return true,
             (false, true) => {
-                // The client's fill came first and was applied: the replicas apply it too.
+                // The client's fill came first and was applied (or the number was skipped):
+                // the replicas apply the fill too, whichever fragment came again.
+                fragment = 0;
                 let mut fill = Header::new(
                     PacketType::BypassRequest,
                     header.server_id,
@@ -448,22 +474,9 @@ impl Server {
             }
             _ => header.encode(payload),
         };
-        let full = self.replication.is_full();
-        let acked = match self.replication.makeups.get_mut(&key) {
-            Some(makeup) => {
-                makeup.to = from;
-                makeup.acked
-            }
-            None if full => {
-                self.count_drop(DropReason::ReplicationFull);
-                return true;
-            }
-            None => {
-                self.replication
-                    .makeups
-                    .insert(key, Makeup { to: from, acked: 0 });
-                0
-            }
+        let Some(acked) = self.hold_makeup(now, key, Some(from), fragment, &bytes) else {
+            self.count_drop(DropReason::ReplicationFull);
+            return true;
         };
         self.counters.replication.duplicates_forwarded += 1;
         for (index, &replica) in self.config.replicas.iter().enumerate() {
@@ -477,11 +490,60 @@ impl Server {
         true
     }
 
+    /// Hold `bytes` (fragment `fragment` of `key`) for the replicas until each acked it,
+    /// answering `to` then; the replicas that acked so far, or `None` when full.
+    fn hold_makeup(
+        &mut self,
+        now: Time,
+        key: (u64, u32),
+        to: Option<SocketAddr>,
+        fragment: u16,
+        bytes: &[u8],
+    ) -> Option<u16> {
+        let full = self.replication.is_full();
+        if let Some(makeup) = self.replication.makeups.get_mut(&key) {
+            if to.is_some() {
+                makeup.to = to;
+            }
+            if !makeup.datagrams.contains_key(&fragment) && makeup.datagrams.len() < 1 << 12 {
+                self.replication.bytes += bytes.len();
+                makeup.datagrams.insert(fragment, bytes.to_vec());
+            }
+            return Some(makeup.acked);
+        }
+        if full {
+            return None;
+        }
+        let resend_at = now + REPLICA_RESEND_FIRST;
+        self.replication.bytes += bytes.len();
+        self.replication.makeups.insert(
+            key,
+            Makeup {
+                to,
+                acked: 0,
+                datagrams: [(fragment, bytes.to_vec())].into(),
+                resend_at,
+                interval: REPLICA_RESEND_FIRST,
+            },
+        );
+        self.replication.resends.insert((resend_at, key.0, key.1));
+        Some(0)
+    }
+
+    fn remove_makeup(&mut self, key: (u64, u32)) -> Option<Makeup> {
+        let makeup = self.replication.makeups.remove(&key)?;
+        self.replication
+            .resends
+            .remove(&(makeup.resend_at, key.0, key.1));
+        self.replication.bytes -= makeup.datagrams.values().map(Vec::len).sum::<usize>();
+        Some(makeup)
+    }
+
     /// Numbers `first ..= last` of `session_id` were skipped here (no one could supply them):
-    /// tell the replicas at once, as no-op fills they apply in their place (at most
-    /// [`SKIP_FILLS_MAX`]; a fill lost on the way, or one beyond that, the replica finds
-    /// with its own gap timer, which this primary answers with "not held").
-    pub(super) fn replicate_skip(&mut self, session_id: u64, first: u32, last: u32) {
+    /// tell the replicas, as no-op fills they apply in their place, held until each acked (at
+    /// most [`SKIP_FILLS_MAX`]; one beyond that the replica finds with its own gap timer, and
+    /// this primary's devices say they hold none of it).
+    pub(super) fn replicate_skip(&mut self, now: Time, session_id: u64, first: u32, last: u32) {
         if !self.is_primary() {
             return;
         }
@@ -496,6 +558,8 @@ impl Server {
             header.flags = flags::NOOP_FILL;
             let bytes = header.encode(&[]);
             self.counters.replication.skips_forwarded += 1;
+            // Held and sent again until every replica acked it (when there is room).
+            let _ = self.hold_makeup(now, (session_id, seq), None, 0, &bytes);
             for &replica in &self.config.replicas {
                 self.transmits.push_back(Transmit {
                     destination: replica,
@@ -537,14 +601,12 @@ impl Server {
         if makeup.acked != all {
             return;
         }
-        let makeup = self
-            .replication
-            .makeups
-            .remove(&key)
-            .expect("looked up above");
+        let makeup = self.remove_makeup(key).expect("looked up above");
         self.counters.replication.makeups_released += 1;
-        if self.table.sessions.contains_key(&key.0) {
-            self.send_makeup_ack(key.0, key.1, makeup.to);
+        if let Some(to) = makeup.to {
+            if self.table.sessions.contains_key(&key.0) {
+                self.send_makeup_ack(key.0, key.1, to);
+            }
         }
         self.unstall(now);
     }
@@ -682,7 +744,7 @@ impl Server {
     /// sends the request again, or its no-op fill; either comes back here as a duplicate and
     /// goes on to the replica. Paid for from the session's credit unless it comes through
     /// one of this server's devices.
-    fn on_replica_retransmit_request(&mut self, header: &Header) {
+    fn on_replica_retransmit_request(&mut self, to_replica: SocketAddr, header: &Header) {
         let key = (header.session_id, header.seq);
         let Some(session) = self.table.sessions.get(&header.session_id) else {
             self.counters.replication.retransmit_requests_ignored += 1;
@@ -695,7 +757,18 @@ impl Server {
             self.send_to_replicas(&datagrams, acked);
             return;
         }
-        if header.seq > session.last_applied || self.replication.makeups.contains_key(&key) {
+        if let Some(makeup) = self.replication.makeups.get(&key) {
+            let datagrams: Vec<Vec<u8>> = makeup.datagrams.values().cloned().collect();
+            self.counters.replication.forwards_resent += 1;
+            for bytes in datagrams {
+                self.transmits.push_back(Transmit {
+                    destination: to_replica,
+                    bytes,
+                });
+            }
+            return;
+        }
+        if header.seq > session.last_applied {
             self.counters.replication.retransmit_requests_ignored += 1;
             return;
         }
@@ -744,7 +817,7 @@ impl Server {
                 };
                 self.on_replica_fill_query(from, header, last);
             }
-            PacketType::RetransmitRequest => self.on_replica_retransmit_request(header),
+            PacketType::RetransmitRequest => self.on_replica_retransmit_request(from, header),
             _ => self.count_drop(DropReason::UnexpectedType),
         }
     }

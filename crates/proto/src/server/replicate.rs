@@ -79,6 +79,9 @@ pub struct ReplicationCounters {
     pub fills_for_real_requests: u64,
     /// Numbers skipped here and sent to the replicas as no-op fills.
     pub skips_forwarded: u64,
+    /// Fills forwarded for numbers a replica had applied as the request itself (forwarded
+    /// before a crash of this primary that lost it): that request differs between them.
+    pub fill_conflicts: u64,
     /// Replicas' retransmission requests passed on to the session's device (or client).
     pub retransmit_requests_passed_on: u64,
     /// Replicas' retransmission requests for what is on its way.
@@ -585,6 +588,11 @@ impl Server {
             });
             if header.has_flag(flags::SKIPPED) && !fill {
                 self.counters.replication.replica_skips += 1;
+            }
+            if fill && header.has_flag(flags::MAKEUP) && !header.has_flag(flags::SKIPPED) {
+                // The replica applied the request itself, forwarded before a crash of this
+                // primary that lost it; its client gave up since (docs/replication.md).
+                self.counters.replication.fill_conflicts += 1;
             }
             forwarded.acked |= 1 << replica;
             if forwarded.acked == all {

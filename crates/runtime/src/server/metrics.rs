@@ -184,6 +184,11 @@ impl ServerRuntime {
                 replication.replica_skips,
             ),
             (
+                "pmnet_server_replica_fill_conflicts_total",
+                "Fills forwarded for numbers a replica had applied as the request itself (lost here in a crash; its client gave up).",
+                replication.fill_conflicts,
+            ),
+            (
                 "pmnet_server_replica_stalls_total",
                 "Times a session waited because the requests held for replicas reached the bound.",
                 replication.stalls,

@@ -111,7 +111,7 @@ impl FaultCounts {
 
     /// The counts with their names, one fault class a line.
     pub fn lines(&self) -> Vec<(&'static str, u64)> {
-        vec![
+        let mut lines = vec![
             ("datagrams sent", self.datagrams_sent),
             ("datagrams lost", self.datagrams_lost),
             ("datagrams duplicated", self.datagrams_duplicated),
@@ -133,16 +133,6 @@ impl FaultCounts {
                 self.device_crashes_mid_write,
             ),
             ("server crashes", self.server_crashes),
-            ("seeds with replica servers", self.seeds_with_replicas),
-            ("replica server crashes", self.replica_crashes),
-            (
-                "primaries lost for good (a replica promoted)",
-                self.primaries_lost,
-            ),
-            (
-                "requests checked on live replicas",
-                self.replica_requests_checked,
-            ),
             (
                 "server crashes during recovery",
                 self.server_crashes_during_recovery,
@@ -182,7 +172,24 @@ impl FaultCounts {
                 "datagrams replayed by the attacker",
                 self.replayed_datagrams,
             ),
-        ]
+        ];
+        // Replicated servers are opt-in (`PMNET_SIM_REPLICAS=1`): their lines appear when a
+        // seed had them.
+        if self.seeds_with_replicas > 0 {
+            lines.extend([
+                ("seeds with replica servers", self.seeds_with_replicas),
+                ("replica server crashes", self.replica_crashes),
+                (
+                    "primaries lost for good (a replica promoted)",
+                    self.primaries_lost,
+                ),
+                (
+                    "requests checked on live replicas",
+                    self.replica_requests_checked,
+                ),
+            ]);
+        }
+        lines
     }
 }
 

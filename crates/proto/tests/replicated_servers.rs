@@ -308,3 +308,99 @@ fn a_promoted_replica_loses_nothing_acknowledged_and_applies_nothing_twice() {
         "seed {seed}"
     );
 }
+
+/// A number the primary skips (its client went away and no device holds it) reaches the
+/// replica as a fill even when the first notice is lost: the primary holds it and sends it
+/// again, and the session's next request is applied on both.
+#[test]
+fn a_skip_reaches_the_replica_although_its_first_notice_is_lost() {
+    let mut world = replicated(1, 1);
+    let server = pmnet_sim::server_addr(0);
+    let replica = pmnet_sim::replica_addr(0);
+    // Request 1 (a bypass: no device holds it) never reaches the primary; request 2 (an
+    // update the device logs) does; then the client goes away for good.
+    world.drop_when(move |seen| seen.to == server && seen.header.seq == 1);
+    world.bypass(0, b"lost");
+    world.update(0, b"k=v");
+    world.run_for(Duration::from_millis(5));
+    world.client_leaves(0);
+    world.clear_drop_rules();
+    // The primary's first notice of the skip to its replica is lost.
+    world.drop_first(move |seen| {
+        seen.to == replica
+            && seen.header.seq == 1
+            && seen.header.has_flag(pmnet_wire::flags::NOOP_FILL)
+    });
+    world.run_for(Duration::from_secs(40));
+    let session = world.session(0);
+    assert_eq!(
+        applied(&world.servers[0].app),
+        vec![(session, 2)],
+        "1 skipped"
+    );
+    assert_eq!(
+        applied(&world.replicas[0].app),
+        vec![(session, 1), (session, 2)],
+        "the fill in place of 1, then 2"
+    );
+    let counters = &world.servers[0].server.counters().replication;
+    assert_eq!(counters.skips_forwarded, 1);
+    assert!(counters.forwards_resent >= 1, "{counters:?}");
+    assert_eq!(world.device(0).device().live_entry_count(), 0);
+    assert_eq!(world.servers[0].server.replication_pending(), 0);
+}
+
+/// A replica reassembles a request only from fragments cut one way: the primary's forward
+/// (`FROM_PRIMARY`, its descriptor in front) replaces an unfinished copy cut as the client cut
+/// it, so the application gets the request as it was sent.
+#[test]
+fn a_replica_never_mixes_fragments_of_a_forward_and_of_a_copy() {
+    use pmnet_proto::{RequestKind, Server, ServerConfig, ServerEvent, Time};
+    use pmnet_wire::{cache, replication, Header, PacketType};
+    let primary: std::net::SocketAddr = "10.0.1.1:51000".parse().unwrap();
+    let mut replica = Server::new(ServerConfig::new(1, vec![primary]), Time::ZERO, Vec::new());
+    let recovery_done = Header::new(PacketType::RecoveryDone, 1, 0, 1);
+    replica.handle(
+        Time::ZERO,
+        primary,
+        &recovery_done.encode(&0u32.to_be_bytes()),
+    );
+    while replica.poll_transmit().is_some() {}
+    while replica.poll_event().is_some() {}
+    let session = 0x5e55;
+    let request: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+    // Fragment 0 of 2 as the client cut it: half the request.
+    let mut copy = Header::new(PacketType::UpdateRequest, 1, session, 1);
+    copy.fragment_count = 2;
+    replica.handle(Time::ZERO, primary, &copy.encode(&request[..1500]));
+    // The primary's forward: the descriptor, then the request, cut in two elsewhere.
+    let mut forward_payload = Vec::new();
+    cache::WriteDescriptor {
+        order: cache::WriteOrder::default(),
+        key: &[],
+        reply_after: None,
+        afters: &[],
+    }
+    .emit(&mut forward_payload);
+    forward_payload.extend_from_slice(&request);
+    let cut = 1400;
+    for (index, part) in [&forward_payload[..cut], &forward_payload[cut..]]
+        .into_iter()
+        .enumerate()
+    {
+        let mut header = Header::new(PacketType::UpdateRequest, 1, session, 1);
+        header.flags = cache::KEYED | replication::FROM_PRIMARY;
+        header.fragment_index = index as u16;
+        header.fragment_count = 2;
+        replica.handle(Time::ZERO, primary, &header.encode(part));
+    }
+    match replica.poll_event() {
+        Some(ServerEvent::Apply {
+            seq: 1,
+            kind: RequestKind::Update,
+            request: applied,
+            ..
+        }) => assert!(applied == request, "the request as sent, nothing mixed in"),
+        other => panic!("expected the request to be applied, got {other:?}"),
+    }
+}

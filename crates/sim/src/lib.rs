@@ -10,6 +10,6 @@ pub mod vopr;
 mod world;
 
 pub use world::{
-    client_addr, device_addr, server_addr, ClientNode, DeviceNode, Faults, NetworkCounters, Seen,
-    ServerApp, ServerNode, Topology, World, DEVICE_ID, SERVER_ID, SLOT_SIZE,
+    client_addr, device_addr, replica_addr, server_addr, ClientNode, DeviceNode, Faults,
+    NetworkCounters, Seen, ServerApp, ServerNode, Topology, World, DEVICE_ID, SERVER_ID, SLOT_SIZE,
 };

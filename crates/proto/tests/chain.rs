@@ -135,3 +135,33 @@ fn updates_through_a_lossy_chain_complete_and_are_applied_once_in_order() {
     assert_eq!(applied, issued, "seed {seed}: once each, in order");
     assert_eq!(live_entries(&world), vec![0, 0, 0], "seed {seed}");
 }
+
+/// A client that waits for one device's ack in a chain: the first device keeps back the
+/// server-ACK (its client has every ack it needs), but the devices after it get it — the first
+/// device marks what it forwards to a device it heard PMNet-ACKs from as `REPLICATED`, so no
+/// device behind it takes it for a client and keeps the server-ACK back.
+#[test]
+fn a_chain_frees_every_entry_when_clients_wait_for_one_device() {
+    let mut world = chain(3, 1);
+    let mut issued = Vec::new();
+    for value in 0..20u32 {
+        while !world.clients[0].client.can_send() {
+            world.run_for(Duration::from_micros(50));
+        }
+        issued.push(world.update(0, format!("k={value}").as_bytes()));
+        world.run_for(Duration::from_micros(30));
+    }
+    world.run_for(Duration::from_secs(5));
+    for &seq in &issued {
+        assert!(matches!(
+            world.completion(0, seq),
+            Some(ClientEvent::Completed { .. })
+        ));
+    }
+    assert_eq!(world.servers[0].app.applied.len(), 20, "applied once each");
+    assert_eq!(
+        live_entries(&world),
+        vec![0, 0, 0],
+        "every device's entries freed by the server-ACKs"
+    );
+}

@@ -198,6 +198,11 @@ struct Replay {
 pub struct Device {
     config: DeviceConfig,
     servers: HashMap<u16, SocketAddr>,
+    /// The "servers" that sent PMNet-ACKs: the next devices of chains. Updates forwarded to
+    /// them carry `REPLICATED`, so that the next device passes the server-ACK back to this
+    /// one instead of keeping it back for a client it takes this device for
+    /// (docs/replication.md). At most one per configured server.
+    next_devices: std::collections::BTreeSet<SocketAddr>,
     /// Live entries by slot.
     entries: HashMap<u32, Entry>,
     /// Live entries by key, in (server, session, seq, fragment) order for recovery resends.
@@ -225,6 +230,21 @@ pub struct Device {
     round_trips: rtt::RoundTrips,
 }
 
+/// An update request as forwarded to the next device of a chain: flagged `REPLICATED` (the
+/// header re-encoded, its checksum with it); anything else unchanged.
+fn mark_for_next_device(bytes: Vec<u8>) -> Vec<u8> {
+    let replicated = pmnet_wire::replication::REPLICATED;
+    match Header::parse(&bytes) {
+        Ok((mut header, payload))
+            if header.packet_type == PacketType::UpdateRequest && !header.has_flag(replicated) =>
+        {
+            header.flags |= replicated;
+            pmnet_wire::to_sendable(&header.encode(payload))
+        }
+        _ => bytes,
+    }
+}
+
 impl Device {
     /// Keys with a keyed write in the log (whose order later writes and reads follow).
     pub fn keyed_keys_in_log(&self) -> usize {
@@ -240,6 +260,7 @@ impl Device {
         let servers = config.servers.iter().copied().collect();
         let mut device = Device {
             servers,
+            next_devices: std::collections::BTreeSet::new(),
             entries: HashMap::new(),
             index: BTreeMap::new(),
             resend_timers: BTreeSet::new(),
@@ -400,10 +421,13 @@ impl Device {
     }
 
     /// Queue a datagram; false when the queue is full (dropped and counted).
-    fn send(&mut self, destination: SocketAddr, bytes: Vec<u8>) -> bool {
+    fn send(&mut self, destination: SocketAddr, mut bytes: Vec<u8>) -> bool {
         if self.transmits.len() >= self.config.transmit_queue_len_max {
             self.count_drop(DropReason::QueueFull);
             return false;
+        }
+        if self.next_devices.contains(&destination) {
+            bytes = mark_for_next_device(bytes);
         }
         self.transmits.push_back(Transmit { destination, bytes });
         true
@@ -543,6 +567,7 @@ impl Device {
             // update: passed on towards the client, which counts distinct devices' acks
             // (docs/replication.md).
             PacketType::PmnetAck | PacketType::NotLogged if from == server => {
+                self.next_devices.insert(server);
                 self.relay_chain_ack(header, datagram);
             }
             PacketType::RetransmitRequest => self.on_retransmit_request(header, datagram),
@@ -909,10 +934,10 @@ impl Device {
         // reply (a fixed OK) would only wake it to be thrown away. Had an ack been lost, the
         // client retransmits and is acked again (or answered by the server's make-up ACK).
         let client_has_every_ack = slots.first().is_some_and(|slot| {
-            // A client waiting for several devices' acks needs the server's ack passed on (a
-            // device before this one in a chain, which this device cannot tell from a client,
-            // needs it too: so in a chain clients wait for two devices or more, and their
-            // updates carry `REPLICATED`; docs/replication.md).
+            // A client waiting for several devices' acks needs the server's ack passed on, and
+            // so does a device before this one in a chain, which this device cannot tell from
+            // a client: such a device marks what it forwards `REPLICATED` once it heard our
+            // acks (see `next_devices`; docs/replication.md).
             !self.entries[slot].replicated
                 && usize::from(self.entries[slot].fragment_count) == slots.len()
                 && slots.iter().all(|slot| {

@@ -183,7 +183,7 @@ fn cache_for_seed(seed: u64) -> bool {
 /// Whether `seed`'s devices are in series (with `PMNET_SIM_CHAINS=1` only, for now: a few
 /// chain seeds in a thousand do not converge yet; docs/replication.md), on a quarter of the
 /// seeds without the cache, and then how many (2 or 3) and how many of their acks each client
-/// waits for (2 to that many): drawn from a generator of their own, so that the other seeds'
+/// waits for (1 to that many): drawn from a generator of their own, so that the other seeds'
 /// worlds do not change.
 fn chain_for_seed(seed: u64) -> Option<(usize, Vec<u8>)> {
     if cache_for_seed(seed) || std::env::var_os("PMNET_SIM_CHAINS").is_none_or(|v| v != "1") {
@@ -195,7 +195,7 @@ fn chain_for_seed(seed: u64) -> Option<(usize, Vec<u8>)> {
     }
     let devices = rng.random_range(2..=3usize);
     let replicas = (0..4)
-        .map(|_| rng.random_range(2..=devices as u8))
+        .map(|_| rng.random_range(1..=devices as u8))
         .collect();
     Some((devices, replicas))
 }

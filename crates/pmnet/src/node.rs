@@ -293,8 +293,9 @@ pub struct ServerArgs {
     pub devices: Vec<SocketAddr>,
 
     /// A replica server of this one (repeat for several, at most 8): this server becomes their
-    /// primary. It forwards every request it applies to each, and sends its server-ACK (which
-    /// frees the devices' entries and answers the client) only once every replica applied it.
+    /// primary. It forwards every request to each, and applies it — and sends its server-ACK,
+    /// which frees the devices' entries and answers the client — only once every replica
+    /// applied it.
     /// A replica is an ordinary `pmnet server` with this server as its only `--device` and
     /// the same `--server-id` (docs/replication.md).
     #[arg(long = "replica", value_name = "ADDR", value_parser = crate::addr::parse_addr)]
@@ -613,7 +614,7 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
     if !args.replicas.is_empty() {
         let replicas: Vec<String> = args.replicas.iter().map(ToString::to_string).collect();
         lines.push(format!(
-            "  replicas: {} (primary: every request is applied there too before its server-ACK)",
+            "  replicas: {} (primary: every request is applied there before it is applied here)",
             replicas.join(", ")
         ));
     }

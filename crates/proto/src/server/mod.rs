@@ -575,9 +575,16 @@ impl Server {
         }
         let from_primary = header.has_flag(pmnet_wire::replication::FROM_PRIMARY);
         if let Some(partial) = session.pending.get(&seq) {
-            if !partial.is_complete() && partial.from_primary != from_primary {
-                // A primary's forward and a copy as the client sent it are cut differently:
-                // the newer one replaces the unfinished request (see `replicate.rs`).
+            // A primary's forward and a copy as the client sent it are cut differently: the
+            // newer one replaces the unfinished request. And a primary's forward replaces an
+            // earlier one not yet applied: a primary that restarted forwards in a new order,
+            // which must not wait on the order of the one before (see `replicate.rs`).
+            let replace = if partial.is_complete() {
+                from_primary && partial.from_primary
+            } else {
+                partial.from_primary != from_primary
+            };
+            if replace {
                 let partial = session.pending.remove(&seq).expect("looked up above");
                 session.buffered_bytes -= partial.cost();
                 self.table.buffered_bytes -= partial.cost();

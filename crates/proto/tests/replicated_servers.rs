@@ -41,6 +41,44 @@ fn applied(app: &pmnet_sim::ServerApp) -> Vec<(u64, u32)> {
         .collect()
 }
 
+/// Every update in `issued` (client, seq) completed, and each of `nodes` applied each client's
+/// updates once, in order, and nothing else of its session.
+fn assert_completed_and_applied_once(
+    world: &World,
+    seed: u64,
+    issued: &[(usize, u32)],
+    nodes: &[(&str, &pmnet_sim::ServerApp)],
+) {
+    for &(client, seq) in issued {
+        assert!(
+            matches!(
+                world.completion(client, seq),
+                Some(ClientEvent::Completed { .. })
+            ),
+            "seed {seed}: client {client} update {seq}"
+        );
+    }
+    for client in 0..world.clients.len() {
+        let session = world.session(client);
+        let mine: Vec<u32> = issued
+            .iter()
+            .filter(|(c, _)| *c == client)
+            .map(|(_, seq)| *seq)
+            .collect();
+        for (name, app) in nodes {
+            let seqs: Vec<u32> = applied(app)
+                .into_iter()
+                .filter(|(s, _)| *s == session)
+                .map(|(_, seq)| seq)
+                .collect();
+            assert_eq!(
+                seqs, mine,
+                "seed {seed}: {name}, session of client {client}"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_server_ack_waits_until_every_replica_applied_the_update() {
     let mut world = replicated(1, 2);
@@ -205,38 +243,12 @@ fn restarted_primary(seed: u64) {
         }
     }
     world.run_for(Duration::from_secs(10));
-    for &(client, seq) in &issued {
-        assert!(
-            matches!(
-                world.completion(client, seq),
-                Some(ClientEvent::Completed { .. })
-            ),
-            "seed {seed}: client {client} update {seq}"
-        );
-    }
-    for (client, _) in [(0, ()), (1, ())] {
-        let session = world.session(client);
-        let mine: Vec<u32> = issued
-            .iter()
-            .filter(|(c, _)| *c == client)
-            .map(|(_, seq)| *seq)
-            .collect();
-        for (name, app) in [
-            ("primary", &world.servers[0].app),
-            ("replica 0", &world.replicas[0].app),
-            ("replica 1", &world.replicas[1].app),
-        ] {
-            let seqs: Vec<u32> = applied(app)
-                .into_iter()
-                .filter(|(s, _)| *s == session)
-                .map(|(_, seq)| seq)
-                .collect();
-            assert_eq!(
-                seqs, mine,
-                "seed {seed}: {name}, session of client {client}"
-            );
-        }
-    }
+    let nodes = [
+        ("primary", &world.servers[0].app),
+        ("replica 0", &world.replicas[0].app),
+        ("replica 1", &world.replicas[1].app),
+    ];
+    assert_completed_and_applied_once(&world, seed, &issued, &nodes);
     assert_eq!(
         world.device(0).device().live_entry_count(),
         0,
@@ -282,37 +294,11 @@ fn a_promoted_replica_loses_nothing_acknowledged_and_applies_nothing_twice() {
     }
     world.faults = None;
     world.run_for(Duration::from_secs(10));
-    for &(client, seq) in &issued {
-        assert!(
-            matches!(
-                world.completion(client, seq),
-                Some(ClientEvent::Completed { .. })
-            ),
-            "seed {seed}: client {client} update {seq}"
-        );
-    }
-    for client in 0..2 {
-        let session = world.session(client);
-        let mine: Vec<u32> = issued
-            .iter()
-            .filter(|(c, _)| *c == client)
-            .map(|(_, seq)| *seq)
-            .collect();
-        for (name, app) in [
-            ("promoted primary", &world.servers[0].app),
-            ("replica 1", &world.replicas[1].app),
-        ] {
-            let seqs: Vec<u32> = applied(app)
-                .into_iter()
-                .filter(|(s, _)| *s == session)
-                .map(|(_, seq)| seq)
-                .collect();
-            assert_eq!(
-                seqs, mine,
-                "seed {seed}: {name}, session of client {client}"
-            );
-        }
-    }
+    let nodes = [
+        ("promoted primary", &world.servers[0].app),
+        ("replica 1", &world.replicas[1].app),
+    ];
+    assert_completed_and_applied_once(&world, seed, &issued, &nodes);
     assert_eq!(
         world.device(0).device().live_entry_count(),
         0,

@@ -667,6 +667,14 @@ pub fn decode_recovery_done_payload(payload: &[u8]) -> Result<u32, ParseError> {
     }
 }
 
+/// A no-op fill of sequence number `seq` ([`flags::NOOP_FILL`]): a bypass request with an
+/// empty payload, as a client sends for a number it gave up on.
+pub fn encode_noop_fill(server_id: u16, session_id: u64, seq: u32) -> Vec<u8> {
+    let mut fill = Header::new(PacketType::BypassRequest, server_id, session_id, seq);
+    fill.flags = flags::NOOP_FILL;
+    fill.encode(&[])
+}
+
 /// Payload of a [`PacketType::FillQuery`]: the last sequence number of the range.
 pub fn encode_fill_query_payload(last: u32) -> [u8; 4] {
     last.to_be_bytes()

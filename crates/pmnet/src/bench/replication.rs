@@ -29,7 +29,7 @@ use pmnet_proto::ClientEvent;
 use pmnet_runtime::{pin_current_thread, ClientSession, Metrics, SessionOptions, Shutdown};
 
 use super::plan::{median_round, Plan, Target};
-use super::report::{summarize, thousands, ModeResult};
+use super::report::{cell, ratio, summarize, thousands, ModeResult};
 use super::system::{
     start_device, start_server_at, temp_path, FileGuard, LoopbackConfig, ServerPlace,
 };
@@ -135,7 +135,7 @@ impl RepSystem {
         match mode {
             RepMode::Client => {
                 for _ in 0..r {
-                    let place = system.place(config, Vec::new(), Vec::new());
+                    let place = RepSystem::place(config, Vec::new(), Vec::new());
                     let addr = system.server(config, place)?;
                     system.peers.push(addr);
                 }
@@ -147,17 +147,17 @@ impl RepSystem {
                 let replica_addrs = (1..r)
                     .map(|_| unused_loopback_addr())
                     .collect::<Result<Vec<_>, _>>()?;
-                let place = system.place(config, Vec::new(), replica_addrs.clone());
+                let place = RepSystem::place(config, Vec::new(), replica_addrs.clone());
                 let primary = system.server(config, place)?;
                 system.peers.push(primary);
                 for addr in replica_addrs {
-                    let mut place = system.place(config, vec![primary], Vec::new());
+                    let mut place = RepSystem::place(config, vec![primary], Vec::new());
                     place.listen = addr;
                     system.server(config, place)?;
                 }
             }
             RepMode::Pmnet => {
-                let place = system.place(config, Vec::new(), Vec::new());
+                let place = RepSystem::place(config, Vec::new(), Vec::new());
                 let mut next = system.server(config, place)?;
                 // The last device first: each one's next hop must listen before it.
                 for index in (0..replicas).rev() {
@@ -184,7 +184,6 @@ impl RepSystem {
 
     /// A server's place: on a loopback port the kernel chooses.
     fn place(
-        &self,
         config: &LoopbackConfig,
         devices: Vec<SocketAddr>,
         replicas: Vec<SocketAddr>,
@@ -446,13 +445,6 @@ fn find(results: &[ModeResult], mode: RepMode, replicas: u8) -> Option<&ModeResu
         .find(|result| result.mode == mode.name() && result.replicas == Some(replicas))
 }
 
-fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
-    match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => Some((a / b * 1000.0).round() / 1000.0),
-        _ => None,
-    }
-}
-
 /// rep-pmnet against rep-server and rep-client at each R, and rep-pmnet at each R against
 /// rep-pmnet with one device (the cost of the chain).
 pub fn ratios(results: &[ModeResult]) -> Vec<ReplicationRatio> {
@@ -490,10 +482,6 @@ pub fn ratios(results: &[ModeResult]) -> Vec<ReplicationRatio> {
         }
     }
     out
-}
-
-fn cell(value: Option<f64>) -> String {
-    value.map_or_else(|| "-".to_owned(), |value| format!("{value:.1}"))
 }
 
 fn ratio_cell(value: Option<f64>) -> String {

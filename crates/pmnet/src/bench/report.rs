@@ -166,7 +166,7 @@ pub struct Ratio {
     pub ops_per_s: Option<f64>,
 }
 
-fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+pub(super) fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => Some((a / b * 1000.0).round() / 1000.0),
         _ => None,
@@ -329,7 +329,7 @@ impl Report {
     }
 }
 
-fn cell(value: Option<f64>) -> String {
+pub(super) fn cell(value: Option<f64>) -> String {
     match value {
         Some(value) if value >= 1000.0 => format!("{value:.0}"),
         Some(value) => format!("{value:.1}"),

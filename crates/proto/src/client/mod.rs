@@ -574,15 +574,12 @@ impl Client {
     }
 
     fn send_noop_fill(&mut self, seq: u32) {
-        let mut fill = Header::new(
-            PacketType::BypassRequest,
+        self.counters.noop_fills_sent += 1;
+        self.queue(pmnet_wire::encode_noop_fill(
             self.config.server_id,
             self.config.session_id,
             seq,
-        );
-        fill.flags = flags::NOOP_FILL;
-        self.counters.noop_fills_sent += 1;
-        self.queue(fill.encode(&[]));
+        ));
     }
 
     /// Give up on `seq`: report it failed, remember it, and tell the server to skip it (a

@@ -117,20 +117,9 @@ impl Server {
                 }
             }
         }
-        let verified = self.is_device(to);
         for header in headers {
-            let session = self
-                .table
-                .sessions
-                .get_mut(&session_id)
-                .expect("session of a gap");
-            let cost = pmnet_wire::HEADER_LEN as u32;
-            if !verified {
-                if session.credit_bytes < cost {
-                    self.counters.retransmit_requests_unpaid += 1;
-                    continue;
-                }
-                session.credit_bytes -= cost;
+            if !self.pay_for_unsolicited(session_id, to) {
+                continue;
             }
             self.counters.retransmit_requests_sent += 1;
             self.transmits.push_back(Transmit {
@@ -138,6 +127,25 @@ impl Server {
                 bytes: header.encode(&[]),
             });
         }
+    }
+
+    /// Whether a retransmission request of `session_id` may go to `to`: free towards one of
+    /// this server's devices, otherwise paid for from the session's credit (a header's worth;
+    /// counted when there is not enough).
+    pub(super) fn pay_for_unsolicited(&mut self, session_id: u64, to: SocketAddr) -> bool {
+        if self.is_device(to) {
+            return true;
+        }
+        let cost = pmnet_wire::HEADER_LEN as u32;
+        let Some(session) = self.table.sessions.get_mut(&session_id) else {
+            return false;
+        };
+        if session.credit_bytes < cost {
+            self.counters.retransmit_requests_unpaid += 1;
+            return false;
+        }
+        session.credit_bytes -= cost;
+        true
     }
 
     /// The gap outlived every client's request lifetime: ask the devices whether they hold

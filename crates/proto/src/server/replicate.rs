@@ -96,6 +96,8 @@ struct Forwarded {
     request: Vec<u8>,
     /// As the replicas got it.
     datagrams: Vec<Vec<u8>>,
+    /// Forwarded as a no-op fill.
+    fill: bool,
     /// Replicas that acked, one bit each.
     acked: u16,
     /// When it is sent again to the replicas that have not acked, and the wait after that.
@@ -107,6 +109,14 @@ struct Forwarded {
 /// this long, then after twice as long each time, up to [`REPLICA_RESEND_MAX`].
 pub const REPLICA_RESEND_FIRST: Duration = Duration::from_millis(20);
 pub const REPLICA_RESEND_MAX: Duration = Duration::from_secs(1);
+
+/// The next resend of something held for the replicas: the wait doubles, up to
+/// [`REPLICA_RESEND_MAX`]. Returns the new time.
+fn back_off(interval: &mut Duration, resend_at: &mut Time, now: Time) -> Time {
+    *interval = (*interval * 2).min(REPLICA_RESEND_MAX);
+    *resend_at = now + *interval;
+    *resend_at
+}
 
 /// A resent duplicate of an applied request forwarded to the replicas (its make-up ACK goes
 /// to `to` once every replica acked), or a number skipped here sent as a fill (`to`: none).
@@ -252,15 +262,7 @@ impl Server {
             });
             return;
         }
-        let mut header = Header::new(
-            match kind {
-                RequestKind::Update => PacketType::UpdateRequest,
-                RequestKind::Bypass => PacketType::BypassRequest,
-            },
-            self.config.server_id,
-            session_id,
-            seq,
-        );
+        let mut header = Header::new(kind.packet_type(), self.config.server_id, session_id, seq);
         let mut payload = Vec::new();
         if fill {
             header.flags = flags::NOOP_FILL;
@@ -292,6 +294,7 @@ impl Server {
             kind,
             request,
             datagrams,
+            fill,
             acked: 0,
             resend_at,
             interval: REPLICA_RESEND_FIRST,
@@ -351,13 +354,8 @@ impl Server {
             if forwarded.resend_at != at {
                 continue;
             }
-            forwarded.interval = (forwarded.interval * 2).min(REPLICA_RESEND_MAX);
-            forwarded.resend_at = now + forwarded.interval;
-            let (acked, datagrams, next) = (
-                forwarded.acked,
-                forwarded.datagrams.clone(),
-                forwarded.resend_at,
-            );
+            let next = back_off(&mut forwarded.interval, &mut forwarded.resend_at, now);
+            let (acked, datagrams) = (forwarded.acked, forwarded.datagrams.clone());
             self.replication.resends.insert((next, session_id, seq));
             self.counters.replication.forwards_resent += 1;
             self.send_to_replicas(&datagrams, acked);
@@ -371,9 +369,7 @@ impl Server {
         if makeup.resend_at != at {
             return;
         }
-        makeup.interval = (makeup.interval * 2).min(REPLICA_RESEND_MAX);
-        makeup.resend_at = now + makeup.interval;
-        let next = makeup.resend_at;
+        let next = back_off(&mut makeup.interval, &mut makeup.resend_at, now);
         let acked = makeup.acked;
         let datagrams: Vec<Vec<u8>> = makeup.datagrams.values().cloned().collect();
         self.replication.resends.insert((next, key.0, key.1));
@@ -466,14 +462,7 @@ impl Server {
                 // The client's fill came first and was applied (or the number was skipped):
                 // the replicas apply the fill too, whichever fragment came again.
                 fragment = 0;
-                let mut fill = Header::new(
-                    PacketType::BypassRequest,
-                    header.server_id,
-                    header.session_id,
-                    header.seq,
-                );
-                fill.flags = flags::NOOP_FILL;
-                fill.encode(&[])
+                pmnet_wire::encode_noop_fill(header.server_id, header.session_id, header.seq)
             }
             _ => header.encode(payload),
         };
@@ -482,14 +471,7 @@ impl Server {
             return true;
         };
         self.counters.replication.duplicates_forwarded += 1;
-        for (index, &replica) in self.config.replicas.iter().enumerate() {
-            if acked & (1 << index) == 0 {
-                self.transmits.push_back(Transmit {
-                    destination: replica,
-                    bytes: bytes.clone(),
-                });
-            }
-        }
+        self.send_to_replicas(std::slice::from_ref(&bytes), acked);
         true
     }
 
@@ -552,23 +534,11 @@ impl Server {
         }
         for seq in (first..=last).take(SKIP_FILLS_MAX) {
             // As a client's no-op fill: a bypass request (no device logs it).
-            let mut header = Header::new(
-                PacketType::BypassRequest,
-                self.config.server_id,
-                session_id,
-                seq,
-            );
-            header.flags = flags::NOOP_FILL;
-            let bytes = header.encode(&[]);
+            let bytes = pmnet_wire::encode_noop_fill(self.config.server_id, session_id, seq);
             self.counters.replication.skips_forwarded += 1;
             // Held and sent again until every replica acked it (when there is room).
             let _ = self.hold_makeup(now, (session_id, seq), None, 0, &bytes);
-            for &replica in &self.config.replicas {
-                self.transmits.push_back(Transmit {
-                    destination: replica,
-                    bytes: bytes.clone(),
-                });
-            }
+            self.send_to_replicas(std::slice::from_ref(&bytes), 0);
         }
     }
 
@@ -583,9 +553,7 @@ impl Server {
         let all = self.all_replicas_mask();
         if let Some(forwarded) = self.replication.forwarded.get_mut(&key) {
             self.counters.replication.acks_received += 1;
-            let fill = forwarded.datagrams.first().is_some_and(|bytes| {
-                Header::parse(bytes).is_ok_and(|(header, _)| header.has_flag(flags::NOOP_FILL))
-            });
+            let fill = forwarded.fill;
             if header.has_flag(flags::SKIPPED) && !fill {
                 self.counters.replication.replica_skips += 1;
             }
@@ -747,11 +715,11 @@ impl Server {
     }
 
     /// A replica misses a request: one held here is sent again; one this primary applied and
-    /// holds no more (after a promotion) is asked for where the session's requests come from. Asked of where the session's requests come from, as the
-    /// primary asks for its own gaps: a device answers from its log or asks the client, which
-    /// sends the request again, or its no-op fill; either comes back here as a duplicate and
-    /// goes on to the replica. Paid for from the session's credit unless it comes through
-    /// one of this server's devices.
+    /// holds no more (after a promotion) is asked for where the session's requests come from,
+    /// as the primary asks for its own gaps: a device answers from its log or asks the client,
+    /// which sends the request again, or its no-op fill; either comes back here as a
+    /// duplicate and goes on to the replica. Paid for from the session's credit unless it
+    /// goes to one of this server's devices.
     fn on_replica_retransmit_request(&mut self, to_replica: SocketAddr, header: &Header) {
         let key = (header.session_id, header.seq);
         let Some(session) = self.table.sessions.get(&header.session_id) else {
@@ -784,18 +752,8 @@ impl Server {
             self.counters.replication.retransmit_requests_ignored += 1;
             return;
         };
-        if !self.is_device(to) {
-            let cost = pmnet_wire::HEADER_LEN as u32;
-            let session = self
-                .table
-                .sessions
-                .get_mut(&header.session_id)
-                .expect("looked up above");
-            if session.credit_bytes < cost {
-                self.counters.retransmit_requests_unpaid += 1;
-                return;
-            }
-            session.credit_bytes -= cost;
+        if !self.pay_for_unsolicited(header.session_id, to) {
+            return;
         }
         self.counters.replication.retransmit_requests_passed_on += 1;
         self.transmits.push_back(Transmit {

@@ -23,7 +23,7 @@ use pmnet_runtime::{
     poll, random_session_id, run_loop, Clock, LoopCounters, LoopSettings, Node, PollFd, Ready,
     RuntimeError, Shutdown, Turn, WaitMode,
 };
-use pmnet_wire::{flags, Header, PacketType};
+use pmnet_wire::{Header, PacketType};
 
 mod connection;
 mod request;
@@ -949,12 +949,9 @@ fn fill_for_completed_read(conn: &Conn, datagram: &[u8]) -> Option<Vec<u8>> {
     {
         return None;
     }
-    let mut fill = Header::new(
-        PacketType::BypassRequest,
+    Some(pmnet_wire::encode_noop_fill(
         header.server_id,
         header.session_id,
         header.seq,
-    );
-    fill.flags = flags::NOOP_FILL;
-    Some(fill.encode(&[]))
+    ))
 }

@@ -549,13 +549,8 @@ impl World {
     pub fn start_server(&mut self, index: usize) {
         let now = self.now;
         let node = &mut self.servers[index];
-        node.app.crash_store();
-        let sessions = node.app.recovered_sessions();
-        let session_count = sessions.len();
         node.skipped_before_restart += node.server.counters().sequence_numbers_skipped;
-        node.server = Server::new(node.config.clone(), now, sessions);
-        node.up = true;
-        node.restart_count += 1;
+        let session_count = node.restart(now);
         self.note_by(
             &format!("server{index}"),
             &format!(
@@ -574,12 +569,7 @@ impl World {
     /// Start replica `index` again (a new process) from its application's durable state.
     pub fn start_replica(&mut self, index: usize) {
         let now = self.now;
-        let node = &mut self.replicas[index];
-        node.app.crash_store();
-        let sessions = node.app.recovered_sessions();
-        node.server = Server::new(node.config.clone(), now, sessions);
-        node.up = true;
-        node.restart_count += 1;
+        self.replicas[index].restart(now);
         self.note_by(&format!("replica{index}"), "started: store reopened");
         self.flush_outputs();
     }
@@ -590,8 +580,7 @@ impl World {
     /// `replica` is down for good afterwards (its store moved).
     pub fn promote_replica(&mut self, server: usize, replica: usize) {
         let now = self.now;
-        let mut app = std::mem::take(&mut self.replicas[replica].app);
-        app.crash_store();
+        let app = std::mem::take(&mut self.replicas[replica].app);
         self.replicas[replica].up = false;
         self.replicas[replica].lost = true;
         let node = &mut self.servers[server];
@@ -599,11 +588,8 @@ impl World {
             .replicas
             .retain(|&addr| addr != replica_addr(replica));
         node.app = app;
-        let sessions = node.app.recovered_sessions();
         node.skipped_before_restart = 0;
-        node.server = Server::new(node.config.clone(), now, sessions);
-        node.up = true;
-        node.restart_count += 1;
+        node.restart(now);
         self.note_by(
             &format!("server{server}"),
             &format!("lost for good; replica{replica} promoted in its place"),

@@ -295,6 +295,18 @@ pub struct ServerNode {
 }
 
 impl ServerNode {
+    /// Start again (a new process) from the application's durable state; the number of
+    /// sessions recovered.
+    pub(super) fn restart(&mut self, now: Time) -> usize {
+        self.app.crash_store();
+        let sessions = self.app.recovered_sessions();
+        let session_count = sessions.len();
+        self.server = Server::new(self.config.clone(), now, sessions);
+        self.up = true;
+        self.restart_count += 1;
+        session_count
+    }
+
     /// Server `server_id`, new, polling `devices` for what they logged.
     pub(super) fn new(server_id: u16, devices: &[SocketAddr]) -> ServerNode {
         let config = ServerConfig::new(server_id, devices.to_vec());

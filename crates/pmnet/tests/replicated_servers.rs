@@ -135,3 +135,55 @@ fn a_replica_promoted_after_the_primary_is_lost_for_good_has_every_acknowledged_
     wait_value(r2, "counter", "4");
     drop((replica1, replica2, device));
 }
+
+/// A request no device logs (an INCR, answered by the server) reaches replica 1, which applies
+/// it, while replica 2 is down; the primary is SIGKILLed before applying it and its client
+/// gives up. Restarted on its data file, the primary takes the request back from its forward
+/// log: the primary and both replicas apply it, and no one applies it twice.
+#[test]
+fn a_primary_killed_between_forwarding_and_applying_takes_the_request_back() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let data = |name: &str| dir.path().join(format!("{name}.data"));
+    let log = dir.path().join("device.log");
+    let (d, p, r1, r2) = (
+        free_udp_addr(),
+        free_udp_addr(),
+        free_udp_addr(),
+        free_udp_addr(),
+    );
+    let replica1 = server(r1, p, &data("r1"), &[]);
+    let mut primary = server(p, d, &data("p"), &[r1, r2]);
+    assert!(
+        pmnet_runtime::forward_log_path(&data("p")).exists(),
+        "a primary with a store keeps a forward log next to its data file"
+    );
+    let device = Node::start("device", device_args(d, p, &log));
+
+    let (ok, out) = client(d, &["incr", "counter"]);
+    assert!(!ok, "no reply while replica 2 is down: {out}");
+    wait_value(r1, "counter", "1");
+    primary.proc.kill();
+
+    let replica2 = server(r2, p, &data("r2"), &[]);
+    let primary = server(p, d, &data("p"), &[r1, r2]);
+    primary.wait_metric(
+        "pmnet_server_requests_applied_total",
+        "",
+        "the request taken back from the forward log applied",
+        |applied| applied >= 1.0,
+    );
+    for at in [p, r1, r2] {
+        wait_value(at, "counter", "1");
+    }
+    let (ok, out) = client(d, &["incr", "counter"]);
+    assert!(ok && out == "(integer) 2", "applied once each: {out}");
+    wait_value(r1, "counter", "2");
+    wait_value(r2, "counter", "2");
+    primary.wait_metric(
+        "pmnet_server_forward_log_requests",
+        "",
+        "every slot freed once applied",
+        |requests| requests == 0.0,
+    );
+    drop((replica1, replica2, device));
+}

@@ -46,6 +46,7 @@ pub use server::{
     Applied, RecoveredSession, ReplicationCounters, Server, ServerConfig, ServerCounters,
     ServerEvent, Stager, REPLICATION_BYTES_MAX, REPLICATION_PENDING_MAX, REPLICA_SERVERS_MAX,
 };
+pub use server::{ForwardLogOpened, ForwardLogRecovery, FORWARD_RECORD_HEADER_LEN};
 pub use server::{ReadCounters, HELD_READS_MAX, READS_IN_FLIGHT_MAX};
 pub use time::Time;
 

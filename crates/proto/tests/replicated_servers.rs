@@ -401,3 +401,56 @@ fn a_replica_never_mixes_fragments_of_a_forward_and_of_a_copy() {
         other => panic!("expected the request to be applied, got {other:?}"),
     }
 }
+
+/// A bypass request no device logs reaches the replica, which applies it; its ack is lost and
+/// the primary crashes before applying it; the client gives up and sends its no-op fill. The
+/// restarted primary takes the request in again from its forward log, so it applies the
+/// request — as the replica did — and not the fill.
+#[test]
+fn a_restarted_primary_applies_what_its_replica_applied_not_the_clients_fill() {
+    let mut world = replicated(1, 1);
+    world.reconfigure_client(0, |config| {
+        config.request_lifetime = Duration::from_secs(1);
+    });
+    let replica = pmnet_sim::replica_addr(0);
+    world.drop_when(move |seen| seen.from == replica);
+    let seq = world.bypass(0, b"read");
+    world.run_for(Duration::from_millis(20));
+    assert_eq!(
+        applied(&world.replicas[0].app),
+        vec![(world.session(0), seq)],
+        "the replica applied the forward"
+    );
+    assert!(applied(&world.servers[0].app).is_empty());
+    world.stop_server(0);
+    world.run_for(Duration::from_secs(3));
+    assert!(
+        matches!(world.completion(0, seq), Some(ClientEvent::Failed { .. })),
+        "the client gave up: {:?}",
+        world.completion(0, seq)
+    );
+    world.clear_drop_rules();
+    world.start_server(0);
+    world.run_for(Duration::from_secs(5));
+    let primary: Vec<_> = world.servers[0].app.applied.clone();
+    assert_eq!(primary.len(), 1, "{primary:?}");
+    assert_eq!(
+        primary[0].3, world.replicas[0].app.applied[0].3,
+        "the primary applied what the replica applied (the request, not the fill)"
+    );
+    assert!(!primary[0].3.is_empty());
+    assert_eq!(
+        world.servers[0]
+            .server
+            .counters()
+            .replication
+            .fill_conflicts,
+        0
+    );
+    assert_eq!(
+        world.servers[0].forward_log_recovery.requests, 1,
+        "taken in again from the forward log"
+    );
+    assert_eq!(world.servers[0].server.replication_pending(), 0);
+    assert_eq!(world.servers[0].server.forward_log_usage(), Some((0, 1024)));
+}

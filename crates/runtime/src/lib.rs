@@ -80,8 +80,9 @@ pub use peers::{wants_answer, PeerWatch, SILENCE_WARNING};
 pub use pmnet_auth::KeySet;
 pub use relay::{RelayOptions, UdpRelay};
 pub use server::{
-    check_max_ops_per_s, emulated_capacity_text, ServerAddresses, ServerApp, ServerOptions,
-    ServerRuntime, ServerStartup, StoreOptions,
+    check_max_ops_per_s, emulated_capacity_text, forward_log_path, ServerAddresses, ServerApp,
+    ServerOptions, ServerRuntime, ServerStartup, StoreOptions, FORWARD_LOG_SLOTS,
+    FORWARD_LOG_SLOT_SIZE,
 };
 pub use shutdown::Shutdown;
 pub use wait::{online_cpu_count, pin_current_thread, poll, yield_cpu, Clock, PollFd, WaitMode};

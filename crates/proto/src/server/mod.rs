@@ -3,6 +3,7 @@
 //! requests the store has no room for yet, and the recovery poll at start-up.
 
 mod apply;
+mod forward_log;
 mod gap;
 mod order;
 mod reads;
@@ -18,6 +19,7 @@ use pmnet_wire::{flags, Header, PacketType};
 
 use crate::{encode_fragments, CountDrop, DropCounts, DropReason, RequestKind, Time, Transmit};
 pub use apply::{Applied, Stager};
+pub use forward_log::{ForwardLogOpened, ForwardLogRecovery, FORWARD_RECORD_HEADER_LEN};
 pub use reads::{ReadCounters, HELD_READS_MAX, READS_IN_FLIGHT_MAX};
 pub use replicate::{
     ReplicationCounters, REPLICATION_BYTES_MAX, REPLICATION_PENDING_MAX, REPLICA_SERVERS_MAX,
@@ -215,6 +217,8 @@ pub struct Server {
     reads: reads::Reads,
     /// A primary's requests held for its replicas (see `replicate.rs`).
     replication: replicate::Replication,
+    /// A primary's forward log (see `forward_log.rs`); `None` without one.
+    forward_log: Option<forward_log::ForwardLog>,
 }
 
 impl Server {
@@ -280,6 +284,7 @@ impl Server {
             order_timers: BTreeSet::new(),
             reads: reads::Reads::default(),
             replication: replicate::Replication::default(),
+            forward_log: None,
             config,
         };
         if !server.config.devices.is_empty() {
@@ -689,7 +694,11 @@ impl Server {
                 return false;
             }
         }
-        if !self.replication_room(session_id) {
+        let len = self.table.sessions[&session_id]
+            .pending
+            .first_key_value()
+            .map_or(0, |(_, assembly)| assembly.received_len);
+        if !self.replication_room(session_id, len) {
             return false;
         }
         let session = self
@@ -820,9 +829,9 @@ impl Server {
                 .replies
                 .push_back((seq, CachedReply::Reply(reply.clone())));
         }
-        let to = session
-            .reply_to
-            .expect("a session with requests has a reply address");
+        // None: a request a primary took in again from its forward log, not resent since
+        // (its device or client is answered with a make-up ACK when it resends).
+        let to = session.reply_to;
         self.table.touch(now, session_id);
         self.counters.requests_applied += 1;
         let (ack_flags, reply) = if was_fill {
@@ -833,10 +842,17 @@ impl Server {
         } else {
             (0, &reply[..])
         };
-        self.send_server_ack(session_id, seq, ack_flags, reply, to);
+        if let Some(to) = to {
+            self.send_server_ack(session_id, seq, ack_flags, reply, to);
+        }
         self.update_gap(now, session_id);
         self.release_waiters(now, session_id, seq);
         self.release_reads(now, session_id, seq);
+        if let Some(log) = self.forward_log.as_mut() {
+            // Applied durably: the replicas and this server have it.
+            log.release((session_id, seq));
+            self.unstall(now);
+        }
     }
 
     /// Report that the application had no room for request `seq` of `session_id` and made
@@ -926,6 +942,11 @@ impl Server {
         self.recovery = None;
         self.events
             .push_back(ServerEvent::RecoveryComplete { entries_resent });
+        self.issue_in_arrival_order(now);
+    }
+
+    /// Hand on every request waiting to go, in the order the requests became whole.
+    fn issue_in_arrival_order(&mut self, now: Time) {
         // Hand on what was held back in the order it arrived, across sessions as within
         // each: a request a device forwarded after another session's acked update must not
         // overtake it (a read would miss the write its reader was told is done). Ties cannot

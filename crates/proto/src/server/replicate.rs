@@ -100,6 +100,10 @@ struct Forwarded {
     fill: bool,
     /// Replicas that acked, one bit each.
     acked: u16,
+    /// Sent to the replicas (with a forward log, only once its record is durable).
+    sent: bool,
+    /// Its forward index in the primary's forward log, if it keeps one.
+    log_index: Option<u64>,
     /// When it is sent again to the replicas that have not acked, and the wait after that.
     resend_at: Time,
     interval: Duration,
@@ -230,10 +234,14 @@ impl Server {
         (1u16 << self.config.replicas.len()) - 1
     }
 
-    /// Whether a session's next request may be handed on now; if not, the session waits for
-    /// room.
-    pub(super) fn replication_room(&mut self, session_id: u64) -> bool {
-        if !self.is_primary() || !self.replication.is_full() {
+    /// Whether a session's next request (of about `len` bytes) may be handed on now; if not,
+    /// the session waits for room (held requests, or the forward log's slots).
+    pub(super) fn replication_room(&mut self, session_id: u64, len: usize) -> bool {
+        if !self.is_primary() {
+            return true;
+        }
+        let log_full = self.forward_log.as_ref().is_some_and(|log| !log.fits(len));
+        if !self.replication.is_full() && !log_full {
             return true;
         }
         if self.replication.stalled.insert(session_id) {
@@ -288,20 +296,31 @@ impl Server {
         // A request the server took in fits in as many fragments again, with the descriptor.
         let datagrams =
             encode_fragments(header, &payload, self.datagram_budget()).unwrap_or_default();
-        self.send_to_replicas(&datagrams, 0);
+        // With a forward log, the request goes out once its record is durable there.
+        let logged = self
+            .forward_log
+            .as_mut()
+            .map(|log| log.append((session_id, seq), kind, fill, &request));
+        let log_index = logged.map(|(index, _)| index);
+        let sent = logged.is_none_or(|(_, durable)| durable);
         let resend_at = now + REPLICA_RESEND_FIRST;
+        if sent {
+            self.send_to_replicas(&datagrams, 0);
+            self.replication
+                .resends
+                .insert((resend_at, session_id, seq));
+        }
         let forwarded = Forwarded {
             kind,
             request,
             datagrams,
             fill,
             acked: 0,
+            sent,
+            log_index,
             resend_at,
             interval: REPLICA_RESEND_FIRST,
         };
-        self.replication
-            .resends
-            .insert((resend_at, session_id, seq));
         self.replication.bytes += Replication::cost(&forwarded);
         self.replication
             .forwarded
@@ -333,9 +352,37 @@ impl Server {
         let Some(forwarded) = self.replication.forwarded.get(&key) else {
             return;
         };
+        if !forwarded.sent {
+            return;
+        }
         let (acked, datagrams) = (forwarded.acked, forwarded.datagrams.clone());
         self.counters.replication.forwards_resent += 1;
         self.send_to_replicas(&datagrams, acked);
+    }
+
+    /// Forward log batches through `through` are durable: send what waited on them.
+    pub(super) fn send_logged_forwards(&mut self, now: Time, through: u64) {
+        let Some(log) = self.forward_log.as_mut() else {
+            return;
+        };
+        for (key, index) in log.on_persisted(through) {
+            let Some(forwarded) = self.replication.forwarded.get_mut(&key) else {
+                // Handed back since (the application had no room): logged again when
+                // forwarded again.
+                continue;
+            };
+            if forwarded.sent || forwarded.log_index != Some(index) {
+                // Applied, or forwarded again (with its record durable) since.
+                continue;
+            }
+            forwarded.sent = true;
+            forwarded.resend_at = now + REPLICA_RESEND_FIRST;
+            let (acked, datagrams) = (forwarded.acked, forwarded.datagrams.clone());
+            self.replication
+                .resends
+                .insert((now + REPLICA_RESEND_FIRST, key.0, key.1));
+            self.send_to_replicas(&datagrams, acked);
+        }
     }
 
     /// Send again what a replica has not acked for too long (its ack, or the forward, was
@@ -413,7 +460,7 @@ impl Server {
         self.unstall(now);
     }
 
-    fn unstall(&mut self, now: Time) {
+    pub(super) fn unstall(&mut self, now: Time) {
         if !self.replication.is_full() && !self.replication.stalled.is_empty() {
             let stalled = std::mem::take(&mut self.replication.stalled);
             for session_id in stalled {
@@ -726,7 +773,7 @@ impl Server {
             self.counters.replication.retransmit_requests_ignored += 1;
             return;
         };
-        if let Some(forwarded) = self.replication.forwarded.get(&key) {
+        if let Some(forwarded) = self.replication.forwarded.get(&key).filter(|f| f.sent) {
             // Held here: sent again at once.
             let (acked, datagrams) = (forwarded.acked, forwarded.datagrams.clone());
             self.counters.replication.forwards_resent += 1;

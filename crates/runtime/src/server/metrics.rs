@@ -142,6 +142,18 @@ impl ServerRuntime {
                 "pending": self.server.replication_pending(),
                 "forwarded": counters.replication.forwarded,
                 "released": counters.replication.released,
+                "forward_log": self.forward_log.as_ref().map(|file| {
+                    let (requests, free_slots) =
+                        self.server.forward_log_usage().unwrap_or_default();
+                    serde_json::json!({
+                        "path": file.path.display().to_string(),
+                        "medium": file.log.medium().to_string(),
+                        "requests": requests,
+                        "free_slots": free_slots,
+                        "slots": file.log.slot_count(),
+                        "taken_in_at_start": file.recovery.requests,
+                    })
+                }),
             })),
         })
     }
@@ -202,6 +214,20 @@ impl ServerRuntime {
             &[],
             self.server.replication_pending() as f64,
         );
+        if let Some((requests, free_slots)) = self.server.forward_log_usage() {
+            out.gauge(
+                "pmnet_server_forward_log_requests",
+                "Requests in the forward log: forwarded (or about to be) and not applied yet.",
+                &[],
+                requests as f64,
+            );
+            out.gauge(
+                "pmnet_server_forward_log_free_slots",
+                "Free slots in the forward log; at none, the next request waits for one to be applied.",
+                &[],
+                free_slots as f64,
+            );
+        }
     }
 
     /// Every counter of the server, its socket and its store.

@@ -2,6 +2,7 @@
 
 mod app;
 mod capacity;
+mod forward;
 mod metrics;
 mod open;
 mod receive;
@@ -9,6 +10,7 @@ mod receive;
 use app::capacity_text;
 pub use app::ServerApp;
 pub use capacity::{capacity_text as emulated_capacity_text, check_max_ops_per_s, TokenBucket};
+pub use forward::{forward_log_path, FORWARD_LOG_SLOTS, FORWARD_LOG_SLOT_SIZE};
 use receive::{stage_received, ReceivedSlots};
 
 use std::net::SocketAddr;
@@ -148,6 +150,8 @@ pub struct ServerRuntime {
     span: tracing::Span,
     /// The emulated capacity (`--max-ops-per-s`), if any.
     bucket: Option<TokenBucket>,
+    /// A primary's forward log (with a store; see `forward.rs`).
+    forward_log: Option<forward::ForwardLogFile>,
     /// The last receive stopped for want of tokens: the next turn receives once tokens are
     /// due, whether or not the wait reported the socket readable (it was not waited on).
     capacity_starved: bool,
@@ -345,6 +349,7 @@ impl ServerRuntime {
                 );
             }
             let mut progressed = !applied.is_empty();
+            progressed |= self.persist_forwards();
             if applied.applied > 0 || applied.deferred > 0 {
                 tracing::trace!(
                     applied = applied.applied,
@@ -367,6 +372,23 @@ impl ServerRuntime {
             }
         }
         self.socket.flush();
+    }
+}
+
+impl ServerRuntime {
+    /// Carry out the forward log's batches (one pair of fences each) and report them; whether
+    /// there was any.
+    fn persist_forwards(&mut self) -> bool {
+        let Some(file) = self.forward_log.as_mut() else {
+            return false;
+        };
+        let mut persisted = false;
+        while let Some(batch) = self.server.poll_persist() {
+            file.log.persist_batch(&batch.work);
+            self.server.on_persisted(self.clock.now(), batch.number);
+            persisted = true;
+        }
+        persisted
     }
 }
 

@@ -250,7 +250,31 @@ impl ServerRuntime {
         if let Some(gap_fill_after) = options.gap_fill_after {
             config.gap_fill_after = gap_fill_after;
         }
-        let server = Server::new(config, clock.now(), sessions);
+        // A primary with a store keeps a forward log next to its data file.
+        let (server, forward_log) = match (&options.store, options.replicas.is_empty()) {
+            (Some(store_options), false) => {
+                let (log, opened, path, created) = forward::open_forward_log(store_options)?;
+                let (server, recovery) =
+                    Server::with_forward_log(config, clock.now(), sessions, opened);
+                let file = forward::ForwardLogFile {
+                    path,
+                    log,
+                    recovery,
+                    created,
+                };
+                forward::report_forward_log(&file);
+                (server, Some(file))
+            }
+            (None, false) => {
+                tracing::warn!(
+                    "a primary without a store (the ideal handler) keeps no forward log: a \
+                     request forwarded to the replicas and lost here in a crash may differ \
+                     between them (docs/replication.md)"
+                );
+                (Server::new(config, clock.now(), sessions), None)
+            }
+            _ => (Server::new(config, clock.now(), sessions), None),
+        };
         let board = MetricsBoard::new();
         let metrics = start_metrics(&options.loop_options, &board, &shutdown)?;
         let addresses = ServerAddresses {
@@ -287,6 +311,7 @@ impl ServerRuntime {
             peers: crate::peer_book::PeerBook::default(),
             bucket: None,
             capacity_starved: false,
+            forward_log,
         };
         if let Some(ops_per_s) = runtime.options.max_ops_per_s {
             runtime.bucket = Some(TokenBucket::new(ops_per_s, runtime.clock.now()));

@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use pmnet_pm::{PmLog, SimRegion};
-use pmnet_proto::{Client, ClientConfig, ClientEvent, Device, FrontFunction, Server, Time};
+use pmnet_proto::{Client, ClientConfig, ClientEvent, Device, FrontFunction, Time};
 use pmnet_store::{KvConfig, KvStore};
 use pmnet_wire::{Header, PacketType};
 
@@ -125,7 +125,7 @@ impl World {
             .map(|(index, &(server_id, _))| {
                 let mut node = ServerNode::new(server_id, &server_side);
                 node.config.replicas = (index * k..(index + 1) * k).map(replica_addr).collect();
-                node.server = Server::new(node.config.clone(), Time::ZERO, Vec::new());
+                node.boot(Time::ZERO, Vec::new());
                 node
             })
             .collect();
@@ -247,7 +247,8 @@ impl World {
         }
         for node in self.servers.iter_mut().chain(&mut self.replicas) {
             node.config.auth = auth.clone();
-            node.server = Server::new(node.config.clone(), self.now, Vec::new());
+            node.forward_log = None;
+            node.boot(self.now, Vec::new());
         }
         for index in 0..self.clients.len() {
             self.reconfigure_client(index, |config| config.auth = auth.clone());
@@ -589,6 +590,8 @@ impl World {
             .retain(|&addr| addr != replica_addr(replica));
         node.app = app;
         node.skipped_before_restart = 0;
+        // The lost primary's forward log is gone with it.
+        node.forward_log = None;
         node.restart(now);
         self.note_by(
             &format!("server{server}"),

@@ -21,8 +21,10 @@ use super::World;
 pub const SERVER_ID: u16 = 1;
 /// Id of the first device; device `j` has id `DEVICE_ID + j`.
 pub const DEVICE_ID: u16 = 7;
-/// Slot size of every simulated device log.
+/// Slot size of every simulated device log (and primary's forward log).
 pub const SLOT_SIZE: u32 = 2048;
+/// Slots of a primary's forward log.
+pub const FORWARD_LOG_SLOTS: u32 = 1024;
 
 fn host(network: u8, index: usize, port: u16) -> SocketAddr {
     SocketAddr::from(([10, 0, network, index as u8 + 1], port))
@@ -292,6 +294,10 @@ pub struct ServerNode {
     /// A replica whose store was promoted to primary ([`World::promote_replica`]): down for
     /// good.
     pub lost: bool,
+    /// A primary's forward log (docs/replication.md); `None` without replicas.
+    pub forward_log: Option<PmLog<SimRegion>>,
+    /// What the forward log gave back at the last start.
+    pub forward_log_recovery: pmnet_proto::ForwardLogRecovery,
 }
 
 impl ServerNode {
@@ -301,10 +307,57 @@ impl ServerNode {
         self.app.crash_store();
         let sessions = self.app.recovered_sessions();
         let session_count = sessions.len();
-        self.server = Server::new(self.config.clone(), now, sessions);
+        self.boot(now, sessions);
         self.up = true;
         self.restart_count += 1;
         session_count
+    }
+
+    /// A new server state machine on `sessions` and, for a primary, its forward log as a
+    /// crash left it (a new one if it has none: a new primary, or one promoted).
+    pub(super) fn boot(&mut self, now: Time, sessions: Vec<RecoveredSession>) {
+        if self.config.replicas.is_empty() {
+            self.forward_log = None;
+            self.server = Server::new(self.config.clone(), now, sessions);
+            return;
+        }
+        let log = match self.forward_log.take() {
+            // What a crash leaves: every batch was persisted whole before anything it let
+            // out was sent, so only what no one saw may be lost.
+            Some(log) => log.region().crash_losing_unpersisted(),
+            None => {
+                let region_len =
+                    PmLog::<SimRegion>::required_region_len(FORWARD_LOG_SLOTS, SLOT_SIZE);
+                PmLog::format(SimRegion::new(region_len), FORWARD_LOG_SLOTS, SLOT_SIZE)
+                    .expect("format a forward log")
+                    .into_region()
+            }
+        };
+        let (log, recovery) = PmLog::open(log).expect("reopen a forward log");
+        let opened = pmnet_proto::ForwardLogOpened {
+            slot_count: log.slot_count(),
+            max_packet_len: log.max_packet_len(),
+            entries: recovery.entries,
+        };
+        let (server, recovered) =
+            Server::with_forward_log(self.config.clone(), now, sessions, opened);
+        self.server = server;
+        self.forward_log = Some(log);
+        self.forward_log_recovery = recovered;
+    }
+
+    /// Carry out the forward log's batches and report each; whether there was any.
+    pub(super) fn persist_forwards(&mut self, now: Time) -> bool {
+        let Some(log) = self.forward_log.as_mut() else {
+            return false;
+        };
+        let mut persisted = false;
+        while let Some(batch) = self.server.poll_persist() {
+            log.persist_batch(&batch.work);
+            self.server.on_persisted(now, batch.number);
+            persisted = true;
+        }
+        persisted
     }
 
     /// Server `server_id`, new, polling `devices` for what they logged.
@@ -320,6 +373,8 @@ impl ServerNode {
             deferred_count: 0,
             skipped_before_restart: 0,
             lost: false,
+            forward_log: None,
+            forward_log_recovery: Default::default(),
         }
     }
 }

@@ -108,6 +108,7 @@ impl World {
             ));
         }
         progressed |= !outcome.is_empty();
+        progressed |= node.persist_forwards(now);
         let mut out = Vec::new();
         while let Some(transmit) = node.server.poll_transmit() {
             out.push(transmit);

@@ -177,6 +177,8 @@ impl CacheFunction {
         };
         self.counters.reads += 1;
         self.next_interval.get_or_insert(now + self.config.interval);
+        // Only a read newer than every read of its session seen here may fetch (below).
+        let newest = self.sessions.read_is_new(header.session_id, header.seq);
         if !self.sessions.may_serve(header.session_id, read.read_after) {
             self.counters.not_yet_servable += 1;
             self.pass_miss(now, header, read.read_after, None);
@@ -201,7 +203,9 @@ impl CacheFunction {
         self.hot.record_miss(read.key);
         // Only the first transmission of a read this device sees carries a fetch: the answer
         // to an earlier transmission (with an older order) must never be taken for it.
-        let first_seen = !self.misses.contains_key(&(header.session_id, header.seq));
+        // Nor may a read older than one this device saw of its session: a replay, whose old
+        // answer could be replayed too.
+        let first_seen = !self.misses.contains_key(&(header.session_id, header.seq)) && newest;
         let warm = self
             .started
             .is_some_and(|at| now.saturating_duration_since(at) >= self.config.fetch_warmup);

@@ -23,6 +23,8 @@ struct Seen {
     above: BTreeSet<u32>,
     /// Keyed writes that passed and are not yet acked (or refused) by the log.
     unacked: BTreeSet<u32>,
+    /// The highest read id seen.
+    reads_through: u32,
 }
 
 /// The sessions' requests as the cache saw them.
@@ -65,6 +67,33 @@ impl Sessions {
                 self.forgotten += 1;
             }
         }
+        true
+    }
+
+    /// Read `id` of `session` came in: whether it is newer than every read of the session
+    /// this device saw before. Only such a read may start a fetch: an older id is a
+    /// retransmission or a replay, and an old answer to it (replayed too) would put an old
+    /// value in the table. A session's first read here starts none (it may be a replay).
+    pub fn read_is_new(&mut self, session: u64, id: u32) -> bool {
+        if !self.seen.contains_key(&session) {
+            if self.seen.len() >= SESSIONS_MAX {
+                self.forget_oldest();
+            }
+            self.order.push_back(session);
+            self.seen.insert(
+                session,
+                Seen {
+                    reads_through: id,
+                    ..Seen::default()
+                },
+            );
+            return false;
+        }
+        let state = self.seen.get_mut(&session).expect("present");
+        if id <= state.reads_through {
+            return false;
+        }
+        state.reads_through = id;
         true
     }
 

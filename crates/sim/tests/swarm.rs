@@ -148,11 +148,29 @@ fn a_broken_invariant_is_a_failure_with_its_trace() {
 
 /// Seeds that once broke an invariant, replayed on every run. (A change to how the simulator
 /// draws from its generator changes what a seed means; the seeds stay as extra coverage.)
-const REGRESSION_SEEDS: &[(u64, &str)] = &[(
-    16421769416951762298,
-    "an entry that survived a crash in the middle of its write was re-acked after recovery; \
-     the simulator's durability check had not counted recovered entries as durable",
-)];
+const REGRESSION_SEEDS: &[(u64, &str)] = &[
+    (
+        16421769416951762298,
+        "an entry that survived a crash in the middle of its write was re-acked after recovery; \
+         the simulator's durability check had not counted recovered entries as durable",
+    ),
+    (
+        5003476,
+        "the attacker replayed an old cache read and then the server's old answer to it: the \
+         device fetched on the replayed read and put the old value in its table (a fetch now \
+         starts only on a read newer than every read of its session the device saw)",
+    ),
+    (
+        5008724,
+        "a session whose clients left, with many holes behind a device's paced resends: each \
+         hole waited the whole fill delay from when the one before it closed (a gap's client \
+         lifetime now counts from when a later number was first seen)",
+    ),
+    (
+        7586376486489665401,
+        "the same: holes closed one at a time, one fill delay each, past the liveness bound",
+    ),
+];
 
 #[test]
 fn regression_seeds_pass() {

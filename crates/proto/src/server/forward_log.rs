@@ -442,7 +442,7 @@ impl super::Server {
                 .get_mut(&forward.session_id)
                 .expect("created above");
             session.buffered_bytes += assembly.cost();
-            session.highest_seen = session.highest_seen.max(forward.seq);
+            session.note_seen(forward.seq, now);
             session.pending.insert(forward.seq, assembly);
             log.keep(key, forward.index, slots);
             recovery.requests += 1;

@@ -47,8 +47,13 @@ impl Server {
             self.gap_timers.remove(&(old.deadline, session_id));
         }
         let deadline = now + gap_timeout;
+        // The missing number was issued before any later number was seen: its client's
+        // lifetime counts from then, not from when the numbers before it were closed.
+        let since = session
+            .first_seen_above(session.issued_through + 1)
+            .map_or(now, |seen| seen.min(now));
         session.gap = Some(Gap {
-            since: now,
+            since,
             at: session.issued_through,
             deadline,
             interval: gap_timeout,
@@ -159,7 +164,7 @@ impl Server {
             .expect("session of a gap");
         debug_assert_eq!(session.issued_through, session.last_applied);
         let first = session.issued_through + 1;
-        let last = match session.pending.first_key_value() {
+        let mut last = match session.pending.first_key_value() {
             // The next request is partly here: only it is in question.
             Some((&seq, _)) if seq == first => first,
             Some((&seq, _)) => seq - 1,
@@ -168,6 +173,13 @@ impl Server {
             None if session.awaited_through >= session.highest_seen => session.highest_seen,
             None => session.highest_seen.saturating_sub(1).max(first),
         };
+        // Only numbers whose clients gave up for certain: below a number seen a lifetime ago.
+        if let Some(bound) = session
+            .given_up_through(now, self.config.gap_fill_after)
+            .filter(|&bound| bound >= first)
+        {
+            last = last.min(bound);
+        }
         if devices.is_empty() {
             self.skip(now, session_id, first, last);
             return;

@@ -142,9 +142,7 @@ impl Server {
             // Its requests, if any come, come through the device that sent what waits.
             awaited.reply_to = reply_to;
         }
-        if awaited.highest_seen < through {
-            awaited.highest_seen = through;
-        }
+        awaited.note_issued(through, now);
         awaited.awaited_through = awaited.awaited_through.max(through);
         self.counters.sessions_evicted = self.table.evicted;
         self.update_gap(now, after);

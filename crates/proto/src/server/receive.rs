@@ -65,7 +65,7 @@ impl Server {
             }
             return;
         }
-        session.highest_seen = session.highest_seen.max(seq);
+        session.note_seen(seq, now);
         if seq - session.last_applied > reorder_window {
             // Not buffered, but seen: the gap machinery knows something lies beyond.
             self.count_drop(DropReason::BeyondReorderWindow);

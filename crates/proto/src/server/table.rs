@@ -123,8 +123,14 @@ pub(super) struct Session {
     pub(super) last_applied: u32,
     /// Highest sequence number handed to the application (≥ `last_applied`).
     pub(super) issued_through: u32,
-    /// Highest sequence number seen, buffered or not.
+    /// Highest sequence number seen, buffered or not (set through [`Session::note_seen`]).
     pub(super) highest_seen: u32,
+    /// When each new highest number was first seen, oldest first: (bound, time), every number
+    /// below `bound` issued by its client before `time` (a number seen at t was issued after
+    /// every one below it), so its client gave up on it by t plus the longest request
+    /// lifetime. At most [`SEEN_POINTS_MAX`]; a point
+    /// forgotten only makes a later deadline.
+    pub(super) seen_points: VecDeque<(u32, Time)>,
     pub(super) pending: BTreeMap<u32, Assembly>,
     /// What `pending` costs the reassembly budget.
     pub(super) buffered_bytes: usize,
@@ -153,7 +159,63 @@ pub(super) struct Session {
     pub(super) last_active: Time,
 }
 
+/// Seen points a session keeps (see `Session::seen_points`).
+pub(super) const SEEN_POINTS_MAX: usize = 16;
+
 impl Session {
+    /// Number `seq` of this session was seen at `now`.
+    pub(super) fn note_seen(&mut self, seq: u32, now: Time) {
+        if seq > self.highest_seen {
+            self.highest_seen = seq;
+            self.add_seen_point(seq, now);
+        }
+    }
+
+    /// Number `seq` of this session is known to have been issued by `now` (another session's
+    /// keyed write waits for it) without being seen here.
+    pub(super) fn note_issued(&mut self, seq: u32, now: Time) {
+        if seq > self.highest_seen {
+            self.highest_seen = seq;
+            self.add_seen_point(seq.saturating_add(1), now);
+        }
+    }
+
+    /// Every number below `bound` was issued by `now`.
+    fn add_seen_point(&mut self, bound: u32, now: Time) {
+        // Points that cover only what is applied tell nothing any more.
+        while self
+            .seen_points
+            .front()
+            .is_some_and(|(seen, _)| *seen <= self.last_applied.saturating_add(1))
+        {
+            self.seen_points.pop_front();
+        }
+        if self.seen_points.len() >= SEEN_POINTS_MAX {
+            // The new point covers the numbers the dropped one did, from a later time.
+            self.seen_points.pop_back();
+        }
+        self.seen_points.push_back((bound, now));
+    }
+
+    /// When a number above `seq` was first seen, if one was (and is remembered): `seq` was
+    /// issued before then.
+    pub(super) fn first_seen_above(&self, seq: u32) -> Option<Time> {
+        self.seen_points
+            .iter()
+            .find(|(seen, _)| *seen > seq)
+            .map(|(_, at)| *at)
+    }
+
+    /// The highest number whose client has given up on it by `now` for certain: one below
+    /// a number seen `lifetime` ago or more.
+    pub(super) fn given_up_through(&self, now: Time, lifetime: Duration) -> Option<u32> {
+        self.seen_points
+            .iter()
+            .rev()
+            .find(|(_, at)| now.saturating_duration_since(*at) >= lifetime)
+            .map(|(seen, _)| seen - 1)
+    }
+
     pub(super) fn is_idle(&self) -> bool {
         self.pending.is_empty()
             && self.issued_through == self.last_applied
@@ -322,5 +384,47 @@ mod tests {
         // The lazy order is compacted: it never grows far beyond the table.
         assert!(table.activity.len() <= 4 * 1024 + 4096 + 1);
         assert_eq!(table.evicted, 200_000 - 1024);
+    }
+
+    #[test]
+    fn a_number_counts_as_given_up_a_lifetime_after_a_later_one_was_first_seen() {
+        let lifetime = Duration::from_secs(20);
+        let at = |secs: u64| Time::ZERO + Duration::from_secs(secs);
+        let mut session = Session::default();
+        session.note_seen(5, at(1));
+        session.note_seen(3, at(2)); // lower: changes nothing
+        session.note_seen(9, at(4));
+        assert_eq!(session.highest_seen, 9);
+        assert_eq!(session.first_seen_above(2), Some(at(1)));
+        assert_eq!(session.first_seen_above(5), Some(at(4)));
+        assert_eq!(session.first_seen_above(9), None);
+        assert_eq!(session.given_up_through(at(20), lifetime), None);
+        assert_eq!(session.given_up_through(at(21), lifetime), Some(4));
+        assert_eq!(session.given_up_through(at(24), lifetime), Some(8));
+        // Bounded: a point dropped only makes deadlines later, never earlier.
+        for seq in 10..100 {
+            session.note_seen(seq, at(u64::from(seq)));
+        }
+        assert!(session.seen_points.len() <= SEEN_POINTS_MAX);
+        assert_eq!(session.first_seen_above(2), Some(at(1)));
+        for x in 1..99u32 {
+            // When a number above x was really first seen.
+            let truth = match x {
+                0..=4 => at(1),
+                5..=8 => at(4),
+                _ => at(u64::from(x) + 1),
+            };
+            let seen = session.first_seen_above(x).expect("a later number");
+            assert!(seen >= truth, "{x}: {seen:?} before {truth:?}");
+        }
+        // Points at or below what is applied are let go.
+        session.last_applied = 50;
+        session.note_seen(100, at(100));
+        assert!(session.seen_points.iter().all(|(seq, _)| *seq > 51));
+        // A number known to be issued (awaited by another session) counts itself.
+        let mut awaited = Session::default();
+        awaited.note_issued(5, at(1));
+        assert_eq!(awaited.highest_seen, 5);
+        assert_eq!(awaited.given_up_through(at(21), lifetime), Some(5));
     }
 }

@@ -187,3 +187,49 @@ fn a_primary_killed_between_forwarding_and_applying_takes_the_request_back() {
     );
     drop((replica1, replica2, device));
 }
+
+/// An INCR no device holds reaches replica 1, which applies it, while replica 2 is down; the
+/// primary is lost for good (SIGKILL, its data file and forward log deleted) and its client
+/// gives up. The operator promotes replica 1, the one further along (`pmnet status` says
+/// `applied_position`): it sends what it applied as a replica, from its forward log, to
+/// replica 2, so both hold the INCR, applied once.
+#[test]
+fn a_promoted_replica_brings_the_other_replica_what_it_applied_as_a_replica() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let data = |name: &str| dir.path().join(format!("{name}.data"));
+    let log = dir.path().join("device.log");
+    let (d, p, r1, r2) = (
+        free_udp_addr(),
+        free_udp_addr(),
+        free_udp_addr(),
+        free_udp_addr(),
+    );
+    let mut replica1 = server(r1, p, &data("r1"), &[]);
+    let mut primary = server(p, d, &data("p"), &[r1, r2]);
+    let mut device = Node::start("device", device_args(d, p, &log));
+
+    let (ok, out) = client(d, &["incr", "counter"]);
+    assert!(!ok, "no reply while replica 2 is down: {out}");
+    wait_value(r1, "counter", "1");
+    replica1.wait_metric(
+        "pmnet_server_applied_position",
+        "",
+        "replica 1 applied the INCR",
+        |position| position >= 1.0,
+    );
+    primary.proc.kill();
+    std::fs::remove_file(data("p")).expect("delete the primary's store");
+    std::fs::remove_file(pmnet_runtime::forward_log_path(&data("p")))
+        .expect("delete the primary's forward log");
+
+    replica1.proc.kill();
+    replica1 = server(r1, d, &data("r1"), &[r2]);
+    let replica2 = server(r2, r1, &data("r2"), &[]);
+    device.proc.kill();
+    device = Node::start("device", device_args(d, r1, &log));
+    wait_value(r2, "counter", "1");
+    let (ok, out) = client(d, &["incr", "counter"]);
+    assert!(ok && out == "(integer) 2", "applied once each: {out}");
+    wait_value(r2, "counter", "2");
+    drop((replica1, replica2, device));
+}

@@ -454,3 +454,51 @@ fn a_restarted_primary_applies_what_its_replica_applied_not_the_clients_fill() {
     assert_eq!(world.servers[0].server.replication_pending(), 0);
     assert_eq!(world.servers[0].server.forward_log_usage(), Some((0, 1024)));
 }
+
+/// A bypass request no device logs reaches replica 0, which applies it, while replica 1 is
+/// down; its client gives up and the primary is lost for good. Replica 0, further along, is
+/// promoted: it sends what it applied as a replica (kept in its forward log) to replica 1,
+/// which then applies the same request, once.
+#[test]
+fn a_promoted_replica_sends_the_other_replica_what_it_applied_as_a_replica() {
+    let mut world = replicated(1, 2);
+    world.reconfigure_client(0, |config| {
+        config.request_lifetime = Duration::from_secs(1);
+    });
+    world.stop_replica(1);
+    let seq = world.bypass(0, b"read");
+    world.run_for(Duration::from_millis(20));
+    assert_eq!(
+        applied(&world.replicas[0].app),
+        vec![(world.session(0), seq)]
+    );
+    world.run_for(Duration::from_secs(3));
+    assert!(
+        matches!(world.completion(0, seq), Some(ClientEvent::Failed { .. })),
+        "the client gave up: {:?}",
+        world.completion(0, seq)
+    );
+    assert!(
+        world.replicas[0].app.applied_position() > world.replicas[1].app.applied_position(),
+        "replica 0 is further along"
+    );
+    world.promote_replica(0, 0);
+    world.start_replica(1);
+    world.run_for(Duration::from_secs(5));
+    assert_eq!(world.servers[0].forward_log_recovery.resent_to_replicas, 1);
+    let promoted = world.servers[0].app.applied.clone();
+    assert_eq!(
+        world.replicas[1].app.applied, promoted,
+        "replica 1 applied what the promoted replica applied"
+    );
+    assert_eq!(promoted.len(), 1);
+    assert_eq!(world.servers[0].server.replication_pending(), 0);
+    assert_eq!(
+        world.servers[0]
+            .server
+            .counters()
+            .replication
+            .fill_conflicts,
+        0
+    );
+}

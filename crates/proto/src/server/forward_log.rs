@@ -19,7 +19,7 @@
 //! | 0..8 | forward index (u64, little-endian): the order forwarded |
 //! | 8..10 | parts (u16): slots the request takes |
 //! | 10 | kind: 1 update, 2 bypass |
-//! | 11 | flags: bit 0 no-op fill |
+//! | 11 | flags: bit 0 no-op fill; bit 1 retained (received from a primary) |
 //! | 12.. | this part of the request, as the application gets it |
 //!
 //! A request whose parts are not all there (a crash while its batch was written: it was never
@@ -53,8 +53,15 @@ pub struct ForwardLogOpened {
 pub struct ForwardLogRecovery {
     /// Requests forwarded and not applied before the restart: taken in again.
     pub requests: u64,
-    /// Requests applied before the restart whose slots were not freed yet.
+    /// Requests applied before the restart whose slots were not freed yet (or, received from
+    /// a primary, kept until their slots are needed).
     pub applied: u64,
+    /// On a server without replicas: requests received from a primary and not applied,
+    /// applied from their records when the primary sends them again.
+    pub kept: u64,
+    /// On a primary: requests it applied as a replica (before a promotion), sent to its
+    /// replicas again, which may lack them.
+    pub resent_to_replicas: u64,
     /// Incomplete or unreadable records (never forwarded) and superseded copies: freed.
     pub discarded_slots: u64,
 }
@@ -67,8 +74,15 @@ pub(super) struct LoggedForward {
     pub seq: u32,
     pub kind: RequestKind,
     pub fill: bool,
+    /// Received from a primary (kept by a replica), not forwarded by this server.
+    pub retained: bool,
     pub request: Vec<u8>,
 }
+
+/// Record flag: a no-op fill.
+const FLAG_FILL: u8 = 1;
+/// Record flag: received from a primary.
+const FLAG_RETAINED: u8 = 2;
 
 /// Requests found in a log at start-up, with their slots, in forward order.
 pub(super) type Found = Vec<(LoggedForward, Vec<u32>)>;
@@ -78,7 +92,7 @@ type Waiting = ((u64, u32), u64);
 
 /// Copies of one request found at start-up, by forward index: (parts, kind, fill, and each
 /// part found by part number: its slot and bytes).
-type Copies = BTreeMap<u64, (u16, RequestKind, bool, BTreeMap<u16, (u32, Vec<u8>)>)>;
+type Copies = BTreeMap<u64, (u16, RequestKind, u8, BTreeMap<u16, (u32, Vec<u8>)>)>;
 
 /// A request in the log.
 #[derive(Debug)]
@@ -87,6 +101,16 @@ struct Logged {
     slots: Vec<u32>,
     /// Its records are durable.
     durable: bool,
+    /// Received from a primary: kept after it is applied, until its slots are needed.
+    retained: bool,
+    /// What it holds (fill, length, CRC-32C of the request): a different request under the
+    /// same number replaces it.
+    content: (bool, usize, u32),
+}
+
+/// What a record holds, to tell two requests under one number apart.
+fn content_of(fill: bool, request: &[u8]) -> (bool, usize, u32) {
+    (fill, request.len(), crc32c::crc32c(request))
 }
 
 /// One slot's record, parsed.
@@ -94,7 +118,7 @@ struct Record<'a> {
     index: u64,
     parts: u16,
     kind: RequestKind,
-    fill: bool,
+    flags: u8,
     bytes: &'a [u8],
 }
 
@@ -107,14 +131,14 @@ fn parse_record(packet: &[u8]) -> Option<Record<'_>> {
         2 => RequestKind::Bypass,
         _ => return None,
     };
-    if parts == 0 || header[11] & !1 != 0 {
+    if parts == 0 || header[11] & !(FLAG_FILL | FLAG_RETAINED) != 0 {
         return None;
     }
     Some(Record {
         index,
         parts,
         kind,
-        fill: header[11] & 1 != 0,
+        flags: header[11],
         bytes: &packet[FORWARD_RECORD_HEADER_LEN..],
     })
 }
@@ -127,8 +151,12 @@ pub(super) struct ForwardLog {
     chunk: usize,
     slot_count: u32,
     free: Vec<u32>,
-    /// Each request logged and not yet applied.
+    /// Each request logged: not yet applied, or retained.
     live: HashMap<(u64, u32), Logged>,
+    /// Retained requests applied here, by index: the oldest is freed when a slot is needed.
+    evictable: BTreeMap<u64, (u64, u32)>,
+    /// Slots those take.
+    evictable_slots: usize,
     next_index: u64,
     /// Work asked for since the last batch.
     work: Vec<LogWork>,
@@ -167,10 +195,10 @@ impl ForwardLog {
                 .entry(key)
                 .or_default()
                 .entry(record.index)
-                .or_insert((record.parts, record.kind, record.fill, BTreeMap::new()));
+                .or_insert((record.parts, record.kind, record.flags, BTreeMap::new()));
             let consistent = copy.0 == record.parts
                 && copy.1 == record.kind
-                && copy.2 == record.fill
+                && copy.2 == record.flags
                 && entry.key.fragment_index < record.parts
                 && !copy.3.contains_key(&entry.key.fragment_index);
             if consistent {
@@ -187,7 +215,7 @@ impl ForwardLog {
         for ((session_id, seq), copies) in groups {
             let mut kept = false;
             // The latest complete copy counts; every other one is freed.
-            for (index, (parts, kind, fill, pieces)) in copies.into_iter().rev() {
+            for (index, (parts, kind, flags, pieces)) in copies.into_iter().rev() {
                 let slots: Vec<u32> = pieces.values().map(|(slot, _)| *slot).collect();
                 if kept || pieces.len() != usize::from(parts) {
                     discarded.extend(slots);
@@ -202,7 +230,8 @@ impl ForwardLog {
                         session_id,
                         seq,
                         kind,
-                        fill,
+                        fill: flags & FLAG_FILL != 0,
+                        retained: flags & FLAG_RETAINED != 0,
                         request,
                     },
                     slots,
@@ -225,6 +254,8 @@ impl ForwardLog {
                 .filter(|slot| !used[*slot as usize])
                 .collect(),
             live: HashMap::new(),
+            evictable: BTreeMap::new(),
+            evictable_slots: 0,
             next_index,
             work: Vec::new(),
             unsent: Vec::new(),
@@ -250,9 +281,9 @@ impl ForwardLog {
         len.div_ceil(self.chunk).max(1)
     }
 
-    /// Whether a request of `len` bytes fits now.
+    /// Whether a request of `len` bytes fits now (freeing retained requests if need be).
     pub(super) fn fits(&self, len: usize) -> bool {
-        self.free.len() >= self.slots_for(len)
+        self.free.len() + self.evictable_slots >= self.slots_for(len)
     }
 
     /// Whether a request of `len` bytes could ever fit (the whole log, empty).
@@ -260,16 +291,53 @@ impl ForwardLog {
         self.slots_for(len) <= self.slot_count as usize
     }
 
-    /// Keep the slots of a request found at start-up (taken in again).
-    pub(super) fn keep(&mut self, key: (u64, u32), index: u64, slots: Vec<u32>) {
+    /// Keep the slots of a request found at start-up: taken in again, or (`applied`, a
+    /// retained one) kept until its slots are needed.
+    pub(super) fn keep(&mut self, forward: &LoggedForward, slots: Vec<u32>, applied: bool) {
+        let key = (forward.session_id, forward.seq);
         self.live.insert(
             key,
             Logged {
-                index,
+                index: forward.index,
                 slots,
                 durable: true,
+                retained: forward.retained,
+                content: content_of(forward.fill, &forward.request),
             },
         );
+        if applied {
+            self.applied(key);
+        }
+    }
+
+    /// Request `key` is applied (durably): a forward's slots are freed, a retained request
+    /// is kept until its slots are needed.
+    pub(super) fn applied(&mut self, key: (u64, u32)) {
+        let Some(logged) = self.live.get(&key) else {
+            return;
+        };
+        if !logged.retained {
+            self.release(key);
+        } else if self.evictable.insert(logged.index, key).is_none() {
+            self.evictable_slots += logged.slots.len();
+        }
+    }
+
+    /// Free the oldest retained requests until `slots` slots are free.
+    fn evict_for(&mut self, slots: usize) {
+        while self.free.len() < slots {
+            let Some((_, &key)) = self.evictable.first_key_value() else {
+                return;
+            };
+            self.release(key);
+        }
+    }
+
+    /// Whether request `key`'s record with forward index `index` is durable.
+    pub(super) fn is_durable(&self, key: (u64, u32), index: u64) -> bool {
+        self.live
+            .get(&key)
+            .is_some_and(|logged| logged.index == index && logged.durable)
     }
 
     /// Log a request to be forwarded: its forward index, and whether its record is durable
@@ -281,14 +349,23 @@ impl ForwardLog {
         key: (u64, u32),
         kind: RequestKind,
         fill: bool,
+        retained: bool,
         request: &[u8],
     ) -> (u64, bool) {
+        let content = content_of(fill, request);
         if let Some(logged) = self.live.get(&key) {
-            return (logged.index, logged.durable);
+            if logged.content == content {
+                return (logged.index, logged.durable);
+            }
+            // Another request under that number (a fill where a request was): it replaces
+            // the record. Nothing was applied from the old one, so a crash that leaves
+            // neither loses nothing.
+            self.release(key);
         }
         let index = self.next_index;
         self.next_index += 1;
         let parts = self.slots_for(request.len());
+        self.evict_for(parts);
         let parts_u16 = u16::try_from(parts).expect("a request fits in u16::MAX slots");
         let chunks: Vec<&[u8]> = if request.is_empty() {
             vec![&[][..]]
@@ -305,7 +382,8 @@ impl ForwardLog {
                 RequestKind::Update => 1,
                 RequestKind::Bypass => 2,
             });
-            packet.push(u8::from(fill));
+            packet
+                .push(if fill { FLAG_FILL } else { 0 } | if retained { FLAG_RETAINED } else { 0 });
             packet.extend_from_slice(bytes);
             self.work.push(LogWork::Write {
                 slot,
@@ -326,6 +404,8 @@ impl ForwardLog {
                 index,
                 slots,
                 durable: false,
+                retained,
+                content,
             },
         );
         self.unsent.push((key, index));
@@ -335,6 +415,9 @@ impl ForwardLog {
     /// Request `key` is applied (durably): its slots are freed.
     pub(super) fn release(&mut self, key: (u64, u32)) {
         if let Some(logged) = self.live.remove(&key) {
+            if self.evictable.remove(&logged.index).is_some() {
+                self.evictable_slots -= logged.slots.len();
+            }
             for slot in logged.slots {
                 self.work.push(LogWork::Invalidate { slot });
                 self.free.push(slot);
@@ -415,24 +498,35 @@ impl super::Server {
             log.slot_count,
             log.chunk
         );
+        let primary = server.is_primary();
+        let mut resend = Vec::new();
         for (forward, slots) in found {
-            let key = (forward.session_id, forward.seq);
             let applied = server.last_applied(forward.session_id) >= forward.seq;
-            if applied
+            if applied {
+                // Applied before the restart: a forward's slots are freed, a retained request
+                // is kept until its slots are needed; a replica promoted sends those again.
+                recovery.applied += 1;
+                log.keep(&forward, slots, true);
+                if primary && forward.retained {
+                    resend.push(forward);
+                }
+                continue;
+            }
+            if !primary
                 || server
                     .table
                     .get_or_create(now, forward.session_id)
                     .is_none()
             {
-                // Applied before the restart (or, past the table's room for sessions, never
-                // to be: not expected with a table sized for every client).
-                recovery.applied += 1;
-                log.keep(key, forward.index, slots);
-                log.release(key);
+                // A replica's request from its primary, not applied: applied from this
+                // record when the primary sends it again.
+                recovery.kept += 1;
+                log.keep(&forward, slots, false);
                 continue;
             }
+            let index_slots = slots;
             let mut assembly =
-                super::table::Assembly::whole(forward.kind, forward.fill, forward.request);
+                super::table::Assembly::whole(forward.kind, forward.fill, forward.request.clone());
             server.requests_completed += 1;
             assembly.completed = server.requests_completed;
             server.table.buffered_bytes += assembly.cost();
@@ -444,10 +538,15 @@ impl super::Server {
             session.buffered_bytes += assembly.cost();
             session.note_seen(forward.seq, now);
             session.pending.insert(forward.seq, assembly);
-            log.keep(key, forward.index, slots);
+            log.keep(&forward, index_slots, false);
             recovery.requests += 1;
         }
         server.forward_log = Some(log);
+        for forward in resend {
+            if server.resend_applied_to_replicas(now, &forward) {
+                recovery.resent_to_replicas += 1;
+            }
+        }
         if server.recovery.is_none() {
             server.issue_in_arrival_order(now);
         }
@@ -462,10 +561,99 @@ impl super::Server {
         self.forward_log.as_mut()?.poll_persist()
     }
 
-    /// Forward log batches through `through` are durable: what waited on them is forwarded.
+    /// Forward log batches through `through` are durable: what waited on them is forwarded
+    /// (a primary) or applied (a replica).
     pub fn on_persisted(&mut self, now: crate::Time, through: u64) {
         self.send_logged_forwards(now, through);
+        self.release_retained();
         self.unstall(now);
+    }
+
+    /// A replica hands a request on: one from its primary is kept in the forward log first
+    /// and applied once its record is durable (after a promotion it can send it to the other
+    /// replicas, which may lack it); requests stay in order behind one that waits.
+    pub(super) fn apply_as_replica(&mut self, request: super::Issued) {
+        let index = match (self.forward_log.as_mut(), request.from_primary) {
+            (Some(log), true) => {
+                let key = (request.session_id, request.seq);
+                Some(
+                    log.append(key, request.kind, request.fill, true, &request.request)
+                        .0,
+                )
+            }
+            _ => None,
+        };
+        self.retained_waiting.push_back((request, index));
+        self.release_retained();
+    }
+
+    /// Hand the application every request at the front of the replica's queue whose record
+    /// is durable (or that needs none).
+    fn release_retained(&mut self) {
+        while let Some((request, index)) = self.retained_waiting.front() {
+            let durable = match (index, self.forward_log.as_ref()) {
+                (Some(index), Some(log)) => {
+                    log.is_durable((request.session_id, request.seq), *index)
+                }
+                _ => true,
+            };
+            if !durable {
+                return;
+            }
+            let (request, _) = self.retained_waiting.pop_front().expect("looked at");
+            self.events.push_back(super::ServerEvent::Apply {
+                session_id: request.session_id,
+                seq: request.seq,
+                kind: request.kind,
+                request: request.request,
+            });
+        }
+    }
+
+    /// Take back every request of `session_id` waiting for its record (the application had
+    /// no room for an earlier one): (seq, kind, request).
+    pub(super) fn take_retained_of(&mut self, session_id: u64) -> Vec<(u32, RequestKind, Vec<u8>)> {
+        let (taken, kept) = std::mem::take(&mut self.retained_waiting)
+            .into_iter()
+            .partition(|(request, _)| request.session_id == session_id);
+        self.retained_waiting = kept;
+        taken
+            .into_iter()
+            .map(|(request, _): (super::Issued, _)| (request.seq, request.kind, request.request))
+            .collect()
+    }
+
+    /// A request this server applied as a replica, found in its log after it started as a
+    /// primary: sent to its replicas (as a duplicate is), held until each acked. Whether it
+    /// was.
+    fn resend_applied_to_replicas(&mut self, now: crate::Time, forward: &LoggedForward) -> bool {
+        let key = (forward.session_id, forward.seq);
+        let datagrams = if forward.fill {
+            vec![pmnet_wire::encode_noop_fill(
+                self.config.server_id,
+                forward.session_id,
+                forward.seq,
+            )]
+        } else {
+            let header = pmnet_wire::Header::new(
+                forward.kind.packet_type(),
+                self.config.server_id,
+                forward.session_id,
+                forward.seq,
+            );
+            crate::encode_fragments(header, &forward.request, self.datagram_budget())
+                .unwrap_or_default()
+        };
+        let mut held = false;
+        for (fragment, bytes) in datagrams.iter().enumerate() {
+            let fragment = u16::try_from(fragment).unwrap_or(u16::MAX);
+            let Some(acked) = self.hold_makeup(now, key, None, fragment, bytes) else {
+                return held;
+            };
+            held = true;
+            self.send_to_replicas(std::slice::from_ref(bytes), acked);
+        }
+        held
     }
 
     /// Requests in the forward log (forwarded or about to be, not applied yet) and free
@@ -528,11 +716,11 @@ mod tests {
             3,
             "a request over three slots"
         );
-        let a = forward_log.append((9, 2), RequestKind::Update, false, &large);
-        let b = forward_log.append((5, 7), RequestKind::Bypass, false, b"read");
-        let c = forward_log.append((9, 3), RequestKind::Bypass, true, b"");
+        let a = forward_log.append((9, 2), RequestKind::Update, false, false, &large);
+        let b = forward_log.append((5, 7), RequestKind::Bypass, false, false, b"read");
+        let c = forward_log.append((9, 3), RequestKind::Bypass, true, false, b"");
         assert_eq!(
-            forward_log.append((5, 7), RequestKind::Bypass, false, b"read"),
+            forward_log.append((5, 7), RequestKind::Bypass, false, false, b"read"),
             (b.0, false),
             "forwarded again: the same record and place"
         );
@@ -552,6 +740,7 @@ mod tests {
                     seq: 2,
                     kind: RequestKind::Update,
                     fill: false,
+                    retained: false,
                     request: large,
                 },
                 LoggedForward {
@@ -560,6 +749,7 @@ mod tests {
                     seq: 3,
                     kind: RequestKind::Bypass,
                     fill: true,
+                    retained: false,
                     request: Vec::new(),
                 },
             ]
@@ -571,8 +761,8 @@ mod tests {
     fn a_request_missing_a_part_or_with_a_damaged_record_is_freed_not_taken_back() {
         let (mut log, mut forward_log, ..) = reopen(empty_log());
         let three_parts = vec![7; forward_log.chunk * 3];
-        forward_log.append((1, 1), RequestKind::Update, false, &three_parts);
-        forward_log.append((1, 2), RequestKind::Update, false, b"whole");
+        forward_log.append((1, 1), RequestKind::Update, false, false, &three_parts);
+        forward_log.append((1, 2), RequestKind::Update, false, false, b"whole");
         persist_all(&mut log, &mut forward_log);
         // A part lost (as if its write never completed) and a record the log's checksum
         // accepts but that does not parse.
@@ -638,5 +828,37 @@ mod tests {
             );
             assert_eq!(forward_log.free_len(), SLOTS as usize - kept);
         }
+    }
+
+    #[test]
+    fn a_replica_keeps_what_it_applied_until_the_slots_are_needed_oldest_first() {
+        let (mut log, mut forward_log, ..) = reopen(empty_log());
+        for seq in 1..=SLOTS {
+            assert!(forward_log.fits(5));
+            forward_log.append((1, seq), RequestKind::Update, false, true, b"value");
+            persist_all(&mut log, &mut forward_log);
+            forward_log.applied((1, seq));
+        }
+        assert_eq!(forward_log.free_len(), 0);
+        assert!(forward_log.fits(5), "the oldest applied one makes room");
+        forward_log.append((2, 1), RequestKind::Update, false, true, b"new");
+        persist_all(&mut log, &mut forward_log);
+        assert!(!forward_log.live.contains_key(&(1, 1)), "the oldest went");
+        assert!(forward_log.live.contains_key(&(1, 2)));
+        // Not applied yet: never evicted.
+        assert_eq!(forward_log.evictable_slots, SLOTS as usize - 1);
+        // A different request under a number replaces its record.
+        let (index, durable) = forward_log.append((2, 1), RequestKind::Bypass, true, true, b"");
+        assert!(!durable);
+        persist_all(&mut log, &mut forward_log);
+        assert!(forward_log.is_durable((2, 1), index));
+        let (_, _, found, _) = reopen(log);
+        let retained: Vec<(u64, u32, bool)> = found
+            .iter()
+            .map(|(forward, _)| (forward.session_id, forward.seq, forward.fill))
+            .filter(|(session, ..)| *session == 2)
+            .collect();
+        assert_eq!(retained, vec![(2, 1, true)]);
+        assert!(found.iter().all(|(forward, _)| forward.retained));
     }
 }

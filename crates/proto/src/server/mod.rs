@@ -218,8 +218,24 @@ pub struct Server {
     reads: reads::Reads,
     /// A primary's requests held for its replicas (see `replicate.rs`).
     replication: replicate::Replication,
-    /// A primary's forward log (see `forward_log.rs`); `None` without one.
+    /// The forward log (see `forward_log.rs`): a primary's forwards, a replica's requests
+    /// from its primary; `None` without one.
     forward_log: Option<forward_log::ForwardLog>,
+    /// A replica's requests waiting for their records, in order, each with its record's
+    /// index (`None`: needs none; it waits only behind the others).
+    retained_waiting: VecDeque<(Issued, Option<u64>)>,
+}
+
+/// A request handed on from the session table.
+#[derive(Debug)]
+pub(super) struct Issued {
+    pub session_id: u64,
+    pub seq: u32,
+    pub kind: RequestKind,
+    pub fill: bool,
+    /// Forwarded by this server's primary.
+    pub from_primary: bool,
+    pub request: Vec<u8>,
 }
 
 impl Server {
@@ -286,6 +302,7 @@ impl Server {
             reads: reads::Reads::default(),
             replication: replicate::Replication::default(),
             forward_log: None,
+            retained_waiting: VecDeque::new(),
             config,
         };
         if !server.config.devices.is_empty() {
@@ -327,6 +344,17 @@ impl Server {
             .sessions
             .get(&session_id)
             .map_or(0, |session| session.last_applied)
+    }
+
+    /// How far this server got: the sum of its sessions' last applied numbers. Replicas
+    /// apply in their primary's order, so of two replicas of one primary the one with the
+    /// higher value holds everything the other does: the one to promote.
+    pub fn applied_position(&self) -> u64 {
+        self.table
+            .sessions
+            .values()
+            .map(|session| u64::from(session.last_applied))
+            .sum()
     }
 
     /// Sessions with buffered or unapplied requests (for convergence checks).
@@ -532,11 +560,13 @@ impl Server {
                 return false;
             }
         }
-        let len = self.table.sessions[&session_id]
+        let (len, from_primary) = self.table.sessions[&session_id]
             .pending
             .first_key_value()
-            .map_or(0, |(_, assembly)| assembly.received_len);
-        if !self.replication_room(session_id, len) {
+            .map_or((0, false), |(_, assembly)| {
+                (assembly.received_len, assembly.from_primary)
+            });
+        if !self.replication_room(session_id, len, from_primary) {
             return false;
         }
         let session = self
@@ -576,7 +606,15 @@ impl Server {
             request.drain(..strip);
             request
         };
-        self.hand_on(now, session_id, seq, assembly.kind, assembly.fill, request);
+        let issued = Issued {
+            session_id,
+            seq,
+            kind: assembly.kind,
+            fill: assembly.fill,
+            from_primary,
+            request,
+        };
+        self.hand_on(now, issued);
         true
     }
 
@@ -687,8 +725,10 @@ impl Server {
         self.release_waiters(now, session_id, seq);
         self.release_reads(now, session_id, seq);
         if let Some(log) = self.forward_log.as_mut() {
-            // Applied durably: the replicas and this server have it.
-            log.release((session_id, seq));
+            // Applied durably: a primary's forward is freed (the replicas and this server
+            // have it); a replica's request from its primary is kept until its slots are
+            // needed.
+            log.applied((session_id, seq));
             self.unstall(now);
         }
     }
@@ -731,8 +771,10 @@ impl Server {
             session.last_applied,
             session.issued_through
         );
-        // On a primary, what it forwarded after it and has not applied comes back too.
+        // On a primary, what it forwarded after it and has not applied comes back too; on a
+        // replica, what waits for its record.
         handed_back.extend(self.replication.take_session(session_id));
+        handed_back.extend(self.take_retained_of(session_id));
         let session = self
             .table
             .sessions

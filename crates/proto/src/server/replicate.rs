@@ -236,12 +236,17 @@ impl Server {
 
     /// Whether a session's next request (of about `len` bytes) may be handed on now; if not,
     /// the session waits for room (held requests, or the forward log's slots).
-    pub(super) fn replication_room(&mut self, session_id: u64, len: usize) -> bool {
-        if !self.is_primary() {
-            return true;
-        }
-        let log_full = self.forward_log.as_ref().is_some_and(|log| !log.fits(len));
-        if !self.replication.is_full() && !log_full {
+    /// A replica's request from its primary (`from_primary`) waits only for the log.
+    pub(super) fn replication_room(
+        &mut self,
+        session_id: u64,
+        len: usize,
+        from_primary: bool,
+    ) -> bool {
+        let logged = self.is_primary() || from_primary;
+        let log_full = logged && self.forward_log.as_ref().is_some_and(|log| !log.fits(len));
+        let full = self.is_primary() && self.replication.is_full();
+        if !full && !log_full {
             return true;
         }
         if self.replication.stalled.insert(session_id) {
@@ -252,24 +257,19 @@ impl Server {
 
     /// Hand request `seq` of `session_id` to the application — on a primary, once every
     /// replica has it: forwarded now, applied on their acks (see the module docs).
-    pub(super) fn hand_on(
-        &mut self,
-        now: Time,
-        session_id: u64,
-        seq: u32,
-        kind: RequestKind,
-        fill: bool,
-        request: Vec<u8>,
-    ) {
+    pub(super) fn hand_on(&mut self, now: Time, issued: super::Issued) {
         if !self.is_primary() {
-            self.events.push_back(ServerEvent::Apply {
-                session_id,
-                seq,
-                kind,
-                request,
-            });
+            self.apply_as_replica(issued);
             return;
         }
+        let super::Issued {
+            session_id,
+            seq,
+            kind,
+            fill,
+            request,
+            ..
+        } = issued;
         let mut header = Header::new(kind.packet_type(), self.config.server_id, session_id, seq);
         let mut payload = Vec::new();
         if fill {
@@ -300,7 +300,7 @@ impl Server {
         let logged = self
             .forward_log
             .as_mut()
-            .map(|log| log.append((session_id, seq), kind, fill, &request));
+            .map(|log| log.append((session_id, seq), kind, fill, false, &request));
         let log_index = logged.map(|(index, _)| index);
         let sent = logged.is_none_or(|(_, durable)| durable);
         let resend_at = now + REPLICA_RESEND_FIRST;
@@ -328,7 +328,7 @@ impl Server {
         self.replication.order.push_back((session_id, seq));
     }
 
-    fn send_to_replicas(&mut self, datagrams: &[Vec<u8>], acked: u16) {
+    pub(super) fn send_to_replicas(&mut self, datagrams: &[Vec<u8>], acked: u16) {
         for (index, &replica) in self.config.replicas.iter().enumerate() {
             if acked & (1 << index) != 0 {
                 continue;
@@ -524,7 +524,7 @@ impl Server {
 
     /// Hold `bytes` (fragment `fragment` of `key`) for the replicas until each acked it,
     /// answering `to` then; the replicas that acked so far, or `None` when full.
-    fn hold_makeup(
+    pub(super) fn hold_makeup(
         &mut self,
         now: Time,
         key: (u64, u32),

@@ -1,6 +1,8 @@
-//! A primary's forward log on a mapped file next to its data file (docs/replication.md, "The
-//! forward log"): every request forwarded to the replicas is durable there first, and a
-//! restarted primary takes back what it forwarded and had not applied.
+//! The forward log on a mapped file next to the data file (docs/replication.md, "The forward
+//! log"): a primary's every request forwarded to the replicas is durable there first, and a
+//! restarted primary takes back what it forwarded and had not applied; a replica keeps its
+//! primary's requests there, applied only once durable, so that once promoted it can send
+//! them to the other replicas.
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +12,9 @@ use pmnet_proto::{ForwardLogOpened, ForwardLogRecovery};
 use super::{RuntimeError, StoreOptions};
 
 /// Slots of a new forward log: requests (or 2 KiB parts of larger ones) a primary holds for
-/// its replicas at most; beyond it the next request waits for one to be applied.
+/// its replicas at most (beyond it the next request waits for one to be applied), and the
+/// requests from its primary a replica keeps (the oldest applied one goes when a slot is
+/// needed: at least as many as its primary can hold unapplied).
 pub const FORWARD_LOG_SLOTS: u32 = 8192;
 /// Bytes per slot of a new forward log.
 pub const FORWARD_LOG_SLOT_SIZE: u32 = 2048;
@@ -22,7 +26,7 @@ pub fn forward_log_path(data_path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// A primary's forward log, open.
+/// A forward log, open.
 #[derive(Debug)]
 pub(super) struct ForwardLogFile {
     pub path: PathBuf,
@@ -89,11 +93,14 @@ pub(super) fn report_forward_log(file: &ForwardLogFile) {
     } else {
         tracing::info!(
             "forward log {} on {medium}: {} requests forwarded before the restart and not \
-             applied are taken in again, first; {} already applied, {} incomplete or \
-             superseded slots freed",
+             applied are taken in again, first; {} applied; {} from a primary kept to apply \
+             when it sends them again; {} applied as a replica sent to the replicas again; {} \
+             incomplete or damaged slots freed",
             file.path.display(),
             file.recovery.requests,
             file.recovery.applied,
+            file.recovery.kept,
+            file.recovery.resent_to_replicas,
             file.recovery.discarded_slots
         );
     }

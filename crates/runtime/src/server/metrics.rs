@@ -137,12 +137,8 @@ impl ServerRuntime {
                 "retransmit_requests_sent": counters.retransmit_requests_sent,
                 "dropped": counters.dropped.values().sum::<u64>(),
             },
-            "replication": (!self.options.replicas.is_empty()).then(|| serde_json::json!({
-                "replicas": self.options.replicas.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                "pending": self.server.replication_pending(),
-                "forwarded": counters.replication.forwarded,
-                "released": counters.replication.released,
-                "forward_log": self.forward_log.as_ref().map(|file| {
+            "applied_position": self.server.applied_position(),
+            "forward_log": self.forward_log.as_ref().map(|file| {
                     let (requests, free_slots) =
                         self.server.forward_log_usage().unwrap_or_default();
                     serde_json::json!({
@@ -154,6 +150,11 @@ impl ServerRuntime {
                         "taken_in_at_start": file.recovery.requests,
                     })
                 }),
+            "replication": (!self.options.replicas.is_empty()).then(|| serde_json::json!({
+                "replicas": self.options.replicas.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "pending": self.server.replication_pending(),
+                "forwarded": counters.replication.forwarded,
+                "released": counters.replication.released,
             })),
         })
     }
@@ -214,10 +215,14 @@ impl ServerRuntime {
             &[],
             self.server.replication_pending() as f64,
         );
+    }
+
+    /// The forward log (every server with a store) and how far the server got.
+    fn forward_log_metrics(&self, out: &mut Metrics) {
         if let Some((requests, free_slots)) = self.server.forward_log_usage() {
             out.gauge(
                 "pmnet_server_forward_log_requests",
-                "Requests in the forward log: forwarded (or about to be) and not applied yet.",
+                "Requests in the forward log: a primary's forwarded and not applied yet, a replica's kept from its primary.",
                 &[],
                 requests as f64,
             );
@@ -228,6 +233,12 @@ impl ServerRuntime {
                 free_slots as f64,
             );
         }
+        out.gauge(
+            "pmnet_server_applied_position",
+            "The sum of the sessions' last applied numbers: of two replicas of one primary, promote the one with the higher value.",
+            &[],
+            self.server.applied_position() as f64,
+        );
     }
 
     /// Every counter of the server, its socket and its store.
@@ -355,6 +366,7 @@ impl ServerRuntime {
         }
         self.gap_and_recovery_metrics(out, counters);
         self.replication_metrics(out, counters);
+        self.forward_log_metrics(out);
         for (reason, value) in &counters.dropped {
             out.counter(
                 "pmnet_server_dropped_total",

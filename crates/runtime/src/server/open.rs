@@ -250,9 +250,10 @@ impl ServerRuntime {
         if let Some(gap_fill_after) = options.gap_fill_after {
             config.gap_fill_after = gap_fill_after;
         }
-        // A primary with a store keeps a forward log next to its data file.
-        let (server, forward_log) = match (&options.store, options.replicas.is_empty()) {
-            (Some(store_options), false) => {
+        // A server with a store keeps a forward log next to its data file: a primary's
+        // forwards, a replica's requests from its primary.
+        let (server, forward_log) = match &options.store {
+            Some(store_options) => {
                 let (log, opened, path, created) = forward::open_forward_log(store_options)?;
                 let (server, recovery) =
                     Server::with_forward_log(config, clock.now(), sessions, opened);
@@ -265,15 +266,16 @@ impl ServerRuntime {
                 forward::report_forward_log(&file);
                 (server, Some(file))
             }
-            (None, false) => {
-                tracing::warn!(
-                    "a primary without a store (the ideal handler) keeps no forward log: a \
-                     request forwarded to the replicas and lost here in a crash may differ \
-                     between them (docs/replication.md)"
-                );
+            None => {
+                if !options.replicas.is_empty() {
+                    tracing::warn!(
+                        "a primary without a store (the ideal handler) keeps no forward log: a \
+                         request forwarded to the replicas and lost here in a crash may differ \
+                         between them (docs/replication.md)"
+                    );
+                }
                 (Server::new(config, clock.now(), sessions), None)
             }
-            _ => (Server::new(config, clock.now(), sessions), None),
         };
         let board = MetricsBoard::new();
         let metrics = start_metrics(&options.loop_options, &board, &shutdown)?;

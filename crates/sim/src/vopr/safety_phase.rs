@@ -137,7 +137,17 @@ fn lose_primary(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSumm
     if lost >= per_server {
         return;
     }
-    let Some(replica) = replicas.clone().find(|&r| !world.replicas[r].lost) else {
+    // The operator promotes the replica furthest along (docs/replication.md).
+    let Some(replica) = replicas
+        .clone()
+        .filter(|&r| !world.replicas[r].lost)
+        .max_by_key(|&r| {
+            (
+                world.replicas[r].app.applied_position(),
+                std::cmp::Reverse(r),
+            )
+        })
+    else {
         return;
     };
     summary.counts.primaries_lost += 1;

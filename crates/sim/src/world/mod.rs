@@ -582,6 +582,7 @@ impl World {
     pub fn promote_replica(&mut self, server: usize, replica: usize) {
         let now = self.now;
         let app = std::mem::take(&mut self.replicas[replica].app);
+        let forward_log = self.replicas[replica].forward_log.take();
         self.replicas[replica].up = false;
         self.replicas[replica].lost = true;
         let node = &mut self.servers[server];
@@ -590,8 +591,8 @@ impl World {
             .retain(|&addr| addr != replica_addr(replica));
         node.app = app;
         node.skipped_before_restart = 0;
-        // The lost primary's forward log is gone with it.
-        node.forward_log = None;
+        // The lost primary's forward log is gone with it; the replica's comes along.
+        node.forward_log = forward_log;
         node.restart(now);
         self.note_by(
             &format!("server{server}"),

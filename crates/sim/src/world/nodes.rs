@@ -90,6 +90,13 @@ pub struct ServerApp {
 }
 
 impl ServerApp {
+    /// How far it got: the sum of its sessions' last applied numbers. Replicas apply in their
+    /// primary's order, so of two replicas of one primary the one further along holds
+    /// everything the other does (the one an operator promotes).
+    pub fn applied_position(&self) -> u64 {
+        self.sessions.values().map(|(seq, _)| u64::from(*seq)).sum()
+    }
+
     /// Stage a request (the store's stage is durable on return, and its commit does nothing):
     /// the reply, or `None` when the store has no room (nothing staged).
     pub(super) fn stage(
@@ -294,7 +301,8 @@ pub struct ServerNode {
     /// A replica whose store was promoted to primary ([`World::promote_replica`]): down for
     /// good.
     pub lost: bool,
-    /// A primary's forward log (docs/replication.md); `None` without replicas.
+    /// The forward log (docs/replication.md): a primary's forwards, a replica's requests from
+    /// its primary.
     pub forward_log: Option<PmLog<SimRegion>>,
     /// What the forward log gave back at the last start.
     pub forward_log_recovery: pmnet_proto::ForwardLogRecovery,
@@ -313,14 +321,9 @@ impl ServerNode {
         session_count
     }
 
-    /// A new server state machine on `sessions` and, for a primary, its forward log as a
-    /// crash left it (a new one if it has none: a new primary, or one promoted).
+    /// A new server state machine on `sessions` and its forward log as a crash left it (a
+    /// new one if it has none).
     pub(super) fn boot(&mut self, now: Time, sessions: Vec<RecoveredSession>) {
-        if self.config.replicas.is_empty() {
-            self.forward_log = None;
-            self.server = Server::new(self.config.clone(), now, sessions);
-            return;
-        }
         let log = match self.forward_log.take() {
             // What a crash leaves: every batch was persisted whole before anything it let
             // out was sent, so only what no one saw may be lost.
@@ -363,7 +366,7 @@ impl ServerNode {
     /// Server `server_id`, new, polling `devices` for what they logged.
     pub(super) fn new(server_id: u16, devices: &[SocketAddr]) -> ServerNode {
         let config = ServerConfig::new(server_id, devices.to_vec());
-        ServerNode {
+        let mut node = ServerNode {
             server: Server::new(config.clone(), Time::ZERO, Vec::new()),
             app: ServerApp::default(),
             config,
@@ -375,7 +378,9 @@ impl ServerNode {
             lost: false,
             forward_log: None,
             forward_log_recovery: Default::default(),
-        }
+        };
+        node.boot(Time::ZERO, Vec::new());
+        node
     }
 }
 

@@ -2,7 +2,8 @@
 //! with `pmnet client --replicas N`: an update is answered once every device logged it; after
 //! the middle device is lost for good (SIGKILL, its log file deleted) the first device is
 //! started again pointing at the third, what it had logged reaches the server, and clients
-//! go on with two devices. Nothing acknowledged is lost.
+//! go on with two devices; then a new, empty device joins in its place and clients wait for
+//! three again. Nothing acknowledged is lost.
 
 mod common;
 
@@ -43,7 +44,7 @@ fn logged(node: &Node) -> f64 {
 }
 
 #[test]
-fn a_three_device_chain_survives_the_permanent_loss_of_its_middle_device() {
+fn a_three_device_chain_survives_the_permanent_loss_of_its_middle_device_and_a_replacement_joins() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let (d1, d2, d3) = (free_udp_addr(), free_udp_addr(), free_udp_addr());
     let log = |id: u16| dir.path().join(format!("device{id}.log"));
@@ -94,6 +95,26 @@ fn a_three_device_chain_survives_the_permanent_loss_of_its_middle_device() {
         let (ok, out) = client(d1, 2, &["get", key]);
         assert!(ok && out == value, "get {key}: {out}");
     }
+
+    // A replacement joins, new and empty, where the lost device was: the operator starts it
+    // with the third device as its next hop and restarts the first with it as its own.
+    let d4 = free_udp_addr();
+    let replacement = device(4, d4, d3, &log(4));
+    first.proc.kill();
+    first = device(1, d1, d4, &log(1));
+    let (ok, out) = client(d1, 3, &["set", "rejoined", "three"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("logs of 3 devices"), "{out}");
+    assert!(logged(&replacement) >= 1.0, "the replacement logged it");
+    for (key, value) in [
+        ("greeting", "hello"),
+        ("during", "outage"),
+        ("after", "reconfiguration"),
+        ("rejoined", "three"),
+    ] {
+        let (ok, out) = client(d1, 3, &["get", key]);
+        assert!(ok && out == value, "get {key}: {out}");
+    }
     drop(second);
-    drop(first);
+    drop((first, replacement));
 }

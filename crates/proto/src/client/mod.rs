@@ -297,6 +297,14 @@ impl Client {
         &self.config
     }
 
+    /// The path changed under the session (the operator reconnected a chain around a device
+    /// lost for good): send to `peer` from now on, and wait for `replicas` devices' acks
+    /// (requests in flight included).
+    pub fn change_path(&mut self, peer: SocketAddr, replicas: u8) {
+        self.config.peer = peer;
+        self.config.replicas = replicas;
+    }
+
     /// The configured request lifetime, cut to the protocol's maximum.
     /// Distinct devices that must ack each fragment of an update.
     fn replicas(&self) -> u8 {

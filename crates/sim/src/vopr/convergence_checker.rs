@@ -13,10 +13,9 @@ pub(super) fn converged(world: &World) -> bool {
         .clients
         .iter()
         .all(|node| node.gone || node.client.in_flight_count() == 0)
-        && world
-            .devices
-            .iter()
-            .all(|node| node.device().live_entry_count() == 0 && node.held.is_empty())
+        && world.devices.iter().all(|node| {
+            node.lost || (node.device().live_entry_count() == 0 && node.held.is_empty())
+        })
         && world
             .servers
             .iter()

@@ -23,6 +23,9 @@ pub(super) fn crash_device(
         return;
     }
     let index = rng.random_range(0..world.devices.len());
+    if world.devices[index].lost {
+        return;
+    }
     let actor = format!("device{index}");
     summary.counts.device_crashes += 1;
     let held = world.devices[index].held.len();

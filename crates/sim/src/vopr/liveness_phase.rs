@@ -57,7 +57,7 @@ fn heal(world: &mut World) {
         world.device_mut(index).hold_persistence = false;
         if world.devices[index].up {
             world.release_persistence(index, None);
-        } else {
+        } else if !world.devices[index].lost {
             world.restart_device(index);
         }
     }

@@ -180,13 +180,12 @@ fn cache_for_seed(seed: u64) -> bool {
     ChaCha8Rng::seed_from_u64(seed ^ 0xCAC4_E000_0000_0020).random_bool(1.0 / 3.0)
 }
 
-/// Whether `seed`'s devices are in series (with `PMNET_SIM_CHAINS=1` only, for now: a few
-/// chain seeds in a thousand do not converge yet; docs/replication.md), on a quarter of the
-/// seeds without the cache, and then how many (2 or 3) and how many of their acks each client
-/// waits for (1 to that many): drawn from a generator of their own, so that the other seeds'
+/// Whether `seed`'s devices are in series (docs/replication.md), on a quarter of the seeds
+/// without the cache, and then how many (2 or 3) and how many of their acks each client waits
+/// for (1 to that many): drawn from a generator of their own, so that the other seeds'
 /// worlds do not change.
 fn chain_for_seed(seed: u64) -> Option<(usize, Vec<u8>)> {
-    if cache_for_seed(seed) || std::env::var_os("PMNET_SIM_CHAINS").is_none_or(|v| v != "1") {
+    if cache_for_seed(seed) {
         return None;
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xC4A1_0000_0000_0021);
@@ -201,17 +200,11 @@ fn chain_for_seed(seed: u64) -> Option<(usize, Vec<u8>)> {
 }
 
 /// How many replica servers each server of `seed` has (docs/replication.md, "Replicated
-/// servers"): with `PMNET_SIM_REPLICAS=1` only, for now (about 1 replicated seed in 200 still
-/// breaks an invariant: a request a primary forwarded and lost in a crash before applying it,
-/// whose client then gave up, is applied on a replica and filled on the primary;
-/// docs/replication.md), 1 or 2 on a quarter of the seeds with neither the cache nor chains,
-/// none otherwise; drawn from a generator of its own, so that the other seeds' worlds do not
+/// servers"): 1 or 2 on a quarter of the seeds with neither the cache nor chains, none
+/// otherwise; drawn from a generator of its own, so that the other seeds' worlds do not
 /// change.
 fn replicas_for_seed(seed: u64) -> usize {
-    if cache_for_seed(seed)
-        || chain_for_seed(seed).is_some()
-        || std::env::var_os("PMNET_SIM_REPLICAS").is_none_or(|v| v != "1")
-    {
+    if cache_for_seed(seed) || chain_for_seed(seed).is_some() {
         return 0;
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x4E91_1CA5_0000_0021);
@@ -345,6 +338,11 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
             let wanted = replicas[client % replicas.len()];
             world.reconfigure_client(client, |config| config.replicas = wanted);
         }
+        let fewest = (0..world.clients.len())
+            .map(|client| replicas[client % replicas.len()])
+            .min()
+            .unwrap_or(1);
+        world.device_losses_allowed = usize::from(fewest).saturating_sub(1);
     }
     world.record_seen = false;
     for (client, lifetime) in mix.short_lifetimes.iter().enumerate() {
@@ -425,6 +423,9 @@ fn check_invariants(world: &mut World, issued: &[Vec<Issued>], summary: &mut Fau
         );
     }
     durability_checker::note_acks_checked(world);
+    if !world.chain.is_empty() {
+        summary.counts.seeds_with_chains += 1;
+    }
     if !world.replicas.is_empty() {
         summary.counts.seeds_with_replicas += 1;
         let notes = replication_checker::check_replicas(world, summary);

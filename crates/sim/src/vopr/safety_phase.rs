@@ -92,6 +92,9 @@ pub(super) fn run(
             11 if !world.replicas.is_empty() && rng.random_bool(0.2) => {
                 lose_primary(world, rng, summary);
             }
+            12 if world.device_losses_allowed > 0 && rng.random_bool(0.5) => {
+                lose_device(world, rng, summary);
+            }
             43..=44 => toggle_held_persistence(world, rng),
             45 if mix.partitions => partition(world, rng, summary),
             48 if mix.clients_leave => client_leaves(world, rng, summary),
@@ -154,6 +157,18 @@ fn lose_primary(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSumm
     world.promote_replica(server, replica);
 }
 
+/// A device of the chain is lost for good (its log with it) and the chain is reconnected
+/// around it: at most one fewer than the fewest acks a client waits for, per seed.
+fn lose_device(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSummary) {
+    if world.chain.len() < 2 {
+        return;
+    }
+    let index = world.chain[rng.random_range(0..world.chain.len())];
+    world.device_losses_allowed -= 1;
+    summary.counts.devices_lost += 1;
+    world.lose_device(index);
+}
+
 /// Crash a server, when it is up (noting a crash during its start-up recovery).
 fn crash_server(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSummary) {
     let index = rng.random_range(0..world.servers.len());
@@ -182,6 +197,9 @@ fn restart_server(world: &mut World, rng: &mut ChaCha8Rng) {
 /// release it.
 fn toggle_held_persistence(world: &mut World, rng: &mut ChaCha8Rng) {
     let index = rng.random_range(0..world.devices.len());
+    if world.devices[index].lost {
+        return;
+    }
     let node = world.device_mut(index);
     node.hold_persistence = !node.hold_persistence;
     if node.hold_persistence {

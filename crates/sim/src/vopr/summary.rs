@@ -60,6 +60,9 @@ pub struct FaultCounts {
     /// Seeds whose servers have replica servers, replica crashes, primaries lost for good
     /// (a replica promoted), and requests checked on live replicas.
     pub seeds_with_replicas: u64,
+    /// Seeds whose devices are in series, and devices of theirs lost for good.
+    pub seeds_with_chains: u64,
+    pub devices_lost: u64,
     pub replica_crashes: u64,
     pub primaries_lost: u64,
     pub replica_requests_checked: u64,
@@ -89,6 +92,8 @@ impl FaultCounts {
         self.batches_sent += other.batches_sent;
         self.seeds_with_cache += other.seeds_with_cache;
         self.seeds_with_replicas += other.seeds_with_replicas;
+        self.seeds_with_chains += other.seeds_with_chains;
+        self.devices_lost += other.devices_lost;
         self.replica_crashes += other.replica_crashes;
         self.primaries_lost += other.primaries_lost;
         self.replica_requests_checked += other.replica_requests_checked;
@@ -173,8 +178,17 @@ impl FaultCounts {
                 self.replayed_datagrams,
             ),
         ];
-        // Replicated servers are opt-in (`PMNET_SIM_REPLICAS=1`): their lines appear when a
-        // seed had them.
+        // Devices in series and replicated servers are on a few seeds each: their lines
+        // appear when a seed had them.
+        if self.seeds_with_chains > 0 {
+            lines.extend([
+                ("seeds with devices in series", self.seeds_with_chains),
+                (
+                    "devices lost for good (chain reconnected)",
+                    self.devices_lost,
+                ),
+            ]);
+        }
         if self.seeds_with_replicas > 0 {
             lines.extend([
                 ("seeds with replica servers", self.seeds_with_replicas),

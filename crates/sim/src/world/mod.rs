@@ -67,6 +67,11 @@ pub struct World {
     pub servers: Vec<ServerNode>,
     /// Replica servers (see [`Topology::server_replicas`]), at [`replica_addr`].
     pub replicas: Vec<ServerNode>,
+    /// With devices in series: the devices on the path, in order (the ones not lost).
+    pub chain: Vec<usize>,
+    /// Devices of the chain the swarm may still lose for good: one fewer than the fewest
+    /// acks a client waits for, so that every acknowledged update keeps a copy.
+    pub device_losses_allowed: usize,
 }
 
 impl World {
@@ -155,6 +160,12 @@ impl World {
             devices,
             servers,
             replicas,
+            device_losses_allowed: 0,
+            chain: if topology.chain {
+                (0..device_count).collect()
+            } else {
+                Vec::new()
+            },
         };
         world.flush_outputs();
         world
@@ -598,6 +609,57 @@ impl World {
             &format!("server{server}"),
             &format!("lost for good; replica{replica} promoted in its place"),
         );
+        self.flush_outputs();
+    }
+
+    /// Device `index` of the chain is lost for good (its log with it) and the operator
+    /// reconnects the chain around it: the device before it forwards to what it forwarded to
+    /// (restarted with that `--server`), the clients send to the next device if it was the
+    /// first, the servers poll the one before it if it was the last (restarted), and every
+    /// client waits for no more acks than devices remain.
+    pub fn lose_device(&mut self, index: usize) {
+        let position = self
+            .chain
+            .iter()
+            .position(|&device| device == index)
+            .expect("a device on the path");
+        assert!(self.chain.len() >= 2, "the last device is never lost");
+        let onward = self.devices[index].config.servers.clone();
+        let node = &mut self.devices[index];
+        node.up = false;
+        node.lost = true;
+        let (slot_count, slot_size) = (node.log.slot_count(), node.log.slot_size());
+        let region_len = PmLog::<SimRegion>::required_region_len(slot_count, slot_size);
+        node.log = PmLog::format(SimRegion::new(region_len), slot_count, slot_size)
+            .expect("format a device log");
+        node.held.clear();
+        node.pipeline = node.pipeline_for(Device::new(node.config.clone(), self.now, Vec::new()));
+        self.chain.remove(position);
+        self.note_by(
+            &format!("device{index}"),
+            "lost for good (log gone); the chain is reconnected around it",
+        );
+        if position > 0 {
+            let before = self.chain[position - 1];
+            self.devices[before].config.servers = onward;
+            self.restart_device(before);
+        }
+        let first = device_addr(self.chain[0]);
+        let remaining = u8::try_from(self.chain.len()).unwrap_or(u8::MAX);
+        for node in &mut self.clients {
+            let replicas = node.client.config().replicas.min(remaining);
+            node.client.change_path(first, replicas);
+        }
+        if position == self.chain.len() {
+            let last = device_addr(*self.chain.last().expect("not empty"));
+            let now = self.now;
+            for node in &mut self.servers {
+                node.config.devices = vec![last];
+                if node.up {
+                    node.restart(now);
+                }
+            }
+        }
         self.flush_outputs();
     }
 

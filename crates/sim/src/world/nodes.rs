@@ -200,6 +200,8 @@ impl ServerApp {
 
 #[derive(Debug)]
 pub struct DeviceNode {
+    /// Lost for good ([`World::lose_device`]): its log is gone and the chain goes around it.
+    pub lost: bool,
     /// The device's functions: a front function ([`Nothing`] unless a test puts one there),
     /// then the log.
     pub pipeline: DevicePipeline,
@@ -253,6 +255,7 @@ impl DeviceNode {
             ever_durable: HashSet::new(),
             restart_count: 0,
             rejected_slot_count: 0,
+            lost: false,
         }
     }
 

@@ -71,9 +71,9 @@ impl Sessions {
     }
 
     /// Read `id` of `session` came in: whether it is newer than every read of the session
-    /// this device saw before. Only such a read may start a fetch: an older id is a
-    /// retransmission or a replay, and an old answer to it (replayed too) would put an old
-    /// value in the table. A session's first read here starts none (it may be a replay).
+    /// this device saw before (a session's first read here is). Only such a read may start a
+    /// fetch: an older id is a retransmission or a replay, and an old answer to it (replayed
+    /// too) would put an old value in the table.
     pub fn read_is_new(&mut self, session: u64, id: u32) -> bool {
         if !self.seen.contains_key(&session) {
             if self.seen.len() >= SESSIONS_MAX {
@@ -87,7 +87,7 @@ impl Sessions {
                     ..Seen::default()
                 },
             );
-            return false;
+            return true;
         }
         let state = self.seen.get_mut(&session).expect("present");
         if id <= state.reads_through {
@@ -185,5 +185,18 @@ mod tests {
         sessions.applied_through(9, 40);
         assert!(sessions.may_serve(9, 40));
         assert!(!sessions.may_serve(9, 41));
+    }
+
+    #[test]
+    fn only_a_read_newer_than_every_read_seen_of_its_session_is_new() {
+        let mut sessions = Sessions::default();
+        assert!(sessions.read_is_new(7, 3), "a session's first read here");
+        assert!(
+            !sessions.read_is_new(7, 3),
+            "again: a retransmission or a replay"
+        );
+        assert!(!sessions.read_is_new(7, 2), "an older one");
+        assert!(sessions.read_is_new(7, 4));
+        assert!(sessions.read_is_new(8, 1), "sessions are apart");
     }
 }

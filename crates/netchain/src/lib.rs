@@ -1,0 +1,13 @@
+//! NetChain's chain-replicated key-value store as pmnet's second kind of in-network function
+//! (docs/netchain.md). Built so far: the key-value table in persistent memory — each key's
+//! versions in a bucket of two crash-consistent records, written in numbered batches by one
+//! executor ([`TableFile::persist_batch`]) that the runtime and the simulator share, and the
+//! state machine side ([`Table`]) that decides what to write and reports what is durable.
+
+mod file;
+mod table;
+#[cfg(test)]
+mod tests;
+
+pub use file::{FileError, Geometry, Recovered, TableFile, TableWork, Version};
+pub use table::{KeySeq, Refused, Table, TableBatch, Written, PROBE_LIMIT};

@@ -430,12 +430,13 @@ fn log_updates(
     Ok(())
 }
 
-/// Removes files when dropped.
+/// Removes files when dropped (and, for a server's data file, its forward log).
 pub(crate) struct FilesGuard(pub(crate) Vec<PathBuf>);
 
 impl Drop for FilesGuard {
     fn drop(&mut self) {
         for path in &self.0 {
+            let _ = std::fs::remove_file(pmnet_runtime::forward_log_path(path));
             let _ = std::fs::remove_file(path);
         }
     }

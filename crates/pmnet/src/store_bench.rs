@@ -154,6 +154,7 @@ fn run_server_engine(
     let result = drive_server(args, &server, &started_rx, wait, pin);
     shutdown.request();
     let report = server.join().unwrap_or_default();
+    let _ = std::fs::remove_file(pmnet_runtime::forward_log_path(&path));
     let _ = std::fs::remove_file(&path);
     let Driven {
         medium,

@@ -97,13 +97,14 @@ pub struct LoopbackSystem {
     pub server_tids: Vec<i32>,
 }
 
-/// Removes a file when dropped.
+/// Removes a file when dropped (and, for a server's data file, its forward log).
 #[derive(Debug)]
 pub(super) struct FileGuard(pub(super) Option<PathBuf>);
 
 impl Drop for FileGuard {
     fn drop(&mut self) {
         if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(pmnet_runtime::forward_log_path(&path));
             let _ = std::fs::remove_file(path);
         }
     }
@@ -211,6 +212,8 @@ impl LoopbackSystem {
             .filter_map(|handle| handle.join().ok())
             .collect();
         for path in self.files.drain(..) {
+            // A server's data file has its forward log next to it.
+            let _ = std::fs::remove_file(pmnet_runtime::forward_log_path(&path));
             let _ = std::fs::remove_file(path);
         }
         SystemCounters { device, servers }

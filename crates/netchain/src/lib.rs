@@ -5,9 +5,13 @@
 //! state machine side ([`Table`]) that decides what to write and reports what is durable.
 
 mod file;
+mod node;
 mod table;
 #[cfg(test)]
 mod tests;
 
 pub use file::{FileError, Geometry, Recovered, TableFile, TableWork, Version};
+pub use node::{
+    group_of, ChainConfig, ChainCounters, ChainNode, RESEND_FIRST, RESEND_MAX, SESSIONS_MAX,
+};
 pub use table::{KeySeq, Refused, Table, TableBatch, Written, PROBE_LIMIT};

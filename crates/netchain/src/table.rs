@@ -246,7 +246,7 @@ impl Table {
 }
 
 /// FNV-1a of the key, then a final mix.
-fn key_hash(key: &[u8]) -> u64 {
+pub(crate) fn key_hash(key: &[u8]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in key {
         hash ^= u64::from(*byte);

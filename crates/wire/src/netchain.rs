@@ -13,7 +13,7 @@
 //! | | compare-and-set: the version the key must hold (0: absent); 0 otherwise | 8 |
 //! | | key length *k*, key | 1 + *k* (1 to 255) |
 //! | | value length *v*, value (put and compare-and-set; 0 otherwise) | 2 + *v* |
-//! | reply (`0x21`, member → client) | status: 0 ok, 1 not found, 2 compare failed, 3 full, 4 not this member's, 5 bad request | 1 |
+//! | reply (`0x21`, member → client) | status: 0 ok, 1 not found, 2 compare failed, 3 full, 4 not this member's, 5 bad request, 6 in doubt | 1 |
 //! | | the key's version after the operation (0: none) | 8 |
 //! | | value length *v*, value (get only) | 2 + *v* |
 //! | write (`0x22`, member → next member) | op: 2 put, 3 delete | 1 |
@@ -27,6 +27,11 @@
 //! | | key length *k*, key | 1 + *k* |
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// Header flag of a client's request sent again (bit 12): the head that does not know the
+/// request (it restarted since the first transmission) answers [`Status::InDoubt`] instead
+/// of applying a write it may have applied already.
+pub const RETRANSMITTED: u16 = 1 << 12;
 
 /// Type code of a client's request to a chain member.
 pub const CHAIN_REQUEST: u8 = 0x20;
@@ -72,6 +77,10 @@ pub enum Status {
     /// configuration again.
     NotHere = 4,
     BadRequest = 5,
+    /// A write sent again that the head cannot tell apart from one it applied before a
+    /// restart: it may or may not have been applied (the client reports it failed, outcome
+    /// unknown).
+    InDoubt = 6,
 }
 
 impl Status {
@@ -83,6 +92,7 @@ impl Status {
             Status::Full,
             Status::NotHere,
             Status::BadRequest,
+            Status::InDoubt,
         ]
         .into_iter()
         .find(|status| *status as u8 == code)

@@ -1,0 +1,699 @@
+//! A chain member: the NetChain function of one device (docs/netchain.md, "The chain").
+//!
+//! Per virtual group the configuration names the chain, head first. The head stamps each
+//! write with the key's next version (a compare-and-set is decided there, on the head's latest
+//! version), makes it durable in its table, and passes it down; each member makes it durable
+//! before passing it on; the tail, once it is durable there, answers the client and sends a
+//! commit up the chain. A member resends a write it passed on until the commit for it (or a
+//! newer one) comes back, so every version the head stamped reaches the tail.
+//!
+//! Reads: the tail answers from its durable version; any other member answers a key whose
+//! latest version is committed (clean, CRAQ's apportioned queries) and relays a read of a
+//! dirty key to the tail, passing the tail's answer back.
+//!
+//! A member's table is in persistent memory: a restarted member keeps every durable version;
+//! what it knew of commits is volatile (a restarted member relays reads until commits come
+//! again).
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pmnet_proto::{PersistBatch, Time, Transmit};
+use pmnet_wire::netchain::{
+    Commit, Op, Reply, Request, Status, Write, CHAIN_COMMIT, CHAIN_REPLY, CHAIN_REQUEST,
+    CHAIN_WRITE,
+};
+use pmnet_wire::{Header, PacketType};
+
+use crate::file::{TableWork, Version};
+use crate::table::{Refused, Table, Written};
+
+/// A write passed on is sent again after this long without its commit, doubling up to
+/// [`RESEND_MAX`].
+pub const RESEND_FIRST: Duration = Duration::from_millis(20);
+pub const RESEND_MAX: Duration = Duration::from_secs(1);
+/// Sessions whose last write the head remembers (for retransmissions), reads a member
+/// relays, and writes waiting for durability, at most.
+pub const SESSIONS_MAX: usize = 1 << 16;
+pub const RELAYED_MAX: usize = 1 << 14;
+pub const HELD_MAX: usize = 1 << 16;
+
+/// The virtual group of `key` among `groups`: FNV-1a of the key, then a final mix (the same on
+/// clients and members).
+pub fn group_of(key: &[u8], groups: u16) -> u16 {
+    (crate::table::key_hash(key) % u64::from(groups.max(1))) as u16
+}
+
+/// A member's settings.
+#[derive(Debug, Clone)]
+pub struct ChainConfig {
+    /// This member's address, as the chains name it.
+    pub me: SocketAddr,
+    /// The server id written in the headers this member sends.
+    pub server_id: u16,
+    /// Each virtual group's chain, head first (at most 65 535 groups).
+    pub groups: Vec<Vec<SocketAddr>>,
+    /// The longest a client sends a request again ([`pmnet_wire::MAX_REQUEST_LIFETIME_MS`]
+    /// by default): for this long after a start, or after forgetting a session, the head
+    /// answers a retransmitted write it does not know with "in doubt".
+    pub request_lifetime: Duration,
+}
+
+impl ChainConfig {
+    pub fn new(me: SocketAddr, server_id: u16, groups: Vec<Vec<SocketAddr>>) -> ChainConfig {
+        ChainConfig {
+            me,
+            server_id,
+            groups,
+            request_lifetime: Duration::from_millis(pmnet_wire::MAX_REQUEST_LIFETIME_MS),
+        }
+    }
+}
+
+/// What a member counted; monotonically increasing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChainCounters {
+    pub requests: u64,
+    pub writes_stamped: u64,
+    pub writes_passed_on: u64,
+    pub writes_resent: u64,
+    pub replies_sent: u64,
+    pub reads_answered_here: u64,
+    pub reads_relayed: u64,
+    pub commits: u64,
+    pub duplicates: u64,
+    /// Retransmitted writes the head could not tell from ones applied before a restart.
+    pub in_doubt: u64,
+    pub refused_full: u64,
+    /// Datagrams dropped: unparsable, from a member that is not this one's neighbour, for a
+    /// group this member does not serve.
+    pub dropped: u64,
+}
+
+/// A write waiting until this member holds a version at least as new durably.
+#[derive(Debug, Clone)]
+struct Held {
+    version: u64,
+    value: Option<Vec<u8>>,
+    group: u16,
+    client: SocketAddr,
+    session: u64,
+    request: u32,
+}
+
+/// A key's last write passed on, resent until its commit comes back.
+#[derive(Debug, Clone)]
+struct Unacked {
+    held: Held,
+    resend_at: Time,
+    interval: Duration,
+}
+
+/// A chain member.
+#[derive(Debug)]
+pub struct ChainNode {
+    config: ChainConfig,
+    table: Table,
+    held: HashMap<Vec<u8>, Vec<Held>>,
+    held_count: usize,
+    committed: HashMap<Vec<u8>, u64>,
+    unacked: HashMap<Vec<u8>, Unacked>,
+    resends: BTreeSet<(Time, Vec<u8>)>,
+    /// The head's last write of each session: (request, key, version stamped). Clients send
+    /// one request at a time per session.
+    sessions: HashMap<u64, (u32, Vec<u8>, u64)>,
+    session_order: VecDeque<u64>,
+    /// When this member started on a table that holds something (an earlier incarnation may
+    /// have applied writes), and when it last forgot a session: for a request lifetime after
+    /// either, a retransmitted write it does not know is in doubt.
+    started: Option<Time>,
+    forgot_at: Option<Time>,
+    /// Reads relayed to the tail: (session, request) → the client.
+    relayed: HashMap<(u64, u32), SocketAddr>,
+    transmits: VecDeque<Transmit>,
+    counters: ChainCounters,
+}
+
+impl ChainNode {
+    /// A member over `table` (new, or as a restart recovered it), starting at `now`.
+    pub fn new(config: ChainConfig, table: Table, now: Time) -> ChainNode {
+        assert!(
+            config.groups.len() <= usize::from(u16::MAX),
+            "at most 65 535 groups"
+        );
+        let started = (!table.is_empty()).then_some(now);
+        ChainNode {
+            config,
+            table,
+            held: HashMap::new(),
+            held_count: 0,
+            committed: HashMap::new(),
+            unacked: HashMap::new(),
+            resends: BTreeSet::new(),
+            sessions: HashMap::new(),
+            session_order: VecDeque::new(),
+            started,
+            forgot_at: None,
+            relayed: HashMap::new(),
+            transmits: VecDeque::new(),
+            counters: ChainCounters::default(),
+        }
+    }
+
+    pub fn counters(&self) -> &ChainCounters {
+        &self.counters
+    }
+
+    pub fn table(&self) -> &Table {
+        &self.table
+    }
+
+    fn group_count(&self) -> u16 {
+        self.config.groups.len() as u16
+    }
+
+    /// This member's place in `group`'s chain: (position, chain length).
+    fn place(&self, group: u16) -> Option<(usize, usize)> {
+        let chain = self.config.groups.get(usize::from(group))?;
+        let position = chain.iter().position(|member| *member == self.config.me)?;
+        Some((position, chain.len()))
+    }
+
+    fn neighbour(&self, group: u16, offset: isize) -> Option<SocketAddr> {
+        let (position, len) = self.place(group)?;
+        let at = position.checked_add_signed(offset)?;
+        (at < len).then(|| self.config.groups[usize::from(group)][at])
+    }
+
+    fn send(
+        &mut self,
+        to: SocketAddr,
+        packet_type: u8,
+        session: u64,
+        request: u32,
+        payload: &[u8],
+    ) {
+        let header = Header::new(
+            PacketType::Reserved(packet_type),
+            self.config.server_id,
+            session,
+            request,
+        );
+        self.transmits.push_back(Transmit {
+            destination: to,
+            bytes: header.encode(payload),
+        });
+    }
+
+    fn reply(&mut self, to: SocketAddr, session: u64, request: u32, reply: Reply<'_>) {
+        let mut payload = Vec::new();
+        reply.emit(&mut payload);
+        self.counters.replies_sent += 1;
+        self.send(to, CHAIN_REPLY, session, request, &payload);
+    }
+
+    /// A datagram of one of NetChain's types (the caller checked the type); anything else in
+    /// it is counted and dropped. Never panics on its contents.
+    pub fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) {
+        match header.packet_type {
+            PacketType::Reserved(CHAIN_REQUEST) => self.on_request(now, from, header, payload),
+            PacketType::Reserved(CHAIN_WRITE) => self.on_write(now, from, header, payload),
+            PacketType::Reserved(CHAIN_COMMIT) => self.on_commit(from, payload),
+            PacketType::Reserved(CHAIN_REPLY) => self.on_tail_reply(header, payload),
+            _ => self.counters.dropped += 1,
+        }
+    }
+
+    fn on_request(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) {
+        self.counters.requests += 1;
+        let (session, request_id) = (header.session_id, header.seq);
+        let Ok(request) = Request::parse(payload) else {
+            self.counters.dropped += 1;
+            return;
+        };
+        let not_here = Reply {
+            status: Status::NotHere,
+            version: 0,
+            value: &[],
+        };
+        if request.group >= self.group_count()
+            || group_of(request.key, self.group_count()) != request.group
+        {
+            self.reply(from, session, request_id, not_here);
+            return;
+        }
+        let Some((position, len)) = self.place(request.group) else {
+            self.reply(from, session, request_id, not_here);
+            return;
+        };
+        match request.op {
+            Op::Get => self.on_read(from, session, request_id, &request, position + 1 == len),
+            _ if position != 0 => self.reply(from, session, request_id, not_here),
+            _ => {
+                let retransmitted = header.has_flag(pmnet_wire::netchain::RETRANSMITTED);
+                self.on_head_write(now, from, (session, request_id, retransmitted), &request)
+            }
+        }
+    }
+
+    fn on_read(
+        &mut self,
+        from: SocketAddr,
+        session: u64,
+        request_id: u32,
+        request: &Request<'_>,
+        tail: bool,
+    ) {
+        let clean = self.table.is_clean(request.key)
+            && self.table.durable(request.key).is_none_or(|durable| {
+                self.committed.get(request.key).copied().unwrap_or(0) >= durable.seq
+            });
+        if tail || clean {
+            self.counters.reads_answered_here += 1;
+            let durable = self.table.durable(request.key).cloned();
+            let reply = match &durable {
+                Some(Version {
+                    seq,
+                    value: Some(value),
+                }) => Reply {
+                    status: Status::Ok,
+                    version: *seq,
+                    value,
+                },
+                Some(Version { seq, value: None }) => Reply {
+                    status: Status::NotFound,
+                    version: *seq,
+                    value: &[],
+                },
+                None => Reply {
+                    status: Status::NotFound,
+                    version: 0,
+                    value: &[],
+                },
+            };
+            self.reply(from, session, request_id, reply);
+            return;
+        }
+        // Dirty here: the tail's committed version answers.
+        let Some(&tail) = self.config.groups[usize::from(request.group)].last() else {
+            return;
+        };
+        if self.relayed.len() >= RELAYED_MAX {
+            // Reads whose answers never came: forget them; their clients ask again.
+            self.relayed.clear();
+        }
+        self.relayed.insert((session, request_id), from);
+        self.counters.reads_relayed += 1;
+        let mut payload = Vec::new();
+        request.emit(&mut payload);
+        self.send(tail, CHAIN_REQUEST, session, request_id, &payload);
+    }
+
+    fn on_tail_reply(&mut self, header: &Header, payload: &[u8]) {
+        let Some(client) = self.relayed.remove(&(header.session_id, header.seq)) else {
+            self.counters.dropped += 1;
+            return;
+        };
+        if Reply::parse(payload).is_err() {
+            self.counters.dropped += 1;
+            return;
+        }
+        self.counters.replies_sent += 1;
+        self.send(client, CHAIN_REPLY, header.session_id, header.seq, payload);
+    }
+
+    fn on_head_write(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        (session, request_id, retransmitted): (u64, u32, bool),
+        request: &Request<'_>,
+    ) {
+        match self.sessions.get(&session).cloned() {
+            Some((last, key, version)) if last == request_id => {
+                // A retransmission (or a duplicate): the write was stamped; once durable here
+                // it goes down again.
+                self.counters.duplicates += 1;
+                if key == request.key {
+                    let client = (from, session, request_id);
+                    self.repeat(now, client, request.group, key, version);
+                }
+                return;
+            }
+            Some((last, ..)) if last > request_id => {
+                // Older than the session's last write: a late duplicate.
+                self.counters.duplicates += 1;
+                return;
+            }
+            _ => {}
+        }
+        let lifetime = self.config.request_lifetime;
+        let may_have_forgotten = self
+            .started
+            .is_some_and(|at| now.saturating_duration_since(at) < lifetime)
+            || self
+                .forgot_at
+                .is_some_and(|at| now.saturating_duration_since(at) < lifetime);
+        if retransmitted && may_have_forgotten {
+            // Its first transmission may have been stamped before this member restarted (or
+            // forgot the session): applying it again could apply it twice.
+            self.counters.in_doubt += 1;
+            self.reply(
+                from,
+                session,
+                request_id,
+                Reply {
+                    status: Status::InDoubt,
+                    version: 0,
+                    value: &[],
+                },
+            );
+            return;
+        }
+        let current = self.table.latest(request.key).cloned();
+        let current_version = current.as_ref().map_or(0, |version| version.seq);
+        let present_version = current
+            .as_ref()
+            .filter(|version| version.value.is_some())
+            .map_or(0, |version| version.seq);
+        if let Op::CompareAndSet { expected } = request.op {
+            if expected != present_version {
+                let value = current
+                    .as_ref()
+                    .and_then(|version| version.value.clone())
+                    .unwrap_or_default();
+                self.reply(
+                    from,
+                    session,
+                    request_id,
+                    Reply {
+                        status: Status::CompareFailed,
+                        version: present_version,
+                        value: &value,
+                    },
+                );
+                return;
+            }
+        }
+        if self.held_count >= HELD_MAX {
+            // Too much waiting for durability: the client sends it again.
+            self.counters.dropped += 1;
+            return;
+        }
+        let value = match request.op {
+            Op::Delete => None,
+            _ => Some(request.value.to_vec()),
+        };
+        let version = current_version + 1;
+        match self.table.write(
+            request.key,
+            Version {
+                seq: version,
+                value: value.clone(),
+            },
+        ) {
+            Ok(Written::Pending) => {}
+            Ok(Written::Stale) => unreachable!("a version above the latest is never stale"),
+            Err(refused) => {
+                let status = match refused {
+                    Refused::Full => {
+                        self.counters.refused_full += 1;
+                        Status::Full
+                    }
+                    Refused::BadKey | Refused::ValueTooLarge => Status::BadRequest,
+                };
+                self.reply(
+                    from,
+                    session,
+                    request_id,
+                    Reply {
+                        status,
+                        version: current_version,
+                        value: &[],
+                    },
+                );
+                return;
+            }
+        }
+        self.counters.writes_stamped += 1;
+        self.remember(now, session, request_id, request.key.to_vec(), version);
+        self.hold(
+            request.key.to_vec(),
+            Held {
+                version,
+                value,
+                group: request.group,
+                client: from,
+                session,
+                request: request_id,
+            },
+        );
+    }
+
+    /// A retransmitted write stamped at `version`: once this member holds it durably, it goes
+    /// down the chain again (the tail answers the client again).
+    fn repeat(
+        &mut self,
+        now: Time,
+        (client, session, request): (SocketAddr, u64, u32),
+        group: u16,
+        key: Vec<u8>,
+        version: u64,
+    ) {
+        let Some(durable) = self.table.durable(&key).cloned() else {
+            return;
+        };
+        if durable.seq < version {
+            return; // still being written: it goes on once durable
+        }
+        let held = Held {
+            version: durable.seq,
+            value: durable.value,
+            group,
+            client,
+            session,
+            request,
+        };
+        self.release(now, &key, held);
+    }
+
+    fn remember(&mut self, now: Time, session: u64, request: u32, key: Vec<u8>, version: u64) {
+        if self
+            .sessions
+            .insert(session, (request, key, version))
+            .is_none()
+        {
+            self.session_order.push_back(session);
+            if self.session_order.len() > SESSIONS_MAX {
+                if let Some(oldest) = self.session_order.pop_front() {
+                    self.sessions.remove(&oldest);
+                    self.forgot_at = Some(now);
+                }
+            }
+        }
+    }
+
+    fn hold(&mut self, key: Vec<u8>, held: Held) {
+        self.held_count += 1;
+        self.held.entry(key).or_default().push(held);
+    }
+
+    fn on_write(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) {
+        let Ok(write) = Write::parse(payload) else {
+            self.counters.dropped += 1;
+            return;
+        };
+        if write.group >= self.group_count()
+            || self.neighbour(write.group, -1) != Some(from)
+            || write.version == 0
+        {
+            self.counters.dropped += 1;
+            return;
+        }
+        let held = Held {
+            version: write.version,
+            value: write.value.map(<[u8]>::to_vec),
+            group: write.group,
+            client: write.client,
+            session: header.session_id,
+            request: header.seq,
+        };
+        let key = write.key.to_vec();
+        match self.table.write(
+            &key,
+            Version {
+                seq: write.version,
+                value: held.value.clone(),
+            },
+        ) {
+            Ok(Written::Pending) => {
+                if self.held_count >= HELD_MAX {
+                    self.counters.dropped += 1;
+                    return;
+                }
+                self.hold(key, held);
+            }
+            Ok(Written::Stale) => {
+                if self
+                    .table
+                    .durable(&key)
+                    .is_some_and(|durable| durable.seq >= write.version)
+                {
+                    // Already durable here (a resend): pass it on again.
+                    self.release(now, &key, held);
+                } else if self.held_count < HELD_MAX {
+                    self.hold(key, held);
+                }
+            }
+            // A member refusing a write the head accepted: its table is smaller. Counted;
+            // the predecessor resends, and the operator must give it room.
+            Err(_) => self.counters.refused_full += 1,
+        }
+    }
+
+    fn on_commit(&mut self, from: SocketAddr, payload: &[u8]) {
+        let Ok(commit) = Commit::parse(payload) else {
+            self.counters.dropped += 1;
+            return;
+        };
+        if commit.group >= self.group_count() || self.neighbour(commit.group, 1) != Some(from) {
+            self.counters.dropped += 1;
+            return;
+        }
+        self.counters.commits += 1;
+        self.mark_committed(commit.key, commit.version);
+        if let Some(previous) = self.neighbour(commit.group, -1) {
+            let mut payload = Vec::new();
+            commit.emit(&mut payload);
+            self.send(previous, CHAIN_COMMIT, 0, 0, &payload);
+        }
+    }
+
+    fn mark_committed(&mut self, key: &[u8], version: u64) {
+        let committed = self.committed.entry(key.to_vec()).or_insert(0);
+        *committed = (*committed).max(version);
+        if self
+            .unacked
+            .get(key)
+            .is_some_and(|unacked| unacked.held.version <= version)
+        {
+            let unacked = self.unacked.remove(key).expect("looked up");
+            self.resends.remove(&(unacked.resend_at, key.to_vec()));
+        }
+    }
+
+    /// `held` is durable here (a version at least as new is): pass it down the chain, or, at
+    /// the tail, answer the client and send the commit up.
+    fn release(&mut self, now: Time, key: &[u8], held: Held) {
+        match self.neighbour(held.group, 1) {
+            Some(next) => {
+                self.pass_on(next, key, &held);
+                let resend_at = now + RESEND_FIRST;
+                if let Some(old) = self.unacked.insert(
+                    key.to_vec(),
+                    Unacked {
+                        held,
+                        resend_at,
+                        interval: RESEND_FIRST,
+                    },
+                ) {
+                    self.resends.remove(&(old.resend_at, key.to_vec()));
+                }
+                self.resends.insert((resend_at, key.to_vec()));
+            }
+            None => {
+                self.reply(
+                    held.client,
+                    held.session,
+                    held.request,
+                    Reply {
+                        status: Status::Ok,
+                        version: held.version,
+                        value: &[],
+                    },
+                );
+                self.mark_committed(key, held.version);
+                if let Some(previous) = self.neighbour(held.group, -1) {
+                    let mut payload = Vec::new();
+                    Commit {
+                        group: held.group,
+                        version: held.version,
+                        key,
+                    }
+                    .emit(&mut payload);
+                    self.send(previous, CHAIN_COMMIT, 0, 0, &payload);
+                }
+            }
+        }
+    }
+
+    fn pass_on(&mut self, next: SocketAddr, key: &[u8], held: &Held) {
+        let mut payload = Vec::new();
+        Write {
+            value: held.value.as_deref(),
+            group: held.group,
+            version: held.version,
+            client: held.client,
+            key,
+        }
+        .emit(&mut payload);
+        self.counters.writes_passed_on += 1;
+        self.send(next, CHAIN_WRITE, held.session, held.request, &payload);
+    }
+
+    /// The table's work asked for since the last batch.
+    pub fn poll_persist(&mut self) -> Option<PersistBatch<TableWork>> {
+        self.table.poll_persist().map(|batch| PersistBatch {
+            number: batch.number,
+            work: batch.work,
+        })
+    }
+
+    /// Table batches through `through` are durable: what waited on them goes on.
+    pub fn on_persisted(&mut self, now: Time, through: u64) {
+        for (key, seq) in self.table.on_persisted(through) {
+            let Some(mut waiting) = self.held.remove(&key) else {
+                continue;
+            };
+            let (ready, later): (Vec<Held>, Vec<Held>) =
+                waiting.drain(..).partition(|held| held.version <= seq);
+            self.held_count -= ready.len();
+            if !later.is_empty() {
+                self.held.insert(key.clone(), later);
+            }
+            for held in ready {
+                self.release(now, &key, held);
+            }
+        }
+    }
+
+    /// Resend what is passed on and not committed.
+    pub fn handle_timeout(&mut self, now: Time) {
+        while let Some((at, key)) = self.resends.first().cloned() {
+            if at > now {
+                break;
+            }
+            self.resends.remove(&(at, key.clone()));
+            let Some(unacked) = self.unacked.get_mut(&key) else {
+                continue;
+            };
+            unacked.interval = (unacked.interval * 2).min(RESEND_MAX);
+            unacked.resend_at = now + unacked.interval;
+            let (held, resend_at) = (unacked.held.clone(), unacked.resend_at);
+            self.resends.insert((resend_at, key.clone()));
+            if let Some(next) = self.neighbour(held.group, 1) {
+                self.counters.writes_resent += 1;
+                self.pass_on(next, &key, &held);
+            }
+        }
+    }
+
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.resends.first().map(|(at, _)| *at)
+    }
+}

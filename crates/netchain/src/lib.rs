@@ -4,12 +4,14 @@
 //! executor ([`TableFile::persist_batch`]) that the runtime and the simulator share, and the
 //! state machine side ([`Table`]) that decides what to write and reports what is durable.
 
+mod client;
 mod file;
 mod node;
 mod table;
 #[cfg(test)]
 mod tests;
 
+pub use client::{Busy, ChainClient, ClientConfig, ClientOp, Outcome};
 pub use file::{FileError, Geometry, Recovered, TableFile, TableWork, Version};
 pub use node::{
     group_of, ChainConfig, ChainCounters, ChainNode, RESEND_FIRST, RESEND_MAX, SESSIONS_MAX,

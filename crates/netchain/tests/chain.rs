@@ -10,10 +10,13 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use pmnet_lincheck::{check_by_key, Operation, Register, RegisterInput, RegisterOutput, PENDING};
-use pmnet_netchain::{group_of, ChainConfig, ChainNode, Geometry, Table, TableFile};
+use pmnet_netchain::{
+    group_of, ChainClient, ChainConfig, ChainNode, ClientConfig, ClientOp, Geometry, Outcome,
+    Table, TableFile,
+};
 use pmnet_pm::SimRegion;
 use pmnet_proto::Time;
-use pmnet_wire::netchain::{Op, Reply, Request, Status, CHAIN_REPLY, CHAIN_REQUEST, RETRANSMITTED};
+use pmnet_wire::netchain::{Op, Reply, Request, Status, CHAIN_REQUEST};
 use pmnet_wire::{Header, PacketType};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -99,21 +102,10 @@ impl Net {
     }
 }
 
-/// A client's operation in flight.
-struct Pending {
-    key: Vec<u8>,
-    op: Op,
-    value: Vec<u8>,
-    request: u32,
-    call: u64,
-    tries: u32,
-    resend_at: Time,
-}
-
+/// A client and the operation it has in flight: (key, what it asked, when).
 struct Client {
-    session: u64,
-    next_request: u32,
-    pending: Option<Pending>,
+    session: ChainClient,
+    current: Option<(Vec<u8>, ClientOp, u64)>,
 }
 
 type History = Vec<(
@@ -135,36 +127,6 @@ fn flush(members: &mut [Member], index: usize, net: &mut Net) {
 
 fn member_addr_of(index: usize) -> SocketAddr {
     member(index)
-}
-
-fn request_bytes(session: u64, pending: &Pending) -> Vec<u8> {
-    let mut header = Header::new(
-        PacketType::Reserved(CHAIN_REQUEST),
-        1,
-        session,
-        pending.request,
-    );
-    if pending.tries > 0 {
-        header.flags = RETRANSMITTED;
-    }
-    let mut payload = Vec::new();
-    Request {
-        op: pending.op,
-        group: group_of(&pending.key, GROUPS),
-        key: &pending.key,
-        value: &pending.value,
-    }
-    .emit(&mut payload);
-    header.encode(&payload)
-}
-
-/// Where a client sends: writes to the key's head, reads to any member.
-fn target(key: &[u8], op: Op, rng: &mut ChaCha8Rng) -> SocketAddr {
-    let group = group_of(key, GROUPS);
-    match op {
-        Op::Get => member(rng.random_range(0..MEMBERS)),
-        _ => config(0).groups[usize::from(group)][0],
-    }
 }
 
 fn run(seed: u64, crashes: bool) -> (History, u64) {
@@ -190,10 +152,15 @@ fn run(seed: u64, crashes: bool) -> (History, u64) {
         .collect();
     let keys: Vec<Vec<u8>> = (0..4u8).map(|index| vec![b'k', index]).collect();
     let mut clients: Vec<Client> = (0..4)
-        .map(|index| Client {
-            session: 0x5e55_0000 + index as u64,
-            next_request: 1,
-            pending: None,
+        .map(|index| {
+            let mut client_config = ClientConfig::new(0x5e55_0000 + index as u64, config(0).groups);
+            // 10 sends or so within the members' idea of a request lifetime.
+            client_config.retransmit_timeout_max = Duration::from_millis(5);
+            client_config.request_lifetime = Duration::from_millis(50);
+            Client {
+                session: ChainClient::new(client_config),
+                current: None,
+            }
         })
         .collect();
     let mut history: History = Vec::new();
@@ -203,63 +170,58 @@ fn run(seed: u64, crashes: bool) -> (History, u64) {
     let mut crash_count = 0;
     let nanos = |time: Time| time.as_nanos();
     for step in 0..100_000u32 {
-        // Clients: issue, or resend what timed out.
+        // Clients: issue, resend what timed out, record what ended.
         for (index, client) in clients.iter_mut().enumerate() {
-            match &mut client.pending {
-                None if issued < 600 && rng.random_bool(0.05) => {
-                    let key = keys[rng.random_range(0..keys.len())].clone();
-                    let (op, value) = match rng.random_range(0..10) {
-                        0..=4 => (Op::Get, Vec::new()),
-                        5..=8 => {
-                            next_value += 1;
-                            (Op::Put, next_value.to_be_bytes().to_vec())
-                        }
-                        _ => (Op::Delete, Vec::new()),
-                    };
-                    let pending = Pending {
-                        key,
-                        op,
-                        value,
-                        request: client.next_request,
-                        call: nanos(net.now),
-                        tries: 0,
-                        resend_at: net.now + Duration::from_millis(5),
-                    };
-                    client.next_request += 1;
-                    issued += 1;
-                    let bytes = request_bytes(client.session, &pending);
-                    let to = target(&pending.key, op, &mut rng);
-                    net.send(client_addr(index), to, bytes);
-                    client.pending = Some(pending);
-                }
-                Some(pending) if pending.resend_at <= net.now => {
-                    if pending.tries >= 10 {
-                        // Given up: its outcome stays unknown.
-                        let input = match pending.op {
-                            Op::Get => RegisterInput::Read,
-                            Op::Delete => RegisterInput::Write(None),
-                            _ => RegisterInput::Write(Some(pending.value.clone())),
-                        };
-                        history.push((
-                            pending.key.clone(),
-                            Operation {
-                                client: index as u64,
-                                call: pending.call,
-                                ret: PENDING,
-                                input,
-                                output: RegisterOutput::Unknown,
-                            },
-                        ));
-                        client.pending = None;
-                        continue;
+            let now = net.now;
+            if client.current.is_none() && issued < 600 && rng.random_bool(0.05) {
+                let key = keys[rng.random_range(0..keys.len())].clone();
+                let op = match rng.random_range(0..10) {
+                    0..=4 => ClientOp::Get,
+                    5..=8 => {
+                        next_value += 1;
+                        ClientOp::Put(next_value.to_be_bytes().to_vec())
                     }
-                    pending.tries += 1;
-                    pending.resend_at = net.now + Duration::from_millis(5);
-                    let bytes = request_bytes(client.session, pending);
-                    let to = target(&pending.key, pending.op, &mut rng);
-                    net.send(client_addr(index), to, bytes);
-                }
-                _ => {}
+                    _ => ClientOp::Delete,
+                };
+                client
+                    .session
+                    .start(now, &key, op.clone())
+                    .expect("one request at a time");
+                client.current = Some((key, op, nanos(now)));
+                issued += 1;
+            }
+            client.session.handle_timeout(now);
+            while let Some(transmit) = client.session.poll_transmit() {
+                net.send(client_addr(index), transmit.destination, transmit.bytes);
+            }
+            while let Some((_, outcome)) = client.session.poll_outcome() {
+                let (key, op, call) = client.current.take().expect("a request in flight");
+                let input = match &op {
+                    ClientOp::Get => RegisterInput::Read,
+                    ClientOp::Put(value) => RegisterInput::Write(Some(value.clone())),
+                    ClientOp::Delete => RegisterInput::Write(None),
+                    ClientOp::CompareAndSet { .. } => unreachable!("not in this test"),
+                };
+                let (output, ret) = match outcome {
+                    Outcome::Value { value, .. } => {
+                        local_reads += 1;
+                        (RegisterOutput::Value(value), nanos(now))
+                    }
+                    Outcome::Written { .. } => (RegisterOutput::Written, nanos(now)),
+                    // Timed out, or in doubt after a head restart: applied or not.
+                    Outcome::Unknown => (RegisterOutput::Unknown, PENDING),
+                    other => panic!("seed {seed}: unexpected outcome {other:?}"),
+                };
+                history.push((
+                    key,
+                    Operation {
+                        client: index as u64,
+                        call,
+                        ret,
+                        input,
+                        output,
+                    },
+                ));
             }
         }
         // Crashes and restarts of a member process.
@@ -313,66 +275,12 @@ fn run(seed: u64, crashes: bool) -> (History, u64) {
                 continue;
             }
             // A client's reply.
-            let Some(index) = (0..clients.len()).find(|&index| client_addr(index) == to) else {
-                continue;
-            };
-            let Ok((header, payload)) = Header::parse(&bytes) else {
-                continue;
-            };
-            if header.packet_type != PacketType::Reserved(CHAIN_REPLY) {
-                continue;
-            }
-            let client = &mut clients[index];
-            let Some(pending) = &client.pending else {
-                continue;
-            };
-            if header.seq != pending.request || header.session_id != client.session {
-                continue;
-            }
-            let reply = Reply::parse(payload).expect("a member's reply parses");
-            let (input, output) = match (pending.op, reply.status) {
-                (Op::Get, Status::Ok) => (
-                    RegisterInput::Read,
-                    RegisterOutput::Value(Some(reply.value.to_vec())),
-                ),
-                (Op::Get, Status::NotFound) => (RegisterInput::Read, RegisterOutput::Value(None)),
-                (Op::Put, Status::Ok) => (
-                    RegisterInput::Write(Some(pending.value.clone())),
-                    RegisterOutput::Written,
-                ),
-                (Op::Delete, Status::Ok) => (RegisterInput::Write(None), RegisterOutput::Written),
-                // The head restarted since the first transmission: applied or not, unknown.
-                (Op::Put, Status::InDoubt) => (
-                    RegisterInput::Write(Some(pending.value.clone())),
-                    RegisterOutput::Unknown,
-                ),
-                (Op::Delete, Status::InDoubt) => {
-                    (RegisterInput::Write(None), RegisterOutput::Unknown)
+            if let Some(index) = (0..clients.len()).find(|&index| client_addr(index) == to) {
+                if !(0..MEMBERS).any(|index| member(index) == from) {
+                    panic!("seed {seed}: a reply from {from}");
                 }
-                other => panic!("seed {seed}: unexpected reply {other:?}"),
-            };
-            if from != member(0) && from != member(1) && from != member(2) {
-                panic!("seed {seed}: a reply from {from}");
+                clients[index].session.handle(&bytes);
             }
-            if pending.op == Op::Get {
-                local_reads += 1;
-            }
-            let ret = if output == RegisterOutput::Unknown {
-                PENDING
-            } else {
-                nanos(net.now)
-            };
-            history.push((
-                pending.key.clone(),
-                Operation {
-                    client: index as u64,
-                    call: pending.call,
-                    ret,
-                    input,
-                    output,
-                },
-            ));
-            client.pending = None;
         }
         for index in 0..MEMBERS {
             if members[index].up {
@@ -381,7 +289,7 @@ fn run(seed: u64, crashes: bool) -> (History, u64) {
                 flush(&mut members, index, &mut net);
             }
         }
-        if issued >= 600 && clients.iter().all(|client| client.pending.is_none()) {
+        if issued >= 600 && clients.iter().all(|client| client.current.is_none()) {
             break;
         }
     }

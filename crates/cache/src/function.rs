@@ -390,7 +390,7 @@ impl CacheFunction {
 }
 
 impl NetworkFunction for CacheFunction {
-    type Work = std::convert::Infallible;
+    type Work = pmnet_proto::RegionWrite;
 
     fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {
         let payload = datagram.get(pmnet_wire::HEADER_LEN..).unwrap_or_default();

@@ -4,7 +4,7 @@
 //! shows the shape a new function takes.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
+
 use std::net::SocketAddr;
 
 use pmnet_wire::{Header, PacketType};
@@ -35,7 +35,7 @@ impl Counter {
 }
 
 impl NetworkFunction for Counter {
-    type Work = Infallible;
+    type Work = crate::RegionWrite;
 
     fn handle(&mut self, _: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {
         if header.packet_type != PacketType::Reserved(COUNTER_TYPE_CODE) {
@@ -62,7 +62,7 @@ impl NetworkFunction for Counter {
         self.answers.pop_front()
     }
 
-    fn poll_persist(&mut self) -> Option<PersistBatch<Infallible>> {
+    fn poll_persist(&mut self) -> Option<PersistBatch<crate::RegionWrite>> {
         None
     }
 

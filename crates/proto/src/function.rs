@@ -231,7 +231,7 @@ impl<A: NetworkFunction, B: NetworkFunction> NetworkFunction for Stack<A, B> {
 pub struct Nothing;
 
 impl NetworkFunction for Nothing {
-    type Work = Infallible;
+    type Work = RegionWrite;
 
     fn handle(&mut self, _: Time, _: SocketAddr, _: &Header, _: &[u8]) -> Verdict {
         Verdict::Pass
@@ -241,7 +241,7 @@ impl NetworkFunction for Nothing {
     fn poll_transmit(&mut self) -> Option<Transmit> {
         None
     }
-    fn poll_persist(&mut self) -> Option<PersistBatch<Infallible>> {
+    fn poll_persist(&mut self) -> Option<PersistBatch<RegionWrite>> {
         None
     }
     fn poll_timeout(&self) -> Option<Time> {
@@ -490,12 +490,74 @@ impl<F: NetworkFunction + ?Sized> NetworkFunction for Box<F> {
     }
 }
 
-/// A function that sits in front of a device's log and persists nothing of its own (a read
-/// cache, a counter in a test). The runtime and the simulator host one in every device, in
-/// front of the log: [`Nothing`] unless told otherwise.
-pub trait FrontFunction: NetworkFunction<Work = Infallible> + std::fmt::Debug + Send {}
+/// A front function's persistence work: `bytes` stored at `offset` of the function's own
+/// persistent region and flushed; a batch ends with one fence ([`RegionExecutor`], the one
+/// executor the runtime and the simulator share). The function lays its region out itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionWrite {
+    pub offset: usize,
+    pub bytes: Vec<u8>,
+}
 
-impl<F: NetworkFunction<Work = Infallible> + std::fmt::Debug + Send> FrontFunction for F {}
+/// Carries out a front function's [`RegionWrite`]s on its region: every write stored and
+/// flushed, then one fence per batch. `None`: the front function has no region (a read cache)
+/// and must ask for no work.
+#[derive(Debug)]
+pub struct RegionExecutor<R> {
+    pub region: Option<R>,
+    pub batches: u64,
+    pub writes: u64,
+}
+
+impl<R> Default for RegionExecutor<R> {
+    fn default() -> Self {
+        RegionExecutor {
+            region: None,
+            batches: 0,
+            writes: 0,
+        }
+    }
+}
+
+impl<R> RegionExecutor<R> {
+    /// The executor of a front function persisting on `region`.
+    pub fn on(region: R) -> RegionExecutor<R> {
+        RegionExecutor {
+            region: Some(region),
+            batches: 0,
+            writes: 0,
+        }
+    }
+}
+
+impl<R: pmnet_pm::PmRegion> Persist<RegionWrite> for RegionExecutor<R> {
+    fn persist(&mut self, work: Vec<RegionWrite>) {
+        if work.is_empty() {
+            return;
+        }
+        // A front function that asks for persistence without a region is a bug: what it
+        // acknowledges after this would not be durable.
+        let region = self
+            .region
+            .as_mut()
+            .expect("region work asked for by a front function with no region");
+        for write in &work {
+            region.write(write.offset, &write.bytes);
+            region.flush(write.offset, write.bytes.len());
+        }
+        region.fence();
+        self.batches += 1;
+        self.writes += work.len() as u64;
+    }
+}
+
+/// A function that sits in front of a device's log (a read cache, a chain store's member, a
+/// counter in a test), persisting on a region of its own if it persists anything. The runtime
+/// and the simulator host one in every device, in front of the log: [`Nothing`] unless told
+/// otherwise.
+pub trait FrontFunction: NetworkFunction<Work = RegionWrite> + std::fmt::Debug + Send {}
+
+impl<F: NetworkFunction<Work = RegionWrite> + std::fmt::Debug + Send> FrontFunction for F {}
 
 /// The pipeline of a device: a front function, then the log ([`crate::Device`]), which forwards
 /// requests to their servers.

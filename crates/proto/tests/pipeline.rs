@@ -196,7 +196,7 @@ struct Witness {
 }
 
 impl NetworkFunction for Witness {
-    type Work = std::convert::Infallible;
+    type Work = pmnet_proto::RegionWrite;
 
     fn handle(&mut self, _: Time, _: SocketAddr, _: &Header, _: &[u8]) -> Verdict {
         Verdict::Pass
@@ -206,7 +206,7 @@ impl NetworkFunction for Witness {
     fn poll_transmit(&mut self) -> Option<Transmit> {
         None
     }
-    fn poll_persist(&mut self) -> Option<PersistBatch<std::convert::Infallible>> {
+    fn poll_persist(&mut self) -> Option<PersistBatch<pmnet_proto::RegionWrite>> {
         None
     }
     fn poll_timeout(&self) -> Option<Time> {

@@ -15,7 +15,7 @@ pub use workers::{stale_worker_logs, worker_log_path, WORKERS_MAX};
 
 use pmnet_pm::{LogWork, MediumInfo, MmapOptions, MmapRegion, PmLog};
 use pmnet_proto::{
-    Device, DeviceConfig, DeviceCounters, DevicePipeline, DropCounts, FrontFunction, NoPersistence,
+    Device, DeviceConfig, DeviceCounters, DevicePipeline, DropCounts, FrontFunction, RegionExecutor,
     Nothing, Persist, Transmit,
 };
 
@@ -176,6 +176,8 @@ pub struct DeviceRuntime {
     /// The device's functions, the log last.
     pipeline: DevicePipeline,
     executor: LogExecutor,
+    /// The front function's region (a chain store's table), if it persists anything.
+    front_executor: RegionExecutor<MmapRegion>,
     data: BatchSocket,
     /// The forward port's plain switch (a pipeline whose log does not log).
     forward: Option<(DevicePipeline, BatchSocket)>,
@@ -218,6 +220,19 @@ impl DeviceRuntime {
         options: DeviceOptions,
         shutdown: Shutdown,
         front: Box<dyn FrontFunction>,
+    ) -> Result<DeviceRuntime, RuntimeError> {
+        DeviceRuntime::open_with_front_region(options, shutdown, front, None)
+    }
+
+    /// [`DeviceRuntime::open_with_front`] for a front function that persists on a region of
+    /// its own (a chain store's table, opened by the caller): its [`pmnet_proto::RegionWrite`]s
+    /// are carried out there, each batch ending with one fence, before it hears they are
+    /// durable.
+    pub fn open_with_front_region(
+        options: DeviceOptions,
+        shutdown: Shutdown,
+        front: Box<dyn FrontFunction>,
+        front_region: Option<MmapRegion>,
     ) -> Result<DeviceRuntime, RuntimeError> {
         let span = tracing::info_span!("device", id = options.device_id);
         let _entered = span.clone().entered();
@@ -307,6 +322,11 @@ impl DeviceRuntime {
             executor: LogExecutor {
                 log,
                 ..LogExecutor::default()
+            },
+            front_executor: RegionExecutor {
+                region: front_region,
+                batches: 0,
+                writes: 0,
             },
             data,
             forward,
@@ -555,7 +575,7 @@ impl DeviceRuntime {
     fn carry_out_persist_work(&mut self) {
         let now = self.clock.now();
         self.pipeline
-            .persist_with(now, &mut (NoPersistence, &mut self.executor));
+            .persist_with(now, &mut (&mut self.front_executor, &mut self.executor));
     }
 
     fn timer_deadlines(&self) -> impl Iterator<Item = pmnet_proto::Time> + '_ {

@@ -200,6 +200,9 @@ impl ServerApp {
 
 #[derive(Debug)]
 pub struct DeviceNode {
+    /// The front function's persistent region, if it persists anything (a chain store's
+    /// table); its writes are durable as soon as the function asks.
+    pub front_executor: pmnet_proto::RegionExecutor<SimRegion>,
     /// Lost for good ([`World::lose_device`]): its log is gone and the chain goes around it.
     pub lost: bool,
     /// The device's functions: a front function ([`Nothing`] unless a test puts one there),
@@ -256,6 +259,7 @@ impl DeviceNode {
             restart_count: 0,
             rejected_slot_count: 0,
             lost: false,
+            front_executor: pmnet_proto::RegionExecutor::default(),
         }
     }
 

@@ -45,9 +45,20 @@ impl World {
         let node = &mut self.devices[index];
         let mut persisted = Vec::new();
         while let Some(batch) = node.pipeline.poll_persist() {
+            // The front function's writes go to its own region at once (one fence); the log's
+            // are held or carried out below, and the batch is reported once they are.
+            let mut front = Vec::new();
+            let mut back = Vec::new();
+            for work in batch.work {
+                match work {
+                    StackWork::Front(write) => front.push(write),
+                    StackWork::Back(work) => back.push(work),
+                }
+            }
+            pmnet_proto::Persist::persist(&mut node.front_executor, front);
             let batch = PersistBatch {
                 number: batch.number,
-                work: batch.work.into_iter().map(StackWork::into_back).collect(),
+                work: back,
             };
             if node.hold_persistence {
                 persisted.push(format!(

@@ -132,6 +132,21 @@ pub struct TableWork {
     pub version: Version,
 }
 
+impl TableWork {
+    /// The bytes this work stores and where, in a region laid out with `geometry`.
+    pub fn region_write(&self, geometry: &Geometry) -> pmnet_proto::RegionWrite {
+        assert!(self.bucket < geometry.buckets && self.half < 2);
+        pmnet_proto::RegionWrite {
+            offset: record_offset(geometry, self.bucket, self.half),
+            bytes: encode_record(&self.key, &self.version, geometry),
+        }
+    }
+}
+
+fn record_offset(geometry: &Geometry, bucket: u32, half: u8) -> usize {
+    SUPERBLOCK_LEN + (2 * bucket as usize + usize::from(half)) * geometry.record_len()
+}
+
 /// What opening a table found: each key's current version and where it lives.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovered {
@@ -207,7 +222,12 @@ impl<R: PmRegion> TableFile<R> {
     }
 
     fn record_offset(&self, bucket: u32, half: u8) -> usize {
-        SUPERBLOCK_LEN + (2 * bucket as usize + usize::from(half)) * self.geometry.record_len()
+        record_offset(&self.geometry, bucket, half)
+    }
+
+    /// The region, to hand to the device's executor once the table is opened.
+    pub fn into_region(self) -> R {
+        self.region
     }
 
     fn scan(&self) -> Recovered {
@@ -253,26 +273,17 @@ impl<R: PmRegion> TableFile<R> {
         if work.is_empty() {
             return;
         }
-        let len = self.geometry.record_len();
-        for item in work {
-            assert!(item.bucket < self.geometry.buckets && item.half < 2);
-            let record = encode_record(&item.key, &item.version, &self.geometry);
-            let offset = self.record_offset(item.bucket, item.half);
-            self.region.write(offset, &record);
-            self.region.flush(offset, len);
-        }
+        self.persist_batch_without_fence(work);
         self.region.fence();
     }
 
     /// [`TableFile::persist_batch`] without its fence: the records are stored and flushed
     /// but not known durable (for crash tests).
     pub fn persist_batch_without_fence(&mut self, work: &[TableWork]) {
-        let len = self.geometry.record_len();
         for item in work {
-            let record = encode_record(&item.key, &item.version, &self.geometry);
-            let offset = self.record_offset(item.bucket, item.half);
-            self.region.write(offset, &record);
-            self.region.flush(offset, len);
+            let write = item.region_write(&self.geometry);
+            self.region.write(write.offset, &write.bytes);
+            self.region.flush(write.offset, write.bytes.len());
         }
     }
 }

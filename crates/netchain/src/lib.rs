@@ -6,6 +6,7 @@
 
 mod client;
 mod file;
+mod function;
 mod node;
 mod table;
 #[cfg(test)]
@@ -13,7 +14,9 @@ mod tests;
 
 pub use client::{Busy, ChainClient, ClientConfig, ClientOp, Outcome};
 pub use file::{FileError, Geometry, Recovered, TableFile, TableWork, Version};
+pub use function::ChainFunction;
 pub use node::{
-    group_of, ChainConfig, ChainCounters, ChainNode, RESEND_FIRST, RESEND_MAX, SESSIONS_MAX,
+    group_of, rotated_groups, ChainConfig, ChainCounters, ChainNode, RESEND_FIRST, RESEND_MAX,
+    SESSIONS_MAX,
 };
 pub use table::{KeySeq, Refused, Table, TableBatch, Written, PROBE_LIMIT};

@@ -45,6 +45,20 @@ pub fn group_of(key: &[u8], groups: u16) -> u16 {
     (crate::table::key_hash(key) % u64::from(groups.max(1))) as u16
 }
 
+/// The chains of `groups` virtual groups over `members`: group g's chain is every member, in
+/// order, starting at member g modulo their number (so each member heads some groups and is
+/// the tail of others). The static configuration every member and client derives alike.
+pub fn rotated_groups(members: &[SocketAddr], groups: u16) -> Vec<Vec<SocketAddr>> {
+    assert!(!members.is_empty(), "at least one member");
+    (0..usize::from(groups.max(1)))
+        .map(|group| {
+            (0..members.len())
+                .map(|at| members[(group + at) % members.len()])
+                .collect()
+        })
+        .collect()
+}
+
 /// A member's settings.
 #[derive(Debug, Clone)]
 pub struct ChainConfig {

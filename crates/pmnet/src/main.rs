@@ -7,6 +7,7 @@ mod config;
 mod demo;
 mod drain_bench;
 mod keygen;
+mod kv;
 mod log_inspect;
 mod node;
 mod redis;
@@ -87,6 +88,9 @@ enum Command {
     SessionBench(session_bench::SessionBenchArgs),
     /// Make a deployment key file for `--key-file` (see docs/security.md).
     Keygen(keygen::KeygenArgs),
+    /// The chain store's client (devices run with --chain-member; docs/netchain.md): get,
+    /// put, delete, compare-and-set, lock and unlock.
+    Kv(kv::KvArgs),
     /// Show a running device's or server's state: log occupancy, sessions, recovery, peers,
     /// counters (ADDR: its --metrics address).
     Status(status::StatusArgs),
@@ -112,6 +116,7 @@ impl Command {
             Command::DrainBench(_) => "drain-bench",
             Command::SessionBench(_) => "session-bench",
             Command::Keygen(_) => "keygen",
+            Command::Kv(_) => "kv",
             Command::Status(_) => "status",
             Command::Log(_) => "log",
         }
@@ -145,6 +150,7 @@ fn main() -> ExitCode {
         Command::DrainBench(args) => drain_bench::run(args),
         Command::SessionBench(args) => session_bench::run(args),
         Command::Keygen(args) => keygen::run(args),
+        Command::Kv(args) => kv::run(args),
         Command::Status(args) => status::run(args),
         Command::Log(args) => log_inspect::run(args),
     };

@@ -242,6 +242,37 @@ pub struct DeviceArgs {
           value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
     pub cache_fetch_warmup_ms: u64,
 
+    /// A member of the chain store (docs/netchain.md), in the order chains are built: repeat
+    /// for each member, this device among them. Makes the device a member: it keeps a
+    /// key-value table in persistent memory (`--chain-table`) and answers `pmnet kv`.
+    #[arg(long = "chain-member", value_name = "ADDR", value_parser = crate::addr::parse_addr)]
+    pub chain_members: Vec<SocketAddr>,
+
+    /// This device's address as the other members reach it (default: --listen).
+    #[arg(long, value_name = "ADDR", value_parser = crate::addr::parse_addr)]
+    pub chain_me: Option<SocketAddr>,
+
+    /// Virtual groups of keys: group g's chain starts at member g modulo the members, in
+    /// order; every member and client must use the same number.
+    #[arg(long, value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub chain_groups: u16,
+
+    /// The chain store's table (default: /dev/shm/pmnet-chain-<ID>.table); made if missing,
+    /// reopened (with every durable version) if not.
+    #[arg(long, value_name = "FILE")]
+    pub chain_table: Option<PathBuf>,
+
+    /// Keys the table holds at most (a new table; an existing one keeps its own).
+    #[arg(long, value_name = "N", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub chain_keys: u32,
+
+    /// Bytes of a value at most (a new table; an existing one keeps its own).
+    #[arg(long, value_name = "BYTES", default_value_t = 128,
+          value_parser = clap::value_parser!(u16).range(1..=16_384))]
+    pub chain_value_max: u16,
+
     #[command(flatten)]
     pub medium: MediumArgs,
 
@@ -450,7 +481,15 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
         let worker = options
             .for_worker(index, online)
             .map_err(|error| format!("--workers {}: {error}", args.workers))?;
-        let device = if args.cache {
+        let device = if !args.chain_members.is_empty() {
+            let (front, region) = chain_member(&args)?;
+            DeviceRuntime::open_with_front_region(
+                worker,
+                shutdown.clone(),
+                Box::new(front),
+                Some(region),
+            )?
+        } else if args.cache {
             let id = worker.device_id;
             DeviceRuntime::open_with_front(worker, shutdown.clone(), Box::new(cache(&args, id)?))?
         } else {
@@ -500,6 +539,19 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
         }
     }
     lines.push(format!("  medium: {}", devices[0].startup().medium_text()));
+    if !args.chain_members.is_empty() {
+        lines.push(format!(
+            "  chain store: member {} of {} ({} virtual groups), table {} on the medium above",
+            args.chain_me.unwrap_or(args.listen),
+            args.chain_members
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            args.chain_groups,
+            chain_table_path(&args).display()
+        ));
+    }
     if args.cache {
         lines.push(format!(
             "  cache: on ({} keys, values up to {} bytes, hot after {} misses in {} ms; volatile: starts empty)",
@@ -636,6 +688,80 @@ pub(crate) fn parse_seconds_at_least(text: &str, minimum: f64) -> Result<f64, St
         ));
     }
     Ok(seconds)
+}
+
+/// Where the chain store's table lives.
+fn chain_table_path(args: &DeviceArgs) -> PathBuf {
+    args.chain_table
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("/dev/shm/pmnet-chain-{}.table", args.device_id)))
+}
+
+/// The chain store's member `pmnet device --chain-member ...` puts in front of its log, and
+/// the region of its table (made if missing, reopened with every durable version if not).
+fn chain_member(
+    args: &DeviceArgs,
+) -> Result<(pmnet_netchain::ChainFunction, pmnet_pm::MmapRegion), CliError> {
+    if args.cache {
+        return Err(
+            "--chain-member and --cache: a device runs one of them in front of its log"
+                .to_owned()
+                .into(),
+        );
+    }
+    if args.workers > 1 {
+        return Err("--chain-member runs on one worker: drop --workers"
+            .to_owned()
+            .into());
+    }
+    let me = args.chain_me.unwrap_or(args.listen);
+    if !args.chain_members.contains(&me) {
+        return Err(format!(
+            "--chain-member: this device ({me}; set --chain-me to the address the others \
+             reach it at) is not among the members"
+        )
+        .into());
+    }
+    let path = chain_table_path(args);
+    let options = args.medium.mmap_options();
+    let geometry = pmnet_netchain::Geometry {
+        buckets: args.chain_keys,
+        key_max: 64,
+        value_max: args.chain_value_max,
+    };
+    let table_error = |what: String| format!("chain table {}: {what}", path.display());
+    let (file, recovered) = if path.exists() {
+        let region = pmnet_pm::MmapRegion::open(&path, options)
+            .map_err(|error| table_error(error.to_string()))?;
+        pmnet_netchain::TableFile::open(region).map_err(|error| {
+            table_error(format!(
+                "{error}; move it aside or point --chain-table at another file"
+            ))
+        })?
+    } else {
+        let (region, new_file) =
+            pmnet_pm::MmapRegion::create_new(&path, geometry.region_len(), options)
+                .map_err(|error| table_error(error.to_string()))?;
+        let file = pmnet_netchain::TableFile::format(region, geometry)
+            .map_err(|error| table_error(error.to_string()))?;
+        new_file
+            .publish()
+            .map_err(|error| table_error(error.to_string()))?;
+        (file, pmnet_netchain::Recovered::default())
+    };
+    if recovered.damaged_records > 0 {
+        tracing::warn!(
+            "chain table {}: {} damaged records ignored (torn writes never acknowledged, or \
+             damage: the other record of each key holds its version)",
+            path.display(),
+            recovered.damaged_records
+        );
+    }
+    let table = pmnet_netchain::Table::recover(file.geometry(), recovered);
+    let groups = pmnet_netchain::rotated_groups(&args.chain_members, args.chain_groups);
+    let config = pmnet_netchain::ChainConfig::new(me, 1, groups);
+    let node = pmnet_netchain::ChainNode::new(config, table, pmnet_proto::Time::ZERO);
+    Ok((pmnet_netchain::ChainFunction::new(node), file.into_region()))
 }
 
 /// The read cache `pmnet device --cache` puts in front of the log of device `device_id`.

@@ -36,8 +36,7 @@ pub use device::{Device, DeviceConfig, DeviceCounters};
 pub use drop::{CountDrop, DropCounts, DropReason};
 pub use function::{
     DevicePipeline, FrontFunction, NetworkFunction, NoPersistence, Nothing, Persist, PersistBatch,
-    RegionExecutor, RegionWrite,
-    Pipeline, Stack, StackWork, Verdict,
+    Pipeline, RegionExecutor, RegionWrite, Stack, StackWork, Verdict,
 };
 pub use histogram::{LatencyHistogram, LATENCY_BUCKETS_NS};
 pub use pmnet_auth::{AuthError, Authenticator, DeploymentKey, KeySet};

@@ -15,8 +15,8 @@ pub use workers::{stale_worker_logs, worker_log_path, WORKERS_MAX};
 
 use pmnet_pm::{LogWork, MediumInfo, MmapOptions, MmapRegion, PmLog};
 use pmnet_proto::{
-    Device, DeviceConfig, DeviceCounters, DevicePipeline, DropCounts, FrontFunction, RegionExecutor,
-    Nothing, Persist, Transmit,
+    Device, DeviceConfig, DeviceCounters, DevicePipeline, DropCounts, FrontFunction, Nothing,
+    Persist, RegionExecutor, Transmit,
 };
 
 use crate::event_loop::{run_loop, LoopCounters, LoopSettings, Node, Ready, Turn};

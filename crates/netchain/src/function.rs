@@ -1,0 +1,93 @@
+//! The chain member as an in-network function: composed in front of the log in a device's
+//! pipeline (`Stack<ChainFunction, Device>`), it takes NetChain's datagrams (types
+//! `0x20–0x23`) and passes everything else on; its table writes are [`RegionWrite`]s on the
+//! table's region, carried out by the device's front executor.
+
+use std::net::SocketAddr;
+
+use pmnet_proto::{NetworkFunction, PersistBatch, RegionWrite, Time, Transmit, Verdict};
+use pmnet_wire::netchain::{CHAIN_COMMIT, CHAIN_REPLY, CHAIN_REQUEST, CHAIN_WRITE};
+use pmnet_wire::{Header, PacketType};
+
+use crate::file::Geometry;
+use crate::node::ChainNode;
+
+/// A chain member in a device's pipeline.
+#[derive(Debug)]
+pub struct ChainFunction {
+    node: ChainNode,
+    geometry: Geometry,
+}
+
+impl ChainFunction {
+    pub fn new(node: ChainNode) -> ChainFunction {
+        let geometry = node.table().geometry();
+        ChainFunction { node, geometry }
+    }
+
+    pub fn node(&self) -> &ChainNode {
+        &self.node
+    }
+}
+
+impl NetworkFunction for ChainFunction {
+    type Work = RegionWrite;
+
+    fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {
+        match header.packet_type {
+            PacketType::Reserved(CHAIN_REQUEST | CHAIN_REPLY | CHAIN_WRITE | CHAIN_COMMIT) => {
+                let payload = datagram.get(pmnet_wire::HEADER_LEN..).unwrap_or_default();
+                self.node.handle(now, from, header, payload);
+                Verdict::Consumed
+            }
+            _ => Verdict::Pass,
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Time) {
+        self.node.handle_timeout(now);
+    }
+
+    fn on_persisted(&mut self, now: Time, through: u64) {
+        self.node.on_persisted(now, through);
+    }
+
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.node.poll_transmit()
+    }
+
+    fn poll_persist(&mut self) -> Option<PersistBatch<RegionWrite>> {
+        let batch = self.node.poll_persist()?;
+        Some(PersistBatch {
+            number: batch.number,
+            work: batch
+                .work
+                .iter()
+                .map(|work| work.region_write(&self.geometry))
+                .collect(),
+        })
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        self.node.poll_timeout()
+    }
+
+    fn counter_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
+        let c = self.node.counters();
+        vec![
+            ("pmnet_chain_requests_total", "Chain requests received from clients (or relayed reads).", c.requests),
+            ("pmnet_chain_writes_stamped_total", "Writes this member stamped as the head of their group.", c.writes_stamped),
+            ("pmnet_chain_writes_passed_on_total", "Writes passed down the chain.", c.writes_passed_on),
+            ("pmnet_chain_writes_resent_total", "Writes passed down again for want of a commit.", c.writes_resent),
+            ("pmnet_chain_replies_total", "Replies sent to clients.", c.replies_sent),
+            ("pmnet_chain_reads_here_total", "Reads answered by this member (the tail, or a clean key).", c.reads_answered_here),
+            ("pmnet_chain_reads_relayed_total", "Reads of dirty keys relayed to the tail.", c.reads_relayed),
+            ("pmnet_chain_commits_total", "Commits received from the next member.", c.commits),
+            ("pmnet_chain_duplicates_total", "Requests sent again (or duplicated) that the head had stamped already.", c.duplicates),
+            ("pmnet_chain_in_doubt_total", "Retransmitted writes answered in doubt after a restart.", c.in_doubt),
+            ("pmnet_chain_refused_full_total", "Writes refused for want of room in the table.", c.refused_full),
+            ("pmnet_chain_dropped_total", "Chain datagrams dropped (unparsable, from a member that is no neighbour, for a group not served).", c.dropped),
+            ("pmnet_chain_keys", "Keys in this member's table.", self.node.table().len() as u64),
+        ]
+    }
+}

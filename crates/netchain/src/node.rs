@@ -585,6 +585,11 @@ impl ChainNode {
     }
 
     fn mark_committed(&mut self, key: &[u8], version: u64) {
+        if self.table.latest(key).is_none() {
+            // A commit for a key this member does not hold (a forgery, or damage): nothing
+            // to mark, and no room spent on it.
+            return;
+        }
         let committed = self.committed.entry(key.to_vec()).or_insert(0);
         *committed = (*committed).max(version);
         if self

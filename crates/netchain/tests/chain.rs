@@ -441,3 +441,46 @@ fn compare_and_set_gives_a_lock_one_holder_at_a_time() {
         "the head stamped the three that held"
     );
 }
+
+/// Any datagram, from anyone, of NetChain's types: a member never panics, and what it keeps
+/// stays bounded by the table.
+#[test]
+fn a_member_survives_any_datagram_from_anyone() {
+    let seed = seed();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut node = ChainNode::new(config(1), Table::new(geometry()), Time::ZERO);
+    let mut file =
+        TableFile::format(SimRegion::new(geometry().region_len()), geometry()).expect("format");
+    let sources = [member(0), member(1), member(2), client_addr(0)];
+    let mut now = Time::ZERO;
+    for round in 0..50_000u32 {
+        let packet_type = 0x20 + rng.random_range(0..4u8);
+        let len = rng.random_range(0..80);
+        let mut payload: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+        if round % 3 == 0 && payload.len() >= 12 {
+            // Mostly well-formed shapes: small codes, short keys.
+            payload[0] = rng.random_range(0..5);
+            payload[1] = 0;
+            payload[2] = rng.random_range(0..GROUPS as u8);
+        }
+        let header = Header::new(
+            PacketType::Reserved(packet_type),
+            1,
+            rng.random_range(0..4),
+            rng.random(),
+        );
+        let bytes = header.encode(&payload);
+        let (header, payload) = Header::parse(&bytes).expect("a header we made");
+        let from = sources[rng.random_range(0..sources.len())];
+        node.handle(now, from, &header, payload);
+        while let Some(batch) = node.poll_persist() {
+            file.persist_batch(&batch.work);
+            node.on_persisted(now, batch.number);
+        }
+        while node.poll_transmit().is_some() {}
+        now = now + Duration::from_micros(rng.random_range(0..2_000));
+        node.handle_timeout(now);
+    }
+    assert!(node.table().len() <= geometry().buckets as usize);
+    assert!(node.counters().dropped > 0);
+}

@@ -135,3 +135,49 @@ fn a_device_is_not_its_own_server() {
         &["server id 1 is given twice"],
     );
 }
+
+#[test]
+fn a_chain_member_that_cannot_work_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = free_udp_addr().to_string();
+    let other = free_udp_addr().to_string();
+    let log = dir.path().join("d.log").display().to_string();
+    let table = dir.path().join("c.table").display().to_string();
+    let base = |extra: &[&str]| -> Vec<String> {
+        let mut list: Vec<String> = [
+            "device",
+            "--listen",
+            &listen,
+            "--server",
+            "1=127.0.0.1:9",
+            "--log-file",
+            &log,
+            "--slots",
+            "64",
+            "--chain-table",
+            &table,
+        ]
+        .iter()
+        .map(|word| (*word).to_owned())
+        .collect();
+        list.extend(extra.iter().map(|word| (*word).to_owned()));
+        list
+    };
+    let run = |extra: &[&str], hints: &[&str]| {
+        let list = base(extra);
+        let refs: Vec<&str> = list.iter().map(String::as_str).collect();
+        must_fail(&refs, hints);
+    };
+    run(
+        &["--chain-member", &other],
+        &["not among the members", "--chain-me"],
+    );
+    run(
+        &["--chain-member", &listen, "--cache"],
+        &["--chain-member and --cache"],
+    );
+    // A table file that holds no table is never overwritten.
+    std::fs::write(&table, b"not a table").unwrap();
+    run(&["--chain-member", &listen], &[&table, "not a chain table"]);
+    assert_eq!(std::fs::read(&table).unwrap(), b"not a table");
+}

@@ -40,13 +40,9 @@ impl Sessions {
     /// acked). `false` if the number had passed before (a duplicate).
     pub fn passed(&mut self, session: u64, seq: u32, keyed: bool) -> bool {
         if !self.seen.contains_key(&session) {
-            if self.seen.len() >= SESSIONS_MAX {
-                self.forget_oldest();
-            }
-            self.order.push_back(session);
             // A session first seen: what came before is unknown, so `through` stays 0 until a
             // server's answer vouches for it (`applied_through`). Its first request is 1.
-            self.seen.insert(session, Seen::default());
+            self.insert_new(session, Seen::default());
         }
         let state = self.seen.get_mut(&session).expect("inserted");
         if seq <= state.through || state.above.contains(&seq) {
@@ -70,17 +66,22 @@ impl Sessions {
         true
     }
 
+    /// Remember a session not known yet (forgetting the oldest one if the table is full).
+    fn insert_new(&mut self, session: u64, seen: Seen) {
+        if self.seen.len() >= SESSIONS_MAX {
+            self.forget_oldest();
+        }
+        self.order.push_back(session);
+        self.seen.insert(session, seen);
+    }
+
     /// Read `id` of `session` came in: whether it is newer than every read of the session
     /// this device saw before (a session's first read here is). Only such a read may start a
     /// fetch: an older id is a retransmission or a replay, and an old answer to it (replayed
     /// too) would put an old value in the table.
     pub fn read_is_new(&mut self, session: u64, id: u32) -> bool {
         if !self.seen.contains_key(&session) {
-            if self.seen.len() >= SESSIONS_MAX {
-                self.forget_oldest();
-            }
-            self.order.push_back(session);
-            self.seen.insert(
+            self.insert_new(
                 session,
                 Seen {
                     reads_through: id,
@@ -117,11 +118,7 @@ impl Sessions {
             }
             state.unacked.retain(|seq| *seq > read_after);
         } else if read_after > 0 {
-            if self.seen.len() >= SESSIONS_MAX {
-                self.forget_oldest();
-            }
-            self.order.push_back(session);
-            self.seen.insert(
+            self.insert_new(
                 session,
                 Seen {
                     through: read_after,

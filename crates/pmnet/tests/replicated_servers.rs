@@ -43,17 +43,40 @@ fn server(listen: SocketAddr, device: SocketAddr, data: &Path, replicas: &[Socke
     Node::start(&format!("server {listen}"), list)
 }
 
+/// A test's files and the addresses of its device, primary and two replicas.
+struct Places {
+    dir: tempfile::TempDir,
+    addrs: [SocketAddr; 4],
+}
+
+impl Places {
+    fn new() -> Places {
+        Places {
+            dir: tempfile::tempdir().expect("temporary directory"),
+            addrs: [
+                free_udp_addr(),
+                free_udp_addr(),
+                free_udp_addr(),
+                free_udp_addr(),
+            ],
+        }
+    }
+
+    fn data(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join(format!("{name}.data"))
+    }
+
+    fn log(&self) -> std::path::PathBuf {
+        self.dir.path().join("device.log")
+    }
+}
+
 #[test]
 fn a_replica_promoted_after_the_primary_is_lost_for_good_has_every_acknowledged_update() {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let data = |name: &str| dir.path().join(format!("{name}.data"));
-    let log = dir.path().join("device.log");
-    let (d, p, r1, r2) = (
-        free_udp_addr(),
-        free_udp_addr(),
-        free_udp_addr(),
-        free_udp_addr(),
-    );
+    let places = Places::new();
+    let data = |name: &str| places.data(name);
+    let log = places.log();
+    let [d, p, r1, r2] = places.addrs;
     let mut replica1 = server(r1, p, &data("r1"), &[]);
     let mut replica2 = server(r2, p, &data("r2"), &[]);
     let mut primary = server(p, d, &data("p"), &[r1, r2]);
@@ -142,15 +165,10 @@ fn a_replica_promoted_after_the_primary_is_lost_for_good_has_every_acknowledged_
 /// log: the primary and both replicas apply it, and no one applies it twice.
 #[test]
 fn a_primary_killed_between_forwarding_and_applying_takes_the_request_back() {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let data = |name: &str| dir.path().join(format!("{name}.data"));
-    let log = dir.path().join("device.log");
-    let (d, p, r1, r2) = (
-        free_udp_addr(),
-        free_udp_addr(),
-        free_udp_addr(),
-        free_udp_addr(),
-    );
+    let places = Places::new();
+    let data = |name: &str| places.data(name);
+    let log = places.log();
+    let [d, p, r1, r2] = places.addrs;
     let replica1 = server(r1, p, &data("r1"), &[]);
     let mut primary = server(p, d, &data("p"), &[r1, r2]);
     assert!(
@@ -195,15 +213,10 @@ fn a_primary_killed_between_forwarding_and_applying_takes_the_request_back() {
 /// replica 2, so both hold the INCR, applied once.
 #[test]
 fn a_promoted_replica_brings_the_other_replica_what_it_applied_as_a_replica() {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let data = |name: &str| dir.path().join(format!("{name}.data"));
-    let log = dir.path().join("device.log");
-    let (d, p, r1, r2) = (
-        free_udp_addr(),
-        free_udp_addr(),
-        free_udp_addr(),
-        free_udp_addr(),
-    );
+    let places = Places::new();
+    let data = |name: &str| places.data(name);
+    let log = places.log();
+    let [d, p, r1, r2] = places.addrs;
     let mut replica1 = server(r1, p, &data("r1"), &[]);
     let mut primary = server(p, d, &data("p"), &[r1, r2]);
     let mut device = Node::start("device", device_args(d, p, &log));

@@ -6,6 +6,7 @@
 
 mod metrics;
 mod open;
+pub(crate) use open::log_file_error;
 mod workers;
 
 use std::net::SocketAddr;

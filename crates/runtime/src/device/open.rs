@@ -42,6 +42,26 @@ fn bind(
     BatchSocket::bind(addr, max_queued).map_err(|source| RuntimeError::Bind { what, addr, source })
 }
 
+/// What opening a log file (a device's, or a server's forward log) could not do, as the
+/// runtime says it; `unusable` words a file that holds no usable log.
+pub(crate) fn log_file_error(
+    path: &std::path::Path,
+    error: pmnet_pm::LogFileError,
+    unusable: impl FnOnce(pmnet_pm::LogFileError) -> RuntimeError,
+) -> RuntimeError {
+    match error {
+        pmnet_pm::LogFileError::File(source) => RuntimeError::LogFile {
+            path: path.to_path_buf(),
+            source,
+        },
+        pmnet_pm::LogFileError::Format { error, .. } => RuntimeError::Log {
+            path: path.to_path_buf(),
+            source: error,
+        },
+        problem @ pmnet_pm::LogFileError::Unusable { .. } => unusable(problem),
+    }
+}
+
 /// Open the log at `options.path`: a new one when the file does not exist, erased when
 /// `format` is set, otherwise recovered. An existing file that holds no usable log (empty,
 /// short, blank or corrupt superblock) is an error: it may hold acknowledged entries.
@@ -56,18 +76,8 @@ fn open_log(
         mmap: options.mmap,
     };
     let (log, recovery, opened) =
-        pmnet_pm::open_log_file(path, &file_options).map_err(|error| match error {
-            pmnet_pm::LogFileError::File(source) => RuntimeError::LogFile {
-                path: path.clone(),
-                source,
-            },
-            pmnet_pm::LogFileError::Format { error, .. } => RuntimeError::Log {
-                path: path.clone(),
-                source: error,
-            },
-            unusable @ pmnet_pm::LogFileError::Unusable { .. } => {
-                RuntimeError::LogUnusable { problem: unusable }
-            }
+        pmnet_pm::open_log_file(path, &file_options).map_err(|error| {
+            log_file_error(path, error, |problem| RuntimeError::LogUnusable { problem })
         })?;
     match opened {
         pmnet_pm::LogFileOpened::Created => tracing::info!(

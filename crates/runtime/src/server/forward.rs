@@ -48,20 +48,14 @@ pub(super) fn open_forward_log(
         mmap: store.mmap,
     };
     let (log, recovery, opened) =
-        pmnet_pm::open_log_file(&path, &file_options).map_err(|error| match error {
-            pmnet_pm::LogFileError::File(source) => RuntimeError::LogFile {
-                path: path.clone(),
-                source,
-            },
-            pmnet_pm::LogFileError::Format { error, .. } => RuntimeError::Log {
-                path: path.clone(),
-                source: error,
-            },
-            unusable @ pmnet_pm::LogFileError::Unusable { .. } => RuntimeError::Config(format!(
-                "forward log: {unusable}. It may hold requests forwarded to the replicas and \
+        pmnet_pm::open_log_file(&path, &file_options).map_err(|error| {
+            crate::device::log_file_error(&path, error, |unusable| {
+                RuntimeError::Config(format!(
+                    "forward log: {unusable}. It may hold requests forwarded to the replicas and \
                  not applied here; move it aside to keep it, or pass --format to erase it with \
                  the data file"
-            )),
+                ))
+            })
         })?;
     if recovery.rejected_slot_count > 0 {
         tracing::warn!(

@@ -19,4 +19,4 @@ pub use node::{
     group_of, rotated_groups, ChainConfig, ChainCounters, ChainNode, RESEND_FIRST, RESEND_MAX,
     SESSIONS_MAX,
 };
-pub use table::{KeySeq, Refused, Table, TableBatch, Written, PROBE_LIMIT};
+pub use table::{KeySeq, Refused, Table, Written, PROBE_LIMIT};

@@ -663,10 +663,7 @@ impl ChainNode {
 
     /// The table's work asked for since the last batch.
     pub fn poll_persist(&mut self) -> Option<PersistBatch<TableWork>> {
-        self.table.poll_persist().map(|batch| PersistBatch {
-            number: batch.number,
-            work: batch.work,
-        })
+        self.table.poll_persist()
     }
 
     /// Table batches through `through` are durable: what waited on them goes on.

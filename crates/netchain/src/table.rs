@@ -8,7 +8,9 @@
 //! still later one replaces the waiting one: only the newest matters), so a crash never tears
 //! the version a node acknowledged.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
+
+use pmnet_proto::{NumberedBatches, PersistBatch};
 
 use crate::file::{Geometry, Recovered, TableWork, Version};
 
@@ -58,18 +60,8 @@ pub struct Table {
     geometry: Geometry,
     keys: HashMap<Vec<u8>, Entry>,
     used: Vec<bool>,
-    work: Vec<TableWork>,
-    /// Keys whose write is in `work`.
-    unsent: Vec<KeySeq>,
-    in_flight: VecDeque<(u64, Vec<KeySeq>)>,
-    next_batch: u64,
-}
-
-/// A batch of table work, numbered for [`Table::on_persisted`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TableBatch {
-    pub number: u64,
-    pub work: Vec<TableWork>,
+    /// Work asked for and batches in flight, each with the keys (and versions) it writes.
+    batches: NumberedBatches<TableWork, KeySeq>,
 }
 
 impl Table {
@@ -79,10 +71,7 @@ impl Table {
             geometry,
             keys: HashMap::new(),
             used: vec![false; geometry.buckets as usize],
-            work: Vec::new(),
-            unsent: Vec::new(),
-            in_flight: VecDeque::new(),
-            next_batch: 0,
+            batches: NumberedBatches::default(),
         }
     }
 
@@ -186,13 +175,13 @@ impl Table {
         debug_assert!(entry.in_flight.is_none());
         entry.in_flight = Some(entry.latest.clone());
         entry.waiting = false;
-        self.work.push(TableWork {
+        self.batches.push(TableWork {
             bucket: entry.bucket,
             half: 1 - entry.durable_half,
             key: key.clone(),
             version: entry.latest.clone(),
         });
-        self.unsent.push((key, entry.latest.seq));
+        self.batches.wait((key, entry.latest.seq));
     }
 
     fn free_bucket(&self, key: &[u8]) -> Option<u32> {
@@ -204,41 +193,24 @@ impl Table {
     }
 
     /// The work asked for since the last batch, if any.
-    pub fn poll_persist(&mut self) -> Option<TableBatch> {
-        if self.work.is_empty() {
-            return None;
-        }
-        let number = self.next_batch;
-        self.next_batch += 1;
-        self.in_flight
-            .push_back((number, std::mem::take(&mut self.unsent)));
-        Some(TableBatch {
-            number,
-            work: std::mem::take(&mut self.work),
-        })
+    pub fn poll_persist(&mut self) -> Option<PersistBatch<TableWork>> {
+        self.batches.poll()
     }
 
     /// Batches through `through` are durable: the (key, sequence number) pairs durable now,
     /// in the order written. A key with a newer version waiting has it written next.
     pub fn on_persisted(&mut self, through: u64) -> Vec<KeySeq> {
         let mut durable = Vec::new();
-        while self
-            .in_flight
-            .front()
-            .is_some_and(|(number, _)| *number <= through)
-        {
-            let (_, written) = self.in_flight.pop_front().expect("checked");
-            for (key, seq) in written {
-                let entry = self.keys.get_mut(&key).expect("written for a held key");
-                let written = entry.in_flight.take().expect("a write in flight");
-                debug_assert_eq!(written.seq, seq);
-                entry.durable_half = 1 - entry.durable_half;
-                entry.durable = Some(written);
-                let waiting = entry.waiting;
-                durable.push((key.clone(), seq));
-                if waiting {
-                    self.issue(key);
-                }
+        for (key, seq) in self.batches.durable_through(through) {
+            let entry = self.keys.get_mut(&key).expect("written for a held key");
+            let written = entry.in_flight.take().expect("a write in flight");
+            debug_assert_eq!(written.seq, seq);
+            entry.durable_half = 1 - entry.durable_half;
+            entry.durable = Some(written);
+            let waiting = entry.waiting;
+            durable.push((key.clone(), seq));
+            if waiting {
+                self.issue(key);
             }
         }
         durable

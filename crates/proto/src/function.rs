@@ -35,6 +35,74 @@ pub struct PersistBatch<W> {
     pub work: Vec<W>,
 }
 
+/// Persistence work numbered in batches, with what waits on each batch: the bookkeeping of
+/// every state machine that persists (raft-rs's `Ready`). Work is pushed as it is asked for,
+/// and what waits for it is noted; [`NumberedBatches::poll`] takes both as the next batch, and
+/// [`NumberedBatches::durable_through`] gives back what waited on every batch up to a number.
+#[derive(Debug)]
+pub struct NumberedBatches<W, T> {
+    work: Vec<W>,
+    waiting: Vec<T>,
+    in_flight: VecDeque<(u64, Vec<T>)>,
+    next: u64,
+}
+
+impl<W, T> Default for NumberedBatches<W, T> {
+    fn default() -> Self {
+        NumberedBatches {
+            work: Vec::new(),
+            waiting: Vec::new(),
+            in_flight: VecDeque::new(),
+            next: 0,
+        }
+    }
+}
+
+impl<W, T> NumberedBatches<W, T> {
+    /// Ask for `work` in the next batch.
+    pub fn push(&mut self, work: W) {
+        self.work.push(work);
+    }
+
+    /// `item` waits for the next batch to be durable.
+    pub fn wait(&mut self, item: T) {
+        self.waiting.push(item);
+    }
+
+    /// The work asked for since the last batch, if any, as the next numbered batch.
+    pub fn poll(&mut self) -> Option<PersistBatch<W>> {
+        if self.work.is_empty() {
+            return None;
+        }
+        let number = self.next;
+        self.next += 1;
+        self.in_flight
+            .push_back((number, std::mem::take(&mut self.waiting)));
+        Some(PersistBatch {
+            number,
+            work: std::mem::take(&mut self.work),
+        })
+    }
+
+    /// Batches through `through` are durable: what waited on them, in order. Panics on a
+    /// number not emitted yet (a bug of the executor).
+    pub fn durable_through(&mut self, through: u64) -> Vec<T> {
+        assert!(
+            through < self.next,
+            "batch {through} reported durable before it was emitted"
+        );
+        let mut durable = Vec::new();
+        while self
+            .in_flight
+            .front()
+            .is_some_and(|(number, _)| *number <= through)
+        {
+            durable.extend(self.in_flight.pop_front().expect("checked").1);
+        }
+        durable
+    }
+}
+
 /// An in-network function: fed parsed datagrams, time and persistence completions; emits
 /// datagrams and persistence work.
 ///

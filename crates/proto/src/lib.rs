@@ -35,8 +35,8 @@ pub use counter::{Counter, COUNTER_TYPE_CODE};
 pub use device::{Device, DeviceConfig, DeviceCounters};
 pub use drop::{CountDrop, DropCounts, DropReason};
 pub use function::{
-    DevicePipeline, FrontFunction, NetworkFunction, NoPersistence, Nothing, Persist, PersistBatch,
-    Pipeline, RegionExecutor, RegionWrite, Stack, StackWork, Verdict,
+    DevicePipeline, FrontFunction, NetworkFunction, NoPersistence, Nothing, NumberedBatches,
+    Persist, PersistBatch, Pipeline, RegionExecutor, RegionWrite, Stack, StackWork, Verdict,
 };
 pub use histogram::{LatencyHistogram, LATENCY_BUCKETS_NS};
 pub use pmnet_auth::{AuthError, Authenticator, DeploymentKey, KeySet};

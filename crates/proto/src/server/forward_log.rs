@@ -27,11 +27,11 @@
 //! room for it keeps its record and its place: its replicas may have applied it already, in
 //! the order it first went out.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 
 use pmnet_pm::{EntryKey, LogWork, RecoveredEntry};
 
-use crate::function::PersistBatch;
+use crate::function::{NumberedBatches, PersistBatch};
 use crate::RequestKind;
 
 /// Bytes of a forward log record before its part of the request.
@@ -158,13 +158,9 @@ pub(super) struct ForwardLog {
     /// Slots those take.
     evictable_slots: usize,
     next_index: u64,
-    /// Work asked for since the last batch.
-    work: Vec<LogWork>,
-    /// Forwards whose writes are in `work`: (request, forward index), sent once durable.
-    unsent: Vec<Waiting>,
-    /// Batches emitted and not yet reported durable, with the forwards that wait on each.
-    in_flight: VecDeque<(u64, Vec<Waiting>)>,
-    next_batch: u64,
+    /// Work asked for and batches in flight, each with the forwards (request, forward
+    /// index) that go out once it is durable.
+    batches: NumberedBatches<LogWork, Waiting>,
 }
 
 impl ForwardLog {
@@ -257,10 +253,7 @@ impl ForwardLog {
             evictable: BTreeMap::new(),
             evictable_slots: 0,
             next_index,
-            work: Vec::new(),
-            unsent: Vec::new(),
-            in_flight: VecDeque::new(),
-            next_batch: 0,
+            batches: NumberedBatches::default(),
         };
         let recovery = ForwardLogRecovery {
             discarded_slots: discarded.len() as u64,
@@ -270,7 +263,7 @@ impl ForwardLog {
         // first batch, before any write can reuse them (the writes come after in `work`).
         for slot in discarded {
             if slot < log.slot_count {
-                log.work.push(LogWork::Invalidate { slot });
+                log.batches.push(LogWork::Invalidate { slot });
             }
         }
         (log, found, recovery)
@@ -385,7 +378,7 @@ impl ForwardLog {
             packet
                 .push(if fill { FLAG_FILL } else { 0 } | if retained { FLAG_RETAINED } else { 0 });
             packet.extend_from_slice(bytes);
-            self.work.push(LogWork::Write {
+            self.batches.push(LogWork::Write {
                 slot,
                 key: EntryKey {
                     server_id: self.server_id,
@@ -408,7 +401,7 @@ impl ForwardLog {
                 content,
             },
         );
-        self.unsent.push((key, index));
+        self.batches.wait((key, index));
         (index, false)
     }
 
@@ -419,7 +412,7 @@ impl ForwardLog {
                 self.evictable_slots -= logged.slots.len();
             }
             for slot in logged.slots {
-                self.work.push(LogWork::Invalidate { slot });
+                self.batches.push(LogWork::Invalidate { slot });
                 self.free.push(slot);
             }
         }
@@ -427,40 +420,19 @@ impl ForwardLog {
 
     /// The work asked for since the last batch, as the next numbered batch.
     pub(super) fn poll_persist(&mut self) -> Option<PersistBatch<LogWork>> {
-        if self.work.is_empty() {
-            return None;
-        }
-        let number = self.next_batch;
-        self.next_batch += 1;
-        self.in_flight
-            .push_back((number, std::mem::take(&mut self.unsent)));
-        Some(PersistBatch {
-            number,
-            work: std::mem::take(&mut self.work),
-        })
+        self.batches.poll()
     }
 
     /// Batches through `through` are durable: the forwards that may go now.
     pub(super) fn on_persisted(&mut self, through: u64) -> Vec<Waiting> {
-        assert!(
-            through < self.next_batch,
-            "forward log batch {through} reported durable before it was emitted"
-        );
         let mut ready = Vec::new();
-        while self
-            .in_flight
-            .front()
-            .is_some_and(|(number, ..)| *number <= through)
-        {
-            let (_, forwards) = self.in_flight.pop_front().expect("checked");
-            for (key, index) in forwards {
-                match self.live.get_mut(&key) {
-                    Some(logged) if logged.index == index => logged.durable = true,
-                    // Applied already? Not before it was sent; released otherwise.
-                    _ => continue,
-                }
-                ready.push((key, index));
+        for (key, index) in self.batches.durable_through(through) {
+            match self.live.get_mut(&key) {
+                Some(logged) if logged.index == index => logged.durable = true,
+                // Applied already? Not before it was sent; released otherwise.
+                _ => continue,
             }
+            ready.push((key, index));
         }
         ready
     }
@@ -779,7 +751,7 @@ mod tests {
             return_address: None,
             packet: vec![0xff; 40].into(),
         }]);
-        let (_, forward_log, found, recovery) = reopen(log);
+        let (_, mut forward_log, found, recovery) = reopen(log);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].0.request, b"whole");
         assert_eq!(
@@ -787,7 +759,8 @@ mod tests {
             "two parts left and the damaged record"
         );
         assert_eq!(forward_log.free_len(), SLOTS as usize - 1);
-        assert_eq!(forward_log.work.len(), 3, "their records are cleared first");
+        let first = forward_log.batches.poll().expect("the clearing batch");
+        assert_eq!(first.work.len(), 3, "their records are cleared first");
     }
 
     #[test]

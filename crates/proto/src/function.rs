@@ -59,6 +59,14 @@ impl<W, T> Default for NumberedBatches<W, T> {
 }
 
 impl<W, T> NumberedBatches<W, T> {
+    /// Batches numbered from `first` on.
+    pub fn starting_at(first: u64) -> Self {
+        NumberedBatches {
+            next: first,
+            ..NumberedBatches::default()
+        }
+    }
+
     /// Ask for `work` in the next batch.
     pub fn push(&mut self, work: W) {
         self.work.push(work);

@@ -213,13 +213,8 @@ pub struct Device {
     client_order: VecDeque<u64>,
     replay: HashMap<u16, Replay>,
     transmits: VecDeque<Transmit>,
-    /// Log work asked for since the last batch, and the writes among it (slot, generation).
-    persists: Vec<LogWork>,
-    persist_writes: Vec<(u32, u64)>,
-    /// The number the next batch gets; batches emitted and not yet reported durable, with
-    /// their writes.
-    next_batch: u64,
-    batches_in_flight: VecDeque<(u64, Vec<(u32, u64)>)>,
+    /// Log work in numbered batches, each with the writes it makes (slot, generation).
+    batches: crate::NumberedBatches<LogWork, (u32, u64)>,
     counters: DeviceCounters,
     /// How long entries logged by this device stayed in the log: from logging and forwarding
     /// the update to its server-ACK.
@@ -269,10 +264,7 @@ impl Device {
             client_order: VecDeque::new(),
             replay: HashMap::new(),
             transmits: VecDeque::new(),
-            persists: Vec::new(),
-            persist_writes: Vec::new(),
-            next_batch: 1,
-            batches_in_flight: VecDeque::new(),
+            batches: crate::NumberedBatches::starting_at(1),
             counters: DeviceCounters::default(),
             residency: LatencyHistogram::new(),
             keyed: keyed::KeyedOrder::default(),
@@ -298,7 +290,7 @@ impl Device {
             // rather than replayed, and the slot freed.
             _ => {
                 self.count_drop(DropReason::UnexpectedType);
-                self.persists.push(LogWork::Invalidate {
+                self.batches.push(LogWork::Invalidate {
                     slot: recovered.slot,
                 });
                 return;
@@ -771,31 +763,20 @@ impl Device {
         assert!(held.is_none(), "slot {slot} logged while it holds an entry");
         self.counters.updates_logged += 1;
         self.assert_bounds();
-        self.persists.push(LogWork::Write {
+        self.batches.push(LogWork::Write {
             slot,
             key,
             return_address: Some(client),
             packet,
         });
-        self.persist_writes.push((slot, generation));
+        self.batches.wait((slot, generation));
     }
 
     /// Report that every batch of log work up to and including `through` is durable. Only
     /// now may the entries those batches wrote be acked.
     pub fn on_persisted(&mut self, _now: Time, through: u64) {
-        assert!(
-            through < self.next_batch,
-            "batch {through} reported durable before it was emitted"
-        );
-        while self
-            .batches_in_flight
-            .front()
-            .is_some_and(|(number, _)| *number <= through)
-        {
-            let (_, writes) = self.batches_in_flight.pop_front().expect("checked");
-            for (slot, generation) in writes {
-                self.on_write_durable(slot, generation);
-            }
+        for (slot, generation) in self.batches.durable_through(through) {
+            self.on_write_durable(slot, generation);
         }
     }
 
@@ -891,7 +872,7 @@ impl Device {
         }
         self.resend_timers.remove(&(entry.resend_deadline, slot));
         self.counters.entries_invalidated += 1;
-        self.persists.push(LogWork::Invalidate { slot });
+        self.batches.push(LogWork::Invalidate { slot });
         self.assert_bounds();
     }
 
@@ -998,17 +979,7 @@ impl Device {
     /// with [`Device::on_persisted`].
     #[must_use]
     pub fn poll_persist(&mut self) -> Option<PersistBatch<LogWork>> {
-        if self.persists.is_empty() {
-            return None;
-        }
-        let number = self.next_batch;
-        self.next_batch += 1;
-        self.batches_in_flight
-            .push_back((number, std::mem::take(&mut self.persist_writes)));
-        Some(PersistBatch {
-            number,
-            work: std::mem::take(&mut self.persists),
-        })
+        self.batches.poll()
     }
 
     /// When [`Device::handle_timeout`] must next be called.

@@ -2,7 +2,9 @@
 //! log"): a primary's every request forwarded to the replicas is durable there first, and a
 //! restarted primary takes back what it forwarded and had not applied; a replica keeps its
 //! primary's requests there, applied only once durable, so that once promoted it can send
-//! them to the other replicas.
+//! them to the other replicas. A server that is no primary makes the file when a primary
+//! first sends it a request (or reopens the one it has), so that a server alone never pays
+//! for one.
 
 use std::path::{Path, PathBuf};
 
@@ -72,6 +74,16 @@ pub(super) fn open_forward_log(
     };
     let created = !matches!(opened, pmnet_pm::LogFileOpened::Reopened);
     Ok((log, opened_log, path, created))
+}
+
+/// The shape of a forward log not made yet (empty): the server state machine starts with it,
+/// and the runtime makes the file when the first batch comes.
+pub(super) fn unopened_forward_log() -> ForwardLogOpened {
+    ForwardLogOpened {
+        slot_count: FORWARD_LOG_SLOTS,
+        max_packet_len: FORWARD_LOG_SLOT_SIZE as usize - pmnet_pm::log::SLOT_HEADER_SIZE,
+        entries: Vec::new(),
+    }
 }
 
 /// Say at start-up what the forward log is and what it gave back.

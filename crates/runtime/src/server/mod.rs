@@ -379,16 +379,47 @@ impl ServerRuntime {
     /// Carry out the forward log's batches (one pair of fences each) and report them; whether
     /// there was any.
     fn persist_forwards(&mut self) -> bool {
-        let Some(file) = self.forward_log.as_mut() else {
-            return false;
-        };
         let mut persisted = false;
         while let Some(batch) = self.server.poll_persist() {
+            let Some(file) = self.forward_log_file() else {
+                // No file to make it durable in: the batch is never reported, so nothing
+                // of it is applied or acknowledged; the server stops.
+                return persisted;
+            };
             file.log.persist_batch(&batch.work);
             self.server.on_persisted(self.clock.now(), batch.number);
             persisted = true;
         }
         persisted
+    }
+
+    /// The forward log, made now if this server has none yet (a primary first sent it a
+    /// request); `None` if it cannot be made (said, and the server stops).
+    fn forward_log_file(&mut self) -> Option<&mut forward::ForwardLogFile> {
+        if self.forward_log.is_none() {
+            let store = self.options.store.as_ref()?;
+            match forward::open_forward_log(store) {
+                Ok((log, _, path, created)) => {
+                    let file = forward::ForwardLogFile {
+                        path,
+                        log,
+                        recovery: Default::default(),
+                        created,
+                    };
+                    forward::report_forward_log(&file);
+                    self.forward_log = Some(file);
+                }
+                Err(error) => {
+                    tracing::error!(
+                        "cannot make the forward log for the requests of a primary: {error}; \
+                         stopping (nothing of them is applied or acknowledged)"
+                    );
+                    self.shutdown.request();
+                    return None;
+                }
+            }
+        }
+        self.forward_log.as_mut()
     }
 }
 

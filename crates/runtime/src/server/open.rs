@@ -251,8 +251,17 @@ impl ServerRuntime {
             config.gap_fill_after = gap_fill_after;
         }
         // A server with a store keeps a forward log next to its data file: a primary's
-        // forwards, a replica's requests from its primary.
+        // forwards, a replica's requests from its primary. A server that is no primary and
+        // has none yet makes it when a primary first sends it a request.
         let (server, forward_log) = match &options.store {
+            Some(store_options)
+                if options.replicas.is_empty()
+                    && !forward::forward_log_path(&store_options.path).exists() =>
+            {
+                let opened = forward::unopened_forward_log();
+                let (server, _) = Server::with_forward_log(config, clock.now(), sessions, opened);
+                (server, None)
+            }
             Some(store_options) => {
                 let (log, opened, path, created) = forward::open_forward_log(store_options)?;
                 let (server, recovery) =

@@ -121,17 +121,15 @@ impl World {
             .iter()
             .enumerate()
             .flat_map(|(index, &(server_id, _))| {
-                (0..k).map(move |_| ServerNode::new(server_id, &[server_addr(index)]))
+                (0..k).map(move |_| ServerNode::new(server_id, &[server_addr(index)], Vec::new()))
             })
             .collect();
         let servers: Vec<ServerNode> = servers
             .iter()
             .enumerate()
             .map(|(index, &(server_id, _))| {
-                let mut node = ServerNode::new(server_id, &server_side);
-                node.config.replicas = (index * k..(index + 1) * k).map(replica_addr).collect();
-                node.boot(Time::ZERO, Vec::new());
-                node
+                let replicas = (index * k..(index + 1) * k).map(replica_addr).collect();
+                ServerNode::new(server_id, &server_side, replicas)
             })
             .collect();
         let clients = (0..topology.client_count)

@@ -370,9 +370,15 @@ impl ServerNode {
         persisted
     }
 
-    /// Server `server_id`, new, polling `devices` for what they logged.
-    pub(super) fn new(server_id: u16, devices: &[SocketAddr]) -> ServerNode {
-        let config = ServerConfig::new(server_id, devices.to_vec());
+    /// Server `server_id`, new, polling `devices` for what they logged, primary of
+    /// `replicas` (if any).
+    pub(super) fn new(
+        server_id: u16,
+        devices: &[SocketAddr],
+        replicas: Vec<SocketAddr>,
+    ) -> ServerNode {
+        let mut config = ServerConfig::new(server_id, devices.to_vec());
+        config.replicas = replicas;
         let mut node = ServerNode {
             server: Server::new(config.clone(), Time::ZERO, Vec::new()),
             app: ServerApp::default(),

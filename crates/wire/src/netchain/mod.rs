@@ -1,6 +1,7 @@
 //! NetChain's wire format (docs/netchain.md): the chain-replicated key-value store's requests,
-//! replies and the messages between the members of a chain, type codes `0x20–0x23` (the
-//! range `0x20–0x2F` is shared with replication, which uses only flag bits).
+//! replies and the messages between the members of a chain, type codes `0x20–0x23`; the
+//! controller's messages, `0x24–0x29`, are in [`control`] (the range `0x20–0x2F` is shared
+//! with replication, which uses only flag bits).
 //!
 //! Each message is one datagram (no fragments) with the PMNet header; `session_id` and `seq`
 //! are the client's session and request number, carried unchanged along the chain so that the
@@ -13,7 +14,7 @@
 //! | | compare-and-set: the version the key must hold (0: absent); 0 otherwise | 8 |
 //! | | key length *k*, key | 1 + *k* (1 to 255) |
 //! | | value length *v*, value (put and compare-and-set; 0 otherwise) | 2 + *v* |
-//! | reply (`0x21`, member → client) | status: 0 ok, 1 not found, 2 compare failed, 3 full, 4 not this member's, 5 bad request, 6 in doubt | 1 |
+//! | reply (`0x21`, member → client) | status: 0 ok, 1 not found, 2 compare failed, 3 full, 4 not this member's, 5 bad request, 6 in doubt, 7 paused | 1 |
 //! | | the key's version after the operation (0: none) | 8 |
 //! | | value length *v*, value (get only) | 2 + *v* |
 //! | write (`0x22`, member → next member) | op: 2 put, 3 delete | 1 |
@@ -27,6 +28,8 @@
 //! | | key length *k*, key | 1 + *k* |
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+pub mod control;
 
 /// Header flag of a client's request sent again (bit 12): the head that does not know the
 /// request (it restarted since the first transmission) answers [`Status::InDoubt`] instead
@@ -81,6 +84,9 @@ pub enum Status {
     /// restart: it may or may not have been applied (the client reports it failed, outcome
     /// unknown).
     InDoubt = 6,
+    /// The key's group takes no writes for a moment (the controller is adding a member to
+    /// it): the client sends the write again shortly.
+    Paused = 7,
 }
 
 impl Status {
@@ -93,6 +99,7 @@ impl Status {
             Status::NotHere,
             Status::BadRequest,
             Status::InDoubt,
+            Status::Paused,
         ]
         .into_iter()
         .find(|status| *status as u8 == code)
@@ -112,6 +119,9 @@ pub enum ChainParseError {
     EmptyKey,
     /// A value where the operation has none.
     UnexpectedValue,
+    /// A configuration or status out of its bounds or inconsistent (a member index out of
+    /// range, a member twice in a chain, no members).
+    Invalid,
 }
 
 impl std::fmt::Display for ChainParseError {
@@ -122,6 +132,7 @@ impl std::fmt::Display for ChainParseError {
             ChainParseError::BadCode => "undefined code",
             ChainParseError::EmptyKey => "empty key",
             ChainParseError::UnexpectedValue => "a value where the operation has none",
+            ChainParseError::Invalid => "out of bounds or inconsistent",
         })
     }
 }
@@ -166,12 +177,12 @@ pub struct Commit<'a> {
 }
 
 /// Reads fields from the front of a payload.
-struct Reader<'a> {
-    bytes: &'a [u8],
+pub(crate) struct Reader<'a> {
+    pub(crate) bytes: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, len: usize) -> Result<&'a [u8], ChainParseError> {
+    pub(crate) fn take(&mut self, len: usize) -> Result<&'a [u8], ChainParseError> {
         if self.bytes.len() < len {
             return Err(ChainParseError::Truncated);
         }
@@ -180,21 +191,21 @@ impl<'a> Reader<'a> {
         Ok(front)
     }
 
-    fn u8(&mut self) -> Result<u8, ChainParseError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, ChainParseError> {
         Ok(self.take(1)?[0])
     }
 
-    fn u16(&mut self) -> Result<u16, ChainParseError> {
+    pub(crate) fn u16(&mut self) -> Result<u16, ChainParseError> {
         let bytes = self.take(2)?;
         Ok(u16::from_be_bytes([bytes[0], bytes[1]]))
     }
 
-    fn u64(&mut self) -> Result<u64, ChainParseError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, ChainParseError> {
         let bytes = self.take(8)?;
         Ok(u64::from_be_bytes(bytes.try_into().expect("8 bytes")))
     }
 
-    fn key(&mut self) -> Result<&'a [u8], ChainParseError> {
+    pub(crate) fn key(&mut self) -> Result<&'a [u8], ChainParseError> {
         let len = usize::from(self.u8()?);
         if len == 0 {
             return Err(ChainParseError::EmptyKey);
@@ -202,12 +213,12 @@ impl<'a> Reader<'a> {
         self.take(len)
     }
 
-    fn value(&mut self) -> Result<&'a [u8], ChainParseError> {
+    pub(crate) fn value(&mut self) -> Result<&'a [u8], ChainParseError> {
         let len = usize::from(self.u16()?);
         self.take(len)
     }
 
-    fn address(&mut self) -> Result<SocketAddr, ChainParseError> {
+    pub(crate) fn address(&mut self) -> Result<SocketAddr, ChainParseError> {
         let family = self.u8()?;
         let port = self.u16()?;
         let bytes: [u8; 16] = self.take(16)?.try_into().expect("16 bytes");
@@ -219,7 +230,7 @@ impl<'a> Reader<'a> {
         Ok(SocketAddr::new(ip, port))
     }
 
-    fn end(&self) -> Result<(), ChainParseError> {
+    pub(crate) fn end(&self) -> Result<(), ChainParseError> {
         if self.bytes.is_empty() {
             Ok(())
         } else {
@@ -228,7 +239,7 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn push_key(out: &mut Vec<u8>, key: &[u8]) {
+pub(crate) fn push_key(out: &mut Vec<u8>, key: &[u8]) {
     assert!(
         !key.is_empty() && key.len() <= 255,
         "a key is 1 to 255 bytes"
@@ -237,13 +248,13 @@ fn push_key(out: &mut Vec<u8>, key: &[u8]) {
     out.extend_from_slice(key);
 }
 
-fn push_value(out: &mut Vec<u8>, value: &[u8]) {
+pub(crate) fn push_value(out: &mut Vec<u8>, value: &[u8]) {
     let len = u16::try_from(value.len()).expect("a value is at most 65 535 bytes");
     out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(value);
 }
 
-fn push_address(out: &mut Vec<u8>, address: SocketAddr) {
+pub(crate) fn push_address(out: &mut Vec<u8>, address: SocketAddr) {
     let mut bytes = [0u8; 16];
     let family = match address.ip() {
         IpAddr::V4(ip) => {

@@ -17,8 +17,11 @@
 //!   4       state: 0 free, 1 a version, 2 a deletion
 //!   5       key length (u8)
 //!   6..8    value length (u16)
-//!   8..16   the key's sequence number (u64): the newer record of a bucket is the current one
-//!   16..24  reserved (zero)
+//!   8..16   the key's sequence number (u64)
+//!   16..24  the record's generation (u64): one more than the bucket's other record's when
+//!           written; the record of the higher (generation, sequence number) is the current
+//!           one (a joining member may replace a version with an older one; records written
+//!           before generations have 0)
 //!   24..    key, then value
 //! ```
 //!
@@ -128,6 +131,8 @@ pub struct Version {
 pub struct TableWork {
     pub bucket: u32,
     pub half: u8,
+    /// One more than the generation of the record holding the key's durable version.
+    pub generation: u64,
     pub key: Vec<u8>,
     pub version: Version,
 }
@@ -138,7 +143,7 @@ impl TableWork {
         assert!(self.bucket < geometry.buckets && self.half < 2);
         pmnet_proto::RegionWrite {
             offset: record_offset(geometry, self.bucket, self.half),
-            bytes: encode_record(&self.key, &self.version, geometry),
+            bytes: encode_record(&self.key, &self.version, self.generation, geometry),
         }
     }
 }
@@ -150,8 +155,9 @@ fn record_offset(geometry: &Geometry, bucket: u32, half: u8) -> usize {
 /// What opening a table found: each key's current version and where it lives.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovered {
-    /// key → (bucket, the half holding the current version, the version).
-    pub keys: HashMap<Vec<u8>, (u32, u8, Version)>,
+    /// key → (bucket, the half holding the current version, the version, its record's
+    /// generation).
+    pub keys: HashMap<Vec<u8>, (u32, u8, Version, u64)>,
     /// Records that failed their check (torn writes, or damage), ignored.
     pub damaged_records: u64,
     /// Buckets whose two records named different keys (damage): the newer one was kept.
@@ -234,18 +240,22 @@ impl<R: PmRegion> TableFile<R> {
         let mut recovered = Recovered::default();
         let len = self.geometry.record_len();
         for bucket in 0..self.geometry.buckets {
-            let mut halves: Vec<(u8, Vec<u8>, Version)> = Vec::with_capacity(2);
+            let mut halves: Vec<(u8, Vec<u8>, Version, u64)> = Vec::with_capacity(2);
             for half in 0..2u8 {
                 let offset = self.record_offset(bucket, half);
                 let record = &self.region.bytes()[offset..offset + len];
                 match decode_record(record, &self.geometry) {
-                    Ok(Some((key, version))) => halves.push((half, key, version)),
+                    Ok(Some((key, version, generation))) => {
+                        halves.push((half, key, version, generation))
+                    }
                     Ok(None) => {}
                     Err(()) => recovered.damaged_records += 1,
                 }
             }
-            halves.sort_by_key(|(_, _, version)| std::cmp::Reverse(version.seq));
-            let Some((half, key, version)) = halves.first().cloned() else {
+            halves.sort_by_key(|(_, _, version, generation)| {
+                std::cmp::Reverse((*generation, version.seq))
+            });
+            let Some((half, key, version, generation)) = halves.first().cloned() else {
                 continue;
             };
             if halves.len() == 2 && halves[1].1 != key {
@@ -253,9 +263,11 @@ impl<R: PmRegion> TableFile<R> {
             }
             // A key in two buckets (damage): the newer version counts.
             match recovered.keys.get(&key) {
-                Some((_, _, known)) if known.seq >= version.seq => {}
+                Some((_, _, known, _)) if known.seq >= version.seq => {}
                 _ => {
-                    recovered.keys.insert(key, (bucket, half, version));
+                    recovered
+                        .keys
+                        .insert(key, (bucket, half, version, generation));
                 }
             }
         }
@@ -327,7 +339,7 @@ fn decode_superblock(block: &[u8]) -> Result<Geometry, FileError> {
     Ok(geometry)
 }
 
-fn encode_record(key: &[u8], version: &Version, geometry: &Geometry) -> Vec<u8> {
+fn encode_record(key: &[u8], version: &Version, generation: u64, geometry: &Geometry) -> Vec<u8> {
     assert!(key.len() <= usize::from(geometry.key_max) && !key.is_empty());
     let value: &[u8] = version.value.as_deref().unwrap_or_default();
     assert!(value.len() <= usize::from(geometry.value_max));
@@ -340,6 +352,7 @@ fn encode_record(key: &[u8], version: &Version, geometry: &Geometry) -> Vec<u8> 
     record[5] = u8::try_from(key.len()).expect("checked above");
     record[6..8].copy_from_slice(&(value.len() as u16).to_le_bytes());
     record[8..16].copy_from_slice(&version.seq.to_le_bytes());
+    record[16..24].copy_from_slice(&generation.to_le_bytes());
     let key_end = RECORD_HEADER_LEN + key.len();
     record[RECORD_HEADER_LEN..key_end].copy_from_slice(key);
     record[key_end..key_end + value.len()].copy_from_slice(value);
@@ -348,9 +361,13 @@ fn encode_record(key: &[u8], version: &Version, geometry: &Geometry) -> Vec<u8> 
     record
 }
 
-/// A record's key and version; `None` for a free record; `Err` for one that fails its check.
+/// A record's key, version and generation; `None` for a free record; `Err` for one that fails
+/// its check.
 #[allow(clippy::type_complexity)]
-fn decode_record(record: &[u8], geometry: &Geometry) -> Result<Option<(Vec<u8>, Version)>, ()> {
+fn decode_record(
+    record: &[u8],
+    geometry: &Geometry,
+) -> Result<Option<(Vec<u8>, Version, u64)>, ()> {
     let state = record[4];
     if state == STATE_FREE && record[..RECORD_HEADER_LEN].iter().all(|byte| *byte == 0) {
         return Ok(None);
@@ -371,7 +388,8 @@ fn decode_record(record: &[u8], geometry: &Geometry) -> Result<Option<(Vec<u8>, 
         return Err(());
     }
     let seq = u64::from_le_bytes(record[8..16].try_into().expect("8 bytes"));
+    let generation = u64::from_le_bytes(record[16..24].try_into().expect("8 bytes"));
     let key = record[RECORD_HEADER_LEN..RECORD_HEADER_LEN + key_len].to_vec();
     let value = (state == STATE_VERSION).then(|| record[RECORD_HEADER_LEN + key_len..end].to_vec());
-    Ok(Some((key, Version { seq, value })))
+    Ok(Some((key, Version { seq, value }, generation)))
 }

@@ -41,14 +41,18 @@ pub enum Refused {
 #[derive(Debug)]
 struct Entry {
     bucket: u32,
-    /// The half holding `durable` (the other one is written next).
+    /// The half holding `durable` (the other one is written next), and its generation.
     durable_half: u8,
+    generation: u64,
     durable: Option<Version>,
     latest: Version,
     /// The version being written (`latest`, or an older one when `waiting`).
     in_flight: Option<Version>,
     /// A newer version waiting for the write in flight.
     waiting: bool,
+    /// The table's change number when a version of this key last became durable (0: before
+    /// this table was opened).
+    changed: u64,
 }
 
 /// A key and one of its sequence numbers.
@@ -59,7 +63,11 @@ pub type KeySeq = (Vec<u8>, u64);
 pub struct Table {
     geometry: Geometry,
     keys: HashMap<Vec<u8>, Entry>,
-    used: Vec<bool>,
+    /// Each bucket's key, if it holds one.
+    owners: Vec<Option<Vec<u8>>>,
+    /// Counts versions made durable since the table was opened (volatile: a sync that
+    /// began before a restart starts again).
+    change: u64,
     /// Work asked for and batches in flight, each with the keys (and versions) it writes.
     batches: NumberedBatches<TableWork, KeySeq>,
 }
@@ -70,7 +78,8 @@ impl Table {
         Table {
             geometry,
             keys: HashMap::new(),
-            used: vec![false; geometry.buckets as usize],
+            owners: vec![None; geometry.buckets as usize],
+            change: 0,
             batches: NumberedBatches::default(),
         }
     }
@@ -78,19 +87,21 @@ impl Table {
     /// The table a reopened file holds.
     pub fn recover(geometry: Geometry, recovered: Recovered) -> Table {
         let mut table = Table::new(geometry);
-        for (key, (bucket, half, version)) in recovered.keys {
-            if let Some(used) = table.used.get_mut(bucket as usize) {
-                *used = true;
+        for (key, (bucket, half, version, generation)) in recovered.keys {
+            if let Some(owner) = table.owners.get_mut(bucket as usize) {
+                *owner = Some(key.clone());
             }
             table.keys.insert(
                 key,
                 Entry {
                     bucket,
                     durable_half: half,
+                    generation,
                     durable: Some(version.clone()),
                     latest: version,
                     in_flight: None,
                     waiting: false,
+                    changed: 0,
                 },
             );
         }
@@ -129,6 +140,16 @@ impl Table {
 
     /// Make `version` the key's latest, if it is newer than what the key holds.
     pub fn write(&mut self, key: &[u8], version: Version) -> Result<Written, Refused> {
+        self.put(key, version, false)
+    }
+
+    /// Make `version` the key's latest whatever the key holds (a joining member takes its
+    /// source's version, older or not): `Stale` only if the key holds exactly it already.
+    pub fn replace(&mut self, key: &[u8], version: Version) -> Result<Written, Refused> {
+        self.put(key, version, true)
+    }
+
+    fn put(&mut self, key: &[u8], version: Version, any_seq: bool) -> Result<Written, Refused> {
         if key.is_empty() || key.len() > usize::from(self.geometry.key_max) {
             return Err(Refused::BadKey);
         }
@@ -140,7 +161,12 @@ impl Table {
             return Err(Refused::ValueTooLarge);
         }
         if let Some(entry) = self.keys.get_mut(key) {
-            if version.seq <= entry.latest.seq {
+            let stale = if any_seq {
+                version == entry.latest
+            } else {
+                version.seq <= entry.latest.seq
+            };
+            if stale {
                 return Ok(Written::Stale);
             }
             entry.latest = version;
@@ -152,17 +178,19 @@ impl Table {
             return Ok(Written::Pending);
         }
         let bucket = self.free_bucket(key).ok_or(Refused::Full)?;
-        self.used[bucket as usize] = true;
+        self.owners[bucket as usize] = Some(key.to_vec());
         self.keys.insert(
             key.to_vec(),
             Entry {
                 bucket,
                 // Both halves are free: the first write goes to half 0.
                 durable_half: 1,
+                generation: 0,
                 durable: None,
                 latest: version,
                 in_flight: None,
                 waiting: false,
+                changed: 0,
             },
         );
         self.issue(key.to_vec());
@@ -178,6 +206,7 @@ impl Table {
         self.batches.push(TableWork {
             bucket: entry.bucket,
             half: 1 - entry.durable_half,
+            generation: entry.generation + 1,
             key: key.clone(),
             version: entry.latest.clone(),
         });
@@ -189,7 +218,7 @@ impl Table {
         let home = key_hash(key) % u64::from(buckets);
         (0..u64::from(PROBE_LIMIT.min(buckets)))
             .map(|probe| ((home + probe) % u64::from(buckets)) as u32)
-            .find(|bucket| !self.used[*bucket as usize])
+            .find(|bucket| self.owners[*bucket as usize].is_none())
     }
 
     /// The work asked for since the last batch, if any.
@@ -206,7 +235,10 @@ impl Table {
             let written = entry.in_flight.take().expect("a write in flight");
             debug_assert_eq!(written.seq, seq);
             entry.durable_half = 1 - entry.durable_half;
+            entry.generation += 1;
             entry.durable = Some(written);
+            self.change += 1;
+            entry.changed = self.change;
             let waiting = entry.waiting;
             durable.push((key.clone(), seq));
             if waiting {
@@ -214,6 +246,70 @@ impl Table {
             }
         }
         durable
+    }
+}
+
+/// A page of a table's durable versions, for a joining member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    /// (key, durable version), in bucket order.
+    pub entries: Vec<(Vec<u8>, Version)>,
+    /// The bucket to look at next (`None`: the table's end).
+    pub next: Option<u32>,
+    /// The table's change number when the page was read.
+    pub change: u64,
+}
+
+/// Buckets a page looks at, at most (bounds the work one sync request costs).
+pub const PAGE_SCAN: u32 = 4096;
+
+impl Table {
+    /// The durable versions of the keys `select` picks that changed after change number
+    /// `since` (0: every one), from bucket `cursor` on, until their keys and values would
+    /// take more than `budget` bytes (at least one entry fits), or [`PAGE_SCAN`] buckets.
+    pub fn page(
+        &self,
+        select: impl Fn(&[u8]) -> bool,
+        since: u64,
+        cursor: u32,
+        budget: usize,
+    ) -> Page {
+        let mut entries = Vec::new();
+        let mut used = 0;
+        let buckets = self.geometry.buckets;
+        let mut at = cursor;
+        while at < buckets && at - cursor < PAGE_SCAN {
+            if let Some(key) = &self.owners[at as usize] {
+                let entry = &self.keys[key];
+                if let Some(durable) = entry
+                    .durable
+                    .as_ref()
+                    .filter(|_| (since == 0 || entry.changed > since) && select(key))
+                {
+                    let cost = 16 + key.len() + durable.value.as_ref().map_or(0, Vec::len);
+                    if !entries.is_empty() && used + cost > budget {
+                        break;
+                    }
+                    used += cost;
+                    entries.push((key.clone(), durable.clone()));
+                }
+            }
+            at += 1;
+        }
+        Page {
+            entries,
+            next: (at < buckets).then_some(at),
+            change: self.change,
+        }
+    }
+
+    /// The keys `select` picks (deleted ones included).
+    pub fn keys_where(&self, select: impl Fn(&[u8]) -> bool) -> Vec<Vec<u8>> {
+        self.keys
+            .keys()
+            .filter(|key| select(key))
+            .cloned()
+            .collect()
     }
 }
 

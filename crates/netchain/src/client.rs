@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use pmnet_proto::{Time, Transmit};
+use pmnet_wire::netchain::control::{Fetch, Layout, CHAIN_CONFIG, CHAIN_FETCH};
 use pmnet_wire::netchain::{Op, Reply, Request, Status, CHAIN_REPLY, CHAIN_REQUEST, RETRANSMITTED};
 use pmnet_wire::{Header, PacketType};
 
@@ -25,6 +26,9 @@ pub struct ClientConfig {
     pub retransmit_timeout_max: Duration,
     /// A request with no reply this long fails (timed out: its outcome is unknown).
     pub request_lifetime: Duration,
+    /// The chain controller: `groups` comes from its configuration (asked for at the first
+    /// request, and again whenever a member says "not here" or a request is sent again).
+    pub controller: Option<SocketAddr>,
 }
 
 impl ClientConfig {
@@ -36,6 +40,15 @@ impl ClientConfig {
             retransmit_timeout: Duration::from_millis(5),
             retransmit_timeout_max: Duration::from_millis(500),
             request_lifetime: Duration::from_secs(10),
+            controller: None,
+        }
+    }
+
+    /// A client that takes the chains from the controller at `controller`.
+    pub fn controlled(session_id: u64, controller: SocketAddr) -> ClientConfig {
+        ClientConfig {
+            controller: Some(controller),
+            ..ClientConfig::new(session_id, Vec::new())
         }
     }
 }
@@ -100,12 +113,18 @@ pub struct ChainClient {
     next_reader: usize,
     transmits: VecDeque<Transmit>,
     outcomes: VecDeque<(u32, Outcome)>,
+    /// The controller's configuration epoch the chains come from (0: none, or static).
+    epoch: u64,
 }
 
 impl ChainClient {
     pub fn new(config: ClientConfig) -> ChainClient {
-        assert!(!config.groups.is_empty(), "at least one group");
+        assert!(
+            !config.groups.is_empty() || config.controller.is_some(),
+            "at least one group, or a controller"
+        );
         ChainClient {
+            epoch: 0,
             next_reader: config.session_id as usize,
             config,
             next_request: 1,
@@ -143,8 +162,48 @@ impl ChainClient {
         Ok(request)
     }
 
+    /// The controller's configuration epoch the client routes by (0: none, or static).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    fn fetch(&mut self) {
+        let Some(controller) = self.config.controller else {
+            return;
+        };
+        let mut payload = Vec::new();
+        Fetch { epoch: self.epoch }.emit(&mut payload);
+        let header = Header::new(
+            PacketType::Reserved(CHAIN_FETCH),
+            self.config.server_id,
+            self.config.session_id,
+            0,
+        );
+        self.transmits.push_back(Transmit {
+            destination: controller,
+            bytes: header.encode(&payload),
+        });
+    }
+
     fn send(&mut self, now: Time) {
         let groups = self.config.groups.len() as u16;
+        if groups == 0 {
+            // No configuration yet: ask for it, and try again at the retransmission time.
+            self.fetch();
+            if let Some(pending) = self.pending.as_mut() {
+                pending.resend_at = now + pending.interval;
+                pending.interval = (pending.interval * 2).min(self.config.retransmit_timeout_max);
+            }
+            return;
+        }
+        if self
+            .pending
+            .as_ref()
+            .is_some_and(|pending| pending.sends > 0)
+        {
+            // Sent again: the chains may have changed.
+            self.fetch();
+        }
         let Some(pending) = self.pending.as_mut() else {
             return;
         };
@@ -194,8 +253,36 @@ impl ChainClient {
         });
     }
 
+    /// A datagram from `from`: the controller's configuration (taken if newer, and the
+    /// request in flight sent at once where it now goes), or what [`ChainClient::handle`]
+    /// takes. Never panics on its contents.
+    pub fn handle_from(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
+        let Ok((header, payload)) = Header::parse(datagram) else {
+            return;
+        };
+        if header.packet_type == PacketType::Reserved(CHAIN_CONFIG) {
+            if self.config.controller != Some(from) {
+                return;
+            }
+            let Ok(layout) = Layout::parse(payload) else {
+                return;
+            };
+            if layout.epoch <= self.epoch {
+                return;
+            }
+            self.epoch = layout.epoch;
+            self.config.groups = layout.chains();
+            if self.pending.is_some() {
+                self.send(now);
+            }
+            return;
+        }
+        self.handle(datagram);
+    }
+
     /// A datagram from the network; anything but the reply to the request in flight is
-    /// ignored. Never panics on its contents.
+    /// ignored. Never panics on its contents. (With a controller, use
+    /// [`ChainClient::handle_from`], which takes configurations too.)
     pub fn handle(&mut self, datagram: &[u8]) {
         let Ok((header, payload)) = Header::parse(datagram) else {
             return;
@@ -214,6 +301,16 @@ impl ChainClient {
         let Ok(reply) = Reply::parse(payload) else {
             return;
         };
+        match reply.status {
+            // Writes to the group pause for a moment: send again at the retransmission time.
+            Status::Paused => return,
+            // The chains changed: ask the controller, send again once it answers.
+            Status::NotHere if self.config.controller.is_some() => {
+                self.fetch();
+                return;
+            }
+            _ => {}
+        }
         let outcome = match (&pending.op, reply.status) {
             (ClientOp::Get, Status::Ok) => Outcome::Value {
                 version: reply.version,

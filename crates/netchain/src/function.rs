@@ -1,11 +1,12 @@
 //! The chain member as an in-network function: composed in front of the log in a device's
 //! pipeline (`Stack<ChainFunction, Device>`), it takes NetChain's datagrams (types
-//! `0x20–0x23`) and passes everything else on; its table writes are [`RegionWrite`]s on the
+//! `0x20–0x28`: the chain's and the controller's) and passes everything else on; its table writes are [`RegionWrite`]s on the
 //! table's region, carried out by the device's front executor.
 
 use std::net::SocketAddr;
 
 use pmnet_proto::{NetworkFunction, PersistBatch, RegionWrite, Time, Transmit, Verdict};
+use pmnet_wire::netchain::control::{CHAIN_CONFIG, CHAIN_SYNC_DATA};
 use pmnet_wire::netchain::{CHAIN_COMMIT, CHAIN_REPLY, CHAIN_REQUEST, CHAIN_WRITE};
 use pmnet_wire::{Header, PacketType};
 
@@ -35,7 +36,13 @@ impl NetworkFunction for ChainFunction {
 
     fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {
         match header.packet_type {
-            PacketType::Reserved(CHAIN_REQUEST | CHAIN_REPLY | CHAIN_WRITE | CHAIN_COMMIT) => {
+            PacketType::Reserved(
+                CHAIN_REQUEST
+                | CHAIN_REPLY
+                | CHAIN_WRITE
+                | CHAIN_COMMIT
+                | CHAIN_CONFIG..=CHAIN_SYNC_DATA,
+            ) => {
                 let payload = datagram.get(pmnet_wire::HEADER_LEN..).unwrap_or_default();
                 self.node.handle(now, from, header, payload);
                 Verdict::Consumed
@@ -87,6 +94,11 @@ impl NetworkFunction for ChainFunction {
             ("pmnet_chain_in_doubt_total", "Retransmitted writes answered in doubt after a restart.", c.in_doubt),
             ("pmnet_chain_refused_full_total", "Writes refused for want of room in the table.", c.refused_full),
             ("pmnet_chain_dropped_total", "Chain datagrams dropped (unparsable, from a member that is no neighbour, for a group not served).", c.dropped),
+            ("pmnet_chain_not_serving_total", "Requests answered \"not here\" for want of the controller's lease.", c.not_serving),
+            ("pmnet_chain_configs_total", "Configurations taken from the controller.", c.configs),
+            ("pmnet_chain_sync_pages_sent_total", "Pages of this member's table sent to a joining member.", c.sync_pages_sent),
+            ("pmnet_chain_sync_versions_taken_total", "Versions taken from a source while joining a group.", c.sync_versions_taken),
+            ("pmnet_chain_epoch", "The controller's configuration this member runs (0: static or none yet).", self.node.epoch()),
             ("pmnet_chain_keys", "Keys in this member's table.", self.node.table().len() as u64),
         ]
     }

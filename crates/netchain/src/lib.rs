@@ -5,6 +5,7 @@
 //! state machine side ([`Table`]) that decides what to write and reports what is durable.
 
 mod client;
+mod controller;
 mod file;
 mod function;
 mod node;
@@ -13,6 +14,9 @@ mod table;
 mod tests;
 
 pub use client::{Busy, ChainClient, ClientConfig, ClientOp, Outcome};
+pub use controller::{
+    decode_state, encode_state, Controller, ControllerConfig, ControllerCounters, StateError,
+};
 pub use file::{FileError, Geometry, Recovered, TableFile, TableWork, Version};
 pub use function::ChainFunction;
 pub use node::{

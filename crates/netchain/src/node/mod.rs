@@ -14,6 +14,12 @@
 //! A member's table is in persistent memory: a restarted member keeps every durable version;
 //! what it knew of commits is volatile (a restarted member relays reads until commits come
 //! again).
+//!
+//! With a controller ([`ChainConfig::controller`]), the chains come from its configuration
+//! and change with it, and a member answers clients only while its lease holds: the
+//! control side is in `control.rs`.
+
+mod control;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -72,6 +78,11 @@ pub struct ChainConfig {
     /// by default): for this long after a start, or after forgetting a session, the head
     /// answers a retransmitted write it does not know with "in doubt".
     pub request_lifetime: Duration,
+    /// The chain controller: when set, `groups` is empty until its configuration comes, the
+    /// member answers clients only while the controller's lease holds, and it sends the
+    /// controller its status every `status_interval`.
+    pub controller: Option<SocketAddr>,
+    pub status_interval: Duration,
 }
 
 impl ChainConfig {
@@ -81,6 +92,16 @@ impl ChainConfig {
             server_id,
             groups,
             request_lifetime: Duration::from_millis(pmnet_wire::MAX_REQUEST_LIFETIME_MS),
+            controller: None,
+            status_interval: control::STATUS_INTERVAL,
+        }
+    }
+
+    /// A member configured by the controller at `controller`.
+    pub fn controlled(me: SocketAddr, server_id: u16, controller: SocketAddr) -> ChainConfig {
+        ChainConfig {
+            controller: Some(controller),
+            ..ChainConfig::new(me, server_id, Vec::new())
         }
     }
 }
@@ -100,6 +121,13 @@ pub struct ChainCounters {
     /// Retransmitted writes the head could not tell from ones applied before a restart.
     pub in_doubt: u64,
     pub refused_full: u64,
+    /// Requests answered "not here" because the member holds no lease (or no configuration).
+    pub not_serving: u64,
+    /// Configurations taken from the controller.
+    pub configs: u64,
+    /// Sync pages sent to joining members, and versions taken from a source.
+    pub sync_pages_sent: u64,
+    pub sync_versions_taken: u64,
     /// Datagrams dropped: unparsable, from a member that is not this one's neighbour, for a
     /// group this member does not serve.
     pub dropped: u64,
@@ -147,6 +175,7 @@ pub struct ChainNode {
     relayed: HashMap<(u64, u32), SocketAddr>,
     transmits: VecDeque<Transmit>,
     counters: ChainCounters,
+    control: control::Control,
 }
 
 impl ChainNode {
@@ -157,6 +186,7 @@ impl ChainNode {
             "at most 65 535 groups"
         );
         let started = (!table.is_empty()).then_some(now);
+        let control = control::Control::new(&config, now);
         ChainNode {
             config,
             table,
@@ -172,6 +202,7 @@ impl ChainNode {
             relayed: HashMap::new(),
             transmits: VecDeque::new(),
             counters: ChainCounters::default(),
+            control,
         }
     }
 
@@ -235,6 +266,9 @@ impl ChainNode {
             PacketType::Reserved(CHAIN_WRITE) => self.on_write(now, from, header, payload),
             PacketType::Reserved(CHAIN_COMMIT) => self.on_commit(from, payload),
             PacketType::Reserved(CHAIN_REPLY) => self.on_tail_reply(header, payload),
+            PacketType::Reserved(code) if control::is_control(code) => {
+                self.on_control(now, from, code, payload)
+            }
             _ => self.counters.dropped += 1,
         }
     }
@@ -251,6 +285,11 @@ impl ChainNode {
             version: 0,
             value: &[],
         };
+        if !self.serving(now) {
+            self.counters.not_serving += 1;
+            self.reply(from, session, request_id, not_here);
+            return;
+        }
         if request.group >= self.group_count()
             || group_of(request.key, self.group_count()) != request.group
         {
@@ -264,6 +303,16 @@ impl ChainNode {
         match request.op {
             Op::Get => self.on_read(from, session, request_id, &request, position + 1 == len),
             _ if position != 0 => self.reply(from, session, request_id, not_here),
+            _ if self.paused(request.group) => self.reply(
+                from,
+                session,
+                request_id,
+                Reply {
+                    status: Status::Paused,
+                    version: 0,
+                    value: &[],
+                },
+            ),
             _ => {
                 let retransmitted = header.has_flag(pmnet_wire::netchain::RETRANSMITTED);
                 self.on_head_write(now, from, (session, request_id, retransmitted), &request)
@@ -492,18 +541,21 @@ impl ChainNode {
         self.release(now, &key, held);
     }
 
+    /// Remember a session's write (the head's, or one passed down: a member that becomes the
+    /// head knows what reached it). Only a newer request replaces what is known.
     fn remember(&mut self, now: Time, session: u64, request: u32, key: Vec<u8>, version: u64) {
-        if self
-            .sessions
-            .insert(session, (request, key, version))
-            .is_none()
-        {
-            self.session_order.push_back(session);
-            if self.session_order.len() > SESSIONS_MAX {
-                if let Some(oldest) = self.session_order.pop_front() {
-                    self.sessions.remove(&oldest);
-                    self.forgot_at = Some(now);
-                }
+        if let Some(known) = self.sessions.get_mut(&session) {
+            if request >= known.0 {
+                *known = (request, key, version);
+            }
+            return;
+        }
+        self.sessions.insert(session, (request, key, version));
+        self.session_order.push_back(session);
+        if self.session_order.len() > SESSIONS_MAX {
+            if let Some(oldest) = self.session_order.pop_front() {
+                self.sessions.remove(&oldest);
+                self.forgot_at = Some(now);
             }
         }
     }
@@ -534,6 +586,13 @@ impl ChainNode {
             request: header.seq,
         };
         let key = write.key.to_vec();
+        self.remember(
+            now,
+            header.session_id,
+            header.seq,
+            key.clone(),
+            write.version,
+        );
         match self.table.write(
             &key,
             Version {
@@ -605,6 +664,10 @@ impl ChainNode {
     /// `held` is durable here (a version at least as new is): pass it down the chain, or, at
     /// the tail, answer the client and send the commit up.
     fn release(&mut self, now: Time, key: &[u8], held: Held) {
+        if self.place(held.group).is_none() {
+            // Not in the group's chain (any more): the chain goes on without this member.
+            return;
+        }
         match self.neighbour(held.group, 1) {
             Some(next) => {
                 self.pass_on(next, key, &held);
@@ -684,13 +747,22 @@ impl ChainNode {
         }
     }
 
-    /// Resend what is passed on and not committed.
+    /// Resend what is passed on and not committed (at the tail now, after a configuration
+    /// took the next member away: answer and commit it), and the control side's timers.
     pub fn handle_timeout(&mut self, now: Time) {
         while let Some((at, key)) = self.resends.first().cloned() {
             if at > now {
                 break;
             }
             self.resends.remove(&(at, key.clone()));
+            let Some(group) = self.unacked.get(&key).map(|unacked| unacked.held.group) else {
+                continue;
+            };
+            if self.neighbour(group, 1).is_none() {
+                let unacked = self.unacked.remove(&key).expect("looked up");
+                self.release(now, &key, unacked.held);
+                continue;
+            }
             let Some(unacked) = self.unacked.get_mut(&key) else {
                 continue;
             };
@@ -703,6 +775,7 @@ impl ChainNode {
                 self.pass_on(next, &key, &held);
             }
         }
+        self.control_timeout(now);
     }
 
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
@@ -710,6 +783,10 @@ impl ChainNode {
     }
 
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.resends.first().map(|(at, _)| *at)
+        let resend = self.resends.first().map(|(at, _)| *at);
+        match (resend, self.control_poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 }

@@ -349,8 +349,9 @@ impl Controller {
         view.last_status = Some(now);
         view.boot = Some(status.boot);
         view.epoch = status.epoch;
-        if view.suspected && self.layout.groups.iter().any(|g| g.chain.contains(&index)) {
-            // Back before it was taken out: nothing changed.
+        if view.suspected {
+            // Back before it was taken out (nothing changed), or back after it was (it is
+            // in no chain: a candidate to join them again).
             view.suspected = false;
         }
         let grant = (!view.suspected && status.epoch == epoch).then_some(status.stamp);

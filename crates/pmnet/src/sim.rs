@@ -77,6 +77,11 @@ pub struct SimArgs {
     #[arg(long, requires = "seed")]
     pub no_trace: bool,
 
+    /// Simulate the chain store instead (NetChain members, their controller and clients:
+    /// crashes, a member lost for good, partitions, controller restarts; docs/simulation.md).
+    #[arg(long, conflicts_with_all = ["requests_per_client", "safety_actions", "liveness_bound", "quiet_trace", "no_trace"])]
+    pub chain_store: bool,
+
     /// Threads running the seeds of a swarm; the results do not depend on it.
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = value_parser!(u32).range(1..=1024))]
@@ -96,6 +101,14 @@ impl SimArgs {
 }
 
 pub fn run(args: SimArgs) -> Result<ExitCode, CliError> {
+    if args.chain_store {
+        return Ok(crate::sim_chain::run(
+            args.seed,
+            args.seeds.unwrap_or(DEFAULT_SWARM),
+            args.start_seed,
+            args.jobs,
+        ));
+    }
     let options = args.options();
     let mut out = io::BufWriter::new(io::stdout().lock());
     let (passed, written) = match args.seed {

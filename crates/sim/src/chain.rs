@@ -1,0 +1,473 @@
+//! The chain store's world (docs/simulation.md, "Chain stores"): the NetChain members' and
+//! controller's production state machines, four members (three in the chains, one spare),
+//! clients taking the chains from the controller, on a lossy, duplicating, reordering
+//! network, with member crashes (tables reopened from what the crash left in persistent
+//! memory), a member lost for good, partitions (a member cut off from the controller, or from
+//! everyone) and controller restarts. One seed decides everything.
+//!
+//! Checked: every key's history of completed operations is linearizable (`pmnet-lincheck`);
+//! once the faults heal, the chains are whole again (as many members as are alive, up to
+//! three) with no recovery under way, and every client's last request completes.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pmnet_lincheck::{check_by_key, Operation, Register, RegisterInput, RegisterOutput, PENDING};
+use pmnet_netchain::{
+    ChainClient, ChainConfig, ChainNode, ClientConfig, ClientOp, Controller, ControllerConfig,
+    Geometry, Outcome, Table, TableFile,
+};
+use pmnet_pm::SimRegion;
+use pmnet_proto::Time;
+use pmnet_wire::netchain::control::Layout;
+use pmnet_wire::Header;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const MEMBERS: usize = 4;
+const CHAIN: usize = 3;
+const GROUPS: u16 = 4;
+const CLIENTS: usize = 4;
+const SAFETY: Duration = Duration::from_secs(2);
+const LIVENESS_BOUND: Duration = Duration::from_secs(30);
+
+fn member_addr(index: usize) -> SocketAddr {
+    SocketAddr::from(([10, 0, 5, index as u8 + 1], 7600))
+}
+
+fn controller_addr() -> SocketAddr {
+    SocketAddr::from(([10, 0, 5, 100], 7700))
+}
+
+fn client_addr(index: usize) -> SocketAddr {
+    SocketAddr::from(([10, 0, 6, index as u8 + 1], 40000))
+}
+
+fn geometry() -> Geometry {
+    Geometry {
+        buckets: 256,
+        key_max: 16,
+        value_max: 32,
+    }
+}
+
+const LIFETIME: Duration = Duration::from_millis(400);
+
+/// What one seed did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChainReport {
+    pub seed: u64,
+    pub operations: u64,
+    pub completed: u64,
+    pub crashes: u64,
+    pub partitions: u64,
+    pub controller_restarts: u64,
+    pub members_lost: u64,
+    pub removals: u64,
+    pub recoveries: u64,
+    pub reads_here: u64,
+    pub reads_relayed: u64,
+    /// The final configuration's epoch.
+    pub epoch: u64,
+}
+
+struct Member {
+    node: ChainNode,
+    file: TableFile<SimRegion>,
+    up: bool,
+    lost: bool,
+    restart_at: Option<Time>,
+}
+
+struct Net {
+    now: Time,
+    rng: ChaCha8Rng,
+    queue: BTreeMap<(Time, u64), (SocketAddr, SocketAddr, Vec<u8>)>,
+    next: u64,
+    loss: f64,
+    duplicate: f64,
+    /// Pairs that cannot reach each other, until a time.
+    cut: Vec<(SocketAddr, Option<SocketAddr>, Time)>,
+}
+
+impl Net {
+    fn send(&mut self, from: SocketAddr, to: SocketAddr, bytes: Vec<u8>) {
+        if self.rng.random_bool(self.loss) {
+            return;
+        }
+        let copies = if self.rng.random_bool(self.duplicate) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let delay = Duration::from_micros(self.rng.random_range(10..400));
+            self.next += 1;
+            self.queue
+                .insert((self.now + delay, self.next), (from, to, bytes.clone()));
+        }
+    }
+
+    fn blocked(&self, from: SocketAddr, to: SocketAddr) -> bool {
+        self.cut.iter().any(|(side, other, until)| {
+            self.now < *until
+                && match other {
+                    Some(other) => {
+                        (from == *side && to == *other) || (from == *other && to == *side)
+                    }
+                    None => from == *side || to == *side,
+                }
+        })
+    }
+}
+
+struct Client {
+    session: ChainClient,
+    current: Option<(Vec<u8>, ClientOp, u64)>,
+}
+
+type History = Vec<(
+    Vec<u8>,
+    Operation<RegisterInput<Vec<u8>>, RegisterOutput<Vec<u8>>>,
+)>;
+
+fn member_config(index: usize) -> ChainConfig {
+    let mut config = ChainConfig::controlled(member_addr(index), 1, controller_addr());
+    config.request_lifetime = LIFETIME;
+    config
+}
+
+fn controller_config() -> ControllerConfig {
+    ControllerConfig {
+        chain_length: CHAIN,
+        ..ControllerConfig::default()
+    }
+}
+
+fn flush_member(member: &mut Member, index: usize, net: &mut Net) {
+    let now = net.now;
+    while let Some(batch) = member.node.poll_persist() {
+        member.file.persist_batch(&batch.work);
+        member.node.on_persisted(now, batch.number);
+    }
+    while let Some(transmit) = member.node.poll_transmit() {
+        net.send(member_addr(index), transmit.destination, transmit.bytes);
+    }
+}
+
+fn flush_controller(controller: &mut Controller, saved: &mut Layout, net: &mut Net) {
+    // Saved before anything of the same step is sent.
+    if let Some(layout) = controller.poll_save() {
+        *saved = layout;
+    }
+    while let Some(transmit) = controller.poll_transmit() {
+        net.send(controller_addr(), transmit.destination, transmit.bytes);
+    }
+}
+
+/// Run one seed; `Err` names what failed.
+pub fn run_seed(seed: u64) -> Result<ChainReport, String> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut net = Net {
+        now: Time::ZERO,
+        rng: ChaCha8Rng::seed_from_u64(seed ^ 0x4e57),
+        queue: BTreeMap::new(),
+        next: 0,
+        loss: rng.random_range(0.0..0.1),
+        duplicate: rng.random_range(0.0..0.05),
+        cut: Vec::new(),
+    };
+    let mut report = ChainReport {
+        seed,
+        ..ChainReport::default()
+    };
+    let mut members: Vec<Member> = (0..MEMBERS)
+        .map(|index| Member {
+            node: ChainNode::new(member_config(index), Table::new(geometry()), Time::ZERO),
+            file: TableFile::format(SimRegion::new(geometry().region_len()), geometry())
+                .expect("format"),
+            up: true,
+            lost: false,
+            restart_at: None,
+        })
+        .collect();
+    let addresses: Vec<SocketAddr> = (0..MEMBERS).map(member_addr).collect();
+    let mut controller = Controller::new(controller_config(), &addresses, GROUPS, Time::ZERO)
+        .map_err(|error| error.to_string())?;
+    let mut saved = controller.layout().clone();
+    let mut controller_up = true;
+    let mut controller_restart_at: Option<Time> = None;
+    flush_controller(&mut controller, &mut saved, &mut net);
+
+    let keys: Vec<Vec<u8>> = (0..6u8).map(|index| vec![b'k', index]).collect();
+    let mut clients: Vec<Client> = (0..CLIENTS)
+        .map(|index| {
+            let mut config =
+                ClientConfig::controlled(0x5e55_0000 + index as u64, controller_addr());
+            config.retransmit_timeout_max = Duration::from_millis(20);
+            config.request_lifetime = LIFETIME - Duration::from_millis(50);
+            Client {
+                session: ChainClient::new(config),
+                current: None,
+            }
+        })
+        .collect();
+    let mut history: History = Vec::new();
+    let mut next_value = 0u32;
+    // The faults of the safety phase, each at a random time.
+    let mut faults: Vec<(Time, u8)> = (0..rng.random_range(2..8))
+        .map(|_| {
+            (
+                Time::ZERO + Duration::from_millis(rng.random_range(50..SAFETY.as_millis() as u64)),
+                rng.random_range(0..4u8),
+            )
+        })
+        .collect();
+    faults.sort();
+    let lose_one = rng.random_bool(0.5);
+    let mut lost_one = false;
+    let nanos = |time: Time| time.as_nanos();
+    let end_of_safety = Time::ZERO + SAFETY;
+    loop {
+        let now = net.now;
+        let healing = now >= end_of_safety;
+        // Faults.
+        while faults.first().is_some_and(|(at, _)| *at <= now) {
+            let (_, kind) = faults.remove(0);
+            let index = rng.random_range(0..MEMBERS);
+            // Whether every chain `index` is in has another member up and reachable: the
+            // faults leave each group a live copy (the chains tolerate losing all but one).
+            let layout = controller.layout();
+            let others_live = |index: usize| {
+                layout.groups.iter().all(|group| {
+                    !group.chain.contains(&(index as u8))
+                        || group.chain.iter().any(|other| {
+                            let other = usize::from(*other);
+                            other != index
+                                && members[other].up
+                                && !net.cut.iter().any(|(side, _, until)| {
+                                    *side == member_addr(other) && now < *until
+                                })
+                        })
+                })
+            };
+            match kind {
+                0 if members[index].up && others_live(index) => {
+                    // A member's process crashes (a batch may be cut); it restarts later.
+                    let member = &mut members[index];
+                    if let Some(batch) = member.node.poll_persist() {
+                        member.file.persist_batch_without_fence(&batch.work);
+                    }
+                    member.file = TableFile::open(member.file.region().crash(&mut rng))
+                        .map_err(|error| format!("seed {seed}: reopen: {error}"))?
+                        .0;
+                    member.up = false;
+                    member.restart_at = Some(now + Duration::from_millis(rng.random_range(1..150)));
+                    report.crashes += 1;
+                }
+                // Lost for good: only while each of its chains has another live member (the
+                // chains tolerate losing all but one copy, not every copy).
+                1 if lose_one && !lost_one && members[index].up && others_live(index) => {
+                    members[index].up = false;
+                    members[index].lost = true;
+                    lost_one = true;
+                    report.members_lost += 1;
+                }
+                2 if others_live(index) => {
+                    let until = now + Duration::from_millis(rng.random_range(20..250));
+                    let other = if rng.random_bool(0.5) {
+                        Some(controller_addr())
+                    } else {
+                        None
+                    };
+                    net.cut.push((member_addr(index), other, until));
+                    report.partitions += 1;
+                }
+                3 if controller_up => {
+                    controller_up = false;
+                    controller_restart_at =
+                        Some(now + Duration::from_millis(rng.random_range(1..100)));
+                    report.controller_restarts += 1;
+                }
+                _ => {}
+            }
+        }
+        // Restarts.
+        for (index, member) in members.iter_mut().enumerate() {
+            if member.restart_at.is_some_and(|at| at <= now)
+                || (healing && !member.up && !member.lost)
+            {
+                member.restart_at = None;
+                let (file, recovered) = TableFile::open(member.file.region().clone())
+                    .map_err(|error| format!("seed {seed}: reopen: {error}"))?;
+                let table = Table::recover(file.geometry(), recovered);
+                member.node = ChainNode::new(member_config(index), table, now);
+                member.file = file;
+                member.up = true;
+            }
+        }
+        if controller_restart_at.is_some_and(|at| at <= now) || (healing && !controller_up) {
+            controller_restart_at = None;
+            controller = Controller::restore(controller_config(), saved.clone(), &[], now)
+                .map_err(|error| error.to_string())?;
+            controller_up = true;
+            flush_controller(&mut controller, &mut saved, &mut net);
+        }
+        if healing {
+            net.cut.clear();
+            net.loss = 0.0;
+        }
+        // Clients.
+        for (index, client) in clients.iter_mut().enumerate() {
+            if client.current.is_none() && !healing && rng.random_bool(0.02) {
+                let key = keys[rng.random_range(0..keys.len())].clone();
+                let op = match rng.random_range(0..10) {
+                    0..=4 => ClientOp::Get,
+                    5..=8 => {
+                        next_value += 1;
+                        ClientOp::Put(next_value.to_be_bytes().to_vec())
+                    }
+                    _ => ClientOp::Delete,
+                };
+                client
+                    .session
+                    .start(now, &key, op.clone())
+                    .map_err(|_| "busy".to_owned())?;
+                client.current = Some((key, op, nanos(now)));
+                report.operations += 1;
+            }
+            client.session.handle_timeout(now);
+            while let Some(transmit) = client.session.poll_transmit() {
+                net.send(client_addr(index), transmit.destination, transmit.bytes);
+            }
+            while let Some((_, outcome)) = client.session.poll_outcome() {
+                let (key, op, call) = client.current.take().expect("a request in flight");
+                let input = match &op {
+                    ClientOp::Get => RegisterInput::Read,
+                    ClientOp::Put(value) => RegisterInput::Write(Some(value.clone())),
+                    ClientOp::Delete => RegisterInput::Write(None),
+                    ClientOp::CompareAndSet { .. } => unreachable!("not issued"),
+                };
+                let (output, ret) = match outcome {
+                    Outcome::Value { value, .. } => (RegisterOutput::Value(value), nanos(now)),
+                    Outcome::Written { .. } => (RegisterOutput::Written, nanos(now)),
+                    Outcome::Unknown => (RegisterOutput::Unknown, PENDING),
+                    other => return Err(format!("seed {seed}: unexpected outcome {other:?}")),
+                };
+                if ret != PENDING {
+                    report.completed += 1;
+                }
+                history.push((
+                    key,
+                    Operation {
+                        client: index as u64,
+                        call,
+                        ret,
+                        input,
+                        output,
+                    },
+                ));
+            }
+        }
+        // The network.
+        while let Some((&(at, order), _)) = net.queue.first_key_value() {
+            if at > net.now {
+                break;
+            }
+            let (from, to, bytes) = net.queue.remove(&(at, order)).expect("present");
+            if net.blocked(from, to) {
+                continue;
+            }
+            let Ok((header, payload)) = Header::parse(&bytes) else {
+                continue;
+            };
+            if let Some(index) = (0..MEMBERS).find(|&index| member_addr(index) == to) {
+                if members[index].up {
+                    members[index].node.handle(now, from, &header, payload);
+                    flush_member(&mut members[index], index, &mut net);
+                }
+            } else if to == controller_addr() {
+                if controller_up {
+                    controller.handle(now, from, &header, payload);
+                    flush_controller(&mut controller, &mut saved, &mut net);
+                }
+            } else if let Some(index) = (0..CLIENTS).find(|&index| client_addr(index) == to) {
+                clients[index].session.handle_from(now, from, &bytes);
+                while let Some(transmit) = clients[index].session.poll_transmit() {
+                    net.send(client_addr(index), transmit.destination, transmit.bytes);
+                }
+            }
+        }
+        for (index, member) in members.iter_mut().enumerate() {
+            if member.up {
+                member.node.handle_timeout(now);
+                flush_member(member, index, &mut net);
+            }
+        }
+        if controller_up {
+            controller.handle_timeout(now);
+            flush_controller(&mut controller, &mut saved, &mut net);
+        }
+        // Done: healed, the chains whole, no recovery under way, every client idle.
+        if healing {
+            let layout = controller.layout();
+            let alive = members.iter().filter(|member| !member.lost).count();
+            let whole = layout.groups.iter().all(|group| {
+                group.chain.len() == alive.min(CHAIN) && group.joining.is_none() && !group.paused
+            });
+            let current = members
+                .iter()
+                .filter(|member| !member.lost)
+                .all(|member| member.node.epoch() == layout.epoch);
+            if whole && current && clients.iter().all(|client| client.current.is_none()) {
+                break;
+            }
+            if now >= end_of_safety + LIVENESS_BOUND {
+                return Err(format!(
+                    "seed {seed}: not whole {LIVENESS_BOUND:?} after the faults healed: \
+                     chains {:?}, epoch {}, members at {:?}, clients busy {}",
+                    layout.groups,
+                    layout.epoch,
+                    members
+                        .iter()
+                        .map(|m| (m.up, m.lost, m.node.epoch()))
+                        .collect::<Vec<_>>(),
+                    clients.iter().filter(|c| c.current.is_some()).count()
+                ));
+            }
+        }
+        // Advance to the next event.
+        let due = net.queue.first_key_value().map(|(key, _)| key.0);
+        let wake = members
+            .iter()
+            .filter(|member| member.up)
+            .filter_map(|member| member.node.poll_timeout())
+            .min();
+        let next = [due, wake, Some(now + Duration::from_micros(200))]
+            .into_iter()
+            .flatten()
+            .min()
+            .expect("a time");
+        net.now = next.max(now + Duration::from_micros(1));
+    }
+    let counters = controller.counters();
+    report.removals = counters.removed;
+    report.recoveries = counters.recoveries_done;
+    report.epoch = controller.layout().epoch;
+    for member in &members {
+        report.reads_here += member.node.counters().reads_answered_here;
+        report.reads_relayed += member.node.counters().reads_relayed;
+    }
+    let verdict = check_by_key(&Register::default(), &history, 5_000_000);
+    if !verdict.is_linearizable() {
+        return Err(format!(
+            "seed {seed}: a key's history is not linearizable: {verdict:?}"
+        ));
+    }
+    let distinct: HashSet<u64> = history.iter().map(|(_, op)| op.client).collect();
+    if report.completed == 0 || distinct.is_empty() {
+        return Err(format!("seed {seed}: no operation completed"));
+    }
+    Ok(report)
+}

@@ -1,0 +1,34 @@
+//! The chain store's swarm: seeds of `pmnet_sim::chain` (crashes, a member lost for good,
+//! partitions, controller restarts; linearizability per key and whole chains once healed).
+//! `PMNET_SEED=N` runs one seed; otherwise a random start seed is printed.
+
+use pmnet_sim::chain::run_seed;
+
+#[test]
+fn chain_store_seeds_hold_their_invariants() {
+    let (start, count) = match std::env::var("PMNET_SEED") {
+        Ok(text) => (text.trim().parse().expect("PMNET_SEED is a u64"), 1),
+        Err(_) => (rand_start(), 24),
+    };
+    eprintln!("start seed {start}, {count} seeds (PMNET_SEED=N replays one)");
+    let mut totals = pmnet_sim::chain::ChainReport::default();
+    for seed in start..start + count {
+        let report = run_seed(seed).unwrap_or_else(|error| panic!("{error}"));
+        totals.completed += report.completed;
+        totals.crashes += report.crashes;
+        totals.removals += report.removals;
+        totals.recoveries += report.recoveries;
+        totals.partitions += report.partitions;
+        totals.controller_restarts += report.controller_restarts;
+        totals.reads_here += report.reads_here;
+    }
+    eprintln!("{totals:?}");
+    assert!(totals.completed > 0 && totals.reads_here > 0);
+}
+
+fn rand_start() -> u64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(1, |since| since.as_nanos() as u64 >> 8)
+}

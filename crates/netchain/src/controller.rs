@@ -128,6 +128,9 @@ impl std::error::Error for StateError {}
 
 const STATE_MAGIC: &[u8; 8] = b"PMNCTRL1";
 
+/// No member is suspected sooner than this after the controller starts.
+pub const START_GRACE: Duration = Duration::from_secs(1);
+
 /// The bytes a controller's state is saved as: magic, length (u32 LE), the configuration as
 /// sent on the wire, CRC-32C of all before it (u32 LE).
 pub fn encode_state(layout: &Layout) -> Vec<u8> {
@@ -247,10 +250,12 @@ impl Controller {
             + Duration::from_millis(u64::from(layout.lease_ms.max(lease_ms)))
                 .saturating_sub(config.lease);
         layout.lease_ms = lease_ms;
+        // Members get a grace at the controller's start (they may be starting too): the
+        // longer of a second and the suspicion delay.
+        let grace = START_GRACE.saturating_sub(config.suspect_after);
         let views = vec![
             View {
-                // A grace of one suspicion delay from the start.
-                last_status: Some(now),
+                last_status: Some(now + grace),
                 last_grant: Some(wait_from),
                 ..View::default()
             };

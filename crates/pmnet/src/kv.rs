@@ -15,8 +15,14 @@ use crate::CliError;
 pub struct KvArgs {
     /// A member of the chain store, in the order the members were given (repeat for each, as
     /// to `pmnet device --chain-member`).
-    #[arg(long = "member", value_name = "ADDR", required = true, value_parser = crate::addr::parse_addr)]
+    #[arg(long = "member", value_name = "ADDR", required_unless_present = "controller",
+          conflicts_with = "controller", value_parser = crate::addr::parse_addr)]
     pub members: Vec<SocketAddr>,
+
+    /// The chain controller (`pmnet chain-controller`): the chains come from it, and follow
+    /// it through failover and recovery.
+    #[arg(long, value_name = "ADDR", value_parser = crate::addr::parse_addr)]
+    pub controller: Option<SocketAddr>,
 
     /// Virtual groups of keys, as the members were given (`--chain-groups`).
     #[arg(long, value_name = "N", default_value_t = 16,
@@ -72,16 +78,18 @@ struct Session {
 
 impl Session {
     fn open(args: &KvArgs) -> Result<Session, CliError> {
-        let bind: SocketAddr = if args.members[0].is_ipv4() {
+        let first = args.controller.or(args.members.first().copied());
+        let bind: SocketAddr = if first.is_none_or(|addr| addr.is_ipv4()) {
             "0.0.0.0:0".parse().expect("an address")
         } else {
             "[::]:0".parse().expect("an address")
         };
         let socket = UdpSocket::bind(bind)?;
-        let mut config = ClientConfig::new(
-            rand::random::<u64>() | 1,
-            rotated_groups(&args.members, args.groups),
-        );
+        let session = rand::random::<u64>() | 1;
+        let mut config = match args.controller {
+            Some(controller) => ClientConfig::controlled(session, controller),
+            None => ClientConfig::new(session, rotated_groups(&args.members, args.groups)),
+        };
         config.request_lifetime = Duration::from_millis(args.timeout_ms);
         Ok(Session {
             socket,
@@ -121,7 +129,10 @@ impl Session {
                 .max(Duration::from_micros(100));
             self.socket.set_read_timeout(Some(wait))?;
             match self.socket.recv_from(&mut buffer) {
-                Ok((len, _)) => self.client.handle(&buffer[..len]),
+                Ok((len, from)) => {
+                    let now = self.now();
+                    self.client.handle_from(now, from, &buffer[..len]);
+                }
                 Err(error)
                     if matches!(
                         error.kind(),

@@ -2,6 +2,7 @@
 
 mod addr;
 mod bench;
+mod chain_controller;
 mod client;
 mod config;
 mod demo;
@@ -92,6 +93,9 @@ enum Command {
     /// The chain store's client (devices run with --chain-member; docs/netchain.md): get,
     /// put, delete, compare-and-set, lock and unlock.
     Kv(kv::KvArgs),
+    /// The chain store's controller: membership, leases, failover and recovery of the
+    /// members' chains (docs/netchain.md).
+    ChainController(chain_controller::ChainControllerArgs),
     /// Show a running device's or server's state: log occupancy, sessions, recovery, peers,
     /// counters (ADDR: its --metrics address).
     Status(status::StatusArgs),
@@ -118,6 +122,7 @@ impl Command {
             Command::SessionBench(_) => "session-bench",
             Command::Keygen(_) => "keygen",
             Command::Kv(_) => "kv",
+            Command::ChainController(_) => "chain-controller",
             Command::Status(_) => "status",
             Command::Log(_) => "log",
         }
@@ -152,6 +157,7 @@ fn main() -> ExitCode {
         Command::SessionBench(args) => session_bench::run(args),
         Command::Keygen(args) => keygen::run(args),
         Command::Kv(args) => kv::run(args),
+        Command::ChainController(args) => chain_controller::run(args),
         Command::Status(args) => status::run(args),
         Command::Log(args) => log_inspect::run(args),
     };

@@ -252,6 +252,13 @@ pub struct DeviceArgs {
     #[arg(long, value_name = "ADDR", value_parser = crate::addr::parse_addr)]
     pub chain_me: Option<SocketAddr>,
 
+    /// The chain controller (`pmnet chain-controller`): makes the device a member whose chains
+    /// come from the controller's configuration (instead of --chain-member's fixed ones), with
+    /// failover and recovery; it answers clients only while the controller's lease holds.
+    #[arg(long, value_name = "ADDR", value_parser = crate::addr::parse_addr,
+          conflicts_with = "chain_members")]
+    pub chain_controller: Option<SocketAddr>,
+
     /// Virtual groups of keys: group g's chain starts at member g modulo the members, in
     /// order; every member and client must use the same number.
     #[arg(long, value_name = "N", default_value_t = 16,
@@ -481,7 +488,7 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
         let worker = options
             .for_worker(index, online)
             .map_err(|error| format!("--workers {}: {error}", args.workers))?;
-        let device = if !args.chain_members.is_empty() {
+        let device = if args.is_chain_member() {
             let (front, region) = chain_member(&args)?;
             DeviceRuntime::open_with_front_region(
                 worker,
@@ -539,7 +546,14 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
         }
     }
     lines.push(format!("  medium: {}", devices[0].startup().medium_text()));
-    if !args.chain_members.is_empty() {
+    if let Some(controller) = args.chain_controller {
+        lines.push(format!(
+            "  chain store: member {} with the chains of the controller at {controller}, table {} \
+             on the medium above",
+            args.chain_me.unwrap_or(args.listen),
+            chain_table_path(&args).display()
+        ));
+    } else if !args.chain_members.is_empty() {
         lines.push(format!(
             "  chain store: member {} of {} ({} virtual groups), table {} on the medium above",
             args.chain_me.unwrap_or(args.listen),
@@ -690,6 +704,13 @@ pub(crate) fn parse_seconds_at_least(text: &str, minimum: f64) -> Result<f64, St
     Ok(seconds)
 }
 
+impl DeviceArgs {
+    /// Whether the device is a member of the chain store.
+    fn is_chain_member(&self) -> bool {
+        !self.chain_members.is_empty() || self.chain_controller.is_some()
+    }
+}
+
 /// Where the chain store's table lives.
 fn chain_table_path(args: &DeviceArgs) -> PathBuf {
     args.chain_table
@@ -715,7 +736,7 @@ fn chain_member(
             .into());
     }
     let me = args.chain_me.unwrap_or(args.listen);
-    if !args.chain_members.contains(&me) {
+    if args.chain_controller.is_none() && !args.chain_members.contains(&me) {
         return Err(format!(
             "--chain-member: this device ({me}; set --chain-me to the address the others \
              reach it at) is not among the members"
@@ -758,8 +779,14 @@ fn chain_member(
         );
     }
     let table = pmnet_netchain::Table::recover(file.geometry(), recovered);
-    let groups = pmnet_netchain::rotated_groups(&args.chain_members, args.chain_groups);
-    let config = pmnet_netchain::ChainConfig::new(me, 1, groups);
+    let config = match args.chain_controller {
+        Some(controller) => pmnet_netchain::ChainConfig::controlled(me, 1, controller),
+        None => pmnet_netchain::ChainConfig::new(
+            me,
+            1,
+            pmnet_netchain::rotated_groups(&args.chain_members, args.chain_groups),
+        ),
+    };
     let node = pmnet_netchain::ChainNode::new(config, table, pmnet_proto::Time::ZERO);
     Ok((pmnet_netchain::ChainFunction::new(node), file.into_region()))
 }

@@ -228,14 +228,26 @@ pub fn run_seed(seed: u64) -> Result<ChainReport, String> {
     let lose_one = rng.random_bool(0.5);
     let mut lost_one = false;
     let nanos = |time: Time| time.as_nanos();
+    let trace = std::env::var_os("PMNET_CHAIN_TRACE").is_some();
+    let mut traced_epoch = 0;
     let end_of_safety = Time::ZERO + SAFETY;
     loop {
         let now = net.now;
         let healing = now >= end_of_safety;
+        if trace && controller.layout().epoch != traced_epoch {
+            traced_epoch = controller.layout().epoch;
+            eprintln!(
+                "{now} epoch {traced_epoch}: {:?}",
+                controller.layout().groups
+            );
+        }
         // Faults.
         while faults.first().is_some_and(|(at, _)| *at <= now) {
             let (_, kind) = faults.remove(0);
             let index = rng.random_range(0..MEMBERS);
+            if trace {
+                eprintln!("{now} fault {kind} on member {index}");
+            }
             // Whether every chain `index` is in has another member up and reachable: the
             // faults leave each group a live copy (the chains tolerate losing all but one).
             let layout = controller.layout();
@@ -358,6 +370,9 @@ pub fn run_seed(seed: u64) -> Result<ChainReport, String> {
                 if ret != PENDING {
                     report.completed += 1;
                 }
+                if trace {
+                    eprintln!("{now} client {index} {key:?} {op:?} called {call} -> {output:?}",);
+                }
                 history.push((
                     key,
                     Operation {
@@ -382,6 +397,15 @@ pub fn run_seed(seed: u64) -> Result<ChainReport, String> {
             let Ok((header, payload)) = Header::parse(&bytes) else {
                 continue;
             };
+            if trace && std::env::var_os("PMNET_CHAIN_TRACE_ALL").is_some() {
+                eprintln!(
+                    "{now} {from} -> {to} {:?} session {} seq {} {:02x?}",
+                    header.packet_type,
+                    header.session_id,
+                    header.seq,
+                    &payload[..payload.len().min(40)]
+                );
+            }
             if let Some(index) = (0..MEMBERS).find(|&index| member_addr(index) == to) {
                 if members[index].up {
                     members[index].node.handle(now, from, &header, payload);
@@ -393,6 +417,9 @@ pub fn run_seed(seed: u64) -> Result<ChainReport, String> {
                     flush_controller(&mut controller, &mut saved, &mut net);
                 }
             } else if let Some(index) = (0..CLIENTS).find(|&index| client_addr(index) == to) {
+                if trace {
+                    eprintln!("{now} client {index} <- {from} {:?}", header.packet_type);
+                }
                 clients[index].session.handle_from(now, from, &bytes);
                 while let Some(transmit) = clients[index].session.poll_transmit() {
                     net.send(client_addr(index), transmit.destination, transmit.bytes);

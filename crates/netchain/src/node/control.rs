@@ -190,13 +190,10 @@ impl ChainNode {
             }
         }
         self.config.groups = chains;
-        let keys: Vec<Vec<u8>> = self.unacked.keys().cloned().collect();
         self.resends.clear();
-        for key in keys {
-            if let Some(unacked) = self.unacked.get_mut(&key) {
-                unacked.resend_at = now;
-                self.resends.insert((now, key));
-            }
+        for ((key, version), unacked) in &mut self.unacked {
+            unacked.resend_at = now;
+            self.resends.insert((now, key.clone(), *version));
         }
         // Recoveries: keep the ones that go on (a copy turning into its delta keeps what it
         // took), start the new ones.

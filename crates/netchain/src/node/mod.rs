@@ -21,7 +21,7 @@
 
 mod control;
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -160,8 +160,10 @@ pub struct ChainNode {
     held: HashMap<Vec<u8>, Vec<Held>>,
     held_count: usize,
     committed: HashMap<Vec<u8>, u64>,
-    unacked: HashMap<Vec<u8>, Unacked>,
-    resends: BTreeSet<(Time, Vec<u8>)>,
+    /// Writes passed on and not committed, by key and version: each is resent (with its own
+    /// client's identity, which the next members remember) until a commit covers it.
+    unacked: BTreeMap<(Vec<u8>, u64), Unacked>,
+    resends: BTreeSet<(Time, Vec<u8>, u64)>,
     /// The head's last write of each session: (request, key, version stamped). Clients send
     /// one request at a time per session.
     sessions: HashMap<u64, (u32, Vec<u8>, u64)>,
@@ -193,7 +195,7 @@ impl ChainNode {
             held: HashMap::new(),
             held_count: 0,
             committed: HashMap::new(),
-            unacked: HashMap::new(),
+            unacked: BTreeMap::new(),
             resends: BTreeSet::new(),
             sessions: HashMap::new(),
             session_order: VecDeque::new(),
@@ -399,8 +401,7 @@ impl ChainNode {
                 // it goes down again.
                 self.counters.duplicates += 1;
                 if key == request.key {
-                    let client = (from, session, request_id);
-                    self.repeat(now, client, request.group, key, version);
+                    self.repeat((from, session, request_id), &key, version);
                 }
                 return;
             }
@@ -459,8 +460,8 @@ impl ChainNode {
                 return;
             }
         }
-        if self.held_count >= HELD_MAX {
-            // Too much waiting for durability: the client sends it again.
+        if self.held_count >= HELD_MAX || self.unacked.len() >= HELD_MAX {
+            // Too much waiting for durability or commits: the client sends it again.
             self.counters.dropped += 1;
             return;
         }
@@ -518,27 +519,26 @@ impl ChainNode {
     /// down the chain again (the tail answers the client again).
     fn repeat(
         &mut self,
-        now: Time,
         (client, session, request): (SocketAddr, u64, u32),
-        group: u16,
-        key: Vec<u8>,
+        key: &[u8],
         version: u64,
     ) {
-        let Some(durable) = self.table.durable(&key).cloned() else {
-            return;
-        };
-        if durable.seq < version {
-            return; // still being written: it goes on once durable
+        // Committed (a commit at least as new came back): the write held, whatever came
+        // after it. Not yet: it is on its way down, and the tail answers when it gets there.
+        // (Never passed on again under this request's name: a version names one request, so
+        // a member that becomes the head knows which requests it holds.)
+        if self.committed.get(key).copied().unwrap_or(0) >= version {
+            self.reply(
+                client,
+                session,
+                request,
+                Reply {
+                    status: Status::Ok,
+                    version,
+                    value: &[],
+                },
+            );
         }
-        let held = Held {
-            version: durable.seq,
-            value: durable.value,
-            group,
-            client,
-            session,
-            request,
-        };
-        self.release(now, &key, held);
     }
 
     /// Remember a session's write (the head's, or one passed down: a member that becomes the
@@ -651,13 +651,14 @@ impl ChainNode {
         }
         let committed = self.committed.entry(key.to_vec()).or_insert(0);
         *committed = (*committed).max(version);
-        if self
+        let covered: Vec<(Vec<u8>, u64)> = self
             .unacked
-            .get(key)
-            .is_some_and(|unacked| unacked.held.version <= version)
-        {
-            let unacked = self.unacked.remove(key).expect("looked up");
-            self.resends.remove(&(unacked.resend_at, key.to_vec()));
+            .range((key.to_vec(), 0)..=(key.to_vec(), version))
+            .map(|(at, _)| at.clone())
+            .collect();
+        for at in covered {
+            let unacked = self.unacked.remove(&at).expect("looked up");
+            self.resends.remove(&(unacked.resend_at, at.0, at.1));
         }
     }
 
@@ -672,17 +673,18 @@ impl ChainNode {
             Some(next) => {
                 self.pass_on(next, key, &held);
                 let resend_at = now + RESEND_FIRST;
+                let version = held.version;
                 if let Some(old) = self.unacked.insert(
-                    key.to_vec(),
+                    (key.to_vec(), version),
                     Unacked {
                         held,
                         resend_at,
                         interval: RESEND_FIRST,
                     },
                 ) {
-                    self.resends.remove(&(old.resend_at, key.to_vec()));
+                    self.resends.remove(&(old.resend_at, key.to_vec(), version));
                 }
-                self.resends.insert((resend_at, key.to_vec()));
+                self.resends.insert((resend_at, key.to_vec(), version));
             }
             None => {
                 self.reply(
@@ -750,29 +752,30 @@ impl ChainNode {
     /// Resend what is passed on and not committed (at the tail now, after a configuration
     /// took the next member away: answer and commit it), and the control side's timers.
     pub fn handle_timeout(&mut self, now: Time) {
-        while let Some((at, key)) = self.resends.first().cloned() {
+        while let Some((at, key, version)) = self.resends.first().cloned() {
             if at > now {
                 break;
             }
-            self.resends.remove(&(at, key.clone()));
-            let Some(group) = self.unacked.get(&key).map(|unacked| unacked.held.group) else {
+            self.resends.remove(&(at, key.clone(), version));
+            let slot = (key, version);
+            let Some(group) = self.unacked.get(&slot).map(|unacked| unacked.held.group) else {
                 continue;
             };
             if self.neighbour(group, 1).is_none() {
-                let unacked = self.unacked.remove(&key).expect("looked up");
-                self.release(now, &key, unacked.held);
+                let unacked = self.unacked.remove(&slot).expect("looked up");
+                self.release(now, &slot.0, unacked.held);
                 continue;
             }
-            let Some(unacked) = self.unacked.get_mut(&key) else {
+            let Some(unacked) = self.unacked.get_mut(&slot) else {
                 continue;
             };
             unacked.interval = (unacked.interval * 2).min(RESEND_MAX);
             unacked.resend_at = now + unacked.interval;
             let (held, resend_at) = (unacked.held.clone(), unacked.resend_at);
-            self.resends.insert((resend_at, key.clone()));
+            self.resends.insert((resend_at, slot.0.clone(), version));
             if let Some(next) = self.neighbour(held.group, 1) {
                 self.counters.writes_resent += 1;
-                self.pass_on(next, &key, &held);
+                self.pass_on(next, &slot.0, &held);
             }
         }
         self.control_timeout(now);
@@ -783,7 +786,7 @@ impl ChainNode {
     }
 
     pub fn poll_timeout(&self) -> Option<Time> {
-        let resend = self.resends.first().map(|(at, _)| *at);
+        let resend = self.resends.first().map(|(at, _, _)| *at);
         match (resend, self.control_poll_timeout()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

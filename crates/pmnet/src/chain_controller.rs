@@ -113,8 +113,8 @@ pub fn run(args: ChainControllerArgs) -> Result<ExitCode, CliError> {
         .map_err(|error| format!("chain-controller: binding {}: {error}", args.listen))?;
     socket.set_read_timeout(Some(Duration::from_millis(1)))?;
     let shutdown = Shutdown::on_signals()?;
-    eprintln!(
-        "pmnet chain-controller on {}: {} members, {} virtual groups, chains of {}, suspect \
+    println!(
+        "chain controller listening on {}: {} members, {} virtual groups, chains of {}, suspect \
          after {} ms, lease {} ms; state {} (saved with write, fsync, rename, directory fsync \
          before any epoch is sent)",
         args.listen,
@@ -201,7 +201,8 @@ fn describe(layout: &Layout) {
             text
         })
         .collect();
-    eprintln!("epoch {}: {}", layout.epoch, groups.join("; "));
+    println!("epoch {}: {}", layout.epoch, groups.join("; "));
+    let _ = std::io::Write::flush(&mut std::io::stdout());
 }
 
 /// Save `layout` so that a crash leaves the old state or the new one, whole.

@@ -1,13 +1,13 @@
 //! `pmnet kv`: the chain store's client (docs/netchain.md): get, put, delete and
 //! compare-and-set of a key, and locks with an owner and a lease built on them.
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Subcommand};
-use pmnet_netchain::{rotated_groups, ChainClient, ClientConfig, ClientOp, Outcome};
-use pmnet_proto::Time;
+use pmnet_netchain::{rotated_groups, ClientConfig, ClientOp, Outcome};
+use pmnet_runtime::ChainSession;
 
 use crate::CliError;
 
@@ -71,35 +71,23 @@ pub enum KvOp {
 
 /// One blocking session over a UDP socket.
 struct Session {
-    socket: UdpSocket,
-    client: ChainClient,
-    started: Instant,
+    inner: ChainSession,
 }
 
 impl Session {
     fn open(args: &KvArgs) -> Result<Session, CliError> {
-        let first = args.controller.or(args.members.first().copied());
-        let bind: SocketAddr = if first.is_none_or(|addr| addr.is_ipv4()) {
-            "0.0.0.0:0".parse().expect("an address")
-        } else {
-            "[::]:0".parse().expect("an address")
-        };
-        let socket = UdpSocket::bind(bind)?;
         let session = rand::random::<u64>() | 1;
-        let mut config = match args.controller {
-            Some(controller) => ClientConfig::controlled(session, controller),
-            None => ClientConfig::new(session, rotated_groups(&args.members, args.groups)),
+        let (mut config, toward) = match args.controller {
+            Some(controller) => (ClientConfig::controlled(session, controller), controller),
+            None => (
+                ClientConfig::new(session, rotated_groups(&args.members, args.groups)),
+                args.members[0],
+            ),
         };
         config.request_lifetime = Duration::from_millis(args.timeout_ms);
         Ok(Session {
-            socket,
-            client: ChainClient::new(config),
-            started: Instant::now(),
+            inner: ChainSession::open(config, toward)?,
         })
-    }
-
-    fn now(&self) -> Time {
-        Time::ZERO + self.started.elapsed()
     }
 
     /// Run one request to its outcome.
@@ -107,44 +95,7 @@ impl Session {
         if key.is_empty() || key.len() > 64 {
             return Err("a key is 1 to 64 bytes".to_owned().into());
         }
-        let now = self.now();
-        self.client
-            .start(now, key.as_bytes(), op)
-            .map_err(|_| "a request is already in flight".to_owned())?;
-        let mut buffer = vec![0u8; 65_536];
-        loop {
-            while let Some(transmit) = self.client.poll_transmit() {
-                self.socket.send_to(&transmit.bytes, transmit.destination)?;
-            }
-            if let Some((_, outcome)) = self.client.poll_outcome() {
-                return Ok(outcome);
-            }
-            let now = self.now();
-            let wait = self
-                .client
-                .poll_timeout()
-                .map_or(Duration::from_millis(10), |at| {
-                    at.saturating_duration_since(now)
-                })
-                .max(Duration::from_micros(100));
-            self.socket.set_read_timeout(Some(wait))?;
-            match self.socket.recv_from(&mut buffer) {
-                Ok((len, from)) => {
-                    let now = self.now();
-                    self.client.handle_from(now, from, &buffer[..len]);
-                }
-                Err(error)
-                    if matches!(
-                        error.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) => {}
-                // An ICMP "unreachable" from a member that is down: keep trying the others.
-                Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {}
-                Err(error) => return Err(error.into()),
-            }
-            let now = self.now();
-            self.client.handle_timeout(now);
-        }
+        Ok(self.inner.run(key.as_bytes(), op)?)
     }
 }
 

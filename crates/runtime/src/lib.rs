@@ -48,6 +48,7 @@
 //! `examples/kv_client.rs` runs the same against a server and a device it starts in-process:
 //! `cargo run -p pmnet-runtime --example kv_client`.
 
+mod chain_client;
 mod client;
 mod device;
 mod event_loop;
@@ -66,6 +67,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use chain_client::ChainSession;
 pub use client::{random_session_id, steer_session, ClientSession, SessionOptions};
 pub use device::{
     stale_worker_logs, worker_log_path, DeviceAddresses, DeviceOptions, DeviceRuntime,

@@ -1,0 +1,223 @@
+//! The chain store with its controller, as a user starts it: `pmnet chain-controller` and four
+//! `pmnet device --chain-controller` processes (chains of three, one spare), clients taking
+//! the chains from the controller and writing and reading under load. A member is SIGKILLed
+//! under that load: the controller takes it out of its chains and the writes of its groups
+//! complete again; started again on its table, it is brought back into the chains (copy,
+//! pause, delta, switch) while the load goes on. Every key's history, across all of it, is
+//! linearizable. (How long the writes stopped and what the recovery cost are printed, not
+//! checked: timing belongs in benchmarks.)
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{device_args, free_udp_addr, Node, Proc};
+use pmnet_lincheck::{check_by_key, Operation, Register, RegisterInput, RegisterOutput, PENDING};
+use pmnet_netchain::{group_of, ClientConfig, ClientOp, Outcome};
+use pmnet_runtime::ChainSession;
+
+const GROUPS: u16 = 8;
+
+fn member(id: u16, listen: SocketAddr, controller: SocketAddr, dir: &Path) -> Node {
+    let mut list = device_args(
+        listen,
+        free_udp_addr(),
+        &dir.join(format!("device{id}.log")),
+    );
+    list.extend(["--device-id".to_owned(), id.to_string()]);
+    list.extend([
+        "--chain-table".to_owned(),
+        dir.join(format!("chain{id}.table")).display().to_string(),
+        "--chain-keys".to_owned(),
+        "1000".to_owned(),
+        "--chain-controller".to_owned(),
+        controller.to_string(),
+    ]);
+    Node::start(&format!("member {id}"), list)
+}
+
+/// Whether an epoch line of the controller shows every group with `length` members, none
+/// paused or joining.
+fn whole(line: &str, length: usize) -> bool {
+    let Some((_, groups)) = line.split_once(": ") else {
+        return false;
+    };
+    line.starts_with("epoch ")
+        && groups.split("; ").count() == usize::from(GROUPS)
+        && groups.split("; ").all(|group| {
+            !group.contains("paused")
+                && !group.contains(" +")
+                && group.matches(" > ").count() + 1 == length
+        })
+}
+
+type History = Vec<(
+    Vec<u8>,
+    Operation<RegisterInput<Vec<u8>>, RegisterOutput<Vec<u8>>>,
+)>;
+
+#[test]
+fn a_member_killed_under_load_is_replaced_then_brought_back_and_every_history_is_linearizable() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let controller_addr = free_udp_addr();
+    let members: Vec<SocketAddr> = (0..4).map(|_| free_udp_addr()).collect();
+    let mut controller_args = vec![
+        "chain-controller".to_owned(),
+        "--listen".to_owned(),
+        controller_addr.to_string(),
+        "--groups".to_owned(),
+        GROUPS.to_string(),
+        "--state".to_owned(),
+        dir.path().join("controller.state").display().to_string(),
+    ];
+    for member in &members {
+        controller_args.extend(["--member".to_owned(), member.to_string()]);
+    }
+    let mut controller = Proc::spawn("chain-controller", &controller_args);
+    controller.wait_for_line("its banner", |line| line.contains("listening on"));
+    let mut nodes: Vec<Node> = (0..4)
+        .map(|index| {
+            member(
+                index as u16 + 1,
+                members[index],
+                controller_addr,
+                dir.path(),
+            )
+        })
+        .collect();
+    controller.wait_for_line("chains of three", |line| whole(line, 3));
+
+    // Four clients, each on its own keys' mix of reads and writes, until told to stop.
+    let started = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let history = Arc::new(Mutex::new(History::new()));
+    let keys: Vec<Vec<u8>> = (0..8u8)
+        .map(|index| format!("key{index}").into_bytes())
+        .collect();
+    let clients: Vec<_> = (0..4u64)
+        .map(|client| {
+            let (stop, history, keys) = (stop.clone(), history.clone(), keys.clone());
+            std::thread::spawn(move || {
+                let mut config = ClientConfig::controlled(0xc11e_0000 + client, controller_addr);
+                config.retransmit_timeout_max = Duration::from_millis(20);
+                config.request_lifetime = Duration::from_secs(5);
+                let mut session = ChainSession::open(config, controller_addr).expect("socket");
+                let mut at = client as usize;
+                let mut value = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    at = at.wrapping_mul(31).wrapping_add(17);
+                    let key = keys[at % keys.len()].clone();
+                    let op = if at % 3 == 0 {
+                        ClientOp::Get
+                    } else {
+                        value += 1;
+                        ClientOp::Put(format!("{client}:{value}").into_bytes())
+                    };
+                    let call = started.elapsed().as_nanos() as u64;
+                    let outcome = session.run(&key, op.clone()).expect("the socket works");
+                    let ret = started.elapsed().as_nanos() as u64;
+                    let input = match &op {
+                        ClientOp::Get => RegisterInput::Read,
+                        ClientOp::Put(value) => RegisterInput::Write(Some(value.clone())),
+                        _ => unreachable!(),
+                    };
+                    let (output, ret) = match outcome {
+                        Outcome::Value { value, .. } => (RegisterOutput::Value(value), ret),
+                        Outcome::Written { .. } => (RegisterOutput::Written, ret),
+                        Outcome::Unknown => (RegisterOutput::Unknown, PENDING),
+                        other => panic!("client {client}: {other:?}"),
+                    };
+                    history.lock().unwrap().push((
+                        key,
+                        Operation {
+                            client,
+                            call,
+                            ret,
+                            input,
+                            output,
+                        },
+                    ));
+                }
+            })
+        })
+        .collect();
+    let completed_since = |history: &Mutex<History>, since: u64, keys: &dyn Fn(&[u8]) -> bool| {
+        history
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(key, op)| {
+                op.call >= since
+                    && op.ret != PENDING
+                    && matches!(op.input, RegisterInput::Write(_))
+                    && keys(key)
+            })
+            .map(|(_, op)| op.ret)
+            .min()
+    };
+    common::poll_until("writes under way", || {
+        completed_since(&history, 0, &|_| true).ok_or_else(|| "no write completed yet".to_owned())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+
+    // Kill the first member: it heads groups 0, 3, 6 and is in every chain.
+    let killed_at = started.elapsed().as_nanos() as u64;
+    nodes[0].proc.kill();
+    let headed = |key: &[u8]| group_of(key, GROUPS) % 3 == 0;
+    let resumed = common::poll_until("writes to the killed member's groups again", || {
+        completed_since(&history, killed_at, &headed)
+            .ok_or_else(|| "none completed since the kill".to_owned())
+    });
+    eprintln!(
+        "writes to the groups the killed member headed completed again {:.1} ms after the kill",
+        (resumed - killed_at) as f64 / 1e6
+    );
+    // Every group gets its third member back (the spare).
+    controller.wait_for_line("chains of three without the killed member", |line| {
+        whole(line, 3)
+    });
+    // The killed member starts again on its table and the controller can use it again: take
+    // the spare away to make it.
+    nodes[0] = member(1, members[0], controller_addr, dir.path());
+    let before = history.lock().unwrap().len();
+    let recovery_started = Instant::now();
+    nodes[3].proc.kill();
+    controller.wait_for_line("chains of three with the first member back", |line| {
+        whole(line, 3) && line.contains(&members[0].to_string())
+    });
+    let during = history.lock().unwrap().len() - before;
+    eprintln!(
+        "the spare killed and the first member brought back into every group in {:.0} ms, \
+         {during} operations completed meanwhile",
+        recovery_started.elapsed().as_secs_f64() * 1e3
+    );
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.join().expect("a client thread");
+    }
+    let history = std::mem::take(&mut *history.lock().unwrap());
+    let written = history
+        .iter()
+        .filter(|(_, op)| op.ret != PENDING && matches!(op.input, RegisterInput::Write(_)))
+        .count();
+    assert!(written > 100, "only {written} writes completed");
+    let verdict = check_by_key(&Register::default(), &history, 50_000_000);
+    assert!(
+        verdict.is_linearizable(),
+        "{verdict:?} ({} operations)",
+        history.len()
+    );
+    let taken = nodes[0]
+        .metric("pmnet_chain_sync_versions_taken_total", "")
+        .expect("the metric");
+    assert!(
+        taken > 0.0,
+        "the first member took no version from a source"
+    );
+    drop(nodes);
+    controller.stop();
+}

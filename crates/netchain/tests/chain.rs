@@ -448,13 +448,23 @@ fn compare_and_set_gives_a_lock_one_holder_at_a_time() {
 fn a_member_survives_any_datagram_from_anyone() {
     let seed = seed();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut node = ChainNode::new(config(1), Table::new(geometry()), Time::ZERO);
+    // A member with a controller (one of the sources), so configurations and grants count.
+    let mut controlled = config(1);
+    controlled.controller = Some(client_addr(1));
+    let mut node = ChainNode::new(controlled, Table::new(geometry()), Time::ZERO);
     let mut file =
         TableFile::format(SimRegion::new(geometry().region_len()), geometry()).expect("format");
-    let sources = [member(0), member(1), member(2), client_addr(0)];
+    let sources = [
+        member(0),
+        member(1),
+        member(2),
+        client_addr(0),
+        client_addr(1),
+    ];
     let mut now = Time::ZERO;
     for round in 0..50_000u32 {
-        let packet_type = 0x20 + rng.random_range(0..4u8);
+        // The chain's types and the controller's.
+        let packet_type = 0x20 + rng.random_range(0..10u8);
         let len = rng.random_range(0..80);
         let mut payload: Vec<u8> = (0..len).map(|_| rng.random()).collect();
         if round % 3 == 0 && payload.len() >= 12 {
@@ -483,4 +493,53 @@ fn a_member_survives_any_datagram_from_anyone() {
     }
     assert!(node.table().len() <= geometry().buckets as usize);
     assert!(node.counters().dropped > 0);
+}
+
+/// Any datagram, from anyone, at the controller: it never panics, never takes a stranger as
+/// a member, and answers configuration requests at a bounded rate.
+#[test]
+fn the_controller_survives_any_datagram_from_anyone() {
+    use pmnet_netchain::{Controller, ControllerConfig};
+    use pmnet_wire::netchain::control::{Fetch, CHAIN_FETCH};
+    let seed = seed();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let members: Vec<SocketAddr> = (0..MEMBERS).map(member).collect();
+    let mut controller =
+        Controller::new(ControllerConfig::default(), &members, GROUPS, Time::ZERO).unwrap();
+    let mut now = Time::ZERO;
+    let mut sent = 0u64;
+    for round in 0..50_000u32 {
+        // Half of them well-formed requests for the configuration: a flood.
+        let packet_type = if round % 2 == 0 {
+            CHAIN_FETCH
+        } else {
+            0x20 + rng.random_range(0..10u8)
+        };
+        let len = rng.random_range(0..60);
+        let payload: Vec<u8> = if packet_type == CHAIN_FETCH && round % 4 == 0 {
+            let mut out = Vec::new();
+            Fetch { epoch: 0 }.emit(&mut out);
+            out
+        } else {
+            (0..len).map(|_| rng.random()).collect()
+        };
+        let bytes = Header::new(PacketType::Reserved(packet_type), 1, 0, 0).encode(&payload);
+        let (header, payload) = Header::parse(&bytes).expect("a header we made");
+        controller.handle(now, client_addr(rng.random_range(0..4)), &header, payload);
+        while controller.poll_transmit().is_some() {
+            sent += 1;
+        }
+        let _ = controller.poll_save();
+        now = now + Duration::from_micros(rng.random_range(0..100));
+    }
+    assert_eq!(controller.layout().members, members, "no stranger joined");
+    let seconds = now.as_nanos() as f64 / 1e9;
+    let bound = ControllerConfig::default().fetches_per_second as f64 * seconds + 300.0;
+    assert!(
+        (sent as f64) <= bound,
+        "{sent} datagrams sent in {seconds:.2} s (bound {bound:.0})"
+    );
+    assert!(controller.counters().fetches_answered > 0);
+    assert!(controller.counters().fetches_refused > 0);
+    assert!(controller.counters().dropped > 0);
 }

@@ -3,7 +3,8 @@
 //! clients taking the chains from the controller, on a lossy, duplicating, reordering
 //! network, with member crashes (tables reopened from what the crash left in persistent
 //! memory), a member lost for good, partitions (a member cut off from the controller, or from
-//! everyone) and controller restarts. One seed decides everything.
+//! everyone) and controller restarts. One seed decides everything. [`run_seed_fixed`] runs the
+//! same world with the fixed chains of `--chain-member` (no controller; crashes only).
 //!
 //! Checked: every key's history of completed operations is linearizable (`pmnet-lincheck`);
 //! once the faults heal, the chains are whole again (as many members as are alive, up to
@@ -132,8 +133,17 @@ type History = Vec<(
     Operation<RegisterInput<Vec<u8>>, RegisterOutput<Vec<u8>>>,
 )>;
 
-fn member_config(index: usize) -> ChainConfig {
-    let mut config = ChainConfig::controlled(member_addr(index), 1, controller_addr());
+fn fixed_chains() -> Vec<Vec<SocketAddr>> {
+    let members: Vec<SocketAddr> = (0..CHAIN).map(member_addr).collect();
+    pmnet_netchain::rotated_groups(&members, GROUPS)
+}
+
+fn member_config(index: usize, controlled: bool) -> ChainConfig {
+    let mut config = if controlled {
+        ChainConfig::controlled(member_addr(index), 1, controller_addr())
+    } else {
+        ChainConfig::new(member_addr(index), 1, fixed_chains())
+    };
     config.request_lifetime = LIFETIME;
     config
 }
@@ -168,6 +178,16 @@ fn flush_controller(controller: &mut Controller, saved: &mut Layout, net: &mut N
 
 /// Run one seed; `Err` names what failed.
 pub fn run_seed(seed: u64) -> Result<ChainReport, String> {
+    run(seed, true)
+}
+
+/// Run one seed with fixed chains (no controller): member crashes and restarts on the
+/// network's faults; linearizability, and every client's last request completes once healed.
+pub fn run_seed_fixed(seed: u64) -> Result<ChainReport, String> {
+    run(seed, false)
+}
+
+fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut net = Net {
         now: Time::ZERO,
@@ -184,7 +204,11 @@ pub fn run_seed(seed: u64) -> Result<ChainReport, String> {
     };
     let mut members: Vec<Member> = (0..MEMBERS)
         .map(|index| Member {
-            node: ChainNode::new(member_config(index), Table::new(geometry()), Time::ZERO),
+            node: ChainNode::new(
+                member_config(index, controlled),
+                Table::new(geometry()),
+                Time::ZERO,
+            ),
             file: TableFile::format(SimRegion::new(geometry().region_len()), geometry())
                 .expect("format"),
             up: true,
@@ -196,15 +220,19 @@ pub fn run_seed(seed: u64) -> Result<ChainReport, String> {
     let mut controller = Controller::new(controller_config(), &addresses, GROUPS, Time::ZERO)
         .map_err(|error| error.to_string())?;
     let mut saved = controller.layout().clone();
-    let mut controller_up = true;
+    let mut controller_up = controlled;
     let mut controller_restart_at: Option<Time> = None;
     flush_controller(&mut controller, &mut saved, &mut net);
 
     let keys: Vec<Vec<u8>> = (0..6u8).map(|index| vec![b'k', index]).collect();
     let mut clients: Vec<Client> = (0..CLIENTS)
         .map(|index| {
-            let mut config =
-                ClientConfig::controlled(0x5e55_0000 + index as u64, controller_addr());
+            let session = 0x5e55_0000 + index as u64;
+            let mut config = if controlled {
+                ClientConfig::controlled(session, controller_addr())
+            } else {
+                ClientConfig::new(session, fixed_chains())
+            };
             config.retransmit_timeout_max = Duration::from_millis(20);
             config.request_lifetime = LIFETIME - Duration::from_millis(50);
             Client {
@@ -244,6 +272,8 @@ pub fn run_seed(seed: u64) -> Result<ChainReport, String> {
         // Faults.
         while faults.first().is_some_and(|(at, _)| *at <= now) {
             let (_, kind) = faults.remove(0);
+            // Fixed chains: crashes only (nothing takes a member out or brings one in).
+            let kind = if controlled { kind } else { 0 };
             let index = rng.random_range(0..MEMBERS);
             if trace {
                 eprintln!("{now} fault {kind} on member {index}");
@@ -314,12 +344,14 @@ pub fn run_seed(seed: u64) -> Result<ChainReport, String> {
                 let (file, recovered) = TableFile::open(member.file.region().clone())
                     .map_err(|error| format!("seed {seed}: reopen: {error}"))?;
                 let table = Table::recover(file.geometry(), recovered);
-                member.node = ChainNode::new(member_config(index), table, now);
+                member.node = ChainNode::new(member_config(index, controlled), table, now);
                 member.file = file;
                 member.up = true;
             }
         }
-        if controller_restart_at.is_some_and(|at| at <= now) || (healing && !controller_up) {
+        if controlled
+            && (controller_restart_at.is_some_and(|at| at <= now) || (healing && !controller_up))
+        {
             controller_restart_at = None;
             controller = Controller::restore(controller_config(), saved.clone(), &[], now)
                 .map_err(|error| error.to_string())?;
@@ -437,7 +469,18 @@ pub fn run_seed(seed: u64) -> Result<ChainReport, String> {
             flush_controller(&mut controller, &mut saved, &mut net);
         }
         // Done: healed, the chains whole, no recovery under way, every client idle.
-        if healing {
+        if healing && !controlled {
+            if members.iter().all(|member| member.up)
+                && clients.iter().all(|client| client.current.is_none())
+            {
+                break;
+            }
+            if now >= end_of_safety + LIVENESS_BOUND {
+                return Err(format!(
+                    "seed {seed}: clients busy {LIVENESS_BOUND:?} after healing"
+                ));
+            }
+        } else if healing {
             let layout = controller.layout();
             let alive = members.iter().filter(|member| !member.lost).count();
             let whole = layout.groups.iter().all(|group| {

@@ -2,7 +2,7 @@
 //! partitions, controller restarts; linearizability per key and whole chains once healed).
 //! `PMNET_SEED=N` runs one seed; otherwise a random start seed is printed.
 
-use pmnet_sim::chain::run_seed;
+use pmnet_sim::chain::{run_seed, run_seed_fixed};
 
 #[test]
 fn chain_store_seeds_hold_their_invariants() {
@@ -31,6 +31,24 @@ fn rand_start() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(1, |since| since.as_nanos() as u64 >> 8)
+}
+
+/// The fixed chains of `--chain-member` (no controller): member crashes and restarts, loss,
+/// duplication, reordering; every key's history linearizable.
+#[test]
+fn fixed_chain_seeds_stay_linearizable_through_member_crashes() {
+    let (start, count) = match std::env::var("PMNET_SEED") {
+        Ok(text) => (text.trim().parse().expect("PMNET_SEED is a u64"), 1),
+        Err(_) => (rand_start() ^ 0x5eed, 24),
+    };
+    eprintln!("start seed {start}, {count} seeds (PMNET_SEED=N replays one)");
+    let mut crashes = 0;
+    for seed in start..start + count {
+        let report = run_seed_fixed(seed).unwrap_or_else(|error| panic!("{error}"));
+        assert_eq!(report.removals + report.recoveries, 0);
+        crashes += report.crashes;
+    }
+    assert!(crashes > 0, "no member crashed in {count} seeds");
 }
 
 /// Seeds that once failed, each for a reason fixed since.

@@ -186,7 +186,7 @@ fn a_member_killed_under_load_is_replaced_then_brought_back_and_every_history_is
     let before = history.lock().unwrap().len();
     let recovery_started = Instant::now();
     nodes[3].proc.kill();
-    controller.wait_for_line("chains of three with the first member back", |line| {
+    let back = controller.wait_for_line("chains of three with the first member back", |line| {
         whole(line, 3) && line.contains(&members[0].to_string())
     });
     let during = history.lock().unwrap().len() - before;
@@ -211,6 +211,30 @@ fn a_member_killed_under_load_is_replaced_then_brought_back_and_every_history_is
         "{verdict:?} ({} operations)",
         history.len()
     );
+    // The controller stops and starts again on its state: the same chains (at the same epoch,
+    // nothing being under way), and the store goes on.
+    let epoch_of = |line: &str| -> u64 {
+        line.trim_start_matches("epoch ")
+            .split(':')
+            .next()
+            .and_then(|number| number.parse().ok())
+            .unwrap_or_else(|| panic!("no epoch in {line:?}"))
+    };
+    let chains_of = |line: &str| line.split_once(": ").map(|(_, chains)| chains.to_owned());
+    controller.stop();
+    let mut controller = Proc::spawn("chain-controller again", &controller_args);
+    let again = controller.wait_for_line("its state taken back", |line| line.starts_with("epoch "));
+    assert!(epoch_of(&again) >= epoch_of(&back), "{again} after {back}");
+    assert_eq!(chains_of(&again), chains_of(&back));
+    let mut session = ChainSession::open(
+        ClientConfig::controlled(0xc11e_ffff, controller_addr),
+        controller_addr,
+    )
+    .unwrap();
+    let written = session
+        .run(b"after-restart", ClientOp::Put(b"yes".to_vec()))
+        .unwrap();
+    assert!(matches!(written, Outcome::Written { .. }), "{written:?}");
     let taken = nodes[0]
         .metric("pmnet_chain_sync_versions_taken_total", "")
         .expect("the metric");

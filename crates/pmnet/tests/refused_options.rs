@@ -181,3 +181,58 @@ fn a_chain_member_that_cannot_work_is_refused() {
     run(&["--chain-member", &listen], &[&table, "not a chain table"]);
     assert_eq!(std::fs::read(&table).unwrap(), b"not a table");
 }
+
+#[test]
+fn a_chain_controller_that_cannot_work_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = free_udp_addr().to_string();
+    let member = free_udp_addr().to_string();
+    // No member at a first start.
+    let state = dir.path().join("first.state").display().to_string();
+    must_fail(
+        &["chain-controller", "--listen", &listen, "--state", &state],
+        &["--member"],
+    );
+    // A damaged state file: named, with what to do.
+    let damaged = write(
+        &dir.path().join("damaged.state"),
+        "PMNCTRL1 not a state at all",
+    );
+    must_fail(
+        &[
+            "chain-controller",
+            "--listen",
+            &listen,
+            "--member",
+            &member,
+            "--state",
+            &damaged,
+        ],
+        &[&damaged, "move it aside"],
+    );
+    // Seventeen members.
+    let many: Vec<String> = (0..17).map(|_| free_udp_addr().to_string()).collect();
+    let mut list = vec!["chain-controller", "--listen", &listen, "--state", &state];
+    for member in &many {
+        list.extend(["--member", member.as_str()]);
+    }
+    must_fail(&list, &["1 to 16 members"]);
+    // A device told both to follow a controller and to use fixed chains.
+    let log = dir.path().join("device.log").display().to_string();
+    must_fail(
+        &[
+            "device",
+            "--listen",
+            &member,
+            "--server",
+            &format!("1={}", free_udp_addr()),
+            "--log-file",
+            &log,
+            "--chain-controller",
+            &listen,
+            "--chain-member",
+            &member,
+        ],
+        &["--chain-controller", "--chain-member"],
+    );
+}

@@ -21,9 +21,11 @@ use std::hash::Hash;
 
 mod register;
 mod search;
+mod versioned;
 
 pub use register::{Register, RegisterInput, RegisterOutput};
 pub use search::{check, check_by_key, ModelOperation};
+pub use versioned::{VersionedInput, VersionedOutput, VersionedRegister};
 
 /// The return time of an operation whose result never came back: it may be linearized at any
 /// point after its call, including after every other operation (as if it never took effect).

@@ -6,7 +6,9 @@
 //! everyone) and controller restarts. One seed decides everything. [`run_seed_fixed`] runs the
 //! same world with the fixed chains of `--chain-member` (no controller; crashes only).
 //!
-//! Checked: every key's history of completed operations is linearizable (`pmnet-lincheck`);
+//! Checked: every key's history of completed reads, writes and compare-and-sets, with the
+//! versions they returned, is linearizable (`pmnet-lincheck`'s versioned register, so lock
+//! recipes on compare-and-set are safe);
 //! once the faults heal, the chains are whole again (as many members as are alive, up to
 //! three) with no recovery under way, and every client's last request completes.
 
@@ -14,7 +16,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use pmnet_lincheck::{check_by_key, Operation, Register, RegisterInput, RegisterOutput, PENDING};
+use pmnet_lincheck::{
+    check_by_key, Operation, VersionedInput, VersionedOutput, VersionedRegister, PENDING,
+};
 use pmnet_netchain::{
     ChainClient, ChainConfig, ChainNode, ClientConfig, ClientOp, Controller, ControllerConfig,
     Geometry, Outcome, Table, TableFile,
@@ -126,11 +130,14 @@ impl Net {
 struct Client {
     session: ChainClient,
     current: Option<(Vec<u8>, ClientOp, u64)>,
+    /// The present version (0: no value) this client last saw of each key: what its
+    /// compare-and-sets expect.
+    seen: std::collections::HashMap<Vec<u8>, u64>,
 }
 
 type History = Vec<(
     Vec<u8>,
-    Operation<RegisterInput<Vec<u8>>, RegisterOutput<Vec<u8>>>,
+    Operation<VersionedInput<Vec<u8>>, VersionedOutput<Vec<u8>>>,
 )>;
 
 fn fixed_chains() -> Vec<Vec<SocketAddr>> {
@@ -238,6 +245,7 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
             Client {
                 session: ChainClient::new(config),
                 current: None,
+                seen: std::collections::HashMap::new(),
             }
         })
         .collect();
@@ -366,13 +374,17 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
         for (index, client) in clients.iter_mut().enumerate() {
             if client.current.is_none() && !healing && rng.random_bool(0.02) {
                 let key = keys[rng.random_range(0..keys.len())].clone();
-                let op = match rng.random_range(0..10) {
-                    0..=4 => ClientOp::Get,
-                    5..=8 => {
-                        next_value += 1;
-                        ClientOp::Put(next_value.to_be_bytes().to_vec())
-                    }
-                    _ => ClientOp::Delete,
+                next_value += 1;
+                let value = next_value.to_be_bytes().to_vec();
+                let op = match rng.random_range(0..20) {
+                    0..=7 => ClientOp::Get,
+                    8..=13 => ClientOp::Put(value),
+                    14..=15 => ClientOp::Delete,
+                    // Compare-and-set on what this client saw last: a lock's take and release.
+                    _ => ClientOp::CompareAndSet {
+                        expected: client.seen.get(&key).copied().unwrap_or(0),
+                        value,
+                    },
                 };
                 client
                     .session
@@ -388,15 +400,38 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
             while let Some((_, outcome)) = client.session.poll_outcome() {
                 let (key, op, call) = client.current.take().expect("a request in flight");
                 let input = match &op {
-                    ClientOp::Get => RegisterInput::Read,
-                    ClientOp::Put(value) => RegisterInput::Write(Some(value.clone())),
-                    ClientOp::Delete => RegisterInput::Write(None),
-                    ClientOp::CompareAndSet { .. } => unreachable!("not issued"),
+                    ClientOp::Get => VersionedInput::Read,
+                    ClientOp::Put(value) => VersionedInput::Write(Some(value.clone())),
+                    ClientOp::Delete => VersionedInput::Write(None),
+                    ClientOp::CompareAndSet { expected, value } => VersionedInput::CompareAndSet {
+                        expected: *expected,
+                        value: value.clone(),
+                    },
                 };
                 let (output, ret) = match outcome {
-                    Outcome::Value { value, .. } => (RegisterOutput::Value(value), nanos(now)),
-                    Outcome::Written { .. } => (RegisterOutput::Written, nanos(now)),
-                    Outcome::Unknown => (RegisterOutput::Unknown, PENDING),
+                    Outcome::Value { version, value } => {
+                        let present = if value.is_some() { version } else { 0 };
+                        client.seen.insert(key.clone(), present);
+                        (VersionedOutput::Value { version, value }, nanos(now))
+                    }
+                    Outcome::Written { version } => {
+                        let present = if matches!(op, ClientOp::Delete) {
+                            0
+                        } else {
+                            version
+                        };
+                        client.seen.insert(key.clone(), present);
+                        (VersionedOutput::Written { version }, nanos(now))
+                    }
+                    Outcome::CompareFailed { version, value } => {
+                        client.seen.insert(key.clone(), version);
+                        let value = (version != 0).then_some(value);
+                        (
+                            VersionedOutput::CompareFailed { version, value },
+                            nanos(now),
+                        )
+                    }
+                    Outcome::Unknown => (VersionedOutput::Unknown, PENDING),
                     other => return Err(format!("seed {seed}: unexpected outcome {other:?}")),
                 };
                 if ret != PENDING {
@@ -496,14 +531,22 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
             if now >= end_of_safety + LIVENESS_BOUND {
                 return Err(format!(
                     "seed {seed}: not whole {LIVENESS_BOUND:?} after the faults healed: \
-                     chains {:?}, epoch {}, members at {:?}, clients busy {}",
+                     chains {:?}, epoch {}, members at {:?}, clients busy {}; each member's \
+                     latest version of each key {:?}",
                     layout.groups,
                     layout.epoch,
                     members
                         .iter()
                         .map(|m| (m.up, m.lost, m.node.epoch()))
                         .collect::<Vec<_>>(),
-                    clients.iter().filter(|c| c.current.is_some()).count()
+                    clients.iter().filter(|c| c.current.is_some()).count(),
+                    members
+                        .iter()
+                        .map(|member| keys
+                            .iter()
+                            .map(|key| member.node.table().latest(key).map(|v| v.seq))
+                            .collect::<Vec<_>>())
+                        .collect::<Vec<_>>()
                 ));
             }
         }
@@ -529,7 +572,7 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
         report.reads_here += member.node.counters().reads_answered_here;
         report.reads_relayed += member.node.counters().reads_relayed;
     }
-    let verdict = check_by_key(&Register::default(), &history, 5_000_000);
+    let verdict = check_by_key(&VersionedRegister::default(), &history, 100_000_000);
     if !verdict.is_linearizable() {
         return Err(format!(
             "seed {seed}: a key's history is not linearizable: {verdict:?}"

@@ -183,9 +183,19 @@ impl ChainNode {
                 .groups
                 .get(group)
                 .is_some_and(|old| old.contains(&me));
-            if chain.contains(&me) && !was_in && self.control.layout.is_some() {
-                // This member did not see the group's history: a retransmitted write it does
-                // not know may have been applied before it joined.
+            let was_head = self
+                .config
+                .groups
+                .get(group)
+                .is_some_and(|old| old.first() == Some(&me));
+            let head = chain.first() == Some(&me);
+            if self.control.layout.is_some()
+                && ((chain.contains(&me) && !was_in) || (head && !was_head))
+            {
+                // This member did not see the group's history, or becomes its head: a
+                // retransmitted write it does not know may have been stamped before — by the
+                // head before it, whose write never reached this member while a later one
+                // did. For a request lifetime such a write is answered "in doubt".
                 self.forgot_at = Some(now);
             }
         }
@@ -375,17 +385,15 @@ impl ChainNode {
                     .table
                     .keys_where(|key| group_of(key, groups) == group && !received.contains(key));
                 for key in phantoms {
-                    let Some(latest) = self.table.latest(&key).cloned() else {
-                        continue;
+                    // As the chain holds it: never written (version 0), so that the next
+                    // version the head stamps is newer here too. (A deletion at the phantom's
+                    // own version would make that next version look stale.) It takes the
+                    // key's own bucket: never refused.
+                    let never = Version {
+                        seq: 0,
+                        value: None,
                     };
-                    if latest.value.is_some() {
-                        let deletion = Version {
-                            seq: latest.seq,
-                            value: None,
-                        };
-                        // A deletion takes the key's own bucket: never refused.
-                        let _ = self.table.replace(&key, deletion);
-                    }
+                    let _ = self.table.replace(&key, never);
                     if let Some(recovery) = self.control.recoveries.get_mut(&group) {
                         recovery.received.insert(key);
                     }

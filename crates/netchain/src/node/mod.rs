@@ -128,6 +128,7 @@ pub struct ChainCounters {
     /// Sync pages sent to joining members, and versions taken from a source.
     pub sync_pages_sent: u64,
     pub sync_versions_taken: u64,
+
     /// Datagrams dropped: unparsable, from a member that is not this one's neighbour, for a
     /// group this member does not serve.
     pub dropped: u64,
@@ -142,6 +143,28 @@ struct Held {
     client: SocketAddr,
     session: u64,
     request: u32,
+}
+
+/// What became of a session's last write request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Decided {
+    /// Stamped at this version.
+    Stamped(u64),
+    /// A compare-and-set that failed: the present version and value it was answered with
+    /// (answered the same again if the request comes again).
+    Failed { version: u64, value: Vec<u8> },
+}
+
+/// A read relayed to the tail.
+#[derive(Debug, Clone)]
+struct Relayed {
+    client: SocketAddr,
+    tail: SocketAddr,
+    key: Vec<u8>,
+    /// A compare-and-set the head could not decide on its own (its version of the key is
+    /// not committed yet): the version it expected. The tail's committed version decides a
+    /// failure; if it matches, the client sends it again.
+    compare: Option<u64>,
 }
 
 /// A key's last write passed on, resent until its commit comes back.
@@ -166,15 +189,15 @@ pub struct ChainNode {
     resends: BTreeSet<(Time, Vec<u8>, u64)>,
     /// The head's last write of each session: (request, key, version stamped). Clients send
     /// one request at a time per session.
-    sessions: HashMap<u64, (u32, Vec<u8>, u64)>,
+    sessions: HashMap<u64, (u32, Vec<u8>, Decided)>,
     session_order: VecDeque<u64>,
     /// When this member started on a table that holds something (an earlier incarnation may
     /// have applied writes), and when it last forgot a session: for a request lifetime after
     /// either, a retransmitted write it does not know is in doubt.
     started: Option<Time>,
     forgot_at: Option<Time>,
-    /// Reads relayed to the tail: (session, request) → the client.
-    relayed: HashMap<(u64, u32), SocketAddr>,
+    /// Reads relayed to the tail: (session, request) → who asked and what for.
+    relayed: HashMap<(u64, u32), Relayed>,
     transmits: VecDeque<Transmit>,
     counters: ChainCounters,
     control: control::Control,
@@ -267,7 +290,7 @@ impl ChainNode {
             PacketType::Reserved(CHAIN_REQUEST) => self.on_request(now, from, header, payload),
             PacketType::Reserved(CHAIN_WRITE) => self.on_write(now, from, header, payload),
             PacketType::Reserved(CHAIN_COMMIT) => self.on_commit(from, payload),
-            PacketType::Reserved(CHAIN_REPLY) => self.on_tail_reply(header, payload),
+            PacketType::Reserved(CHAIN_REPLY) => self.on_tail_reply(now, from, header, payload),
             PacketType::Reserved(code) if control::is_control(code) => {
                 self.on_control(now, from, code, payload)
             }
@@ -330,11 +353,7 @@ impl ChainNode {
         request: &Request<'_>,
         tail: bool,
     ) {
-        let clean = self.table.is_clean(request.key)
-            && self.table.durable(request.key).is_none_or(|durable| {
-                self.committed.get(request.key).copied().unwrap_or(0) >= durable.seq
-            });
-        if tail || clean {
+        if tail || self.is_clean(request.key) {
             self.counters.reads_answered_here += 1;
             let durable = self.table.durable(request.key).cloned();
             let reply = match &durable {
@@ -361,31 +380,118 @@ impl ChainNode {
             return;
         }
         // Dirty here: the tail's committed version answers.
-        let Some(&tail) = self.config.groups[usize::from(request.group)].last() else {
+        self.relay(
+            from,
+            (session, request_id),
+            request.group,
+            request.key,
+            None,
+        );
+    }
+
+    /// Ask the tail of `group` for the committed version of `key` on behalf of `client`.
+    fn relay(
+        &mut self,
+        client: SocketAddr,
+        (session, request_id): (u64, u32),
+        group: u16,
+        key: &[u8],
+        compare: Option<u64>,
+    ) {
+        let Some(&tail) = self.config.groups[usize::from(group)].last() else {
             return;
         };
         if self.relayed.len() >= RELAYED_MAX {
             // Reads whose answers never came: forget them; their clients ask again.
             self.relayed.clear();
         }
-        self.relayed.insert((session, request_id), from);
+        self.relayed.insert(
+            (session, request_id),
+            Relayed {
+                client,
+                tail,
+                key: key.to_vec(),
+                compare,
+            },
+        );
         self.counters.reads_relayed += 1;
         let mut payload = Vec::new();
-        request.emit(&mut payload);
+        Request {
+            op: Op::Get,
+            group,
+            key,
+            value: &[],
+        }
+        .emit(&mut payload);
         self.send(tail, CHAIN_REQUEST, session, request_id, &payload);
     }
 
-    fn on_tail_reply(&mut self, header: &Header, payload: &[u8]) {
-        let Some(client) = self.relayed.remove(&(header.session_id, header.seq)) else {
-            self.counters.dropped += 1;
-            return;
-        };
-        if Reply::parse(payload).is_err() {
+    /// Whether the key's latest version here is durable and committed (CRAQ's clean).
+    fn is_clean(&self, key: &[u8]) -> bool {
+        self.table.is_clean(key)
+            && self
+                .table
+                .durable(key)
+                .is_none_or(|durable| self.committed.get(key).copied().unwrap_or(0) >= durable.seq)
+    }
+
+    fn on_tail_reply(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) {
+        let at = (header.session_id, header.seq);
+        if self
+            .relayed
+            .get(&at)
+            .is_none_or(|relayed| relayed.tail != from)
+        {
+            // Not the answer of a read relayed to that member.
             self.counters.dropped += 1;
             return;
         }
-        self.counters.replies_sent += 1;
-        self.send(client, CHAIN_REPLY, header.session_id, header.seq, payload);
+        let relayed = self.relayed.remove(&at).expect("looked up");
+        let Ok(reply) = Reply::parse(payload) else {
+            self.counters.dropped += 1;
+            return;
+        };
+        let Some(expected) = relayed.compare else {
+            self.counters.replies_sent += 1;
+            self.send(relayed.client, CHAIN_REPLY, at.0, at.1, payload);
+            return;
+        };
+        let present = match reply.status {
+            Status::Ok => Some(reply.version),
+            Status::NotFound => Some(0),
+            // The tail did not answer the read (not serving, or not the tail any more).
+            _ => None,
+        };
+        if self
+            .sessions
+            .get(&at.0)
+            .is_some_and(|(last, ..)| *last >= at.1)
+        {
+            // The request came again meanwhile and was decided here: that decision stands.
+            return;
+        }
+        let answer = if let Some(present) = present.filter(|present| *present != expected) {
+            let value = if present == 0 { &[][..] } else { reply.value };
+            let failed = Decided::Failed {
+                version: present,
+                value: value.to_vec(),
+            };
+            self.remember(now, at.0, at.1, relayed.key.clone(), failed);
+            Reply {
+                status: Status::CompareFailed,
+                version: present,
+                value,
+            }
+        } else {
+            // The committed version is the one expected; the head's newer one is on its way:
+            // the client sends it again once that is decided.
+            Reply {
+                status: Status::Paused,
+                version: 0,
+                value: &[],
+            }
+        };
+        self.reply(relayed.client, at.0, at.1, answer);
     }
 
     fn on_head_write(
@@ -396,12 +502,25 @@ impl ChainNode {
         request: &Request<'_>,
     ) {
         match self.sessions.get(&session).cloned() {
-            Some((last, key, version)) if last == request_id => {
-                // A retransmission (or a duplicate): the write was stamped; once durable here
-                // it goes down again.
+            Some((last, key, decided)) if last == request_id => {
+                // A retransmission (or a duplicate): decided already, and decided once.
                 self.counters.duplicates += 1;
                 if key == request.key {
-                    self.repeat((from, session, request_id), &key, version);
+                    match decided {
+                        Decided::Stamped(version) => {
+                            self.repeat((from, session, request_id), &key, version)
+                        }
+                        Decided::Failed { version, value } => self.reply(
+                            from,
+                            session,
+                            request_id,
+                            Reply {
+                                status: Status::CompareFailed,
+                                version,
+                                value: &value,
+                            },
+                        ),
+                    }
                 }
                 return;
             }
@@ -442,11 +561,32 @@ impl ChainNode {
             .filter(|version| version.value.is_some())
             .map_or(0, |version| version.seq);
         if let Op::CompareAndSet { expected } = request.op {
+            let tail = self
+                .place(request.group)
+                .is_some_and(|(at, len)| at + 1 == len);
+            if expected != present_version && !tail && !self.is_clean(request.key) {
+                // The version it fails on is not known committed: answering with it could
+                // show a version a read does not see yet. The tail's committed version
+                // decides.
+                self.relay(
+                    from,
+                    (session, request_id),
+                    request.group,
+                    request.key,
+                    Some(expected),
+                );
+                return;
+            }
             if expected != present_version {
                 let value = current
                     .as_ref()
                     .and_then(|version| version.value.clone())
                     .unwrap_or_default();
+                let failed = Decided::Failed {
+                    version: present_version,
+                    value: value.clone(),
+                };
+                self.remember(now, session, request_id, request.key.to_vec(), failed);
                 self.reply(
                     from,
                     session,
@@ -501,7 +641,8 @@ impl ChainNode {
             }
         }
         self.counters.writes_stamped += 1;
-        self.remember(now, session, request_id, request.key.to_vec(), version);
+        let stamped = Decided::Stamped(version);
+        self.remember(now, session, request_id, request.key.to_vec(), stamped);
         self.hold(
             request.key.to_vec(),
             Held {
@@ -543,14 +684,14 @@ impl ChainNode {
 
     /// Remember a session's write (the head's, or one passed down: a member that becomes the
     /// head knows what reached it). Only a newer request replaces what is known.
-    fn remember(&mut self, now: Time, session: u64, request: u32, key: Vec<u8>, version: u64) {
+    fn remember(&mut self, now: Time, session: u64, request: u32, key: Vec<u8>, decided: Decided) {
         if let Some(known) = self.sessions.get_mut(&session) {
             if request >= known.0 {
-                *known = (request, key, version);
+                *known = (request, key, decided);
             }
             return;
         }
-        self.sessions.insert(session, (request, key, version));
+        self.sessions.insert(session, (request, key, decided));
         self.session_order.push_back(session);
         if self.session_order.len() > SESSIONS_MAX {
             if let Some(oldest) = self.session_order.pop_front() {
@@ -591,7 +732,7 @@ impl ChainNode {
             header.session_id,
             header.seq,
             key.clone(),
-            write.version,
+            Decided::Stamped(write.version),
         );
         match self.table.write(
             &key,

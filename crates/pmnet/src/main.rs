@@ -3,6 +3,7 @@
 mod addr;
 mod bench;
 mod chain_controller;
+mod chain_lock;
 mod client;
 mod config;
 mod demo;

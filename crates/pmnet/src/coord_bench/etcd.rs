@@ -351,6 +351,11 @@ impl EtcdCluster {
         )
     }
 
+    /// The processes' ids.
+    pub fn pids(&self) -> Vec<u32> {
+        self.procs.iter().map(Proc::pid).collect()
+    }
+
     pub fn stop(&mut self) {
         for proc in &mut self.procs {
             proc.stop();

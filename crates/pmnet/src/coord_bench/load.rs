@@ -76,6 +76,8 @@ pub struct Phase {
 pub struct Measured {
     /// Requests (lock: cycles) measured.
     pub count: u64,
+    /// Requests (cycles) completed in the whole phase, warm-up included.
+    pub completed: u64,
     /// Reads among them (the rest are writes), for the mixed workload.
     pub reads: u64,
     /// Lock attempts made by the measured cycles.
@@ -93,6 +95,7 @@ pub struct Measured {
 /// Per-thread tallies.
 struct Tally {
     histogram: Histogram<u64>,
+    completed: u64,
     reads: u64,
     lock_attempts: u64,
 }
@@ -162,6 +165,7 @@ pub fn run_phase(
             .map_err(|error| format!("merging histograms: {error}"))?;
         measured.reads += tally.reads;
         measured.lock_attempts += tally.lock_attempts;
+        measured.completed += tally.completed;
     }
     measured.interrupted = shutdown.is_requested();
     let until = if measured.interrupted {
@@ -197,6 +201,7 @@ fn client_loop(
     let mut rng = ChaCha8Rng::seed_from_u64(crate::bench::client_seed(phase.seed, index) ^ 1);
     let mut tally = Tally {
         histogram: histogram(),
+        completed: 0,
         reads: 0,
         lock_attempts: 0,
     };
@@ -234,6 +239,7 @@ fn client_loop(
             }
         };
         let finished = Instant::now();
+        tally.completed += 1;
         if started >= measure_from && finished <= end {
             let nanos = u64::try_from(finished.duration_since(started).as_nanos())
                 .unwrap_or(u64::MAX)
@@ -361,7 +367,7 @@ mod tests {
     fn a_phase_counts_what_it_measured_and_its_percentiles_are_ordered() {
         let mut clients = preloaded(3);
         let measured = run_phase(&mut clients, &phase(Op::Mixed, 0.25), &Shutdown::new()).unwrap();
-        assert!(measured.count > 0);
+        assert!(measured.count > 0 && measured.completed >= measured.count);
         assert!(measured.reads > 0 && measured.reads < measured.count);
         assert!(measured.p50_us <= measured.p99_us && measured.p99_us <= measured.p999_us);
         assert!(measured.ops_per_s > 0.0);

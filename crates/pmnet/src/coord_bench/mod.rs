@@ -321,11 +321,17 @@ impl Plan {
 /// A running ensemble of one system.
 trait Ensemble {
     fn client(&self, index: u32) -> Result<Box<dyn CoordClient>, CliError>;
+    /// Its processes.
+    fn pids(&self) -> Vec<u32>;
     /// Version and durability, for the setting.
     fn durability(&self) -> String;
 }
 
 impl Ensemble for netchain::ChainStore {
+    fn pids(&self) -> Vec<u32> {
+        netchain::ChainStore::pids(self)
+    }
+
     fn client(&self, index: u32) -> Result<Box<dyn CoordClient>, CliError> {
         let client = netchain::ChainStore::client(
             self,
@@ -349,6 +355,10 @@ impl Ensemble for netchain::ChainStore {
 }
 
 impl Ensemble for etcd::EtcdCluster {
+    fn pids(&self) -> Vec<u32> {
+        etcd::EtcdCluster::pids(self)
+    }
+
     fn client(&self, index: u32) -> Result<Box<dyn CoordClient>, CliError> {
         Ok(Box::new(etcd::EtcdCluster::client(self, index)?))
     }
@@ -359,6 +369,10 @@ impl Ensemble for etcd::EtcdCluster {
 }
 
 impl Ensemble for zookeeper::ZooKeeperEnsemble {
+    fn pids(&self) -> Vec<u32> {
+        zookeeper::ZooKeeperEnsemble::pids(self)
+    }
+
     fn client(&self, index: u32) -> Result<Box<dyn CoordClient>, CliError> {
         Ok(Box::new(zookeeper::ZooKeeperEnsemble::client(self, index)?))
     }
@@ -390,6 +404,30 @@ fn preload(ensemble: &dyn Ensemble, plan: &Plan, shutdown: &Shutdown) -> Result<
     let mut loaders = clients(ensemble, plan.keys.min(16) as u32)?;
     let value = load::value_of(plan.seed, plan.value_size);
     load::preload(&mut loaders, plan.keys, &value, shutdown)
+}
+
+/// Run `phase` and measure the CPU time the ensemble's processes (`pids`) and the clients
+/// (this process) spend on it, per request.
+fn run_phase(
+    clients: &mut [Box<dyn CoordClient>],
+    phase: &Phase,
+    shutdown: &Shutdown,
+    pids: &[u32],
+) -> Result<(load::Measured, report::CpuPerOp), CliError> {
+    let servers = procs::cpu_seconds_of_all(pids);
+    let own = pmnet_runtime::metrics::process_cpu_seconds();
+    let measured = load::run_phase(clients, phase, shutdown)?;
+    let servers = procs::cpu_seconds_of_all(pids) - servers;
+    let own = pmnet_runtime::metrics::process_cpu_seconds() - own;
+    let per_op = |seconds: f64| {
+        let us = seconds * 1e6 / measured.completed.max(1) as f64;
+        (us * 10.0).round() / 10.0
+    };
+    let cpu = report::CpuPerOp {
+        servers: per_op(servers),
+        clients: per_op(own),
+    };
+    Ok((measured, cpu))
 }
 
 /// Measure every op at every client count on `system`; false if a signal cut it short.
@@ -428,12 +466,13 @@ fn measure(
                 warmup: plan.warmup,
                 duration: plan.duration,
             };
-            let measured = load::run_phase(&mut clients, &phase, shutdown)
+            let (measured, cpu) = run_phase(&mut clients, &phase, shutdown, &ensemble.pids())
                 .map_err(|error| format!("{} {}: {error}", system.name(), op.name()))?;
             if measured.interrupted {
                 return Ok(false);
             }
-            let row = ResultRow::new(system, op, count, &measured);
+            let mut row = ResultRow::new(system, op, count, &measured);
+            row.cpu_us_per_op = Some(cpu);
             eprintln!(
                 "  {:<9} {:<5} {count:>3} clients: {}",
                 system.name(),
@@ -458,20 +497,38 @@ pub fn run(args: CoordBenchArgs) -> Result<ExitCode, CliError> {
         plan.seed, plan.seed
     );
     let mut report = Report::new(&plan);
+    // An error while a signal asks to stop (a start-up cut short) is the interruption.
+    let interrupted = |error: CliError| {
+        if shutdown.is_requested() {
+            Ok(())
+        } else {
+            Err(error)
+        }
+    };
     if let Some(scaling) = &plan.read_scaling {
-        let outcome = read_scaling::run(&plan, scaling, &shutdown)?;
-        report.interrupted = outcome.interrupted;
-        report
-            .durability
-            .push((System::Netchain, outcome.durability.clone()));
-        report.results.extend(outcome.rows.iter().cloned());
-        report.read_scaling = Some(outcome.summary);
+        match read_scaling::run(&plan, scaling, &shutdown) {
+            Ok(outcome) => {
+                report.interrupted = outcome.interrupted;
+                report
+                    .durability
+                    .push((System::Netchain, outcome.durability.clone()));
+                report.results.extend(outcome.rows.iter().cloned());
+                report.read_scaling = Some(outcome.summary);
+            }
+            Err(error) => {
+                interrupted(error)?;
+                report.interrupted = true;
+            }
+        }
     } else {
         for &system in &plan.systems {
-            if !measure(system, &plan, &shutdown, &mut report)? {
-                report.interrupted = true;
-                break;
+            match measure(system, &plan, &shutdown, &mut report) {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(error) => interrupted(error)?,
             }
+            report.interrupted = true;
+            break;
         }
         report.compute_ratios();
     }

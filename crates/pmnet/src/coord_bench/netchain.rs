@@ -183,6 +183,11 @@ impl ChainStore {
             .collect()
     }
 
+    /// The processes' ids.
+    pub fn pids(&self) -> Vec<u32> {
+        self.procs.iter().map(Proc::pid).collect()
+    }
+
     /// Stop the members (SIGTERM; they exit cleanly).
     pub fn stop(&mut self) {
         for proc in &mut self.procs {

@@ -158,6 +158,10 @@ impl Proc {
         })
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// An error if the process has exited: its status and the end of its log.
     pub fn check_running(&mut self) -> Result<(), CliError> {
         match self.child.try_wait()? {
@@ -253,6 +257,27 @@ pub fn wait_until(
     }
 }
 
+/// CPU time process `pid` has used so far (all its threads, user and system), in seconds;
+/// `None` if it cannot be read. The kernel counts it in clock ticks (10 ms at 100 Hz).
+pub fn cpu_seconds_of(pid: u32) -> Option<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name in parentheses (which may hold spaces): state is field 3,
+    // utime and stime fields 14 and 15.
+    let fields: Vec<&str> = text
+        .get(text.rfind(')')? + 1..)?
+        .split_whitespace()
+        .collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf(3) with a valid name reads a constant.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (per_second > 0).then(|| ticks as f64 / per_second as f64)
+}
+
+/// CPU time of every process of `pids` together, in seconds.
+pub fn cpu_seconds_of_all(pids: &[u32]) -> f64 {
+    pids.iter().filter_map(|&pid| cpu_seconds_of(pid)).sum()
+}
+
 /// `program` as found on PATH (or as given, if it names a path).
 pub fn find_program(program: &str) -> Option<PathBuf> {
     if program.contains('/') {
@@ -342,6 +367,19 @@ mod tests {
         assert!(!dead.exists());
         assert!(mine.path().exists());
         assert!(other.exists());
+    }
+
+    #[test]
+    fn a_process_s_cpu_time_is_read_and_grows() {
+        let pid = std::process::id();
+        let before = cpu_seconds_of(pid).unwrap();
+        let started = Instant::now();
+        let mut spin = 0u64;
+        while started.elapsed() < Duration::from_millis(50) {
+            spin = std::hint::black_box(spin.wrapping_add(1));
+        }
+        assert!(cpu_seconds_of(pid).unwrap() > before);
+        assert_eq!(cpu_seconds_of(4_194_304), None);
     }
 
     #[test]

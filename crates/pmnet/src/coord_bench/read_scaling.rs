@@ -181,7 +181,7 @@ pub fn run(
             plan.duration.as_secs_f64()
         );
         let before = store.member_counters("pmnet_chain_requests_total")?;
-        let measured = load::run_phase(&mut clients, &phase, shutdown)?;
+        let (measured, cpu) = super::run_phase(&mut clients, &phase, shutdown, &store.pids())?;
         let after = store.member_counters("pmnet_chain_requests_total")?;
         if measured.interrupted {
             interrupted = true;
@@ -189,6 +189,7 @@ pub fn run(
         }
         let mut row = ResultRow::new(System::Netchain, Op::Mixed, scaling.clients, &measured);
         row.reads_from = Some(reads_name(reads));
+        row.cpu_us_per_op = Some(cpu);
         row.reads_per_s = Some((measured.reads as f64 / measured.seconds.max(1e-9)).round());
         row.member_request_shares = Some(shares(&before, &after));
         eprintln!(

@@ -11,6 +11,15 @@ use super::read_scaling::ScalingSummary;
 use super::{Plan, System};
 use crate::bench::thousands;
 
+/// CPU time spent per request (lock: per cycle), warm-up included, in µs: by the system's
+/// processes (all three members) and by the clients (the benchmark's process). On a machine
+/// whose CPUs are all busy, throughput is about the CPUs over their sum.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct CpuPerOp {
+    pub servers: f64,
+    pub clients: f64,
+}
+
 /// One measured (system, op, clients).
 #[derive(Debug, Clone, Serialize)]
 pub struct ResultRow {
@@ -29,6 +38,9 @@ pub struct ResultRow {
     /// Lock: attempts to acquire per cycle (1: never found it held).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attempts_per_cycle: Option<f64>,
+    /// CPU per request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_us_per_op: Option<CpuPerOp>,
     /// Read scaling: where reads went (`any-member` or `tail`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reads_from: Option<&'static str>,
@@ -55,6 +67,7 @@ impl ResultRow {
             seconds: round2(measured.seconds),
             attempts_per_cycle: (op == Op::Lock && measured.count > 0)
                 .then(|| round2(measured.lock_attempts as f64 / measured.count as f64)),
+            cpu_us_per_op: None,
             reads_from: None,
             reads_per_s: None,
             member_request_shares: None,
@@ -211,13 +224,25 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "{:<10} {:<12} {:<12} {:>7} {:>10} {:>10} {:>10} {:>12}",
-            "system", "op", "reads from", "clients", "p50 µs", "p99 µs", "p99.9 µs", "ops/s"
+            "{:<10} {:<12} {:<12} {:>7} {:>10} {:>10} {:>10} {:>12} {:>16}",
+            "system",
+            "op",
+            "reads from",
+            "clients",
+            "p50 µs",
+            "p99 µs",
+            "p99.9 µs",
+            "ops/s",
+            "CPU µs/op s+c"
         );
         for row in &self.results {
+            let cpu = row.cpu_us_per_op.map_or_else(
+                || "-".to_owned(),
+                |cpu| format!("{:.0}+{:.0}", cpu.servers, cpu.clients),
+            );
             let _ = writeln!(
                 out,
-                "{:<10} {:<12} {:<12} {:>7} {:>10} {:>10} {:>10} {:>12}{}",
+                "{:<10} {:<12} {:<12} {:>7} {:>10} {:>10} {:>10} {:>12} {:>16}{}",
                 row.system,
                 row.op,
                 row.reads_from
@@ -231,11 +256,17 @@ impl Report {
                 cell(row.p99_us),
                 cell(row.p999_us),
                 thousands(row.ops_per_s),
+                cpu,
                 row.attempts_per_cycle
                     .map(|attempts| format!("  ({attempts:.1} attempts a cycle)"))
                     .unwrap_or_default()
             );
         }
+        let _ = writeln!(
+            out,
+            "(CPU µs/op s+c: CPU time per request, or per lock cycle, of the system's processes \
+             + of the clients, warm-up included)"
+        );
         if !self.ratios.is_empty() {
             let _ = writeln!(
                 out,

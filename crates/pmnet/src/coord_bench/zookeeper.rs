@@ -179,6 +179,11 @@ impl ZooKeeperEnsemble {
         )
     }
 
+    /// The processes' ids.
+    pub fn pids(&self) -> Vec<u32> {
+        self.procs.iter().map(Proc::pid).collect()
+    }
+
     pub fn stop(&mut self) {
         for proc in &mut self.procs {
             proc.stop();

@@ -208,6 +208,8 @@ pub struct EtcdSetup {
     pub program: String,
     /// Where the members' data directories go.
     pub dir: PathBuf,
+    /// The CPU the members run on (`--pin`).
+    pub cpu: Option<usize>,
 }
 
 /// Three members running; stopped when dropped.
@@ -307,6 +309,7 @@ impl EtcdCluster {
                 &program,
                 &args,
                 &log,
+                setup.cpu,
             )?);
         }
         let mut probes: Vec<Option<EtcdClient>> = (0..3).map(|_| None).collect();
@@ -597,6 +600,7 @@ mod tests {
         let setup = EtcdSetup {
             program: "/nonexistent/etcd".to_owned(),
             dir: std::env::temp_dir(),
+            cpu: None,
         };
         let error = EtcdCluster::start(&setup, &Shutdown::new())
             .unwrap_err()

@@ -69,6 +69,8 @@ pub struct Phase {
     pub seed: u64,
     pub warmup: Duration,
     pub duration: Duration,
+    /// The CPU every client thread runs on (`--pin`).
+    pub client_cpu: Option<usize>,
 }
 
 /// What one stretch measured.
@@ -197,6 +199,9 @@ fn client_loop(
     (measure_from, end): (Instant, Instant),
     (stop, shutdown): (&AtomicBool, &Shutdown),
 ) -> Result<Tally, CliError> {
+    if let Some(cpu) = phase.client_cpu {
+        pmnet_runtime::pin_current_thread(cpu)?;
+    }
     let mut keys = RequestGenerator::new(&phase.workload, phase.seed, index);
     let mut rng = ChaCha8Rng::seed_from_u64(crate::bench::client_seed(phase.seed, index) ^ 1);
     let mut tally = Tally {
@@ -349,6 +354,7 @@ mod tests {
             seed: 7,
             warmup: Duration::from_millis(10),
             duration: Duration::from_millis(100),
+            client_cpu: None,
         }
     }
 

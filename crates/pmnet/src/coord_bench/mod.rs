@@ -147,6 +147,13 @@ pub struct CoordBenchArgs {
     #[arg(long, value_name = "PATH", default_value = "java")]
     pub java: String,
 
+    /// Put every client thread on CPU 0 and every process of the systems on CPU 1 (needs 2
+    /// CPUs): each side gets a CPU of its own, so that a system's throughput is what its
+    /// three processes do with one CPU, whatever its clients cost. Default: no pinning (the
+    /// scheduler places everything).
+    #[arg(long)]
+    pub pin: bool,
+
     /// Instead of the comparison: the chain store's read scaling, reads from any member of
     /// a group (CRAQ) against reads at the tail only, every member limited to
     /// --member-max-ops-per-s, on a read-mostly workload (--write-ratio) of keys drawn from
@@ -227,6 +234,8 @@ pub struct Plan {
     pub data_dir: PathBuf,
     pub read_scaling: Option<read_scaling::ScalingPlan>,
     pub json: Option<PathBuf>,
+    /// `--pin`: (the clients' CPU, the systems' CPU).
+    pub pin: Option<(usize, usize)>,
 }
 
 /// `items` without repeats, in their first order.
@@ -259,6 +268,15 @@ impl Plan {
             .groups
             .unwrap_or(if args.read_scaling { 1 } else { 16 });
         let clients = distinct(&args.clients);
+        let online = pmnet_runtime::online_cpu_count();
+        if args.pin && online < 2 {
+            return Err(format!(
+                "--pin puts the clients and the systems on CPUs 0 and 1: this machine has \
+                 {online} CPU online"
+            ));
+        }
+        let pin = args.pin.then_some((0, 1));
+        let system_cpu = pin.map(|(_, systems)| systems);
         let read_scaling = args.read_scaling.then(|| read_scaling::ScalingPlan {
             member_max_ops_per_s: args.member_max_ops_per_s,
             write_ratio: args.write_ratio,
@@ -286,19 +304,23 @@ impl Plan {
                 keys: args.keys,
                 value_max: usize::from(args.value_size),
                 member_max_ops_per_s: args.read_scaling.then_some(args.member_max_ops_per_s),
+                cpu: system_cpu,
             },
             etcd: etcd::EtcdSetup {
                 program: args.etcd.clone(),
                 dir: data_dir.clone(),
+                cpu: system_cpu,
             },
             zookeeper: zookeeper::ZooKeeperSetup {
                 java: args.java.clone(),
                 jar: args.zookeeper_jar.clone(),
                 dir: data_dir.clone(),
+                cpu: system_cpu,
             },
             data_dir,
             read_scaling,
             json: args.json.clone(),
+            pin,
         })
     }
 
@@ -465,6 +487,7 @@ fn measure(
                 seed: plan.seed,
                 warmup: plan.warmup,
                 duration: plan.duration,
+                client_cpu: plan.pin.map(|(clients, _)| clients),
             };
             let (measured, cpu) = run_phase(&mut clients, &phase, shutdown, &ensemble.pids())
                 .map_err(|error| format!("{} {}: {error}", system.name(), op.name()))?;
@@ -590,6 +613,23 @@ mod tests {
         assert_eq!(plan.duration, Duration::from_secs(5));
         assert!(plan.read_scaling.is_none());
         assert_eq!(plan.netchain.member_max_ops_per_s, None);
+        assert_eq!(plan.pin, None);
+        assert_eq!(plan.etcd.cpu, None);
+    }
+
+    #[test]
+    fn pin_puts_the_clients_and_the_systems_on_a_cpu_each() {
+        let plan = Plan::from_args(&parse(&["--pin"]).unwrap());
+        if pmnet_runtime::online_cpu_count() < 2 {
+            assert!(plan.unwrap_err().contains("--pin"));
+            return;
+        }
+        let plan = plan.unwrap();
+        assert_eq!(plan.pin, Some((0, 1)));
+        assert_eq!(
+            (plan.netchain.cpu, plan.etcd.cpu, plan.zookeeper.cpu),
+            (Some(1), Some(1), Some(1))
+        );
     }
 
     #[test]

@@ -28,6 +28,8 @@ pub struct ChainSetup {
     pub value_max: usize,
     /// Each member's emulated capacity (`--chain-max-ops-per-s`), if any.
     pub member_max_ops_per_s: Option<u64>,
+    /// The CPU the members run on (`--pin`).
+    pub cpu: Option<usize>,
 }
 
 /// Three members running; stopped when dropped.
@@ -119,6 +121,7 @@ impl ChainStore {
                 &exe,
                 &args,
                 &log,
+                setup.cpu,
             )?);
         }
         // The banner ends with the line that names the metrics endpoint.
@@ -277,6 +280,7 @@ mod tests {
             keys: 1000,
             value_max: 64,
             member_max_ops_per_s: Some(2000),
+            cpu: None,
         };
         let members: Vec<SocketAddr> = (1..=3).map(|port| loopback(7400 + port)).collect();
         let args = member_args(&setup, 2, &members, loopback(7500), Path::new("/d"));

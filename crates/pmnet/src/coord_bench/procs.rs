@@ -117,12 +117,13 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Start `program ARGS` with its output in `log`.
+    /// Start `program ARGS` with its output in `log`, on CPU `cpu` if one is given.
     pub fn spawn(
         name: &str,
         program: &Path,
         args: &[String],
         log: &Path,
+        cpu: Option<usize>,
     ) -> Result<Proc, CliError> {
         let output = std::fs::File::create(log)
             .map_err(|error| format!("{name}: cannot make {}: {error}", log.display()))?;
@@ -134,12 +135,20 @@ impl Proc {
             .stdout(output)
             .stderr(errors)
             .process_group(0);
-        // SAFETY: between fork and exec only prctl(2) and getppid(2) run: no allocation, no
-        // lock.
+        // SAFETY: between fork and exec only prctl(2), getppid(2) and sched_setaffinity(2)
+        // run, on a stack-local CPU set: no allocation, no lock.
         unsafe {
-            command.pre_exec(|| {
+            command.pre_exec(move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                if let Some(cpu) = cpu {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 // The parent died before the line above: nobody would stop this child.
                 if libc::getppid() == 1 {
@@ -398,6 +407,7 @@ mod tests {
             Path::new("/bin/sh"),
             &["-c".to_owned(), "echo it went wrong; exit 3".to_owned()],
             &dir.path().join("sh.log"),
+            Some(0),
         )
         .unwrap();
         let shutdown = Shutdown::new();

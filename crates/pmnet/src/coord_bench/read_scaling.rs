@@ -126,7 +126,7 @@ pub fn run(
     );
     let store = ChainStore::start(&plan.netchain, shutdown)?;
     let durability = format!(
-        "3 members, {} virtual groups, each at most {} chain requests/s (emulated: a token \
+        "3 members, {} virtual group(s), each at most {} chain requests/s (emulated: a token \
          bucket in front of the member); tables on {}",
         store.groups, scaling.member_max_ops_per_s, store.medium
     );
@@ -162,6 +162,7 @@ pub fn run(
         seed: plan.seed,
         warmup: plan.warmup,
         duration: plan.duration,
+        client_cpu: plan.pin.map(|(clients, _)| clients),
     };
     let mut rows = Vec::new();
     let mut interrupted = false;

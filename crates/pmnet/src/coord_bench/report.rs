@@ -194,9 +194,16 @@ impl Report {
         let mut lines = vec![
             format!("machine: {}", self.machine),
             format!(
-                "all on loopback, no CPU pinning; clients: closed loop, one request at a time, a \
+                "all on loopback, {}; clients: closed loop, one request at a time, a \
                  thread each; {} keys written once before measuring, values of {} bytes; \
                  {:.1} s warm-up and {:.1} s measured per op; seed {}",
+                match plan.pin {
+                    Some((clients, systems)) => format!(
+                        "clients pinned to CPU {clients}, every process of the systems to CPU \
+                         {systems}"
+                    ),
+                    None => "no CPU pinning".to_owned(),
+                },
                 plan.keys,
                 plan.value_size,
                 plan.warmup.as_secs_f64(),
@@ -326,6 +333,10 @@ impl Report {
                 "warmup_s": plan.warmup.as_secs_f64(),
                 "duration_s": plan.duration.as_secs_f64(),
                 "seed": plan.seed,
+                "pinned": plan.pin.map(|(clients, systems)| serde_json::json!({
+                    "clients_cpu": clients,
+                    "systems_cpu": systems,
+                })),
                 "durability": durability,
             },
             "results": self.results,

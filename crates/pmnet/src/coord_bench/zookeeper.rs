@@ -35,6 +35,8 @@ pub struct ZooKeeperSetup {
     pub jar: PathBuf,
     /// Where the servers' directories go.
     pub dir: PathBuf,
+    /// The CPU the servers run on (`--pin`).
+    pub cpu: Option<usize>,
 }
 
 /// Three servers running; stopped when dropped.
@@ -124,6 +126,7 @@ impl ZooKeeperEnsemble {
                 &java,
                 &args,
                 &log,
+                setup.cpu,
             )?);
         }
         let mut probes: Vec<Option<ZooKeeperClient>> = (0..3).map(|_| None).collect();
@@ -151,7 +154,9 @@ impl ZooKeeperEnsemble {
                     .lines()
                     .find(|line| line.starts_with("Zookeeper version:"))?;
                 let version = line.trim_start_matches("Zookeeper version:").trim();
-                Some(format!("ZooKeeper {}", version.split(',').next()?.trim()))
+                // Debian's build says "3.8.0-${mvngit.commit.id}": the release is before the '-'.
+                let version = version.split([',', '-']).next()?.trim();
+                Some(format!("ZooKeeper {version}"))
             })
             .unwrap_or_else(|| "ZooKeeper (version unknown)".to_owned());
         Ok(ZooKeeperEnsemble {
@@ -392,6 +397,7 @@ mod tests {
             java: "java".to_owned(),
             jar: PathBuf::from("/nonexistent/zookeeper.jar"),
             dir: std::env::temp_dir(),
+            cpu: None,
         };
         let error = ZooKeeperEnsemble::start(&setup, &Shutdown::new())
             .unwrap_err()

@@ -147,6 +147,14 @@ pub struct CoordBenchArgs {
     #[arg(long, value_name = "PATH", default_value = "java")]
     pub java: String,
 
+    /// Measure every op this many times (each system's rounds one after the other, clients
+    /// connected afresh for each) and report the round with the median p50, with every
+    /// round's p50: a thread's placement on the CPUs changes latencies from one run to the
+    /// next.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub rounds: u32,
+
     /// Put every client thread on CPU 0 and every process of the systems on CPU 1 (needs 2
     /// CPUs): each side gets a CPU of its own, so that a system's throughput is what its
     /// three processes do with one CPU, whatever its clients cost. Default: no pinning (the
@@ -224,6 +232,7 @@ pub struct Plan {
     pub ops: Vec<Op>,
     pub warmup: Duration,
     pub duration: Duration,
+    pub rounds: u32,
     pub value_size: usize,
     pub keys: u64,
     pub seed: u64,
@@ -293,6 +302,7 @@ impl Plan {
             ops: distinct(&args.ops),
             warmup: Duration::from_secs_f64(args.warmup),
             duration: Duration::from_secs_f64(args.duration),
+            rounds: args.rounds,
             value_size: usize::from(args.value_size),
             keys: args.keys,
             seed: args.seed.unwrap_or_else(rand::random),
@@ -471,41 +481,93 @@ fn measure(
         plan.value_size
     );
     preload(ensemble.as_ref(), plan, shutdown)?;
-    for &count in &plan.clients {
-        let mut clients = clients(ensemble.as_ref(), count)?;
-        for &op in &plan.ops {
-            eprintln!(
-                "  {:<9} {:<5} {count:>3} clients: {:.1} s warm-up, {:.1} s measured ...",
-                system.name(),
-                op.name(),
-                plan.warmup.as_secs_f64(),
-                plan.duration.as_secs_f64()
-            );
-            let phase = Phase {
-                op,
-                workload: plan.workload(),
-                seed: plan.seed,
-                warmup: plan.warmup,
-                duration: plan.duration,
-                client_cpu: plan.pin.map(|(clients, _)| clients),
-            };
-            let (measured, cpu) = run_phase(&mut clients, &phase, shutdown, &ensemble.pids())
-                .map_err(|error| format!("{} {}: {error}", system.name(), op.name()))?;
-            if measured.interrupted {
-                return Ok(false);
+    // Every round's row of each (clients, op), in the order measured.
+    let mut rounds: Vec<Vec<ResultRow>> = Vec::new();
+    for round in 0..plan.rounds {
+        let mut index = 0;
+        for &count in &plan.clients {
+            let mut clients = clients(ensemble.as_ref(), count)?;
+            for &op in &plan.ops {
+                let Some(row) = measure_op(
+                    system,
+                    op,
+                    (round, &mut clients),
+                    plan,
+                    shutdown,
+                    &*ensemble,
+                )?
+                else {
+                    // What was measured before the signal is reported.
+                    report.results.extend(rounds.into_iter().map(median_round));
+                    return Ok(false);
+                };
+                if round == 0 {
+                    rounds.push(Vec::new());
+                }
+                rounds[index].push(row);
+                index += 1;
             }
-            let mut row = ResultRow::new(system, op, count, &measured);
-            row.cpu_us_per_op = Some(cpu);
-            eprintln!(
-                "  {:<9} {:<5} {count:>3} clients: {}",
-                system.name(),
-                op.name(),
-                row.brief()
-            );
-            report.results.push(row);
         }
     }
+    report.results.extend(rounds.into_iter().map(median_round));
     Ok(true)
+}
+
+/// One op at one client count, round `round`; `None` if a signal cut it short.
+fn measure_op(
+    system: System,
+    op: Op,
+    (round, clients): (u32, &mut [Box<dyn CoordClient>]),
+    plan: &Plan,
+    shutdown: &Shutdown,
+    ensemble: &dyn Ensemble,
+) -> Result<Option<ResultRow>, CliError> {
+    let count = clients.len() as u32;
+    let label = if plan.rounds > 1 {
+        format!(
+            "  {:<9} {:<5} {count:>3} clients, round {}/{}",
+            system.name(),
+            op.name(),
+            round + 1,
+            plan.rounds
+        )
+    } else {
+        format!("  {:<9} {:<5} {count:>3} clients", system.name(), op.name())
+    };
+    eprintln!(
+        "{label}: {:.1} s warm-up, {:.1} s measured ...",
+        plan.warmup.as_secs_f64(),
+        plan.duration.as_secs_f64()
+    );
+    let phase = Phase {
+        op,
+        workload: plan.workload(),
+        seed: plan.seed,
+        warmup: plan.warmup,
+        duration: plan.duration,
+        client_cpu: plan.pin.map(|(clients, _)| clients),
+    };
+    let (measured, cpu) = run_phase(clients, &phase, shutdown, &ensemble.pids())
+        .map_err(|error| format!("{} {}: {error}", system.name(), op.name()))?;
+    if measured.interrupted {
+        return Ok(None);
+    }
+    let mut row = ResultRow::new(system, op, count, &measured);
+    row.cpu_us_per_op = Some(cpu);
+    eprintln!("{label}: {}", row.brief());
+    Ok(Some(row))
+}
+
+/// The round whose p50 is the median of the rounds', with every round's p50 noted.
+fn median_round(mut rows: Vec<ResultRow>) -> ResultRow {
+    assert!(!rows.is_empty(), "at least one round");
+    let p50s: Vec<f64> = rows.iter().map(|row| row.p50_us).collect();
+    rows.sort_by(|a, b| a.p50_us.total_cmp(&b.p50_us));
+    let mut median = rows.swap_remove(rows.len() / 2);
+    if p50s.len() > 1 {
+        median.p50_us_rounds = Some(p50s);
+    }
+    median
 }
 
 pub fn run(args: CoordBenchArgs) -> Result<ExitCode, CliError> {
@@ -633,6 +695,25 @@ mod tests {
     }
 
     #[test]
+    fn the_median_round_by_p50_is_kept_with_every_round_s_p50() {
+        let row = |p50_us: f64| {
+            let measured = load::Measured {
+                count: 10,
+                p50_us,
+                p99_us: p50_us * 2.0,
+                ..load::Measured::default()
+            };
+            ResultRow::new(System::Etcd, Op::Read, 1, &measured)
+        };
+        let median = median_round(vec![row(30.0), row(10.0), row(20.0)]);
+        assert_eq!(median.p50_us, 20.0);
+        assert_eq!(median.p99_us, 40.0);
+        assert_eq!(median.p50_us_rounds, Some(vec![30.0, 10.0, 20.0]));
+        let single = median_round(vec![row(5.0)]);
+        assert_eq!((single.p50_us, single.p50_us_rounds), (5.0, None));
+    }
+
+    #[test]
     fn lists_are_taken_in_order_without_repeats() {
         let args = parse(&[
             "--system",
@@ -687,6 +768,7 @@ mod tests {
             (&["--zipf", "0"], "out of range"),
             (&["--member-max-ops-per-s", "0"], "out of range"),
             (&["--groups", "0"], "not in 1..=4096"),
+            (&["--rounds", "0"], "not in 1..=20"),
         ];
         for (words, expected) in cases {
             let error = parse(words).expect_err(&format!("{words:?} is refused"));

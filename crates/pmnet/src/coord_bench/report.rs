@@ -38,6 +38,9 @@ pub struct ResultRow {
     /// Lock: attempts to acquire per cycle (1: never found it held).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attempts_per_cycle: Option<f64>,
+    /// With `--rounds`: every round's p50, in order (the row is the median round's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p50_us_rounds: Option<Vec<f64>>,
     /// CPU per request.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_us_per_op: Option<CpuPerOp>,
@@ -67,6 +70,7 @@ impl ResultRow {
             seconds: round2(measured.seconds),
             attempts_per_cycle: (op == Op::Lock && measured.count > 0)
                 .then(|| round2(measured.lock_attempts as f64 / measured.count as f64)),
+            p50_us_rounds: None,
             cpu_us_per_op: None,
             reads_from: None,
             reads_per_s: None,
@@ -196,7 +200,7 @@ impl Report {
             format!(
                 "all on loopback, {}; clients: closed loop, one request at a time, a \
                  thread each; {} keys written once before measuring, values of {} bytes; \
-                 {:.1} s warm-up and {:.1} s measured per op; seed {}",
+                 {:.1} s warm-up and {:.1} s measured per op{}; seed {}",
                 match plan.pin {
                     Some((clients, systems)) => format!(
                         "clients pinned to CPU {clients}, every process of the systems to CPU \
@@ -208,6 +212,14 @@ impl Report {
                 plan.value_size,
                 plan.warmup.as_secs_f64(),
                 plan.duration.as_secs_f64(),
+                if plan.rounds > 1 {
+                    format!(
+                        ", {} rounds (each row the round with the median p50)",
+                        plan.rounds
+                    )
+                } else {
+                    String::new()
+                },
                 plan.seed
             ),
         ];
@@ -267,6 +279,14 @@ impl Report {
                 row.attempts_per_cycle
                     .map(|attempts| format!("  ({attempts:.1} attempts a cycle)"))
                     .unwrap_or_default()
+                    + &row
+                        .p50_us_rounds
+                        .as_ref()
+                        .map(|p50s| {
+                            let shown: Vec<String> = p50s.iter().map(|p50| cell(*p50)).collect();
+                            format!("  (p50 of the rounds: {})", shown.join(", "))
+                        })
+                        .unwrap_or_default()
             );
         }
         let _ = writeln!(
@@ -332,6 +352,7 @@ impl Report {
                 "netchain_groups": plan.groups,
                 "warmup_s": plan.warmup.as_secs_f64(),
                 "duration_s": plan.duration.as_secs_f64(),
+                "rounds": plan.rounds,
                 "seed": plan.seed,
                 "pinned": plan.pin.map(|(clients, systems)| serde_json::json!({
                     "clients_cpu": clients,

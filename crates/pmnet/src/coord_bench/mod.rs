@@ -448,9 +448,16 @@ fn run_phase(
 ) -> Result<(load::Measured, report::CpuPerOp), CliError> {
     let servers = procs::cpu_seconds_of_all(pids);
     let own = pmnet_runtime::metrics::process_cpu_seconds();
+    let machine = procs::machine_busy_seconds();
+    let started = std::time::Instant::now();
     let measured = load::run_phase(clients, phase, shutdown)?;
+    let elapsed = started.elapsed().as_secs_f64();
     let servers = procs::cpu_seconds_of_all(pids) - servers;
     let own = pmnet_runtime::metrics::process_cpu_seconds() - own;
+    // What the rest of the machine used meanwhile: other processes disturb the figures.
+    let others = machine
+        .zip(procs::machine_busy_seconds())
+        .map(|(before, after)| ((after - before - servers - own) / elapsed).max(0.0));
     let per_op = |seconds: f64| {
         let us = seconds * 1e6 / measured.completed.max(1) as f64;
         (us * 10.0).round() / 10.0
@@ -458,6 +465,7 @@ fn run_phase(
     let cpu = report::CpuPerOp {
         servers: per_op(servers),
         clients: per_op(own),
+        others_cpus: others.map(|cpus| (cpus * 100.0).round() / 100.0),
     };
     Ok((measured, cpu))
 }

@@ -282,6 +282,28 @@ pub fn cpu_seconds_of(pid: u32) -> Option<f64> {
     (per_second > 0).then(|| ticks as f64 / per_second as f64)
 }
 
+/// CPU time the whole machine has been busy so far (every CPU, every process; idle and
+/// I/O wait left out), in seconds.
+pub fn machine_busy_seconds() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = text.lines().find(|line| line.starts_with("cpu "))?;
+    // user nice system idle iowait irq softirq steal ...
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map_while(|field| field.parse().ok())
+        .collect();
+    let busy: u64 = ticks
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| !matches!(index, 3 | 4) && *index < 8)
+        .map(|(_, ticks)| ticks)
+        .sum();
+    // SAFETY: sysconf(3) with a valid name reads a constant.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (per_second > 0).then(|| busy as f64 / per_second as f64)
+}
+
 /// CPU time of every process of `pids` together, in seconds.
 pub fn cpu_seconds_of_all(pids: &[u32]) -> f64 {
     pids.iter().filter_map(|&pid| cpu_seconds_of(pid)).sum()
@@ -388,6 +410,7 @@ mod tests {
             spin = std::hint::black_box(spin.wrapping_add(1));
         }
         assert!(cpu_seconds_of(pid).unwrap() > before);
+        assert!(machine_busy_seconds().unwrap() > 0.0);
         assert_eq!(cpu_seconds_of(4_194_304), None);
     }
 

@@ -18,6 +18,9 @@ use crate::bench::thousands;
 pub struct CpuPerOp {
     pub servers: f64,
     pub clients: f64,
+    /// CPUs the machine's other processes kept busy meanwhile, on average (0: the run had
+    /// the machine to itself).
+    pub others_cpus: Option<f64>,
 }
 
 /// One measured (system, op, clients).
@@ -294,6 +297,19 @@ impl Report {
             "(CPU µs/op s+c: CPU time per request, or per lock cycle, of the system's processes \
              + of the clients, warm-up included)"
         );
+        let others = self
+            .results
+            .iter()
+            .filter_map(|row| Some((row, row.cpu_us_per_op?.others_cpus?)))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((row, cpus)) = others.filter(|(_, cpus)| *cpus >= 0.05) {
+            let _ = writeln!(
+                out,
+                "NOTE: other processes kept up to {cpus:.2} CPUs busy during a measurement ({} \
+                 {} at {} clients): figures are disturbed where they ran",
+                row.system, row.op, row.clients
+            );
+        }
         if !self.ratios.is_empty() {
             let _ = writeln!(
                 out,

@@ -364,10 +364,33 @@ pub fn machine_text() -> String {
                 .join(" ")
         })
         .unwrap_or_else(|_| "unknown".to_owned());
-    format!(
-        "{model}, {} CPUs online, Linux {kernel}, load average {load}",
-        pmnet_runtime::online_cpu_count()
-    )
+    let online = pmnet_runtime::online_cpu_count();
+    let allowed = allowed_cpus();
+    let affinity = if allowed.is_empty() || allowed.len() >= online {
+        String::new()
+    } else {
+        let list: Vec<String> = allowed.iter().map(ToString::to_string).collect();
+        format!(
+            " (this run and everything it starts confined to CPU {}, e.g. by taskset)",
+            list.join(",")
+        )
+    };
+    format!("{model}, {online} CPUs online{affinity}, Linux {kernel}, load average {load}")
+}
+
+/// The CPUs this process may run on (empty if that cannot be read).
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is the empty set; sched_getaffinity fills it for this
+    // process, and CPU_ISSET reads inside it (every index below CPU_SETSIZE).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&cpu| libc::CPU_ISSET(cpu, &set))
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -411,6 +434,7 @@ mod tests {
         }
         assert!(cpu_seconds_of(pid).unwrap() > before);
         assert!(machine_busy_seconds().unwrap() > 0.0);
+        assert!(!allowed_cpus().is_empty());
         assert_eq!(cpu_seconds_of(4_194_304), None);
     }
 

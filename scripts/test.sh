@@ -20,6 +20,18 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-benchmark >/d
     "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools
 fi
 
+# The coordination benchmark's test (crates/pmnet/tests/coord_bench.rs) starts real etcd and
+# ZooKeeper ensembles on ports of its own: Debian's etcd-server and zookeeper (the jars and a
+# Java runtime; zookeeperd, the system service, is not needed).
+if ! command -v etcd >/dev/null 2>&1 || ! command -v java >/dev/null 2>&1 \
+    || [ ! -f /usr/share/java/zookeeper.jar ]; then
+    step "install etcd-server and zookeeper (for the coordination benchmark's test)"
+    sudo_cmd=()
+    if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+    "${sudo_cmd[@]}" apt-get update -qq
+    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server zookeeper
+fi
+
 # The Redis client tests (crates/pmnet/tests/redis_clients.rs) run redis-py ≥ 5, unmodified;
 # Debian's python3-redis is older, so it goes into a virtual environment under target/.
 has_redis_py() {

@@ -14,6 +14,16 @@ use pmnet_wire::{Header, PacketType};
 
 use crate::node::group_of;
 
+/// Which member of a key's group a read goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadFrom {
+    /// The group's members in turn (CRAQ: every member answers a clean key).
+    #[default]
+    AnyMember,
+    /// The tail only, as NetChain reads (the read-scaling benchmark's comparison).
+    Tail,
+}
+
 /// A client's settings.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -29,6 +39,8 @@ pub struct ClientConfig {
     /// The chain controller: `groups` comes from its configuration (asked for at the first
     /// request, and again whenever a member says "not here" or a request is sent again).
     pub controller: Option<SocketAddr>,
+    /// Where reads go (default: any member).
+    pub reads: ReadFrom,
 }
 
 impl ClientConfig {
@@ -41,6 +53,7 @@ impl ClientConfig {
             retransmit_timeout_max: Duration::from_millis(500),
             request_lifetime: Duration::from_secs(10),
             controller: None,
+            reads: ReadFrom::AnyMember,
         }
     }
 
@@ -220,11 +233,12 @@ impl ChainClient {
                 value,
             ),
         };
-        let to = match op {
-            Op::Get => {
+        let to = match (op, self.config.reads) {
+            (Op::Get, ReadFrom::AnyMember) => {
                 self.next_reader = self.next_reader.wrapping_add(1);
                 chain[self.next_reader % chain.len()]
             }
+            (Op::Get, ReadFrom::Tail) => chain[chain.len() - 1],
             _ => chain[0],
         };
         let mut payload = Vec::new();
@@ -403,6 +417,43 @@ mod tests {
         client.handle_timeout(now + Duration::from_millis(100));
         assert_eq!(client.poll_outcome(), Some((request, Outcome::Unknown)));
         assert!(!client.is_busy());
+    }
+
+    /// Where the reads of one key go: (any member, tail only).
+    fn read_destinations(reads: ReadFrom) -> Vec<SocketAddr> {
+        let mut client = client();
+        client.config.reads = reads;
+        (0..6)
+            .map(|index| {
+                let request = client.start(Time::ZERO, b"k", ClientOp::Get).unwrap();
+                let sent = client.poll_transmit().unwrap();
+                let mut payload = Vec::new();
+                Reply {
+                    status: Status::NotFound,
+                    version: 0,
+                    value: b"",
+                }
+                .emit(&mut payload);
+                client.handle(
+                    &Header::new(PacketType::Reserved(CHAIN_REPLY), 1, 7, request).encode(&payload),
+                );
+                assert!(client.poll_outcome().is_some(), "read {index} answered");
+                sent.destination
+            })
+            .collect()
+    }
+
+    #[test]
+    fn reads_go_to_every_member_in_turn_or_to_the_tail_only() {
+        let spread = read_destinations(ReadFrom::AnyMember);
+        for host in 1..=3 {
+            let member = SocketAddr::from(([10, 0, 0, host], 7600));
+            assert_eq!(spread.iter().filter(|&&to| to == member).count(), 2);
+        }
+        let tail = SocketAddr::from(([10, 0, 0, 3], 7600));
+        assert!(read_destinations(ReadFrom::Tail)
+            .iter()
+            .all(|&to| to == tail));
     }
 
     #[test]

@@ -13,7 +13,7 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-pub use client::{Busy, ChainClient, ClientConfig, ClientOp, Outcome};
+pub use client::{Busy, ChainClient, ClientConfig, ClientOp, Outcome, ReadFrom};
 pub use controller::{
     decode_state, encode_state, Controller, ControllerConfig, ControllerCounters, StateError,
 };

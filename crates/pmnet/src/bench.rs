@@ -51,7 +51,7 @@ pub use report::{
     LoadPoint, ModeResult, Ratio, Report, Setting,
 };
 pub use system::{remove_stale_files, LoopbackConfig, LoopbackSystem};
-pub use workload::{KeyDistribution, Workload};
+pub use workload::{client_seed, key_name, KeyDistribution, RequestGenerator, Workload};
 
 use scrape::external_media;
 

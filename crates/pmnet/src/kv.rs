@@ -3,12 +3,13 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use pmnet_netchain::{rotated_groups, ClientConfig, ClientOp, Outcome};
 use pmnet_runtime::ChainSession;
 
+use crate::chain_lock::{self, failed, try_lock, LockAttempt, UnlockAttempt};
 use crate::CliError;
 
 #[derive(Debug, Args)]
@@ -90,46 +91,19 @@ impl Session {
         })
     }
 
-    /// Run one request to its outcome.
-    fn run(&mut self, key: &str, op: ClientOp) -> Result<Outcome, CliError> {
+    /// A key the members take: 1 to 64 bytes.
+    fn check_key(&self, key: &str) -> Result<(), CliError> {
         if key.is_empty() || key.len() > 64 {
             return Err("a key is 1 to 64 bytes".to_owned().into());
         }
+        Ok(())
+    }
+
+    /// Run one request to its outcome.
+    fn run(&mut self, key: &str, op: ClientOp) -> Result<Outcome, CliError> {
+        self.check_key(key)?;
         Ok(self.inner.run(key.as_bytes(), op)?)
     }
-}
-
-fn unknown() -> CliError {
-    "no answer in time: the request may or may not have been applied"
-        .to_owned()
-        .into()
-}
-
-fn refused(outcome: &Outcome) -> CliError {
-    match outcome {
-        Outcome::Full => "refused: the table has no room near this key"
-            .to_owned()
-            .into(),
-        Outcome::Refused(status) => format!(
-            "refused ({status:?}): the members' configuration (--member order, --groups) \
-             differs from this one's, or the request is malformed"
-        )
-        .into(),
-        _ => unknown(),
-    }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis() as u64)
-}
-
-/// A lock's value: "OWNER EXPIRY_MS"; empty or absent: free.
-fn lock_holder(value: Option<&[u8]>) -> Option<(String, u64)> {
-    let text = std::str::from_utf8(value?).ok()?;
-    let (owner, expiry) = text.rsplit_once(' ')?;
-    Some((owner.to_owned(), expiry.parse().ok()?))
 }
 
 pub fn run(args: KvArgs) -> Result<ExitCode, CliError> {
@@ -144,7 +118,7 @@ pub fn run(args: KvArgs) -> Result<ExitCode, CliError> {
                 eprintln!("version {version}");
                 Ok(ExitCode::SUCCESS)
             }
-            other => Err(refused(&other)),
+            other => Err(failed(&other)),
         },
         KvOp::Put { key, value } => {
             written(session.run(key, ClientOp::Put(value.as_bytes().to_vec()))?)
@@ -183,7 +157,7 @@ fn written(outcome: Outcome) -> Result<ExitCode, CliError> {
             );
             Ok(ExitCode::FAILURE)
         }
-        other => Err(refused(&other)),
+        other => Err(failed(&other)),
     }
 }
 
@@ -193,81 +167,39 @@ fn lock(
     owner: &str,
     lease_ms: u64,
 ) -> Result<ExitCode, CliError> {
-    if owner.is_empty() || owner.contains(' ') {
-        return Err("--owner: a name without spaces".to_owned().into());
-    }
-    let Outcome::Value { version, value } = session.run(name, ClientOp::Get)? else {
-        return Err(unknown());
-    };
-    let holder = lock_holder(value.as_deref()).filter(|(_, expiry)| *expiry > now_ms());
-    if let Some((holder, expiry)) = &holder {
-        if holder != owner {
-            println!(
-                "held by {holder} for {} ms more",
-                expiry.saturating_sub(now_ms())
-            );
-            return Ok(ExitCode::FAILURE);
-        }
-    }
-    let expected = if value.is_some() { version } else { 0 };
-    let value = format!("{owner} {}", now_ms() + lease_ms).into_bytes();
-    match session.run(name, ClientOp::CompareAndSet { expected, value })? {
-        Outcome::Written { version } => {
+    session.check_key(name)?;
+    match try_lock(&mut session.inner, name, owner, lease_ms)? {
+        LockAttempt::Taken { version } => {
             println!("locked by {owner} for {lease_ms} ms (version {version})");
             Ok(ExitCode::SUCCESS)
         }
-        Outcome::CompareFailed { value, .. } => {
-            let holder = lock_holder(Some(&value)).map_or_else(|| "another".to_owned(), |h| h.0);
-            println!("taken meanwhile by {holder}");
+        LockAttempt::Held { holder, ms_left } => {
+            println!("held by {holder} for {ms_left} ms more");
             Ok(ExitCode::FAILURE)
         }
-        other => Err(refused(&other)),
+        LockAttempt::TakenMeanwhile { holder } => {
+            println!(
+                "taken meanwhile by {}",
+                holder.as_deref().unwrap_or("another")
+            );
+            Ok(ExitCode::FAILURE)
+        }
     }
 }
 
 fn unlock(session: &mut Session, name: &str, owner: &str) -> Result<ExitCode, CliError> {
-    let Outcome::Value { version, value } = session.run(name, ClientOp::Get)? else {
-        return Err(unknown());
+    session.check_key(name)?;
+    let (text, code) = match chain_lock::unlock(&mut session.inner, name, owner, None)? {
+        UnlockAttempt::Released => ("unlocked".to_owned(), ExitCode::SUCCESS),
+        UnlockAttempt::NotYours { holder } => {
+            (format!("not yours: held by {holder}"), ExitCode::FAILURE)
+        }
+        UnlockAttempt::NotHeld => ("not held".to_owned(), ExitCode::FAILURE),
+        UnlockAttempt::ChangedMeanwhile => (
+            "changed meanwhile: not released".to_owned(),
+            ExitCode::FAILURE,
+        ),
     };
-    match lock_holder(value.as_deref()) {
-        Some((holder, _)) if holder == owner => {}
-        Some((holder, _)) => {
-            println!("not yours: held by {holder}");
-            return Ok(ExitCode::FAILURE);
-        }
-        None => {
-            println!("not held");
-            return Ok(ExitCode::FAILURE);
-        }
-    }
-    match session.run(
-        name,
-        ClientOp::CompareAndSet {
-            expected: version,
-            value: Vec::new(),
-        },
-    )? {
-        Outcome::Written { .. } => {
-            println!("unlocked");
-            Ok(ExitCode::SUCCESS)
-        }
-        Outcome::CompareFailed { .. } => {
-            println!("changed meanwhile: not released");
-            Ok(ExitCode::FAILURE)
-        }
-        other => Err(refused(&other)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_lock_value_names_its_owner_and_expiry() {
-        assert_eq!(lock_holder(Some(b"me 1700")), Some(("me".to_owned(), 1700)));
-        assert_eq!(lock_holder(Some(b"")), None);
-        assert_eq!(lock_holder(None), None);
-        assert_eq!(lock_holder(Some(b"me soon")), None);
-    }
+    println!("{text}");
+    Ok(code)
 }

@@ -2,9 +2,12 @@
 
 mod addr;
 mod bench;
+mod chain_capacity;
 mod chain_controller;
+mod chain_lock;
 mod client;
 mod config;
+mod coord_bench;
 mod demo;
 mod drain_bench;
 mod keygen;
@@ -88,6 +91,10 @@ enum Command {
     /// Measure a server's rate as the sessions it has seen grow past its session table
     /// (see docs/benchmarks.md).
     SessionBench(session_bench::SessionBenchArgs),
+    /// The chain store against real etcd and ZooKeeper ensembles, each started here: read,
+    /// write and lock latency and throughput side by side; or, with --read-scaling, reads
+    /// from any member against reads at the tail (see docs/benchmarks.md).
+    CoordBench(coord_bench::CoordBenchArgs),
     /// Make a deployment key file for `--key-file` (see docs/security.md).
     Keygen(keygen::KeygenArgs),
     /// The chain store's client (devices run with --chain-member; docs/netchain.md): get,
@@ -120,6 +127,7 @@ impl Command {
             Command::StoreBench(_) => "store-bench",
             Command::DrainBench(_) => "drain-bench",
             Command::SessionBench(_) => "session-bench",
+            Command::CoordBench(_) => "coord-bench",
             Command::Keygen(_) => "keygen",
             Command::Kv(_) => "kv",
             Command::ChainController(_) => "chain-controller",
@@ -155,6 +163,7 @@ fn main() -> ExitCode {
         Command::StoreBench(args) => store_bench::run(args),
         Command::DrainBench(args) => drain_bench::run(args),
         Command::SessionBench(args) => session_bench::run(args),
+        Command::CoordBench(args) => coord_bench::run(args),
         Command::Keygen(args) => keygen::run(args),
         Command::Kv(args) => kv::run(args),
         Command::ChainController(args) => chain_controller::run(args),
@@ -189,18 +198,28 @@ const OWN_CRATES: &[&str] = &[
     "pmnet_auth",
 ];
 
+/// Crates of others whose information messages are noise in pmnet's output (a ZooKeeper
+/// client's session messages, in `pmnet coord-bench`): warnings only unless RUST_LOG says
+/// otherwise.
+const QUIET_CRATES: &[&str] = &["zookeeper_client"];
+
 /// The filter `-v`/`-q` stand for when RUST_LOG is not set: info by default, warnings only
 /// with `-q`, debug (`-v`) or trace (`-vv`) for pmnet's own crates.
 fn filter_for_flags(verbose: u8, quiet: bool) -> String {
     let own = match (quiet, verbose) {
         (true, _) => return "warn".to_owned(),
-        (false, 0) => return "info".to_owned(),
-        (false, 1) => "debug",
-        (false, _) => "trace",
+        (false, 0) => None,
+        (false, 1) => Some("debug"),
+        (false, _) => Some("trace"),
     };
     let mut filter = "info".to_owned();
-    for target in OWN_CRATES {
-        filter.push_str(&format!(",{target}={own}"));
+    if let Some(own) = own {
+        for target in OWN_CRATES {
+            filter.push_str(&format!(",{target}={own}"));
+        }
+    }
+    for target in QUIET_CRATES {
+        filter.push_str(&format!(",{target}=warn"));
     }
     filter
 }
@@ -240,7 +259,7 @@ mod tests {
 
     #[test]
     fn flags_stand_for_filters() {
-        assert_eq!(filter_for_flags(0, false), "info");
+        assert_eq!(filter_for_flags(0, false), "info,zookeeper_client=warn");
         assert_eq!(filter_for_flags(3, true), "warn");
         assert!(filter_for_flags(1, false).contains(",pmnet_runtime=debug"));
         assert!(filter_for_flags(2, false).contains(",pmnet=trace"));

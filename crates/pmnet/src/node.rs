@@ -280,6 +280,13 @@ pub struct DeviceArgs {
           value_parser = clap::value_parser!(u16).range(1..=16_384))]
     pub chain_value_max: u16,
 
+    /// Emulate a chain member of this capacity: take at most N chain requests per second
+    /// (client requests and reads relayed by other members; a token bucket a hundredth of a
+    /// second deep, as `pmnet server --max-ops-per-s`); the rest wait, in order. Default: no
+    /// limit. For the read-scaling benchmark (docs/benchmarks.md).
+    #[arg(long, value_name = "N", value_parser = parse_max_ops_per_s)]
+    pub chain_max_ops_per_s: Option<u64>,
+
     #[command(flatten)]
     pub medium: MediumArgs,
 
@@ -482,6 +489,14 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
             .into());
         }
     }
+    if args.chain_max_ops_per_s.is_some() && !args.is_chain_member() {
+        return Err(
+            "--chain-max-ops-per-s limits a chain member: give --chain-member (or \
+             --chain-controller) too"
+                .to_owned()
+                .into(),
+        );
+    }
     let online = pmnet_runtime::online_cpu_count();
     let mut devices = Vec::new();
     for index in 0..args.workers {
@@ -490,12 +505,15 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
             .map_err(|error| format!("--workers {}: {error}", args.workers))?;
         let device = if args.is_chain_member() {
             let (front, region) = chain_member(&args)?;
-            DeviceRuntime::open_with_front_region(
-                worker,
-                shutdown.clone(),
-                Box::new(front),
-                Some(region),
-            )?
+            let front: Box<dyn pmnet_proto::FrontFunction> = match args.chain_max_ops_per_s {
+                Some(ops_per_s) => Box::new(crate::chain_capacity::CapacityLimited::new(
+                    front,
+                    ops_per_s,
+                    pmnet_proto::Time::ZERO,
+                )),
+                None => Box::new(front),
+            };
+            DeviceRuntime::open_with_front_region(worker, shutdown.clone(), front, Some(region))?
         } else if args.cache {
             let id = worker.device_id;
             DeviceRuntime::open_with_front(worker, shutdown.clone(), Box::new(cache(&args, id)?))?
@@ -564,6 +582,12 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
                 .join(", "),
             args.chain_groups,
             chain_table_path(&args).display()
+        ));
+    }
+    if let Some(ops_per_s) = args.chain_max_ops_per_s {
+        lines.push(format!(
+            "  chain capacity: {}",
+            pmnet_runtime::emulated_capacity_text(ops_per_s)
         ));
     }
     if args.cache {

@@ -83,7 +83,7 @@ pub use pmnet_auth::KeySet;
 pub use relay::{RelayOptions, UdpRelay};
 pub use server::{
     check_max_ops_per_s, emulated_capacity_text, forward_log_path, ServerAddresses, ServerApp,
-    ServerOptions, ServerRuntime, ServerStartup, StoreOptions, FORWARD_LOG_SLOTS,
+    ServerOptions, ServerRuntime, ServerStartup, StoreOptions, TokenBucket, FORWARD_LOG_SLOTS,
     FORWARD_LOG_SLOT_SIZE,
 };
 pub use shutdown::Shutdown;

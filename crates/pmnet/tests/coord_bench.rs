@@ -1,0 +1,264 @@
+//! `pmnet coord-bench` as a user runs it: the chain store, real etcd and real ZooKeeper
+//! ensembles started and stopped by the benchmark (needs Debian's `etcd-server` and
+//! `zookeeperd`; scripts/test.sh installs them), every (system, op, clients) measured and in
+//! the JSON; `--read-scaling` measuring reads at the tail and at any member; a member's
+//! emulated capacity (`pmnet device --chain-max-ops-per-s`) holding requests back. Nothing
+//! here asserts a speed: only that each result exists and is consistent.
+
+mod common;
+
+use std::net::UdpSocket;
+use std::path::Path;
+
+use common::{args, device_args, free_udp_addr, run_pmnet, Node};
+use pmnet_netchain::{rotated_groups, ChainClient, ClientConfig, ClientOp};
+use pmnet_proto::Time;
+
+/// Run `pmnet coord-bench ARGS --json FILE` to its end; the JSON.
+fn coord_bench(list: &[&str], dir: &Path) -> serde_json::Value {
+    let json = dir.join("out.json");
+    let json_text = json.display().to_string();
+    let mut all = vec!["coord-bench"];
+    all.extend(list);
+    all.extend(["--json", &json_text]);
+    let (status, stdout, stderr) = run_pmnet(&args(&all), None);
+    assert!(
+        status.success(),
+        "pmnet {all:?} failed ({status})\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let text = std::fs::read_to_string(&json).expect("the JSON file");
+    serde_json::from_str(&text).expect("valid JSON")
+}
+
+/// No directory of the benchmark is left under `dir`.
+fn nothing_left_in(dir: &Path) {
+    let left: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("pmnet-coord-bench-"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "left behind in {}: {left:?}",
+        dir.display()
+    );
+}
+
+#[test]
+fn every_system_op_and_client_count_is_measured_side_by_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let data_text = data.display().to_string();
+    let json = coord_bench(
+        &[
+            "--duration",
+            "0.3",
+            "--warmup",
+            "0.1",
+            "--keys",
+            "20",
+            "--netchain-dir",
+            &data_text,
+            "--data-dir",
+            &data_text,
+        ],
+        dir.path(),
+    );
+    let results = json["results"].as_array().expect("results");
+    for system in ["netchain", "etcd", "zookeeper"] {
+        for op in ["read", "write", "lock"] {
+            for clients in [1, 16] {
+                let matching: Vec<&serde_json::Value> = results
+                    .iter()
+                    .filter(|row| {
+                        row["system"] == system && row["op"] == op && row["clients"] == clients
+                    })
+                    .collect();
+                assert_eq!(matching.len(), 1, "{system} {op} {clients}: {results:?}");
+                let row = matching[0];
+                let ops_per_s = row["ops_per_s"].as_f64().unwrap();
+                let (p50, p99) = (
+                    row["p50_us"].as_f64().unwrap(),
+                    row["p99_us"].as_f64().unwrap(),
+                );
+                assert!(ops_per_s > 0.0, "{row}");
+                assert!(0.0 < p50 && p50 <= p99, "{row}");
+            }
+        }
+    }
+    assert_eq!(results.len(), 18);
+    // etcd and ZooKeeper each against the chain store, for every op and client count.
+    assert_eq!(json["ratios"].as_array().unwrap().len(), 12);
+    let durability = &json["setting"]["durability"];
+    assert!(durability["netchain"]
+        .as_str()
+        .unwrap()
+        .contains("emulated-pm"));
+    assert!(durability["etcd"].as_str().unwrap().contains("fsync"));
+    assert!(durability["zookeeper"]
+        .as_str()
+        .unwrap()
+        .contains("forceSync=yes"));
+    assert!(json["setting"]["seed"].as_u64().is_some());
+    assert_eq!(json["interrupted"], false);
+    nothing_left_in(&data);
+}
+
+#[test]
+fn read_scaling_measures_reads_at_the_tail_and_at_any_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().display().to_string();
+    let json = coord_bench(
+        &[
+            "--read-scaling",
+            "--duration",
+            "0.3",
+            "--warmup",
+            "0.1",
+            "--keys",
+            "50",
+            "--clients",
+            "4",
+            "--member-max-ops-per-s",
+            "1000",
+            "--netchain-dir",
+            &shm,
+        ],
+        dir.path(),
+    );
+    let results = json["results"].as_array().expect("results");
+    assert_eq!(results.len(), 2, "{results:?}");
+    for (row, reads_from) in results.iter().zip(["tail", "any-member"]) {
+        assert_eq!(row["system"], "netchain");
+        assert_eq!(row["reads_from"], reads_from);
+        assert_eq!(row["clients"], 4);
+        let ops_per_s = row["ops_per_s"].as_f64().unwrap();
+        let (p50, p99) = (
+            row["p50_us"].as_f64().unwrap(),
+            row["p99_us"].as_f64().unwrap(),
+        );
+        assert!(ops_per_s > 0.0 && p50 <= p99, "{row}");
+        let shares = row["member_request_shares"].as_array().unwrap();
+        assert_eq!(shares.len(), 3, "{row}");
+    }
+    let scaling = &json["read_scaling"];
+    assert_eq!(scaling["groups"], 1);
+    assert_eq!(scaling["member_max_ops_per_s"], 1000);
+    assert!(scaling["ratio"].as_f64().unwrap() > 0.0, "{scaling}");
+    assert_eq!(scaling["target"], 2.5);
+    nothing_left_in(dir.path());
+}
+
+#[test]
+fn a_missing_etcd_is_reported_with_how_to_install_it_and_nothing_is_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().display().to_string();
+    let (status, _, stderr) = run_pmnet(
+        &args(&[
+            "coord-bench",
+            "--system",
+            "etcd",
+            "--etcd",
+            "/nonexistent/etcd",
+            "--data-dir",
+            &data,
+        ]),
+        None,
+    );
+    assert!(!status.success());
+    assert!(
+        stderr.contains("apt-get install etcd-server"),
+        "stderr:\n{stderr}"
+    );
+    nothing_left_in(dir.path());
+}
+
+/// A member limited to 1 request per second: of a burst of 40 requests, the member takes
+/// one (its bucket's depth) and holds the rest back, counted; the other members hold
+/// nothing back.
+#[test]
+fn a_member_s_emulated_capacity_holds_requests_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = [free_udp_addr(), free_udp_addr(), free_udp_addr()];
+    let mut nodes = Vec::new();
+    for (index, &listen) in members.iter().enumerate() {
+        let id = index + 1;
+        let mut list = device_args(
+            listen,
+            free_udp_addr(),
+            &dir.path().join(format!("device{id}.log")),
+        );
+        list.extend(["--device-id".to_owned(), id.to_string()]);
+        list.extend([
+            "--chain-table".to_owned(),
+            dir.path()
+                .join(format!("chain{id}.table"))
+                .display()
+                .to_string(),
+            "--chain-keys".to_owned(),
+            "1000".to_owned(),
+            "--chain-groups".to_owned(),
+            "1".to_owned(),
+            "--chain-max-ops-per-s".to_owned(),
+            "1".to_owned(),
+        ]);
+        for member in &members {
+            list.extend(["--chain-member".to_owned(), member.to_string()]);
+        }
+        let node = Node::start(&format!("member {id}"), list);
+        assert!(
+            node.banner
+                .iter()
+                .any(|line| line.contains("chain capacity: at most 1 requests/s (emulated")),
+            "{:?}",
+            node.banner
+        );
+        nodes.push(node);
+    }
+    // 40 sessions each read a key at the tail (member 3) at once.
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for session in 0..40u64 {
+        let mut config = ClientConfig::new(1000 + session, rotated_groups(&members, 1));
+        config.reads = pmnet_netchain::ReadFrom::Tail;
+        let mut client = ChainClient::new(config);
+        client.start(Time::ZERO, b"k", ClientOp::Get).unwrap();
+        let transmit = client.poll_transmit().unwrap();
+        assert_eq!(transmit.destination, members[2]);
+        socket
+            .send_to(&transmit.bytes, transmit.destination)
+            .unwrap();
+    }
+    nodes[2].wait_metric(
+        "pmnet_chain_capacity_delayed_total",
+        "",
+        "counts the requests held back",
+        |delayed| delayed >= 30.0,
+    );
+    assert_eq!(
+        nodes[0]
+            .metric("pmnet_chain_capacity_delayed_total", "")
+            .unwrap(),
+        0.0
+    );
+}
+
+#[test]
+fn a_capacity_without_a_chain_is_refused() {
+    let (status, _, stderr) = run_pmnet(
+        &args(&[
+            "device",
+            "--server",
+            "1=127.0.0.1:9",
+            "--chain-max-ops-per-s",
+            "100",
+        ]),
+        None,
+    );
+    assert!(!status.success());
+    assert!(
+        stderr.contains("--chain-max-ops-per-s limits a chain member: give --chain-member"),
+        "{stderr}"
+    );
+}

@@ -24,6 +24,9 @@ pub enum ReadFrom {
     Tail,
 }
 
+/// After a "paused" answer, the request is sent again this soon.
+pub const PAUSED_RETRY: Duration = Duration::from_millis(1);
+
 /// A client's settings.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -288,6 +291,17 @@ impl ChainClient {
             self.config.groups = layout.chains();
             if self.pending.is_some() {
                 self.send(now);
+            }
+            return;
+        }
+        if header.packet_type == PacketType::Reserved(CHAIN_REPLY)
+            && header.session_id == self.config.session_id
+            && Reply::parse(payload).is_ok_and(|reply| reply.status == Status::Paused)
+        {
+            // Paused for a moment (a member joining the group): try again soon, not at the
+            // backed-off retransmission time.
+            if let Some(pending) = self.pending.as_mut().filter(|p| p.request == header.seq) {
+                pending.resend_at = pending.resend_at.min(now + PAUSED_RETRY);
             }
             return;
         }

@@ -262,3 +262,46 @@ fn a_capacity_without_a_chain_is_refused() {
         "{stderr}"
     );
 }
+
+#[test]
+fn failover_kills_a_member_under_load_and_the_spare_joins_every_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().display().to_string();
+    let json = coord_bench(
+        &[
+            "--failover",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0.3",
+            "--keys",
+            "64",
+            "--clients",
+            "4",
+            "--groups",
+            "4",
+            "--netchain-dir",
+            &shm,
+        ],
+        dir.path(),
+    );
+    let failover = &json["failover"];
+    assert_eq!(failover["system"], "netchain");
+    assert_eq!(failover["clients"], 4);
+    assert_eq!(failover["groups"], 4);
+    // Writes went on before the kill and resumed after it (how fast is the benchmark's to
+    // say, not this test's), and the spare joined every group.
+    assert!(
+        failover["ops_per_s_before"].as_f64().unwrap() > 0.0,
+        "{failover}"
+    );
+    assert!(
+        failover["failover_ms"].as_f64().unwrap().is_finite(),
+        "{failover}"
+    );
+    assert!(
+        failover["recovery_ms"].as_f64().unwrap() > 0.0,
+        "{failover}"
+    );
+    nothing_left_in(dir.path());
+}

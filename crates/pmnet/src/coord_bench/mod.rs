@@ -13,6 +13,7 @@
 //! own; the load generator in `load.rs`; tables, ratios and JSON in `report.rs`.
 
 mod etcd;
+mod failover;
 mod load;
 mod netchain;
 mod procs;
@@ -166,8 +167,15 @@ pub struct CoordBenchArgs {
     /// a group (CRAQ) against reads at the tail only, every member limited to
     /// --member-max-ops-per-s, on a read-mostly workload (--write-ratio) of keys drawn from
     /// a Zipf distribution (--zipf), with the largest --clients count.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "failover")]
     pub read_scaling: bool,
+
+    /// Instead of the comparison: the chain store with its controller (four members, chains
+    /// of three), the largest --clients count writing, one member SIGKILLed after --warmup
+    /// and --duration: how long until the writes of the groups it headed complete again, and
+    /// the throughput while the spare is copied into every group against before.
+    #[arg(long)]
+    pub failover: bool,
 
     /// (--read-scaling) Each member's emulated capacity: chain requests taken per second.
     #[arg(long, value_name = "N", default_value_t = 2000,
@@ -242,6 +250,7 @@ pub struct Plan {
     pub zookeeper: zookeeper::ZooKeeperSetup,
     pub data_dir: PathBuf,
     pub read_scaling: Option<read_scaling::ScalingPlan>,
+    pub failover: bool,
     pub json: Option<PathBuf>,
     /// `--pin`: (the clients' CPU, the systems' CPU).
     pub pin: Option<(usize, usize)>,
@@ -329,6 +338,7 @@ impl Plan {
             },
             data_dir,
             read_scaling,
+            failover: args.failover,
             json: args.json.clone(),
             pin,
         })
@@ -589,6 +599,16 @@ pub fn run(args: CoordBenchArgs) -> Result<ExitCode, CliError> {
         "coord-bench: seed {} (--seed {} replays the workload)",
         plan.seed, plan.seed
     );
+    if plan.failover {
+        return match failover::run(&plan, &shutdown) {
+            Ok(_) => Ok(ExitCode::SUCCESS),
+            Err(error) if shutdown.is_requested() => {
+                eprintln!("coord-bench: interrupted ({error})");
+                Ok(ExitCode::from(130))
+            }
+            Err(error) => Err(error),
+        };
+    }
     let mut report = Report::new(&plan);
     // An error while a signal asks to stop (a start-up cut short) is the interruption.
     let interrupted = |error: CliError| {

@@ -197,6 +197,12 @@ impl Proc {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// SIGKILL at once (a crash), and reap it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// SIGTERM, a wait of at most [`STOP_PATIENCE`], then SIGKILL.
     pub fn stop(&mut self) {
         if let Ok(Some(_)) = self.child.try_wait() {

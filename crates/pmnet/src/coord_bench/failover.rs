@@ -14,6 +14,7 @@ use pmnet_netchain::{group_of, ClientConfig, ClientOp, Outcome};
 use pmnet_runtime::{ChainSession, Shutdown};
 use serde::Serialize;
 
+use super::netchain::{member_args, Membership};
 use super::procs::{free_ports, loopback, run_dir, wait_until, Proc};
 use super::Plan;
 use crate::CliError;
@@ -93,30 +94,8 @@ pub fn run(plan: &Plan, shutdown: &Shutdown) -> Result<FailoverSummary, CliError
     )?];
     for (index, member) in members.iter().enumerate() {
         let id = index + 1;
-        let file = |name: String| dir.path().join(name).display().to_string();
-        let args: Vec<String> = vec![
-            "device".into(),
-            "--device-id".into(),
-            id.to_string(),
-            "--listen".into(),
-            member.to_string(),
-            "--server".into(),
-            format!("1={server}"),
-            "--chain-controller".into(),
-            controller.to_string(),
-            "--log-file".into(),
-            file(format!("device{id}.log")),
-            "--slots".into(),
-            "1024".into(),
-            "--chain-table".into(),
-            file(format!("chain{id}.table")),
-            "--chain-keys".into(),
-            (plan.keys * 2 + 1024).min(1_000_000).to_string(),
-            "--flush".into(),
-            plan.netchain.flush.clone(),
-            "--report-interval".into(),
-            "0".into(),
-        ];
+        let membership = Membership::Controlled(controller);
+        let args = member_args(&plan.netchain, id, *member, membership, server, dir.path());
         let log = dir.path().join(format!("member{id}.out"));
         procs.push(Proc::spawn(
             &format!("chain member {id}"),

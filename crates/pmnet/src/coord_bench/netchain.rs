@@ -46,11 +46,21 @@ pub struct ChainStore {
     _dir: tempfile::TempDir,
 }
 
-/// The members' arguments: as README's chain section, plus files and sizes.
-fn member_args(
+/// How a member knows its chains.
+#[derive(Debug, Clone, Copy)]
+pub enum Membership<'a> {
+    /// `--chain-member` for each (README, "A chain store of three devices").
+    Fixed(&'a [SocketAddr]),
+    /// `--chain-controller` (README, "With the chain controller").
+    Controlled(SocketAddr),
+}
+
+/// Member `id`'s arguments, listening on `listen`: as the README shows, plus files and sizes.
+pub fn member_args(
     setup: &ChainSetup,
     id: usize,
-    members: &[SocketAddr],
+    listen: SocketAddr,
+    membership: Membership<'_>,
     server: SocketAddr,
     dir: &Path,
 ) -> Vec<String> {
@@ -59,15 +69,22 @@ fn member_args(
         "--device-id",
         &id.to_string(),
         "--listen",
-        &members[id - 1].to_string(),
+        &listen.to_string(),
         "--server",
         &format!("1={server}"),
     ]
     .iter()
     .map(|arg| (*arg).to_owned())
     .collect();
-    for member in members {
-        args.extend(["--chain-member".to_owned(), member.to_string()]);
+    match membership {
+        Membership::Fixed(members) => {
+            for member in members {
+                args.extend(["--chain-member".to_owned(), member.to_string()]);
+            }
+        }
+        Membership::Controlled(controller) => {
+            args.extend(["--chain-controller".to_owned(), controller.to_string()]);
+        }
     }
     let file = |name: String| dir.join(name).display().to_string();
     args.extend([
@@ -114,7 +131,8 @@ impl ChainStore {
         let server = loopback(ports[3]);
         let mut procs = Vec::new();
         for id in 1..=3 {
-            let args = member_args(setup, id, &members, server, dir.path());
+            let membership = Membership::Fixed(&members);
+            let args = member_args(setup, id, members[id - 1], membership, server, dir.path());
             let log = dir.path().join(format!("member{id}.out"));
             procs.push(Proc::spawn(
                 &format!("chain member {id}"),

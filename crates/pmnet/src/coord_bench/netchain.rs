@@ -301,7 +301,15 @@ mod tests {
             cpu: None,
         };
         let members: Vec<SocketAddr> = (1..=3).map(|port| loopback(7400 + port)).collect();
-        let args = member_args(&setup, 2, &members, loopback(7500), Path::new("/d"));
+        let fixed = Membership::Fixed(&members);
+        let args = member_args(
+            &setup,
+            2,
+            members[1],
+            fixed,
+            loopback(7500),
+            Path::new("/d"),
+        );
         let text = args.join(" ");
         assert!(
             text.starts_with(
@@ -314,6 +322,19 @@ mod tests {
         assert!(text.contains("--chain-table /d/chain2.table"), "{text}");
         assert!(text.contains("--chain-keys 3024"), "{text}");
         assert!(text.contains("--chain-max-ops-per-s 2000"), "{text}");
+        let controlled = Membership::Controlled(loopback(7700));
+        let args = member_args(
+            &setup,
+            4,
+            loopback(7404),
+            controlled,
+            loopback(7500),
+            Path::new("/d"),
+        );
+        let text = args.join(" ");
+        assert!(text.contains("--listen 127.0.0.1:7404"), "{text}");
+        assert!(text.contains("--chain-controller 127.0.0.1:7700"), "{text}");
+        assert!(!text.contains("--chain-member"), "{text}");
     }
 
     #[test]

@@ -8,25 +8,14 @@ mod common;
 use std::net::SocketAddr;
 use std::path::Path;
 
-use common::{args, device_args, free_udp_addr, run_pmnet, Node};
+use common::{args, chain_member, free_udp_addr, run_pmnet, Node};
 
 fn member(id: u16, listen: SocketAddr, members: &[SocketAddr], dir: &Path) -> Node {
-    let mut list = device_args(
-        listen,
-        free_udp_addr(),
-        &dir.join(format!("device{id}.log")),
-    );
-    list.extend(["--device-id".to_owned(), id.to_string()]);
-    list.extend([
-        "--chain-table".to_owned(),
-        dir.join(format!("chain{id}.table")).display().to_string(),
-        "--chain-keys".to_owned(),
-        "1000".to_owned(),
-    ]);
-    for member in members {
-        list.extend(["--chain-member".to_owned(), member.to_string()]);
-    }
-    Node::start(&format!("member {id}"), list)
+    let membership: Vec<String> = members
+        .iter()
+        .flat_map(|member| ["--chain-member".to_owned(), member.to_string()])
+        .collect();
+    chain_member(id, listen, &membership, dir)
 }
 
 fn kv(members: &[SocketAddr], words: &[&str]) -> (bool, String) {

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{device_args, free_udp_addr, Node, Proc};
+use common::{chain_member, free_udp_addr, Node, Proc};
 use pmnet_lincheck::{check_by_key, Operation, Register, RegisterInput, RegisterOutput, PENDING};
 use pmnet_netchain::{group_of, ClientConfig, ClientOp, Outcome};
 use pmnet_runtime::ChainSession;
@@ -23,21 +23,8 @@ use pmnet_runtime::ChainSession;
 const GROUPS: u16 = 8;
 
 fn member(id: u16, listen: SocketAddr, controller: SocketAddr, dir: &Path) -> Node {
-    let mut list = device_args(
-        listen,
-        free_udp_addr(),
-        &dir.join(format!("device{id}.log")),
-    );
-    list.extend(["--device-id".to_owned(), id.to_string()]);
-    list.extend([
-        "--chain-table".to_owned(),
-        dir.join(format!("chain{id}.table")).display().to_string(),
-        "--chain-keys".to_owned(),
-        "1000".to_owned(),
-        "--chain-controller".to_owned(),
-        controller.to_string(),
-    ]);
-    Node::start(&format!("member {id}"), list)
+    let membership = ["--chain-controller".to_owned(), controller.to_string()];
+    chain_member(id, listen, &membership, dir)
 }
 
 /// Whether an epoch line of the controller shows every group with `length` members, none

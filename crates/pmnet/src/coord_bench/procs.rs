@@ -231,6 +231,18 @@ impl Drop for Proc {
     }
 }
 
+/// The process ids of `procs`.
+pub fn pids(procs: &[Proc]) -> Vec<u32> {
+    procs.iter().map(Proc::pid).collect()
+}
+
+/// Stop every process of `procs` (SIGTERM, then SIGKILL if it lingers).
+pub fn stop_all(procs: &mut [Proc]) {
+    for proc in procs {
+        proc.stop();
+    }
+}
+
 /// Call `ready` every 20 ms until it says yes, for at most `patience`; fails at once if a
 /// process of `procs` exits or a signal asks the benchmark to stop. `what` names what is
 /// waited for in the error.

@@ -186,13 +186,11 @@ impl ZooKeeperEnsemble {
 
     /// The processes' ids.
     pub fn pids(&self) -> Vec<u32> {
-        self.procs.iter().map(Proc::pid).collect()
+        super::procs::pids(&self.procs)
     }
 
     pub fn stop(&mut self) {
-        for proc in &mut self.procs {
-            proc.stop();
-        }
+        super::procs::stop_all(&mut self.procs);
     }
 }
 

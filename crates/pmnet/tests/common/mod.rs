@@ -361,6 +361,26 @@ pub fn server_args(
 
 /// Arguments of device 1 listening on `listen` in front of server 1 at `server`, its log in
 /// `log_file` (1024 slots), with a metrics endpoint on a free port.
+/// A chain store member `id` on `listen`, its files under `dir`: a device's arguments and
+/// its table, then `membership` (`--chain-member …` or `--chain-controller ADDR`).
+#[allow(dead_code)] // not every test binary uses it
+pub fn chain_member(id: u16, listen: SocketAddr, membership: &[String], dir: &Path) -> Node {
+    let mut list = device_args(
+        listen,
+        free_udp_addr(),
+        &dir.join(format!("device{id}.log")),
+    );
+    list.extend([s("--device-id"), s(id)]);
+    list.extend([
+        s("--chain-table"),
+        s(dir.join(format!("chain{id}.table")).display()),
+        s("--chain-keys"),
+        s(1000),
+    ]);
+    list.extend(membership.iter().cloned());
+    Node::start(&format!("member {id}"), list)
+}
+
 pub fn device_args(listen: SocketAddr, server: SocketAddr, log_file: &Path) -> Vec<String> {
     vec![
         s("device"),

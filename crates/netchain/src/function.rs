@@ -10,8 +10,8 @@ use pmnet_wire::netchain::control::{CHAIN_CONFIG, CHAIN_SYNC_DATA};
 use pmnet_wire::netchain::{CHAIN_COMMIT, CHAIN_REPLY, CHAIN_REQUEST, CHAIN_WRITE};
 use pmnet_wire::{Header, PacketType};
 
-use crate::file::Geometry;
 use crate::node::ChainNode;
+use pmnet_pmtable::Geometry;
 
 /// A chain member in a device's pipeline.
 #[derive(Debug)]

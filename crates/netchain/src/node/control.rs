@@ -20,7 +20,7 @@ use pmnet_wire::netchain::control::{
 };
 
 use super::{group_of, ChainConfig, ChainNode};
-use crate::file::Version;
+use pmnet_pmtable::Version;
 
 /// How often a member sends the controller its status (its heartbeat).
 pub const STATUS_INTERVAL: Duration = Duration::from_millis(5);

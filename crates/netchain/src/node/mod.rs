@@ -32,8 +32,7 @@ use pmnet_wire::netchain::{
 };
 use pmnet_wire::{Header, PacketType};
 
-use crate::file::{TableWork, Version};
-use crate::table::{Refused, Table, Written};
+use pmnet_pmtable::{Refused, Table, TableWork, Version, Written};
 
 /// A write passed on is sent again after this long without its commit, doubling up to
 /// [`RESEND_MAX`].
@@ -48,7 +47,7 @@ pub const HELD_MAX: usize = 1 << 16;
 /// The virtual group of `key` among `groups`: FNV-1a of the key, then a final mix (the same on
 /// clients and members).
 pub fn group_of(key: &[u8], groups: u16) -> u16 {
-    (crate::table::key_hash(key) % u64::from(groups.max(1))) as u16
+    (pmnet_pmtable::key_hash(key) % u64::from(groups.max(1))) as u16
 }
 
 /// The chains of `groups` virtual groups over `members`: group g's chain is every member, in

@@ -159,7 +159,7 @@ fn any_bytes_in_the_records_are_read_without_panicking() {
         let mut region = file.region().crash_losing_unpersisted();
         let len = pmnet_pm::PmRegion::len(&region);
         for _ in 0..200 {
-            let offset = rng.random_range(crate::file::SUPERBLOCK_LEN..len);
+            let offset = rng.random_range(crate::SUPERBLOCK_LEN..len);
             let byte: u8 = rng.random();
             pmnet_pm::PmRegion::write(&mut region, offset, &[byte]);
         }

@@ -314,7 +314,7 @@ impl Table {
 }
 
 /// FNV-1a of the key, then a final mix.
-pub(crate) fn key_hash(key: &[u8]) -> u64 {
+pub fn key_hash(key: &[u8]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in key {
         hash ^= u64::from(*byte);

@@ -305,16 +305,20 @@ impl ChainClient {
             }
             return;
         }
-        self.handle(datagram);
+        self.take_reply(&header, payload);
     }
 
     /// A datagram from the network; anything but the reply to the request in flight is
     /// ignored. Never panics on its contents. (With a controller, use
     /// [`ChainClient::handle_from`], which takes configurations too.)
     pub fn handle(&mut self, datagram: &[u8]) {
-        let Ok((header, payload)) = Header::parse(datagram) else {
-            return;
-        };
+        if let Ok((header, payload)) = Header::parse(datagram) {
+            self.take_reply(&header, payload);
+        }
+    }
+
+    /// The reply to the request in flight, if `header` and `payload` are it.
+    fn take_reply(&mut self, header: &Header, payload: &[u8]) {
         if header.packet_type != PacketType::Reserved(CHAIN_REPLY)
             || header.session_id != self.config.session_id
         {

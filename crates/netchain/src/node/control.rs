@@ -100,7 +100,7 @@ fn stamp_of(now: Time) -> u64 {
 impl ChainNode {
     /// Whether this member answers clients now: always without a controller; with one, while
     /// it holds a configuration and a lease.
-    pub(super) fn serving(&self, now: Time) -> bool {
+    pub fn is_serving(&self, now: Time) -> bool {
         self.control.controller.is_none()
             || (self.control.layout.is_some()
                 && self.control.lease_until.is_some_and(|until| now < until))
@@ -121,11 +121,6 @@ impl ChainNode {
             .layout
             .as_ref()
             .map_or(0, |layout| layout.epoch)
-    }
-
-    /// Whether this member holds the controller's lease at `now` (always, without one).
-    pub fn is_serving(&self, now: Time) -> bool {
-        self.serving(now)
     }
 
     pub(super) fn on_control(&mut self, now: Time, from: SocketAddr, code: u8, payload: &[u8]) {

@@ -309,7 +309,7 @@ impl ChainNode {
             version: 0,
             value: &[],
         };
-        if !self.serving(now) {
+        if !self.is_serving(now) {
             self.counters.not_serving += 1;
             self.reply(from, session, request_id, not_here);
             return;

@@ -14,7 +14,7 @@ use pmnet_netchain::{group_of, ClientConfig, ClientOp, Outcome};
 use pmnet_runtime::{ChainSession, Shutdown};
 use serde::Serialize;
 
-use super::netchain::{member_args, Membership};
+use super::netchain::{banners_printed, member_args, Membership};
 use super::procs::{free_ports, loopback, run_dir, wait_until, Proc};
 use super::Plan;
 use crate::CliError;
@@ -106,18 +106,15 @@ pub fn run(plan: &Plan, shutdown: &Shutdown) -> Result<FailoverSummary, CliError
         )?);
     }
     let read_log = || std::fs::read_to_string(&controller_log).unwrap_or_default();
-    let banners_done = || {
-        (1..=members.len()).all(|id| {
-            std::fs::read_to_string(dir.path().join(format!("member{id}.out")))
-                .is_ok_and(|text| text.contains("metrics: "))
-        })
-    };
     wait_until(
         "the chains",
         Duration::from_secs(60),
         &mut procs,
         shutdown,
-        || Ok(banners_done() && last_epoch_line(&read_log()).is_some_and(whole)),
+        || {
+            Ok(banners_printed(dir.path(), members.len())
+                && last_epoch_line(&read_log()).is_some_and(whole))
+        },
     )?;
     let medium = std::fs::read_to_string(dir.path().join("member1.out"))
         .ok()

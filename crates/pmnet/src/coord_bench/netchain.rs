@@ -145,7 +145,7 @@ impl ChainStore {
         // The banner ends with the line that names the metrics endpoint.
         let patience = Duration::from_secs(60);
         wait_until("the chain members", patience, &mut procs, shutdown, || {
-            Ok(procs_ready(&dir))
+            Ok(banners_printed(dir.path(), 3))
         })?;
         let banners: Vec<String> = (1..=3)
             .map(|id| std::fs::read_to_string(dir.path().join(format!("member{id}.out"))))
@@ -224,9 +224,11 @@ impl Drop for ChainStore {
 }
 
 /// Whether every member has printed its whole banner.
-fn procs_ready(dir: &tempfile::TempDir) -> bool {
-    (1..=3).all(|id| {
-        std::fs::read_to_string(dir.path().join(format!("member{id}.out")))
+/// Whether members 1 to `count`, their output in `dir/memberN.out`, have printed their
+/// whole banner (its last line names the metrics endpoint).
+pub fn banners_printed(dir: &Path, count: usize) -> bool {
+    (1..=count).all(|id| {
+        std::fs::read_to_string(dir.join(format!("member{id}.out")))
             .is_ok_and(|text| text.contains("metrics: "))
     })
 }

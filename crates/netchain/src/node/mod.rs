@@ -713,6 +713,8 @@ impl ChainNode {
         if write.group >= self.group_count()
             || self.neighbour(write.group, -1) != Some(from)
             || write.version == 0
+            // Bounded: what waits for commits (the predecessor sends it again later).
+            || self.unacked.len() >= HELD_MAX
         {
             self.counters.dropped += 1;
             return;

@@ -1,0 +1,1 @@
+//! The client memory controller of replicated persistent memory (docs/abd.md).

@@ -26,6 +26,7 @@
 //! of a payload already in its buffer. Parsing never panics and every rejection names its
 //! reason ([`ParseError`]), so callers can count drops by reason.
 
+pub mod abd;
 pub mod batch;
 pub mod cache;
 pub mod netchain;

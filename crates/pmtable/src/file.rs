@@ -110,7 +110,7 @@ impl std::fmt::Display for FileError {
             FileError::TooSmall { needed, len } => {
                 write!(f, "the region has {len} bytes; the table needs {needed}")
             }
-            FileError::NotATable(why) => write!(f, "not a chain table: {why}"),
+            FileError::NotATable(why) => write!(f, "not a pmnet table: {why}"),
         }
     }
 }

@@ -12,4 +12,7 @@ mod table;
 mod tests;
 
 pub use file::{FileError, Geometry, Recovered, TableFile, TableWork, Version, SUPERBLOCK_LEN};
-pub use table::{key_hash, KeySeq, Page, Refused, Table, Written, PAGE_SCAN, PROBE_LIMIT};
+pub use table::{
+    direct_bucket, direct_key, key_hash, KeySeq, Page, Refused, Table, Written, PAGE_SCAN,
+    PROBE_LIMIT,
+};

@@ -70,6 +70,9 @@ pub struct Table {
     change: u64,
     /// Work asked for and batches in flight, each with the keys (and versions) it writes.
     batches: NumberedBatches<TableWork, KeySeq>,
+    /// Direct-mapped: a key is a bucket's number (4 bytes, big-endian) and lives in that
+    /// bucket, with no probing (the memory node's lines).
+    direct: bool,
 }
 
 impl Table {
@@ -81,6 +84,28 @@ impl Table {
             owners: vec![None; geometry.buckets as usize],
             change: 0,
             batches: NumberedBatches::default(),
+            direct: false,
+        }
+    }
+
+    /// An empty direct-mapped table: the key of bucket `b` is `b` as 4 big-endian bytes
+    /// ([`direct_key`]), and no other key is taken.
+    pub fn new_direct(geometry: Geometry) -> Table {
+        Table {
+            direct: true,
+            ..Table::new(geometry)
+        }
+    }
+
+    /// The direct-mapped table a reopened file holds. A record found in a bucket that is not
+    /// its key's (damage) is left out.
+    pub fn recover_direct(geometry: Geometry, mut recovered: Recovered) -> Table {
+        recovered
+            .keys
+            .retain(|key, (bucket, ..)| direct_bucket(key) == Some(*bucket));
+        Table {
+            direct: true,
+            ..Table::recover(geometry, recovered)
         }
     }
 
@@ -150,7 +175,11 @@ impl Table {
     }
 
     fn put(&mut self, key: &[u8], version: Version, any_seq: bool) -> Result<Written, Refused> {
-        if key.is_empty() || key.len() > usize::from(self.geometry.key_max) {
+        if key.is_empty()
+            || key.len() > usize::from(self.geometry.key_max)
+            || self.direct
+                && direct_bucket(key).is_none_or(|bucket| bucket >= self.geometry.buckets)
+        {
             return Err(Refused::BadKey);
         }
         if version
@@ -215,6 +244,10 @@ impl Table {
 
     fn free_bucket(&self, key: &[u8]) -> Option<u32> {
         let buckets = self.geometry.buckets;
+        if self.direct {
+            return direct_bucket(key)
+                .filter(|bucket| *bucket < buckets && self.owners[*bucket as usize].is_none());
+        }
         let home = key_hash(key) % u64::from(buckets);
         (0..u64::from(PROBE_LIMIT.min(buckets)))
             .map(|probe| ((home + probe) % u64::from(buckets)) as u32)
@@ -311,6 +344,16 @@ impl Table {
             .cloned()
             .collect()
     }
+}
+
+/// The key of bucket `bucket` in a direct-mapped table.
+pub fn direct_key(bucket: u32) -> [u8; 4] {
+    bucket.to_be_bytes()
+}
+
+/// The bucket a direct-mapped table keeps `key` in, if it is a bucket's key.
+pub fn direct_bucket(key: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(key.try_into().ok()?))
 }
 
 /// FNV-1a of the key, then a final mix.

@@ -349,3 +349,47 @@ fn a_page_is_bounded_and_resumes_at_its_cursor() {
     assert_eq!(seen, expected);
     assert!(pages >= 4);
 }
+
+#[test]
+fn a_direct_mapped_table_keeps_each_line_in_its_own_bucket_every_one_usable() {
+    let geometry = Geometry {
+        buckets: 64,
+        key_max: 4,
+        value_max: 64,
+    };
+    let region = SimRegion::new(geometry.region_len());
+    let mut file = TableFile::format(region, geometry).expect("formats");
+    let mut table = Table::new_direct(geometry);
+    // Every bucket takes its own line: no probing, so a full table has no "full" neighbourhood.
+    for bucket in 0..64u32 {
+        let version = Version {
+            seq: u64::from(bucket) + 1,
+            value: Some(vec![bucket as u8; 64]),
+        };
+        assert_eq!(
+            table.write(&crate::direct_key(bucket), version),
+            Ok(Written::Pending)
+        );
+    }
+    // Keys that are no bucket's are refused.
+    let version = Version {
+        seq: 1,
+        value: Some(vec![0; 64]),
+    };
+    assert_eq!(
+        table.write(&crate::direct_key(64), version.clone()),
+        Err(Refused::BadKey)
+    );
+    assert_eq!(table.write(b"abc", version), Err(Refused::BadKey));
+    persist_all(&mut table, &mut file);
+    let (file, recovered) = TableFile::open(file.into_region()).expect("reopens");
+    for (key, (bucket, ..)) in &recovered.keys {
+        assert_eq!(crate::direct_bucket(key), Some(*bucket));
+    }
+    let table = Table::recover_direct(file.geometry(), recovered);
+    assert_eq!(table.len(), 64);
+    assert_eq!(
+        table.durable(&crate::direct_key(9)).map(|v| v.seq),
+        Some(10)
+    );
+}

@@ -1,0 +1,329 @@
+//! The state machines together on a perfect in-memory network: the paths one by one. The
+//! simulator (`crates/sim/src/abd.rs`) runs them under faults.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pmnet_pm::SimRegion;
+use pmnet_pmtable::{Geometry, Table, TableFile};
+use pmnet_proto::{NetworkFunction, Time, Transmit};
+use pmnet_wire::abd::LINE;
+use pmnet_wire::Header;
+
+use crate::{
+    AbdClient, AbdError, AbdFunction, ClientConfig, Coordinator, CoordinatorConfig, MemNode,
+    NodeConfig, OpKind, LEARN_WAIT,
+};
+
+const LINES: u32 = 32;
+
+fn addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+fn geometry() -> Geometry {
+    Geometry {
+        buckets: LINES + 1,
+        key_max: 4,
+        value_max: LINE as u16,
+    }
+}
+
+struct Node {
+    addr: SocketAddr,
+    node: MemNode,
+    file: TableFile<SimRegion>,
+    up: bool,
+}
+
+/// Nodes on ports 1.., a device coordinator on 100, a client on 200, a direct coordinator on
+/// 300; every datagram delivered at once unless its destination is down.
+struct Net {
+    now: Time,
+    nodes: Vec<Node>,
+    device: AbdFunction,
+    client: AbdClient,
+    direct: Coordinator,
+    client_done: Vec<(u64, Result<Vec<u8>, AbdError>)>,
+    direct_done: Vec<(u64, Result<Vec<u8>, AbdError>)>,
+}
+
+fn fresh_node(addr_of: SocketAddr, peers: Vec<SocketAddr>, now: Time) -> Node {
+    let region = SimRegion::new(geometry().region_len());
+    let file = TableFile::format(region, geometry()).expect("formats");
+    let node = MemNode::new(
+        NodeConfig {
+            peers,
+            lines: LINES,
+        },
+        Table::new_direct(geometry()),
+        now,
+    );
+    Node {
+        addr: addr_of,
+        node,
+        file,
+        up: true,
+    }
+}
+
+impl Net {
+    fn new(n: u16) -> Net {
+        let addrs: Vec<SocketAddr> = (1..=n).map(addr).collect();
+        let now = Time::ZERO;
+        let nodes = addrs
+            .iter()
+            .map(|me| {
+                let peers = addrs.iter().filter(|a| *a != me).copied().collect();
+                fresh_node(*me, peers, now)
+            })
+            .collect();
+        let device = AbdFunction::new(Coordinator::new(CoordinatorConfig::new(
+            addrs.clone(),
+            LINES,
+            1,
+            0xD1,
+        )));
+        let client = AbdClient::new(ClientConfig::new(addr(100), 0xC1));
+        let direct = Coordinator::new(CoordinatorConfig::new(addrs, LINES, 2, 0xD2));
+        let mut net = Net {
+            now,
+            nodes,
+            device,
+            client,
+            direct,
+            client_done: Vec::new(),
+            direct_done: Vec::new(),
+        };
+        // A new group: every node learns that no other holds a line, and joins.
+        net.advance(LEARN_WAIT + Duration::from_millis(50));
+        assert!(net.nodes.iter().all(|node| node.node.is_member()));
+        net
+    }
+
+    fn deliver(&mut self, from: SocketAddr, transmit: Transmit) {
+        let Ok((header, _)) = Header::parse(&transmit.bytes) else {
+            panic!("a state machine sent a datagram that does not parse");
+        };
+        let payload = &transmit.bytes[pmnet_wire::HEADER_LEN..];
+        let to = transmit.destination;
+        if to == addr(100) {
+            let _ = self.device.handle(self.now, from, &header, &transmit.bytes);
+        } else if to == addr(200) {
+            self.client.handle(self.now, &header, payload);
+        } else if to == addr(300) {
+            self.direct.handle(self.now, from, &header, payload);
+        } else if let Some(node) = self.nodes.iter_mut().find(|node| node.addr == to) {
+            if node.up {
+                node.node.handle(self.now, from, &header, payload);
+            }
+        }
+    }
+
+    /// Run until nothing moves.
+    fn settle(&mut self) {
+        loop {
+            let mut queue: VecDeque<(SocketAddr, Transmit)> = VecDeque::new();
+            for node in &mut self.nodes {
+                while let Some(batch) = node.node.poll_persist() {
+                    node.file.persist_batch(&batch.work);
+                    node.node.on_persisted(self.now, batch.number);
+                }
+                while let Some(t) = node.node.poll_transmit() {
+                    queue.push_back((node.addr, t));
+                }
+            }
+            while let Some(t) = self.device.poll_transmit() {
+                queue.push_back((addr(100), t));
+            }
+            while let Some(t) = self.client.poll_transmit() {
+                queue.push_back((addr(200), t));
+            }
+            while let Some(t) = self.direct.poll_transmit() {
+                queue.push_back((addr(300), t));
+            }
+            while let Some(done) = self.client.poll_done() {
+                self.client_done.push((done.token, done.result));
+            }
+            while let Some(done) = self.direct.poll_done() {
+                self.direct_done.push((done.token, done.result));
+            }
+            if queue.is_empty() {
+                return;
+            }
+            for (from, t) in queue {
+                self.deliver(from, t);
+            }
+        }
+    }
+
+    fn advance(&mut self, by: Duration) {
+        let end = self.now + by;
+        loop {
+            self.settle();
+            let next = [
+                self.device.poll_timeout(),
+                self.client.poll_timeout(),
+                self.direct.poll_timeout(),
+            ]
+            .into_iter()
+            .chain(self.nodes.iter().map(|node| node.node.poll_timeout()))
+            .flatten()
+            .filter(|at| *at <= end)
+            .min();
+            let Some(at) = next else {
+                self.now = end;
+                self.settle();
+                return;
+            };
+            self.now = self.now.max(at);
+            self.device.handle_timeout(self.now);
+            self.client.handle_timeout(self.now);
+            self.direct.handle_timeout(self.now);
+            for node in &mut self.nodes {
+                node.node.handle_timeout(self.now);
+            }
+        }
+    }
+
+    fn client_op(&mut self, first: u32, count: u16, kind: OpKind) -> Result<Vec<u8>, AbdError> {
+        let token = self.client_done.len() as u64 + 1000;
+        self.client.start(self.now, token, first, count, kind)?;
+        self.advance(Duration::from_secs(3));
+        let (done, result) = self.client_done.pop().expect("an answer");
+        assert_eq!(done, token);
+        result
+    }
+
+    fn direct_op(&mut self, first: u32, count: u16, kind: OpKind) -> Result<Vec<u8>, AbdError> {
+        let token = self.direct_done.len() as u64 + 1;
+        self.direct.start(self.now, token, first, count, kind)?;
+        self.advance(Duration::from_secs(1));
+        let (done, result) = self.direct_done.pop().expect("an answer");
+        assert_eq!(done, token);
+        result
+    }
+}
+
+fn lines(byte: u8, count: usize) -> Vec<u8> {
+    vec![byte; count * LINE]
+}
+
+#[test]
+fn a_write_through_the_device_is_read_back_by_the_device_and_by_a_direct_coordinator() {
+    let mut net = Net::new(3);
+    assert_eq!(net.client_op(4, 2, OpKind::Read), Ok(lines(0, 2)));
+    assert_eq!(net.client_op(4, 2, OpKind::Write(lines(7, 2))), Ok(vec![]));
+    assert_eq!(net.client_op(4, 2, OpKind::Read), Ok(lines(7, 2)));
+    assert_eq!(net.direct_op(4, 2, OpKind::Read), Ok(lines(7, 2)));
+    // A later writer's timestamp is higher: its value wins.
+    assert_eq!(net.direct_op(5, 1, OpKind::Write(lines(9, 1))), Ok(vec![]));
+    assert_eq!(
+        net.client_op(4, 2, OpKind::Read),
+        Ok([lines(7, 1), lines(9, 1)].concat())
+    );
+    assert_eq!(
+        net.client_op(31, 2, OpKind::Read),
+        Err(AbdError::OutOfRange)
+    );
+}
+
+#[test]
+fn a_minority_down_changes_nothing_and_a_majority_down_fails_the_operation() {
+    let mut net = Net::new(3);
+    net.nodes[0].up = false;
+    assert_eq!(net.client_op(0, 1, OpKind::Write(lines(3, 1))), Ok(vec![]));
+    assert_eq!(net.client_op(0, 1, OpKind::Read), Ok(lines(3, 1)));
+    net.nodes[1].up = false;
+    assert_eq!(
+        net.client_op(0, 1, OpKind::Write(lines(4, 1))),
+        Err(AbdError::Unavailable)
+    );
+    assert_eq!(
+        net.direct_op(0, 1, OpKind::Read),
+        Err(AbdError::Unavailable)
+    );
+}
+
+#[test]
+fn a_read_writes_back_a_value_that_only_a_minority_holds() {
+    let mut net = Net::new(3);
+    // Node 0 down: the write lands on nodes 1 and 2.
+    net.nodes[0].up = false;
+    assert_eq!(net.direct_op(1, 1, OpKind::Write(lines(5, 1))), Ok(vec![]));
+    // Node 2 down, node 0 back: a read sees node 1's value beside node 0's older one, and
+    // writes it back before answering.
+    net.nodes[0].up = true;
+    net.nodes[2].up = false;
+    let before = net.direct.counters().write_backs;
+    assert_eq!(net.direct_op(1, 1, OpKind::Read), Ok(lines(5, 1)));
+    assert_eq!(net.direct.counters().write_backs, before + 1);
+    assert_eq!(net.nodes[0].node.durable_line(1).1, lines(5, 1));
+}
+
+#[test]
+fn a_node_that_lost_its_memory_learns_every_line_before_it_counts() {
+    let mut net = Net::new(3);
+    for line in 0..LINES {
+        let value = lines(line as u8 + 1, 1);
+        assert_eq!(net.direct_op(line, 1, OpKind::Write(value)), Ok(vec![]));
+    }
+    // Node 2 loses its memory: a new, empty table.
+    let peers = vec![addr(1), addr(2)];
+    net.nodes[2] = fresh_node(addr(3), peers, net.now);
+    assert!(!net.nodes[2].node.is_member());
+    // While it learns, its answers count in no quorum: with node 0 down, nothing completes.
+    net.nodes[0].up = false;
+    assert_eq!(
+        net.direct_op(0, 1, OpKind::Read),
+        Err(AbdError::Unavailable)
+    );
+    net.nodes[0].up = true;
+    net.advance(LEARN_WAIT + Duration::from_millis(100));
+    assert!(net.nodes[2].node.is_member());
+    for line in 0..LINES {
+        assert_eq!(
+            net.nodes[2].node.durable_line(line).1,
+            lines(line as u8 + 1, 1)
+        );
+    }
+    // Now a majority of {1, 2} serves every line.
+    net.nodes[0].up = false;
+    assert_eq!(net.direct_op(7, 1, OpKind::Read), Ok(lines(8, 1)));
+}
+
+#[test]
+fn a_write_sent_again_is_answered_not_applied_twice() {
+    let mut net = Net::new(3);
+    assert_eq!(net.client_op(2, 1, OpKind::Write(lines(1, 1))), Ok(vec![]));
+    let writes = net.device.coordinator().counters().writes;
+    // The same request again, flagged as retransmitted: answered from memory.
+    let mut payload = Vec::new();
+    pmnet_wire::abd::Request {
+        op: pmnet_wire::abd::Op::Write,
+        first: 2,
+        count: 1,
+        data: &lines(1, 1),
+    }
+    .emit(&mut payload);
+    let mut header = Header::new(
+        pmnet_wire::PacketType::Reserved(pmnet_wire::abd::ABD_REQUEST),
+        0,
+        0xC1,
+        1,
+    );
+    header.flags = pmnet_wire::abd::RETRANSMITTED;
+    let bytes = header.encode(&payload);
+    let _ = net.device.handle(net.now, addr(200), &header, &bytes);
+    net.settle();
+    assert_eq!(net.device.coordinator().counters().writes, writes);
+    assert_eq!(net.device.counters().answered_again, 1);
+    // A write flagged as sent again from a session the device never saw: in doubt.
+    header.session_id = 0xEE;
+    let bytes = header.encode(&payload);
+    let _ = net.device.handle(net.now, addr(201), &header, &bytes);
+    net.settle();
+    assert_eq!(net.device.counters().in_doubt, 1);
+    assert_eq!(net.device.coordinator().counters().writes, writes);
+}

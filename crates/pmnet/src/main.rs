@@ -13,6 +13,8 @@ mod drain_bench;
 mod keygen;
 mod kv;
 mod log_inspect;
+mod memnode;
+mod memory_cli;
 mod node;
 mod redis;
 mod redis_up;
@@ -103,6 +105,12 @@ enum Command {
     /// The chain store's controller: membership, leases, failover and recovery of the
     /// members' chains (docs/netchain.md).
     ChainController(chain_controller::ChainControllerArgs),
+    /// Run a memory node of replicated persistent memory: 64-byte lines with their
+    /// timestamps in a mapped file, for ABD quorums (docs/abd.md).
+    Memnode(memnode::MemnodeArgs),
+    /// Read and write lines of replicated persistent memory, through a coordinating device
+    /// or running the quorum here (docs/abd.md).
+    Memory(memory_cli::MemoryArgs),
     /// Show a running device's or server's state: log occupancy, sessions, recovery, peers,
     /// counters (ADDR: its --metrics address).
     Status(status::StatusArgs),
@@ -130,6 +138,8 @@ impl Command {
             Command::CoordBench(_) => "coord-bench",
             Command::Keygen(_) => "keygen",
             Command::Kv(_) => "kv",
+            Command::Memnode(_) => "memnode",
+            Command::Memory(_) => "memory",
             Command::ChainController(_) => "chain-controller",
             Command::Status(_) => "status",
             Command::Log(_) => "log",
@@ -166,6 +176,8 @@ fn main() -> ExitCode {
         Command::CoordBench(args) => coord_bench::run(args),
         Command::Keygen(args) => keygen::run(args),
         Command::Kv(args) => kv::run(args),
+        Command::Memnode(args) => memnode::run(args),
+        Command::Memory(args) => memory_cli::run(args),
         Command::ChainController(args) => chain_controller::run(args),
         Command::Status(args) => status::run(args),
         Command::Log(args) => log_inspect::run(args),

@@ -105,7 +105,7 @@ pub struct MediumArgs {
 }
 
 impl MediumArgs {
-    fn mmap_options(&self) -> MmapOptions {
+    pub(crate) fn mmap_options(&self) -> MmapOptions {
         MmapOptions {
             flush: self.flush,
             added_latency_ns: self.persist_latency_ns,
@@ -140,7 +140,8 @@ pub struct DeviceArgs {
     /// A server behind the device, as ID=ADDR (repeat for several: the "switch" deployment; one
     /// is the "NIC" deployment). Each needs its own id, and none may be the device's own
     /// address.
-    #[arg(long = "server", value_name = "ID=ADDR", required = true, value_parser = parse_server)]
+    #[arg(long = "server", value_name = "ID=ADDR", required_unless_present = "abd_nodes",
+          value_parser = parse_server)]
     pub servers: Vec<(u16, SocketAddr)>,
 
     /// The device's id, named in every PMNet-ACK it sends.
@@ -286,6 +287,18 @@ pub struct DeviceArgs {
     /// limit. For the read-scaling benchmark (docs/benchmarks.md).
     #[arg(long, value_name = "N", value_parser = parse_max_ops_per_s)]
     pub chain_max_ops_per_s: Option<u64>,
+
+    /// A memory node of replicated persistent memory (`pmnet memnode`; docs/abd.md): repeat
+    /// for each. Makes the device the memory's ABD coordinator: clients' reads and writes of
+    /// lines become quorum operations on a majority of the nodes, the device's id the
+    /// writer id of its timestamps. Without --server the device runs no log.
+    #[arg(long = "abd-node", value_name = "ADDR", value_parser = crate::addr::parse_addr)]
+    pub abd_nodes: Vec<SocketAddr>,
+
+    /// Lines of the replicated memory (as the memory nodes' --lines).
+    #[arg(long, value_name = "N", default_value_t = 65_536,
+          value_parser = clap::value_parser!(u32).range(1..=(1 << 26)))]
+    pub abd_lines: u32,
 
     #[command(flatten)]
     pub medium: MediumArgs,
@@ -466,6 +479,10 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
     let shutdown = Shutdown::on_signals()?;
     let mut options = args.options();
     options.keys = args.run.keys()?;
+    if options.servers.is_empty() {
+        // An ABD coordinator alone: nothing to log for.
+        options.log = None;
+    }
     let traffic = auth_text(options.keys.as_ref());
     if let Some(log) = &options.log {
         let stale = pmnet_runtime::stale_worker_logs(&log.path, args.workers);
@@ -503,7 +520,10 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
         let worker = options
             .for_worker(index, online)
             .map_err(|error| format!("--workers {}: {error}", args.workers))?;
-        let device = if args.is_chain_member() {
+        let device = if !args.abd_nodes.is_empty() {
+            let front = abd_coordinator(&args, worker.device_id)?;
+            DeviceRuntime::open_with_front(worker, shutdown.clone(), Box::new(front))?
+        } else if args.is_chain_member() {
             let (front, region) = chain_member(&args)?;
             let front: Box<dyn pmnet_proto::FrontFunction> = match args.chain_max_ops_per_s {
                 Some(ops_per_s) => Box::new(crate::chain_capacity::CapacityLimited::new(
@@ -546,7 +566,14 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
             u32::from(args.device_id) + devices.len() as u32 - 1
         ));
     }
-    lines.push(format!("  servers: {}", servers.join(", ")));
+    lines.push(format!(
+        "  servers: {}",
+        if servers.is_empty() {
+            "none".to_owned()
+        } else {
+            servers.join(", ")
+        }
+    ));
     for device in &devices {
         let startup = device.startup();
         match &startup.log_path {
@@ -560,10 +587,20 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
                 startup.recovered_entry_count,
                 startup.rejected_slot_count
             )),
+            None if args.servers.is_empty() => {
+                lines.push("  log: off (no server behind the device)".to_owned())
+            }
             None => lines.push("  log: off (--no-log)".to_owned()),
         }
     }
-    lines.push(format!("  medium: {}", devices[0].startup().medium_text()));
+    if args.servers.is_empty() {
+        lines.push(
+            "  medium: none (the coordinator keeps nothing: the memory nodes persist the lines)"
+                .to_owned(),
+        );
+    } else {
+        lines.push(format!("  medium: {}", devices[0].startup().medium_text()));
+    }
     if let Some(controller) = args.chain_controller {
         lines.push(format!(
             "  chain store: member {} with the chains of the controller at {controller}, table {} \
@@ -588,6 +625,21 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
         lines.push(format!(
             "  chain capacity: {}",
             pmnet_runtime::emulated_capacity_text(ops_per_s)
+        ));
+    }
+    if !args.abd_nodes.is_empty() {
+        lines.push(format!(
+            "  replicated memory: ABD coordinator of {} lines on {} memory nodes ({}; a \
+             majority of {} needed), writer id {}",
+            args.abd_lines,
+            args.abd_nodes.len(),
+            args.abd_nodes
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            pmnet_abd::majority(args.abd_nodes.len()),
+            args.device_id
         ));
     }
     if args.cache {
@@ -813,6 +865,50 @@ fn chain_member(
     };
     let node = pmnet_netchain::ChainNode::new(config, table, pmnet_proto::Time::ZERO);
     Ok((pmnet_netchain::ChainFunction::new(node), file.into_region()))
+}
+
+/// The ABD coordinator `pmnet device --abd-node ...` puts in front of its log.
+fn abd_coordinator(args: &DeviceArgs, device_id: u16) -> Result<pmnet_abd::AbdFunction, CliError> {
+    if args.cache || args.is_chain_member() {
+        return Err(
+            "--abd-node with --cache or the chain store: a device runs one of them in front of \
+             its log"
+                .to_owned()
+                .into(),
+        );
+    }
+    if args.workers > 1 {
+        return Err("--abd-node runs on one worker: drop --workers"
+            .to_owned()
+            .into());
+    }
+    let mut unique = args.abd_nodes.clone();
+    unique.sort();
+    unique.dedup();
+    if unique.len() != args.abd_nodes.len() || unique.len() > pmnet_abd::NODES_MAX {
+        return Err(format!(
+            "--abd-node: 1 to {} memory nodes, each named once",
+            pmnet_abd::NODES_MAX
+        )
+        .into());
+    }
+    if args.abd_nodes.contains(&args.listen) {
+        return Err(format!(
+            "--abd-node {}: that is the device's own address; name the memory nodes \
+             (`pmnet memnode`)",
+            args.listen
+        )
+        .into());
+    }
+    let config = pmnet_abd::CoordinatorConfig::new(
+        args.abd_nodes.clone(),
+        args.abd_lines,
+        device_id,
+        pmnet_runtime::random_session_id(),
+    );
+    Ok(pmnet_abd::AbdFunction::new(pmnet_abd::Coordinator::new(
+        config,
+    )))
 }
 
 /// The read cache `pmnet device --cache` puts in front of the log of device `device_id`.

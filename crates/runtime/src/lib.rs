@@ -48,6 +48,7 @@
 //! `examples/kv_client.rs` runs the same against a server and a device it starts in-process:
 //! `cargo run -p pmnet-runtime --example kv_client`.
 
+mod abd_client;
 mod chain_client;
 mod client;
 mod device;
@@ -67,6 +68,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use abd_client::{AbdMode, AbdSession, AbdSessionConfig};
 pub use chain_client::ChainSession;
 pub use client::{random_session_id, steer_session, ClientSession, SessionOptions};
 pub use device::{

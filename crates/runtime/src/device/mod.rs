@@ -237,11 +237,19 @@ impl DeviceRuntime {
     ) -> Result<DeviceRuntime, RuntimeError> {
         let span = tracing::info_span!("device", id = options.device_id);
         let _entered = span.clone().entered();
-        check_servers(&options)?;
+        // A device with neither servers nor a log runs its front function alone (a memory
+        // node, an ABD coordinator).
+        if !options.servers.is_empty() || options.log.is_some() {
+            check_servers(&options)?;
+        }
         let sockets = bind_sockets(&options)?;
         let clock = Clock::new();
         let now = clock.now();
-        let (log, startup) = open_device_log(&options)?;
+        let (log, mut startup) = open_device_log(&options)?;
+        if startup.medium.is_none() {
+            // No log: the medium to report is the front function's (a memory node's lines).
+            startup.medium = front_region.as_ref().map(pmnet_pm::PmRegion::medium);
+        }
         let (device, log) = match log {
             Some((log, entries)) => {
                 let mut config = DeviceConfig::new(

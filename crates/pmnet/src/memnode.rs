@@ -184,6 +184,7 @@ pub fn run(args: MemnodeArgs) -> Result<ExitCode, CliError> {
             }
         ),
         format!("  traffic: {traffic}"),
+        format!("  {}", args.run.describe(device.addresses().metrics)),
     ];
     let mut out = std::io::stdout().lock();
     for line in &lines {

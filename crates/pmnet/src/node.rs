@@ -73,7 +73,7 @@ impl LoopArgs {
     }
 
     /// `metrics`: the address the endpoint is bound to (the real port when 0 was asked for).
-    fn describe(&self, metrics: Option<SocketAddr>) -> String {
+    pub(crate) fn describe(&self, metrics: Option<SocketAddr>) -> String {
         format!(
             "wait: {}; cpu: {}; metrics: {}",
             self.wait_mode().describe(),

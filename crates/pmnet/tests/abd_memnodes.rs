@@ -1,0 +1,261 @@
+//! Replicated memory as a user starts it: three `pmnet memnode` processes and a
+//! `pmnet device --abd-node ...` coordinator; four writers and readers at once, two through
+//! the device and two running the quorum themselves (the client-driven mode), on a few
+//! contended lines. Under that load a memory node is SIGKILLed and started again on its file
+//! (its persistent memory kept); then another is SIGKILLed and started on a new, empty file
+//! (its memory lost): it learns every line from the others before it counts, and once it
+//! does, the memory answers with a third node killed. Every line's history, across all of
+//! it, is linearizable.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use common::{free_udp_addr, Node};
+use pmnet_lincheck::{check_by_key, Operation, Register, RegisterInput, RegisterOutput, PENDING};
+use pmnet_runtime::{AbdMode, AbdSession, AbdSessionConfig};
+
+const LINES: u32 = 64;
+/// The contended lines.
+const HOT: u32 = 4;
+/// Lines written once, before the faults.
+const COLD_FIRST: u32 = 16;
+const COLD: usize = 20;
+
+type History = Vec<(
+    u32,
+    Operation<RegisterInput<Vec<u8>>, RegisterOutput<Vec<u8>>>,
+)>;
+
+fn memnode(listen: SocketAddr, peers: &[SocketAddr], file: &Path) -> Node {
+    let mut args = vec![
+        "memnode".to_owned(),
+        "--listen".to_owned(),
+        listen.to_string(),
+        "--lines".to_owned(),
+        LINES.to_string(),
+        "--file".to_owned(),
+        file.display().to_string(),
+        "--metrics".to_owned(),
+        "127.0.0.1:0".to_owned(),
+    ];
+    for peer in peers.iter().filter(|peer| **peer != listen) {
+        args.extend(["--peer".to_owned(), peer.to_string()]);
+    }
+    Node::start("memnode", args)
+}
+
+fn line_value(client: u64, n: u64) -> Vec<u8> {
+    let mut value = format!("{client}:{n}").into_bytes();
+    value.resize(64, 0);
+    value
+}
+
+#[test]
+fn memory_nodes_killed_under_load_with_and_without_their_memory_keep_every_line_linearizable() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let nodes_addr: Vec<SocketAddr> = (0..3).map(|_| free_udp_addr()).collect();
+    let file = |i: usize, life: u32| dir.path().join(format!("node{i}.{life}.lines"));
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| memnode(nodes_addr[i], &nodes_addr, &file(i, 0)))
+        .collect();
+    for node in &nodes {
+        assert!(
+            node.banner.iter().any(|line| line.contains("medium: ")),
+            "the banner names the medium: {:?}",
+            node.banner
+        );
+        // A new group: each node learns that no other holds a line, and joins.
+        node.wait_metric("pmnet_memnode_member", "", "is a member", |v| v == 1.0);
+    }
+    let device_addr = free_udp_addr();
+    let mut device_args = vec![
+        "device".to_owned(),
+        "--listen".to_owned(),
+        device_addr.to_string(),
+        "--abd-lines".to_owned(),
+        LINES.to_string(),
+        "--metrics".to_owned(),
+        "127.0.0.1:0".to_owned(),
+    ];
+    for node in &nodes_addr {
+        device_args.extend(["--abd-node".to_owned(), node.to_string()]);
+    }
+    let device = Node::start("device", device_args);
+
+    // Cold lines, written once: a node that loses its memory gets them back only by learning.
+    let mut writer = AbdSession::open(AbdSessionConfig {
+        mode: AbdMode::Device(device_addr),
+        lines: LINES,
+        keys: None,
+    })
+    .expect("a socket");
+    let cold: Vec<u8> = (0..COLD * 64).map(|i| (i % 251) as u8 + 1).collect();
+    writer
+        .write(COLD_FIRST, &cold)
+        .expect("the socket works")
+        .expect("the cold lines written");
+
+    let started = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let history = Arc::new(Mutex::new(History::new()));
+    let clients: Vec<_> = (0..4u64)
+        .map(|client| {
+            let (stop, history, nodes_addr) = (stop.clone(), history.clone(), nodes_addr.clone());
+            std::thread::spawn(move || {
+                let mode = if client < 2 {
+                    AbdMode::Device(device_addr)
+                } else {
+                    AbdMode::Direct {
+                        nodes: nodes_addr,
+                        writer: 1000 + client as u16,
+                    }
+                };
+                let mut session = AbdSession::open(AbdSessionConfig {
+                    mode,
+                    lines: LINES,
+                    keys: None,
+                })
+                .expect("a socket");
+                let mut at = client as u32;
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    at = at.wrapping_mul(2_654_435_761).wrapping_add(7);
+                    let line = at % HOT;
+                    let write = at % 5 < 3;
+                    let call = started.elapsed().as_nanos() as u64;
+                    let (input, output, ret) = if write {
+                        n += 1;
+                        let value = line_value(client, n);
+                        let result = session.write(line, &value).expect("the socket works");
+                        let ret = started.elapsed().as_nanos() as u64;
+                        let input = RegisterInput::Write(Some(value));
+                        match result {
+                            Ok(()) => (input, RegisterOutput::Written, ret),
+                            // No majority in time, or in doubt: may or may not have happened.
+                            Err(_) => (input, RegisterOutput::Unknown, PENDING),
+                        }
+                    } else {
+                        let result = session.read(line, 1).expect("the socket works");
+                        let ret = started.elapsed().as_nanos() as u64;
+                        match result {
+                            Ok(value) => {
+                                let value = (value != vec![0; 64]).then_some(value);
+                                (RegisterInput::Read, RegisterOutput::Value(value), ret)
+                            }
+                            Err(_) => continue, // a read that failed changed nothing
+                        }
+                    };
+                    history.lock().unwrap().push((
+                        line,
+                        Operation {
+                            client,
+                            call,
+                            ret,
+                            input,
+                            output,
+                        },
+                    ));
+                }
+            })
+        })
+        .collect();
+    let completed_since = |since: u64| {
+        history
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, op)| {
+                op.call >= since && op.ret != PENDING && matches!(op.input, RegisterInput::Write(_))
+            })
+            .count()
+    };
+    let wait_writes = |what: &str, since: u64| {
+        common::poll_until(what, || {
+            let done = completed_since(since);
+            if done >= 50 {
+                Ok(())
+            } else {
+                Err(format!("{done} writes completed"))
+            }
+        })
+    };
+    wait_writes("writes under way", 0);
+
+    // 1. A node SIGKILLed under load: a majority remains, the writes go on.
+    let killed = started.elapsed().as_nanos() as u64;
+    nodes[0].proc.kill();
+    wait_writes("writes with node 0 killed", killed);
+    // Started again on its file: its persistent memory holds every line it acknowledged, and
+    // it is a member at once.
+    nodes[0] = memnode(nodes_addr[0], &nodes_addr, &file(0, 0));
+    assert!(
+        nodes[0]
+            .banner
+            .iter()
+            .any(|line| line.contains("state: member")),
+        "{:?}",
+        nodes[0].banner
+    );
+
+    // 2. Another node SIGKILLed, started on a new file: it lost its memory and learns.
+    nodes[1].proc.kill();
+    let restarted = started.elapsed().as_nanos() as u64;
+    nodes[1] = memnode(nodes_addr[1], &nodes_addr, &file(1, 1));
+    assert!(
+        nodes[1]
+            .banner
+            .iter()
+            .any(|line| line.contains("state: learning")),
+        "{:?}",
+        nodes[1].banner
+    );
+    wait_writes("writes while node 1 learns", restarted);
+    nodes[1].wait_metric("pmnet_memnode_member", "", "is a member again", |v| {
+        v == 1.0
+    });
+    let taken = nodes[1]
+        .metric("pmnet_memnode_sync_lines_taken_total", "")
+        .expect("the counter");
+    assert!(
+        taken >= COLD as f64,
+        "the learning node took {taken} lines from the others, not the {COLD} cold ones"
+    );
+
+    // 3. With the learned node and node 0, the memory answers without node 2.
+    nodes[2].proc.kill();
+    let third = started.elapsed().as_nanos() as u64;
+    wait_writes("writes with node 2 killed", third);
+
+    assert_eq!(
+        writer
+            .read(COLD_FIRST, COLD as u32)
+            .expect("the socket works"),
+        Ok(cold),
+        "the cold lines, read from the learned node and node 0"
+    );
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.join().expect("a client thread");
+    }
+    let history = std::mem::take(&mut *history.lock().unwrap());
+    let written = history
+        .iter()
+        .filter(|(_, op)| op.ret != PENDING && matches!(op.input, RegisterInput::Write(_)))
+        .count();
+    eprintln!(
+        "{} operations, {written} writes completed; device: {:?} answers ignored",
+        history.len(),
+        device.metric("pmnet_abd_answers_ignored_total", "").ok()
+    );
+    let verdict = check_by_key(&Register::default(), &history, 50_000_000);
+    assert!(
+        verdict.is_linearizable(),
+        "{verdict:?} ({} operations)",
+        history.len()
+    );
+}

@@ -49,6 +49,11 @@ impl MemLineStore {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// How many clones of this store exist (this one included).
+    pub fn handles(&self) -> usize {
+        Arc::strong_count(&self.inner)
+    }
+
     /// The calls so far, oldest first.
     pub fn log(&self) -> Vec<Call> {
         self.lock().log.clone()

@@ -441,6 +441,23 @@ fn an_unserved_fault_raises_sigbus() {
 }
 
 #[test]
+fn dropping_the_view_stops_its_thread_and_releases_the_store() {
+    let store = MemLineStore::new(PAGE_LINES as u64);
+    for _ in 0..20 {
+        let Some(mut view) = map(&store, 1, MapOptions::default()) else {
+            return;
+        };
+        view.as_mut_slice()[0] += 1;
+        view.mark_dirty(0..1).unwrap();
+        view.persist().unwrap();
+        assert_eq!(store.handles(), 2);
+        drop(view); // joins the fault thread, which holds the other handle
+        assert_eq!(store.handles(), 1);
+    }
+    assert_eq!(store.peek(0, 1), [20]);
+}
+
+#[test]
 fn views_over_too_little_store_do_not_map() {
     let store = MemLineStore::new(PAGE_LINES as u64 - 1);
     assert!(matches!(

@@ -11,6 +11,8 @@
 //!   majority already and the read is done; otherwise store the highest lines at every node
 //!   and finish on a majority's acks (the write-back).
 //!
+//! With a single node (no replication) a write is one store that the node stamps itself.
+//!
 //! Unanswered nodes are asked again with a doubling interval; an operation that has no
 //! majority by its deadline fails (it may or may not have taken effect). State per operation
 //! is bounded (the lines, one bit per node), and so is the number of operations.
@@ -227,6 +229,15 @@ impl Coordinator {
             resend_at: now + self.config.resend_first,
             interval: self.config.resend_first,
         };
+        let mut op = op;
+        if self.config.nodes.len() == 1 {
+            if let OpKind::Write(data) = &op.kind {
+                // One node, no replication: one store, stamped by the node itself (timestamp
+                // 0 asks it to); there are no other copies to order against.
+                op.store = Store::encode_lines(data.chunks(LINE).map(|line| (0, line)));
+                op.phase = Phase::Store;
+            }
+        }
         self.timers.insert((op.resend_at.min(op.deadline), request));
         self.ops.insert(request, op);
         self.send_phase(request, u16::MAX);

@@ -304,12 +304,21 @@ impl MemNode {
         self.counters.stores += 1;
         let mut stamps = Vec::with_capacity(usize::from(store.count));
         for i in 0..usize::from(store.count) {
-            let (ts, value) = store.line(i);
+            let (mut ts, value) = store.line(i);
+            let line = store.first + i as u32;
+            if ts == 0 && self.config.peers.is_empty() {
+                // A memory of one node (no replication): the node orders the writes itself,
+                // each a counter above the line's latest.
+                let latest = self
+                    .table
+                    .latest(&direct_key(line))
+                    .map_or(0, |version| version.seq);
+                ts = pmnet_wire::abd::timestamp(pmnet_wire::abd::counter_of(latest) + 1, 0);
+            }
             stamps.push(ts);
             if ts == 0 {
                 continue; // the timestamp every line has from the start
             }
-            let line = store.first + i as u32;
             let version = Version {
                 seq: ts,
                 value: Some(value.to_vec()),

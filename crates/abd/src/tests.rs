@@ -327,3 +327,15 @@ fn a_write_sent_again_is_answered_not_applied_twice() {
     assert_eq!(net.device.counters().in_doubt, 1);
     assert_eq!(net.device.coordinator().counters().writes, writes);
 }
+
+#[test]
+fn a_memory_of_one_node_writes_in_one_store_the_node_stamps() {
+    let mut net = Net::new(1);
+    assert_eq!(net.direct_op(3, 1, OpKind::Write(lines(1, 1))), Ok(vec![]));
+    assert_eq!(net.client_op(3, 1, OpKind::Write(lines(2, 1))), Ok(vec![]));
+    assert_eq!(net.direct_op(3, 1, OpKind::Read), Ok(lines(2, 1)));
+    // Two writes, two stores, no query; the node's counter went up by one each.
+    assert_eq!(net.nodes[0].node.counters().queries, 1);
+    assert_eq!(net.nodes[0].node.counters().stores, 2);
+    assert_eq!(net.nodes[0].node.durable_line(3).0 >> 16, 2);
+}

@@ -23,7 +23,7 @@
 //! | | what (as asked), first line, lines *n* | 1 + 4 + 2 |
 //! | | ok: per line its timestamp, and its value if asked | *n* × (8 \[+ 64\]) |
 //! | store (`0x34`, coordinator → node) | first line, lines *n* | 4 + 2 |
-//! | | per line: timestamp, value | *n* × (8 + 64) |
+//! | | per line: timestamp (0, to a node without peers: the node stamps it), value | *n* × (8 + 64) |
 //! | store ack (`0x35`, node → coordinator) | status (as the query reply's), first line, lines *n* | 1 + 4 + 2 |
 //! | sync (`0x36`, learning node → node) | first line, lines to look at (1 to 65 535) | 4 + 2 |
 //! | sync reply (`0x37`, node → learning node) | status (as the query reply's; 1: the sender is learning too) | 1 |

@@ -259,3 +259,70 @@ fn memory_nodes_killed_under_load_with_and_without_their_memory_keep_every_line_
         history.len()
     );
 }
+
+/// The example program of the README: counters in an mmap'ed view of the memory, a round
+/// persisted at a time; it SIGKILLs a memory node itself mid-run, goes on, and checks every
+/// counter with fresh quorum reads at the end.
+#[test]
+fn the_counters_example_survives_a_memory_node_killed_mid_run() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let nodes_addr: Vec<SocketAddr> = (0..3).map(|_| free_udp_addr()).collect();
+    let nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            memnode(
+                nodes_addr[i],
+                &nodes_addr,
+                &dir.path().join(format!("node{i}.lines")),
+            )
+        })
+        .collect();
+    for node in &nodes {
+        node.wait_metric("pmnet_memnode_member", "", "is a member", |v| v == 1.0);
+    }
+    let device_addr = free_udp_addr();
+    let mut device_args = vec![
+        "device".to_owned(),
+        "--listen".to_owned(),
+        device_addr.to_string(),
+        "--abd-lines".to_owned(),
+        LINES.to_string(),
+    ];
+    for node in &nodes_addr {
+        device_args.extend(["--abd-node".to_owned(), node.to_string()]);
+    }
+    let _device = Node::start("device", device_args);
+    // Cargo builds the examples beside the binary's directory.
+    let example = Path::new(common::pmnet_bin())
+        .parent()
+        .expect("the binary's directory")
+        .join("examples/replicated_counters");
+    assert!(
+        example.exists(),
+        "{} was not built (cargo test builds examples)",
+        example.display()
+    );
+    let victim = nodes[2].proc.pid().expect("a running memory node");
+    let output = std::process::Command::new(&example)
+        .args([
+            "--device",
+            &device_addr.to_string(),
+            "--lines",
+            &LINES.to_string(),
+            "--rounds",
+            "200",
+            "--kill-pid",
+            &victim.to_string(),
+            "--kill-at",
+            "100",
+        ])
+        .output()
+        .expect("the example runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the example failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("SIGKILL to memory node"), "{stdout}");
+    assert!(stdout.contains("ok: all 512 counters"), "{stdout}");
+}

@@ -71,7 +71,8 @@ fn parse() -> Result<Options, String> {
             other => return Err(format!("unknown option {other}; {}", usage())),
         }
     }
-    if options.device.is_some() == !options.nodes.is_empty() {
+    if options.device.is_some() != options.nodes.is_empty() {
+        // Both given, or neither.
         return Err(format!(
             "give --device, or --node for each memory node; {}",
             usage()

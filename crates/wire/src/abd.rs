@@ -557,6 +557,83 @@ mod tests {
         vec![byte; LINE]
     }
 
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+    }
+
+    /// The vectors in docs/protocol.md ("Replicated memory"), byte for byte.
+    #[test]
+    fn the_documented_vectors() {
+        let value = {
+            let mut value = b"hi".to_vec();
+            value.resize(LINE, 0);
+            value
+        };
+        let zeros62 = "00".repeat(62);
+        // 19: a client's write of line 5 (one line), "hi" and zeros.
+        let mut out = Vec::new();
+        Request {
+            op: Op::Write,
+            first: 5,
+            count: 1,
+            data: &value,
+        }
+        .emit(&mut out);
+        assert_eq!(hex(&out), format!("02000000050001{}{zeros62}", "6869"));
+        // 20: the coordinator's first phase for it: timestamps of line 5.
+        out.clear();
+        Query {
+            values: false,
+            first: 5,
+            count: 1,
+        }
+        .emit(&mut out);
+        assert_eq!(hex(&out), "01000000050001");
+        // 21: a node's answer: line 5 at counter 3, writer 2.
+        out.clear();
+        let ts = timestamp(3, 2).to_be_bytes();
+        QueryReply {
+            status: NodeStatus::Ok,
+            values: false,
+            first: 5,
+            count: 1,
+            lines: &ts,
+        }
+        .emit(&mut out);
+        assert_eq!(hex(&out), "00010000000500010000000000030002");
+        // 22: the second phase: line 5 at counter 4, writer 1 (the device's id).
+        out.clear();
+        let lines = Store::encode_lines([(timestamp(4, 1), &value[..])]);
+        Store {
+            first: 5,
+            count: 1,
+            lines: &lines,
+        }
+        .emit(&mut out);
+        assert_eq!(
+            hex(&out),
+            format!("000000050001{}6869{zeros62}", "0000000000040001")
+        );
+        // 23: a node's ack, and the coordinator's reply to the client.
+        out.clear();
+        StoreAck {
+            status: NodeStatus::Ok,
+            first: 5,
+            count: 1,
+        }
+        .emit(&mut out);
+        assert_eq!(hex(&out), "00000000050001");
+        out.clear();
+        Reply {
+            status: Status::Ok,
+            first: 5,
+            count: 1,
+            data: &[],
+        }
+        .emit(&mut out);
+        assert_eq!(hex(&out), "00000000050001");
+    }
+
     #[test]
     fn every_message_survives_emit_and_parse() {
         let data = [line(1), line(2)].concat();

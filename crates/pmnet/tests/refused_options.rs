@@ -178,7 +178,7 @@ fn a_chain_member_that_cannot_work_is_refused() {
     );
     // A table file that holds no table is never overwritten.
     std::fs::write(&table, b"not a table").unwrap();
-    run(&["--chain-member", &listen], &[&table, "not a chain table"]);
+    run(&["--chain-member", &listen], &[&table, "not a pmnet table"]);
     assert_eq!(std::fs::read(&table).unwrap(), b"not a table");
 }
 
@@ -235,4 +235,49 @@ fn a_chain_controller_that_cannot_work_is_refused() {
         ],
         &["--chain-controller", "--chain-member"],
     );
+}
+
+#[test]
+fn a_memory_node_or_abd_device_that_cannot_work_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = free_udp_addr().to_string();
+    let other = free_udp_addr().to_string();
+    let file = dir.path().join("m.lines").display().to_string();
+    let memnode = |extra: &[&str], hints: &[&str]| {
+        let mut list = vec!["memnode", "--listen", &listen, "--file", &file];
+        list.extend_from_slice(extra);
+        must_fail(&list, hints);
+    };
+    memnode(&["--lines", "0"], &["--lines 0"]);
+    memnode(&["--peer", &listen], &["this node's own address"]);
+    // A file that holds no line store is never overwritten.
+    std::fs::write(&file, b"not lines").unwrap();
+    memnode(&[], &[&file, "not a pmnet table", "move it aside"]);
+    assert_eq!(std::fs::read(&file).unwrap(), b"not lines");
+    std::fs::remove_file(&file).unwrap();
+    // A file of another size than --lines says.
+    let mut made = common::Node::start(
+        "memnode",
+        args(&[
+            "memnode", "--listen", &listen, "--file", &file, "--lines", "8",
+        ]),
+    );
+    made.proc.stop();
+    memnode(&["--lines", "16"], &["holds 8 lines, not the 16"]);
+
+    let device = |extra: &[&str], hints: &[&str]| {
+        let mut list = vec!["device", "--listen", &listen];
+        list.extend_from_slice(extra);
+        must_fail(&list, hints);
+    };
+    device(
+        &["--abd-node", &other, "--abd-node", &other],
+        &["each named once"],
+    );
+    device(&["--abd-node", &listen], &["the device's own address"]);
+    device(
+        &["--abd-node", &other, "--cache"],
+        &["--abd-node with --cache"],
+    );
+    device(&[], &["--server"]);
 }

@@ -339,3 +339,144 @@ fn a_memory_of_one_node_writes_in_one_store_the_node_stamps() {
     assert_eq!(net.nodes[0].node.counters().stores, 2);
     assert_eq!(net.nodes[0].node.durable_line(3).0 >> 16, 2);
 }
+
+/// The value a store of `line` at timestamp `ts` carries in the crash test: a line and its
+/// timestamp belong together when the value is this one.
+fn paired_value(line: u32, ts: u64) -> Vec<u8> {
+    let mut value = Vec::with_capacity(LINE);
+    let mut x = u64::from(line) << 40 ^ ts ^ 0x9e37_79b9_7f4a_7c15;
+    while value.len() < LINE {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        value.extend_from_slice(&x.to_le_bytes());
+    }
+    value
+}
+
+#[test]
+fn a_crash_never_tears_a_line_from_its_timestamp_nor_loses_an_acknowledged_store() {
+    use rand::{Rng, SeedableRng};
+    let seed = match std::env::var("PMNET_SEED") {
+        Ok(text) => text.trim().parse().expect("PMNET_SEED is a u64"),
+        Err(_) => rand::random(),
+    };
+    eprintln!("PMNET_SEED={seed}");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let coordinator = addr(100);
+    let mut now = Time::ZERO;
+    let new_node = |table: Table, now: Time| {
+        MemNode::new(
+            NodeConfig {
+                peers: Vec::new(),
+                lines: LINES,
+            },
+            table,
+            now,
+        )
+    };
+    let region = SimRegion::new(geometry().region_len());
+    let mut file = TableFile::format(region, geometry()).expect("formats");
+    let mut node = new_node(Table::new_direct(geometry()), now);
+    // Alone, it forms the memory after the learning wait.
+    now = now + LEARN_WAIT;
+    node.handle_timeout(now);
+    while let Some(batch) = node.poll_persist() {
+        file.persist_batch(&batch.work);
+        node.on_persisted(now, batch.number);
+    }
+    assert!(node.is_member());
+    let mut counters = [0u64; LINES as usize];
+    let mut acked = [0u64; LINES as usize];
+    let mut sent = std::collections::HashMap::new();
+    let mut crashes = 0;
+    for step in 0..6000u32 {
+        let first = rng.random_range(0..LINES - 2);
+        let count = rng.random_range(1..=2u16);
+        let mut lines = Vec::new();
+        for line in first..first + u32::from(count) {
+            let counter = &mut counters[line as usize];
+            // Sometimes a late, older store.
+            let ts = if *counter > 2 && rng.random_bool(0.1) {
+                pmnet_wire::abd::timestamp(*counter - 1, 3)
+            } else {
+                *counter += 1;
+                pmnet_wire::abd::timestamp(*counter, rng.random_range(1..4))
+            };
+            lines.push((ts, paired_value(line, ts)));
+        }
+        let encoded =
+            pmnet_wire::abd::Store::encode_lines(lines.iter().map(|(ts, v)| (*ts, &v[..])));
+        let mut payload = Vec::new();
+        pmnet_wire::abd::Store {
+            first,
+            count,
+            lines: &encoded,
+        }
+        .emit(&mut payload);
+        let header = Header::new(
+            pmnet_wire::PacketType::Reserved(pmnet_wire::abd::ABD_STORE),
+            0,
+            1,
+            step,
+        );
+        sent.insert(
+            step,
+            (first..first + u32::from(count))
+                .zip(lines.iter().map(|(ts, _)| *ts))
+                .collect::<Vec<_>>(),
+        );
+        node.handle(now, coordinator, &header, &payload);
+        let mut pending_acks: Vec<u32> = Vec::new();
+        let drain = |node: &mut MemNode, pending_acks: &mut Vec<u32>| {
+            while let Some(t) = node.poll_transmit() {
+                let (header, payload) = Header::parse(&t.bytes).expect("parses");
+                let ack = pmnet_wire::abd::StoreAck::parse(payload).expect("an ack");
+                assert_eq!(ack.status, pmnet_wire::abd::NodeStatus::Ok);
+                pending_acks.push(header.seq);
+            }
+        };
+        drain(&mut node, &mut pending_acks);
+        if rng.random_bool(0.5) {
+            if let Some(batch) = node.poll_persist() {
+                if rng.random_bool(0.05) {
+                    // A crash in the middle of the batch: stored and flushed, no fence.
+                    file.persist_batch_without_fence(&batch.work);
+                    let crashed = file.region().crash(&mut rng);
+                    let (reopened, recovered) = TableFile::open(crashed).expect("reopens");
+                    file = reopened;
+                    node = new_node(Table::recover_direct(geometry(), recovered), now);
+                    assert!(node.is_member(), "seed {seed}: a crash cost the membership");
+                    crashes += 1;
+                    for line in 0..LINES {
+                        let (ts, value) = node.durable_line(line);
+                        if ts != 0 {
+                            assert_eq!(
+                                value,
+                                paired_value(line, ts),
+                                "seed {seed} step {step}: line {line} torn from its timestamp"
+                            );
+                        }
+                        assert!(
+                            ts >= acked[line as usize],
+                            "seed {seed} step {step}: line {line} lost an acknowledged store"
+                        );
+                        counters[line as usize] =
+                            counters[line as usize].max(pmnet_wire::abd::counter_of(ts));
+                    }
+                    continue;
+                }
+                file.persist_batch(&batch.work);
+                node.on_persisted(now, batch.number);
+                drain(&mut node, &mut pending_acks);
+            }
+        }
+        // An ack promises the store's timestamps (or higher) durable.
+        for step in pending_acks {
+            for (line, ts) in sent.remove(&step).expect("an ack names a store sent") {
+                acked[line as usize] = acked[line as usize].max(ts);
+            }
+        }
+    }
+    assert!(crashes > 5, "seed {seed}: only {crashes} crashes");
+}

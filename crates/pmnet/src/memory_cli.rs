@@ -67,6 +67,24 @@ fn show(line: &[u8]) -> String {
     }
 }
 
+/// What to look at when no answer came.
+fn hint(args: &MemoryArgs) -> String {
+    match args.device {
+        Some(device) => format!(
+            "; is the device at {device} running with --abd-node for each memory node{}, and \
+             are a majority of the nodes up (a new node joins a second after it starts)?",
+            if args.key_file.is_some() {
+                " and the same --key-file"
+            } else {
+                " (and no --key-file, as here)"
+            }
+        ),
+        None => "; are a majority of the memory nodes up (a new node joins a second after it \
+                 starts)?"
+            .to_owned(),
+    }
+}
+
 pub fn run(args: MemoryArgs) -> Result<ExitCode, CliError> {
     let mode = match args.device {
         Some(device) => AbdMode::Device(device),
@@ -85,6 +103,7 @@ pub fn run(args: MemoryArgs) -> Result<ExitCode, CliError> {
         keys,
     })
     .map_err(|error| format!("replicated memory: {error}"))?;
+    let hint = hint(&args);
     match args.command {
         MemoryCommand::Read { first, count } => {
             if count == 0 || u64::from(first) + u64::from(count) > u64::from(args.lines) {
@@ -97,7 +116,7 @@ pub fn run(args: MemoryArgs) -> Result<ExitCode, CliError> {
             }
             let lines = session
                 .read(first, count)?
-                .map_err(|error| format!("read: {error}"))?;
+                .map_err(|error| format!("read: {error}{}", hint))?;
             for (i, line) in lines.chunks(pmnet_abd::LINE).enumerate() {
                 println!("{} {}", first + i as u32, show(line));
             }
@@ -117,7 +136,7 @@ pub fn run(args: MemoryArgs) -> Result<ExitCode, CliError> {
             }
             session
                 .write(first, &bytes)?
-                .map_err(|error| format!("write: {error}"))?;
+                .map_err(|error| format!("write: {error}{}", hint))?;
             println!("ok: {count} line(s) from {first}, durable on a majority");
         }
     }

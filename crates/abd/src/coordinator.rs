@@ -143,6 +143,10 @@ pub struct Coordinator {
     transmits: VecDeque<Transmit>,
     done: VecDeque<Done>,
     counters: CoordinatorCounters,
+    /// The highest counter this coordinator stamped a write with: its next write's counter
+    /// is higher still, so that two of its writes in flight at once (of one line) never
+    /// share a timestamp.
+    stamped: u64,
 }
 
 impl Coordinator {
@@ -169,6 +173,7 @@ impl Coordinator {
             transmits: VecDeque::new(),
             done: VecDeque::new(),
             counters: CoordinatorCounters::default(),
+            stamped: 0,
         }
     }
 
@@ -341,6 +346,7 @@ impl Coordinator {
     fn on_query_reply(&mut self, now: Time, node: usize, request: u32, reply: &QueryReply<'_>) {
         let majority = self.config.majority();
         let writer = self.config.writer;
+        let stamped = self.stamped;
         let Some(op) = self.counting(
             node,
             request,
@@ -386,7 +392,7 @@ impl Coordinator {
             op.store = Store::encode_lines(op.best.iter().map(|(ts, value, _)| (*ts, &value[..])));
         } else {
             let highest = op.best.iter().map(|(ts, ..)| *ts).max().unwrap_or(0);
-            let counter = counter_of(highest);
+            let counter = counter_of(highest).max(stamped);
             if counter >= (1 << 48) - 1 {
                 // A timestamp no writer could have made honestly: refuse to wrap around.
                 self.finish(request, Err(AbdError::Unavailable));
@@ -397,6 +403,7 @@ impl Coordinator {
                 unreachable!("a write")
             };
             op.store = Store::encode_lines(data.chunks(LINE).map(|line| (ts, line)));
+            self.stamped = counter + 1;
         }
         if read {
             self.counters.write_backs += 1;

@@ -9,8 +9,9 @@
 //! A node whose file is new (it never had memory, or lost it) is *learning*: its answers say
 //! so and count in no quorum. It first waits [`LEARN_WAIT`], so that every operation its
 //! previous life may have acknowledged has ended (coordinators give an operation at most
-//! [`crate::OP_DEADLINE`]), then copies every line from a majority of the nodes (the others,
-//! each through its own cursor: the highest timestamp wins), and only then writes its
+//! [`crate::OP_DEADLINE`]), then copies every line from as many other nodes as make a
+//! majority of the group (each through its own cursor: the highest timestamp wins), and only
+//! then writes its
 //! membership record and answers as a member. If every other node answers that it holds no
 //! line (a new group), it becomes a member at once.
 
@@ -450,10 +451,10 @@ impl MemNode {
             return; // an answer to an earlier request, sent again
         }
         if reply.status != NodeStatus::Ok {
-            // A learning node: nothing of its counts; ask it again from the start later.
+            // A learning node: nothing of its counts; ask it again from the start, after the
+            // resend interval (two learning nodes must not ping-pong at network speed).
             cursor.next = 0;
             cursor.member = false;
-            cursor.sent = None;
             return;
         }
         if cursor.next == 0 {
@@ -490,14 +491,20 @@ impl MemNode {
         if now < *since + LEARN_WAIT {
             return;
         }
-        let copied = 1 + cursors
+        // A majority of the group *besides this node*: a write its previous life acknowledged
+        // is on at least majority - 1 of the others, and any majority of the others meets
+        // those (majority - 1 + majority > the others).
+        let copied = cursors
             .iter()
             .filter(|cursor| cursor.member && cursor.next >= lines)
             .count();
-        let new_group = held == 0
-            && cursors
-                .iter()
-                .all(|cursor| cursor.holds_lines == Some(false));
+        // A node alone has nobody to copy from (what it holds came in stores it never
+        // acknowledged); otherwise a group whose other nodes all hold nothing is new.
+        let new_group = cursors.is_empty()
+            || held == 0
+                && cursors
+                    .iter()
+                    .all(|cursor| cursor.holds_lines == Some(false));
         if copied >= majority || new_group {
             self.state = State::Joining {
                 record_written: false,

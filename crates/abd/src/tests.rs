@@ -47,6 +47,7 @@ struct Net {
     direct: Coordinator,
     client_done: Vec<(u64, Result<Vec<u8>, AbdError>)>,
     direct_done: Vec<(u64, Result<Vec<u8>, AbdError>)>,
+    delivered: u64,
 }
 
 fn fresh_node(addr_of: SocketAddr, peers: Vec<SocketAddr>, now: Time) -> Node {
@@ -95,6 +96,7 @@ impl Net {
             direct,
             client_done: Vec::new(),
             direct_done: Vec::new(),
+            delivered: 0,
         };
         // A new group: every node learns that no other holds a line, and joins.
         net.advance(LEARN_WAIT + Duration::from_millis(50));
@@ -108,6 +110,7 @@ impl Net {
         };
         let payload = &transmit.bytes[pmnet_wire::HEADER_LEN..];
         let to = transmit.destination;
+        self.delivered += 1;
         if to == addr(100) {
             let _ = self.device.handle(self.now, from, &header, &transmit.bytes);
         } else if to == addr(200) {
@@ -479,4 +482,33 @@ fn a_crash_never_tears_a_line_from_its_timestamp_nor_loses_an_acknowledged_store
         }
     }
     assert!(crashes > 5, "seed {seed}: only {crashes} crashes");
+}
+
+#[test]
+fn learning_nodes_without_a_majority_of_members_wait_without_spinning() {
+    let mut net = Net::new(3);
+    assert_eq!(net.direct_op(0, 1, OpKind::Write(lines(1, 1))), Ok(vec![]));
+    // Two of three lose their memory: the lines are beyond what a majority can restore.
+    for i in 1..3 {
+        let peers = (1..=3u16)
+            .filter(|p| *p != i as u16 + 1)
+            .map(addr)
+            .collect();
+        net.nodes[i] = fresh_node(addr(i as u16 + 1), peers, net.now);
+    }
+    // A store reaches them (they take it, acknowledging nothing that counts): they hold lines.
+    assert_eq!(
+        net.direct_op(1, 1, OpKind::Write(lines(2, 1))),
+        Err(AbdError::Unavailable)
+    );
+    let before = net.delivered;
+    net.advance(Duration::from_secs(10));
+    assert!(!net.nodes[1].node.is_member() && !net.nodes[2].node.is_member());
+    // Each asks each other node at most once per resend interval.
+    let bound = 2 * 2 * 2 * (10_000 / crate::SYNC_RESEND.as_millis() as u64 + 1);
+    assert!(
+        net.delivered - before <= bound,
+        "{} datagrams in 10 s (at most {bound})",
+        net.delivered - before
+    );
 }

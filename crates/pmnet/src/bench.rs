@@ -10,11 +10,14 @@
 //! /dev/shm, removed at the end; a fresh pair for every mode, so every mode starts from an
 //! empty log and store) or measures running ones given by address. `--capacity` compares
 //! the forwarding capacity of the device's forward port with a plain UDP relay instead.
+//! `--replicas` compares ways of replicating updates (`bench/replication.rs`); `--abd`
+//! replicated memory against unreplicated access and etcd (`bench/abd.rs`).
 //!
 //! The options and the plan they make are in `bench/args.rs`; the plan, the setting it
 //! reports and the running of its modes in `bench/plan.rs`; what is read from the processes
 //! measured in `bench/scrape.rs`.
 
+mod abd;
 mod args;
 mod cache;
 mod capacity;
@@ -175,6 +178,10 @@ pub fn functional_check(system: &LoopbackSystem, plan: &Plan) -> Result<Vec<Stri
 }
 
 pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
+    if args.abd.abd {
+        // Replicated memory: its own processes, clients and report (see `bench/abd.rs`).
+        return abd::run_command(&args);
+    }
     let plan = Plan::from_args(&args)?;
     let shutdown = Shutdown::on_signals()?;
     if args.capacity {

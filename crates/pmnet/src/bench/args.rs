@@ -265,6 +265,9 @@ pub struct BenchArgs {
 
     #[command(flatten)]
     pub replication: super::replication::ReplicationArgs,
+
+    #[command(flatten)]
+    pub abd: super::abd::AbdArgs,
 }
 
 fn parse_flush(text: &str) -> Result<FlushChoice, String> {

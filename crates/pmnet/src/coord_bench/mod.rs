@@ -12,13 +12,13 @@
 //! The options are here; the processes and ports in `procs.rs`; each system in a file of its
 //! own; the load generator in `load.rs`; tables, ratios and JSON in `report.rs`.
 
-mod etcd;
+pub(crate) mod etcd;
 mod failover;
-mod load;
-mod netchain;
-mod procs;
+pub(crate) mod load;
+pub(crate) mod netchain;
+pub(crate) mod procs;
 mod read_scaling;
-mod report;
+pub(crate) mod report;
 mod zookeeper;
 
 use std::path::PathBuf;
@@ -449,8 +449,8 @@ fn preload(ensemble: &dyn Ensemble, plan: &Plan, shutdown: &Shutdown) -> Result<
 }
 
 /// Run `phase` and measure the CPU time the ensemble's processes (`pids`) and the clients
-/// (this process) spend on it, per request.
-fn run_phase(
+/// (this process) spend on it, per request. (`pmnet bench --abd` measures with it too.)
+pub(crate) fn run_phase(
     clients: &mut [Box<dyn CoordClient>],
     phase: &Phase,
     shutdown: &Shutdown,

@@ -114,7 +114,7 @@ pub fn member_args(
 }
 
 /// The value after `marker` on the banner line that holds it.
-fn banner_value(banner: &str, marker: &str) -> Option<String> {
+pub(crate) fn banner_value(banner: &str, marker: &str) -> Option<String> {
     let line = banner.lines().find(|line| line.contains(marker))?;
     let start = line.find(marker)? + marker.len();
     Some(line[start..].trim().to_owned())

@@ -56,6 +56,24 @@ pub struct CoordinatorConfig {
     pub session: u64,
     pub deadline: Duration,
     pub resend_first: Duration,
+    /// The lowest counter this coordinator stamps writes with. A coordinator that restarts
+    /// with the same writer id must stamp above every counter its previous life did (two
+    /// values under one timestamp would break the register): the runtime passes the time
+    /// since [`COUNTER_EPOCH_UNIX_S`] in units of [`COUNTER_TICK_US`] (see
+    /// [`counter_floor_at`]).
+    pub counter_floor: u64,
+}
+
+/// The epoch of [`counter_floor_at`]: 2025-01-01 00:00:00 UTC, in seconds since 1970.
+pub const COUNTER_EPOCH_UNIX_S: u64 = 1_735_689_600;
+/// A counter floor's unit: 4 µs (48 bits of them last 35 years from the epoch).
+pub const COUNTER_TICK_US: u64 = 4;
+
+/// The counter floor of a coordinator starting `unix_micros` µs after 1970: above every
+/// counter a previous life with the same writer id stamped, unless that life stamped more
+/// than one write every 4 µs on average (250 000 writes a second, all its life).
+pub fn counter_floor_at(unix_micros: u64) -> u64 {
+    unix_micros.saturating_sub(COUNTER_EPOCH_UNIX_S * 1_000_000) / COUNTER_TICK_US
 }
 
 impl CoordinatorConfig {
@@ -67,6 +85,7 @@ impl CoordinatorConfig {
             session,
             deadline: OP_DEADLINE,
             resend_first: RESEND_FIRST,
+            counter_floor: 0,
         }
     }
 
@@ -166,14 +185,14 @@ impl Coordinator {
             "a memory node named twice"
         );
         Coordinator {
-            config,
             ops: HashMap::new(),
             timers: BTreeSet::new(),
             next_request: 1,
             transmits: VecDeque::new(),
             done: VecDeque::new(),
             counters: CoordinatorCounters::default(),
-            stamped: 0,
+            stamped: config.counter_floor,
+            config,
         }
     }
 

@@ -18,8 +18,9 @@ mod node;
 
 pub use client::{AbdClient, ClientConfig, ClientDone, WINDOW};
 pub use coordinator::{
-    Coordinator, CoordinatorConfig, CoordinatorCounters, Done, OpKind, NODES_MAX, OPS_MAX,
-    OP_DEADLINE, RESEND_FIRST, RESEND_MAX,
+    counter_floor_at, Coordinator, CoordinatorConfig, CoordinatorCounters, Done, OpKind,
+    COUNTER_EPOCH_UNIX_S, COUNTER_TICK_US, NODES_MAX, OPS_MAX, OP_DEADLINE, RESEND_FIRST,
+    RESEND_MAX,
 };
 pub use function::{AbdFunction, FunctionCounters, MemNodeFunction, SESSIONS_MAX};
 pub use node::{

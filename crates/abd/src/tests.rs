@@ -512,3 +512,27 @@ fn learning_nodes_without_a_majority_of_members_wait_without_spinning() {
         net.delivered - before
     );
 }
+
+#[test]
+fn a_restarted_coordinator_stamps_above_its_previous_life() {
+    let mut net = Net::new(3);
+    assert_eq!(net.direct_op(0, 1, OpKind::Write(lines(1, 1))), Ok(vec![]));
+    let before = net.nodes[1].node.durable_line(0).0;
+    // The same writer id again, as a restarted process starts it: its floor from its clock.
+    let later_micros = (crate::COUNTER_EPOCH_UNIX_S + 86_400) * 1_000_000;
+    let mut config = CoordinatorConfig::new((1..=3).map(addr).collect(), LINES, 2, 0xD3);
+    config.counter_floor = crate::counter_floor_at(later_micros);
+    net.direct = Coordinator::new(config);
+    assert_eq!(net.direct_op(0, 1, OpKind::Write(lines(2, 1))), Ok(vec![]));
+    let after = net.nodes[1].node.durable_line(0).0;
+    assert!(after > before);
+    assert_eq!(
+        pmnet_wire::abd::counter_of(after),
+        crate::counter_floor_at(later_micros) + 1
+    );
+    // The floor grows with the clock, a tick every 4 µs.
+    assert_eq!(
+        crate::counter_floor_at(later_micros + 4) - crate::counter_floor_at(later_micros),
+        1
+    );
+}

@@ -900,12 +900,14 @@ fn abd_coordinator(args: &DeviceArgs, device_id: u16) -> Result<pmnet_abd::AbdFu
         )
         .into());
     }
-    let config = pmnet_abd::CoordinatorConfig::new(
+    let mut config = pmnet_abd::CoordinatorConfig::new(
         args.abd_nodes.clone(),
         args.abd_lines,
         device_id,
         pmnet_runtime::random_session_id(),
     );
+    // A restarted device stamps above its previous life (docs/abd.md, "Timestamps").
+    config.counter_floor = pmnet_runtime::abd_counter_floor();
     Ok(pmnet_abd::AbdFunction::new(pmnet_abd::Coordinator::new(
         config,
     )))

@@ -54,6 +54,16 @@ pub struct AbdSession {
     next_token: u64,
 }
 
+/// The counter floor of an ABD coordinator starting now (`pmnet_abd::counter_floor_at` of
+/// the wall clock): a coordinator restarted with the same writer id stamps above its previous
+/// life.
+pub fn abd_counter_floor() -> u64 {
+    let micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_micros() as u64);
+    pmnet_abd::counter_floor_at(micros)
+}
+
 impl AbdSession {
     /// A session on a new socket. Refuses a direct mode without nodes or with more than 16.
     pub fn open(config: AbdSessionConfig) -> io::Result<AbdSession> {
@@ -80,12 +90,9 @@ impl AbdSession {
                 if nodes.len() > pmnet_abd::NODES_MAX || unique.len() != nodes.len() {
                     return Err(io::Error::other("1 to 16 memory nodes, each named once"));
                 }
-                Engine::Direct(Coordinator::new(CoordinatorConfig::new(
-                    nodes,
-                    config.lines,
-                    writer,
-                    session,
-                )))
+                let mut coordinator = CoordinatorConfig::new(nodes, config.lines, writer, session);
+                coordinator.counter_floor = abd_counter_floor();
+                Engine::Direct(Coordinator::new(coordinator))
             }
         };
         Ok(AbdSession {

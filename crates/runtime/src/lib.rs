@@ -68,7 +68,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use abd_client::{AbdMode, AbdSession, AbdSessionConfig};
+pub use abd_client::{abd_counter_floor, AbdMode, AbdSession, AbdSessionConfig};
 pub use chain_client::ChainSession;
 pub use client::{random_session_id, steer_session, ClientSession, SessionOptions};
 pub use device::{

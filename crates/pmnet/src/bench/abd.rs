@@ -613,6 +613,10 @@ impl Memory {
             .collect()
     }
 
+    fn device_pid(&self) -> u32 {
+        self.procs[self.nodes.len()].pid()
+    }
+
     /// An error if a process that should run has exited.
     fn check_running(&mut self) -> Result<(), CliError> {
         for (index, proc) in self.procs.iter_mut().enumerate() {
@@ -764,27 +768,33 @@ impl Deployment {
             .collect()
     }
 
-    /// The processes whose CPU `system` is charged, and its device's metrics endpoint.
-    fn measured(&mut self, system: AbdSystem) -> Result<(Vec<u32>, Option<SocketAddr>), CliError> {
-        Ok(match system {
-            AbdSystem::Etcd => (self.etcd.as_ref().expect("etcd runs").pids(), None),
-            AbdSystem::Unreplicated => {
-                let memory = self.single();
-                memory.check_running()?;
-                (memory.pids(true), Some(memory.device_metrics))
-            }
-            AbdSystem::ClientAbd => {
-                let memory = self.triple();
-                memory.check_running()?;
-                (memory.pids(false), None)
-            }
-            AbdSystem::DeviceAbd | AbdSystem::DeviceAbdKilled => {
-                let memory = self.triple();
-                memory.check_running()?;
-                (memory.pids(true), Some(memory.device_metrics))
-            }
+    /// The processes whose CPU `system` is charged, and its coordinating device.
+    fn charged(&mut self, system: AbdSystem) -> Result<Charged, CliError> {
+        if system == AbdSystem::Etcd {
+            let etcd = self.etcd.as_ref().expect("etcd runs");
+            return Ok(Charged {
+                pids: etcd.pids(),
+                device: None,
+            });
+        }
+        let memory = match system {
+            AbdSystem::Unreplicated => self.single(),
+            _ => self.triple(),
+        };
+        memory.check_running()?;
+        let with_device = system != AbdSystem::ClientAbd;
+        Ok(Charged {
+            pids: memory.pids(with_device),
+            device: with_device.then(|| (memory.device_metrics, memory.device_pid())),
         })
     }
+}
+
+/// What a system's phases are charged to: its processes, and the device coordinating (its
+/// metrics endpoint and process id), if one does.
+struct Charged {
+    pids: Vec<u32>,
+    device: Option<(SocketAddr, u32)>,
 }
 
 fn progress(text: &str) {
@@ -817,6 +827,10 @@ pub struct AbdRow {
     /// The coordinating device's counters over the phase (warm-up included), per operation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_per_op: Option<DeviceCounters>,
+    /// The coordinating device's share of `cpu_us_per_op.servers` (the rest is the memory
+    /// nodes').
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_cpu_us_per_op: Option<f64>,
 }
 
 fn round2(value: f64) -> f64 {
@@ -824,16 +838,7 @@ fn round2(value: f64) -> f64 {
 }
 
 impl AbdRow {
-    fn new(
-        system: AbdSystem,
-        op: Op,
-        clients: u32,
-        measured: &Measured,
-        cpu: CpuPerOp,
-        device: Option<DeviceCounters>,
-    ) -> AbdRow {
-        let per_op =
-            |value: f64| (value / measured.completed.max(1) as f64 * 1000.0).round() / 1000.0;
+    fn new(system: AbdSystem, op: Op, clients: u32, measured: &Measured, cpu: CpuPerOp) -> AbdRow {
         AbdRow {
             system: system.name(),
             op: op.name(),
@@ -848,12 +853,8 @@ impl AbdRow {
             p50_us_rounds: None,
             ops_per_s_rounds: None,
             cpu_us_per_op: cpu,
-            device_per_op: device.map(|d| DeviceCounters {
-                reads_one_phase: per_op(d.reads_one_phase),
-                write_backs: per_op(d.write_backs),
-                resends: per_op(d.resends),
-                failed: per_op(d.failed),
-            }),
+            device_per_op: None,
+            device_cpu_us_per_op: None,
         }
     }
 
@@ -1114,11 +1115,23 @@ impl AbdReport {
     pub fn device_text(&self) -> String {
         let mut out = String::new();
         for row in &self.results {
-            if let Some(device) = row.device_per_op {
+            if let (Some(device), Some(cpu)) = (row.device_per_op, row.device_cpu_us_per_op) {
+                let clients = if row.clients == 1 {
+                    "1 client".to_owned()
+                } else {
+                    format!("{} clients", row.clients)
+                };
                 let _ = writeln!(
                     out,
-                    "  {} {} {}: per op, one-phase reads {:.3}, write-backs {:.3}, resends {:.3}, failed {:.3}",
-                    row.system, row.op, row.clients, device.reads_one_phase, device.write_backs, device.resends, device.failed
+                    "  {:<17} {:<5} {clients:>10}: device CPU {cpu:.1} µs of {:.1}; per op: \
+                     one-phase reads {:.3}, write-backs {:.3}, resends {:.3}, failed {:.3}",
+                    row.system,
+                    row.op,
+                    row.cpu_us_per_op.servers,
+                    device.reads_one_phase,
+                    device.write_backs,
+                    device.resends,
+                    device.failed
                 );
             }
         }
@@ -1173,7 +1186,7 @@ fn measure_op(
     system: AbdSystem,
     op: Op,
     clients: &mut [Box<dyn CoordClient>],
-    (pids, device): (&[u32], Option<SocketAddr>),
+    charged: &Charged,
     (plan, label): (&AbdPlan, &str),
     shutdown: &Shutdown,
 ) -> Result<Option<AbdRow>, CliError> {
@@ -1193,17 +1206,29 @@ fn measure_op(
         duration: plan.duration,
         client_cpu: plan.client_cpu,
     };
-    let before = device.map(DeviceCounters::scrape).transpose()?;
-    let (measured, cpu) = crate::coord_bench::run_phase(clients, &phase, shutdown, pids)
+    let device_cpu = |pid| procs::cpu_seconds_of(pid).unwrap_or(0.0);
+    let before = match charged.device {
+        Some((metrics, pid)) => Some((DeviceCounters::scrape(metrics)?, device_cpu(pid))),
+        None => None,
+    };
+    let (measured, cpu) = crate::coord_bench::run_phase(clients, &phase, shutdown, &charged.pids)
         .map_err(|error| format!("{} {}: {error}", system.name(), op.name()))?;
     if measured.interrupted {
         return Ok(None);
     }
-    let counters = match (device, before) {
-        (Some(device), Some(before)) => Some(DeviceCounters::scrape(device)?.since(before)),
-        _ => None,
-    };
-    let row = AbdRow::new(system, op, count, &measured, cpu, counters);
+    let mut row = AbdRow::new(system, op, count, &measured, cpu);
+    if let (Some((metrics, pid)), Some((counters, seconds))) = (charged.device, before) {
+        let counters = DeviceCounters::scrape(metrics)?.since(counters);
+        let per_op = |value: f64| value / measured.completed.max(1) as f64;
+        let round3 = |value: f64| (value * 1000.0).round() / 1000.0;
+        row.device_per_op = Some(DeviceCounters {
+            reads_one_phase: round3(per_op(counters.reads_one_phase)),
+            write_backs: round3(per_op(counters.write_backs)),
+            resends: round3(per_op(counters.resends)),
+            failed: round3(per_op(counters.failed)),
+        });
+        row.device_cpu_us_per_op = Some(round2(per_op(device_cpu(pid) - seconds) * 1e6));
+    }
     if plan.progress {
         eprintln!("{label}: {}", row.brief());
     }
@@ -1233,7 +1258,7 @@ fn measure_all(
             }
             for count in plan.clients_of(system) {
                 let mut clients = deployment.clients(system, count)?;
-                let measured = deployment.measured(system)?;
+                let charged = deployment.charged(system)?;
                 for op in [Op::Read, Op::Write] {
                     let who = if count == 1 {
                         "  1 client ".to_owned()
@@ -1251,14 +1276,8 @@ fn measure_all(
                     } else {
                         format!("  {:<17} {:<5} {who}", system.name(), op.name())
                     };
-                    let Some(row) = measure_op(
-                        system,
-                        op,
-                        &mut clients,
-                        (&measured.0, measured.1),
-                        (plan, &label),
-                        shutdown,
-                    )?
+                    let Some(row) =
+                        measure_op(system, op, &mut clients, &charged, (plan, &label), shutdown)?
                     else {
                         return Ok((rows, true));
                     };
@@ -1374,7 +1393,7 @@ pub fn run_command(args: &BenchArgs) -> Result<ExitCode, CliError> {
     let device = report.device_text();
     if !device.is_empty() {
         println!();
-        println!("the coordinating devices:");
+        println!("the coordinating devices (CPU µs per op, of the system's; counters per op):");
         print!("{device}");
     }
     println!();
@@ -1472,7 +1491,7 @@ mod tests {
             clients: 1.0,
             others_cpus: None,
         };
-        AbdRow::new(system, op, clients, &measured, cpu, None)
+        AbdRow::new(system, op, clients, &measured, cpu)
     }
 
     #[test]

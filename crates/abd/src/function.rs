@@ -41,6 +41,11 @@ struct Session {
     /// How recent writes ended, oldest first (at most [`WINDOW`]).
     writes: VecDeque<(u32, Status)>,
     used: u64,
+    /// The first request this device saw sent for the first time (not flagged) in this
+    /// session. A client sends its requests for the first time in order, so a request from it
+    /// on was first sent to this device (this life, since the session was last forgotten); a
+    /// write sent again from before it (or before any) may have run in an earlier life.
+    since: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -163,12 +168,19 @@ impl AbdFunction {
                     seen: 0,
                     writes: VecDeque::new(),
                     used: self.clock,
+                    since: None,
                 },
             );
         }
         let session = self.sessions.get_mut(&session_id).expect("made above");
         session.addr = from;
         session.used = self.clock;
+        if !again && session.since.is_none() {
+            session.since = Some(seq);
+        }
+        let known = session
+            .since
+            .is_some_and(|since| (seq.wrapping_sub(since) as i32) >= 0);
         // Where the request number falls in the session's window.
         let behind = session.highest.wrapping_sub(seq);
         if (behind as i32) < 0 {
@@ -203,6 +215,12 @@ impl AbdFunction {
             }
             session.seen |= 1 << behind;
         } else if write {
+            self.counters.in_doubt += 1;
+            reply_status(self, Status::InDoubt);
+            return;
+        }
+        if again && write && !known {
+            // Not seen in this life, and perhaps run in an earlier one.
             self.counters.in_doubt += 1;
             reply_status(self, Status::InDoubt);
             return;

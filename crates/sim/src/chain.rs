@@ -12,7 +12,7 @@
 //! once the faults heal, the chains are whole again (as many members as are alive, up to
 //! three) with no recovery under way, and every client's last request completes.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -29,6 +29,8 @@ use pmnet_wire::netchain::control::Layout;
 use pmnet_wire::Header;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+use crate::net::Net;
 
 const MEMBERS: usize = 4;
 const CHAIN: usize = 3;
@@ -83,48 +85,6 @@ struct Member {
     up: bool,
     lost: bool,
     restart_at: Option<Time>,
-}
-
-struct Net {
-    now: Time,
-    rng: ChaCha8Rng,
-    queue: BTreeMap<(Time, u64), (SocketAddr, SocketAddr, Vec<u8>)>,
-    next: u64,
-    loss: f64,
-    duplicate: f64,
-    /// Pairs that cannot reach each other, until a time.
-    cut: Vec<(SocketAddr, Option<SocketAddr>, Time)>,
-}
-
-impl Net {
-    fn send(&mut self, from: SocketAddr, to: SocketAddr, bytes: Vec<u8>) {
-        if self.rng.random_bool(self.loss) {
-            return;
-        }
-        let copies = if self.rng.random_bool(self.duplicate) {
-            2
-        } else {
-            1
-        };
-        for _ in 0..copies {
-            let delay = Duration::from_micros(self.rng.random_range(10..400));
-            self.next += 1;
-            self.queue
-                .insert((self.now + delay, self.next), (from, to, bytes.clone()));
-        }
-    }
-
-    fn blocked(&self, from: SocketAddr, to: SocketAddr) -> bool {
-        self.cut.iter().any(|(side, other, until)| {
-            self.now < *until
-                && match other {
-                    Some(other) => {
-                        (from == *side && to == *other) || (from == *other && to == *side)
-                    }
-                    None => from == *side || to == *side,
-                }
-        })
-    }
 }
 
 struct Client {
@@ -196,15 +156,9 @@ pub fn run_seed_fixed(seed: u64) -> Result<ChainReport, String> {
 
 fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut net = Net {
-        now: Time::ZERO,
-        rng: ChaCha8Rng::seed_from_u64(seed ^ 0x4e57),
-        queue: BTreeMap::new(),
-        next: 0,
-        loss: rng.random_range(0.0..0.1),
-        duplicate: rng.random_range(0.0..0.05),
-        cut: Vec::new(),
-    };
+    let loss = rng.random_range(0.0..0.1);
+    let duplicate = rng.random_range(0.0..0.05);
+    let mut net = Net::new(ChaCha8Rng::seed_from_u64(seed ^ 0x4e57), loss, duplicate);
     let mut report = ChainReport {
         seed,
         ..ChainReport::default()
@@ -453,14 +407,7 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
             }
         }
         // The network.
-        while let Some((&(at, order), _)) = net.queue.first_key_value() {
-            if at > net.now {
-                break;
-            }
-            let (from, to, bytes) = net.queue.remove(&(at, order)).expect("present");
-            if net.blocked(from, to) {
-                continue;
-            }
+        while let Some((from, to, bytes)) = net.pop_due() {
             let Ok((header, payload)) = Header::parse(&bytes) else {
                 continue;
             };
@@ -551,7 +498,7 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
             }
         }
         // Advance to the next event.
-        let due = net.queue.first_key_value().map(|(key, _)| key.0);
+        let due = net.next_due();
         let wake = members
             .iter()
             .filter(|member| member.up)

@@ -7,6 +7,7 @@
 //! them, checking the protocol's invariants (see `docs/simulation.md`).
 
 pub mod chain;
+mod net;
 pub mod vopr;
 mod world;
 

@@ -1,0 +1,96 @@
+//! The network of the chain store's and the replicated memory's worlds: one delivery queue in
+//! virtual time, from one seed's generator, that loses, duplicates and delays (so reorders)
+//! datagrams, and partitions (`cut`) that drop what crosses them when it is delivered.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pmnet_proto::Time;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+/// A datagram on its way: (from, to, bytes).
+pub(crate) type InFlight = (SocketAddr, SocketAddr, Vec<u8>);
+
+pub(crate) struct Net {
+    pub(crate) now: Time,
+    pub(crate) rng: ChaCha8Rng,
+    /// Datagrams by delivery time (and the order they were sent in, for ties).
+    pub(crate) queue: BTreeMap<(Time, u64), InFlight>,
+    pub(crate) next: u64,
+    /// Probability that a datagram is lost.
+    pub(crate) loss: f64,
+    /// Probability that a datagram is delivered twice (each copy with its own delay).
+    pub(crate) duplicate: f64,
+    /// Pairs that cannot reach each other, until a time: `(side, Some(other), until)` cuts
+    /// one pair, `(side, None, until)` cuts `side` off from everyone.
+    pub(crate) cut: Vec<(SocketAddr, Option<SocketAddr>, Time)>,
+}
+
+impl Net {
+    /// A network at time zero with its own generator.
+    pub(crate) fn new(rng: ChaCha8Rng, loss: f64, duplicate: f64) -> Net {
+        Net {
+            now: Time::ZERO,
+            rng,
+            queue: BTreeMap::new(),
+            next: 0,
+            loss,
+            duplicate,
+            cut: Vec::new(),
+        }
+    }
+
+    /// Send a datagram: lost, or delivered once or twice, each copy 10–400 µs later.
+    pub(crate) fn send(&mut self, from: SocketAddr, to: SocketAddr, bytes: Vec<u8>) {
+        if self.rng.random_bool(self.loss) {
+            return;
+        }
+        let copies = if self.rng.random_bool(self.duplicate) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let delay = Duration::from_micros(self.rng.random_range(10..400));
+            self.next += 1;
+            self.queue
+                .insert((self.now + delay, self.next), (from, to, bytes.clone()));
+        }
+    }
+
+    /// Whether a partition separates `from` and `to` now.
+    pub(crate) fn blocked(&self, from: SocketAddr, to: SocketAddr) -> bool {
+        self.cut.iter().any(|(side, other, until)| {
+            self.now < *until
+                && match other {
+                    Some(other) => {
+                        (from == *side && to == *other) || (from == *other && to == *side)
+                    }
+                    None => from == *side || to == *side,
+                }
+        })
+    }
+
+    /// The next datagram due by now that no partition drops (those it drops are taken off
+    /// the queue on the way).
+    pub(crate) fn pop_due(&mut self) -> Option<InFlight> {
+        while let Some((&(at, order), _)) = self.queue.first_key_value() {
+            if at > self.now {
+                return None;
+            }
+            let (from, to, bytes) = self.queue.remove(&(at, order)).expect("present");
+            if self.blocked(from, to) {
+                continue;
+            }
+            return Some((from, to, bytes));
+        }
+        None
+    }
+
+    /// When the next datagram is due.
+    pub(crate) fn next_due(&self) -> Option<Time> {
+        self.queue.first_key_value().map(|(key, _)| key.0)
+    }
+}

@@ -6,6 +6,7 @@
 //! it from one seed through a safety phase full of faults and a liveness phase that heals
 //! them, checking the protocol's invariants (see `docs/simulation.md`).
 
+pub mod abd;
 pub mod chain;
 mod net;
 pub mod vopr;

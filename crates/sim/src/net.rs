@@ -73,6 +73,13 @@ impl Net {
         })
     }
 
+    /// Whether `side` is cut off from everyone now.
+    pub(crate) fn isolated(&self, side: SocketAddr) -> bool {
+        self.cut
+            .iter()
+            .any(|(cut, other, until)| *cut == side && other.is_none() && self.now < *until)
+    }
+
     /// The next datagram due by now that no partition drops (those it drops are taken off
     /// the queue on the way).
     pub(crate) fn pop_due(&mut self) -> Option<InFlight> {

@@ -1,0 +1,999 @@
+//! The replicated memory's world (docs/simulation.md, "Replicated memory"): the production
+//! state machines of `pmnet-abd` — memory nodes over their direct-mapped tables on the
+//! simulated persistent memory, a coordinating device ([`AbdFunction`]) with client sessions
+//! through it ([`AbdClient`]), and client-driven coordinators ([`Coordinator`] in the client,
+//! each with its own writer id), all at once on one memory of a few lines — on the chain
+//! store's network (loss, duplication, reordering, partitions). One seed decides everything.
+//!
+//! Faults: memory node crashes (the batch of line writes under way cut at random; every
+//! unfenced line kept, lost or torn) and restarts on what the crash left; a node's memory lost
+//! for good (it restarts on a new, empty table and must learn); partitions; device restarts
+//! (the coordinator's operations and its sessions' memory lost). At most a minority of the
+//! nodes are down, learning or cut off at once.
+//!
+//! Checked: every line's history is linearizable (`pmnet-lincheck`'s register; a multi-line
+//! operation is one operation per line with its call and return times; an operation that
+//! failed "unavailable" or "in doubt" may or may not have taken effect); one timestamp is
+//! never stored with two values; after every crash, and at the end, each node's durable line
+//! is one a coordinator stored with that timestamp (a line and its timestamp are never torn
+//! apart); once the faults heal every node is a member again and every client's next
+//! operations complete; at the end, every acknowledged write's timestamp (or a higher one) is
+//! durable on a majority of the nodes.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pmnet_abd::{
+    AbdClient, AbdError, AbdFunction, ClientConfig, Coordinator, CoordinatorConfig, MemNode,
+    NodeConfig, OpKind, LEARN_WAIT, LINE,
+};
+use pmnet_lincheck::{check_by_key, Operation, Register, RegisterInput, RegisterOutput, PENDING};
+use pmnet_pm::SimRegion;
+use pmnet_pmtable::{Geometry, Table, TableFile, TableWork};
+use pmnet_proto::{NetworkFunction, Time};
+use pmnet_wire::abd::{Store, ABD_STORE};
+use pmnet_wire::{Header, PacketType};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::net::Net;
+
+/// Lines of the memory: few, so that clients contend for them.
+pub const LINES: u32 = 8;
+/// How long the faults last (virtual time, after the group formed).
+const SAFETY: Duration = Duration::from_secs(3);
+/// Once healed: every node a member and every client's operations in flight done within this.
+const LIVENESS_BOUND: Duration = Duration::from_secs(15);
+/// The device's writer id; client-driven coordinators take 2, 3, ...
+const DEVICE_WRITER: u16 = 1;
+
+fn node_addr(index: usize) -> SocketAddr {
+    SocketAddr::from(([10, 0, 7, index as u8 + 1], 7800))
+}
+
+fn device_addr() -> SocketAddr {
+    SocketAddr::from(([10, 0, 7, 100], 7900))
+}
+
+fn client_addr(index: usize) -> SocketAddr {
+    SocketAddr::from(([10, 0, 8, index as u8 + 1], 41000))
+}
+
+fn geometry() -> Geometry {
+    Geometry {
+        buckets: LINES + 1,
+        key_max: 4,
+        value_max: LINE as u16,
+    }
+}
+
+/// The bytes of a line holding `value`: its 8 bytes, 8 times (0 is the line every node
+/// starts with).
+fn line_bytes(value: u64) -> [u8; LINE] {
+    let mut line = [0; LINE];
+    for chunk in line.chunks_mut(8) {
+        chunk.copy_from_slice(&value.to_be_bytes());
+    }
+    line
+}
+
+/// The value a line's bytes hold, if they are a line some write wrote.
+fn line_value(bytes: &[u8]) -> Option<u64> {
+    let value = u64::from_be_bytes(bytes.get(..8)?.try_into().ok()?);
+    (bytes.len() == LINE && bytes == line_bytes(value)).then_some(value)
+}
+
+/// What one seed did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AbdReport {
+    pub seed: u64,
+    /// Memory nodes (3 or 5).
+    pub nodes: u64,
+    pub device_clients: u64,
+    pub direct_clients: u64,
+    pub operations: u64,
+    pub reads: u64,
+    pub writes: u64,
+    /// Operations on more than one line.
+    pub multi_line: u64,
+    /// Operations answered ok.
+    pub completed: u64,
+    /// Operations that failed "unavailable": they may or may not have taken effect.
+    pub unavailable: u64,
+    /// Writes answered "in doubt" (sent again to a coordinator that no longer knew them).
+    pub in_doubt: u64,
+    /// Operations beyond the memory's end, refused as such.
+    pub out_of_range: u64,
+    pub crashes: u64,
+    /// Nodes that lost their memory for good (restarted empty, then learnt).
+    pub losses: u64,
+    pub partitions: u64,
+    pub device_restarts: u64,
+    /// Nodes that became members after learning (the group's first formation not counted).
+    pub joins: u64,
+    /// Records a reopened table rejected (torn by a crash).
+    pub torn_records: u64,
+    /// Reads that wrote the highest lines back before answering.
+    pub write_backs: u64,
+    pub reads_one_phase: u64,
+    /// Lines taken from other nodes while learning.
+    pub lines_learnt: u64,
+}
+
+impl AbdReport {
+    /// Add `other`'s counts to these (for a swarm's totals).
+    pub fn add(&mut self, other: &AbdReport) {
+        self.nodes += other.nodes;
+        self.device_clients += other.device_clients;
+        self.direct_clients += other.direct_clients;
+        self.operations += other.operations;
+        self.reads += other.reads;
+        self.writes += other.writes;
+        self.multi_line += other.multi_line;
+        self.completed += other.completed;
+        self.unavailable += other.unavailable;
+        self.in_doubt += other.in_doubt;
+        self.out_of_range += other.out_of_range;
+        self.crashes += other.crashes;
+        self.losses += other.losses;
+        self.partitions += other.partitions;
+        self.device_restarts += other.device_restarts;
+        self.joins += other.joins;
+        self.torn_records += other.torn_records;
+        self.write_backs += other.write_backs;
+        self.reads_one_phase += other.reads_one_phase;
+        self.lines_learnt += other.lines_learnt;
+    }
+}
+
+struct Node {
+    node: MemNode,
+    file: TableFile<SimRegion>,
+    up: bool,
+    restart_at: Option<Time>,
+    /// Restart on a new, empty table (the memory was lost).
+    restart_empty: bool,
+    /// Batches of line writes under way: each durable at its time, in order.
+    persisting: VecDeque<(Time, u64, Vec<TableWork>)>,
+    /// Whether the node was a member when last looked at (to count joins).
+    was_member: bool,
+}
+
+/// A client: a session through the device, or a coordinator of its own.
+enum Engine {
+    Device(AbdClient),
+    Direct(Coordinator),
+}
+
+struct Client {
+    engine: Engine,
+    /// Operations this client keeps in flight at most.
+    depth: usize,
+    next_at: Time,
+    /// Operations in flight by token.
+    in_flight: HashMap<u64, InFlight>,
+    /// Operations to run once healed (the liveness check), not yet started.
+    final_ops: u32,
+}
+
+struct InFlight {
+    first: u32,
+    count: u16,
+    /// The values written, one per line (empty for a read).
+    values: Vec<u64>,
+    call: u64,
+    /// Started once healed with every node a member: must complete.
+    must_complete: bool,
+}
+
+type History = Vec<(u32, Operation<RegisterInput<u64>, RegisterOutput<u64>>)>;
+
+fn node_config(index: usize, nodes: usize) -> NodeConfig {
+    NodeConfig {
+        peers: (0..nodes)
+            .filter(|other| *other != index)
+            .map(node_addr)
+            .collect(),
+        lines: LINES,
+    }
+}
+
+fn fresh_node(
+    index: usize,
+    nodes: usize,
+    now: Time,
+) -> Result<(MemNode, TableFile<SimRegion>), String> {
+    let file = TableFile::format(SimRegion::new(geometry().region_len()), geometry())
+        .map_err(|error| format!("format: {error}"))?;
+    let node = MemNode::new(
+        node_config(index, nodes),
+        Table::new_direct(geometry()),
+        now,
+    );
+    Ok((node, file))
+}
+
+/// The world's record of every store a coordinator sent: (line, timestamp) → the values stored
+/// with it (one, unless timestamps clash: a multi-line write stamps each of its lines with one
+/// timestamp).
+#[derive(Default)]
+struct Stores {
+    by_ts: HashMap<(u32, u64), Vec<[u8; LINE]>>,
+    /// Each written value's timestamps (a value is one write's, of one line).
+    ts_of_value: HashMap<u64, Vec<u64>>,
+    /// A timestamp stored with two different values (the first seen).
+    clash: Option<String>,
+}
+
+impl Stores {
+    /// Note the stores in a datagram a coordinator sends.
+    fn note(&mut self, now: Time, bytes: &[u8]) {
+        let Ok((header, payload)) = Header::parse(bytes) else {
+            return;
+        };
+        if header.packet_type != PacketType::Reserved(ABD_STORE) {
+            return;
+        }
+        let Ok(store) = Store::parse(payload) else {
+            return;
+        };
+        for i in 0..usize::from(store.count) {
+            let (ts, value) = store.line(i);
+            let value: [u8; LINE] = value.try_into().expect("64 bytes");
+            let line = store.first + i as u32;
+            let values = self.by_ts.entry((line, ts)).or_default();
+            if !values.contains(&value) {
+                if !values.is_empty() && self.clash.is_none() {
+                    self.clash = Some(format!(
+                        "{now}: line {line}: timestamp {ts:#x} (counter {}, writer {}) stored \
+                         with two values, {:?} and {:?}",
+                        ts >> 16,
+                        ts as u16,
+                        line_value(&values[0]),
+                        line_value(&value),
+                    ));
+                }
+                values.push(value);
+                if let Some(v) = line_value(&value) {
+                    self.ts_of_value.entry(v).or_default().push(ts);
+                }
+            }
+        }
+    }
+
+    /// Whether every durable line of `node` is a (timestamp, value) some coordinator stored.
+    fn check_node(&self, node: &MemNode, what: &str) -> Result<(), String> {
+        for line in 0..LINES {
+            let (ts, value) = node.durable_line(line);
+            if ts == 0 {
+                if value.iter().any(|byte| *byte != 0) {
+                    return Err(format!("{what}: line {line} holds bytes at timestamp 0"));
+                }
+                continue;
+            }
+            let stored = self
+                .by_ts
+                .get(&(line, ts))
+                .is_some_and(|values| values.iter().any(|v| v[..] == value[..]));
+            if !stored {
+                return Err(format!(
+                    "{what}: line {line} holds timestamp {ts:#x} with {:?}, which no \
+                     coordinator stored with it (stored with it: {:?})",
+                    line_value(&value),
+                    self.by_ts
+                        .get(&(line, ts))
+                        .map(|values| values.iter().map(|v| line_value(v)).collect::<Vec<_>>())
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn send_all(
+    from: SocketAddr,
+    net: &mut Net,
+    stores: &mut Stores,
+    transmits: impl IntoIterator<Item = pmnet_proto::Transmit>,
+) {
+    for transmit in transmits {
+        stores.note(net.now, &transmit.bytes);
+        net.send(from, transmit.destination, transmit.bytes);
+    }
+}
+
+/// Hand the node's new batches to its persistent memory, complete those due, send what it
+/// has to send.
+fn flush_node(node: &mut Node, index: usize, net: &mut Net, rng: &mut ChaCha8Rng) {
+    let now = net.now;
+    while let Some(batch) = node.node.poll_persist() {
+        let after = node.persisting.back().map_or(now, |(at, ..)| *at);
+        let at = after.max(now) + Duration::from_micros(rng.random_range(1..40));
+        node.persisting.push_back((at, batch.number, batch.work));
+    }
+    while node.persisting.front().is_some_and(|(at, ..)| *at <= now) {
+        let (_, number, work) = node.persisting.pop_front().expect("checked");
+        node.file.persist_batch(&work);
+        node.node.on_persisted(now, number);
+    }
+    while let Some(transmit) = node.node.poll_transmit() {
+        net.send(node_addr(index), transmit.destination, transmit.bytes);
+    }
+}
+
+/// Run one seed; `Err` names what failed.
+pub fn run_seed(seed: u64) -> Result<AbdReport, String> {
+    run(seed).map_err(|error| format!("seed {seed}: {error}"))
+}
+
+fn run(seed: u64) -> Result<AbdReport, String> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let loss = rng.random_range(0.0..0.1);
+    let duplicate = rng.random_range(0.0..0.05);
+    let mut net = Net::new(ChaCha8Rng::seed_from_u64(seed ^ 0xabd0), loss, duplicate);
+    let node_count = if rng.random_bool(0.5) { 3 } else { 5 };
+    let tolerated = (node_count - 1) / 2;
+    let device_clients = rng.random_range(1..=3usize);
+    let direct_clients = rng.random_range(1..=3usize);
+    let trace = std::env::var_os("PMNET_ABD_TRACE").is_some();
+    let trace_all = trace && std::env::var_os("PMNET_ABD_TRACE_ALL").is_some();
+    let mut report = AbdReport {
+        seed,
+        nodes: node_count as u64,
+        device_clients: device_clients as u64,
+        direct_clients: direct_clients as u64,
+        ..AbdReport::default()
+    };
+    if trace {
+        eprintln!(
+            "seed {seed}: {node_count} nodes, {device_clients} clients through the device, \
+             {direct_clients} client-driven; loss {loss:.3}, duplication {duplicate:.3}"
+        );
+    }
+    let node_addrs: Vec<SocketAddr> = (0..node_count).map(node_addr).collect();
+    let mut nodes = Vec::with_capacity(node_count);
+    for index in 0..node_count {
+        let (node, file) = fresh_node(index, node_count, Time::ZERO)?;
+        nodes.push(Node {
+            node,
+            file,
+            up: true,
+            restart_at: None,
+            restart_empty: false,
+            persisting: VecDeque::new(),
+            was_member: false,
+        });
+    }
+    let device_config =
+        |session: u64| CoordinatorConfig::new(node_addrs.clone(), LINES, DEVICE_WRITER, session);
+    let mut device = AbdFunction::new(Coordinator::new(device_config(rng.random())));
+    let mut device_up = true;
+    let mut device_restart_at: Option<Time> = None;
+    let mut clients: Vec<Client> = (0..device_clients + direct_clients)
+        .map(|index| {
+            let engine = if index < device_clients {
+                Engine::Device(AbdClient::new(ClientConfig::new(
+                    device_addr(),
+                    rng.random(),
+                )))
+            } else {
+                let writer = DEVICE_WRITER + 1 + (index - device_clients) as u16;
+                Engine::Direct(Coordinator::new(CoordinatorConfig::new(
+                    node_addrs.clone(),
+                    LINES,
+                    writer,
+                    rng.random(),
+                )))
+            };
+            Client {
+                engine,
+                depth: if rng.random_bool(0.7) { 1 } else { 2 },
+                next_at: Time::ZERO,
+                in_flight: HashMap::new(),
+                final_ops: 2,
+            }
+        })
+        .collect();
+    let mut stores = Stores::default();
+    let mut history: History = Vec::new();
+    let mut next_value = 0u64;
+    let mut next_token = 1u64;
+    // Writes answered ok: (line, value).
+    let mut acked: Vec<(u32, u64)> = Vec::new();
+
+    // The group forms: every node starts empty, learns that no other holds a line, joins.
+    let formed_by = Time::ZERO + LEARN_WAIT + Duration::from_millis(200);
+    let mut start: Option<Time> = None;
+    let mut faults: Vec<(Time, u8)> = Vec::new();
+    let mut end_of_safety = Time::ZERO;
+    let mut healed = false;
+    let nanos = |time: Time| time.as_nanos();
+    loop {
+        let now = net.now;
+        if start.is_none() {
+            if nodes.iter().all(|node| node.node.is_member()) {
+                start = Some(now);
+                for node in &mut nodes {
+                    node.was_member = true;
+                }
+                end_of_safety = now + SAFETY;
+                faults = (0..rng.random_range(2..10))
+                    .map(|_| {
+                        let at = rng.random_range(1..SAFETY.as_millis() as u64);
+                        (now + Duration::from_millis(at), rng.random_range(0..10u8))
+                    })
+                    .collect();
+                faults.sort();
+                for client in &mut clients {
+                    client.next_at = now + Duration::from_micros(rng.random_range(0..2000));
+                }
+                if trace {
+                    eprintln!("{now} the group formed; faults at {faults:?}");
+                }
+            } else if now > formed_by {
+                return Err(format!("{now}: the group did not form"));
+            }
+        }
+        let running = start.is_some();
+        let healing = running && now >= end_of_safety;
+        // Faults.
+        while faults.first().is_some_and(|(at, _)| *at <= now) {
+            let (_, kind) = faults.remove(0);
+            let index = rng.random_range(0..node_count);
+            // Nodes down, learning or cut off from everyone: at most a minority.
+            let out = |nodes: &[Node], net: &Net, but: usize| {
+                nodes
+                    .iter()
+                    .enumerate()
+                    .filter(|(other, node)| {
+                        *other != but
+                            && (!node.up
+                                || !node.node.is_member()
+                                || net.isolated(node_addr(*other)))
+                    })
+                    .count()
+            };
+            let may_fail = nodes[index].up && out(&nodes, &net, index) < tolerated;
+            match kind {
+                // A crash, the memory kept.
+                0..=2 if may_fail => {
+                    let node = &mut nodes[index];
+                    // Of the batches under way, a prefix was started (stored and flushed,
+                    // not fenced); the crash keeps, loses or tears each of its lines.
+                    let started = rng.random_range(0..=node.persisting.len());
+                    for (_, _, work) in node.persisting.iter().take(started) {
+                        node.file.persist_batch_without_fence(work);
+                    }
+                    node.persisting.clear();
+                    node.file = TableFile::open(node.file.region().crash(&mut rng))
+                        .map_err(|error| format!("reopen: {error}"))?
+                        .0;
+                    node.up = false;
+                    node.restart_empty = false;
+                    node.restart_at = Some(now + Duration::from_millis(rng.random_range(1..150)));
+                    report.crashes += 1;
+                    if trace {
+                        eprintln!("{now} node {index} crashes ({started} batches started)");
+                    }
+                }
+                // The memory lost for good: back on a new, empty table.
+                3 if may_fail => {
+                    let node = &mut nodes[index];
+                    node.persisting.clear();
+                    node.up = false;
+                    node.restart_empty = true;
+                    node.restart_at = Some(now + Duration::from_millis(rng.random_range(1..100)));
+                    report.losses += 1;
+                    if trace {
+                        eprintln!("{now} node {index} loses its memory");
+                    }
+                }
+                // A node cut off from everyone.
+                4 | 5 if may_fail => {
+                    let until = now + Duration::from_millis(rng.random_range(20..300));
+                    net.cut.push((node_addr(index), None, until));
+                    report.partitions += 1;
+                    if trace {
+                        eprintln!("{now} node {index} cut off until {until}");
+                    }
+                }
+                // A coordinator (the device or a client-driven client) cut off from a node,
+                // or from everyone.
+                6 | 7 => {
+                    // Longer than an operation's deadline at times: its operations fail.
+                    let until = now + Duration::from_millis(rng.random_range(20..800));
+                    let coordinator = match rng.random_range(0..=direct_clients) {
+                        0 => device_addr(),
+                        k => client_addr(device_clients + k - 1),
+                    };
+                    let other = rng.random_bool(0.6).then(|| node_addr(index));
+                    net.cut.push((coordinator, other, until));
+                    report.partitions += 1;
+                    if trace {
+                        eprintln!("{now} {coordinator} cut off from {other:?} until {until}");
+                    }
+                }
+                // The device restarts: its operations and what it knew of sessions lost.
+                8 | 9 if device_up => {
+                    device_up = false;
+                    device_restart_at = Some(now + Duration::from_millis(rng.random_range(1..50)));
+                    report.device_restarts += 1;
+                    if trace {
+                        eprintln!("{now} the device restarts");
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Restarts.
+        for (index, node) in nodes.iter_mut().enumerate() {
+            if !(node.restart_at.is_some_and(|at| at <= now) || (healing && !node.up)) {
+                continue;
+            }
+            node.restart_at = None;
+            node.up = true;
+            if node.restart_empty {
+                let (fresh, file) = fresh_node(index, node_count, now)?;
+                node.node = fresh;
+                node.file = file;
+                node.was_member = false;
+                if trace {
+                    eprintln!("{now} node {index} restarts empty, learning");
+                }
+                continue;
+            }
+            let (file, recovered) = TableFile::open(node.file.region().clone())
+                .map_err(|error| format!("reopen: {error}"))?;
+            report.torn_records += recovered.damaged_records;
+            let table = Table::recover_direct(file.geometry(), recovered);
+            node.node = MemNode::new(node_config(index, node_count), table, now);
+            node.file = file;
+            stores.check_node(
+                &node.node,
+                &format!("{now}: node {index} reopened after a crash"),
+            )?;
+            if trace {
+                eprintln!("{now} node {index} restarts ({})", node.node.state_text());
+            }
+        }
+        if device_restart_at.is_some_and(|at| at <= now) || (healing && !device_up) {
+            device_restart_at = None;
+            device_up = true;
+            let old = std::mem::replace(
+                &mut device,
+                AbdFunction::new(Coordinator::new(device_config(rng.random()))),
+            );
+            let counters = old.coordinator().counters();
+            report.write_backs += counters.write_backs;
+            report.reads_one_phase += counters.reads_one_phase;
+        }
+        if healing && !healed {
+            healed = true;
+            net.cut.clear();
+            net.loss = 0.0;
+            if trace {
+                eprintln!("{now} healed");
+            }
+        }
+        // Clients start operations.
+        for (index, client) in clients.iter_mut().enumerate() {
+            if !running || client.in_flight.len() >= client.depth || now < client.next_at {
+                continue;
+            }
+            if healing {
+                // Once healed and every node is a member again: each client's next operations
+                // must complete.
+                let members = nodes.iter().all(|node| node.up && node.node.is_member());
+                if client.final_ops == 0 || !client.in_flight.is_empty() || !members {
+                    continue;
+                }
+                client.final_ops -= 1;
+            }
+            let token = next_token;
+            next_token += 1;
+            let (first, count) = if !healing && rng.random_bool(0.01) {
+                // Beyond the memory's end: refused, and never takes effect.
+                (rng.random_range(LINES - 2..LINES + 2), 3)
+            } else {
+                let first = rng.random_range(0..LINES);
+                let count = if rng.random_bool(0.6) {
+                    1
+                } else {
+                    rng.random_range(2..=4u32).min(LINES - first)
+                };
+                (first, count as u16)
+            };
+            // The first operation once healed is a write, the second a read.
+            let write = if healing {
+                client.final_ops == 1
+            } else {
+                rng.random_bool(0.5)
+            };
+            let (kind, values) = if write {
+                let values: Vec<u64> = (0..count)
+                    .map(|_| {
+                        next_value += 1;
+                        next_value
+                    })
+                    .collect();
+                let bytes = values.iter().flat_map(|v| line_bytes(*v)).collect();
+                (OpKind::Write(bytes), values)
+            } else {
+                (OpKind::Read, Vec::new())
+            };
+            let started = match &mut client.engine {
+                Engine::Device(session) => session.start(now, token, first, count, kind),
+                Engine::Direct(coordinator) => coordinator.start(now, token, first, count, kind),
+            };
+            report.operations += 1;
+            if write {
+                report.writes += 1;
+            } else {
+                report.reads += 1;
+            }
+            if count > 1 {
+                report.multi_line += 1;
+            }
+            if trace {
+                eprintln!(
+                    "{now} client {index} starts {} lines {first}+{count} {values:?}: {started:?}",
+                    if write { "write" } else { "read" }
+                );
+            }
+            let beyond = first + u32::from(count) > LINES;
+            match started {
+                Ok(()) => {
+                    let op = InFlight {
+                        first,
+                        count,
+                        values,
+                        call: nanos(now),
+                        must_complete: healing,
+                    };
+                    client.in_flight.insert(token, op);
+                }
+                Err(AbdError::OutOfRange) if beyond => report.out_of_range += 1,
+                Err(error) => {
+                    return Err(format!(
+                        "{now}: client {index}'s operation on lines {first}+{count} refused: \
+                         {error:?}"
+                    ))
+                }
+            }
+            client.next_at = now + Duration::from_micros(rng.random_range(0..3000));
+        }
+        // Clients: timers, sends, results.
+        for (index, client) in clients.iter_mut().enumerate() {
+            let mut done = Vec::new();
+            match &mut client.engine {
+                Engine::Device(session) => {
+                    session.handle_timeout(now);
+                    send_all(
+                        client_addr(index),
+                        &mut net,
+                        &mut stores,
+                        std::iter::from_fn(|| session.poll_transmit()),
+                    );
+                    while let Some(d) = session.poll_done() {
+                        done.push((d.token, d.result));
+                    }
+                }
+                Engine::Direct(coordinator) => {
+                    coordinator.handle_timeout(now);
+                    send_all(
+                        client_addr(index),
+                        &mut net,
+                        &mut stores,
+                        std::iter::from_fn(|| coordinator.poll_transmit()),
+                    );
+                    while let Some(d) = coordinator.poll_done() {
+                        done.push((d.token, d.result));
+                    }
+                }
+            }
+            for (token, result) in done {
+                let InFlight {
+                    first,
+                    count,
+                    values,
+                    call,
+                    must_complete,
+                } = client
+                    .in_flight
+                    .remove(&token)
+                    .ok_or_else(|| format!("{now}: client {index}: an answer to no operation"))?;
+                if trace {
+                    let shown = result
+                        .as_ref()
+                        .map(|data| data.chunks(LINE).map(line_value).collect::<Vec<_>>());
+                    eprintln!(
+                        "{now} client {index} lines {first}+{count} {values:?} called {call} \
+                         -> {shown:?}"
+                    );
+                }
+                let beyond = first + u32::from(count) > LINES;
+                let lines = first..first + u32::from(count);
+                let client_id = index as u64;
+                match result {
+                    Err(AbdError::OutOfRange) if beyond => report.out_of_range += 1,
+                    // Refused, but its answer lost: sent again, it is "in doubt" (or given up)
+                    // like any write the coordinator does not remember. Took no effect either way.
+                    Err(AbdError::InDoubt | AbdError::Unavailable) if beyond => {}
+                    _ if beyond => {
+                        return Err(format!(
+                            "{now}: client {index}'s operation on lines {first}+{count}, beyond \
+                             the end, answered {result:?}"
+                        ))
+                    }
+                    Ok(data) if values.is_empty() => {
+                        if data.len() != usize::from(count) * LINE {
+                            return Err(format!(
+                                "{now}: client {index}'s read of lines {first}+{count} returned \
+                                 {} bytes",
+                                data.len()
+                            ));
+                        }
+                        report.completed += 1;
+                        for (line, bytes) in lines.zip(data.chunks(LINE)) {
+                            let value = line_value(bytes).ok_or_else(|| {
+                                format!(
+                                    "{now}: client {index} read line {line} holding bytes no \
+                                     write wrote: {bytes:02x?}"
+                                )
+                            })?;
+                            history.push((
+                                line,
+                                Operation {
+                                    client: client_id,
+                                    call,
+                                    ret: nanos(now),
+                                    input: RegisterInput::Read,
+                                    output: RegisterOutput::Value(Some(value)),
+                                },
+                            ));
+                        }
+                    }
+                    Ok(_) => {
+                        report.completed += 1;
+                        for (line, value) in lines.zip(values) {
+                            acked.push((line, value));
+                            history.push((
+                                line,
+                                Operation {
+                                    client: client_id,
+                                    call,
+                                    ret: nanos(now),
+                                    input: RegisterInput::Write(Some(value)),
+                                    output: RegisterOutput::Written,
+                                },
+                            ));
+                        }
+                    }
+                    Err(error @ (AbdError::Unavailable | AbdError::InDoubt)) => {
+                        if error == AbdError::Unavailable {
+                            report.unavailable += 1;
+                        } else {
+                            report.in_doubt += 1;
+                        }
+                        if must_complete {
+                            return Err(format!(
+                                "{now}: client {index}'s operation on lines {first}+{count}, \
+                                 started once healed with every node a member, failed: \
+                                 {error:?}"
+                            ));
+                        }
+                        // May or may not have taken effect (a read's takes none).
+                        for (line, value) in lines.zip(values) {
+                            history.push((
+                                line,
+                                Operation {
+                                    client: client_id,
+                                    call,
+                                    ret: PENDING,
+                                    input: RegisterInput::Write(Some(value)),
+                                    output: RegisterOutput::Unknown,
+                                },
+                            ));
+                        }
+                    }
+                    Err(error) => {
+                        return Err(format!(
+                            "{now}: client {index}'s operation on lines {first}+{count} \
+                             failed: {error:?}"
+                        ))
+                    }
+                }
+            }
+        }
+        // The network.
+        while let Some((from, to, bytes)) = net.pop_due() {
+            let Ok((header, payload)) = Header::parse(&bytes) else {
+                continue;
+            };
+            if trace_all {
+                eprintln!(
+                    "{now} {from} -> {to} {:?} session {:x} seq {} {:02x?}",
+                    header.packet_type,
+                    header.session_id,
+                    header.seq,
+                    &payload[..payload.len().min(24)]
+                );
+            }
+            if let Some(index) = (0..node_count).find(|&index| node_addr(index) == to) {
+                let node = &mut nodes[index];
+                if node.up {
+                    node.node.handle(now, from, &header, payload);
+                    flush_node(node, index, &mut net, &mut rng);
+                }
+            } else if to == device_addr() {
+                if device_up {
+                    let _ = device.handle(now, from, &header, &bytes);
+                    send_all(
+                        device_addr(),
+                        &mut net,
+                        &mut stores,
+                        std::iter::from_fn(|| device.poll_transmit()),
+                    );
+                }
+            } else if let Some(index) = (0..clients.len()).find(|&index| client_addr(index) == to) {
+                match &mut clients[index].engine {
+                    Engine::Device(session) => session.handle(now, &header, payload),
+                    Engine::Direct(coordinator) => coordinator.handle(now, from, &header, payload),
+                }
+            }
+        }
+        for (index, node) in nodes.iter_mut().enumerate() {
+            if node.up {
+                node.node.handle_timeout(now);
+                flush_node(node, index, &mut net, &mut rng);
+                let member = node.node.is_member();
+                if member && !node.was_member && running {
+                    report.joins += 1;
+                    stores.check_node(&node.node, &format!("{now}: node {index} joined"))?;
+                    if trace {
+                        eprintln!("{now} node {index} is a member again");
+                    }
+                }
+                node.was_member = member;
+            }
+        }
+        if device_up {
+            device.handle_timeout(now);
+            send_all(
+                device_addr(),
+                &mut net,
+                &mut stores,
+                std::iter::from_fn(|| device.poll_transmit()),
+            );
+        }
+        if let Some(clash) = &stores.clash {
+            return Err(clash.clone());
+        }
+        // Done: healed, every node a member, every client's final operations done.
+        if healing {
+            let members = nodes.iter().all(|node| node.up && node.node.is_member());
+            let idle = clients
+                .iter()
+                .all(|client| client.final_ops == 0 && client.in_flight.is_empty());
+            if members && idle {
+                break;
+            }
+            if now >= end_of_safety + LIVENESS_BOUND {
+                return Err(format!(
+                    "not live {LIVENESS_BOUND:?} after the faults healed: nodes {:?}, clients' \
+                     operations in flight {:?}, final operations left {:?}",
+                    nodes
+                        .iter()
+                        .map(|node| node.node.state_text())
+                        .collect::<Vec<_>>(),
+                    clients
+                        .iter()
+                        .map(|client| client.in_flight.len())
+                        .collect::<Vec<_>>(),
+                    clients
+                        .iter()
+                        .map(|client| client.final_ops)
+                        .collect::<Vec<_>>(),
+                ));
+            }
+        }
+        // Advance to the next event.
+        let mut next = now + Duration::from_millis(1);
+        let mut consider = |at: Option<Time>| {
+            if let Some(at) = at {
+                next = next.min(at);
+            }
+        };
+        consider(net.next_due());
+        consider(faults.first().map(|(at, _)| *at));
+        consider(device_restart_at);
+        if device_up {
+            consider(device.poll_timeout());
+        }
+        if running && !healing {
+            consider(Some(end_of_safety));
+        }
+        for node in &nodes {
+            consider(node.restart_at);
+            if node.up {
+                consider(node.node.poll_timeout());
+                consider(node.persisting.front().map(|(at, ..)| *at));
+            }
+        }
+        for client in &clients {
+            if running && client.in_flight.len() < client.depth {
+                consider(Some(client.next_at));
+            }
+            consider(match &client.engine {
+                Engine::Device(session) => session.poll_timeout(),
+                Engine::Direct(coordinator) => coordinator.poll_timeout(),
+            });
+        }
+        net.now = next.max(now + Duration::from_micros(1));
+    }
+    // Counters of the coordinators and nodes.
+    let counters = device.coordinator().counters();
+    report.write_backs += counters.write_backs;
+    report.reads_one_phase += counters.reads_one_phase;
+    for client in &clients {
+        if let Engine::Direct(coordinator) = &client.engine {
+            report.write_backs += coordinator.counters().write_backs;
+            report.reads_one_phase += coordinator.counters().reads_one_phase;
+        }
+    }
+    for (index, node) in nodes.iter().enumerate() {
+        report.lines_learnt += node.node.counters().sync_lines_taken;
+        stores.check_node(&node.node, &format!("at the end, node {index}"))?;
+    }
+    // Durability: every acknowledged write's timestamp, or a higher one, is durable on a
+    // majority of the nodes.
+    let majority = node_count / 2 + 1;
+    for (line, value) in &acked {
+        let Some(ts) = stores.ts_of_value.get(value).and_then(|ts| ts.iter().min()) else {
+            return Err(format!(
+                "write of {value} to line {line} acknowledged but never stored"
+            ));
+        };
+        let holding = nodes
+            .iter()
+            .filter(|node| node.node.durable_line(*line).0 >= *ts)
+            .count();
+        if holding < majority {
+            return Err(format!(
+                "write of {value} to line {line} (timestamp {ts:#x}) acknowledged, but only \
+                 {holding} nodes hold it or a later one"
+            ));
+        }
+    }
+    let verdict = check_by_key(&Register { initial: Some(0) }, &history, 100_000_000);
+    if !verdict.is_linearizable() {
+        // The operation it could not place, and those of its line around it.
+        let detail = match &verdict {
+            pmnet_lincheck::Verdict::NotLinearizable { stuck, .. } => {
+                let (line, op) = &history[*stuck];
+                let around: Vec<_> = history
+                    .iter()
+                    .filter(|(l, other)| {
+                        l == line
+                            && other.ret.saturating_add(5_000_000) >= op.call
+                            && other.call <= op.ret.min(op.call + 5_000_000)
+                    })
+                    .map(|(_, other)| other)
+                    .take(40)
+                    .collect();
+                format!(
+                    "; stuck at line {line}'s {op:?}; its line's operations around it: {around:?}"
+                )
+            }
+            _ => String::new(),
+        };
+        return Err(format!(
+            "a line's history is not linearizable: {verdict:?}{detail}"
+        ));
+    }
+    if report.completed == 0 {
+        return Err("no operation completed".to_owned());
+    }
+    Ok(report)
+}

@@ -20,6 +20,7 @@ mod redis;
 mod redis_up;
 mod session_bench;
 mod sim;
+mod sim_abd;
 mod sim_chain;
 mod status;
 mod store_bench;

@@ -28,7 +28,9 @@ const DEFAULT_SWARM: u64 = 200;
     pmnet sim --seed 42                  replay one seed with its event trace\n  \
     pmnet sim --seed 42 --quiet-trace    the same without the datagram lines\n  \
     pmnet sim --seeds 10000 --jobs 2     a swarm; prints its random start seed\n  \
-    pmnet sim --seeds 500 --start-seed 7 seeds 7 to 506, reproducibly")]
+    pmnet sim --seeds 500 --start-seed 7 seeds 7 to 506, reproducibly\n  \
+    pmnet sim --chain-store --seeds 2000 the chain store's world\n  \
+    pmnet sim --abd --seeds 2000 --jobs 2 the replicated memory's world (--seed N replays one)")]
 pub struct SimArgs {
     /// Replay one seed: print its event trace, trace hash, fault summary and PASS or FAIL.
     #[arg(long, value_name = "N", conflicts_with_all = ["seeds", "start_seed", "jobs"])]
@@ -82,6 +84,12 @@ pub struct SimArgs {
     #[arg(long, conflicts_with_all = ["requests_per_client", "safety_actions", "liveness_bound", "quiet_trace", "no_trace"])]
     pub chain_store: bool,
 
+    /// Simulate replicated memory instead (ABD memory nodes, a coordinating device with its
+    /// clients and client-driven coordinators: node crashes, memory lost for good, partitions,
+    /// device restarts; docs/simulation.md).
+    #[arg(long, conflicts_with_all = ["chain_store", "requests_per_client", "safety_actions", "liveness_bound", "quiet_trace", "no_trace"])]
+    pub abd: bool,
+
     /// Threads running the seeds of a swarm; the results do not depend on it.
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = value_parser!(u32).range(1..=1024))]
@@ -103,6 +111,14 @@ impl SimArgs {
 pub fn run(args: SimArgs) -> Result<ExitCode, CliError> {
     if args.chain_store {
         return Ok(crate::sim_chain::run(
+            args.seed,
+            args.seeds.unwrap_or(DEFAULT_SWARM),
+            args.start_seed,
+            args.jobs,
+        ));
+    }
+    if args.abd {
+        return Ok(crate::sim_abd::run(
             args.seed,
             args.seeds.unwrap_or(DEFAULT_SWARM),
             args.start_seed,
@@ -704,6 +720,8 @@ mod tests {
             &["sim", "--requests-per-client", "0"],
             &["sim", "--liveness-bound", "0"],
             &["sim", "--seed", "18446744073709551616"],
+            &["sim", "--abd", "--chain-store"],
+            &["sim", "--abd", "--safety-actions", "10"],
         ] {
             assert!(Cli::try_parse_from(argv).is_err(), "{argv:?} parsed");
         }
@@ -718,5 +736,9 @@ mod tests {
         ])
         .expect("parse");
         assert_eq!(cli.args.options().requests_per_client, 60);
+        let cli = Cli::try_parse_from(["sim", "--abd", "--seeds", "5", "--start-seed", "7"])
+            .expect("parse");
+        assert!(cli.args.abd && !cli.args.chain_store);
+        assert_eq!((cli.args.seeds, cli.args.start_seed), (Some(5), Some(7)));
     }
 }

@@ -945,6 +945,10 @@ pub fn ratios(results: &[AbdRow], many: u32) -> Vec<AbdRatio> {
     ];
     let mut out = Vec::new();
     for (numerator, denominator, measure, clients, target) in specs {
+        if measure == "ops_per_s" && clients == 1 {
+            // Throughput is compared under load only.
+            continue;
+        }
         for op in [Op::Read, Op::Write] {
             let (Some(a), Some(b)) = (find(numerator, op, clients), find(denominator, op, clients))
             else {
@@ -1505,6 +1509,7 @@ mod tests {
             results.push(row(AbdSystem::Etcd, op, 16, 3000.0, 6_000.0));
             results.push(row(AbdSystem::DeviceAbdKilled, op, 16, 300.0, 45_000.0));
         }
+        assert_eq!(ratios(&results, 1).len(), 4, "throughput under load only");
         let ratios = ratios(&results, 16);
         assert_eq!(ratios.len(), 8, "{ratios:?}");
         let find = |numerator: &str, op: &str| {

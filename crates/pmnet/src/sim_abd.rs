@@ -80,7 +80,7 @@ fn summary(sum: &AbdReport, passed: u64) -> String {
         "{passed} seeds passed ({} memory nodes in all; {} clients through the device, {} \
          client-driven): {} operations ({} reads, {} writes, {} of several lines), {} \
          answered ok, {} unavailable, {} in doubt, {} beyond the end refused; faults: {} node \
-         crashes ({} torn records rejected on reopening), {} memories lost for good ({} nodes \
+         crashes ({} power failures among them; {} torn records rejected on reopening), {} memories lost for good ({} nodes \
          rejoined after learning, {} lines copied), {} partitions, {} device restarts; {} \
          reads in one phase, {} with a write-back",
         sum.nodes,
@@ -95,6 +95,7 @@ fn summary(sum: &AbdReport, passed: u64) -> String {
         sum.in_doubt,
         sum.out_of_range,
         sum.crashes,
+        sum.power_failures,
         sum.torn_records,
         sum.losses,
         sum.joins,

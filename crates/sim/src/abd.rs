@@ -2,23 +2,26 @@
 //! state machines of `pmnet-abd` — memory nodes over their direct-mapped tables on the
 //! simulated persistent memory, a coordinating device ([`AbdFunction`]) with client sessions
 //! through it ([`AbdClient`]), and client-driven coordinators ([`Coordinator`] in the client,
-//! each with its own writer id), all at once on one memory of a few lines — on the chain
-//! store's network (loss, duplication, reordering, partitions). One seed decides everything.
+//! each with its own writer id), all at once on one memory of 16 lines (8 of them contended,
+//! 8 rarely touched) — on the chain store's network (loss, duplication, reordering,
+//! partitions). One seed decides everything.
 //!
-//! Faults: memory node crashes (the batch of line writes under way cut at random; every
+//! Faults: memory node crashes (the batches of line writes under way cut at random; every
 //! unfenced line kept, lost or torn) and restarts on what the crash left; a node's memory lost
 //! for good (it restarts on a new, empty table and must learn); partitions; device restarts
 //! (the coordinator's operations and its sessions' memory lost). At most a minority of the
-//! nodes are down, learning or cut off at once.
+//! nodes are down, learning or cut off at once, except in a power failure: every node crashes
+//! at once, its persistent memory kept.
 //!
 //! Checked: every line's history is linearizable (`pmnet-lincheck`'s register; a multi-line
 //! operation is one operation per line with its call and return times; an operation that
 //! failed "unavailable" or "in doubt" may or may not have taken effect); one timestamp is
-//! never stored with two values; after every crash, and at the end, each node's durable line
-//! is one a coordinator stored with that timestamp (a line and its timestamp are never torn
-//! apart); once the faults heal every node is a member again and every client's next
-//! operations complete; at the end, every acknowledged write's timestamp (or a higher one) is
-//! durable on a majority of the nodes.
+//! never stored with two values of a line; after every crash, when a node joins and at the
+//! end, each node's durable line is one a coordinator stored with that timestamp (a line and
+//! its timestamp are never torn apart); when a node joins after learning and at the end, each
+//! line's highest acknowledged timestamp (or a higher one) is durable on a majority of the
+//! nodes; once the faults heal, every node is a member again and every client's next
+//! operations complete.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -39,12 +42,21 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::net::Net;
 
-/// Lines of the memory: few, so that clients contend for them.
-pub const LINES: u32 = 8;
+/// Lines of the memory: [`HOT`] that clients contend for, the rest written and read rarely
+/// (so that a line's latest write can sit on a bare majority for a while: what a node that
+/// lost its memory must learn from the others).
+pub const LINES: u32 = 16;
+/// Lines `0 .. HOT` take nearly every operation.
+const HOT: u32 = 8;
+/// Of the operations, those on the lines past [`HOT`].
+const COLD_SHARE: f64 = 0.004;
 /// How long the faults last (virtual time, after the group formed).
 const SAFETY: Duration = Duration::from_secs(3);
 /// Once healed: every node a member and every client's operations in flight done within this.
 const LIVENESS_BOUND: Duration = Duration::from_secs(15);
+/// A batch of line writes takes 1 µs to this long to be durable (each after the one before):
+/// as long as a datagram's way at times, so that a crash finds stores not yet durable.
+const PERSIST_MAX_US: u64 = 300;
 /// The device's writer id; client-driven coordinators take 2, 3, ...
 const DEVICE_WRITER: u16 = 1;
 
@@ -105,7 +117,10 @@ pub struct AbdReport {
     pub in_doubt: u64,
     /// Operations beyond the memory's end, refused as such.
     pub out_of_range: u64,
+    /// Node crashes (each node of a power failure counted).
     pub crashes: u64,
+    /// Every node crashing at once.
+    pub power_failures: u64,
     /// Nodes that lost their memory for good (restarted empty, then learnt).
     pub losses: u64,
     pub partitions: u64,
@@ -136,6 +151,7 @@ impl AbdReport {
         self.in_doubt += other.in_doubt;
         self.out_of_range += other.out_of_range;
         self.crashes += other.crashes;
+        self.power_failures += other.power_failures;
         self.losses += other.losses;
         self.partitions += other.partitions;
         self.device_restarts += other.device_restarts;
@@ -262,6 +278,11 @@ impl Stores {
         }
     }
 
+    /// The timestamp a written value was stored with (the first, if stored with several).
+    fn ts_of(&self, value: u64) -> Option<u64> {
+        self.ts_of_value.get(&value)?.iter().min().copied()
+    }
+
     /// Whether every durable line of `node` is a (timestamp, value) some coordinator stored.
     fn check_node(&self, node: &MemNode, what: &str) -> Result<(), String> {
         for line in 0..LINES {
@@ -291,6 +312,40 @@ impl Stores {
     }
 }
 
+/// Whether each line's highest acknowledged timestamp (or a higher one) is durable on a
+/// majority of the nodes: the members, and the nodes down with their memory (a node that lost
+/// its memory, or learns, holds nothing that counts).
+fn durable_on_majority(nodes: &[Node], acked: &[u64]) -> Result<(), String> {
+    let majority = nodes.len() / 2 + 1;
+    for (line, ts) in acked.iter().enumerate() {
+        let holding: Vec<usize> = nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, node)| {
+                let memory = if node.up {
+                    node.node.is_member()
+                } else {
+                    // Down: what it held durably when it went down counts if it was a member.
+                    !node.restart_empty && node.was_member
+                };
+                memory && node.node.durable_line(line as u32).0 >= *ts
+            })
+            .map(|(index, _)| index)
+            .collect();
+        if holding.len() < majority {
+            return Err(format!(
+                "line {line}'s acknowledged timestamp {ts:#x} (or a later one) is durable on \
+                 nodes {holding:?} only, not on a majority; each node's durable timestamp: {:?}",
+                nodes
+                    .iter()
+                    .map(|node| node.node.durable_line(line as u32).0)
+                    .collect::<Vec<_>>()
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn send_all(
     from: SocketAddr,
     net: &mut Net,
@@ -303,13 +358,31 @@ fn send_all(
     }
 }
 
+/// The node's process crashes: of its batches of line writes under way, a prefix was started
+/// (records stored and flushed, not fenced), and the crash keeps, loses or tears each line of
+/// them; it restarts 1–150 ms later on what the crash left.
+fn crash(node: &mut Node, now: Time, rng: &mut ChaCha8Rng) -> Result<(), String> {
+    let started = rng.random_range(0..=node.persisting.len());
+    for (_, _, work) in node.persisting.iter().take(started) {
+        node.file.persist_batch_without_fence(work);
+    }
+    node.persisting.clear();
+    node.file = TableFile::open(node.file.region().crash(rng))
+        .map_err(|error| format!("reopen: {error}"))?
+        .0;
+    node.up = false;
+    node.restart_empty = false;
+    node.restart_at = Some(now + Duration::from_millis(rng.random_range(1..150)));
+    Ok(())
+}
+
 /// Hand the node's new batches to its persistent memory, complete those due, send what it
 /// has to send.
 fn flush_node(node: &mut Node, index: usize, net: &mut Net, rng: &mut ChaCha8Rng) {
     let now = net.now;
     while let Some(batch) = node.node.poll_persist() {
         let after = node.persisting.back().map_or(now, |(at, ..)| *at);
-        let at = after.max(now) + Duration::from_micros(rng.random_range(1..40));
+        let at = after.max(now) + Duration::from_micros(rng.random_range(1..PERSIST_MAX_US));
         node.persisting.push_back((at, batch.number, batch.work));
     }
     while node.persisting.front().is_some_and(|(at, ..)| *at <= now) {
@@ -399,8 +472,8 @@ fn run(seed: u64) -> Result<AbdReport, String> {
     let mut history: History = Vec::new();
     let mut next_value = 0u64;
     let mut next_token = 1u64;
-    // Writes answered ok: (line, value).
-    let mut acked: Vec<(u32, u64)> = Vec::new();
+    // Each line's highest timestamp of a write answered ok.
+    let mut acked = [0u64; LINES as usize];
 
     // The group forms: every node starts empty, learns that no other holds a line, joins.
     let formed_by = Time::ZERO + LEARN_WAIT + Duration::from_millis(200);
@@ -409,6 +482,8 @@ fn run(seed: u64) -> Result<AbdReport, String> {
     let mut end_of_safety = Time::ZERO;
     let mut healed = false;
     let nanos = |time: Time| time.as_nanos();
+    // A node that became a member (after learning) in this step.
+    let mut joined: Option<usize> = None;
     loop {
         let now = net.now;
         if start.is_none() {
@@ -421,7 +496,7 @@ fn run(seed: u64) -> Result<AbdReport, String> {
                 faults = (0..rng.random_range(2..10))
                     .map(|_| {
                         let at = rng.random_range(1..SAFETY.as_millis() as u64);
-                        (now + Duration::from_millis(at), rng.random_range(0..10u8))
+                        (now + Duration::from_millis(at), rng.random_range(0..11u8))
                     })
                     .collect();
                 faults.sort();
@@ -458,23 +533,24 @@ fn run(seed: u64) -> Result<AbdReport, String> {
             match kind {
                 // A crash, the memory kept.
                 0..=2 if may_fail => {
-                    let node = &mut nodes[index];
-                    // Of the batches under way, a prefix was started (stored and flushed,
-                    // not fenced); the crash keeps, loses or tears each of its lines.
-                    let started = rng.random_range(0..=node.persisting.len());
-                    for (_, _, work) in node.persisting.iter().take(started) {
-                        node.file.persist_batch_without_fence(work);
-                    }
-                    node.persisting.clear();
-                    node.file = TableFile::open(node.file.region().crash(&mut rng))
-                        .map_err(|error| format!("reopen: {error}"))?
-                        .0;
-                    node.up = false;
-                    node.restart_empty = false;
-                    node.restart_at = Some(now + Duration::from_millis(rng.random_range(1..150)));
+                    crash(&mut nodes[index], now, &mut rng)?;
                     report.crashes += 1;
                     if trace {
-                        eprintln!("{now} node {index} crashes ({started} batches started)");
+                        eprintln!("{now} node {index} crashes");
+                    }
+                }
+                // A power failure: every node crashes at once, its persistent memory kept.
+                // Beyond the minority the other faults keep to: a crash loses nothing a node
+                // acknowledged, so no number of them is a danger to what was written (only
+                // to progress, until they restart).
+                10 if nodes.iter().all(|node| node.up) => {
+                    for node in &mut nodes {
+                        crash(node, now, &mut rng)?;
+                    }
+                    report.crashes += node_count as u64;
+                    report.power_failures += 1;
+                    if trace {
+                        eprintln!("{now} power failure: every node crashes");
                     }
                 }
                 // The memory lost for good: back on a new, empty table.
@@ -596,11 +672,16 @@ fn run(seed: u64) -> Result<AbdReport, String> {
                 // Beyond the memory's end: refused, and never takes effect.
                 (rng.random_range(LINES - 2..LINES + 2), 3)
             } else {
-                let first = rng.random_range(0..LINES);
+                // A hot line, or now and then a cold one; several lines at times.
+                let (first, end) = if rng.random_bool(COLD_SHARE) {
+                    (rng.random_range(HOT..LINES), LINES)
+                } else {
+                    (rng.random_range(0..HOT), HOT)
+                };
                 let count = if rng.random_bool(0.6) {
                     1
                 } else {
-                    rng.random_range(2..=4u32).min(LINES - first)
+                    rng.random_range(2..=4u32).min(end - first)
                 };
                 (first, count as u16)
             };
@@ -757,7 +838,13 @@ fn run(seed: u64) -> Result<AbdReport, String> {
                     Ok(_) => {
                         report.completed += 1;
                         for (line, value) in lines.zip(values) {
-                            acked.push((line, value));
+                            let ts = stores.ts_of(value).ok_or_else(|| {
+                                format!(
+                                    "{now}: client {index}'s write of {value} to line {line} \
+                                     acknowledged, but no coordinator ever stored it"
+                                )
+                            })?;
+                            acked[line as usize] = acked[line as usize].max(ts);
                             history.push((
                                 line,
                                 Operation {
@@ -851,12 +938,17 @@ fn run(seed: u64) -> Result<AbdReport, String> {
                 if member && !node.was_member && running {
                     report.joins += 1;
                     stores.check_node(&node.node, &format!("{now}: node {index} joined"))?;
+                    joined = Some(index);
                     if trace {
                         eprintln!("{now} node {index} is a member again");
                     }
                 }
                 node.was_member = member;
             }
+        }
+        if let Some(index) = joined.take() {
+            durable_on_majority(&nodes, &acked)
+                .map_err(|error| format!("{now}: once node {index} joined, {error}"))?;
         }
         if device_up {
             device.handle_timeout(now);
@@ -948,24 +1040,7 @@ fn run(seed: u64) -> Result<AbdReport, String> {
     }
     // Durability: every acknowledged write's timestamp, or a higher one, is durable on a
     // majority of the nodes.
-    let majority = node_count / 2 + 1;
-    for (line, value) in &acked {
-        let Some(ts) = stores.ts_of_value.get(value).and_then(|ts| ts.iter().min()) else {
-            return Err(format!(
-                "write of {value} to line {line} acknowledged but never stored"
-            ));
-        };
-        let holding = nodes
-            .iter()
-            .filter(|node| node.node.durable_line(*line).0 >= *ts)
-            .count();
-        if holding < majority {
-            return Err(format!(
-                "write of {value} to line {line} (timestamp {ts:#x}) acknowledged, but only \
-                 {holding} nodes hold it or a later one"
-            ));
-        }
-    }
+    durable_on_majority(&nodes, &acked).map_err(|error| format!("at the end, {error}"))?;
     let verdict = check_by_key(&Register { initial: Some(0) }, &history, 100_000_000);
     if !verdict.is_linearizable() {
         // The operation it could not place, and those of its line around it.

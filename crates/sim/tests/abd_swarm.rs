@@ -38,7 +38,7 @@ fn replicated_memory_seeds_hold_their_invariants() {
         // The swarm exercised what it is for.
         assert!(totals.completed > 0 && totals.multi_line > 0);
         assert!(totals.crashes > 0 && totals.partitions > 0 && totals.device_restarts > 0);
-        assert!(totals.losses > 0 && totals.joins > 0);
+        assert!(totals.losses > 0 && totals.joins > 0 && totals.power_failures > 0);
     }
 }
 
@@ -53,10 +53,18 @@ fn rand_start() -> u64 {
 #[test]
 fn replicated_memory_regression_seeds() {
     let seeds: &[u64] = &[
+        // A coordinator's two writes of one line in flight at once were stamped with one
+        // timestamp (a node acks a store at or below what it holds): reads flipped between
+        // the two values.
+        1,
         // A device restarted while a client had a write and a read in flight; the read, sent
         // again, re-created the session, and the write, sent again, ran a second time: its
         // value came back after others had overwritten it.
-        199,
+        25,
+        // A node that lost its memory copied from one other node of three (it counted itself
+        // in the majority): a write acknowledged by its earlier life and one other node was
+        // left on one node.
+        27,
     ];
     for &seed in seeds {
         run_seed(seed).unwrap_or_else(|error| panic!("{error}"));

@@ -41,6 +41,8 @@ struct Session {
     /// How recent writes ended, oldest first (at most [`WINDOW`]).
     writes: VecDeque<(u32, Status)>,
     used: u64,
+    /// Its operations in flight (a session with some is never forgotten).
+    in_flight: u32,
     /// The first request this device saw sent for the first time (not flagged) in this
     /// session. A client sends its requests for the first time in order, so a request from it
     /// on was first sent to this device (this life, since the session was last forgotten); a
@@ -169,6 +171,7 @@ impl AbdFunction {
                     writes: VecDeque::new(),
                     used: self.clock,
                     since: None,
+                    in_flight: 0,
                 },
             );
         }
@@ -249,6 +252,9 @@ impl AbdFunction {
                     },
                 );
                 self.in_flight.insert((session_id, seq), token);
+                if let Some(session) = self.sessions.get_mut(&session_id) {
+                    session.in_flight += 1;
+                }
             }
             Err(error) => {
                 if error == AbdError::Busy {
@@ -278,7 +284,7 @@ impl AbdFunction {
         if let Some(oldest) = self
             .sessions
             .iter()
-            .filter(|(id, _)| !self.in_flight.keys().any(|(session, _)| session == *id))
+            .filter(|(_, session)| session.in_flight == 0)
             .min_by_key(|(_, session)| session.used)
             .map(|(id, _)| *id)
         {
@@ -293,6 +299,9 @@ impl AbdFunction {
                 continue;
             };
             self.in_flight.remove(&(pending.session, pending.request));
+            if let Some(session) = self.sessions.get_mut(&pending.session) {
+                session.in_flight = session.in_flight.saturating_sub(1);
+            }
             let (status, data) = match &done.result {
                 Ok(data) => (Status::Ok, &data[..]),
                 Err(error) => (status_of(*error), &[][..]),
@@ -424,15 +433,10 @@ impl NetworkFunction for MemNodeFunction {
     }
 
     fn poll_persist(&mut self) -> Option<PersistBatch<RegionWrite>> {
-        let batch = self.node.poll_persist()?;
-        Some(PersistBatch {
-            number: batch.number,
-            work: batch
-                .work
-                .iter()
-                .map(|work| work.region_write(&self.geometry))
-                .collect(),
-        })
+        Some(pmnet_pmtable::region_batch(
+            self.node.poll_persist()?,
+            &self.geometry,
+        ))
     }
 
     fn poll_timeout(&self) -> Option<Time> {

@@ -64,15 +64,10 @@ impl NetworkFunction for ChainFunction {
     }
 
     fn poll_persist(&mut self) -> Option<PersistBatch<RegionWrite>> {
-        let batch = self.node.poll_persist()?;
-        Some(PersistBatch {
-            number: batch.number,
-            work: batch
-                .work
-                .iter()
-                .map(|work| work.region_write(&self.geometry))
-                .collect(),
-        })
+        Some(pmnet_pmtable::region_batch(
+            self.node.poll_persist()?,
+            &self.geometry,
+        ))
     }
 
     fn poll_timeout(&self) -> Option<Time> {

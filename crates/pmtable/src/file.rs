@@ -148,6 +148,22 @@ impl TableWork {
     }
 }
 
+/// A batch of table work as the region writes that carry it out (what a function in a device's
+/// pipeline hands the front executor).
+pub fn region_batch(
+    batch: pmnet_proto::PersistBatch<TableWork>,
+    geometry: &Geometry,
+) -> pmnet_proto::PersistBatch<pmnet_proto::RegionWrite> {
+    pmnet_proto::PersistBatch {
+        number: batch.number,
+        work: batch
+            .work
+            .iter()
+            .map(|work| work.region_write(geometry))
+            .collect(),
+    }
+}
+
 fn record_offset(geometry: &Geometry, bucket: u32, half: u8) -> usize {
     SUPERBLOCK_LEN + (2 * bucket as usize + usize::from(half)) * geometry.record_len()
 }

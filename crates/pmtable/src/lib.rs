@@ -11,7 +11,9 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-pub use file::{FileError, Geometry, Recovered, TableFile, TableWork, Version, SUPERBLOCK_LEN};
+pub use file::{
+    region_batch, FileError, Geometry, Recovered, TableFile, TableWork, Version, SUPERBLOCK_LEN,
+};
 pub use table::{
     direct_bucket, direct_key, key_hash, KeySeq, Page, Refused, Table, Written, PAGE_SCAN,
     PROBE_LIMIT,

@@ -815,6 +815,68 @@ fn a_cache_read_the_device_forwards_waits_for_the_keyed_write_it_acked() {
 }
 
 #[test]
+fn a_cache_read_waits_for_a_keyed_write_the_device_could_not_log() {
+    // One log slot, held by an update whose forward is lost. A keyed write then finds the log
+    // full: it is forwarded unlogged, and that forward is lost too. A cache read of its key
+    // forwarded behind it must not be answered before the write is applied (its answer could
+    // be cached, and the write's value lost to readers): the client's resend applies it.
+    let mut world = World::new(1, Some(1));
+    drive_to_quiet(&mut world);
+    let (filler, writer, reader) = (
+        0x5555_0000_0000_0001,
+        0x6666_0000_0000_0001,
+        0x7777_0000_0000_0001,
+    );
+    for session in [filler, writer] {
+        world.drop_first(move |seen| {
+            seen.to == server_addr(0)
+                && seen.header.packet_type == PacketType::UpdateRequest
+                && seen.header.session_id == session
+        });
+    }
+    let plain = Header::new(PacketType::UpdateRequest, SERVER_ID, filler, 1).encode(b"x=1");
+    world.inject(client_addr(0), device_addr(0), plain);
+    world.run_for(Duration::from_micros(50));
+    world.inject(
+        client_addr(0),
+        device_addr(0),
+        keyed_write(writer, 1, None, b"v"),
+    );
+    world.run_for(Duration::from_micros(50));
+    assert_eq!(world.device(0).device().counters().log_full, 1);
+    world.inject(
+        client_addr(0),
+        device_addr(0),
+        cache_read(reader, 1, 0, None),
+    );
+    world.run_for(Duration::from_millis(5));
+    world.inject(
+        client_addr(0),
+        device_addr(0),
+        keyed_write(writer, 1, None, b"v"),
+    );
+    world.run_for(Duration::from_secs(2));
+    let device = world.device(0).device().counters().clone();
+    assert_eq!(device.cache_reads_ordered, 1, "the read follows the write");
+    let replied_at = world
+        .seen_of(PacketType::Reserved(pmnet_wire::cache::CACHE_REPLY))
+        .first()
+        .map(|seen| seen.at)
+        .expect("a cache reply");
+    let applied_at = world
+        .seen_of(PacketType::ServerAck)
+        .iter()
+        .find(|seen| seen.header.session_id == writer)
+        .map(|seen| seen.at)
+        .expect("the write's server-ACK");
+    assert!(
+        applied_at <= replied_at,
+        "read answered at {replied_at:?}, write applied at {applied_at:?}"
+    );
+    assert_eq!(world.device(0).device().keyed_keys_in_log(), 0);
+}
+
+#[test]
 fn keyed_writes_that_wait_for_each_other_are_applied_after_the_longest_wait() {
     // A cycle of waits cannot be built by one device's order (docs/cache.md), but a device
     // that forgot an unlogged keyed bypass in a crash can place it after a write that waits

@@ -170,6 +170,13 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
         7586376486489665401,
         "the same: holes closed one at a time, one fill delay each, past the liveness bound",
     ),
+    (
+        18285523636610048792,
+        "a keyed write in three fragments whose first found no free log slot was forwarded \
+         unordered: a cache fetch forwarded behind it was answered first and the old value \
+         stayed cached after the write completed (an unlogged keyed write is now ordered like \
+         a logged one)",
+    ),
 ];
 
 #[test]

@@ -1,8 +1,9 @@
 //! The order of keyed writes (flag `KEYED`, the read cache's) to each key, as this device
 //! acknowledges them (docs/cache.md, "Order of writes to one key").
 //!
-//! When the device logs a keyed write to key K, it writes into the write's descriptor, in
-//! place and before the log write, the request the write must follow: the latest keyed write
+//! When the device logs a keyed write to key K (or forwards it unlogged: log full, a slot
+//! collision, a keyed bypass), it writes into the write's descriptor, in place and before the
+//! log write, the request the write must follow: the latest keyed write
 //! to K it logged whose server-ACK has not come back (none if every earlier one is
 //! acknowledged), and its stamp (a count of the keyed writes it logged). A server applies the
 //! write only after the one it names, so the writes to K are applied in the order this device
@@ -17,7 +18,8 @@
 //! and barriers is the order the server applies them in, key by key. A barrier without room
 //! enough for the sessions it must follow is refused (dropped: its client sends it again).
 //!
-//! Bounded: a key is remembered only while a keyed write to it is in the log.
+//! Bounded: a key is remembered only while a keyed write to it awaits its server's ack, and at
+//! most `PLACED_MAX` writes are placed.
 
 use std::collections::{BTreeSet, HashMap};
 

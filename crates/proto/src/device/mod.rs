@@ -681,15 +681,18 @@ impl Device {
             Some(NotLoggedReason::LogFull)
         } else if let Some(slot) = self.free_slot(&key) {
             self.log(now, slot, key, header, client, datagram);
-            if let Some(stamped) = &stamped {
-                self.counters.keyed_writes_ordered += 1;
-                self.keyed.logged(stamped, header.session_id, header.seq);
-            }
             None
         } else {
             self.counters.log_collisions += 1;
             Some(NotLoggedReason::Collision)
         };
+        // Logged or not, a keyed write goes to the server with its order written in, and
+        // later writes and reads of its key follow it: a read forwarded now must not be
+        // answered (and its answer cached) before this write is applied.
+        if let Some(stamped) = &stamped {
+            self.counters.keyed_writes_ordered += 1;
+            self.keyed.logged(stamped, header.session_id, header.seq);
+        }
         self.send(server, pmnet_wire::to_sendable(datagram));
         if let Some(reason) = not_logged {
             // The client waits for the server's reply now; tell it why, so that a failure

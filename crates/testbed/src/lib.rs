@@ -1,0 +1,1 @@
+//! A testbed of hosts in network namespaces (docs/inpath.md).

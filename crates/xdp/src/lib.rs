@@ -1,0 +1,1 @@
+//! The AF_XDP datapath (docs/inpath.md).

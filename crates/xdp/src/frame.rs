@@ -156,10 +156,27 @@ fn pseudo_header(src: Ipv4Addr, dst: Ipv4Addr, udp_len: u16) -> u64 {
     u32::from(src) as u64 + u32::from(dst) as u64 + IPPROTO_UDP as u64 + udp_len as u64
 }
 
+/// Whether [`parse_udp_with`] checks the UDP checksum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UdpChecksum {
+    /// Verify it when not zero (what [`parse_udp`] does).
+    Verify,
+    /// Do not look at it: for frames from a local sender through a virtual device with
+    /// transmit checksum offload on, whose checksum field holds only the pseudo-header sum
+    /// (see [`crate::set_tx_checksum_offload`]), when the payload carries its own integrity
+    /// check.
+    Ignore,
+}
+
 /// Parses an Ethernet frame carrying an IPv4/UDP datagram, checking every length, the IPv4
 /// header checksum and the UDP checksum (when not zero). One 802.1Q tag is skipped; trailing
 /// bytes after the IPv4 datagram (Ethernet padding) are ignored. Never panics.
 pub fn parse_udp(frame: &[u8]) -> Result<UdpFrame<'_>, FrameError> {
+    parse_udp_with(frame, UdpChecksum::Verify)
+}
+
+/// [`parse_udp`], with the UDP checksum verified or not.
+pub fn parse_udp_with(frame: &[u8], udp_checksum: UdpChecksum) -> Result<UdpFrame<'_>, FrameError> {
     let dst_mac = mac(frame, 0).ok_or(FrameError::Truncated)?;
     let src_mac = mac(frame, 6).ok_or(FrameError::Truncated)?;
     let mut ethertype = be16(frame, 12).ok_or(FrameError::Truncated)?;
@@ -225,7 +242,10 @@ pub fn parse_udp(frame: &[u8]) -> Result<UdpFrame<'_>, FrameError> {
     }
     let udp = &datagram[..udp_len as usize];
     let checksum = be16(udp, 6).ok_or(FrameError::Truncated)?;
-    if checksum != 0 && fold(sum(udp, pseudo_header(src_ip, dst_ip, udp_len))) != 0xffff {
+    if udp_checksum == UdpChecksum::Verify
+        && checksum != 0
+        && fold(sum(udp, pseudo_header(src_ip, dst_ip, udp_len))) != 0xffff
+    {
         return Err(FrameError::UdpChecksum);
     }
     Ok(UdpFrame {

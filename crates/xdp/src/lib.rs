@@ -31,6 +31,7 @@ mod umem;
 pub use error::XdpError;
 pub use loader::{available, AttachMode, SteerCounters, Steering, MAX_QUEUES, MAX_STEERED};
 pub use socket::{BusyPollStatus, KernelXskStats, XskConfig, XskSocket, XskStats};
+pub use sys::set_tx_checksum_offload;
 pub use umem::Umem;
 
 #[doc(hidden)]

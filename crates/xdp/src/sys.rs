@@ -130,3 +130,60 @@ pub(crate) fn page_size() -> usize {
         4096
     }
 }
+
+const SIOCETHTOOL: libc::c_ulong = 0x8946;
+const ETHTOOL_STXCSUM: u32 = 0x17;
+
+/// Turns transmit checksum offload of `ifname` (in the calling thread's network namespace) on
+/// or off, as `ethtool -K IFNAME tx off` does.
+///
+/// Why: a datagram a local socket sends through a virtual device (veth) leaves with only the
+/// pseudo-header sum in its UDP checksum field, to be completed by "hardware" that never
+/// runs; a kernel socket on the other side does not mind (the skb says the checksum is
+/// partial), but an AF_XDP socket receives the raw bytes, which [`crate::frame::parse_udp`]
+/// rejects as [`crate::frame::FrameError::UdpChecksum`]. Turning offload off on the sending
+/// end of a veth testbed makes the kernel write full checksums. Real NICs deliver complete
+/// checksums and need nothing.
+pub fn set_tx_checksum_offload(ifname: &str, enabled: bool) -> Result<(), XdpError> {
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    let mut value = EthtoolValue {
+        cmd: ETHTOOL_STXCSUM,
+        data: enabled as u32,
+    };
+    if ifname.is_empty() || ifname.len() >= libc::IF_NAMESIZE || ifname.contains('\0') {
+        return Err(XdpError::NoSuchInterface(ifname.to_string()));
+    }
+    // SAFETY: plain old data.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in ifr.ifr_name.iter_mut().zip(ifname.bytes()) {
+        *dst = src as libc::c_char;
+    }
+    ifr.ifr_ifru.ifru_data = (&mut value as *mut EthtoolValue).cast();
+    // SAFETY: a datagram socket for the ioctl, closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(XdpError::Unsupported(format!(
+            "socket: {}",
+            io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: `ifr` names the interface and points at `value`, both live across the call.
+    let rc = unsafe { libc::ioctl(fd, SIOCETHTOOL as _, &mut ifr) };
+    let err = io::Error::last_os_error();
+    // SAFETY: `fd` is ours.
+    unsafe { libc::close(fd) };
+    if rc == 0 {
+        return Ok(());
+    }
+    Err(match err.raw_os_error() {
+        Some(libc::ENODEV) => XdpError::NoSuchInterface(ifname.to_string()),
+        _ => XdpError::from_errno(&err, || {
+            format!("cannot change checksum offload of {ifname}")
+        })
+        .unwrap_or_else(|| XdpError::Unsupported(format!("ETHTOOL_STXCSUM on {ifname}: {err}"))),
+    })
+}

@@ -120,6 +120,20 @@ fn ip_options_are_skipped() {
 }
 
 #[test]
+fn the_udp_checksum_can_be_ignored() {
+    let mut frame = build(b"partial");
+    frame[40] ^= 0xff;
+    assert_eq!(parse_udp(&frame), Err(FrameError::UdpChecksum));
+    let parsed = parse_udp_with(&frame, UdpChecksum::Ignore).unwrap();
+    assert_eq!(parsed.payload, b"partial");
+    frame[24] ^= 1; // the IPv4 header checksum is still verified
+    assert_eq!(
+        parse_udp_with(&frame, UdpChecksum::Ignore),
+        Err(FrameError::IpChecksum)
+    );
+}
+
+#[test]
 fn zero_udp_checksum_means_none() {
     let mut frame = build(b"no checksum");
     frame[40] = 0;

@@ -222,16 +222,17 @@ impl XskSocket {
 
     /// Posts frame addresses to the fill ring (the kernel may receive into them) and returns
     /// how many fit. Addresses outside the UMEM are skipped (counted as posted, never given to
-    /// the kernel); each posted frame now belongs to the kernel.
+    /// the kernel); each posted frame now belongs to the kernel. In aligned mode an address
+    /// posts the frame holding it; in unaligned mode ([`Umem::over_unaligned`]) the address
+    /// itself, if a whole chunk from it fits the UMEM.
     pub fn fill(&mut self, addrs: &[u64]) -> usize {
-        let umem_len = self.umem.len() as u64;
         let mut taken = 0;
         for &addr in addrs {
-            if addr >= umem_len {
+            let Some(addr) = self.umem.fill_addr(addr) else {
                 taken += 1;
                 continue;
-            }
-            if !self.fill.push(self.umem.frame_base(addr)) {
+            };
+            if !self.fill.push(addr) {
                 break;
             }
             taken += 1;
@@ -243,7 +244,8 @@ impl XskSocket {
     /// Takes up to `max` received descriptors (address of the packet's first byte, length) off
     /// the RX ring into `out` (appended) and returns how many. Each names a frame now owned by
     /// the application (read it with [`Umem::frame`]); descriptors the UMEM cannot hold are
-    /// dropped.
+    /// dropped. In unaligned mode the kernel's offset encoding is resolved: the address is the
+    /// packet's first byte all the same.
     pub fn receive_descs(&mut self, out: &mut Vec<(u64, u32)>, max: usize) -> usize {
         let ready = self.rx.available(max.min(u32::MAX as usize) as u32);
         if ready == 0 {
@@ -253,8 +255,9 @@ impl XskSocket {
         let mut taken = 0;
         for i in 0..ready {
             let desc = self.rx.read(i);
-            if self.umem.frame(desc.addr, desc.len as usize).is_some() {
-                out.push((desc.addr, desc.len));
+            let addr = self.umem.resolve(desc.addr);
+            if self.umem.frame(addr, desc.len as usize).is_some() {
+                out.push((addr, desc.len));
                 taken += 1;
             }
         }

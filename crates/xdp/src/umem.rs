@@ -26,6 +26,8 @@ pub struct Umem {
     frame_count: u32,
     /// Unmapped on drop (anonymous UMEM); a caller's region is left alone.
     owned: bool,
+    /// Registered in the kernel's unaligned chunk mode ([`Umem::over_unaligned`]).
+    unaligned: bool,
 }
 
 // SAFETY: the UMEM is plain memory; the raw pointer is owned by this value (or borrowed from the
@@ -92,6 +94,7 @@ impl Umem {
             frame_size,
             frame_count,
             owned: true,
+            unaligned: false,
         })
     }
 
@@ -130,7 +133,84 @@ impl Umem {
             frame_size,
             frame_count: frames as u32,
             owned: false,
+            unaligned: false,
         })
+    }
+
+    /// A UMEM over the caller's memory in the kernel's **unaligned chunk mode**
+    /// (`XDP_UMEM_UNALIGNED_CHUNK_FLAG`): a buffer posted to the fill ring may start at any
+    /// address `a` with `a + chunk_size <= len`, not only at multiples of the chunk size, and
+    /// the kernel writes a received frame at `a + 256` (`XDP_PACKET_HEADROOM`; in copy mode it
+    /// writes nothing else of the chunk). The packet store uses it to place each frame so that
+    /// the datagram lands at its slot's datagram area whatever the slot layout.
+    /// `chunk_size` is 2048 up to the page size (not necessarily a power of two); `len` is kept
+    /// as given (not rounded to chunks). Received descriptors carry the kernel's offset
+    /// encoding, which [`XskSocket::receive_descs`](crate::XskSocket::receive_descs) resolves:
+    /// the address it returns is the frame's first byte.
+    ///
+    /// # Safety
+    ///
+    /// As [`Umem::over`].
+    pub unsafe fn over_unaligned(
+        ptr: *mut u8,
+        len: usize,
+        chunk_size: u32,
+    ) -> Result<Umem, XdpError> {
+        if chunk_size < 2048 || chunk_size as usize > page_size() {
+            return Err(XdpError::InvalidUmem(format!(
+                "chunk size {chunk_size}: must be 2048 up to the page size {}",
+                page_size()
+            )));
+        }
+        let ptr = NonNull::new(ptr).ok_or_else(|| XdpError::InvalidUmem("null pointer".into()))?;
+        if ptr.as_ptr() as usize % page_size() != 0 {
+            return Err(XdpError::InvalidUmem(format!(
+                "address {:p} is not page aligned",
+                ptr.as_ptr()
+            )));
+        }
+        let frames = len / chunk_size as usize;
+        if frames == 0 || len > MAX_UMEM_BYTES {
+            return Err(XdpError::InvalidUmem(format!(
+                "{len} bytes: must hold a chunk of {chunk_size} and be at most {MAX_UMEM_BYTES}"
+            )));
+        }
+        Ok(Umem {
+            ptr,
+            len,
+            frame_size: chunk_size,
+            frame_count: frames.min(u32::MAX as usize) as u32,
+            owned: false,
+            unaligned: true,
+        })
+    }
+
+    /// Whether the UMEM is registered in unaligned chunk mode ([`Umem::over_unaligned`]).
+    pub fn is_unaligned(&self) -> bool {
+        self.unaligned
+    }
+
+    /// The address to post on the fill ring for `addr`, if the kernel would accept it: the
+    /// start of its frame (aligned mode), or `addr` itself when a whole chunk from it fits the
+    /// UMEM (unaligned mode).
+    pub(crate) fn fill_addr(&self, addr: u64) -> Option<u64> {
+        if self.unaligned {
+            let end = addr.checked_add(u64::from(self.frame_size))?;
+            (end <= self.len as u64).then_some(addr)
+        } else {
+            (addr < self.len as u64).then(|| self.frame_base(addr))
+        }
+    }
+
+    /// The address of a received descriptor's first byte: in unaligned mode the kernel puts
+    /// the offset from the posted address in the upper 16 bits (`XSK_UNALIGNED_BUF_OFFSET_SHIFT`).
+    pub(crate) fn resolve(&self, addr: u64) -> u64 {
+        if self.unaligned {
+            let shift = libc::XSK_UNALIGNED_BUF_OFFSET_SHIFT as u32;
+            (addr & libc::XSK_UNALIGNED_BUF_ADDR_MASK).wrapping_add(addr >> shift)
+        } else {
+            addr
+        }
     }
 
     /// The frame size in bytes.
@@ -164,17 +244,24 @@ impl Umem {
     }
 
     /// The start of the frame that holds address `addr` (drops the headroom offset a received
-    /// descriptor carries).
+    /// descriptor carries); `addr` itself in unaligned mode, where buffers start anywhere.
     pub fn frame_base(&self, addr: u64) -> u64 {
+        if self.unaligned {
+            return addr;
+        }
         addr & !(self.frame_size as u64 - 1)
     }
 
-    /// Checks that `addr..addr + len` lies inside one frame.
+    /// Checks that `addr..addr + len` lies inside one frame (inside the UMEM in unaligned
+    /// mode).
     fn check(&self, addr: u64, len: usize) -> Option<usize> {
         let start = usize::try_from(addr).ok()?;
         let end = start.checked_add(len)?;
         if end > self.len {
             return None;
+        }
+        if self.unaligned {
+            return Some(start);
         }
         let offset_in_frame = start % self.frame_size as usize;
         if offset_in_frame + len > self.frame_size as usize {
@@ -241,6 +328,38 @@ mod tests {
         let misaligned = buf.as_mut_ptr().wrapping_add(1);
         // SAFETY: refused before use.
         assert!(unsafe { Umem::over(misaligned, 4096, 2048) }.is_err());
+    }
+
+    #[test]
+    fn unaligned_umem_posts_any_address_a_chunk_fits_and_resolves_offsets() {
+        let mut owner = Umem::anonymous(3, 4096).unwrap();
+        let ptr = owner.frame_mut(0, 1).unwrap().as_mut_ptr();
+        // SAFETY: `owner` outlives `umem` and is not touched meanwhile.
+        let umem = unsafe { Umem::over_unaligned(ptr, 3 * 4096, 2048) }.unwrap();
+        assert!(umem.is_unaligned());
+        assert_eq!(umem.len(), 3 * 4096);
+        assert_eq!(umem.fill_addr(22), Some(22));
+        assert_eq!(umem.fill_addr(3 * 4096 - 2048), Some(3 * 4096 - 2048));
+        assert_eq!(
+            umem.fill_addr(3 * 4096 - 2047),
+            None,
+            "a chunk past the end"
+        );
+        assert_eq!(umem.fill_addr(u64::MAX), None);
+        assert_eq!(umem.resolve((256 << 48) | 4000), 4256);
+        assert_eq!(umem.frame_base(4256), 4256);
+        assert!(
+            umem.frame(4000, 3000).is_some(),
+            "any range inside the UMEM"
+        );
+        assert!(umem.frame(3 * 4096 - 10, 11).is_none());
+        // SAFETY: refused before use.
+        assert!(unsafe { Umem::over_unaligned(ptr, 4096, 1024) }.is_err());
+        assert!(unsafe { Umem::over_unaligned(ptr, 1000, 2048) }.is_err());
+        let aligned = Umem::anonymous(2, 2048).unwrap();
+        assert_eq!(aligned.fill_addr(2048 + 300), Some(2048));
+        assert_eq!(aligned.fill_addr(4096), None);
+        assert_eq!(aligned.resolve((256 << 48) | 5), (256 << 48) | 5);
     }
 
     #[test]

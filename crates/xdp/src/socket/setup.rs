@@ -61,7 +61,11 @@ pub(super) fn open(ifname: &str, umem: Umem, config: XskConfig) -> Result<XskSoc
         len: umem.len() as u64,
         chunk_size: umem.frame_size(),
         headroom: 0,
-        flags: 0,
+        flags: if umem.is_unaligned() {
+            libc::XDP_UMEM_UNALIGNED_CHUNK_FLAG
+        } else {
+            0
+        },
         tx_metadata_len: 0,
     };
     setsockopt(raw, libc::SOL_XDP, libc::XDP_UMEM_REG, &reg)

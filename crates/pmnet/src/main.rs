@@ -24,6 +24,7 @@ mod sim_abd;
 mod sim_chain;
 mod status;
 mod store_bench;
+mod testbed;
 
 use std::process::ExitCode;
 
@@ -118,6 +119,9 @@ enum Command {
     /// Look into a device's log file offline: `pmnet log inspect FILE` lists its live entries
     /// and damaged slots, never changing the file.
     Log(log_inspect::LogArgs),
+    /// A testbed of hosts on this machine: a client, a device routing between it and a server,
+    /// and the server, each in a network namespace (up, down, status, exec; docs/testbed.md).
+    Testbed(testbed::TestbedArgs),
 }
 
 impl Command {
@@ -144,6 +148,7 @@ impl Command {
             Command::ChainController(_) => "chain-controller",
             Command::Status(_) => "status",
             Command::Log(_) => "log",
+            Command::Testbed(_) => "testbed",
         }
     }
 }
@@ -182,6 +187,7 @@ fn main() -> ExitCode {
         Command::ChainController(args) => chain_controller::run(args),
         Command::Status(args) => status::run(args),
         Command::Log(args) => log_inspect::run(args),
+        Command::Testbed(args) => testbed::run(args),
     };
     match result {
         Ok(code) => code,

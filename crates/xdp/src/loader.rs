@@ -216,10 +216,14 @@ impl Steering {
         let mut ebpf = load()?;
         let attach_err = |e: &ProgramError| -> XdpError {
             privileged(e, &format!("cannot attach XDP to {ifname}")).unwrap_or_else(|| {
+                let mut cause = chain(e);
+                if mode == AttachMode::Native && errno(e) == Some(libc::EOPNOTSUPP) {
+                    cause.push_str(" (the driver has no native XDP: use generic mode)");
+                }
                 XdpError::Attach {
                     ifname: ifname.to_string(),
                     mode: mode.name(),
-                    cause: chain(e),
+                    cause,
                 }
             })
         };

@@ -338,10 +338,12 @@ impl XskSocket {
         }
     }
 
-    /// Wakes the kernel to receive when it stopped for want of fill-ring frames and asked for a
-    /// wake-up (`recvfrom(MSG_DONTWAIT)`); a no-op otherwise.
+    /// Wakes the kernel to receive (`recvfrom(MSG_DONTWAIT)`) when it stopped for want of
+    /// fill-ring frames and asked for a wake-up, or, with busy polling in effect
+    /// (`SO_PREFER_BUSY_POLL`), always: the call is what runs the driver's receive processing
+    /// then, so a busy-polling loop calls this once per iteration. A no-op otherwise.
     pub fn wake_rx(&mut self) {
-        if self.fill.needs_wakeup() {
+        if self.busy_poll.prefer || self.fill.needs_wakeup() {
             // SAFETY: a zero-length recvfrom with no buffer or address, as the AF_XDP ABI allows.
             unsafe {
                 libc::recvfrom(

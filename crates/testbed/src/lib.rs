@@ -226,7 +226,8 @@ pub struct Testbed {
 impl Testbed {
     /// Build testbed `name`, or return it if it is already up as it should be. One that is
     /// only partly there (an earlier `up` interrupted, an interface deleted) is removed and
-    /// built again. Needs root.
+    /// built again. Needs root. Testbeds of different names can be built at once, from any
+    /// threads or processes; `up` and `down` of one name must not run at the same time.
     pub fn up(name: &str) -> Result<Testbed, TestbedError> {
         match Testbed::open(name) {
             Ok(testbed) => return Ok(testbed),

@@ -18,6 +18,14 @@ fn main() {
     match compile(Path::new("bpf/steer.c"), &object) {
         Ok(()) => println!("cargo::rustc-env=PMNET_XDP_NOT_BUILT="),
         Err(reason) => {
+            // Installing clang later must rebuild the crate: watch the directories it would
+            // appear in (scanned only while the program is missing).
+            println!("cargo::rerun-if-env-changed=PATH");
+            if let Some(path) = env::var_os("PATH") {
+                for dir in env::split_paths(&path).filter(|dir| dir.is_dir()) {
+                    println!("cargo::rerun-if-changed={}", dir.display());
+                }
+            }
             println!("cargo::warning=pmnet-xdp: the XDP program was not built ({reason}); AF_XDP steering is unavailable until clang is installed (apt-get install -y clang) and the crate rebuilt");
             println!("cargo::rustc-cfg=pmnet_xdp_no_program");
             println!("cargo::rustc-env=PMNET_XDP_NOT_BUILT={reason}");

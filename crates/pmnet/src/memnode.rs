@@ -153,6 +153,7 @@ pub fn run(args: MemnodeArgs) -> Result<ExitCode, CliError> {
         keys,
         batch: false,
         batch_hold: std::time::Duration::ZERO,
+        xdp: None,
         loop_options: args.run.loop_options(),
     };
     let mut device = DeviceRuntime::open_with_front_region(

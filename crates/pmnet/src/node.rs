@@ -300,6 +300,31 @@ pub struct DeviceArgs {
           value_parser = clap::value_parser!(u32).range(1..=(1 << 26)))]
     pub abd_lines: u32,
 
+    /// Serve on AF_XDP sockets on these interfaces (repeat, or separate with commas): an XDP
+    /// program on each steers the datagrams for the device to the device and passes everything
+    /// else to the kernel (docs/inpath.md). Needs root and an IPv4 address on each interface;
+    /// the device answers on-link peers with frames of its own and others through the kernel.
+    #[arg(long = "xdp", value_name = "IFACE", value_delimiter = ',')]
+    pub xdp: Vec<String>,
+
+    /// With --xdp: be in the path (docs/inpath.md). Clients address the server, not the
+    /// device: the device, a router between them, takes the PMNet datagrams for its servers
+    /// off the wire, logs and acks them as the server, and passes all other traffic (ping,
+    /// TCP, other UDP) to the kernel, which routes it unchanged.
+    #[arg(long, requires = "xdp")]
+    pub in_path: bool,
+
+    /// With --xdp: attach the XDP program in the driver (native, the default) or in the
+    /// kernel's generic path (generic: slower, for drivers without XDP).
+    #[arg(long, value_name = "MODE", default_value = "native", requires = "xdp",
+          value_parser = ["native", "generic"])]
+    pub xdp_mode: String,
+
+    /// With --xdp: ask for zero-copy AF_XDP sockets (drivers that cannot fall back to copy
+    /// mode, as veth).
+    #[arg(long, requires = "xdp")]
+    pub xdp_zero_copy: bool,
+
     #[command(flatten)]
     pub medium: MediumArgs,
 
@@ -331,6 +356,17 @@ impl DeviceArgs {
             keys: None,
             batch: !self.no_batch,
             batch_hold: Duration::from_micros(self.batch_hold_us),
+            xdp: (!self.xdp.is_empty()).then(|| pmnet_runtime::XdpOptions {
+                interfaces: self.xdp.clone(),
+                in_path: self.in_path,
+                mode: if self.xdp_mode == "generic" {
+                    pmnet_runtime::AttachMode::Generic
+                } else {
+                    pmnet_runtime::AttachMode::Native
+                },
+                zero_copy: self.xdp_zero_copy,
+                busy_poll: self.run.loop_options().wait == pmnet_runtime::WaitMode::BusyPoll,
+            }),
         }
     }
 }
@@ -651,6 +687,7 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
         lines.push("  cache: off".to_owned());
     }
     lines.push(format!("  traffic: {traffic}"));
+    lines.push(format!("  datapath: {}", devices[0].datapath_text()));
     if let Some(addr) = first.forward {
         lines.push(format!("  forward (no logging) on {addr}"));
     }

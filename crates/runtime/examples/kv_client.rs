@@ -73,6 +73,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             keys: None,
             batch: true,
             batch_hold: Duration::from_micros(200),
+            xdp: None,
             loop_options: LoopOptions::default(),
         },
         shutdown.clone(),

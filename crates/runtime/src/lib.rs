@@ -63,6 +63,7 @@ mod shutdown;
 pub mod trace;
 pub mod udp;
 mod wait;
+pub mod xdp_path;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -82,6 +83,7 @@ pub use keys::{auth_text, load_key_file};
 pub use metrics::{Metrics, MetricsBoard};
 pub use peers::{wants_answer, PeerWatch, SILENCE_WARNING};
 pub use pmnet_auth::KeySet;
+pub use pmnet_xdp::AttachMode;
 pub use relay::{RelayOptions, UdpRelay};
 pub use server::{
     check_max_ops_per_s, emulated_capacity_text, forward_log_path, ServerAddresses, ServerApp,
@@ -90,6 +92,7 @@ pub use server::{
 };
 pub use shutdown::Shutdown;
 pub use wait::{online_cpu_count, pin_current_thread, poll, yield_cpu, Clock, PollFd, WaitMode};
+pub use xdp_path::{XdpOptions, XdpPath};
 
 /// How an event loop runs: shared by the device and the server.
 #[derive(Debug, Clone)]

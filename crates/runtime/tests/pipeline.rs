@@ -60,6 +60,7 @@ fn a_counter_in_front_of_the_log_answers_its_type_and_the_log_still_acks() {
         keys: None,
         batch: true,
         batch_hold: std::time::Duration::ZERO,
+        xdp: None,
         loop_options: LoopOptions {
             report_interval: None,
             ..LoopOptions::default()

@@ -146,6 +146,7 @@ fn start_forwarder(
                     keys,
                     batch: false,
                     batch_hold: Duration::ZERO,
+                    xdp: None,
                 };
                 let mut device = match DeviceRuntime::open(options, shutdown) {
                     Ok(device) => device,

@@ -421,6 +421,7 @@ pub(super) fn start_device(
         keys: config.keys.clone(),
         batch: config.batch,
         batch_hold: config.batch_hold,
+        xdp: None,
     }
     .for_worker(worker, pmnet_runtime::online_cpu_count())?;
     let front: Box<dyn pmnet_proto::FrontFunction> = match &config.cache {

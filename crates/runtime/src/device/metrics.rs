@@ -16,7 +16,7 @@ impl DeviceRuntime {
              forwarded {} absorbed {}; collisions {} log-full {} forwarded-without-log {}; \
              resends {} (timeout) {} (asked); dropped {}",
             self.options.device_id,
-            socket_digest(self.data.counters()),
+            socket_digest(&self.data.counters()),
             self.pipeline.device().live_entry_count(),
             self.startup.slot_count,
             counters.updates_received,
@@ -42,6 +42,18 @@ impl DeviceRuntime {
         }
         if self.echo.is_some() {
             line.push_str(&format!("; echoed {}", self.counters.echoed));
+        }
+        if let Some(xdp) = self.data.xdp() {
+            let (steered, passed, malformed) = xdp.steering_counters();
+            let counters = xdp.xdp_counters();
+            line.push_str(&format!(
+                "; xdp steered {steered} passed {passed} malformed {malformed}, frames sent {} \
+                 through the kernel {} (ring full {})",
+                counters.frames_sent, counters.sent_through_kernel, counters.tx_ring_full
+            ));
+            for (reason, count) in &counters.malformed {
+                line.push_str(&format!(" bad_frame_{reason}={count}"));
+            }
         }
         if self.executor.log.is_some() {
             line.push_str(&format!(
@@ -160,7 +172,49 @@ impl DeviceRuntime {
             device_counter_metrics(&mut out, "forward", forward);
         }
         self.runtime_counter_metrics(&mut out);
-        socket_metrics(&mut out, "device", self.data.counters());
+        socket_metrics(&mut out, "device", &self.data.counters());
+        if let Some(xdp) = self.data.xdp() {
+            let (steered, passed, malformed) = xdp.steering_counters();
+            let counters = xdp.xdp_counters();
+            for (name, help, value) in [
+                (
+                    "pmnet_device_xdp_steered_total",
+                    "Frames the XDP program steered to the device's AF_XDP sockets.",
+                    steered,
+                ),
+                (
+                    "pmnet_device_xdp_passed_total",
+                    "Frames the XDP program passed on to the kernel (not the device's).",
+                    passed,
+                ),
+                (
+                    "pmnet_device_xdp_short_frames_total",
+                    "Frames the XDP program found too short to parse (passed on).",
+                    malformed,
+                ),
+                (
+                    "pmnet_device_xdp_frames_sent_total",
+                    "Datagrams the device sent as frames on an AF_XDP socket.",
+                    counters.frames_sent,
+                ),
+                (
+                    "pmnet_device_xdp_sent_through_kernel_total",
+                    "Datagrams the AF_XDP datapath sent through the kernel's UDP socket (no \
+                     neighbour known, too large, or the ring full).",
+                    counters.sent_through_kernel,
+                ),
+            ] {
+                out.counter(name, help, &[], value);
+            }
+            for (reason, count) in &counters.malformed {
+                out.counter(
+                    "pmnet_device_xdp_bad_frames_total",
+                    "Frames from the AF_XDP rings that did not parse, by reason (dropped).",
+                    &[("reason", reason)],
+                    *count,
+                );
+            }
+        }
         if let Some((_, socket)) = &self.forward {
             socket_metrics(&mut out, "forward", socket.counters());
         }

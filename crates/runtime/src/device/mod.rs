@@ -4,6 +4,7 @@
 //! configuration, binds the sockets and opens the log; `metrics` renders the report line and
 //! the metrics.
 
+mod datapath;
 mod metrics;
 mod open;
 pub(crate) use open::log_file_error;
@@ -27,6 +28,7 @@ use crate::udp::{BatchSocket, BATCH_LEN};
 use crate::wait::Clock;
 use crate::wait::PollFd;
 use crate::{start_metrics, LoopOptions, MetricsBoard, RuntimeError, Shutdown};
+use datapath::DataPath;
 use open::{bind_sockets, check_servers, open_device_log};
 
 /// Echoed datagrams waiting to be sent at most.
@@ -78,6 +80,8 @@ pub struct DeviceOptions {
     /// them) may wait for more before it goes to its server.
     pub batch_hold: Duration,
     pub loop_options: LoopOptions,
+    /// Serve on AF_XDP sockets (in path or not) instead of the UDP socket alone.
+    pub xdp: Option<crate::xdp_path::XdpOptions>,
 }
 
 /// What the device found when it started.
@@ -179,7 +183,9 @@ pub struct DeviceRuntime {
     executor: LogExecutor,
     /// The front function's region (a chain store's table), if it persists anything.
     front_executor: RegionExecutor<MmapRegion>,
-    data: BatchSocket,
+    data: DataPath,
+    /// How many descriptors the data path waits on (the first of [`DeviceRuntime::poll_fds`]).
+    data_fd_count: usize,
     /// The forward port's plain switch (a pipeline whose log does not log).
     forward: Option<(DevicePipeline, BatchSocket)>,
     echo: Option<BatchSocket>,
@@ -306,8 +312,16 @@ impl DeviceRuntime {
             "`pmnet server` (or `pmnet redis-adaptor`)",
             &server_addrs,
         );
-        let mut data = sockets.data;
-        data.report_unreachable();
+        let mut socket = sockets.data;
+        socket.report_unreachable();
+        let data = match &options.xdp {
+            Some(xdp) => {
+                let path = crate::xdp_path::XdpPath::open(xdp, socket, &options.servers)
+                    .map_err(|error| RuntimeError::Config(format!("--xdp: {error}")))?;
+                DataPath::Xdp(Box::new(path))
+            }
+            None => DataPath::Udp(socket),
+        };
         let recovered = startup.recovered_entry_count;
         if recovered > 0 {
             tracing::info!(
@@ -337,6 +351,7 @@ impl DeviceRuntime {
                 batches: 0,
                 writes: 0,
             },
+            data_fd_count: data.raw_fds().len(),
             data,
             forward,
             echo: sockets.echo,
@@ -355,6 +370,14 @@ impl DeviceRuntime {
 
     pub fn startup(&self) -> &DeviceStartup {
         &self.startup
+    }
+
+    /// What the device serves on, for its banner: the UDP socket, or the AF_XDP datapath.
+    pub fn datapath_text(&self) -> String {
+        match self.data.xdp() {
+            None => "UDP socket (recvmmsg/sendmmsg)".to_owned(),
+            Some(path) => path.describe(),
+        }
     }
 
     pub fn addresses(&self) -> DeviceAddresses {
@@ -400,7 +423,7 @@ impl DeviceRuntime {
         } else {
             0
         };
-        turn.more |= count == BATCH_LEN;
+        turn.more |= count >= BATCH_LEN;
         if count > 0 {
             // Look once more at the data socket (only) before sleeping: the server's ACK of
             // what was just forwarded often arrives within microseconds, and taking it now
@@ -533,7 +556,9 @@ impl DeviceRuntime {
             index += 1;
             set
         };
-        let data = next();
+        // The data path may wait on several descriptors (AF_XDP: one per interface, and the
+        // kernel's socket): any of them readable makes a turn receive on all.
+        let data = (0..self.data_fd_count).fold(false, |any, _| next() || any);
         let forward = self.forward.is_some() && next();
         let echo = self.echo.is_some() && next();
         SocketSet {
@@ -598,7 +623,13 @@ impl DeviceRuntime {
     /// The sockets to wait on, in the order [`DeviceRuntime::readable`] reads the mask:
     /// data, then forward and echo where they exist.
     fn poll_fds(&self) -> Vec<(std::os::fd::RawFd, bool)> {
-        let mut fds = vec![(self.data.raw_fd(), self.data.is_write_blocked())];
+        let blocked = self.data.is_write_blocked();
+        let mut fds: Vec<_> = self
+            .data
+            .raw_fds()
+            .into_iter()
+            .map(|fd| (fd, blocked))
+            .collect();
         if let Some((_, socket)) = &self.forward {
             fds.push((socket.raw_fd(), socket.is_write_blocked()));
         }
@@ -696,6 +727,7 @@ mod tests {
             keys: None,
             batch: true,
             batch_hold: Duration::ZERO,
+            xdp: None,
         }
     }
 

@@ -96,6 +96,7 @@ mod tests {
             keys: None,
             batch: true,
             batch_hold: std::time::Duration::ZERO,
+            xdp: None,
             loop_options: LoopOptions {
                 metrics_listen: Some("127.0.0.1:9400".parse().unwrap()),
                 cpu: Some(1),

@@ -151,6 +151,13 @@ impl XskSocket {
     /// half of the frames (at most `fill_ring` of them) receive and are posted to the fill ring
     /// now; the rest transmit.
     pub fn open(ifname: &str, umem: Umem, config: XskConfig) -> Result<XskSocket, XdpError> {
+        if umem.is_unaligned() {
+            return Err(XdpError::InvalidUmem(
+                "a pooled socket needs an aligned UMEM (Umem::anonymous or Umem::over); \
+                 use open_raw with Umem::over_unaligned"
+                    .into(),
+            ));
+        }
         let frames = umem.frame_count();
         if frames < 2 {
             return Err(XdpError::InvalidUmem(

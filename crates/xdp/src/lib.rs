@@ -16,6 +16,12 @@
 //! - [`frame`] parses and writes Ethernet/IPv4/UDP frames, checking every field a hostile sender
 //!   controls.
 //!
+//! On veth (the testbed's links) native XDP works and AF_XDP runs in copy mode (veth has no
+//! zero-copy; asking for it falls back). A datagram a local socket sends through a veth leaves
+//! with a partial UDP checksum unless the sending end's transmit checksum offload is off
+//! ([`set_tx_checksum_offload`]), or the receiver ignores UDP checksums
+//! ([`frame::parse_udp_with`]).
+//!
 //! Nothing here panics on input from the network, and every resource is bounded: map sizes, ring
 //! sizes and frame counts are fixed when created.
 
@@ -36,3 +42,12 @@ pub use umem::Umem;
 
 #[doc(hidden)]
 pub use loader::testing;
+
+/// The runtime moves these to its worker threads.
+#[allow(dead_code)]
+fn _assert_send() {
+    fn send<T: Send>() {}
+    send::<Steering>();
+    send::<XskSocket>();
+    send::<Umem>();
+}

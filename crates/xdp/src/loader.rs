@@ -257,6 +257,11 @@ impl Steering {
         })
     }
 
+    /// [`available`]: whether steering can work here, and if not why.
+    pub fn available() -> Result<(), XdpError> {
+        available()
+    }
+
     /// The interface the program is attached to.
     pub fn ifname(&self) -> &str {
         &self.ifname

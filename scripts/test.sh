@@ -32,6 +32,16 @@ if ! command -v etcd >/dev/null 2>&1 || ! command -v java >/dev/null 2>&1 \
     "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server zookeeper
 fi
 
+# The XDP program of the AF_XDP datapath (crates/xdp/bpf/steer.c) is compiled by clang in the
+# build; the in-path tests (crates/pmnet/tests/inpath.rs) also ping across the testbed.
+if ! command -v clang >/dev/null 2>&1 || ! command -v ping >/dev/null 2>&1; then
+    step "install clang and iputils-ping (for the XDP program and the in-path tests)"
+    sudo_cmd=()
+    if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+    "${sudo_cmd[@]}" apt-get update -qq
+    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang iputils-ping
+fi
+
 # The Redis client tests (crates/pmnet/tests/redis_clients.rs) run redis-py ≥ 5, unmodified;
 # Debian's python3-redis is older, so it goes into a virtual environment under target/.
 has_redis_py() {

@@ -68,7 +68,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a PMNet device: log update requests, ack them, forward them to their servers.
-    Device(node::DeviceArgs),
+    Device(Box<node::DeviceArgs>),
     /// Run a server with its store (the packet store by default) or the ideal handler.
     Server(node::ServerArgs),
     /// Send key-value requests: set, get, del, incr (one-shot, or interactive without a command).
@@ -167,7 +167,7 @@ fn main() -> ExitCode {
     };
     init_logging(cli.verbose, cli.quiet);
     let result = match cli.command {
-        Command::Device(args) => node::run_device(args),
+        Command::Device(args) => node::run_device(*args),
         Command::Server(args) => node::run_server(args),
         Command::Client(args) => client::run(args),
         Command::Bench(args) => bench::run(*args),

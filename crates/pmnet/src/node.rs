@@ -519,6 +519,12 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
         // An ABD coordinator alone: nothing to log for.
         options.log = None;
     }
+    if !args.xdp.is_empty() && args.workers > 1 {
+        return Err(CliError::from(format!(
+            "--xdp serves one AF_XDP socket per interface: it runs one worker, not --workers {}",
+            args.workers
+        )));
+    }
     let traffic = auth_text(options.keys.as_ref());
     if let Some(log) = &options.log {
         let stale = pmnet_runtime::stale_worker_logs(&log.path, args.workers);

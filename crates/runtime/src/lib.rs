@@ -92,7 +92,7 @@ pub use server::{
 };
 pub use shutdown::Shutdown;
 pub use wait::{online_cpu_count, pin_current_thread, poll, yield_cpu, Clock, PollFd, WaitMode};
-pub use xdp_path::{XdpOptions, XdpPath};
+pub use xdp_path::{xdp_available, XdpOptions, XdpPath};
 
 /// How an event loop runs: shared by the device and the server.
 #[derive(Debug, Clone)]

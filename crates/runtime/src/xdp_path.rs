@@ -495,6 +495,12 @@ impl XdpPath {
     }
 }
 
+/// Whether the AF_XDP datapath can run here (the XDP program built in, the privileges, AF_XDP
+/// sockets in the kernel), and if not, why.
+pub fn xdp_available() -> Result<(), String> {
+    pmnet_xdp::available().map_err(|error| error.to_string())
+}
+
 /// What the device is on an interface.
 struct InterfaceInfo {
     mac: [u8; 6],

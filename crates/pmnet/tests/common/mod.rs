@@ -82,13 +82,20 @@ pub struct Proc {
 impl Proc {
     /// Start `pmnet ARGS`.
     pub fn spawn(name: &str, args: &[String]) -> Proc {
-        let mut child = Command::new(pmnet_bin())
-            .args(args)
+        let mut command = Command::new(pmnet_bin());
+        command.args(args);
+        Proc::spawn_command(name, command)
+    }
+
+    /// Start `command` (e.g. `pmnet` in another network namespace, through `ip netns exec`,
+    /// which execs it: the child's pid is the program's).
+    pub fn spawn_command(name: &str, mut command: Command) -> Proc {
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap_or_else(|error| panic!("cannot start {name} ({}): {error}", pmnet_bin()));
+            .unwrap_or_else(|error| panic!("cannot start {name} ({command:?}): {error}"));
         let (sender, lines) = mpsc::channel();
         let stdout = Arc::new(Mutex::new(Vec::new()));
         let stderr = Arc::new(Mutex::new(String::new()));

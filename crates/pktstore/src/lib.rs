@@ -14,7 +14,10 @@
 //! - **the index node**: the slot's metadata line carries the ordered index's level-0 link, so
 //!   inserting a key allocates nothing and copies no key;
 //! - **the buffer**: datagrams are received straight into free slots of the mapped region
-//!   ([`Store::lend_receive_slots`]); a slot that holds a live record is never lent.
+//!   ([`Store::lend_receive_slots`]); a slot that holds a live record is never lent. Two
+//!   receive paths do it: `recvmmsg` from a UDP socket ([`recv`]) and an AF_XDP socket whose
+//!   UMEM is the store's region, so a steered frame is written by the kernel where its datagram
+//!   stays as the record ([`xsk_recv`]).
 //!
 //! The same [`Store`] also runs the **conventional** engine ([`EngineKind::Conventional`]),
 //! built the way persistent-memory key-value stores usually are: copy key and value into a
@@ -34,6 +37,8 @@ pub mod layout;
 pub mod recv;
 mod sessions;
 mod store;
+#[cfg(target_os = "linux")]
+pub mod xsk_recv;
 
 pub use layout::EngineKind;
 pub use store::{

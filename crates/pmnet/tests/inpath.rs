@@ -319,3 +319,42 @@ fn hostile_frames_at_the_in_path_device_are_counted_and_dropped() {
     assert!(count_after(&report, "dropped") >= 250, "{report}");
     assert_eq!(count_after(&report, "updates"), 1, "{report}");
 }
+
+#[test]
+fn where_af_xdp_cannot_run_the_device_says_so_and_serves_on_its_udp_socket() {
+    // Run the device as an unprivileged user (setpriv, from util-linux): AF_XDP needs
+    // CAP_NET_ADMIN and CAP_BPF, so it must fall back, saying why, and still serve.
+    let is_root = unsafe { libc::geteuid() } == 0;
+    if !is_root || Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("SKIP: needs root (to drop privileges with setpriv) and setpriv");
+        return;
+    }
+    let listen = common::free_udp_addr().to_string();
+    let mut command = Command::new("setpriv");
+    command.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        pmnet_bin(),
+        "device",
+        "--listen",
+        &listen,
+        "--server",
+        "1=127.0.0.1:9",
+        "--no-log",
+        "--xdp",
+        "lo",
+    ]);
+    let mut device = Proc::spawn_command("unprivileged device", command);
+    let line = device.wait_for_line("the datapath line", |line| line.contains("datapath: "));
+    assert!(
+        line.contains("UDP socket") && line.contains("AF_XDP is not available"),
+        "{line}"
+    );
+    assert!(line.contains("CAP_BPF"), "says what is missing: {line}");
+    device.wait_for_line("the end of the banner", |line| line.contains("metrics: "));
+    device.stop();
+    assert!(device
+        .stderr()
+        .contains("serving on the UDP socket instead"));
+}

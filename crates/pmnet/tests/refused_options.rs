@@ -281,3 +281,47 @@ fn a_memory_node_or_abd_device_that_cannot_work_is_refused() {
     );
     device(&[], &["--server"]);
 }
+
+#[test]
+fn a_device_on_af_xdp_that_cannot_work_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("device.log").display().to_string();
+    let listen = free_udp_addr().to_string();
+    let base = [
+        "device",
+        "--listen",
+        &listen,
+        "--server",
+        "1=127.0.0.1:9",
+        "--log-file",
+        &log,
+    ];
+    let with = |more: &[&'static str]| -> Vec<String> {
+        base.iter()
+            .map(|arg| arg.to_string())
+            .chain(more.iter().map(|arg| arg.to_string()))
+            .collect()
+    };
+    let check = |more: &[&'static str], hints: &[&str]| {
+        let list = with(more);
+        let list: Vec<&str> = list.iter().map(String::as_str).collect();
+        must_fail(&list, hints);
+    };
+    check(&["--in-path"], &["--xdp"]);
+    check(&["--xdp-mode", "generic"], &["--xdp"]);
+    check(
+        &["--xdp", "lo", "--xdp-mode", "turbo"],
+        &["turbo", "native"],
+    );
+    check(
+        &["--xdp", "lo", "--workers", "2"],
+        &["--workers 2", "one worker"],
+    );
+    if pmnet_runtime::xdp_available().is_ok() {
+        // Only where AF_XDP can run: elsewhere the device serves on its UDP socket instead.
+        check(
+            &["--xdp", "nosuch0"],
+            &["interface nosuch0", "no such interface"],
+        );
+    }
+}

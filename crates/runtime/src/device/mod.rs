@@ -186,6 +186,8 @@ pub struct DeviceRuntime {
     data: DataPath,
     /// How many descriptors the data path waits on (the first of [`DeviceRuntime::poll_fds`]).
     data_fd_count: usize,
+    /// Why `--xdp` was asked for and the device serves on its UDP socket instead.
+    xdp_unavailable: Option<String>,
     /// The forward port's plain switch (a pipeline whose log does not log).
     forward: Option<(DevicePipeline, BatchSocket)>,
     echo: Option<BatchSocket>,
@@ -314,12 +316,31 @@ impl DeviceRuntime {
         );
         let mut socket = sockets.data;
         socket.report_unreachable();
+        let mut xdp_unavailable = None;
         let data = match &options.xdp {
-            Some(xdp) => {
-                let path = crate::xdp_path::XdpPath::open(xdp, socket, &options.servers)
-                    .map_err(|error| RuntimeError::Config(format!("--xdp: {error}")))?;
-                DataPath::Xdp(Box::new(path))
-            }
+            Some(xdp) => match crate::xdp_path::xdp_available() {
+                Ok(()) => {
+                    let path = crate::xdp_path::XdpPath::open(xdp, socket, &options.servers)
+                        .map_err(|error| RuntimeError::Config(format!("--xdp: {error}")))?;
+                    DataPath::Xdp(Box::new(path))
+                }
+                Err(why) => {
+                    // No XDP here at all (not built in, no privileges, no AF_XDP in the
+                    // kernel): serve on the UDP socket, and say so. A mistake in the
+                    // configuration (an interface that is not there) is an error instead.
+                    tracing::warn!(
+                        "AF_XDP is not available ({why}): serving on the UDP socket instead{}",
+                        if xdp.in_path {
+                            "; NOT in the path: clients that address the servers reach them \
+                             through the kernel's routing, past this device"
+                        } else {
+                            ""
+                        }
+                    );
+                    xdp_unavailable = Some(why);
+                    DataPath::Udp(socket)
+                }
+            },
             None => DataPath::Udp(socket),
         };
         let recovered = startup.recovered_entry_count;
@@ -353,6 +374,7 @@ impl DeviceRuntime {
             },
             data_fd_count: data.raw_fds().len(),
             data,
+            xdp_unavailable,
             forward,
             echo: sockets.echo,
             startup,
@@ -375,7 +397,13 @@ impl DeviceRuntime {
     /// What the device serves on, for its banner: the UDP socket, or the AF_XDP datapath.
     pub fn datapath_text(&self) -> String {
         match self.data.xdp() {
-            None => "UDP socket (recvmmsg/sendmmsg)".to_owned(),
+            None => match &self.xdp_unavailable {
+                None => "UDP socket (recvmmsg/sendmmsg)".to_owned(),
+                Some(why) => format!(
+                    "UDP socket (recvmmsg/sendmmsg): --xdp asked for, but AF_XDP is not \
+                     available here: {why}"
+                ),
+            },
             Some(path) => path.describe(),
         }
     }

@@ -311,6 +311,14 @@ fn hostile_frames_at_the_in_path_device_are_counted_and_dropped() {
             }
         })
         .unwrap();
+    // A datagram from the client's side claiming to come from the server (a forged
+    // server-ACK would free the device's log entries): the reverse-path check drops it.
+    let spoofed = testbed
+        .run_in(Host::Client, || {
+            send_spoofed(SERVER_ADDR, SERVER_PORT, target, b"forged")
+        })
+        .unwrap();
+    assert!(spoofed, "a raw socket could send the spoofed datagram");
     // Still serving.
     let set = client(&testbed, &["set", "after", "garbage"]);
     assert!(set.contains("durable in the log of device 1"), "{set}");
@@ -318,6 +326,54 @@ fn hostile_frames_at_the_in_path_device_are_counted_and_dropped() {
     assert!(count_after(&report, "xdp steered") >= 300, "{report}");
     assert!(count_after(&report, "dropped") >= 250, "{report}");
     assert_eq!(count_after(&report, "updates"), 1, "{report}");
+    assert!(
+        report.contains("bad_frame_source_on_another_port=1"),
+        "{report}"
+    );
+}
+
+/// Send one UDP datagram with source `src:src_port` to `to` through a raw socket (the kernel
+/// fills in the IPv4 checksum and length); whether it went.
+fn send_spoofed(src: Ipv4Addr, src_port: u16, to: SocketAddr, payload: &[u8]) -> bool {
+    let SocketAddr::V4(to) = to else {
+        return false;
+    };
+    let mut packet = vec![0u8; 28];
+    packet[0] = 0x45;
+    packet[6] = 0x40; // don't fragment
+    packet[8] = 64;
+    packet[9] = 17; // UDP
+    packet[12..16].copy_from_slice(&src.octets());
+    packet[16..20].copy_from_slice(&to.ip().octets());
+    packet[20..22].copy_from_slice(&src_port.to_be_bytes());
+    packet[22..24].copy_from_slice(&to.port().to_be_bytes());
+    packet[24..26].copy_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+    packet.extend_from_slice(payload);
+    // SAFETY: a raw socket made, used with a buffer and address of the right sizes, closed.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW);
+        if fd < 0 {
+            return false;
+        }
+        let addr = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: 0,
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*to.ip()).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let sent = libc::sendto(
+            fd,
+            packet.as_ptr().cast(),
+            packet.len(),
+            0,
+            (&addr as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        libc::close(fd);
+        sent == packet.len() as isize
+    }
 }
 
 #[test]

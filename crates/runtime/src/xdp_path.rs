@@ -270,9 +270,27 @@ impl XdpPath {
         let start = parsed.payload.as_ptr() as usize - bytes.as_ptr() as usize;
         let len = parsed.payload.len();
         let (src, dst, src_mac) = (parsed.src, parsed.dst, parsed.src_mac);
+        // Reverse-path check, as a router's strict rp_filter (which frames taken off the wire
+        // here never meet): a source on another port's subnet cannot come in on this one. A
+        // client cannot pass for a server this way (nor divert its neighbour entry).
+        let here = port.on_link(*src.ip());
+        if !here
+            && self
+                .ports
+                .iter()
+                .enumerate()
+                .any(|(other, p)| other != port_index && p.on_link(*src.ip()))
+        {
+            *self
+                .xdp
+                .malformed
+                .entry("source_on_another_port")
+                .or_default() += 1;
+            return;
+        }
         self.counters.received_by_type[type_slot(parsed.payload)] += 1;
         self.counters.bytes_received += len as u64;
-        if port.on_link(*src.ip()) {
+        if here {
             if self.neighbours.len() >= NEIGHBOURS_MAX && !self.neighbours.contains_key(src.ip()) {
                 self.neighbours.clear();
                 self.xdp.neighbour_resets += 1;

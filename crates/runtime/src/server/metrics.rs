@@ -53,6 +53,27 @@ impl ServerRuntime {
                 ));
             }
         }
+        if let Some(xdp) = &self.xdp {
+            let counters = xdp.receiver.counters();
+            let (held, target) = xdp.receiver.fill_level();
+            let kernel = xdp.receiver.socket().stats().kernel.unwrap_or_default();
+            line.push_str(&format!(
+                "; AF_XDP {}: frames {} (in slots {}, copied out {}, malformed {}), fill ring \
+                 {held}/{target}, kernel drops {} (fill ring empty {}){}",
+                xdp.receiver.socket().ifname(),
+                counters.frames,
+                counters.in_slot,
+                counters.copied_out,
+                counters.malformed.iter().sum::<u64>(),
+                kernel.rx_dropped + kernel.rx_ring_full,
+                kernel.rx_fill_ring_empty_descs,
+                if xdp.off {
+                    ", STEERING OFF (store full)"
+                } else {
+                    ""
+                }
+            ));
+        }
         if let Some(capacity) = self.capacity_text() {
             line.push_str(&format!(
                 "; capacity: {capacity}, out of tokens {} times",
@@ -106,6 +127,7 @@ impl ServerRuntime {
             "listen": self.addresses.data.to_string(),
             "engine": self.startup.engine,
             "medium": self.startup.medium_text(),
+            "receive": self.startup.receive,
             "data_file": self.startup.data_path.as_ref().map(|path| path.display().to_string()),
             "store": store,
             "capacity": self.bucket.as_ref().map(|bucket| serde_json::json!({
@@ -248,8 +270,120 @@ impl ServerRuntime {
         self.protocol_metrics(&mut out);
         self.capacity_metrics(&mut out);
         self.store_metrics(&mut out);
+        self.xdp_metrics(&mut out);
         socket_metrics(&mut out, "server", self.socket.counters());
         out
+    }
+
+    /// The AF_XDP receive path's counters (`--xdp`): the receiver's, the kernel's for the
+    /// socket and the XDP program's.
+    fn xdp_metrics(&self, out: &mut Metrics) {
+        let Some(xdp) = &self.xdp else {
+            return;
+        };
+        let counters = xdp.receiver.counters();
+        let (held, target) = xdp.receiver.fill_level();
+        out.gauge(
+            "pmnet_server_xdp_fill_slots",
+            "Store slots posted on the AF_XDP fill ring (free space the kernel may write).",
+            &[],
+            held as f64,
+        );
+        out.gauge(
+            "pmnet_server_xdp_fill_target",
+            "Store slots the AF_XDP fill ring is kept at.",
+            &[],
+            target as f64,
+        );
+        out.gauge(
+            "pmnet_server_xdp_steering_off",
+            "1 while steering is off because the store cannot supply the fill ring.",
+            &[],
+            if xdp.off { 1.0 } else { 0.0 },
+        );
+        for (name, help, value) in [
+            (
+                "pmnet_server_xdp_frames_total",
+                "Frames taken from the AF_XDP socket's RX ring.",
+                counters.frames,
+            ),
+            (
+                "pmnet_server_xdp_in_slot_total",
+                "Datagrams handed over in the store slot the kernel wrote them into.",
+                counters.in_slot,
+            ),
+            (
+                "pmnet_server_xdp_copied_out_total",
+                "Datagrams copied out of their slot (not at its datagram area, or too short).",
+                counters.copied_out,
+            ),
+            (
+                "pmnet_server_xdp_unknown_descs_total",
+                "RX descriptors naming no slot the kernel held (ignored).",
+                counters.unknown_descs,
+            ),
+            (
+                "pmnet_server_xdp_slots_posted_total",
+                "Store slots posted on the fill ring.",
+                counters.posted,
+            ),
+            (
+                "pmnet_server_xdp_steering_off_total",
+                "Times steering was switched off because the store was full.",
+                xdp.counters.steering_off,
+            ),
+        ] {
+            out.counter(name, help, &[], value);
+        }
+        for error in pmnet_xdp::frame::FrameError::ALL {
+            out.counter(
+                "pmnet_server_xdp_malformed_total",
+                "Frames that did not parse as IPv4/UDP, by reason (their slot went back).",
+                &[("reason", error.name())],
+                counters.malformed[error.index()],
+            );
+        }
+        if let Some(kernel) = xdp.receiver.socket().stats().kernel {
+            for (name, help, value) in [
+                (
+                    "pmnet_server_xdp_kernel_rx_dropped_total",
+                    "Frames the kernel dropped for the socket (too long for a buffer, ...).",
+                    kernel.rx_dropped,
+                ),
+                (
+                    "pmnet_server_xdp_kernel_rx_ring_full_total",
+                    "Frames the kernel dropped because the RX ring was full.",
+                    kernel.rx_ring_full,
+                ),
+                (
+                    "pmnet_server_xdp_kernel_fill_ring_empty_total",
+                    "Times the kernel found the fill ring empty (frames dropped).",
+                    kernel.rx_fill_ring_empty_descs,
+                ),
+                (
+                    "pmnet_server_xdp_kernel_invalid_fill_total",
+                    "Fill-ring entries the kernel refused.",
+                    kernel.rx_invalid_descs,
+                ),
+            ] {
+                out.counter(name, help, &[], value);
+            }
+        }
+        let program = xdp.steering.counters();
+        for (name, help, value) in [
+            (
+                "pmnet_server_xdp_program_steered_total",
+                "Frames the XDP program redirected to the AF_XDP socket.",
+                program.steered,
+            ),
+            (
+                "pmnet_server_xdp_program_passed_total",
+                "Frames the XDP program passed to the kernel.",
+                program.passed,
+            ),
+        ] {
+            out.counter(name, help, &[], value);
+        }
     }
 
     /// The server's identity, medium and recovery state.

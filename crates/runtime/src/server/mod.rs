@@ -6,12 +6,14 @@ mod forward;
 mod metrics;
 mod open;
 mod receive;
+mod xdp;
 
 use app::capacity_text;
 pub use app::ServerApp;
 pub use capacity::{capacity_text as emulated_capacity_text, check_max_ops_per_s, TokenBucket};
 pub use forward::{forward_log_path, FORWARD_LOG_SLOTS, FORWARD_LOG_SLOT_SIZE};
 use receive::{stage_received, ReceivedSlots};
+pub use xdp::ServerXdpOptions;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -88,6 +90,9 @@ pub struct ServerStartup {
     pub recovery_note: Option<String>,
     /// How many keys of which size the store has room for, in words (`None`: no store).
     pub capacity: Option<String>,
+    /// How datagrams reach the server, in words: the UDP socket, and with `--xdp` the AF_XDP
+    /// socket whose UMEM is the store.
+    pub receive: String,
 }
 
 impl ServerStartup {
@@ -125,6 +130,9 @@ pub struct ServerRuntime {
     options: ServerOptions,
     clock: Clock,
     server: Server,
+    /// The AF_XDP receive path (`--xdp`): its socket's UMEM is the store's region, so it is
+    /// declared before `app` and dropped (the socket closed) before the store is unmapped.
+    xdp: Option<Box<xdp::XdpReceive>>,
     app: ServerApp,
     socket: BatchSocket,
     startup: ServerStartup,
@@ -155,6 +163,22 @@ pub struct ServerRuntime {
     /// The last receive stopped for want of tokens: the next turn receives once tokens are
     /// due, whether or not the wait reported the socket readable (it was not waited on).
     capacity_starved: bool,
+    /// Busy turns since the UDP socket was last looked at while AF_XDP takes the traffic.
+    udp_skipped: u32,
+}
+
+/// With AF_XDP receiving the steered traffic, a loop that does not wait (busy-poll, or more to
+/// do) looks at the UDP socket, where only what is not steered arrives, every this many turns:
+/// a `recvmmsg` that finds nothing costs a system call.
+const UDP_LOOK_EVERY: u32 = 16;
+
+/// Where a turn receives.
+#[derive(Debug, Clone, Copy)]
+struct Receive {
+    /// The UDP socket.
+    udp: bool,
+    /// The AF_XDP socket.
+    xsk: bool,
 }
 
 /// How often a server whose store is full says so.
@@ -194,34 +218,57 @@ impl ServerRuntime {
     /// One turn of the loop: receive a batch, handle it, fire due timers, apply, send.
     /// Returns whether anything happened.
     pub fn poll_once(&mut self) -> bool {
-        self.turn(true).busy
+        self.turn(Receive {
+            udp: true,
+            xsk: true,
+        })
+        .busy
     }
 
-    /// A turn of the loop; it receives only if `receive`.
-    fn turn(&mut self, receive: bool) -> Turn {
+    /// Receive at most a batch from the AF_XDP socket (`xsk`) or the UDP socket, as the
+    /// tokens of an emulated capacity allow: (datagrams, a full batch, cut short by tokens).
+    fn receive_from(&mut self, xsk: bool) -> (usize, bool, bool) {
+        let full = match (xsk, &self.receiver) {
+            (true, _) => pmnet_pktstore::xsk_recv::XSK_BATCH_LEN,
+            (false, Some(_)) => pmnet_pktstore::recv::RECEIVE_BATCH_LEN,
+            (false, None) => crate::udp::BATCH_LEN,
+        };
+        let limit = self.receive_limit(full);
+        if limit == 0 {
+            return (0, false, true);
+        }
+        let requests_before = self.requests_received();
+        let count = match (xsk, &self.receiver) {
+            (true, _) => self.receive_from_xsk(limit),
+            (false, Some(_)) => self.receive_into_slots(limit),
+            (false, None) => self.receive_into_socket_buffers(limit),
+        };
+        let requests = self.requests_received() - requests_before;
+        self.pay_for(requests);
+        // Cut short by the tokens, and perhaps more waiting: look again when they are due.
+        (count, count >= full, limit < full && count >= limit)
+    }
+
+    /// A turn of the loop; it receives where `receive` says.
+    fn turn(&mut self, receive: Receive) -> Turn {
         let mut turn = Turn::default();
-        if receive || self.capacity_starved {
-            let full = match self.receiver {
-                Some(_) => pmnet_pktstore::recv::RECEIVE_BATCH_LEN,
-                None => crate::udp::BATCH_LEN,
-            };
-            let limit = self.receive_limit(full);
-            if limit > 0 {
-                let requests_before = self.requests_received();
-                let count = match self.receiver {
-                    Some(_) => self.receive_into_slots(limit),
-                    None => self.receive_into_socket_buffers(limit),
-                };
-                let requests = self.requests_received() - requests_before;
-                self.pay_for(requests);
-                turn.busy = count > 0;
-                turn.more = count >= full;
-                // Cut short by the tokens, and perhaps more waiting: look again when they are due.
-                self.capacity_starved = limit < full && count >= limit;
-            } else {
-                self.capacity_starved = true;
-            }
-            if self.capacity_starved {
+        let retry = self.capacity_starved;
+        let mut starved = false;
+        if self.xdp.is_some() && (receive.xsk || retry) {
+            let (count, full, cut) = self.receive_from(true);
+            turn.busy |= count > 0;
+            turn.more |= full;
+            starved |= cut;
+        }
+        if (receive.udp || retry) && !starved {
+            let (count, full, cut) = self.receive_from(false);
+            turn.busy |= count > 0;
+            turn.more |= full;
+            starved |= cut;
+        }
+        if receive.udp || receive.xsk || retry {
+            self.capacity_starved = starved;
+            if starved {
                 self.counters.capacity_waits += 1;
             }
         }
@@ -244,8 +291,36 @@ impl ServerRuntime {
         self.devices.check(Instant::now());
         self.replicas.check(Instant::now());
         self.release_unapplied_slots();
+        if let Some(xdp) = &mut self.xdp {
+            xdp.follow_store();
+        }
         self.report_store_full();
         turn
+    }
+
+    /// Where a turn of the event loop receives, from what its wait found (`ready`).
+    fn receive_for(&mut self, ready: &Ready<'_>) -> Receive {
+        if self.xdp.is_none() {
+            return Receive {
+                udp: ready.is_readable(0),
+                xsk: false,
+            };
+        }
+        let udp = match ready {
+            // No wait: the UDP socket, where only what is not steered arrives, now and then.
+            Ready::All => {
+                self.udp_skipped += 1;
+                self.udp_skipped >= UDP_LOOK_EVERY
+            }
+            _ => ready.is_readable(0),
+        };
+        if udp {
+            self.udp_skipped = 0;
+        }
+        Receive {
+            udp,
+            xsk: ready.is_readable(1),
+        }
     }
 
     /// Datagrams this turn may take from the socket: `full` without an emulated capacity,
@@ -468,7 +543,8 @@ impl Stager for RuntimeStager<'_> {
 
 impl Node for ServerRuntime {
     fn turn(&mut self, ready: Ready<'_>) -> Turn {
-        ServerRuntime::turn(self, ready.is_readable(0))
+        let receive = self.receive_for(&ready);
+        ServerRuntime::turn(self, receive)
     }
 
     fn wait_fds(&self, fds: &mut Vec<PollFd>) {
@@ -479,6 +555,9 @@ impl Node for ServerRuntime {
             read,
             self.socket.is_write_blocked(),
         ));
+        if let Some(xdp) = &self.xdp {
+            fds.push(PollFd::new(xdp.receiver.socket().raw_fd(), read, false));
+        }
     }
 
     fn next_timer(&self) -> Option<Duration> {

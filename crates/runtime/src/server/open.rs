@@ -219,10 +219,24 @@ impl ServerRuntime {
         engine: Option<EngineKind>,
         shutdown: Shutdown,
     ) -> Result<ServerRuntime, RuntimeError> {
+        ServerRuntime::open_with_xdp(options, engine, None, shutdown)
+    }
+
+    /// [`ServerRuntime::open_with_engine`], receiving with AF_XDP on an interface when `xdp`
+    /// says so (the packet store only: frames land in its slots; see `xdp.rs`).
+    pub fn open_with_xdp(
+        options: ServerOptions,
+        engine: Option<EngineKind>,
+        xdp: Option<ServerXdpOptions>,
+        shutdown: Shutdown,
+    ) -> Result<ServerRuntime, RuntimeError> {
         let span = tracing::info_span!("server", id = options.server_id);
         let _entered = span.clone().entered();
         if let Some(ops_per_s) = options.max_ops_per_s {
             check_max_ops_per_s(ops_per_s).map_err(RuntimeError::Config)?;
+        }
+        if let Some(xdp) = &xdp {
+            check_xdp_engine(xdp, &options, engine)?;
         }
         let socket = BatchSocket::bind(options.listen, options.loop_options.max_queued).map_err(
             |source| RuntimeError::Bind {
@@ -323,6 +337,8 @@ impl ServerRuntime {
             bucket: None,
             capacity_starved: false,
             forward_log,
+            xdp: None,
+            udp_skipped: 0,
         };
         if let Some(ops_per_s) = runtime.options.max_ops_per_s {
             runtime.bucket = Some(TokenBucket::new(ops_per_s, runtime.clock.now()));
@@ -330,6 +346,13 @@ impl ServerRuntime {
         if matches!(&runtime.app, ServerApp::Engine(store) if store.engine() == EngineKind::Packet)
         {
             runtime.receiver = Some(Box::new(SlotReceiver::new()));
+        }
+        if let (Some(xdp), ServerApp::Engine(store)) = (&xdp, &mut runtime.app) {
+            let busy_poll = runtime.options.loop_options.wait == crate::WaitMode::BusyPoll;
+            let receive = xdp::XdpReceive::open(xdp, store, runtime.addresses.data, busy_poll)?;
+            runtime.startup.receive =
+                format!("{}; {}", receive.description, runtime.startup.receive);
+            runtime.xdp = Some(Box::new(receive));
         }
         // The recovery polls to the devices go out now.
         if runtime.server.is_recovering() {
@@ -343,6 +366,25 @@ impl ServerRuntime {
         crate::publish_node(&runtime, &runtime.board);
         Ok(runtime)
     }
+}
+
+/// `--xdp` receives into the packet store's slots: refused, with what to do, for any other
+/// application.
+fn check_xdp_engine(
+    xdp: &ServerXdpOptions,
+    options: &ServerOptions,
+    engine: Option<EngineKind>,
+) -> Result<(), RuntimeError> {
+    let running = match (&options.store, engine) {
+        (None, _) => "the ideal handler (--ideal), which keeps no store",
+        (Some(_), Some(EngineKind::Packet)) => return Ok(()),
+        (Some(_), Some(EngineKind::Conventional)) => "the conventional engine",
+        (Some(_), None) => "the append-only key-value store (--engine kv)",
+    };
+    Err(RuntimeError::Config(format!(
+        "--xdp {}: the AF_XDP receive path puts frames straight into the packet store's slots,          and this server runs {running}: use --engine packet, or drop --xdp",
+        xdp.interface
+    )))
 }
 
 /// What the server found at start-up (for its banner and reports), and the sessions its
@@ -411,6 +453,12 @@ fn startup_report(
         engine: app.name(),
         recovery_note,
         capacity: capacity_text(app),
+        receive: match app {
+            ServerApp::Engine(store) if store.engine() == EngineKind::Packet => {
+                "UDP socket (recvmmsg straight into free store slots)".to_owned()
+            }
+            _ => "UDP socket (recvmmsg)".to_owned(),
+        },
     };
     (startup, sessions)
 }

@@ -94,59 +94,55 @@ impl ServerRuntime {
             return 0;
         }
         self.socket.count_receive_batch_elsewhere();
-        let now = self.clock.now();
-        let tracing_on = crate::trace::enabled();
+        let mut handling = Handling {
+            server: &mut self.server,
+            socket: &mut self.socket,
+            devices: &mut self.devices,
+            replicas: &mut self.replicas,
+            peers: &mut self.peers,
+            received_slots: &mut self.received_slots,
+            now: self.clock.now(),
+            tracing_on: crate::trace::enabled(),
+        };
         for received in receiver.received() {
             match *received {
-                Received::InSlot { slot, from, .. } => {
-                    let Some(datagram) = store.received_datagram(slot) else {
-                        store.release_slot(slot);
-                        continue;
-                    };
-                    self.socket.count_received_elsewhere(datagram);
-                    self.devices.heard(from);
-                    self.replicas.heard(from);
-                    self.peers.heard(from, now);
-                    crate::trace::server_handle(&mut self.server, now, from, datagram, tracing_on);
-                    let kept = match pmnet_wire::Packet::new_checked(datagram) {
-                        Ok(packet)
-                            if packet.type_code()
-                                == pmnet_wire::PacketType::UpdateRequest.code()
-                                && packet.fragment_index() < packet.fragment_count()
-                                && usize::from(packet.fragment_count()) <= MAX_HELD_FRAGMENTS
-                                && (self.received_slots.len() < MAX_HELD_REQUESTS
-                                    || self
-                                        .received_slots
-                                        .contains_key(&(packet.session_id(), packet.seq()))) =>
-                        {
-                            let held = self
-                                .received_slots
-                                .entry((packet.session_id(), packet.seq()))
-                                .or_insert_with(|| HeldRequest {
-                                    fragments: HeldSlots::new(usize::from(packet.fragment_count())),
-                                    since: now,
-                                });
-                            match held.fragments.get_mut(usize::from(packet.fragment_index())) {
-                                Some(entry @ None) => {
-                                    *entry = Some(slot);
-                                    true
-                                }
-                                _ => false,
-                            }
-                        }
-                        _ => false,
-                    };
-                    if !kept {
-                        store.release_slot(slot);
-                    }
-                }
+                Received::InSlot { slot, from, .. } => handling.in_slot(store, slot, from),
                 Received::Spilled { index, from } => {
-                    let datagram = receiver.spilled(index);
-                    self.socket.count_received_elsewhere(datagram);
-                    self.devices.heard(from);
-                    self.replicas.heard(from);
-                    self.peers.heard(from, now);
-                    crate::trace::server_handle(&mut self.server, now, from, datagram, tracing_on);
+                    handling.copied(receiver.spilled(index), from);
+                }
+            }
+        }
+        count
+    }
+
+    /// The AF_XDP receive path (`--xdp`): frames the kernel wrote into lent store slots, taken
+    /// off the RX ring without a system call and handled as [`Self::receive_into_slots`]
+    /// handles what `recvmmsg` put in slots.
+    pub(super) fn receive_from_xsk(&mut self, limit: usize) -> usize {
+        let (Some(xdp), ServerApp::Engine(store)) = (self.xdp.as_mut(), &mut self.app) else {
+            return 0;
+        };
+        let receiver = &mut xdp.receiver;
+        let count = receiver.receive_up_to(store, now_ns(), limit);
+        if count == 0 {
+            return 0;
+        }
+        self.socket.count_receive_batch_elsewhere();
+        let mut handling = Handling {
+            server: &mut self.server,
+            socket: &mut self.socket,
+            devices: &mut self.devices,
+            replicas: &mut self.replicas,
+            peers: &mut self.peers,
+            received_slots: &mut self.received_slots,
+            now: self.clock.now(),
+            tracing_on: crate::trace::enabled(),
+        };
+        for received in receiver.received() {
+            match *received {
+                Received::InSlot { slot, from, .. } => handling.in_slot(store, slot, from),
+                Received::Spilled { index, from } => {
+                    handling.copied(receiver.spilled(index), from);
                 }
             }
         }
@@ -171,6 +167,76 @@ impl ServerRuntime {
                 false
             });
         }
+    }
+}
+
+/// What handling a received datagram touches: the protocol, the counters and peers, and the
+/// slots held for update requests.
+struct Handling<'a> {
+    server: &'a mut Server,
+    socket: &'a mut BatchSocket,
+    devices: &'a mut crate::peers::PeerWatch,
+    replicas: &'a mut crate::peers::PeerWatch,
+    peers: &'a mut crate::peer_book::PeerBook,
+    received_slots: &'a mut ReceivedSlots,
+    now: pmnet_proto::Time,
+    tracing_on: bool,
+}
+
+impl Handling<'_> {
+    /// A datagram received into lent `slot`: handed to the protocol straight from the slot,
+    /// which is held if it is a fragment of an update request (to become its record in place)
+    /// and given back otherwise.
+    fn in_slot(&mut self, store: &mut Store<MmapRegion>, slot: u32, from: SocketAddr) {
+        let Some(datagram) = store.received_datagram(slot) else {
+            store.release_slot(slot);
+            return;
+        };
+        self.socket.count_received_elsewhere(datagram);
+        self.devices.heard(from);
+        self.replicas.heard(from);
+        self.peers.heard(from, self.now);
+        crate::trace::server_handle(self.server, self.now, from, datagram, self.tracing_on);
+        let kept = match pmnet_wire::Packet::new_checked(datagram) {
+            Ok(packet)
+                if packet.type_code() == pmnet_wire::PacketType::UpdateRequest.code()
+                    && packet.fragment_index() < packet.fragment_count()
+                    && usize::from(packet.fragment_count()) <= MAX_HELD_FRAGMENTS
+                    && (self.received_slots.len() < MAX_HELD_REQUESTS
+                        || self
+                            .received_slots
+                            .contains_key(&(packet.session_id(), packet.seq()))) =>
+            {
+                let now = self.now;
+                let held = self
+                    .received_slots
+                    .entry((packet.session_id(), packet.seq()))
+                    .or_insert_with(|| HeldRequest {
+                        fragments: HeldSlots::new(usize::from(packet.fragment_count())),
+                        since: now,
+                    });
+                match held.fragments.get_mut(usize::from(packet.fragment_index())) {
+                    Some(entry @ None) => {
+                        *entry = Some(slot);
+                        true
+                    }
+                    _ => false,
+                }
+            }
+            _ => false,
+        };
+        if !kept {
+            store.release_slot(slot);
+        }
+    }
+
+    /// A datagram received elsewhere than in a slot (DRAM).
+    fn copied(&mut self, datagram: &[u8], from: SocketAddr) {
+        self.socket.count_received_elsewhere(datagram);
+        self.devices.heard(from);
+        self.replicas.heard(from);
+        self.peers.heard(from, self.now);
+        crate::trace::server_handle(self.server, self.now, from, datagram, self.tracing_on);
     }
 }
 

@@ -440,6 +440,21 @@ pub struct ServerArgs {
     #[arg(long, value_name = "N", value_parser = parse_max_ops_per_s)]
     pub max_ops_per_s: Option<u64>,
 
+    /// Receive with AF_XDP on this interface (the packet store only; needs root): an XDP
+    /// program steers the datagrams addressed to --listen (each IPv4 address of IFACE when it
+    /// is 0.0.0.0) to an AF_XDP socket whose memory is the store's data file, so the kernel
+    /// writes each update frame into the slot where its datagram stays as the record
+    /// (docs/inpath-store.md). Everything else still arrives on the UDP socket, and replies
+    /// leave through it.
+    #[arg(long = "xdp", value_name = "IFACE")]
+    pub xdp: Option<String>,
+
+    /// With --xdp: attach the XDP program in the driver (native, the default) or in the
+    /// kernel's generic path (generic: slower, for drivers without XDP).
+    #[arg(long = "xdp-mode", value_name = "MODE", default_value = "native", requires = "xdp",
+          value_parser = ["native", "generic"])]
+    pub xdp_mode: String,
+
     #[command(flatten)]
     pub medium: MediumArgs,
 
@@ -496,6 +511,18 @@ impl ServerArgs {
             keys: None,
             max_ops_per_s: self.max_ops_per_s,
         }
+    }
+
+    /// The AF_XDP receive path `--xdp` asks for.
+    pub fn xdp_options(&self) -> Option<pmnet_runtime::ServerXdpOptions> {
+        let mode = if self.xdp_mode == "generic" {
+            pmnet_runtime::AttachMode::Generic
+        } else {
+            pmnet_runtime::AttachMode::Native
+        };
+        self.xdp
+            .as_deref()
+            .map(|interface| pmnet_runtime::ServerXdpOptions::new(interface, mode))
     }
 }
 
@@ -751,7 +778,8 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
     let mut options = args.options();
     options.keys = args.run.keys()?;
     let traffic = auth_text(options.keys.as_ref());
-    let mut server = ServerRuntime::open_with_engine(options, args.engine.kind(), shutdown)?;
+    let mut server =
+        ServerRuntime::open_with_xdp(options, args.engine.kind(), args.xdp_options(), shutdown)?;
     let startup = server.startup().clone();
     let addresses = server.addresses();
     let mut lines = vec![format!(
@@ -779,6 +807,7 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
         lines.push(format!("  recovery: {note}"));
     }
     lines.push(format!("  medium: {}", startup.medium_text()));
+    lines.push(format!("  receive: {}", startup.receive));
     lines.push(format!("  traffic: {traffic}"));
     if let Some(warning) = &startup.store_warning {
         lines.push(format!("  WARNING: {warning}"));

@@ -480,6 +480,15 @@ impl<S: FrameRings> XskSlotReceiver<S> {
         }
     }
 
+    /// Post free slots until the fill ring is at its target again, if the store has them
+    /// (slots the caller gave back since the last receive). [`Self::receive_up_to`] does it too;
+    /// this is for a caller that has not received for a while (its steering off, say).
+    pub fn replenish<R: ReceiveRegion>(&mut self, store: &mut Store<R>) {
+        if self.owns(store) {
+            self.top_up(store);
+        }
+    }
+
     /// Take up to `limit` frames (at most [`XSK_BATCH_LEN`]) from the RX ring without blocking;
     /// returns how many datagrams ([`XskSlotReceiver::received`]). A datagram in its slot stays
     /// lent to the caller, who must stage or release it, as with

@@ -335,7 +335,7 @@ fn a_full_store_starves_the_fill_ring_and_recovers_when_slots_come_back() {
     for slot in kept {
         store.release_slot(slot);
     }
-    receiver.receive_up_to(&mut store, 0, 32);
+    receiver.replenish(&mut store);
     assert!(receiver.recovered() && !receiver.starved());
     receiver.close(&mut store);
     assert_eq!(store.lent_slot_count(), 0);

@@ -291,7 +291,10 @@ impl ServerRuntime {
         self.devices.check(Instant::now());
         self.replicas.check(Instant::now());
         self.release_unapplied_slots();
-        if let Some(xdp) = &mut self.xdp {
+        if let (Some(xdp), ServerApp::Engine(store)) = (&mut self.xdp, &mut self.app) {
+            // Slots given back since the last receive go to the fill ring now, so the kernel
+            // has them while the loop waits (and a starved ring recovers without traffic).
+            xdp.receiver.replenish(store);
             xdp.follow_store();
         }
         self.report_store_full();

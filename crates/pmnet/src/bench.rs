@@ -22,6 +22,7 @@ mod args;
 mod cache;
 mod capacity;
 mod cpu;
+mod inpath;
 mod plan;
 mod popularity;
 mod progress;
@@ -178,6 +179,10 @@ pub fn functional_check(system: &LoopbackSystem, plan: &Plan) -> Result<Vec<Stri
 }
 
 pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
+    if args.inpath.in_path {
+        // The device in the path, on a testbed of its own (see `bench/inpath.rs`).
+        return inpath::run_command(&args);
+    }
     if args.abd.abd {
         // Replicated memory: its own processes, clients and report (see `bench/abd.rs`).
         return abd::run_command(&args);

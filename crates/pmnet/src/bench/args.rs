@@ -268,6 +268,9 @@ pub struct BenchArgs {
 
     #[command(flatten)]
     pub abd: super::abd::AbdArgs,
+
+    #[command(flatten)]
+    pub inpath: super::inpath::InPathArgs,
 }
 
 fn parse_flush(text: &str) -> Result<FlushChoice, String> {

@@ -258,6 +258,8 @@ impl ServerRuntime {
             let (count, full, cut) = self.receive_from(true);
             turn.busy |= count > 0;
             turn.more |= full;
+            // Looking at the RX ring costs no system call: look once more before sleeping.
+            turn.again |= count > 0;
             starved |= cut;
         }
         if (receive.udp || retry) && !starved {
@@ -309,20 +311,22 @@ impl ServerRuntime {
                 xsk: false,
             };
         }
+        // The AF_XDP socket is the first descriptor (the one the loop looks at once more
+        // before it sleeps), the UDP socket the second.
         let udp = match ready {
             // No wait: the UDP socket, where only what is not steered arrives, now and then.
             Ready::All => {
                 self.udp_skipped += 1;
                 self.udp_skipped >= UDP_LOOK_EVERY
             }
-            _ => ready.is_readable(0),
+            _ => ready.is_readable(1),
         };
         if udp {
             self.udp_skipped = 0;
         }
         Receive {
             udp,
-            xsk: ready.is_readable(1),
+            xsk: ready.is_readable(0),
         }
     }
 
@@ -553,14 +557,15 @@ impl Node for ServerRuntime {
     fn wait_fds(&self, fds: &mut Vec<PollFd>) {
         // Out of tokens: what waits in the socket stays there; the timer wakes the loop.
         let read = self.capacity_wake().is_none();
+        // With AF_XDP its socket first (see `receive_for`).
+        if let Some(xdp) = &self.xdp {
+            fds.push(PollFd::new(xdp.receiver.socket().raw_fd(), read, false));
+        }
         fds.push(PollFd::new(
             self.socket.raw_fd(),
             read,
             self.socket.is_write_blocked(),
         ));
-        if let Some(xdp) = &self.xdp {
-            fds.push(PollFd::new(xdp.receiver.socket().raw_fd(), read, false));
-        }
     }
 
     fn next_timer(&self) -> Option<Duration> {

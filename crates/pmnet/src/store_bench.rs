@@ -2,8 +2,12 @@
 //! in the layout of Table 1 of "Packets as Persistent In-Memory Data Structures", then update
 //! latency and throughput through a real server (loopback UDP, a client session talking to
 //! the server directly) with each engine. See docs/storage.md.
+//!
+//! With `--xdp` the servers run in a network namespace of their own and the client in
+//! another, joined by a veth pair, and the packet store also runs behind the AF_XDP receive
+//! path (`pmnet server --xdp`): its frames land in the store's slots (docs/inpath-store.md).
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::mpsc;
@@ -16,8 +20,8 @@ use pmnet_pktstore::EngineKind;
 use pmnet_pm::{FlushChoice, MmapOptions};
 use pmnet_proto::ClientEvent;
 use pmnet_runtime::{
-    online_cpu_count, pin_current_thread, ClientSession, LoopOptions, ServerOptions, ServerRuntime,
-    SessionOptions, Shutdown, StoreOptions, WaitMode,
+    online_cpu_count, pin_current_thread, AttachMode, ClientSession, LoopOptions, ServerOptions,
+    ServerRuntime, ServerXdpOptions, SessionOptions, Shutdown, StoreOptions, WaitMode,
 };
 use pmnet_store::Request;
 
@@ -84,6 +88,177 @@ pub struct StoreBenchArgs {
     /// Only the breakdown, no server.
     #[arg(long)]
     pub no_server: bool,
+
+    /// Run the servers in a network namespace and the client in another, joined by a veth
+    /// pair, and add the packet store behind the AF_XDP receive path (`pmnet server --xdp`):
+    /// the packet store over AF_XDP against the conventional engine over the UDP socket, in the
+    /// same rounds (needs root).
+    #[arg(long)]
+    pub xdp: bool,
+
+    /// With --xdp: attach the XDP program natively (the default) or in generic mode.
+    #[arg(long = "xdp-mode", value_name = "MODE", default_value = "native", requires = "xdp",
+          value_parser = ["native", "generic"])]
+    pub xdp_mode: String,
+
+    /// Run only these servers of the end-to-end table (by their names in it, comma-separated;
+    /// e.g. `--only packet+af_xdp` to profile one). The targets need all of them.
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    pub only: Vec<String>,
+}
+
+/// How one server of the runs receives, and where it runs.
+#[derive(Debug, Clone, Copy)]
+struct Setup {
+    engine: Option<EngineKind>,
+    /// What the table calls it.
+    name: &'static str,
+    /// Behind the AF_XDP receive path.
+    xdp: bool,
+}
+
+/// The servers of the loopback runs, in the order they run and are shown. The ideal handler
+/// (replies OK, keeps nothing) is the ceiling any engine can reach here.
+const LOOPBACK: [Setup; 4] = [
+    Setup {
+        engine: Some(EngineKind::Conventional),
+        name: "conventional",
+        xdp: false,
+    },
+    Setup {
+        engine: Some(EngineKind::Packet),
+        name: "packet",
+        xdp: false,
+    },
+    Setup {
+        engine: None,
+        name: "kv",
+        xdp: false,
+    },
+    Setup {
+        engine: None,
+        name: "ideal",
+        xdp: false,
+    },
+];
+
+/// The servers of the `--xdp` runs: the conventional engine and the packet store behind the UDP
+/// socket, the packet store behind AF_XDP, and the ideal handler behind the UDP socket.
+const NAMESPACES: [Setup; 4] = [
+    Setup {
+        engine: Some(EngineKind::Conventional),
+        name: "conventional",
+        xdp: false,
+    },
+    Setup {
+        engine: Some(EngineKind::Packet),
+        name: "packet",
+        xdp: false,
+    },
+    Setup {
+        engine: Some(EngineKind::Packet),
+        name: "packet+af_xdp",
+        xdp: true,
+    },
+    Setup {
+        engine: None,
+        name: "ideal",
+        xdp: false,
+    },
+];
+
+/// Two network namespaces joined by a veth pair, removed when dropped: the server's (its end
+/// `sv`, 10.78.0.2/24) and the client's (`cl`, 10.78.0.1/24).
+struct NetPair {
+    server_ns: String,
+    client_ns: String,
+}
+
+const NET_SERVER_IF: &str = "sv";
+const NET_SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 2);
+const NET_CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 1);
+
+impl NetPair {
+    fn up() -> Result<NetPair, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("--xdp makes network namespaces and attaches XDP: run as root".into());
+        }
+        let pid = std::process::id();
+        let pair = NetPair {
+            server_ns: format!("pmnet-sb-{pid}-s"),
+            client_ns: format!("pmnet-sb-{pid}-c"),
+        };
+        let (s, c) = (pair.server_ns.as_str(), pair.client_ns.as_str());
+        let server_cidr = format!("{NET_SERVER_IP}/24");
+        let client_cidr = format!("{NET_CLIENT_IP}/24");
+        for command in [
+            vec!["netns", "add", s],
+            vec!["netns", "add", c],
+            vec![
+                "-n",
+                s,
+                "link",
+                "add",
+                NET_SERVER_IF,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "cl",
+                "netns",
+                c,
+            ],
+            vec!["-n", s, "addr", "add", &server_cidr, "dev", NET_SERVER_IF],
+            vec!["-n", c, "addr", "add", &client_cidr, "dev", "cl"],
+            vec!["-n", s, "link", "set", "lo", "up"],
+            vec!["-n", c, "link", "set", "lo", "up"],
+            vec!["-n", s, "link", "set", NET_SERVER_IF, "up"],
+            vec!["-n", c, "link", "set", "cl", "up"],
+        ] {
+            ip(&command)?;
+        }
+        Ok(pair)
+    }
+}
+
+impl Drop for NetPair {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes the veth end in it, and so the pair.
+        for ns in [&self.server_ns, &self.client_ns] {
+            let _ = ip(&["netns", "del", ns]);
+        }
+    }
+}
+
+/// Run `ip ARGS`; its error output on failure.
+fn ip(args: &[&str]) -> Result<(), String> {
+    let output = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|error| format!("cannot run `ip` (iproute2): {error}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}
+
+/// Move the calling thread into network namespace `ns` (sockets it opens afterwards belong to
+/// it).
+fn enter_netns(ns: &str) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let path = format!("/var/run/netns/{ns}");
+    let file = std::fs::File::open(&path).map_err(|error| format!("{path}: {error}"))?;
+    // SAFETY: setns with a descriptor we own for the call; it moves only this thread.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(format!("setns {path}: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 #[derive(Debug)]
@@ -95,7 +270,57 @@ struct EndToEnd {
     /// CPU time the server's thread spent per update in the throughput run (µs); `None`
     /// where the thread's CPU clock cannot be read.
     server_cpu_us: Option<f64>,
+    /// The client thread's CPU time per update in the throughput run (µs).
+    client_cpu_us: Option<f64>,
+    /// How busy each CPU was during the throughput run, and in softirq (`/proc/stat`).
+    cpus: Vec<CpuShare>,
     in_place: String,
+}
+
+/// One CPU's time during a run, as fractions of the wall time.
+#[derive(Debug, Clone, Copy, Default)]
+struct CpuShare {
+    /// user + nice + system + irq + softirq + steal (everything but idle and iowait).
+    busy: f64,
+    softirq: f64,
+}
+
+/// Each CPU's jiffies from `/proc/stat`: (busy, softirq, total).
+fn cpu_jiffies() -> Vec<(u64, u64, u64)> {
+    let Ok(text) = std::fs::read_to_string("/proc/stat") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter(|line| {
+            line.starts_with("cpu") && line.as_bytes().get(3).is_some_and(u8::is_ascii_digit)
+        })
+        .map(|line| {
+            let fields: Vec<u64> = line
+                .split_whitespace()
+                .skip(1)
+                .map(|field| field.parse().unwrap_or(0))
+                .collect();
+            let at = |index: usize| fields.get(index).copied().unwrap_or(0);
+            // user nice system idle iowait irq softirq steal
+            let busy = at(0) + at(1) + at(2) + at(5) + at(6) + at(7);
+            let total = busy + at(3) + at(4);
+            (busy, at(6), total)
+        })
+        .collect()
+}
+
+fn cpu_shares(before: &[(u64, u64, u64)], after: &[(u64, u64, u64)]) -> Vec<CpuShare> {
+    before
+        .iter()
+        .zip(after)
+        .map(|(b, a)| {
+            let total = a.2.saturating_sub(b.2).max(1) as f64;
+            CpuShare {
+                busy: a.0.saturating_sub(b.0) as f64 / total,
+                softirq: a.1.saturating_sub(b.1) as f64 / total,
+            }
+        })
+        .collect()
 }
 
 /// The CPU time a thread has used so far, in ns, read through its CPU-time clock.
@@ -126,13 +351,15 @@ fn percentile(sorted: &[f64], fraction: f64) -> f64 {
     sorted[index.min(sorted.len() - 1)]
 }
 
-/// One engine behind a server on loopback: latency of sequential updates, then throughput of
-/// pipelined ones, and the server thread's CPU time per update.
+/// One engine behind a server (on loopback, or in `net`'s server namespace): latency of
+/// sequential updates, then throughput of pipelined ones, and the server thread's CPU time per
+/// update.
 fn run_server_engine(
     args: &StoreBenchArgs,
-    engine: Option<EngineKind>,
-    name: &'static str,
+    setup: Setup,
+    net: Option<&NetPair>,
 ) -> Result<EndToEnd, String> {
+    let Setup { engine, name, xdp } = setup;
     let wait = if args.blocking {
         WaitMode::Blocking
     } else {
@@ -140,18 +367,55 @@ fn run_server_engine(
     };
     let pin = !args.blocking && online_cpu_count() >= 2;
     let path = args.dir.join(format!(
-        "pmnet-store-bench-e2e-{}-{name}.data",
-        std::process::id()
+        "pmnet-store-bench-e2e-{}-{}.data",
+        std::process::id(),
+        name.replace('+', "-")
     ));
-    let options = server_options(args, name, &path, wait, pin);
+    let mut options = server_options(args, name, &path, wait, pin);
+    let server_ns = net.map(|net| net.server_ns.clone());
+    if net.is_some() {
+        options.listen = SocketAddr::from((NET_SERVER_IP, 0));
+    }
+    let xdp = xdp.then(|| {
+        let mode = if args.xdp_mode == "generic" {
+            AttachMode::Generic
+        } else {
+            AttachMode::Native
+        };
+        ServerXdpOptions::new(NET_SERVER_IF, mode)
+    });
     let shutdown = Shutdown::new();
     let server_shutdown = shutdown.clone();
     let (started_tx, started_rx) = mpsc::channel();
     let server = std::thread::Builder::new()
         .name("pmnet-server".into())
-        .spawn(move || run_server(options, engine, server_shutdown, started_tx))
+        .spawn(move || {
+            if let Some(ns) = server_ns {
+                if let Err(error) = enter_netns(&ns) {
+                    let _ = started_tx.send(Err(error));
+                    return String::new();
+                }
+            }
+            run_server(options, engine, xdp, server_shutdown, started_tx)
+        })
         .map_err(|error| format!("cannot start the server thread: {error}"))?;
-    let result = drive_server(args, &server, &started_rx, wait, pin);
+    let result = match net {
+        None => drive_server(args, &server, &started_rx, wait, pin),
+        // The client in its namespace, on a thread of its own.
+        Some(net) => std::thread::scope(|scope| {
+            let server = &server;
+            let client = std::thread::Builder::new()
+                .name("pmnet-client".into())
+                .spawn_scoped(scope, move || {
+                    enter_netns(&net.client_ns)?;
+                    drive_server(args, server, &started_rx, wait, pin)
+                })
+                .map_err(|error| format!("cannot start the client thread: {error}"))?;
+            client
+                .join()
+                .unwrap_or_else(|_| Err("the client thread panicked".into()))
+        }),
+    };
     shutdown.request();
     let report = server.join().unwrap_or_default();
     let _ = std::fs::remove_file(pmnet_runtime::forward_log_path(&path));
@@ -161,18 +425,22 @@ fn run_server_engine(
         latency_us,
         throughput,
         server_cpu_us,
+        client_cpu_us,
+        cpus,
     } = result?;
     let in_place = report
         .split("; ")
-        .find(|part| part.contains("store keys"))
-        .unwrap_or("")
-        .to_owned();
+        .filter(|part| part.contains("store keys") || part.starts_with("AF_XDP"))
+        .collect::<Vec<_>>()
+        .join("; ");
     Ok(EndToEnd {
         engine: name,
         medium,
         latency_us,
         throughput,
         server_cpu_us,
+        client_cpu_us,
+        cpus,
         in_place,
     })
 }
@@ -222,6 +490,7 @@ type Started = Result<(SocketAddr, String), String>;
 fn run_server(
     options: ServerOptions,
     engine: Option<EngineKind>,
+    xdp: Option<ServerXdpOptions>,
     shutdown: Shutdown,
     started: mpsc::Sender<Started>,
 ) -> String {
@@ -231,7 +500,7 @@ fn run_server(
         .with_writer(std::io::stderr)
         .finish();
     let _guard = tracing::subscriber::set_default(quiet);
-    let mut server = match ServerRuntime::open_with_engine(options, engine, shutdown) {
+    let mut server = match ServerRuntime::open_with_xdp(options, engine, xdp, shutdown) {
         Ok(server) => server,
         Err(error) => {
             let _ = started.send(Err(error.to_string()));
@@ -254,6 +523,8 @@ struct Driven {
     latency_us: Vec<f64>,
     throughput: f64,
     server_cpu_us: Option<f64>,
+    client_cpu_us: Option<f64>,
+    cpus: Vec<CpuShare>,
 }
 
 /// Once the server is up: a client session warms the store up, then measures the latency of
@@ -285,8 +556,12 @@ fn drive_server(
             .map_err(|error| format!("update failed: {error:?}"))?;
     }
     let latency_us = measure_latency(&mut session, &mut updates, args.latency_requests)?;
-    let (throughput, server_cpu_us) =
-        measure_throughput(&mut session, &mut updates, server, args.seconds)?;
+    let Measured {
+        throughput,
+        server_cpu_us,
+        client_cpu_us,
+        cpus,
+    } = measure_throughput(&mut session, &mut updates, server, args.seconds)?;
     // Let the requests in flight finish before stopping the server.
     while session.in_flight_count() > 0 {
         if session
@@ -301,7 +576,17 @@ fn drive_server(
         latency_us,
         throughput,
         server_cpu_us,
+        client_cpu_us,
+        cpus,
     })
+}
+
+/// What the throughput run measured.
+struct Measured {
+    throughput: f64,
+    server_cpu_us: Option<f64>,
+    client_cpu_us: Option<f64>,
+    cpus: Vec<CpuShare>,
 }
 
 /// SETs of the benchmark's value to keys drawn by a xorshift generator.
@@ -352,16 +637,19 @@ fn measure_latency(
     Ok(latency_us)
 }
 
-/// Pipelined updates, the window kept full, for `seconds`; returns the updates per second and
-/// the server thread's CPU time per update in µs (`None` if its clock cannot be read).
+/// Pipelined updates, the window kept full, for `seconds`: the updates per second, the server
+/// thread's and this (the client's) thread's CPU time per update in µs (`None` if a clock cannot
+/// be read), and how busy each CPU was.
 fn measure_throughput(
     session: &mut ClientSession,
     updates: &mut Updates,
     server: &JoinHandle<String>,
     seconds: f64,
-) -> Result<(f64, Option<f64>), String> {
+) -> Result<Measured, String> {
     let server_clock = thread_cpu_clock(server);
     let server_cpu_start = server_clock.and_then(thread_cpu_ns);
+    let client_cpu_start = thread_cpu_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+    let jiffies_start = cpu_jiffies();
     let deadline = Instant::now() + Duration::from_secs_f64(seconds.max(0.1));
     let start = Instant::now();
     let mut completed = 0u64;
@@ -382,23 +670,22 @@ fn measure_throughput(
         }
     }
     let throughput = completed as f64 / start.elapsed().as_secs_f64();
-    let server_cpu_us = match (server_cpu_start, server_clock.and_then(thread_cpu_ns)) {
+    let per_update = |before: Option<u64>, after: Option<u64>| match (before, after) {
         (Some(before), Some(after)) if completed > 0 => {
             Some(after.saturating_sub(before) as f64 / 1000.0 / completed as f64)
         }
         _ => None,
     };
-    Ok((throughput, server_cpu_us))
+    Ok(Measured {
+        throughput,
+        server_cpu_us: per_update(server_cpu_start, server_clock.and_then(thread_cpu_ns)),
+        client_cpu_us: per_update(
+            client_cpu_start,
+            thread_cpu_ns(libc::CLOCK_THREAD_CPUTIME_ID),
+        ),
+        cpus: cpu_shares(&jiffies_start, &cpu_jiffies()),
+    })
 }
-
-/// The engines behind the server, in the order they run and are shown. The ideal handler
-/// (replies OK, keeps nothing) is the ceiling any engine can reach here.
-const ENGINES: [(Option<EngineKind>, &str); 4] = [
-    (Some(EngineKind::Conventional), "conventional"),
-    (Some(EngineKind::Packet), "packet"),
-    (None, "kv"),
-    (None, "ideal"),
-];
 
 pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
     println!("pmnet store-bench: the storage engines side by side (docs/storage.md)\n");
@@ -407,8 +694,13 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "\nUpdates through a server (loopback UDP, client -> server directly, {}-byte values, \
-         {} keys; {}{}):",
+        "\nUpdates through a server ({}, client -> server directly, {}-byte values, {} keys; \
+         {}{}):",
+        if args.xdp {
+            "server and client in network namespaces joined by a veth pair"
+        } else {
+            "loopback UDP"
+        },
         args.value,
         args.keys,
         if args.blocking {
@@ -422,9 +714,25 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
             ", not pinned"
         }
     );
-    let runs = server_rounds(&args)?;
-    print_engines(&runs);
-    print_targets(&args, &runs);
+    let all: &[Setup] = if args.xdp { &NAMESPACES } else { &LOOPBACK };
+    let setups: Vec<Setup> = all
+        .iter()
+        .filter(|setup| args.only.is_empty() || args.only.iter().any(|name| name == setup.name))
+        .copied()
+        .collect();
+    if setups.is_empty() {
+        let names: Vec<&str> = all.iter().map(|setup| setup.name).collect();
+        return Err(format!("--only: none of {:?} is among {names:?}", args.only).into());
+    }
+    let runs = server_rounds(&args, &setups)?;
+    print_engines(&setups, &runs);
+    if setups.len() < all.len() {
+        // The targets compare the whole table.
+    } else if args.xdp {
+        print_xdp_targets(&args, &runs);
+    } else {
+        print_targets(&args, &runs);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -486,14 +794,15 @@ fn breakdown(args: &StoreBenchArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// `--rounds` rounds, each running every engine in turn; a line on stderr per round.
-fn server_rounds(args: &StoreBenchArgs) -> Result<Vec<Vec<EndToEnd>>, CliError> {
+/// `--rounds` rounds, each running every setup in turn; a line on stderr per round.
+fn server_rounds(args: &StoreBenchArgs, setups: &[Setup]) -> Result<Vec<Vec<EndToEnd>>, CliError> {
     let rounds = args.rounds.max(1);
+    let net = if args.xdp { Some(NetPair::up()?) } else { None };
     let mut runs: Vec<Vec<EndToEnd>> = Vec::new();
     for round in 0..rounds {
         let mut round_runs = Vec::new();
-        for (engine, name) in ENGINES {
-            round_runs.push(run_server_engine(args, engine, name)?);
+        for setup in setups {
+            round_runs.push(run_server_engine(args, *setup, net.as_ref())?);
         }
         eprintln!(
             "  round {}/{rounds}: {}",
@@ -511,7 +820,7 @@ fn server_rounds(args: &StoreBenchArgs) -> Result<Vec<Vec<EndToEnd>>, CliError> 
 
 /// The medium, and a line per engine: latency over every round, median throughput and server
 /// CPU time, and the store's counters of the last round.
-fn print_engines(runs: &[Vec<EndToEnd>]) {
+fn print_engines(setups: &[Setup], runs: &[Vec<EndToEnd>]) {
     if let Some(first) = runs.first().and_then(|round| round.first()) {
         println!("medium: {}", first.medium);
     }
@@ -519,7 +828,7 @@ fn print_engines(runs: &[Vec<EndToEnd>]) {
         "  {:<13} {:>9} {:>9} {:>9} {:>16} {:>16}   server's store counters (last round)",
         "engine", "p50 µs", "p99 µs", "mean µs", "updates/s (med)", "server CPU µs/upd"
     );
-    for (index, (_, name)) in ENGINES.iter().enumerate() {
+    for (index, Setup { name, .. }) in setups.iter().enumerate() {
         let mut latency: Vec<f64> = runs
             .iter()
             .flat_map(|round| round[index].latency_us.iter().copied())
@@ -592,6 +901,80 @@ fn print_targets(args: &StoreBenchArgs, runs: &[Vec<EndToEnd>]) {
             "server CPU per update: conventional {conventional:.2} µs, packet {packet:.2} µs: \
              the packet store's server would serve {:.2}x the updates per CPU second{}",
             conventional / packet.max(f64::MIN_POSITIVE),
+            if args.blocking {
+                ""
+            } else {
+                " (busy-poll: idle spinning counts as CPU time too; --blocking measures the \
+                 work alone)"
+            }
+        );
+    }
+}
+
+/// `--xdp`: the packet store behind AF_XDP against the conventional engine behind the UDP
+/// socket (the target), the packet store behind the UDP socket (what the engine alone gains),
+/// the ideal handler's ceiling behind the UDP socket, and the server CPU per update.
+fn print_xdp_targets(args: &StoreBenchArgs, runs: &[Vec<EndToEnd>]) {
+    let rounds = runs.len();
+    let ratio_to = |index: usize| {
+        median(
+            runs.iter()
+                .map(|round| round[index].throughput / round[0].throughput.max(1.0))
+                .collect(),
+        )
+        .unwrap_or(0.0)
+    };
+    let (packet_udp, packet_xdp, ideal) = (ratio_to(1), ratio_to(2), ratio_to(3));
+    println!(
+        "target: packet store over AF_XDP >= 1.3x the conventional engine over the UDP socket: \
+         {packet_xdp:.2}x (median of {rounds} rounds; {}); window {}, {} s per server per round",
+        if packet_xdp >= 1.3 { "met" } else { "NOT met" },
+        args.window,
+        args.seconds
+    );
+    println!(
+        "  packet store over the UDP socket: {packet_udp:.2}x; the ideal handler (stores \
+         nothing) over the UDP socket: {ideal:.2}x"
+    );
+    println!("where the time goes (medians over the rounds, throughput runs):");
+    for (index, setup) in NAMESPACES.iter().enumerate() {
+        let client = median(
+            runs.iter()
+                .filter_map(|round| round[index].client_cpu_us)
+                .collect(),
+        );
+        let cpus = runs.first().map_or(0, |round| round[index].cpus.len());
+        let shares: Vec<String> = (0..cpus)
+            .map(|cpu| {
+                let share = |pick: fn(&CpuShare) -> f64| {
+                    median(
+                        runs.iter()
+                            .filter_map(|round| round[index].cpus.get(cpu).map(pick))
+                            .collect(),
+                    )
+                    .unwrap_or(0.0)
+                        * 100.0
+                };
+                format!(
+                    "CPU {cpu} {:.0} % busy ({:.0} % softirq)",
+                    share(|s| s.busy),
+                    share(|s| s.softirq)
+                )
+            })
+            .collect();
+        println!(
+            "  {:<13} server thread {} µs/upd, client thread {} µs/upd; {}",
+            setup.name,
+            server_cpu_median(runs, index).map_or("-".into(), |v| format!("{v:.2}")),
+            client.map_or("-".into(), |v| format!("{v:.2}")),
+            shares.join(", ")
+        );
+    }
+    let cpu: Vec<Option<f64>> = (0..4).map(|index| server_cpu_median(runs, index)).collect();
+    if let [Some(conventional), Some(packet), Some(xdp), Some(ideal)] = cpu[..] {
+        println!(
+            "server CPU per update: conventional/UDP {conventional:.2} µs, packet/UDP \
+             {packet:.2} µs, packet/AF_XDP {xdp:.2} µs, ideal/UDP {ideal:.2} µs{}",
             if args.blocking {
                 ""
             } else {

@@ -184,6 +184,7 @@ impl NetPair {
         if unsafe { libc::geteuid() } != 0 {
             return Err("--xdp makes network namespaces and attaches XDP: run as root".into());
         }
+        remove_stale_pairs();
         let pid = std::process::id();
         let pair = NetPair {
             server_ns: format!("pmnet-sb-{pid}-s"),
@@ -219,6 +220,26 @@ impl NetPair {
             ip(&command)?;
         }
         Ok(pair)
+    }
+}
+
+/// Remove the namespaces of earlier runs whose process is gone (killed before its `Drop`).
+fn remove_stale_pairs() {
+    let Ok(entries) = std::fs::read_dir("/var/run/netns") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("pmnet-sb-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = ip(&["netns", "del", &name]);
+        }
     }
 }
 

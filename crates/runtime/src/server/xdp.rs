@@ -14,8 +14,10 @@
 use std::ffi::CString;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use pmnet_pktstore::xsk_recv::{XskReceiveConfig, XskSlotReceiver, DEFAULT_FILL_TARGET};
-use pmnet_xdp::{AttachMode, Steering};
+use pmnet_pktstore::xsk_recv::{
+    XskReceiveConfig, XskReceiveError, XskSlotReceiver, DEFAULT_FILL_TARGET,
+};
+use pmnet_xdp::{AttachMode, Steering, XdpError};
 
 use super::*;
 
@@ -117,8 +119,23 @@ impl XdpReceive {
             .map_err(|error| xdp_error(interface, "cannot attach the XDP program", error))?;
         // SAFETY: the receiver lives in the server beside the store (`ServerRuntime::xdp`,
         // declared before `app` so it is dropped first) and is only used with it.
-        let receiver = unsafe { XskSlotReceiver::open(store, &config) }
-            .map_err(|error| xdp_error(interface, "cannot receive into the store", error))?;
+        let receiver = unsafe { XskSlotReceiver::open(store, &config) }.map_err(|error| {
+            let hint = match &error {
+                XskReceiveError::Socket(XdpError::Socket { op, .. })
+                    if op.contains("XDP_UMEM_REG") =>
+                {
+                    " (the kernel pins the store's pages for as long as the socket lives, which \
+                     it refuses for a file on a disk or DAX file system: put --data-file on \
+                     tmpfs, e.g. /dev/shm)"
+                }
+                _ => "",
+            };
+            xdp_error(
+                interface,
+                "cannot receive into the store",
+                format!("{error}{hint}"),
+            )
+        })?;
         // Past this point a failure closes the socket and gives its slots back.
         if let Err(error) = Self::check_and_steer(interface, &mut steering, &receiver, &steered) {
             receiver.close(store);

@@ -21,6 +21,9 @@ use pmnet_xdp::{AttachMode, Steering, XdpError};
 
 use super::*;
 
+/// How often a store at the edge of full says that steering went off.
+const STEERING_OFF_WARNING_INTERVAL: Duration = Duration::from_secs(10);
+
 /// How a server receives with AF_XDP.
 #[derive(Debug, Clone)]
 pub struct ServerXdpOptions {
@@ -60,6 +63,8 @@ pub(super) struct XdpReceive {
     /// Steering is off: the store is full (see the module documentation).
     pub(super) off: bool,
     pub(super) counters: XdpRuntimeCounters,
+    /// When steering off was last said.
+    warned: Option<Instant>,
     /// What the banner says.
     pub(super) description: String,
 }
@@ -179,6 +184,7 @@ impl XdpReceive {
             steered,
             off: false,
             counters: XdpRuntimeCounters::default(),
+            warned: None,
             description,
         })
     }
@@ -225,11 +231,21 @@ impl XdpReceive {
                 }
             }
             let (held, target) = self.receiver.fill_level();
-            tracing::warn!(
-                "AF_XDP: the store has no free slot for the fill ring ({held} of {target} \
-                 posted): steering is off, datagrams go through the UDP socket until the store \
-                 has room again (nothing is lost: what is dropped meanwhile is resent)"
-            );
+            // A store at the edge of full may switch often: said once per interval.
+            let now = Instant::now();
+            if self
+                .warned
+                .is_none_or(|at| now.duration_since(at) >= STEERING_OFF_WARNING_INTERVAL)
+            {
+                self.warned = Some(now);
+                tracing::warn!(
+                    "AF_XDP: the store has no free slot for the fill ring ({held} of {target} \
+                     posted): steering is off, datagrams go through the UDP socket until the \
+                     store has room again (nothing is lost: what is dropped meanwhile is \
+                     resent); {} time(s) so far",
+                    self.counters.steering_off
+                );
+            }
         } else if self.off && self.receiver.recovered() {
             self.off = false;
             for addr in &self.steered {
@@ -237,7 +253,7 @@ impl XdpReceive {
                     tracing::warn!("AF_XDP: cannot steer {addr} again: {error}");
                 }
             }
-            tracing::info!("AF_XDP: the store has room again: steering is back on");
+            tracing::debug!("AF_XDP: the store has room again: steering is back on");
         }
     }
 }

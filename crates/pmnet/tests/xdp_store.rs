@@ -57,7 +57,51 @@ fn testbed(test: &str) -> Option<TestbedGuard> {
         return None;
     }
     let name = format!("xs{}{}", std::process::id() % 100_000, &test[..3]);
-    Some(Testbed::guard(&name).unwrap_or_else(|error| panic!("testbed {name}: {error}")))
+    let testbed = Testbed::guard(&name).unwrap_or_else(|error| panic!("testbed {name}: {error}"));
+    if let Err(why) = probe_xdp(&testbed) {
+        eprintln!("SKIP {test}: the kernel refuses the AF_XDP receive path here: {why}");
+        return None;
+    }
+    Some(testbed)
+}
+
+/// Start a server with `--xdp` on a scratch store and stop it: `Err` with its last words if
+/// it could not attach (XDP or AF_XDP refused by the kernel, on this interface).
+fn probe_xdp(testbed: &Testbed) -> Result<(), String> {
+    let dir = tempfile::tempdir_in("/dev/shm").map_err(|error| error.to_string())?;
+    let mut command = testbed.command(Host::Server, pmnet_bin());
+    command.args([
+        "server",
+        "--listen",
+        &format!("{SERVER_ADDR}:{SERVER_PORT}"),
+        "--xdp",
+        SERVER_IF,
+        "--data-file",
+        &dir.path().join("probe.data").display().to_string(),
+        "--data-mib",
+        "4",
+    ]);
+    let mut probe = Proc::spawn_command("probe server", command);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if probe
+            .stdout()
+            .iter()
+            .any(|line| line.contains(" listening on "))
+        {
+            probe.stop();
+            return Ok(());
+        }
+        if probe.wait_timeout(Duration::from_millis(20)).is_some() {
+            let stderr = probe.stderr();
+            let why = stderr.lines().rfind(|line| !line.trim().is_empty());
+            return Err(why.unwrap_or("it exited").to_owned());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the probe server neither started nor stopped within {PATIENCE:?}"
+        );
+    }
 }
 
 /// The address after `marker` in `line`, up to whitespace.

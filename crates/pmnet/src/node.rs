@@ -444,8 +444,8 @@ pub struct ServerArgs {
     /// program steers the datagrams addressed to --listen (each IPv4 address of IFACE when it
     /// is 0.0.0.0) to an AF_XDP socket whose memory is the store's data file, so the kernel
     /// writes each update frame into the slot where its datagram stays as the record
-    /// (docs/inpath-store.md). Everything else still arrives on the UDP socket, and replies
-    /// leave through it.
+    /// (docs/inpath.md, "The packet store on AF_XDP"). Everything else still arrives on the
+    /// UDP socket, and replies leave through it.
     #[arg(long = "xdp", value_name = "IFACE")]
     pub xdp: Option<String>,
 

@@ -5,7 +5,8 @@
 //!
 //! With `--xdp` the servers run in a network namespace of their own and the client in
 //! another, joined by a veth pair, and the packet store also runs behind the AF_XDP receive
-//! path (`pmnet server --xdp`): its frames land in the store's slots (docs/inpath-store.md).
+//! path (`pmnet server --xdp`): its frames land in the store's slots (docs/inpath.md, "The
+//! packet store on AF_XDP").
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;

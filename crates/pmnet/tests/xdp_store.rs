@@ -1,4 +1,4 @@
-//! The packet store on AF_XDP (docs/inpath-store.md), as real processes on the testbed's
+//! The packet store on AF_XDP (docs/inpath.md), as real processes on the testbed's
 //! three hosts (network namespaces joined by veth pairs, docs/testbed.md): `pmnet server
 //! --engine packet --xdp eth0` on the server host, whose update frames the kernel writes
 //! straight into the store's slots; `pmnet device` on the router between it and the client

@@ -1,7 +1,7 @@
 //! The packet store's AF_XDP receive path (`pmnet server --engine packet --xdp IFACE`,
-//! docs/inpath-store.md): an XDP program on the interface steers the datagrams addressed to the
-//! server's listen address and port to an AF_XDP socket whose UMEM is the store's data area
-//! ([`pmnet_pktstore::xsk_recv`]), so an update frame is written by the kernel into the slot
+//! docs/inpath.md, "The packet store on AF_XDP"): an XDP program on the interface steers the
+//! datagrams addressed to the server's listen address and port to an AF_XDP socket whose UMEM
+//! is the store's data area ([`pmnet_pktstore::xsk_recv`]), so an update frame is written by the kernel into the slot
 //! where it stays as the record. Everything not steered (other addresses, IP fragments, ARP,
 //! ICMP) goes to the kernel and reaches the UDP socket as before; replies leave through the
 //! UDP socket.

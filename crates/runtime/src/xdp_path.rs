@@ -342,7 +342,11 @@ impl XdpPath {
         };
         let source = self.source_for(port_index, destination, &transmit.bytes);
         let port = &mut self.ports[port_index];
-        if transmit.bytes.len() + FRAME_OVERHEAD - 14 > port.mtu {
+        // The IPv4 packet within the interface's MTU, the frame within a UMEM frame (a jumbo
+        // MTU allows datagrams larger than a frame): else the kernel sends it, fragmenting.
+        if transmit.bytes.len() + FRAME_OVERHEAD - 14 > port.mtu
+            || transmit.bytes.len() + FRAME_OVERHEAD > FRAME_SIZE as usize
+        {
             self.through_kernel(transmit);
             return;
         }

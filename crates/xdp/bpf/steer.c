@@ -30,7 +30,9 @@ static long (*bpf_redirect_map)(void *map, __u64 key, __u64 flags) = (void *)BPF
 #define ETH_P_IP_BE bpf_htons(ETH_P_IP)
 #define ETH_P_8021Q_BE bpf_htons(ETH_P_8021Q)
 #define IP_FRAG_MASK_BE bpf_htons(0x3fff) // MF flag and fragment offset
+#define bpf_ntohs(x) ((__u16)__builtin_bswap16(x))
 #else
+#define bpf_ntohs(x) ((__u16)(x))
 #define ETH_P_IP_BE ETH_P_IP
 #define ETH_P_8021Q_BE ETH_P_8021Q
 #define IP_FRAG_MASK_BE 0x3fff
@@ -83,7 +85,12 @@ struct vlan_tag {
 	__be16 proto;
 };
 
-SEC("xdp")
+// "xdp.frags": the program also takes frames in several buffers (multi-buffer XDP), so a
+// driver keeps large frames (veth keeps its peers' TSO/GSO, which TCP through the device
+// needs for its speed). Only the first buffer is looked at: the headers are there; a frame
+// whose IPv4 packet goes on past it is passed on, never steered (the AF_XDP sockets take
+// single buffers).
+SEC("xdp.frags")
 int pmnet_steer(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
@@ -129,6 +136,8 @@ int pmnet_steer(struct xdp_md *ctx)
 	};
 	if (!bpf_map_lookup_elem(&steer, &key))
 		goto pass;
+	if ((void *)ip + bpf_ntohs(ip->tot_len) > data_end)
+		goto pass; // in several buffers
 
 	// XDP_PASS as the fallback action: a queue without a registered socket passes.
 	long action = bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS);

@@ -31,7 +31,8 @@ pub enum TestbedCommand {
     /// when it is up, 1 when it is not (or only partly). Needs root.
     Status(NameArgs),
     /// Run a command on a host of the testbed (in its network namespace, with `ip netns
-    /// exec`), with this terminal's input and output; exits with the command's status.
+    /// exec`), with this terminal's input and output: this process becomes the command, so its
+    /// signals and exit status are the command's.
     /// Example: `pmnet testbed exec client -- ping -c 1 10.77.2.2`. Needs root.
     Exec(ExecArgs),
 }
@@ -124,28 +125,16 @@ fn exec(args: ExecArgs) -> Result<ExitCode, CliError> {
         .command
         .split_first()
         .ok_or("no command given: put it after `--`")?;
-    let status = testbed
-        .command(host, program)
-        .args(rest)
-        .status()
-        .map_err(|error| {
-            format!(
-                "cannot run `ip netns exec {}`: {error}",
-                testbed.netns(host)
-            )
-        })?;
-    Ok(exit_code(status))
-}
-
-/// The exit code that passes a child's status on: its code, or 128 + the signal that killed
-/// it (as a shell reports it).
-fn exit_code(status: std::process::ExitStatus) -> ExitCode {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-        (None, Some(signal)) => ExitCode::from(u8::try_from(128 + signal).unwrap_or(255)),
-        (None, None) => ExitCode::FAILURE,
-    }
+    // Become the command (through `ip netns exec`, which execs it too): signals sent to this
+    // process reach it, and its exit status is this process's. A wrapper that waited for a
+    // child would leave the child running when killed.
+    use std::os::unix::process::CommandExt;
+    let error = testbed.command(host, program).args(rest).exec();
+    Err(format!(
+        "cannot run `ip netns exec {}`: {error}",
+        testbed.netns(host)
+    )
+    .into())
 }
 
 /// The hosts, their namespaces, interfaces, addresses, MAC addresses and routes.
@@ -229,15 +218,6 @@ fn pmnet_program() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::process::ExitStatusExt;
-
-    #[test]
-    fn passes_exit_statuses_on() {
-        let code = |raw| format!("{:?}", exit_code(std::process::ExitStatus::from_raw(raw)));
-        assert_eq!(code(0), format!("{:?}", ExitCode::SUCCESS));
-        assert_eq!(code(3 << 8), format!("{:?}", ExitCode::from(3)));
-        assert_eq!(code(9), format!("{:?}", ExitCode::from(137)));
-    }
 
     #[test]
     fn hosts_map_to_the_testbeds() {

@@ -82,6 +82,12 @@ pub struct InPathArgs {
     #[arg(long, value_name = "N", default_value_t = CAPACITY_CLIENTS, requires = "in_path",
           value_parser = clap::value_parser!(u32).range(1..=super::args::MAX_CLIENTS as i64))]
     pub in_path_capacity_clients: u32,
+
+    /// (--in-path) How the in-path device attaches its XDP program (its --xdp-mode): native
+    /// (in the veth driver; the product's default) or generic (in the kernel's skb path).
+    #[arg(long, value_name = "MODE", default_value = "native", requires = "in_path",
+          value_parser = ["native", "generic"])]
+    pub in_path_xdp_mode: String,
 }
 
 /// A part of the comparison.
@@ -262,6 +268,7 @@ impl InPathPlan {
                 no_batch: args.no_batch,
                 device_cpu: args.device_cpu,
                 server_cpu: args.server_cpu,
+                xdp_mode: args.inpath.in_path_xdp_mode.clone(),
                 dir: args.dir.clone(),
             },
         })

@@ -73,6 +73,8 @@ pub struct ProcOptions {
     pub no_batch: bool,
     pub device_cpu: Option<usize>,
     pub server_cpu: Option<usize>,
+    /// The in-path device's --xdp-mode.
+    pub xdp_mode: String,
     /// Where the log and store files go.
     pub dir: PathBuf,
 }
@@ -328,6 +330,9 @@ impl Bed {
         .to_vec();
         if let DeviceRole::InPath { .. } = role {
             args.extend(["--xdp", "cl,sv", "--in-path"].map(str::to_owned));
+            if self.options.xdp_mode != "native" {
+                args.extend(["--xdp-mode".to_owned(), self.options.xdp_mode.clone()]);
+            }
         }
         args.extend([
             "--echo-listen".to_owned(),

@@ -111,7 +111,7 @@ fn every_part_of_the_in_path_comparison_is_measured_and_reported() {
         let cpu = &record["cpu_us_per_op"];
         positive(&cpu["machine"], &format!("{what}: machine CPU per op"));
         non_negative(&cpu["bench"], &format!("{what}: bench CPU per op"));
-        non_negative(&cpu["kernel_irq"], &format!("{what}: kernel CPU per op"));
+        non_negative(&cpu["ksoftirqd"], &format!("{what}: ksoftirqd CPU per op"));
         non_negative(&record["others_cpus"], &format!("{what}: others' CPUs"));
         if op == "tcp-bulk" {
             positive(&record["mb_per_s"], &format!("{what}: MB/s"));

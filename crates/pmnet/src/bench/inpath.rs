@@ -572,7 +572,7 @@ fn charge(record: &mut Record, span: &Span, ops: f64) {
         device: span.device.map(per),
         server: span.server.map(per),
         bench: per(span.bench),
-        kernel_irq: per(span.irq),
+        ksoftirqd: per(span.ksoftirqd),
         machine: per(span.machine),
     };
     record.device_cpus = span.device.map(share);

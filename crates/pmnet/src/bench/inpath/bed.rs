@@ -262,7 +262,11 @@ impl Bed {
         shutdown: &Shutdown,
     ) -> Result<Proc, CliError> {
         let command = format!("{host} host: pmnet {}", args.join(" "));
-        let shown = command.replace(&self.files.path().display().to_string(), "DIR");
+        // The same command in every round: the run's directory and the files' numbers left out.
+        let shown = command
+            .replace(&self.files.path().display().to_string(), "DIR")
+            .replace(&format!("server-{}.data", self.starts), "server-N.data")
+            .replace(&format!("device-{}.log", self.starts), "device-N.log");
         if !self.commands.contains(&shown) {
             self.commands.push(shown);
         }

@@ -1,11 +1,16 @@
 //! What a measured stretch cost, and who paid: CPU time of the device and the server
 //! (`/proc/PID/stat`, utime + stime of all their threads), of this process (the load
 //! generator: client threads, the UDP sender and receiver, the TCP ends), of the kernel's
-//! interrupt and softirq work (where veth delivery, IP forwarding and the XDP program run: the
-//! irq and softirq time of `/proc/stat`, and the `ksoftirqd` threads, to which the kernel
-//! charges the softirq work it defers), and of the whole machine; what is left of the
-//! machine's busy time is other processes' (a build running beside the benchmark shows
-//! there).
+//! `ksoftirqd` threads, and of the whole machine (`/proc/stat`); what is left of the machine's
+//! busy time is other processes' (a build running beside the benchmark shows there).
+//!
+//! On veth, the kernel's network work (delivery to the peer, IP forwarding in the router's
+//! namespace, the XDP program, the receiver's socket) runs as a softirq in the context of the
+//! process that sent the packet, and is that process's CPU time; only what the kernel defers
+//! runs in ksoftirqd. (The softirq column of `/proc/stat` counts ticks that fell in that work
+//! whichever task it ran for, so it is not added: it would count the same time twice.) The
+//! machine's figure comes from ticks, the processes' from the scheduler's clock: they agree to
+//! a few percent.
 
 use std::time::{Duration, Instant};
 
@@ -20,8 +25,8 @@ pub struct Reading {
     at: Instant,
     /// Busy CPU seconds of the machine (user, nice, system, irq, softirq, steal).
     machine: f64,
-    /// Of those, irq and softirq, and the ksoftirqd threads.
-    irq: f64,
+    /// The ksoftirqd threads.
+    ksoftirqd: f64,
     /// This process.
     bench: f64,
     device: Option<f64>,
@@ -35,7 +40,7 @@ pub struct Reading {
 pub struct Span {
     pub seconds: f64,
     pub machine: f64,
-    pub irq: f64,
+    pub ksoftirqd: f64,
     pub bench: f64,
     pub device: Option<f64>,
     pub server: Option<f64>,
@@ -44,11 +49,11 @@ pub struct Span {
 }
 
 impl Span {
-    /// CPU seconds of other processes: the machine's busy time less the kernel's interrupt
-    /// work and the benchmark's own processes.
+    /// CPU seconds of other processes: the machine's busy time less the benchmark's own
+    /// processes and ksoftirqd.
     pub fn others(&self) -> f64 {
         (self.machine
-            - self.irq
+            - self.ksoftirqd
             - self.bench
             - self.device.unwrap_or(0.0)
             - self.server.unwrap_or(0.0))
@@ -56,13 +61,13 @@ impl Span {
     }
 }
 
-/// Busy and irq + softirq CPU seconds of the machine so far (`/proc/stat`).
-fn machine_seconds() -> (f64, f64) {
+/// Busy CPU seconds of the machine so far (`/proc/stat`).
+fn machine_seconds() -> f64 {
     let Ok(text) = std::fs::read_to_string("/proc/stat") else {
-        return (0.0, 0.0);
+        return 0.0;
     };
     let Some(line) = text.lines().find(|line| line.starts_with("cpu ")) else {
-        return (0.0, 0.0);
+        return 0.0;
     };
     // user nice system idle iowait irq softirq steal ...
     let ticks: Vec<u64> = line
@@ -72,10 +77,9 @@ fn machine_seconds() -> (f64, f64) {
         .collect();
     let at = |index: usize| ticks.get(index).copied().unwrap_or(0);
     let busy = at(0) + at(1) + at(2) + at(5) + at(6) + at(7);
-    let irq = at(5) + at(6);
     // SAFETY: sysconf(3) with a valid name reads a constant.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    (busy as f64 / hz, irq as f64 / hz)
+    busy as f64 / hz
 }
 
 /// The process ids of the kernel's `ksoftirqd/N` threads.
@@ -100,15 +104,15 @@ fn ksoftirqd_pids() -> &'static [u32] {
 pub fn read(bed: &Bed, flow: Option<&FlowCounters>) -> Reading {
     use std::sync::atomic::Ordering;
     let (device, server) = bed.cpu_seconds();
-    let (machine, irq) = machine_seconds();
-    let deferred: f64 = ksoftirqd_pids()
+    let machine = machine_seconds();
+    let ksoftirqd: f64 = ksoftirqd_pids()
         .iter()
         .filter_map(|&pid| cpu_seconds_of(pid))
         .sum();
     Reading {
         at: Instant::now(),
         machine,
-        irq: irq + deferred,
+        ksoftirqd,
         bench: cpu_seconds_of(std::process::id()).unwrap_or(0.0),
         device,
         server,
@@ -123,7 +127,7 @@ impl Reading {
         Span {
             seconds: self.at.duration_since(before.at).as_secs_f64(),
             machine: self.machine - before.machine,
-            irq: self.irq - before.irq,
+            ksoftirqd: self.ksoftirqd - before.ksoftirqd,
             bench: self.bench - before.bench,
             device: diff(self.device, before.device),
             server: diff(self.server, before.server),

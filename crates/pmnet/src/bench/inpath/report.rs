@@ -14,11 +14,13 @@ pub struct CpuPerOp {
     pub device: Option<f64>,
     /// The server process, when one runs.
     pub server: Option<f64>,
-    /// The benchmark process: the clients, or the flow's sender and receiver.
+    /// The benchmark process: the clients, or the flow's sender and receiver. (Every process's
+    /// figure includes the kernel's network work done in its context: on veth, what it sends
+    /// is delivered, forwarded and received at once, in the sender's system time.)
     pub bench: f64,
-    /// The kernel's irq and softirq work, ksoftirqd's included (veth delivery, forwarding,
-    /// the XDP program).
-    pub kernel_irq: f64,
+    /// The kernel's ksoftirqd threads (the network work it deferred; what it did at once runs
+    /// in, and is counted with, the process that sent the packet).
+    pub ksoftirqd: f64,
     /// The whole machine's busy time, other processes' included.
     pub machine: f64,
 }
@@ -319,7 +321,7 @@ pub fn results_text(results: &[Record]) -> String {
         "device",
         "server",
         "bench",
-        "irq",
+        "ksirqd",
         "machine",
         "others"
     );
@@ -343,7 +345,7 @@ pub fn results_text(results: &[Record]) -> String {
             cell(cpu.device, 2),
             cell(cpu.server, 2),
             cell(Some(cpu.bench), 2),
-            cell(Some(cpu.kernel_irq), 2),
+            cell(Some(cpu.ksoftirqd), 2),
             cell(Some(cpu.machine), 2),
             r.others_cpus,
         );

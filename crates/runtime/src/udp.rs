@@ -79,6 +79,39 @@ impl SocketCounters {
     pub fn sent_total(&self) -> u64 {
         self.sent_by_type.iter().sum()
     }
+
+    /// Add `other`'s counts to these (a datapath of several sockets reports their sum). Every
+    /// field is named: a counter added later cannot be left out of the sum.
+    pub fn add(&mut self, other: &SocketCounters) {
+        let SocketCounters {
+            received_by_type,
+            sent_by_type,
+            bytes_received,
+            bytes_sent,
+            receive_batches,
+            send_batches,
+            truncated,
+            unknown_source,
+            send_errors,
+            send_queue_full,
+            receive_errors,
+        } = other;
+        for (sum, more) in self.received_by_type.iter_mut().zip(received_by_type) {
+            *sum += more;
+        }
+        for (sum, more) in self.sent_by_type.iter_mut().zip(sent_by_type) {
+            *sum += more;
+        }
+        self.bytes_received += bytes_received;
+        self.bytes_sent += bytes_sent;
+        self.receive_batches += receive_batches;
+        self.send_batches += send_batches;
+        self.truncated += truncated;
+        self.unknown_source += unknown_source;
+        self.send_errors += send_errors;
+        self.send_queue_full += send_queue_full;
+        self.receive_errors += receive_errors;
+    }
 }
 
 /// A nonblocking UDP socket with batched receive and send and a bounded outgoing queue.

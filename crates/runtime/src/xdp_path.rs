@@ -440,26 +440,7 @@ impl XdpPath {
     /// Every datagram counted: the rings' and the kernel socket's.
     pub fn counters(&self) -> SocketCounters {
         let mut total = self.counters.clone();
-        let kernel = self.kernel.counters();
-        for (sum, more) in total
-            .received_by_type
-            .iter_mut()
-            .zip(kernel.received_by_type)
-        {
-            *sum += more;
-        }
-        for (sum, more) in total.sent_by_type.iter_mut().zip(kernel.sent_by_type) {
-            *sum += more;
-        }
-        total.bytes_received += kernel.bytes_received;
-        total.bytes_sent += kernel.bytes_sent;
-        total.receive_batches += kernel.receive_batches;
-        total.send_batches += kernel.send_batches;
-        total.truncated += kernel.truncated;
-        total.unknown_source += kernel.unknown_source;
-        total.send_errors += kernel.send_errors;
-        total.send_queue_full += kernel.send_queue_full;
-        total.receive_errors += kernel.receive_errors;
+        total.add(self.kernel.counters());
         total
     }
 

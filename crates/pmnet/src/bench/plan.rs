@@ -19,7 +19,7 @@ use super::progress::Progress;
 use super::rack::{RackArgs, Timeline};
 use super::rack_client::RackRoute;
 use super::recovery::Fine;
-use super::report::{new_histogram, summarize};
+use super::report::{cdf_points, new_histogram, summarize};
 use super::worker::{run_client, ClientOutcome, ClientPlan, Shared};
 use super::workload::SharedPopularity;
 use super::{KeyDistribution, LoopbackConfig, LoopbackSystem, Mode, ModeResult, Setting, Workload};
@@ -755,6 +755,7 @@ fn mode_result(mode: Mode, totals: &Totals, stretch: Stretch, stopped: Instant) 
     let _ = all.add(&totals.bypass);
     let summary = summarize(&all);
     let mut out = ModeResult::from_summary(mode.name(), mode.waits_for(), summary);
+    out.cdf = cdf_points(&all);
     out.failed = totals.failed;
     out.acked_by_device = totals.acked_by_device;
     out.answered_by_server = totals.answered_by_server;

@@ -53,6 +53,21 @@ pub fn summarize(histogram: &Histogram<u64>) -> Option<LatencySummary> {
     })
 }
 
+/// The quantiles a latency CDF is drawn at: every percent, then the tail.
+const CDF_QUANTILES: [f64; 6] = [0.995, 0.999, 0.9995, 0.9999, 0.99999, 1.0];
+
+/// Points `[quantile, µs]` of the latency CDF of `histogram` (empty when it is).
+pub fn cdf_points(histogram: &Histogram<u64>) -> Vec<[f64; 2]> {
+    if histogram.is_empty() {
+        return Vec::new();
+    }
+    (1..100)
+        .map(|percent| f64::from(percent) / 100.0)
+        .chain(CDF_QUANTILES)
+        .map(|quantile| [quantile, us(histogram.value_at_quantile(quantile))])
+        .collect()
+}
+
 /// The result of one mode, as printed and as written to JSON.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModeResult {
@@ -113,6 +128,9 @@ pub struct ModeResult {
     /// The replication factor of a `--replicas` run (absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replicas: Option<u8>,
+    /// The CDF of every request's latency, `[quantile, µs]` (`pmnet eval` draws it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cdf: Vec<[f64; 2]>,
 }
 
 impl ModeResult {
@@ -150,6 +168,7 @@ impl ModeResult {
             reads_unexplained: 0,
             cache: None,
             replicas: None,
+            cdf: Vec::new(),
         }
     }
 }
@@ -516,6 +535,23 @@ pub fn setting_text(setting: &Setting) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cdf_rises_to_the_maximum() {
+        let mut histogram = new_histogram();
+        for nanos in 1..=1000u64 {
+            record(&mut histogram, nanos * 1000);
+        }
+        let points = cdf_points(&histogram);
+        assert_eq!(points.len(), 99 + CDF_QUANTILES.len());
+        assert!(points
+            .windows(2)
+            .all(|pair| pair[0][0] < pair[1][0] && pair[0][1] <= pair[1][1]));
+        assert!((points[49][1] - 500.0).abs() < 1.0, "{:?}", points[49]);
+        assert_eq!(points.last().unwrap()[0], 1.0);
+        assert!((points.last().unwrap()[1] - 1000.0).abs() < 1.5);
+        assert!(cdf_points(&new_histogram()).is_empty());
+    }
 
     #[test]
     fn summaries_report_microseconds() {

@@ -10,6 +10,7 @@ mod config;
 mod coord_bench;
 mod demo;
 mod drain_bench;
+mod eval;
 mod keygen;
 mod kv;
 mod log_inspect;
@@ -92,6 +93,8 @@ enum Command {
     /// Time how fast a server drains a device's log after an outage, the device's replay
     /// paced and unpaced side by side (see docs/benchmarks.md).
     DrainBench(drain_bench::DrainBenchArgs),
+    /// The papers' evaluation reproduced in one run: every experiment's data as JSON, its plots as SVG and report.md comparing each figure with the paper's (see docs/eval.md)
+    Eval(eval::EvalArgs),
     /// Measure a server's rate as the sessions it has seen grow past its session table
     /// (see docs/benchmarks.md).
     SessionBench(session_bench::SessionBenchArgs),
@@ -139,6 +142,7 @@ impl Command {
             Command::RedisUp(_) => "redis-up",
             Command::StoreBench(_) => "store-bench",
             Command::DrainBench(_) => "drain-bench",
+            Command::Eval(_) => "eval",
             Command::SessionBench(_) => "session-bench",
             Command::CoordBench(_) => "coord-bench",
             Command::Keygen(_) => "keygen",
@@ -178,6 +182,7 @@ fn main() -> ExitCode {
         Command::RedisUp(args) => redis_up::run(args),
         Command::StoreBench(args) => store_bench::run(args),
         Command::DrainBench(args) => drain_bench::run(args),
+        Command::Eval(args) => eval::run(args),
         Command::SessionBench(args) => session_bench::run(args),
         Command::CoordBench(args) => coord_bench::run(args),
         Command::Keygen(args) => keygen::run(args),

@@ -1,0 +1,15 @@
+//! The experiments of `pmnet eval`, in the order they run and the report shows them.
+
+mod micro;
+
+use super::model::Experiment;
+
+/// Every experiment, in order.
+pub fn all() -> Vec<Experiment> {
+    vec![
+        micro::LATENCY_PAYLOAD,
+        micro::LOAD,
+        micro::UPDATE_RATIO,
+        micro::CDF,
+    ]
+}

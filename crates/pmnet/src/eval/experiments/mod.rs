@@ -1,15 +1,13 @@
 //! The experiments of `pmnet eval`, in the order they run and the report shows them.
 
+mod functions;
 mod micro;
 
 use super::model::Experiment;
 
 /// Every experiment, in order.
 pub fn all() -> Vec<Experiment> {
-    vec![
-        micro::LATENCY_PAYLOAD,
-        micro::LOAD,
-        micro::UPDATE_RATIO,
-        micro::CDF,
-    ]
+    let mut all = vec![micro::LATENCY_PAYLOAD, micro::LOAD, micro::UPDATE_RATIO, micro::CDF];
+    all.extend(functions::all());
+    all
 }

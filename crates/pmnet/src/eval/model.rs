@@ -110,6 +110,33 @@ fn probe_medium(dir: &Path) -> Result<String, CliError> {
     Ok(medium)
 }
 
+/// Whether `program` is an executable file in a directory of `$PATH` (or a path to one).
+pub fn on_path(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |path: &Path| {
+        path.metadata()
+            .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        return executable(Path::new(program));
+    }
+    std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|dir| executable(&dir.join(program)))
+    })
+}
+
+/// Settings for unit tests of the experiments' analyses (no file is made).
+#[cfg(test)]
+pub fn tests_settings() -> Settings {
+    Settings {
+        scale: Scale::Quick,
+        seed: 1,
+        dir: PathBuf::from("/dev/shm"),
+        medium: "test".to_owned(),
+        root: false,
+    }
+}
+
 /// Owned strings of `items`.
 pub fn args(items: &[&str]) -> Vec<String> {
     items.iter().map(|item| (*item).to_owned()).collect()
@@ -314,6 +341,14 @@ mod tests {
         let unmeasured = Comparison::new("x", None, "×").target(4.31, "because");
         assert_eq!(unmeasured.met, None);
         assert!(Comparison::new("x", Some(f64::NAN), "×").measured.is_none());
+    }
+
+    #[test]
+    fn programs_are_found_on_the_path() {
+        assert!(on_path("sh"));
+        assert!(on_path("/bin/sh"));
+        assert!(!on_path("pmnet-no-such-program"));
+        assert!(!on_path("/etc/passwd"));
     }
 
     #[test]

@@ -2,12 +2,19 @@
 
 mod functions;
 mod micro;
+mod workloads;
 
 use super::model::Experiment;
 
 /// Every experiment, in order.
 pub fn all() -> Vec<Experiment> {
-    let mut all = vec![micro::LATENCY_PAYLOAD, micro::LOAD, micro::UPDATE_RATIO, micro::CDF];
+    let mut all = vec![
+        micro::LATENCY_PAYLOAD,
+        micro::LOAD,
+        micro::UPDATE_RATIO,
+        micro::CDF,
+        workloads::WORKLOADS,
+    ];
     all.extend(functions::all());
     all
 }

@@ -10,10 +10,7 @@
 //! packet store, and the later functions. See docs/eval.md.
 
 mod experiments;
-// Until the rest of the experiments land.
-#[allow(dead_code)]
 mod model;
-#[allow(dead_code)]
 pub mod plot;
 mod report;
 mod runner;

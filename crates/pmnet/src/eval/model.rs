@@ -49,6 +49,7 @@ pub struct Settings {
     /// The medium and flush method of a file in `dir`, as the processes will find them.
     pub medium: String,
     /// Whether this process runs as root (the in-path testbed needs it).
+    #[allow(dead_code)] // read by the in-path experiment
     pub root: bool,
 }
 
@@ -288,17 +289,6 @@ pub fn ratio(numerator: Option<f64>, denominator: Option<f64>) -> Option<f64> {
     }
 }
 
-/// The geometric mean of the values present (`None` when none is).
-pub fn geometric_mean(values: impl IntoIterator<Item = Option<f64>>) -> Option<f64> {
-    let logs: Vec<f64> = values
-        .into_iter()
-        .flatten()
-        .filter(|value| *value > 0.0)
-        .map(f64::ln)
-        .collect();
-    (!logs.is_empty()).then(|| (logs.iter().sum::<f64>() / logs.len() as f64).exp())
-}
-
 /// The arithmetic mean of the values present.
 pub fn mean(values: impl IntoIterator<Item = Option<f64>>) -> Option<f64> {
     let values: Vec<f64> = values.into_iter().flatten().collect();
@@ -353,9 +343,6 @@ mod tests {
 
     #[test]
     fn means_skip_what_is_missing() {
-        let g = geometric_mean([Some(2.0), None, Some(8.0)]).unwrap();
-        assert!((g - 4.0).abs() < 1e-9);
-        assert!(geometric_mean([None, Some(-1.0)]).is_none());
         assert_eq!(mean([Some(1.0), None, Some(3.0)]), Some(2.0));
         assert_eq!(ratio(Some(4.0), Some(2.0)), Some(2.0));
         assert_eq!(ratio(Some(4.0), Some(0.0)), None);

@@ -2,6 +2,8 @@
 
 mod functions;
 mod micro;
+mod pktstore;
+mod recovery;
 mod workloads;
 
 use super::model::Experiment;
@@ -14,6 +16,8 @@ pub fn all() -> Vec<Experiment> {
         micro::UPDATE_RATIO,
         micro::CDF,
         workloads::WORKLOADS,
+        recovery::RECOVERY,
+        pktstore::PKTSTORE,
     ];
     all.extend(functions::all());
     all

@@ -301,3 +301,77 @@ pub fn summary_text(records: &[ExperimentRecord]) -> String {
     }
     out.trim_end().to_owned()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eval::model::{tests_settings, StepOutput};
+    use crate::eval::plot::Figure;
+
+    fn record(name: &str, skipped: Option<&str>, comparisons: Vec<Comparison>) -> ExperimentRecord {
+        ExperimentRecord {
+            experiment: name.to_owned(),
+            title: format!("The {name} experiment"),
+            about: "What it does.".to_owned(),
+            scale: "quick".to_owned(),
+            seed: 1,
+            skipped: skipped.map(str::to_owned),
+            seconds: 2.0,
+            media: vec!["emulated-pm via clwb+sfence".to_owned()],
+            steps: vec![StepOutput {
+                label: "one".to_owned(),
+                command: "pmnet bench --json x".to_owned(),
+                seconds: 1.0,
+                status: "failed (exit status: 1)".to_owned(),
+                log: "logs/x-1.log".to_owned(),
+                result: None,
+            }],
+            figure: Figure::default(),
+            comparisons,
+            notes: vec!["A note.".to_owned()],
+            machine: Machine::here(),
+        }
+    }
+
+    #[test]
+    fn the_report_shows_every_figure_its_comparisons_and_what_did_not_run() {
+        let records = vec![
+            record(
+                "workloads",
+                None,
+                vec![Comparison::new("throughput", Some(1.5), "×")
+                    .paper(4.31)
+                    .target(4.31, "the machine is CPU-bound")],
+            ),
+            record("inpath", Some("needs root"), Vec::new()),
+        ];
+        let machine = Machine::here();
+        let text = markdown(
+            &tests_settings(),
+            &records,
+            &machine,
+            Duration::from_secs(60),
+            false,
+        );
+        assert!(
+            text.contains(
+                "| [workloads](#workloads) | throughput | 1.50× | 4.31× | ≥ 4.31× | **not met** |"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("![The workloads experiment](workloads.svg)"));
+        assert!(text.contains("*Why throughput falls short:* the machine is CPU-bound"));
+        assert!(text
+            .contains("- **one** did not complete: failed (exit status: 1) (log: `logs/x-1.log`)"));
+        assert!(text.contains("`inpath` did not run: needs root"));
+        assert!(text.contains("## inpath\n") && text.contains("Not run here: needs root"));
+        assert!(text.contains("Media: emulated-pm via clwb+sfence."));
+        assert!(text.contains("**Quick run**"));
+        let summary = summary_text(&records);
+        assert!(
+            summary.contains("throughput: 1.50× (paper 4.31×); target ≥ 4.31× NOT met"),
+            "{summary}"
+        );
+        assert!(summary.contains("skipped: needs root"));
+    }
+}

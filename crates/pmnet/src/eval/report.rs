@@ -250,6 +250,9 @@ fn experiment_section(out: &mut String, record: &ExperimentRecord) {
     if !failed.is_empty() {
         out.push('\n');
     }
+    if let Some(setting) = setting_line(record) {
+        let _ = writeln!(out, "Setting (of the first command): {setting}.\n");
+    }
     if !record.media.is_empty() {
         let _ = writeln!(out, "Media: {}.\n", record.media.join("; "));
     }
@@ -267,6 +270,43 @@ fn experiment_section(out: &mut String, record: &ExperimentRecord) {
         );
     }
     out.push_str("\n</details>\n\n");
+}
+
+/// Keys of a command's `setting` that the report leaves out: said elsewhere (media, the
+/// machine, the seed) or too long for one line.
+const SETTING_OMITTED: [&str; 9] = [
+    "medium",
+    "server_medium",
+    "seed",
+    "kernel",
+    "load_average",
+    "cpus_online",
+    "target",
+    "waits_for",
+    "dir",
+];
+
+/// The first command's setting as `key value` pairs (scalars only, nulls left out).
+fn setting_line(record: &ExperimentRecord) -> Option<String> {
+    let setting = record
+        .steps
+        .iter()
+        .filter_map(|step| step.result.as_ref()?.get("setting")?.as_object())
+        .next()?;
+    let pairs: Vec<String> = setting
+        .iter()
+        .filter(|(key, _)| !SETTING_OMITTED.contains(&key.as_str()))
+        .filter_map(|(key, value)| {
+            let text = match value {
+                serde_json::Value::String(text) => text.clone(),
+                serde_json::Value::Number(number) => number.to_string(),
+                serde_json::Value::Bool(flag) => flag.to_string(),
+                _ => return None,
+            };
+            Some(format!("{} {text}", key.replace('_', " ")))
+        })
+        .collect();
+    (!pairs.is_empty()).then(|| pairs.join("; "))
 }
 
 /// The lines printed at the end of a run: every comparison with a target.
@@ -324,7 +364,9 @@ mod tests {
                 seconds: 1.0,
                 status: "failed (exit status: 1)".to_owned(),
                 log: "logs/x-1.log".to_owned(),
-                result: None,
+                result: Some(serde_json::json!({"setting": {
+                    "clients": 16, "medium": "m", "placement": "apart", "rack": null
+                }})),
             }],
             figure: Figure::default(),
             comparisons,
@@ -366,6 +408,7 @@ mod tests {
         assert!(text.contains("`inpath` did not run: needs root"));
         assert!(text.contains("## inpath\n") && text.contains("Not run here: needs root"));
         assert!(text.contains("Media: emulated-pm via clwb+sfence."));
+        assert!(text.contains("Setting (of the first command): clients 16; placement apart."));
         assert!(text.contains("**Quick run**"));
         let summary = summary_text(&records);
         assert!(

@@ -197,7 +197,11 @@ fn client_counts(settings: &Settings) -> Vec<u32> {
 }
 
 fn clients_label(clients: u32) -> String {
-    format!("{clients} clients")
+    if clients == 1 {
+        "1 client".to_owned()
+    } else {
+        format!("{clients} clients")
+    }
 }
 
 fn plan_load(settings: &Settings) -> Result<Vec<Invocation>, String> {

@@ -19,6 +19,7 @@ use clap::Args;
 use pmnet_proto::{ClientEvent, Completion};
 use pmnet_runtime::{ClientSession, SessionOptions, WaitMode};
 use pmnet_store::{Reply, Request};
+use serde::Serialize;
 
 use crate::CliError;
 
@@ -59,7 +60,14 @@ pub struct DrainBenchArgs {
     /// Busy-poll in the device and the server (both sleep otherwise).
     #[arg(long)]
     pub busy_poll: bool,
+
+    /// Also write the results, with the setting, as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
 }
+
+/// The paper's recovery cost: 67 µs per resent request.
+const PAPER_US_PER_ENTRY: f64 = 67.0;
 
 /// One drain measured.
 #[derive(Debug)]
@@ -77,6 +85,59 @@ impl Drained {
     fn entries_per_second(&self) -> f64 {
         f64::from(self.entries) / self.drain.as_secs_f64().max(1e-9)
     }
+
+    fn json(&self) -> RunJson {
+        let entries_per_s = self.entries_per_second();
+        RunJson {
+            window: (!is_unpaced(self.window)).then_some(self.window),
+            label: label(self.window),
+            entries: self.entries,
+            server_start_ms: self.server_start.as_secs_f64() * 1e3,
+            drain_ms: self.drain.as_secs_f64() * 1e3,
+            entries_per_s,
+            us_per_entry: 1e6 / entries_per_s.max(f64::MIN_POSITIVE),
+        }
+    }
+}
+
+/// What `--json` writes.
+#[derive(Debug, Serialize)]
+struct ReportJson {
+    setting: SettingJson,
+    /// Paced first, then unpaced (unless `--paced-only`).
+    runs: Vec<RunJson>,
+    /// The paced run's entries per second over the unpaced run's; `None` with `--paced-only`.
+    paced_vs_unpaced: Option<f64>,
+    paper_us_per_entry: f64,
+    /// The paced run's entries per second over the paper's (1 / 67 µs).
+    paced_vs_paper: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct SettingJson {
+    entries: u32,
+    clients: u32,
+    payload_bytes: u32,
+    paced_window: u32,
+    paced_only: bool,
+    busy_poll: bool,
+    dir: String,
+    medium: String,
+}
+
+/// One drain, as `--json` writes it.
+#[derive(Debug, Serialize)]
+struct RunJson {
+    /// Resends in flight; `None` for the unpaced run.
+    window: Option<u32>,
+    /// The window, or "unpaced".
+    label: String,
+    /// Entries logged (and drained).
+    entries: u32,
+    server_start_ms: f64,
+    drain_ms: f64,
+    entries_per_s: f64,
+    us_per_entry: f64,
 }
 
 /// A child `pmnet` process, killed when dropped.
@@ -190,7 +251,7 @@ pub fn run(args: DrainBenchArgs) -> Result<ExitCode, CliError> {
     let mut windows = vec![args.paced_window];
     if !args.paced_only {
         // Every entry out at once: no pacing.
-        windows.push(1_048_576);
+        windows.push(UNPACED);
     }
     let mut results = Vec::new();
     for window in windows {
@@ -206,23 +267,64 @@ pub fn run(args: DrainBenchArgs) -> Result<ExitCode, CliError> {
         results.push(result);
     }
     println!("  medium: {}", results[0].medium);
-    if let [paced, unpaced] = results.as_slice() {
-        println!(
-            "  paced/unpaced: {:.2}x the entries per second (same run, same machine)",
-            paced.entries_per_second() / unpaced.entries_per_second()
-        );
+    let paced_vs_unpaced = match results.as_slice() {
+        [paced, unpaced] => Some(paced.entries_per_second() / unpaced.entries_per_second()),
+        _ => None,
+    };
+    if let Some(ratio) = paced_vs_unpaced {
+        println!("  paced/unpaced: {ratio:.2}x the entries per second (same run, same machine)");
     }
-    let paper = 1.0 / 67e-6;
+    let paper = 1e6 / PAPER_US_PER_ENTRY;
+    let paced_vs_paper = results[0].entries_per_second() / paper;
     println!(
-        "  the PMNet paper's recovery takes 67 us per request ({paper:.0}/s): paced drain is \
-         {:.1}x that",
-        results[0].entries_per_second() / paper
+        "  the PMNet paper's recovery takes {PAPER_US_PER_ENTRY} us per request ({paper:.0}/s): \
+         paced drain is {paced_vs_paper:.1}x that",
     );
+    if let Some(path) = &args.json {
+        let report = ReportJson {
+            setting: SettingJson {
+                entries: args.entries,
+                clients: args.clients,
+                payload_bytes: args.payload,
+                paced_window: args.paced_window,
+                paced_only: args.paced_only,
+                busy_poll: args.busy_poll,
+                dir: args.dir.display().to_string(),
+                medium: results[0].medium.clone(),
+            },
+            runs: results.iter().map(Drained::json).collect(),
+            paced_vs_unpaced,
+            paper_us_per_entry: PAPER_US_PER_ENTRY,
+            paced_vs_paper,
+        };
+        write_json(path, &report)?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
+/// Write `value` as pretty JSON to `path`.
+pub(crate) fn write_json(path: &Path, value: &impl Serialize) -> Result<(), CliError> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|error| format!("cannot encode the report as JSON: {error}"))?;
+    std::fs::write(path, text + "\n").map_err(|error| {
+        format!(
+            "cannot write the JSON report to {}: {error}; check that the directory exists and \
+             is writable",
+            path.display()
+        )
+    })?;
+    Ok(())
+}
+
+/// The window of the unpaced run: every entry out at once.
+const UNPACED: u32 = 1_048_576;
+
+fn is_unpaced(window: u32) -> bool {
+    window >= UNPACED
+}
+
 fn label(window: u32) -> String {
-    if window >= 1_048_576 {
+    if is_unpaced(window) {
         "unpaced".to_owned()
     } else {
         window.to_string()

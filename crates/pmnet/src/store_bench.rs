@@ -8,6 +8,7 @@
 //! path (`pmnet server --xdp`): its frames land in the store's slots (docs/inpath.md, "The
 //! packet store on AF_XDP").
 
+mod breakdown;
 mod net;
 mod report;
 mod server;
@@ -16,14 +17,16 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use pmnet_pktstore::bench::{run_breakdown, BreakdownOptions};
 use pmnet_pktstore::EngineKind;
-use pmnet_pm::{FlushChoice, MmapOptions};
+use pmnet_pm::FlushChoice;
 use pmnet_runtime::online_cpu_count;
+use serde::Serialize;
 
+use crate::drain_bench::write_json;
 use crate::CliError;
+use breakdown::{breakdown, BreakdownJson};
 use net::NetPair;
-use report::{print_engines, print_targets, print_xdp_targets};
+use report::{print_engines, print_targets, print_xdp_targets, EngineJson, TargetsJson};
 use server::{run_server_engine, EndToEnd};
 
 #[derive(Debug, Clone, Args)]
@@ -104,6 +107,76 @@ pub struct StoreBenchArgs {
     /// e.g. `--only packet+af_xdp` to profile one). The targets need all of them.
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     pub only: Vec<String>,
+
+    /// Also write the results, with the setting, as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+/// What `--json` writes: everything the command prints, with the setting.
+#[derive(Debug, Serialize)]
+struct ReportJson {
+    setting: SettingJson,
+    breakdown: BreakdownJson,
+    /// The servers in the order they ran (none with --no-server).
+    engines: Vec<EngineJson>,
+    targets: TargetsJson,
+}
+
+#[derive(Debug, Serialize)]
+struct SettingJson {
+    dir: String,
+    flush: String,
+    /// The breakdown's medium.
+    medium: String,
+    sizes: Vec<usize>,
+    writes: usize,
+    breakdown_runs: usize,
+    keys: usize,
+    value_bytes: usize,
+    seconds: f64,
+    window: u32,
+    latency_requests: usize,
+    rounds: usize,
+    blocking: bool,
+    /// Server on CPU 1 and client on CPU 0 (busy-poll on two CPUs or more).
+    pinned: bool,
+    no_server: bool,
+    xdp: bool,
+    /// With --xdp: native or generic.
+    xdp_mode: Option<String>,
+    /// The servers run (--only), or every one.
+    only: Vec<String>,
+}
+
+impl SettingJson {
+    fn new(args: &StoreBenchArgs, medium: &str) -> SettingJson {
+        SettingJson {
+            dir: args.dir.display().to_string(),
+            flush: args.flush.to_string(),
+            medium: medium.to_owned(),
+            sizes: args.sizes.clone(),
+            writes: args.writes,
+            breakdown_runs: args.breakdown_runs.max(1),
+            keys: args.keys,
+            value_bytes: args.value,
+            seconds: args.seconds,
+            window: args.window,
+            latency_requests: args.latency_requests,
+            rounds: args.rounds.max(1),
+            blocking: args.blocking,
+            pinned: pinned(args),
+            no_server: args.no_server,
+            xdp: args.xdp,
+            xdp_mode: args.xdp.then(|| args.xdp_mode.clone()),
+            only: args.only.clone(),
+        }
+    }
+}
+
+/// Whether the server and the client run pinned to CPUs of their own.
+fn pinned(args: &StoreBenchArgs) -> bool {
+    !args.blocking && online_cpu_count() >= 2
 }
 
 /// How one server of the runs receives, and where it runs.
@@ -168,10 +241,33 @@ const NAMESPACES: [Setup; 4] = [
 
 pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
     println!("pmnet store-bench: the storage engines side by side (docs/storage.md)\n");
-    breakdown(&args)?;
-    if args.no_server {
-        return Ok(ExitCode::SUCCESS);
+    let breakdown = breakdown(&args)?;
+    let (engines, targets) = if args.no_server {
+        (
+            Vec::new(),
+            report::targets(&args, &breakdown, &[], &[], &[]),
+        )
+    } else {
+        servers(&args, &breakdown)?
+    };
+    if let Some(path) = &args.json {
+        let report = ReportJson {
+            setting: SettingJson::new(&args, breakdown.medium()),
+            breakdown,
+            engines,
+            targets,
+        };
+        write_json(path, &report)?;
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Updates through a server with each engine, `--rounds` times: printed, and returned with the
+/// targets.
+fn servers(
+    args: &StoreBenchArgs,
+    breakdown: &BreakdownJson,
+) -> Result<(Vec<EngineJson>, TargetsJson), CliError> {
     println!(
         "\nUpdates through a server ({}, client -> server directly, {}-byte values, {} keys; \
          {}{}):",
@@ -187,7 +283,7 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
         } else {
             "busy-poll"
         },
-        if !args.blocking && online_cpu_count() >= 2 {
+        if pinned(args) {
             ", server pinned to CPU 1, client to CPU 0"
         } else {
             ", not pinned"
@@ -203,74 +299,18 @@ pub fn run(args: StoreBenchArgs) -> Result<ExitCode, CliError> {
         let names: Vec<&str> = all.iter().map(|setup| setup.name).collect();
         return Err(format!("--only: none of {:?} is among {names:?}", args.only).into());
     }
-    let runs = server_rounds(&args, &setups)?;
-    print_engines(&setups, &runs);
+    let runs = server_rounds(args, &setups)?;
+    let engines = report::summarize(&setups, &runs);
+    let targets = report::targets(args, breakdown, &setups, &runs, &engines);
+    print_engines(&engines);
     if setups.len() < all.len() {
         // The targets compare the whole table.
     } else if args.xdp {
-        print_xdp_targets(&args, &runs);
+        print_xdp_targets(args, &targets, &engines);
     } else {
-        print_targets(&args, &runs);
+        print_targets(args, &targets, &engines);
     }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// The per-write breakdown, run `--breakdown-runs` times: the median run's table, the spread
-/// of the share removed, and the target.
-fn breakdown(args: &StoreBenchArgs) -> Result<(), CliError> {
-    let options = BreakdownOptions {
-        dir: args.dir.clone(),
-        mmap: MmapOptions {
-            flush: args.flush,
-            added_latency_ns: 0,
-        },
-        value_lens: args.sizes.clone(),
-        writes: args.writes.max(1),
-        key_count: args.keys.max(1),
-        ..BreakdownOptions::default()
-    };
-    let runs = args.breakdown_runs.max(1);
-    // The size the target is judged on, else the first one measured.
-    let judged = if args.sizes.contains(&1024) {
-        1024
-    } else {
-        args.sizes.first().copied().unwrap_or(1024)
-    };
-    let mut reports = Vec::with_capacity(runs);
-    for run in 0..runs {
-        if runs > 1 {
-            eprint!("\rbreakdown run {}/{runs}", run + 1);
-        }
-        let report = run_breakdown(&options)?;
-        let removed = report.removed_fraction(judged).unwrap_or(0.0);
-        reports.push((removed, report));
-    }
-    if runs > 1 {
-        eprintln!();
-    }
-    reports.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let shares: Vec<f64> = reports.iter().map(|(removed, _)| removed * 100.0).collect();
-    let (removed, report) = &reports[reports.len() / 2];
-    println!("{}", report.table());
-    if runs > 1 {
-        println!(
-            "{judged}-byte share removed over {runs} breakdown runs: {:.1}–{:.1} %, median {:.1} % \
-             (the table above is the median run)",
-            shares.first().copied().unwrap_or(0.0),
-            shares.last().copied().unwrap_or(0.0),
-            removed * 100.0
-        );
-    }
-    if judged == 1024 && report.removed_fraction(1024).is_some() {
-        println!(
-            "target: the packet store removes >= 80 % of the conventional engine's checksum + \
-             copy + allocation/insertion time per 1 KB write: {:.1} % ({}{})",
-            removed * 100.0,
-            if *removed >= 0.8 { "met" } else { "NOT met" },
-            if runs > 1 { ", median of the runs" } else { "" }
-        );
-    }
-    Ok(())
+    Ok((engines, targets))
 }
 
 /// `--rounds` rounds, each running every setup in turn; a line on stderr per round.

@@ -20,6 +20,9 @@ const PAPER_US: [(&str, f64); 4] = [
     ("alloc", 2.78),
 ];
 
+/// The steps of a write in order.
+const STEP_ORDER: [&str; 5] = ["prep", "checksum", "copy", "alloc", "persist"];
+
 fn plan(settings: &Settings) -> Result<Vec<Invocation>, String> {
     let (writes, runs, seconds, latency, rounds) = settings.scale.pick(
         ("2000", "1", "0.5", "300", "1"),
@@ -104,6 +107,13 @@ fn analyse(_settings: &Settings, steps: &[StepOutput]) -> Outcome {
             engines.push(engine.clone());
         }
     }
+    // The write path's order, as the paper's table has it; steps not named there last.
+    categories.sort_by_key(|step| {
+        STEP_ORDER
+            .iter()
+            .position(|word| step.contains(word))
+            .unwrap_or(STEP_ORDER.len())
+    });
     let mut breakdown = Panel::bars(
         "Write path of a 1 KB write, by step",
         "µs per write",
@@ -201,7 +211,7 @@ mod tests {
     fn the_breakdown_is_drawn_at_one_kilobyte_with_the_papers_steps() {
         let report = json!({
             "breakdown": {"removed_share_median": 0.85, "rows": [
-                {"engine": "conventional", "value_bytes": 1024, "checksum_ns": 1500.0, "copy_ns": 900.0, "total_ns": 3000.0},
+                {"engine": "conventional", "value_bytes": 1024, "persist_ns": 50.0, "checksum_ns": 1500.0, "copy_ns": 900.0, "total_ns": 3000.0},
                 {"engine": "packet", "value_bytes": 1024, "checksum_ns": 10.0, "copy_ns": 0.0, "total_ns": 500.0},
                 {"engine": "packet", "value_bytes": 64, "checksum_ns": 5.0, "total_ns": 100.0}
             ]},
@@ -219,7 +229,10 @@ mod tests {
         let outcome = analyse(&crate::eval::model::tests_settings(), &steps);
         let breakdown = &outcome.figure.panels[0];
         assert_eq!(breakdown.series.len(), 2);
-        assert_eq!(breakdown.series[0].points, vec![(0.0, 1.5), (1.0, 0.9)]);
+        assert_eq!(
+            breakdown.series[0].points,
+            vec![(0.0, 1.5), (1.0, 0.9), (2.0, 0.05)]
+        );
         assert_eq!(breakdown.marks.len(), 2, "checksum and copy are marked");
         assert_eq!(outcome.comparisons[0].measured, Some(85.0));
         assert_eq!(outcome.comparisons[1].measured, Some(1.2));

@@ -16,7 +16,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use pmnet_proto::{ClientEvent, Completion};
+use pmnet_proto::{ClientError, ClientEvent, Completion};
 use pmnet_runtime::{ClientSession, SessionOptions, WaitMode};
 use pmnet_store::{Reply, Request};
 use serde::Serialize;
@@ -519,6 +519,17 @@ fn log_updates(
                 completion: Completion::Logged { .. },
                 ..
             }) => acked += 1,
+            Some(ClientEvent::Failed {
+                error: ClientError::TimedOut,
+                ..
+            }) => {
+                return Err(format!(
+                    "client {client}: the device did not acknowledge an update in time; with many \
+                     entries the unpaced device resends every one logged to the server that is \
+                     down at each timeout and falls behind (try --paced-only)"
+                )
+                .into())
+            }
             Some(other) => {
                 return Err(format!(
                     "client {client}: an update was not logged by the device ({other:?}); is the \

@@ -88,6 +88,7 @@ impl Drained {
 
     fn json(&self) -> RunJson {
         let entries_per_s = self.entries_per_second();
+        let replay = self.drain.saturating_sub(self.server_start);
         RunJson {
             window: (!is_unpaced(self.window)).then_some(self.window),
             label: label(self.window),
@@ -96,6 +97,8 @@ impl Drained {
             drain_ms: self.drain.as_secs_f64() * 1e3,
             entries_per_s,
             us_per_entry: 1e6 / entries_per_s.max(f64::MIN_POSITIVE),
+            replay_ms: replay.as_secs_f64() * 1e3,
+            replay_entries_per_s: f64::from(self.entries) / replay.as_secs_f64().max(1e-9),
         }
     }
 }
@@ -138,6 +141,11 @@ struct RunJson {
     drain_ms: f64,
     entries_per_s: f64,
     us_per_entry: f64,
+    /// The drain after the server's start-up (`drain_ms - server_start_ms`), and the entries
+    /// per second over it: the replay alone, give or take what the server applied before its
+    /// banner was out.
+    replay_ms: f64,
+    replay_entries_per_s: f64,
 }
 
 /// A child `pmnet` process, killed when dropped.

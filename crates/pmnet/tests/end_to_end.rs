@@ -816,6 +816,9 @@ fn drain_bench_writes_its_runs_as_json() {
             (number(run, &["us_per_entry"]) * rate - 1e6).abs() < 1e-3,
             "{run:#}"
         );
+        let replay = number(run, &["replay_ms"]);
+        assert!((replay - (drain - start)).abs() < 1e-3, "{run:#}");
+        assert!(number(run, &["replay_entries_per_s"]) >= rate, "{run:#}");
     }
     let ratio = number(&report, &["paced_vs_unpaced"]);
     let expected = number(&runs[0], &["entries_per_s"]) / number(&runs[1], &["entries_per_s"]);

@@ -72,7 +72,11 @@ fn skews(settings: &Settings) -> Vec<(&'static str, &'static str)> {
         ("zipf:0.99", "Zipf 0.99"),
     ];
     settings.scale.pick(
-        vec![("uniform", "uniform"), ("zipf:0.99", "Zipf 0.99")],
+        vec![
+            ("uniform", "uniform"),
+            ("zipf:0.9", "Zipf 0.9"),
+            ("zipf:0.99", "Zipf 0.99"),
+        ],
         all.clone(),
         all,
     )
@@ -273,7 +277,7 @@ fn analyse(settings: &Settings, steps: &[StepOutput]) -> Outcome {
         if let Some(paper) = netcache_gain(label) {
             gains = gains.mark(Mark::Point {
                 label: format!("NetCache (128 servers), {label}: {paper}×"),
-                x: index as f64,
+                x: super::bar_middle(index, 0, 2),
                 y: paper,
             });
         }
@@ -520,17 +524,20 @@ mod tests {
     fn the_plan_runs_every_skew_hot_in_and_latency() {
         let plan = plan(&tests_settings()).unwrap();
         let labels: Vec<&str> = plan.iter().map(|i| i.label.as_str()).collect();
-        assert_eq!(labels, vec!["uniform", "Zipf 0.99", HOT_IN, LATENCY]);
-        assert!(plan[1]
-            .args
-            .windows(2)
-            .any(|w| w == ["--dist", "zipf:0.99"]));
-        assert!(plan[1].args.windows(2).any(|w| w == ["--cache", "on,off"]));
+        assert_eq!(
+            labels,
+            vec!["uniform", "Zipf 0.9", "Zipf 0.99", HOT_IN, LATENCY]
+        );
         assert!(plan[2]
             .args
             .windows(2)
+            .any(|w| w == ["--dist", "zipf:0.99"]));
+        assert!(plan[2].args.windows(2).any(|w| w == ["--cache", "on,off"]));
+        assert!(plan[3]
+            .args
+            .windows(2)
             .any(|w| w == ["--popularity", "hot-in"]));
-        assert!(!plan[3].args.iter().any(|a| a == "--server-max-ops-per-s"));
+        assert!(!plan[4].args.iter().any(|a| a == "--server-max-ops-per-s"));
         let total: f64 = plan.iter().map(|i| i.estimate_s).sum();
         assert!(total <= 22.0, "quick takes {total} s");
     }
@@ -550,6 +557,7 @@ mod tests {
         });
         let steps = vec![
             step("uniform", run(30_000.0, 29_000.0)),
+            step("Zipf 0.9", run(32_000.0, 16_000.0)),
             step("Zipf 0.99", run(60_000.0, 10_000.0)),
             step(HOT_IN, hot),
             step(LATENCY, run(8_000.0, 7_000.0)),
@@ -560,10 +568,10 @@ mod tests {
         assert_eq!(panels[0].series.len(), 2);
         assert_eq!(
             panels[0].series[1].points,
-            vec![(0.0, 30_000.0), (1.0, 60_000.0)]
+            vec![(0.0, 30_000.0), (1.0, 32_000.0), (2.0, 60_000.0)]
         );
-        assert_eq!(panels[1].series[0].points[1], (1.0, 6.0));
-        assert_eq!(panels[1].marks.len(), 1, "NetCache's 10× at Zipf 0.99");
+        assert_eq!(panels[1].series[0].points[2], (2.0, 6.0));
+        assert_eq!(panels[1].marks.len(), 2, "NetCache's 3× and 10×");
         assert_eq!(
             panels[2].series[0].points,
             vec![(0.5, 50_000.0), (1.5, 48_000.0)]
@@ -584,6 +592,12 @@ mod tests {
             (Some(10.0), Some(5.0), Some(true))
         );
         assert!(find("uniform").target.is_none());
+        let flatter = outcome
+            .comparisons
+            .iter()
+            .find(|c| c.what.ends_with("Zipf 0.9"))
+            .unwrap();
+        assert_eq!((flatter.measured, flatter.target), (Some(2.0), Some(2.0)));
         assert_eq!(find("hot-in every").measured, Some(5.0));
         assert_eq!(find("back to 90").measured, Some(0.3));
         let mean = find("mean read latency");
@@ -602,7 +616,7 @@ mod tests {
         let outcome = analyse(&tests_settings(), &steps);
         assert_eq!(
             outcome.figure.panels[0].series[0].points,
-            vec![(1.0, 10_000.0)]
+            vec![(2.0, 10_000.0)]
         );
         assert!(outcome.figure.panels[2].series.is_empty());
         assert!(outcome.figure.panels[3].series.is_empty());

@@ -67,9 +67,10 @@ fn analyse(_settings: &Settings, steps: &[StepOutput]) -> Outcome {
             .filter_map(|r| field(mode, *r, key).map(|y| (at(*r), y)))
             .collect()
     };
-    let point = |label: &str, replicas: u32, y: f64| Mark::Point {
+    // A paper's value over its system's bar: series `index` of `count`.
+    let point = |label: &str, replicas: u32, (index, count): (usize, usize), y: f64| Mark::Point {
         label: label.to_owned(),
-        x: at(replicas),
+        x: super::bar_middle(replicas as usize - 1, index, count),
         y,
     };
     let mut p50 = Panel::bars(
@@ -90,15 +91,27 @@ fn analyse(_settings: &Settings, steps: &[StepOutput]) -> Outcome {
         .mark(point(
             "paper, client-side, R = 3: 41.6 µs",
             3,
+            (0, 3),
             PAPER_CLIENT_3,
         ))
         .mark(point(
             "paper, server-side, R = 3: 94.0 µs",
             3,
+            (1, 3),
             PAPER_SERVER_3,
         ))
-        .mark(point("paper, PMNet, R = 3: 22.8 µs", 3, PAPER_PMNET_3))
-        .mark(point("paper, PMNet, R = 1: 21.5 µs", 1, PAPER_PMNET_1));
+        .mark(point(
+            "paper, PMNet, R = 3: 22.8 µs",
+            3,
+            (2, 3),
+            PAPER_PMNET_3,
+        ))
+        .mark(point(
+            "paper, PMNet, R = 1: 21.5 µs",
+            1,
+            (2, 3),
+            PAPER_PMNET_1,
+        ));
     let gain = |baseline: &str| -> Vec<(f64, f64)> {
         FACTORS
             .iter()
@@ -118,10 +131,16 @@ fn analyse(_settings: &Settings, steps: &[StepOutput]) -> Outcome {
     )
     .series("client-side / PMNet", gain("rep-client"))
     .series("server-side / PMNet", gain("rep-server"))
-    .mark(point("paper, server-side, R = 3: 5.88×", 3, PAPER_GAIN))
+    .mark(point(
+        "paper, server-side, R = 3: 5.88×",
+        3,
+        (1, 2),
+        PAPER_GAIN,
+    ))
     .mark(point(
         "paper, client-side, R = 3: 1.82× (41.6 / 22.8 µs)",
         3,
+        (0, 2),
         PAPER_CLIENT_3 / PAPER_PMNET_3,
     ));
 

@@ -236,7 +236,7 @@ fn draw_panel<DB: DrawingBackend>(
     // Room above the data for the legend's lines.
     let legend_lines = panel.series.len() + panel.marks.len();
     let top_room = match panel.legend {
-        Legend::UpperLeft => 0.06 + 0.075 * legend_lines as f64,
+        Legend::UpperLeft => 0.1 + 0.1 * legend_lines as f64,
         Legend::LowerRight => 0.08,
     };
     let y_range = axis_range(points().map(|p| p.1).chain(mark_ys), true, top_room);

@@ -188,7 +188,7 @@ fn analyse(_settings: &Settings, steps: &[StepOutput]) -> Outcome {
 pub const ABD: Experiment = Experiment {
     name: "abd",
     title: "Replicated memory: ABD against unreplicated access and etcd",
-    about: "Seed 004's replicated persistent memory (docs/abd.md): reads and writes of one \
+    about: "Replicated persistent memory (docs/abd.md): reads and writes of one \
             64-byte line with the ABD quorum run by a device and by the clients over three \
             memory nodes, against one unreplicated node behind a device and a three-member \
             etcd, at 1 client (latency) and 16 (throughput), and device ABD with one node \

@@ -1,5 +1,5 @@
 //! The chain store against etcd and ZooKeeper (`pmnet coord-bench`): latency at one client,
-//! throughput at 16, the ratios against issue 22's targets, and a member killed under load
+//! throughput at 16, the ratios against the chain store's targets (docs/benchmarks.md), and a member killed under load
 //! (`pmnet coord-bench --failover`).
 
 use std::path::Path;
@@ -184,7 +184,7 @@ fn analyse(_settings: &Settings, steps: &[StepOutput]) -> Outcome {
         "operations/s",
     );
 
-    // Issue 22's targets as coord-bench reports them: the other system's p50 over netchain's
+    // The chain store's targets as coord-bench reports them: the other system's p50 over netchain's
     // at one client, netchain's throughput over the other's at 16.
     let ratios = entries(report, "ratios");
     let ratio_of = |op: &str, clients: f64, other: &str, key: &str| {
@@ -247,7 +247,7 @@ fn analyse(_settings: &Settings, steps: &[StepOutput]) -> Outcome {
         }
     }
     let factors = factors.mark(Mark::Level {
-        label: "issue 22's target: 10× (read p50: 5×)".to_owned(),
+        label: "target: 10× (read p50: 5×)".to_owned(),
         y: 10.0,
     });
 
@@ -312,8 +312,8 @@ fn analyse(_settings: &Settings, steps: &[StepOutput]) -> Outcome {
          values; a lock is one lock all clients contend for, acquired and released (a cycle)."
             .to_owned(),
         "The NetChain slides report orders of magnitude higher throughput and lower latency \
-         than ZooKeeper, with no single figure to set against these; the targets are issue \
-         22's (latency 10× at one client, reads 5×; throughput 10× at 16 clients). On \
+         than ZooKeeper, with no single figure to set against these; the targets are the \
+         chain store's own (latency 10× at one client, reads 5×; throughput 10× at 16 clients). On \
          durability the systems differ: the chain store persists with cache-line flushes to \
          emulated PM, etcd and ZooKeeper fsync to the disk (docs/benchmarks.md, \"What the \
          durability costs\")."
@@ -371,7 +371,7 @@ pub const NETCHAIN: Experiment = Experiment {
     about: "NetChain's comparison (docs/netchain.md): the chain store in three devices against \
             three-member etcd and ZooKeeper ensembles on this machine (`pmnet coord-bench`), \
             reads and writes (and lock cycles, except in quick runs) at 1 client (latency) \
-            and 16 (throughput), the factors against issue 22's targets; then a member \
+            and 16 (throughput), the factors against the chain store's targets; then a member \
             SIGKILLed under 16 writing clients (`pmnet coord-bench --failover`): how long \
             until the groups it headed take writes again, and the throughput while the spare \
             is copied in.",

@@ -51,8 +51,9 @@ pub use cpu::cpu_table;
 pub use plan::{resolve_pinning, run_modes, Plan, Target};
 pub use popularity::PopularityKind;
 pub use report::{
-    capacity_table, ratios, ratios_table, results_table, setting_text, thousands, CapacityReport,
-    LoadPoint, ModeResult, Ratio, Report, Setting,
+    capacity_table, new_histogram, ratios, ratios_table, record, results_table, setting_text,
+    summarize, thousands, CapacityReport, LatencySummary, LoadPoint, ModeResult, Ratio, Report,
+    Setting,
 };
 pub use system::{remove_stale_files, LoopbackConfig, LoopbackSystem};
 pub use workload::{client_seed, key_name, KeyDistribution, RequestGenerator, Workload};

@@ -18,6 +18,7 @@ mod memnode;
 mod memory_cli;
 mod node;
 mod redis;
+mod redis_bench;
 mod redis_up;
 mod session_bench;
 mod sim;
@@ -87,6 +88,9 @@ enum Command {
     /// Put a Redis behind PMNet on this host in one command: device, adaptor and gateway (and
     /// optionally redis-server), placed on CPUs, stopped together (see docs/redis.md).
     RedisUp(redis_up::RedisUpArgs),
+    /// Redis workloads (YCSB A/B/F, Twitter-like, TPC-C-like) on Redis alone and behind PMNet,
+    /// both started here (see docs/benchmarks.md).
+    RedisBench(Box<redis_bench::RedisBenchArgs>),
     /// Compare the storage engines: the write-path breakdown (the paper's Table 1) and
     /// updates through a server with each (see docs/storage.md).
     StoreBench(store_bench::StoreBenchArgs),
@@ -140,6 +144,7 @@ impl Command {
             Command::RedisAdaptor(_) => "redis-adaptor",
             Command::Gateway(_) => "gateway",
             Command::RedisUp(_) => "redis-up",
+            Command::RedisBench(_) => "redis-bench",
             Command::StoreBench(_) => "store-bench",
             Command::DrainBench(_) => "drain-bench",
             Command::Eval(_) => "eval",
@@ -180,6 +185,7 @@ fn main() -> ExitCode {
         Command::RedisAdaptor(args) => redis::run_adaptor(args),
         Command::Gateway(args) => redis::run_gateway(args),
         Command::RedisUp(args) => redis_up::run(args),
+        Command::RedisBench(args) => redis_bench::run(*args),
         Command::StoreBench(args) => store_bench::run(args),
         Command::DrainBench(args) => drain_bench::run(args),
         Command::Eval(args) => eval::run(args),

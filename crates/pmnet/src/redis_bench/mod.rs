@@ -264,6 +264,9 @@ impl Run<'_> {
                 } else {
                     count - 1 - turn
                 };
+                for other in &running {
+                    other.redis.settle()?;
+                }
                 let one = &mut running[index];
                 one.check_running()?;
                 let label = format!(

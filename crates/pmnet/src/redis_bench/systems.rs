@@ -77,7 +77,33 @@ impl Redis {
     pub fn check_running(&mut self) -> Result<(), CliError> {
         self.proc.check_running()
     }
+
+    /// Wait (at most [`SETTLE_PATIENCE`]) until Redis rewrites no append-only file, so that a
+    /// rewrite one system's writes set off does not run during the other system's round.
+    pub fn settle(&self) -> Result<(), CliError> {
+        let mut client = self.connect()?;
+        let started = std::time::Instant::now();
+        loop {
+            let info = client
+                .command(&["INFO", "persistence"])
+                .map_err(|error| format!("INFO persistence: {error}"))?;
+            let text = String::from_utf8_lossy(info.as_bytes().unwrap_or_default()).into_owned();
+            let busy = text.lines().any(|line| {
+                matches!(
+                    line.trim(),
+                    "aof_rewrite_in_progress:1" | "aof_rewrite_scheduled:1"
+                )
+            });
+            if !busy || started.elapsed() > SETTLE_PATIENCE {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
+
+/// How long [`Redis::settle`] waits for a rewrite to end at most.
+const SETTLE_PATIENCE: Duration = Duration::from_secs(120);
 
 fn ping(addr: SocketAddr) -> bool {
     SyncClient::connect(addr, Duration::from_secs(1))

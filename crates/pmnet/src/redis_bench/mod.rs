@@ -347,8 +347,12 @@ pub fn run(args: RedisBenchArgs) -> Result<ExitCode, CliError> {
             kinds.push(*kind);
         }
     }
-    let mut systems = args.systems.clone();
-    systems.dedup();
+    let mut systems: Vec<SystemKind> = Vec::new();
+    for system in &args.systems {
+        if !systems.contains(system) {
+            systems.push(*system);
+        }
+    }
     let args = RedisBenchArgs { systems, ..args };
     let shutdown = Shutdown::on_signals()?;
     let removed = remove_stale_dirs(&[&args.dir, Path::new(DEVICE_LOG_DIR)]);

@@ -295,12 +295,13 @@ pub fn mean(values: impl IntoIterator<Item = Option<f64>>) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
 }
 
-/// Every string under a key named `medium` (or `server_medium`) in `value`, in order, once.
+/// Every string under a key named `medium` or `..._medium` (`server_medium`,
+/// `memory_node_medium`) in `value`, once each.
 pub fn media(value: &Value, found: &mut Vec<String>) {
     match value {
         Value::Object(map) => {
             for (key, inner) in map {
-                if key == "medium" || key == "server_medium" {
+                if key == "medium" || key.ends_with("_medium") {
                     if let Some(text) = inner.as_str() {
                         if !text.is_empty() && !found.iter().any(|seen| seen == text) {
                             found.push(text.to_owned());
@@ -353,7 +354,7 @@ mod tests {
         let report = json!({
             "setting": {"medium": "dram", "server_medium": "dram"},
             "results": [{"mode": "baseline", "p50_us": 50.0}, {"mode": "pmnet", "p50_us": 20.0}],
-            "nested": [{"medium": "disk"}]
+            "nested": [{"medium": "disk", "memory_node_medium": "pm"}]
         });
         assert_eq!(
             number(bench_mode(&report, "pmnet").unwrap(), &["p50_us"]),
@@ -363,6 +364,9 @@ mod tests {
         let mut found = Vec::new();
         media(&report, &mut found);
         found.sort();
-        assert_eq!(found, vec!["disk".to_owned(), "dram".to_owned()]);
+        assert_eq!(
+            found,
+            vec!["disk".to_owned(), "dram".to_owned(), "pm".to_owned()]
+        );
     }
 }

@@ -45,7 +45,7 @@ fn plan(settings: &Settings) -> Result<Vec<Invocation>, String> {
                     &settings.dir.to_string_lossy(),
                 ]),
                 // Logging them, then two drains (paced and unpaced), plus start-ups.
-                3.0 + f64::from(entries) / 8_000.0,
+                1.0 + f64::from(entries) / 20_000.0,
             )
         })
         .collect())

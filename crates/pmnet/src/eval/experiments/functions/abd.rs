@@ -8,7 +8,7 @@ use super::{bounded, entries, text};
 use crate::eval::model::{
     args, number, on_path, result_of, Experiment, Invocation, Outcome, Settings, StepOutput,
 };
-use crate::eval::plot::{Figure, Mark, Panel};
+use crate::eval::plot::{Figure, Mark};
 
 const LABEL: &str = "replicated memory";
 const LOADED: f64 = 16.0;
@@ -78,22 +78,14 @@ fn why_short(numerator: &str, denominator: &str, measure: &str) -> &'static str 
 
 fn analyse(_settings: &Settings, steps: &[StepOutput]) -> Outcome {
     let report = result_of(steps, LABEL);
-    let categories = vec!["read".to_owned(), "write".to_owned()];
     let bars = |clients: f64, key: &str, title: &str, y_label: &str| {
-        let mut panel = Panel::bars(title, y_label, categories.clone());
-        for (system, name) in SYSTEMS {
-            let points = ["read", "write"]
-                .iter()
-                .enumerate()
-                .filter_map(|(index, op)| {
-                    result(report, system, op, clients)
-                        .and_then(|r| number(r, &[key]))
-                        .map(|y| (index as f64, y))
-                })
-                .collect();
-            panel = panel.series(name, points);
-        }
-        panel
+        super::bars_by_op(
+            title,
+            y_label,
+            &["read", "write"],
+            &SYSTEMS,
+            |system, op| result(report, system, op, clients).and_then(|r| number(r, &[key])),
+        )
     };
     let latency = bars(
         1.0,

@@ -35,6 +35,28 @@ fn bench_base(settings: &Settings) -> Vec<String> {
     ])
 }
 
+/// Grouped bars: a category per operation, a series per `(system, name)`, each bar
+/// `value(system, op)` (a bar is left out where it has none).
+fn bars_by_op(
+    title: &str,
+    y_label: &str,
+    ops: &[&str],
+    systems: &[(&str, &str)],
+    value: impl Fn(&str, &str) -> Option<f64>,
+) -> crate::eval::plot::Panel {
+    let categories = ops.iter().map(|op| (*op).to_owned()).collect();
+    let mut panel = crate::eval::plot::Panel::bars(title, y_label, categories);
+    for (system, name) in systems {
+        let points = ops
+            .iter()
+            .enumerate()
+            .filter_map(|(index, op)| value(system, op).map(|y| (index as f64, y)))
+            .collect();
+        panel = panel.series(name, points);
+    }
+    panel
+}
+
 /// `value[key]` as a string.
 fn text<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
     value.get(key).and_then(Value::as_str)

@@ -154,22 +154,10 @@ fn analyse(_settings: &Settings, steps: &[StepOutput]) -> Outcome {
                 .any(|r| text(r, "op") == Some(op))
         })
         .collect();
-    let categories: Vec<String> = measured_ops.iter().map(|op| (*op).to_owned()).collect();
     let bars = |clients: f64, key: &str, title: &str, y_label: &str| {
-        let mut panel = Panel::bars(title, y_label, categories.clone());
-        for (system, name) in SYSTEMS {
-            let points = measured_ops
-                .iter()
-                .enumerate()
-                .filter_map(|(index, op)| {
-                    result(report, system, op, clients)
-                        .and_then(|r| number(r, &[key]))
-                        .map(|y| (index as f64, y))
-                })
-                .collect();
-            panel = panel.series(name, points);
-        }
-        panel
+        super::bars_by_op(title, y_label, &measured_ops, &SYSTEMS, |system, op| {
+            result(report, system, op, clients).and_then(|r| number(r, &[key]))
+        })
     };
     let latency = bars(
         1.0,

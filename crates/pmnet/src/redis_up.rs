@@ -173,10 +173,13 @@ impl Drop for Part {
 /// "listening on" line.
 fn start_pmnet(name: &'static str, args: &[String]) -> Result<Part, CliError> {
     let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe)
+    let mut command = Command::new(exe);
+    command
         .args(args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::inherit());
+    die_with_this_process(&mut command);
+    let mut child = command
         .spawn()
         .map_err(|error| format!("cannot start the {name}: {error}"))?;
     let stdout = child.stdout.take().ok_or("no stdout")?;
@@ -207,6 +210,26 @@ fn start_pmnet(name: &'static str, args: &[String]) -> Result<Part, CliError> {
                 return Err(format!("the {name} did not start within 60 s").into());
             }
         }
+    }
+}
+
+/// The child is sent SIGTERM (and stops as on Ctrl-C) when this process dies, whatever kills
+/// it: a SIGKILLed redis-up leaves no device, adaptor, gateway or redis-server behind.
+fn die_with_this_process(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
+    // SAFETY: between fork and exec only prctl(2) and getppid(2) run: no allocation, no lock.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // This process died before the line above: nothing would stop the child.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("pmnet redis-up exited"));
+            }
+            Ok(())
+        });
     }
 }
 
@@ -250,6 +273,7 @@ fn start_redis(dir: &PathBuf, cpu: Option<usize>) -> Result<(Part, SocketAddr), 
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
+    die_with_this_process(&mut command);
     pin_command(&mut command, cpu);
     let child = command.spawn().map_err(|error| {
         format!(

@@ -379,3 +379,49 @@ fn redis_up_starts_a_redis_behind_pmnet_and_stops_it_all() {
         .unwrap()
         .contains("pmnet redis-up: stopped"));
 }
+
+/// A SIGKILLed `pmnet redis-up` (it cannot stop anything itself) leaves nothing running: its
+/// device, adaptor, gateway and redis-server die with it.
+#[test]
+fn a_killed_redis_up_leaves_nothing_behind() {
+    require_redis();
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let gateway = free_tcp_port();
+    let device = free_udp_port();
+    let adaptor = free_udp_port();
+    let log = dir.path().join("redis-up.out");
+    let mut child = Command::new(BIN)
+        .arg("redis-up")
+        .arg("--start-redis")
+        .arg(dir.path().join("redis"))
+        .args(["--listen", &format!("127.0.0.1:{gateway}")])
+        .args(["--device-listen", &format!("127.0.0.1:{device}")])
+        .args(["--adaptor-listen", &format!("127.0.0.1:{adaptor}")])
+        .arg("--log-file")
+        .arg(dir.path().join("device.log"))
+        .stdout(std::fs::File::create(&log).expect("log file"))
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("start pmnet redis-up");
+    poll_until("redis-up says where clients connect", || {
+        std::fs::read_to_string(&log).is_ok_and(|text| text.contains("clients connect to"))
+    });
+    let text = std::fs::read_to_string(&log).unwrap();
+    let redis_port: u16 = text
+        .split("Redis at 127.0.0.1:")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|port| port.parse().ok())
+        .unwrap_or_else(|| panic!("redis-up names its Redis:\n{text}"));
+    assert_eq!(redis_cli(gateway, &["set", "greeting", "hello"]), "OK\n");
+
+    child.kill().expect("SIGKILL redis-up");
+    child.wait().expect("wait for redis-up");
+    let refused = |port: u16| std::net::TcpStream::connect(("127.0.0.1", port)).is_err();
+    // A port is free again once the process that had it is gone.
+    let free = |port: u16| std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok();
+    poll_until(
+        "the gateway, the redis-server, the device and the adaptor are gone",
+        || refused(gateway) && refused(redis_port) && free(device) && free(adaptor),
+    );
+}

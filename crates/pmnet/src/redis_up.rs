@@ -248,6 +248,33 @@ fn pin_command(command: &mut Command, cpu: Option<usize>) {
     }
 }
 
+/// The options of a `redis-server` on 127.0.0.1:`port` whose every write is durable before
+/// its reply (append-only file in `dir`, fsync'd on every write; no snapshots), in the
+/// foreground.
+pub(crate) fn durable_redis_args(port: u16, dir: &std::path::Path) -> Vec<String> {
+    [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        &dir.display().to_string(),
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--save",
+        "",
+        "--daemonize",
+        "no",
+        "--loglevel",
+        "warning",
+    ]
+    .iter()
+    .map(|arg| (*arg).to_owned())
+    .collect()
+}
+
 fn start_redis(dir: &PathBuf, cpu: Option<usize>) -> Result<(Part, SocketAddr), CliError> {
     std::fs::create_dir_all(dir)
         .map_err(|error| format!("--start-redis {}: {error}", dir.display()))?;
@@ -257,20 +284,7 @@ fn start_redis(dir: &PathBuf, cpu: Option<usize>) -> Result<(Part, SocketAddr), 
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut command = Command::new("redis-server");
     command
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--dir"])
-        .arg(dir)
-        .args([
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--save",
-            "",
-            "--daemonize",
-            "no",
-            "--loglevel",
-            "warning",
-        ])
+        .args(durable_redis_args(port, dir))
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
     die_with_this_process(&mut command);

@@ -35,27 +35,7 @@ impl Redis {
         std::fs::create_dir_all(dir)
             .map_err(|error| format!("cannot make {}: {error}", dir.display()))?;
         let port = free_ports(1)?[0];
-        let args: Vec<String> = [
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            &dir.display().to_string(),
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--save",
-            "",
-            "--daemonize",
-            "no",
-            "--loglevel",
-            "warning",
-        ]
-        .iter()
-        .map(|arg| (*arg).to_owned())
-        .collect();
+        let args = crate::redis_up::durable_redis_args(port, dir);
         let mut proc = Proc::spawn(name, program, &args, &dir.join("redis.log"), None)?;
         let addr = loopback(port);
         wait_until(

@@ -53,11 +53,18 @@ pub struct RedisAdaptorArgs {
     pub record_prefix: String,
 
     /// The Redis database (`SELECT` number) that holds the exactly-once records, out of the
-    /// users' database 0; 0 keeps them with the data (then `KEYS`, `SCAN` and `DBSIZE` show
-    /// them and `FLUSHDB`/`FLUSHALL` are refused). Records an earlier adaptor left in
-    /// database 0 are moved here at start-up.
-    #[arg(long, value_name = "N", default_value_t = pmnet_redis::script::DEFAULT_RECORD_DB)]
-    pub record_db: u32,
+    /// databases clients select (default: the last database Redis has, so a Redis with
+    /// `databases 17` leaves clients 0 to 15); 0 keeps them with the data (then `KEYS`,
+    /// `SCAN` and `DBSIZE` show them and `FLUSHDB`/`FLUSHALL` are refused). Records an
+    /// earlier adaptor left in another database are moved here at start-up.
+    #[arg(long, value_name = "N")]
+    pub record_db: Option<u32>,
+
+    /// Seconds Redis may be down before new bypass requests (reads, and writes answered with
+    /// Redis's reply) get an error naming it at once instead of waiting (0: they wait);
+    /// updates a device acked always wait and are applied when Redis answers again.
+    #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
+    pub redis_down_after: f64,
 
     /// Requests taken from the protocol and not yet answered by Redis, at most.
     #[arg(long, value_name = "N", default_value_t = 16_384)]
@@ -112,12 +119,20 @@ pub struct GatewayArgs {
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_connections: usize,
 
-    /// Send writes whose reply is a count or a new value (LPUSH, RPUSH, SADD, ZADD, HSET, DEL,
-    /// EXPIRE, INCR, INCRBY, APPEND, …) as PMNet updates answered `+OK` on the device's ack,
-    /// instead of bypass requests answered with Redis's integer. Only for clients that do not
-    /// use the integer.
+    /// Send the writes whose reply is a count and that Redis cannot reject whatever the data
+    /// holds (DEL, UNLINK, and EXPIRE/PEXPIRE without options) as PMNet updates answered `+OK`
+    /// on the device's ack, instead of bypass requests answered with Redis's integer. Only for
+    /// clients that do not use the integer. Writes that may fail on the data (LPUSH, INCR,
+    /// HSET, …) always go as bypass.
     #[arg(long)]
     pub ack_counting_writes: bool,
+
+    /// Seconds the path behind the gateway (device, adaptor, Redis) may leave the gateway's
+    /// own PING unanswered before commands that need it get an error naming the part that
+    /// is down, without being sent, and new connections are refused with it (0: never;
+    /// commands then wait for their retransmissions to run out).
+    #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
+    pub down_after: f64,
 
     /// A file whose first line is the password clients must give (`AUTH password`, `AUTH
     /// default password` or `HELLO 3 AUTH default password`) before any other command.
@@ -188,13 +203,24 @@ pub fn run_adaptor(args: RedisAdaptorArgs) -> Result<ExitCode, CliError> {
     options.devices = args.devices.clone();
     options.connections = args.redis_connections;
     options.record_prefix = args.record_prefix.clone();
-    options.record_db = args.record_db;
+    options.record_db = args
+        .record_db
+        .unwrap_or(pmnet_redis::script::RECORD_DB_LAST);
     if let Some(path) = &args.redis_password_file {
         let password = read_password_file(path, "--redis-password-file")?;
         options.redis_auth = Some((args.redis_user.clone().map(String::into_bytes), password));
     }
     options.max_outstanding = args.max_outstanding.max(1);
     options.startup_timeout = Duration::from_secs(args.startup_timeout);
+    if !(args.redis_down_after.is_finite() && args.redis_down_after >= 0.0) {
+        return Err(format!(
+            "--redis-down-after {}: give a number of seconds, 0 or more",
+            args.redis_down_after
+        )
+        .into());
+    }
+    options.fail_fast_after =
+        (args.redis_down_after > 0.0).then(|| Duration::from_secs_f64(args.redis_down_after));
     options.record_reads = args.record_reads;
     options.session_ttl = (args.session_ttl > 0).then(|| Duration::from_secs(args.session_ttl));
     options.wait = args.run.wait_mode();
@@ -229,13 +255,14 @@ pub fn run_adaptor(args: RedisAdaptorArgs) -> Result<ExitCode, CliError> {
         format!("  traffic: {adaptor_traffic}"),
         match args.session_ttl {
             0 => format!(
-                "  session records: {}<session> in database {}, kept for ever (--session-ttl 0)",
-                args.record_prefix, args.record_db
+                "  session records: {}<session> in database {} of {}, kept for ever \
+                 (--session-ttl 0)",
+                args.record_prefix, startup.record_db, startup.databases
             ),
             ttl => format!(
-                "  session records: {}<session> in database {}, expire {ttl} s after their \
-                 session's last write",
-                args.record_prefix, args.record_db
+                "  session records: {}<session> in database {} of {}, expire {ttl} s after \
+                 their session's last write",
+                args.record_prefix, startup.record_db, startup.databases
             ),
         },
     ];
@@ -297,6 +324,15 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
     }
     options.device_cache = args.device_cache;
     options.replicas = args.replicas;
+    if !(args.down_after.is_finite() && args.down_after >= 0.0) {
+        return Err(format!(
+            "--down-after {}: give a number of seconds, 0 or more",
+            args.down_after
+        )
+        .into());
+    }
+    options.down_after =
+        (args.down_after > 0.0).then(|| Duration::from_secs_f64(args.down_after.max(0.01)));
     if let Some(path) = &args.password_file {
         options.auth.password = Some(read_password_file(path, "--password-file")?);
     }

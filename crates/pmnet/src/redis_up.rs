@@ -269,6 +269,10 @@ pub(crate) fn durable_redis_args(port: u16, dir: &std::path::Path) -> Vec<String
         "no",
         "--loglevel",
         "warning",
+        // Redis's usual 16 databases for the clients, and one more for the adaptor's
+        // exactly-once records (the adaptor keeps them in the last database).
+        "--databases",
+        "17",
     ]
     .iter()
     .map(|arg| (*arg).to_owned())

@@ -4,9 +4,10 @@
 //! on loopback, each test with its own Redis, ports and files.
 //!
 //! The crash tests SIGKILL Redis, the adaptor or the device in the middle of a write load and
-//! restart it; every connection pushes its own numbered history (`RPUSH hist:<w> <i>`, sent as
-//! PMNet updates with `--ack-counting-writes`), so a lost or a doubly applied write shows up as
-//! a hole or a repeat in the list. SIGKILL is a process crash: what a killed Redis wrote to its
+//! restart it; every connection pushes its own numbered history (`RPUSH hist:<w> <i>`, a bypass
+//! write: it may fail on the data, so it is never acked early), so a lost or a doubly applied
+//! write shows up as a hole or a repeat in the list, and sets a key per push (`SET hist:<w>:<i>
+//! <i>`, a PMNet update acked by the device), so a lost logged update shows up as a missing key. SIGKILL is a process crash: what a killed Redis wrote to its
 //! append-only file survives in the page cache.
 //!
 //! Needs `redis-server`, `redis-cli` and `redis-benchmark` (Debian: `redis-server`,
@@ -80,7 +81,8 @@ fn redis_cli_and_redis_benchmark_through_the_gateway() {
         in_data.is_empty(),
         "records among the users' keys: {in_data:?}"
     );
-    redis.command(&["SELECT", "1"]).expect("SELECT");
+    // The last of the harness's Redis's 16 databases.
+    redis.command(&["SELECT", "15"]).expect("SELECT");
     let Value::Array(Some(records)) = redis.command(&["KEYS", "pmnet:session:*"]).expect("KEYS")
     else {
         panic!("KEYS did not answer a list");
@@ -307,20 +309,30 @@ fn crash_during(victim: Victim, record_reads: bool, via_function: bool) {
                 while next < pushes && !stop.load(Ordering::Relaxed) {
                     let batch = (pushes - next).min(4);
                     let commands: Vec<Vec<String>> = (next..next + batch)
-                        .map(|i| {
+                        .flat_map(|i| {
                             let push = ["RPUSH", key.as_str(), &i.to_string()].map(String::from);
-                            if via_function {
+                            let push = if via_function {
                                 let call = ["FCALL", "push", "1"].map(String::from);
                                 call.into_iter().chain(push.into_iter().skip(1)).collect()
                             } else {
                                 push.to_vec()
-                            }
+                            };
+                            let set = ["SET", &format!("{key}:{i}"), &i.to_string()]
+                                .map(String::from)
+                                .to_vec();
+                            [push, set]
                         })
                         .chain(std::iter::once(vec!["LLEN".to_owned(), key.clone()]))
                         .collect();
                     let replies = client.pipeline(&commands).expect("pipeline");
-                    for (offset, reply) in replies[..batch].iter().enumerate() {
-                        match reply {
+                    for (offset, pair) in replies[..2 * batch].chunks(2).enumerate() {
+                        assert_eq!(
+                            pair[1],
+                            Value::Simple(b"OK".to_vec()),
+                            "{key}: SET {}",
+                            next + offset
+                        );
+                        match &pair[0] {
                             // Logged by the device, or answered by Redis first (the length).
                             Value::Simple(ok) if ok == b"OK" => {}
                             Value::Integer(len) => {
@@ -330,7 +342,7 @@ fn crash_during(victim: Victim, record_reads: bool, via_function: bool) {
                         }
                         acked.fetch_add(1, Ordering::Relaxed);
                     }
-                    match &replies[batch] {
+                    match &replies[2 * batch] {
                         Value::Integer(len) => {
                             assert_eq!(*len, (next + batch) as i64, "{key}: LLEN sees its pushes")
                         }
@@ -406,6 +418,14 @@ fn crash_during(victim: Victim, record_reads: bool, via_function: bool) {
             Value::Array(Some(expected)),
             "{key}: every acked push exactly once, in order"
         );
+        for i in 0..count {
+            let set_key = format!("{key}:{i}");
+            poll_until(&format!("{set_key} applied in Redis"), || {
+                redis
+                    .command(&["GET", &set_key])
+                    .is_ok_and(|value| value == bulk(&i.to_string()))
+            });
+        }
     }
 }
 

@@ -8,7 +8,7 @@
 //! as a bypass request, and the adaptor decides from Redis's own command table (`COMMAND`)
 //! how to run it, or refuses it with a precise error ([`crate::table`]).
 
-use crate::resp::{error_reply, parse_int};
+use crate::resp::{error_reply, parse_redis_int};
 
 /// How the gateway treats a command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,11 +17,16 @@ pub enum Class {
     Local,
     /// Answered by the gateway from the connection's state (see `gateway::connection`).
     Connection,
-    /// Redis always answers `+OK` when the arguments are well formed: a PMNet update, answered
-    /// `+OK` once the device logged it. Ill-formed arguments go as bypass (Redis's error).
+    /// Redis answers `+OK` whatever the data holds when the arguments are well formed: a
+    /// PMNet update, answered `+OK` once the device logged it. Arguments the gateway cannot
+    /// prove Redis accepts (syntax, integer ranges, expiry overflow) go as bypass: Redis's
+    /// own reply, error included.
     Fixed,
     /// A write whose reply is a count or a new value: bypass by default; with
-    /// `--ack-counting-writes` an update answered `+OK` (the count is not known then).
+    /// `--ack-counting-writes` an update answered `+OK` (the count is not known then) — but
+    /// only for the forms Redis cannot reject whatever the data holds (`DEL`, `UNLINK`, plain
+    /// `EXPIRE`/`PEXPIRE` with an expiry that cannot overflow). A command that may fail on
+    /// the data (`WRONGTYPE`, not an integer, overflow) always goes as bypass.
     Counting,
     /// Refused with an error that says why.
     Refused(&'static str),
@@ -49,8 +54,8 @@ use Class::{Connection, Counting, Fixed, Local, Refused};
 /// Every command the gateway itself knows, in the order of the table in docs/redis.md.
 /// Anything else goes to the adaptor as a bypass request.
 pub const COMMANDS: &[Spec] = &[
-    // Answered from the arguments.
-    spec("PING", -1, Local),
+    // Answered from the arguments. (`PING` is not: Redis answers it through the whole path,
+    // so that a health check fails when any part is down.)
     spec("ECHO", 2, Local),
     spec("QUIT", -1, Local),
     // Answered from the connection's state.
@@ -69,7 +74,6 @@ pub const COMMANDS: &[Spec] = &[
     spec("SETEX", 4, Fixed),
     spec("PSETEX", 4, Fixed),
     spec("MSET", -3, Fixed),
-    spec("HMSET", -4, Fixed),
     // Counting writes: bypass, or updates answered +OK with --ack-counting-writes.
     spec("DEL", -2, Counting),
     spec("UNLINK", -2, Counting),
@@ -163,7 +167,7 @@ pub fn route(args: &[Vec<u8>], policy: &Policy) -> Route {
         Connection => Route::Connection(spec.name),
         Fixed if fixed_reply_is_certain(spec.name, args) => Route::Update { ack: OK },
         Fixed => Route::Bypass,
-        Counting if policy.ack_counting_writes && counting_args_are_valid(spec.name, args) => {
+        Counting if policy.ack_counting_writes && counting_write_cannot_fail(spec.name, args) => {
             Route::Update { ack: OK }
         }
         Counting => Route::Bypass,
@@ -173,36 +177,63 @@ pub fn route(args: &[Vec<u8>], policy: &Policy) -> Route {
 
 fn local(name: &str, args: &[Vec<u8>]) -> Route {
     match name {
-        "PING" => match args.len() {
-            1 => Route::Reply(b"+PONG\r\n".to_vec()),
-            2 => Route::Reply(bulk(&args[1])),
-            _ => Route::Reply(error_reply(
-                "ERR wrong number of arguments for 'ping' command",
-            )),
-        },
         "ECHO" => Route::Reply(bulk(&args[1])),
         _ => Route::Quit,
     }
 }
 
-fn positive_int(bytes: &[u8]) -> bool {
-    parse_int(bytes).is_some_and(|value| value > 0)
+/// Milliseconds kept free above "now" when the gateway checks that a relative expiry cannot
+/// overflow when Redis adds its clock to it (Redis answers "invalid expire time" when
+/// `now + ms` overflows a signed 64-bit integer): the command may be applied long after the
+/// gateway checked it (a device holds it through an outage), and clocks differ. 100 years.
+const EXPIRY_MARGIN_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
+
+/// The current time in Unix milliseconds, as Redis's clock would read it.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
+        })
 }
 
-/// Whether Redis is certain to answer `+OK` to this well-formed fixed-reply command.
-fn fixed_reply_is_certain(name: &str, args: &[Vec<u8>]) -> bool {
-    match name {
-        "SET" => set_options_are_plain(&args[3..]),
-        "SETEX" | "PSETEX" => positive_int(&args[2]),
-        "MSET" => (args.len() - 1) % 2 == 0,
-        // HMSET also fails with WRONGTYPE when the key holds another type: documented.
-        "HMSET" => (args.len() - 2) % 2 == 0,
+/// The largest relative expiry, in milliseconds, that Redis certainly accepts.
+fn max_relative_ms() -> i64 {
+    i64::MAX - now_ms().saturating_add(EXPIRY_MARGIN_MS)
+}
+
+/// Whether Redis accepts `bytes` as the expiry of `SET … EX/PX/EXAT/PXAT`, `SETEX` or
+/// `PSETEX` (`unit` is `EX`, `PX`, `EXAT` or `PXAT`), whenever it applies the command: an
+/// integer as Redis parses them, positive, and not overflowing once converted to absolute
+/// milliseconds (Redis 7's `getExpireMillisecondsOrReply`).
+fn expiry_is_valid(unit: &[u8], bytes: &[u8]) -> bool {
+    let Some(value) = parse_redis_int(bytes).filter(|value| *value > 0) else {
+        return false;
+    };
+    match unit {
+        b"EX" => value <= max_relative_ms() / 1000,
+        b"PX" => value <= max_relative_ms(),
+        b"EXAT" => value <= i64::MAX / 1000,
+        b"PXAT" => true,
         _ => false,
     }
 }
 
-/// SET options that never change the reply: at most one expiry, KEEPTTL. NX, XX and GET make
-/// the reply depend on the data; anything unknown goes to Redis for its error.
+/// Whether Redis is certain to answer `+OK` to this command (of the right arity), whatever the
+/// data holds.
+fn fixed_reply_is_certain(name: &str, args: &[Vec<u8>]) -> bool {
+    match name {
+        "SET" => set_options_are_plain(&args[3..]),
+        "SETEX" => expiry_is_valid(b"EX", &args[2]),
+        "PSETEX" => expiry_is_valid(b"PX", &args[2]),
+        "MSET" => (args.len() - 1) % 2 == 0,
+        _ => false,
+    }
+}
+
+/// SET options that never change the reply: at most one expiry (valid, see
+/// [`expiry_is_valid`]) or KEEPTTL. NX, XX and GET make the reply depend on the data;
+/// anything else goes to Redis for its error.
 fn set_options_are_plain(options: &[Vec<u8>]) -> bool {
     let mut expiry = false;
     let mut index = 0;
@@ -210,7 +241,11 @@ fn set_options_are_plain(options: &[Vec<u8>]) -> bool {
         let option = options[index].to_ascii_uppercase();
         match option.as_slice() {
             b"EX" | b"PX" | b"EXAT" | b"PXAT" => {
-                if expiry || !options.get(index + 1).is_some_and(|n| positive_int(n)) {
+                if expiry
+                    || !options
+                        .get(index + 1)
+                        .is_some_and(|n| expiry_is_valid(&option, n))
+                {
                     return false;
                 }
                 expiry = true;
@@ -229,23 +264,24 @@ fn set_options_are_plain(options: &[Vec<u8>]) -> bool {
     true
 }
 
-/// Arguments of a counting write that Redis cannot reject for their form (it may still answer
-/// WRONGTYPE: documented).
-fn counting_args_are_valid(name: &str, args: &[Vec<u8>]) -> bool {
+/// Counting writes Redis cannot reject whatever the data holds: `DEL` and `UNLINK` of any
+/// keys, and `EXPIRE`/`PEXPIRE key n` without options whose `n` cannot overflow (Redis 7's
+/// `expireGenericCommand`: `n` seconds must fit in milliseconds, and `now + ms` must not
+/// overflow; a negative or zero `n` deletes the key, which never fails). Every other counting
+/// write fails on some data (`WRONGTYPE`, a value that is not an integer, an overflow).
+fn counting_write_cannot_fail(name: &str, args: &[Vec<u8>]) -> bool {
+    let bounded = |bytes: &[u8], unit_ms: i64| {
+        parse_redis_int(bytes).is_some_and(|value| {
+            value
+                .checked_mul(unit_ms)
+                .is_some_and(|ms| ms.saturating_abs() <= max_relative_ms())
+        })
+    };
     match name {
-        "INCRBY" | "DECRBY" => parse_int(&args[2]).is_some(),
-        "EXPIRE" | "PEXPIRE" => args.len() == 3 && parse_int(&args[2]).is_some(),
-        "HSET" => (args.len() - 2) % 2 == 0,
-        "ZADD" => {
-            // Plain `ZADD key score member [score member …]` only: options change the reply.
-            let pairs = &args[2..];
-            pairs.len() % 2 == 0
-                && pairs.chunks(2).all(|pair| {
-                    std::str::from_utf8(&pair[0])
-                        .is_ok_and(|s| s.parse::<f64>().is_ok_and(|f| !f.is_nan()))
-                })
-        }
-        _ => true,
+        "DEL" | "UNLINK" => true,
+        "EXPIRE" => args.len() == 3 && bounded(&args[2], 1000),
+        "PEXPIRE" => args.len() == 3 && bounded(&args[2], 1),
+        _ => false,
     }
 }
 
@@ -490,29 +526,110 @@ mod tests {
     }
 
     #[test]
-    fn counting_writes_follow_the_policy() {
+    fn counting_writes_are_updates_only_where_redis_cannot_reject_them() {
         assert_eq!(route_of(&["LPUSH", "l", "x"]), Route::Bypass);
+        assert_eq!(route_of(&["DEL", "k"]), Route::Bypass);
         let policy = Policy {
             ack_counting_writes: true,
         };
-        assert_eq!(
-            route(&args(&["LPUSH", "l", "x"]), &policy),
-            Route::Update { ack: OK }
-        );
-        assert_eq!(route(&args(&["INCRBY", "n", "x"]), &policy), Route::Bypass);
-        assert_eq!(
-            route(&args(&["ZADD", "z", "NX", "1", "m"]), &policy),
-            Route::Bypass
-        );
-        assert_eq!(
-            route(&args(&["ZADD", "z", "1.5", "m"]), &policy),
-            Route::Update { ack: OK }
-        );
+        let routed = |words: &[&str]| route(&args(words), &policy);
+        for update in [
+            &["DEL", "a", "b"][..],
+            &["UNLINK", "a"],
+            &["EXPIRE", "k", "10"],
+            &["EXPIRE", "k", "-5"],
+            &["PEXPIRE", "k", "1000"],
+        ] {
+            assert_eq!(routed(update), Route::Update { ack: OK }, "{update:?}");
+        }
+        // Each of these fails on some data or some clock: Redis's reply, not an early +OK.
+        for bypass in [
+            &["LPUSH", "l", "x"][..],
+            &["SADD", "s", "m"],
+            &["INCR", "n"],
+            &["INCRBY", "n", "5"],
+            &["APPEND", "k", "v"],
+            &["HSET", "h", "f", "v"],
+            &["ZADD", "z", "1.5", "m"],
+            &["EXPIRE", "k", "10", "NX"],
+            &["EXPIRE", "k", "9223372036854775807"],
+            &["EXPIRE", "k", "9223372036854775"],
+            &["PEXPIRE", "k", "9223372036854775807"],
+            &["EXPIRE", "k", "010"],
+            &["EXPIRE", "k", "ten"],
+        ] {
+            assert_eq!(routed(bypass), Route::Bypass, "{bypass:?}");
+        }
+    }
+
+    #[test]
+    fn writes_redis_may_reject_are_never_acked_early() {
+        // HMSET fails with WRONGTYPE on a key of another type.
+        assert_eq!(route_of(&["HMSET", "h", "f", "v"]), Route::Bypass);
+        // Expiries Redis rejects: zero, negative, not integers as Redis reads them, and
+        // those that overflow once converted to absolute milliseconds.
+        for words in [
+            &["SETEX", "k", "9223372036854775807", "v"][..],
+            &["PSETEX", "k", "9223372036854775807", "v"],
+            &["SET", "k", "v", "EX", "9223372036854775807"],
+            &["SET", "k", "v", "PX", "9223372036854775807"],
+            &["SET", "k", "v", "EX", "9223372036854775"],
+            &["SET", "k", "v", "EXAT", "9223372036854776"],
+            &["SETEX", "k", "0", "v"],
+            &["SETEX", "k", "-1", "v"],
+            &["SETEX", "k", "01", "v"],
+            &["SETEX", "k", "+1", "v"],
+            &["SETEX", "k", "1.5", "v"],
+            &["SET", "k", "v", "PX", "-0"],
+            &["SET", "k", "v", "EX", ""],
+            &["SET", "k", "v", "KEEPTTL", "EX", "1"],
+            &["SET", "k", "v", "XX"],
+            &["SET", "k", "v", "EX"],
+            &["SET", "k", "v", "FOO"],
+        ] {
+            assert_eq!(route_of(words), Route::Bypass, "{words:?}");
+        }
+        for words in [
+            &["SETEX", "k", "100", "v"][..],
+            &["PSETEX", "k", "100", "v"],
+            &["SET", "k", "v", "ex", "1000000"],
+            &["SET", "k", "v", "EXAT", "9223372036854775"],
+            &["SET", "k", "v", "PXAT", "9223372036854775807"],
+            &["SET", "k", "v", "pxat", "1"],
+            &["SET", "k", "v", "KEEPTTL"],
+        ] {
+            assert_eq!(route_of(words), Route::Update { ack: OK }, "{words:?}");
+        }
+    }
+
+    #[test]
+    fn integers_are_read_as_redis_reads_them() {
+        assert_eq!(parse_redis_int(b"0"), Some(0));
+        assert_eq!(parse_redis_int(b"-12"), Some(-12));
+        assert_eq!(parse_redis_int(b"-9223372036854775808"), Some(i64::MIN));
+        for bad in [
+            &b"01"[..],
+            b"-0",
+            b"+1",
+            b"",
+            b"-",
+            b" 1",
+            b"1 ",
+            b"9223372036854775808",
+        ] {
+            assert_eq!(
+                parse_redis_int(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 
     #[test]
     fn local_unknown_and_refused_commands_are_answered_at_once() {
-        assert_eq!(route_of(&["ping"]), Route::Reply(b"+PONG\r\n".to_vec()));
+        // Redis answers PING through the whole path.
+        assert_eq!(route_of(&["ping"]), Route::Bypass);
         assert_eq!(
             route_of(&["ECHO", "hi"]),
             Route::Reply(b"$2\r\nhi\r\n".to_vec())

@@ -176,6 +176,21 @@ pub fn parse_int(bytes: &[u8]) -> Option<i64> {
     }
 }
 
+/// An integer exactly as Redis parses a command's argument (`string2ll`): an optional `-`,
+/// then `0` alone or digits not starting with `0`, within a signed 64-bit integer. Stricter
+/// than [`parse_int`] (`01`, `-0` and `+1` are not integers to Redis).
+pub fn parse_redis_int(bytes: &[u8]) -> Option<i64> {
+    let digits = bytes.strip_prefix(b"-").unwrap_or(bytes);
+    let canonical = digits == b"0" && digits.len() == bytes.len()
+        || digits
+            .first()
+            .is_some_and(|first| (b'1'..=b'9').contains(first));
+    if !canonical {
+        return None;
+    }
+    parse_int(bytes)
+}
+
 /// Read the header line at `pos` (after its type byte): the integer and where the next
 /// element starts. `Ok(None)`: incomplete.
 fn header_line(buf: &[u8], pos: usize) -> Result<Option<(i64, usize)>, RespError> {

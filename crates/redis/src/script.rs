@@ -1,8 +1,8 @@
 //! The Lua scripts the adaptor runs in Redis, and the per-session records they keep.
 //!
-//! The records live in their own logical database (`--record-db`, default 1), out of the
-//! user's keyspace (database 0); the scripts `SELECT` it around each record access, inside the
-//! same atomic script call.
+//! The records live in their own logical database (`--record-db`, by default the last one
+//! Redis has), out of the databases clients use; the scripts `SELECT` it around each record
+//! access, and the client's database around the command, inside the same atomic script call.
 //!
 //! Every request that may change data runs as one script call (`EVALSHA`), so that the command,
 //! the session's last-applied sequence number and the command's reply become durable together:
@@ -28,8 +28,10 @@ pub const DEFAULT_SESSION_TTL_SECS: u64 = 7 * 24 * 3600;
 /// The default key prefix of the session records.
 pub const DEFAULT_RECORD_PREFIX: &str = "pmnet:session:";
 
-/// The database the session records live in by default: out of the user's keyspace (0).
-pub const DEFAULT_RECORD_DB: u32 = 1;
+/// `--record-db` for "the last database Redis has" (`databases` − 1), the default: the
+/// records stay out of every database a client selects (a Redis started with `databases 17`
+/// leaves the clients Redis's usual 16).
+pub const RECORD_DB_LAST: u32 = u32::MAX;
 
 /// The hash, in the records' database, of the user scripts loaded through the adaptor
 /// (`SCRIPT LOAD`): SHA-1 → body, so that `EVALSHA` finds them after a restart.
@@ -85,8 +87,13 @@ end
 const PRELUDE: &str = r#"
 local recdb = {RECORD_DB}
 local ring = 64
-local function at_records() if recdb ~= 0 then redis.call('SELECT', recdb) end end
-local function at_data() if recdb ~= 0 then redis.call('SELECT', 0) end end
+local datadb = 0
+local function use_db(db)
+  datadb = tonumber(db)
+  if datadb ~= 0 then redis.call('SELECT', datadb) end
+end
+local function at_records() if recdb ~= datadb then redis.call('SELECT', recdb) end end
+local function at_data() if recdb ~= datadb then redis.call('SELECT', datadb) end end
 local function redo(key, seq)
   at_records()
   local last = tonumber(redis.call('HGET', key, 'seq') or '0')
@@ -123,29 +130,32 @@ end
 "#;
 
 /// The update script. `KEYS[1]`: the session record; `ARGV[1]`: the sequence number;
-/// `ARGV[2]`: seconds the record lives after this write (0: for ever); `ARGV[3]`, the mode:
-/// - `c`: run the command in `ARGV[4..]`;
-/// - `r`: record `ARGV[4]` as the reply and run nothing (no-op fills, refused commands);
-/// - `x`: a transaction: `ARGV[4]` watched keys follow as (key, fingerprint) pairs, then the
+/// `ARGV[2]`: seconds the record lives after this write (0: for ever); `ARGV[3]`: the database
+/// the command runs in (the client's `SELECT`); `ARGV[4]`, the mode, and its words from
+/// `ARGV[5]`:
+/// - `c`: run the command in `ARGV[5..]`;
+/// - `r`: record `ARGV[5]` as the reply and run nothing (no-op fills, refused commands);
+/// - `x`: a transaction: `ARGV[5]` watched keys follow as (key, fingerprint) pairs, then the
 ///   number of commands, then each command as its word count and its words; if a watched key
 ///   changed the reply is the nil array and nothing runs, else every command runs (a failing
 ///   one gives its error in its place, as `EXEC` does) and the reply is the array of replies;
-/// - `f`: `FLUSHALL` of every database but the records', `ARGV[4]` databases, `ARGV[5]` an
+/// - `f`: `FLUSHALL` of every database but the records', `ARGV[5]` databases, `ARGV[6]` an
 ///   optional `ASYNC`/`SYNC`.
 ///
 /// Returns `{status, reply}`.
 const APPLY_BODY: &str = r#"
 local seq = tonumber(ARGV[1])
+use_db(ARGV[3])
 local answer = redo(KEYS[1], seq)
 if answer then return answer end
-local mode = ARGV[3]
+local mode = ARGV[4]
 local reply
 if mode == 'c' then
-  reply = enc(redis.pcall(unpack(ARGV, 4)))
+  reply = enc(redis.pcall(unpack(ARGV, 5)))
 elseif mode == 'x' then
-  local i = 5
+  local i = 6
   local intact = true
-  for w = 1, tonumber(ARGV[4]) do
+  for w = 1, tonumber(ARGV[5]) do
     if fingerprint(ARGV[i]) ~= ARGV[i + 1] then intact = false end
     i = i + 2
   end
@@ -163,16 +173,16 @@ elseif mode == 'x' then
     reply = '*-1\r\n'
   end
 elseif mode == 'f' then
-  for db = 0, tonumber(ARGV[4]) - 1 do
+  for db = 0, tonumber(ARGV[5]) - 1 do
     if db ~= recdb then
       redis.call('SELECT', db)
-      if ARGV[5] then redis.call('FLUSHDB', ARGV[5]) else redis.call('FLUSHDB') end
+      if ARGV[6] then redis.call('FLUSHDB', ARGV[6]) else redis.call('FLUSHDB') end
     end
   end
-  redis.call('SELECT', 0)
+  redis.call('SELECT', datadb)
   reply = '+OK\r\n'
 else
-  reply = ARGV[4] or ''
+  reply = ARGV[5] or ''
 end
 record(KEYS[1], ARGV[1], ARGV[2], reply)
 return {1, reply}
@@ -181,19 +191,20 @@ return {1, reply}
 /// The group script: several requests' commands (of one session or several) in one script
 /// call, each exactly as the update script's mode `c` runs it, in order. `KEYS[i]`: the record
 /// of request `i`; `ARGV[1]`: the record's TTL; then, for each request, its sequence number,
-/// its word count and its words. Returns one `{status, reply}` per request.
+/// its database, its word count and its words. Returns one `{status, reply}` per request.
 const APPLY_GROUP_BODY: &str = r#"
 local ttl = ARGV[1]
 local out = {}
 local i = 2
 for e = 1, #KEYS do
   local seq = tonumber(ARGV[i])
-  local last = i + 1 + tonumber(ARGV[i + 1])
+  use_db(ARGV[i + 1])
+  local last = i + 2 + tonumber(ARGV[i + 2])
   local answer = redo(KEYS[e], seq)
   if answer then
     out[e] = answer
   else
-    local reply = enc(redis.pcall(unpack(ARGV, i + 2, last)))
+    local reply = enc(redis.pcall(unpack(ARGV, i + 3, last)))
     record(KEYS[e], ARGV[i], ttl, reply)
     out[e] = {1, reply}
   end
@@ -204,23 +215,26 @@ return out
 
 /// The checked read, used only when a read is resent after a lost connection while a later
 /// request of its session may have been applied. `KEYS[1]`: the session record; `ARGV[1]`:
-/// the sequence number of that later request; `ARGV[2..]`: the command. Runs the read only if
-/// the session has not reached `ARGV[1]` (so it still sees the state of its place in the
-/// sequence). Writes nothing.
+/// the sequence number of that later request; `ARGV[2]`: the database; `ARGV[3..]`: the
+/// command. Runs the read only if the session has not reached `ARGV[1]` (so it still sees the
+/// state of its place in the sequence). Writes nothing.
 const CHECKED_READ_BODY: &str = r#"
+use_db(ARGV[2])
 if passed(KEYS[1], tonumber(ARGV[1])) then return {2, ''} end
-return {1, enc(redis.pcall(unpack(ARGV, 2)))}
+return {1, enc(redis.pcall(unpack(ARGV, 3)))}
 "#;
 
 /// The fingerprints of watched keys (`WATCH` through the gateway): `KEYS[1]`: the session
-/// record; `ARGV[1]`: 0, or the bound of a checked read (as above); `ARGV[2..]`: the keys.
-/// A key's fingerprint is the SHA-1 of its serialized value and its expiry time, or empty when
-/// it does not exist; the reply is the array of them, as bulk strings. Writes nothing.
+/// record; `ARGV[1]`: 0, or the bound of a checked read (as above); `ARGV[2]`: the database;
+/// `ARGV[3..]`: the keys. A key's fingerprint is the SHA-1 of its serialized value and its
+/// expiry time, or empty when it does not exist; the reply is the array of them, as bulk
+/// strings. Writes nothing.
 const WATCH_BODY: &str = r#"
 local bound = tonumber(ARGV[1])
+use_db(ARGV[2])
 if bound > 0 and passed(KEYS[1], bound) then return {2, ''} end
-local parts = {'*' .. (#ARGV - 1) .. '\r\n'}
-for i = 2, #ARGV do
+local parts = {'*' .. (#ARGV - 2) .. '\r\n'}
+for i = 3, #ARGV do
   local print = fingerprint(ARGV[i])
   parts[#parts + 1] = '$' .. #print .. '\r\n' .. print .. '\r\n'
 end
@@ -229,19 +243,20 @@ return {1, table.concat(parts)}
 
 /// The exactly-once wrapper of a user's script (`EVAL`/`EVALSHA` through the gateway), with the
 /// user's code in place of `{USER_BODY}`: `KEYS[1]` the session record and `KEYS[2..]` the
-/// user's keys; `ARGV[1]` the sequence number, `ARGV[2]` the record's TTL, `ARGV[3..]` the
-/// user's arguments. The user's code runs as a function of its own `KEYS` and `ARGV`; its
+/// user's keys; `ARGV[1]` the sequence number, `ARGV[2]` the record's TTL, `ARGV[3]` the
+/// database, `ARGV[4..]` the user's arguments. The user's code runs as a function of its own `KEYS` and `ARGV`; its
 /// result, or its error, becomes the recorded reply, in the same atomic script call.
 const USER_SCRIPT_BODY: &str = r#"
 local function user_script(KEYS, ARGV)
 {USER_BODY}
 end
 local seq = tonumber(ARGV[1])
+use_db(ARGV[3])
 local answer = redo(KEYS[1], seq)
 if answer then return answer end
 local keys, args = {}, {}
 for i = 2, #KEYS do keys[i - 1] = KEYS[i] end
-for i = 3, #ARGV do args[i - 2] = ARGV[i] end
+for i = 4, #ARGV do args[i - 3] = ARGV[i] end
 local ok, result = pcall(user_script, keys, args)
 local reply
 if ok then reply = enc(result) else reply = enc_error(result) end

@@ -384,10 +384,8 @@ fn database_refusal(container: &str, args: &[Vec<u8>], record_db: u32) -> Option
              keeps its exactly-once records with the data (--record-db 0): they would erase them"
                 .to_owned()
         } else {
-            format!(
-                "ERR database {record_db} holds the pmnet adaptor's exactly-once records \
-                 (--record-db): it cannot be moved, swapped or copied into"
-            )
+            // The records' database is not one of the client's: to them it does not exist.
+            "ERR DB index is out of range".to_owned()
         }
     })
 }

@@ -79,6 +79,25 @@ impl RedisWatch {
         self.down_since.is_some()
     }
 
+    /// Why Redis has not answered for `after` or longer by `now`, in words naming it at
+    /// `addr`; `None` while it answers (or has not been silent that long).
+    pub(super) fn down_for(
+        &self,
+        addr: std::net::SocketAddr,
+        now: Instant,
+        after: Duration,
+    ) -> Option<String> {
+        let since = self.down_since?;
+        let down = now.saturating_duration_since(since);
+        (down >= after).then(|| {
+            format!(
+                "redis-server at {addr} does not answer ({}, for {:.1} s; is it running there?)",
+                self.why,
+                down.as_secs_f64()
+            )
+        })
+    }
+
     /// Redis answered on some connection.
     #[inline]
     pub(super) fn answered(&mut self, addr: std::net::SocketAddr, waiting: usize) {

@@ -19,7 +19,7 @@ impl Adaptor {
             "redis-adaptor {}: udp in {} out {}; writes {} reads {} redone-recognised {} \
              groups {}/{} replies-gone {} command-errors {} noop-fills {} bad-payloads {} refused {}; \
              make-up acks {}; outstanding {} held {}; redis connections up {}/{} \
-             reconnects {} transient-errors {} resent {}{}; dropped {}",
+             reconnects {} transient-errors {} resent {} failed-fast {}{}; dropped {}",
             self.options.server_id,
             socket.received_total(),
             socket.sent_total(),
@@ -41,6 +41,7 @@ impl Adaptor {
             counters.reconnects,
             counters.transient_errors,
             counters.resent,
+            counters.failed_fast,
             if self.server.is_recovering() {
                 "; RECOVERING (waiting for devices)"
             } else {
@@ -172,6 +173,11 @@ impl Adaptor {
                     "pmnet_redis_held_back_total",
                     "Requests held back by the per-session limit.",
                     counters.held_back,
+                ),
+                (
+                    "pmnet_redis_failed_fast_total",
+                    "Bypass requests answered with an error, not applied, while Redis was down.",
+                    counters.failed_fast,
                 ),
             ],
         );

@@ -46,12 +46,16 @@ use crate::script;
 
 use connections::{Conn, RedisWatch};
 
+/// How long Redis may be down before bypass requests are answered with an error naming it
+/// (see [`AdaptorOptions::fail_fast_after`]).
+pub const DEFAULT_FAIL_FAST_AFTER: Duration = Duration::from_secs(2);
+
 /// How long Redis may leave the adaptor without an answer (refused, closed, silent) before a
 /// warning naming its address.
 pub(crate) const REDIS_SILENCE_WARNING: Duration = pmnet_runtime::SILENCE_WARNING;
 pub use recovery::load_sessions;
 use translation::Flow;
-pub use translation::{EXEC_COMMAND, WATCH_COMMAND};
+pub use translation::{DB_COMMAND, EXEC_COMMAND, WATCH_COMMAND};
 
 /// Everything the adaptor needs to start.
 #[derive(Debug, Clone)]
@@ -69,7 +73,9 @@ pub struct AdaptorOptions {
     pub connections: usize,
     /// Key prefix of the session records.
     pub record_prefix: String,
-    /// The logical database of the session records (0: with the data, in the user's keyspace).
+    /// The logical database of the session records (0: with the data, in the user's keyspace;
+    /// [`script::RECORD_DB_LAST`], the default: the last database Redis has). Clients may
+    /// select every other database.
     pub record_db: u32,
     /// Requests taken from the protocol and not yet answered by Redis, at most.
     pub max_outstanding: usize,
@@ -80,6 +86,12 @@ pub struct AdaptorOptions {
     /// needs its client to answer retransmission requests for them with no-op fills (the
     /// gateway does).
     pub record_reads: bool,
+    /// How long Redis may be down before the adaptor answers new bypass requests (reads, and
+    /// writes whose reply is Redis's) with an error naming it instead of holding them
+    /// (`None`: hold them until Redis answers). Only requests of a session with nothing
+    /// waiting ahead of them are answered so; updates (acked by a device) always wait and are
+    /// applied when Redis answers again.
+    pub fail_fast_after: Option<Duration>,
     /// A session record expires this long after its session's last write (`None`: never).
     /// A request redone after its record expired would be applied again, so this must
     /// exceed any outage of the adaptor or Redis during which a device keeps the request.
@@ -102,10 +114,11 @@ impl AdaptorOptions {
             redis_auth: None,
             connections: 4,
             record_prefix: script::DEFAULT_RECORD_PREFIX.to_owned(),
-            record_db: script::DEFAULT_RECORD_DB,
+            record_db: script::RECORD_DB_LAST,
             max_outstanding: 16_384,
             startup_timeout: Duration::from_secs(30),
             record_reads: false,
+            fail_fast_after: Some(DEFAULT_FAIL_FAST_AFTER),
             session_ttl: Some(Duration::from_secs(script::DEFAULT_SESSION_TTL_SECS)),
             wait: WaitMode::Blocking,
             cpu: None,
@@ -160,6 +173,10 @@ pub struct AdaptorStartup {
     pub sessions_recovered: usize,
     /// Keys under the record prefix that are not session records (ignored).
     pub records_skipped: usize,
+    /// How many databases Redis has (`databases`).
+    pub databases: u32,
+    /// The database the records are in.
+    pub record_db: u32,
 }
 
 /// How durable Redis's replies are, from its configuration.
@@ -249,6 +266,9 @@ pub struct AdaptorCounters {
     pub resent: u64,
     /// Requests held back because 64 of their session were already at Redis.
     pub held_back: u64,
+    /// Bypass requests answered with an error, not applied, because Redis was down (see
+    /// [`AdaptorOptions::fail_fast_after`]).
+    pub failed_fast: u64,
     /// Recovery polls answered by every device.
     pub recoveries_completed: u64,
     pub recovery_entries_resent: u64,
@@ -303,7 +323,7 @@ pub struct Adaptor {
 impl Adaptor {
     /// Wait for Redis, load the session records, bind the socket and start the server (which
     /// polls its devices).
-    pub fn open(options: AdaptorOptions, shutdown: Shutdown) -> Result<Adaptor, AdaptorError> {
+    pub fn open(mut options: AdaptorOptions, shutdown: Shutdown) -> Result<Adaptor, AdaptorError> {
         let span = tracing::info_span!("adaptor", id = options.server_id);
         let _entered = span.clone().entered();
         if options.connections == 0 || options.connections > 256 {
@@ -313,6 +333,7 @@ impl Adaptor {
             )));
         }
         let redis = recovery::read_redis_state(&options, &shutdown)?;
+        options.record_db = redis.record_db;
         let mut socket =
             BatchSocket::bind(options.listen, 1 << 16).map_err(|source| AdaptorError::Bind {
                 addr: options.listen,

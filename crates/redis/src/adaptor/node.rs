@@ -100,6 +100,7 @@ impl Adaptor {
             let waiting = self.waiting_for_redis();
             self.redis_watch
                 .check(self.options.redis, Instant::now(), waiting);
+            self.fail_fast_waiting_reads();
         }
         busy
     }

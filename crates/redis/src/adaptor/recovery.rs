@@ -27,6 +27,8 @@ pub(super) struct RedisState {
     pub(super) table: CommandTable,
     /// How many databases Redis has (`databases`).
     pub(super) databases: u32,
+    /// The database of the records (`--record-db`, resolved: the last one by default).
+    pub(super) record_db: u32,
     /// User scripts loaded through the adaptor (`SCRIPT LOAD`), by SHA-1.
     pub(super) scripts: HashMap<String, Vec<u8>>,
 }
@@ -56,7 +58,11 @@ pub(super) fn read_redis_state(
     let databases: u32 = config_get(&mut client, addr, "databases")?
         .parse()
         .unwrap_or(16);
-    let record_db = options.record_db;
+    let record_db = if options.record_db == script::RECORD_DB_LAST {
+        databases.saturating_sub(1)
+    } else {
+        options.record_db
+    };
     if record_db >= databases {
         return Err(AdaptorError::Config(format!(
             "--record-db {record_db}: Redis at {addr} has {databases} databases (its \
@@ -79,12 +85,14 @@ pub(super) fn read_redis_state(
     let group_sha = script_load(&mut client, addr, &script::apply_group_script(record_db))?;
     let read_sha = script_load(&mut client, addr, &script::checked_read_script(record_db))?;
     let watch_sha = script_load(&mut client, addr, &script::watch_script(record_db))?;
-    let moved = move_records(&mut client, addr, &options.record_prefix, record_db)?;
-    if moved > 0 {
-        tracing::info!(
-            "moved {moved} session records from database 0 to database {record_db} \
-             (--record-db)"
-        );
+    for db in (0..databases).filter(|db| *db != record_db) {
+        let moved = move_records(&mut client, addr, &options.record_prefix, db, record_db)?;
+        if moved > 0 {
+            tracing::info!(
+                "moved {moved} session records from database {db} to database {record_db} \
+                 (--record-db)"
+            );
+        }
     }
     select(&mut client, addr, record_db)?;
     let (sessions, records_skipped) = load_sessions(&mut client, addr, &options.record_prefix)?;
@@ -98,6 +106,8 @@ pub(super) fn read_redis_state(
         redis_dir,
         sessions_recovered: sessions.len(),
         records_skipped,
+        databases,
+        record_db,
     };
     Ok(RedisState {
         startup,
@@ -108,6 +118,7 @@ pub(super) fn read_redis_state(
         watch_sha,
         table,
         databases,
+        record_db,
         scripts,
     })
 }
@@ -122,32 +133,55 @@ fn select(client: &mut SyncClient, addr: SocketAddr, db: u32) -> Result<(), Adap
     }
 }
 
-/// Move session records an adaptor that kept them with the data left in database 0 into
-/// `record_db`. Returns how many moved.
+/// Move the session records (and the remembered scripts) an adaptor that kept them in
+/// database `from` left there — with the data (`--record-db 0`), or in another records'
+/// database (an earlier default was database 1) — into `record_db`. Returns how many moved.
 fn move_records(
     client: &mut SyncClient,
     addr: SocketAddr,
     prefix: &str,
+    from: u32,
     record_db: u32,
 ) -> Result<usize, AdaptorError> {
-    if record_db == 0 {
+    if from == record_db {
         return Ok(0);
     }
-    let keys = scan_keys(client, addr, &format!("{}*", glob_escape(prefix)))?;
+    select(client, addr, from)?;
+    let mut keys = scan_keys(client, addr, &format!("{}*", glob_escape(prefix)))?;
+    keys.retain(|key| script::session_of_key(prefix, key).is_some());
     let db = record_db.to_string();
+    // The scripts' bodies (never kept in database 0 without the records): merged into the
+    // records' database's hash (a field there wins).
+    if from != 0 {
+        let scripts = load_scripts(client, addr)?;
+        if !scripts.is_empty() {
+            select(client, addr, record_db)?;
+            for (sha, body) in &scripts {
+                client
+                    .command(&[
+                        b"HSETNX".as_slice(),
+                        script::SCRIPTS_KEY.as_bytes(),
+                        sha.as_bytes(),
+                        body,
+                    ])
+                    .map_err(|error| redis_error(addr, "HSETNX", error))?;
+            }
+            select(client, addr, from)?;
+            client
+                .command(&["DEL", script::SCRIPTS_KEY])
+                .map_err(|error| redis_error(addr, "DEL", error))?;
+        }
+    }
     let mut moved = 0;
     for key in keys {
-        if script::session_of_key(prefix, &key).is_none() {
-            continue;
-        }
         match client
             .command(&[b"MOVE".as_slice(), &key, db.as_bytes()])
             .map_err(|error| redis_error(addr, "MOVE", error))?
         {
             Value::Integer(1) => moved += 1,
             _ => tracing::warn!(
-                "session record {} is in database 0 and in database {record_db}; the one in \
-                 database {record_db} is used",
+                "session record {} is in database {from} and in database {record_db}; the \
+                 one in database {record_db} is used",
                 String::from_utf8_lossy(&key)
             ),
         }

@@ -79,6 +79,13 @@ pub const EXEC_COMMAND: &[u8] = b"PMNET.EXEC";
 /// The name of a watch's payload through the gateway: `PMNET.WATCH key…`; the reply is the
 /// array of the keys' fingerprints.
 pub const WATCH_COMMAND: &[u8] = b"PMNET.WATCH";
+/// The words before a request of a client that selected another database than 0:
+/// `PMNET.DB n <request…>` (the request as it would be sent from database 0: a command,
+/// `PMNET.EXEC …` or `PMNET.WATCH …`).
+pub const DB_COMMAND: &[u8] = b"PMNET.DB";
+
+/// Redis's reply to a database number it does not have (`SELECT`, `MOVE`, …).
+const DB_OUT_OF_RANGE: &str = "ERR DB index is out of range";
 
 /// How a request was last sent: how to read its reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +99,8 @@ pub(super) enum SentAs {
 pub(super) struct Pending {
     pub(super) session_id: u64,
     pub(super) seq: u32,
+    /// The database the request runs in (its client's `SELECT`).
+    pub(super) db: u32,
     pub(super) op: Op,
     pub(super) sent_as: SentAs,
 }
@@ -108,7 +117,7 @@ const MAX_UNSENT_BYTES: usize = 16 << 20;
 #[derive(Debug, Default)]
 pub(super) struct Flow {
     at_redis: u32,
-    held: VecDeque<(u32, Op)>,
+    held: VecDeque<(u32, u32, Op)>,
 }
 
 /// Errors of a script call (or a direct read) that say "not now": retry later.
@@ -148,15 +157,28 @@ impl Adaptor {
                     kind,
                     request,
                 } => {
-                    let op = self.decode(kind, &request);
+                    let (db, op) = self.decode(kind, &request);
+                    if kind == RequestKind::Bypass && !self.flows.contains_key(&session_id) {
+                        if let Some(why) = self.redis_down() {
+                            // Nothing of this session waits ahead of it: answer now, applied
+                            // never (the client learns it was not), instead of holding it.
+                            self.counters.failed_fast += 1;
+                            let reply = error_reply(&format!(
+                                "ERR pmnet: {why}; the command was not applied"
+                            ));
+                            self.server
+                                .on_applied(self.clock.now(), session_id, seq, reply);
+                            continue;
+                        }
+                    }
                     self.outstanding += 1;
                     let flow = self.flows.entry(session_id).or_default();
                     if flow.at_redis >= REPLY_RING || !flow.held.is_empty() {
-                        flow.held.push_back((seq, op));
+                        flow.held.push_back((seq, db, op));
                         self.counters.held_back += 1;
                     } else {
                         flow.at_redis += 1;
-                        self.dispatch(session_id, seq, op);
+                        self.dispatch(session_id, seq, db, op);
                     }
                 }
                 ServerEvent::Read {
@@ -181,28 +203,123 @@ impl Adaptor {
         any
     }
 
-    /// What to do with a request payload.
-    fn decode(&mut self, kind: RequestKind, payload: &[u8]) -> Op {
+    /// Why Redis is taken for down (silent for [`super::AdaptorOptions::fail_fast_after`]).
+    fn redis_down(&self) -> Option<String> {
+        let after = self.options.fail_fast_after?;
+        self.redis_watch
+            .down_for(self.options.redis, std::time::Instant::now(), after)
+    }
+
+    /// While Redis is down (see [`Adaptor::redis_down`]), answer the reads waiting for it
+    /// with an error naming it, where nothing of their session waits ahead of them: a read
+    /// changes nothing, so answering it now and running it never keeps every promise. Writes
+    /// keep waiting (one may have reached Redis before it went away). Only connections that
+    /// are closed are looked at: what waits there is not at Redis.
+    pub(super) fn fail_fast_waiting_reads(&mut self) {
+        let Some(why) = self.redis_down() else {
+            return;
+        };
+        let reply = error_reply(&format!("ERR pmnet: {why}; the command was not applied"));
+        let mut answered = Vec::new();
+        for conn in self.conns.iter_mut().filter(|conn| conn.stream.is_none()) {
+            let mut blocked = std::collections::HashSet::new();
+            let mut index = 0;
+            while index < conn.pending.len() {
+                let pending = &conn.pending[index];
+                let session = pending.session_id;
+                if !blocked.contains(&session)
+                    && matches!(
+                        pending.op,
+                        Op::Read(_) | Op::StatelessRead(_) | Op::Watch(_)
+                    )
+                {
+                    if let Some(pending) = conn.pending.remove(index) {
+                        answered.push((pending.session_id, pending.seq));
+                    }
+                    continue;
+                }
+                blocked.insert(session);
+                index += 1;
+            }
+        }
+        let now = self.clock.now();
+        for (session_id, seq) in answered {
+            self.counters.failed_fast += 1;
+            self.server.on_applied(now, session_id, seq, reply.clone());
+            self.finish(session_id);
+        }
+    }
+
+    /// Whether clients may select database `db`: one Redis has, and not the records'.
+    fn is_user_db(&self, db: i64) -> bool {
+        let record_db = i64::from(self.options.record_db);
+        (0..i64::from(self.databases)).contains(&db) && (db != record_db || record_db == 0)
+    }
+
+    /// The database a request runs in and what to do with it.
+    fn decode(&mut self, kind: RequestKind, payload: &[u8]) -> (u32, Op) {
         if payload.is_empty() {
             self.counters.noop_fills += 1;
-            return Op::Literal(error_reply(
-                "ERR pmnet: no-op fill (the client gave up on this request)",
-            ));
+            return (
+                0,
+                Op::Literal(error_reply(
+                    "ERR pmnet: no-op fill (the client gave up on this request)",
+                )),
+            );
         }
-        let args = match parse_command(payload, &self.limits) {
+        let mut args = match parse_command(payload, &self.limits) {
             Ok(Some((args, used))) if used == payload.len() && !args.is_empty() => args,
             _ => {
                 self.counters.bad_payloads += 1;
-                return Op::Literal(error_reply(
-                    "ERR pmnet-redis: the request payload is not one RESP command",
-                ));
+                return (
+                    0,
+                    Op::Literal(error_reply(
+                        "ERR pmnet-redis: the request payload is not one RESP command",
+                    )),
+                );
             }
         };
         let _ = kind;
+        let mut db = 0;
+        if args[0].eq_ignore_ascii_case(DB_COMMAND) {
+            let selected = args.get(1).and_then(|word| parse_int(word));
+            match selected {
+                Some(n) if args.len() > 2 && self.is_user_db(n) => {
+                    db = n as u32;
+                    args.drain(..2);
+                }
+                _ => {
+                    self.counters.bad_payloads += 1;
+                    return (0, Op::Literal(error_reply(DB_OUT_OF_RANGE)));
+                }
+            }
+        }
+        (db, self.decode_command(args))
+    }
+
+    /// What to do with a request's command (its database's prefix removed).
+    fn decode_command(&mut self, args: Vec<Vec<u8>>) -> Op {
         let refuse = |counters: &mut super::AdaptorCounters, message: &str| {
             counters.refused += 1;
             Op::Literal(error_reply(message))
         };
+        if args[0].eq_ignore_ascii_case(b"SELECT") && args.len() == 2 {
+            // Answered here, as Redis answers it (the gateway then sends the client's later
+            // requests with `PMNET.DB n`); recorded like any reply, in order.
+            return match crate::resp::parse_redis_int(&args[1]) {
+                Some(n) if i32::try_from(n).is_ok() => {
+                    if self.is_user_db(n) {
+                        Op::Literal(crate::commands::OK.to_vec())
+                    } else {
+                        refuse(&mut self.counters, DB_OUT_OF_RANGE)
+                    }
+                }
+                _ => refuse(
+                    &mut self.counters,
+                    "ERR value is not an integer or out of range",
+                ),
+            };
+        }
         if args[0].eq_ignore_ascii_case(EXEC_COMMAND) {
             return match self.transaction(&args) {
                 Ok(op) => op,
@@ -461,11 +578,12 @@ impl Adaptor {
         Ok(Op::Apply(words))
     }
 
-    fn dispatch(&mut self, session_id: u64, seq: u32, op: Op) {
+    fn dispatch(&mut self, session_id: u64, seq: u32, db: u32, op: Op) {
         let index = self.conn_of(session_id);
         let mut pending = Pending {
             session_id,
             seq,
+            db,
             op,
             sent_as: SentAs::Direct,
         };
@@ -540,8 +658,8 @@ impl Adaptor {
         if flow.at_redis == 0 && flow.held.is_empty() {
             self.flows.remove(&session_id);
         }
-        for (seq, op) in release {
-            self.dispatch(session_id, seq, op);
+        for (seq, db, op) in release {
+            self.dispatch(session_id, seq, db, op);
         }
     }
 
@@ -622,15 +740,36 @@ pub(super) fn encode_request(
 ) -> SentAs {
     let key = script::record_key(&encoding.prefix, pending.session_id);
     let seq = pending.seq.to_string();
-    let apply: [&[u8]; 6] = [
+    let db = pending.db.to_string();
+    let apply: [&[u8]; 7] = [
         b"EVALSHA",
         encoding.apply_sha.as_bytes(),
         b"1",
         &key,
         seq.as_bytes(),
         encoding.ttl.as_bytes(),
+        db.as_bytes(),
     ];
+    let direct = matches!(
+        (&pending.op, read_bound),
+        (Op::Read(_), None) | (Op::StatelessRead(_), _)
+    );
+    if direct && pending.db != 0 {
+        // A read as it is, in its client's database: the connection goes back to database 0
+        // after it (the scripts rely on starting there).
+        encode_parts(out, &[b"SELECT", db.as_bytes()], &[]);
+        expect.push_back(Expect::Ignore);
+    }
     expect.push_back(Expect::Request);
+    if direct && pending.db != 0 {
+        let (Op::Read(args) | Op::StatelessRead(args)) = &pending.op else {
+            unreachable!("a direct read");
+        };
+        encode_parts(out, &[], args);
+        encode_parts(out, &[b"SELECT", b"0"], &[]);
+        expect.push_back(Expect::Ignore);
+        return SentAs::Direct;
+    }
     match &pending.op {
         Op::Write(args) => {
             let mut head = apply.to_vec();
@@ -654,7 +793,7 @@ pub(super) fn encode_request(
             args,
         } => {
             let count = (1 + keys.len()).to_string();
-            out.extend_from_slice(format!("*{}\r\n", 6 + keys.len() + args.len()).as_bytes());
+            out.extend_from_slice(format!("*{}\r\n", 7 + keys.len() + args.len()).as_bytes());
             for part in [b"EVAL".as_slice(), wrapper, count.as_bytes(), &key] {
                 encode_bulk(part, out);
             }
@@ -663,6 +802,7 @@ pub(super) fn encode_request(
             }
             encode_bulk(seq.as_bytes(), out);
             encode_bulk(encoding.ttl.as_bytes(), out);
+            encode_bulk(db.as_bytes(), out);
             for word in args {
                 encode_bulk(word, out);
             }
@@ -678,6 +818,7 @@ pub(super) fn encode_request(
                     b"1",
                     &key,
                     bound.as_bytes(),
+                    db.as_bytes(),
                 ],
                 keys,
             );
@@ -714,6 +855,7 @@ pub(super) fn encode_request(
                         b"1",
                         &key,
                         bound.as_bytes(),
+                        db.as_bytes(),
                     ],
                     args,
                 );
@@ -755,7 +897,7 @@ fn encode_group<'a>(
     let words: usize = group
         .clone()
         .map(|pending| match &pending.op {
-            Op::Write(args) => 2 + args.len(),
+            Op::Write(args) => 3 + args.len(),
             _ => unreachable!("only writes are grouped"),
         })
         .sum();
@@ -775,6 +917,7 @@ fn encode_group<'a>(
             unreachable!("only writes are grouped");
         };
         encode_bulk(pending.seq.to_string().as_bytes(), out);
+        encode_bulk(pending.db.to_string().as_bytes(), out);
         encode_bulk(args.len().to_string().as_bytes(), out);
         for word in args {
             encode_bulk(word, out);

@@ -53,6 +53,8 @@ pub struct ConnState {
     lib_ver: Option<Vec<u8>>,
     /// The client asked for RESP3 (`HELLO 3`).
     pub resp3: bool,
+    /// The database the client selected (`SELECT`; 0 at first and after `RESET`).
+    pub db: u32,
     pub authenticated: bool,
     queued: Option<Queued>,
     /// Watched keys and their fingerprints.
@@ -74,6 +76,9 @@ pub enum Action {
         payload: Vec<u8>,
         commands: Vec<Vec<Vec<u8>>>,
     },
+    /// Ask the adaptor whether database `db` can be selected (this bypass payload, `SELECT
+    /// n`): on `+OK` the connection's later requests run in it (see [`ConnState::selected`]).
+    Select { payload: Vec<u8>, db: Option<u32> },
 }
 
 fn bulk(bytes: &[u8]) -> Vec<u8> {
@@ -97,6 +102,7 @@ impl ConnState {
             lib_name: None,
             lib_ver: None,
             resp3: false,
+            db: 0,
             authenticated: auth.password.is_none(),
             queued: None,
             watched: Vec::new(),
@@ -137,6 +143,14 @@ impl ConnState {
         b"+QUEUED\r\n".to_vec()
     }
 
+    /// Take in the adaptor's answer to a `SELECT` of `db`; the reply.
+    pub fn selected(&mut self, db: Option<u32>, reply: Vec<u8>) -> Vec<u8> {
+        if let (Some(db), true) = (db, reply == OK) {
+            self.db = db;
+        }
+        reply
+    }
+
     /// Take in the fingerprints the adaptor answered for a `WATCH` of `keys`; the reply.
     pub fn watched(&mut self, keys: Vec<Vec<u8>>, reply: &[u8]) -> Vec<u8> {
         let prints = match crate::resp::parse_value(reply, &crate::resp::Limits::default()) {
@@ -168,16 +182,16 @@ impl ConnState {
             "HELLO" => self.hello(args, auth),
             "AUTH" => Action::Reply(self.auth(args, auth)),
             "CLIENT" => self.client(args),
-            "SELECT" => Action::Reply(if args[1] == b"0" {
-                OK.to_vec()
-            } else {
-                error_reply("ERR the pmnet gateway serves database 0 only")
-            }),
+            "SELECT" => Action::Select {
+                payload: crate::resp::command_bytes(args),
+                db: crate::resp::parse_redis_int(&args[1]).and_then(|n| u32::try_from(n).ok()),
+            },
             "RESET" => {
                 self.queued = None;
                 self.watched.clear();
                 self.name = None;
                 self.resp3 = false;
+                self.db = 0;
                 self.authenticated = auth.password.is_none();
                 Action::Reply(b"+RESET\r\n".to_vec())
             }
@@ -364,7 +378,7 @@ impl ConnState {
         };
         let addr = |addr: Option<SocketAddr>| addr.map(|a| a.to_string()).unwrap_or_default();
         format!(
-            "id={} addr={} laddr={} name={} age={} idle=0 flags={} db=0 sub=0 psub=0 ssub=0 \
+            "id={} addr={} laddr={} name={} age={} idle=0 flags={} db={} sub=0 psub=0 ssub=0 \
              multi={} watch={} user=default redir=-1 resp={} lib-name={} lib-ver={}\n",
             self.id,
             addr(self.peer),
@@ -372,6 +386,7 @@ impl ConnState {
             show(&self.name),
             self.opened.elapsed().as_secs(),
             if self.queued.is_some() { "x" } else { "N" },
+            self.db,
             self.queued
                 .as_ref()
                 .map_or(-1, |queued| queued.commands.len() as i64),

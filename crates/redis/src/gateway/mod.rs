@@ -26,6 +26,7 @@ use pmnet_runtime::{
 use pmnet_wire::{Header, PacketType};
 
 mod connection;
+mod health;
 mod request;
 
 pub use connection::Auth;
@@ -63,6 +64,10 @@ pub struct GatewayOptions {
     pub device_cache: bool,
     /// Devices in series whose PMNet-ACKs an update waits for (docs/replication.md).
     pub replicas: u8,
+    /// How long the path (device, adaptor, Redis) may leave the gateway's own `PING` unanswered
+    /// before commands that need it are answered with an error naming the missing part, and
+    /// new connections refused (`None`: never; see `health.rs`).
+    pub down_after: Option<Duration>,
 }
 
 impl GatewayOptions {
@@ -88,9 +93,13 @@ impl GatewayOptions {
             auth: Auth::default(),
             device_cache: false,
             replicas: 1,
+            down_after: Some(DEFAULT_DOWN_AFTER),
         }
     }
 }
+
+/// How long the path may leave the gateway's probe unanswered before it is taken for down.
+pub const DEFAULT_DOWN_AFTER: Duration = Duration::from_secs(2);
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -114,6 +123,10 @@ pub struct GatewayCounters {
     pub connections_accepted: u64,
     /// Refused because `max_connections` were open.
     pub connections_refused: u64,
+    /// Refused because the path behind the gateway was down (see `health.rs`).
+    pub connections_refused_down: u64,
+    /// Commands answered with an error, not sent, because the path was down.
+    pub commands_refused_down: u64,
     pub connections_closed: u64,
     pub commands_local: u64,
     pub commands_update: u64,
@@ -239,6 +252,10 @@ pub struct Gateway {
     devices: PeerWatch,
     /// The request latencies of the sessions closed so far.
     latency_of_closed: ClientLatency,
+    /// Whether the path behind answers (the gateway's own probe).
+    health: Option<health::Health>,
+    /// The probe's datagrams, between its turn and the socket.
+    probe_out: Vec<Transmit>,
     /// `gateway`: every event of the gateway's loop carries it.
     span: tracing::Span,
 }
@@ -276,6 +293,16 @@ impl Gateway {
         let mut device_addrs = vec![options.device];
         device_addrs.extend(&options.more_devices);
         let devices = PeerWatch::new("device", "`pmnet device`", &device_addrs);
+        let health = options.down_after.map(|down_after| {
+            let session_id = random_session_id();
+            let mut config = ClientConfig::new(
+                session_id,
+                options.server_id,
+                options.device_for(session_id),
+            );
+            config.auth = options.keys.clone().map(pmnet_proto::Authenticator::new);
+            health::Health::new(config, down_after)
+        });
         let board = MetricsBoard::new();
         let metrics_addr = match options.metrics_listen {
             Some(addr) => Some(
@@ -309,6 +336,8 @@ impl Gateway {
             scratch: vec![0; READ_CHUNK],
             devices,
             latency_of_closed: ClientLatency::default(),
+            health,
+            probe_out: Vec::new(),
             span: tracing::info_span!("gateway"),
         };
         pmnet_runtime::publish_node(&gateway, &gateway.board);
@@ -402,6 +431,15 @@ impl Gateway {
             }
             busy |= self.service(index);
         }
+        if let Some(health) = self.health.as_mut() {
+            health.tick(&self.clock, &self.devices, &mut self.probe_out);
+            let mut now = None;
+            for transmit in self.probe_out.drain(..) {
+                self.devices
+                    .sent_datagram(transmit.destination, &transmit.bytes, &mut now);
+                self.socket.enqueue(transmit);
+            }
+        }
         if self.socket.queued_len() > 0 {
             self.socket.flush();
         }
@@ -447,6 +485,14 @@ impl Gateway {
                 let mut stream = stream;
                 let _ = stream.set_nonblocking(true);
                 let _ = stream.write(b"-ERR max number of clients reached\r\n");
+                continue;
+            }
+            if let Some((_, why)) = self.health.as_ref().and_then(health::Health::down) {
+                // As Redis refuses a client it cannot serve: one error, then the close.
+                self.counters.connections_refused_down += 1;
+                let mut stream = stream;
+                let _ = stream.set_nonblocking(true);
+                let _ = stream.write(&error_reply(&format!("ERR pmnet: {why}")));
                 continue;
             }
             if stream.set_nonblocking(true).is_err() {
@@ -532,6 +578,12 @@ impl Gateway {
                     .get(pmnet_wire::field::SESSION_ID)
                     .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
                     .map(u64::from_be_bytes);
+                if let Some(health) = self.health.as_mut() {
+                    if session == Some(health.session_id()) {
+                        health.handle(&self.clock, from, datagram);
+                        continue;
+                    }
+                }
                 let target = session.and_then(|id| self.sessions.get(&id)).copied();
                 match target.and_then(|index| self.conns[index].as_mut()) {
                     Some(conn) => {
@@ -585,12 +637,14 @@ impl Gateway {
                         consumed += used;
                         progressed = true;
                         if !args.is_empty() {
+                            let down = self.health.as_ref().and_then(health::Health::down);
                             request::start_command(
                                 conn,
                                 &args,
                                 &self.options,
                                 &self.clock,
                                 &mut self.counters,
+                                down,
                             );
                         }
                     }
@@ -607,7 +661,13 @@ impl Gateway {
             }
             while let Some(event) = conn.client.poll_event() {
                 progressed = true;
-                request::complete(conn, event, &self.limits, &mut self.counters);
+                request::complete(
+                    conn,
+                    event,
+                    &self.limits,
+                    &mut self.counters,
+                    self.health.as_mut(),
+                );
             }
             while let Some(event) = conn.client.poll_read_event() {
                 progressed = true;
@@ -825,11 +885,16 @@ impl Node for Gateway {
     }
 
     fn next_timer(&self) -> Option<Duration> {
+        let probe = self
+            .health
+            .as_ref()
+            .map(|health| health.next_timer(&self.clock));
         self.conns
             .iter()
             .flatten()
             .filter_map(|conn| conn.client.poll_timeout())
             .map(|at| self.clock.until(at))
+            .chain(probe)
             .min()
     }
 

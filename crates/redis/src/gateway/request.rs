@@ -9,6 +9,7 @@ use crate::commands::{cache_use, route, CacheUse, Route, OK};
 use crate::resp::{error_reply, parse_value, Limits};
 
 use super::connection::Action;
+use super::health::{DownPart, Health};
 use super::{Conn, GatewayCounters, GatewayOptions, Slot};
 
 /// What a request's reply becomes when it completes.
@@ -20,6 +21,9 @@ pub(super) enum Then {
     Watch(Vec<Vec<u8>>),
     /// A transaction's reply: the array of these commands' replies.
     Exec(Vec<Vec<Vec<u8>>>),
+    /// The adaptor's answer to a `SELECT` of this database: on `+OK` the connection's later
+    /// requests run in it.
+    Select(Option<u32>),
 }
 
 /// Commands a client that has not authenticated may send.
@@ -44,6 +48,7 @@ pub(super) fn start_command(
     options: &GatewayOptions,
     clock: &Clock,
     counters: &mut GatewayCounters,
+    down: Option<(DownPart, &str)>,
 ) {
     let route = route(args, &options.policy);
     tracing::trace!(
@@ -68,7 +73,26 @@ pub(super) fn start_command(
         conn.slots.push_back(Slot::Ready(reply));
         return;
     }
-    if options.device_cache && matches!(route, Route::Bypass) {
+    // The device's cache holds database 0's keys only.
+    let db = conn.state.db;
+    // The path behind is down: what needs it gets an error naming the missing part, and is
+    // not sent (so never applied). Updates need only the device, which logs them.
+    if let Some((part, why)) = down {
+        let needs_path = match &route {
+            Route::Bypass => true,
+            Route::Update { .. } => part == DownPart::Device,
+            Route::Connection(name) => matches!(*name, "WATCH" | "EXEC" | "SELECT"),
+            Route::Reply(_) | Route::Quit => false,
+        };
+        if needs_path {
+            counters.commands_refused_down += 1;
+            conn.slots.push_back(Slot::Ready(error_reply(&format!(
+                "ERR pmnet: {why}; the command was not sent"
+            ))));
+            return;
+        }
+    }
+    if options.device_cache && db == 0 && matches!(route, Route::Bypass) {
         if let CacheUse::Read(key) = cache_use(args) {
             let payload = crate::resp::command_bytes(args);
             match conn.client.cache_read(clock.now(), key, &payload) {
@@ -90,10 +114,17 @@ pub(super) fn start_command(
     }
     // With a device cache, every write reaches it keyed (or as a barrier): see
     // `commands::cache_use`.
-    let mut shape = if options.device_cache {
-        cache_use(args)
-    } else {
-        CacheUse::Nothing
+    let mut shape = match (options.device_cache, cache_use(args)) {
+        (false, _) => CacheUse::Nothing,
+        (true, shape) if db == 0 => shape,
+        // Another database's write of `key` may only invalidate database 0's `key` (never
+        // tell the cache what database 0's `key` now holds); its reads are not the cache's.
+        (true, CacheUse::Write { key, .. }) => CacheUse::Write {
+            key,
+            reply_after: None,
+        },
+        (true, CacheUse::Read(_)) => CacheUse::Nothing,
+        (true, shape) => shape,
     };
     let (ack, update, payload, then) = match route {
         Route::Reply(bytes) => {
@@ -131,6 +162,10 @@ pub(super) fn start_command(
                 }
                 (None, false, payload, Then::Exec(commands))
             }
+            Action::Select { payload, db } => {
+                shape = CacheUse::Nothing;
+                (None, false, payload, Then::Select(db))
+            }
         },
         Route::Update { ack } => (
             Some(ack),
@@ -144,6 +179,11 @@ pub(super) fn start_command(
             crate::resp::command_bytes(args),
             Then::Plain(conn.state.resp3.then(|| args.to_vec())),
         ),
+    };
+    let payload = if db == 0 {
+        payload
+    } else {
+        in_database(db, &payload)
     };
     let now = clock.now();
     let started = match (shape, update) {
@@ -164,7 +204,7 @@ pub(super) fn start_command(
             } else {
                 counters.commands_bypass += 1;
             }
-            if matches!(then, Then::Watch(_)) {
+            if matches!(then, Then::Watch(_) | Then::Select(_)) {
                 conn.watches_in_flight += 1;
             }
             conn.last_started = conn.last_started.max(seq);
@@ -193,6 +233,7 @@ pub(super) fn complete(
     event: ClientEvent,
     limits: &Limits,
     counters: &mut GatewayCounters,
+    mut health: Option<&mut Health>,
 ) {
     let (seq, bytes) = match event {
         ClientEvent::Completed {
@@ -213,6 +254,9 @@ pub(super) fn complete(
                     if ack.flatten().is_some() {
                         counters.updates_answered_by_server += 1;
                     }
+                    if let Some(health) = health.as_deref_mut() {
+                        health.saw_reply(&reply);
+                    }
                     one_value(reply, limits, counters)
                 }
                 Completion::ReplyUnavailable => {
@@ -227,10 +271,15 @@ pub(super) fn complete(
         }
         ClientEvent::Failed { seq, error, .. } => {
             counters.requests_timed_out += 1;
+            let why = health
+                .as_deref()
+                .and_then(Health::down)
+                .map(|(_, why)| format!(" ({why})"))
+                .unwrap_or_default();
             (
                 seq,
                 error_reply(&format!(
-                    "ERR pmnet: {error}; the command may or may not have been applied"
+                    "ERR pmnet: {error}{why}; the command may or may not have been applied"
                 )),
             )
         }
@@ -257,6 +306,10 @@ pub(super) fn complete(
         }
         Then::Exec(commands) if resp3 => crate::resp3::to_resp3_exec(&commands, &bytes),
         Then::Exec(_) => bytes,
+        Then::Select(db) => {
+            conn.watches_in_flight = conn.watches_in_flight.saturating_sub(1);
+            conn.state.selected(db, bytes)
+        }
     };
     conn.slots[position] = Slot::Ready(reply);
 }
@@ -307,4 +360,40 @@ pub(super) fn complete_read(
         Some(args) if conn.state.resp3 => crate::resp3::to_resp3(&args, &bytes),
         _ => bytes,
     });
+}
+
+/// A request payload (one RESP array) of a client in database `db`: `PMNET.DB db` put before
+/// its words (see the adaptor's `DB_COMMAND`).
+fn in_database(db: u32, payload: &[u8]) -> Vec<u8> {
+    let header_end = payload
+        .windows(2)
+        .position(|pair| pair == b"\r\n")
+        .unwrap_or(payload.len());
+    let count = payload
+        .get(1..header_end)
+        .and_then(crate::resp::parse_int)
+        .unwrap_or(0);
+    let mut out = Vec::with_capacity(payload.len() + 32);
+    out.extend_from_slice(format!("*{}\r\n", count + 2).as_bytes());
+    crate::resp::encode_bulk(crate::adaptor::DB_COMMAND, &mut out);
+    crate::resp::encode_bulk(db.to_string().as_bytes(), &mut out);
+    out.extend_from_slice(payload.get(header_end + 2..).unwrap_or_default());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_in_another_database_carries_it_first() {
+        let payload = crate::resp::command_bytes(&[b"SET".to_vec(), b"k".to_vec(), b"v".to_vec()]);
+        let wrapped = in_database(3, &payload);
+        let parsed = crate::resp::parse_command(&wrapped, &Limits::default())
+            .unwrap()
+            .unwrap();
+        assert_eq!(parsed.1, wrapped.len());
+        let words: Vec<&[u8]> = parsed.0.iter().map(Vec::as_slice).collect();
+        assert_eq!(words, [&b"PMNET.DB"[..], b"3", b"SET", b"k", b"v"]);
+    }
 }

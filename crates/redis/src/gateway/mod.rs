@@ -697,7 +697,7 @@ impl Gateway {
             "gateway: connections open {} accepted {} refused {} closed {}; commands local {} \
              update {} bypass {} cache-read {} (answered by the device {}) rejected {}; updates acked by device {} by server {}; timed \
              out {} replies unavailable {} malformed replies {} protocol errors {}; udp in {} \
-             out {} unknown-session {} no-op fills for reads {}",
+             out {} unknown-session {} no-op fills for reads {}; path {}",
             self.open_count(),
             counters.connections_accepted,
             counters.connections_refused,
@@ -718,6 +718,14 @@ impl Gateway {
             socket.sent_total(),
             counters.datagrams_unknown_session,
             counters.noop_fills_for_reads,
+            match self.health.as_ref().map(|health| health.down()) {
+                None => "not watched".to_owned(),
+                Some(None) => "up".to_owned(),
+                Some(Some((_, why))) => format!(
+                    "DOWN ({why}); refused: {} connections, {} commands",
+                    counters.connections_refused_down, counters.commands_refused_down
+                ),
+            },
         )
     }
 
@@ -758,6 +766,16 @@ impl Gateway {
                 "pmnet_gateway_connections_closed_total",
                 "Client connections closed.",
                 counters.connections_closed,
+            ),
+            (
+                "pmnet_gateway_connections_refused_down_total",
+                "Client connections refused because the path behind was down.",
+                counters.connections_refused_down,
+            ),
+            (
+                "pmnet_gateway_commands_refused_down_total",
+                "Commands answered with an error, unsent, because the path behind was down.",
+                counters.commands_refused_down,
             ),
             (
                 "pmnet_gateway_updates_acked_by_device_total",

@@ -66,6 +66,20 @@ fn with_a_key_file_only_clients_holding_the_key_are_served() {
         "counts the unauthenticated datagrams",
         |value| value >= 1.0,
     );
+    // And says so, naming the sender and the reason (rate-limited: once per 10 s at most).
+    poll_until(
+        "the device warns of the datagram that failed authentication",
+        || {
+            let stderr = device.proc.stderr();
+            if stderr.contains("failed authentication, the latest from 127.0.0.1:")
+                && stderr.contains("unauthenticated")
+            {
+                Ok(())
+            } else {
+                Err(stderr)
+            }
+        },
+    );
     // Another key: refused as well.
     let other = dir.path().join("other.keys").display().to_string();
     assert!(run_pmnet(&args(&["keygen", "--out", &other]), None)

@@ -117,3 +117,55 @@ impl CountDrop for DropCounts {
         *self.entry(reason.reason()).or_insert(0) += 1;
     }
 }
+
+/// How often a receiver warns of datagrams that failed authentication, at most.
+pub const AUTH_WARNING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A rate-limited warning, at the receiver, of datagrams that failed authentication: the first
+/// at once, naming the sender and the reason; then at most one per [`AUTH_WARNING_INTERVAL`],
+/// with how many failed since. A sender with another key (or none) is a misconfiguration the
+/// operator must hear of; counting it in the drops alone would leave them guessing.
+#[derive(Debug, Default, Clone)]
+pub struct AuthWarnings {
+    last: Option<crate::Time>,
+    since_last: u64,
+}
+
+impl AuthWarnings {
+    /// A datagram from `from` failed authentication with `error` at `role` ("server", …).
+    pub fn failed(
+        &mut self,
+        now: crate::Time,
+        role: &str,
+        from: std::net::SocketAddr,
+        error: pmnet_auth::AuthError,
+    ) {
+        self.since_last += 1;
+        if self
+            .last
+            .is_some_and(|last| now.saturating_duration_since(last) < AUTH_WARNING_INTERVAL)
+        {
+            return;
+        }
+        let hint = match error {
+            pmnet_auth::AuthError::Unauthenticated => {
+                "it sent no authentication trailer: start it with the same --key-file"
+            }
+            pmnet_auth::AuthError::UnknownKey => {
+                "its key id is not in this key file: give both the same --key-file"
+            }
+            pmnet_auth::AuthError::BadTag => {
+                "its tag does not verify: a different key under the same id, or altered on the way"
+            }
+            pmnet_auth::AuthError::Truncated => "the datagram is too short for its trailer",
+        };
+        tracing::warn!(
+            "{role}: dropped {} datagram(s) that failed authentication, the latest from {from} \
+             ({}: {hint})",
+            self.since_last,
+            error.reason()
+        );
+        self.last = Some(now);
+        self.since_last = 0;
+    }
+}

@@ -334,6 +334,8 @@ const FORWARDED_TRAILERS_KEPT: usize = 32;
 pub struct Pipeline<F> {
     functions: F,
     drops: DropCounts,
+    /// Warnings of datagrams that failed authentication (rate-limited).
+    auth_warnings: crate::AuthWarnings,
     /// With keys configured: every datagram verified before it is parsed, every datagram
     /// sent sealed (what a device forwards is sealed again, which reproduces its tag).
     auth: Option<pmnet_auth::Authenticator>,
@@ -346,6 +348,7 @@ impl<F: NetworkFunction> Pipeline<F> {
         Pipeline {
             functions,
             drops: DropCounts::default(),
+            auth_warnings: crate::AuthWarnings::default(),
             auth: None,
             batcher: None,
         }
@@ -417,6 +420,7 @@ impl<F: NetworkFunction> Pipeline<F> {
             None => std::borrow::Cow::Borrowed(datagram),
             Some(Ok(inner)) => inner,
             Some(Err(error)) => {
+                self.auth_warnings.failed(now, "device", from, error);
                 self.drops.record(DropReason::Auth(error));
                 return;
             }

@@ -33,7 +33,7 @@ pub use client::{
 };
 pub use counter::{Counter, COUNTER_TYPE_CODE};
 pub use device::{Device, DeviceConfig, DeviceCounters};
-pub use drop::{CountDrop, DropCounts, DropReason};
+pub use drop::{AuthWarnings, CountDrop, DropCounts, DropReason};
 pub use function::{
     DevicePipeline, FrontFunction, NetworkFunction, NoPersistence, Nothing, NumberedBatches,
     Persist, PersistBatch, Pipeline, RegionExecutor, RegionWrite, Stack, StackWork, Verdict,

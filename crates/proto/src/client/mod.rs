@@ -267,6 +267,8 @@ pub struct Client {
     transmits: VecDeque<Transmit>,
     events: VecDeque<ClientEvent>,
     counters: ClientCounters,
+    /// Warnings of datagrams that failed authentication (rate-limited).
+    auth_warnings: crate::AuthWarnings,
     latency: ClientLatency,
     /// Cache reads in flight (see `reads.rs`).
     reads: reads::Reads,
@@ -288,6 +290,7 @@ impl Client {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: ClientCounters::default(),
+            auth_warnings: crate::AuthWarnings::default(),
             latency: ClientLatency::default(),
             reads: reads::Reads::default(),
         }
@@ -429,11 +432,12 @@ impl Client {
     }
 
     /// Process a datagram received from the network. Never panics on its contents.
-    pub fn handle(&mut self, now: Time, _from: SocketAddr, datagram: &[u8]) {
+    pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
         let verified = match self.config.auth.as_mut().map(|auth| auth.verify(datagram)) {
             None => std::borrow::Cow::Borrowed(datagram),
             Some(Ok(inner)) => inner,
             Some(Err(error)) => {
+                self.auth_warnings.failed(now, "client", from, error);
                 self.counters.dropped.record(DropReason::Auth(error));
                 return;
             }

@@ -207,6 +207,8 @@ pub struct Server {
     batcher: crate::Batcher,
     events: VecDeque<ServerEvent>,
     counters: ServerCounters,
+    /// Warnings of datagrams that failed authentication (rate-limited).
+    auth_warnings: crate::AuthWarnings,
     /// Requests that became whole so far (see `Assembly::completed`).
     requests_completed: u64,
     /// Sessions whose next request is a keyed write that waits: (the session it waits for,
@@ -296,6 +298,7 @@ impl Server {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: ServerCounters::default(),
+            auth_warnings: crate::AuthWarnings::default(),
             requests_completed: 0,
             order_waiters: BTreeSet::new(),
             order_timers: BTreeSet::new(),
@@ -434,6 +437,7 @@ impl Server {
             None => std::borrow::Cow::Borrowed(datagram),
             Some(Ok(inner)) => inner,
             Some(Err(error)) => {
+                self.auth_warnings.failed(now, "server", from, error);
                 self.count_drop(DropReason::Auth(error));
                 return;
             }

@@ -202,6 +202,7 @@ fn execute(session: &mut ClientSession, command: &KvCommand) -> Result<String, C
         },
     };
     let payload = request.to_bytes();
+    let keyed = session.is_authenticated();
     // Every write is keyed and every GET a cache read, so a device run with --cache can serve
     // this key's reads and keep them coherent (docs/cache.md); without a cache the device
     // forwards them and the server answers as before.
@@ -224,6 +225,16 @@ fn execute(session: &mut ClientSession, command: &KvCommand) -> Result<String, C
     }
     .map_err(|error| match error {
         ClientError::TimedOut => match session.peer_silence() {
+            Some(why) if why.contains("never answered") => format!(
+                "{error}: {why} — or it drops this client's datagrams because they fail \
+                 authentication ({}; the device logs each such sender); the request may or may \
+                 not have been applied",
+                if keyed {
+                    "it must run with the same --key-file as this client"
+                } else {
+                    "if it runs with --key-file, give this client the same --key-file"
+                }
+            ),
             Some(why) => format!("{error}: {why}; the request may or may not have been applied"),
             None => format!(
                 "{error}: the device at {} answers, but no reply came from the server behind it \

@@ -267,3 +267,39 @@ fn an_adaptor_names_redis_when_it_is_not_there_and_a_device_that_does_not_answer
     });
     assert_eq!(stderr.matches(&not_there).count(), 2, "{stderr}");
 }
+
+/// A read through a running device whose server is down fails naming both possibilities (the
+/// device passes reads on), never "the device never answered".
+#[test]
+fn a_client_read_with_the_server_down_does_not_blame_the_device_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let server_addr = free_udp_addr();
+    let device_addr = free_udp_addr();
+    let _device = Node::start(
+        "device",
+        device_args(device_addr, server_addr, &dir.path().join("device.log")),
+    );
+    let (status, stdout, stderr) = common::run_pmnet(
+        &args(&[
+            "client",
+            "--device",
+            &device_addr.to_string(),
+            "--request-lifetime",
+            "2",
+            "get",
+            "k",
+        ]),
+        None,
+    );
+    assert!(!status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    let error = stderr
+        .lines()
+        .find(|line| line.contains("pmnet: error:"))
+        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    assert!(
+        error.contains(&format!("through the device at {device_addr}"))
+            && error.contains("the server behind it"),
+        "{error}"
+    );
+    assert!(!error.contains("never answered"), "{error}");
+}

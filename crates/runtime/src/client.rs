@@ -109,6 +109,11 @@ impl ClientSession {
         self.client.config().replicas
     }
 
+    /// Whether the session authenticates its datagrams (it has keys).
+    pub fn is_authenticated(&self) -> bool {
+        self.client.config().auth.is_some()
+    }
+
     pub fn open(options: SessionOptions) -> io::Result<ClientSession> {
         let bind: SocketAddr = if options.peer.is_ipv4() {
             SocketAddr::from(([0, 0, 0, 0], 0))

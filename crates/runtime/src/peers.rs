@@ -20,6 +20,7 @@ pub fn wants_answer(datagram: &[u8]) -> bool {
         || is(PacketType::BypassRequest)
         || is(PacketType::RecoveryPoll)
         || is(PacketType::FillQuery)
+        || is_cache_read(datagram)
     {
         return true;
     }
@@ -31,6 +32,13 @@ pub fn wants_answer(datagram: &[u8]) -> bool {
                 slot == usize::from(PacketType::UpdateRequest.code())
                     || slot == usize::from(PacketType::BypassRequest.code())
             })
+}
+
+/// Whether `datagram` is a cache read (a reserved type, beyond the socket's type slots).
+fn is_cache_read(datagram: &[u8]) -> bool {
+    datagram.len() >= pmnet_wire::HEADER_LEN
+        && datagram[0..2] == pmnet_wire::MAGIC.to_be_bytes()
+        && datagram[3] == pmnet_wire::cache::CACHE_READ
 }
 
 /// What a process knows of one peer.
@@ -113,8 +121,11 @@ impl PeerWatch {
             return;
         }
         let now = *now.get_or_insert_with(Instant::now);
+        // A read (bypass or cache read) is answered by the server behind the device (or, for
+        // a cached key, by the device): silence may be either's.
         let read = crate::udp::type_slot(datagram)
-            == usize::from(pmnet_wire::PacketType::BypassRequest.code());
+            == usize::from(pmnet_wire::PacketType::BypassRequest.code())
+            || is_cache_read(datagram);
         self.note_sent(addr, now, !read);
     }
 

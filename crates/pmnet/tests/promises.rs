@@ -317,6 +317,25 @@ fn a_full_store_loses_no_acked_set_and_applies_each_once_room_is_made() {
         "> 0 (the store filled up)",
         |value| value > 0.0,
     );
+    // A user's SET of a key now is acked (durable in the device's log) and waits for room; a
+    // GET of that key is told so at once, not left to time out.
+    let to = device_addr.to_string();
+    let (status, stdout, stderr) = common::run_pmnet(
+        &common::args(&["client", "--device", &to, "set", "fresh", "v"]),
+        None,
+    );
+    assert!(
+        status.success() && stdout.contains("durable"),
+        "{stdout}{stderr}"
+    );
+    let (_, stdout, stderr) = common::run_pmnet(
+        &common::args(&["client", "--device", &to, "get", "fresh"]),
+        None,
+    );
+    assert!(
+        stdout.contains("waits for room in the server's store"),
+        "a read of a write that waits for room: {stdout}{stderr}"
+    );
     let mut reader = common::session(device_addr);
     for index in 0..total {
         poll_until(&format!("SET {index} applied"), || {

@@ -47,7 +47,7 @@ pub use server::{
     ServerEvent, Stager, REPLICATION_BYTES_MAX, REPLICATION_PENDING_MAX, REPLICA_SERVERS_MAX,
 };
 pub use server::{ForwardLogOpened, ForwardLogRecovery, FORWARD_RECORD_HEADER_LEN};
-pub use server::{ReadCounters, HELD_READS_MAX, READS_IN_FLIGHT_MAX};
+pub use server::{ReadCounters, HELD_READS_MAX, READS_IN_FLIGHT_MAX, WAITS_FOR_ROOM};
 pub use time::Time;
 
 use std::net::SocketAddr;

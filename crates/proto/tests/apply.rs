@@ -33,6 +33,9 @@ impl Stager for Recorder {
             .push(format!("read {}", String::from_utf8_lossy(request)));
         b"value".to_vec()
     }
+    fn error_reply(&self, message: &str) -> Vec<u8> {
+        format!("error: {message}").into_bytes()
+    }
     fn max_staged(&self) -> usize {
         self.max_staged
     }

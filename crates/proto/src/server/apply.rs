@@ -28,6 +28,9 @@ pub trait Stager {
     fn max_staged(&self) -> usize;
     /// Answer a cache read on what is applied (committed), recording nothing.
     fn read(&mut self, request: &[u8]) -> Vec<u8>;
+    /// The application's error reply saying `message` (for a read that cannot be answered
+    /// with a value: [`super::WAITS_FOR_ROOM`]).
+    fn error_reply(&self, message: &str) -> Vec<u8>;
 }
 
 /// What one call of [`Server::apply_ready`] did.
@@ -100,6 +103,11 @@ impl Server {
                     let reply = app.read(&request);
                     outcome.reads += 1;
                     self.on_read_reply(session_id, id, &reply);
+                }
+                ServerEvent::ReadWaitsForRoom { session_id, id } => {
+                    let reply = app.error_reply(super::WAITS_FOR_ROOM);
+                    outcome.reads += 1;
+                    self.on_read_reply_with(session_id, id, &reply, false);
                 }
             }
         }

@@ -137,7 +137,17 @@ pub enum ServerEvent {
         id: u32,
         request: Vec<u8>,
     },
+    /// Answer cache read `id` of `session_id` with the application's error saying
+    /// [`WAITS_FOR_ROOM`] (then report [`Server::on_read_reply_with`], not cacheable): the
+    /// write it must see is acknowledged, but the store has no room for it yet.
+    ReadWaitsForRoom { session_id: u64, id: u32 },
 }
+
+/// Why a read is answered with an error instead of a value: the write it must see was
+/// acknowledged (it is durable in a device's log) but the server's store is full.
+pub const WAITS_FOR_ROOM: &str = "the last acknowledged write this read must see waits for room \
+    in the server's store, which is full: it is durable in the device's log and is applied once \
+    room is made (delete keys, or move the data to a larger store); read again later";
 
 /// What the server counted; monotonically increasing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -697,6 +707,7 @@ impl Server {
         );
         session.last_applied = seq;
         session.defer_interval = defer_interval;
+        session.waits_for_room = false;
         if session.replies.len() >= reply_cache_len {
             session.replies.pop_front();
         }
@@ -800,9 +811,11 @@ impl Server {
         }
         let retry_at = now + interval;
         session.deferral = Some(Deferral { retry_at });
+        session.waits_for_room = true;
         self.defer_timers.insert((retry_at, session_id));
         self.counters.requests_deferred += 1;
         self.update_gap(now, session_id);
+        self.refuse_reads_waiting_for(session_id);
     }
 
     fn on_recovery_done(&mut self, now: Time, from: SocketAddr, payload: &[u8]) {

@@ -54,6 +54,8 @@ pub struct ReadCounters {
     /// Dropped: too many reads at the application already.
     pub dropped_in_flight_full: u64,
     pub answered: u64,
+    /// Answered with [`super::WAITS_FOR_ROOM`]: the write they must see waits for room.
+    pub waits_for_room: u64,
 }
 
 impl Server {
@@ -103,12 +105,22 @@ impl Server {
         }
     }
 
-    /// Hand `read` to the application, or hold it for what it waits for.
+    /// Hand `read` to the application, or hold it for what it waits for (or, when that is a
+    /// write the store has no room for, have it answered so).
     fn place_read(&mut self, now: Time, session_id: u64, id: u32, read: HeldRead) {
         let Some((blocker, through)) = self.read_blocker(session_id, &read) else {
             self.hand_read(session_id, id, read);
             return;
         };
+        if self
+            .table
+            .sessions
+            .get(&blocker)
+            .is_some_and(|session| session.waits_for_room)
+        {
+            self.refuse_read(session_id, id, read.from);
+            return;
+        }
         let key = (blocker, through, session_id, id);
         if self.reads.held.contains_key(&key) {
             return;
@@ -150,6 +162,34 @@ impl Server {
             id,
             request,
         });
+    }
+
+    /// Have read `id` of `session_id` answered with [`super::WAITS_FOR_ROOM`].
+    fn refuse_read(&mut self, session_id: u64, id: u32, from: SocketAddr) {
+        if self.reads.in_flight.len() >= READS_IN_FLIGHT_MAX {
+            self.counters.reads.dropped_in_flight_full += 1;
+            return;
+        }
+        self.counters.reads.waits_for_room += 1;
+        self.reads.in_flight.insert((session_id, id), from);
+        self.events
+            .push_back(ServerEvent::ReadWaitsForRoom { session_id, id });
+    }
+
+    /// The store had no room for the next request of `session_id`: the reads held for it are
+    /// answered so, rather than left waiting for room that may not come.
+    pub(super) fn refuse_reads_waiting_for(&mut self, session_id: u64) {
+        let waiting: Vec<HeldKey> = self
+            .reads
+            .held
+            .range((session_id, 0, 0, 0)..=(session_id, u32::MAX, u64::MAX, u32::MAX))
+            .map(|(key, _)| *key)
+            .collect();
+        for key in waiting {
+            if let Some(read) = self.reads.held.remove(&key) {
+                self.refuse_read(key.2, key.3, read.from);
+            }
+        }
     }
 
     /// Session `session_id` applied through `last_applied`: place again the reads that waited

@@ -145,6 +145,10 @@ pub(super) struct Session {
     pub(super) credit_bytes: u32,
     pub(super) gap: Option<Gap>,
     pub(super) deferral: Option<Deferral>,
+    /// The store had no room for the session's next request (deferred), and nothing of the
+    /// session has been applied since: reads that must see it are answered with
+    /// [`super::WAITS_FOR_ROOM`] instead of waiting.
+    pub(super) waits_for_room: bool,
     /// The next request is a keyed write that waits for this session to apply through this
     /// number (see `order.rs`).
     pub(super) waiting_for: Option<(u64, u32)>,

@@ -190,6 +190,13 @@ impl Adaptor {
                     self.server
                         .on_read_reply_with(session_id, id, &reply, cacheable);
                 }
+                ServerEvent::ReadWaitsForRoom { session_id, id } => {
+                    // Redis has no fixed room: the adaptor never defers a write, so no read
+                    // waits for one; answered for completeness.
+                    let reply = error_reply(&format!("ERR pmnet: {}", pmnet_proto::WAITS_FOR_ROOM));
+                    self.server
+                        .on_read_reply_with(session_id, id, &reply, false);
+                }
                 ServerEvent::RecoveryComplete { entries_resent } => {
                     self.counters.recoveries_completed += 1;
                     self.counters.recovery_entries_resent += entries_resent;

@@ -543,6 +543,11 @@ impl Stager for RuntimeStager<'_> {
         self.app.as_application().read(request)
     }
 
+    fn error_reply(&self, message: &str) -> Vec<u8> {
+        // Every engine speaks the key-value application's replies.
+        pmnet_store::Reply::Error(message.to_owned()).to_bytes()
+    }
+
     fn max_staged(&self) -> usize {
         self.app.max_staged()
     }

@@ -282,6 +282,10 @@ impl Stager for SimStager<'_> {
         self.app.read(request)
     }
 
+    fn error_reply(&self, message: &str) -> Vec<u8> {
+        pmnet_store::Reply::Error(message.to_owned()).to_bytes()
+    }
+
     fn max_staged(&self) -> usize {
         self.app.max_staged()
     }

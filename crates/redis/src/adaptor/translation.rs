@@ -223,9 +223,17 @@ impl Adaptor {
                 Op::Apply(words)
             }
             Run::ScriptLoad => {
+                // A script Redis cannot compile is not kept (by Redis or by the adaptor): its
+                // error is the reply, and an EVALSHA of it is answered NOSCRIPT, as by Redis.
                 let body = args[2].clone();
-                self.remember_script(&body);
-                Op::ScriptLoad(body)
+                let load = [b"SCRIPT".to_vec(), b"LOAD".to_vec(), body.clone()];
+                match self.lookup_command(&load) {
+                    Ok(error @ Value::Error(_)) => Op::Literal(error.to_bytes()),
+                    Ok(_) | Err(_) => {
+                        self.remember_script(&body);
+                        Op::ScriptLoad(body)
+                    }
+                }
             }
             Run::Script => match self.user_script(args) {
                 Ok(op) => op,

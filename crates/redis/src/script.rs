@@ -50,27 +50,63 @@ pub const STATUS_ALREADY_APPLIED: i64 = 0;
 pub const STATUS_REPLY_GONE: i64 = 2;
 
 /// The RESP encoder shared by every script: Redis hands a command's reply to Lua as a value
-/// (status and error replies as tables with `ok`/`err`, nil as `false`), and this turns it
-/// back into the RESP bytes a client would have received. Integers pass through a Lua number
-/// (a double): beyond ±2^53 they lose precision. `enc_error` turns an error caught by `pcall`
-/// (a string, or a table with `err`) into an error reply.
+/// (status and error replies as tables with `ok`/`err`, a nil bulk string and a nil array both
+/// as `false`, integers as Lua numbers, which are doubles), and this turns it back into the
+/// RESP bytes a client would have received:
+/// - `enc(r, null, user)`: an array is read up to its first `nil`, as Redis reads a script's
+///   table; `false` becomes `null` (the nil bulk string unless given); a number of a command's
+///   reply is printed exactly below 2^53 and as the double's own integer beyond (clamped to
+///   ±2^63), of a user's script (`user`) as Redis converts it (a C cast: `string.format('%d')`).
+/// - `run(first, last)`: run `ARGV[first..last]` as a command (`redis.pcall`) and encode its
+///   reply as Redis would have sent it: a nil array (`*-1`) where the command answers one
+///   (`LPOP`/`RPOP` with a count, `LMPOP`, `ZMPOP`, `XREAD`, `XREADGROUP`, `GEOPOS`), and
+///   the exact new value of `INCR`, `DECR`, `INCRBY`, `DECRBY` and `HINCRBY` beyond ±2^53,
+///   read back as the string the key holds.
+/// - `enc_error(e)`: an error caught by `pcall` (a string, or a table with `err`) as an error
+///   reply.
 const ENCODER: &str = r#"
-local function enc(r)
+local big = 9007199254740992
+local function int_text(r, user)
+  if user or (r > -big and r < big) then return string.format('%d', r) end
+  if r >= 9223372036854775807 then return '9223372036854775807' end
+  if r <= -9223372036854775808 then return '-9223372036854775808' end
+  return string.format('%.0f', r)
+end
+local function enc(r, null, user)
   local t = type(r)
   if t == 'table' then
     if r.ok then return '+' .. r.ok .. '\r\n' end
     if r.err then return '-' .. r.err .. '\r\n' end
-    local parts = {'*' .. #r .. '\r\n'}
-    for i = 1, #r do parts[#parts + 1] = enc(r[i]) end
+    local n = 0
+    while r[n + 1] ~= nil do n = n + 1 end
+    local parts = {'*' .. n .. '\r\n'}
+    for i = 1, n do parts[#parts + 1] = enc(r[i], null, user) end
     return table.concat(parts)
   elseif t == 'number' then
-    return ':' .. string.format('%d', r) .. '\r\n'
+    return ':' .. int_text(r, user) .. '\r\n'
   elseif t == 'string' then
     return '$' .. #r .. '\r\n' .. r .. '\r\n'
   elseif r == true then
     return ':1\r\n'
   end
-  return '$-1\r\n'
+  return null or '$-1\r\n'
+end
+local nil_arrays = {lmpop = 0, zmpop = 0, xread = 0, xreadgroup = 0, geopos = 0, lpop = 3, rpop = 3}
+local exact_reads = {incr = 2, decr = 2, incrby = 2, decrby = 2, hincrby = 3}
+local function run(first, last)
+  local name = string.lower(ARGV[first])
+  local r = redis.pcall(unpack(ARGV, first, last))
+  if type(r) == 'number' and (r >= big or r <= -big) then
+    local words = exact_reads[name]
+    if words == 2 then
+      return ':' .. redis.call('GET', ARGV[first + 1]) .. '\r\n'
+    elseif words == 3 then
+      return ':' .. redis.call('HGET', ARGV[first + 1], ARGV[first + 2]) .. '\r\n'
+    end
+  end
+  local rule = nil_arrays[name]
+  if rule and last - first + 1 >= rule then return enc(r, '*-1\r\n') end
+  return enc(r)
 end
 local function enc_error(e)
   local text
@@ -151,7 +187,7 @@ if answer then return answer end
 local mode = ARGV[4]
 local reply
 if mode == 'c' then
-  reply = enc(redis.pcall(unpack(ARGV, 5)))
+  reply = run(5, #ARGV)
 elseif mode == 'x' then
   local i = 6
   local intact = true
@@ -165,7 +201,7 @@ elseif mode == 'x' then
     local parts = {'*' .. count .. '\r\n'}
     for c = 1, count do
       local argc = tonumber(ARGV[i])
-      parts[#parts + 1] = enc(redis.pcall(unpack(ARGV, i + 1, i + argc)))
+      parts[#parts + 1] = run(i + 1, i + argc)
       i = i + 1 + argc
     end
     reply = table.concat(parts)
@@ -204,7 +240,7 @@ for e = 1, #KEYS do
   if answer then
     out[e] = answer
   else
-    local reply = enc(redis.pcall(unpack(ARGV, i + 3, last)))
+    local reply = run(i + 3, last)
     record(KEYS[e], ARGV[i], ttl, reply)
     out[e] = {1, reply}
   end
@@ -221,7 +257,7 @@ return out
 const CHECKED_READ_BODY: &str = r#"
 use_db(ARGV[2])
 if passed(KEYS[1], tonumber(ARGV[1])) then return {2, ''} end
-return {1, enc(redis.pcall(unpack(ARGV, 3)))}
+return {1, run(3, #ARGV)}
 "#;
 
 /// The fingerprints of watched keys (`WATCH` through the gateway): `KEYS[1]`: the session
@@ -241,15 +277,18 @@ end
 return {1, table.concat(parts)}
 "#;
 
-/// The exactly-once wrapper of a user's script (`EVAL`/`EVALSHA` through the gateway), with the
-/// user's code in place of `{USER_BODY}`: `KEYS[1]` the session record and `KEYS[2..]` the
+/// The exactly-once wrapper of a user's script (`EVAL`/`EVALSHA` through the gateway): the
+/// user's code starts on the wrapper's first line, as a function of its own `KEYS` and `ARGV`
+/// ([`USER_SCRIPT_HEAD`]), so that Redis names the lines of the user's code as it would (in
+/// compile errors and runtime errors alike); this body follows, with the user script's SHA-1
+/// (or nothing) in place of `{USER_SHA}`. `KEYS[1]` is the session record and `KEYS[2..]` the
 /// user's keys; `ARGV[1]` the sequence number, `ARGV[2]` the record's TTL, `ARGV[3]` the
-/// database, `ARGV[4..]` the user's arguments. The user's code runs as a function of its own `KEYS` and `ARGV`; its
-/// result, or its error, becomes the recorded reply, in the same atomic script call.
+/// database, `ARGV[4..]` the user's arguments. The user's function runs under Redis's own error handler
+/// (`__redis__err__handler`, which notes where an error was raised) when Redis has one, and its
+/// result, or its error in the form Redis gives a failed script (`… script: <sha>, on
+/// @user_script:<line>.`), becomes the recorded reply, in the same atomic script call.
 const USER_SCRIPT_BODY: &str = r#"
-local function user_script(KEYS, ARGV)
-{USER_BODY}
-end
+local user_sha = '{USER_SHA}'
 local seq = tonumber(ARGV[1])
 use_db(ARGV[3])
 local answer = redo(KEYS[1], seq)
@@ -257,12 +296,33 @@ if answer then return answer end
 local keys, args = {}, {}
 for i = 2, #KEYS do keys[i - 1] = KEYS[i] end
 for i = 4, #ARGV do args[i - 3] = ARGV[i] end
-local ok, result = pcall(user_script, keys, args)
+local handler = nil
+pcall(function() handler = __redis__err__handler end)
+local ok, result
+if type(handler) == 'function' then
+  ok, result = xpcall(function() return user_script(keys, args) end, handler)
+else
+  ok, result = pcall(user_script, keys, args)
+end
 local reply
-if ok then reply = enc(result) else reply = enc_error(result) end
+if ok then
+  reply = enc(result, nil, true)
+elseif type(handler) == 'function' and type(result) == 'table' and result.err then
+  local text = tostring(result.err)
+  if user_sha ~= '' and result.source and result.line then
+    text = text .. ' script: ' .. user_sha .. ', on ' .. result.source .. ':' .. result.line .. '.'
+  end
+  text = string.gsub(text, '[\r\n]', ' ')
+  reply = '-' .. text .. '\r\n'
+else
+  reply = enc_error(result)
+end
 record(KEYS[1], ARGV[1], ARGV[2], reply)
 return {1, reply}
 "#;
+
+/// The first line of a user script's wrapper: the user's code follows on the same line.
+const USER_SCRIPT_HEAD: &str = "local user_script = function(KEYS, ARGV) ";
 
 fn with_prelude(record_db: u32, body: &str) -> String {
     let prelude = PRELUDE.replace("{RECORD_DB}", &record_db.to_string());
@@ -303,18 +363,18 @@ pub fn strip_shebang(body: &[u8]) -> (&[u8], bool) {
     (&body[end.min(body.len())..], no_writes)
 }
 
-/// The exactly-once wrapper around a user's script body (shebang already stripped).
-pub fn user_script(record_db: u32, user_body: &[u8]) -> Vec<u8> {
-    let text = with_prelude(record_db, USER_SCRIPT_BODY);
-    let (before, after) = text
-        .split_once("{USER_BODY}")
-        .expect("the wrapper has a place for the user's code");
-    let mut out = Vec::with_capacity(text.len() + user_body.len() + 1);
-    out.extend_from_slice(before.as_bytes());
+/// The exactly-once wrapper around a user's script body (shebang already stripped, its line
+/// kept); `sha` (the SHA-1 of the script as the user gave it) names the script in its error
+/// replies, as Redis names it, or is empty for none.
+pub fn user_script(record_db: u32, user_body: &[u8], sha: &str) -> Vec<u8> {
+    let sha: String = sha.chars().filter(char::is_ascii_hexdigit).collect();
+    let rest = with_prelude(record_db, USER_SCRIPT_BODY).replace("{USER_SHA}", &sha);
+    let mut out = Vec::with_capacity(USER_SCRIPT_HEAD.len() + user_body.len() + rest.len() + 8);
+    out.extend_from_slice(USER_SCRIPT_HEAD.as_bytes());
     out.extend_from_slice(user_body);
     // A last line that is a comment must not swallow the `end` that follows.
-    out.push(b'\n');
-    out.extend_from_slice(after.as_bytes());
+    out.extend_from_slice(b"\nend\n");
+    out.extend_from_slice(rest.as_bytes());
     out
 }
 
@@ -348,7 +408,7 @@ pub fn function_script(record_db: u32, library_code: &[u8], function: &str) -> V
     body.extend_from_slice(FUNCTION_SHIM.as_bytes());
     body.extend_from_slice(code);
     body.extend_from_slice(format!("\nreturn registered['{function}'](KEYS, ARGV)").as_bytes());
-    user_script(record_db, &body)
+    user_script(record_db, &body, "")
 }
 
 /// The SHA-1 of a script, in lower-case hex: the name Redis gives it (`EVALSHA`).
@@ -420,10 +480,14 @@ mod tests {
 
     #[test]
     fn a_user_script_is_wrapped_whole_and_named_as_redis_names_it() {
-        let wrapped = user_script(1, b"return ARGV[1] -- last line");
+        let wrapped = user_script(1, b"return ARGV[1] -- last line", "abc123");
         let text = String::from_utf8(wrapped).unwrap();
-        assert!(text.contains("return ARGV[1] -- last line\n"));
-        assert!(!text.contains("{USER_BODY}"));
+        // The user's code is on the first line, as Redis numbers it.
+        assert!(text.starts_with(&format!(
+            "{USER_SCRIPT_HEAD}return ARGV[1] -- last line\nend\n"
+        )));
+        assert!(text.contains("local user_sha = 'abc123'"));
+        assert!(!text.contains("{USER_SHA}"));
         // Redis's SCRIPT LOAD of "return 1" answers this name.
         assert_eq!(
             script_sha(b"return 1"),

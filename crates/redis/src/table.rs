@@ -194,8 +194,35 @@ fn parse_entry(entry: &Value) -> Option<(String, CommandInfo)> {
     ))
 }
 
+/// A word as Redis shows it in an error (C's `%.*s`): the bytes before its first NUL, at most
+/// `max` of them.
+fn c_text(word: &[u8], max: usize) -> &[u8] {
+    let end = word.iter().position(|&b| b == 0).unwrap_or(word.len());
+    &word[..end.min(max)]
+}
+
 fn shown(word: &[u8]) -> String {
-    String::from_utf8_lossy(word).chars().take(128).collect()
+    String::from_utf8_lossy(c_text(word, 128)).into_owned()
+}
+
+/// Redis's error for an unknown command: its name and the beginning of its arguments, each
+/// quoted, until they fill 128 bytes (as `processCommand` writes it).
+fn unknown_command(args: &[Vec<u8>]) -> String {
+    let mut shown_args: Vec<u8> = Vec::new();
+    for arg in args.iter().skip(1) {
+        if shown_args.len() >= 128 {
+            break;
+        }
+        let room = 128 - shown_args.len();
+        shown_args.push(b'\'');
+        shown_args.extend_from_slice(c_text(arg, room));
+        shown_args.extend_from_slice(b"' ");
+    }
+    format!(
+        "ERR unknown command '{}', with args beginning with: {}",
+        shown(&args[0]),
+        String::from_utf8_lossy(&shown_args)
+    )
 }
 
 impl CommandTable {
@@ -230,16 +257,11 @@ impl CommandTable {
         };
         let name = String::from_utf8_lossy(word).to_ascii_lowercase();
         let Some(info) = self.commands.get(&name) else {
-            let mut message = format!(
-                "ERR unknown command '{}', with args beginning with: ",
-                shown(word)
-            );
-            for arg in args.iter().skip(1).take(8) {
-                message.push_str(&format!("'{}' ", shown(arg)));
-            }
-            return Err(message);
+            return Err(unknown_command(args));
         };
-        let (full, info) = if info.subcommands.is_empty() {
+        // A container that takes no subcommand runs itself (`COMMAND`, arity -1).
+        let bare = args.len() == 1 && (info.arity == 1 || info.arity == -1);
+        let (full, info) = if info.subcommands.is_empty() || bare {
             (name, info)
         } else {
             let Some(sub) = args.get(1) else {
@@ -461,6 +483,12 @@ mod tests {
                 ],
             ),
             entry(
+                "command",
+                -1,
+                &["loading", "stale"],
+                vec![entry("command|count", 2, &["loading", "stale"], vec![])],
+            ),
+            entry(
                 "function",
                 -2,
                 &[],
@@ -510,6 +538,37 @@ mod tests {
         assert!(matches!(run(&["WAITAOF", "1", "0", "0"]), Run::Refuse(_)));
         assert_eq!(run(&["CONFIG", "GET", "save"]), Run::Direct);
         assert_eq!(run(&["FLUSHALL"]), Run::FlushAll);
+    }
+
+    #[test]
+    fn errors_show_words_as_redis_shows_them() {
+        // Up to a NUL byte, and arguments until they fill 128 bytes.
+        let long = [
+            "NOPE",
+            "k\0ignored",
+            &"a".repeat(100),
+            &"b".repeat(100),
+            "c",
+        ];
+        assert_eq!(
+            run(&long),
+            Run::Refuse(format!(
+                "ERR unknown command 'NOPE', with args beginning with: 'k' '{}' '{}' ",
+                "a".repeat(100),
+                "b".repeat(21)
+            ))
+        );
+        assert_eq!(
+            run(&["CONFIG", "x\0y"]),
+            Run::Refuse("ERR unknown subcommand 'x'. Try CONFIG HELP.".to_owned())
+        );
+        // A container that runs without a subcommand, and one that does not.
+        assert_eq!(run(&["COMMAND"]), Run::Direct);
+        assert_eq!(run(&["COMMAND", "COUNT"]), Run::Direct);
+        assert_eq!(
+            run(&["CONFIG"]),
+            Run::Refuse("ERR wrong number of arguments for 'config' command".to_owned())
+        );
     }
 
     #[test]

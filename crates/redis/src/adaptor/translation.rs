@@ -347,9 +347,17 @@ impl Adaptor {
                 Op::Apply(words)
             }
             Run::ScriptLoad => {
+                // A script Redis cannot compile is not kept (by Redis or by the adaptor): its
+                // error is the reply, and an EVALSHA of it is answered NOSCRIPT, as by Redis.
                 let body = args[2].clone();
-                self.remember_script(&body);
-                Op::ScriptLoad(body)
+                let load = [b"SCRIPT".to_vec(), b"LOAD".to_vec(), body.clone()];
+                match self.lookup_command(&load) {
+                    Ok(error @ Value::Error(_)) => Op::Literal(error.to_bytes()),
+                    Ok(_) | Err(_) => {
+                        self.remember_script(&body);
+                        Op::ScriptLoad(body)
+                    }
+                }
             }
             Run::Script => match self.user_script(args) {
                 Ok(op) => op,
@@ -505,6 +513,25 @@ impl Adaptor {
         sha
     }
 
+    /// An `EVAL`'d script body, the first time the adaptor sees it: loaded into Redis's script
+    /// cache as Redis's own `EVAL` would (the adaptor runs it inside its wrapper), so that
+    /// `SCRIPT EXISTS` and `EVALSHA_RO` (sent to Redis as they are) find it, and remembered
+    /// for `EVALSHA` — unless Redis cannot compile it: Redis keeps no such script, and an
+    /// `EVALSHA` of it is answered `NOSCRIPT`, as by Redis.
+    fn load_script(&mut self, body: &[u8]) {
+        if self.scripts.contains_key(&script::script_sha(body)) {
+            return;
+        }
+        let load = [b"SCRIPT".to_vec(), b"LOAD".to_vec(), body.to_vec()];
+        match self.lookup_command(&load) {
+            Ok(Value::Error(_)) => {}
+            // Loaded, or Redis did not answer now: remembered (the wrapper runs it anyway).
+            Ok(_) | Err(_) => {
+                self.remember_script(body);
+            }
+        }
+    }
+
     /// A script body by SHA-1: in memory, else in the records' database.
     fn find_script(&mut self, sha: &str) -> Option<Arc<[u8]>> {
         if let Some(body) = self.scripts.get(sha) {
@@ -528,7 +555,7 @@ impl Adaptor {
             self.find_script(&sha)
                 .ok_or_else(|| "NOSCRIPT No matching script. Please use EVAL.".to_owned())?
         } else {
-            self.remember_script(&args[1]);
+            self.load_script(&args[1]);
             args[1].as_slice().into()
         };
         let (code, read_only) = script::strip_shebang(&body);
@@ -539,7 +566,8 @@ impl Adaptor {
             read[1] = body.to_vec();
             return Ok(Op::Read(read));
         }
-        let wrapper: Arc<[u8]> = script::user_script(self.options.record_db, code).into();
+        let sha = script::script_sha(&body);
+        let wrapper: Arc<[u8]> = script::user_script(self.options.record_db, code, &sha).into();
         Ok(Op::UserScript {
             wrapper,
             keys: args[3..3 + count].to_vec(),

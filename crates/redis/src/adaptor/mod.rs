@@ -26,6 +26,7 @@
 
 mod connections;
 mod functions;
+mod info;
 mod metrics;
 mod node;
 mod recovery;
@@ -49,6 +50,7 @@ use connections::{Conn, RedisWatch};
 /// How long Redis may leave the adaptor without an answer (refused, closed, silent) before a
 /// warning naming its address.
 pub(crate) const REDIS_SILENCE_WARNING: Duration = pmnet_runtime::SILENCE_WARNING;
+pub use info::INFO_COMMAND;
 pub use recovery::load_sessions;
 use translation::Flow;
 pub use translation::{EXEC_COMMAND, WATCH_COMMAND};

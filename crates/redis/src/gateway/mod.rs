@@ -25,11 +25,15 @@ use pmnet_runtime::{
 };
 use pmnet_wire::{Header, PacketType};
 
+mod clients;
 mod connection;
+mod info_text;
+mod introspect;
 mod request;
 
 pub use connection::Auth;
 use connection::ConnState;
+pub use introspect::{DEFAULT_SLOWLOG_MAX_LEN, DEFAULT_SLOWLOG_SLOWER_THAN};
 
 use crate::commands::Policy;
 use crate::resp::{error_reply, parse_command, Limits};
@@ -63,6 +67,11 @@ pub struct GatewayOptions {
     pub device_cache: bool,
     /// Devices in series whose PMNet-ACKs an update waits for (docs/replication.md).
     pub replicas: u8,
+    /// Commands slower than this many µs (parsed to reply ready) enter the gateway's slow log
+    /// (`SLOWLOG`); negative: none.
+    pub slowlog_log_slower_than: i64,
+    /// Entries the slow log keeps at most.
+    pub slowlog_max_len: usize,
 }
 
 impl GatewayOptions {
@@ -88,6 +97,8 @@ impl GatewayOptions {
             auth: Auth::default(),
             device_cache: false,
             replicas: 1,
+            slowlog_log_slower_than: DEFAULT_SLOWLOG_SLOWER_THAN,
+            slowlog_max_len: DEFAULT_SLOWLOG_MAX_LEN,
         }
     }
 }
@@ -163,6 +174,8 @@ enum Slot {
 #[derive(Debug)]
 struct Conn {
     state: ConnState,
+    /// What `CLIENT LIST`, `INFO` and `SLOWLOG` tell of it.
+    intro: introspect::ConnIntro,
     /// `WATCH`es waiting for their fingerprints: nothing more is started until they arrive
     /// (an `EXEC` behind them must carry them).
     watches_in_flight: usize,
@@ -241,6 +254,8 @@ pub struct Gateway {
     latency_of_closed: ClientLatency,
     /// `gateway`: every event of the gateway's loop carries it.
     span: tracing::Span,
+    /// The clients' commands counted, and the slow log.
+    intro: introspect::Introspect,
 }
 
 impl Gateway {
@@ -289,6 +304,7 @@ impl Gateway {
             ),
             None => None,
         };
+        let intro = introspect::Introspect::new(&options);
         let gateway = Gateway {
             options,
             clock: Clock::new(),
@@ -310,6 +326,7 @@ impl Gateway {
             devices,
             latency_of_closed: ClientLatency::default(),
             span: tracing::info_span!("gateway"),
+            intro,
         };
         pmnet_runtime::publish_node(&gateway, &gateway.board);
         Ok(gateway)
@@ -478,6 +495,7 @@ impl Gateway {
             self.next_client_id += 1;
             let conn = Conn {
                 state,
+                intro: introspect::ConnIntro::new(),
                 watches_in_flight: 0,
                 fd: stream.as_raw_fd(),
                 stream,
@@ -556,9 +574,16 @@ impl Gateway {
 
     /// Parse and start commands, collect completions, queue replies in order, write.
     fn service(&mut self, index: usize) -> bool {
-        let Some(conn) = self.conns[index].as_mut() else {
+        // Out of the table while it is served: `CLIENT LIST`, `KILL` and `INFO` see the others.
+        let Some(mut conn) = self.conns[index].take() else {
             return false;
         };
+        let busy = self.service_conn(&mut conn);
+        self.conns[index] = Some(conn);
+        busy
+    }
+
+    fn service_conn(&mut self, conn: &mut Conn) -> bool {
         let mut busy = false;
         loop {
             let mut progressed = false;
@@ -585,12 +610,20 @@ impl Gateway {
                         consumed += used;
                         progressed = true;
                         if !args.is_empty() {
-                            request::start_command(
+                            introspect::start(
                                 conn,
                                 &args,
-                                &self.options,
-                                &self.clock,
-                                &mut self.counters,
+                                &mut self.intro,
+                                &mut self.conns,
+                                |conn, args| {
+                                    request::start_command(
+                                        conn,
+                                        args,
+                                        &self.options,
+                                        &self.clock,
+                                        &mut self.counters,
+                                    )
+                                },
                             );
                         }
                     }
@@ -615,6 +648,14 @@ impl Gateway {
             }
             while let Some(Slot::Ready(_)) = conn.slots.front() {
                 if let Some(Slot::Ready(bytes)) = conn.slots.pop_front() {
+                    let bytes = introspect::reply_out(
+                        conn,
+                        bytes,
+                        &mut self.intro,
+                        &self.conns,
+                        &self.options,
+                        &self.counters,
+                    );
                     if !conn.broken {
                         conn.out.extend_from_slice(&bytes);
                     }

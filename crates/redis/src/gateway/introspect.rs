@@ -401,7 +401,9 @@ impl Introspect {
         if error {
             self.error(reply);
         }
-        let counted = !error || !is_unknown(reply);
+        // Not for a command Redis does not know, nor for one refused before authentication
+        // (the gateway does not tell those apart: any name would do).
+        let counted = !error || !(is_unknown(reply) || reply.starts_with(b"-NOAUTH"));
         match (pending.what, pending.name) {
             (_, None) => {}
             (What::Queued, Some(name)) => {

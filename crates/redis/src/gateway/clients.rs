@@ -247,11 +247,14 @@ impl Filter {
 }
 
 /// Close another connection now: its socket is shut down (the client sees the connection
-/// close), its replies are dropped, and its session lingers until its requests in flight
-/// complete.
+/// close), what it sent and the gateway has not started is dropped (as Redis runs no more of a
+/// killed client's commands), its replies are dropped, and its session lingers until its
+/// requests in flight complete.
 fn close(conn: &mut Conn) {
     let _ = conn.stream.shutdown(Shutdown::Both);
+    conn.input.clear();
     conn.read_closed = true;
+    conn.closing = true;
     conn.broken = true;
 }
 

@@ -674,13 +674,15 @@ pub(super) fn start(
 /// The slot at `position` of `conn` has its reply now.
 pub(super) fn ready(conn: &mut Conn, position: usize) {
     let ordinal = conn.intro.popped + position as u64;
-    if let Some(pending) = conn
+    // Ordinals increase along the queue (a slot without a command has no entry).
+    if let Ok(index) = conn
         .intro
         .pending
-        .iter_mut()
-        .find(|pending| pending.ordinal == ordinal)
+        .binary_search_by_key(&ordinal, |pending| pending.ordinal)
     {
-        pending.ready.get_or_insert_with(Instant::now);
+        conn.intro.pending[index]
+            .ready
+            .get_or_insert_with(Instant::now);
     }
 }
 

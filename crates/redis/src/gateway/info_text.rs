@@ -301,6 +301,30 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Whatever Redis (or something posing as it) answers, the rewrite does not panic.
+        #[test]
+        fn any_text_is_rewritten_without_panicking(text in proptest::collection::vec(
+            proptest::prop_oneof![
+                proptest::strategy::Just(b"\r\n".to_vec()),
+                proptest::strategy::Just(b"# Keyspace".to_vec()),
+                proptest::strategy::Just(b"# Clients".to_vec()),
+                proptest::strategy::Just(b"db0:keys=".to_vec()),
+                proptest::strategy::Just(b"db1:".to_vec()),
+                proptest::strategy::Just(b"connected_clients:".to_vec()),
+                proptest::collection::vec(proptest::num::u8::ANY, 0..8),
+            ],
+            0..40,
+        )) {
+            let text = text.concat();
+            let mut shared = facts();
+            shared.record_db = 0;
+            shared.record_keys = 3;
+            let _ = rewrite(&text, &facts());
+            let _ = rewrite(&text, &shared);
+        }
+    }
+
     #[test]
     fn one_section_and_an_empty_reply_keep_their_shape() {
         let one =

@@ -11,33 +11,26 @@
 //! - `INFO` goes to Redis as `PMNET.INFO` (the adaptor adds what it knows: its records'
 //!   database) and its reply is rewritten ([`super::info_text`]);
 //! - `CLIENT LIST`, `INFO` and `KILL` are answered from the gateway's connections
-//!   ([`super::clients`]); `SLOWLOG` from its slow log.
+//!   ([`super::clients`]); `SLOWLOG` from its slow log ([`super::slowlog`]).
 //!
 //! The hooks: [`start`] for every parsed command, [`ready`] when a waiting reply completes,
 //! [`reply_out`] when a reply leaves for the client.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
 use crate::commands::Route;
-use crate::resp::{encode_bulk, error_reply, parse_int, parse_value, Limits, Value};
+use crate::resp::{encode_bulk, error_reply, parse_value, Limits, Value};
 
+use super::slowlog::{self, SlowLog};
 use super::{clients, info_text, Conn, GatewayCounters, GatewayOptions, Slot};
-
-/// Redis's default `slowlog-log-slower-than` (µs).
-pub const DEFAULT_SLOWLOG_SLOWER_THAN: i64 = 10_000;
-/// Redis's default `slowlog-max-len`.
-pub const DEFAULT_SLOWLOG_MAX_LEN: usize = 128;
 
 /// Distinct command names counted at most (Redis's table has about 400 with subcommands).
 const MAX_COMMAND_NAMES: usize = 1024;
 /// Distinct error codes counted at most (as Redis).
 const MAX_ERROR_CODES: usize = 128;
-/// Redis's slow log keeps 32 arguments at most, each of 128 bytes at most.
-const SLOWLOG_MAX_ARGC: usize = 32;
-const SLOWLOG_MAX_STRING: usize = 128;
 /// A command name longer than this is no command of Redis's (not counted).
 const MAX_NAME_LEN: usize = 64;
 /// Redis's commands with subcommands (7.0 and 7.2): counted as `name|sub`.
@@ -117,26 +110,12 @@ struct CommandStat {
     latency: Option<Box<Histogram<u64>>>,
 }
 
-/// One entry of the slow log.
-#[derive(Debug)]
-struct SlowEntry {
-    id: u64,
-    unix_seconds: u64,
-    micros: u64,
-    argv: Vec<Vec<u8>>,
-    addr: String,
-    name: Vec<u8>,
-}
-
 /// The gateway's own statistics and slow log.
 #[derive(Debug)]
 pub(super) struct Introspect {
-    slower_than: i64,
-    max_len: usize,
+    slowlog: SlowLog,
     commands: HashMap<Box<str>, CommandStat>,
     errors: HashMap<Box<str>, u64>,
-    slowlog: VecDeque<SlowEntry>,
-    next_slow_id: u64,
     total_commands: u64,
     total_error_replies: u64,
     /// (when, total_commands), 100 ms apart or more: those of the last 1.6 s and the newest
@@ -147,20 +126,13 @@ pub(super) struct Introspect {
 impl Introspect {
     pub(super) fn new(options: &GatewayOptions) -> Introspect {
         Introspect {
-            slower_than: options.slowlog_log_slower_than,
-            max_len: options.slowlog_max_len,
+            slowlog: SlowLog::new(options.slowlog_log_slower_than, options.slowlog_max_len),
             commands: HashMap::new(),
             errors: HashMap::new(),
-            slowlog: VecDeque::new(),
-            next_slow_id: 0,
             total_commands: 0,
             total_error_replies: 0,
             samples: VecDeque::new(),
         }
-    }
-
-    fn slowlog_on(&self) -> bool {
-        self.slower_than >= 0 && self.max_len > 0
     }
 
     fn stat(&mut self, name: &str) -> Option<&mut CommandStat> {
@@ -307,92 +279,6 @@ impl Introspect {
             .collect()
     }
 
-    /// `SLOWLOG …` (arity checked here: the gateway's table does not know it).
-    fn slowlog_command(&mut self, args: &[Vec<u8>]) -> Vec<u8> {
-        let Some(sub) = args.get(1) else {
-            return error_reply("ERR wrong number of arguments for 'slowlog' command");
-        };
-        let upper = sub.to_ascii_uppercase();
-        let arity = |ok: bool| {
-            (!ok).then(|| {
-                error_reply(&format!(
-                    "ERR wrong number of arguments for 'slowlog|{}' command",
-                    String::from_utf8_lossy(sub).to_ascii_lowercase()
-                ))
-            })
-        };
-        match upper.as_slice() {
-            b"GET" => {
-                if let Some(error) = arity(args.len() <= 3) {
-                    return error;
-                }
-                let count = match args.get(2) {
-                    None => 10,
-                    Some(text) => match parse_int(text) {
-                        Some(-1) => usize::MAX,
-                        Some(count) if count >= 0 => usize::try_from(count).unwrap_or(usize::MAX),
-                        _ => return error_reply("ERR count should be greater than or equal to -1"),
-                    },
-                };
-                self.slowlog_get(count)
-            }
-            b"LEN" => arity(args.len() == 2)
-                .unwrap_or_else(|| format!(":{}\r\n", self.slowlog.len()).into_bytes()),
-            b"RESET" => arity(args.len() == 2).unwrap_or_else(|| {
-                self.slowlog.clear();
-                b"+OK\r\n".to_vec()
-            }),
-            b"HELP" => arity(args.len() == 2).unwrap_or_else(slowlog_help),
-            _ => error_reply(&format!(
-                "ERR unknown subcommand '{}'. Try SLOWLOG HELP.",
-                String::from_utf8_lossy(sub)
-            )),
-        }
-    }
-
-    fn slowlog_get(&self, count: usize) -> Vec<u8> {
-        let entries: Vec<&SlowEntry> = self.slowlog.iter().take(count).collect();
-        let mut out = format!("*{}\r\n", entries.len()).into_bytes();
-        for entry in entries {
-            out.extend_from_slice(
-                format!(
-                    "*6\r\n:{}\r\n:{}\r\n:{}\r\n*{}\r\n",
-                    entry.id,
-                    entry.unix_seconds,
-                    entry.micros,
-                    entry.argv.len()
-                )
-                .as_bytes(),
-            );
-            for arg in &entry.argv {
-                encode_bulk(arg, &mut out);
-            }
-            encode_bulk(entry.addr.as_bytes(), &mut out);
-            encode_bulk(&entry.name, &mut out);
-        }
-        out
-    }
-
-    fn log_slow(&mut self, argv: Vec<Vec<u8>>, elapsed: Duration, conn: &Conn) {
-        let micros = elapsed.as_micros() as u64;
-        if !self.slowlog_on() || micros < self.slower_than as u64 {
-            return;
-        }
-        let unix_seconds = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |since| since.as_secs());
-        self.slowlog.push_front(SlowEntry {
-            id: self.next_slow_id,
-            unix_seconds,
-            micros,
-            argv,
-            addr: conn.state.peer.map(|a| a.to_string()).unwrap_or_default(),
-            name: conn.state.name.clone().unwrap_or_default(),
-        });
-        self.next_slow_id += 1;
-        self.slowlog.truncate(self.max_len);
-    }
-
     /// Count a command whose reply leaves now.
     fn account(&mut self, pending: Pending, reply: &[u8], conn: &Conn) {
         let now = Instant::now();
@@ -433,32 +319,10 @@ impl Introspect {
             }
         }
         if let Some(argv) = pending.argv {
-            self.log_slow(argv, elapsed, conn);
+            self.slowlog.log(argv, elapsed, conn);
         }
         self.sample(now);
     }
-}
-
-fn slowlog_help() -> Vec<u8> {
-    let lines: [&str; 12] = [
-        "SLOWLOG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
-        "GET [<count>]",
-        "    Return top <count> entries from the slowlog (default: 10, -1 mean all).",
-        "    Entries are made of:",
-        "    id, timestamp, time in microseconds, arguments array, client IP and port,",
-        "    client name",
-        "LEN",
-        "    Return the length of the slowlog.",
-        "RESET",
-        "    Reset the slowlog.",
-        "HELP",
-        "    Prints this help.",
-    ];
-    let mut out = format!("*{}\r\n", lines.len()).into_bytes();
-    for line in lines {
-        out.extend_from_slice(format!("+{line}\r\n").as_bytes());
-    }
-    out
 }
 
 /// Redis's errors for a command or subcommand it does not know: no `cmdstat_` for them.
@@ -519,50 +383,6 @@ fn stat_name(args: &[Vec<u8>]) -> Option<Box<str>> {
         }
     }
     Some(name.into_boxed_str())
-}
-
-/// A command's arguments as Redis's slow log keeps them: at most 32 (the last one then says
-/// how many more there were), each at most 128 bytes (then saying how many more bytes), and
-/// passwords redacted.
-fn slowlog_argv(args: &[Vec<u8>]) -> Vec<Vec<u8>> {
-    let shown = args.len().min(SLOWLOG_MAX_ARGC);
-    let redacted = redacted_args(args);
-    (0..shown)
-        .map(|index| {
-            if shown != args.len() && index == shown - 1 {
-                format!("... ({} more arguments)", args.len() - shown + 1).into_bytes()
-            } else if redacted.contains(&index) {
-                b"(redacted)".to_vec()
-            } else if args[index].len() > SLOWLOG_MAX_STRING {
-                let mut arg = args[index][..SLOWLOG_MAX_STRING].to_vec();
-                arg.extend_from_slice(
-                    format!(
-                        "... ({} more bytes)",
-                        args[index].len() - SLOWLOG_MAX_STRING
-                    )
-                    .as_bytes(),
-                );
-                arg
-            } else {
-                args[index].clone()
-            }
-        })
-        .collect()
-}
-
-/// The positions of passwords (as Redis redacts them: `AUTH`'s arguments, `HELLO … AUTH user
-/// pass`).
-fn redacted_args(args: &[Vec<u8>]) -> Vec<usize> {
-    let name = args[0].to_ascii_uppercase();
-    match name.as_slice() {
-        b"AUTH" => (1..args.len()).collect(),
-        b"HELLO" => args
-            .iter()
-            .position(|arg| arg.eq_ignore_ascii_case(b"AUTH"))
-            .map(|at| vec![at + 1, at + 2])
-            .unwrap_or_default(),
-        _ => Vec::new(),
-    }
 }
 
 /// A command the gateway answers here rather than through its usual paths.
@@ -627,7 +447,7 @@ pub(super) fn start(
             conn.slots.push_back(Slot::Ready(reply));
         }
         Intercept::Slowlog if answered_here && !in_transaction => {
-            let reply = intro.slowlog_command(args);
+            let reply = intro.slowlog.command(args);
             conn.slots.push_back(Slot::Ready(reply));
         }
         Intercept::Slowlog | Intercept::Info if answered_here && in_transaction => {
@@ -660,7 +480,7 @@ pub(super) fn start(
             }
         }
     }
-    let argv = intro.slowlog_on().then(|| slowlog_argv(args));
+    let argv = intro.slowlog.on().then(|| slowlog::argv(args));
     conn.intro.pending.push_back(Pending {
         ordinal,
         name,
@@ -850,41 +670,6 @@ mod tests {
         assert_eq!(name(&["get|x"]), None);
     }
 
-    #[test]
-    fn the_slow_log_trims_arguments_as_redis_does() {
-        let long = "v".repeat(130);
-        let argv = slowlog_argv(&args(&["SET", "k", &long]));
-        assert_eq!(argv.len(), 3);
-        assert_eq!(
-            argv[2],
-            format!("{}... (2 more bytes)", "v".repeat(128)).into_bytes()
-        );
-        let many: Vec<String> = (0..40).map(|i| i.to_string()).collect();
-        let words: Vec<&str> = std::iter::once("RPUSH")
-            .chain(many.iter().map(String::as_str))
-            .collect();
-        let argv = slowlog_argv(&args(&words));
-        assert_eq!(argv.len(), 32);
-        assert_eq!(argv[30], b"29");
-        assert_eq!(argv[31], b"... (10 more arguments)");
-        assert_eq!(
-            slowlog_argv(&args(&["AUTH", "user", "secret"])),
-            args(&["AUTH", "(redacted)", "(redacted)"])
-        );
-        assert_eq!(
-            slowlog_argv(&args(&["HELLO", "3", "AUTH", "u", "p", "SETNAME", "n"])),
-            args(&[
-                "HELLO",
-                "3",
-                "AUTH",
-                "(redacted)",
-                "(redacted)",
-                "SETNAME",
-                "n"
-            ])
-        );
-    }
-
     fn introspect(slower_than: i64, max_len: usize) -> Introspect {
         let mut options = GatewayOptions::new(
             "127.0.0.1:0".parse().unwrap(),
@@ -938,57 +723,6 @@ mod tests {
             intro.error(format!("-E{index} x\r\n").as_bytes());
         }
         assert_eq!(intro.errors.len(), MAX_ERROR_CODES);
-    }
-
-    #[test]
-    fn slowlog_commands_answer_as_redis() {
-        let mut intro = introspect(0, 2);
-        let reply = |intro: &mut Introspect, words: &[&str]| {
-            String::from_utf8(intro.slowlog_command(&args(words))).unwrap()
-        };
-        assert_eq!(reply(&mut intro, &["SLOWLOG", "LEN"]), ":0\r\n");
-        assert_eq!(reply(&mut intro, &["SLOWLOG", "GET"]), "*0\r\n");
-        for (index, micros) in [5u64, 7, 9].iter().enumerate() {
-            intro.slowlog.push_front(SlowEntry {
-                id: index as u64,
-                unix_seconds: 1_700_000_000,
-                micros: *micros,
-                argv: args(&["GET", "k"]),
-                addr: "127.0.0.1:5".to_owned(),
-                name: b"app".to_vec(),
-            });
-            intro.slowlog.truncate(intro.max_len);
-        }
-        assert_eq!(reply(&mut intro, &["slowlog", "len"]), ":2\r\n");
-        assert_eq!(
-            reply(&mut intro, &["SLOWLOG", "GET", "1"]),
-            "*1\r\n*6\r\n:2\r\n:1700000000\r\n:9\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n\
-             $11\r\n127.0.0.1:5\r\n$3\r\napp\r\n"
-        );
-        assert!(reply(&mut intro, &["SLOWLOG", "GET", "-1"]).starts_with("*2\r\n"));
-        assert_eq!(
-            reply(&mut intro, &["SLOWLOG", "GET", "-2"]),
-            "-ERR count should be greater than or equal to -1\r\n"
-        );
-        assert_eq!(
-            reply(&mut intro, &["SLOWLOG", "GET", "x"]),
-            "-ERR count should be greater than or equal to -1\r\n"
-        );
-        assert_eq!(
-            reply(&mut intro, &["SLOWLOG", "LEN", "x"]),
-            "-ERR wrong number of arguments for 'slowlog|len' command\r\n"
-        );
-        assert_eq!(
-            reply(&mut intro, &["SLOWLOG"]),
-            "-ERR wrong number of arguments for 'slowlog' command\r\n"
-        );
-        assert_eq!(
-            reply(&mut intro, &["SLOWLOG", "nope"]),
-            "-ERR unknown subcommand 'nope'. Try SLOWLOG HELP.\r\n"
-        );
-        assert!(reply(&mut intro, &["SLOWLOG", "HELP"]).starts_with("*12\r\n+SLOWLOG <sub"));
-        assert_eq!(reply(&mut intro, &["SLOWLOG", "RESET"]), "+OK\r\n");
-        assert_eq!(reply(&mut intro, &["SLOWLOG", "LEN"]), ":0\r\n");
     }
 
     #[test]

@@ -30,10 +30,11 @@ mod connection;
 mod info_text;
 mod introspect;
 mod request;
+mod slowlog;
 
 pub use connection::Auth;
 use connection::ConnState;
-pub use introspect::{DEFAULT_SLOWLOG_MAX_LEN, DEFAULT_SLOWLOG_SLOWER_THAN};
+pub use slowlog::{DEFAULT_SLOWLOG_MAX_LEN, DEFAULT_SLOWLOG_SLOWER_THAN};
 
 use crate::commands::Policy;
 use crate::resp::{error_reply, parse_command, Limits};

@@ -43,6 +43,9 @@ const OPS_WINDOW: Duration = Duration::from_millis(1600);
 /// The percentiles of `# Latencystats` (Redis's `latency-tracking-info-percentiles`).
 const PERCENTILES: [(&str, f64); 3] = [("p50", 0.5), ("p99", 0.99), ("p99.9", 0.999)];
 
+/// A command's name as it is counted (shared by the connection's `cmd` and its entry).
+type Name = std::sync::Arc<str>;
+
 /// What became of a command, for counting it when its reply leaves.
 #[derive(Debug)]
 enum What {
@@ -50,7 +53,7 @@ enum What {
     /// Queued in a transaction (`+QUEUED`): counted when `EXEC` runs it.
     Queued,
     /// `EXEC` of these queued commands.
-    Exec(Vec<Box<str>>),
+    Exec(Vec<Name>),
     /// `INFO`, sent as `PMNET.INFO`: its reply is rewritten.
     Info,
 }
@@ -60,7 +63,7 @@ enum What {
 struct Pending {
     /// The number of its slot among every slot of the connection.
     ordinal: u64,
-    name: Option<Box<str>>,
+    name: Option<Name>,
     started: Instant,
     ready: Option<Instant>,
     /// Its arguments as the slow log shows them (trimmed), if the slow log is on.
@@ -77,13 +80,13 @@ pub(super) struct ConnIntro {
     /// When the last command was parsed (`idle`).
     pub(super) last_command: Instant,
     /// The last command's name (`cmd`).
-    pub(super) last_name: Option<Box<str>>,
+    pub(super) last_name: Option<Name>,
     /// The most input buffered when a command was parsed (`rbp`).
     pub(super) peak_input: usize,
     /// The bytes of the command being started (`argv-mem`), 0 between commands.
     pub(super) argv_mem: usize,
     /// The names of the commands queued in the transaction being queued.
-    queued: Vec<Box<str>>,
+    queued: Vec<Name>,
 }
 
 impl ConnIntro {
@@ -367,7 +370,7 @@ fn is_word(bytes: &[u8]) -> bool {
 }
 
 /// The name a command is counted under (`get`, `client|list`), if it looks like one.
-fn stat_name(args: &[Vec<u8>]) -> Option<Box<str>> {
+fn stat_name(args: &[Vec<u8>]) -> Option<Name> {
     let first = args.first()?;
     if !is_word(first) || first.contains(&b'|') {
         return None;
@@ -379,10 +382,10 @@ fn stat_name(args: &[Vec<u8>]) -> Option<Box<str>> {
             .filter(|sub| is_word(sub) && !sub.contains(&b'|'))
         {
             let sub = String::from_utf8_lossy(sub).to_ascii_lowercase();
-            return Some(format!("{name}|{sub}").into_boxed_str());
+            return Some(format!("{name}|{sub}").into());
         }
     }
-    Some(name.into_boxed_str())
+    Some(name.into())
 }
 
 /// A command the gateway answers here rather than through its usual paths.
@@ -433,12 +436,11 @@ pub(super) fn start(
         conn.intro.last_name.clone_from(&name);
     }
     let mut what = What::Plain;
-    let upper = args[0].to_ascii_uppercase();
-    match upper.as_slice() {
-        b"MULTI" if !in_transaction => conn.intro.queued.clear(),
-        b"DISCARD" | b"RESET" => conn.intro.queued.clear(),
-        b"EXEC" => what = What::Exec(std::mem::take(&mut conn.intro.queued)),
-        _ => {}
+    let is = |word: &[u8]| args[0].eq_ignore_ascii_case(word);
+    if (is(b"MULTI") && !in_transaction) || is(b"DISCARD") || is(b"RESET") {
+        conn.intro.queued.clear();
+    } else if is(b"EXEC") {
+        what = What::Exec(std::mem::take(&mut conn.intro.queued));
     }
     let answered_here = conn.state.authenticated;
     match intercept(args) {
@@ -453,7 +455,7 @@ pub(super) fn start(
         Intercept::Slowlog | Intercept::Info if answered_here && in_transaction => {
             let refusal = error_reply(&format!(
                 "ERR {} inside MULTI is not supported through the pmnet gateway",
-                String::from_utf8_lossy(&upper)
+                String::from_utf8_lossy(&args[0]).to_ascii_uppercase()
             ));
             let reply = conn.state.queue(args, &Route::Reply(refusal));
             conn.slots.push_back(Slot::Ready(reply));
@@ -659,7 +661,7 @@ mod tests {
 
     #[test]
     fn commands_are_counted_under_redis_names() {
-        let name = |words: &[&str]| stat_name(&args(words)).map(String::from);
+        let name = |words: &[&str]| stat_name(&args(words)).map(|name| name.to_string());
         assert_eq!(name(&["GET", "k"]).as_deref(), Some("get"));
         assert_eq!(name(&["client", "LIST"]).as_deref(), Some("client|list"));
         assert_eq!(name(&["CLIENT"]).as_deref(), Some("client"));

@@ -61,6 +61,21 @@ elif ! has_redis_py python3; then
     target/redis-py/bin/pip install -q 'redis>=5,<9'
     export PMNET_PYTHON="$PWD/target/redis-py/bin/python3"
 fi
+# ... and redis-py 5.0.8 on its own (crates/pmnet/tests/redis_introspection.rs: its
+# `client_info()` parser needs every integer field of Redis's `CLIENT INFO` line).
+if ! [ -x target/redis-py-5.0.8/bin/python3 ] \
+    || ! target/redis-py-5.0.8/bin/python3 -c 'import redis, sys; sys.exit(redis.__version__ != "5.0.8")' >/dev/null 2>&1; then
+    step "install redis-py 5.0.8 (for the Redis introspection tests)"
+    if ! python3 -m venv --help >/dev/null 2>&1; then
+        sudo_cmd=()
+        if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+        "${sudo_cmd[@]}" apt-get update -qq
+        "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
+    fi
+    python3 -m venv target/redis-py-5.0.8
+    target/redis-py-5.0.8/bin/pip install -q 'redis==5.0.8'
+fi
+export PMNET_PYTHON_REDIS_5_0_8="$PWD/target/redis-py-5.0.8/bin/python3"
 
 # ... and ioredis (Node.js), unmodified, into target/node-clients.
 if [ ! -d target/node-clients/node_modules/ioredis ]; then

@@ -153,6 +153,17 @@ pub struct GatewayArgs {
           value_parser = clap::value_parser!(u8).range(1..=i64::from(pmnet_proto::REPLICAS_MAX)))]
     pub replicas: u8,
 
+    /// Client commands slower than this many microseconds (from the command parsed to its
+    /// reply ready) enter the gateway's slow log (`SLOWLOG GET`); negative: none, 0: every
+    /// command. Redis's `slowlog-log-slower-than`.
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = pmnet_redis::gateway::DEFAULT_SLOWLOG_SLOWER_THAN, allow_negative_numbers = true)]
+    pub slowlog_log_slower_than: i64,
+
+    /// Entries the gateway's slow log keeps at most (the oldest go). Redis's
+    /// `slowlog-max-len`.
+    #[arg(long, value_name = "N", default_value_t = pmnet_redis::gateway::DEFAULT_SLOWLOG_MAX_LEN)]
+    pub slowlog_max_len: usize,
+
     #[command(flatten)]
     pub run: LoopArgs,
 }
@@ -333,6 +344,8 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
     }
     options.down_after =
         (args.down_after > 0.0).then(|| Duration::from_secs_f64(args.down_after.max(0.01)));
+    options.slowlog_log_slower_than = args.slowlog_log_slower_than;
+    options.slowlog_max_len = args.slowlog_max_len;
     if let Some(path) = &args.password_file {
         options.auth.password = Some(read_password_file(path, "--password-file")?);
     }

@@ -26,6 +26,7 @@
 
 mod connections;
 mod functions;
+mod info;
 mod metrics;
 mod node;
 mod recovery;
@@ -53,6 +54,7 @@ pub const DEFAULT_FAIL_FAST_AFTER: Duration = Duration::from_secs(2);
 /// How long Redis may leave the adaptor without an answer (refused, closed, silent) before a
 /// warning naming its address.
 pub(crate) const REDIS_SILENCE_WARNING: Duration = pmnet_runtime::SILENCE_WARNING;
+pub use info::INFO_COMMAND;
 pub use recovery::load_sessions;
 use translation::Flow;
 pub use translation::{DB_COMMAND, EXEC_COMMAND, WATCH_COMMAND};

@@ -336,6 +336,13 @@ impl Adaptor {
         if args[0].eq_ignore_ascii_case(WATCH_COMMAND) {
             return Op::Watch(args[1..].to_vec());
         }
+        if args[0].eq_ignore_ascii_case(super::INFO_COMMAND) {
+            // Introspection: never recorded, whatever `--record-reads` says.
+            return Op::StatelessRead(super::info::info_request(
+                self.options.record_db,
+                &args[1..],
+            ));
+        }
         match self.table.classify(&args, self.options.record_db) {
             Run::Refuse(message) => refuse(&mut self.counters, &message),
             Run::Direct if !self.options.record_reads => Op::StatelessRead(args),

@@ -49,8 +49,8 @@ pub struct ConnState {
     pub local: Option<SocketAddr>,
     pub opened: Instant,
     pub name: Option<Vec<u8>>,
-    lib_name: Option<Vec<u8>>,
-    lib_ver: Option<Vec<u8>>,
+    pub lib_name: Option<Vec<u8>>,
+    pub lib_ver: Option<Vec<u8>>,
     /// The client asked for RESP3 (`HELLO 3`).
     pub resp3: bool,
     /// The database the client selected (`SELECT`; 0 at first and after `RESET`).
@@ -111,6 +111,19 @@ impl ConnState {
 
     pub fn in_transaction(&self) -> bool {
         self.queued.is_some()
+    }
+
+    /// In a transaction: the commands queued and their bytes (`CLIENT LIST`'s `multi`,
+    /// `multi-mem`).
+    pub fn queued(&self) -> Option<(usize, usize)> {
+        self.queued
+            .as_ref()
+            .map(|queued| (queued.commands.len(), queued.bytes))
+    }
+
+    /// How many keys this connection watches.
+    pub fn watched_count(&self) -> usize {
+        self.watched.len()
     }
 
     /// Queue a command inside `MULTI` (routed as `route`); the reply to send now.
@@ -369,34 +382,6 @@ impl ConnState {
         Action::Reply(out)
     }
 
-    fn info_line(&self) -> String {
-        let show = |bytes: &Option<Vec<u8>>| {
-            bytes
-                .as_deref()
-                .map(|b| String::from_utf8_lossy(b).into_owned())
-                .unwrap_or_default()
-        };
-        let addr = |addr: Option<SocketAddr>| addr.map(|a| a.to_string()).unwrap_or_default();
-        format!(
-            "id={} addr={} laddr={} name={} age={} idle=0 flags={} db={} sub=0 psub=0 ssub=0 \
-             multi={} watch={} user=default redir=-1 resp={} lib-name={} lib-ver={}\n",
-            self.id,
-            addr(self.peer),
-            addr(self.local),
-            show(&self.name),
-            self.opened.elapsed().as_secs(),
-            if self.queued.is_some() { "x" } else { "N" },
-            self.db,
-            self.queued
-                .as_ref()
-                .map_or(-1, |queued| queued.commands.len() as i64),
-            self.watched.len(),
-            if self.resp3 { 3 } else { 2 },
-            show(&self.lib_name),
-            show(&self.lib_ver),
-        )
-    }
-
     fn client(&mut self, args: &[Vec<u8>]) -> Action {
         let sub = args[1].to_ascii_uppercase();
         let arity_error = || {
@@ -439,24 +424,15 @@ impl ConnState {
                     )),
                 }
             }
-            (b"INFO", 2) | (b"LIST", 2) => {
-                let line = self.info_line();
-                if self.resp3 {
-                    let text = format!("txt:{line}");
-                    format!("={}\r\n{text}\r\n", text.len()).into_bytes()
-                } else {
-                    bulk(line.as_bytes())
-                }
-            }
             (b"NO-EVICT", 3) | (b"NO-TOUCH", 3) => OK.to_vec(),
             (b"GETREDIR", 2) => b":-1\r\n".to_vec(),
             (b"HELP", 2) => {
                 let lines: [&[u8]; 9] = [
                     b"CLIENT <subcommand> through the pmnet gateway:",
-                    b"ID, GETNAME, SETNAME <name>, SETINFO LIB-NAME|LIB-VER <value>",
-                    b"INFO, LIST (this connection), NO-EVICT|NO-TOUCH ON|OFF, GETREDIR",
-                    b"Each connection is one PMNet session; KILL, PAUSE, UNPAUSE, UNBLOCK,",
-                    b"TRACKING, CACHING, REPLY and TRACKINGINFO are not supported here:",
+                    b"ID, GETNAME, SETNAME <name>, SETINFO LIB-NAME|LIB-VER <value>, INFO,",
+                    b"LIST [TYPE type|ID id...], KILL (the gateway's clients), NO-EVICT|NO-TOUCH",
+                    b"ON|OFF, GETREDIR. Each connection is one PMNet session; PAUSE, UNPAUSE,",
+                    b"UNBLOCK, TRACKING, CACHING, REPLY and TRACKINGINFO are not supported here:",
                     b"run them against Redis directly.",
                     b"",
                     b"See docs/redis.md.",
@@ -471,12 +447,13 @@ impl ConnState {
                 out
             }
             (
-                b"ID" | b"GETNAME" | b"SETNAME" | b"SETINFO" | b"INFO" | b"LIST" | b"NO-EVICT"
-                | b"NO-TOUCH" | b"GETREDIR" | b"HELP",
+                b"ID" | b"GETNAME" | b"SETNAME" | b"SETINFO" | b"NO-EVICT" | b"NO-TOUCH"
+                | b"GETREDIR" | b"HELP",
                 _,
             ) => return arity_error(),
+            // `INFO`, `LIST` and `KILL` are answered over every connection (gateway/clients.rs).
             (
-                b"KILL" | b"PAUSE" | b"UNPAUSE" | b"UNBLOCK" | b"TRACKING" | b"CACHING" | b"REPLY"
+                b"PAUSE" | b"UNPAUSE" | b"UNBLOCK" | b"TRACKING" | b"CACHING" | b"REPLY"
                 | b"TRACKINGINFO",
                 _,
             ) => error_reply(&format!(
@@ -593,14 +570,8 @@ mod tests {
             reply(&mut conn, &["CLIENT", "SETINFO", "LIB-NAME", "redis-py"]),
             OK
         );
-        let info = reply(&mut conn, &["CLIENT", "INFO"]);
-        let text = String::from_utf8_lossy(&info);
-        assert!(
-            text.contains("id=7 ") && text.contains("name=worker-1 "),
-            "{text}"
-        );
-        assert!(text.contains("lib-name=redis-py "), "{text}");
-        assert!(reply(&mut conn, &["CLIENT", "KILL", "x"]).starts_with(b"-ERR CLIENT KILL"));
+        assert_eq!(conn.lib_name.as_deref(), Some(&b"redis-py"[..]));
+        assert!(reply(&mut conn, &["CLIENT", "PAUSE", "1"]).starts_with(b"-ERR CLIENT PAUSE"));
         assert!(reply(&mut conn, &["CLIENT", "NOPE"]).starts_with(b"-ERR unknown subcommand"));
         assert!(reply(&mut conn, &["CLIENT", "ID", "x"]).starts_with(b"-ERR wrong number"));
     }

@@ -25,12 +25,17 @@ use pmnet_runtime::{
 };
 use pmnet_wire::{Header, PacketType};
 
+mod clients;
 mod connection;
 mod health;
+mod info_text;
+mod introspect;
 mod request;
+mod slowlog;
 
 pub use connection::Auth;
 use connection::ConnState;
+pub use slowlog::{DEFAULT_SLOWLOG_MAX_LEN, DEFAULT_SLOWLOG_SLOWER_THAN};
 
 use crate::commands::Policy;
 use crate::resp::{error_reply, parse_command, Limits};
@@ -68,6 +73,11 @@ pub struct GatewayOptions {
     /// before commands that need it are answered with an error naming the missing part, and
     /// new connections refused (`None`: never; see `health.rs`).
     pub down_after: Option<Duration>,
+    /// Commands slower than this many µs (parsed to reply ready) enter the gateway's slow log
+    /// (`SLOWLOG`); negative: none.
+    pub slowlog_log_slower_than: i64,
+    /// Entries the slow log keeps at most.
+    pub slowlog_max_len: usize,
 }
 
 impl GatewayOptions {
@@ -94,6 +104,8 @@ impl GatewayOptions {
             device_cache: false,
             replicas: 1,
             down_after: Some(DEFAULT_DOWN_AFTER),
+            slowlog_log_slower_than: DEFAULT_SLOWLOG_SLOWER_THAN,
+            slowlog_max_len: DEFAULT_SLOWLOG_MAX_LEN,
         }
     }
 }
@@ -176,6 +188,8 @@ enum Slot {
 #[derive(Debug)]
 struct Conn {
     state: ConnState,
+    /// What `CLIENT LIST`, `INFO` and `SLOWLOG` tell of it.
+    intro: introspect::ConnIntro,
     /// `WATCH`es waiting for their fingerprints: nothing more is started until they arrive
     /// (an `EXEC` behind them must carry them).
     watches_in_flight: usize,
@@ -258,6 +272,8 @@ pub struct Gateway {
     probe_out: Vec<Transmit>,
     /// `gateway`: every event of the gateway's loop carries it.
     span: tracing::Span,
+    /// The clients' commands counted, and the slow log.
+    intro: introspect::Introspect,
 }
 
 impl Gateway {
@@ -316,6 +332,7 @@ impl Gateway {
             ),
             None => None,
         };
+        let intro = introspect::Introspect::new(&options);
         let gateway = Gateway {
             options,
             clock: Clock::new(),
@@ -339,6 +356,7 @@ impl Gateway {
             health,
             probe_out: Vec::new(),
             span: tracing::info_span!("gateway"),
+            intro,
         };
         pmnet_runtime::publish_node(&gateway, &gateway.board);
         Ok(gateway)
@@ -524,6 +542,7 @@ impl Gateway {
             self.next_client_id += 1;
             let conn = Conn {
                 state,
+                intro: introspect::ConnIntro::new(),
                 watches_in_flight: 0,
                 fd: stream.as_raw_fd(),
                 stream,
@@ -608,9 +627,16 @@ impl Gateway {
 
     /// Parse and start commands, collect completions, queue replies in order, write.
     fn service(&mut self, index: usize) -> bool {
-        let Some(conn) = self.conns[index].as_mut() else {
+        // Out of the table while it is served: `CLIENT LIST`, `KILL` and `INFO` see the others.
+        let Some(mut conn) = self.conns[index].take() else {
             return false;
         };
+        let busy = self.service_conn(&mut conn);
+        self.conns[index] = Some(conn);
+        busy
+    }
+
+    fn service_conn(&mut self, conn: &mut Conn) -> bool {
         let mut busy = false;
         loop {
             let mut progressed = false;
@@ -638,13 +664,21 @@ impl Gateway {
                         progressed = true;
                         if !args.is_empty() {
                             let down = self.health.as_ref().and_then(health::Health::down);
-                            request::start_command(
+                            introspect::start(
                                 conn,
                                 &args,
-                                &self.options,
-                                &self.clock,
-                                &mut self.counters,
-                                down,
+                                &mut self.intro,
+                                &mut self.conns,
+                                |conn, args| {
+                                    request::start_command(
+                                        conn,
+                                        args,
+                                        &self.options,
+                                        &self.clock,
+                                        &mut self.counters,
+                                        down,
+                                    )
+                                },
                             );
                         }
                     }
@@ -675,6 +709,14 @@ impl Gateway {
             }
             while let Some(Slot::Ready(_)) = conn.slots.front() {
                 if let Some(Slot::Ready(bytes)) = conn.slots.pop_front() {
+                    let bytes = introspect::reply_out(
+                        conn,
+                        bytes,
+                        &mut self.intro,
+                        &self.conns,
+                        &self.options,
+                        &self.counters,
+                    );
                     if !conn.broken {
                         conn.out.extend_from_slice(&bytes);
                     }

@@ -296,6 +296,7 @@ pub(super) fn complete(
     else {
         return;
     };
+    super::introspect::ready(conn, position);
     let resp3 = conn.state.resp3;
     let reply = match then {
         Then::Plain(Some(args)) if resp3 => crate::resp3::to_resp3(&args, &bytes),
@@ -344,6 +345,7 @@ pub(super) fn complete_read(
     else {
         return;
     };
+    super::introspect::ready(conn, position);
     let bytes = match event.outcome {
         Ok((reply, device)) => {
             if device != 0 {

@@ -509,7 +509,9 @@ fn slowlog_shows_the_clients_slow_commands_not_the_adaptors_scripts() {
     let up = RedisUp::start(&[]);
     let mut client = up.client();
     command(&mut client, &["CLIENT", "SETNAME", "slow-one"]);
-    assert_eq!(command(&mut client, &["SLOWLOG", "LEN"]), Value::Integer(0));
+    // Any command may be slow on a busy host (the first ones after start-up often are): start
+    // from an empty log.
+    assert_eq!(text(&command(&mut client, &["SLOWLOG", "RESET"])), "OK");
     for index in 0..20 {
         command(&mut client, &["SET", &format!("fast:{index}"), "v"]);
     }
@@ -567,7 +569,11 @@ fn slowlog_shows_the_clients_slow_commands_not_the_adaptors_scripts() {
         "Redis's slow log shows the adaptor's call: {redis_log}"
     );
     assert_eq!(text(&command(&mut client, &["SLOWLOG", "RESET"])), "OK");
-    assert_eq!(command(&mut client, &["SLOWLOG", "LEN"]), Value::Integer(0));
+    // Empty, but for the RESET itself if it was slow (a command is logged once it ran).
+    let Value::Integer(left) = command(&mut client, &["SLOWLOG", "LEN"]) else {
+        panic!("SLOWLOG LEN answers an integer")
+    };
+    assert!(left <= 1, "{left} entries after SLOWLOG RESET");
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //! producer that enqueues N jobs (10 000; `PMNET_JOBS_COUNT` for quick local runs), and checks
 //! that every job ran exactly once (each job adds 1 to the field of its number in the hash
 //! `jobs:done`, through the gateway), that the library itself counts every job done and none
-//! failed or pending, and that the worker and the producer exit cleanly.
+//! failed or pending, and that the worker and the producer report no error (a Python traceback,
+//! an error Celery logs, BullMQ's `error` or `failed` event) and exit cleanly.
 //!
 //! The same workloads against a plain redis-server (the tests `…_against_plain_redis`, run with
 //! `--ignored`) show that the workloads themselves are right, and how long they take without

@@ -309,13 +309,9 @@ fn library_check(what: &str, command: Command, logs: &Path) {
     eprintln!("{}", stdout.lines().next().unwrap_or(""));
 }
 
-/// How long the producer may take, at most (a liveness bound, not a timing).
-fn producer_patience(count: usize) -> Duration {
-    PATIENCE + Duration::from_millis(50) * u32::try_from(count).expect("a count")
-}
-
-/// RQ: the producer enqueues every job on the default queue, then `rq worker --burst` (without
-/// forking a process per job: `--worker-class rq.worker.SimpleWorker`) runs them all and exits.
+/// RQ: a worker (`rq worker`, without forking a process per job: `--worker-class
+/// rq.worker.SimpleWorker`) waiting on the default queue and a producer enqueueing every job;
+/// the worker is stopped with SIGTERM (its warm shutdown) once every job ran.
 fn rq_workload(port: u16, count: usize) {
     require_python_module("rq", "rq>=3,<4");
     let logs = tempfile::tempdir().expect("temporary directory");
@@ -324,23 +320,27 @@ fn rq_workload(port: u16, count: usize) {
     let mut client = SyncClient::connect(([127, 0, 0, 1], port).into(), PATIENCE).expect("connect");
     let started = Instant::now();
 
+    let mut worker = Command::new(python());
+    worker.args(["-m", "rq.cli", "worker", "--url", &url]);
+    worker.args(["--worker-class", "rq.worker.SimpleWorker"]);
+    let mut worker = Running::spawn("RQ worker", worker, logs.path());
     let mut producer = Command::new(python());
     producer.args(["rq_jobs.py", "produce", &url, &count_text]);
     let mut producer = Running::spawn("RQ producer", producer, logs.path());
-    producer.wait_success(producer_patience(count));
-    let produced = started.elapsed();
-
-    let mut worker = Command::new(python());
-    worker.args(["-m", "rq.cli", "worker", "--burst", "--url", &url]);
-    worker.args(["--worker-class", "rq.worker.SimpleWorker"]);
-    let mut worker = Running::spawn("RQ worker", worker, logs.path());
-    wait_for_jobs(&mut client, count, &mut [&mut worker], PYTHON_ERRORS);
-    eprintln!(
-        "RQ, {count} jobs: enqueued in {:.1} s, run in {:.1} s",
-        produced.as_secs_f64(),
-        (started.elapsed() - produced).as_secs_f64()
+    wait_for_jobs(
+        &mut client,
+        count,
+        &mut [&mut worker, &mut producer],
+        PYTHON_ERRORS,
     );
-    worker.wait_success(PATIENCE);
+    let elapsed = started.elapsed();
+    producer.wait_success(PATIENCE);
+    eprintln!(
+        "RQ, {count} jobs: all run {:.1} s after the worker and the producer started ({})",
+        elapsed.as_secs_f64(),
+        producer.stdout().trim()
+    );
+    worker.terminate();
     producer.assert_no_errors(PYTHON_ERRORS);
     worker.assert_no_errors(PYTHON_ERRORS);
 
@@ -350,8 +350,9 @@ fn rq_workload(port: u16, count: usize) {
     library_check("RQ check", check, logs.path());
 }
 
-/// Celery: a worker (`celery -A celery_jobs worker --pool solo`) and a producer sending every
-/// task at once; the worker is stopped with SIGTERM (its warm shutdown) once every task ran.
+/// Celery: a worker with its default pool (prefork; `celery -A celery_jobs worker --concurrency
+/// 2`, one process per vCPU here) and a producer sending every task at once; the worker is
+/// stopped with SIGTERM (its warm shutdown) once every task ran.
 fn celery_workload(port: u16, count: usize) {
     require_python_module("celery", "celery[redis]>=5,<6");
     let logs = tempfile::tempdir().expect("temporary directory");
@@ -362,7 +363,7 @@ fn celery_workload(port: u16, count: usize) {
 
     let mut worker = Command::new(python());
     worker.args(["-m", "celery", "-A", "celery_jobs", "worker"]);
-    worker.args(["--pool", "solo", "--loglevel", "INFO"]);
+    worker.args(["--concurrency", "2", "--loglevel", "INFO"]);
     worker.env("PMNET_JOBS_URL", &url);
     let mut worker = Running::spawn("Celery worker", worker, logs.path());
     let mut producer = Command::new(python());

@@ -5,7 +5,7 @@ Run by crates/pmnet/tests/job_queues.rs, against `pmnet redis-up` (or a plain re
 with PMNET_JOBS_URL=redis://HOST:PORT/0 in the environment:
 
     python3 celery_jobs.py produce N                   # record.delay(0) … record.delay(N-1)
-    celery -A celery_jobs worker --pool solo           # run in this directory
+    celery -A celery_jobs worker --concurrency 2       # run in this directory
     python3 celery_jobs.py check N                     # every task's result SUCCESS, nothing
                                                        # left in the queue or unacknowledged
 

@@ -2,8 +2,9 @@
 
 Run by crates/pmnet/tests/job_queues.rs, against `pmnet redis-up` (or a plain redis-server):
 
+    rq worker --worker-class rq.worker.SimpleWorker --url URL
+                                       # run in this directory: RQ imports rq_jobs.record
     python3 rq_jobs.py produce URL N   # enqueue record(0) … record(N-1) on RQ's default queue
-    rq worker --burst --url URL        # run in this directory: RQ imports rq_jobs.record
     python3 rq_jobs.py check URL N     # RQ's registries: N finished, nothing queued, started,
                                        # failed, deferred or scheduled
 

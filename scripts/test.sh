@@ -77,9 +77,29 @@ if ! [ -x target/redis-py-5.0.8/bin/python3 ] \
 fi
 export PMNET_PYTHON_REDIS_5_0_8="$PWD/target/redis-py-5.0.8/bin/python3"
 
-# ... and ioredis (Node.js), unmodified, into target/node-clients.
-if [ ! -d target/node-clients/node_modules/ioredis ]; then
-    step "install ioredis (for the Redis client tests)"
+# The job-queue tests (crates/pmnet/tests/job_queues.rs) run RQ and Celery, unmodified, from
+# a virtual environment of their own (they bring their own redis-py).
+has_job_queues() {
+    "$1" -c 'import rq, celery, sys
+sys.exit(int(rq.VERSION.split(".")[0]) != 3 or int(celery.__version__.split(".")[0]) != 5)' \
+        >/dev/null 2>&1
+}
+if ! { [ -x target/job-queues/bin/python3 ] && has_job_queues target/job-queues/bin/python3; }; then
+    step "install RQ and Celery (for the job-queue tests)"
+    if ! python3 -m venv --help >/dev/null 2>&1; then
+        sudo_cmd=()
+        if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+        "${sudo_cmd[@]}" apt-get update -qq
+        "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv
+    fi
+    python3 -m venv target/job-queues
+    target/job-queues/bin/pip install -q 'rq>=3,<4' 'celery[redis]>=5,<6'
+fi
+export PMNET_JOBS_PYTHON="$PWD/target/job-queues/bin/python3"
+
+# ... and ioredis and BullMQ (Node.js), unmodified, into target/node-clients.
+if [ ! -d target/node-clients/node_modules/ioredis ] || [ ! -d target/node-clients/node_modules/bullmq ]; then
+    step "install ioredis and BullMQ (for the Redis client and job-queue tests)"
     if ! command -v npm >/dev/null 2>&1; then
         sudo_cmd=()
         if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
@@ -87,7 +107,7 @@ if [ ! -d target/node-clients/node_modules/ioredis ]; then
         "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm
     fi
     mkdir -p target/node-clients
-    npm install --silent --no-audit --no-fund --prefix target/node-clients 'ioredis@5'
+    npm install --silent --no-audit --no-fund --prefix target/node-clients 'ioredis@5' 'bullmq@6'
 fi
 export PMNET_NODE_PATH="$PWD/target/node-clients/node_modules"
 

@@ -324,59 +324,6 @@ fn redis_cli_in_resp3_prints_what_it_prints_for_redis_itself() {
     assert!(map.contains("=>"), "a map: {map}");
 }
 
-/// A `pmnet redis-up --start-redis` on ports of the test's own, once it says where clients
-/// connect.
-struct RedisUp {
-    child: std::process::Child,
-    gateway: u16,
-    device: u16,
-    adaptor: u16,
-    redis_port: u16,
-    /// Its output so far is read from here.
-    log: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-fn start_redis_up() -> RedisUp {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let gateway = free_tcp_port();
-    let device = free_udp_port();
-    let adaptor = free_udp_port();
-    let log = dir.path().join("redis-up.out");
-    let child = Command::new(BIN)
-        .arg("redis-up")
-        .arg("--start-redis")
-        .arg(dir.path().join("redis"))
-        .args(["--listen", &format!("127.0.0.1:{gateway}")])
-        .args(["--device-listen", &format!("127.0.0.1:{device}")])
-        .args(["--adaptor-listen", &format!("127.0.0.1:{adaptor}")])
-        .arg("--log-file")
-        .arg(dir.path().join("device.log"))
-        .stdout(std::fs::File::create(&log).expect("log file"))
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .expect("start pmnet redis-up");
-    poll_until("redis-up says where clients connect", || {
-        std::fs::read_to_string(&log).is_ok_and(|text| text.contains("clients connect to"))
-    });
-    let text = std::fs::read_to_string(&log).unwrap();
-    let redis_port: u16 = text
-        .split("Redis at 127.0.0.1:")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|port| port.parse().ok())
-        .unwrap_or_else(|| panic!("redis-up names its Redis:\n{text}"));
-    RedisUp {
-        child,
-        gateway,
-        device,
-        adaptor,
-        redis_port,
-        log,
-        _dir: dir,
-    }
-}
-
 /// `pmnet redis-up --start-redis DIR`, as the README shows it (with ports of the test's own),
 /// serves clients and stops everything it started when asked to.
 #[test]

@@ -428,3 +428,56 @@ pub fn int_of(value: &Value) -> i64 {
         other => panic!("not a number: {other:?}"),
     }
 }
+
+/// A `pmnet redis-up --start-redis` on ports of the test's own, once it says where clients
+/// connect.
+pub struct RedisUp {
+    pub child: std::process::Child,
+    pub gateway: u16,
+    pub device: u16,
+    pub adaptor: u16,
+    pub redis_port: u16,
+    /// Its output so far is read from here (its parts' logs: `redis-up.err` beside it).
+    pub log: std::path::PathBuf,
+    pub _dir: tempfile::TempDir,
+}
+
+pub fn start_redis_up() -> RedisUp {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let gateway = free_tcp_port();
+    let device = free_udp_port();
+    let adaptor = free_udp_port();
+    let log = dir.path().join("redis-up.out");
+    let child = Command::new(BIN)
+        .arg("redis-up")
+        .arg("--start-redis")
+        .arg(dir.path().join("redis"))
+        .args(["--listen", &format!("127.0.0.1:{gateway}")])
+        .args(["--device-listen", &format!("127.0.0.1:{device}")])
+        .args(["--adaptor-listen", &format!("127.0.0.1:{adaptor}")])
+        .arg("--log-file")
+        .arg(dir.path().join("device.log"))
+        .stdout(std::fs::File::create(&log).expect("log file"))
+        .stderr(std::fs::File::create(dir.path().join("redis-up.err")).expect("log file"))
+        .spawn()
+        .expect("start pmnet redis-up");
+    poll_until("redis-up says where clients connect", || {
+        std::fs::read_to_string(&log).is_ok_and(|text| text.contains("clients connect to"))
+    });
+    let text = std::fs::read_to_string(&log).unwrap();
+    let redis_port: u16 = text
+        .split("Redis at 127.0.0.1:")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|port| port.parse().ok())
+        .unwrap_or_else(|| panic!("redis-up names its Redis:\n{text}"));
+    RedisUp {
+        child,
+        gateway,
+        device,
+        adaptor,
+        redis_port,
+        log,
+        _dir: dir,
+    }
+}

@@ -17,10 +17,11 @@ use crate::adaptor::{EXEC_COMMAND, WATCH_COMMAND};
 use crate::commands::{Route, OK};
 use crate::resp::{encode_bulk, error_reply};
 
-/// Words queued in one transaction at most (the adaptor's limit on one request's words).
-const MAX_QUEUED_WORDS: usize = 60_000;
-/// Bytes queued in one transaction at most (a PMNet request is at most 1 MiB).
-const MAX_QUEUED_BYTES: usize = 1 << 20;
+/// Words queued in one transaction at most (one larger than one PMNet request or the adaptor's
+/// scripts take runs on a direct connection: `gateway::direct`).
+const MAX_QUEUED_WORDS: usize = 1 << 20;
+/// Bytes queued in one transaction at most.
+const MAX_QUEUED_BYTES: usize = 512 << 20;
 /// Keys watched by one connection at most.
 const MAX_WATCHED: usize = 1024;
 
@@ -53,6 +54,8 @@ pub struct ConnState {
     lib_ver: Option<Vec<u8>>,
     /// The client asked for RESP3 (`HELLO 3`).
     pub resp3: bool,
+    /// The database the client selected (`SELECT`).
+    pub db: u32,
     pub authenticated: bool,
     queued: Option<Queued>,
     /// Watched keys and their fingerprints.
@@ -97,6 +100,7 @@ impl ConnState {
             lib_name: None,
             lib_ver: None,
             resp3: false,
+            db: 0,
             authenticated: auth.password.is_none(),
             queued: None,
             watched: Vec::new(),
@@ -121,8 +125,8 @@ impl ConnState {
                 || queued.bytes + words_len(args) > MAX_QUEUED_BYTES =>
             {
                 Some(error_reply(
-                    "ERR transaction too large for the pmnet gateway (at most 1 MiB and 60000 \
-                     words queued)",
+                    "ERR transaction too large for the pmnet gateway (at most 512 MiB and \
+                     1048576 words queued)",
                 ))
             }
             _ => None,

@@ -26,13 +26,16 @@ use pmnet_runtime::{
 use pmnet_wire::{Header, PacketType};
 
 mod connection;
+mod direct;
 mod request;
+mod scan;
 
 pub use connection::Auth;
 use connection::ConnState;
+pub use direct::{DirectOptions, DIRECT_ABOVE_WORDS, PMNET_REQUEST_MAX};
 
 use crate::commands::Policy;
-use crate::resp::{error_reply, parse_command, Limits};
+use crate::resp::{error_reply, parse_command_resumable, Limits, Progress};
 
 /// Everything the gateway needs to start.
 #[derive(Debug, Clone)]
@@ -63,6 +66,16 @@ pub struct GatewayOptions {
     pub device_cache: bool,
     /// Devices in series whose PMNet-ACKs an update waits for (docs/replication.md).
     pub replicas: u8,
+    /// The redis-server behind the adaptor, for commands that go direct (`--redis`; `None`:
+    /// they are refused).
+    pub direct: Option<DirectOptions>,
+    /// Arguments of one command at most (`--max-request-args`).
+    pub max_request_args: usize,
+    /// Bytes of one command's arguments at most (`--max-request-bytes`).
+    pub max_request_bytes: usize,
+    /// Bytes read from clients and not yet parsed, across all connections, at most
+    /// (`--max-input-bytes`); past it only the connection with the most is read on.
+    pub max_input_bytes: usize,
 }
 
 impl GatewayOptions {
@@ -88,9 +101,16 @@ impl GatewayOptions {
             auth: Auth::default(),
             device_cache: false,
             replicas: 1,
+            direct: None,
+            max_request_args: crate::resp::GATEWAY_MAX_ARGS,
+            max_request_bytes: crate::resp::REDIS_MAX_BULK_LEN,
+            max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
         }
     }
 }
+
+/// The default of `--max-input-bytes`: 1 GiB.
+pub const DEFAULT_MAX_INPUT_BYTES: usize = 1 << 30;
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +160,20 @@ pub struct GatewayCounters {
     pub commands_cache_read: u64,
     /// Cache reads the device answered.
     pub cache_reads_from_device: u64,
+    /// Commands sent on a direct connection to Redis.
+    pub commands_direct: u64,
+    /// Direct connections opened, closed, refused (too many open), failed under a command.
+    pub direct_opened: u64,
+    pub direct_closed: u64,
+    pub direct_refused: u64,
+    pub direct_failed: u64,
+    /// Connections that went direct for good (pub/sub, MONITOR, CLIENT TRACKING).
+    pub direct_sticky: u64,
+    /// Barriers (bypass `PING`s) sent before a direct command or after a direct write.
+    pub direct_barriers: u64,
+    /// Turns in which a connection was not read because clients' unparsed input reached
+    /// `--max-input-bytes`.
+    pub input_paused: u64,
 }
 
 /// A reply owed to a client, in request order.
@@ -183,10 +217,14 @@ struct Conn {
     broken: bool,
     /// The last wait (or look) found it readable.
     readable: bool,
+    /// Not read on: clients' unparsed input is over `--max-input-bytes`.
+    paused: bool,
+    /// How far the parser got into an incomplete command at the front of `input`.
+    progress: Progress,
+    /// The connection's direct connection to Redis and what waits for it.
+    direct: direct::DirectState,
 }
 
-/// Bytes read from a client and not yet parsed, at most (a command is at most 1 MiB).
-const MAX_INPUT: usize = 2 << 20;
 /// Bytes of replies not yet written before the gateway stops reading a client.
 const MAX_OUTPUT: usize = 8 << 20;
 /// Replies owed to one client at most (beyond the window: local replies and errors).
@@ -197,16 +235,25 @@ impl Conn {
         self.out.len() - self.out_sent
     }
 
-    /// What to wait for on this connection (read, write), if anything.
-    fn interest(&self) -> Option<(bool, bool)> {
-        let read = !self.read_closed && !self.closing && self.input.len() < MAX_INPUT;
+    /// What to wait for on this connection (read, write), if anything; `max_input`: bytes of
+    /// unparsed input it may hold.
+    fn interest(&self, max_input: usize) -> Option<(bool, bool)> {
+        let read =
+            !self.read_closed && !self.closing && !self.paused && self.input.len() < max_input;
         let write = self.unsent() > 0 && !self.broken;
         (read || write).then_some((read, write))
     }
 
+    /// What to wait for on its direct connection, if it has one.
+    fn direct_interest(&self) -> Option<(RawFd, bool, bool)> {
+        self.direct.interest(self.unsent() < MAX_OUTPUT)
+    }
+
     fn is_done(&self) -> bool {
+        let direct_idle = self.broken || self.direct.is_idle();
         (self.read_closed || self.closing || self.broken)
             && self.client.in_flight_count() == 0
+            && direct_idle
             && (self.broken || (self.slots.is_empty() && self.unsent() == 0))
     }
 }
@@ -241,6 +288,10 @@ pub struct Gateway {
     latency_of_closed: ClientLatency,
     /// `gateway`: every event of the gateway's loop carries it.
     span: tracing::Span,
+    /// Direct connections to Redis open.
+    direct_open: usize,
+    /// Bytes of unparsed input a connection may hold (a whole command of the limits).
+    max_conn_input: usize,
 }
 
 impl Gateway {
@@ -289,6 +340,8 @@ impl Gateway {
             ),
             None => None,
         };
+        let limits = Limits::gateway(options.max_request_args, options.max_request_bytes);
+        let max_conn_input = limits.max_wire_len();
         let gateway = Gateway {
             options,
             clock: Clock::new(),
@@ -298,7 +351,7 @@ impl Gateway {
             free: Vec::new(),
             sessions: HashMap::new(),
             counters: GatewayCounters::default(),
-            limits: Limits::default(),
+            limits,
             board,
             metrics_addr,
             shutdown,
@@ -310,6 +363,8 @@ impl Gateway {
             devices,
             latency_of_closed: ClientLatency::default(),
             span: tracing::info_span!("gateway"),
+            direct_open: 0,
+            max_conn_input,
         };
         pmnet_runtime::publish_node(&gateway, &gateway.board);
         Ok(gateway)
@@ -356,8 +411,12 @@ impl Gateway {
         self.listener_readable = ready.is_readable(0);
         let mut entry = 2;
         for conn in self.conns.iter_mut().flatten() {
-            if conn.interest().is_some() {
+            if conn.interest(self.max_conn_input).is_some() {
                 conn.readable = ready.is_readable(entry);
+                entry += 1;
+            }
+            if conn.direct_interest().is_some() {
+                conn.direct.set_readable(ready.is_readable(entry));
                 entry += 1;
             }
         }
@@ -398,10 +457,11 @@ impl Gateway {
             }
             if conn.readable {
                 conn.readable = false;
-                busy |= read_client(conn, &mut self.scratch);
+                busy |= read_client(conn, &mut self.scratch, self.max_conn_input);
             }
             busy |= self.service(index);
         }
+        self.pause_input();
         if self.socket.queued_len() > 0 {
             self.socket.flush();
         }
@@ -413,7 +473,12 @@ impl Gateway {
         // Close what is finished.
         for index in 0..self.conns.len() {
             if self.conns[index].as_ref().is_some_and(Conn::is_done) {
-                if let Some(conn) = self.conns[index].take() {
+                if let Some(mut conn) = self.conns[index].take() {
+                    if conn.direct.is_open() {
+                        self.direct_open = self.direct_open.saturating_sub(1);
+                        self.counters.direct_closed += 1;
+                    }
+                    conn.direct = direct::DirectState::default();
                     tracing::trace!(
                         session = conn.client.session_id(),
                         "client connection closed"
@@ -426,6 +491,32 @@ impl Gateway {
             }
         }
         busy
+    }
+
+    /// Past `--max-input-bytes` of unparsed input across the clients, read on only the
+    /// connection that has the most (the one whose command is nearest complete): the others
+    /// wait until memory frees, rather than being refused.
+    fn pause_input(&mut self) {
+        let mut total = 0usize;
+        let mut largest: Option<(usize, usize)> = None;
+        for (index, conn) in self.conns.iter().enumerate() {
+            let Some(conn) = conn else { continue };
+            let len = conn.input.len();
+            total = total.saturating_add(len);
+            if largest.is_none_or(|(_, most)| len > most) {
+                largest = Some((index, len));
+            }
+        }
+        let over = total >= self.options.max_input_bytes;
+        let largest = largest.map(|(index, _)| index);
+        for (index, conn) in self.conns.iter_mut().enumerate() {
+            let Some(conn) = conn else { continue };
+            let paused = over && Some(index) != largest;
+            if paused && !conn.paused {
+                self.counters.input_paused += 1;
+            }
+            conn.paused = paused;
+        }
     }
 
     fn accept(&mut self) -> bool {
@@ -491,6 +582,9 @@ impl Gateway {
                 closing: false,
                 broken: false,
                 readable: true,
+                paused: false,
+                progress: Progress::default(),
+                direct: direct::DirectState::default(),
             };
             let index = match self.free.pop() {
                 Some(index) => {
@@ -566,11 +660,16 @@ impl Gateway {
             let mut consumed = 0;
             while !conn.closing
                 && conn.watches_in_flight == 0
+                && !conn.direct.holds()
                 && conn.client.can_send()
                 && conn.slots.len() < MAX_SLOTS
                 && conn.unsent() < MAX_OUTPUT
             {
-                match parse_command(&conn.input[consumed..], &self.limits) {
+                match parse_command_resumable(
+                    &conn.input[consumed..],
+                    &self.limits,
+                    &mut conn.progress,
+                ) {
                     Ok(None) => break,
                     Err(error) => {
                         self.counters.protocol_errors += 1;
@@ -613,6 +712,15 @@ impl Gateway {
                 progressed = true;
                 request::complete_read(conn, event, &self.limits, &mut self.counters);
             }
+            progressed |= direct::drive(
+                conn,
+                &mut direct::Ctx {
+                    options: &self.options,
+                    clock: &self.clock,
+                    counters: &mut self.counters,
+                    open: &mut self.direct_open,
+                },
+            );
             while let Some(Slot::Ready(_)) = conn.slots.front() {
                 if let Some(Slot::Ready(bytes)) = conn.slots.pop_front() {
                     if !conn.broken {
@@ -635,9 +743,10 @@ impl Gateway {
         let socket = self.socket.counters();
         format!(
             "gateway: connections open {} accepted {} refused {} closed {}; commands local {} \
-             update {} bypass {} cache-read {} (answered by the device {}) rejected {}; updates acked by device {} by server {}; timed \
+             update {} bypass {} cache-read {} (answered by the device {}) direct {} rejected {}; updates acked by device {} by server {}; timed \
              out {} replies unavailable {} malformed replies {} protocol errors {}; udp in {} \
-             out {} unknown-session {} no-op fills for reads {}",
+             out {} unknown-session {} no-op fills for reads {}; direct connections open {} \
+             opened {} sticky {} refused {} failed {} barriers {}; input paused {}",
             self.open_count(),
             counters.connections_accepted,
             counters.connections_refused,
@@ -647,6 +756,7 @@ impl Gateway {
             counters.commands_bypass,
             counters.commands_cache_read,
             counters.cache_reads_from_device,
+            counters.commands_direct,
             counters.commands_rejected,
             counters.updates_acked_by_device,
             counters.updates_answered_by_server,
@@ -658,6 +768,13 @@ impl Gateway {
             socket.sent_total(),
             counters.datagrams_unknown_session,
             counters.noop_fills_for_reads,
+            self.direct_open,
+            counters.direct_opened,
+            counters.direct_sticky,
+            counters.direct_refused,
+            counters.direct_failed,
+            counters.direct_barriers,
+            counters.input_paused,
         )
     }
 
@@ -669,8 +786,15 @@ impl Gateway {
             &[],
             self.open_count() as f64,
         );
+        out.gauge(
+            "pmnet_gateway_direct_connections_open",
+            "Direct connections to Redis open (blocking commands, pub/sub, MONITOR, ...).",
+            &[],
+            self.direct_open as f64,
+        );
         self.connection_metrics(&mut out);
         self.command_metrics(&mut out);
+        self.direct_metrics(&mut out);
         self.socket_metrics(&mut out);
         let mut latency = self.latency_of_closed.clone();
         for conn in self.conns.iter().flatten() {
@@ -753,6 +877,7 @@ impl Gateway {
             ("bypass", counters.commands_bypass),
             ("rejected", counters.commands_rejected),
             ("cache_read", counters.commands_cache_read),
+            ("direct", counters.commands_direct),
         ] {
             out.counter(
                 "pmnet_gateway_commands_total",
@@ -767,6 +892,50 @@ impl Gateway {
             &[],
             counters.cache_reads_from_device,
         );
+    }
+
+    /// Direct connections to Redis and the input bound.
+    fn direct_metrics(&self, out: &mut Metrics) {
+        let counters = &self.counters;
+        for (name, help, value) in [
+            (
+                "pmnet_gateway_direct_connections_opened_total",
+                "Direct connections to Redis opened.",
+                counters.direct_opened,
+            ),
+            (
+                "pmnet_gateway_direct_connections_closed_total",
+                "Direct connections to Redis closed.",
+                counters.direct_closed,
+            ),
+            (
+                "pmnet_gateway_direct_connections_refused_total",
+                "Direct commands refused: --max-direct-connections open.",
+                counters.direct_refused,
+            ),
+            (
+                "pmnet_gateway_direct_connections_failed_total",
+                "Direct connections that failed under a command.",
+                counters.direct_failed,
+            ),
+            (
+                "pmnet_gateway_direct_sticky_total",
+                "Client connections that went direct for good (pub/sub, MONITOR, tracking).",
+                counters.direct_sticky,
+            ),
+            (
+                "pmnet_gateway_direct_barriers_total",
+                "Barriers (bypass PINGs) sent around direct commands.",
+                counters.direct_barriers,
+            ),
+            (
+                "pmnet_gateway_input_paused_total",
+                "Times a connection was not read: clients' unparsed input over --max-input-bytes.",
+                counters.input_paused,
+            ),
+        ] {
+            out.counter(name, help, &[], value);
+        }
     }
 
     /// The UDP socket shared by every session.
@@ -818,8 +987,11 @@ impl Node for Gateway {
             self.socket.is_write_blocked(),
         ));
         for conn in self.conns.iter().flatten() {
-            if let Some((read, write)) = conn.interest() {
+            if let Some((read, write)) = conn.interest(self.max_conn_input) {
                 fds.push(PollFd::new(conn.fd, read, write));
+            }
+            if let Some((fd, read, write)) = conn.direct_interest() {
+                fds.push(PollFd::new(fd, read, write));
             }
         }
     }
@@ -861,12 +1033,12 @@ impl Node for Gateway {
 /// Bytes read from a client at once.
 const READ_CHUNK: usize = 64 << 10;
 
-fn read_client(conn: &mut Conn, chunk: &mut [u8]) -> bool {
-    if conn.read_closed || conn.closing {
+fn read_client(conn: &mut Conn, chunk: &mut [u8], max_input: usize) -> bool {
+    if conn.read_closed || conn.closing || conn.paused {
         return false;
     }
     let mut any = false;
-    while conn.input.len() < MAX_INPUT {
+    while conn.input.len() < max_input {
         match conn.stream.read(chunk) {
             Ok(0) => {
                 conn.read_closed = true;

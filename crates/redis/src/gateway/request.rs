@@ -9,6 +9,7 @@ use crate::commands::{cache_use, route, CacheUse, Route, OK};
 use crate::resp::{error_reply, parse_value, Limits};
 
 use super::connection::Action;
+use super::direct::{self, Mode};
 use super::{Conn, GatewayCounters, GatewayOptions, Slot};
 
 /// What a request's reply becomes when it completes.
@@ -20,6 +21,8 @@ pub(super) enum Then {
     Watch(Vec<Vec<u8>>),
     /// A transaction's reply: the array of these commands' replies.
     Exec(Vec<Vec<Vec<u8>>>),
+    /// A barrier before (or after) a direct command: no reply of its own.
+    Barrier,
 }
 
 /// Commands a client that has not authenticated may send.
@@ -45,7 +48,12 @@ pub(super) fn start_command(
     clock: &Clock,
     counters: &mut GatewayCounters,
 ) {
-    let route = route(args, &options.policy);
+    if conn.direct.is_sticky() {
+        // Every command of a subscribed, monitoring or tracking client goes to Redis.
+        direct::send_sticky(conn, args, options.device_cache, counters);
+        return;
+    }
+    let route = direct::client_route(args, route(args, &options.policy));
     tracing::trace!(
         session = conn.client.session_id(),
         command = %String::from_utf8_lossy(&args[0]),
@@ -96,6 +104,11 @@ pub(super) fn start_command(
         CacheUse::Nothing
     };
     let (ack, update, payload, then) = match route {
+        Route::Direct { sticky } => {
+            let mode = if sticky { Mode::Sticky } else { Mode::OneShot };
+            go_direct(conn, args, mode, options, counters);
+            return;
+        }
         Route::Reply(bytes) => {
             if bytes.first() == Some(&b'-') {
                 counters.commands_rejected += 1;
@@ -126,12 +139,31 @@ pub(super) fn start_command(
                 (None, false, payload, Then::Watch(keys))
             }
             Action::Exec { payload, commands } => {
+                if exec_goes_direct(&payload, &commands, options) {
+                    if options.direct.is_some() {
+                        direct::queue_exec(conn, &payload, &commands);
+                    } else {
+                        counters.commands_rejected += 1;
+                        conn.slots.push_back(Slot::Ready(error_reply(&format!(
+                            "EXECABORT Transaction discarded: {}",
+                            direct::NEEDS_REDIS
+                        ))));
+                    }
+                    return;
+                }
                 if options.device_cache {
                     shape = CacheUse::Barrier;
                 }
                 (None, false, payload, Then::Exec(commands))
             }
         },
+        Route::Update { .. } | Route::Bypass
+            if direct::too_large(args, direct::encoded_len(args)) =>
+        {
+            // Too large for a PMNet request or the adaptor's scripts: Redis's own reply.
+            go_direct(conn, args, Mode::OneShot, options, counters);
+            return;
+        }
         Route::Update { ack } => (
             Some(ack),
             true,
@@ -166,6 +198,9 @@ pub(super) fn start_command(
             }
             if matches!(then, Then::Watch(_)) {
                 conn.watches_in_flight += 1;
+            }
+            if update {
+                conn.direct.update_started(seq);
             }
             conn.last_started = conn.last_started.max(seq);
             conn.slots.push_back(Slot::Waiting { seq, ack, then });
@@ -210,12 +245,14 @@ pub(super) fn complete(
                     ack.flatten().unwrap_or(OK).to_vec()
                 }
                 Completion::Replied { reply, .. } => {
+                    conn.direct.applied(seq);
                     if ack.flatten().is_some() {
                         counters.updates_answered_by_server += 1;
                     }
                     one_value(reply, limits, counters)
                 }
                 Completion::ReplyUnavailable => {
+                    conn.direct.applied(seq);
                     counters.replies_unavailable += 1;
                     error_reply(
                         "ERR pmnet: this request was applied exactly once, but its reply is no \
@@ -227,6 +264,12 @@ pub(super) fn complete(
         }
         ClientEvent::Failed { seq, error, .. } => {
             counters.requests_timed_out += 1;
+            let barrier = conn.slots.iter().any(|slot| {
+                matches!(slot, Slot::Waiting { seq: waiting, then: Then::Barrier, .. } if *waiting == seq)
+            });
+            if barrier {
+                conn.direct.barrier_done(Some(error.to_string()));
+            }
             (
                 seq,
                 error_reply(&format!(
@@ -257,8 +300,46 @@ pub(super) fn complete(
         }
         Then::Exec(commands) if resp3 => crate::resp3::to_resp3_exec(&commands, &bytes),
         Then::Exec(_) => bytes,
+        Then::Barrier => {
+            conn.direct.barrier_done(None);
+            Vec::new()
+        }
     };
     conn.slots[position] = Slot::Ready(reply);
+}
+
+/// Send `args` on the connection's direct connection to Redis, or refuse it without `--redis`.
+fn go_direct(
+    conn: &mut Conn,
+    args: &[Vec<u8>],
+    mode: Mode,
+    options: &GatewayOptions,
+    counters: &mut GatewayCounters,
+) {
+    if options.direct.is_none() {
+        counters.commands_rejected += 1;
+        conn.slots.push_back(Slot::Ready(error_reply(&format!(
+            "ERR {} {}",
+            String::from_utf8_lossy(&args[0]).to_ascii_uppercase(),
+            direct::NEEDS_REDIS
+        ))));
+        return;
+    }
+    direct::queue(conn, args, mode);
+}
+
+/// Whether a transaction goes direct: too large for one PMNet request or the adaptor's
+/// scripts, or holding a command that needs Redis's connection (`BLPOP` inside `MULTI` does not
+/// block, as in Redis).
+fn exec_goes_direct(payload: &[u8], commands: &[Vec<Vec<u8>>], options: &GatewayOptions) -> bool {
+    payload.len() > direct::PMNET_REQUEST_MAX
+        || commands.iter().any(|command| {
+            command.len() > direct::DIRECT_ABOVE_WORDS
+                || matches!(
+                    direct::client_route(command, route(command, &options.policy)),
+                    Route::Direct { .. }
+                )
+        })
 }
 
 /// A reply as the client gets it: one RESP value, or an error saying it was not.

@@ -118,7 +118,13 @@ struct Link {
 /// A client connection's direct side.
 #[derive(Debug, Default)]
 pub(super) struct DirectState {
+    /// The gateway has `--redis`.
+    enabled: bool,
     link: Option<Link>,
+    /// Reads whose reply was too large for PMNet waiting among the slots to run direct, and
+    /// whether the first of them is at Redis.
+    reruns: usize,
+    rerun_in_flight: bool,
     pending: Option<Pending>,
     /// The highest sequence number of an update started on the PMNet session, and the highest
     /// a reply proved applied at Redis (with every earlier one).
@@ -142,9 +148,17 @@ pub(super) struct DirectState {
 }
 
 impl DirectState {
+    pub(super) fn new(enabled: bool) -> DirectState {
+        DirectState {
+            enabled,
+            ..DirectState::default()
+        }
+    }
+
     /// Whether no further command of the client may start now.
     pub(super) fn holds(&self) -> bool {
         self.pending.is_some()
+            || self.reruns > 0
             || self.reset_sent
             || self
                 .link
@@ -218,7 +232,7 @@ pub(super) fn queue(conn: &mut Conn, args: &[Vec<u8>], mode: Mode) {
 }
 
 /// Whether `args` may change a key (a device's cache must then hear of it).
-fn may_write(args: &[Vec<u8>]) -> bool {
+pub(super) fn may_write(args: &[Vec<u8>]) -> bool {
     const CONNECTION: &[&[u8]] = &[
         b"SUBSCRIBE",
         b"PSUBSCRIBE",
@@ -441,8 +455,106 @@ pub(super) fn drive(conn: &mut Conn, ctx: &mut Ctx<'_>) -> bool {
     busy
 }
 
+/// The slot for a read whose reply (`reply`) is the adaptor's "too large for PMNet" (`None`
+/// for any other reply): run it again direct, in its place, when the gateway has `--redis`
+/// and no later command of the connection that may write has started (the read would see its
+/// effect); else an error saying why it cannot be answered.
+pub(super) fn rerun_slot(
+    conn: &mut Conn,
+    position: usize,
+    args: &[Vec<u8>],
+    reply: &[u8],
+) -> Option<Slot> {
+    if !reply.starts_with(crate::adaptor::REPLY_TOO_LARGE) {
+        return None;
+    }
+    let size = String::from_utf8_lossy(&reply[crate::adaptor::REPLY_TOO_LARGE.len()..])
+        .trim()
+        .to_owned();
+    if !conn.direct.enabled {
+        return Some(Slot::Ready(error_reply(&format!(
+            "ERR pmnet: the reply ({size} bytes) is larger than one PMNet reply carries \
+             ({} bytes); a gateway started with --redis reads it from Redis directly",
+            crate::adaptor::REPLY_MAX
+        ))));
+    }
+    let later_write = conn.slots.iter().skip(position + 1).any(|slot| match slot {
+        Slot::Ready(_) | Slot::Reading { .. } | Slot::Direct(_) => false,
+        Slot::Waiting { then, .. } => match then {
+            Then::Plain(Some(args)) => may_write(args),
+            Then::Watch(_) | Then::Barrier => false,
+            Then::Plain(None) | Then::Exec(_) => true,
+        },
+    });
+    if later_write {
+        return Some(Slot::Ready(error_reply(&format!(
+            "ERR pmnet: the reply ({size} bytes) is larger than one PMNet reply carries, and a \
+             later command of this connection that may write had already started: send the \
+             read again to have it read from Redis directly"
+        ))));
+    }
+    conn.direct.reruns += 1;
+    Some(Slot::Direct(args.to_vec()))
+}
+
+/// Open the direct connection if it is not: `Err(reply)` to answer instead.
+fn ensure_link(conn: &mut Conn, ctx: &mut Ctx<'_>) -> Result<(), Vec<u8>> {
+    if conn.direct.link.is_some() {
+        return Ok(());
+    }
+    let Some(direct) = ctx.options.direct.as_ref() else {
+        return Err(error_reply(&format!("ERR {NEEDS_REDIS}")));
+    };
+    if *ctx.open >= direct.max_connections {
+        ctx.counters.direct_refused += 1;
+        return Err(error_reply("ERR max number of clients reached"));
+    }
+    match open(direct) {
+        Ok(link) => {
+            *ctx.open += 1;
+            ctx.counters.direct_opened += 1;
+            conn.direct.link = Some(link);
+            Ok(())
+        }
+        Err(error) => Err(error_reply(&format!(
+            "ERR pmnet gateway: cannot connect to Redis at {}: {error}",
+            direct.redis
+        ))),
+    }
+}
+
+/// Send the read at the front of the slots again on the direct connection.
+fn start_rerun(conn: &mut Conn, ctx: &mut Ctx<'_>) -> bool {
+    let Some(Slot::Direct(args)) = conn.slots.front() else {
+        return false;
+    };
+    if conn.direct.rerun_in_flight {
+        return false;
+    }
+    let args = args.clone();
+    if let Err(reply) = ensure_link(conn, ctx) {
+        ctx.counters.commands_rejected += 1;
+        conn.direct.reruns = conn.direct.reruns.saturating_sub(1);
+        conn.slots[0] = Slot::Ready(reply);
+        return true;
+    }
+    let (resp3, db, name) = (conn.state.resp3, conn.state.db, conn.state.name.clone());
+    let Some(link) = conn.direct.link.as_mut() else {
+        return false;
+    };
+    link.set_up(resp3, db, name);
+    encode_command(&args, &mut link.out);
+    link.expect.push_back(Expect::Client);
+    conn.direct.rerun_in_flight = true;
+    ctx.counters.commands_direct += 1;
+    true
+}
+
 /// Start the barrier, open the connection, or send the pending command, as far as it can.
 fn start_pending(conn: &mut Conn, ctx: &mut Ctx<'_>) -> bool {
+    if start_rerun(conn, ctx) {
+        return true;
+    }
     let Some(pending) = conn.direct.pending.as_ref() else {
         return false;
     };
@@ -461,36 +573,11 @@ fn start_pending(conn: &mut Conn, ctx: &mut Ctx<'_>) -> bool {
         start_barrier(conn, ctx);
         return true;
     }
-    let Some(direct) = ctx.options.direct.as_ref() else {
+    if let Err(reply) = ensure_link(conn, ctx) {
         conn.direct.pending = None;
-        return false;
-    };
-    if conn.direct.link.is_none() {
-        if *ctx.open >= direct.max_connections {
-            conn.direct.pending = None;
-            ctx.counters.commands_rejected += 1;
-            ctx.counters.direct_refused += 1;
-            conn.slots.push_back(Slot::Ready(error_reply(
-                "ERR max number of clients reached",
-            )));
-            return true;
-        }
-        match open(direct) {
-            Ok(link) => {
-                *ctx.open += 1;
-                ctx.counters.direct_opened += 1;
-                conn.direct.link = Some(link);
-            }
-            Err(error) => {
-                conn.direct.pending = None;
-                ctx.counters.commands_rejected += 1;
-                conn.slots.push_back(Slot::Ready(error_reply(&format!(
-                    "ERR pmnet gateway: cannot connect to Redis at {}: {error}",
-                    direct.redis
-                ))));
-                return true;
-            }
-        }
+        ctx.counters.commands_rejected += 1;
+        conn.slots.push_back(Slot::Ready(reply));
+        return true;
     }
     let resp3 = conn.state.resp3;
     let db = conn.state.db;
@@ -685,6 +772,7 @@ fn take_values(conn: &mut Conn, ctx: &mut Ctx<'_>) -> Result<bool, String> {
     let mut busy = false;
     let mut reset_done = false;
     let mut one_shot_done = false;
+    let mut rerun_done = false;
     let mut sticky_answered = 0u64;
     {
         let Some(link) = conn.direct.link.as_mut() else {
@@ -750,7 +838,9 @@ fn take_values(conn: &mut Conn, ctx: &mut Ctx<'_>) -> Result<bool, String> {
                     if !conn.broken {
                         conn.out.extend_from_slice(value);
                     }
-                    if link.expect.is_empty() && !conn.direct.sticky {
+                    if conn.direct.rerun_in_flight {
+                        rerun_done = true;
+                    } else if link.expect.is_empty() && !conn.direct.sticky {
                         one_shot_done = true;
                     }
                     sticky_answered += 1;
@@ -782,6 +872,13 @@ fn take_values(conn: &mut Conn, ctx: &mut Ctx<'_>) -> Result<bool, String> {
             // The write is applied at Redis: a barrier drops what the device's cache holds.
             conn.direct.write_at = None;
             start_barrier(conn, ctx);
+        }
+    }
+    if rerun_done {
+        conn.direct.rerun_in_flight = false;
+        conn.direct.reruns = conn.direct.reruns.saturating_sub(1);
+        if matches!(conn.slots.front(), Some(Slot::Direct(_))) {
+            conn.slots.pop_front();
         }
     }
     if one_shot_done {
@@ -830,6 +927,15 @@ fn fail(conn: &mut Conn, ctx: &mut Ctx<'_>, why: &str) {
         .map(|direct| direct.redis.to_string())
         .unwrap_or_default();
     close(conn, ctx);
+    if conn.direct.rerun_in_flight {
+        conn.direct.rerun_in_flight = false;
+        conn.direct.reruns = conn.direct.reruns.saturating_sub(1);
+        if matches!(conn.slots.front(), Some(Slot::Direct(_))) {
+            conn.slots[0] = Slot::Ready(error_reply(&format!(
+                "ERR pmnet gateway: the connection to Redis at {redis} failed ({why})"
+            )));
+        }
+    }
     let waiting = conn.direct.pending.take();
     if conn.direct.sticky {
         // The client's connection to Redis, as it sees it, is gone: close it (after what was

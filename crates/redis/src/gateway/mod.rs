@@ -192,6 +192,9 @@ enum Slot {
         id: u32,
         args: Option<Vec<Vec<u8>>>,
     },
+    /// A read whose reply was too large for PMNet, run again on the direct connection once
+    /// every earlier reply is out (`direct.rs`).
+    Direct(Vec<Vec<u8>>),
 }
 
 #[derive(Debug)]
@@ -584,7 +587,7 @@ impl Gateway {
                 readable: true,
                 paused: false,
                 progress: Progress::default(),
-                direct: direct::DirectState::default(),
+                direct: direct::DirectState::new(self.options.direct.is_some()),
             };
             let index = match self.free.pop() {
                 Some(index) => {

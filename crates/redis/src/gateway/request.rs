@@ -84,7 +84,7 @@ pub(super) fn start_command(
                     counters.commands_cache_read += 1;
                     conn.slots.push_back(Slot::Reading {
                         id,
-                        args: conn.state.resp3.then(|| args.to_vec()),
+                        args: Some(args.to_vec()),
                     });
                 }
                 Err(error) => {
@@ -174,7 +174,9 @@ pub(super) fn start_command(
             None,
             false,
             crate::resp::command_bytes(args),
-            Then::Plain(conn.state.resp3.then(|| args.to_vec())),
+            // Kept for a RESP3 client (its reply's shape), and for a read (run again direct if
+            // its reply is too large for PMNet).
+            Then::Plain((conn.state.resp3 || !direct::may_write(args)).then(|| args.to_vec())),
         ),
     };
     let now = clock.now();
@@ -291,6 +293,12 @@ pub(super) fn complete(
         return;
     };
     let resp3 = conn.state.resp3;
+    if let Then::Plain(Some(args)) = &then {
+        if let Some(slot) = direct::rerun_slot(conn, position, args, &bytes) {
+            conn.slots[position] = slot;
+            return;
+        }
+    }
     let reply = match then {
         Then::Plain(Some(args)) if resp3 => crate::resp3::to_resp3(&args, &bytes),
         Then::Plain(_) => bytes,
@@ -384,6 +392,12 @@ pub(super) fn complete_read(
             error_reply(&format!("ERR pmnet: {error}"))
         }
     };
+    if let Some(args) = &args {
+        if let Some(slot) = direct::rerun_slot(conn, position, args, &bytes) {
+            conn.slots[position] = slot;
+            return;
+        }
+    }
     conn.slots[position] = Slot::Ready(match args {
         Some(args) if conn.state.resp3 => crate::resp3::to_resp3(&args, &bytes),
         _ => bytes,

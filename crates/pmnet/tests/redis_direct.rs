@@ -555,3 +555,103 @@ fn a_gateway_without_redis_refuses_direct_commands_saying_why() {
         Value::Simple(b"PONG".to_vec())
     );
 }
+
+/// With the device's read cache: a direct write (a transaction run direct, a write on a
+/// tracking connection) is followed by a barrier that drops the cached value, so the cache
+/// never keeps serving the value from before it.
+#[test]
+fn direct_writes_drop_what_the_device_caches() {
+    let mut system = System::start_full(
+        &[
+            "--cache",
+            "--cache-hot-threshold",
+            "1",
+            "--cache-interval-ms",
+            "1",
+            "--cache-fetch-warmup-ms",
+            "0",
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+        &["--device-cache"],
+        false,
+    );
+    // The gateway again, with --redis (the harness's Redis is known once it started).
+    let redis = system.redis.addr().to_string();
+    let args: Vec<String> = [
+        "gateway",
+        "--listen",
+        "127.0.0.1:0",
+        "--device",
+        &system.device_addr().to_string(),
+        "--device-cache",
+        "--redis",
+        &redis,
+        "--report-interval",
+        "0",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    system.gateway = None;
+    system.gateway = Some(Proc::spawn(&args, &system.dir.path().join("gateway2.log")));
+    let hits = |system: &System| {
+        let addr = system
+            .device
+            .as_ref()
+            .and_then(|d| d.metrics)
+            .expect("metrics");
+        let text = pmnet_runtime::metrics::scrape(addr, std::time::Duration::from_secs(5))
+            .expect("scrape");
+        pmnet_runtime::metrics::find_sample(&text, "pmnet_cache_hits_total", "").unwrap_or(0.0)
+    };
+    let read_until_cached = |client: &mut SyncClient, expected: &Value| {
+        let before = hits(&system);
+        poll_until("the device answers GET c:k from its cache", || {
+            assert_eq!(&client.command(&["GET", "c:k"]).unwrap(), expected);
+            hits(&system) > before
+        });
+    };
+    let mut writer = system.gateway_client();
+    let mut reader = system.gateway_client();
+    writer.command(&["SET", "c:k", "v1"]).unwrap();
+    read_until_cached(&mut reader, &bulk("v1"));
+
+    // A reply from Redis: the writer's SET is applied, so no barrier is needed before its
+    // next direct command — the one after it is what drops the cache.
+    assert_eq!(writer.command(&["INCR", "c:n"]).unwrap(), Value::Integer(1));
+    // A transaction with a BLPOP (non-blocking inside MULTI) runs direct.
+    writer.command(&["MULTI"]).unwrap();
+    writer.command(&["SET", "c:k", "v2"]).unwrap();
+    writer.command(&["BLPOP", "c:none", "0"]).unwrap();
+    assert_eq!(
+        writer.command(&["EXEC"]).unwrap(),
+        Value::Array(Some(vec![
+            Value::Simple(b"OK".to_vec()),
+            Value::Array(None)
+        ]))
+    );
+    // The writer's own next read follows the barrier; another connection's, once it passed.
+    assert_eq!(writer.command(&["GET", "c:k"]).unwrap(), bulk("v2"));
+    poll_until("the other connection reads v2", || {
+        reader.command(&["GET", "c:k"]).unwrap() == bulk("v2")
+    });
+    read_until_cached(&mut reader, &bulk("v2"));
+
+    // A write on a RESP3 tracking connection (sticky direct): the same.
+    let mut tracker = Raw {
+        stream: TcpStream::connect(system.gateway.as_ref().unwrap().addr).unwrap(),
+        seen: Vec::new(),
+    };
+    tracker.stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    tracker.send(&[b"HELLO", b"3"]);
+    tracker.until(b"$7\r\nmodules\r\n*0\r\n");
+    tracker.send(&[b"CLIENT", b"TRACKING", b"ON"]);
+    tracker.until(b"+OK\r\n");
+    tracker.send(&[b"SET", b"c:k", b"v3"]);
+    tracker.until(b"+OK\r\n");
+    poll_until("the other connection reads v3", || {
+        reader.command(&["GET", "c:k"]).unwrap() == bulk("v3")
+    });
+    // It stays: nothing cached from before the write comes back.
+    read_until_cached(&mut reader, &bulk("v3"));
+}

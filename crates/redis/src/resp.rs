@@ -582,6 +582,40 @@ mod tests {
     }
 
     #[test]
+    fn a_large_command_in_many_pieces_is_scanned_once_and_parsed_whole() {
+        let limits = Limits::gateway(GATEWAY_MAX_ARGS, 64 << 20);
+        let mut args: Vec<Vec<u8>> = vec![b"RPUSH".to_vec(), b"l".to_vec()];
+        args.extend((0..20_000u32).map(|i| i.to_string().into_bytes()));
+        args.push(vec![b'v'; 3 << 20]);
+        let bytes = command_bytes(&args);
+        let mut progress = Progress::default();
+        let mut end = 0;
+        while end < bytes.len() {
+            end = (end + 65_536).min(bytes.len());
+            let parsed = parse_command_resumable(&bytes[..end], &limits, &mut progress).unwrap();
+            if end < bytes.len() {
+                assert_eq!(parsed, None, "{end}");
+                // Resumed where it stopped: the next piece is scanned from there.
+                assert!(progress.pos == 0 || progress.pos + (3 << 20) + 64 >= end);
+            } else {
+                assert_eq!(parsed, Some((args.clone(), bytes.len())));
+                assert_eq!(progress, Progress::default());
+            }
+        }
+        // Redis's own errors past the limits.
+        let small = Limits::gateway(4, 1 << 20);
+        let mut fresh = Progress::default();
+        assert_eq!(
+            parse_command_resumable(b"*5\r\n", &small, &mut fresh),
+            Err(RespError("invalid multibulk length".to_owned()))
+        );
+        assert_eq!(
+            parse_command_resumable(b"*1\r\n$2000000\r\n", &small, &mut fresh),
+            Err(RespError("invalid bulk length".to_owned()))
+        );
+    }
+
+    #[test]
     fn inline_commands_split_on_whitespace() {
         let (args, used) = parse_command(b"PING  hello\r\nrest", &limits())
             .unwrap()

@@ -113,6 +113,8 @@ struct Link {
     db: u32,
     name: Option<Vec<u8>>,
     readable: bool,
+    /// Redis closed the connection (after `QUIT`, say): what it sent before is still passed on.
+    eof: bool,
 }
 
 /// A client connection's direct side.
@@ -452,6 +454,10 @@ pub(super) fn drive(conn: &mut Conn, ctx: &mut Ctx<'_>) -> bool {
         fail(conn, ctx, &why);
         return true;
     }
+    if conn.direct.link.as_ref().is_some_and(|link| link.eof) {
+        fail(conn, ctx, "Redis closed the connection");
+        return true;
+    }
     busy
 }
 
@@ -664,6 +670,7 @@ fn open(options: &DirectOptions) -> io::Result<Link> {
         db: 0,
         name: None,
         readable: false,
+        eof: false,
     };
     if let Some((user, password)) = &options.auth {
         let mut words: Vec<&[u8]> = vec![b"AUTH"];
@@ -720,9 +727,9 @@ fn pump(conn: &mut Conn) -> Result<(), String> {
     }
     let mut chunk = [0u8; READ_CHUNK];
     let mut total = 0;
-    while total < 4 * READ_CHUNK {
+    while total < 4 * READ_CHUNK && !link.eof {
         match link.stream.read(&mut chunk) {
-            Ok(0) => return Err("Redis closed the connection".to_owned()),
+            Ok(0) => link.eof = true,
             Ok(count) => {
                 link.input.extend_from_slice(&chunk[..count]);
                 total += count;

@@ -279,6 +279,26 @@ fn blocking_commands_run_after_the_connections_writes_and_are_woken_by_others() 
         ]
     );
     assert_eq!(up.client().command(&["GET", "order:k"]).unwrap(), bulk("v"));
+    // An update (acked by the device, applied a moment later) right before a direct command
+    // (an MGET with more keys than the adaptor's scripts take): the barrier makes Redis apply
+    // it first, so the MGET sees it.
+    for round in 0..20 {
+        let key = format!("order:u{round}");
+        let mut mget = vec!["MGET".to_owned(), key.clone()];
+        mget.extend((0..4200).map(|i| format!("order:none{i}")));
+        let mut replies = client
+            .pipeline(&[vec!["SET".to_owned(), key, "u".to_owned()], mget])
+            .unwrap();
+        let Some(Value::Array(Some(values))) = replies.pop() else {
+            panic!("MGET answered {replies:?}");
+        };
+        assert_eq!(values.len(), 4201);
+        assert_eq!(
+            values[0],
+            bulk("u"),
+            "round {round}: the SET before the MGET"
+        );
+    }
     assert_eq!(
         up.client()
             .command(&["LRANGE", "order:m", "0", "-1"])

@@ -722,7 +722,9 @@ fn pump(conn: &mut Conn) -> Result<(), String> {
         link.connected = true;
     }
     write_link(link)?;
-    if !room {
+    // Read only what the last wait (or look) found readable: an idle direct connection costs
+    // no system call per turn.
+    if !room || !link.readable {
         return Ok(());
     }
     let mut chunk = [0u8; READ_CHUNK];

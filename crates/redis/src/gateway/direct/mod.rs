@@ -20,18 +20,21 @@
 //! `--redis-password-file`), `HELLO 3` for a RESP3 client, `SELECT` of its database, `CLIENT
 //! SETNAME` of its name; these set-up replies are checked and not passed on.
 
-use std::collections::VecDeque;
-use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
 
 use pmnet_runtime::Clock;
 
 use crate::commands::{cache_use, CacheUse, Route};
-use crate::resp::{encode_command, error_reply, parse_command, Limits};
+use crate::resp::{encode_command, error_reply};
+
+mod exec;
+mod link;
+
+pub(super) use exec::queue_exec;
+use link::{open, pump, pump_out, Link};
 
 use super::request::Then;
-use super::scan::ValueScan;
 use super::{Conn, GatewayCounters, GatewayOptions, Slot};
 
 /// How the gateway reaches the redis-server behind the adaptor (`--redis`).
@@ -55,8 +58,6 @@ const MAX_VALUE: usize = 1 << 30;
 /// Bytes written into a direct connection and not yet taken by Redis before the gateway stops
 /// reading the client (sticky mode).
 pub(super) const MAX_DIRECT_OUT: usize = 8 << 20;
-/// Bytes read from a direct connection at once.
-const READ_CHUNK: usize = 64 << 10;
 
 /// How a command goes direct.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,26 +96,6 @@ pub(super) struct Pending {
     sent: bool,
     /// The command (sticky mode: how Redis answers it is counted).
     first: Vec<Vec<u8>>,
-}
-
-/// The TCP connection to Redis of one client connection.
-#[derive(Debug)]
-struct Link {
-    stream: TcpStream,
-    fd: RawFd,
-    connected: bool,
-    out: Vec<u8>,
-    out_sent: usize,
-    input: Vec<u8>,
-    scan: ValueScan,
-    expect: VecDeque<Expect>,
-    /// What the connection is set to.
-    resp3: bool,
-    db: u32,
-    name: Option<Vec<u8>>,
-    readable: bool,
-    /// Redis closed the connection (after `QUIT`, say): what it sent before is still passed on.
-    eof: bool,
 }
 
 /// A client connection's direct side.
@@ -269,98 +250,6 @@ pub(super) fn may_write(args: &[Vec<u8>]) -> bool {
 /// device caches: Redis answers it with an error, in order with the other replies (the
 /// gateway cannot tell when such a connection's write is applied, to drop the cache then).
 const WRITE_REFUSED: &[u8] = b"PMNET-DEVICE-CACHE:WRITE-ON-A-SUBSCRIBED-OR-MONITOR-CONNECTION";
-
-/// The check of watched keys' fingerprints (as the adaptor computes them, `script.rs`):
-/// `KEYS` the keys, `ARGV` their fingerprints; 1 if every one is unchanged.
-const CHECK_WATCHED: &str = "local function fingerprint(key)
-  local dump = redis.call('DUMP', key)
-  if not dump then return '' end
-  return redis.sha1hex(dump) .. ':' .. redis.call('PEXPIRETIME', key)
-end
-for i = 1, #KEYS do
-  if fingerprint(KEYS[i]) ~= ARGV[i] then return 0 end
-end
-return 1";
-
-/// Run a transaction (the `PMNET.EXEC` payload the gateway built, and its commands) direct:
-/// `MULTI`, the commands, `EXEC`, and with watched keys `WATCH` and a check of their
-/// fingerprints first.
-pub(super) fn queue_exec(conn: &mut Conn, payload: &[u8], commands: &[Vec<Vec<u8>>]) {
-    let limits = Limits {
-        max_args: usize::MAX,
-        max_bulk_len: usize::MAX,
-        max_command_len: usize::MAX,
-        ..Limits::default()
-    };
-    // PMNET.EXEC <watched> [<key> <fingerprint>]… <count> …
-    let watched: Vec<(Vec<u8>, Vec<u8>)> = match parse_command(payload, &limits) {
-        Ok(Some((words, _))) => {
-            let count = words
-                .get(1)
-                .and_then(|word| crate::resp::parse_int(word))
-                .and_then(|count| usize::try_from(count).ok())
-                .unwrap_or(0);
-            words
-                .get(2..2 + 2 * count)
-                .unwrap_or_default()
-                .chunks(2)
-                .map(|pair| (pair[0].clone(), pair[1].clone()))
-                .collect()
-        }
-        _ => Vec::new(),
-    };
-    let mut body = Vec::new();
-    let mut body_expects = vec![Expect::Drop];
-    encode_command(&[b"MULTI".as_slice()], &mut body);
-    let mut writes = false;
-    let mut sticky = false;
-    for command in commands {
-        encode_command(command, &mut body);
-        body_expects.push(Expect::Drop);
-        writes |= may_write(command);
-        sticky |= command.first().is_some_and(|name| {
-            matches!(
-                crate::commands::lookup(name).map(|spec| spec.class),
-                Some(crate::commands::Class::Direct(
-                    crate::commands::DirectKind::Sticky
-                ))
-            )
-        });
-    }
-    encode_command(&[b"EXEC".as_slice()], &mut body);
-    body_expects.push(Expect::Client);
-    let (bytes, expects) = if watched.is_empty() {
-        (body, body_expects)
-    } else {
-        let mut bytes = Vec::new();
-        let mut watch: Vec<&[u8]> = vec![b"WATCH"];
-        watch.extend(watched.iter().map(|(key, _)| key.as_slice()));
-        encode_command(&watch, &mut bytes);
-        let count = watched.len().to_string();
-        let mut check: Vec<&[u8]> = vec![b"EVAL", CHECK_WATCHED.as_bytes(), count.as_bytes()];
-        check.extend(watched.iter().map(|(key, _)| key.as_slice()));
-        check.extend(watched.iter().map(|(_, print)| print.as_slice()));
-        encode_command(&check, &mut bytes);
-        (
-            bytes,
-            vec![
-                Expect::Setup("WATCH"),
-                Expect::Check {
-                    then: body,
-                    expects: body_expects,
-                },
-            ],
-        )
-    };
-    conn.direct.pending = Some(Pending {
-        bytes,
-        expects,
-        mode: if sticky { Mode::Sticky } else { Mode::OneShot },
-        writes,
-        sent: false,
-        first: vec![b"EXEC".to_vec()],
-    });
-}
 
 /// A command of a client whose commands all go direct (sticky): sent at once.
 pub(super) fn send_sticky(
@@ -646,135 +535,6 @@ fn start_barrier(conn: &mut Conn, ctx: &mut Ctx<'_>) {
     }
 }
 
-fn open(options: &DirectOptions) -> io::Result<Link> {
-    use socket2::{Domain, Socket, Type};
-    let socket = Socket::new(Domain::for_address(options.redis), Type::STREAM, None)?;
-    socket.set_nonblocking(true)?;
-    socket.set_tcp_nodelay(true)?;
-    match socket.connect(&options.redis.into()) {
-        Ok(()) => {}
-        Err(error) if error.raw_os_error() == Some(libc::EINPROGRESS) => {}
-        Err(error) => return Err(error),
-    }
-    let stream: TcpStream = socket.into();
-    let mut link = Link {
-        fd: stream.as_raw_fd(),
-        stream,
-        connected: false,
-        out: Vec::new(),
-        out_sent: 0,
-        input: Vec::new(),
-        scan: ValueScan::default(),
-        expect: VecDeque::new(),
-        resp3: false,
-        db: 0,
-        name: None,
-        readable: false,
-        eof: false,
-    };
-    if let Some((user, password)) = &options.auth {
-        let mut words: Vec<&[u8]> = vec![b"AUTH"];
-        words.extend(user.as_deref());
-        words.push(password);
-        link.setup(&words, "AUTH");
-    }
-    Ok(link)
-}
-
-impl Link {
-    fn setup(&mut self, words: &[&[u8]], what: &'static str) {
-        encode_command(words, &mut self.out);
-        self.expect.push_back(Expect::Setup(what));
-    }
-
-    /// Make the connection's protocol, database and name the client's.
-    fn set_up(&mut self, resp3: bool, db: u32, name: Option<Vec<u8>>) {
-        if self.resp3 != resp3 {
-            self.setup(&[b"HELLO", if resp3 { b"3" } else { b"2" }], "HELLO");
-            self.resp3 = resp3;
-        }
-        if self.db != db {
-            let number = db.to_string();
-            self.setup(&[b"SELECT", number.as_bytes()], "SELECT");
-            self.db = db;
-        }
-        if self.name != name {
-            let word = name.as_deref().unwrap_or_default();
-            self.setup(&[b"CLIENT", b"SETNAME", word], "CLIENT SETNAME");
-            self.name = name;
-        }
-    }
-}
-
-/// Finish connecting, write what waits, read what came (while the client has room for it).
-fn pump(conn: &mut Conn) -> Result<(), String> {
-    let room = conn.out.len() - conn.out_sent < super::MAX_OUTPUT;
-    let Some(link) = conn.direct.link.as_mut() else {
-        return Ok(());
-    };
-    if !link.connected {
-        if let Ok(Some(error)) | Err(error) = link.stream.take_error() {
-            return Err(format!("cannot connect: {error}"));
-        }
-        if link.stream.peer_addr().is_err() {
-            return Ok(());
-        }
-        link.connected = true;
-    }
-    write_link(link)?;
-    // Read only what the last wait (or look) found readable: an idle direct connection costs
-    // no system call per turn.
-    if !room || !link.readable {
-        return Ok(());
-    }
-    let mut chunk = [0u8; READ_CHUNK];
-    let mut total = 0;
-    while total < 4 * READ_CHUNK && !link.eof {
-        match link.stream.read(&mut chunk) {
-            Ok(0) => link.eof = true,
-            Ok(count) => {
-                link.input.extend_from_slice(&chunk[..count]);
-                total += count;
-                if count < chunk.len() {
-                    break;
-                }
-            }
-            Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-            Err(error) => return Err(format!("reading from Redis failed: {error}")),
-        }
-    }
-    link.readable = false;
-    Ok(())
-}
-
-fn pump_out(conn: &mut Conn) -> Result<(), String> {
-    match conn.direct.link.as_mut() {
-        Some(link) if link.connected => write_link(link),
-        _ => Ok(()),
-    }
-}
-
-fn write_link(link: &mut Link) -> Result<(), String> {
-    while link.out_sent < link.out.len() {
-        match link.stream.write(&link.out[link.out_sent..]) {
-            Ok(0) => return Err("Redis closed the connection".to_owned()),
-            Ok(count) => link.out_sent += count,
-            Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-            Err(error) => return Err(format!("writing to Redis failed: {error}")),
-        }
-    }
-    if link.out_sent == link.out.len() {
-        link.out.clear();
-        link.out_sent = 0;
-    } else if link.out_sent > (1 << 20) {
-        link.out.drain(..link.out_sent);
-        link.out_sent = 0;
-    }
-    Ok(())
-}
-
 /// Take the complete values Redis sent: check set-up replies, pass the client's on.
 fn take_values(conn: &mut Conn, ctx: &mut Ctx<'_>) -> Result<bool, String> {
     let mut consumed = 0;
@@ -1011,16 +771,6 @@ pub(super) fn too_large(args: &[Vec<u8>], payload_len: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_watched_keys_check_is_the_adaptors_fingerprint() {
-        let script = include_str!("../script.rs");
-        let function = CHECK_WATCHED
-            .split("\nfor i")
-            .next()
-            .expect("the fingerprint function");
-        assert!(script.contains(function), "script.rs's fingerprint changed");
-    }
 
     #[test]
     fn commands_over_the_pmnet_limits_are_too_large() {

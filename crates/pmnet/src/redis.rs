@@ -163,6 +163,41 @@ pub struct GatewayArgs {
     /// `slowlog-max-len`.
     #[arg(long, value_name = "N", default_value_t = pmnet_redis::gateway::DEFAULT_SLOWLOG_MAX_LEN)]
     pub slowlog_max_len: usize,
+    /// The redis-server behind the adaptor. Commands that need Redis's own connection —
+    /// blocking commands (BLPOP, BLMOVE, XREAD BLOCK, …), WAIT, WAITAOF, pub/sub, MONITOR,
+    /// CLIENT TRACKING — and commands too large for a PMNet request go to it on a TCP
+    /// connection of the client connection's own, after every earlier command of the
+    /// connection is applied (docs/redis.md). Without it they are refused.
+    #[arg(long, value_name = "ADDR", value_parser = crate::addr::parse_addr)]
+    pub redis: Option<SocketAddr>,
+
+    /// A file whose first line is the password the gateway gives Redis (`AUTH`) on its direct
+    /// connections, for a Redis with `requirepass` or ACL users.
+    #[arg(long, value_name = "FILE", requires = "redis")]
+    pub redis_password_file: Option<std::path::PathBuf>,
+
+    /// The ACL user of the direct connections (with `--redis-password-file`).
+    #[arg(long, value_name = "USER", requires = "redis_password_file")]
+    pub redis_user: Option<String>,
+
+    /// Direct connections to Redis open at once at most; a command that would open one more
+    /// gets Redis's "max number of clients reached".
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub max_direct_connections: usize,
+
+    /// Bytes of one command's arguments at most (Redis's proto-max-bulk-len is 512 MB per
+    /// argument); a larger command gets a protocol error and the connection closes.
+    #[arg(long, value_name = "BYTES", default_value_t = pmnet_redis::resp::REDIS_MAX_BULK_LEN)]
+    pub max_request_bytes: usize,
+
+    /// Arguments of one command at most.
+    #[arg(long, value_name = "N", default_value_t = pmnet_redis::resp::GATEWAY_MAX_ARGS)]
+    pub max_request_args: usize,
+
+    /// Bytes read from clients and not yet parsed, across every connection, at most; past it
+    /// only the connection holding the most is read on (the others wait, they get no error).
+    #[arg(long, value_name = "BYTES", default_value_t = pmnet_redis::gateway::DEFAULT_MAX_INPUT_BYTES)]
+    pub max_input_bytes: usize,
 
     #[command(flatten)]
     pub run: LoopArgs,
@@ -349,6 +384,23 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
     if let Some(path) = &args.password_file {
         options.auth.password = Some(read_password_file(path, "--password-file")?);
     }
+    if let Some(redis) = args.redis {
+        let auth = match &args.redis_password_file {
+            Some(path) => Some((
+                args.redis_user.clone().map(String::into_bytes),
+                read_password_file(path, "--redis-password-file")?,
+            )),
+            None => None,
+        };
+        options.direct = Some(pmnet_redis::gateway::DirectOptions {
+            redis,
+            auth,
+            max_connections: args.max_direct_connections.max(1),
+        });
+    }
+    options.max_request_bytes = args.max_request_bytes.max(1024);
+    options.max_request_args = args.max_request_args.max(8);
+    options.max_input_bytes = args.max_input_bytes.max(1 << 20);
     let traffic = pmnet_runtime::auth_text(options.keys.as_ref());
     let mut gateway = Gateway::open(options, shutdown)?;
     let lines = vec![
@@ -385,6 +437,26 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
             } else {
                 "not used (GET goes to Redis)"
             }
+        ),
+        match args.redis {
+            Some(redis) => format!(
+                "  direct: blocking commands, WAIT, pub/sub, MONITOR, CLIENT TRACKING and \
+                 commands over {} bytes or {} words go to Redis at {redis} on a connection of \
+                 the client's own, after every earlier command is applied (at most {} open)",
+                pmnet_redis::gateway::PMNET_REQUEST_MAX,
+                pmnet_redis::gateway::DIRECT_ABOVE_WORDS,
+                args.max_direct_connections.max(1)
+            ),
+            None => "  direct: off (blocking commands, pub/sub, MONITOR, WAIT and commands \
+                     over 1 MiB are refused; start with --redis ADDR)"
+                .to_owned(),
+        },
+        format!(
+            "  requests: at most {} bytes and {} arguments each; {} bytes of unparsed input \
+             in all",
+            args.max_request_bytes.max(1024),
+            args.max_request_args.max(8),
+            args.max_input_bytes.max(1 << 20)
         ),
         format!("  {}", describe(&args.run, gateway.metrics_addr())),
     ];

@@ -73,6 +73,16 @@ pub struct RedisUpArgs {
     #[arg(long, value_name = "FILE")]
     pub password_file: Option<PathBuf>,
 
+    /// A file whose first line is the password the adaptor and the gateway give Redis
+    /// (`AUTH`), for a Redis (`--redis`) with `requirepass` or ACL users.
+    #[arg(long, value_name = "FILE")]
+    pub redis_password_file: Option<PathBuf>,
+
+    /// The ACL user the adaptor and the gateway authenticate to Redis as (with
+    /// `--redis-password-file`).
+    #[arg(long, value_name = "USER", requires = "redis_password_file")]
+    pub redis_user: Option<String>,
+
     /// Authenticate PMNet's datagrams with this deployment key file (`pmnet keygen`).
     #[arg(long, value_name = "FILE")]
     pub key_file: Option<PathBuf>,
@@ -345,6 +355,17 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
         }
         None => args.redis,
     };
+    // The adaptor and the gateway (its direct connections) authenticate to Redis alike.
+    let mut redis_auth_args: Vec<String> = Vec::new();
+    if let Some(path) = &args.redis_password_file {
+        redis_auth_args.extend([
+            "--redis-password-file".to_owned(),
+            path.display().to_string(),
+        ]);
+    }
+    if let Some(user) = &args.redis_user {
+        redis_auth_args.extend(["--redis-user".to_owned(), user.clone()]);
+    }
     let key_args: Vec<String> = args
         .key_file
         .iter()
@@ -377,6 +398,7 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
     ];
     adaptor.extend(cpu_args(place.adaptor));
     adaptor.extend(key_args.iter().cloned());
+    adaptor.extend(redis_auth_args.iter().cloned());
     parts.push(start_pmnet("redis-adaptor", &adaptor)?);
     let mut gateway = vec![
         "gateway".to_owned(),
@@ -384,7 +406,10 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
         args.listen.to_string(),
         "--device".to_owned(),
         args.device_listen.to_string(),
+        "--redis".to_owned(),
+        redis.to_string(),
     ];
+    gateway.extend(redis_auth_args.iter().cloned());
     gateway.extend(cpu_args(place.gateway));
     gateway.extend(wait_args(&args));
     gateway.extend(key_args.iter().cloned());

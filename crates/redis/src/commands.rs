@@ -28,8 +28,23 @@ pub enum Class {
     /// `EXPIRE`/`PEXPIRE` with an expiry that cannot overflow). A command that may fail on
     /// the data (`WRONGTYPE`, not an integer, overflow) always goes as bypass.
     Counting,
+    /// Needs Redis's own connection semantics: sent on the client connection's direct
+    /// connection to Redis (`gateway::direct`).
+    Direct(DirectKind),
     /// Refused with an error that says why.
     Refused(&'static str),
+}
+
+/// How a command of [`Class::Direct`] goes direct.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirectKind {
+    /// One command and its reply (blocking commands, `WAIT`, `WAITAOF`).
+    OneShot,
+    /// `XREAD`/`XREADGROUP`: one-shot with `BLOCK`, a bypass request without.
+    StreamRead,
+    /// The connection turns into a stream (pub/sub, `MONITOR`): every later command of the
+    /// client goes direct too.
+    Sticky,
 }
 
 /// A command the gateway knows.
@@ -45,11 +60,11 @@ const fn spec(name: &'static str, arity: i32, class: Class) -> Spec {
     Spec { name, arity, class }
 }
 
-const NO_SUBSCRIBE: &str = "pub/sub subscriptions, MONITOR and replication streams are not \
-                            supported through the pmnet gateway: connect to Redis directly for \
-                            them (PUBLISH works)";
+const NO_REPLICATION: &str = "replication streams are not supported through the pmnet \
+                              gateway: connect to Redis directly for them";
 
-use Class::{Connection, Counting, Fixed, Local, Refused};
+use Class::{Connection, Counting, Direct, Fixed, Local, Refused};
+use DirectKind::{OneShot, Sticky, StreamRead};
 
 /// Every command the gateway itself knows, in the order of the table in docs/redis.md.
 /// Anything else goes to the adaptor as a bypass request.
@@ -92,16 +107,30 @@ pub const COMMANDS: &[Spec] = &[
     spec("HDEL", -3, Counting),
     spec("ZADD", -4, Counting),
     spec("ZREM", -3, Counting),
-    // Refused: they turn the connection into a stream.
-    spec("SUBSCRIBE", -2, Refused(NO_SUBSCRIBE)),
-    spec("PSUBSCRIBE", -2, Refused(NO_SUBSCRIBE)),
-    spec("SSUBSCRIBE", -2, Refused(NO_SUBSCRIBE)),
-    spec("UNSUBSCRIBE", -1, Refused(NO_SUBSCRIBE)),
-    spec("PUNSUBSCRIBE", -1, Refused(NO_SUBSCRIBE)),
-    spec("SUNSUBSCRIBE", -1, Refused(NO_SUBSCRIBE)),
-    spec("MONITOR", 1, Refused(NO_SUBSCRIBE)),
-    spec("SYNC", 1, Refused(NO_SUBSCRIBE)),
-    spec("PSYNC", -3, Refused(NO_SUBSCRIBE)),
+    // Direct, one-shot: they block, or wait for Redis's replicas or fsync.
+    spec("BLPOP", -3, Direct(OneShot)),
+    spec("BRPOP", -3, Direct(OneShot)),
+    spec("BRPOPLPUSH", 4, Direct(OneShot)),
+    spec("BLMOVE", 6, Direct(OneShot)),
+    spec("BLMPOP", -5, Direct(OneShot)),
+    spec("BZPOPMIN", -3, Direct(OneShot)),
+    spec("BZPOPMAX", -3, Direct(OneShot)),
+    spec("BZMPOP", -5, Direct(OneShot)),
+    spec("XREAD", -4, Direct(StreamRead)),
+    spec("XREADGROUP", -7, Direct(StreamRead)),
+    spec("WAIT", 3, Direct(OneShot)),
+    spec("WAITAOF", 4, Direct(OneShot)),
+    // Direct, sticky: they turn the connection into a stream.
+    spec("SUBSCRIBE", -2, Direct(Sticky)),
+    spec("PSUBSCRIBE", -2, Direct(Sticky)),
+    spec("SSUBSCRIBE", -2, Direct(Sticky)),
+    spec("UNSUBSCRIBE", -1, Direct(Sticky)),
+    spec("PUNSUBSCRIBE", -1, Direct(Sticky)),
+    spec("SUNSUBSCRIBE", -1, Direct(Sticky)),
+    spec("MONITOR", 1, Direct(Sticky)),
+    // Refused.
+    spec("SYNC", 1, Refused(NO_REPLICATION)),
+    spec("PSYNC", -3, Refused(NO_REPLICATION)),
 ];
 
 /// The spec of a command name (any case).
@@ -124,6 +153,9 @@ pub enum Route {
     Quit,
     /// Answered from the connection's state (named by the spec).
     Connection(&'static str),
+    /// Sent on the connection's direct connection to Redis (`sticky`: and every later
+    /// command too).
+    Direct { sticky: bool },
 }
 
 /// The gateway's choices.
@@ -171,6 +203,12 @@ pub fn route(args: &[Vec<u8>], policy: &Policy) -> Route {
             Route::Update { ack: OK }
         }
         Counting => Route::Bypass,
+        Direct(OneShot) => Route::Direct { sticky: false },
+        Direct(StreamRead) if args.iter().any(|arg| arg.eq_ignore_ascii_case(b"BLOCK")) => {
+            Route::Direct { sticky: false }
+        }
+        Direct(StreamRead) => Route::Bypass,
+        Direct(Sticky) => Route::Direct { sticky: true },
         Refused(reason) => Route::Reply(error_reply(&format!("ERR {reason}"))),
     }
 }
@@ -637,7 +675,7 @@ mod tests {
             Route::Reply(b"$2\r\nhi\r\n".to_vec())
         );
         assert_eq!(route_of(&["QUIT"]), Route::Quit);
-        for words in [&["SET", "k"][..], &["SUBSCRIBE", "c"], &["ECHO"]] {
+        for words in [&["SET", "k"][..], &["SYNC"], &["ECHO"], &["BLPOP", "l"]] {
             match route_of(words) {
                 Route::Reply(bytes) => assert!(bytes.starts_with(b"-ERR "), "{words:?}"),
                 other => panic!("{words:?} routed {other:?}"),
@@ -649,6 +687,26 @@ mod tests {
         assert_eq!(route_of(&["ZREVRANGE", "z", "0", "-1"]), Route::Bypass);
         assert_eq!(route_of(&["multi"]), Route::Connection("MULTI"));
         assert_eq!(route_of(&["hello", "3"]), Route::Connection("HELLO"));
+    }
+
+    #[test]
+    fn blocking_and_streaming_commands_go_direct() {
+        let one_shot = Route::Direct { sticky: false };
+        let sticky = Route::Direct { sticky: true };
+        assert_eq!(route_of(&["blpop", "l", "0"]), one_shot);
+        assert_eq!(
+            route_of(&["BLMOVE", "a", "b", "LEFT", "RIGHT", "0"]),
+            one_shot
+        );
+        assert_eq!(route_of(&["WAIT", "0", "0"]), one_shot);
+        assert_eq!(
+            route_of(&["XREAD", "BLOCK", "0", "STREAMS", "s", "$"]),
+            one_shot
+        );
+        assert_eq!(route_of(&["XREAD", "STREAMS", "s", "0"]), Route::Bypass);
+        assert_eq!(route_of(&["SUBSCRIBE", "c"]), sticky);
+        assert_eq!(route_of(&["UNSUBSCRIBE"]), sticky);
+        assert_eq!(route_of(&["MONITOR"]), sticky);
     }
 
     #[test]

@@ -26,6 +26,34 @@ pub struct Limits {
     pub max_depth: usize,
 }
 
+/// Bytes of one bulk string at most in Redis (`proto-max-bulk-len`, 512 MB).
+pub const REDIS_MAX_BULK_LEN: usize = 512 << 20;
+/// Arguments of one command at most through the gateway (Redis takes up to `INT_MAX`; the
+/// gateway stops at 1 048 576, each argument costing it a buffer of its own).
+pub const GATEWAY_MAX_ARGS: usize = 1 << 20;
+
+impl Limits {
+    /// The gateway's limits on clients' commands: Redis's own bulk length, up to `max_args`
+    /// arguments and `max_command_len` bytes of arguments in all.
+    pub fn gateway(max_args: usize, max_command_len: usize) -> Limits {
+        Limits {
+            max_args,
+            max_bulk_len: REDIS_MAX_BULK_LEN.min(max_command_len),
+            max_command_len,
+            ..Limits::default()
+        }
+    }
+
+    /// Bytes a command within these limits takes on the wire at most (its arguments and the
+    /// headers around them): a connection's input buffer must hold this much.
+    pub fn max_wire_len(&self) -> usize {
+        // `*N\r\n`, and `$len\r\n` + `\r\n` around each argument (at most 24 + 2 bytes).
+        self.max_command_len
+            .saturating_add(self.max_args.saturating_mul(26))
+            .saturating_add(self.max_line_len)
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -222,6 +250,116 @@ pub fn parse_command(buf: &[u8], limits: &Limits) -> Result<Option<ParsedCommand
     }
 }
 
+/// How far [`parse_command_resumable`] got into an incomplete command: where its next
+/// argument starts and how many are left. Valid for the same buffer (grown at its end only).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// The next argument's header starts here (0: nothing parsed yet).
+    pos: usize,
+    left: usize,
+    total: usize,
+}
+
+/// [`parse_command`], remembering in `progress` how far it got into an incomplete command, so
+/// that a large command arriving in many reads is scanned once, not again from its start on
+/// every read. `progress` must be reset (`Progress::default()`) whenever `buf`'s front
+/// changes; it is reset here whenever a command is complete or an error found.
+pub fn parse_command_resumable(
+    buf: &[u8],
+    limits: &Limits,
+    progress: &mut Progress,
+) -> Result<Option<ParsedCommand>, RespError> {
+    if buf.first() != Some(&b'*') {
+        *progress = Progress::default();
+        return parse_command(buf, limits);
+    }
+    let scanned = scan_multibulk(buf, limits, progress);
+    match scanned {
+        Ok(true) => {
+            *progress = Progress::default();
+            parse_multibulk(buf, limits)
+        }
+        Ok(false) => Ok(None),
+        Err(error) => {
+            *progress = Progress::default();
+            Err(error)
+        }
+    }
+}
+
+/// Walk the arguments of the multibulk at the front of `buf` from `progress` on, without
+/// copying them: whether the command is complete.
+fn scan_multibulk(buf: &[u8], limits: &Limits, progress: &mut Progress) -> Result<bool, RespError> {
+    if progress.pos == 0 {
+        let Some((count, pos)) = header_line(buf, 0)? else {
+            return Ok(false);
+        };
+        if count <= 0 {
+            return Ok(true);
+        }
+        let count = usize::try_from(count).unwrap_or(usize::MAX);
+        if count > limits.max_args {
+            return Err(protocol("invalid multibulk length"));
+        }
+        *progress = Progress {
+            pos,
+            left: count,
+            total: 0,
+        };
+    }
+    while progress.left > 0 {
+        let (len, start) = bulk_header(buf, progress.pos, limits, progress.total)?;
+        let Some((len, start)) = len.zip(start) else {
+            return Ok(false);
+        };
+        let end = start + len;
+        if buf.len() < end + 2 {
+            return Ok(false);
+        }
+        if &buf[end..end + 2] != b"\r\n" {
+            return Err(protocol("bulk string not followed by CRLF"));
+        }
+        progress.pos = end + 2;
+        progress.total += len;
+        progress.left -= 1;
+    }
+    Ok(true)
+}
+
+/// The header of an argument at `pos`: its length and where its bytes start (`None`s:
+/// incomplete), checked against the limits with `total` bytes of arguments before it.
+fn bulk_header(
+    buf: &[u8],
+    pos: usize,
+    limits: &Limits,
+    total: usize,
+) -> Result<(Option<usize>, Option<usize>), RespError> {
+    match buf.get(pos) {
+        None => return Ok((None, None)),
+        Some(b'$') => {}
+        Some(&other) => {
+            return Err(protocol(format!(
+                "expected '$', got '{}'",
+                char::from(other).escape_default()
+            )))
+        }
+    }
+    let Some((len, start)) = header_line(buf, pos)? else {
+        return Ok((None, None));
+    };
+    let len = usize::try_from(len).map_err(|_| protocol("invalid bulk length"))?;
+    if len > limits.max_bulk_len {
+        return Err(protocol("invalid bulk length"));
+    }
+    if total.saturating_add(len) > limits.max_command_len {
+        return Err(protocol(format!(
+            "command larger than {} bytes",
+            limits.max_command_len
+        )));
+    }
+    Ok((Some(len), Some(start)))
+}
+
 fn parse_multibulk(buf: &[u8], limits: &Limits) -> Result<Option<ParsedCommand>, RespError> {
     let Some((count, mut pos)) = header_line(buf, 0)? else {
         return Ok(None);
@@ -231,41 +369,16 @@ fn parse_multibulk(buf: &[u8], limits: &Limits) -> Result<Option<ParsedCommand>,
     }
     let count = usize::try_from(count).unwrap_or(usize::MAX);
     if count > limits.max_args {
-        return Err(protocol(format!(
-            "too many arguments ({count}; at most {})",
-            limits.max_args
-        )));
+        return Err(protocol("invalid multibulk length"));
     }
-    let mut args = Vec::with_capacity(count.min(64));
+    let mut args = Vec::with_capacity(count.min(1 << 16));
     let mut total = 0usize;
     for _ in 0..count {
-        match buf.get(pos) {
-            None => return Ok(None),
-            Some(b'$') => {}
-            Some(&other) => {
-                return Err(protocol(format!(
-                    "expected '$', got '{}'",
-                    char::from(other).escape_default()
-                )))
-            }
-        }
-        let Some((len, start)) = header_line(buf, pos)? else {
+        let (len, start) = bulk_header(buf, pos, limits, total)?;
+        let Some((len, start)) = len.zip(start) else {
             return Ok(None);
         };
-        let len = usize::try_from(len).map_err(|_| protocol("invalid bulk length"))?;
-        if len > limits.max_bulk_len {
-            return Err(protocol(format!(
-                "argument of {len} bytes is larger than {} bytes",
-                limits.max_bulk_len
-            )));
-        }
         total += len;
-        if total > limits.max_command_len {
-            return Err(protocol(format!(
-                "command larger than {} bytes",
-                limits.max_command_len
-            )));
-        }
         let end = start + len;
         if buf.len() < end + 2 {
             return Ok(None);
@@ -481,6 +594,40 @@ mod tests {
         let (args, used) = parse_command(&bytes, &limits()).unwrap().unwrap();
         assert_eq!(args, vec![b"SET".to_vec(), b"k".to_vec(), b"v".to_vec()]);
         assert_eq!(used, bytes.len());
+    }
+
+    #[test]
+    fn a_large_command_in_many_pieces_is_scanned_once_and_parsed_whole() {
+        let limits = Limits::gateway(GATEWAY_MAX_ARGS, 64 << 20);
+        let mut args: Vec<Vec<u8>> = vec![b"RPUSH".to_vec(), b"l".to_vec()];
+        args.extend((0..20_000u32).map(|i| i.to_string().into_bytes()));
+        args.push(vec![b'v'; 3 << 20]);
+        let bytes = command_bytes(&args);
+        let mut progress = Progress::default();
+        let mut end = 0;
+        while end < bytes.len() {
+            end = (end + 65_536).min(bytes.len());
+            let parsed = parse_command_resumable(&bytes[..end], &limits, &mut progress).unwrap();
+            if end < bytes.len() {
+                assert_eq!(parsed, None, "{end}");
+                // Resumed where it stopped: the next piece is scanned from there.
+                assert!(progress.pos == 0 || progress.pos + (3 << 20) + 64 >= end);
+            } else {
+                assert_eq!(parsed, Some((args.clone(), bytes.len())));
+                assert_eq!(progress, Progress::default());
+            }
+        }
+        // Redis's own errors past the limits.
+        let small = Limits::gateway(4, 1 << 20);
+        let mut fresh = Progress::default();
+        assert_eq!(
+            parse_command_resumable(b"*5\r\n", &small, &mut fresh),
+            Err(RespError("invalid multibulk length".to_owned()))
+        );
+        assert_eq!(
+            parse_command_resumable(b"*1\r\n$2000000\r\n", &small, &mut fresh),
+            Err(RespError("invalid bulk length".to_owned()))
+        );
     }
 
     #[test]

@@ -10,9 +10,9 @@
 //! | `write` | runs it in the update script: applied and recorded exactly once |
 //! | `readonly` | runs it as it is, in order (a read) |
 //! | neither (`PING`, `TIME`, `INFO`, `PUBSUB CHANNELS`, …) | runs it as it is |
-//! | `blocking` | refuses it (it would stall a connection other sessions share), except `XREAD`/`XREADGROUP` without `BLOCK` |
+//! | `blocking` | refuses it (it would stall a connection other sessions share; the gateway sends the ones it knows on a direct connection of the client's own), except `XREAD`/`XREADGROUP` without `BLOCK` |
 //! | `noscript` and `admin` | refuses it (operators' commands: run them against Redis), except `CONFIG GET` |
-//! | `pubsub` and `noscript` (`SUBSCRIBE`, …) | refuses it |
+//! | `pubsub` and `noscript` (`SUBSCRIBE`, …) | refuses it (the gateway sends them on a direct connection) |
 //!
 //! and the knowledge the flags do not carry is the short table [`SPECIAL`], one test each.
 
@@ -100,19 +100,20 @@ pub const SPECIAL: &[(&str, Special)] = &[
     ("function|delete", Special::FunctionChange),
     ("function|flush", Special::FunctionChange),
     ("function|restore", Special::FunctionChange),
-    // Waiting for replicas would stall a connection other sessions share.
+    // Waiting for replicas would stall a connection other sessions share: the gateway sends
+    // them on a direct connection of the client's own.
     (
         "wait",
         Special::Refused(
-            "WAIT is not supported through the pmnet gateway: a reply from the gateway already \
-         means the write is durable (see docs/redis.md)",
+            "WAIT cannot run on the pmnet adaptor's shared connections to Redis: the pmnet \
+         gateway sends it to Redis on a direct connection (see docs/redis.md)",
         ),
     ),
     (
         "waitaof",
         Special::Refused(
-            "WAITAOF is not supported through the pmnet gateway: a reply from the gateway already \
-         means the write is durable (see docs/redis.md)",
+            "WAITAOF cannot run on the pmnet adaptor's shared connections to Redis: the pmnet \
+         gateway sends it to Redis on a direct connection (see docs/redis.md)",
         ),
     ),
     ("config|get", Special::Direct),
@@ -322,15 +323,16 @@ impl CommandTable {
         let flags = info.flags;
         if flags & flag::BLOCKING != 0 && !non_blocking_stream_read(&container, args) {
             return Run::Refuse(format!(
-                "ERR blocking commands ({}) are not supported through the pmnet gateway: use \
-                 the non-blocking form and poll",
+                "ERR blocking commands ({}) cannot run on the pmnet adaptor's shared connections \
+                 to Redis: the pmnet gateway sends the ones it knows to Redis on a direct \
+                 connection (--redis); use the non-blocking form otherwise",
                 full.to_ascii_uppercase()
             ));
         }
         if flags & flag::PUBSUB != 0 && flags & flag::NOSCRIPT != 0 {
             return Run::Refuse(format!(
-                "ERR {} is not supported through the pmnet gateway: subscribe to Redis directly \
-                 (PUBLISH works)",
+                "ERR {} cannot run on the pmnet adaptor's shared connections to Redis: the pmnet \
+                 gateway sends it to Redis on a direct connection (--redis)",
                 full.to_ascii_uppercase()
             ));
         }
@@ -370,7 +372,8 @@ impl CommandTable {
         }
         if info.flags & flag::BLOCKING != 0 && !non_blocking_stream_read(container, args) {
             return Err(format!(
-                "ERR blocking commands ({}) are not supported through the pmnet gateway",
+                "ERR blocking commands ({}) inside MULTI need the pmnet gateway started with \
+                 --redis (the transaction then runs on a direct connection to Redis)",
                 full.to_ascii_uppercase()
             ));
         }

@@ -351,7 +351,7 @@ impl Adaptor {
         }
         // Replies that arrived before a failure are still good.
         let mut consumed = 0;
-        let mut completed: Vec<(u64, u32, Vec<u8>)> = Vec::new();
+        let mut completed: Vec<(u64, u32, Vec<u8>, bool)> = Vec::new();
         while failure.is_none() {
             let parsed = parse_value(&self.conns[index].input[consumed..], &self.limits);
             let (value, used) = match parsed {
@@ -410,7 +410,12 @@ impl Adaptor {
                             break;
                         };
                         match self.interpret(&pending, value) {
-                            Ok(reply) => completed.push((pending.session_id, pending.seq, reply)),
+                            Ok(reply) => completed.push((
+                                pending.session_id,
+                                pending.seq,
+                                reply,
+                                pending.op.writes(),
+                            )),
                             Err(why) => {
                                 self.conns[index].pending.push_front(pending);
                                 failure = Some(why);
@@ -425,7 +430,12 @@ impl Adaptor {
                         continue;
                     };
                     match self.interpret(&pending, value) {
-                        Ok(reply) => completed.push((pending.session_id, pending.seq, reply)),
+                        Ok(reply) => completed.push((
+                            pending.session_id,
+                            pending.seq,
+                            reply,
+                            pending.op.writes(),
+                        )),
                         Err(why) => {
                             self.conns[index].pending.push_front(pending);
                             failure = Some(why);
@@ -439,7 +449,8 @@ impl Adaptor {
         }
         let any = read_any || !completed.is_empty();
         let now = self.clock.now();
-        for (session_id, seq, reply) in completed {
+        for (session_id, seq, reply, writes) in completed {
+            let reply = super::fit_reply(reply, writes);
             tracing::trace!(
                 session = session_id,
                 seq,

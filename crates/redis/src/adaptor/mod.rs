@@ -59,6 +59,32 @@ pub use recovery::load_sessions;
 use translation::Flow;
 pub use translation::{DB_COMMAND, EXEC_COMMAND, WATCH_COMMAND};
 
+/// Bytes of a reply at most: what one PMNet reply carries to the gateway (its PMNet client's
+/// `request_len_max`).
+pub const REPLY_MAX: usize = 1 << 20;
+/// The start of the error that stands for a read's reply over [`REPLY_MAX`]: the gateway runs
+/// the read again on a direct connection to Redis (`-PMNET-REPLY-TOO-LARGE <bytes>`).
+pub const REPLY_TOO_LARGE: &[u8] = b"-PMNET-REPLY-TOO-LARGE ";
+
+/// `reply` if it fits one PMNet reply; else, for a read, [`REPLY_TOO_LARGE`] with its length,
+/// and for a request that wrote, an error saying it was applied.
+pub(crate) fn fit_reply(reply: Vec<u8>, writes: bool) -> Vec<u8> {
+    if reply.len() <= REPLY_MAX {
+        return reply;
+    }
+    if writes {
+        crate::resp::error_reply(&format!(
+            "ERR pmnet: the command was applied, but its reply ({} bytes) is larger than one \
+             PMNet reply carries ({REPLY_MAX} bytes)",
+            reply.len()
+        ))
+    } else {
+        let mut out = REPLY_TOO_LARGE.to_vec();
+        out.extend_from_slice(format!("{}\r\n", reply.len()).as_bytes());
+        out
+    }
+}
+
 /// Everything the adaptor needs to start.
 #[derive(Debug, Clone)]
 pub struct AdaptorOptions {

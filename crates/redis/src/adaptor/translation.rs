@@ -430,7 +430,11 @@ impl Adaptor {
             reader.command(&args).map(|value| (value.to_bytes(), false))
         };
         match answer {
-            Ok(answer) => answer,
+            Ok((reply, cacheable)) => {
+                let fitted = super::fit_reply(reply, false);
+                let whole = !fitted.starts_with(super::REPLY_TOO_LARGE);
+                (fitted, cacheable && whole)
+            }
             Err(_) => {
                 self.reader = None;
                 unanswered()

@@ -60,7 +60,7 @@ pub(super) fn line(conn: &Conn) -> String {
         .sum();
     let obl = unsent.min(REPLY_CHUNK);
     let omem = unsent - obl + owed;
-    let events = match conn.interest() {
+    let events = match conn.interest(usize::MAX) {
         Some((true, true)) => "rw",
         Some((true, false)) => "r",
         Some((false, true)) => "w",

@@ -17,10 +17,11 @@ use crate::adaptor::{EXEC_COMMAND, WATCH_COMMAND};
 use crate::commands::{Route, OK};
 use crate::resp::{encode_bulk, error_reply};
 
-/// Words queued in one transaction at most (the adaptor's limit on one request's words).
-const MAX_QUEUED_WORDS: usize = 60_000;
-/// Bytes queued in one transaction at most (a PMNet request is at most 1 MiB).
-const MAX_QUEUED_BYTES: usize = 1 << 20;
+/// Words queued in one transaction at most (one larger than one PMNet request or the adaptor's
+/// scripts take runs on a direct connection: `gateway::direct`).
+const MAX_QUEUED_WORDS: usize = 1 << 20;
+/// Bytes queued in one transaction at most.
+const MAX_QUEUED_BYTES: usize = 512 << 20;
 /// Keys watched by one connection at most.
 const MAX_WATCHED: usize = 1024;
 
@@ -140,8 +141,8 @@ impl ConnState {
                 || queued.bytes + words_len(args) > MAX_QUEUED_BYTES =>
             {
                 Some(error_reply(
-                    "ERR transaction too large for the pmnet gateway (at most 1 MiB and 60000 \
-                     words queued)",
+                    "ERR transaction too large for the pmnet gateway (at most 512 MiB and \
+                     1048576 words queued)",
                 ))
             }
             _ => None,
@@ -431,9 +432,9 @@ impl ConnState {
                     b"CLIENT <subcommand> through the pmnet gateway:",
                     b"ID, GETNAME, SETNAME <name>, SETINFO LIB-NAME|LIB-VER <value>, INFO,",
                     b"LIST [TYPE type|ID id...], KILL (the gateway's clients), NO-EVICT|NO-TOUCH",
-                    b"ON|OFF, GETREDIR. Each connection is one PMNet session; PAUSE, UNPAUSE,",
-                    b"UNBLOCK, TRACKING, CACHING, REPLY and TRACKINGINFO are not supported here:",
-                    b"run them against Redis directly.",
+                    b"ON|OFF, GETREDIR. TRACKING, CACHING, TRACKINGINFO go to Redis on a direct",
+                    b"connection (--redis); PAUSE, UNPAUSE, UNBLOCK and REPLY are not supported",
+                    b"here: run them against Redis directly.",
                     b"",
                     b"See docs/redis.md.",
                     b"HELP",

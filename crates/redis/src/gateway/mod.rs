@@ -27,18 +27,22 @@ use pmnet_wire::{Header, PacketType};
 
 mod clients;
 mod connection;
+mod direct;
 mod health;
 mod info_text;
 mod introspect;
+mod metrics;
 mod request;
+mod scan;
 mod slowlog;
 
 pub use connection::Auth;
 use connection::ConnState;
+pub use direct::{DirectOptions, DIRECT_ABOVE_WORDS, PMNET_REQUEST_MAX};
 pub use slowlog::{DEFAULT_SLOWLOG_MAX_LEN, DEFAULT_SLOWLOG_SLOWER_THAN};
 
 use crate::commands::Policy;
-use crate::resp::{error_reply, parse_command, Limits};
+use crate::resp::{error_reply, parse_command_resumable, Limits, Progress};
 
 /// Everything the gateway needs to start.
 #[derive(Debug, Clone)]
@@ -78,6 +82,16 @@ pub struct GatewayOptions {
     pub slowlog_log_slower_than: i64,
     /// Entries the slow log keeps at most.
     pub slowlog_max_len: usize,
+    /// The redis-server behind the adaptor, for commands that go direct (`--redis`; `None`:
+    /// they are refused).
+    pub direct: Option<DirectOptions>,
+    /// Arguments of one command at most (`--max-request-args`).
+    pub max_request_args: usize,
+    /// Bytes of one command's arguments at most (`--max-request-bytes`).
+    pub max_request_bytes: usize,
+    /// Bytes read from clients and not yet parsed, across all connections, at most
+    /// (`--max-input-bytes`); past it only the connection with the most is read on.
+    pub max_input_bytes: usize,
 }
 
 impl GatewayOptions {
@@ -106,12 +120,18 @@ impl GatewayOptions {
             down_after: Some(DEFAULT_DOWN_AFTER),
             slowlog_log_slower_than: DEFAULT_SLOWLOG_SLOWER_THAN,
             slowlog_max_len: DEFAULT_SLOWLOG_MAX_LEN,
+            direct: None,
+            max_request_args: crate::resp::GATEWAY_MAX_ARGS,
+            max_request_bytes: crate::resp::REDIS_MAX_BULK_LEN,
+            max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
         }
     }
 }
 
 /// How long the path may leave the gateway's probe unanswered before it is taken for down.
 pub const DEFAULT_DOWN_AFTER: Duration = Duration::from_secs(2);
+/// The default of `--max-input-bytes`: 1 GiB.
+pub const DEFAULT_MAX_INPUT_BYTES: usize = 1 << 30;
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -165,6 +185,20 @@ pub struct GatewayCounters {
     pub commands_cache_read: u64,
     /// Cache reads the device answered.
     pub cache_reads_from_device: u64,
+    /// Commands sent on a direct connection to Redis.
+    pub commands_direct: u64,
+    /// Direct connections opened, closed, refused (too many open), failed under a command.
+    pub direct_opened: u64,
+    pub direct_closed: u64,
+    pub direct_refused: u64,
+    pub direct_failed: u64,
+    /// Connections that went direct for good (pub/sub, MONITOR, CLIENT TRACKING).
+    pub direct_sticky: u64,
+    /// Barriers (bypass `PING`s) sent before a direct command or after a direct write.
+    pub direct_barriers: u64,
+    /// Turns in which a connection was not read because clients' unparsed input reached
+    /// `--max-input-bytes`.
+    pub input_paused: u64,
 }
 
 /// A reply owed to a client, in request order.
@@ -183,6 +217,9 @@ enum Slot {
         id: u32,
         args: Option<Vec<Vec<u8>>>,
     },
+    /// A read whose reply was too large for PMNet, run again on the direct connection once
+    /// every earlier reply is out (`direct.rs`).
+    Direct(Vec<Vec<u8>>),
 }
 
 #[derive(Debug)]
@@ -210,10 +247,14 @@ struct Conn {
     broken: bool,
     /// The last wait (or look) found it readable.
     readable: bool,
+    /// Not read on: clients' unparsed input is over `--max-input-bytes`.
+    paused: bool,
+    /// How far the parser got into an incomplete command at the front of `input`.
+    progress: Progress,
+    /// The connection's direct connection to Redis and what waits for it.
+    direct: direct::DirectState,
 }
 
-/// Bytes read from a client and not yet parsed, at most (a command is at most 1 MiB).
-const MAX_INPUT: usize = 2 << 20;
 /// Bytes of replies not yet written before the gateway stops reading a client.
 const MAX_OUTPUT: usize = 8 << 20;
 /// Replies owed to one client at most (beyond the window: local replies and errors).
@@ -224,16 +265,25 @@ impl Conn {
         self.out.len() - self.out_sent
     }
 
-    /// What to wait for on this connection (read, write), if anything.
-    fn interest(&self) -> Option<(bool, bool)> {
-        let read = !self.read_closed && !self.closing && self.input.len() < MAX_INPUT;
+    /// What to wait for on this connection (read, write), if anything; `max_input`: bytes of
+    /// unparsed input it may hold.
+    fn interest(&self, max_input: usize) -> Option<(bool, bool)> {
+        let read =
+            !self.read_closed && !self.closing && !self.paused && self.input.len() < max_input;
         let write = self.unsent() > 0 && !self.broken;
         (read || write).then_some((read, write))
     }
 
+    /// What to wait for on its direct connection, if it has one.
+    fn direct_interest(&self) -> Option<(RawFd, bool, bool)> {
+        self.direct.interest(self.unsent() < MAX_OUTPUT)
+    }
+
     fn is_done(&self) -> bool {
+        let direct_idle = self.broken || self.direct.is_idle();
         (self.read_closed || self.closing || self.broken)
             && self.client.in_flight_count() == 0
+            && direct_idle
             && (self.broken || (self.slots.is_empty() && self.unsent() == 0))
     }
 }
@@ -274,6 +324,10 @@ pub struct Gateway {
     span: tracing::Span,
     /// The clients' commands counted, and the slow log.
     intro: introspect::Introspect,
+    /// Direct connections to Redis open.
+    direct_open: usize,
+    /// Bytes of unparsed input a connection may hold (a whole command of the limits).
+    max_conn_input: usize,
 }
 
 impl Gateway {
@@ -333,6 +387,8 @@ impl Gateway {
             None => None,
         };
         let intro = introspect::Introspect::new(&options);
+        let limits = Limits::gateway(options.max_request_args, options.max_request_bytes);
+        let max_conn_input = limits.max_wire_len();
         let gateway = Gateway {
             options,
             clock: Clock::new(),
@@ -342,7 +398,7 @@ impl Gateway {
             free: Vec::new(),
             sessions: HashMap::new(),
             counters: GatewayCounters::default(),
-            limits: Limits::default(),
+            limits,
             board,
             metrics_addr,
             shutdown,
@@ -357,6 +413,8 @@ impl Gateway {
             probe_out: Vec::new(),
             span: tracing::info_span!("gateway"),
             intro,
+            direct_open: 0,
+            max_conn_input,
         };
         pmnet_runtime::publish_node(&gateway, &gateway.board);
         Ok(gateway)
@@ -403,8 +461,12 @@ impl Gateway {
         self.listener_readable = ready.is_readable(0);
         let mut entry = 2;
         for conn in self.conns.iter_mut().flatten() {
-            if conn.interest().is_some() {
+            if conn.interest(self.max_conn_input).is_some() {
                 conn.readable = ready.is_readable(entry);
+                entry += 1;
+            }
+            if conn.direct_interest().is_some() {
+                conn.direct.set_readable(ready.is_readable(entry));
                 entry += 1;
             }
         }
@@ -445,7 +507,7 @@ impl Gateway {
             }
             if conn.readable {
                 conn.readable = false;
-                busy |= read_client(conn, &mut self.scratch);
+                busy |= read_client(conn, &mut self.scratch, self.max_conn_input);
             }
             busy |= self.service(index);
         }
@@ -458,6 +520,7 @@ impl Gateway {
                 self.socket.enqueue(transmit);
             }
         }
+        self.pause_input();
         if self.socket.queued_len() > 0 {
             self.socket.flush();
         }
@@ -469,7 +532,12 @@ impl Gateway {
         // Close what is finished.
         for index in 0..self.conns.len() {
             if self.conns[index].as_ref().is_some_and(Conn::is_done) {
-                if let Some(conn) = self.conns[index].take() {
+                if let Some(mut conn) = self.conns[index].take() {
+                    if conn.direct.is_open() {
+                        self.direct_open = self.direct_open.saturating_sub(1);
+                        self.counters.direct_closed += 1;
+                    }
+                    conn.direct = direct::DirectState::default();
                     tracing::trace!(
                         session = conn.client.session_id(),
                         "client connection closed"
@@ -482,6 +550,32 @@ impl Gateway {
             }
         }
         busy
+    }
+
+    /// Past `--max-input-bytes` of unparsed input across the clients, read on only the
+    /// connection that has the most (the one whose command is nearest complete): the others
+    /// wait until memory frees, rather than being refused.
+    fn pause_input(&mut self) {
+        let mut total = 0usize;
+        let mut largest: Option<(usize, usize)> = None;
+        for (index, conn) in self.conns.iter().enumerate() {
+            let Some(conn) = conn else { continue };
+            let len = conn.input.len();
+            total = total.saturating_add(len);
+            if largest.is_none_or(|(_, most)| len > most) {
+                largest = Some((index, len));
+            }
+        }
+        let over = total >= self.options.max_input_bytes;
+        let largest = largest.map(|(index, _)| index);
+        for (index, conn) in self.conns.iter_mut().enumerate() {
+            let Some(conn) = conn else { continue };
+            let paused = over && Some(index) != largest;
+            if paused && !conn.paused {
+                self.counters.input_paused += 1;
+            }
+            conn.paused = paused;
+        }
     }
 
     fn accept(&mut self) -> bool {
@@ -556,6 +650,9 @@ impl Gateway {
                 closing: false,
                 broken: false,
                 readable: true,
+                paused: false,
+                progress: Progress::default(),
+                direct: direct::DirectState::new(self.options.direct.is_some()),
             };
             let index = match self.free.pop() {
                 Some(index) => {
@@ -644,11 +741,16 @@ impl Gateway {
             let mut consumed = 0;
             while !conn.closing
                 && conn.watches_in_flight == 0
+                && !conn.direct.holds()
                 && conn.client.can_send()
                 && conn.slots.len() < MAX_SLOTS
                 && conn.unsent() < MAX_OUTPUT
             {
-                match parse_command(&conn.input[consumed..], &self.limits) {
+                match parse_command_resumable(
+                    &conn.input[consumed..],
+                    &self.limits,
+                    &mut conn.progress,
+                ) {
                     Ok(None) => break,
                     Err(error) => {
                         self.counters.protocol_errors += 1;
@@ -707,6 +809,15 @@ impl Gateway {
                 progressed = true;
                 request::complete_read(conn, event, &self.limits, &mut self.counters);
             }
+            progressed |= direct::drive(
+                conn,
+                &mut direct::Ctx {
+                    options: &self.options,
+                    clock: &self.clock,
+                    counters: &mut self.counters,
+                    open: &mut self.direct_open,
+                },
+            );
             while let Some(Slot::Ready(_)) = conn.slots.front() {
                 if let Some(Slot::Ready(bytes)) = conn.slots.pop_front() {
                     let bytes = introspect::reply_out(
@@ -730,186 +841,6 @@ impl Gateway {
         }
         busy |= write_client(conn);
         busy
-    }
-
-    pub fn report_line(&self) -> String {
-        let counters = &self.counters;
-        let socket = self.socket.counters();
-        format!(
-            "gateway: connections open {} accepted {} refused {} closed {}; commands local {} \
-             update {} bypass {} cache-read {} (answered by the device {}) rejected {}; updates acked by device {} by server {}; timed \
-             out {} replies unavailable {} malformed replies {} protocol errors {}; udp in {} \
-             out {} unknown-session {} no-op fills for reads {}; path {}",
-            self.open_count(),
-            counters.connections_accepted,
-            counters.connections_refused,
-            counters.connections_closed,
-            counters.commands_local,
-            counters.commands_update,
-            counters.commands_bypass,
-            counters.commands_cache_read,
-            counters.cache_reads_from_device,
-            counters.commands_rejected,
-            counters.updates_acked_by_device,
-            counters.updates_answered_by_server,
-            counters.requests_timed_out,
-            counters.replies_unavailable,
-            counters.malformed_replies,
-            counters.protocol_errors,
-            socket.received_total(),
-            socket.sent_total(),
-            counters.datagrams_unknown_session,
-            counters.noop_fills_for_reads,
-            match self.health.as_ref().map(|health| health.down()) {
-                None => "not watched".to_owned(),
-                Some(None) => "up".to_owned(),
-                Some(Some((_, why))) => format!(
-                    "DOWN ({why}); refused: {} connections, {} commands",
-                    counters.connections_refused_down, counters.commands_refused_down
-                ),
-            },
-        )
-    }
-
-    pub fn metrics(&self) -> Metrics {
-        let mut out = Metrics::new();
-        out.gauge(
-            "pmnet_gateway_connections_open",
-            "Client connections open (each a PMNet session).",
-            &[],
-            self.open_count() as f64,
-        );
-        self.connection_metrics(&mut out);
-        self.command_metrics(&mut out);
-        self.socket_metrics(&mut out);
-        let mut latency = self.latency_of_closed.clone();
-        for conn in self.conns.iter().flatten() {
-            latency.merge(conn.client.latency());
-        }
-        pmnet_runtime::client_latency_metrics(&mut out, &latency);
-        out
-    }
-
-    /// The client connections, the fate of requests and of the datagrams for them.
-    fn connection_metrics(&self, out: &mut Metrics) {
-        let counters = &self.counters;
-        for (name, help, value) in [
-            (
-                "pmnet_gateway_connections_accepted_total",
-                "Client connections accepted.",
-                counters.connections_accepted,
-            ),
-            (
-                "pmnet_gateway_connections_refused_total",
-                "Client connections refused (too many open).",
-                counters.connections_refused,
-            ),
-            (
-                "pmnet_gateway_connections_closed_total",
-                "Client connections closed.",
-                counters.connections_closed,
-            ),
-            (
-                "pmnet_gateway_connections_refused_down_total",
-                "Client connections refused because the path behind was down.",
-                counters.connections_refused_down,
-            ),
-            (
-                "pmnet_gateway_commands_refused_down_total",
-                "Commands answered with an error, unsent, because the path behind was down.",
-                counters.commands_refused_down,
-            ),
-            (
-                "pmnet_gateway_updates_acked_by_device_total",
-                "Updates answered on the device's ack.",
-                counters.updates_acked_by_device,
-            ),
-            (
-                "pmnet_gateway_updates_answered_by_server_total",
-                "Updates answered by the server first.",
-                counters.updates_answered_by_server,
-            ),
-            (
-                "pmnet_gateway_requests_timed_out_total",
-                "Requests that timed out.",
-                counters.requests_timed_out,
-            ),
-            (
-                "pmnet_gateway_replies_unavailable_total",
-                "Requests whose reply was no longer kept.",
-                counters.replies_unavailable,
-            ),
-            (
-                "pmnet_gateway_malformed_replies_total",
-                "Server replies that were not one RESP value.",
-                counters.malformed_replies,
-            ),
-            (
-                "pmnet_gateway_protocol_errors_total",
-                "Connections closed for bad RESP input.",
-                counters.protocol_errors,
-            ),
-            (
-                "pmnet_gateway_datagrams_unknown_session_total",
-                "Datagrams for no open session.",
-                counters.datagrams_unknown_session,
-            ),
-            (
-                "pmnet_gateway_noop_fills_for_reads_total",
-                "No-op fills sent for completed reads a restarted adaptor asked for.",
-                counters.noop_fills_for_reads,
-            ),
-        ] {
-            out.counter(name, help, &[], value);
-        }
-    }
-
-    /// Commands by the path they took.
-    fn command_metrics(&self, out: &mut Metrics) {
-        let counters = &self.counters;
-        for (path, value) in [
-            ("local", counters.commands_local),
-            ("update", counters.commands_update),
-            ("bypass", counters.commands_bypass),
-            ("rejected", counters.commands_rejected),
-            ("cache_read", counters.commands_cache_read),
-        ] {
-            out.counter(
-                "pmnet_gateway_commands_total",
-                "Commands by path.",
-                &[("path", path)],
-                value,
-            );
-        }
-        out.counter(
-            "pmnet_gateway_cache_reads_from_device_total",
-            "Cache reads (GET) the device answered from its cache.",
-            &[],
-            counters.cache_reads_from_device,
-        );
-    }
-
-    /// The UDP socket shared by every session.
-    fn socket_metrics(&self, out: &mut Metrics) {
-        let socket = self.socket.counters();
-        out.counter(
-            "pmnet_packets_received_total",
-            "Datagrams received.",
-            &[("socket", "gateway")],
-            socket.received_total(),
-        );
-        out.counter(
-            "pmnet_packets_sent_total",
-            "Datagrams sent.",
-            &[("socket", "gateway")],
-            socket.sent_total(),
-        );
-        out.counter(
-            "pmnet_socket_dropped_total",
-            "Datagrams dropped because the send queue was full.",
-            &[("socket", "gateway"), ("reason", "send_queue_full")],
-            socket.send_queue_full,
-        );
     }
 }
 
@@ -938,8 +869,11 @@ impl Node for Gateway {
             self.socket.is_write_blocked(),
         ));
         for conn in self.conns.iter().flatten() {
-            if let Some((read, write)) = conn.interest() {
+            if let Some((read, write)) = conn.interest(self.max_conn_input) {
                 fds.push(PollFd::new(conn.fd, read, write));
+            }
+            if let Some((fd, read, write)) = conn.direct_interest() {
+                fds.push(PollFd::new(fd, read, write));
             }
         }
     }
@@ -986,12 +920,12 @@ impl Node for Gateway {
 /// Bytes read from a client at once.
 const READ_CHUNK: usize = 64 << 10;
 
-fn read_client(conn: &mut Conn, chunk: &mut [u8]) -> bool {
-    if conn.read_closed || conn.closing {
+fn read_client(conn: &mut Conn, chunk: &mut [u8], max_input: usize) -> bool {
+    if conn.read_closed || conn.closing || conn.paused {
         return false;
     }
     let mut any = false;
-    while conn.input.len() < MAX_INPUT {
+    while conn.input.len() < max_input {
         match conn.stream.read(chunk) {
             Ok(0) => {
                 conn.read_closed = true;

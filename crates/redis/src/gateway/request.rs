@@ -9,6 +9,7 @@ use crate::commands::{cache_use, route, CacheUse, Route, OK};
 use crate::resp::{error_reply, parse_value, Limits};
 
 use super::connection::Action;
+use super::direct::{self, Mode};
 use super::health::{DownPart, Health};
 use super::{Conn, GatewayCounters, GatewayOptions, Slot};
 
@@ -24,6 +25,8 @@ pub(super) enum Then {
     /// The adaptor's answer to a `SELECT` of this database: on `+OK` the connection's later
     /// requests run in it.
     Select(Option<u32>),
+    /// A barrier before (or after) a direct command: no reply of its own.
+    Barrier,
 }
 
 /// Commands a client that has not authenticated may send.
@@ -50,7 +53,12 @@ pub(super) fn start_command(
     counters: &mut GatewayCounters,
     down: Option<(DownPart, &str)>,
 ) {
-    let route = route(args, &options.policy);
+    if conn.direct.is_sticky() {
+        // Every command of a subscribed, monitoring or tracking client goes to Redis.
+        direct::send_sticky(conn, args, options.device_cache, counters);
+        return;
+    }
+    let route = direct::client_route(args, route(args, &options.policy));
     tracing::trace!(
         session = conn.client.session_id(),
         command = %String::from_utf8_lossy(&args[0]),
@@ -79,7 +87,7 @@ pub(super) fn start_command(
     // not sent (so never applied). Updates need only the device, which logs them.
     if let Some((part, why)) = down {
         let needs_path = match &route {
-            Route::Bypass => true,
+            Route::Bypass | Route::Direct { .. } => true,
             Route::Update { .. } => part == DownPart::Device,
             Route::Connection(name) => matches!(*name, "WATCH" | "EXEC" | "SELECT"),
             Route::Reply(_) | Route::Quit => false,
@@ -100,7 +108,7 @@ pub(super) fn start_command(
                     counters.commands_cache_read += 1;
                     conn.slots.push_back(Slot::Reading {
                         id,
-                        args: conn.state.resp3.then(|| args.to_vec()),
+                        args: Some(args.to_vec()),
                     });
                 }
                 Err(error) => {
@@ -127,6 +135,11 @@ pub(super) fn start_command(
         (true, shape) => shape,
     };
     let (ack, update, payload, then) = match route {
+        Route::Direct { sticky } => {
+            let mode = if sticky { Mode::Sticky } else { Mode::OneShot };
+            go_direct(conn, args, mode, options, counters);
+            return;
+        }
         Route::Reply(bytes) => {
             if bytes.first() == Some(&b'-') {
                 counters.commands_rejected += 1;
@@ -157,6 +170,18 @@ pub(super) fn start_command(
                 (None, false, payload, Then::Watch(keys))
             }
             Action::Exec { payload, commands } => {
+                if exec_goes_direct(&payload, &commands, options) {
+                    if options.direct.is_some() {
+                        direct::queue_exec(conn, &payload, &commands);
+                    } else {
+                        counters.commands_rejected += 1;
+                        conn.slots.push_back(Slot::Ready(error_reply(&format!(
+                            "EXECABORT Transaction discarded: {}",
+                            direct::NEEDS_REDIS
+                        ))));
+                    }
+                    return;
+                }
                 if options.device_cache {
                     shape = CacheUse::Barrier;
                 }
@@ -167,6 +192,13 @@ pub(super) fn start_command(
                 (None, false, payload, Then::Select(db))
             }
         },
+        Route::Update { .. } | Route::Bypass
+            if direct::too_large(args, direct::encoded_len(args)) =>
+        {
+            // Too large for a PMNet request or the adaptor's scripts: Redis's own reply.
+            go_direct(conn, args, Mode::OneShot, options, counters);
+            return;
+        }
         Route::Update { ack } => (
             Some(ack),
             true,
@@ -177,7 +209,9 @@ pub(super) fn start_command(
             None,
             false,
             crate::resp::command_bytes(args),
-            Then::Plain(conn.state.resp3.then(|| args.to_vec())),
+            // Kept for a RESP3 client (its reply's shape), and for a read (run again direct if
+            // its reply is too large for PMNet).
+            Then::Plain((conn.state.resp3 || !direct::may_write(args)).then(|| args.to_vec())),
         ),
     };
     let payload = if db == 0 {
@@ -206,6 +240,9 @@ pub(super) fn start_command(
             }
             if matches!(then, Then::Watch(_) | Then::Select(_)) {
                 conn.watches_in_flight += 1;
+            }
+            if update {
+                conn.direct.update_started(seq);
             }
             conn.last_started = conn.last_started.max(seq);
             conn.slots.push_back(Slot::Waiting { seq, ack, then });
@@ -251,6 +288,7 @@ pub(super) fn complete(
                     ack.flatten().unwrap_or(OK).to_vec()
                 }
                 Completion::Replied { reply, .. } => {
+                    conn.direct.applied(seq);
                     if ack.flatten().is_some() {
                         counters.updates_answered_by_server += 1;
                     }
@@ -260,6 +298,7 @@ pub(super) fn complete(
                     one_value(reply, limits, counters)
                 }
                 Completion::ReplyUnavailable => {
+                    conn.direct.applied(seq);
                     counters.replies_unavailable += 1;
                     error_reply(
                         "ERR pmnet: this request was applied exactly once, but its reply is no \
@@ -276,6 +315,12 @@ pub(super) fn complete(
                 .and_then(Health::down)
                 .map(|(_, why)| format!(" ({why})"))
                 .unwrap_or_default();
+            let barrier = conn.slots.iter().any(|slot| {
+                matches!(slot, Slot::Waiting { seq: waiting, then: Then::Barrier, .. } if *waiting == seq)
+            });
+            if barrier {
+                conn.direct.barrier_done(Some(error.to_string()));
+            }
             (
                 seq,
                 error_reply(&format!(
@@ -298,6 +343,12 @@ pub(super) fn complete(
     };
     super::introspect::ready(conn, position);
     let resp3 = conn.state.resp3;
+    if let Then::Plain(Some(args)) = &then {
+        if let Some(slot) = direct::rerun_slot(conn, position, args, &bytes) {
+            conn.slots[position] = slot;
+            return;
+        }
+    }
     let reply = match then {
         Then::Plain(Some(args)) if resp3 => crate::resp3::to_resp3(&args, &bytes),
         Then::Plain(_) => bytes,
@@ -311,8 +362,46 @@ pub(super) fn complete(
             conn.watches_in_flight = conn.watches_in_flight.saturating_sub(1);
             conn.state.selected(db, bytes)
         }
+        Then::Barrier => {
+            conn.direct.barrier_done(None);
+            Vec::new()
+        }
     };
     conn.slots[position] = Slot::Ready(reply);
+}
+
+/// Send `args` on the connection's direct connection to Redis, or refuse it without `--redis`.
+fn go_direct(
+    conn: &mut Conn,
+    args: &[Vec<u8>],
+    mode: Mode,
+    options: &GatewayOptions,
+    counters: &mut GatewayCounters,
+) {
+    if options.direct.is_none() {
+        counters.commands_rejected += 1;
+        conn.slots.push_back(Slot::Ready(error_reply(&format!(
+            "ERR {} {}",
+            String::from_utf8_lossy(&args[0]).to_ascii_uppercase(),
+            direct::NEEDS_REDIS
+        ))));
+        return;
+    }
+    direct::queue(conn, args, mode);
+}
+
+/// Whether a transaction goes direct: too large for one PMNet request or the adaptor's
+/// scripts, or holding a command that needs Redis's connection (`BLPOP` inside `MULTI` does not
+/// block, as in Redis).
+fn exec_goes_direct(payload: &[u8], commands: &[Vec<Vec<u8>>], options: &GatewayOptions) -> bool {
+    payload.len() > direct::PMNET_REQUEST_MAX
+        || commands.iter().any(|command| {
+            command.len() > direct::DIRECT_ABOVE_WORDS
+                || matches!(
+                    direct::client_route(command, route(command, &options.policy)),
+                    Route::Direct { .. }
+                )
+        })
 }
 
 /// A reply as the client gets it: one RESP value, or an error saying it was not.
@@ -358,6 +447,12 @@ pub(super) fn complete_read(
             error_reply(&format!("ERR pmnet: {error}"))
         }
     };
+    if let Some(args) = &args {
+        if let Some(slot) = direct::rerun_slot(conn, position, args, &bytes) {
+            conn.slots[position] = slot;
+            return;
+        }
+    }
     conn.slots[position] = Slot::Ready(match args {
         Some(args) if conn.state.resp3 => crate::resp3::to_resp3(&args, &bytes),
         _ => bytes,

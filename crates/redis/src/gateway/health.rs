@@ -4,9 +4,9 @@
 //!
 //! The gateway sends a `PING` of its own (a bypass request on a PMNet session of its own) every
 //! half `--down-after`; Redis answers it through the whole path. The path is taken for down
-//! when that probe goes unanswered for `--down-after` (default 2 s), or is answered with the
-//! adaptor's error naming Redis, or when the network reports that nothing listens at the
-//! device; it is up again at the next `+PONG`. While it is down, bypass requests (and, when
+//! when that probe goes unanswered for `--down-after` (default 2 s) — named by what the network
+//! said of the device (nothing listens there) or by its silence — or is answered with the
+//! adaptor's error naming Redis; it is up again at the next `+PONG`. While it is down, bypass requests (and, when
 //! the device itself is down, updates) are answered with an error naming the missing part
 //! without being sent — so never applied — and new connections get that error and are
 //! closed. Updates when only the server side is down still go: the device logs and acks them,
@@ -117,28 +117,28 @@ impl Health {
                 ClientEvent::Failed { .. } => {}
             }
         }
-        if devices
-            .silence(self.device)
-            .is_some_and(|why| why.starts_with("nothing listens"))
-        {
-            let why = devices.silence(self.device).unwrap_or_default();
-            self.set_down(DownPart::Device, why);
-        } else if let Some((_, sent)) = self.in_flight {
-            if now.saturating_duration_since(sent) >= self.down_after {
+        // Down once the probe has gone unanswered for `down_after` (a device restarting, or
+        // Redis failing over, in less than that is not an outage clients hear of).
+        if let Some((_, sent)) = self.in_flight {
+            let silent = now.saturating_duration_since(sent);
+            if silent >= self.down_after {
                 let why = devices.silence(self.device).unwrap_or_else(|| {
                     format!(
                         "no reply through the device at {} for {:.1} s: the adaptor (`pmnet \
                          redis-adaptor`) or the redis-server behind it does not answer",
                         self.device,
-                        now.saturating_duration_since(sent).as_secs_f64()
+                        silent.as_secs_f64()
                     )
                 });
-                let part = if why.contains("never answered") || why.contains("stopped answering") {
+                let part = if why.starts_with("nothing listens")
+                    || why.contains("never answered")
+                    || why.contains("stopped answering")
+                {
                     DownPart::Device
                 } else {
                     DownPart::Behind
                 };
-                if self.down.is_none() {
+                if self.down.as_ref().is_none_or(|(old, _)| *old != part) {
                     self.set_down(part, why);
                 }
             }

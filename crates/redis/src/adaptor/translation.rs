@@ -212,6 +212,11 @@ impl Adaptor {
         if args[0].eq_ignore_ascii_case(WATCH_COMMAND) {
             return Op::Watch(args[1..].to_vec());
         }
+        if args[0].eq_ignore_ascii_case(b"EVAL_RO") && args.len() >= 3 {
+            // Runs at Redis as it is (a read), which caches it: so does the adaptor, for a
+            // later EVALSHA.
+            self.load_script(&args[1]);
+        }
         match self.table.classify(&args, self.options.record_db) {
             Run::Refuse(message) => refuse(&mut self.counters, &message),
             Run::Direct if !self.options.record_reads => Op::StatelessRead(args),

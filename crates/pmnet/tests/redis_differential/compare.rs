@@ -191,6 +191,11 @@ pub fn normalize(cmd: &[Vec<u8>], value: &Value) -> Value {
             Value::Array(Some(items))
         }
         ("HGETALL", Value::Array(Some(items))) => Value::Array(Some(sort_pairs(items))),
+        // COMMAND alone lists Redis's command table in its hash table's order.
+        ("COMMAND", Value::Array(Some(mut items))) if cmd.len() == 1 => {
+            sort_items(&mut items);
+            Value::Array(Some(items))
+        }
         // A count >= 0 takes distinct members (all of a small set, in table order): sorted. A
         // negative count or none picks at random: shape only.
         ("SRANDMEMBER", Value::Array(Some(mut items))) if count_arg(cmd, 2).unwrap_or(-1) >= 0 => {

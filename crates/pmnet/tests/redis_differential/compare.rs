@@ -144,6 +144,18 @@ fn sort_pairs(items: Vec<Value>) -> Vec<Value> {
     pairs.into_iter().flatten().collect()
 }
 
+/// The value with every array in it sorted.
+fn deep_sorted(value: Value) -> Value {
+    match value {
+        Value::Array(Some(items)) => {
+            let mut items: Vec<Value> = items.into_iter().map(deep_sorted).collect();
+            sort_items(&mut items);
+            Value::Array(Some(items))
+        }
+        other => other,
+    }
+}
+
 /// The value's types and lengths, without scalars' contents.
 fn shape(value: &Value) -> Value {
     match value {
@@ -191,6 +203,9 @@ pub fn normalize(cmd: &[Vec<u8>], value: &Value) -> Value {
             Value::Array(Some(items))
         }
         ("HGETALL", Value::Array(Some(items))) => Value::Array(Some(sort_pairs(items))),
+        // COMMAND alone lists Redis's command table, and each command its subcommands, in
+        // hash tables' order: every array sorted.
+        ("COMMAND", other) if cmd.len() == 1 => deep_sorted(other),
         // A count >= 0 takes distinct members (all of a small set, in table order): sorted. A
         // negative count or none picks at random: shape only.
         ("SRANDMEMBER", Value::Array(Some(mut items))) if count_arg(cmd, 2).unwrap_or(-1) >= 0 => {

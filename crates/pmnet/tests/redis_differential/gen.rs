@@ -201,9 +201,11 @@ const MILLIS: &[&str] = &[
     "9223370000000000000",
     "100000000000000",
 ];
+/// Absolute expiries of `SET` and `GETEX`: no time in the past but the invalid ones, since a
+/// key set to expire in the past is kept until Redis reclaims it, which `DBSIZE` shows at a
+/// moment of Redis's own choosing (`EXPIREAT` with a past time deletes at once: tried there).
 const AT_SECONDS: &[&str] = &[
     "4102444800",
-    "1",
     "0",
     "-1",
     "9223372036854775807",
@@ -214,7 +216,6 @@ const AT_SECONDS: &[&str] = &[
 ];
 const AT_MILLIS: &[&str] = &[
     "4102444800000",
-    "1",
     "0",
     "-1",
     "9223372036854775807",

@@ -343,6 +343,11 @@ impl Adaptor {
                 &args[1..],
             ));
         }
+        if args[0].eq_ignore_ascii_case(b"EVAL_RO") && args.len() >= 3 {
+            // Runs at Redis as it is (a read), which caches it: so does the adaptor, for a
+            // later EVALSHA.
+            self.load_script(&args[1]);
+        }
         match self.table.classify(&args, self.options.record_db) {
             Run::Refuse(message) => refuse(&mut self.counters, &message),
             Run::Direct if !self.options.record_reads => Op::StatelessRead(args),

@@ -582,6 +582,21 @@ fn replies_through_the_scripts_are_exact() {
             "EVAL|return redis.pcall('HSET', KEYS[1], 'f')|1|str",
             "EVAL|#!lua\nreturn redis.call('INCR', KEYS[1])|1|str",
         ],
+        // BITFIELD's 64-bit fields: exact beyond ±2^53, the data as Redis leaves it.
+        &[
+            "BITFIELD|b|SET|i64|0|4611686018427387905|GET|i64|0",
+            "BITFIELD|b|INCRBY|i64|0|4611686018427387905|GET|u63|1|SET|i64|#1|-9007199254740993",
+            "BITFIELD|b|OVERFLOW|FAIL|INCRBY|i64|0|9223372036854775807|GET|i64|#1|GET|i8|3",
+            "BITFIELD|b|OVERFLOW|SAT|INCRBY|i64|0|9223372036854775807|SET|u63|5|1",
+            "BITFIELD|b|SET|i64|100|-9223372036854775808|GET|i64|100|GET|i60|101",
+            "GET|b",
+            "SET|n|12345678",
+            "BITFIELD|n|GET|i64|0|GET|u62|3",
+            "OBJECT|ENCODING|n",
+            "MULTI",
+            "BITFIELD|c|SET|i64|8|-4611686018427387905|GET|i64|8",
+            "EXEC",
+        ],
     ];
     // EVAL'd scripts are in Redis's script cache as after Redis's own EVAL; one that does not
     // compile is not.

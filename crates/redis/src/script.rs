@@ -61,7 +61,11 @@ pub const STATUS_REPLY_GONE: i64 = 2;
 ///   reply as Redis would have sent it: a nil array (`*-1`) where the command answers one
 ///   (`LPOP`/`RPOP` with a count, `LMPOP`, `ZMPOP`, `XREAD`, `XREADGROUP`, `GEOPOS`), and
 ///   the exact new value of `INCR`, `DECR`, `INCRBY`, `DECRBY` and `HINCRBY` beyond ±2^53,
-///   read back as the string the key holds.
+///   read back as the string the key holds; a `BITFIELD` with fields wider than 53 bits whose
+///   reply has an integer beyond ±2^53 is answered exactly: the bytes of its fields were read
+///   before it ran (`GETRANGE`), they are put back, and its operations run again one at a time,
+///   each field's bits read (`GETRANGE`) and printed in decimal by the script — the data ends
+///   as the command left it.
 /// - `enc_error(e)`: an error caught by `pcall` (a string, or a table with `err`) as an error
 ///   reply.
 const ENCODER: &str = r#"
@@ -93,9 +97,119 @@ local function enc(r, null, user)
 end
 local nil_arrays = {lmpop = 0, zmpop = 0, xread = 0, xreadgroup = 0, geopos = 0, lpop = 3, rpop = 3}
 local exact_reads = {incr = 2, decr = 2, incrby = 2, decrby = 2, hincrby = 3}
+local function bitfield_wide(first, last)
+  local ops, j, wide, writes = {}, first + 2, false, false
+  local sizes = {GET = 3, SET = 4, INCRBY = 4, OVERFLOW = 2}
+  while j <= last do
+    local word = string.upper(ARGV[j])
+    local n = sizes[word]
+    if not n or j + n - 1 > last then return nil end
+    local op = {word = word, words = {unpack(ARGV, j, j + n - 1)}}
+    if word ~= 'OVERFLOW' then
+      local kind = ARGV[j + 1]
+      local sign, bits = string.lower(string.sub(kind, 1, 1)), tonumber(string.sub(kind, 2))
+      local at = ARGV[j + 2]
+      local offset
+      if string.sub(at, 1, 1) == '#' then
+        offset = tonumber(string.sub(at, 2))
+        if offset and bits then offset = offset * bits end
+      else
+        offset = tonumber(at)
+      end
+      if (sign ~= 'i' and sign ~= 'u') or not bits or not offset then return nil end
+      if bits >= 54 then wide = true end
+      if word ~= 'GET' then writes = true end
+      op.signed, op.bits, op.offset = sign == 'i', bits, offset
+      op.b0, op.b1 = math.floor(offset / 8), math.floor((offset + bits - 1) / 8)
+      local ok, saved = pcall(redis.call, 'GETRANGE', ARGV[first + 1], op.b0, op.b1)
+      if not ok then return nil end
+      op.saved = saved
+    end
+    ops[#ops + 1] = op
+    j = j + n
+  end
+  if not wide then return nil end
+  return {ops = ops, writes = writes}
+end
+local function field_text(key, op)
+  local bytes = redis.call('GETRANGE', key, op.b0, op.b1)
+  local limbs = {0}
+  local function add(double, carry)
+    for k = 1, #limbs do
+      local v = limbs[k] * double + carry
+      limbs[k] = v % 10000000
+      carry = math.floor(v / 10000000)
+    end
+    if carry > 0 then limbs[#limbs + 1] = carry end
+  end
+  local start, negative = op.offset - op.b0 * 8, false
+  for k = 0, op.bits - 1 do
+    local pos = start + k
+    local byte = string.byte(bytes, math.floor(pos / 8) + 1) or 0
+    local bit = math.floor(byte / 2 ^ (7 - pos % 8)) % 2
+    if k == 0 and op.signed and bit == 1 then negative = true end
+    if negative then bit = 1 - bit end
+    add(2, bit)
+  end
+  if negative then add(1, 1) end
+  local text = string.format('%d', limbs[#limbs])
+  for k = #limbs - 1, 1, -1 do text = text .. string.format('%07d', limbs[k]) end
+  if negative then text = '-' .. text end
+  return text
+end
+local function bitfield_exact(key, wide)
+  local ops = wide.ops
+  if wide.writes then
+    local len = redis.call('STRLEN', key)
+    for k = #ops, 1, -1 do
+      local op = ops[k]
+      if op.b0 and op.b0 < len then
+        local want = math.min(op.b1, len - 1) - op.b0 + 1
+        local bytes = string.sub(op.saved .. string.rep('\0', want), 1, want)
+        redis.call('SETRANGE', key, op.b0, bytes)
+      end
+    end
+  end
+  local overflow, parts, count = 'WRAP', {}, 0
+  for k = 1, #ops do
+    local op = ops[k]
+    if op.word == 'OVERFLOW' then
+      overflow = op.words[2]
+    else
+      count = count + 1
+      local reply
+      if op.word == 'GET' then
+        reply = ':' .. field_text(key, op) .. '\r\n'
+      else
+        local before = field_text(key, op)
+        local r = redis.call('BITFIELD', key, 'OVERFLOW', overflow, unpack(op.words))
+        if not r[1] then
+          reply = '$-1\r\n'
+        elseif op.word == 'SET' then
+          reply = ':' .. before .. '\r\n'
+        else
+          reply = ':' .. field_text(key, op) .. '\r\n'
+        end
+      end
+      parts[#parts + 1] = reply
+    end
+  end
+  return '*' .. count .. '\r\n' .. table.concat(parts)
+end
+local function beyond_doubles(r)
+  for j = 1, #r do
+    if type(r[j]) == 'number' and (r[j] >= big or r[j] <= -big) then return true end
+  end
+  return false
+end
 local function run(first, last)
   local name = string.lower(ARGV[first])
+  local wide = nil
+  if name == 'bitfield' then wide = bitfield_wide(first, last) end
   local r = redis.pcall(unpack(ARGV, first, last))
+  if wide and type(r) == 'table' and not r.err and beyond_doubles(r) then
+    return bitfield_exact(ARGV[first + 1], wide)
+  end
   if type(r) == 'number' and (r >= big or r <= -big) then
     local words = exact_reads[name]
     if words == 2 then

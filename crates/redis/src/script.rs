@@ -272,6 +272,26 @@ local function record(key, seq, ttl, reply)
   if tonumber(ttl) > 0 then redis.call('EXPIRE', key, ttl) end
   at_data()
 end
+local function call_user(fn, user_sha)
+  local handler = nil
+  pcall(function() handler = __redis__err__handler end)
+  local ok, result
+  if type(handler) == 'function' then
+    ok, result = xpcall(fn, handler)
+  else
+    ok, result = pcall(fn)
+  end
+  if ok then return enc(result, nil, true) end
+  if type(handler) == 'function' and type(result) == 'table' and result.err then
+    local text = tostring(result.err)
+    if user_sha ~= '' and result.source and result.line then
+      text = text .. ' script: ' .. user_sha .. ', on ' .. result.source .. ':' .. result.line .. '.'
+    end
+    text = string.gsub(text, '[\r\n]', ' ')
+    return '-' .. text .. '\r\n'
+  end
+  return enc_error(result)
+end
 local function fingerprint(key)
   local dump = redis.call('DUMP', key)
   if not dump then return '' end
@@ -288,12 +308,79 @@ end
 /// - `x`: a transaction: `ARGV[5]` watched keys follow as (key, fingerprint) pairs, then the
 ///   number of commands, then each command as its word count and its words; if a watched key
 ///   changed the reply is the nil array and nothing runs, else every command runs (a failing
-///   one gives its error in its place, as `EXEC` does) and the reply is the array of replies;
+///   one gives its error in its place, as `EXEC` does) and the reply is the array of replies.
+///   Besides commands, the elements the adaptor makes: `PMNET.REPLY <reply>` (that reply in its
+///   place: a connection command the gateway answered), `PMNET.SELECT n` (`+OK`, and the
+///   commands after it run in database `n`), `PMNET.SCRIPT r|w <sha> <code> <numkeys> keys…
+///   args…` (a user's script, compiled now as Redis compiles it, `@user_script`, and run with
+///   its own `KEYS` and `ARGV` — with `r`, through a `redis` table whose `call` and `pcall`
+///   refuse commands Redis flags `write`, as Redis refuses them in a read-only script);
 /// - `f`: `FLUSHALL` of every database but the records', `ARGV[5]` databases, `ARGV[6]` an
 ///   optional `ASYNC`/`SYNC`.
 ///
 /// Returns `{status, reply}`.
 const APPLY_BODY: &str = r#"
+local function denies_writes(...)
+  local words = {...}
+  local info = redis.call('COMMAND', 'INFO', tostring(words[1]))[1]
+  if type(info) ~= 'table' then return false end
+  if type(info[10]) == 'table' and #info[10] > 0 and words[2] then
+    local full = string.lower(tostring(words[1]) .. '|' .. tostring(words[2]))
+    info = redis.call('COMMAND', 'INFO', full)[1]
+    if type(info) ~= 'table' then return false end
+  end
+  local arity = info[2]
+  if (arity > 0 and #words ~= arity) or (arity < 0 and #words < -arity) then return false end
+  local write = false
+  for _, flag in ipairs(info[3]) do
+    if flag.ok == 'noscript' then return false end
+    if flag.ok == 'write' then write = true end
+  end
+  return write
+end
+local read_only_error = 'ERR Write commands are not allowed from read-only scripts.'
+local function read_only_call(raise)
+  return function(...)
+    if denies_writes(...) then
+      local e = {err = read_only_error}
+      if raise then error(e) end
+      return e
+    end
+    if raise then return redis.call(...) end
+    return redis.pcall(...)
+  end
+end
+local read_only_redis = setmetatable({}, {__index = function(t, k)
+  if k == 'call' then return coroutine.wrap(read_only_call(true)) end
+  if k == 'pcall' then return coroutine.wrap(read_only_call(false)) end
+  return redis[k]
+end})
+local function run_script(first, last)
+  local api = redis
+  if ARGV[first] == 'r' then api = read_only_redis end
+  local sha, code, nkeys = ARGV[first + 1], ARGV[first + 2], tonumber(ARGV[first + 3])
+  local keys, args = {}, {}
+  for j = 1, nkeys do keys[j] = ARGV[first + 3 + j] end
+  for j = first + 4 + nkeys, last do args[#args + 1] = ARGV[j] end
+  local fn, err = loadstring('local redis, KEYS, ARGV = ...; ' .. code, '@user_script')
+  if not fn then
+    return '-ERR Error compiling script (new function): ' .. string.gsub(tostring(err), '[\r\n]', ' ') .. '\r\n'
+  end
+  local reply = call_user(function() return fn(api, keys, args) end, sha)
+  redis.call('SELECT', datadb)
+  return reply
+end
+local function element(first, last)
+  local name = ARGV[first]
+  if name == 'PMNET.REPLY' then return ARGV[first + 1] end
+  if name == 'PMNET.SELECT' then
+    datadb = tonumber(ARGV[first + 1])
+    redis.call('SELECT', datadb)
+    return '+OK\r\n'
+  end
+  if name == 'PMNET.SCRIPT' then return run_script(first + 1, last) end
+  return run(first, last)
+end
 local seq = tonumber(ARGV[1])
 use_db(ARGV[3])
 local answer = redo(KEYS[1], seq)
@@ -315,7 +402,7 @@ elseif mode == 'x' then
     local parts = {'*' .. count .. '\r\n'}
     for c = 1, count do
       local argc = tonumber(ARGV[i])
-      parts[#parts + 1] = run(i + 1, i + argc)
+      parts[#parts + 1] = element(i + 1, i + argc)
       i = i + 1 + argc
     end
     reply = table.concat(parts)
@@ -410,27 +497,7 @@ if answer then return answer end
 local keys, args = {}, {}
 for i = 2, #KEYS do keys[i - 1] = KEYS[i] end
 for i = 4, #ARGV do args[i - 3] = ARGV[i] end
-local handler = nil
-pcall(function() handler = __redis__err__handler end)
-local ok, result
-if type(handler) == 'function' then
-  ok, result = xpcall(function() return user_script(keys, args) end, handler)
-else
-  ok, result = pcall(user_script, keys, args)
-end
-local reply
-if ok then
-  reply = enc(result, nil, true)
-elseif type(handler) == 'function' and type(result) == 'table' and result.err then
-  local text = tostring(result.err)
-  if user_sha ~= '' and result.source and result.line then
-    text = text .. ' script: ' .. user_sha .. ', on ' .. result.source .. ':' .. result.line .. '.'
-  end
-  text = string.gsub(text, '[\r\n]', ' ')
-  reply = '-' .. text .. '\r\n'
-else
-  reply = enc_error(result)
-end
+local reply = call_user(function() return user_script(keys, args) end, user_sha)
 record(KEYS[1], ARGV[1], ARGV[2], reply)
 return {1, reply}
 "#;

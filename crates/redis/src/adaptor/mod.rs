@@ -55,7 +55,7 @@ pub const DEFAULT_FAIL_FAST_AFTER: Duration = Duration::from_secs(2);
 pub(crate) const REDIS_SILENCE_WARNING: Duration = pmnet_runtime::SILENCE_WARNING;
 pub use recovery::load_sessions;
 use translation::Flow;
-pub use translation::{DB_COMMAND, EXEC_COMMAND, WATCH_COMMAND};
+pub use translation::{DB_COMMAND, EXEC_COMMAND, REPLY_WORD, WATCH_COMMAND};
 
 /// Everything the adaptor needs to start.
 #[derive(Debug, Clone)]

@@ -61,7 +61,11 @@ pub const STATUS_REPLY_GONE: i64 = 2;
 ///   reply as Redis would have sent it: a nil array (`*-1`) where the command answers one
 ///   (`LPOP`/`RPOP` with a count, `LMPOP`, `ZMPOP`, `XREAD`, `XREADGROUP`, `GEOPOS`), and
 ///   the exact new value of `INCR`, `DECR`, `INCRBY`, `DECRBY` and `HINCRBY` beyond ±2^53,
-///   read back as the string the key holds.
+///   read back as the string the key holds; a `BITFIELD` with fields wider than 53 bits whose
+///   reply has an integer beyond ±2^53 is answered exactly: the bytes of its fields were read
+///   before it ran (`GETRANGE`), they are put back, and its operations run again one at a time,
+///   each field's bits read (`GETRANGE`) and printed in decimal by the script — the data ends
+///   as the command left it.
 /// - `enc_error(e)`: an error caught by `pcall` (a string, or a table with `err`) as an error
 ///   reply.
 const ENCODER: &str = r#"
@@ -93,9 +97,119 @@ local function enc(r, null, user)
 end
 local nil_arrays = {lmpop = 0, zmpop = 0, xread = 0, xreadgroup = 0, geopos = 0, lpop = 3, rpop = 3}
 local exact_reads = {incr = 2, decr = 2, incrby = 2, decrby = 2, hincrby = 3}
+local function bitfield_wide(first, last)
+  local ops, j, wide, writes = {}, first + 2, false, false
+  local sizes = {GET = 3, SET = 4, INCRBY = 4, OVERFLOW = 2}
+  while j <= last do
+    local word = string.upper(ARGV[j])
+    local n = sizes[word]
+    if not n or j + n - 1 > last then return nil end
+    local op = {word = word, words = {unpack(ARGV, j, j + n - 1)}}
+    if word ~= 'OVERFLOW' then
+      local kind = ARGV[j + 1]
+      local sign, bits = string.lower(string.sub(kind, 1, 1)), tonumber(string.sub(kind, 2))
+      local at = ARGV[j + 2]
+      local offset
+      if string.sub(at, 1, 1) == '#' then
+        offset = tonumber(string.sub(at, 2))
+        if offset and bits then offset = offset * bits end
+      else
+        offset = tonumber(at)
+      end
+      if (sign ~= 'i' and sign ~= 'u') or not bits or not offset then return nil end
+      if bits >= 54 then wide = true end
+      if word ~= 'GET' then writes = true end
+      op.signed, op.bits, op.offset = sign == 'i', bits, offset
+      op.b0, op.b1 = math.floor(offset / 8), math.floor((offset + bits - 1) / 8)
+      local ok, saved = pcall(redis.call, 'GETRANGE', ARGV[first + 1], op.b0, op.b1)
+      if not ok then return nil end
+      op.saved = saved
+    end
+    ops[#ops + 1] = op
+    j = j + n
+  end
+  if not wide then return nil end
+  return {ops = ops, writes = writes}
+end
+local function field_text(key, op)
+  local bytes = redis.call('GETRANGE', key, op.b0, op.b1)
+  local limbs = {0}
+  local function add(double, carry)
+    for k = 1, #limbs do
+      local v = limbs[k] * double + carry
+      limbs[k] = v % 10000000
+      carry = math.floor(v / 10000000)
+    end
+    if carry > 0 then limbs[#limbs + 1] = carry end
+  end
+  local start, negative = op.offset - op.b0 * 8, false
+  for k = 0, op.bits - 1 do
+    local pos = start + k
+    local byte = string.byte(bytes, math.floor(pos / 8) + 1) or 0
+    local bit = math.floor(byte / 2 ^ (7 - pos % 8)) % 2
+    if k == 0 and op.signed and bit == 1 then negative = true end
+    if negative then bit = 1 - bit end
+    add(2, bit)
+  end
+  if negative then add(1, 1) end
+  local text = string.format('%d', limbs[#limbs])
+  for k = #limbs - 1, 1, -1 do text = text .. string.format('%07d', limbs[k]) end
+  if negative then text = '-' .. text end
+  return text
+end
+local function bitfield_exact(key, wide)
+  local ops = wide.ops
+  if wide.writes then
+    local len = redis.call('STRLEN', key)
+    for k = #ops, 1, -1 do
+      local op = ops[k]
+      if op.b0 and op.b0 < len then
+        local want = math.min(op.b1, len - 1) - op.b0 + 1
+        local bytes = string.sub(op.saved .. string.rep('\0', want), 1, want)
+        redis.call('SETRANGE', key, op.b0, bytes)
+      end
+    end
+  end
+  local overflow, parts, count = 'WRAP', {}, 0
+  for k = 1, #ops do
+    local op = ops[k]
+    if op.word == 'OVERFLOW' then
+      overflow = op.words[2]
+    else
+      count = count + 1
+      local reply
+      if op.word == 'GET' then
+        reply = ':' .. field_text(key, op) .. '\r\n'
+      else
+        local before = field_text(key, op)
+        local r = redis.call('BITFIELD', key, 'OVERFLOW', overflow, unpack(op.words))
+        if not r[1] then
+          reply = '$-1\r\n'
+        elseif op.word == 'SET' then
+          reply = ':' .. before .. '\r\n'
+        else
+          reply = ':' .. field_text(key, op) .. '\r\n'
+        end
+      end
+      parts[#parts + 1] = reply
+    end
+  end
+  return '*' .. count .. '\r\n' .. table.concat(parts)
+end
+local function beyond_doubles(r)
+  for j = 1, #r do
+    if type(r[j]) == 'number' and (r[j] >= big or r[j] <= -big) then return true end
+  end
+  return false
+end
 local function run(first, last)
   local name = string.lower(ARGV[first])
+  local wide = nil
+  if name == 'bitfield' then wide = bitfield_wide(first, last) end
   local r = redis.pcall(unpack(ARGV, first, last))
+  if wide and type(r) == 'table' and not r.err and beyond_doubles(r) then
+    return bitfield_exact(ARGV[first + 1], wide)
+  end
   if type(r) == 'number' and (r >= big or r <= -big) then
     local words = exact_reads[name]
     if words == 2 then
@@ -158,6 +272,26 @@ local function record(key, seq, ttl, reply)
   if tonumber(ttl) > 0 then redis.call('EXPIRE', key, ttl) end
   at_data()
 end
+local function call_user(fn, user_sha)
+  local handler = nil
+  pcall(function() handler = __redis__err__handler end)
+  local ok, result
+  if type(handler) == 'function' then
+    ok, result = xpcall(fn, handler)
+  else
+    ok, result = pcall(fn)
+  end
+  if ok then return enc(result, nil, true) end
+  if type(handler) == 'function' and type(result) == 'table' and result.err then
+    local text = tostring(result.err)
+    if user_sha ~= '' and result.source and result.line then
+      text = text .. ' script: ' .. user_sha .. ', on ' .. result.source .. ':' .. result.line .. '.'
+    end
+    text = string.gsub(text, '[\r\n]', ' ')
+    return '-' .. text .. '\r\n'
+  end
+  return enc_error(result)
+end
 local function fingerprint(key)
   local dump = redis.call('DUMP', key)
   if not dump then return '' end
@@ -174,12 +308,79 @@ end
 /// - `x`: a transaction: `ARGV[5]` watched keys follow as (key, fingerprint) pairs, then the
 ///   number of commands, then each command as its word count and its words; if a watched key
 ///   changed the reply is the nil array and nothing runs, else every command runs (a failing
-///   one gives its error in its place, as `EXEC` does) and the reply is the array of replies;
+///   one gives its error in its place, as `EXEC` does) and the reply is the array of replies.
+///   Besides commands, the elements the adaptor makes: `PMNET.REPLY <reply>` (that reply in its
+///   place: a connection command the gateway answered), `PMNET.SELECT n` (`+OK`, and the
+///   commands after it run in database `n`), `PMNET.SCRIPT r|w <sha> <code> <numkeys> keys…
+///   args…` (a user's script, compiled now as Redis compiles it, `@user_script`, and run with
+///   its own `KEYS` and `ARGV` — with `r`, through a `redis` table whose `call` and `pcall`
+///   refuse commands Redis flags `write`, as Redis refuses them in a read-only script);
 /// - `f`: `FLUSHALL` of every database but the records', `ARGV[5]` databases, `ARGV[6]` an
 ///   optional `ASYNC`/`SYNC`.
 ///
 /// Returns `{status, reply}`.
 const APPLY_BODY: &str = r#"
+local function denies_writes(...)
+  local words = {...}
+  local info = redis.call('COMMAND', 'INFO', tostring(words[1]))[1]
+  if type(info) ~= 'table' then return false end
+  if type(info[10]) == 'table' and #info[10] > 0 and words[2] then
+    local full = string.lower(tostring(words[1]) .. '|' .. tostring(words[2]))
+    info = redis.call('COMMAND', 'INFO', full)[1]
+    if type(info) ~= 'table' then return false end
+  end
+  local arity = info[2]
+  if (arity > 0 and #words ~= arity) or (arity < 0 and #words < -arity) then return false end
+  local write = false
+  for _, flag in ipairs(info[3]) do
+    if flag.ok == 'noscript' then return false end
+    if flag.ok == 'write' then write = true end
+  end
+  return write
+end
+local read_only_error = 'ERR Write commands are not allowed from read-only scripts.'
+local function read_only_call(raise)
+  return function(...)
+    if denies_writes(...) then
+      local e = {err = read_only_error}
+      if raise then error(e) end
+      return e
+    end
+    if raise then return redis.call(...) end
+    return redis.pcall(...)
+  end
+end
+local read_only_redis = setmetatable({}, {__index = function(t, k)
+  if k == 'call' then return coroutine.wrap(read_only_call(true)) end
+  if k == 'pcall' then return coroutine.wrap(read_only_call(false)) end
+  return redis[k]
+end})
+local function run_script(first, last)
+  local api = redis
+  if ARGV[first] == 'r' then api = read_only_redis end
+  local sha, code, nkeys = ARGV[first + 1], ARGV[first + 2], tonumber(ARGV[first + 3])
+  local keys, args = {}, {}
+  for j = 1, nkeys do keys[j] = ARGV[first + 3 + j] end
+  for j = first + 4 + nkeys, last do args[#args + 1] = ARGV[j] end
+  local fn, err = loadstring('local redis, KEYS, ARGV = ...; ' .. code, '@user_script')
+  if not fn then
+    return '-ERR Error compiling script (new function): ' .. string.gsub(tostring(err), '[\r\n]', ' ') .. '\r\n'
+  end
+  local reply = call_user(function() return fn(api, keys, args) end, sha)
+  redis.call('SELECT', datadb)
+  return reply
+end
+local function element(first, last)
+  local name = ARGV[first]
+  if name == 'PMNET.REPLY' then return ARGV[first + 1] end
+  if name == 'PMNET.SELECT' then
+    datadb = tonumber(ARGV[first + 1])
+    redis.call('SELECT', datadb)
+    return '+OK\r\n'
+  end
+  if name == 'PMNET.SCRIPT' then return run_script(first + 1, last) end
+  return run(first, last)
+end
 local seq = tonumber(ARGV[1])
 use_db(ARGV[3])
 local answer = redo(KEYS[1], seq)
@@ -201,7 +402,7 @@ elseif mode == 'x' then
     local parts = {'*' .. count .. '\r\n'}
     for c = 1, count do
       local argc = tonumber(ARGV[i])
-      parts[#parts + 1] = run(i + 1, i + argc)
+      parts[#parts + 1] = element(i + 1, i + argc)
       i = i + 1 + argc
     end
     reply = table.concat(parts)
@@ -296,27 +497,7 @@ if answer then return answer end
 local keys, args = {}, {}
 for i = 2, #KEYS do keys[i - 1] = KEYS[i] end
 for i = 4, #ARGV do args[i - 3] = ARGV[i] end
-local handler = nil
-pcall(function() handler = __redis__err__handler end)
-local ok, result
-if type(handler) == 'function' then
-  ok, result = xpcall(function() return user_script(keys, args) end, handler)
-else
-  ok, result = pcall(user_script, keys, args)
-end
-local reply
-if ok then
-  reply = enc(result, nil, true)
-elseif type(handler) == 'function' and type(result) == 'table' and result.err then
-  local text = tostring(result.err)
-  if user_sha ~= '' and result.source and result.line then
-    text = text .. ' script: ' .. user_sha .. ', on ' .. result.source .. ':' .. result.line .. '.'
-  end
-  text = string.gsub(text, '[\r\n]', ' ')
-  reply = '-' .. text .. '\r\n'
-else
-  reply = enc_error(result)
-end
+local reply = call_user(function() return user_script(keys, args) end, user_sha)
 record(KEYS[1], ARGV[1], ARGV[2], reply)
 return {1, reply}
 "#;

@@ -208,7 +208,7 @@ fn shown(word: &[u8]) -> String {
 
 /// Redis's error for an unknown command: its name and the beginning of its arguments, each
 /// quoted, until they fill 128 bytes (as `processCommand` writes it).
-fn unknown_command(args: &[Vec<u8>]) -> String {
+pub fn unknown_command(args: &[Vec<u8>]) -> String {
     let mut shown_args: Vec<u8> = Vec::new();
     for arg in args.iter().skip(1) {
         if shown_args.len() >= 128 {
@@ -416,7 +416,7 @@ fn database_refusal(container: &str, args: &[Vec<u8>], record_db: u32) -> Option
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn bulk(text: &str) -> Value {
@@ -445,7 +445,7 @@ mod tests {
     }
 
     /// A table shaped like Redis 7's, with one command of each kind.
-    fn table() -> CommandTable {
+    pub(crate) fn table() -> CommandTable {
         CommandTable::from_reply(&Value::Array(Some(vec![
             entry("get", 2, &["readonly", "fast"], vec![]),
             entry("set", -3, &["write", "denyoom"], vec![]),

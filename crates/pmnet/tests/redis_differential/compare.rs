@@ -169,6 +169,20 @@ fn shape(value: &Value) -> Value {
     }
 }
 
+/// Every array sorted, from the innermost out: the order of Redis's command table (`COMMAND`,
+/// `COMMAND INFO`'s subcommands, `COMMAND DOCS`, `COMMAND LIST`) is its dict's, which depends on
+/// the process's hash seed.
+fn sorted_deep(value: &Value) -> Value {
+    match value {
+        Value::Array(Some(items)) => {
+            let mut items: Vec<Value> = items.iter().map(sorted_deep).collect();
+            sort_items(&mut items);
+            Value::Array(Some(items))
+        }
+        other => other.clone(),
+    }
+}
+
 fn count_arg(cmd: &[Vec<u8>], index: usize) -> Option<i64> {
     cmd.get(index)
         .and_then(|word| std::str::from_utf8(word).ok())
@@ -203,9 +217,10 @@ pub fn normalize(cmd: &[Vec<u8>], value: &Value) -> Value {
             Value::Array(Some(items))
         }
         ("HGETALL", Value::Array(Some(items))) => Value::Array(Some(sort_pairs(items))),
-        // COMMAND alone lists Redis's command table, and each command its subcommands, in
-        // hash tables' order: every array sorted.
-        ("COMMAND", other) if cmd.len() == 1 => deep_sorted(other),
+        // The command table in its dict's order (the process's hash seed).
+        ("COMMAND" | "COMMAND INFO" | "COMMAND DOCS" | "COMMAND LIST", other) => {
+            sorted_deep(&other)
+        }
         // A count >= 0 takes distinct members (all of a small set, in table order): sorted. A
         // negative count or none picks at random: shape only.
         ("SRANDMEMBER", Value::Array(Some(mut items))) if count_arg(cmd, 2).unwrap_or(-1) >= 0 => {

@@ -57,7 +57,7 @@ pub(crate) const REDIS_SILENCE_WARNING: Duration = pmnet_runtime::SILENCE_WARNIN
 pub use info::INFO_COMMAND;
 pub use recovery::load_sessions;
 use translation::Flow;
-pub use translation::{DB_COMMAND, EXEC_COMMAND, WATCH_COMMAND};
+pub use translation::{DB_COMMAND, EXEC_COMMAND, REPLY_WORD, WATCH_COMMAND};
 
 /// Bytes of a reply at most: what one PMNet reply carries to the gateway (its PMNet client's
 /// `request_len_max`).

@@ -79,10 +79,23 @@ pub const EXEC_COMMAND: &[u8] = b"PMNET.EXEC";
 /// The name of a watch's payload through the gateway: `PMNET.WATCH key…`; the reply is the
 /// array of the keys' fingerprints.
 pub const WATCH_COMMAND: &[u8] = b"PMNET.WATCH";
+/// A transaction's element that is a reply the gateway computed (a connection command the
+/// gateway answers, queued inside `MULTI`): `PMNET.REPLY <reply>`, put in its place as it is.
+pub const REPLY_WORD: &[u8] = b"PMNET.REPLY";
+/// A transaction's element that selects a database for the commands after it (a `SELECT`
+/// queued inside `MULTI`, checked here): `PMNET.SELECT n`.
+const SELECT_WORD: &[u8] = b"PMNET.SELECT";
+/// A transaction's element that runs a user's script (an `EVAL`/`EVALSHA`/`EVAL_RO`/
+/// `EVALSHA_RO` queued inside `MULTI`): `PMNET.SCRIPT r|w <sha> <code> <numkeys> keys… args…`,
+/// `r` for a script that must not write; the code with its shebang line emptied.
+const SCRIPT_WORD: &[u8] = b"PMNET.SCRIPT";
 /// The words before a request of a client that selected another database than 0:
 /// `PMNET.DB n <request…>` (the request as it would be sent from database 0: a command,
 /// `PMNET.EXEC …` or `PMNET.WATCH …`).
 pub const DB_COMMAND: &[u8] = b"PMNET.DB";
+
+/// The beginning of the error of a transaction the adaptor does not run.
+const ABORT: &str = "EXECABORT Transaction discarded because of previous errors";
 
 /// Redis's reply to a database number it does not have (`SELECT`, `MOVE`, …).
 const DB_OUT_OF_RANGE: &str = "ERR DB index is out of range";
@@ -591,9 +604,9 @@ impl Adaptor {
         })
     }
 
-    /// `PMNET.EXEC`: checked like Redis checks queued commands (an error aborts it whole).
-    fn transaction(&self, args: &[Vec<u8>]) -> Result<Op, String> {
-        const ABORT: &str = "EXECABORT Transaction discarded because of previous errors";
+    /// `PMNET.EXEC`: checked like Redis checks queued commands (an error aborts it whole),
+    /// and put in the form the update script's mode `x` runs.
+    fn transaction(&mut self, args: &[Vec<u8>]) -> Result<Op, String> {
         let malformed = || format!("{ABORT}: the transaction payload is malformed");
         let number = |index: usize| -> Result<usize, String> {
             args.get(index)
@@ -604,29 +617,99 @@ impl Adaptor {
         let watched = number(1)?;
         let mut at = 2 + 2 * watched;
         let commands = number(at)?;
+        let mut words = vec![b"x".to_vec()];
+        words.extend_from_slice(args.get(1..at + 1).ok_or_else(malformed)?);
         at += 1;
         for _ in 0..commands {
-            let words = number(at)?;
-            let command = args.get(at + 1..at + 1 + words).ok_or_else(malformed)?;
-            if words == 0 {
+            let count = number(at)?;
+            let command = args.get(at + 1..at + 1 + count).ok_or_else(malformed)?;
+            if count == 0 {
                 return Err(malformed());
             }
-            self.table
-                .runs_in_script(command)
-                .map_err(|why| format!("{ABORT}: {}", why.trim_start_matches("ERR ")))?;
-            if let Run::Refuse(why) = self.table.classify(command, self.options.record_db) {
-                if !matches!(self.table.find(command), Ok((name, _)) if name == "publish") {
-                    return Err(format!("{ABORT}: {}", why.trim_start_matches("ERR ")));
-                }
-            }
-            at += 1 + words;
+            let element = self.transaction_element(command)?;
+            words.push(element.len().to_string().into_bytes());
+            words.extend(element);
+            at += 1 + count;
         }
         if at != args.len() {
             return Err(malformed());
         }
-        let mut words = vec![b"x".to_vec()];
-        words.extend_from_slice(&args[1..]);
         Ok(Op::Apply(words))
+    }
+
+    /// One command of a transaction as the update script runs it: as it is, or one of the
+    /// elements it knows (a literal reply, a database switch, a user's script).
+    fn transaction_element(&mut self, command: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, String> {
+        let literal = |reply: Vec<u8>| vec![REPLY_WORD.to_vec(), reply];
+        if command[0].eq_ignore_ascii_case(REPLY_WORD) && command.len() == 2 {
+            return Ok(command.to_vec());
+        }
+        let name = match self.table.find(command) {
+            Ok((name, _)) => name,
+            Err(why) => return Err(format!("{ABORT}: {}", why.trim_start_matches("ERR "))),
+        };
+        match name.as_str() {
+            "select" => {
+                // As Redis answers it at EXEC (see `decode_command`).
+                return Ok(match crate::resp::parse_redis_int(&command[1]) {
+                    Some(n) if i32::try_from(n).is_ok() => {
+                        if self.is_user_db(n) {
+                            vec![SELECT_WORD.to_vec(), n.to_string().into_bytes()]
+                        } else {
+                            literal(error_reply(DB_OUT_OF_RANGE))
+                        }
+                    }
+                    _ => literal(error_reply("ERR value is not an integer or out of range")),
+                });
+            }
+            "eval" | "evalsha" | "eval_ro" | "evalsha_ro" => {
+                return Ok(match self.script_element(command, &name) {
+                    Ok(element) => element,
+                    Err(error) => literal(error_reply(&error)),
+                })
+            }
+            _ => {}
+        }
+        self.table
+            .runs_in_script(command)
+            .map_err(|why| format!("{ABORT}: {}", why.trim_start_matches("ERR ")))?;
+        if let Run::Refuse(why) = self.table.classify(command, self.options.record_db) {
+            if name != "publish" {
+                return Err(format!("{ABORT}: {}", why.trim_start_matches("ERR ")));
+            }
+        }
+        Ok(command.to_vec())
+    }
+
+    /// A user's script queued in a transaction (`name` is `eval`, `evalsha`, `eval_ro` or
+    /// `evalsha_ro`): the update script runs its code as Redis would at `EXEC` (compiled
+    /// then, named `@user_script`; read-only for the `_RO` forms and `no-writes` scripts), or
+    /// Redis's error.
+    fn script_element(&mut self, command: &[Vec<u8>], name: &str) -> Result<Vec<Vec<u8>>, String> {
+        let count = key_count(command)?;
+        let body: Arc<[u8]> = if name.starts_with("evalsha") {
+            let sha = String::from_utf8_lossy(&command[1]).to_ascii_lowercase();
+            self.find_script(&sha)
+                .ok_or_else(|| "NOSCRIPT No matching script. Please use EVAL.".to_owned())?
+        } else {
+            self.load_script(&command[1]);
+            command[1].as_slice().into()
+        };
+        let (code, no_writes) = script::strip_shebang(&body);
+        let read_only = no_writes || name.ends_with("_ro");
+        let mut element = vec![
+            SCRIPT_WORD.to_vec(),
+            if read_only {
+                b"r".to_vec()
+            } else {
+                b"w".to_vec()
+            },
+            script::script_sha(&body).into_bytes(),
+            code.to_vec(),
+        ];
+        element.extend_from_slice(&command[2..]);
+        debug_assert!(element.len() >= 5 + count);
+        Ok(element)
     }
 
     fn dispatch(&mut self, session_id: u64, seq: u32, db: u32, op: Op) {

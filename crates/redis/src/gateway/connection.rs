@@ -9,13 +9,24 @@
 //! transaction only if every watched key still has its fingerprint — otherwise the reply is the
 //! nil array, as Redis answers when a watched key changed. Unlike Redis, a key changed and
 //! changed back to the same value and expiry between `WATCH` and `EXEC` counts as unchanged.
+//!
+//! Inside `MULTI` each command is checked against Redis's command table as Redis checks it
+//! (unknown command or subcommand, wrong number of arguments: the error at once, and `EXEC`
+//! answers `EXECABORT`). The connection commands Redis queues are queued too, and run at `EXEC`
+//! in their place: `CLIENT …`, `HELLO`, `AUTH` and `UNWATCH` are answered by the gateway, their
+//! replies carried in the transaction as literals (`PMNET.REPLY <reply>`) so that the adaptor's
+//! array has them in their places, and their effects on the connection kept only if the
+//! transaction ran; a `SELECT` goes in the transaction as it is, the adaptor switches the
+//! database for the commands after it, and the connection stays in the database the last
+//! successful one chose.
 
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use crate::adaptor::{EXEC_COMMAND, WATCH_COMMAND};
-use crate::commands::{Route, OK};
-use crate::resp::{encode_bulk, error_reply};
+use crate::adaptor::{EXEC_COMMAND, REPLY_WORD, WATCH_COMMAND};
+use crate::commands::{Class, Route, OK};
+use crate::resp::{encode_bulk, error_reply, parse_value, Limits, Value};
+use crate::table::CommandTable;
 
 /// Words queued in one transaction at most (one larger than one PMNet request or the adaptor's
 /// scripts take runs on a direct connection: `gateway::direct`).
@@ -33,7 +44,7 @@ pub struct Auth {
 }
 
 /// A transaction being queued.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Queued {
     commands: Vec<Vec<Vec<u8>>>,
     words: usize,
@@ -43,7 +54,7 @@ struct Queued {
 }
 
 /// A connection's state.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ConnState {
     pub id: u64,
     pub peer: Option<SocketAddr>,
@@ -76,10 +87,45 @@ pub enum Action {
     Exec {
         payload: Vec<u8>,
         commands: Vec<Vec<Vec<u8>>>,
+        after: AfterExec,
     },
     /// Ask the adaptor whether database `db` can be selected (this bypass payload, `SELECT
     /// n`): on `+OK` the connection's later requests run in it (see [`ConnState::selected`]).
     Select { payload: Vec<u8>, db: Option<u32> },
+}
+
+/// What a transaction's connection commands do to the connection, once it ran.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct AfterExec {
+    /// The settings its `CLIENT`, `HELLO` and `AUTH` commands left (`None`: it has none).
+    settings: Option<Settings>,
+    /// Its `SELECT`s: their places in the transaction and the databases they name.
+    selects: Vec<(usize, Option<u32>)>,
+}
+
+impl AfterExec {
+    /// Whether the connection's later commands must wait for the transaction's reply (they
+    /// run in the database it selects, with the settings it leaves).
+    pub fn changes_connection(&self) -> bool {
+        self.settings.is_some() || !self.selects.is_empty()
+    }
+}
+
+/// A connection's settings that its commands change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Settings {
+    name: Option<Vec<u8>>,
+    lib_name: Option<Vec<u8>>,
+    lib_ver: Option<Vec<u8>>,
+    resp3: bool,
+    authenticated: bool,
+}
+
+/// The name of a command the gateway answers from the connection's state, if `name` is one.
+fn connection_command(name: &[u8]) -> Option<&'static str> {
+    crate::commands::lookup(name)
+        .filter(|spec| spec.class == Class::Connection)
+        .map(|spec| spec.name)
 }
 
 fn bulk(bytes: &[u8]) -> Vec<u8> {
@@ -127,16 +173,28 @@ impl ConnState {
         self.watched.len()
     }
 
-    /// Queue a command inside `MULTI` (routed as `route`); the reply to send now.
-    pub fn queue(&mut self, args: &[Vec<u8>], route: &Route) -> Vec<u8> {
+    /// Queue a command inside `MULTI` (routed as `route`); the reply to send now. With Redis's
+    /// command table (`table`), the command is checked as Redis checks it.
+    pub fn queue(
+        &mut self,
+        args: &[Vec<u8>],
+        route: &Route,
+        table: Option<&CommandTable>,
+    ) -> Vec<u8> {
         let Some(queued) = self.queued.as_mut() else {
             return error_reply("ERR internal: queueing outside MULTI");
         };
+        let checked = match table {
+            Some(table) => table.find(args).err(),
+            // The adaptor's own words are no command of Redis's.
+            None if args[0].len() > 6 && args[0][..6].eq_ignore_ascii_case(b"PMNET.") => {
+                Some(crate::table::unknown_command(args))
+            }
+            None => None,
+        };
         let refusal = match route {
+            _ if checked.is_some() => checked.as_deref().map(error_reply),
             Route::Reply(bytes) if bytes.first() == Some(&b'-') => Some(bytes.clone()),
-            Route::Connection(name) => Some(error_reply(&format!(
-                "ERR {name} inside MULTI is not supported through the pmnet gateway"
-            ))),
             _ if queued.words + args.len() + 1 > MAX_QUEUED_WORDS
                 || queued.bytes + words_len(args) > MAX_QUEUED_BYTES =>
             {
@@ -155,6 +213,38 @@ impl ConnState {
         queued.bytes += words_len(args);
         queued.commands.push(args.to_vec());
         b"+QUEUED\r\n".to_vec()
+    }
+
+    /// Take in the reply of a transaction that carried connection commands (`after`): if it
+    /// ran, the connection keeps what they did.
+    pub fn executed(&mut self, after: AfterExec, reply: &[u8]) {
+        if !after.changes_connection() {
+            return;
+        }
+        let limits = Limits {
+            max_bulk_len: usize::MAX >> 1,
+            max_command_len: usize::MAX >> 1,
+            ..Limits::default()
+        };
+        let items = match parse_value(reply, &limits) {
+            Ok(Some((Value::Array(Some(items)), used))) if used == reply.len() => items,
+            // Not run: a watched key changed, or an error.
+            _ => return,
+        };
+        for (at, db) in after.selects {
+            if let (Some(db), Some(Value::Simple(text))) = (db, items.get(at)) {
+                if text == b"OK" {
+                    self.db = db;
+                }
+            }
+        }
+        if let Some(settings) = after.settings {
+            self.name = settings.name;
+            self.lib_name = settings.lib_name;
+            self.lib_ver = settings.lib_ver;
+            self.resp3 = settings.resp3;
+            self.authenticated = settings.authenticated;
+        }
     }
 
     /// Take in the adaptor's answer to a `SELECT` of `db`; the reply.
@@ -242,14 +332,14 @@ impl ConnState {
                     keys: args[1..].to_vec(),
                 }
             }
-            "EXEC" => self.exec(),
+            "EXEC" => self.exec(auth),
             _ => Action::Reply(error_reply(&format!(
                 "ERR unknown command '{name}' for the pmnet gateway"
             ))),
         }
     }
 
-    fn exec(&mut self) -> Action {
+    fn exec(&mut self, auth: &Auth) -> Action {
         let Some(queued) = self.queued.take() else {
             return Action::Reply(error_reply("ERR EXEC without MULTI"));
         };
@@ -271,13 +361,46 @@ impl ConnState {
             words.push(print);
         }
         words.push(queued.commands.len().to_string().into_bytes());
-        for command in &queued.commands {
+        // The connection commands run on a copy of this state, in order; it becomes the
+        // connection's once the transaction ran.
+        let mut shadow: Option<Box<ConnState>> = None;
+        let mut after = AfterExec::default();
+        for (at, command) in queued.commands.iter().enumerate() {
+            match connection_command(&command[0]) {
+                Some("SELECT") => {
+                    let db = crate::resp::parse_redis_int(&command[1])
+                        .and_then(|n| u32::try_from(n).ok());
+                    after.selects.push((at, db));
+                }
+                Some(name) => {
+                    let state = shadow.get_or_insert_with(|| Box::new(self.clone()));
+                    let reply = match state.handle(name, command, auth) {
+                        Action::Reply(bytes) => bytes,
+                        _ => error_reply(&format!(
+                            "ERR {name} inside MULTI is not supported through the pmnet gateway"
+                        )),
+                    };
+                    words.push(b"2".to_vec());
+                    words.push(REPLY_WORD.to_vec());
+                    words.push(reply);
+                    continue;
+                }
+                None => {}
+            }
             words.push(command.len().to_string().into_bytes());
             words.extend(command.iter().cloned());
         }
+        after.settings = shadow.map(|state| Settings {
+            name: state.name,
+            lib_name: state.lib_name,
+            lib_ver: state.lib_ver,
+            resp3: state.resp3,
+            authenticated: state.authenticated,
+        });
         Action::Exec {
             payload: crate::resp::command_bytes(&words),
             commands: queued.commands,
+            after,
         }
     }
 
@@ -591,15 +714,18 @@ mod tests {
             b"-ERR MULTI calls can not be nested\r\n"
         );
         assert_eq!(
-            conn.queue(&args(&["SET", "k", "v"]), &Route::Update { ack: OK }),
+            conn.queue(&args(&["SET", "k", "v"]), &Route::Update { ack: OK }, None),
             b"+QUEUED\r\n"
         );
         assert_eq!(
-            conn.queue(&args(&["INCR", "n"]), &Route::Bypass),
+            conn.queue(&args(&["INCR", "n"]), &Route::Bypass, None),
             b"+QUEUED\r\n"
         );
         let exec = conn.handle("EXEC", &args(&["EXEC"]), &Auth::default());
-        let Action::Exec { payload, commands } = exec else {
+        let Action::Exec {
+            payload, commands, ..
+        } = exec
+        else {
             panic!("{exec:?}")
         };
         assert_eq!(commands.len(), 2);
@@ -623,6 +749,73 @@ mod tests {
     }
 
     #[test]
+    fn connection_commands_run_in_their_place_and_count_once_the_transaction_ran() {
+        let mut conn = state();
+        let queue = |conn: &mut ConnState, words: &[&str]| {
+            let words = args(words);
+            let route = crate::commands::route(&words, &Default::default());
+            conn.queue(&words, &route, None)
+        };
+        for _ in 0..2 {
+            reply(&mut conn, &["MULTI"]);
+            for words in [
+                &["CLIENT", "SETNAME", "a"][..],
+                &["CLIENT", "GETNAME"],
+                &["SELECT", "3"],
+                &["SET", "k", "v"],
+                &["UNWATCH"],
+            ] {
+                assert_eq!(queue(&mut conn, words), b"+QUEUED\r\n", "{words:?}");
+            }
+            let exec = conn.handle("EXEC", &args(&["EXEC"]), &Auth::default());
+            let Action::Exec {
+                payload,
+                commands,
+                after,
+            } = exec
+            else {
+                panic!("{exec:?}")
+            };
+            assert_eq!(commands.len(), 5);
+            assert!(after.changes_connection());
+            let expected = crate::resp::command_bytes(&[
+                "PMNET.EXEC",
+                "0",
+                "5",
+                "2",
+                "PMNET.REPLY",
+                "+OK\r\n",
+                "2",
+                "PMNET.REPLY",
+                "$1\r\na\r\n",
+                "2",
+                "SELECT",
+                "3",
+                "3",
+                "SET",
+                "k",
+                "v",
+                "2",
+                "PMNET.REPLY",
+                "+OK\r\n",
+            ]);
+            assert_eq!(
+                String::from_utf8_lossy(&payload),
+                String::from_utf8_lossy(&expected)
+            );
+            // Nothing changes until the transaction ran: a watched key changed (nil array).
+            if conn.name.is_none() {
+                conn.executed(after, b"*-1\r\n");
+                assert_eq!((conn.name.as_deref(), conn.db), (None, 0));
+            } else {
+                conn.executed(after, b"*5\r\n+OK\r\n$1\r\na\r\n+OK\r\n+OK\r\n+OK\r\n");
+                assert_eq!((conn.name.as_deref(), conn.db), (Some(&b"a"[..]), 3));
+            }
+            conn.name = conn.name.take().or(Some(b"before".to_vec()));
+        }
+    }
+
+    #[test]
     fn an_error_while_queueing_aborts_the_transaction() {
         let mut conn = state();
         reply(&mut conn, &["MULTI"]);
@@ -631,11 +824,48 @@ mod tests {
             &Route::Reply(error_reply(
                 "ERR wrong number of arguments for 'set' command",
             )),
+            None,
         );
         assert!(refused.starts_with(b"-ERR wrong number"));
+        assert!(reply(&mut conn, &["EXEC"]).starts_with(b"-EXECABORT"));
+        // Checked against Redis's table as Redis checks it.
+        let table = crate::table::tests::table();
+        for (words, error) in [
+            (
+                &["NOPE", "k"][..],
+                "-ERR unknown command 'NOPE', with args beginning with: 'k' \r\n",
+            ),
+            (
+                &["CONFIG", "nope"],
+                "-ERR unknown subcommand 'nope'. Try CONFIG HELP.\r\n",
+            ),
+            (
+                &["get", "a", "b"],
+                "-ERR wrong number of arguments for 'get' command\r\n",
+            ),
+            (
+                &["PMNET.REPLY", "+OK\r\n"],
+                "-ERR unknown command 'PMNET.REPLY'",
+            ),
+        ] {
+            reply(&mut conn, &["MULTI"]);
+            assert_eq!(
+                conn.queue(&args(&["GET", "k"]), &Route::Bypass, Some(&table)),
+                b"+QUEUED\r\n"
+            );
+            let refused = conn.queue(&args(words), &Route::Bypass, Some(&table));
+            assert!(
+                refused.starts_with(error.as_bytes()),
+                "{words:?}: {}",
+                String::from_utf8_lossy(&refused)
+            );
+            assert!(reply(&mut conn, &["EXEC"]).starts_with(b"-EXECABORT"));
+        }
+        // The adaptor's own words are refused without the table too.
+        reply(&mut conn, &["MULTI"]);
         assert!(conn
-            .queue(&args(&["HELLO", "3"]), &Route::Connection("HELLO"))
-            .starts_with(b"-ERR HELLO inside MULTI"));
+            .queue(&args(&["pmnet.reply", "x"]), &Route::Bypass, None)
+            .starts_with(b"-ERR unknown command 'pmnet.reply'"));
         assert!(reply(&mut conn, &["EXEC"]).starts_with(b"-EXECABORT"));
         reply(&mut conn, &["MULTI"]);
         assert_eq!(reply(&mut conn, &["DISCARD"]), OK);

@@ -11,12 +11,22 @@
 //! without being sent — so never applied — and new connections get that error and are
 //! closed. Updates when only the server side is down still go: the device logs and acks them,
 //! and Redis applies them when it answers again.
+//!
+//! The same session asks Redis for its command table (`COMMAND`) once, at start-up (also with
+//! `--down-after 0`): the gateway checks each command queued inside `MULTI` against it, as
+//! Redis does (unknown commands and subcommands, wrong number of arguments: an error at once,
+//! and `EXEC` then answers `EXECABORT`).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pmnet_proto::{Client, ClientConfig, ClientEvent, Completion, Transmit};
 use pmnet_runtime::{Clock, PeerWatch};
+use pmnet_wire::{Header, PacketType};
+
+use crate::resp::{parse_value, Limits};
+use crate::table::CommandTable;
 
 /// Which part of the path is down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,10 +42,22 @@ pub(super) enum DownPart {
 pub(super) struct Health {
     probe: Client,
     device: SocketAddr,
-    down_after: Duration,
+    /// `None`: no probing (`--down-after 0`), the command table is still fetched.
+    down_after: Option<Duration>,
+    /// Redis's command table, once fetched.
+    table: Option<Arc<CommandTable>>,
+    /// The `COMMAND` request in flight, and when it was first asked for.
+    table_in_flight: Option<u32>,
+    table_first_asked: Option<Instant>,
     /// The probe in flight, and when it was sent.
     in_flight: Option<(u32, Instant)>,
     next_probe: Instant,
+    /// When to ask for the command table (again).
+    next_table: Instant,
+    /// The highest sequence number the probe sent.
+    last_started: u32,
+    /// No-op fills for a restarted adaptor, to send.
+    fills: Vec<Transmit>,
     /// Why the path is down, and which part.
     down: Option<(DownPart, String)>,
     /// Probes sent and answered with `+PONG`, for the report.
@@ -45,11 +67,16 @@ pub(super) struct Health {
 
 /// The probe's request: `PING`, answered by Redis through the whole path.
 const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
+/// The command table's request.
+const COMMAND: &[u8] = b"*1\r\n$7\r\nCOMMAND\r\n";
+/// How long commands queued inside `MULTI` wait for the command table at most (then they are
+/// queued unchecked: the adaptor checks them at `EXEC`).
+const TABLE_WAIT: Duration = Duration::from_secs(5);
 
 impl Health {
     /// A probe on session `session_id` to `device` (the config is the gateway's sessions'
     /// shape: server id, keys).
-    pub(super) fn new(config: ClientConfig, down_after: Duration) -> Health {
+    pub(super) fn new(config: ClientConfig, down_after: Option<Duration>) -> Health {
         let device = config.peer;
         let mut config = config;
         config.window = 1;
@@ -57,8 +84,14 @@ impl Health {
             probe: Client::new(config),
             device,
             down_after,
+            table: None,
+            table_in_flight: None,
+            table_first_asked: None,
             in_flight: None,
             next_probe: Instant::now(),
+            next_table: Instant::now(),
+            last_started: 0,
+            fills: Vec::new(),
             down: None,
             probes_sent: 0,
             probes_answered: 0,
@@ -69,6 +102,26 @@ impl Health {
         self.probe.session_id()
     }
 
+    /// Whether the path is probed (`--down-after` is not 0).
+    pub(super) fn watching(&self) -> bool {
+        self.down_after.is_some()
+    }
+
+    /// Redis's command table, once fetched.
+    pub(super) fn table(&self) -> Option<&Arc<CommandTable>> {
+        self.table.as_ref()
+    }
+
+    /// Whether commands queued inside `MULTI` should wait for the command table: not fetched
+    /// yet, the path not known to be down, and asked for less than [`TABLE_WAIT`] ago.
+    pub(super) fn table_pending(&self) -> bool {
+        self.table.is_none()
+            && self.down.is_none()
+            && self
+                .table_first_asked
+                .is_none_or(|asked| asked.elapsed() < TABLE_WAIT)
+    }
+
     /// Why the path is down and which part, if it is.
     pub(super) fn down(&self) -> Option<(DownPart, &str)> {
         self.down.as_ref().map(|(part, why)| (*part, why.as_str()))
@@ -76,20 +129,57 @@ impl Health {
 
     /// A datagram for the probe's session.
     pub(super) fn handle(&mut self, clock: &Clock, from: SocketAddr, datagram: &[u8]) {
+        if let Some(fill) = self.fill_for_completed(datagram) {
+            self.fills.push(Transmit {
+                destination: self.device,
+                bytes: fill,
+            });
+        }
         self.probe.handle(clock.now(), from, datagram);
+    }
+
+    /// The probe sends only reads (`PING`, `COMMAND`), which the adaptor does not record: a
+    /// restarted adaptor resumes the probe's session from its start and asks for the numbers
+    /// before the probe's next request. Each is answered with a no-op fill, as the gateway
+    /// answers its clients' completed reads (see `fill_for_completed_read` in `mod.rs`), or the
+    /// probe would wait for ever and the path would stay down.
+    fn fill_for_completed(&self, datagram: &[u8]) -> Option<Vec<u8>> {
+        if datagram.get(3) != Some(&PacketType::RetransmitRequest.code()) {
+            return None;
+        }
+        let (header, _) = Header::parse(datagram).ok()?;
+        let in_flight = [self.in_flight.map(|(seq, _)| seq), self.table_in_flight];
+        if header.packet_type != PacketType::RetransmitRequest
+            || header.seq == 0
+            || header.seq > self.last_started
+            || in_flight.contains(&Some(header.seq))
+        {
+            return None;
+        }
+        Some(pmnet_wire::encode_noop_fill(
+            header.server_id,
+            header.session_id,
+            header.seq,
+        ))
     }
 
     /// A reply some client got: an adaptor's error naming Redis tells the path is down
     /// before the next probe does.
     pub(super) fn saw_reply(&mut self, reply: &[u8]) {
-        if let Some(why) = redis_down_reason(reply) {
+        if let (Some(why), true) = (redis_down_reason(reply), self.watching()) {
             self.set_down(DownPart::Behind, why);
         }
     }
 
     /// One turn: send the next probe when due, take in its answer, decide. Datagrams to send
-    /// go to `out`.
-    pub(super) fn tick(&mut self, clock: &Clock, devices: &PeerWatch, out: &mut Vec<Transmit>) {
+    /// go to `out`. Returns whether the command table arrived.
+    pub(super) fn tick(
+        &mut self,
+        clock: &Clock,
+        devices: &PeerWatch,
+        out: &mut Vec<Transmit>,
+    ) -> bool {
+        let mut table_arrived = false;
         let now = Instant::now();
         let pmnet_now = clock.now();
         if self
@@ -100,6 +190,21 @@ impl Health {
             self.probe.handle_timeout(pmnet_now);
         }
         while let Some(event) = self.probe.poll_event() {
+            let seq = match &event {
+                ClientEvent::Completed { seq, .. } | ClientEvent::Failed { seq, .. } => *seq,
+            };
+            if self.table_in_flight == Some(seq) {
+                self.table_in_flight = None;
+                if let ClientEvent::Completed {
+                    completion: Completion::Replied { reply, .. },
+                    ..
+                } = &event
+                {
+                    self.table = parse_table(reply).map(Arc::new);
+                    table_arrived = self.table.is_some();
+                }
+                continue;
+            }
             self.in_flight = None;
             match event {
                 ClientEvent::Completed {
@@ -119,9 +224,9 @@ impl Health {
         }
         // Down once the probe has gone unanswered for `down_after` (a device restarting, or
         // Redis failing over, in less than that is not an outage clients hear of).
-        if let Some((_, sent)) = self.in_flight {
+        if let (Some((_, sent)), Some(down_after)) = (self.in_flight, self.down_after) {
             let silent = now.saturating_duration_since(sent);
-            if silent >= self.down_after {
+            if silent >= down_after {
                 let why = devices.silence(self.device).unwrap_or_else(|| {
                     format!(
                         "no reply through the device at {} for {:.1} s: the adaptor (`pmnet \
@@ -143,16 +248,30 @@ impl Health {
                 }
             }
         }
-        if self.in_flight.is_none() && now >= self.next_probe && self.probe.can_send() {
-            if let Ok(seq) = self.probe.bypass(pmnet_now, PING) {
-                self.in_flight = Some((seq, now));
-                self.probes_sent += 1;
+        let idle = self.in_flight.is_none() && self.table_in_flight.is_none();
+        if self.table.is_none() && idle && now >= self.next_table && self.probe.can_send() {
+            // The command table first (asked again a second later if it did not come).
+            if let Ok(seq) = self.probe.bypass(pmnet_now, COMMAND) {
+                self.last_started = self.last_started.max(seq);
+                self.table_in_flight = Some(seq);
+                self.table_first_asked.get_or_insert(now);
             }
-            self.next_probe = now + self.down_after / 2;
+            self.next_table = now + Duration::from_secs(1);
+        } else if let (true, Some(down_after)) = (idle, self.down_after) {
+            if now >= self.next_probe && self.probe.can_send() {
+                if let Ok(seq) = self.probe.bypass(pmnet_now, PING) {
+                    self.last_started = self.last_started.max(seq);
+                    self.in_flight = Some((seq, now));
+                    self.probes_sent += 1;
+                }
+                self.next_probe = now + down_after / 2;
+            }
         }
         while let Some(transmit) = self.probe.poll_transmit() {
             out.push(transmit);
         }
+        out.append(&mut self.fills);
+        table_arrived
     }
 
     /// When the probe next needs a turn.
@@ -161,10 +280,17 @@ impl Health {
             .probe
             .poll_timeout()
             .map_or(Duration::MAX, |at| clock.until(at));
-        let next = self.next_probe.saturating_duration_since(Instant::now());
-        let verdict = self.in_flight.map_or(Duration::MAX, |(_, sent)| {
-            (sent + self.down_after).saturating_duration_since(Instant::now())
-        });
+        let next = match (self.down_after, self.table.is_none()) {
+            (_, true) => self.next_table.saturating_duration_since(Instant::now()),
+            (Some(_), false) => self.next_probe.saturating_duration_since(Instant::now()),
+            (None, false) => Duration::MAX,
+        };
+        let verdict = match (self.in_flight, self.down_after) {
+            (Some((_, sent)), Some(down_after)) => {
+                (sent + down_after).saturating_duration_since(Instant::now())
+            }
+            _ => Duration::MAX,
+        };
         probe.min(next).min(verdict)
     }
 
@@ -179,6 +305,18 @@ impl Health {
         if let Some((_, why)) = self.down.take() {
             tracing::info!("the path to Redis answers again (it was down: {why})");
         }
+    }
+}
+
+/// Redis's reply to `COMMAND`, as a table.
+fn parse_table(reply: &[u8]) -> Option<CommandTable> {
+    let limits = Limits {
+        max_depth: 16,
+        ..Limits::default()
+    };
+    match parse_value(reply, &limits) {
+        Ok(Some((value, used))) if used == reply.len() => CommandTable::from_reply(&value),
+        _ => None,
     }
 }
 

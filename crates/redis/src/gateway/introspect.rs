@@ -457,7 +457,7 @@ pub(super) fn start(
                 "ERR {} inside MULTI is not supported through the pmnet gateway",
                 String::from_utf8_lossy(&args[0]).to_ascii_uppercase()
             ));
-            let reply = conn.state.queue(args, &Route::Reply(refusal));
+            let reply = conn.state.queue(args, &Route::Reply(refusal), None);
             conn.slots.push_back(Slot::Ready(reply));
         }
         Intercept::Info if answered_here => {

@@ -42,7 +42,12 @@ impl Gateway {
             counters.direct_failed,
             counters.direct_barriers,
             counters.input_paused,
-            match self.health.as_ref().map(|health| health.down()) {
+            match self
+                .health
+                .as_ref()
+                .filter(|health| health.watching())
+                .map(|health| health.down())
+            {
                 None => "not watched".to_owned(),
                 Some(None) => "up".to_owned(),
                 Some(Some((_, why))) => format!(

@@ -363,7 +363,8 @@ impl Gateway {
         let mut device_addrs = vec![options.device];
         device_addrs.extend(&options.more_devices);
         let devices = PeerWatch::new("device", "`pmnet device`", &device_addrs);
-        let health = options.down_after.map(|down_after| {
+        // The probe's session also fetches Redis's command table (with `--down-after 0` too).
+        let health = {
             let session_id = random_session_id();
             let mut config = ClientConfig::new(
                 session_id,
@@ -371,8 +372,8 @@ impl Gateway {
                 options.device_for(session_id),
             );
             config.auth = options.keys.clone().map(pmnet_proto::Authenticator::new);
-            health::Health::new(config, down_after)
-        });
+            Some(health::Health::new(config, options.down_after))
+        };
         let board = MetricsBoard::new();
         let metrics_addr = match options.metrics_listen {
             Some(addr) => Some(
@@ -512,7 +513,7 @@ impl Gateway {
             busy |= self.service(index);
         }
         if let Some(health) = self.health.as_mut() {
-            health.tick(&self.clock, &self.devices, &mut self.probe_out);
+            busy |= health.tick(&self.clock, &self.devices, &mut self.probe_out);
             let mut now = None;
             for transmit in self.probe_out.drain(..) {
                 self.devices
@@ -735,6 +736,16 @@ impl Gateway {
 
     fn service_conn(&mut self, conn: &mut Conn) -> bool {
         let mut busy = false;
+        // Commands queued inside MULTI are checked against Redis's command table: wait for it.
+        let table_pending = self
+            .health
+            .as_ref()
+            .is_some_and(health::Health::table_pending);
+        let table = self
+            .health
+            .as_ref()
+            .and_then(health::Health::table)
+            .cloned();
         loop {
             let mut progressed = false;
             // Start what the window allows.
@@ -742,6 +753,7 @@ impl Gateway {
             while !conn.closing
                 && conn.watches_in_flight == 0
                 && !conn.direct.holds()
+                && !(table_pending && conn.state.in_transaction())
                 && conn.client.can_send()
                 && conn.slots.len() < MAX_SLOTS
                 && conn.unsent() < MAX_OUTPUT
@@ -779,6 +791,7 @@ impl Gateway {
                                         &self.clock,
                                         &mut self.counters,
                                         down,
+                                        table.as_deref(),
                                     )
                                 },
                             );

@@ -8,7 +8,7 @@ use pmnet_runtime::Clock;
 use crate::commands::{cache_use, route, CacheUse, Route, OK};
 use crate::resp::{error_reply, parse_value, Limits};
 
-use super::connection::Action;
+use super::connection::{Action, AfterExec};
 use super::direct::{self, Mode};
 use super::health::{DownPart, Health};
 use super::{Conn, GatewayCounters, GatewayOptions, Slot};
@@ -20,8 +20,9 @@ pub(super) enum Then {
     Plain(Option<Vec<Vec<u8>>>),
     /// The fingerprints of these watched keys: kept, and the client gets `+OK`.
     Watch(Vec<Vec<u8>>),
-    /// A transaction's reply: the array of these commands' replies.
-    Exec(Vec<Vec<Vec<u8>>>),
+    /// A transaction's reply: the array of these commands' replies; what its connection
+    /// commands do to the connection once it ran.
+    Exec(Vec<Vec<Vec<u8>>>, AfterExec),
     /// The adaptor's answer to a `SELECT` of this database: on `+OK` the connection's later
     /// requests run in it.
     Select(Option<u32>),
@@ -52,6 +53,7 @@ pub(super) fn start_command(
     clock: &Clock,
     counters: &mut GatewayCounters,
     down: Option<(DownPart, &str)>,
+    table: Option<&crate::table::CommandTable>,
 ) {
     if conn.direct.is_sticky() {
         // Every command of a subscribed, monitoring or tracking client goes to Redis.
@@ -72,7 +74,7 @@ pub(super) fn start_command(
         return;
     }
     if conn.state.in_transaction() && !acts_on_transaction(&route) {
-        let reply = conn.state.queue(args, &route);
+        let reply = conn.state.queue(args, &route, table);
         if reply.first() == Some(&b'-') {
             counters.commands_rejected += 1;
         } else {
@@ -169,7 +171,11 @@ pub(super) fn start_command(
                 shape = CacheUse::Nothing;
                 (None, false, payload, Then::Watch(keys))
             }
-            Action::Exec { payload, commands } => {
+            Action::Exec {
+                payload,
+                commands,
+                after,
+            } => {
                 if exec_goes_direct(&payload, &commands, options) {
                     if options.direct.is_some() {
                         direct::queue_exec(conn, &payload, &commands);
@@ -185,7 +191,7 @@ pub(super) fn start_command(
                 if options.device_cache {
                     shape = CacheUse::Barrier;
                 }
-                (None, false, payload, Then::Exec(commands))
+                (None, false, payload, Then::Exec(commands, after))
             }
             Action::Select { payload, db } => {
                 shape = CacheUse::Nothing;
@@ -238,7 +244,12 @@ pub(super) fn start_command(
             } else {
                 counters.commands_bypass += 1;
             }
-            if matches!(then, Then::Watch(_) | Then::Select(_)) {
+            let waits = match &then {
+                Then::Watch(_) | Then::Select(_) => true,
+                Then::Exec(_, after) => after.changes_connection(),
+                Then::Plain(_) | Then::Barrier => false,
+            };
+            if waits {
                 conn.watches_in_flight += 1;
             }
             if update {
@@ -356,8 +367,17 @@ pub(super) fn complete(
             conn.watches_in_flight = conn.watches_in_flight.saturating_sub(1);
             conn.state.watched(keys, &bytes)
         }
-        Then::Exec(commands) if resp3 => crate::resp3::to_resp3_exec(&commands, &bytes),
-        Then::Exec(_) => bytes,
+        Then::Exec(commands, after) => {
+            if after.changes_connection() {
+                conn.watches_in_flight = conn.watches_in_flight.saturating_sub(1);
+                conn.state.executed(after, &bytes);
+            }
+            if conn.state.resp3 {
+                crate::resp3::to_resp3_exec(&commands, &bytes)
+            } else {
+                bytes
+            }
+        }
         Then::Select(db) => {
             conn.watches_in_flight = conn.watches_in_flight.saturating_sub(1);
             conn.state.selected(db, bytes)

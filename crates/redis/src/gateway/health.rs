@@ -48,6 +48,8 @@ pub(super) struct Health {
     table: Option<Arc<CommandTable>>,
     /// The `COMMAND` request in flight, and when it was first asked for.
     table_in_flight: Option<u32>,
+    /// When the command table was last asked for (it is a probe of the path too).
+    table_sent: Option<Instant>,
     table_first_asked: Option<Instant>,
     /// The probe in flight, and when it was sent.
     in_flight: Option<(u32, Instant)>,
@@ -86,6 +88,7 @@ impl Health {
             down_after,
             table: None,
             table_in_flight: None,
+            table_sent: None,
             table_first_asked: None,
             in_flight: None,
             next_probe: Instant::now(),
@@ -224,7 +227,12 @@ impl Health {
         }
         // Down once the probe has gone unanswered for `down_after` (a device restarting, or
         // Redis failing over, in less than that is not an outage clients hear of).
-        if let (Some((_, sent)), Some(down_after)) = (self.in_flight, self.down_after) {
+        // The command table's request waits on the same path as a PING would.
+        let waiting_since = self
+            .in_flight
+            .map(|(_, sent)| sent)
+            .or(self.table_in_flight.and(self.table_sent));
+        if let (Some(sent), Some(down_after)) = (waiting_since, self.down_after) {
             let silent = now.saturating_duration_since(sent);
             if silent >= down_after {
                 let why = devices.silence(self.device).unwrap_or_else(|| {
@@ -254,6 +262,7 @@ impl Health {
             if let Ok(seq) = self.probe.bypass(pmnet_now, COMMAND) {
                 self.last_started = self.last_started.max(seq);
                 self.table_in_flight = Some(seq);
+                self.table_sent = Some(now);
                 self.table_first_asked.get_or_insert(now);
             }
             self.next_table = now + Duration::from_secs(1);

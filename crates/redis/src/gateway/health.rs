@@ -285,18 +285,28 @@ impl Health {
 
     /// When the probe next needs a turn.
     pub(super) fn next_timer(&self, clock: &Clock) -> Duration {
+        let now = Instant::now();
         let probe = self
             .probe
             .poll_timeout()
             .map_or(Duration::MAX, |at| clock.until(at));
-        let next = match (self.down_after, self.table.is_none()) {
-            (_, true) => self.next_table.saturating_duration_since(Instant::now()),
-            (Some(_), false) => self.next_probe.saturating_duration_since(Instant::now()),
-            (None, false) => Duration::MAX,
+        // The next request is due only when none is in flight (its retransmissions are the
+        // probe client's own timer), and a verdict only while its moment is still ahead: a
+        // deadline already passed must not wake the loop again and again.
+        let idle = self.in_flight.is_none() && self.table_in_flight.is_none();
+        let next = match (idle, self.down_after, self.table.is_none()) {
+            (false, _, _) => Duration::MAX,
+            (true, _, true) => self.next_table.saturating_duration_since(now),
+            (true, Some(_), false) => self.next_probe.saturating_duration_since(now),
+            (true, None, false) => Duration::MAX,
         };
-        let verdict = match (self.in_flight, self.down_after) {
-            (Some((_, sent)), Some(down_after)) => {
-                (sent + down_after).saturating_duration_since(Instant::now())
+        let waiting_since = self
+            .in_flight
+            .map(|(_, sent)| sent)
+            .or(self.table_in_flight.and(self.table_sent));
+        let verdict = match (waiting_since, self.down_after) {
+            (Some(sent), Some(down_after)) if sent + down_after > now => {
+                (sent + down_after).saturating_duration_since(now)
             }
             _ => Duration::MAX,
         };

@@ -647,6 +647,22 @@ fn replies_through_the_scripts_are_exact() {
             "COMMAND|LIST",
             "COMMAND|INFO|get|client",
         ],
+        // An EXEC of the wrong arity aborts (and forgets) the transaction; a database Redis
+        // does not have is an error in EXEC's array.
+        &[
+            "MULTI",
+            "SET|k|1",
+            "EXEC|k",
+            "EXEC",
+            "WATCH|k",
+            "exec|x",
+            "MULTI",
+            "MOVE|k|16",
+            "SWAPDB|0|16",
+            "SET|k|2",
+            "EXEC",
+            "GET|k",
+        ],
     ];
     // EVAL'd scripts are in Redis's script cache as after Redis's own EVAL; one that does not
     // compile is not.

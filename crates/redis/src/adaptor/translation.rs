@@ -658,6 +658,11 @@ impl Adaptor {
             .runs_in_script(command)
             .map_err(|why| format!("{ABORT}: {}", why.trim_start_matches("ERR ")))?;
         if let Run::Refuse(why) = self.table.classify(command, self.options.record_db) {
+            if why == DB_OUT_OF_RANGE {
+                // Naming the records' database (`MOVE`, `SWAPDB`, `COPY … DB`): Redis's own
+                // error at EXEC, in its place, as for a database Redis does not have.
+                return Ok(literal(error_reply(&why)));
+            }
             if name != "publish" {
                 return Err(format!("{ABORT}: {}", why.trim_start_matches("ERR ")));
             }

@@ -159,6 +159,13 @@ impl ConnState {
         self.queued.is_some()
     }
 
+    /// An `EXEC` Redis rejects (the wrong number of arguments): the transaction, if any, and
+    /// the watched keys are discarded.
+    pub fn abort_exec(&mut self) {
+        self.queued = None;
+        self.watched.clear();
+    }
+
     /// Queue a command inside `MULTI` (routed as `route`); the reply to send now. With Redis's
     /// command table (`table`), the command is checked as Redis checks it.
     pub fn queue(

@@ -349,6 +349,11 @@ impl Adaptor {
         if args[0].eq_ignore_ascii_case(WATCH_COMMAND) {
             return Op::Watch(args[1..].to_vec());
         }
+        if args[0].eq_ignore_ascii_case(b"EVAL_RO") && args.len() > 2 {
+            // Redis caches an EVAL_RO'd script as it caches an EVAL'd one: a later EVALSHA of
+            // it must find it.
+            self.load_script(&args[1]);
+        }
         match self.table.classify(&args, self.options.record_db) {
             Run::Refuse(message) => refuse(&mut self.counters, &message),
             Run::Direct if !self.options.record_reads => Op::StatelessRead(args),
@@ -645,6 +650,26 @@ impl Adaptor {
                     }
                     _ => literal(error_reply("ERR value is not an integer or out of range")),
                 });
+            }
+            "script|load" | "script|exists" => {
+                // Redis will not run SCRIPT in a script: run now on the lookup connection (it
+                // reads or changes only the script cache), the reply in its place.
+                let answer = self.lookup_command(command)?;
+                if name == "script|load" && !answer.is_error() {
+                    // Remembered for EVALSHA, also across restarts (the lookup connection is in
+                    // the records' database).
+                    let sha = self.remember_script(&command[2]);
+                    let store = [
+                        b"HSET".to_vec(),
+                        script::SCRIPTS_KEY.into(),
+                        sha.into_bytes(),
+                        command[2].clone(),
+                    ];
+                    self.lookup_command(&store)?;
+                }
+                let mut reply = Vec::new();
+                answer.encode(&mut reply);
+                return Ok(literal(reply));
             }
             "eval" | "evalsha" | "eval_ro" | "evalsha_ro" => {
                 return Ok(match self.script_element(command, &name) {

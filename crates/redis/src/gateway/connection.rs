@@ -614,10 +614,7 @@ impl ConnState {
                  directly",
                 String::from_utf8_lossy(&sub)
             )),
-            _ => error_reply(&format!(
-                "ERR unknown subcommand '{}'. Try CLIENT HELP.",
-                String::from_utf8_lossy(&args[1])
-            )),
+            _ => crate::table::unknown_subcommand_reply("CLIENT", &args[1]),
         };
         Action::Reply(reply)
     }

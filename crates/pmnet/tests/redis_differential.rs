@@ -657,6 +657,41 @@ fn replies_through_the_scripts_are_exact() {
             "COMMAND|LIST",
             "COMMAND|INFO|get|client",
         ],
+        // An EXEC of the wrong arity aborts (and forgets) the transaction; a database Redis
+        // does not have is an error in EXEC's array.
+        &[
+            "MULTI",
+            "SET|k|1",
+            "EXEC|k",
+            "EXEC",
+            "WATCH|k",
+            "exec|x",
+            "MULTI",
+            "MOVE|k|16",
+            "SWAPDB|0|16",
+            "SET|k|2",
+            "EXEC",
+            "GET|k",
+        ],
+        // SORT without STORE runs as Redis runs it for a client (a script sorts a set even
+        // BY nosort); SCRIPT inside MULTI; an EVAL_RO'd script is cached; a subcommand's name
+        // shown as Redis shows it.
+        &[
+            "SADD|s|m3|m0|m1|m2|m10|m11|m12|m13|m14|m15|m16|m17|m18|m19|m20",
+            "SORT|s|BY|nosort|LIMIT|0|3",
+            "SORT|s|BY|k1",
+            "SORT|s|BY|nosort|STORE|d",
+            "LRANGE|d|0|-1",
+            "MULTI",
+            "SCRIPT|LOAD|return 'in multi'",
+            "SCRIPT|LOAD|retur 4",
+            "SCRIPT|EXISTS|e0e1f9fabfc9d4800c877a703b823ac0578ff8db|ffffffffffffffffffffffffffffffffffffffff",
+            "EXEC",
+            "EVALSHA|b9c81d25cab28c8a6bdc01f2d9d28d3a7d3267b4|0",
+            "EVAL_RO|return 'read only'|0",
+            "EVALSHA|8deb5fcb1c339c8a5cbc1028a23f7c5e81d7d7e6|0",
+            "CLIENT|k\u{0}x bin",
+        ],
     ];
     // EVAL'd scripts are in Redis's script cache as after Redis's own EVAL; one that does not
     // compile is not.

@@ -206,6 +206,19 @@ fn shown(word: &[u8]) -> String {
     String::from_utf8_lossy(c_text(word, 128)).into_owned()
 }
 
+/// Redis's error for an unknown subcommand of `container` (upper case), as Redis writes it:
+/// the subcommand's bytes before a NUL, at most 128, line breaks as spaces.
+pub fn unknown_subcommand_reply(container: &str, sub: &[u8]) -> Vec<u8> {
+    let mut out = b"-ERR unknown subcommand '".to_vec();
+    out.extend(
+        c_text(sub, 128)
+            .iter()
+            .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+    );
+    out.extend_from_slice(format!("'. Try {container} HELP.\r\n").as_bytes());
+    out
+}
+
 /// Redis's error for an unknown command: its name and the beginning of its arguments, each
 /// quoted, until they fill 128 bytes (as `processCommand` writes it).
 pub fn unknown_command(args: &[Vec<u8>]) -> String {
@@ -319,6 +332,16 @@ impl CommandTable {
             Some(Special::FlushAll) => return Run::FlushAll,
             Some(Special::Refused(why)) => return Run::Refuse(format!("ERR {why}")),
             None => {}
+        }
+        if container == "sort"
+            && !args
+                .iter()
+                .skip(2)
+                .any(|a| a.eq_ignore_ascii_case(b"STORE"))
+        {
+            // Flagged `write` for its STORE form; without it, it only reads. Run as a read, as
+            // Redis runs it for a client: inside a script Redis sorts a set even `BY nosort`.
+            return Run::Read;
         }
         let flags = info.flags;
         if flags & flag::BLOCKING != 0 && !non_blocking_stream_read(&container, args) {
@@ -448,6 +471,7 @@ pub(crate) mod tests {
     pub(crate) fn table() -> CommandTable {
         CommandTable::from_reply(&Value::Array(Some(vec![
             entry("get", 2, &["readonly", "fast"], vec![]),
+            entry("sort", -2, &["write", "denyoom"], vec![]),
             entry("set", -3, &["write", "denyoom"], vec![]),
             entry("ping", -1, &["fast"], vec![]),
             entry("blpop", -3, &["write", "noscript", "blocking"], vec![]),
@@ -517,6 +541,18 @@ pub(crate) mod tests {
         assert_eq!(run(&["SCRIPT", "EXISTS", "abc"]), Run::Direct);
         assert_eq!(run(&["FUNCTION", "LOAD", "code"]), Run::FunctionChange);
         assert_eq!(run(&["XREAD", "STREAMS", "s", "0"]), Run::Read);
+        // SORT writes only with STORE (any word STORE counts, to be safe).
+        assert_eq!(run(&["SORT", "s", "BY", "nosort"]), Run::Read);
+        assert_eq!(run(&["sort", "s", "store", "d"]), Run::Write);
+        assert_eq!(run(&["SORT", "s", "GET", "STORE"]), Run::Write);
+        assert_eq!(
+            unknown_subcommand_reply("CLIENT", b"k\0\xff bin"),
+            b"-ERR unknown subcommand 'k'. Try CLIENT HELP.\r\n"
+        );
+        assert_eq!(
+            unknown_subcommand_reply("CLIENT", b"a\r\n\xff"),
+            b"-ERR unknown subcommand 'a  \xff'. Try CLIENT HELP.\r\n"
+        );
         for refused in [
             &["BLPOP", "l", "0"][..],
             &["XREAD", "BLOCK", "10", "STREAMS", "s", "0"],

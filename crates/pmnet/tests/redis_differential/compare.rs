@@ -183,6 +183,12 @@ fn sorted_deep(value: &Value) -> Value {
     }
 }
 
+/// Whether a `SORT` leaves the elements in the key's own order (`BY` a pattern without `*`).
+fn sort_keeps_order(cmd: &[Vec<u8>]) -> bool {
+    cmd.windows(2)
+        .any(|pair| pair[0].eq_ignore_ascii_case(b"BY") && !pair[1].contains(&b'*'))
+}
+
 fn count_arg(cmd: &[Vec<u8>], index: usize) -> Option<i64> {
     cmd.get(index)
         .and_then(|word| std::str::from_utf8(word).ok())
@@ -217,6 +223,16 @@ pub fn normalize(cmd: &[Vec<u8>], value: &Value) -> Value {
             Value::Array(Some(items))
         }
         ("HGETALL", Value::Array(Some(items))) => Value::Array(Some(sort_pairs(items))),
+        // SORT … BY a pattern without `*` (`nosort`, a plain key) does not sort: a set comes
+        // in its hash table's order, all of it compared sorted, a LIMIT of it by shape.
+        ("SORT" | "SORT_RO", Value::Array(Some(mut items))) if sort_keeps_order(cmd) => {
+            if cmd.iter().any(|word| word.eq_ignore_ascii_case(b"LIMIT")) {
+                shape(&Value::Array(Some(items)))
+            } else {
+                sort_items(&mut items);
+                Value::Array(Some(items))
+            }
+        }
         // The command table in its dict's order (the process's hash seed).
         ("COMMAND" | "COMMAND INFO" | "COMMAND DOCS" | "COMMAND LIST", other) => {
             sorted_deep(&other)

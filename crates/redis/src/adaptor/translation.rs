@@ -356,9 +356,9 @@ impl Adaptor {
                 &args[1..],
             ));
         }
-        if args[0].eq_ignore_ascii_case(b"EVAL_RO") && args.len() >= 3 {
-            // Runs at Redis as it is (a read), which caches it: so does the adaptor, for a
-            // later EVALSHA.
+        if args[0].eq_ignore_ascii_case(b"EVAL_RO") && args.len() > 2 {
+            // Redis caches an EVAL_RO'd script as it caches an EVAL'd one: a later EVALSHA of
+            // it must find it.
             self.load_script(&args[1]);
         }
         match self.table.classify(&args, self.options.record_db) {
@@ -662,6 +662,26 @@ impl Adaptor {
                     _ => literal(error_reply("ERR value is not an integer or out of range")),
                 });
             }
+            "script|load" | "script|exists" => {
+                // Redis will not run SCRIPT in a script: run now on the lookup connection (it
+                // reads or changes only the script cache), the reply in its place.
+                let answer = self.lookup_command(command)?;
+                if name == "script|load" && !answer.is_error() {
+                    // Remembered for EVALSHA, also across restarts (the lookup connection is in
+                    // the records' database).
+                    let sha = self.remember_script(&command[2]);
+                    let store = [
+                        b"HSET".to_vec(),
+                        script::SCRIPTS_KEY.into(),
+                        sha.into_bytes(),
+                        command[2].clone(),
+                    ];
+                    self.lookup_command(&store)?;
+                }
+                let mut reply = Vec::new();
+                answer.encode(&mut reply);
+                return Ok(literal(reply));
+            }
             "eval" | "evalsha" | "eval_ro" | "evalsha_ro" => {
                 return Ok(match self.script_element(command, &name) {
                     Ok(element) => element,
@@ -674,6 +694,11 @@ impl Adaptor {
             .runs_in_script(command)
             .map_err(|why| format!("{ABORT}: {}", why.trim_start_matches("ERR ")))?;
         if let Run::Refuse(why) = self.table.classify(command, self.options.record_db) {
+            if why == DB_OUT_OF_RANGE {
+                // Naming the records' database (`MOVE`, `SWAPDB`, `COPY … DB`): Redis's own
+                // error at EXEC, in its place, as for a database Redis does not have.
+                return Ok(literal(error_reply(&why)));
+            }
             if name != "publish" {
                 return Err(format!("{ABORT}: {}", why.trim_start_matches("ERR ")));
             }

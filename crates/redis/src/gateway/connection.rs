@@ -173,6 +173,13 @@ impl ConnState {
         self.watched.len()
     }
 
+    /// An `EXEC` Redis rejects (the wrong number of arguments): the transaction, if any, and
+    /// the watched keys are discarded.
+    pub fn abort_exec(&mut self) {
+        self.queued = None;
+        self.watched.clear();
+    }
+
     /// Queue a command inside `MULTI` (routed as `route`); the reply to send now. With Redis's
     /// command table (`table`), the command is checked as Redis checks it.
     pub fn queue(
@@ -585,10 +592,7 @@ impl ConnState {
                  directly",
                 String::from_utf8_lossy(&sub)
             )),
-            _ => error_reply(&format!(
-                "ERR unknown subcommand '{}'. Try CLIENT HELP.",
-                String::from_utf8_lossy(&args[1])
-            )),
+            _ => crate::table::unknown_subcommand_reply("CLIENT", &args[1]),
         };
         Action::Reply(reply)
     }

@@ -73,6 +73,17 @@ pub(super) fn start_command(
             .push_back(Slot::Ready(error_reply("NOAUTH Authentication required.")));
         return;
     }
+    if args.len() > 1 && args[0].eq_ignore_ascii_case(b"EXEC") {
+        // Redis rejects an EXEC of the wrong arity as an aborted EXEC: the transaction (if
+        // any) and the watched keys are discarded.
+        conn.state.abort_exec();
+        counters.commands_rejected += 1;
+        conn.slots.push_back(Slot::Ready(error_reply(
+            "EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' \
+             command",
+        )));
+        return;
+    }
     if conn.state.in_transaction() && !acts_on_transaction(&route) {
         let reply = conn.state.queue(args, &route, table);
         if reply.first() == Some(&b'-') {

@@ -144,18 +144,6 @@ fn sort_pairs(items: Vec<Value>) -> Vec<Value> {
     pairs.into_iter().flatten().collect()
 }
 
-/// The value with every array in it sorted.
-fn deep_sorted(value: Value) -> Value {
-    match value {
-        Value::Array(Some(items)) => {
-            let mut items: Vec<Value> = items.into_iter().map(deep_sorted).collect();
-            sort_items(&mut items);
-            Value::Array(Some(items))
-        }
-        other => other,
-    }
-}
-
 /// The value's types and lengths, without scalars' contents.
 fn shape(value: &Value) -> Value {
     match value {

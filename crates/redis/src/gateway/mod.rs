@@ -750,10 +750,12 @@ impl Gateway {
             let mut progressed = false;
             // Start what the window allows.
             let mut consumed = 0;
+            // (A transaction waits for Redis's command table: its commands are checked
+            // against it.)
             while !conn.closing
                 && conn.watches_in_flight == 0
                 && !conn.direct.holds()
-                && !(table_pending && conn.state.in_transaction())
+                && (!table_pending || !conn.state.in_transaction())
                 && conn.client.can_send()
                 && conn.slots.len() < MAX_SLOTS
                 && conn.unsent() < MAX_OUTPUT

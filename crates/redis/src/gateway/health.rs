@@ -48,6 +48,8 @@ pub(super) struct Health {
     table: Option<Arc<CommandTable>>,
     /// The `COMMAND` request in flight, and when it was first asked for.
     table_in_flight: Option<u32>,
+    /// When the `COMMAND` in flight was sent.
+    table_sent: Option<Instant>,
     table_first_asked: Option<Instant>,
     /// The probe in flight, and when it was sent.
     in_flight: Option<(u32, Instant)>,
@@ -86,6 +88,7 @@ impl Health {
             down_after,
             table: None,
             table_in_flight: None,
+            table_sent: None,
             table_first_asked: None,
             in_flight: None,
             next_probe: Instant::now(),
@@ -195,6 +198,7 @@ impl Health {
             };
             if self.table_in_flight == Some(seq) {
                 self.table_in_flight = None;
+                self.table_sent = None;
                 if let ClientEvent::Completed {
                     completion: Completion::Replied { reply, .. },
                     ..
@@ -202,6 +206,12 @@ impl Health {
                 {
                     self.table = parse_table(reply).map(Arc::new);
                     table_arrived = self.table.is_some();
+                    // Redis answered through the whole path, as it answers the probe's PING.
+                    if table_arrived {
+                        self.set_up();
+                    } else if let Some(why) = redis_down_reason(reply) {
+                        self.set_down(DownPart::Behind, why);
+                    }
                 }
                 continue;
             }
@@ -229,7 +239,11 @@ impl Health {
         {
             let why = devices.silence(self.device).unwrap_or_default();
             self.set_down(DownPart::Device, why);
-        } else if let (Some((_, sent)), Some(down_after)) = (self.in_flight, self.down_after) {
+        } else if let (Some(sent), Some(down_after)) = (
+            // The command table's request counts as a probe while it is in flight.
+            self.in_flight.map(|(_, sent)| sent).or(self.table_sent),
+            self.down_after,
+        ) {
             if now.saturating_duration_since(sent) >= down_after {
                 let why = devices.silence(self.device).unwrap_or_else(|| {
                     format!(
@@ -255,6 +269,7 @@ impl Health {
             if let Ok(seq) = self.probe.bypass(pmnet_now, COMMAND) {
                 self.last_started = self.last_started.max(seq);
                 self.table_in_flight = Some(seq);
+                self.table_sent = Some(now);
                 self.table_first_asked.get_or_insert(now);
             }
             self.next_table = now + Duration::from_secs(1);
@@ -286,8 +301,9 @@ impl Health {
             (Some(_), false) => self.next_probe.saturating_duration_since(Instant::now()),
             (None, false) => Duration::MAX,
         };
-        let verdict = match (self.in_flight, self.down_after) {
-            (Some((_, sent)), Some(down_after)) => {
+        let sent = self.in_flight.map(|(_, sent)| sent).or(self.table_sent);
+        let verdict = match (sent, self.down_after) {
+            (Some(sent), Some(down_after)) => {
                 (sent + down_after).saturating_duration_since(Instant::now())
             }
             _ => Duration::MAX,

@@ -673,6 +673,22 @@ fn replies_through_the_scripts_are_exact() {
             "EXEC",
             "GET|k",
         ],
+        // A watched key is looked at in the database it was watched in.
+        &[
+            "WATCH|w",
+            "SET|w|1",
+            "SELECT|2",
+            "MULTI",
+            "EXEC",
+            "WATCH|w",
+            "SELECT|0",
+            "SET|w|2",
+            "MULTI",
+            "SET|x|1",
+            "EXEC",
+            "SELECT|2",
+            "GET|x",
+        ],
         // SORT without STORE runs as Redis runs it for a client (a script sorts a set even
         // BY nosort); SCRIPT inside MULTI; an EVAL_RO'd script is cached; a subcommand's name
         // shown as Redis shows it.

@@ -305,7 +305,7 @@ end
 /// `ARGV[5]`:
 /// - `c`: run the command in `ARGV[5..]`;
 /// - `r`: record `ARGV[5]` as the reply and run nothing (no-op fills, refused commands);
-/// - `x`: a transaction: `ARGV[5]` watched keys follow as (key, fingerprint) pairs, then the
+/// - `x`: a transaction: `ARGV[5]` watched keys follow as (database, key, fingerprint), then the
 ///   number of commands, then each command as its word count and its words; if a watched key
 ///   changed the reply is the nil array and nothing runs, else every command runs (a failing
 ///   one gives its error in its place, as `EXEC` does) and the reply is the array of replies.
@@ -393,8 +393,11 @@ elseif mode == 'x' then
   local i = 6
   local intact = true
   for w = 1, tonumber(ARGV[5]) do
-    if fingerprint(ARGV[i]) ~= ARGV[i + 1] then intact = false end
-    i = i + 2
+    local wdb = tonumber(ARGV[i])
+    if wdb ~= datadb then redis.call('SELECT', wdb) end
+    if fingerprint(ARGV[i + 1]) ~= ARGV[i + 2] then intact = false end
+    if wdb ~= datadb then redis.call('SELECT', datadb) end
+    i = i + 3
   end
   if intact then
     local count = tonumber(ARGV[i])

@@ -73,7 +73,7 @@ pub(super) struct Encoding {
 const STORE_SCRIPT: &str = "redis.call('SELECT', ARGV[1]) \
      redis.call('HSET', KEYS[1], ARGV[2], ARGV[3]) redis.call('SELECT', 0)";
 
-/// The name of a transaction's payload through the gateway: `PMNET.EXEC watched [key
+/// The name of a transaction's payload through the gateway: `PMNET.EXEC watched [db key
 /// fingerprint]… count [words word…]…`.
 pub const EXEC_COMMAND: &[u8] = b"PMNET.EXEC";
 /// The name of a watch's payload through the gateway: `PMNET.WATCH key…`; the reply is the
@@ -615,7 +615,14 @@ impl Adaptor {
                 .ok_or_else(malformed)
         };
         let watched = number(1)?;
-        let mut at = 2 + 2 * watched;
+        // Each watched key: the database it was watched in (a client's), the key, its print.
+        for index in 0..watched {
+            let db = args.get(2 + 3 * index).and_then(|word| parse_int(word));
+            if !db.is_some_and(|db| self.is_user_db(db)) {
+                return Err(malformed());
+            }
+        }
+        let mut at = 2 + 3 * watched;
         let commands = number(at)?;
         let mut words = vec![b"x".to_vec()];
         words.extend_from_slice(args.get(1..at + 1).ok_or_else(malformed)?);

@@ -5,7 +5,8 @@
 //! A transaction's commands are queued here and go to the adaptor at `EXEC` as one request
 //! (`PMNET.EXEC`), which runs them in one script call: atomically, and exactly once like any
 //! write. `WATCH` asks the adaptor for the watched keys' fingerprints (`PMNET.WATCH`: the hash
-//! of each key's serialized value and expiry); `EXEC` carries them, and the adaptor runs the
+//! of each key's serialized value and expiry); `EXEC` carries them, each with the database it
+//! was watched in, and the adaptor runs the
 //! transaction only if every watched key still has its fingerprint — otherwise the reply is the
 //! nil array, as Redis answers when a watched key changed. Unlike Redis, a key changed and
 //! changed back to the same value and expiry between `WATCH` and `EXEC` counts as unchanged.
@@ -70,7 +71,8 @@ pub struct ConnState {
     pub authenticated: bool,
     queued: Option<Queued>,
     /// Watched keys and their fingerprints.
-    watched: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Watched keys: the database each was watched in, the key, its fingerprint.
+    watched: Vec<(u32, Vec<u8>, Vec<u8>)>,
 }
 
 /// What the gateway does for a connection command.
@@ -277,7 +279,8 @@ impl ConnState {
             Some(prints) if prints.len() == keys.len() => {
                 for (key, print) in keys.into_iter().zip(prints) {
                     if self.watched.len() < MAX_WATCHED {
-                        self.watched.push((key, print));
+                        // Commands after a WATCH wait for its answer: still its database.
+                        self.watched.push((self.db, key, print));
                     }
                 }
                 OK.to_vec()
@@ -363,7 +366,8 @@ impl ConnState {
             EXEC_COMMAND.to_vec(),
             watched.len().to_string().into_bytes(),
         ];
-        for (key, print) in watched {
+        for (db, key, print) in watched {
+            words.push(db.to_string().into_bytes());
             words.push(key);
             words.push(print);
         }
@@ -736,6 +740,7 @@ mod tests {
         let expected = crate::resp::command_bytes(&[
             "PMNET.EXEC",
             "1",
+            "0",
             "k",
             "ab:",
             "2",

@@ -198,6 +198,7 @@ impl Health {
             };
             if self.table_in_flight == Some(seq) {
                 self.table_in_flight = None;
+                self.table_sent = None;
                 if let ClientEvent::Completed {
                     completion: Completion::Replied { reply, .. },
                     ..
@@ -205,6 +206,12 @@ impl Health {
                 {
                     self.table = parse_table(reply).map(Arc::new);
                     table_arrived = self.table.is_some();
+                    // Redis answered through the whole path, as it answers the probe's PING.
+                    if table_arrived {
+                        self.set_up();
+                    } else if let Some(why) = redis_down_reason(reply) {
+                        self.set_down(DownPart::Behind, why);
+                    }
                 }
                 continue;
             }

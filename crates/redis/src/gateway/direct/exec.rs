@@ -28,7 +28,8 @@ pub(in crate::gateway) fn queue_exec(conn: &mut Conn, payload: &[u8], commands: 
         max_command_len: usize::MAX,
         ..Limits::default()
     };
-    // PMNET.EXEC <watched> [<key> <fingerprint>]… <count> …
+    // PMNET.EXEC <watched> [<database> <key> <fingerprint>]… <count> … (the direct connection
+    // is in the client's database: the keys are watched there).
     let watched: Vec<(Vec<u8>, Vec<u8>)> = match parse_command(payload, &limits) {
         Ok(Some((words, _))) => {
             let count = words
@@ -37,10 +38,11 @@ pub(in crate::gateway) fn queue_exec(conn: &mut Conn, payload: &[u8], commands: 
                 .and_then(|count| usize::try_from(count).ok())
                 .unwrap_or(0);
             words
-                .get(2..2 + 2 * count)
+                .get(2..2 + 3 * count)
                 .unwrap_or_default()
-                .chunks(2)
-                .map(|pair| (pair[0].clone(), pair[1].clone()))
+                .chunks(3)
+                .filter(|triple| triple.len() == 3)
+                .map(|triple| (triple[1].clone(), triple[2].clone()))
                 .collect()
         }
         _ => Vec::new(),

@@ -339,7 +339,11 @@ fn redis_up_starts_a_redis_behind_pmnet_and_stops_it_all() {
     } = start_redis_up();
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(redis_cli(gateway, &["set", "greeting", "hello"]), "OK\n");
-    assert_eq!(redis_cli(gateway, &["get", "greeting"]), "hello\n");
+    // Another connection (each redis-cli is one) sees an acked SET once the adaptor applied
+    // it, a moment later (docs/redis.md).
+    poll_until("the SET is seen through the gateway", || {
+        redis_cli(gateway, &["get", "greeting"]) == "hello\n"
+    });
     assert_eq!(redis_cli(redis_port, &["get", "greeting"]), "hello\n");
     assert!(
         text.contains("medium:"),

@@ -29,6 +29,7 @@ mod functions;
 mod metrics;
 mod node;
 mod recovery;
+mod transactions;
 mod translation;
 
 use std::collections::HashMap;

@@ -30,6 +30,7 @@ mod info;
 mod metrics;
 mod node;
 mod recovery;
+mod transactions;
 mod translation;
 
 use std::collections::HashMap;

@@ -618,6 +618,8 @@ fn replies_through_the_scripts_are_exact() {
             "EVAL_RO|return redis.pcall('LPUSH', KEYS[1], 'x')|1|k0",
             "EVAL_RO|return redis.call('GET', KEYS[1])|1|k0",
             "EVAL|#!lua flags=no-writes\nreturn redis.call('SET', KEYS[1], 'x')|1|k0",
+            "EVAL|#!lua flags=no-writes\nreturn redis.call('SET', KEYS[1], 'x')|0",
+            "EVAL_RO|return redis.pcall('SET', KEYS[1])|0",
             "EVAL|return redis.call('SELECT', 2)|0",
             "GET|k0",
             "EVAL|return 1|x",

@@ -321,7 +321,13 @@ end
 /// Returns `{status, reply}`.
 const APPLY_BODY: &str = r#"
 local function denies_writes(...)
-  local words = {...}
+  local count, words = select('#', ...), {...}
+  if count == 0 then return false end
+  for j = 1, count do
+    local kind = type(words[j])
+    -- Redis checks the arguments' types first: its own call gives that error.
+    if kind ~= 'string' and kind ~= 'number' then return false end
+  end
   local info = redis.call('COMMAND', 'INFO', tostring(words[1]))[1]
   if type(info) ~= 'table' then return false end
   if type(info[10]) == 'table' and #info[10] > 0 and words[2] then
@@ -330,7 +336,7 @@ local function denies_writes(...)
     if type(info) ~= 'table' then return false end
   end
   local arity = info[2]
-  if (arity > 0 and #words ~= arity) or (arity < 0 and #words < -arity) then return false end
+  if (arity > 0 and count ~= arity) or (arity < 0 and count < -arity) then return false end
   local write = false
   for _, flag in ipairs(info[3]) do
     if flag.ok == 'noscript' then return false end

@@ -235,10 +235,7 @@ impl Health {
         // Down once the probe has gone unanswered for `down_after` (a device restarting, or
         // Redis failing over, in less than that is not an outage clients hear of).
         // The command table's request waits on the same path as a PING would.
-        let waiting_since = self
-            .in_flight
-            .map(|(_, sent)| sent)
-            .or(self.table_in_flight.and(self.table_sent));
+        let waiting_since = self.waiting_since();
         if let (Some(sent), Some(down_after)) = (waiting_since, self.down_after) {
             let silent = now.saturating_duration_since(sent);
             if silent >= down_after {
@@ -307,10 +304,7 @@ impl Health {
             (true, Some(_), false) => self.next_probe.saturating_duration_since(now),
             (true, None, false) => Duration::MAX,
         };
-        let waiting_since = self
-            .in_flight
-            .map(|(_, sent)| sent)
-            .or(self.table_in_flight.and(self.table_sent));
+        let waiting_since = self.waiting_since();
         let verdict = match (waiting_since, self.down_after) {
             (Some(sent), Some(down_after)) if sent + down_after > now => {
                 (sent + down_after).saturating_duration_since(now)
@@ -318,6 +312,14 @@ impl Health {
             _ => Duration::MAX,
         };
         probe.min(next).min(verdict)
+    }
+
+    /// Since when the path owes an answer: the PING in flight, or else the command table's
+    /// request (it crosses the same path).
+    fn waiting_since(&self) -> Option<Instant> {
+        self.in_flight
+            .map(|(_, sent)| sent)
+            .or(self.table_in_flight.and(self.table_sent))
     }
 
     fn set_down(&mut self, part: DownPart, why: String) {

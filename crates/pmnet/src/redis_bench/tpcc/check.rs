@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use pmnet_redis::resp::{SyncClient, Value};
 
 use super::{
-    customer_key, district_key, line_key, lock_key, order_key, stock_key, warehouse_key, Tpcc,
-    CHECKED_CUSTOMERS, CHECKED_ORDERS, DISTRICTS,
+    customer_key, district_key, line_key, lock_key, next_id_key, order_key, record_field,
+    stock_key, warehouse_key, Tpcc, CHECKED_CUSTOMERS, CHECKED_ORDERS, DISTRICTS,
 };
 use crate::redis_bench::client::command;
 use crate::redis_bench::workloads::{batched, int_of, spread, Check};
@@ -24,17 +24,18 @@ impl Tpcc {
             redis,
             districts
                 .iter()
-                .map(|&(w, d)| command!["HMGET", district_key(w, d), "next_o_id", "ytd"])
+                .flat_map(|&(w, d)| {
+                    [
+                        command!["GET", next_id_key(w, d)],
+                        command!["HGET", district_key(w, d), "ytd"],
+                    ]
+                })
                 .collect(),
         )?;
         let mut wrong_ids = Vec::new();
         let mut wrong_ytd = 0;
         let mut next_ids = Vec::with_capacity(districts.len());
-        for (&(w, d), row) in districts.iter().zip(rows) {
-            let row = match row {
-                Value::Array(Some(row)) => row,
-                other => return Err(format!("HMGET district answered {other:?}")),
-            };
+        for (&(w, d), row) in districts.iter().zip(rows.chunks(2)) {
             let next = row.first().and_then(int_of).unwrap_or(-1);
             let index = Self::district_index(w, d);
             let committed = self.new_orders[index].load(Ordering::Relaxed) as i64;
@@ -72,18 +73,19 @@ impl Tpcc {
             redis,
             orders
                 .iter()
-                .map(|&(w, d, o)| command!["HMGET", order_key(w, d, o), "o_id", "ol_cnt"])
+                .map(|&(w, d, o)| command!["GET", order_key(w, d, o)])
                 .collect(),
         )?;
         let mut gaps = Vec::new();
         let mut line_checks = Vec::new();
         for (&(w, d, o), row) in orders.iter().zip(rows) {
-            let row = match row {
-                Value::Array(Some(row)) => row,
-                other => return Err(format!("HMGET order answered {other:?}")),
+            let order = match &row {
+                Value::Bulk(Some(order)) => order.as_slice(),
+                Value::Bulk(None) => b"",
+                other => return Err(format!("GET order answered {other:?}")),
             };
-            let lines = row.get(1).and_then(int_of).unwrap_or(0);
-            if row.first().and_then(int_of) != Some(o) || !(5..=15).contains(&lines) {
+            let lines = record_field(order, "ol_cnt").unwrap_or(0);
+            if record_field(order, "o_id") != Some(o) || !(5..=15).contains(&lines) {
                 if gaps.len() < 5 {
                     gaps.push(format!("{w}/{d}/{o}"));
                 }

@@ -6,11 +6,16 @@
 //!   backoff; through the gateway a bypass request, ordered after the connection's updates),
 //!   reads the district's next order id, the customer and the items' prices, updates the stock
 //!   in one `EVAL` (TPC-C's rule: quantity − ordered, plus 91 below 10), writes the district's
-//!   next id, the order, its 5-15 lines and the customer's last order (`HMSET`s: updates
-//!   through the gateway), and releases the lock with a compare-and-delete `EVAL`.
+//!   next id (`SET`), the order (`SET`), its 5-15 lines (one `MSET`) and the customer's last
+//!   order (`SET`), and releases the lock with a compare-and-delete `EVAL`.
 //! - **Payment** (43 %): reads the customer, adds the amount to the warehouse's, district's and
-//!   customer's totals in one `MULTI`/`EXEC` of `HINCRBY`s, writes a history record (`HMSET`).
+//!   customer's totals in one `MULTI`/`EXEC` of `HINCRBY`s, writes a history record (`SET`).
 //! - **Order-Status** (12 %): reads the customer, its last order and the order's lines.
+//!
+//! The records written whole (next ids, orders, lines, last orders, history) are strings
+//! written with `SET`/`MSET`, which Redis answers `OK` whatever the data holds: through the
+//! gateway they are updates the device acks. Hashes updated in place (`HINCRBY`) and `HMSET`,
+//! which Redis may refuse (`WRONGTYPE`), go to Redis as bypass requests.
 //!
 //! What must hold: each district's order ids are dense, 1 to `next_o_id − 1`, as many as its
 //! New-Orders committed (two clients given the same id would leave fewer: the locks ordered
@@ -58,8 +63,16 @@ fn warehouse_key(w: u32) -> String {
 fn district_key(w: u32, d: u32) -> String {
     format!("tpcc:d:{w}:{d}")
 }
+/// The district's next order id, a string.
+fn next_id_key(w: u32, d: u32) -> String {
+    format!("tpcc:d:{w}:{d}:next_o_id")
+}
 fn customer_key(w: u32, d: u32, c: u64) -> String {
     format!("tpcc:c:{w}:{d}:{c}")
+}
+/// The customer's last order id, a string.
+fn last_order_key(w: u32, d: u32, c: u64) -> String {
+    format!("tpcc:c:{w}:{d}:{c}:last_o_id")
 }
 fn item_key(i: u64) -> String {
     format!("tpcc:i:{i}")
@@ -132,6 +145,25 @@ struct TpccClient<'a> {
     serial: u64,
 }
 
+/// A record written as one string: `name=value` fields separated by `,`.
+fn record(fields: &[(&str, String)]) -> String {
+    let fields: Vec<String> = fields
+        .iter()
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect();
+    fields.join(",")
+}
+
+/// A record's integer field.
+fn record_field(record: &[u8], name: &str) -> Option<i64> {
+    std::str::from_utf8(record)
+        .ok()?
+        .split(',')
+        .find_map(|field| field.strip_prefix(name)?.strip_prefix('='))?
+        .parse()
+        .ok()
+}
+
 fn ok(reply: &Value, what: &str) -> Result<(), OpError> {
     match reply {
         Value::Simple(text) if text == b"OK" => Ok(()),
@@ -199,17 +231,17 @@ impl TpccClient<'_> {
             }
         }
         let quantities: Vec<u64> = (0..lines).map(|_| self.rng.random_range(1..=10)).collect();
-        let district =
-            as_array(conn.cmd(command!["HMGET", district_key(w, d), "next_o_id", "tax"])?)?;
+        let district = conn.pipeline(vec![
+            command!["GET", next_id_key(w, d)],
+            command!["HGET", district_key(w, d), "tax"],
+        ])?;
         let o_id = district
             .first()
             .and_then(as_int)
             .ok_or_else(|| OpError::Reply(format!("district {w}/{d} has no next_o_id")))?;
-        conn.cmd(command![
-            "HMGET",
-            customer_key(w, d, c),
-            "discount",
-            "last_o_id"
+        conn.pipeline(vec![
+            command!["HMGET", customer_key(w, d, c), "discount"],
+            command!["GET", last_order_key(w, d, c)],
         ])?;
         let mut mget = command!["MGET"];
         mget.extend(items.iter().map(|&item| item_key(item).into_bytes()));
@@ -219,53 +251,43 @@ impl TpccClient<'_> {
         eval.extend(quantities.iter().map(|q| q.to_string().into_bytes()));
         conn.cmd(eval)?;
         ok(
-            &conn.cmd(command!["HMSET", district_key(w, d), "next_o_id", o_id + 1])?,
-            "HMSET district",
+            &conn.cmd(command!["SET", next_id_key(w, d), o_id + 1])?,
+            "SET next_o_id",
         )?;
         let mut total = 0i64;
-        let mut line_commands = Vec::with_capacity(lines);
+        let mut mset = command!["MSET"];
         for (n, ((item, quantity), price)) in items.iter().zip(&quantities).zip(&prices).enumerate()
         {
             let price = as_int(price)
                 .ok_or_else(|| OpError::Reply(format!("item {item} has no price: {price:?}")))?;
             let amount = price * *quantity as i64;
             total += amount;
-            line_commands.push(command![
-                "HMSET",
-                line_key(w, d, o_id, n as i64 + 1),
-                "i_id",
-                *item,
-                "quantity",
-                *quantity,
-                "amount",
-                amount,
-                "dist_info",
-                "abcdefghijklmnopqrstuvwx",
-            ]);
+            mset.push(line_key(w, d, o_id, n as i64 + 1).into_bytes());
+            mset.push(
+                record(&[
+                    ("i_id", item.to_string()),
+                    ("quantity", quantity.to_string()),
+                    ("amount", amount.to_string()),
+                    ("dist_info", "abcdefghijklmnopqrstuvwx".to_owned()),
+                ])
+                .into_bytes(),
+            );
         }
+        let order = record(&[
+            ("o_id", o_id.to_string()),
+            ("c_id", c.to_string()),
+            ("ol_cnt", lines.to_string()),
+            ("entry_d", Self::now_micros().to_string()),
+            ("total", total.to_string()),
+        ]);
         ok(
-            &conn.cmd(command![
-                "HMSET",
-                order_key(w, d, o_id),
-                "o_id",
-                o_id,
-                "c_id",
-                c,
-                "ol_cnt",
-                lines,
-                "entry_d",
-                Self::now_micros(),
-                "total",
-                total,
-            ])?,
-            "HMSET order",
+            &conn.cmd(command!["SET", order_key(w, d, o_id), order])?,
+            "SET order",
         )?;
-        for line in line_commands {
-            ok(&conn.cmd(line)?, "HMSET order line")?;
-        }
+        ok(&conn.cmd(mset)?, "MSET order lines")?;
         ok(
-            &conn.cmd(command!["HMSET", customer_key(w, d, c), "last_o_id", o_id])?,
-            "HMSET customer",
+            &conn.cmd(command!["SET", last_order_key(w, d, c), o_id])?,
+            "SET last order",
         )
     }
 
@@ -290,20 +312,22 @@ impl TpccClient<'_> {
             command!["HINCRBY", &customer, "payment_cnt", "1"],
         ])?;
         self.serial += 1;
+        let history = record(&[
+            ("c", customer),
+            ("amount", cents.to_string()),
+            ("date", Self::now_micros().to_string()),
+            (
+                "data",
+                String::from_utf8_lossy(&filler(workload.params.payload)).into_owned(),
+            ),
+        ]);
         ok(
             &conn.cmd(command![
-                "HMSET",
+                "SET",
                 format!("tpcc:h:{}-{}", self.name, self.serial),
-                "c",
-                customer,
-                "amount",
-                cents,
-                "date",
-                Self::now_micros(),
-                "data",
-                filler(workload.params.payload),
+                history
             ])?,
-            "HMSET history",
+            "SET history",
         )?;
         workload.paid[Tpcc::district_index(w, d)].fetch_add(cents, Ordering::Relaxed);
         workload.payments.fetch_add(1, Ordering::Relaxed);
@@ -314,33 +338,27 @@ impl TpccClient<'_> {
         let workload = self.workload;
         let (w, d) = (self.home, self.rng.random_range(1..=DISTRICTS));
         let c = self.rng.random_range(1..=workload.customers);
-        let customer = as_array(conn.cmd(command![
-            "HMGET",
-            customer_key(w, d, c),
-            "balance",
-            "last_o_id"
-        ])?)?;
+        let customer = conn.pipeline(vec![
+            command!["HGET", customer_key(w, d, c), "balance"],
+            command!["GET", last_order_key(w, d, c)],
+        ])?;
         let last = customer.get(1).and_then(as_int).unwrap_or(0);
         if last > 0 {
-            let order = as_array(conn.cmd(command!["HGETALL", order_key(w, d, last)])?)?;
+            let order = conn.cmd(command!["GET", order_key(w, d, last)])?;
             let ol_cnt = order
-                .chunks(2)
-                .find(|pair| pair[0].as_bytes() == Some(b"ol_cnt"))
-                .and_then(|pair| pair.get(1).and_then(as_int));
+                .as_bytes()
+                .and_then(|order| record_field(order, "ol_cnt"));
             let Some(ol_cnt) = ol_cnt.filter(|&n| (1..=15).contains(&n)) else {
                 workload.dangling.fetch_add(1, Ordering::Relaxed);
                 return Err(OpError::Invariant(format!(
                     "customer {w}/{d}/{c} names order {last}, which is not stored"
                 )));
             };
-            let lines = conn.pipeline(
-                (1..=ol_cnt)
-                    .map(|n| command!["HGETALL", line_key(w, d, last, n)])
-                    .collect(),
-            )?;
-            if lines
-                .into_iter()
-                .any(|line| as_array(line).is_ok_and(|f| f.is_empty()))
+            let mut mget = command!["MGET"];
+            mget.extend((1..=ol_cnt).map(|n| line_key(w, d, last, n).into_bytes()));
+            if as_array(conn.cmd(mget)?)?
+                .iter()
+                .any(|line| line.as_bytes().is_none())
             {
                 workload.dangling.fetch_add(1, Ordering::Relaxed);
                 return Err(OpError::Invariant(format!(
@@ -402,10 +420,9 @@ impl Workload for Tpcc {
                 "ytd",
                 "0",
                 "tax",
-                "0.05",
-                "next_o_id",
-                "1"
+                "0.05"
             ]);
+            commands.push(command!["SET", next_id_key(w, d), "1"]);
             for c in 1..=self.customers {
                 commands.push(command![
                     "HMSET",
@@ -418,11 +435,10 @@ impl Workload for Tpcc {
                     "0",
                     "discount",
                     "0.1",
-                    "last_o_id",
-                    "0",
                     "data",
                     &data
                 ]);
+                commands.push(command!["SET", last_order_key(w, d, c), "0"]);
             }
         }
         batched(redis, commands).map(|_| ())
@@ -465,8 +481,11 @@ impl Workload for Tpcc {
         let mut keys: Vec<String> = (1..=self.warehouses).map(warehouse_key).collect();
         for (w, d) in self.districts() {
             keys.push(district_key(w, d));
+            keys.push(next_id_key(w, d));
             keys.push(order_key(w, d, 1));
+            keys.push(line_key(w, d, 1, 1));
             keys.push(customer_key(w, d, 1));
+            keys.push(last_order_key(w, d, 1));
         }
         keys.extend(
             spread(self.items, 20)

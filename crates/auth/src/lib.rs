@@ -9,7 +9,7 @@
 //! | offset | size | field  | value                                                        |
 //! |--------|------|--------|--------------------------------------------------------------|
 //! | 0      | 2    | key_id | u16 big-endian: the deployment key the session key comes from |
-//! | 2      | 12   | nonce  | the GCM nonce: the sender's 64-bit random prefix and a 32-bit counter, big-endian |
+//! | 2      | 12   | nonce  | the GCM nonce: the seal time (u32, Unix seconds), the sender's 32-bit random prefix and a 32-bit counter, big-endian |
 //! | 14     | 16   | tag    | the GCM tag under the session's key                          |
 //!
 //! Without [`flags::ENCRYPTED`] the payload is in clear and the tag is GMAC (AES-256-GCM with
@@ -23,15 +23,25 @@
 //! session_id ‖ key_id)`: it never repeats across sessions or key ids, and anyone holding
 //! the deployment key (every device, server and client of the deployment) derives it without
 //! a handshake. The nonce never repeats under a key: every [`Authenticator`] draws its own
-//! 64-bit prefix (from the operating system, or from the simulator's seed) and counts. Header
+//! 32-bit prefix (from the operating system, or from the simulator's seed) and counts. The
+//! nonce starts with the time the datagram was sealed, so a receiver refuses a datagram
+//! sealed more than the *replay window* ago ([`AuthError::Stale`]) or ahead
+//! ([`AuthError::FromTheFuture`]), and tells its caller when a datagram it accepted was
+//! sealed ([`Authenticator::sealed_at`]): what a session table needs to refuse replays of
+//! sessions it forgot ([`ReplayFloor`]). Header
 //! and payload are covered whatever the packet type: a type added later needs no security
 //! work of its own. docs/security.md argues the choices and states the threat model.
 //!
-//! Nothing here does I/O but draw the nonce prefix: [`KeySet::parse`] takes the key file's
-//! text; the runtime reads the file (and checks its mode).
+//! Nothing here does I/O but draw the nonce prefix and read the wall clock (a [`WallClock`]
+//! the simulator replaces with its own): [`KeySet::parse`] takes the key file's text; the
+//! runtime reads the file (and checks its mode).
 
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
+
+mod replay;
+pub use replay::ReplayFloor;
 
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use aws_lc_rs::hkdf;
@@ -56,6 +66,25 @@ pub const MAX_KEYS: usize = 2;
 /// a sender spraying session ids can make an endpoint spend: about 0.6 KiB a key, so 10 MiB;
 /// each miss costs one derivation, about 1 µs).
 pub const MAX_CACHED_SESSION_KEYS: usize = 1 << 14;
+
+/// The replay window when the key file does not name one: a datagram sealed more than this
+/// long before (or after) the receiver's clock is refused.
+pub const DEFAULT_REPLAY_WINDOW_MS: u32 = 10_000;
+/// The widest replay window a key file may name (one hour).
+pub const MAX_REPLAY_WINDOW_MS: u32 = 3_600_000;
+
+/// The wall clock an [`Authenticator`] stamps seals with and checks them against: Unix time
+/// in milliseconds. The runtime's reads the system clock; the simulator's its virtual time.
+pub type WallClock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// The system's wall clock, in Unix milliseconds.
+pub fn system_clock() -> WallClock {
+    Arc::new(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis() as u64)
+    })
+}
 
 /// The HKDF salt of per-session keys.
 const CONTEXT: &[u8] = b"pmnet 2026-11-24 per-session datagram key (AES-256-GCM)";
@@ -86,6 +115,7 @@ impl fmt::Debug for DeploymentKey {
 pub struct KeySet {
     keys: Vec<DeploymentKey>,
     encrypt_payloads: bool,
+    replay_window_ms: u32,
 }
 
 /// A key file that cannot be used, with the line at fault (1-based; 0 for the file as a whole).
@@ -111,7 +141,24 @@ impl KeySet {
         KeySet {
             keys,
             encrypt_payloads: false,
+            replay_window_ms: DEFAULT_REPLAY_WINDOW_MS,
         }
+    }
+
+    /// The same keys with another replay window (milliseconds, 1..=[`MAX_REPLAY_WINDOW_MS`]).
+    /// Panics outside that range (a caller's bug; files go through [`KeySet::parse`]).
+    pub fn with_replay_window_ms(mut self, window_ms: u32) -> KeySet {
+        assert!(
+            (1..=MAX_REPLAY_WINDOW_MS).contains(&window_ms),
+            "replay window out of range"
+        );
+        self.replay_window_ms = window_ms;
+        self
+    }
+
+    /// How long after (or before) its seal time a datagram is accepted, in milliseconds.
+    pub fn replay_window_ms(&self) -> u32 {
+        self.replay_window_ms
     }
 
     /// The same keys, sending payloads encrypted (`on`) or in clear.
@@ -126,11 +173,12 @@ impl KeySet {
     }
 
     /// Parse a key file: one key a line, `key <id> <64 hex digits>`, the sending key first,
-    /// and optionally the line `encrypt payloads`; blank lines and lines starting with `#`
-    /// are ignored.
+    /// and optionally the lines `encrypt payloads` and `replay window <seconds>`; blank lines
+    /// and lines starting with `#` are ignored.
     pub fn parse(text: &str) -> Result<KeySet, KeyFileError> {
         let mut keys: Vec<DeploymentKey> = Vec::new();
         let mut encrypt_payloads = false;
+        let mut replay_window_ms = DEFAULT_REPLAY_WINDOW_MS;
         for (index, raw) in text.lines().enumerate() {
             let line = index + 1;
             let fail = |message: String| KeyFileError { line, message };
@@ -148,6 +196,21 @@ impl KeySet {
                 encrypt_payloads = true;
                 continue;
             }
+            if words[0] == "replay" {
+                let seconds = match words[1..] {
+                    ["window", seconds] => seconds.parse::<u32>().ok(),
+                    _ => None,
+                };
+                match seconds {
+                    Some(seconds @ 1..=3600) => replay_window_ms = seconds * 1000,
+                    _ => {
+                        return Err(fail(
+                            "expected `replay window <seconds>`, 1 to 3600 (default 10)".into(),
+                        ))
+                    }
+                }
+                continue;
+            }
             let [kind, id, secret] = words[..] else {
                 return Err(fail(
                     "expected `key <id> <64 hex digits>` (see `pmnet keygen`)".into(),
@@ -155,7 +218,8 @@ impl KeySet {
             };
             if kind != "key" {
                 return Err(fail(format!(
-                    "unknown entry {kind:?}: expected `key` or `encrypt payloads`"
+                    "unknown entry {kind:?}: expected `key`, `encrypt payloads` or \
+                     `replay window <seconds>`"
                 )));
             }
             let id: u16 = id
@@ -186,6 +250,7 @@ impl KeySet {
         Ok(KeySet {
             keys,
             encrypt_payloads,
+            replay_window_ms,
         })
     }
 
@@ -198,6 +263,12 @@ impl KeySet {
         );
         if self.encrypt_payloads {
             text.push_str("encrypt payloads\n");
+        }
+        if self.replay_window_ms != DEFAULT_REPLAY_WINDOW_MS {
+            text.push_str(&format!(
+                "replay window {}\n",
+                self.replay_window_ms.div_ceil(1000)
+            ));
         }
         for key in &self.keys {
             text.push_str(&format!("key {} {}\n", key.id, to_hex(&key.secret)));
@@ -242,6 +313,11 @@ pub enum AuthError {
     UnknownKey,
     /// The tag does not match: forged, altered, or made with another secret.
     BadTag,
+    /// Genuine, but sealed longer ago than the replay window: a replay, or a clock behind.
+    Stale,
+    /// Genuine, but sealed later than the receiver's clock plus the replay window: a
+    /// sender's clock ahead.
+    FromTheFuture,
 }
 
 impl AuthError {
@@ -252,6 +328,8 @@ impl AuthError {
             AuthError::Unauthenticated => "unauthenticated",
             AuthError::UnknownKey => "unknown_key",
             AuthError::BadTag => "bad_tag",
+            AuthError::Stale => "stale",
+            AuthError::FromTheFuture => "from_the_future",
         }
     }
 }
@@ -262,8 +340,8 @@ pub struct Authenticator {
     /// The HKDF pseudo-random key of each deployment key, by id.
     prks: Vec<(u16, hkdf::Prk)>,
     session_keys: hashbrown::HashMap<(u16, u64), LessSafeKey>,
-    /// The nonce's first 64 bits: this sealer's own, drawn at random.
-    nonce_prefix: u64,
+    /// The nonce's middle 32 bits: this sealer's own, drawn at random.
+    nonce_prefix: u32,
     /// The nonce's last 32 bits: the next value; on wrapping the prefix moves on.
     nonce_counter: u32,
     /// Copies made ([`Clone`]): each gets a prefix of its own, derived from this one.
@@ -273,6 +351,9 @@ pub struct Authenticator {
     /// computing the MAC a second time).
     recent: std::collections::VecDeque<(Vec<u8>, [u8; TRAILER_LEN])>,
     recent_len_max: usize,
+    clock: WallClock,
+    /// When the datagram [`Authenticator::verify`] last accepted was sealed (Unix ms).
+    last_sealed_at: u64,
 }
 
 impl fmt::Debug for Authenticator {
@@ -281,7 +362,7 @@ impl fmt::Debug for Authenticator {
         f.debug_struct("Authenticator")
             .field("keys", &self.keys)
             .field("cached_session_keys", &self.session_keys.len())
-            .field("nonce_prefix", &format_args!("{:#018x}", self.nonce_prefix))
+            .field("nonce_prefix", &format_args!("{:#010x}", self.nonce_prefix))
             .field("recent_len_max", &self.recent_len_max)
             .finish()
     }
@@ -295,8 +376,9 @@ impl Clone for Authenticator {
         self.clones.set(clones);
         let mut copy = Authenticator::with_nonce_prefix(
             self.keys.clone(),
-            splitmix64(self.nonce_prefix ^ splitmix64(clones)),
-        );
+            splitmix64(u64::from(self.nonce_prefix) ^ splitmix64(clones)),
+        )
+        .with_clock(self.clock.clone());
         copy.recent_len_max = self.recent_len_max;
         copy
     }
@@ -310,9 +392,10 @@ impl Authenticator {
         Authenticator::with_nonce_prefix(keys, u64::from_be_bytes(prefix))
     }
 
-    /// An authenticator with the given nonce prefix: for the simulator and tests, which draw
-    /// it from their seed. Two authenticators sealing under one deployment key must never
-    /// share a prefix.
+    /// An authenticator with a nonce prefix taken from `nonce_prefix`: for the simulator and
+    /// tests, which draw it from their seed. Two authenticators sealing under one deployment
+    /// key should not share a prefix (if they do, a nonce repeats only if they also seal the
+    /// same count in the same millisecond).
     pub fn with_nonce_prefix(keys: KeySet, nonce_prefix: u64) -> Authenticator {
         let salt = hkdf::Salt::new(hkdf::HKDF_SHA256, CONTEXT);
         let prks = keys
@@ -324,12 +407,36 @@ impl Authenticator {
             keys,
             prks,
             session_keys: hashbrown::HashMap::new(),
-            nonce_prefix,
+            nonce_prefix: (nonce_prefix ^ (nonce_prefix >> 32)) as u32,
             nonce_counter: 0,
             clones: std::cell::Cell::new(0),
             recent: std::collections::VecDeque::new(),
             recent_len_max: 0,
+            clock: system_clock(),
+            last_sealed_at: 0,
         }
+    }
+
+    /// The same authenticator reading time from `clock` (the simulator's virtual clock).
+    pub fn with_clock(mut self, clock: WallClock) -> Authenticator {
+        self.clock = clock;
+        self
+    }
+
+    /// The wall clock's time now, in Unix milliseconds.
+    pub fn now_ms(&self) -> u64 {
+        (self.clock)()
+    }
+
+    /// When the datagram the last successful [`Authenticator::verify`] accepted was sealed:
+    /// the start of the second it was sealed in, Unix milliseconds.
+    pub fn sealed_at(&self) -> u64 {
+        self.last_sealed_at
+    }
+
+    /// The replay window, in milliseconds.
+    pub fn replay_window_ms(&self) -> u64 {
+        u64::from(self.keys.replay_window_ms)
     }
 
     /// Remember the last `count` datagrams verified, so that sealing the same bytes again (a
@@ -440,6 +547,7 @@ impl Authenticator {
                 &mut plain[HEADER_LEN..],
             )
             .map_err(|_| AuthError::BadTag)?;
+            self.check_seal_time(&nonce)?;
             set_flags(&mut plain, 0, flags::ENCRYPTED);
             return Ok(Cow::Owned(plain));
         }
@@ -451,6 +559,7 @@ impl Authenticator {
             &mut [],
         )
         .map_err(|_| AuthError::BadTag)?;
+        self.check_seal_time(&nonce)?;
         if self.recent_len_max > 0 && key_id == self.keys.sending_key_id() {
             let mut kept = [0u8; TRAILER_LEN];
             kept.copy_from_slice(trailer);
@@ -469,14 +578,34 @@ impl Authenticator {
         Ok(Cow::Borrowed(inner))
     }
 
+    /// Refuse a genuine datagram sealed outside the replay window of this endpoint's clock;
+    /// remember when an accepted one was sealed.
+    fn check_seal_time(&mut self, nonce: &[u8; NONCE_LEN]) -> Result<(), AuthError> {
+        // The seal time is whole Unix seconds (u32: until 2106): the datagram was sealed
+        // within the second that starts at `sealed_ms`.
+        let sealed_ms =
+            u64::from(u32::from_be_bytes([nonce[0], nonce[1], nonce[2], nonce[3]])) * 1000;
+        let now = self.now_ms();
+        let window = u64::from(self.keys.replay_window_ms);
+        if now > sealed_ms + 999 + window {
+            return Err(AuthError::Stale);
+        }
+        if sealed_ms > now + window {
+            return Err(AuthError::FromTheFuture);
+        }
+        self.last_sealed_at = sealed_ms;
+        Ok(())
+    }
+
     fn next_nonce(&mut self) -> [u8; NONCE_LEN] {
         let mut nonce = [0u8; NONCE_LEN];
-        nonce[..8].copy_from_slice(&self.nonce_prefix.to_be_bytes());
+        nonce[..4].copy_from_slice(&((self.now_ms() / 1000) as u32).to_be_bytes());
+        nonce[4..8].copy_from_slice(&self.nonce_prefix.to_be_bytes());
         nonce[8..].copy_from_slice(&self.nonce_counter.to_be_bytes());
         self.nonce_counter = self.nonce_counter.wrapping_add(1);
         if self.nonce_counter == 0 {
             // 2^32 datagrams sealed: move to a new prefix rather than repeat a nonce.
-            self.nonce_prefix = splitmix64(self.nonce_prefix);
+            self.nonce_prefix = splitmix64(u64::from(self.nonce_prefix)) as u32;
         }
         nonce
     }

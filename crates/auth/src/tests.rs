@@ -224,3 +224,77 @@ fn a_device_reuses_the_trailer_of_what_it_verified_and_the_bytes_are_the_same() 
     device.seal(&mut other);
     assert!(client.verify(&other).is_ok());
 }
+
+/// A clock the test moves by hand.
+fn manual_clock(start_ms: u64) -> (std::sync::Arc<std::sync::atomic::AtomicU64>, WallClock) {
+    let now = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(start_ms));
+    let read = now.clone();
+    let clock: WallClock =
+        std::sync::Arc::new(move || read.load(std::sync::atomic::Ordering::Relaxed));
+    (now, clock)
+}
+
+#[test]
+fn a_datagram_is_accepted_only_within_the_replay_window_of_its_seal() {
+    use std::sync::atomic::Ordering;
+    let start = 1_764_000_000_000; // a whole second
+    let (now, clock) = manual_clock(start);
+    let keys = keys(&[3]).with_replay_window_ms(10_000);
+    let mut sender = Authenticator::with_nonce_prefix(keys.clone(), 1).with_clock(clock.clone());
+    let mut receiver = Authenticator::with_nonce_prefix(keys, 2).with_clock(clock);
+    let mut sealed = datagram(42, b"SET k v");
+    sender.seal(&mut sealed);
+    // The nonce starts with the seal time.
+    let nonce_at = sealed.len() - NONCE_LEN - TAG_LEN;
+    assert_eq!(
+        sealed[nonce_at..nonce_at + 4],
+        ((start / 1000) as u32).to_be_bytes()
+    );
+    // Sealed within the second that starts at `start`: accepted until the window has
+    // passed since that second's end.
+    now.store(start + 10_999, Ordering::Relaxed);
+    assert!(receiver.verify(&sealed).is_ok(), "at the window's edge");
+    assert_eq!(receiver.sealed_at(), start);
+    now.store(start + 11_000, Ordering::Relaxed);
+    assert_eq!(receiver.verify(&sealed), Err(AuthError::Stale));
+    // A day later, and 2^32 ms later: still stale (the seal time does not wrap).
+    for later in [86_400_000, 1 << 32] {
+        now.store(start + later, Ordering::Relaxed);
+        assert_eq!(receiver.verify(&sealed), Err(AuthError::Stale), "{later}");
+    }
+    // A receiver whose clock is behind the sender's by more than the window.
+    now.store(start - 10_001, Ordering::Relaxed);
+    assert_eq!(receiver.verify(&sealed), Err(AuthError::FromTheFuture));
+    // A forgery carrying a fresh seal time fails the tag first.
+    now.store(start + 60_000, Ordering::Relaxed);
+    let mut forged = sealed.clone();
+    forged[nonce_at..nonce_at + 4].copy_from_slice(&((start / 1000 + 60) as u32).to_be_bytes());
+    assert_eq!(receiver.verify(&forged), Err(AuthError::BadTag));
+}
+
+#[test]
+fn the_replay_window_is_read_from_the_key_file() {
+    let line = format!("key 1 {}\n", "ab".repeat(KEY_LEN));
+    let keys = KeySet::parse(&format!("replay window 30\n{line}")).unwrap();
+    assert_eq!(keys.replay_window_ms(), 30_000);
+    assert_eq!(
+        KeySet::parse(&keys.to_file_text())
+            .unwrap()
+            .replay_window_ms(),
+        30_000
+    );
+    assert_eq!(
+        KeySet::parse(&line).unwrap().replay_window_ms(),
+        DEFAULT_REPLAY_WINDOW_MS
+    );
+    for bad in [
+        "replay window 0",
+        "replay window 3601",
+        "replay window",
+        "replay 5",
+    ] {
+        let error = KeySet::parse(&format!("{line}{bad}\n")).unwrap_err();
+        assert_eq!(error.line, 2, "{bad}");
+        assert!(error.message.contains("replay window <seconds>"), "{error}");
+    }
+}

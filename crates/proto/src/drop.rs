@@ -158,6 +158,14 @@ impl AuthWarnings {
                 "its tag does not verify: a different key under the same id, or altered on the way"
             }
             pmnet_auth::AuthError::Truncated => "the datagram is too short for its trailer",
+            pmnet_auth::AuthError::Stale => {
+                "it was sealed longer ago than the replay window: a replay, or its clock is \
+                 behind this one's (synchronise the clocks)"
+            }
+            pmnet_auth::AuthError::FromTheFuture => {
+                "it was sealed later than this clock plus the replay window: its clock is \
+                 ahead (synchronise the clocks)"
+            }
         };
         tracing::warn!(
             "{role}: dropped {} datagram(s) that failed authentication, the latest from {from} \

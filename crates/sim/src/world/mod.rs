@@ -32,9 +32,15 @@ pub use nodes::{
 };
 pub use trace::describe_header;
 
+/// The wall-clock time (Unix milliseconds) at which every simulated world starts.
+pub const SIM_EPOCH_MS: u64 = 1_764_000_000_000;
+
 #[allow(missing_debug_implementations)] // holds boxed drop rules
 pub struct World {
     pub now: Time,
+    /// The wall clock authenticators stamp seals with: [`SIM_EPOCH_MS`] plus `now`, kept in
+    /// step by [`World::step`] and [`World::run_for`].
+    wall: std::sync::Arc<std::sync::atomic::AtomicU64>,
     pub latency: Duration,
     pub faults: Option<Faults>,
     /// Links that deliver nothing: `(from, to)`; a symmetric partition blocks both directions.
@@ -137,6 +143,7 @@ impl World {
             .collect();
         let mut world = World {
             now: Time::ZERO,
+            wall: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(SIM_EPOCH_MS)),
             latency: Duration::from_micros(5),
             faults: None,
             blocked: HashSet::new(),
@@ -241,10 +248,10 @@ impl World {
     pub fn with_auth(mut self, keys: pmnet_proto::KeySet) -> World {
         // One prefix for the world; each node's copy derives its own (see `Authenticator`'s
         // `Clone`), so nonces never repeat and a seed replays exactly.
-        let auth = Some(pmnet_proto::Authenticator::with_nonce_prefix(
-            keys,
-            0x706d_6e65_745f_7369,
-        ));
+        let auth = Some(
+            pmnet_proto::Authenticator::with_nonce_prefix(keys, 0x706d_6e65_745f_7369)
+                .with_clock(self.wall_clock()),
+        );
         self.queue.clear();
         for node in &mut self.devices {
             node.auth = auth.clone();
@@ -383,10 +390,12 @@ impl World {
             (Some(at), timer) if timer.is_none_or(|timer| at <= timer) => {
                 let Reverse((at, _, from, to, bytes)) = self.queue.pop().expect("peeked");
                 self.now = self.now.max(at);
+                self.sync_wall();
                 self.deliver(from, to, &bytes);
             }
             (_, Some(timer)) => {
                 self.now = self.now.max(timer);
+                self.sync_wall();
                 self.fire_timers();
             }
             (Some(_), None) => unreachable!("handled by the guard above"),
@@ -483,6 +492,20 @@ impl World {
             self.step();
         }
         self.now = self.now.max(until);
+        self.sync_wall();
+    }
+
+    fn sync_wall(&mut self) {
+        self.wall.store(
+            SIM_EPOCH_MS + self.now.as_nanos() / 1_000_000,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// The wall clock of the simulated world (Unix milliseconds), for authenticators.
+    pub fn wall_clock(&self) -> pmnet_auth::WallClock {
+        let wall = self.wall.clone();
+        std::sync::Arc::new(move || wall.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Every datagram of `packet_type` seen so far.

@@ -27,6 +27,11 @@ pub(crate) struct SessionState {
     pub table: Option<u32>,
     /// The store's activity counter when the session last applied a request (eviction order).
     pub last_active: u64,
+    /// The server's time (milliseconds) of its last apply ([`Store::note_time`]); 0 for a
+    /// session recovered at open.
+    ///
+    /// [`Store::note_time`]: crate::Store
+    pub seen_ms: u64,
 }
 
 #[derive(Debug, Default)]
@@ -147,6 +152,7 @@ mod tests {
             source: Source::Table,
             table: None,
             last_active: 0,
+            seen_ms: 0,
         }
     }
 

@@ -59,6 +59,13 @@ pub trait Application {
     /// [`Application::sessions`] or its own table instead.
     fn stage(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace>;
 
+    /// The server's time now (milliseconds, of its own clock) and how long it keeps a
+    /// session after its last activity: a store that evicts sessions must not evict one
+    /// applied within that time (a duplicate or an accepted replay of its requests could still
+    /// come); it refuses the new session's request with [`NoSpace`] instead, and the server
+    /// retries it. Called before requests are staged.
+    fn note_time(&mut self, _now_ms: u64, _keep_sessions_ms: u64) {}
+
     /// Make everything staged durable. May do nothing, for a store whose stages are durable
     /// when they return.
     fn commit(&mut self);

@@ -60,9 +60,13 @@
 //! therefore always make room.
 //!
 //! When a request comes from a new session and the table already holds `max_sessions`, the
-//! session with the oldest activity is evicted (counted in [`KvStats::evicted_sessions`]). An
-//! evicted session loses dedupe: if its client retransmits a request the store already
-//! applied, the server cannot recognise it and applies it again.
+//! session with the oldest activity is evicted (counted in [`KvStats::evicted_sessions`]),
+//! but only once it was last applied longer ago than the server keeps sessions
+//! ([`Application::note_time`]: past the longest a duplicate can arrive and, with keys, past
+//! twice the replay window). Until then the new session's request is refused with
+//! [`NoSpace`] (counted in [`KvStats::sessions_full`]) and the server retries it: a session
+//! is never forgotten while a retransmission or an accepted replay of its requests could
+//! still come, so nothing is applied twice.
 //!
 //! When the live state is close to capacity, every apply that does not fit in the active
 //! half compacts, so applies cost O(live data) until data is deleted.
@@ -189,6 +193,9 @@ pub struct KvStats {
     pub store_full_replies: u64,
     /// Requests refused with [`NoSpace`] (nothing stored; the caller retries them).
     pub no_space: u64,
+    /// Requests of new sessions refused with [`NoSpace`] because every session the table
+    /// holds was applied more recently than the server keeps sessions (it retries them).
+    pub sessions_full: u64,
     /// Records replayed at open: snapshot records plus APPLY records.
     pub recovered_records: u64,
     /// Records rejected at the end of the log at open (0 or 1).
@@ -240,6 +247,12 @@ pub struct KvStore<R: PmRegion> {
     scratch: Vec<u8>,
     stats: KvStats,
     recovery: Recovery,
+    /// The server's time (milliseconds) and how long it keeps sessions, as it last said
+    /// ([`Application::note_time`]); a session applied within that time is never evicted.
+    now_ms: u64,
+    keep_sessions_ms: u64,
+    /// When the server first told the time: sessions recovered at open count as seen then.
+    time_since_ms: Option<u64>,
 }
 
 impl<R: PmRegion> std::fmt::Debug for KvStore<R> {
@@ -317,6 +330,9 @@ impl<R: PmRegion> KvStore<R> {
             scratch: Vec::new(),
             stats: KvStats::default(),
             recovery: Recovery::default(),
+            now_ms: 0,
+            keep_sessions_ms: 0,
+            time_since_ms: None,
         };
         // Generation 0's empty snapshot goes to half 0; then its superblock copy commits it.
         let (snapshot_len, crc) = store.write_snapshot(0);
@@ -393,6 +409,9 @@ impl<R: PmRegion> KvStore<R> {
                 ..KvStats::default()
             },
             recovery,
+            now_ms: 0,
+            keep_sessions_ms: 0,
+            time_since_ms: None,
         };
         store.dirty_len_bytes[half] = (store.tail_bytes + TERMINATOR_SIZE).min(half_len_bytes);
         if superblock_repaired {
@@ -577,9 +596,13 @@ impl<R: PmRegion> KvStore<R> {
             Effect::Put { key, value } => self.state.put(key, value),
             Effect::Delete { key } => self.state.delete(key),
         }
-        let evicted = self
-            .state
-            .touch_session(session_id, seq, outcome.reply.clone(), activity);
+        let evicted = self.state.touch_session(
+            session_id,
+            seq,
+            outcome.reply.clone(),
+            activity,
+            self.now_ms,
+        );
         if evicted.is_some() {
             self.stats.evicted_sessions += 1;
         }
@@ -802,6 +825,12 @@ impl<R: PmRegion> Application for KvStore<R> {
         }
     }
 
+    fn note_time(&mut self, now_ms: u64, keep_sessions_ms: u64) {
+        self.now_ms = now_ms;
+        self.keep_sessions_ms = keep_sessions_ms;
+        self.time_since_ms.get_or_insert(now_ms);
+    }
+
     fn stage(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace> {
         if let Some(session) = self.state.sessions.get(&session_id) {
             assert!(
@@ -809,6 +838,16 @@ impl<R: PmRegion> Application for KvStore<R> {
                 "session {session_id}: seq {seq} applied after seq {}",
                 session.last_seq
             );
+        } else if let Some(oldest) = self.state.eviction_candidate() {
+            // Admitting this session would evict the oldest one; it goes only once the server
+            // no longer keeps it (a duplicate or replay of its requests could still come).
+            let seen = oldest.seen_ms.max(self.time_since_ms.unwrap_or(0));
+            if self.keep_sessions_ms > 0
+                && self.now_ms.saturating_sub(seen) <= self.keep_sessions_ms
+            {
+                self.stats.sessions_full += 1;
+                return Err(NoSpace);
+            }
         }
         let outcome = self.plan(request);
         let committed = self.state.committed_bytes_after(session_id, &outcome);

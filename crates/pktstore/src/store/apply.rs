@@ -356,6 +356,7 @@ impl<R: PmRegion> Store<R> {
                 source: Source::Table,
                 table: None,
                 last_active: activity,
+                seen_ms: 0,
             });
         if let Source::Record(old) = state.source {
             self.session_sources.clear(old);
@@ -363,6 +364,7 @@ impl<R: PmRegion> Store<R> {
         state.last_seq = seq;
         state.source = source;
         state.last_active = activity;
+        state.seen_ms = self.now_ms;
         let table = state.table;
         if let Source::Record(id) = source {
             self.session_sources.set(id);

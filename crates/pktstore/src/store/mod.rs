@@ -164,6 +164,9 @@ pub struct StoreStats {
     /// number was displaced.
     pub session_folds: u64,
     pub sessions_evicted: u64,
+    /// Requests of new sessions handed back because every session-table entry belonged to a
+    /// session applied within the server's keeping time (the server retries them).
+    pub sessions_full: u64,
     /// GETs whose reply was too long to keep inline and found no room for a reply record:
     /// answered `ERROR store full: reply not kept` (a read; nothing acknowledged is lost).
     pub store_full_replies: u64,
@@ -257,6 +260,12 @@ pub struct Store<R: PmRegion> {
     session_sources: IdBits,
     table: Vec<TableSlot>,
     free_table: Vec<u32>,
+    /// The server's time (milliseconds) and how long it keeps sessions, as it last said
+    /// ([`Application::note_time`]), and when it first said it (sessions recovered at open
+    /// count as seen then).
+    now_ms: u64,
+    keep_sessions_ms: u64,
+    time_since_ms: Option<u64>,
     /// Owned table entries in the order their sessions were last active, oldest first,
     /// lazily: `(activity, index)` is stale once the owner's `last_active` moved on. Finding
     /// the entry to evict so costs constant amortised time, not a scan of the table.
@@ -347,6 +356,9 @@ impl<R: PmRegion> Store<R> {
             session_sources: IdBits::new(geometry.granule_count(), geometry.granules_per_slot()),
             table: vec![TableSlot::default(); geometry.max_sessions as usize],
             free_table: Vec::new(),
+            now_ms: 0,
+            keep_sessions_ms: 0,
+            time_since_ms: None,
             table_order: VecDeque::new(),
             activity: 0,
             batch: Batch::default(),
@@ -495,7 +507,16 @@ impl<R: PmRegion> Application for Store<R> {
     /// [`Store::stage_request`]: `Err(NoSpace)` for a SET, INCR or APPEND with no room, never
     /// for anything else.
     fn stage(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace> {
+        if self.must_keep_every_session_for(session_id) {
+            return Err(NoSpace);
+        }
         self.stage_request(session_id, seq, request)
+    }
+
+    fn note_time(&mut self, now_ms: u64, keep_sessions_ms: u64) {
+        self.now_ms = now_ms;
+        self.keep_sessions_ms = keep_sessions_ms;
+        self.time_since_ms.get_or_insert(now_ms);
     }
 
     /// A GET on what is committed and staged; anything else is refused, recording nothing.

@@ -313,6 +313,7 @@ impl<R: PmRegion> Store<R> {
                     source: Source::Record(id),
                     table: None,
                     last_active: 0,
+                    seen_ms: 0,
                 },
             );
         }
@@ -324,6 +325,7 @@ impl<R: PmRegion> Store<R> {
                     source: Source::Table,
                     table: None,
                     last_active: 0,
+                    seen_ms: 0,
                 });
             state.table = Some(index);
             if seq >= state.last_seq {

@@ -166,6 +166,38 @@ impl<R: PmRegion> Store<R> {
             .map(|(_, index, owner)| (index, owner))
     }
 
+    /// Whether a request of `session_id` must wait because admitting it could evict a session
+    /// the server still keeps: `session_id` is new, the session table has no free entry, and
+    /// the session owning its idlest entry holds its exactly-once record there and applied a
+    /// request within the server's keeping time ([`Application::note_time`]). Counted in
+    /// `sessions_full`; the server retries the request later.
+    ///
+    /// [`Application::note_time`]: pmnet_store::Application::note_time
+    pub fn must_keep_every_session_for(&mut self, session_id: u64) -> bool {
+        if self.keep_sessions_ms == 0
+            || self.sessions.get(session_id).is_some()
+            || !self.free_table.is_empty()
+            || self.table.iter().any(|slot| slot.owner.is_none())
+        {
+            return false;
+        }
+        let since = self.time_since_ms.unwrap_or(0);
+        let idlest = self
+            .table
+            .iter()
+            .filter_map(|slot| self.sessions.get(slot.owner?))
+            .min_by_key(|state| state.last_active);
+        let Some(state) = idlest else {
+            return false;
+        };
+        let kept = state.source == Source::Table
+            && self.now_ms.saturating_sub(state.seen_ms.max(since)) <= self.keep_sessions_ms;
+        if kept {
+            self.stats.sessions_full += 1;
+        }
+        kept
+    }
+
     /// The session-table index of `session_id`, assigning one (evicting the least recently
     /// active session not written in this batch) if it has none.
     fn table_index_for(&mut self, session_id: u64) -> u32 {

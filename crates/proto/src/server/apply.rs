@@ -22,6 +22,9 @@ pub trait Stager {
         kind: RequestKind,
         request: &[u8],
     ) -> Option<Vec<u8>>;
+    /// The server's time now and how long it keeps sessions (see the application's
+    /// `note_time`): called before requests are staged.
+    fn note_time(&mut self, _now_ms: u64, _keep_sessions_ms: u64) {}
     /// Make everything staged durable.
     fn commit(&mut self);
     /// Requests one commit covers at most.
@@ -61,6 +64,10 @@ impl Server {
     pub fn apply_ready(&mut self, now: Time, app: &mut dyn Stager) -> Applied {
         let mut outcome = Applied::default();
         let mut staged: Vec<(u64, u32, Vec<u8>)> = Vec::new();
+        app.note_time(
+            now.as_nanos() / 1_000_000,
+            self.config.session_keep().as_millis() as u64,
+        );
         // Reporting a commit's requests applied may hand over more (a read or a keyed write
         // that waited for them): go on until nothing is left.
         loop {

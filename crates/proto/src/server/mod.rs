@@ -102,6 +102,18 @@ impl ServerConfig {
             replicas: Vec::new(),
         }
     }
+
+    /// How long the session table keeps a session after its last activity before it may be
+    /// evicted: past the longest a duplicate can still arrive (`gap_fill_after`, beyond any
+    /// client's request lifetime) and, with keys, past twice the replay window plus a second
+    /// (the seal time's unit), so that a replay the authenticator still accepts — at the
+    /// server or at a device that logs and resends it — finds its session and is recognised.
+    pub fn session_keep(&self) -> Duration {
+        let replay = self.auth.as_ref().map_or(Duration::ZERO, |auth| {
+            Duration::from_millis(2 * auth.replay_window_ms() + 1000)
+        });
+        self.gap_fill_after.max(replay)
+    }
 }
 
 /// A session as the store recovered it: what exactly-once needs after a restart.
@@ -271,7 +283,7 @@ impl Server {
             config.replicas.len() <= REPLICA_SERVERS_MAX,
             "at most {REPLICA_SERVERS_MAX} replicas"
         );
-        let mut table = Table::new(config.sessions_max);
+        let mut table = Table::new(config.sessions_max).keeping_sessions_for(config.session_keep());
         for recovered in sessions {
             let mut earlier = recovered.earlier_replies;
             earlier.retain(|(seq, _)| *seq < recovered.last_seq);

@@ -246,6 +246,9 @@ pub(super) struct Table {
     /// Sessions evicted to make room.
     pub(super) evicted: u64,
     sessions_max: usize,
+    /// A session is evicted only once idle longer than this: a duplicate of its requests
+    /// still in flight, or a replay the authenticator still accepts, must find it.
+    keep_for: Duration,
 }
 
 impl Table {
@@ -256,7 +259,14 @@ impl Table {
             buffered_bytes: 0,
             evicted: 0,
             sessions_max,
+            keep_for: Duration::ZERO,
         }
+    }
+
+    /// The same table keeping every session at least `keep_for` after its last activity.
+    pub(super) fn keeping_sessions_for(mut self, keep_for: Duration) -> Table {
+        self.keep_for = keep_for;
+        self
     }
 
     pub(super) fn len(&self) -> usize {
@@ -296,10 +306,11 @@ impl Table {
 
     /// The session `session_id`, created if new; `None` when the table is full of sessions
     /// that cannot be evicted. Evicting forgets a session's duplicate detection; only idle
-    /// sessions are evicted, the one idle longest first.
+    /// sessions are evicted, the one idle longest first, and only once idle longer than the
+    /// table keeps sessions.
     pub(super) fn get_or_create(&mut self, now: Time, session_id: u64) -> Option<&mut Session> {
         if !self.sessions.contains_key(&session_id) {
-            if self.sessions.len() >= self.sessions_max && !self.evict_idlest() {
+            if self.sessions.len() >= self.sessions_max && !self.evict_idlest(now) {
                 return None;
             }
             self.sessions.insert(session_id, Session::default());
@@ -308,8 +319,9 @@ impl Table {
         self.sessions.get_mut(&session_id)
     }
 
-    /// Evict the session idle longest; false if none was found within the scan limit.
-    fn evict_idlest(&mut self) -> bool {
+    /// Evict the session idle longest; false if none was found within the scan limit, or the
+    /// idlest was active too recently to be forgotten.
+    fn evict_idlest(&mut self, now: Time) -> bool {
         for _ in 0..EVICTION_SCAN_LIMIT {
             let Some((time, session_id)) = self.activity.pop_front() else {
                 return false;
@@ -319,6 +331,11 @@ impl Table {
             };
             if session.last_active != time {
                 continue;
+            }
+            if now.saturating_duration_since(time) <= self.keep_for {
+                // The idlest of all was active too recently: so was every other one.
+                self.activity.push_front((time, session_id));
+                return false;
             }
             if session.is_idle() {
                 self.sessions.remove(&session_id);
@@ -362,6 +379,22 @@ mod tests {
         table.get_or_create(at(6), 50).expect("room by evicting 40");
         assert!(!table.sessions.contains_key(&40));
         assert!(table.sessions.contains_key(&30));
+    }
+
+    #[test]
+    fn a_session_active_within_the_keeping_time_is_never_evicted() {
+        let mut table = Table::new(2).keeping_sessions_for(Duration::from_millis(100));
+        table.get_or_create(at(1), 10).expect("room");
+        table.get_or_create(at(2), 20).expect("room");
+        // 10 was last active 100 ms ago: kept, so the new session finds no room.
+        assert!(table.get_or_create(at(101), 30).is_none());
+        assert!(table.sessions.contains_key(&10));
+        // Once idle longer, it goes.
+        table
+            .get_or_create(at(102), 30)
+            .expect("room by evicting 10");
+        assert!(!table.sessions.contains_key(&10));
+        assert_eq!(table.evicted, 1);
     }
 
     #[test]

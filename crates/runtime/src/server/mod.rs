@@ -521,6 +521,12 @@ impl Stager for RuntimeStager<'_> {
         _kind: RequestKind,
         request: &[u8],
     ) -> Option<Vec<u8>> {
+        if let ServerApp::Engine(store) = &mut *self.app {
+            if store.must_keep_every_session_for(session_id) {
+                // Handed back (its received slots stay held): retried once a session may go.
+                return None;
+            }
+        }
         let slots = self
             .received_slots
             .remove(&(session_id, seq))
@@ -533,6 +539,12 @@ impl Stager for RuntimeStager<'_> {
         };
         // NoSpace: the executor hands the request back to the server (Server::on_deferred).
         staged.ok()
+    }
+
+    fn note_time(&mut self, now_ms: u64, keep_sessions_ms: u64) {
+        self.app
+            .as_application()
+            .note_time(now_ms, keep_sessions_ms);
     }
 
     fn commit(&mut self) {

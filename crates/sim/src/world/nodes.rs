@@ -145,6 +145,13 @@ impl ServerApp {
         }
     }
 
+    /// The server's time and how long it keeps sessions, for the store.
+    pub(super) fn note_time(&mut self, now_ms: u64, keep_sessions_ms: u64) {
+        if let Some(kv) = self.kv.as_mut() {
+            kv.note_time(now_ms, keep_sessions_ms);
+        }
+    }
+
     /// Make what was staged durable (the store's commit).
     pub(super) fn commit(&mut self) {
         if let Some(kv) = self.kv.as_mut() {

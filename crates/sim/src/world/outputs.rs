@@ -272,6 +272,10 @@ impl Stager for SimStager<'_> {
         reply
     }
 
+    fn note_time(&mut self, now_ms: u64, keep_sessions_ms: u64) {
+        self.app.note_time(now_ms, keep_sessions_ms);
+    }
+
     fn commit(&mut self) {
         self.app.commit();
     }

@@ -153,6 +153,7 @@ fn restore_session(
             last_seq: record.seq,
             last_reply: record.reply.to_vec(),
             activity: record.activity,
+            seen_ms: 0,
         },
     );
     Ok(())
@@ -227,6 +228,7 @@ fn apply_log_record(record: &Record<'_>, state: &mut State) -> Result<(), &'stat
         record.seq,
         record.reply.to_vec(),
         record.activity,
+        0,
     );
     Ok(())
 }

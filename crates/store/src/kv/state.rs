@@ -17,6 +17,9 @@ pub(super) struct Session {
     pub(super) last_reply: Vec<u8>,
     /// Logical clock value of its last apply: orders eviction.
     pub(super) activity: u64,
+    /// The server's time (milliseconds) of its last apply, as [`super::KvStore::note_time`]
+    /// last told it; 0 for a session recovered at open (not persisted).
+    pub(super) seen_ms: u64,
 }
 
 /// The store's contents in memory, and the byte accounting that bounds its snapshot.
@@ -125,6 +128,7 @@ impl State {
         seq: u32,
         reply: Vec<u8>,
         activity: u64,
+        seen_ms: u64,
     ) -> Option<u64> {
         assert!(activity > self.clock, "activity clock went backwards");
         assert!(reply.len() <= MAX_REPLY_LEN);
@@ -152,10 +156,21 @@ impl State {
                 last_seq: seq,
                 last_reply: reply,
                 activity,
+                seen_ms,
             },
         );
         assert!(self.sessions.len() <= self.max_sessions as usize);
         evicted
+    }
+
+    /// The session [`State::touch_session`] would evict to admit a new one: the one whose
+    /// last apply is oldest, when the table is full.
+    pub(super) fn eviction_candidate(&self) -> Option<&Session> {
+        if self.sessions.len() < self.max_sessions as usize {
+            return None;
+        }
+        let oldest = self.sessions_by_activity.values().next()?;
+        self.sessions.get(oldest)
     }
 
     pub(super) fn insert_session(&mut self, session_id: u64, session: Session) {

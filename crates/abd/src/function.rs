@@ -15,7 +15,9 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 
 use pmnet_pmtable::Geometry;
-use pmnet_proto::{NetworkFunction, PersistBatch, RegionWrite, Time, Transmit, Verdict};
+use pmnet_proto::{
+    NetworkFunction, PersistBatch, RegionWrite, ReplayFloor, Time, Transmit, Verdict,
+};
 use pmnet_wire::abd::{
     Op, Reply, Request, Status, ABD_QUERY, ABD_QUERY_REPLY, ABD_REPLY, ABD_REQUEST, ABD_STORE,
     ABD_STORE_ACK, ABD_SYNC, ABD_SYNC_REPLY, RETRANSMITTED,
@@ -43,6 +45,9 @@ struct Session {
     used: u64,
     /// Its operations in flight (a session with some is never forgotten).
     in_flight: u32,
+    /// When its latest request was sealed (Unix ms; 0 without keys): what the replay floor
+    /// rises to when the session is forgotten.
+    sealed_ms: u64,
     /// The first request this device saw sent for the first time (not flagged) in this
     /// session. A client sends its requests for the first time in order, so a request from it
     /// on was first sent to this device (this life, since the session was last forgotten); a
@@ -72,6 +77,10 @@ pub struct FunctionCounters {
     pub in_doubt: u64,
     pub busy: u64,
     pub sessions_forgotten: u64,
+    /// Requests of a session this device does not know, sealed before it forgot a session or
+    /// before it started: possibly replays of a forgotten session's requests, refused
+    /// (dropped, not answered).
+    pub replays_refused: u64,
     /// Requests that did not parse.
     pub dropped: u64,
 }
@@ -87,6 +96,11 @@ pub struct AbdFunction {
     clock: u64,
     replies: VecDeque<Transmit>,
     counters: FunctionCounters,
+    /// With keys: the seal time of the datagram being handled, and the floor below which a
+    /// request of an unknown session is refused (set when the first sealed datagram comes:
+    /// nothing of an earlier life is known).
+    sealed_ms: Option<u64>,
+    floor: Option<ReplayFloor>,
 }
 
 fn status_of(error: AbdError) -> Status {
@@ -110,6 +124,8 @@ impl AbdFunction {
             clock: 0,
             replies: VecDeque::new(),
             counters: FunctionCounters::default(),
+            sealed_ms: None,
+            floor: None,
         }
     }
 
@@ -155,7 +171,17 @@ impl AbdFunction {
             return;
         }
         self.clock += 1;
+        let sealed_ms = self.sealed_ms.take();
         if !self.sessions.contains_key(&session_id) {
+            if let (Some(sealed), Some(floor)) = (sealed_ms, self.floor) {
+                if !floor.admits_unknown(sealed) {
+                    // Sealed before this device forgot a session, or before it started: it may
+                    // be a replay of a session it no longer knows. A genuine client's next
+                    // transmission is sealed afresh and admitted.
+                    self.counters.replays_refused += 1;
+                    return;
+                }
+            }
             if again && write {
                 self.counters.in_doubt += 1;
                 reply_status(self, Status::InDoubt);
@@ -170,6 +196,7 @@ impl AbdFunction {
                     seen: 0,
                     writes: VecDeque::new(),
                     used: self.clock,
+                    sealed_ms: 0,
                     since: None,
                     in_flight: 0,
                 },
@@ -178,6 +205,7 @@ impl AbdFunction {
         let session = self.sessions.get_mut(&session_id).expect("made above");
         session.addr = from;
         session.used = self.clock;
+        session.sealed_ms = session.sealed_ms.max(sealed_ms.unwrap_or(0));
         if !again && session.since.is_none() {
             session.since = Some(seq);
         }
@@ -288,7 +316,11 @@ impl AbdFunction {
             .min_by_key(|(_, session)| session.used)
             .map(|(id, _)| *id)
         {
-            self.sessions.remove(&oldest);
+            if let Some(forgotten) = self.sessions.remove(&oldest) {
+                if let Some(floor) = self.floor.as_mut() {
+                    floor.forget(forgotten.sealed_ms);
+                }
+            }
             self.counters.sessions_forgotten += 1;
         }
     }
@@ -328,6 +360,12 @@ impl AbdFunction {
 
 impl NetworkFunction for AbdFunction {
     type Work = RegionWrite;
+
+    fn note_seal(&mut self, sealed_at_ms: u64, now_ms: u64) {
+        self.sealed_ms = Some(sealed_at_ms);
+        self.floor
+            .get_or_insert_with(|| ReplayFloor::starting_at(now_ms));
+    }
 
     fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {
         let payload = datagram.get(pmnet_wire::HEADER_LEN..).unwrap_or_default();
@@ -380,6 +418,7 @@ impl NetworkFunction for AbdFunction {
             ("pmnet_abd_in_doubt_total", "Writes sent again that the coordinator no longer knows, answered in doubt.", f.in_doubt),
             ("pmnet_abd_busy_total", "Requests refused: as many operations in flight as the coordinator keeps.", f.busy),
             ("pmnet_abd_sessions_forgotten_total", "Client sessions forgotten to make room.", f.sessions_forgotten),
+            ("pmnet_abd_replays_refused_total", "Requests of unknown sessions sealed before a session was forgotten or the device started: refused.", f.replays_refused),
             ("pmnet_abd_dropped_total", "Requests that did not parse, and nodes' answers that did not or came from no node.", f.dropped + c.dropped),
             ("pmnet_abd_answers_ignored_total", "Nodes' answers that counted in no quorum (learning, late, duplicated).", c.answers_ignored),
             ("pmnet_abd_in_flight", "Operations in flight.", self.coordinator.in_flight() as u64),

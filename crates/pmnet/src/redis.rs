@@ -274,6 +274,23 @@ pub fn run_adaptor(args: RedisAdaptorArgs) -> Result<ExitCode, CliError> {
     options.report_interval = report_interval(&args.run);
     options.metrics_listen = args.run.metrics;
     options.keys = args.run.keys()?;
+    if let Some(ttl) = options.session_ttl {
+        // A session's record must outlive any duplicate of its requests and any replay the
+        // authenticator still accepts, as the server's own table does.
+        let mut config = pmnet_proto::ServerConfig::new(0, Vec::new());
+        config.auth = options.keys.clone().map(pmnet_proto::Authenticator::new);
+        let least = config.session_keep().as_secs() + 1;
+        if ttl.as_secs() < least {
+            return Err(format!(
+                "--session-ttl {}: at least {least} seconds (a session's record must outlive \
+                 any duplicate or accepted replay of its requests: the longest request \
+                 lifetime and twice the key file's replay window), or 0 to keep records for \
+                 ever",
+                ttl.as_secs()
+            )
+            .into());
+        }
+    }
     let adaptor_traffic = pmnet_runtime::auth_text(options.keys.as_ref());
     let mut adaptor = Adaptor::open(options, shutdown)?;
     let startup = adaptor.startup().clone();

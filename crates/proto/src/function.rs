@@ -140,6 +140,13 @@ pub trait NetworkFunction {
     /// PMNet-ACKs which updates are durable). Nothing by default.
     fn on_sent(&mut self, _transmit: &Transmit) {}
 
+    /// When keys are configured: the seal time of the datagram offered next to
+    /// [`NetworkFunction::handle`] (the start of the second it was sealed in, Unix ms) and the
+    /// wall clock's time now. A function that keeps per-session state refuses, with it,
+    /// replays of sessions it forgot or knew before it started (`pmnet_auth::ReplayFloor`).
+    /// Nothing by default.
+    fn note_seal(&mut self, _sealed_at_ms: u64, _now_ms: u64) {}
+
     /// The function's counters for a metrics endpoint: (name, help, value); a name that does
     /// not end in `_total` is a gauge (a level now). None by default.
     fn counter_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
@@ -215,6 +222,11 @@ impl<A, B> Stack<A, B> {
 
 impl<A: NetworkFunction, B: NetworkFunction> NetworkFunction for Stack<A, B> {
     type Work = StackWork<A::Work, B::Work>;
+
+    fn note_seal(&mut self, sealed_at_ms: u64, now_ms: u64) {
+        self.front.note_seal(sealed_at_ms, now_ms);
+        self.back.note_seal(sealed_at_ms, now_ms);
+    }
 
     fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {
         match self.front.handle(now, from, header, datagram) {
@@ -418,7 +430,12 @@ impl<F: NetworkFunction> Pipeline<F> {
         }
         let verified = match self.auth.as_mut().map(|auth| auth.verify(datagram)) {
             None => std::borrow::Cow::Borrowed(datagram),
-            Some(Ok(inner)) => inner,
+            Some(Ok(inner)) => {
+                if let Some(auth) = self.auth.as_ref() {
+                    self.functions.note_seal(auth.sealed_at(), auth.now_ms());
+                }
+                inner
+            }
             Some(Err(error)) => {
                 self.auth_warnings.failed(now, "device", from, error);
                 self.drops.record(DropReason::Auth(error));

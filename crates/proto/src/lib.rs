@@ -39,7 +39,7 @@ pub use function::{
     Persist, PersistBatch, Pipeline, RegionExecutor, RegionWrite, Stack, StackWork, Verdict,
 };
 pub use histogram::{LatencyHistogram, LATENCY_BUCKETS_NS};
-pub use pmnet_auth::{AuthError, Authenticator, DeploymentKey, KeySet};
+pub use pmnet_auth::{AuthError, Authenticator, DeploymentKey, KeySet, ReplayFloor};
 pub use pmnet_pm::EntryKey;
 pub use pmnet_pm::{BatchStats, LogWork};
 pub use server::{

@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use pmnet_proto::{PersistBatch, Time, Transmit};
+use pmnet_proto::{PersistBatch, ReplayFloor, Time, Transmit};
 use pmnet_wire::netchain::{
     Commit, Op, Reply, Request, Status, Write, CHAIN_COMMIT, CHAIN_REPLY, CHAIN_REQUEST,
     CHAIN_WRITE,
@@ -119,6 +119,9 @@ pub struct ChainCounters {
     pub duplicates: u64,
     /// Retransmitted writes the head could not tell from ones applied before a restart.
     pub in_doubt: u64,
+    /// Writes of a session the head does not know, sealed before it forgot a session or
+    /// before it started: possibly replays, refused (dropped, not answered).
+    pub replays_refused: u64,
     pub refused_full: u64,
     /// Requests answered "not here" because the member holds no lease (or no configuration).
     pub not_serving: u64,
@@ -195,6 +198,12 @@ pub struct ChainNode {
     /// either, a retransmitted write it does not know is in doubt.
     started: Option<Time>,
     forgot_at: Option<Time>,
+    /// With keys: the seal time of the datagram being handled, each remembered session's
+    /// latest (what the floor rises to when it is forgotten), and the floor below which a
+    /// write of an unknown session is refused (set when the first sealed datagram comes).
+    sealed_ms: Option<u64>,
+    session_sealed: HashMap<u64, u64>,
+    floor: Option<ReplayFloor>,
     /// Reads relayed to the tail: (session, request) → who asked and what for.
     relayed: HashMap<(u64, u32), Relayed>,
     transmits: VecDeque<Transmit>,
@@ -223,6 +232,9 @@ impl ChainNode {
             session_order: VecDeque::new(),
             started,
             forgot_at: None,
+            sealed_ms: None,
+            session_sealed: HashMap::new(),
+            floor: None,
             relayed: HashMap::new(),
             transmits: VecDeque::new(),
             counters: ChainCounters::default(),
@@ -500,6 +512,37 @@ impl ChainNode {
         (session, request_id, retransmitted): (u64, u32, bool),
         request: &Request<'_>,
     ) {
+        let sealed = self.sealed_ms.take();
+        if !self.sessions.contains_key(&session) {
+            if let (Some(sealed), Some(floor)) = (sealed, self.floor) {
+                if !floor.admits_unknown(sealed) {
+                    // Sealed before this head forgot a session, or before it started: it may
+                    // replay a write of a session it no longer knows. A genuine client's next
+                    // transmission is sealed afresh and admitted.
+                    self.counters.replays_refused += 1;
+                    return;
+                }
+            }
+        }
+        if let Some(sealed) = sealed {
+            let latest = self.session_sealed.entry(session).or_insert(0);
+            *latest = (*latest).max(sealed);
+            if self.session_sealed.len() > 2 * SESSIONS_MAX {
+                // Bounded: seal times of sessions never remembered are dropped, and the floor
+                // rises past them as if they had been forgotten.
+                let sessions = &self.sessions;
+                let floor = &mut self.floor;
+                self.session_sealed.retain(|id, sealed| {
+                    let keep = sessions.contains_key(id);
+                    if !keep {
+                        if let Some(floor) = floor.as_mut() {
+                            floor.forget(*sealed);
+                        }
+                    }
+                    keep
+                });
+            }
+        }
         match self.sessions.get(&session).cloned() {
             Some((last, key, decided)) if last == request_id => {
                 // A retransmission (or a duplicate): decided already, and decided once.
@@ -683,6 +726,14 @@ impl ChainNode {
 
     /// Remember a session's write (the head's, or one passed down: a member that becomes the
     /// head knows what reached it). Only a newer request replaces what is known.
+    /// The seal time of the datagram handled next, and the wall clock now (with keys): see
+    /// [`pmnet_proto::NetworkFunction::note_seal`].
+    pub fn note_seal(&mut self, sealed_at_ms: u64, now_ms: u64) {
+        self.sealed_ms = Some(sealed_at_ms);
+        self.floor
+            .get_or_insert_with(|| ReplayFloor::starting_at(now_ms));
+    }
+
     fn remember(&mut self, now: Time, session: u64, request: u32, key: Vec<u8>, decided: Decided) {
         if let Some(known) = self.sessions.get_mut(&session) {
             if request >= known.0 {
@@ -696,6 +747,10 @@ impl ChainNode {
             if let Some(oldest) = self.session_order.pop_front() {
                 self.sessions.remove(&oldest);
                 self.forgot_at = Some(now);
+                let sealed = self.session_sealed.remove(&oldest).unwrap_or(0);
+                if let Some(floor) = self.floor.as_mut() {
+                    floor.forget(sealed);
+                }
             }
         }
     }

@@ -105,6 +105,7 @@ fn after_an_outage_every_acked_update_is_applied_from_what_the_device_knows() {
     }
     assert!(not_logged > 0, "some updates were too large to log");
     cluster.start_server();
+    let started = std::time::Instant::now();
     // A reader of its own (another session: it waits for nothing of the writers) polls until
     // each key holds its client's last acked value.
     let mut options = SessionOptions::new(1, cluster.device_addr);
@@ -132,6 +133,13 @@ fn after_an_outage_every_acked_update_is_applied_from_what_the_device_knows() {
             },
         );
     }
+    // Reported, not asserted (timing): how long after the server's banner the reader saw
+    // every acked update.
+    eprintln!(
+        "every acked update read back {:?} after the server started ({not_logged} updates not \
+         logged)",
+        started.elapsed()
+    );
     let server = cluster.server();
     // Closed by the clients' fills the device sent again, not by a skip after a lifetime.
     assert_eq!(

@@ -43,8 +43,9 @@ pub use pmnet_auth::{AuthError, Authenticator, DeploymentKey, KeySet, ReplayFloo
 pub use pmnet_pm::EntryKey;
 pub use pmnet_pm::{BatchStats, LogWork};
 pub use server::{
-    Applied, RecoveredSession, ReplicationCounters, Server, ServerConfig, ServerCounters,
-    ServerEvent, Stager, REPLICATION_BYTES_MAX, REPLICATION_PENDING_MAX, REPLICA_SERVERS_MAX,
+    Applied, RecoveredSession, RecoveryReport, ReplicationCounters, Server, ServerConfig,
+    ServerCounters, ServerEvent, Stager, REPLICATION_BYTES_MAX, REPLICATION_PENDING_MAX,
+    REPLICA_SERVERS_MAX,
 };
 pub use server::{ForwardLogOpened, ForwardLogRecovery, FORWARD_RECORD_HEADER_LEN};
 pub use server::{ReadCounters, HELD_READS_MAX, READS_IN_FLIGHT_MAX, WAITS_FOR_ROOM};

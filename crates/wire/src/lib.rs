@@ -696,15 +696,54 @@ pub fn encode_fill_reply_payload(last: u32, held_from: u32) -> [u8; 8] {
     payload
 }
 
-/// Parse the payload of a [`PacketType::FillReply`]: `(last, held_from)`.
+/// `seen_ms` of a dated fill reply when the device has seen neither the range's last number
+/// nor a later one (or no longer remembers).
+pub const FILL_REPLY_UNSEEN: u32 = u32::MAX;
+
+/// Payload of a dated [`PacketType::FillReply`]: [`encode_fill_reply_payload`]'s two words,
+/// then `seen_ms`, how many milliseconds ago the device first saw `last` or a later number of
+/// the session (capped below [`FILL_REPLY_UNSEEN`], which says it saw none). Every number up
+/// to `last` was first sent by then, so its client's request lifetime is counted from that
+/// moment at the latest.
+pub fn encode_fill_reply_dated_payload(last: u32, held_from: u32, seen_ms: u32) -> [u8; 12] {
+    let mut payload = [0u8; 12];
+    payload[..8].copy_from_slice(&encode_fill_reply_payload(last, held_from));
+    payload[8..].copy_from_slice(&seen_ms.to_be_bytes());
+    payload
+}
+
+/// Parse the payload of a [`PacketType::FillReply`]: `(last, held_from)` (a dated reply's
+/// age is left out; see [`decode_fill_reply_dated_payload`]).
 pub fn decode_fill_reply_payload(payload: &[u8]) -> Result<(u32, u32), ParseError> {
-    match <[u8; 8]>::try_from(payload) {
-        Ok(words) => Ok((
-            u32::from_be_bytes([words[0], words[1], words[2], words[3]]),
-            u32::from_be_bytes([words[4], words[5], words[6], words[7]]),
-        )),
-        Err(_) if payload.len() < 8 => Err(ParseError::Truncated),
-        Err(_) => Err(ParseError::TrailingBytes),
+    decode_fill_reply_dated_payload(payload).map(|(last, held_from, _)| (last, held_from))
+}
+
+/// Parse the payload of a [`PacketType::FillReply`], undated (8 bytes: `None`) or dated (12
+/// bytes): `(last, held_from, seen_ms)`, `seen_ms` `None` when the device saw nothing above
+/// the range or did not say.
+pub fn decode_fill_reply_dated_payload(
+    payload: &[u8],
+) -> Result<(u32, u32, Option<u32>), ParseError> {
+    let word = |at: usize| {
+        u32::from_be_bytes([
+            payload[at],
+            payload[at + 1],
+            payload[at + 2],
+            payload[at + 3],
+        ])
+    };
+    match payload.len() {
+        0..=7 => Err(ParseError::Truncated),
+        8 => Ok((word(0), word(4), None)),
+        12 => {
+            let seen_ms = word(8);
+            Ok((
+                word(0),
+                word(4),
+                (seen_ms != FILL_REPLY_UNSEEN).then_some(seen_ms),
+            ))
+        }
+        _ => Err(ParseError::TrailingBytes),
     }
 }
 

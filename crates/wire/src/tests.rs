@@ -248,6 +248,30 @@ fn fill_payloads_round_trip() {
         decode_fill_reply_payload(&[0; 9]),
         Err(ParseError::TrailingBytes)
     );
+    // Dated: the age of the device's first sight of a number above the range.
+    let dated = encode_fill_reply_dated_payload(9, 4, 25_000);
+    assert_eq!(&dated[..8], &encode_fill_reply_payload(9, 4));
+    assert_eq!(dated[8..], [0x00, 0x00, 0x61, 0xa8]);
+    assert_eq!(
+        decode_fill_reply_dated_payload(&dated),
+        Ok((9, 4, Some(25_000)))
+    );
+    assert_eq!(decode_fill_reply_payload(&dated), Ok((9, 4)));
+    assert_eq!(
+        decode_fill_reply_dated_payload(&encode_fill_reply_dated_payload(9, 4, FILL_REPLY_UNSEEN)),
+        Ok((9, 4, None))
+    );
+    assert_eq!(
+        decode_fill_reply_dated_payload(&encode_fill_reply_payload(9, 4)),
+        Ok((9, 4, None))
+    );
+    for len in [9, 10, 11, 13] {
+        assert_eq!(
+            decode_fill_reply_dated_payload(&vec![0; len]),
+            Err(ParseError::TrailingBytes),
+            "{len} bytes"
+        );
+    }
     for reason in [
         NotLoggedReason::LogFull,
         NotLoggedReason::Collision,

@@ -4,6 +4,7 @@
 mod keyed;
 mod replay;
 mod rtt;
+mod seen;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -126,6 +127,9 @@ pub struct DeviceCounters {
     /// Fill queries answered; of those, how many found a request held whole.
     pub fill_queries: u64,
     pub fill_queries_held: u64,
+    /// Clients' no-op fills sent to a server again (it asked for a number whose client gave
+    /// up on it).
+    pub fills_resent: u64,
     /// Entries rebuilt from the log at start-up.
     pub entries_recovered: u64,
     pub dropped: DropCounts,
@@ -223,6 +227,8 @@ pub struct Device {
     keyed: keyed::KeyedOrder,
     /// How long each server takes to ack (the first resend timeout, `rtt.rs`).
     round_trips: rtt::RoundTrips,
+    /// When each session's numbers were first seen, and its client's no-op fills (`seen.rs`).
+    seen: seen::SeenSessions,
 }
 
 /// An update request as forwarded to the next device of a chain: flagged `REPLICATED` (the
@@ -269,6 +275,7 @@ impl Device {
             residency: LatencyHistogram::new(),
             keyed: keyed::KeyedOrder::default(),
             round_trips: rtt::RoundTrips::default(),
+            seen: seen::SeenSessions::new(config.sessions_max),
             config,
         };
         for entry in recovered {
@@ -311,6 +318,9 @@ impl Device {
             recovered.slot
         );
         let generation = self.take_generation();
+        // Logged before this start: first seen by now at the latest.
+        let key = recovered.key;
+        self.seen.note(key.server_id, key.session_id, key.seq, now);
         if let Some(client) = recovered.return_address {
             self.remember_client(recovered.key.session_id, client, 0);
         }
@@ -527,6 +537,7 @@ impl Device {
             }
             PacketType::BypassRequest => {
                 self.remember_client(header.session_id, from, datagram.len());
+                self.note_seen(now, header);
                 self.counters.bypass_forwarded += 1;
                 // A keyed bypass (a write whose reply the server gives, such as an INCR) is
                 // ordered among the key's writes like a logged one, though not logged.
@@ -564,7 +575,7 @@ impl Device {
             }
             PacketType::RetransmitRequest => self.on_retransmit_request(header, datagram),
             PacketType::RecoveryPoll => self.on_recovery_poll(now, server, header),
-            PacketType::FillQuery => self.on_fill_query(server, header, payload),
+            PacketType::FillQuery => self.on_fill_query(now, server, header, payload),
             PacketType::PmnetAck
             | PacketType::RecoveryDone
             | PacketType::FillReply
@@ -633,6 +644,7 @@ impl Device {
             return;
         }
         self.remember_client(header.session_id, client, datagram.len());
+        self.note_seen(now, header);
         // A keyed write gets its order written in before it is logged (and forwarded).
         let stamped = match self.keyed.stamp(header, datagram) {
             Ok(stamped) => stamped,

@@ -19,10 +19,44 @@ use crate::DropReason;
 use crate::Time;
 
 impl Device {
+    /// A request (or no-op fill) of the session passed through at `now` (see `seen.rs`).
+    pub(super) fn note_seen(&mut self, now: Time, header: &Header) {
+        if header.seq == 0 {
+            return;
+        }
+        if header.packet_type == PacketType::BypassRequest && header.has_flag(flags::NOOP_FILL) {
+            self.seen
+                .note_fill(header.server_id, header.session_id, header.seq, now);
+        } else {
+            self.seen
+                .note(header.server_id, header.session_id, header.seq, now);
+        }
+    }
+
+    /// Send the server again the no-op fill the session's client sent for `seq`.
+    fn resend_fill(&mut self, server: SocketAddr, server_id: u16, session_id: u64, seq: u32) {
+        self.counters.fills_resent += 1;
+        self.send(
+            server,
+            pmnet_wire::encode_noop_fill(server_id, session_id, seq),
+        );
+    }
+
     pub(super) fn on_retransmit_request(&mut self, header: &Header, datagram: &[u8]) {
         self.counters.retransmit_requests_received += 1;
         let server = self.servers[&header.server_id];
         let slots = self.slots_of(header.server_id, header.session_id, header.seq);
+        if slots.is_empty()
+            && !self
+                .seen
+                .fills_in(header.server_id, header.session_id, header.seq, header.seq)
+                .is_empty()
+        {
+            // Its client gave up on it and said so: its fill answers for it (the client may
+            // be gone, and the fill it sent may have found the server down).
+            self.resend_fill(server, header.server_id, header.session_id, header.seq);
+            return;
+        }
         let wanted: Vec<u32> = if header.has_flag(flags::ALL_FRAGMENTS) {
             slots
         } else {
@@ -185,13 +219,38 @@ impl Device {
     }
 
     /// The server will skip `seq ..= last` of the session unless this device holds one of
-    /// them whole: name the lowest such number (resending it), or `last + 1`.
-    pub(super) fn on_fill_query(&mut self, server: SocketAddr, header: &Header, payload: &[u8]) {
+    /// them whole: name the lowest such number (resending it), or `last + 1`, and say how
+    /// long ago this device first saw `last` or a later number of the session (the server's
+    /// proof, with every other device's answer, that the clients gave up on the range). The
+    /// client's no-op fills for numbers of the range this device holds nothing of are sent
+    /// again first.
+    pub(super) fn on_fill_query(
+        &mut self,
+        now: Time,
+        server: SocketAddr,
+        header: &Header,
+        payload: &[u8],
+    ) {
         let Ok(last) = pmnet_wire::decode_fill_query_payload(payload) else {
             self.count_drop(DropReason::BadPayload);
             return;
         };
         self.counters.fill_queries += 1;
+        let (server_id, session_id) = (header.server_id, header.session_id);
+        for seq in self.seen.fills_in(server_id, session_id, header.seq, last) {
+            if self.slots_of(server_id, session_id, seq).is_empty() {
+                self.resend_fill(server, server_id, session_id, seq);
+            }
+        }
+        let seen_ms = self
+            .seen
+            .first_seen_through(server_id, session_id, last)
+            .map_or(pmnet_wire::FILL_REPLY_UNSEEN, |seen| {
+                let millis = now.saturating_duration_since(seen).as_millis();
+                u32::try_from(millis)
+                    .unwrap_or(u32::MAX)
+                    .min(pmnet_wire::FILL_REPLY_UNSEEN - 1)
+            });
         let held_from =
             self.lowest_held_whole(header.server_id, header.session_id, header.seq, last);
         let answer = match held_from {
@@ -215,7 +274,9 @@ impl Device {
         reply.device_id = self.config.device_id;
         self.send(
             server,
-            reply.encode(&pmnet_wire::encode_fill_reply_payload(last, answer)),
+            reply.encode(&pmnet_wire::encode_fill_reply_dated_payload(
+                last, answer, seen_ms,
+            )),
         );
     }
 

@@ -45,8 +45,8 @@ pub struct Applied {
     pub commits: u64,
     /// Requests handed back for lack of room.
     pub deferred: u64,
-    /// Recovery completions seen, with the entries the devices said they resent.
-    pub recoveries_complete: Vec<u64>,
+    /// Recoveries completed (see [`super::ServerEvent::RecoveryComplete`]).
+    pub recoveries_complete: Vec<super::RecoveryReport>,
     /// Cache reads answered.
     pub reads: u64,
 }
@@ -97,8 +97,8 @@ impl Server {
                         self.on_deferred(now, session_id, seq, kind, request);
                     }
                 },
-                ServerEvent::RecoveryComplete { entries_resent } => {
-                    outcome.recoveries_complete.push(entries_resent);
+                ServerEvent::RecoveryComplete(report) => {
+                    outcome.recoveries_complete.push(report);
                 }
                 ServerEvent::Read {
                     session_id,

@@ -140,8 +140,13 @@ pub enum ServerEvent {
         kind: RequestKind,
         request: Vec<u8>,
     },
-    /// Every device answered the recovery poll; `entries_resent` is what they said they resent.
-    RecoveryComplete { entries_resent: u64 },
+    /// The recovery after a start is over: every device answered the recovery poll (and
+    /// said it resends `entries_resent` logged entries), at least that many requests came
+    /// from the devices since, and no session waits for anything any more — every request
+    /// received is applied and every gap resolved (`numbers_skipped` sequence numbers
+    /// skipped that no device held and no client could send any more), `took` after the
+    /// last device answered.
+    RecoveryComplete(RecoveryReport),
     /// Answer cache read `id` of `session_id` (a GET of the application, unsequenced: record
     /// nothing) on what is applied, then report [`Server::on_read_reply`].
     Read {
@@ -154,6 +159,21 @@ pub enum ServerEvent {
     /// write it must see is acknowledged, but the store has no room for it yet.
     ReadWaitsForRoom { session_id: u64, id: u32 },
 }
+
+/// How a recovery went (see [`ServerEvent::RecoveryComplete`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Logged entries the devices said they resend.
+    pub entries_resent: u64,
+    /// Sequence numbers skipped from the last device's answer to the end.
+    pub numbers_skipped: u64,
+    /// From the last device's answer to the end.
+    pub took: Duration,
+}
+
+/// How often a server that has heard from every device checks whether the resent entries are
+/// all applied.
+const DRAIN_CHECK_INTERVAL: Duration = Duration::from_millis(10);
 
 /// Why a read is answered with an error instead of a value: the write it must see was
 /// acknowledged (it is durable in a device's log) but the server's store is full.
@@ -208,12 +228,26 @@ pub struct ServerCounters {
     pub dropped: DropCounts,
 }
 
+/// Every device answered the recovery poll; what they resend is still coming in.
+#[derive(Debug)]
+struct Draining {
+    entries_resent: u64,
+    /// Request fragments received from devices since.
+    received: u64,
+    since: Time,
+    skipped_before: u64,
+    next_check: Time,
+}
+
 #[derive(Debug)]
 struct Recovery {
     awaiting: BTreeSet<SocketAddr>,
     poll_seq: u32,
     next_poll: Time,
     entries_resent: u64,
+    /// Request fragments received from devices so far (a device that answered replays at
+    /// once).
+    received: u64,
 }
 
 /// The PMNet server state machine.
@@ -224,6 +258,7 @@ pub struct Server {
     gap_timers: BTreeSet<(Time, u64)>,
     defer_timers: BTreeSet<(Time, u64)>,
     recovery: Option<Recovery>,
+    draining: Option<Draining>,
     transmits: VecDeque<Transmit>,
     /// Packs what a turn sends each peer that sends batches (see `batch.rs`).
     batcher: crate::Batcher,
@@ -233,6 +268,8 @@ pub struct Server {
     auth_warnings: crate::AuthWarnings,
     /// Requests that became whole so far (see `Assembly::completed`).
     requests_completed: u64,
+    /// Skips logged (rate-limited, see `gap.rs`).
+    skip_notes: gap::SkipNotes,
     /// Sessions whose next request is a keyed write that waits: (the session it waits for,
     /// the number, the waiting session). See `order.rs`.
     order_waiters: BTreeSet<(u64, u32, u64)>,
@@ -317,11 +354,13 @@ impl Server {
             gap_timers: BTreeSet::new(),
             defer_timers: BTreeSet::new(),
             recovery: None,
+            draining: None,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: ServerCounters::default(),
             auth_warnings: crate::AuthWarnings::default(),
             requests_completed: 0,
+            skip_notes: gap::SkipNotes::default(),
             order_waiters: BTreeSet::new(),
             order_timers: BTreeSet::new(),
             reads: reads::Reads::default(),
@@ -336,6 +375,7 @@ impl Server {
                 poll_seq: 1,
                 next_poll: now,
                 entries_resent: 0,
+                received: 0,
             });
             server.send_recovery_polls(now);
         }
@@ -847,11 +887,58 @@ impl Server {
         if !recovery.awaiting.is_empty() {
             return;
         }
-        let entries_resent = recovery.entries_resent;
+        let (entries_resent, received) = (recovery.entries_resent, recovery.received);
         self.recovery = None;
-        self.events
-            .push_back(ServerEvent::RecoveryComplete { entries_resent });
+        self.draining = Some(Draining {
+            entries_resent,
+            received,
+            since: now,
+            skipped_before: self.counters.sequence_numbers_skipped,
+            next_check: now,
+        });
         self.issue_in_arrival_order(now);
+    }
+
+    /// Whether the server still says its recovery is under way (every device answered, and
+    /// what they resend is not all applied yet).
+    pub fn is_draining(&self) -> bool {
+        self.draining.is_some()
+    }
+
+    /// A request fragment from `from` arrived (counted towards the resent entries while
+    /// draining).
+    pub(super) fn note_received(&mut self, from: SocketAddr) {
+        if (self.draining.is_none() && self.recovery.is_none()) || !self.is_device(from) {
+            return;
+        }
+        if let Some(recovery) = self.recovery.as_mut() {
+            recovery.received += 1;
+        }
+        if let Some(draining) = self.draining.as_mut() {
+            draining.received += 1;
+        }
+    }
+
+    /// Say the recovery is complete once the devices sent at least as many requests as they
+    /// resend and no session waits for anything (checked every [`DRAIN_CHECK_INTERVAL`]).
+    fn check_drained(&mut self, now: Time) {
+        let Some(draining) = self.draining.as_mut() else {
+            return;
+        };
+        if draining.next_check > now {
+            return;
+        }
+        draining.next_check = now + DRAIN_CHECK_INTERVAL;
+        if draining.received < draining.entries_resent || self.busy_session_count() > 0 {
+            return;
+        }
+        let draining = self.draining.take().expect("checked above");
+        self.events
+            .push_back(ServerEvent::RecoveryComplete(RecoveryReport {
+                entries_resent: draining.entries_resent,
+                numbers_skipped: self.counters.sequence_numbers_skipped - draining.skipped_before,
+                took: now.saturating_duration_since(draining.since),
+            }));
     }
 
     /// Hand on every request waiting to go, in the order the requests became whole.
@@ -922,6 +1009,8 @@ impl Server {
             self.on_order_timeout(now, session_id, deadline);
         }
         self.resend_forwards(now);
+        self.skip_notes.flush(now);
+        self.check_drained(now);
     }
 
     /// The next datagram to send, if any. Poll until `None` after every call that changes state.
@@ -956,7 +1045,9 @@ impl Server {
         let poll = self.recovery.as_ref().map(|recovery| recovery.next_poll);
         let order = self.order_timers.first().map(|(deadline, _)| *deadline);
         let forwards = self.next_forward_resend();
+        let drained = self.draining.as_ref().map(|draining| draining.next_check);
         gap.into_iter()
+            .chain(drained)
             .chain(defer)
             .chain(poll)
             .chain(order)

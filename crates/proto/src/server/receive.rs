@@ -19,6 +19,7 @@ impl Server {
         payload: &[u8],
     ) {
         self.counters.request_fragments_received += 1;
+        self.note_received(from);
         let fill = header.has_flag(flags::NOOP_FILL);
         if fill {
             self.counters.noop_fills_received += 1;

@@ -91,18 +91,21 @@ pub(super) enum CachedReply {
 /// A gap in a session's sequence: something later arrived, the next request did not.
 #[derive(Debug)]
 pub(super) struct Gap {
-    /// When the gap began, or the session last made progress: the client's first
-    /// transmission of the missing request came before this.
-    pub(super) since: Time,
+    /// When the missing number's client has given up on it for sure (and nothing of it is
+    /// still in flight): a lifetime and a margin (`gap_fill_after`) after a later number was
+    /// first seen, here or by a device, or after the gap began.
+    pub(super) fill_at: Time,
     /// `issued_through` when the gap began; progress resets the gap.
     pub(super) at: u32,
     pub(super) deadline: Time,
     /// The current interval between retransmission requests (doubles to a maximum).
     pub(super) interval: Duration,
-    pub(super) fill: Option<Fill>,
+    /// The devices were asked about this gap (what they hold, when they saw it) already.
+    pub(super) asked: bool,
 }
 
-/// A skip in progress: the devices asked whether they hold any of `first ..= last`.
+/// A fill round in progress: the devices asked whether they hold any of `first ..= last`
+/// whole, and since when they know of a later number.
 #[derive(Debug)]
 pub(super) struct Fill {
     pub(super) first: u32,
@@ -110,6 +113,9 @@ pub(super) struct Fill {
     pub(super) awaiting: BTreeSet<SocketAddr>,
     /// The lowest number some device holds whole, so far (`last + 1` if none).
     pub(super) held_from: u64,
+    /// When the round was first sent: every answer describes the device at that moment or
+    /// later.
+    pub(super) sent_at: Time,
 }
 
 /// Updates the application could not store yet (no room): retried after `retry_at`.
@@ -144,6 +150,14 @@ pub(super) struct Session {
     /// Bytes received from `reply_to` not yet spent on unsolicited messages to it.
     pub(super) credit_bytes: u32,
     pub(super) gap: Option<Gap>,
+    /// Fill rounds in progress, one per missing range (at most `FILL_RANGES_MAX`).
+    pub(super) fills: Vec<Fill>,
+    /// Ranges ahead that no device holds whole and no client can send any more, ascending:
+    /// skipped as soon as the session reaches them.
+    pub(super) resolved: VecDeque<(u32, u32)>,
+    /// Devices' dates: `(bound, deadline)`, every number below `bound` given up by its
+    /// client, with nothing of it in flight, by `deadline`; ascending in both.
+    pub(super) dated: Vec<(u32, Time)>,
     pub(super) deferral: Option<Deferral>,
     /// The store had no room for the session's next request (deferred), and nothing of the
     /// session has been applied since: reads that must see it are answered with
@@ -165,6 +179,10 @@ pub(super) struct Session {
 
 /// Seen points a session keeps (see `Session::seen_points`).
 pub(super) const SEEN_POINTS_MAX: usize = 16;
+/// Devices' dates a session keeps (see `Session::dated`).
+const DATED_MAX: usize = 8;
+/// Resolved ranges a session keeps (see `Session::resolved`).
+const RESOLVED_MAX: usize = 64;
 
 impl Session {
     /// Number `seq` of this session was seen at `now`.
@@ -218,6 +236,89 @@ impl Session {
             .rev()
             .find(|(_, at)| now.saturating_duration_since(*at) >= lifetime)
             .map(|(seen, _)| seen - 1)
+    }
+
+    /// A device dated every number below `bound`: given up for sure by `deadline`.
+    pub(super) fn note_dated(&mut self, bound: u32, deadline: Time) {
+        let applied = self.last_applied.saturating_add(1);
+        self.dated.retain(|&(seen, _)| seen > applied);
+        if bound <= applied
+            || self
+                .dated
+                .iter()
+                .any(|&(seen, at)| seen >= bound && at <= deadline)
+        {
+            return;
+        }
+        self.dated
+            .retain(|&(seen, at)| !(seen <= bound && at >= deadline));
+        if self.dated.len() >= DATED_MAX {
+            // The lowest numbers are reached first; a date lost only makes a skip later.
+            self.dated.remove(0);
+        }
+        let at = self.dated.partition_point(|&(seen, _)| seen < bound);
+        self.dated.insert(at, (bound, deadline));
+    }
+
+    /// When the client of `seq` has given up on it for sure, with nothing of it in flight:
+    /// `fill_after` after this server first saw a later number, or a device's date.
+    pub(super) fn given_up_at(&self, seq: u32, fill_after: Duration) -> Option<Time> {
+        let own = self.first_seen_above(seq).map(|seen| seen + fill_after);
+        let dated = self
+            .dated
+            .iter()
+            .find(|(bound, _)| *bound > seq)
+            .map(|(_, at)| *at);
+        own.into_iter().chain(dated).min()
+    }
+
+    /// The highest number given up for sure by `now` ([`Session::given_up_through`] with
+    /// the devices' dates).
+    pub(super) fn given_up_by(&self, now: Time, fill_after: Duration) -> Option<u32> {
+        let own = self.given_up_through(now, fill_after);
+        let dated = self
+            .dated
+            .iter()
+            .rev()
+            .find(|(_, at)| *at <= now)
+            .map(|(bound, _)| bound - 1);
+        own.max(dated)
+    }
+
+    /// Remember that `first ..= last` can be skipped once reached.
+    pub(super) fn add_resolved(&mut self, first: u32, last: u32) {
+        let next = self.issued_through.saturating_add(1);
+        while self.resolved.front().is_some_and(|&(_, end)| end < next) {
+            self.resolved.pop_front();
+        }
+        if last < next || self.resolved.len() >= RESOLVED_MAX {
+            return;
+        }
+        let at = self.resolved.partition_point(|&(start, _)| start < first);
+        self.resolved.insert(at, (first, last));
+    }
+
+    /// The last number to skip now, if the next number is in a resolved range: through the
+    /// range's end, or to just before a whole request that came since.
+    pub(super) fn resolved_through(&mut self) -> Option<u32> {
+        let next = self.issued_through.checked_add(1)?;
+        while self.resolved.front().is_some_and(|&(_, end)| end < next) {
+            self.resolved.pop_front();
+        }
+        let &(start, end) = self.resolved.front()?;
+        if start > next {
+            return None;
+        }
+        let whole = self
+            .pending
+            .range(next..=end)
+            .find(|(_, assembly)| assembly.is_complete())
+            .map(|(&seq, _)| seq);
+        match whole {
+            Some(seq) if seq == next => None,
+            Some(seq) => Some(seq - 1),
+            None => Some(end),
+        }
     }
 
     pub(super) fn is_idle(&self) -> bool {

@@ -210,12 +210,17 @@ impl Adaptor {
                     self.server
                         .on_read_reply_with(session_id, id, &reply, false);
                 }
-                ServerEvent::RecoveryComplete { entries_resent } => {
+                ServerEvent::RecoveryComplete(report) => {
                     self.counters.recoveries_completed += 1;
-                    self.counters.recovery_entries_resent += entries_resent;
+                    self.counters.recovery_entries_resent += report.entries_resent;
                     tracing::info!(
-                        "recovery complete: every device answered; {entries_resent} logged \
-                         requests were resent and are applied in order"
+                        "recovery complete: every device answered; {} logged requests were \
+                         resent, and every request received is applied ({} sequence numbers \
+                         skipped that no device held and no client could send any more) {:.1} \
+                         ms after the last device answered",
+                        report.entries_resent,
+                        report.numbers_skipped,
+                        report.took.as_secs_f64() * 1e3
                     );
                 }
             }

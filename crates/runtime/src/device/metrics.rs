@@ -464,13 +464,18 @@ fn notice_and_drop_metrics(out: &mut Metrics, port: &str, pipeline: &DevicePipel
         ),
         (
             "pmnet_device_fill_queries_total",
-            "Fill queries answered for servers about to skip a gap.",
+            "Fill queries answered for servers resolving a gap.",
             counters.fill_queries,
         ),
         (
             "pmnet_device_fill_queries_held_total",
             "Fill queries that found a request held whole (resent; the server skips nothing).",
             counters.fill_queries_held,
+        ),
+        (
+            "pmnet_device_fills_resent_total",
+            "Clients' no-op fills sent to their server again when it asked for their numbers.",
+            counters.fills_resent,
         ),
     ] {
         out.counter(name, help, &labels, value);

@@ -419,6 +419,13 @@ impl ServerRuntime {
                 0.0
             },
         );
+        out.gauge(
+            "pmnet_server_recovery_draining",
+            "1 once every device answered the recovery poll and until what they resent is all \
+             applied and no session waits (the \"recovery complete\" line).",
+            &[],
+            if self.server.is_draining() { 1.0 } else { 0.0 },
+        );
     }
 
     /// The emulated capacity, when the server has one.

@@ -422,12 +422,17 @@ impl ServerRuntime {
                 scratch: &mut self.slot_scratch,
             };
             let applied = self.server.apply_ready(self.clock.now(), &mut stager);
-            for entries_resent in &applied.recoveries_complete {
+            for report in &applied.recoveries_complete {
                 self.counters.recoveries_completed += 1;
-                self.counters.recovery_entries_resent += entries_resent;
+                self.counters.recovery_entries_resent += report.entries_resent;
                 tracing::info!(
-                    "recovery complete: every device answered; {entries_resent} logged \
-                     entries were resent and are applied in order"
+                    "recovery complete: every device answered; {} logged entries were resent, \
+                     and every request received is applied ({} sequence numbers skipped that \
+                     no device held and no client could send any more) {:.1} ms after the last \
+                     device answered",
+                    report.entries_resent,
+                    report.numbers_skipped,
+                    report.took.as_secs_f64() * 1e3
                 );
             }
             let mut progressed = !applied.is_empty();

@@ -113,9 +113,11 @@ impl World {
         };
         let outcome = node.server.apply_ready(now, &mut stager);
         let mut applied = stager.notes;
-        for entries_resent in &outcome.recoveries_complete {
+        for report in &outcome.recoveries_complete {
             applied.push(format!(
-                "recovery complete: {entries_resent} logged entries resent"
+                "recovery complete: {} logged entries resent, all applied ({} numbers skipped) \
+                 {:?} after the last device answered",
+                report.entries_resent, report.numbers_skipped, report.took
             ));
         }
         progressed |= !outcome.is_empty();

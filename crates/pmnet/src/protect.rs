@@ -18,11 +18,18 @@ pub enum Listener {
 }
 
 impl Listener {
-    /// Whether only this host can reach it.
+    /// Whether only this host can reach it. An interface that does not exist exposes
+    /// nothing (the runtime refuses it, naming it); one is looked up in /sys/class/net.
     fn is_loopback(&self) -> bool {
         match self {
             Listener::Addr(_, addr) => pmnet_proto::is_loopback(*addr),
-            Listener::Interface(_, name) => name == "lo",
+            Listener::Interface(_, name) => {
+                let interfaces = std::path::Path::new("/sys/class/net");
+                name == "lo"
+                    || (interfaces.is_dir()
+                        && !name.contains('/')
+                        && !interfaces.join(name).exists())
+            }
         }
     }
 
@@ -111,14 +118,30 @@ mod tests {
             check("device", &[addr(exposed)], true, false).unwrap();
             check("device", &[addr(exposed)], false, true).unwrap();
         }
-        let error = check(
+        // An interface other hosts reach (whichever this host has), and one it has not.
+        let exposed = std::fs::read_dir("/sys/class/net")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .find(|name| name != "lo");
+        if let Some(name) = exposed {
+            let error = check(
+                "device",
+                &[Listener::Interface("--xdp", name.clone())],
+                false,
+                false,
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(error.contains(&format!("--xdp {name}")), "{error}");
+        }
+        check(
             "device",
-            &[Listener::Interface("--xdp", "eth0".into())],
+            &[Listener::Interface("--xdp", "nosuch0".into())],
             false,
             false,
         )
-        .unwrap_err()
-        .to_string();
-        assert!(error.contains("--xdp eth0"), "{error}");
+        .unwrap();
     }
 }

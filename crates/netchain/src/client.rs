@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use pmnet_proto::{Time, Transmit};
+use pmnet_proto::{AuthWarnings, Authenticator, CountDrop, DropCounts, DropReason, Time, Transmit};
 use pmnet_wire::netchain::control::{Fetch, Layout, CHAIN_CONFIG, CHAIN_FETCH};
 use pmnet_wire::netchain::{Op, Reply, Request, Status, CHAIN_REPLY, CHAIN_REQUEST, RETRANSMITTED};
 use pmnet_wire::{Header, PacketType};
@@ -44,6 +44,9 @@ pub struct ClientConfig {
     pub controller: Option<SocketAddr>,
     /// Where reads go (default: any member).
     pub reads: ReadFrom,
+    /// Seal every datagram sent and accept only datagrams that verify (the members and the
+    /// controller hold the same deployment keys); `None`: no authentication.
+    pub auth: Option<Authenticator>,
 }
 
 impl ClientConfig {
@@ -57,6 +60,7 @@ impl ClientConfig {
             request_lifetime: Duration::from_secs(10),
             controller: None,
             reads: ReadFrom::AnyMember,
+            auth: None,
         }
     }
 
@@ -131,6 +135,10 @@ pub struct ChainClient {
     outcomes: VecDeque<(u32, Outcome)>,
     /// The controller's configuration epoch the chains come from (0: none, or static).
     epoch: u64,
+    /// Datagrams that failed authentication, by reason.
+    drops: DropCounts,
+    /// Warnings of datagrams that failed authentication (rate-limited).
+    auth_warnings: AuthWarnings,
 }
 
 impl ChainClient {
@@ -147,6 +155,33 @@ impl ChainClient {
             pending: None,
             transmits: VecDeque::new(),
             outcomes: VecDeque::new(),
+            drops: DropCounts::default(),
+            auth_warnings: AuthWarnings::default(),
+        }
+    }
+
+    /// Datagrams dropped for failing authentication, by reason.
+    pub fn drops(&self) -> &DropCounts {
+        &self.drops
+    }
+
+    /// `datagram` once verified (with keys configured): `None`, counted by reason and warned
+    /// of (when the sender is known), if it does not verify.
+    fn verified<'a>(
+        &mut self,
+        sender: Option<(Time, SocketAddr)>,
+        datagram: &'a [u8],
+    ) -> Option<std::borrow::Cow<'a, [u8]>> {
+        match self.config.auth.as_mut().map(|auth| auth.verify(datagram)) {
+            None => Some(std::borrow::Cow::Borrowed(datagram)),
+            Some(Ok(inner)) => Some(inner),
+            Some(Err(error)) => {
+                if let Some((now, from)) = sender {
+                    self.auth_warnings.failed(now, "chain client", from, error);
+                }
+                self.drops.record(DropReason::Auth(error));
+                None
+            }
         }
     }
 
@@ -274,7 +309,10 @@ impl ChainClient {
     /// request in flight sent at once where it now goes), or what [`ChainClient::handle`]
     /// takes. Never panics on its contents.
     pub fn handle_from(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
-        let Ok((header, payload)) = Header::parse(datagram) else {
+        let Some(datagram) = self.verified(Some((now, from)), datagram) else {
+            return;
+        };
+        let Ok((header, payload)) = Header::parse(&datagram) else {
             return;
         };
         if header.packet_type == PacketType::Reserved(CHAIN_CONFIG) {
@@ -312,7 +350,10 @@ impl ChainClient {
     /// ignored. Never panics on its contents. (With a controller, use
     /// [`ChainClient::handle_from`], which takes configurations too.)
     pub fn handle(&mut self, datagram: &[u8]) {
-        if let Ok((header, payload)) = Header::parse(datagram) {
+        let Some(datagram) = self.verified(None, datagram) else {
+            return;
+        };
+        if let Ok((header, payload)) = Header::parse(&datagram) {
             self.take_reply(&header, payload);
         }
     }
@@ -384,8 +425,13 @@ impl ChainClient {
         }
     }
 
+    /// The next datagram to send, sealed when keys are configured.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.transmits.pop_front()
+        let mut transmit = self.transmits.pop_front()?;
+        if let Some(auth) = self.config.auth.as_mut() {
+            auth.seal(&mut transmit.bytes);
+        }
+        Some(transmit)
     }
 
     /// The next finished request: its number and outcome.

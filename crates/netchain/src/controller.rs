@@ -17,7 +17,10 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use pmnet_proto::{Time, Transmit};
+use pmnet_proto::{
+    AuthWarnings, Authenticator, CountDrop, DropCounts, DropReason, PlainTrafficWarnings, Time,
+    Transmit,
+};
 use pmnet_wire::netchain::control::Grant;
 use pmnet_wire::netchain::control::{
     Fetch, GroupLayout, Joining, Layout, MemberStatus, Phase, ReportKind, CHAIN_CONFIG,
@@ -39,6 +42,9 @@ pub struct ControllerConfig {
     pub lease: Duration,
     /// Configurations sent to clients that ask, per second at most.
     pub fetches_per_second: u32,
+    /// Seal every datagram sent and accept only datagrams that verify (the members and
+    /// clients hold the same deployment keys); `None`: no authentication.
+    pub auth: Option<Authenticator>,
 }
 
 impl Default for ControllerConfig {
@@ -49,6 +55,7 @@ impl Default for ControllerConfig {
             suspect_after: Duration::from_millis(30),
             lease: Duration::from_millis(30),
             fetches_per_second: 2_000,
+            auth: None,
         }
     }
 }
@@ -66,7 +73,8 @@ pub struct ControllerCounters {
     pub recoveries_started: u64,
     pub recoveries_done: u64,
     pub recoveries_aborted: u64,
-    /// Datagrams dropped: unparsable, or a status from an address that is no member.
+    /// Datagrams dropped: failed authentication, unparsable, or a status from an address that
+    /// is no member ([`Controller::drops`] has them by reason).
     pub dropped: u64,
 }
 
@@ -105,6 +113,12 @@ pub struct Controller {
     fetch_tokens: f64,
     fetch_refill: Time,
     counters: ControllerCounters,
+    /// Datagrams dropped, by reason (the drop vocabulary of `pmnet-proto`).
+    drops: DropCounts,
+    /// Warnings of datagrams that failed authentication (rate-limited).
+    auth_warnings: AuthWarnings,
+    /// Without keys, and asked to: warnings of datagrams from other hosts (rate-limited).
+    plain_warnings: Option<PlainTrafficWarnings>,
 }
 
 /// Why a controller's state could not be used.
@@ -272,6 +286,9 @@ impl Controller {
             fetch_tokens: 0.0,
             fetch_refill: now,
             counters: ControllerCounters::default(),
+            drops: DropCounts::default(),
+            auth_warnings: AuthWarnings::default(),
+            plain_warnings: None,
         };
         if changed {
             controller.bump();
@@ -288,13 +305,41 @@ impl Controller {
         &self.counters
     }
 
+    /// Datagrams dropped, by reason (`unauthenticated`, `bad_tag`, … with keys configured).
+    pub fn drops(&self) -> &DropCounts {
+        &self.drops
+    }
+
+    /// Whether datagrams are authenticated.
+    pub fn is_authenticated(&self) -> bool {
+        self.config.auth.is_some()
+    }
+
+    /// Without keys: warn, at most once a minute, of unauthenticated datagrams from peers off
+    /// this host (a controller started with `--insecure` on an address others reach).
+    pub fn warn_of_plain_traffic(&mut self) {
+        if self.config.auth.is_none() {
+            self.plain_warnings = Some(PlainTrafficWarnings::default());
+        }
+    }
+
+    fn count_drop(&mut self, reason: DropReason) {
+        self.counters.dropped += 1;
+        self.drops.record(reason);
+    }
+
     /// The state to save before sending what this step produced.
     pub fn poll_save(&mut self) -> Option<Layout> {
         self.save.take()
     }
 
+    /// The next datagram to send, sealed when keys are configured.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.transmits.pop_front()
+        let mut transmit = self.transmits.pop_front()?;
+        if let Some(auth) = self.config.auth.as_mut() {
+            auth.seal(&mut transmit.bytes);
+        }
+        Some(transmit)
     }
 
     /// When [`Controller::handle_timeout`] is next due.
@@ -326,26 +371,49 @@ impl Controller {
         }
     }
 
-    /// A datagram for the controller (the caller parsed the header). Never panics on its
+    /// A datagram from the network: verified first (with keys configured; one that fails is
+    /// counted by reason and dropped, never answered), then parsed. Never panics on its
     /// contents.
-    pub fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) {
+    pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
+        let verified = match self.config.auth.as_mut().map(|auth| auth.verify(datagram)) {
+            None => {
+                if let Some(warnings) = self.plain_warnings.as_mut() {
+                    warnings.received(now, "chain controller", from);
+                }
+                std::borrow::Cow::Borrowed(datagram)
+            }
+            Some(Ok(inner)) => inner,
+            Some(Err(error)) => {
+                self.auth_warnings
+                    .failed(now, "chain controller", from, error);
+                self.count_drop(DropReason::Auth(error));
+                return;
+            }
+        };
+        let (header, payload) = match Header::parse(&verified) {
+            Ok(parsed) => parsed,
+            Err(error) => {
+                self.count_drop(DropReason::Parse(error));
+                return;
+            }
+        };
         match header.packet_type {
             PacketType::Reserved(CHAIN_STATUS) => match MemberStatus::parse(payload) {
                 Ok(status) => self.on_status(now, from, status),
-                Err(_) => self.counters.dropped += 1,
+                Err(_) => self.count_drop(DropReason::BadPayload),
             },
             PacketType::Reserved(CHAIN_FETCH) => match Fetch::parse(payload) {
                 Ok(fetch) => self.on_fetch(now, from, fetch),
-                Err(_) => self.counters.dropped += 1,
+                Err(_) => self.count_drop(DropReason::BadPayload),
             },
-            _ => self.counters.dropped += 1,
+            _ => self.count_drop(DropReason::UnexpectedType),
         }
         self.advance(now);
     }
 
     fn on_status(&mut self, now: Time, from: SocketAddr, status: MemberStatus) {
         let Some(index) = self.layout.index_of(from) else {
-            self.counters.dropped += 1;
+            self.count_drop(DropReason::UnexpectedSource);
             return;
         };
         self.counters.statuses += 1;

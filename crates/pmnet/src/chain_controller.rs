@@ -16,15 +16,16 @@ use pmnet_netchain::{decode_state, encode_state, Controller, ControllerConfig};
 use pmnet_proto::Time;
 use pmnet_runtime::Shutdown;
 use pmnet_wire::netchain::control::Layout;
-use pmnet_wire::Header;
 
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
 #[command(
-    after_long_help = "Example (three members and a spare, docs/netchain.md):\n  \
-    pmnet chain-controller --listen 10.0.0.20:7700 --member 10.0.0.21:7400 \
-    --member 10.0.0.22:7400 --member 10.0.0.23:7400 --member 10.0.0.24:7400"
+    after_long_help = "Example (three members and a spare, docs/netchain.md; every member \
+    and client with the same --key-file):\n  \
+    pmnet chain-controller --listen 10.0.0.20:7700 --key-file pmnet.key \
+    --member 10.0.0.21:7400 --member 10.0.0.22:7400 --member 10.0.0.23:7400 \
+    --member 10.0.0.24:7400"
 )]
 pub struct ChainControllerArgs {
     /// Address the members and clients reach the controller at.
@@ -66,13 +67,34 @@ pub struct ChainControllerArgs {
     #[arg(long, value_name = "MS", default_value_t = 30,
           value_parser = clap::value_parser!(u64).range(5..=60_000))]
     pub lease_ms: u64,
+
+    /// Authenticate every datagram with the deployment keys in this file (mode 0600; make one
+    /// with `pmnet keygen`): the members and clients hold the same. Without it traffic is not
+    /// authenticated, and only a loopback --listen is allowed (see --insecure).
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+
+    /// Listen on an address other hosts reach without --key-file: anyone who reaches the
+    /// controller could then change the chains. Without it such a controller refuses to start
+    /// (protected mode, docs/security.md).
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 pub fn run(args: ChainControllerArgs) -> Result<ExitCode, CliError> {
+    let keys = crate::node::keys_of(args.key_file.as_deref())?;
+    crate::protect::check(
+        "chain-controller",
+        &[crate::protect::Listener::Addr("--listen", args.listen)],
+        keys.is_some(),
+        args.insecure,
+    )?;
+    let traffic = pmnet_runtime::auth_text(keys.as_ref());
     let config = ControllerConfig {
         chain_length: usize::from(args.chain_length),
         suspect_after: Duration::from_millis(args.suspect_after_ms),
         lease: Duration::from_millis(args.lease_ms),
+        auth: keys.map(pmnet_proto::Authenticator::new),
         ..ControllerConfig::default()
     };
     let started = Instant::now();
@@ -109,6 +131,8 @@ pub fn run(args: ChainControllerArgs) -> Result<ExitCode, CliError> {
         Controller::new(config, &args.members, args.groups, now())
             .map_err(|error| format!("chain-controller: {error}"))?
     };
+    // Without keys: say so, at most once a minute, while other hosts send to it.
+    controller.warn_of_plain_traffic();
     let socket = UdpSocket::bind(args.listen)
         .map_err(|error| format!("chain-controller: binding {}: {error}", args.listen))?;
     socket.set_read_timeout(Some(Duration::from_millis(1)))?;
@@ -125,16 +149,13 @@ pub fn run(args: ChainControllerArgs) -> Result<ExitCode, CliError> {
         args.lease_ms,
         args.state.display()
     );
+    println!("  traffic: {traffic}");
     describe(controller.layout());
     let mut buffer = vec![0u8; 65_536];
     let mut last_epoch = 0;
     while !shutdown.is_requested() {
         match socket.recv_from(&mut buffer) {
-            Ok((len, from)) => {
-                if let Ok((header, payload)) = Header::parse(&buffer[..len]) {
-                    controller.handle(now(), from, &header, payload);
-                }
-            }
+            Ok((len, from)) => controller.handle(now(), from, &buffer[..len]),
             Err(error)
                 if matches!(
                     error.kind(),
@@ -159,9 +180,14 @@ pub fn run(args: ChainControllerArgs) -> Result<ExitCode, CliError> {
         }
     }
     let counters = controller.counters();
+    let drops: Vec<String> = controller
+        .drops()
+        .iter()
+        .map(|(reason, count)| format!("{reason} {count}"))
+        .collect();
     eprintln!(
         "chain-controller: stopped at epoch {}; {} statuses, {} grants, {} configurations \
-         sent, {} members taken out, {} recoveries done ({} aborted), {} dropped",
+         sent, {} members taken out, {} recoveries done ({} aborted), {} dropped{}",
         controller.layout().epoch,
         counters.statuses,
         counters.grants,
@@ -169,7 +195,12 @@ pub fn run(args: ChainControllerArgs) -> Result<ExitCode, CliError> {
         counters.removed,
         counters.recoveries_done,
         counters.recoveries_aborted,
-        counters.dropped
+        counters.dropped,
+        if drops.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", drops.join(", "))
+        }
     );
     Ok(ExitCode::SUCCESS)
 }

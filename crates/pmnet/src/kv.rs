@@ -35,6 +35,12 @@ pub struct KvArgs {
           value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub timeout_ms: u64,
 
+    /// Authenticate every datagram with the deployment keys in this file (mode 0600; the
+    /// members' and the controller's --key-file). Without it nothing is authenticated, and
+    /// members with keys drop every request.
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<std::path::PathBuf>,
+
     #[command(subcommand)]
     pub op: KvOp,
 }
@@ -86,6 +92,8 @@ impl Session {
             ),
         };
         config.request_lifetime = Duration::from_millis(args.timeout_ms);
+        config.auth =
+            crate::node::keys_of(args.key_file.as_deref())?.map(pmnet_proto::Authenticator::new);
         Ok(Session {
             inner: ChainSession::open(config, toward)?,
         })
@@ -108,6 +116,35 @@ impl Session {
 
 pub fn run(args: KvArgs) -> Result<ExitCode, CliError> {
     let mut session = Session::open(&args)?;
+    let result = run_op(&args, &mut session);
+    match result {
+        Err(error) if error.to_string().starts_with("no answer") => {
+            // Say why, when authentication is the likely cause.
+            let drops: Vec<String> = session
+                .inner
+                .drops()
+                .iter()
+                .map(|(reason, count)| format!("{count} {reason}"))
+                .collect();
+            let hint = if !drops.is_empty() {
+                format!(
+                    "; answers that failed authentication were dropped ({}): give the members' \
+                     and controller's --key-file",
+                    drops.join(", ")
+                )
+            } else if args.key_file.is_none() {
+                "; if the members run with --key-file, give this command the same --key-file"
+                    .to_owned()
+            } else {
+                String::new()
+            };
+            Err(format!("{error}{hint}").into())
+        }
+        other => other,
+    }
+}
+
+fn run_op(args: &KvArgs, session: &mut Session) -> Result<ExitCode, CliError> {
     match &args.op {
         KvOp::Get { key } => match session.run(key, ClientOp::Get)? {
             Outcome::Value { version, value } => {
@@ -139,8 +176,8 @@ pub fn run(args: KvArgs) -> Result<ExitCode, CliError> {
             name,
             owner,
             lease_ms,
-        } => lock(&mut session, name, owner, *lease_ms),
-        KvOp::Unlock { name, owner } => unlock(&mut session, name, owner),
+        } => lock(session, name, owner, *lease_ms),
+        KvOp::Unlock { name, owner } => unlock(session, name, owner),
     }
 }
 

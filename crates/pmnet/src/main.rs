@@ -17,6 +17,7 @@ mod log_inspect;
 mod memnode;
 mod memory_cli;
 mod node;
+mod protect;
 mod redis;
 mod redis_bench;
 mod redis_up;
@@ -40,11 +41,13 @@ use clap::{Parser, Subcommand};
 /// log entry. After a crash the log is replayed, so an acknowledged update is never lost.
 ///
 /// Quick start: `pmnet demo` runs everything on loopback and compares PMNet with talking to the
-/// server directly. By hand, on three hosts (or three terminals):
+/// server directly. By hand, on three hosts (or three terminals), with one key file for all
+/// (protected mode: a process listening on an address other hosts reach needs one):
 ///
-///   pmnet server --listen 0.0.0.0:7500 --device 10.0.0.2:7400
-///   pmnet device --listen 0.0.0.0:7400 --server 1=10.0.0.3:7500
-///   pmnet client --device 10.0.0.2:7400 set greeting hello
+///   pmnet keygen --out pmnet.keys
+///   pmnet server --listen 0.0.0.0:7500 --device 10.0.0.2:7400 --key-file pmnet.keys
+///   pmnet device --listen 0.0.0.0:7400 --server 1=10.0.0.3:7500 --key-file pmnet.keys
+///   pmnet client --device 10.0.0.2:7400 --key-file pmnet.keys set greeting hello
 #[derive(Debug, Parser)]
 #[command(name = "pmnet", version, about, long_about, max_term_width = 100)]
 struct Cli {

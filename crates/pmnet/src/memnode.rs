@@ -86,6 +86,11 @@ pub fn run(args: MemnodeArgs) -> Result<ExitCode, CliError> {
     }
     let shutdown = Shutdown::on_signals()?;
     let keys = args.run.keys()?;
+    args.run.protect(
+        "memnode",
+        &[crate::protect::Listener::Addr("--listen", args.listen)],
+        keys.as_ref(),
+    )?;
     let traffic = auth_text(keys.as_ref());
     let path = args.path();
     let options = args.medium.mmap_options();

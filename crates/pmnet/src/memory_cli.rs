@@ -79,9 +79,15 @@ fn hint(args: &MemoryArgs) -> String {
                 " (and no --key-file, as here)"
             }
         ),
-        None => "; are a majority of the memory nodes up (a new node joins a second after it \
-                 starts)?"
-            .to_owned(),
+        None => format!(
+            "; are a majority of the memory nodes up (a new node joins a second after it \
+             starts){}?",
+            if args.key_file.is_some() {
+                ", and do they run with the same --key-file"
+            } else {
+                ", and without --key-file (give theirs if they have one)"
+            }
+        ),
     }
 }
 

@@ -42,9 +42,17 @@ pub struct LoopArgs {
     pub report_interval: u64,
 
     /// Authenticate every datagram with the deployment keys in this file (mode 0600; make one
-    /// with `pmnet keygen`). Without it traffic is not authenticated.
+    /// with `pmnet keygen`). Without it traffic is not authenticated, and only loopback
+    /// addresses may be listened on (protected mode; see --insecure).
     #[arg(long, value_name = "FILE")]
     pub key_file: Option<PathBuf>,
+
+    /// Listen on an address other hosts reach without --key-file: traffic is then not
+    /// authenticated (anyone who reaches the process can forge writes and acks), and a warning
+    /// says so at start and at most once a minute while other hosts send to it. Without it
+    /// such a process refuses to start (protected mode, docs/security.md).
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 impl LoopArgs {
@@ -66,10 +74,17 @@ impl LoopArgs {
 
     /// The deployment keys of `--key-file`, if given.
     pub fn keys(&self) -> Result<Option<KeySet>, CliError> {
-        Ok(match &self.key_file {
-            Some(path) => Some(load_key_file(path)?),
-            None => None,
-        })
+        keys_of(self.key_file.as_deref())
+    }
+
+    /// Protected mode for `command` listening on `listeners` (see `crate::protect`).
+    pub fn protect(
+        &self,
+        command: &str,
+        listeners: &[crate::protect::Listener],
+        keys: Option<&KeySet>,
+    ) -> Result<(), CliError> {
+        crate::protect::check(command, listeners, keys.is_some(), self.insecure)
     }
 
     /// `metrics`: the address the endpoint is bound to (the real port when 0 was asked for).
@@ -82,6 +97,15 @@ impl LoopArgs {
             metrics.map_or_else(|| "off".to_owned(), |addr| format!("http://{addr}/metrics")),
         )
     }
+}
+
+/// The deployment keys in the key file at `path`, if one is given: a file that cannot be
+/// used is refused with a message naming it (and the line at fault).
+pub fn keys_of(path: Option<&std::path::Path>) -> Result<Option<KeySet>, CliError> {
+    Ok(match path {
+        Some(path) => Some(load_key_file(path)?),
+        None => None,
+    })
 }
 
 /// How a memory-mapped file is made durable.
@@ -552,6 +576,8 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
             args.workers
         )));
     }
+    args.run
+        .protect("device", &args.listeners(), options.keys.as_ref())?;
     let traffic = auth_text(options.keys.as_ref());
     if let Some(log) = &options.log {
         let stale = pmnet_runtime::stale_worker_logs(&log.path, args.workers);
@@ -777,6 +803,15 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
     let shutdown = Shutdown::on_signals()?;
     let mut options = args.options();
     options.keys = args.run.keys()?;
+    let mut listeners = vec![crate::protect::Listener::Addr("--listen", args.listen)];
+    if let Some(interface) = &args.xdp {
+        listeners.push(crate::protect::Listener::Interface(
+            "--xdp",
+            interface.clone(),
+        ));
+    }
+    args.run
+        .protect("server", &listeners, options.keys.as_ref())?;
     let traffic = auth_text(options.keys.as_ref());
     let mut server =
         ServerRuntime::open_with_xdp(options, args.engine.kind(), args.xdp_options(), shutdown)?;
@@ -853,6 +888,22 @@ pub(crate) fn parse_seconds_at_least(text: &str, minimum: f64) -> Result<f64, St
 }
 
 impl DeviceArgs {
+    /// What the device listens on, for protected mode.
+    fn listeners(&self) -> Vec<crate::protect::Listener> {
+        use crate::protect::Listener;
+        let mut listeners = vec![Listener::Addr("--listen", self.listen)];
+        if let Some(addr) = self.forward_listen {
+            listeners.push(Listener::Addr("--forward-listen", addr));
+        }
+        if let Some(addr) = self.echo_listen {
+            listeners.push(Listener::Addr("--echo-listen", addr));
+        }
+        for interface in &self.xdp {
+            listeners.push(Listener::Interface("--xdp", interface.clone()));
+        }
+        listeners
+    }
+
     /// Whether the device is a member of the chain store.
     fn is_chain_member(&self) -> bool {
         !self.chain_members.is_empty() || self.chain_controller.is_some()

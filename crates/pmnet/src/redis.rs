@@ -291,6 +291,11 @@ pub fn run_adaptor(args: RedisAdaptorArgs) -> Result<ExitCode, CliError> {
             .into());
         }
     }
+    args.run.protect(
+        "redis-adaptor",
+        &[crate::protect::Listener::Addr("--listen", args.listen)],
+        options.keys.as_ref(),
+    )?;
     let adaptor_traffic = pmnet_runtime::auth_text(options.keys.as_ref());
     let mut adaptor = Adaptor::open(options, shutdown)?;
     let startup = adaptor.startup().clone();
@@ -378,6 +383,11 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
     options.report_interval = report_interval(&args.run);
     options.metrics_listen = args.run.metrics;
     options.keys = args.run.keys()?;
+    args.run.protect(
+        "gateway",
+        &[crate::protect::Listener::Addr("--listen", args.listen)],
+        options.keys.as_ref(),
+    )?;
     if args.device_cache && !more_devices.is_empty() {
         return Err(
             "--device-cache needs one device address: a device's cache is coherent \

@@ -83,9 +83,16 @@ pub struct RedisUpArgs {
     #[arg(long, value_name = "USER", requires = "redis_password_file")]
     pub redis_user: Option<String>,
 
-    /// Authenticate PMNet's datagrams with this deployment key file (`pmnet keygen`).
+    /// Authenticate PMNet's datagrams with this deployment key file (`pmnet keygen`): the
+    /// gateway, the device and the adaptor all get it. Needed for any --listen,
+    /// --device-listen or --adaptor-listen other hosts reach (protected mode; see --insecure).
     #[arg(long, value_name = "FILE")]
     pub key_file: Option<PathBuf>,
+
+    /// Let the gateway, the device and the adaptor listen on addresses other hosts reach
+    /// without --key-file: PMNet's traffic is then not authenticated (each warns of it).
+    #[arg(long)]
+    pub insecure: bool,
 
     /// Run the device's read cache: hot keys' `GET`s are answered by the device, kept
     /// coherent with every write (docs/cache.md; the device starts fetching hot keys 12 s
@@ -338,6 +345,21 @@ fn cpu_args(cpu: Option<usize>) -> Vec<String> {
 }
 
 pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
+    // Checked here, before anything starts: a bad key file, or protected mode.
+    let keys = crate::node::keys_of(args.key_file.as_deref())?;
+    {
+        use crate::protect::Listener;
+        crate::protect::check(
+            "redis-up",
+            &[
+                Listener::Addr("--listen", args.listen),
+                Listener::Addr("--device-listen", args.device_listen),
+                Listener::Addr("--adaptor-listen", args.adaptor_listen),
+            ],
+            keys.is_some(),
+            args.insecure,
+        )?;
+    }
     let shutdown = Shutdown::on_signals()?;
     let cpus = pmnet_runtime::online_cpu_count();
     let place = placement(&args.cpu, cpus)?;
@@ -366,11 +388,15 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
     if let Some(user) = &args.redis_user {
         redis_auth_args.extend(["--redis-user".to_owned(), user.clone()]);
     }
-    let key_args: Vec<String> = args
+    // One key for every part (or, with --insecure, leave to each to warn).
+    let mut key_args: Vec<String> = args
         .key_file
         .iter()
         .flat_map(|path| ["--key-file".to_owned(), path.display().to_string()])
         .collect();
+    if args.insecure {
+        key_args.push("--insecure".to_owned());
+    }
     let mut device = vec![
         "device".to_owned(),
         "--listen".to_owned(),

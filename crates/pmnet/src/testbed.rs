@@ -184,18 +184,32 @@ fn examples(testbed: &Testbed) -> String {
     let exec = |host: &str, command: String| {
         format!("  {pmnet} testbed exec {host}{option} -- {command}\n")
     };
-    let mut text = String::from("\nRun commands on a host (each in a terminal of its own):\n");
+    // The hosts' addresses are not loopback: every process needs the deployment's key file
+    // (protected mode), which the namespaces share with this host's file system.
+    let key = format!("/tmp/pmnet-{name}.key");
+    let mut text = format!(
+        "\nMake the deployment's key file (once):\n  {pmnet} keygen --out {key}\n\
+         Run commands on a host (each in a terminal of its own):\n"
+    );
     text += &exec(
         "server",
-        format!("{pmnet} server --listen {SERVER_ADDR}:7500 --device {DEVICE_SERVER_SIDE}:7400"),
+        format!(
+            "{pmnet} server --listen {SERVER_ADDR}:7500 --device {DEVICE_SERVER_SIDE}:7400 \
+             --key-file {key}"
+        ),
     );
     text += &exec(
         "device",
-        format!("{pmnet} device --listen 0.0.0.0:7400 --server 1={SERVER_ADDR}:7500"),
+        format!(
+            "{pmnet} device --listen 0.0.0.0:7400 --server 1={SERVER_ADDR}:7500 --key-file {key}"
+        ),
     );
     text += &exec(
         "client",
-        format!("{pmnet} client --device {DEVICE_CLIENT_SIDE}:7400 set greeting hello"),
+        format!(
+            "{pmnet} client --device {DEVICE_CLIENT_SIDE}:7400 --key-file {key} set greeting \
+             hello"
+        ),
     );
     let _ = writeln!(
         text,

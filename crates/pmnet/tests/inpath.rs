@@ -50,6 +50,8 @@ fn start_server(testbed: &Testbed, dir: &Path) -> Proc {
     let mut command = pmnet_in(testbed, Host::Server);
     command.args([
         "server",
+        // Not loopback, and without keys on purpose: protected mode wants --insecure.
+        "--insecure",
         "--listen",
         &format!("{SERVER_ADDR}:{SERVER_PORT}"),
         "--device",
@@ -66,6 +68,8 @@ fn start_device(testbed: &Testbed, dir: &Path) -> Proc {
     let mut command = pmnet_in(testbed, Host::Device);
     command.args([
         "device",
+        // Not loopback, and without keys on purpose: protected mode wants --insecure.
+        "--insecure",
         "--listen",
         &format!("0.0.0.0:{DEVICE_PORT}"),
         "--server",

@@ -101,12 +101,14 @@ fn a_device_is_not_its_own_server() {
         ],
         &["server 1", "own listen address", &listen],
     );
-    // Listening on every address, reached through loopback.
+    // Listening on every address (which protected mode allows only with --insecure), reached
+    // through loopback.
     let every = format!("0.0.0.0:{}", own.port());
     let through_loopback = format!("2=127.0.0.1:{}", own.port());
     must_fail(
         &[
             "device",
+            "--insecure",
             "--listen",
             &every,
             "--server",

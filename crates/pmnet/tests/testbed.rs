@@ -202,6 +202,10 @@ fn pmnet_runs_across_the_three_hosts() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("server.data");
     let log = dir.path().join("device.log");
+    // The hosts' addresses are not loopback: protected mode wants the deployment's key.
+    let key = dir.path().join("pmnet.key");
+    let key = key.to_str().unwrap();
+    pmnet_ok(&["keygen", "--out", key]);
     let server = Background::start(
         &name,
         "server",
@@ -218,6 +222,8 @@ fn pmnet_runs_across_the_three_hosts() {
             "8",
             "--report-interval",
             "0",
+            "--key-file",
+            key,
         ],
     );
     let device = Background::start(
@@ -236,11 +242,13 @@ fn pmnet_runs_across_the_three_hosts() {
             "1024",
             "--report-interval",
             "0",
+            "--key-file",
+            key,
         ],
     );
     let client = |peer: &str, request: &[&str]| {
         let mut args = vec!["testbed", "exec", "client", "--name", &name, "--", PMNET];
-        args.extend(["client", "--device", peer]);
+        args.extend(["client", "--device", peer, "--key-file", key]);
         args.extend(request);
         let output = pmnet(&args);
         (

@@ -72,6 +72,8 @@ fn probe_xdp(testbed: &Testbed) -> Result<(), String> {
     let mut command = testbed.command(Host::Server, pmnet_bin());
     command.args([
         "server",
+        // Not loopback, and without keys on purpose: protected mode wants --insecure.
+        "--insecure",
         "--listen",
         &format!("{SERVER_ADDR}:{SERVER_PORT}"),
         "--xdp",
@@ -196,6 +198,8 @@ impl Cluster {
         self.server_starts += 1;
         let args: Vec<String> = [
             "server",
+            // Not loopback, and without keys on purpose: protected mode wants --insecure.
+            "--insecure",
             "--listen",
             &format!("{SERVER_ADDR}:{SERVER_PORT}"),
             "--server-id",
@@ -248,6 +252,8 @@ impl Cluster {
     fn start_device(&mut self) {
         let args: Vec<String> = [
             "device",
+            // Not loopback, and without keys on purpose: protected mode wants --insecure.
+            "--insecure",
             "--listen",
             &format!("0.0.0.0:{DEVICE_PORT}"),
             "--server",

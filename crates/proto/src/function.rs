@@ -351,6 +351,8 @@ pub struct Pipeline<F> {
     /// With keys configured: every datagram verified before it is parsed, every datagram
     /// sent sealed (what a device forwards is sealed again, which reproduces its tag).
     auth: Option<pmnet_auth::Authenticator>,
+    /// Without keys, and asked to: warnings of datagrams from other hosts (rate-limited).
+    plain_warnings: Option<crate::PlainTrafficWarnings>,
     /// With peers to batch for: what a turn sends each of them, packed (see `batch.rs`).
     batcher: Option<crate::Batcher>,
 }
@@ -362,6 +364,7 @@ impl<F: NetworkFunction> Pipeline<F> {
             drops: DropCounts::default(),
             auth_warnings: crate::AuthWarnings::default(),
             auth: None,
+            plain_warnings: None,
             batcher: None,
         }
     }
@@ -405,6 +408,13 @@ impl<F: NetworkFunction> Pipeline<F> {
         self
     }
 
+    /// Without keys (`on`): warn, at most once a minute, of unauthenticated datagrams from
+    /// peers off this host (a device started with `--insecure` on an address others reach).
+    pub fn with_plain_traffic_warnings(mut self, on: bool) -> Pipeline<F> {
+        self.plain_warnings = on.then(crate::PlainTrafficWarnings::default);
+        self
+    }
+
     /// Whether datagrams are authenticated.
     pub fn is_authenticated(&self) -> bool {
         self.auth.is_some()
@@ -429,7 +439,12 @@ impl<F: NetworkFunction> Pipeline<F> {
             batcher.set_now(now);
         }
         let verified = match self.auth.as_mut().map(|auth| auth.verify(datagram)) {
-            None => std::borrow::Cow::Borrowed(datagram),
+            None => {
+                if let Some(warnings) = self.plain_warnings.as_mut() {
+                    warnings.received(now, "device", from);
+                }
+                std::borrow::Cow::Borrowed(datagram)
+            }
             Some(Ok(inner)) => {
                 if let Some(auth) = self.auth.as_ref() {
                     self.functions.note_seal(auth.sealed_at(), auth.now_ms());

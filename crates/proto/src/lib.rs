@@ -23,6 +23,7 @@ mod device;
 mod drop;
 mod function;
 mod histogram;
+mod plain;
 mod server;
 mod time;
 
@@ -39,6 +40,7 @@ pub use function::{
     Persist, PersistBatch, Pipeline, RegionExecutor, RegionWrite, Stack, StackWork, Verdict,
 };
 pub use histogram::{LatencyHistogram, LATENCY_BUCKETS_NS};
+pub use plain::{is_loopback, PlainTrafficWarnings, PLAIN_TRAFFIC_WARNING_INTERVAL};
 pub use pmnet_auth::{AuthError, Authenticator, DeploymentKey, KeySet, ReplayFloor};
 pub use pmnet_pm::EntryKey;
 pub use pmnet_pm::{BatchStats, LogWork};

@@ -14,7 +14,7 @@ use pmnet_abd::{
 };
 use pmnet_auth::{Authenticator, KeySet};
 use pmnet_memory::{LineError, LineStore};
-use pmnet_proto::{Time, Transmit};
+use pmnet_proto::{AuthWarnings, CountDrop, DropCounts, DropReason, Time, Transmit};
 
 /// Where the session's operations are coordinated.
 #[derive(Debug, Clone)]
@@ -52,6 +52,10 @@ pub struct AbdSession {
     started: Instant,
     buffer: Vec<u8>,
     next_token: u64,
+    /// Datagrams that failed authentication, by reason.
+    drops: DropCounts,
+    /// Warnings of datagrams that failed authentication (rate-limited).
+    auth_warnings: AuthWarnings,
 }
 
 /// The counter floor of an ABD coordinator starting now (`pmnet_abd::counter_floor_at` of
@@ -103,11 +107,18 @@ impl AbdSession {
             started: Instant::now(),
             buffer: vec![0u8; 65_536],
             next_token: 1,
+            drops: DropCounts::default(),
+            auth_warnings: AuthWarnings::default(),
         })
     }
 
     fn now(&self) -> Time {
         Time::since(self.started, Instant::now())
+    }
+
+    /// Datagrams dropped for failing authentication, by reason.
+    pub fn drops(&self) -> &DropCounts {
+        &self.drops
     }
 
     /// Whether the session runs the quorum itself.
@@ -202,7 +213,18 @@ impl AbdSession {
         let datagram = match &mut self.auth {
             Some(auth) => match auth.verify(&self.buffer[..len]) {
                 Ok(verified) => verified.into_owned(),
-                Err(_) => return Ok(()), // not from the deployment: ignored
+                Err(error) => {
+                    // Not from the deployment: counted, warned of, ignored.
+                    let now = self.now();
+                    let role = if self.is_direct() {
+                        "memory client (coordinator)"
+                    } else {
+                        "memory client"
+                    };
+                    self.auth_warnings.failed(now, role, from, error);
+                    self.drops.record(DropReason::Auth(error));
+                    return Ok(());
+                }
             },
             None => self.buffer[..len].to_vec(),
         };

@@ -38,6 +38,11 @@ impl ChainSession {
         Time::since(self.started, Instant::now())
     }
 
+    /// Datagrams dropped for failing authentication, by reason.
+    pub fn drops(&self) -> &pmnet_proto::DropCounts {
+        self.client.drops()
+    }
+
     /// The controller's configuration epoch the session routes by (0: none, or static).
     pub fn epoch(&self) -> u64 {
         self.client.epoch()

@@ -427,7 +427,7 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
                 }
             } else if to == controller_addr() {
                 if controller_up {
-                    controller.handle(now, from, &header, payload);
+                    controller.handle(now, from, &bytes);
                     flush_controller(&mut controller, &mut saved, &mut net);
                 }
             } else if let Some(index) = (0..CLIENTS).find(|&index| client_addr(index) == to) {

@@ -84,6 +84,9 @@ pub fn run(plan: &Plan, shutdown: &Shutdown) -> Result<FailoverSummary, CliError
     for member in &members {
         args.extend(["--member".into(), member.to_string()]);
     }
+    if let Some(path) = &plan.netchain.key_file {
+        args.extend(["--key-file".into(), path.display().to_string()]);
+    }
     let controller_log = dir.path().join("controller.out");
     let mut procs = vec![Proc::spawn(
         "chain controller",
@@ -136,9 +139,15 @@ pub fn run(plan: &Plan, shutdown: &Shutdown) -> Result<FailoverSummary, CliError
     let threads: Vec<_> = (0..u64::from(clients))
         .map(|client| {
             let (stop, done) = (stop.clone(), done.clone());
+            let auth = plan
+                .netchain
+                .auth_keys
+                .clone()
+                .map(pmnet_proto::Authenticator::new);
             std::thread::spawn(move || -> Result<(), String> {
                 let mut config =
                     ClientConfig::controlled(pmnet_runtime::random_session_id() | 1, controller);
+                config.auth = auth;
                 config.retransmit_timeout_max = Duration::from_millis(10);
                 config.request_lifetime = Duration::from_secs(10);
                 let mut session =

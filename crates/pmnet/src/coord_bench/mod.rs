@@ -189,6 +189,12 @@ pub struct CoordBenchArgs {
     /// (--read-scaling) The Zipf exponent of the keys' popularity.
     #[arg(long, value_name = "S", default_value_t = 0.99, value_parser = parse_zipf)]
     pub zipf: f64,
+
+    /// Authenticate the chain store's datagrams (members, controller, clients) with the
+    /// deployment keys in this file (`pmnet keygen`). etcd and ZooKeeper run without
+    /// authentication either way.
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
 }
 
 fn parse_clients(text: &str) -> Result<u32, String> {
@@ -324,6 +330,9 @@ impl Plan {
                 value_max: usize::from(args.value_size),
                 member_max_ops_per_s: args.read_scaling.then_some(args.member_max_ops_per_s),
                 cpu: system_cpu,
+                key_file: args.key_file.clone(),
+                auth_keys: crate::node::keys_of(args.key_file.as_deref())
+                    .map_err(|error| error.to_string())?,
             },
             etcd: etcd::EtcdSetup {
                 program: args.etcd.clone(),

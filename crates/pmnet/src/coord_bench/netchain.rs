@@ -30,6 +30,9 @@ pub struct ChainSetup {
     pub member_max_ops_per_s: Option<u64>,
     /// The CPU the members run on (`--pin`).
     pub cpu: Option<usize>,
+    /// `--key-file` of the members and the controller, and its keys for the clients.
+    pub key_file: Option<PathBuf>,
+    pub auth_keys: Option<pmnet_proto::KeySet>,
 }
 
 /// Three members running; stopped when dropped.
@@ -41,6 +44,8 @@ pub struct ChainStore {
     pub medium: String,
     /// The members' metrics endpoints.
     pub metrics: Vec<SocketAddr>,
+    /// The clients' deployment keys (the members' --key-file), if any.
+    auth_keys: Option<pmnet_proto::KeySet>,
     procs: Vec<Proc>,
     // Dropped after the processes are stopped (fields drop in order).
     _dir: tempfile::TempDir,
@@ -110,6 +115,9 @@ pub fn member_args(
     if let Some(ops_per_s) = setup.member_max_ops_per_s {
         args.extend(["--chain-max-ops-per-s".to_owned(), ops_per_s.to_string()]);
     }
+    if let Some(path) = &setup.key_file {
+        args.extend(["--key-file".to_owned(), path.display().to_string()]);
+    }
     args
 }
 
@@ -164,6 +172,7 @@ impl ChainStore {
             groups: setup.groups,
             medium,
             metrics,
+            auth_keys: setup.auth_keys.clone(),
             procs,
             _dir: dir,
         })
@@ -183,6 +192,7 @@ impl ChainStore {
         config.request_lifetime = Duration::from_secs(10);
         config.retransmit_timeout = retransmit_timeout;
         config.reads = reads;
+        config.auth = self.auth_keys.clone().map(pmnet_proto::Authenticator::new);
         let session = ChainSession::open(config, self.members[0])?;
         Ok(NetchainClient {
             session,
@@ -301,6 +311,8 @@ mod tests {
             value_max: 64,
             member_max_ops_per_s: Some(2000),
             cpu: None,
+            key_file: None,
+            auth_keys: None,
         };
         let members: Vec<SocketAddr> = (1..=3).map(|port| loopback(7400 + port)).collect();
         let fixed = Membership::Fixed(&members);

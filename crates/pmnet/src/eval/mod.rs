@@ -64,6 +64,12 @@ pub struct EvalArgs {
     /// No progress bars (a line per command instead)
     #[arg(long)]
     pub no_progress: bool,
+
+    /// Authenticate the experiments' datagrams with the deployment keys in this file (`pmnet
+    /// keygen`): given to every `pmnet bench` and `pmnet coord-bench` run (the others run on
+    /// loopback, unauthenticated)
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
 }
 
 pub fn run(args: EvalArgs) -> Result<ExitCode, CliError> {
@@ -99,6 +105,9 @@ pub fn run(args: EvalArgs) -> Result<ExitCode, CliError> {
     } else {
         Scale::Default
     };
-    let settings = Settings::new(scale, args.seed, args.dir.clone())?;
+    // A bad key file is refused now, not by every step.
+    crate::node::keys_of(args.key_file.as_deref())?;
+    let mut settings = Settings::new(scale, args.seed, args.dir.clone())?;
+    settings.key_file = args.key_file.clone();
     runner::run_all(&settings, &chosen, &args.out, !args.no_progress)
 }

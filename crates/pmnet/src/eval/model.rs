@@ -51,6 +51,9 @@ pub struct Settings {
     /// Whether this process runs as root (the in-path testbed needs it).
     #[allow(dead_code)] // read by the in-path experiment
     pub root: bool,
+    /// `--key-file`: given to every step whose command takes one (`pmnet bench`, `pmnet
+    /// coord-bench`).
+    pub key_file: Option<PathBuf>,
 }
 
 impl Settings {
@@ -64,6 +67,7 @@ impl Settings {
             medium,
             // SAFETY: geteuid has no preconditions.
             root: unsafe { libc::geteuid() } == 0,
+            key_file: None,
         })
     }
 
@@ -135,8 +139,12 @@ pub fn tests_settings() -> Settings {
         dir: PathBuf::from("/dev/shm"),
         medium: "test".to_owned(),
         root: false,
+        key_file: None,
     }
 }
+
+/// The commands of the suite that take `--key-file`.
+pub const KEYED_COMMANDS: &[&str] = &["bench", "coord-bench"];
 
 /// Owned strings of `items`.
 pub fn args(items: &[&str]) -> Vec<String> {

@@ -259,6 +259,7 @@ fn run_experiment(
             experiment.name,
             index,
             invocation,
+            settings.key_file.as_deref(),
             out,
             shutdown,
             |elapsed| {
@@ -313,6 +314,7 @@ fn run_step(
     experiment: &str,
     index: usize,
     invocation: &super::Invocation,
+    key_file: Option<&Path>,
     out: &Path,
     shutdown: &Shutdown,
     mut tick: impl FnMut(f64),
@@ -320,6 +322,13 @@ fn run_step(
     let log_name = format!("logs/{experiment}-{}.log", index + 1);
     let json_path: PathBuf = out.join(format!("logs/{experiment}-{}.json", index + 1));
     let mut args = invocation.args.clone();
+    if let Some(path) = key_file.filter(|_| {
+        args.first()
+            .is_some_and(|command| super::model::KEYED_COMMANDS.contains(&command.as_str()))
+    }) {
+        args.push("--key-file".to_owned());
+        args.push(path.to_string_lossy().into_owned());
+    }
     if invocation.json {
         let _ = fs::remove_file(&json_path);
         args.push("--json".to_owned());

@@ -266,6 +266,8 @@ pub struct Server {
     counters: ServerCounters,
     /// Warnings of datagrams that failed authentication (rate-limited).
     auth_warnings: crate::AuthWarnings,
+    /// Without keys, and asked to: warnings of datagrams from other hosts (rate-limited).
+    plain_warnings: Option<crate::PlainTrafficWarnings>,
     /// Requests that became whole so far (see `Assembly::completed`).
     requests_completed: u64,
     /// Skips logged (rate-limited, see `gap.rs`).
@@ -359,6 +361,7 @@ impl Server {
             events: VecDeque::new(),
             counters: ServerCounters::default(),
             auth_warnings: crate::AuthWarnings::default(),
+            plain_warnings: None,
             requests_completed: 0,
             skip_notes: gap::SkipNotes::default(),
             order_waiters: BTreeSet::new(),
@@ -487,6 +490,14 @@ impl Server {
         }
     }
 
+    /// Without keys: warn, at most once a minute, of unauthenticated datagrams from peers off
+    /// this host (a server started with `--insecure` on an address others reach).
+    pub fn warn_of_plain_traffic(&mut self) {
+        if self.config.auth.is_none() {
+            self.plain_warnings = Some(crate::PlainTrafficWarnings::default());
+        }
+    }
+
     /// Bytes of header and payload a datagram may have (the trailer, if any, comes on top).
     fn datagram_budget(&self) -> usize {
         crate::unsealed_len_max(self.config.datagram_len_max, &self.config.auth)
@@ -496,7 +507,12 @@ impl Server {
     /// parsed. Never panics on its contents.
     pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
         let verified = match self.config.auth.as_mut().map(|auth| auth.verify(datagram)) {
-            None => std::borrow::Cow::Borrowed(datagram),
+            None => {
+                if let Some(warnings) = self.plain_warnings.as_mut() {
+                    warnings.received(now, "server", from);
+                }
+                std::borrow::Cow::Borrowed(datagram)
+            }
             Some(Ok(inner)) => inner,
             Some(Err(error)) => {
                 self.auth_warnings.failed(now, "server", from, error);

@@ -373,7 +373,9 @@ impl Adaptor {
         let clock = Clock::new();
         let mut config = ServerConfig::new(options.server_id, options.devices.clone());
         config.auth = options.keys.clone().map(pmnet_proto::Authenticator::new);
-        let server = Server::new(config, clock.now(), redis.sessions);
+        let mut server = Server::new(config, clock.now(), redis.sessions);
+        // Without keys: say so, at most once a minute, while other hosts send to it.
+        server.warn_of_plain_traffic();
         let board = MetricsBoard::new();
         let metrics_addr = match options.metrics_listen {
             Some(addr) => Some(

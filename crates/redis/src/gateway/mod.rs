@@ -328,6 +328,8 @@ pub struct Gateway {
     direct_open: usize,
     /// Bytes of unparsed input a connection may hold (a whole command of the limits).
     max_conn_input: usize,
+    /// Without keys: warnings of connections from other hosts (at most one a minute).
+    plain_warnings: Option<pmnet_proto::PlainTrafficWarnings>,
 }
 
 impl Gateway {
@@ -390,7 +392,12 @@ impl Gateway {
         let intro = introspect::Introspect::new(&options);
         let limits = Limits::gateway(options.max_request_args, options.max_request_bytes);
         let max_conn_input = limits.max_wire_len();
+        let plain_warnings = options
+            .keys
+            .is_none()
+            .then(|| pmnet_proto::PlainTrafficWarnings::counting("connection"));
         let gateway = Gateway {
+            plain_warnings,
             options,
             clock: Clock::new(),
             listener,
@@ -582,7 +589,7 @@ impl Gateway {
     fn accept(&mut self) -> bool {
         let mut any = false;
         loop {
-            let (stream, _) = match self.listener.accept() {
+            let (stream, peer) = match self.listener.accept() {
                 Ok(accepted) => accepted,
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
@@ -593,6 +600,9 @@ impl Gateway {
                 }
             };
             any = true;
+            if let Some(warnings) = self.plain_warnings.as_mut() {
+                warnings.received(self.clock.now(), "gateway", peer);
+            }
             if self.open_count() >= self.options.max_connections {
                 self.counters.connections_refused += 1;
                 let mut stream = stream;

@@ -284,7 +284,8 @@ impl DeviceRuntime {
             let switch = Device::new(plain_switch_config(&options), now, Vec::new());
             (
                 DevicePipeline::with_front(Box::new(Nothing), switch)
-                    .with_auth(options.keys.clone().map(pmnet_proto::Authenticator::new)),
+                    .with_auth(options.keys.clone().map(pmnet_proto::Authenticator::new))
+                    .with_plain_traffic_warnings(options.keys.is_none()),
                 socket,
             )
         });
@@ -297,7 +298,10 @@ impl DeviceRuntime {
             metrics,
         };
         let auth = options.keys.clone().map(pmnet_proto::Authenticator::new);
-        let mut pipeline = DevicePipeline::with_front(front, device).with_auth(auth);
+        // Without keys: say so, at most once a minute, while other hosts send to it.
+        let mut pipeline = DevicePipeline::with_front(front, device)
+            .with_auth(auth)
+            .with_plain_traffic_warnings(options.keys.is_none());
         if options.batch {
             let servers: Vec<SocketAddr> = options.servers.iter().map(|(_, addr)| *addr).collect();
             pipeline = pipeline

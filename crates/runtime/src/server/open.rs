@@ -300,6 +300,9 @@ impl ServerRuntime {
                 (Server::new(config, clock.now(), sessions), None)
             }
         };
+        let mut server = server;
+        // Without keys: say so, at most once a minute, while other hosts send to it.
+        server.warn_of_plain_traffic();
         let board = MetricsBoard::new();
         let metrics = start_metrics(&options.loop_options, &board, &shutdown)?;
         let addresses = ServerAddresses {

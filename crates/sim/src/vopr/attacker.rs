@@ -92,7 +92,11 @@ impl Attacker {
     }
 
     /// Archive the newest datagram sent now and then; now and then replay archived ones.
-    pub(super) fn archive_and_replay_late(&mut self, world: &mut World, summary: &mut FaultSummary) {
+    pub(super) fn archive_and_replay_late(
+        &mut self,
+        world: &mut World,
+        summary: &mut FaultSummary,
+    ) {
         if world.network.sent != self.archived_at_sent && self.late.random_bool(ARCHIVE_PROBABILITY)
         {
             if let Some((from, to, bytes)) = world.captured.back() {
@@ -292,7 +296,12 @@ fn describe(bytes: &[u8]) -> String {
 pub(super) fn auth_drops(world: &World) -> u64 {
     drops(
         world,
-        &["unauthenticated", "bad_tag", "unknown_key", "auth_truncated"],
+        &[
+            "unauthenticated",
+            "bad_tag",
+            "unknown_key",
+            "auth_truncated",
+        ],
     )
 }
 

@@ -186,18 +186,9 @@ impl FaultCounts {
                 "datagrams replayed by the attacker",
                 self.replayed_datagrams,
             ),
-            (
-                "archived datagrams replayed much later",
-                self.replayed_late,
-            ),
-            (
-                "replayed past the replay window",
-                self.replayed_past_window,
-            ),
-            (
-                "replays dropped as stale",
-                self.replays_dropped_stale,
-            ),
+            ("archived datagrams replayed much later", self.replayed_late),
+            ("replayed past the replay window", self.replayed_past_window),
+            ("replays dropped as stale", self.replays_dropped_stale),
         ];
         // Devices in series and replicated servers are on a few seeds each: their lines
         // appear when a seed had them.

@@ -467,11 +467,17 @@ impl Authenticator {
         let encrypt = self.keys.encrypt_payloads && datagram.len() > HEADER_LEN;
         if !encrypt {
             set_flags(datagram, flags::AUTHENTICATED, flags::ENCRYPTED);
-            if let Some((_, trailer)) = self
-                .recent
-                .iter()
-                .find(|(inner, _)| inner.as_slice() == datagram.as_slice())
-            {
+            // Only a trailer sealed in this very second: an older one carries its old seal
+            // time, which receivers would refuse as stale once the replay window passed (a
+            // device resending a logged request long after it verified it, or an attacker
+            // replaying the device's own old datagram to it, which it verifies and remembers).
+            let second = self.now_ms() / 1000;
+            if let Some((_, trailer)) = self.recent.iter().find(|(inner, trailer)| {
+                inner.as_slice() == datagram.as_slice()
+                    && u64::from(u32::from_be_bytes([
+                        trailer[2], trailer[3], trailer[4], trailer[5],
+                    ])) == second
+            }) {
                 datagram.extend_from_slice(trailer);
                 return;
             }

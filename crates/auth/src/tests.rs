@@ -298,3 +298,30 @@ fn the_replay_window_is_read_from_the_key_file() {
         assert!(error.message.contains("replay window <seconds>"), "{error}");
     }
 }
+
+#[test]
+fn a_device_reuses_a_verified_trailer_only_within_its_seal_second() {
+    use std::sync::atomic::Ordering;
+    let start = 1_764_000_000_000;
+    let (now, clock) = manual_clock(start);
+    let keys = keys(&[3]).with_replay_window_ms(10_000);
+    let mut client = Authenticator::with_nonce_prefix(keys.clone(), 1).with_clock(clock.clone());
+    let mut device = Authenticator::with_nonce_prefix(keys.clone(), 2)
+        .with_clock(clock.clone())
+        .remember_verified(4);
+    let mut server = Authenticator::with_nonce_prefix(keys, 3).with_clock(clock);
+    let mut sealed = datagram(42, b"SET k v");
+    client.seal(&mut sealed);
+    let inner = device.verify(&sealed).expect("genuine").into_owned();
+    // Forwarded at once: the same trailer.
+    let mut forwarded = inner.clone();
+    device.seal(&mut forwarded);
+    assert_eq!(forwarded, sealed);
+    // Sent again a minute later (a logged request resent): sealed afresh, and accepted.
+    now.store(start + 60_000, Ordering::Relaxed);
+    let mut resent = inner;
+    device.seal(&mut resent);
+    assert_ne!(resent, sealed);
+    assert!(server.verify(&resent).is_ok(), "a fresh seal");
+    assert_eq!(server.sealed_at(), start + 60_000);
+}

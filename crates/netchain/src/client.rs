@@ -377,9 +377,14 @@ impl ChainClient {
         match reply.status {
             // Writes to the group pause for a moment: send again at the retransmission time.
             Status::Paused => return,
-            // The chains changed: ask the controller, send again once it answers.
-            Status::NotHere if self.config.controller.is_some() => {
-                self.fetch();
+            // The chains changed: ask the controller, send again once it answers. With fixed
+            // chains, a member's "not here" says nothing of what the head did with the
+            // request (an attacker can replay it to another member, whose genuine answer
+            // comes back): wait for the head's answer or the lifetime's end (unknown).
+            Status::NotHere => {
+                if self.config.controller.is_some() {
+                    self.fetch();
+                }
                 return;
             }
             _ => {}

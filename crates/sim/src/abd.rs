@@ -41,6 +41,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::net::Net;
+use crate::net_attacker::{NetAuth, Replayer};
 
 /// Lines of the memory: [`HOT`] that clients contend for, the rest written and read rarely
 /// (so that a line's latest write can sit on a bare majority for a while: what a node that
@@ -134,6 +135,16 @@ pub struct AbdReport {
     pub reads_one_phase: u64,
     /// Lines taken from other nodes while learning.
     pub lines_learnt: u64,
+    /// The attacker's replays of captured genuine datagrams, those captured longer than the
+    /// replay window (and its second) before, its bursts after a restart, the datagrams
+    /// dropped as sealed outside the window, the device's refusals of requests of unknown
+    /// sessions sealed before it forgot one or started, and client sessions started over.
+    pub replayed: u64,
+    pub replayed_past_window: u64,
+    pub replay_bursts: u64,
+    pub stale_dropped: u64,
+    pub replays_refused: u64,
+    pub session_churn: u64,
 }
 
 impl AbdReport {
@@ -160,6 +171,12 @@ impl AbdReport {
         self.write_backs += other.write_backs;
         self.reads_one_phase += other.reads_one_phase;
         self.lines_learnt += other.lines_learnt;
+        self.replayed += other.replayed;
+        self.replayed_past_window += other.replayed_past_window;
+        self.replay_bursts += other.replay_bursts;
+        self.stale_dropped += other.stale_dropped;
+        self.replays_refused += other.replays_refused;
+        self.session_churn += other.session_churn;
     }
 }
 
@@ -405,6 +422,10 @@ fn run(seed: u64) -> Result<AbdReport, String> {
     let loss = rng.random_range(0.0..0.1);
     let duplicate = rng.random_range(0.0..0.05);
     let mut net = Net::new(ChaCha8Rng::seed_from_u64(seed ^ 0xabd0), loss, duplicate);
+    // Keys on every endpoint; an attacker replaying what it captured; device clients starting
+    // over with new sessions (a generator of its own).
+    net.auth = Some(NetAuth::for_seed(seed));
+    let mut churn = ChaCha8Rng::seed_from_u64(seed ^ 0xc4_abd0);
     let node_count = if rng.random_bool(0.5) { 3 } else { 5 };
     let tolerated = (node_count - 1) / 2;
     let device_clients = rng.random_range(1..=3usize);
@@ -468,6 +489,16 @@ fn run(seed: u64) -> Result<AbdReport, String> {
             }
         })
         .collect();
+    let endpoints: Vec<SocketAddr> = (0..node_count)
+        .map(node_addr)
+        .chain((0..clients.len()).map(client_addr))
+        .chain([device_addr()])
+        .collect();
+    net.replayer = Some(Replayer::new(
+        seed,
+        (0..clients.len()).map(client_addr).collect(),
+        endpoints,
+    ));
     let mut stores = Stores::default();
     let mut history: History = Vec::new();
     let mut next_value = 0u64;
@@ -619,6 +650,7 @@ fn run(seed: u64) -> Result<AbdReport, String> {
                 }
                 continue;
             }
+            net.restarted(node_addr(index));
             let (file, recovered) = TableFile::open(node.file.region().clone())
                 .map_err(|error| format!("reopen: {error}"))?;
             report.torn_records += recovered.damaged_records;
@@ -640,6 +672,8 @@ fn run(seed: u64) -> Result<AbdReport, String> {
                 &mut device,
                 AbdFunction::new(Coordinator::new(device_config(rng.random()))),
             );
+            report.replays_refused += old.counters().replays_refused;
+            net.restarted(device_addr());
             let counters = old.coordinator().counters();
             report.write_backs += counters.write_backs;
             report.reads_one_phase += counters.reads_one_phase;
@@ -654,6 +688,12 @@ fn run(seed: u64) -> Result<AbdReport, String> {
         }
         // Clients start operations.
         for (index, client) in clients.iter_mut().enumerate() {
+            if let Engine::Device(session) = &mut client.engine {
+                if !healing && client.in_flight.is_empty() && churn.random_bool(0.001) {
+                    *session = AbdClient::new(ClientConfig::new(device_addr(), churn.random()));
+                    report.session_churn += 1;
+                }
+            }
             if !running || client.in_flight.len() >= client.depth || now < client.next_at {
                 continue;
             }
@@ -894,7 +934,9 @@ fn run(seed: u64) -> Result<AbdReport, String> {
             }
         }
         // The network.
+        net.strike();
         while let Some((from, to, bytes)) = net.pop_due() {
+            let sealed = net.sealed.take();
             let Ok((header, payload)) = Header::parse(&bytes) else {
                 continue;
             };
@@ -915,6 +957,9 @@ fn run(seed: u64) -> Result<AbdReport, String> {
                 }
             } else if to == device_addr() {
                 if device_up {
+                    if let Some((sealed_at, now_ms)) = sealed {
+                        device.note_seal(sealed_at, now_ms);
+                    }
                     let _ = device.handle(now, from, &header, &bytes);
                     send_all(
                         device_addr(),
@@ -1070,5 +1115,12 @@ fn run(seed: u64) -> Result<AbdReport, String> {
     if report.completed == 0 {
         return Err("no operation completed".to_owned());
     }
+    report.replays_refused += device.counters().replays_refused;
+    if let Some(replayer) = &net.replayer {
+        report.replayed = replayer.replayed;
+        report.replayed_past_window = replayer.replayed_past_window;
+        report.replay_bursts = replayer.bursts_after_restarts;
+    }
+    report.stale_dropped = net.auth.as_ref().map_or(0, NetAuth::stale);
     Ok(report)
 }

@@ -31,6 +31,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::net::Net;
+use crate::net_attacker::{NetAuth, Replayer};
 
 const MEMBERS: usize = 4;
 const CHAIN: usize = 3;
@@ -77,6 +78,17 @@ pub struct ChainReport {
     pub reads_relayed: u64,
     /// The final configuration's epoch.
     pub epoch: u64,
+    /// The attacker's replays of captured genuine datagrams, those captured longer than the
+    /// replay window (and its second) before, and its bursts after a member restarted.
+    pub replayed: u64,
+    pub replayed_past_window: u64,
+    pub replay_bursts: u64,
+    /// Datagrams the endpoints dropped as sealed outside the replay window, and head writes
+    /// of unknown sessions refused as sealed before a member forgot a session or started.
+    pub stale_dropped: u64,
+    pub replays_refused: u64,
+    /// Client sessions that started over with a new session id.
+    pub session_churn: u64,
 }
 
 struct Member {
@@ -159,6 +171,22 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
     let loss = rng.random_range(0.0..0.1);
     let duplicate = rng.random_range(0.0..0.05);
     let mut net = Net::new(ChaCha8Rng::seed_from_u64(seed ^ 0x4e57), loss, duplicate);
+    // Keys on every endpoint, and an attacker replaying what it captured.
+    net.auth = Some(NetAuth::for_seed(seed));
+    let endpoints: Vec<SocketAddr> = (0..MEMBERS)
+        .map(member_addr)
+        .chain((0..CLIENTS).map(client_addr))
+        .chain([controller_addr()])
+        .collect();
+    net.replayer = Some(Replayer::new(
+        seed,
+        (0..CLIENTS).map(client_addr).collect(),
+        endpoints,
+    ));
+    // Clients starting over with a new session (a client process restarted), from a
+    // generator of its own.
+    let mut churn = ChaCha8Rng::seed_from_u64(seed ^ 0xc4_0e55);
+    let mut generation = 0u64;
     let mut report = ChainReport {
         seed,
         ..ChainReport::default()
@@ -306,9 +334,11 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
                 let (file, recovered) = TableFile::open(member.file.region().clone())
                     .map_err(|error| format!("seed {seed}: reopen: {error}"))?;
                 let table = Table::recover(file.geometry(), recovered);
+                report.replays_refused += member.node.counters().replays_refused;
                 member.node = ChainNode::new(member_config(index, controlled), table, now);
                 member.file = file;
                 member.up = true;
+                net.restarted(member_addr(index));
             }
         }
         if controlled
@@ -326,6 +356,19 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
         }
         // Clients.
         for (index, client) in clients.iter_mut().enumerate() {
+            if client.current.is_none() && !healing && churn.random_bool(0.002) {
+                generation += 1;
+                let session = 0x5e55_0000 + index as u64 + (generation << 8);
+                let mut config = if controlled {
+                    ClientConfig::controlled(session, controller_addr())
+                } else {
+                    ClientConfig::new(session, fixed_chains())
+                };
+                config.retransmit_timeout_max = Duration::from_millis(20);
+                config.request_lifetime = LIFETIME - Duration::from_millis(50);
+                client.session = ChainClient::new(config);
+                report.session_churn += 1;
+            }
             if client.current.is_none() && !healing && rng.random_bool(0.02) {
                 let key = keys[rng.random_range(0..keys.len())].clone();
                 next_value += 1;
@@ -407,7 +450,9 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
             }
         }
         // The network.
+        net.strike();
         while let Some((from, to, bytes)) = net.pop_due() {
+            let sealed = net.sealed.take();
             let Ok((header, payload)) = Header::parse(&bytes) else {
                 continue;
             };
@@ -422,6 +467,9 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
             }
             if let Some(index) = (0..MEMBERS).find(|&index| member_addr(index) == to) {
                 if members[index].up {
+                    if let Some((sealed_at, now_ms)) = sealed {
+                        members[index].node.note_seal(sealed_at, now_ms);
+                    }
                     members[index].node.handle(now, from, &header, payload);
                     flush_member(&mut members[index], index, &mut net);
                 }
@@ -518,7 +566,14 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
     for member in &members {
         report.reads_here += member.node.counters().reads_answered_here;
         report.reads_relayed += member.node.counters().reads_relayed;
+        report.replays_refused += member.node.counters().replays_refused;
     }
+    if let Some(replayer) = &net.replayer {
+        report.replayed = replayer.replayed;
+        report.replayed_past_window = replayer.replayed_past_window;
+        report.replay_bursts = replayer.bursts_after_restarts;
+    }
+    report.stale_dropped = net.auth.as_ref().map_or(0, NetAuth::stale);
     let verdict = check_by_key(&VersionedRegister::default(), &history, 100_000_000);
     if !verdict.is_linearizable() {
         return Err(format!(

@@ -9,6 +9,7 @@
 pub mod abd;
 pub mod chain;
 mod net;
+mod net_attacker;
 pub mod vopr;
 mod world;
 

@@ -8,11 +8,17 @@ use pmnet_sim::chain::{run_seed, run_seed_fixed};
 fn chain_store_seeds_hold_their_invariants() {
     let (start, count) = match std::env::var("PMNET_SEED") {
         Ok(text) => (text.trim().parse().expect("PMNET_SEED is a u64"), 1),
-        Err(_) => (rand_start(), 24),
+        Err(_) => (
+            rand_start(),
+            std::env::var("PMNET_SEEDS")
+                .ok()
+                .and_then(|text| text.trim().parse().ok())
+                .unwrap_or(24u64),
+        ),
     };
     eprintln!("start seed {start}, {count} seeds (PMNET_SEED=N replays one)");
     let mut totals = pmnet_sim::chain::ChainReport::default();
-    for seed in start..start + count {
+    for seed in (0..count).map(|at| start.wrapping_add(at)) {
         let report = run_seed(seed).unwrap_or_else(|error| panic!("{error}"));
         totals.completed += report.completed;
         totals.crashes += report.crashes;
@@ -21,9 +27,20 @@ fn chain_store_seeds_hold_their_invariants() {
         totals.partitions += report.partitions;
         totals.controller_restarts += report.controller_restarts;
         totals.reads_here += report.reads_here;
+        totals.replayed += report.replayed;
+        totals.replayed_past_window += report.replayed_past_window;
+        totals.replay_bursts += report.replay_bursts;
+        totals.stale_dropped += report.stale_dropped;
+        totals.replays_refused += report.replays_refused;
+        totals.session_churn += report.session_churn;
     }
     eprintln!("{totals:?}");
     assert!(totals.completed > 0 && totals.reads_here > 0);
+    if count >= 24 {
+        // The attacker replayed, past the window too, and what it replayed was refused.
+        assert!(totals.replayed > 0 && totals.replayed_past_window > 0);
+        assert!(totals.stale_dropped > 0 && totals.replay_bursts > 0);
+    }
 }
 
 fn rand_start() -> u64 {

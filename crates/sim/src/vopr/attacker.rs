@@ -3,11 +3,18 @@
 //! ranges, so a type added later is covered without a change here — with real session ids and
 //! sequence numbers near the live ones, spoofing the addresses of real nodes, both without a
 //! trailer and with a guessed one. It also eavesdrops: it keeps the last datagrams sent and
-//! replays them, verbatim (they verify), later, to where they went or to another node. Forged
-//! datagrams must be counted as authentication failures; no forgery or replay may change what
-//! any node does: the invariants are checked as on every seed.
+//! replays them, verbatim (they verify), later, to where they went or to another node. Besides
+//! those recent ones it keeps an archive of genuine datagrams sampled over the whole run, with
+//! the time it captured each, and replays them much later: within the replay window (after
+//! device and server crashes and restarts, after other sessions came and went: what a session
+//! table that forgot must refuse) and past it (what every receiver must refuse as stale), and
+//! a burst of them as the liveness phase restarts every process. Forged datagrams must be
+//! counted as authentication failures; no forgery or replay may change what any node does: the
+//! invariants are checked as on every seed (a replayed update applied a second time, or an
+//! old one applied after a newer one, fails the server application's check that each session
+//! applies in increasing sequence order, at once).
 //!
-//! Its choices come from a generator of its own, seeded from the run's seed, so the seeds
+//! Its choices come from generators of its own, seeded from the run's seed, so the seeds
 //! without an attacker draw exactly what they drew before it existed.
 
 use std::net::SocketAddr;
@@ -18,6 +25,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::world::{client_addr, device_addr, server_addr, World, SERVER_ID};
+use pmnet_proto::Time;
 
 use super::FaultSummary;
 
@@ -29,10 +37,30 @@ const STRIKE_PROBABILITY: f64 = 0.05;
 const REPLAY_PROBABILITY: f64 = 0.4;
 /// Datagrams the attacker keeps to replay (the last ones sent).
 pub(super) const CAPTURED_MAX: usize = 512;
+/// Genuine datagrams the attacker archives for much later, at most.
+const ARCHIVE_MAX: usize = 256;
+/// Chance that the attacker archives the newest datagram sent, after each safety action (an
+/// archived datagram is replaced at random, so the archive holds datagrams of every age).
+const ARCHIVE_PROBABILITY: f64 = 0.3;
+/// Chance that the attacker replays archived datagrams, after each safety action.
+const LATE_STRIKE_PROBABILITY: f64 = 0.04;
+/// Archived datagrams the attacker replays as the liveness phase restarts every process.
+const FINAL_BURST: usize = 24;
+
+/// A datagram the attacker captured: when, from, to, the bytes as sent.
+type Archived = (Time, SocketAddr, SocketAddr, Vec<u8>);
 
 pub(super) struct Attacker {
     rng: ChaCha8Rng,
     key_id: u16,
+    /// The generator of the archive and of late replays (its own, so that the forgeries and
+    /// recent replays draw what they drew before it).
+    late: ChaCha8Rng,
+    archive: Vec<Archived>,
+    /// The world's count of datagrams sent when the attacker last archived one.
+    archived_at_sent: u64,
+    /// The replay window of the deployment's keys (milliseconds).
+    window_ms: u64,
 }
 
 impl Attacker {
@@ -48,7 +76,103 @@ impl Attacker {
         // Half of these seeds encrypt payloads as well.
         let keys = KeySet::new(vec![DeploymentKey::new(key_id, secret)])
             .encrypting_payloads(rng.random_bool(0.5));
-        Some((Attacker { rng, key_id }, keys))
+        let window_ms = u64::from(keys.replay_window_ms());
+        let late = ChaCha8Rng::seed_from_u64(seed ^ 0x1a7e_4e91_a75e_ed00);
+        Some((
+            Attacker {
+                rng,
+                key_id,
+                late,
+                archive: Vec::new(),
+                archived_at_sent: 0,
+                window_ms,
+            },
+            keys,
+        ))
+    }
+
+    /// Archive the newest datagram sent now and then; now and then replay archived ones.
+    pub(super) fn archive_and_replay_late(
+        &mut self,
+        world: &mut World,
+        summary: &mut FaultSummary,
+    ) {
+        if world.network.sent != self.archived_at_sent && self.late.random_bool(ARCHIVE_PROBABILITY)
+        {
+            if let Some((from, to, bytes)) = world.captured.back() {
+                self.archived_at_sent = world.network.sent;
+                let entry = (world.now, *from, *to, bytes.clone());
+                if self.archive.len() < ARCHIVE_MAX {
+                    self.archive.push(entry);
+                } else {
+                    let index = self.late.random_range(0..ARCHIVE_MAX);
+                    self.archive[index] = entry;
+                }
+            }
+        }
+        if self.archive.is_empty() || !self.late.random_bool(LATE_STRIKE_PROBABILITY) {
+            return;
+        }
+        // Mostly datagrams still inside the replay window (the authenticator accepts them:
+        // the session tables must answer them), else any (mostly stale: refused).
+        let within = self.late.random_bool(0.7);
+        for _ in 0..self.late.random_range(1..=4) {
+            self.replay_archived(world, summary, within);
+        }
+    }
+
+    /// The last strike, as the liveness phase heals the faults and restarts every process: a
+    /// burst of archived datagrams, mostly still inside the replay window.
+    pub(super) fn final_burst(&mut self, world: &mut World, summary: &mut FaultSummary) {
+        if self.archive.is_empty() {
+            return;
+        }
+        for _ in 0..FINAL_BURST {
+            let within = self.late.random_bool(0.8);
+            self.replay_archived(world, summary, within);
+        }
+    }
+
+    /// Replay one archived datagram (one captured within the replay window, plus the second
+    /// a seal time counts in, when `within` and there is one), from its source, to its
+    /// destination or now and then to another node.
+    fn replay_archived(&mut self, world: &mut World, summary: &mut FaultSummary, within: bool) {
+        let now = world.now;
+        let fresh = |entry: &&Archived| {
+            now.as_nanos().saturating_sub(entry.0.as_nanos()) / 1_000_000 <= self.window_ms + 1000
+        };
+        let candidates: Vec<usize> = if within {
+            (0..self.archive.len())
+                .filter(|&index| fresh(&&self.archive[index]))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let index = if candidates.is_empty() {
+            self.late.random_range(0..self.archive.len())
+        } else {
+            candidates[self.late.random_range(0..candidates.len())]
+        };
+        let (at, from, mut to, bytes) = self.archive[index].clone();
+        if self.late.random_bool(0.2) {
+            to = match self.late.random_range(0..3) {
+                0 => device_addr(self.late.random_range(0..world.devices.len())),
+                1 => server_addr(self.late.random_range(0..world.servers.len())),
+                _ => client_addr(self.late.random_range(0..world.clients.len())),
+            };
+        }
+        let age_ms = now.as_nanos().saturating_sub(at.as_nanos()) / 1_000_000;
+        summary.counts.replayed_datagrams += 1;
+        summary.counts.replayed_late += 1;
+        if age_ms > self.window_ms + 1000 {
+            summary.counts.replayed_past_window += 1;
+        }
+        let what = describe(&bytes);
+        world.note_by(
+            "attacker",
+            &format!("replays a {what} captured {age_ms} ms ago, from {from} to {to}"),
+        );
+        world.inject(from, to, bytes);
     }
 
     /// Maybe inject one forged or replayed datagram.
@@ -72,16 +196,7 @@ impl Attacker {
             to = self.node(world);
         }
         summary.counts.replayed_datagrams += 1;
-        let what = Header::parse(pmnet_auth::without_trailer(&bytes))
-            .map(|(header, _)| {
-                format!(
-                    "{} s={:x} seq={}",
-                    header.packet_type.name(),
-                    header.session_id,
-                    header.seq
-                )
-            })
-            .unwrap_or_else(|_| "datagram".into());
+        let what = describe(&bytes);
         world.note_by(
             "attacker",
             &format!(
@@ -163,14 +278,40 @@ impl Attacker {
     }
 }
 
+/// A captured datagram's type, session and number, for the trace.
+fn describe(bytes: &[u8]) -> String {
+    Header::parse(pmnet_auth::without_trailer(bytes))
+        .map(|(header, _)| {
+            format!(
+                "{} s={:x} seq={}",
+                header.packet_type.name(),
+                header.session_id,
+                header.seq
+            )
+        })
+        .unwrap_or_else(|_| "datagram".into())
+}
+
 /// Datagrams the nodes dropped as authentication failures.
 pub(super) fn auth_drops(world: &World) -> u64 {
-    let reasons = [
-        "unauthenticated",
-        "bad_tag",
-        "unknown_key",
-        "auth_truncated",
-    ];
+    drops(
+        world,
+        &[
+            "unauthenticated",
+            "bad_tag",
+            "unknown_key",
+            "auth_truncated",
+        ],
+    )
+}
+
+/// Genuine datagrams the nodes dropped as sealed outside their replay window (replays).
+pub(super) fn stale_drops(world: &World) -> u64 {
+    drops(world, &["stale", "from_the_future"])
+}
+
+/// Datagrams the nodes dropped for one of `reasons` (a crash forgets a node's counts).
+fn drops(world: &World, reasons: &[&str]) -> u64 {
     let count = |dropped: &std::collections::BTreeMap<&'static str, u64>| -> u64 {
         reasons
             .iter()

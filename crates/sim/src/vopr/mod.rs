@@ -250,6 +250,9 @@ fn run_inner(seed: u64, options: &Options, state: &mut Option<Run>) -> Report {
         options,
         &mut attacker,
     );
+    if let Some(attacker) = attacker.as_mut() {
+        attacker.final_burst(world, summary);
+    }
     let virtual_time_to_converge = liveness_phase::run(world, &mut rng, &mut issued, options);
     let requests_completed = check_invariants(world, &issued, summary);
     count_world_faults(world, summary);
@@ -271,6 +274,7 @@ fn run_inner(seed: u64, options: &Options, state: &mut Option<Run>) -> Report {
     if attacker.is_some() {
         summary.counts.seeds_with_attacker += 1;
         summary.counts.forgeries_dropped += attacker::auth_drops(world);
+        summary.counts.replays_dropped_stale += attacker::stale_drops(world);
     }
     Report {
         seed,

@@ -71,6 +71,7 @@ pub(super) fn run(
     for _ in 0..options.safety_actions {
         if let Some(attacker) = attacker.as_mut() {
             attacker.strike(world, summary);
+            attacker.archive_and_replay_late(world, summary);
         }
         if rng.random_bool(issue_probability) {
             let client = rng.random_range(0..client_count);

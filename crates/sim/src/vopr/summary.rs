@@ -71,6 +71,12 @@ pub struct FaultCounts {
     pub forged_datagrams: u64,
     pub forgeries_dropped: u64,
     pub replayed_datagrams: u64,
+    /// Of the replays, those of archived datagrams (captured long before), those of them
+    /// replayed past the replay window, and the replays the nodes dropped as sealed outside
+    /// it (`stale`, `from_the_future`).
+    pub replayed_late: u64,
+    pub replayed_past_window: u64,
+    pub replays_dropped_stale: u64,
 }
 
 impl FaultCounts {
@@ -102,6 +108,9 @@ impl FaultCounts {
         self.forged_datagrams += other.forged_datagrams;
         self.forgeries_dropped += other.forgeries_dropped;
         self.replayed_datagrams += other.replayed_datagrams;
+        self.replayed_late += other.replayed_late;
+        self.replayed_past_window += other.replayed_past_window;
+        self.replays_dropped_stale += other.replays_dropped_stale;
         self.server_crashes += other.server_crashes;
         self.server_crashes_during_recovery += other.server_crashes_during_recovery;
         self.entries_corrupted_at_rest += other.entries_corrupted_at_rest;
@@ -177,6 +186,9 @@ impl FaultCounts {
                 "datagrams replayed by the attacker",
                 self.replayed_datagrams,
             ),
+            ("archived datagrams replayed much later", self.replayed_late),
+            ("replayed past the replay window", self.replayed_past_window),
+            ("replays dropped as stale", self.replays_dropped_stale),
         ];
         // Devices in series and replicated servers are on a few seeds each: their lines
         // appear when a seed had them.

@@ -127,6 +127,8 @@ pub(crate) struct Replayer {
     pub(crate) replayed: u64,
     pub(crate) replayed_past_window: u64,
     pub(crate) bursts_after_restarts: u64,
+    /// Packet types it does not replay (captured, never sent again).
+    pub(crate) spared_types: Vec<u8>,
 }
 
 impl Replayer {
@@ -141,11 +143,15 @@ impl Replayer {
             replayed: 0,
             replayed_past_window: 0,
             bursts_after_restarts: 0,
+            spared_types: Vec::new(),
         }
     }
 
     /// See a datagram sent (sealed, before the network loses or duplicates it).
     pub(crate) fn capture(&mut self, now: Time, from: SocketAddr, to: SocketAddr, bytes: &[u8]) {
+        if bytes.len() > 3 && self.spared_types.contains(&bytes[3]) {
+            return;
+        }
         let entry = (now, from, to, bytes.to_vec());
         if self.rng.random_bool(0.05) {
             if self.archive.len() < ARCHIVE_MAX {

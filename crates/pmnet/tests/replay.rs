@@ -316,3 +316,173 @@ fn a_new_client_s_first_memory_write_to_a_just_started_keyed_device_succeeds() {
     assert!(ok, "the first write to a new device failed: {out}\n{err}");
     assert_eq!(read_line(device_addr, &key, 12), "12 \"first\"");
 }
+
+// ---------------------------------------------------------------------------------------
+// The chain store: `pmnet kv` against keyed members.
+
+const GROUPS: u16 = 4;
+
+/// `pmnet kv` through `members` (in chain order) with `key`: (success, stdout, stderr).
+fn kv(members: &[SocketAddr], key: &str, words: &[&str]) -> (bool, String, String) {
+    let mut all: Vec<String> = args(&["kv", "--groups", &GROUPS.to_string(), "--key-file", key]);
+    all.extend(args(&["--timeout-ms", "3000"]));
+    for member in members {
+        all.extend(args(&["--member", &member.to_string()]));
+    }
+    all.extend(args(words));
+    let (status, stdout, stderr) = run_pmnet(&all, None);
+    (status.success(), stdout.trim().to_owned(), stderr)
+}
+
+#[test]
+fn a_replayed_chain_put_never_brings_an_old_value_back_after_the_head_restarts() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let key = keygen(dir.path(), "");
+    let members = [free_udp_addr(), free_udp_addr(), free_udp_addr()];
+    let mut membership: Vec<String> = members
+        .iter()
+        .flat_map(|member| ["--chain-member".to_owned(), member.to_string()])
+        .collect();
+    membership.extend(args(&[
+        "--chain-groups",
+        &GROUPS.to_string(),
+        "--key-file",
+        &key,
+    ]));
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| common::chain_member(i as u16 + 1, members[i], &membership, dir.path()))
+        .collect();
+    let taps: Vec<Tap> = members.iter().map(|member| Tap::start(*member)).collect();
+    let tapped: Vec<SocketAddr> = taps.iter().map(|tap| tap.addr).collect();
+
+    // A read first: a head's floor is set by the first sealed datagram it sees.
+    let (ok, out, err) = kv(&members, &key, &["get", "acct"]);
+    assert!(ok, "{out}\n{err}");
+    after_this_second();
+    let (ok, out, err) = kv(&tapped, &key, &["put", "acct", "v1-OLD"]);
+    assert!(ok && out.starts_with("OK (version 1)"), "{out}\n{err}");
+    let (ok, out, err) = kv(&members, &key, &["put", "acct", "v2-NEW"]);
+    assert!(ok && out.starts_with("OK (version 2)"), "{out}\n{err}");
+    let head = taps
+        .iter()
+        .position(|tap| {
+            tap.captured
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|datagram| datagram.windows(6).any(|w| w == b"v1-OLD"))
+        })
+        .expect("a tap saw the put");
+    let old_put = taps[head].first_with(b"v1-OLD");
+
+    // The head restarts on its table; the captured put comes again.
+    nodes[head].proc.stop();
+    nodes[head] = common::chain_member(head as u16 + 1, members[head], &membership, dir.path());
+    replay(&old_put, members[head]);
+    nodes[head].wait_metric(
+        "pmnet_chain_replays_refused_total",
+        "",
+        "counts the replayed put",
+        |v| v >= 1.0,
+    );
+    assert_eq!(
+        metric(&nodes[head], "pmnet_chain_writes_stamped_total", ""),
+        0.0,
+        "the restarted head stamped nothing"
+    );
+    for member in members {
+        let (ok, out, err) = kv(&[member], &key, &["get", "acct"]);
+        assert!(ok, "{out}\n{err}");
+        assert_eq!(out, "v2-NEW", "member {member}: {err}");
+        assert!(err.contains("version 2"), "member {member}: {err}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The `kv` engine behind a device; replays after the window.
+
+/// `pmnet client --device DEVICE --key-file KEY WORDS...`
+fn client(device: SocketAddr, key: &str, words: &[&str]) -> (bool, String, String) {
+    let device = device.to_string();
+    let mut all = vec!["client", "--device", &device, "--key-file", key];
+    all.extend_from_slice(words);
+    pmnet(&all)
+}
+
+fn kv_server(listen: SocketAddr, device: SocketAddr, file: &Path, key: &str) -> Node {
+    let mut list = common::server_args(listen, device, file, Some("kv"));
+    list.extend(args(&[
+        "--max-sessions",
+        "128",
+        "--gap-fill-after",
+        "1",
+        "--key-file",
+        key,
+    ]));
+    Node::start("server", list)
+}
+
+#[test]
+fn a_replayed_kv_set_after_the_store_forgot_its_session_and_restarted_is_refused_as_stale() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    // Sessions are kept 2 × 1 + 1 = 3 s: a replay of a forgotten session is always stale.
+    let key = keygen(dir.path(), "replay window 1");
+    let (device_addr, server_addr) = (free_udp_addr(), free_udp_addr());
+    let data_file = dir.path().join("server.data");
+    let mut server = kv_server(server_addr, device_addr, &data_file, &key);
+    let mut device_list = common::device_args(device_addr, server_addr, &dir.path().join("log"));
+    device_list.extend(args(&["--key-file", &key]));
+    let device = Node::start("device", device_list);
+    let tap = Tap::start(device_addr);
+
+    let (ok, out, err) = client(tap.addr, &key, &["set", "acct", "v1-OLD"]);
+    assert!(ok, "{out}\n{err}");
+    let (ok, out, err) = client(device_addr, &key, &["set", "acct", "v2-NEW"]);
+    assert!(ok, "{out}\n{err}");
+    let old_set = tap.first_with(b"v1-OLD");
+
+    // More one-shot sessions than the store keeps (128): the last ones wait until the first
+    // ones are older than the keeping time, then the store forgets them.
+    let keys = pmnet_runtime::load_key_file(Path::new(&key)).expect("the key file");
+    let extra = 130;
+    for i in 0..extra {
+        let mut options = pmnet_runtime::SessionOptions::new(1, device_addr);
+        options.keys = Some(keys.clone());
+        let mut session = pmnet_runtime::ClientSession::open(options).expect("a session");
+        let payload = pmnet_store::Request::Set {
+            key: format!("other{i}").as_bytes(),
+            value: b"x",
+        }
+        .to_bytes();
+        session.update(&payload).expect("acked by the device");
+    }
+    let last = format!("other{}", extra - 1);
+    poll_until("the store applies the last session's set", || {
+        let (ok, out, err) = client(device_addr, &key, &["get", &last]);
+        if ok && out.contains('x') {
+            Ok(())
+        } else {
+            Err(format!("{out} {err}"))
+        }
+    });
+    server.proc.stop();
+    let server = kv_server(server_addr, device_addr, &data_file, &key);
+
+    // The captured set, to the device and to the server: refused for its age, counted.
+    let stale = "port=\"pmnet\",reason=\"stale\"";
+    let before = metric(&device, "pmnet_device_dropped_total", stale);
+    replay(&old_set, device_addr);
+    device.wait_metric("pmnet_device_dropped_total", stale, "counts it", |v| {
+        v > before
+    });
+    replay(&old_set, server_addr);
+    server.wait_metric(
+        "pmnet_server_dropped_total",
+        "reason=\"stale\"",
+        "counts it",
+        |v| v >= 1.0,
+    );
+    let (ok, out, err) = client(device_addr, &key, &["get", "acct"]);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("v2-NEW"), "{out}\n{err}");
+}

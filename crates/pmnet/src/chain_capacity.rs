@@ -25,6 +25,9 @@ struct Waiting {
     from: SocketAddr,
     header: Header,
     datagram: Vec<u8>,
+    /// With keys: its seal time and the clock when it came ([`NetworkFunction::note_seal`]),
+    /// told the member when it is handed on.
+    seal: Option<(u64, u64)>,
 }
 
 /// `inner` (a chain member) behind a token bucket for its chain requests.
@@ -37,6 +40,8 @@ pub struct CapacityLimited<F> {
     wake_at: Option<Time>,
     delayed: u64,
     dropped: u64,
+    /// The seal time of the datagram offered next, until it is handed on or queued.
+    seal: Option<(u64, u64)>,
 }
 
 impl<F: NetworkFunction> CapacityLimited<F> {
@@ -50,6 +55,7 @@ impl<F: NetworkFunction> CapacityLimited<F> {
             wake_at: None,
             delayed: 0,
             dropped: 0,
+            seal: None,
         }
     }
 
@@ -58,6 +64,9 @@ impl<F: NetworkFunction> CapacityLimited<F> {
         while !self.waiting.is_empty() && self.bucket.available(now) > 0 {
             let waiting = self.waiting.pop_front().expect("checked");
             self.bucket.take(now, 1);
+            if let Some((sealed_at_ms, now_ms)) = waiting.seal {
+                self.inner.note_seal(sealed_at_ms, now_ms);
+            }
             let verdict = self
                 .inner
                 .handle(now, waiting.from, &waiting.header, &waiting.datagram);
@@ -78,14 +87,25 @@ impl<F: NetworkFunction> CapacityLimited<F> {
 impl<F: NetworkFunction> NetworkFunction for CapacityLimited<F> {
     type Work = F::Work;
 
+    fn note_seal(&mut self, sealed_at_ms: u64, now_ms: u64) {
+        self.seal = Some((sealed_at_ms, now_ms));
+    }
+
     fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {
+        let seal = self.seal.take();
+        let pass = |inner: &mut F| {
+            if let Some((sealed_at_ms, now_ms)) = seal {
+                inner.note_seal(sealed_at_ms, now_ms);
+            }
+            inner.handle(now, from, header, datagram)
+        };
         if header.packet_type != PacketType::Reserved(CHAIN_REQUEST) {
-            return self.inner.handle(now, from, header, datagram);
+            return pass(&mut self.inner);
         }
         self.release(now);
         if self.waiting.is_empty() && self.bucket.available(now) > 0 {
             self.bucket.take(now, 1);
-            return self.inner.handle(now, from, header, datagram);
+            return pass(&mut self.inner);
         }
         if self.waiting.len() >= WAITING_MAX {
             self.dropped += 1;
@@ -96,6 +116,7 @@ impl<F: NetworkFunction> NetworkFunction for CapacityLimited<F> {
             from,
             header: *header,
             datagram: datagram.to_vec(),
+            seal,
         });
         self.wake_at = Some(self.bucket.next_wake(now).unwrap_or(now));
         Verdict::Consumed

@@ -597,6 +597,9 @@ impl<F: NetworkFunction + ?Sized> NetworkFunction for Box<F> {
     fn on_sent(&mut self, transmit: &Transmit) {
         (**self).on_sent(transmit)
     }
+    fn note_seal(&mut self, sealed_at_ms: u64, now_ms: u64) {
+        (**self).note_seal(sealed_at_ms, now_ms)
+    }
     fn counter_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
         (**self).counter_samples()
     }

@@ -361,10 +361,10 @@ impl AbdFunction {
 impl NetworkFunction for AbdFunction {
     type Work = RegionWrite;
 
-    fn note_seal(&mut self, sealed_at_ms: u64, now_ms: u64) {
+    fn note_seal(&mut self, sealed_at_ms: u64, started_ms: u64) {
         self.sealed_ms = Some(sealed_at_ms);
         self.floor
-            .get_or_insert_with(|| ReplayFloor::starting_at(now_ms));
+            .get_or_insert_with(|| ReplayFloor::starting_at(started_ms));
     }
 
     fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {

@@ -9,7 +9,7 @@
 //! | offset | size | field  | value                                                        |
 //! |--------|------|--------|--------------------------------------------------------------|
 //! | 0      | 2    | key_id | u16 big-endian: the deployment key the session key comes from |
-//! | 2      | 12   | nonce  | the GCM nonce: the seal time (u32, Unix seconds), the sender's 32-bit random prefix and a 32-bit counter, big-endian |
+//! | 2      | 12   | nonce  | the GCM nonce: the seal time's Unix seconds (u32), the sender's 32-bit random prefix, then its milliseconds (10 bits) and a 22-bit counter, big-endian |
 //! | 14     | 16   | tag    | the GCM tag under the session's key                          |
 //!
 //! Without [`flags::ENCRYPTED`] the payload is in clear and the tag is GMAC (AES-256-GCM with
@@ -340,9 +340,10 @@ pub struct Authenticator {
     /// The HKDF pseudo-random key of each deployment key, by id.
     prks: Vec<(u16, hkdf::Prk)>,
     session_keys: hashbrown::HashMap<(u16, u64), LessSafeKey>,
-    /// The nonce's middle 32 bits: this sealer's own, drawn at random.
+    /// The nonce's middle 32 bits: this sealer's own, drawn at random (from `prefix_state`).
     nonce_prefix: u32,
-    /// The nonce's last 32 bits: the next value; on wrapping the prefix moves on.
+    prefix_state: u64,
+    /// The nonce's last 22 bits: the next value; on wrapping the prefix moves on.
     nonce_counter: u32,
     /// Copies made ([`Clone`]): each gets a prefix of its own, derived from this one.
     clones: std::cell::Cell<u64>,
@@ -376,7 +377,7 @@ impl Clone for Authenticator {
         self.clones.set(clones);
         let mut copy = Authenticator::with_nonce_prefix(
             self.keys.clone(),
-            splitmix64(u64::from(self.nonce_prefix) ^ splitmix64(clones)),
+            splitmix64(self.prefix_state ^ splitmix64(clones)),
         )
         .with_clock(self.clock.clone());
         copy.recent_len_max = self.recent_len_max;
@@ -407,7 +408,8 @@ impl Authenticator {
             keys,
             prks,
             session_keys: hashbrown::HashMap::new(),
-            nonce_prefix: (nonce_prefix ^ (nonce_prefix >> 32)) as u32,
+            nonce_prefix: (splitmix64(nonce_prefix) >> 32) as u32,
+            prefix_state: splitmix64(nonce_prefix),
             nonce_counter: 0,
             clones: std::cell::Cell::new(0),
             recent: std::collections::VecDeque::new(),
@@ -428,8 +430,8 @@ impl Authenticator {
         (self.clock)()
     }
 
-    /// When the datagram the last successful [`Authenticator::verify`] accepted was sealed:
-    /// the start of the second it was sealed in, Unix milliseconds.
+    /// When the datagram the last successful [`Authenticator::verify`] accepted was sealed,
+    /// Unix milliseconds.
     pub fn sealed_at(&self) -> u64 {
         self.last_sealed_at
     }
@@ -587,13 +589,10 @@ impl Authenticator {
     /// Refuse a genuine datagram sealed outside the replay window of this endpoint's clock;
     /// remember when an accepted one was sealed.
     fn check_seal_time(&mut self, nonce: &[u8; NONCE_LEN]) -> Result<(), AuthError> {
-        // The seal time is whole Unix seconds (u32: until 2106): the datagram was sealed
-        // within the second that starts at `sealed_ms`.
-        let sealed_ms =
-            u64::from(u32::from_be_bytes([nonce[0], nonce[1], nonce[2], nonce[3]])) * 1000;
+        let sealed_ms = seal_time_ms(nonce);
         let now = self.now_ms();
         let window = u64::from(self.keys.replay_window_ms);
-        if now > sealed_ms + 999 + window {
+        if now > sealed_ms + window {
             return Err(AuthError::Stale);
         }
         if sealed_ms > now + window {
@@ -604,14 +603,17 @@ impl Authenticator {
     }
 
     fn next_nonce(&mut self) -> [u8; NONCE_LEN] {
+        let now = self.now_ms();
         let mut nonce = [0u8; NONCE_LEN];
-        nonce[..4].copy_from_slice(&((self.now_ms() / 1000) as u32).to_be_bytes());
+        nonce[..4].copy_from_slice(&((now / 1000) as u32).to_be_bytes());
         nonce[4..8].copy_from_slice(&self.nonce_prefix.to_be_bytes());
-        nonce[8..].copy_from_slice(&self.nonce_counter.to_be_bytes());
-        self.nonce_counter = self.nonce_counter.wrapping_add(1);
+        let millis = (now % 1000) as u32;
+        nonce[8..].copy_from_slice(&(millis << COUNTER_BITS | self.nonce_counter).to_be_bytes());
+        self.nonce_counter = (self.nonce_counter + 1) & COUNTER_MASK;
         if self.nonce_counter == 0 {
-            // 2^32 datagrams sealed: move to a new prefix rather than repeat a nonce.
-            self.nonce_prefix = splitmix64(u64::from(self.nonce_prefix)) as u32;
+            // 2^22 datagrams sealed: move to a new prefix rather than repeat a nonce.
+            self.prefix_state = splitmix64(self.prefix_state);
+            self.nonce_prefix = (self.prefix_state >> 32) as u32;
         }
         nonce
     }
@@ -634,6 +636,19 @@ impl Authenticator {
         }
         self.session_keys.get(&(key_id, session_id))
     }
+}
+
+/// Bits of the nonce's last word that count; the 10 above them hold the seal time's
+/// milliseconds.
+const COUNTER_BITS: u32 = 22;
+const COUNTER_MASK: u32 = (1 << COUNTER_BITS) - 1;
+
+/// When a nonce says it was sealed, in Unix milliseconds: its first word's seconds and the
+/// milliseconds in the top 10 bits of its last word.
+fn seal_time_ms(nonce: &[u8; NONCE_LEN]) -> u64 {
+    let seconds = u32::from_be_bytes([nonce[0], nonce[1], nonce[2], nonce[3]]);
+    let last = u32::from_be_bytes([nonce[8], nonce[9], nonce[10], nonce[11]]);
+    u64::from(seconds) * 1000 + u64::from((last >> COUNTER_BITS).min(999))
 }
 
 /// The session id of a datagram at least a header long.

@@ -51,8 +51,8 @@ impl NetworkFunction for ChainFunction {
         }
     }
 
-    fn note_seal(&mut self, sealed_at_ms: u64, now_ms: u64) {
-        self.node.note_seal(sealed_at_ms, now_ms);
+    fn note_seal(&mut self, sealed_at_ms: u64, started_ms: u64) {
+        self.node.note_seal(sealed_at_ms, started_ms);
     }
 
     fn handle_timeout(&mut self, now: Time) {

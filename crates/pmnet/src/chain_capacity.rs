@@ -64,8 +64,8 @@ impl<F: NetworkFunction> CapacityLimited<F> {
         while !self.waiting.is_empty() && self.bucket.available(now) > 0 {
             let waiting = self.waiting.pop_front().expect("checked");
             self.bucket.take(now, 1);
-            if let Some((sealed_at_ms, now_ms)) = waiting.seal {
-                self.inner.note_seal(sealed_at_ms, now_ms);
+            if let Some((sealed_at_ms, started_ms)) = waiting.seal {
+                self.inner.note_seal(sealed_at_ms, started_ms);
             }
             let verdict = self
                 .inner
@@ -87,15 +87,15 @@ impl<F: NetworkFunction> CapacityLimited<F> {
 impl<F: NetworkFunction> NetworkFunction for CapacityLimited<F> {
     type Work = F::Work;
 
-    fn note_seal(&mut self, sealed_at_ms: u64, now_ms: u64) {
-        self.seal = Some((sealed_at_ms, now_ms));
+    fn note_seal(&mut self, sealed_at_ms: u64, started_ms: u64) {
+        self.seal = Some((sealed_at_ms, started_ms));
     }
 
     fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {
         let seal = self.seal.take();
         let pass = |inner: &mut F| {
-            if let Some((sealed_at_ms, now_ms)) = seal {
-                inner.note_seal(sealed_at_ms, now_ms);
+            if let Some((sealed_at_ms, started_ms)) = seal {
+                inner.note_seal(sealed_at_ms, started_ms);
             }
             inner.handle(now, from, header, datagram)
         };

@@ -302,9 +302,6 @@ fn a_replayed_memory_write_never_brings_an_old_line_back_after_the_device_forgot
 }
 
 #[test]
-#[ignore = "known hole: the coordinator's floor is the start time in ms while seal times are whole \
-            seconds, so a new session's first write sealed in the device's first second is \
-            refused and its resends are answered in doubt"]
 fn a_new_client_s_first_memory_write_to_a_just_started_keyed_device_succeeds() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let key = keygen(dir.path(), "");

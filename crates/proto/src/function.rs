@@ -141,11 +141,11 @@ pub trait NetworkFunction {
     fn on_sent(&mut self, _transmit: &Transmit) {}
 
     /// When keys are configured: the seal time of the datagram offered next to
-    /// [`NetworkFunction::handle`] (the start of the second it was sealed in, Unix ms) and the
-    /// wall clock's time now. A function that keeps per-session state refuses, with it,
-    /// replays of sessions it forgot or knew before it started (`pmnet_auth::ReplayFloor`).
-    /// Nothing by default.
-    fn note_seal(&mut self, _sealed_at_ms: u64, _now_ms: u64) {}
+    /// [`NetworkFunction::handle`] and the time the device started (Unix ms: when its
+    /// pipeline was made, before it received anything). A function that keeps per-session
+    /// state refuses, with it, replays of sessions it forgot or knew before it started
+    /// (`pmnet_auth::ReplayFloor`). Nothing by default.
+    fn note_seal(&mut self, _sealed_at_ms: u64, _started_ms: u64) {}
 
     /// The function's counters for a metrics endpoint: (name, help, value); a name that does
     /// not end in `_total` is a gauge (a level now). None by default.
@@ -223,9 +223,9 @@ impl<A, B> Stack<A, B> {
 impl<A: NetworkFunction, B: NetworkFunction> NetworkFunction for Stack<A, B> {
     type Work = StackWork<A::Work, B::Work>;
 
-    fn note_seal(&mut self, sealed_at_ms: u64, now_ms: u64) {
-        self.front.note_seal(sealed_at_ms, now_ms);
-        self.back.note_seal(sealed_at_ms, now_ms);
+    fn note_seal(&mut self, sealed_at_ms: u64, started_ms: u64) {
+        self.front.note_seal(sealed_at_ms, started_ms);
+        self.back.note_seal(sealed_at_ms, started_ms);
     }
 
     fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {
@@ -353,6 +353,9 @@ pub struct Pipeline<F> {
     auth: Option<pmnet_auth::Authenticator>,
     /// Without keys, and asked to: warnings of datagrams from other hosts (rate-limited).
     plain_warnings: Option<crate::PlainTrafficWarnings>,
+    /// When the pipeline was given its keys (Unix ms, by its authenticator's clock): the
+    /// device's start, for the replay floors of its functions.
+    started_ms: u64,
     /// With peers to batch for: what a turn sends each of them, packed (see `batch.rs`).
     batcher: Option<crate::Batcher>,
 }
@@ -365,6 +368,7 @@ impl<F: NetworkFunction> Pipeline<F> {
             auth_warnings: crate::AuthWarnings::default(),
             auth: None,
             plain_warnings: None,
+            started_ms: 0,
             batcher: None,
         }
     }
@@ -405,6 +409,10 @@ impl<F: NetworkFunction> Pipeline<F> {
         // What a device forwards is what it just verified: reuse the trailer rather than
         // compute the MAC again (a receive batch's worth).
         self.auth = auth.map(|auth| auth.remember_verified(FORWARDED_TRAILERS_KEPT));
+        self.started_ms = self
+            .auth
+            .as_ref()
+            .map_or(0, pmnet_auth::Authenticator::now_ms);
         self
     }
 
@@ -447,7 +455,7 @@ impl<F: NetworkFunction> Pipeline<F> {
             }
             Some(Ok(inner)) => {
                 if let Some(auth) = self.auth.as_ref() {
-                    self.functions.note_seal(auth.sealed_at(), auth.now_ms());
+                    self.functions.note_seal(auth.sealed_at(), self.started_ms);
                 }
                 inner
             }
@@ -597,8 +605,8 @@ impl<F: NetworkFunction + ?Sized> NetworkFunction for Box<F> {
     fn on_sent(&mut self, transmit: &Transmit) {
         (**self).on_sent(transmit)
     }
-    fn note_seal(&mut self, sealed_at_ms: u64, now_ms: u64) {
-        (**self).note_seal(sealed_at_ms, now_ms)
+    fn note_seal(&mut self, sealed_at_ms: u64, started_ms: u64) {
+        (**self).note_seal(sealed_at_ms, started_ms)
     }
     fn counter_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
         (**self).counter_samples()

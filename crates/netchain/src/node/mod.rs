@@ -728,10 +728,10 @@ impl ChainNode {
     /// head knows what reached it). Only a newer request replaces what is known.
     /// The seal time of the datagram handled next, and the wall clock now (with keys): see
     /// [`pmnet_proto::NetworkFunction::note_seal`].
-    pub fn note_seal(&mut self, sealed_at_ms: u64, now_ms: u64) {
+    pub fn note_seal(&mut self, sealed_at_ms: u64, started_ms: u64) {
         self.sealed_ms = Some(sealed_at_ms);
         self.floor
-            .get_or_insert_with(|| ReplayFloor::starting_at(now_ms));
+            .get_or_insert_with(|| ReplayFloor::starting_at(started_ms));
     }
 
     fn remember(&mut self, now: Time, session: u64, request: u32, key: Vec<u8>, decided: Decided) {

@@ -106,7 +106,7 @@ impl ServerConfig {
     /// How long the session table keeps a session after its last activity before it may be
     /// evicted: past the longest a duplicate can still arrive (`gap_fill_after`, beyond any
     /// client's request lifetime) and, with keys, past twice the replay window plus a second
-    /// (the seal time's unit), so that a replay the authenticator still accepts — at the
+    /// (a margin), so that a replay the authenticator still accepts — at the
     /// server or at a device that logs and resends it — finds its session and is recognised.
     pub fn session_keep(&self) -> Duration {
         let replay = self.auth.as_ref().map_or(Duration::ZERO, |auth| {

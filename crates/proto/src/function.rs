@@ -140,6 +140,11 @@ pub trait NetworkFunction {
     /// PMNet-ACKs which updates are durable). Nothing by default.
     fn on_sent(&mut self, _transmit: &Transmit) {}
 
+    /// A datagram from `from` could not be verified (`reason`: an authentication failure, or
+    /// sealed at a pipeline without keys) and was dropped before any function saw it. A
+    /// function waiting on `from`'s answers learns why none came. Nothing by default.
+    fn on_unverified(&mut self, _now: Time, _from: SocketAddr, _reason: DropReason) {}
+
     /// The function's counters for a metrics endpoint: (name, help, value); a name that does
     /// not end in `_total` is a gauge (a level now). None by default.
     fn counter_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
@@ -268,6 +273,11 @@ impl<A: NetworkFunction, B: NetworkFunction> NetworkFunction for Stack<A, B> {
         // Both are in front of whatever sent it.
         self.front.on_sent(transmit);
         self.back.on_sent(transmit);
+    }
+
+    fn on_unverified(&mut self, now: Time, from: SocketAddr, reason: DropReason) {
+        self.front.on_unverified(now, from, reason);
+        self.back.on_unverified(now, from, reason);
     }
 
     fn poll_persist(&mut self) -> Option<PersistBatch<Self::Work>> {
@@ -406,6 +416,12 @@ impl<F: NetworkFunction> Pipeline<F> {
         &mut self.functions
     }
 
+    /// Datagrams that could not be verified (failed authentication, or sealed at a pipeline
+    /// without keys), in all: a caller that notes who it hears from counts only the others.
+    pub fn unverified_total(&self) -> u64 {
+        self.auth_warnings.total()
+    }
+
     /// Datagrams the pipeline itself dropped: unparseable, or of a type no function owns.
     pub fn drops(&self) -> &DropCounts {
         &self.drops
@@ -416,12 +432,13 @@ impl<F: NetworkFunction> Pipeline<F> {
         if let Some(batcher) = self.batcher.as_mut() {
             batcher.set_now(now);
         }
-        let verified = match self.auth.as_mut().map(|auth| auth.verify(datagram)) {
-            None => std::borrow::Cow::Borrowed(datagram),
-            Some(Ok(inner)) => inner,
-            Some(Err(error)) => {
-                self.auth_warnings.failed(now, "device", from, error);
-                self.drops.record(DropReason::Auth(error));
+        let verified = match crate::drop::verify_datagram(self.auth.as_mut(), datagram) {
+            Ok(inner) => inner,
+            Err(reason) => {
+                self.auth_warnings.failed(now, "device", from, reason);
+                self.drops.record(reason);
+                // A function that waits on a peer's answers learns why none came.
+                self.functions.on_unverified(now, from, reason);
                 return;
             }
         };
@@ -564,6 +581,9 @@ impl<F: NetworkFunction + ?Sized> NetworkFunction for Box<F> {
     }
     fn on_sent(&mut self, transmit: &Transmit) {
         (**self).on_sent(transmit)
+    }
+    fn on_unverified(&mut self, now: Time, from: SocketAddr, reason: DropReason) {
+        (**self).on_unverified(now, from, reason)
     }
     fn counter_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
         (**self).counter_samples()

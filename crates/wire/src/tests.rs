@@ -252,6 +252,7 @@ fn fill_payloads_round_trip() {
         NotLoggedReason::LogFull,
         NotLoggedReason::Collision,
         NotLoggedReason::TooLarge,
+        NotLoggedReason::ServerUnverified,
     ] {
         assert_eq!(NotLoggedReason::from_code(reason as u8), Some(reason));
     }

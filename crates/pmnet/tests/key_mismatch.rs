@@ -42,7 +42,7 @@ fn refused(device_keys: Option<&str>, server_keys: Option<&str>, named: &str) {
     assert!(!status.success(), "{stdout}{stderr}");
     assert!(!stdout.contains("durable"), "{stdout}");
     assert!(
-        stdout.contains("acks nothing until it has verified its server"),
+        format!("{stdout}{stderr}").contains("acks nothing until it has verified its server"),
         "{stdout}{stderr}"
     );
     let warning = poll_until("the device says why it acks nothing", || {

@@ -106,19 +106,27 @@ fn a_device_names_a_server_that_is_not_running_and_says_when_it_is_back() {
         "device",
         device_args(device_addr, server_addr, &dir.path().join("device.log")),
     );
-    // The device acks the update itself and forwards it to the server, which is not there.
+    // The device forwards the update to the server, which is not there; it acks nothing for a
+    // server that never answered (it cannot know the server would apply it), and the client
+    // is told why.
     let (status, stdout, stderr) = common::run_pmnet(
         &args(&[
             "client",
             "--device",
             &device_addr.to_string(),
+            "--request-lifetime",
+            "1",
             "set",
             "k",
             "v",
         ]),
         None,
     );
-    assert!(status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(!status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(
+        stderr.contains("acks nothing until it has verified its server"),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
     let stderr = wait_for_stderr(&device.proc, "the device's warning", |text| {
         text.contains(&server_addr.to_string()) && text.contains("the server")
     });

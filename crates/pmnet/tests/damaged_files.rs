@@ -115,26 +115,6 @@ fn set(device: SocketAddr, key: &str, value: &str) {
     );
 }
 
-/// A stand-in for a server at `addr` that answers the device's probes (so the device acks
-/// what it logs) and applies nothing: the entries stay in the log. Ends when `stop` is set.
-fn probe_answerer(addr: SocketAddr, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) {
-    let socket = std::net::UdpSocket::bind(addr).expect("bind the stand-in server");
-    socket
-        .set_read_timeout(Some(std::time::Duration::from_millis(20)))
-        .expect("a timeout");
-    std::thread::spawn(move || {
-        let mut buffer = [0u8; 2048];
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            let Ok((len, from)) = socket.recv_from(&mut buffer) else {
-                continue;
-            };
-            if len >= pmnet_wire::HEADER_LEN && buffer[3] == pmnet_wire::PacketType::Probe.code() {
-                let _ = socket.send_to(&buffer[..len], from);
-            }
-        }
-    });
-}
-
 /// A device in front of a server that applies nothing (it only answers the device's probes),
 /// with `count` updates logged and acked in its log file, stopped cleanly: the log holds those
 /// entries and nothing else does.
@@ -143,7 +123,7 @@ fn log_with_acked_entries(dir: &Path, count: usize) -> (Vec<String>, std::path::
     let device_addr = free_udp_addr();
     let no_server = free_udp_addr();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    probe_answerer(no_server, stop.clone());
+    common::probe_answerer(no_server, stop.clone());
     let device_args = device_args(device_addr, no_server, &log_file);
     let mut device = Node::start("device (first start)", device_args.clone());
     wait_for_stderr(&device.proc, "did not exist: created it");

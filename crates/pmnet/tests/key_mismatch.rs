@@ -32,6 +32,20 @@ fn refused(device_keys: Option<&str>, server_keys: Option<&str>, named: &str) {
         device.extend(args(&["--key-file", keys]));
     }
     let device = Node::start("device", device);
+    // The device warns, naming the server and the reason (after its start-up grace, in which
+    // it logs writes and holds their acks for the server's first answer).
+    let warning = poll_until("the device says why it acks nothing", || {
+        let stderr = device.proc.stderr();
+        let wanted = format!("server {server_addr} answers nothing this device can verify");
+        match stderr.lines().find(|line| line.contains(&wanted)) {
+            Some(line) => Ok(line.to_owned()),
+            None => Err(stderr),
+        }
+    });
+    assert!(
+        warning.contains("WARN") && warning.contains(named) && warning.contains("--key-file"),
+        "{warning}"
+    );
     let to = device_addr.to_string();
     let mut list = vec!["client", "--to", &to, "--request-lifetime", "1"];
     if let Some(keys) = device_keys {
@@ -44,18 +58,6 @@ fn refused(device_keys: Option<&str>, server_keys: Option<&str>, named: &str) {
     assert!(
         format!("{stdout}{stderr}").contains("acks nothing until it has verified its server"),
         "{stdout}{stderr}"
-    );
-    let warning = poll_until("the device says why it acks nothing", || {
-        let stderr = device.proc.stderr();
-        let wanted = format!("server {server_addr} answers nothing this device can verify");
-        match stderr.lines().find(|line| line.contains(&wanted)) {
-            Some(line) => Ok(line.to_owned()),
-            None => Err(stderr),
-        }
-    });
-    assert!(
-        warning.contains("WARN") && warning.contains(named) && warning.contains("--key-file"),
-        "{warning}"
     );
     device.wait_metric(
         "pmnet_device_unverified_forwards_total",

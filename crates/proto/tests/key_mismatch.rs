@@ -23,7 +23,9 @@ fn write_through(
     client: Option<KeySet>,
 ) -> (ClientEvent, usize, Option<String>) {
     let mut world = World::new(1, Some(64)).with_keys(device, server, client);
-    world.run_for(Duration::from_millis(100));
+    // Past the device's start-up grace (it logs and holds acks while it waits for the
+    // server's first answer).
+    world.run_for(Duration::from_secs(1));
     let seq = world.update(0, b"x=1");
     world.drive_until(STEPS, |w| w.completion(0, seq).is_some());
     let event = world
@@ -113,6 +115,7 @@ fn the_same_keys_on_both_ack_as_before() {
 
 /// A device started while its server is down acks nothing, and warns that the server answers
 /// none of its probes; once the server is up and answers, writes are acked again.
+/// (See also `the_first_writes_are_acked_once_the_server_answers`.)
 #[test]
 fn a_device_acks_once_its_server_answers() {
     let mut world = World::new(1, Some(64));
@@ -141,4 +144,30 @@ fn a_device_acks_once_its_server_answers() {
         "{:?}",
         world.completion(0, seq)
     );
+}
+
+/// Writes that reach a device before its server's first answer (the start-up round trip) are
+/// logged and acked once the answer verifies: late, not lost to the server's reply.
+#[test]
+fn the_first_writes_are_acked_once_the_server_answers() {
+    let keys = Some(keys(1, 7));
+    let mut world = World::new(1, Some(64)).with_keys(keys.clone(), keys.clone(), keys);
+    // The server's first answer is late: its probe answers are lost for 100 ms.
+    world.drop_when(|seen| {
+        seen.header.packet_type == PacketType::Probe && seen.at.as_nanos() < 100_000_000
+    });
+    let seq = world.update(0, b"x=1");
+    world.drive_until(STEPS, |w| w.completion(0, seq).is_some());
+    assert!(
+        matches!(
+            world.completion(0, seq),
+            Some(ClientEvent::Completed {
+                completion: Completion::Logged { .. },
+                ..
+            })
+        ),
+        "{:?}",
+        world.completion(0, seq)
+    );
+    assert!(world.device(0).device().server_verified(SERVER_ID));
 }

@@ -591,7 +591,9 @@ impl Device {
             // The server's answer to this device's probe; a probe from the device before
             // this one in a chain (whose "server" this device is), answered in kind.
             PacketType::Probe if from == server => {
-                self.trust.answered(header.server_id, header.seq);
+                if self.trust.answered(header.server_id, header.seq) {
+                    self.ack_held(header.server_id);
+                }
                 self.counters.probes_answered = self.trust.probes_answered;
             }
             PacketType::Probe => {
@@ -604,7 +606,9 @@ impl Device {
                 self.send(from, answer.encode(&[]));
             }
             PacketType::ServerAck => {
-                self.trust.proven(header.server_id);
+                if self.trust.proven(header.server_id) {
+                    self.ack_held(header.server_id);
+                }
                 self.on_server_ack(now, header, datagram);
                 self.pump_replay(now, header.server_id);
             }
@@ -612,8 +616,9 @@ impl Device {
             // update: passed on towards the client, which counts distinct devices' acks
             // (docs/replication.md).
             PacketType::PmnetAck | PacketType::NotLogged if from == server => {
-                if header.packet_type == PacketType::PmnetAck {
-                    self.trust.proven(header.server_id);
+                if header.packet_type == PacketType::PmnetAck && self.trust.proven(header.server_id)
+                {
+                    self.ack_held(header.server_id);
                 }
                 self.next_devices.insert(server);
                 self.relay_chain_ack(header, datagram);
@@ -729,7 +734,7 @@ impl Device {
         let not_logged = if !self.config.logging {
             self.counters.forwarded_without_log += 1;
             None
-        } else if !self.trust.is_verified(header.server_id) {
+        } else if !self.trust.logs_for(header.server_id, now) {
             // Logging it would promise what the server may never apply: forwarded, and the
             // client told why no ack comes.
             self.counters.unverified_forwards += 1;
@@ -923,6 +928,61 @@ impl Device {
         }
     }
 
+    /// Server `server_id` was just verified: ack the durable entries this device logged for it
+    /// while it waited (their clients may still wait; an ack of a request a client is done
+    /// with is consumed quietly).
+    fn ack_held(&mut self, server_id: u16) {
+        // In key order (the index is ordered): a seed replays the same acks.
+        let held: Vec<(u32, SocketAddr)> = self
+            .index
+            .iter()
+            .filter(|(key, _)| key.server_id == server_id)
+            .filter_map(|(_, slot)| {
+                let entry = &self.entries[slot];
+                let waiting = entry.state == EntryState::Durable
+                    && !entry.ack_sent
+                    && entry.logged_at.is_some();
+                Some((*slot, entry.client.filter(|_| waiting)?))
+            })
+            .collect();
+        for (slot, client) in held {
+            self.send_pmnet_ack(slot, client);
+        }
+    }
+
+    /// Server `server_id` is still unverified after the start-up grace: the clients of the
+    /// entries logged for it meanwhile are told why their acks do not come (a not-logged
+    /// notice, paid from their traffic); the entries stay in the log and are resent.
+    fn tell_held_unverified(&mut self, server_id: u16) {
+        let held: Vec<EntryKey> = self
+            .index
+            .iter()
+            .filter(|(key, slot)| {
+                let entry = &self.entries[slot];
+                key.server_id == server_id && !entry.ack_sent && entry.logged_at.is_some()
+            })
+            .map(|(key, _)| *key)
+            .collect();
+        for key in held {
+            let slot = self.index[&key];
+            let notice = Header {
+                packet_type: PacketType::NotLogged,
+                flags: 0,
+                server_id: key.server_id,
+                session_id: key.session_id,
+                seq: key.seq,
+                fragment_index: key.fragment_index,
+                fragment_count: self.entries[&slot].fragment_count,
+                device_id: self.config.device_id,
+            };
+            self.counters.not_logged_notices_sent += 1;
+            self.send_paid(
+                key.session_id,
+                notice.encode(&[NotLoggedReason::ServerUnverified as u8]),
+            );
+        }
+    }
+
     /// Drop a durable entry: index, timer, and (persistently) its slot.
     fn free(&mut self, slot: u32) {
         let entry = self.entries.remove(&slot).expect("freeing a live slot");
@@ -1072,6 +1132,9 @@ impl Device {
             self.send(address, probe.encode(&[]));
         }
         self.counters.probes_sent = self.trust.probes_sent;
+        for server_id in self.trust.take_grace_over(now) {
+            self.tell_held_unverified(server_id);
+        }
     }
 }
 

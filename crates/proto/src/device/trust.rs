@@ -6,9 +6,11 @@
 //! server until it has seen proof that the two understand each other: a verified answer from
 //! the server's address to one of its probes ([`PacketType::Probe`]), or a verified server-ACK
 //! (or, for the next device of a chain, a PMNet-ACK), each of which the server sends only for
-//! something of this device's that it verified. Until then the device forwards updates
-//! without logging them and tells the client why (a not-logged notice); the client completes
-//! on the server's reply or fails naming the reason. A verified server stays verified for the
+//! something of this device's that it verified. Until then the device acks nothing for the
+//! server: for [`GRACE`] after its start it logs the server's updates and holds their acks
+//! (sent once the server is verified: the start-up round trip delays the first acks, it does
+//! not cost them); past it, it forwards them without logging and tells the client why (a
+//! not-logged notice); the client completes on the server's reply or fails naming the reason. A verified server stays verified for the
 //! device's life: acking is never withdrawn, so nothing acked depends on this state.
 //!
 //! Probes go out at start-up (one round trip, not one per request), again after 20 ms, the
@@ -26,6 +28,11 @@ use crate::{DropReason, Time};
 /// The first probe's wait for an answer; it doubles up to [`PROBE_INTERVAL_MAX`].
 pub const PROBE_INTERVAL_FIRST: Duration = Duration::from_millis(20);
 pub const PROBE_INTERVAL_MAX: Duration = Duration::from_secs(1);
+/// How long after its start a device logs a server's updates while it waits for the server's
+/// first answer, holding their acks until the answer verifies (then it acks them): the start-up
+/// round trip costs the first writes a late ack, not their ack. Past it, an unverified server's
+/// updates are forwarded without logging.
+pub const GRACE: Duration = Duration::from_millis(200);
 /// How long a server may stay unverified before the device warns.
 pub const WARN_AFTER: Duration = Duration::from_secs(1);
 /// How often the warning repeats, at most, while the server stays unverified.
@@ -47,6 +54,8 @@ struct Check {
     failures: u64,
     latest_failure: Option<DropReason>,
     warned_at: Option<Time>,
+    /// The grace ended with the server unverified, and the device was told.
+    grace_over: bool,
 }
 
 /// Every server's check.
@@ -77,6 +86,7 @@ impl Trust {
                         failures: 0,
                         latest_failure: None,
                         warned_at: None,
+                        grace_over: false,
                     },
                 )
             })
@@ -99,31 +109,44 @@ impl Trust {
         self.checks.values().all(|check| check.verified)
     }
 
-    /// A datagram from server `server_id` that proves it verified something of this device's
-    /// and sealed what this device verified (a server-ACK, a PMNet-ACK of the next device).
-    pub(super) fn proven(&mut self, server_id: u16) {
-        if let Some(check) = self.checks.get_mut(&server_id) {
-            if !check.verified {
-                check.verified = true;
-                tracing::info!(
-                    "server {} verifies what this device sends and sends what it verifies: \
-                     acking its writes",
-                    check.address
-                );
-            }
-        }
+    /// Whether server `server_id`'s updates are logged: it is verified, or the device is
+    /// within [`GRACE`] of its start (their acks wait for the verification).
+    pub(super) fn logs_for(&self, server_id: u16, now: Time) -> bool {
+        self.checks.get(&server_id).is_some_and(|check| {
+            check.verified || now.saturating_duration_since(check.since) < GRACE
+        })
     }
 
-    /// An answer to probe `seq` from server `server_id`.
-    pub(super) fn answered(&mut self, server_id: u16, seq: u32) {
+    /// A datagram from server `server_id` that proves it verified something of this device's
+    /// and sealed what this device verified (a server-ACK, a PMNet-ACK of the next device).
+    /// True when this verified the server just now.
+    pub(super) fn proven(&mut self, server_id: u16) -> bool {
+        let Some(check) = self.checks.get_mut(&server_id) else {
+            return false;
+        };
+        if check.verified {
+            return false;
+        }
+        check.verified = true;
+        tracing::info!(
+            "server {} verifies what this device sends and sends what it verifies: acking its \
+             writes",
+            check.address
+        );
+        true
+    }
+
+    /// An answer to probe `seq` from server `server_id`; true when it verified the server
+    /// just now.
+    pub(super) fn answered(&mut self, server_id: u16, seq: u32) -> bool {
         let Some(check) = self.checks.get(&server_id) else {
-            return;
+            return false;
         };
         if seq == 0 || seq >= check.next_probe {
-            return; // no probe of this number went out
+            return false; // no probe of this number went out
         }
         self.probes_answered += 1;
-        self.proven(server_id);
+        self.proven(server_id)
     }
 
     /// A datagram from `from` could not be verified.
@@ -143,6 +166,22 @@ impl Trust {
             .filter(|check| !check.verified)
             .map(|check| check.probe_at)
             .min()
+    }
+
+    /// Servers whose [`GRACE`] ended unverified since the last call (each once): the writes
+    /// logged for them meanwhile wait for acks that will not come soon.
+    pub(super) fn take_grace_over(&mut self, now: Time) -> Vec<u16> {
+        let mut over = Vec::new();
+        for (&id, check) in &mut self.checks {
+            if !check.verified
+                && !check.grace_over
+                && now.saturating_duration_since(check.since) >= GRACE
+            {
+                check.grace_over = true;
+                over.push(id);
+            }
+        }
+        over
     }
 
     /// Probes due at `now`: (server id, address, probe number). Warns of servers unverified

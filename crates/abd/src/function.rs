@@ -516,6 +516,11 @@ impl NetworkFunction for MemNodeFunction {
                 c.dropped,
             ),
             (
+                "pmnet_memnode_timestamps_refused_total",
+                "Stores refused: a timestamp no coordinator can have issued.",
+                c.timestamps_refused,
+            ),
+            (
                 "pmnet_memnode_learning_answers_total",
                 "Answers sent while learning (counted in no quorum).",
                 c.learning_answers,

@@ -24,7 +24,8 @@ pub use coordinator::{
 };
 pub use function::{AbdFunction, FunctionCounters, MemNodeFunction, SESSIONS_MAX};
 pub use node::{
-    MemNode, NodeConfig, NodeCounters, LEARN_WAIT, SYNC_RESEND, SYNC_SCAN, WAITERS_MAX,
+    MemNode, NodeConfig, NodeCounters, COUNTER_LEAD_MAX, COUNTER_STEP_MAX, LEARN_WAIT, SYNC_RESEND,
+    SYNC_SCAN, WAITERS_MAX,
 };
 pub use pmnet_wire::abd::{LINE, LINES_MAX};
 

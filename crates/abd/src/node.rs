@@ -37,6 +37,18 @@ pub const SYNC_SCAN: u16 = 4096;
 /// Stores waiting for their lines to be durable, at most; past it a store is dropped unacked
 /// (its coordinator sends it again).
 pub const WAITERS_MAX: usize = 8192;
+/// How far above the node's clock a stored timestamp's counter may be, in counter ticks (4 µs:
+/// about 4.8 hours). A coordinator stamps the higher of its clock's counter floor
+/// ([`crate::counter_floor_at`]) and one more than the highest counter of a majority, so every
+/// counter a coordinator issued is at most the clock's floor plus what writes faster than one
+/// per tick gained on it, plus the clocks' skew. A counter further ahead is no coordinator's
+/// (without keys, anyone's: the maximum would make the line refuse every later write), and a
+/// store holding one is refused whole, unacked, and counted (docs/abd.md, "Timestamps no
+/// coordinator issued"). The ceiling moves with the clock, so forgeries cannot ratchet it.
+pub const COUNTER_LEAD_MAX: u64 = 1 << 32;
+/// Without a clock ([`NodeConfig::counter_clock`] unset: tests, the simulator), how far above
+/// the line's latest counter a stored counter may be.
+pub const COUNTER_STEP_MAX: u64 = 1 << 20;
 
 /// A memory node's configuration.
 #[derive(Debug, Clone)]
@@ -45,6 +57,11 @@ pub struct NodeConfig {
     pub peers: Vec<SocketAddr>,
     /// Lines the node holds: `0 .. lines`.
     pub lines: u32,
+    /// The counter floor of the node's clock at its time zero ([`crate::counter_floor_at`]
+    /// of the wall clock then): stored counters beyond that clock's floor plus
+    /// [`COUNTER_LEAD_MAX`] are refused. `None`: no clock; counters beyond the line's latest
+    /// plus [`COUNTER_STEP_MAX`] are refused instead.
+    pub counter_clock: Option<u64>,
 }
 
 impl NodeConfig {
@@ -71,6 +88,10 @@ pub struct NodeCounters {
     pub waiters_full: u64,
     /// Datagrams that did not parse, or named lines out of range.
     pub dropped: u64,
+    /// Stores refused because a line's timestamp is beyond what a coordinator can have issued
+    /// ([`COUNTER_STEP_MAX`] above the line's latest counter), or a one-node memory's counter
+    /// would run out.
+    pub timestamps_refused: u64,
     /// Answers sent as a learning node.
     pub learning_answers: u64,
     pub sync_requests_served: u64,
@@ -245,7 +266,7 @@ impl MemNode {
         };
         match code {
             ABD_QUERY => self.on_query(from, header, payload),
-            ABD_STORE => self.on_store(from, header, payload),
+            ABD_STORE => self.on_store(now, from, header, payload),
             ABD_SYNC => self.on_sync(from, header, payload),
             ABD_SYNC_REPLY => self.on_sync_reply(now, from, payload),
             _ => self.counters.dropped += 1,
@@ -286,7 +307,7 @@ impl MemNode {
         self.send(from, ABD_QUERY_REPLY, header.session_id, header.seq, &out);
     }
 
-    fn on_store(&mut self, from: SocketAddr, header: &Header, payload: &[u8]) {
+    fn on_store(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) {
         let Ok(store) = Store::parse(payload) else {
             self.counters.dropped += 1;
             return;
@@ -303,6 +324,26 @@ impl MemNode {
             return;
         }
         self.counters.stores += 1;
+        let beyond = (0..usize::from(store.count)).any(|i| {
+            let (ts, _) = store.line(i);
+            let latest = self.latest_counter(store.first + i as u32);
+            let bound = if ts == 0 && self.config.peers.is_empty() {
+                // A one-node memory stamps the line's next counter itself: it must not run
+                // out of counters (a timestamp that wrapped to 0 would be acked unwritten).
+                pmnet_wire::abd::counter_of(u64::MAX)
+            } else {
+                self.counter_ceiling(now, latest)
+            };
+            if ts == 0 {
+                latest >= bound
+            } else {
+                pmnet_wire::abd::counter_of(ts) > bound
+            }
+        });
+        if beyond {
+            self.counters.timestamps_refused += 1;
+            return;
+        }
         let mut stamps = Vec::with_capacity(usize::from(store.count));
         for i in 0..usize::from(store.count) {
             let (mut ts, value) = store.line(i);
@@ -349,6 +390,24 @@ impl MemNode {
         } else {
             self.waiters.push_back(waiter);
         }
+    }
+
+    /// The highest counter a coordinator can have issued by `now`, for a line whose latest
+    /// counter here is `latest` (see [`COUNTER_LEAD_MAX`]).
+    fn counter_ceiling(&self, now: Time, latest: u64) -> u64 {
+        match self.config.counter_clock {
+            Some(at_zero) => at_zero
+                .saturating_add(now.as_nanos() / (crate::COUNTER_TICK_US * 1_000))
+                .saturating_add(COUNTER_LEAD_MAX),
+            None => latest.saturating_add(COUNTER_STEP_MAX),
+        }
+    }
+
+    /// The counter of line `line`'s latest timestamp (0: never written).
+    fn latest_counter(&self, line: u32) -> u64 {
+        self.table
+            .latest(&direct_key(line))
+            .map_or(0, |version| pmnet_wire::abd::counter_of(version.seq))
     }
 
     fn is_durable(&self, waiter: &Waiter) -> bool {

@@ -18,6 +18,11 @@ use crate::{
 
 const LINES: u32 = 32;
 
+/// The nodes' clock at their time zero: two days after the counters' epoch.
+fn node_clock() -> u64 {
+    crate::counter_floor_at((crate::COUNTER_EPOCH_UNIX_S + 2 * 86_400) * 1_000_000)
+}
+
 fn addr(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
@@ -57,6 +62,7 @@ fn fresh_node(addr_of: SocketAddr, peers: Vec<SocketAddr>, now: Time) -> Node {
         NodeConfig {
             peers,
             lines: LINES,
+            counter_clock: Some(node_clock()),
         },
         Table::new_direct(geometry()),
         now,
@@ -373,6 +379,7 @@ fn a_crash_never_tears_a_line_from_its_timestamp_nor_loses_an_acknowledged_store
             NodeConfig {
                 peers: Vec::new(),
                 lines: LINES,
+                counter_clock: None,
             },
             table,
             now,
@@ -535,4 +542,71 @@ fn a_restarted_coordinator_stamps_above_its_previous_life() {
         crate::counter_floor_at(later_micros + 4) - crate::counter_floor_at(later_micros),
         1
     );
+}
+
+/// A store with the maximum timestamp, forged (no keys) to one node: without a bound that
+/// line would refuse every later write (each quorum holding the node sees a timestamp the
+/// coordinator cannot go above). The node refuses a timestamp no coordinator can have issued,
+/// and the line goes on taking writes.
+#[test]
+fn a_store_with_a_timestamp_no_coordinator_issued_is_refused() {
+    let mut net = Net::new(3);
+    assert_eq!(net.direct_op(0, 1, OpKind::Write(lines(1, 1))), Ok(vec![]));
+    // The highest counter, and one above what a coordinator's clock can have reached in the
+    // seconds the test runs (an hour of ticks beyond the lead).
+    let ceiling = node_clock() + crate::COUNTER_LEAD_MAX + (1 << 30);
+    for ts in [u64::MAX, pmnet_wire::abd::timestamp(ceiling, 9)] {
+        let mut payload = Vec::new();
+        pmnet_wire::abd::Store {
+            first: 0,
+            count: 1,
+            lines: &pmnet_wire::abd::Store::encode_lines([(ts, &lines(0xEE, 1)[..])]),
+        }
+        .emit(&mut payload);
+        let header = Header::new(
+            pmnet_wire::PacketType::Reserved(pmnet_wire::abd::ABD_STORE),
+            0,
+            66,
+            66,
+        );
+        net.deliver(
+            addr(666),
+            Transmit {
+                destination: addr(1),
+                bytes: header.encode(&payload),
+            },
+        );
+        net.settle();
+    }
+    assert_eq!(net.nodes[0].node.counters().timestamps_refused, 2);
+    assert_eq!(
+        net.nodes[0].node.counters().acks,
+        1,
+        "the forgeries got no ack"
+    );
+    for round in 2..5u8 {
+        assert_eq!(
+            net.direct_op(0, 1, OpKind::Write(lines(round, 1))),
+            Ok(vec![])
+        );
+        assert_eq!(net.direct_op(0, 1, OpKind::Read), Ok(lines(round, 1)));
+    }
+}
+
+/// A node that missed writes of a line (it was cut off) still takes the next one: the bound
+/// leaves room for what a coordinator can have issued meanwhile.
+#[test]
+fn a_node_that_missed_writes_takes_the_next_one() {
+    let mut net = Net::new(3);
+    net.nodes[0].up = false;
+    for round in 1..20u8 {
+        assert_eq!(
+            net.direct_op(0, 1, OpKind::Write(lines(round, 1))),
+            Ok(vec![])
+        );
+    }
+    net.nodes[0].up = true;
+    assert_eq!(net.direct_op(0, 1, OpKind::Write(lines(99, 1))), Ok(vec![]));
+    assert_eq!(net.nodes[0].node.durable_line(0).1, lines(99, 1));
+    assert_eq!(net.nodes[0].node.counters().timestamps_refused, 0);
 }

@@ -177,7 +177,12 @@ impl ChainClient {
             Some(Ok(inner)) => Some(inner),
             Some(Err(error)) => {
                 if let Some((now, from)) = sender {
-                    self.auth_warnings.failed(now, "chain client", from, error);
+                    self.auth_warnings.failed(
+                        now,
+                        "chain client",
+                        from,
+                        pmnet_proto::DropReason::Auth(error),
+                    );
                 }
                 self.drops.record(DropReason::Auth(error));
                 None

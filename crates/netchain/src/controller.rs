@@ -384,8 +384,12 @@ impl Controller {
             }
             Some(Ok(inner)) => inner,
             Some(Err(error)) => {
-                self.auth_warnings
-                    .failed(now, "chain controller", from, error);
+                self.auth_warnings.failed(
+                    now,
+                    "chain controller",
+                    from,
+                    pmnet_proto::DropReason::Auth(error),
+                );
                 self.count_drop(DropReason::Auth(error));
                 return;
             }

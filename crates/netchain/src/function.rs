@@ -94,6 +94,8 @@ impl NetworkFunction for ChainFunction {
             ("pmnet_chain_replays_refused_total", "Writes of unknown sessions sealed before the head forgot a session or started: refused.", c.replays_refused),
             ("pmnet_chain_refused_full_total", "Writes refused for want of room in the table.", c.refused_full),
             ("pmnet_chain_dropped_total", "Chain datagrams dropped (unparsable, from a member that is no neighbour, for a group not served).", c.dropped),
+            ("pmnet_chain_versions_refused_total", "Writes and commits refused: a version no head can have issued.", c.versions_refused),
+            ("pmnet_chain_key_versions_full_total", "Writes the head made wait: too many versions of the key in flight.", c.key_versions_full),
             ("pmnet_chain_not_serving_total", "Requests answered \"not here\" for want of the controller's lease.", c.not_serving),
             ("pmnet_chain_configs_total", "Configurations taken from the controller.", c.configs),
             ("pmnet_chain_sync_pages_sent_total", "Pages of this member's table sent to a joining member.", c.sync_pages_sent),

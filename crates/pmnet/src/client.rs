@@ -224,6 +224,14 @@ fn execute(session: &mut ClientSession, command: &KvCommand) -> Result<String, C
             }),
     }
     .map_err(|error| match error {
+        ClientError::TimedOut
+            if session.peer_silence().is_some() && session.unverified_answers().is_some() =>
+        {
+            format!(
+                "{error}: {}; the request may or may not have been applied",
+                session.unverified_answers().unwrap_or_default()
+            )
+        }
         ClientError::TimedOut => match session.peer_silence() {
             Some(why) if why.contains("never answered") => format!(
                 "{error}: {why} — or it drops this client's datagrams because they fail \
@@ -243,6 +251,9 @@ fn execute(session: &mut ClientSession, command: &KvCommand) -> Result<String, C
                 session.peer()
             ),
         },
+        ClientError::NotLogged(pmnet_wire::NotLoggedReason::ServerUnverified) => {
+            format!("{error}; the request may or may not have been applied")
+        }
         ClientError::NotLogged(_) => format!(
             "{error}: the request was not acknowledged and may or may not have been applied \
              (the server is unreachable or overloaded; it applies the device's log when it is \

@@ -1,7 +1,9 @@
 //! `pmnet drain-bench`: how fast a server drains a device's log after an outage.
 //!
-//! Started as a user starts them: a `pmnet device` process, clients that log N updates through
-//! it while no server runs, then a `pmnet server` process. Each client then reads its own key
+//! Started as a user starts them: a `pmnet device` process, a `pmnet server` that runs until
+//! the device acks a write (a device acks nothing for a server it has not verified) and is
+//! killed, clients that log N updates through the device while no server runs, then a
+//! `pmnet server` process. Each client then reads its own key
 //! (a bypass GET, applied after every earlier update of its session), so the last read
 //! answered marks the moment every logged update was applied — and each read must return the
 //! session's last write. The run is repeated side by side with the device's replay paced (the
@@ -361,6 +363,32 @@ fn drain_once(args: &DrainBenchArgs, window: u32) -> Result<Drained, CliError> {
         .find_map(|line| line.trim().strip_prefix("medium: "))
         .unwrap_or("unknown")
         .to_owned();
+
+    // A device acks nothing for a server it has not verified (docs/security.md, "Devices and
+    // their servers"): the server runs once, until the device acks a write, then stops —
+    // the outage the drain measures.
+    {
+        let mut first_life = Process::spawn("server", &server_args)?;
+        first_life.wait_listening()?;
+        let mut options = SessionOptions::new(1, device_addr);
+        options.wait = WaitMode::Blocking;
+        let mut warm_up = ClientSession::open(options)?;
+        let payload = Request::Set {
+            key: b"drain-bench-warm-up",
+            value: b"1",
+        }
+        .to_bytes();
+        let deadline = Instant::now() + START_TIMEOUT;
+        while !matches!(warm_up.update(&payload), Ok(Completion::Logged { .. })) {
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "the device acked no write within {START_TIMEOUT:?} of its server's start"
+                )
+                .into());
+            }
+        }
+        drop(first_life);
+    }
 
     let mut sessions = Vec::new();
     for _ in 0..args.clients {

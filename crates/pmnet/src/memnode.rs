@@ -141,6 +141,8 @@ pub fn run(args: MemnodeArgs) -> Result<ExitCode, CliError> {
     let config = pmnet_abd::NodeConfig {
         peers: args.peers.clone(),
         lines: args.lines,
+        // Stored counters are bounded by what a coordinator's clock can have reached.
+        counter_clock: Some(pmnet_runtime::abd_counter_floor()),
     };
     let node = pmnet_abd::MemNode::new(config, table, pmnet_proto::Time::ZERO);
     let state = node.state_text();
@@ -167,6 +169,12 @@ pub fn run(args: MemnodeArgs) -> Result<ExitCode, CliError> {
         Box::new(function),
         Some(file.into_region()),
     )?;
+    // A memory node's drops (datagrams that failed verification, or no memory node's type)
+    // are its own, not a PMNet device's.
+    device.name_drops_as(
+        "pmnet_memnode_datagrams_dropped_total",
+        "pmnet_memnode_datagrams_dropped_all_total",
+    );
     let lines = [
         format!("pmnet memnode listening on {}", device.addresses().data),
         format!(

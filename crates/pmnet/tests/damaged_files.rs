@@ -115,18 +115,22 @@ fn set(device: SocketAddr, key: &str, value: &str) {
     );
 }
 
-/// A device in front of a server that is not running, with `count` updates logged and acked
-/// in its log file, stopped cleanly: the log holds those entries and nothing else does.
+/// A device in front of a server that applies nothing (it only answers the device's probes),
+/// with `count` updates logged and acked in its log file, stopped cleanly: the log holds those
+/// entries and nothing else does.
 fn log_with_acked_entries(dir: &Path, count: usize) -> (Vec<String>, std::path::PathBuf) {
     let log_file = dir.join("device.log");
     let device_addr = free_udp_addr();
     let no_server = free_udp_addr();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    common::probe_answerer(no_server, stop.clone());
     let device_args = device_args(device_addr, no_server, &log_file);
     let mut device = Node::start("device (first start)", device_args.clone());
     wait_for_stderr(&device.proc, "did not exist: created it");
     for index in 0..count {
         set(device.addr, &format!("key{index}"), "acked");
     }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     device.proc.stop();
     (device_args, log_file)
 }

@@ -11,6 +11,11 @@ fn a_device_at_trace_level_logs_each_datagram_in_its_span() {
     let dir = tempfile::tempdir().unwrap();
     let server_addr = free_udp_addr();
     let device_addr = free_udp_addr();
+    // A server to verify: a device acks nothing for a server that never answered it.
+    let _server = Node::start(
+        "server",
+        common::server_args(server_addr, device_addr, &dir.path().join("s.data"), None),
+    );
     let mut traced = vec!["-vv".to_owned()];
     traced.extend(device_args(
         device_addr,

@@ -310,8 +310,11 @@ fn pmnet_status_says_when_nothing_or_something_else_listens() {
 fn pmnet_log_inspect_lists_live_entries_and_damage_without_writing() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("device.log");
-    // A device whose server never answers: its updates stay in the log.
+    // A device whose server applies nothing (it only answers the device's probes): its
+    // updates stay in the log.
     let absent_server = common::free_udp_addr();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    common::probe_answerer(absent_server, stop.clone());
     let mut device = common::Node::start(
         "device",
         common::device_args(common::free_udp_addr(), absent_server, &log),
@@ -328,6 +331,7 @@ fn pmnet_log_inspect_lists_live_entries_and_damage_without_writing() {
             Completion::Logged { .. }
         ));
     }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     device.proc.stop();
     let log_text = log.display().to_string();
     let before = std::fs::read(&log).unwrap();

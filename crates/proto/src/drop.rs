@@ -11,6 +11,9 @@ pub enum DropReason {
     /// The datagram failed authentication (checked before anything else): forged, altered,
     /// replayed under another key, or sent without one.
     Auth(pmnet_auth::AuthError),
+    /// A datagram sealed with a key (flag `AUTHENTICATED` and a trailer) at an endpoint that
+    /// holds none: it cannot be verified, so it is not believed.
+    SealedWithoutKey,
     /// The bytes are not a PMNet packet (or a type no function owns).
     Parse(ParseError),
     /// The header names a server this device does not front.
@@ -74,6 +77,7 @@ impl DropReason {
     pub fn reason(self) -> &'static str {
         match self {
             DropReason::Auth(error) => error.reason(),
+            DropReason::SealedWithoutKey => "sealed_without_key",
             DropReason::Parse(error) => error.reason(),
             DropReason::UnknownServer => "unknown_server",
             DropReason::WrongServer => "wrong_server",
@@ -118,6 +122,77 @@ impl CountDrop for DropCounts {
     }
 }
 
+impl DropReason {
+    /// Whether the datagram was dropped because it could not be verified (an authentication
+    /// failure, or sealed at an endpoint without keys).
+    pub fn is_unverified(self) -> bool {
+        matches!(self, DropReason::Auth(_) | DropReason::SealedWithoutKey)
+    }
+
+    /// What a datagram that could not be verified says of its sender, and what to check.
+    pub fn unverified_hint(self) -> &'static str {
+        match self {
+            DropReason::Auth(pmnet_auth::AuthError::Unauthenticated) => {
+                "it sent no authentication trailer: start it with the same --key-file"
+            }
+            DropReason::Auth(pmnet_auth::AuthError::UnknownKey) => {
+                "its key id is not in this key file: give both the same --key-file"
+            }
+            DropReason::Auth(pmnet_auth::AuthError::BadTag) => {
+                "its tag does not verify: a different key under the same id, or altered on the way"
+            }
+            DropReason::Auth(pmnet_auth::AuthError::Truncated) => {
+                "the datagram is too short for its trailer"
+            }
+            DropReason::SealedWithoutKey => {
+                "it seals what it sends with a key and this endpoint has none: give both the \
+                 same --key-file"
+            }
+            DropReason::Auth(pmnet_auth::AuthError::Stale) => {
+                "it was sealed longer ago than the replay window: a replay, or its clock is \
+                 behind this one's (synchronise the clocks)"
+            }
+            DropReason::Auth(pmnet_auth::AuthError::FromTheFuture) => {
+                "it was sealed later than this clock plus the replay window: its clock is \
+                 ahead (synchronise the clocks)"
+            }
+            _ => "",
+        }
+    }
+}
+
+/// Whether `datagram`, which an endpoint without keys could not parse, is one sealed with a
+/// key: the flag `AUTHENTICATED` and exactly a trailer's worth of bytes after the payload.
+pub fn sealed_without_key(datagram: &[u8]) -> bool {
+    let Ok(packet) = pmnet_wire::Packet::new_checked(pmnet_auth::without_trailer(datagram)) else {
+        return false;
+    };
+    datagram.len() >= pmnet_wire::HEADER_LEN + pmnet_auth::TRAILER_LEN
+        && packet.flags() & pmnet_wire::flags::AUTHENTICATED != 0
+}
+
+/// Verify `datagram` with `auth` (when keys are configured) before anything else looks at it:
+/// the datagram as it is then (its trailer stripped, decrypted), or why it is not believed.
+/// Without keys, a datagram sealed with one is refused as [`DropReason::SealedWithoutKey`]
+/// (rather than as trailing bytes), so that the mismatch is named.
+pub fn verify_datagram<'a>(
+    auth: Option<&mut pmnet_auth::Authenticator>,
+    datagram: &'a [u8],
+) -> Result<std::borrow::Cow<'a, [u8]>, DropReason> {
+    match auth {
+        Some(auth) => auth.verify(datagram).map_err(DropReason::Auth),
+        None if datagram.len() >= pmnet_wire::HEADER_LEN
+            && u16::from_be_bytes([datagram[4], datagram[5]])
+                & pmnet_wire::flags::AUTHENTICATED
+                != 0
+            && sealed_without_key(datagram) =>
+        {
+            Err(DropReason::SealedWithoutKey)
+        }
+        None => Ok(std::borrow::Cow::Borrowed(datagram)),
+    }
+}
+
 /// How often a receiver warns of datagrams that failed authentication, at most.
 pub const AUTH_WARNING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -129,51 +204,48 @@ pub const AUTH_WARNING_INTERVAL: std::time::Duration = std::time::Duration::from
 pub struct AuthWarnings {
     last: Option<crate::Time>,
     since_last: u64,
+    /// Every datagram that could not be verified, and the latest one's sender and reason.
+    total: u64,
+    latest: Option<(std::net::SocketAddr, DropReason)>,
 }
 
 impl AuthWarnings {
-    /// A datagram from `from` failed authentication with `error` at `role` ("server", …).
+    /// A datagram from `from` could not be verified at `role` ("server", …): `reason` is an
+    /// authentication failure or [`DropReason::SealedWithoutKey`].
     pub fn failed(
         &mut self,
         now: crate::Time,
         role: &str,
         from: std::net::SocketAddr,
-        error: pmnet_auth::AuthError,
+        reason: DropReason,
     ) {
         self.since_last += 1;
+        self.total += 1;
+        self.latest = Some((from, reason));
         if self
             .last
             .is_some_and(|last| now.saturating_duration_since(last) < AUTH_WARNING_INTERVAL)
         {
             return;
         }
-        let hint = match error {
-            pmnet_auth::AuthError::Unauthenticated => {
-                "it sent no authentication trailer: start it with the same --key-file"
-            }
-            pmnet_auth::AuthError::UnknownKey => {
-                "its key id is not in this key file: give both the same --key-file"
-            }
-            pmnet_auth::AuthError::BadTag => {
-                "its tag does not verify: a different key under the same id, or altered on the way"
-            }
-            pmnet_auth::AuthError::Truncated => "the datagram is too short for its trailer",
-            pmnet_auth::AuthError::Stale => {
-                "it was sealed longer ago than the replay window: a replay, or its clock is \
-                 behind this one's (synchronise the clocks)"
-            }
-            pmnet_auth::AuthError::FromTheFuture => {
-                "it was sealed later than this clock plus the replay window: its clock is \
-                 ahead (synchronise the clocks)"
-            }
-        };
+        let hint = reason.unverified_hint();
         tracing::warn!(
             "{role}: dropped {} datagram(s) that failed authentication, the latest from {from} \
              ({}: {hint})",
             self.since_last,
-            error.reason()
+            reason.reason()
         );
         self.last = Some(now);
         self.since_last = 0;
+    }
+
+    /// Datagrams that could not be verified, in all.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// The latest of them: its sender and why.
+    pub fn latest(&self) -> Option<(std::net::SocketAddr, DropReason)> {
+        self.latest
     }
 }

@@ -147,6 +147,11 @@ pub trait NetworkFunction {
     /// (`pmnet_auth::ReplayFloor`). Nothing by default.
     fn note_seal(&mut self, _sealed_at_ms: u64, _started_ms: u64) {}
 
+    /// A datagram from `from` could not be verified (`reason`: an authentication failure, or
+    /// sealed at a pipeline without keys) and was dropped before any function saw it. A
+    /// function waiting on `from`'s answers learns why none came. Nothing by default.
+    fn on_unverified(&mut self, _now: Time, _from: SocketAddr, _reason: DropReason) {}
+
     /// The function's counters for a metrics endpoint: (name, help, value); a name that does
     /// not end in `_total` is a gauge (a level now). None by default.
     fn counter_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
@@ -280,6 +285,11 @@ impl<A: NetworkFunction, B: NetworkFunction> NetworkFunction for Stack<A, B> {
         // Both are in front of whatever sent it.
         self.front.on_sent(transmit);
         self.back.on_sent(transmit);
+    }
+
+    fn on_unverified(&mut self, now: Time, from: SocketAddr, reason: DropReason) {
+        self.front.on_unverified(now, from, reason);
+        self.back.on_unverified(now, from, reason);
     }
 
     fn poll_persist(&mut self) -> Option<PersistBatch<Self::Work>> {
@@ -436,6 +446,12 @@ impl<F: NetworkFunction> Pipeline<F> {
         &mut self.functions
     }
 
+    /// Datagrams that could not be verified (failed authentication, or sealed at a pipeline
+    /// without keys), in all: a caller that notes who it hears from counts only the others.
+    pub fn unverified_total(&self) -> u64 {
+        self.auth_warnings.total()
+    }
+
     /// Datagrams the pipeline itself dropped: unparseable, or of a type no function owns.
     pub fn drops(&self) -> &DropCounts {
         &self.drops
@@ -446,22 +462,23 @@ impl<F: NetworkFunction> Pipeline<F> {
         if let Some(batcher) = self.batcher.as_mut() {
             batcher.set_now(now);
         }
-        let verified = match self.auth.as_mut().map(|auth| auth.verify(datagram)) {
-            None => {
-                if let Some(warnings) = self.plain_warnings.as_mut() {
-                    warnings.received(now, "device", from);
-                }
-                std::borrow::Cow::Borrowed(datagram)
-            }
-            Some(Ok(inner)) => {
-                if let Some(auth) = self.auth.as_ref() {
-                    self.functions.note_seal(auth.sealed_at(), self.started_ms);
+        let verified = match crate::drop::verify_datagram(self.auth.as_mut(), datagram) {
+            Ok(inner) => {
+                match self.auth.as_ref() {
+                    Some(auth) => self.functions.note_seal(auth.sealed_at(), self.started_ms),
+                    None => {
+                        if let Some(warnings) = self.plain_warnings.as_mut() {
+                            warnings.received(now, "device", from);
+                        }
+                    }
                 }
                 inner
             }
-            Some(Err(error)) => {
-                self.auth_warnings.failed(now, "device", from, error);
-                self.drops.record(DropReason::Auth(error));
+            Err(reason) => {
+                self.auth_warnings.failed(now, "device", from, reason);
+                self.drops.record(reason);
+                // A function that waits on a peer's answers learns why none came.
+                self.functions.on_unverified(now, from, reason);
                 return;
             }
         };
@@ -607,6 +624,9 @@ impl<F: NetworkFunction + ?Sized> NetworkFunction for Box<F> {
     }
     fn note_seal(&mut self, sealed_at_ms: u64, started_ms: u64) {
         (**self).note_seal(sealed_at_ms, started_ms)
+    }
+    fn on_unverified(&mut self, now: Time, from: SocketAddr, reason: DropReason) {
+        (**self).on_unverified(now, from, reason)
     }
     fn counter_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
         (**self).counter_samples()

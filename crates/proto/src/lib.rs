@@ -33,7 +33,10 @@ pub use client::{
     ReadEvent, REPLICAS_MAX,
 };
 pub use counter::{Counter, COUNTER_TYPE_CODE};
-pub use device::{Device, DeviceConfig, DeviceCounters};
+pub use device::{
+    Device, DeviceConfig, DeviceCounters, PROBE_INTERVAL_FIRST, PROBE_INTERVAL_MAX,
+    UNVERIFIED_WARN_AFTER,
+};
 pub use drop::{AuthWarnings, CountDrop, DropCounts, DropReason};
 pub use function::{
     DevicePipeline, FrontFunction, NetworkFunction, NoPersistence, Nothing, NumberedBatches,

@@ -221,7 +221,12 @@ impl AbdSession {
                     } else {
                         "memory client"
                     };
-                    self.auth_warnings.failed(now, role, from, error);
+                    self.auth_warnings.failed(
+                        now,
+                        role,
+                        from,
+                        pmnet_proto::DropReason::Auth(error),
+                    );
                     self.drops.record(DropReason::Auth(error));
                     return Ok(());
                 }

@@ -170,6 +170,26 @@ impl ClientSession {
         self.watch.silence(self.peer())
     }
 
+    /// When datagrams came that failed verification (another key, none, or a key this
+    /// client lacks): how many, and the latest one's sender and reason, in words for a
+    /// failure message. `None` when every datagram received verified.
+    pub fn unverified_answers(&self) -> Option<String> {
+        let (count, latest) = self.client.unverified();
+        let (from, reason) = latest?;
+        let peer = self.peer();
+        let who = if from == peer {
+            format!("the {} at {peer}", self.watch.role())
+        } else {
+            format!("{from} (not the {} at {peer})", self.watch.role())
+        };
+        Some(format!(
+            "{who} answered nothing this client could verify: {count} datagram(s) failed \
+             verification, the latest {} ({})",
+            reason.reason(),
+            reason.unverified_hint()
+        ))
+    }
+
     /// Whether the peer has answered since the session last sent it a request.
     pub fn peer_answers(&self) -> bool {
         self.watch.answers(self.peer())
@@ -361,8 +381,13 @@ impl ClientSession {
             let now = self.clock.now();
             for index in 0..count {
                 if let Some((from, datagram)) = self.socket.received(index) {
-                    self.watch.heard(from);
+                    let (unverified, _) = self.client.unverified();
                     self.client.handle(now, from, datagram);
+                    // A datagram that does not verify is not the peer answering: it is counted
+                    // (and named in a failure) instead.
+                    if self.client.unverified().0 == unverified {
+                        self.watch.heard(from);
+                    }
                 }
             }
         }

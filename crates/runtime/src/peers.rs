@@ -11,7 +11,7 @@ use crate::udp::Unreachable;
 pub const SILENCE_WARNING: Duration = Duration::from_secs(1);
 
 /// Whether `datagram` asks its receiver for an answer: a request (update or bypass), a
-/// recovery poll or a fill query, or a batch holding a request.
+/// recovery poll, a fill query or a probe, or a batch holding a request.
 pub fn wants_answer(datagram: &[u8]) -> bool {
     use pmnet_wire::PacketType;
     let slot = crate::udp::type_slot(datagram);
@@ -20,6 +20,7 @@ pub fn wants_answer(datagram: &[u8]) -> bool {
         || is(PacketType::BypassRequest)
         || is(PacketType::RecoveryPoll)
         || is(PacketType::FillQuery)
+        || is(PacketType::Probe)
         || is_cache_read(datagram)
     {
         return true;

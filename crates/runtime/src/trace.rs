@@ -82,10 +82,11 @@ pub fn server_handle(
     from: std::net::SocketAddr,
     datagram: &[u8],
     traced: bool,
-) {
+) -> bool {
+    let unverified = server.unverified_total();
     if !traced {
         server.handle(now, from, datagram);
-        return;
+        return server.unverified_total() == unverified;
     }
     received(from, datagram);
     let counters = server.counters();
@@ -100,6 +101,7 @@ pub fn server_handle(
     if counters.duplicates_in_progress > in_progress {
         tracing::trace!(%from, "duplicate of a request being applied: its ACK is coming");
     }
+    server.unverified_total() == unverified
 }
 
 #[cfg(test)]

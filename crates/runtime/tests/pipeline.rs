@@ -71,6 +71,12 @@ fn a_counter_in_front_of_the_log_answers_its_type_and_the_log_still_acks() {
             .unwrap();
     let to = device.addresses().data;
 
+    // The device probes its server before it acks anything for it: answered in kind.
+    let probe = turn_until_received(&mut device, &server);
+    let (header, _) = Header::parse(&probe).unwrap();
+    assert_eq!(header.packet_type, PacketType::Probe);
+    server.send_to(&probe, to).unwrap();
+
     // The counter's own type: answered by the front function, never forwarded.
     let ask = Header::new(PacketType::Reserved(COUNTER_TYPE_CODE), 1, 42, 1).encode(&[0; 8]);
     client.send_to(&ask, to).unwrap();

@@ -131,6 +131,12 @@ pub enum PacketType {
     /// Device ↔ server: several complete datagrams for one peer (see [`batch`]); the receiver
     /// handles each as if it had arrived on its own.
     Batch,
+    /// Device → server, and the server's answer: "do you verify what I send, and do I verify
+    /// what you send?" Empty; `seq` is the probe's number, which the answer repeats. A device
+    /// acks nothing for a server until such an answer (or a server-ACK) from it verified
+    /// (docs/security.md, "Devices and their servers"). A device answers a probe from the
+    /// device before it in a chain the same way.
+    Probe,
     /// A code in `0x10..=0x3F`, reserved for the in-network functions (see above): carried
     /// through parsing untouched for the stage that owns it.
     Reserved(u8),
@@ -141,7 +147,7 @@ pub const RESERVED_TYPE_CODES: std::ops::RangeInclusive<u8> = 0x10..=0x3F;
 
 impl PacketType {
     /// Every type this version defines.
-    pub const ALL: [PacketType; 11] = [
+    pub const ALL: [PacketType; 12] = [
         PacketType::UpdateRequest,
         PacketType::BypassRequest,
         PacketType::PmnetAck,
@@ -153,6 +159,7 @@ impl PacketType {
         PacketType::FillReply,
         PacketType::NotLogged,
         PacketType::Batch,
+        PacketType::Probe,
     ];
 
     /// The type with code `code`, if this version defines or reserves one.
@@ -177,6 +184,7 @@ impl PacketType {
             PacketType::FillReply => 0x09,
             PacketType::NotLogged => 0x0A,
             PacketType::Batch => 0x0B,
+            PacketType::Probe => 0x0C,
             PacketType::Reserved(code) => code,
         }
     }
@@ -195,6 +203,7 @@ impl PacketType {
             PacketType::FillReply => "fill_reply",
             PacketType::NotLogged => "not_logged",
             PacketType::Batch => "batch",
+            PacketType::Probe => "probe",
             PacketType::Reserved(_) => "reserved",
         }
     }
@@ -249,6 +258,10 @@ pub enum NotLoggedReason {
     Collision = 2,
     /// The fragment is larger than a slot.
     TooLarge = 3,
+    /// The device has not yet verified that its server accepts what it forwards and sends
+    /// what it can verify (the server is down, or the two hold different keys): it acks
+    /// nothing for that server until it has.
+    ServerUnverified = 4,
 }
 
 impl NotLoggedReason {
@@ -258,6 +271,7 @@ impl NotLoggedReason {
             NotLoggedReason::LogFull,
             NotLoggedReason::Collision,
             NotLoggedReason::TooLarge,
+            NotLoggedReason::ServerUnverified,
         ]
         .into_iter()
         .find(|reason| *reason as u8 == code)
@@ -269,6 +283,10 @@ impl NotLoggedReason {
             NotLoggedReason::LogFull => "the device's log is full",
             NotLoggedReason::Collision => "the device's log slots for it were taken",
             NotLoggedReason::TooLarge => "the request is larger than a device log slot",
+            NotLoggedReason::ServerUnverified => {
+                "the device has not verified its server (it is down, or it and the device \
+                 hold different --key-file keys: the device's log says which)"
+            }
         }
     }
 }

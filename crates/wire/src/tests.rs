@@ -133,7 +133,7 @@ fn every_rejection_has_its_reason() {
     assert_eq!(Header::parse(&corrupt), Err(ParseError::BadChecksum));
 
     // Codes neither defined nor reserved for an in-network function.
-    for code in [0x00, 0x0C, 0x0F, 0x40, 0xFF] {
+    for code in [0x00, 0x0D, 0x0F, 0x40, 0xFF] {
         let mut unknown = GOLDEN_UPDATE.to_vec();
         unknown[field::TYPE] = code;
         assert_eq!(
@@ -276,6 +276,7 @@ fn fill_payloads_round_trip() {
         NotLoggedReason::LogFull,
         NotLoggedReason::Collision,
         NotLoggedReason::TooLarge,
+        NotLoggedReason::ServerUnverified,
     ] {
         assert_eq!(NotLoggedReason::from_code(reason as u8), Some(reason));
     }

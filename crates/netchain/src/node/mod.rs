@@ -43,6 +43,15 @@ pub const RESEND_MAX: Duration = Duration::from_secs(1);
 pub const SESSIONS_MAX: usize = 1 << 16;
 pub const RELAYED_MAX: usize = 1 << 14;
 pub const HELD_MAX: usize = 1 << 16;
+/// Versions of one key the head has stamped and not seen committed, at most: a write beyond
+/// it waits (the client sends it again). This bounds how far the head can be ahead of any
+/// member on a key, which is what lets members refuse versions no head issued.
+pub const VERSIONS_IN_FLIGHT_MAX: usize = 1024;
+/// How far above its own latest version of a key a member takes a write from its
+/// predecessor: the head's lead (at most [`VERSIONS_IN_FLIGHT_MAX`]), with room for a head
+/// that restarted and stamped anew beyond versions it had in flight (docs/netchain.md,
+/// "Versions no head issued"). Anything further is no head's, and is refused.
+pub const VERSION_STEP_MAX: u64 = 4 * VERSIONS_IN_FLIGHT_MAX as u64;
 
 /// The virtual group of `key` among `groups`: FNV-1a of the key, then a final mix (the same on
 /// clients and members).
@@ -130,6 +139,12 @@ pub struct ChainCounters {
     /// Sync pages sent to joining members, and versions taken from a source.
     pub sync_pages_sent: u64,
     pub sync_versions_taken: u64,
+    /// Writes and commits refused because no head can have issued their version: a write
+    /// more than [`VERSION_STEP_MAX`] above this member's latest of the key, a commit above
+    /// it (docs/netchain.md, "Versions no head issued").
+    pub versions_refused: u64,
+    /// Writes the head made wait: [`VERSIONS_IN_FLIGHT_MAX`] versions of the key in flight.
+    pub key_versions_full: u64,
 
     /// Datagrams dropped: unparsable, from a member that is not this one's neighbour, for a
     /// group this member does not serve.
@@ -647,6 +662,12 @@ impl ChainNode {
             self.counters.dropped += 1;
             return;
         }
+        if self.versions_in_flight(request.key) >= VERSIONS_IN_FLIGHT_MAX {
+            // The head stays within a bounded lead of every member on the key (members refuse
+            // versions further ahead): the client sends it again once commits come back.
+            self.counters.key_versions_full += 1;
+            return;
+        }
         let value = match request.op {
             Op::Delete => None,
             _ => Some(request.value.to_vec()),
@@ -755,6 +776,22 @@ impl ChainNode {
         }
     }
 
+    /// Versions of `key` this member holds for durability or has passed on and not seen
+    /// committed.
+    fn versions_in_flight(&self, key: &[u8]) -> usize {
+        let held = self.held.get(key).map_or(0, Vec::len);
+        let unacked = self
+            .unacked
+            .range((key.to_vec(), 0)..=(key.to_vec(), u64::MAX))
+            .count();
+        held + unacked
+    }
+
+    /// This member's latest version of `key` (0: none).
+    fn latest_version(&self, key: &[u8]) -> u64 {
+        self.table.latest(key).map_or(0, |version| version.seq)
+    }
+
     fn hold(&mut self, key: Vec<u8>, held: Held) {
         self.held_count += 1;
         self.held.entry(key).or_default().push(held);
@@ -772,6 +809,17 @@ impl ChainNode {
             || self.unacked.len() >= HELD_MAX
         {
             self.counters.dropped += 1;
+            return;
+        }
+        if write.version
+            > self
+                .latest_version(write.key)
+                .saturating_add(VERSION_STEP_MAX)
+        {
+            // No head can have issued it: the head is never more than its in-flight bound
+            // ahead of this member. Taken, it would make every later version of the key stale
+            // here and below (a forger's version 2^62 would hold the tail out of step for good).
+            self.counters.versions_refused += 1;
             return;
         }
         let held = Held {
@@ -829,6 +877,12 @@ impl ChainNode {
         };
         if commit.group >= self.group_count() || self.neighbour(commit.group, 1) != Some(from) {
             self.counters.dropped += 1;
+            return;
+        }
+        if commit.version > self.latest_version(commit.key) {
+            // The tail commits only what passed through this member: a commit of a version
+            // this member never held is no tail's (it would make a dirty key look clean).
+            self.counters.versions_refused += 1;
             return;
         }
         self.counters.commits += 1;

@@ -406,6 +406,27 @@ pub fn device_args(listen: SocketAddr, server: SocketAddr, log_file: &Path) -> V
     ]
 }
 
+/// A stand-in for a server at `addr` that answers the device's probes (so the device acks
+/// what it logs) and applies nothing: the entries stay in the log. Ends when `stop` is set.
+#[allow(dead_code)] // not every test binary uses it
+pub fn probe_answerer(addr: SocketAddr, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    let socket = std::net::UdpSocket::bind(addr).expect("bind the stand-in server");
+    socket
+        .set_read_timeout(Some(std::time::Duration::from_millis(20)))
+        .expect("a timeout");
+    std::thread::spawn(move || {
+        let mut buffer = [0u8; 2048];
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let Ok((len, from)) = socket.recv_from(&mut buffer) else {
+                continue;
+            };
+            if len >= pmnet_wire::HEADER_LEN && buffer[3] == pmnet_wire::PacketType::Probe.code() {
+                let _ = socket.send_to(&buffer[..len], from);
+            }
+        }
+    });
+}
+
 /// A device and a server on loopback, with their files in a temporary directory. Each can be
 /// stopped, killed and restarted on the same address and files.
 #[derive(Debug)]
@@ -516,6 +537,17 @@ impl Cluster {
         };
         self.device_recovered_entries += number_before(" entries recovered");
         self.device_rejected_slots += number_before(" torn or corrupt");
+        if self.server.is_some() {
+            // A device acks nothing for a server it has not verified (docs/security.md): with
+            // the server up that takes a round trip, awaited here so that the first write is
+            // acked as before.
+            node.wait_metric(
+                "pmnet_device_servers_verified",
+                "port=\"pmnet\"",
+                "verified its server",
+                |value| value == 1.0,
+            );
+        }
         self.device = Some(node);
     }
 

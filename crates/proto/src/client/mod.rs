@@ -114,6 +114,11 @@ impl std::fmt::Display for ClientError {
             ClientError::NotLogged(NotLoggedReason::TooLarge) => {
                 "the request is too large for the device's log and the server did not answer"
             }
+            ClientError::NotLogged(NotLoggedReason::ServerUnverified) => {
+                "the device acks nothing until it has verified its server (the server is down, \
+                 or it and the device hold different --key-file keys: the device's log says \
+                 which), and the server did not answer"
+            }
             ClientError::Skipped => "the server skipped the request: it was not applied",
         })
     }
@@ -324,6 +329,12 @@ impl Client {
         self.config.session_id
     }
 
+    /// Datagrams that could not be verified (failed authentication, or sealed while this
+    /// client holds no key), in all, and the latest one's sender and reason.
+    pub fn unverified(&self) -> (u64, Option<(SocketAddr, DropReason)>) {
+        (self.auth_warnings.total(), self.auth_warnings.latest())
+    }
+
     pub fn counters(&self) -> &ClientCounters {
         &self.counters
     }
@@ -433,12 +444,11 @@ impl Client {
 
     /// Process a datagram received from the network. Never panics on its contents.
     pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
-        let verified = match self.config.auth.as_mut().map(|auth| auth.verify(datagram)) {
-            None => std::borrow::Cow::Borrowed(datagram),
-            Some(Ok(inner)) => inner,
-            Some(Err(error)) => {
-                self.auth_warnings.failed(now, "client", from, error);
-                self.counters.dropped.record(DropReason::Auth(error));
+        let verified = match crate::drop::verify_datagram(self.config.auth.as_mut(), datagram) {
+            Ok(inner) => inner,
+            Err(reason) => {
+                self.auth_warnings.failed(now, "client", from, reason);
+                self.counters.dropped.record(reason);
                 return;
             }
         };

@@ -5,6 +5,9 @@ mod keyed;
 mod replay;
 mod rtt;
 mod seen;
+mod trust;
+
+pub use trust::{PROBE_INTERVAL_FIRST, PROBE_INTERVAL_MAX, WARN_AFTER as UNVERIFIED_WARN_AFTER};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -132,6 +135,13 @@ pub struct DeviceCounters {
     pub fills_resent: u64,
     /// Entries rebuilt from the log at start-up.
     pub entries_recovered: u64,
+    /// Updates forwarded without logging or acking because their server is not verified yet
+    /// (`trust.rs`); probes sent to servers and answers that verified; probes of the device
+    /// before this one in a chain answered.
+    pub unverified_forwards: u64,
+    pub probes_sent: u64,
+    pub probes_answered: u64,
+    pub probes_served: u64,
     pub dropped: DropCounts,
 }
 
@@ -229,6 +239,9 @@ pub struct Device {
     round_trips: rtt::RoundTrips,
     /// When each session's numbers were first seen, and its client's no-op fills (`seen.rs`).
     seen: seen::SeenSessions,
+    /// Which servers are known to verify what this device sends and to send what it
+    /// verifies: only their writes are acked (`trust.rs`).
+    trust: trust::Trust,
 }
 
 /// An update request as forwarded to the next device of a chain: flagged `REPLICATED` (the
@@ -259,7 +272,9 @@ impl Device {
         assert!(config.slot_count >= 1, "a log needs at least one slot");
         assert!(config.probe_limit >= 1, "probe_limit must be at least 1");
         let servers = config.servers.iter().copied().collect();
+        let trust = trust::Trust::new(&config.servers, now, config.logging);
         let mut device = Device {
+            trust,
             servers,
             next_devices: std::collections::BTreeSet::new(),
             entries: HashMap::new(),
@@ -351,6 +366,28 @@ impl Device {
 
     pub fn config(&self) -> &DeviceConfig {
         &self.config
+    }
+
+    /// Whether server `server_id` is known to verify what this device sends and to send what
+    /// it verifies: until it is, the device acks none of its writes.
+    pub fn server_verified(&self, server_id: u16) -> bool {
+        self.trust.is_verified(server_id)
+    }
+
+    /// Whether every server is verified.
+    pub fn servers_verified(&self) -> bool {
+        self.trust.all_verified()
+    }
+
+    /// Why server `server_id` is not verified yet, in words naming it (`None` once it is).
+    pub fn server_unverified_reason(&self, server_id: u16, now: Time) -> Option<String> {
+        self.trust.unverified_reason(server_id, now)
+    }
+
+    /// A datagram from `from` failed verification before the device saw it (the pipeline
+    /// verifies): if `from` is a server, that is why it is not verified.
+    pub fn on_unverified(&mut self, from: SocketAddr, reason: DropReason) {
+        self.trust.failed(from, reason);
     }
 
     pub fn counters(&self) -> &DeviceCounters {
@@ -562,7 +599,27 @@ impl Device {
             {
                 self.count_drop(DropReason::UnexpectedSource);
             }
+            // The server's answer to this device's probe; a probe from the device before
+            // this one in a chain (whose "server" this device is), answered in kind.
+            PacketType::Probe if from == server => {
+                if self.trust.answered(header.server_id, header.seq) {
+                    self.ack_held(header.server_id);
+                }
+                self.counters.probes_answered = self.trust.probes_answered;
+            }
+            PacketType::Probe => {
+                self.counters.probes_served += 1;
+                let answer = Header {
+                    device_id: self.config.device_id,
+                    flags: 0,
+                    ..*header
+                };
+                self.send(from, answer.encode(&[]));
+            }
             PacketType::ServerAck => {
+                if self.trust.proven(header.server_id) {
+                    self.ack_held(header.server_id);
+                }
                 self.on_server_ack(now, header, datagram);
                 self.pump_replay(now, header.server_id);
             }
@@ -570,6 +627,10 @@ impl Device {
             // update: passed on towards the client, which counts distinct devices' acks
             // (docs/replication.md).
             PacketType::PmnetAck | PacketType::NotLogged if from == server => {
+                if header.packet_type == PacketType::PmnetAck && self.trust.proven(header.server_id)
+                {
+                    self.ack_held(header.server_id);
+                }
                 self.next_devices.insert(server);
                 self.relay_chain_ack(header, datagram);
             }
@@ -685,6 +746,11 @@ impl Device {
         let not_logged = if !self.config.logging {
             self.counters.forwarded_without_log += 1;
             None
+        } else if !self.trust.logs_for(header.server_id, now) {
+            // Logging it would promise what the server may never apply: forwarded, and the
+            // client told why no ack comes.
+            self.counters.unverified_forwards += 1;
+            Some(NotLoggedReason::ServerUnverified)
         } else if datagram.len() > self.config.logged_packet_len_max {
             self.counters.forwarded_without_log += 1;
             Some(NotLoggedReason::TooLarge)
@@ -844,6 +910,11 @@ impl Device {
 
     fn send_pmnet_ack(&mut self, slot: u32, client: SocketAddr) {
         let entry = &self.entries[&slot];
+        if !self.trust.is_verified(entry.key.server_id) {
+            // An entry recovered from the log before the server is verified: the client
+            // waits for the server's reply (the entry is replayed meanwhile).
+            return;
+        }
         // The promise of a PMNet-ACK: the entry is durable in the log.
         assert_eq!(
             entry.state,
@@ -866,6 +937,61 @@ impl Device {
                 .get_mut(&slot)
                 .expect("acked entry is live")
                 .ack_sent = true;
+        }
+    }
+
+    /// Server `server_id` was just verified: ack the durable entries this device logged for it
+    /// while it waited (their clients may still wait; an ack of a request a client is done
+    /// with is consumed quietly).
+    fn ack_held(&mut self, server_id: u16) {
+        // In key order (the index is ordered): a seed replays the same acks.
+        let held: Vec<(u32, SocketAddr)> = self
+            .index
+            .iter()
+            .filter(|(key, _)| key.server_id == server_id)
+            .filter_map(|(_, slot)| {
+                let entry = &self.entries[slot];
+                let waiting = entry.state == EntryState::Durable
+                    && !entry.ack_sent
+                    && entry.logged_at.is_some();
+                Some((*slot, entry.client.filter(|_| waiting)?))
+            })
+            .collect();
+        for (slot, client) in held {
+            self.send_pmnet_ack(slot, client);
+        }
+    }
+
+    /// Server `server_id` is still unverified after the start-up grace: the clients of the
+    /// entries logged for it meanwhile are told why their acks do not come (a not-logged
+    /// notice, paid from their traffic); the entries stay in the log and are resent.
+    fn tell_held_unverified(&mut self, server_id: u16) {
+        let held: Vec<EntryKey> = self
+            .index
+            .iter()
+            .filter(|(key, slot)| {
+                let entry = &self.entries[slot];
+                key.server_id == server_id && !entry.ack_sent && entry.logged_at.is_some()
+            })
+            .map(|(key, _)| *key)
+            .collect();
+        for key in held {
+            let slot = self.index[&key];
+            let notice = Header {
+                packet_type: PacketType::NotLogged,
+                flags: 0,
+                server_id: key.server_id,
+                session_id: key.session_id,
+                seq: key.seq,
+                fragment_index: key.fragment_index,
+                fragment_count: self.entries[&slot].fragment_count,
+                device_id: self.config.device_id,
+            };
+            self.counters.not_logged_notices_sent += 1;
+            self.send_paid(
+                key.session_id,
+                notice.encode(&[NotLoggedReason::ServerUnverified as u8]),
+            );
         }
     }
 
@@ -1000,7 +1126,27 @@ impl Device {
     /// When [`Device::handle_timeout`] must next be called.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.resend_timers.first().map(|(deadline, _)| *deadline)
+        let resend = self.resend_timers.first().map(|(deadline, _)| *deadline);
+        match (resend, self.trust.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Probes due: each unverified server is asked again whether it verifies what this
+    /// device sends (`trust.rs`).
+    fn send_probes(&mut self, now: Time) {
+        for (server_id, address, seq) in self.trust.handle_timeout(now) {
+            let probe = Header {
+                device_id: self.config.device_id,
+                ..Header::new(PacketType::Probe, server_id, 0, seq)
+            };
+            self.send(address, probe.encode(&[]));
+        }
+        self.counters.probes_sent = self.trust.probes_sent;
+        for server_id in self.trust.take_grace_over(now) {
+            self.tell_held_unverified(server_id);
+        }
     }
 }
 
@@ -1044,5 +1190,8 @@ impl NetworkFunction for Device {
     }
     fn poll_timeout(&self) -> Option<Time> {
         Device::poll_timeout(self)
+    }
+    fn on_unverified(&mut self, _now: Time, from: SocketAddr, reason: DropReason) {
+        Device::on_unverified(self, from, reason)
     }
 }

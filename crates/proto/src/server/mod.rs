@@ -200,6 +200,8 @@ pub struct ServerCounters {
     /// bytes to pay for them.
     pub retransmit_requests_unpaid: u64,
     pub recovery_polls_sent: u64,
+    /// Devices' probes answered (docs/security.md, "Devices and their servers").
+    pub probes_answered: u64,
     pub sessions_evicted: u64,
     /// No-op fills for sequence numbers their client gave up on.
     pub noop_fills_received: u64,
@@ -464,6 +466,12 @@ impl Server {
         self.counters.dropped.record(reason);
     }
 
+    /// Datagrams that could not be verified (failed authentication, or sealed while this
+    /// server holds no key), in all: a caller noting who it hears from counts only the others.
+    pub fn unverified_total(&self) -> u64 {
+        self.auth_warnings.total()
+    }
+
     fn is_device(&self, address: SocketAddr) -> bool {
         self.config.devices.contains(&address)
     }
@@ -506,17 +514,18 @@ impl Server {
     /// Process a datagram from the network: verified first (with keys configured), then
     /// parsed. Never panics on its contents.
     pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
-        let verified = match self.config.auth.as_mut().map(|auth| auth.verify(datagram)) {
-            None => {
-                if let Some(warnings) = self.plain_warnings.as_mut() {
-                    warnings.received(now, "server", from);
+        let verified = match crate::drop::verify_datagram(self.config.auth.as_mut(), datagram) {
+            Ok(inner) => {
+                if self.config.auth.is_none() {
+                    if let Some(warnings) = self.plain_warnings.as_mut() {
+                        warnings.received(now, "server", from);
+                    }
                 }
-                std::borrow::Cow::Borrowed(datagram)
+                inner
             }
-            Some(Ok(inner)) => inner,
-            Some(Err(error)) => {
-                self.auth_warnings.failed(now, "server", from, error);
-                self.count_drop(DropReason::Auth(error));
+            Err(reason) => {
+                self.auth_warnings.failed(now, "server", from, reason);
+                self.count_drop(reason);
                 return;
             }
         };
@@ -575,6 +584,16 @@ impl Server {
                 self.on_request(now, from, RequestKind::Bypass, &header, payload)
             }
             PacketType::RecoveryDone => self.on_recovery_done(now, from, payload),
+            // A device asks whether this server verifies what it sends: the answer, sealed
+            // like everything this server sends, tells it so, and that it can verify this
+            // server. The same size as the probe, to its sender only.
+            PacketType::Probe => {
+                self.counters.probes_answered += 1;
+                self.transmits.push_back(Transmit {
+                    destination: from,
+                    bytes: Header { flags: 0, ..header }.encode(&[]),
+                });
+            }
             PacketType::Reserved(pmnet_wire::cache::CACHE_READ) => {
                 self.on_cache_read(now, from, &header, payload)
             }

@@ -60,14 +60,16 @@ impl Adaptor {
                 let tracing_on = pmnet_runtime::trace::enabled();
                 for index in 0..count {
                     if let Some((from, datagram)) = self.socket.received(index) {
-                        self.devices.heard(from);
-                        pmnet_runtime::trace::server_handle(
+                        // Only a datagram that verified says its sender is there.
+                        if pmnet_runtime::trace::server_handle(
                             &mut self.server,
                             now,
                             from,
                             datagram,
                             tracing_on,
-                        );
+                        ) {
+                            self.devices.heard(from);
+                        }
                     }
                 }
             }

@@ -97,13 +97,19 @@ impl DeviceRuntime {
             .servers
             .iter()
             .map(|(id, addr)| {
-                crate::peer_book::peer_json(
+                let mut peer = crate::peer_book::peer_json(
                     "server",
                     *addr,
                     Some(*id),
                     self.peers.last_heard(*addr),
                     now,
-                )
+                );
+                // Whether the device acks this server's writes, and why not.
+                peer["verified"] = device.server_verified(*id).into();
+                if let Some(why) = device.server_unverified_reason(*id, now) {
+                    peer["unverified_because"] = why.into();
+                }
+                peer
             })
             .collect();
         let known: Vec<std::net::SocketAddr> =
@@ -152,7 +158,7 @@ impl DeviceRuntime {
     pub fn metrics(&self) -> Metrics {
         let mut out = Metrics::new();
         self.log_gauges(&mut out);
-        device_counter_metrics(&mut out, "pmnet", &self.pipeline);
+        device_counter_metrics(&mut out, "pmnet", &self.pipeline, self.drop_metrics);
         for (name, help, value) in self.pipeline.front_samples() {
             // Counters end in `_total`; anything else a function reports is a level now.
             if name.ends_with("_total") {
@@ -169,7 +175,7 @@ impl DeviceRuntime {
             self.pipeline.device().entry_residency(),
         );
         if let Some((forward, _)) = &self.forward {
-            device_counter_metrics(&mut out, "forward", forward);
+            device_counter_metrics(&mut out, "forward", forward, self.drop_metrics);
         }
         self.runtime_counter_metrics(&mut out);
         socket_metrics(&mut out, "device", &self.data.counters());
@@ -318,12 +324,17 @@ impl DeviceRuntime {
 }
 
 /// The state machine's counters, labelled with the port they belong to.
-fn device_counter_metrics(out: &mut Metrics, port: &str, pipeline: &DevicePipeline) {
+fn device_counter_metrics(
+    out: &mut Metrics,
+    port: &str,
+    pipeline: &DevicePipeline,
+    drop_metrics: (&'static str, &'static str),
+) {
     let counters = pipeline.device().counters();
     let labels = [("port", port)];
     update_metrics(out, &labels, counters);
     log_entry_metrics(out, &labels, counters);
-    notice_and_drop_metrics(out, port, pipeline);
+    notice_and_drop_metrics(out, port, pipeline, drop_metrics);
 }
 
 /// Updates and acknowledgements: received, logged or forwarded without logging (and why),
@@ -451,7 +462,12 @@ fn log_entry_metrics(out: &mut Metrics, labels: &[(&str, &str)], counters: &Devi
 
 /// What the device answered instead of logging (not-logged notices to clients, fill queries
 /// from servers), and the datagrams it dropped, by reason and in all.
-fn notice_and_drop_metrics(out: &mut Metrics, port: &str, pipeline: &DevicePipeline) {
+fn notice_and_drop_metrics(
+    out: &mut Metrics,
+    port: &str,
+    pipeline: &DevicePipeline,
+    (per_reason, all): (&'static str, &'static str),
+) {
     let counters = pipeline.device().counters();
     let dropped = pipeline.dropped();
     let labels = [("port", port)];
@@ -468,6 +484,27 @@ fn notice_and_drop_metrics(out: &mut Metrics, port: &str, pipeline: &DevicePipel
             counters.fill_queries,
         ),
         (
+            "pmnet_device_unverified_forwards_total",
+            "Updates forwarded without logging or an ack: their server is not verified yet \
+             (down, or another --key-file).",
+            counters.unverified_forwards,
+        ),
+        (
+            "pmnet_device_probes_sent_total",
+            "Probes sent to servers not verified yet.",
+            counters.probes_sent,
+        ),
+        (
+            "pmnet_device_probes_answered_total",
+            "Answers to this device's probes that verified.",
+            counters.probes_answered,
+        ),
+        (
+            "pmnet_device_probes_served_total",
+            "Probes of the device before this one in a chain, answered.",
+            counters.probes_served,
+        ),
+        (
             "pmnet_device_fill_queries_held_total",
             "Fill queries that found a request held whole (resent; the server skips nothing).",
             counters.fill_queries_held,
@@ -482,15 +519,22 @@ fn notice_and_drop_metrics(out: &mut Metrics, port: &str, pipeline: &DevicePipel
     }
     for (reason, value) in &dropped {
         out.counter(
-            "pmnet_device_dropped_total",
-            "Datagrams the device dropped, by port and reason.",
+            per_reason,
+            "Datagrams dropped before or by the protocol, by port and reason.",
             &[("port", port), ("reason", reason)],
             *value,
         );
     }
+    out.gauge(
+        "pmnet_device_servers_verified",
+        "1 once every server verifies what this device sends and sends what it verifies (its \
+         writes are acked), 0 before.",
+        &labels,
+        f64::from(u8::from(pipeline.device().servers_verified())),
+    );
     out.counter(
-        "pmnet_device_dropped_all_total",
-        "Datagrams the device dropped, all reasons.",
+        all,
+        "Datagrams dropped before or by the protocol, all reasons.",
         &labels,
         dropped.values().sum(),
     );

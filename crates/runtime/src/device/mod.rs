@@ -204,6 +204,8 @@ pub struct DeviceRuntime {
     span: tracing::Span,
     /// The replay of the entries recovered from the log, while some wait for their server.
     replay: Option<ReplayProgress>,
+    /// The metric names of the datagrams dropped: per reason, and all of them.
+    drop_metrics: (&'static str, &'static str),
 }
 
 /// How far the replay of the entries recovered at start-up has got.
@@ -387,11 +389,22 @@ impl DeviceRuntime {
             shutdown,
             counters: RuntimeCounters::default(),
             peers: crate::peer_book::PeerBook::default(),
+            drop_metrics: (
+                "pmnet_device_dropped_total",
+                "pmnet_device_dropped_all_total",
+            ),
         };
         // Recovered entries are resent to their servers right away, and rejected slots freed.
         runtime.drain();
         crate::publish_node(&runtime, &runtime.board);
         Ok(runtime)
+    }
+
+    /// Count the datagrams dropped under `per_reason` (labelled by port and reason) and `all`
+    /// instead of the device's names: a process that is no PMNet device (a memory node) counts
+    /// its drops under its own.
+    pub fn name_drops_as(&mut self, per_reason: &'static str, all: &'static str) {
+        self.drop_metrics = (per_reason, all);
     }
 
     pub fn startup(&self) -> &DeviceStartup {
@@ -466,8 +479,9 @@ impl DeviceRuntime {
             let tracing_on = crate::trace::enabled();
             for index in 0..count {
                 if let Some((from, datagram)) = self.data.received(index) {
-                    self.servers.heard(from);
-                    self.peers.heard(from, now);
+                    // Only a datagram that verified says its sender is there: one that did
+                    // not is anyone's (and must not fill the status page's list of peers).
+                    let unverified = self.pipeline.unverified_total();
                     if tracing_on {
                         crate::trace::received(from, datagram);
                         let drops = self.pipeline.dropped();
@@ -486,6 +500,10 @@ impl DeviceRuntime {
                         }
                     } else {
                         self.pipeline.handle(now, from, datagram);
+                    }
+                    if self.pipeline.unverified_total() == unverified {
+                        self.servers.heard(from);
+                        self.peers.heard(from, now);
                     }
                 }
             }

@@ -65,10 +65,18 @@ impl ServerRuntime {
             let tracing_on = crate::trace::enabled();
             for index in 0..count {
                 if let Some((from, datagram)) = self.socket.received(index) {
-                    self.devices.heard(from);
-                    self.replicas.heard(from);
-                    self.peers.heard(from, now);
-                    crate::trace::server_handle(&mut self.server, now, from, datagram, tracing_on);
+                    // Only a datagram that verified says its sender is there.
+                    if crate::trace::server_handle(
+                        &mut self.server,
+                        now,
+                        from,
+                        datagram,
+                        tracing_on,
+                    ) {
+                        self.devices.heard(from);
+                        self.replicas.heard(from);
+                        self.peers.heard(from, now);
+                    }
                 }
             }
         }
@@ -193,10 +201,7 @@ impl Handling<'_> {
             return;
         };
         self.socket.count_received_elsewhere(datagram);
-        self.devices.heard(from);
-        self.replicas.heard(from);
-        self.peers.heard(from, self.now);
-        crate::trace::server_handle(self.server, self.now, from, datagram, self.tracing_on);
+        self.handle_and_note(datagram, from);
         let kept = match pmnet_wire::Packet::new_checked(datagram) {
             Ok(packet)
                 if packet.type_code() == pmnet_wire::PacketType::UpdateRequest.code()
@@ -233,10 +238,16 @@ impl Handling<'_> {
     /// A datagram received elsewhere than in a slot (DRAM).
     fn copied(&mut self, datagram: &[u8], from: SocketAddr) {
         self.socket.count_received_elsewhere(datagram);
-        self.devices.heard(from);
-        self.replicas.heard(from);
-        self.peers.heard(from, self.now);
-        crate::trace::server_handle(self.server, self.now, from, datagram, self.tracing_on);
+        self.handle_and_note(datagram, from);
+    }
+
+    /// Hand `datagram` to the protocol; only one that verified says its sender is there.
+    fn handle_and_note(&mut self, datagram: &[u8], from: SocketAddr) {
+        if crate::trace::server_handle(self.server, self.now, from, datagram, self.tracing_on) {
+            self.devices.heard(from);
+            self.replicas.heard(from);
+            self.peers.heard(from, self.now);
+        }
     }
 }
 

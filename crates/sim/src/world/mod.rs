@@ -245,12 +245,31 @@ impl World {
     /// Authenticate every datagram of every node with `keys` (see `pmnet-auth`): devices,
     /// servers and clients seal what they send and drop what does not verify. The servers
     /// start again (their first recovery poll is sealed too).
-    pub fn with_auth(mut self, keys: pmnet_proto::KeySet) -> World {
+    pub fn with_auth(self, keys: pmnet_proto::KeySet) -> World {
+        self.with_keys(Some(keys.clone()), Some(keys.clone()), Some(keys))
+    }
+
+    /// Give the devices, the servers (and replicas) and the clients each their own keys, or
+    /// none: a deployment whose key files do not match. The servers start again.
+    pub fn with_keys(
+        mut self,
+        devices: Option<pmnet_proto::KeySet>,
+        servers: Option<pmnet_proto::KeySet>,
+        clients: Option<pmnet_proto::KeySet>,
+    ) -> World {
         // One prefix for the world; each node's copy derives its own (see `Authenticator`'s
         // `Clone`), so nonces never repeat and a seed replays exactly.
-        let auth = Some(
-            pmnet_proto::Authenticator::with_nonce_prefix(keys, 0x706d_6e65_745f_7369)
-                .with_clock(self.wall_clock()),
+        let clock = self.wall_clock();
+        let authenticator = |keys: Option<pmnet_proto::KeySet>| {
+            keys.map(|keys| {
+                pmnet_proto::Authenticator::with_nonce_prefix(keys, 0x706d_6e65_745f_7369)
+                    .with_clock(clock.clone())
+            })
+        };
+        let (auth, server_auth, client_auth) = (
+            authenticator(devices),
+            authenticator(servers),
+            authenticator(clients),
         );
         self.queue.clear();
         for node in &mut self.devices {
@@ -262,12 +281,12 @@ impl World {
             node.pipeline = node.pipeline_for(device);
         }
         for node in self.servers.iter_mut().chain(&mut self.replicas) {
-            node.config.auth = auth.clone();
+            node.config.auth = server_auth.clone();
             node.forward_log = None;
             node.boot(self.now, Vec::new());
         }
         for index in 0..self.clients.len() {
-            self.reconfigure_client(index, |config| config.auth = auth.clone());
+            self.reconfigure_client(index, |config| config.auth = client_auth.clone());
         }
         self.flush_outputs();
         self

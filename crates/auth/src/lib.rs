@@ -273,6 +273,8 @@ pub struct Authenticator {
     /// computing the MAC a second time).
     recent: std::collections::VecDeque<(Vec<u8>, [u8; TRAILER_LEN])>,
     recent_len_max: usize,
+    /// What setting [`flags::AUTHENTICATED`] does to the CRC, by length (see [`CrcDeltas`]).
+    crc_deltas: CrcDeltas,
 }
 
 impl fmt::Debug for Authenticator {
@@ -329,6 +331,7 @@ impl Authenticator {
             clones: std::cell::Cell::new(0),
             recent: std::collections::VecDeque::new(),
             recent_len_max: 0,
+            crc_deltas: CrcDeltas::default(),
         }
     }
 
@@ -359,10 +362,13 @@ impl Authenticator {
         );
         let encrypt = self.keys.encrypt_payloads && datagram.len() > HEADER_LEN;
         if !encrypt {
-            set_flags(datagram, flags::AUTHENTICATED, flags::ENCRYPTED);
+            self.set_authenticated(datagram);
+            // Newest first: a device forwards what it verified last. Lengths and headers
+            // differ before payloads do, and a slice comparison looks at the length first.
             if let Some((_, trailer)) = self
                 .recent
                 .iter()
+                .rev()
                 .find(|(inner, _)| inner.as_slice() == datagram.as_slice())
             {
                 datagram.extend_from_slice(trailer);
@@ -481,24 +487,103 @@ impl Authenticator {
         nonce
     }
 
-    fn session_key(&mut self, key_id: u16, session_id: u64) -> Option<&LessSafeKey> {
-        if !self.session_keys.contains_key(&(key_id, session_id)) {
-            let prk = &self.prks.iter().find(|(id, _)| *id == key_id)?.1;
-            let mut info = [0u8; 10];
-            info[..8].copy_from_slice(&session_id.to_be_bytes());
-            info[8..].copy_from_slice(&key_id.to_be_bytes());
-            let info_parts = [&info[..]];
-            let material = prk
-                .expand(&info_parts, &AES_256_GCM)
-                .expect("HKDF gives 32 bytes");
-            let key = LessSafeKey::new(UnboundKey::from(material));
-            if self.session_keys.len() >= MAX_CACHED_SESSION_KEYS {
-                self.session_keys.clear();
-            }
-            self.session_keys.insert((key_id, session_id), key);
+    /// Set [`flags::AUTHENTICATED`] and clear [`flags::ENCRYPTED`] on a datagram of header
+    /// and payload whose CRC is right, and make the CRC right again. The common case — only
+    /// the AUTHENTICATED bit to set — updates the CRC from a per-length delta instead of
+    /// computing it over the whole datagram again.
+    fn set_authenticated(&mut self, datagram: &mut [u8]) {
+        let before = u16::from_be_bytes([
+            datagram[field::FLAGS.start],
+            datagram[field::FLAGS.start + 1],
+        ]);
+        let after = (before | flags::AUTHENTICATED) & !flags::ENCRYPTED;
+        let covered = field::CRC_COVERED.len()
+            + usize::from(u16::from_be_bytes([
+                datagram[field::PAYLOAD_LEN.start],
+                datagram[field::PAYLOAD_LEN.start + 1],
+            ]));
+        if after == before {
+            return;
         }
-        self.session_keys.get(&(key_id, session_id))
+        if before ^ after != flags::AUTHENTICATED || covered + 4 > datagram.len() {
+            set_flags(datagram, flags::AUTHENTICATED, flags::ENCRYPTED);
+            return;
+        }
+        let mut packet = Packet::new_unchecked(datagram);
+        packet.set_flags(after);
+        let crc = packet.crc() ^ self.crc_deltas.get(covered);
+        packet.set_crc(crc);
     }
+
+    fn session_key(&mut self, key_id: u16, session_id: u64) -> Option<&LessSafeKey> {
+        let id = (key_id, session_id);
+        if self.session_keys.len() >= MAX_CACHED_SESSION_KEYS
+            && !self.session_keys.contains_key(&id)
+        {
+            self.session_keys.clear();
+        }
+        // One look-up when the key is cached (every datagram of a session but its first).
+        match self.session_keys.entry(id) {
+            hashbrown::hash_map::Entry::Occupied(entry) => Some(entry.into_mut()),
+            hashbrown::hash_map::Entry::Vacant(entry) => {
+                let prk = &self.prks.iter().find(|(id, _)| *id == key_id)?.1;
+                let mut info = [0u8; 10];
+                info[..8].copy_from_slice(&session_id.to_be_bytes());
+                info[8..].copy_from_slice(&key_id.to_be_bytes());
+                let info_parts = [&info[..]];
+                let material = prk
+                    .expand(&info_parts, &AES_256_GCM)
+                    .expect("HKDF gives 32 bytes");
+                Some(entry.insert(LessSafeKey::new(UnboundKey::from(material))))
+            }
+        }
+    }
+}
+
+/// What setting [`flags::AUTHENTICATED`] changes in the CRC32C of a datagram, by the number
+/// of bytes the CRC covers, for the lengths seen last.
+///
+/// A CRC is linear: for two messages of one length, `crc(a) ^ crc(b)` is the CRC without its
+/// initial and final inversion (`L`) of `a ^ b`. Setting a flag bit xors the message with a
+/// constant `d` that is zero but for the flags field, so the new CRC is the old one xor
+/// `L(d)`, which depends on the length only: `L` of the two flag bytes, carried through the
+/// zero bytes after them. Computing it costs one CRC pass over that many zeros, once per
+/// length; a datagram of a length seen recently costs nothing.
+#[derive(Debug, Default, Clone)]
+struct CrcDeltas {
+    /// Direct-mapped by length: `(covered length, delta)`; a length of 0 is an empty slot.
+    slots: [(usize, u32); CRC_DELTA_SLOTS],
+}
+
+const CRC_DELTA_SLOTS: usize = 16;
+
+impl CrcDeltas {
+    fn get(&mut self, covered: usize) -> u32 {
+        let slot = &mut self.slots[covered % CRC_DELTA_SLOTS];
+        if slot.0 != covered {
+            *slot = (covered, crc_delta_of_authenticated(covered));
+        }
+        slot.1
+    }
+}
+
+/// `L(d)` for `d` the `covered`-byte message that is zero but for the AUTHENTICATED bit of
+/// its flags field (see [`CrcDeltas`]).
+fn crc_delta_of_authenticated(covered: usize) -> u32 {
+    const ZEROS: [u8; 512] = [0; 512];
+    let flag_bytes = flags::AUTHENTICATED.to_be_bytes();
+    // L over the bytes up to the end of the flags field: leading zeros leave L's state at 0.
+    let state = crc32c::crc32c(&flag_bytes) ^ crc32c::crc32c(&[0, 0]);
+    // Carry that state through the zeros after the flags: crc32c_append inverts its input
+    // and output, so invert around it.
+    let mut remaining = covered - field::FLAGS.end;
+    let mut crc = !state;
+    while remaining > 0 {
+        let step = remaining.min(ZEROS.len());
+        crc = crc32c::crc32c_append(crc, &ZEROS[..step]);
+        remaining -= step;
+    }
+    !crc
 }
 
 /// The session id of a datagram at least a header long.

@@ -271,7 +271,7 @@ pub struct Authenticator {
     /// The last datagrams verified and their trailers, when remembering is on (a device, which
     /// forwards what it verified: sealing those bytes again reuses the trailer instead of
     /// computing the MAC a second time).
-    recent: std::collections::VecDeque<(Vec<u8>, [u8; TRAILER_LEN])>,
+    recent: std::collections::VecDeque<Remembered>,
     recent_len_max: usize,
     /// What setting [`flags::AUTHENTICATED`] does to the CRC, by length (see [`CrcDeltas`]).
     crc_deltas: CrcDeltas,
@@ -363,15 +363,8 @@ impl Authenticator {
         let encrypt = self.keys.encrypt_payloads && datagram.len() > HEADER_LEN;
         if !encrypt {
             self.set_authenticated(datagram);
-            // Newest first: a device forwards what it verified last. Lengths and headers
-            // differ before payloads do, and a slice comparison looks at the length first.
-            if let Some((_, trailer)) = self
-                .recent
-                .iter()
-                .rev()
-                .find(|(inner, _)| inner.as_slice() == datagram.as_slice())
-            {
-                datagram.extend_from_slice(trailer);
+            if let Some(trailer) = self.remembered_trailer(datagram) {
+                datagram.extend_from_slice(&trailer);
                 return;
             }
         }
@@ -458,21 +451,41 @@ impl Authenticator {
         )
         .map_err(|_| AuthError::BadTag)?;
         if self.recent_len_max > 0 && key_id == self.keys.sending_key_id() {
-            let mut kept = [0u8; TRAILER_LEN];
-            kept.copy_from_slice(trailer);
-            let mut bytes = if self.recent.len() == self.recent_len_max {
-                self.recent
-                    .pop_front()
-                    .map(|(bytes, _)| bytes)
-                    .unwrap_or_default()
-            } else {
-                Vec::new()
+            let mut kept = Remembered {
+                len: inner.len(),
+                head: [0; HEADER_LEN],
+                bytes: Vec::new(),
+                trailer: [0; TRAILER_LEN],
             };
-            bytes.clear();
-            bytes.extend_from_slice(inner);
-            self.recent.push_back((bytes, kept));
+            if self.recent.len() == self.recent_len_max {
+                if let Some(oldest) = self.recent.pop_front() {
+                    kept.bytes = oldest.bytes;
+                }
+            }
+            kept.head.copy_from_slice(&inner[..HEADER_LEN]);
+            kept.trailer.copy_from_slice(trailer);
+            kept.bytes.clear();
+            kept.bytes.extend_from_slice(inner);
+            self.recent.push_back(kept);
         }
         Ok(Cow::Borrowed(inner))
+    }
+
+    /// The trailer of a remembered datagram of exactly these bytes, if any. Each candidate is
+    /// looked at by its length and header first (the header holds the CRC of the whole
+    /// datagram: two datagrams of one session, sequence number and length rarely share it),
+    /// compared in registers; only a candidate that passes is compared byte for byte.
+    fn remembered_trailer(&self, datagram: &[u8]) -> Option<[u8; TRAILER_LEN]> {
+        if self.recent.is_empty() || datagram.len() < HEADER_LEN {
+            return None;
+        }
+        let len = datagram.len();
+        let head: &[u8; HEADER_LEN] = datagram[..HEADER_LEN].try_into().ok()?;
+        self.recent
+            .iter()
+            .rev()
+            .find(|kept| kept.len == len && &kept.head == head && kept.bytes == datagram)
+            .map(|kept| kept.trailer)
     }
 
     fn next_nonce(&mut self) -> [u8; NONCE_LEN] {
@@ -584,6 +597,17 @@ fn crc_delta_of_authenticated(covered: usize) -> u32 {
         remaining -= step;
     }
     !crc
+}
+
+/// A datagram verified with the sending key, remembered so that sealing the same bytes again
+/// reuses its trailer.
+#[derive(Debug, Clone)]
+struct Remembered {
+    len: usize,
+    /// Its first [`HEADER_LEN`] bytes, for a quick look before comparing all of them.
+    head: [u8; HEADER_LEN],
+    bytes: Vec<u8>,
+    trailer: [u8; TRAILER_LEN],
 }
 
 /// The session id of a datagram at least a header long.

@@ -350,11 +350,13 @@ pub struct Authenticator {
     /// The last datagrams verified and their trailers, when remembering is on (a device, which
     /// forwards what it verified: sealing those bytes again reuses the trailer instead of
     /// computing the MAC a second time).
-    recent: std::collections::VecDeque<(Vec<u8>, [u8; TRAILER_LEN])>,
+    recent: std::collections::VecDeque<Remembered>,
     recent_len_max: usize,
     clock: WallClock,
     /// When the datagram [`Authenticator::verify`] last accepted was sealed (Unix ms).
     last_sealed_at: u64,
+    /// What setting [`flags::AUTHENTICATED`] does to the CRC, by length (see [`CrcDeltas`]).
+    crc_deltas: CrcDeltas,
 }
 
 impl fmt::Debug for Authenticator {
@@ -416,6 +418,7 @@ impl Authenticator {
             recent_len_max: 0,
             clock: system_clock(),
             last_sealed_at: 0,
+            crc_deltas: CrcDeltas::default(),
         }
     }
 
@@ -468,19 +471,9 @@ impl Authenticator {
         );
         let encrypt = self.keys.encrypt_payloads && datagram.len() > HEADER_LEN;
         if !encrypt {
-            set_flags(datagram, flags::AUTHENTICATED, flags::ENCRYPTED);
-            // Only a trailer sealed in this very second: an older one carries its old seal
-            // time, which receivers would refuse as stale once the replay window passed (a
-            // device resending a logged request long after it verified it, or an attacker
-            // replaying the device's own old datagram to it, which it verifies and remembers).
-            let second = self.now_ms() / 1000;
-            if let Some((_, trailer)) = self.recent.iter().find(|(inner, trailer)| {
-                inner.as_slice() == datagram.as_slice()
-                    && u64::from(u32::from_be_bytes([
-                        trailer[2], trailer[3], trailer[4], trailer[5],
-                    ])) == second
-            }) {
-                datagram.extend_from_slice(trailer);
+            self.set_authenticated(datagram);
+            if let Some(trailer) = self.remembered_trailer(datagram) {
+                datagram.extend_from_slice(&trailer);
                 return;
             }
         }
@@ -569,19 +562,22 @@ impl Authenticator {
         .map_err(|_| AuthError::BadTag)?;
         self.check_seal_time(&nonce)?;
         if self.recent_len_max > 0 && key_id == self.keys.sending_key_id() {
-            let mut kept = [0u8; TRAILER_LEN];
-            kept.copy_from_slice(trailer);
-            let mut bytes = if self.recent.len() == self.recent_len_max {
-                self.recent
-                    .pop_front()
-                    .map(|(bytes, _)| bytes)
-                    .unwrap_or_default()
-            } else {
-                Vec::new()
+            let mut kept = Remembered {
+                len: inner.len(),
+                head: [0; HEADER_LEN],
+                bytes: Vec::new(),
+                trailer: [0; TRAILER_LEN],
             };
-            bytes.clear();
-            bytes.extend_from_slice(inner);
-            self.recent.push_back((bytes, kept));
+            if self.recent.len() == self.recent_len_max {
+                if let Some(oldest) = self.recent.pop_front() {
+                    kept.bytes = oldest.bytes;
+                }
+            }
+            kept.head.copy_from_slice(&inner[..HEADER_LEN]);
+            kept.trailer.copy_from_slice(trailer);
+            kept.bytes.clear();
+            kept.bytes.extend_from_slice(inner);
+            self.recent.push_back(kept);
         }
         Ok(Cow::Borrowed(inner))
     }
@@ -602,6 +598,38 @@ impl Authenticator {
         Ok(())
     }
 
+    /// The trailer of a remembered datagram of exactly these bytes, if any. Each candidate is
+    /// looked at by its length and header first (the header holds the CRC of the whole
+    /// datagram: two datagrams of one session, sequence number and length rarely share it),
+    /// compared in registers; only a candidate that passes is compared byte for byte.
+    fn remembered_trailer(&self, datagram: &[u8]) -> Option<[u8; TRAILER_LEN]> {
+        if self.recent.is_empty() || datagram.len() < HEADER_LEN {
+            return None;
+        }
+        let len = datagram.len();
+        let head: &[u8; HEADER_LEN] = datagram[..HEADER_LEN].try_into().ok()?;
+        // Only a trailer sealed in this very second: an older one carries its old seal time,
+        // which receivers would refuse as stale once the replay window passed (a device
+        // resending a logged request long after it verified it, or an attacker replaying the
+        // device's own old datagram to it, which it verifies and remembers).
+        let second = (self.now_ms() / 1000) as u32;
+        self.recent
+            .iter()
+            .rev()
+            .find(|kept| {
+                kept.len == len
+                    && &kept.head == head
+                    && kept.bytes == datagram
+                    && u32::from_be_bytes([
+                        kept.trailer[2],
+                        kept.trailer[3],
+                        kept.trailer[4],
+                        kept.trailer[5],
+                    ]) == second
+            })
+            .map(|kept| kept.trailer)
+    }
+
     fn next_nonce(&mut self) -> [u8; NONCE_LEN] {
         let now = self.now_ms();
         let mut nonce = [0u8; NONCE_LEN];
@@ -618,24 +646,114 @@ impl Authenticator {
         nonce
     }
 
-    fn session_key(&mut self, key_id: u16, session_id: u64) -> Option<&LessSafeKey> {
-        if !self.session_keys.contains_key(&(key_id, session_id)) {
-            let prk = &self.prks.iter().find(|(id, _)| *id == key_id)?.1;
-            let mut info = [0u8; 10];
-            info[..8].copy_from_slice(&session_id.to_be_bytes());
-            info[8..].copy_from_slice(&key_id.to_be_bytes());
-            let info_parts = [&info[..]];
-            let material = prk
-                .expand(&info_parts, &AES_256_GCM)
-                .expect("HKDF gives 32 bytes");
-            let key = LessSafeKey::new(UnboundKey::from(material));
-            if self.session_keys.len() >= MAX_CACHED_SESSION_KEYS {
-                self.session_keys.clear();
-            }
-            self.session_keys.insert((key_id, session_id), key);
+    /// Set [`flags::AUTHENTICATED`] and clear [`flags::ENCRYPTED`] on a datagram of header
+    /// and payload whose CRC is right, and make the CRC right again. The common case — only
+    /// the AUTHENTICATED bit to set — updates the CRC from a per-length delta instead of
+    /// computing it over the whole datagram again.
+    fn set_authenticated(&mut self, datagram: &mut [u8]) {
+        let before = u16::from_be_bytes([
+            datagram[field::FLAGS.start],
+            datagram[field::FLAGS.start + 1],
+        ]);
+        let after = (before | flags::AUTHENTICATED) & !flags::ENCRYPTED;
+        let covered = field::CRC_COVERED.len()
+            + usize::from(u16::from_be_bytes([
+                datagram[field::PAYLOAD_LEN.start],
+                datagram[field::PAYLOAD_LEN.start + 1],
+            ]));
+        if after == before {
+            return;
         }
-        self.session_keys.get(&(key_id, session_id))
+        if before ^ after != flags::AUTHENTICATED || covered + 4 > datagram.len() {
+            set_flags(datagram, flags::AUTHENTICATED, flags::ENCRYPTED);
+            return;
+        }
+        let mut packet = Packet::new_unchecked(datagram);
+        packet.set_flags(after);
+        let crc = packet.crc() ^ self.crc_deltas.get(covered);
+        packet.set_crc(crc);
     }
+
+    fn session_key(&mut self, key_id: u16, session_id: u64) -> Option<&LessSafeKey> {
+        let id = (key_id, session_id);
+        if self.session_keys.len() >= MAX_CACHED_SESSION_KEYS
+            && !self.session_keys.contains_key(&id)
+        {
+            self.session_keys.clear();
+        }
+        // One look-up when the key is cached (every datagram of a session but its first).
+        match self.session_keys.entry(id) {
+            hashbrown::hash_map::Entry::Occupied(entry) => Some(entry.into_mut()),
+            hashbrown::hash_map::Entry::Vacant(entry) => {
+                let prk = &self.prks.iter().find(|(id, _)| *id == key_id)?.1;
+                let mut info = [0u8; 10];
+                info[..8].copy_from_slice(&session_id.to_be_bytes());
+                info[8..].copy_from_slice(&key_id.to_be_bytes());
+                let info_parts = [&info[..]];
+                let material = prk
+                    .expand(&info_parts, &AES_256_GCM)
+                    .expect("HKDF gives 32 bytes");
+                Some(entry.insert(LessSafeKey::new(UnboundKey::from(material))))
+            }
+        }
+    }
+}
+
+/// What setting [`flags::AUTHENTICATED`] changes in the CRC32C of a datagram, by the number
+/// of bytes the CRC covers, for the lengths seen last.
+///
+/// A CRC is linear: for two messages of one length, `crc(a) ^ crc(b)` is the CRC without its
+/// initial and final inversion (`L`) of `a ^ b`. Setting a flag bit xors the message with a
+/// constant `d` that is zero but for the flags field, so the new CRC is the old one xor
+/// `L(d)`, which depends on the length only: `L` of the two flag bytes, carried through the
+/// zero bytes after them. Computing it costs one CRC pass over that many zeros, once per
+/// length; a datagram of a length seen recently costs nothing.
+#[derive(Debug, Default, Clone)]
+struct CrcDeltas {
+    /// Direct-mapped by length: `(covered length, delta)`; a length of 0 is an empty slot.
+    slots: [(usize, u32); CRC_DELTA_SLOTS],
+}
+
+const CRC_DELTA_SLOTS: usize = 16;
+
+impl CrcDeltas {
+    fn get(&mut self, covered: usize) -> u32 {
+        let slot = &mut self.slots[covered % CRC_DELTA_SLOTS];
+        if slot.0 != covered {
+            *slot = (covered, crc_delta_of_authenticated(covered));
+        }
+        slot.1
+    }
+}
+
+/// `L(d)` for `d` the `covered`-byte message that is zero but for the AUTHENTICATED bit of
+/// its flags field (see [`CrcDeltas`]).
+fn crc_delta_of_authenticated(covered: usize) -> u32 {
+    const ZEROS: [u8; 512] = [0; 512];
+    let flag_bytes = flags::AUTHENTICATED.to_be_bytes();
+    // L over the bytes up to the end of the flags field: leading zeros leave L's state at 0.
+    let state = crc32c::crc32c(&flag_bytes) ^ crc32c::crc32c(&[0, 0]);
+    // Carry that state through the zeros after the flags: crc32c_append inverts its input
+    // and output, so invert around it.
+    let mut remaining = covered - field::FLAGS.end;
+    let mut crc = !state;
+    while remaining > 0 {
+        let step = remaining.min(ZEROS.len());
+        crc = crc32c::crc32c_append(crc, &ZEROS[..step]);
+        remaining -= step;
+    }
+    !crc
+}
+
+/// A datagram verified with the sending key, remembered so that sealing the same bytes again
+/// reuses its trailer.
+#[derive(Debug, Clone)]
+struct Remembered {
+    len: usize,
+    /// Its first [`HEADER_LEN`] bytes, for a quick look before comparing all of them.
+    head: [u8; HEADER_LEN],
+    bytes: Vec<u8>,
+    trailer: [u8; TRAILER_LEN],
 }
 
 /// Bits of the nonce's last word that count; the 10 above them hold the seal time's

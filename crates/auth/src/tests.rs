@@ -328,3 +328,72 @@ fn a_device_reuses_a_verified_trailer_only_within_its_seal_second() {
     assert!(server.verify(&resent).is_ok(), "a fresh seal");
     assert_eq!(server.sealed_at(), start + 60_000);
 }
+
+#[test]
+fn sealing_updates_the_crc_as_computing_it_afresh_would_at_every_length() {
+    let mut auth = Authenticator::new(keys(&[3]));
+    // Lengths repeat and collide in the delta cache (16 slots): every one stays right.
+    for round in 0..3 {
+        for payload_len in (0..300).chain([1024, 1368, 1440, 4096, 65_000]) {
+            let payload: Vec<u8> = (0..payload_len).map(|i| (i * 7 + round) as u8).collect();
+            let mut sealed = datagram(42 + payload_len as u64, &payload);
+            auth.seal(&mut sealed);
+            let inner = without_trailer(&sealed);
+            let packet = Packet::new_unchecked(inner);
+            assert_eq!(
+                packet.crc(),
+                packet.compute_crc(),
+                "payload {payload_len}, round {round}"
+            );
+            assert!(Header::parse(inner).is_ok());
+        }
+    }
+    // Flags already set, or other flags besides: the CRC is right too.
+    let mut header = Header::new(PacketType::UpdateRequest, 1, 9, 7);
+    header.flags = flags::ENCRYPTED | flags::MAKEUP;
+    let mut odd = header.encode(b"value");
+    auth.seal(&mut odd);
+    let inner = without_trailer(&odd);
+    assert!(Header::parse(inner).is_ok());
+    assert!(auth.verify(&odd).is_ok());
+}
+
+#[test]
+fn a_device_reuses_the_trailer_of_the_datagram_it_forwards_among_many_remembered() {
+    let mut client = Authenticator::new(keys(&[3]));
+    let mut device = Authenticator::new(keys(&[3])).remember_verified(32);
+    let mut server = Authenticator::new(keys(&[3]));
+    let sealed: Vec<Vec<u8>> = (0..40u64)
+        .map(|seq| {
+            let mut bytes = Header::new(PacketType::UpdateRequest, 1, 5, seq as u32 + 1)
+                .encode(&[seq as u8; 100]);
+            client.seal(&mut bytes);
+            bytes
+        })
+        .collect();
+    for bytes in &sealed {
+        let inner = device.verify(bytes).unwrap().to_vec();
+        let mut forwarded = inner.clone();
+        device.seal(&mut forwarded);
+        assert_eq!(&forwarded, bytes, "the client's trailer, reused");
+        assert!(server.verify(&forwarded).is_ok());
+    }
+    // The oldest ones are forgotten: sealed afresh, with the device's own nonce.
+    let mut old = device.verify(&sealed[0]).unwrap().to_vec();
+    for bytes in &sealed[1..33] {
+        device.verify(bytes).unwrap();
+    }
+    device.seal(&mut old);
+    assert_ne!(old, sealed[0]);
+    assert!(server.verify(&old).is_ok());
+    // A changed payload under an unchanged header is never given the remembered trailer.
+    let mut altered = device.verify(&sealed[39]).unwrap().to_vec();
+    *altered.last_mut().unwrap() ^= 1;
+    Packet::new_unchecked(&mut altered[..]).fill_checksum();
+    device.seal(&mut altered);
+    assert_ne!(
+        altered[altered.len() - TAG_LEN..],
+        sealed[39][sealed[39].len() - TAG_LEN..]
+    );
+    assert!(server.verify(&altered).is_ok());
+}

@@ -10,6 +10,8 @@
 //! /dev/shm, removed at the end; a fresh pair for every mode, so every mode starts from an
 //! empty log and store) or measures running ones given by address. `--capacity` compares
 //! the forwarding capacity of the device's forward port with a plain UDP relay instead.
+//! `--auth-cost` measures what authentication costs: the ack's latency and the forwarding
+//! capacity with and without keys, and the MAC per datagram (`bench/auth_cost.rs`).
 //! `--replicas` compares ways of replicating updates (`bench/replication.rs`); `--abd`
 //! replicated memory against unreplicated access and etcd (`bench/abd.rs`).
 //!
@@ -19,10 +21,12 @@
 
 mod abd;
 mod args;
+mod auth_cost;
 mod cache;
 mod capacity;
 mod cpu;
 mod inpath;
+mod mac;
 mod plan;
 mod popularity;
 mod progress;
@@ -187,6 +191,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
     if args.abd.abd {
         // Replicated memory: its own processes, clients and report (see `bench/abd.rs`).
         return abd::run_command(&args);
+    }
+    if let Some(sizes) = &args.auth_cost {
+        let shutdown = Shutdown::on_signals()?;
+        return auth_cost::run_command(&args, sizes, &shutdown);
     }
     let plan = Plan::from_args(&args)?;
     let shutdown = Shutdown::on_signals()?;

@@ -245,6 +245,17 @@ pub struct BenchArgs {
     #[arg(long)]
     pub capacity: bool,
 
+    /// Instead of the latency modes: what authentication costs, side by side in one run, at
+    /// each payload size given (default 100 and 1024 bytes): the PMNet-ACK's latency (pmnet
+    /// and pmnet-auth in turns, --rounds each, default 5, of --duration), the device's
+    /// forwarding capacity without and with keys (in turns, --rounds of --duration each), and
+    /// the MAC's cost per datagram at each hop, against the targets (ack p50 at most +10 %,
+    /// capacity at most -15 %).
+    #[arg(long, value_name = "BYTES,...", num_args = 0..=1, require_equals = true,
+          default_missing_value = "100,1024", value_delimiter = ',',
+          value_parser = parse_payload)]
+    pub auth_cost: Option<Vec<usize>>,
+
     /// Run every mode this many times, the modes in turns, and report each mode's median
     /// round by p50 (default 1). With --capacity: split --duration into this many rounds per
     /// forwarder, in turns, and report each one's median round (default 3).

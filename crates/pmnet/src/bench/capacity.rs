@@ -74,10 +74,12 @@ impl Forwarder {
     }
 }
 
-/// What the forwarder thread reports when it stops: datagrams received and sent on.
+/// What the forwarder thread reports when it stops: datagrams received and sent on, and the
+/// CPU time the thread ran while forwarding.
 struct ForwarderCounts {
     received: u64,
     forwarded: u64,
+    cpu_ns: u64,
 }
 
 fn socket_total(metrics: &Metrics, name: &str, socket: &str) -> u64 {
@@ -124,10 +126,12 @@ fn start_forwarder(
                     }
                 };
                 let _ = tx.send(Ok(relay.local_addr()));
+                let cpu_start = super::cpu::own_cpu_ns();
                 relay.run().map_err(|error| error.to_string())?;
                 Ok(ForwarderCounts {
                     received: relay.front_counters().received_total(),
                     forwarded: relay.back_counters().sent_total(),
+                    cpu_ns: super::cpu::own_cpu_ns().saturating_sub(cpu_start),
                 })
             }
             Forwarder::DeviceForward | Forwarder::DeviceForwardAuthenticated => {
@@ -164,12 +168,15 @@ fn start_forwarder(
                     .with_max_level(tracing::Level::WARN)
                     .with_writer(std::io::stderr)
                     .finish();
+                let cpu_start = super::cpu::own_cpu_ns();
                 tracing::subscriber::with_default(subscriber, || device.run())
                     .map_err(|error| error.to_string())?;
+                let cpu_ns = super::cpu::own_cpu_ns().saturating_sub(cpu_start);
                 let metrics = device.metrics();
                 Ok(ForwarderCounts {
                     received: socket_total(&metrics, "pmnet_packets_received_total", "forward"),
                     forwarded: socket_total(&metrics, "pmnet_packets_sent_total", "forward"),
+                    cpu_ns,
                 })
             }
         })
@@ -311,6 +318,10 @@ fn measure(
             0.0
         },
         forwarded: counts.forwarded,
+        // The forwarder's CPU time (it sleeps when idle) per datagram it read: unlike the
+        // packet rate, this hardly moves when other work shares the machine.
+        cpu_ns_per_datagram: (counts.received > 0)
+            .then(|| (counts.cpu_ns as f64 / counts.received as f64).round()),
         rounds_per_s: Vec::new(),
         measured_s: (seconds * 1000.0).round() / 1000.0,
         datagram_bytes: pmnet_wire::HEADER_LEN
@@ -347,9 +358,17 @@ pub fn run_capacity(
             continue;
         }
         let rates: Vec<f64> = rounds.iter().map(|result| result.packets_per_s).collect();
+        let mut cpu: Vec<f64> = rounds
+            .iter()
+            .filter_map(|result| result.cpu_ns_per_datagram)
+            .collect();
+        cpu.sort_by(f64::total_cmp);
         rounds.sort_by(|a, b| a.packets_per_s.total_cmp(&b.packets_per_s));
         let mut median = rounds.swap_remove(rounds.len() / 2);
         median.rounds_per_s = rates;
+        // The median round by CPU per datagram, on its own (the packet rate's median round
+        // need not be that one).
+        median.cpu_ns_per_datagram = cpu.get(cpu.len() / 2).copied();
         results.push(median);
     }
     let share = |numerator: &CapacityResult, denominator: &CapacityResult| {
@@ -365,10 +384,27 @@ pub fn run_capacity(
         [_, forward, authenticated] => share(authenticated, forward),
         _ => None,
     };
+    let (authenticated_cpu_ns_extra, authenticated_vs_forward_by_cpu) = match results.as_slice() {
+        [_, forward, authenticated] => {
+            match (
+                forward.cpu_ns_per_datagram,
+                authenticated.cpu_ns_per_datagram,
+            ) {
+                (Some(plain), Some(auth)) if auth > 0.0 => (
+                    Some(auth - plain),
+                    Some((plain / auth * 1000.0).round() / 1000.0),
+                ),
+                _ => (None, None),
+            }
+        }
+        _ => (None, None),
+    };
     Ok(CapacityReport {
         results,
         forward_vs_relay,
         authenticated_vs_forward,
+        authenticated_cpu_ns_extra,
+        authenticated_vs_forward_by_cpu,
         forwarder_cpu: config.forwarder_cpu,
         generator_cpu: config.generator_cpu,
         wait: config.wait.name().to_owned(),

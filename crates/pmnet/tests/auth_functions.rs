@@ -17,10 +17,11 @@ fn keygen(dir: &std::path::Path) -> String {
     path
 }
 
-/// Wait until `node` counts a datagram dropped for `reason` on its PMNet port.
-fn wait_dropped(node: &Node, reason: &str) {
+/// Wait until `node` counts a datagram dropped for `reason` on its PMNet port, under the
+/// metric `metric` (`pmnet_device_dropped_total`; a memory node's own name for it).
+fn wait_dropped_as(node: &Node, metric: &str, reason: &str) {
     node.wait_metrics_line(&format!("counts a datagram dropped as {reason}"), |line| {
-        line.starts_with("pmnet_device_dropped_total{")
+        line.starts_with(&format!("{metric}{{"))
             && line.contains(&format!("reason=\"{reason}\""))
             && line
                 .rsplit(' ')
@@ -28,6 +29,11 @@ fn wait_dropped(node: &Node, reason: &str) {
                 .and_then(|value| value.parse::<f64>().ok())
                 .is_some_and(|value| value >= 1.0)
     });
+}
+
+/// Wait until a device (or server) counts a datagram dropped for `reason`.
+fn wait_dropped(node: &Node, reason: &str) {
+    wait_dropped_as(node, "pmnet_device_dropped_total", reason)
 }
 
 #[test]
@@ -148,7 +154,11 @@ fn a_memory_node_and_an_abd_coordinator_drop_unkeyed_writes_and_serve_keyed_ones
     // would coordinate; each counts it by reason.
     let (ok, out, err) = memory(&direct, None, &["write", "3", "forged"]);
     assert!(!ok, "{out}{err}");
-    wait_dropped(&node, "unauthenticated");
+    wait_dropped_as(
+        &node,
+        "pmnet_memnode_datagrams_dropped_total",
+        "unauthenticated",
+    );
     let (ok, out, err) = memory(&coordinated, None, &["write", "5", "forged"]);
     assert!(!ok, "{out}{err}");
     assert!(err.contains("--key-file"), "says what to check: {err}");

@@ -910,8 +910,8 @@ impl Device {
 
     fn send_pmnet_ack(&mut self, slot: u32, client: SocketAddr) {
         let entry = &self.entries[&slot];
-        if !self.trust.is_verified(entry.key.server_id) {
-            // An entry recovered from the log before the server is verified: the client
+        if !self.trust.acks_for(entry.key.server_id) {
+            // The server showed it cannot verify this device (or be verified): the client
             // waits for the server's reply (the entry is replayed meanwhile).
             return;
         }

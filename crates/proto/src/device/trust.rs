@@ -2,12 +2,15 @@
 //!
 //! A PMNet-ACK promises that the server will apply the write: the device replays its log until
 //! the server acks. A server that drops everything the device sends (it holds no key, another
-//! key, or a key the device lacks) makes that promise empty. So the device acks nothing for a
-//! server until it has seen proof that the two understand each other: a verified answer from
+//! key, or a key the device lacks) makes that promise empty. So once a server shows it cannot
+//! be verified (a datagram from it fails verification: a server without keys answers a sealed
+//! probe in clear), the device acks nothing for it until it has seen proof that the two
+//! understand each other: a verified answer from
 //! the server's address to one of its probes ([`PacketType::Probe`]), or a verified server-ACK
 //! (or, for the next device of a chain, a PMNet-ACK), each of which the server sends only for
-//! something of this device's that it verified. Until then the device acks nothing for the
-//! server: for [`GRACE`] after its start it logs the server's updates and holds their acks
+//! something of this device's that it verified. A silent server (down, or not started) is
+//! acked for as before — its writes are durable in the log and replayed once it answers. A
+//! disproven one is acked for no more: for [`GRACE`] after its start it logs the server's updates and holds their acks
 //! (sent once the server is verified: the start-up round trip delays the first acks, it does
 //! not cost them); past it, it forwards them without logging and tells the client why (a
 //! not-logged notice); the client completes on the server's reply or fails naming the reason. A verified server stays verified for the
@@ -109,12 +112,26 @@ impl Trust {
         self.checks.values().all(|check| check.verified)
     }
 
-    /// Whether server `server_id`'s updates are logged: it is verified, or the device is
+    /// Whether the device acks server `server_id`'s writes: it is verified, or it has not
+    /// shown that it cannot be (nothing from it failed verification). A silent server —
+    /// down, or not started yet — is acked for as before: the log holds its writes and
+    /// replays them once it answers, and its first answer decides. One whose datagrams fail
+    /// verification (another key, or none: a server without keys answers a sealed probe in
+    /// clear) gets no acks until an answer verifies.
+    pub(super) fn acks_for(&self, server_id: u16) -> bool {
+        self.checks
+            .get(&server_id)
+            .is_some_and(|check| check.verified || check.failures == 0)
+    }
+
+    /// Whether server `server_id`'s updates are logged: the device acks them, or it is
     /// within [`GRACE`] of its start (their acks wait for the verification).
     pub(super) fn logs_for(&self, server_id: u16, now: Time) -> bool {
-        self.checks.get(&server_id).is_some_and(|check| {
-            check.verified || now.saturating_duration_since(check.since) < GRACE
-        })
+        self.acks_for(server_id)
+            || self
+                .checks
+                .get(&server_id)
+                .is_some_and(|check| now.saturating_duration_since(check.since) < GRACE)
     }
 
     /// A datagram from server `server_id` that proves it verified something of this device's
@@ -174,6 +191,7 @@ impl Trust {
         let mut over = Vec::new();
         for (&id, check) in &mut self.checks {
             if !check.verified
+                && check.failures > 0
                 && !check.grace_over
                 && now.saturating_duration_since(check.since) >= GRACE
             {

@@ -526,6 +526,13 @@ impl Server {
             Err(reason) => {
                 self.auth_warnings.failed(now, "server", from, reason);
                 self.count_drop(reason);
+                if matches!(
+                    reason,
+                    DropReason::SealedWithoutKey
+                        | DropReason::Auth(pmnet_auth::AuthError::Unauthenticated)
+                ) {
+                    self.answer_probe_it_cannot_verify(from, datagram);
+                }
                 return;
             }
         };
@@ -542,6 +549,25 @@ impl Server {
             return;
         }
         self.handle_parsed(now, from, &header, payload);
+    }
+
+    /// A device's probe this server cannot verify (sealed, at a server without keys; in
+    /// clear, at a server with keys): answered as this server sends everything (in clear,
+    /// or sealed), so that the device learns at once that the two do not understand each
+    /// other (an answer it cannot verify) instead of taking the silence for an outage and
+    /// acking writes this server would drop. No larger than the probe, to its sender only.
+    fn answer_probe_it_cannot_verify(&mut self, from: SocketAddr, datagram: &[u8]) {
+        let Ok((header, _)) = Header::parse(pmnet_auth::without_trailer(datagram)) else {
+            return;
+        };
+        if header.packet_type != PacketType::Probe {
+            return;
+        }
+        self.counters.probes_answered += 1;
+        self.transmits.push_back(Transmit {
+            destination: from,
+            bytes: Header { flags: 0, ..header }.encode(&[]),
+        });
     }
 
     /// A batch: the peer unpacks batches, so what goes back to it is packed too; each entry

@@ -173,14 +173,12 @@ impl AbdFunction {
         self.clock += 1;
         let sealed_ms = self.sealed_ms.take();
         if !self.sessions.contains_key(&session_id) {
-            if let (Some(sealed), Some(floor)) = (sealed_ms, self.floor) {
-                if !floor.admits_unknown(sealed) {
-                    // Sealed before this device forgot a session, or before it started: it may
-                    // be a replay of a session it no longer knows. A genuine client's next
-                    // transmission is sealed afresh and admitted.
-                    self.counters.replays_refused += 1;
-                    return;
-                }
+            if ReplayFloor::refuses(self.floor, sealed_ms) {
+                // Sealed before this device forgot a session, or before it started: it may
+                // be a replay of a session it no longer knows. A genuine client's next
+                // transmission is sealed afresh and admitted.
+                self.counters.replays_refused += 1;
+                return;
             }
             if again && write {
                 self.counters.in_doubt += 1;

@@ -38,6 +38,12 @@ impl ReplayFloor {
         sealed_ms > self.floor_ms
     }
 
+    /// Whether a datagram of an unknown session sealed at `sealed_ms` is refused by `floor`:
+    /// only with keys (a seal time) and a floor set.
+    pub fn refuses(floor: Option<ReplayFloor>, sealed_ms: Option<u64>) -> bool {
+        matches!((floor, sealed_ms), (Some(floor), Some(sealed)) if !floor.admits_unknown(sealed))
+    }
+
     /// The floor, in Unix milliseconds.
     pub fn floor_ms(&self) -> u64 {
         self.floor_ms

@@ -529,14 +529,12 @@ impl ChainNode {
     ) {
         let sealed = self.sealed_ms.take();
         if !self.sessions.contains_key(&session) {
-            if let (Some(sealed), Some(floor)) = (sealed, self.floor) {
-                if !floor.admits_unknown(sealed) {
-                    // Sealed before this head forgot a session, or before it started: it may
-                    // replay a write of a session it no longer knows. A genuine client's next
-                    // transmission is sealed afresh and admitted.
-                    self.counters.replays_refused += 1;
-                    return;
-                }
+            if ReplayFloor::refuses(self.floor, sealed) {
+                // Sealed before this head forgot a session, or before it started: it may
+                // replay a write of a session it no longer knows. A genuine client's next
+                // transmission is sealed afresh and admitted.
+                self.counters.replays_refused += 1;
+                return;
             }
         }
         if let Some(sealed) = sealed {

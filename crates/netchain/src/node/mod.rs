@@ -528,14 +528,12 @@ impl ChainNode {
         request: &Request<'_>,
     ) {
         let sealed = self.sealed_ms.take();
-        if !self.sessions.contains_key(&session) {
-            if ReplayFloor::refuses(self.floor, sealed) {
-                // Sealed before this head forgot a session, or before it started: it may
-                // replay a write of a session it no longer knows. A genuine client's next
-                // transmission is sealed afresh and admitted.
-                self.counters.replays_refused += 1;
-                return;
-            }
+        if !self.sessions.contains_key(&session) && ReplayFloor::refuses(self.floor, sealed) {
+            // Sealed before this head forgot a session, or before it started: it may
+            // replay a write of a session it no longer knows. A genuine client's next
+            // transmission is sealed afresh and admitted.
+            self.counters.replays_refused += 1;
+            return;
         }
         if let Some(sealed) = sealed {
             let latest = self.session_sealed.entry(session).or_insert(0);

@@ -48,6 +48,10 @@ struct Session {
     /// When its latest request was sealed (Unix ms; 0 without keys): what the replay floor
     /// rises to when the session is forgotten.
     sealed_ms: u64,
+    /// With keys: the replay floor when this device learned the session. A request of it
+    /// sealed at or before that was sent before, and may have run in an earlier life (or
+    /// before the session was forgotten): refused.
+    learned_under: Option<ReplayFloor>,
     /// The first request this device saw sent for the first time (not flagged) in this
     /// session. A client sends its requests for the first time in order, so a request from it
     /// on was first sent to this device (this life, since the session was last forgotten); a
@@ -195,12 +199,20 @@ impl AbdFunction {
                     writes: VecDeque::new(),
                     used: self.clock,
                     sealed_ms: 0,
+                    learned_under: self.floor,
                     since: None,
                     in_flight: 0,
                 },
             );
         }
         let session = self.sessions.get_mut(&session_id).expect("made above");
+        if ReplayFloor::refuses(session.learned_under, sealed_ms) {
+            // Sent before this device learned the session: from an earlier life of it here
+            // (a replay, or a datagram delayed that long). Its sender's next transmission is
+            // sealed afresh and admitted.
+            self.counters.replays_refused += 1;
+            return;
+        }
         session.addr = from;
         session.used = self.clock;
         session.sealed_ms = session.sealed_ms.max(sealed_ms.unwrap_or(0));

@@ -128,8 +128,8 @@ pub struct ChainCounters {
     pub duplicates: u64,
     /// Retransmitted writes the head could not tell from ones applied before a restart.
     pub in_doubt: u64,
-    /// Writes of a session the head does not know, sealed before it forgot a session or
-    /// before it started: possibly replays, refused (dropped, not answered).
+    /// Writes sealed before the head forgot a session or started (of a session it knows:
+    /// before it learned the session): possibly replays, refused (dropped, not answered).
     pub replays_refused: u64,
     pub refused_full: u64,
     /// Requests answered "not here" because the member holds no lease (or no configuration).
@@ -215,10 +215,13 @@ pub struct ChainNode {
     forgot_at: Option<Time>,
     /// With keys: the seal time of the datagram being handled, each remembered session's
     /// latest (what the floor rises to when it is forgotten), and the floor below which a
-    /// write of an unknown session is refused (set when the first sealed datagram comes).
+    /// write of an unknown session is refused (set when the first sealed datagram comes),
+    /// and each remembered session's floor when it was learned: a write of it sealed at or
+    /// before that was sent before this member knew the session, and is refused too.
     sealed_ms: Option<u64>,
     session_sealed: HashMap<u64, u64>,
     floor: Option<ReplayFloor>,
+    learned_under: HashMap<u64, ReplayFloor>,
     /// Reads relayed to the tail: (session, request) → who asked and what for.
     relayed: HashMap<(u64, u32), Relayed>,
     transmits: VecDeque<Transmit>,
@@ -250,6 +253,7 @@ impl ChainNode {
             sealed_ms: None,
             session_sealed: HashMap::new(),
             floor: None,
+            learned_under: HashMap::new(),
             relayed: HashMap::new(),
             transmits: VecDeque::new(),
             counters: ChainCounters::default(),
@@ -528,10 +532,16 @@ impl ChainNode {
         request: &Request<'_>,
     ) {
         let sealed = self.sealed_ms.take();
-        if !self.sessions.contains_key(&session) && ReplayFloor::refuses(self.floor, sealed) {
-            // Sealed before this head forgot a session, or before it started: it may
-            // replay a write of a session it no longer knows. A genuine client's next
-            // transmission is sealed afresh and admitted.
+        let floor = if self.sessions.contains_key(&session) {
+            self.learned_under.get(&session).copied()
+        } else {
+            self.floor
+        };
+        if ReplayFloor::refuses(floor, sealed) {
+            // Sealed before this head forgot a session, or before it started (for a session
+            // it knows: before it learned it): it may replay a write from before, which this
+            // head no longer knows. A genuine client's next transmission is sealed afresh
+            // and admitted.
             self.counters.replays_refused += 1;
             return;
         }
@@ -759,10 +769,14 @@ impl ChainNode {
             return;
         }
         self.sessions.insert(session, (request, key, decided));
+        if let Some(floor) = self.floor {
+            self.learned_under.insert(session, floor);
+        }
         self.session_order.push_back(session);
         if self.session_order.len() > SESSIONS_MAX {
             if let Some(oldest) = self.session_order.pop_front() {
                 self.sessions.remove(&oldest);
+                self.learned_under.remove(&oldest);
                 self.forgot_at = Some(now);
                 let sealed = self.session_sealed.remove(&oldest).unwrap_or(0);
                 if let Some(floor) = self.floor.as_mut() {

@@ -428,7 +428,7 @@ impl NetworkFunction for AbdFunction {
             ("pmnet_abd_in_doubt_total", "Writes sent again that the coordinator no longer knows, answered in doubt.", f.in_doubt),
             ("pmnet_abd_busy_total", "Requests refused: as many operations in flight as the coordinator keeps.", f.busy),
             ("pmnet_abd_sessions_forgotten_total", "Client sessions forgotten to make room.", f.sessions_forgotten),
-            ("pmnet_abd_replays_refused_total", "Requests of unknown sessions sealed before a session was forgotten or the device started: refused.", f.replays_refused),
+            ("pmnet_abd_replays_refused_total", "Requests sealed before a session was forgotten or the device started (or learned the session): refused.", f.replays_refused),
             ("pmnet_abd_dropped_total", "Requests that did not parse, and nodes' answers that did not or came from no node.", f.dropped + c.dropped),
             ("pmnet_abd_answers_ignored_total", "Nodes' answers that counted in no quorum (learning, late, duplicated).", c.answers_ignored),
             ("pmnet_abd_in_flight", "Operations in flight.", self.coordinator.in_flight() as u64),

@@ -610,3 +610,63 @@ fn a_node_that_missed_writes_takes_the_next_one() {
     assert_eq!(net.nodes[0].node.durable_line(0).1, lines(99, 1));
     assert_eq!(net.nodes[0].node.counters().timestamps_refused, 0);
 }
+
+/// A request to the device from client session 0xC1, sealed at `sealed_ms` (the device
+/// started at `started_ms`), as its pipeline hands it over with keys.
+fn sealed_request(
+    net: &mut Net,
+    seq: u32,
+    op: pmnet_wire::abd::Op,
+    data: &[u8],
+    (sealed_ms, started_ms): (u64, u64),
+) -> Vec<u8> {
+    let mut payload = Vec::new();
+    pmnet_wire::abd::Request {
+        op,
+        first: 2,
+        count: 1,
+        data,
+    }
+    .emit(&mut payload);
+    let header = Header::new(
+        pmnet_wire::PacketType::Reserved(pmnet_wire::abd::ABD_REQUEST),
+        0,
+        0xC1,
+        seq,
+    );
+    let bytes = header.encode(&payload);
+    net.device.note_seal(sealed_ms, started_ms);
+    let _ = net.device.handle(net.now, addr(200), &header, &bytes);
+    net.advance(Duration::from_secs(1));
+    bytes
+}
+
+/// A restarted coordinating device learns a session again from its next request; a write of
+/// that session sent before the restart, replayed verbatim, is refused: it may have run.
+#[test]
+fn a_restarted_device_refuses_a_write_sealed_before_it_learned_the_session() {
+    use pmnet_wire::abd::Op;
+    let mut net = Net::new(3);
+    sealed_request(&mut net, 1, Op::Write, &lines(1, 1), (1_000, 500));
+    let second = sealed_request(&mut net, 2, Op::Write, &lines(2, 1), (2_000, 500));
+    assert_eq!(net.direct_op(2, 1, OpKind::Read), Ok(lines(2, 1)));
+
+    let mut config = CoordinatorConfig::new((1..=3).map(addr).collect(), LINES, 1, 0xD1);
+    config.counter_floor =
+        crate::counter_floor_at((crate::COUNTER_EPOCH_UNIX_S + 86_400) * 1_000_000);
+    net.device = AbdFunction::new(Coordinator::new(config));
+    sealed_request(&mut net, 3, Op::Read, &[], (5_000, 4_000));
+    let writes = net.device.coordinator().counters().writes;
+
+    // Request 2 again, verbatim: refused, not run.
+    let (header, _) = Header::parse(&second).expect("parses");
+    net.device.note_seal(2_000, 4_000);
+    let _ = net.device.handle(net.now, addr(200), &header, &second);
+    net.advance(Duration::from_secs(1));
+    assert_eq!(net.device.counters().replays_refused, 1);
+    assert_eq!(net.device.coordinator().counters().writes, writes);
+
+    // A later write of the session, sealed now, runs.
+    sealed_request(&mut net, 4, Op::Write, &lines(4, 1), (5_002, 4_000));
+    assert_eq!(net.direct_op(2, 1, OpKind::Read), Ok(lines(4, 1)));
+}

@@ -91,7 +91,7 @@ impl NetworkFunction for ChainFunction {
             ("pmnet_chain_commits_total", "Commits received from the next member.", c.commits),
             ("pmnet_chain_duplicates_total", "Requests sent again (or duplicated) that the head had stamped already.", c.duplicates),
             ("pmnet_chain_in_doubt_total", "Retransmitted writes answered in doubt after a restart.", c.in_doubt),
-            ("pmnet_chain_replays_refused_total", "Writes of unknown sessions sealed before the head forgot a session or started: refused.", c.replays_refused),
+            ("pmnet_chain_replays_refused_total", "Writes sealed before the head forgot a session or started (or learned the session): refused.", c.replays_refused),
             ("pmnet_chain_refused_full_total", "Writes refused for want of room in the table.", c.refused_full),
             ("pmnet_chain_dropped_total", "Chain datagrams dropped (unparsable, from a member that is no neighbour, for a group not served).", c.dropped),
             ("pmnet_chain_versions_refused_total", "Writes and commits refused: a version no head can have issued.", c.versions_refused),

@@ -27,6 +27,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::world::SIM_EPOCH_MS;
 use pmnet_abd::{
     AbdClient, AbdError, AbdFunction, ClientConfig, Coordinator, CoordinatorConfig, MemNode,
     NodeConfig, OpKind, LEARN_WAIT, LINE,
@@ -229,8 +230,9 @@ fn node_config(index: usize, nodes: usize) -> NodeConfig {
             .map(node_addr)
             .collect(),
         lines: LINES,
-        // The simulated coordinators count from 0, without a clock.
-        counter_clock: None,
+        // The nodes' clocks: the world's wall clock at its time zero (a node's bound on a
+        // stored counter moves only with its start, which is conservative by the run's length).
+        counter_clock: Some(pmnet_abd::counter_floor_at(SIM_EPOCH_MS * 1_000)),
     }
 }
 
@@ -419,11 +421,6 @@ pub fn run_seed(seed: u64) -> Result<AbdReport, String> {
     run(seed).map_err(|error| format!("seed {seed}: {error}"))
 }
 
-/// Whether replicated memory's world runs its replaying attacker (`PMNET_ABD_REPLAY`).
-pub fn replaying_attacker() -> bool {
-    std::env::var_os("PMNET_ABD_REPLAY").is_some()
-}
-
 fn run(seed: u64) -> Result<AbdReport, String> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let loss = rng.random_range(0.0..0.1);
@@ -431,12 +428,7 @@ fn run(seed: u64) -> Result<AbdReport, String> {
     let mut net = Net::new(ChaCha8Rng::seed_from_u64(seed ^ 0xabd0), loss, duplicate);
     // Keys on every endpoint; an attacker replaying what it captured; device clients starting
     // over with new sessions (a generator of its own).
-    // Open finding (docs/simulation.md): with keys on, some seeds store two values under one
-    // timestamp. Until it is understood the world runs without keys unless PMNET_ABD_KEYS
-    // (or the replaying attacker, PMNET_ABD_REPLAY) is set.
-    if std::env::var_os("PMNET_ABD_KEYS").is_some() || replaying_attacker() {
-        net.auth = Some(NetAuth::for_seed(seed));
-    }
+    net.auth = Some(NetAuth::for_seed(seed));
     let mut churn = ChaCha8Rng::seed_from_u64(seed ^ 0xc4_abd0);
     let node_count = if rng.random_bool(0.5) { 3 } else { 5 };
     let tolerated = (node_count - 1) / 2;
@@ -471,9 +463,17 @@ fn run(seed: u64) -> Result<AbdReport, String> {
             was_member: false,
         });
     }
-    let device_config =
-        |session: u64| CoordinatorConfig::new(node_addrs.clone(), LINES, DEVICE_WRITER, session);
-    let mut device = AbdFunction::new(Coordinator::new(device_config(rng.random())));
+    // The device stamps above its clock's counter floor, as a process starts it: a restarted
+    // device's counters are above its earlier lives' (whose stores may sit on nodes its first
+    // majority does not include). The client-driven coordinators never restart; they count
+    // from 0.
+    let device_config = |session: u64, now: Time| {
+        let mut config = CoordinatorConfig::new(node_addrs.clone(), LINES, DEVICE_WRITER, session);
+        config.counter_floor =
+            pmnet_abd::counter_floor_at((SIM_EPOCH_MS + now.as_nanos() / 1_000_000) * 1_000);
+        config
+    };
+    let mut device = AbdFunction::new(Coordinator::new(device_config(rng.random(), Time::ZERO)));
     let mut device_up = true;
     let mut device_restart_at: Option<Time> = None;
     let mut clients: Vec<Client> = (0..device_clients + direct_clients)
@@ -514,12 +514,7 @@ fn run(seed: u64) -> Result<AbdReport, String> {
     if std::env::var_os("PMNET_ABD_REPLAY_STORES").is_none() {
         replayer.spared_types = vec![pmnet_wire::abd::ABD_STORE, pmnet_wire::abd::ABD_STORE_ACK];
     }
-    // Open finding (docs/simulation.md): with this attacker some seeds end with a read of a
-    // value older than writes completed before it. Until it is understood the world runs
-    // with keys and no replays unless PMNET_ABD_REPLAY is set.
-    if replaying_attacker() {
-        net.replayer = Some(replayer);
-    }
+    net.replayer = Some(replayer);
     let mut stores = Stores::default();
     let mut history: History = Vec::new();
     let mut next_value = 0u64;
@@ -691,7 +686,7 @@ fn run(seed: u64) -> Result<AbdReport, String> {
             device_up = true;
             let old = std::mem::replace(
                 &mut device,
-                AbdFunction::new(Coordinator::new(device_config(rng.random()))),
+                AbdFunction::new(Coordinator::new(device_config(rng.random(), now))),
             );
             report.replays_refused += old.counters().replays_refused;
             net.restarted(device_addr());

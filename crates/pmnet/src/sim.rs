@@ -84,6 +84,11 @@ pub struct SimArgs {
     #[arg(long, conflicts_with_all = ["requests_per_client", "safety_actions", "liveness_bound", "quiet_trace", "no_trace"])]
     pub chain_store: bool,
 
+    /// With --chain-store: the fixed chains of `pmnet kv --chain-member` (no controller;
+    /// member crashes only) instead of chains the controller configures.
+    #[arg(long, requires = "chain_store")]
+    pub fixed_chains: bool,
+
     /// Simulate replicated memory instead (ABD memory nodes, a coordinating device with its
     /// clients and client-driven coordinators: node crashes, memory lost for good, partitions,
     /// device restarts; docs/simulation.md).
@@ -111,6 +116,7 @@ impl SimArgs {
 pub fn run(args: SimArgs) -> Result<ExitCode, CliError> {
     if args.chain_store {
         return Ok(crate::sim_chain::run(
+            args.fixed_chains,
             args.seed,
             args.seeds.unwrap_or(DEFAULT_SWARM),
             args.start_seed,

@@ -1,16 +1,22 @@
 //! `pmnet sim --chain-store`: seeds of the chain store's world (`pmnet_sim::chain`), one or a
-//! swarm over `--jobs` threads, with each failing seed's replay command.
+//! swarm over `--jobs` threads, with each failing seed's replay command; `--fixed-chains` runs
+//! its fixed-chain variant (no controller).
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use pmnet_sim::chain::{run_seed, ChainReport};
+use pmnet_sim::chain::{run_seed, run_seed_fixed, ChainReport};
 
 /// Run `seed`, or `count` seeds from `start` (random when not given, and printed).
-pub fn run(seed: Option<u64>, count: u64, start: Option<u64>, jobs: u32) -> ExitCode {
+pub fn run(fixed: bool, seed: Option<u64>, count: u64, start: Option<u64>, jobs: u32) -> ExitCode {
+    let flags = if fixed {
+        "--chain-store --fixed-chains"
+    } else {
+        "--chain-store"
+    };
     if let Some(seed) = seed {
-        return match run_caught(seed) {
+        return match run_caught(fixed, seed) {
             Ok(report) => {
                 println!("{report:?}\nPASS");
                 ExitCode::SUCCESS
@@ -26,8 +32,8 @@ pub fn run(seed: Option<u64>, count: u64, start: Option<u64>, jobs: u32) -> Exit
         None => (rand::random::<u64>() >> 1, "random"),
     };
     println!(
-        "pmnet sim --chain-store: {count} seeds from {start} ({chosen} start seed; repeat this \
-         swarm with --chain-store --seeds {count} --start-seed {start})"
+        "pmnet sim {flags}: {count} seeds from {start} ({chosen} start seed; repeat this \
+         swarm with {flags} --seeds {count} --start-seed {start})"
     );
     let next = AtomicU64::new(0);
     let totals = Mutex::new((ChainReport::default(), 0u64, Vec::<String>::new()));
@@ -39,7 +45,7 @@ pub fn run(seed: Option<u64>, count: u64, start: Option<u64>, jobs: u32) -> Exit
                     break;
                 }
                 let seed = start.wrapping_add(at);
-                let result = run_caught(seed);
+                let result = run_caught(fixed, seed);
                 let mut totals = totals.lock().expect("no panic holds it");
                 match result {
                     Ok(report) => {
@@ -54,6 +60,12 @@ pub fn run(seed: Option<u64>, count: u64, start: Option<u64>, jobs: u32) -> Exit
                         sum.recoveries += report.recoveries;
                         sum.reads_here += report.reads_here;
                         sum.reads_relayed += report.reads_relayed;
+                        sum.session_churn += report.session_churn;
+                        sum.replayed += report.replayed;
+                        sum.replayed_past_window += report.replayed_past_window;
+                        sum.replay_bursts += report.replay_bursts;
+                        sum.stale_dropped += report.stale_dropped;
+                        sum.replays_refused += report.replays_refused;
                         totals.1 += 1;
                     }
                     Err(error) => totals.2.push(error),
@@ -69,7 +81,9 @@ pub fn run(seed: Option<u64>, count: u64, start: Option<u64>, jobs: u32) -> Exit
     println!(
         "{passed} seeds passed: {} operations ({} completed), {} member crashes, {} members \
          lost for good, {} partitions, {} controller restarts; {} members taken out of \
-         chains, {} recoveries; {} reads answered where they came, {} relayed to the tail",
+         chains, {} recoveries; {} reads answered where they came, {} relayed to the tail; \
+         {} clients started over; the attacker replayed {} datagrams ({} past the window, {} \
+         bursts after restarts): {} dropped as stale, {} writes refused by a head's replay floor",
         sum.operations,
         sum.completed,
         sum.crashes,
@@ -79,7 +93,13 @@ pub fn run(seed: Option<u64>, count: u64, start: Option<u64>, jobs: u32) -> Exit
         sum.removals,
         sum.recoveries,
         sum.reads_here,
-        sum.reads_relayed
+        sum.reads_relayed,
+        sum.session_churn,
+        sum.replayed,
+        sum.replayed_past_window,
+        sum.replay_bursts,
+        sum.stale_dropped,
+        sum.replays_refused
     );
     if failures.is_empty() {
         println!("PASS");
@@ -89,7 +109,7 @@ pub fn run(seed: Option<u64>, count: u64, start: Option<u64>, jobs: u32) -> Exit
             println!("FAIL {failure}");
         }
         println!(
-            "{} seeds failed; replay one with: pmnet sim --chain-store --seed N",
+            "{} seeds failed; replay one with: pmnet sim {flags} --seed N",
             failures.len()
         );
         ExitCode::FAILURE
@@ -97,8 +117,9 @@ pub fn run(seed: Option<u64>, count: u64, start: Option<u64>, jobs: u32) -> Exit
 }
 
 /// One seed, a panic in it reported as its failure.
-fn run_caught(seed: u64) -> Result<ChainReport, String> {
-    std::panic::catch_unwind(|| run_seed(seed)).unwrap_or_else(|panic| {
+fn run_caught(fixed: bool, seed: u64) -> Result<ChainReport, String> {
+    let run = if fixed { run_seed_fixed } else { run_seed };
+    std::panic::catch_unwind(|| run(seed)).unwrap_or_else(|panic| {
         let message = panic
             .downcast_ref::<String>()
             .cloned()

@@ -1,5 +1,5 @@
 //! The state machines together on a perfect in-memory network: the paths one by one. The
-//! simulator (`crates/sim/src/abd.rs`) runs them under faults.
+//! simulator (`crates/sim/src/abd/`) runs them under faults.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

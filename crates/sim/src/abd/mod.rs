@@ -36,13 +36,18 @@ use pmnet_lincheck::{check_by_key, Operation, Register, RegisterInput, RegisterO
 use pmnet_pm::SimRegion;
 use pmnet_pmtable::{Geometry, Table, TableFile, TableWork};
 use pmnet_proto::{NetworkFunction, Time};
-use pmnet_wire::abd::{Store, ABD_STORE};
-use pmnet_wire::{Header, PacketType};
+use pmnet_wire::Header;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::net::Net;
 use crate::net_attacker::{NetAuth, Replayer};
+
+mod checks;
+mod report;
+
+use checks::{durable_on_majority, Stores};
+pub use report::AbdReport;
 
 /// Lines of the memory: [`HOT`] that clients contend for, the rest written and read rarely
 /// (so that a line's latest write can sit on a bare majority for a while: what a node that
@@ -96,89 +101,6 @@ fn line_bytes(value: u64) -> [u8; LINE] {
 fn line_value(bytes: &[u8]) -> Option<u64> {
     let value = u64::from_be_bytes(bytes.get(..8)?.try_into().ok()?);
     (bytes.len() == LINE && bytes == line_bytes(value)).then_some(value)
-}
-
-/// What one seed did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AbdReport {
-    pub seed: u64,
-    /// Memory nodes (3 or 5).
-    pub nodes: u64,
-    pub device_clients: u64,
-    pub direct_clients: u64,
-    pub operations: u64,
-    pub reads: u64,
-    pub writes: u64,
-    /// Operations on more than one line.
-    pub multi_line: u64,
-    /// Operations answered ok.
-    pub completed: u64,
-    /// Operations that failed "unavailable": they may or may not have taken effect.
-    pub unavailable: u64,
-    /// Writes answered "in doubt" (sent again to a coordinator that no longer knew them).
-    pub in_doubt: u64,
-    /// Operations beyond the memory's end, refused as such.
-    pub out_of_range: u64,
-    /// Node crashes (each node of a power failure counted).
-    pub crashes: u64,
-    /// Every node crashing at once.
-    pub power_failures: u64,
-    /// Nodes that lost their memory for good (restarted empty, then learnt).
-    pub losses: u64,
-    pub partitions: u64,
-    pub device_restarts: u64,
-    /// Nodes that became members after learning (the group's first formation not counted).
-    pub joins: u64,
-    /// Records a reopened table rejected (torn by a crash).
-    pub torn_records: u64,
-    /// Reads that wrote the highest lines back before answering.
-    pub write_backs: u64,
-    pub reads_one_phase: u64,
-    /// Lines taken from other nodes while learning.
-    pub lines_learnt: u64,
-    /// The attacker's replays of captured genuine datagrams, those captured longer than the
-    /// replay window (and its second) before, its bursts after a restart, the datagrams
-    /// dropped as sealed outside the window, the device's refusals of requests of unknown
-    /// sessions sealed before it forgot one or started, and client sessions started over.
-    pub replayed: u64,
-    pub replayed_past_window: u64,
-    pub replay_bursts: u64,
-    pub stale_dropped: u64,
-    pub replays_refused: u64,
-    pub session_churn: u64,
-}
-
-impl AbdReport {
-    /// Add `other`'s counts to these (for a swarm's totals).
-    pub fn add(&mut self, other: &AbdReport) {
-        self.nodes += other.nodes;
-        self.device_clients += other.device_clients;
-        self.direct_clients += other.direct_clients;
-        self.operations += other.operations;
-        self.reads += other.reads;
-        self.writes += other.writes;
-        self.multi_line += other.multi_line;
-        self.completed += other.completed;
-        self.unavailable += other.unavailable;
-        self.in_doubt += other.in_doubt;
-        self.out_of_range += other.out_of_range;
-        self.crashes += other.crashes;
-        self.power_failures += other.power_failures;
-        self.losses += other.losses;
-        self.partitions += other.partitions;
-        self.device_restarts += other.device_restarts;
-        self.joins += other.joins;
-        self.torn_records += other.torn_records;
-        self.write_backs += other.write_backs;
-        self.reads_one_phase += other.reads_one_phase;
-        self.lines_learnt += other.lines_learnt;
-        self.replayed += other.replayed;
-        self.replayed_past_window += other.replayed_past_window;
-        self.replay_bursts += other.replay_bursts;
-        self.stale_dropped += other.stale_dropped;
-        self.replays_refused += other.replays_refused;
-        self.session_churn += other.session_churn;
-    }
 }
 
 struct Node {
@@ -249,122 +171,6 @@ fn fresh_node(
         now,
     );
     Ok((node, file))
-}
-
-/// The world's record of every store a coordinator sent: (line, timestamp) → the values stored
-/// with it (one, unless timestamps clash: a multi-line write stamps each of its lines with one
-/// timestamp).
-#[derive(Default)]
-struct Stores {
-    by_ts: HashMap<(u32, u64), Vec<[u8; LINE]>>,
-    /// Each written value's timestamps (a value is one write's, of one line).
-    ts_of_value: HashMap<u64, Vec<u64>>,
-    /// A timestamp stored with two different values (the first seen).
-    clash: Option<String>,
-}
-
-impl Stores {
-    /// Note the stores in a datagram a coordinator sends.
-    fn note(&mut self, now: Time, bytes: &[u8]) {
-        let Ok((header, payload)) = Header::parse(bytes) else {
-            return;
-        };
-        if header.packet_type != PacketType::Reserved(ABD_STORE) {
-            return;
-        }
-        let Ok(store) = Store::parse(payload) else {
-            return;
-        };
-        for i in 0..usize::from(store.count) {
-            let (ts, value) = store.line(i);
-            let value: [u8; LINE] = value.try_into().expect("64 bytes");
-            let line = store.first + i as u32;
-            let values = self.by_ts.entry((line, ts)).or_default();
-            if !values.contains(&value) {
-                if !values.is_empty() && self.clash.is_none() {
-                    self.clash = Some(format!(
-                        "{now}: line {line}: timestamp {ts:#x} (counter {}, writer {}) stored \
-                         with two values, {:?} and {:?}",
-                        ts >> 16,
-                        ts as u16,
-                        line_value(&values[0]),
-                        line_value(&value),
-                    ));
-                }
-                values.push(value);
-                if let Some(v) = line_value(&value) {
-                    self.ts_of_value.entry(v).or_default().push(ts);
-                }
-            }
-        }
-    }
-
-    /// The timestamp a written value was stored with (the first, if stored with several).
-    fn ts_of(&self, value: u64) -> Option<u64> {
-        self.ts_of_value.get(&value)?.iter().min().copied()
-    }
-
-    /// Whether every durable line of `node` is a (timestamp, value) some coordinator stored.
-    fn check_node(&self, node: &MemNode, what: &str) -> Result<(), String> {
-        for line in 0..LINES {
-            let (ts, value) = node.durable_line(line);
-            if ts == 0 {
-                if value.iter().any(|byte| *byte != 0) {
-                    return Err(format!("{what}: line {line} holds bytes at timestamp 0"));
-                }
-                continue;
-            }
-            let stored = self
-                .by_ts
-                .get(&(line, ts))
-                .is_some_and(|values| values.iter().any(|v| v[..] == value[..]));
-            if !stored {
-                return Err(format!(
-                    "{what}: line {line} holds timestamp {ts:#x} with {:?}, which no \
-                     coordinator stored with it (stored with it: {:?})",
-                    line_value(&value),
-                    self.by_ts
-                        .get(&(line, ts))
-                        .map(|values| values.iter().map(|v| line_value(v)).collect::<Vec<_>>())
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Whether each line's highest acknowledged timestamp (or a higher one) is durable on a
-/// majority of the nodes: the members, and the nodes down with their memory (a node that lost
-/// its memory, or learns, holds nothing that counts).
-fn durable_on_majority(nodes: &[Node], acked: &[u64]) -> Result<(), String> {
-    let majority = nodes.len() / 2 + 1;
-    for (line, ts) in acked.iter().enumerate() {
-        let holding: Vec<usize> = nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, node)| {
-                let memory = if node.up {
-                    node.node.is_member()
-                } else {
-                    // Down: what it held durably when it went down counts if it was a member.
-                    !node.restart_empty && node.was_member
-                };
-                memory && node.node.durable_line(line as u32).0 >= *ts
-            })
-            .map(|(index, _)| index)
-            .collect();
-        if holding.len() < majority {
-            return Err(format!(
-                "line {line}'s acknowledged timestamp {ts:#x} (or a later one) is durable on \
-                 nodes {holding:?} only, not on a majority; each node's durable timestamp: {:?}",
-                nodes
-                    .iter()
-                    .map(|node| node.node.durable_line(line as u32).0)
-                    .collect::<Vec<_>>()
-            ));
-        }
-    }
-    Ok(())
 }
 
 fn send_all(

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use pmnet_proto::{AuthWarnings, Authenticator, CountDrop, DropCounts, DropReason, Time, Transmit};
 use pmnet_wire::netchain::control::{Fetch, Layout, CHAIN_CONFIG, CHAIN_FETCH};
-use pmnet_wire::netchain::{Op, Reply, Request, Status, CHAIN_REPLY, CHAIN_REQUEST, RETRANSMITTED};
+use pmnet_wire::netchain::{
+    Op, Reply, Request, Status, CHAIN_REPLY, CHAIN_REQUEST, RELAYED, RETRANSMITTED,
+};
 use pmnet_wire::{Header, PacketType};
 
 use crate::node::group_of;
@@ -367,7 +369,10 @@ impl ChainClient {
     fn take_reply(&mut self, header: &Header, payload: &[u8]) {
         if header.packet_type != PacketType::Reserved(CHAIN_REPLY)
             || header.session_id != self.config.session_id
+            || header.has_flag(RELAYED)
         {
+            // Not a reply to this client: another session's, or a tail's answer to a read a
+            // member relayed on its behalf (sent here by someone replaying it).
             return;
         }
         let Some(pending) = &self.pending else {

@@ -28,7 +28,7 @@ use std::time::Duration;
 use pmnet_proto::{PersistBatch, ReplayFloor, Time, Transmit};
 use pmnet_wire::netchain::{
     Commit, Op, Reply, Request, Status, Write, CHAIN_COMMIT, CHAIN_REPLY, CHAIN_REQUEST,
-    CHAIN_WRITE,
+    CHAIN_WRITE, RELAYED,
 };
 use pmnet_wire::{Header, PacketType};
 
@@ -224,6 +224,8 @@ pub struct ChainNode {
     learned_under: HashMap<u64, ReplayFloor>,
     /// Reads relayed to the tail: (session, request) → who asked and what for.
     relayed: HashMap<(u64, u32), Relayed>,
+    /// The flags of the replies to the request being handled ([`RELAYED`] for a relayed read).
+    reply_flags: u16,
     transmits: VecDeque<Transmit>,
     counters: ChainCounters,
     control: control::Control,
@@ -255,6 +257,7 @@ impl ChainNode {
             floor: None,
             learned_under: HashMap::new(),
             relayed: HashMap::new(),
+            reply_flags: 0,
             transmits: VecDeque::new(),
             counters: ChainCounters::default(),
             control,
@@ -294,12 +297,24 @@ impl ChainNode {
         request: u32,
         payload: &[u8],
     ) {
-        let header = Header::new(
+        self.send_flagged(to, packet_type, 0, (session, request), payload);
+    }
+
+    fn send_flagged(
+        &mut self,
+        to: SocketAddr,
+        packet_type: u8,
+        flags: u16,
+        (session, request): (u64, u32),
+        payload: &[u8],
+    ) {
+        let mut header = Header::new(
             PacketType::Reserved(packet_type),
             self.config.server_id,
             session,
             request,
         );
+        header.flags = flags;
         self.transmits.push_back(Transmit {
             destination: to,
             bytes: header.encode(payload),
@@ -310,7 +325,8 @@ impl ChainNode {
         let mut payload = Vec::new();
         reply.emit(&mut payload);
         self.counters.replies_sent += 1;
-        self.send(to, CHAIN_REPLY, session, request, &payload);
+        let flags = self.reply_flags;
+        self.send_flagged(to, CHAIN_REPLY, flags, (session, request), &payload);
     }
 
     /// A datagram of one of NetChain's types (the caller checked the type); anything else in
@@ -330,11 +346,30 @@ impl ChainNode {
 
     fn on_request(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) {
         self.counters.requests += 1;
-        let (session, request_id) = (header.session_id, header.seq);
         let Ok(request) = Request::parse(payload) else {
             self.counters.dropped += 1;
             return;
         };
+        let relayed = header.has_flag(RELAYED);
+        if relayed && request.op != Op::Get {
+            // Members relay reads only.
+            self.counters.dropped += 1;
+            return;
+        }
+        // The answers to a relayed read carry its flag too.
+        self.reply_flags = if relayed { RELAYED } else { 0 };
+        self.on_request_parsed(now, from, header, &request);
+        self.reply_flags = 0;
+    }
+
+    fn on_request_parsed(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        header: &Header,
+        request: &Request<'_>,
+    ) {
+        let (session, request_id) = (header.session_id, header.seq);
         let not_here = Reply {
             status: Status::NotHere,
             version: 0,
@@ -356,7 +391,7 @@ impl ChainNode {
             return;
         };
         match request.op {
-            Op::Get => self.on_read(from, session, request_id, &request, position + 1 == len),
+            Op::Get => self.on_read(from, session, request_id, request, position + 1 == len),
             _ if position != 0 => self.reply(from, session, request_id, not_here),
             _ if self.paused(request.group) => self.reply(
                 from,
@@ -370,7 +405,7 @@ impl ChainNode {
             ),
             _ => {
                 let retransmitted = header.has_flag(pmnet_wire::netchain::RETRANSMITTED);
-                self.on_head_write(now, from, (session, request_id, retransmitted), &request)
+                self.on_head_write(now, from, (session, request_id, retransmitted), request)
             }
         }
     }
@@ -407,6 +442,21 @@ impl ChainNode {
                 },
             };
             self.reply(from, session, request_id, reply);
+            return;
+        }
+        if self.reply_flags & RELAYED != 0 {
+            // Relayed here, but this member is no longer the tail: the relaying member tells
+            // its client to ask again.
+            self.reply(
+                from,
+                session,
+                request_id,
+                Reply {
+                    status: Status::NotHere,
+                    version: 0,
+                    value: &[],
+                },
+            );
             return;
         }
         // Dirty here: the tail's committed version answers.
@@ -453,7 +503,13 @@ impl ChainNode {
             value: &[],
         }
         .emit(&mut payload);
-        self.send(tail, CHAIN_REQUEST, session, request_id, &payload);
+        self.send_flagged(
+            tail,
+            CHAIN_REQUEST,
+            RELAYED,
+            (session, request_id),
+            &payload,
+        );
     }
 
     /// Whether the key's latest version here is durable and committed (CRAQ's clean).
@@ -467,10 +523,11 @@ impl ChainNode {
 
     fn on_tail_reply(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) {
         let at = (header.session_id, header.seq);
-        if self
-            .relayed
-            .get(&at)
-            .is_none_or(|relayed| relayed.tail != from)
+        if !header.has_flag(RELAYED)
+            || self
+                .relayed
+                .get(&at)
+                .is_none_or(|relayed| relayed.tail != from)
         {
             // Not the answer of a read relayed to that member.
             self.counters.dropped += 1;

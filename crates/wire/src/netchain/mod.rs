@@ -36,6 +36,12 @@ pub mod control;
 /// of applying a write it may have applied already.
 pub const RETRANSMITTED: u16 = 1 << 12;
 
+/// Header flag of a read a member relays to the tail on a client's behalf (it carries the
+/// client's session and request number), and of the tail's answer to it (bit 13). A client
+/// never takes an answer with this flag as its reply: relayed for a compare-and-set, the
+/// tail's answer is the key's committed version, not the outcome of the write.
+pub const RELAYED: u16 = 1 << 13;
+
 /// Type code of a client's request to a chain member.
 pub const CHAIN_REQUEST: u8 = 0x20;
 /// Type code of a member's reply to a client.

@@ -74,14 +74,26 @@ fn chain_store_regression_seeds() {
     // A head answered a retransmitted write by passing its newest version down under that
     // request's name: the next members never learnt the request that version really was,
     // and the member that became the head after a failover applied that request twice.
-    let seeds: &[u64] = &[7_633_541_146_407_268_197];
+    //
+    // A member that became a head after a failover did not know a client's write the head
+    // before it had stamped (its write passed down was lost, and a later version of the key
+    // covered it); a replay of that write, sealed before the failover, ran again. A member
+    // that becomes a head now refuses what was sealed before its configuration came.
+    //
+    // A client took the tail's answer to a read relayed for its compare-and-set (replayed to
+    // it) as the write's outcome. Relayed reads and their answers now carry RELAYED.
+    let seeds: &[u64] = &[
+        7_633_541_146_407_268_197,
+        6_766_887_461_816_636_222,
+        6_766_887_461_816_631_391,
+    ];
     for &seed in seeds {
         run_seed(seed).unwrap_or_else(|error| panic!("{error}"));
     }
     // Fixed chains: a restarted head learnt a client's session again (from a later write
     // passed down to it as another chain's member); a replay of that session's write from
     // before the restart then ran a second time.
-    let fixed: &[u64] = &[7_015_378_364_050_038];
+    let fixed: &[u64] = &[7_015_378_364_050_038, 7_361_081_555_289_481_156];
     for &seed in fixed {
         run_seed_fixed(seed).unwrap_or_else(|error| panic!("{error}"));
     }

@@ -190,8 +190,11 @@ impl ChainNode {
                 // This member did not see the group's history, or becomes its head: a
                 // retransmitted write it does not know may have been stamped before — by the
                 // head before it, whose write never reached this member while a later one
-                // did. For a request lifetime such a write is answered "in doubt".
+                // did. For a request lifetime such a write is answered "in doubt"; one
+                // sealed before this configuration came (a replay: a client's transmissions
+                // are sealed afresh) is refused.
                 self.forgot_at = Some(now);
+                self.refuse_sealed_before_now();
             }
         }
         self.config.groups = chains;

@@ -818,6 +818,19 @@ impl ChainNode {
             .get_or_insert_with(|| ReplayFloor::starting_at(started_ms));
     }
 
+    /// Refuse every write sealed at or before the datagram being handled (this member may
+    /// not know what was decided before it), of known sessions as of unknown ones.
+    pub(super) fn refuse_sealed_before_now(&mut self) {
+        let (Some(floor), Some(sealed)) = (self.floor.as_mut(), self.sealed_ms) else {
+            return;
+        };
+        floor.forget(sealed);
+        let floor = *floor;
+        for learned in self.learned_under.values_mut() {
+            *learned = floor;
+        }
+    }
+
     fn remember(&mut self, now: Time, session: u64, request: u32, key: Vec<u8>, decided: Decided) {
         if let Some(known) = self.sessions.get_mut(&session) {
             if request >= known.0 {

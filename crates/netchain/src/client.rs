@@ -560,6 +560,13 @@ mod tests {
         };
         client.handle(&reply(8, request, Status::Ok));
         client.handle(&reply(7, request + 1, Status::Ok));
+        // The tail's answer to the read a head relayed for this very compare-and-set (its
+        // session and number): not the write's outcome.
+        let mut relayed = reply(7, request, Status::Ok);
+        let (mut header, _) = Header::parse(&relayed).unwrap();
+        header.flags = RELAYED;
+        let payload = relayed.split_off(pmnet_wire::HEADER_LEN);
+        client.handle(&header.encode(&payload));
         client.handle(&[0xff; 40]);
         client.handle(&[]);
         assert_eq!(client.poll_outcome(), None);

@@ -256,6 +256,17 @@ pub fn run_modes(
     plan: &Plan,
     shutdown: &Shutdown,
 ) -> Result<(Vec<ModeResult>, Media, bool), String> {
+    let (rounds, media, interrupted) = run_mode_rounds(plan, shutdown)?;
+    let results = rounds.into_iter().filter_map(median_round).collect();
+    Ok((results, media, interrupted))
+}
+
+/// Every round of every mode: one list per mode (in the plan's order), each in round order.
+/// The modes run in turns within a round, so the n-th rounds of two modes ran side by side.
+pub fn run_mode_rounds(
+    plan: &Plan,
+    shutdown: &Shutdown,
+) -> Result<(Vec<Vec<ModeResult>>, Media, bool), String> {
     let runs = plan.runs();
     let mut rounds: Vec<Vec<ModeResult>> = vec![Vec::new(); runs.len()];
     let mut media = None;
@@ -267,8 +278,7 @@ pub fn run_modes(
             rounds[index].push(run_mode_once(plan, mode, cache, &mut media, shutdown)?);
         }
     }
-    let results = rounds.into_iter().filter_map(median_round).collect();
-    Ok((results, media, shutdown.is_requested()))
+    Ok((rounds, media, shutdown.is_requested()))
 }
 
 /// The round with the median p50, noting every round's p50 when there were several.

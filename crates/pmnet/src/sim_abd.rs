@@ -82,7 +82,9 @@ fn summary(sum: &AbdReport, passed: u64) -> String {
          answered ok, {} unavailable, {} in doubt, {} beyond the end refused; faults: {} node \
          crashes ({} power failures among them; {} torn records rejected on reopening), {} memories lost for good ({} nodes \
          rejoined after learning, {} lines copied), {} partitions, {} device restarts; {} \
-         reads in one phase, {} with a write-back",
+         reads in one phase, {} with a write-back; {} device clients started over; the \
+         attacker replayed {} datagrams ({} past the window, {} bursts after restarts): {} \
+         dropped as stale, {} refused by the device's replay floor",
         sum.nodes,
         sum.device_clients,
         sum.direct_clients,
@@ -104,6 +106,12 @@ fn summary(sum: &AbdReport, passed: u64) -> String {
         sum.device_restarts,
         sum.reads_one_phase,
         sum.write_backs,
+        sum.session_churn,
+        sum.replayed,
+        sum.replayed_past_window,
+        sum.replay_bursts,
+        sum.stale_dropped,
+        sum.replays_refused,
     )
 }
 

@@ -177,7 +177,11 @@ fn main() -> ExitCode {
             return ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2));
         }
     };
-    init_logging(cli.verbose, cli.quiet);
+    // The simulator's processes are simulated: what they log (the attacker's forgeries
+    // dropped, servers found verified, ...) is the world's, thousands of lines a swarm, and a
+    // seed's trace says it already. Errors only, unless -v or RUST_LOG asks for more.
+    let simulating = matches!(cli.command, Command::Sim(_)) && cli.verbose == 0;
+    init_logging(cli.verbose, cli.quiet, simulating);
     let result = match cli.command {
         Command::Device(args) => node::run_device(*args),
         Command::Server(args) => node::run_server(args),
@@ -259,9 +263,15 @@ fn filter_for_flags(verbose: u8, quiet: bool) -> String {
 
 /// Log to stderr. A RUST_LOG filter wins over `-v`/`-q`; one that does not parse is reported
 /// and the flags' filter used instead.
-fn init_logging(verbose: u8, quiet: bool) {
+fn init_logging(verbose: u8, quiet: bool, errors_only: bool) {
     use tracing_subscriber::EnvFilter;
-    let from_flags = || EnvFilter::new(filter_for_flags(verbose, quiet));
+    let from_flags = || {
+        if errors_only {
+            EnvFilter::new("error")
+        } else {
+            EnvFilter::new(filter_for_flags(verbose, quiet))
+        }
+    };
     let mut problem = None;
     let filter = match std::env::var("RUST_LOG") {
         Ok(text) if !text.trim().is_empty() => match EnvFilter::try_new(&text) {

@@ -657,7 +657,12 @@ impl ChainNode {
             .is_some_and(|at| now.saturating_duration_since(at) < lifetime)
             || self
                 .forgot_at
-                .is_some_and(|at| now.saturating_duration_since(at) < lifetime);
+                .is_some_and(|at| now.saturating_duration_since(at) < lifetime)
+            // With keys, by the seal time too: a transmission sealed less than a lifetime
+            // after the floor may belong to a request started before it — and a replay of it
+            // can come later than a lifetime after the floor (up to the replay window).
+            || matches!((floor, sealed), (Some(floor), Some(sealed))
+                if sealed.saturating_sub(lifetime.as_millis() as u64) <= floor.floor_ms());
         if retransmitted && may_have_forgotten {
             // Its first transmission may have been stamped before this member restarted (or
             // forgot the session): applying it again could apply it twice.

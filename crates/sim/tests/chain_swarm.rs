@@ -82,10 +82,15 @@ fn chain_store_regression_seeds() {
     //
     // A client took the tail's answer to a read relayed for its compare-and-set (replayed to
     // it) as the write's outcome. Relayed reads and their answers now carry RELAYED.
+    //
+    // A replay of a write's retransmission came more than a request lifetime after the head
+    // restarted (within the replay window), when "in doubt" no longer held, and ran again.
+    // A retransmission sealed less than a lifetime after the head's floor is in doubt now.
     let seeds: &[u64] = &[
         7_633_541_146_407_268_197,
         6_766_887_461_816_636_222,
         6_766_887_461_816_631_391,
+        7_244_940_185_320_797_796,
     ];
     for &seed in seeds {
         run_seed(seed).unwrap_or_else(|error| panic!("{error}"));
@@ -93,7 +98,11 @@ fn chain_store_regression_seeds() {
     // Fixed chains: a restarted head learnt a client's session again (from a later write
     // passed down to it as another chain's member); a replay of that session's write from
     // before the restart then ran a second time.
-    let fixed: &[u64] = &[7_015_378_364_050_038, 7_361_081_555_289_481_156];
+    let fixed: &[u64] = &[
+        7_015_378_364_050_038,
+        7_361_081_555_289_481_156,
+        3_849_030_792_154_450_462,
+    ];
     for &seed in fixed {
         run_seed_fixed(seed).unwrap_or_else(|error| panic!("{error}"));
     }

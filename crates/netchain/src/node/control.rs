@@ -9,7 +9,7 @@
 //! takes the member out of a chain, so a member cut off from the controller has stopped
 //! answering reads before any write can commit without it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use pmnet_wire::netchain::control::{
     Grant, Joining, Layout, MemberStatus, Phase, Report, ReportKind, SyncData, SyncEntry,
     SyncRequest, CHAIN_CONFIG, CHAIN_GRANT, CHAIN_STATUS, CHAIN_SYNC, CHAIN_SYNC_DATA, SYNC_DONE,
 };
+use pmnet_wire::Header;
 
 use super::{group_of, ChainConfig, ChainNode};
 use pmnet_pmtable::Version;
@@ -48,12 +49,22 @@ struct Recovery {
     /// The next page to ask for; `None`: every page is here.
     cursor: Option<u32>,
     resend_at: Time,
-    /// Keys taken from the source (through both phases).
-    received: HashSet<Vec<u8>>,
+    /// Keys taken from the source (through both phases), with the newest version taken: a
+    /// page with an older one (a page sent before, replayed or late) never moves a key back.
+    received: HashMap<Vec<u8>, u64>,
     /// Delta: keys of the group the source does not hold, written as deletions.
     phantoms_cleared: bool,
     /// Everything taken is durable: the report the phase ends with.
     done: Option<Report>,
+}
+
+impl Recovery {
+    /// The name a sync request of this phase carries in its header (session: the epoch the
+    /// phase started in; number: the low bits of `since`), and the source's pages repeat: a
+    /// page of another phase or recovery (late, or replayed) is not taken for this one's.
+    fn request_name(&self) -> (u64, u32) {
+        (self.joining.since_epoch, self.since as u32)
+    }
 }
 
 /// The control side's state.
@@ -123,7 +134,14 @@ impl ChainNode {
             .map_or(0, |layout| layout.epoch)
     }
 
-    pub(super) fn on_control(&mut self, now: Time, from: SocketAddr, code: u8, payload: &[u8]) {
+    pub(super) fn on_control(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        header: &Header,
+        code: u8,
+        payload: &[u8],
+    ) {
         let from_controller = self.control.controller == Some(from);
         match code {
             CHAIN_CONFIG if from_controller => match Layout::parse(payload) {
@@ -143,11 +161,11 @@ impl ChainNode {
                 Err(_) => self.counters.dropped += 1,
             },
             CHAIN_SYNC => match SyncRequest::parse(payload) {
-                Ok(request) => self.on_sync_request(from, request),
+                Ok(request) => self.on_sync_request(from, header, request),
                 Err(_) => self.counters.dropped += 1,
             },
             CHAIN_SYNC_DATA => match SyncData::parse(payload) {
-                Ok(data) => self.on_sync_data(now, from, &data),
+                Ok(data) => self.on_sync_data(now, from, header, &data),
                 Err(_) => self.counters.dropped += 1,
             },
             _ => self.counters.dropped += 1,
@@ -246,7 +264,7 @@ impl ChainNode {
                     copy_change: None,
                     cursor: Some(0),
                     resend_at: now,
-                    received: HashSet::new(),
+                    received: HashMap::new(),
                     phantoms_cleared: false,
                     done: None,
                 },
@@ -258,7 +276,7 @@ impl ChainNode {
         self.control.next_status = Some(now);
     }
 
-    fn on_sync_request(&mut self, from: SocketAddr, request: SyncRequest) {
+    fn on_sync_request(&mut self, from: SocketAddr, header: &Header, request: SyncRequest) {
         let Some(layout) = &self.control.layout else {
             self.counters.dropped += 1;
             return;
@@ -299,16 +317,26 @@ impl ChainNode {
         let mut payload = Vec::new();
         data.emit(&mut payload);
         self.counters.sync_pages_sent += 1;
-        self.send(from, CHAIN_SYNC_DATA, 0, 0, &payload);
+        // The page names the request it answers (its header's session and number).
+        self.send(
+            from,
+            CHAIN_SYNC_DATA,
+            header.session_id,
+            header.seq,
+            &payload,
+        );
     }
 
-    fn on_sync_data(&mut self, now: Time, from: SocketAddr, data: &SyncData<'_>) {
+    fn on_sync_data(&mut self, now: Time, from: SocketAddr, header: &Header, data: &SyncData<'_>) {
         let groups = self.group_count();
         let Some(recovery) = self.control.recoveries.get_mut(&data.group) else {
             self.counters.dropped += 1;
             return;
         };
-        if recovery.source != from || recovery.cursor != Some(data.cursor) {
+        if recovery.source != from
+            || recovery.cursor != Some(data.cursor)
+            || (header.session_id, header.seq) != recovery.request_name()
+        {
             // Not the page asked for (late, duplicated, or not from the source).
             self.counters.dropped += 1;
             return;
@@ -332,12 +360,20 @@ impl ChainNode {
         recovery.cursor = (data.next != SYNC_DONE).then_some(data.next);
         recovery.resend_at = now;
         for (key, version) in taken {
+            let seq = version.seq;
+            if recovery
+                .received
+                .get(&key)
+                .is_some_and(|newest| *newest > seq)
+            {
+                // Older than what this recovery took already: a stale page.
+                self.counters.dropped += 1;
+                continue;
+            }
             match self.table.replace(&key, version) {
                 Ok(_) => {
                     self.counters.sync_versions_taken += 1;
-                    if let Some(recovery) = self.control.recoveries.get_mut(&data.group) {
-                        recovery.received.insert(key);
-                    }
+                    recovery.received.insert(key, seq);
                 }
                 // No room for the source's key: the recovery cannot end; counted, and the
                 // operator gives the member a larger table.
@@ -365,9 +401,10 @@ impl ChainNode {
                         cursor,
                     };
                     let source = recovery.source;
+                    let (session, number) = recovery.request_name();
                     let mut payload = Vec::new();
                     request.emit(&mut payload);
-                    self.send(source, CHAIN_SYNC, 0, 0, &payload);
+                    self.send(source, CHAIN_SYNC, session, number, &payload);
                 }
                 continue;
             }
@@ -379,9 +416,9 @@ impl ChainNode {
                 // chain committed (written here before this member left the chain).
                 recovery.phantoms_cleared = true;
                 let received = &recovery.received;
-                let phantoms = self
-                    .table
-                    .keys_where(|key| group_of(key, groups) == group && !received.contains(key));
+                let phantoms = self.table.keys_where(|key| {
+                    group_of(key, groups) == group && !received.contains_key(key)
+                });
                 for key in phantoms {
                     // As the chain holds it: never written (version 0), so that the next
                     // version the head stamps is newer here too. (A deletion at the phantom's
@@ -393,14 +430,14 @@ impl ChainNode {
                     };
                     let _ = self.table.replace(&key, never);
                     if let Some(recovery) = self.control.recoveries.get_mut(&group) {
-                        recovery.received.insert(key);
+                        recovery.received.insert(key, 0);
                     }
                 }
             }
             let Some(recovery) = self.control.recoveries.get(&group) else {
                 continue;
             };
-            if recovery.received.iter().all(|key| self.table.is_clean(key)) {
+            if recovery.received.keys().all(|key| self.table.is_clean(key)) {
                 let report = match recovery.joining.phase {
                     Phase::Copy => Report {
                         group,

@@ -338,7 +338,7 @@ impl ChainNode {
             PacketType::Reserved(CHAIN_COMMIT) => self.on_commit(from, payload),
             PacketType::Reserved(CHAIN_REPLY) => self.on_tail_reply(now, from, header, payload),
             PacketType::Reserved(code) if control::is_control(code) => {
-                self.on_control(now, from, code, payload)
+                self.on_control(now, from, header, code, payload)
             }
             _ => self.counters.dropped += 1,
         }

@@ -75,7 +75,11 @@ fn a_counter_in_front_of_the_log_answers_its_type_and_the_log_still_acks() {
     let probe = turn_until_received(&mut device, &server);
     let (header, _) = Header::parse(&probe).unwrap();
     assert_eq!(header.packet_type, PacketType::Probe);
-    server.send_to(&probe, to).unwrap();
+    let answer = Header {
+        flags: header.flags | pmnet_wire::flags::ANSWER,
+        ..header
+    };
+    server.send_to(&answer.encode(&[]), to).unwrap();
 
     // The counter's own type: answered by the front function, never forwarded.
     let ask = Header::new(PacketType::Reserved(COUNTER_TYPE_CODE), 1, 42, 1).encode(&[0; 8]);

@@ -177,6 +177,14 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          stayed cached after the write completed (an unlogged keyed write is now ordered like \
          a logged one)",
     ),
+    (
+        9840409879015492911,
+        "the attacker replayed a device's probe with the server's own address as its source: \
+         the server answered itself, its answer again, for ever (duplicated on the way: a storm \
+         of 260 datagrams at once, the seed never ended). A probe's answer now carries ANSWER \
+         and is never answered, and a world that handles a million events at one virtual time \
+         fails as livelocked",
+    ),
 ];
 
 #[test]

@@ -246,6 +246,10 @@ pub mod flags {
     /// With [`AUTHENTICATED`]: the payload is AES-256-GCM ciphertext (the CRC covers the
     /// ciphertext). Only the key holders read it.
     pub const ENCRYPTED: u16 = 1 << 6;
+    /// A probe's answer ([`crate::PacketType::Probe`]): nobody answers it, so that a probe
+    /// with a forged source (another server, a device, the receiver itself) cannot start two
+    /// endpoints answering each other for ever.
+    pub const ANSWER: u16 = 1 << 7;
 }
 
 /// Why a device forwarded an update fragment without logging it ([`PacketType::NotLogged`]).

@@ -420,8 +420,15 @@ pub fn probe_answerer(addr: SocketAddr, stop: std::sync::Arc<std::sync::atomic::
             let Ok((len, from)) = socket.recv_from(&mut buffer) else {
                 continue;
             };
-            if len >= pmnet_wire::HEADER_LEN && buffer[3] == pmnet_wire::PacketType::Probe.code() {
-                let _ = socket.send_to(&buffer[..len], from);
+            let Ok((header, payload)) = pmnet_wire::Header::parse(&buffer[..len]) else {
+                continue;
+            };
+            if header.packet_type == pmnet_wire::PacketType::Probe {
+                let answer = pmnet_wire::Header {
+                    flags: header.flags | pmnet_wire::flags::ANSWER,
+                    ..header
+                };
+                let _ = socket.send_to(&answer.encode(payload), from);
             }
         }
     });

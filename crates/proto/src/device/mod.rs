@@ -17,7 +17,7 @@ use pmnet_pm::log::RecoveredEntry;
 use pmnet_pm::EntryKey;
 use pmnet_pm::LogWork;
 use pmnet_wire::cache::{CACHE_READ, CACHE_REPLY};
-use pmnet_wire::{Header, NotLoggedReason, PacketType};
+use pmnet_wire::{flags, Header, NotLoggedReason, PacketType};
 
 use crate::{
     CountDrop, DropCounts, DropReason, LatencyHistogram, NetworkFunction, PersistBatch, Time,
@@ -601,17 +601,22 @@ impl Device {
             }
             // The server's answer to this device's probe; a probe from the device before
             // this one in a chain (whose "server" this device is), answered in kind.
-            PacketType::Probe if from == server => {
+            PacketType::Probe if from == server && header.flags & flags::ANSWER != 0 => {
                 if self.trust.answered(header.server_id, header.seq) {
                     self.ack_held(header.server_id);
                 }
                 self.counters.probes_answered = self.trust.probes_answered;
             }
+            // An answer is never answered, and a server asks nothing (a forged source could
+            // make two endpoints answer each other for ever).
+            PacketType::Probe if from == server || header.flags & flags::ANSWER != 0 => {
+                self.count_drop(DropReason::UnexpectedType);
+            }
             PacketType::Probe => {
                 self.counters.probes_served += 1;
                 let answer = Header {
                     device_id: self.config.device_id,
-                    flags: 0,
+                    flags: flags::ANSWER,
                     ..*header
                 };
                 self.send(from, answer.encode(&[]));

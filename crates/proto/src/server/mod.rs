@@ -560,13 +560,17 @@ impl Server {
         let Ok((header, _)) = Header::parse(pmnet_auth::without_trailer(datagram)) else {
             return;
         };
-        if header.packet_type != PacketType::Probe {
+        if header.packet_type != PacketType::Probe || header.flags & flags::ANSWER != 0 {
             return;
         }
         self.counters.probes_answered += 1;
         self.transmits.push_back(Transmit {
             destination: from,
-            bytes: Header { flags: 0, ..header }.encode(&[]),
+            bytes: Header {
+                flags: flags::ANSWER,
+                ..header
+            }
+            .encode(&[]),
         });
     }
 
@@ -613,11 +617,20 @@ impl Server {
             // A device asks whether this server verifies what it sends: the answer, sealed
             // like everything this server sends, tells it so, and that it can verify this
             // server. The same size as the probe, to its sender only.
+            // An answer is never answered (a forged source could make two endpoints answer
+            // each other for ever).
+            PacketType::Probe if header.flags & flags::ANSWER != 0 => {
+                self.count_drop(DropReason::UnexpectedType)
+            }
             PacketType::Probe => {
                 self.counters.probes_answered += 1;
                 self.transmits.push_back(Transmit {
                     destination: from,
-                    bytes: Header { flags: 0, ..header }.encode(&[]),
+                    bytes: Header {
+                        flags: flags::ANSWER,
+                        ..header
+                    }
+                    .encode(&[]),
                 });
             }
             PacketType::Reserved(pmnet_wire::cache::CACHE_READ) => {

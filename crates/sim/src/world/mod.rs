@@ -35,12 +35,19 @@ pub use trace::describe_header;
 /// The wall-clock time (Unix milliseconds) at which every simulated world starts.
 pub const SIM_EPOCH_MS: u64 = 1_764_000_000_000;
 
+/// Events at one virtual time past which a world is livelocked.
+const EVENTS_AT_ONE_TIME_MAX: u64 = 1_000_000;
+
 #[allow(missing_debug_implementations)] // holds boxed drop rules
 pub struct World {
     pub now: Time,
     /// The wall clock authenticators stamp seals with: [`SIM_EPOCH_MS`] plus `now`, kept in
     /// step by [`World::step`] and [`World::run_for`].
     wall: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Events handled at the current virtual time: past [`EVENTS_AT_ONE_TIME_MAX`] the world
+    /// is livelocked (a timer that fires without moving, datagrams answered at once for
+    /// ever), a failure, not a hang.
+    events_now: (Time, u64),
     pub latency: Duration,
     pub faults: Option<Faults>,
     /// Links that deliver nothing: `(from, to)`; a symmetric partition blocks both directions.
@@ -144,6 +151,7 @@ impl World {
         let mut world = World {
             now: Time::ZERO,
             wall: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(SIM_EPOCH_MS)),
+            events_now: (Time::ZERO, 0),
             latency: Duration::from_micros(5),
             faults: None,
             blocked: HashSet::new(),
@@ -420,7 +428,43 @@ impl World {
             (Some(_), None) => unreachable!("handled by the guard above"),
         }
         self.flush_outputs();
+        if self.events_now.0 == self.now {
+            self.events_now.1 += 1;
+            assert!(
+                self.events_now.1 <= EVENTS_AT_ONE_TIME_MAX,
+                "livelock: {EVENTS_AT_ONE_TIME_MAX} events at virtual time {} (the next \
+                 timers: {:?}; datagrams queued: {})",
+                self.now,
+                self.timers_due(),
+                self.queue.len()
+            );
+        } else {
+            self.events_now = (self.now, 1);
+        }
         true
+    }
+
+    /// Each node's next timer, named.
+    fn timers_due(&self) -> Vec<(String, Time)> {
+        let devices = (self.devices.iter().enumerate())
+            .filter(|(_, node)| node.up)
+            .filter_map(|(index, node)| {
+                Some((format!("device {index}"), node.pipeline.poll_timeout()?))
+            });
+        let servers = (self.servers.iter().enumerate())
+            .filter(|(_, node)| node.up)
+            .filter_map(|(index, node)| {
+                Some((format!("server {index}"), node.server.poll_timeout()?))
+            });
+        let clients = (self.clients.iter().enumerate())
+            .filter(|(_, node)| !node.gone)
+            .filter_map(|(index, node)| {
+                Some((format!("client {index}"), node.client.poll_timeout()?))
+            });
+        let mut due: Vec<(String, Time)> = devices.chain(servers).chain(clients).collect();
+        due.sort_by_key(|(_, at)| *at);
+        due.truncate(6);
+        due
     }
 
     fn deliver(&mut self, from: SocketAddr, to: SocketAddr, bytes: &[u8]) {

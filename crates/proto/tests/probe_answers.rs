@@ -26,7 +26,7 @@ fn probe(answer: bool) -> Vec<u8> {
     header.encode(&[])
 }
 
-fn drain<T>(mut poll: impl FnMut() -> Option<T>) -> Vec<T> {
+fn drain<T>(poll: impl FnMut() -> Option<T>) -> Vec<T> {
     std::iter::from_fn(poll).collect()
 }
 

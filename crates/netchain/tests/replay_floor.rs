@@ -2,10 +2,13 @@
 //! refused, even of a session it has learned again since (a later write of that session passed
 //! down to it as a member of another chain). Replayed then, the write would run twice.
 
+mod common;
+
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 
-use pmnet_netchain::{group_of, ChainConfig, ChainNode, Geometry, Table, TableFile};
+use common::{client, geometry, member};
+use pmnet_netchain::{group_of, ChainConfig, ChainNode, Table, TableFile};
 use pmnet_pm::SimRegion;
 use pmnet_proto::Time;
 use pmnet_wire::netchain::{Op, Request, Write, CHAIN_REQUEST, CHAIN_WRITE};
@@ -14,22 +17,6 @@ use pmnet_wire::{Header, PacketType};
 const MEMBERS: usize = 3;
 const GROUPS: u16 = 2;
 const SESSION: u64 = 9;
-
-fn member(index: usize) -> SocketAddr {
-    SocketAddr::from(([10, 0, 5, index as u8 + 1], 7600))
-}
-
-fn client() -> SocketAddr {
-    SocketAddr::from(([10, 0, 6, 1], 40000))
-}
-
-fn geometry() -> Geometry {
-    Geometry {
-        buckets: 64,
-        key_max: 16,
-        value_max: 32,
-    }
-}
 
 fn config(index: usize) -> ChainConfig {
     let members: Vec<SocketAddr> = (0..MEMBERS).map(member).collect();

@@ -3,32 +3,19 @@
 //! later writes reach the tail and every member holds the same latest version and value. So is
 //! a commit of a version a member never held.
 
+mod common;
+
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 
-use pmnet_netchain::{group_of, ChainConfig, ChainNode, Geometry, Table, TableFile};
+use common::{client, geometry, member};
+use pmnet_netchain::{group_of, ChainConfig, ChainNode, Table, TableFile};
 use pmnet_pm::SimRegion;
 use pmnet_proto::Time;
 use pmnet_wire::netchain::{Commit, Op, Request, Write, CHAIN_COMMIT, CHAIN_REQUEST, CHAIN_WRITE};
 use pmnet_wire::{Header, PacketType};
 
 const MEMBERS: usize = 3;
-
-fn member(index: usize) -> SocketAddr {
-    SocketAddr::from(([10, 0, 5, index as u8 + 1], 7600))
-}
-
-fn client() -> SocketAddr {
-    SocketAddr::from(([10, 0, 6, 1], 40000))
-}
-
-fn geometry() -> Geometry {
-    Geometry {
-        buckets: 64,
-        key_max: 16,
-        value_max: 32,
-    }
-}
 
 /// One group, chain member 0 → 1 → 2.
 struct Chain {

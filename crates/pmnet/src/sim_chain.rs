@@ -49,23 +49,7 @@ pub fn run(fixed: bool, seed: Option<u64>, count: u64, start: Option<u64>, jobs:
                 let mut totals = totals.lock().expect("no panic holds it");
                 match result {
                     Ok(report) => {
-                        let sum = &mut totals.0;
-                        sum.operations += report.operations;
-                        sum.completed += report.completed;
-                        sum.crashes += report.crashes;
-                        sum.partitions += report.partitions;
-                        sum.controller_restarts += report.controller_restarts;
-                        sum.members_lost += report.members_lost;
-                        sum.removals += report.removals;
-                        sum.recoveries += report.recoveries;
-                        sum.reads_here += report.reads_here;
-                        sum.reads_relayed += report.reads_relayed;
-                        sum.session_churn += report.session_churn;
-                        sum.replayed += report.replayed;
-                        sum.replayed_past_window += report.replayed_past_window;
-                        sum.replay_bursts += report.replay_bursts;
-                        sum.stale_dropped += report.stale_dropped;
-                        sum.replays_refused += report.replays_refused;
+                        totals.0.add(&report);
                         totals.1 += 1;
                     }
                     Err(error) => totals.2.push(error),

@@ -91,6 +91,29 @@ pub struct ChainReport {
     pub session_churn: u64,
 }
 
+impl ChainReport {
+    /// Add `other`'s counts to these (for a swarm's totals; the seed and epoch are not
+    /// counts).
+    pub fn add(&mut self, other: &ChainReport) {
+        self.operations += other.operations;
+        self.completed += other.completed;
+        self.crashes += other.crashes;
+        self.partitions += other.partitions;
+        self.controller_restarts += other.controller_restarts;
+        self.members_lost += other.members_lost;
+        self.removals += other.removals;
+        self.recoveries += other.recoveries;
+        self.reads_here += other.reads_here;
+        self.reads_relayed += other.reads_relayed;
+        self.replayed += other.replayed;
+        self.replayed_past_window += other.replayed_past_window;
+        self.replay_bursts += other.replay_bursts;
+        self.stale_dropped += other.stale_dropped;
+        self.replays_refused += other.replays_refused;
+        self.session_churn += other.session_churn;
+    }
+}
+
 struct Member {
     node: ChainNode,
     file: TableFile<SimRegion>,

@@ -20,19 +20,7 @@ fn chain_store_seeds_hold_their_invariants() {
     let mut totals = pmnet_sim::chain::ChainReport::default();
     for seed in (0..count).map(|at| start.wrapping_add(at)) {
         let report = run_seed(seed).unwrap_or_else(|error| panic!("{error}"));
-        totals.completed += report.completed;
-        totals.crashes += report.crashes;
-        totals.removals += report.removals;
-        totals.recoveries += report.recoveries;
-        totals.partitions += report.partitions;
-        totals.controller_restarts += report.controller_restarts;
-        totals.reads_here += report.reads_here;
-        totals.replayed += report.replayed;
-        totals.replayed_past_window += report.replayed_past_window;
-        totals.replay_bursts += report.replay_bursts;
-        totals.stale_dropped += report.stale_dropped;
-        totals.replays_refused += report.replays_refused;
-        totals.session_churn += report.session_churn;
+        totals.add(&report);
     }
     eprintln!("{totals:?}");
     assert!(totals.completed > 0 && totals.reads_here > 0);

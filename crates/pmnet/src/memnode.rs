@@ -152,6 +152,7 @@ pub fn run(args: MemnodeArgs) -> Result<ExitCode, CliError> {
         device_id: 0,
         listen: args.listen,
         servers: Vec::new(),
+        previous_devices: Vec::new(),
         log: None,
         forward_listen: None,
         echo_listen: None,

@@ -168,6 +168,15 @@ pub struct DeviceArgs {
           value_parser = parse_server)]
     pub servers: Vec<(u16, SocketAddr)>,
 
+    /// A device before this one in a chain of devices in series, as ID=ADDR (the server id
+    /// it forwards for and its address; repeat for several). The server asks the last device
+    /// of a chain about a gap in a session; this device passes the question on to the ones
+    /// named here and answers only once they did, so the server never skips an update a
+    /// device before it holds (docs/replication.md). Devices that probe this one are added
+    /// while it runs; name them here so that a restart of this device forgets none.
+    #[arg(long = "previous-device", value_name = "ID=ADDR", value_parser = parse_server)]
+    pub previous_devices: Vec<(u16, SocketAddr)>,
+
     /// The device's id, named in every PMNet-ACK it sends.
     #[arg(long, value_name = "ID", default_value_t = 1)]
     pub device_id: u16,
@@ -371,6 +380,7 @@ impl DeviceArgs {
             device_id: self.device_id,
             listen: self.listen,
             servers: self.servers.clone(),
+            previous_devices: self.previous_devices.clone(),
             log,
             forward_listen: self.forward_listen,
             echo_listen: self.echo_listen,
@@ -669,6 +679,17 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
             servers.join(", ")
         }
     ));
+    if !args.previous_devices.is_empty() {
+        let previous: Vec<String> = args
+            .previous_devices
+            .iter()
+            .map(|(id, addr)| format!("{id}={addr}"))
+            .collect();
+        lines.push(format!(
+            "  devices before this one: {} (fill queries are passed on to them)",
+            previous.join(", ")
+        ));
+    }
     for device in &devices {
         let startup = device.startup();
         match &startup.log_path {

@@ -165,3 +165,54 @@ fn a_chain_frees_every_entry_when_clients_wait_for_one_device() {
         "every device's entries freed by the server-ACKs"
     );
 }
+
+/// An update the first device logged and acked never reaches the second one (every copy is
+/// lost on that link), and a later update does: the server sees a gap that the last device —
+/// the one it asks — knows nothing of. It must not skip it: the second device passes the
+/// fill query on to the first, which holds the update, so the gap waits for it however long
+/// the link stays bad, and the update is applied in order once the link carries it.
+#[test]
+fn a_gap_that_only_the_first_device_of_a_chain_holds_is_never_skipped() {
+    let mut world = chain(2, 1);
+    let (first, second) = (pmnet_sim::device_addr(0), pmnet_sim::device_addr(1));
+    world.drop_when(move |seen| {
+        seen.from == first
+            && seen.to == second
+            && seen.header.packet_type == pmnet_wire::PacketType::UpdateRequest
+            && seen.header.seq == 1
+    });
+    let lost = world.update(0, b"a=1");
+    world.run_for(Duration::from_millis(5));
+    assert!(
+        matches!(
+            world.completion(0, lost),
+            Some(ClientEvent::Completed {
+                completion: Completion::Logged { .. },
+                ..
+            })
+        ),
+        "acked by the first device: {:?}",
+        world.completion(0, lost)
+    );
+    let later = world.update(0, b"b=2");
+    // Far past every request lifetime: a gap with no device's hold would be skipped by now.
+    world.run_for(Duration::from_secs(90));
+    let session = world.session(0);
+    assert!(
+        world.applied_seqs(session).is_empty(),
+        "nothing out of order"
+    );
+    assert_eq!(
+        world.servers[0].server.counters().sequence_numbers_skipped,
+        0,
+        "the acked update was skipped"
+    );
+    assert!(
+        world.device(1).device().counters().fill_queries_passed_on > 0,
+        "the second device asked the first"
+    );
+    world.clear_drop_rules();
+    world.run_for(Duration::from_secs(5));
+    assert_eq!(world.applied_seqs(session), vec![lost, later]);
+    assert_eq!(live_entries(&world), vec![0, 0]);
+}

@@ -59,6 +59,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             device_id: 1,
             listen: loopback,
             servers: vec![(SERVER_ID, server_addr)],
+            previous_devices: Vec::new(),
             log: Some(LogOptions {
                 path: dir.path().join("device.log"),
                 slot_count: 1024,

@@ -185,6 +185,19 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          and is never answered, and a world that handles a million events at one virtual time \
          fails as livelocked",
     ),
+    (
+        17766762147143074688,
+        "devices in series: the first device logged and acked two updates that the second, its \
+         log full, forwarded unlogged into a partition; the server asked only the second about \
+         the gap and skipped the acked updates (a device now passes a fill query on to the \
+         devices before it and answers once they did)",
+    ),
+    (
+        17766762147143075045,
+        "a client left with one fragment of a request lost and the device, restarted, forgot \
+         when it saw the request: nothing dated the partly received number, so the server \
+         asked about it every second for ever (a number received in part now dates itself)",
+    ),
 ];
 
 #[test]

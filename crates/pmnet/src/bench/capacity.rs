@@ -141,6 +141,7 @@ fn start_forwarder(
                     device_id: 1,
                     listen: loopback,
                     servers: vec![(server_id, sink)],
+                    previous_devices: Vec::new(),
                     log: None,
                     forward_listen: Some(loopback),
                     echo_listen: Some(loopback),

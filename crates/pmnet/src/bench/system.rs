@@ -406,6 +406,7 @@ pub(super) fn start_device(
         device_id: config.device_id,
         listen: loopback(),
         servers: servers.to_vec(),
+        previous_devices: Vec::new(),
         log: Some(LogOptions {
             path: log_path,
             slot_count: config.slots,

@@ -6,6 +6,7 @@ mod replay;
 mod rtt;
 mod seen;
 mod trust;
+mod upstream;
 
 pub use trust::{PROBE_INTERVAL_FIRST, PROBE_INTERVAL_MAX, WARN_AFTER as UNVERIFIED_WARN_AFTER};
 
@@ -57,6 +58,10 @@ pub struct DeviceConfig {
     /// and the replay after a recovery poll go out at the pace the server acks them, in
     /// (session, seq) order, instead of all at once into its receive buffer.
     pub resends_in_flight_max: u32,
+    /// The devices before this one in chains, by server id (`--previous-device`): fill queries
+    /// are passed on to them and answered once they answered (`upstream.rs`). Devices that
+    /// probe this one are added for the process's life.
+    pub previous_devices: Vec<(u16, SocketAddr)>,
 }
 
 impl DeviceConfig {
@@ -81,6 +86,7 @@ impl DeviceConfig {
             sessions_max: 1 << 16,
             transmit_queue_len_max: 2 * slot_count as usize + 4096,
             resends_in_flight_max: 256,
+            previous_devices: Vec::new(),
         }
     }
 }
@@ -130,6 +136,8 @@ pub struct DeviceCounters {
     /// Fill queries answered; of those, how many found a request held whole.
     pub fill_queries: u64,
     pub fill_queries_held: u64,
+    /// Fill queries passed on to the devices before this one in chains (`upstream.rs`).
+    pub fill_queries_passed_on: u64,
     /// Clients' no-op fills sent to a server again (it asked for a number whose client gave
     /// up on it).
     pub fills_resent: u64,
@@ -242,6 +250,8 @@ pub struct Device {
     /// Which servers are known to verify what this device sends and to send what it
     /// verifies: only their writes are acked (`trust.rs`).
     trust: trust::Trust,
+    /// The devices before this one, and fill queries waiting for their answers.
+    upstream: upstream::Upstream,
 }
 
 /// An update request as forwarded to the next device of a chain: flagged `REPLICATED` (the
@@ -291,6 +301,7 @@ impl Device {
             keyed: keyed::KeyedOrder::default(),
             round_trips: rtt::RoundTrips::default(),
             seen: seen::SeenSessions::new(config.sessions_max),
+            upstream: upstream::Upstream::new(&config.previous_devices),
             config,
         };
         for entry in recovered {
@@ -614,6 +625,16 @@ impl Device {
             }
             PacketType::Probe => {
                 self.counters.probes_served += 1;
+                if self.upstream.learn(header.server_id, from) {
+                    tracing::warn!(
+                        "device {from} forwards to this one for server {} (it probed) but is \
+                         not named by --previous-device {}={from}: fill queries go to it from \
+                         now on, but after a restart this device would not know it until it \
+                         probes again",
+                        header.server_id,
+                        header.server_id
+                    );
+                }
                 let answer = Header {
                     device_id: self.config.device_id,
                     flags: flags::ANSWER,
@@ -642,6 +663,10 @@ impl Device {
             PacketType::RetransmitRequest => self.on_retransmit_request(header, datagram),
             PacketType::RecoveryPoll => self.on_recovery_poll(now, server, header),
             PacketType::FillQuery => self.on_fill_query(now, server, header, payload),
+            // A device before this one answering a fill query passed on to it.
+            PacketType::FillReply if self.upstream.is_previous(header.server_id, from) => {
+                self.on_previous_fill_reply(now, server, from, header, payload);
+            }
             PacketType::PmnetAck
             | PacketType::RecoveryDone
             | PacketType::FillReply

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use pmnet_pm::EntryKey;
 use pmnet_wire::{flags, Header, PacketType};
 
-use super::Device;
+use super::{upstream, Device};
 use crate::DropReason;
 use crate::Time;
 
@@ -221,12 +221,9 @@ impl Device {
         }
     }
 
-    /// The server will skip `seq ..= last` of the session unless this device holds one of
-    /// them whole: name the lowest such number (resending it), or `last + 1`, and say how
-    /// long ago this device first saw `last` or a later number of the session (the server's
-    /// proof, with every other device's answer, that the clients gave up on the range). The
-    /// client's no-op fills for numbers of the range this device holds nothing of are sent
-    /// again first.
+    /// The server will skip `seq ..= last` of the session unless a device holds one of them
+    /// whole. With devices before this one in a chain, the question goes to them first and is
+    /// answered once they all answered (`upstream.rs`); otherwise at once.
     pub(super) fn on_fill_query(
         &mut self,
         now: Time,
@@ -239,41 +236,101 @@ impl Device {
             return;
         };
         self.counters.fill_queries += 1;
+        let previous = self
+            .upstream
+            .ask(now, (header.server_id, header.session_id, header.seq, last));
+        if previous.is_empty() {
+            self.answer_fill_query(now, server, header, last, None);
+            return;
+        }
+        let query = Header::new(
+            PacketType::FillQuery,
+            header.server_id,
+            header.session_id,
+            header.seq,
+        );
+        let bytes = query.encode(&pmnet_wire::encode_fill_query_payload(last));
+        for device in previous {
+            self.counters.fill_queries_passed_on += 1;
+            self.send(device, bytes.clone());
+        }
+    }
+
+    /// A device before this one answered a fill query passed on to it: once all of them did,
+    /// answer the server with what they and this device hold.
+    pub(super) fn on_previous_fill_reply(
+        &mut self,
+        now: Time,
+        server: SocketAddr,
+        from: SocketAddr,
+        header: &Header,
+        payload: &[u8],
+    ) {
+        let Ok((last, held_from, seen_ms)) = pmnet_wire::decode_fill_reply_dated_payload(payload)
+        else {
+            self.count_drop(DropReason::BadFillReply);
+            return;
+        };
+        let key = (header.server_id, header.session_id, header.seq, last);
+        match self.upstream.answered(from, key, held_from, seen_ms) {
+            Err(()) => self.count_drop(DropReason::StaleFillReply),
+            Ok(None) => {}
+            Ok(Some(previous)) => self.answer_fill_query(now, server, header, last, Some(previous)),
+        }
+    }
+
+    /// Answer the server's fill query about `header.seq ..= last`: name the lowest number
+    /// this device (or a device before it, `previous`) holds whole, resending it, or
+    /// `last + 1`, and say how long ago this device (or one before it) first saw `last` or a
+    /// later number of the session (the server's proof, with every other device's answer,
+    /// that the clients gave up on the range). The client's no-op fills for numbers of the
+    /// range this device holds nothing of are sent again first.
+    fn answer_fill_query(
+        &mut self,
+        now: Time,
+        server: SocketAddr,
+        header: &Header,
+        last: u32,
+        previous: Option<upstream::Answered>,
+    ) {
         let (server_id, session_id) = (header.server_id, header.session_id);
         for seq in self.seen.fills_in(server_id, session_id, header.seq, last) {
             if self.slots_of(server_id, session_id, seq).is_empty() {
                 self.resend_fill(server, server_id, session_id, seq);
             }
         }
-        let seen_ms = self
+        let own_ms = self
             .seen
             .first_seen_through(server_id, session_id, last)
-            .map_or(pmnet_wire::FILL_REPLY_UNSEEN, |seen| {
+            .map(|seen| {
                 let millis = now.saturating_duration_since(seen).as_millis();
                 u32::try_from(millis)
                     .unwrap_or(u32::MAX)
                     .min(pmnet_wire::FILL_REPLY_UNSEEN - 1)
             });
-        let held_from =
-            self.lowest_held_whole(header.server_id, header.session_id, header.seq, last);
-        let answer = match held_from {
-            Some(seq) => {
-                self.counters.fill_queries_held += 1;
-                for slot in self.slots_of(header.server_id, header.session_id, seq) {
-                    self.counters.resent_from_log += 1;
-                    let packet = pmnet_wire::to_sendable(&self.entries[&slot].packet);
-                    self.send(server, packet);
-                }
-                seq
+        // The oldest sighting anyone vouches for dates the range best (each is a bound).
+        let seen_ms = own_ms
+            .into_iter()
+            .chain(previous.and_then(|answered| answered.seen_ms))
+            .max()
+            .map_or(pmnet_wire::FILL_REPLY_UNSEEN, |ms| {
+                ms.min(pmnet_wire::FILL_REPLY_UNSEEN - 1)
+            });
+        let own = self.lowest_held_whole(server_id, session_id, header.seq, last);
+        if let Some(seq) = own {
+            self.counters.fill_queries_held += 1;
+            for slot in self.slots_of(server_id, session_id, seq) {
+                self.counters.resent_from_log += 1;
+                let packet = pmnet_wire::to_sendable(&self.entries[&slot].packet);
+                self.send(server, packet);
             }
-            None => last.wrapping_add(1),
-        };
-        let mut reply = Header::new(
-            PacketType::FillReply,
-            header.server_id,
-            header.session_id,
-            header.seq,
-        );
+        }
+        let answer = own
+            .into_iter()
+            .chain(previous.and_then(|answered| answered.held_from))
+            .min()
+            .unwrap_or(last.wrapping_add(1));
+        let mut reply = Header::new(PacketType::FillReply, server_id, session_id, header.seq);
         reply.device_id = self.config.device_id;
         self.send(
             server,

@@ -185,11 +185,13 @@ const DATED_MAX: usize = 8;
 const RESOLVED_MAX: usize = 64;
 
 impl Session {
-    /// Number `seq` of this session was seen at `now`.
+    /// Number `seq` of this session was seen at `now` (a fragment of it at least): it and
+    /// every number below it were issued by then — `seq` too, which matters when the rest of
+    /// it never comes (its client left with a fragment lost: nothing else dates it).
     pub(super) fn note_seen(&mut self, seq: u32, now: Time) {
         if seq > self.highest_seen {
             self.highest_seen = seq;
-            self.add_seen_point(seq, now);
+            self.add_seen_point(seq.saturating_add(1), now);
         }
     }
 
@@ -219,17 +221,17 @@ impl Session {
         self.seen_points.push_back((bound, now));
     }
 
-    /// When a number above `seq` was first seen, if one was (and is remembered): `seq` was
-    /// issued before then.
-    pub(super) fn first_seen_above(&self, seq: u32) -> Option<Time> {
+    /// When `seq` or a number above it was first seen, if one was (and is remembered): `seq`
+    /// was issued by then.
+    pub(super) fn first_seen_through(&self, seq: u32) -> Option<Time> {
         self.seen_points
             .iter()
             .find(|(seen, _)| *seen > seq)
             .map(|(_, at)| *at)
     }
 
-    /// The highest number whose client has given up on it by `now` for certain: one below
-    /// a number seen `lifetime` ago or more.
+    /// The highest number whose client has given up on it by `now` for certain: a number
+    /// seen `lifetime` ago or more.
     pub(super) fn given_up_through(&self, now: Time, lifetime: Duration) -> Option<u32> {
         self.seen_points
             .iter()
@@ -263,7 +265,7 @@ impl Session {
     /// When the client of `seq` has given up on it for sure, with nothing of it in flight:
     /// `fill_after` after this server first saw a later number, or a device's date.
     pub(super) fn given_up_at(&self, seq: u32, fill_after: Duration) -> Option<Time> {
-        let own = self.first_seen_above(seq).map(|seen| seen + fill_after);
+        let own = self.first_seen_through(seq).map(|seen| seen + fill_after);
         let dated = self
             .dated
             .iter()
@@ -525,7 +527,7 @@ mod tests {
     }
 
     #[test]
-    fn a_number_counts_as_given_up_a_lifetime_after_a_later_one_was_first_seen() {
+    fn a_number_counts_as_given_up_a_lifetime_after_it_or_a_later_one_was_first_seen() {
         let lifetime = Duration::from_secs(20);
         let at = |secs: u64| Time::ZERO + Duration::from_secs(secs);
         let mut session = Session::default();
@@ -533,26 +535,32 @@ mod tests {
         session.note_seen(3, at(2)); // lower: changes nothing
         session.note_seen(9, at(4));
         assert_eq!(session.highest_seen, 9);
-        assert_eq!(session.first_seen_above(2), Some(at(1)));
-        assert_eq!(session.first_seen_above(5), Some(at(4)));
-        assert_eq!(session.first_seen_above(9), None);
+        assert_eq!(session.first_seen_through(2), Some(at(1)));
+        assert_eq!(
+            session.first_seen_through(5),
+            Some(at(1)),
+            "5 itself was seen"
+        );
+        assert_eq!(session.first_seen_through(6), Some(at(4)));
+        assert_eq!(session.first_seen_through(9), Some(at(4)));
+        assert_eq!(session.first_seen_through(10), None);
         assert_eq!(session.given_up_through(at(20), lifetime), None);
-        assert_eq!(session.given_up_through(at(21), lifetime), Some(4));
-        assert_eq!(session.given_up_through(at(24), lifetime), Some(8));
+        assert_eq!(session.given_up_through(at(21), lifetime), Some(5));
+        assert_eq!(session.given_up_through(at(24), lifetime), Some(9));
         // Bounded: a point dropped only makes deadlines later, never earlier.
         for seq in 10..100 {
             session.note_seen(seq, at(u64::from(seq)));
         }
         assert!(session.seen_points.len() <= SEEN_POINTS_MAX);
-        assert_eq!(session.first_seen_above(2), Some(at(1)));
-        for x in 1..99u32 {
-            // When a number above x was really first seen.
+        assert_eq!(session.first_seen_through(2), Some(at(1)));
+        for x in 1..100u32 {
+            // When x or a number above it was really first seen.
             let truth = match x {
-                0..=4 => at(1),
-                5..=8 => at(4),
-                _ => at(u64::from(x) + 1),
+                0..=5 => at(1),
+                6..=9 => at(4),
+                _ => at(u64::from(x)),
             };
-            let seen = session.first_seen_above(x).expect("a later number");
+            let seen = session.first_seen_through(x).expect("seen");
             assert!(seen >= truth, "{x}: {seen:?} before {truth:?}");
         }
         // Points at or below what is applied are let go.

@@ -484,6 +484,12 @@ fn notice_and_drop_metrics(
             counters.fill_queries,
         ),
         (
+            "pmnet_device_fill_queries_passed_on_total",
+            "Fill queries passed on to the devices before this one in a chain (answered once \
+             they answered).",
+            counters.fill_queries_passed_on,
+        ),
+        (
             "pmnet_device_unverified_forwards_total",
             "Updates forwarded without logging or an ack: their server is not verified yet \
              (down, or another --key-file).",

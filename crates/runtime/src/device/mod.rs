@@ -56,6 +56,9 @@ pub struct DeviceOptions {
     /// The servers behind the device and their ids: one for the "NIC" deployment, several for
     /// the "switch".
     pub servers: Vec<(u16, SocketAddr)>,
+    /// The devices before this one in chains, by server id: fill queries are passed on to
+    /// them (`pmnet_proto::DeviceConfig::previous_devices`).
+    pub previous_devices: Vec<(u16, SocketAddr)>,
     /// The log; `None` runs the device with logging off (a plain switch: nothing is acked).
     pub log: Option<LogOptions>,
     /// A second port that forwards to the same servers without logging, to measure the
@@ -268,6 +271,7 @@ impl DeviceRuntime {
                     log.slot_count(),
                     log.max_packet_len(),
                 );
+                config.previous_devices = options.previous_devices.clone();
                 if let Some(window) = options.max_resends_in_flight {
                     config.resends_in_flight_max = window;
                 }
@@ -765,6 +769,7 @@ mod tests {
             device_id: 1,
             listen,
             servers,
+            previous_devices: Vec::new(),
             log: None,
             forward_listen: None,
             echo_listen: None,

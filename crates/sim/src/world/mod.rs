@@ -111,7 +111,7 @@ impl World {
             .iter()
             .enumerate()
             .map(|(index, &slot_count)| {
-                if topology.chain && index + 1 < device_count {
+                let node = if topology.chain && index + 1 < device_count {
                     // Every server is reached through the next device.
                     let next: Vec<(u16, SocketAddr)> = servers
                         .iter()
@@ -120,6 +120,16 @@ impl World {
                     DeviceNode::new(index, slot_count, &next)
                 } else {
                     DeviceNode::new(index, slot_count, &servers)
+                };
+                if topology.chain && index > 0 {
+                    // The device before it, as its operator names it.
+                    let previous = servers
+                        .iter()
+                        .map(|&(server_id, _)| (server_id, device_addr(index - 1)))
+                        .collect();
+                    node.with_previous_devices(previous)
+                } else {
+                    node
                 }
             })
             .collect();
@@ -727,6 +737,24 @@ impl World {
             let before = self.chain[position - 1];
             self.devices[before].config.servers = onward;
             self.restart_device(before);
+        }
+        if let Some(&after) = self.chain.get(position) {
+            // The device after it now follows the one before it (or the clients): told so,
+            // and restarted, or it would wait on the lost one's answers for ever.
+            let lost = device_addr(index);
+            let before = position.checked_sub(1).map(|p| device_addr(self.chain[p]));
+            let previous = &mut self.devices[after].config.previous_devices;
+            for (_, address) in previous.iter_mut() {
+                if *address == lost {
+                    if let Some(before) = before {
+                        *address = before;
+                    }
+                }
+            }
+            previous.retain(|&(_, address)| address != lost);
+            if self.devices[after].up {
+                self.restart_device(after);
+            }
         }
         let first = device_addr(self.chain[0]);
         let remaining = u8::try_from(self.chain.len()).unwrap_or(u8::MAX);

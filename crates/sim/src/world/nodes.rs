@@ -270,6 +270,14 @@ impl DeviceNode {
         }
     }
 
+    /// The device with `previous` named as the devices before it in a chain
+    /// (`--previous-device`), started afresh.
+    pub(super) fn with_previous_devices(mut self, previous: Vec<(u16, SocketAddr)>) -> DeviceNode {
+        self.config.previous_devices = previous;
+        self.pipeline = self.pipeline_for(Device::new(self.config.clone(), Time::ZERO, Vec::new()));
+        self
+    }
+
     /// The device's log function.
     pub fn device(&self) -> &Device {
         self.pipeline.device()

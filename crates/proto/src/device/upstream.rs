@@ -1,0 +1,262 @@
+//! The devices before this one in chains, and the fill queries passed on to them.
+//!
+//! A server skips a missing sequence number only once every device that could hold it says
+//! it does not (`server/gap.rs`). With devices in series the server asks the last device
+//! only, and a device before it may hold — and have acked — what the last one never logged
+//! (its log was full, or a partition kept the request from it). So a device that has devices
+//! before it answers a fill query only after it has asked each of them the same question (as
+//! their "server") and heard every answer: the reply names the lowest number any of them
+//! holds whole (each resends what it holds towards the server) and the earliest date any of
+//! them can vouch for. A device before it that never answers (down, or cut off) holds the
+//! gap open; the server asks again on its gap timer, and the question is passed on again.
+//!
+//! Which devices are before this one: those named by configuration (`--previous-device`,
+//! kept across restarts) and those that probed this device (a device probes its "server" at
+//! start-up, `trust.rs`), learned for the process's life. A device that learned one it was not
+//! told about warns once: after a restart it would not know it until its next probe.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::Time;
+
+/// Devices before this one per server id, at most (configured and learned).
+pub(super) const PREVIOUS_DEVICES_MAX: usize = 8;
+/// Fill queries waiting for the devices before this one, at most; past it the oldest is
+/// forgotten (its server asks again).
+const PENDING_MAX: usize = 4096;
+
+/// A question unanswered this long is worth a warning (at most one per [`WARN_INTERVAL`]).
+const WARN_AFTER: Duration = Duration::from_secs(10);
+const WARN_INTERVAL: Duration = Duration::from_secs(60);
+
+/// A fill query of the server, asked of the devices before this one.
+#[derive(Debug)]
+struct Pending {
+    /// When it was first asked.
+    since: Time,
+    awaiting: BTreeSet<SocketAddr>,
+    /// The lowest number held whole by one of them that answered; `None` for none.
+    held_from: Option<u32>,
+    /// The oldest sighting of the range's last number (or a later one) they reported, in
+    /// milliseconds before their answer.
+    seen_ms: Option<u32>,
+}
+
+/// Key of a pending query: (server id, session, first, last).
+pub(super) type QueryKey = (u16, u64, u32, u32);
+
+/// What the previous devices said of one query, once all of them answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Answered {
+    pub(super) held_from: Option<u32>,
+    pub(super) seen_ms: Option<u32>,
+}
+
+#[derive(Debug)]
+pub(super) struct Upstream {
+    configured: BTreeMap<u16, BTreeSet<SocketAddr>>,
+    learned: BTreeMap<u16, BTreeSet<SocketAddr>>,
+    pending: BTreeMap<QueryKey, Pending>,
+    order: VecDeque<QueryKey>,
+    warned_at: Option<Time>,
+}
+
+impl Upstream {
+    pub(super) fn new(configured: &[(u16, SocketAddr)]) -> Upstream {
+        let mut by_server: BTreeMap<u16, BTreeSet<SocketAddr>> = BTreeMap::new();
+        for &(server_id, address) in configured {
+            let set = by_server.entry(server_id).or_default();
+            if set.len() < PREVIOUS_DEVICES_MAX {
+                set.insert(address);
+            }
+        }
+        Upstream {
+            configured: by_server,
+            learned: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            order: VecDeque::new(),
+            warned_at: None,
+        }
+    }
+
+    /// `address` probed this device about `server_id`: it is a device before this one. True
+    /// when it is new (it was not configured: worth a warning); false when known already or
+    /// there is no room.
+    pub(super) fn learn(&mut self, server_id: u16, address: SocketAddr) -> bool {
+        if self.is_previous(server_id, address) {
+            return false;
+        }
+        let learned = self.learned.entry(server_id).or_default();
+        let configured = self.configured.get(&server_id).map_or(0, BTreeSet::len);
+        if learned.len() + configured >= PREVIOUS_DEVICES_MAX {
+            return false;
+        }
+        learned.insert(address)
+    }
+
+    /// Whether `address` is a device before this one for `server_id`.
+    pub(super) fn is_previous(&self, server_id: u16, address: SocketAddr) -> bool {
+        [&self.configured, &self.learned].iter().any(|known| {
+            known
+                .get(&server_id)
+                .is_some_and(|set| set.contains(&address))
+        })
+    }
+
+    /// The devices before this one for `server_id`.
+    pub(super) fn previous(&self, server_id: u16) -> Vec<SocketAddr> {
+        let mut all: BTreeSet<SocketAddr> = BTreeSet::new();
+        for known in [&self.configured, &self.learned] {
+            if let Some(set) = known.get(&server_id) {
+                all.extend(set.iter().copied());
+            }
+        }
+        all.into_iter().collect()
+    }
+
+    /// The server asked about `first ..= last` of the session at `now`: the devices before
+    /// this one still to answer (all of them for a new question; those that have not answered
+    /// for a repeated one), to be asked (again).
+    pub(super) fn ask(&mut self, now: Time, key: QueryKey) -> Vec<SocketAddr> {
+        if let Some(pending) = self.pending.get(&key) {
+            let waiting: Vec<SocketAddr> = pending.awaiting.iter().copied().collect();
+            let long = now.saturating_duration_since(pending.since) >= WARN_AFTER;
+            let quiet = self
+                .warned_at
+                .is_none_or(|at| now.saturating_duration_since(at) >= WARN_INTERVAL);
+            if long && quiet {
+                self.warned_at = Some(now);
+                let names: Vec<String> = waiting.iter().map(ToString::to_string).collect();
+                tracing::warn!(
+                    "a gap of server {} waits {:.0} s on the device(s) before this one that \
+                     have not answered: {}. If one is lost for good, take it out of the chain: \
+                     restart this device without it (--previous-device); until then the gap \
+                     stays open",
+                    key.0,
+                    now.saturating_duration_since(pending.since).as_secs_f64(),
+                    names.join(", ")
+                );
+            }
+            return waiting;
+        }
+        let previous = self.previous(key.0);
+        if previous.is_empty() {
+            return previous;
+        }
+        while self.pending.len() >= PENDING_MAX {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            self.pending.remove(&oldest);
+        }
+        self.pending.insert(
+            key,
+            Pending {
+                since: now,
+                awaiting: previous.iter().copied().collect(),
+                held_from: None,
+                seen_ms: None,
+            },
+        );
+        self.order.push_back(key);
+        previous
+    }
+
+    /// Device `from` answered a question passed on to it. What all of them said, once the
+    /// last one answered; `Err(())` when no such question waits for `from` (stale or forged).
+    pub(super) fn answered(
+        &mut self,
+        from: SocketAddr,
+        key: QueryKey,
+        held_from: u32,
+        seen_ms: Option<u32>,
+    ) -> Result<Option<Answered>, ()> {
+        let (_, _, first, last) = key;
+        let Some(pending) = self.pending.get_mut(&key) else {
+            return Err(());
+        };
+        if !pending.awaiting.remove(&from) {
+            return Err(());
+        }
+        if (first..=last).contains(&held_from) {
+            pending.held_from = Some(pending.held_from.map_or(held_from, |h| h.min(held_from)));
+        }
+        if let Some(age) = seen_ms {
+            pending.seen_ms = Some(pending.seen_ms.map_or(age, |known| known.max(age)));
+        }
+        if !pending.awaiting.is_empty() {
+            return Ok(None);
+        }
+        let pending = self.pending.remove(&key).expect("present");
+        self.order.retain(|&queued| queued != key);
+        Ok(Some(Answered {
+            held_from: pending.held_from,
+            seen_ms: pending.seen_ms,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(port: u16) -> SocketAddr {
+        SocketAddr::from(([10, 0, 0, 1], port))
+    }
+
+    #[test]
+    fn a_question_is_answered_once_every_previous_device_answered_with_the_lowest_hold_and_oldest_date(
+    ) {
+        let mut upstream = Upstream::new(&[(1, addr(1))]);
+        assert!(upstream.learn(1, addr(2)));
+        assert!(!upstream.learn(1, addr(1)), "configured");
+        assert!(upstream.previous(2).is_empty(), "another server");
+        let key = (1, 7, 30, 40);
+        assert_eq!(upstream.ask(Time::ZERO, key), vec![addr(1), addr(2)]);
+        assert_eq!(upstream.answered(addr(3), key, 41, None), Err(()));
+        assert_eq!(upstream.answered(addr(1), key, 35, Some(10)), Ok(None));
+        assert_eq!(
+            upstream.answered(addr(1), key, 35, Some(10)),
+            Err(()),
+            "twice"
+        );
+        assert_eq!(upstream.ask(Time::ZERO, key), vec![addr(2)], "asked again");
+        assert_eq!(
+            upstream.answered(addr(2), key, 31, Some(5_000)),
+            Ok(Some(Answered {
+                held_from: Some(31),
+                seen_ms: Some(5_000)
+            }))
+        );
+        assert_eq!(upstream.answered(addr(2), key, 31, None), Err(()), "done");
+        // Answers naming nothing of the range hold nothing.
+        upstream.ask(Time::ZERO, key);
+        upstream.answered(addr(1), key, 41, None).unwrap();
+        assert_eq!(
+            upstream.answered(addr(2), key, 7, None),
+            Ok(Some(Answered {
+                held_from: None,
+                seen_ms: None
+            }))
+        );
+    }
+
+    #[test]
+    fn previous_devices_and_questions_are_bounded() {
+        let mut upstream = Upstream::new(&[]);
+        for port in 0..100 {
+            upstream.learn(1, addr(port));
+        }
+        assert_eq!(upstream.previous(1).len(), PREVIOUS_DEVICES_MAX);
+        for session in 0..(PENDING_MAX as u64 + 10) {
+            upstream.ask(Time::ZERO, (1, session, 1, 1));
+        }
+        assert_eq!(upstream.pending.len(), PENDING_MAX);
+        assert!(
+            !upstream.pending.contains_key(&(1, 0, 1, 1)),
+            "oldest forgotten"
+        );
+    }
+}

@@ -172,8 +172,8 @@ pub struct DeviceArgs {
     /// it forwards for and its address; repeat for several). The server asks the last device
     /// of a chain about a gap in a session; this device passes the question on to the ones
     /// named here and answers only once they did, so the server never skips an update a
-    /// device before it holds (docs/replication.md). Devices that probe this one are added
-    /// while it runs; name them here so that a restart of this device forgets none.
+    /// device before it holds (docs/replication.md). Every device after the first of a chain
+    /// needs it; a probe from a device not named here draws a warning.
     #[arg(long = "previous-device", value_name = "ID=ADDR", value_parser = parse_server)]
     pub previous_devices: Vec<(u16, SocketAddr)>,
 

@@ -198,6 +198,12 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          when it saw the request: nothing dated the partly received number, so the server \
          asked about it every second for ever (a number received in part now dates itself)",
     ),
+    (
+        17766762147143078639,
+        "the attacker replayed a device's genuine probe from a client's address: a device that \
+         learned the devices before it from probes then passed every fill query on to the \
+         client and waited for ever (they are configuration only now)",
+    ),
 ];
 
 #[test]

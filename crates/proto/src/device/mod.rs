@@ -59,8 +59,7 @@ pub struct DeviceConfig {
     /// (session, seq) order, instead of all at once into its receive buffer.
     pub resends_in_flight_max: u32,
     /// The devices before this one in chains, by server id (`--previous-device`): fill queries
-    /// are passed on to them and answered once they answered (`upstream.rs`). Devices that
-    /// probe this one are added for the process's life.
+    /// are passed on to them and answered once they answered (`upstream.rs`).
     pub previous_devices: Vec<(u16, SocketAddr)>,
 }
 
@@ -625,12 +624,14 @@ impl Device {
             }
             PacketType::Probe => {
                 self.counters.probes_served += 1;
-                if self.upstream.learn(header.server_id, from) {
+                if self
+                    .upstream
+                    .probe_worth_warning(now, header.server_id, from)
+                {
                     tracing::warn!(
-                        "device {from} forwards to this one for server {} (it probed) but is \
-                         not named by --previous-device {}={from}: fill queries go to it from \
-                         now on, but after a restart this device would not know it until it \
-                         probes again",
+                        "{from} probed this device for server {} but is not named by \
+                         --previous-device: if it is a device forwarding to this one, name it \
+                         ({}={from}), or a gap in what it holds could be skipped",
                         header.server_id,
                         header.server_id
                     );

@@ -10,10 +10,11 @@
 //! them can vouch for. A device before it that never answers (down, or cut off) holds the
 //! gap open; the server asks again on its gap timer, and the question is passed on again.
 //!
-//! Which devices are before this one: those named by configuration (`--previous-device`,
-//! kept across restarts) and those that probed this device (a device probes its "server" at
-//! start-up, `trust.rs`), learned for the process's life. A device that learned one it was not
-//! told about warns once: after a restart it would not know it until its next probe.
+//! Which devices are before this one is configuration (`--previous-device`), never learned
+//! from traffic: a genuine probe replayed from another source address would otherwise make a
+//! device wait for answers from a host that never gives any, and every gap stay open. A probe
+//! from an address that is not named is worth a warning (rate-limited): it may be a device
+//! of a chain whose operator forgot to name it.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
@@ -21,7 +22,7 @@ use std::time::Duration;
 
 use crate::Time;
 
-/// Devices before this one per server id, at most (configured and learned).
+/// Devices before this one per server id, at most.
 pub(super) const PREVIOUS_DEVICES_MAX: usize = 8;
 /// Fill queries waiting for the devices before this one, at most; past it the oldest is
 /// forgotten (its server asks again).
@@ -57,7 +58,8 @@ pub(super) struct Answered {
 #[derive(Debug)]
 pub(super) struct Upstream {
     configured: BTreeMap<u16, BTreeSet<SocketAddr>>,
-    learned: BTreeMap<u16, BTreeSet<SocketAddr>>,
+    /// When a probe from an address not named last drew a warning.
+    probe_warned_at: Option<Time>,
     pending: BTreeMap<QueryKey, Pending>,
     order: VecDeque<QueryKey>,
     warned_at: Option<Time>,
@@ -74,46 +76,45 @@ impl Upstream {
         }
         Upstream {
             configured: by_server,
-            learned: BTreeMap::new(),
+            probe_warned_at: None,
             pending: BTreeMap::new(),
             order: VecDeque::new(),
             warned_at: None,
         }
     }
 
-    /// `address` probed this device about `server_id`: it is a device before this one. True
-    /// when it is new (it was not configured: worth a warning); false when known already or
-    /// there is no room.
-    pub(super) fn learn(&mut self, server_id: u16, address: SocketAddr) -> bool {
-        if self.is_previous(server_id, address) {
+    /// `address` probed this device about `server_id` at `now`: true when it is not named as
+    /// a device before this one and no such warning was given within [`WARN_INTERVAL`].
+    pub(super) fn probe_worth_warning(
+        &mut self,
+        now: Time,
+        server_id: u16,
+        address: SocketAddr,
+    ) -> bool {
+        if self.is_previous(server_id, address)
+            || self
+                .probe_warned_at
+                .is_some_and(|at| now.saturating_duration_since(at) < WARN_INTERVAL)
+        {
             return false;
         }
-        let learned = self.learned.entry(server_id).or_default();
-        let configured = self.configured.get(&server_id).map_or(0, BTreeSet::len);
-        if learned.len() + configured >= PREVIOUS_DEVICES_MAX {
-            return false;
-        }
-        learned.insert(address)
+        self.probe_warned_at = Some(now);
+        true
     }
 
     /// Whether `address` is a device before this one for `server_id`.
     pub(super) fn is_previous(&self, server_id: u16, address: SocketAddr) -> bool {
-        [&self.configured, &self.learned].iter().any(|known| {
-            known
-                .get(&server_id)
-                .is_some_and(|set| set.contains(&address))
-        })
+        self.configured
+            .get(&server_id)
+            .is_some_and(|set| set.contains(&address))
     }
 
     /// The devices before this one for `server_id`.
     pub(super) fn previous(&self, server_id: u16) -> Vec<SocketAddr> {
-        let mut all: BTreeSet<SocketAddr> = BTreeSet::new();
-        for known in [&self.configured, &self.learned] {
-            if let Some(set) = known.get(&server_id) {
-                all.extend(set.iter().copied());
-            }
-        }
-        all.into_iter().collect()
+        self.configured
+            .get(&server_id)
+            .map(|set| set.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     /// The server asked about `first ..= last` of the session at `now`: the devices before
@@ -209,9 +210,7 @@ mod tests {
     #[test]
     fn a_question_is_answered_once_every_previous_device_answered_with_the_lowest_hold_and_oldest_date(
     ) {
-        let mut upstream = Upstream::new(&[(1, addr(1))]);
-        assert!(upstream.learn(1, addr(2)));
-        assert!(!upstream.learn(1, addr(1)), "configured");
+        let mut upstream = Upstream::new(&[(1, addr(1)), (1, addr(2))]);
         assert!(upstream.previous(2).is_empty(), "another server");
         let key = (1, 7, 30, 40);
         assert_eq!(upstream.ask(Time::ZERO, key), vec![addr(1), addr(2)]);
@@ -244,12 +243,22 @@ mod tests {
     }
 
     #[test]
-    fn previous_devices_and_questions_are_bounded() {
-        let mut upstream = Upstream::new(&[]);
-        for port in 0..100 {
-            upstream.learn(1, addr(port));
-        }
+    fn previous_devices_and_questions_are_bounded_and_probes_teach_nothing() {
+        let named: Vec<(u16, SocketAddr)> = (0..100).map(|port| (1, addr(port))).collect();
+        let mut upstream = Upstream::new(&named);
         assert_eq!(upstream.previous(1).len(), PREVIOUS_DEVICES_MAX);
+        let second = Duration::from_secs(1);
+        assert!(
+            !upstream.probe_worth_warning(Time::ZERO, 1, addr(0)),
+            "named"
+        );
+        assert!(upstream.probe_worth_warning(Time::ZERO, 1, addr(500)));
+        assert!(!upstream.probe_worth_warning(Time::ZERO + second, 1, addr(501)));
+        assert!(upstream.probe_worth_warning(Time::ZERO + 61 * second, 1, addr(501)));
+        assert!(
+            !upstream.is_previous(1, addr(500)),
+            "a probe teaches nothing"
+        );
         for session in 0..(PENDING_MAX as u64 + 10) {
             upstream.ask(Time::ZERO, (1, session, 1, 1));
         }

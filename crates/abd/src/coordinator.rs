@@ -21,7 +21,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use pmnet_proto::{Time, Transmit};
+use pmnet_proto::{CountDrop, DropCounts, DropReason, Time, Transmit};
 use pmnet_wire::abd::{
     counter_of, timestamp, NodeStatus, Query, QueryReply, Store, StoreAck, ABD_QUERY,
     ABD_QUERY_REPLY, ABD_STORE, ABD_STORE_ACK, LINE, LINES_MAX,
@@ -95,7 +95,7 @@ impl CoordinatorConfig {
 }
 
 /// What a coordinator counts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CoordinatorCounters {
     pub reads: u64,
     pub writes: u64,
@@ -107,8 +107,8 @@ pub struct CoordinatorCounters {
     /// Answers that counted in no quorum: from a learning node, late, duplicated, or for no
     /// operation in flight.
     pub answers_ignored: u64,
-    /// Answers that did not parse, or from an address that is no node.
-    pub dropped: u64,
+    /// Answers that did not parse, or from an address that is no node, by reason.
+    pub dropped: DropCounts,
 }
 
 /// What to do.
@@ -200,8 +200,8 @@ impl Coordinator {
         &self.config
     }
 
-    pub fn counters(&self) -> CoordinatorCounters {
-        self.counters
+    pub fn counters(&self) -> &CoordinatorCounters {
+        &self.counters
     }
 
     pub fn in_flight(&self) -> usize {
@@ -314,7 +314,7 @@ impl Coordinator {
     /// A memory node's answer (types `0x33`, `0x35`). Never panics on its contents.
     pub fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) {
         let Some(node) = self.config.nodes.iter().position(|node| *node == from) else {
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::UnexpectedSource);
             return;
         };
         if header.session_id != self.config.session {
@@ -325,13 +325,13 @@ impl Coordinator {
         match header.packet_type {
             PacketType::Reserved(ABD_QUERY_REPLY) => match QueryReply::parse(payload) {
                 Ok(reply) => self.on_query_reply(now, node, request, &reply),
-                Err(_) => self.counters.dropped += 1,
+                Err(_) => self.counters.dropped.record(DropReason::BadPayload),
             },
             PacketType::Reserved(ABD_STORE_ACK) => match StoreAck::parse(payload) {
                 Ok(ack) => self.on_store_ack(now, node, request, &ack),
-                Err(_) => self.counters.dropped += 1,
+                Err(_) => self.counters.dropped.record(DropReason::BadPayload),
             },
-            _ => self.counters.dropped += 1,
+            _ => self.counters.dropped.record(DropReason::UnexpectedType),
         }
     }
 

@@ -16,7 +16,8 @@ use std::net::SocketAddr;
 
 use pmnet_pmtable::Geometry;
 use pmnet_proto::{
-    NetworkFunction, PersistBatch, RegionWrite, ReplayFloor, Time, Transmit, Verdict,
+    CountDrop, DropCounts, DropReason, NetworkFunction, PersistBatch, RegionWrite, ReplayFloor,
+    Time, Transmit, Verdict,
 };
 use pmnet_wire::abd::{
     Op, Reply, Request, Status, ABD_QUERY, ABD_QUERY_REPLY, ABD_REPLY, ABD_REQUEST, ABD_STORE,
@@ -70,7 +71,7 @@ struct Pending {
 }
 
 /// What the coordinating function counts besides its coordinator.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FunctionCounters {
     pub requests: u64,
     pub replies: u64,
@@ -85,8 +86,8 @@ pub struct FunctionCounters {
     /// before it started: possibly replays of a forgotten session's requests, refused
     /// (dropped, not answered).
     pub replays_refused: u64,
-    /// Requests that did not parse.
-    pub dropped: u64,
+    /// Requests that did not parse, by reason.
+    pub dropped: DropCounts,
 }
 
 /// The ABD coordinator in a device's pipeline.
@@ -137,8 +138,8 @@ impl AbdFunction {
         &self.coordinator
     }
 
-    pub fn counters(&self) -> FunctionCounters {
-        self.counters
+    pub fn counters(&self) -> &FunctionCounters {
+        &self.counters
     }
 
     fn reply(&mut self, to: SocketAddr, session: u64, request: u32, reply: Reply<'_>) {
@@ -154,7 +155,7 @@ impl AbdFunction {
 
     fn on_request(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) {
         let Ok(request) = Request::parse(payload) else {
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::BadPayload);
             return;
         };
         self.counters.requests += 1;
@@ -371,6 +372,14 @@ impl AbdFunction {
 impl NetworkFunction for AbdFunction {
     type Work = RegionWrite;
 
+    fn dropped(&self) -> DropCounts {
+        let mut dropped = self.counters.dropped.clone();
+        for (reason, count) in &self.coordinator.counters().dropped {
+            *dropped.entry(reason).or_insert(0) += count;
+        }
+        dropped
+    }
+
     fn note_seal(&mut self, sealed_at_ms: u64, started_ms: u64) {
         self.sealed_ms = Some(sealed_at_ms);
         self.floor
@@ -412,7 +421,7 @@ impl NetworkFunction for AbdFunction {
     }
 
     fn counter_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
-        let f = self.counters;
+        let f = &self.counters;
         let c = self.coordinator.counters();
         vec![
             ("pmnet_abd_requests_total", "Clients' requests received.", f.requests),
@@ -429,7 +438,6 @@ impl NetworkFunction for AbdFunction {
             ("pmnet_abd_busy_total", "Requests refused: as many operations in flight as the coordinator keeps.", f.busy),
             ("pmnet_abd_sessions_forgotten_total", "Client sessions forgotten to make room.", f.sessions_forgotten),
             ("pmnet_abd_replays_refused_total", "Requests sealed before a session was forgotten or the device started (or learned the session): refused.", f.replays_refused),
-            ("pmnet_abd_dropped_total", "Requests that did not parse, and nodes' answers that did not or came from no node.", f.dropped + c.dropped),
             ("pmnet_abd_answers_ignored_total", "Nodes' answers that counted in no quorum (learning, late, duplicated).", c.answers_ignored),
             ("pmnet_abd_in_flight", "Operations in flight.", self.coordinator.in_flight() as u64),
             ("pmnet_abd_sessions", "Client sessions kept.", self.sessions.len() as u64),
@@ -457,6 +465,10 @@ impl MemNodeFunction {
 
 impl NetworkFunction for MemNodeFunction {
     type Work = RegionWrite;
+
+    fn dropped(&self) -> DropCounts {
+        self.node.counters().dropped.clone()
+    }
 
     fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {
         match header.packet_type {
@@ -519,11 +531,6 @@ impl NetworkFunction for MemNodeFunction {
                 "pmnet_memnode_waiters_full_total",
                 "Stores dropped unacknowledged: too many waiting.",
                 c.waiters_full,
-            ),
-            (
-                "pmnet_memnode_dropped_total",
-                "Datagrams that did not parse or named lines out of range.",
-                c.dropped,
             ),
             (
                 "pmnet_memnode_timestamps_refused_total",

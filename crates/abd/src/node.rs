@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use pmnet_pmtable::{direct_key, Table, Version, Written};
-use pmnet_proto::{PersistBatch, Time, Transmit};
+use pmnet_proto::{CountDrop, DropCounts, DropReason, PersistBatch, Time, Transmit};
 use pmnet_wire::abd::{
     NodeStatus, Query, QueryReply, Store, StoreAck, Sync, SyncReply, ABD_QUERY, ABD_QUERY_REPLY,
     ABD_STORE, ABD_STORE_ACK, ABD_SYNC, ABD_SYNC_REPLY, LINE, SYNC_ENTRIES_MAX,
@@ -77,7 +77,7 @@ impl NodeConfig {
 }
 
 /// What a memory node counts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeCounters {
     pub queries: u64,
     pub stores: u64,
@@ -86,8 +86,8 @@ pub struct NodeCounters {
     pub acks: u64,
     /// Stores dropped unacked because [`WAITERS_MAX`] stores were waiting.
     pub waiters_full: u64,
-    /// Datagrams that did not parse, or named lines out of range.
-    pub dropped: u64,
+    /// Datagrams that did not parse, or named lines out of range, by reason.
+    pub dropped: DropCounts,
     /// Stores refused because a line's timestamp is beyond what a coordinator can have issued
     /// ([`COUNTER_STEP_MAX`] above the line's latest counter), or a one-node memory's counter
     /// would run out.
@@ -196,8 +196,8 @@ impl MemNode {
         &self.config
     }
 
-    pub fn counters(&self) -> NodeCounters {
-        self.counters
+    pub fn counters(&self) -> &NodeCounters {
+        &self.counters
     }
 
     /// Whether the node counts in quorums.
@@ -261,7 +261,7 @@ impl MemNode {
     /// A datagram of types `0x32`, `0x34`, `0x36` or `0x37`. Never panics on its contents.
     pub fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) {
         let PacketType::Reserved(code) = header.packet_type else {
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::UnexpectedType);
             return;
         };
         match code {
@@ -269,13 +269,13 @@ impl MemNode {
             ABD_STORE => self.on_store(now, from, header, payload),
             ABD_SYNC => self.on_sync(from, header, payload),
             ABD_SYNC_REPLY => self.on_sync_reply(now, from, payload),
-            _ => self.counters.dropped += 1,
+            _ => self.counters.dropped.record(DropReason::UnexpectedType),
         }
     }
 
     fn on_query(&mut self, from: SocketAddr, header: &Header, payload: &[u8]) {
         let Ok(query) = Query::parse(payload) else {
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::BadPayload);
             return;
         };
         self.counters.queries += 1;
@@ -309,11 +309,11 @@ impl MemNode {
 
     fn on_store(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) {
         let Ok(store) = Store::parse(payload) else {
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::BadPayload);
             return;
         };
         if !self.in_range(store.first, store.count) {
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::NotServed);
             self.ack(
                 from,
                 header,
@@ -448,11 +448,11 @@ impl MemNode {
 
     fn on_sync(&mut self, from: SocketAddr, header: &Header, payload: &[u8]) {
         let Ok(sync) = Sync::parse(payload) else {
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::BadPayload);
             return;
         };
         if sync.first >= self.config.lines {
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::NotServed);
             return;
         }
         self.counters.sync_requests_served += 1;
@@ -494,11 +494,11 @@ impl MemNode {
 
     fn on_sync_reply(&mut self, now: Time, from: SocketAddr, payload: &[u8]) {
         let Ok(reply) = SyncReply::parse(payload) else {
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::BadPayload);
             return;
         };
         let Some(peer) = self.config.peers.iter().position(|peer| *peer == from) else {
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::UnexpectedSource);
             return;
         };
         let State::Learning { cursors, .. } = &mut self.state else {

@@ -5,7 +5,9 @@
 
 use std::net::SocketAddr;
 
-use pmnet_proto::{NetworkFunction, PersistBatch, RegionWrite, Time, Transmit, Verdict};
+use pmnet_proto::{
+    DropCounts, NetworkFunction, PersistBatch, RegionWrite, Time, Transmit, Verdict,
+};
 use pmnet_wire::netchain::control::{CHAIN_CONFIG, CHAIN_SYNC_DATA};
 use pmnet_wire::netchain::{CHAIN_COMMIT, CHAIN_REPLY, CHAIN_REQUEST, CHAIN_WRITE};
 use pmnet_wire::{Header, PacketType};
@@ -33,6 +35,10 @@ impl ChainFunction {
 
 impl NetworkFunction for ChainFunction {
     type Work = RegionWrite;
+
+    fn dropped(&self) -> DropCounts {
+        self.node.counters().dropped.clone()
+    }
 
     fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {
         match header.packet_type {
@@ -93,7 +99,6 @@ impl NetworkFunction for ChainFunction {
             ("pmnet_chain_in_doubt_total", "Retransmitted writes answered in doubt after a restart.", c.in_doubt),
             ("pmnet_chain_replays_refused_total", "Writes sealed before the head forgot a session or started (or learned the session): refused.", c.replays_refused),
             ("pmnet_chain_refused_full_total", "Writes refused for want of room in the table.", c.refused_full),
-            ("pmnet_chain_dropped_total", "Chain datagrams dropped (unparsable, from a member that is no neighbour, for a group not served).", c.dropped),
             ("pmnet_chain_versions_refused_total", "Writes and commits refused: a version no head can have issued.", c.versions_refused),
             ("pmnet_chain_key_versions_full_total", "Writes the head made wait: too many versions of the key in flight.", c.key_versions_full),
             ("pmnet_chain_not_serving_total", "Requests answered \"not here\" for want of the controller's lease.", c.not_serving),

@@ -406,13 +406,19 @@ fn hostile_datagrams_are_counted_and_dropped_and_answers_stay_bounded() {
         "{received} datagrams came back for {sent} sent (seed {seed})"
     );
     assert!(
-        node.metric("pmnet_memnode_dropped_total", "")
-            .unwrap_or(0.0)
+        node.metric(
+            "pmnet_memnode_datagrams_dropped_all_total",
+            r#"port="pmnet""#
+        )
+        .unwrap_or(0.0)
             > 0.0,
         "the memory node counted no drop (seed {seed})"
     );
     assert!(
-        device.metric("pmnet_abd_dropped_total", "").unwrap_or(0.0) > 0.0,
+        device
+            .metric("pmnet_device_dropped_all_total", r#"port="pmnet""#)
+            .unwrap_or(0.0)
+            > 0.0,
         "the device counted no drop (seed {seed})"
     );
     // Both still serve, and a hostile write never landed where a real one did not: the

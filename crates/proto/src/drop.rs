@@ -70,6 +70,13 @@ pub enum DropReason {
     /// A primary holds as many requests for its replicas as it may: the resent duplicate is
     /// forwarded on a later resend.
     ReplicationFull,
+    /// A group, line range or configuration this node does not serve (or has not been given
+    /// yet).
+    NotServed,
+    /// Too much already waits for durability or acknowledgements: the sender sends it again.
+    Backlog,
+    /// Data older than what the receiver took already (a late or replayed page).
+    StaleData,
 }
 
 impl DropReason {
@@ -104,6 +111,9 @@ impl DropReason {
             DropReason::BarrierNoRoom => "barrier_no_room",
             DropReason::KeyedOrderFull => "keyed_order_full",
             DropReason::ReplicationFull => "replication_full",
+            DropReason::NotServed => "not_served",
+            DropReason::Backlog => "backlog",
+            DropReason::StaleData => "stale_data",
         }
     }
 }

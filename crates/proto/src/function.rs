@@ -157,6 +157,12 @@ pub trait NetworkFunction {
     fn counter_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
         Vec::new()
     }
+
+    /// The datagrams the function dropped, by reason (one vocabulary: [`DropReason`]); the
+    /// pipeline reports them with its own. None by default.
+    fn dropped(&self) -> DropCounts {
+        DropCounts::new()
+    }
 }
 
 /// Carries out persistence work of type `W`: all of it durable when `persist` returns.
@@ -287,6 +293,13 @@ impl<A: NetworkFunction, B: NetworkFunction> NetworkFunction for Stack<A, B> {
         self.back.on_sent(transmit);
     }
 
+    fn dropped(&self) -> DropCounts {
+        let mut dropped = self.front.dropped();
+        for (reason, count) in self.back.dropped() {
+            *dropped.entry(reason).or_insert(0) += count;
+        }
+        dropped
+    }
     fn on_unverified(&mut self, now: Time, from: SocketAddr, reason: DropReason) {
         self.front.on_unverified(now, from, reason);
         self.back.on_unverified(now, from, reason);
@@ -631,6 +644,9 @@ impl<F: NetworkFunction + ?Sized> NetworkFunction for Box<F> {
     fn counter_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
         (**self).counter_samples()
     }
+    fn dropped(&self) -> DropCounts {
+        (**self).dropped()
+    }
 }
 
 /// A front function's persistence work: `bytes` stored at `offset` of the function's own
@@ -727,10 +743,10 @@ impl DevicePipeline {
     }
 
     /// Every datagram the device dropped, by reason: the pipeline's own drops (unparseable,
-    /// no function for the type) and the log's.
+    /// no function for the type), the front function's and the log's.
     pub fn dropped(&self) -> DropCounts {
         let mut dropped = self.drops.clone();
-        for (reason, count) in &self.functions.back.counters().dropped {
+        for (reason, count) in self.functions.dropped() {
             *dropped.entry(reason).or_insert(0) += count;
         }
         dropped

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use pmnet_proto::Time;
+use pmnet_proto::{CountDrop, DropReason, Time};
 use pmnet_wire::netchain::control::{
     Grant, Joining, Layout, MemberStatus, Phase, Report, ReportKind, SyncData, SyncEntry,
     SyncRequest, CHAIN_CONFIG, CHAIN_GRANT, CHAIN_STATUS, CHAIN_SYNC, CHAIN_SYNC_DATA, SYNC_DONE,
@@ -146,7 +146,7 @@ impl ChainNode {
         match code {
             CHAIN_CONFIG if from_controller => match Layout::parse(payload) {
                 Ok(layout) => self.take_layout(now, layout),
-                Err(_) => self.counters.dropped += 1,
+                Err(_) => self.counters.dropped.record(DropReason::BadPayload),
             },
             CHAIN_GRANT if from_controller => match Grant::parse(payload) {
                 Ok(grant) if grant.epoch == self.epoch() && grant.epoch != 0 => {
@@ -158,17 +158,17 @@ impl ChainNode {
                     }
                 }
                 Ok(_) => {}
-                Err(_) => self.counters.dropped += 1,
+                Err(_) => self.counters.dropped.record(DropReason::BadPayload),
             },
             CHAIN_SYNC => match SyncRequest::parse(payload) {
                 Ok(request) => self.on_sync_request(from, header, request),
-                Err(_) => self.counters.dropped += 1,
+                Err(_) => self.counters.dropped.record(DropReason::BadPayload),
             },
             CHAIN_SYNC_DATA => match SyncData::parse(payload) {
                 Ok(data) => self.on_sync_data(now, from, header, &data),
-                Err(_) => self.counters.dropped += 1,
+                Err(_) => self.counters.dropped.record(DropReason::BadPayload),
             },
-            _ => self.counters.dropped += 1,
+            _ => self.counters.dropped.record(DropReason::UnexpectedType),
         }
     }
 
@@ -278,7 +278,7 @@ impl ChainNode {
 
     fn on_sync_request(&mut self, from: SocketAddr, header: &Header, request: SyncRequest) {
         let Some(layout) = &self.control.layout else {
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::NotServed);
             return;
         };
         let me = layout.index_of(self.config.me);
@@ -289,7 +289,7 @@ impl ChainNode {
             .and_then(|group| group.joining)
             .is_some_and(|joining| Some(joining.source) == me && Some(joining.member) == asker);
         if !allowed {
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::UnexpectedSource);
             return;
         }
         let groups = self.group_count();
@@ -330,7 +330,7 @@ impl ChainNode {
     fn on_sync_data(&mut self, now: Time, from: SocketAddr, header: &Header, data: &SyncData<'_>) {
         let groups = self.group_count();
         let Some(recovery) = self.control.recoveries.get_mut(&data.group) else {
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::Mismatch);
             return;
         };
         if recovery.source != from
@@ -338,7 +338,7 @@ impl ChainNode {
             || (header.session_id, header.seq) != recovery.request_name()
         {
             // Not the page asked for (late, duplicated, or not from the source).
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::Mismatch);
             return;
         }
         if recovery.joining.phase == Phase::Copy && data.cursor == 0 {
@@ -367,7 +367,7 @@ impl ChainNode {
                 .is_some_and(|newest| *newest > seq)
             {
                 // Older than what this recovery took already: a stale page.
-                self.counters.dropped += 1;
+                self.counters.dropped.record(DropReason::StaleData);
                 continue;
             }
             match self.table.replace(&key, version) {

@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use pmnet_proto::{PersistBatch, ReplayFloor, Time, Transmit};
+use pmnet_proto::{CountDrop, DropCounts, DropReason, PersistBatch, ReplayFloor, Time, Transmit};
 use pmnet_wire::netchain::{
     Commit, Op, Reply, Request, Status, Write, CHAIN_COMMIT, CHAIN_REPLY, CHAIN_REQUEST,
     CHAIN_WRITE, RELAYED,
@@ -146,9 +146,9 @@ pub struct ChainCounters {
     /// Writes the head made wait: [`VERSIONS_IN_FLIGHT_MAX`] versions of the key in flight.
     pub key_versions_full: u64,
 
-    /// Datagrams dropped: unparsable, from a member that is not this one's neighbour, for a
-    /// group this member does not serve.
-    pub dropped: u64,
+    /// Datagrams dropped, by reason: unparsable, from a member that is not this one's
+    /// neighbour, for a group this member does not serve, too much waiting already.
+    pub dropped: DropCounts,
 }
 
 /// A write waiting until this member holds a version at least as new durably.
@@ -340,20 +340,20 @@ impl ChainNode {
             PacketType::Reserved(code) if control::is_control(code) => {
                 self.on_control(now, from, header, code, payload)
             }
-            _ => self.counters.dropped += 1,
+            _ => self.counters.dropped.record(DropReason::UnexpectedType),
         }
     }
 
     fn on_request(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) {
         self.counters.requests += 1;
         let Ok(request) = Request::parse(payload) else {
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::BadPayload);
             return;
         };
         let relayed = header.has_flag(RELAYED);
         if relayed && request.op != Op::Get {
             // Members relay reads only.
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::UnexpectedType);
             return;
         }
         // The answers to a relayed read carry its flag too.
@@ -530,12 +530,12 @@ impl ChainNode {
                 .is_none_or(|relayed| relayed.tail != from)
         {
             // Not the answer of a read relayed to that member.
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::Mismatch);
             return;
         }
         let relayed = self.relayed.remove(&at).expect("looked up");
         let Ok(reply) = Reply::parse(payload) else {
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::BadPayload);
             return;
         };
         let Some(expected) = relayed.compare else {
@@ -727,7 +727,7 @@ impl ChainNode {
         }
         if self.held_count >= HELD_MAX || self.unacked.len() >= HELD_MAX {
             // Too much waiting for durability or commits: the client sends it again.
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::Backlog);
             return;
         }
         if self.versions_in_flight(request.key) >= VERSIONS_IN_FLIGHT_MAX {
@@ -884,16 +884,23 @@ impl ChainNode {
 
     fn on_write(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) {
         let Ok(write) = Write::parse(payload) else {
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::BadPayload);
             return;
         };
-        if write.group >= self.group_count()
-            || self.neighbour(write.group, -1) != Some(from)
-            || write.version == 0
+        let refused = if write.group >= self.group_count() {
+            Some(DropReason::NotServed)
+        } else if self.neighbour(write.group, -1) != Some(from) {
+            Some(DropReason::UnexpectedSource)
+        } else if write.version == 0 {
+            Some(DropReason::BadPayload)
+        } else if self.unacked.len() >= HELD_MAX {
             // Bounded: what waits for commits (the predecessor sends it again later).
-            || self.unacked.len() >= HELD_MAX
-        {
-            self.counters.dropped += 1;
+            Some(DropReason::Backlog)
+        } else {
+            None
+        };
+        if let Some(reason) = refused {
+            self.counters.dropped.record(reason);
             return;
         }
         if write.version
@@ -932,7 +939,7 @@ impl ChainNode {
         ) {
             Ok(Written::Pending) => {
                 if self.held_count >= HELD_MAX {
-                    self.counters.dropped += 1;
+                    self.counters.dropped.record(DropReason::Backlog);
                     return;
                 }
                 self.hold(key, held);
@@ -957,11 +964,15 @@ impl ChainNode {
 
     fn on_commit(&mut self, from: SocketAddr, payload: &[u8]) {
         let Ok(commit) = Commit::parse(payload) else {
-            self.counters.dropped += 1;
+            self.counters.dropped.record(DropReason::BadPayload);
             return;
         };
-        if commit.group >= self.group_count() || self.neighbour(commit.group, 1) != Some(from) {
-            self.counters.dropped += 1;
+        if commit.group >= self.group_count() {
+            self.counters.dropped.record(DropReason::NotServed);
+            return;
+        }
+        if self.neighbour(commit.group, 1) != Some(from) {
+            self.counters.dropped.record(DropReason::UnexpectedSource);
             return;
         }
         if commit.version > self.latest_version(commit.key) {

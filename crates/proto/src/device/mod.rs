@@ -1204,6 +1204,10 @@ fn slot_hash(key: &EntryKey) -> u64 {
 impl NetworkFunction for Device {
     type Work = LogWork;
 
+    fn dropped(&self) -> DropCounts {
+        self.counters.dropped.clone()
+    }
+
     fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {
         self.handle_parsed(now, from, header, datagram)
     }

@@ -999,7 +999,7 @@ fn chain_member(
         );
     }
     let table = pmnet_netchain::Table::recover(file.geometry(), recovered);
-    let config = match args.chain_controller {
+    let mut config = match args.chain_controller {
         Some(controller) => pmnet_netchain::ChainConfig::controlled(me, 1, controller),
         None => pmnet_netchain::ChainConfig::new(
             me,
@@ -1007,6 +1007,13 @@ fn chain_member(
             pmnet_netchain::rotated_groups(&args.chain_members, args.chain_groups),
         ),
     };
+    // This start's own: the wall clock and a random number (the state machine reads neither).
+    config.boot_nonce = rand::random::<u64>()
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| {
+                u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
+            });
     let node = pmnet_netchain::ChainNode::new(config, table, pmnet_proto::Time::ZERO);
     Ok((pmnet_netchain::ChainFunction::new(node), file.into_region()))
 }

@@ -82,15 +82,14 @@ pub(super) struct Control {
 
 impl Control {
     pub(super) fn new(config: &ChainConfig, now: Time) -> Control {
-        // Distinct across starts: the time the member started and its address.
+        // Distinct across starts: the time the member started, its address and the start's
+        // nonce (the process's own, given by the runtime).
         let boot = {
             let mut hash = now.as_nanos() ^ 0x9e37_79b9_7f4a_7c15;
             for byte in config.me.to_string().bytes() {
                 hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
             }
-            hash ^ std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |since| since.as_nanos() as u64)
+            hash ^ config.boot_nonce
         };
         Control {
             controller: config.controller,

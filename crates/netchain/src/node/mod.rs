@@ -91,6 +91,11 @@ pub struct ChainConfig {
     /// controller its status every `status_interval`.
     pub controller: Option<SocketAddr>,
     pub status_interval: Duration,
+    /// Distinct for each start of the process (the runtime draws it from the wall clock and
+    /// a random number; a simulation from its seed): with the start time and the address it
+    /// makes the boot id that lets the controller tell a restart from a late status. The
+    /// state machine reads no clock of its own.
+    pub boot_nonce: u64,
 }
 
 impl ChainConfig {
@@ -102,6 +107,7 @@ impl ChainConfig {
             request_lifetime: Duration::from_millis(pmnet_wire::MAX_REQUEST_LIFETIME_MS),
             controller: None,
             status_interval: control::STATUS_INTERVAL,
+            boot_nonce: 0,
         }
     }
 

@@ -466,6 +466,23 @@ impl MemNodeFunction {
 impl NetworkFunction for MemNodeFunction {
     type Work = RegionWrite;
 
+    fn report(&self) -> Option<String> {
+        let c = self.node.counters();
+        Some(format!(
+            "queries {} stores {} (stale lines {}) acks {}; refused: timestamps {} waiters-full \
+             {}; learning answers {}, sync requests served {}, lines taken {}",
+            c.queries,
+            c.stores,
+            c.stale_lines,
+            c.acks,
+            c.timestamps_refused,
+            c.waiters_full,
+            c.learning_answers,
+            c.sync_requests_served,
+            c.sync_lines_taken
+        ))
+    }
+
     fn dropped(&self) -> DropCounts {
         self.node.counters().dropped.clone()
     }

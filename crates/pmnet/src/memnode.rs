@@ -176,6 +176,7 @@ pub fn run(args: MemnodeArgs) -> Result<ExitCode, CliError> {
         "pmnet_memnode_datagrams_dropped_total",
         "pmnet_memnode_datagrams_dropped_all_total",
     );
+    device.serve_as("memnode");
     let lines = [
         format!("pmnet memnode listening on {}", device.addresses().data),
         format!(

@@ -163,6 +163,13 @@ pub trait NetworkFunction {
     fn dropped(&self) -> DropCounts {
         DropCounts::new()
     }
+
+    /// What the function did, in a few words, for its process's report line (a process that
+    /// is the function, such as a memory node, reports this instead of a log's counters).
+    /// None by default.
+    fn report(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Carries out persistence work of type `W`: all of it durable when `persist` returns.
@@ -647,6 +654,9 @@ impl<F: NetworkFunction + ?Sized> NetworkFunction for Box<F> {
     fn dropped(&self) -> DropCounts {
         (**self).dropped()
     }
+    fn report(&self) -> Option<String> {
+        (**self).report()
+    }
 }
 
 /// A front function's persistence work: `bytes` stored at `offset` of the function's own
@@ -750,6 +760,11 @@ impl DevicePipeline {
             *dropped.entry(reason).or_insert(0) += count;
         }
         dropped
+    }
+
+    /// The front function's report (see [`NetworkFunction::report`]).
+    pub fn front_report(&self) -> Option<String> {
+        self.functions.front.report()
     }
 
     /// The front function.

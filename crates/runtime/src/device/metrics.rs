@@ -7,10 +7,27 @@ use crate::metrics::Metrics;
 use crate::{socket_digest, socket_metrics};
 
 impl DeviceRuntime {
-    /// A line of the most telling counters.
+    /// A line of the most telling counters: the log's, or, for a process that serves as a
+    /// function without a log (`serve_as`), the function's.
     pub fn report_line(&self) -> String {
-        let counters = self.pipeline.device().counters();
         let dropped = self.pipeline.dropped();
+        if self.role != "device" {
+            if let Some(report) = self.pipeline.front_report() {
+                let mut line = format!(
+                    "{} {}: {}; {report}; dropped {}",
+                    self.role,
+                    self.options.device_id,
+                    socket_digest(&self.data.counters()),
+                    dropped.values().sum::<u64>()
+                );
+                for (reason, count) in &dropped {
+                    line.push_str(&format!(" {reason}={count}"));
+                }
+                line.push_str(&format!("; medium {}", self.startup.medium_text()));
+                return line;
+            }
+        }
+        let counters = self.pipeline.device().counters();
         let mut line = format!(
             "device {}: {}; log {}/{} live; updates {} logged {} acked {}; server-acks \
              forwarded {} absorbed {}; collisions {} log-full {} forwarded-without-log {}; \

@@ -209,6 +209,8 @@ pub struct DeviceRuntime {
     replay: Option<ReplayProgress>,
     /// The metric names of the datagrams dropped: per reason, and all of them.
     drop_metrics: (&'static str, &'static str),
+    /// What the process is: "device", or the function it serves as (`serve_as`).
+    role: &'static str,
 }
 
 /// How far the replay of the entries recovered at start-up has got.
@@ -397,6 +399,7 @@ impl DeviceRuntime {
                 "pmnet_device_dropped_total",
                 "pmnet_device_dropped_all_total",
             ),
+            role: "device",
         };
         // Recovered entries are resent to their servers right away, and rejected slots freed.
         runtime.drain();
@@ -409,6 +412,13 @@ impl DeviceRuntime {
     /// its drops under its own.
     pub fn name_drops_as(&mut self, per_reason: &'static str, all: &'static str) {
         self.drop_metrics = (per_reason, all);
+    }
+
+    /// What the process is, when it is not a PMNet device but a function on the device's
+    /// loop without a log (a memory node): its report line names it and gives the function's
+    /// report instead of a log's counters.
+    pub fn serve_as(&mut self, role: &'static str) {
+        self.role = role;
     }
 
     pub fn startup(&self) -> &DeviceStartup {
@@ -742,7 +752,7 @@ impl Node for DeviceRuntime {
     }
 
     fn kind(&self) -> &'static str {
-        "device"
+        self.role
     }
 
     fn loop_counters(&mut self) -> &mut LoopCounters {

@@ -3,11 +3,13 @@
 //! pipeline) over its table in persistent memory (`pmnet-pmtable`, re-exported here), the
 //! client session ([`ChainClient`]) and the controller ([`Controller`]).
 
+mod capacity;
 mod client;
 mod controller;
 mod function;
 mod node;
 
+pub use capacity::{CapacityLimited, WAITING_MAX as CAPACITY_WAITING_MAX};
 pub use client::{Busy, ChainClient, ClientConfig, ClientOp, Outcome, ReadFrom};
 pub use controller::{
     decode_state, encode_state, Controller, ControllerConfig, ControllerCounters, StateError,

@@ -2,7 +2,6 @@
 
 mod addr;
 mod bench;
-mod chain_capacity;
 mod chain_controller;
 mod chain_lock;
 mod client;

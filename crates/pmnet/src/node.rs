@@ -631,7 +631,7 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
         } else if args.is_chain_member() {
             let (front, region) = chain_member(&args)?;
             let front: Box<dyn pmnet_proto::FrontFunction> = match args.chain_max_ops_per_s {
-                Some(ops_per_s) => Box::new(crate::chain_capacity::CapacityLimited::new(
+                Some(ops_per_s) => Box::new(pmnet_netchain::CapacityLimited::new(
                     front,
                     ops_per_s,
                     pmnet_proto::Time::ZERO,

@@ -17,6 +17,7 @@
 //! emits a server-ACK only after `on_applied`. Both rules are asserted.
 
 mod batch;
+mod capacity;
 mod client;
 mod counter;
 mod device;
@@ -28,6 +29,7 @@ mod server;
 mod time;
 
 pub use batch::{BatchCounters, Batcher, BATCH_PEERS_MAX};
+pub use capacity::{capacity_text, check_max_ops_per_s, TokenBucket, MAX_OPS_PER_S_MAX};
 pub use client::{
     Client, ClientConfig, ClientCounters, ClientError, ClientEvent, ClientLatency, Completion,
     ReadEvent, REPLICAS_MAX,

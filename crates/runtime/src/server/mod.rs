@@ -1,7 +1,6 @@
 //! The PMNet server over UDP, with its application: a node of the one event loop.
 
 mod app;
-mod capacity;
 mod forward;
 mod metrics;
 mod open;
@@ -10,8 +9,8 @@ mod xdp;
 
 use app::capacity_text;
 pub use app::ServerApp;
-pub use capacity::{capacity_text as emulated_capacity_text, check_max_ops_per_s, TokenBucket};
 pub use forward::{forward_log_path, FORWARD_LOG_SLOTS, FORWARD_LOG_SLOT_SIZE};
+pub use pmnet_proto::{capacity_text as emulated_capacity_text, check_max_ops_per_s, TokenBucket};
 use receive::{stage_received, ReceivedSlots};
 pub use xdp::ServerXdpOptions;
 
@@ -371,7 +370,7 @@ impl ServerRuntime {
     pub fn capacity_text(&self) -> Option<String> {
         self.bucket
             .as_ref()
-            .map(|bucket| capacity::capacity_text(bucket.rate_per_s()))
+            .map(|bucket| pmnet_proto::capacity_text(bucket.rate_per_s()))
     }
 
     /// Say at WARN, every [`STORE_FULL_WARNING_INTERVAL`] while it lasts, that updates wait for

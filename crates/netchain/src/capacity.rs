@@ -10,8 +10,10 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 
-use pmnet_proto::{NetworkFunction, PersistBatch, Time, Transmit, Verdict};
-use pmnet_runtime::TokenBucket;
+use pmnet_proto::{
+    CountDrop, DropCounts, DropReason, NetworkFunction, PersistBatch, Time, TokenBucket, Transmit,
+    Verdict,
+};
 use pmnet_wire::netchain::CHAIN_REQUEST;
 use pmnet_wire::{Header, PacketType};
 
@@ -39,14 +41,15 @@ pub struct CapacityLimited<F> {
     /// When the first waiting request may have a token (`None`: none waits).
     wake_at: Option<Time>,
     delayed: u64,
-    dropped: u64,
+    /// Requests dropped because [`WAITING_MAX`] waited (`backlog`).
+    dropped: DropCounts,
     /// The seal time of the datagram offered next, until it is handed on or queued.
     seal: Option<(u64, u64)>,
 }
 
 impl<F: NetworkFunction> CapacityLimited<F> {
     /// `inner` taking at most `ops_per_s` chain requests a second (checked by
-    /// `pmnet_runtime::check_max_ops_per_s`).
+    /// `pmnet_proto::check_max_ops_per_s`).
     pub fn new(inner: F, ops_per_s: u64, now: Time) -> CapacityLimited<F> {
         CapacityLimited {
             inner,
@@ -54,7 +57,7 @@ impl<F: NetworkFunction> CapacityLimited<F> {
             waiting: VecDeque::new(),
             wake_at: None,
             delayed: 0,
-            dropped: 0,
+            dropped: DropCounts::new(),
             seal: None,
         }
     }
@@ -108,7 +111,7 @@ impl<F: NetworkFunction> NetworkFunction for CapacityLimited<F> {
             return pass(&mut self.inner);
         }
         if self.waiting.len() >= WAITING_MAX {
-            self.dropped += 1;
+            self.dropped.record(DropReason::Backlog);
             return Verdict::Consumed;
         }
         self.delayed += 1;
@@ -154,6 +157,22 @@ impl<F: NetworkFunction> NetworkFunction for CapacityLimited<F> {
         self.inner.on_sent(transmit);
     }
 
+    fn on_unverified(&mut self, now: Time, from: SocketAddr, reason: DropReason) {
+        self.inner.on_unverified(now, from, reason);
+    }
+
+    fn dropped(&self) -> DropCounts {
+        let mut dropped = self.inner.dropped();
+        for (reason, count) in &self.dropped {
+            *dropped.entry(reason).or_insert(0) += count;
+        }
+        dropped
+    }
+
+    fn report(&self) -> Option<String> {
+        self.inner.report()
+    }
+
     fn counter_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
         let mut samples = self.inner.counter_samples();
         samples.extend([
@@ -166,11 +185,6 @@ impl<F: NetworkFunction> NetworkFunction for CapacityLimited<F> {
                 "pmnet_chain_capacity_delayed_total",
                 "Chain requests that waited for the emulated capacity.",
                 self.delayed,
-            ),
-            (
-                "pmnet_chain_capacity_dropped_total",
-                "Chain requests dropped because too many waited for the emulated capacity.",
-                self.dropped,
             ),
             (
                 "pmnet_chain_capacity_waiting",
@@ -270,7 +284,11 @@ mod tests {
         offer(&mut limited, Time::ZERO, 0, WAITING_MAX as u32 + 5);
         assert_eq!(limited.inner.requests.len(), 1);
         assert_eq!(limited.waiting.len(), WAITING_MAX);
-        assert_eq!(limited.dropped, 4);
+        assert_eq!(
+            limited.dropped().get("backlog"),
+            Some(&4),
+            "counted by reason"
+        );
         let from = SocketAddr::from(([127, 0, 0, 1], 9));
         let (header, bytes) = datagram(PacketType::UpdateRequest, 1);
         assert_eq!(
@@ -278,9 +296,5 @@ mod tests {
             Verdict::Consumed
         );
         assert_eq!(limited.inner.others, 1);
-        let samples = limited.counter_samples();
-        assert!(samples
-            .iter()
-            .any(|(name, _, value)| *name == "pmnet_chain_capacity_dropped_total" && *value == 4));
     }
 }

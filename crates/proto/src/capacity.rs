@@ -1,5 +1,6 @@
-//! An emulated server capacity (`pmnet server --max-ops-per-s N`): a token bucket that lets
-//! the server take at most N requests per second from its socket. What it does not take stays
+//! An emulated capacity (`pmnet server --max-ops-per-s N`, and a chain member's
+//! `--chain-max-ops-per-s`): a token bucket that lets the server take at most N requests per
+//! second from its socket. What it does not take stays
 //! in the kernel's socket buffer, in arrival order, until tokens are due: no queue of the
 //! server's own. The evaluation of NetCache emulates its storage servers' capacity this way,
 //! and the rack of `pmnet bench --servers` does too.
@@ -7,7 +8,7 @@
 //! The bucket owns no clock: time comes in as an argument, so the tests drive it with a
 //! virtual one.
 
-use pmnet_proto::Time;
+use crate::Time;
 
 /// The largest capacity accepted: beyond it a server on one thread is the limit, not the
 /// bucket.

@@ -373,11 +373,10 @@ impl NetworkFunction for AbdFunction {
     type Work = RegionWrite;
 
     fn dropped(&self) -> DropCounts {
-        let mut dropped = self.counters.dropped.clone();
-        for (reason, count) in &self.coordinator.counters().dropped {
-            *dropped.entry(reason).or_insert(0) += count;
-        }
-        dropped
+        self.counters
+            .dropped
+            .clone()
+            .merged(&self.coordinator.counters().dropped)
     }
 
     fn note_seal(&mut self, sealed_at_ms: u64, started_ms: u64) {

@@ -162,11 +162,7 @@ impl<F: NetworkFunction> NetworkFunction for CapacityLimited<F> {
     }
 
     fn dropped(&self) -> DropCounts {
-        let mut dropped = self.inner.dropped();
-        for (reason, count) in &self.dropped {
-            *dropped.entry(reason).or_insert(0) += count;
-        }
-        dropped
+        self.inner.dropped().merged(&self.dropped)
     }
 
     fn report(&self) -> Option<String> {

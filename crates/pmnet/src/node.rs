@@ -647,11 +647,13 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
         };
         devices.push(device);
     }
-    let servers: Vec<String> = args
-        .servers
-        .iter()
-        .map(|(id, addr)| format!("{id}={addr}"))
-        .collect();
+    // `ID=ADDR, ...`, as the options take them.
+    let id_addrs = |list: &[(u16, SocketAddr)]| {
+        list.iter()
+            .map(|(id, addr)| format!("{id}={addr}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     let first = devices[0].addresses();
     let mut lines = vec![format!(
         "pmnet device {} listening on {}",
@@ -673,21 +675,16 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
     }
     lines.push(format!(
         "  servers: {}",
-        if servers.is_empty() {
+        if args.servers.is_empty() {
             "none".to_owned()
         } else {
-            servers.join(", ")
+            id_addrs(&args.servers)
         }
     ));
     if !args.previous_devices.is_empty() {
-        let previous: Vec<String> = args
-            .previous_devices
-            .iter()
-            .map(|(id, addr)| format!("{id}={addr}"))
-            .collect();
         lines.push(format!(
             "  devices before this one: {} (fill queries are passed on to them)",
-            previous.join(", ")
+            id_addrs(&args.previous_devices)
         ));
     }
     for device in &devices {

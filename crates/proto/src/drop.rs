@@ -124,11 +124,21 @@ pub type DropCounts = BTreeMap<&'static str, u64>;
 /// Counting into a [`DropCounts`].
 pub trait CountDrop {
     fn record(&mut self, reason: DropReason);
+    /// Add `other`'s counts to these (another function's or stage's drops); `self`, for
+    /// chaining.
+    fn merged(self, other: &DropCounts) -> Self;
 }
 
 impl CountDrop for DropCounts {
     fn record(&mut self, reason: DropReason) {
         *self.entry(reason.reason()).or_insert(0) += 1;
+    }
+
+    fn merged(mut self, other: &DropCounts) -> DropCounts {
+        for (reason, count) in other {
+            *self.entry(reason).or_insert(0) += count;
+        }
+        self
     }
 }
 

@@ -301,11 +301,7 @@ impl<A: NetworkFunction, B: NetworkFunction> NetworkFunction for Stack<A, B> {
     }
 
     fn dropped(&self) -> DropCounts {
-        let mut dropped = self.front.dropped();
-        for (reason, count) in self.back.dropped() {
-            *dropped.entry(reason).or_insert(0) += count;
-        }
-        dropped
+        self.front.dropped().merged(&self.back.dropped())
     }
     fn on_unverified(&mut self, now: Time, from: SocketAddr, reason: DropReason) {
         self.front.on_unverified(now, from, reason);
@@ -755,11 +751,7 @@ impl DevicePipeline {
     /// Every datagram the device dropped, by reason: the pipeline's own drops (unparseable,
     /// no function for the type), the front function's and the log's.
     pub fn dropped(&self) -> DropCounts {
-        let mut dropped = self.drops.clone();
-        for (reason, count) in self.functions.dropped() {
-            *dropped.entry(reason).or_insert(0) += count;
-        }
-        dropped
+        self.drops.clone().merged(&self.functions.dropped())
     }
 
     /// The front function's report (see [`NetworkFunction::report`]).

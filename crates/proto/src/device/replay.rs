@@ -303,10 +303,7 @@ impl Device {
             .seen
             .first_seen_through(server_id, session_id, last)
             .map(|seen| {
-                let millis = now.saturating_duration_since(seen).as_millis();
-                u32::try_from(millis)
-                    .unwrap_or(u32::MAX)
-                    .min(pmnet_wire::FILL_REPLY_UNSEEN - 1)
+                u32::try_from(now.saturating_duration_since(seen).as_millis()).unwrap_or(u32::MAX)
             });
         // The oldest sighting anyone vouches for dates the range best (each is a bound).
         let seen_ms = own_ms

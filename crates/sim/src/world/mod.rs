@@ -744,14 +744,13 @@ impl World {
             let lost = device_addr(index);
             let before = position.checked_sub(1).map(|p| device_addr(self.chain[p]));
             let previous = &mut self.devices[after].config.previous_devices;
-            for (_, address) in previous.iter_mut() {
-                if *address == lost {
-                    if let Some(before) = before {
-                        *address = before;
-                    }
-                }
+            match before {
+                Some(before) => previous
+                    .iter_mut()
+                    .filter(|(_, address)| *address == lost)
+                    .for_each(|(_, address)| *address = before),
+                None => previous.retain(|&(_, address)| address != lost),
             }
-            previous.retain(|&(_, address)| address != lost);
             if self.devices[after].up {
                 self.restart_device(after);
             }

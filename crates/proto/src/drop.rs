@@ -53,6 +53,8 @@ pub enum DropReason {
     BadCacheRead,
     /// A fill reply for a query no longer open.
     StaleFillReply,
+    /// A hold reply for no query of this run still open (late, replayed or forged).
+    StaleHoldReply,
     /// A recovery-done after recovery ended.
     LateRecoveryDone,
     /// A recovery-done whose payload is malformed.
@@ -104,6 +106,7 @@ impl DropReason {
             DropReason::BadFillReply => "bad_fill_reply",
             DropReason::BadCacheRead => "bad_cache_read",
             DropReason::StaleFillReply => "stale_fill_reply",
+            DropReason::StaleHoldReply => "stale_hold_reply",
             DropReason::LateRecoveryDone => "late_recovery_done",
             DropReason::BadRecoveryDone => "bad_recovery_done",
             DropReason::Mismatch => "mismatch",

@@ -31,6 +31,12 @@ impl Time {
         Time(u64::try_from(nanos).unwrap_or(u64::MAX))
     }
 
+    /// The instant `duration` before `self`, the epoch if that is earlier.
+    pub fn saturating_sub(self, duration: Duration) -> Time {
+        let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        Time(self.0.saturating_sub(nanos))
+    }
+
     /// Time elapsed from `earlier` to `self`, zero if `earlier` is later.
     pub fn saturating_duration_since(self, earlier: Time) -> Duration {
         Duration::from_nanos(self.0.saturating_sub(earlier.0))

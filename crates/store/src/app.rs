@@ -59,12 +59,24 @@ pub trait Application {
     /// [`Application::sessions`] or its own table instead.
     fn stage(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace>;
 
-    /// The server's time now (milliseconds, of its own clock) and how long it keeps a
-    /// session after its last activity: a store that evicts sessions must not evict one
-    /// applied within that time (a duplicate or an accepted replay of its requests could still
-    /// come); it refuses the new session's request with [`NoSpace`] instead, and the server
-    /// retries it. Called before requests are staged.
-    fn note_time(&mut self, _now_ms: u64, _keep_sessions_ms: u64) {}
+    /// The server's time now (milliseconds, of its own clock). Called before requests are
+    /// staged. Once it has been called, a store that evicts sessions forgets only a session
+    /// the server permitted ([`Application::permit_eviction`]): it refuses a new session's
+    /// request with [`NoSpace`] instead, and the server retries it. Never called: any
+    /// session may be forgotten.
+    fn note_time(&mut self, _now_ms: u64) {}
+
+    /// The session a new one would evict now, with when it last applied a request (the
+    /// server's milliseconds; sessions recovered at open count as applied when the server
+    /// first told the time); `None` when there is room or the store never evicts. The
+    /// server permits it only once no device can still resend a request of it
+    /// (docs/protocol.md, "Sessions").
+    fn eviction_candidate(&mut self) -> Option<(u64, u64)> {
+        None
+    }
+
+    /// The next eviction may forget `session_id` (and no other).
+    fn permit_eviction(&mut self, _session_id: u64) {}
 
     /// Make everything staged durable. May do nothing, for a store whose stages are durable
     /// when they return.

@@ -247,10 +247,11 @@ pub struct KvStore<R: PmRegion> {
     scratch: Vec<u8>,
     stats: KvStats,
     recovery: Recovery,
-    /// The server's time (milliseconds) and how long it keeps sessions, as it last said
-    /// ([`Application::note_time`]); a session applied within that time is never evicted.
+    /// The server's time (milliseconds), as it last said ([`Application::note_time`]).
     now_ms: u64,
-    keep_sessions_ms: u64,
+    /// Once the server told the time: the session it permitted this store to forget
+    /// ([`Application::permit_eviction`]); `None` (never told): any.
+    permitted: Option<Option<u64>>,
     /// When the server first told the time: sessions recovered at open count as seen then.
     time_since_ms: Option<u64>,
 }
@@ -331,7 +332,7 @@ impl<R: PmRegion> KvStore<R> {
             stats: KvStats::default(),
             recovery: Recovery::default(),
             now_ms: 0,
-            keep_sessions_ms: 0,
+            permitted: None,
             time_since_ms: None,
         };
         // Generation 0's empty snapshot goes to half 0; then its superblock copy commits it.
@@ -410,7 +411,7 @@ impl<R: PmRegion> KvStore<R> {
             },
             recovery,
             now_ms: 0,
-            keep_sessions_ms: 0,
+            permitted: None,
             time_since_ms: None,
         };
         store.dirty_len_bytes[half] = (store.tail_bytes + TERMINATOR_SIZE).min(half_len_bytes);
@@ -825,10 +826,22 @@ impl<R: PmRegion> Application for KvStore<R> {
         }
     }
 
-    fn note_time(&mut self, now_ms: u64, keep_sessions_ms: u64) {
+    fn note_time(&mut self, now_ms: u64) {
         self.now_ms = now_ms;
-        self.keep_sessions_ms = keep_sessions_ms;
         self.time_since_ms.get_or_insert(now_ms);
+        self.permitted.get_or_insert(None);
+    }
+
+    fn eviction_candidate(&mut self) -> Option<(u64, u64)> {
+        let (session_id, oldest) = self.state.eviction_candidate()?;
+        Some((
+            session_id,
+            oldest.seen_ms.max(self.time_since_ms.unwrap_or(0)),
+        ))
+    }
+
+    fn permit_eviction(&mut self, session_id: u64) {
+        self.permitted = Some(Some(session_id));
     }
 
     fn stage(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace> {
@@ -838,15 +851,19 @@ impl<R: PmRegion> Application for KvStore<R> {
                 "session {session_id}: seq {seq} applied after seq {}",
                 session.last_seq
             );
-        } else if let Some(oldest) = self.state.eviction_candidate() {
+        } else if let Some((oldest, _)) = self.state.eviction_candidate() {
             // Admitting this session would evict the oldest one; it goes only once the server
-            // no longer keeps it (a duplicate or replay of its requests could still come).
-            let seen = oldest.seen_ms.max(self.time_since_ms.unwrap_or(0));
-            if self.keep_sessions_ms > 0
-                && self.now_ms.saturating_sub(seen) <= self.keep_sessions_ms
+            // permitted it (no duplicate, replay or device's resend of its requests can come).
+            if self
+                .permitted
+                .is_some_and(|permitted| permitted != Some(oldest))
             {
                 self.stats.sessions_full += 1;
                 return Err(NoSpace);
+            }
+            // A permit is good for one eviction (the server renews it before each request).
+            if self.permitted.is_some() {
+                self.permitted = Some(None);
             }
         }
         let outcome = self.plan(request);

@@ -137,6 +137,16 @@ pub enum PacketType {
     /// (docs/security.md, "Devices and their servers"). A device answers a probe from the
     /// device before it in a chain the same way.
     Probe,
+    /// Server → device: "do you hold an entry of any of these sessions?" The payload lists
+    /// 1 to [`HOLD_QUERY_SESSIONS_MAX`] session ids (u64 each); `seq` is the query's number,
+    /// which the answer repeats. A server forgets a session only once no device can still
+    /// resend a request of it (docs/protocol.md, "Sessions").
+    HoldQuery,
+    /// Device → server: the answer to a [`PacketType::HoldQuery`] (the same `seq`): u16, the
+    /// number of sessions asked about, then a bitmap, one bit per session in the query's
+    /// order (bit 7 of the first byte first): set when the device — or a device before it
+    /// in a chain — holds an entry of that session for the server.
+    HoldReply,
     /// A code in `0x10..=0x3F`, reserved for the in-network functions (see above): carried
     /// through parsing untouched for the stage that owns it.
     Reserved(u8),
@@ -147,7 +157,7 @@ pub const RESERVED_TYPE_CODES: std::ops::RangeInclusive<u8> = 0x10..=0x3F;
 
 impl PacketType {
     /// Every type this version defines.
-    pub const ALL: [PacketType; 12] = [
+    pub const ALL: [PacketType; 14] = [
         PacketType::UpdateRequest,
         PacketType::BypassRequest,
         PacketType::PmnetAck,
@@ -160,6 +170,8 @@ impl PacketType {
         PacketType::NotLogged,
         PacketType::Batch,
         PacketType::Probe,
+        PacketType::HoldQuery,
+        PacketType::HoldReply,
     ];
 
     /// The type with code `code`, if this version defines or reserves one.
@@ -185,6 +197,8 @@ impl PacketType {
             PacketType::NotLogged => 0x0A,
             PacketType::Batch => 0x0B,
             PacketType::Probe => 0x0C,
+            PacketType::HoldQuery => 0x0D,
+            PacketType::HoldReply => 0x0E,
             PacketType::Reserved(code) => code,
         }
     }
@@ -204,6 +218,8 @@ impl PacketType {
             PacketType::NotLogged => "not_logged",
             PacketType::Batch => "batch",
             PacketType::Probe => "probe",
+            PacketType::HoldQuery => "hold_query",
+            PacketType::HoldReply => "hold_reply",
             PacketType::Reserved(_) => "reserved",
         }
     }
@@ -767,6 +783,57 @@ pub fn decode_fill_reply_dated_payload(
         }
         _ => Err(ParseError::TrailingBytes),
     }
+}
+
+/// Sessions one [`PacketType::HoldQuery`] asks about, at most.
+pub const HOLD_QUERY_SESSIONS_MAX: usize = 128;
+
+/// Payload of a [`PacketType::HoldQuery`]: the session ids (at most
+/// [`HOLD_QUERY_SESSIONS_MAX`]; the caller keeps to it).
+pub fn encode_hold_query_payload(sessions: &[u64]) -> Vec<u8> {
+    sessions.iter().flat_map(|id| id.to_be_bytes()).collect()
+}
+
+/// Parse the payload of a [`PacketType::HoldQuery`]: the session ids.
+pub fn decode_hold_query_payload(payload: &[u8]) -> Result<Vec<u64>, ParseError> {
+    if payload.is_empty() || payload.len() % 8 != 0 {
+        return Err(ParseError::Truncated);
+    }
+    if payload.len() > 8 * HOLD_QUERY_SESSIONS_MAX {
+        return Err(ParseError::TrailingBytes);
+    }
+    Ok(payload
+        .chunks_exact(8)
+        .map(|word| u64::from_be_bytes(word.try_into().expect("8 bytes")))
+        .collect())
+}
+
+/// Payload of a [`PacketType::HoldReply`]: whether an entry of each session asked about is
+/// held, in the query's order.
+pub fn encode_hold_reply_payload(held: &[bool]) -> Vec<u8> {
+    let count = u16::try_from(held.len()).unwrap_or(u16::MAX);
+    let mut payload = count.to_be_bytes().to_vec();
+    payload.resize(2 + held.len().div_ceil(8), 0);
+    for (index, _) in held.iter().enumerate().filter(|(_, held)| **held) {
+        payload[2 + index / 8] |= 0x80 >> (index % 8);
+    }
+    payload
+}
+
+/// Parse the payload of a [`PacketType::HoldReply`]: one flag per session asked about.
+pub fn decode_hold_reply_payload(payload: &[u8]) -> Result<Vec<bool>, ParseError> {
+    let Some((count, bitmap)) = payload.split_first_chunk::<2>() else {
+        return Err(ParseError::Truncated);
+    };
+    let count = usize::from(u16::from_be_bytes(*count));
+    match bitmap.len().cmp(&count.div_ceil(8)) {
+        std::cmp::Ordering::Less => return Err(ParseError::Truncated),
+        std::cmp::Ordering::Greater => return Err(ParseError::TrailingBytes),
+        std::cmp::Ordering::Equal => {}
+    }
+    Ok((0..count)
+        .map(|index| bitmap[index / 8] & (0x80 >> (index % 8)) != 0)
+        .collect())
 }
 
 #[cfg(test)]

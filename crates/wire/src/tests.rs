@@ -133,7 +133,7 @@ fn every_rejection_has_its_reason() {
     assert_eq!(Header::parse(&corrupt), Err(ParseError::BadChecksum));
 
     // Codes neither defined nor reserved for an in-network function.
-    for code in [0x00, 0x0D, 0x0F, 0x40, 0xFF] {
+    for code in [0x00, 0x0F, 0x40, 0xFF] {
         let mut unknown = GOLDEN_UPDATE.to_vec();
         unknown[field::TYPE] = code;
         assert_eq!(
@@ -537,3 +537,22 @@ fn golden_forward_from_a_primary() {
 const GOLDEN_FORWARD_HEX: &str = "50 4e 01 01 09 00 00 01 01 23 45 67 89 ab cd ef \
      00 00 00 07 00 00 00 01 00 1e 00 00 ea 3e d0 7f 01 23 45 67 89 ab cd ef 00 00 00 06 \
      00 00 00 00 00 00 00 00 00 ff ff 00 00 68 65 6c 6c 6f";
+
+#[test]
+fn hold_payloads_round_trip_and_reject_what_does_not_fit() {
+    let sessions = [1u64, 0x0123_4567_89AB_CDEF, u64::MAX];
+    let query = crate::encode_hold_query_payload(&sessions);
+    assert_eq!(query.len(), 24);
+    assert_eq!(crate::decode_hold_query_payload(&query).unwrap(), sessions);
+    assert!(crate::decode_hold_query_payload(&[]).is_err());
+    assert!(crate::decode_hold_query_payload(&query[..23]).is_err());
+    let too_many = vec![0u8; 8 * (crate::HOLD_QUERY_SESSIONS_MAX + 1)];
+    assert!(crate::decode_hold_query_payload(&too_many).is_err());
+    let held = [true, false, false, false, false, false, false, false, true];
+    let reply = crate::encode_hold_reply_payload(&held);
+    assert_eq!(reply, vec![0x00, 0x09, 0x80, 0x80]);
+    assert_eq!(crate::decode_hold_reply_payload(&reply).unwrap(), held);
+    assert!(crate::decode_hold_reply_payload(&reply[..3]).is_err());
+    assert!(crate::decode_hold_reply_payload(&[0x00, 0x01, 0x80, 0x00]).is_err());
+    assert!(crate::decode_hold_reply_payload(&[0x00]).is_err());
+}

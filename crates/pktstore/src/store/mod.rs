@@ -260,11 +260,12 @@ pub struct Store<R: PmRegion> {
     session_sources: IdBits,
     table: Vec<TableSlot>,
     free_table: Vec<u32>,
-    /// The server's time (milliseconds) and how long it keeps sessions, as it last said
-    /// ([`Application::note_time`]), and when it first said it (sessions recovered at open
-    /// count as seen then).
+    /// The server's time (milliseconds), as it last said ([`Application::note_time`]), and
+    /// when it first said it (sessions recovered at open count as seen then).
     now_ms: u64,
-    keep_sessions_ms: u64,
+    /// Once the server told the time: the session it permitted this store to forget
+    /// ([`Application::permit_eviction`]); `None` (never told): any.
+    permitted: Option<Option<u64>>,
     time_since_ms: Option<u64>,
     /// Owned table entries in the order their sessions were last active, oldest first,
     /// lazily: `(activity, index)` is stale once the owner's `last_active` moved on. Finding
@@ -357,7 +358,7 @@ impl<R: PmRegion> Store<R> {
             table: vec![TableSlot::default(); geometry.max_sessions as usize],
             free_table: Vec::new(),
             now_ms: 0,
-            keep_sessions_ms: 0,
+            permitted: None,
             time_since_ms: None,
             table_order: VecDeque::new(),
             activity: 0,
@@ -513,10 +514,18 @@ impl<R: PmRegion> Application for Store<R> {
         self.stage_request(session_id, seq, request)
     }
 
-    fn note_time(&mut self, now_ms: u64, keep_sessions_ms: u64) {
+    fn note_time(&mut self, now_ms: u64) {
         self.now_ms = now_ms;
-        self.keep_sessions_ms = keep_sessions_ms;
         self.time_since_ms.get_or_insert(now_ms);
+        self.permitted.get_or_insert(None);
+    }
+
+    fn eviction_candidate(&mut self) -> Option<(u64, u64)> {
+        self.table_victim_with_record()
+    }
+
+    fn permit_eviction(&mut self, session_id: u64) {
+        self.permitted = Some(Some(session_id));
     }
 
     /// A GET on what is committed and staged; anything else is refused, recording nothing.

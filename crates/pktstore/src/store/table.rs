@@ -166,32 +166,56 @@ impl<R: PmRegion> Store<R> {
             .map(|(_, index, owner)| (index, owner))
     }
 
-    /// Whether a request of `session_id` must wait because admitting it could evict a session
-    /// the server still keeps: `session_id` is new, the session table has no free entry, and
-    /// the session owning its idlest entry holds its exactly-once record there and applied a
-    /// request within the server's keeping time ([`Application::note_time`]). Counted in
-    /// `sessions_full`; the server retries the request later.
-    ///
-    /// [`Application::note_time`]: pmnet_store::Application::note_time
-    pub fn must_keep_every_session_for(&mut self, session_id: u64) -> bool {
-        if self.keep_sessions_ms == 0
-            || self.sessions.get(session_id).is_some()
-            || !self.free_table.is_empty()
-            || self.table.iter().any(|slot| slot.owner.is_none())
-        {
-            return false;
+    /// The owned table entry a new session would take now, with its owner: the one whose
+    /// owner was active longest ago, among those not written in this batch; `None` when an
+    /// entry is free.
+    fn table_victim(&self) -> Option<(u32, u64)> {
+        if !self.free_table.is_empty() || self.table.iter().any(|slot| slot.owner.is_none()) {
+            return None;
         }
-        let since = self.time_since_ms.unwrap_or(0);
-        let idlest = self
-            .table
+        let epoch = self.batch_epoch();
+        self.table
             .iter()
-            .filter_map(|slot| self.sessions.get(slot.owner?))
-            .min_by_key(|state| state.last_active);
-        let Some(state) = idlest else {
+            .enumerate()
+            .filter(|(_, slot)| slot.latest_epoch != epoch)
+            .filter_map(|(index, slot)| {
+                let owner = slot.owner?;
+                let active = self.sessions.get(owner).map_or(0, |s| s.last_active);
+                Some((active, index as u32, owner))
+            })
+            .min()
+            .map(|(_, index, owner)| (index, owner))
+    }
+
+    /// The session whose exactly-once record a new session would evict now, with when it
+    /// last applied a request (sessions recovered at open: when the server first told the
+    /// time); `None` when the entry it would take holds no such record.
+    pub(super) fn table_victim_with_record(&self) -> Option<(u64, u64)> {
+        let (_, owner) = self.table_victim()?;
+        let state = self.sessions.get(owner)?;
+        (state.source == Source::Table).then(|| {
+            let since = self.time_since_ms.unwrap_or(0);
+            (owner, state.seen_ms.max(since))
+        })
+    }
+
+    /// Whether a request of `session_id` must wait because admitting it would evict a
+    /// session's exactly-once record the server has not permitted this store to forget
+    /// ([`Application::permit_eviction`]): `session_id` is new and the session table has no
+    /// free entry. Counted in `sessions_full`; the server retries the request later.
+    ///
+    /// [`Application::permit_eviction`]: pmnet_store::Application::permit_eviction
+    pub fn must_keep_every_session_for(&mut self, session_id: u64) -> bool {
+        let Some(permitted) = self.permitted else {
             return false;
         };
-        let kept = state.source == Source::Table
-            && self.now_ms.saturating_sub(state.seen_ms.max(since)) <= self.keep_sessions_ms;
+        if self.sessions.get(session_id).is_some() {
+            return false;
+        }
+        let Some((victim, _)) = self.table_victim_with_record() else {
+            return false;
+        };
+        let kept = permitted != Some(victim);
         if kept {
             self.stats.sessions_full += 1;
         }
@@ -208,8 +232,26 @@ impl<R: PmRegion> Store<R> {
             return index;
         }
         let epoch = self.batch_epoch();
-        let (index, owner) = self
-            .idlest_table_entry(epoch)
+        // The session the server permitted, which the check before this request found to be
+        // the one to go; a permit is good for one eviction.
+        let permitted = self
+            .permitted
+            .and_then(|permitted| permitted)
+            .and_then(|owner| Some((self.sessions.get(owner)?.table?, owner)))
+            .filter(|&(index, _)| self.table[index as usize].latest_epoch != epoch);
+        let governed = self.permitted.is_some();
+        if governed {
+            self.permitted = Some(None);
+        }
+        // Governed, the entry taken is the one the check found ([`Self::table_victim`]).
+        let (index, owner) = permitted
+            .or_else(|| {
+                if governed {
+                    self.table_victim()
+                } else {
+                    self.idlest_table_entry(epoch)
+                }
+            })
             .expect("max_sessions ≥ 2 × MAX_BATCH_OPS leaves a victim");
         if let Some(state) = self.sessions.get(owner) {
             if state.source == Source::Table {

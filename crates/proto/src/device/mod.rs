@@ -1,6 +1,7 @@
 //! The PMNet device: logs update requests in persistent memory, acks them early, forwards
 //! every request to its server, and replays its log when a server asks.
 
+mod hold;
 mod keyed;
 mod replay;
 mod rtt;
@@ -137,6 +138,8 @@ pub struct DeviceCounters {
     pub fill_queries_held: u64,
     /// Fill queries passed on to the devices before this one in chains (`upstream.rs`).
     pub fill_queries_passed_on: u64,
+    /// Hold queries of servers answered (or passed on), `server/hold.rs`.
+    pub hold_queries: u64,
     /// Clients' no-op fills sent to a server again (it asked for a number whose client gave
     /// up on it).
     pub fills_resent: u64,
@@ -605,6 +608,7 @@ impl Device {
             | PacketType::RetransmitRequest
             | PacketType::RecoveryPoll
             | PacketType::FillQuery
+            | PacketType::HoldQuery
                 if from != server =>
             {
                 self.count_drop(DropReason::UnexpectedSource);
@@ -664,6 +668,11 @@ impl Device {
             PacketType::RetransmitRequest => self.on_retransmit_request(header, datagram),
             PacketType::RecoveryPoll => self.on_recovery_poll(now, server, header),
             PacketType::FillQuery => self.on_fill_query(now, server, header, payload),
+            PacketType::HoldQuery => self.on_hold_query(server, header, payload),
+            // A device before this one answering a hold query passed on to it.
+            PacketType::HoldReply if self.upstream.is_previous(header.server_id, from) => {
+                self.on_previous_hold_reply(server, from, header, payload);
+            }
             // A device before this one answering a fill query passed on to it.
             PacketType::FillReply if self.upstream.is_previous(header.server_id, from) => {
                 self.on_previous_fill_reply(now, server, from, header, payload);
@@ -671,6 +680,7 @@ impl Device {
             PacketType::PmnetAck
             | PacketType::RecoveryDone
             | PacketType::FillReply
+            | PacketType::HoldReply
             | PacketType::NotLogged
             // Batches are unpacked by the pipeline; one reaching the function is misrouted.
             | PacketType::Batch

@@ -10,6 +10,11 @@
 //! them can vouch for. A device before it that never answers (down, or cut off) holds the
 //! gap open; the server asks again on its gap timer, and the question is passed on again.
 //!
+//! Hold queries (the server asks whether its devices hold an entry of sessions it would
+//! forget: `server/hold.rs`) are passed on the same way: a session is held when this device
+//! or any before it holds one, and a device before it that never answers keeps the server
+//! from forgetting those sessions.
+//!
 //! Which devices are before this one is configuration (`--previous-device`), never learned
 //! from traffic: a genuine probe replayed from another source address would otherwise make a
 //! device wait for answers from a host that never gives any, and every gap stay open. A probe
@@ -45,6 +50,18 @@ struct Pending {
     seen_ms: Option<u32>,
 }
 
+/// Hold queries waiting for the devices before this one, at most (a server sends at most
+/// four a second); past it the oldest is forgotten.
+const HOLDS_PENDING_MAX: usize = 64;
+
+/// A hold query of the server, asked of the devices before this one.
+#[derive(Debug)]
+struct PendingHold {
+    awaiting: BTreeSet<SocketAddr>,
+    /// Per session asked about: whether this device or one that answered holds an entry.
+    held: Vec<bool>,
+}
+
 /// Key of a pending query: (server id, session, first, last).
 pub(super) type QueryKey = (u16, u64, u32, u32);
 
@@ -63,6 +80,9 @@ pub(super) struct Upstream {
     pending: BTreeMap<QueryKey, Pending>,
     order: VecDeque<QueryKey>,
     warned_at: Option<Time>,
+    /// Hold queries by (server id, number), oldest first in `hold_order`.
+    holds: BTreeMap<(u16, u32), PendingHold>,
+    hold_order: VecDeque<(u16, u32)>,
 }
 
 impl Upstream {
@@ -80,7 +100,67 @@ impl Upstream {
             pending: BTreeMap::new(),
             order: VecDeque::new(),
             warned_at: None,
+            holds: BTreeMap::new(),
+            hold_order: VecDeque::new(),
         }
+    }
+
+    /// The server sent hold query `number`; `held` says, per session asked about, whether
+    /// this device holds an entry of it. The devices before this one to ask: none when
+    /// there are none (answer at once).
+    pub(super) fn ask_hold(
+        &mut self,
+        server_id: u16,
+        number: u32,
+        held: Vec<bool>,
+    ) -> Vec<SocketAddr> {
+        let previous = self.previous(server_id);
+        if previous.is_empty() || self.holds.contains_key(&(server_id, number)) {
+            return Vec::new();
+        }
+        while self.holds.len() >= HOLDS_PENDING_MAX {
+            let Some(oldest) = self.hold_order.pop_front() else {
+                break;
+            };
+            self.holds.remove(&oldest);
+        }
+        self.holds.insert(
+            (server_id, number),
+            PendingHold {
+                awaiting: previous.iter().copied().collect(),
+                held,
+            },
+        );
+        self.hold_order.push_back((server_id, number));
+        previous
+    }
+
+    /// Device `from` answered hold query `number` with `held`. Once every one answered,
+    /// `Ok(Some(held))`: per session, whether any of them or this device holds an entry.
+    /// `Err(())` when no such query waits for `from`, or the answer does not fit it.
+    pub(super) fn hold_answered(
+        &mut self,
+        from: SocketAddr,
+        server_id: u16,
+        number: u32,
+        held: &[bool],
+    ) -> Result<Option<Vec<bool>>, ()> {
+        let key = (server_id, number);
+        let Some(pending) = self.holds.get_mut(&key) else {
+            return Err(());
+        };
+        if held.len() != pending.held.len() || !pending.awaiting.remove(&from) {
+            return Err(());
+        }
+        for (mine, theirs) in pending.held.iter_mut().zip(held) {
+            *mine |= *theirs;
+        }
+        if !pending.awaiting.is_empty() {
+            return Ok(None);
+        }
+        let pending = self.holds.remove(&key).expect("present");
+        self.hold_order.retain(|&queued| queued != key);
+        Ok(Some(pending.held))
     }
 
     /// `address` probed this device about `server_id` at `now`: true when it is not named as
@@ -240,6 +320,49 @@ mod tests {
                 seen_ms: None
             }))
         );
+    }
+
+    #[test]
+    fn a_hold_query_is_answered_once_every_previous_device_answered_with_what_any_holds() {
+        let mut upstream = Upstream::new(&[(1, addr(1)), (1, addr(2))]);
+        assert!(
+            upstream.ask_hold(2, 5, vec![false]).is_empty(),
+            "none for server 2"
+        );
+        let mine = vec![true, false, false];
+        assert_eq!(
+            upstream.ask_hold(1, 5, mine.clone()),
+            vec![addr(1), addr(2)]
+        );
+        assert!(upstream.ask_hold(1, 5, mine).is_empty(), "asked already");
+        assert_eq!(upstream.hold_answered(addr(3), 1, 5, &[false; 3]), Err(()));
+        assert_eq!(
+            upstream.hold_answered(addr(1), 1, 5, &[false; 2]),
+            Err(()),
+            "misfit"
+        );
+        assert_eq!(
+            upstream.hold_answered(addr(1), 1, 5, &[false, true, false]),
+            Ok(None)
+        );
+        assert_eq!(
+            upstream.hold_answered(addr(1), 1, 5, &[false; 3]),
+            Err(()),
+            "twice"
+        );
+        assert_eq!(
+            upstream.hold_answered(addr(2), 1, 5, &[false; 3]),
+            Ok(Some(vec![true, true, false]))
+        );
+        assert_eq!(
+            upstream.hold_answered(addr(2), 1, 5, &[false; 3]),
+            Err(()),
+            "done"
+        );
+        for number in 0..(HOLDS_PENDING_MAX as u32 + 10) {
+            upstream.ask_hold(1, 1000 + number, vec![false]);
+        }
+        assert_eq!(upstream.holds.len(), HOLDS_PENDING_MAX);
     }
 
     #[test]

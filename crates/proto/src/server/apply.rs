@@ -22,9 +22,17 @@ pub trait Stager {
         kind: RequestKind,
         request: &[u8],
     ) -> Option<Vec<u8>>;
-    /// The server's time now and how long it keeps sessions (see the application's
-    /// `note_time`): called before requests are staged.
-    fn note_time(&mut self, _now_ms: u64, _keep_sessions_ms: u64) {}
+    /// The server's time now (see the application's `note_time`): called before requests
+    /// are staged.
+    fn note_time(&mut self, _now_ms: u64) {}
+    /// The session the application would forget to make room for a new one, with when it
+    /// last applied a request (milliseconds, the server's clock); `None` when it has room
+    /// or never forgets (see the application's `eviction_candidate`).
+    fn eviction_candidate(&mut self) -> Option<(u64, u64)> {
+        None
+    }
+    /// The application may forget `session_id` to make room (the devices cleared it).
+    fn permit_eviction(&mut self, _session_id: u64) {}
     /// Make everything staged durable.
     fn commit(&mut self);
     /// Requests one commit covers at most.
@@ -64,10 +72,7 @@ impl Server {
     pub fn apply_ready(&mut self, now: Time, app: &mut dyn Stager) -> Applied {
         let mut outcome = Applied::default();
         let mut staged: Vec<(u64, u32, Vec<u8>)> = Vec::new();
-        app.note_time(
-            now.as_nanos() / 1_000_000,
-            self.config.session_keep().as_millis() as u64,
-        );
+        app.note_time(now.as_nanos() / 1_000_000);
         // Reporting a commit's requests applied may hand over more (a read or a keyed write
         // that waited for them): go on until nothing is left.
         loop {
@@ -84,7 +89,10 @@ impl Server {
                     seq,
                     kind,
                     request,
-                } => match app.stage(session_id, seq, kind, &request) {
+                } => match self
+                    .permit_app_eviction(now, app)
+                    .stage(session_id, seq, kind, &request)
+                {
                     Some(reply) => {
                         staged.push((session_id, seq, reply));
                         if staged.len() >= app.max_staged().max(1) {
@@ -119,6 +127,25 @@ impl Server {
             }
         }
         outcome
+    }
+
+    /// Let the application forget the session it would evict next if no device can still
+    /// resend a request of it (`hold.rs`); ask the devices about it if it is idle long enough
+    /// otherwise.
+    fn permit_app_eviction<'a>(
+        &mut self,
+        now: Time,
+        app: &'a mut dyn Stager,
+    ) -> &'a mut dyn Stager {
+        if let Some((session_id, last_ms)) = app.eviction_candidate() {
+            let last = Time::from_nanos(last_ms.saturating_mul(1_000_000));
+            if self.holds.may_forget(now, session_id, last) {
+                app.permit_eviction(session_id);
+            } else if last + self.holds.keep() < now {
+                self.holds.want(now, session_id);
+            }
+        }
+        app
     }
 
     /// Commit what is staged, then report each of its requests applied.

@@ -487,7 +487,7 @@ impl super::Server {
             if !primary
                 || server
                     .table
-                    .get_or_create(now, forward.session_id)
+                    .get_or_create(now, forward.session_id, &|_, _| false)
                     .is_none()
             {
                 // A replica's request from its primary, not applied: applied from this

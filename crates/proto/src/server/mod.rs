@@ -5,6 +5,7 @@
 mod apply;
 mod forward_log;
 mod gap;
+mod hold;
 mod order;
 mod reads;
 mod receive;
@@ -76,6 +77,9 @@ pub struct ServerConfig {
     /// forwards every request it applies to each and sends a server-ACK only once all of them
     /// acked it (see `replicate.rs`). Empty: not replicated.
     pub replicas: Vec<SocketAddr>,
+    /// The first number of this run's hold queries (`hold.rs`): a random value, so that an
+    /// answer of an earlier run replayed matches no query of this one.
+    pub boot_nonce: u32,
 }
 
 impl ServerConfig {
@@ -100,19 +104,21 @@ impl ServerConfig {
             defer_interval: Duration::from_millis(1),
             defer_interval_max: Duration::from_millis(100),
             replicas: Vec::new(),
+            boot_nonce: 0,
         }
     }
 
-    /// How long the session table keeps a session after its last activity before it may be
-    /// evicted: past the longest a duplicate can still arrive (`gap_fill_after`, beyond any
-    /// client's request lifetime) and, with keys, past twice the replay window plus a second
-    /// (a margin), so that a replay the authenticator still accepts — at the
-    /// server or at a device that logs and resends it — finds its session and is recognised.
+    /// The keeping time: the longest after its client first sent a request that a copy of
+    /// it can still arrive anywhere other than from a device's log — a retransmission, up to
+    /// `gap_fill_after` (beyond any client's request lifetime), and, with keys, a replay of
+    /// the last one the authenticator still accepts, twice the replay window plus a second
+    /// (a margin) after it was sealed. A session is kept at least this long after its last
+    /// activity, and this long before the oldest entry a device holds (`hold.rs`).
     pub fn session_keep(&self) -> Duration {
         let replay = self.auth.as_ref().map_or(Duration::ZERO, |auth| {
             Duration::from_millis(2 * auth.replay_window_ms() + 1000)
         });
-        self.gap_fill_after.max(replay)
+        self.gap_fill_after + replay
     }
 }
 
@@ -185,6 +191,9 @@ pub const WAITS_FOR_ROOM: &str = "the last acknowledged write this read must see
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServerCounters {
     pub request_fragments_received: u64,
+    /// Hold queries sent to devices, and the answers taken (`hold.rs`).
+    pub hold_queries_sent: u64,
+    pub hold_replies: u64,
     pub requests_applied: u64,
     pub server_acks_sent: u64,
     /// Duplicates of applied requests, answered with a make-up ACK.
@@ -289,6 +298,8 @@ pub struct Server {
     /// A replica's requests waiting for their records, in order, each with its record's
     /// index (`None`: needs none; it waits only behind the others).
     retained_waiting: VecDeque<(Issued, Option<u64>)>,
+    /// What the devices still hold: when a session may be forgotten (`hold.rs`).
+    holds: hold::Holds,
 }
 
 /// A request handed on from the session table.
@@ -324,7 +335,8 @@ impl Server {
             config.replicas.len() <= REPLICA_SERVERS_MAX,
             "at most {REPLICA_SERVERS_MAX} replicas"
         );
-        let mut table = Table::new(config.sessions_max).keeping_sessions_for(config.session_keep());
+        let holds = hold::Holds::new(&config.devices, config.boot_nonce, config.session_keep());
+        let mut table = Table::new(config.sessions_max).keeping_sessions_for(holds.keep());
         for recovered in sessions {
             let mut earlier = recovered.earlier_replies;
             earlier.retain(|(seq, _)| *seq < recovered.last_seq);
@@ -372,6 +384,7 @@ impl Server {
             replication: replicate::Replication::default(),
             forward_log: None,
             retained_waiting: VecDeque::new(),
+            holds,
             config,
         };
         if !server.config.devices.is_empty() {
@@ -514,6 +527,18 @@ impl Server {
     /// Process a datagram from the network: verified first (with keys configured), then
     /// parsed. Never panics on its contents.
     pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
+        self.handle_datagram(now, from, datagram);
+        self.ask_devices_if_waiting(now);
+    }
+
+    /// Sessions an eviction wanted and the devices have not cleared: ask them.
+    fn ask_devices_if_waiting(&mut self, now: Time) {
+        for session_id in std::mem::take(&mut self.table.waits_for_devices) {
+            self.holds.want(now, session_id);
+        }
+    }
+
+    fn handle_datagram(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
         let verified = match crate::drop::verify_datagram(self.config.auth.as_mut(), datagram) {
             Ok(inner) => {
                 if self.config.auth.is_none() {
@@ -602,7 +627,7 @@ impl Server {
         if let Some(replica) = self.replica_index(from) {
             match header.packet_type {
                 PacketType::ServerAck => self.on_replica_ack(now, replica, &header),
-                _ => self.on_replica_message(from, &header, payload),
+                _ => self.on_replica_message(now, from, &header, payload),
             }
             return;
         }
@@ -642,8 +667,22 @@ impl Server {
                 }
             }
             PacketType::FillReply => self.count_drop(DropReason::UnexpectedSource),
+            PacketType::HoldReply => self.on_hold_reply(from, &header, payload),
             _ => self.count_drop(DropReason::UnexpectedType),
         }
+    }
+
+    /// A device's answer to a hold query (`hold.rs`).
+    fn on_hold_reply(&mut self, from: SocketAddr, header: &Header, payload: &[u8]) {
+        let Ok(held) = pmnet_wire::decode_hold_reply_payload(payload) else {
+            self.count_drop(DropReason::BadPayload);
+            return;
+        };
+        if !self.holds.answered(from, header.seq, &held) {
+            self.count_drop(DropReason::StaleHoldReply);
+            return;
+        }
+        self.counters.hold_replies = self.holds.replies;
     }
 
     /// Hand every request that is next in sequence and complete to the application, then
@@ -1051,6 +1090,9 @@ impl Server {
     /// supply any more, retry deferred requests, re-poll devices that have not answered the
     /// recovery poll.
     pub fn handle_timeout(&mut self, now: Time) {
+        self.holds
+            .handle_timeout(now, self.config.server_id, &mut self.transmits);
+        self.counters.hold_queries_sent = self.holds.queries_sent;
         if self
             .recovery
             .as_ref()
@@ -1085,6 +1127,7 @@ impl Server {
         self.resend_forwards(now);
         self.skip_notes.flush(now);
         self.check_drained(now);
+        self.ask_devices_if_waiting(now);
     }
 
     /// The next datagram to send, if any. Poll until `None` after every call that changes state.
@@ -1120,7 +1163,9 @@ impl Server {
         let order = self.order_timers.first().map(|(deadline, _)| *deadline);
         let forwards = self.next_forward_resend();
         let drained = self.draining.as_ref().map(|draining| draining.next_check);
+        let holds = self.holds.poll_timeout();
         gap.into_iter()
+            .chain(holds)
             .chain(drained)
             .chain(defer)
             .chain(poll)

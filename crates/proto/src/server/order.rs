@@ -135,7 +135,9 @@ impl Server {
         reply_to: Option<std::net::SocketAddr>,
     ) -> bool {
         let known = self.table.sessions.contains_key(&after);
-        let Some(awaited) = self.table.get_or_create(now, after) else {
+        let holds = &self.holds;
+        let cleared = |session, active| holds.cleared(session, active);
+        let Some(awaited) = self.table.get_or_create(now, after, &cleared) else {
             return false;
         };
         if !known {

@@ -32,7 +32,13 @@ impl Server {
         let session_id = header.session_id;
         let reorder_window = self.config.reorder_window;
         let known = self.table.sessions.contains_key(&session_id);
-        if self.table.get_or_create(now, session_id).is_none() {
+        let holds = &self.holds;
+        let cleared = |session, active| holds.cleared(session, active);
+        if self
+            .table
+            .get_or_create(now, session_id, &cleared)
+            .is_none()
+        {
             self.count_drop(DropReason::SessionsFull);
             return;
         }

@@ -23,7 +23,7 @@
 //! of the primary holds it either (the primary asks them); the primary tells its replicas at
 //! once what it skips itself.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -812,7 +812,13 @@ impl Server {
     /// A datagram from a replica other than a server-ACK: its recovery poll is answered at
     /// once (the devices resend what is missing), its fill queries from what is held back for
     /// it, its retransmission requests by passing them on where the requests come from.
-    pub(super) fn on_replica_message(&mut self, from: SocketAddr, header: &Header, payload: &[u8]) {
+    pub(super) fn on_replica_message(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        header: &Header,
+        payload: &[u8],
+    ) {
         let server_id = self.config.server_id;
         match header.packet_type {
             PacketType::RecoveryPoll => {
@@ -831,7 +837,44 @@ impl Server {
                 self.on_replica_fill_query(from, header, last);
             }
             PacketType::RetransmitRequest => self.on_replica_retransmit_request(from, header),
+            PacketType::HoldQuery => self.on_replica_hold_query(now, from, header, payload),
             _ => self.count_drop(DropReason::UnexpectedType),
         }
+    }
+
+    /// A replica asks which of the listed sessions a request could still reach it of from
+    /// here (`hold.rs`): one this primary holds for its replicas, or one of a session it
+    /// has not forgotten and its own devices have not cleared (a device's resend of a
+    /// request applied here is forwarded to the replicas as it arrives).
+    fn on_replica_hold_query(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        header: &Header,
+        payload: &[u8],
+    ) {
+        let Ok(sessions) = pmnet_wire::decode_hold_query_payload(payload) else {
+            self.count_drop(DropReason::BadPayload);
+            return;
+        };
+        let pending: HashSet<u64> = (self.replication.forwarded.keys())
+            .chain(self.replication.makeups.keys())
+            .map(|&(session_id, _)| session_id)
+            .collect();
+        let mut held = Vec::with_capacity(sessions.len());
+        for session_id in sessions {
+            let remembered = self.table.sessions.get(&session_id).map(|s| s.last_active);
+            let devices_may_hold =
+                remembered.is_some_and(|last| !self.holds.cleared(session_id, last));
+            if devices_may_hold {
+                self.holds.want(now, session_id);
+            }
+            held.push(pending.contains(&session_id) || devices_may_hold);
+        }
+        let reply = Header::new(PacketType::HoldReply, self.config.server_id, 0, header.seq);
+        self.transmits.push_back(Transmit {
+            destination: from,
+            bytes: reply.encode(&pmnet_wire::encode_hold_reply_payload(&held)),
+        });
     }
 }

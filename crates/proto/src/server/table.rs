@@ -349,9 +349,11 @@ pub(super) struct Table {
     /// Sessions evicted to make room.
     pub(super) evicted: u64,
     sessions_max: usize,
-    /// A session is evicted only once idle longer than this: a duplicate of its requests
-    /// still in flight, or a replay the authenticator still accepts, must find it.
+    /// A session is evicted only once idle longer than this (the keeping time, `hold.rs`).
     keep_for: Duration,
+    /// Sessions an eviction wanted and the devices have not cleared (`hold.rs`): the
+    /// server asks them.
+    pub(super) waits_for_devices: Vec<u64>,
 }
 
 impl Table {
@@ -363,6 +365,7 @@ impl Table {
             evicted: 0,
             sessions_max,
             keep_for: Duration::ZERO,
+            waits_for_devices: Vec::new(),
         }
     }
 
@@ -409,11 +412,17 @@ impl Table {
 
     /// The session `session_id`, created if new; `None` when the table is full of sessions
     /// that cannot be evicted. Evicting forgets a session's duplicate detection; only idle
-    /// sessions are evicted, the one idle longest first, and only once idle longer than the
-    /// table keeps sessions.
-    pub(super) fn get_or_create(&mut self, now: Time, session_id: u64) -> Option<&mut Session> {
+    /// sessions are evicted, the one idle longest first, only once idle longer than the
+    /// table keeps sessions, and only one `cleared(session, last_active)` says no device can
+    /// still resend a request of (`hold.rs`).
+    pub(super) fn get_or_create(
+        &mut self,
+        now: Time,
+        session_id: u64,
+        cleared: &dyn Fn(u64, Time) -> bool,
+    ) -> Option<&mut Session> {
         if !self.sessions.contains_key(&session_id) {
-            if self.sessions.len() >= self.sessions_max && !self.evict_idlest(now) {
+            if self.sessions.len() >= self.sessions_max && !self.evict_idlest(now, cleared) {
                 return None;
             }
             self.sessions.insert(session_id, Session::default());
@@ -423,8 +432,23 @@ impl Table {
     }
 
     /// Evict the session idle longest; false if none was found within the scan limit, or the
-    /// idlest was active too recently to be forgotten.
-    fn evict_idlest(&mut self, now: Time) -> bool {
+    /// idlest was active too recently to be forgotten. Idle sessions not cleared are kept
+    /// in their place and noted in `waits_for_devices`.
+    fn evict_idlest(&mut self, now: Time, cleared: &dyn Fn(u64, Time) -> bool) -> bool {
+        let mut not_cleared = Vec::new();
+        let evicted = self.evict_scan(now, cleared, &mut not_cleared);
+        for entry in not_cleared.into_iter().rev() {
+            self.activity.push_front(entry);
+        }
+        evicted
+    }
+
+    fn evict_scan(
+        &mut self,
+        now: Time,
+        cleared: &dyn Fn(u64, Time) -> bool,
+        not_cleared: &mut Vec<(Time, u64)>,
+    ) -> bool {
         for _ in 0..EVICTION_SCAN_LIMIT {
             let Some((time, session_id)) = self.activity.pop_front() else {
                 return false;
@@ -439,6 +463,11 @@ impl Table {
                 // The idlest of all was active too recently: so was every other one.
                 self.activity.push_front((time, session_id));
                 return false;
+            }
+            if session.is_idle() && !cleared(session_id, time) {
+                not_cleared.push((time, session_id));
+                self.waits_for_devices.push(session_id);
+                continue;
             }
             if session.is_idle() {
                 self.sessions.remove(&session_id);
@@ -464,7 +493,9 @@ mod tests {
     fn the_idlest_session_is_evicted_and_busy_ones_never() {
         let mut table = Table::new(3);
         for (millis, id) in [(1, 10), (2, 20), (3, 30)] {
-            table.get_or_create(at(millis), id).expect("room");
+            table
+                .get_or_create(at(millis), id, &|_, _| true)
+                .expect("room");
         }
         // 10 is busy (a request buffered); 20 is then the idlest of the idle ones.
         table
@@ -473,43 +504,55 @@ mod tests {
             .expect("session")
             .pending
             .insert(2, Assembly::new(RequestKind::Update, false, 1));
-        table.get_or_create(at(4), 40).expect("room by evicting 20");
+        table
+            .get_or_create(at(4), 40, &|_, _| true)
+            .expect("room by evicting 20");
         assert!(table.sessions.contains_key(&10));
         assert!(!table.sessions.contains_key(&20));
         assert_eq!(table.evicted, 1);
         // Touching 30 makes 40 the idlest.
         table.touch(at(5), 30);
-        table.get_or_create(at(6), 50).expect("room by evicting 40");
+        table
+            .get_or_create(at(6), 50, &|_, _| true)
+            .expect("room by evicting 40");
         assert!(!table.sessions.contains_key(&40));
         assert!(table.sessions.contains_key(&30));
     }
 
     #[test]
-    fn a_session_active_within_the_keeping_time_is_never_evicted() {
+    fn a_session_active_within_the_keeping_time_or_not_cleared_is_never_evicted() {
         let mut table = Table::new(2).keeping_sessions_for(Duration::from_millis(100));
-        table.get_or_create(at(1), 10).expect("room");
-        table.get_or_create(at(2), 20).expect("room");
+        let all = |_: u64, _: Time| true;
+        table.get_or_create(at(1), 10, &all).expect("room");
+        table.get_or_create(at(2), 20, &all).expect("room");
         // 10 was last active 100 ms ago: kept, so the new session finds no room.
-        assert!(table.get_or_create(at(101), 30).is_none());
+        assert!(table.get_or_create(at(101), 30, &all).is_none());
         assert!(table.sessions.contains_key(&10));
-        // Once idle longer, it goes.
+        // Idle longer, but the devices have not cleared it: 20 goes instead, 10 is asked
+        // about and keeps its place as the idlest.
+        let not_10 = |session: u64, _: Time| session != 10;
         table
-            .get_or_create(at(102), 30)
+            .get_or_create(at(200), 30, &not_10)
+            .expect("room by evicting 20");
+        assert!(table.sessions.contains_key(&10) && !table.sessions.contains_key(&20));
+        assert_eq!(table.waits_for_devices, vec![10]);
+        table
+            .get_or_create(at(300), 40, &all)
             .expect("room by evicting 10");
         assert!(!table.sessions.contains_key(&10));
-        assert_eq!(table.evicted, 1);
+        assert_eq!(table.evicted, 2);
     }
 
     #[test]
     fn a_table_full_of_busy_sessions_refuses_new_ones() {
         let mut table = Table::new(2);
         for id in [1, 2] {
-            let session = table.get_or_create(at(id), id).expect("room");
+            let session = table.get_or_create(at(id), id, &|_, _| true).expect("room");
             session
                 .pending
                 .insert(5, Assembly::new(RequestKind::Update, false, 1));
         }
-        assert!(table.get_or_create(at(9), 3).is_none());
+        assert!(table.get_or_create(at(9), 3, &|_, _| true).is_none());
         assert_eq!(table.len(), 2);
     }
 
@@ -517,7 +560,9 @@ mod tests {
     fn many_more_sessions_than_the_table_holds_keep_the_order_bounded() {
         let mut table = Table::new(1024);
         for id in 0..200_000u64 {
-            table.get_or_create(at(id + 1), id).expect("room");
+            table
+                .get_or_create(at(id + 1), id, &|_, _| true)
+                .expect("room");
             table.touch(at(id + 1), id / 2);
         }
         assert_eq!(table.len(), 1024);

@@ -373,6 +373,7 @@ impl Adaptor {
         let clock = Clock::new();
         let mut config = ServerConfig::new(options.server_id, options.devices.clone());
         config.auth = options.keys.clone().map(pmnet_proto::Authenticator::new);
+        config.boot_nonce = rand::random();
         let mut server = Server::new(config, clock.now(), redis.sessions);
         // Without keys: say so, at most once a minute, while other hosts send to it.
         server.warn_of_plain_traffic();

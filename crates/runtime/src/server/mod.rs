@@ -545,10 +545,16 @@ impl Stager for RuntimeStager<'_> {
         staged.ok()
     }
 
-    fn note_time(&mut self, now_ms: u64, keep_sessions_ms: u64) {
-        self.app
-            .as_application()
-            .note_time(now_ms, keep_sessions_ms);
+    fn note_time(&mut self, now_ms: u64) {
+        self.app.as_application().note_time(now_ms);
+    }
+
+    fn eviction_candidate(&mut self) -> Option<(u64, u64)> {
+        self.app.as_application().eviction_candidate()
+    }
+
+    fn permit_eviction(&mut self, session_id: u64) {
+        self.app.as_application().permit_eviction(session_id);
     }
 
     fn commit(&mut self) {

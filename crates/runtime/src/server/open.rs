@@ -261,6 +261,7 @@ impl ServerRuntime {
         let mut config = ServerConfig::new(options.server_id, options.devices.clone());
         config.auth = options.keys.clone().map(pmnet_auth::Authenticator::new);
         config.replicas = options.replicas.clone();
+        config.boot_nonce = rand::random();
         if let Some(gap_fill_after) = options.gap_fill_after {
             config.gap_fill_after = gap_fill_after;
         }

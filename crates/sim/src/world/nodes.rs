@@ -145,10 +145,22 @@ impl ServerApp {
         }
     }
 
-    /// The server's time and how long it keeps sessions, for the store.
-    pub(super) fn note_time(&mut self, now_ms: u64, keep_sessions_ms: u64) {
+    /// The server's time, for the store.
+    pub(super) fn note_time(&mut self, now_ms: u64) {
         if let Some(kv) = self.kv.as_mut() {
-            kv.note_time(now_ms, keep_sessions_ms);
+            kv.note_time(now_ms);
+        }
+    }
+
+    /// The session the store would forget next (see `Application::eviction_candidate`).
+    pub(super) fn eviction_candidate(&mut self) -> Option<(u64, u64)> {
+        self.kv.as_mut()?.eviction_candidate()
+    }
+
+    /// The store may forget `session_id`.
+    pub(super) fn permit_eviction(&mut self, session_id: u64) {
+        if let Some(kv) = self.kv.as_mut() {
+            kv.permit_eviction(session_id);
         }
     }
 
@@ -364,8 +376,12 @@ impl ServerNode {
             max_packet_len: log.max_packet_len(),
             entries: recovery.entries,
         };
-        let (server, recovered) =
-            Server::with_forward_log(self.config.clone(), now, sessions, opened);
+        // Each run numbers its hold queries from its own start (the runtime's is random).
+        let mut config = self.config.clone();
+        config.boot_nonce = u32::from(config.server_id)
+            .wrapping_mul(0x9E37_79B9)
+            .wrapping_add(self.restart_count.wrapping_mul(0x85EB_CA6B) as u32);
+        let (server, recovered) = Server::with_forward_log(config, now, sessions, opened);
         self.server = server;
         self.forward_log = Some(log);
         self.forward_log_recovery = recovered;

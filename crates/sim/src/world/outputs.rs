@@ -274,8 +274,16 @@ impl Stager for SimStager<'_> {
         reply
     }
 
-    fn note_time(&mut self, now_ms: u64, keep_sessions_ms: u64) {
-        self.app.note_time(now_ms, keep_sessions_ms);
+    fn note_time(&mut self, now_ms: u64) {
+        self.app.note_time(now_ms);
+    }
+
+    fn eviction_candidate(&mut self) -> Option<(u64, u64)> {
+        self.app.eviction_candidate()
+    }
+
+    fn permit_eviction(&mut self, session_id: u64) {
+        self.app.permit_eviction(session_id);
     }
 
     fn commit(&mut self) {

@@ -165,12 +165,12 @@ impl State {
 
     /// The session [`State::touch_session`] would evict to admit a new one: the one whose
     /// last apply is oldest, when the table is full.
-    pub(super) fn eviction_candidate(&self) -> Option<&Session> {
+    pub(super) fn eviction_candidate(&self) -> Option<(u64, &Session)> {
         if self.sessions.len() < self.max_sessions as usize {
             return None;
         }
         let oldest = self.sessions_by_activity.values().next()?;
-        self.sessions.get(oldest)
+        Some((*oldest, self.sessions.get(oldest)?))
     }
 
     pub(super) fn insert_session(&mut self, session_id: u64, session: Session) {

@@ -1174,28 +1174,42 @@ fn crash_at_every_point_of_compaction() {
 }
 
 #[test]
-fn a_session_applied_within_the_keeping_time_is_never_evicted() {
+fn a_session_is_evicted_only_with_the_servers_permit() {
     let mut store = KvStore::format(SimRegion::new(1 << 20), KvConfig { max_sessions: 2 }).unwrap();
-    store.note_time(1_000, 500);
+    store.note_time(1_000);
+    assert_eq!(store.eviction_candidate(), None, "room");
     store.apply_ok(1, 1, &get(b"k"));
-    store.note_time(1_100, 500);
+    store.note_time(1_100);
     store.apply_ok(2, 1, &get(b"k"));
-    // Session 1 was applied 500 ms ago: a new session waits, nothing evicted or written.
-    store.note_time(1_500, 500);
+    // Full: session 1 would go, applied at 1 000 ms. Without a permit a new session waits,
+    // nothing evicted or written.
+    store.note_time(1_500);
+    assert_eq!(store.eviction_candidate(), Some((1, 1_000)));
     assert_eq!(store.stage(3, 1, &get(b"k")), Err(NoSpace));
-    assert_eq!(store.stats().sessions_full, 1);
+    store.permit_eviction(2);
+    assert_eq!(
+        store.stage(3, 1, &get(b"k")),
+        Err(NoSpace),
+        "not the one that would go"
+    );
+    assert_eq!(store.stats().sessions_full, 2);
     assert_eq!(store.stats().evicted_sessions, 0);
-    // Once it is older than that, it goes.
-    store.note_time(1_501, 500);
+    store.permit_eviction(1);
     store.apply_ok(3, 1, &get(b"k"));
     assert_eq!(store.stats().evicted_sessions, 1);
     let ids: Vec<u64> = store.sessions().iter().map(|s| s.session_id).collect();
     assert_eq!(ids, vec![2, 3]);
-    // After a restart the recovered sessions count as seen when the server first tells the
-    // time: none goes before the keeping time has passed again.
+    assert_eq!(
+        store.stage(4, 1, &get(b"k")),
+        Err(NoSpace),
+        "a permit is used once"
+    );
+    // After a restart the recovered sessions count as applied when the server first tells
+    // the time.
     let mut store = KvStore::open(store.into_region().crash_losing_unpersisted()).unwrap();
-    store.note_time(50_000, 500);
+    store.note_time(50_000);
+    assert_eq!(store.eviction_candidate(), Some((2, 50_000)));
     assert_eq!(store.stage(4, 1, &get(b"k")), Err(NoSpace));
-    store.note_time(50_501, 500);
+    store.permit_eviction(2);
     store.apply_ok(4, 1, &get(b"k"));
 }

@@ -422,7 +422,7 @@ fn kv_server(listen: SocketAddr, device: SocketAddr, file: &Path, key: &str) -> 
 #[test]
 fn a_replayed_kv_set_after_the_store_forgot_its_session_and_restarted_is_refused_as_stale() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    // Sessions are kept 2 × 1 + 1 = 3 s: a replay of a forgotten session is always stale.
+    // Sessions are kept 1 + 2 × 1 + 1 = 4 s: a replay of a forgotten session is always stale.
     let key = keygen(dir.path(), "replay window 1");
     let (device_addr, server_addr) = (free_udp_addr(), free_udp_addr());
     let data_file = dir.path().join("server.data");

@@ -66,12 +66,13 @@ pub trait Application {
     /// session may be forgotten.
     fn note_time(&mut self, _now_ms: u64) {}
 
-    /// The session a new one would evict now, with when it last applied a request (the
-    /// server's milliseconds; sessions recovered at open count as applied when the server
-    /// first told the time); `None` when there is room or the store never evicts. The
+    /// The session admitting `for_session` would evict now, with when it last applied a
+    /// request (the server's milliseconds; sessions recovered at open count as applied when
+    /// the server first told the time); `None` when the store knows `for_session`, has room,
+    /// or never evicts. The
     /// server permits it only once no device can still resend a request of it
     /// (docs/protocol.md, "Sessions").
-    fn eviction_candidate(&mut self) -> Option<(u64, u64)> {
+    fn eviction_candidate(&mut self, _for_session: u64) -> Option<(u64, u64)> {
         None
     }
 

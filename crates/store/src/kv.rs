@@ -832,7 +832,10 @@ impl<R: PmRegion> Application for KvStore<R> {
         self.permitted.get_or_insert(None);
     }
 
-    fn eviction_candidate(&mut self) -> Option<(u64, u64)> {
+    fn eviction_candidate(&mut self, for_session: u64) -> Option<(u64, u64)> {
+        if self.state.sessions.contains_key(&for_session) {
+            return None;
+        }
         let (session_id, oldest) = self.state.eviction_candidate()?;
         Some((
             session_id,

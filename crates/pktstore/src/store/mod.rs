@@ -520,7 +520,10 @@ impl<R: PmRegion> Application for Store<R> {
         self.permitted.get_or_insert(None);
     }
 
-    fn eviction_candidate(&mut self) -> Option<(u64, u64)> {
+    fn eviction_candidate(&mut self, for_session: u64) -> Option<(u64, u64)> {
+        if self.sessions.get(for_session).is_some() {
+            return None;
+        }
         self.table_victim_with_record()
     }
 

@@ -153,6 +153,12 @@ impl<R: PmRegion> Store<R> {
             }
             return Some((index, owner));
         }
+        self.idlest_table_entry_by_scan(epoch)
+    }
+
+    /// The owned table entry whose owner was active longest ago, among those not written in
+    /// batch `epoch`, with its owner: a scan of the whole table.
+    fn idlest_table_entry_by_scan(&self, epoch: u64) -> Option<(u32, u64)> {
         self.table
             .iter()
             .enumerate()
@@ -173,18 +179,7 @@ impl<R: PmRegion> Store<R> {
         if !self.free_table.is_empty() || self.table.iter().any(|slot| slot.owner.is_none()) {
             return None;
         }
-        let epoch = self.batch_epoch();
-        self.table
-            .iter()
-            .enumerate()
-            .filter(|(_, slot)| slot.latest_epoch != epoch)
-            .filter_map(|(index, slot)| {
-                let owner = slot.owner?;
-                let active = self.sessions.get(owner).map_or(0, |s| s.last_active);
-                Some((active, index as u32, owner))
-            })
-            .min()
-            .map(|(_, index, owner)| (index, owner))
+        self.idlest_table_entry_by_scan(self.batch_epoch())
     }
 
     /// The session whose exactly-once record a new session would evict now, with when it

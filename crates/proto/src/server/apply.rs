@@ -25,10 +25,11 @@ pub trait Stager {
     /// The server's time now (see the application's `note_time`): called before requests
     /// are staged.
     fn note_time(&mut self, _now_ms: u64) {}
-    /// The session the application would forget to make room for a new one, with when it
-    /// last applied a request (milliseconds, the server's clock); `None` when it has room
-    /// or never forgets (see the application's `eviction_candidate`).
-    fn eviction_candidate(&mut self) -> Option<(u64, u64)> {
+    /// The session the application would forget to make room for `for_session`, with when
+    /// it last applied a request (milliseconds, the server's clock); `None` when it knows
+    /// `for_session`, has room or never forgets (see the application's
+    /// `eviction_candidate`).
+    fn eviction_candidate(&mut self, _for_session: u64) -> Option<(u64, u64)> {
         None
     }
     /// The application may forget `session_id` to make room (the devices cleared it).
@@ -90,7 +91,7 @@ impl Server {
                     kind,
                     request,
                 } => match self
-                    .permit_app_eviction(now, app)
+                    .permit_app_eviction(now, app, session_id)
                     .stage(session_id, seq, kind, &request)
                 {
                     Some(reply) => {
@@ -129,15 +130,16 @@ impl Server {
         outcome
     }
 
-    /// Let the application forget the session it would evict next if no device can still
-    /// resend a request of it (`hold.rs`); ask the devices about it if it is idle long enough
-    /// otherwise.
+    /// Let the application forget the session it would evict for `for_session` if no device
+    /// can still resend a request of it (`hold.rs`); ask the devices about it if it is idle
+    /// long enough otherwise.
     fn permit_app_eviction<'a>(
         &mut self,
         now: Time,
         app: &'a mut dyn Stager,
+        for_session: u64,
     ) -> &'a mut dyn Stager {
-        if let Some((session_id, last_ms)) = app.eviction_candidate() {
+        if let Some((session_id, last_ms)) = app.eviction_candidate(for_session) {
             let last = Time::from_nanos(last_ms.saturating_mul(1_000_000));
             if self.holds.may_forget(now, session_id, last) {
                 app.permit_eviction(session_id);

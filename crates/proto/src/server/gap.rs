@@ -399,8 +399,7 @@ impl Server {
             let deadline = if fill_after >= age {
                 now + (fill_after - age)
             } else {
-                let early = u64::try_from((age - fill_after).as_nanos()).unwrap_or(u64::MAX);
-                Time::from_nanos(now.as_nanos().saturating_sub(early))
+                now.saturating_sub(age - fill_after)
             };
             session.note_dated(last.saturating_add(1), deadline);
         }

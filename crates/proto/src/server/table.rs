@@ -464,18 +464,19 @@ impl Table {
                 self.activity.push_front((time, session_id));
                 return false;
             }
-            if session.is_idle() && !cleared(session_id, time) {
+            if !session.is_idle() {
+                // Busy: it is touched again when it makes progress. Keep it in the order.
+                self.activity.push_back((time, session_id));
+                continue;
+            }
+            if !cleared(session_id, time) {
                 not_cleared.push((time, session_id));
                 self.waits_for_devices.push(session_id);
                 continue;
             }
-            if session.is_idle() {
-                self.sessions.remove(&session_id);
-                self.evicted += 1;
-                return true;
-            }
-            // Busy: it is touched again when it makes progress. Keep it in the order.
-            self.activity.push_back((time, session_id));
+            self.sessions.remove(&session_id);
+            self.evicted += 1;
+            return true;
         }
         false
     }

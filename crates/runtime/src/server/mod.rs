@@ -549,8 +549,8 @@ impl Stager for RuntimeStager<'_> {
         self.app.as_application().note_time(now_ms);
     }
 
-    fn eviction_candidate(&mut self) -> Option<(u64, u64)> {
-        self.app.as_application().eviction_candidate()
+    fn eviction_candidate(&mut self, for_session: u64) -> Option<(u64, u64)> {
+        self.app.as_application().eviction_candidate(for_session)
     }
 
     fn permit_eviction(&mut self, session_id: u64) {

@@ -153,8 +153,8 @@ impl ServerApp {
     }
 
     /// The session the store would forget next (see `Application::eviction_candidate`).
-    pub(super) fn eviction_candidate(&mut self) -> Option<(u64, u64)> {
-        self.kv.as_mut()?.eviction_candidate()
+    pub(super) fn eviction_candidate(&mut self, for_session: u64) -> Option<(u64, u64)> {
+        self.kv.as_mut()?.eviction_candidate(for_session)
     }
 
     /// The store may forget `session_id`.

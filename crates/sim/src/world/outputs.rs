@@ -278,8 +278,8 @@ impl Stager for SimStager<'_> {
         self.app.note_time(now_ms);
     }
 
-    fn eviction_candidate(&mut self) -> Option<(u64, u64)> {
-        self.app.eviction_candidate()
+    fn eviction_candidate(&mut self, for_session: u64) -> Option<(u64, u64)> {
+        self.app.eviction_candidate(for_session)
     }
 
     fn permit_eviction(&mut self, session_id: u64) {

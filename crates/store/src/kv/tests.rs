@@ -1177,14 +1177,14 @@ fn crash_at_every_point_of_compaction() {
 fn a_session_is_evicted_only_with_the_servers_permit() {
     let mut store = KvStore::format(SimRegion::new(1 << 20), KvConfig { max_sessions: 2 }).unwrap();
     store.note_time(1_000);
-    assert_eq!(store.eviction_candidate(), None, "room");
+    assert_eq!(store.eviction_candidate(3), None, "room");
     store.apply_ok(1, 1, &get(b"k"));
     store.note_time(1_100);
     store.apply_ok(2, 1, &get(b"k"));
     // Full: session 1 would go, applied at 1 000 ms. Without a permit a new session waits,
     // nothing evicted or written.
     store.note_time(1_500);
-    assert_eq!(store.eviction_candidate(), Some((1, 1_000)));
+    assert_eq!(store.eviction_candidate(3), Some((1, 1_000)));
     assert_eq!(store.stage(3, 1, &get(b"k")), Err(NoSpace));
     store.permit_eviction(2);
     assert_eq!(
@@ -1208,7 +1208,7 @@ fn a_session_is_evicted_only_with_the_servers_permit() {
     // the time.
     let mut store = KvStore::open(store.into_region().crash_losing_unpersisted()).unwrap();
     store.note_time(50_000);
-    assert_eq!(store.eviction_candidate(), Some((2, 50_000)));
+    assert_eq!(store.eviction_candidate(4), Some((2, 50_000)));
     assert_eq!(store.stage(4, 1, &get(b"k")), Err(NoSpace));
     store.permit_eviction(2);
     store.apply_ok(4, 1, &get(b"k"));

@@ -27,6 +27,16 @@ impl std::fmt::Display for NoSpace {
 
 impl std::error::Error for NoSpace {}
 
+/// The reply to a stale request (see [`Application::stage`]): an error saying nothing was
+/// applied.
+pub fn stale_reply(seq: u32, last_seq: u32) -> Vec<u8> {
+    crate::Reply::Error(format!(
+        "stale request: seq {seq} is at or below the session's last applied seq {last_seq}; \
+         nothing applied"
+    ))
+    .to_bytes()
+}
+
 /// A request handler the server runtime drives, in batches: it stages each request the
 /// protocol hands over and commits them together, then reports them applied (raft-rs's
 /// `Ready`: nothing is acknowledged before the commit that made it durable returns). A store
@@ -54,9 +64,12 @@ pub trait Application {
     /// ever free space (each store keeps room for it; see its own documentation).
     ///
     /// Calls for one session carry strictly increasing `seq` (gaps are allowed; a refused
-    /// `seq` is retried before any later one); a `seq` at or below the session's last applied
-    /// seq is a bug in the caller, which must answer duplicates from
-    /// [`Application::sessions`] or its own table instead.
+    /// `seq` is retried before any later one); the caller answers duplicates from
+    /// [`Application::sessions`] or its own table. One exception: a server whose table
+    /// forgot a session the store still records starts it again from nothing and may stage
+    /// the no-op fill of one of its old numbers (docs/protocol.md, "Sessions"). A `seq` at or
+    /// below the session's last applied seq is therefore **stale**: nothing is applied, the
+    /// record is unchanged, and the reply is [`stale_reply`].
     fn stage(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace>;
 
     /// The server's time now (milliseconds, of its own clock). Called before requests are

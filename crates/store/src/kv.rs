@@ -196,6 +196,9 @@ pub struct KvStats {
     /// Requests of new sessions refused with [`NoSpace`] because every session the table
     /// holds was applied more recently than the server keeps sessions (it retries them).
     pub sessions_full: u64,
+    /// Requests at or below their session's last applied number, refused with nothing
+    /// applied (see `Application::stage`).
+    pub stale_requests: u64,
     /// Records replayed at open: snapshot records plus APPLY records.
     pub recovered_records: u64,
     /// Records rejected at the end of the log at open (0 or 1).
@@ -849,11 +852,11 @@ impl<R: PmRegion> Application for KvStore<R> {
 
     fn stage(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace> {
         if let Some(session) = self.state.sessions.get(&session_id) {
-            assert!(
-                seq > session.last_seq,
-                "session {session_id}: seq {seq} applied after seq {}",
-                session.last_seq
-            );
+            if seq <= session.last_seq {
+                // Stale (see `Application::stage`): nothing applied, the record unchanged.
+                self.stats.stale_requests += 1;
+                return Ok(crate::app::stale_reply(seq, session.last_seq));
+            }
         } else if let Some((oldest, _)) = self.state.eviction_candidate() {
             // Admitting this session would evict the oldest one; it goes only once the server
             // permitted it (no duplicate, replay or device's resend of its requests can come).

@@ -15,7 +15,7 @@ pub mod codec;
 pub mod ideal;
 pub mod kv;
 
-pub use app::{Application, NoSpace, SessionRecord};
+pub use app::{stale_reply, Application, NoSpace, SessionRecord};
 pub use codec::{DecodeError, Reply, Request};
 pub use ideal::IdealHandler;
 pub use kv::{KvConfig, KvStats, KvStore, Recovery, RejectReason, RejectedRecord, StoreError};

@@ -164,6 +164,9 @@ pub struct StoreStats {
     /// number was displaced.
     pub session_folds: u64,
     pub sessions_evicted: u64,
+    /// Requests at or below their session's last applied number, refused with nothing
+    /// applied (see `Application::stage`).
+    pub stale_requests: u64,
     /// Requests of new sessions handed back because every session-table entry belonged to a
     /// session applied within the server's keeping time (the server retries them).
     pub sessions_full: u64,
@@ -508,6 +511,16 @@ impl<R: PmRegion> Application for Store<R> {
     /// [`Store::stage_request`]: `Err(NoSpace)` for a SET, INCR or APPEND with no room, never
     /// for anything else.
     fn stage(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace> {
+        if let Some(last_seq) = self
+            .sessions
+            .get(session_id)
+            .map(|session| session.last_seq)
+            .filter(|&last_seq| seq <= last_seq)
+        {
+            // Stale (see `Application::stage`): nothing applied, the record unchanged.
+            self.stats.stale_requests += 1;
+            return Ok(pmnet_store::stale_reply(seq, last_seq));
+        }
         if self.must_keep_every_session_for(session_id) {
             return Err(NoSpace);
         }

@@ -130,3 +130,32 @@ fn a_displaced_last_request_keeps_its_sessions_sequence_number() {
         }
     }
 }
+
+#[test]
+fn a_stale_request_applies_nothing() {
+    // A server whose table forgot a session the store still records may stage an old
+    // number again (the no-op fill of one its client gave up on): refused, nothing applied,
+    // the record unchanged, across a restart too.
+    for engine in [EngineKind::Packet, EngineKind::Conventional] {
+        let mut store = Store::format(SimRegion::new(region_len(64)), config(engine)).unwrap();
+        let set = |value: &[u8]| Request::Set { key: b"k", value }.to_bytes();
+        let reply = store.apply_ok(1, 3, &set(b"v3"));
+        for (seq, request) in [(3, set(b"old")), (2, Vec::new())] {
+            assert_eq!(
+                store.apply_ok(1, seq, &request),
+                pmnet_store::stale_reply(seq, 3),
+                "{engine:?}"
+            );
+        }
+        assert_eq!(store.stats().stale_requests, 2, "{engine:?}");
+        let reopened = Store::open(store.into_region()).unwrap();
+        let sessions = reopened.sessions();
+        assert_eq!(sessions.len(), 1, "{engine:?}");
+        assert_eq!((sessions[0].last_seq, &sessions[0].last_reply), (3, &reply));
+        assert_eq!(
+            reopened.get(b"k").unwrap().map(|value| value.to_vec()),
+            Some(b"v3".to_vec()),
+            "{engine:?}"
+        );
+    }
+}

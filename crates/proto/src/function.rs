@@ -77,6 +77,16 @@ impl<W, T> NumberedBatches<W, T> {
         self.waiting.push(item);
     }
 
+    /// The batch that will hold (or holds) the last work asked for, while it is not known to
+    /// be durable: wait for it to be durable to be sure of everything asked for so far.
+    /// `None`: everything asked for is durable.
+    pub fn pushed_through(&self) -> Option<u64> {
+        if !self.work.is_empty() {
+            return Some(self.next);
+        }
+        self.in_flight.back().map(|(number, _)| *number)
+    }
+
     /// The work asked for since the last batch, if any, as the next numbered batch.
     pub fn poll(&mut self) -> Option<PersistBatch<W>> {
         if self.work.is_empty() {

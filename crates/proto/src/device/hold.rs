@@ -9,6 +9,9 @@ use pmnet_wire::{Header, PacketType};
 use super::Device;
 use crate::DropReason;
 
+/// Hold replies that wait for this device's log work to be durable, at most.
+pub(super) const HOLD_REPLIES_WAITING_MAX: usize = 64;
+
 impl Device {
     /// Whether this device holds an entry of `session_id` for `server_id`.
     fn holds_entry_of(&self, server_id: u16, session_id: u64) -> bool {
@@ -75,7 +78,40 @@ impl Device {
         }
     }
 
+    /// Answer a hold query, once every entry freed before it is freed durably: a freed
+    /// entry's invalidation is persisted in a later batch, and a crash before that brings the
+    /// entry back to be resent — after its server, told nothing is held, may have forgotten
+    /// the session.
     fn answer_hold_query(&mut self, server: SocketAddr, header: &Header, held: &[bool]) {
+        let Some(needed) = self.batches.pushed_through() else {
+            self.send_hold_reply(server, header, held);
+            return;
+        };
+        if self.hold_replies_waiting.len() >= HOLD_REPLIES_WAITING_MAX {
+            // The server asks again in its next round.
+            self.count_drop(DropReason::QueueFull);
+            return;
+        }
+        self.hold_replies_waiting
+            .push_back((needed, server, *header, held.to_vec()));
+    }
+
+    /// Every batch through `through` is durable: send the hold replies that waited for them.
+    pub(super) fn release_hold_replies(&mut self, through: u64) {
+        while self
+            .hold_replies_waiting
+            .front()
+            .is_some_and(|(needed, ..)| *needed <= through)
+        {
+            let (_, server, header, held) = self
+                .hold_replies_waiting
+                .pop_front()
+                .expect("checked above");
+            self.send_hold_reply(server, &header, &held);
+        }
+    }
+
+    fn send_hold_reply(&mut self, server: SocketAddr, header: &Header, held: &[bool]) {
         let mut reply = Header::new(PacketType::HoldReply, header.server_id, 0, header.seq);
         reply.device_id = self.config.device_id;
         self.send(

@@ -239,6 +239,8 @@ pub struct Device {
     transmits: VecDeque<Transmit>,
     /// Log work in numbered batches, each with the writes it makes (slot, generation).
     batches: crate::NumberedBatches<LogWork, (u32, u64)>,
+    /// Hold replies waiting for the batch they name to be durable (`hold.rs`), in order.
+    hold_replies_waiting: std::collections::VecDeque<(u64, SocketAddr, Header, Vec<bool>)>,
     counters: DeviceCounters,
     /// How long entries logged by this device stayed in the log: from logging and forwarding
     /// the update to its server-ACK.
@@ -298,6 +300,7 @@ impl Device {
             replay: HashMap::new(),
             transmits: VecDeque::new(),
             batches: crate::NumberedBatches::starting_at(1),
+            hold_replies_waiting: std::collections::VecDeque::new(),
             counters: DeviceCounters::default(),
             residency: LatencyHistogram::new(),
             keyed: keyed::KeyedOrder::default(),
@@ -900,6 +903,7 @@ impl Device {
         for (slot, generation) in self.batches.durable_through(through) {
             self.on_write_durable(slot, generation);
         }
+        self.release_hold_replies(through);
     }
 
     fn on_write_durable(&mut self, slot: u32, generation: u64) {

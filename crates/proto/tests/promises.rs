@@ -496,6 +496,32 @@ fn a_keyed_write_waits_for_the_earlier_write_to_its_key_it_names() {
 }
 
 #[test]
+fn a_keyed_write_whose_wait_is_given_up_for_lack_of_room_goes_at_once() {
+    // A table of one session: the session a keyed write names cannot be taken in, so the
+    // wait is given up at once (counted) and the write goes to the application then, not
+    // only when something else happens to the session (found by the swarm: the session
+    // stalled for good).
+    use pmnet_proto::{Server, ServerConfig, Time};
+    let device = device_addr(0);
+    let mut config = ServerConfig::new(SERVER_ID, Vec::new());
+    config.sessions_max = 1;
+    let mut server = Server::new(config, Time::ZERO, Vec::new());
+    let (first, second) = (0xA, 0xB);
+    server.handle(
+        Time::ZERO,
+        device,
+        &keyed_write(second, 1, Some((first, 1)), b"new"),
+    );
+    assert_eq!(server.counters().keyed_order_given_up, 1);
+    assert_eq!(
+        applied_events(&mut server),
+        vec![(second, 1, b"k=new".to_vec())]
+    );
+    server.on_applied(Time::ZERO, second, 1, b"+OK".to_vec());
+    assert_eq!(server.busy_session_count(), 0);
+}
+
+#[test]
 fn a_keyed_write_that_names_a_request_no_one_holds_is_applied_once_it_is_skipped() {
     // The session named never sent that request through any device (a stale or forged
     // order): the server asks the devices, none holds it, the number is skipped, and the

@@ -449,6 +449,29 @@ impl Server {
             .count()
     }
 
+    /// The busy sessions in words (for a failure report): each one's numbers applied,
+    /// handed over and seen, what it buffers, and its gap.
+    pub fn busy_sessions_text(&self) -> String {
+        let mut busy: Vec<(&u64, &table::Session)> = self
+            .table
+            .sessions
+            .iter()
+            .filter(|(_, session)| !session.is_idle())
+            .collect();
+        busy.sort_unstable_by_key(|(id, _)| **id);
+        let texts: Vec<String> = busy
+            .iter()
+            .map(|(id, session)| {
+                let timer = session
+                    .gap
+                    .as_ref()
+                    .is_some_and(|gap| self.gap_timers.contains(&(gap.deadline, **id)));
+                format!("s={id:x}: {}", session.describe(timer))
+            })
+            .collect();
+        texts.join("; ")
+    }
+
     /// Sessions tracked.
     pub fn session_count(&self) -> usize {
         self.table.len()
@@ -735,8 +758,10 @@ impl Server {
             Ok(_) => {}
             Err(order::Blocked::Nothing) => return false,
             Err(order::Blocked::After(after, through)) => {
-                self.wait_for(now, session_id, after, through);
-                return false;
+                // A wait given up at once (no room in the table for the session waited
+                // for) lets the request go now.
+                return self.wait_for(now, session_id, after, through)
+                    && self.issue_next(now, session_id);
             }
         }
         let (len, from_primary) = self.table.sessions[&session_id]

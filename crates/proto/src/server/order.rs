@@ -99,13 +99,21 @@ impl Server {
     }
 
     /// Session `session_id` waits until `after` has applied through `through`: remember it,
-    /// and make sure `after` is known, so that what it misses is asked for or skipped.
-    pub(super) fn wait_for(&mut self, now: Time, session_id: u64, after: u64, through: u32) {
+    /// and make sure `after` is known, so that what it misses is asked for or skipped. `true`
+    /// when the wait was given up at once (no room in the table for `after`): the request
+    /// may go now.
+    pub(super) fn wait_for(
+        &mut self,
+        now: Time,
+        session_id: u64,
+        after: u64,
+        through: u32,
+    ) -> bool {
         let Some(session) = self.table.sessions.get_mut(&session_id) else {
-            return;
+            return false;
         };
         if session.waiting_for == Some((after, through)) {
-            return;
+            return false;
         }
         session.waiting_for = Some((after, through));
         let deadline = *session.waiting_until.get_or_insert(now + ORDER_WAIT_MAX);
@@ -121,7 +129,9 @@ impl Server {
                 session.waiting_for = None;
                 session.order_given_up = true;
             }
+            return true;
         }
+        false
     }
 
     /// Make sure session `after` is known and that its number `through` is awaited, so that

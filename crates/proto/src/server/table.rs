@@ -329,6 +329,36 @@ impl Session {
             && self.highest_seen <= self.last_applied
     }
 
+    /// This session's state in words (for a failure report); `gap_timer`: its gap's timer is
+    /// armed.
+    pub(super) fn describe(&self, gap_timer: bool) -> String {
+        let pending: Vec<String> = self
+            .pending
+            .iter()
+            .map(|(seq, assembly)| {
+                let part = if assembly.is_complete() { "" } else { "(part)" };
+                format!("{seq}{part}")
+            })
+            .collect();
+        let gap = self.gap.as_ref().map(|gap| {
+            format!(
+                "at {} fill at {:?} asked {} timer {gap_timer}",
+                gap.at, gap.fill_at, gap.asked
+            )
+        });
+        format!(
+            "applied {} issued {} seen {} pending [{}] gap {gap:?} fills {} deferral {} \
+             waiting {:?}",
+            self.last_applied,
+            self.issued_through,
+            self.highest_seen,
+            pending.join(" "),
+            self.fills.len(),
+            self.deferral.is_some(),
+            self.waiting_for,
+        )
+    }
+
     /// Whether `seq` was skipped or filled (as far as this session still remembers).
     pub(super) fn was_skipped(&self, seq: u32) -> bool {
         self.skipped

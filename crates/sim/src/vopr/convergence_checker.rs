@@ -44,9 +44,20 @@ fn convergence_state(world: &World) -> String {
             )
         })
         .collect();
+    let busy: Vec<String> = world
+        .servers
+        .iter()
+        .map(|node| node.server.busy_sessions_text())
+        .filter(|text| !text.is_empty())
+        .collect();
     format!(
         "in flight per client {clients:?}, live log entries per device {devices:?}, \
-         (recovering, busy sessions) per server {servers:?}"
+         (recovering, busy sessions) per server {servers:?}{}",
+        if busy.is_empty() {
+            String::new()
+        } else {
+            format!(" [{}]", busy.join(" | "))
+        }
     )
 }
 

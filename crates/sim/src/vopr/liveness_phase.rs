@@ -11,21 +11,30 @@ use super::convergence_checker::{converged, fail_not_converged, note_converged};
 use super::workload::{issue, Issued};
 use super::Options;
 
-/// Run the liveness phase; returns the virtual time it took to converge.
+/// Run the liveness phase, which must converge within `bound`; returns the virtual time it
+/// took.
 pub(super) fn run(
     world: &mut World,
     rng: &mut ChaCha8Rng,
     issued: &mut [Vec<Issued>],
     options: &Options,
+    bound: Duration,
 ) -> Duration {
     world.note_event(&format!(
         "liveness phase: faults healed, held persistence released, every node up; \
          must converge within {:?}",
-        options.liveness_bound
+        bound
     ));
     heal(world);
+    for index in 0..world.clients.len() {
+        if world.clients[index].arrives_later {
+            // Its turn never came: it never starts.
+            world.clients[index].arrives_later = false;
+            world.clients[index].gone = true;
+        }
+    }
     let liveness_start = world.now;
-    let deadline = world.now + options.liveness_bound;
+    let deadline = world.now + bound;
     loop {
         for client in 0..world.clients.len() {
             issue(world, rng, issued, client, options.requests_per_client);
@@ -37,7 +46,7 @@ pub(super) fn run(
             Some(at) if at <= deadline => {
                 world.step();
             }
-            _ => fail_not_converged(world, options.liveness_bound),
+            _ => fail_not_converged(world, bound),
         }
     }
     let virtual_time_to_converge = world.now.saturating_duration_since(liveness_start);

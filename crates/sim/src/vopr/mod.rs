@@ -214,6 +214,41 @@ fn replicas_for_seed(seed: u64) -> usize {
     rng.random_range(1..=2)
 }
 
+/// Sessions that come and go on a quarter of the seeds without replica servers
+/// (docs/simulation.md, the safety phase): every server's table and store keep only `table` sessions (2 to 4), and
+/// `later_clients` more clients (2 to 6), each a new session, start one by one in the place
+/// of clients that leave, so that full tables evict idle sessions (once the devices cleared
+/// them) and make new ones wait. Drawn from a generator of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Churn {
+    table: usize,
+    later_clients: usize,
+}
+
+impl Churn {
+    /// What the liveness phase may take beyond its bound: a table of `table` sessions takes
+    /// a new one only once an idle one has been kept `keep` (and cleared), so the sessions of
+    /// `clients` clients (each of which may still have requests in a device's log) pass
+    /// through it `table` at a time, each turn within twice the keeping time.
+    fn liveness_extra(&self, clients: usize, keep: Duration) -> Duration {
+        2 * keep * clients.div_ceil(self.table) as u32
+    }
+}
+
+fn churn_for_seed(seed: u64) -> Option<Churn> {
+    // Not with replica servers: a replica promoted in place of a lost primary sends its
+    // replicas again the requests it kept from the old primary, and a replica that forgot
+    // their session would apply them again (docs/replication.md, "Left out").
+    if replicas_for_seed(seed) > 0 {
+        return None;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5E55_C4A1_0000_0038);
+    rng.random_bool(0.25).then(|| Churn {
+        table: rng.random_range(2..=4),
+        later_clients: rng.random_range(2..=6),
+    })
+}
+
 /// Client request lifetime on seeds with the cache (at most): the cache's fetch warm-up is
 /// longer, so no read sent to a device before it restarted can fill its cache.
 const CACHE_SEED_LIFETIME: Duration = Duration::from_secs(2);
@@ -253,7 +288,12 @@ fn run_inner(seed: u64, options: &Options, state: &mut Option<Run>) -> Report {
     if let Some(attacker) = attacker.as_mut() {
         attacker.final_burst(world, summary);
     }
-    let virtual_time_to_converge = liveness_phase::run(world, &mut rng, &mut issued, options);
+    let bound = options.liveness_bound
+        + churn_for_seed(seed).map_or(Duration::ZERO, |churn| {
+            churn.liveness_extra(world.clients.len(), world.servers[0].config.session_keep())
+        });
+    let virtual_time_to_converge =
+        liveness_phase::run(world, &mut rng, &mut issued, options, bound);
     let requests_completed = check_invariants(world, &issued, summary);
     count_world_faults(world, summary);
     if batches_for_seed(seed).is_some() {
@@ -270,6 +310,9 @@ fn run_inner(seed: u64, options: &Options, state: &mut Option<Run>) -> Report {
             )
             .map(|counters| counters.batches_sent)
             .sum::<u64>();
+    }
+    if churn_for_seed(seed).is_some() {
+        summary.counts.seeds_with_churn += 1;
     }
     if attacker.is_some() {
         summary.counts.seeds_with_attacker += 1;
@@ -298,6 +341,11 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
         chain: false,
         server_replicas: replicas_for_seed(seed),
     };
+    let churn = churn_for_seed(seed);
+    let first_clients = topology.client_count;
+    if let Some(churn) = churn {
+        topology.client_count += churn.later_clients;
+    }
     let chain = chain_for_seed(seed);
     if let Some((devices, _)) = &chain {
         let mut slots = ChaCha8Rng::seed_from_u64(seed ^ 0x5107_5000_0000_0021);
@@ -318,9 +366,16 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
         },
         ..FaultSummary::default()
     };
-    let mix = FaultMix::choose(rng, topology.client_count);
+    let mut mix = FaultMix::choose(rng, topology.client_count);
+    mix.turnover = churn.is_some();
     let slot_counts = topology.device_slot_counts.clone();
     let mut world = World::with_topology(topology).with_kv_store(4 << 20);
+    if let Some(churn) = churn {
+        world = world.with_session_tables(churn.table);
+        for node in &mut world.clients[first_clients..] {
+            node.arrives_later = true;
+        }
+    }
     if let Some((_, keys)) = Attacker::for_seed(seed) {
         world = world.with_auth(keys);
         world.capture_len_max = attacker::CAPTURED_MAX;
@@ -375,6 +430,14 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
         world.replicas.len() / world.servers.len()
     ));
     note_fault_mix(&mut world, &summary, &mix, network_seed);
+    if let Some(churn) = churn {
+        world.note_event(&format!(
+            "sessions come and go: tables of {} sessions at every server and store; clients \
+             {first_clients}..{} start later, each in the place of one that leaves",
+            churn.table,
+            world.clients.len()
+        ));
+    }
     world.note_event(&format!(
         "safety phase: {} actions, {} requests per client",
         options.safety_actions, options.requests_per_client
@@ -391,6 +454,7 @@ fn note_fault_mix(world: &mut World, summary: &FaultSummary, mix: &FaultMix, net
         short_lifetimes,
         device_crash_weight,
         server_crash_weight,
+        turnover: _,
     } = mix;
     world.note_event(&format!(
         "faults: loss {:.1}%, duplication {:.1}%, delay spread 0-{} us, corruption in flight \

@@ -25,6 +25,9 @@ pub(super) struct FaultMix {
     pub(super) device_crash_weight: u32,
     /// Out of 3: how often a server crash strikes (0: never).
     pub(super) server_crash_weight: u32,
+    /// Clients leave and others, each a new session, start in their place (set by the
+    /// seed's churn, not drawn here).
+    pub(super) turnover: bool,
 }
 
 impl FaultMix {
@@ -50,6 +53,7 @@ impl FaultMix {
             short_lifetimes,
             device_crash_weight,
             server_crash_weight,
+            turnover: false,
         }
     }
 }
@@ -100,6 +104,7 @@ pub(super) fn run(
             45 if mix.partitions => partition(world, rng, summary),
             48 if mix.clients_leave => client_leaves(world, rng, summary),
             49..=50 if mix.store_full => toggle_store_full(world, rng),
+            51..=53 if mix.turnover => client_turns_over(world, rng, summary),
             46..=47 if mix.partitions && !world.blocked.is_empty() => {
                 world.blocked.clear();
                 world.note_by("network", "partitions healed");
@@ -258,6 +263,26 @@ fn client_leaves(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSum
         summary.counts.clients_gone += 1;
         world.client_leaves(client);
     }
+}
+
+/// A client leaves (with or without requests in flight) and the next client that arrives
+/// later, a new session, starts in its place.
+fn client_turns_over(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSummary) {
+    let Some(next) = world.clients.iter().position(|node| node.arrives_later) else {
+        return;
+    };
+    let running: Vec<usize> = (0..world.clients.len())
+        .filter(|&index| !world.clients[index].gone && !world.clients[index].arrives_later)
+        .collect();
+    if let Some(&leaving) = running.get(rng.random_range(0..running.len().max(1))) {
+        if world.clients[leaving].client.in_flight_count() > 0 {
+            summary.counts.clients_gone += 1;
+        }
+        world.client_leaves(leaving);
+    }
+    summary.counts.clients_turned_over += 1;
+    world.clients[next].arrives_later = false;
+    world.note_by(&format!("client{next}"), "starts (a new session)");
 }
 
 /// Fill a server's store (every update handed back), or give it room again.

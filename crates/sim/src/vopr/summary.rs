@@ -1,7 +1,7 @@
 //! What a run exercised: the fault mix a seed chose, the faults counted by class, and the
 //! totals over a swarm of seeds.
 
-use crate::world::World;
+use crate::world::{SessionChurn, World};
 
 use super::Report;
 
@@ -77,6 +77,14 @@ pub struct FaultCounts {
     pub replayed_late: u64,
     pub replayed_past_window: u64,
     pub replays_dropped_stale: u64,
+    /// Seeds whose sessions come and go through small tables, the clients started in the
+    /// place of others, the sessions servers' tables and stores evicted, and the hold
+    /// queries servers sent before evicting.
+    pub seeds_with_churn: u64,
+    pub clients_turned_over: u64,
+    pub sessions_evicted_by_servers: u64,
+    pub sessions_evicted_by_stores: u64,
+    pub hold_queries_sent: u64,
 }
 
 impl FaultCounts {
@@ -121,6 +129,11 @@ impl FaultCounts {
         self.gaps_skipped_by_server += other.gaps_skipped_by_server;
         self.clients_gone += other.clients_gone;
         self.requests_deferred_store_full += other.requests_deferred_store_full;
+        self.seeds_with_churn += other.seeds_with_churn;
+        self.clients_turned_over += other.clients_turned_over;
+        self.sessions_evicted_by_servers += other.sessions_evicted_by_servers;
+        self.sessions_evicted_by_stores += other.sessions_evicted_by_stores;
+        self.hold_queries_sent += other.hold_queries_sent;
     }
 
     /// The counts with their names, one fault class a line.
@@ -215,6 +228,27 @@ impl FaultCounts {
                 ),
             ]);
         }
+        if self.seeds_with_churn > 0 {
+            lines.extend([
+                (
+                    "seeds with sessions that come and go",
+                    self.seeds_with_churn,
+                ),
+                (
+                    "clients started in the place of others",
+                    self.clients_turned_over,
+                ),
+                (
+                    "sessions evicted by servers' tables",
+                    self.sessions_evicted_by_servers,
+                ),
+                (
+                    "sessions evicted by stores",
+                    self.sessions_evicted_by_stores,
+                ),
+                ("hold queries sent by servers", self.hold_queries_sent),
+            ]);
+        }
         lines
     }
 }
@@ -238,6 +272,14 @@ pub(super) fn count_world_faults(world: &World, summary: &mut FaultSummary) {
         .iter()
         .map(|node| node.skipped_before_restart + node.server.counters().sequence_numbers_skipped)
         .sum();
+    let mut churn = SessionChurn::default();
+    for node in world.servers.iter().chain(&world.replicas) {
+        churn.add(&node.churn_before_restart);
+        churn.add(&node.churn());
+    }
+    summary.counts.sessions_evicted_by_servers = churn.server_evictions;
+    summary.counts.sessions_evicted_by_stores = churn.store_evictions;
+    summary.counts.hold_queries_sent = churn.hold_queries_sent;
 }
 
 /// Totals over a swarm of seeds: what was exercised, for the summary `pmnet sim` prints.

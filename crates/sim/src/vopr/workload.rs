@@ -49,6 +49,7 @@ pub(super) fn issue(
     limit: u32,
 ) {
     if world.clients[client].gone
+        || world.clients[client].arrives_later
         || issued[client].len() as u32 >= limit
         || !world.clients[client].client.can_send()
     {

@@ -23,14 +23,14 @@ use std::time::Duration;
 use pmnet_pm::{PmLog, SimRegion};
 use pmnet_proto::{Client, ClientConfig, ClientEvent, Device, FrontFunction, Time};
 use pmnet_store::{KvConfig, KvStore};
-use pmnet_wire::{Header, PacketType};
+use pmnet_wire::PacketType;
 
 use network::{DropRule, InFlight};
 pub use nodes::{
     client_addr, device_addr, node_name, replica_addr, server_addr, ClientNode, DeviceNode, Faults,
-    NetworkCounters, Seen, ServerApp, ServerNode, Topology, DEVICE_ID, SERVER_ID, SLOT_SIZE,
+    NetworkCounters, Seen, ServerApp, ServerNode, SessionChurn, Topology, DEVICE_ID, SERVER_ID,
+    SLOT_SIZE,
 };
-pub use trace::describe_header;
 
 /// The wall-clock time (Unix milliseconds) at which every simulated world starts.
 pub const SIM_EPOCH_MS: u64 = 1_764_000_000_000;
@@ -226,6 +226,33 @@ impl World {
                 KvStore::format(SimRegion::new(len), KvConfig::default()).expect("format a store");
             node.app.kv = Some(store);
         }
+        self
+    }
+
+    /// Give every server (and replica) a session table of `sessions_max`, and its store,
+    /// when it has one, room for as many sessions, so that sessions that come and go fill
+    /// them and are evicted (docs/protocol.md, "Sessions"). Before anything was sent.
+    pub fn with_session_tables(mut self, sessions_max: usize) -> World {
+        let config = KvConfig {
+            max_sessions: u32::try_from(sessions_max).expect("a small table"),
+        };
+        for node in self.servers.iter_mut().chain(&mut self.replicas) {
+            assert_eq!(
+                node.server.counters().requests_applied,
+                0,
+                "size the tables before the server applies anything"
+            );
+            node.config.sessions_max = sessions_max;
+            node.app.sessions_forgotten = true;
+            if let Some(store) = node.app.kv.take() {
+                let len = pmnet_pm::PmRegion::len(store.region());
+                node.app.kv =
+                    Some(KvStore::format(SimRegion::new(len), config).expect("format a store"));
+            }
+            node.forward_log = None;
+            node.boot(self.now, Vec::new());
+        }
+        self.flush_outputs();
         self
     }
 
@@ -489,13 +516,7 @@ impl World {
             true
         };
         self.note_datagram(&node_name(to), || {
-            let what = match Header::parse(pmnet_auth::without_trailer(bytes)) {
-                Ok((header, _)) => describe_header(&header),
-                Err(error) => format!(
-                    "a datagram of {} bytes that does not parse ({error})",
-                    bytes.len()
-                ),
-            };
+            let what = trace::describe_datagram(bytes);
             let fate = if up { "" } else { " [lost: the node is down]" };
             format!("recv {what} from {}{fate}", node_name(from))
         });

@@ -87,9 +87,20 @@ pub struct ServerApp {
     pub sessions: HashMap<u64, (u32, Vec<u8>)>,
     pub updates_per_session: HashMap<u64, u32>,
     pub kv: Option<KvStore<SimRegion>>,
+    /// Servers' tables may forget sessions (small tables: [`World::with_session_tables`]).
+    pub sessions_forgotten: bool,
+    /// No-op fills of old numbers staged by a server that forgot their session: the store
+    /// refused them as stale, applying nothing.
+    pub late_fills: u64,
 }
 
 impl ServerApp {
+    /// Whether `request` is the no-op fill (an empty bypass) of an old number, which a
+    /// server whose table forgot the session may stage (see `Application::stage`).
+    fn is_late_fill(&self, kind: RequestKind, request: &[u8]) -> bool {
+        self.sessions_forgotten && kind == RequestKind::Bypass && request.is_empty()
+    }
+
     /// How far it got: the sum of its sessions' last applied numbers. Replicas apply in their
     /// primary's order, so of two replicas of one primary the one further along holds
     /// everything the other does (the one an operator promotes).
@@ -109,6 +120,20 @@ impl ServerApp {
         // Numbers a server skipped (a gap no client or device could fill) leave holes; the
         // run's end checks that each hole is a request its client reported failed.
         let last = self.sessions.get(&session_id).map_or(0, |(seq, _)| *seq);
+        if seq <= last && self.is_late_fill(kind, request) {
+            // A session the server's table forgot (evicted while idle, its devices holding
+            // nothing of it) starts again from nothing; its client answers a question about
+            // one of its old numbers with the no-op fill of a request it gave up on. The store
+            // refuses it as stale; nothing of the session's earlier life comes back.
+            // The store refuses it as stale or, having forgotten the session too, applies
+            // it as the empty request it is: no effect either way.
+            let reply = match self.kv.as_mut() {
+                Some(kv) => kv.stage(session_id, seq, request).ok()?,
+                None => pmnet_store::stale_reply(seq, last),
+            };
+            self.late_fills += 1;
+            return Some(reply);
+        }
         assert!(
             seq > last,
             "invariant: session {session_id:x} applied seq {seq} after {last} (out of order or twice)"
@@ -340,19 +365,62 @@ pub struct ServerNode {
     pub forward_log: Option<PmLog<SimRegion>>,
     /// What the forward log gave back at the last start.
     pub forward_log_recovery: pmnet_proto::ForwardLogRecovery,
+    /// Session evictions and hold queries of the runs before this one (a restart starts the
+    /// counters again), and the store's eviction count when this run started.
+    pub churn_before_restart: SessionChurn,
+    store_evictions_at_boot: u64,
+}
+
+/// Sessions forgotten to make room, and the hold queries that cleared them (docs/protocol.md,
+/// "Sessions").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionChurn {
+    /// Sessions the server's table evicted.
+    pub server_evictions: u64,
+    /// Sessions the store (its exactly-once records) evicted.
+    pub store_evictions: u64,
+    pub hold_queries_sent: u64,
+}
+
+impl SessionChurn {
+    pub fn add(&mut self, other: &SessionChurn) {
+        self.server_evictions += other.server_evictions;
+        self.store_evictions += other.store_evictions;
+        self.hold_queries_sent += other.hold_queries_sent;
+    }
 }
 
 impl ServerNode {
     /// Start again (a new process) from the application's durable state; the number of
     /// sessions recovered.
     pub(super) fn restart(&mut self, now: Time) -> usize {
+        let churn = self.churn();
+        self.churn_before_restart.add(&churn);
         self.app.crash_store();
+        self.store_evictions_at_boot = self.store_evictions();
         let sessions = self.app.recovered_sessions();
         let session_count = sessions.len();
         self.boot(now, sessions);
         self.up = true;
         self.restart_count += 1;
         session_count
+    }
+
+    /// Session evictions and hold queries of this run.
+    pub fn churn(&self) -> SessionChurn {
+        let counters = self.server.counters();
+        SessionChurn {
+            server_evictions: counters.sessions_evicted,
+            store_evictions: self.store_evictions() - self.store_evictions_at_boot,
+            hold_queries_sent: counters.hold_queries_sent,
+        }
+    }
+
+    fn store_evictions(&self) -> u64 {
+        self.app
+            .kv
+            .as_ref()
+            .map_or(0, |kv| kv.stats().evicted_sessions)
     }
 
     /// A new server state machine on `sessions` and its forward log as a crash left it (a
@@ -422,6 +490,8 @@ impl ServerNode {
             lost: false,
             forward_log: None,
             forward_log_recovery: Default::default(),
+            churn_before_restart: SessionChurn::default(),
+            store_evictions_at_boot: 0,
         };
         node.boot(Time::ZERO, Vec::new());
         node
@@ -439,6 +509,9 @@ pub struct ClientNode {
     /// nor reported failed.
     pub gone: bool,
     pub abandoned: Vec<u32>,
+    /// The client's process has not started yet: it sends nothing until a test starts it
+    /// (the swarm's clients that come and go, each a new session).
+    pub arrives_later: bool,
 }
 
 impl ClientNode {
@@ -458,6 +531,7 @@ impl ClientNode {
             reads: Vec::new(),
             gone: false,
             abandoned: Vec::new(),
+            arrives_later: false,
         }
     }
 }

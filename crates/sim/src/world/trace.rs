@@ -35,6 +35,45 @@ pub fn describe_header(header: &Header) -> String {
     text
 }
 
+/// A datagram as traces show it: its header, and a batch's entries after it.
+pub(super) fn describe_datagram(bytes: &[u8]) -> String {
+    let (header, payload) = match Header::parse(pmnet_auth::without_trailer(bytes)) {
+        Ok(parsed) => parsed,
+        Err(error) => {
+            return format!(
+                "a datagram of {} bytes that does not parse ({error})",
+                bytes.len()
+            )
+        }
+    };
+    let mut text = describe_header(&header);
+    match header.packet_type {
+        pmnet_wire::PacketType::HoldQuery => {
+            if let Ok(sessions) = pmnet_wire::decode_hold_query_payload(payload) {
+                let ids: Vec<String> = sessions.iter().map(|id| format!("{id:x}")).collect();
+                text.push_str(&format!(" [{}]", ids.join(" ")));
+            }
+        }
+        pmnet_wire::PacketType::HoldReply => {
+            if let Ok(held) = pmnet_wire::decode_hold_reply_payload(payload) {
+                let bits: String = held.iter().map(|&h| if h { '1' } else { '0' }).collect();
+                text.push_str(&format!(" [held {bits}]"));
+            }
+        }
+        _ => {}
+    }
+    if header.packet_type == pmnet_wire::PacketType::Batch {
+        let entries: Vec<String> = pmnet_wire::batch_entries(payload)
+            .map(|entry| match entry.map(Header::parse) {
+                Ok(Ok((header, _))) => describe_header(&header),
+                _ => "a bad entry".to_string(),
+            })
+            .collect();
+        text.push_str(&format!(" [{}]", entries.join("; ")));
+    }
+    text
+}
+
 fn describe_key(key: &EntryKey) -> String {
     format!(
         "server{} s={:x} seq={} frag={}",

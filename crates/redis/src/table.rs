@@ -28,6 +28,10 @@ pub mod flag {
     pub const BLOCKING: u16 = 1 << 3;
     pub const PUBSUB: u16 = 1 << 4;
     pub const ADMIN: u16 = 1 << 5;
+    /// Its keys are not at fixed positions (`EVAL`, `ZUNIONSTORE`, …).
+    pub const MOVABLE_KEYS: u16 = 1 << 6;
+    /// It may write without being a `write` command (`EVAL`, `FCALL`, `PUBLISH`).
+    pub const MAY_REPLICATE: u16 = 1 << 7;
 }
 
 /// One command (or subcommand) as Redis describes it.
@@ -36,8 +40,27 @@ pub struct CommandInfo {
     /// Redis's arity: `n` exactly n words (the name included), `-n` at least n.
     pub arity: i64,
     pub flags: u16,
+    /// Where its keys are (`COMMAND`'s first key, last key and step): words `first`,
+    /// `first + step`, … through `last` (negative: counted from the end); `first` 0: none.
+    pub keys: (i64, i64, i64),
     /// Subcommands by lower-case name (`object|encoding` is under `object`, as `encoding`).
     pub subcommands: HashMap<String, CommandInfo>,
+}
+
+impl CommandInfo {
+    /// The keys `args` (this command's words, the name first) names at its fixed positions.
+    pub fn fixed_keys<'a>(&self, args: &'a [Vec<u8>]) -> Vec<&'a [u8]> {
+        let (first, last, step) = self.keys;
+        let count = args.len() as i64;
+        let last = if last < 0 { count + last } else { last };
+        if first <= 0 || step <= 0 {
+            return Vec::new();
+        }
+        (first..=last.min(count - 1))
+            .step_by(step as usize)
+            .filter_map(|at| args.get(usize::try_from(at).ok()?).map(Vec::as_slice))
+            .collect()
+    }
 }
 
 /// Every command Redis has.
@@ -169,10 +192,17 @@ fn parse_entry(entry: &Value) -> Option<(String, CommandInfo)> {
                 "blocking" => flag::BLOCKING,
                 "pubsub" => flag::PUBSUB,
                 "admin" => flag::ADMIN,
+                "movablekeys" => flag::MOVABLE_KEYS,
+                "may_replicate" => flag::MAY_REPLICATE,
                 _ => 0,
             };
         }
     }
+    let number = |at: usize| match fields.get(at) {
+        Some(Value::Integer(n)) => *n,
+        _ => 0,
+    };
+    let keys = (number(3), number(4), number(5));
     let mut subcommands = HashMap::new();
     // Redis 7: field 10 lists the subcommands, named `container|sub`.
     if let Some(Value::Array(Some(subs))) = fields.get(9) {
@@ -190,6 +220,7 @@ fn parse_entry(entry: &Value) -> Option<(String, CommandInfo)> {
         CommandInfo {
             arity,
             flags,
+            keys,
             subcommands,
         },
     ))

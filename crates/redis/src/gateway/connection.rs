@@ -73,6 +73,9 @@ pub struct ConnState {
     /// Watched keys and their fingerprints.
     /// Watched keys: the database each was watched in, the key, its fingerprint.
     watched: Vec<(u32, Vec<u8>, Vec<u8>)>,
+    /// A write of this connection's own, sent since the `WATCH`, may have changed a watched
+    /// key: the next `EXEC` fails, as Redis fails it (see [`ConnState::note_own_command`]).
+    watch_touched: bool,
 }
 
 /// What the gateway does for a connection command.
@@ -155,6 +158,7 @@ impl ConnState {
             authenticated: auth.password.is_none(),
             queued: None,
             watched: Vec::new(),
+            watch_touched: false,
         }
     }
 
@@ -179,7 +183,59 @@ impl ConnState {
     /// the watched keys are discarded.
     pub fn abort_exec(&mut self) {
         self.queued = None;
+        self.unwatch();
+    }
+
+    fn unwatch(&mut self) {
         self.watched.clear();
+        self.watch_touched = false;
+    }
+
+    /// A command of this connection's own, about to run outside a transaction. Redis fails the
+    /// next `EXEC` when any write — this connection's own too — changed a watched key, even
+    /// back to what it was; fingerprints alone cannot see that, so a write of this
+    /// connection's that names a watched key (in the database watched), a `FLUSHDB` or
+    /// `SWAPDB` of its database or a `FLUSHALL` while a watched key existed, fails it here. A
+    /// write that Redis then refuses (`WRONGTYPE`) fails it too: a transaction failed for
+    /// nothing is safe, its client tries again; one run after a change is not. Without
+    /// Redis's command table, fingerprints only.
+    pub fn note_own_command(&mut self, args: &[Vec<u8>], table: Option<&CommandTable>) {
+        if self.watched.is_empty() || self.watch_touched || self.queued.is_some() {
+            return;
+        }
+        let Some(Ok((full, info))) = table.map(|table| table.find(args)) else {
+            return;
+        };
+        if info.flags & (crate::table::flag::WRITE | crate::table::flag::MAY_REPLICATE) == 0 {
+            return;
+        }
+        let db = self.db;
+        let existed_in = |dbs: &[u32]| {
+            self.watched
+                .iter()
+                .any(|(at, _, print)| dbs.contains(at) && !print.is_empty())
+        };
+        let names = |key: &[u8]| {
+            self.watched
+                .iter()
+                .any(|(at, watched, _)| *at == db && watched.as_slice() == key)
+        };
+        self.watch_touched = match full.as_str() {
+            "flushdb" => existed_in(&[db]),
+            "flushall" => self.watched.iter().any(|(_, _, print)| !print.is_empty()),
+            "swapdb" => {
+                let dbs: Vec<u32> = args[1..]
+                    .iter()
+                    .filter_map(|arg| crate::resp::parse_redis_int(arg))
+                    .filter_map(|n| u32::try_from(n).ok())
+                    .collect();
+                existed_in(&dbs)
+            }
+            _ if info.flags & crate::table::flag::MOVABLE_KEYS != 0 => {
+                args[1..].iter().any(|arg| names(arg))
+            }
+            _ => info.fixed_keys(args).into_iter().any(names),
+        };
     }
 
     /// Queue a command inside `MULTI` (routed as `route`); the reply to send now. With Redis's
@@ -302,7 +358,7 @@ impl ConnState {
             },
             "RESET" => {
                 self.queued = None;
-                self.watched.clear();
+                self.unwatch();
                 self.name = None;
                 self.resp3 = false;
                 self.db = 0;
@@ -317,13 +373,13 @@ impl ConnState {
             }),
             "DISCARD" => Action::Reply(match self.queued.take() {
                 Some(_) => {
-                    self.watched.clear();
+                    self.unwatch();
                     OK.to_vec()
                 }
                 None => error_reply("ERR DISCARD without MULTI"),
             }),
             "UNWATCH" => {
-                self.watched.clear();
+                self.unwatch();
                 Action::Reply(OK.to_vec())
             }
             "WATCH" => {
@@ -354,6 +410,13 @@ impl ConnState {
             return Action::Reply(error_reply("ERR EXEC without MULTI"));
         };
         let watched = std::mem::take(&mut self.watched);
+        if std::mem::take(&mut self.watch_touched) && !queued.dirty {
+            return Action::Reply(if self.resp3 {
+                b"_\r\n".to_vec()
+            } else {
+                b"*-1\r\n".to_vec()
+            });
+        }
         if queued.dirty {
             return Action::Reply(error_reply(
                 "EXECABORT Transaction discarded because of previous errors.",
@@ -706,6 +769,86 @@ mod tests {
         assert!(reply(&mut conn, &["CLIENT", "PAUSE", "1"]).starts_with(b"-ERR CLIENT PAUSE"));
         assert!(reply(&mut conn, &["CLIENT", "NOPE"]).starts_with(b"-ERR unknown subcommand"));
         assert!(reply(&mut conn, &["CLIENT", "ID", "x"]).starts_with(b"-ERR wrong number"));
+    }
+
+    /// A table of a few commands with their key positions, as Redis 7's `COMMAND` gives them.
+    fn keyed_table() -> CommandTable {
+        use crate::resp::Value;
+        let entry = |name: &str, arity: i64, flags: &[&str], keys: (i64, i64, i64)| {
+            Value::Array(Some(vec![
+                Value::Bulk(Some(name.as_bytes().to_vec())),
+                Value::Integer(arity),
+                Value::Array(Some(
+                    flags
+                        .iter()
+                        .map(|f| Value::Simple(f.as_bytes().to_vec()))
+                        .collect(),
+                )),
+                Value::Integer(keys.0),
+                Value::Integer(keys.1),
+                Value::Integer(keys.2),
+            ]))
+        };
+        CommandTable::from_reply(&Value::Array(Some(vec![
+            entry("get", 2, &["readonly"], (1, 1, 1)),
+            entry("rpush", -3, &["write"], (1, 1, 1)),
+            entry("mset", -3, &["write"], (1, -1, 2)),
+            entry("flushdb", -1, &["write"], (0, 0, 0)),
+            entry(
+                "eval",
+                -3,
+                &["noscript", "may_replicate", "movablekeys"],
+                (0, 0, 0),
+            ),
+            entry("zunionstore", -4, &["write", "movablekeys"], (1, 1, 1)),
+        ])))
+        .unwrap()
+    }
+
+    /// The next EXEC's reply, after `WATCH k` (whose fingerprint says it existed, or not) and
+    /// the connection's own `command`.
+    fn exec_after_own(existed: bool, command: &[&str]) -> Option<Vec<u8>> {
+        let mut conn = state();
+        let Action::Watch { keys, .. } =
+            conn.handle("WATCH", &args(&["WATCH", "k"]), &Auth::default())
+        else {
+            panic!("a watch")
+        };
+        let print: &[u8] = if existed {
+            b"*1\r\n$3\r\nab:\r\n"
+        } else {
+            b"*1\r\n$0\r\n\r\n"
+        };
+        assert_eq!(conn.watched(keys, print), OK);
+        conn.note_own_command(&args(command), Some(&keyed_table()));
+        assert_eq!(reply(&mut conn, &["MULTI"]), OK);
+        match conn.handle("EXEC", &args(&["EXEC"]), &Auth::default()) {
+            Action::Reply(bytes) => Some(bytes),
+            Action::Exec { .. } => None,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_write_of_the_connections_own_to_a_watched_key_fails_the_exec() {
+        // Redis fails the EXEC even when the key was changed back (fingerprints cannot see it).
+        let failed = Some(b"*-1\r\n".to_vec());
+        assert_eq!(exec_after_own(false, &["RPUSH", "k", "v"]), failed);
+        assert_eq!(exec_after_own(false, &["MSET", "a", "1", "k", "2"]), failed);
+        assert_eq!(exec_after_own(true, &["FLUSHDB"]), failed);
+        assert_eq!(
+            exec_after_own(false, &["EVAL", "return 1", "1", "k"]),
+            failed
+        );
+        // Reads, other keys, a flush of nothing watched that existed: it runs.
+        assert_eq!(exec_after_own(true, &["GET", "k"]), None);
+        assert_eq!(exec_after_own(true, &["RPUSH", "other", "v"]), None);
+        assert_eq!(
+            exec_after_own(true, &["MSET", "other", "k", "x", "y"]),
+            None,
+            "k as a value"
+        );
+        assert_eq!(exec_after_own(false, &["FLUSHDB"]), None);
     }
 
     #[test]

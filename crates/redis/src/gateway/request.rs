@@ -133,6 +133,12 @@ pub(super) fn start_command(
             return;
         }
     }
+    if matches!(
+        route,
+        Route::Update { .. } | Route::Bypass | Route::Direct { .. }
+    ) {
+        conn.state.note_own_command(args, table);
+    }
     // With a device cache, every write reaches it keyed (or as a barrier): see
     // `commands::cache_use`.
     let mut shape = match (options.device_cache, cache_use(args)) {

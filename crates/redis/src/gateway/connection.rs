@@ -191,23 +191,22 @@ impl ConnState {
         self.watch_touched = false;
     }
 
-    /// A command of this connection's own, about to run outside a transaction. Redis fails the
-    /// next `EXEC` when any write — this connection's own too — changed a watched key, even
-    /// back to what it was; fingerprints alone cannot see that, so a write of this
-    /// connection's that names a watched key (in the database watched), a `FLUSHDB` or
-    /// `SWAPDB` of its database or a `FLUSHALL` while a watched key existed, fails it here. A
-    /// write that Redis then refuses (`WRONGTYPE`) fails it too: a transaction failed for
-    /// nothing is safe, its client tries again; one run after a change is not. Without
-    /// Redis's command table, fingerprints only.
-    pub fn note_own_command(&mut self, args: &[Vec<u8>], table: Option<&CommandTable>) {
+    /// Whether this command of the connection's own, about to run outside a transaction,
+    /// may change a watched key. Redis fails the next `EXEC` when any write — this
+    /// connection's own too — changed a watched key, even back to what it was; fingerprints
+    /// alone cannot see that. A write of this connection's that names a watched key (in the
+    /// database watched), a `FLUSHDB` or `SWAPDB` of its database or a `FLUSHALL` while a
+    /// watched key existed may; the caller marks it ([`ConnState::touch_watched`]) once Redis
+    /// applied it. Without Redis's command table, fingerprints only.
+    pub fn may_touch_watched(&self, args: &[Vec<u8>], table: Option<&CommandTable>) -> bool {
         if self.watched.is_empty() || self.watch_touched || self.queued.is_some() {
-            return;
+            return false;
         }
         let Some(Ok((full, info))) = table.map(|table| table.find(args)) else {
-            return;
+            return false;
         };
         if info.flags & (crate::table::flag::WRITE | crate::table::flag::MAY_REPLICATE) == 0 {
-            return;
+            return false;
         }
         let db = self.db;
         let existed_in = |dbs: &[u32]| {
@@ -220,7 +219,7 @@ impl ConnState {
                 .iter()
                 .any(|(at, watched, _)| *at == db && watched.as_slice() == key)
         };
-        self.watch_touched = match full.as_str() {
+        match full.as_str() {
             "flushdb" => existed_in(&[db]),
             "flushall" => self.watched.iter().any(|(_, _, print)| !print.is_empty()),
             "swapdb" => {
@@ -235,7 +234,14 @@ impl ConnState {
                 args[1..].iter().any(|arg| names(arg))
             }
             _ => info.fixed_keys(args).into_iter().any(names),
-        };
+        }
+    }
+
+    /// A write of this connection's own changed a watched key: the next `EXEC` fails.
+    pub fn touch_watched(&mut self) {
+        if !self.watched.is_empty() {
+            self.watch_touched = true;
+        }
     }
 
     /// Queue a command inside `MULTI` (routed as `route`); the reply to send now. With Redis's
@@ -820,7 +826,9 @@ mod tests {
             b"*1\r\n$0\r\n\r\n"
         };
         assert_eq!(conn.watched(keys, print), OK);
-        conn.note_own_command(&args(command), Some(&keyed_table()));
+        if conn.may_touch_watched(&args(command), Some(&keyed_table())) {
+            conn.touch_watched();
+        }
         assert_eq!(reply(&mut conn, &["MULTI"]), OK);
         match conn.handle("EXEC", &args(&["EXEC"]), &Auth::default()) {
             Action::Reply(bytes) => Some(bytes),

@@ -28,6 +28,9 @@ pub(super) enum Then {
     Select(Option<u32>),
     /// A barrier before (or after) a direct command: no reply of its own.
     Barrier,
+    /// A write of the connection's own naming a watched key: as `Plain`, and once Redis
+    /// applied it (no error), the next `EXEC` fails; nothing more starts until it is answered.
+    Touching(Option<Vec<Vec<u8>>>),
 }
 
 /// Commands a client that has not authenticated may send.
@@ -133,11 +136,15 @@ pub(super) fn start_command(
             return;
         }
     }
-    if matches!(
+    // A write of its own to a watched key fails the next EXEC (connection.rs): an update at
+    // once (Redis cannot refuse it), a bypass once Redis answered it without an error (the
+    // connection starts nothing more meanwhile), a direct command at once.
+    let touches = matches!(
         route,
         Route::Update { .. } | Route::Bypass | Route::Direct { .. }
-    ) {
-        conn.state.note_own_command(args, table);
+    ) && conn.state.may_touch_watched(args, table);
+    if touches && !matches!(route, Route::Bypass) {
+        conn.state.touch_watched();
     }
     // With a device cache, every write reaches it keyed (or as a barrier): see
     // `commands::cache_use`.
@@ -234,7 +241,11 @@ pub(super) fn start_command(
             crate::resp::command_bytes(args),
             // Kept for a RESP3 client (its reply's shape), and for a read (run again direct if
             // its reply is too large for PMNet).
-            Then::Plain((conn.state.resp3 || !direct::may_write(args)).then(|| args.to_vec())),
+            if touches {
+                Then::Touching((conn.state.resp3).then(|| args.to_vec()))
+            } else {
+                Then::Plain((conn.state.resp3 || !direct::may_write(args)).then(|| args.to_vec()))
+            },
         ),
     };
     let payload = if db == 0 {
@@ -262,7 +273,7 @@ pub(super) fn start_command(
                 counters.commands_bypass += 1;
             }
             let waits = match &then {
-                Then::Watch(_) | Then::Select(_) => true,
+                Then::Watch(_) | Then::Select(_) | Then::Touching(_) => true,
                 Then::Exec(_, after) => after.changes_connection(),
                 Then::Plain(_) | Then::Barrier => false,
             };
@@ -380,6 +391,16 @@ pub(super) fn complete(
     let reply = match then {
         Then::Plain(Some(args)) if resp3 => crate::resp3::to_resp3(&args, &bytes),
         Then::Plain(_) => bytes,
+        Then::Touching(args) => {
+            conn.watches_in_flight = conn.watches_in_flight.saturating_sub(1);
+            if bytes.first() != Some(&b'-') {
+                conn.state.touch_watched();
+            }
+            match args {
+                Some(args) if resp3 => crate::resp3::to_resp3(&args, &bytes),
+                _ => bytes,
+            }
+        }
         Then::Watch(keys) => {
             conn.watches_in_flight = conn.watches_in_flight.saturating_sub(1);
             conn.state.watched(keys, &bytes)

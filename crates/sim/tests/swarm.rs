@@ -204,6 +204,24 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          learned the devices before it from probes then passed every fill query on to the \
          client and waited for ever (they are configuration only now)",
     ),
+    (
+        2037821038193100801,
+        "sessions that come and go: a server's table forgot a session its kv store still \
+         recorded; the client, still running, answered a question about an old number with a \
+         no-op fill and the store asserted (a store now refuses a stale number, applying \
+         nothing)",
+    ),
+    (
+        3309539842525432894,
+        "sessions that come and go: a keyed write whose wait was given up at once (no room for \
+         the session it waited for) was not handed on, and its session stalled for good",
+    ),
+    (
+        7965994876265090280,
+        "sessions that come and go: a device answered a hold query before the invalidation of \
+         an entry it had freed was durable; a crash brought the entry back and its resend was \
+         applied again by a server that had forgotten the session",
+    ),
 ];
 
 #[test]

@@ -29,8 +29,55 @@ pub(super) enum Then {
     /// A barrier before (or after) a direct command: no reply of its own.
     Barrier,
     /// A write of the connection's own naming a watched key: as `Plain`, and once Redis
-    /// applied it (no error), the next `EXEC` fails; nothing more starts until it is answered.
-    Touching(Option<Vec<Vec<u8>>>),
+    /// answered that it changed something (`shown`), the next `EXEC` fails; nothing more
+    /// starts until it is answered.
+    Touching {
+        args: Option<Vec<Vec<u8>>>,
+        shown: ChangeShown,
+    },
+}
+
+/// What a write command's reply tells of whether it changed something.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ChangeShown {
+    /// Write commands that did nothing answer an error, 0 (`DEL`, `SREM`, `EXPIRE`, …), -1
+    /// (`LINSERT` without its pivot), a nil (`SET … NX`, `LPOP` of nothing) or an empty array
+    /// (`SPOP k n` of nothing); anything else is a change.
+    ByShape,
+    /// 0 answers a change too (`HSET` of a field that existed, `ZADD` of a new score, `SETBIT`
+    /// of a bit that was 0, `INCR` to 0, …): anything but an error or a nil is a change.
+    ZeroToo,
+    /// A script or function: anything but an error may have changed something.
+    Anything,
+}
+
+impl ChangeShown {
+    pub(super) fn of(name: &[u8]) -> ChangeShown {
+        const ZERO_TOO: &[&[u8]] = &[
+            b"HSET", b"ZADD", b"SETBIT", b"INCR", b"DECR", b"INCRBY", b"DECRBY", b"HINCRBY",
+        ];
+        const ANYTHING: &[&[u8]] = &[b"EVAL", b"EVALSHA", b"FCALL"];
+        let is = |names: &[&[u8]]| names.iter().any(|known| known.eq_ignore_ascii_case(name));
+        if is(ANYTHING) {
+            ChangeShown::Anything
+        } else if is(ZERO_TOO) {
+            ChangeShown::ZeroToo
+        } else {
+            ChangeShown::ByShape
+        }
+    }
+
+    /// Whether `reply` shows a change (Redis marks a watched key changed only when a write did
+    /// something).
+    pub(super) fn changed(self, reply: &[u8]) -> bool {
+        let nothing = matches!(reply, [b'-', ..] | b"*-1\r\n" | b"$-1\r\n" | b"_\r\n");
+        let shaped = matches!(reply, b"*0\r\n" | b":-1\r\n" | b":0\r\n");
+        match self {
+            ChangeShown::ByShape => !nothing && !shaped,
+            ChangeShown::ZeroToo => !nothing,
+            ChangeShown::Anything => !reply.starts_with(b"-"),
+        }
+    }
 }
 
 /// Commands a client that has not authenticated may send.
@@ -242,7 +289,10 @@ pub(super) fn start_command(
             // Kept for a RESP3 client (its reply's shape), and for a read (run again direct if
             // its reply is too large for PMNet).
             if touches {
-                Then::Touching((conn.state.resp3).then(|| args.to_vec()))
+                Then::Touching {
+                    args: (conn.state.resp3).then(|| args.to_vec()),
+                    shown: ChangeShown::of(&args[0]),
+                }
             } else {
                 Then::Plain((conn.state.resp3 || !direct::may_write(args)).then(|| args.to_vec()))
             },
@@ -273,7 +323,7 @@ pub(super) fn start_command(
                 counters.commands_bypass += 1;
             }
             let waits = match &then {
-                Then::Watch(_) | Then::Select(_) | Then::Touching(_) => true,
+                Then::Watch(_) | Then::Select(_) | Then::Touching { .. } => true,
                 Then::Exec(_, after) => after.changes_connection(),
                 Then::Plain(_) | Then::Barrier => false,
             };
@@ -391,9 +441,9 @@ pub(super) fn complete(
     let reply = match then {
         Then::Plain(Some(args)) if resp3 => crate::resp3::to_resp3(&args, &bytes),
         Then::Plain(_) => bytes,
-        Then::Touching(args) => {
+        Then::Touching { args, shown } => {
             conn.watches_in_flight = conn.watches_in_flight.saturating_sub(1);
-            if bytes.first() != Some(&b'-') {
+            if shown.changed(&bytes) {
                 conn.state.touch_watched();
             }
             match args {
@@ -550,5 +600,24 @@ mod tests {
         assert_eq!(parsed.1, wrapped.len());
         let words: Vec<&[u8]> = parsed.0.iter().map(Vec::as_slice).collect();
         assert_eq!(words, [&b"PMNET.DB"[..], b"3", b"SET", b"k", b"v"]);
+    }
+
+    #[test]
+    fn a_write_changed_a_watched_key_when_its_answer_says_so() {
+        let changed = |name: &[u8], reply: &[u8]| ChangeShown::of(name).changed(reply);
+        // Did nothing: SPOP of a missing set, DEL of a missing key, SET NX that did not set,
+        // LINSERT without its pivot, a refused write.
+        assert!(!changed(b"SPOP", b"*0\r\n"));
+        assert!(!changed(b"del", b":0\r\n"));
+        assert!(!changed(b"SET", b"$-1\r\n"));
+        assert!(!changed(b"LINSERT", b":-1\r\n"));
+        assert!(!changed(b"LPUSH", b"-WRONGTYPE Operation against a key\r\n"));
+        // Did something.
+        assert!(changed(b"RPUSH", b":1\r\n"));
+        assert!(changed(b"SET", b"+OK\r\n"));
+        assert!(changed(b"hset", b":0\r\n"), "a field that existed, a new value");
+        assert!(changed(b"INCRBY", b":0\r\n"), "to 0");
+        assert!(changed(b"EVAL", b"$-1\r\n"), "a script may write and answer nil");
+        assert!(!changed(b"EVAL", b"-ERR boom\r\n"));
     }
 }

@@ -378,7 +378,7 @@ pub(super) fn rerun_slot(
         Slot::Waiting { then, .. } => match then {
             Then::Plain(Some(args)) => may_write(args),
             Then::Watch(_) | Then::Select(_) | Then::Barrier => false,
-            Then::Plain(None) | Then::Exec(..) | Then::Touching(_) => true,
+            Then::Plain(None) | Then::Exec(..) | Then::Touching { .. } => true,
         },
     });
     if later_write {

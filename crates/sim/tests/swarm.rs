@@ -222,6 +222,18 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          an entry it had freed was durable; a crash brought the entry back and its resend was \
          applied again by a server that had forgotten the session",
     ),
+    (
+        3803400000000004758,
+        "devices in series: a request in flight when the first device was lost for good \
+         completed with that device's ack counted towards the fewer acks then wanted, and was \
+         lost with the next device lost (a changed path now forgets the acks gathered)",
+    ),
+    (
+        3803400000000002128,
+        "devices in series with sessions that come and go: a hold query arriving twice at \
+         the last device was answered alone the second time, before the devices before it \
+         answered, and a session one of them held was forgotten and its resend applied twice",
+    ),
 ];
 
 #[test]

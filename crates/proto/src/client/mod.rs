@@ -307,10 +307,18 @@ impl Client {
 
     /// The path changed under the session (the operator reconnected a chain around a device
     /// lost for good): send to `peer` from now on, and wait for `replicas` devices' acks
-    /// (requests in flight included).
+    /// (requests in flight included). The acks requests in flight had gathered are forgotten:
+    /// one may be from the device lost, which holds nothing any more, so each is acked anew
+    /// by the devices on the new path (they ack a resend of what they logged).
     pub fn change_path(&mut self, peer: SocketAddr, replicas: u8) {
         self.config.peer = peer;
         self.config.replicas = replicas;
+        for request in self.in_flight.values_mut() {
+            if request.logged_count < request.fragments.len() {
+                request.logged.fill(Ackers::default());
+                request.logged_count = 0;
+            }
+        }
     }
 
     /// The configured request lifetime, cut to the protocol's maximum.

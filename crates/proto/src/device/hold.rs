@@ -42,13 +42,13 @@ impl Device {
             .iter()
             .map(|&session_id| self.holds_entry_of(header.server_id, session_id))
             .collect();
-        let previous = self
+        let Some(previous) = self
             .upstream
-            .ask_hold(header.server_id, header.seq, held.clone());
-        if previous.is_empty() {
+            .ask_hold(header.server_id, header.seq, held.clone())
+        else {
             self.answer_hold_query(server, header, &held);
             return;
-        }
+        };
         let query = Header::new(PacketType::HoldQuery, header.server_id, 0, header.seq);
         let bytes = query.encode(payload);
         for device in previous {

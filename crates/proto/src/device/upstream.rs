@@ -106,17 +106,21 @@ impl Upstream {
     }
 
     /// The server sent hold query `number`; `held` says, per session asked about, whether
-    /// this device holds an entry of it. The devices before this one to ask: none when
-    /// there are none (answer at once).
+    /// this device holds an entry of it. `None` when there are no devices before this one
+    /// (answer at once); otherwise the ones to ask: all of them for a new query, those that
+    /// have not answered for a repeated one (its answer waits for them all).
     pub(super) fn ask_hold(
         &mut self,
         server_id: u16,
         number: u32,
         held: Vec<bool>,
-    ) -> Vec<SocketAddr> {
+    ) -> Option<Vec<SocketAddr>> {
         let previous = self.previous(server_id);
-        if previous.is_empty() || self.holds.contains_key(&(server_id, number)) {
-            return Vec::new();
+        if previous.is_empty() {
+            return None;
+        }
+        if let Some(pending) = self.holds.get(&(server_id, number)) {
+            return Some(pending.awaiting.iter().copied().collect());
         }
         while self.holds.len() >= HOLDS_PENDING_MAX {
             let Some(oldest) = self.hold_order.pop_front() else {
@@ -132,7 +136,7 @@ impl Upstream {
             },
         );
         self.hold_order.push_back((server_id, number));
-        previous
+        Some(previous)
     }
 
     /// Device `from` answered hold query `number` with `held`. Once every one answered,
@@ -325,16 +329,22 @@ mod tests {
     #[test]
     fn a_hold_query_is_answered_once_every_previous_device_answered_with_what_any_holds() {
         let mut upstream = Upstream::new(&[(1, addr(1)), (1, addr(2))]);
-        assert!(
-            upstream.ask_hold(2, 5, vec![false]).is_empty(),
+        assert_eq!(
+            upstream.ask_hold(2, 5, vec![false]),
+            None,
             "none for server 2"
         );
         let mine = vec![true, false, false];
         assert_eq!(
             upstream.ask_hold(1, 5, mine.clone()),
-            vec![addr(1), addr(2)]
+            Some(vec![addr(1), addr(2)])
         );
-        assert!(upstream.ask_hold(1, 5, mine).is_empty(), "asked already");
+        // A repeat (a duplicate, or the server asking again) is not answered alone: the
+        // devices that have not answered are asked again.
+        assert_eq!(
+            upstream.ask_hold(1, 5, mine.clone()),
+            Some(vec![addr(1), addr(2)])
+        );
         assert_eq!(upstream.hold_answered(addr(3), 1, 5, &[false; 3]), Err(()));
         assert_eq!(
             upstream.hold_answered(addr(1), 1, 5, &[false; 2]),
@@ -344,6 +354,11 @@ mod tests {
         assert_eq!(
             upstream.hold_answered(addr(1), 1, 5, &[false, true, false]),
             Ok(None)
+        );
+        assert_eq!(
+            upstream.ask_hold(1, 5, mine),
+            Some(vec![addr(2)]),
+            "only the one still silent"
         );
         assert_eq!(
             upstream.hold_answered(addr(1), 1, 5, &[false; 3]),

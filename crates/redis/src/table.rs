@@ -478,6 +478,17 @@ pub(crate) mod tests {
     }
 
     fn entry(name: &str, arity: i64, flags: &[&str], subs: Vec<Value>) -> Value {
+        keyed_entry(name, arity, flags, (0, 0, 0), subs)
+    }
+
+    /// One command as Redis 7's `COMMAND` describes it, with its key positions.
+    pub(crate) fn keyed_entry(
+        name: &str,
+        arity: i64,
+        flags: &[&str],
+        keys: (i64, i64, i64),
+        subs: Vec<Value>,
+    ) -> Value {
         let mut fields = vec![
             bulk(name),
             Value::Integer(arity),
@@ -487,9 +498,9 @@ pub(crate) mod tests {
                     .map(|f| Value::Simple(f.as_bytes().to_vec()))
                     .collect(),
             )),
-            Value::Integer(0),
-            Value::Integer(0),
-            Value::Integer(0),
+            Value::Integer(keys.0),
+            Value::Integer(keys.1),
+            Value::Integer(keys.2),
             Value::Array(Some(vec![])),
             Value::Array(Some(vec![])),
             Value::Array(Some(vec![])),

@@ -779,34 +779,26 @@ mod tests {
 
     /// A table of a few commands with their key positions, as Redis 7's `COMMAND` gives them.
     fn keyed_table() -> CommandTable {
-        use crate::resp::Value;
-        let entry = |name: &str, arity: i64, flags: &[&str], keys: (i64, i64, i64)| {
-            Value::Array(Some(vec![
-                Value::Bulk(Some(name.as_bytes().to_vec())),
-                Value::Integer(arity),
-                Value::Array(Some(
-                    flags
-                        .iter()
-                        .map(|f| Value::Simple(f.as_bytes().to_vec()))
-                        .collect(),
-                )),
-                Value::Integer(keys.0),
-                Value::Integer(keys.1),
-                Value::Integer(keys.2),
-            ]))
-        };
-        CommandTable::from_reply(&Value::Array(Some(vec![
-            entry("get", 2, &["readonly"], (1, 1, 1)),
-            entry("rpush", -3, &["write"], (1, 1, 1)),
-            entry("mset", -3, &["write"], (1, -1, 2)),
-            entry("flushdb", -1, &["write"], (0, 0, 0)),
+        use crate::table::tests::keyed_entry as entry;
+        CommandTable::from_reply(&crate::resp::Value::Array(Some(vec![
+            entry("get", 2, &["readonly"], (1, 1, 1), vec![]),
+            entry("rpush", -3, &["write"], (1, 1, 1), vec![]),
+            entry("mset", -3, &["write"], (1, -1, 2), vec![]),
+            entry("flushdb", -1, &["write"], (0, 0, 0), vec![]),
             entry(
                 "eval",
                 -3,
                 &["noscript", "may_replicate", "movablekeys"],
                 (0, 0, 0),
+                vec![],
             ),
-            entry("zunionstore", -4, &["write", "movablekeys"], (1, 1, 1)),
+            entry(
+                "zunionstore",
+                -4,
+                &["write", "movablekeys"],
+                (1, 1, 1),
+                vec![],
+            ),
         ])))
         .unwrap()
     }

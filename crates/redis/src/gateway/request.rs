@@ -611,13 +611,22 @@ mod tests {
         assert!(!changed(b"del", b":0\r\n"));
         assert!(!changed(b"SET", b"$-1\r\n"));
         assert!(!changed(b"LINSERT", b":-1\r\n"));
-        assert!(!changed(b"LPUSH", b"-WRONGTYPE Operation against a key\r\n"));
+        assert!(!changed(
+            b"LPUSH",
+            b"-WRONGTYPE Operation against a key\r\n"
+        ));
         // Did something.
         assert!(changed(b"RPUSH", b":1\r\n"));
         assert!(changed(b"SET", b"+OK\r\n"));
-        assert!(changed(b"hset", b":0\r\n"), "a field that existed, a new value");
+        assert!(
+            changed(b"hset", b":0\r\n"),
+            "a field that existed, a new value"
+        );
         assert!(changed(b"INCRBY", b":0\r\n"), "to 0");
-        assert!(changed(b"EVAL", b"$-1\r\n"), "a script may write and answer nil");
+        assert!(
+            changed(b"EVAL", b"$-1\r\n"),
+            "a script may write and answer nil"
+        );
         assert!(!changed(b"EVAL", b"-ERR boom\r\n"));
     }
 }

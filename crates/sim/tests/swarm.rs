@@ -234,6 +234,13 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          the last device was answered alone the second time, before the devices before it \
          answered, and a session one of them held was forgotten and its resend applied twice",
     ),
+    (
+        3803400000000005674,
+        "devices in series with sessions that come and go: a request of three fragments \
+         completed with its fragments acked by different devices, none holding it whole, and \
+         a server asking about the number skipped it (a request is now logged only once a \
+         device acked every fragment)",
+    ),
 ];
 
 #[test]

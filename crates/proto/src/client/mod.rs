@@ -190,11 +190,9 @@ struct InFlight {
     kind: RequestKind,
     /// The encoded datagrams, kept for retransmission.
     fragments: Vec<Vec<u8>>,
-    /// The devices that acked each fragment (update requests only), up to the replicas
-    /// wanted; a fragment is logged once it has that many distinct ones.
+    /// The devices that acked each fragment (update requests only); the request is logged
+    /// once the replicas wanted each acked every fragment ([`devices_holding_whole`]).
     logged: Vec<Ackers>,
-    logged_count: usize,
-    logged_by_device: u16,
     reply: Option<ReplyAssembly>,
     deadline: Time,
     timeout: Duration,
@@ -216,20 +214,37 @@ struct Ackers {
 }
 
 impl Ackers {
-    fn len(&self) -> usize {
-        usize::from(self.len)
+    fn ids(&self) -> &[u16] {
+        &self.ids[..usize::from(self.len)]
     }
 
-    /// Count `device_id`'s ack; `true` when it is the `wanted`-th distinct one.
-    fn add(&mut self, device_id: u16, wanted: usize) -> bool {
-        let len = self.len();
-        if len >= wanted.min(self.ids.len()) || self.ids[..len].contains(&device_id) {
-            return false;
-        }
-        self.ids[len] = device_id;
-        self.len += 1;
-        self.len() == wanted
+    fn contains(&self, device_id: u16) -> bool {
+        self.ids().contains(&device_id)
     }
+
+    /// Count `device_id`'s ack (once per device, up to [`REPLICAS_MAX`] devices).
+    fn add(&mut self, device_id: u16) {
+        let len = usize::from(self.len);
+        if len < self.ids.len() && !self.contains(device_id) {
+            self.ids[len] = device_id;
+            self.len += 1;
+        }
+    }
+}
+
+/// How many devices acked every fragment of a request: each of them holds it whole. A
+/// request is logged once `wanted` devices hold it whole — not merely once each fragment was
+/// acked by some device: with devices in series, one whose log is full for a fragment passes it
+/// on and the next logs it, and then no device could give the server the whole request.
+fn devices_holding_whole(logged: &[Ackers]) -> usize {
+    let Some((first, rest)) = logged.split_first() else {
+        return 0;
+    };
+    first
+        .ids()
+        .iter()
+        .filter(|&&id| rest.iter().all(|ackers| ackers.contains(id)))
+        .count()
 }
 
 /// How long requests took, from their first send: to the PMNet-ACKs of every fragment (updates
@@ -314,10 +329,7 @@ impl Client {
         self.config.peer = peer;
         self.config.replicas = replicas;
         for request in self.in_flight.values_mut() {
-            if request.logged_count < request.fragments.len() {
-                request.logged.fill(Ackers::default());
-                request.logged_count = 0;
-            }
+            request.logged.fill(Ackers::default());
         }
     }
 
@@ -428,8 +440,6 @@ impl Client {
                 kind,
                 fragments,
                 logged: vec![Ackers::default(); fragment_count],
-                logged_count: 0,
-                logged_by_device: 0,
                 reply: None,
                 deadline: now + self.config.retransmit_timeout,
                 timeout: self.config.retransmit_timeout,
@@ -498,12 +508,9 @@ impl Client {
             self.counters.dropped.record(DropReason::Mismatch);
             return;
         }
-        if request.logged[index].add(header.device_id, wanted) {
-            request.logged_count += 1;
-            request.logged_by_device = header.device_id;
-        }
-        if request.logged_count == request.fragments.len() {
-            let device_id = request.logged_by_device;
+        request.logged[index].add(header.device_id);
+        if devices_holding_whole(&request.logged) >= wanted {
+            let device_id = header.device_id;
             self.latency
                 .pmnet_ack
                 .record(now.saturating_duration_since(request.started));
@@ -668,13 +675,21 @@ impl Client {
             request.retransmit_count += 1;
             request.timeout = (request.timeout * 2).min(self.config.retransmit_timeout_max);
             request.deadline = now + request.timeout;
-            // Fragments the devices already logged need no resend; the server gets them from
-            // the devices.
+            // Fragments every device that logged any of the request logged too need no
+            // resend (the server gets them from the devices); the others go again, so that a
+            // device that logged some fragments logs the rest, or more devices log them.
+            let acked_any: Vec<u16> = request
+                .logged
+                .iter()
+                .flat_map(|ackers| ackers.ids().iter().copied())
+                .collect();
             let resend: Vec<Vec<u8>> = request
                 .fragments
                 .iter()
                 .zip(&request.logged)
-                .filter(|(_, ackers)| ackers.len() < wanted)
+                .filter(|(_, ackers)| {
+                    ackers.ids().len() < wanted || acked_any.iter().any(|&id| !ackers.contains(id))
+                })
                 .map(|(bytes, _)| bytes.clone())
                 .collect();
             for bytes in resend {

@@ -241,6 +241,18 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          a server asking about the number skipped it (a request is now logged only once a \
          device acked every fragment)",
     ),
+    (
+        5105500000000000561,
+        "devices in series: an ack of a device lost for good, still on its way, counted towards \
+         a request after the path changed (a client now ignores the acks of a device taken out \
+         of its path)",
+    ),
+    (
+        5105500000000003408,
+        "the read cache: a keyed write issued while its session's wait was still noted left \
+         the wait without its timer; the next write waiting on the same request then never \
+         timed out, and two sessions waited on each other for ever",
+    ),
 ];
 
 #[test]

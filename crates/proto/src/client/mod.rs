@@ -292,6 +292,9 @@ pub struct Client {
     latency: ClientLatency,
     /// Cache reads in flight (see `reads.rs`).
     reads: reads::Reads,
+    /// Devices taken out of the path for good ([`Client::change_path`]): their acks count for
+    /// nothing. At most [`REPLICAS_MAX`], the newest kept.
+    lost_devices: Vec<u16>,
 }
 
 impl Client {
@@ -313,6 +316,7 @@ impl Client {
             auth_warnings: crate::AuthWarnings::default(),
             latency: ClientLatency::default(),
             reads: reads::Reads::default(),
+            lost_devices: Vec::new(),
         }
     }
 
@@ -320,17 +324,22 @@ impl Client {
         &self.config
     }
 
-    /// The path changed under the session (the operator reconnected a chain around a device
-    /// lost for good): send to `peer` from now on, and wait for `replicas` devices' acks
-    /// (requests in flight included). The acks requests in flight had gathered are forgotten:
-    /// one may be from the device lost, which holds nothing any more, so each is acked anew
-    /// by the devices on the new path (they ack a resend of what they logged).
-    pub fn change_path(&mut self, peer: SocketAddr, replicas: u8) {
+    /// The path changed under the session (the operator reconnected a chain around device
+    /// `lost`, lost for good): send to `peer` from now on, and wait for `replicas` devices'
+    /// acks (requests in flight included). The device lost holds nothing any more: the acks
+    /// requests in flight had gathered are forgotten, each is acked anew by the devices on the
+    /// new path (they ack a resend of what they logged), and an ack of the lost device still
+    /// on its way counts for nothing (`mismatch`).
+    pub fn change_path(&mut self, peer: SocketAddr, replicas: u8, lost: u16) {
         self.config.peer = peer;
         self.config.replicas = replicas;
         for request in self.in_flight.values_mut() {
             request.logged.fill(Ackers::default());
         }
+        if self.lost_devices.len() >= usize::from(REPLICAS_MAX) {
+            self.lost_devices.remove(0);
+        }
+        self.lost_devices.push(lost);
     }
 
     /// The configured request lifetime, cut to the protocol's maximum.
@@ -503,7 +512,8 @@ impl Client {
         };
         let index = usize::from(header.fragment_index);
         let matches = request.kind == RequestKind::Update
-            && usize::from(header.fragment_count) == request.fragments.len();
+            && usize::from(header.fragment_count) == request.fragments.len()
+            && !self.lost_devices.contains(&header.device_id);
         if !matches {
             self.counters.dropped.record(DropReason::Mismatch);
             return;

@@ -466,7 +466,13 @@ impl Server {
                     .gap
                     .as_ref()
                     .is_some_and(|gap| self.gap_timers.contains(&(gap.deadline, **id)));
-                format!("s={id:x}: {}", session.describe(timer))
+                let order_timer = session
+                    .waiting_until
+                    .map(|until| (until, self.order_timers.contains(&(until, **id))));
+                format!(
+                    "s={id:x}: {} order timer {order_timer:?}",
+                    session.describe(timer)
+                )
             })
             .collect();
         texts.join("; ")
@@ -786,8 +792,12 @@ impl Server {
         self.table.buffered_bytes -= assembly.cost();
         session.issued_through = seq;
         session.order_given_up = false;
+        // A request that goes waits no more: its wait, and the wait's timer, end with it.
         if let Some(deadline) = session.waiting_until.take() {
             self.order_timers.remove(&(deadline, session_id));
+        }
+        if let Some((after, through)) = session.waiting_for.take() {
+            self.order_waiters.remove(&(after, through, session_id));
         }
         if assembly.fill {
             session.fills_issued.push_back(seq);

@@ -112,7 +112,7 @@ impl Server {
         let Some(session) = self.table.sessions.get_mut(&session_id) else {
             return false;
         };
-        if session.waiting_for == Some((after, through)) {
+        if session.waiting_for == Some((after, through)) && session.waiting_until.is_some() {
             return false;
         }
         session.waiting_for = Some((after, through));

@@ -778,9 +778,10 @@ impl World {
         }
         let first = device_addr(self.chain[0]);
         let remaining = u8::try_from(self.chain.len()).unwrap_or(u8::MAX);
+        let lost_id = self.devices[index].config.device_id;
         for node in &mut self.clients {
             let replicas = node.client.config().replicas.min(remaining);
-            node.client.change_path(first, replicas);
+            node.client.change_path(first, replicas, lost_id);
         }
         if position == self.chain.len() {
             let last = device_addr(*self.chain.last().expect("not empty"));

@@ -190,9 +190,13 @@ struct InFlight {
     kind: RequestKind,
     /// The encoded datagrams, kept for retransmission.
     fragments: Vec<Vec<u8>>,
-    /// The devices that acked each fragment (update requests only); the request is logged
-    /// once the replicas wanted each acked every fragment ([`devices_holding_whole`]).
+    /// The devices that acked each fragment (update requests only), and how many fragments
+    /// each device acked: the request is logged once the replicas wanted each acked every
+    /// fragment — not merely once each fragment was acked by some device: with devices in
+    /// series, one whose log is full for a fragment passes it on and the next logs it, and
+    /// then no device could give the server the whole request.
     logged: Vec<Ackers>,
+    acked_by: AckCounts,
     reply: Option<ReplyAssembly>,
     deadline: Time,
     timeout: Duration,
@@ -222,29 +226,54 @@ impl Ackers {
         self.ids().contains(&device_id)
     }
 
-    /// Count `device_id`'s ack (once per device, up to [`REPLICAS_MAX`] devices).
-    fn add(&mut self, device_id: u16) {
+    /// Count `device_id`'s ack (once per device, up to [`REPLICAS_MAX`] devices); `true` when
+    /// it is new.
+    fn add(&mut self, device_id: u16) -> bool {
         let len = usize::from(self.len);
         if len < self.ids.len() && !self.contains(device_id) {
             self.ids[len] = device_id;
             self.len += 1;
+            return true;
         }
+        false
     }
 }
 
-/// How many devices acked every fragment of a request: each of them holds it whole. A
-/// request is logged once `wanted` devices hold it whole — not merely once each fragment was
-/// acked by some device: with devices in series, one whose log is full for a fragment passes it
-/// on and the next logs it, and then no device could give the server the whole request.
-fn devices_holding_whole(logged: &[Ackers]) -> usize {
-    let Some((first, rest)) = logged.split_first() else {
-        return 0;
-    };
-    first
-        .ids()
-        .iter()
-        .filter(|&&id| rest.iter().all(|ackers| ackers.contains(id)))
-        .count()
+/// Fragments acked, per device, up to [`REPLICAS_MAX`] devices (no allocation).
+#[derive(Debug, Clone, Copy, Default)]
+struct AckCounts {
+    devices: [(u16, u32); REPLICAS_MAX as usize],
+    len: u8,
+}
+
+impl AckCounts {
+    /// One more fragment acked by `device_id`.
+    fn add(&mut self, device_id: u16) {
+        let len = usize::from(self.len);
+        if let Some(entry) = self.devices[..len]
+            .iter_mut()
+            .find(|(id, _)| *id == device_id)
+        {
+            entry.1 += 1;
+        } else if len < self.devices.len() {
+            self.devices[len] = (device_id, 1);
+            self.len += 1;
+        }
+    }
+
+    fn ids(&self) -> impl Iterator<Item = u16> + '_ {
+        self.devices[..usize::from(self.len)]
+            .iter()
+            .map(|(id, _)| *id)
+    }
+
+    /// Devices that acked all `fragments`: each holds the request whole.
+    fn whole(&self, fragments: usize) -> usize {
+        self.devices[..usize::from(self.len)]
+            .iter()
+            .filter(|(_, count)| *count as usize == fragments)
+            .count()
+    }
 }
 
 /// How long requests took, from their first send: to the PMNet-ACKs of every fragment (updates
@@ -335,6 +364,7 @@ impl Client {
         self.config.replicas = replicas;
         for request in self.in_flight.values_mut() {
             request.logged.fill(Ackers::default());
+            request.acked_by = AckCounts::default();
         }
         if self.lost_devices.len() >= usize::from(REPLICAS_MAX) {
             self.lost_devices.remove(0);
@@ -449,6 +479,7 @@ impl Client {
                 kind,
                 fragments,
                 logged: vec![Ackers::default(); fragment_count],
+                acked_by: AckCounts::default(),
                 reply: None,
                 deadline: now + self.config.retransmit_timeout,
                 timeout: self.config.retransmit_timeout,
@@ -518,8 +549,10 @@ impl Client {
             self.counters.dropped.record(DropReason::Mismatch);
             return;
         }
-        request.logged[index].add(header.device_id);
-        if devices_holding_whole(&request.logged) >= wanted {
+        if request.logged[index].add(header.device_id) {
+            request.acked_by.add(header.device_id);
+        }
+        if request.acked_by.whole(request.fragments.len()) >= wanted {
             let device_id = header.device_id;
             self.latency
                 .pmnet_ack
@@ -688,17 +721,13 @@ impl Client {
             // Fragments every device that logged any of the request logged too need no
             // resend (the server gets them from the devices); the others go again, so that a
             // device that logged some fragments logs the rest, or more devices log them.
-            let acked_any: Vec<u16> = request
-                .logged
-                .iter()
-                .flat_map(|ackers| ackers.ids().iter().copied())
-                .collect();
+            let acked_any = request.acked_by;
             let resend: Vec<Vec<u8>> = request
                 .fragments
                 .iter()
                 .zip(&request.logged)
                 .filter(|(_, ackers)| {
-                    ackers.ids().len() < wanted || acked_any.iter().any(|&id| !ackers.contains(id))
+                    ackers.ids().len() < wanted || acked_any.ids().any(|id| !ackers.contains(id))
                 })
                 .map(|(bytes, _)| bytes.clone())
                 .collect();

@@ -62,7 +62,8 @@ pub struct SimArgs {
     )]
     pub safety_actions: u32,
 
-    /// Virtual seconds the liveness phase may take to converge once the faults are healed.
+    /// Virtual seconds the liveness phase may take to converge once the faults are healed
+    /// (seeds whose sessions come and go through small tables get more: docs/simulation.md).
     #[arg(
         long,
         value_name = "SECONDS",

@@ -50,7 +50,8 @@ pub struct Options {
     pub requests_per_client: u32,
     /// Actions (requests, faults, network steps) in the safety phase.
     pub safety_actions: u32,
-    /// Virtual time the liveness phase may take to converge.
+    /// Virtual time the liveness phase may take to converge (seeds whose sessions come and go
+    /// get twice the keeping time more per table's worth of clients: see `Churn`).
     pub liveness_bound: Duration,
     /// Keep a readable trace of every event.
     pub trace: bool,

@@ -673,7 +673,8 @@ mod tests {
 
     #[test]
     fn a_failing_seed_is_reported_not_fatal() {
-        // A liveness bound no run can meet breaks the convergence invariant on every seed.
+        // A liveness bound no run can meet breaks the convergence invariant on every seed (of
+        // those without sessions that come and go, which get more time: seeds 4 and 5).
         let options = Options {
             liveness_bound: Duration::ZERO,
             requests_per_client: 200,
@@ -681,21 +682,21 @@ mod tests {
             ..small()
         };
         let plan = SwarmPlan {
-            start: 5,
+            start: 4,
             count: 2,
             jobs: 2,
         };
         let swarm = run_swarm(&plan, &options, |_, _| {});
         assert_eq!(swarm.failures.len(), 2);
-        assert_eq!(swarm.failures[0].seed, 5);
+        assert_eq!(swarm.failures[0].seed, 4);
         let mut out = Vec::new();
         print_swarm(&swarm, &options, Duration::from_secs(1), &mut out).expect("print");
         let out = String::from_utf8(out).expect("utf-8");
-        assert!(out.contains("reproduce with: pmnet sim --seed 5 "), "{out}");
+        assert!(out.contains("reproduce with: pmnet sim --seed 4 "), "{out}");
         assert!(out.contains("FAIL: 2 of 2 seeds"), "{out}");
         assert!(out.contains("not converged"), "{out}");
         let outcome = run_one(
-            6,
+            5,
             &Options {
                 trace: true,
                 ..options
@@ -704,7 +705,7 @@ mod tests {
         let mut out = Vec::new();
         print_seed(&outcome, &options, &mut out).expect("print");
         let out = String::from_utf8(out).expect("utf-8");
-        assert!(out.contains("FAIL seed 6"), "{out}");
+        assert!(out.contains("FAIL seed 5"), "{out}");
         assert!(out.contains("check    FAILED"), "{out}");
     }
 

@@ -511,18 +511,21 @@ impl<R: PmRegion> Application for Store<R> {
     /// [`Store::stage_request`]: `Err(NoSpace)` for a SET, INCR or APPEND with no room, never
     /// for anything else.
     fn stage(&mut self, session_id: u64, seq: u32, request: &[u8]) -> Result<Vec<u8>, NoSpace> {
-        if let Some(last_seq) = self
+        // One look at the session: a known one is stale at or below its record (see
+        // `Application::stage`: nothing applied, the record unchanged) and needs no room; an
+        // unknown one may have to wait for the server's permit to evict.
+        match self
             .sessions
             .get(session_id)
             .map(|session| session.last_seq)
-            .filter(|&last_seq| seq <= last_seq)
         {
-            // Stale (see `Application::stage`): nothing applied, the record unchanged.
-            self.stats.stale_requests += 1;
-            return Ok(pmnet_store::stale_reply(seq, last_seq));
-        }
-        if self.must_keep_every_session_for(session_id) {
-            return Err(NoSpace);
+            Some(last_seq) if seq <= last_seq => {
+                self.stats.stale_requests += 1;
+                return Ok(pmnet_store::stale_reply(seq, last_seq));
+            }
+            Some(_) => {}
+            None if self.must_keep_every_session_for(session_id) => return Err(NoSpace),
+            None => {}
         }
         self.stage_request(session_id, seq, request)
     }

@@ -77,13 +77,28 @@ pub const MAX_REPLAY_WINDOW_MS: u32 = 3_600_000;
 /// in milliseconds. The runtime's reads the system clock; the simulator's its virtual time.
 pub type WallClock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
-/// The system's wall clock, in Unix milliseconds.
+/// The system's wall clock, in Unix milliseconds: the kernel's coarse real-time clock (a few
+/// milliseconds' resolution, read without a timer access: every datagram reads it once or
+/// twice, and the seal times it gives only need to be within a replay window of seconds; the
+/// nonce's counter, not its time, keeps nonces unique).
 pub fn system_clock() -> WallClock {
-    Arc::new(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |since| since.as_millis() as u64)
-    })
+    Arc::new(coarse_unix_ms)
+}
+
+fn coarse_unix_ms() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec to write to.
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut now) } == 0 {
+        let seconds = u64::try_from(now.tv_sec).unwrap_or(0);
+        let millis = u64::try_from(now.tv_nsec).unwrap_or(0) / 1_000_000;
+        return seconds * 1000 + millis;
+    }
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64)
 }
 
 /// The HKDF salt of per-session keys.
@@ -334,12 +349,26 @@ impl AuthError {
     }
 }
 
+/// What an [`Authenticator`] has done: seals that computed a MAC, and seals that reused the
+/// trailer of a datagram just verified (a device forwarding what it received).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SealCounts {
+    pub computed: u64,
+    pub reused: u64,
+}
+
 /// Seals and verifies datagrams with a [`KeySet`], caching per-session keys.
 pub struct Authenticator {
     keys: KeySet,
+    seals: SealCounts,
     /// The HKDF pseudo-random key of each deployment key, by id.
     prks: Vec<(u16, hkdf::Prk)>,
-    session_keys: hashbrown::HashMap<(u16, u64), LessSafeKey>,
+    /// Per-session keys by (key id, session id): their index in `session_key_list`.
+    session_keys: hashbrown::HashMap<(u16, u64), usize>,
+    session_key_list: Vec<LessSafeKey>,
+    /// The session key used last, and its index: most datagrams an endpoint handles in a row
+    /// are of one session (a client's are all of its own), and this spares the table.
+    last_session_key: ((u16, u64), usize),
     /// The nonce's middle 32 bits: this sealer's own, drawn at random (from `prefix_state`).
     nonce_prefix: u32,
     prefix_state: u64,
@@ -364,7 +393,7 @@ impl fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Authenticator")
             .field("keys", &self.keys)
-            .field("cached_session_keys", &self.session_keys.len())
+            .field("cached_session_keys", &self.session_key_list.len())
             .field("nonce_prefix", &format_args!("{:#010x}", self.nonce_prefix))
             .field("recent_len_max", &self.recent_len_max)
             .finish()
@@ -390,8 +419,14 @@ impl Clone for Authenticator {
 impl Authenticator {
     /// An authenticator whose nonce prefix comes from the operating system's random source.
     pub fn new(keys: KeySet) -> Authenticator {
+        // The kernel's random source read directly: aws-lc's generator would first seed a
+        // generator of its own for this thread (tens of milliseconds of CPU, at every start).
         let mut prefix = [0u8; 8];
-        aws_lc_rs::rand::fill(&mut prefix).expect("the operating system's random source works");
+        let read = std::fs::File::open("/dev/urandom")
+            .and_then(|mut random| std::io::Read::read_exact(&mut random, &mut prefix));
+        if read.is_err() {
+            aws_lc_rs::rand::fill(&mut prefix).expect("the operating system's random source works");
+        }
         Authenticator::with_nonce_prefix(keys, u64::from_be_bytes(prefix))
     }
 
@@ -410,6 +445,8 @@ impl Authenticator {
             keys,
             prks,
             session_keys: hashbrown::HashMap::new(),
+            session_key_list: Vec::new(),
+            last_session_key: ((0, 0), usize::MAX),
             nonce_prefix: (splitmix64(nonce_prefix) >> 32) as u32,
             prefix_state: splitmix64(nonce_prefix),
             nonce_counter: 0,
@@ -418,6 +455,7 @@ impl Authenticator {
             recent_len_max: 0,
             clock: system_clock(),
             last_sealed_at: 0,
+            seals: SealCounts::default(),
             crc_deltas: CrcDeltas::default(),
         }
     }
@@ -457,6 +495,11 @@ impl Authenticator {
         &self.keys
     }
 
+    /// Seals so far, computed and reused.
+    pub fn seal_counts(&self) -> SealCounts {
+        self.seals
+    }
+
     /// Seal `datagram` (a complete PMNet datagram of exactly header and payload, its payload
     /// in clear): set [`flags::AUTHENTICATED`] (and [`flags::ENCRYPTED`] when the key set
     /// encrypts and there is a payload), refresh the CRC, append the trailer made with the
@@ -474,9 +517,11 @@ impl Authenticator {
             self.set_authenticated(datagram);
             if let Some(trailer) = self.remembered_trailer(datagram) {
                 datagram.extend_from_slice(&trailer);
+                self.seals.reused += 1;
                 return;
             }
         }
+        self.seals.computed += 1;
         let key_id = self.keys.sending_key_id();
         let nonce = self.next_nonce();
         let session_id = session_id_of(datagram);
@@ -561,7 +606,12 @@ impl Authenticator {
         )
         .map_err(|_| AuthError::BadTag)?;
         self.check_seal_time(&nonce)?;
-        if self.recent_len_max > 0 && key_id == self.keys.sending_key_id() {
+        // Only requests: what a device passes on unchanged in the common case (acks and
+        // replies it absorbs, or answers with datagrams of its own).
+        let kind = inner[field::TYPE];
+        let request = kind == pmnet_wire::PacketType::UpdateRequest.code()
+            || kind == pmnet_wire::PacketType::BypassRequest.code();
+        if request && self.recent_len_max > 0 && key_id == self.keys.sending_key_id() {
             let mut kept = Remembered {
                 len: inner.len(),
                 head: [0; HEADER_LEN],
@@ -676,14 +726,19 @@ impl Authenticator {
 
     fn session_key(&mut self, key_id: u16, session_id: u64) -> Option<&LessSafeKey> {
         let id = (key_id, session_id);
+        if self.last_session_key.0 == id && self.last_session_key.1 < self.session_key_list.len() {
+            return self.session_key_list.get(self.last_session_key.1);
+        }
         if self.session_keys.len() >= MAX_CACHED_SESSION_KEYS
             && !self.session_keys.contains_key(&id)
         {
             self.session_keys.clear();
+            self.session_key_list.clear();
+            self.last_session_key = ((0, 0), usize::MAX);
         }
         // One look-up when the key is cached (every datagram of a session but its first).
-        match self.session_keys.entry(id) {
-            hashbrown::hash_map::Entry::Occupied(entry) => Some(entry.into_mut()),
+        let index = match self.session_keys.entry(id) {
+            hashbrown::hash_map::Entry::Occupied(entry) => *entry.get(),
             hashbrown::hash_map::Entry::Vacant(entry) => {
                 let prk = &self.prks.iter().find(|(id, _)| *id == key_id)?.1;
                 let mut info = [0u8; 10];
@@ -693,9 +748,13 @@ impl Authenticator {
                 let material = prk
                     .expand(&info_parts, &AES_256_GCM)
                     .expect("HKDF gives 32 bytes");
-                Some(entry.insert(LessSafeKey::new(UnboundKey::from(material))))
+                self.session_key_list
+                    .push(LessSafeKey::new(UnboundKey::from(material)));
+                *entry.insert(self.session_key_list.len() - 1)
             }
-        }
+        };
+        self.last_session_key = (id, index);
+        self.session_key_list.get(index)
     }
 }
 

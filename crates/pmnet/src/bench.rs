@@ -26,6 +26,7 @@ mod cache;
 mod capacity;
 mod cpu;
 mod inpath;
+mod interleaved;
 mod mac;
 mod plan;
 mod popularity;

@@ -373,8 +373,10 @@ impl NetworkFunction for Nothing {
     }
 }
 
-/// Verified datagrams whose trailers a pipeline keeps for forwarding them: a receive batch.
-const FORWARDED_TRAILERS_KEPT: usize = 32;
+/// Verified requests whose trailers a pipeline keeps for forwarding them: the last few of a
+/// receive batch (each seal looks through them, so few; what goes out in a batch to a server
+/// is sealed afresh anyway).
+const FORWARDED_TRAILERS_KEPT: usize = 8;
 
 /// A device's functions behind one parser: each datagram is parsed once and offered to the
 /// functions in order; what none of them consumes is counted and dropped here.
@@ -462,6 +464,13 @@ impl<F: NetworkFunction> Pipeline<F> {
     /// Whether datagrams are authenticated.
     pub fn is_authenticated(&self) -> bool {
         self.auth.is_some()
+    }
+
+    /// The seals of what this pipeline sent (`None`: not authenticated).
+    pub fn seal_counts(&self) -> Option<pmnet_auth::SealCounts> {
+        self.auth
+            .as_ref()
+            .map(pmnet_auth::Authenticator::seal_counts)
     }
 
     pub fn functions(&self) -> &F {

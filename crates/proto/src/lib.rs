@@ -46,7 +46,7 @@ pub use function::{
 };
 pub use histogram::{LatencyHistogram, LATENCY_BUCKETS_NS};
 pub use plain::{is_loopback, PlainTrafficWarnings, PLAIN_TRAFFIC_WARNING_INTERVAL};
-pub use pmnet_auth::{AuthError, Authenticator, DeploymentKey, KeySet, ReplayFloor};
+pub use pmnet_auth::{AuthError, Authenticator, DeploymentKey, KeySet, ReplayFloor, SealCounts};
 pub use pmnet_pm::EntryKey;
 pub use pmnet_pm::{BatchStats, LogWork};
 pub use server::{

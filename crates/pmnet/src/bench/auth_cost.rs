@@ -1,10 +1,11 @@
 //! `pmnet bench --auth-cost`: what authentication costs, side by side in one run, at each
 //! payload size asked for (default 100 B and 1 KB):
 //!
-//! - the PMNet-ACK's latency, `pmnet` and `pmnet-auth` in turns (`--rounds`, default 5; each
-//!   mode's median round by p50), against the target of at most 10 % on the p50, judged on the
-//!   median of the rounds' ratios (each round's `pmnet-auth` p50 over the `pmnet` p50 measured
-//!   just before it: a pair shares the machine's state, which drifts between rounds);
+//! - the PMNet-ACK's latency, `pmnet` and `pmnet-auth` measured at once (`bench/interleaved.rs`:
+//!   both systems run, one client alternates blocks of requests between them, so a drift of the
+//!   machine hits both alike), against the target of at most 10 % on the p50 over the whole
+//!   run; the run is cut into `--rounds` stretches (default 5) of `--duration`, and each
+//!   stretch's ratio is shown as the spread;
 //! - the device's forwarding capacity, its forward port without and with keys in turns (and
 //!   the plain relay), against the target of at most 15 %: the measured packet rates and the
 //!   forwarder's CPU per datagram (a CPU-bound forwarder's rate is its inverse, and it hardly
@@ -20,8 +21,8 @@ use serde::Serialize;
 use super::mac::{self, MacCost};
 use super::report::{CapacityReport, ModeResult, Setting};
 use super::{
-    capacity_config, capacity_table, plan, ratios, ratios_table, results_table, run_capacity,
-    setting_text, workload, BenchArgs, Mode, Plan, Target,
+    capacity_config, capacity_table, interleaved, ratios, ratios_table, results_table,
+    run_capacity, setting_text, workload, BenchArgs, Mode, Plan, Target,
 };
 use crate::CliError;
 
@@ -92,18 +93,18 @@ pub fn run_command(
         }
         println!();
         println!("{size} B payload:");
-        let (by_round, media, interrupted) = plan::run_mode_rounds(&plan, shutdown)?;
-        let round_ratios = paired_ratios(&by_round);
+        let run = interleaved::run(&plan, shutdown)?;
+        let media = Some(run.media.clone());
+        let interrupted = shutdown.is_requested();
+        let round_ratios = run.round_ratios;
         let paired = median(&round_ratios);
-        let results: Vec<ModeResult> = by_round
-            .into_iter()
-            .filter_map(plan::median_round)
-            .collect();
+        let results = run.results;
         let mode_ratios = ratios(&results);
         print!("{}", results_table(&results));
+        print!("{}", super::cpu_table(&results));
         print!("{}", ratios_table(&mode_ratios));
         println!(
-            "  pmnet-auth / pmnet p50, round by round: {} (median {})",
+            "  pmnet-auth / pmnet p50, stretch by stretch: {} (median {})",
             round_ratios
                 .iter()
                 .map(|ratio| format!("{ratio:.3}"))
@@ -177,26 +178,6 @@ pub fn run_command(
     })
 }
 
-/// Each round's pmnet-auth p50 over its pmnet p50 (rounds where both have one).
-fn paired_ratios(rounds: &[Vec<ModeResult>]) -> Vec<f64> {
-    let of = |mode: &str| {
-        rounds
-            .iter()
-            .find(|r| r.first().is_some_and(|r| r.mode == mode))
-    };
-    let (Some(plain), Some(auth)) = (of("pmnet"), of("pmnet-auth")) else {
-        return Vec::new();
-    };
-    plain
-        .iter()
-        .zip(auth)
-        .filter_map(|(plain, auth)| match (plain.p50_us, auth.p50_us) {
-            (Some(plain), Some(auth)) if plain > 0.0 => Some(auth / plain),
-            _ => None,
-        })
-        .collect()
-}
-
 fn median(values: &[f64]) -> Option<f64> {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
@@ -264,8 +245,8 @@ pub fn summary_text(sizes: &[AuthCostAtSize]) -> String {
                 .map(|result| result.packets_per_s)
         };
         let ack_cost = size
-            .ack_p50_paired_ratio
-            .or(size.ack_p50_ratio)
+            .ack_p50_ratio
+            .or(size.ack_p50_paired_ratio)
             .map(|ratio| ratio - 1.0);
         let capacity_cost = size
             .capacity
@@ -298,11 +279,13 @@ pub fn summary_text(sizes: &[AuthCostAtSize]) -> String {
     }
     let _ = writeln!(
         out,
-        "  change in ack p50: the median of the rounds' ratios (each pmnet-auth round over the \
-         pmnet round just before it); [1] the change in capacity from the forwarder's CPU per datagram (a CPU-bound \
+        "  change in ack p50: pmnet and pmnet-auth measured at once, one client sending \
+         blocks of {} requests through each in turn, each mode's p50 over the whole run; [1] \
+         the change in capacity from the forwarder's CPU per datagram (a CPU-bound \
          forwarder's rate is its inverse; steadier than the packet rate on a shared machine, \
          so the capacity target is judged on it); CPU +ns/dgm: authentication's CPU per \
-         forwarded datagram; MAC ack path: the MAC's time on the PMNet-ACK's path alone"
+         forwarded datagram; MAC ack path: the MAC's time on the PMNet-ACK's path alone",
+        super::interleaved::BLOCK
     );
     out
 }

@@ -29,6 +29,9 @@ use super::report::{CapacityReport, CapacityResult};
 /// Sessions the generator's datagrams belong to.
 const GENERATOR_SESSIONS: u64 = 64;
 
+/// How often the generator seals its datagrams again (with keys).
+const RESEAL_EVERY: Duration = Duration::from_millis(50);
+
 /// Time the forwarder gets to empty its socket after the generator stops.
 const DRAIN: Duration = Duration::from_millis(100);
 
@@ -209,7 +212,7 @@ fn generate(
         .and_then(|socket| socket.connect(target).map(|()| socket))
         .map_err(|error| format!("cannot open the generator's socket: {error}"))?;
     let mut auth = keys.map(pmnet_proto::Authenticator::new);
-    let datagrams: Vec<Vec<u8>> = (0..GENERATOR_SESSIONS * 16)
+    let mut datagrams: Vec<Vec<u8>> = (0..GENERATOR_SESSIONS * 16)
         .map(|index| {
             let session = 1 + index % GENERATOR_SESSIONS;
             let seq = 1 + (index / GENERATOR_SESSIONS) as u32;
@@ -244,7 +247,21 @@ fn generate(
     let start = Instant::now();
     let mut batch = 0usize;
     let mut sent = 0u64;
+    let mut sealed_at = start;
     while !stop.load(Ordering::Relaxed) {
+        // Sealed datagrams are sealed again every 50 ms, as clients seal each
+        // request afresh: a device reuses only a trailer sealed in the current second (and
+        // receivers refuse one older than the replay window). In place: the buffers keep
+        // their addresses, so the prebuilt batches still point at them.
+        if let Some(auth) = auth.as_mut() {
+            if sealed_at.elapsed() >= RESEAL_EVERY {
+                for datagram in &mut datagrams {
+                    datagram.truncate(datagram.len() - pmnet_auth::TRAILER_LEN);
+                    auth.seal(datagram);
+                }
+                sealed_at = Instant::now();
+            }
+        }
         // SAFETY: the headers of this batch point at live iovecs and datagrams; the socket
         // is connected, so no addresses are needed.
         let result = unsafe {

@@ -117,6 +117,23 @@ impl SystemCounters {
                     counter_sum(device, "pmnet_device_resend_timeouts_total", &pmnet),
                 ));
             }
+            let computed = counter_sum(
+                device,
+                "pmnet_device_seals_total",
+                &[("port", "pmnet"), ("mac", "computed")],
+            );
+            let reused = counter_sum(
+                device,
+                "pmnet_device_seals_total",
+                &[("port", "pmnet"), ("mac", "reused")],
+            );
+            if computed + reused > 0 {
+                notes.push(format!(
+                    "device sealed {} datagrams: {computed} with a MAC computed, {reused} \
+                     forwarded with the trailer they came with",
+                    computed + reused
+                ));
+            }
             let dropped: f64 = device
                 .iter()
                 .map(|metrics| {

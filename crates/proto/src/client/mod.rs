@@ -469,7 +469,8 @@ impl Client {
         .ok_or(ClientError::TooLarge)?;
         self.next_seq += 1;
         for fragment in &fragments {
-            self.queue(fragment.clone());
+            // A copy with room for the trailer: sealing it then needs no second allocation.
+            self.queue(pmnet_wire::to_sendable(fragment));
         }
         self.counters.requests_started += 1;
         let fragment_count = fragments.len();
@@ -642,10 +643,19 @@ impl Client {
         };
         self.counters.retransmit_requests_answered += 1;
         let resend: Vec<Vec<u8>> = if header.has_flag(flags::ALL_FRAGMENTS) {
-            request.fragments.clone()
+            request
+                .fragments
+                .iter()
+                .map(|fragment| pmnet_wire::to_sendable(fragment))
+                .collect()
         } else {
             let index = usize::from(header.fragment_index);
-            request.fragments.get(index).cloned().into_iter().collect()
+            request
+                .fragments
+                .get(index)
+                .map(|fragment| pmnet_wire::to_sendable(fragment))
+                .into_iter()
+                .collect()
         };
         for bytes in resend {
             self.counters.retransmitted_fragments += 1;
@@ -729,7 +739,7 @@ impl Client {
                 .filter(|(_, ackers)| {
                     ackers.ids().len() < wanted || acked_any.ids().any(|id| !ackers.contains(id))
                 })
-                .map(|(bytes, _)| bytes.clone())
+                .map(|(bytes, _)| pmnet_wire::to_sendable(bytes))
                 .collect();
             for bytes in resend {
                 self.counters.retransmitted_fragments += 1;

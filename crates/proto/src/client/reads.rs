@@ -189,7 +189,7 @@ impl Client {
             id,
         );
         let datagram = header.encode(&payload);
-        self.queue(datagram.clone());
+        self.queue(pmnet_wire::to_sendable(&datagram));
         self.counters.cache_reads_started += 1;
         self.reads.in_flight.insert(
             id,
@@ -286,7 +286,7 @@ impl Client {
             // Partly answered: start over (the reply is whole again on the next answer).
             read.parts.clear();
             read.received_len = 0;
-            let bytes = read.datagram.clone();
+            let bytes = pmnet_wire::to_sendable(&read.datagram);
             self.counters.retransmitted_fragments += 1;
             self.queue(bytes);
         }

@@ -352,6 +352,17 @@ fn device_counter_metrics(
     update_metrics(out, &labels, counters);
     log_entry_metrics(out, &labels, counters);
     notice_and_drop_metrics(out, port, pipeline, drop_metrics);
+    if let Some(seals) = pipeline.seal_counts() {
+        for (how, value) in [("computed", seals.computed), ("reused", seals.reused)] {
+            out.counter(
+                "pmnet_device_seals_total",
+                "Datagrams sealed: MAC computed, or the trailer of the datagram just verified \
+                 reused (forwarding what was received unchanged).",
+                &[("port", port), ("mac", how)],
+                value,
+            );
+        }
+    }
 }
 
 /// Updates and acknowledgements: received, logged or forwarded without logging (and why),

@@ -399,6 +399,10 @@ impl NetworkFunction for CacheFunction {
             header.packet_type,
             PacketType::ServerAck | PacketType::Reserved(CACHE_REPLY)
         );
+        if header.has_flag(pmnet_wire::replication::REPLICA) {
+            // Between a primary and its replicas: the log drops it.
+            return Verdict::Pass;
+        }
         if server_only && !self.config.speaks_for_a_server(from) {
             return Verdict::Pass; // the log drops it (unexpected source)
         }

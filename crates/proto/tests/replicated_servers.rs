@@ -502,3 +502,84 @@ fn a_promoted_replica_sends_the_other_replica_what_it_applied_as_a_replica() {
         0
     );
 }
+
+/// A replica's server-ACK says the replica applied a request, not the primary: replayed to the
+/// client or to the device (the genuine datagram, sealed with the deployment key), it
+/// completes nothing and frees nothing; and a server's ACK replayed from a replica's address
+/// is not counted as that replica's.
+#[test]
+fn a_replicas_ack_replayed_elsewhere_completes_nothing() {
+    use pmnet_proto::{Authenticator, DeploymentKey, KeySet};
+    use pmnet_sim::{client_addr, device_addr, replica_addr, server_addr, SERVER_ID};
+    use pmnet_wire::{flags, replication::REPLICA, Header, PacketType};
+
+    let keys = KeySet::new(vec![DeploymentKey::new(1, [7; 32])]);
+    let mut world = World::with_topology(Topology {
+        client_count: 1,
+        device_slot_counts: vec![256],
+        server_count: 1,
+        chain: false,
+        server_replicas: 2,
+    })
+    .with_auth(keys.clone());
+    world.run_for(Duration::from_millis(50));
+    // Replica 1 is down: the primary applies nothing, replica 0 applies and acks.
+    world.stop_replica(1);
+    let session = world.session(0);
+    let update = world.update(0, b"k=v");
+    let bypass = world.bypass(0, b"GET k");
+    world.run_for(Duration::from_millis(100));
+    assert_eq!(
+        applied(&world.replicas[0].app).len(),
+        2,
+        "replica 0 applied both"
+    );
+    assert_eq!(applied(&world.servers[0].app).len(), 0);
+    assert_eq!(world.servers[0].server.replication_pending(), 2);
+    assert!(world.completion(0, bypass).is_none(), "the bypass waits");
+    let mut sealer = Authenticator::new(keys);
+    let ack = |seq: u32, extra: u16, replica_id: u16, sealer: &mut Authenticator| {
+        let mut header = Header::new(PacketType::ServerAck, SERVER_ID, session, seq);
+        header.flags = flags::MAKEUP | extra;
+        header.device_id = replica_id;
+        let mut bytes = header.encode(b"reply");
+        sealer.seal(&mut bytes);
+        bytes
+    };
+    for seq in [update, bypass] {
+        // Replica 0's ack (it names replica 0), to the client, the device, and to the
+        // primary as if from replica 1; and a server's ack as if from replica 1.
+        let replica_ack = ack(seq, REPLICA, 1, &mut sealer);
+        world.inject(replica_addr(0), client_addr(0), replica_ack.clone());
+        world.inject(server_addr(0), device_addr(0), replica_ack.clone());
+        world.inject(replica_addr(1), server_addr(0), replica_ack);
+        world.inject(replica_addr(1), server_addr(0), ack(seq, 0, 0, &mut sealer));
+    }
+    world.run_for(Duration::from_millis(100));
+    assert!(
+        world.completion(0, bypass).is_none(),
+        "a replica's ack is no reply of the server"
+    );
+    assert_eq!(
+        world.device(0).device().live_entry_count(),
+        1,
+        "the device keeps the update's entry"
+    );
+    assert_eq!(
+        world.servers[0].server.replication_pending(),
+        2,
+        "neither a server's ack nor replica 0's counts as replica 1's"
+    );
+    assert_eq!(applied(&world.servers[0].app).len(), 0);
+    // Replica 1 back: everything completes, once.
+    world.start_replica(1);
+    world.run_for(Duration::from_secs(2));
+    assert!(matches!(
+        world.completion(0, bypass),
+        Some(ClientEvent::Completed { .. })
+    ));
+    assert_eq!(
+        applied(&world.servers[0].app),
+        vec![(session, update), (session, bypass)]
+    );
+}

@@ -254,6 +254,28 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          the wait without its timer; the next write waiting on the same request then never \
          timed out, and two sessions waited on each other for ever",
     ),
+    (
+        8408800000000000730,
+        "replica servers and the attacker: a replica's make-up server-ACK to its primary, \
+         replayed to the client, completed a request the primary then skipped (what a primary \
+         and its replicas send each other now carries REPLICA and the replica's number: \
+         clients and devices refuse it, a primary counts an ack only for the replica it names)",
+    ),
+    (
+        8408800000000000194,
+        "replica servers and the attacker: a primary's forward to its replica, replayed to a \
+         device, was logged, and the primary's make-up ACKs of it (stamped for the replica) \
+         never freed the entry (devices now drop requests marked REPLICA, and a primary takes \
+         no replica stamp)",
+    ),
+    (
+        8408800000000002682,
+        "replica servers with sessions that come and go: a replica forgot a session while \
+         another kept copies of its requests, and once promoted sent them to it again, which \
+         applied them twice (a primary now asks its replicas in its hold queries, and they give \
+         their copies up before it answers; it answers a replica about a session it does not \
+         remember only after asking its devices)",
+    ),
 ];
 
 #[test]

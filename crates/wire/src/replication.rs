@@ -19,3 +19,12 @@ pub const REPLICATED: u16 = 1 << 10;
 /// different payload than the client's. A replica never mixes fragments with and without it
 /// in one request: a fragment that disagrees replaces the unfinished request.
 pub const FROM_PRIMARY: u16 = 1 << 11;
+
+/// Header flag of the traffic between a primary server and one of its replicas (bit 14): a
+/// request the primary sends the replica (forwarded, or a duplicate passed on), and the
+/// server-ACK the replica answers with. `device_id` names the replica: its place in the
+/// primary's `--replica` list, plus one. A replica's ack says the replica applied the request,
+/// not that the primary did: no client or device takes it, and a primary counts it only for
+/// the replica it names (with keys flag and id are authenticated: a replica's ack replayed to
+/// a client, or as another replica's, counts for nothing).
+pub const REPLICA: u16 = 1 << 14;

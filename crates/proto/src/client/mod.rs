@@ -525,6 +525,10 @@ impl Client {
         }
         match header.packet_type {
             PacketType::PmnetAck => self.on_pmnet_ack(now, &header),
+            // A replica's ack to its primary says nothing of what the server applied.
+            PacketType::ServerAck if header.has_flag(pmnet_wire::replication::REPLICA) => {
+                self.counters.dropped.record(DropReason::UnexpectedSource)
+            }
             PacketType::ServerAck => self.on_server_ack(now, &header, payload),
             PacketType::RetransmitRequest => self.on_retransmit_request(&header),
             PacketType::NotLogged => self.on_not_logged(&header, payload),

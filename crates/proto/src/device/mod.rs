@@ -585,6 +585,12 @@ impl Device {
             return Verdict::Consumed;
         }
         match header.packet_type {
+            // What a primary sends its replica: never a client's request, never logged.
+            PacketType::UpdateRequest | PacketType::BypassRequest
+                if header.has_flag(pmnet_wire::replication::REPLICA) =>
+            {
+                self.count_drop(DropReason::UnexpectedSource);
+            }
             PacketType::UpdateRequest => {
                 self.on_update_request(now, from, server, header, datagram)
             }
@@ -606,6 +612,10 @@ impl Device {
                     }
                     Err(refused) => self.count_drop(refused.reason()),
                 }
+            }
+            // A replica's ack to its primary says nothing of what the server applied.
+            PacketType::ServerAck if header.has_flag(pmnet_wire::replication::REPLICA) => {
+                self.count_drop(DropReason::UnexpectedSource);
             }
             PacketType::ServerAck
             | PacketType::RetransmitRequest

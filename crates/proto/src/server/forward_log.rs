@@ -418,6 +418,37 @@ impl ForwardLog {
         }
     }
 
+    /// Give up the copies of requests of `sessions` received from a primary and applied
+    /// (`hold.rs`); the sessions of which a record must stay (a request not applied yet, or
+    /// one this server forwarded) are returned.
+    pub(super) fn give_up_retained_of(
+        &mut self,
+        sessions: &std::collections::HashSet<u64>,
+    ) -> std::collections::HashSet<u64> {
+        let mut kept = std::collections::HashSet::new();
+        let mut released = Vec::new();
+        for (&key, logged) in &self.live {
+            if !sessions.contains(&key.0) {
+                continue;
+            }
+            if logged.retained && self.evictable.contains_key(&logged.index) {
+                released.push(key);
+            } else {
+                kept.insert(key.0);
+            }
+        }
+        for key in released {
+            self.release(key);
+        }
+        kept
+    }
+
+    /// The batch to wait for to be sure of every release asked for so far (`None`: all
+    /// durable).
+    pub(super) fn pushed_through(&self) -> Option<u64> {
+        self.batches.pushed_through()
+    }
+
     /// The work asked for since the last batch, as the next numbered batch.
     pub(super) fn poll_persist(&mut self) -> Option<PersistBatch<LogWork>> {
         self.batches.poll()
@@ -534,11 +565,89 @@ impl super::Server {
     }
 
     /// Forward log batches through `through` are durable: what waited on them is forwarded
-    /// (a primary) or applied (a replica).
+    /// (a primary) or applied (a replica), and hold replies that waited are sent.
     pub fn on_persisted(&mut self, now: crate::Time, through: u64) {
         self.send_logged_forwards(now, through);
         self.release_retained();
         self.unstall(now);
+        while self
+            .hold_replies_waiting
+            .front()
+            .is_some_and(|(needed, ..)| *needed <= through)
+        {
+            let (_, to, reply) = self
+                .hold_replies_waiting
+                .pop_front()
+                .expect("checked above");
+            self.transmits.push_back(crate::Transmit {
+                destination: to,
+                bytes: reply,
+            });
+        }
+    }
+
+    /// A replica's primary asks which of the listed sessions it holds copies of (`hold.rs`):
+    /// the copies of requests it applied are given up, except for a session active within
+    /// the keeping time, or with a request not applied yet (answered held). The answer goes
+    /// once the release is durable: a crash before would bring the copies back.
+    pub(super) fn on_primary_hold_query(
+        &mut self,
+        now: crate::Time,
+        from: std::net::SocketAddr,
+        header: &pmnet_wire::Header,
+        payload: &[u8],
+    ) {
+        let Ok(sessions) = pmnet_wire::decode_hold_query_payload(payload) else {
+            self.count_drop(crate::DropReason::BadPayload);
+            return;
+        };
+        self.counters.primary_hold_queries += 1;
+        let keep = self.holds.keep();
+        let waiting: std::collections::HashSet<u64> = self
+            .retained_waiting
+            .iter()
+            .map(|(request, _)| request.session_id)
+            .collect();
+        let busy = |session_id: u64| {
+            waiting.contains(&session_id)
+                || self
+                    .table
+                    .sessions
+                    .get(&session_id)
+                    .is_some_and(|session| now < session.last_active + keep)
+        };
+        let given_up: std::collections::HashSet<u64> =
+            sessions.iter().copied().filter(|&s| !busy(s)).collect();
+        let kept = match self.forward_log.as_mut() {
+            Some(log) => log.give_up_retained_of(&given_up),
+            None => std::collections::HashSet::new(),
+        };
+        let held: Vec<bool> = sessions
+            .iter()
+            .map(|session_id| !given_up.contains(session_id) || kept.contains(session_id))
+            .collect();
+        let reply = pmnet_wire::Header::new(
+            pmnet_wire::PacketType::HoldReply,
+            self.config.server_id,
+            0,
+            header.seq,
+        )
+        .encode(&pmnet_wire::encode_hold_reply_payload(&held));
+        let needed = self
+            .forward_log
+            .as_ref()
+            .and_then(ForwardLog::pushed_through);
+        match needed {
+            None => self.transmits.push_back(crate::Transmit {
+                destination: from,
+                bytes: reply,
+            }),
+            Some(_) if self.hold_replies_waiting.len() >= super::HOLD_REPLIES_WAITING_MAX => {
+                // The primary asks again in its next round.
+                self.count_drop(crate::DropReason::QueueFull);
+            }
+            Some(needed) => self.hold_replies_waiting.push_back((needed, from, reply)),
+        }
     }
 
     /// A replica hands a request on: one from its primary is kept in the forward log first

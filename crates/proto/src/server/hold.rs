@@ -19,6 +19,15 @@
 //! A device in a chain answers for the devices before it too (`device/upstream.rs`); a
 //! device that does not answer keeps the sessions asked about from being forgotten.
 //!
+//! A primary asks its replicas too: each keeps copies of the requests it applied (to send
+//! them to the others should it be promoted), and a promoted replica's copy of a request of
+//! a session another replica forgot would be applied there again. A replica asked about a
+//! session gives its copies of it up (they are of requests every replica acked: the primary
+//! asks replicas only about sessions with nothing pending for them, and a replica keeps the
+//! copies of a session active within the keeping time) and answers once that is durable
+//! (`forward_log.rs`). A replica's own question comes to its primary, which answers it from
+//! what it holds for its replicas, its devices' answers and its replicas'.
+//!
 //! Queries go out on demand only — naming the sessions an eviction wanted and could not
 //! take — in rounds of at most [`pmnet_wire::HOLD_QUERY_SESSIONS_MAX`] sessions, at most one
 //! round per [`ROUND_INTERVAL`]. Each round carries a number the server chose (starting
@@ -53,14 +62,19 @@ struct Round {
     sent_at: Time,
     sessions: Vec<u64>,
     awaiting: BTreeSet<SocketAddr>,
-    /// Per session: held by a device that answered.
+    /// Per session: held by a device that answered (or, on a primary, pending for its
+    /// replicas when the round went out).
     held: Vec<bool>,
+    /// The positions in `sessions` of those the replicas were asked about.
+    asked_replicas: Vec<usize>,
 }
 
 /// The devices' answers to hold queries (see the module docs).
 #[derive(Debug)]
 pub(super) struct Holds {
     devices: Vec<SocketAddr>,
+    /// A primary's replicas, asked too.
+    replicas: Vec<SocketAddr>,
     keep: Duration,
     next_number: u32,
     /// When the next round goes out; `None`: nothing wants one.
@@ -81,6 +95,7 @@ impl Holds {
     pub(super) fn new(devices: &[SocketAddr], boot_nonce: u32, keep: Duration) -> Holds {
         Holds {
             devices: devices.to_vec(),
+            replicas: Vec::new(),
             keep,
             next_number: boot_nonce,
             round_at: None,
@@ -96,6 +111,17 @@ impl Holds {
         }
     }
 
+    /// A primary asks its replicas too (see the module docs).
+    pub(super) fn with_replicas(mut self, replicas: &[SocketAddr]) -> Holds {
+        self.replicas = replicas.to_vec();
+        self
+    }
+
+    /// Whether anyone is asked: devices, or a primary's replicas.
+    fn asks_anyone(&self) -> bool {
+        !self.devices.is_empty() || !self.replicas.is_empty()
+    }
+
     /// The keeping time.
     pub(super) fn keep(&self) -> Duration {
         self.keep
@@ -104,7 +130,7 @@ impl Holds {
     /// Whether no device can still resend a request of `session_id`, last active at
     /// `last_active`, that this server applied (condition 2 of the module docs).
     pub(super) fn cleared(&self, session_id: u64, last_active: Time) -> bool {
-        self.devices.is_empty()
+        !self.asks_anyone()
             || self
                 .cleared
                 .get(&session_id)
@@ -119,7 +145,7 @@ impl Holds {
     /// An eviction wanted `session_id` and could not take it: ask the devices about it (in
     /// the next round, at most one per [`ROUND_INTERVAL`]).
     pub(super) fn want(&mut self, now: Time, session_id: u64) {
-        if self.devices.is_empty() {
+        if !self.asks_anyone() {
             return;
         }
         if self.wanted.len() < WANTED_MAX && self.wanted_set.insert(session_id) {
@@ -138,12 +164,15 @@ impl Holds {
         self.round_at
     }
 
-    /// Send a round if one is due.
+    /// Send a round if one is due. `pending`: whether a session has requests held for the
+    /// replicas (counted as held, and not asked about: the replicas would give up copies
+    /// one of them may still need).
     pub(super) fn handle_timeout(
         &mut self,
         now: Time,
         server_id: u16,
         transmits: &mut VecDeque<Transmit>,
+        pending: &dyn Fn(u64) -> bool,
     ) {
         if self.round_at.is_none_or(|at| at > now) {
             return;
@@ -166,12 +195,40 @@ impl Holds {
         self.next_number = self.next_number.wrapping_add(1);
         let bytes = Header::new(PacketType::HoldQuery, server_id, 0, number)
             .encode(&pmnet_wire::encode_hold_query_payload(&sessions));
+        let mut awaiting: BTreeSet<SocketAddr> = BTreeSet::new();
         for &device in &self.devices {
             self.queries_sent += 1;
+            awaiting.insert(device);
             transmits.push_back(Transmit {
                 destination: device,
                 bytes: bytes.clone(),
             });
+        }
+        let held: Vec<bool> = if self.replicas.is_empty() {
+            vec![false; sessions.len()]
+        } else {
+            sessions.iter().map(|&session| pending(session)).collect()
+        };
+        let asked_replicas: Vec<usize> = if self.replicas.is_empty() {
+            Vec::new()
+        } else {
+            (0..sessions.len()).filter(|&index| !held[index]).collect()
+        };
+        if !asked_replicas.is_empty() {
+            let asked: Vec<u64> = asked_replicas
+                .iter()
+                .map(|&index| sessions[index])
+                .collect();
+            let bytes = Header::new(PacketType::HoldQuery, server_id, 0, number)
+                .encode(&pmnet_wire::encode_hold_query_payload(&asked));
+            for &replica in &self.replicas {
+                self.queries_sent += 1;
+                awaiting.insert(replica);
+                transmits.push_back(Transmit {
+                    destination: replica,
+                    bytes: bytes.clone(),
+                });
+            }
         }
         while self.rounds.len() >= ROUNDS_MAX {
             self.rounds.pop_first();
@@ -180,9 +237,10 @@ impl Holds {
             number,
             Round {
                 sent_at: now,
-                held: vec![false; sessions.len()],
+                held,
                 sessions,
-                awaiting: self.devices.iter().copied().collect(),
+                awaiting,
+                asked_replicas,
             },
         );
     }
@@ -194,12 +252,25 @@ impl Holds {
         let Some(round) = self.rounds.get_mut(&number) else {
             return false;
         };
-        if held.len() != round.sessions.len() || !round.awaiting.remove(&from) {
+        let is_replica = self.replicas.contains(&from) && !self.devices.contains(&from);
+        let asked = if is_replica {
+            round.asked_replicas.len()
+        } else {
+            round.sessions.len()
+        };
+        if held.len() != asked || !round.awaiting.contains(&from) {
             return false;
         }
+        round.awaiting.remove(&from);
         self.replies += 1;
-        for (mine, theirs) in round.held.iter_mut().zip(held) {
-            *mine |= *theirs;
+        if is_replica {
+            for (&index, theirs) in round.asked_replicas.iter().zip(held) {
+                round.held[index] |= *theirs;
+            }
+        } else {
+            for (mine, theirs) in round.held.iter_mut().zip(held) {
+                *mine |= *theirs;
+            }
         }
         if !round.awaiting.is_empty() {
             return true;
@@ -242,7 +313,7 @@ impl Holds {
         self.warned_at = Some(now);
         let names: Vec<String> = silent.iter().map(ToString::to_string).collect();
         tracing::warn!(
-            "idle sessions cannot be forgotten: device(s) {} have not said for {} s whether              they hold entries of them (a resend of theirs could otherwise be applied twice);              new sessions wait while the session table is full",
+            "idle sessions cannot be forgotten: device(s) or replica(s) {} have not said for {} s whether              they hold entries of them (a resend of theirs could otherwise be applied twice);              new sessions wait while the session table is full",
             names.join(", "),
             WARN_AFTER.as_secs()
         );
@@ -263,7 +334,7 @@ mod tests {
 
     fn round(holds: &mut Holds, now: Time) -> (u32, Vec<u64>) {
         let mut sent = VecDeque::new();
-        holds.handle_timeout(now, 1, &mut sent);
+        holds.handle_timeout(now, 1, &mut sent, &|_| false);
         let (header, payload) = Header::parse(&sent[0].bytes).unwrap();
         assert_eq!(header.packet_type, PacketType::HoldQuery);
         let sessions = pmnet_wire::decode_hold_query_payload(payload).unwrap();
@@ -306,6 +377,46 @@ mod tests {
         assert!(!holds.may_forget(at(60_000), 10, at(10_000)));
         holds.want(at(30_000), 10);
         assert_eq!(holds.poll_timeout(), Some(at(30_050)), "paced");
+    }
+
+    #[test]
+    fn a_primary_asks_its_replicas_about_the_sessions_with_nothing_pending_for_them() {
+        let keep = Duration::from_secs(20);
+        let (device, replica) = (addr(1), addr(9));
+        let mut holds = Holds::new(&[device], 3, keep).with_replicas(&[replica]);
+        let active = at(1_000);
+        for session in [10, 11, 12] {
+            holds.want(at(30_000), session);
+        }
+        let mut sent = VecDeque::new();
+        // Session 11 has a request the replicas have not all acked.
+        holds.handle_timeout(at(30_000), 1, &mut sent, &|session| session == 11);
+        let asked = |to: SocketAddr| {
+            let transmit = sent.iter().find(|t| t.destination == to).unwrap();
+            let (_, payload) = Header::parse(&transmit.bytes).unwrap();
+            pmnet_wire::decode_hold_query_payload(payload).unwrap()
+        };
+        assert_eq!(asked(device), vec![10, 11, 12]);
+        assert_eq!(asked(replica), vec![10, 12], "not about the pending one");
+        assert!(
+            !holds.answered(replica, 3, &[false, false, false]),
+            "an answer that does not fit what the replica was asked"
+        );
+        assert!(holds.answered(device, 3, &[false, false, false]));
+        assert!(
+            !holds.may_forget(at(30_000), 10, active),
+            "the replica is silent"
+        );
+        assert!(holds.answered(replica, 3, &[false, true]));
+        assert!(holds.may_forget(at(30_000), 10, active));
+        assert!(
+            !holds.may_forget(at(30_000), 11, active),
+            "pending at the primary"
+        );
+        assert!(
+            !holds.may_forget(at(30_000), 12, active),
+            "the replica keeps copies"
+        );
     }
 
     #[test]

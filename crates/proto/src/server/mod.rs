@@ -181,6 +181,24 @@ pub struct RecoveryReport {
 /// all applied.
 const DRAIN_CHECK_INTERVAL: Duration = Duration::from_millis(10);
 
+/// Mark a request going to replica number `replica` (from 0) as replication traffic naming
+/// it ([`pmnet_wire::replication::REPLICA`]); its server-ACK names it back.
+fn name_replica(bytes: &mut [u8], replica: usize) {
+    let is_request = bytes.len() >= pmnet_wire::HEADER_LEN
+        && (bytes[pmnet_wire::field::TYPE] == PacketType::UpdateRequest.code()
+            || bytes[pmnet_wire::field::TYPE] == PacketType::BypassRequest.code());
+    if !is_request {
+        return;
+    }
+    let mut packet = pmnet_wire::Packet::new_unchecked(bytes);
+    packet.set_flags(packet.flags() | pmnet_wire::replication::REPLICA);
+    packet.set_device_id(u16::try_from(replica + 1).unwrap_or(u16::MAX));
+    packet.fill_checksum();
+}
+
+/// A replica's answers to its primary's hold queries that wait for its forward log, at most.
+pub(super) const HOLD_REPLIES_WAITING_MAX: usize = 64;
+
 /// Why a read is answered with an error instead of a value: the write it must see was
 /// acknowledged (it is durable in a device's log) but the server's store is full.
 pub const WAITS_FOR_ROOM: &str = "the last acknowledged write this read must see waits for room \
@@ -194,6 +212,8 @@ pub struct ServerCounters {
     /// Hold queries sent to devices, and the answers taken (`hold.rs`).
     pub hold_queries_sent: u64,
     pub hold_replies: u64,
+    /// On a replica: its primary's hold queries answered (`hold.rs`).
+    pub primary_hold_queries: u64,
     pub requests_applied: u64,
     pub server_acks_sent: u64,
     /// Duplicates of applied requests, answered with a make-up ACK.
@@ -298,6 +318,9 @@ pub struct Server {
     /// A replica's requests waiting for their records, in order, each with its record's
     /// index (`None`: needs none; it waits only behind the others).
     retained_waiting: VecDeque<(Issued, Option<u64>)>,
+    /// A replica's answers to its primary's hold queries, each waiting for the forward log
+    /// batch that gives its copies up to be durable: (batch, to, datagram).
+    hold_replies_waiting: VecDeque<(u64, SocketAddr, Vec<u8>)>,
     /// What the devices still hold: when a session may be forgotten (`hold.rs`).
     holds: hold::Holds,
 }
@@ -335,7 +358,8 @@ impl Server {
             config.replicas.len() <= REPLICA_SERVERS_MAX,
             "at most {REPLICA_SERVERS_MAX} replicas"
         );
-        let holds = hold::Holds::new(&config.devices, config.boot_nonce, config.session_keep());
+        let holds = hold::Holds::new(&config.devices, config.boot_nonce, config.session_keep())
+            .with_replicas(&config.replicas);
         let mut table = Table::new(config.sessions_max).keeping_sessions_for(holds.keep());
         for recovered in sessions {
             let mut earlier = recovered.earlier_replies;
@@ -384,6 +408,7 @@ impl Server {
             replication: replicate::Replication::default(),
             forward_log: None,
             retained_waiting: VecDeque::new(),
+            hold_replies_waiting: VecDeque::new(),
             holds,
             config,
         };
@@ -697,12 +722,16 @@ impl Server {
             }
             PacketType::FillReply => self.count_drop(DropReason::UnexpectedSource),
             PacketType::HoldReply => self.on_hold_reply(from, &header, payload),
+            // A replica's primary (its only device) asks what it keeps for a promotion.
+            PacketType::HoldQuery if self.is_device(from) && !self.is_primary() => {
+                self.on_primary_hold_query(now, from, &header, payload)
+            }
             _ => self.count_drop(DropReason::UnexpectedType),
         }
     }
 
     /// A device's answer to a hold query (`hold.rs`).
-    fn on_hold_reply(&mut self, from: SocketAddr, header: &Header, payload: &[u8]) {
+    pub(super) fn on_hold_reply(&mut self, from: SocketAddr, header: &Header, payload: &[u8]) {
         let Ok(held) = pmnet_wire::decode_hold_reply_payload(payload) else {
             self.count_drop(DropReason::BadPayload);
             return;
@@ -832,7 +861,7 @@ impl Server {
         true
     }
 
-    fn send_makeup_ack(&mut self, session_id: u64, seq: u32, to: SocketAddr) {
+    fn send_makeup_ack(&mut self, session_id: u64, seq: u32, to: SocketAddr, replica_id: u16) {
         let session = &self.table.sessions[&session_id];
         let cached = session
             .replies
@@ -843,16 +872,16 @@ impl Server {
         self.counters.makeup_acks_sent += 1;
         match cached {
             Some(CachedReply::Reply(reply)) => {
-                self.send_server_ack(session_id, seq, flags::MAKEUP, &reply, to)
+                self.send_server_ack(session_id, seq, flags::MAKEUP, &reply, to, replica_id)
             }
             Some(CachedReply::Skipped) => {
                 let skipped = flags::MAKEUP | flags::REPLY_UNAVAILABLE | flags::SKIPPED;
-                self.send_server_ack(session_id, seq, skipped, &[], to);
+                self.send_server_ack(session_id, seq, skipped, &[], to, replica_id);
             }
             None => {
                 self.counters.makeup_acks_without_reply += 1;
                 let makeup = flags::MAKEUP | flags::REPLY_UNAVAILABLE;
-                self.send_server_ack(session_id, seq, makeup, &[], to);
+                self.send_server_ack(session_id, seq, makeup, &[], to, replica_id);
             }
         }
     }
@@ -864,6 +893,7 @@ impl Server {
         flags: u16,
         reply: &[u8],
         to: SocketAddr,
+        replica_id: u16,
     ) {
         let mut header = Header::new(
             PacketType::ServerAck,
@@ -872,6 +902,11 @@ impl Server {
             seq,
         );
         header.flags = flags;
+        // A replica answers its primary as the replica the primary named.
+        if replica_id != 0 {
+            header.flags |= pmnet_wire::replication::REPLICA;
+            header.device_id = replica_id;
+        }
         let datagrams = encode_fragments(header, reply, self.datagram_budget())
             .or_else(|| {
                 // Replies are bounded by the store; one that still does not fit is reported
@@ -923,6 +958,7 @@ impl Server {
         // None: a request a primary took in again from its forward log, not resent since
         // (its device or client is answered with a make-up ACK when it resends).
         let to = session.reply_to;
+        let replica_id = session.take_replica_stamp(seq);
         self.table.touch(now, session_id);
         self.counters.requests_applied += 1;
         let (ack_flags, reply) = if was_fill {
@@ -934,7 +970,7 @@ impl Server {
             (0, &reply[..])
         };
         if let Some(to) = to {
-            self.send_server_ack(session_id, seq, ack_flags, reply, to);
+            self.send_server_ack(session_id, seq, ack_flags, reply, to, replica_id);
         }
         self.update_gap(now, session_id);
         self.release_waiters(now, session_id, seq);
@@ -1125,8 +1161,15 @@ impl Server {
     /// supply any more, retry deferred requests, re-poll devices that have not answered the
     /// recovery poll.
     pub fn handle_timeout(&mut self, now: Time) {
-        self.holds
-            .handle_timeout(now, self.config.server_id, &mut self.transmits);
+        if self.holds.poll_timeout().is_some_and(|at| at <= now) {
+            let pending = self.pending_sessions();
+            self.holds.handle_timeout(
+                now,
+                self.config.server_id,
+                &mut self.transmits,
+                &|session| pending.contains(&session),
+            );
+        }
         self.counters.hold_queries_sent = self.holds.queries_sent;
         if self
             .recovery
@@ -1177,6 +1220,9 @@ impl Server {
                 self.batcher.pop()?
             }
         };
+        if let Some(replica) = self.replica_index(transmit.destination) {
+            name_replica(&mut transmit.bytes, replica);
+        }
         if let Some(auth) = self.config.auth.as_mut() {
             auth.seal(&mut transmit.bytes);
         }

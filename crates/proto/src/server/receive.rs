@@ -32,6 +32,7 @@ impl Server {
         let session_id = header.session_id;
         let reorder_window = self.config.reorder_window;
         let known = self.table.sessions.contains_key(&session_id);
+        let is_primary = self.is_primary();
         let holds = &self.holds;
         let cleared = |session, active| holds.cleared(session, active);
         if self
@@ -50,6 +51,15 @@ impl Server {
             .sessions
             .get_mut(&session_id)
             .expect("created above");
+        // A primary is nobody's replica (a stamped request reaching it is a replay).
+        let replica_stamp = if header.has_flag(pmnet_wire::replication::REPLICA) && !is_primary {
+            header.device_id
+        } else {
+            0
+        };
+        if replica_stamp != 0 && seq > session.last_applied {
+            session.note_replica_stamp(seq, replica_stamp);
+        }
         if session.reply_to != Some(from) {
             session.reply_to = Some(from);
             session.credit_bytes = 0;
@@ -61,7 +71,7 @@ impl Server {
             .min(table::MAX_CREDIT_BYTES);
         if seq <= session.last_applied {
             if !self.replicate_duplicate(now, from, header, payload) {
-                self.send_makeup_ack(session_id, seq, from);
+                self.send_makeup_ack(session_id, seq, from, replica_stamp);
             }
             return;
         }

@@ -35,6 +35,10 @@ use super::table::CachedReply;
 use super::{Server, ServerEvent};
 use crate::{encode_fragments, DropReason, RequestKind, Time, Transmit};
 
+/// Sessions unknown here that replicas asked about, remembered at most (past it the oldest
+/// answers are forgotten, and those sessions asked about afresh).
+const UNKNOWN_ASKED_MAX: usize = 4096;
+
 /// Most replica servers a primary forwards to.
 pub const REPLICA_SERVERS_MAX: usize = 8;
 
@@ -146,6 +150,10 @@ struct ReplicaFill {
 /// A primary's state about its replicas.
 #[derive(Debug, Default)]
 pub(super) struct Replication {
+    /// Sessions a replica asked about that this primary does not remember, and when it was
+    /// first asked: answered held until a round of hold queries sent after that found no
+    /// device holding any of it (at most [`UNKNOWN_ASKED_MAX`]).
+    unknown_asked: HashMap<u64, Time>,
     forwarded: HashMap<(u64, u32), Forwarded>,
     /// The keys of `forwarded` in the order forwarded.
     order: VecDeque<(u64, u32)>,
@@ -596,6 +604,14 @@ impl Server {
 
     /// A replica's server-ACK (any fragment: it is sent only once the request is applied).
     pub(super) fn on_replica_ack(&mut self, now: Time, replica: usize, header: &Header) {
+        if !header.has_flag(pmnet_wire::replication::REPLICA)
+            || usize::from(header.device_id) != replica + 1
+        {
+            // Not this replica's ack: a server's, or another replica's, replayed from its
+            // address.
+            self.count_drop(DropReason::Mismatch);
+            return;
+        }
         let key = (header.session_id, header.seq);
         let all = self.all_replicas_mask();
         if let Some(forwarded) = self.replication.forwarded.get_mut(&key) {
@@ -628,7 +644,7 @@ impl Server {
         self.counters.replication.makeups_released += 1;
         if let Some(to) = makeup.to {
             if self.table.sessions.contains_key(&key.0) {
-                self.send_makeup_ack(key.0, key.1, to);
+                self.send_makeup_ack(key.0, key.1, to, 0);
             }
         }
         self.unstall(now);
@@ -838,8 +854,19 @@ impl Server {
             }
             PacketType::RetransmitRequest => self.on_replica_retransmit_request(from, header),
             PacketType::HoldQuery => self.on_replica_hold_query(now, from, header, payload),
+            // A replica's answer to this primary's own hold query (`hold.rs`).
+            PacketType::HoldReply => self.on_hold_reply(from, header, payload),
             _ => self.count_drop(DropReason::UnexpectedType),
         }
+    }
+
+    /// Sessions with requests held for the replicas (forwarded, or make-ups, not acked by
+    /// every replica).
+    pub(super) fn pending_sessions(&self) -> HashSet<u64> {
+        (self.replication.forwarded.keys())
+            .chain(self.replication.makeups.keys())
+            .map(|&(session_id, _)| session_id)
+            .collect()
     }
 
     /// A replica asks which of the listed sessions a request could still reach it of from
@@ -857,15 +884,34 @@ impl Server {
             self.count_drop(DropReason::BadPayload);
             return;
         };
-        let pending: HashSet<u64> = (self.replication.forwarded.keys())
-            .chain(self.replication.makeups.keys())
-            .map(|&(session_id, _)| session_id)
-            .collect();
+        let pending = self.pending_sessions();
+        let keep = self.holds.keep();
         let mut held = Vec::with_capacity(sessions.len());
         for session_id in sessions {
-            let remembered = self.table.sessions.get(&session_id).map(|s| s.last_active);
-            let devices_may_hold =
-                remembered.is_some_and(|last| !self.holds.cleared(session_id, last));
+            // A session this primary does not remember may still have entries in a device's
+            // log (one this server never had room for, or forgot as a replica before its
+            // promotion): the devices are asked, in a round sent after the question.
+            let since = match self.table.sessions.get(&session_id) {
+                Some(session) => session.last_active,
+                None => {
+                    if self.replication.unknown_asked.len() >= UNKNOWN_ASKED_MAX
+                        && !self.replication.unknown_asked.contains_key(&session_id)
+                    {
+                        self.replication.unknown_asked.clear();
+                    }
+                    let asked = *self
+                        .replication
+                        .unknown_asked
+                        .entry(session_id)
+                        .or_insert(now);
+                    Time::from_nanos(
+                        asked
+                            .as_nanos()
+                            .saturating_sub(u64::try_from(keep.as_nanos()).unwrap_or(u64::MAX)),
+                    )
+                }
+            };
+            let devices_may_hold = !self.holds.cleared(session_id, since);
             if devices_may_hold {
                 self.holds.want(now, session_id);
             }

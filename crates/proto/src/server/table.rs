@@ -175,7 +175,15 @@ pub(super) struct Session {
     /// The wait before retrying a deferred request; doubles while the store stays full.
     pub(super) defer_interval: Duration,
     pub(super) last_active: Time,
+    /// Numbers not applied yet that a primary sent as to its replica number `id`: their
+    /// server-ACKs carry [`pmnet_wire::replication::REPLICA`] and that number (at most
+    /// [`REPLICA_STAMPS_MAX`]; a number whose stamp was dropped is acked plainly, which the
+    /// primary does not count, and acked again, stamped, when the primary resends it).
+    pub(super) replica_stamps: VecDeque<(u32, u16)>,
 }
+
+/// Replica stamps a session keeps (see `Session::replica_stamps`).
+pub(super) const REPLICA_STAMPS_MAX: usize = 256;
 
 /// Seen points a session keeps (see `Session::seen_points`).
 pub(super) const SEEN_POINTS_MAX: usize = 16;
@@ -185,6 +193,26 @@ const DATED_MAX: usize = 8;
 const RESOLVED_MAX: usize = 64;
 
 impl Session {
+    /// Number `seq` came from a primary as to its replica number `id`.
+    pub(super) fn note_replica_stamp(&mut self, seq: u32, id: u16) {
+        if let Some(stamp) = self.replica_stamps.iter_mut().find(|(s, _)| *s == seq) {
+            stamp.1 = id;
+            return;
+        }
+        if self.replica_stamps.len() >= REPLICA_STAMPS_MAX {
+            self.replica_stamps.pop_front();
+        }
+        self.replica_stamps.push_back((seq, id));
+    }
+
+    /// The replica number `seq` came stamped with (0: none), forgotten.
+    pub(super) fn take_replica_stamp(&mut self, seq: u32) -> u16 {
+        let Some(position) = self.replica_stamps.iter().position(|(s, _)| *s == seq) else {
+            return 0;
+        };
+        self.replica_stamps.remove(position).map_or(0, |(_, id)| id)
+    }
+
     /// Number `seq` of this session was seen at `now` (a fragment of it at least): it and
     /// every number below it were issued by then — `seq` too, which matters when the rest of
     /// it never comes (its client left with a fragment lost: nothing else dates it).

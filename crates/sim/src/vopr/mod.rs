@@ -237,12 +237,6 @@ impl Churn {
 }
 
 fn churn_for_seed(seed: u64) -> Option<Churn> {
-    // Not with replica servers: a replica promoted in place of a lost primary sends its
-    // replicas again the requests it kept from the old primary, and a replica that forgot
-    // their session would apply them again (docs/replication.md, "Left out").
-    if replicas_for_seed(seed) > 0 {
-        return None;
-    }
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5E55_C4A1_0000_0038);
     rng.random_bool(0.25).then(|| Churn {
         table: rng.random_range(2..=4),

@@ -615,18 +615,13 @@ impl Authenticator {
             let mut kept = Remembered {
                 len: inner.len(),
                 head: [0; HEADER_LEN],
-                bytes: Vec::new(),
                 trailer: [0; TRAILER_LEN],
             };
             if self.recent.len() == self.recent_len_max {
-                if let Some(oldest) = self.recent.pop_front() {
-                    kept.bytes = oldest.bytes;
-                }
+                self.recent.pop_front();
             }
             kept.head.copy_from_slice(&inner[..HEADER_LEN]);
             kept.trailer.copy_from_slice(trailer);
-            kept.bytes.clear();
-            kept.bytes.extend_from_slice(inner);
             self.recent.push_back(kept);
         }
         Ok(Cow::Borrowed(inner))
@@ -648,10 +643,8 @@ impl Authenticator {
         Ok(())
     }
 
-    /// The trailer of a remembered datagram of exactly these bytes, if any. Each candidate is
-    /// looked at by its length and header first (the header holds the CRC of the whole
-    /// datagram: two datagrams of one session, sequence number and length rarely share it),
-    /// compared in registers; only a candidate that passes is compared byte for byte.
+    /// The trailer of a remembered datagram of these bytes, if any: one of the same length and
+    /// header (which holds the CRC of the whole datagram; see [`Remembered`]), newest first.
     fn remembered_trailer(&self, datagram: &[u8]) -> Option<[u8; TRAILER_LEN]> {
         if self.recent.is_empty() || datagram.len() < HEADER_LEN {
             return None;
@@ -669,7 +662,6 @@ impl Authenticator {
             .find(|kept| {
                 kept.len == len
                     && &kept.head == head
-                    && kept.bytes == datagram
                     && u32::from_be_bytes([
                         kept.trailer[2],
                         kept.trailer[3],
@@ -806,12 +798,15 @@ fn crc_delta_of_authenticated(covered: usize) -> u32 {
 
 /// A datagram verified with the sending key, remembered so that sealing the same bytes again
 /// reuses its trailer.
+///
+/// It is known by its length and header alone, which holds the CRC-32C of the whole datagram:
+/// other bytes under the same length and header (a chance of 2^-32 for bytes this endpoint
+/// itself changed) would get a trailer that does not verify, and be dropped by the receiver
+/// like a datagram lost — never taken for what was sealed.
 #[derive(Debug, Clone)]
 struct Remembered {
     len: usize,
-    /// Its first [`HEADER_LEN`] bytes, for a quick look before comparing all of them.
     head: [u8; HEADER_LEN],
-    bytes: Vec<u8>,
     trailer: [u8; TRAILER_LEN],
 }
 

@@ -6,7 +6,11 @@
 //! A generator thread (on another CPU) sends update datagrams of the benchmark's size as fast
 //! as `sendmmsg` goes, round-robin over 64 sessions, to the forwarder; the forwarder sends
 //! them on to a sink socket that is never read (the kernel drops there, after the forwarder's
-//! work is done). The figure is what left the forwarder per second of the generator's run.
+//! work is done). The figure is what left the forwarder per second the generator sent to it.
+//! With blocking waits the forwarders of a round run side by side, each on the forwarder's
+//! CPU, and the generator sends to each in turn, 50 ms at a time, so that a drift of the
+//! machine's speed (a VM sharing its host) hits all alike; spinning forwarders run one after
+//! the other.
 //! When the forwarder's socket drops part of the offered load, the forwarder was the
 //! bottleneck and the figure is its capacity; when it drops nothing, the generator was, and
 //! the report says so.
@@ -28,6 +32,11 @@ use super::report::{CapacityReport, CapacityResult};
 
 /// Sessions the generator's datagrams belong to.
 const GENERATOR_SESSIONS: u64 = 64;
+
+/// The generator sends to one forwarder this long at a time, then pauses this long (the
+/// forwarder empties its socket) before turning to the next.
+const SLICE: Duration = Duration::from_millis(50);
+const GAP: Duration = Duration::from_millis(5);
 
 /// How often the generator seals its datagrams again (with keys).
 const RESEAL_EVERY: Duration = Duration::from_millis(50);
@@ -195,159 +204,242 @@ fn start_forwarder(
     }
 }
 
-/// Send as fast as possible until `stop`; returns datagrams sent and for how long. The
-/// generator is as cheap as a sender can be (a connected socket, `sendmmsg` of prebuilt
-/// batches, no copies), so that the forwarder, not the generator, is the bottleneck.
+/// One target of the generator: its connected socket and its prebuilt datagrams (sealed with
+/// the target's keys, if any).
+struct GeneratorTarget {
+    socket: UdpSocket,
+    datagrams: Vec<Vec<u8>>,
+    headers: Vec<libc::mmsghdr>,
+    // The headers point at these.
+    _iovecs: Vec<libc::iovec>,
+    auth: Option<pmnet_proto::Authenticator>,
+    sealed_at: Instant,
+    sent: u64,
+    active: Duration,
+}
+
+impl GeneratorTarget {
+    fn new(
+        target: SocketAddr,
+        config: &CapacityConfig,
+        keys: Option<pmnet_runtime::KeySet>,
+    ) -> Result<GeneratorTarget, String> {
+        let socket = UdpSocket::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .and_then(|socket| socket.connect(target).map(|()| socket))
+            .map_err(|error| format!("cannot open the generator's socket: {error}"))?;
+        let mut auth = keys.map(pmnet_proto::Authenticator::new);
+        let datagrams: Vec<Vec<u8>> = (0..GENERATOR_SESSIONS * 16)
+            .map(|index| {
+                let session = 1 + index % GENERATOR_SESSIONS;
+                let seq = 1 + (index / GENERATOR_SESSIONS) as u32;
+                let mut datagram =
+                    Header::new(PacketType::UpdateRequest, config.server_id, session, seq)
+                        .encode(&config.payload);
+                if let Some(auth) = auth.as_mut() {
+                    auth.seal(&mut datagram);
+                }
+                datagram
+            })
+            .collect();
+        // One prebuilt batch per window of BATCH_LEN datagrams; the kernel only reads them.
+        let mut iovecs: Vec<libc::iovec> = datagrams
+            .iter()
+            .map(|datagram| libc::iovec {
+                iov_base: datagram.as_ptr() as *mut libc::c_void,
+                iov_len: datagram.len(),
+            })
+            .collect();
+        let headers: Vec<libc::mmsghdr> = (0..datagrams.len())
+            .map(|index| {
+                // SAFETY: a zeroed mmsghdr is valid (integers and null pointers).
+                let mut header: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                header.msg_hdr.msg_iov = &mut iovecs[index];
+                header.msg_hdr.msg_iovlen = 1;
+                header
+            })
+            .collect();
+        Ok(GeneratorTarget {
+            socket,
+            datagrams,
+            headers,
+            _iovecs: iovecs,
+            auth,
+            sealed_at: Instant::now(),
+            sent: 0,
+            active: Duration::ZERO,
+        })
+    }
+
+    /// Send as fast as `sendmmsg` goes until `until` (or `stop`).
+    fn send_until(&mut self, until: Instant, stop: &AtomicBool) {
+        use std::os::fd::AsRawFd;
+        let fd = self.socket.as_raw_fd();
+        let batches = self.datagrams.len() / BATCH_LEN;
+        let start = Instant::now();
+        let mut batch = 0usize;
+        let mut turns = 0u32;
+        loop {
+            turns = turns.wrapping_add(1);
+            if turns % 64 == 0 && (Instant::now() >= until || stop.load(Ordering::Relaxed)) {
+                break;
+            }
+            // Sealed datagrams are sealed again every 50 ms, as clients seal each request
+            // afresh: a device reuses only a trailer sealed in the current second (and
+            // receivers refuse one older than the replay window). In place: the buffers keep
+            // their addresses, so the prebuilt batches still point at them.
+            if let Some(auth) = self.auth.as_mut() {
+                if self.sealed_at.elapsed() >= RESEAL_EVERY {
+                    for datagram in &mut self.datagrams {
+                        datagram.truncate(datagram.len() - pmnet_auth::TRAILER_LEN);
+                        auth.seal(datagram);
+                    }
+                    self.sealed_at = Instant::now();
+                }
+            }
+            // SAFETY: the headers of this batch point at live iovecs and datagrams; the
+            // socket is connected, so no addresses are needed.
+            let result = unsafe {
+                libc::sendmmsg(
+                    fd,
+                    self.headers[batch * BATCH_LEN..].as_mut_ptr(),
+                    BATCH_LEN as libc::c_uint,
+                    0,
+                )
+            };
+            if result > 0 {
+                self.sent += result as u64;
+            } else {
+                // ECONNREFUSED from an ICMP error, ENOBUFS and the like: carry on.
+                std::thread::yield_now();
+            }
+            batch = (batch + 1) % batches;
+        }
+        self.active += start.elapsed();
+    }
+}
+
+/// Send as fast as possible, in turns of [`SLICE`] to each target with a pause of [`GAP`]
+/// between turns (the last target empties its socket), until every target had `each` of
+/// sending or `stop`; returns each target's datagrams sent and time it was sent to. The
+/// generator is as cheap as a sender can be (connected sockets, `sendmmsg` of prebuilt
+/// batches, no copies), so that the forwarders, not the generator, are the bottleneck.
 fn generate(
-    target: SocketAddr,
+    targets: &[(SocketAddr, Option<pmnet_runtime::KeySet>)],
     config: &CapacityConfig,
-    keys: Option<pmnet_runtime::KeySet>,
+    each: Duration,
     stop: &AtomicBool,
-) -> Result<(u64, Duration), String> {
-    use std::os::fd::AsRawFd;
+) -> Result<Vec<(u64, Duration)>, String> {
     if let Some(cpu) = config.generator_cpu {
         pin_current_thread(cpu)?;
     }
-    let socket = UdpSocket::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .and_then(|socket| socket.connect(target).map(|()| socket))
-        .map_err(|error| format!("cannot open the generator's socket: {error}"))?;
-    let mut auth = keys.map(pmnet_proto::Authenticator::new);
-    let mut datagrams: Vec<Vec<u8>> = (0..GENERATOR_SESSIONS * 16)
-        .map(|index| {
-            let session = 1 + index % GENERATOR_SESSIONS;
-            let seq = 1 + (index / GENERATOR_SESSIONS) as u32;
-            let mut datagram =
-                Header::new(PacketType::UpdateRequest, config.server_id, session, seq)
-                    .encode(&config.payload);
-            if let Some(auth) = auth.as_mut() {
-                auth.seal(&mut datagram);
-            }
-            datagram
-        })
-        .collect();
-    // One prebuilt batch per window of BATCH_LEN datagrams; the kernel only reads them.
-    let mut iovecs: Vec<libc::iovec> = datagrams
+    let mut generators = targets
         .iter()
-        .map(|datagram| libc::iovec {
-            iov_base: datagram.as_ptr() as *mut libc::c_void,
-            iov_len: datagram.len(),
-        })
-        .collect();
-    let batches = datagrams.len() / BATCH_LEN;
-    let mut headers: Vec<libc::mmsghdr> = (0..datagrams.len())
-        .map(|index| {
-            // SAFETY: a zeroed mmsghdr is valid (integers and null pointers).
-            let mut header: libc::mmsghdr = unsafe { std::mem::zeroed() };
-            header.msg_hdr.msg_iov = &mut iovecs[index];
-            header.msg_hdr.msg_iovlen = 1;
-            header
-        })
-        .collect();
-    let fd = socket.as_raw_fd();
-    let start = Instant::now();
-    let mut batch = 0usize;
-    let mut sent = 0u64;
-    let mut sealed_at = start;
-    while !stop.load(Ordering::Relaxed) {
-        // Sealed datagrams are sealed again every 50 ms, as clients seal each
-        // request afresh: a device reuses only a trailer sealed in the current second (and
-        // receivers refuse one older than the replay window). In place: the buffers keep
-        // their addresses, so the prebuilt batches still point at them.
-        if let Some(auth) = auth.as_mut() {
-            if sealed_at.elapsed() >= RESEAL_EVERY {
-                for datagram in &mut datagrams {
-                    datagram.truncate(datagram.len() - pmnet_auth::TRAILER_LEN);
-                    auth.seal(datagram);
-                }
-                sealed_at = Instant::now();
+        .map(|(target, keys)| GeneratorTarget::new(*target, config, keys.clone()))
+        .collect::<Result<Vec<_>, String>>()?;
+    'turns: loop {
+        for generator in &mut generators {
+            if stop.load(Ordering::Relaxed) {
+                break 'turns;
             }
+            if generator.active >= each {
+                continue;
+            }
+            let slice = SLICE.min(each - generator.active);
+            generator.send_until(Instant::now() + slice, stop);
+            std::thread::sleep(GAP);
         }
-        // SAFETY: the headers of this batch point at live iovecs and datagrams; the socket
-        // is connected, so no addresses are needed.
-        let result = unsafe {
-            libc::sendmmsg(
-                fd,
-                headers[batch * BATCH_LEN..].as_mut_ptr(),
-                BATCH_LEN as libc::c_uint,
-                0,
-            )
-        };
-        if result > 0 {
-            sent += result as u64;
-        } else {
-            // ECONNREFUSED from an ICMP error, ENOBUFS and the like: carry on.
-            std::thread::yield_now();
+        if generators.iter().all(|generator| generator.active >= each) {
+            break;
         }
-        batch = (batch + 1) % batches;
     }
-    Ok((sent, start.elapsed()))
+    Ok(generators
+        .iter()
+        .map(|generator| (generator.sent, generator.active))
+        .collect())
 }
 
-fn measure(
-    forwarder: Forwarder,
+/// One round: every forwarder of `forwarders` running at once, the generator sending to each
+/// in turn (so a drift of the machine's speed hits all alike) for `config.duration` each.
+fn measure_round(
+    forwarders: &[Forwarder],
     config: &CapacityConfig,
     shutdown: &Shutdown,
-) -> Result<CapacityResult, String> {
-    // The sink: bound, never read. Its buffer fills and the kernel drops what arrives after
-    // the forwarder has done all of its work on it.
-    let sink = UdpSocket::bind("127.0.0.1:0")
-        .map_err(|error| format!("cannot open the sink socket: {error}"))?;
-    let sink_addr = sink
-        .local_addr()
-        .map_err(|error| format!("sink address: {error}"))?;
-    let forwarder_shutdown = Shutdown::new();
-    let (addr, handle) = start_forwarder(forwarder, config, sink_addr, forwarder_shutdown.clone())?;
+) -> Result<Vec<CapacityResult>, String> {
+    // The sinks: bound, never read. Their buffers fill and the kernel drops what arrives
+    // after the forwarders have done all of their work on it.
+    let mut sinks = Vec::new();
+    let mut running = Vec::new();
+    for &forwarder in forwarders {
+        let sink = UdpSocket::bind("127.0.0.1:0")
+            .map_err(|error| format!("cannot open the sink socket: {error}"))?;
+        let sink_addr = sink
+            .local_addr()
+            .map_err(|error| format!("sink address: {error}"))?;
+        let forwarder_shutdown = Shutdown::new();
+        let (addr, handle) =
+            start_forwarder(forwarder, config, sink_addr, forwarder_shutdown.clone())?;
+        sinks.push(sink);
+        running.push((forwarder, addr, handle, forwarder_shutdown));
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let generator = {
         let stop = stop.clone();
         let config = config.clone();
-        let keys = forwarder.keys(&config);
+        let targets: Vec<(SocketAddr, Option<pmnet_runtime::KeySet>)> = running
+            .iter()
+            .map(|(forwarder, addr, ..)| (*addr, forwarder.keys(&config)))
+            .collect();
+        let each = config.duration;
         std::thread::Builder::new()
             .name("pmnet-generator".into())
-            .spawn(move || generate(addr, &config, keys, &stop))
+            .spawn(move || generate(&targets, &config, each, &stop))
             .map_err(|error| format!("cannot start the generator thread: {error}"))?
     };
-    let end = Instant::now() + config.duration;
-    while Instant::now() < end && !shutdown.is_requested() && !generator.is_finished() {
-        std::thread::sleep(
-            Duration::from_millis(10).min(end.saturating_duration_since(Instant::now())),
-        );
+    while !generator.is_finished() {
+        if shutdown.is_requested() {
+            stop.store(true, Ordering::Relaxed);
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
-    stop.store(true, Ordering::Relaxed);
     let generated = generator
         .join()
-        .map_err(|_| "the generator thread panicked".to_owned())?;
+        .map_err(|_| "the generator thread panicked".to_owned())??;
     std::thread::sleep(DRAIN);
-    forwarder_shutdown.request();
-    let counts = handle
-        .join()
-        .map_err(|_| "the forwarder thread panicked".to_owned())??;
-    let (offered, elapsed) = generated?;
-    drop(sink);
-    let seconds = elapsed.as_secs_f64().max(1e-9);
-    let dropped = offered.saturating_sub(counts.received);
-    Ok(CapacityResult {
-        forwarder: forwarder.name().to_owned(),
-        packets_per_s: (counts.forwarded as f64 / seconds).round(),
-        offered_per_s: (offered as f64 / seconds).round(),
-        dropped_before_forwarder: if offered > 0 {
-            dropped as f64 / offered as f64
-        } else {
-            0.0
-        },
-        forwarded: counts.forwarded,
-        // The forwarder's CPU time (it sleeps when idle) per datagram it read: unlike the
-        // packet rate, this hardly moves when other work shares the machine.
-        cpu_ns_per_datagram: (counts.received > 0)
-            .then(|| (counts.cpu_ns as f64 / counts.received as f64).round()),
-        rounds_per_s: Vec::new(),
-        measured_s: (seconds * 1000.0).round() / 1000.0,
-        datagram_bytes: pmnet_wire::HEADER_LEN
-            + config.payload.len()
-            + forwarder
-                .keys(config)
-                .map_or(0, |_| pmnet_auth::TRAILER_LEN),
-    })
+    let mut results = Vec::new();
+    for ((forwarder, _, handle, forwarder_shutdown), (offered, elapsed)) in
+        running.into_iter().zip(generated)
+    {
+        forwarder_shutdown.request();
+        let counts = handle
+            .join()
+            .map_err(|_| "the forwarder thread panicked".to_owned())??;
+        let seconds = elapsed.as_secs_f64().max(1e-9);
+        let dropped = offered.saturating_sub(counts.received);
+        results.push(CapacityResult {
+            forwarder: forwarder.name().to_owned(),
+            packets_per_s: (counts.forwarded as f64 / seconds).round(),
+            offered_per_s: (offered as f64 / seconds).round(),
+            dropped_before_forwarder: if offered > 0 {
+                dropped as f64 / offered as f64
+            } else {
+                0.0
+            },
+            forwarded: counts.forwarded,
+            // The forwarder's CPU time (it sleeps when idle) per datagram it read: unlike
+            // the packet rate, this hardly moves when other work shares the machine.
+            cpu_ns_per_datagram: (counts.received > 0)
+                .then(|| (counts.cpu_ns as f64 / counts.received as f64).round()),
+            rounds_per_s: Vec::new(),
+            measured_s: (seconds * 1000.0).round() / 1000.0,
+            datagram_bytes: pmnet_wire::HEADER_LEN
+                + config.payload.len()
+                + forwarder
+                    .keys(config)
+                    .map_or(0, |_| pmnet_auth::TRAILER_LEN),
+        });
+    }
+    drop(sinks);
+    Ok(results)
 }
 
 /// Measure the relay and the device's forward port (and, with keys, the authenticated forward
@@ -362,12 +454,28 @@ pub fn run_capacity(
         forwarders.push(Forwarder::DeviceForwardAuthenticated);
     }
     let mut samples: Vec<Vec<CapacityResult>> = vec![Vec::new(); forwarders.len()];
+    // Sleeping forwarders run side by side and take turns; spinning ones would take the
+    // forwarder's CPU from each other, so they run one after the other.
+    let together = config.wait == WaitMode::Blocking;
     'rounds: for _ in 0..config.rounds.max(1) {
+        if together {
+            if shutdown.is_requested() {
+                break 'rounds;
+            }
+            for (index, result) in measure_round(&forwarders, config, shutdown)?
+                .into_iter()
+                .enumerate()
+            {
+                samples[index].push(result);
+            }
+            continue;
+        }
         for (index, forwarder) in forwarders.iter().enumerate() {
             if shutdown.is_requested() {
                 break 'rounds;
             }
-            samples[index].push(measure(*forwarder, config, shutdown)?);
+            let mut result = measure_round(std::slice::from_ref(forwarder), config, shutdown)?;
+            samples[index].append(&mut result);
         }
     }
     let mut results = Vec::new();

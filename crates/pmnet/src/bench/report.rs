@@ -461,9 +461,16 @@ pub fn capacity_table(report: &CapacityReport) -> String {
     }
     let _ = writeln!(
         out,
-        "  (median of {} rounds of {:.1} s, relay and device in turns; [1] offered datagrams the \
+        "  (median of {} rounds of {:.1} s per forwarder, {}; [1] offered datagrams the \
          forwarder never read: above 0 % it, not the generator, was the bottleneck)",
-        report.rounds, report.seconds_per_round
+        report.rounds,
+        report.seconds_per_round,
+        if report.wait == "blocking" {
+            "the forwarders running side by side and the generator sending to each in turn, \
+             50 ms at a time"
+        } else {
+            "one forwarder after the other"
+        }
     );
     if let Some(ratio) = report.forward_vs_relay {
         let _ = writeln!(

@@ -64,9 +64,9 @@ pub fn run_command(
 ) -> Result<ExitCode, CliError> {
     let rounds = args.rounds.unwrap_or(5);
     println!(
-        "pmnet bench --auth-cost: at {} B payloads, pmnet and pmnet-auth in turns ({rounds} \
-         rounds), the device's forward port without and with keys in turns ({rounds} rounds), \
-         and the MAC per datagram",
+        "pmnet bench --auth-cost: at {} B payloads, pmnet and pmnet-auth at once (one client \
+         alternating blocks of requests, {rounds} stretches), the device's forward port without \
+         and with keys side by side ({rounds} rounds), and the MAC per datagram",
         sizes
             .iter()
             .map(ToString::to_string)

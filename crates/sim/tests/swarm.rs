@@ -276,6 +276,14 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          their copies up before it answers; it answers a replica about a session it does not \
          remember only after asking its devices)",
     ),
+    (
+        10610100000000004122,
+        "replica servers with sessions that come and go: a promoted primary told its replica \
+         it held nothing of a session while its forward log still kept that session's requests \
+         from its own time as a replica; restarted, it sent them again, and the replica, which \
+         had forgotten the session, applied one twice (a primary now gives those copies up, \
+         durably, before answering)",
+    ),
 ];
 
 #[test]

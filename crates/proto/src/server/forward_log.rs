@@ -419,12 +419,15 @@ impl ForwardLog {
     }
 
     /// Give up the copies of requests of `sessions` received from a primary and applied
-    /// (`hold.rs`); the sessions of which a record must stay (a request not applied yet, or
-    /// one this server forwarded) are returned.
+    /// (`hold.rs`). Returns the sessions of which a record must stay (a request not applied
+    /// yet, or one this server forwarded), and those of which copies were given up.
     pub(super) fn give_up_retained_of(
         &mut self,
         sessions: &std::collections::HashSet<u64>,
-    ) -> std::collections::HashSet<u64> {
+    ) -> (
+        std::collections::HashSet<u64>,
+        std::collections::HashSet<u64>,
+    ) {
         let mut kept = std::collections::HashSet::new();
         let mut released = Vec::new();
         for (&key, logged) in &self.live {
@@ -437,10 +440,12 @@ impl ForwardLog {
                 kept.insert(key.0);
             }
         }
+        let mut released_sessions = std::collections::HashSet::new();
         for key in released {
+            released_sessions.insert(key.0);
             self.release(key);
         }
-        kept
+        (kept, released_sessions)
     }
 
     /// The batch to wait for to be sure of every release asked for so far (`None`: all
@@ -619,7 +624,7 @@ impl super::Server {
         let given_up: std::collections::HashSet<u64> =
             sessions.iter().copied().filter(|&s| !busy(s)).collect();
         let kept = match self.forward_log.as_mut() {
-            Some(log) => log.give_up_retained_of(&given_up),
+            Some(log) => log.give_up_retained_of(&given_up).0,
             None => std::collections::HashSet::new(),
         };
         let held: Vec<bool> = sessions

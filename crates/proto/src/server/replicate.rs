@@ -886,6 +886,22 @@ impl Server {
         };
         let pending = self.pending_sessions();
         let keep = self.holds.keep();
+        // What this primary kept from its own time as a replica is sent to its replicas again
+        // at its next start: given up for the sessions with nothing pending, and answered
+        // held until that is durable (a crash before would bring it back).
+        let mut own_copies = HashSet::new();
+        if let Some(log) = self.forward_log.as_mut() {
+            let candidates: HashSet<u64> = sessions
+                .iter()
+                .copied()
+                .filter(|session_id| !pending.contains(session_id))
+                .collect();
+            let (kept, released) = log.give_up_retained_of(&candidates);
+            own_copies = kept;
+            if log.pushed_through().is_some() {
+                own_copies.extend(released);
+            }
+        }
         let mut held = Vec::with_capacity(sessions.len());
         for session_id in sessions {
             // A session this primary does not remember may still have entries in a device's
@@ -915,7 +931,11 @@ impl Server {
             if devices_may_hold {
                 self.holds.want(now, session_id);
             }
-            held.push(pending.contains(&session_id) || devices_may_hold);
+            held.push(
+                pending.contains(&session_id)
+                    || devices_may_hold
+                    || own_copies.contains(&session_id),
+            );
         }
         let reply = Header::new(PacketType::HoldReply, self.config.server_id, 0, header.seq);
         self.transmits.push_back(Transmit {

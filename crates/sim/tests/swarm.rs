@@ -36,9 +36,16 @@ fn every_seed_keeps_the_invariants_and_converges() {
     for (name, value) in summary.lines() {
         eprintln!("{name:>48}  {value}");
     }
-    // A swarm that never exercised a fault class proves nothing about it.
+    // A swarm that never exercised a fault class proves nothing about it. Except the live
+    // replicas' check: most seeds with replica servers lose their primaries until no replica
+    // is left unpromoted, so a sample of 200 seeds (about 18 of them with replicas) may check
+    // none; `regression_seeds_pass` asserts it on a seed that does, and the 10 000-seed runs
+    // check thousands (docs/simulation.md).
     if summary.seeds >= 100 {
         for (name, value) in summary.lines() {
+            if name == REPLICAS_CHECKED {
+                continue;
+            }
             assert!(value > 0, "the swarm never exercised: {name}");
         }
     }
@@ -286,11 +293,21 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
     ),
 ];
 
+/// The summary line of the live replicas' check (invariant 6).
+const REPLICAS_CHECKED: &str = "requests checked on live replicas";
+
 #[test]
 fn regression_seeds_pass() {
     let options = Options::default();
+    let mut summary = SwarmSummary::default();
     for (seed, what) in REGRESSION_SEEDS {
         eprintln!("regression seed {seed}: {what}");
-        vopr::run(*seed, &options);
+        summary.add(&vopr::run(*seed, &options));
     }
+    let checked = summary
+        .lines()
+        .into_iter()
+        .find(|(name, _)| *name == REPLICAS_CHECKED)
+        .map_or(0, |(_, value)| value);
+    assert!(checked > 0, "no regression seed checked a live replica");
 }

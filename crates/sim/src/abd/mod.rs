@@ -18,9 +18,10 @@
 //! failed "unavailable" or "in doubt" may or may not have taken effect); one timestamp is
 //! never stored with two values of a line; after every crash, when a node joins and at the
 //! end, each node's durable line is one a coordinator stored with that timestamp (a line and
-//! its timestamp are never torn apart); when a node joins after learning and at the end, each
-//! line's highest acknowledged timestamp (or a higher one) is durable on a majority of the
-//! nodes; once the faults heal, every node is a member again and every client's next
+//! its timestamp are never torn apart); when a node joins after learning, each line's highest
+//! acknowledged timestamp (or a higher one) is durable on enough of the nodes with memory that
+//! every majority of them includes one (`checks::durable_on_majority`), and at the end, on a
+//! majority of the nodes; once the faults heal, every node is a member again and every client's next
 //! operations complete.
 
 use std::collections::{HashMap, VecDeque};

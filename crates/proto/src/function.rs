@@ -121,6 +121,48 @@ impl<W, T> NumberedBatches<W, T> {
     }
 }
 
+/// Answers that may go only once the persistence work asked for before them is durable (a
+/// hold reply after the invalidations it vouches for): each waits for the batch
+/// [`NumberedBatches::pushed_through`] named when it was made — unlike
+/// [`NumberedBatches::wait`], which waits for a batch not yet emitted. At most `max` wait.
+#[derive(Debug)]
+pub struct AfterDurable<T> {
+    waiting: VecDeque<(u64, T)>,
+    max: usize,
+}
+
+impl<T> AfterDurable<T> {
+    pub fn new(max: usize) -> Self {
+        AfterDurable {
+            waiting: VecDeque::new(),
+            max,
+        }
+    }
+
+    /// `item` waits until batch `needed` is durable. Returns it when `max` wait already (the
+    /// caller drops it and counts the drop).
+    pub fn hold(&mut self, needed: u64, item: T) -> Result<(), T> {
+        if self.waiting.len() >= self.max {
+            return Err(item);
+        }
+        self.waiting.push_back((needed, item));
+        Ok(())
+    }
+
+    /// Batches through `through` are durable: the items that may go now, oldest first.
+    pub fn durable_through(&mut self, through: u64) -> Vec<T> {
+        let mut ready = Vec::new();
+        while self
+            .waiting
+            .front()
+            .is_some_and(|(needed, _)| *needed <= through)
+        {
+            ready.extend(self.waiting.pop_front().map(|(_, item)| item));
+        }
+        ready
+    }
+}
+
 /// An in-network function: fed parsed datagrams, time and persistence completions; emits
 /// datagrams and persistence work.
 ///

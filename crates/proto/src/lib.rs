@@ -41,8 +41,9 @@ pub use device::{
 };
 pub use drop::{AuthWarnings, CountDrop, DropCounts, DropReason};
 pub use function::{
-    DevicePipeline, FrontFunction, NetworkFunction, NoPersistence, Nothing, NumberedBatches,
-    Persist, PersistBatch, Pipeline, RegionExecutor, RegionWrite, Stack, StackWork, Verdict,
+    AfterDurable, DevicePipeline, FrontFunction, NetworkFunction, NoPersistence, Nothing,
+    NumberedBatches, Persist, PersistBatch, Pipeline, RegionExecutor, RegionWrite, Stack,
+    StackWork, Verdict,
 };
 pub use histogram::{LatencyHistogram, LATENCY_BUCKETS_NS};
 pub use plain::{is_loopback, PlainTrafficWarnings, PLAIN_TRAFFIC_WARNING_INTERVAL};

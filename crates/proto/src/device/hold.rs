@@ -87,26 +87,16 @@ impl Device {
             self.send_hold_reply(server, header, held);
             return;
         };
-        if self.hold_replies_waiting.len() >= HOLD_REPLIES_WAITING_MAX {
+        let waiting = (server, *header, held.to_vec());
+        if self.hold_replies_waiting.hold(needed, waiting).is_err() {
             // The server asks again in its next round.
             self.count_drop(DropReason::QueueFull);
-            return;
         }
-        self.hold_replies_waiting
-            .push_back((needed, server, *header, held.to_vec()));
     }
 
     /// Every batch through `through` is durable: send the hold replies that waited for them.
     pub(super) fn release_hold_replies(&mut self, through: u64) {
-        while self
-            .hold_replies_waiting
-            .front()
-            .is_some_and(|(needed, ..)| *needed <= through)
-        {
-            let (_, server, header, held) = self
-                .hold_replies_waiting
-                .pop_front()
-                .expect("checked above");
+        for (server, header, held) in self.hold_replies_waiting.durable_through(through) {
             self.send_hold_reply(server, &header, &held);
         }
     }

@@ -240,7 +240,7 @@ pub struct Device {
     /// Log work in numbered batches, each with the writes it makes (slot, generation).
     batches: crate::NumberedBatches<LogWork, (u32, u64)>,
     /// Hold replies waiting for the batch they name to be durable (`hold.rs`), in order.
-    hold_replies_waiting: std::collections::VecDeque<(u64, SocketAddr, Header, Vec<bool>)>,
+    hold_replies_waiting: crate::AfterDurable<(SocketAddr, Header, Vec<bool>)>,
     counters: DeviceCounters,
     /// How long entries logged by this device stayed in the log: from logging and forwarding
     /// the update to its server-ACK.
@@ -300,7 +300,7 @@ impl Device {
             replay: HashMap::new(),
             transmits: VecDeque::new(),
             batches: crate::NumberedBatches::starting_at(1),
-            hold_replies_waiting: std::collections::VecDeque::new(),
+            hold_replies_waiting: crate::AfterDurable::new(hold::HOLD_REPLIES_WAITING_MAX),
             counters: DeviceCounters::default(),
             residency: LatencyHistogram::new(),
             keyed: keyed::KeyedOrder::default(),

@@ -27,7 +27,7 @@
 //! room for it keeps its record and its place: its replicas may have applied it already, in
 //! the order it first went out.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use pmnet_pm::{EntryKey, LogWork, RecoveredEntry};
 
@@ -423,12 +423,9 @@ impl ForwardLog {
     /// yet, or one this server forwarded), and those of which copies were given up.
     pub(super) fn give_up_retained_of(
         &mut self,
-        sessions: &std::collections::HashSet<u64>,
-    ) -> (
-        std::collections::HashSet<u64>,
-        std::collections::HashSet<u64>,
-    ) {
-        let mut kept = std::collections::HashSet::new();
+        sessions: &HashSet<u64>,
+    ) -> (HashSet<u64>, HashSet<u64>) {
+        let mut kept = HashSet::new();
         let mut released = Vec::new();
         for (&key, logged) in &self.live {
             if !sessions.contains(&key.0) {
@@ -440,7 +437,7 @@ impl ForwardLog {
                 kept.insert(key.0);
             }
         }
-        let mut released_sessions = std::collections::HashSet::new();
+        let mut released_sessions = HashSet::new();
         for key in released {
             released_sessions.insert(key.0);
             self.release(key);
@@ -575,20 +572,8 @@ impl super::Server {
         self.send_logged_forwards(now, through);
         self.release_retained();
         self.unstall(now);
-        while self
-            .hold_replies_waiting
-            .front()
-            .is_some_and(|(needed, ..)| *needed <= through)
-        {
-            let (_, to, reply) = self
-                .hold_replies_waiting
-                .pop_front()
-                .expect("checked above");
-            self.transmits.push_back(crate::Transmit {
-                destination: to,
-                bytes: reply,
-            });
-        }
+        let replies = self.hold_replies_waiting.durable_through(through);
+        self.transmits.extend(replies);
     }
 
     /// A replica's primary asks which of the listed sessions it holds copies of (`hold.rs`):
@@ -608,7 +593,7 @@ impl super::Server {
         };
         self.counters.primary_hold_queries += 1;
         let keep = self.holds.keep();
-        let waiting: std::collections::HashSet<u64> = self
+        let waiting: HashSet<u64> = self
             .retained_waiting
             .iter()
             .map(|(request, _)| request.session_id)
@@ -621,11 +606,10 @@ impl super::Server {
                     .get(&session_id)
                     .is_some_and(|session| now < session.last_active + keep)
         };
-        let given_up: std::collections::HashSet<u64> =
-            sessions.iter().copied().filter(|&s| !busy(s)).collect();
+        let given_up: HashSet<u64> = sessions.iter().copied().filter(|&s| !busy(s)).collect();
         let kept = match self.forward_log.as_mut() {
             Some(log) => log.give_up_retained_of(&given_up).0,
-            None => std::collections::HashSet::new(),
+            None => HashSet::new(),
         };
         let held: Vec<bool> = sessions
             .iter()
@@ -638,20 +622,22 @@ impl super::Server {
             header.seq,
         )
         .encode(&pmnet_wire::encode_hold_reply_payload(&held));
-        let needed = self
+        let reply = crate::Transmit {
+            destination: from,
+            bytes: reply,
+        };
+        match self
             .forward_log
             .as_ref()
-            .and_then(ForwardLog::pushed_through);
-        match needed {
-            None => self.transmits.push_back(crate::Transmit {
-                destination: from,
-                bytes: reply,
-            }),
-            Some(_) if self.hold_replies_waiting.len() >= super::HOLD_REPLIES_WAITING_MAX => {
-                // The primary asks again in its next round.
-                self.count_drop(crate::DropReason::QueueFull);
+            .and_then(ForwardLog::pushed_through)
+        {
+            None => self.transmits.push_back(reply),
+            Some(needed) => {
+                if self.hold_replies_waiting.hold(needed, reply).is_err() {
+                    // The primary asks again in its next round.
+                    self.count_drop(crate::DropReason::QueueFull);
+                }
             }
-            Some(needed) => self.hold_replies_waiting.push_back((needed, from, reply)),
         }
     }
 

@@ -193,43 +193,36 @@ impl Holds {
         }
         let number = self.next_number;
         self.next_number = self.next_number.wrapping_add(1);
-        let bytes = Header::new(PacketType::HoldQuery, server_id, 0, number)
-            .encode(&pmnet_wire::encode_hold_query_payload(&sessions));
-        let mut awaiting: BTreeSet<SocketAddr> = BTreeSet::new();
-        for &device in &self.devices {
-            self.queries_sent += 1;
-            awaiting.insert(device);
-            transmits.push_back(Transmit {
-                destination: device,
-                bytes: bytes.clone(),
-            });
-        }
-        let held: Vec<bool> = if self.replicas.is_empty() {
-            vec![false; sessions.len()]
-        } else {
-            sessions.iter().map(|&session| pending(session)).collect()
-        };
-        let asked_replicas: Vec<usize> = if self.replicas.is_empty() {
-            Vec::new()
-        } else {
-            (0..sessions.len()).filter(|&index| !held[index]).collect()
-        };
-        if !asked_replicas.is_empty() {
-            let asked: Vec<u64> = asked_replicas
-                .iter()
-                .map(|&index| sessions[index])
-                .collect();
+        let mut awaiting = BTreeSet::new();
+        let mut ask = |peers: &[SocketAddr], asked: &[u64]| {
+            if asked.is_empty() {
+                return;
+            }
             let bytes = Header::new(PacketType::HoldQuery, server_id, 0, number)
-                .encode(&pmnet_wire::encode_hold_query_payload(&asked));
-            for &replica in &self.replicas {
+                .encode(&pmnet_wire::encode_hold_query_payload(asked));
+            for &peer in peers {
                 self.queries_sent += 1;
-                awaiting.insert(replica);
+                awaiting.insert(peer);
                 transmits.push_back(Transmit {
-                    destination: replica,
+                    destination: peer,
                     bytes: bytes.clone(),
                 });
             }
-        }
+        };
+        ask(&self.devices, &sessions);
+        let with_replicas = !self.replicas.is_empty();
+        let held: Vec<bool> = sessions
+            .iter()
+            .map(|&session| with_replicas && pending(session))
+            .collect();
+        let asked_replicas: Vec<usize> = (0..sessions.len())
+            .filter(|&index| with_replicas && !held[index])
+            .collect();
+        let asked: Vec<u64> = asked_replicas
+            .iter()
+            .map(|&index| sessions[index])
+            .collect();
+        ask(&self.replicas, &asked);
         while self.rounds.len() >= ROUNDS_MAX {
             self.rounds.pop_first();
         }
@@ -252,25 +245,20 @@ impl Holds {
         let Some(round) = self.rounds.get_mut(&number) else {
             return false;
         };
-        let is_replica = self.replicas.contains(&from) && !self.devices.contains(&from);
-        let asked = if is_replica {
-            round.asked_replicas.len()
-        } else {
-            round.sessions.len()
-        };
-        if held.len() != asked || !round.awaiting.contains(&from) {
+        // A replica was asked about `asked_replicas` only; a device about every session.
+        let positions: Vec<usize> =
+            if self.replicas.contains(&from) && !self.devices.contains(&from) {
+                round.asked_replicas.clone()
+            } else {
+                (0..round.sessions.len()).collect()
+            };
+        if held.len() != positions.len() || !round.awaiting.contains(&from) {
             return false;
         }
         round.awaiting.remove(&from);
         self.replies += 1;
-        if is_replica {
-            for (&index, theirs) in round.asked_replicas.iter().zip(held) {
-                round.held[index] |= *theirs;
-            }
-        } else {
-            for (mine, theirs) in round.held.iter_mut().zip(held) {
-                *mine |= *theirs;
-            }
+        for (index, theirs) in positions.into_iter().zip(held) {
+            round.held[index] |= *theirs;
         }
         if !round.awaiting.is_empty() {
             return true;

@@ -319,8 +319,8 @@ pub struct Server {
     /// index (`None`: needs none; it waits only behind the others).
     retained_waiting: VecDeque<(Issued, Option<u64>)>,
     /// A replica's answers to its primary's hold queries, each waiting for the forward log
-    /// batch that gives its copies up to be durable: (batch, to, datagram).
-    hold_replies_waiting: VecDeque<(u64, SocketAddr, Vec<u8>)>,
+    /// batch that gives its copies up to be durable.
+    hold_replies_waiting: crate::AfterDurable<Transmit>,
     /// What the devices still hold: when a session may be forgotten (`hold.rs`).
     holds: hold::Holds,
 }
@@ -408,7 +408,7 @@ impl Server {
             replication: replicate::Replication::default(),
             forward_log: None,
             retained_waiting: VecDeque::new(),
-            hold_replies_waiting: VecDeque::new(),
+            hold_replies_waiting: crate::AfterDurable::new(HOLD_REPLIES_WAITING_MAX),
             holds,
             config,
         };

@@ -164,11 +164,13 @@ pub fn run(args: MemnodeArgs) -> Result<ExitCode, CliError> {
         xdp: None,
         loop_options: args.run.loop_options(),
     };
-    let mut device = DeviceRuntime::open_with_front_region(
+    let mut device = DeviceRuntime::open_with_functions(
         options,
         shutdown,
-        Box::new(function),
-        Some(file.into_region()),
+        vec![pmnet_runtime::DeviceFunction::on(
+            Box::new(function),
+            file.into_region(),
+        )],
     )?;
     // A memory node's drops (datagrams that failed verification, or no memory node's type)
     // are its own, not a PMNet device's.

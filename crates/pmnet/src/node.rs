@@ -625,26 +625,8 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
         let worker = options
             .for_worker(index, online)
             .map_err(|error| format!("--workers {}: {error}", args.workers))?;
-        let device = if !args.abd_nodes.is_empty() {
-            let front = abd_coordinator(&args, worker.device_id)?;
-            DeviceRuntime::open_with_front(worker, shutdown.clone(), Box::new(front))?
-        } else if args.is_chain_member() {
-            let (front, region) = chain_member(&args)?;
-            let front: Box<dyn pmnet_proto::FrontFunction> = match args.chain_max_ops_per_s {
-                Some(ops_per_s) => Box::new(pmnet_netchain::CapacityLimited::new(
-                    front,
-                    ops_per_s,
-                    pmnet_proto::Time::ZERO,
-                )),
-                None => Box::new(front),
-            };
-            DeviceRuntime::open_with_front_region(worker, shutdown.clone(), front, Some(region))?
-        } else if args.cache {
-            let id = worker.device_id;
-            DeviceRuntime::open_with_front(worker, shutdown.clone(), Box::new(cache(&args, id)?))?
-        } else {
-            DeviceRuntime::open(worker, shutdown.clone())?
-        };
+        let functions = device_functions(&args, worker.device_id)?;
+        let device = DeviceRuntime::open_with_functions(worker, shutdown.clone(), functions)?;
         devices.push(device);
     }
     // `ID=ADDR, ...`, as the options take them.
@@ -928,6 +910,39 @@ impl DeviceArgs {
     }
 }
 
+/// The functions a device runs in front of its log, in their declared order: the read cache
+/// (it orders keyed writes and reads before anything else sees them), the chain store's
+/// member, the ABD coordinator. Each owns its packet types and passes the others on; the log
+/// takes what they all pass on.
+fn device_functions(
+    args: &DeviceArgs,
+    device_id: u16,
+) -> Result<Vec<pmnet_runtime::DeviceFunction>, CliError> {
+    use pmnet_runtime::DeviceFunction;
+    let mut functions = Vec::new();
+    if args.cache {
+        functions.push(DeviceFunction::new(Box::new(cache(args, device_id)?)));
+    }
+    if args.is_chain_member() {
+        let (member, region) = chain_member(args)?;
+        let member: Box<dyn pmnet_proto::FrontFunction> = match args.chain_max_ops_per_s {
+            Some(ops_per_s) => Box::new(pmnet_netchain::CapacityLimited::new(
+                member,
+                ops_per_s,
+                pmnet_proto::Time::ZERO,
+            )),
+            None => Box::new(member),
+        };
+        functions.push(DeviceFunction::on(member, region));
+    }
+    if !args.abd_nodes.is_empty() {
+        functions.push(DeviceFunction::new(Box::new(abd_coordinator(
+            args, device_id,
+        )?)));
+    }
+    Ok(functions)
+}
+
 /// Where the chain store's table lives.
 fn chain_table_path(args: &DeviceArgs) -> PathBuf {
     args.chain_table
@@ -940,13 +955,6 @@ fn chain_table_path(args: &DeviceArgs) -> PathBuf {
 fn chain_member(
     args: &DeviceArgs,
 ) -> Result<(pmnet_netchain::ChainFunction, pmnet_pm::MmapRegion), CliError> {
-    if args.cache {
-        return Err(
-            "--chain-member and --cache: a device runs one of them in front of its log"
-                .to_owned()
-                .into(),
-        );
-    }
     if args.workers > 1 {
         return Err("--chain-member runs on one worker: drop --workers"
             .to_owned()
@@ -1017,14 +1025,6 @@ fn chain_member(
 
 /// The ABD coordinator `pmnet device --abd-node ...` puts in front of its log.
 fn abd_coordinator(args: &DeviceArgs, device_id: u16) -> Result<pmnet_abd::AbdFunction, CliError> {
-    if args.cache || args.is_chain_member() {
-        return Err(
-            "--abd-node with --cache or the chain store: a device runs one of them in front of \
-             its log"
-                .to_owned()
-                .into(),
-        );
-    }
     if args.workers > 1 {
         return Err("--abd-node runs on one worker: drop --workers"
             .to_owned()

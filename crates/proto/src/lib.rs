@@ -41,8 +41,8 @@ pub use device::{
 };
 pub use drop::{AuthWarnings, CountDrop, DropCounts, DropReason};
 pub use function::{
-    AfterDurable, DevicePipeline, FrontFunction, NetworkFunction, NoPersistence, Nothing,
-    NumberedBatches, Persist, PersistBatch, Pipeline, RegionExecutor, RegionWrite, Stack,
+    AfterDurable, DevicePipeline, FrontFunction, FrontWork, Fronts, NetworkFunction, NoPersistence,
+    Nothing, NumberedBatches, Persist, PersistBatch, Pipeline, RegionExecutor, RegionWrite, Stack,
     StackWork, Verdict,
 };
 pub use histogram::{LatencyHistogram, LATENCY_BUCKETS_NS};

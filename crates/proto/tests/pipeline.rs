@@ -52,7 +52,7 @@ fn a_function_in_front_of_the_log_owns_its_type_and_the_log_still_acks_updates()
         .filter(|seen| seen.from == device_addr(0) && seen.to == client_addr(0))
         .count();
     assert_eq!(answers, 2, "each ask answered once by the front function");
-    let front = format!("{:?}", world.device(0).pipeline.front());
+    let front = format!("{:?}", world.device(0).pipeline.fronts());
     assert!(front.contains("count: 2"), "{front}");
     assert_eq!(world.device(0).device().counters().updates_logged, 1);
     assert_eq!(world.device(0).device().live_entry_count(), 0);
@@ -226,7 +226,7 @@ fn a_function_in_front_of_the_log_sees_what_the_log_sends() {
     let seq = world.update(0, b"x=1");
     world.drive_until(STEPS, |w| w.completion(0, seq).is_some());
     world.run_for(Duration::from_secs(1));
-    let front = format!("{:?}", world.device(0).pipeline.front());
+    let front = format!("{:?}", world.device(0).pipeline.fronts());
     // The log's PMNet-ACK to the client and its forward of the update to the server.
     assert!(front.contains("PmnetAck"), "{front}");
     assert!(

@@ -73,8 +73,8 @@ pub use abd_client::{abd_counter_floor, AbdMode, AbdSession, AbdSessionConfig};
 pub use chain_client::ChainSession;
 pub use client::{random_session_id, steer_session, ClientSession, SessionOptions};
 pub use device::{
-    stale_worker_logs, worker_log_path, DeviceAddresses, DeviceOptions, DeviceRuntime,
-    DeviceStartup, LogOptions, ECHO_MAX_QUEUED, WORKERS_MAX,
+    stale_worker_logs, worker_log_path, DeviceAddresses, DeviceFunction, DeviceOptions,
+    DeviceRuntime, DeviceStartup, LogOptions, ECHO_MAX_QUEUED, WORKERS_MAX,
 };
 pub use event_loop::{
     publish_node, run_loop, wait_once, LoopCounters, LoopSettings, Node, Ready, Turn,

@@ -17,8 +17,8 @@ pub use workers::{stale_worker_logs, worker_log_path, WORKERS_MAX};
 
 use pmnet_pm::{LogWork, MediumInfo, MmapOptions, MmapRegion, PmLog};
 use pmnet_proto::{
-    Device, DeviceConfig, DeviceCounters, DevicePipeline, DropCounts, FrontFunction, Nothing,
-    Persist, RegionExecutor, Transmit,
+    Device, DeviceConfig, DeviceCounters, DevicePipeline, DropCounts, FrontFunction, Persist,
+    RegionExecutor, Transmit,
 };
 
 use crate::event_loop::{run_loop, LoopCounters, LoopSettings, Node, Ready, Turn};
@@ -184,7 +184,7 @@ pub struct DeviceRuntime {
     /// The device's functions, the log last.
     pipeline: DevicePipeline,
     executor: LogExecutor,
-    /// The front function's region (a chain store's table), if it persists anything.
+    /// The regions of the functions in front of the log (a chain store's table), by place.
     front_executor: RegionExecutor<MmapRegion>,
     data: DataPath,
     /// How many descriptors the data path waits on (the first of [`DeviceRuntime::poll_fds`]).
@@ -213,6 +213,32 @@ pub struct DeviceRuntime {
     role: &'static str,
 }
 
+/// A function of a device's pipeline, in front of its log, and the region it persists on, if
+/// any (opened by the caller).
+#[derive(Debug)]
+pub struct DeviceFunction {
+    pub function: Box<dyn FrontFunction>,
+    pub region: Option<MmapRegion>,
+}
+
+impl DeviceFunction {
+    /// A function that persists nothing (a read cache, an ABD coordinator).
+    pub fn new(function: Box<dyn FrontFunction>) -> DeviceFunction {
+        DeviceFunction {
+            function,
+            region: None,
+        }
+    }
+
+    /// A function persisting on `region` (a chain member's table, a memory node's lines).
+    pub fn on(function: Box<dyn FrontFunction>, region: MmapRegion) -> DeviceFunction {
+        DeviceFunction {
+            function,
+            region: Some(region),
+        }
+    }
+}
+
 /// How far the replay of the entries recovered at start-up has got.
 #[derive(Debug, Clone, Copy)]
 struct ReplayProgress {
@@ -227,7 +253,7 @@ const REPLAY_REPORT_INTERVAL: Duration = Duration::from_secs(1);
 impl DeviceRuntime {
     /// Bind the sockets, open (or format) the log and rebuild the device from it.
     pub fn open(options: DeviceOptions, shutdown: Shutdown) -> Result<DeviceRuntime, RuntimeError> {
-        DeviceRuntime::open_with_front(options, shutdown, Box::new(Nothing))
+        DeviceRuntime::open_with_functions(options, shutdown, Vec::new())
     }
 
     /// [`DeviceRuntime::open`] with `front` in the pipeline in front of the log: it is offered
@@ -237,19 +263,23 @@ impl DeviceRuntime {
         shutdown: Shutdown,
         front: Box<dyn FrontFunction>,
     ) -> Result<DeviceRuntime, RuntimeError> {
-        DeviceRuntime::open_with_front_region(options, shutdown, front, None)
+        DeviceRuntime::open_with_functions(options, shutdown, vec![DeviceFunction::new(front)])
     }
 
-    /// [`DeviceRuntime::open_with_front`] for a front function that persists on a region of
-    /// its own (a chain store's table, opened by the caller): its [`pmnet_proto::RegionWrite`]s
-    /// are carried out there, each batch ending with one fence, before it hears they are
-    /// durable.
-    pub fn open_with_front_region(
+    /// [`DeviceRuntime::open`] with `functions` in front of the log, in order: each is offered
+    /// every datagram the ones before it pass on, and the log gets what they all pass on. A
+    /// function that persists on a region of its own (a chain store's table, opened by the
+    /// caller) has its [`pmnet_proto::RegionWrite`]s carried out there, each batch ending with
+    /// one fence per region, before it hears they are durable.
+    pub fn open_with_functions(
         options: DeviceOptions,
         shutdown: Shutdown,
-        front: Box<dyn FrontFunction>,
-        front_region: Option<MmapRegion>,
+        functions: Vec<DeviceFunction>,
     ) -> Result<DeviceRuntime, RuntimeError> {
+        let (fronts, regions): (Vec<_>, Vec<_>) = functions
+            .into_iter()
+            .map(|function| (function.function, function.region))
+            .unzip();
         let span = tracing::info_span!("device", id = options.device_id);
         let _entered = span.clone().entered();
         // A device with neither servers nor a log runs its front function alone (a memory
@@ -262,8 +292,12 @@ impl DeviceRuntime {
         let now = clock.now();
         let (log, mut startup) = open_device_log(&options)?;
         if startup.medium.is_none() {
-            // No log: the medium to report is the front function's (a memory node's lines).
-            startup.medium = front_region.as_ref().map(pmnet_pm::PmRegion::medium);
+            // No log: the medium to report is a function's (a memory node's lines).
+            startup.medium = regions
+                .iter()
+                .flatten()
+                .next()
+                .map(pmnet_pm::PmRegion::medium);
         }
         let (device, log) = match log {
             Some((log, entries)) => {
@@ -291,7 +325,7 @@ impl DeviceRuntime {
         let forward = sockets.forward.map(|socket| {
             let switch = Device::new(plain_switch_config(&options), now, Vec::new());
             (
-                DevicePipeline::with_front(Box::new(Nothing), switch)
+                DevicePipeline::with_fronts(Vec::new(), switch)
                     .with_auth(options.keys.clone().map(pmnet_proto::Authenticator::new))
                     .with_plain_traffic_warnings(options.keys.is_none()),
                 socket,
@@ -307,7 +341,7 @@ impl DeviceRuntime {
         };
         let auth = options.keys.clone().map(pmnet_proto::Authenticator::new);
         // Without keys: say so, at most once a minute, while other hosts send to it.
-        let mut pipeline = DevicePipeline::with_front(front, device)
+        let mut pipeline = DevicePipeline::with_fronts(fronts, device)
             .with_auth(auth)
             .with_plain_traffic_warnings(options.keys.is_none());
         if options.batch {
@@ -379,11 +413,7 @@ impl DeviceRuntime {
                 log,
                 ..LogExecutor::default()
             },
-            front_executor: RegionExecutor {
-                region: front_region,
-                batches: 0,
-                writes: 0,
-            },
+            front_executor: RegionExecutor::new(regions),
             data_fd_count: data.raw_fds().len(),
             data,
             xdp_unavailable,

@@ -1,30 +1,86 @@
 //! The one shape every in-network function has, and the pipeline that composes them.
 //!
 //! A device is a [`Pipeline`] of functions. The pipeline parses each datagram once and offers it
-//! to its functions in order; the first to return [`Verdict::Consumed`] owns it, and a
-//! datagram that every function passes on is counted and dropped. Each function has its own
+//! to its functions in order; the first to return [`Verdict::Consumed`] owns it, a function may
+//! rewrite it and pass it on ([`Verdict::Rewritten`]), and a datagram that every function
+//! passes on is counted and dropped. Each function has its own
 //! persistence work ([`NetworkFunction::Work`]), emitted in numbered batches
 //! ([`PersistBatch`]) and acknowledged "through n" (after raft-rs's `Ready`): the caller
 //! carries out a whole batch with one [`Persist`] executor and reports its number, and a report
-//! of `n` covers every batch up to `n`. [`Stack`] composes two functions into one, so a pipeline
-//! of any length is `Stack<A, Stack<B, C>>`.
+//! of `n` covers every batch up to `n`. [`Stack`] composes two functions into one; [`Fronts`]
+//! composes any number of the functions that persist on regions of their own (a device's
+//! cache, chain member, ABD coordinator) in a declared order, in front of the log
+//! ([`DevicePipeline`]).
+//!
+//! Why verdicts rather than routing by a table (quinn-proto's endpoint hands each datagram to
+//! the one connection its id names): here the owner is a function of the packet type (each
+//! function owns the types of its range in docs/protocol.md), and some functions act on
+//! datagrams that are not theirs and pass them on — the cache orders keyed writes and reads
+//! (writes their order into the datagram: [`Verdict::Rewritten`]) before the log logs them.
+//! Offering in a declared order with three answers expresses both; a routing table expresses
+//! only the first.
+
+mod device;
+mod pipeline;
+
+pub use device::{DevicePipeline, FrontFunction, FrontWork, Fronts, RegionExecutor, RegionWrite};
+pub use pipeline::Pipeline;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 
-use pmnet_wire::{Header, PacketType};
+use pmnet_wire::Header;
 
 use crate::{CountDrop, DropCounts, DropReason, Time, Transmit};
 
 /// What a function did with a datagram offered to it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
 pub enum Verdict {
     /// The datagram was this function's: handled (or counted and dropped by it).
     Consumed,
     /// Not this function's: offer it to the next one.
     Pass,
+    /// Not this function's, but changed by it (an order written in): offer these bytes, a
+    /// whole datagram whose header still parses, to the next one instead.
+    Rewritten(Vec<u8>),
+}
+
+impl Verdict {
+    /// Whether a function took the datagram (no later function sees it).
+    pub fn is_consumed(&self) -> bool {
+        matches!(self, Verdict::Consumed)
+    }
+}
+
+/// Offer `datagram` to `next` after a function's `verdict` on it: not at all when it was
+/// consumed, rewritten when it was rewritten. The verdict of the two together: consumed if
+/// either consumed it, rewritten if the first rewrote it and the second passed it on.
+pub(crate) fn offer_next<F: NetworkFunction + ?Sized>(
+    verdict: Verdict,
+    next: &mut F,
+    now: Time,
+    from: SocketAddr,
+    header: &Header,
+    datagram: &[u8],
+) -> Verdict {
+    match verdict {
+        Verdict::Consumed => Verdict::Consumed,
+        Verdict::Pass => next.handle(now, from, header, datagram),
+        Verdict::Rewritten(bytes) => match Header::parse(&bytes) {
+            Ok((rewritten, _)) => match next.handle(now, from, &rewritten, &bytes) {
+                Verdict::Pass => Verdict::Rewritten(bytes),
+                verdict => verdict,
+            },
+            // A function's rewriting broke the header: a bug of that function. The datagram
+            // goes no further (its sender sends it again).
+            Err(error) => {
+                debug_assert!(false, "a function rewrote a datagram into {error:?}");
+                Verdict::Consumed
+            }
+        },
+    }
 }
 
 /// Persistence work numbered for acknowledgement: carry out all of `work`, in order, then
@@ -299,10 +355,8 @@ impl<A: NetworkFunction, B: NetworkFunction> NetworkFunction for Stack<A, B> {
     }
 
     fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {
-        match self.front.handle(now, from, header, datagram) {
-            Verdict::Consumed => Verdict::Consumed,
-            Verdict::Pass => self.back.handle(now, from, header, datagram),
-        }
+        let verdict = self.front.handle(now, from, header, datagram);
+        offer_next(verdict, &mut self.back, now, from, header, datagram)
     }
 
     fn handle_timeout(&mut self, now: Time) {
@@ -415,250 +469,6 @@ impl NetworkFunction for Nothing {
     }
 }
 
-/// Verified requests whose trailers a pipeline keeps for forwarding them: the last few of a
-/// receive batch (each seal looks through them, so few; what goes out in a batch to a server
-/// is sealed afresh anyway).
-const FORWARDED_TRAILERS_KEPT: usize = 8;
-
-/// A device's functions behind one parser: each datagram is parsed once and offered to the
-/// functions in order; what none of them consumes is counted and dropped here.
-#[derive(Debug)]
-pub struct Pipeline<F> {
-    functions: F,
-    drops: DropCounts,
-    /// Warnings of datagrams that failed authentication (rate-limited).
-    auth_warnings: crate::AuthWarnings,
-    /// With keys configured: every datagram verified before it is parsed, every datagram
-    /// sent sealed (what a device forwards is sealed again, which reproduces its tag).
-    auth: Option<pmnet_auth::Authenticator>,
-    /// Without keys, and asked to: warnings of datagrams from other hosts (rate-limited).
-    plain_warnings: Option<crate::PlainTrafficWarnings>,
-    /// When the pipeline was given its keys (Unix ms, by its authenticator's clock): the
-    /// device's start, for the replay floors of its functions.
-    started_ms: u64,
-    /// With peers to batch for: what a turn sends each of them, packed (see `batch.rs`).
-    batcher: Option<crate::Batcher>,
-}
-
-impl<F: NetworkFunction> Pipeline<F> {
-    pub fn new(functions: F) -> Pipeline<F> {
-        Pipeline {
-            functions,
-            drops: DropCounts::default(),
-            auth_warnings: crate::AuthWarnings::default(),
-            auth: None,
-            plain_warnings: None,
-            started_ms: 0,
-            batcher: None,
-        }
-    }
-
-    /// Pack what a turn sends each of `peers` into batches of at most `datagram_len_max` bytes
-    /// (trailer included), with `device_id` in their headers. Call after [`Pipeline::with_auth`].
-    pub fn with_batching(
-        mut self,
-        peers: &[SocketAddr],
-        datagram_len_max: usize,
-        device_id: u16,
-    ) -> Pipeline<F> {
-        let mut batcher = crate::Batcher::new(
-            crate::unsealed_len_max(datagram_len_max, &self.auth),
-            device_id,
-        );
-        for peer in peers {
-            batcher.add_peer(*peer);
-        }
-        self.batcher = Some(batcher);
-        self
-    }
-
-    /// Let a batch of update requests for a server wait up to `hold` for more (call after
-    /// [`Pipeline::with_batching`]; docs/protocol.md, "Batches").
-    pub fn with_batch_hold(mut self, hold: std::time::Duration) -> Pipeline<F> {
-        self.batcher = self.batcher.map(|batcher| batcher.with_hold(hold));
-        self
-    }
-
-    /// What batching did (`None`: off).
-    pub fn batch_counters(&self) -> Option<crate::BatchCounters> {
-        self.batcher.as_ref().map(|batcher| batcher.counters)
-    }
-
-    /// Authenticate every datagram in and out with `auth`.
-    pub fn with_auth(mut self, auth: Option<pmnet_auth::Authenticator>) -> Pipeline<F> {
-        // What a device forwards is what it just verified: reuse the trailer rather than
-        // compute the MAC again (a receive batch's worth).
-        self.auth = auth.map(|auth| auth.remember_verified(FORWARDED_TRAILERS_KEPT));
-        self.started_ms = self
-            .auth
-            .as_ref()
-            .map_or(0, pmnet_auth::Authenticator::now_ms);
-        self
-    }
-
-    /// Without keys (`on`): warn, at most once a minute, of unauthenticated datagrams from
-    /// peers off this host (a device started with `--insecure` on an address others reach).
-    pub fn with_plain_traffic_warnings(mut self, on: bool) -> Pipeline<F> {
-        self.plain_warnings = on.then(crate::PlainTrafficWarnings::default);
-        self
-    }
-
-    /// Whether datagrams are authenticated.
-    pub fn is_authenticated(&self) -> bool {
-        self.auth.is_some()
-    }
-
-    /// The seals of what this pipeline sent (`None`: not authenticated).
-    pub fn seal_counts(&self) -> Option<pmnet_auth::SealCounts> {
-        self.auth
-            .as_ref()
-            .map(pmnet_auth::Authenticator::seal_counts)
-    }
-
-    pub fn functions(&self) -> &F {
-        &self.functions
-    }
-
-    pub fn functions_mut(&mut self) -> &mut F {
-        &mut self.functions
-    }
-
-    /// Datagrams that could not be verified (failed authentication, or sealed at a pipeline
-    /// without keys), in all: a caller that notes who it hears from counts only the others.
-    pub fn unverified_total(&self) -> u64 {
-        self.auth_warnings.total()
-    }
-
-    /// Datagrams the pipeline itself dropped: unparseable, or of a type no function owns.
-    pub fn drops(&self) -> &DropCounts {
-        &self.drops
-    }
-
-    /// Process a datagram from the network. Never panics on its contents.
-    pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
-        if let Some(batcher) = self.batcher.as_mut() {
-            batcher.set_now(now);
-        }
-        let verified = match crate::drop::verify_datagram(self.auth.as_mut(), datagram) {
-            Ok(inner) => {
-                match self.auth.as_ref() {
-                    Some(auth) => self.functions.note_seal(auth.sealed_at(), self.started_ms),
-                    None => {
-                        if let Some(warnings) = self.plain_warnings.as_mut() {
-                            warnings.received(now, "device", from);
-                        }
-                    }
-                }
-                inner
-            }
-            Err(reason) => {
-                self.auth_warnings.failed(now, "device", from, reason);
-                self.drops.record(reason);
-                // A function that waits on a peer's answers learns why none came.
-                self.functions.on_unverified(now, from, reason);
-                return;
-            }
-        };
-        let datagram: &[u8] = &verified;
-        let (header, payload) = match Header::parse(datagram) {
-            Ok(parsed) => parsed,
-            Err(error) => {
-                self.drops.record(DropReason::Parse(error));
-                return;
-            }
-        };
-        if header.packet_type == PacketType::Batch {
-            // Covered by the batch's trailer: each entry is parsed and handled on its own.
-            for entry in pmnet_wire::batch_entries(payload) {
-                match entry.and_then(Header::parse) {
-                    Ok((inner, _)) if inner.packet_type == PacketType::Batch => {
-                        self.drops.record(DropReason::NestedBatch);
-                    }
-                    Ok((inner, _)) => {
-                        let bytes = entry.expect("parsed above");
-                        self.dispatch(now, from, &inner, bytes);
-                    }
-                    Err(error) => {
-                        self.drops.record(DropReason::Parse(error));
-                        break;
-                    }
-                }
-            }
-            return;
-        }
-        self.dispatch(now, from, &header, datagram);
-    }
-
-    /// Hand a parsed datagram to the functions; one none of them takes is counted and dropped.
-    fn dispatch(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) {
-        if self.functions.handle(now, from, header, datagram) == Verdict::Pass {
-            self.drops.record(match header.packet_type {
-                PacketType::Reserved(_) => DropReason::Parse(pmnet_wire::ParseError::UnknownType),
-                _ => DropReason::UnexpectedType,
-            });
-        }
-    }
-
-    pub fn handle_timeout(&mut self, now: Time) {
-        self.functions.handle_timeout(now);
-        if let Some(batcher) = self.batcher.as_mut() {
-            batcher.handle_timeout(now);
-        }
-    }
-
-    pub fn on_persisted(&mut self, now: Time, through: u64) {
-        if let Some(batcher) = self.batcher.as_mut() {
-            batcher.set_now(now);
-        }
-        self.functions.on_persisted(now, through)
-    }
-
-    #[must_use]
-    pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        let mut transmit = match self.batcher.as_mut() {
-            Some(batcher) => match batcher.pop() {
-                Some(transmit) => transmit,
-                None => {
-                    let functions = &mut self.functions;
-                    batcher.fill(|| functions.poll_transmit());
-                    batcher.pop()?
-                }
-            },
-            None => self.functions.poll_transmit()?,
-        };
-        if let Some(auth) = self.auth.as_mut() {
-            auth.seal(&mut transmit.bytes);
-        }
-        Some(transmit)
-    }
-
-    #[must_use]
-    pub fn poll_persist(&mut self) -> Option<PersistBatch<F::Work>> {
-        self.functions.poll_persist()
-    }
-
-    #[must_use]
-    pub fn poll_timeout(&self) -> Option<Time> {
-        let held = self.batcher.as_ref().and_then(crate::Batcher::poll_timeout);
-        match (self.functions.poll_timeout(), held) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
-    /// Carry out every batch of persistence work with `executor` and report it, until the
-    /// functions ask for no more. Returns how many batches there were.
-    pub fn persist_with<E: Persist<F::Work>>(&mut self, now: Time, executor: &mut E) -> u64 {
-        let mut batches = 0;
-        while let Some(batch) = self.functions.poll_persist() {
-            executor.persist(batch.work);
-            self.functions.on_persisted(now, batch.number);
-            batches += 1;
-        }
-        batches
-    }
-}
-
 impl<B> StackWork<Infallible, B> {
     /// The work of a stack whose front persists nothing: all of it is the back's.
     pub fn into_back(self) -> B {
@@ -713,115 +523,5 @@ impl<F: NetworkFunction + ?Sized> NetworkFunction for Box<F> {
     }
     fn report(&self) -> Option<String> {
         (**self).report()
-    }
-}
-
-/// A front function's persistence work: `bytes` stored at `offset` of the function's own
-/// persistent region and flushed; a batch ends with one fence ([`RegionExecutor`], the one
-/// executor the runtime and the simulator share). The function lays its region out itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RegionWrite {
-    pub offset: usize,
-    pub bytes: Vec<u8>,
-}
-
-/// Carries out a front function's [`RegionWrite`]s on its region: every write stored and
-/// flushed, then one fence per batch. `None`: the front function has no region (a read cache)
-/// and must ask for no work.
-#[derive(Debug)]
-pub struct RegionExecutor<R> {
-    pub region: Option<R>,
-    pub batches: u64,
-    pub writes: u64,
-}
-
-impl<R> Default for RegionExecutor<R> {
-    fn default() -> Self {
-        RegionExecutor {
-            region: None,
-            batches: 0,
-            writes: 0,
-        }
-    }
-}
-
-impl<R> RegionExecutor<R> {
-    /// The executor of a front function persisting on `region`.
-    pub fn on(region: R) -> RegionExecutor<R> {
-        RegionExecutor {
-            region: Some(region),
-            batches: 0,
-            writes: 0,
-        }
-    }
-}
-
-impl<R: pmnet_pm::PmRegion> Persist<RegionWrite> for RegionExecutor<R> {
-    fn persist(&mut self, work: Vec<RegionWrite>) {
-        if work.is_empty() {
-            return;
-        }
-        // A front function that asks for persistence without a region is a bug: what it
-        // acknowledges after this would not be durable.
-        let region = self
-            .region
-            .as_mut()
-            .expect("region work asked for by a front function with no region");
-        for write in &work {
-            region.write(write.offset, &write.bytes);
-            region.flush(write.offset, write.bytes.len());
-        }
-        region.fence();
-        self.batches += 1;
-        self.writes += work.len() as u64;
-    }
-}
-
-/// A function that sits in front of a device's log (a read cache, a chain store's member, a
-/// counter in a test), persisting on a region of its own if it persists anything. The runtime
-/// and the simulator host one in every device, in front of the log: [`Nothing`] unless told
-/// otherwise.
-pub trait FrontFunction: NetworkFunction<Work = RegionWrite> + std::fmt::Debug + Send {}
-
-impl<F: NetworkFunction<Work = RegionWrite> + std::fmt::Debug + Send> FrontFunction for F {}
-
-/// The pipeline of a device: a front function, then the log ([`crate::Device`]), which forwards
-/// requests to their servers.
-pub type DevicePipeline = Pipeline<Stack<Box<dyn FrontFunction>, crate::Device>>;
-
-impl DevicePipeline {
-    /// A pipeline of `front` and then `device`.
-    pub fn with_front(front: Box<dyn FrontFunction>, device: crate::Device) -> DevicePipeline {
-        Pipeline::new(Stack::new(front, device))
-    }
-
-    /// The front function's counters (see [`NetworkFunction::counter_samples`]).
-    pub fn front_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
-        self.functions.front.counter_samples()
-    }
-
-    /// The log function.
-    pub fn device(&self) -> &crate::Device {
-        &self.functions.back
-    }
-
-    pub fn device_mut(&mut self) -> &mut crate::Device {
-        &mut self.functions.back
-    }
-
-    /// Every datagram the device dropped, by reason: the pipeline's own drops (unparseable,
-    /// no function for the type), the front function's and the log's.
-    pub fn dropped(&self) -> DropCounts {
-        self.drops.clone().merged(&self.functions.dropped())
-    }
-
-    /// The front function's report (see [`NetworkFunction::report`]).
-    pub fn front_report(&self) -> Option<String> {
-        self.functions.front.report()
-    }
-
-    /// The front function.
-    pub fn front(&self) -> &dyn FrontFunction {
-        &*self.functions.front
     }
 }

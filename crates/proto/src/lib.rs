@@ -24,6 +24,7 @@ mod device;
 mod drop;
 mod function;
 mod histogram;
+mod keyed;
 mod plain;
 mod server;
 mod time;
@@ -46,6 +47,7 @@ pub use function::{
     StackWork, Verdict,
 };
 pub use histogram::{LatencyHistogram, LATENCY_BUCKETS_NS};
+pub use keyed::{KeyedCounters, KeyedOrdering};
 pub use plain::{is_loopback, PlainTrafficWarnings, PLAIN_TRAFFIC_WARNING_INTERVAL};
 pub use pmnet_auth::{AuthError, Authenticator, DeploymentKey, KeySet, ReplayFloor, SealCounts};
 pub use pmnet_pm::EntryKey;

@@ -679,9 +679,16 @@ fn keyed_writes_to_one_key_are_applied_in_the_order_the_device_acked_them() {
         .filter(|session| [first, second].contains(session))
         .collect();
     assert_eq!(applied, vec![first, second], "in the device's order");
-    let device = world.device(0).device();
-    assert_eq!(device.counters().keyed_writes_ordered, 2);
-    assert_eq!(device.keyed_keys_in_log(), 0, "both acked by the server");
+    let pipeline = &world.device(0).pipeline;
+    assert_eq!(
+        pipeline.front_sample("pmnet_device_keyed_writes_ordered_total"),
+        Some(2)
+    );
+    assert_eq!(
+        pipeline.front_sample("pmnet_device_keyed_keys"),
+        Some(0),
+        "both acked by the server"
+    );
     assert_eq!(world.servers[0].server.counters().keyed_writes_held, 1);
 }
 
@@ -755,7 +762,13 @@ fn a_barrier_is_applied_after_every_session_s_keyed_write_the_device_acked_befor
     let at = |session| applied.iter().position(|s| *s == session).unwrap();
     assert!(at(three) > at(one) && at(three) > at(two), "{applied:x?}");
     assert!(at(four) > at(three), "{applied:x?}");
-    assert_eq!(world.device(0).device().keyed_keys_in_log(), 0);
+    assert_eq!(
+        world
+            .device(0)
+            .pipeline
+            .front_sample("pmnet_device_keyed_keys"),
+        Some(0)
+    );
     assert!(world.servers[0].server.counters().keyed_writes_held >= 2);
 }
 
@@ -789,8 +802,11 @@ fn a_barrier_without_room_for_the_sessions_it_must_follow_is_dropped_and_counted
         Some(&1)
     );
     assert_eq!(
-        world.device(0).device().keyed_keys_in_log(),
-        2,
+        world
+            .device(0)
+            .pipeline
+            .front_sample("pmnet_device_keyed_keys"),
+        Some(2),
         "k and the barriers"
     );
 }
@@ -818,10 +834,11 @@ fn a_cache_read_the_device_forwards_waits_for_the_keyed_write_it_acked() {
     );
     world.run_for(Duration::from_secs(2));
     let device = world.device(0).device().counters().clone();
-    assert_eq!(
-        (device.cache_reads_forwarded, device.cache_reads_ordered),
-        (1, 1)
-    );
+    let reads_ordered = world
+        .device(0)
+        .pipeline
+        .front_sample("pmnet_device_cache_reads_ordered_total");
+    assert_eq!((device.cache_reads_forwarded, reads_ordered), (1, Some(1)));
     assert_eq!(device.cache_replies_forwarded, 1);
     let reads = world.servers[0].server.counters().reads.clone();
     assert_eq!((reads.held, reads.answered), (1, 1));
@@ -882,8 +899,14 @@ fn a_cache_read_waits_for_a_keyed_write_the_device_could_not_log() {
         keyed_write(writer, 1, None, b"v"),
     );
     world.run_for(Duration::from_secs(2));
-    let device = world.device(0).device().counters().clone();
-    assert_eq!(device.cache_reads_ordered, 1, "the read follows the write");
+    assert_eq!(
+        world
+            .device(0)
+            .pipeline
+            .front_sample("pmnet_device_cache_reads_ordered_total"),
+        Some(1),
+        "the read follows the write"
+    );
     let replied_at = world
         .seen_of(PacketType::Reserved(pmnet_wire::cache::CACHE_REPLY))
         .first()
@@ -899,7 +922,13 @@ fn a_cache_read_waits_for_a_keyed_write_the_device_could_not_log() {
         applied_at <= replied_at,
         "read answered at {replied_at:?}, write applied at {applied_at:?}"
     );
-    assert_eq!(world.device(0).device().keyed_keys_in_log(), 0);
+    assert_eq!(
+        world
+            .device(0)
+            .pipeline
+            .front_sample("pmnet_device_keyed_keys"),
+        Some(0)
+    );
 }
 
 #[test]

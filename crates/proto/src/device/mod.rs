@@ -2,7 +2,6 @@
 //! every request to its server, and replays its log when a server asks.
 
 mod hold;
-mod keyed;
 mod replay;
 mod rtt;
 mod seen;
@@ -95,14 +94,11 @@ impl DeviceConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceCounters {
     pub updates_received: u64,
-    /// Keyed writes logged with their order written in (docs/cache.md).
-    pub keyed_writes_ordered: u64,
     /// PMNet-ACKs and not-logged notices of the next device of a chain, passed on towards
     /// the client.
     pub chain_acks_relayed: u64,
-    /// Cache reads forwarded to their server, and those that carry a keyed write to follow.
+    /// Cache reads forwarded to their server.
     pub cache_reads_forwarded: u64,
-    pub cache_reads_ordered: u64,
     /// Cache replies from a server forwarded to their client.
     pub cache_replies_forwarded: u64,
     pub updates_logged: u64,
@@ -245,8 +241,6 @@ pub struct Device {
     /// How long entries logged by this device stayed in the log: from logging and forwarding
     /// the update to its server-ACK.
     residency: LatencyHistogram,
-    /// The order of keyed writes to each key (see `keyed.rs`).
-    keyed: keyed::KeyedOrder,
     /// How long each server takes to ack (the first resend timeout, `rtt.rs`).
     round_trips: rtt::RoundTrips,
     /// When each session's numbers were first seen, and its client's no-op fills (`seen.rs`).
@@ -274,9 +268,10 @@ fn mark_for_next_device(bytes: Vec<u8>) -> Vec<u8> {
 }
 
 impl Device {
-    /// Keys with a keyed write in the log (whose order later writes and reads follow).
-    pub fn keyed_keys_in_log(&self) -> usize {
-        self.keyed.len()
+    /// The update requests the log holds, as logged (a keyed write with its order written
+    /// in): what [`crate::KeyedOrdering`] is rebuilt from.
+    pub fn logged_packets(&self) -> impl Iterator<Item = &[u8]> {
+        self.entries.values().map(|entry| &*entry.packet)
     }
 
     /// A device whose log held `recovered` at start-up (empty for a new log). Entries are
@@ -303,7 +298,6 @@ impl Device {
             hold_replies_waiting: crate::AfterDurable::new(hold::HOLD_REPLIES_WAITING_MAX),
             counters: DeviceCounters::default(),
             residency: LatencyHistogram::new(),
-            keyed: keyed::KeyedOrder::default(),
             round_trips: rtt::RoundTrips::default(),
             seen: seen::SeenSessions::new(config.sessions_max),
             upstream: upstream::Upstream::new(&config.previous_devices),
@@ -317,13 +311,10 @@ impl Device {
 
     fn rebuild(&mut self, now: Time, recovered: RecoveredEntry) {
         let (fragment_count, replicated) = match Header::parse(&recovered.packet) {
-            Ok((header, _)) if header.packet_type == PacketType::UpdateRequest => {
-                self.keyed.recovered(&header, &recovered.packet);
-                (
-                    header.fragment_count,
-                    header.has_flag(pmnet_wire::replication::REPLICATED),
-                )
-            }
+            Ok((header, _)) if header.packet_type == PacketType::UpdateRequest => (
+                header.fragment_count,
+                header.has_flag(pmnet_wire::replication::REPLICATED),
+            ),
             // The log checked its own CRC; a packet that still fails to parse is dropped
             // rather than replayed, and the slot freed.
             _ => {
@@ -598,20 +589,9 @@ impl Device {
                 self.remember_client(header.session_id, from, datagram.len());
                 self.note_seen(now, header);
                 self.counters.bypass_forwarded += 1;
-                // A keyed bypass (a write whose reply the server gives, such as an INCR) is
-                // ordered among the key's writes like a logged one, though not logged.
-                match self.keyed.stamp(header, datagram) {
-                    Ok(Some(stamped)) => {
-                        self.counters.keyed_writes_ordered += 1;
-                        let bytes = pmnet_wire::to_sendable(&stamped.datagram);
-                        self.keyed.logged(&stamped, header.session_id, header.seq);
-                        self.send(server, bytes);
-                    }
-                    Ok(None) => {
-                        self.send(server, pmnet_wire::to_sendable(datagram));
-                    }
-                    Err(refused) => self.count_drop(refused.reason()),
-                }
+                // A keyed bypass (a write whose reply the server gives, such as an INCR) comes
+                // with its order among the key's writes written in (`crate::KeyedOrdering`).
+                self.send(server, pmnet_wire::to_sendable(datagram));
             }
             // A replica's ack to its primary says nothing of what the server applied.
             PacketType::ServerAck if header.has_flag(pmnet_wire::replication::REPLICA) => {
@@ -704,8 +684,9 @@ impl Device {
         Verdict::Consumed
     }
 
-    /// A cache read from a client goes to its server with the keyed write to its key it must
-    /// follow written in; a cache reply from the server goes to the read's client.
+    /// A cache read from a client goes to its server (with the keyed write to its key it must
+    /// follow written in, by [`crate::KeyedOrdering`]); a cache reply from the server goes to
+    /// the read's client.
     fn on_cache_datagram(
         &mut self,
         from: SocketAddr,
@@ -734,15 +715,9 @@ impl Device {
             return;
         }
         self.remember_client(header.session_id, from, datagram.len());
+        // With the keyed write it must follow written in (`crate::KeyedOrdering`).
         self.counters.cache_reads_forwarded += 1;
-        let bytes = match self.keyed.order_read(header, datagram) {
-            Some(ordered) => {
-                self.counters.cache_reads_ordered += 1;
-                pmnet_wire::to_sendable(&ordered)
-            }
-            None => pmnet_wire::to_sendable(datagram),
-        };
-        self.send(server, bytes);
+        self.send(server, pmnet_wire::to_sendable(datagram));
     }
 
     fn on_update_request(
@@ -760,20 +735,8 @@ impl Device {
         }
         self.remember_client(header.session_id, client, datagram.len());
         self.note_seen(now, header);
-        // A keyed write gets its order written in before it is logged (and forwarded).
-        let stamped = match self.keyed.stamp(header, datagram) {
-            Ok(stamped) => stamped,
-            Err(refused) => {
-                // Not logged, not forwarded: a barrier that cannot be ordered after every
-                // session it must follow, or no room to place another keyed write. Its client
-                // sends it again, when fewer writes are in flight.
-                self.count_drop(refused.reason());
-                return;
-            }
-        };
-        let datagram: &[u8] = stamped
-            .as_ref()
-            .map_or(datagram, |stamped| &stamped.datagram);
+        // A keyed write comes with its order written in (`crate::KeyedOrdering`): it is
+        // logged and forwarded as it is.
         let key = EntryKey {
             server_id: header.server_id,
             session_id: header.session_id,
@@ -818,13 +781,7 @@ impl Device {
             self.counters.log_collisions += 1;
             Some(NotLoggedReason::Collision)
         };
-        // Logged or not, a keyed write goes to the server with its order written in, and
-        // later writes and reads of its key follow it: a read forwarded now must not be
-        // answered (and its answer cached) before this write is applied.
-        if let Some(stamped) = &stamped {
-            self.counters.keyed_writes_ordered += 1;
-            self.keyed.logged(stamped, header.session_id, header.seq);
-        }
+        // Logged or not, it goes to the server (a keyed write with its order written in).
         self.send(server, pmnet_wire::to_sendable(datagram));
         if let Some(reason) = not_logged {
             // The client waits for the server's reply now; tell it why, so that a failure
@@ -1105,7 +1062,6 @@ impl Device {
     }
 
     fn on_server_ack(&mut self, now: Time, header: &Header, datagram: &[u8]) {
-        self.keyed.acked(header.session_id, header.seq);
         let slots = self.slots_of(header.server_id, header.session_id, header.seq);
         // The client completed this update on our PMNet-ACKs, one per fragment: the server's
         // reply (a fixed OK) would only wake it to be thrown away. Had an ack been lost, the

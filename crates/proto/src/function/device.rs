@@ -284,8 +284,14 @@ impl NetworkFunction for Fronts {
 pub type DevicePipeline = Pipeline<Stack<Fronts, crate::Device>>;
 
 impl DevicePipeline {
-    /// A pipeline of `fronts`, in order, and then `device`.
-    pub fn with_fronts(fronts: Vec<Box<dyn FrontFunction>>, device: crate::Device) -> Self {
+    /// A pipeline of `fronts`, in order, and then the log `device`, with the ordering of keyed
+    /// writes and cache reads ([`crate::KeyedOrdering`], rebuilt from what the log holds)
+    /// just in front of it.
+    pub fn with_fronts(mut fronts: Vec<Box<dyn FrontFunction>>, device: crate::Device) -> Self {
+        fronts.push(Box::new(crate::KeyedOrdering::new(
+            &device.config().servers,
+            device.logged_packets(),
+        )));
         Pipeline::new(Stack::new(Fronts::new(fronts), device))
     }
 
@@ -298,6 +304,14 @@ impl DevicePipeline {
     /// [`NetworkFunction::counter_samples`]).
     pub fn front_samples(&self) -> Vec<(&'static str, &'static str, u64)> {
         self.functions.front.counter_samples()
+    }
+
+    /// The counter `name` of the functions in front of the log, if one of them has it.
+    pub fn front_sample(&self, name: &str) -> Option<u64> {
+        self.front_samples()
+            .into_iter()
+            .find(|(sample, _, _)| *sample == name)
+            .map(|(_, _, value)| value)
     }
 
     /// The log function.

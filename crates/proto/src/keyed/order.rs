@@ -31,7 +31,7 @@ use pmnet_wire::Header;
 /// a write resent after its server-ACK (a late duplicate, logged again) is acknowledged at once
 /// and must not take away the order of an older write still on its way.
 #[derive(Debug, Default)]
-pub(super) struct KeyedOrder {
+pub(crate) struct KeyedOrder {
     /// Key → its writes in order: (stamp, session, seq).
     unacked: HashMap<Vec<u8>, BTreeSet<(u64, u64, u32)>>,
     /// Each write in `unacked`, by (session, seq): its key and the order it was given (a
@@ -78,7 +78,7 @@ impl Placed {
 
 /// Why a keyed write was not placed (the device drops it; its client sends it again).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum NoRoom {
+pub(crate) enum NoRoom {
     /// A barrier that must follow more sessions than it has room for.
     Barrier,
     /// [`PLACED_MAX`] keyed writes are placed and not yet acknowledged (keyed bypasses are
@@ -87,7 +87,7 @@ pub(super) enum NoRoom {
 }
 
 impl NoRoom {
-    pub(super) fn reason(self) -> crate::DropReason {
+    pub(crate) fn reason(self) -> crate::DropReason {
         match self {
             NoRoom::Barrier => crate::DropReason::BarrierNoRoom,
             NoRoom::Full => crate::DropReason::KeyedOrderFull,
@@ -115,8 +115,8 @@ fn barriers_of(scoped_key: &[u8]) -> &[u8] {
 
 /// A keyed write as it is to be logged: the datagram with its order written, its key (empty
 /// for a barrier) and its order.
-pub(super) struct Stamped {
-    pub(super) datagram: Vec<u8>,
+pub(crate) struct Stamped {
+    pub(crate) datagram: Vec<u8>,
     placed: Placed,
 }
 
@@ -124,7 +124,7 @@ impl KeyedOrder {
     /// Write the order into the first fragment of a keyed update. `None` when the datagram
     /// is not one (other fragments, other updates) or its descriptor does not parse (it is
     /// then logged as it came, and the server hands it on as it came).
-    pub(super) fn stamp(
+    pub(crate) fn stamp(
         &mut self,
         header: &Header,
         datagram: &[u8],
@@ -270,7 +270,7 @@ impl KeyedOrder {
 
     /// The keyed write (session, seq) was logged (or, a keyed bypass, forwarded): later
     /// writes and reads follow it.
-    pub(super) fn logged(&mut self, stamped: &Stamped, session_id: u64, seq: u32) {
+    pub(crate) fn logged(&mut self, stamped: &Stamped, session_id: u64, seq: u32) {
         self.record(stamped.placed.clone(), session_id, seq);
     }
 
@@ -314,7 +314,7 @@ impl KeyedOrder {
 
     /// The server acknowledged (session, seq): it no longer orders anything, and the session
     /// is applied through it.
-    pub(super) fn acked(&mut self, session_id: u64, seq: u32) {
+    pub(crate) fn acked(&mut self, session_id: u64, seq: u32) {
         match self.applied.get_mut(&session_id) {
             Some(through) => *through = (*through).max(seq),
             None => {
@@ -334,7 +334,7 @@ impl KeyedOrder {
 
     /// A keyed write found in the log at start-up (its first fragment): ordered by its stamp
     /// among the key's writes, and new stamps continue after the highest.
-    pub(super) fn recovered(&mut self, header: &Header, packet: &[u8]) {
+    pub(crate) fn recovered(&mut self, header: &Header, packet: &[u8]) {
         if !header.has_flag(KEYED) || header.fragment_index != 0 {
             return;
         }
@@ -355,7 +355,7 @@ impl KeyedOrder {
 
     /// Write into a cache read the keyed write to its key it must follow, if any. `None` when
     /// there is none (forward it as it came) or the descriptor does not parse.
-    pub(super) fn order_read(&self, header: &Header, datagram: &[u8]) -> Option<Vec<u8>> {
+    pub(crate) fn order_read(&self, header: &Header, datagram: &[u8]) -> Option<Vec<u8>> {
         let payload = datagram.get(pmnet_wire::HEADER_LEN..)?;
         let (descriptor, _) = ReadDescriptor::parse(payload).ok()?;
         let (session, seq) =
@@ -366,7 +366,7 @@ impl KeyedOrder {
     }
 
     /// Keys with a keyed write in the log (barriers count as one).
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.unacked.len()
     }
 }

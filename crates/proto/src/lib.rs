@@ -22,6 +22,7 @@ mod client;
 mod counter;
 mod device;
 mod drop;
+mod edge;
 mod function;
 mod histogram;
 mod keyed;

@@ -316,8 +316,8 @@ pub struct Client {
     transmits: VecDeque<Transmit>,
     events: VecDeque<ClientEvent>,
     counters: ClientCounters,
-    /// Warnings of datagrams that failed authentication (rate-limited).
-    auth_warnings: crate::AuthWarnings,
+    /// The receiving edge's warnings (datagrams that failed verification).
+    edge: crate::edge::Edge,
     latency: ClientLatency,
     /// Cache reads in flight (see `reads.rs`).
     reads: reads::Reads,
@@ -342,7 +342,7 @@ impl Client {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: ClientCounters::default(),
-            auth_warnings: crate::AuthWarnings::default(),
+            edge: crate::edge::Edge::default(),
             latency: ClientLatency::default(),
             reads: reads::Reads::default(),
             lost_devices: Vec::new(),
@@ -391,7 +391,10 @@ impl Client {
     /// Datagrams that could not be verified (failed authentication, or sealed while this
     /// client holds no key), in all, and the latest one's sender and reason.
     pub fn unverified(&self) -> (u64, Option<(SocketAddr, DropReason)>) {
-        (self.auth_warnings.total(), self.auth_warnings.latest())
+        (
+            self.edge.auth_warnings.total(),
+            self.edge.auth_warnings.latest(),
+        )
     }
 
     pub fn counters(&self) -> &ClientCounters {
@@ -503,14 +506,17 @@ impl Client {
 
     /// Process a datagram received from the network. Never panics on its contents.
     pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
-        let verified = match crate::drop::verify_datagram(self.config.auth.as_mut(), datagram) {
-            Ok(inner) => inner,
-            Err(reason) => {
-                self.auth_warnings.failed(now, "client", from, reason);
-                self.counters.dropped.record(reason);
-                return;
-            }
-        };
+        let verified =
+            match self
+                .edge
+                .verify(now, "client", from, self.config.auth.as_mut(), datagram)
+            {
+                Ok(inner) => inner,
+                Err(reason) => {
+                    self.counters.dropped.record(reason);
+                    return;
+                }
+            };
         let datagram: &[u8] = &verified;
         let (header, payload) = match Header::parse(datagram) {
             Ok(parsed) => parsed,

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use pmnet_wire::{Header, PacketType};
 
 use super::{NetworkFunction, Persist, PersistBatch};
+use crate::edge::{Arrived, Edge};
 use crate::{CountDrop, DropCounts, DropReason, Time, Transmit};
 
 /// Verified requests whose trailers a pipeline keeps for forwarding them: the last few of a
@@ -19,13 +20,11 @@ const FORWARDED_TRAILERS_KEPT: usize = 8;
 pub struct Pipeline<F> {
     pub(super) functions: F,
     pub(super) drops: DropCounts,
-    /// Warnings of datagrams that failed authentication (rate-limited).
-    auth_warnings: crate::AuthWarnings,
+    /// Verification's warnings (failures; plain traffic from other hosts, when asked).
+    edge: Edge,
     /// With keys configured: every datagram verified before it is parsed, every datagram
     /// sent sealed (what a device forwards is sealed again, which reproduces its tag).
     auth: Option<pmnet_auth::Authenticator>,
-    /// Without keys, and asked to: warnings of datagrams from other hosts (rate-limited).
-    plain_warnings: Option<crate::PlainTrafficWarnings>,
     /// When the pipeline was given its keys (Unix ms, by its authenticator's clock): the
     /// device's start, for the replay floors of its functions.
     started_ms: u64,
@@ -38,9 +37,8 @@ impl<F: NetworkFunction> Pipeline<F> {
         Pipeline {
             functions,
             drops: DropCounts::default(),
-            auth_warnings: crate::AuthWarnings::default(),
+            edge: Edge::default(),
             auth: None,
-            plain_warnings: None,
             started_ms: 0,
             batcher: None,
         }
@@ -92,7 +90,7 @@ impl<F: NetworkFunction> Pipeline<F> {
     /// Without keys (`on`): warn, at most once a minute, of unauthenticated datagrams from
     /// peers off this host (a device started with `--insecure` on an address others reach).
     pub fn with_plain_traffic_warnings(mut self, on: bool) -> Pipeline<F> {
-        self.plain_warnings = on.then(crate::PlainTrafficWarnings::default);
+        self.edge.plain_warnings = on.then(crate::PlainTrafficWarnings::default);
         self
     }
 
@@ -119,7 +117,7 @@ impl<F: NetworkFunction> Pipeline<F> {
     /// Datagrams that could not be verified (failed authentication, or sealed at a pipeline
     /// without keys), in all: a caller that notes who it hears from counts only the others.
     pub fn unverified_total(&self) -> u64 {
-        self.auth_warnings.total()
+        self.edge.auth_warnings.total()
     }
 
     /// Datagrams the pipeline itself dropped: unparseable, or of a type no function owns.
@@ -132,64 +130,46 @@ impl<F: NetworkFunction> Pipeline<F> {
         if let Some(batcher) = self.batcher.as_mut() {
             batcher.set_now(now);
         }
-        let verified = match crate::drop::verify_datagram(self.auth.as_mut(), datagram) {
-            Ok(inner) => {
-                match self.auth.as_ref() {
-                    Some(auth) => self.functions.note_seal(auth.sealed_at(), self.started_ms),
-                    None => {
-                        if let Some(warnings) = self.plain_warnings.as_mut() {
-                            warnings.received(now, "device", from);
-                        }
-                    }
-                }
-                inner
-            }
+        let verified = match self
+            .edge
+            .verify(now, "device", from, self.auth.as_mut(), datagram)
+        {
+            Ok(inner) => inner,
             Err(reason) => {
-                self.auth_warnings.failed(now, "device", from, reason);
                 self.drops.record(reason);
                 // A function that waits on a peer's answers learns why none came.
                 self.functions.on_unverified(now, from, reason);
                 return;
             }
         };
-        let datagram: &[u8] = &verified;
-        let (header, payload) = match Header::parse(datagram) {
-            Ok(parsed) => parsed,
-            Err(error) => {
-                self.drops.record(DropReason::Parse(error));
-                return;
-            }
-        };
-        if header.packet_type == PacketType::Batch {
-            // Covered by the batch's trailer: each entry is parsed and handled on its own.
-            for entry in pmnet_wire::batch_entries(payload) {
-                match entry.and_then(Header::parse) {
-                    Ok((inner, _)) if inner.packet_type == PacketType::Batch => {
-                        self.drops.record(DropReason::NestedBatch);
-                    }
-                    Ok((inner, _)) => {
-                        let bytes = entry.expect("parsed above");
-                        self.dispatch(now, from, &inner, bytes);
-                    }
-                    Err(error) => {
-                        self.drops.record(DropReason::Parse(error));
-                        break;
-                    }
-                }
-            }
-            return;
+        if let Some(auth) = self.auth.as_ref() {
+            self.functions.note_seal(auth.sealed_at(), self.started_ms);
         }
-        self.dispatch(now, from, &header, datagram);
+        crate::edge::unpack(&verified, |arrived| match arrived {
+            Arrived::Datagram { header, bytes, .. } => Self::dispatch(
+                &mut self.functions,
+                &mut self.drops,
+                now,
+                from,
+                &header,
+                bytes,
+            ),
+            Arrived::Batch => {}
+            Arrived::Dropped(reason) => self.drops.record(reason),
+        });
     }
 
     /// Hand a parsed datagram to the functions; one none of them takes is counted and dropped.
-    fn dispatch(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) {
-        if !self
-            .functions
-            .handle(now, from, header, datagram)
-            .is_consumed()
-        {
-            self.drops.record(match header.packet_type {
+    fn dispatch(
+        functions: &mut F,
+        drops: &mut DropCounts,
+        now: Time,
+        from: SocketAddr,
+        header: &Header,
+        datagram: &[u8],
+    ) {
+        if !functions.handle(now, from, header, datagram).is_consumed() {
+            drops.record(match header.packet_type {
                 PacketType::Reserved(_) => DropReason::Parse(pmnet_wire::ParseError::UnknownType),
                 _ => DropReason::UnexpectedType,
             });

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use pmnet_wire::{flags, Header, PacketType};
 
+use crate::edge::Arrived;
 use crate::{encode_fragments, CountDrop, DropCounts, DropReason, RequestKind, Time, Transmit};
 pub use apply::{Applied, Stager};
 pub use forward_log::{ForwardLogOpened, ForwardLogRecovery, FORWARD_RECORD_HEADER_LEN};
@@ -295,10 +296,8 @@ pub struct Server {
     batcher: crate::Batcher,
     events: VecDeque<ServerEvent>,
     counters: ServerCounters,
-    /// Warnings of datagrams that failed authentication (rate-limited).
-    auth_warnings: crate::AuthWarnings,
-    /// Without keys, and asked to: warnings of datagrams from other hosts (rate-limited).
-    plain_warnings: Option<crate::PlainTrafficWarnings>,
+    /// The receiving edge's warnings (failed verification; plain traffic, when asked).
+    edge: crate::edge::Edge,
     /// Requests that became whole so far (see `Assembly::completed`).
     requests_completed: u64,
     /// Skips logged (rate-limited, see `gap.rs`).
@@ -398,8 +397,7 @@ impl Server {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: ServerCounters::default(),
-            auth_warnings: crate::AuthWarnings::default(),
-            plain_warnings: None,
+            edge: crate::edge::Edge::default(),
             requests_completed: 0,
             skip_notes: gap::SkipNotes::default(),
             order_waiters: BTreeSet::new(),
@@ -536,7 +534,7 @@ impl Server {
     /// Datagrams that could not be verified (failed authentication, or sealed while this
     /// server holds no key), in all: a caller noting who it hears from counts only the others.
     pub fn unverified_total(&self) -> u64 {
-        self.auth_warnings.total()
+        self.edge.auth_warnings.total()
     }
 
     fn is_device(&self, address: SocketAddr) -> bool {
@@ -569,7 +567,7 @@ impl Server {
     /// this host (a server started with `--insecure` on an address others reach).
     pub fn warn_of_plain_traffic(&mut self) {
         if self.config.auth.is_none() {
-            self.plain_warnings = Some(crate::PlainTrafficWarnings::default());
+            self.edge.plain_warnings = Some(crate::PlainTrafficWarnings::default());
         }
     }
 
@@ -593,41 +591,35 @@ impl Server {
     }
 
     fn handle_datagram(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
-        let verified = match crate::drop::verify_datagram(self.config.auth.as_mut(), datagram) {
-            Ok(inner) => {
-                if self.config.auth.is_none() {
-                    if let Some(warnings) = self.plain_warnings.as_mut() {
-                        warnings.received(now, "server", from);
+        let verified =
+            match self
+                .edge
+                .verify(now, "server", from, self.config.auth.as_mut(), datagram)
+            {
+                Ok(inner) => inner,
+                Err(reason) => {
+                    self.count_drop(reason);
+                    if matches!(
+                        reason,
+                        DropReason::SealedWithoutKey
+                            | DropReason::Auth(pmnet_auth::AuthError::Unauthenticated)
+                    ) {
+                        self.answer_probe_it_cannot_verify(from, datagram);
                     }
+                    return;
                 }
-                inner
+            };
+        crate::edge::unpack(&verified, |arrived| match arrived {
+            Arrived::Datagram {
+                header, payload, ..
+            } => self.handle_parsed(now, from, &header, payload),
+            // The peer unpacks batches, so what goes back to it is packed too.
+            Arrived::Batch => {
+                self.counters.batches_received += 1;
+                self.batcher.add_peer(from);
             }
-            Err(reason) => {
-                self.auth_warnings.failed(now, "server", from, reason);
-                self.count_drop(reason);
-                if matches!(
-                    reason,
-                    DropReason::SealedWithoutKey
-                        | DropReason::Auth(pmnet_auth::AuthError::Unauthenticated)
-                ) {
-                    self.answer_probe_it_cannot_verify(from, datagram);
-                }
-                return;
-            }
-        };
-        let datagram: &[u8] = &verified;
-        let (header, payload) = match Header::parse(datagram) {
-            Ok(parsed) => parsed,
-            Err(error) => {
-                self.count_drop(DropReason::Parse(error));
-                return;
-            }
-        };
-        if header.packet_type == PacketType::Batch {
-            self.on_batch(now, from, payload);
-            return;
-        }
-        self.handle_parsed(now, from, &header, payload);
+            Arrived::Dropped(reason) => self.count_drop(reason),
+        });
     }
 
     /// A device's probe this server cannot verify (sealed, at a server without keys; in
@@ -651,25 +643,6 @@ impl Server {
             }
             .encode(&[]),
         });
-    }
-
-    /// A batch: the peer unpacks batches, so what goes back to it is packed too; each entry
-    /// is handled as if it had arrived on its own (the batch's trailer covered it).
-    fn on_batch(&mut self, now: Time, from: SocketAddr, payload: &[u8]) {
-        self.counters.batches_received += 1;
-        self.batcher.add_peer(from);
-        for entry in pmnet_wire::batch_entries(payload) {
-            match entry.and_then(Header::parse) {
-                Ok((inner, _)) if inner.packet_type == PacketType::Batch => {
-                    self.count_drop(DropReason::NestedBatch);
-                }
-                Ok((inner, inner_payload)) => self.handle_parsed(now, from, &inner, inner_payload),
-                Err(error) => {
-                    self.count_drop(DropReason::Parse(error));
-                    break;
-                }
-            }
-        }
     }
 
     fn handle_parsed(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) {

@@ -258,9 +258,15 @@ impl World {
 
     /// Put the function `new_front` builds in front of every device's log (a fresh one after
     /// each restart).
-    pub fn with_front(mut self, new_front: fn() -> Box<dyn FrontFunction>) -> World {
+    pub fn with_front(self, new_front: fn() -> Box<dyn FrontFunction>) -> World {
+        self.with_fronts(&[new_front])
+    }
+
+    /// Put the functions `new_fronts` build in front of every device's log, in order (fresh
+    /// ones after each restart).
+    pub fn with_fronts(mut self, new_fronts: &[fn() -> Box<dyn FrontFunction>]) -> World {
         for node in &mut self.devices {
-            node.new_front = new_front;
+            node.new_fronts = new_fronts.to_vec();
             let device = std::mem::replace(
                 node.pipeline.device_mut(),
                 Device::new(node.config.clone(), Time::ZERO, Vec::new()),

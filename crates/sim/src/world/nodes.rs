@@ -8,7 +8,7 @@ use std::time::Duration;
 use pmnet_pm::{EntryKey, LogWork, PmLog, SimRegion};
 use pmnet_proto::{
     Client, ClientConfig, ClientEvent, Device, DeviceConfig, DevicePipeline, FrontFunction,
-    Nothing, PersistBatch, RecoveredSession, RequestKind, Server, ServerConfig, Time,
+    PersistBatch, RecoveredSession, RequestKind, Server, ServerConfig, Time,
 };
 use pmnet_store::{Application, KvStore};
 use pmnet_wire::Header;
@@ -249,15 +249,16 @@ pub struct DeviceNode {
     pub front_executor: pmnet_proto::RegionExecutor<SimRegion>,
     /// Lost for good ([`World::lose_device`]): its log is gone and the chain goes around it.
     pub lost: bool,
-    /// The device's functions: a front function ([`Nothing`] unless a test puts one there),
-    /// then the log.
+    /// The device's functions: those a test puts in front of the log (none unless told), the
+    /// ordering of keyed writes, then the log.
     pub pipeline: DevicePipeline,
     pub log: PmLog<SimRegion>,
     /// When set, persistence batches wait in `held` until released; a crash loses them.
     pub hold_persistence: bool,
     pub held: VecDeque<PersistBatch<LogWork>>,
-    /// Builds the front function, at start and after each restart (its state is volatile).
-    pub new_front: fn() -> Box<dyn FrontFunction>,
+    /// Build the functions in front of the log, at start and after each restart (their state
+    /// is volatile).
+    pub new_fronts: Vec<fn() -> Box<dyn FrontFunction>>,
     /// The device's authenticator (kept across restarts: the key file outlives the process).
     pub auth: Option<pmnet_proto::Authenticator>,
     /// Whether the device packs what a step sends each server into batches, and how long a
@@ -286,11 +287,11 @@ impl DeviceNode {
             log.max_packet_len(),
         );
         DeviceNode {
-            pipeline: DevicePipeline::with_front(
-                no_front(),
+            pipeline: DevicePipeline::with_fronts(
+                Vec::new(),
                 Device::new(config.clone(), Time::ZERO, Vec::new()),
             ),
-            new_front: no_front,
+            new_fronts: Vec::new(),
             auth: None,
             batch: false,
             batch_hold: std::time::Duration::ZERO,
@@ -320,11 +321,15 @@ impl DeviceNode {
         self.pipeline.device()
     }
 
-    /// A pipeline around `device` as this node runs it: a new front function, its
-    /// authenticator, batching when on.
+    /// A pipeline around `device` as this node runs it: new functions in front of the log,
+    /// its authenticator, batching when on.
     pub fn pipeline_for(&self, device: Device) -> DevicePipeline {
-        let pipeline =
-            DevicePipeline::with_front((self.new_front)(), device).with_auth(self.auth.clone());
+        let fronts = self
+            .new_fronts
+            .iter()
+            .map(|new_front| new_front())
+            .collect();
+        let pipeline = DevicePipeline::with_fronts(fronts, device).with_auth(self.auth.clone());
         if !self.batch {
             return pipeline;
         }
@@ -337,10 +342,6 @@ impl DeviceNode {
             )
             .with_batch_hold(self.batch_hold)
     }
-}
-
-fn no_front() -> Box<dyn FrontFunction> {
-    Box::new(Nothing)
 }
 
 #[derive(Debug)]

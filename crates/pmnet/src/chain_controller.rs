@@ -6,16 +6,14 @@
 //! to a new file, fsynced, renamed over the old one, the directory fsynced — before any member
 //! or client sees an epoch, and taken back at a restart.
 
-use std::net::{SocketAddr, UdpSocket};
-use std::path::{Path, PathBuf};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Args;
-use pmnet_netchain::{decode_state, encode_state, Controller, ControllerConfig};
-use pmnet_proto::Time;
-use pmnet_runtime::Shutdown;
-use pmnet_wire::netchain::control::Layout;
+use pmnet_netchain::{decode_state, Controller, ControllerConfig};
+use pmnet_runtime::{ControllerRuntime, Shutdown};
 
 use crate::CliError;
 
@@ -68,26 +66,19 @@ pub struct ChainControllerArgs {
           value_parser = clap::value_parser!(u64).range(5..=60_000))]
     pub lease_ms: u64,
 
-    /// Authenticate every datagram with the deployment keys in this file (mode 0600; make one
-    /// with `pmnet keygen`): the members and clients hold the same. Without it traffic is not
-    /// authenticated, and only a loopback --listen is allowed (see --insecure).
-    #[arg(long, value_name = "FILE")]
-    pub key_file: Option<PathBuf>,
-
-    /// Listen on an address other hosts reach without --key-file: anyone who reaches the
-    /// controller could then change the chains. Without it such a controller refuses to start
-    /// (protected mode, docs/security.md).
-    #[arg(long)]
-    pub insecure: bool,
+    /// The event loop, metrics, report line and keys (`--key-file`: the members and clients
+    /// hold the same; without it only a loopback --listen is allowed, see --insecure).
+    #[command(flatten)]
+    pub run: crate::node::LoopArgs,
 }
 
 pub fn run(args: ChainControllerArgs) -> Result<ExitCode, CliError> {
-    let keys = crate::node::keys_of(args.key_file.as_deref())?;
+    let keys = crate::node::keys_of(args.run.key_file.as_deref())?;
     crate::protect::check(
         "chain-controller",
         &[crate::protect::Listener::Addr("--listen", args.listen)],
         keys.is_some(),
-        args.insecure,
+        args.run.insecure,
     )?;
     let traffic = pmnet_runtime::auth_text(keys.as_ref());
     let config = ControllerConfig {
@@ -97,8 +88,8 @@ pub fn run(args: ChainControllerArgs) -> Result<ExitCode, CliError> {
         auth: keys.map(pmnet_proto::Authenticator::new),
         ..ControllerConfig::default()
     };
-    let started = Instant::now();
-    let now = || Time::since(started, Instant::now());
+    let clock = pmnet_runtime::Clock::new();
+    let now = || clock.now();
     let state_error =
         |what: String| format!("chain controller state {}: {what}", args.state.display());
     let mut controller = if args.state.exists() {
@@ -133,125 +124,34 @@ pub fn run(args: ChainControllerArgs) -> Result<ExitCode, CliError> {
     };
     // Without keys: say so, at most once a minute, while other hosts send to it.
     controller.warn_of_plain_traffic();
-    let socket = UdpSocket::bind(args.listen)
-        .map_err(|error| format!("chain-controller: binding {}: {error}", args.listen))?;
-    socket.set_read_timeout(Some(Duration::from_millis(1)))?;
     let shutdown = Shutdown::on_signals()?;
-    println!(
-        "chain controller listening on {}: {} members, {} virtual groups, chains of {}, suspect \
-         after {} ms, lease {} ms; state {} (saved with write, fsync, rename, directory fsync \
-         before any epoch is sent)",
+    let layout = controller.layout().clone();
+    let mut runtime = ControllerRuntime::open(
+        clock,
+        controller,
         args.listen,
-        controller.layout().members.len(),
-        controller.layout().groups.len(),
+        args.state.clone(),
+        args.run.loop_options(),
+        shutdown,
+    )
+    .map_err(|error| format!("chain-controller: {error}"))?;
+    println!("chain controller listening on {}", runtime.local_addr());
+    println!(
+        "  chains: {} members, {} virtual groups, chains of {}; a member is suspected after {} \
+         ms without a status, leases of {} ms",
+        layout.members.len(),
+        layout.groups.len(),
         args.chain_length,
         args.suspect_after_ms,
         args.lease_ms,
+    );
+    println!(
+        "  state: {} (saved with write, fsync, rename, directory fsync before any epoch is sent)",
         args.state.display()
     );
     println!("  traffic: {traffic}");
-    describe(controller.layout());
-    let mut buffer = vec![0u8; 65_536];
-    let mut last_epoch = 0;
-    while !shutdown.is_requested() {
-        match socket.recv_from(&mut buffer) {
-            Ok((len, from)) => controller.handle(now(), from, &buffer[..len]),
-            Err(error)
-                if matches!(
-                    error.kind(),
-                    std::io::ErrorKind::WouldBlock
-                        | std::io::ErrorKind::TimedOut
-                        | std::io::ErrorKind::Interrupted
-                        | std::io::ErrorKind::ConnectionRefused
-                ) => {}
-            Err(error) => return Err(format!("chain-controller: receiving: {error}").into()),
-        }
-        controller.handle_timeout(now());
-        if let Some(layout) = controller.poll_save() {
-            save(&args.state, &layout).map_err(|error| state_error(error.to_string()))?;
-        }
-        while let Some(transmit) = controller.poll_transmit() {
-            // A member that is down answers with an ICMP error: not the controller's.
-            let _ = socket.send_to(&transmit.bytes, transmit.destination);
-        }
-        if controller.layout().epoch != last_epoch {
-            last_epoch = controller.layout().epoch;
-            describe(controller.layout());
-        }
-    }
-    let counters = controller.counters();
-    let drops: Vec<String> = controller
-        .drops()
-        .iter()
-        .map(|(reason, count)| format!("{reason} {count}"))
-        .collect();
-    eprintln!(
-        "chain-controller: stopped at epoch {}; {} statuses, {} grants, {} configurations \
-         sent, {} members taken out, {} recoveries done ({} aborted), {} dropped{}",
-        controller.layout().epoch,
-        counters.statuses,
-        counters.grants,
-        counters.configs_sent,
-        counters.removed,
-        counters.recoveries_done,
-        counters.recoveries_aborted,
-        counters.dropped,
-        if drops.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", drops.join(", "))
-        }
-    );
+    println!("  {}", args.run.describe(runtime.metrics_addr()));
+    pmnet_runtime::describe_layout(&layout);
+    runtime.run()?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// One line per epoch: each group's chain (head first), paused and joining groups marked.
-fn describe(layout: &Layout) {
-    let groups: Vec<String> = layout
-        .groups
-        .iter()
-        .enumerate()
-        .map(|(index, group)| {
-            let chain: Vec<String> = group
-                .chain
-                .iter()
-                .map(|member| layout.members[usize::from(*member)].to_string())
-                .collect();
-            let mut text = format!("g{index} [{}]", chain.join(" > "));
-            if group.paused {
-                text.push_str(" paused");
-            }
-            if let Some(joining) = group.joining {
-                text.push_str(&format!(
-                    " +{} ({:?} from {})",
-                    layout.members[usize::from(joining.member)],
-                    joining.phase,
-                    layout.members[usize::from(joining.source)]
-                ));
-            }
-            text
-        })
-        .collect();
-    println!("epoch {}: {}", layout.epoch, groups.join("; "));
-    let _ = std::io::Write::flush(&mut std::io::stdout());
-}
-
-/// Save `layout` so that a crash leaves the old state or the new one, whole.
-fn save(path: &Path, layout: &Layout) -> std::io::Result<()> {
-    use std::io::Write;
-    let bytes = encode_state(layout);
-    let mut temporary = path.as_os_str().to_owned();
-    temporary.push(".new");
-    let temporary = PathBuf::from(temporary);
-    {
-        let mut file = std::fs::File::create(&temporary)?;
-        file.write_all(&bytes)?;
-        file.sync_all()?;
-    }
-    std::fs::rename(&temporary, path)?;
-    let directory = path
-        .parent()
-        .filter(|parent| !parent.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::File::open(directory)?.sync_all()
 }

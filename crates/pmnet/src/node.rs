@@ -1063,6 +1063,12 @@ fn abd_coordinator(args: &DeviceArgs, device_id: u16) -> Result<pmnet_abd::AbdFu
 
 /// The read cache `pmnet device --cache` puts in front of the log of device `device_id`.
 fn cache(args: &DeviceArgs, device_id: u16) -> Result<pmnet_cache::CacheFunction, CliError> {
+    if args.servers.is_empty() {
+        return Err("--cache keeps the reads of the servers behind the device: give --server \
+                    ID=ADDR (an ABD coordinator alone has none)"
+            .to_owned()
+            .into());
+    }
     let mut config = pmnet_cache::CacheConfig::new(device_id);
     config.table.items_max = args.cache_items as usize;
     config.table.reply_max = args.cache_value_max as usize + 32;

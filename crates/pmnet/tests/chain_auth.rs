@@ -265,7 +265,7 @@ fn the_controller_under_keys_runs_the_chains_and_drops_what_is_not_sealed() {
     let stderr = controller.stderr();
     let last = stderr
         .lines()
-        .find(|line| line.contains("chain-controller: stopped"))
+        .find(|line| line.contains("chain-controller stopped"))
         .unwrap_or_else(|| panic!("no closing line: {stderr}"));
     assert!(
         last.contains("unauthenticated "),

@@ -60,12 +60,18 @@ fn a_member_killed_under_load_is_replaced_then_brought_back_and_every_history_is
         GROUPS.to_string(),
         "--state".to_owned(),
         dir.path().join("controller.state").display().to_string(),
+        "--metrics".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--report-interval".to_owned(),
+        "0".to_owned(),
     ];
     for member in &members {
         controller_args.extend(["--member".to_owned(), member.to_string()]);
     }
-    let mut controller = Proc::spawn("chain-controller", &controller_args);
-    controller.wait_for_line("its banner", |line| line.contains("listening on"));
+    let controller_node = Node::start("chain-controller", controller_args.clone());
+    assert_eq!(controller_node.addr, controller_addr);
+    let metrics = controller_node.metrics;
+    let mut controller = controller_node.proc;
     let mut nodes: Vec<Node> = (0..4)
         .map(|index| {
             member(
@@ -167,6 +173,15 @@ fn a_member_killed_under_load_is_replaced_then_brought_back_and_every_history_is
     controller.wait_for_line("chains of three without the killed member", |line| {
         whole(line, 3)
     });
+    // The controller's own metrics say what happened.
+    let scrape = |name: &str| {
+        let addr = metrics.expect("the controller serves metrics");
+        let text = pmnet_runtime::metrics::scrape(addr, Duration::from_secs(5)).expect("scrape");
+        pmnet_runtime::metrics::find_sample(&text, name, "").unwrap_or(0.0)
+    };
+    assert!(scrape("pmnet_chain_controller_removed_total") >= 1.0);
+    assert!(scrape("pmnet_chain_controller_recoveries_done_total") >= 1.0);
+    assert!(scrape("pmnet_chain_controller_epoch") > 1.0);
     // The killed member starts again on its table and the controller can use it again: take
     // the spare away to make it.
     nodes[0] = member(1, members[0], controller_addr, dir.path());

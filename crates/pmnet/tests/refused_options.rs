@@ -174,10 +174,6 @@ fn a_chain_member_that_cannot_work_is_refused() {
         &["--chain-member", &other],
         &["not among the members", "--chain-me"],
     );
-    run(
-        &["--chain-member", &listen, "--cache"],
-        &["--chain-member and --cache"],
-    );
     // A table file that holds no table is never overwritten.
     std::fs::write(&table, b"not a table").unwrap();
     run(&["--chain-member", &listen], &[&table, "not a pmnet table"]);
@@ -279,7 +275,7 @@ fn a_memory_node_or_abd_device_that_cannot_work_is_refused() {
     device(&["--abd-node", &listen], &["the device's own address"]);
     device(
         &["--abd-node", &other, "--cache"],
-        &["--abd-node with --cache"],
+        &["--cache keeps the reads of the servers", "--server"],
     );
     device(&[], &["--server"]);
 }

@@ -50,6 +50,7 @@
 
 mod abd_client;
 mod chain_client;
+mod chain_controller;
 mod client;
 mod device;
 mod event_loop;
@@ -71,6 +72,7 @@ use std::time::Duration;
 
 pub use abd_client::{abd_counter_floor, AbdMode, AbdSession, AbdSessionConfig};
 pub use chain_client::ChainSession;
+pub use chain_controller::{describe as describe_layout, ControllerRuntime};
 pub use client::{random_session_id, steer_session, ClientSession, SessionOptions};
 pub use device::{
     stale_worker_logs, worker_log_path, DeviceAddresses, DeviceFunction, DeviceOptions,

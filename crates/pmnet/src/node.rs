@@ -629,132 +629,7 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
         let device = DeviceRuntime::open_with_functions(worker, shutdown.clone(), functions)?;
         devices.push(device);
     }
-    // `ID=ADDR, ...`, as the options take them.
-    let id_addrs = |list: &[(u16, SocketAddr)]| {
-        list.iter()
-            .map(|(id, addr)| format!("{id}={addr}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let first = devices[0].addresses();
-    let mut lines = vec![format!(
-        "pmnet device {} listening on {}",
-        args.device_id, first.data
-    )];
-    if devices.len() > 1 {
-        let all: Vec<String> = devices
-            .iter()
-            .map(|device| device.addresses().data.to_string())
-            .collect();
-        lines.push(format!(
-            "  workers: {} ({}; device ids {}..={}): give clients (`--device` takes a list) \
-             and the server (`--device` for each) every address",
-            devices.len(),
-            all.join(", "),
-            args.device_id,
-            u32::from(args.device_id) + devices.len() as u32 - 1
-        ));
-    }
-    lines.push(format!(
-        "  servers: {}",
-        if args.servers.is_empty() {
-            "none".to_owned()
-        } else {
-            id_addrs(&args.servers)
-        }
-    ));
-    if !args.previous_devices.is_empty() {
-        lines.push(format!(
-            "  devices before this one: {} (fill queries are passed on to them)",
-            id_addrs(&args.previous_devices)
-        ));
-    }
-    for device in &devices {
-        let startup = device.startup();
-        match &startup.log_path {
-            Some(path) => lines.push(format!(
-                "  log: {} ({} slots of {} bytes; {}; {} entries recovered and resent, {} torn \
-                 or corrupt slots rejected)",
-                path.display(),
-                startup.slot_count,
-                startup.slot_size,
-                if startup.formatted { "new" } else { "reopened" },
-                startup.recovered_entry_count,
-                startup.rejected_slot_count
-            )),
-            None if args.servers.is_empty() => {
-                lines.push("  log: off (no server behind the device)".to_owned())
-            }
-            None => lines.push("  log: off (--no-log)".to_owned()),
-        }
-    }
-    if args.servers.is_empty() {
-        lines.push(
-            "  medium: none (the coordinator keeps nothing: the memory nodes persist the lines)"
-                .to_owned(),
-        );
-    } else {
-        lines.push(format!("  medium: {}", devices[0].startup().medium_text()));
-    }
-    if let Some(controller) = args.chain_controller {
-        lines.push(format!(
-            "  chain store: member {} with the chains of the controller at {controller}, table {} \
-             on the medium above",
-            args.chain_me.unwrap_or(args.listen),
-            chain_table_path(&args).display()
-        ));
-    } else if !args.chain_members.is_empty() {
-        lines.push(format!(
-            "  chain store: member {} of {} ({} virtual groups), table {} on the medium above",
-            args.chain_me.unwrap_or(args.listen),
-            args.chain_members
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", "),
-            args.chain_groups,
-            chain_table_path(&args).display()
-        ));
-    }
-    if let Some(ops_per_s) = args.chain_max_ops_per_s {
-        lines.push(format!(
-            "  chain capacity: {}",
-            pmnet_runtime::emulated_capacity_text(ops_per_s)
-        ));
-    }
-    if !args.abd_nodes.is_empty() {
-        lines.push(format!(
-            "  replicated memory: ABD coordinator of {} lines on {} memory nodes ({}; a \
-             majority of {} needed), writer id {}",
-            args.abd_lines,
-            args.abd_nodes.len(),
-            args.abd_nodes
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", "),
-            pmnet_abd::majority(args.abd_nodes.len()),
-            args.device_id
-        ));
-    }
-    if args.cache {
-        lines.push(format!(
-            "  cache: on ({} keys, values up to {} bytes, hot after {} misses in {} ms; volatile: starts empty)",
-            args.cache_items, args.cache_value_max, args.cache_hot_threshold, args.cache_interval_ms
-        ));
-    } else {
-        lines.push("  cache: off".to_owned());
-    }
-    lines.push(format!("  traffic: {traffic}"));
-    lines.push(format!("  datapath: {}", devices[0].datapath_text()));
-    if let Some(addr) = first.forward {
-        lines.push(format!("  forward (no logging) on {addr}"));
-    }
-    if let Some(addr) = first.echo {
-        lines.push(format!("  echo on {addr}"));
-    }
-    lines.push(format!("  {}", args.run.describe(first.metrics)));
-    announce(&lines);
+    announce(&device_banner(&args, &devices, &traffic));
     let mut devices = devices.into_iter();
     let mut first = devices.next().expect("at least one worker");
     let mut threads = Vec::new();
@@ -908,6 +783,137 @@ impl DeviceArgs {
     fn is_chain_member(&self) -> bool {
         !self.chain_members.is_empty() || self.chain_controller.is_some()
     }
+}
+
+/// What `pmnet device` says at start: its addresses, servers, log, medium, functions,
+/// traffic, datapath and loop.
+fn device_banner(args: &DeviceArgs, devices: &[DeviceRuntime], traffic: &str) -> Vec<String> {
+    // `ID=ADDR, ...`, as the options take them.
+    let id_addrs = |list: &[(u16, SocketAddr)]| {
+        list.iter()
+            .map(|(id, addr)| format!("{id}={addr}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let first = devices[0].addresses();
+    let mut lines = vec![format!(
+        "pmnet device {} listening on {}",
+        args.device_id, first.data
+    )];
+    if devices.len() > 1 {
+        let all: Vec<String> = devices
+            .iter()
+            .map(|device| device.addresses().data.to_string())
+            .collect();
+        lines.push(format!(
+            "  workers: {} ({}; device ids {}..={}): give clients (`--device` takes a list) \
+             and the server (`--device` for each) every address",
+            devices.len(),
+            all.join(", "),
+            args.device_id,
+            u32::from(args.device_id) + devices.len() as u32 - 1
+        ));
+    }
+    lines.push(format!(
+        "  servers: {}",
+        if args.servers.is_empty() {
+            "none".to_owned()
+        } else {
+            id_addrs(&args.servers)
+        }
+    ));
+    if !args.previous_devices.is_empty() {
+        lines.push(format!(
+            "  devices before this one: {} (fill queries are passed on to them)",
+            id_addrs(&args.previous_devices)
+        ));
+    }
+    for device in devices {
+        let startup = device.startup();
+        match &startup.log_path {
+            Some(path) => lines.push(format!(
+                "  log: {} ({} slots of {} bytes; {}; {} entries recovered and resent, {} torn \
+                 or corrupt slots rejected)",
+                path.display(),
+                startup.slot_count,
+                startup.slot_size,
+                if startup.formatted { "new" } else { "reopened" },
+                startup.recovered_entry_count,
+                startup.rejected_slot_count
+            )),
+            None if args.servers.is_empty() => {
+                lines.push("  log: off (no server behind the device)".to_owned())
+            }
+            None => lines.push("  log: off (--no-log)".to_owned()),
+        }
+    }
+    if args.servers.is_empty() {
+        lines.push(
+            "  medium: none (the coordinator keeps nothing: the memory nodes persist the lines)"
+                .to_owned(),
+        );
+    } else {
+        lines.push(format!("  medium: {}", devices[0].startup().medium_text()));
+    }
+    if let Some(controller) = args.chain_controller {
+        lines.push(format!(
+            "  chain store: member {} with the chains of the controller at {controller}, table {} \
+             on the medium above",
+            args.chain_me.unwrap_or(args.listen),
+            chain_table_path(args).display()
+        ));
+    } else if !args.chain_members.is_empty() {
+        lines.push(format!(
+            "  chain store: member {} of {} ({} virtual groups), table {} on the medium above",
+            args.chain_me.unwrap_or(args.listen),
+            args.chain_members
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            args.chain_groups,
+            chain_table_path(args).display()
+        ));
+    }
+    if let Some(ops_per_s) = args.chain_max_ops_per_s {
+        lines.push(format!(
+            "  chain capacity: {}",
+            pmnet_runtime::emulated_capacity_text(ops_per_s)
+        ));
+    }
+    if !args.abd_nodes.is_empty() {
+        lines.push(format!(
+            "  replicated memory: ABD coordinator of {} lines on {} memory nodes ({}; a \
+             majority of {} needed), writer id {}",
+            args.abd_lines,
+            args.abd_nodes.len(),
+            args.abd_nodes
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            pmnet_abd::majority(args.abd_nodes.len()),
+            args.device_id
+        ));
+    }
+    if args.cache {
+        lines.push(format!(
+            "  cache: on ({} keys, values up to {} bytes, hot after {} misses in {} ms; volatile: starts empty)",
+            args.cache_items, args.cache_value_max, args.cache_hot_threshold, args.cache_interval_ms
+        ));
+    } else {
+        lines.push("  cache: off".to_owned());
+    }
+    lines.push(format!("  traffic: {traffic}"));
+    lines.push(format!("  datapath: {}", devices[0].datapath_text()));
+    if let Some(addr) = first.forward {
+        lines.push(format!("  forward (no logging) on {addr}"));
+    }
+    if let Some(addr) = first.echo {
+        lines.push(format!("  echo on {addr}"));
+    }
+    lines.push(format!("  {}", args.run.describe(first.metrics)));
+    lines
 }
 
 /// The functions a device runs in front of its log, in their declared order: the read cache
@@ -1064,10 +1070,12 @@ fn abd_coordinator(args: &DeviceArgs, device_id: u16) -> Result<pmnet_abd::AbdFu
 /// The read cache `pmnet device --cache` puts in front of the log of device `device_id`.
 fn cache(args: &DeviceArgs, device_id: u16) -> Result<pmnet_cache::CacheFunction, CliError> {
     if args.servers.is_empty() {
-        return Err("--cache keeps the reads of the servers behind the device: give --server \
+        return Err(
+            "--cache keeps the reads of the servers behind the device: give --server \
                     ID=ADDR (an ABD coordinator alone has none)"
-            .to_owned()
-            .into());
+                .to_owned()
+                .into(),
+        );
     }
     let mut config = pmnet_cache::CacheConfig::new(device_id);
     config.table.items_max = args.cache_items as usize;

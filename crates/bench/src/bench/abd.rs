@@ -30,10 +30,10 @@ use serde::Serialize;
 use pmnet_runtime::{AbdMode, AbdSession, AbdSessionConfig, Shutdown};
 
 use super::args::{AbdSystem, BenchArgs};
+use crate::coord_bench::cpu::{run_phase, CpuPerOp};
 use crate::coord_bench::etcd::{EtcdCluster, EtcdSetup};
 use crate::coord_bench::load::{self, CoordClient, Measured, Op, Phase};
 use crate::coord_bench::netchain::banner_value;
-use crate::coord_bench::report::CpuPerOp;
 use crate::procs::{self, free_ports, loopback, run_dir, wait_until, Proc};
 use pmnet::loadgen::{thousands, KeyDistribution, PopularityKind, Workload};
 use pmnet::CliError;
@@ -1136,7 +1136,7 @@ fn measure_op(
         Some((metrics, pid)) => Some((DeviceCounters::scrape(metrics)?, device_cpu(pid))),
         None => None,
     };
-    let (measured, cpu) = crate::coord_bench::run_phase(clients, &phase, shutdown, &charged.pids)
+    let (measured, cpu) = run_phase(clients, &phase, shutdown, &charged.pids)
         .map_err(|error| format!("{} {}: {error}", system.name(), op.name()))?;
     if measured.interrupted {
         return Ok(None);

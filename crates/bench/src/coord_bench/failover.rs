@@ -15,7 +15,7 @@ use pmnet_runtime::{ChainSession, Shutdown};
 use serde::Serialize;
 
 use super::netchain::{banners_printed, member_args, Membership};
-use super::Plan;
+use super::plan::Plan;
 use crate::procs::{free_ports, loopback, run_dir, wait_until, Proc};
 use pmnet::CliError;
 

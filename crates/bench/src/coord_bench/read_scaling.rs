@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use pmnet_netchain::ReadFrom;
 use pmnet_runtime::Shutdown;
-use serde::Serialize;
 
+use super::cpu::run_phase;
 use super::load::{self, CoordClient, Op, Phase};
 use super::netchain::ChainStore;
-use super::report::ResultRow;
-use super::{Plan, System};
-use pmnet::loadgen::{thousands, KeyDistribution, PopularityKind, Workload};
+use super::plan::{Plan, ScalingPlan, System};
+use super::report::{ResultRow, ScalingSummary};
+use pmnet::loadgen::{KeyDistribution, PopularityKind, Workload};
 use pmnet::CliError;
 
 /// The target of issue 22: reads from any member serve this many times the throughput of
@@ -25,59 +25,6 @@ pub const TARGET: f64 = 2.5;
 /// A client waits this long before sending a request again: longer than any queue at a
 /// capacity-limited member, so that no resend takes a token a first request could have.
 const RETRANSMIT_TIMEOUT: Duration = Duration::from_millis(200);
-
-/// The read-scaling options.
-#[derive(Debug, Clone)]
-pub struct ScalingPlan {
-    pub member_max_ops_per_s: u64,
-    pub write_ratio: f64,
-    pub zipf: f64,
-    pub clients: u32,
-}
-
-/// Both throughputs and their ratio.
-#[derive(Debug, Clone, Serialize)]
-pub struct ScalingSummary {
-    pub members: u32,
-    pub groups: u16,
-    pub member_max_ops_per_s: u64,
-    pub write_ratio: f64,
-    pub zipf: f64,
-    pub clients: u32,
-    pub tail_ops_per_s: f64,
-    pub any_member_ops_per_s: f64,
-    /// Any member over tail only.
-    pub ratio: f64,
-    pub target: f64,
-    pub met: bool,
-}
-
-impl ScalingSummary {
-    pub fn title(&self) -> String {
-        format!(
-            "coord-bench --read-scaling: 3 members, each at most {} requests/s (emulated), {} \
-             virtual group{}; {} clients, {:.0} % writes, keys Zipf {}",
-            thousands(self.member_max_ops_per_s as f64),
-            self.groups,
-            if self.groups == 1 { "" } else { "s" },
-            self.clients,
-            self.write_ratio * 100.0,
-            self.zipf
-        )
-    }
-
-    pub fn verdict(&self) -> String {
-        format!(
-            "read scaling: reads from any member {} ops/s, at the tail only {} ops/s: {:.2}× \
-             (target ≥{}: {})",
-            thousands(self.any_member_ops_per_s),
-            thousands(self.tail_ops_per_s),
-            self.ratio,
-            self.target,
-            if self.met { "met" } else { "NOT met" }
-        )
-    }
-}
 
 /// What a read-scaling run gives the report.
 #[derive(Debug)]
@@ -182,7 +129,7 @@ pub fn run(
             plan.duration.as_secs_f64()
         );
         let before = store.member_counters("pmnet_chain_requests_total")?;
-        let (measured, cpu) = super::run_phase(&mut clients, &phase, shutdown, &store.pids())?;
+        let (measured, cpu) = run_phase(&mut clients, &phase, shutdown, &store.pids())?;
         let after = store.member_counters("pmnet_chain_requests_total")?;
         if measured.interrupted {
             interrupted = true;

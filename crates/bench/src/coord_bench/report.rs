@@ -6,21 +6,53 @@ use std::path::Path;
 
 use serde::Serialize;
 
+pub use super::cpu::CpuPerOp;
 use super::load::{Measured, Op};
-use super::read_scaling::ScalingSummary;
-use super::{Plan, System};
+use super::plan::{Plan, System};
 use pmnet::loadgen::thousands;
 
-/// CPU time spent per request (lock: per cycle), warm-up included, in µs: by the system's
-/// processes (all three members) and by the clients (the benchmark's process). On a machine
-/// whose CPUs are all busy, throughput is about the CPUs over their sum.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct CpuPerOp {
-    pub servers: f64,
-    pub clients: f64,
-    /// CPUs the machine's other processes kept busy meanwhile, on average (0: the run had
-    /// the machine to itself).
-    pub others_cpus: Option<f64>,
+/// Both throughputs and their ratio.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScalingSummary {
+    pub members: u32,
+    pub groups: u16,
+    pub member_max_ops_per_s: u64,
+    pub write_ratio: f64,
+    pub zipf: f64,
+    pub clients: u32,
+    pub tail_ops_per_s: f64,
+    pub any_member_ops_per_s: f64,
+    /// Any member over tail only.
+    pub ratio: f64,
+    pub target: f64,
+    pub met: bool,
+}
+
+impl ScalingSummary {
+    pub fn title(&self) -> String {
+        format!(
+            "coord-bench --read-scaling: 3 members, each at most {} requests/s (emulated), {} \
+             virtual group{}; {} clients, {:.0} % writes, keys Zipf {}",
+            thousands(self.member_max_ops_per_s as f64),
+            self.groups,
+            if self.groups == 1 { "" } else { "s" },
+            self.clients,
+            self.write_ratio * 100.0,
+            self.zipf
+        )
+    }
+
+    pub fn verdict(&self) -> String {
+        format!(
+            "read scaling: reads from any member {} ops/s, at the tail only {} ops/s: {:.2}× \
+             (target ≥{}: {})",
+            thousands(self.any_member_ops_per_s),
+            thousands(self.tail_ops_per_s),
+            self.ratio,
+            self.target,
+            if self.met { "met" } else { "NOT met" }
+        )
+    }
 }
 
 /// One measured (system, op, clients).

@@ -175,25 +175,6 @@ fn a_missing_etcd_is_reported_with_how_to_install_it_and_nothing_is_left() {
 /// one (its bucket's depth) and holds the rest back, counted; the other members hold
 /// nothing back.
 #[test]
-fn a_capacity_without_a_chain_is_refused() {
-    let (status, _, stderr) = run_bench(
-        &args(&[
-            "device",
-            "--server",
-            "1=127.0.0.1:9",
-            "--chain-max-ops-per-s",
-            "100",
-        ]),
-        None,
-    );
-    assert!(!status.success());
-    assert!(
-        stderr.contains("--chain-max-ops-per-s limits a chain member: give --chain-member"),
-        "{stderr}"
-    );
-}
-
-#[test]
 fn failover_kills_a_member_under_load_and_the_spare_joins_every_group() {
     let dir = tempfile::tempdir().unwrap();
     let shm = dir.path().display().to_string();

@@ -161,3 +161,22 @@ fn a_member_s_emulated_capacity_holds_requests_back() {
         0.0
     );
 }
+
+#[test]
+fn a_capacity_without_a_chain_is_refused() {
+    let (status, _, stderr) = run_pmnet(
+        &args(&[
+            "device",
+            "--server",
+            "1=127.0.0.1:9",
+            "--chain-max-ops-per-s",
+            "100",
+        ]),
+        None,
+    );
+    assert!(!status.success());
+    assert!(
+        stderr.contains("--chain-max-ops-per-s limits a chain member: give --chain-member"),
+        "{stderr}"
+    );
+}

@@ -9,7 +9,7 @@ use pmnet_pktstore::EngineKind;
 use pmnet_pm::MmapOptions;
 use serde::Serialize;
 
-use super::StoreBenchArgs;
+use super::args::StoreBenchArgs;
 use pmnet::CliError;
 
 /// The share of the conventional engine's checksum + copy + allocation/insertion time the

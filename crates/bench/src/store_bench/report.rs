@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::breakdown::{BreakdownJson, REMOVED_SHARE_TARGET};
 use super::server::{CpuShare, EndToEnd};
-use super::{Setup, StoreBenchArgs};
+use super::args::{Setup, StoreBenchArgs};
 
 /// The update throughput the packet store is to reach, over the conventional engine's.
 const THROUGHPUT_TARGET: f64 = 1.3;

@@ -16,7 +16,7 @@ use pmnet_runtime::{
 use pmnet_store::Request;
 
 use super::net::{enter_netns, NetPair, NET_SERVER_IF, NET_SERVER_IP};
-use super::{Setup, StoreBenchArgs};
+use super::args::{Setup, StoreBenchArgs};
 
 #[derive(Debug)]
 pub(super) struct EndToEnd {

@@ -19,9 +19,9 @@ use std::process::ExitCode;
 use pmnet_runtime::online_cpu_count;
 use serde::Serialize;
 
+use crate::drain_bench::write_json;
 pub use args::StoreBenchArgs;
 use args::{Setup, LOOPBACK, NAMESPACES};
-use crate::drain_bench::write_json;
 use breakdown::{breakdown, BreakdownJson};
 use net::NetPair;
 use pmnet::CliError;

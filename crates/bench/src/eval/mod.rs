@@ -20,7 +20,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-pub use model::{Experiment, Invocation, Scale, Settings};
+pub use model::{Experiment, Scale, Settings};
 
 use pmnet::CliError;
 

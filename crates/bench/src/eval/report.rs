@@ -6,8 +6,34 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::model::{Comparison, Settings};
-use super::runner::ExperimentRecord;
+use super::model::{Comparison, Settings, StepOutput};
+use super::plot::Figure;
+
+/// What `OUT/<name>.json` holds.
+#[derive(Debug, Serialize)]
+pub struct ExperimentRecord {
+    pub experiment: String,
+    pub title: String,
+    pub about: String,
+    pub scale: String,
+    pub seed: u64,
+    /// Why it did not run here, when it did not.
+    pub skipped: Option<String>,
+    pub seconds: f64,
+    /// The media and flush methods the processes reported.
+    pub media: Vec<String>,
+    pub steps: Vec<StepOutput>,
+    pub figure: Figure,
+    pub comparisons: Vec<Comparison>,
+    pub notes: Vec<String>,
+    pub machine: Machine,
+}
+
+impl ExperimentRecord {
+    pub fn failed_steps(&self) -> usize {
+        self.steps.iter().filter(|step| !step.ok()).count()
+    }
+}
 
 /// The machine the suite ran on.
 #[derive(Debug, Clone, Serialize)]
@@ -143,9 +169,9 @@ pub fn markdown(
         "`pmnet eval{}` — {} scale, seed {} (`--seed {}` repeats every benchmark's key and \
          request streams), {} experiments in {:.0} min{}.\n",
         match settings.scale {
-            super::Scale::Quick => " --quick",
-            super::Scale::Default => "",
-            super::Scale::Full => " --full",
+            super::model::Scale::Quick => " --quick",
+            super::model::Scale::Default => "",
+            super::model::Scale::Full => " --full",
         },
         settings.scale.name(),
         settings.seed,
@@ -172,7 +198,7 @@ pub fn markdown(
          10 GbE links, an FPGA or a Tofino switch, and Optane servers: compare ratios, not \
          absolute times.\n",
     );
-    if settings.scale == super::Scale::Quick {
+    if settings.scale == super::model::Scale::Quick {
         out.push_str(
             "- **Quick run**: short measurements and few points, to check the suite works. \
              Do not quote these figures.\n",

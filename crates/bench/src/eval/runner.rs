@@ -9,12 +9,11 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pmnet_runtime::Shutdown;
-use serde::Serialize;
 use serde_json::Value;
 
-use super::model::{media, Comparison, Experiment, Outcome, Settings, StepOutput};
+use super::model::{media, Experiment, Outcome, Settings, StepOutput};
 use super::plot::{self, Figure};
-use super::report::{self, Machine};
+use super::report::{self, ExperimentRecord, Machine};
 use pmnet::CliError;
 
 /// A command that runs this many times its estimate (and at least `STEP_TIMEOUT_MIN`) is
@@ -23,32 +22,6 @@ const STEP_TIMEOUT_FACTOR: f64 = 10.0;
 const STEP_TIMEOUT_MIN: Duration = Duration::from_secs(180);
 /// How long a stopped command has to exit after SIGINT before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(15);
-
-/// What `OUT/<name>.json` holds.
-#[derive(Debug, Serialize)]
-pub struct ExperimentRecord {
-    pub experiment: String,
-    pub title: String,
-    pub about: String,
-    pub scale: String,
-    pub seed: u64,
-    /// Why it did not run here, when it did not.
-    pub skipped: Option<String>,
-    pub seconds: f64,
-    /// The media and flush methods the processes reported.
-    pub media: Vec<String>,
-    pub steps: Vec<StepOutput>,
-    pub figure: Figure,
-    pub comparisons: Vec<Comparison>,
-    pub notes: Vec<String>,
-    pub machine: Machine,
-}
-
-impl ExperimentRecord {
-    pub fn failed_steps(&self) -> usize {
-        self.steps.iter().filter(|step| !step.ok()).count()
-    }
-}
 
 /// Where progress goes: bars on a terminal, a line per command otherwise.
 struct Progress {
@@ -233,7 +206,7 @@ fn skipped(
 fn run_experiment(
     settings: &Settings,
     experiment: &Experiment,
-    invocations: &[super::Invocation],
+    invocations: &[super::model::Invocation],
     out: &Path,
     progress: &Progress,
     shutdown: &Shutdown,
@@ -313,7 +286,7 @@ fn run_experiment(
 fn run_step(
     experiment: &str,
     index: usize,
-    invocation: &super::Invocation,
+    invocation: &super::model::Invocation,
     key_file: Option<&Path>,
     out: &Path,
     shutdown: &Shutdown,
@@ -362,7 +335,7 @@ fn run_step(
 fn spawn_and_wait(
     args: &[String],
     log: &Path,
-    invocation: &super::Invocation,
+    invocation: &super::model::Invocation,
     shutdown: &Shutdown,
     tick: &mut impl FnMut(f64),
 ) -> String {

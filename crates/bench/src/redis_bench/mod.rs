@@ -6,6 +6,8 @@
 //! (also on an error or Ctrl-C). See docs/benchmarks.md, "Redis workloads".
 
 mod client;
+mod conn;
+mod kinds;
 mod report;
 mod systems;
 mod tpcc;
@@ -22,11 +24,13 @@ use pmnet_redis::resp::SyncClient;
 use pmnet_runtime::Shutdown;
 
 use crate::procs::{find_program, machine_text, remove_stale_dirs, run_dir};
-use client::{command, run_round, RoundOutcome, RoundPlan};
+use client::{run_round, RoundOutcome, RoundPlan};
+use conn::command;
+use kinds::{make, WorkloadKind};
 use pmnet::CliError;
 use report::{system_result, Agreement, Report, Setting, WorkloadResult};
 use systems::{medium_of, redis_version, Redis, RedisUp};
-use workloads::{make, Params, Workload, WorkloadKind};
+use workloads::{Params, Workload};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SystemKind {

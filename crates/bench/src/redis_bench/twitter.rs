@@ -18,7 +18,7 @@ use rand::Rng;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::client::{as_array, as_int, command, ClientOps, Conn, OpError, OpKind};
+use super::conn::{as_array, as_int, command, ClientOps, Conn, OpError, OpKind};
 use super::workloads::{batched, client_rng, filler, int_of, spread, Check, Params, Workload};
 
 /// Followers a post is pushed to at most (`SRANDMEMBER followers 10`).

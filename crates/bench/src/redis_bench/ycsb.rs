@@ -10,7 +10,7 @@ use pmnet_redis::resp::{SyncClient, Value};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use super::client::{command, ClientOps, Conn, OpError, OpKind};
+use super::conn::{command, ClientOps, Conn, OpError, OpKind};
 use super::workloads::{batched, client_rng, filler, spread, Check, Params, Workload};
 use pmnet::loadgen::{key_name, KeyDistribution, PopularityKind, RequestGenerator};
 

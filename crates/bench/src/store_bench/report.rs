@@ -4,9 +4,9 @@
 use pmnet_pktstore::bench::median;
 use serde::Serialize;
 
+use super::args::{Setup, StoreBenchArgs};
 use super::breakdown::{BreakdownJson, REMOVED_SHARE_TARGET};
 use super::server::{CpuShare, EndToEnd};
-use super::args::{Setup, StoreBenchArgs};
 
 /// The update throughput the packet store is to reach, over the conventional engine's.
 const THROUGHPUT_TARGET: f64 = 1.3;

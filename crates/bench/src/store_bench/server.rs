@@ -15,8 +15,8 @@ use pmnet_runtime::{
 };
 use pmnet_store::Request;
 
-use super::net::{enter_netns, NetPair, NET_SERVER_IF, NET_SERVER_IP};
 use super::args::{Setup, StoreBenchArgs};
+use super::net::{enter_netns, NetPair, NET_SERVER_IF, NET_SERVER_IP};
 
 #[derive(Debug)]
 pub(super) struct EndToEnd {

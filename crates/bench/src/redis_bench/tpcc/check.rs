@@ -10,7 +10,7 @@ use super::{
     customer_key, district_key, line_key, lock_key, next_id_key, order_key, record_field,
     stock_key, warehouse_key, Tpcc, CHECKED_CUSTOMERS, CHECKED_ORDERS, DISTRICTS,
 };
-use crate::redis_bench::client::command;
+use crate::redis_bench::conn::command;
 use crate::redis_bench::workloads::{batched, int_of, spread, Check};
 
 impl Tpcc {

@@ -32,7 +32,7 @@ use pmnet_redis::resp::{SyncClient, Value};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use super::client::{as_array, as_int, command, ClientOps, Conn, OpError, OpKind};
+use super::conn::{as_array, as_int, command, ClientOps, Conn, OpError, OpKind};
 use super::workloads::{batched, client_rng, filler, spread, Check, Params, Workload};
 
 const DISTRICTS: u32 = 10;

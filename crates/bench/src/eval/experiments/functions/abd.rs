@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::{bounded, entries, text};
+use super::shared::{bounded, entries, text};
 use crate::eval::model::{
     args, number, on_path, result_of, Experiment, Invocation, Outcome, Settings, StepOutput,
 };
@@ -79,7 +79,7 @@ fn why_short(numerator: &str, denominator: &str, measure: &str) -> &'static str 
 fn analyse(_settings: &Settings, steps: &[StepOutput]) -> Outcome {
     let report = result_of(steps, LABEL);
     let bars = |clients: f64, key: &str, title: &str, y_label: &str| {
-        super::bars_by_op(
+        super::shared::bars_by_op(
             title,
             y_label,
             &["read", "write"],
@@ -191,7 +191,7 @@ pub const ABD: Experiment = Experiment {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{failed, step};
+    use super::super::shared::tests::{failed, step};
     use super::*;
     use crate::eval::model::tests_settings;
     use serde_json::json;

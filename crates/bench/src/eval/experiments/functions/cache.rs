@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::{bench_base, entries, seconds};
+use super::shared::{bench_base, entries, seconds};
 use crate::eval::model::{
     args, bench_mode, number, ratio, result_of, Comparison, Experiment, Invocation, Outcome,
     Settings, StepOutput,
@@ -277,7 +277,7 @@ fn analyse(settings: &Settings, steps: &[StepOutput]) -> Outcome {
         if let Some(paper) = netcache_gain(label) {
             gains = gains.mark(Mark::Point {
                 label: format!("NetCache (128 servers), {label}: {paper}×"),
-                x: super::bar_middle(index, 0, 2),
+                x: super::shared::bar_middle(index, 0, 2),
                 y: paper,
             });
         }
@@ -492,7 +492,7 @@ pub const CACHE: Experiment = Experiment {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{failed, step};
+    use super::super::shared::tests::{failed, step};
     use super::*;
     use crate::eval::model::tests_settings;
     use serde_json::json;

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::{bounded, entries, text};
+use super::shared::{bounded, entries, text};
 use crate::eval::model::{
     on_path, result_of, Comparison, Experiment, Invocation, Outcome, Settings, StepOutput,
 };
@@ -240,7 +240,7 @@ pub const INPATH: Experiment = Experiment {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{failed, step};
+    use super::super::shared::tests::{failed, step};
     use super::*;
     use crate::eval::model::tests_settings;
     use serde_json::json;

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{entries, seconds, text};
+use super::shared::{entries, seconds, text};
 use crate::eval::model::{
     args, number, on_path, ratio, result_of, Comparison, Experiment, Invocation, Outcome, Settings,
     StepOutput,
@@ -155,7 +155,7 @@ fn analyse(_settings: &Settings, steps: &[StepOutput]) -> Outcome {
         })
         .collect();
     let bars = |clients: f64, key: &str, title: &str, y_label: &str| {
-        super::bars_by_op(title, y_label, &measured_ops, &SYSTEMS, |system, op| {
+        super::shared::bars_by_op(title, y_label, &measured_ops, &SYSTEMS, |system, op| {
             result(report, system, op, clients).and_then(|r| number(r, &[key]))
         })
     };
@@ -369,7 +369,7 @@ pub const NETCHAIN: Experiment = Experiment {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{failed, step};
+    use super::super::shared::tests::{failed, step};
     use super::*;
     use crate::eval::model::tests_settings;
     use serde_json::json;

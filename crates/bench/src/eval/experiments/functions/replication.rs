@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::{entries, text};
+use super::shared::{entries, text};
 use crate::eval::model::{
     args, number, ratio, result_of, Comparison, Experiment, Invocation, Outcome, Settings,
     StepOutput,
@@ -70,7 +70,7 @@ fn analyse(_settings: &Settings, steps: &[StepOutput]) -> Outcome {
     // A paper's value over its system's bar: series `index` of `count`.
     let point = |label: &str, replicas: u32, (index, count): (usize, usize), y: f64| Mark::Point {
         label: label.to_owned(),
-        x: super::bar_middle(replicas as usize - 1, index, count),
+        x: super::shared::bar_middle(replicas as usize - 1, index, count),
         y,
     };
     let mut p50 = Panel::bars(
@@ -158,15 +158,15 @@ fn analyse(_settings: &Settings, steps: &[StepOutput]) -> Outcome {
             ratio(p50_of("rep-client", 3), p50_of("rep-pmnet", 3)),
             "×",
         )
-        .paper(super::round3(PAPER_CLIENT_3 / PAPER_PMNET_3))
+        .paper(super::shared::round3(PAPER_CLIENT_3 / PAPER_PMNET_3))
         .target(2.0, HOPS_SHORT),
         Comparison::new(
             "update p50, rep-pmnet with 1 device / with 3 devices in series",
             ratio(p50_of("rep-pmnet", 1), p50_of("rep-pmnet", 3)),
             "×",
         )
-        .paper(super::round3(PAPER_PMNET_1 / PAPER_PMNET_3))
-        .target(super::round3(1.0 / 1.16), HOPS_SHORT),
+        .paper(super::shared::round3(PAPER_PMNET_1 / PAPER_PMNET_3))
+        .target(super::shared::round3(1.0 / 1.16), HOPS_SHORT),
         Comparison::new(
             "update p50, rep-server / rep-pmnet, 1 copy (no replicas)",
             ratio(p50_of("rep-server", 1), p50_of("rep-pmnet", 1)),
@@ -224,7 +224,7 @@ pub const REPLICATION: Experiment = Experiment {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{failed, step};
+    use super::super::shared::tests::{failed, step};
     use super::*;
     use crate::eval::model::tests_settings;
     use serde_json::json;

@@ -97,7 +97,7 @@ pub(super) mod tests {
     use crate::eval::model::StepOutput;
 
     /// A step that ran and wrote `result`.
-    pub(super) fn step(label: &str, result: Value) -> StepOutput {
+    pub(in crate::eval::experiments::functions) fn step(label: &str, result: Value) -> StepOutput {
         StepOutput {
             label: label.to_owned(),
             command: format!("pmnet {label}"),
@@ -109,7 +109,7 @@ pub(super) mod tests {
     }
 
     /// A step that failed without a result.
-    pub(super) fn failed(label: &str) -> StepOutput {
+    pub(in crate::eval::experiments::functions) fn failed(label: &str) -> StepOutput {
         StepOutput {
             label: label.to_owned(),
             command: format!("pmnet {label}"),

@@ -157,7 +157,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
 }
 
 /// `pmnet bench --replicas`: replication in the network against client- and server-side
-/// replication (see `bench/replication.rs`).
+/// replication (see `pmnet::loadgen::replication`).
 fn run_replication_command(
     args: &BenchArgs,
     plan: &Plan,

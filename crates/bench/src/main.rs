@@ -1,6 +1,6 @@
 //! `pmnet-bench`: pmnet's benchmarks and its evaluation suite. They start the product's
 //! processes (`pmnet device`, `pmnet server`, …) as a user would, from the `pmnet` binary next
-//! to this one (or `PMNET_BIN`; see `procs::pmnet_program`), and drive the load generator of
+//! to this one (or the one `PMNET_BIN` names; see `procs::pmnet_program`), and drive the load generator of
 //! the `pmnet` library in-process. `pmnet bench …` and the other benchmark commands of `pmnet`
 //! run this binary.
 

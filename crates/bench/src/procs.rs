@@ -336,20 +336,34 @@ pub const PMNET_BIN_VAR: &str = "PMNET_BIN";
 /// binaries in target/<profile>/; a test's executable is in its deps/ directory, one below),
 /// else the first on PATH.
 pub fn pmnet_program() -> Result<PathBuf, CliError> {
-    if let Some(named) = std::env::var_os(PMNET_BIN_VAR) {
-        let path = PathBuf::from(&named);
+    let exe = std::env::current_exe().ok();
+    let path = std::env::var_os("PATH");
+    find_pmnet(
+        std::env::var_os(PMNET_BIN_VAR).as_deref(),
+        exe.as_deref(),
+        path.as_deref(),
+    )
+    .map_err(CliError::from)
+}
+
+/// [`pmnet_program`] given `PMNET_BIN`'s value, this executable and `PATH`.
+fn find_pmnet(
+    named: Option<&std::ffi::OsStr>,
+    exe: Option<&Path>,
+    path: Option<&std::ffi::OsStr>,
+) -> Result<PathBuf, String> {
+    if let Some(named) = named {
+        let path = PathBuf::from(named);
         return if path.is_file() {
             Ok(path)
         } else {
             Err(format!(
                 "{PMNET_BIN_VAR}={}: no such file; name the pmnet binary to start",
                 path.display()
-            )
-            .into())
+            ))
         };
     }
-    let exe = std::env::current_exe().ok();
-    let beside = exe.as_deref().and_then(Path::parent).and_then(|dir| {
+    let beside = exe.and_then(Path::parent).and_then(|dir| {
         let above = dir.ends_with("deps").then(|| dir.parent()).flatten();
         [Some(dir), above]
             .into_iter()
@@ -357,14 +371,18 @@ pub fn pmnet_program() -> Result<PathBuf, CliError> {
             .map(|dir| dir.join("pmnet"))
             .find(|candidate| candidate.is_file())
     });
-    beside.or_else(|| find_program("pmnet")).ok_or_else(|| {
+    let on_path = || {
+        std::env::split_paths(path?)
+            .map(|dir| dir.join("pmnet"))
+            .find(|candidate| candidate.is_file())
+    };
+    beside.or_else(on_path).ok_or_else(|| {
         format!(
             "the benchmarks start the pmnet binary's commands, and found no pmnet next to this \
              program ({}) nor on PATH; build it with `cargo build --release -p pmnet` (it goes \
              next to pmnet-bench, in target/release), or name it with {PMNET_BIN_VAR}=PATH",
             exe.map_or_else(|| "unknown".to_owned(), |exe| exe.display().to_string())
         )
-        .into()
     })
 }
 
@@ -528,5 +546,44 @@ mod tests {
         .to_string();
         assert!(error.contains("a shell exited"), "{error}");
         assert!(error.contains("it went wrong"), "{error}");
+    }
+
+    #[test]
+    fn pmnet_is_the_named_one_else_the_one_beside_else_the_one_on_the_path() {
+        let beside = tempfile::tempdir().unwrap();
+        let on_path = tempfile::tempdir().unwrap();
+        let deps = beside.path().join("deps");
+        std::fs::create_dir(&deps).unwrap();
+        let path = std::env::join_paths([on_path.path()]).unwrap();
+        let exe = beside.path().join("pmnet-bench");
+        let error = find_pmnet(None, Some(&exe), Some(&path)).unwrap_err();
+        assert!(
+            error.contains("cargo build --release -p pmnet") && error.contains("PMNET_BIN"),
+            "{error}"
+        );
+        std::fs::write(on_path.path().join("pmnet"), "").unwrap();
+        assert_eq!(
+            find_pmnet(None, Some(&exe), Some(&path)).unwrap(),
+            on_path.path().join("pmnet")
+        );
+        std::fs::write(beside.path().join("pmnet"), "").unwrap();
+        assert_eq!(
+            find_pmnet(None, Some(&exe), Some(&path)).unwrap(),
+            beside.path().join("pmnet")
+        );
+        // A test's executable is in deps/: the pmnet one directory up.
+        let test_exe = deps.join("forwarding-0123");
+        assert_eq!(
+            find_pmnet(None, Some(&test_exe), None).unwrap(),
+            beside.path().join("pmnet")
+        );
+        let named = on_path.path().join("pmnet");
+        assert_eq!(
+            find_pmnet(Some(named.as_os_str()), Some(&exe), None).unwrap(),
+            named
+        );
+        let missing = on_path.path().join("nope");
+        let error = find_pmnet(Some(missing.as_os_str()), Some(&exe), None).unwrap_err();
+        assert!(error.contains("no such file"), "{error}");
     }
 }

@@ -30,8 +30,9 @@ use crate::{
 #[command(name = "pmnet", version, about, long_about, max_term_width = 100)]
 pub struct Cli {
     /// Read options from this TOML file: a table per command ([device], [server], [client],
-    /// [bench], [demo]) whose keys are the long option names, e.g. `listen = "0.0.0.0:7400"`,
-    /// `server = ["1=10.0.0.3:7500"]`, `busy-poll = true`. Options on the command line win.
+    /// [demo]; the benchmarks' tables, such as [bench], are pmnet-bench's) whose keys are the
+    /// long option names, e.g. `listen = "0.0.0.0:7400"`, `server = ["1=10.0.0.3:7500"]`,
+    /// `busy-poll = true`. Options on the command line win.
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<std::path::PathBuf>,
 

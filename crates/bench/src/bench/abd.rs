@@ -12,7 +12,7 @@
 //! - `device-abd-killed`: device-abd with one of its three nodes SIGKILLed (at the loaded
 //!   client count only).
 //!
-//! Every process is started as a user starts it (this executable's `memnode` and `device`
+//! Every process is started as a user starts it (the `pmnet` binary's `memnode` and `device`
 //! commands, etcd's binary), in a directory under `--dir` (memory nodes' files: /dev/shm is
 //! emulated persistent memory) and stopped at the end, on Ctrl-C and on errors too, by
 //! `coord_bench`'s process machinery; the clients are `coord_bench`'s closed-loop load

@@ -1,7 +1,7 @@
 //! The two systems, each started afresh for every workload and stopped at its end: a
 //! redis-server with `appendonly yes` and `appendfsync always` (the baseline's, and the one
 //! PMNet is put in front of), and `pmnet redis-up --redis ADDR` as a user starts it. Both are
-//! children of this process (`coord_bench::procs::Proc`: their own process group, killed if
+//! children of this process (`crate::procs::Proc`: their own process group, killed if
 //! this process dies, stopped when dropped).
 
 use std::net::SocketAddr;

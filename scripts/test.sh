@@ -20,7 +20,7 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-benchmark >/d
     "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools
 fi
 
-# The coordination benchmark's test (crates/pmnet/tests/coord_bench.rs) starts real etcd and
+# The coordination benchmark's test (crates/bench/tests/coord_bench.rs) starts real etcd and
 # ZooKeeper ensembles on ports of its own: Debian's etcd-server and zookeeper (the jars and a
 # Java runtime; zookeeperd, the system service, is not needed).
 if ! command -v etcd >/dev/null 2>&1 || ! command -v java >/dev/null 2>&1 \

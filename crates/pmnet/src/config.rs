@@ -14,45 +14,46 @@
 use std::ffi::OsString;
 use std::path::Path;
 
-use clap::{CommandFactory, FromArgMatches};
+use clap::Parser;
 
-use crate::Cli;
-
-/// Parse the command line; if it names a configuration file, parse again with the file's
-/// options inserted after the command name.
-pub fn parse_with_config_file() -> Result<Cli, clap::Error> {
-    let argv: Vec<OsString> = std::env::args_os().collect();
+/// Parse the command line `argv` as a `T`; if it names a configuration file, parse again with
+/// the file's options inserted after the command name. `tables` is the command whose
+/// subcommands name the file's tables: `T`'s own, and those of the other binary (`pmnet`'s
+/// and `pmnet-bench`'s commands share one file). A hidden subcommand's table is another
+/// binary's to check.
+pub fn parse_with_config_file<T: Parser>(
+    argv: &[OsString],
+    tables: &clap::Command,
+) -> Result<T, clap::Error> {
     // The file is read before the command line is parsed: it may hold options the command
     // requires (`server = [...]` for a device), without which parsing alone would fail.
-    let (Some(path), Some((position, table))) = (config_path(&argv), command_name(&argv)) else {
-        return parse(&argv);
+    let (Some(path), Some((position, table))) = (config_path(argv), command_name::<T>(argv)) else {
+        return parse(argv);
     };
-    let from_file = match options_from_file(&path, &table) {
+    let from_file = match options_from_file(&path, &table, tables) {
         Ok(options) => options,
         Err(message) => {
-            return Err(Cli::command().error(clap::error::ErrorKind::InvalidValue, message));
+            return Err(T::command().error(clap::error::ErrorKind::InvalidValue, message));
         }
     };
     let mut merged = argv[..=position].to_vec();
     merged.extend(from_file.into_iter().map(OsString::from));
     merged.extend_from_slice(&argv[position + 1..]);
-    let cli = parse(&merged).map_err(|error| {
+    parse(&merged).map_err(|error| {
         // Say where a bad option came from: the message alone would point at the command line.
         let message = format!(
             "{}\n(options were read from [{table}] in {} as well as from the command line)",
             error.render().to_string().trim_end(),
             path.display()
         );
-        Cli::command().error(error.kind(), message)
-    })?;
-    debug_assert_eq!(cli.command.config_table(), table);
-    Ok(cli)
+        T::command().error(error.kind(), message)
+    })
 }
 
-fn parse(argv: &[OsString]) -> Result<Cli, clap::Error> {
-    let command = Cli::command().mut_subcommands(|sub| sub.args_override_self(true));
+fn parse<T: Parser>(argv: &[OsString]) -> Result<T, clap::Error> {
+    let command = T::command().mut_subcommands(|sub| sub.args_override_self(true));
     let matches = command.try_get_matches_from(argv)?;
-    Cli::from_arg_matches(&matches)
+    T::from_arg_matches(&matches)
 }
 
 /// The value of `--config FILE` or `--config=FILE`, wherever it is on the command line.
@@ -75,7 +76,7 @@ fn config_path(argv: &[OsString]) -> Option<std::path::PathBuf> {
 
 /// Index in `argv` and name of the command (the first token that is not a global option), if
 /// it names one. Its configuration table has the same name.
-fn command_name(argv: &[OsString]) -> Option<(usize, String)> {
+fn command_name<T: Parser>(argv: &[OsString]) -> Option<(usize, String)> {
     let mut index = 1;
     while index < argv.len() {
         let token = argv[index].to_string_lossy();
@@ -84,7 +85,7 @@ fn command_name(argv: &[OsString]) -> Option<(usize, String)> {
             continue;
         }
         if !token.starts_with('-') {
-            return Cli::command()
+            return T::command()
                 .get_subcommands()
                 .any(|command| command.get_name() == token)
                 .then(|| (index, token.into_owned()));
@@ -95,14 +96,19 @@ fn command_name(argv: &[OsString]) -> Option<(usize, String)> {
 }
 
 /// The options of table `[table]` of the TOML file at `path`, as command-line tokens.
-pub fn options_from_file(path: &Path, table: &str) -> Result<Vec<String>, String> {
+/// `tables` names the tables, as in [`parse_with_config_file`].
+pub fn options_from_file(
+    path: &Path,
+    table: &str,
+    tables: &clap::Command,
+) -> Result<Vec<String>, String> {
     let text = std::fs::read_to_string(path).map_err(|error| {
         format!(
             "cannot read the configuration file {}: {error}; fix the path given to --config",
             path.display()
         )
     })?;
-    options_from_text(&text, table, &Cli::command())
+    options_from_text(&text, table, tables)
         .map_err(|message| format!("configuration file {}, {message}", path.display()))
 }
 
@@ -142,6 +148,10 @@ fn options_from_text(text: &str, table: &str, cli: &clap::Command) -> Result<Vec
                     .join(", ")
             ));
         };
+        if command.is_hide_set() {
+            // Another binary's command (a benchmark's, in `pmnet`): that binary checks it.
+            continue;
+        }
         let toml::de::DeValue::Table(keys) = section.get_ref() else {
             return Err(format!(
                 "line {line}: `{name}` must be a table ([{name}] followed by `option = value` \
@@ -327,7 +337,10 @@ fn value_name(arg: &clap::Arg) -> String {
 
 #[cfg(test)]
 mod tests {
+    use clap::CommandFactory;
+
     use super::*;
+    use crate::cli::{Cli, Command};
 
     fn options(text: &str, table: &str) -> Result<Vec<String>, String> {
         options_from_text(text, table, &Cli::command())
@@ -467,13 +480,13 @@ mod tests {
             "pmnet", "--config", "a.toml", "-v", "device", "--slots", "1",
         ]);
         assert_eq!(config_path(&line), Some("a.toml".into()));
-        assert_eq!(command_name(&line), Some((4, "device".to_owned())));
+        assert_eq!(command_name::<Cli>(&line), Some((4, "device".to_owned())));
         let line = argv(&["pmnet", "server", "--config=b.toml"]);
         assert_eq!(config_path(&line), Some("b.toml".into()));
-        assert_eq!(command_name(&line), Some((1, "server".to_owned())));
+        assert_eq!(command_name::<Cli>(&line), Some((1, "server".to_owned())));
         assert_eq!(config_path(&argv(&["pmnet", "device"])), None);
         assert_eq!(
-            command_name(&argv(&["pmnet", "--config", "c", "nope"])),
+            command_name::<Cli>(&argv(&["pmnet", "--config", "c", "nope"])),
             None
         );
     }
@@ -506,11 +519,11 @@ mod tests {
         .iter()
         .map(OsString::from)
         .collect();
-        let cli = parse(&argv).unwrap();
-        let crate::Command::Device(args) = cli.command else {
+        let cli: Cli = parse(&argv).unwrap();
+        let Command::Device(args) = cli.command else {
             panic!("parsed as another command");
         };
         assert_eq!(args.listen.to_string(), "127.0.0.1:3");
-        assert_eq!(command_name(&argv), Some((1, "device".to_owned())));
+        assert_eq!(command_name::<Cli>(&argv), Some((1, "device".to_owned())));
     }
 }

@@ -18,7 +18,7 @@ use pmnet_pktstore::EngineKind;
 use pmnet_pm::MmapOptions;
 use pmnet_runtime::{Shutdown, WaitMode};
 
-use crate::bench::{
+use crate::loadgen::{
     self, capacity_table, ratios, ratios_table, results_table, setting_text, thousands,
     CapacityReport, LoadPoint, LoopbackConfig, LoopbackSystem, Mode, ModeResult, Pinning, Plan,
     Ratio, Report, Target,
@@ -29,12 +29,12 @@ use crate::CliError;
 pub struct DemoArgs {
     /// Seconds measured per mode.
     #[arg(long, value_name = "SECONDS", default_value_t = 3.0,
-          value_parser = |text: &str| bench::parse_seconds(text, 0.5, 7.0))]
+          value_parser = |text: &str| loadgen::parse_seconds(text, 0.5, 7.0))]
     pub duration: f64,
 
     /// Seconds of warm-up per mode.
     #[arg(long, value_name = "SECONDS", default_value_t = 0.5,
-          value_parser = |text: &str| bench::parse_seconds(text, 0.0, 2.0))]
+          value_parser = |text: &str| loadgen::parse_seconds(text, 0.0, 2.0))]
     pub warmup: f64,
 
     /// Every loop and client spins (yielding between empty polls) instead of sleeping in ppoll.
@@ -47,7 +47,7 @@ pub struct DemoArgs {
     pub pin: Pinning,
 
     /// Bytes of each SET's value (the paper's latency figures are at 100 B).
-    #[arg(long, value_name = "BYTES", default_value_t = 100, value_parser = bench::parse_payload)]
+    #[arg(long, value_name = "BYTES", default_value_t = 100, value_parser = loadgen::parse_payload)]
     pub payload: usize,
 
     /// Client sessions, one thread each, one request at a time.
@@ -97,7 +97,7 @@ fn plan(args: &DemoArgs) -> Result<Plan, String> {
     }
     let wait = WaitMode::from_busy_poll(args.busy_poll);
     let (client_cpu, device_cpu, server_cpu) =
-        bench::resolve_pinning(args.pin, None, None, None, true, args.clients)?;
+        loadgen::resolve_pinning(args.pin, None, None, None, true, args.clients)?;
     Ok(Plan {
         // pmnet-auth: the pmnet mode with every datagram authenticated (a fresh key, in
         // memory; what `--key-file` does; docs/security.md).
@@ -108,19 +108,19 @@ fn plan(args: &DemoArgs) -> Result<Plan, String> {
             Mode::Pmnet,
             Mode::PmnetAuth,
         ],
-        workload: bench::Workload {
+        workload: loadgen::Workload {
             keys: 10_000,
-            distribution: bench::KeyDistribution::Uniform,
+            distribution: loadgen::KeyDistribution::Uniform,
             zipf_exponent: 0.99,
             update_ratio: 1.0,
             value_len: args.payload,
             servers: 1,
-            popularity: bench::PopularityKind::Static,
+            popularity: loadgen::PopularityKind::Static,
             change_every: Duration::from_secs(10),
             change_count: 1,
         },
         rack: None,
-        cache: bench::CachePlan::off(),
+        cache: loadgen::CachePlan::off(),
         clients: args.clients,
         window: 1,
         duration: Some(Duration::from_secs_f64(args.duration)),
@@ -157,7 +157,7 @@ fn plan(args: &DemoArgs) -> Result<Plan, String> {
             cache: None,
         }),
         progress: true,
-        auth_keys: bench::fresh_keys()?,
+        auth_keys: loadgen::fresh_keys()?,
         keys: None,
     })
 }
@@ -168,7 +168,7 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
     let Target::Loopback(config) = &plan.target else {
         return Err("the demo runs on loopback only".into());
     };
-    let removed = bench::remove_stale_files(&config.dir);
+    let removed = loadgen::remove_stale_files(&config.dir);
     let began = Instant::now();
     print_introduction(config, removed);
     let (check, media) = does_it_work(config, &plan)?;
@@ -245,7 +245,7 @@ fn does_it_work(
 ) -> Result<(Vec<String>, (String, String)), CliError> {
     println!("1. Does it work? One client session through the device:");
     let system = LoopbackSystem::start(config)?;
-    let check = bench::functional_check(&system, plan);
+    let check = loadgen::functional_check(&system, plan);
     let media = (system.device_medium.clone(), system.server_medium.clone());
     drop(system.stop());
     let check = check.map_err(|error| format!("the functional check failed: {error}"))?;
@@ -272,10 +272,10 @@ fn latency(
         plan.warmup.as_secs_f64(),
         args.duration
     );
-    let (results, _, interrupted) = bench::run_modes(plan, shutdown)?;
+    let (results, _, interrupted) = loadgen::run_modes(plan, shutdown)?;
     let ratios = ratios(&results);
     print!("{}", results_table(&results));
-    let cpu = bench::cpu_table(&results);
+    let cpu = loadgen::cpu_table(&results);
     if !cpu.is_empty() {
         println!();
         print!("{cpu}");
@@ -301,11 +301,11 @@ const CACHE_RACK: (u16, u32, u64) = (8, 1_000, 100_000);
 
 /// Part 2c: the read cache, off and on, in front of a rack of capacity-limited servers (the
 /// same run as `pmnet bench --mode pmnet --cache on,off --servers 8 ...`): one line.
-fn read_cache(plan: &Plan, shutdown: &Shutdown) -> Result<Vec<bench::CacheComparison>, CliError> {
+fn read_cache(plan: &Plan, shutdown: &Shutdown) -> Result<Vec<loadgen::CacheComparison>, CliError> {
     #[derive(clap::Parser)]
     struct Bench {
         #[command(flatten)]
-        args: bench::BenchArgs,
+        args: loadgen::LoadArgs,
     }
     let (servers, capacity, keys) = CACHE_RACK;
     let words = [
@@ -340,8 +340,8 @@ fn read_cache(plan: &Plan, shutdown: &Shutdown) -> Result<Vec<bench::CacheCompar
          behind the device, {keys} keys, Zipf 0.99 reads, the cache off and on (3 s warm-up, \
          2 s measured each):"
     );
-    let (results, _, _) = bench::run_modes(&rack, shutdown)?;
-    let comparisons = bench::cache_comparisons(&results);
+    let (results, _, _) = loadgen::run_modes(&rack, shutdown)?;
+    let comparisons = loadgen::cache_comparisons(&results);
     let off = results.iter().find(|result| result.cache.is_none());
     let on = results.iter().find(|result| result.cache.is_some());
     match (comparisons.first(), off, on) {
@@ -397,13 +397,13 @@ fn under_load(
         load.warmup = Duration::from_secs_f64(LOAD_WARMUP_SECONDS);
         load.progress = false;
         let (client_cpu, device_cpu, server_cpu) =
-            bench::resolve_pinning(args.pin, None, None, None, true, clients)?;
+            loadgen::resolve_pinning(args.pin, None, None, None, true, clients)?;
         (load.client_cpu, load.device_cpu, load.server_cpu) = (client_cpu, device_cpu, server_cpu);
         if let Target::Loopback(config) = &mut load.target {
             config.device_cpu = device_cpu;
             config.server_cpu = server_cpu;
         }
-        let (results, _, _) = bench::run_modes(&load, shutdown)?;
+        let (results, _, _) = loadgen::run_modes(&load, shutdown)?;
         let (Some(baseline), Some(pmnet)) = (
             results.iter().find(|result| result.mode == "baseline"),
             results.iter().find(|result| result.mode == "pmnet"),
@@ -449,19 +449,19 @@ fn capacity(plan: &Plan, shutdown: &Shutdown) -> Result<CapacityReport, CliError
          ({CAPACITY_SECONDS:.0} s each, in {CAPACITY_ROUNDS} rounds):",
         pmnet_wire::HEADER_LEN + plan.workload.set_request_len()
     );
-    let config = bench::capacity_config(
+    let config = loadgen::capacity_config(
         plan,
         Duration::from_secs_f64(CAPACITY_SECONDS / f64::from(CAPACITY_ROUNDS)),
         CAPACITY_ROUNDS,
     );
-    let report = bench::run_capacity(&config, shutdown)?;
+    let report = loadgen::run_capacity(&config, shutdown)?;
     print!("{}", capacity_table(&report));
     println!();
     Ok(report)
 }
 
 /// The setting, and what the figures mean.
-fn print_setting_and_explanation(results: &[ModeResult], setting: &bench::Setting) {
+fn print_setting_and_explanation(results: &[ModeResult], setting: &loadgen::Setting) {
     println!("Setting:");
     print!("{}", setting_text(setting));
     println!();
@@ -479,7 +479,7 @@ fn p50(results: &[ModeResult], mode: &str) -> Option<f64> {
 }
 
 /// One paragraph on what the figures mean, from the figures.
-pub fn explanation(results: &[ModeResult], setting: &bench::Setting) -> String {
+pub fn explanation(results: &[ModeResult], setting: &loadgen::Setting) -> String {
     let (Some(echo), Some(baseline), Some(forward), Some(pmnet)) = (
         p50(results, "echo"),
         p50(results, "baseline"),

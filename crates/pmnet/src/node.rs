@@ -497,7 +497,7 @@ pub struct ServerArgs {
 }
 
 /// `--max-ops-per-s`: a number of requests per second a server accepts as its capacity.
-pub(crate) fn parse_max_ops_per_s(text: &str) -> Result<u64, String> {
+pub fn parse_max_ops_per_s(text: &str) -> Result<u64, String> {
     let value: u64 = text.trim().parse().map_err(|_| {
         format!("{text:?} is not a whole number of requests per second (e.g. 2000)")
     })?;

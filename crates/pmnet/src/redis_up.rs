@@ -268,7 +268,7 @@ fn pin_command(command: &mut Command, cpu: Option<usize>) {
 /// The options of a `redis-server` on 127.0.0.1:`port` whose every write is durable before
 /// its reply (append-only file in `dir`, fsync'd on every write; no snapshots), in the
 /// foreground.
-pub(crate) fn durable_redis_args(port: u16, dir: &std::path::Path) -> Vec<String> {
+pub fn durable_redis_args(port: u16, dir: &std::path::Path) -> Vec<String> {
     [
         "--port",
         &port.to_string(),

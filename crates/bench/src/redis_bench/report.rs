@@ -1,0 +1,334 @@
+//! What a run prints and writes: per workload each system's throughput and latencies (its
+//! median round), the ratios PMNet / baseline, the checks, and the setting; the same as JSON.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::client::RoundOutcome;
+use super::systems::GatewayCommands;
+use super::workloads::Check;
+use pmnet::loadgen::{summarize, thousands, LatencySummary};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Setting {
+    pub clients: u32,
+    pub payload_bytes: usize,
+    pub records: u64,
+    pub duration_s: f64,
+    pub warmup_s: f64,
+    pub rounds: u32,
+    pub seed: u64,
+    pub workloads: Vec<&'static str>,
+    pub systems: Vec<&'static str>,
+    pub cpus: usize,
+    pub machine: String,
+    pub redis_server: String,
+    /// Where both Redis servers' append-only files are, and how they are made durable.
+    pub redis_media: String,
+    /// The PMNet device's log: medium and flush method, as its banner says.
+    pub pmnet_device_media: Option<String>,
+    /// What the adaptor says of its Redis's durability.
+    pub pmnet_adaptor_media: Option<String>,
+    pub pmnet_placement: Option<String>,
+    pub pmnet_command: String,
+}
+
+/// One system's figures for one workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct SystemResult {
+    pub system: &'static str,
+    pub ops_per_s: f64,
+    /// Operations that write, per second.
+    pub update_ops_per_s: f64,
+    pub all: Option<LatencySummary>,
+    pub updates: Option<LatencySummary>,
+    pub ops: u64,
+    pub update_ops: u64,
+    pub seconds: f64,
+    pub errors: u64,
+    pub error_samples: Vec<String>,
+    /// Requests of the measured operations by the gateway's routing (the same for both
+    /// systems' clients): updates and bypass requests.
+    pub update_requests: u64,
+    pub bypass_requests: u64,
+    pub bypass_share: Option<f64>,
+    /// The round reported (1-based): the median by update operations per second.
+    pub median_round: u32,
+    pub rounds_update_ops_per_s: Vec<f64>,
+    pub check: Check,
+    /// The workload's counters (all rounds, warm-ups included).
+    pub counters: BTreeMap<String, u64>,
+    /// (pmnet) The gateway's own counts over the whole run, warm-ups, closing reads and the
+    /// comparison of keys included.
+    pub gateway_commands: Option<GatewayCommands>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Agreement {
+    pub keys: usize,
+    pub agreed: usize,
+    pub disagreeing: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkloadResult {
+    pub workload: &'static str,
+    pub mix: &'static str,
+    pub systems: Vec<SystemResult>,
+    /// Update operations/s, pmnet / baseline.
+    pub update_throughput_ratio: Option<f64>,
+    /// p99 of update operations, baseline / pmnet.
+    pub update_p99_ratio: Option<f64>,
+    /// All operations/s, pmnet / baseline.
+    pub throughput_ratio: Option<f64>,
+    /// p99 of all operations, baseline / pmnet.
+    pub p99_ratio: Option<f64>,
+    /// Share of the requests that were bypass requests through the gateway.
+    pub bypass_share: Option<f64>,
+    /// Every system's check passed (and the keys read through the gateway agreed).
+    pub invariants_hold: bool,
+    /// (pmnet) Keys read through the gateway and directly from its Redis.
+    pub gateway_agreement: Option<Agreement>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Averages {
+    pub update_throughput_ratio: Option<f64>,
+    pub update_p99_ratio: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub setting: Setting,
+    pub workloads: Vec<WorkloadResult>,
+    pub averages: Averages,
+    pub interrupted: bool,
+}
+
+/// One system's result from its rounds: the median round by update operations per second.
+pub fn system_result(
+    system: &'static str,
+    rounds: &[RoundOutcome],
+    check: Check,
+    counters: BTreeMap<String, u64>,
+    gateway_commands: Option<GatewayCommands>,
+) -> Option<SystemResult> {
+    let rate = |round: &RoundOutcome| round.update_ops as f64 / round.seconds.max(1e-9);
+    let mut order: Vec<usize> = (0..rounds.len()).collect();
+    order.sort_by(|&a, &b| rate(&rounds[a]).total_cmp(&rate(&rounds[b])));
+    let median = *order.get(order.len() / 2)?;
+    let round = &rounds[median];
+    let requests = round.update_requests + round.bypass_requests;
+    Some(SystemResult {
+        system,
+        ops_per_s: round.ops as f64 / round.seconds.max(1e-9),
+        update_ops_per_s: rate(round),
+        all: summarize(&round.all),
+        updates: summarize(&round.updates),
+        ops: round.ops,
+        update_ops: round.update_ops,
+        seconds: round.seconds,
+        errors: rounds.iter().map(|r| r.errors).sum(),
+        error_samples: rounds
+            .iter()
+            .flat_map(|r| r.error_samples.iter().cloned())
+            .take(5)
+            .collect(),
+        update_requests: round.update_requests,
+        bypass_requests: round.bypass_requests,
+        bypass_share: (requests > 0).then(|| round.bypass_requests as f64 / requests as f64),
+        median_round: median as u32 + 1,
+        rounds_update_ops_per_s: rounds
+            .iter()
+            .map(|r| (rate(r) * 10.0).round() / 10.0)
+            .collect(),
+        check,
+        counters,
+        gateway_commands,
+    })
+}
+
+fn ratio(numerator: Option<f64>, denominator: Option<f64>) -> Option<f64> {
+    match (numerator, denominator) {
+        (Some(n), Some(d)) if d > 0.0 && n.is_finite() => Some((n / d * 1000.0).round() / 1000.0),
+        _ => None,
+    }
+}
+
+impl WorkloadResult {
+    pub fn new(
+        workload: &'static str,
+        mix: &'static str,
+        systems: Vec<SystemResult>,
+        gateway_agreement: Option<Agreement>,
+    ) -> WorkloadResult {
+        let find = |name: &str| systems.iter().find(|s| s.system == name);
+        let (base, pmnet) = (find("baseline"), find("pmnet"));
+        let p99 = |s: Option<&SystemResult>, all: bool| {
+            s.and_then(|s| if all { s.all } else { s.updates }.map(|l| l.p99_us))
+        };
+        let invariants_hold = systems.iter().all(|s| s.check.passed)
+            && gateway_agreement
+                .as_ref()
+                .is_none_or(|a| a.agreed == a.keys);
+        WorkloadResult {
+            workload,
+            mix,
+            update_throughput_ratio: ratio(
+                pmnet.map(|s| s.update_ops_per_s),
+                base.map(|s| s.update_ops_per_s),
+            ),
+            update_p99_ratio: ratio(p99(base, false), p99(pmnet, false)),
+            throughput_ratio: ratio(pmnet.map(|s| s.ops_per_s), base.map(|s| s.ops_per_s)),
+            p99_ratio: ratio(p99(base, true), p99(pmnet, true)),
+            bypass_share: pmnet.or(base).and_then(|s| s.bypass_share),
+            invariants_hold,
+            gateway_agreement,
+            systems,
+        }
+    }
+}
+
+fn mean(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let values: Vec<f64> = values.flatten().collect();
+    (!values.is_empty())
+        .then(|| (values.iter().sum::<f64>() / values.len() as f64 * 1000.0).round() / 1000.0)
+}
+
+impl Report {
+    pub fn new(setting: Setting) -> Report {
+        Report {
+            setting,
+            workloads: Vec::new(),
+            averages: Averages {
+                update_throughput_ratio: None,
+                update_p99_ratio: None,
+            },
+            interrupted: false,
+        }
+    }
+
+    pub fn compute_averages(&mut self) {
+        self.averages = Averages {
+            update_throughput_ratio: mean(self.workloads.iter().map(|w| w.update_throughput_ratio)),
+            update_p99_ratio: mean(self.workloads.iter().map(|w| w.update_p99_ratio)),
+        };
+    }
+
+    pub fn write_json(&self, path: &Path) -> Result<(), String> {
+        let text = serde_json::to_string_pretty(self).map_err(|error| error.to_string())?;
+        std::fs::write(path, text + "\n")
+            .map_err(|error| format!("cannot write {}: {error}", path.display()))
+    }
+
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        let s = &self.setting;
+        let _ = writeln!(
+            out,
+            "\nRedis workloads: {} closed-loop clients (one request at a time, TCP), {} B values, \
+             {} records; {} s measured after {} s warm-up, {} round(s), median round; seed {}",
+            s.clients, s.payload_bytes, s.records, s.duration_s, s.warmup_s, s.rounds, s.seed
+        );
+        let _ = writeln!(out, "  machine: {}", s.machine);
+        let _ = writeln!(out, "  redis: {}; {}", s.redis_server, s.redis_media);
+        if let Some(device) = &s.pmnet_device_media {
+            let _ = writeln!(out, "  pmnet: `{}`; device log: {device}", s.pmnet_command);
+        }
+        if let Some(placement) = &s.pmnet_placement {
+            let _ = writeln!(out, "  pmnet redis-up {placement}");
+        }
+        let _ = writeln!(
+            out,
+            "\n{:<8} {:<8} {:>9} {:>10} | {:>8} {:>8} {:>9} | updates: {:>8} {:>8} {:>9} | {:>6} {:>7}",
+            "workload", "system", "ops/s", "updates/s", "p50 µs", "p99 µs", "p99.9 µs", "p50 µs",
+            "p99 µs", "p99.9 µs", "errors", "bypass"
+        );
+        for workload in &self.workloads {
+            for system in &workload.systems {
+                let l = |s: Option<LatencySummary>, f: fn(&LatencySummary) -> f64| {
+                    s.map_or("-".to_owned(), |s| format!("{:.0}", f(&s)))
+                };
+                let _ = writeln!(
+                    out,
+                    "{:<8} {:<8} {:>9} {:>10} | {:>8} {:>8} {:>9} | updates: {:>8} {:>8} {:>9} | {:>6} {:>7}",
+                    workload.workload,
+                    system.system,
+                    thousands(system.ops_per_s),
+                    thousands(system.update_ops_per_s),
+                    l(system.all, |s| s.p50_us),
+                    l(system.all, |s| s.p99_us),
+                    l(system.all, |s| s.p999_us),
+                    l(system.updates, |s| s.p50_us),
+                    l(system.updates, |s| s.p99_us),
+                    l(system.updates, |s| s.p999_us),
+                    system.errors,
+                    system
+                        .bypass_share
+                        .map_or("-".to_owned(), |b| format!("{:.1} %", b * 100.0)),
+                );
+            }
+            let x = |r: Option<f64>| r.map_or("-".to_owned(), |r| format!("{r:.2}×"));
+            let _ = writeln!(
+                out,
+                "{:<8} pmnet/baseline: updates/s {}, ops/s {}; baseline/pmnet p99: updates {}, all {}; checks {}",
+                "",
+                x(workload.update_throughput_ratio),
+                x(workload.throughput_ratio),
+                x(workload.update_p99_ratio),
+                x(workload.p99_ratio),
+                if workload.invariants_hold { "passed" } else { "FAILED" }
+            );
+        }
+        let x = |r: Option<f64>| r.map_or("-".to_owned(), |r| format!("{r:.2}×"));
+        let _ = writeln!(
+            out,
+            "\naverage over the workloads: update throughput pmnet/baseline {}, update p99 \
+             baseline/pmnet {} (the paper: 4.31× and 3.23×)",
+            x(self.averages.update_throughput_ratio),
+            x(self.averages.update_p99_ratio)
+        );
+        for workload in &self.workloads {
+            for system in &workload.systems {
+                let failed: Vec<&String> = system
+                    .check
+                    .details
+                    .iter()
+                    .filter(|d| d.starts_with("FAILED"))
+                    .collect();
+                for line in failed {
+                    let _ = writeln!(out, "{} {}: {line}", workload.workload, system.system);
+                }
+                for sample in &system.error_samples {
+                    let _ = writeln!(
+                        out,
+                        "{} {} error: {sample}",
+                        workload.workload, system.system
+                    );
+                }
+            }
+            if let Some(agreement) = workload.gateway_agreement.as_ref() {
+                if agreement.agreed != agreement.keys {
+                    let _ = writeln!(
+                        out,
+                        "{}: FAILED: {} of {} keys read through the gateway differ from Redis: {}",
+                        workload.workload,
+                        agreement.keys - agreement.agreed,
+                        agreement.keys,
+                        agreement.disagreeing.join(", ")
+                    );
+                }
+            }
+        }
+        if self.interrupted {
+            let _ = writeln!(
+                out,
+                "(interrupted: the results above are what was measured)"
+            );
+        }
+        out
+    }
+}

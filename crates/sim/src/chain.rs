@@ -20,8 +20,8 @@ use pmnet_lincheck::{
     check_by_key, Operation, VersionedInput, VersionedOutput, VersionedRegister, PENDING,
 };
 use pmnet_netchain::{
-    ChainClient, ChainConfig, ChainNode, ClientConfig, ClientOp, Controller, ControllerConfig,
-    Geometry, Outcome, Table, TableFile,
+    ChainClient, ChainConfig, ChainFunction, ChainNode, ClientConfig, ClientOp, Controller,
+    ControllerConfig, Geometry, Outcome, Table, TableFile,
 };
 use pmnet_pm::SimRegion;
 use pmnet_proto::Time;
@@ -30,6 +30,7 @@ use pmnet_wire::Header;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::function_host::FunctionHost;
 use crate::net::Net;
 use crate::net_attacker::{NetAuth, Replayer};
 
@@ -114,9 +115,10 @@ impl ChainReport {
     }
 }
 
+/// A chain member as `pmnet device --chain-member` runs it: [`ChainFunction`] in a device's
+/// pipeline, its table writes carried out on its region by the device's front executor.
 struct Member {
-    node: ChainNode,
-    file: TableFile<SimRegion>,
+    host: FunctionHost<ChainFunction>,
     up: bool,
     lost: bool,
     restart_at: Option<Time>,
@@ -157,13 +159,27 @@ fn controller_config() -> ControllerConfig {
     }
 }
 
-fn flush_member(member: &mut Member, index: usize, net: &mut Net) {
-    let now = net.now;
-    while let Some(batch) = member.node.poll_persist() {
-        member.file.persist_batch(&batch.work);
-        member.node.on_persisted(now, batch.number);
+impl Member {
+    fn node(&self) -> &ChainNode {
+        self.host.function().node()
     }
-    while let Some(transmit) = member.node.poll_transmit() {
+}
+
+/// A member's pipeline over `table`, persisting on `region`.
+fn member_host(
+    index: usize,
+    controlled: bool,
+    table: Table,
+    region: SimRegion,
+    now: Time,
+) -> FunctionHost<ChainFunction> {
+    let node = ChainNode::new(member_config(index, controlled), table, now);
+    FunctionHost::new(ChainFunction::new(node), Some(region))
+}
+
+fn flush_member(member: &mut Member, index: usize, net: &mut Net) {
+    member.host.persist_all(net.now);
+    while let Some(transmit) = member.host.poll_transmit() {
         net.send(member_addr(index), transmit.destination, transmit.bytes);
     }
 }
@@ -216,13 +232,15 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
     };
     let mut members: Vec<Member> = (0..MEMBERS)
         .map(|index| Member {
-            node: ChainNode::new(
-                member_config(index, controlled),
+            host: member_host(
+                index,
+                controlled,
                 Table::new(geometry()),
+                TableFile::format(SimRegion::new(geometry().region_len()), geometry())
+                    .expect("format")
+                    .into_region(),
                 Time::ZERO,
             ),
-            file: TableFile::format(SimRegion::new(geometry().region_len()), geometry())
-                .expect("format"),
             up: true,
             lost: false,
             restart_at: None,
@@ -311,12 +329,8 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
                 0 if members[index].up && others_live(index) => {
                     // A member's process crashes (a batch may be cut); it restarts later.
                     let member = &mut members[index];
-                    if let Some(batch) = member.node.poll_persist() {
-                        member.file.persist_batch_without_fence(&batch.work);
-                    }
-                    member.file = TableFile::open(member.file.region().crash(&mut rng))
-                        .map_err(|error| format!("seed {seed}: reopen: {error}"))?
-                        .0;
+                    let cut = member.host.poll_persist();
+                    member.host.crash(&cut, &mut rng);
                     member.up = false;
                     member.restart_at = Some(now + Duration::from_millis(rng.random_range(1..150)));
                     report.crashes += 1;
@@ -354,12 +368,12 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
                 || (healing && !member.up && !member.lost)
             {
                 member.restart_at = None;
-                let (file, recovered) = TableFile::open(member.file.region().clone())
+                let region = member.host.region().expect("a member's table").clone();
+                let (file, recovered) = TableFile::open(region)
                     .map_err(|error| format!("seed {seed}: reopen: {error}"))?;
                 let table = Table::recover(file.geometry(), recovered);
-                report.replays_refused += member.node.counters().replays_refused;
-                member.node = ChainNode::new(member_config(index, controlled), table, now);
-                member.file = file;
+                report.replays_refused += member.node().counters().replays_refused;
+                member.host = member_host(index, controlled, table, file.into_region(), now);
                 member.up = true;
                 net.restarted(member_addr(index));
             }
@@ -490,10 +504,7 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
             }
             if let Some(index) = (0..MEMBERS).find(|&index| member_addr(index) == to) {
                 if members[index].up {
-                    if let Some((sealed_at, now_ms)) = sealed {
-                        members[index].node.note_seal(sealed_at, now_ms);
-                    }
-                    members[index].node.handle(now, from, &header, payload);
+                    members[index].host.handle(now, from, &bytes, sealed);
                     flush_member(&mut members[index], index, &mut net);
                 }
             } else if to == controller_addr() {
@@ -513,7 +524,7 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
         }
         for (index, member) in members.iter_mut().enumerate() {
             if member.up {
-                member.node.handle_timeout(now);
+                member.host.handle_timeout(now);
                 flush_member(member, index, &mut net);
             }
         }
@@ -542,7 +553,7 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
             let current = members
                 .iter()
                 .filter(|member| !member.lost)
-                .all(|member| member.node.epoch() == layout.epoch);
+                .all(|member| member.node().epoch() == layout.epoch);
             if whole && current && clients.iter().all(|client| client.current.is_none()) {
                 break;
             }
@@ -555,14 +566,14 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
                     layout.epoch,
                     members
                         .iter()
-                        .map(|m| (m.up, m.lost, m.node.epoch()))
+                        .map(|m| (m.up, m.lost, m.node().epoch()))
                         .collect::<Vec<_>>(),
                     clients.iter().filter(|c| c.current.is_some()).count(),
                     members
                         .iter()
                         .map(|member| keys
                             .iter()
-                            .map(|key| member.node.table().latest(key).map(|v| v.seq))
+                            .map(|key| member.node().table().latest(key).map(|v| v.seq))
                             .collect::<Vec<_>>())
                         .collect::<Vec<_>>()
                 ));
@@ -573,7 +584,7 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
         let wake = members
             .iter()
             .filter(|member| member.up)
-            .filter_map(|member| member.node.poll_timeout())
+            .filter_map(|member| member.host.poll_timeout())
             .min();
         let next = [due, wake, Some(now + Duration::from_micros(200))]
             .into_iter()
@@ -587,9 +598,9 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
     report.recoveries = counters.recoveries_done;
     report.epoch = controller.layout().epoch;
     for member in &members {
-        report.reads_here += member.node.counters().reads_answered_here;
-        report.reads_relayed += member.node.counters().reads_relayed;
-        report.replays_refused += member.node.counters().replays_refused;
+        report.reads_here += member.node().counters().reads_answered_here;
+        report.reads_relayed += member.node().counters().reads_relayed;
+        report.replays_refused += member.node().counters().replays_refused;
     }
     if let Some(replayer) = &net.replayer {
         report.replayed = replayer.replayed;

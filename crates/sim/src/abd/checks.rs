@@ -105,7 +105,7 @@ pub(super) fn durable_on_majority(nodes: &[Node], acked: &[u64]) -> Result<(), S
     let majority = nodes.len() / 2 + 1;
     let with_memory = |node: &Node| {
         if node.up {
-            node.node.is_member()
+            node.node().is_member()
         } else {
             // Down: what it held durably when it went down counts if it was a member.
             !node.restart_empty && node.was_member
@@ -115,7 +115,7 @@ pub(super) fn durable_on_majority(nodes: &[Node], acked: &[u64]) -> Result<(), S
         let holding: Vec<usize> = nodes
             .iter()
             .enumerate()
-            .filter(|(_, node)| with_memory(node) && node.node.durable_line(line as u32).0 >= *ts)
+            .filter(|(_, node)| with_memory(node) && node.node().durable_line(line as u32).0 >= *ts)
             .map(|(index, _)| index)
             .collect();
         let lacking = nodes.iter().filter(|node| with_memory(node)).count() - holding.len();
@@ -126,7 +126,7 @@ pub(super) fn durable_on_majority(nodes: &[Node], acked: &[u64]) -> Result<(), S
                  node's durable timestamp: {:?}",
                 nodes
                     .iter()
-                    .map(|node| node.node.durable_line(line as u32).0)
+                    .map(|node| node.node().durable_line(line as u32).0)
                     .collect::<Vec<_>>()
             ));
         }

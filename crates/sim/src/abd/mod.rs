@@ -31,16 +31,17 @@ use std::time::Duration;
 use crate::world::SIM_EPOCH_MS;
 use pmnet_abd::{
     AbdClient, AbdError, AbdFunction, ClientConfig, Coordinator, CoordinatorConfig, MemNode,
-    NodeConfig, OpKind, LEARN_WAIT, LINE,
+    MemNodeFunction, NodeConfig, OpKind, LEARN_WAIT, LINE,
 };
 use pmnet_lincheck::{check_by_key, Operation, Register, RegisterInput, RegisterOutput, PENDING};
 use pmnet_pm::SimRegion;
-use pmnet_pmtable::{Geometry, Table, TableFile, TableWork};
-use pmnet_proto::{NetworkFunction, Time};
+use pmnet_pmtable::{Geometry, Table, TableFile};
+use pmnet_proto::{PersistBatch, RegionWrite, Time};
 use pmnet_wire::Header;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::function_host::FunctionHost;
 use crate::net::Net;
 use crate::net_attacker::{NetAuth, Replayer};
 
@@ -104,15 +105,16 @@ fn line_value(bytes: &[u8]) -> Option<u64> {
     (bytes.len() == LINE && bytes == line_bytes(value)).then_some(value)
 }
 
+/// A memory node as `pmnet memnode` runs it: [`MemNodeFunction`] in a device's pipeline, its
+/// line writes carried out on its region by the device's front executor.
 struct Node {
-    node: MemNode,
-    file: TableFile<SimRegion>,
+    host: FunctionHost<MemNodeFunction>,
     up: bool,
     restart_at: Option<Time>,
     /// Restart on a new, empty table (the memory was lost).
     restart_empty: bool,
     /// Batches of line writes under way: each durable at its time, in order.
-    persisting: VecDeque<(Time, u64, Vec<TableWork>)>,
+    persisting: VecDeque<(Time, PersistBatch<RegionWrite>)>,
     /// Whether the node was a member when last looked at (to count joins).
     was_member: bool,
 }
@@ -146,6 +148,18 @@ struct InFlight {
 
 type History = Vec<(u32, Operation<RegisterInput<u64>, RegisterOutput<u64>>)>;
 
+impl Node {
+    fn node(&self) -> &MemNode {
+        self.host.function().node()
+    }
+}
+
+/// The coordinating device as `pmnet device --abd-node` runs it: [`AbdFunction`] in a device's
+/// pipeline (it persists nothing).
+fn device_host(coordinator: Coordinator) -> FunctionHost<AbdFunction> {
+    FunctionHost::new(AbdFunction::new(coordinator), None)
+}
+
 fn node_config(index: usize, nodes: usize) -> NodeConfig {
     NodeConfig {
         peers: (0..nodes)
@@ -159,19 +173,33 @@ fn node_config(index: usize, nodes: usize) -> NodeConfig {
     }
 }
 
+/// Node `index`'s pipeline over `table`, persisting on `region`.
+fn node_host(
+    index: usize,
+    nodes: usize,
+    table: Table,
+    region: SimRegion,
+    now: Time,
+) -> FunctionHost<MemNodeFunction> {
+    let node = MemNode::new(node_config(index, nodes), table, now);
+    FunctionHost::new(MemNodeFunction::new(node, geometry()), Some(region))
+}
+
+/// Node `index` on a new, empty table.
 fn fresh_node(
     index: usize,
     nodes: usize,
     now: Time,
-) -> Result<(MemNode, TableFile<SimRegion>), String> {
+) -> Result<FunctionHost<MemNodeFunction>, String> {
     let file = TableFile::format(SimRegion::new(geometry().region_len()), geometry())
         .map_err(|error| format!("format: {error}"))?;
-    let node = MemNode::new(
-        node_config(index, nodes),
+    Ok(node_host(
+        index,
+        nodes,
         Table::new_direct(geometry()),
+        file.into_region(),
         now,
-    );
-    Ok((node, file))
+    ))
 }
 
 fn send_all(
@@ -191,13 +219,13 @@ fn send_all(
 /// them; it restarts 1–150 ms later on what the crash left.
 fn crash(node: &mut Node, now: Time, rng: &mut ChaCha8Rng) -> Result<(), String> {
     let started = rng.random_range(0..=node.persisting.len());
-    for (_, _, work) in node.persisting.iter().take(started) {
-        node.file.persist_batch_without_fence(work);
-    }
-    node.persisting.clear();
-    node.file = TableFile::open(node.file.region().crash(rng))
-        .map_err(|error| format!("reopen: {error}"))?
-        .0;
+    let cut: Vec<_> = node
+        .persisting
+        .drain(..)
+        .take(started)
+        .map(|(_, batch)| batch)
+        .collect();
+    node.host.crash(&cut, rng);
     node.up = false;
     node.restart_empty = false;
     node.restart_at = Some(now + Duration::from_millis(rng.random_range(1..150)));
@@ -208,17 +236,16 @@ fn crash(node: &mut Node, now: Time, rng: &mut ChaCha8Rng) -> Result<(), String>
 /// has to send.
 fn flush_node(node: &mut Node, index: usize, net: &mut Net, rng: &mut ChaCha8Rng) {
     let now = net.now;
-    while let Some(batch) = node.node.poll_persist() {
+    while let Some(batch) = node.host.poll_persist() {
         let after = node.persisting.back().map_or(now, |(at, ..)| *at);
         let at = after.max(now) + Duration::from_micros(rng.random_range(1..PERSIST_MAX_US));
-        node.persisting.push_back((at, batch.number, batch.work));
+        node.persisting.push_back((at, batch));
     }
     while node.persisting.front().is_some_and(|(at, ..)| *at <= now) {
-        let (_, number, work) = node.persisting.pop_front().expect("checked");
-        node.file.persist_batch(&work);
-        node.node.on_persisted(now, number);
+        let (_, batch) = node.persisting.pop_front().expect("checked");
+        node.host.persist(now, batch);
     }
-    while let Some(transmit) = node.node.poll_transmit() {
+    while let Some(transmit) = node.host.poll_transmit() {
         net.send(node_addr(index), transmit.destination, transmit.bytes);
     }
 }
@@ -259,10 +286,8 @@ fn run(seed: u64) -> Result<AbdReport, String> {
     let node_addrs: Vec<SocketAddr> = (0..node_count).map(node_addr).collect();
     let mut nodes = Vec::with_capacity(node_count);
     for index in 0..node_count {
-        let (node, file) = fresh_node(index, node_count, Time::ZERO)?;
         nodes.push(Node {
-            node,
-            file,
+            host: fresh_node(index, node_count, Time::ZERO)?,
             up: true,
             restart_at: None,
             restart_empty: false,
@@ -280,7 +305,7 @@ fn run(seed: u64) -> Result<AbdReport, String> {
             pmnet_abd::counter_floor_at((SIM_EPOCH_MS + now.as_nanos() / 1_000_000) * 1_000);
         config
     };
-    let mut device = AbdFunction::new(Coordinator::new(device_config(rng.random(), Time::ZERO)));
+    let mut device = device_host(Coordinator::new(device_config(rng.random(), Time::ZERO)));
     let mut device_up = true;
     let mut device_restart_at: Option<Time> = None;
     let mut clients: Vec<Client> = (0..device_clients + direct_clients)
@@ -341,7 +366,7 @@ fn run(seed: u64) -> Result<AbdReport, String> {
     loop {
         let now = net.now;
         if start.is_none() {
-            if nodes.iter().all(|node| node.node.is_member()) {
+            if nodes.iter().all(|node| node.node().is_member()) {
                 start = Some(now);
                 for node in &mut nodes {
                     node.was_member = true;
@@ -378,7 +403,7 @@ fn run(seed: u64) -> Result<AbdReport, String> {
                     .filter(|(other, node)| {
                         *other != but
                             && (!node.up
-                                || !node.node.is_member()
+                                || !node.node().is_member()
                                 || net.isolated(node_addr(*other)))
                     })
                     .count()
@@ -464,9 +489,7 @@ fn run(seed: u64) -> Result<AbdReport, String> {
             node.restart_at = None;
             node.up = true;
             if node.restart_empty {
-                let (fresh, file) = fresh_node(index, node_count, now)?;
-                node.node = fresh;
-                node.file = file;
+                node.host = fresh_node(index, node_count, now)?;
                 node.was_member = false;
                 if trace {
                     eprintln!("{now} node {index} restarts empty, learning");
@@ -474,18 +497,18 @@ fn run(seed: u64) -> Result<AbdReport, String> {
                 continue;
             }
             net.restarted(node_addr(index));
-            let (file, recovered) = TableFile::open(node.file.region().clone())
-                .map_err(|error| format!("reopen: {error}"))?;
+            let region = node.host.region().expect("a node's lines").clone();
+            let (file, recovered) =
+                TableFile::open(region).map_err(|error| format!("reopen: {error}"))?;
             report.torn_records += recovered.damaged_records;
             let table = Table::recover_direct(file.geometry(), recovered);
-            node.node = MemNode::new(node_config(index, node_count), table, now);
-            node.file = file;
+            node.host = node_host(index, node_count, table, file.into_region(), now);
             stores.check_node(
-                &node.node,
+                node.node(),
                 &format!("{now}: node {index} reopened after a crash"),
             )?;
             if trace {
-                eprintln!("{now} node {index} restarts ({})", node.node.state_text());
+                eprintln!("{now} node {index} restarts ({})", node.node().state_text());
             }
         }
         if device_restart_at.is_some_and(|at| at <= now) || (healing && !device_up) {
@@ -493,8 +516,9 @@ fn run(seed: u64) -> Result<AbdReport, String> {
             device_up = true;
             let old = std::mem::replace(
                 &mut device,
-                AbdFunction::new(Coordinator::new(device_config(rng.random(), now))),
+                device_host(Coordinator::new(device_config(rng.random(), now))),
             );
+            let old = old.function();
             report.replays_refused += old.counters().replays_refused;
             net.restarted(device_addr());
             let counters = old.coordinator().counters();
@@ -523,7 +547,7 @@ fn run(seed: u64) -> Result<AbdReport, String> {
             if healing {
                 // Once healed and every node is a member again: each client's next operations
                 // must complete.
-                let members = nodes.iter().all(|node| node.up && node.node.is_member());
+                let members = nodes.iter().all(|node| node.up && node.node().is_member());
                 if client.final_ops == 0 || !client.in_flight.is_empty() || !members {
                     continue;
                 }
@@ -775,15 +799,12 @@ fn run(seed: u64) -> Result<AbdReport, String> {
             if let Some(index) = (0..node_count).find(|&index| node_addr(index) == to) {
                 let node = &mut nodes[index];
                 if node.up {
-                    node.node.handle(now, from, &header, payload);
+                    node.host.handle(now, from, &bytes, None);
                     flush_node(node, index, &mut net, &mut rng);
                 }
             } else if to == device_addr() {
                 if device_up {
-                    if let Some((sealed_at, now_ms)) = sealed {
-                        device.note_seal(sealed_at, now_ms);
-                    }
-                    let _ = device.handle(now, from, &header, &bytes);
+                    device.handle(now, from, &bytes, sealed);
                     send_all(
                         device_addr(),
                         &mut net,
@@ -800,12 +821,12 @@ fn run(seed: u64) -> Result<AbdReport, String> {
         }
         for (index, node) in nodes.iter_mut().enumerate() {
             if node.up {
-                node.node.handle_timeout(now);
+                node.host.handle_timeout(now);
                 flush_node(node, index, &mut net, &mut rng);
-                let member = node.node.is_member();
+                let member = node.node().is_member();
                 if member && !node.was_member && running {
                     report.joins += 1;
-                    stores.check_node(&node.node, &format!("{now}: node {index} joined"))?;
+                    stores.check_node(node.node(), &format!("{now}: node {index} joined"))?;
                     joined = Some(index);
                     if trace {
                         eprintln!("{now} node {index} is a member again");
@@ -832,7 +853,7 @@ fn run(seed: u64) -> Result<AbdReport, String> {
         }
         // Done: healed, every node a member, every client's final operations done.
         if healing {
-            let members = nodes.iter().all(|node| node.up && node.node.is_member());
+            let members = nodes.iter().all(|node| node.up && node.node().is_member());
             let idle = clients
                 .iter()
                 .all(|client| client.final_ops == 0 && client.in_flight.is_empty());
@@ -845,7 +866,7 @@ fn run(seed: u64) -> Result<AbdReport, String> {
                      operations in flight {:?}, final operations left {:?}",
                     nodes
                         .iter()
-                        .map(|node| node.node.state_text())
+                        .map(|node| node.node().state_text())
                         .collect::<Vec<_>>(),
                     clients
                         .iter()
@@ -877,7 +898,7 @@ fn run(seed: u64) -> Result<AbdReport, String> {
         for node in &nodes {
             consider(node.restart_at);
             if node.up {
-                consider(node.node.poll_timeout());
+                consider(node.host.poll_timeout());
                 consider(node.persisting.front().map(|(at, ..)| *at));
             }
         }
@@ -893,7 +914,7 @@ fn run(seed: u64) -> Result<AbdReport, String> {
         net.now = next.max(now + Duration::from_micros(1));
     }
     // Counters of the coordinators and nodes.
-    let counters = device.coordinator().counters();
+    let counters = device.function().coordinator().counters();
     report.write_backs += counters.write_backs;
     report.reads_one_phase += counters.reads_one_phase;
     for client in &clients {
@@ -903,8 +924,8 @@ fn run(seed: u64) -> Result<AbdReport, String> {
         }
     }
     for (index, node) in nodes.iter().enumerate() {
-        report.lines_learnt += node.node.counters().sync_lines_taken;
-        stores.check_node(&node.node, &format!("at the end, node {index}"))?;
+        report.lines_learnt += node.node().counters().sync_lines_taken;
+        stores.check_node(node.node(), &format!("at the end, node {index}"))?;
     }
     // Durability: every acknowledged write's timestamp, or a higher one, is durable on a
     // majority of the nodes.
@@ -938,7 +959,7 @@ fn run(seed: u64) -> Result<AbdReport, String> {
     if report.completed == 0 {
         return Err("no operation completed".to_owned());
     }
-    report.replays_refused += device.counters().replays_refused;
+    report.replays_refused += device.function().counters().replays_refused;
     if let Some(replayer) = &net.replayer {
         report.replayed = replayer.replayed;
         report.replayed_past_window = replayer.replayed_past_window;

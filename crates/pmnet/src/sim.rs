@@ -4,7 +4,11 @@
 //! the faults it exercised and PASS or FAIL. `pmnet sim --seeds K [--start-seed S]` runs a
 //! swarm of seeds S, S+1, ... with a progress line on stderr, then prints the faults the swarm
 //! exercised and every failure with the command that reproduces it. A failing seed does not
-//! stop the swarm; the exit status is non-zero if any seed failed. See `docs/simulation.md`.
+//! stop the swarm; the exit status is non-zero if any seed failed. `--chain-store` and `--abd`
+//! run the chain store's and replicated memory's worlds instead (`sim/worlds.rs`); `--mix`
+//! runs every world on each seed, with one summary. See `docs/simulation.md`.
+
+pub mod worlds;
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -19,6 +23,7 @@ use clap::{value_parser, Args};
 use pmnet_sim::vopr::{self, FaultSummary, Options, Report, SwarmSummary};
 
 use crate::CliError;
+use worlds::{MixOutcome, MixTotals, OtherWorld};
 
 /// Seeds in a swarm when neither `--seed` nor `--seeds` is given (what CI runs).
 const DEFAULT_SWARM: u64 = 200;
@@ -30,7 +35,8 @@ const DEFAULT_SWARM: u64 = 200;
     pmnet sim --seeds 10000 --jobs 2     a swarm; prints its random start seed\n  \
     pmnet sim --seeds 500 --start-seed 7 seeds 7 to 506, reproducibly\n  \
     pmnet sim --chain-store --seeds 2000 the chain store's world\n  \
-    pmnet sim --abd --seeds 2000 --jobs 2 the replicated memory's world (--seed N replays one)")]
+    pmnet sim --abd --seeds 2000 --jobs 2 the replicated memory's world (--seed N replays one)\n  \
+    pmnet sim --mix --seeds 1000 --jobs 2 every world on each seed, one summary")]
 pub struct SimArgs {
     /// Replay one seed: print its event trace, trace hash, fault summary and PASS or FAIL.
     #[arg(long, value_name = "N", conflicts_with_all = ["seeds", "start_seed", "jobs"])]
@@ -96,6 +102,12 @@ pub struct SimArgs {
     #[arg(long, conflicts_with_all = ["chain_store", "requests_per_client", "safety_actions", "liveness_bound", "quiet_trace", "no_trace"])]
     pub abd: bool,
 
+    /// Run every world on each seed N: the main world's seed N (with the options above), the
+    /// chain store's (its controller on even seeds, the fixed chains on odd ones) and
+    /// replicated memory's; one summary with each world's fault classes.
+    #[arg(long, conflicts_with_all = ["chain_store", "abd"])]
+    pub mix: bool,
+
     /// Threads running the seeds of a swarm; the results do not depend on it.
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = value_parser!(u32).range(1..=1024))]
@@ -115,17 +127,15 @@ impl SimArgs {
 }
 
 pub fn run(args: SimArgs) -> Result<ExitCode, CliError> {
-    if args.chain_store {
-        return Ok(crate::sim_chain::run(
-            args.fixed_chains,
-            args.seed,
-            args.seeds.unwrap_or(DEFAULT_SWARM),
-            args.start_seed,
-            args.jobs,
-        ));
-    }
-    if args.abd {
-        return Ok(crate::sim_abd::run(
+    let other = match (args.chain_store, args.fixed_chains, args.abd) {
+        (true, false, _) => Some(OtherWorld::ChainStore),
+        (true, true, _) => Some(OtherWorld::FixedChains),
+        (false, _, true) => Some(OtherWorld::Abd),
+        (false, _, false) => None,
+    };
+    if let Some(world) = other {
+        return Ok(worlds::run(
+            world,
             args.seed,
             args.seeds.unwrap_or(DEFAULT_SWARM),
             args.start_seed,
@@ -136,9 +146,9 @@ pub fn run(args: SimArgs) -> Result<ExitCode, CliError> {
     let mut out = io::BufWriter::new(io::stdout().lock());
     let (passed, written) = match args.seed {
         Some(seed) => {
-            let outcome = run_one(seed, &options);
+            let outcome = run_one(seed, &options, args.mix);
             let written = print_seed(&outcome, &options, &mut out);
-            (outcome.result.is_ok(), written)
+            (outcome.passed(), written)
         }
         None => {
             let count = args.seeds.unwrap_or(DEFAULT_SWARM);
@@ -150,11 +160,13 @@ pub fn run(args: SimArgs) -> Result<ExitCode, CliError> {
                 start,
                 count,
                 jobs: args.jobs,
+                mix: args.mix,
             };
+            let mix = if args.mix { " --mix" } else { "" };
             let header = writeln!(
                 out,
-                "pmnet sim: {count} seeds from {start} ({chosen} start seed; repeat this swarm \
-                 with --seeds {count} --start-seed {start})\n{}",
+                "pmnet sim{mix}: {count} seeds from {start} ({chosen} start seed; repeat this \
+                 swarm with{mix} --seeds {count} --start-seed {start})\n{}",
                 describe_options(&options, args.jobs)
             )
             .and_then(|()| out.flush());
@@ -165,11 +177,11 @@ pub fn run(args: SimArgs) -> Result<ExitCode, CliError> {
             });
             progress.finish(
                 swarm.passed.seeds + swarm.failures.len() as u64,
-                swarm.failures.len(),
+                swarm.failed_seeds(),
             );
             let written =
                 header.and_then(|()| print_swarm(&swarm, &options, started.elapsed(), &mut out));
-            (swarm.failures.is_empty(), written)
+            (swarm.failed_seeds() == 0, written)
         }
     };
     if let Err(error) = written.and_then(|()| out.flush()) {
@@ -224,6 +236,15 @@ struct Outcome {
     result: Result<Report, Box<vopr::Failure>>,
     /// `file:line:column` of the panic that broke the run.
     panicked_at: Option<String>,
+    /// With `--mix`: the seed's other worlds.
+    others: Option<MixOutcome>,
+}
+
+impl Outcome {
+    /// Whether every world run on the seed passed.
+    fn passed(&self) -> bool {
+        self.result.is_ok() && self.others.as_ref().is_none_or(MixOutcome::passed)
+    }
 }
 
 thread_local! {
@@ -274,7 +295,7 @@ impl Drop for QuietPanics {
     }
 }
 
-fn run_one(seed: u64, options: &Options) -> Outcome {
+fn run_one(seed: u64, options: &Options, mix: bool) -> Outcome {
     let _quiet = QuietPanics::install();
     PANICKED_AT.with(|slot| slot.borrow_mut().take());
     let result = vopr::try_run(seed, options);
@@ -285,6 +306,7 @@ fn run_one(seed: u64, options: &Options) -> Outcome {
         seed,
         result,
         panicked_at,
+        others: mix.then(|| MixOutcome::run(seed)),
     }
 }
 
@@ -369,7 +391,10 @@ fn print_seed(outcome: &Outcome, options: &Options, out: &mut impl Write) -> io:
             writeln!(out, "reproduce with: {}", reproduce_command(seed, options))?;
         }
     }
-    Ok(())
+    match &outcome.others {
+        Some(others) => others.print(seed, out),
+        None => Ok(()),
+    }
 }
 
 fn describe_failure(outcome: &Outcome, failure: &vopr::Failure) -> String {
@@ -385,6 +410,8 @@ struct SwarmPlan {
     start: u64,
     count: u64,
     jobs: u32,
+    /// Run every world on each seed.
+    mix: bool,
 }
 
 /// What a swarm found: the totals of the seeds that passed, and every failure, in seed order.
@@ -392,6 +419,19 @@ struct SwarmPlan {
 struct SwarmResult {
     passed: SwarmSummary,
     failures: Vec<Outcome>,
+    /// With `--mix`: the other worlds' totals and failures.
+    others: MixTotals,
+}
+
+impl SwarmResult {
+    /// Seeds that failed in some world.
+    fn failed_seeds(&self) -> usize {
+        let mut seeds: Vec<u64> = self.failures.iter().map(|outcome| outcome.seed).collect();
+        seeds.extend(self.others.failures.iter().map(|(seed, ..)| *seed));
+        seeds.sort_unstable();
+        seeds.dedup();
+        seeds.len()
+    }
 }
 
 /// Run the seeds of `plan` on `plan.jobs` threads; `progress(done, failed)` is called on this
@@ -414,7 +454,7 @@ fn run_swarm(
                 if index >= plan.count {
                     break;
                 }
-                let outcome = run_one(plan.start.wrapping_add(index), options);
+                let outcome = run_one(plan.start.wrapping_add(index), options, plan.mix);
                 if sender.send((index, outcome)).is_err() {
                     break;
                 }
@@ -432,6 +472,9 @@ fn run_swarm(
                     done += 1;
                     waiting.insert(index, outcome);
                     while let Some(outcome) = waiting.remove(&folded) {
+                        if let Some(others) = &outcome.others {
+                            result.others.add(outcome.seed, others);
+                        }
                         match &outcome.result {
                             Ok(report) => result.passed.add(report),
                             Err(_) => result.failures.push(outcome),
@@ -442,11 +485,8 @@ fn run_swarm(
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
-            let failed = result.failures.len()
-                + waiting
-                    .values()
-                    .filter(|outcome| outcome.result.is_err())
-                    .count();
+            let failed = result.failed_seeds()
+                + waiting.values().filter(|outcome| !outcome.passed()).count();
             progress(done, failed);
         }
     });
@@ -541,8 +581,8 @@ fn print_swarm(
     wall_time: Duration,
     out: &mut impl Write,
 ) -> io::Result<()> {
-    let failed = swarm.failures.len() as u64;
-    let total = swarm.passed.seeds + failed;
+    let failed = swarm.failed_seeds() as u64;
+    let total = swarm.passed.seeds + swarm.failures.len() as u64;
     writeln!(out)?;
     if failed == 0 {
         writeln!(out, "faults exercised ({total} seeds):")?;
@@ -562,6 +602,9 @@ fn print_swarm(
         };
         writeln!(out, "{name:>48}  {value}{missed}")?;
     }
+    if swarm.others.ran() {
+        swarm.others.print(out)?;
+    }
     writeln!(out)?;
     writeln!(
         out,
@@ -575,6 +618,9 @@ fn print_swarm(
         return Ok(());
     }
     writeln!(out, "failures: {failed} of {total} seeds")?;
+    if !swarm.others.failures.is_empty() {
+        writeln!(out, "  (those of the other worlds are listed above)")?;
+    }
     for outcome in &swarm.failures {
         if let Err(failure) = &outcome.result {
             let message = describe_failure(outcome, failure);
@@ -613,7 +659,7 @@ mod tests {
 
     fn printed(seed: u64, options: &Options) -> String {
         let mut out = Vec::new();
-        print_seed(&run_one(seed, options), options, &mut out).expect("print to a Vec");
+        print_seed(&run_one(seed, options, false), options, &mut out).expect("print to a Vec");
         String::from_utf8(out).expect("utf-8")
     }
 
@@ -657,6 +703,7 @@ mod tests {
                 start,
                 count: 6,
                 jobs,
+                mix: false,
             };
             run_swarm(&plan, &options, |_, _| {})
         };
@@ -685,6 +732,7 @@ mod tests {
             start: 4,
             count: 2,
             jobs: 2,
+            mix: false,
         };
         let swarm = run_swarm(&plan, &options, |_, _| {});
         assert_eq!(swarm.failures.len(), 2);
@@ -701,6 +749,7 @@ mod tests {
                 trace: true,
                 ..options
             },
+            false,
         );
         let mut out = Vec::new();
         print_seed(&outcome, &options, &mut out).expect("print");
@@ -730,6 +779,8 @@ mod tests {
             &["sim", "--seed", "18446744073709551616"],
             &["sim", "--abd", "--chain-store"],
             &["sim", "--abd", "--safety-actions", "10"],
+            &["sim", "--mix", "--abd"],
+            &["sim", "--mix", "--chain-store"],
         ] {
             assert!(Cli::try_parse_from(argv).is_err(), "{argv:?} parsed");
         }
@@ -748,5 +799,40 @@ mod tests {
             .expect("parse");
         assert!(cli.args.abd && !cli.args.chain_store);
         assert_eq!((cli.args.seeds, cli.args.start_seed), (Some(5), Some(7)));
+        let cli =
+            Cli::try_parse_from(["sim", "--mix", "--seed", "3", "--no-trace"]).expect("parse");
+        assert!(cli.args.mix && !cli.args.abd && !cli.args.chain_store);
+    }
+
+    #[test]
+    fn a_mix_runs_every_world_on_each_seed() {
+        let start: u64 = rand::random::<u64>() >> 1;
+        eprintln!("start seed {start}");
+        let plan = SwarmPlan {
+            start,
+            count: 2,
+            jobs: 2,
+            mix: true,
+        };
+        let swarm = run_swarm(&plan, &small(), |_, _| {});
+        assert_eq!(
+            swarm.failed_seeds(),
+            0,
+            "{:?} {:?}",
+            swarm.failures,
+            swarm.others.failures
+        );
+        assert_eq!(swarm.passed.seeds, 2);
+        assert_eq!((swarm.others.chain_seeds, swarm.others.abd_seeds), (2, 2));
+        assert!(swarm.others.chain.completed > 0 && swarm.others.abd.completed > 0);
+        let mut out = Vec::new();
+        print_swarm(&swarm, &small(), Duration::from_secs(1), &mut out).expect("print");
+        let out = String::from_utf8(out).expect("utf-8");
+        assert!(
+            out.contains("replicated memory's world (--abd), 2 seeds passed"),
+            "{out}"
+        );
+        assert!(out.contains("controller restarts"), "{out}");
+        assert!(out.contains("PASS: 2 seeds"), "{out}");
     }
 }

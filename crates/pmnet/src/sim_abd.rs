@@ -1,128 +1,79 @@
-//! `pmnet sim --abd`: seeds of the replicated memory's world (`pmnet_sim::abd`), one or a
-//! swarm over `--jobs` threads, with each failing seed's replay command and the faults the
-//! swarm injected.
+//! `pmnet sim --abd`: what replicated memory's world's seeds add up to (`pmnet_sim::abd`); the
+//! runner is `sim/worlds.rs`.
 
-use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use pmnet_sim::abd::AbdReport;
 
-use pmnet_sim::abd::{run_seed, AbdReport};
+use crate::sim::worlds::WorldReport;
 
-/// Run `seed`, or `count` seeds from `start` (random when not given, and printed).
-pub fn run(seed: Option<u64>, count: u64, start: Option<u64>, jobs: u32) -> ExitCode {
-    if let Some(seed) = seed {
-        return match run_caught(seed) {
-            Ok(report) => {
-                println!("{report:?}\nPASS");
-                ExitCode::SUCCESS
-            }
-            Err(error) => {
-                println!("{error}\nFAIL");
-                ExitCode::FAILURE
-            }
-        };
+impl WorldReport for AbdReport {
+    fn add(&mut self, other: &AbdReport) {
+        AbdReport::add(self, other);
     }
-    let (start, chosen) = match start {
-        Some(start) => (start, "given"),
-        None => (rand::random::<u64>() >> 1, "random"),
-    };
-    println!(
-        "pmnet sim --abd: {count} seeds from {start} ({chosen} start seed; repeat this swarm \
-         with --abd --seeds {count} --start-seed {start})"
-    );
-    let next = AtomicU64::new(0);
-    let totals = Mutex::new((AbdReport::default(), 0u64, Vec::<String>::new()));
-    std::thread::scope(|scope| {
-        for _ in 0..jobs.max(1) {
-            scope.spawn(|| loop {
-                let at = next.fetch_add(1, Ordering::Relaxed);
-                if at >= count {
-                    break;
-                }
-                let seed = start.wrapping_add(at);
-                let result = run_caught(seed);
-                let mut totals = totals.lock().expect("no panic holds it");
-                match result {
-                    Ok(report) => {
-                        totals.0.add(&report);
-                        totals.1 += 1;
-                    }
-                    Err(error) => {
-                        println!("FAIL {error}");
-                        totals.2.push(error);
-                    }
-                }
-                let done = totals.1 + totals.2.len() as u64;
-                if done % 100 == 0 || done == count {
-                    eprintln!("  {done}/{count} seeds, {} failed", totals.2.len());
-                }
-            });
-        }
-    });
-    let (sum, passed, failures) = totals.into_inner().expect("no panic holds it");
-    println!("{}", summary(&sum, passed));
-    if failures.is_empty() {
-        println!("PASS");
-        ExitCode::SUCCESS
-    } else {
-        println!(
-            "{} seeds failed (each printed above as FAIL); replay one with: pmnet sim --abd \
-             --seed N",
-            failures.len()
-        );
-        ExitCode::FAILURE
+
+    fn summary(&self, passed: u64) -> String {
+        format!(
+            "{passed} seeds passed ({} memory nodes in all; {} clients through the device, {} \
+             client-driven): {} operations ({} reads, {} writes, {} of several lines), {} \
+             answered ok, {} unavailable, {} in doubt, {} beyond the end refused; faults: {} \
+             node crashes ({} power failures among them; {} torn records rejected on \
+             reopening), {} memories lost for good ({} nodes rejoined after learning, {} lines \
+             copied), {} partitions, {} device restarts; {} reads in one phase, {} with a \
+             write-back; {} device clients started over; the attacker replayed {} datagrams \
+             ({} past the window, {} bursts after restarts): {} dropped as stale, {} refused \
+             by the device's replay floor",
+            self.nodes,
+            self.device_clients,
+            self.direct_clients,
+            self.operations,
+            self.reads,
+            self.writes,
+            self.multi_line,
+            self.completed,
+            self.unavailable,
+            self.in_doubt,
+            self.out_of_range,
+            self.crashes,
+            self.power_failures,
+            self.torn_records,
+            self.losses,
+            self.joins,
+            self.lines_learnt,
+            self.partitions,
+            self.device_restarts,
+            self.reads_one_phase,
+            self.write_backs,
+            self.session_churn,
+            self.replayed,
+            self.replayed_past_window,
+            self.replay_bursts,
+            self.stale_dropped,
+            self.replays_refused,
+        )
     }
-}
 
-/// What the passing seeds of a swarm did, in a sentence.
-fn summary(sum: &AbdReport, passed: u64) -> String {
-    format!(
-        "{passed} seeds passed ({} memory nodes in all; {} clients through the device, {} \
-         client-driven): {} operations ({} reads, {} writes, {} of several lines), {} \
-         answered ok, {} unavailable, {} in doubt, {} beyond the end refused; faults: {} node \
-         crashes ({} power failures among them; {} torn records rejected on reopening), {} memories lost for good ({} nodes \
-         rejoined after learning, {} lines copied), {} partitions, {} device restarts; {} \
-         reads in one phase, {} with a write-back; {} device clients started over; the \
-         attacker replayed {} datagrams ({} past the window, {} bursts after restarts): {} \
-         dropped as stale, {} refused by the device's replay floor",
-        sum.nodes,
-        sum.device_clients,
-        sum.direct_clients,
-        sum.operations,
-        sum.reads,
-        sum.writes,
-        sum.multi_line,
-        sum.completed,
-        sum.unavailable,
-        sum.in_doubt,
-        sum.out_of_range,
-        sum.crashes,
-        sum.power_failures,
-        sum.torn_records,
-        sum.losses,
-        sum.joins,
-        sum.lines_learnt,
-        sum.partitions,
-        sum.device_restarts,
-        sum.reads_one_phase,
-        sum.write_backs,
-        sum.session_churn,
-        sum.replayed,
-        sum.replayed_past_window,
-        sum.replay_bursts,
-        sum.stale_dropped,
-        sum.replays_refused,
-    )
-}
-
-/// One seed, a panic in it reported as its failure.
-fn run_caught(seed: u64) -> Result<AbdReport, String> {
-    std::panic::catch_unwind(|| run_seed(seed)).unwrap_or_else(|panic| {
-        let message = panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|text| (*text).to_owned()))
-            .unwrap_or_default();
-        Err(format!("seed {seed}: panicked: {message}"))
-    })
+    fn coverage(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("operations answered ok", self.completed),
+            ("operations unavailable", self.unavailable),
+            ("writes in doubt", self.in_doubt),
+            ("node crashes", self.crashes),
+            ("power failures", self.power_failures),
+            ("torn records rejected on reopening", self.torn_records),
+            ("memories lost for good", self.losses),
+            ("nodes rejoined after learning", self.joins),
+            ("partitions", self.partitions),
+            (
+                "device restarts (coordinator crashes)",
+                self.device_restarts,
+            ),
+            ("reads with a write-back", self.write_backs),
+            ("device clients started over", self.session_churn),
+            ("datagrams replayed by the attacker", self.replayed),
+            ("replays dropped as stale", self.stale_dropped),
+            (
+                "requests refused by the device's replay floor",
+                self.replays_refused,
+            ),
+        ]
+    }
 }

@@ -8,6 +8,7 @@
 
 pub mod abd;
 pub mod chain;
+mod function_host;
 mod net;
 mod net_attacker;
 pub mod vopr;

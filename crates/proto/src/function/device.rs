@@ -104,6 +104,18 @@ impl<R: pmnet_pm::PmRegion> Persist<FrontWork> for RegionExecutor<R> {
     }
 }
 
+/// The writes of one function (the first: an executor made with [`RegionExecutor::on`]), as
+/// a pipeline of that function alone asks for them.
+impl<R: pmnet_pm::PmRegion> Persist<RegionWrite> for RegionExecutor<R> {
+    fn persist(&mut self, work: Vec<RegionWrite>) {
+        let work = work
+            .into_iter()
+            .map(|write| FrontWork { function: 0, write })
+            .collect();
+        Persist::<FrontWork>::persist(self, work);
+    }
+}
+
 /// A function that sits in front of a device's log (a read cache, a chain store's member, an
 /// ABD coordinator, a counter in a test), persisting on a region of its own if it persists
 /// anything.

@@ -1,0 +1,306 @@
+//! The chain store's and replicated memory's worlds in `pmnet sim`: one seed or a swarm of
+//! one of them (`--chain-store [--fixed-chains]`, `--abd`), and the seeds of both that `--mix`
+//! runs beside each seed of the main world. Each world's report type says how it adds up and
+//! what its fault classes are ([`WorldReport`], in `sim_chain.rs` and `sim_abd.rs`).
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use pmnet_sim::abd::AbdReport;
+use pmnet_sim::chain::ChainReport;
+
+/// A world besides the main one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtherWorld {
+    /// The chain store with its controller (`--chain-store`).
+    ChainStore,
+    /// The chain store's fixed chains (`--chain-store --fixed-chains`).
+    FixedChains,
+    /// Replicated memory (`--abd`).
+    Abd,
+}
+
+impl OtherWorld {
+    /// The options of `pmnet sim` that select this world.
+    pub fn flags(self) -> &'static str {
+        match self {
+            OtherWorld::ChainStore => "--chain-store",
+            OtherWorld::FixedChains => "--chain-store --fixed-chains",
+            OtherWorld::Abd => "--abd",
+        }
+    }
+
+    /// The chain store's world `--mix` runs for `seed`: with the controller on even seeds,
+    /// the fixed chains on odd ones.
+    pub fn chain_for(seed: u64) -> OtherWorld {
+        if seed % 2 == 0 {
+            OtherWorld::ChainStore
+        } else {
+            OtherWorld::FixedChains
+        }
+    }
+
+    fn run_chain(self, seed: u64) -> Result<ChainReport, String> {
+        let run = match self {
+            OtherWorld::FixedChains => pmnet_sim::chain::run_seed_fixed,
+            _ => pmnet_sim::chain::run_seed,
+        };
+        caught(run, seed)
+    }
+}
+
+/// What a world's seed reports, and a swarm's totals of them.
+pub trait WorldReport: Default + Clone + Send + std::fmt::Debug {
+    fn add(&mut self, other: &Self);
+    /// The totals of `passed` seeds in a sentence.
+    fn summary(&self, passed: u64) -> String;
+    /// The totals' fault classes and what the world did, a line each in a coverage report.
+    fn coverage(&self) -> Vec<(&'static str, u64)>;
+}
+
+/// Run `seed` of `world`, or `count` seeds from `start` (random when not given, and printed).
+pub fn run(
+    world: OtherWorld,
+    seed: Option<u64>,
+    count: u64,
+    start: Option<u64>,
+    jobs: u32,
+) -> ExitCode {
+    match world {
+        OtherWorld::Abd => run_world(world, pmnet_sim::abd::run_seed, seed, count, start, jobs),
+        OtherWorld::ChainStore => {
+            run_world(world, pmnet_sim::chain::run_seed, seed, count, start, jobs)
+        }
+        OtherWorld::FixedChains => run_world(
+            world,
+            pmnet_sim::chain::run_seed_fixed,
+            seed,
+            count,
+            start,
+            jobs,
+        ),
+    }
+}
+
+fn run_world<R: WorldReport>(
+    world: OtherWorld,
+    runner: fn(u64) -> Result<R, String>,
+    seed: Option<u64>,
+    count: u64,
+    start: Option<u64>,
+    jobs: u32,
+) -> ExitCode {
+    let flags = world.flags();
+    if let Some(seed) = seed {
+        return match caught(runner, seed) {
+            Ok(report) => {
+                println!("{report:?}\nPASS");
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                println!("{error}\nFAIL");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let (start, chosen) = match start {
+        Some(start) => (start, "given"),
+        None => (rand::random::<u64>() >> 1, "random"),
+    };
+    println!(
+        "pmnet sim {flags}: {count} seeds from {start} ({chosen} start seed; repeat this \
+         swarm with {flags} --seeds {count} --start-seed {start})"
+    );
+    let next = AtomicU64::new(0);
+    let totals = Mutex::new((R::default(), 0u64, 0u64));
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.max(1) {
+            scope.spawn(|| loop {
+                let at = next.fetch_add(1, Ordering::Relaxed);
+                if at >= count {
+                    break;
+                }
+                let result = caught(runner, start.wrapping_add(at));
+                let mut totals = totals.lock().expect("no panic holds it");
+                match result {
+                    Ok(report) => {
+                        totals.0.add(&report);
+                        totals.1 += 1;
+                    }
+                    Err(error) => {
+                        println!("FAIL {error}");
+                        totals.2 += 1;
+                    }
+                }
+                let done = totals.1 + totals.2;
+                if done % 100 == 0 || done == count {
+                    eprintln!("  {done}/{count} seeds, {} failed", totals.2);
+                }
+            });
+        }
+    });
+    let (sum, passed, failed) = totals.into_inner().expect("no panic holds it");
+    println!("{}", sum.summary(passed));
+    if failed == 0 {
+        println!("PASS");
+        ExitCode::SUCCESS
+    } else {
+        println!(
+            "{failed} seeds failed (each printed above as FAIL); replay one with: pmnet sim \
+             {flags} --seed N"
+        );
+        ExitCode::FAILURE
+    }
+}
+
+/// One seed, a panic in it reported as its failure.
+fn caught<R>(runner: fn(u64) -> Result<R, String>, seed: u64) -> Result<R, String> {
+    std::panic::catch_unwind(|| runner(seed)).unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|text| (*text).to_owned()))
+            .unwrap_or_default();
+        Err(format!("seed {seed}: panicked: {message}"))
+    })
+}
+
+/// What `--mix` runs for a seed besides the main world: the chain store's world
+/// ([`OtherWorld::chain_for`]) and replicated memory's.
+#[derive(Debug, Clone)]
+pub struct MixOutcome {
+    pub chain_world: OtherWorld,
+    pub chain: Result<ChainReport, String>,
+    pub abd: Result<AbdReport, String>,
+}
+
+impl MixOutcome {
+    pub fn run(seed: u64) -> MixOutcome {
+        let chain_world = OtherWorld::chain_for(seed);
+        MixOutcome {
+            chain_world,
+            chain: chain_world.run_chain(seed),
+            abd: caught(pmnet_sim::abd::run_seed, seed),
+        }
+    }
+
+    pub fn passed(&self) -> bool {
+        self.chain.is_ok() && self.abd.is_ok()
+    }
+
+    /// `pmnet sim --mix --seed N`: each world's report, PASS or FAIL.
+    pub fn print(&self, seed: u64, out: &mut impl Write) -> io::Result<()> {
+        let verdict = |ok: bool| if ok { "PASS" } else { "FAIL" };
+        writeln!(out)?;
+        match &self.chain {
+            Ok(report) => writeln!(
+                out,
+                "chain store ({}): {report:?}",
+                self.chain_world.flags()
+            )?,
+            Err(error) => writeln!(out, "chain store ({}): {error}", self.chain_world.flags())?,
+        }
+        writeln!(
+            out,
+            "{} seed {seed}, pmnet sim {} --seed {seed}",
+            verdict(self.chain.is_ok()),
+            self.chain_world.flags()
+        )?;
+        match &self.abd {
+            Ok(report) => writeln!(out, "replicated memory (--abd): {report:?}")?,
+            Err(error) => writeln!(out, "replicated memory (--abd): {error}")?,
+        }
+        writeln!(
+            out,
+            "{} seed {seed}, pmnet sim --abd --seed {seed}",
+            verdict(self.abd.is_ok())
+        )
+    }
+}
+
+/// A `--mix` swarm's totals of the other worlds, and their failures in seed order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MixTotals {
+    pub chain: ChainReport,
+    pub chain_seeds: u64,
+    pub abd: AbdReport,
+    pub abd_seeds: u64,
+    /// (seed, world, what failed).
+    pub failures: Vec<(u64, OtherWorld, String)>,
+}
+
+impl MixTotals {
+    pub fn add(&mut self, seed: u64, outcome: &MixOutcome) {
+        match &outcome.chain {
+            Ok(report) => {
+                self.chain.add(report);
+                self.chain_seeds += 1;
+            }
+            Err(error) => self
+                .failures
+                .push((seed, outcome.chain_world, error.clone())),
+        }
+        match &outcome.abd {
+            Ok(report) => {
+                WorldReport::add(&mut self.abd, report);
+                self.abd_seeds += 1;
+            }
+            Err(error) => self.failures.push((seed, OtherWorld::Abd, error.clone())),
+        }
+    }
+
+    /// Whether any seed of the other worlds ran (a `--mix` swarm).
+    pub fn ran(&self) -> bool {
+        self.chain_seeds + self.abd_seeds > 0 || !self.failures.is_empty()
+    }
+
+    /// Each world's coverage (a class a swarm of 100 seeds or more never exercised is
+    /// flagged), then its failures with the command that replays each.
+    pub fn print(&self, out: &mut impl Write) -> io::Result<()> {
+        print_coverage(
+            out,
+            "the chain store's world (--chain-store: the controller on even seeds, fixed chains \
+             on odd ones)",
+            self.chain_seeds,
+            &self.chain.coverage(),
+        )?;
+        print_coverage(
+            out,
+            "replicated memory's world (--abd)",
+            self.abd_seeds,
+            &self.abd.coverage(),
+        )?;
+        for (seed, world, error) in &self.failures {
+            writeln!(out, "  seed {seed} ({}): {error}", world.flags())?;
+            writeln!(
+                out,
+                "    reproduce with: pmnet sim {} --seed {seed}",
+                world.flags()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A world's coverage: each count on a line, flagged when a swarm of 100 seeds or more never
+/// exercised it.
+fn print_coverage(
+    out: &mut impl Write,
+    world: &str,
+    seeds: u64,
+    lines: &[(&'static str, u64)],
+) -> io::Result<()> {
+    writeln!(out)?;
+    writeln!(out, "{world}, {seeds} seeds passed:")?;
+    for (name, value) in lines {
+        let missed = if *value == 0 && seeds >= 100 {
+            "  (never exercised)"
+        } else {
+            ""
+        };
+        writeln!(out, "{name:>48}  {value}{missed}")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,91 @@
+//! The chain store's world's network step: the attacker's replays, each datagram due
+//! delivered to its member (through the member's pipeline), the controller or its client;
+//! then the members' and the controller's timers; then the clock moves to the next event.
+
+use std::time::Duration;
+
+use pmnet_wire::Header;
+
+use super::world::{
+    client_addr, controller_addr, flush_controller, flush_member, member_addr, ChainWorld, CLIENTS,
+    MEMBERS,
+};
+
+impl ChainWorld {
+    /// Deliver every datagram due now (what the receiver sends in answer goes on the network).
+    pub(super) fn deliver(&mut self) {
+        let now = self.net.now;
+        let trace_all = self.trace && std::env::var_os("PMNET_CHAIN_TRACE_ALL").is_some();
+        self.net.strike();
+        while let Some((from, to, bytes)) = self.net.pop_due() {
+            let sealed = self.net.sealed.take();
+            let Ok((header, payload)) = Header::parse(&bytes) else {
+                continue;
+            };
+            if trace_all {
+                eprintln!(
+                    "{now} {from} -> {to} {:?} session {} seq {} {:02x?}",
+                    header.packet_type,
+                    header.session_id,
+                    header.seq,
+                    &payload[..payload.len().min(40)]
+                );
+            }
+            if let Some(index) = (0..MEMBERS).find(|&index| member_addr(index) == to) {
+                let member = &mut self.members[index];
+                if member.up {
+                    member.host.handle(now, from, &bytes, sealed);
+                    flush_member(member, index, &mut self.net);
+                }
+            } else if to == controller_addr() {
+                if self.controller_up {
+                    self.controller.handle(now, from, &bytes);
+                    flush_controller(&mut self.controller, &mut self.saved, &mut self.net);
+                }
+            } else if let Some(index) = (0..CLIENTS).find(|&index| client_addr(index) == to) {
+                if self.trace {
+                    eprintln!("{now} client {index} <- {from} {:?}", header.packet_type);
+                }
+                let session = &mut self.clients[index].session;
+                session.handle_from(now, from, &bytes);
+                while let Some(transmit) = session.poll_transmit() {
+                    self.net
+                        .send(client_addr(index), transmit.destination, transmit.bytes);
+                }
+            }
+        }
+    }
+
+    /// The members' and the controller's timers.
+    pub(super) fn fire_timers(&mut self) {
+        let now = self.net.now;
+        for (index, member) in self.members.iter_mut().enumerate() {
+            if member.up {
+                member.host.handle_timeout(now);
+                flush_member(member, index, &mut self.net);
+            }
+        }
+        if self.controller_up {
+            self.controller.handle_timeout(now);
+            flush_controller(&mut self.controller, &mut self.saved, &mut self.net);
+        }
+    }
+
+    /// Move the clock to the next datagram or timer due (at most 200 µs on).
+    pub(super) fn advance(&mut self) {
+        let now = self.net.now;
+        let due = self.net.next_due();
+        let wake = self
+            .members
+            .iter()
+            .filter(|member| member.up)
+            .filter_map(|member| member.host.poll_timeout())
+            .min();
+        let next = [due, wake, Some(now + Duration::from_micros(200))]
+            .into_iter()
+            .flatten()
+            .min()
+            .expect("a time");
+        self.net.now = next.max(now + Duration::from_micros(1));
+    }
+}

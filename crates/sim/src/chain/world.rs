@@ -1,0 +1,313 @@
+//! The chain store's world as one seed sets it up: four members (each a `ChainFunction` in a
+//! device's pipeline over its table on simulated persistent memory), the controller, four
+//! clients, the network with keys and the replaying attacker, and the faults' schedule.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pmnet_lincheck::{Operation, VersionedInput, VersionedOutput};
+use pmnet_netchain::{
+    ChainClient, ChainConfig, ChainFunction, ChainNode, ClientConfig, ClientOp, Controller,
+    ControllerConfig, Geometry, Table, TableFile,
+};
+use pmnet_pm::SimRegion;
+use pmnet_proto::Time;
+use pmnet_wire::netchain::control::Layout;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::ChainReport;
+use crate::function_host::FunctionHost;
+use crate::net::Net;
+use crate::net_attacker::{NetAuth, Replayer};
+
+pub(super) const MEMBERS: usize = 4;
+pub(super) const CHAIN: usize = 3;
+const GROUPS: u16 = 4;
+pub(super) const CLIENTS: usize = 4;
+const SAFETY: Duration = Duration::from_secs(2);
+pub(super) const LIVENESS_BOUND: Duration = Duration::from_secs(30);
+const LIFETIME: Duration = Duration::from_millis(400);
+
+pub(super) fn member_addr(index: usize) -> SocketAddr {
+    SocketAddr::from(([10, 0, 5, index as u8 + 1], 7600))
+}
+
+pub(super) fn controller_addr() -> SocketAddr {
+    SocketAddr::from(([10, 0, 5, 100], 7700))
+}
+
+pub(super) fn client_addr(index: usize) -> SocketAddr {
+    SocketAddr::from(([10, 0, 6, index as u8 + 1], 40000))
+}
+
+fn geometry() -> Geometry {
+    Geometry {
+        buckets: 256,
+        key_max: 16,
+        value_max: 32,
+    }
+}
+
+/// A chain member as `pmnet device --chain-member` runs it: [`ChainFunction`] in a device's
+/// pipeline, its table writes carried out on its region by the device's front executor.
+pub(super) struct Member {
+    pub(super) host: FunctionHost<ChainFunction>,
+    pub(super) up: bool,
+    pub(super) lost: bool,
+    pub(super) restart_at: Option<Time>,
+}
+
+impl Member {
+    pub(super) fn node(&self) -> &ChainNode {
+        self.host.function().node()
+    }
+}
+
+pub(super) struct Client {
+    pub(super) session: ChainClient,
+    pub(super) current: Option<(Vec<u8>, ClientOp, u64)>,
+    /// The present version (0: no value) this client last saw of each key: what its
+    /// compare-and-sets expect.
+    pub(super) seen: HashMap<Vec<u8>, u64>,
+}
+
+pub(super) type History = Vec<(
+    Vec<u8>,
+    Operation<VersionedInput<Vec<u8>>, VersionedOutput<Vec<u8>>>,
+)>;
+
+/// One seed's world.
+pub(super) struct ChainWorld {
+    pub(super) seed: u64,
+    /// With the controller (false: the fixed chains of `--chain-member`).
+    pub(super) controlled: bool,
+    pub(super) rng: ChaCha8Rng,
+    /// Clients starting over with a new session, from a generator of its own.
+    pub(super) churn: ChaCha8Rng,
+    pub(super) generation: u64,
+    pub(super) net: Net,
+    pub(super) report: ChainReport,
+    pub(super) members: Vec<Member>,
+    pub(super) controller: Controller,
+    /// What the controller saved (it restarts on it).
+    pub(super) saved: Layout,
+    pub(super) controller_up: bool,
+    pub(super) controller_restart_at: Option<Time>,
+    pub(super) keys: Vec<Vec<u8>>,
+    pub(super) clients: Vec<Client>,
+    pub(super) history: History,
+    pub(super) next_value: u32,
+    /// The faults of the safety phase, each at a random time.
+    pub(super) faults: Vec<(Time, u8)>,
+    /// Whether this seed loses a member for good, and whether it did.
+    pub(super) lose_one: bool,
+    pub(super) lost_one: bool,
+    pub(super) trace: bool,
+    traced_epoch: u64,
+    pub(super) end_of_safety: Time,
+}
+
+fn fixed_chains() -> Vec<Vec<SocketAddr>> {
+    let members: Vec<SocketAddr> = (0..CHAIN).map(member_addr).collect();
+    pmnet_netchain::rotated_groups(&members, GROUPS)
+}
+
+fn member_config(index: usize, controlled: bool) -> ChainConfig {
+    let mut config = if controlled {
+        ChainConfig::controlled(member_addr(index), 1, controller_addr())
+    } else {
+        ChainConfig::new(member_addr(index), 1, fixed_chains())
+    };
+    config.request_lifetime = LIFETIME;
+    config
+}
+
+pub(super) fn controller_config() -> ControllerConfig {
+    ControllerConfig {
+        chain_length: CHAIN,
+        ..ControllerConfig::default()
+    }
+}
+
+/// A client's session `session`.
+pub(super) fn client_session(session: u64, controlled: bool) -> ChainClient {
+    let mut config = if controlled {
+        ClientConfig::controlled(session, controller_addr())
+    } else {
+        ClientConfig::new(session, fixed_chains())
+    };
+    config.retransmit_timeout_max = Duration::from_millis(20);
+    config.request_lifetime = LIFETIME - Duration::from_millis(50);
+    ChainClient::new(config)
+}
+
+/// Member `index`'s pipeline over `table`, persisting on `region`.
+pub(super) fn member_host(
+    index: usize,
+    controlled: bool,
+    table: Table,
+    region: SimRegion,
+    now: Time,
+) -> FunctionHost<ChainFunction> {
+    let node = ChainNode::new(member_config(index, controlled), table, now);
+    FunctionHost::new(ChainFunction::new(node), Some(region))
+}
+
+/// Member `index` at time zero, on a new table.
+fn new_member(index: usize, controlled: bool) -> Member {
+    let region = TableFile::format(SimRegion::new(geometry().region_len()), geometry())
+        .expect("format")
+        .into_region();
+    Member {
+        host: member_host(
+            index,
+            controlled,
+            Table::new(geometry()),
+            region,
+            Time::ZERO,
+        ),
+        up: true,
+        lost: false,
+        restart_at: None,
+    }
+}
+
+/// The faults of the safety phase, 2 to 7, each at a random time: (when, which).
+fn schedule_faults(rng: &mut ChaCha8Rng) -> Vec<(Time, u8)> {
+    let mut faults: Vec<(Time, u8)> = (0..rng.random_range(2..8))
+        .map(|_| {
+            let at = rng.random_range(50..SAFETY.as_millis() as u64);
+            (
+                Time::ZERO + Duration::from_millis(at),
+                rng.random_range(0..4u8),
+            )
+        })
+        .collect();
+    faults.sort();
+    faults
+}
+
+/// Carry out what member `index` asks to persist, then send what it has to send.
+pub(super) fn flush_member(member: &mut Member, index: usize, net: &mut Net) {
+    member.host.persist_all(net.now);
+    while let Some(transmit) = member.host.poll_transmit() {
+        net.send(member_addr(index), transmit.destination, transmit.bytes);
+    }
+}
+
+pub(super) fn flush_controller(controller: &mut Controller, saved: &mut Layout, net: &mut Net) {
+    // Saved before anything of the same step is sent.
+    if let Some(layout) = controller.poll_save() {
+        *saved = layout;
+    }
+    while let Some(transmit) = controller.poll_transmit() {
+        net.send(controller_addr(), transmit.destination, transmit.bytes);
+    }
+}
+
+impl ChainWorld {
+    /// Seed `seed`'s world at time zero.
+    pub(super) fn new(seed: u64, controlled: bool) -> Result<ChainWorld, String> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let loss = rng.random_range(0.0..0.1);
+        let duplicate = rng.random_range(0.0..0.05);
+        let mut net = Net::new(ChaCha8Rng::seed_from_u64(seed ^ 0x4e57), loss, duplicate);
+        // Keys on every endpoint, and an attacker replaying what it captured.
+        net.auth = Some(NetAuth::for_seed(seed));
+        let endpoints: Vec<SocketAddr> = (0..MEMBERS)
+            .map(member_addr)
+            .chain((0..CLIENTS).map(client_addr))
+            .chain([controller_addr()])
+            .collect();
+        net.replayer = Some(Replayer::new(
+            seed,
+            (0..CLIENTS).map(client_addr).collect(),
+            endpoints,
+        ));
+        let members = (0..MEMBERS)
+            .map(|index| new_member(index, controlled))
+            .collect();
+        let addresses: Vec<SocketAddr> = (0..MEMBERS).map(member_addr).collect();
+        let mut controller = Controller::new(controller_config(), &addresses, GROUPS, Time::ZERO)
+            .map_err(|error| error.to_string())?;
+        let mut saved = controller.layout().clone();
+        flush_controller(&mut controller, &mut saved, &mut net);
+        let clients = (0..CLIENTS)
+            .map(|index| Client {
+                session: client_session(0x5e55_0000 + index as u64, controlled),
+                current: None,
+                seen: HashMap::new(),
+            })
+            .collect();
+        let faults = schedule_faults(&mut rng);
+        let lose_one = rng.random_bool(0.5);
+        Ok(ChainWorld {
+            seed,
+            controlled,
+            rng,
+            churn: ChaCha8Rng::seed_from_u64(seed ^ 0xc4_0e55),
+            generation: 0,
+            net,
+            report: ChainReport {
+                seed,
+                ..ChainReport::default()
+            },
+            members,
+            controller,
+            saved,
+            controller_up: controlled,
+            controller_restart_at: None,
+            keys: (0..6u8).map(|index| vec![b'k', index]).collect(),
+            clients,
+            history: Vec::new(),
+            next_value: 0,
+            faults,
+            lose_one,
+            lost_one: false,
+            trace: std::env::var_os("PMNET_CHAIN_TRACE").is_some(),
+            traced_epoch: 0,
+            end_of_safety: Time::ZERO + SAFETY,
+        })
+    }
+
+    /// Past the safety phase: the faults heal.
+    pub(super) fn healing(&self) -> bool {
+        self.net.now >= self.end_of_safety
+    }
+
+    /// With `PMNET_CHAIN_TRACE`: each new configuration.
+    pub(super) fn trace_epoch(&mut self) {
+        if self.trace && self.controller.layout().epoch != self.traced_epoch {
+            self.traced_epoch = self.controller.layout().epoch;
+            eprintln!(
+                "{} epoch {}: {:?}",
+                self.net.now,
+                self.traced_epoch,
+                self.controller.layout().groups
+            );
+        }
+    }
+
+    /// The report once the run is over: the counts the state machines kept, the attacker's.
+    pub(super) fn final_report(&self) -> ChainReport {
+        let mut report = self.report.clone();
+        let counters = self.controller.counters();
+        report.removals = counters.removed;
+        report.recoveries = counters.recoveries_done;
+        report.epoch = self.controller.layout().epoch;
+        for member in &self.members {
+            report.reads_here += member.node().counters().reads_answered_here;
+            report.reads_relayed += member.node().counters().reads_relayed;
+            report.replays_refused += member.node().counters().replays_refused;
+        }
+        if let Some(replayer) = &self.net.replayer {
+            report.replayed = replayer.replayed;
+            report.replayed_past_window = replayer.replayed_past_window;
+            report.replay_bursts = replayer.bursts_after_restarts;
+        }
+        report.stale_dropped = self.net.auth.as_ref().map_or(0, NetAuth::stale);
+        report
+    }
+}

@@ -112,6 +112,9 @@ pub enum Command {
 /// Run the `pmnet` command line: the `pmnet` binary's `main`.
 pub fn main() -> ExitCode {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(asked) = forward::help_of_bench(&argv) {
+        return exit_code("pmnet", forward::to_bench(&asked));
+    }
     let cli = match config::parse_with_config_file::<Cli>(&argv, &Cli::command()) {
         Ok(cli) => cli,
         Err(error) => {

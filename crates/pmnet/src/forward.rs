@@ -14,6 +14,34 @@ use crate::CliError;
 /// The benchmarks' binary.
 pub const BENCH_BINARY: &str = "pmnet-bench";
 
+/// The commands `pmnet` hands to [`BENCH_BINARY`].
+pub const BENCH_COMMANDS: [&str; 7] = [
+    "bench",
+    "redis-bench",
+    "store-bench",
+    "drain-bench",
+    "eval",
+    "session-bench",
+    "coord-bench",
+];
+
+/// `pmnet help COMMAND` for a benchmark's command: the arguments that ask `pmnet-bench` for
+/// that command's help (`COMMAND --help`), so that it is the one that answers.
+pub fn help_of_bench(argv: &[OsString]) -> Option<Vec<OsString>> {
+    match argv {
+        [program, help, command]
+            if help == "help" && BENCH_COMMANDS.iter().any(|c| command == c) =>
+        {
+            Some(vec![
+                program.clone(),
+                command.clone(),
+                OsString::from("--help"),
+            ])
+        }
+        _ => None,
+    }
+}
+
 /// A hidden command's arguments: whatever follows its name, for `pmnet-bench` to parse.
 #[derive(Debug, Clone, Args)]
 pub struct Forwarded {

@@ -117,6 +117,26 @@ fn a_benchmark_command_runs_pmnet_bench_with_the_arguments_as_given() {
 }
 
 #[test]
+fn help_of_a_benchmark_command_is_pmnet_bench_s() {
+    let (dir, pmnet) = lone_pmnet();
+    stand_in_bench(dir.path());
+    let empty = tempfile::tempdir().unwrap();
+    for command in BENCH_COMMANDS {
+        let output = run(&pmnet, empty.path(), &["help", command]);
+        assert_eq!(output.status.code(), Some(7), "{command}: {output:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout),
+            format!("stand-in pmnet-bench\n[{command}]\n[--help]\n"),
+            "{command}"
+        );
+    }
+    // The product's own commands are still pmnet's to explain.
+    let output = run(&pmnet, empty.path(), &["help", "device"]);
+    assert!(output.status.success(), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("--server"));
+}
+
+#[test]
 fn pmnet_bench_is_found_on_the_path_when_not_next_to_pmnet() {
     let (_dir, pmnet) = lone_pmnet();
     let on_path = tempfile::tempdir().unwrap();

@@ -127,13 +127,19 @@ impl NetworkFunction for KeyedOrdering {
         header: &Header,
         datagram: &[u8],
     ) -> Verdict {
+        if header.packet_type == PacketType::Reserved(CACHE_READ) {
+            // The log forwards a cache read to any server it knows, as it came or ordered.
+            if !self.servers.contains_key(&header.server_id) {
+                return Verdict::Pass;
+            }
+            return self.on_read(header, datagram);
+        }
         if !self.is_forwarded(header) {
             return Verdict::Pass;
         }
         match header.packet_type {
             PacketType::UpdateRequest if header.seq != 0 => self.on_write(header, datagram),
             PacketType::BypassRequest => self.on_write(header, datagram),
-            PacketType::Reserved(CACHE_READ) => self.on_read(header, datagram),
             // The server applied the write: it orders nothing any more.
             PacketType::ServerAck if self.servers.get(&header.server_id) == Some(&from) => {
                 self.order.acked(header.session_id, header.seq);

@@ -36,17 +36,21 @@ impl Persist<LogWork> for NoLog {
 pub(crate) struct FunctionHost<F> {
     pipeline: Pipeline<Stack<F, Device>>,
     executor: RegionExecutor<SimRegion>,
+    /// When the host started, on the world's wall clock (Unix ms): what production's pipeline
+    /// hands its functions as the device's start, for their replay floors.
+    started_ms: u64,
 }
 
 impl<F: FrontFunction> FunctionHost<F> {
     /// `function` in front of a plain switch (no log, no servers), persisting on `region`
-    /// (`None`: the function persists nothing).
-    pub(crate) fn new(function: F, region: Option<SimRegion>) -> FunctionHost<F> {
+    /// (`None`: the function persists nothing), started at `now`.
+    pub(crate) fn new(function: F, region: Option<SimRegion>, now: Time) -> FunctionHost<F> {
         let mut config = DeviceConfig::new(0, Vec::new(), 1, 0);
         config.logging = false;
         let device = Device::new(config, Time::ZERO, Vec::new());
         FunctionHost {
             pipeline: Pipeline::new(Stack::new(function, device)),
+            started_ms: crate::world::SIM_EPOCH_MS + now.as_nanos() / 1_000_000,
             executor: match region {
                 Some(region) => RegionExecutor::on(region),
                 None => RegionExecutor::default(),
@@ -65,7 +69,8 @@ impl<F: FrontFunction> FunctionHost<F> {
     }
 
     /// A datagram from the network, verified by the network (`sealed`: when it was sealed and
-    /// the wall clock then, for the functions' replay floors), as the pipeline takes it.
+    /// the wall clock then), as the pipeline takes it: the functions learn the seal time and
+    /// the host's start, for their replay floors, as production's pipeline tells them.
     pub(crate) fn handle(
         &mut self,
         now: Time,
@@ -73,11 +78,11 @@ impl<F: FrontFunction> FunctionHost<F> {
         datagram: &[u8],
         sealed: Option<(u64, u64)>,
     ) {
-        if let Some((sealed_at, now_ms)) = sealed {
+        if let Some((sealed_at, _now_ms)) = sealed {
             pmnet_proto::NetworkFunction::note_seal(
                 self.pipeline.functions_mut(),
                 sealed_at,
-                now_ms,
+                self.started_ms,
             );
         }
         self.pipeline.handle(now, from, datagram);

@@ -175,7 +175,7 @@ pub(super) fn node_host(
     now: Time,
 ) -> FunctionHost<MemNodeFunction> {
     let node = MemNode::new(node_config(index, nodes), table, now);
-    FunctionHost::new(MemNodeFunction::new(node, geometry()), Some(region))
+    FunctionHost::new(MemNodeFunction::new(node, geometry()), Some(region), now)
 }
 
 /// Node `index` on a new, empty table.
@@ -203,7 +203,7 @@ pub(super) fn device_host(nodes: usize, session: u64, now: Time) -> FunctionHost
     let mut config = CoordinatorConfig::new(addrs, LINES, DEVICE_WRITER, session);
     config.counter_floor =
         pmnet_abd::counter_floor_at((SIM_EPOCH_MS + now.as_nanos() / 1_000_000) * 1_000);
-    FunctionHost::new(AbdFunction::new(Coordinator::new(config)), None)
+    FunctionHost::new(AbdFunction::new(Coordinator::new(config)), None, now)
 }
 
 /// Send what `from` emits, noting every store a coordinator sends.

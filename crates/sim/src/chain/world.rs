@@ -152,7 +152,7 @@ pub(super) fn member_host(
     now: Time,
 ) -> FunctionHost<ChainFunction> {
     let node = ChainNode::new(member_config(index, controlled), table, now);
-    FunctionHost::new(ChainFunction::new(node), Some(region))
+    FunctionHost::new(ChainFunction::new(node), Some(region), now)
 }
 
 /// Member `index` at time zero, on a new table.

@@ -16,9 +16,11 @@ connection; the test reads that hash to see every job ran exactly once. A failed
 
 import sys
 import time
+from datetime import datetime, timezone
 
 from redis import Redis
 from rq import Queue, get_current_job
+from rq.job import Job
 
 
 def record(number):
@@ -64,8 +66,6 @@ def check(url, count):
 def oldest_finished_over_ttl(queue):
     """Whether the job that finished first among those still registered ended more than the
     default result TTL ago: then jobs that finished before it may have expired."""
-    from rq.job import Job
-
     ids = queue.finished_job_registry.get_job_ids(0, -1)
     ended = [
         job.ended_at
@@ -74,8 +74,6 @@ def oldest_finished_over_ttl(queue):
     ]
     if not ended:
         return False
-    from datetime import datetime, timezone
-
     oldest = min(ended)
     if oldest.tzinfo is None:
         oldest = oldest.replace(tzinfo=timezone.utc)

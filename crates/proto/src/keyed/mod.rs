@@ -18,7 +18,7 @@ mod order;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
-use pmnet_wire::cache::{ReadDescriptor, CACHE_READ};
+use pmnet_wire::cache::{ReadDescriptor, CACHE_READ, KEYED};
 use pmnet_wire::{Header, PacketType};
 
 use crate::{
@@ -75,13 +75,6 @@ impl KeyedOrdering {
         self.order.len()
     }
 
-    /// A request from a client for a server this device forwards to (anything else the log
-    /// drops, and counts).
-    fn is_forwarded(&self, header: &Header) -> bool {
-        !header.has_flag(pmnet_wire::replication::REPLICA)
-            && self.servers.contains_key(&header.server_id)
-    }
-
     fn on_write(&mut self, header: &Header, datagram: &[u8]) -> Verdict {
         match self.order.stamp(header, datagram) {
             Ok(Some(stamped)) => {
@@ -127,21 +120,25 @@ impl NetworkFunction for KeyedOrdering {
         header: &Header,
         datagram: &[u8],
     ) -> Verdict {
-        if header.packet_type == PacketType::Reserved(CACHE_READ) {
-            // The log forwards a cache read to any server it knows, as it came or ordered.
-            if !self.servers.contains_key(&header.server_id) {
-                return Verdict::Pass;
-            }
-            return self.on_read(header, datagram);
-        }
-        if !self.is_forwarded(header) {
-            return Verdict::Pass;
-        }
+        // The type first: a datagram that is none of these (an unkeyed update above all)
+        // costs no look-up.
+        let from_client = || !header.has_flag(pmnet_wire::replication::REPLICA);
+        let known = || self.servers.contains_key(&header.server_id);
         match header.packet_type {
-            PacketType::UpdateRequest if header.seq != 0 => self.on_write(header, datagram),
-            PacketType::BypassRequest => self.on_write(header, datagram),
+            // The log forwards a cache read to any server it knows, as it came or ordered.
+            PacketType::Reserved(CACHE_READ) if known() => self.on_read(header, datagram),
+            PacketType::UpdateRequest | PacketType::BypassRequest
+                if header.has_flag(KEYED)
+                    && (header.packet_type == PacketType::BypassRequest || header.seq != 0)
+                    && from_client()
+                    && known() =>
+            {
+                self.on_write(header, datagram)
+            }
             // The server applied the write: it orders nothing any more.
-            PacketType::ServerAck if self.servers.get(&header.server_id) == Some(&from) => {
+            PacketType::ServerAck
+                if from_client() && self.servers.get(&header.server_id) == Some(&from) =>
+            {
                 self.order.acked(header.session_id, header.seq);
                 Verdict::Pass
             }

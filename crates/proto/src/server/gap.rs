@@ -323,6 +323,10 @@ impl Server {
             .get_mut(&session_id)
             .expect("session of a gap");
         for (first, last) in ranges {
+            if session.is_resolved(first, last) {
+                // Known already: skipped when the session reaches it.
+                continue;
+            }
             let asked = session.fills.iter().position(|fill| fill.first == first);
             match asked {
                 Some(index) if session.fills[index].last == last => continue,

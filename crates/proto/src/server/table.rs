@@ -315,17 +315,41 @@ impl Session {
         own.max(dated)
     }
 
-    /// Remember that `first ..= last` can be skipped once reached.
+    /// Remember that `first ..= last` can be skipped once reached. The ranges stay disjoint
+    /// and ascending (a range resolved again, or overlapping one kept, is merged into it);
+    /// when there are [`RESOLVED_MAX`], the highest is forgotten, as it is reached last (a
+    /// forgotten range is only asked about again).
     pub(super) fn add_resolved(&mut self, first: u32, last: u32) {
         let next = self.issued_through.saturating_add(1);
         while self.resolved.front().is_some_and(|&(_, end)| end < next) {
             self.resolved.pop_front();
         }
-        if last < next || self.resolved.len() >= RESOLVED_MAX {
+        if last < next || first > last {
             return;
         }
-        let at = self.resolved.partition_point(|&(start, _)| start < first);
-        self.resolved.insert(at, (first, last));
+        let (mut first, mut last) = (first.max(next), last);
+        // Ranges that overlap or touch the new one are merged into it.
+        let start = self
+            .resolved
+            .partition_point(|&(_, end)| end.saturating_add(1) < first);
+        let mut end = start;
+        while end < self.resolved.len() && self.resolved[end].0 <= last.saturating_add(1) {
+            first = first.min(self.resolved[end].0);
+            last = last.max(self.resolved[end].1);
+            end += 1;
+        }
+        self.resolved.drain(start..end);
+        self.resolved.insert(start, (first, last));
+        if self.resolved.len() > RESOLVED_MAX {
+            self.resolved.pop_back();
+        }
+    }
+
+    /// Whether every number of `first ..= last` is in a resolved range (no need to ask).
+    pub(super) fn is_resolved(&self, first: u32, last: u32) -> bool {
+        self.resolved
+            .iter()
+            .any(|&(start, end)| start <= first && last <= end)
     }
 
     /// The last number to skip now, if the next number is in a resolved range: through the
@@ -600,6 +624,42 @@ mod tests {
             .expect("room by evicting 10");
         assert!(!table.sessions.contains_key(&10));
         assert_eq!(table.evicted, 2);
+    }
+
+    #[test]
+    fn resolved_ranges_merge_and_keep_the_lowest_when_full() {
+        let mut table = Table::new(1);
+        let session = table.get_or_create(at(1), 7, &|_, _| true).expect("room");
+        session.last_applied = 21;
+        session.issued_through = 21;
+        // The same ranges resolved round after round are kept once.
+        for _ in 0..100 {
+            for seq in (33..=33 + 2 * RESOLVED_MAX as u32).step_by(2) {
+                session.add_resolved(seq, seq);
+            }
+        }
+        assert_eq!(session.resolved.len(), RESOLVED_MAX);
+        assert_eq!(session.resolved.front(), Some(&(33, 33)));
+        // A full list still takes the range the session reaches next: the highest goes.
+        session.add_resolved(22, 22);
+        assert_eq!(session.resolved.len(), RESOLVED_MAX);
+        assert_eq!(session.resolved.front(), Some(&(22, 22)));
+        assert_eq!(session.resolved_through(), Some(22));
+        // Overlapping and touching ranges merge; a range inside one kept changes nothing.
+        session.add_resolved(23, 32);
+        assert_eq!(session.resolved.front(), Some(&(22, 33)));
+        session.add_resolved(25, 26);
+        assert_eq!(session.resolved.front(), Some(&(22, 33)));
+        assert!(session.is_resolved(24, 30) && !session.is_resolved(30, 34));
+        let mut previous_end = 0;
+        for &(start, end) in &session.resolved {
+            assert!(
+                start <= end && start > previous_end + 1,
+                "{:?}",
+                session.resolved
+            );
+            previous_end = end;
+        }
     }
 
     #[test]

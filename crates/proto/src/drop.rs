@@ -69,6 +69,11 @@ pub enum DropReason {
     /// The device's order of keyed writes holds as many unacknowledged writes as it may: its
     /// client sends it again.
     KeyedOrderFull,
+    /// A keyed write that reached a server behind devices without a device's order in it (a
+    /// client's copy sent or replayed straight to the server): applied, it would change a key
+    /// behind the cache of the device its client writes through. Its client sends it again
+    /// through the device.
+    UnorderedKeyedWrite,
     /// A primary holds as many requests for its replicas as it may: the resent duplicate is
     /// forwarded on a later resend.
     ReplicationFull,
@@ -113,6 +118,7 @@ impl DropReason {
             DropReason::NestedBatch => "nested_batch",
             DropReason::BarrierNoRoom => "barrier_no_room",
             DropReason::KeyedOrderFull => "keyed_order_full",
+            DropReason::UnorderedKeyedWrite => "unordered_keyed_write",
             DropReason::ReplicationFull => "replication_full",
             DropReason::NotServed => "not_served",
             DropReason::Backlog => "backlog",

@@ -33,6 +33,7 @@ impl Server {
         let reorder_window = self.config.reorder_window;
         let known = self.table.sessions.contains_key(&session_id);
         let is_primary = self.is_primary();
+        let has_devices = !self.config.devices.is_empty();
         let holds = &self.holds;
         let cleared = |session, active| holds.cleared(session, active);
         if self
@@ -80,6 +81,10 @@ impl Server {
             if self.is_primary() {
                 self.replicate_in_progress(header);
             }
+            return;
+        }
+        if unordered_keyed_write(has_devices, header, payload) {
+            self.count_drop(DropReason::UnorderedKeyedWrite);
             return;
         }
         session.note_seen(seq, now);
@@ -189,4 +194,21 @@ impl Server {
         self.table.buffered_bytes += added;
         None
     }
+}
+
+/// Whether a request is a keyed write no device ordered although this server is behind
+/// devices (`has_devices`): its first fragment's order has no stamp. Every device writes one
+/// into each keyed write it forwards (`crate::keyed`), so such a write did not pass through
+/// the device whose cache holds its key — a client's copy sent or replayed straight here.
+/// Applied, it would change the key behind that cache. A primary's forward to its replica
+/// (ordered by the primary's device already) and a no-op fill (which writes nothing) are not
+/// in question; a duplicate of an applied write was answered before this is asked.
+fn unordered_keyed_write(has_devices: bool, header: &Header, payload: &[u8]) -> bool {
+    has_devices
+        && header.has_flag(pmnet_wire::cache::KEYED)
+        && header.fragment_index == 0
+        && !header.has_flag(pmnet_wire::replication::FROM_PRIMARY)
+        && !header.has_flag(flags::NOOP_FILL)
+        && pmnet_wire::cache::WriteDescriptor::parse(payload)
+            .is_ok_and(|(descriptor, _)| descriptor.order.stamp == 0)
 }

@@ -28,6 +28,8 @@ What counts as a reference of M (M's own code: not the bodies of its inline chil
 - a private `use` declaration (`use super::a::X;`): it exists to be used in M. A re-export
   (`pub use`, `pub(crate) use`, ...) is M's face: it makes no edge by itself, but M's code
   using the name does. Glob imports make edges only through the names M's code uses;
+- code under `#[cfg(test)]` (a `mod tests` and what it holds) does not count: a test may
+  build its inputs from any module of the crate;
 - a path that names a module only (`pub(in crate::a)`, `use super::a;`) is no reference;
   re-exports are followed to the module that defines the item.
 
@@ -36,6 +38,7 @@ a local binding shadowing an imported name, or a macro's expansion, is not seen.
 (`x.f()`) name no module and make no edge.
 """
 
+import bisect
 import os
 import re
 import sys
@@ -44,15 +47,17 @@ from collections import defaultdict
 KEYWORDS_ITEM = {"fn", "struct", "enum", "trait", "type", "const", "static", "union"}
 TOKEN_RE = re.compile(
     r"""
-    (?P<ws>\s+)
-  | (?P<line_comment>//[^\n]*)
-  | (?P<block_comment>/\*)
-  | (?P<raw_string>b?r(?P<hashes>\#*)")
-  | (?P<string>b?")
-  | (?P<char>b?'(?:[^'\\\n]|\\(?:x[0-9a-fA-F]{2}|u\{[0-9a-fA-F]{1,6}\}|.))')
-  | (?P<lifetime>'[A-Za-z_][A-Za-z0-9_]*)
+    (?P<skip>
+        \s+
+      | //[^\n]*
+      | /\*(?:[^*/]|\*(?!/)|/(?!\*)|/\*(?:[^*]|\*(?!/))*\*/)*\*/
+      | b?r(?P<hashes>\#*)".*?"(?P=hashes)
+      | b?"(?:[^"\\]|\\.)*"
+      | b?'(?:[^'\\\n]|\\(?:x[0-9a-fA-F]{2}|u\{[0-9a-fA-F]{1,6}\}|.))'
+      | '[A-Za-z_][A-Za-z0-9_]*
+      | [0-9][0-9A-Za-z_.]*
+    )
   | (?P<ident>(?:r\#)?[A-Za-z_][A-Za-z0-9_]*)
-  | (?P<number>[0-9][0-9A-Za-z_.]*)
   | (?P<path_sep>::)
   | (?P<punct>.)
     """,
@@ -61,37 +66,18 @@ TOKEN_RE = re.compile(
 
 
 def tokenize(text):
-    """(kind, value, line) for identifiers, `::` and punctuation; comments and literals go."""
+    """(kind, value, line) for identifiers, `::` and punctuation; comments (block comments
+    nested one deep), literals, lifetimes and numbers go."""
+    newlines = [i for i, c in enumerate(text) if c == "\n"]
     tokens = []
-    pos, line = 0, 1
-    while pos < len(text):
-        m = TOKEN_RE.match(text, pos)
-        kind = m.lastgroup if m.lastgroup != "hashes" else "raw_string"
-        end = m.end()
-        if kind == "block_comment":
-            depth, end = 1, m.end()
-            while depth and end < len(text):
-                if text.startswith("/*", end):
-                    depth, end = depth + 1, end + 2
-                elif text.startswith("*/", end):
-                    depth, end = depth - 1, end + 2
-                else:
-                    end += 1
-        elif kind == "raw_string":
-            close = '"' + m.group("hashes")
-            found = text.find(close, m.end())
-            end = len(text) if found < 0 else found + len(close)
-        elif kind == "string":
-            end = m.end()
-            while end < len(text) and text[end] != '"':
-                end += 2 if text[end] == "\\" else 1
-            end += 1
-        elif kind == "ident":
-            tokens.append(("ident", m.group()[2:] if m.group().startswith("r#") else m.group(), line))
-        elif kind in ("path_sep", "punct"):
-            tokens.append((kind, m.group(), line))
-        line += text.count("\n", pos, end)
-        pos = end
+    for m in TOKEN_RE.finditer(text):
+        kind = m.lastgroup
+        if kind in ("skip", "hashes"):
+            continue
+        value = m.group()
+        if kind == "ident" and value.startswith("r#"):
+            value = value[2:]
+        tokens.append((kind, value, bisect.bisect_right(newlines, m.start()) + 1))
     return tokens
 
 
@@ -100,6 +86,7 @@ class Module:
         self.path = path  # tuple of names from the crate root
         self.file = file
         self.parent = parent
+        self.test = parent is not None and parent.test  # under #[cfg(test)]
         self.children = {}  # name -> Module
         self.items = set()  # names defined at the module's top level
         self.imports = {}  # name -> (relative path segments, line)
@@ -164,6 +151,7 @@ def load_file(module, file, dir_owner, modules, errors):
     depth = 0
     visibility = False
     path_attr = None
+    cfg_test = False
     i = 0
     while i < len(tokens):
         kind, value, line = tokens[i]
@@ -177,6 +165,8 @@ def load_file(module, file, dir_owner, modules, errors):
         if kind == "punct" and value == "#" and i + 2 < len(tokens) and tokens[i + 1][1] == "[":
             if tokens[i + 2][1] == "path" and i + 4 < len(tokens):
                 path_attr = "?"  # #[path] modules are not followed; none are expected
+            if [t[1] for t in tokens[i + 2 : i + 6]] == ["cfg", "(", "test", ")"]:
+                cfg_test = True
         if kind == "ident" and value == "pub":
             visibility = True
             i += 1
@@ -197,12 +187,14 @@ def load_file(module, file, dir_owner, modules, errors):
                     found = [c for c in candidates if os.path.exists(c)]
                     if found:
                         child = Module(child_path, found[0], current)
+                        child.test = child.test or cfg_test
                         current.children[name] = child
                         modules.append(child)
                         load_file(child, found[0], found[0].endswith("mod.rs"), modules, errors)
                 i += 3
             elif after == "{":
                 child = Module(child_path, file, current)
+                child.test = child.test or cfg_test
                 current.children[name] = child
                 modules.append(child)
                 depth += 1
@@ -210,7 +202,7 @@ def load_file(module, file, dir_owner, modules, errors):
                 i += 3
             else:
                 i += 1
-            visibility, path_attr = False, None
+            visibility, path_attr, cfg_test = False, None, False
             continue
         if kind == "ident" and value == "use":
             trees = []
@@ -255,7 +247,7 @@ def load_file(module, file, dir_owner, modules, errors):
                 visibility = False
                 continue
         if value in (";", "{", "}"):
-            visibility = False
+            visibility, cfg_test = False, False
         i += 1
 
 
@@ -426,6 +418,8 @@ def check_crate(crate, verbose, own_items):
     edges = defaultdict(set)
     evidence = defaultdict(list)
     for module in crate.modules:
+        if module.test:
+            continue
         for target, why in references(crate, module):
             edge = edge_nodes(module, target, own_items)
             if edge is None:

@@ -1,24 +1,26 @@
 #!/usr/bin/env python3
 """No import circle between the modules of a crate.
 
-    python3 scripts/module-cycles.py [-v] [CRATE_DIR ...]     (default: every crates/*)
+    python3 scripts/module-cycles.py [-v] [--own-items] [CRATE_DIR ...]   (default: crates/*)
 
 Exits 1 and names the modules and the references that make each circle, 0 when there is none.
+`-v` lists every reference of an edge, not the first three.
 
-The rule. A module's tree (src/lib.rs, src/main.rs and src/bin/*.rs, each a crate root, and
-the `mod` declarations from there, inline `mod x { ... }` included) is read as floors: at
-each module P, the nodes are P's own items (what P.rs or P/mod.rs itself defines) and one node
-per child subtree of P. A reference from module M to an item defined in module T is an edge:
+The rule. A crate's module tree (src/lib.rs, src/main.rs and src/bin/*.rs, each a crate root,
+and the `mod` declarations from there, inline `mod x { ... }` included) is read level by level.
+A reference from module M to an item defined in module T is an edge between the two sibling
+subtrees that hold M and T, the children of their lowest common ancestor: `loadgen::plan::x`
+using `loadgen::report::Y` is the edge plan -> report. A circle is a strongly connected
+component of more than one sibling: `a` uses `b` and `b`, directly or through other siblings,
+uses `a`. The fix is to move what both sides use into a module of its own (a leaf of shared
+types), below both.
 
-- between the two sibling subtrees holding M and T (below their lowest common ancestor);
-- from P's own items to the child subtree holding T, when M is P and T is below it;
-- from the child subtree holding M to P's own items, when T is P and M is below it.
-
-So a child using its parent's own items (`super::Mode` where `Mode` is defined in the
-parent) is an edge up, and is fine as long as the parent's own code does not use that child;
-a parent that only declares its children, or re-exports their items (`pub use child::X`),
-does not use them. A circle is a strongly connected component of more than one node: the
-fix is to move what both sides use into a module of its own (a leaf of shared types).
+A module and its own descendants make no edge: a child using its parent's items through
+`super::` (a type the parent defines, an `impl Parent` split over files) is nesting, and so is
+a parent using its children. `--own-items` is stricter and only informs (CI does not run it):
+it also counts the edges between a parent's own items (what P.rs or P/mod.rs itself defines)
+and its child subtrees, so a parent whose children use its types while it uses theirs shows
+as a circle.
 
 What counts as a reference of M (M's own code: not the bodies of its inline child modules):
 

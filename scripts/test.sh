@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The project's test command (the README's, and what CI runs): formatting, lints, every test
-# of the workspace, and a short fuzzing run of the datagram parser.
+# The project's test command (the README's, and what CI runs): formatting, the modules' import
+# order, lints, every test of the workspace, and a short fuzzing run of the datagram parser.
 #
 #   scripts/test.sh            everything
 #   PMNET_FUZZ_SECONDS=0 ...   skip the fuzzing run
@@ -113,6 +113,9 @@ export PMNET_NODE_PATH="$PWD/target/node-clients/node_modules"
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
+
+step "no import circle between the modules of a crate (docs/architecture.md)"
+python3 scripts/module-cycles.py
 
 step "cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings

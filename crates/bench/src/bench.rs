@@ -21,9 +21,9 @@ use std::time::Duration;
 
 use pmnet::loadgen::scrape::external_media;
 use pmnet::loadgen::{
-    cache, capacity_config, capacity_table, cpu, rack, ratios, ratios_table, recovery, replication,
-    results_table, run_capacity, run_modes, setting_text, thousands, KeyDistribution, Plan, Report,
-    Target,
+    cache, capacity_config, capacity_table, cpu_table, rack, ratios, ratios_table, recovery,
+    replication, results_table, run_capacity, run_modes, setting_text, thousands, KeyDistribution,
+    Plan, Report, Target,
 };
 use pmnet::CliError;
 use pmnet_runtime::Shutdown;
@@ -96,7 +96,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
     let cache_comparisons = cache::comparisons(&results);
     println!();
     print!("{}", results_table(&results));
-    let cpu = cpu::cpu_table(&results);
+    let cpu = cpu_table(&results);
     if !cpu.is_empty() {
         println!();
         print!("{cpu}");

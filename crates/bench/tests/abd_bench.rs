@@ -7,29 +7,12 @@
 
 mod common;
 
-use std::path::Path;
-
-use common::{args, run_bench};
+use common::{args, nothing_left_in, run_bench};
 
 /// Whether `etcd` is on the PATH.
 fn etcd_installed() -> bool {
     std::env::var_os("PATH")
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("etcd").is_file()))
-}
-
-/// No directory of the benchmark is left under `dir`.
-fn nothing_left_in(dir: &Path) {
-    let left: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|entry| entry.file_name().to_string_lossy().into_owned())
-        .filter(|name| name.starts_with("pmnet-coord-bench-"))
-        .collect();
-    assert!(
-        left.is_empty(),
-        "left behind in {}: {left:?}",
-        dir.display()
-    );
 }
 
 #[test]

@@ -8,7 +8,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{args, run_bench};
+use common::{args, nothing_left_in, run_bench};
 
 /// Run `pmnet coord-bench ARGS --json FILE` to its end; the JSON.
 fn coord_bench(list: &[&str], dir: &Path) -> serde_json::Value {
@@ -24,21 +24,6 @@ fn coord_bench(list: &[&str], dir: &Path) -> serde_json::Value {
     );
     let text = std::fs::read_to_string(&json).expect("the JSON file");
     serde_json::from_str(&text).expect("valid JSON")
-}
-
-/// No directory of the benchmark is left under `dir`.
-fn nothing_left_in(dir: &Path) {
-    let left: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|entry| entry.file_name().to_string_lossy().into_owned())
-        .filter(|name| name.starts_with("pmnet-coord-bench-"))
-        .collect();
-    assert!(
-        left.is_empty(),
-        "left behind in {}: {left:?}",
-        dir.display()
-    );
 }
 
 #[test]

@@ -92,7 +92,7 @@ fn a_quick_run_leaves_every_experiments_files() {
     let names = experiment_names();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("eval");
-    let seed = std::env::var("PMNET_SEED").unwrap_or_else(|_| rand::random::<u64>().to_string());
+    let seed = pmnet_testkit::seed("a_quick_run_leaves_every_experiments_files").to_string();
     println!("pmnet eval --quick --seed {seed}");
     // Longer than run_bench waits: the suite runs every experiment (each of its commands has
     // a timeout of its own, so this ends).

@@ -15,12 +15,17 @@
 //!
 //! The options and the plan they make are in `loadgen/args.rs`; the plan, the setting it
 //! reports and the running of its modes in `loadgen/plan.rs`; what is read from the processes
-//! measured in `loadgen/scrape.rs`.
+//! measured in `loadgen/scrape.rs`. What a run measured is in `loadgen/results.rs` (types
+//! only, under everything that makes them), latencies in `loadgen/latency.rs`, and the text
+//! tables in `loadgen/report.rs`; the modes are in `loadgen/mode.rs`.
 
 pub mod args;
 pub mod cache;
 pub mod capacity;
 pub mod cpu;
+pub mod figures;
+pub mod latency;
+pub mod mode;
 pub mod plan;
 pub mod popularity;
 pub mod progress;
@@ -29,6 +34,7 @@ pub mod rack_client;
 pub mod recovery;
 pub mod replication;
 pub mod report;
+pub mod results;
 pub mod scrape;
 pub mod system;
 pub mod worker;
@@ -36,84 +42,22 @@ pub mod workload;
 
 use std::time::{Duration, Instant};
 
-use clap::ValueEnum;
 use pmnet_proto::Completion;
 use pmnet_runtime::{ClientSession, SessionOptions};
 use pmnet_store::{Reply, Request};
 
-pub use args::{fresh_keys, parse_payload, parse_seconds, LoadArgs, Pinning, MAX_CLIENTS};
-pub use cache::{comparisons as cache_comparisons, CacheComparison, CachePlan};
+pub use args::{fresh_keys, parse_payload, parse_seconds, LoadArgs, MAX_CLIENTS};
+pub use cache::{comparisons as cache_comparisons, CachePlan};
 pub use capacity::{run_capacity, CapacityConfig};
-pub use cpu::cpu_table;
-pub use plan::{resolve_pinning, run_modes, Plan, Target};
+pub use figures::thousands;
+pub use latency::{new_histogram, record, summarize, LatencySummary};
+pub use mode::Mode;
+pub use plan::{resolve_pinning, run_modes, Pinning, Plan, Target};
 pub use popularity::PopularityKind;
-pub use report::{
-    capacity_table, new_histogram, ratios, ratios_table, record, results_table, setting_text,
-    summarize, thousands, CapacityReport, LatencySummary, LoadPoint, ModeResult, Ratio, Report,
-    Setting,
-};
+pub use report::{capacity_table, cpu_table, ratios, ratios_table, results_table, setting_text};
+pub use results::{CacheComparison, CapacityReport, LoadPoint, ModeResult, Ratio, Report, Setting};
 pub use system::{remove_stale_files, LoopbackConfig, LoopbackSystem};
 pub use workload::{client_seed, key_name, KeyDistribution, RequestGenerator, Workload};
-
-/// A benchmark mode: what the client's requests go to and what they wait for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Mode {
-    /// UDP echo off the device's loop: the floor for any ack.
-    Echo,
-    /// Straight to the server: the client waits for the server's reply.
-    Baseline,
-    /// Through the device's forward port (logging off): a plain switch.
-    Forward,
-    /// Through the device's PMNet port: updates complete on the PMNet-ACK.
-    Pmnet,
-    /// `baseline` with every datagram authenticated (the `--key-file` keys, or a fresh key).
-    BaselineAuth,
-    /// `forward` with every datagram authenticated.
-    ForwardAuth,
-    /// `pmnet` with every datagram authenticated.
-    PmnetAuth,
-}
-
-impl Mode {
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Echo => "echo",
-            Mode::Baseline => "baseline",
-            Mode::Forward => "forward",
-            Mode::Pmnet => "pmnet",
-            Mode::BaselineAuth => "baseline-auth",
-            Mode::ForwardAuth => "forward-auth",
-            Mode::PmnetAuth => "pmnet-auth",
-        }
-    }
-
-    /// The mode without authentication: where its requests go and what they wait for.
-    pub fn path(self) -> Mode {
-        match self {
-            Mode::BaselineAuth => Mode::Baseline,
-            Mode::ForwardAuth => Mode::Forward,
-            Mode::PmnetAuth => Mode::Pmnet,
-            plain => plain,
-        }
-    }
-
-    /// Whether the mode authenticates every datagram whatever `--key-file` says.
-    pub fn is_authenticated(self) -> bool {
-        self.path() != self
-    }
-
-    pub fn waits_for(self) -> &'static str {
-        match self {
-            Mode::Echo => "a UDP echo from the device (the floor)",
-            Mode::Baseline => "the server's reply, sent directly",
-            Mode::Forward => "the server's reply via the device, no log",
-            Mode::Pmnet => "the device's PMNet-ACK (after its log write)",
-            Mode::BaselineAuth => "as baseline, every datagram authenticated",
-            Mode::ForwardAuth => "as forward, every datagram authenticated",
-            Mode::PmnetAuth => "as pmnet, every datagram authenticated",
-        }
-    }
-}
 
 /// returns the value: the system works, not just its numbers. Returns lines to print.
 pub fn functional_check(system: &LoopbackSystem, plan: &Plan) -> Result<Vec<String>, String> {

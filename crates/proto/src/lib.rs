@@ -21,6 +21,7 @@ mod capacity;
 mod client;
 mod counter;
 mod device;
+mod device_pipeline;
 mod drop;
 mod edge;
 mod function;
@@ -41,10 +42,11 @@ pub use device::{
     Device, DeviceConfig, DeviceCounters, PROBE_INTERVAL_FIRST, PROBE_INTERVAL_MAX,
     UNVERIFIED_WARN_AFTER,
 };
+pub use device_pipeline::DevicePipeline;
 pub use drop::{AuthWarnings, CountDrop, DropCounts, DropReason};
 pub use function::{
-    AfterDurable, DevicePipeline, FrontFunction, FrontWork, Fronts, NetworkFunction, NoPersistence,
-    Nothing, NumberedBatches, Persist, PersistBatch, Pipeline, RegionExecutor, RegionWrite, Stack,
+    AfterDurable, FrontFunction, FrontWork, Fronts, NetworkFunction, NoPersistence, Nothing,
+    NumberedBatches, Persist, PersistBatch, Pipeline, RegionExecutor, RegionWrite, Stack,
     StackWork, Verdict,
 };
 pub use histogram::{LatencyHistogram, LATENCY_BUCKETS_NS};

@@ -21,7 +21,7 @@ use serde::Serialize;
 use super::args::BenchArgs;
 use super::interleaved;
 use super::mac::{self, MacCost};
-use pmnet::loadgen::report::{CapacityReport, ModeResult, Setting};
+use pmnet::loadgen::results::{CapacityReport, ModeResult, Setting};
 use pmnet::loadgen::{
     capacity_config, capacity_table, ratios, ratios_table, results_table, run_capacity,
     setting_text, thousands, workload, Mode, Plan, Target,

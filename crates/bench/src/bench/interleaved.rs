@@ -17,7 +17,8 @@ use pmnet_proto::{ClientEvent, Completion};
 use pmnet_runtime::{pin_current_thread, ClientSession, SessionOptions, Shutdown};
 
 use pmnet::loadgen::cpu::{own_cpu_ns, CpuSource, SystemCpu};
-use pmnet::loadgen::report::{new_histogram, record, summarize, ModeResult};
+use pmnet::loadgen::latency::{new_histogram, record, summarize};
+use pmnet::loadgen::results::ModeResult;
 use pmnet::loadgen::system::LoopbackSystem;
 use pmnet::loadgen::{workload::RequestGenerator, Mode, Plan, Target};
 

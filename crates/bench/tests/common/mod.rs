@@ -8,11 +8,13 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+#[allow(unused_imports)] // likewise
+pub use pmnet_testkit::{args, run_to_completion};
 
 /// How long a benchmark run may take before a test gives up: generous, because the machine
 /// may be small and busy and a run starts whole ensembles (etcd, ZooKeeper, chains of
@@ -68,63 +70,6 @@ pub fn run_bench(args: &[String], stdin: Option<&str>) -> (ExitStatus, String, S
     run_to_completion(Command::new(bench_bin()).args(args), stdin, PATIENCE)
 }
 
-/// Run `command` to completion, feeding it `stdin`, for at most `patience`: (status, stdout,
-/// stderr).
-pub fn run_to_completion(
-    command: &mut Command,
-    stdin: Option<&str>,
-    patience: Duration,
-) -> (ExitStatus, String, String) {
-    use std::io::Write;
-    let mut child = command
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|error| panic!("cannot start {command:?}: {error}"));
-    if let Some(text) = stdin {
-        let mut input = child.stdin.take().expect("piped stdin");
-        input.write_all(text.as_bytes()).expect("write stdin");
-    }
-    // Read both pipes on threads so a chatty child never blocks.
-    let mut out = child.stdout.take().expect("piped stdout");
-    let mut err = child.stderr.take().expect("piped stderr");
-    let out_reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = out.read_to_string(&mut text);
-        text
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = err.read_to_string(&mut text);
-        text
-    });
-    let deadline = Instant::now() + patience;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for the child") {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{command:?} did not finish within {patience:?}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let stdout = out_reader.join().unwrap_or_default();
-    let stderr = err_reader.join().unwrap_or_default();
-    (status, stdout, stderr)
-}
-
-/// String arguments from string slices.
-pub fn args(list: &[&str]) -> Vec<String> {
-    list.iter().map(|arg| (*arg).to_owned()).collect()
-}
-
 /// Run `pmnet-bench ARGS --json FILE` (in `dir`) to success; the JSON it wrote.
 pub fn run_with_json(list: &[&str], dir: &tempfile::TempDir) -> (serde_json::Value, String) {
     let json = dir.path().join("report.json");
@@ -147,4 +92,20 @@ pub fn number(value: &serde_json::Value, path: &[&str]) -> f64 {
     }
     at.as_f64()
         .unwrap_or_else(|| panic!("{path:?} is not a number in {value:#}"))
+}
+
+/// No directory a benchmark of the coordination service leaves while it runs
+/// (`pmnet-coord-bench-…`) is left under `dir`.
+pub fn nothing_left_in(dir: &Path) {
+    let left: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("pmnet-coord-bench-"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "left behind in {}: {left:?}",
+        dir.display()
+    );
 }

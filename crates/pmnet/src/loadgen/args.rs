@@ -5,11 +5,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use pmnet_pm::{FlushChoice, MmapOptions, ADDED_LATENCY_NS_MAX};
 use pmnet_runtime::WaitMode;
 
-use super::plan::{resolve_pinning, ExternalTargets, Plan, Target};
+use super::plan::{resolve_pinning, ExternalTargets, Pinning, Plan, Target};
 use super::popularity::{Popularity, PopularityKind};
 use super::rack::RackArgs;
 use super::{KeyDistribution, LoopbackConfig, Mode, Workload};
@@ -20,19 +20,6 @@ const SLOT_SIZE: u32 = 2048;
 
 /// Clients at most: each is a thread.
 pub const MAX_CLIENTS: u32 = 256;
-
-/// Where the client, device and server threads run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Pinning {
-    /// With two or more CPUs: clients on CPU 0 and the server on CPU 1; the device next to
-    /// its client on CPU 0 with one client (as a ToR switch or the client's NIC would be: the
-    /// latency setting), on CPU 1 with the server under load from several clients (where the
-    /// clients' own CPU would otherwise cap the device: docs/benchmarks.md). One CPU: no
-    /// pinning.
-    Auto,
-    /// Leave placement to the scheduler.
-    None,
-}
 
 #[derive(Debug, Clone, Args)]
 pub struct LoadArgs {
@@ -622,6 +609,42 @@ fn loopback_config(
         resend_timeout: None,
         cache: None,
     })
+}
+
+impl RackArgs {
+    /// The rack `--servers` and `--server-max-ops-per-s` ask for (`None`: neither was given).
+    pub fn from_args(args: &LoadArgs, is_external: bool) -> Result<Option<RackArgs>, String> {
+        if args.servers.is_none() && args.server_max_ops_per_s.is_none() {
+            return Ok(None);
+        }
+        if is_external {
+            return Err(
+                "--servers and --server-max-ops-per-s start their own rack on loopback; \
+                 drop the --device/--forward/--echo/--server addresses"
+                    .into(),
+            );
+        }
+        if args.capacity {
+            return Err("--capacity measures forwarding alone; drop --servers and \
+                 --server-max-ops-per-s"
+                .into());
+        }
+        if args.device_workers > 1 {
+            return Err("a rack runs one device worker; drop --device-workers".into());
+        }
+        let servers = args.servers.unwrap_or(1);
+        if u32::from(args.server_id) + u32::from(servers) - 1 > u32::from(u16::MAX) {
+            return Err(format!(
+                "--server-id {} with {servers} servers runs past id {}: give a smaller id",
+                args.server_id,
+                u16::MAX
+            ));
+        }
+        Ok(Some(RackArgs {
+            servers,
+            server_max_ops_per_s: args.server_max_ops_per_s,
+        }))
+    }
 }
 
 #[cfg(test)]

@@ -9,11 +9,10 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use clap::Args;
-use serde::Serialize;
 
 use pmnet_runtime::Metrics;
 
-use super::report::ModeResult;
+use super::results::{CacheComparison, CacheResult, ModeResult};
 
 /// `pmnet bench`'s read cache options.
 #[derive(Debug, Clone, Args)]
@@ -172,29 +171,6 @@ impl CachePlan {
     }
 }
 
-/// What a run with the cache on reports about it (`"cache"` in each JSON result).
-#[derive(Debug, Clone, Serialize)]
-pub struct CacheResult {
-    /// Measured reads the device answered / measured reads.
-    pub hit_ratio: f64,
-    pub reads: u64,
-    pub reads_served_by_device: u64,
-    /// Items in the table when the run stopped (inserted − evicted − invalidated).
-    pub items: u64,
-    /// The device's counters over the whole run (warm-up included).
-    pub inserts: u64,
-    pub evictions: u64,
-    pub invalidations: u64,
-    pub fetches: u64,
-    pub device_hits: u64,
-    pub device_misses: u64,
-    /// Misses because the reading session had requests the device had not seen settled.
-    pub not_yet_servable: u64,
-    /// Fetches voided by a write to their key.
-    pub fetches_voided: u64,
-    pub settings: String,
-}
-
 impl CacheResult {
     /// The cache's counters from the device's metrics, with the clients' measured reads.
     pub fn new(
@@ -254,20 +230,6 @@ impl CacheResult {
             self.settings
         )
     }
-}
-
-/// A run with the cache on against the same run with it off.
-#[derive(Debug, Clone, Serialize)]
-pub struct CacheComparison {
-    pub on: String,
-    pub off: String,
-    /// Throughput, cache on / off.
-    pub gain: f64,
-    /// S × (the busiest server's share with the cache off) / (1 − hit ratio with it on).
-    pub ideal_gain: Option<f64>,
-    pub hit_ratio: f64,
-    /// p50 of reads the device answered (cache on) / p50 of reads a server answered (off).
-    pub read_p50_hit_vs_off: Option<f64>,
 }
 
 fn rounded(value: f64) -> f64 {
@@ -340,7 +302,7 @@ pub fn comparisons_text(comparisons: &[CacheComparison]) -> String {
 /// A rack result's reads: who answered them, their latency, and what the check of their
 /// values found.
 pub fn reads_text(result: &ModeResult) -> String {
-    let summary = |what: &str, reads: Option<super::report::LatencySummary>| {
+    let summary = |what: &str, reads: Option<super::latency::LatencySummary>| {
         reads.map(|reads| {
             format!(
                 "{} answered by {what} (p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs)",

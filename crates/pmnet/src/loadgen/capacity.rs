@@ -28,7 +28,7 @@ use pmnet_runtime::{
 };
 use pmnet_wire::{Header, PacketType};
 
-use super::report::{CapacityReport, CapacityResult};
+use super::results::{CapacityReport, CapacityResult};
 
 /// Sessions the generator's datagrams belong to.
 const GENERATOR_SESSIONS: u64 = 64;

@@ -173,65 +173,6 @@ impl CpuPerRequest {
     }
 }
 
-/// The CPU table: µs per request of each part, and the comparisons the design aims at (the
-/// device against the baseline's server; the PMNet server against the baseline's).
-pub fn cpu_table(results: &[super::ModeResult]) -> String {
-    use std::fmt::Write;
-    let measured: Vec<(&str, CpuPerRequest)> = results
-        .iter()
-        .filter_map(|result| Some((result.mode.as_str(), result.cpu?)))
-        .collect();
-    let mut out = String::new();
-    if measured.is_empty() {
-        return out;
-    }
-    let cell = |value: Option<f64>| value.map_or("-".to_owned(), |value| format!("{value:.2}"));
-    let _ = writeln!(
-        out,
-        "  {:<14} {:>10} {:>10} {:>10} {:>10}   CPU µs per request (user + system, all threads of the part)",
-        "mode", "clients", "device", "server", "total"
-    );
-    for (mode, cpu) in &measured {
-        let _ = writeln!(
-            out,
-            "  {:<14} {:>10} {:>10} {:>10} {:>10}",
-            mode,
-            cell(cpu.client_us),
-            cell(cpu.device_us),
-            cell(cpu.server_us),
-            format!("{:.2}", cpu.total_us()),
-        );
-    }
-    let find = |mode: &str| {
-        measured
-            .iter()
-            .find(|(name, _)| *name == mode)
-            .map(|(_, cpu)| *cpu)
-    };
-    let baseline_server = find("baseline").and_then(|cpu| cpu.server_us);
-    for mode in ["pmnet", "forward"] {
-        let Some(cpu) = find(mode) else { continue };
-        let Some(base) = baseline_server.filter(|base| *base > 0.0) else {
-            continue;
-        };
-        let mut parts = Vec::new();
-        if let Some(device) = cpu.device_us {
-            parts.push(format!("device {:.2}×", device / base));
-        }
-        if let Some(server) = cpu.server_us {
-            parts.push(format!("server {:.2}×", server / base));
-        }
-        if !parts.is_empty() {
-            let _ = writeln!(
-                out,
-                "  {mode}: {} the baseline server's CPU per request",
-                parts.join(", ")
-            );
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,22 +7,38 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use clap::ValueEnum;
 use hdrhistogram::Histogram;
 use pmnet_pktstore::EngineKind;
-use pmnet_runtime::{online_cpu_count, SessionOptions, Shutdown, WaitMode};
+use pmnet_runtime::{online_cpu_count, pin_current_thread, SessionOptions, Shutdown, WaitMode};
 
-use super::args::Pinning;
-use super::cache::{CachePlan, CacheResult, CACHE_SUFFIX};
+use super::cache::{CachePlan, CACHE_SUFFIX};
 use super::cpu::{CpuSource, SystemCpu};
+use super::latency::{cdf_points, new_histogram, summarize};
 use super::popularity::{Popularity, PopularityKind};
 use super::progress::Progress;
 use super::rack::{RackArgs, Timeline};
-use super::rack_client::RackRoute;
+use super::rack_client::run_rack_client;
 use super::recovery::Fine;
-use super::report::{cdf_points, new_histogram, summarize};
-use super::worker::{run_client, ClientOutcome, ClientPlan, Shared};
+use super::results::CacheResult;
+use super::worker::{
+    run_echo_client, run_session_client, ClientOutcome, ClientPlan, RackRoute, Shared,
+};
 use super::workload::SharedPopularity;
 use super::{KeyDistribution, LoopbackConfig, LoopbackSystem, Mode, ModeResult, Setting, Workload};
+
+/// Where the client, device and server threads run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Pinning {
+    /// With two or more CPUs: clients on CPU 0 and the server on CPU 1; the device next to
+    /// its client on CPU 0 with one client (as a ToR switch or the client's NIC would be: the
+    /// latency setting), on CPU 1 with the server under load from several clients (where the
+    /// clients' own CPU would otherwise cap the device: docs/benchmarks.md). One CPU: no
+    /// pinning.
+    Auto,
+    /// Leave placement to the scheduler.
+    None,
+}
 
 /// Addresses of running processes to measure.
 #[derive(Debug, Clone, Default)]
@@ -632,7 +648,13 @@ fn wait_for_clients(
     shutdown: &Shutdown,
 ) {
     let stretch = run.stretch;
-    let progress = Progress::new(plan.progress, mode);
+    let progress = Progress::new(
+        plan.progress,
+        mode,
+        plan.warmup,
+        plan.duration,
+        plan.requests,
+    );
     let mut next_report = stretch.start;
     let mut ended = false;
     while !handles.iter().all(|handle| handle.is_finished()) {
@@ -654,7 +676,7 @@ fn wait_for_clients(
             run.tick(shared, now);
         }
         if now >= next_report {
-            progress.update(plan, shared, stretch.start, stretch.measure_from, now);
+            progress.update(shared, stretch.start, stretch.measure_from, now);
             next_report = now + Duration::from_millis(500);
         }
         // Wake at the stretch's boundaries, so the readings are taken when it starts and ends,
@@ -679,6 +701,25 @@ fn wait_for_clients(
     run.tick(shared, Instant::now());
     cpu.end();
     progress.finish();
+}
+
+/// Run one client until the plan says stop.
+fn run_client(plan: ClientPlan, shared: Arc<Shared>) -> ClientOutcome {
+    if let Some(cpu) = plan.cpu {
+        if let Err(error) = pin_current_thread(cpu) {
+            let mut outcome = ClientOutcome::new();
+            outcome.error = Some(error);
+            shared.stop.store(true, Ordering::Relaxed);
+            return outcome;
+        }
+    }
+    if plan.echo {
+        run_echo_client(&plan, &shared)
+    } else if let Some(route) = &plan.rack {
+        run_rack_client(&plan, route, &shared)
+    } else {
+        run_session_client(&plan, &shared)
+    }
 }
 
 /// What the clients of a mode measured, all together.

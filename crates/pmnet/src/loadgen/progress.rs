@@ -2,9 +2,8 @@
 
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::plan::Plan;
 use super::worker::Shared;
 use super::{thousands, Mode};
 
@@ -13,10 +12,20 @@ pub(super) struct Progress {
     enabled: bool,
     terminal: bool,
     mode: Mode,
+    /// The plan's warm-up, and how long the mode measures: for a time, or these requests.
+    warmup: Duration,
+    duration: Option<Duration>,
+    requests: Option<u64>,
 }
 
 impl Progress {
-    pub(super) fn new(enabled: bool, mode: Mode) -> Progress {
+    pub(super) fn new(
+        enabled: bool,
+        mode: Mode,
+        warmup: Duration,
+        duration: Option<Duration>,
+        requests: Option<u64>,
+    ) -> Progress {
         let terminal = std::io::stderr().is_terminal();
         if enabled && !terminal {
             eprintln!("  running mode {} ...", mode.name());
@@ -25,13 +34,15 @@ impl Progress {
             enabled,
             terminal,
             mode,
+            warmup,
+            duration,
+            requests,
         }
     }
 
     /// Rewrite the line: the warm-up, or the measured requests and their rate so far.
     pub(super) fn update(
         &self,
-        plan: &Plan,
         shared: &Shared,
         start: Instant,
         measure_from: Instant,
@@ -45,11 +56,11 @@ impl Progress {
             format!(
                 "warm-up {:.1}/{:.1} s",
                 now.duration_since(start).as_secs_f64(),
-                plan.warmup.as_secs_f64()
+                self.warmup.as_secs_f64()
             )
         } else {
             let elapsed = now.duration_since(measure_from).as_secs_f64();
-            let length = match (plan.duration, plan.requests) {
+            let length = match (self.duration, self.requests) {
                 (_, Some(requests)) => format!(
                     "{}/{} requests",
                     thousands(measured as f64),

@@ -1,7 +1,7 @@
 //! The storage rack of `pmnet bench --servers S --server-max-ops-per-s N`: a device in front of
 //! S servers of an emulated capacity, keys partitioned over them, what a read cache in the
 //! device is measured against. This file has its options, the line printed every second, and
-//! the share of requests each server got.
+//! the share of requests each server got (`--servers` and the like are read in args.rs).
 
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::args::LoadArgs;
 use super::worker::Shared;
 
 /// Servers in a rack at most.
@@ -24,40 +23,6 @@ pub struct RackArgs {
 }
 
 impl RackArgs {
-    /// The rack `--servers` and `--server-max-ops-per-s` ask for (`None`: neither was given).
-    pub fn from_args(args: &LoadArgs, is_external: bool) -> Result<Option<RackArgs>, String> {
-        if args.servers.is_none() && args.server_max_ops_per_s.is_none() {
-            return Ok(None);
-        }
-        if is_external {
-            return Err(
-                "--servers and --server-max-ops-per-s start their own rack on loopback; \
-                 drop the --device/--forward/--echo/--server addresses"
-                    .into(),
-            );
-        }
-        if args.capacity {
-            return Err("--capacity measures forwarding alone; drop --servers and \
-                 --server-max-ops-per-s"
-                .into());
-        }
-        if args.device_workers > 1 {
-            return Err("a rack runs one device worker; drop --device-workers".into());
-        }
-        let servers = args.servers.unwrap_or(1);
-        if u32::from(args.server_id) + u32::from(servers) - 1 > u32::from(u16::MAX) {
-            return Err(format!(
-                "--server-id {} with {servers} servers runs past id {}: give a smaller id",
-                args.server_id,
-                u16::MAX
-            ));
-        }
-        Ok(Some(RackArgs {
-            servers,
-            server_max_ops_per_s: args.server_max_ops_per_s,
-        }))
-    }
-
     /// The device's shortest resend timeout for this rack: above the longest queue a
     /// capacity-limited server can have (every request of every client waiting at it), so
     /// that the device resends only what was lost, not what waits; `None` (the default, 20

@@ -14,30 +14,16 @@ use pmnet_proto::{Client, ClientConfig, ClientEvent, Completion};
 use pmnet_runtime::udp::BatchSocket;
 use pmnet_runtime::{random_session_id, Clock, WaitMode};
 
-use super::report::record;
+use super::latency::record;
 use super::worker::{
-    stalled, wait_readable, yield_cpu, ClientCpu, ClientOutcome, ClientPlan, Shared, Started,
-    MAX_WAIT,
+    stalled, wait_readable, yield_cpu, ClientCpu, ClientOutcome, ClientPlan, RackRoute, Shared,
+    Started, MAX_WAIT,
 };
 use super::workload::{key_name, GeneratedRequest, RequestGenerator, Stamp, STAMP_LEN};
 use pmnet_store::Reply;
 
 /// Datagrams the thread's socket queues to send at most (every session's together).
 const QUEUED_MAX: usize = 1 << 14;
-
-/// Where a rack client's sessions go: one per server, in server order.
-#[derive(Debug, Clone)]
-pub struct RackRoute {
-    /// The peer of each server's session: the device's port, or (baseline) the server.
-    pub peers: Vec<SocketAddr>,
-    /// The id of each server.
-    pub server_ids: Vec<u16>,
-    /// The sessions' first retransmission timeout: longer than a limited server's queue, so
-    /// that waiting for tokens does not turn into retransmissions.
-    pub retransmit_timeout: Duration,
-    /// The device caches reads: updates go as keyed updates, reads as cache reads.
-    pub cache: bool,
-}
 
 /// A request in flight on session `server`: a sequenced request, or a cache read (whose
 /// ids are the session's own, apart from sequence numbers).

@@ -23,13 +23,14 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use hdrhistogram::Histogram;
-use serde::Serialize;
 
 use pmnet_proto::ClientEvent;
 use pmnet_runtime::{pin_current_thread, ClientSession, Metrics, SessionOptions, Shutdown};
 
+use super::figures::{cell, ratio, thousands};
+use super::latency::summarize;
 use super::plan::{median_round, Plan, Target};
-use super::report::{cell, ratio, summarize, thousands, ModeResult};
+use super::results::{ModeResult, ReplicationRatio};
 use super::system::{
     start_device, start_server_at, temp_path, FileGuard, LoopbackConfig, ServerPlace,
 };
@@ -75,21 +76,6 @@ impl RepMode {
             (RepMode::Pmnet, r) => format!("PMNet-ACKs of {r} devices in series"),
         }
     }
-}
-
-/// One mode against another at one replication factor: each figure is `numerator /
-/// denominator` (below 1: the numerator is faster).
-#[derive(Debug, Clone, Serialize)]
-pub struct ReplicationRatio {
-    pub replicas: u8,
-    pub numerator: String,
-    pub denominator: String,
-    /// The denominator's replication factor (differs from `replicas` for the overhead of R
-    /// devices against one).
-    pub denominator_replicas: u8,
-    pub p50: Option<f64>,
-    pub p99: Option<f64>,
-    pub ops_per_s: Option<f64>,
 }
 
 /// A started system of one mode: its threads stop and its files go when it is dropped.

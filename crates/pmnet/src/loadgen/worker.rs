@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use pmnet_proto::{ClientEvent, Completion};
 use pmnet_runtime::udp::BatchSocket;
-use pmnet_runtime::{pin_current_thread, ClientSession, SessionOptions, WaitMode};
+use pmnet_runtime::{ClientSession, SessionOptions, WaitMode};
 use pmnet_wire::{Header, Packet, PacketType};
 
-use super::report::{new_histogram, record};
+use super::latency::{new_histogram, record};
 use super::workload::{RequestGenerator, Workload};
 
 /// An echo datagram not answered within this long is counted failed and replaced (UDP echo
@@ -91,9 +91,23 @@ pub struct ClientPlan {
     pub measure_until: Option<Instant>,
     pub requests: Option<u64>,
     /// A rack client's sessions, one per server (`None`: one session to `peer`).
-    pub rack: Option<super::rack_client::RackRoute>,
+    pub rack: Option<RackRoute>,
     /// The run's rank → key permutation, when popularity changes during the run.
     pub popularity: Option<super::workload::SharedPopularity>,
+}
+
+/// Where a rack client's sessions go: one per server, in server order.
+#[derive(Debug, Clone)]
+pub struct RackRoute {
+    /// The peer of each server's session: the device's port, or (baseline) the server.
+    pub peers: Vec<SocketAddr>,
+    /// The id of each server.
+    pub server_ids: Vec<u16>,
+    /// The sessions' first retransmission timeout: longer than a limited server's queue, so
+    /// that waiting for tokens does not turn into retransmissions.
+    pub retransmit_timeout: Duration,
+    /// The device caches reads: updates go as keyed updates, reads as cache reads.
+    pub cache: bool,
 }
 
 /// What one client thread measured.
@@ -212,26 +226,7 @@ impl ClientPlan {
     }
 }
 
-/// Run one client until the plan says stop.
-pub fn run_client(plan: ClientPlan, shared: Arc<Shared>) -> ClientOutcome {
-    if let Some(cpu) = plan.cpu {
-        if let Err(error) = pin_current_thread(cpu) {
-            let mut outcome = ClientOutcome::new();
-            outcome.error = Some(error);
-            shared.stop.store(true, Ordering::Relaxed);
-            return outcome;
-        }
-    }
-    if plan.echo {
-        run_echo_client(&plan, &shared)
-    } else if let Some(route) = &plan.rack {
-        super::rack_client::run_rack_client(&plan, route, &shared)
-    } else {
-        run_session_client(&plan, &shared)
-    }
-}
-
-fn run_session_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
+pub(super) fn run_session_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
     let mut outcome = ClientOutcome::new();
     let mut options = SessionOptions::new(plan.server_id, plan.peer);
     options.wait = plan.wait;
@@ -346,7 +341,7 @@ pub(super) fn yield_cpu() {
 
 /// Echo mode: a datagram of the size of an update request (a PMNet header and the same SET),
 /// sent to the device's echo port and timed until it comes back.
-fn run_echo_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
+pub(super) fn run_echo_client(plan: &ClientPlan, shared: &Shared) -> ClientOutcome {
     let mut outcome = ClientOutcome::new();
     let bind = if plan.peer.is_ipv4() {
         SocketAddr::from(([0, 0, 0, 0], 0))

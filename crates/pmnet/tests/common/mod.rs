@@ -12,6 +12,9 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[allow(unused_imports)] // likewise
+pub use pmnet_testkit::{args, run_to_completion, seed};
+
 /// How long anything may take before a test gives up: generous, because the machine may be
 /// small and busy (tests never assert on speed).
 pub const PATIENCE: Duration = Duration::from_secs(20);
@@ -35,19 +38,6 @@ pub fn free_udp_addr() -> SocketAddr {
     }
     let socket = UdpSocket::bind("127.0.0.1:0").expect("bind an ephemeral UDP port");
     socket.local_addr().expect("local address")
-}
-
-/// The seed of a randomised test: `PMNET_SEED`, or a fresh one; printed either way.
-pub fn seed(test: &str) -> u64 {
-    let seed = match std::env::var("PMNET_SEED") {
-        Ok(text) => text
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("PMNET_SEED must be a u64, got {text:?}")),
-        Err(_) => rand::random(),
-    };
-    eprintln!("{test}: PMNET_SEED={seed}");
-    seed
 }
 
 /// Call `check` until it returns `Some`, every 20 ms, for at most `PATIENCE`; panic with `what`
@@ -691,56 +681,5 @@ pub fn session(peer: SocketAddr) -> pmnet_runtime::ClientSession {
 
 /// Run `pmnet ARGS` to completion (at most `PATIENCE`): (status, stdout, stderr).
 pub fn run_pmnet(args: &[String], stdin: Option<&str>) -> (ExitStatus, String, String) {
-    use std::io::Write;
-    let mut child = Command::new(pmnet_bin())
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start pmnet");
-    if let Some(text) = stdin {
-        let mut input = child.stdin.take().expect("piped stdin");
-        input.write_all(text.as_bytes()).expect("write stdin");
-    }
-    // Read both pipes on threads so a chatty child never blocks.
-    let mut out = child.stdout.take().expect("piped stdout");
-    let mut err = child.stderr.take().expect("piped stderr");
-    let out_reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = out.read_to_string(&mut text);
-        text
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = err.read_to_string(&mut text);
-        text
-    });
-    let deadline = Instant::now() + PATIENCE;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for pmnet") {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "pmnet {} did not finish within {PATIENCE:?}",
-                args.join(" ")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let stdout = out_reader.join().unwrap_or_default();
-    let stderr = err_reader.join().unwrap_or_default();
-    (status, stdout, stderr)
-}
-
-/// String arguments from string slices.
-pub fn args(list: &[&str]) -> Vec<String> {
-    list.iter().map(|arg| (*arg).to_owned()).collect()
+    run_to_completion(Command::new(pmnet_bin()).args(args), stdin, PATIENCE)
 }

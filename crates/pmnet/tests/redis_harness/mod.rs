@@ -13,22 +13,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use pmnet_redis::resp::{SyncClient, Value};
+#[allow(unused_imports)] // likewise
+pub use pmnet_testkit::seed;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_pmnet");
 /// Longest wait for anything to become ready or to converge (liveness, not timing).
 pub const PATIENCE: Duration = Duration::from_secs(60);
-
-pub fn seed(test: &str) -> u64 {
-    let seed = match std::env::var("PMNET_SEED") {
-        Ok(text) => text
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("PMNET_SEED must be a u64, got {text:?}")),
-        Err(_) => rand::random(),
-    };
-    eprintln!("{test}: PMNET_SEED={seed}");
-    seed
-}
 
 pub fn require_redis() {
     for tool in ["redis-server", "redis-cli", "redis-benchmark"] {

@@ -10,7 +10,7 @@
 //! of `n` covers every batch up to `n`. [`Stack`] composes two functions into one; [`Fronts`]
 //! composes any number of the functions that persist on regions of their own (a device's
 //! cache, chain member, ABD coordinator) in a declared order, in front of the log
-//! ([`DevicePipeline`]).
+//! ([`crate::DevicePipeline`]).
 //!
 //! Why verdicts rather than routing by a table (quinn-proto's endpoint hands each datagram to
 //! the one connection its id names): here the owner is a function of the packet type (each
@@ -23,7 +23,7 @@
 mod device;
 mod pipeline;
 
-pub use device::{DevicePipeline, FrontFunction, FrontWork, Fronts, RegionExecutor, RegionWrite};
+pub use device::{FrontFunction, FrontWork, Fronts, RegionExecutor, RegionWrite};
 pub use pipeline::Pipeline;
 
 use std::collections::VecDeque;

@@ -18,8 +18,8 @@ const FORWARDED_TRAILERS_KEPT: usize = 8;
 /// functions in order; what none of them consumes is counted and dropped here.
 #[derive(Debug)]
 pub struct Pipeline<F> {
-    pub(super) functions: F,
-    pub(super) drops: DropCounts,
+    pub(crate) functions: F,
+    pub(crate) drops: DropCounts,
     /// Verification's warnings (failures; plain traffic from other hosts, when asked).
     edge: Edge,
     /// With keys configured: every datagram verified before it is parsed, every datagram

@@ -1,7 +1,7 @@
 //! The pipelined connections to Redis: opening them (with back-off), sending again what a lost
 //! connection owed, writing, and reading Redis's replies in order.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -9,21 +9,8 @@ use std::time::{Duration, Instant};
 use crate::resp::{self, parse_value, Value};
 use crate::script;
 
-use super::translation::{encode_request, Pending};
+use super::pending::{Expect, Pending};
 use super::Adaptor;
-
-/// What the next reply on a connection answers.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Expect {
-    /// A reply to the connection's set-up (`AUTH`, `SCRIPT LOAD`): an error closes it.
-    Setup(&'static str),
-    Request,
-    /// The reply to a group of this many requests (the group script): one `{status, reply}`
-    /// for each, in order.
-    Group(usize),
-    /// A reply nobody waits for (remembering a script body): an error is only logged.
-    Ignore,
-}
 
 /// One pipelined connection to Redis.
 #[derive(Debug)]
@@ -220,27 +207,7 @@ impl Adaptor {
             );
             conn.expect.push_back(Expect::Setup("SCRIPT LOAD"));
         }
-        // A read resent while a later write of its session may already be applied must not
-        // see that write: resend it through the checked read, bounded by that write's number.
-        let mut later_write: HashMap<u64, u32> = HashMap::new();
-        let mut bounds = vec![None; conn.pending.len()];
-        for (position, pending) in conn.pending.iter().enumerate().rev() {
-            if pending.op.writes() {
-                later_write.insert(pending.session_id, pending.seq);
-            } else if pending.op.reads() {
-                bounds[position] = later_write.get(&pending.session_id).copied();
-            }
-        }
-        let resent = conn.pending.len() as u64;
-        for (pending, bound) in conn.pending.iter_mut().zip(bounds) {
-            pending.sent_as = encode_request(
-                &mut conn.out,
-                &mut conn.expect,
-                &self.encoding,
-                pending,
-                bound,
-            );
-        }
+        let resent = self.resend_pending(index);
         if !first {
             self.counters.resent += resent;
             tracing::debug!(

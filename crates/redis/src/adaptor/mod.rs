@@ -29,6 +29,7 @@ mod functions;
 mod info;
 mod metrics;
 mod node;
+mod pending;
 mod recovery;
 mod transactions;
 mod translation;

@@ -10,9 +10,8 @@ use crate::resp::{error_reply, parse_int};
 use crate::script;
 use crate::table::Run;
 
-use super::translation::{
-    key_count, Op, ABORT, DB_OUT_OF_RANGE, REPLY_WORD, SCRIPT_WORD, SELECT_WORD,
-};
+use super::pending::Op;
+use super::translation::{key_count, ABORT, DB_OUT_OF_RANGE, REPLY_WORD, SCRIPT_WORD, SELECT_WORD};
 use super::Adaptor;
 
 impl Adaptor {

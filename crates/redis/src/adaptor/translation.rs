@@ -2,7 +2,7 @@
 //! writes), and Redis's answer becomes the request's reply; per-session flow control keeps at
 //! most [`REPLY_RING`] requests of a session at Redis.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use pmnet_proto::{RequestKind, ServerEvent};
@@ -11,50 +11,9 @@ use crate::resp::{encode_bulk, error_reply, parse_command, parse_int, Value};
 use crate::script::{self, REPLY_RING};
 use crate::table::Run;
 
-use super::connections::{Conn, Expect};
+use super::connections::Conn;
+use super::pending::{Expect, Op, Pending, SentAs};
 use super::Adaptor;
-
-/// What the adaptor does with a request.
-#[derive(Debug, Clone)]
-pub(super) enum Op {
-    /// Run through the apply script.
-    Write(Vec<Vec<u8>>),
-    /// Record this reply through the apply script, run nothing.
-    Literal(Vec<u8>),
-    /// Run as is (resent through the checked read when a later write may have been applied).
-    Read(Vec<Vec<u8>>),
-    /// Run as is, always.
-    StatelessRead(Vec<Vec<u8>>),
-    /// Through the apply script in another mode than `c`: these words follow the TTL (a
-    /// transaction, `x …`; `FLUSHALL`, `f …`).
-    Apply(Vec<Vec<u8>>),
-    /// A user's script in its exactly-once wrapper: `EVAL wrapper 1+keys record keys… seq ttl
-    /// args…`.
-    UserScript {
-        wrapper: Arc<[u8]>,
-        keys: Vec<Vec<u8>>,
-        args: Vec<Vec<u8>>,
-    },
-    /// The fingerprints of watched keys (like a read: resent through its bound).
-    Watch(Vec<Vec<u8>>),
-    /// `SCRIPT LOAD body`, then the body remembered in the records' database.
-    ScriptLoad(Vec<u8>),
-}
-
-impl Op {
-    /// Whether a read resent after it must not see this request's effects (it changes data).
-    pub(super) fn writes(&self) -> bool {
-        matches!(
-            self,
-            Op::Write(_) | Op::Literal(_) | Op::Apply(_) | Op::UserScript { .. }
-        )
-    }
-
-    /// Whether this request reads data of its session's place in the sequence.
-    pub(super) fn reads(&self) -> bool {
-        matches!(self, Op::Read(_) | Op::Watch(_))
-    }
-}
 
 /// What [`encode_request`] needs besides the request.
 #[derive(Debug, Clone)]
@@ -99,24 +58,6 @@ pub(super) const ABORT: &str = "EXECABORT Transaction discarded because of previ
 
 /// Redis's reply to a database number it does not have (`SELECT`, `MOVE`, …).
 pub(super) const DB_OUT_OF_RANGE: &str = "ERR DB index is out of range";
-
-/// How a request was last sent: how to read its reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum SentAs {
-    Script,
-    Direct,
-}
-
-/// A request taken from the server: at Redis, or waiting for its connection to open.
-#[derive(Debug)]
-pub(super) struct Pending {
-    pub(super) session_id: u64,
-    pub(super) seq: u32,
-    /// The database the request runs in (its client's `SELECT`).
-    pub(super) db: u32,
-    pub(super) op: Op,
-    pub(super) sent_as: SentAs,
-}
 
 /// Writes in one group script call at most.
 const GROUP_MAX: usize = 32;
@@ -757,6 +698,35 @@ impl Adaptor {
                 other => Err(format!("unexpected answer from the script: {other:?}")),
             },
         }
+    }
+}
+
+impl Adaptor {
+    /// Send connection `index`'s unanswered requests again (after it opened again); returns
+    /// how many. A read resent while a later write of its session may already be applied must
+    /// not see that write: it goes through the checked read, bounded by that write's number.
+    pub(super) fn resend_pending(&mut self, index: usize) -> u64 {
+        let conn = &mut self.conns[index];
+        let mut later_write: HashMap<u64, u32> = HashMap::new();
+        let mut bounds = vec![None; conn.pending.len()];
+        for (position, pending) in conn.pending.iter().enumerate().rev() {
+            if pending.op.writes() {
+                later_write.insert(pending.session_id, pending.seq);
+            } else if pending.op.reads() {
+                bounds[position] = later_write.get(&pending.session_id).copied();
+            }
+        }
+        let resent = conn.pending.len() as u64;
+        for (pending, bound) in conn.pending.iter_mut().zip(bounds) {
+            pending.sent_as = encode_request(
+                &mut conn.out,
+                &mut conn.expect,
+                &self.encoding,
+                pending,
+                bound,
+            );
+        }
+        resent
     }
 }
 

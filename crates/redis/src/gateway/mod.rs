@@ -35,6 +35,7 @@ mod metrics;
 mod request;
 mod scan;
 mod slowlog;
+mod then;
 
 pub use connection::Auth;
 use connection::ConnState;
@@ -210,7 +211,7 @@ enum Slot {
         /// The fixed reply of an update (on the device's ack).
         ack: Option<&'static [u8]>,
         /// What the reply becomes.
-        then: request::Then,
+        then: then::Then,
     },
     /// A cache read (`GET`), by its id; the command, for a RESP3 client.
     Reading {

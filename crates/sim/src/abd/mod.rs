@@ -32,6 +32,7 @@
 mod delivery;
 mod durability_checker;
 mod faults;
+mod line;
 mod linearizability_checker;
 mod liveness_checker;
 mod report;

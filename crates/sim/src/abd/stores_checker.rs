@@ -10,7 +10,7 @@ use pmnet_proto::Time;
 use pmnet_wire::abd::{Store, ABD_STORE};
 use pmnet_wire::{Header, PacketType};
 
-use super::world::line_value;
+use super::line::line_value;
 use super::LINES;
 
 /// The world's record of every store a coordinator sent: (line, timestamp) → the values stored

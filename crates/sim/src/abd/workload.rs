@@ -10,7 +10,8 @@ use pmnet_abd::{AbdClient, AbdError, ClientConfig, OpKind, LINE};
 use pmnet_lincheck::{Operation, RegisterInput, RegisterOutput, PENDING};
 use rand::Rng;
 
-use super::world::{client_addr, device_addr, line_bytes, line_value, send_all};
+use super::line::{line_bytes, line_value};
+use super::world::{client_addr, device_addr, send_all};
 use super::world::{AbdWorld, Engine, InFlight};
 use super::{COLD_SHARE, HOT, LINES};
 

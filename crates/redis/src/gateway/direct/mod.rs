@@ -34,7 +34,7 @@ mod link;
 pub(super) use exec::queue_exec;
 use link::{open, pump, pump_out, Link};
 
-use super::request::Then;
+use super::then::Then;
 use super::{Conn, GatewayCounters, GatewayOptions, Slot};
 
 /// How the gateway reaches the redis-server behind the adaptor (`--redis`).

@@ -88,7 +88,7 @@ pub struct SimArgs {
 
     /// Simulate the chain store instead (NetChain members, their controller and clients:
     /// crashes, a member lost for good, partitions, controller restarts; docs/simulation.md).
-    #[arg(long, conflicts_with_all = ["requests_per_client", "safety_actions", "liveness_bound", "quiet_trace", "no_trace"])]
+    #[arg(long, conflicts_with_all = ["requests_per_client", "safety_actions", "liveness_bound"])]
     pub chain_store: bool,
 
     /// With --chain-store: the fixed chains of `pmnet kv --chain-member` (no controller;
@@ -99,7 +99,7 @@ pub struct SimArgs {
     /// Simulate replicated memory instead (ABD memory nodes, a coordinating device with its
     /// clients and client-driven coordinators: node crashes, memory lost for good, partitions,
     /// device restarts; docs/simulation.md).
-    #[arg(long, conflicts_with_all = ["chain_store", "requests_per_client", "safety_actions", "liveness_bound", "quiet_trace", "no_trace"])]
+    #[arg(long, conflicts_with_all = ["chain_store", "requests_per_client", "safety_actions", "liveness_bound"])]
     pub abd: bool,
 
     /// Run every world on each seed N: the main world's seed N (with the options above), the
@@ -134,9 +134,10 @@ pub fn run(args: SimArgs) -> Result<ExitCode, CliError> {
         (false, _, false) => None,
     };
     if let Some(world) = other {
+        let trace = (!args.no_trace).then_some(!args.quiet_trace);
         return Ok(worlds::run(
             world,
-            args.seed,
+            args.seed.map(|seed| (seed, trace)),
             args.seeds.unwrap_or(DEFAULT_SWARM),
             args.start_seed,
             args.jobs,

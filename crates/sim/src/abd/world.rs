@@ -21,9 +21,8 @@ use rand_chacha::ChaCha8Rng;
 use super::stores_checker::Stores;
 use super::{AbdReport, LINES};
 use crate::function_host::FunctionHost;
-use crate::net::Net;
-use crate::net_attacker::{NetAuth, Replayer};
-use crate::world::SIM_EPOCH_MS;
+use crate::network::{Network, NetworkKeys, Replayer};
+use crate::world::{node_name, SIM_EPOCH_MS};
 
 /// How long the faults last (virtual time, after the group formed).
 pub(super) const SAFETY: Duration = Duration::from_secs(3);
@@ -123,13 +122,12 @@ pub(super) struct AbdWorld {
     pub(super) rng: ChaCha8Rng,
     /// Device clients starting over with new sessions, from a generator of its own.
     pub(super) churn: ChaCha8Rng,
-    pub(super) net: Net,
+    /// Virtual time.
+    pub(super) now: Time,
+    pub(super) network: Network,
     pub(super) tolerated: usize,
     pub(super) device_clients: usize,
     pub(super) direct_clients: usize,
-    /// `PMNET_ABD_TRACE`, `PMNET_ABD_TRACE_ALL`.
-    pub(super) trace: bool,
-    pub(super) trace_all: bool,
     pub(super) report: AbdReport,
     pub(super) nodes: Vec<Node>,
     /// The coordinating device as `pmnet device --abd-node` runs it: [`AbdFunction`] in a
@@ -209,20 +207,26 @@ pub(super) fn device_host(nodes: usize, session: u64, now: Time) -> FunctionHost
 /// Send what `from` emits, noting every store a coordinator sends.
 pub(super) fn send_all(
     from: SocketAddr,
-    net: &mut Net,
+    now: Time,
+    network: &mut Network,
     stores: &mut Stores,
     transmits: impl IntoIterator<Item = pmnet_proto::Transmit>,
 ) {
     for transmit in transmits {
-        stores.note(net.now, &transmit.bytes);
-        net.send(from, transmit.destination, transmit.bytes);
+        stores.note(now, &transmit.bytes);
+        network.send(now, from, transmit.destination, transmit.bytes);
     }
 }
 
 /// Hand the node's new batches to its persistent memory, complete those due, send what it
 /// has to send.
-pub(super) fn flush_node(node: &mut Node, index: usize, net: &mut Net, rng: &mut ChaCha8Rng) {
-    let now = net.now;
+pub(super) fn flush_node(
+    node: &mut Node,
+    index: usize,
+    now: Time,
+    network: &mut Network,
+    rng: &mut ChaCha8Rng,
+) {
     while let Some(batch) = node.host.poll_persist() {
         let after = node.persisting.back().map_or(now, |(at, ..)| *at);
         let at = after.max(now) + Duration::from_micros(rng.random_range(1..PERSIST_MAX_US));
@@ -233,29 +237,35 @@ pub(super) fn flush_node(node: &mut Node, index: usize, net: &mut Net, rng: &mut
         node.host.persist(now, batch);
     }
     while let Some(transmit) = node.host.poll_transmit() {
-        net.send(node_addr(index), transmit.destination, transmit.bytes);
+        network.send(now, node_addr(index), transmit.destination, transmit.bytes);
     }
 }
 
 impl AbdWorld {
-    /// Seed `seed`'s world at time zero: every node empty, about to form the group.
-    pub(super) fn new(seed: u64) -> Result<AbdWorld, String> {
+    /// Seed `seed`'s world at time zero: every node empty, about to form the group. Its trace
+    /// keeps its lines when `keep` (`Some(false)`: without the datagram lines).
+    pub(super) fn new(seed: u64, keep: Option<bool>) -> Result<AbdWorld, String> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let loss = rng.random_range(0.0..0.1);
         let duplicate = rng.random_range(0.0..0.05);
-        let mut net = Net::new(ChaCha8Rng::seed_from_u64(seed ^ 0xabd0), loss, duplicate);
+        let mut network = Network::uniform(seed ^ 0xabd0, loss, duplicate, node_name);
         // Keys on every endpoint; an attacker replaying what it captured.
-        net.auth = Some(NetAuth::for_seed(seed));
+        network.keys = Some(NetworkKeys::for_seed(seed));
         let node_count = if rng.random_bool(0.5) { 3 } else { 5 };
         let device_clients = rng.random_range(1..=3usize);
         let direct_clients = rng.random_range(1..=3usize);
-        let trace = std::env::var_os("PMNET_ABD_TRACE").is_some();
-        if trace {
-            eprintln!(
-                "seed {seed}: {node_count} nodes, {device_clients} clients through the device, \
-                 {direct_clients} client-driven; loss {loss:.3}, duplication {duplicate:.3}"
-            );
+        if let Some(datagrams) = keep {
+            network.trace.keep(datagrams);
         }
+        network.trace.note(Time::ZERO, "sim", || {
+            format!(
+                "seed {seed}: {node_count} memory nodes, {device_clients} clients through the \
+                 device, {direct_clients} client-driven; loss {:.1}%, duplication {:.1}%, \
+                 delay 10-400 us",
+                loss * 100.0,
+                duplicate * 100.0
+            )
+        });
         let mut nodes = Vec::with_capacity(node_count);
         for index in 0..node_count {
             nodes.push(Node {
@@ -269,16 +279,15 @@ impl AbdWorld {
         }
         let device = device_host(node_count, rng.random(), Time::ZERO);
         let clients = new_clients(&mut rng, node_count, device_clients, direct_clients);
-        net.replayer = Some(replayer(seed, node_count, clients.len()));
+        network.replayer = Some(replayer(seed, node_count, clients.len()));
         Ok(AbdWorld {
             rng,
             churn: ChaCha8Rng::seed_from_u64(seed ^ 0xc4_abd0),
-            net,
+            now: Time::ZERO,
+            network,
             tolerated: (node_count - 1) / 2,
             device_clients,
             direct_clients,
-            trace,
-            trace_all: trace && std::env::var_os("PMNET_ABD_TRACE_ALL").is_some(),
             report: AbdReport {
                 seed,
                 nodes: node_count as u64,
@@ -311,13 +320,13 @@ impl AbdWorld {
 
     /// Past the safety phase: the faults heal.
     pub(super) fn healing(&self) -> bool {
-        self.running() && self.net.now >= self.end_of_safety
+        self.running() && self.now >= self.end_of_safety
     }
 
     /// Before the safety phase: once every node is a member (each learnt that no other holds
     /// a line), the faults are scheduled and the clients start.
     pub(super) fn form_group(&mut self) -> Result<(), String> {
-        let now = self.net.now;
+        let now = self.now;
         if self.start.is_some() {
             return Ok(());
         }
@@ -344,9 +353,8 @@ impl AbdWorld {
         for client in &mut self.clients {
             client.next_at = now + Duration::from_micros(self.rng.random_range(0..2000));
         }
-        if self.trace {
-            eprintln!("{now} the group formed; faults at {:?}", self.faults);
-        }
+        let faults = format!("{:?}", self.faults);
+        self.note("sim", || format!("the group formed; faults at {faults}"));
         Ok(())
     }
 
@@ -365,12 +373,12 @@ impl AbdWorld {
             self.report.lines_learnt += node.node().counters().sync_lines_taken;
         }
         self.report.replays_refused += self.device.function().counters().replays_refused;
-        if let Some(replayer) = &self.net.replayer {
+        if let Some(replayer) = &self.network.replayer {
             self.report.replayed = replayer.replayed;
             self.report.replayed_past_window = replayer.replayed_past_window;
             self.report.replay_bursts = replayer.bursts_after_restarts;
         }
-        self.report.stale_dropped = self.net.auth.as_ref().map_or(0, NetAuth::stale);
+        self.report.stale_dropped = self.network.keys.as_ref().map_or(0, NetworkKeys::stale);
     }
 }
 

@@ -97,10 +97,11 @@ impl Attacker {
         world: &mut World,
         summary: &mut FaultSummary,
     ) {
-        if world.network.sent != self.archived_at_sent && self.late.random_bool(ARCHIVE_PROBABILITY)
+        if world.network.counters.sent != self.archived_at_sent
+            && self.late.random_bool(ARCHIVE_PROBABILITY)
         {
-            if let Some((from, to, bytes)) = world.captured.back() {
-                self.archived_at_sent = world.network.sent;
+            if let Some((from, to, bytes)) = world.network.captured.back() {
+                self.archived_at_sent = world.network.counters.sent;
                 let entry = (world.now, *from, *to, bytes.clone());
                 if self.archive.len() < ARCHIVE_MAX {
                     self.archive.push(entry);
@@ -180,7 +181,7 @@ impl Attacker {
         if !self.rng.random_bool(STRIKE_PROBABILITY) {
             return;
         }
-        if self.rng.random_bool(REPLAY_PROBABILITY) && !world.captured.is_empty() {
+        if self.rng.random_bool(REPLAY_PROBABILITY) && !world.network.captured.is_empty() {
             self.replay(world, summary);
         } else {
             self.forge(world, summary);
@@ -190,8 +191,8 @@ impl Attacker {
     /// Send a captured datagram again, unchanged, from its source: to its destination, or
     /// now and then to another node.
     fn replay(&mut self, world: &mut World, summary: &mut FaultSummary) {
-        let index = self.rng.random_range(0..world.captured.len());
-        let (from, mut to, bytes) = world.captured[index].clone();
+        let index = self.rng.random_range(0..world.network.captured.len());
+        let (from, mut to, bytes) = world.network.captured[index].clone();
         if self.rng.random_bool(0.25) {
             to = self.node(world);
         }
@@ -201,7 +202,7 @@ impl Attacker {
             "attacker",
             &format!(
                 "replays a {what} captured {} datagrams ago, from {from} to {to}",
-                world.captured.len() - index
+                world.network.captured.len() - index
             ),
         );
         world.inject(from, to, bytes);

@@ -1,112 +1,19 @@
-//! Keys and an eavesdropping attacker on the network of the chain store's and the replicated
-//! memory's worlds.
-//!
-//! [`NetAuth`]: every endpoint seals what it sends and verifies what it receives, as its
-//! pipeline does in a deployment, with a key set whose replay window is one second (the
-//! worlds run for seconds: replays past the window happen) and the world's virtual wall clock
-//! (`SIM_EPOCH_MS` plus virtual time). What does not verify is dropped and counted by reason;
-//! the seal time of what does is handed to the receiver (`note_seal`), for the chain head's
-//! and the coordinator's replay floors.
-//!
-//! [`Replayer`]: an attacker without the key that captures genuine datagrams as they are sent
-//! (recent ones, and an archive sampled over the whole run) and replays them verbatim, from
-//! their source, at random times (to their destination or another endpoint), and in bursts
-//! after a restart of the endpoint they were sent to (the chain's members, the coordinating
-//! device): just after it, and once a new second of seal time has begun. Client requests,
-//! writes above all, are what it replays most. Its choices come from a generator of its own.
+//! The network's eavesdropper: an attacker without the key that captures genuine datagrams
+//! as they are sent (recent ones, and an archive sampled over the whole run) and replays them
+//! verbatim, from their source, at random times (to their destination or another endpoint),
+//! and in bursts after a restart of the endpoint they were sent to: just after it, and once a
+//! new second of seal time has begun. Client requests, writes above all, are what it replays
+//! most. Its choices come from a generator of its own.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use pmnet_auth::{Authenticator, DeploymentKey, KeySet};
 use pmnet_proto::Time;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::world::SIM_EPOCH_MS;
-
-/// The replay window of these worlds' keys.
-pub(crate) const REPLAY_WINDOW_MS: u32 = 1000;
-
-/// Every endpoint's authenticator, on the world's virtual wall clock.
-pub(crate) struct NetAuth {
-    template: Authenticator,
-    endpoints: HashMap<SocketAddr, Authenticator>,
-    wall: Arc<AtomicU64>,
-    /// Datagrams dropped because they did not verify, by reason (`stale`, `bad_tag`, ...).
-    pub(crate) dropped: BTreeMap<&'static str, u64>,
-}
-
-impl NetAuth {
-    /// Keys drawn from `seed`.
-    pub(crate) fn for_seed(seed: u64) -> NetAuth {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6e65_745f_6b65_7973);
-        let keys = KeySet::new(vec![DeploymentKey::new(1, rng.random())])
-            .with_replay_window_ms(REPLAY_WINDOW_MS)
-            .encrypting_payloads(rng.random_bool(0.5));
-        let wall = Arc::new(AtomicU64::new(SIM_EPOCH_MS));
-        let clock = wall.clone();
-        let template = Authenticator::with_nonce_prefix(keys, rng.random())
-            .with_clock(Arc::new(move || clock.load(Ordering::Relaxed)));
-        NetAuth {
-            template,
-            endpoints: HashMap::new(),
-            wall,
-            dropped: BTreeMap::new(),
-        }
-    }
-
-    fn sync(&self, now: Time) {
-        self.wall
-            .store(SIM_EPOCH_MS + now.as_nanos() / 1_000_000, Ordering::Relaxed);
-    }
-
-    fn endpoint(&mut self, addr: SocketAddr) -> &mut Authenticator {
-        let template = &self.template;
-        self.endpoints
-            .entry(addr)
-            .or_insert_with(|| template.clone())
-    }
-
-    /// Seal what `from` sends at `now`.
-    pub(crate) fn seal(&mut self, now: Time, from: SocketAddr, bytes: &mut Vec<u8>) {
-        self.sync(now);
-        self.endpoint(from).seal(bytes);
-    }
-
-    /// Verify what `to` receives at `now`: the datagram as the parser expects it and when it
-    /// was sealed (with the wall clock now), or `None` (dropped and counted).
-    pub(crate) fn open(
-        &mut self,
-        now: Time,
-        to: SocketAddr,
-        bytes: &[u8],
-    ) -> Option<(Vec<u8>, (u64, u64))> {
-        self.sync(now);
-        let auth = self.endpoint(to);
-        match auth.verify(bytes) {
-            Ok(plain) => {
-                let plain = plain.into_owned();
-                Some((plain, (auth.sealed_at(), auth.now_ms())))
-            }
-            Err(error) => {
-                *self.dropped.entry(error.reason()).or_default() += 1;
-                None
-            }
-        }
-    }
-
-    /// Datagrams dropped as sealed outside the replay window (replays).
-    pub(crate) fn stale(&self) -> u64 {
-        ["stale", "from_the_future"]
-            .iter()
-            .filter_map(|reason| self.dropped.get(reason))
-            .sum()
-    }
-}
+use super::keys::REPLAY_WINDOW_MS;
 
 /// A captured datagram: when, from, to, the bytes as sent.
 type Captured = (Time, SocketAddr, SocketAddr, Vec<u8>);
@@ -115,7 +22,8 @@ const RECENT_MAX: usize = 256;
 const ARCHIVE_MAX: usize = 256;
 
 /// The eavesdropper that replays.
-pub(crate) struct Replayer {
+#[derive(Debug)]
+pub struct Replayer {
     rng: ChaCha8Rng,
     recent: VecDeque<Captured>,
     archive: Vec<Captured>,

@@ -21,7 +21,7 @@ use rand_chacha::ChaCha8Rng;
 use super::stores_checker::Stores;
 use super::{AbdReport, LINES};
 use crate::function_host::FunctionHost;
-use crate::network::{Network, NetworkKeys, Replayer};
+use crate::network::{Attacker, Network, NetworkKeys};
 use crate::world::{node_name, SIM_EPOCH_MS};
 
 /// How long the faults last (virtual time, after the group formed).
@@ -279,7 +279,7 @@ impl AbdWorld {
         }
         let device = device_host(node_count, rng.random(), Time::ZERO);
         let clients = new_clients(&mut rng, node_count, device_clients, direct_clients);
-        network.replayer = Some(replayer(seed, node_count, clients.len()));
+        network.attacker = Some(attacker(seed, node_count, clients.len()));
         Ok(AbdWorld {
             rng,
             churn: ChaCha8Rng::seed_from_u64(seed ^ 0xc4_abd0),
@@ -373,10 +373,10 @@ impl AbdWorld {
             self.report.lines_learnt += node.node().counters().sync_lines_taken;
         }
         self.report.replays_refused += self.device.function().counters().replays_refused;
-        if let Some(replayer) = &self.network.replayer {
-            self.report.replayed = replayer.replayed;
-            self.report.replayed_past_window = replayer.replayed_past_window;
-            self.report.replay_bursts = replayer.bursts_after_restarts;
+        if let Some(attacker) = &self.network.attacker {
+            self.report.replayed = attacker.replayed;
+            self.report.replayed_past_window = attacker.replayed_past_window;
+            self.report.replay_bursts = attacker.bursts_after_restarts;
         }
         self.report.stale_dropped = self.network.keys.as_ref().map_or(0, NetworkKeys::stale);
     }
@@ -420,15 +420,16 @@ fn new_clients(
 
 /// The attacker: it replays client requests first, and spares stores and their acks unless
 /// `PMNET_ABD_REPLAY_STORES` is set (docs/simulation.md, "What is not modelled").
-fn replayer(seed: u64, node_count: usize, clients: usize) -> Replayer {
+fn attacker(seed: u64, node_count: usize, clients: usize) -> Attacker {
     let endpoints: Vec<SocketAddr> = (0..node_count)
         .map(node_addr)
         .chain((0..clients).map(client_addr))
         .chain([device_addr()])
         .collect();
-    let mut replayer = Replayer::new(seed, (0..clients).map(client_addr).collect(), endpoints);
+    let mut attacker =
+        Attacker::replaying(seed, (0..clients).map(client_addr).collect(), endpoints);
     if std::env::var_os("PMNET_ABD_REPLAY_STORES").is_none() {
-        replayer.spared_types = vec![pmnet_wire::abd::ABD_STORE, pmnet_wire::abd::ABD_STORE_ACK];
+        attacker.spared_types = vec![pmnet_wire::abd::ABD_STORE, pmnet_wire::abd::ABD_STORE_ACK];
     }
-    replayer
+    attacker
 }

@@ -19,7 +19,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::ChainReport;
 use crate::function_host::FunctionHost;
-use crate::network::{Network, NetworkKeys, Replayer};
+use crate::network::{Attacker, Network, NetworkKeys};
 use crate::world::node_name;
 
 pub(super) const MEMBERS: usize = 4;
@@ -253,7 +253,7 @@ impl ChainWorld {
             .chain((0..CLIENTS).map(client_addr))
             .chain([controller_addr()])
             .collect();
-        network.replayer = Some(Replayer::new(
+        network.attacker = Some(Attacker::replaying(
             seed,
             (0..CLIENTS).map(client_addr).collect(),
             endpoints,
@@ -336,10 +336,10 @@ impl ChainWorld {
             report.reads_relayed += member.node().counters().reads_relayed;
             report.replays_refused += member.node().counters().replays_refused;
         }
-        if let Some(replayer) = &self.network.replayer {
-            report.replayed = replayer.replayed;
-            report.replayed_past_window = replayer.replayed_past_window;
-            report.replay_bursts = replayer.bursts_after_restarts;
+        if let Some(attacker) = &self.network.attacker {
+            report.replayed = attacker.replayed;
+            report.replayed_past_window = attacker.replayed_past_window;
+            report.replay_bursts = attacker.bursts_after_restarts;
         }
         report.stale_dropped = self.network.keys.as_ref().map_or(0, NetworkKeys::stale);
         report

@@ -1,28 +1,28 @@
 //! The one network of every simulated world: a delivery queue in virtual time; the fault
 //! knobs (loss, duplication, the delay model the world chooses, corruption in flight:
 //! `faults.rs`); partitions both as blocked links (dropped when sent) and timed cuts (dropped
-//! when due); drop rules of tests; capture for the attacker and its replays
-//! (`replayer.rs`); sealing and verifying for the worlds whose nodes hold no keys
+//! when due); drop rules of tests; the one attacker, which captures what is sent and replays
+//! it (`attacker.rs`); sealing and verifying for the worlds whose nodes hold no keys
 //! (`keys.rs`); the one trace writer with its hash (`trace.rs`) and the counts of what it did.
 //!
 //! The network has no clock of its own: each call is given the world's `now`.
 
+mod attacker;
 mod faults;
 mod keys;
-mod replayer;
 mod trace;
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashSet, VecDeque};
+use std::collections::{BinaryHeap, HashSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use pmnet_proto::Time;
 use pmnet_wire::Header;
 
+pub use attacker::Attacker;
 pub use faults::{Delay, Faults, NetworkCounters};
 pub use keys::NetworkKeys;
-pub use replayer::Replayer;
 pub use trace::{describe_datagram, describe_header, Trace, TracedRun};
 
 /// One datagram put on the network, for assertions and traces.
@@ -74,10 +74,6 @@ pub struct Network {
     pub cuts: Vec<Cut>,
     drop_rules: Vec<DropRule>,
     pub counters: NetworkCounters,
-    /// The last datagrams put on the network, as sent (source, destination, bytes), when
-    /// capturing is on: what an eavesdropper holds and may replay. At most `capture_len_max`.
-    pub captured: VecDeque<(SocketAddr, SocketAddr, Vec<u8>)>,
-    pub capture_len_max: usize,
     /// Every datagram sent, when `record_seen` is on (tests); off in long swarms.
     pub seen: Vec<Seen>,
     pub record_seen: bool,
@@ -85,8 +81,9 @@ pub struct Network {
     pub trace: Trace,
     /// Keys the network seals and verifies with, for nodes that hold none.
     pub keys: Option<NetworkKeys>,
-    /// The eavesdropper that captures what is sent and replays it on its own schedule.
-    pub replayer: Option<Replayer>,
+    /// The attacker: it captures every datagram sent, and replays on its own schedule
+    /// ([`Network::strike`], [`Network::restarted`]) or as the world drives it.
+    pub attacker: Option<Attacker>,
     /// How traces name an address.
     names: fn(SocketAddr) -> String,
 }
@@ -103,13 +100,11 @@ impl Network {
             cuts: Vec::new(),
             drop_rules: Vec::new(),
             counters: NetworkCounters::default(),
-            captured: VecDeque::new(),
-            capture_len_max: 0,
             seen: Vec::new(),
             record_seen: true,
             trace: Trace::new(),
             keys: None,
-            replayer: None,
+            attacker: None,
             names,
         }
     }
@@ -148,8 +143,8 @@ impl Network {
     }
 
     /// Put a datagram `from` sends at `now` on the network, with its faults: drop rules,
-    /// blocked links, the random faults; sealed first with the network's keys, and seen by
-    /// the capture and the eavesdropper. Its `send` line notes what happened to it, and
+    /// blocked links, the random faults; sealed first with the network's keys, and captured
+    /// by the attacker. Its `send` line notes what happened to it, and
     /// `note` after (`[checked durable]`, ...). A datagram whose header does not parse is a
     /// bug of its sender.
     pub fn send(&mut self, now: Time, from: SocketAddr, to: SocketAddr, bytes: Vec<u8>) {
@@ -172,8 +167,8 @@ impl Network {
         if let Some(keys) = self.keys.as_mut() {
             keys.seal(now, from, &mut bytes);
         }
-        if let Some(replayer) = self.replayer.as_mut() {
-            replayer.capture(now, from, to, &bytes);
+        if let Some(attacker) = self.attacker.as_mut() {
+            attacker.capture(now, from, to, &bytes);
         }
         self.counters.sent += 1;
         let mut seen = Seen {
@@ -193,12 +188,6 @@ impl Network {
             seen.dropped = true;
             self.counters.partitioned += 1;
             fate.push_str(" [cut by a partition]");
-        }
-        if self.capture_len_max > 0 {
-            if self.captured.len() == self.capture_len_max {
-                self.captured.pop_front();
-            }
-            self.captured.push_back((from, to, bytes.clone()));
         }
         let mut copies = 1;
         let mut delays = [self.delay.base(); 2];
@@ -286,23 +275,23 @@ impl Network {
         (self.cuts.iter()).any(|cut| cut.side == side && now < cut.until)
     }
 
-    /// The eavesdropper replays what it chose to replay at `now`.
+    /// The attacker replays what it chose to replay at `now`.
     pub fn strike(&mut self, now: Time) {
-        if let Some(replayer) = self.replayer.as_mut() {
-            let replays = replayer.strike(now);
+        if let Some(attacker) = self.attacker.as_mut() {
+            let replays = attacker.strike(now);
             self.replay(now, replays);
         }
     }
 
-    /// `restarted` restarted at `now`: the eavesdropper replays what was sent to it.
+    /// `restarted` restarted at `now`: the attacker replays what was sent to it.
     pub fn restarted(&mut self, now: Time, restarted: SocketAddr) {
-        if let Some(replayer) = self.replayer.as_mut() {
-            let replays = replayer.after_restart(now, restarted);
+        if let Some(attacker) = self.attacker.as_mut() {
+            let replays = attacker.after_restart(now, restarted);
             self.replay(now, replays);
         }
     }
 
-    /// Put the eavesdropper's replays on the network, each noted in the trace.
+    /// Put the attacker's replays on the network, each noted in the trace.
     fn replay(&mut self, now: Time, replays: Vec<(Time, SocketAddr, SocketAddr, Vec<u8>)>) {
         let names = self.names;
         for (at, from, to, bytes) in replays {

@@ -375,9 +375,9 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
             node.arrives_later = true;
         }
     }
-    if let Some((_, keys)) = Attacker::for_seed(seed) {
+    if let Some((attacker, keys)) = Attacker::for_seed(seed) {
         world = world.with_auth(keys);
-        world.network.capture_len_max = attacker::CAPTURED_MAX;
+        world.network.attacker = Some(attacker.eavesdropper());
     }
     if let Some(hold) = batches_for_seed(seed) {
         world = world.with_batching(hold);

@@ -782,6 +782,15 @@ mod tests {
             &["sim", "--abd", "--safety-actions", "10"],
             &["sim", "--mix", "--abd"],
             &["sim", "--mix", "--chain-store"],
+            &["sim", "--abd", "--quiet-trace"],
+            &[
+                "sim",
+                "--chain-store",
+                "--seed",
+                "1",
+                "--no-trace",
+                "--quiet-trace",
+            ],
         ] {
             assert!(Cli::try_parse_from(argv).is_err(), "{argv:?} parsed");
         }
@@ -800,6 +809,13 @@ mod tests {
             .expect("parse");
         assert!(cli.args.abd && !cli.args.chain_store);
         assert_eq!((cli.args.seeds, cli.args.start_seed), (Some(5), Some(7)));
+        for trace in ["--quiet-trace", "--no-trace"] {
+            let cli =
+                Cli::try_parse_from(["sim", "--chain-store", "--seed", "3", trace]).expect("parse");
+            assert!(cli.args.chain_store && cli.args.seed == Some(3));
+            let cli = Cli::try_parse_from(["sim", "--abd", "--seed", "3", trace]).expect("parse");
+            assert!(cli.args.abd && (cli.args.quiet_trace || cli.args.no_trace));
+        }
         let cli =
             Cli::try_parse_from(["sim", "--mix", "--seed", "3", "--no-trace"]).expect("parse");
         assert!(cli.args.mix && !cli.args.abd && !cli.args.chain_store);

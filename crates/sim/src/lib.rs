@@ -1,10 +1,12 @@
 //! A deterministic simulator of the PMNet protocol.
 //!
 //! [`World`] wires the production state machines — clients, devices, servers — through an
-//! in-memory [`Network`] with virtual time (the one network every world runs on), persistent logs on the simulated crash model, and the
-//! real key-value store. The protocol crate's scenario tests drive it by hand; [`vopr`] drives
-//! it from one seed through a safety phase full of faults and a liveness phase that heals
-//! them, checking the protocol's invariants (see `docs/simulation.md`).
+//! in-memory [`Network`] (the one network every world runs on) with virtual time, persistent
+//! logs on the simulated crash model, and the real key-value store. The protocol crate's
+//! scenario tests drive it by hand; [`vopr`] drives it from one seed through a safety phase
+//! full of faults and a liveness phase that heals them, checking the protocol's invariants
+//! (see `docs/simulation.md`). The chain store's world ([`chain`]) and replicated memory's
+//! ([`abd`]) run on the same [`Network`].
 
 pub mod abd;
 pub mod chain;

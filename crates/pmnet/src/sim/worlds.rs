@@ -352,3 +352,30 @@ fn print_coverage(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn another_worlds_seed_prints_its_trace_and_hash_as_the_main_worlds_does() {
+        let seed = 3;
+        let run = pmnet_sim::chain::run_traced(seed, true, Some(false));
+        let mut out = Vec::new();
+        write_seed(&mut out, OtherWorld::ChainStore.flags(), seed, &run).expect("written");
+        let out = String::from_utf8(out).expect("text");
+        assert!(
+            out.starts_with("pmnet sim --chain-store --seed 3\n"),
+            "{out}"
+        );
+        assert!(out.contains(&format!("\ntrace hash  {:08x}\n", run.trace_hash)));
+        assert!(out.contains("  sim      seed 3: "), "{out}");
+        assert!(
+            !out.contains(" send "),
+            "--quiet-trace leaves the datagram lines out"
+        );
+        assert!(out.ends_with("PASS seed 3\n"), "{out}");
+        let untraced = pmnet_sim::chain::run_traced(seed, true, None);
+        assert_eq!(untraced.trace_hash, run.trace_hash);
+    }
+}

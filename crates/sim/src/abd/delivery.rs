@@ -17,26 +17,22 @@ impl AbdWorld {
         let now = self.now;
         self.network.strike(now);
         while let Some(delivery) = self.network.deliver_due(now) {
-            let (from, to, bytes, sealed) =
-                (delivery.from, delivery.to, delivery.bytes, delivery.sealed);
+            let (from, to, bytes) = (delivery.from, delivery.to, delivery.bytes);
             let up = match (0..self.nodes.len()).find(|&index| node_addr(index) == to) {
                 Some(index) => self.nodes[index].up,
                 None => to != device_addr() || self.device_up,
             };
             let fate = if up { "" } else { " [lost: the node is down]" };
             self.network.note_recv(now, from, to, &bytes, fate);
-            let Ok((header, payload)) = Header::parse(&bytes) else {
-                continue;
-            };
             if let Some(index) = (0..self.nodes.len()).find(|&index| node_addr(index) == to) {
                 let node = &mut self.nodes[index];
                 if node.up {
-                    node.host.handle(now, from, &bytes, None);
+                    node.host.handle(now, from, &bytes);
                     flush_node(node, index, now, &mut self.network, &mut self.rng);
                 }
             } else if to == device_addr() {
                 if self.device_up {
-                    self.device.handle(now, from, &bytes, sealed);
+                    self.device.handle(now, from, &bytes);
                     let device = &mut self.device;
                     send_all(
                         device_addr(),
@@ -47,6 +43,9 @@ impl AbdWorld {
                     );
                 }
             } else if let Some(index) = (0..self.clients.len()).find(|&i| client_addr(i) == to) {
+                let Ok((header, payload)) = Header::parse(&bytes) else {
+                    continue;
+                };
                 match &mut self.clients[index].engine {
                     Engine::Device(session) => session.handle(now, &header, payload),
                     Engine::Direct(coordinator) => coordinator.handle(now, from, &header, payload),
@@ -137,5 +136,6 @@ impl AbdWorld {
             });
         }
         self.now = next.max(now + Duration::from_micros(1));
+        self.network.set_wall(self.now);
     }
 }

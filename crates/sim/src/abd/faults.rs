@@ -147,10 +147,9 @@ impl AbdWorld {
             self.device_restart_at = None;
             self.device_up = true;
             let session = self.rng.random();
-            let old = std::mem::replace(
-                &mut self.device,
-                device_host(self.nodes.len(), session, now),
-            );
+            let host = device_host(self.nodes.len(), session, now, &mut self.network);
+            let old = std::mem::replace(&mut self.device, host);
+            self.report.stale_dropped += old.stale_dropped();
             let old = old.function();
             self.report.replays_refused += old.counters().replays_refused;
             self.network.restarted(now, device_addr());
@@ -177,8 +176,9 @@ impl AbdWorld {
         let node = &mut self.nodes[index];
         node.restart_at = None;
         node.up = true;
+        self.report.stale_dropped += node.host.stale_dropped();
         if node.restart_empty {
-            node.host = fresh_node(index, count, now)?;
+            node.host = fresh_node(index, count, now, &mut self.network)?;
             node.was_member = false;
             self.note("sim", || format!("node {index} restarts empty, learning"));
             return Ok(());
@@ -189,7 +189,8 @@ impl AbdWorld {
             TableFile::open(region).map_err(|error| format!("reopen: {error}"))?;
         self.report.torn_records += recovered.damaged_records;
         let table = Table::recover_direct(file.geometry(), recovered);
-        node.host = node_host(index, count, table, file.into_region(), now);
+        let region = file.into_region();
+        node.host = node_host(index, count, table, region, now, &mut self.network);
         self.stores.check_node(
             node.node(),
             &format!("{now}: node {index} reopened after a crash"),

@@ -102,6 +102,7 @@ fn run(world: &mut AbdWorld) -> Result<AbdReport, String> {
         world.advance();
     }
     world.count_state_machines();
+    world.stores.all_read()?;
     for (index, node) in world.nodes.iter().enumerate() {
         let what = format!("at the end, node {index}");
         world.stores.check_node(node.node(), &what)?;

@@ -164,16 +164,19 @@ fn node_config(index: usize, nodes: usize) -> NodeConfig {
     }
 }
 
-/// Node `index`'s pipeline over `table`, persisting on `region`.
+/// Node `index`'s pipeline over `table`, persisting on `region`, started at `now` with its
+/// keys from `network`.
 pub(super) fn node_host(
     index: usize,
     nodes: usize,
     table: Table,
     region: SimRegion,
     now: Time,
+    network: &mut Network,
 ) -> FunctionHost<MemNodeFunction> {
     let node = MemNode::new(node_config(index, nodes), table, now);
-    FunctionHost::new(MemNodeFunction::new(node, geometry()), Some(region), now)
+    let auth = network.pipeline_keys(now, node_addr(index));
+    FunctionHost::new(MemNodeFunction::new(node, geometry()), Some(region), auth)
 }
 
 /// Node `index` on a new, empty table.
@@ -181,6 +184,7 @@ pub(super) fn fresh_node(
     index: usize,
     nodes: usize,
     now: Time,
+    network: &mut Network,
 ) -> Result<FunctionHost<MemNodeFunction>, String> {
     let file = TableFile::format(SimRegion::new(geometry().region_len()), geometry())
         .map_err(|error| format!("format: {error}"))?;
@@ -190,18 +194,25 @@ pub(super) fn fresh_node(
         Table::new_direct(geometry()),
         file.into_region(),
         now,
+        network,
     ))
 }
 
 /// The device, started at `now` with session `session`. It stamps above its clock's counter
 /// floor, as a process starts it: a restarted device's counters are above its earlier lives'
 /// (whose stores may sit on nodes its first majority does not include).
-pub(super) fn device_host(nodes: usize, session: u64, now: Time) -> FunctionHost<AbdFunction> {
+pub(super) fn device_host(
+    nodes: usize,
+    session: u64,
+    now: Time,
+    network: &mut Network,
+) -> FunctionHost<AbdFunction> {
     let addrs = (0..nodes).map(node_addr).collect();
     let mut config = CoordinatorConfig::new(addrs, LINES, DEVICE_WRITER, session);
     config.counter_floor =
         pmnet_abd::counter_floor_at((SIM_EPOCH_MS + now.as_nanos() / 1_000_000) * 1_000);
-    FunctionHost::new(AbdFunction::new(Coordinator::new(config)), None, now)
+    let auth = network.pipeline_keys(now, device_addr());
+    FunctionHost::new(AbdFunction::new(Coordinator::new(config)), None, auth)
 }
 
 /// Send what `from` emits, noting every store a coordinator sends.
@@ -213,7 +224,10 @@ pub(super) fn send_all(
     transmits: impl IntoIterator<Item = pmnet_proto::Transmit>,
 ) {
     for transmit in transmits {
-        stores.note(now, &transmit.bytes);
+        match network.observe(now, &transmit.bytes) {
+            Some(plain) => stores.note(now, &plain),
+            None => stores.unreadable += 1,
+        }
         network.send(now, from, transmit.destination, transmit.bytes);
     }
 }
@@ -269,7 +283,7 @@ impl AbdWorld {
         let mut nodes = Vec::with_capacity(node_count);
         for index in 0..node_count {
             nodes.push(Node {
-                host: fresh_node(index, node_count, Time::ZERO)?,
+                host: fresh_node(index, node_count, Time::ZERO, &mut network)?,
                 up: true,
                 restart_at: None,
                 restart_empty: false,
@@ -277,7 +291,7 @@ impl AbdWorld {
                 was_member: false,
             });
         }
-        let device = device_host(node_count, rng.random(), Time::ZERO);
+        let device = device_host(node_count, rng.random(), Time::ZERO, &mut network);
         let clients = new_clients(&mut rng, node_count, device_clients, direct_clients);
         network.attacker = Some(attacker(seed, node_count, clients.len()));
         Ok(AbdWorld {
@@ -378,7 +392,11 @@ impl AbdWorld {
             self.report.replayed_past_window = attacker.replayed_past_window;
             self.report.replay_bursts = attacker.bursts_after_restarts;
         }
-        self.report.stale_dropped = self.network.keys.as_ref().map_or(0, NetworkKeys::stale);
+        self.report.stale_dropped += self.network.keys.as_ref().map_or(0, NetworkKeys::stale);
+        self.report.stale_dropped += self.device.stale_dropped();
+        for node in &self.nodes {
+            self.report.stale_dropped += node.host.stale_dropped();
+        }
     }
 }
 

@@ -15,8 +15,7 @@ impl ChainWorld {
         let now = self.now;
         self.network.strike(now);
         while let Some(delivery) = self.network.deliver_due(now) {
-            let (from, to, bytes, sealed) =
-                (delivery.from, delivery.to, delivery.bytes, delivery.sealed);
+            let (from, to, bytes) = (delivery.from, delivery.to, delivery.bytes);
             let up = match (0..MEMBERS).find(|&index| member_addr(index) == to) {
                 Some(index) => self.members[index].up,
                 None => to != controller_addr() || self.controller_up,
@@ -26,7 +25,7 @@ impl ChainWorld {
             if let Some(index) = (0..MEMBERS).find(|&index| member_addr(index) == to) {
                 let member = &mut self.members[index];
                 if member.up {
-                    member.host.handle(now, from, &bytes, sealed);
+                    member.host.handle(now, from, &bytes);
                     flush_member(member, index, now, &mut self.network);
                 }
             } else if to == controller_addr() {
@@ -90,5 +89,6 @@ impl ChainWorld {
             .min()
             .expect("a time");
         self.now = next.max(now + Duration::from_micros(1));
+        self.network.set_wall(self.now);
     }
 }

@@ -107,7 +107,10 @@ impl ChainWorld {
                 .map_err(|error| format!("seed {}: reopen: {error}", self.seed))?;
             let table = Table::recover(file.geometry(), recovered);
             self.report.replays_refused += member.node().counters().replays_refused;
-            member.host = member_host(index, self.controlled, table, file.into_region(), now);
+            self.report.stale_dropped += member.host.stale_dropped();
+            let region = file.into_region();
+            let network = &mut self.network;
+            member.host = member_host(index, self.controlled, table, region, now, network);
             member.up = true;
             self.network.restarted(now, member_addr(index));
         }

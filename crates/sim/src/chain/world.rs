@@ -144,20 +144,23 @@ pub(super) fn client_session(session: u64, controlled: bool) -> ChainClient {
     ChainClient::new(config)
 }
 
-/// Member `index`'s pipeline over `table`, persisting on `region`.
+/// Member `index`'s pipeline over `table`, persisting on `region`, started at `now` with its
+/// keys from `network`.
 pub(super) fn member_host(
     index: usize,
     controlled: bool,
     table: Table,
     region: SimRegion,
     now: Time,
+    network: &mut Network,
 ) -> FunctionHost<ChainFunction> {
     let node = ChainNode::new(member_config(index, controlled), table, now);
-    FunctionHost::new(ChainFunction::new(node), Some(region), now)
+    let auth = network.pipeline_keys(now, member_addr(index));
+    FunctionHost::new(ChainFunction::new(node), Some(region), auth)
 }
 
 /// Member `index` at time zero, on a new table.
-fn new_member(index: usize, controlled: bool) -> Member {
+fn new_member(index: usize, controlled: bool, network: &mut Network) -> Member {
     let region = TableFile::format(SimRegion::new(geometry().region_len()), geometry())
         .expect("format")
         .into_region();
@@ -168,6 +171,7 @@ fn new_member(index: usize, controlled: bool) -> Member {
             Table::new(geometry()),
             region,
             Time::ZERO,
+            network,
         ),
         up: true,
         lost: false,
@@ -259,7 +263,7 @@ impl ChainWorld {
             endpoints,
         ));
         let members = (0..MEMBERS)
-            .map(|index| new_member(index, controlled))
+            .map(|index| new_member(index, controlled, &mut network))
             .collect();
         let addresses: Vec<SocketAddr> = (0..MEMBERS).map(member_addr).collect();
         let mut controller = Controller::new(controller_config(), &addresses, GROUPS, Time::ZERO)
@@ -341,7 +345,10 @@ impl ChainWorld {
             report.replayed_past_window = attacker.replayed_past_window;
             report.replay_bursts = attacker.bursts_after_restarts;
         }
-        report.stale_dropped = self.network.keys.as_ref().map_or(0, NetworkKeys::stale);
+        report.stale_dropped += self.network.keys.as_ref().map_or(0, NetworkKeys::stale);
+        for member in &self.members {
+            report.stale_dropped += member.host.stale_dropped();
+        }
         report
     }
 }

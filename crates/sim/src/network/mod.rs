@@ -50,14 +50,13 @@ pub struct Cut {
     pub until: Time,
 }
 
-/// A datagram the network delivers: from, to, the bytes as the receiver's parser takes them,
-/// and, when the network verified it, when it was sealed and the wall clock then (Unix ms).
+/// A datagram the network delivers: from, to, the bytes as the receiver takes them (verified
+/// by the network for a receiver without a pipeline, as sent for one with).
 #[derive(Debug, Clone)]
 pub struct Delivery {
     pub from: SocketAddr,
     pub to: SocketAddr,
     pub bytes: Vec<u8>,
-    pub sealed: Option<(u64, u64)>,
 }
 
 #[allow(missing_debug_implementations)] // holds boxed drop rules
@@ -126,6 +125,25 @@ impl Network {
         let rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed);
         network.faults = Some(Faults::lossy(rng, loss, duplicate));
         network
+    }
+
+    /// The authenticator of `addr`'s pipeline, started at `now`, when the network has keys:
+    /// from then on `addr` seals and verifies itself.
+    pub(crate) fn pipeline_keys(
+        &mut self,
+        now: Time,
+        addr: SocketAddr,
+    ) -> Option<pmnet_auth::Authenticator> {
+        self.keys.as_mut().map(|keys| keys.for_pipeline(now, addr))
+    }
+
+    /// A datagram as sent at `now`, as the simulation's checkers read it: opened with the
+    /// network's keys when a pipeline sealed it.
+    pub fn observe(&mut self, now: Time, bytes: &[u8]) -> Option<Vec<u8>> {
+        match self.keys.as_mut() {
+            Some(keys) => keys.observe(now, bytes),
+            None => Some(bytes.to_vec()),
+        }
     }
 
     /// How traces name `addr`.
@@ -307,8 +325,16 @@ impl Network {
         }
     }
 
+    /// Set the wall clock of the network's keys (and of the pipelines that took theirs from
+    /// it) to `now`: call as the world's time moves.
+    pub fn set_wall(&self, now: Time) {
+        if let Some(keys) = self.keys.as_ref() {
+            keys.sync(now);
+        }
+    }
+
     /// The next datagram due by `now` that no timed cut drops and that the network's keys
-    /// verify, if it has keys (what is dropped is taken off the queue on the way, counted
+    /// verify, if it has keys and the receiver has no pipeline (what is dropped is taken off the queue on the way, counted
     /// and noted as received and dropped).
     pub fn deliver_due(&mut self, now: Time) -> Option<Delivery> {
         while self.next_due().is_some_and(|at| at <= now) {
@@ -320,26 +346,14 @@ impl Network {
                 continue;
             }
             let Some(keys) = self.keys.as_mut() else {
-                return Some(Delivery {
-                    from,
-                    to,
-                    bytes,
-                    sealed: None,
-                });
+                return Some(Delivery { from, to, bytes });
             };
-            match keys.verify_for_receiver(now, to, &bytes) {
-                Ok((plain, sealed)) => {
-                    return Some(Delivery {
-                        from,
-                        to,
-                        bytes: plain,
-                        sealed: Some(sealed),
-                    })
-                }
+            let what = describe_datagram(&bytes);
+            match keys.verify_for_receiver(now, to, bytes) {
+                Ok(bytes) => return Some(Delivery { from, to, bytes }),
                 Err(reason) => {
                     self.counters.unverified += 1;
                     let fate = format!(" [dropped by the receiver's keys: {reason}]");
-                    let what = describe_datagram(&bytes);
                     self.note_recv_of(now, from, to, what, &fate);
                 }
             }
@@ -358,7 +372,10 @@ impl Network {
         fate: &str,
     ) {
         let names = self.names;
-        let plain = self.keys.is_some();
+        let plain = self
+            .keys
+            .as_ref()
+            .is_some_and(|keys| keys.verified_here(to));
         self.trace.note_datagram(now, &names(to), || {
             let what = if plain {
                 match Header::parse(bytes) {

@@ -3,7 +3,9 @@
 //! function that has no log and no servers (a plain switch, as the runtime builds it), its
 //! region writes carried out by production's executor ([`RegionExecutor`], one fence per
 //! batch) on a simulated persistent region. The pipeline is `DevicePipeline`'s shape with
-//! the function unboxed, so that the worlds can look at its state.
+//! the function unboxed, so that the worlds can look at its state. Given keys, the pipeline
+//! seals what it sends and verifies what it receives, as production's does, and tells the
+//! function each datagram's seal time and the host's start (`note_seal`).
 //!
 //! A crash in the middle of the executor's work (its records stored and flushed, the fence
 //! not reached) is [`FunctionHost::crash`]: the region's crash image keeps, loses or tears

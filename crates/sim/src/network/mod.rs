@@ -2,8 +2,9 @@
 //! knobs (loss, duplication, the delay model the world chooses, corruption in flight:
 //! `faults.rs`); partitions both as blocked links (dropped when sent) and timed cuts (dropped
 //! when due); drop rules of tests; the one attacker, which captures what is sent and replays
-//! it (`attacker.rs`); sealing and verifying for the worlds whose nodes hold no keys
-//! (`keys.rs`); the one trace writer with its hash (`trace.rs`) and the counts of what it did.
+//! it (`attacker.rs`); a world's deployment keys, which its pipelines take and with which the
+//! network seals and verifies for the endpoints that have none (`keys.rs`); the one trace
+//! writer with its hash (`trace.rs`) and the counts of what it did.
 //!
 //! The network has no clock of its own: each call is given the world's `now`.
 
@@ -78,7 +79,8 @@ pub struct Network {
     pub record_seen: bool,
     /// The world's event log and its hash.
     pub trace: Trace,
-    /// Keys the network seals and verifies with, for nodes that hold none.
+    /// The world's deployment keys: its pipelines take theirs from here, and the network
+    /// seals and verifies with them for the endpoints without a pipeline.
     pub keys: Option<NetworkKeys>,
     /// The attacker: it captures every datagram sent, and replays on its own schedule
     /// ([`Network::strike`], [`Network::restarted`]) or as the world drives it.
@@ -334,8 +336,8 @@ impl Network {
     }
 
     /// The next datagram due by `now` that no timed cut drops and that the network's keys
-    /// verify, if it has keys and the receiver has no pipeline (what is dropped is taken off the queue on the way, counted
-    /// and noted as received and dropped).
+    /// verify, if it has keys and the receiver has no pipeline (what is dropped is taken off
+    /// the queue on the way, counted and noted as received and dropped).
     pub fn deliver_due(&mut self, now: Time) -> Option<Delivery> {
         while self.next_due().is_some_and(|at| at <= now) {
             let (_, from, to, bytes) = self.pop_next().expect("peeked");

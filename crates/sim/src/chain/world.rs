@@ -313,9 +313,9 @@ impl ChainWorld {
         self.now >= self.end_of_safety
     }
 
-    /// Note each new configuration in the trace.
+    /// Note each new configuration of the controller in the trace.
     pub(super) fn trace_epoch(&mut self) {
-        if self.controller.layout().epoch != self.traced_epoch {
+        if self.controlled && self.controller.layout().epoch != self.traced_epoch {
             self.traced_epoch = self.controller.layout().epoch;
             let (epoch, groups) = (self.traced_epoch, &self.controller.layout().groups);
             let text = format!("epoch {epoch}: {groups:?}");

@@ -54,8 +54,7 @@ fn run(seed: u64, loss: f64, crashes: bool) -> (History, u64) {
     }
     let debug = std::env::var("PMNET_CACHE_DEBUG").is_ok();
     if debug {
-        world.trace = Some(Vec::new());
-        world.trace_datagrams = true;
+        world.network.trace.keep(true);
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut drops = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
@@ -203,7 +202,7 @@ fn run(seed: u64, loss: f64, crashes: bool) -> (History, u64) {
         for client in 0..clients {
             eprintln!("client {client} is session {:x}", world.session(client));
         }
-        for line in world.trace.take().unwrap_or_default() {
+        for line in world.network.trace.lines.take().unwrap_or_default() {
             eprintln!("TRACE {line}");
         }
     }

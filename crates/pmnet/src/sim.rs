@@ -88,7 +88,7 @@ pub struct SimArgs {
 
     /// Simulate the chain store instead (NetChain members, their controller and clients:
     /// crashes, a member lost for good, partitions, controller restarts; docs/simulation.md).
-    #[arg(long, conflicts_with_all = ["requests_per_client", "safety_actions", "liveness_bound", "quiet_trace", "no_trace"])]
+    #[arg(long, conflicts_with_all = ["requests_per_client", "safety_actions", "liveness_bound"])]
     pub chain_store: bool,
 
     /// With --chain-store: the fixed chains of `pmnet kv --chain-member` (no controller;
@@ -99,7 +99,7 @@ pub struct SimArgs {
     /// Simulate replicated memory instead (ABD memory nodes, a coordinating device with its
     /// clients and client-driven coordinators: node crashes, memory lost for good, partitions,
     /// device restarts; docs/simulation.md).
-    #[arg(long, conflicts_with_all = ["chain_store", "requests_per_client", "safety_actions", "liveness_bound", "quiet_trace", "no_trace"])]
+    #[arg(long, conflicts_with_all = ["chain_store", "requests_per_client", "safety_actions", "liveness_bound"])]
     pub abd: bool,
 
     /// Run every world on each seed N: the main world's seed N (with the options above), the
@@ -134,9 +134,10 @@ pub fn run(args: SimArgs) -> Result<ExitCode, CliError> {
         (false, _, false) => None,
     };
     if let Some(world) = other {
+        let trace = (!args.no_trace).then_some(!args.quiet_trace);
         return Ok(worlds::run(
             world,
-            args.seed,
+            args.seed.map(|seed| (seed, trace)),
             args.seeds.unwrap_or(DEFAULT_SWARM),
             args.start_seed,
             args.jobs,
@@ -781,6 +782,15 @@ mod tests {
             &["sim", "--abd", "--safety-actions", "10"],
             &["sim", "--mix", "--abd"],
             &["sim", "--mix", "--chain-store"],
+            &["sim", "--abd", "--quiet-trace"],
+            &[
+                "sim",
+                "--chain-store",
+                "--seed",
+                "1",
+                "--no-trace",
+                "--quiet-trace",
+            ],
         ] {
             assert!(Cli::try_parse_from(argv).is_err(), "{argv:?} parsed");
         }
@@ -799,6 +809,13 @@ mod tests {
             .expect("parse");
         assert!(cli.args.abd && !cli.args.chain_store);
         assert_eq!((cli.args.seeds, cli.args.start_seed), (Some(5), Some(7)));
+        for trace in ["--quiet-trace", "--no-trace"] {
+            let cli =
+                Cli::try_parse_from(["sim", "--chain-store", "--seed", "3", trace]).expect("parse");
+            assert!(cli.args.chain_store && cli.args.seed == Some(3));
+            let cli = Cli::try_parse_from(["sim", "--abd", "--seed", "3", trace]).expect("parse");
+            assert!(cli.args.abd && (cli.args.quiet_trace || cli.args.no_trace));
+        }
         let cli =
             Cli::try_parse_from(["sim", "--mix", "--seed", "3", "--no-trace"]).expect("parse");
         assert!(cli.args.mix && !cli.args.abd && !cli.args.chain_store);

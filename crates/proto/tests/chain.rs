@@ -103,7 +103,7 @@ fn updates_through_a_lossy_chain_complete_and_are_applied_once_in_order() {
     };
     eprintln!("PMNET_SEED={seed}");
     let mut world = chain(3, 3);
-    world.faults = Some(Faults {
+    world.network.faults = Some(Faults {
         rng: ChaCha8Rng::seed_from_u64(seed),
         loss: 0.05,
         duplicate: 0.02,
@@ -118,7 +118,7 @@ fn updates_through_a_lossy_chain_complete_and_are_applied_once_in_order() {
         issued.push(world.update(0, format!("k={value}").as_bytes()));
         world.run_for(Duration::from_micros(30));
     }
-    world.faults = None;
+    world.network.faults = None;
     world.run_for(Duration::from_secs(5));
     for &seq in &issued {
         match world.completion(0, seq) {

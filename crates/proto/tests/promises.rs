@@ -196,6 +196,7 @@ fn a_spoofed_gap_gets_at_most_what_its_source_paid_for() {
     world.run_for(Duration::from_secs(60));
     // Unsolicited: everything but the reply to the request once it is applied.
     let towards_victim: usize = world
+        .network
         .seen
         .iter()
         .filter(|seen| seen.to == victim && seen.header.packet_type != PacketType::ServerAck)
@@ -229,6 +230,7 @@ fn a_device_passes_on_only_what_the_client_paid_for() {
     world.inject(victim, device_addr(0), datagram);
     world.run_for(Duration::from_secs(60));
     let unsolicited: usize = world
+        .network
         .seen
         .iter()
         .filter(|seen| {

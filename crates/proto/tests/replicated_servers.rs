@@ -148,7 +148,7 @@ fn replicas_apply_what_the_primary_applied_in_its_order() {
     let seed = seed();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut world = replicated(3, 2);
-    world.faults = Some(Faults {
+    world.network.faults = Some(Faults {
         rng: ChaCha8Rng::seed_from_u64(seed ^ 1),
         loss: 0.05,
         duplicate: 0.02,
@@ -176,7 +176,7 @@ fn replicas_apply_what_the_primary_applied_in_its_order() {
             world.start_replica(1);
         }
     }
-    world.faults = None;
+    world.network.faults = None;
     world.run_for(Duration::from_secs(10));
     for &(client, seq) in &issued {
         match world.completion(client, seq) {
@@ -264,7 +264,7 @@ fn a_promoted_replica_loses_nothing_acknowledged_and_applies_nothing_twice() {
     let seed = seed();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut world = replicated(2, 2);
-    world.faults = Some(Faults {
+    world.network.faults = Some(Faults {
         rng: ChaCha8Rng::seed_from_u64(seed ^ 2),
         loss: 0.03,
         duplicate: 0.02,
@@ -292,7 +292,7 @@ fn a_promoted_replica_loses_nothing_acknowledged_and_applies_nothing_twice() {
             world.promote_replica(0, 0);
         }
     }
-    world.faults = None;
+    world.network.faults = None;
     world.run_for(Duration::from_secs(10));
     let nodes = [
         ("promoted primary", &world.servers[0].app),

@@ -3,7 +3,9 @@
 //! function that has no log and no servers (a plain switch, as the runtime builds it), its
 //! region writes carried out by production's executor ([`RegionExecutor`], one fence per
 //! batch) on a simulated persistent region. The pipeline is `DevicePipeline`'s shape with
-//! the function unboxed, so that the worlds can look at its state.
+//! the function unboxed, so that the worlds can look at its state. Given keys, the pipeline
+//! seals what it sends and verifies what it receives, as production's does, and tells the
+//! function each datagram's seal time and the host's start (`note_seal`).
 //!
 //! A crash in the middle of the executor's work (its records stored and flushed, the fence
 //! not reached) is [`FunctionHost::crash`]: the region's crash image keeps, loses or tears
@@ -36,21 +38,22 @@ impl Persist<LogWork> for NoLog {
 pub(crate) struct FunctionHost<F> {
     pipeline: Pipeline<Stack<F, Device>>,
     executor: RegionExecutor<SimRegion>,
-    /// When the host started, on the world's wall clock (Unix ms): what production's pipeline
-    /// hands its functions as the device's start, for their replay floors.
-    started_ms: u64,
 }
 
 impl<F: FrontFunction> FunctionHost<F> {
     /// `function` in front of a plain switch (no log, no servers), persisting on `region`
-    /// (`None`: the function persists nothing), started at `now`.
-    pub(crate) fn new(function: F, region: Option<SimRegion>, now: Time) -> FunctionHost<F> {
+    /// (`None`: the function persists nothing), sealing and verifying with `auth` (its clock
+    /// at the host's start, which the pipeline hands its functions for their replay floors).
+    pub(crate) fn new(
+        function: F,
+        region: Option<SimRegion>,
+        auth: Option<pmnet_auth::Authenticator>,
+    ) -> FunctionHost<F> {
         let mut config = DeviceConfig::new(0, Vec::new(), 1, 0);
         config.logging = false;
         let device = Device::new(config, Time::ZERO, Vec::new());
         FunctionHost {
-            pipeline: Pipeline::new(Stack::new(function, device)),
-            started_ms: crate::world::SIM_EPOCH_MS + now.as_nanos() / 1_000_000,
+            pipeline: Pipeline::new(Stack::new(function, device)).with_auth(auth),
             executor: match region {
                 Some(region) => RegionExecutor::on(region),
                 None => RegionExecutor::default(),
@@ -68,24 +71,19 @@ impl<F: FrontFunction> FunctionHost<F> {
         self.executor.region(0)
     }
 
-    /// A datagram from the network, verified by the network (`sealed`: when it was sealed and
-    /// the wall clock then), as the pipeline takes it: the functions learn the seal time and
-    /// the host's start, for their replay floors, as production's pipeline tells them.
-    pub(crate) fn handle(
-        &mut self,
-        now: Time,
-        from: SocketAddr,
-        datagram: &[u8],
-        sealed: Option<(u64, u64)>,
-    ) {
-        if let Some((sealed_at, _now_ms)) = sealed {
-            pmnet_proto::NetworkFunction::note_seal(
-                self.pipeline.functions_mut(),
-                sealed_at,
-                self.started_ms,
-            );
-        }
+    /// A datagram from the network, as sent: the pipeline verifies it (with keys) and tells
+    /// the functions its seal time and the host's start, for their replay floors.
+    pub(crate) fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
         self.pipeline.handle(now, from, datagram);
+    }
+
+    /// Datagrams the pipeline dropped as sealed outside its replay window (replays).
+    pub(crate) fn stale_dropped(&self) -> u64 {
+        let drops = self.pipeline.drops();
+        ["stale", "from_the_future"]
+            .iter()
+            .filter_map(|reason| drops.get(reason))
+            .sum()
     }
 
     pub(crate) fn handle_timeout(&mut self, now: Time) {

@@ -79,3 +79,32 @@ fn replicated_memory_regression_seeds() {
         run_seed(seed).unwrap_or_else(|error| panic!("{error}"));
     }
 }
+
+/// A seed replays exactly: the same readable trace and trace hash twice; without the datagram
+/// lines, or without a trace, the same hash; the report carries it.
+#[test]
+fn a_replicated_memory_seed_gives_the_same_trace_and_hash_every_time() {
+    let seed = 21;
+    let first = pmnet_sim::abd::run_traced(seed, Some(true));
+    let again = pmnet_sim::abd::run_traced(seed, Some(true));
+    let report = first
+        .result
+        .clone()
+        .unwrap_or_else(|error| panic!("{error}"));
+    assert_ne!(first.trace_hash, 0);
+    assert_eq!(report.trace_hash, first.trace_hash);
+    assert_eq!(again.trace_hash, first.trace_hash);
+    assert_eq!(again.trace, first.trace);
+    let lines = first.trace.expect("a trace");
+    assert!(lines.iter().any(|line| line.contains(" recv ")));
+    let quiet = pmnet_sim::abd::run_traced(seed, Some(false));
+    assert_eq!(quiet.trace_hash, first.trace_hash);
+    assert!(!quiet
+        .trace
+        .expect("a trace")
+        .iter()
+        .any(|line| line.contains(" recv ")));
+    let untraced = pmnet_sim::abd::run_traced(seed, None);
+    assert_eq!(untraced.trace_hash, first.trace_hash);
+    assert!(untraced.trace.is_none());
+}

@@ -98,3 +98,34 @@ fn chain_store_regression_seeds() {
         run_seed_fixed(seed).unwrap_or_else(|error| panic!("{error}"));
     }
 }
+
+/// A seed replays exactly: the same readable trace and trace hash twice; without the datagram
+/// lines, or without a trace, the same hash; the report carries it.
+#[test]
+fn a_chain_seed_gives_the_same_trace_and_hash_every_time() {
+    for (seed, controlled) in [(11u64, true), (12, false)] {
+        let first = pmnet_sim::chain::run_traced(seed, controlled, Some(true));
+        let again = pmnet_sim::chain::run_traced(seed, controlled, Some(true));
+        let report = first
+            .result
+            .clone()
+            .unwrap_or_else(|error| panic!("{error}"));
+        assert_ne!(first.trace_hash, 0);
+        assert_eq!(report.trace_hash, first.trace_hash);
+        assert_eq!(again.trace_hash, first.trace_hash, "seed {seed}");
+        assert_eq!(again.trace, first.trace, "seed {seed}");
+        let lines = first.trace.expect("a trace");
+        assert!(lines.iter().any(|line| line.contains(" send ")));
+        assert!(lines
+            .last()
+            .is_some_and(|line| line.ends_with("check    PASS")));
+        let quiet = pmnet_sim::chain::run_traced(seed, controlled, Some(false));
+        assert_eq!(quiet.trace_hash, first.trace_hash);
+        let quiet = quiet.trace.expect("a trace");
+        assert!(quiet.len() < lines.len());
+        assert!(!quiet.iter().any(|line| line.contains(" send ")));
+        let untraced = pmnet_sim::chain::run_traced(seed, controlled, None);
+        assert_eq!(untraced.trace_hash, first.trace_hash);
+        assert!(untraced.trace.is_none());
+    }
+}

@@ -10,6 +10,7 @@ use std::sync::Mutex;
 
 use pmnet_sim::abd::AbdReport;
 use pmnet_sim::chain::ChainReport;
+use pmnet_sim::TracedRun;
 
 /// A world besides the main one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,26 +61,83 @@ pub trait WorldReport: Default + Clone + Send + std::fmt::Debug {
     fn coverage(&self) -> Vec<(&'static str, u64)>;
 }
 
-/// Run `seed` of `world`, or `count` seeds from `start` (random when not given, and printed).
+/// Run `seed` of `world` with its trace (`Some(false)`: without the datagram lines; `None`:
+/// only its hash), or `count` seeds from `start` (random when not given, and printed).
 pub fn run(
     world: OtherWorld,
-    seed: Option<u64>,
+    seed: Option<(u64, Option<bool>)>,
     count: u64,
     start: Option<u64>,
     jobs: u32,
 ) -> ExitCode {
+    if let Some((seed, trace)) = seed {
+        return match world {
+            OtherWorld::Abd => print_seed(world, seed, || pmnet_sim::abd::run_traced(seed, trace)),
+            OtherWorld::ChainStore => print_seed(world, seed, || {
+                pmnet_sim::chain::run_traced(seed, true, trace)
+            }),
+            OtherWorld::FixedChains => print_seed(world, seed, || {
+                pmnet_sim::chain::run_traced(seed, false, trace)
+            }),
+        };
+    }
     match world {
-        OtherWorld::Abd => run_world(world, pmnet_sim::abd::run_seed, seed, count, start, jobs),
-        OtherWorld::ChainStore => {
-            run_world(world, pmnet_sim::chain::run_seed, seed, count, start, jobs)
+        OtherWorld::Abd => run_world(world, pmnet_sim::abd::run_seed, count, start, jobs),
+        OtherWorld::ChainStore => run_world(world, pmnet_sim::chain::run_seed, count, start, jobs),
+        OtherWorld::FixedChains => {
+            run_world(world, pmnet_sim::chain::run_seed_fixed, count, start, jobs)
         }
-        OtherWorld::FixedChains => run_world(
-            world,
-            pmnet_sim::chain::run_seed_fixed,
-            seed,
-            count,
-            start,
-            jobs,
+    }
+}
+
+/// `pmnet sim --chain-store --seed N` (or `--abd`): the seed's trace as the main world's
+/// (`<virtual time> <node> <event>`), its trace hash, its report and PASS or FAIL.
+fn print_seed<R: WorldReport>(
+    world: OtherWorld,
+    seed: u64,
+    traced: impl FnOnce() -> TracedRun<R> + std::panic::UnwindSafe,
+) -> ExitCode {
+    let flags = world.flags();
+    let run = std::panic::catch_unwind(traced).unwrap_or_else(|panic| TracedRun {
+        result: Err(format!("seed {seed}: panicked: {}", panic_message(&*panic))),
+        trace_hash: 0,
+        trace: None,
+    });
+    let mut out = io::BufWriter::new(io::stdout().lock());
+    let written = write_seed(&mut out, flags, seed, &run).and_then(|()| out.flush());
+    match (&run.result, written) {
+        (Ok(_), Ok(())) => ExitCode::SUCCESS,
+        (Err(_), _) => ExitCode::FAILURE,
+        // Output cut short (a closed pipe): nothing more to say.
+        (Ok(_), Err(_)) => ExitCode::FAILURE,
+    }
+}
+
+fn write_seed<R: WorldReport>(
+    out: &mut impl Write,
+    flags: &str,
+    seed: u64,
+    run: &TracedRun<R>,
+) -> io::Result<()> {
+    writeln!(out, "pmnet sim {flags} --seed {seed}")?;
+    if let Some(trace) = &run.trace {
+        writeln!(out, "{:>16}  {:<8} event", "virtual time", "node")?;
+        for line in trace {
+            writeln!(out, "{line}")?;
+        }
+    }
+    writeln!(out)?;
+    let until = if run.result.is_ok() {
+        ""
+    } else {
+        " (up to the failure)"
+    };
+    writeln!(out, "trace hash{until}  {:08x}", run.trace_hash)?;
+    match &run.result {
+        Ok(report) => writeln!(out, "{report:?}\nPASS seed {seed}"),
+        Err(error) => writeln!(
+            out,
+            "{error}\nFAIL seed {seed}\nreproduce with: pmnet sim {flags} --seed {seed}"
         ),
     }
 }
@@ -87,24 +145,11 @@ pub fn run(
 fn run_world<R: WorldReport>(
     world: OtherWorld,
     runner: fn(u64) -> Result<R, String>,
-    seed: Option<u64>,
     count: u64,
     start: Option<u64>,
     jobs: u32,
 ) -> ExitCode {
     let flags = world.flags();
-    if let Some(seed) = seed {
-        return match caught(runner, seed) {
-            Ok(report) => {
-                println!("{report:?}\nPASS");
-                ExitCode::SUCCESS
-            }
-            Err(error) => {
-                println!("{error}\nFAIL");
-                ExitCode::FAILURE
-            }
-        };
-    }
     let (start, chosen) = match start {
         Some(start) => (start, "given"),
         None => (rand::random::<u64>() >> 1, "random"),
@@ -157,14 +202,17 @@ fn run_world<R: WorldReport>(
 
 /// One seed, a panic in it reported as its failure.
 fn caught<R>(runner: fn(u64) -> Result<R, String>, seed: u64) -> Result<R, String> {
-    std::panic::catch_unwind(|| runner(seed)).unwrap_or_else(|panic| {
-        let message = panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|text| (*text).to_owned()))
-            .unwrap_or_default();
-        Err(format!("seed {seed}: panicked: {message}"))
-    })
+    std::panic::catch_unwind(|| runner(seed))
+        .unwrap_or_else(|panic| Err(format!("seed {seed}: panicked: {}", panic_message(&*panic))))
+}
+
+/// What a panic said.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|text| (*text).to_owned()))
+        .unwrap_or_default()
 }
 
 /// What `--mix` runs for a seed besides the main world: the chain store's world
@@ -303,4 +351,31 @@ fn print_coverage(
         writeln!(out, "{name:>48}  {value}{missed}")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn another_worlds_seed_prints_its_trace_and_hash_as_the_main_worlds_does() {
+        let seed = 3;
+        let run = pmnet_sim::chain::run_traced(seed, true, Some(false));
+        let mut out = Vec::new();
+        write_seed(&mut out, OtherWorld::ChainStore.flags(), seed, &run).expect("written");
+        let out = String::from_utf8(out).expect("text");
+        assert!(
+            out.starts_with("pmnet sim --chain-store --seed 3\n"),
+            "{out}"
+        );
+        assert!(out.contains(&format!("\ntrace hash  {:08x}\n", run.trace_hash)));
+        assert!(out.contains("  sim      seed 3: "), "{out}");
+        assert!(
+            !out.contains(" send "),
+            "--quiet-trace leaves the datagram lines out"
+        );
+        assert!(out.ends_with("PASS seed 3\n"), "{out}");
+        let untraced = pmnet_sim::chain::run_traced(seed, true, None);
+        assert_eq!(untraced.trace_hash, run.trace_hash);
+    }
 }

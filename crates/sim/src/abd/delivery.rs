@@ -14,40 +14,38 @@ use super::world::{AbdWorld, Engine};
 impl AbdWorld {
     /// Deliver every datagram due now.
     pub(super) fn deliver(&mut self) {
-        let now = self.net.now;
-        self.net.strike();
-        while let Some((from, to, bytes)) = self.net.pop_due() {
-            let sealed = self.net.sealed.take();
-            let Ok((header, payload)) = Header::parse(&bytes) else {
-                continue;
+        let now = self.now;
+        self.network.strike(now);
+        while let Some(delivery) = self.network.deliver_due(now) {
+            let (from, to, bytes) = (delivery.from, delivery.to, delivery.bytes);
+            let up = match (0..self.nodes.len()).find(|&index| node_addr(index) == to) {
+                Some(index) => self.nodes[index].up,
+                None => to != device_addr() || self.device_up,
             };
-            if self.trace_all {
-                eprintln!(
-                    "{now} {from} -> {to} {:?} session {:x} seq {} {:02x?}",
-                    header.packet_type,
-                    header.session_id,
-                    header.seq,
-                    &payload[..payload.len().min(24)]
-                );
-            }
+            let fate = if up { "" } else { " [lost: the node is down]" };
+            self.network.note_recv(now, from, to, &bytes, fate);
             if let Some(index) = (0..self.nodes.len()).find(|&index| node_addr(index) == to) {
                 let node = &mut self.nodes[index];
                 if node.up {
-                    node.host.handle(now, from, &bytes, None);
-                    flush_node(node, index, &mut self.net, &mut self.rng);
+                    node.host.handle(now, from, &bytes);
+                    flush_node(node, index, now, &mut self.network, &mut self.rng);
                 }
             } else if to == device_addr() {
                 if self.device_up {
-                    self.device.handle(now, from, &bytes, sealed);
+                    self.device.handle(now, from, &bytes);
                     let device = &mut self.device;
                     send_all(
                         device_addr(),
-                        &mut self.net,
+                        now,
+                        &mut self.network,
                         &mut self.stores,
                         std::iter::from_fn(|| device.poll_transmit()),
                     );
                 }
             } else if let Some(index) = (0..self.clients.len()).find(|&i| client_addr(i) == to) {
+                let Ok((header, payload)) = Header::parse(&bytes) else {
+                    continue;
+                };
                 match &mut self.clients[index].engine {
                     Engine::Device(session) => session.handle(now, &header, payload),
                     Engine::Direct(coordinator) => coordinator.handle(now, from, &header, payload),
@@ -60,7 +58,7 @@ impl AbdWorld {
     /// every acknowledged write still findable), then the device's. A timestamp stored with
     /// two values fails the run here.
     pub(super) fn fire_timers(&mut self) -> Result<(), String> {
-        let now = self.net.now;
+        let now = self.now;
         let running = self.running();
         for index in 0..self.nodes.len() {
             let node = &mut self.nodes[index];
@@ -68,16 +66,15 @@ impl AbdWorld {
                 continue;
             }
             node.host.handle_timeout(now);
-            flush_node(node, index, &mut self.net, &mut self.rng);
+            flush_node(node, index, now, &mut self.network, &mut self.rng);
             let member = node.node().is_member();
             if member && !node.was_member && running {
                 self.report.joins += 1;
                 self.stores
                     .check_node(node.node(), &format!("{now}: node {index} joined"))?;
                 self.joined = Some(index);
-                if self.trace {
-                    eprintln!("{now} node {index} is a member again");
-                }
+                let text = format!("memnode{index} is a member again");
+                self.network.trace.note(now, "sim", || text);
             }
             node.was_member = member;
         }
@@ -90,7 +87,8 @@ impl AbdWorld {
             let device = &mut self.device;
             send_all(
                 device_addr(),
-                &mut self.net,
+                now,
+                &mut self.network,
                 &mut self.stores,
                 std::iter::from_fn(|| device.poll_transmit()),
             );
@@ -103,7 +101,7 @@ impl AbdWorld {
 
     /// Move the clock to the next event (at most 1 ms on).
     pub(super) fn advance(&mut self) {
-        let now = self.net.now;
+        let now = self.now;
         let running = self.running();
         let healing = self.healing();
         let mut next = now + Duration::from_millis(1);
@@ -112,7 +110,7 @@ impl AbdWorld {
                 next = next.min(at);
             }
         };
-        consider(self.net.next_due());
+        consider(self.network.next_due());
         consider(self.faults.first().map(|(at, _)| *at));
         consider(self.device_restart_at);
         if self.device_up {
@@ -137,6 +135,7 @@ impl AbdWorld {
                 Engine::Direct(coordinator) => coordinator.poll_timeout(),
             });
         }
-        self.net.now = next.max(now + Duration::from_micros(1));
+        self.now = next.max(now + Duration::from_micros(1));
+        self.network.set_wall(self.now);
     }
 }

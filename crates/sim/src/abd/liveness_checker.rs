@@ -25,7 +25,7 @@ pub(super) fn converged(world: &AbdWorld) -> Result<bool, String> {
     if members && idle {
         return Ok(true);
     }
-    if world.net.now >= world.end_of_safety + LIVENESS_BOUND {
+    if world.now >= world.end_of_safety + LIVENESS_BOUND {
         return Err(format!(
             "not live {LIVENESS_BOUND:?} after the faults healed: nodes {:?}, clients' \
              operations in flight {:?}, final operations left {:?}",

@@ -40,6 +40,7 @@ mod stores_checker;
 mod workload;
 mod world;
 
+use crate::TracedRun;
 pub use report::AbdReport;
 use world::AbdWorld;
 
@@ -54,11 +55,40 @@ const COLD_SHARE: f64 = 0.004;
 
 /// Run one seed; `Err` names what failed.
 pub fn run_seed(seed: u64) -> Result<AbdReport, String> {
-    run(seed).map_err(|error| format!("seed {seed}: {error}"))
+    run_traced(seed, None).result
 }
 
-fn run(seed: u64) -> Result<AbdReport, String> {
-    let mut world = AbdWorld::new(seed)?;
+/// Run one seed, keeping its trace when `keep` (`Some(false)`: without the datagram lines);
+/// the trace is hashed either way.
+pub fn run_traced(seed: u64, keep: Option<bool>) -> TracedRun<AbdReport> {
+    let mut world = match AbdWorld::new(seed, keep) {
+        Ok(world) => world,
+        Err(error) => {
+            return TracedRun {
+                result: Err(format!("seed {seed}: {error}")),
+                trace_hash: 0,
+                trace: None,
+            }
+        }
+    };
+    let mut result = run(&mut world).map_err(|error| format!("seed {seed}: {error}"));
+    let verdict = match &result {
+        Ok(_) => "PASS".to_string(),
+        Err(error) => format!("FAILED: {error}"),
+    };
+    world.note("check", || verdict);
+    let trace_hash = world.network.trace.hash();
+    if let Ok(report) = result.as_mut() {
+        report.trace_hash = trace_hash;
+    }
+    TracedRun {
+        result,
+        trace_hash,
+        trace: world.network.trace.lines.take(),
+    }
+}
+
+fn run(world: &mut AbdWorld) -> Result<AbdReport, String> {
     loop {
         world.form_group()?;
         world.inject_due_faults();
@@ -67,12 +97,13 @@ fn run(seed: u64) -> Result<AbdReport, String> {
         world.collect_results()?;
         world.deliver();
         world.fire_timers()?;
-        if liveness_checker::converged(&world)? {
+        if liveness_checker::converged(world)? {
             break;
         }
         world.advance();
     }
     world.count_state_machines();
+    world.stores.all_read()?;
     for (index, node) in world.nodes.iter().enumerate() {
         let what = format!("at the end, node {index}");
         world.stores.check_node(node.node(), &what)?;
@@ -83,5 +114,5 @@ fn run(seed: u64) -> Result<AbdReport, String> {
     if world.report.completed == 0 {
         return Err("no operation completed".to_owned());
     }
-    Ok(world.report)
+    Ok(world.report.clone())
 }

@@ -4,6 +4,8 @@
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AbdReport {
     pub seed: u64,
+    /// The hash of the seed's trace (the same seed must give the same hash).
+    pub trace_hash: u32,
     /// Memory nodes (3 or 5).
     pub nodes: u64,
     pub device_clients: u64,

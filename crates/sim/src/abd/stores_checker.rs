@@ -23,9 +23,21 @@ pub(super) struct Stores {
     ts_of_value: HashMap<u64, Vec<u64>>,
     /// A timestamp stored with two different values (the first seen).
     pub(super) clash: Option<String>,
+    /// Datagrams a coordinator sent that the checker could not open (must stay 0).
+    pub(super) unreadable: u64,
 }
 
 impl Stores {
+    /// Whether the checker read every datagram the coordinators sent (sealed ones opened).
+    pub(super) fn all_read(&self) -> Result<(), String> {
+        match self.unreadable {
+            0 => Ok(()),
+            count => Err(format!(
+                "{count} datagrams a coordinator sent could not be read"
+            )),
+        }
+    }
+
     /// Note the stores in a datagram a coordinator sends.
     pub(super) fn note(&mut self, now: Time, bytes: &[u8]) {
         let Ok((header, payload)) = Header::parse(bytes) else {

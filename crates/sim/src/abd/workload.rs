@@ -27,7 +27,7 @@ impl AbdWorld {
     /// Client `index`: a new session now and then (device clients, while the faults last),
     /// and its next operation if one is due.
     fn maybe_start(&mut self, index: usize) -> Result<(), String> {
-        let now = self.net.now;
+        let now = self.now;
         let healing = self.healing();
         let client = &mut self.clients[index];
         if let Engine::Device(session) = &mut client.engine {
@@ -66,12 +66,13 @@ impl AbdWorld {
         if count > 1 {
             self.report.multi_line += 1;
         }
-        if self.trace {
-            eprintln!(
-                "{now} client {index} starts {} lines {first}+{count} {values:?}: {started:?}",
-                if write { "write" } else { "read" }
-            );
-        }
+        let actor = format!("client{index}");
+        self.network.trace.note(now, &actor, || {
+            format!(
+                "starts {} of lines {first}+{count} {values:?}: {started:?}",
+                if write { "a write" } else { "a read" }
+            )
+        });
         let beyond = first + u32::from(count) > LINES;
         match started {
             Ok(()) => {
@@ -149,7 +150,7 @@ impl AbdWorld {
 
     /// Every client's timers and sends, and the results of its operations into the histories.
     pub(super) fn collect_results(&mut self) -> Result<(), String> {
-        let now = self.net.now;
+        let now = self.now;
         for index in 0..self.clients.len() {
             let mut done = Vec::new();
             match &mut self.clients[index].engine {
@@ -157,7 +158,8 @@ impl AbdWorld {
                     session.handle_timeout(now);
                     send_all(
                         client_addr(index),
-                        &mut self.net,
+                        now,
+                        &mut self.network,
                         &mut self.stores,
                         std::iter::from_fn(|| session.poll_transmit()),
                     );
@@ -169,7 +171,8 @@ impl AbdWorld {
                     coordinator.handle_timeout(now);
                     send_all(
                         client_addr(index),
-                        &mut self.net,
+                        now,
+                        &mut self.network,
                         &mut self.stores,
                         std::iter::from_fn(|| coordinator.poll_transmit()),
                     );
@@ -196,7 +199,7 @@ impl AbdWorld {
         op: InFlight,
         result: Result<Vec<u8>, AbdError>,
     ) -> Result<(), String> {
-        let now = self.net.now;
+        let now = self.now;
         let InFlight {
             first,
             count,
@@ -204,14 +207,12 @@ impl AbdWorld {
             call,
             must_complete,
         } = op;
-        if self.trace {
+        self.note(&format!("client{index}"), || {
             let shown = result
                 .as_ref()
                 .map(|data| data.chunks(LINE).map(line_value).collect::<Vec<_>>());
-            eprintln!(
-                "{now} client {index} lines {first}+{count} {values:?} called {call} -> {shown:?}"
-            );
-        }
+            format!("lines {first}+{count} {values:?} called at {call} ns: {shown:?}")
+        });
         let beyond = first + u32::from(count) > LINES;
         let lines = first..first + u32::from(count);
         let client = index as u64;
@@ -280,7 +281,7 @@ impl AbdWorld {
         call: u64,
         bytes: &[u8],
     ) -> Result<(), String> {
-        let now = self.net.now;
+        let now = self.now;
         let value = line_value(bytes).ok_or_else(|| {
             format!(
                 "{now}: client {index} read line {line} holding bytes no write wrote: {bytes:02x?}"
@@ -307,7 +308,7 @@ impl AbdWorld {
         call: u64,
         value: u64,
     ) -> Result<(), String> {
-        let now = self.net.now;
+        let now = self.now;
         let ts = self.stores.ts_of(value).ok_or_else(|| {
             format!(
                 "{now}: client {index}'s write of {value} to line {line} acknowledged, but no \

@@ -21,9 +21,8 @@ use rand_chacha::ChaCha8Rng;
 use super::stores_checker::Stores;
 use super::{AbdReport, LINES};
 use crate::function_host::FunctionHost;
-use crate::net::Net;
-use crate::net_attacker::{NetAuth, Replayer};
-use crate::world::SIM_EPOCH_MS;
+use crate::network::{Attacker, Network, NetworkKeys};
+use crate::world::{node_name, SIM_EPOCH_MS};
 
 /// How long the faults last (virtual time, after the group formed).
 pub(super) const SAFETY: Duration = Duration::from_secs(3);
@@ -107,13 +106,12 @@ pub(super) struct AbdWorld {
     pub(super) rng: ChaCha8Rng,
     /// Device clients starting over with new sessions, from a generator of its own.
     pub(super) churn: ChaCha8Rng,
-    pub(super) net: Net,
+    /// Virtual time.
+    pub(super) now: Time,
+    pub(super) network: Network,
     pub(super) tolerated: usize,
     pub(super) device_clients: usize,
     pub(super) direct_clients: usize,
-    /// `PMNET_ABD_TRACE`, `PMNET_ABD_TRACE_ALL`.
-    pub(super) trace: bool,
-    pub(super) trace_all: bool,
     pub(super) report: AbdReport,
     pub(super) nodes: Vec<Node>,
     /// The coordinating device as `pmnet device --abd-node` runs it: [`AbdFunction`] in a
@@ -150,16 +148,19 @@ fn node_config(index: usize, nodes: usize) -> NodeConfig {
     }
 }
 
-/// Node `index`'s pipeline over `table`, persisting on `region`.
+/// Node `index`'s pipeline over `table`, persisting on `region`, started at `now` with its
+/// keys from `network`.
 pub(super) fn node_host(
     index: usize,
     nodes: usize,
     table: Table,
     region: SimRegion,
     now: Time,
+    network: &mut Network,
 ) -> FunctionHost<MemNodeFunction> {
     let node = MemNode::new(node_config(index, nodes), table, now);
-    FunctionHost::new(MemNodeFunction::new(node, geometry()), Some(region), now)
+    let auth = network.pipeline_keys(now, node_addr(index));
+    FunctionHost::new(MemNodeFunction::new(node, geometry()), Some(region), auth)
 }
 
 /// Node `index` on a new, empty table.
@@ -167,6 +168,7 @@ pub(super) fn fresh_node(
     index: usize,
     nodes: usize,
     now: Time,
+    network: &mut Network,
 ) -> Result<FunctionHost<MemNodeFunction>, String> {
     let file = TableFile::format(SimRegion::new(geometry().region_len()), geometry())
         .map_err(|error| format!("format: {error}"))?;
@@ -176,37 +178,53 @@ pub(super) fn fresh_node(
         Table::new_direct(geometry()),
         file.into_region(),
         now,
+        network,
     ))
 }
 
 /// The device, started at `now` with session `session`. It stamps above its clock's counter
 /// floor, as a process starts it: a restarted device's counters are above its earlier lives'
 /// (whose stores may sit on nodes its first majority does not include).
-pub(super) fn device_host(nodes: usize, session: u64, now: Time) -> FunctionHost<AbdFunction> {
+pub(super) fn device_host(
+    nodes: usize,
+    session: u64,
+    now: Time,
+    network: &mut Network,
+) -> FunctionHost<AbdFunction> {
     let addrs = (0..nodes).map(node_addr).collect();
     let mut config = CoordinatorConfig::new(addrs, LINES, DEVICE_WRITER, session);
     config.counter_floor =
         pmnet_abd::counter_floor_at((SIM_EPOCH_MS + now.as_nanos() / 1_000_000) * 1_000);
-    FunctionHost::new(AbdFunction::new(Coordinator::new(config)), None, now)
+    let auth = network.pipeline_keys(now, device_addr());
+    FunctionHost::new(AbdFunction::new(Coordinator::new(config)), None, auth)
 }
 
 /// Send what `from` emits, noting every store a coordinator sends.
 pub(super) fn send_all(
     from: SocketAddr,
-    net: &mut Net,
+    now: Time,
+    network: &mut Network,
     stores: &mut Stores,
     transmits: impl IntoIterator<Item = pmnet_proto::Transmit>,
 ) {
     for transmit in transmits {
-        stores.note(net.now, &transmit.bytes);
-        net.send(from, transmit.destination, transmit.bytes);
+        match network.observe(now, &transmit.bytes) {
+            Some(plain) => stores.note(now, &plain),
+            None => stores.unreadable += 1,
+        }
+        network.send(now, from, transmit.destination, transmit.bytes);
     }
 }
 
 /// Hand the node's new batches to its persistent memory, complete those due, send what it
 /// has to send.
-pub(super) fn flush_node(node: &mut Node, index: usize, net: &mut Net, rng: &mut ChaCha8Rng) {
-    let now = net.now;
+pub(super) fn flush_node(
+    node: &mut Node,
+    index: usize,
+    now: Time,
+    network: &mut Network,
+    rng: &mut ChaCha8Rng,
+) {
     while let Some(batch) = node.host.poll_persist() {
         let after = node.persisting.back().map_or(now, |(at, ..)| *at);
         let at = after.max(now) + Duration::from_micros(rng.random_range(1..PERSIST_MAX_US));
@@ -217,33 +235,39 @@ pub(super) fn flush_node(node: &mut Node, index: usize, net: &mut Net, rng: &mut
         node.host.persist(now, batch);
     }
     while let Some(transmit) = node.host.poll_transmit() {
-        net.send(node_addr(index), transmit.destination, transmit.bytes);
+        network.send(now, node_addr(index), transmit.destination, transmit.bytes);
     }
 }
 
 impl AbdWorld {
-    /// Seed `seed`'s world at time zero: every node empty, about to form the group.
-    pub(super) fn new(seed: u64) -> Result<AbdWorld, String> {
+    /// Seed `seed`'s world at time zero: every node empty, about to form the group. Its trace
+    /// keeps its lines when `keep` (`Some(false)`: without the datagram lines).
+    pub(super) fn new(seed: u64, keep: Option<bool>) -> Result<AbdWorld, String> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let loss = rng.random_range(0.0..0.1);
         let duplicate = rng.random_range(0.0..0.05);
-        let mut net = Net::new(ChaCha8Rng::seed_from_u64(seed ^ 0xabd0), loss, duplicate);
+        let mut network = Network::uniform(seed ^ 0xabd0, loss, duplicate, node_name);
         // Keys on every endpoint; an attacker replaying what it captured.
-        net.auth = Some(NetAuth::for_seed(seed));
+        network.keys = Some(NetworkKeys::for_seed(seed));
         let node_count = if rng.random_bool(0.5) { 3 } else { 5 };
         let device_clients = rng.random_range(1..=3usize);
         let direct_clients = rng.random_range(1..=3usize);
-        let trace = std::env::var_os("PMNET_ABD_TRACE").is_some();
-        if trace {
-            eprintln!(
-                "seed {seed}: {node_count} nodes, {device_clients} clients through the device, \
-                 {direct_clients} client-driven; loss {loss:.3}, duplication {duplicate:.3}"
-            );
+        if let Some(datagrams) = keep {
+            network.trace.keep(datagrams);
         }
+        network.trace.note(Time::ZERO, "sim", || {
+            format!(
+                "seed {seed}: {node_count} memory nodes, {device_clients} clients through the \
+                 device, {direct_clients} client-driven; loss {:.1}%, duplication {:.1}%, \
+                 delay 10-400 us",
+                loss * 100.0,
+                duplicate * 100.0
+            )
+        });
         let mut nodes = Vec::with_capacity(node_count);
         for index in 0..node_count {
             nodes.push(Node {
-                host: fresh_node(index, node_count, Time::ZERO)?,
+                host: fresh_node(index, node_count, Time::ZERO, &mut network)?,
                 up: true,
                 restart_at: None,
                 restart_empty: false,
@@ -251,18 +275,17 @@ impl AbdWorld {
                 was_member: false,
             });
         }
-        let device = device_host(node_count, rng.random(), Time::ZERO);
+        let device = device_host(node_count, rng.random(), Time::ZERO, &mut network);
         let clients = new_clients(&mut rng, node_count, device_clients, direct_clients);
-        net.replayer = Some(replayer(seed, node_count, clients.len()));
+        network.attacker = Some(attacker(seed, node_count, clients.len()));
         Ok(AbdWorld {
             rng,
             churn: ChaCha8Rng::seed_from_u64(seed ^ 0xc4_abd0),
-            net,
+            now: Time::ZERO,
+            network,
             tolerated: (node_count - 1) / 2,
             device_clients,
             direct_clients,
-            trace,
-            trace_all: trace && std::env::var_os("PMNET_ABD_TRACE_ALL").is_some(),
             report: AbdReport {
                 seed,
                 nodes: node_count as u64,
@@ -295,13 +318,13 @@ impl AbdWorld {
 
     /// Past the safety phase: the faults heal.
     pub(super) fn healing(&self) -> bool {
-        self.running() && self.net.now >= self.end_of_safety
+        self.running() && self.now >= self.end_of_safety
     }
 
     /// Before the safety phase: once every node is a member (each learnt that no other holds
     /// a line), the faults are scheduled and the clients start.
     pub(super) fn form_group(&mut self) -> Result<(), String> {
-        let now = self.net.now;
+        let now = self.now;
         if self.start.is_some() {
             return Ok(());
         }
@@ -328,9 +351,8 @@ impl AbdWorld {
         for client in &mut self.clients {
             client.next_at = now + Duration::from_micros(self.rng.random_range(0..2000));
         }
-        if self.trace {
-            eprintln!("{now} the group formed; faults at {:?}", self.faults);
-        }
+        let faults = format!("{:?}", self.faults);
+        self.note("sim", || format!("the group formed; faults at {faults}"));
         Ok(())
     }
 
@@ -349,12 +371,16 @@ impl AbdWorld {
             self.report.lines_learnt += node.node().counters().sync_lines_taken;
         }
         self.report.replays_refused += self.device.function().counters().replays_refused;
-        if let Some(replayer) = &self.net.replayer {
-            self.report.replayed = replayer.replayed;
-            self.report.replayed_past_window = replayer.replayed_past_window;
-            self.report.replay_bursts = replayer.bursts_after_restarts;
+        if let Some(attacker) = &self.network.attacker {
+            self.report.replayed = attacker.replayed;
+            self.report.replayed_past_window = attacker.replayed_past_window;
+            self.report.replay_bursts = attacker.bursts_after_restarts;
         }
-        self.report.stale_dropped = self.net.auth.as_ref().map_or(0, NetAuth::stale);
+        self.report.stale_dropped += self.network.keys.as_ref().map_or(0, NetworkKeys::stale);
+        self.report.stale_dropped += self.device.stale_dropped();
+        for node in &self.nodes {
+            self.report.stale_dropped += node.host.stale_dropped();
+        }
     }
 }
 
@@ -396,15 +422,16 @@ fn new_clients(
 
 /// The attacker: it replays client requests first, and spares stores and their acks unless
 /// `PMNET_ABD_REPLAY_STORES` is set (docs/simulation.md, "What is not modelled").
-fn replayer(seed: u64, node_count: usize, clients: usize) -> Replayer {
+fn attacker(seed: u64, node_count: usize, clients: usize) -> Attacker {
     let endpoints: Vec<SocketAddr> = (0..node_count)
         .map(node_addr)
         .chain((0..clients).map(client_addr))
         .chain([device_addr()])
         .collect();
-    let mut replayer = Replayer::new(seed, (0..clients).map(client_addr).collect(), endpoints);
+    let mut attacker =
+        Attacker::replaying(seed, (0..clients).map(client_addr).collect(), endpoints);
     if std::env::var_os("PMNET_ABD_REPLAY_STORES").is_none() {
-        replayer.spared_types = vec![pmnet_wire::abd::ABD_STORE, pmnet_wire::abd::ABD_STORE_ACK];
+        attacker.spared_types = vec![pmnet_wire::abd::ABD_STORE, pmnet_wire::abd::ABD_STORE_ACK];
     }
-    replayer
+    attacker
 }

@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use pmnet_wire::Header;
-
 use super::world::{
     client_addr, controller_addr, flush_controller, flush_member, member_addr, ChainWorld, CLIENTS,
     MEMBERS,
@@ -14,43 +12,42 @@ use super::world::{
 impl ChainWorld {
     /// Deliver every datagram due now (what the receiver sends in answer goes on the network).
     pub(super) fn deliver(&mut self) {
-        let now = self.net.now;
-        let trace_all = self.trace && std::env::var_os("PMNET_CHAIN_TRACE_ALL").is_some();
-        self.net.strike();
-        while let Some((from, to, bytes)) = self.net.pop_due() {
-            let sealed = self.net.sealed.take();
-            let Ok((header, payload)) = Header::parse(&bytes) else {
-                continue;
+        let now = self.now;
+        self.network.strike(now);
+        while let Some(delivery) = self.network.deliver_due(now) {
+            let (from, to, bytes) = (delivery.from, delivery.to, delivery.bytes);
+            let up = match (0..MEMBERS).find(|&index| member_addr(index) == to) {
+                Some(index) => self.members[index].up,
+                None => to != controller_addr() || self.controller_up,
             };
-            if trace_all {
-                eprintln!(
-                    "{now} {from} -> {to} {:?} session {} seq {} {:02x?}",
-                    header.packet_type,
-                    header.session_id,
-                    header.seq,
-                    &payload[..payload.len().min(40)]
-                );
-            }
+            let fate = if up { "" } else { " [lost: the node is down]" };
+            self.network.note_recv(now, from, to, &bytes, fate);
             if let Some(index) = (0..MEMBERS).find(|&index| member_addr(index) == to) {
                 let member = &mut self.members[index];
                 if member.up {
-                    member.host.handle(now, from, &bytes, sealed);
-                    flush_member(member, index, &mut self.net);
+                    member.host.handle(now, from, &bytes);
+                    flush_member(member, index, now, &mut self.network);
                 }
             } else if to == controller_addr() {
                 if self.controller_up {
                     self.controller.handle(now, from, &bytes);
-                    flush_controller(&mut self.controller, &mut self.saved, &mut self.net);
+                    flush_controller(
+                        &mut self.controller,
+                        &mut self.saved,
+                        now,
+                        &mut self.network,
+                    );
                 }
             } else if let Some(index) = (0..CLIENTS).find(|&index| client_addr(index) == to) {
-                if self.trace {
-                    eprintln!("{now} client {index} <- {from} {:?}", header.packet_type);
-                }
                 let session = &mut self.clients[index].session;
                 session.handle_from(now, from, &bytes);
                 while let Some(transmit) = session.poll_transmit() {
-                    self.net
-                        .send(client_addr(index), transmit.destination, transmit.bytes);
+                    self.network.send(
+                        now,
+                        client_addr(index),
+                        transmit.destination,
+                        transmit.bytes,
+                    );
                 }
             }
         }
@@ -58,23 +55,28 @@ impl ChainWorld {
 
     /// The members' and the controller's timers.
     pub(super) fn fire_timers(&mut self) {
-        let now = self.net.now;
+        let now = self.now;
         for (index, member) in self.members.iter_mut().enumerate() {
             if member.up {
                 member.host.handle_timeout(now);
-                flush_member(member, index, &mut self.net);
+                flush_member(member, index, now, &mut self.network);
             }
         }
         if self.controller_up {
             self.controller.handle_timeout(now);
-            flush_controller(&mut self.controller, &mut self.saved, &mut self.net);
+            flush_controller(
+                &mut self.controller,
+                &mut self.saved,
+                now,
+                &mut self.network,
+            );
         }
     }
 
     /// Move the clock to the next datagram or timer due (at most 200 µs on).
     pub(super) fn advance(&mut self) {
-        let now = self.net.now;
-        let due = self.net.next_due();
+        let now = self.now;
+        let due = self.network.next_due();
         let wake = self
             .members
             .iter()
@@ -86,6 +88,7 @@ impl ChainWorld {
             .flatten()
             .min()
             .expect("a time");
-        self.net.now = next.max(now + Duration::from_micros(1));
+        self.now = next.max(now + Duration::from_micros(1));
+        self.network.set_wall(self.now);
     }
 }

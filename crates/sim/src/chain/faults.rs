@@ -9,6 +9,8 @@ use std::time::Duration;
 use pmnet_netchain::{Controller, Table, TableFile};
 use rand::Rng;
 
+use crate::network::Cut;
+
 use super::world::{
     controller_addr, controller_config, flush_controller, member_addr, member_host, ChainWorld,
     MEMBERS,
@@ -18,33 +20,27 @@ impl ChainWorld {
     /// Whether every chain member `index` is in has another member up and reachable: the
     /// faults leave each group a live copy (the chains tolerate losing all but one).
     fn others_live(&self, index: usize) -> bool {
-        let now = self.net.now;
+        let now = self.now;
         self.controller.layout().groups.iter().all(|group| {
             !group.chain.contains(&(index as u8))
                 || group.chain.iter().any(|other| {
                     let other = usize::from(*other);
                     other != index
                         && self.members[other].up
-                        && !self
-                            .net
-                            .cut
-                            .iter()
-                            .any(|(side, _, until)| *side == member_addr(other) && now < *until)
+                        && !self.network.partly_cut(now, member_addr(other))
                 })
         })
     }
 
     /// Inject the faults whose time has come.
     pub(super) fn inject_due_faults(&mut self) {
-        let now = self.net.now;
+        let now = self.now;
         while self.faults.first().is_some_and(|(at, _)| *at <= now) {
             let (_, kind) = self.faults.remove(0);
             // Fixed chains: crashes only (nothing takes a member out or brings one in).
             let kind = if self.controlled { kind } else { 0 };
             let index = self.rng.random_range(0..MEMBERS);
-            if self.trace {
-                eprintln!("{now} fault {kind} on member {index}");
-            }
+            self.note("sim", || format!("fault {kind} on member{index}"));
             match kind {
                 0 if self.members[index].up && self.others_live(index) => self.crash(index),
                 // Lost for good: only while each of its chains has another live member (the
@@ -66,7 +62,8 @@ impl ChainWorld {
                     } else {
                         None
                     };
-                    self.net.cut.push((member_addr(index), other, until));
+                    let side = member_addr(index);
+                    self.network.cuts.push(Cut { side, other, until });
                     self.report.partitions += 1;
                 }
                 3 if self.controller_up => {
@@ -83,7 +80,7 @@ impl ChainWorld {
     /// Member `index`'s process crashes (a batch it asked for cut before its fence); it
     /// restarts later.
     fn crash(&mut self, index: usize) {
-        let now = self.net.now;
+        let now = self.now;
         let member = &mut self.members[index];
         let cut = member.host.poll_persist();
         member.host.crash(&cut, &mut self.rng);
@@ -95,7 +92,7 @@ impl ChainWorld {
     /// Restart the members and the controller whose time has come (all of them once healing,
     /// but the member lost for good).
     pub(super) fn restart_due(&mut self) -> Result<(), String> {
-        let now = self.net.now;
+        let now = self.now;
         let healing = self.healing();
         for index in 0..self.members.len() {
             let member = &mut self.members[index];
@@ -110,9 +107,12 @@ impl ChainWorld {
                 .map_err(|error| format!("seed {}: reopen: {error}", self.seed))?;
             let table = Table::recover(file.geometry(), recovered);
             self.report.replays_refused += member.node().counters().replays_refused;
-            member.host = member_host(index, self.controlled, table, file.into_region(), now);
+            self.report.stale_dropped += member.host.stale_dropped();
+            let region = file.into_region();
+            let network = &mut self.network;
+            member.host = member_host(index, self.controlled, table, region, now, network);
             member.up = true;
-            self.net.restarted(member_addr(index));
+            self.network.restarted(now, member_addr(index));
         }
         if self.controlled
             && (self.controller_restart_at.is_some_and(|at| at <= now)
@@ -123,7 +123,12 @@ impl ChainWorld {
                 Controller::restore(controller_config(), self.saved.clone(), &[], now)
                     .map_err(|error| error.to_string())?;
             self.controller_up = true;
-            flush_controller(&mut self.controller, &mut self.saved, &mut self.net);
+            flush_controller(
+                &mut self.controller,
+                &mut self.saved,
+                now,
+                &mut self.network,
+            );
         }
         Ok(())
     }
@@ -131,8 +136,10 @@ impl ChainWorld {
     /// Once healing: no partition, no loss.
     pub(super) fn heal_when_due(&mut self) {
         if self.healing() {
-            self.net.cut.clear();
-            self.net.loss = 0.0;
+            self.network.cuts.clear();
+            if let Some(faults) = self.network.faults.as_mut() {
+                faults.loss = 0.0;
+            }
         }
     }
 }

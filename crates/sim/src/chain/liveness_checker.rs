@@ -12,7 +12,7 @@ pub(super) fn converged(world: &ChainWorld) -> Result<bool, String> {
         return Ok(false);
     }
     let idle = world.clients.iter().all(|client| client.current.is_none());
-    let late = world.net.now >= world.end_of_safety + LIVENESS_BOUND;
+    let late = world.now >= world.end_of_safety + LIVENESS_BOUND;
     let seed = world.seed;
     if !world.controlled {
         if world.members.iter().all(|member| member.up) && idle {

@@ -28,22 +28,52 @@ mod report;
 mod workload;
 mod world;
 
+use crate::TracedRun;
 pub use report::ChainReport;
 use world::ChainWorld;
 
 /// Run one seed; `Err` names what failed.
 pub fn run_seed(seed: u64) -> Result<ChainReport, String> {
-    run(seed, true)
+    run_traced(seed, true, None).result
 }
 
 /// Run one seed with fixed chains (no controller): member crashes and restarts on the
 /// network's faults; linearizability, and every client's last request completes once healed.
 pub fn run_seed_fixed(seed: u64) -> Result<ChainReport, String> {
-    run(seed, false)
+    run_traced(seed, false, None).result
 }
 
-fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
-    let mut world = ChainWorld::new(seed, controlled)?;
+/// Run one seed, with the controller or with fixed chains, keeping its trace when `keep`
+/// (`Some(false)`: without the datagram lines); the trace is hashed either way.
+pub fn run_traced(seed: u64, controlled: bool, keep: Option<bool>) -> TracedRun<ChainReport> {
+    let mut world = match ChainWorld::new(seed, controlled, keep) {
+        Ok(world) => world,
+        Err(error) => {
+            return TracedRun {
+                result: Err(error),
+                trace_hash: 0,
+                trace: None,
+            }
+        }
+    };
+    let mut result = run(&mut world, seed);
+    let verdict = match &result {
+        Ok(_) => "PASS".to_string(),
+        Err(error) => format!("FAILED: {error}"),
+    };
+    world.note("check", || verdict);
+    let trace_hash = world.network.trace.hash();
+    if let Ok(report) = result.as_mut() {
+        report.trace_hash = trace_hash;
+    }
+    TracedRun {
+        result,
+        trace_hash,
+        trace: world.network.trace.lines.take(),
+    }
+}
+
+fn run(world: &mut ChainWorld, seed: u64) -> Result<ChainReport, String> {
     loop {
         world.trace_epoch();
         world.inject_due_faults();
@@ -52,7 +82,7 @@ fn run(seed: u64, controlled: bool) -> Result<ChainReport, String> {
         world.clients_step()?;
         world.deliver();
         world.fire_timers();
-        if liveness_checker::converged(&world)? {
+        if liveness_checker::converged(world)? {
             break;
         }
         world.advance();

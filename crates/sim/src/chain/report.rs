@@ -4,6 +4,8 @@
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChainReport {
     pub seed: u64,
+    /// The hash of the seed's trace (the same seed must give the same hash).
+    pub trace_hash: u32,
     pub operations: u64,
     pub completed: u64,
     pub crashes: u64,

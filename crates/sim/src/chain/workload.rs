@@ -16,12 +16,16 @@ impl ChainWorld {
     pub(super) fn clients_step(&mut self) -> Result<(), String> {
         for index in 0..self.clients.len() {
             self.maybe_start(index)?;
-            let now = self.net.now;
+            let now = self.now;
             let client = &mut self.clients[index];
             client.session.handle_timeout(now);
             while let Some(transmit) = client.session.poll_transmit() {
-                self.net
-                    .send(client_addr(index), transmit.destination, transmit.bytes);
+                self.network.send(
+                    now,
+                    client_addr(index),
+                    transmit.destination,
+                    transmit.bytes,
+                );
             }
             while let Some((_, outcome)) = self.clients[index].session.poll_outcome() {
                 self.record(index, outcome)?;
@@ -33,7 +37,7 @@ impl ChainWorld {
     /// Client `index`, idle while the faults last: now and then a new session (a client
     /// process restarted), and now and then a new request.
     fn maybe_start(&mut self, index: usize) -> Result<(), String> {
-        let now = self.net.now;
+        let now = self.now;
         let healing = self.healing();
         let client = &mut self.clients[index];
         if client.current.is_none() && !healing && self.churn.random_bool(0.002) {
@@ -68,7 +72,7 @@ impl ChainWorld {
 
     /// Client `index`'s request ended with `outcome`: into its key's history.
     fn record(&mut self, index: usize, outcome: Outcome) -> Result<(), String> {
-        let now = self.net.now;
+        let now = self.now;
         let client = &mut self.clients[index];
         let (key, op, call) = client.current.take().expect("a request in flight");
         let input = match &op {
@@ -85,9 +89,9 @@ impl ChainWorld {
         if ret != PENDING {
             self.report.completed += 1;
         }
-        if self.trace {
-            eprintln!("{now} client {index} {key:?} {op:?} called {call} -> {output:?}",);
-        }
+        self.note(&format!("client{index}"), || {
+            format!("{key:?} {op:?} called at {call} ns: {output:?}")
+        });
         self.history.push((
             key,
             Operation {

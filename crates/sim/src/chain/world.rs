@@ -19,8 +19,8 @@ use rand_chacha::ChaCha8Rng;
 
 use super::ChainReport;
 use crate::function_host::FunctionHost;
-use crate::net::Net;
-use crate::net_attacker::{NetAuth, Replayer};
+use crate::network::{Attacker, Network, NetworkKeys};
+use crate::world::node_name;
 
 pub(super) const MEMBERS: usize = 4;
 pub(super) const CHAIN: usize = 3;
@@ -87,7 +87,9 @@ pub(super) struct ChainWorld {
     /// Clients starting over with a new session, from a generator of its own.
     pub(super) churn: ChaCha8Rng,
     pub(super) generation: u64,
-    pub(super) net: Net,
+    /// Virtual time.
+    pub(super) now: Time,
+    pub(super) network: Network,
     pub(super) report: ChainReport,
     pub(super) members: Vec<Member>,
     pub(super) controller: Controller,
@@ -104,7 +106,6 @@ pub(super) struct ChainWorld {
     /// Whether this seed loses a member for good, and whether it did.
     pub(super) lose_one: bool,
     pub(super) lost_one: bool,
-    pub(super) trace: bool,
     traced_epoch: u64,
     pub(super) end_of_safety: Time,
 }
@@ -143,20 +144,23 @@ pub(super) fn client_session(session: u64, controlled: bool) -> ChainClient {
     ChainClient::new(config)
 }
 
-/// Member `index`'s pipeline over `table`, persisting on `region`.
+/// Member `index`'s pipeline over `table`, persisting on `region`, started at `now` with its
+/// keys from `network`.
 pub(super) fn member_host(
     index: usize,
     controlled: bool,
     table: Table,
     region: SimRegion,
     now: Time,
+    network: &mut Network,
 ) -> FunctionHost<ChainFunction> {
     let node = ChainNode::new(member_config(index, controlled), table, now);
-    FunctionHost::new(ChainFunction::new(node), Some(region), now)
+    let auth = network.pipeline_keys(now, member_addr(index));
+    FunctionHost::new(ChainFunction::new(node), Some(region), auth)
 }
 
 /// Member `index` at time zero, on a new table.
-fn new_member(index: usize, controlled: bool) -> Member {
+fn new_member(index: usize, controlled: bool, network: &mut Network) -> Member {
     let region = TableFile::format(SimRegion::new(geometry().region_len()), geometry())
         .expect("format")
         .into_region();
@@ -167,6 +171,7 @@ fn new_member(index: usize, controlled: bool) -> Member {
             Table::new(geometry()),
             region,
             Time::ZERO,
+            network,
         ),
         up: true,
         lost: false,
@@ -190,50 +195,81 @@ fn schedule_faults(rng: &mut ChaCha8Rng) -> Vec<(Time, u8)> {
 }
 
 /// Carry out what member `index` asks to persist, then send what it has to send.
-pub(super) fn flush_member(member: &mut Member, index: usize, net: &mut Net) {
-    member.host.persist_all(net.now);
+pub(super) fn flush_member(member: &mut Member, index: usize, now: Time, network: &mut Network) {
+    member.host.persist_all(now);
     while let Some(transmit) = member.host.poll_transmit() {
-        net.send(member_addr(index), transmit.destination, transmit.bytes);
+        network.send(
+            now,
+            member_addr(index),
+            transmit.destination,
+            transmit.bytes,
+        );
     }
 }
 
-pub(super) fn flush_controller(controller: &mut Controller, saved: &mut Layout, net: &mut Net) {
+pub(super) fn flush_controller(
+    controller: &mut Controller,
+    saved: &mut Layout,
+    now: Time,
+    network: &mut Network,
+) {
     // Saved before anything of the same step is sent.
     if let Some(layout) = controller.poll_save() {
         *saved = layout;
     }
     while let Some(transmit) = controller.poll_transmit() {
-        net.send(controller_addr(), transmit.destination, transmit.bytes);
+        network.send(now, controller_addr(), transmit.destination, transmit.bytes);
     }
 }
 
 impl ChainWorld {
-    /// Seed `seed`'s world at time zero.
-    pub(super) fn new(seed: u64, controlled: bool) -> Result<ChainWorld, String> {
+    /// Seed `seed`'s world at time zero. Its trace keeps its lines when `keep` (`Some(false)`:
+    /// without the datagram lines).
+    pub(super) fn new(
+        seed: u64,
+        controlled: bool,
+        keep: Option<bool>,
+    ) -> Result<ChainWorld, String> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let loss = rng.random_range(0.0..0.1);
         let duplicate = rng.random_range(0.0..0.05);
-        let mut net = Net::new(ChaCha8Rng::seed_from_u64(seed ^ 0x4e57), loss, duplicate);
+        let mut network = Network::uniform(seed ^ 0x4e57, loss, duplicate, node_name);
+        if let Some(datagrams) = keep {
+            network.trace.keep(datagrams);
+        }
+        network.trace.note(Time::ZERO, "sim", || {
+            format!(
+                "seed {seed}: {MEMBERS} members, chains of {CHAIN}, {CLIENTS} clients, {}; loss \
+                 {:.1}%, duplication {:.1}%, delay 10-400 us",
+                if controlled {
+                    "the controller"
+                } else {
+                    "fixed chains"
+                },
+                loss * 100.0,
+                duplicate * 100.0
+            )
+        });
         // Keys on every endpoint, and an attacker replaying what it captured.
-        net.auth = Some(NetAuth::for_seed(seed));
+        network.keys = Some(NetworkKeys::for_seed(seed));
         let endpoints: Vec<SocketAddr> = (0..MEMBERS)
             .map(member_addr)
             .chain((0..CLIENTS).map(client_addr))
             .chain([controller_addr()])
             .collect();
-        net.replayer = Some(Replayer::new(
+        network.attacker = Some(Attacker::replaying(
             seed,
             (0..CLIENTS).map(client_addr).collect(),
             endpoints,
         ));
         let members = (0..MEMBERS)
-            .map(|index| new_member(index, controlled))
+            .map(|index| new_member(index, controlled, &mut network))
             .collect();
         let addresses: Vec<SocketAddr> = (0..MEMBERS).map(member_addr).collect();
         let mut controller = Controller::new(controller_config(), &addresses, GROUPS, Time::ZERO)
             .map_err(|error| error.to_string())?;
         let mut saved = controller.layout().clone();
-        flush_controller(&mut controller, &mut saved, &mut net);
+        flush_controller(&mut controller, &mut saved, Time::ZERO, &mut network);
         let clients = (0..CLIENTS)
             .map(|index| Client {
                 session: client_session(0x5e55_0000 + index as u64, controlled),
@@ -249,7 +285,8 @@ impl ChainWorld {
             rng,
             churn: ChaCha8Rng::seed_from_u64(seed ^ 0xc4_0e55),
             generation: 0,
-            net,
+            now: Time::ZERO,
+            network,
             report: ChainReport {
                 seed,
                 ..ChainReport::default()
@@ -266,7 +303,6 @@ impl ChainWorld {
             faults,
             lose_one,
             lost_one: false,
-            trace: std::env::var_os("PMNET_CHAIN_TRACE").is_some(),
             traced_epoch: 0,
             end_of_safety: Time::ZERO + SAFETY,
         })
@@ -274,20 +310,22 @@ impl ChainWorld {
 
     /// Past the safety phase: the faults heal.
     pub(super) fn healing(&self) -> bool {
-        self.net.now >= self.end_of_safety
+        self.now >= self.end_of_safety
     }
 
-    /// With `PMNET_CHAIN_TRACE`: each new configuration.
+    /// Note each new configuration of the controller in the trace.
     pub(super) fn trace_epoch(&mut self) {
-        if self.trace && self.controller.layout().epoch != self.traced_epoch {
+        if self.controlled && self.controller.layout().epoch != self.traced_epoch {
             self.traced_epoch = self.controller.layout().epoch;
-            eprintln!(
-                "{} epoch {}: {:?}",
-                self.net.now,
-                self.traced_epoch,
-                self.controller.layout().groups
-            );
+            let (epoch, groups) = (self.traced_epoch, &self.controller.layout().groups);
+            let text = format!("epoch {epoch}: {groups:?}");
+            self.note("controller", || text);
         }
+    }
+
+    /// Note an event of the world's by `actor` in the network's trace.
+    pub(super) fn note(&mut self, actor: &str, event: impl FnOnce() -> String) {
+        self.network.trace.note(self.now, actor, event);
     }
 
     /// The report once the run is over: the counts the state machines kept, the attacker's.
@@ -302,12 +340,15 @@ impl ChainWorld {
             report.reads_relayed += member.node().counters().reads_relayed;
             report.replays_refused += member.node().counters().replays_refused;
         }
-        if let Some(replayer) = &self.net.replayer {
-            report.replayed = replayer.replayed;
-            report.replayed_past_window = replayer.replayed_past_window;
-            report.replay_bursts = replayer.bursts_after_restarts;
+        if let Some(attacker) = &self.network.attacker {
+            report.replayed = attacker.replayed;
+            report.replayed_past_window = attacker.replayed_past_window;
+            report.replay_bursts = attacker.bursts_after_restarts;
         }
-        report.stale_dropped = self.net.auth.as_ref().map_or(0, NetAuth::stale);
+        report.stale_dropped += self.network.keys.as_ref().map_or(0, NetworkKeys::stale);
+        for member in &self.members {
+            report.stale_dropped += member.host.stale_dropped();
+        }
         report
     }
 }

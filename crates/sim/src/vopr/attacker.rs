@@ -15,7 +15,10 @@
 //! applies in increasing sequence order, at once).
 //!
 //! Its choices come from generators of its own, seeded from the run's seed, so the seeds
-//! without an attacker draw exactly what they drew before it existed.
+//! without an attacker draw exactly what they drew before it existed. What it captures and
+//! archives, and the choice of an archived datagram, are the network's attacker's
+//! (`crate::network::Attacker`, the one every world has), which this one drives: when to
+//! archive, what to replay and when, and the forgeries.
 
 use std::net::SocketAddr;
 
@@ -24,8 +27,8 @@ use pmnet_wire::{flags, Header, PacketType};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::network::Attacker as Eavesdropper;
 use crate::world::{client_addr, device_addr, server_addr, World, SERVER_ID};
-use pmnet_proto::Time;
 
 use super::FaultSummary;
 
@@ -47,16 +50,12 @@ const LATE_STRIKE_PROBABILITY: f64 = 0.04;
 /// Archived datagrams the attacker replays as the liveness phase restarts every process.
 const FINAL_BURST: usize = 24;
 
-/// A datagram the attacker captured: when, from, to, the bytes as sent.
-type Archived = (Time, SocketAddr, SocketAddr, Vec<u8>);
-
 pub(super) struct Attacker {
     rng: ChaCha8Rng,
     key_id: u16,
     /// The generator of the archive and of late replays (its own, so that the forgeries and
     /// recent replays draw what they drew before it).
     late: ChaCha8Rng,
-    archive: Vec<Archived>,
     /// The world's count of datagrams sent when the attacker last archived one.
     archived_at_sent: u64,
     /// The replay window of the deployment's keys (milliseconds).
@@ -65,7 +64,8 @@ pub(super) struct Attacker {
 
 impl Attacker {
     /// The attacker of `seed`, if the seed has one, and the deployment keys every node then
-    /// holds (the attacker does not).
+    /// holds (the attacker does not). [`Attacker::eavesdropper`] is what it puts on the
+    /// network.
     pub(super) fn for_seed(seed: u64) -> Option<(Attacker, KeySet)> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xA77A_C4E5_5EED_0017);
         if !rng.random_bool(ATTACKER_SEED_SHARE) {
@@ -83,12 +83,16 @@ impl Attacker {
                 rng,
                 key_id,
                 late,
-                archive: Vec::new(),
                 archived_at_sent: 0,
                 window_ms,
             },
             keys,
         ))
+    }
+
+    /// What it puts on the network to capture what is sent.
+    pub(super) fn eavesdropper(&self) -> Eavesdropper {
+        Eavesdropper::capturing(CAPTURED_MAX, ARCHIVE_MAX, self.window_ms)
     }
 
     /// Archive the newest datagram sent now and then; now and then replay archived ones.
@@ -97,20 +101,18 @@ impl Attacker {
         world: &mut World,
         summary: &mut FaultSummary,
     ) {
-        if world.network.sent != self.archived_at_sent && self.late.random_bool(ARCHIVE_PROBABILITY)
+        let sent = world.network.counters.sent;
+        let now = world.now;
+        let Some(eavesdropper) = world.network.attacker.as_mut() else {
+            return;
+        };
+        if sent != self.archived_at_sent
+            && self.late.random_bool(ARCHIVE_PROBABILITY)
+            && eavesdropper.archive_latest(now, &mut self.late)
         {
-            if let Some((from, to, bytes)) = world.captured.back() {
-                self.archived_at_sent = world.network.sent;
-                let entry = (world.now, *from, *to, bytes.clone());
-                if self.archive.len() < ARCHIVE_MAX {
-                    self.archive.push(entry);
-                } else {
-                    let index = self.late.random_range(0..ARCHIVE_MAX);
-                    self.archive[index] = entry;
-                }
-            }
+            self.archived_at_sent = sent;
         }
-        if self.archive.is_empty() || !self.late.random_bool(LATE_STRIKE_PROBABILITY) {
+        if eavesdropper.archived_nothing() || !self.late.random_bool(LATE_STRIKE_PROBABILITY) {
             return;
         }
         // Mostly datagrams still inside the replay window (the authenticator accepts them:
@@ -124,7 +126,8 @@ impl Attacker {
     /// The last strike, as the liveness phase heals the faults and restarts every process: a
     /// burst of archived datagrams, mostly still inside the replay window.
     pub(super) fn final_burst(&mut self, world: &mut World, summary: &mut FaultSummary) {
-        if self.archive.is_empty() {
+        let archived = world.network.attacker.as_ref();
+        if archived.is_none_or(Eavesdropper::archived_nothing) {
             return;
         }
         for _ in 0..FINAL_BURST {
@@ -138,22 +141,11 @@ impl Attacker {
     /// destination or now and then to another node.
     fn replay_archived(&mut self, world: &mut World, summary: &mut FaultSummary, within: bool) {
         let now = world.now;
-        let fresh = |entry: &&Archived| {
-            now.as_nanos().saturating_sub(entry.0.as_nanos()) / 1_000_000 <= self.window_ms + 1000
+        let picked = (world.network.attacker.as_ref())
+            .and_then(|eavesdropper| eavesdropper.pick_archived(now, within, &mut self.late));
+        let Some((at, from, mut to, bytes)) = picked.cloned() else {
+            return;
         };
-        let candidates: Vec<usize> = if within {
-            (0..self.archive.len())
-                .filter(|&index| fresh(&&self.archive[index]))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let index = if candidates.is_empty() {
-            self.late.random_range(0..self.archive.len())
-        } else {
-            candidates[self.late.random_range(0..candidates.len())]
-        };
-        let (at, from, mut to, bytes) = self.archive[index].clone();
         if self.late.random_bool(0.2) {
             to = match self.late.random_range(0..3) {
                 0 => device_addr(self.late.random_range(0..world.devices.len())),
@@ -180,7 +172,9 @@ impl Attacker {
         if !self.rng.random_bool(STRIKE_PROBABILITY) {
             return;
         }
-        if self.rng.random_bool(REPLAY_PROBABILITY) && !world.captured.is_empty() {
+        let captured =
+            (world.network.attacker.as_ref()).map_or(0, |eavesdropper| eavesdropper.recent().len());
+        if self.rng.random_bool(REPLAY_PROBABILITY) && captured > 0 {
             self.replay(world, summary);
         } else {
             self.forge(world, summary);
@@ -190,8 +184,13 @@ impl Attacker {
     /// Send a captured datagram again, unchanged, from its source: to its destination, or
     /// now and then to another node.
     fn replay(&mut self, world: &mut World, summary: &mut FaultSummary) {
-        let index = self.rng.random_range(0..world.captured.len());
-        let (from, mut to, bytes) = world.captured[index].clone();
+        let recent = world.network.attacker.as_ref().map(Eavesdropper::recent);
+        let Some(recent) = recent.filter(|recent| !recent.is_empty()) else {
+            return;
+        };
+        let index = self.rng.random_range(0..recent.len());
+        let captured = recent.len() - index;
+        let (_, from, mut to, bytes) = recent[index].clone();
         if self.rng.random_bool(0.25) {
             to = self.node(world);
         }
@@ -201,7 +200,7 @@ impl Attacker {
             "attacker",
             &format!(
                 "replays a {what} captured {} datagrams ago, from {from} to {to}",
-                world.captured.len() - index
+                captured
             ),
         );
         world.inject(from, to, bytes);

@@ -57,8 +57,8 @@ pub(super) fn run(
 /// Heal every fault: no more network faults or partitions, every store with room, every
 /// device's persistence released (a crashed device restarted), every server up.
 fn heal(world: &mut World) {
-    world.faults = None;
-    world.blocked.clear();
+    world.network.faults = None;
+    world.network.blocked.clear();
     for node in &mut world.servers {
         node.store_full = false;
     }

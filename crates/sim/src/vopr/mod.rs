@@ -145,7 +145,11 @@ pub fn try_run(seed: u64, options: &Options) -> Result<Report, Box<Failure>> {
                 }) => {
                     world.note_by("check", &format!("FAILED: {message}"));
                     count_world_faults(&world, &mut summary);
-                    (world.trace_hash(), summary, world.trace.take())
+                    (
+                        world.trace_hash(),
+                        summary,
+                        world.network.trace.lines.take(),
+                    )
                 }
                 None => (0, FaultSummary::default(), None),
             };
@@ -320,7 +324,7 @@ fn run_inner(seed: u64, options: &Options, state: &mut Option<Run>) -> Report {
         requests_completed,
         virtual_time_to_converge,
         faults: std::mem::take(summary),
-        trace: world.trace.take(),
+        trace: world.network.trace.lines.take(),
     }
 }
 
@@ -371,9 +375,9 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
             node.arrives_later = true;
         }
     }
-    if let Some((_, keys)) = Attacker::for_seed(seed) {
+    if let Some((attacker, keys)) = Attacker::for_seed(seed) {
         world = world.with_auth(keys);
-        world.capture_len_max = attacker::CAPTURED_MAX;
+        world.network.attacker = Some(attacker.eavesdropper());
     }
     if let Some(hold) = batches_for_seed(seed) {
         world = world.with_batching(hold);
@@ -398,18 +402,18 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
             .unwrap_or(1);
         world.device_losses_allowed = usize::from(fewest).saturating_sub(1);
     }
-    world.record_seen = false;
+    world.network.record_seen = false;
     for (client, lifetime) in mix.short_lifetimes.iter().enumerate() {
         if let Some(lifetime) = *lifetime {
             world.reconfigure_client(client, |config| config.request_lifetime = lifetime);
         }
     }
     if options.trace {
-        world.trace = Some(Vec::new());
-        world.trace_datagrams = options.trace_datagrams;
+        world.network.trace.lines = Some(Vec::new());
+        world.network.trace.datagrams = options.trace_datagrams;
     }
     let network_seed: u64 = rng.random();
-    world.faults = Some(Faults {
+    world.network.faults = Some(Faults {
         rng: ChaCha8Rng::seed_from_u64(network_seed),
         loss: summary.loss,
         duplicate: summary.duplicate,

@@ -105,8 +105,8 @@ pub(super) fn run(
             48 if mix.clients_leave => client_leaves(world, rng, summary),
             49..=50 if mix.store_full => toggle_store_full(world, rng),
             51..=53 if mix.turnover => client_turns_over(world, rng, summary),
-            46..=47 if mix.partitions && !world.blocked.is_empty() => {
-                world.blocked.clear();
+            46..=47 if mix.partitions && !world.network.blocked.is_empty() => {
+                world.network.blocked.clear();
                 world.note_by("network", "partitions healed");
             }
             _ => {
@@ -232,9 +232,9 @@ fn partition(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSummary
     } else {
         (other, device)
     };
-    world.blocked.insert((from, to));
+    world.network.blocked.insert((from, to));
     if rng.random_bool(0.5) {
-        world.blocked.insert((to, from));
+        world.network.blocked.insert((to, from));
         summary.counts.partitions_symmetric += 1;
         world.note_by(
             "network",

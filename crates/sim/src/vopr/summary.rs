@@ -255,11 +255,11 @@ impl FaultCounts {
 
 /// Copy what the world counted (network faults, rejected log slots) into `summary`.
 pub(super) fn count_world_faults(world: &World, summary: &mut FaultSummary) {
-    summary.counts.datagrams_sent = world.network.sent;
-    summary.counts.datagrams_lost = world.network.lost;
-    summary.counts.datagrams_duplicated = world.network.duplicated;
-    summary.counts.datagrams_corrupted = world.network.corrupted;
-    summary.counts.datagrams_partitioned = world.network.partitioned;
+    summary.counts.datagrams_sent = world.network.counters.sent;
+    summary.counts.datagrams_lost = world.network.counters.lost;
+    summary.counts.datagrams_duplicated = world.network.counters.duplicated;
+    summary.counts.datagrams_corrupted = world.network.counters.corrupted;
+    summary.counts.datagrams_partitioned = world.network.counters.partitioned;
     summary.counts.log_slots_rejected = world
         .devices
         .iter()

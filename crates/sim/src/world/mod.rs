@@ -6,17 +6,17 @@
 //! [`ServerApp`] that records what was applied (the durable record a test checks) and, when
 //! asked, applies them to a real [`KvStore`] on a [`SimRegion`] as well.
 //!
-//! The world's parts: `nodes` (addresses, the nodes and their application), `network`
-//! (datagrams in flight and their faults), `outputs` (what the nodes emit after each event)
-//! and `trace` (the event log and its hash). This file builds a world and drives it.
+//! The world's parts: `nodes` (addresses, the nodes and their application), `network` (the
+//! world's use of the one [`Network`] every world runs on: datagrams in flight, their faults,
+//! the trace), `outputs` (what the nodes emit after each event) and `trace` (how the world's
+//! events read, and its notes in the network's trace). This file builds a world and drives
+//! it.
 
 mod network;
 mod nodes;
 mod outputs;
 mod trace;
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -25,11 +25,11 @@ use pmnet_proto::{Client, ClientConfig, ClientEvent, Device, FrontFunction, Time
 use pmnet_store::{KvConfig, KvStore};
 use pmnet_wire::PacketType;
 
-use network::{DropRule, InFlight};
+use crate::network::{Delay, Network};
+pub use crate::network::{Faults, Seen};
 pub use nodes::{
-    client_addr, device_addr, node_name, replica_addr, server_addr, ClientNode, DeviceNode, Faults,
-    NetworkCounters, Seen, ServerApp, ServerNode, SessionChurn, Topology, DEVICE_ID, SERVER_ID,
-    SLOT_SIZE,
+    client_addr, device_addr, node_name, replica_addr, server_addr, ClientNode, DeviceNode,
+    ServerApp, ServerNode, SessionChurn, Topology, DEVICE_ID, SERVER_ID, SLOT_SIZE,
 };
 
 /// The wall-clock time (Unix milliseconds) at which every simulated world starts.
@@ -48,33 +48,16 @@ pub struct World {
     /// is livelocked (a timer that fires without moving, datagrams answered at once for
     /// ever), a failure, not a hang.
     events_now: (Time, u64),
-    pub latency: Duration,
-    pub faults: Option<Faults>,
-    /// Links that deliver nothing: `(from, to)`; a symmetric partition blocks both directions.
-    pub blocked: HashSet<(SocketAddr, SocketAddr)>,
-    pub network: NetworkCounters,
-    queue: BinaryHeap<InFlight>,
-    sequence: u64,
-    /// Every datagram sent, when `record_seen` is on (tests); off in long swarms.
-    pub seen: Vec<Seen>,
-    pub record_seen: bool,
-    /// A readable event log, when on: one line an event, `<virtual time>  <node>  <event>`.
-    pub trace: Option<Vec<String>>,
-    /// Keep datagram lines (`send`, `recv`) in `trace`; they are hashed either way.
-    pub trace_datagrams: bool,
+    /// The network every datagram goes through: its queue, faults, partitions, capture,
+    /// counters and the world's trace.
+    pub network: Network,
     /// PMNet-ACKs checked against the persistence model (invariant 4).
     pub acks_checked: u64,
-    /// The last datagrams put on the network, as sent (source, destination, bytes), when
-    /// capturing is on: what an eavesdropper holds and may replay. At most `capture_len_max`.
-    pub captured: std::collections::VecDeque<(SocketAddr, SocketAddr, Vec<u8>)>,
-    pub capture_len_max: usize,
     /// The swarm's workload sends keyed updates and cache reads (the devices run the read
     /// cache), and notes each cache read here: (client, read id, the session's requests
     /// issued before it).
     pub keyed: bool,
     pub cache_reads: Vec<(usize, u32, u32)>,
-    trace_hash: u32,
-    drop_rules: Vec<DropRule>,
     pub clients: Vec<ClientNode>,
     pub devices: Vec<DeviceNode>,
     pub servers: Vec<ServerNode>,
@@ -162,23 +145,10 @@ impl World {
             now: Time::ZERO,
             wall: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(SIM_EPOCH_MS)),
             events_now: (Time::ZERO, 0),
-            latency: Duration::from_micros(5),
-            faults: None,
-            blocked: HashSet::new(),
-            network: NetworkCounters::default(),
-            queue: BinaryHeap::new(),
-            sequence: 0,
-            seen: Vec::new(),
-            record_seen: true,
-            trace: None,
-            trace_datagrams: true,
+            network: Network::new(Delay::Latency(Duration::from_micros(5)), node_name),
             acks_checked: 0,
-            captured: std::collections::VecDeque::new(),
-            capture_len_max: 0,
             keyed: false,
             cache_reads: Vec::new(),
-            trace_hash: 0,
-            drop_rules: Vec::new(),
             clients,
             devices,
             servers,
@@ -322,7 +292,7 @@ impl World {
             authenticator(servers),
             authenticator(clients),
         );
-        self.queue.clear();
+        self.network.clear();
         for node in &mut self.devices {
             node.auth = auth.clone();
             let device = std::mem::replace(
@@ -446,19 +416,19 @@ impl World {
 
     /// When the next datagram arrives or the next timer fires.
     pub fn next_event_time(&self) -> Option<Time> {
-        let next_packet = self.queue.peek().map(|Reverse((at, ..))| *at);
+        let next_packet = self.network.next_due();
         next_packet.into_iter().chain(self.next_timeout()).min()
     }
 
     /// Deliver the next datagram or fire the next timer, whichever is earlier. False when
     /// nothing is left to do.
     pub fn step(&mut self) -> bool {
-        let next_packet = self.queue.peek().map(|Reverse((at, ..))| *at);
+        let next_packet = self.network.next_due();
         let next_timer = self.next_timeout();
         match (next_packet, next_timer) {
             (None, None) => return false,
             (Some(at), timer) if timer.is_none_or(|timer| at <= timer) => {
-                let Reverse((at, _, from, to, bytes)) = self.queue.pop().expect("peeked");
+                let (at, from, to, bytes) = self.network.pop_next().expect("peeked");
                 self.now = self.now.max(at);
                 self.sync_wall();
                 self.deliver(from, to, &bytes);
@@ -479,7 +449,7 @@ impl World {
                  timers: {:?}; datagrams queued: {})",
                 self.now,
                 self.timers_due(),
-                self.queue.len()
+                self.network.in_flight()
             );
         } else {
             self.events_now = (self.now, 1);
@@ -521,11 +491,8 @@ impl World {
         } else {
             true
         };
-        self.note_datagram(&node_name(to), || {
-            let what = trace::describe_datagram(bytes);
-            let fate = if up { "" } else { " [lost: the node is down]" };
-            format!("recv {what} from {}{fate}", node_name(from))
-        });
+        let fate = if up { "" } else { " [lost: the node is down]" };
+        self.network.note_recv(now, from, to, bytes, fate);
         if let Some(node) = (0..self.servers.len()).find(|i| server_addr(*i) == to) {
             let node = &mut self.servers[node];
             if node.up {
@@ -610,7 +577,8 @@ impl World {
 
     /// Every datagram of `packet_type` seen so far.
     pub fn seen_of(&self, packet_type: PacketType) -> Vec<&Seen> {
-        self.seen
+        self.network
+            .seen
             .iter()
             .filter(|seen| seen.header.packet_type == packet_type)
             .collect()

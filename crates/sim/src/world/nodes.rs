@@ -3,7 +3,6 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use pmnet_pm::{EntryKey, LogWork, PmLog, SimRegion};
 use pmnet_proto::{
@@ -11,8 +10,6 @@ use pmnet_proto::{
     PersistBatch, RecoveredSession, RequestKind, Server, ServerConfig, Time,
 };
 use pmnet_store::{Application, KvStore};
-use pmnet_wire::Header;
-use rand_chacha::ChaCha8Rng;
 
 #[cfg(doc)]
 use super::World;
@@ -50,7 +47,9 @@ pub fn client_addr(index: usize) -> SocketAddr {
     SocketAddr::from(([10, 0, 100, 1], 40000 + index as u16))
 }
 
-/// The name of the node at `addr` in traces: `client0`, `device1`, `server0`, or the address.
+/// The name of the node at `addr` in traces: `client0`, `device1`, `server0` (the chain
+/// store's world: `member0`, `controller`, `client0`; replicated memory's: `memnode0`,
+/// `device`, `client0`), or the address.
 pub fn node_name(addr: SocketAddr) -> String {
     if let SocketAddr::V4(v4) = addr {
         let [a, b, c, d] = v4.ip().octets();
@@ -59,20 +58,18 @@ pub fn node_name(addr: SocketAddr) -> String {
             (10, 0, 2, host, 51000) if host > 0 => return format!("device{}", host - 1),
             (10, 0, 3, host, 51000) if host > 0 => return format!("replica{}", host - 1),
             (10, 0, 100, 1, port) if port >= 40000 => return format!("client{}", port - 40000),
+            // The chain store's world.
+            (10, 0, 5, 100, 7700) => return "controller".to_string(),
+            (10, 0, 5, host, 7600) if host > 0 => return format!("member{}", host - 1),
+            (10, 0, 6, host, 40000) if host > 0 => return format!("client{}", host - 1),
+            // Replicated memory's world.
+            (10, 0, 7, 100, 7900) => return "device".to_string(),
+            (10, 0, 7, host, 7800) if host > 0 => return format!("memnode{}", host - 1),
+            (10, 0, 8, host, 41000) if host > 0 => return format!("client{}", host - 1),
             _ => {}
         }
     }
     addr.to_string()
-}
-
-/// One datagram put on the network, for assertions and traces.
-#[derive(Debug, Clone)]
-pub struct Seen {
-    pub at: Time,
-    pub from: SocketAddr,
-    pub to: SocketAddr,
-    pub header: Header,
-    pub dropped: bool,
 }
 
 /// The server's application: records every request applied, in order, and checks the
@@ -535,27 +532,6 @@ impl ClientNode {
             arrives_later: false,
         }
     }
-}
-
-/// Random network faults, from one seed: loss, duplication, delay spread (which reorders),
-/// and corruption of bytes in flight.
-#[derive(Debug)]
-pub struct Faults {
-    pub rng: ChaCha8Rng,
-    pub loss: f64,
-    pub duplicate: f64,
-    pub jitter: Duration,
-    pub corrupt: f64,
-}
-
-/// What the network did, for the swarm's summary.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NetworkCounters {
-    pub sent: u64,
-    pub lost: u64,
-    pub duplicated: u64,
-    pub corrupted: u64,
-    pub partitioned: u64,
 }
 
 /// The shape of a world.

@@ -1,78 +1,10 @@
-//! The world's event log: how headers, keys, client events and batches read in a trace, and
-//! the hash of every event.
+//! The world's events in its network's trace (`crate::network::Trace`): how keys, client
+//! events and batches read, and the world's notes.
 
 use pmnet_pm::{EntryKey, LogWork};
 use pmnet_proto::{ClientEvent, Completion, PersistBatch};
-use pmnet_wire::Header;
 
 use super::{World, DEVICE_ID, SERVER_ID};
-
-/// A header as traces show it: type, session, sequence number, fragment, flags.
-pub fn describe_header(header: &Header) -> String {
-    let mut text = format!(
-        "{} s={:x} seq={}",
-        header.packet_type, header.session_id, header.seq
-    );
-    if header.fragment_count > 1 {
-        text.push_str(&format!(
-            " frag={}/{}",
-            header.fragment_index, header.fragment_count
-        ));
-    }
-    if header.device_id != 0 {
-        text.push_str(&format!(" dev={}", header.device_id));
-    }
-    for (bit, name) in [
-        (pmnet_wire::flags::MAKEUP, "makeup"),
-        (pmnet_wire::flags::REPLY_UNAVAILABLE, "reply-unavailable"),
-        (pmnet_wire::flags::ALL_FRAGMENTS, "all-fragments"),
-        (pmnet_wire::flags::NOOP_FILL, "noop-fill"),
-    ] {
-        if header.flags & bit != 0 {
-            text.push_str(&format!(" +{name}"));
-        }
-    }
-    text
-}
-
-/// A datagram as traces show it: its header, and a batch's entries after it.
-pub(super) fn describe_datagram(bytes: &[u8]) -> String {
-    let (header, payload) = match Header::parse(pmnet_auth::without_trailer(bytes)) {
-        Ok(parsed) => parsed,
-        Err(error) => {
-            return format!(
-                "a datagram of {} bytes that does not parse ({error})",
-                bytes.len()
-            )
-        }
-    };
-    let mut text = describe_header(&header);
-    match header.packet_type {
-        pmnet_wire::PacketType::HoldQuery => {
-            if let Ok(sessions) = pmnet_wire::decode_hold_query_payload(payload) {
-                let ids: Vec<String> = sessions.iter().map(|id| format!("{id:x}")).collect();
-                text.push_str(&format!(" [{}]", ids.join(" ")));
-            }
-        }
-        pmnet_wire::PacketType::HoldReply => {
-            if let Ok(held) = pmnet_wire::decode_hold_reply_payload(payload) {
-                let bits: String = held.iter().map(|&h| if h { '1' } else { '0' }).collect();
-                text.push_str(&format!(" [held {bits}]"));
-            }
-        }
-        _ => {}
-    }
-    if header.packet_type == pmnet_wire::PacketType::Batch {
-        let entries: Vec<String> = pmnet_wire::batch_entries(payload)
-            .map(|entry| match entry.map(Header::parse) {
-                Ok(Ok((header, _))) => describe_header(&header),
-                _ => "a bad entry".to_string(),
-            })
-            .collect();
-        text.push_str(&format!(" [{}]", entries.join("; ")));
-    }
-    text
-}
 
 fn describe_key(key: &EntryKey) -> String {
     format!(
@@ -134,27 +66,13 @@ pub(super) fn describe_batch(batch: &PersistBatch<LogWork>) -> String {
 impl World {
     /// A hash of every event so far: the same seed must give the same hash.
     pub fn trace_hash(&self) -> u32 {
-        self.trace_hash
+        self.network.trace.hash()
     }
 
     /// Hash an event by `actor` (a node name, `network`, `sim`, `check`) and keep it in the
     /// trace when the trace is on.
     pub(super) fn note(&mut self, actor: &str, event: impl FnOnce() -> String) {
-        let text = format!("{:>16}  {actor:<8} {}", self.now.to_string(), event());
-        self.trace_hash = crc32c::crc32c_append(self.trace_hash, text.as_bytes());
-        if let Some(trace) = self.trace.as_mut() {
-            trace.push(text);
-        }
-    }
-
-    /// A datagram event: hashed always, kept in the trace unless `trace_datagrams` is off.
-    pub(super) fn note_datagram(&mut self, actor: &str, event: impl FnOnce() -> String) {
-        let keep = self.trace_datagrams;
-        let trace = if keep { None } else { self.trace.take() };
-        self.note(actor, event);
-        if !keep {
-            self.trace = trace;
-        }
+        self.network.trace.note(self.now, actor, event);
     }
 
     /// Note an event of the caller's (faults, crashes, checks) in the trace, by `sim`.
@@ -170,7 +88,7 @@ impl World {
     /// The trace of datagrams seen, for failure messages.
     pub fn seen_trace(&self) -> String {
         let mut out = String::new();
-        for seen in &self.seen {
+        for seen in &self.network.seen {
             out.push_str(&format!(
                 "{} {} -> {} {} s={:x} seq={} frag={}/{}{}\n",
                 seen.at,

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use pmnet_sim::{client_addr, device_addr, server_addr, World};
+use pmnet_sim::{client_addr, device_addr, server_addr, Attacker, World};
 use pmnet_wire::PacketType;
 
 const STEPS: usize = 1_000_000;
@@ -23,7 +23,7 @@ fn unordered_drops(world: &World) -> u64 {
 #[test]
 fn a_keyed_write_replayed_straight_to_the_server_is_not_applied_until_the_device_orders_it() {
     let mut world = World::new(1, Some(64));
-    world.capture_len_max = 64;
+    world.network.attacker = Some(Attacker::capturing(64, 0, 0));
     world.run_for(Duration::from_secs(1));
     // The client's first copy never reaches the device; an eavesdropper holds it.
     world.drop_first(|seen| {
@@ -32,11 +32,15 @@ fn a_keyed_write_replayed_straight_to_the_server_is_not_applied_until_the_device
             && seen.header.packet_type == PacketType::UpdateRequest
     });
     let seq = world.keyed_update(0, b"k", Some(b"v1"), b"k=v1");
-    let (_, _, bytes) = world
-        .captured
+    let (_, _, _, bytes) = world
+        .network
+        .attacker
+        .as_ref()
+        .expect("an eavesdropper")
+        .recent()
         .iter()
         .rev()
-        .find(|(from, to, _)| *from == client_addr(0) && *to == device_addr(0))
+        .find(|(_, from, to, _)| *from == client_addr(0) && *to == device_addr(0))
         .cloned()
         .expect("the client's keyed write was captured");
     // Replayed to the server from the client's address, before any copy reached the device.

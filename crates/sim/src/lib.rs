@@ -15,7 +15,7 @@ mod network;
 pub mod vopr;
 mod world;
 
-pub use network::{Cut, Delay, Faults, Network, NetworkCounters, Seen, Trace, TracedRun};
+pub use network::{Attacker, Cut, Delay, Faults, Network, NetworkCounters, Seen, Trace, TracedRun};
 pub use world::{
     client_addr, device_addr, replica_addr, server_addr, ClientNode, DeviceNode, ServerApp,
     ServerNode, Topology, World, DEVICE_ID, SERVER_ID, SLOT_SIZE,

@@ -27,7 +27,14 @@ use crate::{
 ///   pmnet device --listen 0.0.0.0:7400 --server 1=10.0.0.3:7500 --key-file pmnet.keys
 ///   pmnet client --device 10.0.0.2:7400 --key-file pmnet.keys set greeting hello
 #[derive(Debug, Parser)]
-#[command(name = "pmnet", version, about, long_about, max_term_width = 100)]
+#[command(
+    name = "pmnet",
+    version,
+    about,
+    long_about,
+    verbatim_doc_comment,
+    max_term_width = 100
+)]
 pub struct Cli {
     /// Read options from this TOML file: a table per command ([device], [server], [client],
     /// [demo]; the benchmarks' tables, such as [bench], are pmnet-bench's) whose keys are the

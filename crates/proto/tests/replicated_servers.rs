@@ -583,3 +583,62 @@ fn a_replicas_ack_replayed_elsewhere_completes_nothing() {
         vec![(session, update), (session, bypass)]
     );
 }
+
+#[test]
+fn a_replicas_fill_query_for_a_range_that_changed_is_answered_for_the_range_asked_now() {
+    use pmnet_sim::{replica_addr, server_addr, SERVER_ID};
+    use pmnet_wire::{Header, PacketType};
+    let mut world = replicated(1, 1);
+    let issued: Vec<u32> = (0..12)
+        .map(|i| world.update(0, format!("k{i}=v").as_bytes()))
+        .collect();
+    world.drive_until(1_000_000, |w| {
+        issued
+            .iter()
+            .all(|&seq| matches!(w.completion(0, seq), Some(ClientEvent::Completed { .. })))
+    });
+    let session = world.session(0);
+    // Applied by the primary and its replica (a completion is the device's ack).
+    world.drive_until(1_000_000, |w| {
+        applied(&w.servers[0].app).len() == 12 && applied(&w.replicas[0].app).len() == 12
+    });
+    world.network.attacker = Some(pmnet_sim::Attacker::capturing(4096, 0, 0));
+    // The replica asks about 6..=12, then (its gap changed) about 6..=9: the primary applied
+    // both ranges and holds nothing of them, so it asks its devices each time, and answers
+    // the range asked last once they did, whatever became of the first round.
+    let ask = |last: u32| {
+        let query = Header::new(PacketType::FillQuery, SERVER_ID, session, 6);
+        query.encode(&pmnet_wire::encode_fill_query_payload(last))
+    };
+    // The devices' answers to the first round are lost: it stays open at the primary.
+    world.drop_when(|seen| {
+        seen.header.packet_type == PacketType::FillReply && seen.to == server_addr(0)
+    });
+    world.inject(replica_addr(0), server_addr(0), ask(12));
+    world.run_for(Duration::from_millis(50));
+    world.clear_drop_rules();
+    world.inject(replica_addr(0), server_addr(0), ask(9));
+    world.run_for(Duration::from_millis(50));
+    let answered: Vec<u32> = world
+        .network
+        .attacker
+        .as_ref()
+        .expect("an eavesdropper")
+        .recent()
+        .iter()
+        .filter(|(_, from, to, _)| *from == server_addr(0) && *to == replica_addr(0))
+        .filter_map(|(_, _, _, bytes)| {
+            let (header, payload) = Header::parse(bytes).ok()?;
+            (header.packet_type == PacketType::FillReply
+                && header.session_id == session
+                && header.seq == 6)
+                .then(|| pmnet_wire::decode_fill_reply_payload(payload).ok())
+                .flatten()
+                .map(|(last, _)| last)
+        })
+        .collect();
+    assert!(
+        answered == vec![9],
+        "the replica's fill query for 6..=9 was not answered as asked (answers for: {answered:?})"
+    );
+}

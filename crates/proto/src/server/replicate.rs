@@ -688,8 +688,12 @@ impl Server {
             return;
         }
         let key = (session_id, first, replica);
-        if !self.replication.fills.contains_key(&key) {
-            if self.replication.fills.len() >= REPLICA_FILLS_MAX {
+        // A round for the same first number but another range (the replica's gap grew or
+        // shrank since) is replaced: the devices answer the range asked now, and a round
+        // kept for the old one would match none of their answers, for ever.
+        let asked = self.replication.fills.get(&key).map(|fill| fill.last);
+        if asked != Some(last) {
+            if asked.is_none() && self.replication.fills.len() >= REPLICA_FILLS_MAX {
                 // Queries a device never answered (it is down) pile up: forget them all;
                 // each replica asks again at its next gap timeout.
                 self.replication.fills.clear();

@@ -134,7 +134,10 @@ fn write_seed<R: WorldReport>(
     };
     writeln!(out, "trace hash{until}  {:08x}", run.trace_hash)?;
     match &run.result {
-        Ok(report) => writeln!(out, "{report:?}\nPASS seed {seed}"),
+        Ok(report) => {
+            write_counts(out, &report.coverage())?;
+            writeln!(out, "PASS seed {seed}")
+        }
         Err(error) => writeln!(
             out,
             "{error}\nFAIL seed {seed}\nreproduce with: pmnet sim {flags} --seed {seed}"
@@ -243,11 +246,10 @@ impl MixOutcome {
         let verdict = |ok: bool| if ok { "PASS" } else { "FAIL" };
         writeln!(out)?;
         match &self.chain {
-            Ok(report) => writeln!(
-                out,
-                "chain store ({}): {report:?}",
-                self.chain_world.flags()
-            )?,
+            Ok(report) => {
+                writeln!(out, "chain store ({}):", self.chain_world.flags())?;
+                write_counts(out, &report.coverage())?;
+            }
             Err(error) => writeln!(out, "chain store ({}): {error}", self.chain_world.flags())?,
         }
         writeln!(
@@ -257,7 +259,10 @@ impl MixOutcome {
             self.chain_world.flags()
         )?;
         match &self.abd {
-            Ok(report) => writeln!(out, "replicated memory (--abd): {report:?}")?,
+            Ok(report) => {
+                writeln!(out, "\nreplicated memory (--abd):")?;
+                write_counts(out, &report.coverage())?;
+            }
             Err(error) => writeln!(out, "replicated memory (--abd): {error}")?,
         }
         writeln!(
@@ -330,6 +335,14 @@ impl MixTotals {
         }
         Ok(())
     }
+}
+
+/// One seed's counts, a line each, as a swarm's coverage prints its totals.
+fn write_counts(out: &mut impl Write, lines: &[(&'static str, u64)]) -> io::Result<()> {
+    for (name, value) in lines {
+        writeln!(out, "{name:>48}  {value}")?;
+    }
+    Ok(())
 }
 
 /// A world's coverage: each count on a line, flagged when a swarm of 100 seeds or more never

@@ -297,6 +297,24 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          had forgotten the session, applied one twice (a primary now gives those copies up, \
          durably, before answering)",
     ),
+    (
+        4141000000000003545,
+        "a session's gap never filled: the server's list of resolved gap ranges filled with \
+         copies of ranges resolved round after round, and the range of the session's next \
+         number was refused (the ranges now merge, and the highest goes when the list is full)",
+    ),
+    (
+        3939000000000001788,
+        "a cache read older than its session's completed write: a client's keyed write \
+         replayed straight to the server changed the key behind the device's cache (a server \
+         behind devices now drops a keyed write no device ordered)",
+    ),
+    (
+        541961755546071115,
+        "replica servers behind tables of two: a replica's fill query for a range that changed \
+         was never answered, its primary keeping the round of the old range (a new range now \
+         replaces it)",
+    ),
 ];
 
 /// The summary line of the live replicas' check (invariant 6).

@@ -23,7 +23,7 @@ use pmnet_proto::Time;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::world::SIM_EPOCH_MS;
+use super::SIM_EPOCH_MS;
 
 /// The replay window of these worlds' keys.
 pub(crate) const REPLAY_WINDOW_MS: u32 = 1000;

@@ -26,6 +26,9 @@ pub use faults::{Delay, Faults, NetworkCounters};
 pub use keys::NetworkKeys;
 pub use trace::{describe_datagram, describe_header, Trace, TracedRun};
 
+/// The wall-clock time (Unix milliseconds) at which every simulated world starts.
+pub const SIM_EPOCH_MS: u64 = 1_764_000_000_000;
+
 /// One datagram put on the network, for assertions and traces.
 #[derive(Debug, Clone)]
 pub struct Seen {

@@ -32,8 +32,7 @@ pub use nodes::{
     ServerApp, ServerNode, SessionChurn, Topology, DEVICE_ID, SERVER_ID, SLOT_SIZE,
 };
 
-/// The wall-clock time (Unix milliseconds) at which every simulated world starts.
-pub const SIM_EPOCH_MS: u64 = 1_764_000_000_000;
+pub use crate::network::SIM_EPOCH_MS;
 
 /// Events at one virtual time past which a world is livelocked.
 const EVENTS_AT_ONE_TIME_MAX: u64 = 1_000_000;

@@ -135,7 +135,7 @@ fn write_seed<R: WorldReport>(
     writeln!(out, "trace hash{until}  {:08x}", run.trace_hash)?;
     match &run.result {
         Ok(report) => {
-            write_counts(out, &report.coverage())?;
+            write_counts(out, &report.coverage(), false)?;
             writeln!(out, "PASS seed {seed}")
         }
         Err(error) => writeln!(
@@ -248,7 +248,7 @@ impl MixOutcome {
         match &self.chain {
             Ok(report) => {
                 writeln!(out, "chain store ({}):", self.chain_world.flags())?;
-                write_counts(out, &report.coverage())?;
+                write_counts(out, &report.coverage(), false)?;
             }
             Err(error) => writeln!(out, "chain store ({}): {error}", self.chain_world.flags())?,
         }
@@ -261,7 +261,7 @@ impl MixOutcome {
         match &self.abd {
             Ok(report) => {
                 writeln!(out, "\nreplicated memory (--abd):")?;
-                write_counts(out, &report.coverage())?;
+                write_counts(out, &report.coverage(), false)?;
             }
             Err(error) => writeln!(out, "replicated memory (--abd): {error}")?,
         }
@@ -337,10 +337,19 @@ impl MixTotals {
     }
 }
 
-/// One seed's counts, a line each, as a swarm's coverage prints its totals.
-fn write_counts(out: &mut impl Write, lines: &[(&'static str, u64)]) -> io::Result<()> {
+/// Counts, a line each; `flag_missed`: a zero is flagged as never exercised.
+fn write_counts(
+    out: &mut impl Write,
+    lines: &[(&'static str, u64)],
+    flag_missed: bool,
+) -> io::Result<()> {
     for (name, value) in lines {
-        writeln!(out, "{name:>48}  {value}")?;
+        let missed = if *value == 0 && flag_missed {
+            "  (never exercised)"
+        } else {
+            ""
+        };
+        writeln!(out, "{name:>48}  {value}{missed}")?;
     }
     Ok(())
 }
@@ -355,15 +364,7 @@ fn print_coverage(
 ) -> io::Result<()> {
     writeln!(out)?;
     writeln!(out, "{world}, {seeds} seeds passed:")?;
-    for (name, value) in lines {
-        let missed = if *value == 0 && seeds >= 100 {
-            "  (never exercised)"
-        } else {
-            ""
-        };
-        writeln!(out, "{name:>48}  {value}{missed}")?;
-    }
-    Ok(())
+    write_counts(out, lines, seeds >= 100)
 }
 
 #[cfg(test)]

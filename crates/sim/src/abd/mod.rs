@@ -63,29 +63,17 @@ pub fn run_seed(seed: u64) -> Result<AbdReport, String> {
 pub fn run_traced(seed: u64, keep: Option<bool>) -> TracedRun<AbdReport> {
     let mut world = match AbdWorld::new(seed, keep) {
         Ok(world) => world,
-        Err(error) => {
-            return TracedRun {
-                result: Err(format!("seed {seed}: {error}")),
-                trace_hash: 0,
-                trace: None,
-            }
-        }
+        Err(error) => return TracedRun::not_started(format!("seed {seed}: {error}")),
     };
-    let mut result = run(&mut world).map_err(|error| format!("seed {seed}: {error}"));
-    let verdict = match &result {
-        Ok(_) => "PASS".to_string(),
-        Err(error) => format!("FAILED: {error}"),
-    };
-    world.note("check", || verdict);
-    let trace_hash = world.network.trace.hash();
-    if let Ok(report) = result.as_mut() {
-        report.trace_hash = trace_hash;
-    }
-    TracedRun {
+    let result = run(&mut world).map_err(|error| format!("seed {seed}: {error}"));
+    TracedRun::conclude(
+        &mut world.network.trace,
+        world.now,
         result,
-        trace_hash,
-        trace: world.network.trace.lines.take(),
-    }
+        |report, hash| {
+            report.trace_hash = hash;
+        },
+    )
 }
 
 fn run(world: &mut AbdWorld) -> Result<AbdReport, String> {

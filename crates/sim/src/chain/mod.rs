@@ -48,29 +48,17 @@ pub fn run_seed_fixed(seed: u64) -> Result<ChainReport, String> {
 pub fn run_traced(seed: u64, controlled: bool, keep: Option<bool>) -> TracedRun<ChainReport> {
     let mut world = match ChainWorld::new(seed, controlled, keep) {
         Ok(world) => world,
-        Err(error) => {
-            return TracedRun {
-                result: Err(error),
-                trace_hash: 0,
-                trace: None,
-            }
-        }
+        Err(error) => return TracedRun::not_started(error),
     };
-    let mut result = run(&mut world, seed);
-    let verdict = match &result {
-        Ok(_) => "PASS".to_string(),
-        Err(error) => format!("FAILED: {error}"),
-    };
-    world.note("check", || verdict);
-    let trace_hash = world.network.trace.hash();
-    if let Ok(report) = result.as_mut() {
-        report.trace_hash = trace_hash;
-    }
-    TracedRun {
+    let result = run(&mut world, seed);
+    TracedRun::conclude(
+        &mut world.network.trace,
+        world.now,
         result,
-        trace_hash,
-        trace: world.network.trace.lines.take(),
-    }
+        |report, hash| {
+            report.trace_hash = hash;
+        },
+    )
 }
 
 fn run(world: &mut ChainWorld, seed: u64) -> Result<ChainReport, String> {

@@ -70,6 +70,41 @@ pub struct TracedRun<R> {
     pub trace: Option<Vec<String>>,
 }
 
+impl<R> TracedRun<R> {
+    /// A run that could not start: its error, no trace.
+    pub fn not_started(error: String) -> TracedRun<R> {
+        TracedRun {
+            result: Err(error),
+            trace_hash: 0,
+            trace: None,
+        }
+    }
+
+    /// A run that ended at `now` with `result`: its verdict noted last in `trace`, the trace's
+    /// hash given to the report (`set_hash`) and to the run, and the lines taken.
+    pub fn conclude(
+        trace: &mut Trace,
+        now: Time,
+        mut result: Result<R, String>,
+        set_hash: impl FnOnce(&mut R, u32),
+    ) -> TracedRun<R> {
+        let verdict = match &result {
+            Ok(_) => "PASS".to_string(),
+            Err(error) => format!("FAILED: {error}"),
+        };
+        trace.note(now, "check", || verdict);
+        let trace_hash = trace.hash();
+        if let Ok(report) = result.as_mut() {
+            set_hash(report, trace_hash);
+        }
+        TracedRun {
+            result,
+            trace_hash,
+            trace: trace.lines.take(),
+        }
+    }
+}
+
 /// A header as traces show it: type, session, sequence number, fragment, flags.
 pub fn describe_header(header: &Header) -> String {
     let mut text = format!(

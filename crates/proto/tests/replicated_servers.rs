@@ -642,3 +642,51 @@ fn a_replicas_fill_query_for_a_range_that_changed_is_answered_for_the_range_aske
         "the replica's fill query for 6..=9 was not answered as asked (answers for: {answered:?})"
     );
 }
+
+#[test]
+fn a_primary_lets_its_replica_forget_a_session_the_primary_evicted_itself() {
+    // Found by the swarm (seed 4242000000000007505): small tables, the replica's holding a
+    // session its primary had evicted and whose new request waited in a device for room at
+    // the primary; the primary told the replica the session was held (the device held a
+    // request of it), so the replica could not take in the primary's next request, which the
+    // primary waited on: neither went on.
+    use pmnet_sim::replica_addr;
+    use pmnet_wire::PacketType;
+    let mut world = replicated(2, 1).with_session_tables(1);
+    let first = world.update(0, b"a=1");
+    world.drive_until(10_000_000, |w| applied(&w.replicas[0].app).len() == 1);
+    // Client 1's session takes the one place once client 0's may be forgotten; the replica's
+    // question about client 0's session is lost until client 0 sent again.
+    world.drop_when(|seen| {
+        seen.header.packet_type == PacketType::HoldQuery && seen.from == replica_addr(0)
+    });
+    let second = world.update(1, b"b=1");
+    world.drive_until(10_000_000, |w| {
+        w.servers[0].server.counters().sessions_evicted >= 1
+    });
+    assert!(
+        world.servers[0].server.counters().sessions_evicted >= 1,
+        "the primary evicted client 0's session"
+    );
+    let evicted = world.session(0);
+    // Client 0's next request waits in the device: the primary's table has no room for it.
+    let third = world.update(0, b"a=2");
+    world.run_for(Duration::from_millis(20));
+    assert!(
+        !applied(&world.servers[0].app).contains(&(evicted, third)),
+        "client 0's new request is not taken in while client 1's session holds the place"
+    );
+    // The replica asks again: the primary evicted the session, so what the device holds of
+    // it no server applied, and the replica may forget it and take client 1's in.
+    world.clear_drop_rules();
+    world.run_for(Duration::from_secs(60));
+    assert_completed_and_applied_once(
+        &world,
+        0,
+        &[(0, first), (1, second), (0, third)],
+        &[
+            ("primary", &world.servers[0].app),
+            ("replica", &world.replicas[0].app),
+        ],
+    );
+}

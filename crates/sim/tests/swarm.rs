@@ -315,6 +315,13 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          was never answered, its primary keeping the round of the old range (a new range now \
          replaces it)",
     ),
+    (
+        4242000000000007505,
+        "replica servers behind tables of two: the replica's table held a session its primary \
+         had evicted, whose new request waited in a device for room at the primary; told the \
+         session was held, the replica could not take in the primary's next request, which the \
+         primary waited on (a primary now answers \"not held\" for a session it evicted itself)",
+    ),
 ];
 
 /// The summary line of the live replicas' check (invariant 6).

@@ -910,9 +910,20 @@ impl Server {
         for session_id in sessions {
             // A session this primary does not remember may still have entries in a device's
             // log (one this server never had room for, or forgot as a replica before its
-            // promotion): the devices are asked, in a round sent after the question.
+            // promotion): the devices are asked, in a round sent after the question. Unless
+            // this primary evicted it itself, in this run, and has not taken it in since: it
+            // evicted it only once nothing was pending for the replicas and no device held a
+            // request of it it could have applied, so what the devices hold of it now no
+            // server applied, and the replicas hold what it held. Its replicas may forget it
+            // too; else a replica's table full of sessions its primary forgot, whose new
+            // requests wait in the devices for room here, would wait on this primary while
+            // this primary's next request waits on the replica.
             let since = match self.table.sessions.get(&session_id) {
                 Some(session) => session.last_active,
+                None if self.table.evicted_here(session_id) => {
+                    held.push(pending.contains(&session_id) || own_copies.contains(&session_id));
+                    continue;
+                }
                 None => {
                     if self.replication.unknown_asked.len() >= UNKNOWN_ASKED_MAX
                         && !self.replication.unknown_asked.contains_key(&session_id)

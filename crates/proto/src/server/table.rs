@@ -13,6 +13,10 @@ use crate::{RequestKind, Time};
 /// attacker keeps many of them busy.
 const EVICTION_SCAN_LIMIT: usize = 256;
 
+/// Sessions remembered as evicted, at most (the oldest forgotten first; see
+/// [`Table::evicted_here`]).
+const EVICTED_REMEMBERED_MAX: usize = 16_384;
+
 /// Bytes an unsolicited message may spend from a source's credit, at most: a source earns
 /// credit by the bytes it sends, so the server never sends more than it received towards an
 /// address it has not verified (no reflection amplification).
@@ -436,6 +440,37 @@ pub(super) struct Table {
     /// Sessions an eviction wanted and the devices have not cleared (`hold.rs`): the
     /// server asks them.
     pub(super) waits_for_devices: Vec<u64>,
+    /// Sessions this table evicted in this run and has not taken in again.
+    evicted_here: Evicted,
+}
+
+/// Sessions evicted and not taken in again, the most recent [`EVICTED_REMEMBERED_MAX`].
+#[derive(Debug, Default)]
+struct Evicted {
+    next: u64,
+    by_order: BTreeMap<u64, u64>,
+    order_of: HashMap<u64, u64>,
+}
+
+impl Evicted {
+    fn insert(&mut self, session_id: u64) {
+        self.remove(session_id);
+        let order = self.next;
+        self.next += 1;
+        self.by_order.insert(order, session_id);
+        self.order_of.insert(session_id, order);
+        if self.order_of.len() > EVICTED_REMEMBERED_MAX {
+            if let Some((_, oldest)) = self.by_order.pop_first() {
+                self.order_of.remove(&oldest);
+            }
+        }
+    }
+
+    fn remove(&mut self, session_id: u64) {
+        if let Some(order) = self.order_of.remove(&session_id) {
+            self.by_order.remove(&order);
+        }
+    }
 }
 
 impl Table {
@@ -448,7 +483,14 @@ impl Table {
             sessions_max,
             keep_for: Duration::ZERO,
             waits_for_devices: Vec::new(),
+            evicted_here: Evicted::default(),
         }
+    }
+
+    /// Whether this table evicted `session_id` in this run and has not taken it in again
+    /// since (remembered for the most recent evictions only; `false` when not known).
+    pub(super) fn evicted_here(&self, session_id: u64) -> bool {
+        self.evicted_here.order_of.contains_key(&session_id)
     }
 
     /// The same table keeping every session at least `keep_for` after its last activity.
@@ -488,6 +530,7 @@ impl Table {
 
     /// Insert a session recovered from the store.
     pub(super) fn insert(&mut self, now: Time, session_id: u64, session: Session) {
+        self.evicted_here.remove(session_id);
         self.sessions.insert(session_id, session);
         self.touch(now, session_id);
     }
@@ -507,6 +550,7 @@ impl Table {
             if self.sessions.len() >= self.sessions_max && !self.evict_idlest(now, cleared) {
                 return None;
             }
+            self.evicted_here.remove(session_id);
             self.sessions.insert(session_id, Session::default());
         }
         self.touch(now, session_id);
@@ -557,6 +601,7 @@ impl Table {
                 continue;
             }
             self.sessions.remove(&session_id);
+            self.evicted_here.insert(session_id);
             self.evicted += 1;
             return true;
         }

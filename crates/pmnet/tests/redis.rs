@@ -281,10 +281,29 @@ fn crash_during_writes(victim: Victim, record_reads: bool) {
     crash_during(victim, record_reads, false)
 }
 
+#[test]
+fn with_the_module_killing_redis_loses_no_acked_write_and_applies_none_twice() {
+    crash_on(System::start_module(true), Victim::Redis, false);
+}
+
+#[test]
+fn with_the_module_killing_the_device_loses_no_acked_write_and_applies_none_twice() {
+    crash_on(System::start_module(true), Victim::Device, false);
+}
+
+#[test]
+fn with_the_module_killing_redis_during_function_calls_applies_each_exactly_once() {
+    crash_on(System::start_module(true), Victim::Redis, true);
+}
+
 /// Writers push numbered histories (with `RPUSH`, or with `FCALL push` when `via_function`)
 /// while `victim` is killed and restarted; every acked push is in Redis exactly once.
 fn crash_during(victim: Victim, record_reads: bool, via_function: bool) {
-    let mut system = System::start_with(true, record_reads);
+    crash_on(System::start_with(true, record_reads), victim, via_function);
+}
+
+fn crash_on(mut system: System, victim: Victim, via_function: bool) {
+    let record_reads = system.record_reads;
     if via_function {
         let loaded = system
             .gateway_client()

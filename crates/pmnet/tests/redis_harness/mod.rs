@@ -70,14 +70,41 @@ pub struct Redis {
     pub child: Option<Child>,
     pub port: u16,
     pub dir: PathBuf,
+    /// The PMNet module's arguments, when Redis loads it (`--loadmodule`).
+    pub module: Option<Vec<String>>,
+}
+
+/// Where the build put the PMNet Redis module (`libpmnet_redis.so`, crates/redis-module):
+/// beside the `pmnet` binary under test.
+pub fn module_path() -> PathBuf {
+    let bin = Path::new(BIN);
+    let dir = bin.parent().expect("the binary's directory");
+    [
+        dir.join("libpmnet_redis.so"),
+        dir.join("deps/libpmnet_redis.so"),
+    ]
+    .into_iter()
+    .find(|path| path.exists())
+    .unwrap_or_else(|| {
+        panic!(
+            "libpmnet_redis.so is not in {} (build it: cargo build -p pmnet-redis-module)",
+            dir.display()
+        )
+    })
 }
 
 impl Redis {
     pub fn start(dir: &Path) -> Redis {
+        Redis::start_loading(dir, None)
+    }
+
+    /// A redis-server that loads the PMNet module with `module` as its arguments.
+    pub fn start_loading(dir: &Path, module: Option<Vec<String>>) -> Redis {
         let mut redis = Redis {
             child: None,
             port: free_tcp_port(),
             dir: dir.to_path_buf(),
+            module,
         };
         redis.spawn();
         redis
@@ -107,6 +134,14 @@ impl Redis {
                 "--daemonize",
                 "no",
             ])
+            .args(self.module.iter().flat_map(|args| {
+                let mut words = vec![
+                    "--loadmodule".to_owned(),
+                    module_path().display().to_string(),
+                ];
+                words.extend(args.iter().cloned());
+                words
+            }))
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .spawn()
@@ -239,13 +274,47 @@ impl System {
         gateway_options: &[&str],
         record_reads: bool,
     ) -> System {
+        System::start_on(false, device_options, gateway_options, record_reads)
+    }
+
+    /// Redis with the PMNet module in place of the adaptor, a device and a gateway (with
+    /// `--ack-counting-writes` when `ack_counting_writes`).
+    pub fn start_module(ack_counting_writes: bool) -> System {
+        let extra: &[&str] = if ack_counting_writes {
+            &["--ack-counting-writes"]
+        } else {
+            &[]
+        };
+        System::start_on(true, &[], extra, false)
+    }
+
+    /// The server side is the module inside Redis when `module`, else the adaptor.
+    fn start_on(
+        module: bool,
+        device_options: &[&str],
+        gateway_options: &[&str],
+        record_reads: bool,
+    ) -> System {
         require_redis();
         let dir = tempfile::tempdir().expect("temporary directory");
-        let redis = Redis::start(dir.path());
+        let (adaptor_port, device_port) = (free_udp_port(), free_udp_port());
+        let module_args = module.then(|| {
+            [
+                "listen",
+                &format!("127.0.0.1:{adaptor_port}"),
+                "device",
+                &format!("127.0.0.1:{device_port}"),
+                "record-reads",
+                if record_reads { "yes" } else { "no" },
+            ]
+            .map(str::to_owned)
+            .to_vec()
+        });
+        let redis = Redis::start_loading(dir.path(), module_args);
         let mut system = System {
             redis,
-            adaptor_port: free_udp_port(),
-            device_port: free_udp_port(),
+            adaptor_port,
+            device_port,
             adaptor: None,
             device: None,
             gateway: None,
@@ -253,7 +322,9 @@ impl System {
             device_options: device_options.iter().map(|o| (*o).to_owned()).collect(),
             dir,
         };
-        system.start_adaptor();
+        if !module {
+            system.start_adaptor();
+        }
         system.start_device();
         let mut args: Vec<String> = [
             "gateway",

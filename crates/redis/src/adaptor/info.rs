@@ -32,7 +32,7 @@ return {info, tonumber(ARGV[1]), keys, expires}
 ";
 
 /// The command the adaptor sends Redis for `PMNET.INFO sections…`.
-pub(super) fn info_request(record_db: u32, sections: &[Vec<u8>]) -> Vec<Vec<u8>> {
+pub fn info_request(record_db: u32, sections: &[Vec<u8>]) -> Vec<Vec<u8>> {
     let mut words = Vec::with_capacity(4 + sections.len());
     words.push(b"EVAL".to_vec());
     words.push(INFO_SCRIPT.as_bytes().to_vec());

@@ -56,10 +56,10 @@ pub const DEFAULT_FAIL_FAST_AFTER: Duration = Duration::from_secs(2);
 /// How long Redis may leave the adaptor without an answer (refused, closed, silent) before a
 /// warning naming its address.
 pub(crate) const REDIS_SILENCE_WARNING: Duration = pmnet_runtime::SILENCE_WARNING;
-pub use info::INFO_COMMAND;
-pub use recovery::load_sessions;
+pub use info::{info_request, INFO_COMMAND};
+pub use recovery::{load_sessions, parse_record};
 use translation::Flow;
-pub use translation::{DB_COMMAND, EXEC_COMMAND, REPLY_WORD, WATCH_COMMAND};
+pub use translation::{DB_COMMAND, DB_OUT_OF_RANGE, EXEC_COMMAND, REPLY_WORD, WATCH_COMMAND};
 
 /// Bytes of a reply at most: what one PMNet reply carries to the gateway (its PMNet client's
 /// `request_len_max`).
@@ -70,7 +70,7 @@ pub const REPLY_TOO_LARGE: &[u8] = b"-PMNET-REPLY-TOO-LARGE ";
 
 /// `reply` if it fits one PMNet reply; else, for a read, [`REPLY_TOO_LARGE`] with its length,
 /// and for a request that wrote, an error saying it was applied.
-pub(crate) fn fit_reply(reply: Vec<u8>, writes: bool) -> Vec<u8> {
+pub fn fit_reply(reply: Vec<u8>, writes: bool) -> Vec<u8> {
     if reply.len() <= REPLY_MAX {
         return reply;
     }

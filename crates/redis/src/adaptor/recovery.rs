@@ -403,7 +403,9 @@ pub fn load_sessions(
     Ok((sessions, skipped))
 }
 
-fn parse_record(prefix: &str, key: &[u8], reply: Value) -> Option<RecoveredSession> {
+/// A session record (the reply of `HGETALL key`) as the server recovers it; `None` for a key
+/// that is not one.
+pub fn parse_record(prefix: &str, key: &[u8], reply: Value) -> Option<RecoveredSession> {
     let session_id = script::session_of_key(prefix, key)?;
     let Value::Array(Some(items)) = reply else {
         return None;

@@ -57,7 +57,7 @@ pub const DB_COMMAND: &[u8] = b"PMNET.DB";
 pub(super) const ABORT: &str = "EXECABORT Transaction discarded because of previous errors";
 
 /// Redis's reply to a database number it does not have (`SELECT`, `MOVE`, …).
-pub(super) const DB_OUT_OF_RANGE: &str = "ERR DB index is out of range";
+pub const DB_OUT_OF_RANGE: &str = "ERR DB index is out of range";
 
 /// Writes in one group script call at most.
 const GROUP_MAX: usize = 32;

@@ -1,0 +1,286 @@
+//! One request applied inside Redis: its command run, and its session's record written in the
+//! same execution unit, so that Redis puts both in its append-only file inside one
+//! `MULTI … EXEC` (docs/redis.md, "The module"). The records have the adaptor's layout
+//! (`crates/redis/src/script.rs`): the module and the adaptor take over from each other on the
+//! same Redis with exactly-once kept.
+
+use pmnet_redis::resp::{error_reply, parse_command, parse_int, Limits};
+use pmnet_redis::script;
+use pmnet_redis::table::{CommandTable, Run};
+
+use crate::call::{Mode, Redis};
+
+/// What to do with a request.
+#[derive(Debug)]
+enum Op {
+    /// This reply, running nothing.
+    Literal(Vec<u8>),
+    /// Run it; `writes`: it may change data (recorded, to the AOF).
+    Run { args: Vec<Vec<u8>>, writes: bool },
+    /// `EVALSHA`: a script Redis lost in a restart is loaded again from the records'
+    /// database first.
+    ScriptSha(Vec<Vec<u8>>),
+    /// `SCRIPT LOAD body`: loaded, and the body kept in the records' database.
+    ScriptLoad(Vec<Vec<u8>>),
+    /// `FLUSHALL [mode]`: every database but the records'.
+    FlushAll(Option<Vec<u8>>),
+}
+
+/// What the module counted of requests.
+#[derive(Debug, Default, Clone)]
+pub struct ApplyCounters {
+    pub writes: u64,
+    pub reads: u64,
+    pub literals: u64,
+    pub noop_fills: u64,
+    pub bad_payloads: u64,
+    pub record_errors: u64,
+}
+
+/// How requests are applied: what Redis is, and where the records go.
+#[derive(Debug)]
+pub struct Applier {
+    pub table: CommandTable,
+    pub databases: u32,
+    pub record_db: u32,
+    pub record_prefix: String,
+    pub record_reads: bool,
+    /// `EXPIRE` argument of a record (`None`: records never expire).
+    pub ttl_secs: Option<String>,
+    pub counters: ApplyCounters,
+    limits: Limits,
+}
+
+impl Applier {
+    pub fn new(
+        table: CommandTable,
+        databases: u32,
+        record_db: u32,
+        record_prefix: String,
+        record_reads: bool,
+        ttl_secs: Option<u64>,
+    ) -> Applier {
+        Applier {
+            table,
+            databases,
+            record_db,
+            record_prefix,
+            record_reads,
+            ttl_secs: ttl_secs.map(|secs| secs.to_string()),
+            counters: ApplyCounters::default(),
+            limits: Limits::default(),
+        }
+    }
+
+    /// Apply request `seq` of `session_id` and return its reply (recorded when it wrote).
+    pub fn apply(&mut self, redis: &Redis, session_id: u64, seq: u32, payload: &[u8]) -> Vec<u8> {
+        let (db, op) = self.decode(payload);
+        let (reply, record) = match op {
+            Op::Literal(reply) => {
+                self.counters.literals += 1;
+                (reply, true)
+            }
+            Op::Run { args, writes } => {
+                redis.select(db);
+                let mode = if writes { Mode::Request } else { Mode::Read };
+                let reply = redis.call(mode, &args);
+                if writes {
+                    self.counters.writes += 1;
+                } else {
+                    self.counters.reads += 1;
+                }
+                (reply, writes || self.record_reads)
+            }
+            Op::ScriptSha(args) => {
+                redis.select(db);
+                let mut reply = redis.call(Mode::Request, &args);
+                if reply.starts_with(b"-NOSCRIPT") && self.reload_script(redis, &args[1]) {
+                    redis.select(db);
+                    reply = redis.call(Mode::Request, &args);
+                }
+                self.counters.writes += 1;
+                (reply, true)
+            }
+            Op::ScriptLoad(args) => {
+                let reply = redis.call(Mode::Request, &args);
+                if !reply.starts_with(b"-") {
+                    redis.select(self.record_db);
+                    let sha = script::script_sha(&args[2]);
+                    redis.call(
+                        Mode::Record,
+                        &[
+                            b"HSET".as_slice(),
+                            script::SCRIPTS_KEY.as_bytes(),
+                            sha.as_bytes(),
+                            &args[2],
+                        ],
+                    );
+                }
+                self.counters.writes += 1;
+                (reply, true)
+            }
+            Op::FlushAll(mode) => {
+                for db in (0..self.databases).filter(|&db| db != self.record_db) {
+                    redis.select(db);
+                    let mut args = vec![b"FLUSHDB".to_vec()];
+                    args.extend(mode.clone());
+                    redis.call(Mode::Request, &args);
+                }
+                self.counters.writes += 1;
+                (pmnet_redis::commands::OK.to_vec(), true)
+            }
+        };
+        let reply = pmnet_redis::adaptor::fit_reply(reply, record);
+        if record {
+            self.write_record(redis, session_id, seq, &reply);
+        }
+        reply
+    }
+
+    /// A script body kept by `SCRIPT LOAD` (here or by the adaptor), loaded into Redis again.
+    fn reload_script(&mut self, redis: &Redis, sha: &[u8]) -> bool {
+        redis.select(self.record_db);
+        let body = redis.call(
+            Mode::Read,
+            &[b"HGET".as_slice(), script::SCRIPTS_KEY.as_bytes(), sha],
+        );
+        let Ok(Some((pmnet_redis::resp::Value::Bulk(Some(body)), _))) =
+            pmnet_redis::resp::parse_value(&body, &self.limits)
+        else {
+            return false;
+        };
+        !redis
+            .call(Mode::Read, &[b"SCRIPT".as_slice(), b"LOAD", &body])
+            .starts_with(b"-")
+    }
+
+    /// The session's record: its last number, and the reply in the ring of the last
+    /// [`script::REPLY_RING`] (as the adaptor's scripts write it).
+    fn write_record(&mut self, redis: &Redis, session_id: u64, seq: u32, reply: &[u8]) {
+        redis.select(self.record_db);
+        let key = script::record_key(&self.record_prefix, session_id);
+        let seq_text = seq.to_string();
+        let written = redis.call(
+            Mode::Record,
+            &[
+                b"HSET".as_slice(),
+                &key,
+                b"seq",
+                seq_text.as_bytes(),
+                script::reply_seq_field(seq).as_bytes(),
+                seq_text.as_bytes(),
+                script::reply_field(seq).as_bytes(),
+                reply,
+            ],
+        );
+        let mut failed = written.starts_with(b"-");
+        if let Some(ttl) = &self.ttl_secs {
+            failed |= redis
+                .call(Mode::Record, &[b"EXPIRE".as_slice(), &key, ttl.as_bytes()])
+                .starts_with(b"-");
+        }
+        if failed {
+            self.counters.record_errors += 1;
+            crate::ffi::log(
+                redis.ctx(),
+                c"warning",
+                &format!(
+                    "pmnet: the record of session {session_id:016x} (number {seq}) could not be \
+                     written: {}",
+                    String::from_utf8_lossy(&written).trim_end()
+                ),
+            );
+        }
+    }
+
+    /// Whether clients may select `db`: one Redis has, and not the records'.
+    fn is_user_db(&self, db: i64) -> bool {
+        let record_db = i64::from(self.record_db);
+        (0..i64::from(self.databases)).contains(&db) && (db != record_db || record_db == 0)
+    }
+
+    /// The database a request runs in and what to do with it.
+    fn decode(&mut self, payload: &[u8]) -> (u32, Op) {
+        if payload.is_empty() {
+            self.counters.noop_fills += 1;
+            return (
+                0,
+                Op::Literal(error_reply(
+                    "ERR pmnet: no-op fill (the client gave up on this request)",
+                )),
+            );
+        }
+        let mut args = match parse_command(payload, &self.limits) {
+            Ok(Some((args, used))) if used == payload.len() && !args.is_empty() => args,
+            _ => {
+                self.counters.bad_payloads += 1;
+                return (
+                    0,
+                    Op::Literal(error_reply(
+                        "ERR pmnet-redis: the request payload is not one RESP command",
+                    )),
+                );
+            }
+        };
+        let mut db = 0;
+        if args[0].eq_ignore_ascii_case(pmnet_redis::adaptor::DB_COMMAND) {
+            match args.get(1).and_then(|word| parse_int(word)) {
+                Some(n) if args.len() > 2 && self.is_user_db(n) => {
+                    db = n as u32;
+                    args.drain(..2);
+                }
+                _ => {
+                    self.counters.bad_payloads += 1;
+                    return (
+                        0,
+                        Op::Literal(error_reply(pmnet_redis::adaptor::DB_OUT_OF_RANGE)),
+                    );
+                }
+            }
+        }
+        (db, self.decode_command(args))
+    }
+
+    fn decode_command(&mut self, args: Vec<Vec<u8>>) -> Op {
+        if args[0].eq_ignore_ascii_case(b"SELECT") && args.len() == 2 {
+            return Op::Literal(match pmnet_redis::resp::parse_redis_int(&args[1]) {
+                Some(n) if i32::try_from(n).is_ok() && self.is_user_db(n) => {
+                    pmnet_redis::commands::OK.to_vec()
+                }
+                Some(n) if i32::try_from(n).is_ok() => {
+                    error_reply(pmnet_redis::adaptor::DB_OUT_OF_RANGE)
+                }
+                _ => error_reply("ERR value is not an integer or out of range"),
+            });
+        }
+        for (name, what) in [
+            (pmnet_redis::adaptor::EXEC_COMMAND, "MULTI … EXEC"),
+            (pmnet_redis::adaptor::WATCH_COMMAND, "WATCH"),
+        ] {
+            if args[0].eq_ignore_ascii_case(name) {
+                return Op::Literal(error_reply(&format!(
+                    "ERR pmnet module: {what} is not applied by the module yet; run `pmnet \
+                     redis-up` without --module (the adaptor applies it)"
+                )));
+            }
+        }
+        if args[0].eq_ignore_ascii_case(pmnet_redis::adaptor::INFO_COMMAND) {
+            return Op::Run {
+                args: pmnet_redis::adaptor::info_request(self.record_db, &args[1..]),
+                writes: false,
+            };
+        }
+        match self.table.classify(&args, self.record_db) {
+            Run::Refuse(message) => Op::Literal(error_reply(&message)),
+            Run::Direct | Run::Read => Op::Run {
+                args,
+                writes: false,
+            },
+            Run::Write | Run::Function | Run::FunctionChange => Op::Run { args, writes: true },
+            Run::Script if args[0].eq_ignore_ascii_case(b"EVALSHA") => Op::ScriptSha(args),
+            Run::Script => Op::Run { args, writes: true },
+            Run::ScriptLoad => Op::ScriptLoad(args),
+            Run::FlushAll => Op::FlushAll(args.get(1).cloned()),
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! The PMNet server side inside redis-server (docs/redis.md, "The module"): a Redis module,
+//! `libpmnet_redis.so`, loaded with
+//!
+//! ```text
+//! redis-server --appendonly yes --appendfsync always \
+//!     --loadmodule target/release/libpmnet_redis.so listen 127.0.0.1:7500 device 127.0.0.1:7400
+//! ```
+//!
+//! It runs the protocol's [`pmnet_proto::Server`] on Redis's own event loop: the devices'
+//! datagrams arrive on a UDP socket Redis watches, requests are applied with their sessions'
+//! records in one execution unit before Redis writes its append-only file, and the
+//! server-ACKs leave after Redis fsynced it (`node.rs`). No client socket, no Lua, no second
+//! process: the Redis thread does the writes and little else.
+
+#![allow(unsafe_code)]
+
+mod apply;
+mod call;
+mod ffi;
+mod node;
+pub mod options;
+
+use std::cell::RefCell;
+use std::ffi::{c_int, c_void};
+
+use call::Redis;
+use ffi::{Ctx, Event, RString};
+use node::Node;
+
+thread_local! {
+    /// The module's state: Redis calls a module only from its main thread.
+    static NODE: RefCell<Option<Node>> = const { RefCell::new(None) };
+    static FAILED: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+fn with_node(f: impl FnOnce(&mut Node)) {
+    NODE.with_borrow_mut(|node| {
+        if let Some(node) = node.as_mut() {
+            f(node);
+        }
+    });
+}
+
+extern "C" fn on_readable(_fd: c_int, _data: *mut c_void, _mask: c_int) {
+    with_node(Node::on_readable);
+}
+
+extern "C" fn on_wake(_fd: c_int, _data: *mut c_void, _mask: c_int) {
+    with_node(Node::on_wake);
+}
+
+extern "C" fn on_timer(_ctx: *mut Ctx, _data: *mut c_void) {
+    with_node(Node::on_timer);
+}
+
+pub(crate) fn create_timer(redis: &Redis, millis: i64) {
+    // SAFETY: a live context; the callback takes no data.
+    unsafe { (ffi::api().create_timer)(redis.ctx(), millis, on_timer, std::ptr::null_mut()) };
+}
+
+extern "C" fn on_event_loop(ctx: *mut Ctx, _event: Event, subevent: u64, _data: *mut c_void) {
+    if FAILED.with_borrow(Option::is_some) {
+        return;
+    }
+    // SAFETY: the context Redis passed to this callback, used only within it.
+    let redis = unsafe { Redis::new(ctx) };
+    let mut failure = None;
+    with_node(|node| match subevent {
+        ffi::SUBEVENT_EVENTLOOP_BEFORE_SLEEP => match node.before_sleep(&redis) {
+            Ok(Some(startup)) => ffi::log(
+                ctx,
+                c"notice",
+                &format!(
+                    "pmnet: serving as server {} on {} ({} device(s)); persistence: {}; {} \
+                     session(s) recovered from database {} of {}{}",
+                    node.options.server_id,
+                    node.local_addr(),
+                    node.options.devices.len(),
+                    startup.durability,
+                    startup.sessions_recovered,
+                    startup.record_db,
+                    startup.databases,
+                    if startup.records_skipped > 0 {
+                        format!(
+                            ", {} key(s) under the prefix not records",
+                            startup.records_skipped
+                        )
+                    } else {
+                        String::new()
+                    }
+                ),
+            ),
+            Ok(None) => {}
+            Err(message) => failure = Some(message),
+        },
+        ffi::SUBEVENT_EVENTLOOP_AFTER_SLEEP => node.after_sleep(),
+        _ => {}
+    });
+    if let Some(message) = failure {
+        ffi::log(ctx, c"warning", &format!("pmnet: cannot serve: {message}"));
+        FAILED.with_borrow_mut(|failed| *failed = Some(message));
+    }
+}
+
+/// `PMNET.MODULE`: what the module is doing, as one line.
+extern "C" fn status_command(ctx: *mut Ctx, _argv: *mut *mut RString, _argc: c_int) -> c_int {
+    let mut text = FAILED.with_borrow(|failed| failed.as_ref().map(|m| format!("failed: {m}")));
+    if text.is_none() {
+        NODE.with_borrow(|node| text = node.as_ref().map(Node::status_text));
+    }
+    let text = text.unwrap_or_default();
+    // SAFETY: a command context; Redis copies the buffer.
+    unsafe { (ffi::api().reply_with_string_buffer)(ctx, text.as_ptr().cast(), text.len()) }
+}
+
+/// The module's arguments as bytes.
+///
+/// # Safety
+/// `argv` holds `argc` strings Redis passed.
+unsafe fn arguments(argv: *mut *mut RString, argc: c_int) -> Vec<Vec<u8>> {
+    let api = ffi::api();
+    (0..usize::try_from(argc).unwrap_or(0))
+        .map(|index| {
+            let mut len = 0usize;
+            // SAFETY: `index < argc`; the string's bytes live while Redis holds it.
+            unsafe {
+                let ptr = (api.string_ptr_len)(*argv.add(index), &mut len);
+                std::slice::from_raw_parts(ptr.cast::<u8>(), len).to_vec()
+            }
+        })
+        .collect()
+}
+
+/// Redis calls this at `--loadmodule` (or `MODULE LOAD`).
+///
+/// # Safety
+/// Called by Redis with its load context and the module's arguments.
+#[no_mangle]
+pub unsafe extern "C" fn RedisModule_OnLoad(
+    ctx: *mut Ctx,
+    argv: *mut *mut RString,
+    argc: c_int,
+) -> c_int {
+    // SAFETY: the load context.
+    let api = match unsafe { ffi::load(ctx) } {
+        Ok(api) => api,
+        Err(_missing) => return ffi::ERR,
+    };
+    // SAFETY: the load context and a static name.
+    unsafe { (api.set_module_attribs)(ctx, c"pmnet".as_ptr(), 1, ffi::APIVER_1) };
+    // SAFETY: Redis's arguments.
+    let args = unsafe { arguments(argv, argc) };
+    let node = match options::parse(&args).and_then(Node::new) {
+        Ok(node) => node,
+        Err(message) => {
+            ffi::log(ctx, c"warning", &format!("pmnet: {message}"));
+            return ffi::ERR;
+        }
+    };
+    // SAFETY: descriptors the node owns for the module's life; static callbacks.
+    let added = unsafe {
+        (api.event_loop_add)(
+            node.socket_fd(),
+            ffi::EVENTLOOP_READABLE,
+            on_readable,
+            std::ptr::null_mut(),
+        ) == ffi::OK
+            && (api.event_loop_add)(
+                node.wake_fd(),
+                ffi::EVENTLOOP_READABLE,
+                on_wake,
+                std::ptr::null_mut(),
+            ) == ffi::OK
+            && (api.subscribe_to_server_event)(
+                ctx,
+                Event {
+                    id: ffi::EVENT_EVENTLOOP,
+                    dataver: 1,
+                },
+                on_event_loop,
+            ) == ffi::OK
+            && (api.create_command)(
+                ctx,
+                c"pmnet.module".as_ptr(),
+                status_command,
+                c"readonly fast".as_ptr(),
+                0,
+                0,
+                0,
+            ) == ffi::OK
+    };
+    if !added {
+        ffi::log(
+            ctx,
+            c"warning",
+            "pmnet: Redis refused the module's event handlers or its command",
+        );
+        return ffi::ERR;
+    }
+    ffi::log(
+        ctx,
+        c"notice",
+        &format!(
+            "pmnet: module loaded: UDP {} as server {}; serving once Redis has loaded its data",
+            node.local_addr(),
+            node.options.server_id
+        ),
+    );
+    NODE.with_borrow_mut(|slot| *slot = Some(node));
+    ffi::OK
+}
+
+/// Redis calls this at `MODULE UNLOAD`: refused. Devices hold acknowledged requests that only
+/// this server side applies; stop Redis to stop it (it recovers at the next start).
+///
+/// # Safety
+/// Called by Redis with a context.
+#[no_mangle]
+pub unsafe extern "C" fn RedisModule_OnUnload(ctx: *mut Ctx) -> c_int {
+    ffi::log(
+        ctx,
+        c"warning",
+        "pmnet: the module cannot be unloaded while Redis runs (devices rely on it); restart \
+         redis-server without it",
+    );
+    ffi::ERR
+}

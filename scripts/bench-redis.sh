@@ -2,8 +2,11 @@
 # Redis with and without PMNet, side by side, in one run: redis-benchmark -t set,get with 1 and
 # 50 clients and 64 and 1024-byte values against
 #   always      redis-server, appendonly yes, appendfsync always (each reply after fsync)
-#   pmnet       the same Redis behind pmnet gateway -> pmnet device -> pmnet redis-adaptor
-#               (SET answered when the device logged it; GET answered by Redis)
+#   pmnet       the same Redis, with the PMNet module loaded, behind pmnet gateway -> pmnet
+#               device -> the module inside redis-server (SET answered when the device
+#               logged it; GET answered by Redis)
+#   pmnet-adaptor  the same again with the adaptor (pmnet redis-adaptor, a process of its own
+#               speaking RESP to Redis) as the server side, as for a Redis without modules
 #   everysec    redis-server, appendfsync everysec (WEAKER: up to ~1 s lost at a power loss)
 #   no          redis-server, appendfsync no (WEAKER: the kernel decides when to write back)
 # and prints one table: requests/s, p50 and p99 (ms), and PMNet / always ratios.
@@ -18,8 +21,9 @@
 #                                             split: also redis-benchmark on CPU 0 and every
 #                                             redis-server on CPU 1, as separate hosts would be
 #
-# PMNet is started the way docs/redis.md tells a user: `pmnet redis-up --redis ADDR` (device,
-# adaptor and gateway, with its own CPU placement, --cpu auto).
+# PMNet is started the way docs/redis.md tells a user: `pmnet redis-up --redis ADDR` (device
+# and gateway, with its own CPU placement, --cpu auto; the module it finds loaded in that
+# Redis, or with `--server-side adaptor` the adaptor).
 #   PMNET_BENCH_CLIENTS="1 50" PMNET_BENCH_SIZES="64 1024"   the grid
 #   PMNET_BENCH_DIR=DIR ...                   where the append-only files go (default: a new
 #                                             directory under /var/tmp, on disk)
@@ -70,7 +74,7 @@ cleanup() {
         kill "$pid" 2>/dev/null || true
     done
     wait 2>/dev/null || true
-    rm -rf "$base" "/dev/shm/pmnet-bench-redis-$$.log"
+    rm -rf "$base" "/dev/shm/pmnet-bench-redis-$$.log" "/dev/shm/pmnet-bench-redis-$$-adaptor.log"
 }
 trap cleanup EXIT
 
@@ -79,14 +83,16 @@ free_port() {
 }
 
 declare -A redis_pid
-# start_redis NAME FSYNC: starts it and sets $port (its pid in redis_pid[NAME])
+# start_redis NAME FSYNC [ARG...]: starts it (with these further arguments) and sets $port (its
+# pid in redis_pid[NAME])
 start_redis() {
     local name="$1" fsync="$2" dir
+    shift 2
     port="$(free_port)"
     dir="$base/redis-$name"
     mkdir -p "$dir"
     on_cpu "$backend_cpu" redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --appendonly yes \
-        --appendfsync "$fsync" --save '' --daemonize no --logfile "$dir/redis.log" \
+        --appendfsync "$fsync" --save '' --daemonize no --logfile "$dir/redis.log" "$@" \
         </dev/null >/dev/null 2>&1 &
     pids+=($!)
     redis_pid[$name]=$!
@@ -113,29 +119,42 @@ wait_line() {
     exit 1
 }
 
+adaptor_port="$(free_port)"
+device_port="$(free_port)"
+gateway_port="$(free_port)"
+module="$PWD/target/release/deps/libpmnet_redis_module.so"
 start_redis always always
 always_port="$port"
-start_redis pmnet always
+start_redis pmnet always --loadmodule "$module" listen "127.0.0.1:$adaptor_port" device "127.0.0.1:$device_port"
 pmnet_redis_port="$port"
+start_redis pmnet-adaptor always
+pmnet_adaptor_redis_port="$port"
+adaptor2_port="$(free_port)"
 start_redis everysec everysec
 everysec_port="$port"
 start_redis no no
 no_port="$port"
 
-adaptor_port="$(free_port)"
-device_port="$(free_port)"
-gateway_port="$(free_port)"
 busy_flags=()
 if [ "$busy" = 1 ]; then busy_flags=(--busy-poll); fi
 if [ -n "${PMNET_BENCH_SPIN_US:-}" ]; then busy_flags+=(--spin-us "$PMNET_BENCH_SPIN_US"); fi
 # PMNet runs only while it is measured, so that an idle (or, with --busy-poll, spinning)
-# gateway and device take nothing from Redis alone. start_pmnet fills part_pid: the gateway's,
-# the device's and the adaptor's pids, whose CPU time each PMNet request costs.
+# gateway and device take nothing from Redis alone. start_pmnet [adaptor] [ARG...] fills
+# part_pid: the gateway's, the device's (and the adaptor's) pids, whose CPU time each PMNet
+# request costs; the module's is Redis's own.
 declare -A part_pid
 start_pmnet() {
-    "$pmnet" redis-up --redis "127.0.0.1:$pmnet_redis_port" --listen "127.0.0.1:$gateway_port" \
-        --device-listen "127.0.0.1:$device_port" --adaptor-listen "127.0.0.1:$adaptor_port" \
-        --log-file "/dev/shm/pmnet-bench-redis-$$.log" "${busy_flags[@]}" "$@" </dev/null >"$base/redis-up.out" 2>&1 &
+    local redis_port="$pmnet_redis_port" server_port="$adaptor_port" log="/dev/shm/pmnet-bench-redis-$$.log"
+    if [ "${1:-}" = adaptor ]; then
+        shift
+        redis_port="$pmnet_adaptor_redis_port"
+        server_port="$adaptor2_port"
+        log="/dev/shm/pmnet-bench-redis-$$-adaptor.log"
+        set -- --server-side adaptor "$@"
+    fi
+    "$pmnet" redis-up --redis "127.0.0.1:$redis_port" --listen "127.0.0.1:$gateway_port" \
+        --device-listen "127.0.0.1:$device_port" --adaptor-listen "127.0.0.1:$server_port" \
+        --log-file "$log" "${busy_flags[@]}" "$@" </dev/null >"$base/redis-up.out" 2>&1 &
     redis_up_pid=$!
     pids+=("$redis_up_pid")
     wait_line "$base/redis-up.out" "clients connect to"
@@ -153,6 +172,7 @@ start_pmnet
 echo "machine: $(nproc) vCPUs; $(uptime | sed 's/.*load average/load average/')"
 echo "append-only files under $base ($(df -P "$base" | awk 'NR==2 {print $1}'))"
 echo "placement: $placement; pmnet redis-up${busy_flags[*]:+ ${busy_flags[*]}}; redis-servers: CPU ${backend_cpu:-unpinned}; redis-benchmark: CPU ${client_cpu:-unpinned}"
+grep -h "server side:" "$base/redis-up.out" | sed 's/^ */  pmnet redis-up /'
 grep -h "placement (" "$base/redis-up.out" | sed 's/^ */  pmnet redis-up /'
 grep -h "medium:" "$base/redis-up.out" | sed 's/^ */  /'
 echo
@@ -175,7 +195,11 @@ results="$base/results.csv"
 run() {
     local target="$1" port="$2" clients="$3" size="$4" n="$requests" test parts part cpu
     if [ "$clients" -gt 1 ]; then n=$((requests * 10)); fi
-    if [ "$target" = pmnet ]; then parts="redis gateway device redis-adaptor"; else parts=redis; fi
+    case "$target" in
+        pmnet) parts="redis gateway device" ;;
+        pmnet-adaptor) parts="redis gateway device redis-adaptor" ;;
+        *) parts=redis ;;
+    esac
     for test in set get; do
         declare -A before=()
         for part in $parts; do
@@ -198,6 +222,9 @@ for clients in $clients_list; do
         run always "$always_port" "$clients" "$size"
         start_pmnet
         run pmnet "$gateway_port" "$clients" "$size"
+        stop_pmnet
+        start_pmnet adaptor
+        run pmnet-adaptor "$gateway_port" "$clients" "$size"
         stop_pmnet
         run everysec "$everysec_port" "$clients" "$size"
         run no "$no_port" "$clients" "$size"
@@ -240,18 +267,18 @@ awk -F, '
       cpu[$1 "," key] = $8;
       if (!(key in seen)) { seen[key] = 1; order[++count] = key } }
     END {
-        printf "%-4s %7s %5s | %-9s %9s %7s %7s | %-19s | %s\n", "test", "clients", "bytes",
+        printf "%-4s %7s %5s | %-13s %9s %7s %7s | %-19s | %s\n", "test", "clients", "bytes",
             "target", "req/s", "p50 ms", "p99 ms", "vs always: req/s p99", "CPU us per request"
         for (i = 1; i <= count; i++) {
             split(order[i], part, ",")
-            n = split("always pmnet pmnet-cache everysec no", targets, " ")
+            n = split("always pmnet pmnet-adaptor pmnet-cache everysec no", targets, " ")
             for (j = 1; j <= n; j++) {
                 t = targets[j]; k = t "," order[i]
                 if (!(k in rps)) continue
                 base_rps = rps["always," order[i]]; base_p99 = p99["always," order[i]]
                 ratio = (t == "always") ? "" : sprintf("%6.2fx  %6.2fx", rps[k] / base_rps, p99[k] / base_p99)
                 note = (t == "everysec" || t == "no") ? " (weaker)" : ""
-                printf "%-4s %7s %5s | %-9s %9.0f %7.3f %7.3f | %-19s | %s%s\n", part[1], part[2], part[3],
+                printf "%-4s %7s %5s | %-13s %9.0f %7.3f %7.3f | %-19s | %s%s\n", part[1], part[2], part[3],
                     t, rps[k], p50[k], p99[k], ratio, cpu[k], note
             }
         }

@@ -94,6 +94,20 @@ pub struct RedisUpArgs {
     #[arg(long)]
     pub insecure: bool,
 
+    /// The PMNet server side: `module` (inside redis-server, crates/redis-module: no process
+    /// between the device and Redis, requests applied without per-client I/O), `adaptor` (a
+    /// process of its own, for a Redis that cannot load modules, managed Redis among them), or
+    /// `auto`: the module when it can be used — with `--start-redis` when libpmnet_redis_module.so
+    /// is found, in front of a running Redis when that Redis has it loaded (else the adaptor,
+    /// saying how to load it).
+    #[arg(long, value_name = "auto|module|adaptor", default_value = "auto")]
+    pub server_side: String,
+
+    /// The Redis module (libpmnet_redis_module.so; default: beside this binary, as `cargo build -p
+    /// pmnet` leaves it in target/<profile>/deps/, or /usr/lib/pmnet/).
+    #[arg(long, value_name = "FILE")]
+    pub module: Option<PathBuf>,
+
     /// Run the device's read cache: hot keys' `GET`s are answered by the device, kept
     /// coherent with every write (docs/cache.md; the device starts fetching hot keys 12 s
     /// after it starts).
@@ -296,7 +310,135 @@ pub fn durable_redis_args(port: u16, dir: &std::path::Path) -> Vec<String> {
     .collect()
 }
 
-fn start_redis(dir: &PathBuf, cpu: Option<usize>) -> Result<(Part, SocketAddr), CliError> {
+/// The server side `redis-up` runs.
+#[derive(Debug, Clone)]
+enum Side {
+    /// The module, from this file.
+    Module(PathBuf),
+    /// The adaptor, and why.
+    Adaptor(String),
+}
+
+/// The server side `--server-side` asks for, with the module's file when it is the module.
+fn server_side(args: &RedisUpArgs) -> Result<Side, CliError> {
+    let found = module_file(args.module.as_deref());
+    match (args.server_side.as_str(), found) {
+        ("adaptor", _) => Ok(Side::Adaptor(
+            "asked for with --server-side adaptor".to_owned(),
+        )),
+        ("module" | "auto", Ok(path)) => Ok(Side::Module(path)),
+        ("module", Err(why)) => Err(format!("--server-side module: {why}").into()),
+        ("auto", Err(why)) => Ok(Side::Adaptor(why)),
+        (other, _) => Err(format!("--server-side {other}: use auto, module or adaptor").into()),
+    }
+}
+
+/// The module's file: `explicit`, or beside this binary, or where the Debian package puts it.
+pub fn module_file(explicit: Option<&std::path::Path>) -> Result<PathBuf, String> {
+    const NAME: &str = "libpmnet_redis_module.so";
+    if let Some(path) = explicit {
+        return if path.is_file() {
+            Ok(path.to_path_buf())
+        } else {
+            Err(format!("--module {}: no such file", path.display()))
+        };
+    }
+    let mut candidates = Vec::new();
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(PathBuf::from))
+    {
+        // `cargo build -p pmnet` refreshes deps/; a copy beside the binary may be older.
+        let mut beside: Vec<PathBuf> = [dir.join(NAME), dir.join("deps").join(NAME)]
+            .into_iter()
+            .filter(|path| path.is_file())
+            .collect();
+        beside.sort_by_key(|path| std::fs::metadata(path).and_then(|m| m.modified()).ok());
+        if let Some(newest) = beside.pop() {
+            return Ok(newest);
+        }
+        candidates.push(dir.join(NAME));
+        candidates.push(dir.join("deps").join(NAME));
+    }
+    candidates.push(PathBuf::from("/usr/lib/pmnet").join(NAME));
+    candidates.iter().find(|path| path.is_file()).cloned().ok_or_else(|| {
+        format!(
+            "{NAME} was not found ({}; build it with `cargo build --release -p pmnet`, or name it with --module)",
+            candidates
+                .iter()
+                .map(|path| path.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })
+}
+
+/// The UDP address of the PMNet module loaded in the running Redis at `redis` (its
+/// `INFO pmnet` has `pmnet_listen`), or `None` when it has not loaded it.
+fn loaded_module(redis: SocketAddr, args: &RedisUpArgs) -> Result<Option<SocketAddr>, String> {
+    let mut client = SyncClient::connect(redis, Duration::from_secs(5))
+        .map_err(|error| format!("cannot reach Redis at {redis} (--redis): {error}"))?;
+    if let Some(path) = &args.redis_password_file {
+        let password = std::fs::read_to_string(path)
+            .map_err(|error| format!("--redis-password-file {}: {error}", path.display()))?;
+        let password = password.lines().next().unwrap_or_default().to_owned();
+        let mut auth = vec!["AUTH".to_owned()];
+        auth.extend(args.redis_user.clone());
+        auth.push(password);
+        client
+            .command(&auth)
+            .map_err(|error| format!("Redis at {redis}: AUTH: {error}"))?;
+    }
+    let reply = client
+        .command(&["PMNET.MODULE"])
+        .map_err(|error| format!("Redis at {redis}: {error}"))?;
+    let Some(text) = reply
+        .as_bytes()
+        .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
+    else {
+        return Ok(None);
+    };
+    Ok(text
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("listen="))
+        .and_then(|addr| addr.parse().ok()))
+}
+
+/// What the module says of Redis's persistence (`INFO pmnet`'s `pmnet_durability`), in words.
+fn module_durability(redis: SocketAddr) -> String {
+    let status = SyncClient::connect(redis, Duration::from_secs(5))
+        .and_then(|mut client| client.command(&["INFO", "pmnet"]))
+        .ok()
+        .and_then(|reply| {
+            reply
+                .as_bytes()
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+        })
+        .unwrap_or_default();
+    match status
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("durability="))
+    {
+        Some("always") => "Redis's append-only file, appendfsync always: every server-ACK leaves \
+                           after Redis's write + fsync of it (survives process crash and power \
+                           loss)"
+            .to_owned(),
+        Some("everysec") => "WEAKER THAN PMNET PROMISES: appendfsync everysec (a power loss \
+                             loses up to ~1 s of acknowledged writes)"
+            .to_owned(),
+        Some("no") => "WEAKER THAN PMNET PROMISES: appendfsync no (a power loss loses \
+                       acknowledged writes)"
+            .to_owned(),
+        Some("none") => "NOT DURABLE: Redis runs without an append-only file".to_owned(),
+        _ => format!("unknown (Redis's INFO pmnet answered `{}`)", status.trim()),
+    }
+}
+
+fn start_redis(
+    dir: &PathBuf,
+    cpu: Option<usize>,
+    module_args: &[String],
+) -> Result<(Part, SocketAddr), CliError> {
     std::fs::create_dir_all(dir)
         .map_err(|error| format!("--start-redis {}: {error}", dir.display()))?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
@@ -306,6 +448,7 @@ fn start_redis(dir: &PathBuf, cpu: Option<usize>) -> Result<(Part, SocketAddr), 
     let mut command = Command::new("redis-server");
     command
         .args(durable_redis_args(port, dir))
+        .args(module_args)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
     die_with_this_process(&mut command);
@@ -364,9 +507,29 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
     let cpus = pmnet_runtime::online_cpu_count();
     let place = placement(&args.cpu, cpus)?;
     let mut parts: Vec<Part> = Vec::new();
+    let side = server_side(&args)?;
+    // Where the device sends: the module's socket inside Redis, or the adaptor's.
+    let mut server_addr = args.adaptor_listen;
     let redis = match &args.start_redis {
         Some(dir) => {
-            let (part, addr) = start_redis(dir, place.redis)?;
+            let module_args = match &side {
+                Side::Module(path) => {
+                    let mut words = vec![
+                        "--loadmodule".to_owned(),
+                        path.display().to_string(),
+                        "listen".to_owned(),
+                        args.adaptor_listen.to_string(),
+                        "device".to_owned(),
+                        args.device_listen.to_string(),
+                    ];
+                    if let Some(key_file) = &args.key_file {
+                        words.extend(["key-file".to_owned(), key_file.display().to_string()]);
+                    }
+                    words
+                }
+                Side::Adaptor(_) => Vec::new(),
+            };
+            let (part, addr) = start_redis(dir, place.redis, &module_args)?;
             println!(
                 "[redis-server] started on {addr} (appendonly yes, appendfsync always, files in {}, {})",
                 dir.display(),
@@ -376,6 +539,33 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
             addr
         }
         None => args.redis,
+    };
+    let side = match side {
+        Side::Module(path) if args.start_redis.is_none() => {
+            let explicit = args.server_side == "module";
+            match loaded_module(redis, &args) {
+                Ok(Some(listen)) => {
+                    server_addr = listen;
+                    Side::Module(path)
+                }
+                Ok(None) => {
+                    let how = format!(
+                        "the PMNet module is not loaded in Redis at {redis}; to load it, add to \
+                         its redis.conf `loadmodule {} listen {} device {}` and restart it",
+                        path.display(),
+                        args.adaptor_listen,
+                        args.device_listen
+                    );
+                    if explicit {
+                        return Err(format!("--server-side module: {how}").into());
+                    }
+                    Side::Adaptor(how)
+                }
+                Err(why) if explicit => return Err(format!("--server-side module: {why}").into()),
+                Err(why) => Side::Adaptor(format!("{why} (the adaptor waits for it)")),
+            }
+        }
+        side => side,
     };
     // The adaptor and the gateway (its direct connections) authenticate to Redis alike.
     let mut redis_auth_args: Vec<String> = Vec::new();
@@ -402,7 +592,7 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
         "--listen".to_owned(),
         args.device_listen.to_string(),
         "--server".to_owned(),
-        format!("1={}", args.adaptor_listen),
+        format!("1={server_addr}"),
         "--log-file".to_owned(),
         args.log_file.display().to_string(),
     ];
@@ -425,7 +615,20 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
     adaptor.extend(cpu_args(place.adaptor));
     adaptor.extend(key_args.iter().cloned());
     adaptor.extend(redis_auth_args.iter().cloned());
-    parts.push(start_pmnet("redis-adaptor", &adaptor)?);
+    let server_side_text = match &side {
+        Side::Module(path) => format!(
+            "the PMNet module inside redis-server ({}), on {server_addr}; persistence: {}",
+            path.display(),
+            module_durability(redis)
+        ),
+        Side::Adaptor(why) => {
+            parts.push(start_pmnet("redis-adaptor", &adaptor)?);
+            format!(
+                "the adaptor (pmnet redis-adaptor) on {}: {why}",
+                args.adaptor_listen
+            )
+        }
+    };
     let mut gateway = vec![
         "gateway".to_owned(),
         "--listen".to_owned(),
@@ -452,13 +655,18 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
         args.listen,
         args.listen.port()
     );
+    println!("  server side: {server_side_text}");
     println!(
-        "  placement ({} CPUs, --cpu {}): gateway {}, device {}, adaptor {}{}",
+        "  placement ({} CPUs, --cpu {}): gateway {}, device {}{}{}",
         cpus,
         args.cpu,
         show(place.gateway),
         show(place.device),
-        show(place.adaptor),
+        if matches!(side, Side::Adaptor(_)) {
+            format!(", adaptor {}", show(place.adaptor))
+        } else {
+            String::new()
+        },
         if args.start_redis.is_some() {
             format!(", redis-server {}", show(place.redis))
         } else {

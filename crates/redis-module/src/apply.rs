@@ -24,6 +24,10 @@ enum Op {
     ScriptLoad(Vec<Vec<u8>>),
     /// `FLUSHALL [mode]`: every database but the records'.
     FlushAll(Option<Vec<u8>>),
+    /// `PMNET.EXEC …`: a transaction (`transaction.rs`).
+    Exec(Vec<Vec<u8>>),
+    /// `PMNET.WATCH key…`: the keys' fingerprints.
+    Watch(Vec<Vec<u8>>),
 }
 
 /// What the module counted of requests.
@@ -40,7 +44,7 @@ pub struct ApplyCounters {
 /// How requests are applied: what Redis is, and where the records go.
 #[derive(Debug)]
 pub struct Applier {
-    pub table: CommandTable,
+    pub(crate) table: CommandTable,
     pub databases: u32,
     pub record_db: u32,
     pub record_prefix: String,
@@ -119,6 +123,14 @@ impl Applier {
                 self.counters.writes += 1;
                 (reply, true)
             }
+            Op::Exec(args) => {
+                self.counters.writes += 1;
+                (self.transaction(redis, db, &args), true)
+            }
+            Op::Watch(keys) => {
+                self.counters.reads += 1;
+                (self.watch(redis, db, &keys), self.record_reads)
+            }
             Op::FlushAll(mode) => {
                 for db in (0..self.databases).filter(|&db| db != self.record_db) {
                     redis.select(db);
@@ -138,7 +150,7 @@ impl Applier {
     }
 
     /// A script body kept by `SCRIPT LOAD` (here or by the adaptor), loaded into Redis again.
-    fn reload_script(&mut self, redis: &Redis, sha: &[u8]) -> bool {
+    pub(crate) fn reload_script(&mut self, redis: &Redis, sha: &[u8]) -> bool {
         redis.select(self.record_db);
         let body = redis.call(
             Mode::Read,
@@ -194,7 +206,7 @@ impl Applier {
     }
 
     /// Whether clients may select `db`: one Redis has, and not the records'.
-    fn is_user_db(&self, db: i64) -> bool {
+    pub(crate) fn is_user_db(&self, db: i64) -> bool {
         let record_db = i64::from(self.record_db);
         (0..i64::from(self.databases)).contains(&db) && (db != record_db || record_db == 0)
     }
@@ -253,16 +265,11 @@ impl Applier {
                 _ => error_reply("ERR value is not an integer or out of range"),
             });
         }
-        for (name, what) in [
-            (pmnet_redis::adaptor::EXEC_COMMAND, "MULTI … EXEC"),
-            (pmnet_redis::adaptor::WATCH_COMMAND, "WATCH"),
-        ] {
-            if args[0].eq_ignore_ascii_case(name) {
-                return Op::Literal(error_reply(&format!(
-                    "ERR pmnet module: {what} is not applied by the module yet; run `pmnet \
-                     redis-up` without --module (the adaptor applies it)"
-                )));
-            }
+        if args[0].eq_ignore_ascii_case(pmnet_redis::adaptor::EXEC_COMMAND) {
+            return Op::Exec(args);
+        }
+        if args[0].eq_ignore_ascii_case(pmnet_redis::adaptor::WATCH_COMMAND) {
+            return Op::Watch(args[1..].to_vec());
         }
         if args[0].eq_ignore_ascii_case(pmnet_redis::adaptor::INFO_COMMAND) {
             return Op::Run {

@@ -1,7 +1,7 @@
 //! Running a command inside Redis (`RedisModule_Call`) and taking its reply as the RESP bytes
 //! a client would have read (`RedisModule_CallReplyProto`).
 
-use std::ffi::{c_int, CStr, CString};
+use std::ffi::{c_int, CString};
 
 use crate::ffi::{self, Ctx, RString};
 
@@ -19,12 +19,74 @@ pub enum Mode {
 }
 
 impl Mode {
-    fn flags(self) -> &'static CStr {
+    fn prefix(self) -> &'static str {
         match self {
-            Mode::Request => c"!EMv",
-            Mode::Record => c"!Ev",
-            Mode::Read => c"Ev",
+            Mode::Request => "!EM",
+            Mode::Record => "!E",
+            Mode::Read => "E",
         }
+    }
+
+    /// The format of a call with `count` buffers.
+    fn flags(self, count: usize) -> CString {
+        let mut format = self.prefix().to_owned();
+        format.extend(std::iter::repeat_n('b', count));
+        CString::new(format).expect("no NUL")
+    }
+
+    /// The format of a call with a vector of module strings.
+    fn vector_flags(self) -> CString {
+        CString::new(format!("{}v", self.prefix())).expect("no NUL")
+    }
+}
+
+/// Arguments passed as buffers at most; more go as module strings.
+const BUFFER_ARGS_MAX: usize = 24;
+
+/// `RedisModule_Call` with each word as a buffer (a `b` of the format each).
+///
+/// # Safety
+/// `format` has exactly `words.len()` `b`s after its flags; `ctx` is live.
+unsafe fn call_buffers(
+    api: &ffi::Api,
+    ctx: *mut Ctx,
+    name: *const std::ffi::c_char,
+    format: *const std::ffi::c_char,
+    words: &[&[u8]],
+) -> *mut ffi::CallReply {
+    macro_rules! with {
+        ($($i:literal)*) => {
+            // SAFETY: per the function's contract.
+            unsafe { (api.call)(ctx, name, format $(, words[$i].as_ptr(), words[$i].len())*) }
+        };
+    }
+    match words.len() {
+        0 => with!(),
+        1 => with!(0),
+        2 => with!(0 1),
+        3 => with!(0 1 2),
+        4 => with!(0 1 2 3),
+        5 => with!(0 1 2 3 4),
+        6 => with!(0 1 2 3 4 5),
+        7 => with!(0 1 2 3 4 5 6),
+        8 => with!(0 1 2 3 4 5 6 7),
+        9 => with!(0 1 2 3 4 5 6 7 8),
+        10 => with!(0 1 2 3 4 5 6 7 8 9),
+        11 => with!(0 1 2 3 4 5 6 7 8 9 10),
+        12 => with!(0 1 2 3 4 5 6 7 8 9 10 11),
+        13 => with!(0 1 2 3 4 5 6 7 8 9 10 11 12),
+        14 => with!(0 1 2 3 4 5 6 7 8 9 10 11 12 13),
+        15 => with!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14),
+        16 => with!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15),
+        17 => with!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16),
+        18 => with!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17),
+        19 => with!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18),
+        20 => with!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19),
+        21 => with!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20),
+        22 => with!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21),
+        23 => with!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22),
+        24 => with!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23),
+        _ => unreachable!("at most {BUFFER_ARGS_MAX} buffers"),
     }
 }
 
@@ -56,23 +118,36 @@ impl Redis {
             ));
         };
         let api = ffi::api();
-        let mut strings: Vec<*mut RString> = rest
-            .iter()
-            .map(|arg| {
-                let arg = arg.as_ref();
-                // SAFETY: Redis copies `len` bytes from `ptr`.
-                unsafe { (api.create_string)(self.ctx, arg.as_ptr().cast(), arg.len()) }
-            })
-            .collect();
-        // SAFETY: format "v" takes an array of RedisModuleString pointers and its length.
-        let reply = unsafe {
-            (api.call)(
-                self.ctx,
-                name.as_ptr(),
-                mode.flags().as_ptr(),
-                strings.as_mut_ptr(),
-                strings.len(),
-            )
+        let words: Vec<&[u8]> = rest.iter().map(AsRef::as_ref).collect();
+        let mut strings: Vec<*mut RString> = Vec::new();
+        // Arguments as buffers (`b`): Redis makes each a string object of its own, which a
+        // command may then re-encode (`SET n 12345678` stores an integer, as for a client). As
+        // module strings (`v`) they would be shared with the module, and stay as they are.
+        let reply = match words.len() {
+            count @ 0..=BUFFER_ARGS_MAX => {
+                let format = mode.flags(count);
+                // SAFETY: the format names `count` buffers, each a pointer and a length.
+                unsafe { call_buffers(api, self.ctx, name.as_ptr(), format.as_ptr(), &words) }
+            }
+            _ => {
+                strings = words
+                    .iter()
+                    .map(|arg| {
+                        // SAFETY: Redis copies `len` bytes from `ptr`.
+                        unsafe { (api.create_string)(self.ctx, arg.as_ptr().cast(), arg.len()) }
+                    })
+                    .collect();
+                // SAFETY: format "v" takes an array of RedisModuleString pointers and its length.
+                unsafe {
+                    (api.call)(
+                        self.ctx,
+                        name.as_ptr(),
+                        mode.vector_flags().as_ptr(),
+                        strings.as_mut_ptr(),
+                        strings.len(),
+                    )
+                }
+            }
         };
         let bytes = if reply.is_null() {
             // With `E`, Redis answers NULL only when it could not run the command at all.

@@ -23,6 +23,11 @@ pub struct CallReply {
 pub struct RString {
     _private: [u8; 0],
 }
+#[repr(C)]
+#[derive(Debug)]
+pub struct InfoCtx {
+    _private: [u8; 0],
+}
 
 pub const OK: c_int = 0;
 pub const ERR: c_int = 1;
@@ -41,7 +46,7 @@ pub struct Event {
 
 pub type EventLoopFunc = extern "C" fn(fd: c_int, user_data: *mut c_void, mask: c_int);
 pub type EventCallback = extern "C" fn(ctx: *mut Ctx, eid: Event, subevent: u64, data: *mut c_void);
-pub type CmdFunc = extern "C" fn(ctx: *mut Ctx, argv: *mut *mut RString, argc: c_int) -> c_int;
+pub type InfoFunc = extern "C" fn(ctx: *mut InfoCtx, for_crash_report: c_int);
 pub type TimerProc = extern "C" fn(ctx: *mut Ctx, data: *mut c_void);
 
 type GetApi = unsafe extern "C" fn(name: *const c_char, target: *mut c_void) -> c_int;
@@ -51,15 +56,6 @@ type GetApi = unsafe extern "C" fn(name: *const c_char, target: *mut c_void) -> 
 pub struct Api {
     pub set_module_attribs: unsafe extern "C" fn(*mut Ctx, *const c_char, c_int, c_int),
     pub log: unsafe extern "C" fn(*mut Ctx, *const c_char, *const c_char, ...),
-    pub create_command: unsafe extern "C" fn(
-        *mut Ctx,
-        *const c_char,
-        CmdFunc,
-        *const c_char,
-        c_int,
-        c_int,
-        c_int,
-    ) -> c_int,
     pub event_loop_add: unsafe extern "C" fn(c_int, c_int, EventLoopFunc, *mut c_void) -> c_int,
     pub subscribe_to_server_event: unsafe extern "C" fn(*mut Ctx, Event, EventCallback) -> c_int,
     pub call: unsafe extern "C" fn(*mut Ctx, *const c_char, *const c_char, ...) -> *mut CallReply,
@@ -68,7 +64,10 @@ pub struct Api {
     pub create_string: unsafe extern "C" fn(*mut Ctx, *const c_char, usize) -> *mut RString,
     pub free_string: unsafe extern "C" fn(*mut Ctx, *mut RString),
     pub string_ptr_len: unsafe extern "C" fn(*const RString, *mut usize) -> *const c_char,
-    pub reply_with_string_buffer: unsafe extern "C" fn(*mut Ctx, *const c_char, usize) -> c_int,
+    pub register_info_func: unsafe extern "C" fn(*mut Ctx, InfoFunc) -> c_int,
+    pub info_add_section: unsafe extern "C" fn(*mut InfoCtx, *const c_char) -> c_int,
+    pub info_add_field_cstring:
+        unsafe extern "C" fn(*mut InfoCtx, *const c_char, *const c_char) -> c_int,
     pub select_db: unsafe extern "C" fn(*mut Ctx, c_int) -> c_int,
     pub create_timer: unsafe extern "C" fn(*mut Ctx, c_longlong, TimerProc, *mut c_void) -> u64,
 }
@@ -109,7 +108,6 @@ pub unsafe fn load(ctx: *mut Ctx) -> Result<&'static Api, &'static str> {
     let api = Api {
         set_module_attribs: lookup!(c"RedisModule_SetModuleAttribs"),
         log: lookup!(c"RedisModule_Log"),
-        create_command: lookup!(c"RedisModule_CreateCommand"),
         event_loop_add: lookup!(c"RedisModule_EventLoopAdd"),
         subscribe_to_server_event: lookup!(c"RedisModule_SubscribeToServerEvent"),
         call: lookup!(c"RedisModule_Call"),
@@ -118,7 +116,9 @@ pub unsafe fn load(ctx: *mut Ctx) -> Result<&'static Api, &'static str> {
         create_string: lookup!(c"RedisModule_CreateString"),
         free_string: lookup!(c"RedisModule_FreeString"),
         string_ptr_len: lookup!(c"RedisModule_StringPtrLen"),
-        reply_with_string_buffer: lookup!(c"RedisModule_ReplyWithStringBuffer"),
+        register_info_func: lookup!(c"RedisModule_RegisterInfoFunc"),
+        info_add_section: lookup!(c"RedisModule_InfoAddSection"),
+        info_add_field_cstring: lookup!(c"RedisModule_InfoAddFieldCString"),
         select_db: lookup!(c"RedisModule_SelectDb"),
         create_timer: lookup!(c"RedisModule_CreateTimer"),
     };

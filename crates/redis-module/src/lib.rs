@@ -1,9 +1,9 @@
 //! The PMNet server side inside redis-server (docs/redis.md, "The module"): a Redis module,
-//! `libpmnet_redis.so`, loaded with
+//! `libpmnet_redis_module.so`, loaded with
 //!
 //! ```text
 //! redis-server --appendonly yes --appendfsync always \
-//!     --loadmodule target/release/libpmnet_redis.so listen 127.0.0.1:7500 device 127.0.0.1:7400
+//!     --loadmodule target/release/libpmnet_redis_module.so listen 127.0.0.1:7500 device 127.0.0.1:7400
 //! ```
 //!
 //! It runs the protocol's [`pmnet_proto::Server`] on Redis's own event loop: the devices'
@@ -19,6 +19,7 @@ mod call;
 mod ffi;
 mod node;
 pub mod options;
+mod transaction;
 
 use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
@@ -102,15 +103,32 @@ extern "C" fn on_event_loop(ctx: *mut Ctx, _event: Event, subevent: u64, _data: 
     }
 }
 
-/// `PMNET.MODULE`: what the module is doing, as one line.
-extern "C" fn status_command(ctx: *mut Ctx, _argv: *mut *mut RString, _argc: c_int) -> c_int {
-    let mut text = FAILED.with_borrow(|failed| failed.as_ref().map(|m| format!("failed: {m}")));
-    if text.is_none() {
-        NODE.with_borrow(|node| text = node.as_ref().map(Node::status_text));
+/// `INFO pmnet`: what the module is doing (`pmnet_listen`, `pmnet_durability`, counters).
+extern "C" fn info(ctx: *mut ffi::InfoCtx, _for_crash_report: c_int) {
+    let mut fields: Vec<(String, String)> = Vec::new();
+    FAILED.with_borrow(|failed| {
+        if let Some(message) = failed {
+            fields.push(("failed".to_owned(), message.clone()));
+        }
+    });
+    NODE.with_borrow(|node| {
+        if let Some(node) = node {
+            fields.extend(node.status_fields());
+        }
+    });
+    let api = ffi::api();
+    // SAFETY: an info context Redis passed; NULL names the module's own section.
+    unsafe { (api.info_add_section)(ctx, std::ptr::null()) };
+    for (name, value) in fields {
+        let (Ok(name), Ok(value)) = (
+            std::ffi::CString::new(name),
+            std::ffi::CString::new(value.replace(['\r', '\n'], " ")),
+        ) else {
+            continue;
+        };
+        // SAFETY: NUL-terminated strings Redis copies.
+        unsafe { (api.info_add_field_cstring)(ctx, name.as_ptr(), value.as_ptr()) };
     }
-    let text = text.unwrap_or_default();
-    // SAFETY: a command context; Redis copies the buffer.
-    unsafe { (ffi::api().reply_with_string_buffer)(ctx, text.as_ptr().cast(), text.len()) }
 }
 
 /// The module's arguments as bytes.
@@ -179,21 +197,13 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
                 },
                 on_event_loop,
             ) == ffi::OK
-            && (api.create_command)(
-                ctx,
-                c"pmnet.module".as_ptr(),
-                status_command,
-                c"readonly fast".as_ptr(),
-                0,
-                0,
-                0,
-            ) == ffi::OK
+            && (api.register_info_func)(ctx, info) == ffi::OK
     };
     if !added {
         ffi::log(
             ctx,
             c"warning",
-            "pmnet: Redis refused the module's event handlers or its command",
+            "pmnet: Redis refused the module's event handlers or its INFO section",
         );
         return ffi::ERR;
     }

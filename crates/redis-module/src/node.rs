@@ -56,6 +56,8 @@ pub struct Node {
     /// Datagrams that came before Redis had loaded its data (dropped: the devices resend).
     pub early_datagrams: u64,
     timer_at: Option<Time>,
+    /// Redis's `appendfsync` as the module found it (`none`: no AOF).
+    fsync: &'static str,
 }
 
 impl Node {
@@ -93,6 +95,7 @@ impl Node {
             outbox: Vec::new(),
             early_datagrams: 0,
             timer_at: None,
+            fsync: "unknown",
         })
     }
 
@@ -270,7 +273,7 @@ impl Node {
                 databases.saturating_sub(1)
             ));
         }
-        let durability = pmnet_redis::AdaptorStartup {
+        let startup = pmnet_redis::AdaptorStartup {
             redis_version: String::new(),
             appendonly: config("appendonly"),
             appendfsync: config("appendfsync"),
@@ -279,8 +282,15 @@ impl Node {
             records_skipped: 0,
             databases,
             record_db,
-        }
-        .durability_text();
+        };
+        let durability = startup.durability_text();
+        let fsync = match startup.durability() {
+            pmnet_redis::Durability::FsyncAlways => "always",
+            pmnet_redis::Durability::FsyncEverySec => "everysec",
+            pmnet_redis::Durability::FsyncNo => "no",
+            pmnet_redis::Durability::None => "none",
+        };
+        self.fsync = fsync;
         let command = redis.call(Mode::Read, &[b"COMMAND".as_slice()]);
         let table = match parse_value(&command, &Limits::gateway(1 << 20, 64 << 20)) {
             Ok(Some((value, _))) => pmnet_redis::table::CommandTable::from_reply(&value),
@@ -312,35 +322,52 @@ impl Node {
         })
     }
 
-    /// Counters for `PMNET.MODULE`.
-    pub fn status_text(&self) -> String {
+    /// What `INFO pmnet` shows (each name gets Redis's `pmnet_` prefix).
+    pub fn status_fields(&self) -> Vec<(String, String)> {
+        let mut fields = vec![
+            ("listen".to_owned(), self.local_addr().to_string()),
+            ("durability".to_owned(), self.fsync.to_owned()),
+            ("server_id".to_owned(), self.options.server_id.to_string()),
+            (
+                "devices".to_owned(),
+                (self.options.devices.iter().map(ToString::to_string))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            (
+                "early_datagrams".to_owned(),
+                self.early_datagrams.to_string(),
+            ),
+        ];
         let Some(server) = &self.server else {
-            return "starting: Redis is loading its data".to_owned();
+            fields.push(("state".to_owned(), "starting".to_owned()));
+            return fields;
         };
-        let counters = server.counters();
-        let applied = self
-            .applier
-            .as_ref()
-            .map(|a| a.counters.clone())
-            .unwrap_or_default();
-        format!(
-            "listen={} server_id={} devices={} recovering={} sessions={} requests_applied={} \
-             writes={} reads={} literals={} noop_fills={} bad_payloads={} record_errors={} \
-             early_datagrams={}",
-            self.local_addr(),
-            self.options.server_id,
-            self.options.devices.len(),
-            server.is_recovering(),
-            server.session_count(),
-            counters.requests_applied,
-            applied.writes,
-            applied.reads,
-            applied.literals,
-            applied.noop_fills,
-            applied.bad_payloads,
-            applied.record_errors,
-            self.early_datagrams,
-        )
+        let state = if server.is_recovering() {
+            "recovering"
+        } else {
+            "serving"
+        };
+        fields.push(("state".to_owned(), state.to_owned()));
+        fields.push(("sessions".to_owned(), server.session_count().to_string()));
+        fields.push((
+            "requests_applied".to_owned(),
+            server.counters().requests_applied.to_string(),
+        ));
+        if let Some(applier) = &self.applier {
+            let counters = &applier.counters;
+            for (name, value) in [
+                ("writes", counters.writes),
+                ("reads", counters.reads),
+                ("literals", counters.literals),
+                ("noop_fills", counters.noop_fills),
+                ("bad_payloads", counters.bad_payloads),
+                ("record_errors", counters.record_errors),
+            ] {
+                fields.push((name.to_owned(), value.to_string()));
+            }
+        }
+        fields
     }
 }
 

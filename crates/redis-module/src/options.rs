@@ -1,4 +1,4 @@
-//! The module's arguments: `--loadmodule libpmnet_redis.so NAME VALUE …` (or `loadmodule` in
+//! The module's arguments: `--loadmodule libpmnet_redis_module.so NAME VALUE …` (or `loadmodule` in
 //! redis.conf), checked before the module accepts anything; a bad one stops redis-server with
 //! a message naming it.
 

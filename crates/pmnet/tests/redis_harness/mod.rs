@@ -74,20 +74,20 @@ pub struct Redis {
     pub module: Option<Vec<String>>,
 }
 
-/// Where the build put the PMNet Redis module (`libpmnet_redis.so`, crates/redis-module):
+/// Where the build put the PMNet Redis module (`libpmnet_redis_module.so`, crates/redis-module):
 /// beside the `pmnet` binary under test.
 pub fn module_path() -> PathBuf {
     let bin = Path::new(BIN);
     let dir = bin.parent().expect("the binary's directory");
     [
-        dir.join("libpmnet_redis.so"),
-        dir.join("deps/libpmnet_redis.so"),
+        dir.join("libpmnet_redis_module.so"),
+        dir.join("deps/libpmnet_redis_module.so"),
     ]
     .into_iter()
     .find(|path| path.exists())
     .unwrap_or_else(|| {
         panic!(
-            "libpmnet_redis.so is not in {} (build it: cargo build -p pmnet-redis-module)",
+            "libpmnet_redis_module.so is not in {} (build it: cargo build -p pmnet-redis-module)",
             dir.display()
         )
     })
@@ -274,7 +274,11 @@ impl System {
         gateway_options: &[&str],
         record_reads: bool,
     ) -> System {
-        System::start_on(false, device_options, gateway_options, record_reads)
+        // PMNET_REDIS_SERVER_SIDE=module runs these systems with the module in place of the
+        // adaptor (a check of the module against the adaptor's tests; tests that stop or
+        // start the adaptor itself do not apply).
+        let module = std::env::var("PMNET_REDIS_SERVER_SIDE").is_ok_and(|side| side == "module");
+        System::start_on(module, device_options, gateway_options, record_reads)
     }
 
     /// Redis with the PMNet module in place of the adaptor, a device and a gateway (with

@@ -59,7 +59,9 @@ pub(crate) const REDIS_SILENCE_WARNING: Duration = pmnet_runtime::SILENCE_WARNIN
 pub use info::{info_request, INFO_COMMAND};
 pub use recovery::{load_sessions, parse_record};
 use translation::Flow;
-pub use translation::{DB_COMMAND, DB_OUT_OF_RANGE, EXEC_COMMAND, REPLY_WORD, WATCH_COMMAND};
+pub use translation::{
+    ABORT, DB_COMMAND, DB_OUT_OF_RANGE, EXEC_COMMAND, REPLY_WORD, WATCH_COMMAND,
+};
 
 /// Bytes of a reply at most: what one PMNet reply carries to the gateway (its PMNet client's
 /// `request_len_max`).

@@ -54,7 +54,7 @@ pub(super) const SCRIPT_WORD: &[u8] = b"PMNET.SCRIPT";
 pub const DB_COMMAND: &[u8] = b"PMNET.DB";
 
 /// The beginning of the error of a transaction the adaptor does not run.
-pub(super) const ABORT: &str = "EXECABORT Transaction discarded because of previous errors";
+pub const ABORT: &str = "EXECABORT Transaction discarded because of previous errors";
 
 /// Redis's reply to a database number it does not have (`SELECT`, `MOVE`, …).
 pub const DB_OUT_OF_RANGE: &str = "ERR DB index is out of range";

@@ -390,18 +390,24 @@ fn loaded_module(redis: SocketAddr, args: &RedisUpArgs) -> Result<Option<SocketA
             .map_err(|error| format!("Redis at {redis}: AUTH: {error}"))?;
     }
     let reply = client
-        .command(&["PMNET.MODULE"])
+        .command(&["INFO", "pmnet"])
         .map_err(|error| format!("Redis at {redis}: {error}"))?;
-    let Some(text) = reply
+    let text = reply
         .as_bytes()
         .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
-    else {
-        return Ok(None);
-    };
-    Ok(text
-        .split_whitespace()
-        .find_map(|field| field.strip_prefix("listen="))
-        .and_then(|addr| addr.parse().ok()))
+        .unwrap_or_default();
+    Ok(module_field(&text, "listen").and_then(|addr| addr.parse().ok()))
+}
+
+/// Field `name` of the module's `INFO pmnet` section (`pmnet_<name>:<value>`).
+fn module_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|line| {
+            line.strip_prefix("pmnet_")?
+                .strip_prefix(name)?
+                .strip_prefix(':')
+        })
+        .map(str::trim)
 }
 
 /// What the module says of Redis's persistence (`INFO pmnet`'s `pmnet_durability`), in words.
@@ -415,10 +421,7 @@ fn module_durability(redis: SocketAddr) -> String {
                 .map(|b| String::from_utf8_lossy(b).into_owned())
         })
         .unwrap_or_default();
-    match status
-        .split_whitespace()
-        .find_map(|field| field.strip_prefix("durability="))
-    {
+    match module_field(&status, "durability") {
         Some("always") => "Redis's append-only file, appendfsync always: every server-ACK leaves \
                            after Redis's write + fsync of it (survives process crash and power \
                            loss)"
@@ -716,5 +719,14 @@ mod tests {
             [Some(0), Some(1), Some(2), Some(3)]
         );
         assert!(placement("sideways", 2).is_err());
+    }
+
+    #[test]
+    fn the_modules_fields_are_read_from_its_info_section() {
+        let info = "# pmnet\r\npmnet_listen:127.0.0.1:7500\r\npmnet_durability:always\r\n";
+        assert_eq!(module_field(info, "listen"), Some("127.0.0.1:7500"));
+        assert_eq!(module_field(info, "durability"), Some("always"));
+        assert_eq!(module_field(info, "devices"), None);
+        assert_eq!(module_field("", "listen"), None);
     }
 }

@@ -30,6 +30,16 @@ enum Op {
     Watch(Vec<Vec<u8>>),
 }
 
+/// The limits of a request's command: the adaptor's (a transaction through the gateway
+/// carries every queued command's words); the server has bounded its length already.
+pub(crate) fn request_limits() -> Limits {
+    Limits {
+        max_bulk_len: 512 << 20,
+        max_args: 1 << 16,
+        ..Limits::default()
+    }
+}
+
 /// What the module counted of requests.
 #[derive(Debug, Default, Clone)]
 pub struct ApplyCounters {
@@ -72,7 +82,7 @@ impl Applier {
             record_reads,
             ttl_secs: ttl_secs.map(|secs| secs.to_string()),
             counters: ApplyCounters::default(),
-            limits: Limits::default(),
+            limits: request_limits(),
         }
     }
 

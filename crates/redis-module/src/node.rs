@@ -375,7 +375,7 @@ impl Node {
 /// cache may keep the answer: not for a key with a time to live (Redis expires it without a
 /// write the device would see).
 fn cache_read(redis: &Redis, request: &[u8]) -> (Vec<u8>, bool) {
-    let limits = Limits::default();
+    let limits = crate::apply::request_limits();
     let args = match pmnet_redis::resp::parse_command(request, &limits) {
         Ok(Some((args, used))) if used == request.len() && !args.is_empty() => args,
         _ => {

@@ -40,6 +40,10 @@ pub(crate) fn request_limits() -> Limits {
     }
 }
 
+/// Sessions whose TTL refresh is tracked at most (past it the tracking starts over: each
+/// session's next write sets its TTL again).
+const TTL_TRACKED_MAX: usize = 1 << 20;
+
 /// What the module counted of requests.
 #[derive(Debug, Default, Clone)]
 pub struct ApplyCounters {
@@ -61,6 +65,12 @@ pub struct Applier {
     pub record_reads: bool,
     /// `EXPIRE` argument of a record (`None`: records never expire).
     pub ttl_secs: Option<String>,
+    ttl: Option<std::time::Duration>,
+    /// When each session's record last had its time to live set (this run): it is set again
+    /// only once a quarter of it has passed, so a record lives at least three quarters of
+    /// the TTL after its session's last write, for one `EXPIRE` per session and quarter-TTL
+    /// instead of one per write.
+    ttl_set_at: std::collections::HashMap<u64, std::time::Instant>,
     pub counters: ApplyCounters,
     limits: Limits,
 }
@@ -81,6 +91,8 @@ impl Applier {
             record_prefix,
             record_reads,
             ttl_secs: ttl_secs.map(|secs| secs.to_string()),
+            ttl: ttl_secs.map(std::time::Duration::from_secs),
+            ttl_set_at: std::collections::HashMap::new(),
             counters: ApplyCounters::default(),
             limits: request_limits(),
         }
@@ -196,7 +208,17 @@ impl Applier {
             ],
         );
         let mut failed = written.starts_with(b"-");
-        if let Some(ttl) = &self.ttl_secs {
+        let now = std::time::Instant::now();
+        let refresh = self.ttl.is_some_and(|ttl| {
+            self.ttl_set_at
+                .get(&session_id)
+                .is_none_or(|&at| now.duration_since(at) >= ttl / 4)
+        });
+        if let (Some(ttl), true) = (&self.ttl_secs, refresh) {
+            if self.ttl_set_at.len() >= TTL_TRACKED_MAX {
+                self.ttl_set_at.clear();
+            }
+            self.ttl_set_at.insert(session_id, now);
             failed |= redis
                 .call(Mode::Record, &[b"EXPIRE".as_slice(), &key, ttl.as_bytes()])
                 .starts_with(b"-");

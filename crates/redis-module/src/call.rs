@@ -8,6 +8,7 @@ use crate::ffi::{self, Ctx, RString};
 /// How a command runs.
 #[derive(Debug, Clone, Copy)]
 pub enum Mode {
+    // In this order: `flags` indexes its table by the discriminant.
     /// A request's command: written to the AOF and replicas (`!`), refused as a client would
     /// be refused when Redis is out of memory (`M`), errors as replies (`E`).
     Request,
@@ -27,11 +28,24 @@ impl Mode {
         }
     }
 
-    /// The format of a call with `count` buffers.
-    fn flags(self, count: usize) -> CString {
-        let mut format = self.prefix().to_owned();
-        format.extend(std::iter::repeat_n('b', count));
-        CString::new(format).expect("no NUL")
+    /// The format of a call with `count` buffers (at most [`BUFFER_ARGS_MAX`]), made once.
+    fn flags(self, count: usize) -> &'static CString {
+        static FORMATS: std::sync::OnceLock<Vec<Vec<CString>>> = std::sync::OnceLock::new();
+        let formats = FORMATS.get_or_init(|| {
+            [Mode::Request, Mode::Record, Mode::Read]
+                .iter()
+                .map(|mode| {
+                    (0..=BUFFER_ARGS_MAX)
+                        .map(|count| {
+                            let mut format = mode.prefix().to_owned();
+                            format.extend(std::iter::repeat_n('b', count));
+                            CString::new(format).expect("no NUL")
+                        })
+                        .collect()
+                })
+                .collect()
+        });
+        &formats[self as usize][count]
     }
 
     /// The format of a call with a vector of module strings.

@@ -287,6 +287,13 @@ fn with_the_module_killing_redis_loses_no_acked_write_and_applies_none_twice() {
 }
 
 #[test]
+fn with_the_module_killing_redis_mid_batch_of_many_sessions_applies_each_acked_write_once() {
+    // Sixteen sessions' pipelines at once: the module applies many sessions' requests, and
+    // writes their records, in each turn of Redis's loop; Redis is killed in the middle.
+    crash_with(System::start_module(true), Victim::Redis, false, 16);
+}
+
+#[test]
 fn with_the_module_killing_the_device_loses_no_acked_write_and_applies_none_twice() {
     crash_on(System::start_module(true), Victim::Device, false);
 }
@@ -302,7 +309,11 @@ fn crash_during(victim: Victim, record_reads: bool, via_function: bool) {
     crash_on(System::start_with(true, record_reads), victim, via_function);
 }
 
-fn crash_on(mut system: System, victim: Victim, via_function: bool) {
+fn crash_on(system: System, victim: Victim, via_function: bool) {
+    crash_with(system, victim, via_function, 3);
+}
+
+fn crash_with(mut system: System, victim: Victim, via_function: bool, writers: usize) {
     let record_reads = system.record_reads;
     if via_function {
         let loaded = system
@@ -311,7 +322,6 @@ fn crash_on(mut system: System, victim: Victim, via_function: bool) {
             .expect("FUNCTION LOAD");
         assert_eq!(loaded, bulk("hist"));
     }
-    let writers = 3;
     let pushes = 300;
     let acked = Arc::new(AtomicUsize::new(0));
     let reads_without_reply = Arc::new(AtomicUsize::new(0));

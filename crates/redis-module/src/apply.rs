@@ -71,6 +71,8 @@ pub struct Applier {
     /// the TTL after its session's last write, for one `EXPIRE` per session and quarter-TTL
     /// instead of one per write.
     ttl_set_at: std::collections::HashMap<u64, std::time::Instant>,
+    /// Records of this turn's requests, written together at its end ([`Applier::write_records`]).
+    pending_records: Vec<(u64, u32, Vec<u8>)>,
     pub counters: ApplyCounters,
     limits: Limits,
 }
@@ -93,6 +95,7 @@ impl Applier {
             ttl_secs: ttl_secs.map(|secs| secs.to_string()),
             ttl: ttl_secs.map(std::time::Duration::from_secs),
             ttl_set_at: std::collections::HashMap::new(),
+            pending_records: Vec::new(),
             counters: ApplyCounters::default(),
             limits: request_limits(),
         }
@@ -166,7 +169,7 @@ impl Applier {
         };
         let reply = pmnet_redis::adaptor::fit_reply(reply, record);
         if record {
-            self.write_record(redis, session_id, seq, &reply);
+            self.pending_records.push((session_id, seq, reply.clone()));
         }
         reply
     }
@@ -188,25 +191,54 @@ impl Applier {
             .starts_with(b"-")
     }
 
-    /// The session's record: its last number, and the reply in the ring of the last
-    /// [`script::REPLY_RING`] (as the adaptor's scripts write it).
-    fn write_record(&mut self, redis: &Redis, session_id: u64, seq: u32, reply: &[u8]) {
+    /// The records of the requests applied since the last call, one `HSET` per session: its
+    /// last number, and each reply in the ring of the last [`script::REPLY_RING`] (as the
+    /// adaptor's scripts write them). Called in the same execution unit as the requests, so
+    /// Redis writes records and effects in one `MULTI … EXEC`.
+    pub fn write_records(&mut self, redis: &Redis) {
+        if self.pending_records.is_empty() {
+            return;
+        }
+        let records = std::mem::take(&mut self.pending_records);
+        let mut order: Vec<u64> = Vec::new();
+        let mut by_session: std::collections::HashMap<u64, Vec<(u32, Vec<u8>)>> =
+            std::collections::HashMap::new();
+        for (session_id, seq, reply) in records {
+            let entry = by_session.entry(session_id).or_default();
+            if entry.is_empty() {
+                order.push(session_id);
+            }
+            entry.push((seq, reply));
+        }
         redis.select(self.record_db);
+        for session_id in order {
+            let replies = by_session.remove(&session_id).unwrap_or_default();
+            self.write_record(redis, session_id, &replies);
+        }
+    }
+
+    /// One session's record, with the replies of `replies` (in the order applied).
+    fn write_record(&mut self, redis: &Redis, session_id: u64, replies: &[(u32, Vec<u8>)]) {
+        let Some(&(seq, _)) = replies.last() else {
+            return;
+        };
         let key = script::record_key(&self.record_prefix, session_id);
         let seq_text = seq.to_string();
-        let written = redis.call(
-            Mode::Record,
-            &[
-                b"HSET".as_slice(),
-                &key,
-                b"seq",
-                seq_text.as_bytes(),
-                script::reply_seq_field(seq).as_bytes(),
-                seq_text.as_bytes(),
-                script::reply_field(seq).as_bytes(),
-                reply,
-            ],
-        );
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(4 + 4 * replies.len());
+        args.extend([
+            b"HSET".to_vec(),
+            key.clone(),
+            b"seq".to_vec(),
+            seq_text.clone().into_bytes(),
+        ]);
+        for (seq, reply) in replies {
+            let number = seq.to_string().into_bytes();
+            args.push(script::reply_seq_field(*seq).into_bytes());
+            args.push(number);
+            args.push(script::reply_field(*seq).into_bytes());
+            args.push(reply.clone());
+        }
+        let written = redis.call(Mode::Record, &args);
         let mut failed = written.starts_with(b"-");
         let now = std::time::Instant::now();
         let refresh = self.ttl.is_some_and(|ttl| {

@@ -32,12 +32,22 @@ thread_local! {
     /// The module's state: Redis calls a module only from its main thread.
     static NODE: RefCell<Option<Node>> = const { RefCell::new(None) };
     static FAILED: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// What `INFO pmnet` shows, as of the end of the last turn: Redis may ask for it while the
+    /// module is applying a request (a script of the request runs `INFO`), when the node
+    /// itself is in use.
+    static STATUS: RefCell<Vec<(String, String)>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Run `f` on the node unless it is in use: Redis can call back into the module from inside
+/// a command the module runs (a long script lets Redis serve events while it runs); such a
+/// call finds the node busy and leaves its work for later (datagrams wait in the socket).
+/// Never a panic across the C boundary.
 fn with_node(f: impl FnOnce(&mut Node)) {
-    NODE.with_borrow_mut(|node| {
-        if let Some(node) = node.as_mut() {
-            f(node);
+    NODE.with(|cell| {
+        if let Ok(mut node) = cell.try_borrow_mut() {
+            if let Some(node) = node.as_mut() {
+                f(node);
+            }
         }
     });
 }
@@ -101,6 +111,22 @@ extern "C" fn on_event_loop(ctx: *mut Ctx, _event: Event, subevent: u64, _data: 
         ffi::log(ctx, c"warning", &format!("pmnet: cannot serve: {message}"));
         FAILED.with_borrow_mut(|failed| *failed = Some(message));
     }
+    if subevent == ffi::SUBEVENT_EVENTLOOP_BEFORE_SLEEP {
+        refresh_status();
+    }
+}
+
+/// Take the node's status for `INFO pmnet` (when the node is not in use).
+fn refresh_status() {
+    let mut fields = None;
+    with_node(|node| fields = Some(node.status_fields()));
+    if let Some(fields) = fields {
+        STATUS.with(|status| {
+            if let Ok(mut status) = status.try_borrow_mut() {
+                *status = fields;
+            }
+        });
+    }
 }
 
 /// `INFO pmnet`: what the module is doing (`pmnet_listen`, `pmnet_durability`, counters).
@@ -111,9 +137,9 @@ extern "C" fn info(ctx: *mut ffi::InfoCtx, _for_crash_report: c_int) {
             fields.push(("failed".to_owned(), message.clone()));
         }
     });
-    NODE.with_borrow(|node| {
-        if let Some(node) = node {
-            fields.extend(node.status_fields());
+    STATUS.with(|status| {
+        if let Ok(status) = status.try_borrow() {
+            fields.extend(status.iter().cloned());
         }
     });
     let api = ffi::api();
@@ -217,6 +243,7 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
         ),
     );
     NODE.with_borrow_mut(|slot| *slot = Some(node));
+    refresh_status();
     ffi::OK
 }
 

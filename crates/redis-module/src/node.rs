@@ -196,6 +196,7 @@ impl Node {
                 }
             }
         }
+        applier.write_records(redis);
         while let Some(transmit) = server.poll_transmit() {
             self.outbox.push(transmit);
         }

@@ -406,7 +406,7 @@ fn load_records(
 ) -> (Vec<pmnet_proto::RecoveredSession>, usize) {
     let limits = Limits::gateway(1 << 20, 64 << 20);
     redis.select(record_db);
-    let pattern = glob_escape(prefix) + "*";
+    let pattern = pmnet_redis::adaptor::glob_escape(prefix) + "*";
     let mut cursor = b"0".to_vec();
     let mut sessions = Vec::new();
     let mut skipped = 0;
@@ -446,15 +446,4 @@ fn load_records(
         }
     }
     (sessions, skipped)
-}
-
-fn glob_escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }

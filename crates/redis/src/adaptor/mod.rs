@@ -57,7 +57,7 @@ pub const DEFAULT_FAIL_FAST_AFTER: Duration = Duration::from_secs(2);
 /// warning naming its address.
 pub(crate) const REDIS_SILENCE_WARNING: Duration = pmnet_runtime::SILENCE_WARNING;
 pub use info::{info_request, INFO_COMMAND};
-pub use recovery::{load_sessions, parse_record};
+pub use recovery::{glob_escape, load_sessions, parse_record};
 use translation::Flow;
 pub use translation::{
     ABORT, DB_COMMAND, DB_OUT_OF_RANGE, EXEC_COMMAND, REPLY_WORD, WATCH_COMMAND,

@@ -364,7 +364,7 @@ fn script_load(
 }
 
 /// Escape glob characters for SCAN MATCH.
-fn glob_escape(text: &str) -> String {
+pub fn glob_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for character in text.chars() {
         if matches!(character, '*' | '?' | '[' | ']' | '\\') {

@@ -4,7 +4,8 @@
 //! (`crates/redis/src/script.rs`): the module and the adaptor take over from each other on the
 //! same Redis with exactly-once kept.
 
-use pmnet_redis::resp::{error_reply, parse_command, parse_int, Limits};
+use pmnet_redis::adaptor::Payload;
+use pmnet_redis::resp::{error_reply, Limits};
 use pmnet_redis::script;
 use pmnet_redis::table::{CommandTable, Run};
 
@@ -271,50 +272,27 @@ impl Applier {
 
     /// Whether clients may select `db`: one Redis has, and not the records'.
     pub(crate) fn is_user_db(&self, db: i64) -> bool {
-        let record_db = i64::from(self.record_db);
-        (0..i64::from(self.databases)).contains(&db) && (db != record_db || record_db == 0)
+        pmnet_redis::adaptor::is_user_db(self.databases, self.record_db, db)
     }
 
-    /// The database a request runs in and what to do with it.
+    /// The database a request runs in and what to do with it (the adaptor's reading of a
+    /// payload).
     fn decode(&mut self, payload: &[u8]) -> (u32, Op) {
-        if payload.is_empty() {
-            self.counters.noop_fills += 1;
-            return (
-                0,
-                Op::Literal(error_reply(
-                    "ERR pmnet: no-op fill (the client gave up on this request)",
-                )),
-            );
-        }
-        let mut args = match parse_command(payload, &self.limits) {
-            Ok(Some((args, used))) if used == payload.len() && !args.is_empty() => args,
-            _ => {
+        let (databases, record_db) = (self.databases, self.record_db);
+        let read = pmnet_redis::adaptor::read_payload(payload, &self.limits, |db| {
+            pmnet_redis::adaptor::is_user_db(databases, record_db, db)
+        });
+        match read {
+            Payload::Fill(reply) => {
+                self.counters.noop_fills += 1;
+                (0, Op::Literal(reply))
+            }
+            Payload::Bad(reply) => {
                 self.counters.bad_payloads += 1;
-                return (
-                    0,
-                    Op::Literal(error_reply(
-                        "ERR pmnet-redis: the request payload is not one RESP command",
-                    )),
-                );
+                (0, Op::Literal(reply))
             }
-        };
-        let mut db = 0;
-        if args[0].eq_ignore_ascii_case(pmnet_redis::adaptor::DB_COMMAND) {
-            match args.get(1).and_then(|word| parse_int(word)) {
-                Some(n) if args.len() > 2 && self.is_user_db(n) => {
-                    db = n as u32;
-                    args.drain(..2);
-                }
-                _ => {
-                    self.counters.bad_payloads += 1;
-                    return (
-                        0,
-                        Op::Literal(error_reply(pmnet_redis::adaptor::DB_OUT_OF_RANGE)),
-                    );
-                }
-            }
+            Payload::Command { db, args } => (db, self.decode_command(args)),
         }
-        (db, self.decode_command(args))
     }
 
     fn decode_command(&mut self, args: Vec<Vec<u8>>) -> Op {

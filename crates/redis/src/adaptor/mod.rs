@@ -60,7 +60,8 @@ pub use info::{info_request, INFO_COMMAND};
 pub use recovery::{glob_escape, load_sessions, parse_record};
 use translation::Flow;
 pub use translation::{
-    ABORT, DB_COMMAND, DB_OUT_OF_RANGE, EXEC_COMMAND, REPLY_WORD, WATCH_COMMAND,
+    is_user_db, read_payload, Payload, ABORT, DB_COMMAND, DB_OUT_OF_RANGE, EXEC_COMMAND,
+    REPLY_WORD, WATCH_COMMAND,
 };
 
 /// Bytes of a reply at most: what one PMNet reply carries to the gateway (its PMNet client's

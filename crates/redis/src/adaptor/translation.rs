@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use pmnet_proto::{RequestKind, ServerEvent};
 
-use crate::resp::{encode_bulk, error_reply, parse_command, parse_int, Value};
+use crate::resp::{encode_bulk, error_reply, parse_command, parse_int, Limits, Value};
 use crate::script::{self, REPLY_RING};
 use crate::table::Run;
 
@@ -52,6 +52,53 @@ pub(super) const SCRIPT_WORD: &[u8] = b"PMNET.SCRIPT";
 /// `PMNET.DB n <request…>` (the request as it would be sent from database 0: a command,
 /// `PMNET.EXEC …` or `PMNET.WATCH …`).
 pub const DB_COMMAND: &[u8] = b"PMNET.DB";
+
+/// Whether clients may select database `db` of a Redis with `databases` whose records are in
+/// `record_db`: one Redis has, and not the records' (unless they share database 0).
+pub fn is_user_db(databases: u32, record_db: u32, db: i64) -> bool {
+    let record_db = i64::from(record_db);
+    (0..i64::from(databases)).contains(&db) && (db != record_db || record_db == 0)
+}
+
+/// A request's payload as a server side reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload {
+    /// A no-op fill (empty): recorded with this reply, nothing run.
+    Fill(Vec<u8>),
+    /// Not one RESP command, or a `PMNET.DB` prefix naming no database clients may use:
+    /// answered with this error, nothing run.
+    Bad(Vec<u8>),
+    /// The command's words, in database `db` (the `PMNET.DB n` prefix taken off).
+    Command { db: u32, args: Vec<Vec<u8>> },
+}
+
+/// Read a request's payload: the adaptor's and the Redis module's one reading of it.
+pub fn read_payload(payload: &[u8], limits: &Limits, is_user_db: impl Fn(i64) -> bool) -> Payload {
+    if payload.is_empty() {
+        return Payload::Fill(error_reply(
+            "ERR pmnet: no-op fill (the client gave up on this request)",
+        ));
+    }
+    let mut args = match parse_command(payload, limits) {
+        Ok(Some((args, used))) if used == payload.len() && !args.is_empty() => args,
+        _ => {
+            return Payload::Bad(error_reply(
+                "ERR pmnet-redis: the request payload is not one RESP command",
+            ))
+        }
+    };
+    let mut db = 0;
+    if args[0].eq_ignore_ascii_case(DB_COMMAND) {
+        match args.get(1).and_then(|word| parse_int(word)) {
+            Some(n) if args.len() > 2 && is_user_db(n) => {
+                db = n as u32;
+                args.drain(..2);
+            }
+            _ => return Payload::Bad(error_reply(DB_OUT_OF_RANGE)),
+        }
+    }
+    Payload::Command { db, args }
+}
 
 /// The beginning of the error of a transaction the adaptor does not run.
 pub const ABORT: &str = "EXECABORT Transaction discarded because of previous errors";
@@ -218,49 +265,26 @@ impl Adaptor {
 
     /// Whether clients may select database `db`: one Redis has, and not the records'.
     pub(super) fn is_user_db(&self, db: i64) -> bool {
-        let record_db = i64::from(self.options.record_db);
-        (0..i64::from(self.databases)).contains(&db) && (db != record_db || record_db == 0)
+        is_user_db(self.databases, self.options.record_db, db)
     }
 
     /// The database a request runs in and what to do with it.
     fn decode(&mut self, kind: RequestKind, payload: &[u8]) -> (u32, Op) {
-        if payload.is_empty() {
-            self.counters.noop_fills += 1;
-            return (
-                0,
-                Op::Literal(error_reply(
-                    "ERR pmnet: no-op fill (the client gave up on this request)",
-                )),
-            );
-        }
-        let mut args = match parse_command(payload, &self.limits) {
-            Ok(Some((args, used))) if used == payload.len() && !args.is_empty() => args,
-            _ => {
-                self.counters.bad_payloads += 1;
-                return (
-                    0,
-                    Op::Literal(error_reply(
-                        "ERR pmnet-redis: the request payload is not one RESP command",
-                    )),
-                );
-            }
-        };
         let _ = kind;
-        let mut db = 0;
-        if args[0].eq_ignore_ascii_case(DB_COMMAND) {
-            let selected = args.get(1).and_then(|word| parse_int(word));
-            match selected {
-                Some(n) if args.len() > 2 && self.is_user_db(n) => {
-                    db = n as u32;
-                    args.drain(..2);
-                }
-                _ => {
-                    self.counters.bad_payloads += 1;
-                    return (0, Op::Literal(error_reply(DB_OUT_OF_RANGE)));
-                }
+        let (databases, record_db) = (self.databases, self.options.record_db);
+        match read_payload(payload, &self.limits, |db| {
+            is_user_db(databases, record_db, db)
+        }) {
+            Payload::Fill(reply) => {
+                self.counters.noop_fills += 1;
+                (0, Op::Literal(reply))
             }
+            Payload::Bad(reply) => {
+                self.counters.bad_payloads += 1;
+                (0, Op::Literal(reply))
+            }
+            Payload::Command { db, args } => (db, self.decode_command(args)),
         }
-        (db, self.decode_command(args))
     }
 
     /// What to do with a request's command (its database's prefix removed).

@@ -8,7 +8,7 @@
 //! watched through one is checked by the other.
 
 use pmnet_redis::adaptor::{ABORT, DB_OUT_OF_RANGE, REPLY_WORD};
-use pmnet_redis::resp::{encode_bulk, error_reply, parse_int};
+use pmnet_redis::resp::{encode_bulk, error_reply};
 use pmnet_redis::table::Run;
 
 use crate::apply::Applier;
@@ -65,44 +65,14 @@ impl Applier {
     }
 
     fn parse_transaction(&self, args: &[Vec<u8>]) -> Result<Transaction, String> {
-        let malformed = || format!("{ABORT}: the transaction payload is malformed");
-        let number = |index: usize| -> Result<usize, String> {
-            args.get(index)
-                .and_then(|word| parse_int(word))
-                .and_then(|n| usize::try_from(n).ok())
-                .ok_or_else(malformed)
-        };
-        let watched_count = number(1)?;
-        let mut watched = Vec::with_capacity(watched_count.min(1024));
-        for index in 0..watched_count {
-            let at = 2 + 3 * index;
-            let db = args.get(at).and_then(|word| parse_int(word));
-            let (Some(db), Some(key), Some(print)) = (db, args.get(at + 1), args.get(at + 2))
-            else {
-                return Err(malformed());
-            };
-            if !self.is_user_db(db) {
-                return Err(malformed());
-            }
-            watched.push((db as u32, key.clone(), print.clone()));
-        }
-        let mut at = 2 + 3 * watched_count;
-        let count = number(at)?;
-        at += 1;
-        let mut commands = Vec::with_capacity(count.min(1024));
-        for _ in 0..count {
-            let words = number(at)?;
-            let command = args.get(at + 1..at + 1 + words).ok_or_else(malformed)?;
-            if command.is_empty() {
-                return Err(malformed());
-            }
-            commands.push(self.element(command)?);
-            at += 1 + words;
-        }
-        if at != args.len() {
-            return Err(malformed());
-        }
-        Ok(Transaction { watched, commands })
+        let exec = pmnet_redis::adaptor::parse_exec(args, |db| self.is_user_db(db))?;
+        let commands = (exec.commands.into_iter())
+            .map(|command| self.element(command))
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Transaction {
+            watched: exec.watched,
+            commands,
+        })
     }
 
     /// One queued command: as Redis would run it at `EXEC`, or the reply in its place.

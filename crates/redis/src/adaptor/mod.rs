@@ -58,6 +58,7 @@ pub const DEFAULT_FAIL_FAST_AFTER: Duration = Duration::from_secs(2);
 pub(crate) const REDIS_SILENCE_WARNING: Duration = pmnet_runtime::SILENCE_WARNING;
 pub use info::{info_request, INFO_COMMAND};
 pub use recovery::{glob_escape, load_sessions, parse_record};
+pub use transactions::{parse_exec, Exec};
 use translation::Flow;
 pub use translation::{
     is_user_db, read_payload, Payload, ABORT, DB_COMMAND, DB_OUT_OF_RANGE, EXEC_COMMAND,

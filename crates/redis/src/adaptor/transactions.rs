@@ -14,43 +14,71 @@ use super::pending::Op;
 use super::translation::{key_count, ABORT, DB_OUT_OF_RANGE, REPLY_WORD, SCRIPT_WORD, SELECT_WORD};
 use super::Adaptor;
 
+/// A `PMNET.EXEC watched [db key fingerprint]… count [words word…]…` read: the watched keys
+/// (database, key, fingerprint) and the queued commands. The adaptor's and the Redis module's
+/// one reading of it; an `EXECABORT` error when it is malformed.
+#[derive(Debug)]
+pub struct Exec<'a> {
+    pub watched: Vec<(u32, Vec<u8>, Vec<u8>)>,
+    pub commands: Vec<&'a [Vec<u8>]>,
+}
+
+/// Read `PMNET.EXEC …` (`args[0]` is `PMNET.EXEC`); a watched key's database must be one
+/// clients may use (`is_user_db`).
+pub fn parse_exec(args: &[Vec<u8>], is_user_db: impl Fn(i64) -> bool) -> Result<Exec<'_>, String> {
+    let malformed = || format!("{ABORT}: the transaction payload is malformed");
+    let number = |index: usize| -> Result<usize, String> {
+        args.get(index)
+            .and_then(|word| parse_int(word))
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(malformed)
+    };
+    let watched_count = number(1)?;
+    let mut watched = Vec::with_capacity(watched_count.min(1024));
+    for index in 0..watched_count {
+        let at = 2 + 3 * index;
+        let db = args.get(at).and_then(|word| parse_int(word));
+        let (Some(db), Some(key), Some(print)) = (db, args.get(at + 1), args.get(at + 2)) else {
+            return Err(malformed());
+        };
+        if !is_user_db(db) {
+            return Err(malformed());
+        }
+        watched.push((db as u32, key.clone(), print.clone()));
+    }
+    let mut at = 2 + 3 * watched_count;
+    let count = number(at)?;
+    at += 1;
+    let mut commands = Vec::with_capacity(count.min(1024));
+    for _ in 0..count {
+        let words = number(at)?;
+        let command = args.get(at + 1..at + 1 + words).ok_or_else(malformed)?;
+        if command.is_empty() {
+            return Err(malformed());
+        }
+        commands.push(command);
+        at += 1 + words;
+    }
+    if at != args.len() {
+        return Err(malformed());
+    }
+    Ok(Exec { watched, commands })
+}
+
 impl Adaptor {
     /// `PMNET.EXEC`: checked like Redis checks queued commands (an error aborts it whole),
     /// and put in the form the update script's mode `x` runs.
     pub(super) fn transaction(&mut self, args: &[Vec<u8>]) -> Result<Op, String> {
-        let malformed = || format!("{ABORT}: the transaction payload is malformed");
-        let number = |index: usize| -> Result<usize, String> {
-            args.get(index)
-                .and_then(|word| parse_int(word))
-                .and_then(|n| usize::try_from(n).ok())
-                .ok_or_else(malformed)
-        };
-        let watched = number(1)?;
-        // Each watched key: the database it was watched in (a client's), the key, its print.
-        for index in 0..watched {
-            let db = args.get(2 + 3 * index).and_then(|word| parse_int(word));
-            if !db.is_some_and(|db| self.is_user_db(db)) {
-                return Err(malformed());
-            }
+        let exec = parse_exec(args, |db| self.is_user_db(db))?;
+        let mut words = vec![b"x".to_vec(), exec.watched.len().to_string().into_bytes()];
+        for (db, key, print) in &exec.watched {
+            words.extend([db.to_string().into_bytes(), key.clone(), print.clone()]);
         }
-        let mut at = 2 + 3 * watched;
-        let commands = number(at)?;
-        let mut words = vec![b"x".to_vec()];
-        words.extend_from_slice(args.get(1..at + 1).ok_or_else(malformed)?);
-        at += 1;
-        for _ in 0..commands {
-            let count = number(at)?;
-            let command = args.get(at + 1..at + 1 + count).ok_or_else(malformed)?;
-            if count == 0 {
-                return Err(malformed());
-            }
+        words.push(exec.commands.len().to_string().into_bytes());
+        for command in exec.commands {
             let element = self.transaction_element(command)?;
             words.push(element.len().to_string().into_bytes());
             words.extend(element);
-            at += 1 + count;
-        }
-        if at != args.len() {
-            return Err(malformed());
         }
         Ok(Op::Apply(words))
     }

@@ -82,11 +82,12 @@ extern "C" fn on_event_loop(ctx: *mut Ctx, _event: Event, subevent: u64, _data: 
                 ctx,
                 c"notice",
                 &format!(
-                    "pmnet: serving as server {} on {} ({} device(s)); persistence: {}; {} \
-                     session(s) recovered from database {} of {}{}",
+                    "pmnet: serving as server {} on {} ({} device(s)); traffic: {}; \
+                     persistence: {}; {} session(s) recovered from database {} of {}{}",
                     node.options.server_id,
                     node.local_addr(),
                     node.options.devices.len(),
+                    node.traffic_text(),
                     startup.durability,
                     startup.sessions_recovered,
                     startup.record_db,

@@ -323,11 +323,25 @@ impl Node {
         })
     }
 
+    /// Whether datagrams are authenticated, in words.
+    pub fn traffic_text(&self) -> String {
+        match &self.options.key_file {
+            Some(path) => format!("authenticated with the key in {}", path.display()),
+            None => "NOT authenticated (no key-file): anyone on the path can forge writes and \
+                     acks"
+                .to_owned(),
+        }
+    }
+
     /// What `INFO pmnet` shows (each name gets Redis's `pmnet_` prefix).
     pub fn status_fields(&self) -> Vec<(String, String)> {
         let mut fields = vec![
             ("listen".to_owned(), self.local_addr().to_string()),
             ("durability".to_owned(), self.fsync.to_owned()),
+            (
+                "authenticated".to_owned(),
+                if self.keys.is_some() { "yes" } else { "no" }.to_owned(),
+            ),
             ("server_id".to_owned(), self.options.server_id.to_string()),
             (
                 "devices".to_owned(),

@@ -17,6 +17,7 @@
 mod apply;
 mod call;
 mod ffi;
+mod log;
 mod node;
 pub mod options;
 mod transaction;
@@ -193,6 +194,7 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
     };
     // SAFETY: the load context and a static name.
     unsafe { (api.set_module_attribs)(ctx, c"pmnet".as_ptr(), 1, ffi::APIVER_1) };
+    log::install();
     // SAFETY: Redis's arguments.
     let args = unsafe { arguments(argv, argc) };
     let node = match options::parse(&args).and_then(Node::new) {

@@ -67,6 +67,10 @@ pub struct Proc {
     stdout: Arc<Mutex<Vec<String>>>,
     stderr: Arc<Mutex<String>>,
     status: Option<ExitStatus>,
+    /// One message from each reader thread when it reached the end of its pipe: once the
+    /// process exited, what it wrote is all collected only then.
+    readers_done: Receiver<()>,
+    readers_left: usize,
 }
 
 impl Proc {
@@ -87,6 +91,8 @@ impl Proc {
             .spawn()
             .unwrap_or_else(|error| panic!("cannot start {name} ({command:?}): {error}"));
         let (sender, lines) = mpsc::channel();
+        let (done, readers_done) = mpsc::channel();
+        let stdout_done = done.clone();
         let stdout = Arc::new(Mutex::new(Vec::new()));
         let stderr = Arc::new(Mutex::new(String::new()));
         let out = child.stdout.take().expect("piped stdout");
@@ -97,6 +103,7 @@ impl Proc {
                 seen.lock().unwrap().push(line.clone());
                 let _ = sender.send(line);
             }
+            let _ = stdout_done.send(());
         });
         let mut err = child.stderr.take().expect("piped stderr");
         let collected = stderr.clone();
@@ -111,6 +118,7 @@ impl Proc {
                         .push_str(&String::from_utf8_lossy(&buffer[..count])),
                 }
             }
+            let _ = done.send(());
         });
         Proc {
             name: name.to_owned(),
@@ -119,6 +127,21 @@ impl Proc {
             stdout,
             stderr,
             status: None,
+            readers_done,
+            readers_left: 2,
+        }
+    }
+
+    /// The process exited: wait (within `PATIENCE`) until its output is read to the end of
+    /// both pipes (a child of it holding them open ends the wait at the bound).
+    fn collect_the_rest(&mut self) {
+        let deadline = Instant::now() + PATIENCE;
+        while self.readers_left > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if self.readers_done.recv_timeout(left).is_err() {
+                return;
+            }
+            self.readers_left -= 1;
         }
     }
 
@@ -188,6 +211,7 @@ impl Proc {
         loop {
             if let Ok(Some(status)) = child.try_wait() {
                 self.status = Some(status);
+                self.collect_the_rest();
                 return Some(status);
             }
             if Instant::now() >= deadline {

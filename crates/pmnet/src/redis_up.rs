@@ -373,9 +373,9 @@ pub fn module_file(explicit: Option<&std::path::Path>) -> Result<PathBuf, String
     })
 }
 
-/// The UDP address of the PMNet module loaded in the running Redis at `redis` (its
-/// `INFO pmnet` has `pmnet_listen`), or `None` when it has not loaded it.
-fn loaded_module(redis: SocketAddr, args: &RedisUpArgs) -> Result<Option<SocketAddr>, String> {
+/// Redis's `INFO pmnet` at `redis` (empty when no PMNet module is loaded), asked as the
+/// adaptor and the gateway would ask (`--redis-password-file`, `--redis-user`).
+fn module_info(redis: SocketAddr, args: &RedisUpArgs) -> Result<String, String> {
     let mut client = SyncClient::connect(redis, Duration::from_secs(5))
         .map_err(|error| format!("cannot reach Redis at {redis} (--redis): {error}"))?;
     if let Some(path) = &args.redis_password_file {
@@ -392,11 +392,10 @@ fn loaded_module(redis: SocketAddr, args: &RedisUpArgs) -> Result<Option<SocketA
     let reply = client
         .command(&["INFO", "pmnet"])
         .map_err(|error| format!("Redis at {redis}: {error}"))?;
-    let text = reply
+    Ok(reply
         .as_bytes()
         .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
-        .unwrap_or_default();
-    Ok(module_field(&text, "listen").and_then(|addr| addr.parse().ok()))
+        .unwrap_or_default())
 }
 
 /// Field `name` of the module's `INFO pmnet` section (`pmnet_<name>:<value>`).
@@ -411,17 +410,8 @@ fn module_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
 }
 
 /// What the module says of Redis's persistence (`INFO pmnet`'s `pmnet_durability`), in words.
-fn module_durability(redis: SocketAddr) -> String {
-    let status = SyncClient::connect(redis, Duration::from_secs(5))
-        .and_then(|mut client| client.command(&["INFO", "pmnet"]))
-        .ok()
-        .and_then(|reply| {
-            reply
-                .as_bytes()
-                .map(|b| String::from_utf8_lossy(b).into_owned())
-        })
-        .unwrap_or_default();
-    match module_field(&status, "durability") {
+fn module_durability(status: &str) -> String {
+    match module_field(status, "durability") {
         Some("always") => "Redis's append-only file, appendfsync always: every server-ACK leaves \
                            after Redis's write + fsync of it (survives process crash and power \
                            loss)"
@@ -543,15 +533,27 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
         }
         None => args.redis,
     };
+    // The module's `INFO pmnet`, asked once: where it listens (in front of a running Redis)
+    // and what it says of Redis's persistence.
+    let mut module_status = String::new();
     let side = match side {
-        Side::Module(path) if args.start_redis.is_none() => {
+        Side::Module(path) => {
+            let status = module_info(redis, &args);
+            let listen = (status.as_ref().ok())
+                .and_then(|info| module_field(info, "listen"))
+                .and_then(|addr| addr.parse().ok());
             let explicit = args.server_side == "module";
-            match loaded_module(redis, &args) {
-                Ok(Some(listen)) => {
-                    server_addr = listen;
+            match (args.start_redis.is_some(), status, listen) {
+                (true, status, _) => {
+                    module_status = status.unwrap_or_default();
                     Side::Module(path)
                 }
-                Ok(None) => {
+                (false, Ok(status), Some(listen)) => {
+                    server_addr = listen;
+                    module_status = status;
+                    Side::Module(path)
+                }
+                (false, Ok(_), None) => {
                     let how = format!(
                         "the PMNet module is not loaded in Redis at {redis}; to load it, add to \
                          its redis.conf `loadmodule {} listen {} device {}` and restart it",
@@ -564,8 +566,10 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
                     }
                     Side::Adaptor(how)
                 }
-                Err(why) if explicit => return Err(format!("--server-side module: {why}").into()),
-                Err(why) => Side::Adaptor(format!("{why} (the adaptor waits for it)")),
+                (false, Err(why), _) if explicit => {
+                    return Err(format!("--server-side module: {why}").into())
+                }
+                (false, Err(why), _) => Side::Adaptor(format!("{why} (the adaptor waits for it)")),
             }
         }
         side => side,
@@ -622,7 +626,7 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
         Side::Module(path) => format!(
             "the PMNet module inside redis-server ({}), on {server_addr}; persistence: {}",
             path.display(),
-            module_durability(redis)
+            module_durability(&module_status)
         ),
         Side::Adaptor(why) => {
             parts.push(start_pmnet("redis-adaptor", &adaptor)?);

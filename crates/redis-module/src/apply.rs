@@ -64,8 +64,7 @@ pub struct Applier {
     pub record_db: u32,
     pub record_prefix: String,
     pub record_reads: bool,
-    /// `EXPIRE` argument of a record (`None`: records never expire).
-    pub ttl_secs: Option<String>,
+    /// A record's time to live (`None`: records never expire).
     ttl: Option<std::time::Duration>,
     /// When each session's record last had its time to live set (this run): it is set again
     /// only once a quarter of it has passed, so a record lives at least three quarters of
@@ -93,7 +92,6 @@ impl Applier {
             record_db,
             record_prefix,
             record_reads,
-            ttl_secs: ttl_secs.map(|secs| secs.to_string()),
             ttl: ttl_secs.map(std::time::Duration::from_secs),
             ttl_set_at: std::collections::HashMap::new(),
             pending_records: Vec::new(),
@@ -200,44 +198,34 @@ impl Applier {
         if self.pending_records.is_empty() {
             return;
         }
-        let records = std::mem::take(&mut self.pending_records);
-        let mut order: Vec<u64> = Vec::new();
-        let mut by_session: std::collections::HashMap<u64, Vec<(u32, Vec<u8>)>> =
-            std::collections::HashMap::new();
-        for (session_id, seq, reply) in records {
-            let entry = by_session.entry(session_id).or_default();
-            if entry.is_empty() {
-                order.push(session_id);
-            }
-            entry.push((seq, reply));
-        }
+        let mut records = std::mem::take(&mut self.pending_records);
+        // Stable: each session's requests stay in the order applied.
+        records.sort_by_key(|&(session_id, ..)| session_id);
         redis.select(self.record_db);
-        for session_id in order {
-            let replies = by_session.remove(&session_id).unwrap_or_default();
-            self.write_record(redis, session_id, &replies);
+        for session in records.chunk_by_mut(|a, b| a.0 == b.0) {
+            self.write_record(redis, session);
         }
     }
 
-    /// One session's record, with the replies of `replies` (in the order applied).
-    fn write_record(&mut self, redis: &Redis, session_id: u64, replies: &[(u32, Vec<u8>)]) {
-        let Some(&(seq, _)) = replies.last() else {
+    /// One session's record, with the replies of `records` (its requests, in the order
+    /// applied; the replies are moved out).
+    fn write_record(&mut self, redis: &Redis, records: &mut [(u64, u32, Vec<u8>)]) {
+        let Some(&(session_id, seq, _)) = records.last() else {
             return;
         };
         let key = script::record_key(&self.record_prefix, session_id);
-        let seq_text = seq.to_string();
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(4 + 4 * replies.len());
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(4 + 4 * records.len());
         args.extend([
             b"HSET".to_vec(),
-            key.clone(),
+            key,
             b"seq".to_vec(),
-            seq_text.clone().into_bytes(),
+            seq.to_string().into_bytes(),
         ]);
-        for (seq, reply) in replies {
-            let number = seq.to_string().into_bytes();
+        for (_, seq, reply) in records.iter_mut() {
             args.push(script::reply_seq_field(*seq).into_bytes());
-            args.push(number);
+            args.push(seq.to_string().into_bytes());
             args.push(script::reply_field(*seq).into_bytes());
-            args.push(reply.clone());
+            args.push(std::mem::take(reply));
         }
         let written = redis.call(Mode::Record, &args);
         let mut failed = written.starts_with(b"-");
@@ -247,13 +235,20 @@ impl Applier {
                 .get(&session_id)
                 .is_none_or(|&at| now.duration_since(at) >= ttl / 4)
         });
-        if let (Some(ttl), true) = (&self.ttl_secs, refresh) {
+        if let (Some(ttl), true) = (self.ttl, refresh) {
             if self.ttl_set_at.len() >= TTL_TRACKED_MAX {
                 self.ttl_set_at.clear();
             }
             self.ttl_set_at.insert(session_id, now);
             failed |= redis
-                .call(Mode::Record, &[b"EXPIRE".as_slice(), &key, ttl.as_bytes()])
+                .call(
+                    Mode::Record,
+                    &[
+                        b"EXPIRE".as_slice(),
+                        &args[1],
+                        ttl.as_secs().to_string().as_bytes(),
+                    ],
+                )
                 .starts_with(b"-");
         }
         if failed {

@@ -33,9 +33,8 @@ thread_local! {
     /// The module's state: Redis calls a module only from its main thread.
     static NODE: RefCell<Option<Node>> = const { RefCell::new(None) };
     static FAILED: RefCell<Option<String>> = const { RefCell::new(None) };
-    /// What `INFO pmnet` shows, as of the end of the last turn: Redis may ask for it while the
-    /// module is applying a request (a script of the request runs `INFO`), when the node
-    /// itself is in use.
+    /// What `INFO pmnet` last showed: what it shows again when Redis asks while the module is
+    /// applying a request (a script of the request runs `INFO`), the node itself in use.
     static STATUS: RefCell<Vec<(String, String)>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -113,12 +112,9 @@ extern "C" fn on_event_loop(ctx: *mut Ctx, _event: Event, subevent: u64, _data: 
         ffi::log(ctx, c"warning", &format!("pmnet: cannot serve: {message}"));
         FAILED.with_borrow_mut(|failed| *failed = Some(message));
     }
-    if subevent == ffi::SUBEVENT_EVENTLOOP_BEFORE_SLEEP {
-        refresh_status();
-    }
 }
 
-/// Take the node's status for `INFO pmnet` (when the node is not in use).
+/// Take the node's status for `INFO pmnet` (unless the node is in use: the last one stays).
 fn refresh_status() {
     let mut fields = None;
     with_node(|node| fields = Some(node.status_fields()));
@@ -139,6 +135,7 @@ extern "C" fn info(ctx: *mut ffi::InfoCtx, _for_crash_report: c_int) {
             fields.push(("failed".to_owned(), message.clone()));
         }
     });
+    refresh_status();
     STATUS.with(|status| {
         if let Ok(status) = status.try_borrow() {
             fields.extend(status.iter().cloned());

@@ -507,19 +507,6 @@ pub struct RedisUp {
     pub _dir: tempfile::TempDir,
 }
 
-impl RedisUp {
-    /// Whether its server side is the module inside Redis (else the adaptor), as its banner
-    /// says.
-    pub fn runs_the_module(&self) -> bool {
-        let mut banner = String::new();
-        poll_until("redis-up names its server side", || {
-            banner = std::fs::read_to_string(&self.log).unwrap_or_default();
-            banner.contains("server side:")
-        });
-        banner.contains("server side: the PMNet module")
-    }
-}
-
 pub fn start_redis_up() -> RedisUp {
     let dir = tempfile::tempdir().expect("temporary directory");
     let gateway = free_tcp_port();

@@ -32,4 +32,4 @@ mod testbed;
 pub type CliError = Box<dyn std::error::Error + Send + Sync>;
 
 pub use memnode::LINES_MAX;
-pub use redis_up::durable_redis_args;
+pub use redis_up::{durable_redis_args, module_file_beside, module_redis_args};

@@ -335,6 +335,16 @@ fn server_side(args: &RedisUpArgs) -> Result<Side, CliError> {
 
 /// The module's file: `explicit`, or beside this binary, or where the Debian package puts it.
 pub fn module_file(explicit: Option<&std::path::Path>) -> Result<PathBuf, String> {
+    module_file_beside(explicit, std::env::current_exe().ok().as_deref())
+}
+
+/// [`module_file`] beside the `pmnet` binary `exe` (in its directory or its deps/, the
+/// newer if both), else where the Debian package puts it; the error names every place it
+/// looked and how to build the module.
+pub fn module_file_beside(
+    explicit: Option<&std::path::Path>,
+    exe: Option<&std::path::Path>,
+) -> Result<PathBuf, String> {
     const NAME: &str = "libpmnet_redis_module.so";
     if let Some(path) = explicit {
         return if path.is_file() {
@@ -344,10 +354,7 @@ pub fn module_file(explicit: Option<&std::path::Path>) -> Result<PathBuf, String
         };
     }
     let mut candidates = Vec::new();
-    if let Some(dir) = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(PathBuf::from))
-    {
+    if let Some(dir) = exe.and_then(|exe| exe.parent().map(PathBuf::from)) {
         // `cargo build -p pmnet` refreshes deps/; a copy beside the binary may be older.
         let mut beside: Vec<PathBuf> = [dir.join(NAME), dir.join("deps").join(NAME)]
             .into_iter()
@@ -371,6 +378,29 @@ pub fn module_file(explicit: Option<&std::path::Path>) -> Result<PathBuf, String
                 .join(", ")
         )
     })
+}
+
+/// The redis-server options that load the module (`module`) with its UDP socket on `listen`
+/// and the device at `device` in front of it (and the deployment key, if any), as
+/// docs/redis.md loads it: `--loadmodule FILE listen ADDR device ADDR [key-file PATH]`.
+pub fn module_redis_args(
+    module: &std::path::Path,
+    listen: SocketAddr,
+    device: SocketAddr,
+    key_file: Option<&std::path::Path>,
+) -> Vec<String> {
+    let mut words = vec![
+        "--loadmodule".to_owned(),
+        module.display().to_string(),
+        "listen".to_owned(),
+        listen.to_string(),
+        "device".to_owned(),
+        device.to_string(),
+    ];
+    if let Some(key_file) = key_file {
+        words.extend(["key-file".to_owned(), key_file.display().to_string()]);
+    }
+    words
 }
 
 /// Redis's `INFO pmnet` at `redis` (empty when no PMNet module is loaded), asked as the
@@ -506,20 +536,12 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
     let redis = match &args.start_redis {
         Some(dir) => {
             let module_args = match &side {
-                Side::Module(path) => {
-                    let mut words = vec![
-                        "--loadmodule".to_owned(),
-                        path.display().to_string(),
-                        "listen".to_owned(),
-                        args.adaptor_listen.to_string(),
-                        "device".to_owned(),
-                        args.device_listen.to_string(),
-                    ];
-                    if let Some(key_file) = &args.key_file {
-                        words.extend(["key-file".to_owned(), key_file.display().to_string()]);
-                    }
-                    words
-                }
+                Side::Module(path) => module_redis_args(
+                    path,
+                    args.adaptor_listen,
+                    args.device_listen,
+                    args.key_file.as_deref(),
+                ),
                 Side::Adaptor(_) => Vec::new(),
             };
             let (part, addr) = start_redis(dir, place.redis, &module_args)?;
@@ -732,5 +754,35 @@ mod tests {
         assert_eq!(module_field(info, "durability"), Some("always"));
         assert_eq!(module_field(info, "devices"), None);
         assert_eq!(module_field("", "listen"), None);
+    }
+
+    #[test]
+    fn the_module_is_found_beside_the_pmnet_binary_or_the_places_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("pmnet");
+        let missing = module_file_beside(None, Some(&exe)).unwrap_err();
+        assert!(
+            missing.contains(&dir.path().join("deps").display().to_string()),
+            "{missing}"
+        );
+        assert!(
+            missing.contains("cargo build --release -p pmnet"),
+            "{missing}"
+        );
+        std::fs::create_dir(dir.path().join("deps")).unwrap();
+        let module = dir.path().join("deps").join("libpmnet_redis_module.so");
+        std::fs::write(&module, b"").unwrap();
+        assert_eq!(module_file_beside(None, Some(&exe)), Ok(module.clone()));
+        let args = module_redis_args(
+            &module,
+            "127.0.0.1:7500".parse().unwrap(),
+            "127.0.0.1:7400".parse().unwrap(),
+            None,
+        );
+        assert_eq!(args[0], "--loadmodule");
+        assert_eq!(
+            args[2..],
+            ["listen", "127.0.0.1:7500", "device", "127.0.0.1:7400"]
+        );
     }
 }

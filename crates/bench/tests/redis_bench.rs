@@ -1,8 +1,8 @@
 //! `pmnet redis-bench` as a user runs it: every workload on the baseline (redis-server with
-//! `appendfsync always`) and on PMNet (`pmnet redis-up` in front of such a Redis), both started
-//! and stopped by the command; every figure in the JSON, the checks passed (the TPC-C-like
-//! districts' order ids dense, the keys read through the gateway equal to Redis's), nothing
-//! left behind. Needs `redis-server` (apt-get install redis-server); skipped without it.
+//! `appendfsync always`) and on PMNet (`pmnet redis-up` in front of such a Redis, the PMNet
+//! module loaded into it), both started and stopped by the command; every figure in the JSON,
+//! the checks passed (the TPC-C-like districts' order ids dense, the keys read through the
+//! gateway equal to Redis's), nothing left behind. Needs `redis-server` (apt-get install redis-server); skipped without it.
 //! Nothing here asserts a speed.
 
 mod common;
@@ -83,6 +83,13 @@ fn every_workload_runs_on_both_systems_and_its_checks_pass() {
         .unwrap()
         .contains("appendfsync always"));
     assert!(setting["pmnet_device_media"].is_string(), "{setting}");
+    // The module is the server side by default (`cargo build -p pmnet` puts it beside pmnet).
+    assert_eq!(setting["pmnet_server_side"], "module", "{setting}");
+    assert!(setting["pmnet_server_side_said"]
+        .as_str()
+        .unwrap()
+        .starts_with("the PMNet module"));
+    assert!(setting["pmnet_server_side_note"].is_null(), "{setting}");
     let workloads = report["workloads"].as_array().expect("workloads");
     assert_eq!(workloads.len(), WORKLOADS.len(), "{workloads:?}");
     for (workload, name) in workloads.iter().zip(WORKLOADS) {

@@ -1,9 +1,10 @@
 //! `pmnet redis-bench`: Redis application workloads side by side on the client-server baseline
 //! (clients speak RESP over TCP to a `redis-server` with `appendfsync always`: every write
 //! durable before its reply) and on PMNet (the same clients, to the gateway of `pmnet redis-up
-//! --redis ADDR` in front of its own such redis-server). Both systems are started here, afresh
-//! for every workload, loaded with the same data, measured in turns, checked, and stopped
-//! (also on an error or Ctrl-C). See docs/benchmarks.md, "Redis workloads".
+//! --redis ADDR` in front of its own such redis-server, the PMNet module loaded into it as its
+//! server side, or with `--server-side adaptor` the adaptor). Both systems are started here,
+//! afresh for every workload, loaded with the same data, measured in turns, checked, and
+//! stopped (also on an error or Ctrl-C). See docs/benchmarks.md, "Redis workloads".
 
 mod client;
 mod conn;
@@ -29,7 +30,7 @@ use conn::command;
 use kinds::{make, WorkloadKind};
 use pmnet::CliError;
 use report::{system_result, Agreement, Report, Setting, WorkloadResult};
-use systems::{medium_of, redis_version, Redis, RedisUp};
+use systems::{medium_of, redis_version, PmnetAddrs, Redis, RedisUp, ServerSide};
 use workloads::{Params, Workload};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -47,6 +48,15 @@ impl SystemKind {
             SystemKind::Pmnet => "pmnet",
         }
     }
+}
+
+/// `--server-side`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ServerSideArg {
+    /// The PMNet module inside PMNet's redis-server.
+    Module,
+    /// The adaptor, a process of its own between the device and Redis.
+    Adaptor,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -123,6 +133,42 @@ pub struct RedisBenchArgs {
     /// The redis-server binary (Debian: `apt-get install redis-server`).
     #[arg(long, value_name = "PATH", default_value = "redis-server")]
     pub redis_server: String,
+
+    /// PMNet's server side: `module` (the default: the PMNet module loaded into PMNet's
+    /// redis-server with `--loadmodule`, as docs/redis.md loads it; if its file is not found,
+    /// the adaptor is measured instead and the report says so) or `adaptor` (`pmnet
+    /// redis-adaptor`, a process of its own between the device and Redis). Given explicitly,
+    /// `module` stops the run when the module's file is not found.
+    #[arg(long, value_name = "module|adaptor")]
+    pub server_side: Option<ServerSideArg>,
+
+    /// The Redis module (libpmnet_redis_module.so; default: beside the pmnet binary, as `cargo
+    /// build --release -p pmnet` leaves it in target/release/deps/, or /usr/lib/pmnet/).
+    #[arg(long, value_name = "FILE")]
+    pub module: Option<PathBuf>,
+}
+
+/// PMNet's server side for `args` (the `pmnet` binary `exe`, beside which the module is looked
+/// for), and, when the adaptor stands in for the module by default, why.
+fn server_side(
+    args: &RedisBenchArgs,
+    exe: &Path,
+) -> Result<(ServerSide, Option<String>), CliError> {
+    if args.server_side == Some(ServerSideArg::Adaptor) {
+        return Ok((ServerSide::Adaptor, None));
+    }
+    match pmnet::module_file_beside(args.module.as_deref(), Some(exe)) {
+        Ok(path) => Ok((ServerSide::Module(path), None)),
+        Err(why) if args.server_side.is_some() || args.module.is_some() => {
+            Err(format!("--server-side module: {why}").into())
+        }
+        Err(why) => Ok((
+            ServerSide::Adaptor,
+            Some(format!(
+                "THE ADAPTOR, NOT THE MODULE, was measured (the default is the module): {why}"
+            )),
+        )),
+    }
 }
 
 /// Where the PMNet device's log goes (emulated persistent memory, as `pmnet redis-up`'s
@@ -135,6 +181,7 @@ const COMPARED_KEYS: usize = 400;
 struct Run<'a> {
     args: &'a RedisBenchArgs,
     exe: PathBuf,
+    side: ServerSide,
     redis_server: PathBuf,
     shutdown: &'a Shutdown,
     params: Params,
@@ -145,6 +192,8 @@ struct Run<'a> {
 struct Running {
     kind: SystemKind,
     redis: Redis,
+    /// (pmnet) Its parts' addresses, the module's among them.
+    pmnet: Option<PmnetAddrs>,
     redis_up: Option<RedisUp>,
     workload: Box<dyn Workload>,
     rounds: Vec<RoundOutcome>,
@@ -205,15 +254,28 @@ impl Run<'_> {
         dir: &Path,
     ) -> Result<Running, CliError> {
         let name = system.name();
+        let pmnet = match system {
+            SystemKind::Pmnet => Some(PmnetAddrs::free()?),
+            SystemKind::Baseline => None,
+        };
+        let (label, extra) = match &pmnet {
+            Some(addrs) => (
+                format!("redis-server ({name}, server side: {})", self.side.name()),
+                addrs.redis_args(&self.side),
+            ),
+            None => (format!("redis-server ({name})"), Vec::new()),
+        };
         let redis = Redis::start(
             &self.redis_server,
-            &format!("redis-server ({name})"),
+            &label,
             &dir.join(name),
+            &extra,
             self.shutdown,
         )?;
         Ok(Running {
             kind: system,
             redis,
+            pmnet,
             redis_up: None,
             workload: make(workload, &self.params),
             rounds: Vec::new(),
@@ -234,19 +296,35 @@ impl Run<'_> {
             one.workload.load(&mut direct).map_err(|error| {
                 format!("loading {} into {}: {error}", kind.name(), system.name())
             })?;
-            if system == SystemKind::Pmnet {
+            if let Some(addrs) = one.pmnet {
                 let up = RedisUp::start(
                     &self.exe,
                     &one.redis,
+                    addrs,
+                    &self.side,
                     dir.path(),
                     log_dir.path(),
                     self.shutdown,
                 )?;
+                let said = up.server_side().unwrap_or_default();
+                let expected = match self.side {
+                    ServerSide::Module(_) => "the PMNet module",
+                    ServerSide::Adaptor => "the adaptor",
+                };
+                if !said.starts_with(expected) {
+                    return Err(format!(
+                        "pmnet redis-up's server side is not {} as asked: it says `{said}`",
+                        self.side.name()
+                    )
+                    .into());
+                }
                 if setting.pmnet_device_media.is_none() {
                     let (device, adaptor, placement) = up.media();
                     setting.pmnet_device_media = Some(device);
-                    setting.pmnet_adaptor_media = Some(adaptor);
+                    setting.pmnet_adaptor_media =
+                        (self.side == ServerSide::Adaptor).then_some(adaptor);
                     setting.pmnet_placement = Some(placement);
+                    setting.pmnet_server_side_said = Some(said);
                 }
                 one.redis_up = Some(up);
             }
@@ -334,6 +412,22 @@ impl Run<'_> {
     }
 }
 
+/// How PMNet is started, for the setting.
+fn pmnet_command(side: &ServerSide) -> String {
+    let redis_up = format!(
+        "pmnet redis-up --redis ADDR --server-side {} (default options otherwise; its own ports \
+         and device log under /dev/shm)",
+        side.name()
+    );
+    match side {
+        ServerSide::Module(path) => format!(
+            "redis-server ... --loadmodule {} listen ADDR device ADDR, then {redis_up}",
+            path.display()
+        ),
+        ServerSide::Adaptor => redis_up,
+    }
+}
+
 pub fn run(args: RedisBenchArgs) -> Result<ExitCode, CliError> {
     let redis_server = find_program(&args.redis_server).ok_or_else(|| {
         format!(
@@ -358,6 +452,20 @@ pub fn run(args: RedisBenchArgs) -> Result<ExitCode, CliError> {
         }
     }
     let args = RedisBenchArgs { systems, ..args };
+    let exe = crate::procs::pmnet_program()?;
+    let (side, side_note) = if args.systems.contains(&SystemKind::Pmnet) {
+        server_side(&args, &exe)?
+    } else {
+        (ServerSide::Adaptor, None)
+    };
+    match (&side, &side_note) {
+        (_, Some(note)) => eprintln!("redis-bench: WARNING: {note}"),
+        (ServerSide::Module(path), None) => eprintln!(
+            "redis-bench: PMNet's server side: the module ({}), loaded into its redis-server",
+            path.display()
+        ),
+        (ServerSide::Adaptor, None) => {}
+    }
     let shutdown = Shutdown::on_signals()?;
     let removed = remove_stale_dirs(&[&args.dir, Path::new(DEVICE_LOG_DIR)]);
     if removed > 0 {
@@ -388,13 +496,18 @@ pub fn run(args: RedisBenchArgs) -> Result<ExitCode, CliError> {
         pmnet_device_media: None,
         pmnet_adaptor_media: None,
         pmnet_placement: None,
-        pmnet_command: "pmnet redis-up --redis ADDR (default options; its own ports and \
-                        device log under /dev/shm)"
-            .to_owned(),
+        pmnet_server_side: args
+            .systems
+            .contains(&SystemKind::Pmnet)
+            .then(|| side.name()),
+        pmnet_server_side_said: None,
+        pmnet_server_side_note: side_note,
+        pmnet_command: pmnet_command(&side),
     };
     let run = Run {
         args: &args,
-        exe: crate::procs::pmnet_program()?,
+        exe,
+        side,
         redis_server,
         shutdown: &shutdown,
         params,

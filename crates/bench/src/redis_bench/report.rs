@@ -30,9 +30,16 @@ pub struct Setting {
     pub redis_media: String,
     /// The PMNet device's log: medium and flush method, as its banner says.
     pub pmnet_device_media: Option<String>,
-    /// What the adaptor says of its Redis's durability.
+    /// What the adaptor says of its Redis's durability (the adaptor only; the module's
+    /// persistence is in `pmnet_server_side_said`).
     pub pmnet_adaptor_media: Option<String>,
     pub pmnet_placement: Option<String>,
+    /// PMNet's server side measured: `module` (inside its redis-server) or `adaptor`.
+    pub pmnet_server_side: Option<&'static str>,
+    /// What `pmnet redis-up` said of its server side (its `server side:` line).
+    pub pmnet_server_side_said: Option<String>,
+    /// Why the adaptor was measured when the module is the default (its file not found).
+    pub pmnet_server_side_note: Option<String>,
     pub pmnet_command: String,
 }
 
@@ -237,6 +244,13 @@ impl Report {
         let _ = writeln!(out, "  redis: {}; {}", s.redis_server, s.redis_media);
         if let Some(device) = &s.pmnet_device_media {
             let _ = writeln!(out, "  pmnet: `{}`; device log: {device}", s.pmnet_command);
+        }
+        if let Some(side) = s.pmnet_server_side {
+            let said = s.pmnet_server_side_said.as_deref().unwrap_or("-");
+            let _ = writeln!(out, "  pmnet server side: {side} (redis-up: {said})");
+        }
+        if let Some(note) = &s.pmnet_server_side_note {
+            let _ = writeln!(out, "  pmnet server side: {note}");
         }
         if let Some(placement) = &s.pmnet_placement {
             let _ = writeln!(out, "  pmnet redis-up {placement}");

@@ -1,8 +1,9 @@
 //! The two systems, each started afresh for every workload and stopped at its end: a
 //! redis-server with `appendonly yes` and `appendfsync always` (the baseline's, and the one
-//! PMNet is put in front of), and `pmnet redis-up --redis ADDR` as a user starts it. Both are
-//! children of this process (`crate::procs::Proc`: their own process group, killed if
-//! this process dies, stopped when dropped).
+//! PMNet is put in front of, with the PMNet module loaded when the module is the server side),
+//! and `pmnet redis-up --redis ADDR` as a user starts it. Both are children of this process
+//! (`crate::procs::Proc`: their own process group, killed if this process dies, stopped when
+//! dropped).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -18,6 +19,56 @@ use pmnet::CliError;
 /// How long a system may take to start.
 const START_PATIENCE: Duration = Duration::from_secs(60);
 
+/// PMNet's server side: the module inside its redis-server, or the adaptor, a process of its
+/// own (`pmnet redis-up --server-side`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerSide {
+    /// The module, from this file.
+    Module(PathBuf),
+    Adaptor,
+}
+
+impl ServerSide {
+    pub fn name(&self) -> &'static str {
+        match self {
+            ServerSide::Module(_) => "module",
+            ServerSide::Adaptor => "adaptor",
+        }
+    }
+}
+
+/// The addresses of PMNet's parts, chosen before its redis-server starts (the module in it
+/// must know the device's): the gateway (TCP), the device and the server side (UDP: the
+/// module's socket in redis-server, or the adaptor's).
+#[derive(Debug, Clone, Copy)]
+pub struct PmnetAddrs {
+    pub gateway: SocketAddr,
+    pub device: SocketAddr,
+    pub server: SocketAddr,
+}
+
+impl PmnetAddrs {
+    pub fn free() -> Result<PmnetAddrs, CliError> {
+        let ports = free_ports(3)?;
+        Ok(PmnetAddrs {
+            gateway: loopback(ports[0]),
+            device: loopback(ports[1]),
+            server: loopback(ports[2]),
+        })
+    }
+
+    /// The options that load `side`'s module into redis-server, as docs/redis.md loads it:
+    /// listening on the server address, the device in front of it (none for the adaptor).
+    pub fn redis_args(&self, side: &ServerSide) -> Vec<String> {
+        match side {
+            ServerSide::Module(path) => {
+                pmnet::module_redis_args(path, self.server, self.device, None)
+            }
+            ServerSide::Adaptor => Vec::new(),
+        }
+    }
+}
+
 /// A redis-server of the benchmark's.
 pub struct Redis {
     pub addr: SocketAddr,
@@ -25,17 +76,20 @@ pub struct Redis {
 }
 
 impl Redis {
-    /// Start `program` with its append-only file in `dir` (made if missing), on a free port.
+    /// Start `program` with its append-only file in `dir` (made if missing), on a free port,
+    /// with `extra` options after the durable ones (the module's `--loadmodule`).
     pub fn start(
         program: &Path,
         name: &str,
         dir: &Path,
+        extra: &[String],
         shutdown: &Shutdown,
     ) -> Result<Redis, CliError> {
         std::fs::create_dir_all(dir)
             .map_err(|error| format!("cannot make {}: {error}", dir.display()))?;
         let port = free_ports(1)?[0];
-        let args = pmnet::durable_redis_args(port, dir);
+        let mut args = pmnet::durable_redis_args(port, dir);
+        args.extend(extra.iter().cloned());
         let mut proc = Proc::spawn(name, program, &args, &dir.join("redis.log"), None)?;
         let addr = loopback(port);
         wait_until(
@@ -108,30 +162,37 @@ pub struct GatewayCommands {
 }
 
 impl RedisUp {
-    /// `EXE redis-up --redis ADDR` with its ports and device log (in `log_dir`) of its own, and
+    /// `EXE redis-up --redis ADDR --server-side SIDE` with the addresses `addrs` (the device's
+    /// the one the module in `redis` was given) and a device log (in `log_dir`) of its own, and
     /// its output in `dir/redis-up.log`.
     pub fn start(
         exe: &Path,
         redis: &Redis,
+        addrs: PmnetAddrs,
+        side: &ServerSide,
         dir: &Path,
         log_dir: &Path,
         shutdown: &Shutdown,
     ) -> Result<RedisUp, CliError> {
-        let ports = free_ports(3)?;
         let log_file = log_dir.join("device.log");
-        let args = vec![
+        let mut args = vec![
             "redis-up".to_owned(),
             "--redis".to_owned(),
             redis.addr.to_string(),
             "--listen".to_owned(),
-            loopback(ports[0]).to_string(),
+            addrs.gateway.to_string(),
             "--device-listen".to_owned(),
-            loopback(ports[1]).to_string(),
+            addrs.device.to_string(),
             "--adaptor-listen".to_owned(),
-            loopback(ports[2]).to_string(),
+            addrs.server.to_string(),
             "--log-file".to_owned(),
             log_file.display().to_string(),
+            "--server-side".to_owned(),
+            side.name().to_owned(),
         ];
+        if let ServerSide::Module(path) = side {
+            args.extend(["--module".to_owned(), path.display().to_string()]);
+        }
         let mut proc = Proc::spawn(
             "pmnet redis-up",
             exe,
@@ -139,7 +200,7 @@ impl RedisUp {
             &dir.join("redis-up.log"),
             None,
         )?;
-        let addr = loopback(ports[0]);
+        let addr = addrs.gateway;
         wait_until(
             "pmnet redis-up's gateway",
             START_PATIENCE,
@@ -179,6 +240,17 @@ impl RedisUp {
             .next()
             .unwrap_or_else(|| "unknown".to_owned());
         (find("[device]"), find("[redis-adaptor]"), placement)
+    }
+
+    /// What redis-up says of its server side (its `server side:` line, without the label).
+    pub fn server_side(&self) -> Option<String> {
+        self.lines_with("server side:")
+            .into_iter()
+            .next()
+            .and_then(|line| {
+                line.split_once("server side:")
+                    .map(|(_, text)| text.trim().to_owned())
+            })
     }
 
     pub fn check_running(&mut self) -> Result<(), CliError> {

@@ -202,30 +202,28 @@ impl Applier {
         // Stable: each session's requests stay in the order applied.
         records.sort_by_key(|&(session_id, ..)| session_id);
         redis.select(self.record_db);
-        for session in records.chunk_by_mut(|a, b| a.0 == b.0) {
+        for session in records.chunk_by(|a, b| a.0 == b.0) {
             self.write_record(redis, session);
         }
     }
 
     /// One session's record, with the replies of `records` (its requests, in the order
-    /// applied; the replies are moved out).
-    fn write_record(&mut self, redis: &Redis, records: &mut [(u64, u32, Vec<u8>)]) {
+    /// applied): the last number and an entry per request (`script::entry_value`).
+    fn write_record(&mut self, redis: &Redis, records: &[(u64, u32, Vec<u8>)]) {
         let Some(&(session_id, seq, _)) = records.last() else {
             return;
         };
         let key = script::record_key(&self.record_prefix, session_id);
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(4 + 4 * records.len());
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(4 + 2 * records.len());
         args.extend([
             b"HSET".to_vec(),
             key,
             b"seq".to_vec(),
             seq.to_string().into_bytes(),
         ]);
-        for (_, seq, reply) in records.iter_mut() {
-            args.push(script::reply_seq_field(*seq).into_bytes());
-            args.push(seq.to_string().into_bytes());
-            args.push(script::reply_field(*seq).into_bytes());
-            args.push(std::mem::take(reply));
+        for (_, seq, reply) in records.iter() {
+            args.push(script::entry_field(*seq).into_bytes());
+            args.push(script::entry_value(*seq, reply));
         }
         let written = redis.call(Mode::Record, &args);
         let mut failed = written.starts_with(b"-");

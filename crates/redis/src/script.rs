@@ -251,8 +251,14 @@ local function redo(key, seq)
   if seq <= last then
     local stored = false
     if last - seq < ring then
-      local kept = redis.call('HMGET', key, 's' .. (seq % ring), 'r' .. (seq % ring))
-      if kept[1] == tostring(seq) then stored = kept[2] end
+      local slot = seq % ring
+      local kept = redis.call('HMGET', key, 'e' .. slot, 's' .. slot, 'r' .. slot)
+      local tag = tostring(seq) .. ' '
+      if kept[1] and string.sub(kept[1], 1, #tag) == tag then
+        stored = string.sub(kept[1], #tag + 1)
+      elseif kept[2] == tostring(seq) then
+        stored = kept[3]
+      end
     end
     if stored then answer = {0, stored} else answer = {2, ''} end
   end
@@ -268,7 +274,7 @@ end
 local function record(key, seq, ttl, reply)
   at_records()
   local slot = tonumber(seq) % ring
-  redis.call('HSET', key, 'seq', seq, 's' .. slot, seq, 'r' .. slot, reply)
+  redis.call('HSET', key, 'seq', seq, 'e' .. slot, seq .. ' ' .. reply)
   if tonumber(ttl) > 0 then redis.call('EXPIRE', key, ttl) end
   at_data()
 end
@@ -621,13 +627,37 @@ pub fn session_of_key(prefix: &str, key: &[u8]) -> Option<u64> {
     u64::from_str_radix(text, 16).ok()
 }
 
-/// The hash field holding the reply of request `seq`.
-pub fn reply_field(seq: u32) -> String {
+/// The hash field of request `seq`'s entry in its session's record: `e<seq mod 64>`, whose
+/// value is [`entry_value`] (the request's number, a space, its reply).
+pub fn entry_field(seq: u32) -> String {
+    format!("e{}", seq % REPLY_RING)
+}
+
+/// The value of request `seq`'s entry: its number in decimal, a space, its reply (RESP).
+pub fn entry_value(seq: u32, reply: &[u8]) -> Vec<u8> {
+    let mut value = Vec::with_capacity(11 + reply.len());
+    value.extend_from_slice(seq.to_string().as_bytes());
+    value.push(b' ');
+    value.extend_from_slice(reply);
+    value
+}
+
+/// The reply an entry's value holds, if it is request `seq`'s (the slot is shared with the
+/// requests 64, 128, … before and after it).
+pub fn entry_reply(value: &[u8], seq: u32) -> Option<&[u8]> {
+    let tag = seq.to_string();
+    value.strip_prefix(tag.as_bytes())?.strip_prefix(b" ")
+}
+
+/// The field of the reply of request `seq` in records of the earlier layout (a reply and its
+/// number in two fields, `r<i>` and `s<i>`), still read so that records written by an earlier
+/// version keep answering resent requests.
+pub fn legacy_reply_field(seq: u32) -> String {
     format!("r{}", seq % REPLY_RING)
 }
 
-/// The hash field holding the number of the request whose reply is in [`reply_field`].
-pub fn reply_seq_field(seq: u32) -> String {
+/// The field of the number of the request whose reply is in [`legacy_reply_field`].
+pub fn legacy_reply_seq_field(seq: u32) -> String {
     format!("s{}", seq % REPLY_RING)
 }
 
@@ -645,7 +675,14 @@ mod tests {
             None
         );
         assert_eq!(session_of_key(DEFAULT_RECORD_PREFIX, b"other"), None);
-        assert_eq!(reply_field(65), "r1");
+        assert_eq!(legacy_reply_field(65), "r1");
+        assert_eq!(entry_field(65), "e1");
+        assert_eq!(
+            entry_reply(&entry_value(65, b"+OK\r\n"), 65),
+            Some(&b"+OK\r\n"[..])
+        );
+        assert_eq!(entry_reply(&entry_value(65, b"+OK\r\n"), 1), None);
+        assert_eq!(entry_reply(&entry_value(165, b":1\r\n"), 16), None);
     }
 
     #[test]

@@ -419,17 +419,25 @@ pub fn parse_record(prefix: &str, key: &[u8], reply: Value) -> Option<RecoveredS
     }
     let seq_text = fields.get(b"seq".as_slice())?;
     let last_seq: u32 = std::str::from_utf8(seq_text).ok()?.parse().ok()?;
-    let last_reply = fields
-        .remove(script::reply_field(last_seq).as_bytes())
-        .unwrap_or_default();
+    // A request's reply: its entry, or in a record of the earlier layout its reply field
+    // (the last request's unchecked, as that layout wrote its number only with the reply).
+    let mut reply_of = |seq: u32, checked: bool| -> Option<Vec<u8>> {
+        if let Some(value) = fields.get(script::entry_field(seq).as_bytes()) {
+            if let Some(reply) = script::entry_reply(value, seq) {
+                return Some(reply.to_vec());
+            }
+        }
+        if checked {
+            let number = fields.get(script::legacy_reply_seq_field(seq).as_bytes())?;
+            (number.as_slice() == seq.to_string().as_bytes()).then_some(())?;
+        }
+        fields.remove(script::legacy_reply_field(seq).as_bytes())
+    };
+    let last_reply = reply_of(last_seq, false).unwrap_or_default();
     // The replies kept of the requests before it, each where its own number says it is.
     let earlier_replies = (1..script::REPLY_RING)
         .filter_map(|back| last_seq.checked_sub(back).filter(|&seq| seq > 0))
-        .filter_map(|seq| {
-            let number = fields.get(script::reply_seq_field(seq).as_bytes())?;
-            (number.as_slice() == seq.to_string().as_bytes()).then_some(())?;
-            Some((seq, fields.remove(script::reply_field(seq).as_bytes())?))
-        })
+        .filter_map(|seq| Some((seq, reply_of(seq, true)?)))
         .collect();
     Some(RecoveredSession {
         session_id,
@@ -468,6 +476,28 @@ mod tests {
         assert_eq!(session.last_seq, 65);
         assert_eq!(session.last_reply, b"+OK\r\n");
         assert_eq!(session.earlier_replies, vec![(64, b":3\r\n".to_vec())]);
+        // The same in entries (`e<i>`: number, space, reply): e63 holds 127's reply, not 63's
+        // (left out); e62 holds 62's, three before the last.
+        let entries = Value::Array(Some(vec![
+            Value::Bulk(Some(b"seq".to_vec())),
+            Value::Bulk(Some(b"65".to_vec())),
+            Value::Bulk(Some(b"e1".to_vec())),
+            Value::Bulk(Some(b"65 +OK\r\n".to_vec())),
+            Value::Bulk(Some(b"e0".to_vec())),
+            Value::Bulk(Some(b"64 :3\r\n".to_vec())),
+            Value::Bulk(Some(b"e63".to_vec())),
+            Value::Bulk(Some(b"127 :9\r\n".to_vec())),
+            Value::Bulk(Some(b"e62".to_vec())),
+            Value::Bulk(Some(b"62 $1\r\n \r\n".to_vec())),
+        ]));
+        let session = parse_record(prefix, &key, entries).unwrap();
+        assert_eq!(session.session_id, 7);
+        assert_eq!(session.last_seq, 65);
+        assert_eq!(session.last_reply, b"+OK\r\n");
+        assert_eq!(
+            session.earlier_replies,
+            vec![(64, b":3\r\n".to_vec()), (62, b"$1\r\n \r\n".to_vec())]
+        );
         assert!(parse_record(prefix, &key, Value::Array(Some(vec![]))).is_none());
         assert!(parse_record(prefix, b"pmnet:session:zz", Value::Array(None)).is_none());
     }

@@ -135,7 +135,7 @@ fn type_matches(name: &[u8]) -> Result<bool, Vec<u8>> {
 pub(super) fn client_command(
     conn: &mut Conn,
     args: &[Vec<u8>],
-    others: &mut [Option<Conn>],
+    others: &mut [Option<Box<Conn>>],
 ) -> Vec<u8> {
     let sub = args[1].to_ascii_uppercase();
     match sub.as_slice() {
@@ -146,9 +146,9 @@ pub(super) fn client_command(
     }
 }
 
-fn list(conn: &Conn, args: &[Vec<u8>], others: &[Option<Conn>]) -> Vec<u8> {
+fn list(conn: &Conn, args: &[Vec<u8>], others: &[Option<Box<Conn>>]) -> Vec<u8> {
     let mut all: Vec<&Conn> = std::iter::once(conn)
-        .chain(others.iter().flatten())
+        .chain(others.iter().flatten().map(|other| &**other))
         .filter(|other| is_listed(other) || std::ptr::eq(*other, conn))
         .collect();
     all.sort_by_key(|other| other.state.id);
@@ -258,7 +258,7 @@ fn close(conn: &mut Conn) {
     conn.broken = true;
 }
 
-fn kill(conn: &mut Conn, args: &[Vec<u8>], others: &mut [Option<Conn>]) -> Vec<u8> {
+fn kill(conn: &mut Conn, args: &[Vec<u8>], others: &mut [Option<Box<Conn>>]) -> Vec<u8> {
     let (filter, old_form) = match args.len() {
         2 => return arity_error(&args[1]),
         // `CLIENT KILL addr:port`: the client at that address, this one included.

@@ -422,7 +422,7 @@ pub(super) fn start(
     conn: &mut Conn,
     args: &[Vec<u8>],
     intro: &mut Introspect,
-    others: &mut [Option<Conn>],
+    others: &mut [Option<Box<Conn>>],
     forward: impl FnOnce(&mut Conn, &[Vec<u8>]),
 ) {
     let now = Instant::now();
@@ -514,7 +514,7 @@ pub(super) fn reply_out(
     conn: &mut Conn,
     reply: Vec<u8>,
     intro: &mut Introspect,
-    others: &[Option<Conn>],
+    others: &[Option<Box<Conn>>],
     options: &GatewayOptions,
     counters: &GatewayCounters,
 ) -> Vec<u8> {
@@ -552,13 +552,13 @@ pub(super) fn reply_out(
 fn facts(
     conn: &Conn,
     intro: &mut Introspect,
-    others: &[Option<Conn>],
+    others: &[Option<Box<Conn>>],
     options: &GatewayOptions,
     counters: &GatewayCounters,
 ) -> info_text::Facts {
     let all = || {
         std::iter::once(conn)
-            .chain(others.iter().flatten())
+            .chain(others.iter().flatten().map(|other| &**other))
             .filter(|conn| clients::is_listed(conn))
     };
     let connected = all().count();
@@ -610,7 +610,7 @@ fn info_reply(
     conn: &Conn,
     reply: Vec<u8>,
     intro: &mut Introspect,
-    others: &[Option<Conn>],
+    others: &[Option<Box<Conn>>],
     options: &GatewayOptions,
     counters: &GatewayCounters,
 ) -> Vec<u8> {

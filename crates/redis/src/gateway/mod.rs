@@ -296,7 +296,7 @@ pub struct Gateway {
     clock: Clock,
     listener: TcpListener,
     socket: BatchSocket,
-    conns: Vec<Option<Conn>>,
+    conns: Vec<Option<Box<Conn>>>,
     free: Vec<usize>,
     sessions: HashMap<u64, usize>,
     counters: GatewayCounters,
@@ -540,7 +540,7 @@ impl Gateway {
         self.devices.check(std::time::Instant::now());
         // Close what is finished.
         for index in 0..self.conns.len() {
-            if self.conns[index].as_ref().is_some_and(Conn::is_done) {
+            if self.conns[index].as_deref().is_some_and(Conn::is_done) {
                 if let Some(mut conn) = self.conns[index].take() {
                     if conn.direct.is_open() {
                         self.direct_open = self.direct_open.saturating_sub(1);
@@ -646,7 +646,8 @@ impl Gateway {
                 &self.options.auth,
             );
             self.next_client_id += 1;
-            let conn = Conn {
+            // Boxed: a connection is moved out of the table while it is served, every turn.
+            let conn = Box::new(Conn {
                 state,
                 intro: introspect::ConnIntro::new(),
                 watches_in_flight: 0,
@@ -665,7 +666,7 @@ impl Gateway {
                 paused: false,
                 progress: Progress::default(),
                 direct: direct::DirectState::new(self.options.direct.is_some()),
-            };
+            });
             let index = match self.free.pop() {
                 Some(index) => {
                     self.conns[index] = Some(conn);

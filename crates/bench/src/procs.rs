@@ -328,6 +328,39 @@ pub fn cpu_seconds_of_all(pids: &[u32]) -> f64 {
     pids.iter().filter_map(|&pid| cpu_seconds_of(pid)).sum()
 }
 
+/// The processes whose parent is `pid` now, each with its command line (the program and its
+/// arguments), found by reading every process's `/proc/PID/stat` (the parent is its field 4).
+pub fn children_of(pid: u32) -> Vec<(u32, Vec<String>)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let parent_of = |child: u32| -> Option<u32> {
+        let text = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
+        // After the command name in parentheses: state (field 3), then the parent (field 4).
+        text.get(text.rfind(')')? + 1..)?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    let mut children: Vec<(u32, Vec<String>)> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let child: u32 = entry.file_name().to_str()?.parse().ok()?;
+            (parent_of(child)? == pid).then_some(())?;
+            let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).ok()?;
+            let words = cmdline
+                .split(|byte| *byte == 0)
+                .filter(|word| !word.is_empty())
+                .map(|word| String::from_utf8_lossy(word).into_owned())
+                .collect();
+            Some((child, words))
+        })
+        .collect();
+    children.sort();
+    children
+}
+
 /// The environment variable that names the `pmnet` binary to start.
 pub const PMNET_BIN_VAR: &str = "PMNET_BIN";
 
@@ -513,6 +546,27 @@ mod tests {
         assert!(machine_busy_seconds().unwrap() > 0.0);
         assert!(!allowed_cpus().is_empty());
         assert_eq!(cpu_seconds_of(4_194_304), None);
+    }
+
+    #[test]
+    fn a_child_is_found_with_its_command_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc = Proc::spawn(
+            "a sleeper",
+            Path::new("/bin/sleep"),
+            &["30".to_owned()],
+            &dir.path().join("sleep.log"),
+            None,
+        )
+        .unwrap();
+        let children = children_of(std::process::id());
+        let found = children.iter().find(|(pid, _)| *pid == proc.pid());
+        assert_eq!(
+            found.map(|(_, words)| words.as_slice()),
+            Some(["/bin/sleep".to_owned(), "30".to_owned()].as_slice()),
+            "{children:?}"
+        );
+        assert_eq!(children_of(4_194_304), Vec::new());
     }
 
     #[test]

@@ -111,6 +111,26 @@ fn every_workload_runs_on_both_systems_and_its_checks_pass() {
                 "{what}: {system}"
             );
             assert_eq!(system["errors"], 0, "{what}: {system}");
+            // Every part's CPU time per operation (the module's is redis-server's own).
+            let parts: Vec<&str> = system["cpu"]["parts"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{what}: no cpu: {system}"))
+                .iter()
+                .map(|part| {
+                    assert!(number(&part["us_per_op"], &what) >= 0.0, "{what}: {part}");
+                    part["part"].as_str().unwrap()
+                })
+                .collect();
+            let expected: &[&str] = if system["system"] == "pmnet" {
+                &["clients", "gateway", "device", "redis-server"]
+            } else {
+                &["clients", "redis-server"]
+            };
+            assert_eq!(parts, expected, "{what}");
+            assert!(
+                number(&system["cpu"]["system_us_per_op"], &what) > 0.0,
+                "{what}"
+            );
             assert_eq!(system["check"]["passed"], true, "{what}: {system}");
             for part in ["all", "updates"] {
                 for field in ["p50_us", "p99_us", "p999_us", "mean_us"] {
@@ -162,6 +182,12 @@ fn every_workload_runs_on_both_systems_and_its_checks_pass() {
         assert!(number(&report["averages"][average], average) > 0.0);
     }
     assert!(stdout.contains("pmnet/baseline"), "{stdout}");
+    assert!(stdout.contains("CPU µs per operation"), "{stdout}");
+    assert!(
+        stdout.contains("Redis alone's CPU per operation"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("pmnet server side: module"), "{stdout}");
     assert_eq!(left_in(dir.path()), Vec::<String>::new());
 }
 

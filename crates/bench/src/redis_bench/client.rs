@@ -12,6 +12,7 @@ use hdrhistogram::Histogram;
 use pmnet_runtime::Shutdown;
 
 use super::conn::{command, ClientOps, Conn, OpError, OpKind};
+use super::cpu;
 use super::workloads::Workload;
 use pmnet::loadgen::{new_histogram, record};
 
@@ -31,6 +32,8 @@ pub struct RoundPlan<'a> {
     pub shutdown: &'a Shutdown,
     /// Print a progress line on stderr (a terminal) every second, with this label.
     pub progress: Option<String>,
+    /// The parts whose CPU time is read when the measured interval starts and ends.
+    pub cpu_parts: &'a [cpu::Part],
 }
 
 /// What one round of one system measured.
@@ -48,6 +51,9 @@ pub struct RoundOutcome {
     pub errors: u64,
     pub error_samples: Vec<String>,
     pub interrupted: bool,
+    /// The CPU time each part spent in the measured interval (`None`: the round stopped
+    /// before it began).
+    pub cpu: Option<cpu::Spent>,
 }
 
 struct Tally {
@@ -164,6 +170,7 @@ pub fn run_round(workload: &dyn Workload, plan: &RoundPlan<'_>) -> RoundOutcome 
     let stop = AtomicBool::new(false);
     let completed = AtomicU64::new(0);
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let (mut cpu_start, mut cpu_end) = (None, None);
     let tallies: Vec<Tally> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..plan.clients)
             .map(|index| {
@@ -176,7 +183,23 @@ pub fn run_round(workload: &dyn Workload, plan: &RoundPlan<'_>) -> RoundOutcome 
             .collect();
         let mut last_print = Instant::now();
         while !handles.iter().all(|handle| handle.is_finished()) {
-            std::thread::sleep(Duration::from_millis(50));
+            // Wake at the measured interval's start and end to read the parts' CPU time.
+            let now = Instant::now();
+            if cpu_start.is_none() && now >= measure_from {
+                cpu_start = Some(cpu::read(plan.cpu_parts));
+            }
+            if cpu_end.is_none() && now >= until {
+                cpu_end = Some(cpu::read(plan.cpu_parts));
+            }
+            let next = [
+                (cpu_start.is_none()).then_some(measure_from),
+                (cpu_end.is_none()).then_some(until),
+            ]
+            .into_iter()
+            .flatten()
+            .map(|at| at.saturating_duration_since(now))
+            .fold(Duration::from_millis(50), Duration::min);
+            std::thread::sleep(next);
             if let Some(label) = plan.progress.as_ref().filter(|_| terminal) {
                 if last_print.elapsed() >= Duration::from_secs(1) {
                     last_print = Instant::now();
@@ -206,6 +229,12 @@ pub fn run_round(workload: &dyn Workload, plan: &RoundPlan<'_>) -> RoundOutcome 
             .collect()
     });
     // Cut short by a stop: the measured interval ended when the clients did.
+    if cpu_start.is_some() && cpu_end.is_none() {
+        cpu_end = Some(cpu::read(plan.cpu_parts));
+    }
+    let cpu = cpu_start
+        .zip(cpu_end)
+        .map(|(start, end)| cpu::spent(plan.cpu_parts, &start, &end));
     let measured = Instant::now()
         .saturating_duration_since(measure_from)
         .min(plan.duration);
@@ -223,6 +252,7 @@ pub fn run_round(workload: &dyn Workload, plan: &RoundPlan<'_>) -> RoundOutcome 
         errors: 0,
         error_samples: Vec::new(),
         interrupted: plan.shutdown.is_requested(),
+        cpu,
     };
     for tally in tallies {
         let _ = outcome.all.add(&tally.all);

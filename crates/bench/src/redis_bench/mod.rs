@@ -8,6 +8,7 @@
 
 mod client;
 mod conn;
+mod cpu;
 mod kinds;
 mod report;
 mod systems;
@@ -194,6 +195,9 @@ struct Running {
     redis: Redis,
     /// (pmnet) Its parts' addresses, the module's among them.
     pmnet: Option<PmnetAddrs>,
+    /// The parts whose CPU time a round reads: the clients, redis-server, and PMNet's
+    /// processes.
+    cpu_parts: Vec<cpu::Part>,
     redis_up: Option<RedisUp>,
     workload: Box<dyn Workload>,
     rounds: Vec<RoundOutcome>,
@@ -274,6 +278,16 @@ impl Run<'_> {
         )?;
         Ok(Running {
             kind: system,
+            cpu_parts: vec![
+                cpu::Part {
+                    name: cpu::CLIENTS,
+                    pid: std::process::id(),
+                },
+                cpu::Part {
+                    name: "redis-server",
+                    pid: redis.pid(),
+                },
+            ],
             redis,
             pmnet,
             redis_up: None,
@@ -326,6 +340,21 @@ impl Run<'_> {
                     setting.pmnet_placement = Some(placement);
                     setting.pmnet_server_side_said = Some(said);
                 }
+                let parts = up.parts();
+                let names: Vec<&str> = parts.iter().map(|(name, _)| *name).collect();
+                let wanted: &[&str] = match self.side {
+                    ServerSide::Module(_) => &["device", "gateway"],
+                    ServerSide::Adaptor => &["adaptor", "device", "gateway"],
+                };
+                if names != wanted {
+                    return Err(format!(
+                        "pmnet redis-up's processes are {names:?}, not {wanted:?}: their CPU \
+                         time cannot be read"
+                    )
+                    .into());
+                }
+                one.cpu_parts
+                    .extend(parts.into_iter().map(|(name, pid)| cpu::Part { name, pid }));
                 one.redis_up = Some(up);
             }
             running.push(one);
@@ -366,6 +395,7 @@ impl Run<'_> {
                     duration: Duration::from_secs_f64(self.args.duration),
                     shutdown: self.shutdown,
                     progress: (!self.args.no_progress).then(|| label.clone()),
+                    cpu_parts: &one.cpu_parts,
                 };
                 let outcome = run_round(one.workload.as_ref(), &plan);
                 eprintln!(

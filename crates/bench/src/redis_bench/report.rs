@@ -1,5 +1,6 @@
 //! What a run prints and writes: per workload each system's throughput and latencies (its
-//! median round), the ratios PMNet / baseline, the checks, and the setting; the same as JSON.
+//! median round), the CPU each part spent per operation in that round, the ratios PMNet /
+//! baseline, the checks, and the setting; the same as JSON.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -8,6 +9,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::client::RoundOutcome;
+use super::cpu::{SystemCpu, CLIENTS, PARTS};
 use super::systems::GatewayCommands;
 use super::workloads::Check;
 use pmnet::loadgen::{summarize, thousands, LatencySummary};
@@ -71,6 +73,8 @@ pub struct SystemResult {
     /// (pmnet) The gateway's own counts over the whole run, warm-ups, closing reads and the
     /// comparison of keys included.
     pub gateway_commands: Option<GatewayCommands>,
+    /// The CPU time each part spent per operation in the median round's measured interval.
+    pub cpu: Option<SystemCpu>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -95,6 +99,11 @@ pub struct WorkloadResult {
     pub p99_ratio: Option<f64>,
     /// Share of the requests that were bypass requests through the gateway.
     pub bypass_share: Option<f64>,
+    /// CPU per operation of PMNet's redis-server / the baseline's (Redis alone's).
+    pub redis_cpu_ratio: Option<f64>,
+    /// CPU per operation of all PMNet's parts (gateway, device, adaptor, redis-server) /
+    /// Redis alone's.
+    pub system_cpu_ratio: Option<f64>,
     /// Every system's check passed (and the keys read through the gateway agreed).
     pub invariants_hold: bool,
     /// (pmnet) Keys read through the gateway and directly from its Redis.
@@ -155,6 +164,10 @@ pub fn system_result(
         check,
         counters,
         gateway_commands,
+        cpu: round
+            .cpu
+            .as_ref()
+            .map(|spent| SystemCpu::new(spent, round.ops, round.update_ops)),
     })
 }
 
@@ -177,6 +190,13 @@ impl WorkloadResult {
         let p99 = |s: Option<&SystemResult>, all: bool| {
             s.and_then(|s| if all { s.all } else { s.updates }.map(|l| l.p99_us))
         };
+        let cpu = |s: Option<&SystemResult>, part: Option<&str>| {
+            let cpu = s?.cpu.as_ref()?;
+            match part {
+                Some(part) => cpu.part(part)?.us_per_op,
+                None => cpu.system_us_per_op,
+            }
+        };
         let invariants_hold = systems.iter().all(|s| s.check.passed)
             && gateway_agreement
                 .as_ref()
@@ -192,11 +212,46 @@ impl WorkloadResult {
             throughput_ratio: ratio(pmnet.map(|s| s.ops_per_s), base.map(|s| s.ops_per_s)),
             p99_ratio: ratio(p99(base, true), p99(pmnet, true)),
             bypass_share: pmnet.or(base).and_then(|s| s.bypass_share),
+            redis_cpu_ratio: ratio(
+                cpu(pmnet, Some("redis-server")),
+                cpu(base, Some("redis-server")),
+            ),
+            system_cpu_ratio: ratio(cpu(pmnet, None), cpu(base, None)),
             invariants_hold,
             gateway_agreement,
             systems,
         }
     }
+}
+
+/// PMNet's parts against Redis alone's CPU per operation, as `pmnet bench` sets the device
+/// and the server against the baseline server's.
+fn cpu_ratios(workload: &WorkloadResult) -> Option<String> {
+    let find = |name: &str| {
+        workload
+            .systems
+            .iter()
+            .find(|s| s.system == name)
+            .and_then(|s| s.cpu.as_ref())
+    };
+    let (base, pmnet) = (find("baseline")?, find("pmnet")?);
+    let alone = base
+        .part("redis-server")?
+        .us_per_op
+        .filter(|us| *us > 0.0)?;
+    let mut parts: Vec<String> = pmnet
+        .parts
+        .iter()
+        .filter(|part| part.part != CLIENTS)
+        .filter_map(|part| Some(format!("{} {:.2}×", part.part, part.us_per_op? / alone)))
+        .collect();
+    if let Some(system) = pmnet.system_us_per_op {
+        parts.push(format!("sum {:.2}×", system / alone));
+    }
+    Some(format!(
+        "pmnet: {} Redis alone's CPU per operation",
+        parts.join(", ")
+    ))
 }
 
 fn mean(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
@@ -206,6 +261,84 @@ fn mean(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
 }
 
 impl Report {
+    /// The CPU tables: µs per operation and per update operation of each part, each system's
+    /// median round, and PMNet's parts against Redis alone's.
+    fn cpu_text(&self) -> String {
+        let mut out = String::new();
+        let measured = |name: &str| {
+            self.workloads.iter().any(|w| {
+                w.systems
+                    .iter()
+                    .any(|s| s.cpu.as_ref().is_some_and(|cpu| cpu.part(name).is_some()))
+            })
+        };
+        let parts: Vec<&str> = PARTS.into_iter().filter(|part| measured(part)).collect();
+        if parts.is_empty() {
+            return out;
+        }
+        let cell = |value: Option<f64>| value.map_or("-".to_owned(), |v| format!("{v:.2}"));
+        for per_update in [false, true] {
+            let _ = writeln!(
+                out,
+                "\nCPU µs per {} (user + system, all threads of the part, over the median \
+                 round's measured interval{}; sum: every part but the clients)",
+                if per_update {
+                    "update operation"
+                } else {
+                    "operation"
+                },
+                if per_update {
+                    ": all its CPU time over the update operations"
+                } else {
+                    ""
+                }
+            );
+            let mut header = format!("{:<8} {:<8}", "workload", "system");
+            for part in &parts {
+                let _ = write!(header, " {part:>12}");
+            }
+            let _ = write!(header, " {:>10}", "sum");
+            if !per_update {
+                let _ = write!(header, " {:>12}", "others CPUs");
+            }
+            let _ = writeln!(out, "{header}");
+            for workload in &self.workloads {
+                for system in &workload.systems {
+                    let Some(cpu) = system.cpu.as_ref() else {
+                        continue;
+                    };
+                    let mut line = format!("{:<8} {:<8}", workload.workload, system.system);
+                    for part in &parts {
+                        let value = cpu.part(part).and_then(|p| {
+                            if per_update {
+                                p.us_per_update
+                            } else {
+                                p.us_per_op
+                            }
+                        });
+                        let _ = write!(line, " {:>12}", cell(value));
+                    }
+                    let system_us = if per_update {
+                        cpu.system_us_per_update
+                    } else {
+                        cpu.system_us_per_op
+                    };
+                    let _ = write!(line, " {:>10}", cell(system_us));
+                    if !per_update {
+                        let _ = write!(line, " {:>12}", cell(cpu.others_cpus));
+                    }
+                    let _ = writeln!(out, "{line}");
+                }
+                if !per_update {
+                    if let Some(line) = cpu_ratios(workload) {
+                        let _ = writeln!(out, "{:<8} {line}", "");
+                    }
+                }
+            }
+        }
+        out
+    }
+
     pub fn new(setting: Setting) -> Report {
         Report {
             setting,
@@ -297,6 +430,7 @@ impl Report {
                 if workload.invariants_hold { "passed" } else { "FAILED" }
             );
         }
+        out.push_str(&self.cpu_text());
         let x = |r: Option<f64>| r.map_or("-".to_owned(), |r| format!("{r:.2}×"));
         let _ = writeln!(
             out,
@@ -344,5 +478,108 @@ impl Report {
             );
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redis_bench::cpu::Spent;
+    use crate::redis_bench::workloads::Check;
+    use pmnet::loadgen::{new_histogram, record};
+
+    fn outcome(ops: u64, parts: Vec<(&'static str, Option<f64>)>) -> RoundOutcome {
+        let mut all = new_histogram();
+        let mut updates = new_histogram();
+        for index in 0..ops {
+            record(&mut all, 100_000);
+            if index % 2 == 0 {
+                record(&mut updates, 100_000);
+            }
+        }
+        RoundOutcome {
+            ops,
+            update_ops: updates.len(),
+            all,
+            updates,
+            seconds: 1.0,
+            update_requests: ops / 2,
+            bypass_requests: ops / 2,
+            errors: 0,
+            error_samples: Vec::new(),
+            interrupted: false,
+            cpu: Some(Spent {
+                parts,
+                others_cpus: Some(0.0),
+            }),
+        }
+    }
+
+    fn setting() -> Setting {
+        Setting {
+            clients: 1,
+            payload_bytes: 100,
+            records: 10,
+            duration_s: 1.0,
+            warmup_s: 0.0,
+            rounds: 1,
+            seed: 1,
+            workloads: vec!["ycsb-a"],
+            systems: vec!["baseline", "pmnet"],
+            cpus: 2,
+            machine: String::new(),
+            redis_server: String::new(),
+            redis_media: String::new(),
+            pmnet_device_media: None,
+            pmnet_adaptor_media: None,
+            pmnet_placement: None,
+            pmnet_server_side: Some("module"),
+            pmnet_server_side_said: Some("the PMNet module inside redis-server".to_owned()),
+            pmnet_server_side_note: None,
+            pmnet_command: String::new(),
+        }
+    }
+
+    #[test]
+    fn each_part_s_cpu_per_operation_is_set_next_to_redis_alone_s() {
+        let baseline = outcome(
+            1000,
+            vec![("clients", Some(0.01)), ("redis-server", Some(0.02))],
+        );
+        let pmnet = outcome(
+            1000,
+            vec![
+                ("clients", Some(0.01)),
+                ("redis-server", Some(0.01)),
+                ("device", Some(0.005)),
+                ("gateway", Some(0.015)),
+            ],
+        );
+        let systems = [("baseline", baseline), ("pmnet", pmnet)]
+            .into_iter()
+            .map(|(name, round)| {
+                system_result(name, &[round], Check::new(), BTreeMap::new(), None).unwrap()
+            })
+            .collect();
+        let workload = WorkloadResult::new("ycsb-a", "", systems, None);
+        assert_eq!(workload.redis_cpu_ratio, Some(0.5));
+        assert_eq!(workload.system_cpu_ratio, Some(1.5));
+        let pmnet = workload.systems[1].cpu.as_ref().unwrap();
+        assert_eq!(pmnet.part("gateway").unwrap().us_per_op, Some(15.0));
+        assert_eq!(pmnet.part("gateway").unwrap().us_per_update, Some(30.0));
+        let mut report = Report::new(setting());
+        report.workloads.push(workload);
+        let text = report.text();
+        assert!(text.contains("pmnet server side: module"), "{text}");
+        assert!(text.contains("CPU µs per operation"), "{text}");
+        assert!(text.contains("CPU µs per update operation"), "{text}");
+        assert!(!text.contains("adaptor"), "no adaptor was measured: {text}");
+        assert!(
+            text.contains(
+                "pmnet: gateway 0.75×, device 0.25×, redis-server 0.50×, sum 1.50× Redis alone's \
+                 CPU per operation"
+            ),
+            "{text}"
+        );
     }
 }

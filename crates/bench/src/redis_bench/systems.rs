@@ -13,7 +13,7 @@ use pmnet_redis::resp::{SyncClient, Value};
 use pmnet_runtime::Shutdown;
 use serde::Serialize;
 
-use crate::procs::{file_system, free_ports, loopback, wait_until, Proc};
+use crate::procs::{children_of, file_system, free_ports, loopback, wait_until, Proc};
 use pmnet::CliError;
 
 /// How long a system may take to start.
@@ -110,6 +110,10 @@ impl Redis {
 
     pub fn check_running(&mut self) -> Result<(), CliError> {
         self.proc.check_running()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
     }
 
     /// Wait (at most [`SETTLE_PATIENCE`]) until Redis rewrites no append-only file, so that a
@@ -251,6 +255,25 @@ impl RedisUp {
                 line.split_once("server side:")
                     .map(|(_, text)| text.trim().to_owned())
             })
+    }
+
+    /// The parts redis-up started (its children), by the command each runs: `gateway`,
+    /// `device` and `adaptor` (`pmnet redis-adaptor`), with their process ids.
+    pub fn parts(&self) -> Vec<(&'static str, u32)> {
+        let mut parts: Vec<(&'static str, u32)> = children_of(self.proc.pid())
+            .into_iter()
+            .filter_map(|(pid, words)| {
+                let part = match words.get(1).map(String::as_str) {
+                    Some("gateway") => "gateway",
+                    Some("device") => "device",
+                    Some("redis-adaptor") => "adaptor",
+                    _ => return None,
+                };
+                Some((part, pid))
+            })
+            .collect();
+        parts.sort();
+        parts
     }
 
     pub fn check_running(&mut self) -> Result<(), CliError> {

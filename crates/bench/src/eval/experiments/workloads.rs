@@ -1,6 +1,7 @@
 //! The workloads figure: update throughput and p99 latency against client-server, for the
-//! embedded storage engines (`pmnet bench --engine`) and for a real Redis through the adaptor
-//! with YCSB-style, Twitter-like and TPC-C-like workloads (`pmnet redis-bench`).
+//! embedded storage engines (`pmnet bench --engine`) and for a real Redis behind PMNet (its
+//! server side the PMNet module inside redis-server) with YCSB-style, Twitter-like and
+//! TPC-C-like workloads (`pmnet redis-bench`), and the CPU each part spends per operation.
 
 use serde_json::Value;
 
@@ -21,13 +22,13 @@ const REDIS: &str = "redis workloads";
 const THROUGHPUT_SHORT: &str = "The paper's 64 client instances waited for servers across a \
     10 GbE link, each on a machine of its own: they were latency-bound, and PMNet's earlier ack \
     turned straight into throughput. Here 16 clients, the device and the server (for Redis also \
-    the gateway, the adaptor and redis-server) share two vCPUs over loopback, so every path is \
-    bound by the CPU time a request costs, and PMNet adds a hop whose work every request pays \
-    without freeing any CPU by not waiting. Reads and the other bypass requests (counting \
-    writes, locks, scripts: half to 95 % of the Redis workloads' requests, as the gateway sends \
-    only fixed-reply writes as updates) cross the gateway, the device and the adaptor, two to \
-    three times the CPU of the same command sent to Redis directly. Where nothing is saturated \
-    (one client), an update through PMNet is answered several times sooner than by Redis with \
+    the gateway, and redis-server with the PMNet module in it) share two vCPUs over loopback, \
+    so every path is bound by the CPU time a request costs, and PMNet adds a hop whose work \
+    every request pays without freeing any CPU by not waiting. Reads and the other bypass \
+    requests (counting writes, locks, scripts: half to 95 % of the Redis workloads' requests, \
+    as the gateway sends only fixed-reply writes as updates) cross the gateway, the device and \
+    the module, and cost more CPU than the same command sent to Redis directly (the notes give \
+    each part's CPU per operation). Where nothing is saturated (one client), an update through PMNet is answered several times sooner than by Redis with \
     appendfsync always (docs/benchmarks.md, \"Redis workloads\").";
 
 const P99_SHORT: &str = "With every part CPU-bound on two vCPUs, the tail is set by the \
@@ -215,10 +216,14 @@ fn analyse(_settings: &Settings, steps: &[StepOutput]) -> Outcome {
          is the same clients talking to the server directly: for the embedded engines `pmnet \
          bench`'s baseline mode (the server's reply), for Redis a `redis-server` with \
          `appendfsync always` (each write's reply after its fsync) reached over TCP. PMNet is \
-         the device in front of the same server: for Redis, `pmnet redis-up` (gateway, device \
-         and adaptor in front of the same kind of redis-server), reached by the same clients \
-         over TCP. The averages are arithmetic means of the per-workload ratios."
+         the device in front of the same server: for Redis, `pmnet redis-up` (gateway and \
+         device in front of the same kind of redis-server, the PMNet module loaded into it as \
+         the server side), reached by the same clients over TCP. The averages are arithmetic \
+         means of the per-workload ratios."
     )];
+    if let Some(report) = result_of(steps, REDIS) {
+        notes.extend(redis_notes(report));
+    }
     if result_of(steps, REDIS).is_none() {
         notes.push(if steps.iter().any(|step| step.label == REDIS) {
             "The Redis workloads did not complete: see the command's log.".to_owned()
@@ -244,6 +249,61 @@ fn analyse(_settings: &Settings, steps: &[StepOutput]) -> Outcome {
     }
 }
 
+/// What the Redis workloads' report says of PMNet's server side, and each workload's CPU per
+/// operation, part by part, next to Redis alone's.
+fn redis_notes(report: &Value) -> Vec<String> {
+    let mut notes = Vec::new();
+    let setting = report.get("setting");
+    let text = |field: &str| setting?.get(field)?.as_str().map(str::to_owned);
+    if let Some(side) = text("pmnet_server_side") {
+        let mut note = format!("Redis: PMNet's server side measured: the {side}");
+        if let Some(why) = text("pmnet_server_side_note") {
+            note.push_str(&format!(" ({why})"));
+        }
+        note.push('.');
+        notes.push(note);
+    }
+    let mut lines = Vec::new();
+    for workload in report
+        .get("workloads")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let name = workload.get("workload").and_then(Value::as_str);
+        let parts = |system_name: &str| -> Vec<String> {
+            system(workload, system_name)
+                .and_then(|s| s.get("cpu")?.get("parts")?.as_array())
+                .into_iter()
+                .flatten()
+                .filter(|part| part.get("part").and_then(Value::as_str) != Some("clients"))
+                .filter_map(|part| {
+                    Some(format!(
+                        "{} {:.1}",
+                        part.get("part")?.as_str()?,
+                        number(part, &["us_per_op"])?
+                    ))
+                })
+                .collect()
+        };
+        let (alone, pmnet) = (parts("baseline"), parts("pmnet"));
+        if let (Some(name), false, false) = (name, alone.is_empty(), pmnet.is_empty()) {
+            lines.push(format!(
+                "{name}: Redis alone {}; PMNet {}",
+                alone.join(", "),
+                pmnet.join(", ")
+            ));
+        }
+    }
+    if !lines.is_empty() {
+        notes.push(format!(
+            "Redis: CPU µs per operation of each part (user + system, the median round): {}.",
+            lines.join("; ")
+        ));
+    }
+    notes
+}
+
 /// The TPC-C-like workload's share of bypass requests through PMNet, when reported.
 fn bypass_share(report: &Value) -> Option<f64> {
     let workloads = report.get("workloads")?.as_array()?;
@@ -258,8 +318,9 @@ pub const WORKLOADS: Experiment = Experiment {
     name: "workloads",
     title: "Workloads: update throughput and p99 latency against client-server",
     about: "The paper's workloads figure. The embedded engines (the packet store and the \
-            key-value store behind `pmnet server`, 100 % updates) and a real Redis through the \
-            adaptor with YCSB-style mixes A (50 % updates), B (5 %) and F (read-modify-write), \
+            key-value store behind `pmnet server`, 100 % updates) and a real Redis behind PMNet \
+            (the PMNet module in redis-server) with YCSB-style mixes A (50 % updates), B (5 %) \
+            and F (read-modify-write), \
             a Twitter-like workload (post, follow, timeline over Redis lists, sets and hashes) \
             and a TPC-C-like New-Order/Payment mix whose districts are locked with bypass \
             requests. For each: update throughput and p99 update latency through PMNet against \
@@ -290,12 +351,16 @@ mod tests {
             {"mode": "baseline", "ops_per_s": 1000.0, "p99_us": 300.0},
             {"mode": "pmnet", "ops_per_s": 2000.0, "p99_us": 100.0}
         ]});
-        let redis = json!({"workloads": [{
+        let redis = json!({"setting": {"pmnet_server_side": "module"}, "workloads": [{
             "workload": "tpcc",
             "bypass_share": 0.15,
             "systems": [
-                {"system": "baseline", "update_ops_per_s": 100.0, "updates": {"p99_us": 5000.0}},
-                {"system": "pmnet", "update_ops_per_s": 600.0, "updates": {"p99_us": 1000.0}}
+                {"system": "baseline", "update_ops_per_s": 100.0, "updates": {"p99_us": 5000.0},
+                 "cpu": {"parts": [{"part": "clients", "us_per_op": 9.0},
+                                   {"part": "redis-server", "us_per_op": 20.0}]}},
+                {"system": "pmnet", "update_ops_per_s": 600.0, "updates": {"p99_us": 1000.0},
+                 "cpu": {"parts": [{"part": "gateway", "us_per_op": 12.5},
+                                   {"part": "redis-server", "us_per_op": 15.0}]}}
             ]
         }]});
         let steps = vec![step("packet store", engine), step(REDIS, redis)];
@@ -308,6 +373,17 @@ mod tests {
         assert_eq!(outcome.comparisons[1].met, Some(true));
         assert_eq!(outcome.figure.panels[0].series[0].points.len(), 2);
         assert!(outcome.notes.iter().any(|note| note.contains("15.0 %")));
+        assert!(outcome
+            .notes
+            .iter()
+            .any(|note| note.contains("server side measured: the module")));
+        assert!(
+            outcome.notes.iter().any(|note| note.contains(
+                "tpcc: Redis alone redis-server 20.0; PMNet gateway 12.5, redis-server 15.0"
+            )),
+            "{:?}",
+            outcome.notes
+        );
     }
 
     #[test]

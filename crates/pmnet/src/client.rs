@@ -203,6 +203,7 @@ fn execute(session: &mut ClientSession, command: &KvCommand) -> Result<String, C
     };
     let payload = request.to_bytes();
     let keyed = session.is_authenticated();
+    let short_before = session.counters().updates_short_of_replicas;
     // Every write is keyed and every GET a cache read, so a device run with --cache can serve
     // this key's reads and keep them coherent (docs/cache.md); without a cache the device
     // forwards them and the server answers as before.
@@ -261,6 +262,20 @@ fn execute(session: &mut ClientSession, command: &KvCommand) -> Result<String, C
         ),
         other => format!("{other}"),
     })?;
+    // An update the server's reply completed before --replicas devices acked it: say so, or a
+    // chain shorter than --replicas would pass for one that replicated it.
+    let short = (session.counters().updates_short_of_replicas > short_before)
+        .then(|| session.short_of_replicas())
+        .flatten()
+        .map(|(_, acked)| {
+            format!(
+                "; WARNING: only {acked} of the {} devices --replicas asks for acknowledged it \
+                 (is the chain of devices from {} shorter than that?)",
+                session.replicas(),
+                session.peer()
+            )
+        })
+        .unwrap_or_default();
     Ok(match completion {
         Completion::Logged { device_id } => match session.replicas() {
             1 => {
@@ -271,14 +286,14 @@ fn execute(session: &mut ClientSession, command: &KvCommand) -> Result<String, C
             ),
         },
         Completion::ReplyUnavailable => {
-            "OK (applied before; the server no longer keeps its reply)".to_owned()
+            format!("OK (applied before; the server no longer keeps its reply{short})")
         }
         Completion::Replied { reply, .. } => match Reply::decode(&reply) {
-            Ok(Reply::Ok) => "OK (applied by the server)".to_owned(),
+            Ok(Reply::Ok) => format!("OK (applied by the server{short})"),
             Ok(Reply::Value(value)) => String::from_utf8_lossy(&value).into_owned(),
             Ok(Reply::NotFound) => "(not found)".to_owned(),
             Ok(Reply::Integer(value)) => format!("(integer) {value}"),
-            Ok(Reply::Deleted(count)) => format!("(deleted {count})"),
+            Ok(Reply::Deleted(count)) => format!("(deleted {count}{short})"),
             Ok(Reply::Error(message)) => format!("(error) {message}"),
             Err(error) => format!("(undecodable reply: {error:?})"),
         },

@@ -134,3 +134,34 @@ fn a_three_device_chain_survives_the_permanent_loss_of_its_middle_device_and_a_r
     drop(second);
     drop((first, replacement, third));
 }
+
+#[test]
+fn a_client_asking_more_devices_than_the_chain_has_is_told_so() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (d1, d2) = (free_udp_addr(), free_udp_addr());
+    let log = |id: u16| dir.path().join(format!("device{id}.log"));
+    let server = Node::start(
+        "server",
+        server_args(free_udp_addr(), d2, &dir.path().join("server.data"), None),
+    );
+    let second = device(2, d2, server.addr, Some(d1), &log(2));
+    let first = device(1, d1, d2, None, &log(1));
+
+    // Two devices, three asked for: the server's reply completes the update (it is applied),
+    // and the client says that only two devices acknowledged it rather than passing it off
+    // as replicated three times.
+    let (ok, out) = client(d1, 3, &["set", "short", "chain"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("applied by the server"), "{out}");
+    assert!(
+        out.contains("WARNING: only 2 of the 3 devices --replicas asks for"),
+        "{out}"
+    );
+    // As many as the chain has: no warning.
+    let (ok, out) = client(d1, 2, &["set", "right", "length"]);
+    assert!(
+        ok && out.contains("logs of 2 devices") && !out.contains("WARNING"),
+        "{out}"
+    );
+    drop((first, second, server));
+}

@@ -164,6 +164,12 @@ impl ClientSession {
         self.client.counters()
     }
 
+    /// The last update the server's reply completed before `replicas` devices acked it whole:
+    /// its number and how many devices had (`Client::short_of_replicas`).
+    pub fn short_of_replicas(&self) -> Option<(u32, usize)> {
+        self.client.short_of_replicas()
+    }
+
     /// Why the peer may not have answered (it never did, it stopped, nothing listens at its
     /// address), for a failure message; `None` while it answers.
     pub fn peer_silence(&self) -> Option<String> {

@@ -177,6 +177,10 @@ pub struct ClientCounters {
     pub cache_replies_received: u64,
     pub cache_reads_served_by_device: u64,
     pub cache_reads_failed: u64,
+    /// Updates waiting for the acks of several devices (`replicas` > 1) that the server's
+    /// reply completed while fewer devices had acked them whole: a chain shorter than
+    /// `replicas`, or acks lost on the way. [`Client::short_of_replicas`] names the last.
+    pub updates_short_of_replicas: u64,
 }
 
 impl ClientCounters {
@@ -319,6 +323,8 @@ pub struct Client {
     /// The receiving edge's warnings (datagrams that failed verification).
     edge: crate::edge::Edge,
     latency: ClientLatency,
+    /// See [`Client::short_of_replicas`].
+    short_of_replicas: Option<(u32, usize)>,
     /// Cache reads in flight (see `reads.rs`).
     reads: reads::Reads,
     /// Devices taken out of the path for good ([`Client::change_path`]): their acks count for
@@ -344,6 +350,7 @@ impl Client {
             counters: ClientCounters::default(),
             edge: crate::edge::Edge::default(),
             latency: ClientLatency::default(),
+            short_of_replicas: None,
             reads: reads::Reads::default(),
             lost_devices: Vec::new(),
         }
@@ -395,6 +402,13 @@ impl Client {
             self.edge.auth_warnings.total(),
             self.edge.auth_warnings.latest(),
         )
+    }
+
+    /// The last update the server's reply completed before `replicas` devices acked it
+    /// whole (its number, and how many devices had), if any: [`ClientCounters::
+    /// updates_short_of_replicas`].
+    pub fn short_of_replicas(&self) -> Option<(u32, usize)> {
+        self.short_of_replicas
     }
 
     pub fn counters(&self) -> &ClientCounters {
@@ -589,6 +603,7 @@ impl Client {
     fn on_server_ack(&mut self, now: Time, header: &Header, payload: &[u8]) {
         self.counters.server_acks_received += 1;
         let max_reply_len = self.config.request_len_max;
+        let wanted = usize::from(self.replicas());
         let Some(request) = self.in_flight.get_mut(&header.seq) else {
             self.counters.late_acks_consumed += 1;
             return;
@@ -626,6 +641,13 @@ impl Client {
             return;
         }
         let reply = crate::concat_parts(std::mem::take(&mut assembly.parts));
+        if request.kind == RequestKind::Update && wanted > 1 {
+            let whole = request.acked_by.whole(request.fragments.len());
+            if whole < wanted {
+                self.counters.updates_short_of_replicas += 1;
+                self.short_of_replicas = Some((header.seq, whole));
+            }
+        }
         self.latency
             .server_reply
             .record(now.saturating_duration_since(request.started));

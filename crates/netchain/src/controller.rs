@@ -78,6 +78,97 @@ pub struct ControllerCounters {
     pub dropped: u64,
 }
 
+/// A change the controller made or saw, told to its operator as one line each
+/// ([`Controller::poll_event`]; `pmnet chain-controller` prints them, and counts them in its
+/// metrics).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControllerEvent {
+    /// A member in a chain sent no status for the suspicion delay.
+    Suspected {
+        member: SocketAddr,
+        silent: Duration,
+    },
+    /// A suspected member sent a status again before it was taken out.
+    Back { member: SocketAddr },
+    /// A suspected member whose lease ran out, taken out of these groups' chains.
+    Removed {
+        member: SocketAddr,
+        groups: Vec<u16>,
+    },
+    /// A member starts copying a group from the group's tail, to join its chain.
+    Copying {
+        member: SocketAddr,
+        group: u16,
+        source: SocketAddr,
+    },
+    /// The copy is done; the group's writes pause while the joining member takes the rest.
+    CatchingUp { member: SocketAddr, group: u16 },
+    /// The member is the group's tail now.
+    Joined { member: SocketAddr, group: u16 },
+    /// Every member runs the configuration with the new tail: the group's writes resume.
+    Resumed { group: u16 },
+    /// A copy abandoned (and started again, or not), and why.
+    Abandoned {
+        member: SocketAddr,
+        group: u16,
+        why: &'static str,
+    },
+}
+
+impl std::fmt::Display for ControllerEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ControllerEvent::Suspected { member, silent } => write!(
+                f,
+                "member {member} suspected: no status for {} ms",
+                silent.as_millis()
+            ),
+            ControllerEvent::Back { member } => {
+                write!(
+                    f,
+                    "member {member} back: a status came before it was taken out"
+                )
+            }
+            ControllerEvent::Removed { member, groups } => {
+                let groups: Vec<String> = groups.iter().map(|group| format!("g{group}")).collect();
+                write!(
+                    f,
+                    "member {member} removed from {} (its lease ran out)",
+                    if groups.is_empty() {
+                        "no chain".to_owned()
+                    } else {
+                        groups.join(", ")
+                    }
+                )
+            }
+            ControllerEvent::Copying {
+                member,
+                group,
+                source,
+            } => write!(f, "member {member} copying g{group} from {source}"),
+            ControllerEvent::CatchingUp { member, group } => write!(
+                f,
+                "member {member} copied g{group}: its writes pause while it catches up"
+            ),
+            ControllerEvent::Joined { member, group } => {
+                write!(f, "member {member} joined g{group} as its tail")
+            }
+            ControllerEvent::Resumed { group } => {
+                write!(
+                    f,
+                    "g{group} resumes writes: every member runs its new chain"
+                )
+            }
+            ControllerEvent::Abandoned { member, group, why } => {
+                write!(f, "member {member}'s copy of g{group} abandoned: {why}")
+            }
+        }
+    }
+}
+
+/// Events kept for [`Controller::poll_event`] at most (the oldest go first).
+pub const EVENTS_MAX: usize = 1024;
+
 /// What the controller knows of a member (volatile).
 #[derive(Debug, Clone, Default)]
 struct View {
@@ -119,6 +210,8 @@ pub struct Controller {
     auth_warnings: AuthWarnings,
     /// Without keys, and asked to: warnings of datagrams from other hosts (rate-limited).
     plain_warnings: Option<PlainTrafficWarnings>,
+    /// Changes for the operator, oldest first (at most [`EVENTS_MAX`]).
+    events: VecDeque<ControllerEvent>,
 }
 
 /// Why a controller's state could not be used.
@@ -289,12 +382,29 @@ impl Controller {
             drops: DropCounts::default(),
             auth_warnings: AuthWarnings::default(),
             plain_warnings: None,
+            events: VecDeque::new(),
         };
         if changed {
             controller.bump();
         }
         controller.switched = switched.map(|group| (group, controller.layout.epoch));
         Ok(controller)
+    }
+
+    /// The next change to tell the operator, if any. Poll until `None` after every call.
+    pub fn poll_event(&mut self) -> Option<ControllerEvent> {
+        self.events.pop_front()
+    }
+
+    fn event(&mut self, event: ControllerEvent) {
+        if self.events.len() >= EVENTS_MAX {
+            self.events.pop_front();
+        }
+        self.events.push_back(event);
+    }
+
+    fn member(&self, index: u8) -> SocketAddr {
+        self.layout.members[usize::from(index)]
     }
 
     pub fn layout(&self) -> &Layout {
@@ -430,7 +540,11 @@ impl Controller {
             // Back before it was taken out (nothing changed), or back after it was (it is
             // in no chain: a candidate to join them again).
             view.suspected = false;
+            if self.layout.groups.iter().any(|g| g.chain.contains(&index)) {
+                self.event(ControllerEvent::Back { member: from });
+            }
         }
+        let view = &mut self.views[usize::from(index)];
         let grant = (!view.suspected && status.epoch == epoch).then_some(status.stamp);
         if grant.is_some() {
             view.last_grant = Some(view.last_grant.map_or(now, |at| at.max(now)));
@@ -512,7 +626,12 @@ impl Controller {
                     .is_none_or(|at| now.saturating_duration_since(at) >= suspect_after)
             {
                 view.suspected = true;
+                let silent = view
+                    .last_status
+                    .map_or(suspect_after, |at| now.saturating_duration_since(at));
                 self.counters.suspected += 1;
+                let member = self.member(index);
+                self.event(ControllerEvent::Suspected { member, silent });
             }
         }
     }
@@ -531,21 +650,34 @@ impl Controller {
             .collect();
         let mut changed = false;
         for index in dead {
+            let mut removed_from = Vec::new();
             for group in 0..self.layout.groups.len() {
                 let settings = &mut self.layout.groups[group];
                 if settings.chain.len() > 1 && settings.chain.contains(&index) {
                     settings.chain.retain(|member| *member != index);
                     changed = true;
-                    if settings.joining.take().is_some() {
+                    removed_from.push(group as u16);
+                    if let Some(joining) = settings.joining.take() {
                         self.counters.recoveries_aborted += 1;
                         self.boots = None;
                         settings.paused = false;
+                        let member = self.member(joining.member);
+                        self.event(ControllerEvent::Abandoned {
+                            member,
+                            group: group as u16,
+                            why: "a member of its chain was taken out",
+                        });
                     }
                     // A group whose new member just joined stays paused: the wait for every
                     // member to run the configuration starts again below.
                 }
             }
             self.counters.removed += 1;
+            let member = self.member(index);
+            self.event(ControllerEvent::Removed {
+                member,
+                groups: removed_from,
+            });
         }
         // A joining member or a source that is suspected: that recovery stops.
         for group in 0..self.layout.groups.len() {
@@ -557,6 +689,17 @@ impl Controller {
                     self.boots = None;
                     self.counters.recoveries_aborted += 1;
                     changed = true;
+                    let why = if self.alive(joining.member, now) {
+                        "its source is suspected"
+                    } else {
+                        "the joining member is suspected"
+                    };
+                    let member = self.member(joining.member);
+                    self.event(ControllerEvent::Abandoned {
+                        member,
+                        group: group as u16,
+                        why,
+                    });
                 }
             }
         }
@@ -581,6 +724,7 @@ impl Controller {
                 self.layout.groups[usize::from(group)].paused = false;
                 self.switched = None;
                 self.counters.recoveries_done += 1;
+                self.event(ControllerEvent::Resumed { group });
                 self.bump();
             }
             return;
@@ -609,6 +753,12 @@ impl Controller {
             {
                 // The joining member or its source restarted: the copy starts again.
                 self.boots = Some(current);
+                let member = self.member(joining.member);
+                self.event(ControllerEvent::Abandoned {
+                    member,
+                    group: group16,
+                    why: "it or its source restarted; the copy starts again",
+                });
                 let settings = &mut self.layout.groups[group];
                 settings.paused = false;
                 settings.joining = Some(Joining {
@@ -628,6 +778,11 @@ impl Controller {
                     .is_some()
                 {
                     self.layout.groups[group].paused = true;
+                    let member = self.member(joining.member);
+                    self.event(ControllerEvent::CatchingUp {
+                        member,
+                        group: group16,
+                    });
                     self.bump();
                 }
             }
@@ -652,6 +807,11 @@ impl Controller {
                     settings.joining = None;
                     settings.paused = true;
                     self.boots = None;
+                    let member = self.member(joining.member);
+                    self.event(ControllerEvent::Joined {
+                        member,
+                        group: group16,
+                    });
                     self.bump();
                     self.switched = Some((group16, self.layout.epoch));
                 }
@@ -700,6 +860,11 @@ impl Controller {
             });
             self.boots = None;
             self.counters.recoveries_started += 1;
+            self.event(ControllerEvent::Copying {
+                member: self.member(member),
+                group: group as u16,
+                source: self.member(tail),
+            });
             self.bump();
             return;
         }

@@ -12,7 +12,8 @@ mod node;
 pub use capacity::{CapacityLimited, WAITING_MAX as CAPACITY_WAITING_MAX};
 pub use client::{Busy, ChainClient, ClientConfig, ClientOp, Outcome, ReadFrom};
 pub use controller::{
-    decode_state, encode_state, Controller, ControllerConfig, ControllerCounters, StateError,
+    decode_state, encode_state, Controller, ControllerConfig, ControllerCounters, ControllerEvent,
+    StateError, EVENTS_MAX,
 };
 pub use function::ChainFunction;
 pub use node::{

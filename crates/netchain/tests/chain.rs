@@ -257,3 +257,103 @@ fn the_controller_survives_any_datagram_from_anyone() {
     assert!(controller.counters().fetches_refused > 0);
     assert!(controller.counters().dropped > 0);
 }
+
+/// The controller tells its operator what it changes, a line each: a silent member is
+/// suspected, taken out of its chains once its lease ran out, and a spare starts copying a
+/// group it left; a member heard again before that is back.
+#[test]
+fn the_controller_tells_of_each_change() {
+    use pmnet_netchain::{Controller, ControllerConfig, ControllerEvent};
+    use pmnet_wire::netchain::control::{MemberStatus, CHAIN_STATUS};
+    // Three in chains and a spare.
+    let members: Vec<SocketAddr> = (0..4).map(member).collect();
+    let config = ControllerConfig {
+        chain_length: 3,
+        suspect_after: Duration::from_millis(100),
+        lease: Duration::from_millis(300),
+        ..ControllerConfig::default()
+    };
+    let (suspect_after, lease) = (config.suspect_after, config.lease);
+    let mut controller = Controller::new(config, &members, GROUPS, Time::ZERO).unwrap();
+    let status = |controller: &mut Controller, now: Time, index: usize| {
+        let mut payload = Vec::new();
+        MemberStatus {
+            epoch: controller.layout().epoch,
+            boot: index as u64 + 1,
+            stamp: now.as_nanos(),
+            reports: Vec::new(),
+        }
+        .emit(&mut payload);
+        let bytes = Header::new(PacketType::Reserved(CHAIN_STATUS), 1, 0, 0).encode(&payload);
+        controller.handle(now, members[index], &bytes);
+    };
+    let mut events = Vec::new();
+    let mut now = Time::ZERO;
+    let step = Duration::from_millis(10);
+    // After the controller's start grace (1 s), member 1 falls silent past the suspicion
+    // delay, not past its lease, and comes back; then member 0 falls silent for good.
+    let silent_1 = (
+        Time::ZERO + Duration::from_secs(2),
+        Time::ZERO + Duration::from_secs(2) + suspect_after + step * 5,
+    );
+    let silent_0_from = silent_1.1 + step * 10;
+    let end = silent_0_from + 4 * (suspect_after + lease);
+    while now < end {
+        for index in 0..members.len() {
+            let quiet = (index == 1 && now >= silent_1.0 && now < silent_1.1)
+                || (index == 0 && now >= silent_0_from);
+            if !quiet {
+                status(&mut controller, now, index);
+            }
+        }
+        controller.handle_timeout(now);
+        while controller.poll_transmit().is_some() {}
+        let _ = controller.poll_save();
+        while let Some(event) = controller.poll_event() {
+            events.push(event);
+        }
+        now = now + step;
+    }
+    let lines: Vec<String> = events.iter().map(ToString::to_string).collect();
+    eprintln!("{}", lines.join("\n"));
+    let position = |wanted: &dyn Fn(&ControllerEvent) -> bool| {
+        events
+            .iter()
+            .position(wanted)
+            .unwrap_or_else(|| panic!("missing from {lines:#?}"))
+    };
+    let back_1 = position(&|event| *event == ControllerEvent::Back { member: members[1] });
+    let suspected_1 = position(
+        &|event| matches!(event, ControllerEvent::Suspected { member, .. } if *member == members[1]),
+    );
+    assert!(suspected_1 < back_1, "{lines:#?}");
+    assert!(
+        !events.iter().any(
+            |event| matches!(event, ControllerEvent::Removed { member, .. } if *member == members[1])
+        ),
+        "member 1 came back within its lease: {lines:#?}"
+    );
+    let suspected_0 = position(
+        &|event| matches!(event, ControllerEvent::Suspected { member, .. } if *member == members[0]),
+    );
+    let removed_0 = position(
+        &|event| matches!(event, ControllerEvent::Removed { member, groups } if *member == members[0] && !groups.is_empty()),
+    );
+    let copying_3 = position(
+        &|event| matches!(event, ControllerEvent::Copying { member, .. } if *member == members[3]),
+    );
+    assert!(
+        suspected_0 < removed_0 && removed_0 < copying_3,
+        "{lines:#?}"
+    );
+    assert!(
+        lines[removed_0].starts_with(&format!("member {} removed from g", members[0])),
+        "{}",
+        lines[removed_0]
+    );
+    assert!(
+        lines[copying_3].starts_with(&format!("member {} copying g", members[3])),
+        "{}",
+        lines[copying_3]
+    );
+}

@@ -173,6 +173,16 @@ fn a_member_killed_under_load_is_replaced_then_brought_back_and_every_history_is
     controller.wait_for_line("chains of three without the killed member", |line| {
         whole(line, 3)
     });
+    // It said so as it went, a line per change.
+    let said = controller.stdout().join("\n");
+    for wanted in [
+        format!("member {} suspected", members[0]),
+        format!("member {} removed from g", members[0]),
+        format!("member {} copying g", members[3]),
+        format!("member {} joined g", members[3]),
+    ] {
+        assert!(said.contains(&wanted), "no '{wanted}' in:\n{said}");
+    }
     // The controller's own metrics say what happened.
     let scrape = |name: &str| {
         let addr = metrics.expect("the controller serves metrics");

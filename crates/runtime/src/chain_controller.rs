@@ -114,6 +114,11 @@ impl ControllerRuntime {
             self.socket.enqueue(transmit);
         }
         self.socket.flush();
+        // What changed, in words (`member … suspected / removed / copying / joined`), then
+        // the configuration it made.
+        while let Some(event) = self.controller.poll_event() {
+            println!("{event}");
+        }
         if self.controller.layout().epoch != self.described {
             self.described = self.controller.layout().epoch;
             describe(self.controller.layout());

@@ -1,6 +1,6 @@
 //! The chain member as an in-network function: composed in front of the log in a device's
 //! pipeline (`Stack<ChainFunction, Device>`), it takes NetChain's datagrams (types
-//! `0x20–0x28`: the chain's and the controller's) and passes everything else on; its table writes are [`RegionWrite`]s on the
+//! `0x20–0x28` and `0x2A`: the chain's and the controller's) and passes everything else on; its table writes are [`RegionWrite`]s on the
 //! table's region, carried out by the device's front executor.
 
 use std::net::SocketAddr;
@@ -9,7 +9,7 @@ use pmnet_proto::{
     DropCounts, NetworkFunction, PersistBatch, RegionWrite, Time, Transmit, Verdict,
 };
 use pmnet_wire::netchain::control::{CHAIN_CONFIG, CHAIN_SYNC_DATA};
-use pmnet_wire::netchain::{CHAIN_COMMIT, CHAIN_REPLY, CHAIN_REQUEST, CHAIN_WRITE};
+use pmnet_wire::netchain::{CHAIN_COMMIT, CHAIN_DECISION, CHAIN_REPLY, CHAIN_REQUEST, CHAIN_WRITE};
 use pmnet_wire::{Header, PacketType};
 
 use crate::node::ChainNode;
@@ -47,6 +47,7 @@ impl NetworkFunction for ChainFunction {
                 | CHAIN_REPLY
                 | CHAIN_WRITE
                 | CHAIN_COMMIT
+                | CHAIN_DECISION
                 | CHAIN_CONFIG..=CHAIN_SYNC_DATA,
             ) => {
                 let payload = datagram.get(pmnet_wire::HEADER_LEN..).unwrap_or_default();

@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use pmnet_proto::{CountDrop, DropCounts, DropReason, PersistBatch, ReplayFloor, Time, Transmit};
 use pmnet_wire::netchain::{
-    Commit, Op, Reply, Request, Status, Write, CHAIN_COMMIT, CHAIN_REPLY, CHAIN_REQUEST,
-    CHAIN_WRITE, RELAYED,
+    Commit, Decision, Op, Reply, Request, Status, Write, CHAIN_COMMIT, CHAIN_DECISION, CHAIN_REPLY,
+    CHAIN_REQUEST, CHAIN_WRITE, RELAYED,
 };
 use pmnet_wire::{Header, PacketType};
 
@@ -126,6 +126,8 @@ pub struct ChainCounters {
     pub requests: u64,
     pub writes_stamped: u64,
     pub writes_passed_on: u64,
+    /// Failed compare-and-sets' decisions passed down the chain (the tail answers them).
+    pub decisions_passed_on: u64,
     pub writes_resent: u64,
     pub replies_sent: u64,
     pub reads_answered_here: u64,
@@ -342,6 +344,7 @@ impl ChainNode {
             PacketType::Reserved(CHAIN_REQUEST) => self.on_request(now, from, header, payload),
             PacketType::Reserved(CHAIN_WRITE) => self.on_write(now, from, header, payload),
             PacketType::Reserved(CHAIN_COMMIT) => self.on_commit(from, payload),
+            PacketType::Reserved(CHAIN_DECISION) => self.on_decision(now, from, header, payload),
             PacketType::Reserved(CHAIN_REPLY) => self.on_tail_reply(now, from, header, payload),
             PacketType::Reserved(code) if control::is_control(code) => {
                 self.on_control(now, from, header, code, payload)
@@ -570,11 +573,15 @@ impl ChainNode {
                 value: value.to_vec(),
             };
             self.remember(now, at.0, at.1, relayed.key.clone(), failed);
-            Reply {
-                status: Status::CompareFailed,
-                version: present,
+            let group = group_of(&relayed.key, self.group_count());
+            self.decided_failed(
+                (relayed.client, at.0, at.1),
+                group,
+                &relayed.key,
+                present,
                 value,
-            }
+            );
+            return;
         } else {
             // The committed version is the one expected; the head's newer one is on its way:
             // the client sends it again once that is decided.
@@ -636,15 +643,12 @@ impl ChainNode {
                         Decided::Stamped(version) => {
                             self.repeat((from, session, request_id), &key, version)
                         }
-                        Decided::Failed { version, value } => self.reply(
-                            from,
-                            session,
-                            request_id,
-                            Reply {
-                                status: Status::CompareFailed,
-                                version,
-                                value: &value,
-                            },
+                        Decided::Failed { version, value } => self.decided_failed(
+                            (from, session, request_id),
+                            request.group,
+                            &key,
+                            version,
+                            &value,
                         ),
                     }
                 }
@@ -718,15 +722,12 @@ impl ChainNode {
                     value: value.clone(),
                 };
                 self.remember(now, session, request_id, request.key.to_vec(), failed);
-                self.reply(
-                    from,
-                    session,
-                    request_id,
-                    Reply {
-                        status: Status::CompareFailed,
-                        version: present_version,
-                        value: &value,
-                    },
+                self.decided_failed(
+                    (from, session, request_id),
+                    request.group,
+                    request.key,
+                    present_version,
+                    &value,
                 );
                 return;
             }
@@ -790,6 +791,92 @@ impl ChainNode {
                 session,
                 request: request_id,
             },
+        );
+    }
+
+    /// A compare-and-set decided failed on `version` (`value`: the key's value then), remembered
+    /// for its session already: the decision goes down the chain and the tail answers the
+    /// client, so that every member knows it before the client does — whichever member heads
+    /// the group next answers a retransmission of it the same (docs/netchain.md, "Decided
+    /// once"). At the tail, the answer.
+    fn decided_failed(
+        &mut self,
+        (client, session, request): (SocketAddr, u64, u32),
+        group: u16,
+        key: &[u8],
+        version: u64,
+        value: &[u8],
+    ) {
+        match self.neighbour(group, 1) {
+            Some(next) if self.place(group).is_some() => {
+                let mut payload = Vec::new();
+                Decision {
+                    group,
+                    version,
+                    client,
+                    key,
+                    value,
+                }
+                .emit(&mut payload);
+                self.counters.decisions_passed_on += 1;
+                self.send(next, CHAIN_DECISION, session, request, &payload);
+            }
+            _ => self.reply(
+                client,
+                session,
+                request,
+                Reply {
+                    status: Status::CompareFailed,
+                    version,
+                    value,
+                },
+            ),
+        }
+    }
+
+    /// A failed compare-and-set's decision from the member before this one: remembered for
+    /// its session, then passed on (or, at the tail, answered).
+    fn on_decision(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) {
+        let Ok(decision) = Decision::parse(payload) else {
+            self.counters.dropped.record(DropReason::BadPayload);
+            return;
+        };
+        if decision.group >= self.group_count()
+            || group_of(decision.key, self.group_count()) != decision.group
+        {
+            self.counters.dropped.record(DropReason::NotServed);
+            return;
+        }
+        if self.neighbour(decision.group, -1) != Some(from) {
+            self.counters.dropped.record(DropReason::UnexpectedSource);
+            return;
+        }
+        let (session, request) = (header.session_id, header.seq);
+        if self
+            .sessions
+            .get(&session)
+            .is_some_and(|(last, ..)| *last > request)
+        {
+            // Older than the session's last write here: a late duplicate.
+            self.counters.duplicates += 1;
+            return;
+        }
+        self.remember(
+            now,
+            session,
+            request,
+            decision.key.to_vec(),
+            Decided::Failed {
+                version: decision.version,
+                value: decision.value.to_vec(),
+            },
+        );
+        self.decided_failed(
+            (decision.client, session, request),
+            decision.group,
+            decision.key,
+            decision.version,
+            decision.value,
         );
     }
 

@@ -26,6 +26,15 @@
 //! | commit (`0x23`, member → previous member) | virtual group | 2 |
 //! | | version the tail made durable | 8 |
 //! | | key length *k*, key | 1 + *k* |
+//! | decision (`0x2A`, member → next member) | virtual group | 2 |
+//! | | the version a compare-and-set failed on (0: the key is absent) | 8 |
+//! | | the client, as in a write | 1 + 2 + 16 |
+//! | | key length *k*, key | 1 + *k* |
+//! | | value length *v*, the key's value then (0: none) | 2 + *v* |
+//!
+//! A decision carries a compare-and-set the head decided failed down the chain: every member
+//! remembers it for the session, and the tail answers the client, so whichever member heads
+//! the group next answers a retransmission of it the same way.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -50,6 +59,8 @@ pub const CHAIN_REPLY: u8 = 0x21;
 pub const CHAIN_WRITE: u8 = 0x22;
 /// Type code of a commit passed up the chain.
 pub const CHAIN_COMMIT: u8 = 0x23;
+/// Type code of a failed compare-and-set's decision passed down the chain.
+pub const CHAIN_DECISION: u8 = 0x2A;
 
 /// A request's operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,6 +171,18 @@ pub struct Request<'a> {
 pub struct Reply<'a> {
     pub status: Status,
     pub version: u64,
+    pub value: &'a [u8],
+}
+
+/// A compare-and-set the head decided failed, passed down the chain (the tail answers it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision<'a> {
+    pub group: u16,
+    /// The key's version the compare failed on (0: absent).
+    pub version: u64,
+    pub client: SocketAddr,
+    pub key: &'a [u8],
+    /// The key's value at that version (empty when absent).
     pub value: &'a [u8],
 }
 
@@ -375,6 +398,33 @@ impl<'a> Write<'a> {
     }
 }
 
+impl<'a> Decision<'a> {
+    pub fn parse(payload: &'a [u8]) -> Result<Decision<'a>, ChainParseError> {
+        let mut reader = Reader { bytes: payload };
+        let group = reader.u16()?;
+        let version = reader.u64()?;
+        let client = reader.address()?;
+        let key = reader.key()?;
+        let value = reader.value()?;
+        reader.end()?;
+        Ok(Decision {
+            group,
+            version,
+            client,
+            key,
+            value,
+        })
+    }
+
+    pub fn emit(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.group.to_be_bytes());
+        out.extend_from_slice(&self.version.to_be_bytes());
+        push_address(out, self.client);
+        push_key(out, self.key);
+        push_value(out, self.value);
+    }
+}
+
 impl<'a> Commit<'a> {
     pub fn parse(payload: &'a [u8]) -> Result<Commit<'a>, ChainParseError> {
         let mut reader = Reader { bytes: payload };
@@ -454,6 +504,23 @@ mod tests {
         }
         .emit(&mut out);
         assert_eq!(hex(&out), "00030000000000000008046c6f636b");
+
+        out.clear();
+        let decision = Decision {
+            group: 3,
+            version: 8,
+            client: "10.0.0.9:7000".parse().unwrap(),
+            key: b"lock",
+            value: b"you",
+        };
+        decision.emit(&mut out);
+        assert_eq!(
+            hex(&out),
+            "00030000000000000008041b580a000009000000000000000000000000\
+             046c6f636b0003796f75"
+        );
+        assert_eq!(Decision::parse(&out).unwrap(), decision);
+        assert!(Decision::parse(&out[..out.len() - 1]).is_err());
     }
 
     #[test]

@@ -83,10 +83,11 @@ pub struct ControllerCounters {
 /// metrics).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ControllerEvent {
-    /// A member in a chain sent no status for the suspicion delay.
+    /// A member in a chain sent no status for the suspicion delay (`silent`: since its last
+    /// one; `None`: none since the controller started).
     Suspected {
         member: SocketAddr,
-        silent: Duration,
+        silent: Option<Duration>,
     },
     /// A suspected member sent a status again before it was taken out.
     Back { member: SocketAddr },
@@ -118,10 +119,20 @@ pub enum ControllerEvent {
 impl std::fmt::Display for ControllerEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ControllerEvent::Suspected { member, silent } => write!(
+            ControllerEvent::Suspected {
+                member,
+                silent: Some(silent),
+            } => write!(
                 f,
                 "member {member} suspected: no status for {} ms",
                 silent.as_millis()
+            ),
+            ControllerEvent::Suspected {
+                member,
+                silent: None,
+            } => write!(
+                f,
+                "member {member} suspected: no status since the controller started"
             ),
             ControllerEvent::Back { member } => {
                 write!(
@@ -164,6 +175,20 @@ impl std::fmt::Display for ControllerEvent {
             }
         }
     }
+}
+
+/// What the controller knows of a member, for its status (`pmnet status`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberState {
+    pub addr: SocketAddr,
+    /// Chains it is in, and heads.
+    pub chains: usize,
+    pub heads: usize,
+    pub suspected: bool,
+    /// Since its last status; `None`: none since the controller started.
+    pub heard_ago: Option<Duration>,
+    /// The configuration's epoch its last status said it runs.
+    pub epoch: u64,
 }
 
 /// Events kept for [`Controller::poll_event`] at most (the oldest go first).
@@ -403,6 +428,34 @@ impl Controller {
         self.events.push_back(event);
     }
 
+    /// Each member as the controller knows it now.
+    pub fn member_states(&self, now: Time) -> Vec<MemberState> {
+        (0..self.layout.members.len())
+            .map(|index| {
+                let view = &self.views[index];
+                let in_chain = |group: &&pmnet_wire::netchain::control::GroupLayout| {
+                    group.chain.contains(&(index as u8))
+                };
+                MemberState {
+                    addr: self.layout.members[index],
+                    chains: self.layout.groups.iter().filter(in_chain).count(),
+                    heads: self
+                        .layout
+                        .groups
+                        .iter()
+                        .filter(|group| group.chain.first() == Some(&(index as u8)))
+                        .count(),
+                    suspected: view.suspected,
+                    heard_ago: view
+                        .boot
+                        .and(view.last_status)
+                        .map(|at| now.saturating_duration_since(at)),
+                    epoch: view.epoch,
+                }
+            })
+            .collect()
+    }
+
     fn member(&self, index: u8) -> SocketAddr {
         self.layout.members[usize::from(index)]
     }
@@ -626,9 +679,11 @@ impl Controller {
                     .is_none_or(|at| now.saturating_duration_since(at) >= suspect_after)
             {
                 view.suspected = true;
+                // A member never heard from has only the start grace as its "last status".
                 let silent = view
-                    .last_status
-                    .map_or(suspect_after, |at| now.saturating_duration_since(at));
+                    .boot
+                    .and(view.last_status)
+                    .map(|at| now.saturating_duration_since(at));
                 self.counters.suspected += 1;
                 let member = self.member(index);
                 self.event(ControllerEvent::Suspected { member, silent });
@@ -672,12 +727,16 @@ impl Controller {
                     // member to run the configuration starts again below.
                 }
             }
-            self.counters.removed += 1;
-            let member = self.member(index);
-            self.event(ControllerEvent::Removed {
-                member,
-                groups: removed_from,
-            });
+            // A member that is the last of each of its chains stays in them (it is all they
+            // have): nothing removed, nothing to tell — at every turn.
+            if !removed_from.is_empty() {
+                self.counters.removed += 1;
+                let member = self.member(index);
+                self.event(ControllerEvent::Removed {
+                    member,
+                    groups: removed_from,
+                });
+            }
         }
         // A joining member or a source that is suspected: that recovery stops.
         for group in 0..self.layout.groups.len() {

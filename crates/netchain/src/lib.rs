@@ -13,7 +13,7 @@ pub use capacity::{CapacityLimited, WAITING_MAX as CAPACITY_WAITING_MAX};
 pub use client::{Busy, ChainClient, ClientConfig, ClientOp, Outcome, ReadFrom};
 pub use controller::{
     decode_state, encode_state, Controller, ControllerConfig, ControllerCounters, ControllerEvent,
-    StateError, EVENTS_MAX,
+    MemberState, StateError, EVENTS_MAX,
 };
 pub use function::ChainFunction;
 pub use node::{

@@ -73,7 +73,8 @@ pub fn run(args: StatusArgs) -> Result<ExitCode, CliError> {
     if response.code == 404 {
         return Err(format!(
             "{addr} is a pmnet metrics endpoint, but its process publishes no status (only \
-             devices and servers do); its metrics are at http://{addr}/metrics"
+             devices, servers and the chain controller do); its metrics are at \
+             http://{addr}/metrics"
         )
         .into());
     }
@@ -141,10 +142,13 @@ pub fn describe(status: &Value) -> String {
     let mut out = String::new();
     let role = text(&status["role"]);
     let build = &status["build"];
+    let id = match &status["id"] {
+        Value::Null => String::new(),
+        id => format!(" {}", text(id)),
+    };
     let _ = writeln!(
         out,
-        "pmnet {role} {} listening on {}; up {}; pid {}; pmnet {} ({}, {})",
-        text(&status["id"]),
+        "pmnet {role}{id} listening on {}; up {}; pid {}; pmnet {} ({}, {})",
         text(&status["listen"]),
         age(number(&status["uptime_seconds"])),
         text(&status["pid"]),
@@ -156,9 +160,14 @@ pub fn describe(status: &Value) -> String {
     match role.as_str() {
         "device" => describe_device(status, &mut out),
         "server" => describe_server(status, &mut out),
+        "chain-controller" => describe_controller(status, &mut out),
         _ => {}
     }
     let peers = &status["peers"];
+    if !peers.is_object() {
+        counters_line(status, &mut out);
+        return out;
+    }
     let mut first = true;
     for peer in peers["servers"]
         .as_array()
@@ -182,6 +191,11 @@ pub fn describe(status: &Value) -> String {
         );
     }
     let _ = writeln!(out, "  {label:<11} {line}");
+    counters_line(status, &mut out);
+    out
+}
+
+fn counters_line(status: &Value, out: &mut String) {
     if let Some(counters) = status["counters"].as_object() {
         let words: Vec<String> = counters
             .iter()
@@ -189,7 +203,56 @@ pub fn describe(status: &Value) -> String {
             .collect();
         let _ = writeln!(out, "  counters:   {}", words.join(", "));
     }
-    out
+}
+
+/// The chain store's plan: each member as the controller sees it, each group's chain.
+fn describe_controller(status: &Value, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "  plan:       epoch {}, leases of {} ms",
+        text(&status["epoch"]),
+        text(&status["lease_ms"])
+    );
+    for member in status["members"].as_array().into_iter().flatten() {
+        let heard = match member["last_heard_seconds_ago"].as_f64() {
+            Some(seconds) => format!("heard {} ago", age(seconds)),
+            None => "never heard from".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "  member:     {}: heads {}, in {} chain(s), runs epoch {}, {heard}{}",
+            text(&member["addr"]),
+            text(&member["heads"]),
+            text(&member["chains"]),
+            text(&member["epoch"]),
+            if member["suspected"] == Value::Bool(true) {
+                ", SUSPECTED"
+            } else {
+                ""
+            }
+        );
+    }
+    for group in status["groups"].as_array().into_iter().flatten() {
+        let chain: Vec<String> = group["chain"]
+            .as_array()
+            .map(|list| list.iter().map(text).collect())
+            .unwrap_or_default();
+        let mut line = format!("g{}: {}", text(&group["group"]), chain.join(" > "));
+        if group["paused"] == Value::Bool(true) {
+            line.push_str(", writes paused");
+        }
+        let joining = &group["joining"];
+        if joining.is_object() {
+            let _ = write!(
+                line,
+                ", {} joining ({} from {})",
+                text(&joining["member"]),
+                text(&joining["phase"]),
+                text(&joining["source"])
+            );
+        }
+        let _ = writeln!(out, "  group:      {line}");
+    }
 }
 
 fn describe_device(status: &Value, out: &mut String) {

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{chain_member, free_udp_addr, Node, Proc};
+use common::{chain_member, free_udp_addr, run_pmnet, Node, Proc};
 use pmnet_lincheck::{check_by_key, Operation, Register, RegisterInput, RegisterOutput, PENDING};
 use pmnet_netchain::{group_of, ClientConfig, ClientOp, Outcome};
 use pmnet_runtime::ChainSession;
@@ -192,6 +192,27 @@ fn a_member_killed_under_load_is_replaced_then_brought_back_and_every_history_is
     assert!(scrape("pmnet_chain_controller_removed_total") >= 1.0);
     assert!(scrape("pmnet_chain_controller_recoveries_done_total") >= 1.0);
     assert!(scrape("pmnet_chain_controller_epoch") > 1.0);
+    // `pmnet status` shows the plan: every member as the controller sees it, every group's
+    // chain, the spare in the killed member's place.
+    let addr = metrics.expect("the controller serves metrics").to_string();
+    let (status, out, err) = run_pmnet(&["status".to_owned(), addr], None);
+    assert!(status.success(), "{out}{err}");
+    assert!(
+        out.starts_with("pmnet chain-controller listening on"),
+        "{out}"
+    );
+    assert!(out.contains("  plan:       epoch "), "{out}");
+    for group in 0..GROUPS {
+        assert!(out.contains(&format!("  group:      g{group}: ")), "{out}");
+    }
+    let spare_line = out
+        .lines()
+        .find(|line| line.starts_with(&format!("  member:     {}:", members[3])))
+        .unwrap_or_else(|| panic!("no line for the spare in:\n{out}"));
+    assert!(
+        spare_line.contains(&format!("in {GROUPS} chain(s)")),
+        "{out}"
+    );
     // The killed member starts again on its table and the controller can use it again: take
     // the spare away to make it.
     nodes[0] = member(1, members[0], controller_addr, dir.path());

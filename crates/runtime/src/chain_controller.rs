@@ -172,6 +172,76 @@ impl Node for ControllerRuntime {
         self.socket.flush();
     }
 
+    /// The plan (`pmnet status`): each group's chain, head first, with a joining member and
+    /// its phase; each member as the controller sees it; the counters.
+    fn status(&self) -> Option<serde_json::Value> {
+        let layout = self.controller.layout();
+        let now = self.clock.now();
+        let members: Vec<serde_json::Value> = self
+            .controller
+            .member_states(now)
+            .into_iter()
+            .map(|member| {
+                serde_json::json!({
+                    "addr": member.addr.to_string(),
+                    "chains": member.chains,
+                    "heads": member.heads,
+                    "suspected": member.suspected,
+                    "last_heard_seconds_ago": member.heard_ago.map(|ago| ago.as_secs_f64()),
+                    "epoch": member.epoch,
+                })
+            })
+            .collect();
+        let name = |index: u8| {
+            layout
+                .members
+                .get(usize::from(index))
+                .map_or_else(|| format!("#{index}"), ToString::to_string)
+        };
+        let groups: Vec<serde_json::Value> = layout
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(group, settings)| {
+                serde_json::json!({
+                    "group": group,
+                    "chain": settings.chain.iter().map(|index| name(*index)).collect::<Vec<_>>(),
+                    "paused": settings.paused,
+                    "joining": settings.joining.map(|joining| serde_json::json!({
+                        "member": name(joining.member),
+                        "source": name(joining.source),
+                        "phase": format!("{:?}", joining.phase).to_lowercase(),
+                    })),
+                })
+            })
+            .collect();
+        let counters = self.controller.counters();
+        Some(serde_json::json!({
+            "pmnet_status": 1,
+            "role": "chain-controller",
+            "listen": self.socket.local_addr().to_string(),
+            "medium": format!(
+                "state file {} (written, fsynced, renamed, directory fsynced before any epoch is sent)",
+                self.state.display()
+            ),
+            "epoch": layout.epoch,
+            "lease_ms": layout.lease_ms,
+            "members": members,
+            "groups": groups,
+            "counters": {
+                "statuses": counters.statuses,
+                "grants": counters.grants,
+                "configurations_sent": counters.configs_sent,
+                "members_suspected": counters.suspected,
+                "members_removed": counters.removed,
+                "recoveries_started": counters.recoveries_started,
+                "recoveries_done": counters.recoveries_done,
+                "recoveries_aborted": counters.recoveries_aborted,
+                "dropped": self.controller.drops().values().sum::<u64>(),
+            },
+        }))
+    }
+
     fn metrics(&self) -> Metrics {
         let mut out = Metrics::new();
         let counters = self.controller.counters();

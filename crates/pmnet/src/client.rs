@@ -48,12 +48,20 @@ pub struct ClientArgs {
     #[arg(long, value_name = "FILE")]
     pub key_file: Option<std::path::PathBuf>,
 
-    /// Devices in series (`--device` is the first; each forwards to the next) whose
-    /// PMNet-ACKs an update waits for: it then survives the permanent loss of all but one
-    /// of them (docs/replication.md).
+    /// Devices whose PMNet-ACKs an update waits for: it then survives the permanent loss of
+    /// all but one of them (docs/replication.md). The devices are in series (`--device` is the
+    /// first; each forwards to the next), or with `--fan-out` the ones given.
     #[arg(long, value_name = "R", default_value_t = 1,
           value_parser = clap::value_parser!(u8).range(1..=i64::from(pmnet_proto::REPLICAS_MAX)))]
     pub replicas: u8,
+
+    /// Fan-out replication: send every update at once to these devices as well as to
+    /// `--device`; each logs it, acks it and forwards it to the server, which applies it once
+    /// (run each with `--server` the same server, and the server with every one of them as a
+    /// `--device`). `--replicas` of them must ack (at most 1 + their number).
+    #[arg(long, value_name = "ADDR[,ADDR...]", value_delimiter = ',',
+          value_parser = crate::addr::parse_addr)]
+    pub fan_out: Vec<SocketAddr>,
 
     /// The request; without one, read requests line by line from standard input
     /// (`set k v`, `get k`, `del k`, `incr k [delta]`, `quit`).
@@ -121,6 +129,25 @@ pub fn run(args: ClientArgs) -> Result<ExitCode, CliError> {
     options.more_peers = more.to_vec();
     options.wait = WaitMode::from_busy_poll(args.busy_poll);
     options.replicas = args.replicas;
+    if !args.fan_out.is_empty() {
+        if !more.is_empty() {
+            return Err(
+                "--fan-out takes one --device address (the first of the devices an \
+                        update goes to), not a device's workers"
+                    .into(),
+            );
+        }
+        let devices = 1 + args.fan_out.len();
+        if usize::from(args.replicas) > devices {
+            return Err(format!(
+                "--replicas {} asks for more devices' acks than the {devices} an update goes to \
+                 (--device and --fan-out)",
+                args.replicas
+            )
+            .into());
+        }
+        options.fan_out = args.fan_out.clone();
+    }
     options.request_lifetime = Some(std::time::Duration::from_secs_f64(args.request_lifetime));
     if let Some(path) = &args.key_file {
         options.keys = Some(pmnet_runtime::load_key_file(path)?);

@@ -165,3 +165,104 @@ fn a_client_asking_more_devices_than_the_chain_has_is_told_so() {
     );
     drop((first, second, server));
 }
+
+/// `pmnet client` with `--fan-out`: a fan-out mode (docs/replication.md, "Fan-out"). The client
+/// sends every update to three devices at once, each run with `--server` the same server and
+/// the server with all three as `--device`: each device logs it and acks the client itself,
+/// the server applies it once. A device lost for good: the others go on with `--replicas 2`.
+/// More replicas than devices given is refused before anything is sent.
+#[test]
+fn fan_out_replicates_to_devices_side_by_side_and_the_server_applies_once() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let devices: Vec<SocketAddr> = (0..3).map(|_| free_udp_addr()).collect();
+    let server_addr = free_udp_addr();
+    let mut server_list = server_args(server_addr, devices[0], &dir.path().join("s.data"), None);
+    for device in &devices[1..] {
+        server_list.extend(["--device".to_owned(), device.to_string()]);
+    }
+    let server = Node::start("server", server_list);
+    let mut nodes: Vec<Node> = devices
+        .iter()
+        .enumerate()
+        .map(|(index, addr)| {
+            let mut list = device_args(
+                *addr,
+                server.addr,
+                &dir.path().join(format!("d{index}.log")),
+            );
+            list.extend(["--device-id".to_owned(), (index + 1).to_string()]);
+            Node::start(&format!("device {}", index + 1), list)
+        })
+        .collect();
+    let fan_out = |replicas: u8, others: &[SocketAddr], words: &[&str]| {
+        let first = devices[0].to_string();
+        let others: Vec<String> = others.iter().map(ToString::to_string).collect();
+        let replicas = replicas.to_string();
+        let mut all = vec![
+            "client",
+            "--device",
+            first.as_str(),
+            "--replicas",
+            replicas.as_str(),
+            "--request-lifetime",
+            "1",
+        ];
+        let joined = others.join(",");
+        if !others.is_empty() {
+            all.extend(["--fan-out", joined.as_str()]);
+        }
+        all.extend_from_slice(words);
+        let (status, stdout, stderr) = run_pmnet(&args(&all), None);
+        (
+            status.success(),
+            format!("{}{}", stdout.trim(), stderr.trim()),
+        )
+    };
+
+    let (ok, out) = fan_out(3, &devices[1..], &["set", "greeting", "hello"]);
+    assert!(ok && out.contains("logs of 3 devices"), "{out}");
+    for node in &nodes {
+        assert!(logged(node) >= 1.0, "every device logged the update");
+    }
+    let (ok, out) = fan_out(3, &devices[1..], &["set", "second", "write"]);
+    assert!(ok, "{out}");
+    let (ok, out) = fan_out(1, &[], &["get", "greeting"]);
+    assert!(ok && out == "hello", "{out}");
+    // Three copies of each of the two writes reach the server: it applies each once (reads
+    // are not counted as applied).
+    let applied = || {
+        server
+            .metric("pmnet_server_requests_applied_total", "")
+            .unwrap_or(0.0)
+    };
+    common::poll_until("the server applied both writes", || {
+        let applied = applied();
+        (applied >= 2.0)
+            .then_some(())
+            .ok_or_else(|| format!("{applied} applied"))
+    });
+
+    // Asking for more acks than there are devices is refused before anything is sent.
+    let (ok, out) = fan_out(4, &devices[1..], &["set", "too", "many"]);
+    assert!(
+        !ok && out.contains("--replicas 4 asks for more devices"),
+        "{out}"
+    );
+
+    // The second device is lost for good: the other two go on.
+    nodes[1].proc.kill();
+    let (ok, out) = fan_out(2, &[devices[2]], &["set", "after", "loss"]);
+    assert!(ok && out.contains("logs of 2 devices"), "{out}");
+    for (key, value) in [
+        ("greeting", "hello"),
+        ("second", "write"),
+        ("after", "loss"),
+    ] {
+        let (ok, out) = fan_out(1, &[], &["get", key]);
+        assert!(ok && out == value, "get {key}: {out}");
+    }
+    // Each write was read back, so the server applied it; its other copies came as
+    // duplicates: three writes, each applied once.
+    assert_eq!(applied(), 3.0, "three writes, each applied once");
+    drop((nodes, server));
+}

@@ -46,6 +46,9 @@ pub struct SessionOptions {
     pub peer_role: (&'static str, &'static str),
     /// Devices in series whose acks an update waits for (docs/replication.md); 1 by default.
     pub replicas: u8,
+    /// Fan-out replication: devices besides `peer` every update goes to at once
+    /// (`ClientConfig::fan_out`).
+    pub fan_out: Vec<SocketAddr>,
 }
 
 impl SessionOptions {
@@ -66,6 +69,7 @@ impl SessionOptions {
             more_peers: Vec::new(),
             peer_role: SessionOptions::DEVICE_PEER,
             replicas: 1,
+            fan_out: Vec::new(),
         }
     }
 
@@ -128,6 +132,7 @@ impl ClientSession {
         let mut config =
             ClientConfig::new(session_id, options.server_id, options.steer(session_id));
         config.auth = options.keys.clone().map(pmnet_auth::Authenticator::new);
+        config.fan_out = options.fan_out.clone();
         if let Some(lifetime) = options.request_lifetime {
             config.request_lifetime = lifetime;
         }

@@ -50,6 +50,11 @@ pub struct ClientConfig {
     /// flag `REPLICATED` and every fragment needs acks from this many distinct devices
     /// (docs/replication.md); 1 to [`REPLICAS_MAX`].
     pub replicas: u8,
+    /// Fan-out replication: devices besides `peer` that every update fragment is sent to at
+    /// once (each logs it, acks this client and forwards it to the server, which applies it
+    /// once and frees every copy with its ACK; docs/replication.md, "Fan-out"). Empty: the
+    /// devices, if several, are in series behind `peer`. Bypass requests go to `peer` only.
+    pub fan_out: Vec<SocketAddr>,
 }
 
 /// Devices in series a client can wait for at most.
@@ -72,6 +77,7 @@ impl ClientConfig {
             request_lifetime: Duration::from_secs(12),
             abandoned_max: 1024,
             replicas: 1,
+            fan_out: Vec::new(),
         }
     }
 }
@@ -487,7 +493,12 @@ impl Client {
         self.next_seq += 1;
         for fragment in &fragments {
             // A copy with room for the trailer: sealing it then needs no second allocation.
-            self.queue(pmnet_wire::to_sendable(fragment));
+            let bytes = pmnet_wire::to_sendable(fragment);
+            if kind == RequestKind::Update {
+                self.queue_update(bytes);
+            } else {
+                self.queue(bytes);
+            }
         }
         self.counters.requests_started += 1;
         let fragment_count = fragments.len();
@@ -508,6 +519,19 @@ impl Client {
             },
         );
         Ok(seq)
+    }
+
+    /// An update fragment: to `peer`, and with fan-out to every other device too.
+    fn queue_update(&mut self, bytes: Vec<u8>) {
+        for index in 0..self.config.fan_out.len() {
+            self.counters.fragments_sent += 1;
+            let destination = self.config.fan_out[index];
+            self.transmits.push_back(Transmit {
+                destination,
+                bytes: bytes.clone(),
+            });
+        }
+        self.queue(bytes);
     }
 
     fn queue(&mut self, bytes: Vec<u8>) {
@@ -764,6 +788,7 @@ impl Client {
             // resend (the server gets them from the devices); the others go again, so that a
             // device that logged some fragments logs the rest, or more devices log them.
             let acked_any = request.acked_by;
+            let update = request.kind == RequestKind::Update;
             let resend: Vec<Vec<u8>> = request
                 .fragments
                 .iter()
@@ -775,7 +800,11 @@ impl Client {
                 .collect();
             for bytes in resend {
                 self.counters.retransmitted_fragments += 1;
-                self.queue(bytes);
+                if update {
+                    self.queue_update(bytes);
+                } else {
+                    self.queue(bytes);
+                }
             }
         }
     }

@@ -54,7 +54,7 @@ fn the_replication_bench_runs_three_modes_per_factor_and_reports_ratios() {
     let expected: Vec<(String, u64)> = [1, 2]
         .into_iter()
         .flat_map(|r| {
-            ["rep-client", "rep-server", "rep-pmnet"]
+            ["rep-client", "rep-server", "rep-pmnet", "rep-fanout"]
                 .into_iter()
                 .map(move |mode| (mode.to_owned(), r))
         })

@@ -8,7 +8,10 @@
 //!   the primary sends only once its R − 1 replica servers applied the update
 //!   (`pmnet server --replica`);
 //! - `rep-pmnet`: R PMNet devices in series in front of one server — the client waits for
-//!   the PMNet-ACKs of all R devices (`pmnet client --replicas R`).
+//!   the PMNet-ACKs of all R devices (`pmnet client --replicas R`);
+//! - `rep-fanout`: R PMNet devices side by side in front of one server — the client sends
+//!   each update to all R at once and waits for their PMNet-ACKs; each forwards its copy to
+//!   the server, which applies it once (`pmnet client --fan-out … --replicas R`).
 //!
 //! Every part is started as `pmnet server` / `pmnet device` start it (the same runtimes, as
 //! threads of this process, on loopback, files under the bench's directory, removed at the
@@ -41,7 +44,8 @@ use super::workload::{RequestGenerator, Workload};
 pub struct ReplicationArgs {
     /// Instead of the usual modes: replication factors to compare (comma-separated, 1 to 8),
     /// each with client-side replication (rep-client), server-side replication (rep-server)
-    /// and PMNet devices in series (rep-pmnet), side by side in one run.
+    /// PMNet devices in series (rep-pmnet) and PMNet devices side by side, the client sending
+    /// to each (rep-fanout), in one run.
     #[arg(long = "replicas", value_name = "R,...", value_delimiter = ',',
           value_parser = clap::value_parser!(u8).range(1..=8))]
     pub replicas: Vec<u8>,
@@ -53,16 +57,23 @@ pub enum RepMode {
     Client,
     Server,
     Pmnet,
+    Fanout,
 }
 
 impl RepMode {
-    pub const ALL: [RepMode; 3] = [RepMode::Client, RepMode::Server, RepMode::Pmnet];
+    pub const ALL: [RepMode; 4] = [
+        RepMode::Client,
+        RepMode::Server,
+        RepMode::Pmnet,
+        RepMode::Fanout,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             RepMode::Client => "rep-client",
             RepMode::Server => "rep-server",
             RepMode::Pmnet => "rep-pmnet",
+            RepMode::Fanout => "rep-fanout",
         }
     }
 
@@ -74,6 +85,8 @@ impl RepMode {
             (RepMode::Server, r) => format!("the primary's reply, after its {} replicas", r - 1),
             (RepMode::Pmnet, 1) => "one device's PMNet-ACK".to_owned(),
             (RepMode::Pmnet, r) => format!("PMNet-ACKs of {r} devices in series"),
+            (RepMode::Fanout, 1) => "one device's PMNet-ACK (no fan-out)".to_owned(),
+            (RepMode::Fanout, r) => format!("PMNet-ACKs of {r} devices it sent to"),
         }
     }
 }
@@ -84,6 +97,8 @@ struct RepSystem {
     threads: Vec<JoinHandle<Metrics>>,
     /// Where the client sends: every server (rep-client), the primary, or the first device.
     peers: Vec<SocketAddr>,
+    /// rep-fanout: the other devices every update goes to as well.
+    fan_out: Vec<SocketAddr>,
     server_medium: String,
     device_medium: Option<String>,
     /// Declared last: removed after the threads stopped.
@@ -113,6 +128,7 @@ impl RepSystem {
             shutdown: Shutdown::new(),
             threads: Vec::new(),
             peers: Vec::new(),
+            fan_out: Vec::new(),
             server_medium: String::new(),
             device_medium: None,
             _files: Vec::new(),
@@ -164,6 +180,30 @@ impl RepSystem {
                 }
                 system.peers.push(next);
             }
+            RepMode::Fanout => {
+                let place = RepSystem::place(config, Vec::new(), Vec::new());
+                let server = system.server(config, place)?;
+                for index in 0..replicas {
+                    let mut device_config = config.clone();
+                    device_config.device_id = config.device_id + u16::from(index);
+                    let log = temp_path(&config.dir, "log");
+                    system._files.push(FileGuard(Some(log.clone())));
+                    let device = start_device(
+                        &device_config,
+                        log,
+                        0,
+                        &[(config.server_id, server)],
+                        &system.shutdown,
+                    )?;
+                    if index == 0 {
+                        system.peers.push(device.data);
+                    } else {
+                        system.fan_out.push(device.data);
+                    }
+                    system.device_medium = Some(device.medium);
+                    system.threads.push(device.thread);
+                }
+            }
         }
         Ok(system)
     }
@@ -201,6 +241,7 @@ struct ClientJob {
     mode: RepMode,
     replicas: u8,
     peers: Vec<SocketAddr>,
+    fan_out: Vec<SocketAddr>,
     plan_server_id: u16,
     wait: pmnet_runtime::WaitMode,
     cpu: Option<usize>,
@@ -232,8 +273,9 @@ fn run_client(job: ClientJob) -> Result<ClientMeasure, String> {
         options.wait = job.wait;
         options.window = Some(1);
         options.keys = job.keys.clone();
-        if job.mode == RepMode::Pmnet {
+        if matches!(job.mode, RepMode::Pmnet | RepMode::Fanout) {
             options.replicas = job.replicas;
+            options.fan_out = job.fan_out.clone();
         } else {
             options.peer_role = SessionOptions::SERVER_PEER;
         }
@@ -311,6 +353,7 @@ fn run_once(
             mode,
             replicas,
             peers: system.peers.clone(),
+            fan_out: system.fan_out.clone(),
             plan_server_id: plan.server_id,
             wait: plan.wait,
             cpu: plan.client_cpu,
@@ -432,8 +475,9 @@ fn find(results: &[ModeResult], mode: RepMode, replicas: u8) -> Option<&ModeResu
         .find(|result| result.mode == mode.name() && result.replicas == Some(replicas))
 }
 
-/// rep-pmnet against rep-server and rep-client at each R, and rep-pmnet at each R against
-/// rep-pmnet with one device (the cost of the chain).
+/// rep-pmnet against rep-server and rep-client at each R, rep-pmnet and rep-fanout at each R
+/// against rep-pmnet with one device (the cost of the chain, of the fan-out), and rep-fanout
+/// against rep-pmnet.
 pub fn ratios(results: &[ModeResult]) -> Vec<ReplicationRatio> {
     let mut factors: Vec<u8> = results
         .iter()
@@ -465,6 +509,12 @@ pub fn ratios(results: &[ModeResult]) -> Vec<ReplicationRatio> {
         if r > 1 {
             if let Some(single) = find(results, RepMode::Pmnet, 1) {
                 push(r, pmnet, single, 1);
+            }
+            if let Some(fanout) = find(results, RepMode::Fanout, r) {
+                if let Some(single) = find(results, RepMode::Pmnet, 1) {
+                    push(r, fanout, single, 1);
+                }
+                push(r, fanout, pmnet, r);
             }
         }
     }

@@ -153,6 +153,13 @@ pub struct GatewayArgs {
           value_parser = clap::value_parser!(u8).range(1..=i64::from(pmnet_proto::REPLICAS_MAX)))]
     pub replicas: u8,
 
+    /// Fan-out replication: send every write at once to these devices as well as to
+    /// `--device` (each run with `--server` the same server side, which names them all as
+    /// devices); `--replicas` of them must ack (docs/replication.md, "Fan-out").
+    #[arg(long, value_name = "ADDR[,ADDR...]", value_delimiter = ',',
+          value_parser = crate::addr::parse_addr)]
+    pub fan_out: Vec<SocketAddr>,
+
     /// Client commands slower than this many microseconds (from the command parsed to its
     /// reply ready) enter the gateway's slow log (`SLOWLOG GET`); negative: none, 0: every
     /// command. Redis's `slowlog-log-slower-than`.
@@ -397,6 +404,28 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
     }
     options.device_cache = args.device_cache;
     options.replicas = args.replicas;
+    if !args.fan_out.is_empty() {
+        if !more_devices.is_empty() {
+            return Err("--fan-out takes one --device address, not a device's workers".into());
+        }
+        if args.device_cache {
+            return Err(
+                "--fan-out and --device-cache do not go together: each device would \
+                        order the keyed writes of its own copy"
+                    .into(),
+            );
+        }
+        let devices = 1 + args.fan_out.len();
+        if usize::from(args.replicas) > devices {
+            return Err(format!(
+                "--replicas {} asks for more devices' acks than the {devices} a write goes to \
+                 (--device and --fan-out)",
+                args.replicas
+            )
+            .into());
+        }
+        options.fan_out = args.fan_out.clone();
+    }
     if !(args.down_after.is_finite() && args.down_after >= 0.0) {
         return Err(format!(
             "--down-after {}: give a number of seconds, 0 or more",
@@ -430,7 +459,7 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
     options.max_input_bytes = args.max_input_bytes.max(1 << 20);
     let traffic = pmnet_runtime::auth_text(options.keys.as_ref());
     let mut gateway = Gateway::open(options, shutdown)?;
-    let lines = vec![
+    let mut lines = vec![
         format!("pmnet gateway listening on {}", gateway.local_addr()),
         format!(
             "  device: {} (server {}); window {} requests per connection; at most {} connections",
@@ -487,6 +516,29 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
         ),
         format!("  {}", describe(&args.run, gateway.metrics_addr())),
     ];
+    if !args.fan_out.is_empty() || args.replicas > 1 {
+        lines.insert(
+            2,
+            if args.fan_out.is_empty() {
+                format!(
+                    "  replication: a write is answered once {} devices in series acked it",
+                    args.replicas
+                )
+            } else {
+                format!(
+                    "  replication: fan-out, every write also to {}; answered once {} of the {} \
+                     devices acked it",
+                    args.fan_out
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    args.replicas,
+                    1 + args.fan_out.len()
+                )
+            },
+        );
+    }
     announce(&lines);
     gateway.run()?;
     Ok(ExitCode::SUCCESS)

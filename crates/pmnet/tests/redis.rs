@@ -678,3 +678,102 @@ fn writes_of_many_sessions_share_script_calls_and_each_applies_once() {
         "{groups} groups of {grouped}"
     );
 }
+
+/// `pmnet gateway --fan-out` (docs/replication.md, "Fan-out"): every write goes to two
+/// devices at once, each acks the gateway and forwards its copy to the module, which applies
+/// it once; both devices logged every write, and Redis holds each exactly once (an `RPUSH`
+/// applied twice would show twice).
+#[test]
+fn with_the_module_a_gateway_fans_each_write_out_to_two_devices() {
+    require_redis();
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (listen, d1, d2) = (free_udp_port(), free_udp_port(), free_udp_port());
+    let device_addr = |port: u16| format!("127.0.0.1:{port}");
+    let redis_server = Redis::start_loading(
+        dir.path(),
+        Some(vec![
+            "listen".to_owned(),
+            device_addr(listen),
+            "device".to_owned(),
+            format!("{},{}", device_addr(d1), device_addr(d2)),
+        ]),
+    );
+    let device = |id: u16, port: u16| {
+        let args: Vec<String> = [
+            "device",
+            "--listen",
+            &device_addr(port),
+            "--server",
+            &format!("1={}", device_addr(listen)),
+            "--device-id",
+            &id.to_string(),
+            "--log-file",
+            &dir.path().join(format!("d{id}.log")).display().to_string(),
+            "--slots",
+            "4096",
+            "--metrics",
+            "127.0.0.1:0",
+            "--report-interval",
+            "0",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        Proc::spawn(&args, &dir.path().join(format!("d{id}.stderr")))
+    };
+    let devices = [device(1, d1), device(2, d2)];
+    let gateway_args: Vec<String> = [
+        "gateway",
+        "--listen",
+        "127.0.0.1:0",
+        "--device",
+        &device_addr(d1),
+        "--fan-out",
+        &device_addr(d2),
+        "--replicas",
+        "2",
+        "--redis",
+        &redis_server.addr().to_string(),
+        "--report-interval",
+        "0",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let gateway = Proc::spawn(&gateway_args, &dir.path().join("gateway.log"));
+    let mut client = pmnet_redis::resp::SyncClient::connect(gateway.addr, Duration::from_secs(30))
+        .expect("connect to the gateway");
+    for index in 0..20 {
+        let reply = client
+            .command(&["SET", &format!("k{index}"), &index.to_string()])
+            .expect("SET");
+        assert_eq!(reply, Value::Simple(b"OK".to_vec()));
+    }
+    let logged = |proc: &Proc| {
+        let text = pmnet_runtime::metrics::scrape(
+            proc.metrics.expect("a metrics endpoint"),
+            Duration::from_secs(5),
+        )
+        .expect("scrape a device");
+        pmnet_runtime::metrics::find_sample(
+            &text,
+            "pmnet_device_updates_logged_total",
+            r#"port="pmnet""#,
+        )
+        .unwrap_or(0.0)
+    };
+    for proc in &devices {
+        let count = logged(proc);
+        assert!(count >= 20.0, "every device logged every write: {count}");
+    }
+    // Acked by the devices, applied by the module a moment later.
+    let mut redis = redis_server.client();
+    poll_until("the module applied every write", || {
+        (0..20).all(|index| {
+            redis.command(&["GET", &format!("k{index}")]).ok() == Some(bulk(&index.to_string()))
+        })
+    });
+    // INCR is a counting write, sent as a bypass request through the first device only, and
+    // applied once however it travels.
+    client.command(&["INCR", "n"]).expect("INCR");
+    assert_eq!(redis.command(&["GET", "n"]).expect("GET"), bulk("1"));
+    drop(gateway);
+}

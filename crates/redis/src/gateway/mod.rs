@@ -74,6 +74,9 @@ pub struct GatewayOptions {
     pub device_cache: bool,
     /// Devices in series whose PMNet-ACKs an update waits for (docs/replication.md).
     pub replicas: u8,
+    /// Fan-out replication: devices besides the first every update goes to at once
+    /// (`ClientConfig::fan_out`; docs/replication.md, "Fan-out").
+    pub fan_out: Vec<SocketAddr>,
     /// How long the path (device, adaptor, Redis) may leave the gateway's own `PING` unanswered
     /// before commands that need it are answered with an error naming the missing part, and
     /// new connections refused (`None`: never; see `health.rs`).
@@ -118,6 +121,7 @@ impl GatewayOptions {
             auth: Auth::default(),
             device_cache: false,
             replicas: 1,
+            fan_out: Vec::new(),
             down_after: Some(DEFAULT_DOWN_AFTER),
             slowlog_log_slower_than: DEFAULT_SLOWLOG_SLOWER_THAN,
             slowlog_max_len: DEFAULT_SLOWLOG_MAX_LEN,
@@ -634,6 +638,7 @@ impl Gateway {
             );
             config.window = self.options.window;
             config.replicas = self.options.replicas.clamp(1, pmnet_proto::REPLICAS_MAX);
+            config.fan_out = self.options.fan_out.clone();
             config.auth = self
                 .options
                 .keys

@@ -35,7 +35,7 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::world::{Faults, Topology, World};
+use crate::world::{device_addr, Faults, Topology, World};
 
 use attacker::Attacker;
 use safety_phase::FaultMix;
@@ -204,6 +204,21 @@ fn chain_for_seed(seed: u64) -> Option<(usize, Vec<u8>)> {
     Some((devices, replicas))
 }
 
+/// Fan-out (docs/replication.md, "Fan-out") on a quarter of the seeds with neither the
+/// cache, devices in series nor replica servers: two devices side by side, every client
+/// sending each update to both and waiting for the acks of 1 or 2 of them (per client, in
+/// turn). Drawn from a generator of its own, so that the other seeds' worlds do not change.
+fn fanout_for_seed(seed: u64) -> Option<Vec<u8>> {
+    if cache_for_seed(seed) || chain_for_seed(seed).is_some() || replicas_for_seed(seed) > 0 {
+        return None;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xFA17_0000_0000_0021);
+    if !rng.random_bool(0.25) {
+        return None;
+    }
+    Some((0..4).map(|_| rng.random_range(1..=2u8)).collect())
+}
+
 /// How many replica servers each server of `seed` has (docs/replication.md, "Replicated
 /// servers"): 1 or 2 on a quarter of the seeds with neither the cache nor chains, none
 /// otherwise; drawn from a generator of its own, so that the other seeds' worlds do not
@@ -351,6 +366,11 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
         topology.device_slot_counts = (0..*devices).map(|_| slots.random_range(2..128)).collect();
         topology.chain = true;
     }
+    let fanout = fanout_for_seed(seed);
+    if fanout.is_some() && topology.device_slot_counts.len() < 2 {
+        let mut slots = ChaCha8Rng::seed_from_u64(seed ^ 0xFA17_5000_0000_0021);
+        topology.device_slot_counts = (0..2).map(|_| slots.random_range(2..128)).collect();
+    }
     let summary = FaultSummary {
         client_count: topology.client_count,
         device_count: topology.device_slot_counts.len(),
@@ -401,6 +421,17 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
             .min()
             .unwrap_or(1);
         world.device_losses_allowed = usize::from(fewest).saturating_sub(1);
+    }
+    if let Some(replicas) = &fanout {
+        for client in 0..world.clients.len() {
+            let wanted = replicas[client % replicas.len()];
+            // Its peer is device `client % 2`: the other one is its fan-out.
+            let other = device_addr((client + 1) % 2);
+            world.reconfigure_client(client, |config| {
+                config.replicas = wanted;
+                config.fan_out = vec![other];
+            });
+        }
     }
     world.network.record_seen = false;
     for (client, lifetime) in mix.short_lifetimes.iter().enumerate() {
@@ -492,6 +523,13 @@ fn check_invariants(world: &mut World, issued: &[Vec<Issued>], summary: &mut Fau
     durability_checker::note_acks_checked(world);
     if !world.chain.is_empty() {
         summary.counts.seeds_with_chains += 1;
+    }
+    if world
+        .clients
+        .first()
+        .is_some_and(|node| !node.client.config().fan_out.is_empty())
+    {
+        summary.counts.seeds_with_fanout += 1;
     }
     if !world.replicas.is_empty() {
         summary.counts.seeds_with_replicas += 1;

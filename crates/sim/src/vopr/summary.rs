@@ -62,6 +62,8 @@ pub struct FaultCounts {
     pub seeds_with_replicas: u64,
     /// Seeds whose devices are in series, and devices of theirs lost for good.
     pub seeds_with_chains: u64,
+    /// Seeds whose clients fan every update out to two devices side by side.
+    pub seeds_with_fanout: u64,
     pub devices_lost: u64,
     pub replica_crashes: u64,
     pub primaries_lost: u64,
@@ -107,6 +109,7 @@ impl FaultCounts {
         self.seeds_with_cache += other.seeds_with_cache;
         self.seeds_with_replicas += other.seeds_with_replicas;
         self.seeds_with_chains += other.seeds_with_chains;
+        self.seeds_with_fanout += other.seeds_with_fanout;
         self.devices_lost += other.devices_lost;
         self.replica_crashes += other.replica_crashes;
         self.primaries_lost += other.primaries_lost;
@@ -213,6 +216,12 @@ impl FaultCounts {
                     self.devices_lost,
                 ),
             ]);
+        }
+        if self.seeds_with_fanout > 0 {
+            lines.push((
+                "seeds with fan-out to two devices side by side",
+                self.seeds_with_fanout,
+            ));
         }
         if self.seeds_with_replicas > 0 {
             lines.extend([

@@ -332,7 +332,10 @@ fn hostile_frames_at_the_in_path_device_are_counted_and_dropped() {
     let report = stop_and_report(device);
     assert!(count_after(&report, "xdp steered") >= 300, "{report}");
     assert!(count_after(&report, "dropped") >= 250, "{report}");
-    assert_eq!(count_after(&report, "updates"), 1, "{report}");
+    // The one genuine update, logged once (a retransmission of it, when the client's timer
+    // fires first on a loaded host, is received too and recognised): no garbage was taken
+    // for an update.
+    assert_eq!(count_after(&report, " logged "), 1, "{report}");
     assert!(
         report.contains("bad_frame_source_on_another_port=1"),
         "{report}"

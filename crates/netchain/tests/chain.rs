@@ -358,120 +358,114 @@ fn the_controller_tells_of_each_change() {
     );
 }
 
-/// A compare-and-set is decided once, whichever member answers it. The head decides a
-/// failure; its answer is lost; the head is lost for good and the controller makes the next
-/// member head; the client's retransmission reaches the new head, which answers "compare
-/// failed" as the first head did — not "in doubt", and never by applying it: the key is
-/// changed meanwhile so that a second decision would succeed.
-#[test]
-fn a_failed_compare_and_set_is_decided_once_across_a_change_of_head() {
-    use pmnet_netchain::{Controller, ControllerConfig};
-    use pmnet_wire::netchain::RETRANSMITTED;
-    const CONTROLLER: SocketAddr = SocketAddr::new(
-        std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 7, 1)),
-        7700,
-    );
-    let addrs: Vec<SocketAddr> = (0..3).map(member).collect();
-    let controller_config = ControllerConfig {
-        chain_length: 3,
-        suspect_after: Duration::from_millis(50),
-        lease: Duration::from_millis(100),
-        ..ControllerConfig::default()
-    };
-    let mut controller =
-        Controller::new(controller_config, &addrs, 1, Time::ZERO).expect("a controller");
-    let mut nodes: Vec<ChainNode> = addrs
-        .iter()
-        .map(|addr| {
-            let mut config = ChainConfig::controlled(*addr, 1, CONTROLLER);
-            config.request_lifetime = Duration::from_secs(2);
-            ChainNode::new(config, Table::new(geometry()), Time::ZERO)
-        })
-        .collect();
-    let mut files: Vec<TableFile<SimRegion>> = (0..3)
-        .map(|_| {
-            TableFile::format(SimRegion::new(geometry().region_len()), geometry()).expect("format")
-        })
-        .collect();
-    let client = client_addr(0);
-    // Datagrams in flight (from, to, bytes); what reached the client; who is down.
-    let mut queue: std::collections::VecDeque<(SocketAddr, SocketAddr, Vec<u8>)> =
-        Default::default();
-    let mut replies: Vec<(SocketAddr, Reply<'static>)> = Vec::new();
-    let mut down = [false; 3];
-    let mut drop_replies = false;
-    let mut now = Time::ZERO;
-    let mut run = |queue: &mut std::collections::VecDeque<(SocketAddr, SocketAddr, Vec<u8>)>,
-                   replies: &mut Vec<(SocketAddr, Reply<'static>)>,
-                   controller: &mut Controller,
-                   nodes: &mut Vec<ChainNode>,
-                   down: &[bool; 3],
-                   drop_replies: bool,
-                   now: Time| {
-        controller.handle_timeout(now);
-        for (index, node) in nodes.iter_mut().enumerate() {
-            if !down[index] {
-                node.handle_timeout(now);
-            }
+/// Three members under a controller on a network of the test's own: every datagram delivered
+/// at once, in order, except to members that are down and replies the client does not hear.
+struct ControlledChain {
+    controller: pmnet_netchain::Controller,
+    nodes: Vec<ChainNode>,
+    files: Vec<TableFile<SimRegion>>,
+    queue: std::collections::VecDeque<(SocketAddr, SocketAddr, Vec<u8>)>,
+    /// What reached the client: (from, status, version).
+    replies: Vec<(SocketAddr, Status, u64)>,
+    down: [bool; 3],
+    drop_replies: bool,
+    now: Time,
+}
+
+const CONTROLLER: SocketAddr = SocketAddr::new(
+    std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 7, 1)),
+    7700,
+);
+
+impl ControlledChain {
+    fn new() -> ControlledChain {
+        use pmnet_netchain::{Controller, ControllerConfig};
+        let addrs: Vec<SocketAddr> = (0..3).map(member).collect();
+        let config = ControllerConfig {
+            chain_length: 3,
+            suspect_after: Duration::from_millis(50),
+            lease: Duration::from_millis(100),
+            ..ControllerConfig::default()
+        };
+        ControlledChain {
+            controller: Controller::new(config, &addrs, 1, Time::ZERO).expect("a controller"),
+            nodes: addrs
+                .iter()
+                .map(|addr| {
+                    let mut config = ChainConfig::controlled(*addr, 1, CONTROLLER);
+                    config.request_lifetime = Duration::from_secs(2);
+                    ChainNode::new(config, Table::new(geometry()), Time::ZERO)
+                })
+                .collect(),
+            files: (0..3)
+                .map(|_| {
+                    TableFile::format(SimRegion::new(geometry().region_len()), geometry())
+                        .expect("format")
+                })
+                .collect(),
+            queue: Default::default(),
+            replies: Vec::new(),
+            down: [false; 3],
+            drop_replies: false,
+            now: Time::ZERO,
         }
-        loop {
-            while let Some(transmit) = controller.poll_transmit() {
-                queue.push_back((CONTROLLER, transmit.destination, transmit.bytes));
+    }
+
+    /// Deliver until nothing is in flight, then let time pass to `until` in 5 ms steps.
+    fn settle_for(&mut self, duration: Duration) {
+        let until = self.now + duration;
+        while self.now < until {
+            self.controller.handle_timeout(self.now);
+            for (index, node) in self.nodes.iter_mut().enumerate() {
+                if !self.down[index] {
+                    node.handle_timeout(self.now);
+                }
             }
-            let _ = controller.poll_save();
-            for (index, node) in nodes.iter_mut().enumerate() {
+            self.deliver();
+            self.now = self.now + Duration::from_millis(5);
+        }
+    }
+
+    fn deliver(&mut self) {
+        let now = self.now;
+        loop {
+            while let Some(transmit) = self.controller.poll_transmit() {
+                self.queue
+                    .push_back((CONTROLLER, transmit.destination, transmit.bytes));
+            }
+            let _ = self.controller.poll_save();
+            for (index, node) in self.nodes.iter_mut().enumerate() {
                 while let Some(batch) = node.poll_persist() {
-                    files[index].persist_batch(&batch.work);
+                    self.files[index].persist_batch(&batch.work);
                     node.on_persisted(now, batch.number);
                 }
                 while let Some(transmit) = node.poll_transmit() {
-                    if !down[index] {
-                        queue.push_back((addrs[index], transmit.destination, transmit.bytes));
+                    if !self.down[index] {
+                        self.queue
+                            .push_back((member(index), transmit.destination, transmit.bytes));
                     }
                 }
             }
-            let Some((from, to, bytes)) = queue.pop_front() else {
-                break;
+            let Some((from, to, bytes)) = self.queue.pop_front() else {
+                return;
             };
             if to == CONTROLLER {
-                controller.handle(now, from, &bytes);
-            } else if to == client {
-                if !drop_replies {
-                    let (_, payload) = Header::parse(&bytes).unwrap();
-                    let reply = Reply::parse(payload).unwrap();
-                    let value: &'static [u8] = reply.value.to_vec().leak();
-                    replies.push((
-                        from,
-                        Reply {
-                            status: reply.status,
-                            version: reply.version,
-                            value,
-                        },
-                    ));
-                }
-            } else if let Some(index) = addrs.iter().position(|addr| *addr == to) {
-                if !down[index] {
+                self.controller.handle(now, from, &bytes);
+            } else if let Some(index) = (0..3).find(|index| member(*index) == to) {
+                if !self.down[index] {
                     let (header, payload) = Header::parse(&bytes).unwrap();
-                    nodes[index].handle(now, from, &header, payload);
+                    self.nodes[index].handle(now, from, &header, payload);
                 }
+            } else if !self.drop_replies {
+                let (_, payload) = Header::parse(&bytes).unwrap();
+                let reply = Reply::parse(payload).unwrap();
+                self.replies.push((from, reply.status, reply.version));
             }
         }
-    };
-    let step = Duration::from_millis(5);
-    let mut settle = |until: Time,
-                      now: &mut Time,
-                      queue: &mut std::collections::VecDeque<_>,
-                      replies: &mut Vec<_>,
-                      controller: &mut Controller,
-                      nodes: &mut Vec<ChainNode>,
-                      down: &[bool; 3],
-                      drop_replies: bool| {
-        while *now < until {
-            run(queue, replies, controller, nodes, down, drop_replies, *now);
-            *now = *now + step;
-        }
-    };
-    let request = |op: Op, value: &'static [u8], seq: u32, flags: u16| {
+    }
+
+    /// A request of `session` to `to` about key `lock` (group 0 of 1).
+    fn send(&mut self, to: usize, session: u64, seq: u32, op: Op, value: &[u8], flags: u16) {
         let mut payload = Vec::new();
         Request {
             op,
@@ -480,124 +474,78 @@ fn a_failed_compare_and_set_is_decided_once_across_a_change_of_head() {
             value,
         }
         .emit(&mut payload);
-        let mut header = Header::new(PacketType::Reserved(CHAIN_REQUEST), 1, 9, seq);
+        let mut header = Header::new(PacketType::Reserved(CHAIN_REQUEST), 1, session, seq);
         header.flags = flags;
-        header.encode(&payload)
-    };
+        self.queue.push_back((
+            client_addr(session as usize),
+            member(to),
+            header.encode(&payload),
+        ));
+        self.settle_for(Duration::from_millis(50));
+    }
+}
+
+/// A compare-and-set is decided once, whichever member answers it. The head decides a
+/// failure; its answer is lost; the head is lost for good and the controller makes the next
+/// member head; the client's retransmission reaches the new head, which answers "compare
+/// failed" as the first head did — not "in doubt", and never by applying it: the key is
+/// changed meanwhile so that a second decision would succeed.
+#[test]
+fn a_failed_compare_and_set_is_decided_once_across_a_change_of_head() {
+    use pmnet_wire::netchain::RETRANSMITTED;
+    let mut chain = ControlledChain::new();
     // Past the controller's start grace: every member serving under its lease.
-    settle(
-        Time::ZERO + Duration::from_millis(1500),
-        &mut now,
-        &mut queue,
-        &mut replies,
-        &mut controller,
-        &mut nodes,
-        &down,
-        drop_replies,
-    );
-    let chain = controller.layout().chains()[0].clone();
-    assert_eq!(chain.len(), 3, "{chain:?}");
-    let index_of = |addr: SocketAddr| addrs.iter().position(|a| *a == addr).unwrap();
-    let (head, second) = (index_of(chain[0]), index_of(chain[1]));
-    // Request 1 (another session's): put the lock, version 1.
-    let mut put = request(Op::Put, b"A", 1, 0);
-    let (header, payload) = Header::parse(&put).unwrap();
-    let mut other = header;
-    other.session_id = 8;
-    put = other.encode(payload);
-    queue.push_back((client_addr(1), addrs[head], put));
-    settle(
-        now + Duration::from_millis(50),
-        &mut now,
-        &mut queue,
-        &mut replies,
-        &mut controller,
-        &mut nodes,
-        &down,
-        drop_replies,
-    );
-    // Session 9's compare-and-set expects the lock absent: it fails on version 1. Its answer
+    chain.settle_for(Duration::from_millis(1500));
+    let layout = chain.controller.layout().chains()[0].clone();
+    assert_eq!(layout.len(), 3, "{layout:?}");
+    let index_of = |addr: SocketAddr| (0..3).find(|index| member(*index) == addr).unwrap();
+    let (head, second) = (index_of(layout[0]), index_of(layout[1]));
+    // Session 1 puts the lock (version 1).
+    chain.send(head, 1, 1, Op::Put, b"A", 0);
+    // Session 2's compare-and-set expects the lock absent: it fails on version 1. Its answer
     // is lost.
-    drop_replies = true;
-    let cas = request(Op::CompareAndSet { expected: 0 }, b"B", 1, 0);
-    queue.push_back((client, addrs[head], cas));
-    settle(
-        now + Duration::from_millis(50),
-        &mut now,
-        &mut queue,
-        &mut replies,
-        &mut controller,
-        &mut nodes,
-        &down,
-        drop_replies,
-    );
-    drop_replies = false;
-    // The lock is deleted (another session): a second decision of the compare-and-set would
-    // now find it absent and succeed.
-    let mut delete = request(Op::Delete, b"", 2, 0);
-    let (header, payload) = Header::parse(&delete).unwrap();
-    let mut other = header;
-    other.session_id = 8;
-    delete = other.encode(payload);
-    queue.push_back((client_addr(1), addrs[head], delete));
-    settle(
-        now + Duration::from_millis(50),
-        &mut now,
-        &mut queue,
-        &mut replies,
-        &mut controller,
-        &mut nodes,
-        &down,
-        drop_replies,
-    );
-    replies.clear();
+    chain.drop_replies = true;
+    chain.send(head, 2, 1, Op::CompareAndSet { expected: 0 }, b"B", 0);
+    chain.drop_replies = false;
+    // Session 1 deletes the lock: a second decision of the compare-and-set would now find it
+    // absent and succeed.
+    chain.send(head, 1, 2, Op::Delete, b"", 0);
+    chain.replies.clear();
     // The head is lost for good; the controller takes it out and the next member heads.
-    down[head] = true;
-    settle(
-        now + Duration::from_millis(500),
-        &mut now,
-        &mut queue,
-        &mut replies,
-        &mut controller,
-        &mut nodes,
-        &down,
-        drop_replies,
-    );
+    chain.down[head] = true;
+    chain.settle_for(Duration::from_millis(500));
     assert_eq!(
-        controller.layout().chains()[0].first(),
-        Some(&addrs[second]),
+        chain.controller.layout().chains()[0].first(),
+        Some(&member(second)),
         "the next member heads the group"
     );
-    // The client sends the compare-and-set again, to the new head.
-    let again = request(Op::CompareAndSet { expected: 0 }, b"B", 1, RETRANSMITTED);
-    queue.push_back((client, addrs[second], again));
-    settle(
-        now + Duration::from_millis(50),
-        &mut now,
-        &mut queue,
-        &mut replies,
-        &mut controller,
-        &mut nodes,
-        &down,
-        drop_replies,
+    // Session 2 sends the compare-and-set again, to the new head.
+    chain.send(
+        second,
+        2,
+        1,
+        Op::CompareAndSet { expected: 0 },
+        b"B",
+        RETRANSMITTED,
     );
-    let answers: Vec<(Status, u64)> = replies
+    let answers: Vec<(Status, u64)> = chain
+        .replies
         .iter()
-        .map(|(_, reply)| (reply.status, reply.version))
+        .map(|(_, status, version)| (*status, *version))
         .collect();
     assert_eq!(
         answers,
         vec![(Status::CompareFailed, 1)],
         "decided once: the first head's answer, again"
     );
-    for (index, node) in nodes.iter().enumerate() {
+    for (index, node) in chain.nodes.iter().enumerate() {
         if index != head {
             assert!(
                 node.table()
                     .durable(b"lock")
                     .is_some_and(|v| v.value.is_none()),
                 "the lock stays deleted at {}",
-                addrs[index]
+                member(index)
             );
         }
     }

@@ -129,25 +129,8 @@ pub fn run(args: ClientArgs) -> Result<ExitCode, CliError> {
     options.more_peers = more.to_vec();
     options.wait = WaitMode::from_busy_poll(args.busy_poll);
     options.replicas = args.replicas;
-    if !args.fan_out.is_empty() {
-        if !more.is_empty() {
-            return Err(
-                "--fan-out takes one --device address (the first of the devices an \
-                        update goes to), not a device's workers"
-                    .into(),
-            );
-        }
-        let devices = 1 + args.fan_out.len();
-        if usize::from(args.replicas) > devices {
-            return Err(format!(
-                "--replicas {} asks for more devices' acks than the {devices} an update goes to \
-                 (--device and --fan-out)",
-                args.replicas
-            )
-            .into());
-        }
-        options.fan_out = args.fan_out.clone();
-    }
+    check_fan_out(&args.fan_out, more.len(), args.replicas)?;
+    options.fan_out = args.fan_out.clone();
     options.request_lifetime = Some(std::time::Duration::from_secs_f64(args.request_lifetime));
     if let Some(path) = &args.key_file {
         options.keys = Some(pmnet_runtime::load_key_file(path)?);
@@ -208,6 +191,34 @@ pub fn run(args: ClientArgs) -> Result<ExitCode, CliError> {
 fn is_terminal() -> bool {
     use std::io::IsTerminal;
     std::io::stdin().is_terminal()
+}
+
+/// `--fan-out`'s rules, for the client and the gateway: one `--device` (not a device's
+/// `workers` more), and no more `--replicas` than the devices an update goes to.
+pub(crate) fn check_fan_out(
+    fan_out: &[SocketAddr],
+    workers: usize,
+    replicas: u8,
+) -> Result<(), CliError> {
+    if fan_out.is_empty() {
+        return Ok(());
+    }
+    if workers > 0 {
+        return Err(
+            "--fan-out takes one --device address (the first of the devices an update \
+                    goes to), not a device's workers"
+                .into(),
+        );
+    }
+    let devices = 1 + fan_out.len();
+    if usize::from(replicas) > devices {
+        return Err(format!(
+            "--replicas {replicas} asks for more devices' acks than the {devices} an update goes \
+             to (--device and --fan-out)"
+        )
+        .into());
+    }
+    Ok(())
 }
 
 /// Send one request and describe its outcome in a line.

@@ -404,25 +404,14 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
     }
     options.device_cache = args.device_cache;
     options.replicas = args.replicas;
+    crate::client::check_fan_out(&args.fan_out, more_devices.len(), args.replicas)?;
     if !args.fan_out.is_empty() {
-        if !more_devices.is_empty() {
-            return Err("--fan-out takes one --device address, not a device's workers".into());
-        }
         if args.device_cache {
             return Err(
                 "--fan-out and --device-cache do not go together: each device would \
                         order the keyed writes of its own copy"
                     .into(),
             );
-        }
-        let devices = 1 + args.fan_out.len();
-        if usize::from(args.replicas) > devices {
-            return Err(format!(
-                "--replicas {} asks for more devices' acks than the {devices} a write goes to \
-                 (--device and --fan-out)",
-                args.replicas
-            )
-            .into());
         }
         options.fan_out = args.fan_out.clone();
     }

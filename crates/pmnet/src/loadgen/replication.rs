@@ -163,20 +163,7 @@ impl RepSystem {
                 let mut next = system.server(config, place)?;
                 // The last device first: each one's next hop must listen before it.
                 for index in (0..replicas).rev() {
-                    let mut device_config = config.clone();
-                    device_config.device_id = config.device_id + u16::from(index);
-                    let log = temp_path(&config.dir, "log");
-                    system._files.push(FileGuard(Some(log.clone())));
-                    let device = start_device(
-                        &device_config,
-                        log,
-                        0,
-                        &[(config.server_id, next)],
-                        &system.shutdown,
-                    )?;
-                    next = device.data;
-                    system.device_medium = Some(device.medium);
-                    system.threads.push(device.thread);
+                    next = system.device(config, index, next)?;
                 }
                 system.peers.push(next);
             }
@@ -184,28 +171,40 @@ impl RepSystem {
                 let place = RepSystem::place(config, Vec::new(), Vec::new());
                 let server = system.server(config, place)?;
                 for index in 0..replicas {
-                    let mut device_config = config.clone();
-                    device_config.device_id = config.device_id + u16::from(index);
-                    let log = temp_path(&config.dir, "log");
-                    system._files.push(FileGuard(Some(log.clone())));
-                    let device = start_device(
-                        &device_config,
-                        log,
-                        0,
-                        &[(config.server_id, server)],
-                        &system.shutdown,
-                    )?;
+                    let device = system.device(config, index, server)?;
                     if index == 0 {
-                        system.peers.push(device.data);
+                        system.peers.push(device);
                     } else {
-                        system.fan_out.push(device.data);
+                        system.fan_out.push(device);
                     }
-                    system.device_medium = Some(device.medium);
-                    system.threads.push(device.thread);
                 }
             }
         }
         Ok(system)
+    }
+
+    /// Device number `index` (its id the run's plus `index`), forwarding to `next`; where it
+    /// listens.
+    fn device(
+        &mut self,
+        config: &LoopbackConfig,
+        index: u8,
+        next: SocketAddr,
+    ) -> Result<SocketAddr, String> {
+        let mut device_config = config.clone();
+        device_config.device_id = config.device_id + u16::from(index);
+        let log = temp_path(&config.dir, "log");
+        self._files.push(FileGuard(Some(log.clone())));
+        let device = start_device(
+            &device_config,
+            log,
+            0,
+            &[(config.server_id, next)],
+            &self.shutdown,
+        )?;
+        self.device_medium = Some(device.medium);
+        self.threads.push(device.thread);
+        Ok(device.data)
     }
 
     /// A server's place: on a loopback port the kernel chooses.

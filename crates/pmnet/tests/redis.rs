@@ -777,3 +777,32 @@ fn with_the_module_a_gateway_fans_each_write_out_to_two_devices() {
     assert_eq!(redis.command(&["GET", "n"]).expect("GET"), bulk("1"));
     drop(gateway);
 }
+
+/// `pmnet gateway --replicas 2` in front of one device: each write waits for two devices'
+/// acks, only one comes, and Redis's reply answers it. The gateway counts such writes and says
+/// so, rather than passing one device off as two.
+#[test]
+fn a_gateway_counts_writes_answered_before_replicas_devices_acked_them() {
+    let system =
+        System::start_gateway_with(&["--replicas", "2", "--metrics", "127.0.0.1:0"], false);
+    let mut client = system.gateway_client();
+    for index in 0..3 {
+        let reply = client
+            .command(&["SET", &format!("short{index}"), "v"])
+            .expect("SET");
+        assert_eq!(reply, Value::Simple(b"OK".to_vec()));
+    }
+    let gateway = system.gateway.as_ref().expect("gateway");
+    let text = pmnet_runtime::metrics::scrape(
+        gateway.metrics.expect("the gateway's metrics endpoint"),
+        Duration::from_secs(5),
+    )
+    .expect("scrape the gateway");
+    let short = pmnet_runtime::metrics::find_sample(
+        &text,
+        "pmnet_gateway_updates_short_of_replicas_total",
+        "",
+    )
+    .unwrap_or(0.0);
+    assert_eq!(short, 3.0, "{text}");
+}

@@ -10,7 +10,7 @@ impl Gateway {
         let socket = self.socket.counters();
         format!(
             "gateway: connections open {} accepted {} refused {} closed {}; commands local {} \
-             update {} bypass {} cache-read {} (answered by the device {}) direct {} rejected {}; updates acked by device {} by server {}; timed \
+             update {} bypass {} cache-read {} (answered by the device {}) direct {} rejected {}; updates acked by device {} by server {} (short of --replicas {}); timed \
              out {} replies unavailable {} malformed replies {} protocol errors {}; udp in {} \
              out {} unknown-session {} no-op fills for reads {}; direct connections open {} \
              opened {} sticky {} refused {} failed {} barriers {}; input paused {}; path {}",
@@ -27,6 +27,7 @@ impl Gateway {
             counters.commands_rejected,
             counters.updates_acked_by_device,
             counters.updates_answered_by_server,
+            counters.updates_short_of_replicas,
             counters.requests_timed_out,
             counters.replies_unavailable,
             counters.malformed_replies,
@@ -122,6 +123,11 @@ impl Gateway {
                 "pmnet_gateway_updates_answered_by_server_total",
                 "Updates answered by the server first.",
                 counters.updates_answered_by_server,
+            ),
+            (
+                "pmnet_gateway_updates_short_of_replicas_total",
+                "Updates the server's reply answered before --replicas devices had acked them.",
+                counters.updates_short_of_replicas,
             ),
             (
                 "pmnet_gateway_requests_timed_out_total",

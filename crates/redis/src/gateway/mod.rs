@@ -176,6 +176,9 @@ pub struct GatewayCounters {
     pub updates_acked_by_device: u64,
     /// Updates answered by the server's reply first (not logged by the device).
     pub updates_answered_by_server: u64,
+    /// Of those, updates fewer than `--replicas` devices had acked: a chain shorter than
+    /// `--replicas`, or acks lost on the way (warned of, with the count).
+    pub updates_short_of_replicas: u64,
     /// Requests that timed out (no ack or reply after every retransmission).
     pub requests_timed_out: u64,
     pub replies_unavailable: u64,

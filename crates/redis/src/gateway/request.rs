@@ -314,6 +314,22 @@ pub(super) fn complete(
                     conn.direct.applied(seq);
                     if ack.flatten().is_some() {
                         counters.updates_answered_by_server += 1;
+                        if let Some((short, acked)) = conn.client.short_of_replicas() {
+                            if short == seq {
+                                counters.updates_short_of_replicas += 1;
+                                let count = counters.updates_short_of_replicas;
+                                // The first, then every 1 024th: a chain shorter than
+                                // --replicas makes every write short.
+                                if count == 1 || count % 1024 == 0 {
+                                    tracing::warn!(
+                                        "a write was answered by Redis after only {acked} of the \
+                                         {} devices --replicas asks for had acknowledged it ({count} \
+                                         so far): is the chain of devices shorter than --replicas?",
+                                        conn.client.config().replicas
+                                    );
+                                }
+                            }
+                        }
                     }
                     if let Some(health) = health.as_deref_mut() {
                         health.saw_reply(&reply);

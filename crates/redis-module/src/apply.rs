@@ -290,15 +290,12 @@ impl Applier {
 
     fn decode_command(&mut self, args: Vec<Vec<u8>>) -> Op {
         if args[0].eq_ignore_ascii_case(b"SELECT") && args.len() == 2 {
-            return Op::Literal(match pmnet_redis::resp::parse_redis_int(&args[1]) {
-                Some(n) if i32::try_from(n).is_ok() && self.is_user_db(n) => {
-                    pmnet_redis::commands::OK.to_vec()
-                }
-                Some(n) if i32::try_from(n).is_ok() => {
-                    error_reply(pmnet_redis::adaptor::DB_OUT_OF_RANGE)
-                }
-                _ => error_reply("ERR value is not an integer or out of range"),
-            });
+            return Op::Literal(
+                match pmnet_redis::adaptor::check_select(&args[1], |db| self.is_user_db(db)) {
+                    Ok(_) => pmnet_redis::commands::OK.to_vec(),
+                    Err(message) => error_reply(message),
+                },
+            );
         }
         if args[0].eq_ignore_ascii_case(pmnet_redis::adaptor::EXEC_COMMAND) {
             return Op::Exec(args);

@@ -85,13 +85,12 @@ impl Applier {
             Err(why) => return Err(format!("{ABORT}: {}", why.trim_start_matches("ERR "))),
         };
         if name == "select" {
-            return Ok(match pmnet_redis::resp::parse_redis_int(&command[1]) {
-                Some(n) if i32::try_from(n).is_ok() && self.is_user_db(n) => {
-                    Element::Select(n as u32)
-                }
-                Some(n) if i32::try_from(n).is_ok() => Element::Reply(error_reply(DB_OUT_OF_RANGE)),
-                _ => Element::Reply(error_reply("ERR value is not an integer or out of range")),
-            });
+            return Ok(
+                match pmnet_redis::adaptor::check_select(&command[1], |db| self.is_user_db(db)) {
+                    Ok(db) => Element::Select(db),
+                    Err(message) => Element::Reply(error_reply(message)),
+                },
+            );
         }
         if let Run::Refuse(why) = self.table.classify(command, self.record_db) {
             if why == DB_OUT_OF_RANGE {

@@ -566,32 +566,26 @@ impl ChainNode {
             // The request came again meanwhile and was decided here: that decision stands.
             return;
         }
-        let answer = if let Some(present) = present.filter(|present| *present != expected) {
+        if let Some(present) = present.filter(|present| *present != expected) {
             let value = if present == 0 { &[][..] } else { reply.value };
-            let failed = Decided::Failed {
-                version: present,
-                value: value.to_vec(),
-            };
-            self.remember(now, at.0, at.1, relayed.key.clone(), failed);
             let group = group_of(&relayed.key, self.group_count());
-            self.decided_failed(
+            self.decide_failed(
+                now,
                 (relayed.client, at.0, at.1),
                 group,
                 &relayed.key,
-                present,
-                value,
+                (present, value),
             );
             return;
-        } else {
-            // The committed version is the one expected; the head's newer one is on its way:
-            // the client sends it again once that is decided.
-            Reply {
-                status: Status::Paused,
-                version: 0,
-                value: &[],
-            }
+        }
+        // The committed version is the one expected; the head's newer one is on its way: the
+        // client sends it again once that is decided.
+        let paused = Reply {
+            status: Status::Paused,
+            version: 0,
+            value: &[],
         };
-        self.reply(relayed.client, at.0, at.1, answer);
+        self.reply(relayed.client, at.0, at.1, paused);
     }
 
     fn on_head_write(
@@ -643,12 +637,11 @@ impl ChainNode {
                         Decided::Stamped(version) => {
                             self.repeat((from, session, request_id), &key, version)
                         }
-                        Decided::Failed { version, value } => self.decided_failed(
+                        Decided::Failed { version, value } => self.pass_decision(
                             (from, session, request_id),
                             request.group,
                             &key,
-                            version,
-                            &value,
+                            (version, &value),
                         ),
                     }
                 }
@@ -717,17 +710,12 @@ impl ChainNode {
                     .as_ref()
                     .and_then(|version| version.value.clone())
                     .unwrap_or_default();
-                let failed = Decided::Failed {
-                    version: present_version,
-                    value: value.clone(),
-                };
-                self.remember(now, session, request_id, request.key.to_vec(), failed);
-                self.decided_failed(
+                self.decide_failed(
+                    now,
                     (from, session, request_id),
                     request.group,
                     request.key,
-                    present_version,
-                    &value,
+                    (present_version, &value),
                 );
                 return;
             }
@@ -794,21 +782,38 @@ impl ChainNode {
         );
     }
 
-    /// A compare-and-set decided failed on `version` (`value`: the key's value then), remembered
-    /// for its session already: the decision goes down the chain and the tail answers the
-    /// client, so that every member knows it before the client does — whichever member heads
-    /// the group next answers a retransmission of it the same (docs/netchain.md, "Decided
-    /// once"). At the tail, the answer.
-    fn decided_failed(
+    /// A compare-and-set of `client`'s `session` decided failed here, on `version` (`value`:
+    /// the key's value then): remembered for the session, then passed on
+    /// ([`ChainNode::pass_decision`]).
+    fn decide_failed(
+        &mut self,
+        now: Time,
+        (client, session, request): (SocketAddr, u64, u32),
+        group: u16,
+        key: &[u8],
+        (version, value): (u64, &[u8]),
+    ) {
+        let failed = Decided::Failed {
+            version,
+            value: value.to_vec(),
+        };
+        self.remember(now, session, request, key.to_vec(), failed);
+        self.pass_decision((client, session, request), group, key, (version, value));
+    }
+
+    /// A failed compare-and-set's decision, remembered here: it goes down the chain and the
+    /// tail answers the client, so that every member knows it before the client does —
+    /// whichever member heads the group next answers a retransmission of it the same
+    /// (docs/netchain.md, "Decided once"). At the tail, the answer.
+    fn pass_decision(
         &mut self,
         (client, session, request): (SocketAddr, u64, u32),
         group: u16,
         key: &[u8],
-        version: u64,
-        value: &[u8],
+        (version, value): (u64, &[u8]),
     ) {
         match self.neighbour(group, 1) {
-            Some(next) if self.place(group).is_some() => {
+            Some(next) => {
                 let mut payload = Vec::new();
                 Decision {
                     group,
@@ -861,22 +866,12 @@ impl ChainNode {
             self.counters.duplicates += 1;
             return;
         }
-        self.remember(
+        self.decide_failed(
             now,
-            session,
-            request,
-            decision.key.to_vec(),
-            Decided::Failed {
-                version: decision.version,
-                value: decision.value.to_vec(),
-            },
-        );
-        self.decided_failed(
             (decision.client, session, request),
             decision.group,
             decision.key,
-            decision.version,
-            decision.value,
+            (decision.version, decision.value),
         );
     }
 

@@ -493,12 +493,7 @@ impl Client {
         self.next_seq += 1;
         for fragment in &fragments {
             // A copy with room for the trailer: sealing it then needs no second allocation.
-            let bytes = pmnet_wire::to_sendable(fragment);
-            if kind == RequestKind::Update {
-                self.queue_update(bytes);
-            } else {
-                self.queue(bytes);
-            }
+            self.queue_request(kind, pmnet_wire::to_sendable(fragment));
         }
         self.counters.requests_started += 1;
         let fragment_count = fragments.len();
@@ -521,15 +516,16 @@ impl Client {
         Ok(seq)
     }
 
-    /// An update fragment: to `peer`, and with fan-out to every other device too.
-    fn queue_update(&mut self, bytes: Vec<u8>) {
-        for index in 0..self.config.fan_out.len() {
-            self.counters.fragments_sent += 1;
-            let destination = self.config.fan_out[index];
-            self.transmits.push_back(Transmit {
-                destination,
-                bytes: bytes.clone(),
-            });
+    /// A request's fragment: to `peer`, and an update's with fan-out to every other device too.
+    fn queue_request(&mut self, kind: RequestKind, bytes: Vec<u8>) {
+        if kind == RequestKind::Update {
+            for &destination in &self.config.fan_out {
+                self.counters.fragments_sent += 1;
+                self.transmits.push_back(Transmit {
+                    destination,
+                    bytes: bytes.clone(),
+                });
+            }
         }
         self.queue(bytes);
     }
@@ -788,7 +784,7 @@ impl Client {
             // resend (the server gets them from the devices); the others go again, so that a
             // device that logged some fragments logs the rest, or more devices log them.
             let acked_any = request.acked_by;
-            let update = request.kind == RequestKind::Update;
+            let kind = request.kind;
             let resend: Vec<Vec<u8>> = request
                 .fragments
                 .iter()
@@ -800,11 +796,7 @@ impl Client {
                 .collect();
             for bytes in resend {
                 self.counters.retransmitted_fragments += 1;
-                if update {
-                    self.queue_update(bytes);
-                } else {
-                    self.queue(bytes);
-                }
+                self.queue_request(kind, bytes);
             }
         }
     }

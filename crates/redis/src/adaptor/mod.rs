@@ -61,8 +61,8 @@ pub use recovery::{glob_escape, load_sessions, parse_record};
 pub use transactions::{parse_exec, Exec};
 use translation::Flow;
 pub use translation::{
-    is_user_db, read_payload, Payload, ABORT, DB_COMMAND, DB_OUT_OF_RANGE, EXEC_COMMAND,
-    REPLY_WORD, WATCH_COMMAND,
+    check_select, is_user_db, read_payload, Payload, ABORT, DB_COMMAND, DB_OUT_OF_RANGE,
+    EXEC_COMMAND, REPLY_WORD, WATCH_COMMAND,
 };
 
 /// Bytes of a reply at most: what one PMNet reply carries to the gateway (its PMNet client's

@@ -97,16 +97,12 @@ impl Adaptor {
         match name.as_str() {
             "select" => {
                 // As Redis answers it at EXEC (see `decode_command`).
-                return Ok(match crate::resp::parse_redis_int(&command[1]) {
-                    Some(n) if i32::try_from(n).is_ok() => {
-                        if self.is_user_db(n) {
-                            vec![SELECT_WORD.to_vec(), n.to_string().into_bytes()]
-                        } else {
-                            literal(error_reply(DB_OUT_OF_RANGE))
-                        }
-                    }
-                    _ => literal(error_reply("ERR value is not an integer or out of range")),
-                });
+                return Ok(
+                    match super::translation::check_select(&command[1], |db| self.is_user_db(db)) {
+                        Ok(db) => vec![SELECT_WORD.to_vec(), db.to_string().into_bytes()],
+                        Err(message) => literal(error_reply(message)),
+                    },
+                );
             }
             "script|load" | "script|exists" => {
                 // Redis will not run SCRIPT in a script: run now on the lookup connection (it

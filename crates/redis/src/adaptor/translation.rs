@@ -100,6 +100,16 @@ pub fn read_payload(payload: &[u8], limits: &Limits, is_user_db: impl Fn(i64) ->
     Payload::Command { db, args }
 }
 
+/// `SELECT n` read as Redis reads it, by the adaptor and the Redis module (alone and inside a
+/// transaction): the database, when clients may use it, else the error Redis gives.
+pub fn check_select(arg: &[u8], is_user_db: impl Fn(i64) -> bool) -> Result<u32, &'static str> {
+    match crate::resp::parse_redis_int(arg) {
+        Some(n) if i32::try_from(n).is_ok() && is_user_db(n) => Ok(n as u32),
+        Some(n) if i32::try_from(n).is_ok() => Err(DB_OUT_OF_RANGE),
+        _ => Err("ERR value is not an integer or out of range"),
+    }
+}
+
 /// The beginning of the error of a transaction the adaptor does not run.
 pub const ABORT: &str = "EXECABORT Transaction discarded because of previous errors";
 
@@ -158,7 +168,7 @@ impl Adaptor {
                     kind,
                     request,
                 } => {
-                    let (db, op) = self.decode(kind, &request);
+                    let (db, op) = self.decode(&request);
                     if kind == RequestKind::Bypass && !self.flows.contains_key(&session_id) {
                         if let Some(why) = self.redis_down() {
                             // Nothing of this session waits ahead of it: answer now, applied
@@ -269,8 +279,7 @@ impl Adaptor {
     }
 
     /// The database a request runs in and what to do with it.
-    fn decode(&mut self, kind: RequestKind, payload: &[u8]) -> (u32, Op) {
-        let _ = kind;
+    fn decode(&mut self, payload: &[u8]) -> (u32, Op) {
         let (databases, record_db) = (self.databases, self.options.record_db);
         match read_payload(payload, &self.limits, |db| {
             is_user_db(databases, record_db, db)
@@ -296,18 +305,9 @@ impl Adaptor {
         if args[0].eq_ignore_ascii_case(b"SELECT") && args.len() == 2 {
             // Answered here, as Redis answers it (the gateway then sends the client's later
             // requests with `PMNET.DB n`); recorded like any reply, in order.
-            return match crate::resp::parse_redis_int(&args[1]) {
-                Some(n) if i32::try_from(n).is_ok() => {
-                    if self.is_user_db(n) {
-                        Op::Literal(crate::commands::OK.to_vec())
-                    } else {
-                        refuse(&mut self.counters, DB_OUT_OF_RANGE)
-                    }
-                }
-                _ => refuse(
-                    &mut self.counters,
-                    "ERR value is not an integer or out of range",
-                ),
+            return match check_select(&args[1], |db| self.is_user_db(db)) {
+                Ok(_) => Op::Literal(crate::commands::OK.to_vec()),
+                Err(message) => refuse(&mut self.counters, message),
             };
         }
         if args[0].eq_ignore_ascii_case(EXEC_COMMAND) {

@@ -364,37 +364,35 @@ impl<'a> Reply<'a> {
 }
 
 impl<'a> Write<'a> {
+    /// A write is its op code, then a decision's fields (group, version, client, key, value).
     pub fn parse(payload: &'a [u8]) -> Result<Write<'a>, ChainParseError> {
-        let mut reader = Reader { bytes: payload };
-        let code = reader.u8()?;
-        let group = reader.u16()?;
-        let version = reader.u64()?;
-        let client = reader.address()?;
-        let key = reader.key()?;
-        let value = reader.value()?;
-        reader.end()?;
+        let (&code, body) = payload.split_first().ok_or(ChainParseError::Truncated)?;
+        let body = Decision::parse(body)?;
         let value = match code {
-            2 => Some(value),
-            3 if value.is_empty() => None,
+            2 => Some(body.value),
+            3 if body.value.is_empty() => None,
             3 => return Err(ChainParseError::UnexpectedValue),
             _ => return Err(ChainParseError::BadCode),
         };
         Ok(Write {
             value,
-            group,
-            version,
-            client,
-            key,
+            group: body.group,
+            version: body.version,
+            client: body.client,
+            key: body.key,
         })
     }
 
     pub fn emit(&self, out: &mut Vec<u8>) {
         out.push(if self.value.is_some() { 2 } else { 3 });
-        out.extend_from_slice(&self.group.to_be_bytes());
-        out.extend_from_slice(&self.version.to_be_bytes());
-        push_address(out, self.client);
-        push_key(out, self.key);
-        push_value(out, self.value.unwrap_or_default());
+        Decision {
+            group: self.group,
+            version: self.version,
+            client: self.client,
+            key: self.key,
+            value: self.value.unwrap_or_default(),
+        }
+        .emit(out);
     }
 }
 

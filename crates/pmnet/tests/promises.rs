@@ -317,8 +317,9 @@ fn a_full_store_loses_no_acked_set_and_applies_each_once_room_is_made() {
         "> 0 (the store filled up)",
         |value| value > 0.0,
     );
-    // A user's SET of a key now is acked (durable in the device's log) and waits for room; a
-    // GET of that key is told so at once, not left to time out.
+    // A user's SET of a key now is acked (durable in the device's log). The store may still
+    // apply it (slots lent for receiving before the store filled take a datagram in place) or
+    // keep it waiting: either way it is acked at once.
     let to = device_addr.to_string();
     let (status, stdout, stderr) = common::run_pmnet(
         &common::args(&["client", "--device", &to, "set", "fresh", "v"]),
@@ -328,8 +329,22 @@ fn a_full_store_loses_no_acked_set_and_applies_each_once_room_is_made() {
         status.success() && stdout.contains("durable"),
         "{stdout}{stderr}"
     );
+    // A keyed SET of the writer's session waits behind its SETs the store had no room for,
+    // and a GET of its key is told so at once, not left to time out.
+    match writer.keyed_update(
+        b"last",
+        None,
+        &Request::Set {
+            key: b"last",
+            value: b"v",
+        }
+        .to_bytes(),
+    ) {
+        Ok(Completion::Logged { .. }) => {}
+        other => panic!("the keyed SET was not acked by the device: {other:?}"),
+    }
     let (_, stdout, stderr) = common::run_pmnet(
-        &common::args(&["client", "--device", &to, "get", "fresh"]),
+        &common::args(&["client", "--device", &to, "get", "last"]),
         None,
     );
     assert!(
@@ -352,6 +367,17 @@ fn a_full_store_loses_no_acked_set_and_applies_each_once_room_is_made() {
                 .update(&Request::Del { key: &key(index) }.to_bytes())
                 .expect("DEL acked");
         }
+    }
+    for (name, wanted) in [(&b"last"[..], &b"v"[..]), (b"fresh", b"v")] {
+        poll_until("the SETs after the store filled applied", || {
+            match reader.bypass(&Request::Get { key: name }.to_bytes()) {
+                Ok(Completion::Replied { reply, .. }) => match Reply::decode(&reply) {
+                    Ok(Reply::Value(found)) if found == wanted => Ok(()),
+                    other => Err(format!("{other:?}")),
+                },
+                other => Err(format!("{other:?}")),
+            }
+        });
     }
     device.wait_metric("pmnet_device_log_live_entries", "", "= 0", |v| v == 0.0);
     let full_replies = server

@@ -2,10 +2,7 @@
 //! with its own data directory and etcd's default durability (the write-ahead log is
 //! fsync'd before a write is acknowledged), driven over etcd's gRPC API v3.
 //!
-//! The client is tonic's generic gRPC client with the few messages of etcd's
-//! `etcdserverpb/rpc.proto` it sends declared here with `prost`'s derive (field numbers as in
-//! the .proto): no protoc and no build script, so the workspace builds anywhere (the
-//! `etcd-client` crate runs protoc at build time). Each client is a gRPC channel (one HTTP/2
+//! The client is the control plane's (`pmnet_etcd::Etcd`): one gRPC channel (one HTTP/2
 //! connection) on a current-thread tokio runtime of its own, driven by the thread that uses
 //! it: no thread hop between a request and its reply.
 
@@ -13,193 +10,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use http::uri::PathAndQuery;
 use pmnet_runtime::Shutdown;
-use tonic::client::Grpc;
-use tonic::transport::{Channel, Endpoint};
 
 use super::load::CoordClient;
 use crate::procs::{file_system, find_program, free_ports, loopback, run_dir, wait_until, Proc};
 use pmnet::CliError;
-
-/// etcd's v3 messages, as many fields as this client uses (prost skips the others).
-pub mod rpc {
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ResponseHeader {
-        #[prost(uint64, tag = "1")]
-        pub cluster_id: u64,
-        #[prost(uint64, tag = "2")]
-        pub member_id: u64,
-        #[prost(int64, tag = "3")]
-        pub revision: i64,
-        #[prost(uint64, tag = "4")]
-        pub raft_term: u64,
-    }
-
-    /// mvccpb.KeyValue.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct KeyValue {
-        #[prost(bytes = "vec", tag = "1")]
-        pub key: Vec<u8>,
-        #[prost(int64, tag = "2")]
-        pub create_revision: i64,
-        #[prost(int64, tag = "3")]
-        pub mod_revision: i64,
-        #[prost(int64, tag = "4")]
-        pub version: i64,
-        #[prost(bytes = "vec", tag = "5")]
-        pub value: Vec<u8>,
-        #[prost(int64, tag = "6")]
-        pub lease: i64,
-    }
-
-    /// A read of one key (no `range_end`), linearizable (`serializable` false: the default).
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct RangeRequest {
-        #[prost(bytes = "vec", tag = "1")]
-        pub key: Vec<u8>,
-        #[prost(bytes = "vec", tag = "2")]
-        pub range_end: Vec<u8>,
-        #[prost(bool, tag = "7")]
-        pub serializable: bool,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct RangeResponse {
-        #[prost(message, optional, tag = "1")]
-        pub header: Option<ResponseHeader>,
-        #[prost(message, repeated, tag = "2")]
-        pub kvs: Vec<KeyValue>,
-        #[prost(int64, tag = "4")]
-        pub count: i64,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct PutRequest {
-        #[prost(bytes = "vec", tag = "1")]
-        pub key: Vec<u8>,
-        #[prost(bytes = "vec", tag = "2")]
-        pub value: Vec<u8>,
-        #[prost(int64, tag = "3")]
-        pub lease: i64,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct PutResponse {
-        #[prost(message, optional, tag = "1")]
-        pub header: Option<ResponseHeader>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct DeleteRangeRequest {
-        #[prost(bytes = "vec", tag = "1")]
-        pub key: Vec<u8>,
-        #[prost(bytes = "vec", tag = "2")]
-        pub range_end: Vec<u8>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct DeleteRangeResponse {
-        #[prost(message, optional, tag = "1")]
-        pub header: Option<ResponseHeader>,
-        #[prost(int64, tag = "2")]
-        pub deleted: i64,
-    }
-
-    /// Compare.CompareResult.EQUAL.
-    pub const COMPARE_EQUAL: i32 = 0;
-    /// Compare.CompareTarget.CREATE: the key's create revision (0: the key does not exist).
-    pub const COMPARE_TARGET_CREATE: i32 = 1;
-
-    #[derive(Clone, PartialEq, prost::Oneof)]
-    pub enum TargetUnion {
-        #[prost(int64, tag = "4")]
-        Version(i64),
-        #[prost(int64, tag = "5")]
-        CreateRevision(i64),
-        #[prost(int64, tag = "6")]
-        ModRevision(i64),
-        #[prost(bytes, tag = "7")]
-        Value(Vec<u8>),
-        #[prost(int64, tag = "8")]
-        Lease(i64),
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Compare {
-        /// CompareResult (an enum: a varint on the wire, as an int32).
-        #[prost(int32, tag = "1")]
-        pub result: i32,
-        /// CompareTarget.
-        #[prost(int32, tag = "2")]
-        pub target: i32,
-        #[prost(bytes = "vec", tag = "3")]
-        pub key: Vec<u8>,
-        #[prost(oneof = "TargetUnion", tags = "4, 5, 6, 7, 8")]
-        pub target_union: Option<TargetUnion>,
-    }
-
-    /// RequestOp's oneof (`request_range`, `request_put`, `request_delete_range`).
-    #[derive(Clone, PartialEq, prost::Oneof)]
-    pub enum Request {
-        #[prost(message, tag = "1")]
-        Range(RangeRequest),
-        #[prost(message, tag = "2")]
-        Put(PutRequest),
-        #[prost(message, tag = "3")]
-        DeleteRange(DeleteRangeRequest),
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct RequestOp {
-        #[prost(oneof = "Request", tags = "1, 2, 3")]
-        pub request: Option<Request>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct TxnRequest {
-        #[prost(message, repeated, tag = "1")]
-        pub compare: Vec<Compare>,
-        #[prost(message, repeated, tag = "2")]
-        pub success: Vec<RequestOp>,
-        #[prost(message, repeated, tag = "3")]
-        pub failure: Vec<RequestOp>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct TxnResponse {
-        #[prost(message, optional, tag = "1")]
-        pub header: Option<ResponseHeader>,
-        #[prost(bool, tag = "2")]
-        pub succeeded: bool,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct LeaseGrantRequest {
-        #[prost(int64, tag = "1")]
-        pub ttl: i64,
-        #[prost(int64, tag = "2")]
-        pub id: i64,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct LeaseGrantResponse {
-        #[prost(message, optional, tag = "1")]
-        pub header: Option<ResponseHeader>,
-        #[prost(int64, tag = "2")]
-        pub id: i64,
-        #[prost(int64, tag = "3")]
-        pub ttl: i64,
-        #[prost(string, tag = "4")]
-        pub error: String,
-    }
-
-    pub const RANGE: &str = "/etcdserverpb.KV/Range";
-    pub const PUT: &str = "/etcdserverpb.KV/Put";
-    pub const DELETE_RANGE: &str = "/etcdserverpb.KV/DeleteRange";
-    pub const TXN: &str = "/etcdserverpb.KV/Txn";
-    pub const LEASE_GRANT: &str = "/etcdserverpb.Lease/LeaseGrant";
-}
 
 /// How etcd is started.
 #[derive(Debug, Clone)]
@@ -370,11 +185,10 @@ impl Drop for EtcdCluster {
     }
 }
 
-/// A client: one gRPC channel on a runtime of its own.
+/// A client: one gRPC channel on a runtime of its own (`pmnet_etcd::Etcd`).
 #[derive(Debug)]
 pub struct EtcdClient {
-    runtime: tokio::runtime::Runtime,
-    grpc: Grpc<Channel>,
+    etcd: pmnet_etcd::Etcd,
     owner: Vec<u8>,
     /// The lease this client's locks are held under (granted on first use).
     lease: Option<i64>,
@@ -383,46 +197,12 @@ pub struct EtcdClient {
 /// A lease for the locks: longer than any run.
 const LEASE_TTL_S: i64 = 3_600;
 
-/// One unary call.
-async fn call<Req, Resp>(
-    grpc: &mut Grpc<Channel>,
-    path: &'static str,
-    request: Req,
-) -> Result<Resp, CliError>
-where
-    Req: prost::Message + Send + Sync + 'static,
-    Resp: prost::Message + Default + Send + Sync + 'static,
-{
-    grpc.ready()
-        .await
-        .map_err(|error| format!("etcd {path}: {error}"))?;
-    let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
-    let response = grpc
-        .unary(
-            tonic::Request::new(request),
-            PathAndQuery::from_static(path),
-            codec,
-        )
-        .await
-        .map_err(|status| format!("etcd {path}: {}: {}", status.code(), status.message()))?;
-    Ok(response.into_inner())
-}
-
 impl EtcdClient {
     fn connect(addr: SocketAddr, index: u32) -> Result<EtcdClient, CliError> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(30))
-            .tcp_nodelay(true);
-        let channel = runtime
-            .block_on(endpoint.connect())
+        let etcd = pmnet_etcd::Etcd::connect(&[addr], Duration::from_secs(30))
             .map_err(|error| format!("connecting to etcd at {addr}: {error}"))?;
         Ok(EtcdClient {
-            runtime,
-            grpc: Grpc::new(channel),
+            etcd,
             owner: format!("client-{index}").into_bytes(),
             lease: None,
         })
@@ -430,33 +210,16 @@ impl EtcdClient {
 
     /// A linearizable read of `key`: its value, if it has one.
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, CliError> {
-        let request = rpc::RangeRequest {
-            key: key.to_vec(),
-            ..Default::default()
-        };
-        let grpc = &mut self.grpc;
-        let response: rpc::RangeResponse =
-            self.runtime.block_on(call(grpc, rpc::RANGE, request))?;
-        Ok(response.kvs.into_iter().next().map(|kv| kv.value))
+        Ok(self.etcd.get(key)?.map(|entry| entry.value))
     }
 
     fn lease(&mut self) -> Result<i64, CliError> {
         if let Some(lease) = self.lease {
             return Ok(lease);
         }
-        let request = rpc::LeaseGrantRequest {
-            ttl: LEASE_TTL_S,
-            id: 0,
-        };
-        let grpc = &mut self.grpc;
-        let response: rpc::LeaseGrantResponse =
-            self.runtime
-                .block_on(call(grpc, rpc::LEASE_GRANT, request))?;
-        if !response.error.is_empty() {
-            return Err(format!("etcd lease grant: {}", response.error).into());
-        }
-        self.lease = Some(response.id);
-        Ok(response.id)
+        let lease = self.etcd.grant_lease(LEASE_TTL_S)?.id;
+        self.lease = Some(lease);
+        Ok(lease)
     }
 }
 
@@ -469,60 +232,26 @@ impl CoordClient for EtcdClient {
     }
 
     fn write(&mut self, key: &str, value: &[u8]) -> Result<(), CliError> {
-        let request = rpc::PutRequest {
-            key: key.as_bytes().to_vec(),
-            value: value.to_vec(),
-            lease: 0,
-        };
-        let grpc = &mut self.grpc;
-        let _: rpc::PutResponse = self.runtime.block_on(call(grpc, rpc::PUT, request))?;
-        Ok(())
+        Ok(self.etcd.put(key.as_bytes(), value, 0)?)
     }
 
     /// A transaction: if the lock's key does not exist, create it with this client's name
     /// under its lease.
     fn acquire(&mut self, name: &str) -> Result<u64, CliError> {
         let lease = self.lease()?;
-        let request = rpc::TxnRequest {
-            compare: vec![rpc::Compare {
-                result: rpc::COMPARE_EQUAL,
-                target: rpc::COMPARE_TARGET_CREATE,
-                key: name.as_bytes().to_vec(),
-                target_union: Some(rpc::TargetUnion::CreateRevision(0)),
-            }],
-            success: vec![rpc::RequestOp {
-                request: Some(rpc::Request::Put(rpc::PutRequest {
-                    key: name.as_bytes().to_vec(),
-                    value: self.owner.clone(),
-                    lease,
-                })),
-            }],
-            failure: Vec::new(),
-        };
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let grpc = &mut self.grpc;
-            let response: rpc::TxnResponse =
-                self.runtime
-                    .block_on(call(grpc, rpc::TXN, request.clone()))?;
-            if response.succeeded {
+            if self.etcd.create(name.as_bytes(), &self.owner, lease)? {
                 return Ok(attempts);
             }
         }
     }
 
     fn release(&mut self, name: &str) -> Result<(), CliError> {
-        let request = rpc::DeleteRangeRequest {
-            key: name.as_bytes().to_vec(),
-            range_end: Vec::new(),
-        };
-        let grpc = &mut self.grpc;
-        let response: rpc::DeleteRangeResponse =
-            self.runtime
-                .block_on(call(grpc, rpc::DELETE_RANGE, request))?;
-        if response.deleted != 1 {
-            return Err(format!("etcd: releasing {name} deleted {} keys", response.deleted).into());
+        let deleted = self.etcd.delete(name.as_bytes())?;
+        if deleted != 1 {
+            return Err(format!("etcd: releasing {name} deleted {deleted} keys").into());
         }
         Ok(())
     }
@@ -530,44 +259,7 @@ impl CoordClient for EtcdClient {
 
 #[cfg(test)]
 mod tests {
-    use prost::Message;
-
     use super::*;
-
-    #[test]
-    fn messages_encode_as_etcd_s_rpc_proto_says() {
-        // RangeRequest{key: "k"}: field 1, length-delimited.
-        let range = rpc::RangeRequest {
-            key: b"k".to_vec(),
-            ..Default::default()
-        };
-        assert_eq!(range.encode_to_vec(), [0x0a, 1, b'k']);
-        // A compare on create_revision == 0: the oneof's zero is sent (field 5).
-        let compare = rpc::Compare {
-            result: rpc::COMPARE_EQUAL,
-            target: rpc::COMPARE_TARGET_CREATE,
-            key: b"l".to_vec(),
-            target_union: Some(rpc::TargetUnion::CreateRevision(0)),
-        };
-        assert_eq!(compare.encode_to_vec(), [0x10, 1, 0x1a, 1, b'l', 0x28, 0]);
-        // A put inside a RequestOp: field 2 of the oneof.
-        let op = rpc::RequestOp {
-            request: Some(rpc::Request::Put(rpc::PutRequest {
-                key: b"l".to_vec(),
-                value: b"o".to_vec(),
-                lease: 5,
-            })),
-        };
-        assert_eq!(
-            op.encode_to_vec(),
-            [0x12, 8, 0x0a, 1, b'l', 0x12, 1, b'o', 0x18, 5]
-        );
-        // A TxnResponse with succeeded = true and a header we skip parts of.
-        let bytes = [0x0a, 2, 0x18, 9, 0x10, 1, 0x1a, 0];
-        let txn = rpc::TxnResponse::decode(&bytes[..]).unwrap();
-        assert!(txn.succeeded);
-        assert_eq!(txn.header.unwrap().revision, 9);
-    }
 
     #[test]
     fn members_get_their_own_ports_and_directories_and_the_default_fsync() {

@@ -587,3 +587,109 @@ fn hold_payloads_round_trip_and_reject_what_does_not_fit() {
     assert!(crate::decode_hold_reply_payload(&[0x00, 0x01, 0x80, 0x00]).is_err());
     assert!(crate::decode_hold_reply_payload(&[0x00]).is_err());
 }
+
+#[test]
+fn golden_update_carrying_its_client_address() {
+    // docs/protocol.md, golden vector 8a: vector 8 as a device forwards it to the next device
+    // of a chain for client 10.0.0.9:7000 (flags REPLICATED | CLIENT_ADDRESS, the address
+    // after the payload).
+    use crate::replication::{
+        with_client_address, without_client_address, CLIENT_ADDRESS, CLIENT_ADDRESS_LEN, REPLICATED,
+    };
+    let mut header = Header::new(PacketType::UpdateRequest, 1, SESSION, 7);
+    header.flags = REPLICATED;
+    let client: std::net::SocketAddr = "10.0.0.9:7000".parse().unwrap();
+    let bytes = with_client_address(&header, b"hello", client).unwrap();
+    let hex: Vec<String> = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+    assert_eq!(hex.join(" "), GOLDEN_CLIENT_ADDRESS_HEX);
+    assert!(bytes.capacity() >= bytes.len() + TRAILER_ROOM);
+    let (parsed, payload) = Header::parse(&bytes).unwrap();
+    assert!(parsed.has_flag(REPLICATED | CLIENT_ADDRESS));
+    assert_eq!(payload.len(), 5 + CLIENT_ADDRESS_LEN);
+    // Stripped: vector 8 again, byte for byte, and the address.
+    let (inner, carried) = without_client_address(&parsed, payload).unwrap();
+    let hex: Vec<String> = inner.iter().map(|byte| format!("{byte:02x}")).collect();
+    assert_eq!(hex.join(" "), GOLDEN_REPLICATED_HEX);
+    assert_eq!(carried, client);
+}
+
+const GOLDEN_CLIENT_ADDRESS_HEX: &str = "50 4e 01 01 84 00 00 01 01 23 45 67 89 ab cd ef \
+     00 00 00 07 00 00 00 01 00 18 00 00 db 09 c9 bb 68 65 6c 6c 6f 04 1b 58 0a 00 00 09 \
+     00 00 00 00 00 00 00 00 00 00 00 00";
+
+#[test]
+fn client_addresses_round_trip_and_malformed_ones_are_refused() {
+    use crate::replication::{
+        decode_client_address, encode_client_address, with_client_address, without_client_address,
+        ClientAddressError, CLIENT_ADDRESS_LEN,
+    };
+    for text in ["10.0.0.9:7000", "[2001:db8::7]:9", "[::ffff:10.0.0.1]:1"] {
+        let address: std::net::SocketAddr = text.parse().unwrap();
+        assert_eq!(
+            decode_client_address(&encode_client_address(address)),
+            Ok(address)
+        );
+    }
+    let good = encode_client_address("10.0.0.9:7000".parse().unwrap());
+    let mut bad = good;
+    bad[0] = 5;
+    assert_eq!(
+        decode_client_address(&bad),
+        Err(ClientAddressError::BadFamily)
+    );
+    let mut bad = good;
+    bad[18] = 1;
+    assert_eq!(
+        decode_client_address(&bad),
+        Err(ClientAddressError::NonZeroPadding)
+    );
+    let mut bad = good;
+    bad[1..3].copy_from_slice(&[0, 0]);
+    assert_eq!(
+        decode_client_address(&bad),
+        Err(ClientAddressError::Unreachable)
+    );
+    assert_eq!(
+        decode_client_address(&encode_client_address("0.0.0.0:9".parse().unwrap())),
+        Err(ClientAddressError::Unreachable)
+    );
+    assert_eq!(
+        decode_client_address(&good[1..]),
+        Err(ClientAddressError::Truncated)
+    );
+    let header = Header::new(PacketType::UpdateRequest, 1, SESSION, 7);
+    assert_eq!(
+        without_client_address(&header, &good[..CLIENT_ADDRESS_LEN - 1]),
+        Err(ClientAddressError::Truncated)
+    );
+    // A datagram that would grow past the largest one goes without it.
+    let largest = vec![0; MAX_DATAGRAM_LEN - HEADER_LEN - TRAILER_ROOM];
+    assert!(with_client_address(&header, &largest, "10.0.0.9:7000".parse().unwrap()).is_none());
+    let fits = &largest[..largest.len() - CLIENT_ADDRESS_LEN];
+    let bytes = with_client_address(&header, fits, "10.0.0.9:7000".parse().unwrap()).unwrap();
+    assert_eq!(bytes.len() + TRAILER_ROOM, MAX_DATAGRAM_LEN);
+}
+
+proptest! {
+    /// Any bytes after any payload: stripping never panics, and what it accepts it gives
+    /// back as the update without them, which parses.
+    #[test]
+    fn stripping_a_client_address_never_panics(
+        payload in proptest::collection::vec(any::<u8>(), 0..64),
+        tail in proptest::collection::vec(any::<u8>(), 19..=19),
+        family in prop_oneof![Just(4u8), Just(6u8), any::<u8>()],
+    ) {
+        let mut header = Header::new(PacketType::UpdateRequest, 1, SESSION, 7);
+        header.flags = crate::replication::CLIENT_ADDRESS;
+        let mut all = payload.clone();
+        all.extend_from_slice(&tail);
+        all[payload.len()] = family;
+        for cut in [0, payload.len(), all.len()] {
+            if let Ok((inner, _)) = crate::replication::without_client_address(&header, &all[..cut]) {
+                let (parsed, rest) = Header::parse(&inner).unwrap();
+                prop_assert!(!parsed.has_flag(crate::replication::CLIENT_ADDRESS));
+                prop_assert_eq!(rest.len() + 19, cut);
+            }
+        }
+    }
+}

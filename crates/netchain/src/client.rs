@@ -44,6 +44,9 @@ pub struct ClientConfig {
     /// The chain controller: `groups` comes from its configuration (asked for at the first
     /// request, and again whenever a member says "not here" or a request is sent again).
     pub controller: Option<SocketAddr>,
+    /// The other controllers of an etcd control plane: a request for the configuration goes
+    /// to each, and the configuration of whichever leads is taken (newer epochs only).
+    pub standby_controllers: Vec<SocketAddr>,
     /// Where reads go (default: any member).
     pub reads: ReadFrom,
     /// Seal every datagram sent and accept only datagrams that verify (the members and the
@@ -61,6 +64,7 @@ impl ClientConfig {
             retransmit_timeout_max: Duration::from_millis(500),
             request_lifetime: Duration::from_secs(10),
             controller: None,
+            standby_controllers: Vec::new(),
             reads: ReadFrom::AnyMember,
             auth: None,
         }
@@ -237,10 +241,16 @@ impl ChainClient {
             self.config.session_id,
             0,
         );
-        self.transmits.push_back(Transmit {
-            destination: controller,
-            bytes: header.encode(&payload),
-        });
+        let bytes = header.encode(&payload);
+        for destination in std::iter::once(controller)
+            .chain(self.config.standby_controllers.iter().copied())
+            .take(crate::node::MAX_CONTROLLERS)
+        {
+            self.transmits.push_back(Transmit {
+                destination,
+                bytes: bytes.clone(),
+            });
+        }
     }
 
     fn send(&mut self, now: Time) {
@@ -323,7 +333,9 @@ impl ChainClient {
             return;
         };
         if header.packet_type == PacketType::Reserved(CHAIN_CONFIG) {
-            if self.config.controller != Some(from) {
+            if self.config.controller != Some(from)
+                && !self.config.standby_controllers.contains(&from)
+            {
                 return;
             }
             let Ok(layout) = Layout::parse(payload) else {

@@ -526,6 +526,15 @@ impl Controller {
     }
 
     /// A new epoch: saved, then sent to every member.
+    /// Start a leadership term (a controller that just took over from etcd's state): a new
+    /// epoch, saved before it is sent, so that every member and client takes this
+    /// controller's configurations over any the previous leader sent.
+    pub fn begin_term(&mut self) {
+        if self.save.is_none() {
+            self.bump();
+        }
+    }
+
     fn bump(&mut self) {
         self.layout.epoch += 1;
         self.save = Some(self.layout.clone());

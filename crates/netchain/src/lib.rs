@@ -17,8 +17,8 @@ pub use controller::{
 };
 pub use function::ChainFunction;
 pub use node::{
-    group_of, rotated_groups, ChainConfig, ChainCounters, ChainNode, RESEND_FIRST, RESEND_MAX,
-    SESSIONS_MAX,
+    group_of, rotated_groups, ChainConfig, ChainCounters, ChainNode, MAX_CONTROLLERS, RESEND_FIRST,
+    RESEND_MAX, SESSIONS_MAX,
 };
 pub use pmnet_pmtable::{
     FileError, Geometry, KeySeq, Recovered, Refused, Table, TableFile, TableWork, Version, Written,

@@ -13,19 +13,14 @@ use std::time::Duration;
 
 use clap::Args;
 use pmnet_netchain::{decode_state, Controller, ControllerConfig};
-use pmnet_runtime::{ControllerRuntime, Shutdown};
+use pmnet_runtime::{ControllerRuntime, Shutdown, StateStore};
 
 use crate::CliError;
 
+/// What every chain controller takes: where it listens, the members, the chains' shape, the
+/// timers and the event loop (`pmnet chain-controller` and `pmnet controller`).
 #[derive(Debug, Clone, Args)]
-#[command(
-    after_long_help = "Example (three members and a spare, docs/netchain.md; every member \
-    and client with the same --key-file):\n  \
-    pmnet chain-controller --listen 10.0.0.20:7700 --key-file pmnet.key \
-    --member 10.0.0.21:7400 --member 10.0.0.22:7400 --member 10.0.0.23:7400 \
-    --member 10.0.0.24:7400"
-)]
-pub struct ChainControllerArgs {
+pub struct ChainPlanArgs {
     /// Address the members and clients reach the controller at.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7700",
           value_parser = crate::addr::parse_addr)]
@@ -47,14 +42,6 @@ pub struct ChainControllerArgs {
           value_parser = clap::value_parser!(u8).range(1..=16))]
     pub chain_length: u8,
 
-    /// Where the controller's state is saved (made at the first start, taken back after).
-    #[arg(
-        long,
-        value_name = "FILE",
-        default_value = "pmnet-chain-controller.state"
-    )]
-    pub state: PathBuf,
-
     /// A member with no status for this long is suspected (its lease then runs out before it
     /// is taken out of its chains).
     #[arg(long, value_name = "MS", default_value_t = 30,
@@ -72,86 +59,146 @@ pub struct ChainControllerArgs {
     pub run: crate::node::LoopArgs,
 }
 
-pub fn run(args: ChainControllerArgs) -> Result<ExitCode, CliError> {
-    let keys = crate::node::keys_of(args.run.key_file.as_deref())?;
+#[derive(Debug, Clone, Args)]
+#[command(
+    after_long_help = "Example (three members and a spare, docs/netchain.md; every member \
+    and client with the same --key-file):\n  \
+    pmnet chain-controller --listen 10.0.0.20:7700 --key-file pmnet.key \
+    --member 10.0.0.21:7400 --member 10.0.0.22:7400 --member 10.0.0.23:7400 \
+    --member 10.0.0.24:7400\n\nFor a controller that survives the loss of its host, run \
+    `pmnet controller` (its state in etcd, two or three of them, one leading)."
+)]
+pub struct ChainControllerArgs {
+    #[command(flatten)]
+    pub plan: ChainPlanArgs,
+
+    /// Where the controller's state is saved (made at the first start, taken back after).
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "pmnet-chain-controller.state"
+    )]
+    pub state: PathBuf,
+}
+
+/// The controller's configuration from the command line, and its keys' description.
+pub(crate) fn controller_config(
+    command: &str,
+    plan: &ChainPlanArgs,
+) -> Result<(ControllerConfig, String), CliError> {
+    let keys = crate::node::keys_of(plan.run.key_file.as_deref())?;
     crate::protect::check(
-        "chain-controller",
-        &[crate::protect::Listener::Addr("--listen", args.listen)],
+        command,
+        &[crate::protect::Listener::Addr("--listen", plan.listen)],
         keys.is_some(),
-        args.run.insecure,
+        plan.run.insecure,
     )?;
     let traffic = pmnet_runtime::auth_text(keys.as_ref());
     let config = ControllerConfig {
-        chain_length: usize::from(args.chain_length),
-        suspect_after: Duration::from_millis(args.suspect_after_ms),
-        lease: Duration::from_millis(args.lease_ms),
+        chain_length: usize::from(plan.chain_length),
+        suspect_after: Duration::from_millis(plan.suspect_after_ms),
+        lease: Duration::from_millis(plan.lease_ms),
         auth: keys.map(pmnet_proto::Authenticator::new),
         ..ControllerConfig::default()
     };
-    let clock = pmnet_runtime::Clock::new();
-    let now = || clock.now();
-    let state_error =
-        |what: String| format!("chain controller state {}: {what}", args.state.display());
-    let mut controller = if args.state.exists() {
-        let bytes = std::fs::read(&args.state).map_err(|error| state_error(error.to_string()))?;
-        let layout = decode_state(&bytes).map_err(|error| {
-            state_error(format!(
-                "{error}; move it aside to start with a new configuration"
-            ))
-        })?;
-        if usize::from(args.groups) != layout.groups.len() {
-            return Err(state_error(format!(
-                "it has {} virtual groups, --groups says {} (the groups are fixed at the first \
-                 start)",
-                layout.groups.len(),
-                args.groups
-            ))
+    Ok((config, traffic))
+}
+
+/// The controller: from the saved state (`saved`, with where it came from for errors), or new
+/// from --member.
+pub(crate) fn make_controller(
+    command: &str,
+    plan: &ChainPlanArgs,
+    config: ControllerConfig,
+    saved: Option<(String, Vec<u8>)>,
+    now: pmnet_proto::Time,
+) -> Result<Controller, CliError> {
+    let Some((place, bytes)) = saved else {
+        if plan.members.is_empty() {
+            return Err(format!(
+                "{command}: give the members with --member ADDR (repeat), at least one"
+            )
             .into());
         }
-        Controller::restore(config, layout, &args.members, now())
-            .map_err(|error| state_error(error.to_string()))?
-    } else {
-        if args.members.is_empty() {
-            return Err(
-                "chain-controller: give the members with --member ADDR (repeat), \
-                        at least one"
-                    .to_owned()
-                    .into(),
-            );
-        }
-        Controller::new(config, &args.members, args.groups, now())
-            .map_err(|error| format!("chain-controller: {error}"))?
+        return Ok(Controller::new(config, &plan.members, plan.groups, now)
+            .map_err(|error| format!("{command}: {error}"))?);
     };
-    // Without keys: say so, at most once a minute, while other hosts send to it.
-    controller.warn_of_plain_traffic();
-    let shutdown = Shutdown::on_signals()?;
-    let layout = controller.layout().clone();
-    let mut runtime = ControllerRuntime::open(
-        clock,
-        controller,
-        args.listen,
-        args.state.clone(),
-        args.run.loop_options(),
-        shutdown,
-    )
-    .map_err(|error| format!("chain-controller: {error}"))?;
-    println!("chain controller listening on {}", runtime.local_addr());
+    let state_error = |what: String| format!("chain controller state {place}: {what}");
+    let layout = decode_state(&bytes).map_err(|error| {
+        state_error(format!(
+            "{error}; move it aside to start with a new configuration"
+        ))
+    })?;
+    if usize::from(plan.groups) != layout.groups.len() {
+        return Err(state_error(format!(
+            "it has {} virtual groups, --groups says {} (the groups are fixed at the first \
+             start)",
+            layout.groups.len(),
+            plan.groups
+        ))
+        .into());
+    }
+    Ok(Controller::restore(config, layout, &plan.members, now)
+        .map_err(|error| state_error(error.to_string()))?)
+}
+
+/// The banner's lines after the first: the chains, the state, the traffic, the loop.
+pub(crate) fn print_banner(
+    plan: &ChainPlanArgs,
+    runtime: &ControllerRuntime,
+    state: &str,
+    traffic: &str,
+) {
+    let layout = runtime.controller().layout();
     println!(
         "  chains: {} members, {} virtual groups, chains of {}; a member is suspected after {} \
          ms without a status, leases of {} ms",
         layout.members.len(),
         layout.groups.len(),
-        args.chain_length,
-        args.suspect_after_ms,
-        args.lease_ms,
+        plan.chain_length,
+        plan.suspect_after_ms,
+        plan.lease_ms,
     );
-    println!(
-        "  state: {} (saved with write, fsync, rename, directory fsync before any epoch is sent)",
-        args.state.display()
-    );
+    println!("  state: {state}");
     println!("  traffic: {traffic}");
-    println!("  {}", args.run.describe(runtime.metrics_addr()));
-    pmnet_runtime::describe_layout(&layout);
+    println!("  {}", plan.run.describe(runtime.metrics_addr()));
+    pmnet_runtime::describe_layout(layout);
+}
+
+pub fn run(args: ChainControllerArgs) -> Result<ExitCode, CliError> {
+    let plan = &args.plan;
+    let (config, traffic) = controller_config("chain-controller", plan)?;
+    let clock = pmnet_runtime::Clock::new();
+    let saved = if args.state.exists() {
+        let bytes = std::fs::read(&args.state)
+            .map_err(|error| format!("chain controller state {}: {error}", args.state.display()))?;
+        Some((args.state.display().to_string(), bytes))
+    } else {
+        None
+    };
+    let mut controller = make_controller("chain-controller", plan, config, saved, clock.now())?;
+    // Without keys: say so, at most once a minute, while other hosts send to it.
+    controller.warn_of_plain_traffic();
+    let shutdown = Shutdown::on_signals()?;
+    let mut runtime = ControllerRuntime::open(
+        clock,
+        controller,
+        plan.listen,
+        StateStore::File(args.state.clone()),
+        plan.run.loop_options(),
+        shutdown,
+    )
+    .map_err(|error| format!("chain-controller: {error}"))?;
+    println!("chain controller listening on {}", runtime.local_addr());
+    print_banner(
+        plan,
+        &runtime,
+        &format!(
+            "{} (saved with write, fsync, rename, directory fsync before any epoch is sent)",
+            args.state.display()
+        ),
+        &traffic,
+    );
     runtime.run()?;
     Ok(ExitCode::SUCCESS)
 }

@@ -7,8 +7,8 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::forward::{self, Forwarded};
 use crate::{
-    chain_controller, client, config, demo, keygen, kv, log_inspect, memnode, memory_cli, node,
-    redis, redis_up, sim, status, testbed,
+    chain_controller, client, config, controller, demo, keygen, kv, log_inspect, memnode,
+    memory_cli, node, redis, redis_up, sim, status, testbed,
 };
 
 /// PMNet: persistence in the network.
@@ -80,9 +80,12 @@ pub enum Command {
     /// The chain store's client (devices run with --chain-member; docs/netchain.md): get,
     /// put, delete, compare-and-set, lock and unlock.
     Kv(kv::KvArgs),
-    /// The chain store's controller: membership, leases, failover and recovery of the
-    /// members' chains (docs/netchain.md).
+    /// The chain store's controller with its state in a local file: membership, leases,
+    /// failover and recovery of the members' chains (docs/netchain.md).
     ChainController(chain_controller::ChainControllerArgs),
+    /// The chain store's controller with its state in etcd: run two or three, one leads and
+    /// the others take over when it is lost (docs/netchain.md, "The controller on etcd").
+    Controller(controller::ControllerArgs),
     /// Run a memory node of replicated persistent memory: 64-byte lines with their
     /// timestamps in a mapped file, for ABD quorums (docs/abd.md).
     Memnode(memnode::MemnodeArgs),
@@ -149,6 +152,7 @@ pub fn main() -> ExitCode {
         Command::Memnode(args) => memnode::run(args),
         Command::Memory(args) => memory_cli::run(args),
         Command::ChainController(args) => chain_controller::run(args),
+        Command::Controller(args) => controller::run(args),
         Command::Status(args) => status::run(args),
         Command::Log(args) => log_inspect::run(args),
         Command::Testbed(args) => testbed::run(args),

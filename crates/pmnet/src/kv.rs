@@ -20,10 +20,11 @@ pub struct KvArgs {
           conflicts_with = "controller", value_parser = crate::addr::parse_addr)]
     pub members: Vec<SocketAddr>,
 
-    /// The chain controller (`pmnet chain-controller`): the chains come from it, and follow
-    /// it through failover and recovery.
+    /// The chain controller (`pmnet controller`, or `pmnet chain-controller`): the chains
+    /// come from it, and follow it through failover and recovery. Repeat for each controller
+    /// of an etcd control plane (at most 7): the configuration comes from whichever leads.
     #[arg(long, value_name = "ADDR", value_parser = crate::addr::parse_addr)]
-    pub controller: Option<SocketAddr>,
+    pub controller: Vec<SocketAddr>,
 
     /// Virtual groups of keys, as the members were given (`--chain-groups`).
     #[arg(long, value_name = "N", default_value_t = 16,
@@ -83,9 +84,23 @@ struct Session {
 
 impl Session {
     fn open(args: &KvArgs) -> Result<Session, CliError> {
+        if args.controller.len() > pmnet_netchain::MAX_CONTROLLERS {
+            return Err(format!(
+                "--controller: at most {} controllers (given {})",
+                pmnet_netchain::MAX_CONTROLLERS,
+                args.controller.len()
+            )
+            .into());
+        }
         let session = rand::random::<u64>() | 1;
-        let (mut config, toward) = match args.controller {
-            Some(controller) => (ClientConfig::controlled(session, controller), controller),
+        let (mut config, toward) = match args.controller.split_first() {
+            Some((controller, standbys)) => (
+                ClientConfig {
+                    standby_controllers: standbys.to_vec(),
+                    ..ClientConfig::controlled(session, *controller)
+                },
+                *controller,
+            ),
             None => (
                 ClientConfig::new(session, rotated_groups(&args.members, args.groups)),
                 args.members[0],

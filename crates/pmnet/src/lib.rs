@@ -10,6 +10,7 @@ pub mod chain_lock;
 pub mod cli;
 mod client;
 pub mod config;
+mod controller;
 mod demo;
 mod forward;
 mod keygen;

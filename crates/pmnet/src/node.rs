@@ -286,12 +286,14 @@ pub struct DeviceArgs {
     #[arg(long, value_name = "ADDR", value_parser = crate::addr::parse_addr)]
     pub chain_me: Option<SocketAddr>,
 
-    /// The chain controller (`pmnet chain-controller`): makes the device a member whose chains
-    /// come from the controller's configuration (instead of --chain-member's fixed ones), with
-    /// failover and recovery; it answers clients only while the controller's lease holds.
+    /// The chain controller (`pmnet controller`, or `pmnet chain-controller`): makes the
+    /// device a member whose chains come from the controller's configuration (instead of
+    /// --chain-member's fixed ones), with failover and recovery; it answers clients only while
+    /// the controller's lease holds. Repeat for each controller of an etcd control plane (at
+    /// most 7): the member sends each its status and follows whichever leads.
     #[arg(long, value_name = "ADDR", value_parser = crate::addr::parse_addr,
           conflicts_with = "chain_members")]
-    pub chain_controller: Option<SocketAddr>,
+    pub chain_controller: Vec<SocketAddr>,
 
     /// Virtual groups of keys: group g's chain starts at member g modulo the members, in
     /// order; every member and client must use the same number.
@@ -781,7 +783,7 @@ impl DeviceArgs {
 
     /// Whether the device is a member of the chain store.
     fn is_chain_member(&self) -> bool {
-        !self.chain_members.is_empty() || self.chain_controller.is_some()
+        !self.chain_members.is_empty() || !self.chain_controller.is_empty()
     }
 }
 
@@ -855,11 +857,17 @@ fn device_banner(args: &DeviceArgs, devices: &[DeviceRuntime], traffic: &str) ->
     } else {
         lines.push(format!("  medium: {}", devices[0].startup().medium_text()));
     }
-    if let Some(controller) = args.chain_controller {
+    if !args.chain_controller.is_empty() {
+        let controllers: Vec<String> = args
+            .chain_controller
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         lines.push(format!(
-            "  chain store: member {} with the chains of the controller at {controller}, table {} \
+            "  chain store: member {} with the chains of the controller at {}, table {} \
              on the medium above",
             args.chain_me.unwrap_or(args.listen),
+            controllers.join(" or "),
             chain_table_path(args).display()
         ));
     } else if !args.chain_members.is_empty() {
@@ -967,7 +975,15 @@ fn chain_member(
             .into());
     }
     let me = args.chain_me.unwrap_or(args.listen);
-    if args.chain_controller.is_none() && !args.chain_members.contains(&me) {
+    if args.chain_controller.len() > pmnet_netchain::MAX_CONTROLLERS {
+        return Err(format!(
+            "--chain-controller: at most {} controllers (given {})",
+            pmnet_netchain::MAX_CONTROLLERS,
+            args.chain_controller.len()
+        )
+        .into());
+    }
+    if args.chain_controller.is_empty() && !args.chain_members.contains(&me) {
         return Err(format!(
             "--chain-member: this device ({me}; set --chain-me to the address the others \
              reach it at) is not among the members"
@@ -1010,8 +1026,11 @@ fn chain_member(
         );
     }
     let table = pmnet_netchain::Table::recover(file.geometry(), recovered);
-    let mut config = match args.chain_controller {
-        Some(controller) => pmnet_netchain::ChainConfig::controlled(me, 1, controller),
+    let mut config = match args.chain_controller.split_first() {
+        Some((controller, standbys)) => pmnet_netchain::ChainConfig {
+            standby_controllers: standbys.to_vec(),
+            ..pmnet_netchain::ChainConfig::controlled(me, 1, *controller)
+        },
         None => pmnet_netchain::ChainConfig::new(
             me,
             1,

@@ -1,6 +1,7 @@
-//! The chain store's controller on the one event loop: its socket, its clock, its state file
-//! (saved before any member or client sees an epoch) and its metrics endpoint around
-//! `pmnet_netchain::Controller` (docs/netchain.md, "The controller").
+//! The chain store's controller on the one event loop: its socket, its clock, its state (in a
+//! file, or in etcd while this controller leads: saved before any member or client sees an
+//! epoch) and its metrics endpoint around `pmnet_netchain::Controller` (docs/netchain.md,
+//! "The controller").
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -9,11 +10,63 @@ use std::time::Duration;
 use pmnet_netchain::{encode_state, Controller};
 use pmnet_wire::netchain::control::Layout;
 
+use crate::control_plane::Leadership;
 use crate::event_loop::{run_loop, LoopCounters, LoopSettings, Node, Ready, Turn};
 use crate::metrics::{Metrics, MetricsBoard};
 use crate::udp::{BatchSocket, BATCH_LEN};
 use crate::wait::{Clock, PollFd};
 use crate::{socket_digest, socket_metrics, start_metrics, LoopOptions, RuntimeError, Shutdown};
+
+/// Where a controller's state is kept.
+#[derive(Debug)]
+pub enum StateStore {
+    /// A file: written to a new file, fsynced, renamed over the old one, the directory
+    /// fsynced.
+    File(PathBuf),
+    /// etcd, while this controller leads (`crate::control_plane`).
+    Etcd(Box<Leadership>),
+}
+
+impl StateStore {
+    fn save(&mut self, layout: &Layout) -> Result<(), String> {
+        match self {
+            StateStore::File(path) => save(path, layout)
+                .map_err(|error| format!("chain controller state {}: {error}", path.display())),
+            StateStore::Etcd(leadership) => leadership.save(&encode_state(layout)),
+        }
+    }
+
+    /// In words, for `pmnet status`.
+    fn describe(&self) -> String {
+        match self {
+            StateStore::File(path) => format!(
+                "state file {} (written, fsynced, renamed, directory fsynced before any epoch is sent)",
+                path.display()
+            ),
+            StateStore::Etcd(leadership) => format!(
+                "etcd {} (key {}, saved in a transaction fenced by this controller's leadership                  before any epoch is sent; leadership lease {} s)",
+                leadership
+                    .plane()
+                    .endpoints
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+                String::from_utf8_lossy(&leadership.plane().state_key()),
+                leadership.ttl_s()
+            ),
+        }
+    }
+}
+
+/// How a controller's run ended.
+#[derive(Debug)]
+pub enum RunEnd {
+    /// Asked to stop (a signal).
+    Stopped,
+    /// It no longer leads (etcd): it must stand by and campaign again.
+    LostLeadership(String),
+}
 
 /// A running controller. See the module docs.
 #[derive(Debug)]
@@ -22,9 +75,13 @@ pub struct ControllerRuntime {
     socket: BatchSocket,
     clock: Clock,
     /// Where the layout is saved.
-    state: PathBuf,
+    store: StateStore,
     /// Why saving failed, if it did: the loop stops and [`ControllerRuntime::run`] says so.
     failed: Option<String>,
+    /// Why this controller stopped leading, if it did.
+    lost: Option<String>,
+    /// The process's signals: a stop asked of the process ends this run's loop.
+    signals: Shutdown,
     /// When the controller's timers are next due.
     next_timeout: pmnet_proto::Time,
     /// The epoch last described (one line per epoch).
@@ -38,15 +95,18 @@ pub struct ControllerRuntime {
 
 impl ControllerRuntime {
     /// Bind `listen` and serve `controller` (restored or new, made at `clock.now()`), saving
-    /// its layout to `state`.
+    /// its layout to `store`; the run ends when `signals` asks the process to stop.
     pub fn open(
         clock: Clock,
         controller: Controller,
         listen: SocketAddr,
-        state: PathBuf,
+        store: StateStore,
         loop_options: LoopOptions,
-        shutdown: Shutdown,
+        signals: Shutdown,
     ) -> Result<ControllerRuntime, RuntimeError> {
+        // The loop and the metrics endpoint stop with this run (a controller that loses the
+        // leadership ends its run and stands by), or with the process.
+        let shutdown = Shutdown::new();
         let socket = BatchSocket::bind(listen, loop_options.max_queued).map_err(|source| {
             RuntimeError::Bind {
                 what: "chain controller",
@@ -62,8 +122,10 @@ impl ControllerRuntime {
             socket,
             next_timeout: clock.now(),
             clock,
-            state,
+            store,
             failed: None,
+            lost: None,
+            signals,
             loop_options,
             board,
             metrics,
@@ -85,27 +147,57 @@ impl ControllerRuntime {
         &self.controller
     }
 
-    /// Run until the shutdown flag is set (or saving the state fails).
-    pub fn run(&mut self) -> Result<(), RuntimeError> {
+    /// Run until the process is asked to stop, saving the state fails, or (etcd) this
+    /// controller no longer leads.
+    pub fn run(&mut self) -> Result<RunEnd, RuntimeError> {
         let settings = LoopSettings::from(&self.loop_options);
         let board = self.metrics.map(|_| self.board.clone());
         let shutdown = self.shutdown.clone();
-        run_loop(self, settings, board.as_ref(), &shutdown)?;
+        let result = run_loop(self, settings, board.as_ref(), &shutdown);
+        // The metrics endpoint stops with the run.
+        self.shutdown.request();
+        result?;
+        if let Some(why) = self.lost.take() {
+            return Ok(RunEnd::LostLeadership(why));
+        }
         match self.failed.take() {
             Some(why) => Err(RuntimeError::Config(why)),
-            None => Ok(()),
+            None => Ok(RunEnd::Stopped),
         }
+    }
+
+    /// Take the store back (an etcd leadership to resign) once the run ended.
+    pub fn into_store(self) -> StateStore {
+        self.store
+    }
+
+    /// Whether this controller may still act (its leadership holds); ends the run if not.
+    fn leads(&mut self) -> bool {
+        if self.lost.is_some() {
+            return false;
+        }
+        if let StateStore::Etcd(leadership) = &self.store {
+            if let Err(why) = leadership.check(self.clock.now()) {
+                self.lost = Some(why);
+                self.shutdown.request();
+                return false;
+            }
+        }
+        true
     }
 
     /// Save what the controller asks to, then send what it queued: no member or client sees
     /// an epoch before it is saved.
     fn save_and_send(&mut self) {
+        if !self.leads() {
+            return;
+        }
         if let Some(layout) = self.controller.poll_save() {
-            if let Err(error) = save(&self.state, &layout) {
-                self.failed = Some(format!(
-                    "chain controller state {}: {error}",
-                    self.state.display()
-                ));
+            if let Err(why) = self.store.save(&layout) {
+                match self.store {
+                    StateStore::Etcd(_) => self.lost = Some(why),
+                    StateStore::File(_) => self.failed = Some(why),
+                }
                 self.shutdown.request();
                 return;
             }
@@ -129,7 +221,10 @@ impl ControllerRuntime {
 impl Node for ControllerRuntime {
     fn turn(&mut self, ready: Ready<'_>) -> Turn {
         let mut turn = Turn::default();
-        if self.failed.is_some() {
+        if self.signals.is_requested() {
+            self.shutdown.request();
+        }
+        if self.failed.is_some() || !self.leads() {
             return turn;
         }
         if ready.is_readable(0) {
@@ -220,10 +315,7 @@ impl Node for ControllerRuntime {
             "pmnet_status": 1,
             "role": "chain-controller",
             "listen": self.socket.local_addr().to_string(),
-            "medium": format!(
-                "state file {} (written, fsynced, renamed, directory fsynced before any epoch is sent)",
-                self.state.display()
-            ),
+            "medium": self.store.describe(),
             "epoch": layout.epoch,
             "lease_ms": layout.lease_ms,
             "members": members,

@@ -52,6 +52,7 @@ mod abd_client;
 mod chain_client;
 mod chain_controller;
 mod client;
+pub mod control_plane;
 mod device;
 mod event_loop;
 mod keys;
@@ -72,7 +73,7 @@ use std::time::Duration;
 
 pub use abd_client::{abd_counter_floor, AbdMode, AbdSession, AbdSessionConfig};
 pub use chain_client::ChainSession;
-pub use chain_controller::{describe as describe_layout, ControllerRuntime};
+pub use chain_controller::{describe as describe_layout, ControllerRuntime, RunEnd, StateStore};
 pub use client::{random_session_id, steer_session, ClientSession, SessionOptions};
 pub use device::{
     stale_worker_logs, worker_log_path, DeviceAddresses, DeviceFunction, DeviceOptions,

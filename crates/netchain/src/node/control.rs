@@ -71,6 +71,8 @@ impl Recovery {
 #[derive(Debug)]
 pub(super) struct Control {
     controller: Option<SocketAddr>,
+    /// The other controllers (`ChainConfig::standby_controllers`).
+    standbys: Vec<SocketAddr>,
     interval: Duration,
     layout: Option<Layout>,
     lease_until: Option<Time>,
@@ -93,6 +95,12 @@ impl Control {
         };
         Control {
             controller: config.controller,
+            standbys: config
+                .standby_controllers
+                .iter()
+                .copied()
+                .take(super::MAX_CONTROLLERS - 1)
+                .collect(),
             interval: config.status_interval,
             layout: None,
             lease_until: None,
@@ -141,7 +149,8 @@ impl ChainNode {
         code: u8,
         payload: &[u8],
     ) {
-        let from_controller = self.control.controller == Some(from);
+        let from_controller =
+            self.control.controller == Some(from) || self.control.standbys.contains(&from);
         match code {
             CHAIN_CONFIG if from_controller => match Layout::parse(payload) {
                 Ok(layout) => self.take_layout(now, layout),
@@ -502,6 +511,9 @@ impl ChainNode {
             let mut payload = Vec::new();
             self.status(now).emit(&mut payload);
             self.send(controller, CHAIN_STATUS, 0, 0, &payload);
+            for standby in self.control.standbys.clone() {
+                self.send(standby, CHAIN_STATUS, 0, 0, &payload);
+            }
         }
     }
 

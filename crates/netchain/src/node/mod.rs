@@ -90,6 +90,11 @@ pub struct ChainConfig {
     /// member answers clients only while the controller's lease holds, and it sends the
     /// controller its status every `status_interval`.
     pub controller: Option<SocketAddr>,
+    /// The other controllers of an etcd control plane (one of them leads at a time): the
+    /// member sends them its status too and takes a configuration or a grant from whichever
+    /// leads (the epochs, saved in etcd before any is sent, order them). At most
+    /// [`MAX_CONTROLLERS`] − 1.
+    pub standby_controllers: Vec<SocketAddr>,
     pub status_interval: Duration,
     /// Distinct for each start of the process (the runtime draws it from the wall clock and
     /// a random number; a simulation from its seed): with the start time and the address it
@@ -97,6 +102,9 @@ pub struct ChainConfig {
     /// state machine reads no clock of its own.
     pub boot_nonce: u64,
 }
+
+/// Controllers a member or a client names at most (the leader and its standbys).
+pub const MAX_CONTROLLERS: usize = 7;
 
 impl ChainConfig {
     pub fn new(me: SocketAddr, server_id: u16, groups: Vec<Vec<SocketAddr>>) -> ChainConfig {
@@ -106,6 +114,7 @@ impl ChainConfig {
             groups,
             request_lifetime: Duration::from_millis(pmnet_wire::MAX_REQUEST_LIFETIME_MS),
             controller: None,
+            standby_controllers: Vec::new(),
             status_interval: control::STATUS_INTERVAL,
             boot_nonce: 0,
         }

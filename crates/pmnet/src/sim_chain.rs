@@ -13,7 +13,8 @@ impl WorldReport for ChainReport {
     fn summary(&self, passed: u64) -> String {
         format!(
             "{passed} seeds passed: {} operations ({} completed), {} member crashes, {} members \
-             lost for good, {} partitions, {} controller restarts; {} members taken out of \
+             lost for good, {} partitions, {} controller restarts ({} taken over by the standby); {} \
+             members taken out of \
              chains, {} recoveries; {} reads answered where they came, {} relayed to the tail; \
              {} clients started over; the attacker replayed {} datagrams ({} past the window, \
              {} bursts after restarts): {} dropped as stale, {} writes refused by a head's \
@@ -24,6 +25,7 @@ impl WorldReport for ChainReport {
             self.members_lost,
             self.partitions,
             self.controller_restarts,
+            self.controller_takeovers,
             self.removals,
             self.recoveries,
             self.reads_here,
@@ -44,6 +46,10 @@ impl WorldReport for ChainReport {
             ("members lost for good", self.members_lost),
             ("partitions", self.partitions),
             ("controller restarts", self.controller_restarts),
+            (
+                "takeovers by the standby controller",
+                self.controller_takeovers,
+            ),
             ("members taken out of chains", self.removals),
             ("group recoveries", self.recoveries),
             ("reads relayed to the tail", self.reads_relayed),

@@ -18,9 +18,15 @@ impl ChainWorld {
             let (from, to, bytes) = (delivery.from, delivery.to, delivery.bytes);
             let up = match (0..MEMBERS).find(|&index| member_addr(index) == to) {
                 Some(index) => self.members[index].up,
-                None => to != controller_addr() || self.controller_up,
+                None => to != controller_addr(self.leader) || self.controller_up,
             };
-            let fate = if up { "" } else { " [lost: the node is down]" };
+            let fate = if to == controller_addr(1 - self.leader) {
+                " [ignored: that controller stands by]"
+            } else if up {
+                ""
+            } else {
+                " [lost: the node is down]"
+            };
             self.network.note_recv(now, from, to, &bytes, fate);
             if let Some(index) = (0..MEMBERS).find(|&index| member_addr(index) == to) {
                 let member = &mut self.members[index];
@@ -28,11 +34,12 @@ impl ChainWorld {
                     member.host.handle(now, from, &bytes);
                     flush_member(member, index, now, &mut self.network);
                 }
-            } else if to == controller_addr() {
+            } else if to == controller_addr(self.leader) {
                 if self.controller_up {
                     self.controller.handle(now, from, &bytes);
                     flush_controller(
                         &mut self.controller,
+                        controller_addr(self.leader),
                         &mut self.saved,
                         now,
                         &mut self.network,
@@ -66,6 +73,7 @@ impl ChainWorld {
             self.controller.handle_timeout(now);
             flush_controller(
                 &mut self.controller,
+                controller_addr(self.leader),
                 &mut self.saved,
                 now,
                 &mut self.network,

@@ -58,7 +58,7 @@ impl ChainWorld {
                 2 if self.others_live(index) => {
                     let until = now + Duration::from_millis(self.rng.random_range(20..250));
                     let other = if self.rng.random_bool(0.5) {
-                        Some(controller_addr())
+                        Some(controller_addr(self.leader))
                     } else {
                         None
                     };
@@ -122,9 +122,19 @@ impl ChainWorld {
             self.controller =
                 Controller::restore(controller_config(), self.saved.clone(), &[], now)
                     .map_err(|error| error.to_string())?;
+            // Half the time the standby takes over (the leader's etcd lease ran out while it
+            // was down): the other address, a new term, members and clients following it.
+            if self.rng.random_bool(0.5) {
+                self.leader = 1 - self.leader;
+                self.controller.begin_term();
+                self.report.controller_takeovers += 1;
+                let leader = self.leader;
+                self.note("sim", || format!("controller {leader} takes over"));
+            }
             self.controller_up = true;
             flush_controller(
                 &mut self.controller,
+                controller_addr(self.leader),
                 &mut self.saved,
                 now,
                 &mut self.network,

@@ -11,6 +11,8 @@ pub struct ChainReport {
     pub crashes: u64,
     pub partitions: u64,
     pub controller_restarts: u64,
+    /// Restarts at which the standby controller took over (a new term at its address).
+    pub controller_takeovers: u64,
     pub members_lost: u64,
     pub removals: u64,
     pub recoveries: u64,
@@ -40,6 +42,7 @@ impl ChainReport {
         self.crashes += other.crashes;
         self.partitions += other.partitions;
         self.controller_restarts += other.controller_restarts;
+        self.controller_takeovers += other.controller_takeovers;
         self.members_lost += other.members_lost;
         self.removals += other.removals;
         self.recoveries += other.recoveries;

@@ -34,8 +34,10 @@ pub(super) fn member_addr(index: usize) -> SocketAddr {
     SocketAddr::from(([10, 0, 5, index as u8 + 1], 7600))
 }
 
-pub(super) fn controller_addr() -> SocketAddr {
-    SocketAddr::from(([10, 0, 5, 100], 7700))
+/// Controller `index`'s address: two controllers, one leading at a time (`pmnet controller` on
+/// etcd; the other stands by and takes over at some restarts).
+pub(super) fn controller_addr(index: usize) -> SocketAddr {
+    SocketAddr::from(([10, 0, 5, 100 + index as u8], 7700))
 }
 
 pub(super) fn client_addr(index: usize) -> SocketAddr {
@@ -97,6 +99,8 @@ pub(super) struct ChainWorld {
     pub(super) saved: Layout,
     pub(super) controller_up: bool,
     pub(super) controller_restart_at: Option<Time>,
+    /// Which of the two controllers leads (the other's datagrams go nowhere).
+    pub(super) leader: usize,
     pub(super) keys: Vec<Vec<u8>>,
     pub(super) clients: Vec<Client>,
     pub(super) history: History,
@@ -117,7 +121,10 @@ fn fixed_chains() -> Vec<Vec<SocketAddr>> {
 
 fn member_config(index: usize, controlled: bool) -> ChainConfig {
     let mut config = if controlled {
-        ChainConfig::controlled(member_addr(index), 1, controller_addr())
+        ChainConfig {
+            standby_controllers: vec![controller_addr(1)],
+            ..ChainConfig::controlled(member_addr(index), 1, controller_addr(0))
+        }
     } else {
         ChainConfig::new(member_addr(index), 1, fixed_chains())
     };
@@ -135,7 +142,10 @@ pub(super) fn controller_config() -> ControllerConfig {
 /// A client's session `session`.
 pub(super) fn client_session(session: u64, controlled: bool) -> ChainClient {
     let mut config = if controlled {
-        ClientConfig::controlled(session, controller_addr())
+        ClientConfig {
+            standby_controllers: vec![controller_addr(1)],
+            ..ClientConfig::controlled(session, controller_addr(0))
+        }
     } else {
         ClientConfig::new(session, fixed_chains())
     };
@@ -209,6 +219,7 @@ pub(super) fn flush_member(member: &mut Member, index: usize, now: Time, network
 
 pub(super) fn flush_controller(
     controller: &mut Controller,
+    from: SocketAddr,
     saved: &mut Layout,
     now: Time,
     network: &mut Network,
@@ -218,7 +229,7 @@ pub(super) fn flush_controller(
         *saved = layout;
     }
     while let Some(transmit) = controller.poll_transmit() {
-        network.send(now, controller_addr(), transmit.destination, transmit.bytes);
+        network.send(now, from, transmit.destination, transmit.bytes);
     }
 }
 
@@ -255,7 +266,7 @@ impl ChainWorld {
         let endpoints: Vec<SocketAddr> = (0..MEMBERS)
             .map(member_addr)
             .chain((0..CLIENTS).map(client_addr))
-            .chain([controller_addr()])
+            .chain([controller_addr(0), controller_addr(1)])
             .collect();
         network.attacker = Some(Attacker::replaying(
             seed,
@@ -269,7 +280,13 @@ impl ChainWorld {
         let mut controller = Controller::new(controller_config(), &addresses, GROUPS, Time::ZERO)
             .map_err(|error| error.to_string())?;
         let mut saved = controller.layout().clone();
-        flush_controller(&mut controller, &mut saved, Time::ZERO, &mut network);
+        flush_controller(
+            &mut controller,
+            controller_addr(0),
+            &mut saved,
+            Time::ZERO,
+            &mut network,
+        );
         let clients = (0..CLIENTS)
             .map(|index| Client {
                 session: client_session(0x5e55_0000 + index as u64, controlled),
@@ -296,6 +313,7 @@ impl ChainWorld {
             saved,
             controller_up: controlled,
             controller_restart_at: None,
+            leader: 0,
             keys: (0..6u8).map(|index| vec![b'k', index]).collect(),
             clients,
             history: Vec::new(),

@@ -60,6 +60,7 @@ pub fn node_name(addr: SocketAddr) -> String {
             (10, 0, 100, 1, port) if port >= 40000 => return format!("client{}", port - 40000),
             // The chain store's world.
             (10, 0, 5, 100, 7700) => return "controller".to_string(),
+            (10, 0, 5, 101, 7700) => return "controller-b".to_string(),
             (10, 0, 5, host, 7600) if host > 0 => return format!("member{}", host - 1),
             (10, 0, 6, host, 40000) if host > 0 => return format!("client{}", host - 1),
             // Replicated memory's world.

@@ -2,7 +2,7 @@
 //! at a time, keys and values drawn from the run's seed; latencies of the requests started
 //! after the warm-up and completed inside the measured interval, in HdrHistograms.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -100,6 +100,8 @@ struct Tally {
     completed: u64,
     reads: u64,
     lock_attempts: u64,
+    /// When the last measured operation finished.
+    last_finished: Option<Instant>,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -122,6 +124,9 @@ pub fn run_phase(
 ) -> Result<Measured, CliError> {
     assert!(!clients.is_empty(), "at least one client");
     let stop = AtomicBool::new(false);
+    // Operations measured by all the clients so far: a phase goes on past its end until one
+    // was (on a loaded host a slow system may complete none within a short window).
+    let recorded = AtomicU64::new(0);
     let start = Instant::now();
     let measure_from = start + phase.warmup;
     let end = measure_from + phase.duration;
@@ -131,7 +136,7 @@ pub fn run_phase(
             .iter_mut()
             .enumerate()
             .map(|(index, client)| {
-                let (stop, value) = (&stop, &value);
+                let (stop, value, recorded) = (&stop, &value, &recorded);
                 scope.spawn(move || {
                     let result = client_loop(
                         client.as_mut(),
@@ -139,7 +144,7 @@ pub fn run_phase(
                         index as u32,
                         value,
                         (measure_from, end),
-                        (stop, shutdown),
+                        (stop, shutdown, recorded),
                     );
                     if result.is_err() {
                         stop.store(true, Ordering::Relaxed);
@@ -160,8 +165,10 @@ pub fn run_phase(
     let finished = Instant::now();
     let mut merged = histogram();
     let mut measured = Measured::default();
+    let mut last_finished = end;
     for result in results {
         let tally = result?;
+        last_finished = last_finished.max(tally.last_finished.unwrap_or(end));
         merged
             .add(&tally.histogram)
             .map_err(|error| format!("merging histograms: {error}"))?;
@@ -171,9 +178,9 @@ pub fn run_phase(
     }
     measured.interrupted = shutdown.is_requested();
     let until = if measured.interrupted {
-        finished.min(end)
+        finished.min(last_finished)
     } else {
-        end
+        last_finished
     };
     measured.seconds = until.saturating_duration_since(measure_from).as_secs_f64();
     measured.count = merged.len();
@@ -190,14 +197,15 @@ pub fn run_phase(
     Ok(measured)
 }
 
-/// One client's closed loop until `end` (or a stop).
+/// One client's closed loop until `end` and at least one operation of the phase was measured
+/// (or a stop).
 fn client_loop(
     client: &mut dyn CoordClient,
     phase: &Phase,
     index: u32,
     value: &[u8],
     (measure_from, end): (Instant, Instant),
-    (stop, shutdown): (&AtomicBool, &Shutdown),
+    (stop, shutdown, recorded): (&AtomicBool, &Shutdown, &AtomicU64),
 ) -> Result<Tally, CliError> {
     if let Some(cpu) = phase.client_cpu {
         pmnet_runtime::pin_current_thread(cpu)?;
@@ -209,13 +217,14 @@ fn client_loop(
         completed: 0,
         reads: 0,
         lock_attempts: 0,
+        last_finished: None,
     };
     loop {
         if stop.load(Ordering::Relaxed) || shutdown.is_requested() {
             break;
         }
         let started = Instant::now();
-        if started >= end {
+        if started >= end && recorded.load(Ordering::Relaxed) > 0 {
             break;
         }
         let (is_read, attempts) = match phase.op {
@@ -245,7 +254,9 @@ fn client_loop(
         };
         let finished = Instant::now();
         tally.completed += 1;
-        if started >= measure_from && finished <= end {
+        if started >= measure_from && (finished <= end || recorded.load(Ordering::Relaxed) == 0) {
+            recorded.fetch_add(1, Ordering::Relaxed);
+            tally.last_finished = Some(tally.last_finished.map_or(finished, |at| at.max(finished)));
             let nanos = u64::try_from(finished.duration_since(started).as_nanos())
                 .unwrap_or(u64::MAX)
                 .max(1);

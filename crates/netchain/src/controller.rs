@@ -104,8 +104,13 @@ pub enum ControllerEvent {
     },
     /// The copy is done; the group's writes pause while the joining member takes the rest.
     CatchingUp { member: SocketAddr, group: u16 },
-    /// The member is the group's tail now.
-    Joined { member: SocketAddr, group: u16 },
+    /// The member is in the group's chain now, at position `at` (0: the head) of `of`.
+    Joined {
+        member: SocketAddr,
+        group: u16,
+        at: usize,
+        of: usize,
+    },
     /// Every member runs the configuration with the new tail: the group's writes resume.
     Resumed { group: u16 },
     /// A copy abandoned (and started again, or not), and why.
@@ -161,8 +166,23 @@ impl std::fmt::Display for ControllerEvent {
                 f,
                 "member {member} copied g{group}: its writes pause while it catches up"
             ),
-            ControllerEvent::Joined { member, group } => {
-                write!(f, "member {member} joined g{group} as its tail")
+            ControllerEvent::Joined {
+                member,
+                group,
+                at,
+                of,
+            } => {
+                let place = if *at + 1 == *of {
+                    "as its tail".to_owned()
+                } else if *at == 0 {
+                    "as its head, where the member taken out was".to_owned()
+                } else {
+                    format!(
+                        "at position {} of {of}, where the member taken out was",
+                        at + 1
+                    )
+                };
+                write!(f, "member {member} joined g{group} {place}")
             }
             ControllerEvent::Resumed { group } => {
                 write!(
@@ -237,6 +257,11 @@ pub struct Controller {
     plain_warnings: Option<PlainTrafficWarnings>,
     /// Changes for the operator, oldest first (at most [`EVENTS_MAX`]).
     events: VecDeque<ControllerEvent>,
+    /// Per group, where the members taken out of its chain were (positions, the latest
+    /// last; at most `chain_length`): a member brought in takes the latest one's place
+    /// (NetChain's placement), so the chains, and who heads them, come back as they were.
+    /// Kept in memory only: after a restart a member brought in becomes the tail.
+    holes: Vec<Vec<u8>>,
 }
 
 /// Why a controller's state could not be used.
@@ -408,7 +433,9 @@ impl Controller {
             auth_warnings: AuthWarnings::default(),
             plain_warnings: None,
             events: VecDeque::new(),
+            holes: Vec::new(),
         };
+        controller.holes = vec![Vec::new(); controller.layout.groups.len()];
         if changed {
             controller.bump();
         }
@@ -718,6 +745,14 @@ impl Controller {
             for group in 0..self.layout.groups.len() {
                 let settings = &mut self.layout.groups[group];
                 if settings.chain.len() > 1 && settings.chain.contains(&index) {
+                    let at = settings.chain.iter().position(|member| *member == index);
+                    let holes = &mut self.holes[group];
+                    if let Some(at) = at {
+                        if holes.len() >= self.config.chain_length.max(1) {
+                            holes.remove(0);
+                        }
+                        holes.push(at as u8);
+                    }
                     settings.chain.retain(|member| *member != index);
                     changed = true;
                     removed_from.push(group as u16);
@@ -871,7 +906,19 @@ impl Controller {
                     .is_some()
                 {
                     let settings = &mut self.layout.groups[group];
-                    settings.chain.push(joining.member);
+                    // In the place of the member taken out last (the group is paused and
+                    // drained, and the joining member holds every committed version: any
+                    // place in the chain is safe), else as the tail.
+                    let at = self.holes[group]
+                        .pop()
+                        .map(usize::from)
+                        .filter(|at| *at <= settings.chain.len())
+                        .unwrap_or(settings.chain.len());
+                    settings.chain.insert(at, joining.member);
+                    let of = settings.chain.len();
+                    if of >= self.config.chain_length {
+                        self.holes[group].clear();
+                    }
                     settings.joining = None;
                     settings.paused = true;
                     self.boots = None;
@@ -879,6 +926,8 @@ impl Controller {
                     self.event(ControllerEvent::Joined {
                         member,
                         group: group16,
+                        at,
+                        of,
                     });
                     self.bump();
                     self.switched = Some((group16, self.layout.epoch));

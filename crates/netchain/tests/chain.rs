@@ -367,7 +367,7 @@ struct ControlledChain {
     queue: std::collections::VecDeque<(SocketAddr, SocketAddr, Vec<u8>)>,
     /// What reached the client: (from, status, version).
     replies: Vec<(SocketAddr, Status, u64)>,
-    down: [bool; 3],
+    down: Vec<bool>,
     drop_replies: bool,
     now: Time,
 }
@@ -378,9 +378,15 @@ const CONTROLLER: SocketAddr = SocketAddr::new(
 );
 
 impl ControlledChain {
+    /// Three members, in chains of three.
     fn new() -> ControlledChain {
+        ControlledChain::with_members(3)
+    }
+
+    /// `count` members, chains of three over the first three (the others spares).
+    fn with_members(count: usize) -> ControlledChain {
         use pmnet_netchain::{Controller, ControllerConfig};
-        let addrs: Vec<SocketAddr> = (0..3).map(member).collect();
+        let addrs: Vec<SocketAddr> = (0..count).map(member).collect();
         let config = ControllerConfig {
             chain_length: 3,
             suspect_after: Duration::from_millis(50),
@@ -397,7 +403,7 @@ impl ControlledChain {
                     ChainNode::new(config, Table::new(geometry()), Time::ZERO)
                 })
                 .collect(),
-            files: (0..3)
+            files: (0..count)
                 .map(|_| {
                     TableFile::format(SimRegion::new(geometry().region_len()), geometry())
                         .expect("format")
@@ -405,7 +411,7 @@ impl ControlledChain {
                 .collect(),
             queue: Default::default(),
             replies: Vec::new(),
-            down: [false; 3],
+            down: vec![false; count],
             drop_replies: false,
             now: Time::ZERO,
         }
@@ -451,7 +457,7 @@ impl ControlledChain {
             };
             if to == CONTROLLER {
                 self.controller.handle(now, from, &bytes);
-            } else if let Some(index) = (0..3).find(|index| member(*index) == to) {
+            } else if let Some(index) = (0..self.nodes.len()).find(|index| member(*index) == to) {
                 if !self.down[index] {
                     let (header, payload) = Header::parse(&bytes).unwrap();
                     self.nodes[index].handle(now, from, &header, payload);
@@ -548,5 +554,60 @@ fn a_failed_compare_and_set_is_decided_once_across_a_change_of_head() {
                 member(index)
             );
         }
+    }
+}
+
+/// NetChain's placement: a member brought into a chain takes the place of the one taken out.
+/// The head of the group is lost for good; the spare is copied in and becomes the head, where
+/// the lost member was (not the tail), and the chain serves writes and reads through it.
+#[test]
+fn a_member_brought_in_takes_the_place_of_the_one_taken_out() {
+    let mut chain = ControlledChain::with_members(4);
+    chain.settle_for(Duration::from_millis(1500));
+    let before = chain.controller.layout().chains()[0].clone();
+    assert_eq!(before, vec![member(0), member(1), member(2)]);
+    chain.send(0, 1, 1, Op::Put, b"A", 0);
+    chain.down[0] = true;
+    let mut waited = Duration::ZERO;
+    while chain.controller.layout().chains()[0] != [member(3), member(1), member(2)] {
+        assert!(
+            waited < Duration::from_secs(10),
+            "the spare never took the lost head's place: {:?}",
+            chain.controller.layout().groups
+        );
+        chain.settle_for(Duration::from_millis(100));
+        waited += Duration::from_millis(100);
+    }
+    let said: Vec<String> = std::iter::from_fn(|| chain.controller.poll_event())
+        .map(|event| event.to_string())
+        .collect();
+    assert!(
+        said.iter().any(|line| line
+            == &format!(
+                "member {} joined g0 as its head, where the member taken out was",
+                member(3)
+            )),
+        "{said:#?}"
+    );
+    // Writes resume once every member runs the new chain: through the new head.
+    chain.settle_for(Duration::from_millis(200));
+    chain.replies.clear();
+    chain.send(3, 1, 2, Op::Put, b"B", 0);
+    let answers: Vec<(SocketAddr, Status, u64)> = chain.replies.clone();
+    assert_eq!(
+        answers,
+        vec![(member(2), Status::Ok, 2)],
+        "the tail answers version 2"
+    );
+    for index in 1..4 {
+        assert_eq!(
+            chain.nodes[index]
+                .table()
+                .durable(b"lock")
+                .and_then(|v| v.value.clone()),
+            Some(b"B".to_vec()),
+            "{}",
+            member(index)
+        );
     }
 }

@@ -84,6 +84,9 @@ pub enum DropReason {
     Backlog,
     /// Data older than what the receiver took already (a late or replayed page).
     StaleData,
+    /// An update whose carried client address (flag `CLIENT_ADDRESS`, devices in series) is
+    /// malformed, or one that reached a server: only a device carries one, to the next device.
+    BadClientAddress,
 }
 
 impl DropReason {
@@ -123,6 +126,7 @@ impl DropReason {
             DropReason::NotServed => "not_served",
             DropReason::Backlog => "backlog",
             DropReason::StaleData => "stale_data",
+            DropReason::BadClientAddress => "bad_client_address",
         }
     }
 }

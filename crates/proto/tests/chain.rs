@@ -6,8 +6,14 @@
 
 use std::time::Duration;
 
-use pmnet_proto::{ClientEvent, Completion};
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+use pmnet_proto::{ClientEvent, Completion, DeploymentKey, KeySet};
 use pmnet_sim::{Faults, Topology, World};
+use pmnet_wire::replication::CLIENT_ADDRESS;
+use pmnet_wire::{Header, PacketType};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -215,4 +221,269 @@ fn a_gap_that_only_the_first_device_of_a_chain_holds_is_never_skipped() {
     world.run_for(Duration::from_secs(5));
     assert_eq!(world.applied_seqs(session), vec![lost, later]);
     assert_eq!(live_entries(&world), vec![0, 0]);
+}
+
+/// Every datagram the network carries from now on: (from, to, header).
+fn watch(world: &mut World) -> Rc<RefCell<Vec<(SocketAddr, SocketAddr, Header)>>> {
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    let log = Rc::clone(&seen);
+    world.drop_when(move |datagram| {
+        log.borrow_mut()
+            .push((datagram.from, datagram.to, datagram.header));
+        false
+    });
+    seen
+}
+
+/// The PMNet-ACKs of `seq` the network carried: (from, to, device id).
+fn acks_of(
+    seen: &RefCell<Vec<(SocketAddr, SocketAddr, Header)>>,
+    seq: u32,
+) -> Vec<(SocketAddr, SocketAddr, u16)> {
+    seen.borrow()
+        .iter()
+        .filter(|(_, _, header)| header.packet_type == PacketType::PmnetAck && header.seq == seq)
+        .map(|(from, to, header)| (*from, *to, header.device_id))
+        .collect()
+}
+
+fn device_counter(
+    world: &World,
+    device: usize,
+    get: fn(&pmnet_proto::DeviceCounters) -> u64,
+) -> u64 {
+    get(world.device(device).device().counters())
+}
+
+/// Once each device knows the next one for a device (its PMNet-ACK of the first update), it
+/// forwards every update with the client's address, and each device after the first acks the
+/// client directly: three devices cost four hops to the last ack (20 µs at 5 µs a hop), not
+/// six. Nothing is relayed; the server never sees the address; the server-ACK still travels
+/// back through every device and frees each entry. With keys: every device re-seals what it
+/// forwards, address and all, and the next one verifies it.
+#[test]
+fn each_device_of_a_chain_acks_the_client_directly_when_it_follows_a_named_device() {
+    for keyed in [false, true] {
+        let mut world = chain(3, 3);
+        if keyed {
+            world = world.with_auth(KeySet::new(vec![DeploymentKey::new(1, [0x42; 32])]));
+            world.run_for(Duration::from_millis(50));
+        }
+        world.stop_server(0);
+        // The first update teaches each device that its "server" is a device (its ack).
+        let first = world.update(0, b"a=1");
+        world.run_for(Duration::from_millis(1));
+        assert!(
+            matches!(
+                world.completion(0, first),
+                Some(ClientEvent::Completed { .. })
+            ),
+            "keys {keyed}: {:?}",
+            world.completion(0, first)
+        );
+        let relayed_before: u64 = (0..3)
+            .map(|device| device_counter(&world, device, |c| c.chain_acks_relayed))
+            .sum();
+        let seen = watch(&mut world);
+        let seq = world.update(0, b"b=2");
+        world.run_for(Duration::from_micros(22));
+        match world.completion(0, seq) {
+            Some(ClientEvent::Completed {
+                completion: Completion::Logged { .. },
+                ..
+            }) => {}
+            other => panic!("keys {keyed}: four hops to the last ack, got {other:?}"),
+        }
+        let client = pmnet_sim::client_addr(0);
+        let mut acks = acks_of(&seen, seq);
+        acks.sort();
+        let expected: Vec<(SocketAddr, SocketAddr, u16)> = (0..3)
+            .map(|device| {
+                (
+                    pmnet_sim::device_addr(device),
+                    client,
+                    pmnet_sim::DEVICE_ID + device as u16,
+                )
+            })
+            .collect();
+        assert_eq!(
+            acks, expected,
+            "keys {keyed}: each device acked the client itself"
+        );
+        let relayed_after: u64 = (0..3)
+            .map(|device| device_counter(&world, device, |c| c.chain_acks_relayed))
+            .sum();
+        assert_eq!(
+            relayed_after, relayed_before,
+            "keys {keyed}: nothing relayed"
+        );
+        for device in 0..2 {
+            assert!(device_counter(&world, device, |c| c.client_addresses_carried) >= 1);
+        }
+        for device in 1..3 {
+            assert_eq!(device_counter(&world, device, |c| c.acks_sent_direct), 1);
+        }
+        world.start_server(0);
+        world.run_for(Duration::from_secs(1));
+        assert_eq!(
+            world.servers[0].app.applied.len(),
+            2,
+            "keys {keyed}: applied once each"
+        );
+        assert_eq!(live_entries(&world), vec![0, 0, 0], "keys {keyed}");
+        let to_server = pmnet_sim::server_addr(0);
+        assert!(
+            seen.borrow()
+                .iter()
+                .all(|(_, to, header)| *to != to_server || !header.has_flag(CLIENT_ADDRESS)),
+            "keys {keyed}: the server never gets a client's address"
+        );
+        assert!(!world.servers[0]
+            .server
+            .counters()
+            .dropped
+            .contains_key("bad_client_address"));
+        for device in 0..3 {
+            let dropped = world.device(device).pipeline.dropped();
+            for reason in [
+                "auth_truncated",
+                "unauthenticated",
+                "unknown_key",
+                "bad_tag",
+                "stale",
+                "from_the_future",
+                "sealed_without_key",
+                "bad_client_address",
+            ] {
+                assert!(
+                    !dropped.contains_key(reason),
+                    "keys {keyed}: device {device} dropped {dropped:?}"
+                );
+            }
+        }
+    }
+}
+
+/// Without `--previous-device` a device does not believe an address another one carries: it
+/// acks the source, as before, and the acks travel back along the chain (six hops).
+#[test]
+fn without_previous_devices_acks_travel_back_along_the_chain() {
+    let mut world = chain(3, 3);
+    for device in 1..3 {
+        world.devices[device].config.previous_devices.clear();
+        world.restart_device(device);
+    }
+    world.run_for(Duration::from_millis(50));
+    world.stop_server(0);
+    let first = world.update(0, b"a=1");
+    world.run_for(Duration::from_millis(1));
+    assert!(matches!(
+        world.completion(0, first),
+        Some(ClientEvent::Completed { .. })
+    ));
+    let seen = watch(&mut world);
+    let seq = world.update(0, b"b=2");
+    world.run_for(Duration::from_micros(22));
+    assert!(world.completion(0, seq).is_none(), "not in four hops");
+    world.run_for(Duration::from_micros(10));
+    assert!(
+        matches!(
+            world.completion(0, seq),
+            Some(ClientEvent::Completed { .. })
+        ),
+        "in six: {:?}",
+        world.completion(0, seq)
+    );
+    let client = pmnet_sim::client_addr(0);
+    let direct: Vec<u16> = acks_of(&seen, seq)
+        .into_iter()
+        .filter(|(from, to, _)| *to == client && *from != pmnet_sim::device_addr(0))
+        .map(|(_, _, device)| device)
+        .collect();
+    assert!(direct.is_empty(), "acked the client directly: {direct:?}");
+    assert_eq!(device_counter(&world, 1, |c| c.client_addresses_ignored), 1);
+    assert_eq!(device_counter(&world, 2, |c| c.acks_sent_direct), 0);
+    world.start_server(0);
+    world.run_for(Duration::from_secs(1));
+    assert_eq!(world.servers[0].app.applied.len(), 2);
+    assert_eq!(live_entries(&world), vec![0, 0, 0]);
+}
+
+/// What a sender may make a device of a chain send with an address: from anyone but the
+/// device before it, nothing new (its source is acked); a malformed address drops the update
+/// (counted, no panic); a genuine forward replayed is acked once more, to the same client.
+#[test]
+fn carried_addresses_are_honoured_only_from_the_device_before_and_malformed_ones_dropped() {
+    let mut world = chain(2, 2);
+    world.stop_server(0);
+    let first = world.update(0, b"a=1");
+    world.run_for(Duration::from_millis(1));
+    assert!(matches!(
+        world.completion(0, first),
+        Some(ClientEvent::Completed { .. })
+    ));
+    let (d1, d2) = (pmnet_sim::device_addr(0), pmnet_sim::device_addr(1));
+    let session = world.session(0);
+    let victim: SocketAddr = "10.9.9.9:9999".parse().unwrap();
+    let stranger: SocketAddr = "10.8.8.8:8888".parse().unwrap();
+    let mut update = Header::new(PacketType::UpdateRequest, pmnet_sim::SERVER_ID, session, 40);
+    update.flags = pmnet_wire::replication::REPLICATED;
+    let carrying = pmnet_wire::replication::with_client_address(&update, b"x=1", victim).unwrap();
+    let seen = watch(&mut world);
+    // From a stranger: acked to the stranger (its source), not to the address it names.
+    world.inject(stranger, d2, carrying.clone());
+    world.run_for(Duration::from_millis(1));
+    assert_eq!(
+        acks_of(&seen, 40),
+        vec![(d2, stranger, pmnet_sim::DEVICE_ID + 1)]
+    );
+    assert_eq!(device_counter(&world, 1, |c| c.client_addresses_ignored), 1);
+    // Malformed, from the device before it: dropped and counted, nothing sent.
+    let mut malformed = carrying.clone();
+    let len = malformed.len();
+    malformed[len - 19] = 9; // family 9
+    let mut packet = pmnet_wire::Packet::new_unchecked(&mut malformed[..]);
+    packet.fill_checksum();
+    update.seq = 41;
+    let truncated_payload = pmnet_wire::Header {
+        flags: update.flags | CLIENT_ADDRESS,
+        ..update
+    }
+    .encode(b"short");
+    seen.borrow_mut().clear();
+    world.inject(d1, d2, malformed);
+    world.inject(d1, d2, truncated_payload);
+    world.run_for(Duration::from_millis(1));
+    assert!(acks_of(&seen, 40).is_empty() && acks_of(&seen, 41).is_empty());
+    assert_eq!(
+        world.device(1).pipeline.dropped().get("bad_client_address"),
+        Some(&2)
+    );
+    // Genuine, from the device before it: acked to the address, once per copy received.
+    seen.borrow_mut().clear();
+    let mut genuine = update;
+    genuine.seq = 42;
+    let genuine = pmnet_wire::replication::with_client_address(&genuine, b"y=1", victim).unwrap();
+    world.inject(d1, d2, genuine.clone());
+    world.run_for(Duration::from_millis(1));
+    world.inject(d1, d2, genuine);
+    world.run_for(Duration::from_millis(1));
+    assert_eq!(
+        acks_of(&seen, 42),
+        vec![(d2, victim, pmnet_sim::DEVICE_ID + 1); 2],
+        "one ack per copy, to the client named"
+    );
+    // A server takes no update that carries an address (only devices carry one, to devices).
+    world.start_server(0);
+    world.run_for(Duration::from_secs(1));
+    world.inject(d2, pmnet_sim::server_addr(0), carrying);
+    world.run_for(Duration::from_millis(1));
+    assert_eq!(
+        world.servers[0]
+            .server
+            .counters()
+            .dropped
+            .get("bad_client_address"),
+        Some(&1)
+    );
 }

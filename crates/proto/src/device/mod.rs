@@ -97,6 +97,14 @@ pub struct DeviceCounters {
     /// PMNet-ACKs and not-logged notices of the next device of a chain, passed on towards
     /// the client.
     pub chain_acks_relayed: u64,
+    /// Updates forwarded to the next device of a chain with their client's address, so that
+    /// it acks the client directly (docs/protocol.md, "Devices in series").
+    pub client_addresses_carried: u64,
+    /// PMNet-ACKs sent straight to a client whose address the device before this one carried.
+    pub acks_sent_direct: u64,
+    /// Carried client addresses not honoured: the sender is not a device named by
+    /// `--previous-device` (its source was acked instead).
+    pub client_addresses_ignored: u64,
     /// Cache reads forwarded to their server.
     pub cache_reads_forwarded: u64,
     /// Cache replies from a server forwarded to their client.
@@ -173,8 +181,12 @@ struct Entry {
     /// The update as received, shared with its log write (one copy).
     packet: std::sync::Arc<[u8]>,
     fragment_count: u16,
-    /// Where the PMNet-ACK goes.
+    /// Where the update came from (the client, or the device before this one in a chain):
+    /// where the PMNet-ACK goes unless `ack_to` says otherwise, and what it is relayed to.
     client: Option<SocketAddr>,
+    /// The client's own address, carried by the device before this one (volatile: a
+    /// recovered entry has none): its PMNet-ACK, and the next device's it relays, go there.
+    ack_to: Option<SocketAddr>,
     /// The server acked while the write was persisting: free the slot once it completes.
     invalidate_when_persisted: bool,
     /// This device queued a PMNet-ACK for the entry (false for entries recovered from the
@@ -250,12 +262,20 @@ pub struct Device {
     trust: trust::Trust,
     /// The devices before this one, and fill queries waiting for their answers.
     upstream: upstream::Upstream,
+    /// The client's address carried by the update being handled (noted by the pipeline,
+    /// which stripped it: [`NetworkFunction::note_client_address`]).
+    carried_client: Option<SocketAddr>,
 }
 
 /// An update request as forwarded to the next device of a chain: flagged `REPLICATED` (the
 /// header re-encoded, its checksum with it); anything else unchanged.
 fn mark_for_next_device(bytes: Vec<u8>) -> Vec<u8> {
     let replicated = pmnet_wire::replication::REPLICATED;
+    let marked = pmnet_wire::Packet::new_checked(&bytes[..])
+        .is_ok_and(|packet| packet.flags() & replicated != 0);
+    if marked {
+        return bytes;
+    }
     match Header::parse(&bytes) {
         Ok((mut header, payload))
             if header.packet_type == PacketType::UpdateRequest && !header.has_flag(replicated) =>
@@ -301,6 +321,7 @@ impl Device {
             round_trips: rtt::RoundTrips::default(),
             seen: seen::SeenSessions::new(config.sessions_max),
             upstream: upstream::Upstream::new(&config.previous_devices),
+            carried_client: None,
             config,
         };
         for entry in recovered {
@@ -357,6 +378,7 @@ impl Device {
                 packet: recovered.packet.into(),
                 fragment_count,
                 client: recovered.return_address,
+                ack_to: None,
                 invalidate_when_persisted: false,
                 ack_sent: false,
                 resend_deadline: now,
@@ -536,13 +558,26 @@ impl Device {
     /// Process a datagram from the network. Never panics on its contents. (A device in a
     /// [`crate::Pipeline`] is offered datagrams already parsed, through [`NetworkFunction`].)
     pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
-        let header = match Header::parse(datagram) {
-            Ok((header, _)) => header,
+        let (header, payload) = match Header::parse(datagram) {
+            Ok(parsed) => parsed,
             Err(error) => {
                 self.count_drop(DropReason::Parse(error));
                 return;
             }
         };
+        let client_address = pmnet_wire::replication::CLIENT_ADDRESS;
+        if header.packet_type == PacketType::UpdateRequest && header.has_flag(client_address) {
+            // As a pipeline offers it: without the address, noted beside it.
+            match pmnet_wire::replication::without_client_address(&header, payload) {
+                Ok((inner, client)) => {
+                    self.carried_client = Some(client);
+                    self.handle(now, from, &inner);
+                    self.carried_client = None;
+                }
+                Err(_) => self.count_drop(DropReason::BadClientAddress),
+            }
+            return;
+        }
         if self.handle_parsed(now, from, &header, datagram) == Verdict::Pass {
             self.count_drop(DropReason::Parse(pmnet_wire::ParseError::UnknownType));
         }
@@ -735,28 +770,26 @@ impl Device {
         }
         self.remember_client(header.session_id, client, datagram.len());
         self.note_seen(now, header);
+        let (direct, carry) = self.client_address(header.server_id, client);
+        let ack_to = direct.unwrap_or(client);
         // A keyed write comes with its order written in (`crate::KeyedOrdering`): it is
         // logged and forwarded as it is.
-        let key = EntryKey {
-            server_id: header.server_id,
-            session_id: header.session_id,
-            seq: header.seq,
-            fragment_index: header.fragment_index,
-        };
+        let key = entry_key(header);
         if let Some(&slot) = self.index.get(&key) {
             // A retransmission: the client lost our ack. The entry's own resend timer takes
             // care of the server.
             self.counters.duplicate_updates += 1;
-            let entry = &self.entries[&slot];
+            let entry = self.entries.get_mut(&slot).expect("indexed");
             if entry.state == EntryState::Durable {
-                self.send_pmnet_ack(slot, client);
+                self.send_pmnet_ack(slot, ack_to, direct.is_some());
             } else {
-                self.entries.get_mut(&slot).expect("indexed").client = Some(client);
+                entry.client = Some(client);
+                entry.ack_to = direct;
             }
             if header.has_flag(pmnet_wire::replication::REPLICATED) {
                 // The client may miss a later device's ack, not only ours: the next device
                 // answers its own copy (and forwards nothing it already holds).
-                self.send(server, pmnet_wire::to_sendable(datagram));
+                self.forward_update(server, header, datagram, carry);
             }
             return;
         }
@@ -775,14 +808,14 @@ impl Device {
             self.counters.log_full += 1;
             Some(NotLoggedReason::LogFull)
         } else if let Some(slot) = self.free_slot(&key) {
-            self.log(now, slot, key, header, client, datagram);
+            self.log(now, slot, header, client, direct, datagram);
             None
         } else {
             self.counters.log_collisions += 1;
             Some(NotLoggedReason::Collision)
         };
         // Logged or not, it goes to the server (a keyed write with its order written in).
-        self.send(server, pmnet_wire::to_sendable(datagram));
+        self.forward_update(server, header, datagram, carry);
         if let Some(reason) = not_logged {
             // The client waits for the server's reply now; tell it why, so that a failure
             // can say the log was full rather than that nothing answered.
@@ -797,6 +830,60 @@ impl Device {
         }
     }
 
+    /// What the update being handled, from `source`, says of its client: the client's own
+    /// address to ack (`None`: ack the source) and the address to carry to the next device of
+    /// a chain (`None`: none — the next device acks this one, which relays).
+    ///
+    /// An address the device before this one carried is believed only from a device named by
+    /// `--previous-device` for the server: anyone else could make this device send its acks
+    /// wherever it liked. An update from such a device without an address (its first forwards,
+    /// before it knew this device for a device, or its replay after a restart) is acked to it
+    /// and goes on without one: its source is no client. From any other source the update
+    /// comes from its client, whose address the next device may ack directly.
+    fn client_address(
+        &mut self,
+        server_id: u16,
+        source: SocketAddr,
+    ) -> (Option<SocketAddr>, Option<SocketAddr>) {
+        let previous = self.upstream.is_previous(server_id, source);
+        match self.carried_client {
+            Some(client) if previous => (Some(client), Some(client)),
+            Some(_) => {
+                self.counters.client_addresses_ignored += 1;
+                (None, None)
+            }
+            None if previous => (None, None),
+            None => (None, Some(source)),
+        }
+    }
+
+    /// Send a received update on to `server`; to the next device of a chain with its client's
+    /// address when this device knows it (`carry`), so that the next device acks the client
+    /// directly (docs/protocol.md, "Devices in series").
+    fn forward_update(
+        &mut self,
+        server: SocketAddr,
+        header: &Header,
+        datagram: &[u8],
+        carry: Option<SocketAddr>,
+    ) {
+        if let Some(client) = carry.filter(|_| self.next_devices.contains(&server)) {
+            let marked = Header {
+                flags: header.flags | pmnet_wire::replication::REPLICATED,
+                ..*header
+            };
+            let payload = &datagram[pmnet_wire::HEADER_LEN..];
+            if let Some(bytes) =
+                pmnet_wire::replication::with_client_address(&marked, payload, client)
+            {
+                self.counters.client_addresses_carried += 1;
+                self.send(server, bytes);
+                return;
+            }
+        }
+        self.send(server, pmnet_wire::to_sendable(datagram));
+    }
+
     /// The first free slot among `probe_limit` from the one the key hashes to.
     fn free_slot(&self, key: &EntryKey) -> Option<u32> {
         let home = slot_hash(key) % u64::from(self.config.slot_count);
@@ -809,11 +896,12 @@ impl Device {
         &mut self,
         now: Time,
         slot: u32,
-        key: EntryKey,
         header: &Header,
         client: SocketAddr,
+        ack_to: Option<SocketAddr>,
         datagram: &[u8],
     ) {
+        let key = entry_key(header);
         let fragment_count = header.fragment_count;
         let generation = self.take_generation();
         let timeout = self.round_trips.timeout(
@@ -841,6 +929,7 @@ impl Device {
                 packet: packet.clone(),
                 fragment_count,
                 client: Some(client),
+                ack_to,
                 invalidate_when_persisted: false,
                 ack_sent: false,
                 resend_deadline: deadline,
@@ -884,8 +973,9 @@ impl Device {
             self.free(slot);
             return;
         }
-        if let Some(client) = entry.client {
-            self.send_pmnet_ack(slot, client);
+        let direct = entry.ack_to.is_some();
+        if let Some(client) = entry.ack_to.or(entry.client) {
+            self.send_pmnet_ack(slot, client, direct);
         }
     }
 
@@ -895,19 +985,14 @@ impl Device {
     /// (`REPLICAS_MAX − 1`), so a chain of R devices sends a client at most R answers per
     /// fragment it logged; anything else is paid for from the client's credit.
     fn relay_chain_ack(&mut self, header: &Header, datagram: &[u8]) {
-        let key = EntryKey {
-            server_id: header.server_id,
-            session_id: header.session_id,
-            seq: header.seq,
-            fragment_index: header.fragment_index,
-        };
+        let key = entry_key(header);
         let client = self.index.get(&key).and_then(|slot| {
             let entry = self.entries.get_mut(slot)?;
             if entry.relayed >= crate::REPLICAS_MAX - 1 {
                 return None;
             }
             entry.relayed += 1;
-            entry.client
+            entry.ack_to.or(entry.client)
         });
         self.counters.chain_acks_relayed += 1;
         match client {
@@ -920,7 +1005,9 @@ impl Device {
         }
     }
 
-    fn send_pmnet_ack(&mut self, slot: u32, client: SocketAddr) {
+    /// Send the PMNet-ACK of the entry in `slot` to `client` (`direct`: the client's own
+    /// address, carried by the device before this one, not the source's).
+    fn send_pmnet_ack(&mut self, slot: u32, client: SocketAddr, direct: bool) {
         let entry = &self.entries[&slot];
         if !self.trust.acks_for(entry.key.server_id) {
             // The server showed it cannot verify this device (or be verified): the client
@@ -944,6 +1031,9 @@ impl Device {
             device_id: self.config.device_id,
         };
         self.counters.pmnet_acks_sent += 1;
+        if direct {
+            self.counters.acks_sent_direct += 1;
+        }
         if self.send(client, header.encode(&[])) {
             self.entries
                 .get_mut(&slot)
@@ -957,7 +1047,7 @@ impl Device {
     /// with is consumed quietly).
     fn ack_held(&mut self, server_id: u16) {
         // In key order (the index is ordered): a seed replays the same acks.
-        let held: Vec<(u32, SocketAddr)> = self
+        let held: Vec<(u32, SocketAddr, bool)> = self
             .index
             .iter()
             .filter(|(key, _)| key.server_id == server_id)
@@ -966,11 +1056,12 @@ impl Device {
                 let waiting = entry.state == EntryState::Durable
                     && !entry.ack_sent
                     && entry.logged_at.is_some();
-                Some((*slot, entry.client.filter(|_| waiting)?))
+                let client = entry.ack_to.or(entry.client).filter(|_| waiting)?;
+                Some((*slot, client, entry.ack_to.is_some()))
             })
             .collect();
-        for (slot, client) in held {
-            self.send_pmnet_ack(slot, client);
+        for (slot, client, direct) in held {
+            self.send_pmnet_ack(slot, client, direct);
         }
     }
 
@@ -1161,6 +1252,16 @@ impl Device {
     }
 }
 
+/// The log entry an update fragment is kept in.
+fn entry_key(header: &Header) -> EntryKey {
+    EntryKey {
+        server_id: header.server_id,
+        session_id: header.session_id,
+        seq: header.seq,
+        fragment_index: header.fragment_index,
+    }
+}
+
 /// Where an entry lives in the log: a hash of its identity (FNV-1a, then a final mix so
 /// neighbouring sequence numbers land far apart).
 fn slot_hash(key: &EntryKey) -> u64 {
@@ -1208,5 +1309,8 @@ impl NetworkFunction for Device {
     }
     fn on_unverified(&mut self, _now: Time, from: SocketAddr, reason: DropReason) {
         Device::on_unverified(self, from, reason)
+    }
+    fn note_client_address(&mut self, client: Option<SocketAddr>) {
+        self.carried_client = client;
     }
 }

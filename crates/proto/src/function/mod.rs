@@ -255,6 +255,12 @@ pub trait NetworkFunction {
     /// (`pmnet_auth::ReplayFloor`). Nothing by default.
     fn note_seal(&mut self, _sealed_at_ms: u64, _started_ms: u64) {}
 
+    /// The client's address the device before this one in a chain carried in the update
+    /// offered next to [`NetworkFunction::handle`] (flag `CLIENT_ADDRESS`, stripped before the
+    /// update is offered: docs/protocol.md, "Devices in series"); `None` once it was offered.
+    /// Whether to believe it is the function's to decide. Nothing by default.
+    fn note_client_address(&mut self, _client: Option<SocketAddr>) {}
+
     /// A datagram from `from` could not be verified (`reason`: an authentication failure, or
     /// sealed at a pipeline without keys) and was dropped before any function saw it. A
     /// function waiting on `from`'s answers learns why none came. Nothing by default.
@@ -352,6 +358,11 @@ impl<A: NetworkFunction, B: NetworkFunction> NetworkFunction for Stack<A, B> {
     fn note_seal(&mut self, sealed_at_ms: u64, started_ms: u64) {
         self.front.note_seal(sealed_at_ms, started_ms);
         self.back.note_seal(sealed_at_ms, started_ms);
+    }
+
+    fn note_client_address(&mut self, client: Option<SocketAddr>) {
+        self.front.note_client_address(client);
+        self.back.note_client_address(client);
     }
 
     fn handle(&mut self, now: Time, from: SocketAddr, header: &Header, datagram: &[u8]) -> Verdict {

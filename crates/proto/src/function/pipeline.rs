@@ -160,6 +160,8 @@ impl<F: NetworkFunction> Pipeline<F> {
     }
 
     /// Hand a parsed datagram to the functions; one none of them takes is counted and dropped.
+    /// An update that carries its client's address (devices in series) is offered without
+    /// it, the address noted beside it; a malformed one is counted and dropped here.
     fn dispatch(
         functions: &mut F,
         drops: &mut DropCounts,
@@ -168,6 +170,24 @@ impl<F: NetworkFunction> Pipeline<F> {
         header: &Header,
         datagram: &[u8],
     ) {
+        if header.packet_type == PacketType::UpdateRequest
+            && header.has_flag(pmnet_wire::replication::CLIENT_ADDRESS)
+        {
+            let payload = &datagram[pmnet_wire::HEADER_LEN..];
+            match pmnet_wire::replication::without_client_address(header, payload) {
+                Ok((inner, client)) => {
+                    let inner_header = Header {
+                        flags: header.flags & !pmnet_wire::replication::CLIENT_ADDRESS,
+                        ..*header
+                    };
+                    functions.note_client_address(Some(client));
+                    Self::dispatch(functions, drops, now, from, &inner_header, &inner);
+                    functions.note_client_address(None);
+                }
+                Err(_) => drops.record(DropReason::BadClientAddress),
+            }
+            return;
+        }
         if !functions.handle(now, from, header, datagram).is_consumed() {
             drops.record(match header.packet_type {
                 PacketType::Reserved(_) => DropReason::Parse(pmnet_wire::ParseError::UnknownType),

@@ -659,6 +659,13 @@ impl Server {
             return;
         }
         match header.packet_type {
+            // A client's address a device carries to the next device of a chain: never part
+            // of a request (docs/protocol.md, "Devices in series").
+            PacketType::UpdateRequest
+                if header.has_flag(pmnet_wire::replication::CLIENT_ADDRESS) =>
+            {
+                self.count_drop(DropReason::BadClientAddress)
+            }
             PacketType::UpdateRequest => {
                 self.on_request(now, from, RequestKind::Update, &header, payload)
             }

@@ -385,6 +385,21 @@ fn update_metrics(out: &mut Metrics, labels: &[(&str, &str)], counters: &DeviceC
             counters.chain_acks_relayed,
         ),
         (
+            "pmnet_device_client_addresses_carried_total",
+            "Updates forwarded to the next device of a chain with their client's address, so that it acks the client directly.",
+            counters.client_addresses_carried,
+        ),
+        (
+            "pmnet_device_acks_sent_direct_total",
+            "PMNet-ACKs sent straight to a client whose address the device before this one carried.",
+            counters.acks_sent_direct,
+        ),
+        (
+            "pmnet_device_client_addresses_ignored_total",
+            "Client addresses carried by a sender not named by --previous-device: ignored, its source acked.",
+            counters.client_addresses_ignored,
+        ),
+        (
             "pmnet_device_log_collisions_total",
             "Updates forwarded without logging: every probed slot was taken.",
             counters.log_collisions,

@@ -65,6 +65,8 @@ pub struct FaultCounts {
     /// Seeds whose clients fan every update out to two devices side by side.
     pub seeds_with_fanout: u64,
     pub devices_lost: u64,
+    /// PMNet-ACKs devices of chains sent straight to their clients (docs/replication.md).
+    pub acks_sent_direct: u64,
     pub replica_crashes: u64,
     pub primaries_lost: u64,
     pub replica_requests_checked: u64,
@@ -111,6 +113,7 @@ impl FaultCounts {
         self.seeds_with_chains += other.seeds_with_chains;
         self.seeds_with_fanout += other.seeds_with_fanout;
         self.devices_lost += other.devices_lost;
+        self.acks_sent_direct += other.acks_sent_direct;
         self.replica_crashes += other.replica_crashes;
         self.primaries_lost += other.primaries_lost;
         self.replica_requests_checked += other.replica_requests_checked;
@@ -215,6 +218,10 @@ impl FaultCounts {
                     "devices lost for good (chain reconnected)",
                     self.devices_lost,
                 ),
+                (
+                    "PMNet-ACKs sent to the client directly by a later device",
+                    self.acks_sent_direct,
+                ),
             ]);
         }
         if self.seeds_with_fanout > 0 {
@@ -273,6 +280,13 @@ pub(super) fn count_world_faults(world: &World, summary: &mut FaultSummary) {
         .devices
         .iter()
         .map(|node| node.rejected_slot_count)
+        .sum();
+    summary.counts.acks_sent_direct = world
+        .devices
+        .iter()
+        .map(|node| {
+            node.acks_sent_direct_before_restart + node.device().counters().acks_sent_direct
+        })
         .sum();
     summary.counts.requests_deferred_store_full =
         world.servers.iter().map(|node| node.deferred_count).sum();

@@ -617,6 +617,7 @@ impl World {
         // Whatever the reopened log holds is durable now, whether or not it was before.
         node.ever_durable
             .extend(recovery.entries.iter().map(|entry| entry.key));
+        node.acks_sent_direct_before_restart += node.device().counters().acks_sent_direct;
         node.pipeline = node.pipeline_for(Device::new(node.config.clone(), now, recovery.entries));
         node.log = log;
         node.held.clear();
@@ -721,6 +722,7 @@ impl World {
         node.log = PmLog::format(SimRegion::new(region_len), slot_count, slot_size)
             .expect("format a device log");
         node.held.clear();
+        node.acks_sent_direct_before_restart += node.device().counters().acks_sent_direct;
         node.pipeline = node.pipeline_for(Device::new(node.config.clone(), self.now, Vec::new()));
         self.chain.remove(position);
         self.note_by(

@@ -270,6 +270,9 @@ pub struct DeviceNode {
     /// Restarts, and slots the log rejected at reopen (torn or corrupted entries).
     pub restart_count: u64,
     pub rejected_slot_count: u64,
+    /// PMNet-ACKs the device sent straight to clients of a chain (a client's address carried
+    /// by the device before it) in its runs before the current one.
+    pub acks_sent_direct_before_restart: u64,
 }
 
 impl DeviceNode {
@@ -301,6 +304,7 @@ impl DeviceNode {
             ever_durable: HashSet::new(),
             restart_count: 0,
             rejected_slot_count: 0,
+            acks_sent_direct_before_restart: 0,
             lost: false,
             front_executor: pmnet_proto::RegionExecutor::default(),
         }

@@ -103,6 +103,7 @@ impl NetworkFunction for ChainFunction {
             ("pmnet_chain_versions_refused_total", "Writes and commits refused: a version no head can have issued.", c.versions_refused),
             ("pmnet_chain_key_versions_full_total", "Writes the head made wait: too many versions of the key in flight.", c.key_versions_full),
             ("pmnet_chain_not_serving_total", "Requests answered \"not here\" for want of the controller's lease.", c.not_serving),
+            ("pmnet_chain_leases_lapsed_total", "Times the controller's lease ran out while the member answered clients.", c.leases_lapsed),
             ("pmnet_chain_configs_total", "Configurations taken from the controller.", c.configs),
             ("pmnet_chain_sync_pages_sent_total", "Pages of this member's table sent to a joining member.", c.sync_pages_sent),
             ("pmnet_chain_sync_versions_taken_total", "Versions taken from a source while joining a group.", c.sync_versions_taken),

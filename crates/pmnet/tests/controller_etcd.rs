@@ -109,7 +109,7 @@ fn the_leading_controller_killed_or_stopped_is_replaced_from_etcd_and_every_hist
         "--chain-controller".to_owned(),
         b.to_string(),
     ];
-    let _nodes: Vec<Node> = members
+    let nodes: Vec<Node> = members
         .iter()
         .enumerate()
         .map(|(index, listen)| chain_member(index as u16 + 1, *listen, &membership, dir.path()))
@@ -204,6 +204,17 @@ fn the_leading_controller_killed_or_stopped_is_replaced_from_etcd_and_every_hist
             count => Ok(count),
         },
     );
+    // The members said why they stopped answering, and that they answer again.
+    common::poll_until("the members' words on the lapse", || {
+        let said: String = nodes.iter().map(|node| node.proc.stderr()).collect();
+        if said.contains("the controller's lease ran out")
+            && said.contains("answering clients again")
+        {
+            Ok(())
+        } else {
+            Err(said)
+        }
+    });
     eprintln!(
         "B took over {:.0} ms after A was killed",
         (started.elapsed().as_nanos() as u64 - killed_at) as f64 / 1e6

@@ -80,6 +80,10 @@ pub(super) struct Control {
     boot: u64,
     next_status: Option<Time>,
     recoveries: HashMap<u16, Recovery>,
+    /// Whether the member answered clients at the last timer (to say when that changes).
+    was_serving: bool,
+    /// A lapse of the lease was reported and no grant came since.
+    lapsed: bool,
 }
 
 impl Control {
@@ -107,6 +111,8 @@ impl Control {
             boot,
             next_status: config.controller.map(|_| now),
             recoveries: HashMap::new(),
+            was_serving: false,
+            lapsed: false,
         }
     }
 }
@@ -506,6 +512,7 @@ impl ChainNode {
             return;
         };
         self.advance_recoveries(now);
+        self.note_serving(now, controller);
         if self.control.next_status.is_some_and(|at| at <= now) {
             self.control.next_status = Some(now + self.control.interval);
             let mut payload = Vec::new();
@@ -515,6 +522,34 @@ impl ChainNode {
                 self.send(standby, CHAIN_STATUS, 0, 0, &payload);
             }
         }
+    }
+
+    /// Say when the member stops answering clients for want of a grant (a lease that ran
+    /// out: the controller is gone, cut off, or stopped for want of etcd), and when it answers
+    /// again.
+    fn note_serving(&mut self, now: Time, controller: SocketAddr) {
+        let serving = self.is_serving(now);
+        if self.control.was_serving && !serving {
+            self.counters.leases_lapsed += 1;
+            self.control.lapsed = true;
+            let mut controllers = vec![controller.to_string()];
+            controllers.extend(self.control.standbys.iter().map(ToString::to_string));
+            tracing::warn!(
+                "chain member {}: the controller's lease ran out ({} ms without a grant from {}): \
+                 answering clients \"not here\" until one comes. Is a controller running, and \
+                 (`pmnet controller`) can it reach etcd?",
+                self.config.me,
+                self.lease().as_millis(),
+                controllers.join(" or ")
+            );
+        } else if serving && self.control.lapsed {
+            self.control.lapsed = false;
+            tracing::info!(
+                "chain member {}: a controller's grant came: answering clients again",
+                self.config.me
+            );
+        }
+        self.control.was_serving = serving;
     }
 
     pub(super) fn control_poll_timeout(&self) -> Option<Time> {

@@ -133,6 +133,8 @@ impl ChainConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChainCounters {
     pub requests: u64,
+    /// Times the controller's lease ran out while the member answered clients.
+    pub leases_lapsed: u64,
     pub writes_stamped: u64,
     pub writes_passed_on: u64,
     /// Failed compare-and-sets' decisions passed down the chain (the tail answers them).

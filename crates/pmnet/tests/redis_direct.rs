@@ -464,6 +464,24 @@ fn requests_larger_than_pmnet_carries_get_redis_replies() {
         bulk("199999")
     );
 
+    // A transaction of reads whose reply is too large for one PMNet reply (as RQ's
+    // `Job.fetch_many` of many jobs is) is run again, whole, on the direct connection: the
+    // client gets Redis's reply.
+    assert_eq!(
+        client.command(&["MULTI"]).unwrap(),
+        Value::Simple(b"OK".to_vec())
+    );
+    client.command(&["GET", "big"]).unwrap();
+    client.command(&["LLEN", "biglist"]).unwrap();
+    match client.command(&["EXEC"]).unwrap() {
+        Value::Array(Some(items)) => {
+            assert_eq!(items.len(), 2);
+            assert!(bulk_bytes(&items[0]) == value.as_slice(), "the 20 MB value");
+            assert_eq!(items[1], Value::Integer(200_000));
+        }
+        other => panic!("EXEC of reads: {other:?}"),
+    }
+
     // A transaction too large for one PMNet request runs whole on the direct connection,
     // watched keys checked; one whose watched key changed runs nothing.
     let big = vec![b'y'; 2 << 20];

@@ -72,6 +72,11 @@ pub const REPLY_MAX: usize = 1 << 20;
 /// the read again on a direct connection to Redis (`-PMNET-REPLY-TOO-LARGE <bytes>`).
 pub const REPLY_TOO_LARGE: &[u8] = b"-PMNET-REPLY-TOO-LARGE ";
 
+/// The start of the error that answers a request that may have written when its reply is over
+/// [`REPLY_MAX`] (a read-only transaction's too: the gateway runs such a one again on a direct
+/// connection).
+pub const APPLIED_REPLY_TOO_LARGE: &str = "-ERR pmnet: the command was applied, but its reply (";
+
 /// `reply` if it fits one PMNet reply; else, for a read, [`REPLY_TOO_LARGE`] with its length,
 /// and for a request that wrote, an error saying it was applied.
 pub fn fit_reply(reply: Vec<u8>, writes: bool) -> Vec<u8> {
@@ -79,11 +84,12 @@ pub fn fit_reply(reply: Vec<u8>, writes: bool) -> Vec<u8> {
         return reply;
     }
     if writes {
-        crate::resp::error_reply(&format!(
-            "ERR pmnet: the command was applied, but its reply ({} bytes) is larger than one \
-             PMNet reply carries ({REPLY_MAX} bytes)",
+        format!(
+            "{APPLIED_REPLY_TOO_LARGE}{} bytes) is larger than one PMNet reply carries \
+             ({REPLY_MAX} bytes)\r\n",
             reply.len()
-        ))
+        )
+        .into_bytes()
     } else {
         let mut out = REPLY_TOO_LARGE.to_vec();
         out.extend_from_slice(format!("{}\r\n", reply.len()).as_bytes());

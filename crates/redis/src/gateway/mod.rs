@@ -225,9 +225,10 @@ enum Slot {
         id: u32,
         args: Option<Vec<Vec<u8>>>,
     },
-    /// A read whose reply was too large for PMNet, run again on the direct connection once
-    /// every earlier reply is out (`direct.rs`).
-    Direct(Vec<Vec<u8>>),
+    /// A read (or a read-only transaction: `MULTI`, its commands, `EXEC`) whose reply was too
+    /// large for PMNet, run again on the direct connection once every earlier reply is out
+    /// (`direct.rs`); the client gets the last command's reply.
+    Direct(Vec<Vec<Vec<u8>>>),
 }
 
 #[derive(Debug)]

@@ -388,6 +388,14 @@ pub(super) fn complete(
             return;
         }
     }
+    if let Then::Exec(commands, after) = &then {
+        if !after.changes_connection() {
+            if let Some(slot) = direct::rerun_exec_slot(conn, position, commands, &bytes) {
+                conn.slots[position] = slot;
+                return;
+            }
+        }
+    }
     let reply = match then {
         Then::Plain(Some(args)) if resp3 => crate::resp3::to_resp3(&args, &bytes),
         Then::Plain(_) => bytes,

@@ -373,6 +373,49 @@ pub(super) fn rerun_slot(
             crate::adaptor::REPLY_MAX
         ))));
     }
+    Some(rerun_or_refuse(conn, position, &size, vec![args.to_vec()]))
+}
+
+/// The slot for a transaction of reads only (`commands`) whose reply (`reply`) was too large
+/// for PMNet (`None` for any other reply, or a transaction that may write): run it again,
+/// whole (`MULTI`, its commands, `EXEC`), on the direct connection, as [`rerun_slot`] does a
+/// read. It changed nothing, so running it again is as if it ran then.
+pub(super) fn rerun_exec_slot(
+    conn: &mut Conn,
+    position: usize,
+    commands: &[Vec<Vec<u8>>],
+    reply: &[u8],
+) -> Option<Slot> {
+    let prefix = crate::adaptor::APPLIED_REPLY_TOO_LARGE.as_bytes();
+    if !reply.starts_with(prefix) || commands.iter().any(|command| may_write(command)) {
+        return None;
+    }
+    let size = String::from_utf8_lossy(&reply[prefix.len()..])
+        .split(' ')
+        .next()
+        .unwrap_or("")
+        .to_owned();
+    if !conn.direct.enabled {
+        return Some(Slot::Ready(error_reply(&format!(
+            "ERR pmnet: the transaction's reply ({size} bytes) is larger than one PMNet reply \
+             carries ({} bytes); a gateway started with --redis reads it from Redis directly",
+            crate::adaptor::REPLY_MAX
+        ))));
+    }
+    let mut sequence = vec![vec![b"MULTI".to_vec()]];
+    sequence.extend(commands.iter().cloned());
+    sequence.push(vec![b"EXEC".to_vec()]);
+    Some(rerun_or_refuse(conn, position, &size, sequence))
+}
+
+/// Run `sequence` again direct in the slot at `position`, unless a later command of the
+/// connection that may write has started (the reads would see its effect).
+fn rerun_or_refuse(
+    conn: &mut Conn,
+    position: usize,
+    size: &str,
+    sequence: Vec<Vec<Vec<u8>>>,
+) -> Slot {
     let later_write = conn.slots.iter().skip(position + 1).any(|slot| match slot {
         Slot::Ready(_) | Slot::Reading { .. } | Slot::Direct(_) => false,
         Slot::Waiting { then, .. } => match then {
@@ -382,14 +425,14 @@ pub(super) fn rerun_slot(
         },
     });
     if later_write {
-        return Some(Slot::Ready(error_reply(&format!(
+        return Slot::Ready(error_reply(&format!(
             "ERR pmnet: the reply ({size} bytes) is larger than one PMNet reply carries, and a \
              later command of this connection that may write had already started: send the \
              read again to have it read from Redis directly"
-        ))));
+        )));
     }
     conn.direct.reruns += 1;
-    Some(Slot::Direct(args.to_vec()))
+    Slot::Direct(sequence)
 }
 
 /// Open the direct connection if it is not: `Err(reply)` to answer instead.
@@ -420,13 +463,13 @@ fn ensure_link(conn: &mut Conn, ctx: &mut Ctx<'_>) -> Result<(), Vec<u8>> {
 
 /// Send the read at the front of the slots again on the direct connection.
 fn start_rerun(conn: &mut Conn, ctx: &mut Ctx<'_>) -> bool {
-    let Some(Slot::Direct(args)) = conn.slots.front() else {
+    let Some(Slot::Direct(sequence)) = conn.slots.front() else {
         return false;
     };
     if conn.direct.rerun_in_flight {
         return false;
     }
-    let args = args.clone();
+    let sequence = sequence.clone();
     if let Err(reply) = ensure_link(conn, ctx) {
         ctx.counters.commands_rejected += 1;
         conn.direct.reruns = conn.direct.reruns.saturating_sub(1);
@@ -438,8 +481,14 @@ fn start_rerun(conn: &mut Conn, ctx: &mut Ctx<'_>) -> bool {
         return false;
     };
     link.set_up(resp3, db, name);
-    encode_command(&args, &mut link.out);
-    link.expect.push_back(Expect::Client);
+    for (index, args) in sequence.iter().enumerate() {
+        encode_command(args, &mut link.out);
+        link.expect.push_back(if index + 1 == sequence.len() {
+            Expect::Client
+        } else {
+            Expect::Drop
+        });
+    }
     conn.direct.rerun_in_flight = true;
     ctx.counters.commands_direct += 1;
     true

@@ -82,6 +82,11 @@ fn chain_store_regression_seeds() {
         // A replayed copy page passed for the delta's answer: the writes made during the
         // copy never reached the joining member. Sync pages now name the phase they answer.
         7_034_268_338_806_875_856,
+        // A head cut off stamped a write whose pass-on was lost; taken out, it came back as
+        // the head (in its old place) still remembering that request's version, which the
+        // chain had given another write meanwhile, and answered the retransmission "written"
+        // with it. A member joining a group now forgets its earlier writes there.
+        7_376_358_303_324_877_919,
     ];
     for &seed in seeds {
         run_seed(seed).unwrap_or_else(|error| panic!("{error}"));

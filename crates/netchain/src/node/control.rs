@@ -204,6 +204,7 @@ impl ChainNode {
         self.counters.configs += 1;
         let me = self.config.me;
         let chains = layout.chains();
+        let mut joined = Vec::new();
         for (group, chain) in chains.iter().enumerate() {
             let was_in = self
                 .config
@@ -216,6 +217,9 @@ impl ChainNode {
                 .get(group)
                 .is_some_and(|old| old.first() == Some(&me));
             let head = chain.first() == Some(&me);
+            if self.control.layout.is_some() && chain.contains(&me) && !was_in {
+                joined.push(group as u16);
+            }
             if self.control.layout.is_some()
                 && ((chain.contains(&me) && !was_in) || (head && !was_head))
             {
@@ -228,6 +232,9 @@ impl ChainNode {
                 self.forgot_at = Some(now);
                 self.refuse_sealed_before_now();
             }
+        }
+        if !joined.is_empty() {
+            self.forget_groups(&joined, chains.len());
         }
         self.config.groups = chains;
         self.resends.clear();

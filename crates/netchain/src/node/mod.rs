@@ -935,6 +935,35 @@ impl ChainNode {
         }
     }
 
+    /// This member (re)joins the chains of `groups` (of `count`): what it remembers of their
+    /// writes from an earlier time in them is stale — a version it stamped then may never
+    /// have committed, and the chain may have given that version to another write since (a
+    /// retransmission answered from it would acknowledge a write that was lost). Forget the
+    /// sessions whose last write was to those groups (their retransmissions are answered "in
+    /// doubt" for a request lifetime: the caller marks the time) and the writes it passed on
+    /// there and never saw committed.
+    pub(super) fn forget_groups(&mut self, groups: &[u16], count: usize) {
+        let count = u16::try_from(count).unwrap_or(u16::MAX);
+        let stale: Vec<u64> = self
+            .sessions
+            .iter()
+            .filter(|(_, (_, key, _))| groups.contains(&group_of(key, count)))
+            .map(|(session, _)| *session)
+            .collect();
+        for session in stale {
+            self.sessions.remove(&session);
+            self.learned_under.remove(&session);
+            let sealed = self.session_sealed.remove(&session).unwrap_or(0);
+            if let Some(floor) = self.floor.as_mut() {
+                floor.forget(sealed);
+            }
+        }
+        self.session_order
+            .retain(|session| self.sessions.contains_key(session));
+        self.unacked
+            .retain(|_, unacked| !groups.contains(&unacked.held.group));
+    }
+
     fn remember(&mut self, now: Time, session: u64, request: u32, key: Vec<u8>, decided: Decided) {
         if let Some(known) = self.sessions.get_mut(&session) {
             if request >= known.0 {

@@ -259,8 +259,9 @@ pub struct Controller {
     events: VecDeque<ControllerEvent>,
     /// Per group, where the members taken out of its chain were (positions, the latest
     /// last; at most `chain_length`): a member brought in takes the latest one's place
-    /// (NetChain's placement), so the chains, and who heads them, come back as they were.
-    /// Kept in memory only: after a restart a member brought in becomes the tail.
+    /// (NetChain's placement; a lost head's place is taken by the member after it, and the
+    /// new one comes second), so the chains come back as they were. Kept in memory only:
+    /// after a restart a member brought in becomes the tail.
     holes: Vec<Vec<u8>>,
 }
 
@@ -908,10 +909,13 @@ impl Controller {
                     let settings = &mut self.layout.groups[group];
                     // In the place of the member taken out last (the group is paused and
                     // drained, and the joining member holds every committed version: any
-                    // place in the chain is safe), else as the tail.
+                    // place in the chain is safe), else as the tail. Never as the head: a new
+                    // head knows none of the group's sessions and answers every
+                    // retransmission "in doubt" for a request lifetime, so the member that
+                    // took over heading keeps it and the new one comes right after it.
                     let at = self.holes[group]
                         .pop()
-                        .map(usize::from)
+                        .map(|at| usize::from(at).max(1))
                         .filter(|at| *at <= settings.chain.len())
                         .unwrap_or(settings.chain.len());
                     settings.chain.insert(at, joining.member);

@@ -172,8 +172,10 @@ pub struct DeviceArgs {
     /// it forwards for and its address; repeat for several). The server asks the last device
     /// of a chain about a gap in a session; this device passes the question on to the ones
     /// named here and answers only once they did, so the server never skips an update a
-    /// device before it holds (docs/replication.md). Every device after the first of a chain
-    /// needs it; a probe from a device not named here draws a warning.
+    /// device before it holds (docs/replication.md). The client's address a device named here
+    /// carries with an update is believed: this device acks that client directly (R devices,
+    /// R + 1 hops); anyone else's is ignored and its source acked. Every device after the
+    /// first of a chain needs it; a probe from a device not named here draws a warning.
     #[arg(long = "previous-device", value_name = "ID=ADDR", value_parser = parse_server)]
     pub previous_devices: Vec<(u16, SocketAddr)>,
 
@@ -826,7 +828,8 @@ fn device_banner(args: &DeviceArgs, devices: &[DeviceRuntime], traffic: &str) ->
     ));
     if !args.previous_devices.is_empty() {
         lines.push(format!(
-            "  devices before this one: {} (fill queries are passed on to them)",
+            "  devices before this one: {} (fill queries are passed on to them; the client \
+             addresses they carry are acked directly)",
             id_addrs(&args.previous_devices)
         ));
     }

@@ -54,6 +54,24 @@ fn logged(node: &Node) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Wait until device `node` verified its "server" (the server, or the next device of a
+/// chain): until then it holds its acks (docs/security.md), and a loaded machine can take
+/// longer than a client takes to get the server's reply.
+fn verified(node: &Node) {
+    node.wait_metric(
+        "pmnet_device_servers_verified",
+        "port=\"pmnet\"",
+        "verified its server",
+        |value| value == 1.0,
+    );
+}
+
+/// PMNet-ACKs `node` sent straight to a client whose address the device before it carried.
+fn acked_directly(node: &Node) -> f64 {
+    node.metric("pmnet_device_acks_sent_direct_total", r#"port="pmnet""#)
+        .unwrap_or(0.0)
+}
+
 #[test]
 fn a_three_device_chain_survives_the_permanent_loss_of_its_middle_device_and_a_replacement_joins() {
     let dir = tempfile::tempdir().expect("temporary directory");
@@ -66,6 +84,9 @@ fn a_three_device_chain_survives_the_permanent_loss_of_its_middle_device_and_a_r
     let mut third = device(3, d3, server.addr, Some(d2), &log(3));
     let mut second = device(2, d2, d3, Some(d1), &log(2));
     let mut first = device(1, d1, d2, None, &log(1));
+    for node in [&third, &second, &first] {
+        verified(node);
+    }
 
     let (ok, out) = client(d1, 3, &["set", "greeting", "hello"]);
     assert!(ok, "{out}");
@@ -73,6 +94,22 @@ fn a_three_device_chain_survives_the_permanent_loss_of_its_middle_device_and_a_r
     for node in [&first, &second, &third] {
         assert!(logged(node) >= 1.0, "every device logged the update");
     }
+    // The first device knows the second for a device now (its ack came back): it forwards
+    // the next update with the client's address, and the second and third devices, each
+    // following a device named by --previous-device, ack the client directly.
+    let (ok, out) = client(d1, 3, &["set", "greeting", "hello"]);
+    assert!(ok && out.contains("logs of 3 devices"), "{out}");
+    for (name, node) in [("second", &second), ("third", &third)] {
+        assert!(
+            acked_directly(node) >= 1.0,
+            "the {name} device acked the client"
+        );
+    }
+    assert_eq!(
+        acked_directly(&first),
+        0.0,
+        "the first device acks its source"
+    );
     let (ok, out) = client(d1, 3, &["get", "greeting"]);
     assert!(ok && out == "hello", "{out}");
 
@@ -118,6 +155,9 @@ fn a_three_device_chain_survives_the_permanent_loss_of_its_middle_device_and_a_r
     third.proc.kill();
     third = device(3, d3, server.addr, Some(d4), &log(3));
     first = device(1, d1, d4, None, &log(1));
+    for node in [&third, &replacement, &first] {
+        verified(node);
+    }
     let (ok, out) = client(d1, 3, &["set", "rejoined", "three"]);
     assert!(ok, "{out}");
     assert!(out.contains("logs of 3 devices"), "{out}");
@@ -194,6 +234,9 @@ fn fan_out_replicates_to_devices_side_by_side_and_the_server_applies_once() {
             Node::start(&format!("device {}", index + 1), list)
         })
         .collect();
+    for node in &nodes {
+        verified(node);
+    }
     let fan_out = |replicas: u8, others: &[SocketAddr], words: &[&str]| {
         let first = devices[0].to_string();
         let others: Vec<String> = others.iter().map(ToString::to_string).collect();

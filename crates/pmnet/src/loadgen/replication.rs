@@ -8,7 +8,8 @@
 //!   the primary sends only once its R − 1 replica servers applied the update
 //!   (`pmnet server --replica`);
 //! - `rep-pmnet`: R PMNet devices in series in front of one server — the client waits for
-//!   the PMNet-ACKs of all R devices (`pmnet client --replicas R`);
+//!   the PMNet-ACKs of all R devices (`pmnet client --replicas R`); each device after the
+//!   first names the one before it (`--previous-device`), so each acks the client directly;
 //! - `rep-fanout`: R PMNet devices side by side in front of one server — the client sends
 //!   each update to all R at once and waits for their PMNet-ACKs; each forwards its copy to
 //!   the server, which applies it once (`pmnet client --fan-out … --replicas R`).
@@ -35,7 +36,7 @@ use super::latency::summarize;
 use super::plan::{median_round, Plan, Target};
 use super::results::{ModeResult, ReplicationRatio};
 use super::system::{
-    start_device, start_server_at, temp_path, FileGuard, LoopbackConfig, ServerPlace,
+    start_device, start_server_at, temp_path, DevicePlace, FileGuard, LoopbackConfig, ServerPlace,
 };
 use super::workload::{RequestGenerator, Workload};
 
@@ -114,8 +115,9 @@ impl Drop for RepSystem {
     }
 }
 
-/// A loopback address no one listens on now (the kernel's choice, released): the primary's,
-/// which its replicas must know before it starts.
+/// A loopback address no one listens on now (the kernel's choice, released): one a process
+/// started later listens on, which others must know before it starts (the replicas' address
+/// for their primary, a device's for the device after it).
 fn unused_loopback_addr() -> Result<SocketAddr, String> {
     std::net::UdpSocket::bind("127.0.0.1:0")
         .and_then(|socket| socket.local_addr())
@@ -161,9 +163,23 @@ impl RepSystem {
             RepMode::Pmnet => {
                 let place = RepSystem::place(config, Vec::new(), Vec::new());
                 let mut next = system.server(config, place)?;
-                // The last device first: each one's next hop must listen before it.
-                for index in (0..replicas).rev() {
-                    next = system.device(config, index, next)?;
+                // Where each device listens, chosen first: each names the one before it
+                // (`--previous-device`), as docs/replication.md tells an operator to, so that
+                // it acks the client directly. The last device first: each one's next hop must
+                // listen before it.
+                let listen = (0..replicas)
+                    .map(|_| unused_loopback_addr())
+                    .collect::<Result<Vec<_>, _>>()?;
+                for index in (0..usize::from(replicas)).rev() {
+                    let place = DevicePlace {
+                        listen: listen[index],
+                        previous_devices: index
+                            .checked_sub(1)
+                            .map(|before| (config.server_id, listen[before]))
+                            .into_iter()
+                            .collect(),
+                    };
+                    next = system.device(config, index as u8, next, place)?;
                 }
                 system.peers.push(next);
             }
@@ -171,7 +187,7 @@ impl RepSystem {
                 let place = RepSystem::place(config, Vec::new(), Vec::new());
                 let server = system.server(config, place)?;
                 for index in 0..replicas {
-                    let device = system.device(config, index, server)?;
+                    let device = system.device(config, index, server, DevicePlace::anywhere())?;
                     if index == 0 {
                         system.peers.push(device);
                     } else {
@@ -183,13 +199,14 @@ impl RepSystem {
         Ok(system)
     }
 
-    /// Device number `index` (its id the run's plus `index`), forwarding to `next`; where it
-    /// listens.
+    /// Device number `index` (its id the run's plus `index`) at `place`, forwarding to
+    /// `next`; where it listens.
     fn device(
         &mut self,
         config: &LoopbackConfig,
         index: u8,
         next: SocketAddr,
+        place: DevicePlace,
     ) -> Result<SocketAddr, String> {
         let mut device_config = config.clone();
         device_config.device_id = config.device_id + u16::from(index);
@@ -200,6 +217,7 @@ impl RepSystem {
             log,
             0,
             &[(config.server_id, next)],
+            place,
             &self.shutdown,
         )?;
         self.device_medium = Some(device.medium);

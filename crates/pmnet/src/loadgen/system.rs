@@ -149,7 +149,15 @@ impl LoopbackSystem {
             .collect();
         let mut devices: Vec<StartedDevice> = Vec::new();
         for index in 0..workers {
-            match start_device(config, log_path.clone(), index, &server_ids, &shutdown) {
+            let place = DevicePlace::anywhere();
+            match start_device(
+                config,
+                log_path.clone(),
+                index,
+                &server_ids,
+                place,
+                &shutdown,
+            ) {
                 Ok(device) => devices.push(device),
                 Err(message) => {
                     shutdown.request();
@@ -392,21 +400,38 @@ pub(super) struct StartedDevice {
     pub(super) tid: i32,
 }
 
-/// Start the device thread in front of `servers` (id, address), with its log in a new
-/// file at `log_path`, and wait until it listens on its PMNet, forward and echo ports. On
-/// failure the device thread is stopped (the caller stops the server).
+/// Where a device listens, and the devices before it in a chain (`--previous-device`).
+pub(super) struct DevicePlace {
+    pub(super) listen: SocketAddr,
+    pub(super) previous_devices: Vec<(u16, SocketAddr)>,
+}
+
+impl DevicePlace {
+    /// On a loopback port the kernel chooses, with no device before it.
+    pub(super) fn anywhere() -> DevicePlace {
+        DevicePlace {
+            listen: loopback(),
+            previous_devices: Vec::new(),
+        }
+    }
+}
+
+/// Start the device thread in front of `servers` (id, address), at `place`, with its log in
+/// a new file at `log_path`, and wait until it listens on its PMNet, forward and echo ports.
+/// On failure the device thread is stopped (the caller stops the server).
 pub(super) fn start_device(
     config: &LoopbackConfig,
     log_path: PathBuf,
     worker: u16,
     servers: &[(u16, SocketAddr)],
+    place: DevicePlace,
     shutdown: &Shutdown,
 ) -> Result<StartedDevice, String> {
     let device_options = DeviceOptions {
         device_id: config.device_id,
-        listen: loopback(),
+        listen: place.listen,
         servers: servers.to_vec(),
-        previous_devices: Vec::new(),
+        previous_devices: place.previous_devices,
         log: Some(LogOptions {
             path: log_path,
             slot_count: config.slots,

@@ -8,9 +8,14 @@ use pmnet_lincheck::{check_by_key, VersionedRegister, PENDING};
 
 use super::world::History;
 
+/// Steps the search may take: a key with a few dozen unknown outcomes (writes whose clients
+/// gave up in a storm of faults) needs hundreds of millions (seed 4037074536255826666: about
+/// two minutes); an exhausted budget fails the seed as unchecked.
+const STEP_BUDGET: u64 = 1_000_000_000;
+
 /// Check `history` (seed `seed`'s).
 pub(super) fn check(seed: u64, history: &History) -> Result<(), String> {
-    let verdict = check_by_key(&VersionedRegister::default(), history, 100_000_000);
+    let verdict = check_by_key(&VersionedRegister::default(), history, STEP_BUDGET);
     if !verdict.is_linearizable() {
         return Err(format!(
             "seed {seed}: a key's history is not linearizable: {verdict:?}"

@@ -77,6 +77,7 @@ fn the_help_lists_the_products_commands_only() {
             "keygen",
             "kv",
             "chain-controller",
+            "controller",
             "memnode",
             "memory",
             "status",

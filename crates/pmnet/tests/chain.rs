@@ -262,10 +262,21 @@ fn fan_out_replicates_to_devices_side_by_side_and_the_server_applies_once() {
         )
     };
 
+    // Durable in the logs of the three devices, or (a device slower than the server, on a
+    // loaded host) applied by the server first, with the devices short of it named; the logs
+    // below are checked either way.
     let (ok, out) = fan_out(3, &devices[1..], &["set", "greeting", "hello"]);
-    assert!(ok && out.contains("logs of 3 devices"), "{out}");
+    assert!(
+        ok && (out.contains("logs of 3 devices") || out.contains("applied by the server")),
+        "{out}"
+    );
     for node in &nodes {
-        assert!(logged(node) >= 1.0, "every device logged the update");
+        common::poll_until("every device logged the update", || {
+            let logged = logged(node);
+            (logged >= 1.0)
+                .then_some(())
+                .ok_or_else(|| format!("{logged} logged"))
+        });
     }
     let (ok, out) = fan_out(3, &devices[1..], &["set", "second", "write"]);
     assert!(ok, "{out}");
@@ -295,7 +306,10 @@ fn fan_out_replicates_to_devices_side_by_side_and_the_server_applies_once() {
     // The second device is lost for good: the other two go on.
     nodes[1].proc.kill();
     let (ok, out) = fan_out(2, &[devices[2]], &["set", "after", "loss"]);
-    assert!(ok && out.contains("logs of 2 devices"), "{out}");
+    assert!(
+        ok && (out.contains("logs of 2 devices") || out.contains("applied by the server")),
+        "{out}"
+    );
     for (key, value) in [
         ("greeting", "hello"),
         ("second", "write"),

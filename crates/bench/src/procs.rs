@@ -421,14 +421,7 @@ fn find_pmnet(
 
 /// `program` as found on PATH (or as given, if it names a path).
 pub fn find_program(program: &str) -> Option<PathBuf> {
-    if program.contains('/') {
-        let path = PathBuf::from(program);
-        return path.is_file().then_some(path);
-    }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .find(|candidate| candidate.is_file())
+    pmnet_etcd::find_program(program)
 }
 
 /// The file system `path` is on, by name where it is a common one.

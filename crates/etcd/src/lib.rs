@@ -18,7 +18,7 @@ use tonic::transport::{Channel, Endpoint};
 mod local;
 pub mod rpc;
 
-pub use local::{find_program, LocalEtcd};
+pub use local::{find_program, version_of, LocalEtcd};
 
 /// What went wrong talking to etcd, in words (the endpoint and the call named).
 #[derive(Debug, Clone, PartialEq, Eq)]

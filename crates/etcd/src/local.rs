@@ -21,6 +21,21 @@ pub fn find_program(program: &str) -> Option<PathBuf> {
     })
 }
 
+/// `etcd --version`'s first line, for reports ("etcd (version unknown)" if it does not say).
+pub fn version_of(program: &Path) -> String {
+    Command::new(program)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|output| {
+            String::from_utf8_lossy(&output.stdout)
+                .lines()
+                .next()
+                .map(|line| line.trim().to_owned())
+        })
+        .unwrap_or_else(|| "etcd (version unknown)".to_owned())
+}
+
 /// A running one-member etcd, stopped (SIGTERM, then waited for) when dropped.
 #[derive(Debug)]
 pub struct LocalEtcd {
@@ -58,17 +73,7 @@ impl LocalEtcd {
                  `apt-get install etcd-server`, or name a running cluster with --etcd"
             ))
         })?;
-        let version = Command::new(&path)
-            .arg("--version")
-            .output()
-            .ok()
-            .and_then(|output| {
-                String::from_utf8_lossy(&output.stdout)
-                    .lines()
-                    .next()
-                    .map(|line| line.trim().to_owned())
-            })
-            .unwrap_or_else(|| "etcd (version unknown)".to_owned());
+        let version = version_of(&path);
         std::fs::create_dir_all(data_dir).map_err(|error| {
             EtcdError(format!(
                 "etcd data directory {}: {error}",

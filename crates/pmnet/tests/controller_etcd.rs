@@ -16,9 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{chain_member, free_udp_addr, run_pmnet, Node, Proc};
-use pmnet_lincheck::{check_by_key, Operation, Register, RegisterInput, RegisterOutput, PENDING};
-use pmnet_netchain::{ClientConfig, ClientOp, Outcome};
-use pmnet_runtime::ChainSession;
+use pmnet_lincheck::{check_by_key, Register, RegisterInput, PENDING};
 
 const GROUPS: u16 = 4;
 
@@ -66,10 +64,7 @@ fn controller_args(listen: SocketAddr, etcd: SocketAddr, members: &[SocketAddr])
     list
 }
 
-type History = Vec<(
-    Vec<u8>,
-    Operation<RegisterInput<Vec<u8>>, RegisterOutput<Vec<u8>>>,
-)>;
+type History = common::ChainHistory;
 
 #[test]
 fn the_leading_controller_killed_or_stopped_is_replaced_from_etcd_and_every_history_is_linearizable(
@@ -123,54 +118,7 @@ fn the_leading_controller_killed_or_stopped_is_replaced_from_etcd_and_every_hist
     let keys: Vec<Vec<u8>> = (0..8u8)
         .map(|index| format!("key{index}").into_bytes())
         .collect();
-    let clients: Vec<_> = (0..4u64)
-        .map(|client| {
-            let (stop, history, keys) = (stop.clone(), history.clone(), keys.clone());
-            std::thread::spawn(move || {
-                let mut config = ClientConfig::controlled(0xc0de_0000 + client, a);
-                config.standby_controllers = vec![b];
-                config.retransmit_timeout_max = Duration::from_millis(20);
-                config.request_lifetime = Duration::from_secs(5);
-                let mut session = ChainSession::open(config, a).expect("socket");
-                let mut at = client as usize;
-                let mut value = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    at = at.wrapping_mul(31).wrapping_add(17);
-                    let key = keys[at % keys.len()].clone();
-                    let op = if at % 3 == 0 {
-                        ClientOp::Get
-                    } else {
-                        value += 1;
-                        ClientOp::Put(format!("{client}:{value}").into_bytes())
-                    };
-                    let call = started.elapsed().as_nanos() as u64;
-                    let outcome = session.run(&key, op.clone()).expect("the socket works");
-                    let ret = started.elapsed().as_nanos() as u64;
-                    let input = match &op {
-                        ClientOp::Get => RegisterInput::Read,
-                        ClientOp::Put(value) => RegisterInput::Write(Some(value.clone())),
-                        _ => unreachable!(),
-                    };
-                    let (output, ret) = match outcome {
-                        Outcome::Value { value, .. } => (RegisterOutput::Value(value), ret),
-                        Outcome::Written { .. } => (RegisterOutput::Written, ret),
-                        Outcome::Unknown => (RegisterOutput::Unknown, PENDING),
-                        other => panic!("client {client}: {other:?}"),
-                    };
-                    history.lock().unwrap().push((
-                        key,
-                        Operation {
-                            client,
-                            call,
-                            ret,
-                            input,
-                            output,
-                        },
-                    ));
-                }
-            })
-        })
-        .collect();
+    let clients = common::chain_clients(4, 0xc0de_0000, &[a, b], &keys, started, &stop, &history);
     let writes_since = |since: u64| {
         history
             .lock()

@@ -98,17 +98,7 @@ impl EtcdCluster {
     /// elected and every member serves).
     pub fn start(setup: &EtcdSetup, shutdown: &Shutdown) -> Result<EtcdCluster, CliError> {
         let program = find_program(&setup.program).ok_or_else(|| not_installed(&setup.program))?;
-        let version = std::process::Command::new(&program)
-            .arg("--version")
-            .output()
-            .ok()
-            .and_then(|output| {
-                String::from_utf8_lossy(&output.stdout)
-                    .lines()
-                    .next()
-                    .map(|line| line.trim().to_owned())
-            })
-            .unwrap_or_else(|| "etcd (version unknown)".to_owned());
+        let version = pmnet_etcd::version_of(&program);
         let dir = run_dir(&setup.dir, "etcd")?;
         let ports = free_ports(6)?;
         let clients: Vec<SocketAddr> = ports[..3].iter().map(|&port| loopback(port)).collect();

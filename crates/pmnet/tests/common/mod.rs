@@ -707,3 +707,80 @@ pub fn session(peer: SocketAddr) -> pmnet_runtime::ClientSession {
 pub fn run_pmnet(args: &[String], stdin: Option<&str>) -> (ExitStatus, String, String) {
     run_to_completion(Command::new(pmnet_bin()).args(args), stdin, PATIENCE)
 }
+
+/// A chain store's history: each key's operations, with their call and return times.
+pub type ChainHistory = Vec<(
+    Vec<u8>,
+    pmnet_lincheck::Operation<
+        pmnet_lincheck::RegisterInput<Vec<u8>>,
+        pmnet_lincheck::RegisterOutput<Vec<u8>>,
+    >,
+)>;
+
+/// `count` chain store clients (sessions `session_base + i`) taking the chains from
+/// `controllers` (the first, then the standbys), each on a mix of reads and writes of `keys`
+/// until `stop`; every operation goes into `history`, its times in nanoseconds since `started`
+/// (a request whose outcome is unknown stays pending).
+pub fn chain_clients(
+    count: u64,
+    session_base: u64,
+    controllers: &[SocketAddr],
+    keys: &[Vec<u8>],
+    started: Instant,
+    stop: &Arc<std::sync::atomic::AtomicBool>,
+    history: &Arc<Mutex<ChainHistory>>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    use pmnet_lincheck::{Operation, RegisterInput, RegisterOutput, PENDING};
+    use pmnet_netchain::{ClientConfig, ClientOp, Outcome};
+    use std::sync::atomic::Ordering;
+    (0..count)
+        .map(|client| {
+            let (stop, history, keys) = (stop.clone(), history.clone(), keys.to_vec());
+            let controllers = controllers.to_vec();
+            std::thread::spawn(move || {
+                let mut config = ClientConfig::controlled(session_base + client, controllers[0]);
+                config.standby_controllers = controllers[1..].to_vec();
+                config.retransmit_timeout_max = Duration::from_millis(20);
+                config.request_lifetime = Duration::from_secs(5);
+                let mut session =
+                    pmnet_runtime::ChainSession::open(config, controllers[0]).expect("socket");
+                let mut at = client as usize;
+                let mut value = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    at = at.wrapping_mul(31).wrapping_add(17);
+                    let key = keys[at % keys.len()].clone();
+                    let op = if at % 3 == 0 {
+                        ClientOp::Get
+                    } else {
+                        value += 1;
+                        ClientOp::Put(format!("{client}:{value}").into_bytes())
+                    };
+                    let call = started.elapsed().as_nanos() as u64;
+                    let outcome = session.run(&key, op.clone()).expect("the socket works");
+                    let ret = started.elapsed().as_nanos() as u64;
+                    let input = match &op {
+                        ClientOp::Get => RegisterInput::Read,
+                        ClientOp::Put(value) => RegisterInput::Write(Some(value.clone())),
+                        _ => unreachable!(),
+                    };
+                    let (output, ret) = match outcome {
+                        Outcome::Value { value, .. } => (RegisterOutput::Value(value), ret),
+                        Outcome::Written { .. } => (RegisterOutput::Written, ret),
+                        Outcome::Unknown => (RegisterOutput::Unknown, PENDING),
+                        other => panic!("client {client}: {other:?}"),
+                    };
+                    history.lock().unwrap().push((
+                        key,
+                        Operation {
+                            client,
+                            call,
+                            ret,
+                            input,
+                            output,
+                        },
+                    ));
+                }
+            })
+        })
+        .collect()
+}

@@ -206,23 +206,7 @@ impl Proc {
 
     /// SIGTERM, a wait of at most [`STOP_PATIENCE`], then SIGKILL.
     pub fn stop(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
-        }
-        // SAFETY: kill(2) on the pid of our own child, not yet reaped (try_wait above said it
-        // runs), so the pid cannot have been reused.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + STOP_PATIENCE;
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        pmnet_etcd::stop_child(&mut self.child, STOP_PATIENCE);
     }
 }
 

@@ -18,7 +18,7 @@ use tonic::transport::{Channel, Endpoint};
 mod local;
 pub mod rpc;
 
-pub use local::{find_program, version_of, LocalEtcd};
+pub use local::{find_program, stop_child, version_of, LocalEtcd};
 
 /// What went wrong talking to etcd, in words (the endpoint and the call named).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,21 +153,32 @@ impl Etcd {
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
+        self.exchange(path, |mut grpc| async move {
+            let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
+            grpc.unary(
+                tonic::Request::new(request),
+                PathAndQuery::from_static(path),
+                codec,
+            )
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| status_text(&status))
+        })
+    }
+
+    /// Run `exchange` on the channel once it is ready, within the timeout; a failure drops the
+    /// channel (the next call tries the next endpoint) and names the endpoint and `path`.
+    fn exchange<T, F, Fut>(&mut self, path: &'static str, exchange: F) -> Result<T, EtcdError>
+    where
+        F: FnOnce(Grpc<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, String>>,
+    {
         let timeout = self.timeout;
-        let grpc = self.grpc()?.clone();
+        let mut grpc = self.grpc()?.clone();
         let result = self.runtime.block_on(async move {
-            let mut grpc = grpc;
             tokio::time::timeout(timeout, async {
                 grpc.ready().await.map_err(|error| error.to_string())?;
-                let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
-                grpc.unary(
-                    tonic::Request::new(request),
-                    PathAndQuery::from_static(path),
-                    codec,
-                )
-                .await
-                .map(tonic::Response::into_inner)
-                .map_err(|status| format!("{}: {}", status.code(), status.message()))
+                exchange(grpc).await
             })
             .await
             .unwrap_or_else(|_| Err(format!("no answer within {} ms", timeout.as_millis())))
@@ -284,36 +295,27 @@ impl Etcd {
     /// Renew lease `id`: its time to live from now, in seconds (`Ok(0)`: the lease expired or
     /// was revoked).
     pub fn keep_alive(&mut self, id: i64) -> Result<i64, EtcdError> {
-        let timeout = self.timeout;
-        let grpc = self.grpc()?.clone();
-        let result = self.runtime.block_on(async move {
-            let mut grpc = grpc;
-            tokio::time::timeout(timeout, async {
-                grpc.ready().await.map_err(|error| error.to_string())?;
-                let codec = tonic_prost::ProstCodec::<
-                    rpc::LeaseKeepAliveRequest,
-                    rpc::LeaseKeepAliveResponse,
-                >::default();
-                let requests = tokio_stream::iter([rpc::LeaseKeepAliveRequest { id }]);
-                let mut responses = grpc
-                    .streaming(
-                        tonic::Request::new(requests),
-                        PathAndQuery::from_static(rpc::LEASE_KEEP_ALIVE),
-                        codec,
-                    )
-                    .await
-                    .map_err(|status| format!("{}: {}", status.code(), status.message()))?
-                    .into_inner();
-                match responses.message().await {
-                    Ok(Some(response)) => Ok(response.ttl.max(0)),
-                    Ok(None) => Err("the stream ended without an answer".to_owned()),
-                    Err(status) => Err(format!("{}: {}", status.code(), status.message())),
-                }
-            })
-            .await
-            .unwrap_or_else(|_| Err(format!("no answer within {} ms", timeout.as_millis())))
-        });
-        result.map_err(|why| self.failed(rpc::LEASE_KEEP_ALIVE, why))
+        self.exchange(rpc::LEASE_KEEP_ALIVE, |mut grpc| async move {
+            let codec = tonic_prost::ProstCodec::<
+                rpc::LeaseKeepAliveRequest,
+                rpc::LeaseKeepAliveResponse,
+            >::default();
+            let requests = tokio_stream::iter([rpc::LeaseKeepAliveRequest { id }]);
+            let mut responses = grpc
+                .streaming(
+                    tonic::Request::new(requests),
+                    PathAndQuery::from_static(rpc::LEASE_KEEP_ALIVE),
+                    codec,
+                )
+                .await
+                .map_err(|status| status_text(&status))?
+                .into_inner();
+            match responses.message().await {
+                Ok(Some(response)) => Ok(response.ttl.max(0)),
+                Ok(None) => Err("the stream ended without an answer".to_owned()),
+                Err(status) => Err(status_text(&status)),
+            }
+        })
     }
 
     /// Revoke lease `id`: every key attached to it goes at once.
@@ -322,6 +324,11 @@ impl Etcd {
             self.call(rpc::LEASE_REVOKE, rpc::LeaseRevokeRequest { id })?;
         Ok(())
     }
+}
+
+/// A gRPC status in words.
+fn status_text(status: &tonic::Status) -> String {
+    format!("{}: {}", status.code(), status.message())
 }
 
 fn entry(kv: rpc::KeyValue) -> Entry {

@@ -177,24 +177,29 @@ impl LocalEtcd {
 
     /// Stop it: SIGTERM, and wait (SIGKILL after 5 s).
     pub fn stop(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
+        stop_child(&mut self.child, Duration::from_secs(5));
+    }
+}
+
+/// Stop `child`: SIGTERM, a wait of at most `patience`, then SIGKILL; reaped either way.
+pub fn stop_child(child: &mut Child, patience: Duration) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill(2) on the pid of our own child, not yet reaped (try_wait above said it
+        // runs), so the pid cannot have been reused.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    let deadline = Instant::now() + patience;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
             return;
         }
-        let pid = libc::pid_t::try_from(self.child.id()).unwrap_or(0);
-        if pid > 0 {
-            // SAFETY: signalling our own child by its pid.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        std::thread::sleep(Duration::from_millis(10));
     }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 impl Drop for LocalEtcd {

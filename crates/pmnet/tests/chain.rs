@@ -30,6 +30,17 @@ fn device(
 }
 
 fn client(first: SocketAddr, replicas: u8, words: &[&str]) -> (bool, String) {
+    client_fanning_out(first, &[], replicas, words)
+}
+
+/// `pmnet client` through `first`, sending each update to `others` too (`--fan-out`, none:
+/// a chain from `first`), waiting for `replicas` devices' acks.
+fn client_fanning_out(
+    first: SocketAddr,
+    others: &[SocketAddr],
+    replicas: u8,
+    words: &[&str],
+) -> (bool, String) {
     let first = first.to_string();
     let replicas = replicas.to_string();
     let mut all = vec![
@@ -41,6 +52,14 @@ fn client(first: SocketAddr, replicas: u8, words: &[&str]) -> (bool, String) {
         "--request-lifetime",
         "1",
     ];
+    let joined = others
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    if !others.is_empty() {
+        all.extend(["--fan-out", joined.as_str()]);
+    }
     all.extend_from_slice(words);
     let (status, stdout, stderr) = run_pmnet(&args(&all), None);
     (
@@ -238,28 +257,7 @@ fn fan_out_replicates_to_devices_side_by_side_and_the_server_applies_once() {
         verified(node);
     }
     let fan_out = |replicas: u8, others: &[SocketAddr], words: &[&str]| {
-        let first = devices[0].to_string();
-        let others: Vec<String> = others.iter().map(ToString::to_string).collect();
-        let replicas = replicas.to_string();
-        let mut all = vec![
-            "client",
-            "--device",
-            first.as_str(),
-            "--replicas",
-            replicas.as_str(),
-            "--request-lifetime",
-            "1",
-        ];
-        let joined = others.join(",");
-        if !others.is_empty() {
-            all.extend(["--fan-out", joined.as_str()]);
-        }
-        all.extend_from_slice(words);
-        let (status, stdout, stderr) = run_pmnet(&args(&all), None);
-        (
-            status.success(),
-            format!("{}{}", stdout.trim(), stderr.trim()),
-        )
+        client_fanning_out(devices[0], others, replicas, words)
     };
 
     // Durable in the logs of the three devices, or (a device slower than the server, on a

@@ -224,7 +224,8 @@ impl Node for ControllerRuntime {
         if self.signals.is_requested() {
             self.shutdown.request();
         }
-        if self.failed.is_some() || !self.leads() {
+        // (Whether it still leads is checked where it matters: before it saves or sends.)
+        if self.failed.is_some() || self.lost.is_some() {
             return turn;
         }
         if ready.is_readable(0) {

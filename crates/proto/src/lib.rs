@@ -28,6 +28,7 @@ mod function;
 mod histogram;
 mod keyed;
 mod plain;
+pub mod route;
 mod server;
 mod time;
 

@@ -31,6 +31,7 @@ pub mod batch;
 pub mod cache;
 pub mod netchain;
 pub mod replication;
+pub mod route;
 pub use batch::{batch_entries, batch_entry_len, encode_batch, BatchEntries};
 use std::fmt;
 

@@ -55,7 +55,15 @@ pub struct ClientConfig {
     /// once and frees every copy with its ACK; docs/replication.md, "Fan-out"). Empty: the
     /// devices, if several, are in series behind `peer`. Bypass requests go to `peer` only.
     pub fan_out: Vec<SocketAddr>,
+    /// The controllers of the chain that starts at `peer` (`--controller`; docs/replication.md,
+    /// "Automatic failover"): asked where the chain starts when requests go unanswered, and
+    /// followed. Empty: none.
+    pub controllers: Vec<SocketAddr>,
 }
+
+/// Retransmissions of a request no device acked after which the client asks the controllers
+/// where its chain starts now.
+const ASK_AFTER_RETRANSMITS: u32 = 3;
 
 /// Devices in series a client can wait for at most.
 pub const REPLICAS_MAX: u8 = 8;
@@ -78,6 +86,7 @@ impl ClientConfig {
             abandoned_max: 1024,
             replicas: 1,
             fan_out: Vec::new(),
+            controllers: Vec::new(),
         }
     }
 }
@@ -187,6 +196,8 @@ pub struct ClientCounters {
     /// reply completed while fewer devices had acked them whole: a chain shorter than
     /// `replicas`, or acks lost on the way. [`Client::short_of_replicas`] names the last.
     pub updates_short_of_replicas: u64,
+    /// Routes taken from the controllers (the chain's first device moved, or its devices).
+    pub routes_taken: u64,
 }
 
 impl ClientCounters {
@@ -271,6 +282,10 @@ impl AckCounts {
         }
     }
 
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     fn ids(&self) -> impl Iterator<Item = u16> + '_ {
         self.devices[..usize::from(self.len)]
             .iter()
@@ -336,6 +351,12 @@ pub struct Client {
     /// Devices taken out of the path for good ([`Client::change_path`]): their acks count for
     /// nothing. At most [`REPLICAS_MAX`], the newest kept.
     lost_devices: Vec<u16>,
+    /// The controllers' side of this session (asked when requests go unanswered).
+    follower: Option<crate::route::Follower>,
+    /// The chain's devices as the last route named them: acks of others count for nothing.
+    route_devices: Option<Vec<u16>>,
+    /// The replicas asked for at the start (a route of a shorter chain waits for fewer).
+    replicas_wanted: u8,
 }
 
 impl Client {
@@ -346,8 +367,17 @@ impl Client {
             fragment_payload_len_max(unsealed_len_max(config.datagram_len_max, &config.auth)) >= 1,
             "datagram_len_max must exceed the header"
         );
+        let follower = (!config.controllers.is_empty()).then(|| {
+            let follow = crate::route::FollowerConfig::new(
+                config.controllers.clone(),
+                pmnet_wire::route::Role::Client,
+                config.server_id,
+                config.session_id,
+            );
+            crate::route::Follower::new(follow, Time::ZERO)
+        });
+        let replicas_wanted = config.replicas;
         Client {
-            config,
             next_seq: 1,
             in_flight: BTreeMap::new(),
             abandoned: VecDeque::new(),
@@ -359,6 +389,10 @@ impl Client {
             short_of_replicas: None,
             reads: reads::Reads::default(),
             lost_devices: Vec::new(),
+            follower,
+            route_devices: None,
+            replicas_wanted,
+            config,
         }
     }
 
@@ -575,6 +609,9 @@ impl Client {
             PacketType::Reserved(pmnet_wire::cache::CACHE_REPLY) => {
                 self.on_cache_reply(now, &header, payload)
             }
+            PacketType::Reserved(pmnet_wire::route::ROUTE) if self.follower.is_some() => {
+                self.on_route(from, &header, payload)
+            }
             _ => self.counters.dropped.record(DropReason::UnexpectedType),
         }
     }
@@ -589,7 +626,11 @@ impl Client {
         let index = usize::from(header.fragment_index);
         let matches = request.kind == RequestKind::Update
             && usize::from(header.fragment_count) == request.fragments.len()
-            && !self.lost_devices.contains(&header.device_id);
+            && !self.lost_devices.contains(&header.device_id)
+            && self
+                .route_devices
+                .as_ref()
+                .is_none_or(|devices| devices.contains(&header.device_id));
         if !matches {
             self.counters.dropped.record(DropReason::Mismatch);
             return;
@@ -761,6 +802,12 @@ impl Client {
     /// Retransmit what timed out; fail requests that exhausted their retransmissions.
     pub fn handle_timeout(&mut self, now: Time) {
         self.read_timeouts(now);
+        if let Some(follower) = self.follower.as_mut() {
+            follower.handle_timeout(now);
+            while let Some(transmit) = follower.poll_transmit() {
+                self.transmits.push_back(transmit);
+            }
+        }
         let wanted = usize::from(self.replicas());
         let due: Vec<u32> = self
             .in_flight
@@ -778,6 +825,12 @@ impl Client {
                 continue;
             }
             request.retransmit_count += 1;
+            let unanswered = request.kind == RequestKind::Update && request.acked_by.is_empty();
+            if request.retransmit_count >= ASK_AFTER_RETRANSMITS && unanswered {
+                if let Some(follower) = self.follower.as_mut() {
+                    follower.ask();
+                }
+            }
             request.timeout = (request.timeout * 2).min(self.config.retransmit_timeout_max);
             request.deadline = now + request.timeout;
             // Fragments every device that logged any of the request logged too need no
@@ -824,6 +877,44 @@ impl Client {
             .values()
             .map(|request| request.deadline.min(request.expires))
             .chain(self.reads.next_deadline())
+            .chain(
+                self.follower
+                    .as_ref()
+                    .and_then(|follower| follower.poll_timeout()),
+            )
             .min()
+    }
+
+    /// A route from a controller: the chain's first device becomes this session's peer, acks
+    /// count only from the chain's devices, and the client waits for no more of them than
+    /// the chain has.
+    fn on_route(&mut self, from: SocketAddr, header: &Header, payload: &[u8]) {
+        let follower = self.follower.as_mut().expect("checked by the caller");
+        match follower.on_route(from, header, payload) {
+            Err(reason) => self.counters.dropped.record(reason),
+            Ok(false) => {}
+            Ok(true) => {
+                let Some(route) = follower.take_route() else {
+                    return;
+                };
+                self.counters.routes_taken += 1;
+                let devices: Vec<u16> = route.chain.devices.iter().map(|(id, _)| *id).collect();
+                let replicas = self
+                    .replicas_wanted
+                    .min(u8::try_from(devices.len()).unwrap_or(u8::MAX));
+                let first = route.chain.first().1;
+                if first != self.config.peer || self.route_devices.as_ref() != Some(&devices) {
+                    // As an operator's reconnection ([`Client::change_path`]): the acks
+                    // gathered so far are forgotten; the devices on the new path ack again.
+                    self.config.peer = first;
+                    self.config.replicas = replicas;
+                    for request in self.in_flight.values_mut() {
+                        request.logged.fill(Ackers::default());
+                        request.acked_by = AckCounts::default();
+                    }
+                }
+                self.route_devices = Some(devices);
+            }
+        }
     }
 }

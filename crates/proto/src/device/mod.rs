@@ -61,6 +61,9 @@ pub struct DeviceConfig {
     /// The devices before this one in chains, by server id (`--previous-device`): fill queries
     /// are passed on to them and answered once they answered (`upstream.rs`).
     pub previous_devices: Vec<(u16, SocketAddr)>,
+    /// The controllers this device sends its status to and takes routes from (`--controller`;
+    /// docs/replication.md, "Automatic failover"). `None`: none.
+    pub follow: Option<crate::route::FollowerConfig>,
 }
 
 impl DeviceConfig {
@@ -86,6 +89,7 @@ impl DeviceConfig {
             transmit_queue_len_max: 2 * slot_count as usize + 4096,
             resends_in_flight_max: 256,
             previous_devices: Vec::new(),
+            follow: None,
         }
     }
 }
@@ -265,6 +269,8 @@ pub struct Device {
     /// The client's address carried by the update being handled (noted by the pipeline,
     /// which stripped it: [`NetworkFunction::note_client_address`]).
     carried_client: Option<SocketAddr>,
+    /// The controllers' side of this device: statuses out, routes in.
+    follower: Option<crate::route::Follower>,
 }
 
 /// An update request as forwarded to the next device of a chain: flagged `REPLICATED` (the
@@ -322,6 +328,10 @@ impl Device {
             seen: seen::SeenSessions::new(config.sessions_max),
             upstream: upstream::Upstream::new(&config.previous_devices),
             carried_client: None,
+            follower: config
+                .follow
+                .clone()
+                .map(|follow| crate::route::Follower::new(follow, now)),
             config,
         };
         for entry in recovered {
@@ -596,6 +606,15 @@ impl Device {
             header.packet_type,
             PacketType::Reserved(CACHE_READ | CACHE_REPLY)
         );
+        if crate::route::is_route(header) {
+            if let Some(follower) = self.follower.as_mut() {
+                let payload = &datagram[pmnet_wire::HEADER_LEN..];
+                if let Err(reason) = follower.on_route(from, header, payload) {
+                    self.count_drop(reason);
+                }
+                return Verdict::Consumed;
+            }
+        }
         if let PacketType::Reserved(_) = header.packet_type {
             if !cache_type {
                 return Verdict::Pass;
@@ -1229,9 +1248,39 @@ impl Device {
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
         let resend = self.resend_timers.first().map(|(deadline, _)| *deadline);
-        match (resend, self.trust.poll_timeout()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        let follow = self
+            .follower
+            .as_ref()
+            .and_then(|follower| follower.poll_timeout());
+        [resend, self.trust.poll_timeout(), follow]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// The controllers' route, once taken: the device's owner restarts it in place with the
+    /// next hop and previous device it names ([`crate::route::device_place`]).
+    pub fn take_route(&mut self) -> Option<pmnet_wire::route::Route> {
+        self.follower.as_mut()?.take_route()
+    }
+
+    /// What following the controllers counted (`None`: no controller).
+    pub fn follower(&self) -> Option<&crate::route::Follower> {
+        self.follower.as_ref()
+    }
+
+    /// Statuses due to the controllers.
+    fn send_statuses(&mut self, now: Time) {
+        let Some(follower) = self.follower.as_mut() else {
+            return;
+        };
+        follower.handle_timeout(now);
+        let mut statuses = Vec::new();
+        while let Some(transmit) = follower.poll_transmit() {
+            statuses.push(transmit);
+        }
+        for transmit in statuses {
+            self.send(transmit.destination, transmit.bytes);
         }
     }
 

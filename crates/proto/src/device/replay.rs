@@ -180,6 +180,7 @@ impl Device {
     /// Queue for a resend the entries whose server has not acked them in time (a resend that
     /// got no ack counts as lost), then send what the pace allows.
     pub fn handle_timeout(&mut self, now: Time) {
+        self.send_statuses(now);
         if self.trust.poll_timeout().is_some_and(|at| at <= now) {
             self.send_probes(now);
         }

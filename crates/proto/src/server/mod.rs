@@ -81,6 +81,9 @@ pub struct ServerConfig {
     /// The first number of this run's hold queries (`hold.rs`): a random value, so that an
     /// answer of an earlier run replayed matches no query of this one.
     pub boot_nonce: u32,
+    /// The controllers this server sends its status to and takes routes from (`--controller`;
+    /// docs/replication.md, "Automatic failover"). `None`: none.
+    pub follow: Option<crate::route::FollowerConfig>,
 }
 
 impl ServerConfig {
@@ -106,6 +109,7 @@ impl ServerConfig {
             defer_interval_max: Duration::from_millis(100),
             replicas: Vec::new(),
             boot_nonce: 0,
+            follow: None,
         }
     }
 
@@ -286,6 +290,8 @@ struct Recovery {
 #[derive(Debug)]
 pub struct Server {
     config: ServerConfig,
+    /// The controllers' side of this server: statuses out, routes in.
+    follower: Option<crate::route::Follower>,
     table: Table,
     gap_timers: BTreeSet<(Time, u64)>,
     defer_timers: BTreeSet<(Time, u64)>,
@@ -408,6 +414,10 @@ impl Server {
             retained_waiting: VecDeque::new(),
             hold_replies_waiting: crate::AfterDurable::new(HOLD_REPLIES_WAITING_MAX),
             holds,
+            follower: config
+                .follow
+                .clone()
+                .map(|follow| crate::route::Follower::new(follow, now)),
             config,
         };
         if !server.config.devices.is_empty() {
@@ -694,6 +704,12 @@ impl Server {
             }
             PacketType::Reserved(pmnet_wire::cache::CACHE_READ) => {
                 self.on_cache_read(now, from, &header, payload)
+            }
+            PacketType::Reserved(pmnet_wire::route::ROUTE) if self.follower.is_some() => {
+                let follower = self.follower.as_mut().expect("checked");
+                if let Err(reason) = follower.on_route(from, &header, payload) {
+                    self.count_drop(reason);
+                }
             }
             PacketType::FillReply if self.is_device(from) => {
                 if !self.on_device_fill_reply_for_replicas(from, &header, payload) {
@@ -1141,6 +1157,12 @@ impl Server {
     /// supply any more, retry deferred requests, re-poll devices that have not answered the
     /// recovery poll.
     pub fn handle_timeout(&mut self, now: Time) {
+        if let Some(follower) = self.follower.as_mut() {
+            follower.handle_timeout(now);
+            while let Some(transmit) = follower.poll_transmit() {
+                self.transmits.push_back(transmit);
+            }
+        }
         if self.holds.poll_timeout().is_some_and(|at| at <= now) {
             let pending = self.pending_sessions();
             self.holds.handle_timeout(
@@ -1209,6 +1231,17 @@ impl Server {
         Some(transmit)
     }
 
+    /// The controllers' route, once taken: the server's owner restarts it in place with the
+    /// chain's last device as its device.
+    pub fn take_route(&mut self) -> Option<pmnet_wire::route::Route> {
+        self.follower.as_mut()?.take_route()
+    }
+
+    /// What following the controllers counted (`None`: no controller).
+    pub fn follower(&self) -> Option<&crate::route::Follower> {
+        self.follower.as_ref()
+    }
+
     /// The next request to apply (or recovery notice), if any.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<ServerEvent> {
@@ -1225,8 +1258,13 @@ impl Server {
         let forwards = self.next_forward_resend();
         let drained = self.draining.as_ref().map(|draining| draining.next_check);
         let holds = self.holds.poll_timeout();
+        let follow = self
+            .follower
+            .as_ref()
+            .and_then(|follower| follower.poll_timeout());
         gap.into_iter()
             .chain(holds)
+            .chain(follow)
             .chain(drained)
             .chain(defer)
             .chain(poll)

@@ -1,0 +1,592 @@
+//! The controller's side of automatic failover for devices in series: the plan of every
+//! chain (its devices in order, its server, its spares), the nodes' statuses, a device silent
+//! past [`PlannerConfig::suspect_after`] taken out of its chain and a heard spare put in before
+//! the server. Each change is a new epoch, saved ([`Planner::poll_save`]) before any node sees
+//! it, and an event line ([`Planner::poll_event`]).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pmnet_wire::replication::{decode_client_address, encode_client_address, CLIENT_ADDRESS_LEN};
+use pmnet_wire::route::{
+    ChainRoute, NodeStatus, Role, Route, MAX_CHAIN_DEVICES, NODE_STATUS, ROUTE,
+};
+use pmnet_wire::{Header, PacketType};
+
+use crate::{CountDrop, DropCounts, DropReason, Time, Transmit};
+
+/// Chains one controller plans, at most.
+pub const CHAINS_MAX: usize = 64;
+/// Routes sent to clients per second, at most (a client's question costs a route; without
+/// keys anyone can ask).
+const CLIENT_ROUTES_PER_SECOND: u32 = 1000;
+/// Version of the saved plan's encoding.
+const STATE_VERSION: u8 = 1;
+
+/// One chain as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainSpec {
+    pub server_id: u16,
+    pub server: SocketAddr,
+    /// (device id, address), the first device first.
+    pub devices: Vec<(u16, SocketAddr)>,
+    /// Devices put in, before the server, when one is taken out.
+    pub spares: Vec<(u16, SocketAddr)>,
+}
+
+/// A planner's settings.
+#[derive(Debug, Clone)]
+pub struct PlannerConfig {
+    pub chains: Vec<ChainSpec>,
+    /// A device with no status for this long is taken out of its chain.
+    pub suspect_after: Duration,
+    /// Seal every datagram sent and accept only datagrams that verify.
+    pub auth: Option<pmnet_auth::Authenticator>,
+}
+
+/// What the planner counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlannerCounters {
+    pub statuses: u64,
+    pub routes_sent: u64,
+    pub client_questions: u64,
+    pub devices_removed: u64,
+    pub spares_joined: u64,
+}
+
+/// A change of a plan, in words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlannerEvent {
+    Removed {
+        server_id: u16,
+        device: (u16, SocketAddr),
+        silent: Duration,
+        epoch: u64,
+    },
+    SpareJoined {
+        server_id: u16,
+        device: (u16, SocketAddr),
+        after: (u16, SocketAddr),
+        epoch: u64,
+    },
+    /// A device's first status of a boot.
+    Heard {
+        server_id: u16,
+        role: Role,
+        address: SocketAddr,
+        boot: u64,
+    },
+}
+
+impl fmt::Display for PlannerEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PlannerEvent::Removed {
+                server_id,
+                device: (id, address),
+                silent,
+                epoch,
+            } => write!(
+                f,
+                "chain of server {server_id}: device {id} ({address}) suspected (no status for \
+                 {} ms) and removed; epoch {epoch}",
+                silent.as_millis()
+            ),
+            PlannerEvent::SpareJoined {
+                server_id,
+                device: (id, address),
+                after: (after_id, after),
+                epoch,
+            } => write!(
+                f,
+                "chain of server {server_id}: spare device {id} ({address}) joined after device \
+                 {after_id} ({after}), which replays its log to it; epoch {epoch}"
+            ),
+            PlannerEvent::Heard {
+                server_id,
+                role,
+                address,
+                boot,
+            } => write!(
+                f,
+                "chain of server {server_id}: {} {address} heard (boot {boot:016x})",
+                role.name()
+            ),
+        }
+    }
+}
+
+/// What the planner knows of one node.
+#[derive(Debug, Clone, Copy)]
+struct View {
+    boot: u64,
+    epoch: u64,
+    stamp: u64,
+    heard: Time,
+}
+
+#[derive(Debug)]
+struct Chain {
+    server_id: u16,
+    route: ChainRoute,
+    spares: Vec<(u16, SocketAddr)>,
+    removed: Vec<(u16, SocketAddr)>,
+    views: BTreeMap<SocketAddr, View>,
+    /// Since when the live devices are watched (the planner's start): a device is suspected
+    /// only after this long without a status.
+    since: Time,
+}
+
+/// The controller's side. See the module docs.
+#[derive(Debug)]
+pub struct Planner {
+    auth: Option<pmnet_auth::Authenticator>,
+    suspect_after: Duration,
+    epoch: u64,
+    chains: Vec<Chain>,
+    save: bool,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<PlannerEvent>,
+    counters: PlannerCounters,
+    drops: DropCounts,
+    client_tokens: u32,
+    tokens_at: Time,
+}
+
+impl Planner {
+    /// A planner for `config`'s chains; `saved` (from [`Planner::poll_save`]) takes back the
+    /// plan of every chain it holds. Errors name what is wrong with the configuration or the
+    /// saved plan.
+    pub fn new(config: PlannerConfig, now: Time, saved: Option<&[u8]>) -> Result<Planner, String> {
+        if config.chains.len() > CHAINS_MAX {
+            return Err(format!("at most {CHAINS_MAX} chains"));
+        }
+        // A first plan is epoch 1: every node, running its command line (epoch 0), is sent it.
+        let (mut epoch, mut saved_chains) = (1, BTreeMap::new());
+        if let Some(bytes) = saved {
+            let (saved_epoch, chains) = decode_plan(bytes)
+                .ok_or_else(|| "the saved plan of the device chains is damaged".to_owned())?;
+            epoch = saved_epoch;
+            saved_chains = chains;
+        }
+        let mut chains = Vec::new();
+        for spec in config.chains {
+            if chains
+                .iter()
+                .any(|chain: &Chain| chain.server_id == spec.server_id)
+            {
+                return Err(format!("server {} has two chains", spec.server_id));
+            }
+            let (route, spares, removed) = match saved_chains.remove(&spec.server_id) {
+                Some(saved) => saved,
+                None => {
+                    let route = ChainRoute {
+                        devices: spec.devices.clone(),
+                        server: spec.server,
+                    };
+                    route.check().map_err(|_| {
+                        format!(
+                            "the chain of server {}: 1 to {MAX_CHAIN_DEVICES} devices, each id \
+                             and address once, none at the server's address",
+                            spec.server_id
+                        )
+                    })?;
+                    (route, spec.spares.clone(), Vec::new())
+                }
+            };
+            chains.push(Chain {
+                server_id: spec.server_id,
+                route,
+                spares,
+                removed,
+                views: BTreeMap::new(),
+                since: now,
+            });
+        }
+        Ok(Planner {
+            auth: config.auth,
+            suspect_after: config.suspect_after,
+            epoch,
+            chains,
+            save: saved.is_none(),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            counters: PlannerCounters::default(),
+            drops: DropCounts::default(),
+            client_tokens: CLIENT_ROUTES_PER_SECOND,
+            tokens_at: now,
+        })
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn counters(&self) -> PlannerCounters {
+        self.counters
+    }
+
+    pub fn drops(&self) -> &DropCounts {
+        &self.drops
+    }
+
+    /// Each chain as planned: (server id, route, spares, devices removed).
+    pub fn chains(
+        &self,
+    ) -> impl Iterator<Item = (u16, &ChainRoute, &[(u16, SocketAddr)], &[(u16, SocketAddr)])> {
+        self.chains.iter().map(|chain| {
+            (
+                chain.server_id,
+                &chain.route,
+                &chain.spares[..],
+                &chain.removed[..],
+            )
+        })
+    }
+
+    /// How long ago each node of chain `server_id` was last heard.
+    pub fn heard(&self, server_id: u16, now: Time) -> Vec<(SocketAddr, Duration)> {
+        self.chains
+            .iter()
+            .filter(|chain| chain.server_id == server_id)
+            .flat_map(|chain| chain.views.iter())
+            .map(|(address, view)| (*address, now - view.heard))
+            .collect()
+    }
+
+    /// A datagram from `from`: a node's status.
+    pub fn handle(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
+        let verified = match self.auth.as_mut().map(|auth| auth.verify(datagram)) {
+            None => std::borrow::Cow::Borrowed(datagram),
+            Some(Ok(bytes)) => bytes,
+            Some(Err(error)) => {
+                self.drops.record(DropReason::Auth(error));
+                return;
+            }
+        };
+        let (header, payload) = match Header::parse(&verified) {
+            Ok(parsed) => parsed,
+            Err(error) => {
+                self.drops.record(DropReason::Parse(error));
+                return;
+            }
+        };
+        if header.packet_type != PacketType::Reserved(NODE_STATUS) {
+            self.drops.record(DropReason::UnexpectedType);
+            return;
+        }
+        let Ok(status) = NodeStatus::parse(payload) else {
+            self.drops.record(DropReason::BadPayload);
+            return;
+        };
+        let Some(index) = self
+            .chains
+            .iter()
+            .position(|chain| chain.server_id == header.server_id)
+        else {
+            self.drops.record(DropReason::UnknownServer);
+            return;
+        };
+        self.counters.statuses += 1;
+        if status.role == Role::Client {
+            self.answer_client(now, index, from, &status);
+            return;
+        }
+        let chain = &self.chains[index];
+        let known = match status.role {
+            Role::Device => chain
+                .route
+                .devices
+                .iter()
+                .chain(&chain.spares)
+                .chain(&chain.removed)
+                .any(|&(id, address)| id == header.device_id && address == from),
+            _ => from == chain.route.server,
+        };
+        if !known {
+            self.drops.record(DropReason::UnexpectedSource);
+            return;
+        }
+        let chain = &mut self.chains[index];
+        let view = chain.views.get(&from).copied();
+        if let Some(view) = view {
+            if view.boot == status.boot && status.stamp <= view.stamp {
+                self.drops.record(DropReason::StaleData);
+                return;
+            }
+        }
+        if view.is_none_or(|view| view.boot != status.boot) {
+            self.events.push_back(PlannerEvent::Heard {
+                server_id: chain.server_id,
+                role: status.role,
+                address: from,
+                boot: status.boot,
+            });
+        }
+        chain.views.insert(
+            from,
+            View {
+                boot: status.boot,
+                epoch: status.epoch,
+                stamp: status.stamp,
+                heard: now,
+            },
+        );
+        // A node of the chain that runs another epoch is sent the route (a spare, or a
+        // device taken out, is not: it is in no route).
+        let in_route = status.role == Role::Server
+            || chain
+                .route
+                .devices
+                .iter()
+                .any(|&(_, address)| address == from);
+        if in_route && status.epoch != self.epoch && !self.save {
+            self.send_route(index, from, status.boot);
+        }
+    }
+
+    fn answer_client(&mut self, now: Time, index: usize, from: SocketAddr, status: &NodeStatus) {
+        self.counters.client_questions += 1;
+        let elapsed = now - self.tokens_at;
+        if elapsed >= Duration::from_secs(1) {
+            self.client_tokens = CLIENT_ROUTES_PER_SECOND;
+            self.tokens_at = now;
+        }
+        if self.client_tokens == 0 || self.save {
+            self.drops.record(DropReason::Backlog);
+            return;
+        }
+        self.client_tokens -= 1;
+        if status.epoch != self.epoch {
+            self.send_route(index, from, status.boot);
+        }
+    }
+
+    fn send_route(&mut self, index: usize, to: SocketAddr, boot: u64) {
+        let chain = &self.chains[index];
+        let route = Route {
+            epoch: self.epoch,
+            boot,
+            chain: chain.route.clone(),
+        };
+        let mut payload = Vec::new();
+        route.emit(&mut payload);
+        let header = Header::new(PacketType::Reserved(ROUTE), chain.server_id, boot, 0);
+        let mut bytes = pmnet_wire::to_sendable(&header.encode(&payload));
+        if let Some(auth) = self.auth.as_mut() {
+            auth.seal(&mut bytes);
+        }
+        self.counters.routes_sent += 1;
+        self.transmits.push_back(Transmit {
+            destination: to,
+            bytes,
+        });
+    }
+
+    /// Take out the devices silent past the suspicion delay (never a chain's last one), and
+    /// put a heard spare in for each.
+    pub fn handle_timeout(&mut self, now: Time) {
+        for index in 0..self.chains.len() {
+            loop {
+                let chain = &self.chains[index];
+                if chain.route.devices.len() < 2 {
+                    break;
+                }
+                let silent =
+                    chain
+                        .route
+                        .devices
+                        .iter()
+                        .enumerate()
+                        .find_map(|(at, &(_, address))| {
+                            let heard = chain
+                                .views
+                                .get(&address)
+                                .map_or(chain.since, |view| view.heard.max(chain.since));
+                            let silence = now - heard;
+                            (silence >= self.suspect_after).then_some((at, silence))
+                        });
+                let Some((at, silence)) = silent else { break };
+                self.epoch += 1;
+                self.save = true;
+                let chain = &mut self.chains[index];
+                let device = chain.route.devices.remove(at);
+                chain.removed.retain(|removed| *removed != device);
+                chain.removed.push(device);
+                if chain.removed.len() > MAX_CHAIN_DEVICES {
+                    chain.removed.remove(0);
+                }
+                self.counters.devices_removed += 1;
+                self.events.push_back(PlannerEvent::Removed {
+                    server_id: chain.server_id,
+                    device,
+                    silent: silence,
+                    epoch: self.epoch,
+                });
+                self.join_spare(index, now);
+            }
+        }
+    }
+
+    /// Put the first spare heard within the suspicion delay in before the server.
+    fn join_spare(&mut self, index: usize, now: Time) {
+        let suspect_after = self.suspect_after;
+        let chain = &mut self.chains[index];
+        if chain.route.devices.len() >= MAX_CHAIN_DEVICES {
+            return;
+        }
+        let live = chain.spares.iter().position(|(_, address)| {
+            chain
+                .views
+                .get(address)
+                .is_some_and(|view| now - view.heard < suspect_after)
+        });
+        let Some(at) = live else { return };
+        let spare = chain.spares.remove(at);
+        let after = chain.route.last();
+        chain.route.devices.push(spare);
+        self.counters.spares_joined += 1;
+        self.events.push_back(PlannerEvent::SpareJoined {
+            server_id: chain.server_id,
+            device: spare,
+            after,
+            epoch: self.epoch,
+        });
+    }
+
+    /// The plan to save before anything else goes out (every change, and the first start).
+    pub fn poll_save(&mut self) -> Option<Vec<u8>> {
+        if !self.save {
+            return None;
+        }
+        self.save = false;
+        // Saved: every node of a changed chain hears of it now (the others on their next
+        // status).
+        for index in 0..self.chains.len() {
+            let targets: Vec<(SocketAddr, u64)> = {
+                let chain = &self.chains[index];
+                chain
+                    .route
+                    .devices
+                    .iter()
+                    .map(|(_, address)| *address)
+                    .chain([chain.route.server])
+                    .filter_map(|address| {
+                        let view = chain.views.get(&address)?;
+                        (view.epoch != self.epoch).then_some((address, view.boot))
+                    })
+                    .collect()
+            };
+            for (address, boot) in targets {
+                self.send_route(index, address, boot);
+            }
+        }
+        Some(encode_plan(self.epoch, &self.chains))
+    }
+
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    pub fn poll_event(&mut self) -> Option<PlannerEvent> {
+        self.events.pop_front()
+    }
+
+    /// When a live device is next due to be suspected.
+    pub fn poll_timeout(&self, now: Time) -> Time {
+        self.chains
+            .iter()
+            .filter(|chain| chain.route.devices.len() >= 2)
+            .flat_map(|chain| {
+                chain.route.devices.iter().map(|(_, address)| {
+                    chain
+                        .views
+                        .get(address)
+                        .map_or(chain.since, |view| view.heard.max(chain.since))
+                        + self.suspect_after
+                })
+            })
+            .min()
+            .unwrap_or(now + self.suspect_after)
+            .max(now)
+    }
+}
+
+fn push_device(out: &mut Vec<u8>, (id, address): (u16, SocketAddr)) {
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend_from_slice(&encode_client_address(address));
+}
+
+fn push_devices(out: &mut Vec<u8>, devices: &[(u16, SocketAddr)]) {
+    out.push(devices.len() as u8);
+    for device in devices {
+        push_device(out, *device);
+    }
+}
+
+/// The plan as saved: version, epoch, then per chain its server id and address, its devices,
+/// spares and devices removed (each a count and (id, address) entries).
+fn encode_plan(epoch: u64, chains: &[Chain]) -> Vec<u8> {
+    let mut out = vec![STATE_VERSION];
+    out.extend_from_slice(&epoch.to_be_bytes());
+    out.push(chains.len() as u8);
+    for chain in chains {
+        out.extend_from_slice(&chain.server_id.to_be_bytes());
+        out.extend_from_slice(&encode_client_address(chain.route.server));
+        push_devices(&mut out, &chain.route.devices);
+        push_devices(&mut out, &chain.spares);
+        push_devices(&mut out, &chain.removed);
+    }
+    out
+}
+
+type SavedChain = (ChainRoute, Vec<(u16, SocketAddr)>, Vec<(u16, SocketAddr)>);
+
+/// A saved plan; `None` when damaged. Never panics.
+fn decode_plan(bytes: &[u8]) -> Option<(u64, BTreeMap<u16, SavedChain>)> {
+    struct Reader<'a>(&'a [u8]);
+    impl<'a> Reader<'a> {
+        fn take(&mut self, len: usize) -> Option<&'a [u8]> {
+            (self.0.len() >= len).then(|| {
+                let (front, rest) = self.0.split_at(len);
+                self.0 = rest;
+                front
+            })
+        }
+        fn address(&mut self) -> Option<SocketAddr> {
+            decode_client_address(self.take(CLIENT_ADDRESS_LEN)?).ok()
+        }
+        fn devices(&mut self) -> Option<Vec<(u16, SocketAddr)>> {
+            let count = usize::from(self.take(1)?[0]);
+            if count > 2 * MAX_CHAIN_DEVICES {
+                return None;
+            }
+            (0..count)
+                .map(|_| {
+                    let id = u16::from_be_bytes(self.take(2)?.try_into().ok()?);
+                    Some((id, self.address()?))
+                })
+                .collect()
+        }
+    }
+    let mut reader = Reader(bytes);
+    if reader.take(1)? != [STATE_VERSION] {
+        return None;
+    }
+    let epoch = u64::from_be_bytes(reader.take(8)?.try_into().ok()?);
+    let count = usize::from(reader.take(1)?[0]);
+    let mut chains = BTreeMap::new();
+    for _ in 0..count {
+        let server_id = u16::from_be_bytes(reader.take(2)?.try_into().ok()?);
+        let server = reader.address()?;
+        let devices = reader.devices()?;
+        let route = ChainRoute { devices, server };
+        route.check().ok()?;
+        let spares = reader.devices()?;
+        let removed = reader.devices()?;
+        chains.insert(server_id, (route, spares, removed));
+    }
+    reader.0.is_empty().then_some((epoch, chains))
+}

@@ -149,20 +149,45 @@ pub(crate) fn print_banner(
     state: &str,
     traffic: &str,
 ) {
-    let layout = runtime.controller().layout();
-    println!(
-        "  chains: {} members, {} virtual groups, chains of {}; a member is suspected after {} \
-         ms without a status, leases of {} ms",
-        layout.members.len(),
-        layout.groups.len(),
-        plan.chain_length,
-        plan.suspect_after_ms,
-        plan.lease_ms,
-    );
+    if let Some(controller) = runtime.controller() {
+        let layout = controller.layout();
+        println!(
+            "  chains: {} members, {} virtual groups, chains of {}; a member is suspected after \
+             {} ms without a status, leases of {} ms",
+            layout.members.len(),
+            layout.groups.len(),
+            plan.chain_length,
+            plan.suspect_after_ms,
+            plan.lease_ms,
+        );
+    }
+    if let Some(planner) = runtime.planner() {
+        for (server_id, route, spares, removed) in planner.chains() {
+            let named = |devices: &[(u16, std::net::SocketAddr)]| {
+                devices
+                    .iter()
+                    .map(|(id, address)| format!("{id}@{address}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            println!(
+                "  device chain of server {server_id} ({}): {} > server (epoch {}); spares: \
+                 [{}]; taken out: [{}]; a device is taken out after {} ms without a status",
+                route.server,
+                named(&route.devices).replace(", ", " > "),
+                planner.epoch(),
+                named(spares),
+                named(removed),
+                plan.suspect_after_ms,
+            );
+        }
+    }
     println!("  state: {state}");
     println!("  traffic: {traffic}");
     println!("  {}", plan.run.describe(runtime.metrics_addr()));
-    pmnet_runtime::describe_layout(layout);
+    if let Some(controller) = runtime.controller() {
+        pmnet_runtime::describe_layout(controller.layout());
+    }
 }
 
 pub fn run(args: ChainControllerArgs) -> Result<ExitCode, CliError> {
@@ -182,7 +207,8 @@ pub fn run(args: ChainControllerArgs) -> Result<ExitCode, CliError> {
     let shutdown = Shutdown::on_signals()?;
     let mut runtime = ControllerRuntime::open(
         clock,
-        controller,
+        Some(controller),
+        None,
         plan.listen,
         StateStore::File(args.state.clone()),
         plan.run.loop_options(),

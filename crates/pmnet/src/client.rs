@@ -63,6 +63,13 @@ pub struct ClientArgs {
           value_parser = crate::addr::parse_addr)]
     pub fan_out: Vec<SocketAddr>,
 
+    /// A controller of the chain of devices that starts at `--device` (`pmnet controller
+    /// --device-chain`): when updates go unanswered the client asks it where the chain starts
+    /// now and follows (docs/replication.md, "Automatic failover"). Repeat for each
+    /// controller (at most 7).
+    #[arg(long = "controller", value_name = "ADDR", value_parser = crate::addr::parse_addr)]
+    pub controllers: Vec<SocketAddr>,
+
     /// The request; without one, read requests line by line from standard input
     /// (`set k v`, `get k`, `del k`, `incr k [delta]`, `quit`).
     #[command(subcommand)]
@@ -131,6 +138,15 @@ pub fn run(args: ClientArgs) -> Result<ExitCode, CliError> {
     options.replicas = args.replicas;
     check_fan_out(&args.fan_out, more.len(), args.replicas)?;
     options.fan_out = args.fan_out.clone();
+    if args.controllers.len() > pmnet_proto::route::CONTROLLERS_MAX {
+        return Err(format!(
+            "--controller: {} given, at most {}",
+            args.controllers.len(),
+            pmnet_proto::route::CONTROLLERS_MAX
+        )
+        .into());
+    }
+    options.controllers = args.controllers.clone();
     options.request_lifetime = Some(std::time::Duration::from_secs_f64(args.request_lifetime));
     if let Some(path) = &args.key_file {
         options.keys = Some(pmnet_runtime::load_key_file(path)?);

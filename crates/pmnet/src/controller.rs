@@ -60,6 +60,108 @@ pub struct ControllerArgs {
     #[arg(long, value_name = "S", default_value_t = 1,
           value_parser = clap::value_parser!(i64).range(1..=60))]
     pub leader_ttl_s: i64,
+
+    /// A chain of devices in series to watch and heal (docs/replication.md, "Automatic
+    /// failover"): its server as ID=ADDR, then its devices as DEVICE_ID=ADDR, the first device
+    /// first, comma-separated (at most 8 devices). Each device and the server run with
+    /// --controller naming this controller; a device with no status for --suspect-after-ms is
+    /// taken out of the chain. Repeat for each chain (one per server id). The plan is saved
+    /// in etcd; a saved plan takes precedence at a restart.
+    #[arg(long = "device-chain", value_name = "SERVER_ID=ADDR,DEVICE_ID=ADDR,...",
+          value_parser = parse_device_chain)]
+    pub device_chains: Vec<pmnet_proto::route::ChainSpec>,
+
+    /// A spare device for the chain of server SERVER_ID, put in before the server when a
+    /// device is taken out (run it with --server SERVER_ID=<the server> and --controller).
+    #[arg(long = "spare-device", value_name = "SERVER_ID:DEVICE_ID=ADDR",
+          value_parser = parse_spare)]
+    pub spares: Vec<(u16, u16, std::net::SocketAddr)>,
+}
+
+/// `--device-chain`: `SERVER_ID=ADDR,DEVICE_ID=ADDR,...`.
+fn parse_device_chain(text: &str) -> Result<pmnet_proto::route::ChainSpec, String> {
+    let mut pairs = text.split(',').map(|pair| {
+        let (id, address) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{pair:?} is not ID=ADDR"))?;
+        let id: u16 = id
+            .trim()
+            .parse()
+            .map_err(|_| format!("{id:?} is not an id (0 to 65535)"))?;
+        Ok::<_, String>((id, crate::addr::parse_addr(address.trim())?))
+    });
+    let (server_id, server) = pairs.next().ok_or("give the server, then its devices")??;
+    let devices = pairs.collect::<Result<Vec<_>, _>>()?;
+    let spec = pmnet_proto::route::ChainSpec {
+        server_id,
+        server,
+        devices,
+        spares: Vec::new(),
+    };
+    pmnet_wire::route::ChainRoute {
+        devices: spec.devices.clone(),
+        server,
+    }
+    .check()
+    .map_err(|_| {
+        format!(
+            "a chain has 1 to {} devices after its server, each id and address once, none at \
+             the server's address",
+            pmnet_wire::route::MAX_CHAIN_DEVICES
+        )
+    })?;
+    Ok(spec)
+}
+
+/// `--spare-device`: `SERVER_ID:DEVICE_ID=ADDR`.
+fn parse_spare(text: &str) -> Result<(u16, u16, std::net::SocketAddr), String> {
+    let (ids, address) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not SERVER_ID:DEVICE_ID=ADDR"))?;
+    let (server_id, device_id) = ids
+        .split_once(':')
+        .ok_or_else(|| format!("{ids:?} is not SERVER_ID:DEVICE_ID"))?;
+    let parse = |id: &str| {
+        id.trim()
+            .parse::<u16>()
+            .map_err(|_| format!("{id:?} is not an id (0 to 65535)"))
+    };
+    Ok((
+        parse(server_id)?,
+        parse(device_id)?,
+        crate::addr::parse_addr(address.trim())?,
+    ))
+}
+
+/// The device chains' planner's settings, from the command line.
+fn planner_config(
+    args: &ControllerArgs,
+) -> Result<Option<pmnet_proto::route::PlannerConfig>, CliError> {
+    if args.device_chains.is_empty() {
+        if let Some((server_id, _, _)) = args.spares.first() {
+            return Err(format!(
+                "controller: --spare-device {server_id}:…: no --device-chain for server {server_id}"
+            )
+            .into());
+        }
+        return Ok(None);
+    }
+    let mut chains = args.device_chains.clone();
+    for &(server_id, device_id, address) in &args.spares {
+        let chain = chains
+            .iter_mut()
+            .find(|chain| chain.server_id == server_id)
+            .ok_or_else(|| {
+                format!("controller: --spare-device {server_id}:{device_id}: no --device-chain for server {server_id}")
+            })?;
+        chain.spares.push((device_id, address));
+    }
+    let keys = crate::node::keys_of(args.plan.run.key_file.as_deref())?;
+    Ok(Some(pmnet_proto::route::PlannerConfig {
+        chains,
+        suspect_after: Duration::from_millis(args.plan.suspect_after_ms),
+        auth: keys.map(pmnet_proto::Authenticator::new),
+    }))
 }
 
 fn parse_cluster(text: &str) -> Result<String, String> {
@@ -78,6 +180,7 @@ fn parse_cluster(text: &str) -> Result<String, String> {
 pub fn run(args: ControllerArgs) -> Result<ExitCode, CliError> {
     let plan = &args.plan;
     let (config, traffic) = controller_config("controller", plan)?;
+    let planner = planner_config(&args)?;
     let signals = Shutdown::on_signals()?;
     let clock = pmnet_runtime::Clock::new();
     let name = args.name.clone().unwrap_or_else(|| plan.listen.to_string());
@@ -149,14 +252,37 @@ pub fn run(args: ControllerArgs) -> Result<ExitCode, CliError> {
                 .load()
                 .map_err(|error| format!("controller: reading {state_key}: {error}"))?
                 .map(|bytes| (format!("etcd key {state_key}"), bytes));
-            let mut controller =
-                make_controller("controller", plan, config.clone(), saved, clock.now())?;
-            // A new term: a new epoch, saved (fenced) before any member sees it.
-            controller.begin_term();
-            controller.warn_of_plain_traffic();
+            // The chain store's controller, when there are members (or a saved state).
+            let controller = if plan.members.is_empty() && saved.is_none() && planner.is_some() {
+                None
+            } else {
+                let mut controller =
+                    make_controller("controller", plan, config.clone(), saved, clock.now())?;
+                // A new term: a new epoch, saved (fenced) before any member sees it.
+                controller.begin_term();
+                controller.warn_of_plain_traffic();
+                Some(controller)
+            };
+            let planner = match &planner {
+                None => None,
+                Some(planner) => {
+                    let saved = leadership
+                        .load_devices()
+                        .map_err(|error| format!("controller: {error}"))?;
+                    Some(
+                        pmnet_proto::route::Planner::new(
+                            planner.clone(),
+                            clock.now(),
+                            saved.as_deref(),
+                        )
+                        .map_err(|error| format!("controller: --device-chain: {error}"))?,
+                    )
+                }
+            };
             Ok(ControllerRuntime::open(
                 clock,
                 controller,
+                planner,
                 plan.listen,
                 StateStore::Etcd(Box::new(leadership)),
                 plan.run.loop_options(),

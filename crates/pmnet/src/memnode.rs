@@ -153,6 +153,7 @@ pub fn run(args: MemnodeArgs) -> Result<ExitCode, CliError> {
         listen: args.listen,
         servers: Vec::new(),
         previous_devices: Vec::new(),
+        follow: None,
         log: None,
         forward_listen: None,
         echo_listen: None,

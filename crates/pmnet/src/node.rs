@@ -363,10 +363,64 @@ pub struct DeviceArgs {
     pub xdp_zero_copy: bool,
 
     #[command(flatten)]
+    pub follow: FollowArgs,
+
+    #[command(flatten)]
     pub medium: MediumArgs,
 
     #[command(flatten)]
     pub run: LoopArgs,
+}
+
+/// Following the controllers of devices in series (`pmnet device` and `pmnet server`).
+#[derive(Debug, Clone, Args)]
+pub struct FollowArgs {
+    /// A controller of this device's (or server's) chain of devices (`pmnet controller
+    /// --device-chain`): the process sends it a status every --heartbeat-ms and takes its
+    /// routes, so a device of the chain that is lost is taken out automatically
+    /// (docs/replication.md, "Automatic failover"). Repeat for each controller (at most 7).
+    #[arg(long = "controller", value_name = "ADDR", value_parser = crate::addr::parse_addr)]
+    pub controllers: Vec<SocketAddr>,
+
+    /// With --controller: between two statuses, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub heartbeat_ms: u64,
+}
+
+impl FollowArgs {
+    /// The state machine's settings (`None` without --controller).
+    pub fn config(
+        &self,
+        role: pmnet_wire::route::Role,
+        server_id: u16,
+        device_id: u16,
+    ) -> Option<pmnet_proto::route::FollowerConfig> {
+        if self.controllers.is_empty() {
+            return None;
+        }
+        let mut config = pmnet_proto::route::FollowerConfig::new(
+            self.controllers.clone(),
+            role,
+            server_id,
+            rand::random(),
+        );
+        config.device_id = device_id;
+        config.interval = Duration::from_millis(self.heartbeat_ms);
+        Some(config)
+    }
+
+    /// Checked: at most [`pmnet_proto::route::CONTROLLERS_MAX`] controllers.
+    pub fn check(&self) -> Result<(), String> {
+        if self.controllers.len() > pmnet_proto::route::CONTROLLERS_MAX {
+            return Err(format!(
+                "--controller: {} given, at most {}",
+                self.controllers.len(),
+                pmnet_proto::route::CONTROLLERS_MAX
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl DeviceArgs {
@@ -385,6 +439,11 @@ impl DeviceArgs {
             listen: self.listen,
             servers: self.servers.clone(),
             previous_devices: self.previous_devices.clone(),
+            follow: self.follow.config(
+                pmnet_wire::route::Role::Device,
+                self.servers.first().map_or(0, |(id, _)| *id),
+                self.device_id,
+            ),
             log,
             forward_listen: self.forward_listen,
             echo_listen: self.echo_listen,
@@ -494,6 +553,9 @@ pub struct ServerArgs {
     pub xdp_mode: String,
 
     #[command(flatten)]
+    pub follow: FollowArgs,
+
+    #[command(flatten)]
     pub medium: MediumArgs,
 
     #[command(flatten)]
@@ -548,6 +610,9 @@ impl ServerArgs {
             loop_options: self.run.loop_options(),
             keys: None,
             max_ops_per_s: self.max_ops_per_s,
+            follow: self
+                .follow
+                .config(pmnet_wire::route::Role::Server, self.server_id, 0),
         }
     }
 
@@ -577,6 +642,12 @@ fn announce(lines: &[String]) {
 pub const DEFAULT_BATCH_HOLD_US: u64 = 200;
 
 pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
+    args.follow.check()?;
+    if !args.follow.controllers.is_empty() && args.workers > 1 {
+        return Err(CliError::from(
+            "--controller: a device that follows a controller runs one worker".to_owned(),
+        ));
+    }
     let shutdown = Shutdown::on_signals()?;
     let mut options = args.options();
     options.keys = args.run.keys()?;
@@ -663,6 +734,7 @@ pub fn run_device(args: DeviceArgs) -> Result<ExitCode, CliError> {
 }
 
 pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
+    args.follow.check()?;
     if args.replicas.len() > pmnet_proto::REPLICA_SERVERS_MAX {
         return Err(CliError::from(format!(
             "--replica: {} replicas given, at most {} are supported",

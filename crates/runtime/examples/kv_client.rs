@@ -47,6 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             keys: None,
             loop_options: LoopOptions::default(),
             max_ops_per_s: None,
+            follow: None,
         },
         shutdown.clone(),
     )?;
@@ -60,6 +61,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             listen: loopback,
             servers: vec![(SERVER_ID, server_addr)],
             previous_devices: Vec::new(),
+            follow: None,
             log: Some(LogOptions {
                 path: dir.path().join("device.log"),
                 slot_count: 1024,

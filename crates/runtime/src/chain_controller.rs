@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pmnet_netchain::{encode_state, Controller};
+use pmnet_proto::route::Planner;
 use pmnet_wire::netchain::control::Layout;
 
 use crate::control_plane::Leadership;
@@ -30,9 +31,22 @@ pub enum StateStore {
 impl StateStore {
     fn save(&mut self, layout: &Layout) -> Result<(), String> {
         match self {
-            StateStore::File(path) => save(path, layout)
+            StateStore::File(path) => save(path, &encode_state(layout))
                 .map_err(|error| format!("chain controller state {}: {error}", path.display())),
             StateStore::Etcd(leadership) => leadership.save(&encode_state(layout)),
+        }
+    }
+
+    /// Save the plan of the device chains (beside the chain store's state: `PATH.devices`,
+    /// or etcd's `devices/state` key).
+    fn save_devices(&mut self, plan: &[u8]) -> Result<(), String> {
+        match self {
+            StateStore::File(path) => {
+                let path = devices_state_path(path);
+                save(&path, plan)
+                    .map_err(|error| format!("device chains' plan {}: {error}", path.display()))
+            }
+            StateStore::Etcd(leadership) => leadership.save_devices(plan),
         }
     }
 
@@ -71,7 +85,10 @@ pub enum RunEnd {
 /// A running controller. See the module docs.
 #[derive(Debug)]
 pub struct ControllerRuntime {
-    controller: Controller,
+    /// The chain store's controller (`None`: device chains only).
+    controller: Option<Controller>,
+    /// The device chains' planner (`None`: the chain store only).
+    planner: Option<Planner>,
     socket: BatchSocket,
     clock: Clock,
     /// Where the layout is saved.
@@ -98,7 +115,8 @@ impl ControllerRuntime {
     /// its layout to `store`; the run ends when `signals` asks the process to stop.
     pub fn open(
         clock: Clock,
-        controller: Controller,
+        controller: Option<Controller>,
+        planner: Option<Planner>,
         listen: SocketAddr,
         store: StateStore,
         loop_options: LoopOptions,
@@ -117,8 +135,9 @@ impl ControllerRuntime {
         let board = MetricsBoard::new();
         let metrics = start_metrics(&loop_options, &board, &shutdown)?;
         Ok(ControllerRuntime {
-            described: controller.layout().epoch,
+            described: controller.as_ref().map_or(0, |c| c.layout().epoch),
             controller,
+            planner,
             socket,
             next_timeout: clock.now(),
             clock,
@@ -143,8 +162,12 @@ impl ControllerRuntime {
         self.metrics
     }
 
-    pub fn controller(&self) -> &Controller {
-        &self.controller
+    pub fn controller(&self) -> Option<&Controller> {
+        self.controller.as_ref()
+    }
+
+    pub fn planner(&self) -> Option<&Planner> {
+        self.planner.as_ref()
     }
 
     /// Run until the process is asked to stop, saving the state fails, or (etcd) this
@@ -192,89 +215,57 @@ impl ControllerRuntime {
         if !self.leads() {
             return;
         }
-        if let Some(layout) = self.controller.poll_save() {
-            if let Err(why) = self.store.save(&layout) {
-                match self.store {
-                    StateStore::Etcd(_) => self.lost = Some(why),
-                    StateStore::File(_) => self.failed = Some(why),
-                }
-                self.shutdown.request();
-                return;
+        let mut saved = Ok(());
+        if let Some(layout) = self.controller.as_mut().and_then(Controller::poll_save) {
+            saved = self.store.save(&layout);
+        }
+        if saved.is_ok() {
+            if let Some(plan) = self.planner.as_mut().and_then(Planner::poll_save) {
+                saved = self.store.save_devices(&plan);
             }
         }
-        while let Some(transmit) = self.controller.poll_transmit() {
-            self.socket.enqueue(transmit);
+        if let Err(why) = saved {
+            match self.store {
+                StateStore::Etcd(_) => self.lost = Some(why),
+                StateStore::File(_) => self.failed = Some(why),
+            }
+            self.shutdown.request();
+            return;
+        }
+        if let Some(controller) = self.controller.as_mut() {
+            while let Some(transmit) = controller.poll_transmit() {
+                self.socket.enqueue(transmit);
+            }
+        }
+        if let Some(planner) = self.planner.as_mut() {
+            while let Some(transmit) = planner.poll_transmit() {
+                self.socket.enqueue(transmit);
+            }
+            while let Some(event) = planner.poll_event() {
+                println!("{event}");
+            }
         }
         self.socket.flush();
         // What changed, in words (`member … suspected / removed / copying / joined`), then
         // the configuration it made.
-        while let Some(event) = self.controller.poll_event() {
-            println!("{event}");
+        if let Some(controller) = self.controller.as_mut() {
+            while let Some(event) = controller.poll_event() {
+                println!("{event}");
+            }
+            if controller.layout().epoch != self.described {
+                self.described = controller.layout().epoch;
+                describe(controller.layout());
+            }
         }
-        if self.controller.layout().epoch != self.described {
-            self.described = self.controller.layout().epoch;
-            describe(self.controller.layout());
-        }
+        let _ = std::io::Write::flush(&mut std::io::stdout());
     }
 }
 
-impl Node for ControllerRuntime {
-    fn turn(&mut self, ready: Ready<'_>) -> Turn {
-        let mut turn = Turn::default();
-        if self.signals.is_requested() {
-            self.shutdown.request();
-        }
-        // (Whether it still leads is checked where it matters: before it saves or sends.)
-        if self.failed.is_some() || self.lost.is_some() {
-            return turn;
-        }
-        if ready.is_readable(0) {
-            let count = self.socket.receive_batch();
-            turn.busy = count > 0;
-            turn.more = count == BATCH_LEN;
-            let now = self.clock.now();
-            for index in 0..count {
-                if let Some((from, datagram)) = self.socket.received(index) {
-                    self.controller.handle(now, from, datagram);
-                }
-            }
-        }
+impl ControllerRuntime {
+    fn chain_store_status(&self, controller: &Controller) -> serde_json::Value {
+        let layout = controller.layout();
         let now = self.clock.now();
-        if self.next_timeout <= now {
-            self.controller.handle_timeout(now);
-            self.next_timeout = self.controller.poll_timeout(now);
-        }
-        self.save_and_send();
-        turn
-    }
-
-    fn wait_fds(&self, fds: &mut Vec<PollFd>) {
-        fds.push(PollFd::new(
-            self.socket.raw_fd(),
-            true,
-            self.socket.is_write_blocked(),
-        ));
-    }
-
-    fn next_timer(&self) -> Option<Duration> {
-        Some(self.clock.until(self.next_timeout))
-    }
-
-    fn queued_len(&self) -> usize {
-        self.socket.queued_len()
-    }
-
-    fn flush(&mut self) {
-        self.socket.flush();
-    }
-
-    /// The plan (`pmnet status`): each group's chain, head first, with a joining member and
-    /// its phase; each member as the controller sees it; the counters.
-    fn status(&self) -> Option<serde_json::Value> {
-        let layout = self.controller.layout();
-        let now = self.clock.now();
-        let members: Vec<serde_json::Value> = self
-            .controller
+        let members: Vec<serde_json::Value> = controller
             .member_states(now)
             .into_iter()
             .map(|member| {
@@ -311,8 +302,8 @@ impl Node for ControllerRuntime {
                 })
             })
             .collect();
-        let counters = self.controller.counters();
-        Some(serde_json::json!({
+        let counters = controller.counters();
+        serde_json::json!({
             "pmnet_status": 1,
             "role": "chain-controller",
             "listen": self.socket.local_addr().to_string(),
@@ -330,87 +321,104 @@ impl Node for ControllerRuntime {
                 "recoveries_started": counters.recoveries_started,
                 "recoveries_done": counters.recoveries_done,
                 "recoveries_aborted": counters.recoveries_aborted,
-                "dropped": self.controller.drops().values().sum::<u64>(),
+                "dropped": controller.drops().values().sum::<u64>(),
             },
-        }))
+        })
+    }
+}
+
+impl Node for ControllerRuntime {
+    fn turn(&mut self, ready: Ready<'_>) -> Turn {
+        let mut turn = Turn::default();
+        if self.signals.is_requested() {
+            self.shutdown.request();
+        }
+        // (Whether it still leads is checked where it matters: before it saves or sends.)
+        if self.failed.is_some() || self.lost.is_some() {
+            return turn;
+        }
+        if ready.is_readable(0) {
+            let count = self.socket.receive_batch();
+            turn.busy = count > 0;
+            turn.more = count == BATCH_LEN;
+            let now = self.clock.now();
+            for index in 0..count {
+                if let Some((from, datagram)) = self.socket.received(index) {
+                    let status = datagram.get(pmnet_wire::field::TYPE)
+                        == Some(&pmnet_wire::route::NODE_STATUS);
+                    match (status, self.planner.as_mut(), self.controller.as_mut()) {
+                        (true, Some(planner), _) | (false, Some(planner), None) => {
+                            planner.handle(now, from, datagram)
+                        }
+                        (_, _, Some(controller)) => controller.handle(now, from, datagram),
+                        (_, None, None) => {}
+                    }
+                }
+            }
+        }
+        let now = self.clock.now();
+        if self.next_timeout <= now {
+            let mut next = now + Duration::from_secs(1);
+            if let Some(controller) = self.controller.as_mut() {
+                controller.handle_timeout(now);
+                next = next.min(controller.poll_timeout(now));
+            }
+            if let Some(planner) = self.planner.as_mut() {
+                planner.handle_timeout(now);
+                next = next.min(planner.poll_timeout(now));
+            }
+            self.next_timeout = next;
+        }
+        self.save_and_send();
+        turn
+    }
+
+    fn wait_fds(&self, fds: &mut Vec<PollFd>) {
+        fds.push(PollFd::new(
+            self.socket.raw_fd(),
+            true,
+            self.socket.is_write_blocked(),
+        ));
+    }
+
+    fn next_timer(&self) -> Option<Duration> {
+        Some(self.clock.until(self.next_timeout))
+    }
+
+    fn queued_len(&self) -> usize {
+        self.socket.queued_len()
+    }
+
+    fn flush(&mut self) {
+        self.socket.flush();
+    }
+
+    /// The plan (`pmnet status`): each group's chain, head first, with a joining member and
+    /// its phase; each member as the controller sees it; the counters.
+    fn status(&self) -> Option<serde_json::Value> {
+        let mut status = match self.controller.as_ref() {
+            Some(controller) => self.chain_store_status(controller),
+            None => serde_json::json!({
+                "pmnet_status": 1,
+                "role": "controller",
+                "listen": self.socket.local_addr().to_string(),
+                "medium": self.store.describe(),
+            }),
+        };
+        if let Some(planner) = self.planner.as_ref() {
+            status["device_chains"] =
+                crate::route_status::planner_status(planner, self.clock.now());
+        }
+        Some(status)
     }
 
     fn metrics(&self) -> Metrics {
         let mut out = Metrics::new();
-        let counters = self.controller.counters();
-        for (name, help, value) in [
-            (
-                "pmnet_chain_controller_statuses_total",
-                "Members' statuses received.",
-                counters.statuses,
-            ),
-            (
-                "pmnet_chain_controller_grants_total",
-                "Leases granted (renewed) to members.",
-                counters.grants,
-            ),
-            (
-                "pmnet_chain_controller_configs_sent_total",
-                "Configurations sent to members.",
-                counters.configs_sent,
-            ),
-            (
-                "pmnet_chain_controller_fetches_answered_total",
-                "Clients' requests for the configuration answered.",
-                counters.fetches_answered,
-            ),
-            (
-                "pmnet_chain_controller_fetches_refused_total",
-                "Clients' requests for the configuration refused.",
-                counters.fetches_refused,
-            ),
-            (
-                "pmnet_chain_controller_suspected_total",
-                "Members suspected (no status for --suspect-after-ms).",
-                counters.suspected,
-            ),
-            (
-                "pmnet_chain_controller_removed_total",
-                "Members taken out of their chains.",
-                counters.removed,
-            ),
-            (
-                "pmnet_chain_controller_recoveries_started_total",
-                "Members brought into a chain (copies started).",
-                counters.recoveries_started,
-            ),
-            (
-                "pmnet_chain_controller_recoveries_done_total",
-                "Copies to a joining member finished.",
-                counters.recoveries_done,
-            ),
-            (
-                "pmnet_chain_controller_recoveries_aborted_total",
-                "Copies to a joining member abandoned.",
-                counters.recoveries_aborted,
-            ),
-        ] {
-            out.counter(name, help, &[], value);
+        if let Some(controller) = self.controller.as_ref() {
+            chain_store_metrics(&mut out, controller);
         }
-        out.gauge(
-            "pmnet_chain_controller_epoch",
-            "The configuration's epoch.",
-            &[],
-            self.controller.layout().epoch as f64,
-        );
-        out.gauge(
-            "pmnet_chain_controller_members",
-            "Members known (in chains and spares).",
-            &[],
-            self.controller.layout().members.len() as f64,
-        );
-        for (reason, value) in self.controller.drops() {
-            out.counter(
-                "pmnet_chain_controller_dropped_total",
-                "Datagrams the controller dropped, by reason.",
-                &[("reason", reason)],
-                *value,
-            );
+        if let Some(planner) = self.planner.as_ref() {
+            crate::route_status::planner_metrics(&mut out, planner);
         }
         socket_metrics(&mut out, "controller", self.socket.counters());
         out.add_process_metrics();
@@ -418,33 +426,15 @@ impl Node for ControllerRuntime {
     }
 
     fn report_line(&self) -> String {
-        let counters = self.controller.counters();
-        let dropped: u64 = self.controller.drops().values().sum();
-        let reasons: Vec<String> = self
-            .controller
-            .drops()
-            .iter()
-            .map(|(reason, count)| format!("{reason} {count}"))
-            .collect();
-        let dropped = if reasons.is_empty() {
-            dropped.to_string()
-        } else {
-            format!("{dropped} ({})", reasons.join(", "))
-        };
-        format!(
-            "chain-controller: epoch {}; {} statuses, {} grants, {} configurations sent, {} \
-             members suspected, {} taken out, {} recoveries done ({} aborted), {} dropped; {}",
-            self.controller.layout().epoch,
-            counters.statuses,
-            counters.grants,
-            counters.configs_sent,
-            counters.suspected,
-            counters.removed,
-            counters.recoveries_done,
-            counters.recoveries_aborted,
-            dropped,
-            socket_digest(self.socket.counters())
-        )
+        let mut parts = Vec::new();
+        if let Some(controller) = self.controller.as_ref() {
+            parts.push(chain_store_report(controller));
+        }
+        if let Some(planner) = self.planner.as_ref() {
+            parts.push(crate::route_status::planner_report(planner));
+        }
+        parts.push(socket_digest(self.socket.counters()));
+        parts.join("; ")
     }
 
     fn kind(&self) -> &'static str {
@@ -454,6 +444,114 @@ impl Node for ControllerRuntime {
     fn loop_counters(&mut self) -> &mut LoopCounters {
         &mut self.event_loop
     }
+}
+
+/// The chain store's controller's metrics.
+fn chain_store_metrics(out: &mut Metrics, controller: &Controller) {
+    let counters = controller.counters();
+    for (name, help, value) in [
+        (
+            "pmnet_chain_controller_statuses_total",
+            "Members' statuses received.",
+            counters.statuses,
+        ),
+        (
+            "pmnet_chain_controller_grants_total",
+            "Leases granted (renewed) to members.",
+            counters.grants,
+        ),
+        (
+            "pmnet_chain_controller_configs_sent_total",
+            "Configurations sent to members.",
+            counters.configs_sent,
+        ),
+        (
+            "pmnet_chain_controller_fetches_answered_total",
+            "Clients' requests for the configuration answered.",
+            counters.fetches_answered,
+        ),
+        (
+            "pmnet_chain_controller_fetches_refused_total",
+            "Clients' requests for the configuration refused.",
+            counters.fetches_refused,
+        ),
+        (
+            "pmnet_chain_controller_suspected_total",
+            "Members suspected (no status for --suspect-after-ms).",
+            counters.suspected,
+        ),
+        (
+            "pmnet_chain_controller_removed_total",
+            "Members taken out of their chains.",
+            counters.removed,
+        ),
+        (
+            "pmnet_chain_controller_recoveries_started_total",
+            "Members brought into a chain (copies started).",
+            counters.recoveries_started,
+        ),
+        (
+            "pmnet_chain_controller_recoveries_done_total",
+            "Copies to a joining member finished.",
+            counters.recoveries_done,
+        ),
+        (
+            "pmnet_chain_controller_recoveries_aborted_total",
+            "Copies to a joining member abandoned.",
+            counters.recoveries_aborted,
+        ),
+    ] {
+        out.counter(name, help, &[], value);
+    }
+    out.gauge(
+        "pmnet_chain_controller_epoch",
+        "The configuration's epoch.",
+        &[],
+        controller.layout().epoch as f64,
+    );
+    out.gauge(
+        "pmnet_chain_controller_members",
+        "Members known (in chains and spares).",
+        &[],
+        controller.layout().members.len() as f64,
+    );
+    for (reason, value) in controller.drops() {
+        out.counter(
+            "pmnet_chain_controller_dropped_total",
+            "Datagrams the controller dropped, by reason.",
+            &[("reason", reason)],
+            *value,
+        );
+    }
+}
+
+/// The chain store's controller's part of the report line.
+fn chain_store_report(controller: &Controller) -> String {
+    let counters = controller.counters();
+    let dropped: u64 = controller.drops().values().sum();
+    let reasons: Vec<String> = controller
+        .drops()
+        .iter()
+        .map(|(reason, count)| format!("{reason} {count}"))
+        .collect();
+    let dropped = if reasons.is_empty() {
+        dropped.to_string()
+    } else {
+        format!("{dropped} ({})", reasons.join(", "))
+    };
+    format!(
+        "chain-controller: epoch {}; {} statuses, {} grants, {} configurations sent, {} \
+             members suspected, {} taken out, {} recoveries done ({} aborted), {} dropped",
+        controller.layout().epoch,
+        counters.statuses,
+        counters.grants,
+        counters.configs_sent,
+        counters.suspected,
+        counters.removed,
+        counters.recoveries_done,
+        counters.recoveries_aborted,
+        dropped,
+    )
 }
 
 /// One line per epoch: each group's chain (head first), paused and joining groups marked.
@@ -489,15 +587,14 @@ pub fn describe(layout: &Layout) {
 
 /// Save `layout` so that a crash leaves the old state or the new one, whole: written to a new
 /// file, fsynced, renamed over the old one, the directory fsynced.
-fn save(path: &Path, layout: &Layout) -> std::io::Result<()> {
+fn save(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
-    let bytes = encode_state(layout);
     let mut temporary = path.as_os_str().to_owned();
     temporary.push(".new");
     let temporary = PathBuf::from(temporary);
     {
         let mut file = std::fs::File::create(&temporary)?;
-        file.write_all(&bytes)?;
+        file.write_all(bytes)?;
         file.sync_all()?;
     }
     std::fs::rename(&temporary, path)?;
@@ -506,4 +603,11 @@ fn save(path: &Path, layout: &Layout) -> std::io::Result<()> {
         .filter(|parent| !parent.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     std::fs::File::open(directory)?.sync_all()
+}
+
+/// Where a controller with a state file keeps the device chains' plan: beside it.
+pub fn devices_state_path(state: &Path) -> PathBuf {
+    let mut path = state.as_os_str().to_owned();
+    path.push(".devices");
+    PathBuf::from(path)
 }

@@ -49,6 +49,9 @@ pub struct SessionOptions {
     /// Fan-out replication: devices besides `peer` every update goes to at once
     /// (`ClientConfig::fan_out`).
     pub fan_out: Vec<SocketAddr>,
+    /// The controllers of the chain that starts at `peer` (`ClientConfig::controllers`):
+    /// asked where it starts when updates go unanswered, and followed.
+    pub controllers: Vec<SocketAddr>,
 }
 
 impl SessionOptions {
@@ -70,6 +73,7 @@ impl SessionOptions {
             peer_role: SessionOptions::DEVICE_PEER,
             replicas: 1,
             fan_out: Vec::new(),
+            controllers: Vec::new(),
         }
     }
 
@@ -133,6 +137,7 @@ impl ClientSession {
             ClientConfig::new(session_id, options.server_id, options.steer(session_id));
         config.auth = options.keys.clone().map(pmnet_auth::Authenticator::new);
         config.fan_out = options.fan_out.clone();
+        config.controllers = options.controllers.clone();
         if let Some(lifetime) = options.request_lifetime {
             config.request_lifetime = lifetime;
         }

@@ -51,6 +51,11 @@ impl EtcdPlane {
         format!("{}/chain/state", self.prefix).into_bytes()
     }
 
+    /// The device chains' plan (docs/replication.md, "Automatic failover").
+    pub fn devices_key(&self) -> Vec<u8> {
+        format!("{}/devices/state", self.prefix).into_bytes()
+    }
+
     pub fn connect(&self) -> Result<Etcd, EtcdError> {
         Etcd::connect(&self.endpoints, self.timeout)
     }
@@ -233,12 +238,31 @@ impl Leadership {
 
     /// Save `bytes` as the state, fenced by this controller's leadership.
     pub fn save(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let key = self.plane.state_key();
+        self.save_at(&key, bytes)
+    }
+
+    /// Save the device chains' plan, as [`Leadership::save`] saves the chain store's state.
+    pub fn save_devices(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let key = self.plane.devices_key();
+        self.save_at(&key, bytes)
+    }
+
+    /// The device chains' plan saved last, if any.
+    pub fn load_devices(&mut self) -> Result<Option<Vec<u8>>, String> {
+        let key = self.plane.devices_key();
+        self.etcd
+            .get(&key)
+            .map(|entry| entry.map(|entry| entry.value))
+            .map_err(|error| error.0)
+    }
+
+    fn save_at(&mut self, state: &[u8], bytes: &[u8]) -> Result<(), String> {
         self.check(self.clock.now())?;
-        let state = self.plane.state_key();
         let leader = self.plane.leader_key();
         match self
             .etcd
-            .put_if_created(&leader, self.guard_revision, &state, bytes, 0)
+            .put_if_created(&leader, self.guard_revision, state, bytes, 0)
         {
             Ok(true) => Ok(()),
             Ok(false) => {

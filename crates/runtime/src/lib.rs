@@ -60,6 +60,7 @@ pub mod metrics;
 mod peer_book;
 mod peers;
 mod relay;
+mod route_status;
 mod server;
 mod shutdown;
 pub mod trace;

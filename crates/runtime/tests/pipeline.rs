@@ -44,6 +44,7 @@ fn a_counter_in_front_of_the_log_answers_its_type_and_the_log_still_acks() {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         servers: vec![(1, server.local_addr().unwrap())],
         previous_devices: Vec::new(),
+        follow: None,
         log: Some(LogOptions {
             path: dir.path().join("device.log"),
             slot_count: 64,

@@ -228,6 +228,7 @@ fn server_options(
         },
         keys: None,
         max_ops_per_s: None,
+        follow: None,
     }
 }
 

@@ -154,6 +154,7 @@ fn start_forwarder(
                     listen: loopback,
                     servers: vec![(server_id, sink)],
                     previous_devices: Vec::new(),
+                    follow: None,
                     log: None,
                     forward_listen: Some(loopback),
                     echo_listen: Some(loopback),

@@ -336,6 +336,7 @@ pub(super) fn start_server_at(
         loop_options: loop_options(config, config.server_cpu),
         keys: config.keys.clone(),
         max_ops_per_s: config.server_max_ops_per_s,
+        follow: None,
     };
     let (server_tx, server_rx) = mpsc::channel();
     let server_shutdown = shutdown.clone();
@@ -432,6 +433,7 @@ pub(super) fn start_device(
         listen: place.listen,
         servers: servers.to_vec(),
         previous_devices: place.previous_devices,
+        follow: None,
         log: Some(LogOptions {
             path: log_path,
             slot_count: config.slots,

@@ -348,7 +348,7 @@ impl Server {
         self.send_fill_queries(session_id);
     }
 
-    fn send_fill_queries(&mut self, session_id: u64) {
+    pub(super) fn send_fill_queries(&mut self, session_id: u64) {
         let server_id = self.config.server_id;
         let Some(session) = self.table.sessions.get(&session_id) else {
             return;

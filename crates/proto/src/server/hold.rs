@@ -159,6 +159,32 @@ impl Holds {
         }
     }
 
+    /// The devices are now `devices` (the controller's route moved the chain's last device):
+    /// a round waiting for a device no longer asked is dropped and its sessions asked about
+    /// again, of the devices as they are now.
+    pub(super) fn replace_devices(&mut self, now: Time, devices: &[SocketAddr]) {
+        let gone: Vec<SocketAddr> = self
+            .devices
+            .iter()
+            .filter(|device| !devices.contains(device))
+            .copied()
+            .collect();
+        self.devices = devices.to_vec();
+        let stale: Vec<u32> = self
+            .rounds
+            .iter()
+            .filter(|(_, round)| gone.iter().any(|device| round.awaiting.contains(device)))
+            .map(|(number, _)| *number)
+            .collect();
+        for number in stale {
+            if let Some(round) = self.rounds.remove(&number) {
+                for session_id in round.sessions {
+                    self.want(now, session_id);
+                }
+            }
+        }
+    }
+
     /// When the next round is due.
     pub(super) fn poll_timeout(&self) -> Option<Time> {
         self.round_at

@@ -3,6 +3,7 @@
 //! requests the store has no room for yet, and the recovery poll at start-up.
 
 mod apply;
+mod devices;
 mod forward_log;
 mod gap;
 mod hold;
@@ -214,6 +215,8 @@ pub const WAITS_FOR_ROOM: &str = "the last acknowledged write this read must see
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServerCounters {
     pub request_fragments_received: u64,
+    /// Routes taken from the controllers (the chain's last device moved).
+    pub routes_taken: u64,
     /// Hold queries sent to devices, and the answers taken (`hold.rs`).
     pub hold_queries_sent: u64,
     pub hold_replies: u64,
@@ -707,8 +710,16 @@ impl Server {
             }
             PacketType::Reserved(pmnet_wire::route::ROUTE) if self.follower.is_some() => {
                 let follower = self.follower.as_mut().expect("checked");
-                if let Err(reason) = follower.on_route(from, &header, payload) {
-                    self.count_drop(reason);
+                match follower.on_route(from, &header, payload) {
+                    Err(reason) => self.count_drop(reason),
+                    Ok(false) => {}
+                    Ok(true) => {
+                        // The chain's last device is the one this server asks.
+                        if let Some(route) = follower.take_route() {
+                            self.counters.routes_taken += 1;
+                            self.replace_devices(now, vec![route.chain.last().1]);
+                        }
+                    }
                 }
             }
             PacketType::FillReply if self.is_device(from) => {
@@ -1229,12 +1240,6 @@ impl Server {
             auth.seal(&mut transmit.bytes);
         }
         Some(transmit)
-    }
-
-    /// The controllers' route, once taken: the server's owner restarts it in place with the
-    /// chain's last device as its device.
-    pub fn take_route(&mut self) -> Option<pmnet_wire::route::Route> {
-        self.follower.as_mut()?.take_route()
     }
 
     /// What following the controllers counted (`None`: no controller).

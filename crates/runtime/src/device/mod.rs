@@ -7,6 +7,7 @@
 mod datapath;
 mod metrics;
 mod open;
+mod route;
 pub(crate) use open::log_file_error;
 mod workers;
 
@@ -29,7 +30,7 @@ use crate::wait::Clock;
 use crate::wait::PollFd;
 use crate::{start_metrics, LoopOptions, MetricsBoard, RuntimeError, Shutdown};
 use datapath::DataPath;
-use open::{bind_sockets, check_servers, open_device_log};
+use open::{bind_sockets, check_follow, check_servers, open_device_log};
 
 /// Echoed datagrams waiting to be sent at most.
 pub const ECHO_MAX_QUEUED: usize = 4096;
@@ -59,6 +60,9 @@ pub struct DeviceOptions {
     /// The devices before this one in chains, by server id: fill queries are passed on to
     /// them (`pmnet_proto::DeviceConfig::previous_devices`).
     pub previous_devices: Vec<(u16, SocketAddr)>,
+    /// Follow the controllers (`--controller`): statuses to them, their routes taken by a
+    /// restart in place (`route.rs`). `None`: no controller.
+    pub follow: Option<pmnet_proto::route::FollowerConfig>,
     /// The log; `None` runs the device with logging off (a plain switch: nothing is acked).
     pub log: Option<LogOptions>,
     /// A second port that forwards to the same servers without logging, to measure the
@@ -211,6 +215,10 @@ pub struct DeviceRuntime {
     drop_metrics: (&'static str, &'static str),
     /// What the process is: "device", or the function it serves as (`serve_as`).
     role: &'static str,
+    /// Why the loop stopped on an error of its own (a restart in place that failed).
+    failed: Option<String>,
+    /// Restarts in place for the controllers' routes (`route.rs`).
+    restarts_in_place: u64,
 }
 
 /// A function of a device's pipeline, in front of its log, and the region it persists on, if
@@ -287,6 +295,9 @@ impl DeviceRuntime {
         if !options.servers.is_empty() || options.log.is_some() {
             check_servers(&options)?;
         }
+        if options.follow.is_some() {
+            check_follow(&options, fronts.len())?;
+        }
         let sockets = bind_sockets(&options)?;
         let clock = Clock::new();
         let now = clock.now();
@@ -301,20 +312,7 @@ impl DeviceRuntime {
         }
         let (device, log) = match log {
             Some((log, entries)) => {
-                let mut config = DeviceConfig::new(
-                    options.device_id,
-                    options.servers.clone(),
-                    log.slot_count(),
-                    log.max_packet_len(),
-                );
-                config.previous_devices = options.previous_devices.clone();
-                if let Some(window) = options.max_resends_in_flight {
-                    config.resends_in_flight_max = window;
-                }
-                if let Some(timeout) = options.resend_timeout {
-                    config.resend_timeout = timeout;
-                    config.resend_timeout_max = config.resend_timeout_max.max(timeout);
-                }
+                let config = open::log_device_config(&options, &log);
                 (Device::new(config, now, entries), Some(log))
             }
             None => (
@@ -339,21 +337,7 @@ impl DeviceRuntime {
             echo: sockets.echo.as_ref().map(BatchSocket::local_addr),
             metrics,
         };
-        let auth = options.keys.clone().map(pmnet_proto::Authenticator::new);
-        // Without keys: say so, at most once a minute, while other hosts send to it.
-        let mut pipeline = DevicePipeline::with_fronts(fronts, device)
-            .with_auth(auth)
-            .with_plain_traffic_warnings(options.keys.is_none());
-        if options.batch {
-            let servers: Vec<SocketAddr> = options.servers.iter().map(|(_, addr)| *addr).collect();
-            pipeline = pipeline
-                .with_batching(
-                    &servers,
-                    pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN,
-                    options.device_id,
-                )
-                .with_batch_hold(options.batch_hold);
-        }
+        let pipeline = open::make_pipeline(&options, fronts, device);
         let server_addrs: Vec<SocketAddr> = options.servers.iter().map(|(_, addr)| *addr).collect();
         let servers = PeerWatch::new(
             "server",
@@ -430,6 +414,8 @@ impl DeviceRuntime {
                 "pmnet_device_dropped_all_total",
             ),
             role: "device",
+            failed: None,
+            restarts_in_place: 0,
         };
         // Recovered entries are resent to their servers right away, and rejected slots freed.
         runtime.drain();
@@ -495,7 +481,16 @@ impl DeviceRuntime {
         let settings = LoopSettings::from(&self.options.loop_options);
         let board = self.addresses.metrics.map(|_| self.board.clone());
         let shutdown = self.shutdown.clone();
-        run_loop(self, settings, board.as_ref(), &shutdown)
+        run_loop(self, settings, board.as_ref(), &shutdown)?;
+        match self.failed.take() {
+            Some(why) => Err(RuntimeError::Config(why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Restarts in place for the controllers' routes so far.
+    pub fn restarts_in_place(&self) -> u64 {
+        self.restarts_in_place
     }
 
     /// One turn of the loop: receive a batch on every socket, handle it, fire due timers,
@@ -613,6 +608,7 @@ impl DeviceRuntime {
             }
         }
         self.drain();
+        self.follow_route();
         turn
     }
 
@@ -810,6 +806,7 @@ mod tests {
             listen,
             servers,
             previous_devices: Vec::new(),
+            follow: None,
             log: None,
             forward_listen: None,
             echo_listen: None,

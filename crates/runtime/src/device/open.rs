@@ -269,3 +269,70 @@ mod tests {
         assert!(!reaches(addr("[::1]:7400"), addr("0.0.0.0:7400")));
     }
 }
+
+/// The state machine's settings for a device that logs in `log`.
+pub(super) fn log_device_config(
+    options: &DeviceOptions,
+    log: &PmLog<MmapRegion>,
+) -> pmnet_proto::DeviceConfig {
+    let mut config = pmnet_proto::DeviceConfig::new(
+        options.device_id,
+        options.servers.clone(),
+        log.slot_count(),
+        log.max_packet_len(),
+    );
+    config.previous_devices = options.previous_devices.clone();
+    config.follow = options.follow.clone();
+    if let Some(window) = options.max_resends_in_flight {
+        config.resends_in_flight_max = window;
+    }
+    if let Some(timeout) = options.resend_timeout {
+        config.resend_timeout = timeout;
+        config.resend_timeout_max = config.resend_timeout_max.max(timeout);
+    }
+    config
+}
+
+/// The device's pipeline: `fronts` in front of `device`, every datagram verified and sealed
+/// with the keys, batches to the servers when asked for.
+pub(super) fn make_pipeline(
+    options: &DeviceOptions,
+    fronts: Vec<Box<dyn pmnet_proto::FrontFunction>>,
+    device: pmnet_proto::Device,
+) -> pmnet_proto::DevicePipeline {
+    let auth = options.keys.clone().map(pmnet_proto::Authenticator::new);
+    // Without keys: say so, at most once a minute, while other hosts send to it.
+    let mut pipeline = pmnet_proto::DevicePipeline::with_fronts(fronts, device)
+        .with_auth(auth)
+        .with_plain_traffic_warnings(options.keys.is_none());
+    if options.batch {
+        let servers: Vec<SocketAddr> = options.servers.iter().map(|(_, addr)| *addr).collect();
+        pipeline = pipeline
+            .with_batching(
+                &servers,
+                pmnet_wire::DEFAULT_MAX_DATAGRAM_LEN,
+                options.device_id,
+            )
+            .with_batch_hold(options.batch_hold);
+    }
+    pipeline
+}
+
+/// A device that follows a controller: one server (its chain's), a log, no function in
+/// front of it (a restart in place rebuilds the log's state machine alone).
+pub(super) fn check_follow(options: &DeviceOptions, fronts: usize) -> Result<(), RuntimeError> {
+    let why = if options.servers.len() != 1 {
+        "one --server (the next device of its chain, or the chain's server)"
+    } else if options.log.is_none() {
+        "a log"
+    } else if fronts > 0 {
+        "no other function (no --cache, chain store or memory node)"
+    } else if options.xdp.is_some() {
+        "the UDP socket (no --xdp)"
+    } else {
+        return Ok(());
+    };
+    Err(RuntimeError::Config(format!(
+        "--controller: a device that follows a controller takes {why}"
+    )))
+}

@@ -83,6 +83,7 @@ mod tests {
             listen: "127.0.0.1:7400".parse().unwrap(),
             servers: vec![(1, "127.0.0.1:7500".parse().unwrap())],
             previous_devices: Vec::new(),
+            follow: None,
             log: Some(super::super::LogOptions {
                 path: PathBuf::from("/dev/shm/d.log"),
                 slot_count: 64,

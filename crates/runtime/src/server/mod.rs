@@ -71,6 +71,9 @@ pub struct ServerOptions {
     /// leaving the rest in the kernel's socket buffer (`None`: no limit). See
     /// [`TokenBucket`].
     pub max_ops_per_s: Option<u64>,
+    /// Follow the controllers (`--controller`): statuses to them, their routes taken (the
+    /// chain's last device becomes the one this server asks). `None`: no controller.
+    pub follow: Option<pmnet_proto::route::FollowerConfig>,
 }
 
 /// What the server found when it started.

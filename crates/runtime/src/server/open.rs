@@ -262,6 +262,7 @@ impl ServerRuntime {
         config.auth = options.keys.clone().map(pmnet_auth::Authenticator::new);
         config.replicas = options.replicas.clone();
         config.boot_nonce = rand::random();
+        config.follow = options.follow.clone();
         if let Some(gap_fill_after) = options.gap_fill_after {
             config.gap_fill_after = gap_fill_after;
         }

@@ -29,6 +29,7 @@ fn start(
         },
         keys: None,
         max_ops_per_s: None,
+        follow: None,
     };
     let shutdown = Shutdown::new();
     let server_shutdown = shutdown.clone();
@@ -119,6 +120,7 @@ fn cache_reads_pay_for_an_emulated_capacity_as_requests_do() {
         },
         keys: None,
         max_ops_per_s: Some(1_000_000),
+        follow: None,
     };
     let shutdown = Shutdown::new();
     let server_shutdown = shutdown.clone();

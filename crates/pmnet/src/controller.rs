@@ -299,8 +299,23 @@ pub fn run(args: ControllerArgs) -> Result<ExitCode, CliError> {
             plan,
             &runtime,
             &format!(
-                "{etcd_text}, key {state_key} (saved in a transaction fenced by the leadership \
-                 before any epoch is sent)"
+                "{etcd_text}, {} (saved in a transaction fenced by the leadership before any \
+                 epoch is sent)",
+                [
+                    runtime
+                        .controller()
+                        .map(|_| format!("chain store in key {state_key}")),
+                    runtime.planner().map(|_| {
+                        format!(
+                            "device chains in key {}",
+                            String::from_utf8_lossy(&plane.devices_key())
+                        )
+                    }),
+                ]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(", ")
             ),
             &traffic,
         );

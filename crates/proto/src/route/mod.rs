@@ -76,7 +76,6 @@ pub struct FollowerCounters {
 #[derive(Debug)]
 pub struct Follower {
     config: FollowerConfig,
-    started: Time,
     next_status: Time,
     /// A client asks only while this is set (its requests go unanswered).
     asking: bool,
@@ -94,7 +93,6 @@ impl Follower {
         );
         Follower {
             config,
-            started: now,
             next_status: now,
             asking: false,
             taken: None,
@@ -174,8 +172,9 @@ impl Follower {
             role: self.config.role,
             boot: self.config.boot,
             epoch: self.config.epoch,
-            // Milliseconds since the start, plus one: rising within a boot.
-            stamp: (now - self.started).as_millis() as u64 + 1,
+            // The owner's clock in milliseconds, plus one: rising within a boot (a restart in
+            // place keeps the clock).
+            stamp: now.as_nanos() / 1_000_000 + 1,
         };
         let header = Header {
             device_id: self.config.device_id,

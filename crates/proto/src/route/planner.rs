@@ -24,6 +24,10 @@ pub const CHAINS_MAX: usize = 64;
 const CLIENT_ROUTES_PER_SECOND: u32 = 1000;
 /// Version of the saved plan's encoding.
 const STATE_VERSION: u8 = 1;
+/// A device not heard at all since the planner started (the controller's start, or a new
+/// leader's) is suspected only after this long at least: the nodes of a chain may start after
+/// their controller.
+pub const START_GRACE: Duration = Duration::from_secs(5);
 
 /// One chain as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +135,9 @@ struct View {
 struct Chain {
     server_id: u16,
     route: ChainRoute,
+    /// Devices the chain is meant to have (as configured): a heard spare is put in while it
+    /// has fewer.
+    wanted: u8,
     spares: Vec<(u16, SocketAddr)>,
     removed: Vec<(u16, SocketAddr)>,
     views: BTreeMap<SocketAddr, View>,
@@ -179,7 +186,8 @@ impl Planner {
             {
                 return Err(format!("server {} has two chains", spec.server_id));
             }
-            let (route, spares, removed) = match saved_chains.remove(&spec.server_id) {
+            let configured = spec.devices.len().clamp(1, MAX_CHAIN_DEVICES) as u8;
+            let (wanted, route, spares, removed) = match saved_chains.remove(&spec.server_id) {
                 Some(saved) => saved,
                 None => {
                     let route = ChainRoute {
@@ -193,12 +201,13 @@ impl Planner {
                             spec.server_id
                         )
                     })?;
-                    (route, spec.spares.clone(), Vec::new())
+                    (configured, route, spec.spares.clone(), Vec::new())
                 }
             };
             chains.push(Chain {
                 server_id: spec.server_id,
                 route,
+                wanted,
                 spares,
                 removed,
                 views: BTreeMap::new(),
@@ -317,7 +326,20 @@ impl Planner {
                 return;
             }
         }
-        if view.is_none_or(|view| view.boot != status.boot) {
+        let new_boot = view.is_none_or(|view| view.boot != status.boot);
+        if new_boot {
+            // A device taken out that started again (its log recovered, its addresses its
+            // command line's) is a spare now.
+            if let Some(at) = chain
+                .removed
+                .iter()
+                .position(|&(id, address)| id == header.device_id && address == from)
+            {
+                let device = chain.removed.remove(at);
+                chain.spares.push(device);
+                self.epoch += 1;
+                self.save = true;
+            }
             self.events.push_back(PlannerEvent::Heard {
                 server_id: chain.server_id,
                 role: status.role,
@@ -390,25 +412,9 @@ impl Planner {
     pub fn handle_timeout(&mut self, now: Time) {
         for index in 0..self.chains.len() {
             loop {
-                let chain = &self.chains[index];
-                if chain.route.devices.len() < 2 {
+                let Some((at, silence)) = self.silent_device(index, now) else {
                     break;
-                }
-                let silent =
-                    chain
-                        .route
-                        .devices
-                        .iter()
-                        .enumerate()
-                        .find_map(|(at, &(_, address))| {
-                            let heard = chain
-                                .views
-                                .get(&address)
-                                .map_or(chain.since, |view| view.heard.max(chain.since));
-                            let silence = now - heard;
-                            (silence >= self.suspect_after).then_some((at, silence))
-                        });
-                let Some((at, silence)) = silent else { break };
+                };
                 self.epoch += 1;
                 self.save = true;
                 let chain = &mut self.chains[index];
@@ -425,17 +431,55 @@ impl Planner {
                     silent: silence,
                     epoch: self.epoch,
                 });
-                self.join_spare(index, now);
+            }
+            // A chain short of its devices takes a heard spare.
+            while usize::from(self.chains[index].wanted) > self.chains[index].route.devices.len() {
+                if !self.join_spare(index, now) {
+                    break;
+                }
             }
         }
     }
 
-    /// Put the first spare heard within the suspicion delay in before the server.
-    fn join_spare(&mut self, index: usize, now: Time) {
+    /// When a live device of chain `index` is due to be suspected: its last status plus the
+    /// suspicion delay, or, never heard since the planner started, the start plus
+    /// [`START_GRACE`] (at least the delay).
+    fn suspect_at(&self, chain: &Chain, address: SocketAddr) -> Time {
+        match chain.views.get(&address) {
+            Some(view) if view.heard >= chain.since => view.heard + self.suspect_after,
+            _ => chain.since + self.suspect_after.max(START_GRACE),
+        }
+    }
+
+    /// A device of chain `index` silent past its time (never the chain's last device), with
+    /// how long it was silent.
+    fn silent_device(&self, index: usize, now: Time) -> Option<(usize, Duration)> {
+        let chain = &self.chains[index];
+        if chain.route.devices.len() < 2 {
+            return None;
+        }
+        chain
+            .route
+            .devices
+            .iter()
+            .enumerate()
+            .find_map(|(at, &(_, address))| {
+                let due = self.suspect_at(chain, address);
+                let heard = chain
+                    .views
+                    .get(&address)
+                    .map_or(chain.since, |view| view.heard.max(chain.since));
+                (due <= now).then_some((at, now - heard))
+            })
+    }
+
+    /// Put the first spare heard within the suspicion delay in before the server (a new
+    /// epoch); `false` when there is none.
+    fn join_spare(&mut self, index: usize, now: Time) -> bool {
         let suspect_after = self.suspect_after;
         let chain = &mut self.chains[index];
         if chain.route.devices.len() >= MAX_CHAIN_DEVICES {
-            return;
+            return false;
         }
         let live = chain.spares.iter().position(|(_, address)| {
             chain
@@ -443,10 +487,12 @@ impl Planner {
                 .get(address)
                 .is_some_and(|view| now - view.heard < suspect_after)
         });
-        let Some(at) = live else { return };
+        let Some(at) = live else { return false };
         let spare = chain.spares.remove(at);
         let after = chain.route.last();
         chain.route.devices.push(spare);
+        self.epoch += 1;
+        self.save = true;
         self.counters.spares_joined += 1;
         self.events.push_back(PlannerEvent::SpareJoined {
             server_id: chain.server_id,
@@ -454,6 +500,7 @@ impl Planner {
             after,
             epoch: self.epoch,
         });
+        true
     }
 
     /// The plan to save before anything else goes out (every change, and the first start).
@@ -494,23 +541,17 @@ impl Planner {
         self.events.pop_front()
     }
 
-    /// When a live device is next due to be suspected.
+    /// When a live device is next due to be suspected (or a spare may be put in).
     pub fn poll_timeout(&self, now: Time) -> Time {
-        self.chains
-            .iter()
-            .filter(|chain| chain.route.devices.len() >= 2)
-            .flat_map(|chain| {
-                chain.route.devices.iter().map(|(_, address)| {
-                    chain
-                        .views
-                        .get(address)
-                        .map_or(chain.since, |view| view.heard.max(chain.since))
-                        + self.suspect_after
-                })
-            })
-            .min()
-            .unwrap_or(now + self.suspect_after)
-            .max(now)
+        let mut next = now + self.suspect_after;
+        for chain in &self.chains {
+            if chain.route.devices.len() >= 2 {
+                for (_, address) in &chain.route.devices {
+                    next = next.min(self.suspect_at(chain, *address));
+                }
+            }
+        }
+        next.max(now)
     }
 }
 
@@ -535,6 +576,7 @@ fn encode_plan(epoch: u64, chains: &[Chain]) -> Vec<u8> {
     for chain in chains {
         out.extend_from_slice(&chain.server_id.to_be_bytes());
         out.extend_from_slice(&encode_client_address(chain.route.server));
+        out.push(chain.wanted);
         push_devices(&mut out, &chain.route.devices);
         push_devices(&mut out, &chain.spares);
         push_devices(&mut out, &chain.removed);
@@ -542,7 +584,12 @@ fn encode_plan(epoch: u64, chains: &[Chain]) -> Vec<u8> {
     out
 }
 
-type SavedChain = (ChainRoute, Vec<(u16, SocketAddr)>, Vec<(u16, SocketAddr)>);
+type SavedChain = (
+    u8,
+    ChainRoute,
+    Vec<(u16, SocketAddr)>,
+    Vec<(u16, SocketAddr)>,
+);
 
 /// A saved plan; `None` when damaged. Never panics.
 fn decode_plan(bytes: &[u8]) -> Option<(u64, BTreeMap<u16, SavedChain>)> {
@@ -581,12 +628,13 @@ fn decode_plan(bytes: &[u8]) -> Option<(u64, BTreeMap<u16, SavedChain>)> {
     for _ in 0..count {
         let server_id = u16::from_be_bytes(reader.take(2)?.try_into().ok()?);
         let server = reader.address()?;
+        let wanted = reader.take(1)?[0];
         let devices = reader.devices()?;
         let route = ChainRoute { devices, server };
         route.check().ok()?;
         let spares = reader.devices()?;
         let removed = reader.devices()?;
-        chains.insert(server_id, (route, spares, removed));
+        chains.insert(server_id, (wanted, route, spares, removed));
     }
     reader.0.is_empty().then_some((epoch, chains))
 }

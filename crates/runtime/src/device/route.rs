@@ -56,9 +56,14 @@ impl DeviceRuntime {
             );
             return;
         }
+        let was_after = self.options.previous_devices.first().map_or_else(
+            || "the clients".to_owned(),
+            |(_, address)| address.to_string(),
+        );
         tracing::warn!(
-            "route epoch {epoch}: now after {after}, forwarding to {next} (was {current}); \
-             restarting in place: the log is recovered and what it holds replayed to {next}"
+            "route epoch {epoch}: now after {after}, forwarding to {next} (was after {was_after}, \
+             forwarding to {current}); restarting in place: the log is recovered and what it \
+             holds replayed to {next}"
         );
         self.options.servers = servers;
         self.options.previous_devices = previous_devices;

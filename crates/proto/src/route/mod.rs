@@ -15,7 +15,7 @@
 
 mod planner;
 
-pub use planner::{ChainSpec, Planner, PlannerConfig, PlannerCounters, PlannerEvent};
+pub use planner::{ChainSpec, Planner, PlannerConfig, PlannerCounters, PlannerEvent, START_GRACE};
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -221,3 +221,6 @@ pub fn device_place(
     let (_, address) = chain.devices.iter().find(|(id, _)| *id == device_id)?;
     chain.place_of(*address)
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,310 @@
+//! The planner and a follower, datagram by datagram.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pmnet_wire::route::{NodeStatus, Role, Route, NODE_STATUS, ROUTE};
+use pmnet_wire::{Header, PacketType};
+
+use super::*;
+
+fn addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([10, 0, 0, 1], port))
+}
+
+const SERVER: u16 = 9000;
+const CONTROLLER: u16 = 7700;
+
+fn planner(now: Time) -> Planner {
+    Planner::new(
+        PlannerConfig {
+            chains: vec![ChainSpec {
+                server_id: 1,
+                server: addr(SERVER),
+                devices: vec![(1, addr(1)), (2, addr(2)), (3, addr(3))],
+                spares: vec![(4, addr(4))],
+            }],
+            suspect_after: Duration::from_millis(50),
+            auth: None,
+        },
+        now,
+        None,
+    )
+    .expect("a planner")
+}
+
+fn status(role: Role, device_id: u16, boot: u64, epoch: u64, stamp: u64) -> Vec<u8> {
+    let header = Header {
+        device_id,
+        ..Header::new(PacketType::Reserved(NODE_STATUS), 1, boot, 0)
+    };
+    let mut payload = Vec::new();
+    NodeStatus {
+        role,
+        boot,
+        epoch,
+        stamp,
+    }
+    .emit(&mut payload);
+    header.encode(&payload)
+}
+
+fn ms(value: u64) -> Time {
+    Time::from_nanos(value * 1_000_000)
+}
+
+/// Every route the planner queued: (destination, route).
+fn routes(planner: &mut Planner) -> Vec<(SocketAddr, Route)> {
+    let mut out = Vec::new();
+    while let Some(transmit) = planner.poll_transmit() {
+        let (header, payload) = Header::parse(&transmit.bytes).expect("a datagram");
+        assert_eq!(header.packet_type, PacketType::Reserved(ROUTE));
+        out.push((
+            transmit.destination,
+            Route::parse(payload).expect("a route"),
+        ));
+    }
+    out
+}
+
+/// Statuses from the devices `ports` (ids = ports) and the server, at `now`.
+fn hear(planner: &mut Planner, now: Time, ports: &[u16], epoch: u64) {
+    for &port in ports {
+        let bytes = status(
+            Role::Device,
+            port,
+            u64::from(port),
+            epoch,
+            now.as_nanos() / 1_000_000,
+        );
+        planner.handle(now, addr(port), &bytes);
+    }
+    let bytes = status(Role::Server, 0, 99, epoch, now.as_nanos() / 1_000_000);
+    planner.handle(now, addr(SERVER), &bytes);
+}
+
+#[test]
+fn a_silent_device_is_taken_out_and_a_heard_spare_put_in_before_the_server() {
+    let mut planner = planner(ms(0));
+    assert!(planner.poll_save().is_some(), "the first plan is saved");
+    assert_eq!(planner.epoch(), 1);
+    // Every node runs its command line (epoch 0): each is sent epoch 1.
+    hear(&mut planner, ms(1), &[1, 2, 3, 4], 0);
+    let sent = routes(&mut planner);
+    let mut to: Vec<SocketAddr> = sent.iter().map(|(to, _)| *to).collect();
+    to.sort();
+    assert_eq!(
+        to,
+        vec![addr(1), addr(2), addr(3), addr(SERVER)],
+        "a spare is in no route"
+    );
+    // Device 2 falls silent; the others go on.
+    for at in (10..=50).step_by(10) {
+        hear(&mut planner, ms(at), &[1, 3, 4], 1);
+        planner.handle_timeout(ms(at));
+    }
+    assert_eq!(
+        planner.counters().devices_removed,
+        0,
+        "not yet: heard at 1 ms"
+    );
+    hear(&mut planner, ms(70), &[1, 3, 4], 1);
+    planner.handle_timeout(ms(70));
+    assert_eq!(planner.counters().devices_removed, 1);
+    assert_eq!(planner.counters().spares_joined, 1);
+    let events: Vec<String> = std::iter::from_fn(|| planner.poll_event())
+        .map(|event| event.to_string())
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|line| line.contains("device 2") && line.contains("removed")),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|line| line.contains("spare device 4") && line.contains("joined")),
+        "{events:?}"
+    );
+    assert!(
+        routes(&mut planner).is_empty(),
+        "nothing goes before the plan is saved"
+    );
+    let saved = planner.poll_save().expect("the change is saved");
+    let sent = routes(&mut planner);
+    let (_, route) = &sent[0];
+    assert_eq!(route.epoch, planner.epoch());
+    let chain = &route.chain;
+    assert_eq!(
+        chain.devices,
+        vec![(1, addr(1)), (3, addr(3)), (4, addr(4))]
+    );
+    assert_eq!(device_place(chain, 1), Some((addr(3), None)));
+    assert_eq!(device_place(chain, 3), Some((addr(4), Some((1, addr(1))))));
+    assert_eq!(
+        device_place(chain, 4),
+        Some((addr(SERVER), Some((3, addr(3)))))
+    );
+    assert_eq!(device_place(chain, 2), None);
+    assert_eq!(chain.last(), (4, addr(4)));
+    let mut to: Vec<SocketAddr> = sent.iter().map(|(to, _)| *to).collect();
+    to.sort();
+    assert_eq!(to, vec![addr(1), addr(3), addr(4), addr(SERVER)]);
+    // A controller that takes over starts from the saved plan.
+    let restored = Planner::new(
+        PlannerConfig {
+            chains: vec![ChainSpec {
+                server_id: 1,
+                server: addr(SERVER),
+                devices: vec![(1, addr(1)), (2, addr(2)), (3, addr(3))],
+                spares: vec![(4, addr(4))],
+            }],
+            suspect_after: Duration::from_millis(50),
+            auth: None,
+        },
+        ms(100),
+        Some(&saved),
+    )
+    .expect("restored");
+    assert_eq!(restored.epoch(), planner.epoch());
+    let (_, route, spares, removed) = restored.chains().next().expect("a chain");
+    assert_eq!(route.devices, chain.devices);
+    assert!(spares.is_empty());
+    assert_eq!(removed, &[(2, addr(2))]);
+}
+
+#[test]
+fn the_last_device_of_a_chain_is_never_taken_out_and_a_device_never_heard_has_a_grace() {
+    let mut planner = planner(ms(0));
+    planner.poll_save();
+    // Nobody heard: nothing is suspected within the start's grace.
+    planner.handle_timeout(ms(4_000));
+    assert_eq!(planner.counters().devices_removed, 0);
+    // Past it: all but one taken out, never the last.
+    planner.handle_timeout(Time::ZERO + START_GRACE + Duration::from_millis(1));
+    assert_eq!(planner.counters().devices_removed, 2);
+    let (_, route, _, _) = planner.chains().next().expect("a chain");
+    assert_eq!(route.devices.len(), 1);
+}
+
+#[test]
+fn replayed_or_foreign_statuses_change_nothing() {
+    let mut planner = planner(ms(0));
+    planner.poll_save();
+    let genuine = status(Role::Device, 2, 2, 1, 10);
+    planner.handle(ms(10), addr(2), &genuine);
+    // The same status again (a replay): dropped, the time it was heard unchanged.
+    planner.handle(ms(40), addr(2), &genuine);
+    assert_eq!(planner.drops().get("stale_data"), Some(&1));
+    // A device's status from another address, or naming another device: not believed.
+    planner.handle(ms(40), addr(5), &status(Role::Device, 2, 2, 1, 20));
+    planner.handle(ms(40), addr(2), &status(Role::Device, 3, 2, 1, 21));
+    planner.handle(ms(40), addr(3), &status(Role::Server, 0, 2, 1, 22));
+    assert_eq!(planner.drops().get("unexpected_source"), Some(&3));
+    // Garbage of every length never panics.
+    for len in 0..genuine.len() {
+        planner.handle(ms(41), addr(2), &genuine[..len]);
+    }
+    let heard = planner.heard(1, ms(50));
+    let (_, ago) = heard.iter().find(|(at, _)| *at == addr(2)).expect("heard");
+    assert_eq!(
+        *ago,
+        Duration::from_millis(40),
+        "heard at 10 ms, not at the replay"
+    );
+}
+
+#[test]
+fn a_client_is_told_where_its_chain_starts_and_a_flood_of_questions_is_bounded() {
+    let mut planner = planner(ms(0));
+    planner.poll_save();
+    let client = addr(50_000);
+    planner.handle(ms(1), client, &status(Role::Client, 0, 0xC1, 0, 1));
+    let sent = routes(&mut planner);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].0, client);
+    assert_eq!(sent[0].1.boot, 0xC1);
+    assert_eq!(sent[0].1.chain.first(), (1, addr(1)));
+    // A client that runs the epoch is not answered; a flood is cut at the budget.
+    planner.handle(ms(2), client, &status(Role::Client, 0, 0xC1, 1, 2));
+    assert!(routes(&mut planner).is_empty());
+    for index in 0..5_000 {
+        planner.handle(ms(3), client, &status(Role::Client, 0, index, 0, 3));
+    }
+    assert!(routes(&mut planner).len() <= 1_000);
+}
+
+#[test]
+fn a_follower_takes_only_newer_routes_for_its_boot_from_a_controller() {
+    let controller = addr(CONTROLLER);
+    let mut config = FollowerConfig::new(vec![controller], Role::Device, 1, 0xB007);
+    config.device_id = 2;
+    let mut follower = Follower::new(config, ms(0));
+    follower.handle_timeout(ms(0));
+    let sent = follower.poll_transmit().expect("a status");
+    assert_eq!(sent.destination, controller);
+    let (header, payload) = Header::parse(&sent.bytes).expect("a datagram");
+    assert_eq!(header.device_id, 2);
+    assert_eq!(NodeStatus::parse(payload).expect("a status").boot, 0xB007);
+    assert!(follower.poll_transmit().is_none());
+    let route = |epoch: u64, boot: u64| {
+        let mut payload = Vec::new();
+        Route {
+            epoch,
+            boot,
+            chain: pmnet_wire::route::ChainRoute {
+                devices: vec![(1, addr(1)), (2, addr(2))],
+                server: addr(SERVER),
+            },
+        }
+        .emit(&mut payload);
+        let header = Header::new(PacketType::Reserved(ROUTE), 1, boot, 0);
+        (header, payload)
+    };
+    let (header, payload) = route(3, 0xB007);
+    assert_eq!(
+        follower.on_route(addr(1), &header, &payload),
+        Err(crate::DropReason::UnexpectedSource),
+        "only a controller routes"
+    );
+    assert_eq!(follower.on_route(controller, &header, &payload), Ok(true));
+    let taken = follower.take_route().expect("taken");
+    assert_eq!(
+        device_place(&taken.chain, 2),
+        Some((addr(SERVER), Some((1, addr(1)))))
+    );
+    assert_eq!(follower.epoch(), 3);
+    // The same route again, an older one, or one for an earlier boot: nothing.
+    assert_eq!(follower.on_route(controller, &header, &payload), Ok(false));
+    let (header, payload) = route(2, 0xB007);
+    assert_eq!(follower.on_route(controller, &header, &payload), Ok(false));
+    let (header, payload) = route(9, 0xB006);
+    assert_eq!(follower.on_route(controller, &header, &payload), Ok(false));
+    assert!(follower.take_route().is_none());
+    assert_eq!(follower.counters().routes_stale, 3);
+}
+
+#[test]
+fn any_saved_plan_bytes_are_refused_or_taken_never_a_panic() {
+    let mut planner = planner(ms(0));
+    let saved = planner.poll_save().expect("saved");
+    let config = || PlannerConfig {
+        chains: Vec::new(),
+        suspect_after: Duration::from_millis(50),
+        auth: None,
+    };
+    for len in 0..saved.len() {
+        assert!(
+            Planner::new(config(), ms(0), Some(&saved[..len])).is_err(),
+            "cut at {len}"
+        );
+    }
+    for index in 0..saved.len() {
+        for value in [0u8, 1, 0x7F, 0xFF] {
+            let mut damaged = saved.clone();
+            damaged[index] = value;
+            let _ = Planner::new(config(), ms(0), Some(&damaged));
+        }
+    }
+}

@@ -222,5 +222,39 @@ pub fn device_place(
     chain.place_of(*address)
 }
 
+/// A device's place in a chain as its settings: what its owner restarts it in place with
+/// when it takes a route (the runtime's device, the simulator's world).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSettings {
+    /// Where it forwards: the next device, or the chain's server.
+    pub next: SocketAddr,
+    /// The device before it, `None` when it is the first (it takes requests from clients).
+    pub previous: Option<(u16, SocketAddr)>,
+    /// [`crate::DeviceConfig::servers`]: the chain's server id, reached through `next`.
+    pub servers: Vec<(u16, SocketAddr)>,
+    /// [`crate::DeviceConfig::previous_devices`]: the device before it for the chain's server
+    /// id, if any.
+    pub previous_devices: Vec<(u16, SocketAddr)>,
+}
+
+/// The settings of device `device_id` at its place in `chain`, the chain of server
+/// `server_id`; `None` when the route leaves it out of the chain.
+pub fn device_settings(
+    chain: &ChainRoute,
+    server_id: u16,
+    device_id: u16,
+) -> Option<DeviceSettings> {
+    let (next, previous) = device_place(chain, device_id)?;
+    Some(DeviceSettings {
+        next,
+        previous,
+        servers: vec![(server_id, next)],
+        previous_devices: previous
+            .map(|(_, address)| (server_id, address))
+            .into_iter()
+            .collect(),
+    })
+}
+
 #[cfg(test)]
 mod tests;

@@ -308,3 +308,22 @@ fn any_saved_plan_bytes_are_refused_or_taken_never_a_panic() {
         }
     }
 }
+
+#[test]
+fn a_device_s_settings_follow_its_place_in_the_chain() {
+    let address = |host: u8| SocketAddr::from(([10, 0, 0, host], 7000));
+    let chain = ChainRoute {
+        devices: vec![(7, address(1)), (8, address(2))],
+        server: address(9),
+    };
+    let first = device_settings(&chain, 1, 7).expect("in the chain");
+    assert_eq!(first.next, address(2));
+    assert_eq!(first.previous, None);
+    assert_eq!(first.servers, vec![(1, address(2))]);
+    assert!(first.previous_devices.is_empty());
+    let last = device_settings(&chain, 1, 8).expect("in the chain");
+    assert_eq!(last.servers, vec![(1, address(9))]);
+    assert_eq!(last.previous, Some((7, address(1))));
+    assert_eq!(last.previous_devices, vec![(1, address(1))]);
+    assert_eq!(device_settings(&chain, 1, 9), None);
+}

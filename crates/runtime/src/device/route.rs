@@ -30,8 +30,8 @@ impl DeviceRuntime {
             .map(|(_, address)| address.to_string())
             .collect::<Vec<_>>()
             .join(", ");
-        let Some((next, previous)) =
-            pmnet_proto::route::device_place(&route.chain, self.options.device_id)
+        let Some(place) =
+            pmnet_proto::route::device_settings(&route.chain, server_id, self.options.device_id)
         else {
             tracing::warn!(
                 "route epoch {epoch}: the controller took this device out of the chain of server \
@@ -40,16 +40,14 @@ impl DeviceRuntime {
             );
             return;
         };
-        let servers = vec![(server_id, next)];
-        let previous_devices: Vec<_> = previous
-            .map(|(_, address)| (server_id, address))
-            .into_iter()
-            .collect();
-        let after = previous.map_or_else(
+        let next = place.next;
+        let after = place.previous.map_or_else(
             || "the clients".to_owned(),
             |(id, address)| format!("device {id} ({address})"),
         );
-        if servers == self.options.servers && previous_devices == self.options.previous_devices {
+        if place.servers == self.options.servers
+            && place.previous_devices == self.options.previous_devices
+        {
             tracing::info!(
                 "route epoch {epoch}: this device's place is unchanged (after {after}, \
                  forwarding to {next})"
@@ -65,8 +63,8 @@ impl DeviceRuntime {
              forwarding to {current}); restarting in place: the log is recovered and what it \
              holds replayed to {next}"
         );
-        self.options.servers = servers;
-        self.options.previous_devices = previous_devices;
+        self.options.servers = place.servers;
+        self.options.previous_devices = place.previous_devices;
         if let Err(error) = self.restart_in_place() {
             tracing::error!("restarting in place for route epoch {epoch} failed: {error}");
             self.failed = Some(error.to_string());

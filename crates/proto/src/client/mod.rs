@@ -610,7 +610,7 @@ impl Client {
                 self.on_cache_reply(now, &header, payload)
             }
             PacketType::Reserved(pmnet_wire::route::ROUTE) if self.follower.is_some() => {
-                self.on_route(from, &header, payload)
+                self.on_route(now, from, &header, payload)
             }
             _ => self.counters.dropped.record(DropReason::UnexpectedType),
         }
@@ -618,6 +618,9 @@ impl Client {
 
     fn on_pmnet_ack(&mut self, now: Time, header: &Header) {
         self.counters.pmnet_acks_received += 1;
+        if let Some(follower) = self.follower.as_mut() {
+            follower.answered();
+        }
         let wanted = usize::from(self.replicas());
         let Some(request) = self.in_flight.get_mut(&header.seq) else {
             self.counters.late_acks_consumed += 1;
@@ -663,6 +666,9 @@ impl Client {
 
     fn on_server_ack(&mut self, now: Time, header: &Header, payload: &[u8]) {
         self.counters.server_acks_received += 1;
+        if let Some(follower) = self.follower.as_mut() {
+            follower.answered();
+        }
         let max_reply_len = self.config.request_len_max;
         let wanted = usize::from(self.replicas());
         let Some(request) = self.in_flight.get_mut(&header.seq) else {
@@ -888,7 +894,7 @@ impl Client {
     /// A route from a controller: the chain's first device becomes this session's peer, acks
     /// count only from the chain's devices, and the client waits for no more of them than
     /// the chain has.
-    fn on_route(&mut self, from: SocketAddr, header: &Header, payload: &[u8]) {
+    fn on_route(&mut self, now: Time, from: SocketAddr, header: &Header, payload: &[u8]) {
         let follower = self.follower.as_mut().expect("checked by the caller");
         match follower.on_route(from, header, payload) {
             Err(reason) => self.counters.dropped.record(reason),
@@ -905,12 +911,16 @@ impl Client {
                 let first = route.chain.first().1;
                 if first != self.config.peer || self.route_devices.as_ref() != Some(&devices) {
                     // As an operator's reconnection ([`Client::change_path`]): the acks
-                    // gathered so far are forgotten; the devices on the new path ack again.
+                    // gathered so far are forgotten; the devices on the new path ack again,
+                    // and every request goes to them now.
                     self.config.peer = first;
                     self.config.replicas = replicas;
+                    let timeout = self.config.retransmit_timeout;
                     for request in self.in_flight.values_mut() {
                         request.logged.fill(Ackers::default());
                         request.acked_by = AckCounts::default();
+                        request.timeout = timeout;
+                        request.deadline = request.deadline.min(now);
                     }
                 }
                 self.route_devices = Some(devices);

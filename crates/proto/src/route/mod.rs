@@ -123,9 +123,16 @@ impl Follower {
     }
 
     /// A client: ask the controllers where the chain starts now (its requests go
-    /// unanswered), at most once per interval, until a route comes.
+    /// unanswered), once per interval, until its requests are answered again
+    /// ([`Follower::answered`]): the route that moves the chain's start may come only once
+    /// the controller took the lost device out.
     pub fn ask(&mut self) {
         self.asking = true;
+    }
+
+    /// A client's requests are answered again: it stops asking.
+    pub fn answered(&mut self) {
+        self.asking = false;
     }
 
     /// A route from `from` (header and payload already verified by the owner's keys): taken
@@ -150,7 +157,6 @@ impl Follower {
         }
         self.config.epoch = route.epoch;
         self.counters.routes_taken += 1;
-        self.asking = false;
         self.taken = Some(route);
         Ok(true)
     }

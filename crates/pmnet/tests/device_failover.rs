@@ -1,0 +1,345 @@
+//! Automatic failover of devices in series, as a user starts it (docs/replication.md,
+//! "Automatic failover"): a real etcd (started by the test), `pmnet controller --device-chain`
+//! on it, a chain of three `pmnet device --controller` in front of a `pmnet server
+//! --controller`, a spare device, and three `pmnet client --controller --replicas 2` sessions
+//! writing under load. The middle device is SIGKILLed: the controller takes it out and puts
+//! the spare in before the server. The spare, now the chain's last device, is SIGKILLed: the
+//! server asks the device before it from then on. The first device is SIGKILLed: the clients
+//! ask the controller where the chain starts and follow. No write fails, and every write
+//! acknowledged before, during and after is read back. (How long each failover took is
+//! printed, not checked: timing belongs in benchmarks.)
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{free_udp_addr, pmnet_bin, Node};
+
+fn s(text: impl ToString) -> String {
+    text.to_string()
+}
+
+/// A device of the chain: `id` on `listen`, forwarding to `next`, after `previous`.
+fn device(
+    id: u16,
+    listen: SocketAddr,
+    next: SocketAddr,
+    previous: Option<SocketAddr>,
+    controller: SocketAddr,
+    dir: &std::path::Path,
+) -> Node {
+    let mut args = vec![
+        s("device"),
+        s("--listen"),
+        s(listen),
+        s("--device-id"),
+        s(id),
+        s("--server"),
+        format!("1={next}"),
+        s("--log-file"),
+        s(dir.join(format!("device{id}.log")).display()),
+        s("--slots"),
+        s(4096),
+        s("--controller"),
+        s(controller),
+        s("--metrics"),
+        s("127.0.0.1:0"),
+        s("--report-interval"),
+        s(0),
+    ];
+    if let Some(previous) = previous {
+        args.extend([s("--previous-device"), format!("1={previous}")]);
+    }
+    Node::start(&format!("device {id}"), args)
+}
+
+/// One client session's writes: (key, value, acknowledged at), and the errors it printed.
+#[derive(Debug, Default)]
+struct Writes {
+    acked: Vec<(String, String, Instant)>,
+    errors: Vec<String>,
+}
+
+/// A `pmnet client` session reading requests from its standard input, writing keys
+/// `c{client}-{n}` until `stop`.
+fn writer(
+    client: usize,
+    first: SocketAddr,
+    controller: SocketAddr,
+    stop: Arc<AtomicBool>,
+    writes: Arc<Mutex<Writes>>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut child = Command::new(pmnet_bin())
+            .args([
+                s("client"),
+                s("--device"),
+                s(first),
+                s("--controller"),
+                s(controller),
+                s("--replicas"),
+                s(2),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a client");
+        let mut input = child.stdin.take().expect("stdin");
+        let mut output = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            n += 1;
+            let (key, value) = (format!("c{client}-{n}"), format!("v{n}"));
+            writeln!(input, "set {key} {value}").expect("write a request");
+            let mut line = String::new();
+            output.read_line(&mut line).expect("read a reply");
+            let mut writes = writes.lock().unwrap();
+            if line.starts_with("OK") {
+                writes.acked.push((key, value, Instant::now()));
+            } else {
+                writes.errors.push(format!("{key}: {line}"));
+            }
+        }
+        drop(input);
+        let _ = child.wait();
+    })
+}
+
+/// Wait until every client acknowledged `more` writes after `since`.
+fn wait_for_writes(writes: &Arc<Mutex<Writes>>, clients: usize, since: Instant, more: usize) {
+    common::poll_until("writes acknowledged after the failure", || {
+        let writes = writes.lock().unwrap();
+        let counts: Vec<usize> = (0..clients)
+            .map(|client| {
+                writes
+                    .acked
+                    .iter()
+                    .filter(|(key, _, at)| *at > since && key.starts_with(&format!("c{client}-")))
+                    .count()
+            })
+            .collect();
+        if counts.iter().all(|count| *count >= more) {
+            Ok(())
+        } else {
+            Err(format!(
+                "acked per client since: {counts:?}; errors {:?}",
+                writes.errors
+            ))
+        }
+    });
+}
+
+/// The longest any client went without an acknowledgement across `since` (the outage a
+/// failure cost, as the clients saw it).
+fn outage(writes: &Arc<Mutex<Writes>>, clients: usize, since: Instant) -> Duration {
+    let writes = writes.lock().unwrap();
+    (0..clients)
+        .map(|client| {
+            let times: Vec<Instant> = writes
+                .acked
+                .iter()
+                .filter(|(key, _, _)| key.starts_with(&format!("c{client}-")))
+                .map(|(_, _, at)| *at)
+                .collect();
+            times
+                .windows(2)
+                .filter(|pair| pair[1] > since)
+                .map(|pair| pair[1] - pair[0].max(since))
+                .max()
+                .unwrap_or_default()
+        })
+        .max()
+        .unwrap_or_default()
+}
+
+#[test]
+fn lost_devices_are_taken_out_of_their_chain_a_spare_joins_and_every_acked_write_is_read_back() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let etcd = pmnet_etcd::LocalEtcd::start(
+        "etcd",
+        &dir.path().join("etcd"),
+        "127.0.0.1:0".parse().expect("address"),
+        Duration::from_secs(30),
+    )
+    .expect("start etcd (apt-get install etcd-server)");
+    let controller_addr = free_udp_addr();
+    let server_addr = free_udp_addr();
+    let d: Vec<SocketAddr> = (0..4).map(|_| free_udp_addr()).collect();
+    let mut controller = Node::start(
+        "controller",
+        vec![
+            s("controller"),
+            s("--etcd"),
+            s(etcd.endpoint()),
+            s("--cluster"),
+            s("failover"),
+            s("--listen"),
+            s(controller_addr),
+            s("--device-chain"),
+            format!("1={server_addr},1={},2={},3={}", d[0], d[1], d[2]),
+            s("--spare-device"),
+            format!("1:4={}", d[3]),
+            s("--suspect-after-ms"),
+            s(150),
+            s("--report-interval"),
+            s(0),
+        ],
+    )
+    .proc;
+    let _server = Node::start(
+        "server",
+        vec![
+            s("server"),
+            s("--listen"),
+            s(server_addr),
+            s("--server-id"),
+            s(1),
+            s("--device"),
+            s(d[2]),
+            s("--data-file"),
+            s(dir.path().join("server.data").display()),
+            s("--data-mib"),
+            s(16),
+            s("--controller"),
+            s(controller_addr),
+            s("--report-interval"),
+            s(0),
+        ],
+    );
+    let mut devices: Vec<Option<Node>> = vec![
+        Some(device(1, d[0], d[1], None, controller_addr, dir.path())),
+        Some(device(
+            2,
+            d[1],
+            d[2],
+            Some(d[0]),
+            controller_addr,
+            dir.path(),
+        )),
+        Some(device(
+            3,
+            d[2],
+            server_addr,
+            Some(d[1]),
+            controller_addr,
+            dir.path(),
+        )),
+        Some(device(
+            4,
+            d[3],
+            server_addr,
+            None,
+            controller_addr,
+            dir.path(),
+        )),
+    ];
+    common::poll_until("every node heard by the controller", || {
+        let said = controller.stdout().join("\n");
+        match d
+            .iter()
+            .chain([&server_addr])
+            .find(|address| !said.contains(&format!("{address} heard")))
+        {
+            None => Ok(()),
+            Some(address) => Err(format!("{address} not heard yet")),
+        }
+    });
+
+    let clients = 3;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = Arc::new(Mutex::new(Writes::default()));
+    let threads: Vec<_> = (0..clients)
+        .map(|client| writer(client, d[0], controller_addr, stop.clone(), writes.clone()))
+        .collect();
+    wait_for_writes(&writes, clients, Instant::now(), 20);
+
+    // The middle device: taken out, the spare put in before the server.
+    let killed = Instant::now();
+    devices[1].take().expect("device 2").proc.kill();
+    controller.wait_for_line("device 2 taken out", |line| {
+        line.contains("device 2 (") && line.contains("removed")
+    });
+    controller.wait_for_line("the spare put in", |line| {
+        line.contains("spare device 4") && line.contains("joined after device 3")
+    });
+    wait_for_writes(&writes, clients, killed, 20);
+    println!(
+        "middle device killed: longest wait for an acknowledgement after it {:?}",
+        outage(&writes, clients, killed)
+    );
+    // The spare works: it logged what came after it joined.
+    let spare = devices[3].as_ref().expect("device 4");
+    spare.wait_metric(
+        "pmnet_device_updates_logged_total",
+        r#"port="pmnet""#,
+        "the spare logs updates",
+        |value| value > 0.0,
+    );
+
+    // The chain's last device (the spare): the server asks the one before it from now on.
+    let killed = Instant::now();
+    devices[3].take().expect("device 4").proc.kill();
+    controller.wait_for_line("device 4 taken out", |line| {
+        line.contains("device 4 (") && line.contains("removed")
+    });
+    wait_for_writes(&writes, clients, killed, 20);
+    println!(
+        "last device killed: longest wait for an acknowledgement after it {:?}",
+        outage(&writes, clients, killed)
+    );
+
+    // The first device: the clients ask the controller where the chain starts.
+    let killed = Instant::now();
+    devices[0].take().expect("device 1").proc.kill();
+    controller.wait_for_line("device 1 taken out", |line| {
+        line.contains("device 1 (") && line.contains("removed")
+    });
+    wait_for_writes(&writes, clients, killed, 20);
+    println!(
+        "first device killed: longest wait for an acknowledgement after it {:?}",
+        outage(&writes, clients, killed)
+    );
+    stop.store(true, Ordering::Relaxed);
+    for thread in threads {
+        thread.join().expect("a writer");
+    }
+
+    let writes = writes.lock().unwrap();
+    assert!(
+        writes.errors.is_empty(),
+        "writes failed: {:?}",
+        writes.errors
+    );
+    // Every acknowledged write, read back through what is left of the chain.
+    let mut reader = Command::new(pmnet_bin())
+        .args([s("client"), s("--device"), s(d[2])])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start a reader");
+    let mut input = reader.stdin.take().expect("stdin");
+    let mut output = BufReader::new(reader.stdout.take().expect("stdout"));
+    for (key, value, _) in &writes.acked {
+        writeln!(input, "get {key}").expect("write a request");
+        let mut line = String::new();
+        output.read_line(&mut line).expect("read a reply");
+        assert_eq!(
+            line.trim(),
+            value,
+            "{key}: acknowledged, then read back as {line:?}"
+        );
+    }
+    drop(input);
+    let _ = reader.wait();
+    println!(
+        "{} writes acknowledged across three device losses, each read back",
+        writes.acked.len()
+    );
+}

@@ -1,9 +1,11 @@
 //! Automatic failover of devices in series, as a user starts it (docs/replication.md,
 //! "Automatic failover"): a real etcd (started by the test), `pmnet controller --device-chain`
-//! on it, a chain of three `pmnet device --controller` in front of a `pmnet server
+//! on it (two: one leads, one stands by), a chain of three `pmnet device --controller` in front of a `pmnet server
 //! --controller`, a spare device, and three `pmnet client --controller --replicas 2` sessions
 //! writing under load. The middle device is SIGKILLed: the controller takes it out and puts
-//! the spare in before the server. The spare, now the chain's last device, is SIGKILLed: the
+//! the spare in before the server. The leading controller is SIGKILLed: the writes go on, and
+//! the standby takes over from the plan in etcd. The spare, now the chain's last device, is
+//! SIGKILLed: the
 //! server asks the device before it from then on. The first device is SIGKILLed: the clients
 //! ask the controller where the chain starts and follow. No write fails, and every write
 //! acknowledged before, during and after is read back. (How long each failover took is
@@ -18,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{free_udp_addr, pmnet_bin, Node};
+use common::{free_udp_addr, pmnet_bin, Node, Proc};
 
 fn s(text: impl ToString) -> String {
     text.to_string()
@@ -30,7 +32,7 @@ fn device(
     listen: SocketAddr,
     next: SocketAddr,
     previous: Option<SocketAddr>,
-    controller: SocketAddr,
+    controller: [SocketAddr; 2],
     dir: &std::path::Path,
 ) -> Node {
     let mut args = vec![
@@ -46,7 +48,9 @@ fn device(
         s("--slots"),
         s(4096),
         s("--controller"),
-        s(controller),
+        s(controller[0]),
+        s("--controller"),
+        s(controller[1]),
         s("--metrics"),
         s("127.0.0.1:0"),
         s("--report-interval"),
@@ -70,7 +74,7 @@ struct Writes {
 fn writer(
     client: usize,
     first: SocketAddr,
-    controller: SocketAddr,
+    controller: [SocketAddr; 2],
     stop: Arc<AtomicBool>,
     writes: Arc<Mutex<Writes>>,
 ) -> std::thread::JoinHandle<()> {
@@ -81,7 +85,9 @@ fn writer(
                 s("--device"),
                 s(first),
                 s("--controller"),
-                s(controller),
+                s(controller[0]),
+                s("--controller"),
+                s(controller[1]),
                 s("--replicas"),
                 s(2),
             ])
@@ -169,10 +175,10 @@ fn lost_devices_are_taken_out_of_their_chain_a_spare_joins_and_every_acked_write
     )
     .expect("start etcd (apt-get install etcd-server)");
     let controller_addr = free_udp_addr();
+    let standby_addr = free_udp_addr();
     let server_addr = free_udp_addr();
     let d: Vec<SocketAddr> = (0..4).map(|_| free_udp_addr()).collect();
-    let mut controller = Node::start(
-        "controller",
+    let controller_args = |listen: SocketAddr| {
         vec![
             s("controller"),
             s("--etcd"),
@@ -180,7 +186,7 @@ fn lost_devices_are_taken_out_of_their_chain_a_spare_joins_and_every_acked_write
             s("--cluster"),
             s("failover"),
             s("--listen"),
-            s(controller_addr),
+            s(listen),
             s("--device-chain"),
             format!("1={server_addr},1={},2={},3={}", d[0], d[1], d[2]),
             s("--spare-device"),
@@ -189,9 +195,11 @@ fn lost_devices_are_taken_out_of_their_chain_a_spare_joins_and_every_acked_write
             s(150),
             s("--report-interval"),
             s(0),
-        ],
-    )
-    .proc;
+        ]
+    };
+    let mut controller = Node::start("controller A", controller_args(controller_addr)).proc;
+    let mut standby = Proc::spawn("controller B", &controller_args(standby_addr));
+    standby.wait_for_line("B standing by", |line| line.contains("standing by"));
     let _server = Node::start(
         "server",
         vec![
@@ -208,36 +216,25 @@ fn lost_devices_are_taken_out_of_their_chain_a_spare_joins_and_every_acked_write
             s(16),
             s("--controller"),
             s(controller_addr),
+            s("--controller"),
+            s(standby_addr),
             s("--report-interval"),
             s(0),
         ],
     );
+    let controllers = [controller_addr, standby_addr];
     let mut devices: Vec<Option<Node>> = vec![
-        Some(device(1, d[0], d[1], None, controller_addr, dir.path())),
-        Some(device(
-            2,
-            d[1],
-            d[2],
-            Some(d[0]),
-            controller_addr,
-            dir.path(),
-        )),
+        Some(device(1, d[0], d[1], None, controllers, dir.path())),
+        Some(device(2, d[1], d[2], Some(d[0]), controllers, dir.path())),
         Some(device(
             3,
             d[2],
             server_addr,
             Some(d[1]),
-            controller_addr,
+            controllers,
             dir.path(),
         )),
-        Some(device(
-            4,
-            d[3],
-            server_addr,
-            None,
-            controller_addr,
-            dir.path(),
-        )),
+        Some(device(4, d[3], server_addr, None, controllers, dir.path())),
     ];
     common::poll_until("every node heard by the controller", || {
         let said = controller.stdout().join("\n");
@@ -255,7 +252,7 @@ fn lost_devices_are_taken_out_of_their_chain_a_spare_joins_and_every_acked_write
     let stop = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(Mutex::new(Writes::default()));
     let threads: Vec<_> = (0..clients)
-        .map(|client| writer(client, d[0], controller_addr, stop.clone(), writes.clone()))
+        .map(|client| writer(client, d[0], controllers, stop.clone(), writes.clone()))
         .collect();
     wait_for_writes(&writes, clients, Instant::now(), 20);
 
@@ -281,6 +278,24 @@ fn lost_devices_are_taken_out_of_their_chain_a_spare_joins_and_every_acked_write
         "the spare logs updates",
         |value| value > 0.0,
     );
+
+    // The leading controller: the data path does not need it; the standby takes over from
+    // the plan in etcd and handles the next failure.
+    let killed = Instant::now();
+    controller.kill();
+    let mut controller = standby;
+    controller.wait_for_line("B leads", |line| line.contains(" leads "));
+    wait_for_writes(&writes, clients, killed, 20);
+    println!(
+        "leading controller killed: longest wait for an acknowledgement after it {:?}, \
+         standby leading after {:?}",
+        outage(&writes, clients, killed),
+        killed.elapsed()
+    );
+    controller.wait_for_line("B's plan (the middle device out, the spare in)", |line| {
+        line.contains("device chain of server 1")
+            && line.contains(&format!("1@{} > 3@{} > 4@{} > server", d[0], d[2], d[3]))
+    });
 
     // The chain's last device (the spare): the server asks the one before it from now on.
     let killed = Instant::now();

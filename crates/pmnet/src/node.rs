@@ -410,6 +410,22 @@ impl FollowArgs {
         Some(config)
     }
 
+    /// The banner's line: whom it follows and what a route does (`None` without
+    /// --controller).
+    pub fn banner_line(&self, route_does: &str) -> Option<String> {
+        (!self.controllers.is_empty()).then(|| {
+            format!(
+                "  failover: a status every {} ms to the controllers {}; {route_does}",
+                self.heartbeat_ms,
+                self.controllers
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+    }
+
     /// Checked: at most [`pmnet_proto::route::CONTROLLERS_MAX`] controllers.
     pub fn check(&self) -> Result<(), String> {
         if self.controllers.len() > pmnet_proto::route::CONTROLLERS_MAX {
@@ -818,6 +834,12 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
             replicas.join(", ")
         ));
     }
+    if let Some(line) = args
+        .follow
+        .banner_line("a route moves the device it asks to the chain's new last device")
+    {
+        lines.push(line);
+    }
     lines.push(format!("  {}", args.run.describe(addresses.metrics)));
     announce(&lines);
     server.run()?;
@@ -904,6 +926,12 @@ fn device_banner(args: &DeviceArgs, devices: &[DeviceRuntime], traffic: &str) ->
              addresses they carry are acked directly)",
             id_addrs(&args.previous_devices)
         ));
+    }
+    if let Some(line) = args.follow.banner_line(
+        "a route that moves its next hop or the device before it restarts it in place: its \
+         log recovered and replayed to the new next hop",
+    ) {
+        lines.push(line);
     }
     for device in devices {
         let startup = device.startup();

@@ -160,6 +160,13 @@ pub struct GatewayArgs {
           value_parser = crate::addr::parse_addr)]
     pub fan_out: Vec<SocketAddr>,
 
+    /// A controller of the chain of devices that starts at `--device` (`pmnet controller
+    /// --device-chain`): each session asks it where the chain starts when its writes go
+    /// unanswered, and follows (docs/replication.md, "Automatic failover"). Repeat for each
+    /// controller (at most 7).
+    #[arg(long = "controller", value_name = "ADDR", value_parser = crate::addr::parse_addr)]
+    pub controllers: Vec<SocketAddr>,
+
     /// Client commands slower than this many microseconds (from the command parsed to its
     /// reply ready) enter the gateway's slow log (`SLOWLOG GET`); negative: none, 0: every
     /// command. Redis's `slowlog-log-slower-than`.
@@ -405,6 +412,15 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
     options.device_cache = args.device_cache;
     options.replicas = args.replicas;
     crate::client::check_fan_out(&args.fan_out, more_devices.len(), args.replicas)?;
+    if args.controllers.len() > pmnet_proto::route::CONTROLLERS_MAX {
+        return Err(format!(
+            "--controller: {} given, at most {}",
+            args.controllers.len(),
+            pmnet_proto::route::CONTROLLERS_MAX
+        )
+        .into());
+    }
+    options.controllers = args.controllers.clone();
     if !args.fan_out.is_empty() {
         if args.device_cache {
             return Err(
@@ -526,6 +542,20 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
                     1 + args.fan_out.len()
                 )
             },
+        );
+    }
+    if !args.controllers.is_empty() {
+        lines.insert(
+            2,
+            format!(
+                "  failover: following the controllers {} (a session asks where its chain of \
+                 devices starts when its writes go unanswered)",
+                args.controllers
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         );
     }
     announce(&lines);

@@ -240,6 +240,53 @@ mod tests {
         assert_eq!(Route::parse(&bytes), Ok(route));
     }
 
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+    }
+
+    /// docs/protocol.md, "Automatic failover's payloads", vectors 18a and 18b.
+    #[test]
+    fn the_documented_vectors() {
+        let mut out = Vec::new();
+        NodeStatus {
+            role: Role::Device,
+            boot: 0xabcd,
+            epoch: 3,
+            stamp: 1_000,
+        }
+        .emit(&mut out);
+        assert_eq!(
+            hex(&out),
+            "01\
+             000000000000abcd\
+             0000000000000003\
+             00000000000003e8"
+        );
+        out.clear();
+        let route = Route {
+            epoch: 4,
+            boot: 0xabcd,
+            chain: ChainRoute {
+                devices: vec![
+                    (1, "10.0.0.21:7400".parse().unwrap()),
+                    (3, "10.0.0.23:7400".parse().unwrap()),
+                ],
+                server: "10.0.0.9:7001".parse().unwrap(),
+            },
+        };
+        route.emit(&mut out);
+        assert_eq!(
+            hex(&out),
+            "0000000000000004\
+             000000000000abcd\
+             041b590a000009000000000000000000000000\
+             02\
+             0001041ce80a000015000000000000000000000000\
+             0003041ce80a000017000000000000000000000000"
+        );
+        assert_eq!(Route::parse(&out), Ok(route));
+    }
+
     #[test]
     fn a_device_finds_its_place() {
         let chain = chain();

@@ -77,6 +77,10 @@ pub struct GatewayOptions {
     /// Fan-out replication: devices besides the first every update goes to at once
     /// (`ClientConfig::fan_out`; docs/replication.md, "Fan-out").
     pub fan_out: Vec<SocketAddr>,
+    /// The controllers of the chain of devices that starts at the device
+    /// (`ClientConfig::controllers`; docs/replication.md, "Automatic failover"): each session
+    /// asks them where the chain starts when its writes go unanswered, and follows.
+    pub controllers: Vec<SocketAddr>,
     /// How long the path (device, adaptor, Redis) may leave the gateway's own `PING` unanswered
     /// before commands that need it are answered with an error naming the missing part, and
     /// new connections refused (`None`: never; see `health.rs`).
@@ -122,6 +126,7 @@ impl GatewayOptions {
             device_cache: false,
             replicas: 1,
             fan_out: Vec::new(),
+            controllers: Vec::new(),
             down_after: Some(DEFAULT_DOWN_AFTER),
             slowlog_log_slower_than: DEFAULT_SLOWLOG_SLOWER_THAN,
             slowlog_max_len: DEFAULT_SLOWLOG_MAX_LEN,
@@ -643,6 +648,7 @@ impl Gateway {
             config.window = self.options.window;
             config.replicas = self.options.replicas.clamp(1, pmnet_proto::REPLICAS_MAX);
             config.fan_out = self.options.fan_out.clone();
+            config.controllers = self.options.controllers.clone();
             config.auth = self
                 .options
                 .keys

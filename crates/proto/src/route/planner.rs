@@ -122,6 +122,15 @@ impl fmt::Display for PlannerEvent {
     }
 }
 
+/// One chain as planned ([`Planner::chains`]): its server id, its devices in order and its
+/// server, its spares, the devices taken out (the latest last).
+pub type PlannedChain<'a> = (
+    u16,
+    &'a ChainRoute,
+    &'a [(u16, SocketAddr)],
+    &'a [(u16, SocketAddr)],
+);
+
 /// What the planner knows of one node.
 #[derive(Debug, Clone, Copy)]
 struct View {
@@ -241,10 +250,8 @@ impl Planner {
         &self.drops
     }
 
-    /// Each chain as planned: (server id, route, spares, devices removed).
-    pub fn chains(
-        &self,
-    ) -> impl Iterator<Item = (u16, &ChainRoute, &[(u16, SocketAddr)], &[(u16, SocketAddr)])> {
+    /// Each chain as planned: (server id, route, spares, devices taken out).
+    pub fn chains(&self) -> impl Iterator<Item = PlannedChain<'_>> {
         self.chains.iter().map(|chain| {
             (
                 chain.server_id,
@@ -411,10 +418,7 @@ impl Planner {
     /// put a heard spare in for each.
     pub fn handle_timeout(&mut self, now: Time) {
         for index in 0..self.chains.len() {
-            loop {
-                let Some((at, silence)) = self.silent_device(index, now) else {
-                    break;
-                };
+            while let Some((at, silence)) = self.silent_device(index, now) {
                 self.epoch += 1;
                 self.save = true;
                 let chain = &mut self.chains[index];

@@ -240,36 +240,6 @@ pub(super) fn open_device_log(options: &DeviceOptions) -> Result<OpenedLog, Runt
     Ok((Some((log, recovery.entries)), startup))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn addr(text: &str) -> SocketAddr {
-        text.parse().unwrap()
-    }
-
-    #[test]
-    fn a_server_at_the_devices_own_address_is_recognised() {
-        // The same address, written either way.
-        assert!(reaches(addr("127.0.0.1:7400"), addr("127.0.0.1:7400")));
-        assert!(reaches(
-            addr("[::ffff:127.0.0.1]:7400"),
-            addr("127.0.0.1:7400")
-        ));
-        assert!(reaches(addr("0.0.0.0:7400"), addr("127.0.0.1:7400")));
-        // A device bound to every address is reached through any address of the host.
-        assert!(reaches(addr("127.0.0.1:7400"), addr("0.0.0.0:7400")));
-        assert!(reaches(addr("127.0.0.2:7400"), addr("0.0.0.0:7400")));
-        assert!(reaches(addr("127.0.0.1:7400"), addr("[::]:7400")));
-        // Another port, another loopback address than the one bound, an address of another
-        // host (TEST-NET-3, never local), or IPv6 towards an IPv4-only socket: no loop.
-        assert!(!reaches(addr("127.0.0.1:7500"), addr("127.0.0.1:7400")));
-        assert!(!reaches(addr("127.0.0.2:7400"), addr("127.0.0.1:7400")));
-        assert!(!reaches(addr("203.0.113.9:7400"), addr("0.0.0.0:7400")));
-        assert!(!reaches(addr("[::1]:7400"), addr("0.0.0.0:7400")));
-    }
-}
-
 /// The state machine's settings for a device that logs in `log`.
 pub(super) fn log_device_config(
     options: &DeviceOptions,
@@ -335,4 +305,34 @@ pub(super) fn check_follow(options: &DeviceOptions, fronts: usize) -> Result<(),
     Err(RuntimeError::Config(format!(
         "--controller: a device that follows a controller takes {why}"
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(text: &str) -> SocketAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn a_server_at_the_devices_own_address_is_recognised() {
+        // The same address, written either way.
+        assert!(reaches(addr("127.0.0.1:7400"), addr("127.0.0.1:7400")));
+        assert!(reaches(
+            addr("[::ffff:127.0.0.1]:7400"),
+            addr("127.0.0.1:7400")
+        ));
+        assert!(reaches(addr("0.0.0.0:7400"), addr("127.0.0.1:7400")));
+        // A device bound to every address is reached through any address of the host.
+        assert!(reaches(addr("127.0.0.1:7400"), addr("0.0.0.0:7400")));
+        assert!(reaches(addr("127.0.0.2:7400"), addr("0.0.0.0:7400")));
+        assert!(reaches(addr("127.0.0.1:7400"), addr("[::]:7400")));
+        // Another port, another loopback address than the one bound, an address of another
+        // host (TEST-NET-3, never local), or IPv6 towards an IPv4-only socket: no loop.
+        assert!(!reaches(addr("127.0.0.1:7500"), addr("127.0.0.1:7400")));
+        assert!(!reaches(addr("127.0.0.2:7400"), addr("127.0.0.1:7400")));
+        assert!(!reaches(addr("203.0.113.9:7400"), addr("0.0.0.0:7400")));
+        assert!(!reaches(addr("[::1]:7400"), addr("0.0.0.0:7400")));
+    }
 }

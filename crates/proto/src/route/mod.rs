@@ -15,7 +15,9 @@
 
 mod planner;
 
-pub use planner::{ChainSpec, Planner, PlannerConfig, PlannerCounters, PlannerEvent, START_GRACE};
+pub use planner::{
+    ChainSpec, PlannedChain, Planner, PlannerConfig, PlannerCounters, PlannerEvent, START_GRACE,
+};
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

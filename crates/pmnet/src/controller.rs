@@ -76,6 +76,26 @@ pub struct ControllerArgs {
     #[arg(long = "spare-device", value_name = "SERVER_ID:DEVICE_ID=ADDR",
           value_parser = parse_spare)]
     pub spares: Vec<(u16, u16, std::net::SocketAddr)>,
+
+    /// A replica server of the primary of the chain of server SERVER_ID, in the order of the
+    /// primary's --replica list (repeat; at most 8): a lost primary is replaced by the one
+    /// furthest along, a silent one taken out of the primary's list (run each with
+    /// --controller; docs/replication.md, "Automatic failover").
+    #[arg(long = "replica-server", value_name = "SERVER_ID=ADDR",
+          value_parser = parse_replica)]
+    pub replica_servers: Vec<(u16, std::net::SocketAddr)>,
+}
+
+/// `--replica-server`: `SERVER_ID=ADDR`.
+fn parse_replica(text: &str) -> Result<(u16, std::net::SocketAddr), String> {
+    let (id, address) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not SERVER_ID=ADDR"))?;
+    let id = id
+        .trim()
+        .parse::<u16>()
+        .map_err(|_| format!("{id:?} is not an id (0 to 65535)"))?;
+    Ok((id, crate::addr::parse_addr(address.trim())?))
 }
 
 /// `--device-chain`: `SERVER_ID=ADDR,DEVICE_ID=ADDR,...`.
@@ -97,10 +117,12 @@ fn parse_device_chain(text: &str) -> Result<pmnet_proto::route::ChainSpec, Strin
         server,
         devices,
         spares: Vec::new(),
+        replicas: Vec::new(),
     };
     pmnet_wire::route::ChainRoute {
         devices: spec.devices.clone(),
         server,
+        replicas: Vec::new(),
     }
     .check()
     .map_err(|_| {
@@ -138,6 +160,12 @@ fn planner_config(
     args: &ControllerArgs,
 ) -> Result<Option<pmnet_proto::route::PlannerConfig>, CliError> {
     if args.device_chains.is_empty() {
+        if let Some((server_id, _)) = args.replica_servers.first() {
+            return Err(format!(
+                "controller: --replica-server {server_id}=…: no --device-chain for server {server_id}"
+            )
+            .into());
+        }
         if let Some((server_id, _, _)) = args.spares.first() {
             return Err(format!(
                 "controller: --spare-device {server_id}:…: no --device-chain for server {server_id}"
@@ -155,6 +183,15 @@ fn planner_config(
                 format!("controller: --spare-device {server_id}:{device_id}: no --device-chain for server {server_id}")
             })?;
         chain.spares.push((device_id, address));
+    }
+    for &(server_id, address) in &args.replica_servers {
+        let chain = chains
+            .iter_mut()
+            .find(|chain| chain.server_id == server_id)
+            .ok_or_else(|| {
+                format!("controller: --replica-server {server_id}={address}: no --device-chain for server {server_id}")
+            })?;
+        chain.replicas.push(address);
     }
     let keys = crate::node::keys_of(args.plan.run.key_file.as_deref())?;
     Ok(Some(pmnet_proto::route::PlannerConfig {

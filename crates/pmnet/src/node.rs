@@ -780,8 +780,12 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
     args.run
         .protect("server", &listeners, options.keys.as_ref())?;
     let traffic = auth_text(options.keys.as_ref());
-    let mut server =
-        ServerRuntime::open_with_xdp(options, args.engine.kind(), args.xdp_options(), shutdown)?;
+    let mut server = ServerRuntime::open_with_xdp(
+        options,
+        args.engine.kind(),
+        args.xdp_options(),
+        shutdown.clone(),
+    )?;
     let startup = server.startup().clone();
     let addresses = server.addresses();
     let mut lines = vec![format!(
@@ -843,6 +847,23 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
     lines.push(format!("  {}", args.run.describe(addresses.metrics)));
     announce(&lines);
     server.run()?;
+    // A controller's route asked for a restart in place (a replica promoted, a replica's
+    // primary replaced, the primary's replicas changed): open again with its options.
+    while let Some(options) = server.take_restart() {
+        drop(server);
+        server = ServerRuntime::open_with_xdp(
+            options,
+            args.engine.kind(),
+            args.xdp_options(),
+            shutdown.clone(),
+        )?;
+        announce(&[format!(
+            "pmnet server {} restarted in place for the controller's route: listening on {}",
+            args.server_id,
+            server.addresses().data
+        )]);
+        server.run()?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -9,10 +9,13 @@
 //! | | the sender's boot number (random at each start; a client's, at its start) | 8 |
 //! | | the route epoch the sender runs (0: its command line) | 8 |
 //! | | stamp: the sender's clock in ms, rising within a boot (a replayed status is older) | 8 |
+//! | | a server's applied position (the sum of its sessions' last applied numbers; 0 from others) | 8 |
 //! | route (`0x2C`, controller → device, server or client) | epoch | 8 |
 //! | | the boot number of the status it answers | 8 |
-//! | | the server the chain ends in (its address) | 19 |
+//! | | the address it is for (the node's address in the plan) | 19 |
+//! | | the server the chain ends in (its primary's address) | 19 |
 //! | | devices *n* (1 to 8), then each: device id (u16) and address, first device first | 1 + 21 *n* |
+//! | | the primary's replica servers *r* (0 to 8), then each address | 1 + 19 *r* |
 //!
 //! The header's `server_id` names the chain (its server's id); a device's status carries its
 //! `device_id`. A route answers a status: it names the boot number the status gave, so a route
@@ -32,7 +35,9 @@ pub const ROUTE: u8 = 0x2C;
 pub const MAX_CHAIN_DEVICES: usize = 8;
 
 /// Bytes of a status.
-pub const NODE_STATUS_LEN: usize = 1 + 8 + 8 + 8;
+pub const NODE_STATUS_LEN: usize = 1 + 8 + 8 + 8 + 8;
+/// Replica servers of one chain's primary, at most.
+pub const MAX_CHAIN_REPLICAS: usize = 8;
 
 /// Who sends a status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -79,6 +84,8 @@ pub struct NodeStatus {
     pub boot: u64,
     pub epoch: u64,
     pub stamp: u64,
+    /// A server's applied position (0 from a device or client).
+    pub position: u64,
 }
 
 impl NodeStatus {
@@ -91,6 +98,7 @@ impl NodeStatus {
             boot: u64_at(1),
             epoch: u64_at(9),
             stamp: u64_at(17),
+            position: u64_at(25),
         })
     }
 
@@ -99,6 +107,7 @@ impl NodeStatus {
         out.extend_from_slice(&self.boot.to_be_bytes());
         out.extend_from_slice(&self.epoch.to_be_bytes());
         out.extend_from_slice(&self.stamp.to_be_bytes());
+        out.extend_from_slice(&self.position.to_be_bytes());
     }
 }
 
@@ -107,7 +116,10 @@ impl NodeStatus {
 pub struct ChainRoute {
     /// (device id, address), the first device first.
     pub devices: Vec<(u16, SocketAddr)>,
+    /// The primary server.
     pub server: SocketAddr,
+    /// The primary's replica servers, in its `--replica` order.
+    pub replicas: Vec<SocketAddr>,
 }
 
 impl ChainRoute {
@@ -133,10 +145,22 @@ impl ChainRoute {
         *self.devices.last().expect("a chain has a device")
     }
 
-    /// Checked: 1 to [`MAX_CHAIN_DEVICES`] devices, no address or id twice.
+    /// Checked: 1 to [`MAX_CHAIN_DEVICES`] devices, at most [`MAX_CHAIN_REPLICAS`] replicas,
+    /// no address or device id twice.
     pub fn check(&self) -> Result<(), RouteParseError> {
-        if self.devices.is_empty() || self.devices.len() > MAX_CHAIN_DEVICES {
+        if self.devices.is_empty()
+            || self.devices.len() > MAX_CHAIN_DEVICES
+            || self.replicas.len() > MAX_CHAIN_REPLICAS
+        {
             return Err(RouteParseError::BadChain);
+        }
+        for (index, replica) in self.replicas.iter().enumerate() {
+            let twice = self.replicas[..index].contains(replica)
+                || *replica == self.server
+                || self.devices.iter().any(|(_, address)| address == replica);
+            if twice {
+                return Err(RouteParseError::BadChain);
+            }
         }
         for (index, (id, address)) in self.devices.iter().enumerate() {
             let twice = self.devices[..index]
@@ -155,37 +179,49 @@ impl ChainRoute {
 pub struct Route {
     pub epoch: u64,
     pub boot: u64,
+    /// The address of the node it is for, as the plan has it: where that node finds its place.
+    pub to: SocketAddr,
     pub chain: ChainRoute,
 }
 
 impl Route {
     pub fn parse(payload: &[u8]) -> Result<Route, RouteParseError> {
-        let fixed = 8 + 8 + CLIENT_ADDRESS_LEN + 1;
-        if payload.len() < fixed {
-            return Err(RouteParseError::BadLength);
-        }
-        let epoch = u64::from_be_bytes(payload[..8].try_into().expect("8"));
-        let boot = u64::from_be_bytes(payload[8..16].try_into().expect("8"));
-        let server = decode_client_address(&payload[16..16 + CLIENT_ADDRESS_LEN])
-            .map_err(|_| RouteParseError::BadCode)?;
-        let count = usize::from(payload[fixed - 1]);
+        let mut reader = Reader(payload);
+        let epoch = reader.u64()?;
+        let boot = reader.u64()?;
+        let to = reader.address()?;
+        let server = reader.address()?;
+        let count = usize::from(reader.u8()?);
         if count == 0 || count > MAX_CHAIN_DEVICES {
             return Err(RouteParseError::BadChain);
         }
-        let entry = 2 + CLIENT_ADDRESS_LEN;
-        if payload.len() != fixed + count * entry {
+        let mut devices = Vec::with_capacity(count);
+        for _ in 0..count {
+            let id = u16::from_be_bytes([reader.u8()?, reader.u8()?]);
+            devices.push((id, reader.address()?));
+        }
+        let count = usize::from(reader.u8()?);
+        if count > MAX_CHAIN_REPLICAS {
+            return Err(RouteParseError::BadChain);
+        }
+        let replicas = (0..count)
+            .map(|_| reader.address())
+            .collect::<Result<Vec<_>, _>>()?;
+        if !reader.0.is_empty() {
             return Err(RouteParseError::BadLength);
         }
-        let mut devices = Vec::with_capacity(count);
-        for bytes in payload[fixed..].chunks_exact(entry) {
-            let id = u16::from_be_bytes([bytes[0], bytes[1]]);
-            let address =
-                decode_client_address(&bytes[2..]).map_err(|_| RouteParseError::BadCode)?;
-            devices.push((id, address));
-        }
-        let chain = ChainRoute { devices, server };
+        let chain = ChainRoute {
+            devices,
+            server,
+            replicas,
+        };
         chain.check()?;
-        Ok(Route { epoch, boot, chain })
+        Ok(Route {
+            epoch,
+            boot,
+            to,
+            chain,
+        })
     }
 
     /// The payload; the chain must pass [`ChainRoute::check`].
@@ -193,12 +229,45 @@ impl Route {
         debug_assert!(self.chain.check().is_ok());
         out.extend_from_slice(&self.epoch.to_be_bytes());
         out.extend_from_slice(&self.boot.to_be_bytes());
+        out.extend_from_slice(&encode_client_address(self.to));
         out.extend_from_slice(&encode_client_address(self.chain.server));
         out.push(self.chain.devices.len() as u8);
         for (id, address) in &self.chain.devices {
             out.extend_from_slice(&id.to_be_bytes());
             out.extend_from_slice(&encode_client_address(*address));
         }
+        out.push(self.chain.replicas.len() as u8);
+        for address in &self.chain.replicas {
+            out.extend_from_slice(&encode_client_address(*address));
+        }
+    }
+}
+
+/// Reading a route, never past its end.
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take(&mut self, len: usize) -> Result<&[u8], RouteParseError> {
+        if self.0.len() < len {
+            return Err(RouteParseError::BadLength);
+        }
+        let (front, rest) = self.0.split_at(len);
+        self.0 = rest;
+        Ok(front)
+    }
+
+    fn u8(&mut self) -> Result<u8, RouteParseError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u64(&mut self) -> Result<u64, RouteParseError> {
+        Ok(u64::from_be_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    fn address(&mut self) -> Result<SocketAddr, RouteParseError> {
+        decode_client_address(self.take(CLIENT_ADDRESS_LEN)?).map_err(|_| RouteParseError::BadCode)
     }
 }
 
@@ -214,6 +283,7 @@ mod tests {
                 (3, "[fe80::3]:7000".parse().unwrap()),
             ],
             server: "10.0.0.9:7001".parse().unwrap(),
+            replicas: vec!["10.0.0.10:7001".parse().unwrap()],
         }
     }
 
@@ -224,6 +294,7 @@ mod tests {
             boot: 0x0102_0304_0506_0708,
             epoch: 7,
             stamp: 123_456,
+            position: 99,
         };
         let mut bytes = Vec::new();
         status.emit(&mut bytes);
@@ -232,11 +303,12 @@ mod tests {
         let route = Route {
             epoch: 9,
             boot: 42,
+            to: "10.0.0.2:7000".parse().unwrap(),
             chain: chain(),
         };
         let mut bytes = Vec::new();
         route.emit(&mut bytes);
-        assert_eq!(bytes.len(), 36 + 3 * 21);
+        assert_eq!(bytes.len(), 16 + 19 + 19 + 1 + 3 * 21 + 1 + 19);
         assert_eq!(Route::parse(&bytes), Ok(route));
     }
 
@@ -253,6 +325,7 @@ mod tests {
             boot: 0xabcd,
             epoch: 3,
             stamp: 1_000,
+            position: 0,
         }
         .emit(&mut out);
         assert_eq!(
@@ -260,18 +333,21 @@ mod tests {
             "01\
              000000000000abcd\
              0000000000000003\
-             00000000000003e8"
+             00000000000003e8\
+             0000000000000000"
         );
         out.clear();
         let route = Route {
             epoch: 4,
             boot: 0xabcd,
+            to: "10.0.0.23:7400".parse().unwrap(),
             chain: ChainRoute {
                 devices: vec![
                     (1, "10.0.0.21:7400".parse().unwrap()),
                     (3, "10.0.0.23:7400".parse().unwrap()),
                 ],
                 server: "10.0.0.9:7001".parse().unwrap(),
+                replicas: vec!["10.0.0.10:7001".parse().unwrap()],
             },
         };
         route.emit(&mut out);
@@ -279,10 +355,13 @@ mod tests {
             hex(&out),
             "0000000000000004\
              000000000000abcd\
+             041ce80a000017000000000000000000000000\
              041b590a000009000000000000000000000000\
              02\
              0001041ce80a000015000000000000000000000000\
-             0003041ce80a000017000000000000000000000000"
+             0003041ce80a000017000000000000000000000000\
+             01\
+             041b590a00000a000000000000000000000000"
         );
         assert_eq!(Route::parse(&out), Ok(route));
     }
@@ -302,6 +381,7 @@ mod tests {
         let route = Route {
             epoch: 1,
             boot: 2,
+            to: "10.0.0.2:7000".parse().unwrap(),
             chain: chain(),
         };
         let mut bytes = Vec::new();
@@ -320,11 +400,15 @@ mod tests {
         let mut twice = chain();
         twice.devices[2] = twice.devices[0];
         assert_eq!(twice.check(), Err(RouteParseError::BadChain));
-        let mut zero = bytes[..36].to_vec();
-        zero[35] = 0;
+        let mut zero = bytes[..55].to_vec();
+        zero[54] = 0;
         assert_eq!(Route::parse(&zero), Err(RouteParseError::BadChain));
+        // A replica at the server's address.
+        let mut at_server = chain();
+        at_server.replicas = vec![at_server.server];
+        assert_eq!(at_server.check(), Err(RouteParseError::BadChain));
         let mut status = vec![4u8];
-        status.extend_from_slice(&[0; 24]);
+        status.extend_from_slice(&[0; 32]);
         assert_eq!(NodeStatus::parse(&status), Err(RouteParseError::BadCode));
         assert_eq!(
             NodeStatus::parse(&status[..10]),

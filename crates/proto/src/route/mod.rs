@@ -78,6 +78,8 @@ pub struct FollowerCounters {
 #[derive(Debug)]
 pub struct Follower {
     config: FollowerConfig,
+    /// A server's applied position, as its owner last gave it.
+    position: u64,
     next_status: Time,
     /// A client asks only while this is set (its requests go unanswered).
     asking: bool,
@@ -95,6 +97,7 @@ impl Follower {
         );
         Follower {
             config,
+            position: 0,
             next_status: now,
             asking: false,
             taken: None,
@@ -130,6 +133,17 @@ impl Follower {
     /// the controller took the lost device out.
     pub fn ask(&mut self) {
         self.asking = true;
+    }
+
+    /// A server's applied position, for its next statuses (the controller promotes the
+    /// replica furthest along).
+    pub fn set_position(&mut self, position: u64) {
+        self.position = position;
+    }
+
+    /// Whether a status is due at `now`.
+    pub fn status_due(&self, now: Time) -> bool {
+        self.is_on() && now >= self.next_status
     }
 
     /// A client's requests are answered again: it stops asking.
@@ -183,6 +197,7 @@ impl Follower {
             // The owner's clock in milliseconds, plus one: rising within a boot (a restart in
             // place keeps the clock).
             stamp: now.as_nanos() / 1_000_000 + 1,
+            position: self.position,
         };
         let header = Header {
             device_id: self.config.device_id,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use pmnet_wire::replication::{decode_client_address, encode_client_address, CLIENT_ADDRESS_LEN};
 use pmnet_wire::route::{
-    ChainRoute, NodeStatus, Role, Route, MAX_CHAIN_DEVICES, NODE_STATUS, ROUTE,
+    ChainRoute, NodeStatus, Role, Route, MAX_CHAIN_DEVICES, MAX_CHAIN_REPLICAS, NODE_STATUS, ROUTE,
 };
 use pmnet_wire::{Header, PacketType};
 
@@ -38,6 +38,9 @@ pub struct ChainSpec {
     pub devices: Vec<(u16, SocketAddr)>,
     /// Devices put in, before the server, when one is taken out.
     pub spares: Vec<(u16, SocketAddr)>,
+    /// The primary's replica servers (its `--replica` list): the one furthest along replaces
+    /// a lost primary.
+    pub replicas: Vec<SocketAddr>,
 }
 
 /// A planner's settings.
@@ -58,6 +61,8 @@ pub struct PlannerCounters {
     pub client_questions: u64,
     pub devices_removed: u64,
     pub spares_joined: u64,
+    pub primaries_replaced: u64,
+    pub replicas_removed: u64,
 }
 
 /// A change of a plan, in words.
@@ -73,6 +78,22 @@ pub enum PlannerEvent {
         server_id: u16,
         device: (u16, SocketAddr),
         after: (u16, SocketAddr),
+        epoch: u64,
+    },
+    /// The primary was silent: the replica furthest along is the primary now.
+    Promoted {
+        server_id: u16,
+        lost: SocketAddr,
+        primary: SocketAddr,
+        position: u64,
+        silent: Duration,
+        epoch: u64,
+    },
+    /// A replica server was silent: the primary goes on without it.
+    ReplicaRemoved {
+        server_id: u16,
+        replica: SocketAddr,
+        silent: Duration,
         epoch: u64,
     },
     /// A device's first status of a boot.
@@ -108,6 +129,31 @@ impl fmt::Display for PlannerEvent {
                 "chain of server {server_id}: spare device {id} ({address}) joined after device \
                  {after_id} ({after}), which replays its log to it; epoch {epoch}"
             ),
+            PlannerEvent::Promoted {
+                server_id,
+                lost,
+                primary,
+                position,
+                silent,
+                epoch,
+            } => write!(
+                f,
+                "chain of server {server_id}: primary {lost} suspected (no status for {} ms) \
+                 and replaced by its replica {primary} (applied position {position}, the \
+                 furthest along); epoch {epoch}",
+                silent.as_millis()
+            ),
+            PlannerEvent::ReplicaRemoved {
+                server_id,
+                replica,
+                silent,
+                epoch,
+            } => write!(
+                f,
+                "chain of server {server_id}: replica server {replica} suspected (no status for \
+                 {} ms) and removed; the primary goes on without it; epoch {epoch}",
+                silent.as_millis()
+            ),
             PlannerEvent::Heard {
                 server_id,
                 role,
@@ -137,6 +183,7 @@ struct View {
     boot: u64,
     epoch: u64,
     stamp: u64,
+    position: u64,
     heard: Time,
 }
 
@@ -149,6 +196,8 @@ struct Chain {
     wanted: u8,
     spares: Vec<(u16, SocketAddr)>,
     removed: Vec<(u16, SocketAddr)>,
+    /// Servers taken out (a lost primary, a silent replica), the latest last.
+    servers_removed: Vec<SocketAddr>,
     views: BTreeMap<SocketAddr, View>,
     /// Since when the live devices are watched (the planner's start): a device is suspected
     /// only after this long without a status.
@@ -196,29 +245,39 @@ impl Planner {
                 return Err(format!("server {} has two chains", spec.server_id));
             }
             let configured = spec.devices.len().clamp(1, MAX_CHAIN_DEVICES) as u8;
-            let (wanted, route, spares, removed) = match saved_chains.remove(&spec.server_id) {
-                Some(saved) => saved,
-                None => {
-                    let route = ChainRoute {
-                        devices: spec.devices.clone(),
-                        server: spec.server,
-                    };
-                    route.check().map_err(|_| {
-                        format!(
-                            "the chain of server {}: 1 to {MAX_CHAIN_DEVICES} devices, each id \
-                             and address once, none at the server's address",
-                            spec.server_id
+            let (wanted, route, spares, removed, servers_removed) =
+                match saved_chains.remove(&spec.server_id) {
+                    Some(saved) => saved,
+                    None => {
+                        let route = ChainRoute {
+                            devices: spec.devices.clone(),
+                            server: spec.server,
+                            replicas: spec.replicas.clone(),
+                        };
+                        route.check().map_err(|_| {
+                            format!(
+                                "the chain of server {}: 1 to {MAX_CHAIN_DEVICES} devices and at \
+                             most {MAX_CHAIN_REPLICAS} replica servers, each id and address \
+                             once",
+                                spec.server_id
+                            )
+                        })?;
+                        (
+                            configured,
+                            route,
+                            spec.spares.clone(),
+                            Vec::new(),
+                            Vec::new(),
                         )
-                    })?;
-                    (configured, route, spec.spares.clone(), Vec::new())
-                }
-            };
+                    }
+                };
             chains.push(Chain {
                 server_id: spec.server_id,
                 route,
                 wanted,
                 spares,
                 removed,
+                servers_removed,
                 views: BTreeMap::new(),
                 since: now,
             });
@@ -319,7 +378,7 @@ impl Planner {
                 .chain(&chain.spares)
                 .chain(&chain.removed)
                 .any(|&(id, address)| id == header.device_id && address == from),
-            _ => from == chain.route.server,
+            _ => from == chain.route.server || chain.route.replicas.contains(&from),
         };
         if !known {
             self.drops.record(DropReason::UnexpectedSource);
@@ -360,6 +419,7 @@ impl Planner {
                 boot: status.boot,
                 epoch: status.epoch,
                 stamp: status.stamp,
+                position: status.position,
                 heard: now,
             },
         );
@@ -398,6 +458,7 @@ impl Planner {
         let route = Route {
             epoch: self.epoch,
             boot,
+            to,
             chain: chain.route.clone(),
         };
         let mut payload = Vec::new();
@@ -436,6 +497,7 @@ impl Planner {
                     epoch: self.epoch,
                 });
             }
+            self.check_servers(index, now);
             // A chain short of its devices takes a heard spare.
             while usize::from(self.chains[index].wanted) > self.chains[index].route.devices.len() {
                 if !self.join_spare(index, now) {
@@ -443,6 +505,90 @@ impl Planner {
                 }
             }
         }
+    }
+
+    /// A silent primary replaced by the replica furthest along (one heard within the
+    /// suspicion delay); silent replicas taken out.
+    fn check_servers(&mut self, index: usize, now: Time) {
+        let suspect_after = self.suspect_after;
+        let chain = &self.chains[index];
+        let primary = chain.route.server;
+        if !chain.route.replicas.is_empty() && self.suspect_at(chain, primary) <= now {
+            let best = chain
+                .route
+                .replicas
+                .iter()
+                .filter_map(|replica| {
+                    let view = chain.views.get(replica)?;
+                    (view.heard >= chain.since && now - view.heard < suspect_after)
+                        .then_some((view.position, *replica))
+                })
+                // The highest position; of equal ones, the first in the primary's list.
+                .fold(
+                    None,
+                    |best: Option<(u64, SocketAddr)>, (position, replica)| match best {
+                        Some((top, _)) if top >= position => best,
+                        _ => Some((position, replica)),
+                    },
+                );
+            if let Some((position, promoted)) = best {
+                let silent = now - self.heard_or_since(chain, primary);
+                self.epoch += 1;
+                self.save = true;
+                self.counters.primaries_replaced += 1;
+                let chain = &mut self.chains[index];
+                chain.route.replicas.retain(|replica| *replica != promoted);
+                chain.route.server = promoted;
+                chain.servers_removed.push(primary);
+                if chain.servers_removed.len() > MAX_CHAIN_REPLICAS {
+                    chain.servers_removed.remove(0);
+                }
+                self.events.push_back(PlannerEvent::Promoted {
+                    server_id: chain.server_id,
+                    lost: primary,
+                    primary: promoted,
+                    position,
+                    silent,
+                    epoch: self.epoch,
+                });
+            }
+        }
+        loop {
+            let chain = &self.chains[index];
+            let Some(replica) = chain
+                .route
+                .replicas
+                .iter()
+                .copied()
+                .find(|replica| self.suspect_at(chain, *replica) <= now)
+            else {
+                break;
+            };
+            let silent = now - self.heard_or_since(chain, replica);
+            self.epoch += 1;
+            self.save = true;
+            self.counters.replicas_removed += 1;
+            let chain = &mut self.chains[index];
+            chain.route.replicas.retain(|other| *other != replica);
+            chain.servers_removed.push(replica);
+            if chain.servers_removed.len() > MAX_CHAIN_REPLICAS {
+                chain.servers_removed.remove(0);
+            }
+            self.events.push_back(PlannerEvent::ReplicaRemoved {
+                server_id: chain.server_id,
+                replica,
+                silent,
+                epoch: self.epoch,
+            });
+        }
+    }
+
+    /// When `address` was last heard, or the planner's start if later (or never heard).
+    fn heard_or_since(&self, chain: &Chain, address: SocketAddr) -> Time {
+        chain
+            .views
+            .get(&address)
+            .map_or(chain.since, |view| view.heard.max(chain.since))
     }
 
     /// When a live device of chain `index` is due to be suspected: its last status plus the
@@ -524,6 +670,7 @@ impl Planner {
                     .iter()
                     .map(|(_, address)| *address)
                     .chain([chain.route.server])
+                    .chain(chain.route.replicas.iter().copied())
                     .filter_map(|address| {
                         let view = chain.views.get(&address)?;
                         (view.epoch != self.epoch).then_some((address, view.boot))
@@ -551,6 +698,11 @@ impl Planner {
         for chain in &self.chains {
             if chain.route.devices.len() >= 2 {
                 for (_, address) in &chain.route.devices {
+                    next = next.min(self.suspect_at(chain, *address));
+                }
+            }
+            if !chain.route.replicas.is_empty() {
+                for address in chain.route.replicas.iter().chain([&chain.route.server]) {
                     next = next.min(self.suspect_at(chain, *address));
                 }
             }
@@ -584,8 +736,17 @@ fn encode_plan(epoch: u64, chains: &[Chain]) -> Vec<u8> {
         push_devices(&mut out, &chain.route.devices);
         push_devices(&mut out, &chain.spares);
         push_devices(&mut out, &chain.removed);
+        push_addresses(&mut out, &chain.route.replicas);
+        push_addresses(&mut out, &chain.servers_removed);
     }
     out
+}
+
+fn push_addresses(out: &mut Vec<u8>, addresses: &[SocketAddr]) {
+    out.push(addresses.len() as u8);
+    for address in addresses {
+        out.extend_from_slice(&encode_client_address(*address));
+    }
 }
 
 type SavedChain = (
@@ -593,6 +754,7 @@ type SavedChain = (
     ChainRoute,
     Vec<(u16, SocketAddr)>,
     Vec<(u16, SocketAddr)>,
+    Vec<SocketAddr>,
 );
 
 /// A saved plan; `None` when damaged. Never panics.
@@ -608,6 +770,13 @@ fn decode_plan(bytes: &[u8]) -> Option<(u64, BTreeMap<u16, SavedChain>)> {
         }
         fn address(&mut self) -> Option<SocketAddr> {
             decode_client_address(self.take(CLIENT_ADDRESS_LEN)?).ok()
+        }
+        fn addresses(&mut self) -> Option<Vec<SocketAddr>> {
+            let count = usize::from(self.take(1)?[0]);
+            if count > 2 * MAX_CHAIN_REPLICAS {
+                return None;
+            }
+            (0..count).map(|_| self.address()).collect()
         }
         fn devices(&mut self) -> Option<Vec<(u16, SocketAddr)>> {
             let count = usize::from(self.take(1)?[0]);
@@ -634,11 +803,17 @@ fn decode_plan(bytes: &[u8]) -> Option<(u64, BTreeMap<u16, SavedChain>)> {
         let server = reader.address()?;
         let wanted = reader.take(1)?[0];
         let devices = reader.devices()?;
-        let route = ChainRoute { devices, server };
-        route.check().ok()?;
         let spares = reader.devices()?;
         let removed = reader.devices()?;
-        chains.insert(server_id, (wanted, route, spares, removed));
+        let replicas = reader.addresses()?;
+        let servers_removed = reader.addresses()?;
+        let route = ChainRoute {
+            devices,
+            server,
+            replicas,
+        };
+        route.check().ok()?;
+        chains.insert(server_id, (wanted, route, spares, removed, servers_removed));
     }
     reader.0.is_empty().then_some((epoch, chains))
 }

@@ -23,6 +23,7 @@ fn planner(now: Time) -> Planner {
                 server: addr(SERVER),
                 devices: vec![(1, addr(1)), (2, addr(2)), (3, addr(3))],
                 spares: vec![(4, addr(4))],
+                replicas: Vec::new(),
             }],
             suspect_after: Duration::from_millis(50),
             auth: None,
@@ -44,6 +45,7 @@ fn status(role: Role, device_id: u16, boot: u64, epoch: u64, stamp: u64) -> Vec<
         boot,
         epoch,
         stamp,
+        position: 0,
     }
     .emit(&mut payload);
     header.encode(&payload)
@@ -159,6 +161,7 @@ fn a_silent_device_is_taken_out_and_a_heard_spare_put_in_before_the_server() {
                 server: addr(SERVER),
                 devices: vec![(1, addr(1)), (2, addr(2)), (3, addr(3))],
                 spares: vec![(4, addr(4))],
+                replicas: Vec::new(),
             }],
             suspect_after: Duration::from_millis(50),
             auth: None,
@@ -253,9 +256,11 @@ fn a_follower_takes_only_newer_routes_for_its_boot_from_a_controller() {
         Route {
             epoch,
             boot,
+            to: addr(2),
             chain: pmnet_wire::route::ChainRoute {
                 devices: vec![(1, addr(1)), (2, addr(2))],
                 server: addr(SERVER),
+                replicas: Vec::new(),
             },
         }
         .emit(&mut payload);
@@ -315,6 +320,7 @@ fn a_device_s_settings_follow_its_place_in_the_chain() {
     let chain = ChainRoute {
         devices: vec![(7, address(1)), (8, address(2))],
         server: address(9),
+        replicas: Vec::new(),
     };
     let first = device_settings(&chain, 1, 7).expect("in the chain");
     assert_eq!(first.next, address(2));
@@ -326,4 +332,81 @@ fn a_device_s_settings_follow_its_place_in_the_chain() {
     assert_eq!(last.previous, Some((7, address(1))));
     assert_eq!(last.previous_devices, vec![(1, address(1))]);
     assert_eq!(device_settings(&chain, 1, 9), None);
+}
+
+fn server_status(boot: u64, epoch: u64, stamp: u64, position: u64) -> Vec<u8> {
+    let header = Header::new(PacketType::Reserved(NODE_STATUS), 1, boot, 0);
+    let mut payload = Vec::new();
+    NodeStatus {
+        role: Role::Server,
+        boot,
+        epoch,
+        stamp,
+        position,
+    }
+    .emit(&mut payload);
+    header.encode(&payload)
+}
+
+#[test]
+fn a_silent_primary_is_replaced_by_the_replica_furthest_along_and_a_silent_replica_taken_out() {
+    let (r1, r2, r3) = (addr(SERVER + 1), addr(SERVER + 2), addr(SERVER + 3));
+    let mut planner = Planner::new(
+        PlannerConfig {
+            chains: vec![ChainSpec {
+                server_id: 1,
+                server: addr(SERVER),
+                devices: vec![(1, addr(1))],
+                spares: Vec::new(),
+                replicas: vec![r1, r2, r3],
+            }],
+            suspect_after: Duration::from_millis(50),
+            auth: None,
+        },
+        ms(0),
+        None,
+    )
+    .expect("a planner");
+    planner.poll_save();
+    let hear_servers = |planner: &mut Planner, at: u64, primary: bool| {
+        let device = status(Role::Device, 1, 1, 1, at);
+        planner.handle(ms(at), addr(1), &device);
+        if primary {
+            planner.handle(ms(at), addr(SERVER), &server_status(90, 1, at, 500));
+        }
+        // Replica 2 is furthest along; replica 3 falls silent after 10 ms.
+        planner.handle(ms(at), r1, &server_status(91, 1, at, 400));
+        planner.handle(ms(at), r2, &server_status(92, 1, at, 450));
+        if at <= 10 {
+            planner.handle(ms(at), r3, &server_status(93, 1, at, 460));
+        }
+    };
+    hear_servers(&mut planner, 10, true);
+    for at in (20..=70).step_by(10) {
+        hear_servers(&mut planner, at, false);
+        planner.handle_timeout(ms(at));
+    }
+    let events: Vec<String> = std::iter::from_fn(|| planner.poll_event())
+        .map(|event| event.to_string())
+        .filter(|line| !line.contains("heard"))
+        .collect();
+    assert_eq!(planner.counters().primaries_replaced, 1, "{events:?}");
+    assert_eq!(planner.counters().replicas_removed, 1, "{events:?}");
+    assert!(
+        events[0].contains(&format!("replaced by its replica {r2}")),
+        "replica 3 was silent too, so replica 2 (450) goes before replica 1 (400): {events:?}"
+    );
+    planner.poll_save().expect("saved");
+    let sent = routes(&mut planner);
+    let route = &sent[0].1;
+    assert_eq!(route.chain.server, r2);
+    assert_eq!(route.chain.replicas, vec![r1]);
+    // The device forwards to the new primary; each node is told who it is.
+    assert_eq!(device_place(&route.chain, 1), Some((r2, None)));
+    for (to, route) in &sent {
+        assert_eq!(route.to, *to);
+    }
+    let mut to: Vec<SocketAddr> = sent.iter().map(|(to, _)| *to).collect();
+    to.sort();
+    assert_eq!(to, vec![addr(1), r1, r2]);
 }

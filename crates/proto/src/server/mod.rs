@@ -293,6 +293,12 @@ struct Recovery {
 #[derive(Debug)]
 pub struct Server {
     config: ServerConfig,
+    /// A route that changes this server's part (primary or replica, its replicas, its
+    /// primary): for its owner to restart it in place with these devices and replicas
+    /// (`devices.rs`).
+    restart: Option<(Vec<SocketAddr>, Vec<SocketAddr>)>,
+    /// The applied position the last status gave, and when it was computed.
+    position: Option<(Time, u64)>,
     /// The controllers' side of this server: statuses out, routes in.
     follower: Option<crate::route::Follower>,
     table: Table,
@@ -417,6 +423,8 @@ impl Server {
             retained_waiting: VecDeque::new(),
             hold_replies_waiting: crate::AfterDurable::new(HOLD_REPLIES_WAITING_MAX),
             holds,
+            restart: None,
+            position: None,
             follower: config
                 .follow
                 .clone()
@@ -714,10 +722,9 @@ impl Server {
                     Err(reason) => self.count_drop(reason),
                     Ok(false) => {}
                     Ok(true) => {
-                        // The chain's last device is the one this server asks.
                         if let Some(route) = follower.take_route() {
                             self.counters.routes_taken += 1;
-                            self.replace_devices(now, vec![route.chain.last().1]);
+                            self.follow_route(now, &route);
                         }
                     }
                 }
@@ -1168,7 +1175,14 @@ impl Server {
     /// supply any more, retry deferred requests, re-poll devices that have not answered the
     /// recovery poll.
     pub fn handle_timeout(&mut self, now: Time) {
-        if let Some(follower) = self.follower.as_mut() {
+        if self
+            .follower
+            .as_ref()
+            .is_some_and(|follower| follower.status_due(now))
+        {
+            let position = self.status_position(now);
+            let follower = self.follower.as_mut().expect("checked");
+            follower.set_position(position);
             follower.handle_timeout(now);
             while let Some(transmit) = follower.poll_transmit() {
                 self.transmits.push_back(transmit);

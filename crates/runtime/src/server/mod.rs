@@ -141,6 +141,11 @@ pub struct ServerRuntime {
     addresses: ServerAddresses,
     board: MetricsBoard,
     shutdown: Shutdown,
+    /// Ends this run's loop (the process's stop, or a restart in place) and its metrics
+    /// endpoint.
+    run_stop: Shutdown,
+    /// The options to open again with, when a controller's route asked for a restart in place.
+    restart: Option<ServerOptions>,
     counters: RuntimeCounters,
     /// The packet store's receive path: datagrams land in store slots.
     receiver: Option<Box<SlotReceiver>>,
@@ -213,8 +218,18 @@ impl ServerRuntime {
         let _entered = self.span.clone().entered();
         let settings = LoopSettings::from(&self.options.loop_options);
         let board = self.addresses.metrics.map(|_| self.board.clone());
-        let shutdown = self.shutdown.clone();
-        run_loop(self, settings, board.as_ref(), &shutdown)
+        let stop = self.run_stop.clone();
+        let result = run_loop(self, settings, board.as_ref(), &stop);
+        // The metrics endpoint stops with the run (a restart in place opens its own).
+        self.run_stop.request();
+        result
+    }
+
+    /// The options a controller's route asked this server to be opened again with (a restart
+    /// in place: drop this runtime, then [`ServerRuntime::open_with_xdp`] them), once the run
+    /// ended.
+    pub fn take_restart(&mut self) -> Option<ServerOptions> {
+        self.restart.take()
     }
 
     /// One turn of the loop: receive a batch, handle it, fire due timers, apply, send.
@@ -302,6 +317,28 @@ impl ServerRuntime {
             xdp.follow_store();
         }
         self.report_store_full();
+        if self.shutdown.is_requested() {
+            self.run_stop.request();
+        }
+        if let Some((devices, replicas)) = self.server.take_restart() {
+            let mut options = self.options.clone();
+            tracing::warn!(
+                "route: restarting in place with devices {devices:?} and replicas \
+                 {replicas:?} (was devices {:?}, replicas {:?}): the store and the forward log \
+                 are opened again",
+                options.devices,
+                options.replicas
+            );
+            options.devices = devices;
+            options.replicas = replicas;
+            if let (Some(follow), Some(follower)) =
+                (options.follow.as_mut(), self.server.follower())
+            {
+                follow.epoch = follower.epoch();
+            }
+            self.restart = Some(options);
+            self.run_stop.request();
+        }
         turn
     }
 

@@ -306,7 +306,8 @@ impl ServerRuntime {
         // Without keys: say so, at most once a minute, while other hosts send to it.
         server.warn_of_plain_traffic();
         let board = MetricsBoard::new();
-        let metrics = start_metrics(&options.loop_options, &board, &shutdown)?;
+        let run_stop = Shutdown::new();
+        let metrics = start_metrics_patiently(&options.loop_options, &board, &run_stop)?;
         let addresses = ServerAddresses {
             data: socket.local_addr(),
             metrics,
@@ -332,6 +333,8 @@ impl ServerRuntime {
             addresses,
             board,
             shutdown,
+            run_stop,
+            restart: None,
             counters: RuntimeCounters::default(),
             receiver: None,
             received_slots: ReceivedSlots::default(),
@@ -466,4 +469,26 @@ fn startup_report(
         },
     };
     (startup, sessions)
+}
+
+/// The metrics endpoint, bound again for up to a second while the port is still held: a
+/// restart in place binds it while the last run's endpoint lets it go (it looks at its stop
+/// flag every 100 ms).
+fn start_metrics_patiently(
+    options: &crate::LoopOptions,
+    board: &MetricsBoard,
+    stop: &Shutdown,
+) -> Result<Option<std::net::SocketAddr>, RuntimeError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        match start_metrics(options, board, stop) {
+            Err(RuntimeError::Bind { source, .. })
+                if source.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
 }

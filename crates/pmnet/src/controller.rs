@@ -77,6 +77,13 @@ pub struct ControllerArgs {
           value_parser = parse_spare)]
     pub spares: Vec<(u16, u16, std::net::SocketAddr)>,
 
+    /// A chain's primary or replica server with no status for this long is replaced or taken
+    /// out (at least --suspect-after-ms: a server restarts in place, its store opened again,
+    /// when a route changes its part).
+    #[arg(long, value_name = "MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(5..=600_000))]
+    pub server_suspect_after_ms: u64,
+
     /// A replica server of the primary of the chain of server SERVER_ID, in the order of the
     /// primary's --replica list (repeat; at most 8): a lost primary is replaced by the one
     /// furthest along, a silent one taken out of the primary's list (run each with
@@ -197,6 +204,7 @@ fn planner_config(
     Ok(Some(pmnet_proto::route::PlannerConfig {
         chains,
         suspect_after: Duration::from_millis(args.plan.suspect_after_ms),
+        server_suspect_after: Duration::from_millis(args.server_suspect_after_ms),
         auth: keys.map(pmnet_proto::Authenticator::new),
     }))
 }

@@ -49,6 +49,10 @@ pub struct PlannerConfig {
     pub chains: Vec<ChainSpec>,
     /// A device with no status for this long is taken out of its chain.
     pub suspect_after: Duration,
+    /// A server (the primary, a replica) with no status for this long is replaced or taken
+    /// out: longer than a device's delay, since a server restarts in place (its store opened
+    /// again) when a route changes its part, and sends no status meanwhile.
+    pub server_suspect_after: Duration,
     /// Seal every datagram sent and accept only datagrams that verify.
     pub auth: Option<pmnet_auth::Authenticator>,
 }
@@ -209,6 +213,7 @@ struct Chain {
 pub struct Planner {
     auth: Option<pmnet_auth::Authenticator>,
     suspect_after: Duration,
+    server_suspect_after: Duration,
     epoch: u64,
     chains: Vec<Chain>,
     save: bool,
@@ -285,6 +290,7 @@ impl Planner {
         Ok(Planner {
             auth: config.auth,
             suspect_after: config.suspect_after,
+            server_suspect_after: config.server_suspect_after.max(config.suspect_after),
             epoch,
             chains,
             save: saved.is_none(),
@@ -510,7 +516,7 @@ impl Planner {
     /// A silent primary replaced by the replica furthest along (one heard within the
     /// suspicion delay); silent replicas taken out.
     fn check_servers(&mut self, index: usize, now: Time) {
-        let suspect_after = self.suspect_after;
+        let suspect_after = self.server_suspect_after;
         let chain = &self.chains[index];
         let primary = chain.route.server;
         if !chain.route.replicas.is_empty() && self.suspect_at(chain, primary) <= now {
@@ -595,9 +601,14 @@ impl Planner {
     /// suspicion delay, or, never heard since the planner started, the start plus
     /// [`START_GRACE`] (at least the delay).
     fn suspect_at(&self, chain: &Chain, address: SocketAddr) -> Time {
+        let delay = if address == chain.route.server || chain.route.replicas.contains(&address) {
+            self.server_suspect_after
+        } else {
+            self.suspect_after
+        };
         match chain.views.get(&address) {
-            Some(view) if view.heard >= chain.since => view.heard + self.suspect_after,
-            _ => chain.since + self.suspect_after.max(START_GRACE),
+            Some(view) if view.heard >= chain.since => view.heard + delay,
+            _ => chain.since + delay.max(START_GRACE),
         }
     }
 

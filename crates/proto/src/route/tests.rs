@@ -26,6 +26,7 @@ fn planner(now: Time) -> Planner {
                 replicas: Vec::new(),
             }],
             suspect_after: Duration::from_millis(50),
+            server_suspect_after: Duration::from_millis(50),
             auth: None,
         },
         now,
@@ -164,6 +165,7 @@ fn a_silent_device_is_taken_out_and_a_heard_spare_put_in_before_the_server() {
                 replicas: Vec::new(),
             }],
             suspect_after: Duration::from_millis(50),
+            server_suspect_after: Duration::from_millis(50),
             auth: None,
         },
         ms(100),
@@ -297,6 +299,7 @@ fn any_saved_plan_bytes_are_refused_or_taken_never_a_panic() {
     let config = || PlannerConfig {
         chains: Vec::new(),
         suspect_after: Duration::from_millis(50),
+        server_suspect_after: Duration::from_millis(50),
         auth: None,
     };
     for len in 0..saved.len() {
@@ -361,6 +364,7 @@ fn a_silent_primary_is_replaced_by_the_replica_furthest_along_and_a_silent_repli
                 replicas: vec![r1, r2, r3],
             }],
             suspect_after: Duration::from_millis(50),
+            server_suspect_after: Duration::from_millis(50),
             auth: None,
         },
         ms(0),

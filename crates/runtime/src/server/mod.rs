@@ -331,6 +331,10 @@ impl ServerRuntime {
             );
             options.devices = devices;
             options.replicas = replicas;
+            // The same metrics address (the port it got, when it asked for any).
+            if let Some(metrics) = self.addresses.metrics {
+                options.loop_options.metrics_listen = Some(metrics);
+            }
             if let (Some(follow), Some(follower)) =
                 (options.follow.as_mut(), self.server.follower())
             {

@@ -170,9 +170,23 @@ pub(crate) fn print_banner(
                     .collect::<Vec<_>>()
                     .join(", ")
             };
+            let replicas = if route.replicas.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", replica servers [{}]",
+                    route
+                        .replicas
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
             println!(
-                "  device chain of server {server_id} ({}): {} > server (epoch {}); spares: \
-                 [{}]; taken out: [{}]; a device is taken out after {} ms without a status",
+                "  device chain of server {server_id} ({}{replicas}): {} > server (epoch {}); \
+                 spares: [{}]; taken out: [{}]; a device is taken out after {} ms without a \
+                 status",
                 route.server,
                 named(&route.devices).replace(", ", " > "),
                 planner.epoch(),

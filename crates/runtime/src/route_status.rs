@@ -26,6 +26,7 @@ pub fn planner_status(planner: &Planner, now: Time) -> serde_json::Value {
             serde_json::json!({
                 "server_id": server_id,
                 "server": route.server.to_string(),
+                "replicas": route.replicas.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "devices": named(&route.devices),
                 "spares": named(spares),
                 "removed": named(removed),
@@ -43,6 +44,8 @@ pub fn planner_status(planner: &Planner, now: Time) -> serde_json::Value {
             "client_questions": counters.client_questions,
             "devices_removed": counters.devices_removed,
             "spares_joined": counters.spares_joined,
+            "primaries_replaced": counters.primaries_replaced,
+            "replicas_removed": counters.replicas_removed,
             "dropped": planner.drops().values().sum::<u64>(),
         },
     })
@@ -75,6 +78,16 @@ pub fn planner_metrics(out: &mut Metrics, planner: &Planner) {
             "pmnet_controller_spares_joined_total",
             "Spare devices put into a chain.",
             counters.spares_joined,
+        ),
+        (
+            "pmnet_controller_primaries_replaced_total",
+            "Lost primary servers replaced by their replica furthest along.",
+            counters.primaries_replaced,
+        ),
+        (
+            "pmnet_controller_replicas_removed_total",
+            "Replica servers taken out of their primary's list (no status).",
+            counters.replicas_removed,
         ),
     ] {
         out.counter(name, help, &[], value);
@@ -119,13 +132,15 @@ pub fn planner_report(planner: &Planner) -> String {
     let counters = planner.counters();
     format!(
         "device chains: epoch {}; {}; {} statuses, {} routes, {} taken out, {} spares joined, {} \
-         dropped",
+         primaries replaced, {} replicas taken out, {} dropped",
         planner.epoch(),
         chains.join(", "),
         counters.statuses,
         counters.routes_sent,
         counters.devices_removed,
         counters.spares_joined,
+        counters.primaries_replaced,
+        counters.replicas_removed,
         planner.drops().values().sum::<u64>()
     )
 }

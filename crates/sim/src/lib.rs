@@ -17,6 +17,7 @@ mod world;
 
 pub use network::{Attacker, Cut, Delay, Faults, Network, NetworkCounters, Seen, Trace, TracedRun};
 pub use world::{
-    client_addr, device_addr, replica_addr, server_addr, ClientNode, DeviceNode, ServerApp,
-    ServerNode, Topology, World, DEVICE_ID, SERVER_ID, SLOT_SIZE,
+    client_addr, controller_addr, device_addr, replica_addr, server_addr, ClientNode,
+    ControllerNode, DeviceNode, ServerApp, ServerNode, Topology, World, DEVICE_ID, SERVER_ID,
+    SLOT_SIZE, STATUS_INTERVAL, SUSPECT_AFTER,
 };

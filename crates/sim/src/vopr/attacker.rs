@@ -28,7 +28,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::network::Attacker as Eavesdropper;
-use crate::world::{client_addr, device_addr, server_addr, World, SERVER_ID};
+use crate::world::{client_addr, controller_addr, device_addr, server_addr, World, SERVER_ID};
 
 use super::FaultSummary;
 
@@ -266,12 +266,15 @@ impl Attacker {
         world.inject(from, to, bytes);
     }
 
-    /// A real node's address (or, now and then, the attacker's own).
+    /// A real node's address — the controller's too, when there is one — or, now and then,
+    /// the attacker's own.
     fn node(&mut self, world: &World) -> SocketAddr {
-        match self.rng.random_range(0..4) {
+        let nodes = if world.controller.is_some() { 5 } else { 4 };
+        match self.rng.random_range(0..nodes) {
             0 => device_addr(self.rng.random_range(0..world.devices.len())),
             1 => server_addr(self.rng.random_range(0..world.servers.len())),
             2 => client_addr(self.rng.random_range(0..world.clients.len())),
+            4 => controller_addr(),
             _ => "10.66.66.66:6666".parse().expect("an address"),
         }
     }
@@ -333,5 +336,6 @@ fn drops(world: &World, reasons: &[&str]) -> u64 {
                 .iter()
                 .map(|node| count(&node.client.counters().dropped)),
         )
+        .chain((world.controller.iter()).map(|node| count(node.planner.drops())))
         .sum()
 }

@@ -189,7 +189,7 @@ fn cache_for_seed(seed: u64) -> bool {
 /// without the cache, and then how many (2 or 3) and how many of their acks each client waits
 /// for (1 to that many): drawn from a generator of their own, so that the other seeds'
 /// worlds do not change.
-fn chain_for_seed(seed: u64) -> Option<(usize, Vec<u8>)> {
+fn chain_for_seed(seed: u64) -> Option<Chain> {
     if cache_for_seed(seed) {
         return None;
     }
@@ -201,7 +201,15 @@ fn chain_for_seed(seed: u64) -> Option<(usize, Vec<u8>)> {
     let replicas = (0..4)
         .map(|_| rng.random_range(1..=devices as u8))
         .collect();
-    Some((devices, replicas))
+    Some(Chain { devices, replicas })
+}
+
+/// A seed's devices in series: a chain of `devices` and the acks each client waits for
+/// (client `i` the `i mod 4`-th). The controller plans the chain ([`World::with_controller`]),
+/// in front of one server, with one spare device it puts in when a device is taken out.
+struct Chain {
+    devices: usize,
+    replicas: Vec<u8>,
 }
 
 /// Fan-out (docs/replication.md, "Fan-out") on a quarter of the seeds with neither the
@@ -361,10 +369,16 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
         topology.client_count += churn.later_clients;
     }
     let chain = chain_for_seed(seed);
-    if let Some((devices, _)) = &chain {
+    let mut spare_slots = None;
+    if let Some(chain) = &chain {
         let mut slots = ChaCha8Rng::seed_from_u64(seed ^ 0x5107_5000_0000_0021);
-        topology.device_slot_counts = (0..*devices).map(|_| slots.random_range(2..128)).collect();
+        topology.device_slot_counts = (0..chain.devices)
+            .map(|_| slots.random_range(2..128))
+            .collect();
         topology.chain = true;
+        // A device that follows a controller is in one chain, in front of one server.
+        topology.server_count = 1;
+        spare_slots = Some(slots.random_range(2..128));
     }
     let fanout = fanout_for_seed(seed);
     if fanout.is_some() && topology.device_slot_counts.len() < 2 {
@@ -373,7 +387,7 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
     }
     let summary = FaultSummary {
         client_count: topology.client_count,
-        device_count: topology.device_slot_counts.len(),
+        device_count: topology.device_slot_counts.len() + usize::from(spare_slots.is_some()),
         server_count: topology.server_count,
         loss: rng.random_range(0.0..0.3),
         duplicate: rng.random_range(0.0..0.1),
@@ -402,6 +416,9 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
     if let Some(hold) = batches_for_seed(seed) {
         world = world.with_batching(hold);
     }
+    if chain.is_some() {
+        world = world.with_controller(spare_slots);
+    }
     if cache_for_seed(seed) {
         world = world.with_front(cache_front);
         world.keyed = true;
@@ -411,7 +428,7 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
             });
         }
     }
-    if let Some((_, replicas)) = &chain {
+    if let Some(Chain { replicas, .. }) = &chain {
         for client in 0..world.clients.len() {
             let wanted = replicas[client % replicas.len()];
             world.reconfigure_client(client, |config| config.replicas = wanted);
@@ -459,6 +476,21 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
         summary.server_count,
         world.replicas.len() / world.servers.len()
     ));
+    if let Some(chain) = &chain {
+        let spare = match spare_slots {
+            Some(slots) => format!(", and spare device{} ({slots} log slots)", chain.devices),
+            None => String::new(),
+        };
+        world.note_event(&format!(
+            "devices in series planned by the controller: device0..device{} in order{spare}; \
+             statuses every {:?}, a device silent for {:?} taken out; up to {} device(s) lost \
+             for good",
+            chain.devices - 1,
+            crate::world::STATUS_INTERVAL,
+            crate::world::SUSPECT_AFTER,
+            world.device_losses_allowed
+        ));
+    }
     note_fault_mix(&mut world, &summary, &mix, network_seed);
     if let Some(churn) = churn {
         world.note_event(&format!(

@@ -163,13 +163,15 @@ fn lose_primary(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSumm
     world.promote_replica(server, replica);
 }
 
-/// A device of the chain is lost for good (its log with it) and the chain is reconnected
-/// around it: at most one fewer than the fewest acks a client waits for, per seed.
+/// A device of the chain, as the controller plans it, is lost for good (its log with it; the
+/// controller takes it out once it has been silent long enough): at most one fewer than the
+/// fewest acks a client waits for, per seed, and never the chain's last live device.
 fn lose_device(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSummary) {
-    if world.chain.len() < 2 {
+    let live = world.live_chain();
+    if live.len() < 2 {
         return;
     }
-    let index = world.chain[rng.random_range(0..world.chain.len())];
+    let index = live[rng.random_range(0..live.len())];
     world.device_losses_allowed -= 1;
     summary.counts.devices_lost += 1;
     world.lose_device(index);

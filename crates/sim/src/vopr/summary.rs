@@ -65,6 +65,15 @@ pub struct FaultCounts {
     /// Seeds whose clients fan every update out to two devices side by side.
     pub seeds_with_fanout: u64,
     pub devices_lost: u64,
+    /// Devices the controller took out of their chain (silent past the suspicion delay),
+    /// those of them that were live (suspected wrongly: each counted as a device lost), spare
+    /// devices it put in, routes the devices, servers and clients took, and devices restarted
+    /// in place for a route.
+    pub devices_taken_out: u64,
+    pub devices_wrongly_suspected: u64,
+    pub spares_joined: u64,
+    pub routes_taken: u64,
+    pub restarts_in_place: u64,
     /// PMNet-ACKs devices of chains sent straight to their clients (docs/replication.md).
     pub acks_sent_direct: u64,
     pub replica_crashes: u64,
@@ -113,6 +122,11 @@ impl FaultCounts {
         self.seeds_with_chains += other.seeds_with_chains;
         self.seeds_with_fanout += other.seeds_with_fanout;
         self.devices_lost += other.devices_lost;
+        self.devices_taken_out += other.devices_taken_out;
+        self.devices_wrongly_suspected += other.devices_wrongly_suspected;
+        self.spares_joined += other.spares_joined;
+        self.routes_taken += other.routes_taken;
+        self.restarts_in_place += other.restarts_in_place;
         self.acks_sent_direct += other.acks_sent_direct;
         self.replica_crashes += other.replica_crashes;
         self.primaries_lost += other.primaries_lost;
@@ -214,15 +228,32 @@ impl FaultCounts {
         if self.seeds_with_chains > 0 {
             lines.extend([
                 ("seeds with devices in series", self.seeds_with_chains),
+                ("devices lost for good", self.devices_lost),
                 (
-                    "devices lost for good (chain reconnected)",
-                    self.devices_lost,
+                    "devices taken out by the controller",
+                    self.devices_taken_out,
+                ),
+                ("spare devices put in by the controller", self.spares_joined),
+                (
+                    "routes taken (devices, servers, clients)",
+                    self.routes_taken,
+                ),
+                (
+                    "devices restarted in place for a route",
+                    self.restarts_in_place,
                 ),
                 (
                     "PMNet-ACKs sent to the client directly by a later device",
                     self.acks_sent_direct,
                 ),
             ]);
+        }
+        // Never on a sound run: a live device taken out counts as a device lost.
+        if self.devices_wrongly_suspected > 0 {
+            lines.push((
+                "live devices taken out (counted as lost)",
+                self.devices_wrongly_suspected,
+            ));
         }
         if self.seeds_with_fanout > 0 {
             lines.push((
@@ -287,6 +318,29 @@ pub(super) fn count_world_faults(world: &World, summary: &mut FaultSummary) {
         .map(|node| {
             node.acks_sent_direct_before_restart + node.device().counters().acks_sent_direct
         })
+        .sum();
+    if let Some(node) = &world.controller {
+        let counters = node.planner.counters();
+        summary.counts.devices_taken_out = counters.devices_removed;
+        summary.counts.spares_joined = counters.spares_joined;
+        summary.counts.devices_wrongly_suspected = node.wrongly_suspected;
+    }
+    summary.counts.routes_taken = world
+        .devices
+        .iter()
+        .map(|node| node.routes_taken)
+        .chain(
+            world
+                .servers
+                .iter()
+                .map(|node| node.routes_taken_before_restart + node.server.counters().routes_taken),
+        )
+        .chain((world.clients.iter()).map(|node| node.client.counters().routes_taken))
+        .sum();
+    summary.counts.restarts_in_place = world
+        .devices
+        .iter()
+        .map(|node| node.restarts_in_place)
         .sum();
     summary.counts.requests_deferred_store_full =
         world.servers.iter().map(|node| node.deferred_count).sum();

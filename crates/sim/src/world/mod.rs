@@ -12,6 +12,7 @@
 //! events read, and its notes in the network's trace). This file builds a world and drives
 //! it.
 
+mod controller;
 mod network;
 mod nodes;
 mod outputs;
@@ -21,21 +22,36 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use pmnet_pm::{PmLog, SimRegion};
+use pmnet_proto::route::{ChainSpec, FollowerConfig, Planner, PlannerConfig};
 use pmnet_proto::{Client, ClientConfig, ClientEvent, Device, FrontFunction, Time};
 use pmnet_store::{KvConfig, KvStore};
+use pmnet_wire::route::Role;
 use pmnet_wire::PacketType;
 
 use crate::network::{Delay, Network};
 pub use crate::network::{Faults, Seen};
+use nodes::boot_number;
 pub use nodes::{
-    client_addr, device_addr, node_name, replica_addr, server_addr, ClientNode, DeviceNode,
-    ServerApp, ServerNode, SessionChurn, Topology, DEVICE_ID, SERVER_ID, SLOT_SIZE,
+    client_addr, controller_addr, device_addr, node_name, replica_addr, server_addr, ClientNode,
+    ControllerNode, DeviceNode, ServerApp, ServerNode, SessionChurn, Topology, DEVICE_ID,
+    SERVER_ID, SLOT_SIZE,
 };
 
 pub use crate::network::SIM_EPOCH_MS;
 
 /// Events at one virtual time past which a world is livelocked.
 const EVENTS_AT_ONE_TIME_MAX: u64 = 1_000_000;
+
+/// Between two statuses of a device or server that follows the controller
+/// ([`World::with_controller`]).
+pub const STATUS_INTERVAL: Duration = Duration::from_millis(100);
+/// How long the controller waits without a device's status before it takes the device out of
+/// its chain: twenty statuses, each lost with at most the network's loss and corruption
+/// (about a third: all twenty lost about once in 3·10⁹ windows), and four thousand times the
+/// longest delay. No partition cuts the controller off (the main world's partitions are
+/// between a device and a client or a server), no device is down for longer than its crash
+/// (restarted at once): only a device lost for good stays silent.
+pub const SUSPECT_AFTER: Duration = Duration::from_secs(2);
 
 #[allow(missing_debug_implementations)] // holds boxed drop rules
 pub struct World {
@@ -62,8 +78,11 @@ pub struct World {
     pub servers: Vec<ServerNode>,
     /// Replica servers (see [`Topology::server_replicas`]), at [`replica_addr`].
     pub replicas: Vec<ServerNode>,
-    /// With devices in series: the devices on the path, in order (the ones not lost).
+    /// With devices in series: the devices on the path, in order (as the controller plans
+    /// them, when there is one: [`World::with_controller`]).
     pub chain: Vec<usize>,
+    /// The controller of the devices in series, if any.
+    pub controller: Option<ControllerNode>,
     /// Devices of the chain the swarm may still lose for good: one fewer than the fewest
     /// acks a client waits for, so that every acknowledged update keeps a copy.
     pub device_losses_allowed: usize,
@@ -153,6 +172,7 @@ impl World {
             servers,
             replicas,
             device_losses_allowed: 0,
+            controller: None,
             chain: if topology.chain {
                 (0..device_count).collect()
             } else {
@@ -312,6 +332,89 @@ impl World {
         self
     }
 
+    /// Put a controller in charge of the devices in series (docs/replication.md, "Automatic
+    /// failover"): the production [`Planner`] at [`controller_addr`], with the chain as
+    /// configured (and a spare device of `spare_slots` slots, if given, which it puts in
+    /// before the server when the chain is short of a device); every device and the server
+    /// send it their statuses every [`STATUS_INTERVAL`] and take its routes (a device restarted
+    /// in place by the world, as the runtime does; the server replaces its devices itself),
+    /// and every client asks it where the chain starts when its updates go unanswered. A
+    /// device silent for [`SUSPECT_AFTER`] is taken out of the chain. One server (a device
+    /// that follows a controller is in one chain). Before anything was sent.
+    pub fn with_controller(mut self, spare_slots: Option<u32>) -> World {
+        assert!(
+            !self.chain.is_empty() && self.servers.len() == 1 && self.replicas.is_empty(),
+            "a controller plans one chain of devices in series in front of one server"
+        );
+        let controllers = vec![controller_addr()];
+        let server_id = self.servers[0].config.server_id;
+        let server = server_addr(0);
+        let devices: Vec<(u16, SocketAddr)> = self
+            .chain
+            .iter()
+            .map(|&index| (self.devices[index].config.device_id, device_addr(index)))
+            .collect();
+        let mut spares = Vec::new();
+        if let Some(slot_count) = spare_slots {
+            // A device of the same make, in front of the server, in no chain yet.
+            let index = self.devices.len();
+            let mut node = DeviceNode::new(index, slot_count, &[(server_id, server)]);
+            let model = &self.devices[0];
+            node.auth = model.auth.clone();
+            node.batch = model.batch;
+            node.batch_hold = model.batch_hold;
+            node.new_fronts = model.new_fronts.clone();
+            spares.push((node.config.device_id, device_addr(index)));
+            self.devices.push(node);
+        }
+        self.network.clear();
+        for node in &mut self.devices {
+            let device_id = node.config.device_id;
+            let mut follow = FollowerConfig::new(
+                controllers.clone(),
+                Role::Device,
+                server_id,
+                boot_number(0xDE, device_id, node.restart_count),
+            );
+            follow.device_id = device_id;
+            follow.interval = STATUS_INTERVAL;
+            node.config.follow = Some(follow);
+            node.command_line = Some(node.config.clone());
+            node.pipeline =
+                node.pipeline_for(Device::new(node.config.clone(), self.now, Vec::new()));
+        }
+        for node in &mut self.servers {
+            let mut follow = FollowerConfig::new(controllers.clone(), Role::Server, server_id, 0);
+            follow.interval = STATUS_INTERVAL;
+            node.config.follow = Some(follow);
+            node.forward_log = None;
+            node.boot(self.now, Vec::new());
+        }
+        for index in 0..self.clients.len() {
+            self.reconfigure_client(index, |config| config.controllers = controllers.clone());
+        }
+        let config = PlannerConfig {
+            chains: vec![ChainSpec {
+                server_id,
+                server,
+                devices,
+                spares,
+                replicas: Vec::new(),
+            }],
+            suspect_after: SUSPECT_AFTER,
+            server_suspect_after: SUSPECT_AFTER,
+            auth: self.servers[0].config.auth.clone(),
+        };
+        let planner = Planner::new(config, self.now, None).expect("a valid plan of the chain");
+        self.controller = Some(ControllerNode {
+            planner,
+            saved: None,
+            wrongly_suspected: 0,
+        });
+        self.flush_outputs();
+        self
+    }
+
     pub fn device(&self, index: usize) -> &DeviceNode {
         &self.devices[index]
     }
@@ -410,6 +513,7 @@ impl World {
                     .filter(|node| !node.gone)
                     .filter_map(|node| node.client.poll_timeout()),
             )
+            .chain((self.controller.as_ref()).map(|node| node.planner.poll_timeout(self.now)))
             .min()
     }
 
@@ -473,7 +577,17 @@ impl World {
             .filter_map(|(index, node)| {
                 Some((format!("client {index}"), node.client.poll_timeout()?))
             });
-        let mut due: Vec<(String, Time)> = devices.chain(servers).chain(clients).collect();
+        let controller = (self.controller.as_ref()).map(|node| {
+            (
+                "controller".to_string(),
+                node.planner.poll_timeout(self.now),
+            )
+        });
+        let mut due: Vec<(String, Time)> = devices
+            .chain(servers)
+            .chain(clients)
+            .chain(controller)
+            .collect();
         due.sort_by_key(|(_, at)| *at);
         due.truncate(6);
         due
@@ -511,6 +625,10 @@ impl World {
             if !self.clients[index].gone {
                 self.clients[index].client.handle(now, from, bytes);
             }
+        } else if to == controller_addr() {
+            if let Some(node) = self.controller.as_mut() {
+                node.planner.handle(now, from, bytes);
+            }
         }
     }
 
@@ -530,6 +648,11 @@ impl World {
         for node in self.clients.iter_mut().filter(|node| !node.gone) {
             if node.client.poll_timeout().is_some_and(|t| t <= now) {
                 node.client.handle_timeout(now);
+            }
+        }
+        if let Some(node) = self.controller.as_mut() {
+            if node.planner.poll_timeout(now) <= now {
+                node.planner.handle_timeout(now);
             }
         }
     }
@@ -618,6 +741,15 @@ impl World {
         node.ever_durable
             .extend(recovery.entries.iter().map(|entry| entry.key));
         node.acks_sent_direct_before_restart += node.device().counters().acks_sent_direct;
+        if let Some(command_line) = &node.command_line {
+            // A new process, from its command line: the routes it took are forgotten, and it
+            // has a new boot number (the controller sends it the route again).
+            let mut config = command_line.clone();
+            if let Some(follow) = config.follow.as_mut() {
+                follow.boot = boot_number(0xDE, config.device_id, node.restart_count + 1);
+            }
+            node.config = config;
+        }
         node.pipeline = node.pipeline_for(Device::new(node.config.clone(), now, recovery.entries));
         node.log = log;
         node.held.clear();
@@ -701,20 +833,13 @@ impl World {
         self.flush_outputs();
     }
 
-    /// Device `index` of the chain is lost for good (its log with it) and the operator
-    /// reconnects the chain around it: the device before it forwards to what it forwarded to
-    /// (restarted with that `--server`), the clients send to the next device if it was the
-    /// first, the servers poll the one before it if it was the last (restarted), and every
-    /// client waits for no more acks than devices remain.
+    /// Device `index` is lost for good: its log is gone and it never starts again. Nothing
+    /// else changes: the controller ([`World::with_controller`]) takes it out of its chain
+    /// once it has been silent for [`SUSPECT_AFTER`], and every node follows its routes.
     pub fn lose_device(&mut self, index: usize) {
-        let position = self
-            .chain
-            .iter()
-            .position(|&device| device == index)
-            .expect("a device on the path");
-        assert!(self.chain.len() >= 2, "the last device is never lost");
-        let onward = self.devices[index].config.servers.clone();
+        let now = self.now;
         let node = &mut self.devices[index];
+        assert!(!node.lost, "device {index} is lost once");
         node.up = false;
         node.lost = true;
         let (slot_count, slot_size) = (node.log.slot_count(), node.log.slot_size());
@@ -722,53 +847,25 @@ impl World {
         node.log = PmLog::format(SimRegion::new(region_len), slot_count, slot_size)
             .expect("format a device log");
         node.held.clear();
+        node.hold_persistence = false;
         node.acks_sent_direct_before_restart += node.device().counters().acks_sent_direct;
-        node.pipeline = node.pipeline_for(Device::new(node.config.clone(), self.now, Vec::new()));
-        self.chain.remove(position);
-        self.note_by(
-            &format!("device{index}"),
-            "lost for good (log gone); the chain is reconnected around it",
-        );
-        if position > 0 {
-            let before = self.chain[position - 1];
-            self.devices[before].config.servers = onward;
-            self.restart_device(before);
-        }
-        if let Some(&after) = self.chain.get(position) {
-            // The device after it now follows the one before it (or the clients): told so,
-            // and restarted, or it would wait on the lost one's answers for ever.
-            let lost = device_addr(index);
-            let before = position.checked_sub(1).map(|p| device_addr(self.chain[p]));
-            let previous = &mut self.devices[after].config.previous_devices;
-            match before {
-                Some(before) => previous
-                    .iter_mut()
-                    .filter(|(_, address)| *address == lost)
-                    .for_each(|(_, address)| *address = before),
-                None => previous.retain(|&(_, address)| address != lost),
-            }
-            if self.devices[after].up {
-                self.restart_device(after);
-            }
-        }
-        let first = device_addr(self.chain[0]);
-        let remaining = u8::try_from(self.chain.len()).unwrap_or(u8::MAX);
-        let lost_id = self.devices[index].config.device_id;
-        for node in &mut self.clients {
-            let replicas = node.client.config().replicas.min(remaining);
-            node.client.change_path(first, replicas, lost_id);
-        }
-        if position == self.chain.len() {
-            let last = device_addr(*self.chain.last().expect("not empty"));
-            let now = self.now;
-            for node in &mut self.servers {
-                node.config.devices = vec![last];
-                if node.up {
-                    node.restart(now);
-                }
-            }
-        }
-        self.flush_outputs();
+        node.pipeline = node.pipeline_for(Device::new(node.config.clone(), now, Vec::new()));
+        let text = if self.controller.is_some() {
+            format!(
+                "lost for good (log gone, never restarted); the controller takes it out of the \
+                 chain once it has been silent for {SUSPECT_AFTER:?}"
+            )
+        } else {
+            "lost for good (log gone, never restarted)".to_string()
+        };
+        self.note_by(&format!("device{index}"), &text);
+    }
+
+    /// The devices of the chain that are not lost, in order, as the controller plans it.
+    pub fn live_chain(&self) -> Vec<usize> {
+        (self.chain.iter().copied())
+            .filter(|&index| !self.devices[index].lost)
+            .collect()
     }
 
     /// Sequence numbers of `session_id` applied by any server, in order.

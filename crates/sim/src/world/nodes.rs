@@ -5,6 +5,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 
 use pmnet_pm::{EntryKey, LogWork, PmLog, SimRegion};
+use pmnet_proto::route::Planner;
 use pmnet_proto::{
     Client, ClientConfig, ClientEvent, Device, DeviceConfig, DevicePipeline, FrontFunction,
     PersistBatch, RecoveredSession, RequestKind, Server, ServerConfig, Time,
@@ -47,6 +48,11 @@ pub fn client_addr(index: usize) -> SocketAddr {
     SocketAddr::from(([10, 0, 100, 1], 40000 + index as u16))
 }
 
+/// Address of the controller that plans the devices in series ([`World::with_controller`]).
+pub fn controller_addr() -> SocketAddr {
+    host(4, 0, 51000)
+}
+
 /// The name of the node at `addr` in traces: `client0`, `device1`, `server0` (the chain
 /// store's world: `member0`, `controller`, `client0`; replicated memory's: `memnode0`,
 /// `device`, `client0`), or the address.
@@ -57,6 +63,7 @@ pub fn node_name(addr: SocketAddr) -> String {
             (10, 0, 1, host, 51000) if host > 0 => return format!("server{}", host - 1),
             (10, 0, 2, host, 51000) if host > 0 => return format!("device{}", host - 1),
             (10, 0, 3, host, 51000) if host > 0 => return format!("replica{}", host - 1),
+            (10, 0, 4, 1, 51000) => return "controller".to_string(),
             (10, 0, 100, 1, port) if port >= 40000 => return format!("client{}", port - 40000),
             // The chain store's world.
             (10, 0, 5, 100, 7700) => return "controller".to_string(),
@@ -273,6 +280,13 @@ pub struct DeviceNode {
     /// PMNet-ACKs the device sent straight to clients of a chain (a client's address carried
     /// by the device before it) in its runs before the current one.
     pub acks_sent_direct_before_restart: u64,
+    /// A device that follows the controller ([`World::with_controller`]): its command line,
+    /// which a crash restarts it from (a new boot number, epoch 0), while `config` is what it
+    /// runs now (the routes it took since).
+    pub command_line: Option<DeviceConfig>,
+    /// Restarts in place for the controller's routes, and routes taken.
+    pub restarts_in_place: u64,
+    pub routes_taken: u64,
 }
 
 impl DeviceNode {
@@ -305,6 +319,9 @@ impl DeviceNode {
             restart_count: 0,
             rejected_slot_count: 0,
             acks_sent_direct_before_restart: 0,
+            command_line: None,
+            restarts_in_place: 0,
+            routes_taken: 0,
             lost: false,
             front_executor: pmnet_proto::RegionExecutor::default(),
         }
@@ -372,6 +389,8 @@ pub struct ServerNode {
     /// counters again), and the store's eviction count when this run started.
     pub churn_before_restart: SessionChurn,
     store_evictions_at_boot: u64,
+    /// Routes of the controller taken in the runs before this one.
+    pub routes_taken_before_restart: u64,
 }
 
 /// Sessions forgotten to make room, and the hold queries that cleared them (docs/protocol.md,
@@ -399,6 +418,7 @@ impl ServerNode {
     pub(super) fn restart(&mut self, now: Time) -> usize {
         let churn = self.churn();
         self.churn_before_restart.add(&churn);
+        self.routes_taken_before_restart += self.server.counters().routes_taken;
         self.app.crash_store();
         self.store_evictions_at_boot = self.store_evictions();
         let sessions = self.app.recovered_sessions();
@@ -452,6 +472,11 @@ impl ServerNode {
         config.boot_nonce = u32::from(config.server_id)
             .wrapping_mul(0x9E37_79B9)
             .wrapping_add(self.restart_count.wrapping_mul(0x85EB_CA6B) as u32);
+        // A new process: a boot number of its own, its command line's route (epoch 0).
+        if let Some(follow) = config.follow.as_mut() {
+            follow.boot = boot_number(0x5E, config.server_id, self.restart_count);
+            follow.epoch = 0;
+        }
         let (server, recovered) = Server::with_forward_log(config, now, sessions, opened);
         self.server = server;
         self.forward_log = Some(log);
@@ -495,10 +520,30 @@ impl ServerNode {
             forward_log_recovery: Default::default(),
             churn_before_restart: SessionChurn::default(),
             store_evictions_at_boot: 0,
+            routes_taken_before_restart: 0,
         };
         node.boot(Time::ZERO, Vec::new());
         node
     }
+}
+
+/// The boot number of a node's `start`-th process (`kind` tells servers and devices apart):
+/// random in production, different for each start here.
+pub(super) fn boot_number(kind: u8, id: u16, start: u64) -> u64 {
+    (u64::from(kind) << 56 | u64::from(id) << 40 | start).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// The controller of the devices in series ([`World::with_controller`]): the production
+/// planner ([`Planner`]) at [`controller_addr`], its plan saved where a deployment keeps it in
+/// etcd.
+#[derive(Debug)]
+pub struct ControllerNode {
+    pub planner: Planner,
+    /// The plan as last saved ([`Planner::poll_save`]).
+    pub saved: Option<Vec<u8>>,
+    /// Live devices the planner took out (silent past the suspicion delay though not lost):
+    /// each counts as a device lost.
+    pub wrongly_suspected: u64,
 }
 
 #[derive(Debug)]

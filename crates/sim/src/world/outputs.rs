@@ -18,6 +18,7 @@ impl World {
             let mut progressed = false;
             for index in 0..self.devices.len() {
                 progressed |= self.flush_device(index);
+                progressed |= self.follow_device_route(index);
             }
             for index in 0..self.servers.len() {
                 progressed |= self.flush_server(false, index);
@@ -28,6 +29,7 @@ impl World {
             for index in 0..self.clients.len() {
                 progressed |= self.flush_client(index);
             }
+            progressed |= self.flush_controller();
             if !progressed {
                 break;
             }
@@ -36,7 +38,7 @@ impl World {
 
     /// Device `index` (if up): take its persistence batches, carry them out unless held,
     /// and send what it emitted, each PMNet-ACK checked. Whether anything happened.
-    fn flush_device(&mut self, index: usize) -> bool {
+    pub(super) fn flush_device(&mut self, index: usize) -> bool {
         if !self.devices[index].up {
             return false;
         }

@@ -152,6 +152,32 @@ pub fn run(args: ClientArgs) -> Result<ExitCode, CliError> {
         options.keys = Some(pmnet_runtime::load_key_file(path)?);
     }
     let mut session = ClientSession::open(options)?;
+    // With a controller: the chain's length is known, and a --replicas longer than it refused
+    // before anything is sent (without one, the server's reply says so after the fact).
+    if !args.controllers.is_empty() {
+        match session.fetch_route(std::time::Duration::from_secs(1)) {
+            Some(devices) if usize::from(args.replicas) > devices => {
+                return Err(format!(
+                    "--replicas {} asks for more devices' acks than the {devices} of the chain \
+                     starting at {} (the controller's plan): no update could be acked that many \
+                     times",
+                    args.replicas,
+                    session.peer()
+                )
+                .into());
+            }
+            Some(_) => {}
+            None => tracing::warn!(
+                "no controller ({}) answered within 1 s; sending to {} as given",
+                args.controllers
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                first
+            ),
+        }
+    }
     if let Some(request) = &args.request {
         let line = execute(&mut session, request)?;
         println!("{line}");

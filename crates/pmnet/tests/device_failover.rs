@@ -248,6 +248,31 @@ fn lost_devices_are_taken_out_of_their_chain_a_spare_joins_and_every_acked_write
         }
     });
 
+    // A client asking more acks than the chain has devices is refused before it sends.
+    let refused = Command::new(pmnet_bin())
+        .args([
+            s("client"),
+            s("--device"),
+            s(d[0]),
+            s("--controller"),
+            s(controllers[0]),
+            s("--controller"),
+            s(controllers[1]),
+            s("--replicas"),
+            s(4),
+            s("set"),
+            s("too-many"),
+            s("acks"),
+        ])
+        .output()
+        .expect("run a client");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success()
+            && said.contains("--replicas 4 asks for more devices' acks than the 3"),
+        "{said}"
+    );
+
     let clients = 3;
     let stop = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(Mutex::new(Writes::default()));

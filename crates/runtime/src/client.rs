@@ -250,6 +250,28 @@ impl ClientSession {
         Ok(seq)
     }
 
+    /// Ask the controllers (`SessionOptions::controllers`) for the chain's route and wait for
+    /// it until `timeout`: the number of its devices, `None` when no controller answered (or
+    /// none is named).
+    pub fn fetch_route(&mut self, timeout: Duration) -> Option<usize> {
+        if self.client.config().controllers.is_empty() {
+            return None;
+        }
+        self.client.ask_route();
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(devices) = self.client.route_devices() {
+                return Some(devices.len());
+            }
+            let step = (Instant::now() + Duration::from_millis(5)).min(deadline);
+            if let Some(event) = self.next_event(Some(step)) {
+                self.events.push_front(event);
+                break;
+            }
+        }
+        self.client.route_devices().map(<[u16]>::len)
+    }
+
     /// Drive the session until it reports an event, or `deadline` passes (`None`).
     pub fn next_event(&mut self, deadline: Option<Instant>) -> Option<ClientEvent> {
         // Taken out for the call (a move, no reference count touched) so the session can be

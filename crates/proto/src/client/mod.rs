@@ -891,6 +891,20 @@ impl Client {
             .min()
     }
 
+    /// Ask the controllers where the chain starts and how long it is (`pmnet client` does at
+    /// its start, to refuse a `--replicas` longer than the chain); nothing without them.
+    pub fn ask_route(&mut self) {
+        if let Some(follower) = self.follower.as_mut() {
+            follower.ask();
+        }
+    }
+
+    /// The devices of the chain, as the last route from a controller named them (`None`: no
+    /// route yet).
+    pub fn route_devices(&self) -> Option<&[u16]> {
+        self.route_devices.as_deref()
+    }
+
     /// A route from a controller: the chain's first device becomes this session's peer, acks
     /// count only from the chain's devices, and the client waits for no more of them than
     /// the chain has.

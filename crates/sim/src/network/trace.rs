@@ -107,10 +107,12 @@ impl<R> TracedRun<R> {
 
 /// A header as traces show it: type, session, sequence number, fragment, flags.
 pub fn describe_header(header: &Header) -> String {
-    let mut text = format!(
-        "{} s={:x} seq={}",
-        header.packet_type, header.session_id, header.seq
-    );
+    let name = match header.packet_type {
+        pmnet_wire::PacketType::Reserved(pmnet_wire::route::NODE_STATUS) => "status",
+        pmnet_wire::PacketType::Reserved(pmnet_wire::route::ROUTE) => "route",
+        other => other.name(),
+    };
+    let mut text = format!("{name} s={:x} seq={}", header.session_id, header.seq);
     if header.fragment_count > 1 {
         text.push_str(&format!(
             " frag={}/{}",
@@ -145,6 +147,8 @@ pub fn describe_datagram(bytes: &[u8]) -> String {
         }
     };
     let mut text = describe_header(&header);
+    // An encrypted status or route reads as nothing.
+    let encrypted = header.flags & pmnet_wire::flags::ENCRYPTED != 0;
     match header.packet_type {
         pmnet_wire::PacketType::HoldQuery => {
             if let Ok(sessions) = pmnet_wire::decode_hold_query_payload(payload) {
@@ -156,6 +160,31 @@ pub fn describe_datagram(bytes: &[u8]) -> String {
             if let Ok(held) = pmnet_wire::decode_hold_reply_payload(payload) {
                 let bits: String = held.iter().map(|&h| if h { '1' } else { '0' }).collect();
                 text.push_str(&format!(" [held {bits}]"));
+            }
+        }
+        // The control plane of devices in series: a node's status, the controller's route.
+        pmnet_wire::PacketType::Reserved(pmnet_wire::route::NODE_STATUS) if !encrypted => {
+            if let Ok(status) = pmnet_wire::route::NodeStatus::parse(payload) {
+                text.push_str(&format!(
+                    " [{} boot {:x} epoch {} stamp {}]",
+                    status.role.name(),
+                    status.boot,
+                    status.epoch,
+                    status.stamp
+                ));
+            }
+        }
+        pmnet_wire::PacketType::Reserved(pmnet_wire::route::ROUTE) if !encrypted => {
+            if let Ok(route) = pmnet_wire::route::Route::parse(payload) {
+                let devices: Vec<String> = (route.chain.devices.iter())
+                    .map(|(id, _)| id.to_string())
+                    .collect();
+                text.push_str(&format!(
+                    " [epoch {} for boot {:x}: devices {}]",
+                    route.epoch,
+                    route.boot,
+                    devices.join(" > ")
+                ));
             }
         }
         _ => {}

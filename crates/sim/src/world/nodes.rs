@@ -530,7 +530,12 @@ impl ServerNode {
 /// The boot number of a node's `start`-th process (`kind` tells servers and devices apart):
 /// random in production, different for each start here.
 pub(super) fn boot_number(kind: u8, id: u16, start: u64) -> u64 {
-    (u64::from(kind) << 56 | u64::from(id) << 40 | start).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    // SplitMix64's finalizer: one to one, so every start's number differs.
+    let mut z =
+        (u64::from(kind) << 56 | u64::from(id) << 40 | start).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// The controller of the devices in series ([`World::with_controller`]): the production

@@ -1,0 +1,129 @@
+//! Devices in series under the controller (docs/replication.md, "Automatic failover"), on the
+//! simulator's world: the production planner takes a lost device out once it has been silent
+//! for the suspicion delay and puts the spare in, each device restarts in place for its route,
+//! the server asks the chain's new last device and the clients follow the chain's first
+//! device — and every update a client saw complete is applied, once, in order.
+
+use std::time::Duration;
+
+use pmnet_proto::ClientEvent;
+use pmnet_sim::{Topology, World, SUSPECT_AFTER};
+
+/// Three devices in series and a spare in front of one server, `clients` clients each waiting
+/// for two devices' acks, under the controller.
+fn chain_with_controller(clients: usize) -> World {
+    let mut world = World::with_topology(Topology {
+        client_count: clients,
+        device_slot_counts: vec![64; 3],
+        server_count: 1,
+        chain: true,
+        server_replicas: 0,
+    })
+    .with_kv_store(1 << 20)
+    .with_controller(Some(64));
+    for client in 0..clients {
+        world.reconfigure_client(client, |config| config.replicas = 2);
+    }
+    world.run_for(Duration::from_millis(50));
+    world
+}
+
+/// Issue `count` updates from each client, `gap` apart, then run until every one ended.
+fn write(world: &mut World, count: usize, gap: Duration) -> Vec<(usize, u32)> {
+    let mut issued = Vec::new();
+    for round in 0..count {
+        for client in 0..world.clients.len() {
+            let seq = world.update(client, format!("k{client}={round}").as_bytes());
+            issued.push((client, seq));
+        }
+        world.run_for(gap);
+    }
+    world.drive_until(10_000_000, |world| {
+        issued
+            .iter()
+            .all(|&(client, seq)| world.completion(client, seq).is_some())
+    });
+    issued
+}
+
+/// Every update issued completed and is applied once, in order.
+fn check_applied(world: &mut World, issued: &[(usize, u32)]) {
+    for &(client, seq) in issued {
+        assert!(
+            matches!(
+                world.completion(client, seq),
+                Some(ClientEvent::Completed { .. })
+            ),
+            "client {client} seq {seq}: {:?}",
+            world.completion(client, seq)
+        );
+    }
+    world.run_for(Duration::from_secs(1));
+    for client in 0..world.clients.len() {
+        let session = world.session(client);
+        let applied = world.applied_seqs(session);
+        let last = issued
+            .iter()
+            .filter(|(c, _)| *c == client)
+            .map(|(_, seq)| *seq)
+            .max()
+            .unwrap_or(0);
+        assert_eq!(applied, (1..=last).collect::<Vec<_>>(), "client {client}");
+    }
+}
+
+fn planner_counters(world: &World) -> pmnet_proto::route::PlannerCounters {
+    world
+        .controller
+        .as_ref()
+        .expect("a controller")
+        .planner
+        .counters()
+}
+
+#[test]
+fn a_lost_middle_device_is_taken_out_and_the_spare_put_in_after_the_last() {
+    let mut world = chain_with_controller(2);
+    let mut issued = write(&mut world, 10, Duration::from_millis(5));
+    world.lose_device(1);
+    let lost_at = world.now;
+    // Silent for less than the suspicion delay: still in the chain.
+    world.run_for(SUSPECT_AFTER - Duration::from_millis(200));
+    assert_eq!(planner_counters(&world).devices_removed, 0);
+    assert_eq!(world.chain, vec![0, 1, 2]);
+    issued.extend(write(&mut world, 10, Duration::from_millis(50)));
+    assert!(world.now - lost_at >= SUSPECT_AFTER);
+    let counters = planner_counters(&world);
+    assert_eq!((counters.devices_removed, counters.spares_joined), (1, 1));
+    // The spare (device 3) goes in before the server.
+    assert_eq!(world.chain, vec![0, 2, 3]);
+    // The device before the lost one and the one that was last restarted in place for their
+    // new places; the spare too (it follows the device before it now).
+    for device in [0, 2, 3] {
+        assert!(
+            world.devices[device].restarts_in_place >= 1,
+            "device {device}"
+        );
+    }
+    assert_eq!(world.devices[1].restarts_in_place, 0);
+    issued.extend(write(&mut world, 10, Duration::from_millis(5)));
+    check_applied(&mut world, &issued);
+    // The spare logged what came after it joined.
+    assert!(world.devices[3].device().counters().updates_logged > 0);
+}
+
+#[test]
+fn clients_follow_the_chain_to_its_next_device_when_the_first_is_lost() {
+    let mut world = chain_with_controller(1);
+    let mut issued = write(&mut world, 5, Duration::from_millis(5));
+    world.lose_device(0);
+    issued.extend(write(&mut world, 10, Duration::from_millis(100)));
+    assert_eq!(planner_counters(&world).devices_removed, 1);
+    assert_eq!(world.chain, vec![1, 2, 3]);
+    let client = world.clients[0].client.counters();
+    assert!(client.routes_taken >= 1, "the client followed a route");
+    issued.extend(write(&mut world, 5, Duration::from_millis(5)));
+    check_applied(&mut world, &issued);
+    // The last updates went through the new first device.
+    assert!(world.devices[1].device().counters().updates_logged > 0);
+}

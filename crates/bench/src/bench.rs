@@ -4,14 +4,17 @@
 //! `--auth-cost` measures what authentication costs: the ack's latency and the forwarding
 //! capacity with and without keys, and the MAC per datagram (`bench/auth_cost.rs`);
 //! `--abd` replicated memory against unreplicated access and etcd (`bench/abd.rs`);
-//! `--in-path` the device in the path on a testbed of its own (`bench/inpath.rs`).
+//! `--in-path` the device in the path on a testbed of its own (`bench/inpath.rs`);
+//! `--device-failover` automatic failover of devices in series, every process as a user
+//! starts it (`bench/device_failover.rs`).
 //!
-//! The options are in `bench/args.rs`: the load generator's, and those of `--abd` and
-//! `--in-path`.
+//! The options are in `bench/args.rs`: the load generator's, and those of `--abd`,
+//! `--in-path` and `--device-failover`.
 
 mod abd;
 pub mod args;
 mod auth_cost;
+mod device_failover;
 mod inpath;
 mod interleaved;
 mod mac;
@@ -32,6 +35,11 @@ pub use args::BenchArgs;
 
 /// `pmnet-bench bench`: the modes side by side, or the part its options choose.
 pub fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
+    if args.failover.device_failover {
+        // Automatic failover of devices in series: its own processes, clients and report
+        // (see `bench/device_failover.rs`).
+        return device_failover::run_command(&args);
+    }
     if args.inpath.in_path {
         // The device in the path, on a testbed of its own (see `bench/inpath.rs`).
         return inpath::run_command(&args);

@@ -1,6 +1,7 @@
 //! `pmnet-bench bench`'s options: the load generator's ([`LoadArgs`], shared with `pmnet
 //! demo`) and those of the parts that start processes of their own, replicated memory
-//! (`--abd`, `abd.rs`) and the device in the path (`--in-path`, `inpath.rs`).
+//! (`--abd`, `abd.rs`), the device in the path (`--in-path`, `inpath.rs`) and automatic
+//! failover of devices in series (`--device-failover`, `device_failover.rs`).
 
 use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
@@ -20,6 +21,9 @@ pub struct BenchArgs {
 
     #[command(flatten)]
     pub inpath: InPathArgs,
+
+    #[command(flatten)]
+    pub failover: DeviceFailoverArgs,
 }
 
 impl Deref for BenchArgs {
@@ -152,6 +156,36 @@ pub struct InPathArgs {
     #[arg(long, value_name = "MODE", default_value = "native", requires = "in_path",
           value_parser = ["native", "generic"])]
     pub in_path_xdp_mode: String,
+}
+
+/// `pmnet bench`'s options for automatic failover of devices in series.
+#[derive(Debug, Clone, Args)]
+pub struct DeviceFailoverArgs {
+    /// Instead of the usual modes: automatic failover of devices in series
+    /// (docs/replication.md, "Automatic failover"), every process started as a user starts
+    /// it: `pmnet controller --device-chain` (with a one-member etcd of its own), a `pmnet
+    /// server` and four `pmnet device` with --controller (three in series, one spare). Clients
+    /// write all the time (one SET at a time each, --replicas R, default 2, following the
+    /// controller); the middle device is SIGKILLed, then the first. Measured per round: how
+    /// long after each kill every client's writes are acknowledged again (target: within
+    /// 200 ms) and the writes per second from the middle device's kill until the spare joined
+    /// plus one second, against the second before the kill (target: at most 20 % less). Uses
+    /// --rounds (default 5), --clients (default 4), --replicas (one value, 1 to 3), --payload,
+    /// --warmup, --dir (the devices' logs and the server's store), --flush, --json.
+    #[arg(long)]
+    pub device_failover: bool,
+
+    /// (--device-failover) The devices' and the server's --heartbeat-ms: between two statuses
+    /// to the controller.
+    #[arg(long, value_name = "MS", default_value_t = 10, requires = "device_failover",
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub heartbeat_ms: u64,
+
+    /// (--device-failover) The controller's --suspect-after-ms: a device silent this long is
+    /// taken out of its chain.
+    #[arg(long, value_name = "MS", default_value_t = 100, requires = "device_failover",
+          value_parser = clap::value_parser!(u64).range(5..=60_000))]
+    pub suspect_after_ms: u64,
 }
 
 /// A part of the comparison.

@@ -690,3 +690,73 @@ fn a_primary_lets_its_replica_forget_a_session_the_primary_evicted_itself() {
         ],
     );
 }
+
+#[test]
+fn a_replica_closes_the_gap_of_a_forgotten_session_an_order_names_again() {
+    // Found by the swarm (seed 430353): tables of two. The replica forgot two idle sessions on
+    // its primary's word, one of them the session of the request the primary had forwarded
+    // last; the primary's next forward, a new session's first request, named that request as
+    // the one it follows, so the replica made the forgotten session known again, awaiting
+    // that number with nothing of it applied. The primary, which had let the session go
+    // too, answered the replica's fill queries "held" (nothing of it applied here), so the
+    // gap never closed and the session stayed busy in the replica's table for ever; in the
+    // seed the replica's other place went to a session with requests held for the replicas,
+    // and a third session's first request, which the primary waited on, never found room.
+    use pmnet_sim::{device_addr, server_addr};
+    use pmnet_wire::PacketType;
+    let mut world = replicated(3, 1).with_session_tables(2);
+    let (a, c) = (world.session(0), world.session(1));
+    // Client 0's update, whose server-ACK to the device is lost: the device sends it again
+    // after client 1's update, and the primary forwards that copy to the replica as a
+    // duplicate. Client 0's session is then the more recently active at both, while the
+    // request forwarded last is client 1's.
+    world.drop_first(move |seen| {
+        seen.header.packet_type == PacketType::ServerAck
+            && seen.header.session_id == a
+            && seen.from == server_addr(0)
+            && seen.to == device_addr(0)
+    });
+    let first = world.update(0, b"a=1");
+    world.drive_until(10_000_000, |w| {
+        applied(&w.replicas[0].app) == vec![(a, first)]
+    });
+    let second = world.update(1, b"c=1");
+    world.drive_until(10_000_000, |w| {
+        applied(&w.servers[0].app).len() == 2 && w.device(0).device().live_entry_count() == 0
+    });
+    assert_eq!(
+        applied(&world.replicas[0].app),
+        vec![(a, first), (c, second)]
+    );
+    // Both sessions idle past the keeping time, client 2's first update: the primary lets
+    // client 1's session go for it and keeps client 0's, which its devices and its replica
+    // cleared; the replica lets both go on the primary's word, client 1's for client 2's
+    // session and client 0's for client 1's, made known again by the update's order.
+    world.run_for(Duration::from_secs(40));
+    let third = world.update(2, b"b=1");
+    world.run_for(Duration::from_secs(120));
+    let counters = world.replicas[0].server.counters();
+    assert!(
+        counters.keyed_writes_held >= 1 && counters.sessions_evicted >= 2,
+        "the replica made a session it forgot known again: {counters:?}"
+    );
+    assert!(
+        counters.sequence_numbers_skipped >= 1 && counters.keyed_order_timed_out == 0,
+        "its gap closed (nothing of it can come), not the wait given up: {counters:?}"
+    );
+    assert_eq!(
+        world.replicas[0].server.busy_session_count(),
+        0,
+        "the replica's table holds a session that waits for ever: {}",
+        world.replicas[0].server.busy_sessions_text()
+    );
+    assert_completed_and_applied_once(
+        &world,
+        0,
+        &[(0, first), (1, second), (2, third)],
+        &[
+            ("primary", &world.servers[0].app),
+            ("replica", &world.replicas[0].app),
+        ],
+    );
+}

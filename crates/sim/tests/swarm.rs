@@ -322,6 +322,15 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          session was held, the replica could not take in the primary's next request, which the \
          primary waited on (a primary now answers \"not held\" for a session it evicted itself)",
     ),
+    (
+        430353,
+        "replica servers behind tables of two: a replica forgot a session on its primary's \
+         word, and the primary's next forward, ordered after a request of that session, made \
+         it known again with nothing of it applied; the primary, which had let the session go \
+         too, answered the replica's fill queries \"held\", so the gap never closed, and a \
+         session whose first request the primary waited on never found room at the replica (a \
+         primary now asks its devices about a session it does not remember)",
+    ),
 ];
 
 /// The summary line of the live replicas' check (invariant 6).

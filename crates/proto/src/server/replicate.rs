@@ -662,15 +662,17 @@ impl Server {
         let session_id = header.session_id;
         let first = header.seq;
         // On its way: forwarded and not acked by it, a resent one forwarded as it arrived, or
-        // one not applied here yet (what this primary skips, it says).
-        let applied_here = self
-            .table
-            .sessions
-            .get(&session_id)
-            .map_or(0, |s| s.last_applied);
+        // one not applied here yet (what this primary skips, it says). A session this primary
+        // does not remember has nothing here on its way: whatever of it comes again comes
+        // from a device, and the devices are asked. (A replica knows of such a session only
+        // from this primary's forwards, each acked by every replica before this primary let
+        // the session go: typically a session the replica forgot too, made known again by a
+        // forward whose order names one of its requests. Answered "held" here, that gap
+        // never closed, and the session stayed busy in the replica's table for ever.)
+        let applied_here = self.table.sessions.get(&session_id).map(|s| s.last_applied);
         let held_here = (first..=last).take(1 << 16).find(|&seq| {
             let key = (session_id, seq);
-            seq > applied_here
+            applied_here.is_some_and(|applied| seq > applied)
                 || self
                     .replication
                     .forwarded

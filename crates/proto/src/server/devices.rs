@@ -1,8 +1,9 @@
 //! The devices a server asks, changed while it runs: the controller's route moved the last
 //! device of its chain (docs/replication.md, "Automatic failover"). Every question still open
 //! with a device no longer asked — a gap's fill query, a hold round, the start-up recovery poll
-//! — is asked of the new devices instead: a gap is skipped only once every device that could
-//! hold it, as the chain is now, said it does not.
+//! — is asked of the new devices instead (a replica's fill query a primary asked its devices
+//! for is forgotten: the replica asks again): a gap is skipped only once every device that
+//! could hold it, as the chain is now, said it does not.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -112,5 +113,6 @@ impl Server {
         for session_id in asked_again {
             self.send_fill_queries(session_id);
         }
+        self.replication.forget_fills_awaiting(&gone);
     }
 }

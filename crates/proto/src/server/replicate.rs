@@ -172,6 +172,14 @@ pub(super) struct Replication {
 }
 
 impl Replication {
+    /// The primary's devices changed (a controller's route): replicas' fill queries still
+    /// waiting for a device no longer asked are forgotten; each replica asks again at its next
+    /// gap timeout, and its question goes to the devices as they are now.
+    pub(super) fn forget_fills_awaiting(&mut self, gone: &[SocketAddr]) {
+        self.fills
+            .retain(|_, fill| !gone.iter().any(|device| fill.awaiting.contains(device)));
+    }
+
     fn is_full(&self) -> bool {
         self.forwarded.len() + self.makeups.len() >= REPLICATION_PENDING_MAX
             || self.bytes >= REPLICATION_BYTES_MAX

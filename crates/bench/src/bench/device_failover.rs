@@ -202,6 +202,11 @@ pub struct Round {
     /// middle device's kill, until the spare joined plus one second (a second stall, as the
     /// spare is put in, shows here).
     pub middle_later_stall_ms: f64,
+    /// The CPUs the run's processes (this one's clients included) and all other work used in
+    /// the second before the middle device's kill…
+    pub cpus_before: CpuUse,
+    /// … and from the kill until the spare joined plus one second.
+    pub cpus_while_copied_in: CpuUse,
     /// From the first device's kill until every client had a write acknowledged again.
     pub first_failover_ms: f64,
     /// From the kill until the controller's event line said the first device was removed.
@@ -214,6 +219,56 @@ pub struct Round {
     pub middle_failover_met: bool,
     pub copy_cost_met: bool,
     pub first_failover_met: bool,
+}
+
+/// CPU time used over a span, in CPUs (seconds per second).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct CpuUse {
+    /// The controller, its etcd, the server, the devices and this process (the clients).
+    pub run: f64,
+    /// Everything else on the machine.
+    pub others: f64,
+}
+
+impl CpuUse {
+    fn between(from: &CpuSample, to: &CpuSample) -> CpuUse {
+        let seconds = (to.at - from.at).as_secs_f64().max(1e-3);
+        // A process gone by `to` (killed) counts for nothing after `from`.
+        let run: f64 = from
+            .run
+            .iter()
+            .filter_map(|(pid, before)| {
+                let after = to.run.iter().find(|(other, _)| other == pid)?.1;
+                Some(after - before)
+            })
+            .sum();
+        let machine = to.machine - from.machine;
+        CpuUse {
+            run: run / seconds,
+            others: ((machine - run) / seconds).max(0.0),
+        }
+    }
+}
+
+/// CPU time used so far: by the whole machine and by each of the run's processes.
+#[derive(Debug, Clone)]
+struct CpuSample {
+    at: Instant,
+    machine: f64,
+    run: Vec<(u32, f64)>,
+}
+
+impl CpuSample {
+    fn take(pids: &[u32]) -> CpuSample {
+        CpuSample {
+            at: Instant::now(),
+            machine: procs::machine_busy_seconds().unwrap_or(0.0),
+            run: pids
+                .iter()
+                .filter_map(|&pid| Some((pid, procs::cpu_seconds_of(pid)?)))
+                .collect(),
+        }
+    }
 }
 
 /// The medians over the rounds.
@@ -422,6 +477,21 @@ impl Deployment {
         Ok(deployment)
     }
 
+    /// The run's processes: this one (the clients), the controller's etcd and every process
+    /// started.
+    fn pids(&self) -> Vec<u32> {
+        let mut pids = vec![std::process::id()];
+        for proc in &self.procs {
+            pids.push(proc.pid());
+            pids.extend(
+                procs::children_of(proc.pid())
+                    .into_iter()
+                    .map(|(pid, _)| pid),
+            );
+        }
+        pids
+    }
+
     fn proc(&self, name: &str) -> Option<&Proc> {
         self.procs.iter().find(|proc| proc.name == name)
     }
@@ -505,11 +575,23 @@ impl Clients {
             let (stop, latest) = (stop.clone(), latest.clone());
             let value = vec![b'v'; plan.payload];
             let keys = plan.keys_per_client;
+            let replicas = plan.replicas;
             let thread = std::thread::Builder::new()
                 .name(format!("pmnet-bench-failover-client-{index}"))
                 .spawn(move || {
                     let mut session = ClientSession::open(options)
                         .map_err(|error| format!("open a client session: {error}"))?;
+                    // As `pmnet client --controller` does: the chain's route first.
+                    match session.fetch_route(Duration::from_secs(1)) {
+                        Some(devices) if usize::from(replicas) > devices => {
+                            return Err(format!(
+                                "--replicas {replicas} is more than the {devices} devices of \
+                                 the controller's chain"
+                            ))
+                        }
+                        Some(_) => {}
+                        None => return Err("the controller did not answer within 1 s".to_owned()),
+                    }
                     let mut log = ClientLog::default();
                     let after = Reply::Value(value.clone()).to_bytes();
                     let mut n = 0u64;
@@ -699,12 +781,16 @@ fn run_round(
         shutdown,
         |_| Instant::now() >= warm && clients.all_acked_since(0),
     )?;
+    let pids = deployment.pids();
+    let cpu_from = CpuSample::take(&pids);
     std::thread::sleep(WINDOW);
     deployment.check()?;
 
     // The middle device.
+    let cpu_kill = CpuSample::take(&pids);
     let middle_kill = micros(start);
     deployment.kill("device 2")?;
+    let mut cpu_end = None;
     let (mut removed, mut joined) = (None, None);
     let device2 = format!("device 2 ({})", deployment.devices[1]);
     let spare = format!("spare device 4 ({})", deployment.devices[3]);
@@ -723,10 +809,14 @@ fn run_round(
                     joined = Some(now);
                 }
             }
-            joined.is_some_and(|joined| now >= joined + WINDOW.as_micros() as u64)
-                && clients.all_acked_since(middle_kill)
+            let done = joined.is_some_and(|joined| now >= joined + WINDOW.as_micros() as u64);
+            if done && cpu_end.is_none() {
+                cpu_end = Some(CpuSample::take(&pids));
+            }
+            done && clients.all_acked_since(middle_kill)
         },
     )?;
+    let cpu_end = cpu_end.expect("taken once it joined");
     let joined = joined.expect("watched until it joined");
     let window_end = joined + WINDOW.as_micros() as u64;
 
@@ -804,6 +894,8 @@ fn run_round(
             writes_per_s_while_copied_in: during,
             copy_cost,
             middle_later_stall_ms: later_stall_ms(&acks, middle_kill, window_end),
+            cpus_before: CpuUse::between(&cpu_from, &cpu_kill),
+            cpus_while_copied_in: CpuUse::between(&cpu_kill, &cpu_end),
             first_failover_ms,
             first_removed_ms: ms(first_removed, first_kill),
             writes_acked: acks.iter().map(|writes| writes.len() as u64).sum(),
@@ -853,13 +945,15 @@ pub fn report_text(report: &FailoverReport) -> String {
     let _ = writeln!(
         text,
         "\n| round | writes/s before | middle killed: acked again after | spare joined after | \
-         writes/s until joined + 1 s | cost | later stall | first killed: acked again after |"
+         writes/s until joined + 1 s | cost | later stall | first killed: acked again after | \
+         CPUs before: run + others | CPUs until joined + 1 s |"
     );
-    let _ = writeln!(text, "|---|--:|--:|--:|--:|--:|--:|--:|");
+    let _ = writeln!(text, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     for round in &report.rounds {
         let _ = writeln!(
             text,
-            "| {} | {:.0} | {:.1} ms | {:.0} ms | {:.0} | {:.1} % | {:.1} ms | {:.1} ms |",
+            "| {} | {:.0} | {:.1} ms | {:.0} ms | {:.0} | {:.1} % | {:.1} ms | {:.1} ms | {:.2} + \
+             {:.2} | {:.2} + {:.2} |",
             round.round,
             round.writes_per_s_before,
             round.middle_failover_ms,
@@ -868,12 +962,16 @@ pub fn report_text(report: &FailoverReport) -> String {
             round.copy_cost * 100.0,
             round.middle_later_stall_ms,
             round.first_failover_ms,
+            round.cpus_before.run,
+            round.cpus_before.others,
+            round.cpus_while_copied_in.run,
+            round.cpus_while_copied_in.others,
         );
     }
     if let Some(median) = &report.median {
         let _ = writeln!(
             text,
-            "| **median** | {:.0} | {:.1} ms | {:.0} ms | {:.0} | {:.1} % | | {:.1} ms |",
+            "| **median** | {:.0} | {:.1} ms | {:.0} ms | {:.0} | {:.1} % | | {:.1} ms | | |",
             median.writes_per_s_before,
             median.middle_failover_ms,
             median.spare_joined_ms,
@@ -977,7 +1075,7 @@ pub fn run_command(args: &BenchArgs) -> Result<ExitCode, CliError> {
                     "round {round}: before {:.0} writes/s; middle killed: acked again after \
                      {:.1} ms (removed after {:.1} ms, spare joined after {:.1} ms), {:.0} \
                      writes/s until joined + 1 s ({:.1} % less); first killed: acked again \
-                     after {:.1} ms",
+                     after {:.1} ms; other work on the machine: {:.2} CPUs, then {:.2}",
                     result.writes_per_s_before,
                     result.middle_failover_ms,
                     result.middle_removed_ms,
@@ -985,6 +1083,8 @@ pub fn run_command(args: &BenchArgs) -> Result<ExitCode, CliError> {
                     result.writes_per_s_while_copied_in,
                     result.copy_cost * 100.0,
                     result.first_failover_ms,
+                    result.cpus_before.others,
+                    result.cpus_while_copied_in.others,
                 );
                 rounds.push(result);
                 commands = used;
@@ -1131,6 +1231,25 @@ mod tests {
     }
 
     #[test]
+    fn cpu_use_splits_the_machine_s_time_between_the_run_and_the_rest() {
+        let at = Instant::now();
+        let from = CpuSample {
+            at,
+            machine: 100.0,
+            run: vec![(1, 10.0), (2, 5.0), (3, 1.0)],
+        };
+        // Process 3 was killed in between: it counts for nothing.
+        let to = CpuSample {
+            at: at + Duration::from_secs(2),
+            machine: 103.0,
+            run: vec![(1, 11.0), (2, 5.5)],
+        };
+        let used = CpuUse::between(&from, &to);
+        assert!((used.run - 0.75).abs() < 1e-9, "{used:?}");
+        assert!((used.others - 0.75).abs() < 1e-9, "{used:?}");
+    }
+
+    #[test]
     fn medians_and_the_report_say_met_or_not() {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
@@ -1143,6 +1262,8 @@ mod tests {
             writes_per_s_while_copied_in: 1000.0 * (1.0 - cost),
             copy_cost: cost,
             middle_later_stall_ms: 5.0,
+            cpus_before: CpuUse::default(),
+            cpus_while_copied_in: CpuUse::default(),
             first_failover_ms: 250.0,
             first_removed_ms: 100.0,
             writes_acked: 10,

@@ -22,8 +22,6 @@ pub const CHAINS_MAX: usize = 64;
 /// Routes sent to clients per second, at most (a client's question costs a route; without
 /// keys anyone can ask).
 const CLIENT_ROUTES_PER_SECOND: u32 = 1000;
-/// Earlier boot numbers remembered per node: a status of one of them is a replay.
-const PAST_BOOTS_KEPT: usize = 8;
 /// Version of the saved plan's encoding.
 const STATE_VERSION: u8 = 1;
 /// A device not heard at all since the planner started (the controller's start, or a new
@@ -205,9 +203,6 @@ struct Chain {
     /// Servers taken out (a lost primary, a silent replica), the latest last.
     servers_removed: Vec<SocketAddr>,
     views: BTreeMap<SocketAddr, View>,
-    /// The boot numbers each node ran before its current one, the latest last (at most
-    /// [`PAST_BOOTS_KEPT`]).
-    past_boots: BTreeMap<SocketAddr, VecDeque<u64>>,
     /// Since when the live devices are watched (the planner's start): a device is suspected
     /// only after this long without a status.
     since: Time,
@@ -289,7 +284,6 @@ impl Planner {
                 removed,
                 servers_removed,
                 views: BTreeMap::new(),
-                past_boots: BTreeMap::new(),
                 since: now,
             });
         }
@@ -399,23 +393,9 @@ impl Planner {
         let chain = &mut self.chains[index];
         let view = chain.views.get(&from).copied();
         if let Some(view) = view {
-            // Within a boot only a newer stamp; and never a boot this node ran before (a
-            // replayed status of an earlier boot would pass for a restart).
-            let stale = view.boot == status.boot && status.stamp <= view.stamp;
-            let earlier_boot = chain
-                .past_boots
-                .get(&from)
-                .is_some_and(|boots| boots.contains(&status.boot));
-            if stale || earlier_boot {
+            if view.boot == status.boot && status.stamp <= view.stamp {
                 self.drops.record(DropReason::StaleData);
                 return;
-            }
-            if view.boot != status.boot {
-                let boots = chain.past_boots.entry(from).or_default();
-                if boots.len() >= PAST_BOOTS_KEPT {
-                    boots.pop_front();
-                }
-                boots.push_back(view.boot);
             }
         }
         let new_boot = view.is_none_or(|view| view.boot != status.boot);

@@ -196,7 +196,8 @@ pub struct Round {
     pub spare_joined_ms: f64,
     /// Acknowledged writes per second from the kill until the spare joined plus one second.
     pub writes_per_s_while_copied_in: f64,
-    /// 1 − while copied in / before (0 when it went up).
+    /// 1 − while copied in / before: the fraction of the throughput lost (negative when it
+    /// went up).
     pub copy_cost: f64,
     /// The longest any client waited for an acknowledgement after its first one after the
     /// middle device's kill, until the spare joined plus one second (a second stall, as the
@@ -862,7 +863,7 @@ fn run_round(
     let writes_per_s_before =
         total(before_from, middle_kill) as f64 / ((middle_kill - before_from) as f64 / 1e6);
     let during = total(middle_kill, window_end) as f64 / ((window_end - middle_kill) as f64 / 1e6);
-    let copy_cost = (1.0 - during / writes_per_s_before).max(0.0);
+    let copy_cost = 1.0 - during / writes_per_s_before;
     let middle_failover_ms = failover_ms(&acks, middle_kill);
     let first_failover_ms = failover_ms(&acks, first_kill);
     let ms = |at: Option<u64>, kill: u64| at.map_or(f64::NAN, |at| (at - kill) as f64 / 1e3);
@@ -945,7 +946,7 @@ pub fn report_text(report: &FailoverReport) -> String {
     let _ = writeln!(
         text,
         "\n| round | writes/s before | middle killed: acked again after | spare joined after | \
-         writes/s until joined + 1 s | cost | later stall | first killed: acked again after | \
+         writes/s until joined + 1 s | lost | later stall | first killed: acked again after | \
          CPUs before: run + others | CPUs until joined + 1 s |"
     );
     let _ = writeln!(text, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
@@ -996,13 +997,21 @@ pub fn report_text(report: &FailoverReport) -> String {
             met(median.middle_failover_met),
             rounds_met(|round| round.middle_failover_met),
         );
+        let against = if median.copy_cost > 0.0 {
+            format!(
+                "{:.2}× the target",
+                median.copy_cost / report.copy_cost_target
+            )
+        } else {
+            "more writes than before, not fewer".to_owned()
+        };
         let _ = writeln!(
             text,
-            "spare copied in: {:.1} % of the writes/s lost from the kill until it joined + 1 s \
-             (median; target ≤ {:.0} %: {:.2}× the target, {}; {})",
+            "spare copied in: {:.1} % of the writes/s lost from the kill until it joined + 1 s, \
+             against the second before (median; negative: more; target ≤ {:.0} %: {against}, \
+             {}; {})",
             median.copy_cost * 100.0,
             report.copy_cost_target * 100.0,
-            median.copy_cost / report.copy_cost_target,
             met(median.copy_cost_met),
             rounds_met(|round| round.copy_cost_met),
         );
@@ -1074,7 +1083,7 @@ pub fn run_command(args: &BenchArgs) -> Result<ExitCode, CliError> {
                 println!(
                     "round {round}: before {:.0} writes/s; middle killed: acked again after \
                      {:.1} ms (removed after {:.1} ms, spare joined after {:.1} ms), {:.0} \
-                     writes/s until joined + 1 s ({:.1} % less); first killed: acked again \
+                     writes/s until joined + 1 s ({:.1} % fewer); first killed: acked again \
                      after {:.1} ms; other work on the machine: {:.2} CPUs, then {:.2}",
                     result.writes_per_s_before,
                     result.middle_failover_ms,
@@ -1308,6 +1317,18 @@ mod tests {
         assert!(text.contains("first device killed: writes acked again after 250.0 ms"));
         assert!(text.contains("not met; 0 of 3 rounds"), "{text}");
         assert!(text.contains("9 ms after the operator began"), "{text}");
+        assert!(
+            text.contains("15.0 % of the writes/s lost") && text.contains("0.75× the target, met"),
+            "{text}"
+        );
+        let mut gained = report.clone();
+        gained.median.as_mut().unwrap().copy_cost = -0.05;
+        let text = report_text(&gained);
+        assert!(
+            text.contains("-5.0 % of the writes/s lost")
+                && text.contains("more writes than before, not fewer"),
+            "{text}"
+        );
         assert!(medians(&[]).is_none());
     }
 }

@@ -1083,14 +1083,15 @@ pub fn run_command(args: &BenchArgs) -> Result<ExitCode, CliError> {
                 println!(
                     "round {round}: before {:.0} writes/s; middle killed: acked again after \
                      {:.1} ms (removed after {:.1} ms, spare joined after {:.1} ms), {:.0} \
-                     writes/s until joined + 1 s ({:.1} % fewer); first killed: acked again \
-                     after {:.1} ms; other work on the machine: {:.2} CPUs, then {:.2}",
+                     writes/s until joined + 1 s ({:+.1} % against before); first killed: \
+                     acked again after {:.1} ms; other work on the machine: {:.2} CPUs, then \
+                     {:.2}",
                     result.writes_per_s_before,
                     result.middle_failover_ms,
                     result.middle_removed_ms,
                     result.spare_joined_ms,
                     result.writes_per_s_while_copied_in,
-                    result.copy_cost * 100.0,
+                    -result.copy_cost * 100.0,
                     result.first_failover_ms,
                     result.cpus_before.others,
                     result.cpus_while_copied_in.others,

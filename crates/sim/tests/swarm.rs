@@ -331,6 +331,17 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          session whose first request the primary waited on never found room at the replica (a \
          primary now asks its devices about a session it does not remember)",
     ),
+    (
+        424485,
+        "devices in series under the controller, an attacker replaying archived datagrams: a \
+         planner that refused statuses of boots it had seen before took a replayed status of a \
+         boot it had never seen for the newest, then refused the device's real ones and took \
+         the live device out (a status of any other boot is a restart again)",
+    ),
+    (
+        424521,
+        "the same as 424485, with the first device taken out",
+    ),
 ];
 
 /// The summary line of the live replicas' check (invariant 6).

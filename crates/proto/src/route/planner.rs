@@ -22,6 +22,10 @@ pub const CHAINS_MAX: usize = 64;
 /// Routes sent to clients per second, at most (a client's question costs a route; without
 /// keys anyone can ask).
 const CLIENT_ROUTES_PER_SECOND: u32 = 1000;
+/// A node of a chain that changed, and that has not yet said it runs the new epoch, gets this
+/// much longer before it is suspected: it may be restarting in place (a device recovering a
+/// log of tens of thousands of entries took 260 ms), and sends no status meanwhile.
+pub const RESTART_GRACE: Duration = Duration::from_secs(1);
 /// Version of the saved plan's encoding.
 const STATE_VERSION: u8 = 1;
 /// A device not heard at all since the planner started (the controller's start, or a new
@@ -206,6 +210,9 @@ struct Chain {
     /// Since when the live devices are watched (the planner's start): a device is suspected
     /// only after this long without a status.
     since: Time,
+    /// When this planner last changed the chain (nodes not yet running the new epoch get
+    /// [`RESTART_GRACE`] from then).
+    changed_at: Option<Time>,
 }
 
 /// The controller's side. See the module docs.
@@ -285,6 +292,7 @@ impl Planner {
                 servers_removed,
                 views: BTreeMap::new(),
                 since: now,
+                changed_at: None,
             });
         }
         Ok(Planner {
@@ -485,6 +493,17 @@ impl Planner {
     /// put a heard spare in for each.
     pub fn handle_timeout(&mut self, now: Time) {
         for index in 0..self.chains.len() {
+            let epoch_before = self.epoch;
+            self.change_chain(index, now);
+            if self.epoch != epoch_before {
+                self.chains[index].changed_at = Some(now);
+            }
+        }
+    }
+
+    /// Chain `index`'s silent devices and servers taken out or replaced, spares put in.
+    fn change_chain(&mut self, index: usize, now: Time) {
+        {
             while let Some((at, silence)) = self.silent_device(index, now) {
                 self.epoch += 1;
                 self.save = true;
@@ -606,9 +625,15 @@ impl Planner {
         } else {
             self.suspect_after
         };
-        match chain.views.get(&address) {
+        let due = match chain.views.get(&address) {
             Some(view) if view.heard >= chain.since => view.heard + delay,
             _ => chain.since + delay.max(START_GRACE),
+        };
+        match (chain.changed_at, chain.views.get(&address)) {
+            (Some(changed), Some(view)) if view.epoch < self.epoch => {
+                due.max(changed + delay + RESTART_GRACE)
+            }
+            _ => due,
         }
     }
 

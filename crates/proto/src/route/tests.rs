@@ -414,3 +414,42 @@ fn a_silent_primary_is_replaced_by_the_replica_furthest_along_and_a_silent_repli
     to.sort();
     assert_eq!(to, vec![addr(1), r1, r2]);
 }
+
+#[test]
+fn a_device_restarting_in_place_for_a_change_gets_a_grace_before_it_is_suspected() {
+    let mut planner = planner(ms(0));
+    planner.poll_save();
+    hear(&mut planner, ms(1), &[1, 2, 3, 4], 0);
+    for at in (10..=50).step_by(10) {
+        hear(&mut planner, ms(at), &[1, 3, 4], 1);
+        planner.handle_timeout(ms(at));
+    }
+    hear(&mut planner, ms(60), &[1, 3, 4], 1);
+    planner.handle_timeout(ms(60));
+    assert_eq!(
+        planner.counters().devices_removed,
+        1,
+        "device 2 out at 60 ms"
+    );
+    planner.poll_save();
+    let epoch = planner.epoch();
+    // Devices 1 and 4 took the route; device 3 restarts in place and says nothing meanwhile.
+    for at in (70..=1_100).step_by(10) {
+        hear(&mut planner, ms(at), &[1, 4], epoch);
+        planner.handle_timeout(ms(at));
+    }
+    assert_eq!(
+        planner.counters().devices_removed,
+        1,
+        "still within the grace: 60 ms + the delay + RESTART_GRACE"
+    );
+    for at in (1_110..=1_200).step_by(10) {
+        hear(&mut planner, ms(at), &[1, 4], epoch);
+        planner.handle_timeout(ms(at));
+    }
+    assert_eq!(
+        planner.counters().devices_removed,
+        2,
+        "past the grace it is out"
+    );
+}

@@ -138,14 +138,7 @@ pub fn run(args: ClientArgs) -> Result<ExitCode, CliError> {
     options.replicas = args.replicas;
     check_fan_out(&args.fan_out, more.len(), args.replicas)?;
     options.fan_out = args.fan_out.clone();
-    if args.controllers.len() > pmnet_proto::route::CONTROLLERS_MAX {
-        return Err(format!(
-            "--controller: {} given, at most {}",
-            args.controllers.len(),
-            pmnet_proto::route::CONTROLLERS_MAX
-        )
-        .into());
-    }
+    crate::node::check_controllers(&args.controllers)?;
     options.controllers = args.controllers.clone();
     options.request_lifetime = Some(std::time::Duration::from_secs_f64(args.request_lifetime));
     if let Some(path) = &args.key_file {

@@ -428,15 +428,21 @@ impl FollowArgs {
 
     /// Checked: at most [`pmnet_proto::route::CONTROLLERS_MAX`] controllers.
     pub fn check(&self) -> Result<(), String> {
-        if self.controllers.len() > pmnet_proto::route::CONTROLLERS_MAX {
-            return Err(format!(
-                "--controller: {} given, at most {}",
-                self.controllers.len(),
-                pmnet_proto::route::CONTROLLERS_MAX
-            ));
-        }
-        Ok(())
+        check_controllers(&self.controllers)
     }
+}
+
+/// `--controller` on any process (device, server, client, gateway): at most
+/// [`pmnet_proto::route::CONTROLLERS_MAX`] of them.
+pub fn check_controllers(controllers: &[SocketAddr]) -> Result<(), String> {
+    if controllers.len() > pmnet_proto::route::CONTROLLERS_MAX {
+        return Err(format!(
+            "--controller: {} given, at most {}",
+            controllers.len(),
+            pmnet_proto::route::CONTROLLERS_MAX
+        ));
+    }
+    Ok(())
 }
 
 impl DeviceArgs {

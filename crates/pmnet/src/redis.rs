@@ -412,14 +412,7 @@ pub fn run_gateway(args: GatewayArgs) -> Result<ExitCode, CliError> {
     options.device_cache = args.device_cache;
     options.replicas = args.replicas;
     crate::client::check_fan_out(&args.fan_out, more_devices.len(), args.replicas)?;
-    if args.controllers.len() > pmnet_proto::route::CONTROLLERS_MAX {
-        return Err(format!(
-            "--controller: {} given, at most {}",
-            args.controllers.len(),
-            pmnet_proto::route::CONTROLLERS_MAX
-        )
-        .into());
-    }
+    crate::node::check_controllers(&args.controllers)?;
     options.controllers = args.controllers.clone();
     if !args.fan_out.is_empty() {
         if args.device_cache {

@@ -13,13 +13,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::writes::{following, outage, read_back, wait_for_writes, writer, Session, Writes};
 use common::{free_udp_addr, pmnet_bin, Node, Proc};
 
 fn s(text: impl ToString) -> String {
@@ -60,108 +60,6 @@ fn device(
         args.extend([s("--previous-device"), format!("1={previous}")]);
     }
     Node::start(&format!("device {id}"), args)
-}
-
-/// One client session's writes: (key, value, acknowledged at), and the errors it printed.
-#[derive(Debug, Default)]
-struct Writes {
-    acked: Vec<(String, String, Instant)>,
-    errors: Vec<String>,
-}
-
-/// A `pmnet client` session reading requests from its standard input, writing keys
-/// `c{client}-{n}` until `stop`.
-fn writer(
-    client: usize,
-    first: SocketAddr,
-    controller: [SocketAddr; 2],
-    stop: Arc<AtomicBool>,
-    writes: Arc<Mutex<Writes>>,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut child = Command::new(pmnet_bin())
-            .args([
-                s("client"),
-                s("--device"),
-                s(first),
-                s("--controller"),
-                s(controller[0]),
-                s("--controller"),
-                s(controller[1]),
-                s("--replicas"),
-                s(2),
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start a client");
-        let mut input = child.stdin.take().expect("stdin");
-        let mut output = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut n = 0u64;
-        while !stop.load(Ordering::Relaxed) {
-            n += 1;
-            let (key, value) = (format!("c{client}-{n}"), format!("v{n}"));
-            writeln!(input, "set {key} {value}").expect("write a request");
-            let mut line = String::new();
-            output.read_line(&mut line).expect("read a reply");
-            let mut writes = writes.lock().unwrap();
-            if line.starts_with("OK") {
-                writes.acked.push((key, value, Instant::now()));
-            } else {
-                writes.errors.push(format!("{key}: {line}"));
-            }
-        }
-        drop(input);
-        let _ = child.wait();
-    })
-}
-
-/// Wait until every client acknowledged `more` writes after `since`.
-fn wait_for_writes(writes: &Arc<Mutex<Writes>>, clients: usize, since: Instant, more: usize) {
-    common::poll_until("writes acknowledged after the failure", || {
-        let writes = writes.lock().unwrap();
-        let counts: Vec<usize> = (0..clients)
-            .map(|client| {
-                writes
-                    .acked
-                    .iter()
-                    .filter(|(key, _, at)| *at > since && key.starts_with(&format!("c{client}-")))
-                    .count()
-            })
-            .collect();
-        if counts.iter().all(|count| *count >= more) {
-            Ok(())
-        } else {
-            Err(format!(
-                "acked per client since: {counts:?}; errors {:?}",
-                writes.errors
-            ))
-        }
-    });
-}
-
-/// The longest any client went without an acknowledgement across `since` (the outage a
-/// failure cost, as the clients saw it).
-fn outage(writes: &Arc<Mutex<Writes>>, clients: usize, since: Instant) -> Duration {
-    let writes = writes.lock().unwrap();
-    (0..clients)
-        .map(|client| {
-            let times: Vec<Instant> = writes
-                .acked
-                .iter()
-                .filter(|(key, _, _)| key.starts_with(&format!("c{client}-")))
-                .map(|(_, _, at)| *at)
-                .collect();
-            times
-                .windows(2)
-                .filter(|pair| pair[1] > since)
-                .map(|pair| pair[1] - pair[0].max(since))
-                .max()
-                .unwrap_or_default()
-        })
-        .max()
-        .unwrap_or_default()
 }
 
 #[test]
@@ -277,7 +175,11 @@ fn lost_devices_are_taken_out_of_their_chain_a_spare_joins_and_every_acked_write
     let stop = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(Mutex::new(Writes::default()));
     let threads: Vec<_> = (0..clients)
-        .map(|client| writer(client, d[0], controllers, stop.clone(), writes.clone()))
+        .map(|client| {
+            let mut args = following(d[0], &controllers);
+            args.extend([s("--replicas"), s(2)]);
+            writer(client, args, stop.clone(), writes.clone())
+        })
         .collect();
     wait_for_writes(&writes, clients, Instant::now(), 20);
 
@@ -357,27 +259,7 @@ fn lost_devices_are_taken_out_of_their_chain_a_spare_joins_and_every_acked_write
         writes.errors
     );
     // Every acknowledged write, read back through what is left of the chain.
-    let mut reader = Command::new(pmnet_bin())
-        .args([s("client"), s("--device"), s(d[2])])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start a reader");
-    let mut input = reader.stdin.take().expect("stdin");
-    let mut output = BufReader::new(reader.stdout.take().expect("stdout"));
-    for (key, value, _) in &writes.acked {
-        writeln!(input, "get {key}").expect("write a request");
-        let mut line = String::new();
-        output.read_line(&mut line).expect("read a reply");
-        assert_eq!(
-            line.trim(),
-            value,
-            "{key}: acknowledged, then read back as {line:?}"
-        );
-    }
-    drop(input);
-    let _ = reader.wait();
+    read_back(&mut Session::start(&following(d[2], &[])), &writes);
     println!(
         "{} writes acknowledged across three device losses, each read back",
         writes.acked.len()

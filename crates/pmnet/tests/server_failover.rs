@@ -11,14 +11,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{free_udp_addr, pmnet_bin, Node, Proc};
+use common::writes::{following, outage, read_back, wait_for_writes, writer, Session, Writes};
+use common::{free_udp_addr, Node, Proc};
 
 fn s(text: impl ToString) -> String {
     text.to_string()
@@ -58,109 +57,6 @@ fn server(
     Node::start(name, args)
 }
 
-/// One client session's writes: (key, value, acknowledged at), and the errors it printed.
-#[derive(Debug, Default)]
-struct Writes {
-    acked: Vec<(String, String, Instant)>,
-    errors: Vec<String>,
-}
-
-/// A `pmnet client` session reading requests from its standard input, writing keys
-/// `c{client}-{n}` until `stop`.
-fn writer(
-    client: usize,
-    first: SocketAddr,
-    controller: [SocketAddr; 2],
-    replicas: u8,
-    stop: Arc<AtomicBool>,
-    writes: Arc<Mutex<Writes>>,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut child = Command::new(pmnet_bin())
-            .args([
-                s("client"),
-                s("--device"),
-                s(first),
-                s("--controller"),
-                s(controller[0]),
-                s("--controller"),
-                s(controller[1]),
-                s("--replicas"),
-                s(replicas),
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start a client");
-        let mut input = child.stdin.take().expect("stdin");
-        let mut output = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut n = 0u64;
-        while !stop.load(Ordering::Relaxed) {
-            n += 1;
-            let (key, value) = (format!("c{client}-{n}"), format!("v{n}"));
-            writeln!(input, "set {key} {value}").expect("write a request");
-            let mut line = String::new();
-            output.read_line(&mut line).expect("read a reply");
-            let mut writes = writes.lock().unwrap();
-            if line.starts_with("OK") {
-                writes.acked.push((key, value, Instant::now()));
-            } else {
-                writes.errors.push(format!("{key}: {line}"));
-            }
-        }
-        drop(input);
-        let _ = child.wait();
-    })
-}
-
-/// Wait until every client acknowledged `more` writes after `since`.
-fn wait_for_writes(writes: &Arc<Mutex<Writes>>, clients: usize, since: Instant, more: usize) {
-    common::poll_until("writes acknowledged after the failure", || {
-        let writes = writes.lock().unwrap();
-        let counts: Vec<usize> = (0..clients)
-            .map(|client| {
-                writes
-                    .acked
-                    .iter()
-                    .filter(|(key, _, at)| *at > since && key.starts_with(&format!("c{client}-")))
-                    .count()
-            })
-            .collect();
-        if counts.iter().all(|count| *count >= more) {
-            Ok(())
-        } else {
-            Err(format!(
-                "acked per client since: {counts:?}; errors {:?}",
-                writes.errors
-            ))
-        }
-    });
-}
-
-/// The longest any client went without an acknowledgement across `since` (the outage a
-/// failure cost, as the clients saw it).
-fn outage(writes: &Arc<Mutex<Writes>>, clients: usize, since: Instant) -> Duration {
-    let writes = writes.lock().unwrap();
-    (0..clients)
-        .map(|client| {
-            let times: Vec<Instant> = writes
-                .acked
-                .iter()
-                .filter(|(key, _, _)| key.starts_with(&format!("c{client}-")))
-                .map(|(_, _, at)| *at)
-                .collect();
-            times
-                .windows(2)
-                .filter(|pair| pair[1] > since)
-                .map(|pair| pair[1] - pair[0].max(since))
-                .max()
-                .unwrap_or_default()
-        })
-        .max()
-        .unwrap_or_default()
-}
-
 /// A session incrementing `counter` until `stop`: how many increments were answered, and the
 /// errors.
 fn incrementer(
@@ -170,28 +66,10 @@ fn incrementer(
     times: Arc<Mutex<Vec<Instant>>>,
 ) -> std::thread::JoinHandle<(u64, Vec<String>)> {
     std::thread::spawn(move || {
-        let mut child = Command::new(pmnet_bin())
-            .args([
-                s("client"),
-                s("--device"),
-                s(first),
-                s("--controller"),
-                s(controller[0]),
-                s("--controller"),
-                s(controller[1]),
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start a client");
-        let mut input = child.stdin.take().expect("stdin");
-        let mut output = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut session = Session::start(&following(first, &controller));
         let (mut answered, mut errors) = (0u64, Vec::new());
         while !stop.load(Ordering::Relaxed) {
-            writeln!(input, "incr counter").expect("write a request");
-            let mut line = String::new();
-            output.read_line(&mut line).expect("read a reply");
+            let line = session.ask("incr counter");
             if line.trim() == format!("(integer) {}", answered + 1) {
                 answered += 1;
                 times.lock().unwrap().push(Instant::now());
@@ -199,8 +77,6 @@ fn incrementer(
                 errors.push(format!("incr {}: {line}", answered + 1));
             }
         }
-        drop(input);
-        let _ = child.wait();
         (answered, errors)
     })
 }
@@ -308,14 +184,8 @@ fn a_lost_replica_is_taken_out_a_lost_primary_replaced_and_every_acked_write_rea
     let writes = Arc::new(Mutex::new(Writes::default()));
     let threads: Vec<_> = (0..clients)
         .map(|client| {
-            writer(
-                client,
-                device_addr,
-                controllers,
-                1,
-                stop.clone(),
-                writes.clone(),
-            )
+            let args = following(device_addr, &controllers);
+            writer(client, args, stop.clone(), writes.clone())
         })
         .collect();
     let increment_times = Arc::new(Mutex::new(Vec::new()));
@@ -386,35 +256,15 @@ fn a_lost_replica_is_taken_out_a_lost_primary_replaced_and_every_acked_write_rea
         "writes failed: {:?}",
         writes.errors
     );
-    let mut reader = Command::new(pmnet_bin())
-        .args([s("client"), s("--device"), s(device_addr)])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start a reader");
-    let mut input = reader.stdin.take().expect("stdin");
-    let mut output = BufReader::new(reader.stdout.take().expect("stdout"));
-    for (key, value, _) in &writes.acked {
-        writeln!(input, "get {key}").expect("write a request");
-        let mut line = String::new();
-        output.read_line(&mut line).expect("read a reply");
-        assert_eq!(
-            line.trim(),
-            value,
-            "{key}: acknowledged, then read back as {line:?}"
-        );
-    }
-    writeln!(input, "get counter").expect("write a request");
-    let mut line = String::new();
-    output.read_line(&mut line).expect("read a reply");
+    let mut reader = Session::start(&following(device_addr, &[]));
+    read_back(&mut reader, &writes);
+    let line = reader.ask("get counter");
     assert_eq!(
         line.trim(),
         increments.to_string(),
         "every increment answered applied exactly once"
     );
-    drop(input);
-    let _ = reader.wait();
+    drop(reader);
     drop(replica1);
     println!(
         "{} writes and {increments} increments answered across a replica's and the primary's \

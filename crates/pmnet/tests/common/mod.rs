@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod writes;
+
 use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};

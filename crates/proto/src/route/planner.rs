@@ -503,31 +503,26 @@ impl Planner {
 
     /// Chain `index`'s silent devices and servers taken out or replaced, spares put in.
     fn change_chain(&mut self, index: usize, now: Time) {
-        {
-            while let Some((at, silence)) = self.silent_device(index, now) {
-                self.epoch += 1;
-                self.save = true;
-                let chain = &mut self.chains[index];
-                let device = chain.route.devices.remove(at);
-                chain.removed.retain(|removed| *removed != device);
-                chain.removed.push(device);
-                if chain.removed.len() > MAX_CHAIN_DEVICES {
-                    chain.removed.remove(0);
-                }
-                self.counters.devices_removed += 1;
-                self.events.push_back(PlannerEvent::Removed {
-                    server_id: chain.server_id,
-                    device,
-                    silent: silence,
-                    epoch: self.epoch,
-                });
-            }
-            self.check_servers(index, now);
-            // A chain short of its devices takes a heard spare.
-            while usize::from(self.chains[index].wanted) > self.chains[index].route.devices.len() {
-                if !self.join_spare(index, now) {
-                    break;
-                }
+        while let Some((at, silence)) = self.silent_device(index, now) {
+            self.epoch += 1;
+            self.save = true;
+            let chain = &mut self.chains[index];
+            let device = chain.route.devices.remove(at);
+            chain.removed.retain(|removed| *removed != device);
+            push_bounded(&mut chain.removed, device, MAX_CHAIN_DEVICES);
+            self.counters.devices_removed += 1;
+            self.events.push_back(PlannerEvent::Removed {
+                server_id: chain.server_id,
+                device,
+                silent: silence,
+                epoch: self.epoch,
+            });
+        }
+        self.check_servers(index, now);
+        // A chain short of its devices takes a heard spare.
+        while usize::from(self.chains[index].wanted) > self.chains[index].route.devices.len() {
+            if !self.join_spare(index, now) {
+                break;
             }
         }
     }
@@ -564,10 +559,7 @@ impl Planner {
                 let chain = &mut self.chains[index];
                 chain.route.replicas.retain(|replica| *replica != promoted);
                 chain.route.server = promoted;
-                chain.servers_removed.push(primary);
-                if chain.servers_removed.len() > MAX_CHAIN_REPLICAS {
-                    chain.servers_removed.remove(0);
-                }
+                push_bounded(&mut chain.servers_removed, primary, MAX_CHAIN_REPLICAS);
                 self.events.push_back(PlannerEvent::Promoted {
                     server_id: chain.server_id,
                     lost: primary,
@@ -595,10 +587,7 @@ impl Planner {
             self.counters.replicas_removed += 1;
             let chain = &mut self.chains[index];
             chain.route.replicas.retain(|other| *other != replica);
-            chain.servers_removed.push(replica);
-            if chain.servers_removed.len() > MAX_CHAIN_REPLICAS {
-                chain.servers_removed.remove(0);
-            }
+            push_bounded(&mut chain.servers_removed, replica, MAX_CHAIN_REPLICAS);
             self.events.push_back(PlannerEvent::ReplicaRemoved {
                 server_id: chain.server_id,
                 replica,
@@ -650,12 +639,8 @@ impl Planner {
             .iter()
             .enumerate()
             .find_map(|(at, &(_, address))| {
-                let due = self.suspect_at(chain, address);
-                let heard = chain
-                    .views
-                    .get(&address)
-                    .map_or(chain.since, |view| view.heard.max(chain.since));
-                (due <= now).then_some((at, now - heard))
+                (self.suspect_at(chain, address) <= now)
+                    .then(|| (at, now - self.heard_or_since(chain, address)))
             })
     }
 
@@ -744,6 +729,14 @@ impl Planner {
             }
         }
         next.max(now)
+    }
+}
+
+/// Push `item`, dropping the oldest past `max`.
+fn push_bounded<T>(list: &mut Vec<T>, item: T, max: usize) {
+    list.push(item);
+    if list.len() > max {
+        list.remove(0);
     }
 }
 

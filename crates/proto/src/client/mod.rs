@@ -407,16 +407,22 @@ impl Client {
     /// new path (they ack a resend of what they logged), and an ack of the lost device still
     /// on its way counts for nothing (`mismatch`).
     pub fn change_path(&mut self, peer: SocketAddr, replicas: u8, lost: u16) {
+        self.move_path(peer, replicas);
+        if self.lost_devices.len() >= usize::from(REPLICAS_MAX) {
+            self.lost_devices.remove(0);
+        }
+        self.lost_devices.push(lost);
+    }
+
+    /// Send to `peer` from now on and wait for `replicas` devices' acks: the acks requests in
+    /// flight gathered on the old path are forgotten (the devices on the new one ack again).
+    fn move_path(&mut self, peer: SocketAddr, replicas: u8) {
         self.config.peer = peer;
         self.config.replicas = replicas;
         for request in self.in_flight.values_mut() {
             request.logged.fill(Ackers::default());
             request.acked_by = AckCounts::default();
         }
-        if self.lost_devices.len() >= usize::from(REPLICAS_MAX) {
-            self.lost_devices.remove(0);
-        }
-        self.lost_devices.push(lost);
     }
 
     /// The configured request lifetime, cut to the protocol's maximum.
@@ -927,12 +933,9 @@ impl Client {
                     // As an operator's reconnection ([`Client::change_path`]): the acks
                     // gathered so far are forgotten; the devices on the new path ack again,
                     // and every request goes to them now.
-                    self.config.peer = first;
-                    self.config.replicas = replicas;
+                    self.move_path(first, replicas);
                     let timeout = self.config.retransmit_timeout;
                     for request in self.in_flight.values_mut() {
-                        request.logged.fill(Ackers::default());
-                        request.acked_by = AckCounts::default();
                         request.timeout = timeout;
                         request.deadline = request.deadline.min(now);
                     }

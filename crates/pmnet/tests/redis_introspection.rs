@@ -738,3 +738,23 @@ fn introspection_inside_multi_is_refused_and_aborts_the_transaction() {
         "{stats}"
     );
 }
+
+/// `OBJECT REFCOUNT` right after a write of the same key, as a client of Redis would see it:
+/// the write's propagation holds a reference until its execution unit ends (a module's turn,
+/// a group script), which Redis's own clients never see.
+#[test]
+fn object_refcount_after_a_write_counts_what_redis_counts() {
+    let up = RedisUp::start(&[]);
+    let mut direct = up.redis();
+    command(&mut direct, &["SET", "direct", "abc"]);
+    let expected = command(&mut direct, &["OBJECT", "REFCOUNT", "direct"]);
+    assert_eq!(expected, Value::Integer(1));
+    for round in 0..200 {
+        // A new connection each time, so the write and the read reach Redis together.
+        let mut client = up.client();
+        let key = format!("k{}", round % 3);
+        assert_eq!(text(&command(&mut client, &["SET", &key, "abc"])), "OK");
+        let counted = command(&mut client, &["OBJECT", "REFCOUNT", &key]);
+        assert_eq!(counted, expected, "round {round}");
+    }
+}

@@ -194,6 +194,22 @@ impl Applier {
     /// last number, and each reply in the ring of the last [`script::REPLY_RING`] (as the
     /// adaptor's scripts write them). Called in the same execution unit as the requests, so
     /// Redis writes records and effects in one `MULTI … EXEC`.
+    /// Whether request `payload` waits for the next turn: `OBJECT REFCOUNT` counts the
+    /// references Redis holds to a value, and each request applied this turn holds one more to
+    /// the values it wrote until the turn ends (its propagation to the AOF and replicas), which
+    /// no client of Redis ever counts.
+    pub fn waits_for_next_turn(&self, payload: &[u8]) -> bool {
+        if self.pending_records.is_empty()
+            || !payload
+                .windows(8)
+                .any(|word| word.eq_ignore_ascii_case(b"REFCOUNT"))
+        {
+            return false;
+        }
+        let read = pmnet_redis::adaptor::read_payload(payload, &self.limits, |_| true);
+        matches!(read, Payload::Command { args, .. } if pmnet_redis::commands::counts_references(&args))
+    }
+
     pub fn write_records(&mut self, redis: &Redis) {
         if self.pending_records.is_empty() {
             return;

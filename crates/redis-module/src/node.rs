@@ -53,6 +53,8 @@ pub struct Node {
     server: Option<Server>,
     applier: Option<Applier>,
     outbox: Vec<Transmit>,
+    /// A request taken but left for the next turn (see `Applier::waits_for_next_turn`).
+    deferred: Option<ServerEvent>,
     /// Datagrams that came before Redis had loaded its data (dropped: the devices resend).
     pub early_datagrams: u64,
     timer_at: Option<Time>,
@@ -93,6 +95,7 @@ impl Node {
             server: None,
             applier: None,
             outbox: Vec::new(),
+            deferred: None,
             early_datagrams: 0,
             timer_at: None,
             fsync: "unknown",
@@ -158,10 +161,17 @@ impl Node {
                 more = true;
                 break;
             }
-            let Some(event) = server.poll_event() else {
+            let Some(event) = self.deferred.take().or_else(|| server.poll_event()) else {
                 break;
             };
             match event {
+                ServerEvent::Apply { ref request, .. }
+                    if taken > 0 && applier.waits_for_next_turn(request) =>
+                {
+                    self.deferred = Some(event);
+                    more = true;
+                    break;
+                }
                 ServerEvent::Apply {
                     session_id,
                     seq,

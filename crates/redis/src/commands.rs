@@ -133,6 +133,15 @@ pub const COMMANDS: &[Spec] = &[
     spec("PSYNC", -3, Refused(NO_REPLICATION)),
 ];
 
+/// Whether `args` is `OBJECT REFCOUNT …`: its reply counts the references Redis holds to a
+/// value, which a write's propagation holds one more of until its execution unit ends (a
+/// script, a transaction, a module's turn); run it after the writes' unit, never inside it.
+pub fn counts_references(args: &[Vec<u8>]) -> bool {
+    args.len() > 1
+        && args[0].eq_ignore_ascii_case(b"OBJECT")
+        && args[1].eq_ignore_ascii_case(b"REFCOUNT")
+}
+
 /// The spec of a command name (any case).
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
     COMMANDS

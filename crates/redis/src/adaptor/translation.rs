@@ -584,8 +584,11 @@ impl Adaptor {
             sent_as: SentAs::Direct,
         };
         let conn = &mut self.conns[index];
-        if let (Op::Write(args), Some(_)) = (&pending.op, &conn.stream) {
-            // Joins the connection's open group, sent as one script call when the turn sends.
+        let joins =
+            matches!(&pending.op, Op::Write(args) if !crate::commands::counts_references(args));
+        if let (Op::Write(args), Some(_), true) = (&pending.op, &conn.stream, joins) {
+            // Joins the connection's open group, sent as one script call when the turn sends
+            // (`OBJECT REFCOUNT` never does: the group's writes hold references until it ends).
             pending.sent_as = SentAs::Script;
             conn.ungrouped += 1;
             conn.ungrouped_bytes += args.iter().map(|word| word.len() + 16).sum::<usize>();

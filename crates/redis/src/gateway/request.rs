@@ -225,7 +225,7 @@ pub(super) fn start_command(
             if touches {
                 Then::Touching {
                     args: (conn.state.resp3).then(|| args.to_vec()),
-                    shown: ChangeShown::of(&args[0]),
+                    shown: ChangeShown::of(args),
                 }
             } else {
                 Then::Plain((conn.state.resp3 || !direct::may_write(args)).then(|| args.to_vec()))
@@ -562,7 +562,7 @@ mod tests {
 
     #[test]
     fn a_write_changed_a_watched_key_when_its_answer_says_so() {
-        let changed = |name: &[u8], reply: &[u8]| ChangeShown::of(name).changed(reply);
+        let changed = |name: &[u8], reply: &[u8]| ChangeShown::of(&[name.to_vec()]).changed(reply);
         // Did nothing: SPOP of a missing set, DEL of a missing key, SET NX that did not set,
         // LINSERT without its pivot, a refused write.
         assert!(!changed(b"SPOP", b"*0\r\n"));
@@ -586,5 +586,30 @@ mod tests {
             "a script may write and answer nil"
         );
         assert!(!changed(b"EVAL", b"-ERR boom\r\n"));
+    }
+
+    #[test]
+    fn a_write_redis_marks_only_when_the_value_moved_is_left_to_the_fingerprint() {
+        let changed = |words: &[&str], reply: &[u8]| {
+            let args: Vec<Vec<u8>> = words.iter().map(|word| word.as_bytes().to_vec()).collect();
+            ChangeShown::of(&args).changed(reply)
+        };
+        // `ZADD k XX 1 m` of a missing key, or of the score m had: Redis leaves the key
+        // unmarked; a new score answers 0 too and moves the fingerprint.
+        assert!(!changed(&["ZADD", "k", "XX", "1", "m"], b":0\r\n"));
+        assert!(!changed(&["zadd", "k", "INCR", "0", "m"], b"$1\r\n1\r\n"));
+        assert!(changed(&["ZADD", "k", "1", "m"], b":1\r\n"));
+        assert!(changed(
+            &["ZADD", "k", "CH", "1", "m", "2", "n"],
+            b":12\r\n"
+        ));
+        assert!(!changed(&["SETBIT", "k", "0", "0"], b":0\r\n"));
+        assert!(!changed(&["ZINCRBY", "k", "0", "m"], b"$1\r\n1\r\n"));
+        assert!(!changed(&["SETRANGE", "k", "0", ""], b":3\r\n"));
+        assert!(changed(&["SETRANGE", "k", "0", "a"], b":3\r\n"));
+        assert!(!changed(&["RENAME", "k", "k"], b"+OK\r\n"));
+        assert!(changed(&["RENAME", "k", "j"], b"+OK\r\n"));
+        assert!(!changed(&["SMOVE", "k", "k", "m"], b":1\r\n"));
+        assert!(changed(&["SMOVE", "k", "j", "m"], b":1\r\n"));
     }
 }

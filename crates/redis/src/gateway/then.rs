@@ -27,31 +27,53 @@ pub(super) enum Then {
     },
 }
 
-/// What a write command's reply tells of whether it changed something.
+/// What a write command's reply tells of whether it changed something. A write not marked
+/// here still fails the `EXEC` when the watched key's fingerprint (its value and expiry) moved:
+/// a mark is needed only where Redis marks a key whose value stayed the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum ChangeShown {
     /// Write commands that did nothing answer an error, 0 (`DEL`, `SREM`, `EXPIRE`, …), -1
     /// (`LINSERT` without its pivot), a nil (`SET … NX`, `LPOP` of nothing) or an empty array
     /// (`SPOP k n` of nothing); anything else is a change.
     ByShape,
-    /// 0 answers a change too (`HSET` of a field that existed, `ZADD` of a new score, `SETBIT`
-    /// of a bit that was 0, `INCR` to 0, …): anything but an error or a nil is a change.
+    /// 0 answers a change too (`HSET` of a field that existed, `INCR` to 0, …): anything but
+    /// an error or a nil is a change.
     ZeroToo,
+    /// Only a count above 0 is certain (`ZADD` of a new member, or with `CH` a new score); 0
+    /// may be a new score or nothing (`XX` of a missing key, the same score), and Redis marks
+    /// the key only when a score or member changed: the fingerprint tells.
+    Positive,
+    /// Redis marks the key only when its value changed (`SETBIT` of the bit it had,
+    /// `ZINCRBY` by 0, `BITFIELD`, `GETEX` without a new expiry, `SETRANGE` of nothing,
+    /// `RENAME k k`, `SMOVE k k m`): the fingerprint tells, never the reply.
+    Fingerprint,
     /// A script or function: anything but an error may have changed something.
     Anything,
 }
 
 impl ChangeShown {
-    pub(super) fn of(name: &[u8]) -> ChangeShown {
-        const ZERO_TOO: &[&[u8]] = &[
-            b"HSET", b"ZADD", b"SETBIT", b"INCR", b"DECR", b"INCRBY", b"DECRBY", b"HINCRBY",
-        ];
+    /// How the reply to `args` (a write: its name first) shows a change.
+    pub(super) fn of(args: &[Vec<u8>]) -> ChangeShown {
+        const ZERO_TOO: &[&[u8]] = &[b"HSET", b"INCR", b"DECR", b"INCRBY", b"DECRBY", b"HINCRBY"];
+        const FINGERPRINT: &[&[u8]] = &[b"SETBIT", b"ZINCRBY", b"BITFIELD", b"GETEX"];
         const ANYTHING: &[&[u8]] = &[b"EVAL", b"EVALSHA", b"FCALL"];
+        let Some(name) = args.first() else {
+            return ChangeShown::ByShape;
+        };
         let is = |names: &[&[u8]]| names.iter().any(|known| known.eq_ignore_ascii_case(name));
+        let same_keys = args.len() > 2 && args[1] == args[2];
         if is(ANYTHING) {
             ChangeShown::Anything
         } else if is(ZERO_TOO) {
             ChangeShown::ZeroToo
+        } else if name.eq_ignore_ascii_case(b"ZADD") {
+            ChangeShown::Positive
+        } else if is(FINGERPRINT)
+            || (name.eq_ignore_ascii_case(b"SETRANGE") && args.get(3).is_some_and(Vec::is_empty))
+            || (same_keys
+                && (name.eq_ignore_ascii_case(b"RENAME") || name.eq_ignore_ascii_case(b"SMOVE")))
+        {
+            ChangeShown::Fingerprint
         } else {
             ChangeShown::ByShape
         }
@@ -65,6 +87,10 @@ impl ChangeShown {
         match self {
             ChangeShown::ByShape => !nothing && !shaped,
             ChangeShown::ZeroToo => !nothing,
+            ChangeShown::Positive => {
+                reply.len() > 3 && reply[0] == b':' && reply[1] != b'0' && reply[1] != b'-'
+            }
+            ChangeShown::Fingerprint => false,
             ChangeShown::Anything => !reply.starts_with(b"-"),
         }
     }

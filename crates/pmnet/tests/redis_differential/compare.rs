@@ -171,10 +171,11 @@ fn sorted_deep(value: &Value) -> Value {
     }
 }
 
-/// Whether a `SORT` leaves the elements in the key's own order (`BY` a pattern without `*`).
-fn sort_keeps_order(cmd: &[Vec<u8>]) -> bool {
-    cmd.windows(2)
-        .any(|pair| pair[0].eq_ignore_ascii_case(b"BY") && !pair[1].contains(&b'*'))
+/// Whether a `SORT` may leave elements in the key's own order: `BY` a pattern without `*`
+/// does not sort, and `BY` a pattern with one leaves elements of equal weight (missing weights
+/// too) in it.
+fn sort_may_keep_order(cmd: &[Vec<u8>]) -> bool {
+    cmd.iter().any(|word| word.eq_ignore_ascii_case(b"BY"))
 }
 
 fn count_arg(cmd: &[Vec<u8>], index: usize) -> Option<i64> {
@@ -211,9 +212,10 @@ pub fn normalize(cmd: &[Vec<u8>], value: &Value) -> Value {
             Value::Array(Some(items))
         }
         ("HGETALL", Value::Array(Some(items))) => Value::Array(Some(sort_pairs(items))),
-        // SORT … BY a pattern without `*` (`nosort`, a plain key) does not sort: a set comes
-        // in its hash table's order, all of it compared sorted, a LIMIT of it by shape.
-        ("SORT" | "SORT_RO", Value::Array(Some(mut items))) if sort_keeps_order(cmd) => {
+        // SORT … BY a pattern without `*` (`nosort`, a plain key) does not sort, and BY one
+        // with it leaves equal weights unsorted: a set's come in its hash table's order, all
+        // of it compared sorted, a LIMIT of it by shape.
+        ("SORT" | "SORT_RO", Value::Array(Some(mut items))) if sort_may_keep_order(cmd) => {
             if cmd.iter().any(|word| word.eq_ignore_ascii_case(b"LIMIT")) {
                 shape(&Value::Array(Some(items)))
             } else {

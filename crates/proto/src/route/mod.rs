@@ -279,5 +279,18 @@ pub fn device_settings(
     })
 }
 
+/// The settings of a spare device of the chain of server `server_id` (a device the route
+/// does not place): it forwards to the chain's server, and no device comes before it. A
+/// route sent to a spare moves it when a replica was promoted, so that what its log holds
+/// (and what it logs until it joins) goes to the primary there is now.
+pub fn spare_settings(chain: &ChainRoute, server_id: u16) -> DeviceSettings {
+    DeviceSettings {
+        next: chain.server,
+        previous: None,
+        servers: vec![(server_id, chain.server)],
+        previous_devices: Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests;

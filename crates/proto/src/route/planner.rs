@@ -437,13 +437,15 @@ impl Planner {
                 heard: now,
             },
         );
-        // A node of the chain that runs another epoch is sent the route (a spare, or a
-        // device taken out, is not: it is in no route).
+        // A node of the chain that runs another epoch is sent the route, a spare too (it
+        // forwards to the chain's server, which a promotion moves); a device taken out is
+        // not.
         let in_route = status.role == Role::Server
             || chain
                 .route
                 .devices
                 .iter()
+                .chain(&chain.spares)
                 .any(|&(_, address)| address == from);
         if in_route && status.epoch != self.epoch && !self.save {
             self.send_route(index, from, status.boot);
@@ -689,6 +691,7 @@ impl Planner {
                     .route
                     .devices
                     .iter()
+                    .chain(&chain.spares)
                     .map(|(_, address)| *address)
                     .chain([chain.route.server])
                     .chain(chain.route.replicas.iter().copied())

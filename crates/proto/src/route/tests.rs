@@ -98,8 +98,8 @@ fn a_silent_device_is_taken_out_and_a_heard_spare_put_in_before_the_server() {
     to.sort();
     assert_eq!(
         to,
-        vec![addr(1), addr(2), addr(3), addr(SERVER)],
-        "a spare is in no route"
+        vec![addr(1), addr(2), addr(3), addr(4), addr(SERVER)],
+        "a spare is sent the route too"
     );
     // Device 2 falls silent; the others go on.
     for at in (10..=50).step_by(10) {
@@ -452,4 +452,58 @@ fn a_device_restarting_in_place_for_a_change_gets_a_grace_before_it_is_suspected
         2,
         "past the grace it is out"
     );
+}
+
+#[test]
+fn a_spare_is_sent_the_route_and_forwards_to_the_promoted_primary() {
+    let r1 = addr(SERVER + 1);
+    let mut planner = Planner::new(
+        PlannerConfig {
+            chains: vec![ChainSpec {
+                server_id: 1,
+                server: addr(SERVER),
+                devices: vec![(1, addr(1)), (2, addr(2))],
+                spares: vec![(4, addr(4))],
+                replicas: vec![r1],
+            }],
+            suspect_after: Duration::from_millis(50),
+            server_suspect_after: Duration::from_millis(50),
+            auth: None,
+        },
+        ms(0),
+        None,
+    )
+    .expect("a planner");
+    planner.poll_save();
+    let hear_all = |planner: &mut Planner, at: u64, primary: bool| {
+        for port in [1, 2, 4] {
+            let bytes = status(Role::Device, port, u64::from(port), 1, at);
+            planner.handle(ms(at), addr(port), &bytes);
+        }
+        if primary {
+            planner.handle(ms(at), addr(SERVER), &server_status(90, 1, at, 10));
+        }
+        planner.handle(ms(at), r1, &server_status(91, 1, at, 10));
+    };
+    hear_all(&mut planner, 10, true);
+    let _ = routes(&mut planner);
+    for at in (20..=70).step_by(10) {
+        hear_all(&mut planner, at, false);
+        planner.handle_timeout(ms(at));
+    }
+    assert_eq!(planner.counters().primaries_replaced, 1);
+    planner.poll_save().expect("saved");
+    let sent = routes(&mut planner);
+    // Before this change a spare was in no route, and one that logged anything (a
+    // misdirected or replayed request) kept sending it to the lost primary for ever.
+    let (_, to_spare) = sent
+        .iter()
+        .find(|(to, _)| *to == addr(4))
+        .expect("the spare is sent the route");
+    assert_eq!(device_settings(&to_spare.chain, 1, 4), None, "not placed");
+    let settings = spare_settings(&to_spare.chain, 1);
+    assert_eq!(settings.next, r1);
+    assert_eq!(settings.servers, vec![(1, r1)]);
+    assert_eq!(settings.previous, None);
+    assert!(settings.previous_devices.is_empty());
 }

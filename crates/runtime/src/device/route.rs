@@ -33,11 +33,31 @@ impl DeviceRuntime {
         let Some(place) =
             pmnet_proto::route::device_settings(&route.chain, server_id, self.options.device_id)
         else {
+            // A spare (the route does not place it): it forwards to the chain's server,
+            // which a promotion moves.
+            let spare = pmnet_proto::route::spare_settings(&route.chain, server_id);
+            if spare.servers == self.options.servers
+                && spare.previous_devices == self.options.previous_devices
+            {
+                tracing::info!(
+                    "route epoch {epoch}: a spare of the chain of server {server_id}, \
+                     forwarding to its server {current}"
+                );
+                return;
+            }
             tracing::warn!(
-                "route epoch {epoch}: the controller took this device out of the chain of server \
-                 {server_id}; it forwards what its log holds to {current} and takes no place \
-                 until it is started again"
+                "route epoch {epoch}: a spare of the chain of server {server_id}, now \
+                 forwarding to its server {} (was forwarding to {current}); restarting in \
+                 place: what the log holds is replayed there",
+                spare.next
             );
+            self.options.servers = spare.servers;
+            self.options.previous_devices = spare.previous_devices;
+            if let Err(error) = self.restart_in_place() {
+                tracing::error!("restarting in place for route epoch {epoch} failed: {error}");
+                self.failed = Some(error.to_string());
+                self.shutdown.request();
+            }
             return;
         };
         let next = place.next;

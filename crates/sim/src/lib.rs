@@ -18,6 +18,6 @@ mod world;
 pub use network::{Attacker, Cut, Delay, Faults, Network, NetworkCounters, Seen, Trace, TracedRun};
 pub use world::{
     client_addr, controller_addr, device_addr, replica_addr, server_addr, ClientNode,
-    ControllerNode, DeviceNode, ServerApp, ServerNode, Topology, World, DEVICE_ID, SERVER_ID,
-    SLOT_SIZE, STATUS_INTERVAL, SUSPECT_AFTER,
+    ControllerNode, DeviceNode, ServerApp, ServerNode, Topology, World, DEVICE_ID, SERVER_DOWN_MAX,
+    SERVER_ID, SERVER_SUSPECT_AFTER, SLOT_SIZE, STATUS_INTERVAL, SUSPECT_AFTER,
 };

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use pmnet_proto::ClientEvent;
-use pmnet_sim::{Topology, World, SUSPECT_AFTER};
+use pmnet_sim::{Topology, World, SERVER_SUSPECT_AFTER, SUSPECT_AFTER};
 
 /// Three devices in series and a spare in front of one server, `clients` clients each waiting
 /// for two devices' acks, under the controller.
@@ -126,4 +126,113 @@ fn clients_follow_the_chain_to_its_next_device_when_the_first_is_lost() {
     check_applied(&mut world, &issued);
     // The last updates went through the new first device.
     assert!(world.devices[1].device().counters().updates_logged > 0);
+}
+
+/// Two devices in series in front of a server with `replicas` replica servers, all under
+/// the controller; `clients` clients each waiting for one device's ack.
+fn replicated_chain_with_controller(clients: usize, replicas: usize) -> World {
+    let mut world = World::with_topology(Topology {
+        client_count: clients,
+        device_slot_counts: vec![64; 2],
+        server_count: 1,
+        chain: true,
+        server_replicas: replicas,
+    })
+    .with_kv_store(1 << 20)
+    .with_controller(None);
+    world.run_for(Duration::from_millis(50));
+    world
+}
+
+#[test]
+fn a_lost_primary_is_replaced_by_its_replica_furthest_along_and_nothing_acked_is_lost() {
+    let mut world = replicated_chain_with_controller(2, 2);
+    let mut issued = write(&mut world, 10, Duration::from_millis(5));
+    // Writes in flight when the primary is lost.
+    for client in 0..world.clients.len() {
+        let seq = world.update(client, format!("k{client}=in-flight").as_bytes());
+        issued.push((client, seq));
+    }
+    world.run_for(Duration::from_micros(300));
+    world.lose_server(0);
+    let lost_at = world.now;
+    world.run_for(SERVER_SUSPECT_AFTER - Duration::from_millis(200));
+    assert_eq!(planner_counters(&world).primaries_replaced, 0);
+    issued.extend(write(&mut world, 10, Duration::from_millis(50)));
+    assert!(world.now - lost_at >= SERVER_SUSPECT_AFTER);
+    let counters = planner_counters(&world);
+    assert_eq!(
+        (counters.primaries_replaced, counters.replicas_removed),
+        (1, 0)
+    );
+    let primary = world.promoted[0].expect("a replica promoted");
+    // The promoted replica restarted in place as the primary (at its own address), the other
+    // one in place as its replica, and the chain's last device now forwards to it.
+    assert!(world.replicas[primary].restarts_in_place >= 1);
+    assert!(!world.replicas[primary].server.config().replicas.is_empty());
+    let other = 1 - primary;
+    assert!(world.replicas[other].restarts_in_place >= 1);
+    assert_eq!(
+        world.replicas[other].server.config().devices,
+        vec![pmnet_sim::replica_addr(primary)]
+    );
+    assert_eq!(
+        world.devices[1].config.servers,
+        vec![(pmnet_sim::SERVER_ID, pmnet_sim::replica_addr(primary))]
+    );
+    issued.extend(write(&mut world, 10, Duration::from_millis(5)));
+    check_applied(&mut world, &issued);
+    // Every acked write is on the remaining replica too, once each.
+    for client in 0..world.clients.len() {
+        let session = world.session(client);
+        let on_primary = world.applied_seqs(session);
+        let on_other: Vec<u32> = (world.replicas[other].app.applied.iter())
+            .filter(|(s, ..)| *s == session)
+            .map(|(_, seq, ..)| *seq)
+            .collect();
+        assert_eq!(on_other, on_primary, "client {client}");
+    }
+}
+
+#[test]
+fn a_lost_replica_is_taken_out_and_writes_go_on() {
+    let mut world = replicated_chain_with_controller(2, 2);
+    let mut issued = write(&mut world, 10, Duration::from_millis(5));
+    world.lose_replica(1);
+    // Acked by the devices meanwhile; applied once the replica is taken out.
+    issued.extend(write(&mut world, 10, Duration::from_millis(100)));
+    world.run_for(SERVER_SUSPECT_AFTER);
+    let counters = planner_counters(&world);
+    assert_eq!(
+        (counters.primaries_replaced, counters.replicas_removed),
+        (0, 1)
+    );
+    assert_eq!(world.promoted[0], None);
+    // The primary restarted in place with the replica left.
+    assert!(world.servers[0].restarts_in_place >= 1);
+    assert_eq!(
+        world.servers[0].server.config().replicas,
+        vec![pmnet_sim::replica_addr(0)]
+    );
+    issued.extend(write(&mut world, 10, Duration::from_millis(5)));
+    check_applied(&mut world, &issued);
+}
+
+#[test]
+fn a_promoted_replica_loses_nothing_when_the_new_primary_is_lost_too() {
+    let mut world = replicated_chain_with_controller(1, 2);
+    let mut issued = write(&mut world, 10, Duration::from_millis(5));
+    world.lose_server(0);
+    issued.extend(write(&mut world, 10, Duration::from_millis(100)));
+    world.run_for(SERVER_SUSPECT_AFTER);
+    let first = world.promoted[0].expect("a replica promoted");
+    issued.extend(write(&mut world, 10, Duration::from_millis(5)));
+    world.lose_server(0);
+    issued.extend(write(&mut world, 10, Duration::from_millis(100)));
+    world.run_for(SERVER_SUSPECT_AFTER);
+    let second = world.promoted[0].expect("a replica promoted");
+    assert_ne!(first, second);
+    assert_eq!(planner_counters(&world).primaries_replaced, 2);
+    issued.extend(write(&mut world, 10, Duration::from_millis(5)));
+    check_applied(&mut world, &issued);
 }

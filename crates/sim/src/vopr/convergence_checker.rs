@@ -16,9 +16,8 @@ pub(super) fn converged(world: &World) -> bool {
         && world.devices.iter().all(|node| {
             node.lost || (node.device().live_entry_count() == 0 && node.held.is_empty())
         })
-        && world
-            .servers
-            .iter()
+        && (0..world.servers.len())
+            .map(|server| world.primary(server))
             .all(|node| !node.server.is_recovering() && node.server.busy_session_count() == 0)
 }
 
@@ -34,9 +33,8 @@ fn convergence_state(world: &World) -> String {
         .iter()
         .map(|node| node.device().live_entry_count())
         .collect();
-    let servers: Vec<(bool, usize)> = world
-        .servers
-        .iter()
+    let servers: Vec<(bool, usize)> = (0..world.servers.len())
+        .map(|server| world.primary(server))
         .map(|node| {
             (
                 node.server.is_recovering(),
@@ -44,9 +42,8 @@ fn convergence_state(world: &World) -> String {
             )
         })
         .collect();
-    let busy: Vec<String> = world
-        .servers
-        .iter()
+    let busy: Vec<String> = (0..world.servers.len())
+        .map(|server| world.primary(server))
         .map(|node| node.server.busy_sessions_text())
         .filter(|text| !text.is_empty())
         .collect();
@@ -64,10 +61,9 @@ fn convergence_state(world: &World) -> String {
 /// The liveness phase cannot go on: no event is left before its deadline, and the world has
 /// not converged.
 pub(super) fn fail_not_converged(world: &World, bound: Duration) -> ! {
-    let replication: Vec<String> = world
-        .servers
-        .iter()
-        .filter(|node| !node.config.replicas.is_empty())
+    let replication: Vec<String> = (0..world.servers.len())
+        .map(|server| world.primary(server))
+        .filter(|node| !node.server.config().replicas.is_empty())
         .map(|node| node.server.replication_text())
         .collect();
     panic!(

@@ -97,18 +97,13 @@ fn corrupt_applied_entry_at_rest(
             .filter_map(|slot| {
                 let (key, packet) = node.log.read(slot)?;
                 let server = usize::from(key.server_id.checked_sub(crate::SERVER_ID)?);
-                let applied = world
-                    .servers
-                    .get(server)?
-                    .app
-                    .sessions
-                    .get(&key.session_id)?
-                    .0;
+                if server >= world.servers.len() {
+                    return None;
+                }
+                let applied = world.primary(server).app.sessions.get(&key.session_id)?.0;
                 // With replica servers, on every one that may yet be promoted as well.
-                let per_server = world.replicas.len() / world.servers.len();
-                let on_replicas = world.replicas[server * per_server..(server + 1) * per_server]
-                    .iter()
-                    .filter(|replica| !replica.lost)
+                let on_replicas = (world.live_replicas(server).into_iter())
+                    .map(|replica| &world.replicas[replica])
                     .all(|replica| {
                         replica
                             .app

@@ -59,7 +59,7 @@ pub(super) fn run(
 fn heal(world: &mut World) {
     world.network.faults = None;
     world.network.blocked.clear();
-    for node in &mut world.servers {
+    for node in world.servers.iter_mut().chain(&mut world.replicas) {
         node.store_full = false;
     }
     for index in 0..world.devices.len() {
@@ -71,7 +71,7 @@ fn heal(world: &mut World) {
         }
     }
     for index in 0..world.servers.len() {
-        if !world.servers[index].up {
+        if !world.servers[index].up && !world.servers[index].lost {
             world.start_server(index);
         }
     }

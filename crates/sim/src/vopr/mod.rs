@@ -204,6 +204,21 @@ fn chain_for_seed(seed: u64) -> Option<Chain> {
     Some(Chain { devices, replicas })
 }
 
+/// How many replica servers the server of `seed`'s devices in series has, under the
+/// controller (docs/replication.md, "Replicated servers on the controller"): 1 or 2 on half of
+/// the seeds with devices in series, none otherwise; drawn from a generator of its own, so
+/// that the other seeds' worlds do not change.
+fn chain_replicas_for_seed(seed: u64) -> usize {
+    if chain_for_seed(seed).is_none() {
+        return 0;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xC4A1_4E91_0000_0040);
+    if !rng.random_bool(0.5) {
+        return 0;
+    }
+    rng.random_range(1..=2)
+}
+
 /// A seed's devices in series: a chain of `devices` and the acks each client waits for
 /// (client `i` the `i mod 4`-th). The controller plans the chain ([`World::with_controller`]),
 /// in front of one server, with one spare device it puts in when a device is taken out.
@@ -378,6 +393,7 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
         topology.chain = true;
         // A device that follows a controller is in one chain, in front of one server.
         topology.server_count = 1;
+        topology.server_replicas = chain_replicas_for_seed(seed);
         spare_slots = Some(slots.random_range(2..128));
     }
     let fanout = fanout_for_seed(seed);
@@ -418,6 +434,11 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
     }
     if chain.is_some() {
         world = world.with_controller(spare_slots);
+        if !world.replicas.is_empty() {
+            // A crashed server is started again soon: only a server lost for good falls
+            // silent for the suspicion delay.
+            world.restart_servers_after = Some(crate::world::SERVER_DOWN_MAX);
+        }
     }
     if cache_for_seed(seed) {
         world = world.with_front(cache_front);
@@ -490,6 +511,17 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
             crate::world::SUSPECT_AFTER,
             world.device_losses_allowed
         ));
+        if !world.replicas.is_empty() {
+            world.note_event(&format!(
+                "replica servers under the controller: replica0..replica{} of server0; a \
+                 server silent for {:?} replaced (the primary) or taken out (a replica); a \
+                 crashed server started again within {:?}; the primary or a replica lost for \
+                 good at random, one copy always left",
+                world.replicas.len() - 1,
+                crate::world::SERVER_SUSPECT_AFTER,
+                crate::world::SERVER_DOWN_MAX,
+            ));
+        }
     }
     note_fault_mix(&mut world, &summary, &mix, network_seed);
     if let Some(churn) = churn {
@@ -562,6 +594,9 @@ fn check_invariants(world: &mut World, issued: &[Vec<Issued>], summary: &mut Fau
         .is_some_and(|node| !node.client.config().fan_out.is_empty())
     {
         summary.counts.seeds_with_fanout += 1;
+    }
+    if !world.replicas.is_empty() && world.controller.is_some() {
+        summary.counts.seeds_with_replicated_chains += 1;
     }
     if !world.replicas.is_empty() {
         summary.counts.seeds_with_replicas += 1;

@@ -20,12 +20,21 @@ pub(super) fn check_replicas(world: &World, summary: &mut FaultSummary) -> Vec<S
     let per_server = world.replicas.len() / world.servers.len();
     let mut notes = Vec::new();
     for server in 0..world.servers.len() {
-        let primary = &world.servers[server].app;
+        let primary = &world.primary(server).app;
         for replica in server * per_server..(server + 1) * per_server {
             let node = &world.replicas[replica];
             if node.lost {
+                notes.push(if world.controller.is_some() {
+                    format!("invariant 6, replica{replica}: lost for good (not checked)")
+                } else {
+                    format!("invariant 6, replica{replica}: promoted (not checked)")
+                });
+                continue;
+            }
+            if world.promoted[server] == Some(replica) {
                 notes.push(format!(
-                    "invariant 6, replica{replica}: promoted (not checked)"
+                    "invariant 6, replica{replica}: the primary of server{server} now (checked \
+                     as the primary)"
                 ));
                 continue;
             }

@@ -139,6 +139,10 @@ fn restart_replica(world: &mut World, rng: &mut ChaCha8Rng) {
 /// A primary is lost for good (its store with it) and one of its replicas is promoted in its
 /// place: at most R − 1 of a server's R copies are lost in a seed.
 fn lose_primary(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSummary) {
+    if world.controller.is_some() {
+        lose_server_or_replica(world, rng, summary);
+        return;
+    }
     let server = rng.random_range(0..world.servers.len());
     let per_server = world.replicas.len() / world.servers.len();
     let replicas = server * per_server..(server + 1) * per_server;
@@ -163,6 +167,26 @@ fn lose_primary(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSumm
     world.promote_replica(server, replica);
 }
 
+/// Under the controller, the chain's primary (whichever node it is now) or one of its
+/// replicas is lost for good, store and all; the controller replaces the primary by the
+/// replica furthest along, or takes the replica out, once it has been silent long enough. At
+/// least one copy is always left: of the server's nodes not lost, one stays.
+fn lose_server_or_replica(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSummary) {
+    let replicas = world.live_replicas(0);
+    let primary_live = !world.primary(0).lost;
+    if replicas.len() + usize::from(primary_live) < 2 {
+        return;
+    }
+    if primary_live && rng.random_bool(0.5) {
+        summary.counts.primaries_lost += 1;
+        world.lose_server(0);
+    } else if !replicas.is_empty() {
+        let replica = replicas[rng.random_range(0..replicas.len())];
+        summary.counts.replicas_lost += 1;
+        world.lose_replica(replica);
+    }
+}
+
 /// A device of the chain, as the controller plans it, is lost for good (its log with it; the
 /// controller takes it out once it has been silent long enough): at most one fewer than the
 /// fewest acks a client waits for, per seed, and never the chain's last live device.
@@ -180,6 +204,14 @@ fn lose_device(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSumma
 /// Crash a server, when it is up (noting a crash during its start-up recovery).
 fn crash_server(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSummary) {
     let index = rng.random_range(0..world.servers.len());
+    if let Some(replica) = world.promoted[index] {
+        // The primary now is a promoted replica.
+        if world.replicas[replica].up {
+            summary.counts.server_crashes += 1;
+            world.stop_replica(replica);
+        }
+        return;
+    }
     if world.servers[index].up {
         if world.servers[index].server.is_recovering() {
             summary.counts.server_crashes_during_recovery += 1;
@@ -196,7 +228,7 @@ fn crash_server(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut FaultSumm
 /// Restart a server, when it is down.
 fn restart_server(world: &mut World, rng: &mut ChaCha8Rng) {
     let index = rng.random_range(0..world.servers.len());
-    if !world.servers[index].up {
+    if !world.servers[index].up && !world.servers[index].lost {
         world.start_server(index);
     }
 }
@@ -290,7 +322,7 @@ fn client_turns_over(world: &mut World, rng: &mut ChaCha8Rng, summary: &mut Faul
 /// Fill a server's store (every update handed back), or give it room again.
 fn toggle_store_full(world: &mut World, rng: &mut ChaCha8Rng) {
     let index = rng.random_range(0..world.servers.len());
-    let node = &mut world.servers[index];
+    let node = world.primary_mut(index);
     node.store_full = !node.store_full;
     let text = if node.store_full {
         "store full: every update is handed back, nothing durable, no server-ACK"

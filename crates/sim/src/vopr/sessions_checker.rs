@@ -46,7 +46,7 @@ fn check_session(
     summary: &mut FaultSummary,
 ) -> (u64, String) {
     let session_id = world.session(client);
-    let app = &world.servers[world.server_of(client)].app;
+    let app = &world.primary(world.server_of(client)).app;
     let applied: Vec<&Applied> = app
         .applied
         .iter()

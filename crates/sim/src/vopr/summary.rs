@@ -79,6 +79,14 @@ pub struct FaultCounts {
     pub replica_crashes: u64,
     pub primaries_lost: u64,
     pub replica_requests_checked: u64,
+    /// Seeds whose chain's server has replica servers under the controller, replicas lost
+    /// for good there, primaries the controller replaced by a replica, replicas it took out,
+    /// and servers restarted in place for a route.
+    pub seeds_with_replicated_chains: u64,
+    pub replicas_lost: u64,
+    pub primaries_replaced: u64,
+    pub replicas_taken_out: u64,
+    pub server_restarts_in_place: u64,
     pub cache_reads_checked: u64,
     pub cache_reads_served_by_device: u64,
     pub forged_datagrams: u64,
@@ -131,6 +139,11 @@ impl FaultCounts {
         self.replica_crashes += other.replica_crashes;
         self.primaries_lost += other.primaries_lost;
         self.replica_requests_checked += other.replica_requests_checked;
+        self.seeds_with_replicated_chains += other.seeds_with_replicated_chains;
+        self.replicas_lost += other.replicas_lost;
+        self.primaries_replaced += other.primaries_replaced;
+        self.replicas_taken_out += other.replicas_taken_out;
+        self.server_restarts_in_place += other.server_restarts_in_place;
         self.cache_reads_checked += other.cache_reads_checked;
         self.cache_reads_served_by_device += other.cache_reads_served_by_device;
         self.forged_datagrams += other.forged_datagrams;
@@ -275,6 +288,27 @@ impl FaultCounts {
                 ),
             ]);
         }
+        if self.seeds_with_replicated_chains > 0 {
+            lines.extend([
+                (
+                    "seeds with replica servers under the controller",
+                    self.seeds_with_replicated_chains,
+                ),
+                ("replica servers lost for good", self.replicas_lost),
+                (
+                    "primaries replaced by the controller (a replica promoted)",
+                    self.primaries_replaced,
+                ),
+                (
+                    "replica servers taken out by the controller",
+                    self.replicas_taken_out,
+                ),
+                (
+                    "servers restarted in place for a route",
+                    self.server_restarts_in_place,
+                ),
+            ]);
+        }
         if self.seeds_with_churn > 0 {
             lines.extend([
                 (
@@ -324,15 +358,18 @@ pub(super) fn count_world_faults(world: &World, summary: &mut FaultSummary) {
         summary.counts.devices_taken_out = counters.devices_removed;
         summary.counts.spares_joined = counters.spares_joined;
         summary.counts.devices_wrongly_suspected = node.wrongly_suspected;
+        summary.counts.primaries_replaced = counters.primaries_replaced;
+        summary.counts.replicas_taken_out = counters.replicas_removed;
     }
+    summary.counts.server_restarts_in_place = (world.servers.iter().chain(&world.replicas))
+        .map(|node| node.restarts_in_place)
+        .sum();
     summary.counts.routes_taken = world
         .devices
         .iter()
         .map(|node| node.routes_taken)
         .chain(
-            world
-                .servers
-                .iter()
+            (world.servers.iter().chain(&world.replicas))
                 .map(|node| node.routes_taken_before_restart + node.server.counters().routes_taken),
         )
         .chain((world.clients.iter()).map(|node| node.client.counters().routes_taken))

@@ -3,11 +3,18 @@
 //! applies it (`crates/runtime/src/device/route.rs`): a restart in place with the next hop and
 //! the device before it that its place in the chain gives, the follower's epoch carried over.
 
+use std::net::SocketAddr;
+
 use pmnet_pm::PmLog;
-use pmnet_proto::route::{device_settings, PlannerEvent};
+use pmnet_proto::route::{device_settings, spare_settings, PlannerEvent};
 use pmnet_proto::Device;
 
-use super::{controller_addr, device_addr, World};
+use super::{controller_addr, device_addr, replica_addr, server_addr, World};
+
+#[cfg(doc)]
+use super::SERVER_DOWN_MAX;
+#[cfg(doc)]
+use pmnet_proto::Server;
 
 impl World {
     /// The controller's plan saved, its routes sent and its events noted; whether anything
@@ -69,6 +76,20 @@ impl World {
                 );
             }
         }
+        match event {
+            PlannerEvent::Promoted { lost, primary, .. } => {
+                self.check_server_lost(lost, "replaced as the primary");
+                let replica = (0..self.replicas.len())
+                    .find(|&index| replica_addr(index) == primary)
+                    .expect("a replica of the world");
+                // One chain: server 0's.
+                self.promoted[0] = Some(replica);
+            }
+            PlannerEvent::ReplicaRemoved { replica, .. } => {
+                self.check_server_lost(replica, "taken out of the primary's replicas");
+            }
+            _ => {}
+        }
         let Some(node) = self.controller.as_ref() else {
             return;
         };
@@ -81,6 +102,78 @@ impl World {
             })
             .collect();
         self.chain = chain;
+    }
+
+    /// The server at `address` was replaced or taken out: it must be one lost for good. A
+    /// live server is never silent for the suspicion delay ([`SERVER_DOWN_MAX`]), so one taken
+    /// out fails the run.
+    fn check_server_lost(&mut self, address: SocketAddr, what: &str) {
+        let node = if let Some(index) = (0..self.servers.len()).find(|&i| server_addr(i) == address)
+        {
+            &self.servers[index]
+        } else {
+            let index = (0..self.replicas.len())
+                .find(|&i| replica_addr(i) == address)
+                .expect("a server of the world");
+            &self.replicas[index]
+        };
+        assert!(
+            node.lost,
+            "invariant: {}, live, was {what} (no status for the suspicion delay)",
+            super::node_name(address)
+        );
+    }
+
+    /// Server `index` (replica `index` if `replica`), if up, was asked by a route to restart
+    /// in place (a replica promoted, a replica's primary replaced, the primary's replicas
+    /// changed: [`Server::take_restart`]): at the end of its turn, as the runtime does, it
+    /// reopens its store and forward log with the route's devices and replicas. Whether it
+    /// did.
+    pub(super) fn follow_server_route(&mut self, replica: bool, index: usize) -> bool {
+        let node = if replica {
+            &mut self.replicas[index]
+        } else {
+            &mut self.servers[index]
+        };
+        if !node.up {
+            return false;
+        }
+        let Some((devices, replicas)) = node.server.take_restart() else {
+            return false;
+        };
+        // The end of its turn: what it applied, persisted and sent is done.
+        while self.flush_server(replica, index) {}
+        let now = self.now;
+        let (node, actor) = if replica {
+            (&mut self.replicas[index], format!("replica{index}"))
+        } else {
+            (&mut self.servers[index], format!("server{index}"))
+        };
+        let names = |addresses: &[SocketAddr]| {
+            let names: Vec<String> = addresses.iter().map(|a| super::node_name(*a)).collect();
+            format!("[{}]", names.join(", "))
+        };
+        let text = format!(
+            "route epoch {}: restarting in place with devices {} and replicas {} (was devices \
+                 {}, replicas {})",
+            node.server
+                .follower()
+                .map_or(0, |follower| follower.epoch()),
+            names(&devices),
+            names(&replicas),
+            names(&node.server.config().devices),
+            names(&node.config.replicas),
+        );
+        let sessions = node.restart_in_place(now, devices, replicas);
+        self.note_by(&actor, &text);
+        self.note_by(
+            &actor,
+            &format!(
+                "restarted in place: store and forward log reopened, {sessions} sessions \
+                 recovered"
+            ),
+        );
+        true
     }
 
     /// Device `index` (if up) took a route: its settings follow its place in the chain, and
@@ -107,13 +200,31 @@ impl World {
         let current = current.join(", ");
         let actor = format!("device{index}");
         let Some(place) = device_settings(&route.chain, server_id, device_id) else {
+            // A spare: it forwards to the chain's server, wherever a promotion moved it.
+            let spare = spare_settings(&route.chain, server_id);
+            if spare.servers == node.config.servers
+                && spare.previous_devices == node.config.previous_devices
+            {
+                self.note_by(
+                    &actor,
+                    &format!(
+                        "route epoch {epoch}: a spare, forwarding to the chain's server \
+                         {current}"
+                    ),
+                );
+                return true;
+            }
+            let next = name(spare.next);
+            node.config.servers = spare.servers;
+            node.config.previous_devices = spare.previous_devices;
             self.note_by(
                 &actor,
                 &format!(
-                    "route epoch {epoch}: taken out of the chain; forwards what its log holds \
-                     to {current} and takes no place until it is started again"
+                    "route epoch {epoch}: a spare, now forwarding to the chain's server {next} \
+                     (was forwarding to {current}); restarting in place"
                 ),
             );
+            self.restart_device_in_place(index);
             return true;
         };
         let after = place

@@ -52,6 +52,17 @@ pub const STATUS_INTERVAL: Duration = Duration::from_millis(100);
 /// between a device and a client or a server), no device is down for longer than its crash
 /// (restarted at once): only a device lost for good stays silent.
 pub const SUSPECT_AFTER: Duration = Duration::from_secs(2);
+/// How long the controller waits without a server's status (a primary's or a replica's, on
+/// a chain with replica servers) before it replaces the primary by the replica furthest along
+/// or takes the replica out.
+pub const SERVER_SUSPECT_AFTER: Duration = Duration::from_secs(4);
+/// On a world with [`World::restart_servers_after`] (the swarm's chains with replica
+/// servers), a crashed server or replica is started again after at most this long, as a
+/// supervisor restarts a process: it then sends a status at once, so a live server is silent
+/// for at most this plus the loss of every status in [`SERVER_SUSPECT_AFTER`] less this
+/// (thirty statuses; all lost about once in 2·10¹⁴ at the worst loss and corruption): only a
+/// server lost for good is replaced or taken out.
+pub const SERVER_DOWN_MAX: Duration = Duration::from_secs(1);
 
 #[allow(missing_debug_implementations)] // holds boxed drop rules
 pub struct World {
@@ -86,6 +97,12 @@ pub struct World {
     /// Devices of the chain the swarm may still lose for good: one fewer than the fewest
     /// acks a client waits for, so that every acknowledged update keeps a copy.
     pub device_losses_allowed: usize,
+    /// For each server, the replica a controller's route made its primary (at the replica's
+    /// own address, [`World::with_controller`]), if one did: see [`World::primary`].
+    pub promoted: Vec<Option<usize>>,
+    /// A crashed server or replica starts again once it has been down this long (the swarm's
+    /// chains with replica servers: [`SERVER_DOWN_MAX`]); `None`: only when told.
+    pub restart_servers_after: Option<Duration>,
 }
 
 impl World {
@@ -172,6 +189,8 @@ impl World {
             servers,
             replicas,
             device_losses_allowed: 0,
+            promoted: vec![None; topology.server_count],
+            restart_servers_after: None,
             controller: None,
             chain: if topology.chain {
                 (0..device_count).collect()
@@ -340,10 +359,16 @@ impl World {
     /// in place by the world, as the runtime does; the server replaces its devices itself),
     /// and every client asks it where the chain starts when its updates go unanswered. A
     /// device silent for [`SUSPECT_AFTER`] is taken out of the chain. One server (a device
-    /// that follows a controller is in one chain). Before anything was sent.
+    /// that follows a controller is in one chain), perhaps with replica servers
+    /// (docs/replication.md, "Replicated servers on the controller"): each follows the
+    /// controller too (its role a server's, its id the primary's), the plan lists them as the
+    /// primary's replicas, and a server silent for [`SERVER_SUSPECT_AFTER`] is replaced (the
+    /// primary: by the replica furthest along, the primary now at its own address; see
+    /// [`World::primary`]) or taken out (a replica). A server restarts in place when a route
+    /// changes its part, as the runtime does. Before anything was sent.
     pub fn with_controller(mut self, spare_slots: Option<u32>) -> World {
         assert!(
-            !self.chain.is_empty() && self.servers.len() == 1 && self.replicas.is_empty(),
+            !self.chain.is_empty() && self.servers.len() == 1,
             "a controller plans one chain of devices in series in front of one server"
         );
         let controllers = vec![controller_addr()];
@@ -383,10 +408,15 @@ impl World {
             node.pipeline =
                 node.pipeline_for(Device::new(node.config.clone(), self.now, Vec::new()));
         }
-        for node in &mut self.servers {
+        for (index, node) in self.replicas.iter_mut().enumerate() {
+            // Boot numbers of their own (random in production).
+            node.boot_kind = 0x60 + index as u8;
+        }
+        for node in self.servers.iter_mut().chain(&mut self.replicas) {
             let mut follow = FollowerConfig::new(controllers.clone(), Role::Server, server_id, 0);
             follow.interval = STATUS_INTERVAL;
             node.config.follow = Some(follow);
+            node.command_line = Some(node.config.clone());
             node.forward_log = None;
             node.boot(self.now, Vec::new());
         }
@@ -399,10 +429,10 @@ impl World {
                 server,
                 devices,
                 spares,
-                replicas: Vec::new(),
+                replicas: (0..self.replicas.len()).map(replica_addr).collect(),
             }],
             suspect_after: SUSPECT_AFTER,
-            server_suspect_after: SUSPECT_AFTER,
+            server_suspect_after: SERVER_SUSPECT_AFTER,
             auth: self.servers[0].config.auth.clone(),
         };
         let planner = Planner::new(config, self.now, None).expect("a valid plan of the chain");
@@ -526,6 +556,7 @@ impl World {
     /// Deliver the next datagram or fire the next timer, whichever is earlier. False when
     /// nothing is left to do.
     pub fn step(&mut self) -> bool {
+        self.restart_overdue_servers();
         let next_packet = self.network.next_due();
         let next_timer = self.next_timeout();
         match (next_packet, next_timer) {
@@ -775,6 +806,7 @@ impl World {
     /// Take server `index` down: it receives nothing until [`World::start_server`].
     pub fn stop_server(&mut self, index: usize) {
         self.servers[index].up = false;
+        self.servers[index].down_since = Some(self.now);
         self.note_by(&format!("server{index}"), "down (crashed)");
     }
 
@@ -796,13 +828,16 @@ impl World {
     /// Take replica `index` down: it receives nothing until [`World::start_replica`].
     pub fn stop_replica(&mut self, index: usize) {
         self.replicas[index].up = false;
+        self.replicas[index].down_since = Some(self.now);
         self.note_by(&format!("replica{index}"), "down (crashed)");
     }
 
     /// Start replica `index` again (a new process) from its application's durable state.
     pub fn start_replica(&mut self, index: usize) {
         let now = self.now;
-        self.replicas[index].restart(now);
+        let node = &mut self.replicas[index];
+        node.skipped_before_restart += node.server.counters().sequence_numbers_skipped;
+        node.restart(now);
         self.note_by(&format!("replica{index}"), "started: store reopened");
         self.flush_outputs();
     }
@@ -868,10 +903,102 @@ impl World {
             .collect()
     }
 
-    /// Sequence numbers of `session_id` applied by any server, in order.
+    /// Server `server`'s primary now: the server itself, or the replica a controller's route
+    /// promoted in its place ([`World::promoted`]).
+    pub fn primary(&self, server: usize) -> &ServerNode {
+        match self.promoted[server] {
+            Some(replica) => &self.replicas[replica],
+            None => &self.servers[server],
+        }
+    }
+
+    pub fn primary_mut(&mut self, server: usize) -> &mut ServerNode {
+        match self.promoted[server] {
+            Some(replica) => &mut self.replicas[replica],
+            None => &mut self.servers[server],
+        }
+    }
+
+    /// Server `server`'s replicas (indexes into [`World::replicas`]) that are neither lost
+    /// nor its primary now.
+    pub fn live_replicas(&self, server: usize) -> Vec<usize> {
+        let per_server = self.replicas.len() / self.servers.len();
+        (server * per_server..(server + 1) * per_server)
+            .filter(|&replica| !self.replicas[replica].lost)
+            .filter(|&replica| self.promoted[server] != Some(replica))
+            .collect()
+    }
+
+    /// Server `server`'s primary now is lost for good: its store and forward log are gone
+    /// and it never starts again. Nothing else changes: the controller
+    /// ([`World::with_controller`]) replaces it by the replica furthest along once it has been
+    /// silent for [`SERVER_SUSPECT_AFTER`], and every node follows its routes.
+    pub fn lose_server(&mut self, server: usize) {
+        let (actor, node) = match self.promoted[server] {
+            Some(replica) => (format!("replica{replica}"), &mut self.replicas[replica]),
+            None => (format!("server{server}"), &mut self.servers[server]),
+        };
+        assert!(!node.lost, "{actor} is lost once");
+        Self::lose_server_node(node);
+        self.note_by(
+            &actor,
+            &format!(
+                "primary lost for good (store and forward log gone, never restarted); the \
+                 controller replaces it once it has been silent for {SERVER_SUSPECT_AFTER:?}"
+            ),
+        );
+    }
+
+    /// Replica `index` (not a primary) is lost for good: the controller takes it out of its
+    /// primary's list once it has been silent for [`SERVER_SUSPECT_AFTER`].
+    pub fn lose_replica(&mut self, index: usize) {
+        let node = &mut self.replicas[index];
+        assert!(!node.lost, "replica{index} is lost once");
+        Self::lose_server_node(node);
+        self.note_by(
+            &format!("replica{index}"),
+            &format!(
+                "lost for good (store and forward log gone, never restarted); the controller \
+                 takes it out once it has been silent for {SERVER_SUSPECT_AFTER:?}"
+            ),
+        );
+    }
+
+    fn lose_server_node(node: &mut ServerNode) {
+        node.up = false;
+        node.lost = true;
+        node.down_since = None;
+        node.forward_log = None;
+        node.app = ServerApp::default();
+    }
+
+    /// Start every server and replica (not lost) down for longer than
+    /// [`World::restart_servers_after`].
+    fn restart_overdue_servers(&mut self) {
+        let Some(after) = self.restart_servers_after else {
+            return;
+        };
+        let now = self.now;
+        let overdue = |node: &ServerNode| {
+            !node.up && !node.lost && node.down_since.is_some_and(|since| now - since >= after)
+        };
+        for index in 0..self.servers.len() {
+            if overdue(&self.servers[index]) {
+                self.start_server(index);
+            }
+        }
+        for index in 0..self.replicas.len() {
+            if overdue(&self.replicas[index]) {
+                self.start_replica(index);
+            }
+        }
+    }
+
+    /// Sequence numbers of `session_id` applied by any server (each server's primary now),
+    /// in order.
     pub fn applied_seqs(&self, session_id: u64) -> Vec<u32> {
-        self.servers
-            .iter()
+        (0..self.servers.len())
+            .map(|server| self.primary(server))
             .flat_map(|node| &node.app.applied)
             .filter(|(s, ..)| *s == session_id)
             .map(|(_, seq, ..)| *seq)

@@ -377,9 +377,20 @@ pub struct ServerNode {
     pub deferred_count: u64,
     /// Sequence numbers skipped by earlier incarnations of this server.
     pub skipped_before_restart: u64,
-    /// A replica whose store was promoted to primary ([`World::promote_replica`]): down for
-    /// good.
+    /// Down for good: a replica whose store was promoted to primary
+    /// ([`World::promote_replica`]), or a server lost with its store ([`World::lose_server`]).
     pub lost: bool,
+    /// When it went down (crashed), while it is down.
+    pub down_since: Option<Time>,
+    /// A server that follows the controller ([`World::with_controller`]): its command line,
+    /// which a crash restarts it from (a new boot number, epoch 0), while `config` is what it
+    /// runs now (the routes it took since).
+    pub command_line: Option<ServerConfig>,
+    /// Restarts in place for the controller's routes.
+    pub restarts_in_place: u64,
+    /// Tells this node's boot numbers from those of the other servers of its id (random in
+    /// production): a route replayed to another node of the chain is for another boot.
+    pub(super) boot_kind: u8,
     /// The forward log (docs/replication.md): a primary's forwards, a replica's requests from
     /// its primary.
     pub forward_log: Option<PmLog<SimRegion>>,
@@ -423,9 +434,47 @@ impl ServerNode {
         self.store_evictions_at_boot = self.store_evictions();
         let sessions = self.app.recovered_sessions();
         let session_count = sessions.len();
+        if let Some(command_line) = &self.command_line {
+            // A new process, from its command line: the routes it took are forgotten (the
+            // controller sends it the route again).
+            self.config = command_line.clone();
+        }
         self.boot(now, sessions);
         self.up = true;
+        self.down_since = None;
         self.restart_count += 1;
+        session_count
+    }
+
+    /// Restart in place for a controller's route, as the runtime does: at the end of a turn
+    /// (everything applied, persisted and sent), the store and the forward log closed and
+    /// opened again — nothing lost — and a new state machine with the route's `devices` and
+    /// `replicas`, its follower's boot number and epoch kept. The number of sessions
+    /// recovered.
+    pub(super) fn restart_in_place(
+        &mut self,
+        now: Time,
+        devices: Vec<SocketAddr>,
+        replicas: Vec<SocketAddr>,
+    ) -> usize {
+        let follow = self
+            .server
+            .follower()
+            .map(|follower| follower.config().clone());
+        let churn = self.churn();
+        self.churn_before_restart.add(&churn);
+        self.routes_taken_before_restart += self.server.counters().routes_taken;
+        self.skipped_before_restart += self.server.counters().sequence_numbers_skipped;
+        // Everything staged was committed: reopening loses nothing.
+        self.app.crash_store();
+        self.store_evictions_at_boot = self.store_evictions();
+        let sessions = self.app.recovered_sessions();
+        let session_count = sessions.len();
+        self.config.devices = devices;
+        self.config.replicas = replicas;
+        self.restart_count += 1;
+        self.restarts_in_place += 1;
+        self.boot_with(now, sessions, follow);
         session_count
     }
 
@@ -449,6 +498,17 @@ impl ServerNode {
     /// A new server state machine on `sessions` and its forward log as a crash left it (a
     /// new one if it has none).
     pub(super) fn boot(&mut self, now: Time, sessions: Vec<RecoveredSession>) {
+        self.boot_with(now, sessions, None);
+    }
+
+    /// [`ServerNode::boot`], with `follow` (a restart in place: the follower's boot number
+    /// and epoch kept) instead of a new process's.
+    fn boot_with(
+        &mut self,
+        now: Time,
+        sessions: Vec<RecoveredSession>,
+        follow: Option<pmnet_proto::route::FollowerConfig>,
+    ) {
         let log = match self.forward_log.take() {
             // What a crash leaves: every batch was persisted whole before anything it let
             // out was sent, so only what no one saw may be lost.
@@ -474,8 +534,11 @@ impl ServerNode {
             .wrapping_add(self.restart_count.wrapping_mul(0x85EB_CA6B) as u32);
         // A new process: a boot number of its own, its command line's route (epoch 0).
         if let Some(follow) = config.follow.as_mut() {
-            follow.boot = boot_number(0x5E, config.server_id, self.restart_count);
+            follow.boot = boot_number(self.boot_kind, config.server_id, self.restart_count);
             follow.epoch = 0;
+        }
+        if let (Some(kept), Some(follow)) = (follow, config.follow.as_mut()) {
+            *follow = kept;
         }
         let (server, recovered) = Server::with_forward_log(config, now, sessions, opened);
         self.server = server;
@@ -516,6 +579,10 @@ impl ServerNode {
             deferred_count: 0,
             skipped_before_restart: 0,
             lost: false,
+            down_since: None,
+            command_line: None,
+            restarts_in_place: 0,
+            boot_kind: 0x5E,
             forward_log: None,
             forward_log_recovery: Default::default(),
             churn_before_restart: SessionChurn::default(),

@@ -22,9 +22,11 @@ impl World {
             }
             for index in 0..self.servers.len() {
                 progressed |= self.flush_server(false, index);
+                progressed |= self.follow_server_route(false, index);
             }
             for index in 0..self.replicas.len() {
                 progressed |= self.flush_server(true, index);
+                progressed |= self.follow_server_route(true, index);
             }
             for index in 0..self.clients.len() {
                 progressed |= self.flush_client(index);
@@ -94,7 +96,7 @@ impl World {
 
     /// Server `index` (replica `index` if `replica`), if up: apply what it hands the
     /// application, and send what it emitted. Whether anything happened.
-    fn flush_server(&mut self, replica: bool, index: usize) -> bool {
+    pub(super) fn flush_server(&mut self, replica: bool, index: usize) -> bool {
         let (node, actor, addr) = if replica {
             let node = &mut self.replicas[index];
             (node, format!("replica{index}"), replica_addr(index))

@@ -8,14 +8,15 @@
 //! | flush method                   | file system      | medium        |
 //! |--------------------------------|------------------|---------------|
 //! | clwb / clflushopt / clflush    | DAX (`MAP_SYNC`) | `DaxPm`       |
-//! | clwb / clflushopt / clflush    | any other        | `EmulatedPm`  |
-//! | msync / fdatasync              | tmpfs, ramfs     | `EmulatedPm`  |
+//! | any                            | tmpfs, ramfs     | `EmulatedPm`  |
+//! | clwb / clflushopt / clflush    | any other        | `PageCache`   |
 //! | msync / fdatasync              | any other        | `Disk`        |
 //!
-//! Cache-line instructions on a page-cache mapping reach the page cache, which outlives the
-//! process but not the machine: emulated PM, as the PMNet prototype ran on DRAM. `msync` and
-//! `fdatasync` on tmpfs reach nothing more durable than DRAM either, so they are reported as
-//! emulated PM too rather than as a disk.
+//! `auto` takes the best cache-line instruction on DAX and on tmpfs (where nothing is more
+//! durable than DRAM: emulated PM, as the PMNet prototype ran on DRAM), and `fdatasync` on
+//! any other file system: a file on a disk is there to survive a power loss, which the page
+//! cache the instructions reach does not. Asked for by name, an instruction on a disk's file
+//! is reported for what it is (`PageCache`).
 //!
 //! The file is locked (`flock`, exclusive) while mapped, so two processes cannot log into the same
 //! file; nothing else may change the file while it is mapped.
@@ -46,7 +47,8 @@ const RAMFS_MAGIC: u64 = 0x8584_58f6;
 /// Which flush method an [`MmapRegion`] should use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum FlushChoice {
-    /// The best the CPU has: clwb, else clflushopt, else clflush; msync off x86_64.
+    /// On DAX or tmpfs the best the CPU has (clwb, else clflushopt, else clflush; msync off
+    /// x86_64); on any other file system fdatasync.
     #[default]
     Auto,
     Clwb,
@@ -344,7 +346,7 @@ impl MmapRegion {
     /// Create `path` (or truncate it) as a zero-filled file of `len` bytes, preallocated so
     /// stores through the mapping never meet a full file system, and map it.
     pub fn create(path: &Path, len: usize, options: MmapOptions) -> Result<Self, PmError> {
-        let flush = check_options(options)?;
+        let (flush, auto) = check_options(options)?;
         check_new_len(path, len)?;
         // Not `truncate(true)`: the file may be another process's live log; lock it first.
         let file = OpenOptions::new()
@@ -355,7 +357,7 @@ impl MmapRegion {
             .open(path)
             .map_err(|e| PmError::from_io(path, "create", e))?;
         lock_exclusive(path, &file)?;
-        MmapRegion::size_and_map(path, file, len, flush, options.added_latency_ns)
+        MmapRegion::size_and_map(path, file, len, (flush, auto), options.added_latency_ns)
     }
 
     /// Make a new zero-filled file of `len` bytes for `path`, which must not exist, and map
@@ -368,7 +370,7 @@ impl MmapRegion {
         len: usize,
         options: MmapOptions,
     ) -> Result<(Self, NewFile), PmError> {
-        let flush = check_options(options)?;
+        let (flush, auto) = check_options(options)?;
         check_new_len(path, len)?;
         let staging = staging_path(path);
         // A staging file nobody holds was left by a crash: remove it. One that is locked is
@@ -400,7 +402,8 @@ impl MmapRegion {
             published: false,
         };
         lock_exclusive(path, &file)?;
-        let region = MmapRegion::size_and_map(path, file, len, flush, options.added_latency_ns)?;
+        let region =
+            MmapRegion::size_and_map(path, file, len, (flush, auto), options.added_latency_ns)?;
         Ok((region, new_file))
     }
 
@@ -410,7 +413,7 @@ impl MmapRegion {
         path: &Path,
         file: File,
         len: usize,
-        flush: FlushMethod,
+        flush: (FlushMethod, bool),
         added_latency_ns: u64,
     ) -> Result<Self, PmError> {
         let len_u64 = len as u64;
@@ -460,11 +463,13 @@ impl MmapRegion {
         &self.path
     }
 
+    /// Map `file`: `flush` is the method asked for and whether it was `auto`, which on a
+    /// file system neither DAX nor in DRAM becomes `fdatasync` (see the module doc).
     fn map(
         path: &Path,
         file: File,
         len: usize,
-        flush: FlushMethod,
+        (mut flush, auto): (FlushMethod, bool),
         added_latency_ns: u64,
     ) -> Result<Self, PmError> {
         assert!(len > 0);
@@ -472,6 +477,7 @@ impl MmapRegion {
             flush,
             FlushMethod::Clwb | FlushMethod::Clflushopt | FlushMethod::Clflush
         );
+        let dram = on_dram_file_system(&file);
         let fd = file.as_raw_fd();
         let map_error = |source| PmError::Map {
             path: path.to_path_buf(),
@@ -506,6 +512,14 @@ impl MmapRegion {
                 dax = true;
             }
         }
+        if base == libc::MAP_FAILED && cache_line_flush && auto && !dram {
+            // A disk's file: what survives a power loss there is what fdatasync wrote.
+            flush = FlushMethod::Fdatasync;
+        }
+        let cache_line_flush = matches!(
+            flush,
+            FlushMethod::Clwb | FlushMethod::Clflushopt | FlushMethod::Clflush
+        );
         if base == libc::MAP_FAILED {
             // SAFETY: as above.
             base = unsafe {
@@ -526,8 +540,10 @@ impl MmapRegion {
 
         let medium = if dax {
             Medium::DaxPm
-        } else if cache_line_flush || on_dram_file_system(&file) {
+        } else if dram {
             Medium::EmulatedPm
+        } else if cache_line_flush {
+            Medium::PageCache
         } else {
             Medium::Disk
         };
@@ -697,13 +713,16 @@ impl PmRegion for MmapRegion {
     }
 }
 
-fn check_options(options: MmapOptions) -> Result<FlushMethod, PmError> {
+/// The flush method `options` asks for, and whether it was `auto` (which [`MmapRegion::map`]
+/// settles by the file system).
+fn check_options(options: MmapOptions) -> Result<(FlushMethod, bool), PmError> {
     if options.added_latency_ns > ADDED_LATENCY_NS_MAX {
         return Err(PmError::LatencyTooLarge {
             added_latency_ns: options.added_latency_ns,
         });
     }
-    CpuFlushSupport::detect().resolve(options.flush)
+    let method = CpuFlushSupport::detect().resolve(options.flush)?;
+    Ok((method, options.flush == FlushChoice::Auto))
 }
 
 /// A file made by [`MmapRegion::create_new`], not yet under its name.
@@ -988,20 +1007,25 @@ mod tests {
             let data = pattern(300, choice as u8);
             let mut region = MmapRegion::create(&path.0, 10_000, options(choice)).unwrap();
             let info = region.medium();
-            assert_eq!(info.flush, method);
+            // `auto` on a disk's file system is fdatasync.
+            let dram = on_dram_file_system(&region.file);
+            let method = if choice == FlushChoice::Auto && info.medium != Medium::DaxPm && !dram {
+                FlushMethod::Fdatasync
+            } else {
+                method
+            };
+            assert_eq!(info.flush, method, "choice {choice}");
             let cache_line = matches!(
                 method,
                 FlushMethod::Clwb | FlushMethod::Clflushopt | FlushMethod::Clflush
             );
-            let expected = if cache_line {
+            let expected = if cache_line && info.medium == Medium::DaxPm {
                 // DAX would be a surprise on a test machine, but it is the right answer there.
-                if info.medium == Medium::DaxPm {
-                    Medium::DaxPm
-                } else {
-                    Medium::EmulatedPm
-                }
+                Medium::DaxPm
             } else if on_dram_file_system(&region.file) {
                 Medium::EmulatedPm
+            } else if cache_line {
+                Medium::PageCache
             } else {
                 Medium::Disk
             };
@@ -1020,6 +1044,41 @@ mod tests {
                 data.as_slice(),
                 "choice {choice}"
             );
+        }
+    }
+
+    #[test]
+    fn auto_writes_a_disk_file_to_the_disk_and_says_so() {
+        let directory = std::env::temp_dir();
+        let path = TempPath::new(&directory, "auto-disk");
+        let mut region = MmapRegion::create(&path.0, 4096, MmapOptions::default()).unwrap();
+        let info = region.medium();
+        if on_dram_file_system(&region.file) || info.medium == Medium::DaxPm {
+            eprintln!(
+                "skipping: {} is not a disk's file system ({info})",
+                directory.display()
+            );
+            return;
+        }
+        assert_eq!(
+            (info.medium, info.flush),
+            (Medium::Disk, FlushMethod::Fdatasync)
+        );
+        assert!(info.to_string().contains("power loss"), "{info}");
+        assert!(!info.to_string().contains("NOT power loss"), "{info}");
+        region.write(0, b"hello");
+        region.persist(0, 5);
+        drop(region);
+        // Named, an instruction on the same file is the page cache's, and says so.
+        let support = CpuFlushSupport::detect();
+        if let Ok(method) = support.resolve(FlushChoice::Clflush) {
+            let region = MmapRegion::open(&path.0, options(FlushChoice::Clflush)).unwrap();
+            assert_eq!(
+                (region.medium().medium, region.medium().flush),
+                (Medium::PageCache, method)
+            );
+            assert!(region.medium().to_string().contains("NOT power loss"));
+            assert_eq!(&region.bytes()[..5], b"hello");
         }
     }
 

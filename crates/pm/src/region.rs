@@ -21,12 +21,16 @@ pub enum Medium {
     /// A file on a DAX file system mapped with `MAP_SYNC`: real persistent memory. Survives
     /// process crashes and power loss once flushed and fenced.
     DaxPm,
-    /// A file mapped from DRAM (for example under `/dev/shm`) and flushed with cache-line
-    /// write-back instructions: durable across a process crash, **not** across a power loss or a
-    /// kernel crash. This is how the PMNet prototype emulated its persistent memory.
+    /// A file on tmpfs or ramfs (for example under `/dev/shm`): DRAM, durable across a process
+    /// crash, **not** across a power loss or a kernel crash, whatever the flush. This is how the
+    /// PMNet prototype emulated its persistent memory.
     EmulatedPm,
-    /// A file on a block device made durable with `msync`/`fdatasync`: survives power loss, at
-    /// block-device latency.
+    /// A file on a disk's file system flushed with cache-line write-back instructions only
+    /// (`--flush clwb` and the like, asked for): they reach the page cache, which outlives the
+    /// process but not a power loss or a kernel crash.
+    PageCache,
+    /// A file on a disk's file system made durable with `msync`/`fdatasync`: survives power
+    /// loss, at block-device latency.
     Disk,
     /// Process memory with a modelled crash: used by tests and the simulator only.
     Simulated,
@@ -38,6 +42,7 @@ impl Medium {
         match self {
             Medium::DaxPm => "dax-pm",
             Medium::EmulatedPm => "emulated-pm",
+            Medium::PageCache => "page-cache",
             Medium::Disk => "disk",
             Medium::Simulated => "simulated",
         }
@@ -48,9 +53,17 @@ impl Medium {
         match self {
             Medium::DaxPm => "durable across process crash and power loss",
             Medium::EmulatedPm => {
-                "durable across process crash, NOT power loss (DRAM standing in for PM)"
+                "durable across process crash, NOT power loss (tmpfs: DRAM standing in for PM)"
             }
-            Medium::Disk => "durable across process crash and power loss (fsync to disk)",
+            Medium::PageCache => {
+                "durable across process crash, NOT power loss or a kernel crash (a disk file's \
+                 page cache, flushed with cache-line instructions only; --flush auto or \
+                 fdatasync writes it to the disk)"
+            }
+            Medium::Disk => {
+                "durable across process crash and power loss (page cache written to the disk at \
+                 each fence)"
+            }
             Medium::Simulated => "simulated: in-process crash model for tests",
         }
     }

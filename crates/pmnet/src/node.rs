@@ -111,9 +111,10 @@ pub fn keys_of(path: Option<&std::path::Path>) -> Result<Option<KeySet>, CliErro
 /// How a memory-mapped file is made durable.
 #[derive(Debug, Clone, Args)]
 pub struct MediumArgs {
-    /// How writes are made durable: auto (clwb, else clflushopt, else clflush), clwb,
-    /// clflushopt, clflush (cache-line flushes: real PM on DAX, emulated PM elsewhere), msync
-    /// or fdatasync (disk-backed durability; slow).
+    /// How writes are made durable: auto (on DAX or tmpfs the best cache-line flush the CPU
+    /// has, on a disk's file system fdatasync), clwb, clflushopt, clflush (cache-line flushes:
+    /// real PM on DAX, emulated PM on tmpfs, only the page cache on a disk), msync or fdatasync
+    /// (written to the disk: survives a power loss; slower).
     #[arg(long, value_name = "METHOD", default_value = "auto", value_parser = parse_flush)]
     pub flush: FlushChoice,
 
@@ -184,8 +185,8 @@ pub struct DeviceArgs {
     pub device_id: u16,
 
     /// The persistent log: a file mapped in memory. On a DAX file system it is real PM; under
-    /// /dev/shm, emulated PM (survives a process crash, not a power loss); on a disk, pair it
-    /// with --flush fdatasync. Default: /dev/shm/pmnet-device-<ID>.log.
+    /// /dev/shm, emulated PM (survives a process crash, not a power loss); on a disk, written
+    /// to the disk with fdatasync (--flush auto). Default: /dev/shm/pmnet-device-<ID>.log.
     #[arg(long, value_name = "PATH")]
     pub log_file: Option<PathBuf>,
 

@@ -26,6 +26,7 @@ mod redis_up;
 mod sim;
 mod sim_abd;
 mod sim_chain;
+pub mod state_dir;
 mod status;
 mod testbed;
 

@@ -32,7 +32,7 @@ pub struct MemnodeArgs {
     #[arg(long, value_name = "N", default_value_t = 65_536)]
     pub lines: u32,
 
-    /// The lines' file (default: /dev/shm/pmnet-memnode-<PORT>.lines); made if missing: a new
+    /// The lines' file (default: pmnet-memnode-<PORT>.lines in --dir); made if missing: a new
     /// file is a node that lost its memory, and learns before it counts.
     #[arg(long, value_name = "PATH")]
     pub file: Option<PathBuf>,
@@ -47,10 +47,7 @@ pub struct MemnodeArgs {
 impl MemnodeArgs {
     fn path(&self) -> PathBuf {
         self.file.clone().unwrap_or_else(|| {
-            PathBuf::from(format!(
-                "/dev/shm/pmnet-memnode-{}.lines",
-                self.listen.port()
-            ))
+            (self.medium).default_file(&format!("pmnet-memnode-{}.lines", self.listen.port()))
         })
     }
 }

@@ -122,6 +122,13 @@ pub struct MediumArgs {
     #[arg(long, value_name = "NS", default_value_t = 0)]
     pub persist_latency_ns: u64,
 
+    /// The directory of the files not given a path of their own (the log, the store, the
+    /// table). Default: $STATE_DIRECTORY (systemd), else /var/lib/pmnet for root, else
+    /// $XDG_STATE_HOME/pmnet or ~/.local/state/pmnet; `--dir /dev/shm` keeps them in memory
+    /// (emulated PM, lost on reboot).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+
     /// Erase the file and start empty, even if it holds data (its contents are lost). Without
     /// it a missing file is made, and an existing one that is empty, short, or whose superblock
     /// is blank or corrupt is an error (it may have held acknowledged updates).
@@ -130,6 +137,11 @@ pub struct MediumArgs {
 }
 
 impl MediumArgs {
+    /// The default path of the file named `name`: in the state directory (`--dir`).
+    pub(crate) fn default_file(&self, name: &str) -> PathBuf {
+        crate::state_dir::default_file(self.dir.as_deref(), name)
+    }
+
     pub(crate) fn mmap_options(&self) -> MmapOptions {
         MmapOptions {
             flush: self.flush,
@@ -186,7 +198,7 @@ pub struct DeviceArgs {
 
     /// The persistent log: a file mapped in memory. On a DAX file system it is real PM; under
     /// /dev/shm, emulated PM (survives a process crash, not a power loss); on a disk, written
-    /// to the disk with fdatasync (--flush auto). Default: /dev/shm/pmnet-device-<ID>.log.
+    /// to the disk with fdatasync (--flush auto). Default: pmnet-device-<ID>.log in --dir.
     #[arg(long, value_name = "PATH")]
     pub log_file: Option<PathBuf>,
 
@@ -304,7 +316,7 @@ pub struct DeviceArgs {
           value_parser = clap::value_parser!(u16).range(1..=4096))]
     pub chain_groups: u16,
 
-    /// The chain store's table (default: /dev/shm/pmnet-chain-<ID>.table); made if missing,
+    /// The chain store's table (default: pmnet-chain-<ID>.table in --dir); made if missing,
     /// reopened (with every durable version) if not.
     #[arg(long, value_name = "FILE")]
     pub chain_table: Option<PathBuf>,
@@ -450,7 +462,7 @@ impl DeviceArgs {
     pub fn options(&self) -> DeviceOptions {
         let log = (!self.no_log).then(|| LogOptions {
             path: self.log_file.clone().unwrap_or_else(|| {
-                PathBuf::from(format!("/dev/shm/pmnet-device-{}.log", self.device_id))
+                (self.medium).default_file(&format!("pmnet-device-{}.log", self.device_id))
             }),
             slot_count: self.slots,
             slot_size: self.slot_size,
@@ -521,7 +533,7 @@ pub struct ServerArgs {
     pub ideal: bool,
 
     /// The store's data file, mapped in memory (see `pmnet device --help` on media).
-    /// Default: /dev/shm/pmnet-server-<ID>.data.
+    /// Default: pmnet-server-<ID>.data in --dir.
     #[arg(long, value_name = "PATH")]
     pub data_file: Option<PathBuf>,
 
@@ -616,7 +628,7 @@ impl ServerArgs {
     pub fn options(&self) -> ServerOptions {
         let store = (!self.ideal).then(|| StoreOptions {
             path: self.data_file.clone().unwrap_or_else(|| {
-                PathBuf::from(format!("/dev/shm/pmnet-server-{}.data", self.server_id))
+                (self.medium).default_file(&format!("pmnet-server-{}.data", self.server_id))
             }),
             size_bytes: self.data_mib.saturating_mul(1 << 20),
             max_sessions: self.max_sessions,
@@ -1090,9 +1102,9 @@ fn device_functions(
 
 /// Where the chain store's table lives.
 fn chain_table_path(args: &DeviceArgs) -> PathBuf {
-    args.chain_table
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("/dev/shm/pmnet-chain-{}.table", args.device_id)))
+    args.chain_table.clone().unwrap_or_else(|| {
+        (args.medium).default_file(&format!("pmnet-chain-{}.table", args.device_id))
+    })
 }
 
 /// The chain store's member `pmnet device --chain-member ...` puts in front of its log, and

@@ -42,13 +42,15 @@ pub struct RedisUpArgs {
     pub adaptor_listen: SocketAddr,
 
     /// The device's persistent log (a file on /dev/shm is memory that survives a crash of the
-    /// process but not of the host; a file on a DAX-mounted PM device is real PM).
-    #[arg(
-        long,
-        value_name = "FILE",
-        default_value = "/dev/shm/pmnet-redis-device.log"
-    )]
-    pub log_file: PathBuf,
+    /// process but not of the host; on a disk it is written with fdatasync; a file on a
+    /// DAX-mounted PM device is real PM). Default: pmnet-redis-device.log in --dir.
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
+
+    /// The directory of the device's log when --log-file is not given (see `pmnet device
+    /// --help`: $STATE_DIRECTORY, /var/lib/pmnet for root, else ~/.local/state/pmnet).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 
     /// CPU placement: `auto` puts the client side (gateway and device) and the server side
     /// (adaptor, and the redis-server it starts) on different CPUs when the host has two or
@@ -623,7 +625,12 @@ pub fn run(args: RedisUpArgs) -> Result<ExitCode, CliError> {
         "--server".to_owned(),
         format!("1={server_addr}"),
         "--log-file".to_owned(),
-        args.log_file.display().to_string(),
+        (args.log_file.clone())
+            .unwrap_or_else(|| {
+                crate::state_dir::default_file(args.dir.as_deref(), "pmnet-redis-device.log")
+            })
+            .display()
+            .to_string(),
     ];
     device.extend(cpu_args(place.device));
     device.extend(wait_args(&args));

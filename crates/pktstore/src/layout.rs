@@ -5,7 +5,8 @@
 //! (network order), as `docs/protocol.md` specifies them.
 //!
 //! ```text
-//! 0       superblock (4096 B): config line (64 B, CRC32C), commit word at 128, list head at 192
+//! 0       superblock (4096 B): config line (64 B, CRC32C), growth word at 64, commit word at
+//!         128, list head at 192
 //! 4096    two intent blocks (batch redo lists), used by epoch parity
 //! 8192    session table: max_sessions × 2 copies × 128 B
 //! data    record area: packet slots (engine packet) or a buddy heap (engine conventional)
@@ -18,6 +19,12 @@ pub const MAGIC: [u8; 8] = *b"PMNETPKT";
 pub const LAYOUT_VERSION: u32 = 1;
 
 pub const SUPERBLOCK_LEN: usize = 4096;
+/// The data area's length once the store grew (see [`Geometry::grow`]): one aligned 8-byte
+/// store — its length in granules (u32) and their CRC32C salted with [`GROWTH_SALT`] (u32) —
+/// so a crash leaves the old length or the new one, never a torn one. All zero (never grown):
+/// the config line's length.
+pub const GROWTH_OFFSET: usize = 64;
+const GROWTH_SALT: &[u8; 8] = b"PMNETGRW";
 /// The committed epoch: one aligned 8-byte store, the commit point of every batch.
 pub const COMMIT_OFFSET: usize = 128;
 /// The list head's level-0 link: one aligned 4-byte store.
@@ -273,6 +280,68 @@ impl Geometry {
         Ok(geometry)
     }
 
+    /// The geometry the superblock `superblock` (its first 128 bytes at least) gives a region
+    /// of `region_len` bytes: the config line's, with the data area as long as the growth word
+    /// says once the store grew.
+    pub fn read(superblock: &[u8], region_len: usize) -> Result<Geometry, String> {
+        let geometry = Geometry::decode(superblock, region_len)?;
+        let Some(granules) = superblock
+            .get(GROWTH_OFFSET..GROWTH_OFFSET + 8)
+            .and_then(decode_growth)
+        else {
+            return Ok(geometry);
+        };
+        let data_len = u64::from(granules) * GRANULE as u64;
+        if data_len <= geometry.data_len {
+            return Ok(geometry);
+        }
+        let fits = geometry
+            .data_offset
+            .checked_add(data_len)
+            .is_some_and(|end| end <= region_len as u64);
+        if !fits {
+            return Err(format!(
+                "the store grew to a data area of {data_len} bytes, which a file of                  {region_len} bytes does not hold (it was truncated)"
+            ));
+        }
+        geometry.with_data_len(data_len).ok_or_else(|| {
+            format!("the growth word names a data area of {data_len} bytes this layout cannot have")
+        })
+    }
+
+    /// The geometry with a data area of `data_len` bytes, if the layout allows it.
+    fn with_data_len(&self, data_len: u64) -> Option<Geometry> {
+        if data_len > MAX_DATA_LEN || data_len % GRANULE as u64 != 0 {
+            return None;
+        }
+        let mut grown = *self;
+        grown.data_len = data_len;
+        if self.engine == EngineKind::Packet {
+            if data_len % u64::from(self.slot_size) != 0 {
+                return None;
+            }
+            grown.slot_count = u32::try_from(data_len / u64::from(self.slot_size)).ok()?;
+        }
+        Some(grown)
+    }
+
+    /// The geometry of this store grown into a region of `region_len` bytes (the file was made
+    /// longer first): the data area as long as whole slots (or granules) allow, and the growth
+    /// word that says so, to store at [`GROWTH_OFFSET`]; `None` when the region adds no room.
+    pub fn grow(&self, region_len: usize) -> Option<(Geometry, [u8; 8])> {
+        let unit = match self.engine {
+            EngineKind::Packet => u64::from(self.slot_size),
+            EngineKind::Conventional => GRANULE as u64,
+        };
+        let available = (region_len as u64).checked_sub(self.data_offset)?;
+        let data_len = (available.min(MAX_DATA_LEN) / unit) * unit;
+        if data_len <= self.data_len {
+            return None;
+        }
+        let grown = self.with_data_len(data_len)?;
+        Some((grown, encode_growth(grown.granule_count())))
+    }
+
     pub fn data_offset(&self) -> usize {
         self.data_offset as usize
     }
@@ -322,6 +391,24 @@ impl Geometry {
     pub fn session_entry_offset(&self, index: u32, copy: u8) -> usize {
         SESSION_TABLE_OFFSET + (index as usize * 2 + copy as usize) * SESSION_ENTRY_LEN
     }
+}
+
+/// The growth word of a data area of `granules` granules.
+pub fn encode_growth(granules: u32) -> [u8; 8] {
+    let mut word = [0u8; 8];
+    word[0..4].copy_from_slice(&granules.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(GROWTH_SALT), &word[0..4]);
+    word[4..8].copy_from_slice(&crc.to_le_bytes());
+    word
+}
+
+/// The granules a growth word names, if it is one (all zero, or damaged: none).
+pub fn decode_growth(word: &[u8]) -> Option<u32> {
+    if word.len() < 8 {
+        return None;
+    }
+    let crc = crc32c::crc32c_append(crc32c::crc32c(GROWTH_SALT), &word[0..4]);
+    (crc == u32_at(word, 4)).then(|| u32_at(word, 0))
 }
 
 pub fn intent_offset(epoch: u64) -> usize {

@@ -296,6 +296,11 @@ impl<R: PmRegion> std::fmt::Debug for Store<R> {
     }
 }
 
+/// The superblock's bytes (fewer if the region is shorter: then it holds no store).
+fn superblock<R: PmRegion>(region: &R) -> &[u8] {
+    &region.bytes()[..region.len().min(SUPERBLOCK_LEN)]
+}
+
 fn error_reply(message: &str) -> Vec<u8> {
     // Short enough to stay inline in a session entry, so an error never needs space.
     let mut end = message.len().min(INLINE_REPLY_CAPACITY - 3);
@@ -344,11 +349,31 @@ impl<R: PmRegion> Store<R> {
         Store::open(region)
     }
 
+    /// Grow the store on `region` (not open: a closed store's file, made longer first, its
+    /// new bytes zero) into all of it: the data area is extended to the region's end in whole
+    /// slots, by one aligned 8-byte store (the growth word) made durable before this returns.
+    /// A crash before that store leaves the store as it was; after it, the larger one (its new
+    /// space free). The geometries before and after, or why it cannot grow.
+    pub fn grow(region: &mut R) -> Result<(Geometry, Geometry), StoreError> {
+        let before =
+            Geometry::read(superblock(region), region.len()).map_err(StoreError::Layout)?;
+        let Some((after, word)) = before.grow(region.len()) else {
+            return Err(StoreError::Layout(format!(
+                "nothing to grow into: a region of {} bytes holds no more than the store's {}                  bytes of data",
+                region.len(),
+                before.data_len
+            )));
+        };
+        region.write(GROWTH_OFFSET, &word);
+        region.persist(GROWTH_OFFSET, word.len());
+        Ok((before, after))
+    }
+
     /// Open the store on `region` and recover it.
     pub fn open(region: R) -> Result<Store<R>, StoreError> {
         let started = Instant::now();
         let geometry =
-            Geometry::decode(&region.bytes()[0..64], region.len()).map_err(StoreError::Layout)?;
+            Geometry::read(superblock(&region), region.len()).map_err(StoreError::Layout)?;
         let committed_epoch = u64_at(region.bytes(), COMMIT_OFFSET);
         let mut store = Store {
             geometry,

@@ -12,6 +12,7 @@
 mod corruption;
 mod crash;
 mod full;
+mod grow;
 mod model;
 mod sessions;
 

@@ -7,7 +7,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::forward::{self, Forwarded};
 use crate::{
-    chain_controller, client, config, controller, demo, keygen, kv, log_inspect, memnode,
+    chain_controller, client, config, controller, demo, generate, keygen, kv, log_inspect, memnode,
     memory_cli, node, redis, redis_up, sim, status, testbed,
 };
 
@@ -101,6 +101,11 @@ pub enum Command {
     /// A testbed of hosts on this machine: a client, a device routing between it and a server,
     /// and the server, each in a network namespace (up, down, status, exec; docs/testbed.md).
     Testbed(testbed::TestbedArgs),
+    /// Print the shell completion script for bash, zsh, fish, elvish or powershell.
+    Completions(generate::CompletionsArgs),
+    /// Print the manual page of pmnet or of one of its commands (roff), or write them all
+    /// into a directory with --out.
+    Man(generate::ManArgs),
     // The benchmarks, in the pmnet-bench binary: hidden here, their arguments handed over
     // as they were given.
     #[command(hide = true, disable_help_flag = true)]
@@ -156,6 +161,8 @@ pub fn main() -> ExitCode {
         Command::Status(args) => status::run(args),
         Command::Log(args) => log_inspect::run(args),
         Command::Testbed(args) => testbed::run(args),
+        Command::Completions(args) => generate::run_completions(args, Cli::command()),
+        Command::Man(args) => generate::run_man(args, Cli::command()),
         Command::Bench(_)
         | Command::RedisBench(_)
         | Command::StoreBench(_)

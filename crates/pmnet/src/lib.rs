@@ -13,6 +13,7 @@ pub mod config;
 mod controller;
 mod demo;
 mod forward;
+mod generate;
 mod keygen;
 mod kv;
 pub mod loadgen;

@@ -433,6 +433,38 @@ impl MmapRegion {
         MmapRegion::map(path, file, len, flush, added_latency_ns)
     }
 
+    /// Make the existing file at `path` `len` bytes long (its new bytes zero, preallocated, the
+    /// length durable before this returns) and map all of it. A file already that long is
+    /// mapped as it is; a longer one is never cut. What the new bytes are for is the caller's
+    /// to make durable (a store's growth word).
+    pub fn extend(path: &Path, len: usize, options: MmapOptions) -> Result<Self, PmError> {
+        let flush = check_options(options)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| PmError::from_io(path, "open", e))?;
+        lock_exclusive(path, &file)?;
+        let len_u64 = len as u64;
+        let current = file
+            .metadata()
+            .map_err(|source| PmError::from_io(path, "stat", source))?
+            .len();
+        let len_u64 = len_u64.max(current);
+        check_len_mappable(path, len_u64)?;
+        if len_u64 > current {
+            preallocate(&file, len_u64).map_err(|source| PmError::Resize {
+                path: path.to_path_buf(),
+                len: len_u64,
+                source,
+            })?;
+            file.sync_all()
+                .map_err(|source| PmError::from_io(path, "sync", source))?;
+        }
+        let len = usize::try_from(len_u64).expect("checked by check_len_mappable");
+        MmapRegion::map(path, file, len, flush, options.added_latency_ns)
+    }
+
     /// Map the existing file at `path`, all of its length.
     pub fn open(path: &Path, options: MmapOptions) -> Result<Self, PmError> {
         let flush = check_options(options)?;

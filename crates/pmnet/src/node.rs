@@ -538,12 +538,25 @@ pub struct ServerArgs {
     pub data_file: Option<PathBuf>,
 
     /// Size of a new data file in MiB (keys, values and per-session records live in it). The
-    /// default, 1 GiB, holds about 524 000 keys of up to 1.9 KB with the packet store (one
+    /// default, 64 MiB, holds about 32 000 keys of up to 1.9 KB with the packet store (one
     /// 2 KiB slot each); the start-up banner says what the store in use has room for. The file
-    /// is allocated in full when it is made (under /dev/shm that is RAM). Updates that do not
-    /// fit wait at the devices until deletes make room.
-    #[arg(long, value_name = "MIB", default_value_t = 1024)]
+    /// is allocated in full when it is made (under /dev/shm that is RAM), and grows while the
+    /// server runs (--data-max-mib).
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
     pub data_mib: u64,
+
+    /// The largest the data file grows to, in MiB: when --data-grow-at of its data space is in
+    /// use, the server doubles it (a restart in place: the store is closed, grown crash-safely,
+    /// reopened and recovered; the devices resend what they logged meanwhile). No more than
+    /// the file's size: it never grows, and updates that do not fit wait at the devices until
+    /// deletes make room. The packet and conventional engines grow; `kv` does not.
+    #[arg(long, value_name = "MIB", default_value_t = 4096)]
+    pub data_max_mib: u64,
+
+    /// The share of the data space in use, in percent, at which the store grows.
+    #[arg(long, value_name = "PERCENT", default_value_t = 80,
+          value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub data_grow_at: u8,
 
     /// Client sessions whose exactly-once record a new store keeps (the least recently
     /// active is forgotten beyond it).
@@ -634,6 +647,11 @@ impl ServerArgs {
             max_sessions: self.max_sessions,
             format: self.medium.format,
             mmap: self.medium.mmap_options(),
+            growth: pmnet_runtime::StoreGrowth {
+                max_bytes: self.data_max_mib.saturating_mul(1 << 20),
+                at_percent: self.data_grow_at,
+                to_bytes: None,
+            },
         });
         ServerOptions {
             server_id: self.server_id,
@@ -877,7 +895,8 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode, CliError> {
             shutdown.clone(),
         )?;
         announce(&[format!(
-            "pmnet server {} restarted in place for the controller's route: listening on {}",
+            "pmnet server {} restarted in place (a controller's route, or its store grew): \
+             listening on {}",
             args.server_id,
             server.addresses().data
         )]);

@@ -280,6 +280,8 @@ fn a_full_store_loses_no_acked_set_and_applies_each_once_room_is_made() {
             .position(|arg| arg == "--data-mib")
             .expect("size");
         list[at + 1] = s(1);
+        // A store that may not grow.
+        list.extend([s("--data-max-mib"), s(1)]);
         list
     });
     let device = Node::start(
@@ -392,6 +394,76 @@ fn a_full_store_loses_no_acked_set_and_applies_each_once_room_is_made() {
             Err(log)
         }
     });
+}
+
+#[test]
+fn a_store_grows_while_it_serves_and_keeps_every_acked_set() {
+    // A 1 MiB store (room for a few hundred keys) that may grow to 8 MiB, behind a device:
+    // 2 000 SETs of distinct keys, all acked by the device. The store grows (restarts in
+    // place, twice or three times) instead of keeping them waiting, and every key reads back.
+    use pmnet_proto::Completion;
+    use pmnet_store::{Reply, Request};
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let data = dir.path().join("s.data");
+    let device_addr = free_udp_addr();
+    let server = Node::start("server", {
+        let mut list = server_args("127.0.0.1:0".parse().expect("address"), device_addr, &data);
+        let at = list
+            .iter()
+            .position(|arg| arg == "--data-mib")
+            .expect("size");
+        list[at + 1] = s(1);
+        list.extend([s("--data-max-mib"), s(8), s("--data-grow-at"), s(50)]);
+        list
+    });
+    let device = Node::start(
+        "device",
+        device_args(device_addr, server.addr, &dir.path().join("d.log"), 8192),
+    );
+    let first_len = std::fs::metadata(&data).expect("data file").len();
+    let total = 2000u32;
+    let key = |index: u32| format!("key{index}").into_bytes();
+    let value = |index: u32| format!("value{index}").repeat(20).into_bytes();
+    let mut writer = common::session(device_addr);
+    let (mut started, mut acked) = (0, 0);
+    while acked < total {
+        while started < total && writer.can_send() {
+            let request = Request::Set {
+                key: &key(started),
+                value: &value(started),
+            };
+            writer
+                .start_update(&request.to_bytes())
+                .expect("start a SET");
+            started += 1;
+        }
+        match writer.next_event(Some(Instant::now() + PATIENCE)) {
+            Some(pmnet_proto::ClientEvent::Completed {
+                completion: Completion::Logged { .. },
+                ..
+            }) => acked += 1,
+            other => panic!("a SET was not acked by the device: {other:?}"),
+        }
+    }
+    let mut reader = common::session(device_addr);
+    for index in 0..total {
+        poll_until(&format!("SET {index} applied"), || {
+            match reader.bypass(&Request::Get { key: &key(index) }.to_bytes()) {
+                Ok(Completion::Replied { reply, .. }) => match Reply::decode(&reply) {
+                    Ok(Reply::Value(found)) if found == value(index) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                },
+                other => Err(format!("{other:?}")),
+            }
+        });
+    }
+    let grown_len = std::fs::metadata(&data).expect("data file").len();
+    assert!(
+        grown_len >= 4 * first_len && grown_len <= 8 << 20,
+        "the data file grew from {first_len} to {grown_len} bytes"
+    );
+    drop(device);
+    drop(server);
 }
 
 #[test]

@@ -42,6 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 max_sessions: 1024,
                 format: true,
                 mmap: MmapOptions::default(),
+                growth: Default::default(),
             }),
             gap_fill_after: None,
             keys: None,

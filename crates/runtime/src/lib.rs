@@ -91,8 +91,8 @@ pub use pmnet_xdp::AttachMode;
 pub use relay::{RelayOptions, UdpRelay};
 pub use server::{
     check_max_ops_per_s, emulated_capacity_text, forward_log_path, ServerAddresses, ServerApp,
-    ServerOptions, ServerRuntime, ServerStartup, ServerXdpOptions, StoreOptions, TokenBucket,
-    FORWARD_LOG_SLOTS, FORWARD_LOG_SLOT_SIZE,
+    ServerOptions, ServerRuntime, ServerStartup, ServerXdpOptions, StoreGrowth, StoreOptions,
+    TokenBucket, FORWARD_LOG_SLOTS, FORWARD_LOG_SLOT_SIZE,
 };
 pub use shutdown::Shutdown;
 pub use wait::{online_cpu_count, pin_current_thread, poll, yield_cpu, Clock, PollFd, WaitMode};

@@ -217,6 +217,7 @@ fn server_options(
                 flush: args.flush,
                 added_latency_ns: 0,
             },
+            growth: Default::default(),
         }),
         gap_fill_after: None,
         loop_options: LoopOptions {

@@ -331,6 +331,7 @@ pub(super) fn start_server_at(
             max_sessions: config.max_sessions,
             format: true,
             mmap: config.mmap,
+            growth: Default::default(),
         }),
         gap_fill_after: None,
         loop_options: loop_options(config, config.server_cpu),

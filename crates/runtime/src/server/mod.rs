@@ -46,7 +46,25 @@ pub struct StoreOptions {
     /// Erase the file and start an empty store even if it holds one.
     pub format: bool,
     pub mmap: MmapOptions,
+    /// How the store grows while it serves (docs/storage.md, "Growing a store").
+    pub growth: StoreGrowth,
 }
+
+/// How a store grows: its data file is made longer, up to `max_bytes`, when `at_percent` of its
+/// data space is in use (a restart in place: the store is closed, grown, reopened and
+/// recovered). The packet and conventional engines grow; `kv` does not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreGrowth {
+    /// The largest the data file grows to; no more than its size (0 by default): never.
+    pub max_bytes: u64,
+    /// The share of the data space in use, in percent (1..=100), at which it grows.
+    pub at_percent: u8,
+    /// Grow the data file to this length when it is opened (a restart in place to grow sets it).
+    pub to_bytes: Option<u64>,
+}
+
+/// How often, in turns, a server looks at its store's occupancy to grow it.
+const GROWTH_CHECK_TURNS: u32 = 256;
 
 /// Everything a server needs to start.
 #[derive(Debug, Clone)]
@@ -146,6 +164,8 @@ pub struct ServerRuntime {
     run_stop: Shutdown,
     /// The options to open again with, when a controller's route asked for a restart in place.
     restart: Option<ServerOptions>,
+    /// Turns since the store's occupancy was last looked at ([`ServerRuntime::check_growth`]).
+    growth_check_turns: u32,
     counters: RuntimeCounters,
     /// The packet store's receive path: datagrams land in store slots.
     receiver: Option<Box<SlotReceiver>>,
@@ -317,11 +337,12 @@ impl ServerRuntime {
             xdp.follow_store();
         }
         self.report_store_full();
+        self.check_growth();
         if self.shutdown.is_requested() {
             self.run_stop.request();
         }
         if let Some((devices, replicas)) = self.server.take_restart() {
-            let mut options = self.options.clone();
+            let mut options = self.restart_options();
             tracing::warn!(
                 "route: restarting in place with devices {devices:?} and replicas \
                  {replicas:?} (was devices {:?}, replicas {:?}): the store and the forward log \
@@ -331,15 +352,6 @@ impl ServerRuntime {
             );
             options.devices = devices;
             options.replicas = replicas;
-            // The same metrics address (the port it got, when it asked for any).
-            if let Some(metrics) = self.addresses.metrics {
-                options.loop_options.metrics_listen = Some(metrics);
-            }
-            if let (Some(follow), Some(follower)) =
-                (options.follow.as_mut(), self.server.follower())
-            {
-                follow.epoch = follower.epoch();
-            }
             self.restart = Some(options);
             self.run_stop.request();
         }
@@ -419,6 +431,70 @@ impl ServerRuntime {
 
     /// Say at WARN, every [`STORE_FULL_WARNING_INTERVAL`] while it lasts, that updates wait for
     /// room in the store, and at INFO when they no longer do.
+    /// The options to open this server again with in place: the addresses it has now (the
+    /// ports it got, when it asked for any), its follower's epoch, its store reopened, never
+    /// erased.
+    fn restart_options(&self) -> ServerOptions {
+        let mut options = self.options.clone();
+        options.listen = self.addresses.data;
+        if let Some(metrics) = self.addresses.metrics {
+            options.loop_options.metrics_listen = Some(metrics);
+        }
+        if let (Some(follow), Some(follower)) = (options.follow.as_mut(), self.server.follower()) {
+            follow.epoch = follower.epoch();
+        }
+        if let Some(store) = options.store.as_mut() {
+            store.format = false;
+        }
+        options
+    }
+
+    /// Every [`GROWTH_CHECK_TURNS`] turns, and at once while updates wait for room: if the
+    /// store's data space is `at_percent` in use and its file may grow, ask for a restart in
+    /// place that doubles it (up to `max_bytes`).
+    fn check_growth(&mut self) {
+        self.growth_check_turns = self.growth_check_turns.wrapping_add(1);
+        let waiting = self.server.deferred_session_count() > 0;
+        if !waiting && self.growth_check_turns % GROWTH_CHECK_TURNS != 0 || self.restart.is_some() {
+            return;
+        }
+        let (ServerApp::Engine(store), Some(options)) = (&self.app, &self.options.store) else {
+            return;
+        };
+        let growth = options.growth;
+        let data_len = store.geometry().data_len.max(1);
+        let used = data_len.saturating_sub(store.free_bytes().min(data_len));
+        let percent = used * 100 / data_len;
+        if percent < u64::from(growth.at_percent.max(1)) && !waiting {
+            return;
+        }
+        let file_len = pmnet_pm::PmRegion::len(store.region()) as u64;
+        if growth.max_bytes <= file_len {
+            return;
+        }
+        let target = file_len.saturating_mul(2).min(growth.max_bytes);
+        let mut restart = self.restart_options();
+        if let Some(store) = restart.store.as_mut() {
+            store.growth.to_bytes = Some(target);
+        }
+        tracing::warn!(
+            "the store is {percent}% full ({used} of {data_len} bytes of data space{}): growing \
+             its data file {} from {} to {} MiB (up to --data-max-mib {}); restarting in place \
+             (the store is reopened and recovered, the devices resend what they logged)",
+            if waiting {
+                "; updates wait for room"
+            } else {
+                ""
+            },
+            options.path.display(),
+            file_len >> 20,
+            target >> 20,
+            growth.max_bytes >> 20
+        );
+        self.restart = Some(restart);
+        self.run_stop.request();
+    }
+
     fn report_store_full(&mut self) {
         let waiting = self.server.deferred_session_count();
         match (waiting, self.store_full_since) {
@@ -445,7 +521,8 @@ impl ServerRuntime {
                     "the store is full: updates of {waiting} session(s) wait for room ({} \
                      deferred so far). Nothing acknowledged is lost: each stays durable in its \
                      device's log and is retried, and the sessions' later requests wait behind \
-                     it. Delete keys, or move to a larger store (--data-mib, on a new data file)",
+                     it. Delete keys, or let it grow (--data-max-mib; `pmnet store grow` on a \
+                     stopped server)",
                     self.server.counters().requests_deferred
                 );
             }

@@ -191,6 +191,49 @@ fn open_engine(
     Ok((store, formatted))
 }
 
+/// Grow the store's data file to `options.growth.to_bytes` if it asks for that and the file is
+/// shorter (a restart in place to grow: [`ServerRuntime::check_growth`]): the file made longer
+/// and synced, then the growth word stored and made durable (`Store::grow`). A crash at any
+/// point leaves the store as it was or grown. A failure (a full disk) is said, and the store
+/// opens as it was and grows no more in this run: updates that do not fit wait in the
+/// devices' logs, as in a store that may not grow.
+fn grow_data_file(options: &mut StoreOptions) {
+    let Some(target) = options.growth.to_bytes.take() else {
+        return;
+    };
+    let path = options.path.clone();
+    let Ok(Some(file_len)) = existing_len(&path) else {
+        return;
+    };
+    if file_len >= target {
+        return;
+    }
+    let grown = usize::try_from(target)
+        .map_err(|_| format!("{target} bytes do not fit this machine's address space"))
+        .and_then(|len| MmapRegion::extend(&path, len, options.mmap).map_err(|e| e.to_string()))
+        .and_then(|mut region| Store::grow(&mut region).map_err(|e| e.to_string()));
+    match grown {
+        Ok((before, after)) => tracing::warn!(
+            "data file {}: the store grew from {} to {} MiB of data space ({} bytes of file)",
+            path.display(),
+            before.data_len >> 20,
+            after.data_len >> 20,
+            target
+        ),
+        Err(error) => {
+            tracing::warn!(
+                "data file {}: cannot grow the store to {} MiB: {error}. It stays at {} MiB and \
+                 grows no more until the server is started again; updates that do not fit wait \
+                 in the devices' logs (nothing acknowledged is lost) until deletes make room",
+                path.display(),
+                target >> 20,
+                file_len >> 20
+            );
+            options.growth.max_bytes = file_len;
+        }
+    }
+}
+
 /// Open the key-value store at `options.path` ([`open_data_file`]).
 fn open_store(options: &StoreOptions) -> Result<(KvStore<MmapRegion>, bool), RuntimeError> {
     let config = KvConfig {
@@ -225,7 +268,7 @@ impl ServerRuntime {
     /// [`ServerRuntime::open_with_engine`], receiving with AF_XDP on an interface when `xdp`
     /// says so (the packet store only: frames land in its slots; see `xdp.rs`).
     pub fn open_with_xdp(
-        options: ServerOptions,
+        mut options: ServerOptions,
         engine: Option<EngineKind>,
         xdp: Option<ServerXdpOptions>,
         shutdown: Shutdown,
@@ -245,6 +288,9 @@ impl ServerRuntime {
                 source,
             },
         )?;
+        if let (Some(store_options), Some(_)) = (options.store.as_mut(), engine) {
+            grow_data_file(store_options);
+        }
         let (app, formatted) = match (&options.store, engine) {
             (Some(store_options), Some(engine)) => {
                 let (store, formatted) = open_engine(store_options, engine)?;
@@ -335,6 +381,7 @@ impl ServerRuntime {
             shutdown,
             run_stop,
             restart: None,
+            growth_check_turns: 0,
             counters: RuntimeCounters::default(),
             receiver: None,
             received_slots: ReceivedSlots::default(),

@@ -21,6 +21,7 @@ fn start(
             max_sessions: 256,
             format,
             mmap: MmapOptions::default(),
+            growth: Default::default(),
         }),
         gap_fill_after: None,
         loop_options: LoopOptions {
@@ -112,6 +113,7 @@ fn cache_reads_pay_for_an_emulated_capacity_as_requests_do() {
             max_sessions: 256,
             format: true,
             mmap: MmapOptions::default(),
+            growth: Default::default(),
         }),
         gap_fill_after: None,
         loop_options: LoopOptions {

@@ -8,7 +8,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 use crate::forward::{self, Forwarded};
 use crate::{
     chain_controller, client, config, controller, demo, generate, keygen, kv, log_inspect, memnode,
-    memory_cli, node, redis, redis_up, sim, status, testbed,
+    memory_cli, node, redis, redis_up, sim, status, store_cli, testbed,
 };
 
 /// PMNet: persistence in the network.
@@ -98,6 +98,9 @@ pub enum Command {
     /// Look into a device's log file offline: `pmnet log inspect FILE` lists its live entries
     /// and damaged slots, never changing the file.
     Log(log_inspect::LogArgs),
+    /// A stopped server's store, offline: `pmnet store grow` makes it larger (a running
+    /// server grows its own up to --data-max-mib; docs/storage.md).
+    Store(store_cli::StoreArgs),
     /// A testbed of hosts on this machine: a client, a device routing between it and a server,
     /// and the server, each in a network namespace (up, down, status, exec; docs/testbed.md).
     Testbed(testbed::TestbedArgs),
@@ -160,6 +163,7 @@ pub fn main() -> ExitCode {
         Command::Controller(args) => controller::run(args),
         Command::Status(args) => status::run(args),
         Command::Log(args) => log_inspect::run(args),
+        Command::Store(args) => store_cli::run(args),
         Command::Testbed(args) => testbed::run(args),
         Command::Completions(args) => generate::run_completions(args, Cli::command()),
         Command::Man(args) => generate::run_man(args, Cli::command()),

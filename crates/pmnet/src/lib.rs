@@ -29,6 +29,7 @@ mod sim_abd;
 mod sim_chain;
 pub mod state_dir;
 mod status;
+mod store_cli;
 mod testbed;
 
 /// The error every command returns: a message for the user.

@@ -467,6 +467,89 @@ fn a_store_grows_while_it_serves_and_keeps_every_acked_set() {
 }
 
 #[test]
+fn pmnet_store_grow_grows_a_stopped_servers_store_and_refuses_a_running_one() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let data = dir.path().join("s.data");
+    let (server_addr, device_addr) = (free_udp_addr(), free_udp_addr());
+    let start_server = || {
+        Node::start("server", {
+            let mut list = server_args(server_addr, device_addr, &data);
+            let at = list
+                .iter()
+                .position(|arg| arg == "--data-mib")
+                .expect("size");
+            list[at + 1] = s(1);
+            list.extend([s("--data-max-mib"), s(1)]);
+            list
+        })
+    };
+    let mut server = start_server();
+    let device = Node::start(
+        "device",
+        device_args(device_addr, server.addr, &dir.path().join("d.log"), 1024),
+    );
+    let to = device_addr.to_string();
+    for index in 0..20 {
+        let (status, stdout, stderr) = run_pmnet(
+            &args(&["client", "--device", &to, "set", &format!("k{index}"), "v"]),
+            None,
+        );
+        assert!(status.success(), "{stdout}{stderr}");
+    }
+    for index in 0..20 {
+        assert_eq!(get(device_addr, &format!("k{index}")), "v");
+    }
+    let file = data.display().to_string();
+    let grow = || {
+        run_pmnet(
+            &args(&["store", "grow", "--data-file", &file, "--to-mib", "4"]),
+            None,
+        )
+    };
+    // Running: the server holds the file.
+    let (status, stdout, stderr) = grow();
+    assert!(!status.success(), "{stdout}{stderr}");
+    assert!(stderr.contains("running server"), "{stderr}");
+    assert_eq!(std::fs::metadata(&data).unwrap().len(), 1 << 20);
+    // Stopped (killed: a crash), then grown.
+    server.proc.kill();
+    let (status, stdout, stderr) = grow();
+    assert!(status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("grew from 0 to 3 MiB"), "{stdout}");
+    assert!(stdout.contains("20 keys kept"), "{stdout}");
+    assert_eq!(std::fs::metadata(&data).unwrap().len(), 4 << 20);
+    // Smaller than it is: refused, nothing changed.
+    let (status, _, stderr) = run_pmnet(
+        &args(&["store", "grow", "--data-file", &file, "--to-mib", "2"]),
+        None,
+    );
+    assert!(
+        !status.success() && stderr.contains("never shrunk"),
+        "{stderr}"
+    );
+    // Started again: every key, and room for more than a 1 MiB store had.
+    let server = start_server();
+    let room: u64 = server
+        .banner
+        .iter()
+        .find_map(|line| {
+            line.split("room for ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no capacity in {:?}", server.banner));
+    // A 1 MiB store has room for about 380 keys of a slot each, a 4 MiB one for about 1 900.
+    assert!(room > 1500, "room for {room} keys");
+    for index in 0..20 {
+        assert_eq!(get(device_addr, &format!("k{index}")), "v");
+    }
+    drop(device);
+}
+
+#[test]
 fn hostile_datagrams_of_every_type_stop_neither_device_nor_server() {
     // Well-formed datagrams (valid CRC) of every type with random fields and flags, and
     // random bytes, from a socket of no client, at the device and at the server. Afterwards

@@ -507,7 +507,21 @@ fn startup_report(
         store_warning,
         engine: app.name(),
         recovery_note,
-        capacity: capacity_text(app),
+        capacity: capacity_text(app).map(|text| match (app, &options.store) {
+            (ServerApp::Engine(store), Some(store_options))
+                if store_options.growth.max_bytes
+                    > pmnet_pm::PmRegion::len(store.region()) as u64 =>
+            {
+                format!(
+                    "{text}; grows at {}% in use, up to {} MiB (--data-max-mib)",
+                    store_options.growth.at_percent,
+                    store_options.growth.max_bytes >> 20
+                )
+            }
+            (ServerApp::Engine(_), Some(_)) => format!("{text}; does not grow (--data-max-mib)"),
+            (ServerApp::Kv(_), Some(_)) => format!("{text}; the kv engine does not grow"),
+            _ => text,
+        }),
         receive: match app {
             ServerApp::Engine(store) if store.engine() == EngineKind::Packet => {
                 "UDP socket (recvmmsg straight into free store slots)".to_owned()

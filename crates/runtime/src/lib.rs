@@ -212,24 +212,36 @@ fn start_metrics(
         })
 }
 
+/// Per-type counts by type name, in slot order: the slots no packet type has are summed into
+/// one `other` (one series each, never two with the same labels).
+fn by_type_name(counts: &[u64; udp::TYPE_SLOT_COUNT]) -> Vec<(&'static str, u64)> {
+    let mut named: Vec<(&'static str, u64)> = Vec::with_capacity(udp::TYPE_SLOT_COUNT);
+    for (slot, count) in counts.iter().enumerate() {
+        let name = udp::type_slot_name(slot);
+        match named.iter_mut().find(|(seen, _)| *seen == name) {
+            Some((_, total)) => *total += count,
+            None => named.push((name, *count)),
+        }
+    }
+    named
+}
+
 /// Counters of a socket as metrics, labelled with the socket's role.
 fn socket_metrics(out: &mut Metrics, socket: &str, counters: &udp::SocketCounters) {
-    for slot in 0..udp::TYPE_SLOT_COUNT {
-        let labels = [("socket", socket), ("type", udp::type_slot_name(slot))];
+    for (type_name, count) in by_type_name(&counters.received_by_type) {
         out.counter(
             "pmnet_packets_received_total",
             "Datagrams received, by socket and PMNet type (\"other\": not a PMNet datagram).",
-            &labels,
-            counters.received_by_type[slot],
+            &[("socket", socket), ("type", type_name)],
+            count,
         );
     }
-    for slot in 0..udp::TYPE_SLOT_COUNT {
-        let labels = [("socket", socket), ("type", udp::type_slot_name(slot))];
+    for (type_name, count) in by_type_name(&counters.sent_by_type) {
         out.counter(
             "pmnet_packets_sent_total",
             "Datagrams sent, by socket and PMNet type.",
-            &labels,
-            counters.sent_by_type[slot],
+            &[("socket", socket), ("type", type_name)],
+            count,
         );
     }
     let labels = [("socket", socket)];
@@ -305,4 +317,31 @@ fn socket_digest(counters: &udp::SocketCounters) -> String {
         text.push_str(&format!(" socket-drops {dropped}"));
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sockets_series_are_each_named_once() {
+        let mut counters = udp::SocketCounters::default();
+        for (slot, count) in counters.received_by_type.iter_mut().enumerate() {
+            *count = slot as u64 + 1;
+        }
+        let mut out = Metrics::default();
+        socket_metrics(&mut out, "device", &counters);
+        let text = out.render();
+        let mut series = std::collections::HashSet::new();
+        for line in text.lines().filter(|line| !line.starts_with('#')) {
+            let name = line.rsplit_once(' ').map_or(line, |(name, _)| name);
+            assert!(series.insert(name.to_owned()), "{name} twice in:\n{text}");
+        }
+        // Every datagram counted once: the slots without a type summed into "other".
+        let total: u64 = by_type_name(&counters.received_by_type)
+            .iter()
+            .map(|(_, count)| count)
+            .sum();
+        assert_eq!(total, counters.received_total());
+    }
 }

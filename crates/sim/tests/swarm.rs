@@ -342,6 +342,20 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
         424521,
         "the same as 424485, with the first device taken out",
     ),
+    (
+        424864,
+        "replica servers under the controller, the primary lost for good and a replica \
+         promoted: the attacker replayed a device's update to the spare, which logged it and \
+         sent it to the lost primary for ever (a spare is sent the route now and forwards to \
+         the chain's server)",
+    ),
+    (424385, "the same as 424864, the spare holding six entries"),
+    (
+        424531,
+        "replica servers under the controller: the promoted primary lost for good just before \
+         the liveness phase, which counted it converged before the last replica was promoted \
+         (the world's fault: a lost primary is not converged until it is replaced)",
+    ),
 ];
 
 /// The summary line of the live replicas' check (invariant 6).

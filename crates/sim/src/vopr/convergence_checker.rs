@@ -7,7 +7,7 @@ use crate::world::World;
 
 /// Whether every session converged: nothing in flight at a client that is still there, no
 /// live log entry and no held persistence work at any device, no server recovering or holding
-/// a busy session.
+/// a busy session, and no server whose primary is lost for good (not yet replaced).
 pub(super) fn converged(world: &World) -> bool {
     world
         .clients
@@ -18,7 +18,10 @@ pub(super) fn converged(world: &World) -> bool {
         })
         && (0..world.servers.len())
             .map(|server| world.primary(server))
-            .all(|node| !node.server.is_recovering() && node.server.busy_session_count() == 0)
+            .all(|node| {
+                // A primary lost for good is not converged until a replica replaced it.
+                !node.lost && !node.server.is_recovering() && node.server.busy_session_count() == 0
+            })
 }
 
 /// What is left to converge, for the failure message.

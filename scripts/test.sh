@@ -5,6 +5,7 @@
 #   scripts/test.sh            everything
 #   PMNET_FUZZ_SECONDS=0 ...   skip the fuzzing run
 #   PMNET_SEED=N ...           replay one seed of the randomised tests
+#   PMNET_PACKAGE_TEST=0 ...   skip the Debian package's test (scripts/test-package.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -132,6 +133,21 @@ cargo run --locked -q -p pmnet-runtime --example kv_client | tee "$test_log.exam
 grep -q "GET greeting: hello" "$test_log.example"
 rm -f "$test_log.example"
 
+# The Debian package, installed on this machine (root, or password-less sudo): built with
+# the dev profile, its services started as their units say, a set and a get through them,
+# then purged (scripts/test-package.sh). After `cargo test`: it uses the samples' fixed ports.
+package_result="skipped (PMNET_PACKAGE_TEST=0)"
+if [ "${PMNET_PACKAGE_TEST:-1}" != 0 ]; then
+    step "the Debian package: build, install, run the services, purge (scripts/test-package.sh)"
+    if scripts/test-package.sh; then
+        package_result="1 passed, 0 failed"
+        echo "package: $package_result"
+    else
+        echo "package: 0 passed, 1 failed"
+        exit 1
+    fi
+fi
+
 fuzz_seconds="${PMNET_FUZZ_SECONDS:-30}"
 if [ "$fuzz_seconds" -gt 0 ]; then
     step "fuzz the datagram parser for ${fuzz_seconds}s"
@@ -152,3 +168,4 @@ fi
 echo
 echo "All checks passed. Tests of the workspace:"
 echo "${passed} passed, ${failed} failed"
+echo "package: ${package_result}"

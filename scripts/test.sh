@@ -33,6 +33,17 @@ if ! command -v etcd >/dev/null 2>&1 || ! command -v java >/dev/null 2>&1 \
     "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server zookeeper
 fi
 
+# The observability tests (crates/pmnet/tests/observability.rs, grafana.rs) check every
+# process's metrics with promtool and evaluate the Grafana dashboard's queries in a real
+# Prometheus: Debian's prometheus (promtool and the server; its system service is not needed).
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+    step "install prometheus (for the metrics and dashboard tests)"
+    sudo_cmd=()
+    if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+    "${sudo_cmd[@]}" apt-get update -qq
+    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus
+fi
+
 # The XDP program of the AF_XDP datapath (crates/xdp/bpf/steer.c) is compiled by clang in the
 # build; the in-path tests (crates/pmnet/tests/inpath.rs) also ping across the testbed.
 if ! command -v clang >/dev/null 2>&1 || ! command -v ping >/dev/null 2>&1; then

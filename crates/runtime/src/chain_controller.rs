@@ -420,8 +420,8 @@ impl Node for ControllerRuntime {
         if let Some(planner) = self.planner.as_ref() {
             crate::route_status::planner_metrics(&mut out, planner);
         }
+        // (The loop adds the process's metrics to every node's: not here too.)
         socket_metrics(&mut out, "controller", self.socket.counters());
-        out.add_process_metrics();
         out
     }
 

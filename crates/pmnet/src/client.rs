@@ -172,7 +172,7 @@ pub fn run(args: ClientArgs) -> Result<ExitCode, CliError> {
         }
     }
     if let Some(request) = &args.request {
-        let line = execute(&mut session, request)?;
+        let line = execute(&mut session, args.server_id, request)?;
         println!("{line}");
         return Ok(ExitCode::SUCCESS);
     }
@@ -203,7 +203,7 @@ pub fn run(args: ClientArgs) -> Result<ExitCode, CliError> {
         }
         match KvCommand::parse_line(trimmed) {
             Ok(None) => {}
-            Ok(Some(request)) => match execute(&mut session, &request) {
+            Ok(Some(request)) => match execute(&mut session, args.server_id, &request) {
                 Ok(text) => println!("{text}"),
                 Err(error) => {
                     failures += 1;
@@ -256,8 +256,22 @@ pub(crate) fn check_fan_out(
     Ok(())
 }
 
-/// Send one request and describe its outcome in a line.
-fn execute(session: &mut ClientSession, command: &KvCommand) -> Result<String, CliError> {
+/// Who answered a read: the cache of the device that names itself in the reply, or the server
+/// (`device_id` 0, docs/cache.md).
+fn answered_by(device_id: u16, server_id: u16) -> String {
+    if device_id == 0 {
+        format!("from server {server_id}")
+    } else {
+        format!("from the cache of device {device_id}")
+    }
+}
+
+/// Send one request and describe its outcome in a line (a read's says who answered it).
+fn execute(
+    session: &mut ClientSession,
+    server_id: u16,
+    command: &KvCommand,
+) -> Result<String, CliError> {
     let request = match command {
         KvCommand::Set { key, value } => Request::Set {
             key: key.as_bytes(),
@@ -277,6 +291,7 @@ fn execute(session: &mut ClientSession, command: &KvCommand) -> Result<String, C
     let payload = request.to_bytes();
     let keyed = session.is_authenticated();
     let short_before = session.counters().updates_short_of_replicas;
+    let mut source = None;
     // Every write is keyed and every GET a cache read, so a device run with --cache can serve
     // this key's reads and keep them coherent (docs/cache.md); without a cache the device
     // forwards them and the server answers as before.
@@ -290,12 +305,17 @@ fn execute(session: &mut ClientSession, command: &KvCommand) -> Result<String, C
             session.keyed_update(key.as_bytes(), Some(&after), &payload)
         }
         KvCommand::Incr { key, .. } => session.keyed_bypass(key.as_bytes(), &payload),
-        KvCommand::Get { key } => session
-            .cache_read(key.as_bytes(), &payload)
-            .map(|(reply, _)| Completion::Replied {
-                reply,
-                makeup: false,
-            }),
+        KvCommand::Get { key } => {
+            session
+                .cache_read(key.as_bytes(), &payload)
+                .map(|(reply, device_id)| {
+                    source = Some(answered_by(device_id, server_id));
+                    Completion::Replied {
+                        reply,
+                        makeup: false,
+                    }
+                })
+        }
     }
     .map_err(|error| match error {
         ClientError::TimedOut
@@ -349,7 +369,7 @@ fn execute(session: &mut ClientSession, command: &KvCommand) -> Result<String, C
             )
         })
         .unwrap_or_default();
-    Ok(match completion {
+    let line = match completion {
         Completion::Logged { device_id } => match session.replicas() {
             1 => {
                 format!("OK (durable in the log of device {device_id}; the server applies it next)")
@@ -370,6 +390,10 @@ fn execute(session: &mut ClientSession, command: &KvCommand) -> Result<String, C
             Ok(Reply::Error(message)) => format!("(error) {message}"),
             Err(error) => format!("(undecodable reply: {error:?})"),
         },
+    };
+    Ok(match source {
+        Some(source) => format!("{line} ({source})"),
+        None => line,
     })
 }
 
@@ -399,5 +423,12 @@ mod tests {
             .unwrap_err()
             .contains("integer"));
         assert!(KvCommand::parse_line("frobnicate").is_err());
+    }
+
+    #[test]
+    fn a_read_says_who_answered_it() {
+        assert_eq!(answered_by(0, 1), "from server 1");
+        assert_eq!(answered_by(0, 7), "from server 7");
+        assert_eq!(answered_by(2, 1), "from the cache of device 2");
     }
 }

@@ -50,7 +50,7 @@ fn with_a_key_file_only_clients_holding_the_key_are_served() {
     // ordered after it).
     poll_until("the server applied the SET", || {
         let (_, stdout, stderr) = client(&["--key-file", &keys], &["get", "k"]);
-        if stdout.trim() == "v" {
+        if stdout.trim() == "v (from server 1)" {
             Ok(())
         } else {
             Err(format!("{stdout}{stderr}"))
@@ -94,7 +94,7 @@ fn with_a_key_file_only_clients_holding_the_key_are_served() {
         |value| value >= 1.0,
     );
     let (_, stdout, _) = client(&["--key-file", &keys], &["get", "k"]);
-    assert_eq!(stdout.trim(), "v");
+    assert_eq!(stdout.trim(), "v (from server 1)");
 }
 
 #[test]
@@ -187,7 +187,7 @@ fn with_encrypted_payloads_writes_and_reads_still_work_and_the_banner_says_so() 
     );
     poll_until("the server applied the SET", || {
         let (_, stdout, stderr) = client(&["get", "secret"]);
-        if stdout.trim() == "hunter2" {
+        if stdout.trim() == "hunter2 (from server 1)" {
             Ok(())
         } else {
             Err(format!("{stdout}{stderr}"))

@@ -16,6 +16,14 @@ fn client(cluster: &Cluster, words: &[&str]) -> String {
     stdout.trim().to_owned()
 }
 
+/// The value a `get` printed, without who answered it.
+fn value(line: &str) -> &str {
+    line.rsplit_once(" (from ").map_or(line, |(value, _)| value)
+}
+
+const FROM_CACHE: &str = " (from the cache of device 1)";
+const FROM_SERVER: &str = " (from server 1)";
+
 fn hits(cluster: &Cluster) -> f64 {
     cluster
         .device
@@ -30,10 +38,17 @@ fn hits(cluster: &Cluster) -> f64 {
 fn read_until_cached(cluster: &Cluster, key: &str, expected: &str) {
     let before = hits(cluster);
     for _ in 0..50 {
-        assert_eq!(client(cluster, &["get", key]), expected);
+        let line = client(cluster, &["get", key]);
+        assert_eq!(value(&line), expected);
         if hits(cluster) > before {
+            // The device's answer says so, and the device says it answered.
+            assert_eq!(
+                client(cluster, &["get", key]),
+                format!("{expected}{FROM_CACHE}")
+            );
             return;
         }
+        assert_eq!(line, format!("{expected}{FROM_SERVER}"));
     }
     panic!("the device never served {key}");
 }
@@ -57,19 +72,31 @@ fn a_cached_key_reads_the_latest_acknowledged_value_through_writes_and_restarts(
     // A write to the cached key: the next read (served by the device) has the new value.
     assert!(client(&cluster, &["set", "greeting", "bonjour"]).starts_with("OK"));
     let served = hits(&cluster);
-    assert_eq!(client(&cluster, &["get", "greeting"]), "bonjour");
+    assert_eq!(
+        client(&cluster, &["get", "greeting"]),
+        format!("bonjour{FROM_CACHE}")
+    );
     assert!(hits(&cluster) > served, "the device served the new value");
     assert!(client(&cluster, &["del", "greeting"]).starts_with("OK"));
-    assert_eq!(client(&cluster, &["get", "greeting"]), "(not found)");
+    assert_eq!(
+        value(&client(&cluster, &["get", "greeting"])),
+        "(not found)"
+    );
     assert!(client(&cluster, &["set", "greeting", "hola"]).starts_with("OK"));
     // The server restarts: the device's cache and log carry on.
     cluster.stop_server();
     cluster.start_server();
-    assert_eq!(client(&cluster, &["get", "greeting"]), "hola");
+    assert_eq!(value(&client(&cluster, &["get", "greeting"])), "hola");
     // The device restarts: its cache starts empty, reads go to the server.
     cluster.stop_device();
     cluster.start_device();
-    assert_eq!(client(&cluster, &["get", "greeting"]), "hola");
+    assert_eq!(
+        client(&cluster, &["get", "greeting"]),
+        format!("hola{FROM_SERVER}")
+    );
     assert!(client(&cluster, &["incr", "counter", "5"]).contains('5'));
-    assert_eq!(client(&cluster, &["get", "counter"]), "5");
+    assert_eq!(
+        client(&cluster, &["get", "counter"]),
+        format!("5{FROM_SERVER}")
+    );
 }

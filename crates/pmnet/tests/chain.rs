@@ -130,7 +130,7 @@ fn a_three_device_chain_survives_the_permanent_loss_of_its_middle_device_and_a_r
         "the first device acks its source"
     );
     let (ok, out) = client(d1, 3, &["get", "greeting"]);
-    assert!(ok && out == "hello", "{out}");
+    assert!(ok && out == "hello (from server 1)", "{out}");
 
     // The middle device is lost for good.
     second.proc.kill();
@@ -163,7 +163,10 @@ fn a_three_device_chain_survives_the_permanent_loss_of_its_middle_device_and_a_r
         ("after", "reconfiguration"),
     ] {
         let (ok, out) = client(d1, 2, &["get", key]);
-        assert!(ok && out == value, "get {key}: {out}");
+        assert!(
+            ok && out == format!("{value} (from server 1)"),
+            "get {key}: {out}"
+        );
     }
 
     // A replacement joins, new and empty, where the lost device was: the operator starts it
@@ -188,7 +191,10 @@ fn a_three_device_chain_survives_the_permanent_loss_of_its_middle_device_and_a_r
         ("rejoined", "three"),
     ] {
         let (ok, out) = client(d1, 3, &["get", key]);
-        assert!(ok && out == value, "get {key}: {out}");
+        assert!(
+            ok && out == format!("{value} (from server 1)"),
+            "get {key}: {out}"
+        );
     }
     drop(second);
     drop((first, replacement, third));
@@ -279,7 +285,7 @@ fn fan_out_replicates_to_devices_side_by_side_and_the_server_applies_once() {
     let (ok, out) = fan_out(3, &devices[1..], &["set", "second", "write"]);
     assert!(ok, "{out}");
     let (ok, out) = fan_out(1, &[], &["get", "greeting"]);
-    assert!(ok && out == "hello", "{out}");
+    assert!(ok && out == "hello (from server 1)", "{out}");
     // Three copies of each of the two writes reach the server: it applies each once (reads
     // are not counted as applied).
     let applied = || {
@@ -314,7 +320,10 @@ fn fan_out_replicates_to_devices_side_by_side_and_the_server_applies_once() {
         ("after", "loss"),
     ] {
         let (ok, out) = fan_out(1, &[], &["get", key]);
-        assert!(ok && out == value, "get {key}: {out}");
+        assert!(
+            ok && out == format!("{value} (from server 1)"),
+            "get {key}: {out}"
+        );
     }
     // Each write was read back, so the server applied it; its other copies came as
     // duplicates: three writes, each applied once.

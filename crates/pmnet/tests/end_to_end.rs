@@ -81,7 +81,7 @@ fn sets_are_acked_by_the_device_and_reach_the_store() {
         poll_until(&format!("GET greeting via {peer} to return hello"), || {
             let (ok, out, err) = client(peer, &["get", "greeting"]);
             match (ok, out.as_str()) {
-                (true, "hello") => Ok(()),
+                (true, "hello (from server 1)") => Ok(()),
                 _ => Err(format!("{out} {err}")),
             }
         });
@@ -363,11 +363,11 @@ fn the_client_command_reads_requests_from_stdin() {
         lines[0].starts_with("OK (durable in the log of device 1"),
         "{out}"
     );
-    assert_eq!(lines[1], "blue");
+    assert_eq!(lines[1], "blue (from server 1)");
     assert_eq!(lines[2], "(integer) 5");
     assert_eq!(lines[3], "(integer) 3");
     assert!(lines[4].starts_with("OK (durable in the log") || lines[4] == "(deleted 1)");
-    assert_eq!(lines[5], "(not found)");
+    assert_eq!(lines[5], "(not found) (from server 1)");
 }
 
 #[test]

@@ -21,7 +21,7 @@ fn a_client_reaches_the_device_by_host_name() {
         None,
     );
     assert!(status.success(), "stdout: {stdout}\nstderr: {stderr}");
-    assert_eq!(stdout.trim(), "hello");
+    assert_eq!(stdout.trim(), "hello (from server 1)");
 }
 
 #[test]

@@ -280,7 +280,7 @@ fn the_sample_deployment_works_together() {
             .and_then(|out| out.starts_with("OK").then_some(()).ok_or(out))
     });
     let got = pmnet(&["client", "--device", &device, "get", "greeting"]).unwrap();
-    assert_eq!(got.trim(), "hello");
+    assert_eq!(got.trim(), "hello (from server 1)");
     assert!(state.join("pmnet-device-1.log").is_file());
     assert!(state.join("pmnet-server-1.data").is_file());
 

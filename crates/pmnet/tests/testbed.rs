@@ -270,7 +270,7 @@ fn pmnet_runs_across_the_three_hosts() {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let (ok, out, err) = client(peer, &["get", "greeting"]);
-            if ok && out == "hello" {
+            if ok && out == "hello (from server 1)" {
                 break;
             }
             assert!(

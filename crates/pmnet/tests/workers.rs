@@ -68,7 +68,7 @@ fn two_workers_serve_every_session_and_a_smaller_restart_is_refused() {
                 &args(&["client", "--device", &to, "get", &format!("k{index}")]),
                 None,
             );
-            if stdout.trim() == "v" {
+            if stdout.trim() == "v (from server 1)" {
                 Ok(())
             } else {
                 Err(format!("{stdout}{stderr}"))

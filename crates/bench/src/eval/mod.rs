@@ -70,6 +70,12 @@ pub struct EvalArgs {
     /// loopback, unauthenticated)
     #[arg(long, value_name = "FILE")]
     pub key_file: Option<PathBuf>,
+
+    /// Run nothing: take the results an earlier run stored in DIR (its NAME.json files) and
+    /// write the figures, comparisons and report again into --out (DIR itself when --out is
+    /// not given), as this version of pmnet draws and judges them
+    #[arg(long, value_name = "DIR")]
+    pub from: Option<PathBuf>,
 }
 
 pub fn run(args: EvalArgs) -> Result<ExitCode, CliError> {
@@ -97,6 +103,14 @@ pub fn run(args: EvalArgs) -> Result<ExitCode, CliError> {
         .collect();
     if chosen.is_empty() {
         return Err("--only and --skip leave no experiment to run".into());
+    }
+    if let Some(from) = &args.from {
+        let out = if args.out == std::path::Path::new("pmnet-eval") {
+            from.clone()
+        } else {
+            args.out.clone()
+        };
+        return runner::analyse_again(&chosen, from, &out);
     }
     let scale = if args.quick {
         Scale::Quick

@@ -175,7 +175,7 @@ impl Invocation {
 }
 
 /// What one command did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct StepOutput {
     pub label: String,
     /// The command line, as a user would type it.

@@ -3,6 +3,8 @@
 
 use std::ops::Range;
 
+use plotters::coord::ranged1d::ValueFormatter;
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use serde::Serialize;
@@ -53,14 +55,26 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
-/// A reference value (the paper's).
+/// A reference value (the paper's) or a target. Each is drawn in a style of its own (a marker
+/// shape and colour, a dash) with its own legend entry; targets of the same label share one.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mark {
-    /// A horizontal line at `y`.
+    /// A horizontal line at `y` across the panel.
     Level { label: String, y: f64 },
-    /// A cross at `(x, y)`.
+    /// A marker at `(x, y)`.
     Point { label: String, x: f64, y: f64 },
+    /// A target over one category of a bar panel (`x`, its index): a short line at `y` across
+    /// that category's bars only, so each category shows its own.
+    Target { label: String, x: f64, y: f64 },
+}
+
+impl Mark {
+    fn y(&self) -> f64 {
+        match self {
+            Mark::Level { y, .. } | Mark::Point { y, .. } | Mark::Target { y, .. } => *y,
+        }
+    }
 }
 
 impl Panel {
@@ -130,7 +144,18 @@ const PALETTE: [RGBColor; 8] = [
     RGBColor(0, 0, 0),
     RGBColor(240, 228, 66),
 ];
-const MARK_COLOUR: RGBColor = RGBColor(128, 128, 128);
+/// Colours of the marks in order: dark, apart from the series' (Paul Tol's muted darks).
+const MARK_PALETTE: [RGBColor; 5] = [
+    RGBColor(90, 90, 90),
+    RGBColor(136, 34, 85),
+    RGBColor(17, 119, 51),
+    RGBColor(51, 34, 136),
+    RGBColor(0, 0, 0),
+];
+
+/// Bars whose largest value is this many times their smallest get a logarithmic axis, so the
+/// small ones stay readable.
+const LOG_AXIS_RATIO: f64 = 10.0;
 
 /// The figure as an SVG document; a panel without data says so in its place.
 pub fn render(figure: &Figure) -> Result<String, String> {
@@ -142,7 +167,12 @@ pub fn render(figure: &Figure) -> Result<String, String> {
     {
         let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
         root.fill(&WHITE).map_err(draw_error)?;
-        let areas = root.split_evenly((rows, columns));
+        // Two panels to a row; an odd last one takes its row's whole width (no empty quadrant).
+        let mut areas = Vec::new();
+        for (row, area) in root.split_evenly((rows, 1)).into_iter().enumerate() {
+            let in_row = (count - row * columns).min(columns);
+            areas.extend(area.split_evenly((1, in_row)));
+        }
         for (area, panel) in areas.iter().zip(&figure.panels) {
             if panel.has_data() {
                 draw_panel(area, panel)?;
@@ -225,38 +255,88 @@ fn axis_range(values: impl Iterator<Item = f64>, from_zero: bool, top_room: f64)
     low..(high + (high - low) * top_room.max(0.08))
 }
 
+/// Whether `panel`'s y axis is logarithmic: bars, all positive, the largest at least
+/// [`LOG_AXIS_RATIO`] times the smallest.
+fn log_axis(panel: &Panel) -> bool {
+    if !matches!(panel.kind, PanelKind::Bars { .. }) {
+        return false;
+    }
+    let values = || {
+        panel
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.1))
+    };
+    let low = values().fold(f64::INFINITY, f64::min);
+    let high = values().fold(f64::NEG_INFINITY, f64::max);
+    low > 0.0 && high.is_finite() && high / low >= LOG_AXIS_RATIO
+}
+
 fn draw_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     panel: &Panel,
 ) -> Result<(), String> {
     let points = || panel.series.iter().flat_map(|series| series.points.iter());
-    let mark_ys = panel.marks.iter().map(|mark| match mark {
-        Mark::Level { y, .. } | Mark::Point { y, .. } => *y,
-    });
     // Room above the data for the legend's lines.
     let legend_lines = panel.series.len() + panel.marks.len();
     let top_room = match panel.legend {
         Legend::UpperLeft => 0.1 + 0.1 * legend_lines as f64,
         Legend::LowerRight => 0.08,
     };
-    let y_range = axis_range(points().map(|p| p.1).chain(mark_ys), true, top_room);
     let x_range = match &panel.kind {
         PanelKind::Lines => {
             let mark_xs = panel.marks.iter().filter_map(|mark| match mark {
-                Mark::Point { x, .. } => Some(*x),
+                Mark::Point { x, .. } | Mark::Target { x, .. } => Some(*x),
                 Mark::Level { .. } => None,
             });
             axis_range(points().map(|p| p.0).chain(mark_xs), false, 0.08)
         }
         PanelKind::Bars { categories } => -0.5..(categories.len() as f64 - 0.5),
     };
-    let mut chart = ChartBuilder::on(area)
+    let ys = || points().map(|p| p.1).chain(panel.marks.iter().map(Mark::y));
+    let mut builder = ChartBuilder::on(area);
+    builder
         .caption(&panel.title, ("sans-serif", 17))
         .margin(12)
         .x_label_area_size(42)
-        .y_label_area_size(62)
-        .build_cartesian_2d(x_range, y_range)
-        .map_err(draw_error)?;
+        .y_label_area_size(62);
+    if log_axis(panel) {
+        let low = ys().filter(|y| *y > 0.0).fold(f64::INFINITY, f64::min);
+        let high = ys().fold(f64::NEG_INFINITY, f64::max);
+        // Decades of room above for the legend, as the linear axis leaves a share.
+        let decades = (high / low).log10().max(1.0);
+        let top = high * 10f64.powf(decades * top_room.max(0.08));
+        let floor = low / 2.0;
+        let chart = builder
+            .build_cartesian_2d(x_range, (floor..top).log_scale())
+            .map_err(draw_error)?;
+        fill_chart(
+            chart,
+            panel,
+            floor,
+            &format!("{} (log scale)", panel.y_label),
+        )
+    } else {
+        let y_range = axis_range(ys(), true, top_room);
+        let floor = y_range.start.max(0.0).min(y_range.end);
+        let chart = builder
+            .build_cartesian_2d(x_range, y_range)
+            .map_err(draw_error)?;
+        fill_chart(chart, panel, floor, &panel.y_label)
+    }
+}
+
+/// Draw `panel` on its chart: the mesh, the series (bars from `floor` up), the marks, the
+/// legend.
+fn fill_chart<'a, DB: DrawingBackend + 'a, Y>(
+    mut chart: ChartContext<'a, DB, Cartesian2d<RangedCoordf64, Y>>,
+    panel: &Panel,
+    floor: f64,
+    y_label: &str,
+) -> Result<(), String>
+where
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
     let categories = match &panel.kind {
         PanelKind::Bars { categories } => categories.clone(),
         PanelKind::Lines => Vec::new(),
@@ -271,7 +351,7 @@ fn draw_panel<DB: DrawingBackend>(
     };
     let mut mesh = chart.configure_mesh();
     mesh.x_desc(panel.x_label.as_str())
-        .y_desc(panel.y_label.as_str())
+        .y_desc(y_label)
         .y_label_formatter(&|y| short_number(*y))
         .light_line_style(WHITE.mix(0.0));
     if categories.is_empty() {
@@ -311,10 +391,19 @@ fn draw_panel<DB: DrawingBackend>(
             PanelKind::Bars { .. } => {
                 let width = 0.8 / groups;
                 chart
-                    .draw_series(series.points.iter().map(|(x, y)| {
-                        let left = x - 0.4 + width * index as f64;
-                        Rectangle::new([(left, 0.0), (left + width * 0.92, *y)], colour.filled())
-                    }))
+                    .draw_series(
+                        series
+                            .points
+                            .iter()
+                            .filter(|(_, y)| *y > floor)
+                            .map(|(x, y)| {
+                                let left = x - 0.4 + width * index as f64;
+                                Rectangle::new(
+                                    [(left, floor), (left + width * 0.92, *y)],
+                                    colour.filled(),
+                                )
+                            }),
+                    )
                     .map_err(draw_error)?
                     .label(series.name.as_str())
                     .legend(move |(x, y)| {
@@ -323,30 +412,7 @@ fn draw_panel<DB: DrawingBackend>(
             }
         }
     }
-    for mark in &panel.marks {
-        match mark {
-            Mark::Level { label, y } => {
-                let range = chart.x_range();
-                chart
-                    .draw_series(LineSeries::new(
-                        [(range.start, *y), (range.end, *y)],
-                        MARK_COLOUR.stroke_width(1),
-                    ))
-                    .map_err(draw_error)?
-                    .label(label.as_str())
-                    .legend(|(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 18, y)], MARK_COLOUR.stroke_width(1))
-                    });
-            }
-            Mark::Point { label, x, y } => {
-                chart
-                    .draw_series([Cross::new((*x, *y), 6, MARK_COLOUR.stroke_width(2))])
-                    .map_err(draw_error)?
-                    .label(label.as_str())
-                    .legend(|(x, y)| Cross::new((x + 9, y), 5, MARK_COLOUR.stroke_width(2)));
-            }
-        }
-    }
+    let mut chart = draw_marks(chart, panel)?;
     chart
         .configure_series_labels()
         .position(match panel.legend {
@@ -359,6 +425,111 @@ fn draw_panel<DB: DrawingBackend>(
         .draw()
         .map_err(draw_error)?;
     Ok(())
+}
+
+/// The marks: each label its own colour and style (a marker shape for points, a dash for
+/// lines) and one legend entry; targets over several categories with one label share both.
+fn draw_marks<'a, DB: DrawingBackend + 'a, Y>(
+    mut chart: ChartContext<'a, DB, Cartesian2d<RangedCoordf64, Y>>,
+    panel: &Panel,
+) -> Result<ChartContext<'a, DB, Cartesian2d<RangedCoordf64, Y>>, String>
+where
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let mut labels: Vec<&str> = Vec::new();
+    for mark in &panel.marks {
+        let label = match mark {
+            Mark::Level { label, .. } | Mark::Point { label, .. } | Mark::Target { label, .. } => {
+                label.as_str()
+            }
+        };
+        let first = !labels.contains(&label);
+        if first {
+            labels.push(label);
+        }
+        let style_index = labels.iter().position(|seen| *seen == label).unwrap_or(0);
+        let colour = MARK_PALETTE[style_index % MARK_PALETTE.len()];
+        let (x_range, y) = (chart.x_range(), mark.y());
+        let drawn = match mark {
+            Mark::Level { .. } => chart
+                .draw_series(DashedLineSeries::new(
+                    [(x_range.start, y), (x_range.end, y)],
+                    8,
+                    4,
+                    colour.stroke_width(2),
+                ))
+                .map_err(draw_error)?,
+            Mark::Target { x, .. } => chart
+                .draw_series(DashedLineSeries::new(
+                    [(x - 0.45, y), (x + 0.45, y)],
+                    6,
+                    3,
+                    colour.stroke_width(3),
+                ))
+                .map_err(draw_error)?,
+            Mark::Point { x, .. } => {
+                let at = (*x, y);
+                let style = colour.stroke_width(2);
+                match style_index % 4 {
+                    0 => chart.draw_series([Cross::new(at, 6, style)]),
+                    1 => chart.draw_series([TriangleMarker::new(at, 7, style)]),
+                    2 => chart.draw_series([Circle::new(at, 6, style)]),
+                    _ => chart.draw_series([EmptyElement::at(at)
+                        + PathElement::new(
+                            vec![(-6, 0), (0, -6), (6, 0), (0, 6), (-6, 0)],
+                            style,
+                        )]),
+                }
+                .map_err(draw_error)?
+            }
+        };
+        if !first {
+            continue;
+        }
+        let point_shape = match mark {
+            Mark::Point { .. } => Some(style_index % 4),
+            _ => None,
+        };
+        drawn.label(label).legend(move |(x, y)| {
+            // The legend draws each shape as one path.
+            let points = match point_shape {
+                Some(0) => vec![
+                    (x + 4, y - 5),
+                    (x + 14, y + 5),
+                    (x + 9, y),
+                    (x + 14, y - 5),
+                    (x + 4, y + 5),
+                ],
+                Some(1) => vec![
+                    (x + 9, y - 6),
+                    (x + 15, y + 5),
+                    (x + 3, y + 5),
+                    (x + 9, y - 6),
+                ],
+                Some(2) => vec![
+                    (x + 4, y - 2),
+                    (x + 7, y - 5),
+                    (x + 11, y - 5),
+                    (x + 14, y - 2),
+                    (x + 14, y + 2),
+                    (x + 11, y + 5),
+                    (x + 7, y + 5),
+                    (x + 4, y + 2),
+                    (x + 4, y - 2),
+                ],
+                Some(_) => vec![
+                    (x + 4, y),
+                    (x + 9, y - 5),
+                    (x + 14, y),
+                    (x + 9, y + 5),
+                    (x + 4, y),
+                ],
+                None => vec![(x, y), (x + 18, y)],
+            };
+            PathElement::new(points, colour.stroke_width(2))
+        });
+    }
+    Ok(chart)
 }
 
 /// `1200` → "1.2k", `0.25` → "0.25": tick labels that stay short.
@@ -432,6 +603,73 @@ mod tests {
             assert!(svg.contains(name), "{name} missing");
         }
         assert!(svg.contains("payload (bytes)") && svg.contains("latency (µs)"));
+    }
+
+    #[test]
+    fn bars_ten_times_apart_get_a_log_axis_and_others_do_not() {
+        let bars = |values: &[f64]| {
+            Panel::bars("b", "ops/s", vec!["a".into(), "b".into()]).series(
+                "s",
+                values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| (i as f64, *v))
+                    .collect(),
+            )
+        };
+        assert!(log_axis(&bars(&[800.0, 80_000.0])));
+        assert!(!log_axis(&bars(&[800.0, 7_000.0])));
+        assert!(
+            !log_axis(&bars(&[0.0, 80_000.0])),
+            "a zero bar keeps a linear axis"
+        );
+        let lines = Panel::lines("l", "x", "y").series("s", vec![(1.0, 1.0), (2.0, 1000.0)]);
+        assert!(!log_axis(&lines));
+        let svg = render(&Figure {
+            panels: vec![bars(&[800.0, 80_000.0])],
+        })
+        .unwrap();
+        assert!(svg.contains("ops/s (log scale)"));
+    }
+
+    #[test]
+    fn each_reference_has_its_own_legend_entry_and_a_targets_categories_share_one() {
+        let panel = Panel::bars("f", "factor", vec!["a".into(), "b".into(), "c".into()])
+            .series("measured", vec![(0.0, 3.0), (1.0, 12.0), (2.0, 9.0)])
+            .mark(Mark::Target {
+                label: "target".into(),
+                x: 0.0,
+                y: 5.0,
+            })
+            .mark(Mark::Target {
+                label: "target".into(),
+                x: 1.0,
+                y: 10.0,
+            })
+            .mark(Mark::Target {
+                label: "target".into(),
+                x: 2.0,
+                y: 10.0,
+            })
+            .mark(Mark::Point {
+                label: "paper A".into(),
+                x: 0.0,
+                y: 4.0,
+            })
+            .mark(Mark::Point {
+                label: "paper B".into(),
+                x: 1.0,
+                y: 11.0,
+            });
+        let svg = render(&Figure {
+            panels: vec![panel],
+        })
+        .unwrap();
+        // Texts are on lines of their own in plotters' SVG.
+        let text = |label: &str| svg.lines().filter(|line| *line == label).count();
+        assert_eq!(text("target"), 1, "one legend entry");
+        assert_eq!(text("paper A"), 1);
+        assert_eq!(text("paper B"), 1);
     }
 
     #[test]

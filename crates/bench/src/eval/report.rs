@@ -36,7 +36,7 @@ impl ExperimentRecord {
 }
 
 /// The machine the suite ran on.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Machine {
     pub cpu_model: String,
     pub cpus_online: usize,

@@ -179,6 +179,120 @@ pub fn run_all(
     })
 }
 
+/// `pmnet eval --from DIR`: the records an earlier run stored in `from` analysed again (its
+/// steps' results through each experiment's analysis as it is now), their figures and the
+/// report written into `out`. Nothing is run; each record keeps its steps, media, machine and
+/// times.
+pub fn analyse_again(
+    experiments: &[Experiment],
+    from: &Path,
+    out: &Path,
+) -> Result<ExitCode, CliError> {
+    fs::create_dir_all(out).map_err(|error| format!("--out {}: {error}", out.display()))?;
+    let mut records = Vec::new();
+    let mut settings = None;
+    let mut machine = None;
+    for experiment in experiments {
+        let path = from.join(format!("{}.json", experiment.name));
+        let text = match fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(error) => return Err(format!("{}: {error}", path.display()).into()),
+        };
+        let stored: serde_json::Value =
+            serde_json::from_str(&text).map_err(|error| format!("{}: {error}", path.display()))?;
+        let field = |name: &str| {
+            stored.get(name).cloned().ok_or_else(|| {
+                format!(
+                    "{}: no {name:?}: not a record of pmnet eval",
+                    path.display()
+                )
+            })
+        };
+        let parse = |name: &str| -> Result<serde_json::Value, CliError> { Ok(field(name)?) };
+        let scale = match parse("scale")?.as_str() {
+            Some("quick") => super::Scale::Quick,
+            Some("full") => super::Scale::Full,
+            _ => super::Scale::Default,
+        };
+        let seed = parse("seed")?.as_u64().unwrap_or_default();
+        let media: Vec<String> = serde_json::from_value(parse("media")?).unwrap_or_default();
+        let steps: Vec<StepOutput> = serde_json::from_value(parse("steps")?)
+            .map_err(|error| format!("{}: steps: {error}", path.display()))?;
+        let here: Machine = serde_json::from_value(parse("machine")?)
+            .map_err(|error| format!("{}: machine: {error}", path.display()))?;
+        // The benchmarks' --dir, as the stored commands name it.
+        let dir = steps
+            .iter()
+            .find_map(|step| {
+                let mut words = step.command.split_whitespace();
+                words.find(|word| *word == "--dir")?;
+                words.next().map(PathBuf::from)
+            })
+            .unwrap_or_else(|| PathBuf::from("/dev/shm"));
+        let run_settings = settings.get_or_insert_with(|| Settings {
+            scale,
+            seed,
+            dir,
+            medium: media.first().cloned().unwrap_or_default(),
+            root: false,
+            key_file: None,
+        });
+        let skipped_reason = parse("skipped")?.as_str().map(str::to_owned);
+        let outcome: Option<Outcome> = skipped_reason
+            .is_none()
+            .then(|| (experiment.analyse)(run_settings, &steps));
+        let record = ExperimentRecord {
+            experiment: experiment.name.to_owned(),
+            title: experiment.title.to_owned(),
+            about: experiment.about.to_owned(),
+            scale: scale.name().to_owned(),
+            seed,
+            skipped: skipped_reason,
+            seconds: parse("seconds")?.as_f64().unwrap_or_default(),
+            media,
+            steps,
+            figure: outcome
+                .as_ref()
+                .map(|o| o.figure.clone())
+                .unwrap_or_default(),
+            comparisons: outcome
+                .as_ref()
+                .map(|o| o.comparisons.clone())
+                .unwrap_or_default(),
+            notes: outcome.map(|o| o.notes).unwrap_or_default(),
+            machine: here.clone(),
+        };
+        machine.get_or_insert(here);
+        write_record(out, &record)?;
+        println!("{}: analysed again", record.experiment);
+        records.push(record);
+    }
+    let (Some(settings), Some(machine)) = (settings, machine) else {
+        return Err(format!("{}: no record of pmnet eval there", from.display()).into());
+    };
+    let took: f64 = records.iter().map(|record| record.seconds).sum();
+    let report_path = out.join("report.md");
+    fs::write(
+        &report_path,
+        report::markdown(
+            &settings,
+            &records,
+            &machine,
+            Duration::from_secs_f64(took),
+            false,
+        ),
+    )
+    .map_err(|error| format!("{}: {error}", report_path.display()))?;
+    println!("{}", report::summary_text(&records));
+    println!(
+        "pmnet eval --from {}: report: {}",
+        from.display(),
+        report_path.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 fn skipped(
     settings: &Settings,
     experiment: &Experiment,

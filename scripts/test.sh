@@ -33,7 +33,7 @@ if ! command -v etcd >/dev/null 2>&1 || ! command -v java >/dev/null 2>&1 \
     "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server zookeeper
 fi
 
-# The observability tests (crates/pmnet/tests/observability.rs, grafana.rs) check every
+# The monitoring tests (crates/pmnet/tests/monitoring.rs) check every
 # process's metrics with promtool and evaluate the Grafana dashboard's queries in a real
 # Prometheus: Debian's prometheus (promtool and the server; its system service is not needed).
 if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then

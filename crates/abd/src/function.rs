@@ -467,9 +467,17 @@ impl NetworkFunction for MemNodeFunction {
 
     fn report(&self) -> Option<String> {
         let c = self.node.counters();
+        let membership = if self.node.is_member() {
+            "member (counts in quorums)"
+        } else {
+            "LEARNING (copying lines from the other nodes; not counted in quorums)"
+        };
         Some(format!(
-            "queries {} stores {} (stale lines {}) acks {}; refused: timestamps {} waiters-full \
-             {}; learning answers {}, sync requests served {}, lines taken {}",
+            "{membership}; lines held {} of {}; queries {} stores {} (stale lines {}) acks {}; \
+             refused: timestamps {} waiters-full {}; learning answers {}, sync requests served \
+             {}, lines taken {}",
+            self.node.lines_held(),
+            self.node.config().lines,
             c.queries,
             c.stores,
             c.stale_lines,

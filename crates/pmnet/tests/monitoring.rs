@@ -207,6 +207,8 @@ fn the_linter_accepts_what_every_process_type_serves() {
             &dir.path().join("node.lines").display().to_string(),
             "--metrics",
             "127.0.0.1:0",
+            "--report-interval",
+            "1",
         ]),
     );
     memnode.wait_metric("pmnet_memnode_member", "", "is a member", |v| v == 1.0);
@@ -240,6 +242,21 @@ fn the_linter_accepts_what_every_process_type_serves() {
             .expect("the line read"),
         vec![7u8; 64]
     );
+    // Its report line is a memory node's own: membership, lines held, queries and stores.
+    let report = common::poll_until("the memory node's report line", || {
+        let stderr = memnode.proc.stderr();
+        stderr
+            .lines()
+            .rev()
+            .find(|line| line.contains(&format!("memnode {memnode_addr}: ")))
+            .filter(|line| line.contains("lines held 1 of 64"))
+            .map(str::to_owned)
+            .ok_or(stderr)
+    });
+    for wanted in ["member (counts in quorums)", "queries ", "stores ", "acks "] {
+        assert!(report.contains(wanted), "no {wanted:?} in {report}");
+    }
+    assert!(!report.contains("device"), "{report}");
     endpoints.push(("memnode".into(), metrics_of(&memnode)));
     endpoints.push(("abd device".into(), metrics_of(&abd_device)));
 

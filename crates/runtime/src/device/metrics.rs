@@ -13,10 +13,11 @@ impl DeviceRuntime {
         let dropped = self.pipeline.dropped();
         if self.role != "device" {
             if let Some(report) = self.pipeline.front_report() {
+                // Named by its address: such a process has no device id.
                 let mut line = format!(
-                    "{} {}: {}; {report}; dropped {}",
+                    "{} {}: {report}; {}; dropped {}",
                     self.role,
-                    self.options.device_id,
+                    self.addresses.data,
                     socket_digest(&self.data.counters()),
                     dropped.values().sum::<u64>()
                 );

@@ -435,6 +435,8 @@ impl DeviceRuntime {
     /// report instead of a log's counters.
     pub fn serve_as(&mut self, role: &'static str) {
         self.role = role;
+        // Its log lines are named after it too, by its address (it has no device id).
+        self.span = tracing::info_span!("node", role, addr = %self.addresses.data);
     }
 
     pub fn startup(&self) -> &DeviceStartup {

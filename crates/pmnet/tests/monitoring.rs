@@ -344,3 +344,291 @@ fn the_linter_accepts_what_every_process_type_serves() {
 
     check_all(&promtool, &endpoints);
 }
+
+/// `text` percent-encoded for a URL's query string.
+fn url_encoded(text: &str) -> String {
+    text.bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                char::from(byte).to_string()
+            }
+            _ => format!("%{byte:02X}"),
+        })
+        .collect()
+}
+
+/// GET `path` from the HTTP server at `addr` (HTTP/1.0: the answer is neither chunked nor kept
+/// alive): the status code and the body.
+fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    Ok((code, body.to_owned()))
+}
+
+/// A Prometheus of the test's own (`/usr/bin/prometheus`), scraping `targets` every second;
+/// killed when dropped.
+struct Prometheus {
+    child: std::process::Child,
+    addr: SocketAddr,
+}
+
+impl Prometheus {
+    fn start(program: &std::path::Path, dir: &std::path::Path, targets: &[SocketAddr]) -> Self {
+        let config = dir.join("prometheus.yml");
+        let listed: Vec<String> = targets.iter().map(|addr| format!("'{addr}'")).collect();
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+                 scrape_configs:\n  - job_name: pmnet\n    static_configs:\n      \
+                 - targets: [{}]\n",
+                listed.join(", ")
+            ),
+        )
+        .expect("write the configuration");
+        let port = redis_harness::free_tcp_port();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let log = std::fs::File::create(dir.join("prometheus.log")).expect("log file");
+        let child = Command::new(program)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .expect("start prometheus");
+        let prometheus = Prometheus { child, addr };
+        common::poll_until("prometheus ready", || match http_get(addr, "/-/ready") {
+            Ok((200, _)) => Ok(()),
+            other => Err(format!(
+                "{other:?}; log: {}",
+                std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default()
+            )),
+        });
+        prometheus
+    }
+
+    /// The result of instant query `expr`: `Ok(series)` once it succeeded, `Err` with why not.
+    fn query(&self, expr: &str) -> Result<Vec<serde_json::Value>, String> {
+        let (code, body) = http_get(
+            self.addr,
+            &format!("/api/v1/query?query={}", url_encoded(expr)),
+        )
+        .map_err(|error| format!("query: {error}"))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&body).map_err(|error| format!("{code}: {error}: {body}"))?;
+        if json["status"] != "success" {
+            return Err(format!("{code}: {body}"));
+        }
+        Ok(json["data"]["result"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default())
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Every panel's targets in a Grafana dashboard: (panel title, refId, expr), rows' panels
+/// included.
+fn dashboard_targets(dashboard: &serde_json::Value) -> Vec<(String, String, String)> {
+    fn walk(panels: &[serde_json::Value], out: &mut Vec<(String, String, String)>) {
+        for panel in panels {
+            let title = panel["title"].as_str().unwrap_or("(untitled)").to_owned();
+            for target in panel["targets"].as_array().into_iter().flatten() {
+                let expr = target["expr"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("panel {title:?}: a target without an expr"));
+                out.push((
+                    title.clone(),
+                    target["refId"].as_str().unwrap_or("?").to_owned(),
+                    expr.to_owned(),
+                ));
+            }
+            walk(panel["panels"].as_array().map_or(&[], Vec::as_slice), out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(
+        dashboard["panels"].as_array().map_or(&[], Vec::as_slice),
+        &mut out,
+    );
+    out
+}
+
+/// `expr` with the dashboard's variables as Grafana substitutes them: every instance
+/// (`$instance`'s "All", its `allValue` `.*`), and a `$__rate_interval` of four scrape
+/// intervals (Grafana's least for a 1 s scrape interval).
+fn substituted(expr: &str) -> String {
+    expr.replace("${instance}", ".*")
+        .replace("$instance", ".*")
+        .replace("${__rate_interval}", "4s")
+        .replace("$__rate_interval", "4s")
+}
+
+#[test]
+fn every_query_of_the_grafana_dashboard_has_data_in_a_real_prometheus() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/grafana/pmnet.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("the dashboard"))
+            .expect("the dashboard is JSON");
+    let targets = dashboard_targets(&dashboard);
+    assert!(targets.len() >= 20, "{targets:?}");
+    let variables: Vec<&str> = dashboard["templating"]["list"]
+        .as_array()
+        .expect("template variables")
+        .iter()
+        .filter_map(|variable| variable["name"].as_str())
+        .collect();
+    assert!(
+        variables.contains(&"datasource") && variables.contains(&"instance"),
+        "{variables:?}"
+    );
+    for (title, ref_id, expr) in &targets {
+        assert!(
+            !substituted(expr).contains('$'),
+            "panel {title:?} {ref_id}: a variable the test does not substitute: {expr}"
+        );
+    }
+    let Some(program) = on_path("prometheus") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "prometheus is not installed, and CI must run this test: apt-get install -y \
+             prometheus (scripts/test.sh does)"
+        );
+        eprintln!("SKIPPED: prometheus is not installed; the dashboard's queries were not run");
+        return;
+    };
+
+    // A device with its cache in front of a server, and a gateway in front of Redis; traffic
+    // on both until the queries are answered.
+    let cluster = Cluster::start_with_device_options(&["--cache"]);
+    let system = redis_harness::System::start_full(
+        &["--metrics", "127.0.0.1:0"],
+        &["--metrics", "127.0.0.1:0"],
+        false,
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = {
+        let (stop, device) = (stop.clone(), cluster.device_addr);
+        let mut redis = system.gateway_client();
+        std::thread::spawn(move || {
+            let mut client = session(device);
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let key = format!("key-{}", n % 8);
+                client
+                    .update(
+                        &Request::Set {
+                            key: key.as_bytes(),
+                            value: b"v",
+                        }
+                        .to_bytes(),
+                    )
+                    .expect("SET completes");
+                client
+                    .bypass(
+                        &Request::Get {
+                            key: key.as_bytes(),
+                        }
+                        .to_bytes(),
+                    )
+                    .expect("GET completes");
+                redis
+                    .command(&["SET", &key, "v"])
+                    .expect("the gateway answers");
+                redis.command(&["GET", &key]).expect("the gateway answers");
+                n += 1;
+            }
+        })
+    };
+    // A datagram that is no PMNet request, to the device and to the server: each drops it,
+    // and the panels of drops by reason have a reason to show.
+    let junk = std::net::UdpSocket::bind("127.0.0.1:0").expect("a socket");
+    for addr in [cluster.device_addr, cluster.server_addr] {
+        junk.send_to(b"not pmnet", addr).expect("send");
+    }
+
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let prometheus = Prometheus::start(
+        &program,
+        dir.path(),
+        &[
+            metrics_of(cluster.device()),
+            metrics_of(cluster.server()),
+            metrics_of_harness(&system.gateway, "gateway"),
+            metrics_of_harness(&system.adaptor, "adaptor"),
+        ],
+    );
+    // Every target is up, and no scrape held a series twice.
+    common::poll_until("every target scraped", || {
+        let up = prometheus.query("up == 1")?;
+        if up.len() == 4 {
+            Ok(())
+        } else {
+            Err(format!("{} of 4 targets up: {up:?}", up.len()))
+        }
+    });
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut waiting: Vec<&(String, String, String)> = targets.iter().collect();
+    let mut last: BTreeMap<String, String> = BTreeMap::new();
+    while !waiting.is_empty() && std::time::Instant::now() < deadline {
+        waiting.retain(|(title, ref_id, expr)| {
+            let name = format!("panel {title:?}, target {ref_id}");
+            match prometheus.query(&substituted(expr)) {
+                Ok(series) if !series.is_empty() => false,
+                Ok(_) => {
+                    last.insert(name, format!("no data: {expr}"));
+                    true
+                }
+                Err(error) => {
+                    last.insert(name, format!("{error}: {expr}"));
+                    true
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    traffic.join().expect("the traffic ran");
+    let failed: Vec<String> = waiting
+        .iter()
+        .map(|(title, ref_id, _)| {
+            let name = format!("panel {title:?}, target {ref_id}");
+            format!("{name}: {}", last.get(&name).cloned().unwrap_or_default())
+        })
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "queries of docs/grafana/pmnet.json with no data after 60 s:\n{}",
+        failed.join("\n")
+    );
+    // Prometheus counts the scrapes that held a series twice (what promtool does not check).
+    let (_, own) = http_get(prometheus.addr, "/metrics").expect("Prometheus's own metrics");
+    let duplicates = pmnet_runtime::metrics::find_sample(
+        &own,
+        "prometheus_target_scrapes_sample_duplicate_timestamp_total",
+        "",
+    );
+    assert_eq!(duplicates, Some(0.0), "scrapes with a series twice");
+}

@@ -674,6 +674,12 @@ fn engine_metrics(out: &mut Metrics, store: &Store<MmapRegion>) {
         &[],
         store.free_bytes() as f64,
     );
+    out.gauge(
+        "pmnet_store_capacity_bytes",
+        "Bytes of live data the store admits (its data area; it grows with the data file).",
+        &[],
+        store.geometry().data_len as f64,
+    );
     for (name, help, value) in [
         (
             "pmnet_store_batches_total",

@@ -147,7 +147,10 @@ fn other_traffic_crosses_the_in_path_device_unchanged_while_pmnet_updates_are_lo
     // PMNet: the client addresses the server; the device on the path logs and acks.
     let set = client(&testbed, &["set", "greeting", "hello"]);
     assert!(set.contains("durable in the log of device 1"), "{set}");
-    assert_eq!(client(&testbed, &["get", "greeting"]).trim(), "hello");
+    assert_eq!(
+        client(&testbed, &["get", "greeting"]).trim(),
+        "hello (from server 1)"
+    );
 
     // TCP: 1 MiB to the server and back, byte for byte.
     let data: Vec<u8> = (0..1 << 20).map(|_| rng.random()).collect();
@@ -276,7 +279,7 @@ fn a_killed_in_path_device_replays_its_log_to_the_server() {
     for index in 0..5 {
         assert_eq!(
             client(&testbed, &["get", &format!("k{index}")]).trim(),
-            format!("v{index}")
+            format!("v{index} (from server 1)")
         );
     }
     let report = stop_and_report(device);

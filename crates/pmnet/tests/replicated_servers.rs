@@ -23,11 +23,11 @@ fn client(to: SocketAddr, words: &[&str]) -> (bool, String) {
     )
 }
 
-/// Wait until `get key` at `server` (a replica read directly) answers `value`.
+/// Wait until `get key` at `server` (a replica read directly) answers `value`, from it.
 fn wait_value(server: SocketAddr, key: &str, value: &str) {
     poll_until(&format!("{key}={value} at {server}"), || {
         let (ok, out) = client(server, &["get", key]);
-        if ok && out == value {
+        if ok && out == format!("{value} (from server 1)") {
             Ok(())
         } else {
             Err(out)

@@ -16,7 +16,8 @@
 mod planner;
 
 pub use planner::{
-    ChainSpec, PlannedChain, Planner, PlannerConfig, PlannerCounters, PlannerEvent, START_GRACE,
+    ChainSpec, PlannedChain, Planner, PlannerConfig, PlannerCounters, PlannerEvent, EPOCH_LIMIT,
+    START_GRACE,
 };
 
 use std::collections::VecDeque;

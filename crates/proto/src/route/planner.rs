@@ -32,6 +32,9 @@ const STATE_VERSION: u8 = 1;
 /// leader's) is suspected only after this long at least: the nodes of a chain may start after
 /// their controller.
 pub const START_GRACE: Duration = Duration::from_secs(5);
+/// Epochs a status may carry: above, it is refused (no deployment changes a plan that often;
+/// the planner moves its epoch past a node's, [`Planner::handle`], and must never wrap).
+pub const EPOCH_LIMIT: u64 = 1 << 62;
 
 /// One chain as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +74,9 @@ pub struct PlannerCounters {
     pub spares_joined: u64,
     pub primaries_replaced: u64,
     pub replicas_removed: u64,
+    /// Statuses of an epoch newer than the plan's (a plan restored from an older save, or
+    /// none): the plan's epoch moved past it, so that no epoch names two chains.
+    pub newer_epochs_heard: u64,
 }
 
 /// A change of a plan, in words.
@@ -370,6 +376,10 @@ impl Planner {
             self.drops.record(DropReason::BadPayload);
             return;
         };
+        if status.epoch >= EPOCH_LIMIT {
+            self.drops.record(DropReason::BadPayload);
+            return;
+        }
         let Some(index) = self
             .chains
             .iter()
@@ -406,6 +416,8 @@ impl Planner {
                 return;
             }
         }
+        self.move_past(status.epoch);
+        let chain = &mut self.chains[index];
         let new_boot = view.is_none_or(|view| view.boot != status.boot);
         if new_boot {
             // A device taken out that started again (its log recovered, its addresses its
@@ -452,8 +464,22 @@ impl Planner {
         }
     }
 
+    /// A node runs `epoch`, newer than the plan's: the plan was restored from an older save
+    /// (or none: a controller whose saved plan was lost), and epochs up to the node's may have
+    /// named other chains. The plan moves past it — a new epoch, saved, then sent to every
+    /// node — so that an epoch never names two chains and every node takes the plan's route
+    /// (a node takes only a route newer than the one it runs).
+    fn move_past(&mut self, epoch: u64) {
+        if epoch > self.epoch {
+            self.epoch = epoch + 1;
+            self.save = true;
+            self.counters.newer_epochs_heard += 1;
+        }
+    }
+
     fn answer_client(&mut self, now: Time, index: usize, from: SocketAddr, status: &NodeStatus) {
         self.counters.client_questions += 1;
+        self.move_past(status.epoch);
         let elapsed = now - self.tokens_at;
         if elapsed >= Duration::from_secs(1) {
             self.client_tokens = CLIENT_ROUTES_PER_SECOND;

@@ -507,3 +507,92 @@ fn a_spare_is_sent_the_route_and_forwards_to_the_promoted_primary() {
     assert_eq!(settings.previous, None);
     assert!(settings.previous_devices.is_empty());
 }
+
+/// A planner restored from a plan older than what the nodes run — its save lost (a
+/// controller's own etcd wiped, none at all), or an older copy — must not hand out an epoch
+/// the nodes already ran with another chain (a node takes only a newer route, so it would
+/// keep its chain under the same number, or ignore the plan until the epochs catch up): it
+/// moves its epoch past the newest a node runs, saves, and sends every node the plan.
+#[test]
+fn a_planner_restored_from_an_older_plan_moves_past_the_epoch_the_nodes_run() {
+    let config = || PlannerConfig {
+        chains: vec![ChainSpec {
+            server_id: 1,
+            server: addr(SERVER),
+            devices: vec![(1, addr(1)), (2, addr(2)), (3, addr(3))],
+            spares: vec![(4, addr(4))],
+            replicas: Vec::new(),
+        }],
+        suspect_after: Duration::from_millis(50),
+        server_suspect_after: Duration::from_millis(50),
+        auth: None,
+    };
+    let mut first = planner(ms(0));
+    let older = first.poll_save().expect("the first plan");
+    hear(&mut first, ms(1), &[1, 2, 3, 4], 0);
+    routes(&mut first);
+    // Device 2 falls silent: taken out, the spare put in (epochs 2 and 3), which the nodes run.
+    for at in (10..=70).step_by(10) {
+        let epoch = first.epoch();
+        hear(&mut first, ms(at), &[1, 3, 4], epoch);
+        first.handle_timeout(ms(at));
+        first.poll_save();
+        routes(&mut first);
+    }
+    let ran = first.epoch();
+    assert_eq!(ran, 3);
+    let ran_chain = first.chains().next().expect("a chain").1.clone();
+    for saved in [Some(&older[..]), None] {
+        let mut restored = Planner::new(config(), ms(100), saved).expect("restored");
+        assert_eq!(restored.epoch(), 1, "the older plan's epoch");
+        restored.poll_save();
+        hear(&mut restored, ms(101), &[1, 3, 4], ran);
+        assert!(
+            routes(&mut restored).is_empty(),
+            "nothing goes before the new epoch is saved"
+        );
+        assert_eq!(restored.counters().newer_epochs_heard, 1);
+        let plan = restored
+            .poll_save()
+            .expect("the plan moved past the nodes' epoch, saved");
+        assert_eq!(restored.epoch(), ran + 1);
+        let sent = routes(&mut restored);
+        let mut to: Vec<SocketAddr> = sent.iter().map(|(to, _)| *to).collect();
+        to.sort();
+        assert_eq!(to, vec![addr(1), addr(3), addr(4), addr(SERVER)]);
+        for (_, route) in &sent {
+            assert!(
+                route.epoch > ran,
+                "a node takes it: newer than what it runs"
+            );
+            assert_ne!(
+                route.chain, ran_chain,
+                "the older plan's chain, under an epoch of its own"
+            );
+        }
+        // A follower that runs the nodes' epoch takes it.
+        let controller = addr(CONTROLLER);
+        let mut follow = FollowerConfig::new(vec![controller], Role::Device, 1, 3);
+        follow.device_id = 3;
+        follow.epoch = ran;
+        let mut follower = Follower::new(follow, ms(0));
+        let (_, route) = sent.iter().find(|(to, _)| *to == addr(3)).expect("sent");
+        let mut payload = Vec::new();
+        route.emit(&mut payload);
+        let header = Header::new(PacketType::Reserved(ROUTE), 1, 3, 0);
+        assert_eq!(follower.on_route(controller, &header, &payload), Ok(true));
+        // Restored again from what it saved: the nodes run its epoch, nothing moves.
+        let mut again = Planner::new(config(), ms(200), Some(&plan)).expect("restored");
+        hear(&mut again, ms(201), &[1, 3, 4], ran + 1);
+        assert!(again.poll_save().is_none());
+        assert_eq!(again.epoch(), ran + 1);
+        assert!(routes(&mut again).is_empty());
+    }
+    // An epoch no deployment reaches is refused, never taken (the epoch must not wrap).
+    let mut planner = planner(ms(0));
+    planner.poll_save();
+    let bytes = status(Role::Device, 1, 1, u64::MAX, 5);
+    planner.handle(ms(5), addr(1), &bytes);
+    assert_eq!(planner.epoch(), 1);
+    assert_eq!(planner.counters().newer_epochs_heard, 0);
+}

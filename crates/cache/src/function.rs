@@ -17,7 +17,8 @@
 //!   (the log names the keyed write it must follow, so the server answers after every write the
 //!   device acked), and its answer, passing back, is inserted unless a write to the key came in
 //!   the meantime, evicting the least hit item when the table is full. Then a new interval
-//!   starts (statistics and hit counts reset).
+//!   starts (hit counts reset); the statistics start again once a hot window (1 s) has passed,
+//!   so keys read by slow or one-shot clients add up too.
 //!
 //! - **Barriers** (a keyed write with no key: one that may change any key, such as a Redis
 //!   `MSET` or a script): every item goes, every fetch is voided, and no fetch starts until the
@@ -47,8 +48,13 @@ pub struct CacheConfig {
     pub stats: StatsConfig,
     /// This device's id (named in the replies it gives).
     pub device_id: u16,
-    /// How often the controller runs (and the statistics start a new interval).
+    /// How often the controller runs (hot keys admitted, items' hit counts started again).
     pub interval: Duration,
+    /// How long the statistics count misses before they start again (never shorter than
+    /// `interval`): a key read `threshold` times within it, by any number of sessions, is
+    /// hot. Longer than the controller's interval, so that keys read often but by slow or
+    /// one-shot clients (a new process per read) become hot too.
+    pub hot_window: Duration,
     /// Items the controller inserts per interval at most.
     pub inserts_per_interval: usize,
     /// A fetch unanswered this long is abandoned.
@@ -79,6 +85,7 @@ impl CacheConfig {
             stats: StatsConfig::default(),
             device_id,
             interval: Duration::from_millis(100),
+            hot_window: Duration::from_millis(1000),
             inserts_per_interval: 256,
             fetch_timeout: Duration::from_millis(500),
             fetch_warmup: Duration::from_millis(pmnet_wire::MAX_REQUEST_LIFETIME_MS),
@@ -133,6 +140,8 @@ pub struct CacheFunction {
     /// Misses passed on, by (session, read id).
     misses: HashMap<(u64, u32), Miss>,
     next_interval: Option<Time>,
+    /// When the statistics last started again (see [`CacheConfig::hot_window`]).
+    hot_since: Option<Time>,
     /// Keyed writes received so far: the order of each (the log stamps them in this order).
     writes_received: u64,
     /// When the cache saw its first datagram (fetches wait for `fetch_warmup` after it).
@@ -162,6 +171,7 @@ impl CacheFunction {
             wanted: std::collections::HashSet::new(),
             misses: HashMap::new(),
             next_interval: None,
+            hot_since: None,
             writes_received: 0,
             started: None,
             barriers: HashMap::new(),
@@ -384,7 +394,14 @@ impl CacheFunction {
         {
             self.wanted.insert(key);
         }
-        self.hot.reset();
+        let window = self.config.hot_window.max(self.config.interval);
+        if self
+            .hot_since
+            .is_none_or(|since| now.saturating_duration_since(since) >= window)
+        {
+            self.hot.reset();
+            self.hot_since = Some(now);
+        }
         self.table.reset_hits();
     }
 }
@@ -558,5 +575,57 @@ impl NetworkFunction for CacheFunction {
             _ => return,
         };
         self.settle(header.session_id, header.seq, acked);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A first read of `key` by a session of its own (a one-shot client: a new process each).
+    fn one_shot_read(cache: &mut CacheFunction, now: Time, session: u64, key: &[u8]) {
+        let mut payload = Vec::new();
+        ReadDescriptor {
+            read_after: 0,
+            after_session: 0,
+            after_seq: 0,
+            key,
+        }
+        .emit(&mut payload);
+        let header = Header::new(PacketType::Reserved(CACHE_READ), 1, session, 1);
+        let datagram = header.encode(&payload);
+        let from: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let _ = cache.handle(now, from, &header, &datagram);
+        // The controller's turns fall due as time passes.
+        cache.handle_timeout(now);
+    }
+
+    /// Whether `key` becomes hot (admitted) when one-shot clients read it `per_second` times a
+    /// second for two seconds, with statistics over `window`.
+    fn admitted(window: Duration, per_second: u64) -> bool {
+        let mut config = CacheConfig::new(1);
+        config.stats.threshold = 16;
+        config.hot_window = window;
+        let mut cache = CacheFunction::new(config).unwrap();
+        let step = Duration::from_millis(1000 / per_second);
+        let mut now = Time::ZERO;
+        for session in 1..=2 * per_second {
+            one_shot_read(&mut cache, now, session, b"hot-key");
+            now = now + step;
+            if cache.wanted.contains(&b"hot-key"[..]) {
+                return true;
+            }
+        }
+        false
+    }
+
+    #[test]
+    fn a_key_read_by_many_one_shot_clients_at_a_slow_rate_becomes_hot() {
+        // 20 reads a second, each from a new session: 2 per 100 ms interval, 20 in a second.
+        assert!(admitted(Duration::from_secs(1), 20));
+        // Counted per controller interval alone, they never reach the threshold.
+        assert!(!admitted(Duration::from_millis(100), 20));
+        // Too rare for the window either way.
+        assert!(!admitted(Duration::from_secs(1), 5));
     }
 }

@@ -279,10 +279,18 @@ pub struct DeviceArgs {
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub cache_interval_ms: u64,
 
-    /// Misses of one key in an interval that make it hot (count-min sketch estimate).
+    /// Misses of one key within --cache-hot-window-ms, by any number of clients, that make it
+    /// hot (count-min sketch estimate in the device).
     #[arg(long, value_name = "N", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub cache_hot_threshold: u32,
+
+    /// Milliseconds the hot-key statistics count misses before they start again (at least
+    /// --cache-interval-ms): a key read --cache-hot-threshold times within it is admitted,
+    /// also when each read comes from a one-shot client.
+    #[arg(long, value_name = "MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub cache_hot_window_ms: u64,
 
     /// Milliseconds after start before the cache fetches anything: a read sent before the
     /// device (re)started may still be answered on an older state. Defaults to the clients'
@@ -1262,6 +1270,7 @@ fn cache(args: &DeviceArgs, device_id: u16) -> Result<pmnet_cache::CacheFunction
     config.table.items_max = args.cache_items as usize;
     config.table.reply_max = args.cache_value_max as usize + 32;
     config.interval = Duration::from_millis(args.cache_interval_ms);
+    config.hot_window = Duration::from_millis(args.cache_hot_window_ms);
     config.stats.threshold = args.cache_hot_threshold;
     config.fetch_warmup = Duration::from_millis(args.cache_fetch_warmup_ms);
     config.servers = args.servers.iter().map(|(_, addr)| *addr).collect();

@@ -100,3 +100,38 @@ fn a_cached_key_reads_the_latest_acknowledged_value_through_writes_and_restarts(
         format!("5{FROM_SERVER}")
     );
 }
+
+#[test]
+fn one_shot_clients_at_the_default_threshold_and_interval_make_a_key_hot() {
+    // The defaults (16 misses, a 100 ms interval, a 1 s hot window), as docs/cache.md runs
+    // it: each `pmnet client get` is a process and a session of its own, a few dozen a second.
+    let cluster = Cluster::start_with_device_options(&[
+        "--cache",
+        // Every client here is new: nothing sent before the device started can come back.
+        "--cache-fetch-warmup-ms",
+        "0",
+    ]);
+    assert!(client(&cluster, &["set", "greeting", "hello"]).starts_with("OK"));
+    let inserts = |cluster: &Cluster| {
+        cluster
+            .device
+            .as_ref()
+            .expect("the device runs")
+            .metric("pmnet_cache_inserts_total", "")
+            .unwrap_or(0.0)
+    };
+    let mut reads = 0;
+    while inserts(&cluster) == 0.0 {
+        assert!(
+            reads < 62,
+            "62 one-shot reads and the key was never inserted"
+        );
+        assert_eq!(value(&client(&cluster, &["get", "greeting"])), "hello");
+        reads += 1;
+    }
+    assert_eq!(
+        client(&cluster, &["get", "greeting"]),
+        format!("hello{FROM_CACHE}"),
+        "inserted after {reads} one-shot reads"
+    );
+}

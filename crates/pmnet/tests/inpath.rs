@@ -242,11 +242,14 @@ fn other_traffic_crosses_the_in_path_device_unchanged_while_pmnet_updates_are_lo
     assert!(count_after(&report, "xdp steered") >= 2, "{report}");
     assert!(count_after(&report, "passed") >= 200, "{report}");
     assert!(count_after(&report, "frames sent") >= 2, "{report}");
-    // One update, logged and acked once (a loaded machine may make its client send it
-    // again before the ack arrives: the device recognises the copy).
-    assert!(count_after(&report, "updates") >= 1, "{report}");
+    // One update, logged once (a loaded machine may make its client send it again before
+    // the ack arrives: the device recognises the copy, logs nothing more and acks the copy
+    // too, since the first ack may be what was lost).
+    let updates = count_after(&report, "updates");
+    assert!(updates >= 1, "{report}");
     assert_eq!(count_after(&report, "logged"), 1, "{report}");
-    assert_eq!(count_after(&report, "acked"), 1, "{report}");
+    let acked = count_after(&report, "acked");
+    assert!((1..=updates).contains(&acked), "{report}");
 }
 
 #[test]

@@ -82,7 +82,10 @@ fn the_help_lists_the_products_commands_only() {
             "memory",
             "status",
             "log",
+            "store",
             "testbed",
+            "completions",
+            "man",
             "help"
         ],
         "{help}"

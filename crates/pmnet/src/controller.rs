@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use clap::Args;
 use pmnet_runtime::control_plane::{campaign, CampaignNote, EtcdPlane};
+use pmnet_runtime::metrics::{serve_metrics, Metrics, MetricsBoard};
 use pmnet_runtime::{ControllerRuntime, RunEnd, Shutdown, StateStore};
 
 use crate::chain_controller::{controller_config, make_controller, print_banner, ChainPlanArgs};
@@ -273,7 +274,19 @@ pub fn run(args: ControllerArgs) -> Result<ExitCode, CliError> {
         plane.prefix
     );
     let _ = std::io::Write::flush(&mut std::io::stdout());
+    // While it stands by, its metrics endpoint says so (and the process's metrics); leading, the
+    // runtime serves it at the same address.
+    let mut metrics_at = plan.run.metrics;
     loop {
+        let standby = match metrics_at {
+            Some(addr) => {
+                let standby = StandbyMetrics::start(addr)
+                    .map_err(|error| format!("controller: --metrics {addr}: {error}"))?;
+                metrics_at = Some(standby.addr);
+                Some(standby)
+            }
+            None => None,
+        };
         let leadership = campaign(&plane, clock, &signals, |note| {
             match note {
                 CampaignNote::Standby(leader) => {
@@ -290,6 +303,9 @@ pub fn run(args: ControllerArgs) -> Result<ExitCode, CliError> {
         let Some(mut leadership) = leadership else {
             return Ok(ExitCode::SUCCESS);
         };
+        if let Some(standby) = standby {
+            standby.hand_over();
+        }
         let ttl_s = leadership.ttl_s();
         let state_key = String::from_utf8_lossy(&plane.state_key()).into_owned();
         let started = (|| -> Result<ControllerRuntime, CliError> {
@@ -324,13 +340,15 @@ pub fn run(args: ControllerArgs) -> Result<ExitCode, CliError> {
                     )
                 }
             };
+            let mut loop_options = plan.run.loop_options();
+            loop_options.metrics_listen = metrics_at;
             Ok(ControllerRuntime::open(
                 clock,
                 controller,
                 planner,
                 plan.listen,
                 StateStore::Etcd(Box::new(leadership)),
-                plan.run.loop_options(),
+                loop_options,
                 signals.clone(),
             )
             .map_err(|error| format!("controller: {error}"))?)
@@ -379,6 +397,68 @@ pub fn run(args: ControllerArgs) -> Result<ExitCode, CliError> {
                 println!("controller {name} no longer leads: {why}; standing by");
                 let _ = std::io::Write::flush(&mut std::io::stdout());
             }
+        }
+    }
+}
+
+/// A standing-by controller's metrics endpoint: the process's metrics and build information
+/// and `pmnet_controller_leading 0`, refreshed every second, until it leads.
+struct StandbyMetrics {
+    addr: std::net::SocketAddr,
+    stop: Shutdown,
+}
+
+impl StandbyMetrics {
+    fn start(listen: std::net::SocketAddr) -> std::io::Result<StandbyMetrics> {
+        let board = MetricsBoard::new();
+        let render = |board: &MetricsBoard| {
+            let mut metrics = Metrics::new();
+            metrics.gauge(
+                pmnet_runtime::CONTROLLER_LEADING,
+                pmnet_runtime::CONTROLLER_LEADING_HELP,
+                &[],
+                0.0,
+            );
+            metrics.add_process_metrics();
+            board.publish(&metrics);
+        };
+        render(&board);
+        // No loop answers a scrape's request for a fresh rendering: the last one is served.
+        board.set_live(false);
+        let stop = Shutdown::new();
+        // The leading runtime's endpoint, just stopped, may hold the address a moment more.
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        let addr = loop {
+            match serve_metrics(listen, board.clone(), stop.clone()) {
+                Err(error)
+                    if error.kind() == std::io::ErrorKind::AddrInUse
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                other => break other?,
+            }
+        };
+        let refresh = stop.clone();
+        std::thread::Builder::new()
+            .name("pmnet-standby-metrics".into())
+            .spawn(move || {
+                while !refresh.is_requested() {
+                    std::thread::sleep(Duration::from_millis(200));
+                    render(&board);
+                }
+            })?;
+        Ok(StandbyMetrics { addr, stop })
+    }
+
+    /// Stop serving, and wait until the address is free for the leading runtime's endpoint.
+    fn hand_over(self) {
+        self.stop.request();
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while std::net::TcpListener::bind(self.addr).is_err()
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }

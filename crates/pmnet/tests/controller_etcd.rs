@@ -91,13 +91,28 @@ fn the_leading_controller_killed_or_stopped_is_replaced_from_etcd_and_every_hist
         leader.banner
     );
     let mut leader = leader.proc;
-    let mut standby = Proc::spawn(
-        "controller B",
-        &controller_args(b, etcd.endpoint(), &members),
-    );
+    // B's metrics at an address of its own: it says it stands by, then that it leads.
+    let b_metrics = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        probe.local_addr().expect("its address")
+    };
+    let mut b_args = controller_args(b, etcd.endpoint(), &members);
+    let at = b_args
+        .iter()
+        .position(|arg| arg == "--metrics")
+        .expect("--metrics");
+    b_args[at + 1] = b_metrics.to_string();
+    let mut standby = Proc::spawn("controller B", &b_args);
     standby.wait_for_line("B standing by", |line| {
         line.contains("standing by") && line.contains(&a.to_string())
     });
+    let leading = |addr: SocketAddr| {
+        let text = pmnet_runtime::metrics::scrape(addr, Duration::from_secs(5))
+            .map_err(|error| error.to_string())?;
+        pmnet_runtime::metrics::find_sample(&text, "pmnet_controller_leading", "")
+            .ok_or_else(|| format!("no pmnet_controller_leading in:\n{text}"))
+    };
+    assert_eq!(leading(b_metrics), Ok(0.0), "a standby says it stands by");
     let membership = [
         "--chain-controller".to_owned(),
         a.to_string(),
@@ -140,6 +155,11 @@ fn the_leading_controller_killed_or_stopped_is_replaced_from_etcd_and_every_hist
     leader.kill();
     standby.wait_for_line("B leading", |line| line.contains("leads"));
     let took_over = standby.wait_for_line("B's chains of three", whole);
+    // The same address, now the leading runtime's.
+    common::poll_until("B's metrics say it leads", || match leading(b_metrics) {
+        Ok(1.0) => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
     assert!(
         epoch_of(&took_over) > epoch_of(&first),
         "{took_over} after {first}"

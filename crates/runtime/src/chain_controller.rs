@@ -414,6 +414,7 @@ impl Node for ControllerRuntime {
 
     fn metrics(&self) -> Metrics {
         let mut out = Metrics::new();
+        out.gauge(CONTROLLER_LEADING, CONTROLLER_LEADING_HELP, &[], 1.0);
         if let Some(controller) = self.controller.as_ref() {
             chain_store_metrics(&mut out, controller);
         }
@@ -445,6 +446,12 @@ impl Node for ControllerRuntime {
         &mut self.event_loop
     }
 }
+
+/// Whether a controller leads (1) or stands by (0): a standby's endpoint publishes 0
+/// (`pmnet controller`), a running controller's loop 1.
+pub const CONTROLLER_LEADING: &str = "pmnet_controller_leading";
+pub const CONTROLLER_LEADING_HELP: &str =
+    "1 while this controller leads (runs the plan), 0 while it stands by.";
 
 /// The chain store's controller's metrics.
 fn chain_store_metrics(out: &mut Metrics, controller: &Controller) {

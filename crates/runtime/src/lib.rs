@@ -74,7 +74,10 @@ use std::time::Duration;
 
 pub use abd_client::{abd_counter_floor, AbdMode, AbdSession, AbdSessionConfig};
 pub use chain_client::ChainSession;
-pub use chain_controller::{describe as describe_layout, ControllerRuntime, RunEnd, StateStore};
+pub use chain_controller::{
+    describe as describe_layout, ControllerRuntime, RunEnd, StateStore, CONTROLLER_LEADING,
+    CONTROLLER_LEADING_HELP,
+};
 pub use client::{random_session_id, steer_session, ClientSession, SessionOptions};
 pub use device::{
     stale_worker_logs, worker_log_path, DeviceAddresses, DeviceFunction, DeviceOptions,

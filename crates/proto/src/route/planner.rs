@@ -219,6 +219,23 @@ struct Chain {
     /// When this planner last changed the chain (nodes not yet running the new epoch get
     /// [`RESTART_GRACE`] from then).
     changed_at: Option<Time>,
+    /// The chain has replica servers (as configured): its server may change (a replica
+    /// promoted), and its devices and spares are sent a route only once its server is
+    /// known to run as the primary ([`Chain::primary_heard`]).
+    replicated: bool,
+    /// The plan's server was heard running the plan's epoch since this planner started or
+    /// since its last promotion: it took the route that made it the primary. Until then a
+    /// device or spare whose route would send it requests is not sent it: a replica that has
+    /// not yet taken its promotion would apply them as a server without replicas and
+    /// acknowledge them, and the other replicas would never hold them (swarm seed 424397).
+    primary_heard: bool,
+}
+
+impl Chain {
+    /// Whether its devices and spares may be sent the plan's route now.
+    fn routes_devices(&self) -> bool {
+        !self.replicated || self.primary_heard
+    }
 }
 
 /// The controller's side. See the module docs.
@@ -299,6 +316,8 @@ impl Planner {
                 views: BTreeMap::new(),
                 since: now,
                 changed_at: None,
+                replicated: !spec.replicas.is_empty(),
+                primary_heard: false,
             });
         }
         Ok(Planner {
@@ -453,14 +472,38 @@ impl Planner {
         // forwards to the chain's server, which a promotion moves); a device taken out is
         // not.
         let in_route = status.role == Role::Server
-            || chain
+            || chain.routes_devices()
+                && chain
+                    .route
+                    .devices
+                    .iter()
+                    .chain(&chain.spares)
+                    .any(|&(_, address)| address == from);
+        if in_route && status.epoch != self.epoch && !self.save {
+            self.send_route(index, from, status.boot);
+        }
+        // The primary runs the plan: its devices and spares may send it requests now.
+        let chain = &mut self.chains[index];
+        if chain.replicated
+            && from == chain.route.server
+            && status.epoch == self.epoch
+            && !chain.primary_heard
+            && !self.save
+        {
+            chain.primary_heard = true;
+            let waiting: Vec<(SocketAddr, u64)> = chain
                 .route
                 .devices
                 .iter()
                 .chain(&chain.spares)
-                .any(|&(_, address)| address == from);
-        if in_route && status.epoch != self.epoch && !self.save {
-            self.send_route(index, from, status.boot);
+                .filter_map(|(_, address)| {
+                    let view = chain.views.get(address)?;
+                    (view.epoch != self.epoch).then_some((*address, view.boot))
+                })
+                .collect();
+            for (address, boot) in waiting {
+                self.send_route(index, address, boot);
+            }
         }
     }
 
@@ -587,6 +630,7 @@ impl Planner {
                 let chain = &mut self.chains[index];
                 chain.route.replicas.retain(|replica| *replica != promoted);
                 chain.route.server = promoted;
+                chain.primary_heard = false;
                 push_bounded(&mut chain.servers_removed, primary, MAX_CHAIN_REPLICAS);
                 self.events.push_back(PlannerEvent::Promoted {
                     server_id: chain.server_id,
@@ -713,11 +757,12 @@ impl Planner {
         for index in 0..self.chains.len() {
             let targets: Vec<(SocketAddr, u64)> = {
                 let chain = &self.chains[index];
-                chain
-                    .route
-                    .devices
-                    .iter()
-                    .chain(&chain.spares)
+                let devices = chain
+                    .routes_devices()
+                    .then_some(chain.route.devices.iter().chain(&chain.spares));
+                devices
+                    .into_iter()
+                    .flatten()
                     .map(|(_, address)| *address)
                     .chain([chain.route.server])
                     .chain(chain.route.replicas.iter().copied())

@@ -412,7 +412,23 @@ fn a_silent_primary_is_replaced_by_the_replica_furthest_along_and_a_silent_repli
     }
     let mut to: Vec<SocketAddr> = sent.iter().map(|(to, _)| *to).collect();
     to.sort();
-    assert_eq!(to, vec![addr(1), r1, r2]);
+    assert_eq!(
+        to,
+        vec![r1, r2],
+        "the device not yet: the new primary has not taken its route"
+    );
+    // The device asks again (its next status): still not, until the new primary runs the
+    // plan, then at once.
+    let epoch = planner.epoch();
+    planner.handle(ms(80), addr(1), &status(Role::Device, 1, 1, 1, 80));
+    planner.handle(ms(80), r1, &server_status(91, epoch, 80, 400));
+    assert!(routes(&mut planner).is_empty());
+    planner.handle(ms(81), r2, &server_status(92, epoch, 81, 450));
+    let sent = routes(&mut planner);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].0, addr(1));
+    assert_eq!(sent[0].1.epoch, epoch);
+    assert_eq!(device_place(&sent[0].1.chain, 1), Some((r2, None)));
 }
 
 #[test]
@@ -493,7 +509,14 @@ fn a_spare_is_sent_the_route_and_forwards_to_the_promoted_primary() {
     }
     assert_eq!(planner.counters().primaries_replaced, 1);
     planner.poll_save().expect("saved");
-    let sent = routes(&mut planner);
+    let mut sent = routes(&mut planner);
+    assert!(
+        sent.iter().all(|(to, _)| *to == r1),
+        "only the new primary, until it runs the plan"
+    );
+    let epoch = planner.epoch();
+    planner.handle(ms(80), r1, &server_status(91, epoch, 80, 10));
+    sent.extend(routes(&mut planner));
     // Before this change a spare was in no route, and one that logged anything (a
     // misdirected or replayed request) kept sending it to the lost primary for ever.
     let (_, to_spare) = sent

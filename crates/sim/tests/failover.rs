@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use pmnet_proto::route::START_GRACE;
 use pmnet_proto::ClientEvent;
 use pmnet_sim::{Topology, World, SERVER_SUSPECT_AFTER, SUSPECT_AFTER};
 
@@ -72,13 +73,9 @@ fn check_applied(world: &mut World, issued: &[(usize, u32)]) {
     }
 }
 
+/// What every incarnation of the controller's planner counted.
 fn planner_counters(world: &World) -> pmnet_proto::route::PlannerCounters {
-    world
-        .controller
-        .as_ref()
-        .expect("a controller")
-        .planner
-        .counters()
+    world.controller.as_ref().expect("a controller").counters()
 }
 
 #[test]
@@ -235,4 +232,104 @@ fn a_promoted_replica_loses_nothing_when_the_new_primary_is_lost_too() {
     assert_eq!(planner_counters(&world).primaries_replaced, 2);
     issued.extend(write(&mut world, 10, Duration::from_millis(5)));
     check_applied(&mut world, &issued);
+}
+
+/// The epoch each live device and the server run, and the controller's.
+fn epochs(world: &World) -> (Vec<u64>, u64, u64) {
+    let devices = (world.devices.iter())
+        .filter(|node| !node.lost)
+        .map(|node| node.device().follower().expect("follows").epoch())
+        .collect();
+    let server = world.servers[0].server.follower().expect("follows").epoch();
+    let plan = world
+        .controller
+        .as_ref()
+        .expect("a controller")
+        .planner
+        .epoch();
+    (devices, server, plan)
+}
+
+#[test]
+fn a_device_lost_while_the_controller_is_down_is_taken_out_once_it_is_back() {
+    let mut world = chain_with_controller(2);
+    let mut issued = write(&mut world, 10, Duration::from_millis(5));
+    world.crash_controller(None);
+    world.lose_device(1);
+    // Down far longer than the suspicion delay: nothing is taken out, nothing routed.
+    world.run_for(5 * SUSPECT_AFTER);
+    let node = world.controller.as_ref().expect("a controller");
+    assert!(!node.up);
+    assert_eq!((node.crashes, node.losses_while_down), (1, 1));
+    assert_eq!(planner_counters(&world).devices_removed, 0);
+    assert_eq!(world.chain, vec![0, 1, 2]);
+    let restarted_at = world.now;
+    world.restart_controller();
+    let node = world.controller.as_ref().expect("a controller");
+    assert!(node.up);
+    assert_eq!(node.restarts, 1);
+    // Restarted from its saved plan: every node unheard, so none is suspected before the
+    // start grace, the lost device neither.
+    world.run_for(START_GRACE - Duration::from_millis(200));
+    assert_eq!(planner_counters(&world).devices_removed, 0);
+    assert_eq!(world.chain, vec![0, 1, 2]);
+    // Writes issued now complete once the lost device is out and the spare in.
+    issued.extend(write(&mut world, 10, Duration::from_millis(50)));
+    assert!(world.now - restarted_at >= START_GRACE);
+    let counters = planner_counters(&world);
+    assert_eq!((counters.devices_removed, counters.spares_joined), (1, 1));
+    assert_eq!(world.chain, vec![0, 2, 3]);
+    assert_eq!(
+        world
+            .controller
+            .as_ref()
+            .expect("a controller")
+            .wrongly_suspected,
+        0
+    );
+    issued.extend(write(&mut world, 10, Duration::from_millis(5)));
+    check_applied(&mut world, &issued);
+    let (devices, server, plan) = epochs(&world);
+    assert!(
+        devices.iter().all(|&epoch| epoch == plan),
+        "{devices:?} {plan}"
+    );
+    assert_eq!(server, plan);
+}
+
+#[test]
+fn routes_lost_when_the_controller_crashes_right_after_saving_still_reach_every_node() {
+    let mut world = chain_with_controller(2);
+    let mut issued = write(&mut world, 10, Duration::from_millis(5));
+    let (_, _, first) = epochs(&world);
+    world.crash_controller_at_next_save(Duration::from_millis(500));
+    world.lose_device(1);
+    // The lost device is taken out and the spare put in: a plan saved, then the crash before
+    // any route of it went out.
+    world.run_for(SUSPECT_AFTER + Duration::from_millis(150));
+    let node = world.controller.as_ref().expect("a controller");
+    assert!(!node.up);
+    assert_eq!((node.crashes, node.crashes_at_save), (1, 1));
+    assert_eq!(world.chain, vec![0, 2, 3], "the saved plan's chain");
+    let (devices, server, plan) = epochs(&world);
+    assert!(plan > first);
+    assert!(
+        devices.iter().all(|&epoch| epoch == first) && server == first,
+        "no node heard of the saved plan: {devices:?} {server}"
+    );
+    // Back from the saved plan: its epoch, and every node is sent it on its next status.
+    world.run_for(Duration::from_millis(700));
+    let node = world.controller.as_ref().expect("a controller");
+    assert!(node.up);
+    assert_eq!(node.restarts, 1);
+    let (devices, server, restored) = epochs(&world);
+    assert_eq!(restored, plan, "the saved plan, not a newer epoch");
+    assert!(
+        devices.iter().all(|&epoch| epoch == plan),
+        "{devices:?} {plan}"
+    );
+    assert_eq!(server, plan);
+    issued.extend(write(&mut world, 10, Duration::from_millis(5)));
+    check_applied(&mut world, &issued);
+    assert!(world.devices[3].device().counters().updates_logged > 0);
 }

@@ -43,10 +43,14 @@ fn every_seed_keeps_the_invariants_and_converges() {
     // check thousands (docs/simulation.md).
     // The same for the controller's replica servers: about 18 seeds of 200 have them, and
     // lose a server about once each, so a sample may replace no primary or take no replica
-    // out; `regression_seeds_pass` asserts a promotion, `tests/failover.rs` each case.
+    // out; `regression_seeds_pass` asserts a promotion, `tests/failover.rs` each case. And
+    // the controller's rarer crashes (`CONTROLLER_CRASH_RARE`).
     if summary.seeds >= 100 {
         for (name, value) in summary.lines() {
-            if name == REPLICAS_CHECKED || CONTROLLER_SERVER_LOSSES.contains(&name) {
+            if name == REPLICAS_CHECKED
+                || CONTROLLER_SERVER_LOSSES.contains(&name)
+                || CONTROLLER_CRASH_RARE.contains(&name)
+            {
                 continue;
             }
             assert!(value > 0, "the swarm never exercised: {name}");
@@ -359,6 +363,28 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          the liveness phase, which counted it converged before the last replica was promoted \
          (the world's fault: a lost primary is not converged until it is replaced)",
     ),
+    (
+        424397,
+        "replica servers under the controller, which crashed right after saving a promotion: \
+         restarted, it sent the chain's last device its route before the promoted replica had \
+         taken its own; the device replayed its log to the replica, which applied it as a \
+         server without replicas and acked it, and the other replica never held it (devices \
+         and spares of a replicated chain are now sent the route only once its server runs \
+         the plan)",
+    ),
+    (
+        424331,
+        "the same, a bypass answered by the replica not yet promoted, then lost with it",
+    ),
+];
+
+/// The summary lines of the controller's crashes that a 200-seed sample may not exercise
+/// (about 16 seeds have the fault): a crash right after a save needs a change of the plan
+/// meanwhile, and a node lost while the controller is down a loss in its down time;
+/// `tests/failover.rs` runs each case.
+const CONTROLLER_CRASH_RARE: [&str; 2] = [
+    "controller crashes right after a save (its routes never sent)",
+    "devices and servers lost while the controller was down",
 ];
 
 /// The summary line of the live replicas' check (invariant 6).

@@ -80,6 +80,12 @@ fn heal(world: &mut World) {
             world.start_replica(index);
         }
     }
+    if let Some(node) = world.controller.as_mut() {
+        node.crash_at_next_save = None;
+        if !node.up {
+            world.restart_controller();
+        }
+    }
 }
 
 /// Whether every client still there issued all its requests.

@@ -219,6 +219,14 @@ fn chain_replicas_for_seed(seed: u64) -> usize {
     rng.random_range(1..=2)
 }
 
+/// Whether `seed`'s controller crashes (docs/simulation.md, "the controller crashing"): on
+/// half of the seeds with devices in series, drawn from a generator of its own, so that the
+/// other seeds' worlds do not change.
+fn controller_crashes_for_seed(seed: u64) -> bool {
+    chain_for_seed(seed).is_some()
+        && ChaCha8Rng::seed_from_u64(seed ^ 0xC047_C4A5_0000_0050).random_bool(0.5)
+}
+
 /// A seed's devices in series: a chain of `devices` and the acks each client waits for
 /// (client `i` the `i mod 4`-th). The controller plans the chain ([`World::with_controller`]),
 /// in front of one server, with one spare device it puts in when a device is taken out.
@@ -351,6 +359,9 @@ fn run_inner(seed: u64, options: &Options, state: &mut Option<Run>) -> Report {
     if churn_for_seed(seed).is_some() {
         summary.counts.seeds_with_churn += 1;
     }
+    if controller_crashes_for_seed(seed) {
+        summary.counts.seeds_with_controller_crashes += 1;
+    }
     if attacker.is_some() {
         summary.counts.seeds_with_attacker += 1;
         summary.counts.forgeries_dropped += attacker::auth_drops(world);
@@ -417,6 +428,7 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
     };
     let mut mix = FaultMix::choose(rng, topology.client_count);
     mix.turnover = churn.is_some();
+    mix.controller_crashes = controller_crashes_for_seed(seed);
     let slot_counts = topology.device_slot_counts.clone();
     let mut world = World::with_topology(topology).with_kv_store(4 << 20);
     if let Some(churn) = churn {
@@ -439,6 +451,7 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
             // silent for the suspicion delay.
             world.restart_servers_after = Some(crate::world::SERVER_DOWN_MAX);
         }
+        world.plan_must_settle = mix.controller_crashes;
     }
     if cache_for_seed(seed) {
         world = world.with_front(cache_front);
@@ -522,6 +535,14 @@ fn set_up(seed: u64, options: &Options, rng: &mut ChaCha8Rng) -> (World, FaultSu
                 crate::world::SERVER_DOWN_MAX,
             ));
         }
+        if mix.controller_crashes {
+            world.note_event(&format!(
+                "the controller crashes: down for {:?} to {:?} at a time, restarted from the \
+                 plan it last saved; some crashes right after a save, before its routes go out",
+                safety_phase::CONTROLLER_DOWN_MIN,
+                safety_phase::CONTROLLER_DOWN_MAX,
+            ));
+        }
     }
     note_fault_mix(&mut world, &summary, &mix, network_seed);
     if let Some(churn) = churn {
@@ -549,6 +570,7 @@ fn note_fault_mix(world: &mut World, summary: &FaultSummary, mix: &FaultMix, net
         device_crash_weight,
         server_crash_weight,
         turnover: _,
+        controller_crashes: _,
     } = mix;
     world.note_event(&format!(
         "faults: loss {:.1}%, duplication {:.1}%, delay spread 0-{} us, corruption in flight \

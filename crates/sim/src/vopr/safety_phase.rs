@@ -28,7 +28,15 @@ pub(super) struct FaultMix {
     /// Clients leave and others, each a new session, start in their place (set by the
     /// seed's churn, not drawn here).
     pub(super) turnover: bool,
+    /// The controller crashes and restarts from its saved plan (set by the seed's own
+    /// generator, not drawn here).
+    pub(super) controller_crashes: bool,
 }
+
+/// How long a crashed controller stays down, at least and at most (log-uniform between):
+/// from well under the suspicion delays to well over them.
+pub(super) const CONTROLLER_DOWN_MIN: Duration = Duration::from_millis(20);
+pub(super) const CONTROLLER_DOWN_MAX: Duration = Duration::from_secs(20);
 
 impl FaultMix {
     /// Choose the mix for a world of `client_count` clients.
@@ -54,6 +62,7 @@ impl FaultMix {
             device_crash_weight,
             server_crash_weight,
             turnover: false,
+            controller_crashes: false,
         }
     }
 }
@@ -100,6 +109,7 @@ pub(super) fn run(
             12 if world.device_losses_allowed > 0 && rng.random_bool(0.5) => {
                 lose_device(world, rng, summary);
             }
+            13 if mix.controller_crashes && rng.random_bool(0.3) => crash_controller(world, rng),
             43..=44 => toggle_held_persistence(world, rng),
             45 if mix.partitions => partition(world, rng, summary),
             48 if mix.clients_leave => client_leaves(world, rng, summary),
@@ -115,6 +125,32 @@ pub(super) fn run(
                 }
             }
         }
+    }
+}
+
+/// The controller crashes, when it is up, for a time from well under to well over the
+/// suspicion delays: now (a third of the time: right after its next save, before the routes
+/// of that plan go out). It starts again from the plan it saved.
+fn crash_controller(world: &mut World, rng: &mut ChaCha8Rng) {
+    let Some(node) = world.controller.as_ref() else {
+        return;
+    };
+    if !node.up || node.crash_at_next_save.is_some() {
+        return;
+    }
+    let (min, max) = (
+        CONTROLLER_DOWN_MIN.as_secs_f64().ln(),
+        CONTROLLER_DOWN_MAX.as_secs_f64().ln(),
+    );
+    let down = Duration::from_secs_f64(rng.random_range(min..max).exp());
+    if rng.random_bool(1.0 / 3.0) {
+        world.note_by(
+            "controller",
+            &format!("will crash right after its next save, down for {down:?}"),
+        );
+        world.crash_controller_at_next_save(down);
+    } else {
+        world.crash_controller(Some(down));
     }
 }
 

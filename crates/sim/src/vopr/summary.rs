@@ -87,6 +87,14 @@ pub struct FaultCounts {
     pub primaries_replaced: u64,
     pub replicas_taken_out: u64,
     pub server_restarts_in_place: u64,
+    /// Seeds whose controller crashes, its crashes (those right after a save, before its
+    /// routes went out), its restarts from the saved plan, and the devices and servers lost
+    /// for good while it was down (taken out once it was back).
+    pub seeds_with_controller_crashes: u64,
+    pub controller_crashes: u64,
+    pub controller_crashes_at_save: u64,
+    pub controller_restarts: u64,
+    pub losses_while_controller_down: u64,
     pub cache_reads_checked: u64,
     pub cache_reads_served_by_device: u64,
     pub forged_datagrams: u64,
@@ -144,6 +152,11 @@ impl FaultCounts {
         self.primaries_replaced += other.primaries_replaced;
         self.replicas_taken_out += other.replicas_taken_out;
         self.server_restarts_in_place += other.server_restarts_in_place;
+        self.seeds_with_controller_crashes += other.seeds_with_controller_crashes;
+        self.controller_crashes += other.controller_crashes;
+        self.controller_crashes_at_save += other.controller_crashes_at_save;
+        self.controller_restarts += other.controller_restarts;
+        self.losses_while_controller_down += other.losses_while_controller_down;
         self.cache_reads_checked += other.cache_reads_checked;
         self.cache_reads_served_by_device += other.cache_reads_served_by_device;
         self.forged_datagrams += other.forged_datagrams;
@@ -309,6 +322,30 @@ impl FaultCounts {
                 ),
             ]);
         }
+        if self.seeds_with_controller_crashes > 0 {
+            lines.extend([
+                (
+                    "seeds with controller crashes",
+                    self.seeds_with_controller_crashes,
+                ),
+                (
+                    "controller crashes (memory lost, saved plan kept)",
+                    self.controller_crashes,
+                ),
+                (
+                    "controller crashes right after a save (its routes never sent)",
+                    self.controller_crashes_at_save,
+                ),
+                (
+                    "controller restarts from its saved plan",
+                    self.controller_restarts,
+                ),
+                (
+                    "devices and servers lost while the controller was down",
+                    self.losses_while_controller_down,
+                ),
+            ]);
+        }
         if self.seeds_with_churn > 0 {
             lines.extend([
                 (
@@ -354,7 +391,11 @@ pub(super) fn count_world_faults(world: &World, summary: &mut FaultSummary) {
         })
         .sum();
     if let Some(node) = &world.controller {
-        let counters = node.planner.counters();
+        let counters = node.counters();
+        summary.counts.controller_crashes = node.crashes;
+        summary.counts.controller_crashes_at_save = node.crashes_at_save;
+        summary.counts.controller_restarts = node.restarts;
+        summary.counts.losses_while_controller_down = node.losses_while_down;
         summary.counts.devices_taken_out = counters.devices_removed;
         summary.counts.spares_joined = counters.spares_joined;
         summary.counts.devices_wrongly_suspected = node.wrongly_suspected;

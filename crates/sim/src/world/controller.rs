@@ -20,14 +20,16 @@ impl World {
     /// The controller's plan saved, its routes sent and its events noted; whether anything
     /// happened.
     pub(super) fn flush_controller(&mut self) -> bool {
-        let Some(node) = self.controller.as_mut() else {
+        let Some(node) = self.controller.as_mut().filter(|node| node.up) else {
             return false;
         };
         let mut progressed = false;
+        let mut crash_for = None;
         // Saved before any route of the new plan goes out (it queues them).
         if let Some(plan) = node.planner.poll_save() {
             node.saved = Some(plan);
             progressed = true;
+            crash_for = node.crash_at_next_save.take();
         }
         let mut events = Vec::new();
         while let Some(event) = node.planner.poll_event() {
@@ -38,13 +40,167 @@ impl World {
             out.push(transmit);
         }
         progressed |= !events.is_empty() || !out.is_empty();
+        self.check_plan_epoch();
+        // The saved plan's changes stand (the restarted planner holds them), whether or not
+        // its routes go out.
         for event in events {
             self.on_planner_event(event);
+        }
+        if let Some(down) = crash_for {
+            let routes = out.len();
+            self.note_by(
+                "controller",
+                &format!("CRASH right after saving its plan: {routes} route(s) of it never sent"),
+            );
+            if let Some(node) = self.controller.as_mut() {
+                node.crashes_at_save += 1;
+            }
+            self.crash_controller(Some(down));
+            return true;
         }
         for transmit in out {
             self.enqueue(controller_addr(), transmit);
         }
         progressed
+    }
+
+    /// The plan the controller holds now (saved: every route goes out from a saved plan) is
+    /// the one its epoch named before, in this incarnation or an earlier one: an epoch never
+    /// names two plans.
+    fn check_plan_epoch(&mut self) {
+        let Some(node) = self.controller.as_mut() else {
+            return;
+        };
+        let epoch = node.planner.epoch();
+        let chains: Vec<&pmnet_wire::route::ChainRoute> = node
+            .planner
+            .chains()
+            .map(|(_, route, _, _)| route)
+            .collect();
+        match node.epochs.get(&epoch) {
+            Some(known) => assert!(
+                known.iter().eq(chains.iter().copied()),
+                "invariant: epoch {epoch} names two plans: {known:?} and now {chains:?} (the \
+                 controller restarted {} time(s))",
+                node.restarts
+            ),
+            None => {
+                let chains = chains.into_iter().cloned().collect();
+                node.epochs.insert(epoch, chains);
+            }
+        }
+    }
+
+    /// The controller's process crashes: what it held in memory (the nodes' statuses, the
+    /// routes it had not sent) is gone, its saved plan stays (etcd holds it). While down it
+    /// receives nothing and sends nothing; it starts again after `down` if given (else when
+    /// told, [`World::restart_controller`]).
+    pub fn crash_controller(&mut self, down: Option<std::time::Duration>) {
+        let now = self.now;
+        let Some(node) = self.controller.as_mut().filter(|node| node.up) else {
+            return;
+        };
+        node.up = false;
+        node.crashes += 1;
+        node.restart_at = down.map(|down| now + down);
+        let epoch = node.planner.epoch();
+        let until = match down {
+            Some(down) => format!("down for {down:?}"),
+            None => "down".to_string(),
+        };
+        self.note_by(
+            "controller",
+            &format!(
+                "CRASH: its memory lost (statuses heard, routes not sent), the plan it saved \
+                 (epoch {epoch}) kept; {until}"
+            ),
+        );
+    }
+
+    /// Crash the controller right after its next save, before any route of that plan goes
+    /// out (a process killed between its etcd write and its sends), down for `down` then.
+    pub fn crash_controller_at_next_save(&mut self, down: std::time::Duration) {
+        if let Some(node) = self.controller.as_mut() {
+            node.crash_at_next_save = Some(down);
+        }
+    }
+
+    /// Start a crashed controller again, from the plan it last saved, as
+    /// `pmnet controller` starts (or a standby takes over) from the plan in etcd.
+    pub fn restart_controller(&mut self) {
+        self.restart_controller_now();
+        self.flush_outputs();
+    }
+
+    /// [`World::restart_controller`] without flushing what it sends.
+    pub(super) fn restart_controller_now(&mut self) {
+        let now = self.now;
+        let Some(node) = self.controller.as_mut().filter(|node| !node.up) else {
+            return;
+        };
+        let before = node.counters();
+        let planner =
+            pmnet_proto::route::Planner::new(node.config.clone(), now, node.saved.as_deref())
+                .expect("the controller starts again from the plan it saved");
+        node.planner = planner;
+        node.counters_before = before;
+        node.up = true;
+        node.restart_at = None;
+        node.restarts += 1;
+        let epoch = node.planner.epoch();
+        self.note_by(
+            "controller",
+            &format!(
+                "restarted from its saved plan (epoch {epoch}); every node unheard (a device \
+                 never heard since is suspected only after {:?})",
+                pmnet_proto::route::START_GRACE
+            ),
+        );
+        self.check_nodes_behind_plan();
+        self.follow_plan();
+    }
+
+    /// Every node runs an epoch the restored plan has reached: routes go out only from a
+    /// saved plan, so no node can run one newer than the last save.
+    fn check_nodes_behind_plan(&self) {
+        let Some(node) = self.controller.as_ref() else {
+            return;
+        };
+        let epoch = node.planner.epoch();
+        let devices = (self.devices.iter().enumerate()).filter_map(|(index, node)| {
+            let follower = node.device().follower()?;
+            Some((format!("device{index}"), follower.epoch()))
+        });
+        let servers = (self.servers.iter().enumerate())
+            .map(|(index, node)| (format!("server{index}"), node))
+            .chain(
+                (self.replicas.iter().enumerate())
+                    .map(|(index, node)| (format!("replica{index}"), node)),
+            )
+            .filter_map(|(name, node)| Some((name, node.server.follower()?.epoch())));
+        for (name, runs) in devices.chain(servers) {
+            assert!(
+                runs <= epoch,
+                "invariant: {name} runs epoch {runs}, newer than the plan the controller \
+                 restarted from (epoch {epoch}): a route went out before its plan was saved"
+            );
+        }
+    }
+
+    /// The chain as the world knows it: the plan's devices in order.
+    fn follow_plan(&mut self) {
+        let Some(node) = self.controller.as_ref() else {
+            return;
+        };
+        let chain: Vec<usize> = node
+            .planner
+            .chains()
+            .flat_map(|(_, route, _, _)| route.devices.iter())
+            .filter_map(|(_, address)| {
+                (0..self.devices.len()).find(|&i| device_addr(i) == *address)
+            })
+            .collect();
+        self.chain = chain;
     }
 
     /// A change of the plan: the chain as the world knows it follows it. A live device taken
@@ -90,18 +246,7 @@ impl World {
             }
             _ => {}
         }
-        let Some(node) = self.controller.as_ref() else {
-            return;
-        };
-        let chain: Vec<usize> = node
-            .planner
-            .chains()
-            .flat_map(|(_, route, _, _)| route.devices.iter())
-            .filter_map(|(_, address)| {
-                (0..self.devices.len()).find(|&i| device_addr(i) == *address)
-            })
-            .collect();
-        self.chain = chain;
+        self.follow_plan();
     }
 
     /// The server at `address` was replaced or taken out: it must be one lost for good. A
@@ -188,6 +333,34 @@ impl World {
         };
         node.routes_taken += 1;
         let device_id = node.config.device_id;
+        let Some(follow) = node.config.follow.as_mut() else {
+            return true;
+        };
+        // The follower's rules: only a newer route than the one run, and only a plan the
+        // controller saved and sent under that epoch.
+        assert!(
+            route.epoch > follow.epoch,
+            "invariant: device{index} took the route of epoch {}, not newer than the epoch {} \
+             it runs",
+            route.epoch,
+            follow.epoch
+        );
+        if let Some(known) = (self.controller.as_ref()).and_then(|c| c.epochs.get(&route.epoch)) {
+            assert!(
+                known.contains(&route.chain),
+                "invariant: device{index} took a route of epoch {} naming {:?}, which the \
+                 plan of that epoch did not ({known:?})",
+                route.epoch,
+                route.chain
+            );
+        } else {
+            panic!(
+                "invariant: device{index} took a route of epoch {}, which no plan the \
+                 controller saved had",
+                route.epoch
+            );
+        }
+        let node = &mut self.devices[index];
         let Some(follow) = node.config.follow.as_mut() else {
             return true;
         };

@@ -103,6 +103,10 @@ pub struct World {
     /// A crashed server or replica starts again once it has been down this long (the swarm's
     /// chains with replica servers: [`SERVER_DOWN_MAX`]); `None`: only when told.
     pub restart_servers_after: Option<Duration>,
+    /// The swarm's seeds whose controller crashes: convergence also waits for the plan to
+    /// have taken every node lost for good out and for every live node to run the plan's
+    /// epoch (failover resumed once the controller is back).
+    pub plan_must_settle: bool,
 }
 
 impl World {
@@ -191,6 +195,7 @@ impl World {
             device_losses_allowed: 0,
             promoted: vec![None; topology.server_count],
             restart_servers_after: None,
+            plan_must_settle: false,
             controller: None,
             chain: if topology.chain {
                 (0..device_count).collect()
@@ -435,11 +440,22 @@ impl World {
             server_suspect_after: SERVER_SUSPECT_AFTER,
             auth: self.servers[0].config.auth.clone(),
         };
-        let planner = Planner::new(config, self.now, None).expect("a valid plan of the chain");
+        let planner =
+            Planner::new(config.clone(), self.now, None).expect("a valid plan of the chain");
         self.controller = Some(ControllerNode {
             planner,
             saved: None,
             wrongly_suspected: 0,
+            config,
+            up: true,
+            restart_at: None,
+            crash_at_next_save: None,
+            crashes: 0,
+            crashes_at_save: 0,
+            restarts: 0,
+            losses_while_down: 0,
+            counters_before: Default::default(),
+            epochs: Default::default(),
         });
         self.flush_outputs();
         self
@@ -543,7 +559,7 @@ impl World {
                     .filter(|node| !node.gone)
                     .filter_map(|node| node.client.poll_timeout()),
             )
-            .chain((self.controller.as_ref()).map(|node| node.planner.poll_timeout(self.now)))
+            .chain((self.controller.as_ref()).and_then(|node| node.next_timeout(self.now)))
             .min()
     }
 
@@ -608,12 +624,8 @@ impl World {
             .filter_map(|(index, node)| {
                 Some((format!("client {index}"), node.client.poll_timeout()?))
             });
-        let controller = (self.controller.as_ref()).map(|node| {
-            (
-                "controller".to_string(),
-                node.planner.poll_timeout(self.now),
-            )
-        });
+        let controller = (self.controller.as_ref())
+            .and_then(|node| Some(("controller".to_string(), node.next_timeout(self.now)?)));
         let mut due: Vec<(String, Time)> = devices
             .chain(servers)
             .chain(clients)
@@ -632,6 +644,8 @@ impl World {
             self.replicas[index].up
         } else if let Some(index) = (0..self.devices.len()).find(|i| device_addr(*i) == to) {
             self.devices[index].up
+        } else if to == controller_addr() {
+            self.controller.as_ref().is_none_or(|node| node.up)
         } else {
             true
         };
@@ -657,7 +671,7 @@ impl World {
                 self.clients[index].client.handle(now, from, bytes);
             }
         } else if to == controller_addr() {
-            if let Some(node) = self.controller.as_mut() {
+            if let Some(node) = self.controller.as_mut().filter(|node| node.up) {
                 node.planner.handle(now, from, bytes);
             }
         }
@@ -682,7 +696,11 @@ impl World {
             }
         }
         if let Some(node) = self.controller.as_mut() {
-            if node.planner.poll_timeout(now) <= now {
+            if !node.up {
+                if node.restart_at.is_some_and(|at| at <= now) {
+                    self.restart_controller_now();
+                }
+            } else if node.planner.poll_timeout(now) <= now {
                 node.planner.handle_timeout(now);
             }
         }
@@ -872,6 +890,7 @@ impl World {
     /// else changes: the controller ([`World::with_controller`]) takes it out of its chain
     /// once it has been silent for [`SUSPECT_AFTER`], and every node follows its routes.
     pub fn lose_device(&mut self, index: usize) {
+        self.note_loss_while_controller_down();
         let now = self.now;
         let node = &mut self.devices[index];
         assert!(!node.lost, "device {index} is lost once");
@@ -934,6 +953,7 @@ impl World {
     /// ([`World::with_controller`]) replaces it by the replica furthest along once it has been
     /// silent for [`SERVER_SUSPECT_AFTER`], and every node follows its routes.
     pub fn lose_server(&mut self, server: usize) {
+        self.note_loss_while_controller_down();
         let (actor, node) = match self.promoted[server] {
             Some(replica) => (format!("replica{replica}"), &mut self.replicas[replica]),
             None => (format!("server{server}"), &mut self.servers[server]),
@@ -952,6 +972,7 @@ impl World {
     /// Replica `index` (not a primary) is lost for good: the controller takes it out of its
     /// primary's list once it has been silent for [`SERVER_SUSPECT_AFTER`].
     pub fn lose_replica(&mut self, index: usize) {
+        self.note_loss_while_controller_down();
         let node = &mut self.replicas[index];
         assert!(!node.lost, "replica{index} is lost once");
         Self::lose_server_node(node);
@@ -962,6 +983,14 @@ impl World {
                  takes it out once it has been silent for {SERVER_SUSPECT_AFTER:?}"
             ),
         );
+    }
+
+    /// A node lost for good while the controller is down: counted (it is taken out once the
+    /// controller is back).
+    fn note_loss_while_controller_down(&mut self) {
+        if let Some(node) = self.controller.as_mut().filter(|node| !node.up) {
+            node.losses_while_down += 1;
+        }
     }
 
     fn lose_server_node(node: &mut ServerNode) {

@@ -5,12 +5,13 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 
 use pmnet_pm::{EntryKey, LogWork, PmLog, SimRegion};
-use pmnet_proto::route::Planner;
+use pmnet_proto::route::{Planner, PlannerConfig, PlannerCounters};
 use pmnet_proto::{
     Client, ClientConfig, ClientEvent, Device, DeviceConfig, DevicePipeline, FrontFunction,
     PersistBatch, RecoveredSession, RequestKind, Server, ServerConfig, Time,
 };
 use pmnet_store::{Application, KvStore};
+use pmnet_wire::route::ChainRoute;
 
 #[cfg(doc)]
 use super::World;
@@ -616,6 +617,57 @@ pub struct ControllerNode {
     /// Live devices the planner took out (silent past the suspicion delay though not lost):
     /// each counts as a device lost.
     pub wrongly_suspected: u64,
+    /// The planner's configuration: a crashed controller starts again with it, from the
+    /// saved plan ([`World::crash_controller`]).
+    pub config: PlannerConfig,
+    /// The controller's process runs; crashed, it receives nothing and sends nothing, and
+    /// what it held in memory (the nodes' statuses, routes not yet sent) is gone.
+    pub up: bool,
+    /// When a crashed controller starts again (`None`: only when told,
+    /// [`World::restart_controller`]).
+    pub restart_at: Option<pmnet_proto::Time>,
+    /// Crash right after the next save, before any route of that plan goes out, and stay
+    /// down this long ([`World::crash_controller_at_next_save`]).
+    pub crash_at_next_save: Option<std::time::Duration>,
+    /// Crashes, those right after a save, and restarts from the saved plan.
+    pub crashes: u64,
+    pub crashes_at_save: u64,
+    pub restarts: u64,
+    /// Devices and servers lost for good while the controller was down (it takes them out
+    /// once it is back).
+    pub losses_while_down: u64,
+    /// What the planners before the last restart counted (a new planner counts from zero).
+    pub counters_before: PlannerCounters,
+    /// Every epoch any incarnation of the planner saved and sent, with its chains: an epoch
+    /// names one plan (checked at every save and every route a device takes).
+    pub epochs: std::collections::BTreeMap<u64, Vec<ChainRoute>>,
+}
+
+impl ControllerNode {
+    /// When the controller is next due to act: the planner's timer, or a crashed
+    /// controller's restart.
+    pub fn next_timeout(&self, now: pmnet_proto::Time) -> Option<pmnet_proto::Time> {
+        if self.up {
+            Some(self.planner.poll_timeout(now))
+        } else {
+            self.restart_at
+        }
+    }
+
+    /// What every incarnation of the planner counted.
+    pub fn counters(&self) -> PlannerCounters {
+        let (now, before) = (self.planner.counters(), self.counters_before);
+        PlannerCounters {
+            statuses: now.statuses + before.statuses,
+            routes_sent: now.routes_sent + before.routes_sent,
+            client_questions: now.client_questions + before.client_questions,
+            devices_removed: now.devices_removed + before.devices_removed,
+            spares_joined: now.spares_joined + before.spares_joined,
+            primaries_replaced: now.primaries_replaced + before.primaries_replaced,
+            replicas_removed: now.replicas_removed + before.replicas_removed,
+            newer_epochs_heard: now.newer_epochs_heard + before.newer_epochs_heard,
+        }
+    }
 }
 
 #[derive(Debug)]

@@ -67,7 +67,8 @@ fn check_session(
         .filter(|(s, ..)| *s == session)
         .map(|(_, seq, _, request)| (*seq, request))
         .collect();
-    let completed: std::collections::HashSet<u32> = world.clients[client]
+    // In order: the first missing number is the one a failure names, whatever the thread.
+    let completed: std::collections::BTreeSet<u32> = world.clients[client]
         .completed
         .iter()
         .filter_map(|event| match event {

@@ -171,7 +171,10 @@ fn check_completed_applied(
     applied_by_seq: &HashMap<u32, &Applied>,
     outcome: &ClientOutcome,
 ) {
-    for seq in outcome.completions.keys() {
+    // In order: the first broken number is the one a failure names, whatever the thread.
+    let mut seqs: Vec<&u32> = outcome.completions.keys().collect();
+    seqs.sort_unstable();
+    for seq in seqs {
         let applied_request = applied_by_seq
             .get(seq)
             .map(|(_, _, _, request)| request)
@@ -195,7 +198,9 @@ fn check_reads(
     outcome: &ClientOutcome,
 ) -> usize {
     let mut reads_checked = 0;
-    for (seq, completion) in &outcome.completions {
+    let mut completions: Vec<(&u32, &&Completion)> = outcome.completions.iter().collect();
+    completions.sort_unstable_by_key(|(seq, _)| **seq);
+    for (seq, completion) in completions {
         let Completion::Replied {
             reply,
             makeup: false,

@@ -401,6 +401,10 @@ impl CacheFunction {
         {
             self.hot.reset();
             self.hot_since = Some(now);
+        } else {
+            // The counts go on over the window; a key hot in it is reported again at its next
+            // miss (cached since, then dropped by a write, it is admitted again at once).
+            self.hot.new_reports();
         }
         self.table.reset_hits();
     }

@@ -262,7 +262,15 @@ impl HotKeys {
         self.reports.drain(..).collect()
     }
 
-    /// Start a new interval.
+    /// Start a new interval of reports, keeping the counts: a key still hot is reported again
+    /// at its next miss (the controller may have cached it, and a write dropped it since).
+    pub fn new_reports(&mut self) {
+        self.reported.clear();
+        self.reports.clear();
+        self.reports_dropped = 0;
+    }
+
+    /// Start a new interval: counts and reports.
     pub fn reset(&mut self) {
         self.sketch.clear();
         self.reported.clear();

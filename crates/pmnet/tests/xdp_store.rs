@@ -214,6 +214,9 @@ impl Cluster {
             &self.data_file().display().to_string(),
             "--data-mib",
             &self.data_mib.to_string(),
+            // A store that may not grow: the full store's path is what some tests are about.
+            "--data-max-mib",
+            &self.data_mib.to_string(),
             "--metrics",
             &format!("{SERVER_ADDR}:0"),
             "--report-interval",

@@ -42,8 +42,8 @@ pub mod xsk_recv;
 
 pub use layout::EngineKind;
 pub use store::{
-    Corruption, ReceiveReject, ReceiveSlot, RecoveryReport, Store, StoreConfig, StoreError,
-    StoreStats, Value,
+    CopyError, CopyReport, Corruption, ReceiveReject, ReceiveSlot, RecoveryReport, Store,
+    StoreConfig, StoreError, StoreStats, Value, COPY_SESSION,
 };
 
 #[cfg(test)]

@@ -23,6 +23,29 @@ pub enum StoreCommand {
     /// server is stopped: the file is made longer and synced, then one durable 8-byte store
     /// gives the store the new space. A crash at any point leaves it as it was or grown.
     Grow(GrowArgs),
+    /// Copy a stopped server's store (packet or conventional engine) into a new data file of
+    /// another size: every key, and every session's exactly-once record, so that the copy
+    /// answers every client as the original would. Shrinks a store that grew, or compacts one
+    /// whose keys were deleted. The original is left as it was; swap the files by hand.
+    Compact(CompactArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CompactArgs {
+    /// The server's data file (its --data-file).
+    #[arg(long, value_name = "PATH")]
+    pub data_file: PathBuf,
+
+    /// The new data file (must not exist).
+    #[arg(long, value_name = "PATH")]
+    pub to: PathBuf,
+
+    /// The new data file's size in MiB.
+    #[arg(long, value_name = "MIB")]
+    pub data_mib: u64,
+
+    #[command(flatten)]
+    pub medium: MediumArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -46,7 +69,57 @@ pub struct GrowArgs {
 pub fn run(args: StoreArgs) -> Result<ExitCode, CliError> {
     match args.command {
         StoreCommand::Grow(args) => grow(args),
+        StoreCommand::Compact(args) => compact(args),
     }
+}
+
+fn compact(args: CompactArgs) -> Result<ExitCode, CliError> {
+    let mmap = args.medium.mmap_options();
+    let source_region = MmapRegion::open(&args.data_file, mmap).map_err(|error| match error {
+        PmError::Locked { .. } => format!("{error}. Stop the server first"),
+        other => other.to_string(),
+    })?;
+    let source = Store::open(source_region)
+        .map_err(|error| format!("{}: {error}", args.data_file.display()))?;
+    let geometry = *source.geometry();
+    let len = usize::try_from(args.data_mib.saturating_mul(1 << 20))
+        .map_err(|_| format!("--data-mib {}: too large for this machine", args.data_mib))?;
+    let (region, new_file) = MmapRegion::create_new(&args.to, len, mmap)?;
+    let mut config = pmnet_pktstore::StoreConfig::new(geometry.engine);
+    config.max_sessions = geometry.max_sessions;
+    if geometry.engine == pmnet_pktstore::EngineKind::Packet {
+        config.slot_size = geometry.slot_size as usize;
+    }
+    let mut target = Store::format(region, config)
+        .map_err(|error| format!("--to {}: {error}", args.to.display()))?;
+    let report = source.copy_into(&mut target).map_err(|error| {
+        format!(
+            "copying {} into {}: {error}; nothing was published at {}",
+            args.data_file.display(),
+            args.to.display(),
+            args.to.display()
+        )
+    })?;
+    let medium = pmnet_pm::PmRegion::medium(target.region());
+    drop(target);
+    new_file.publish()?;
+    println!(
+        "{}: copied into {} ({} MiB of file, was {} MiB): {} keys, {} sessions' records",
+        args.data_file.display(),
+        args.to.display(),
+        args.data_mib,
+        pmnet_pm::PmRegion::len(source.region()) >> 20,
+        report.keys,
+        report.sessions
+    );
+    println!("  medium: {medium}");
+    println!(
+        "  to use it: stop nothing more (the server is stopped), move {} aside and {} in its \
+         place, and start the server",
+        args.data_file.display(),
+        args.to.display()
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 fn grow(args: GrowArgs) -> Result<ExitCode, CliError> {

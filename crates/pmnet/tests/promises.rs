@@ -551,6 +551,39 @@ fn pmnet_store_grow_grows_a_stopped_servers_store_and_refuses_a_running_one() {
     for index in 0..20 {
         assert_eq!(get(device_addr, &format!("k{index}")), "v");
     }
+    // Compacted back into 2 MiB, the server stopped: the copy takes the original's place.
+    let mut server = server;
+    server.proc.kill();
+    let compacted = dir.path().join("compacted.data");
+    let (status, stdout, stderr) = run_pmnet(
+        &args(&[
+            "store",
+            "compact",
+            "--data-file",
+            &file,
+            "--to",
+            &compacted.display().to_string(),
+            "--data-mib",
+            "2",
+        ]),
+        None,
+    );
+    assert!(status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("20 keys"), "{stdout}");
+    std::fs::rename(&compacted, &data).unwrap();
+    let server = start_server();
+    assert_eq!(std::fs::metadata(&data).unwrap().len(), 2 << 20);
+    for index in 0..20 {
+        assert_eq!(get(device_addr, &format!("k{index}")), "v");
+    }
+    // The sessions came along: the device's sessions' numbers go on where they were.
+    let (status, stdout, stderr) = run_pmnet(
+        &args(&["client", "--device", &to, "set", "after", "compaction"]),
+        None,
+    );
+    assert!(status.success(), "{stdout}{stderr}");
+    assert_eq!(get(device_addr, "after"), "compaction");
+    drop(server);
     drop(device);
 }
 

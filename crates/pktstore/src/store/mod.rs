@@ -35,6 +35,8 @@
 
 mod apply;
 mod commit;
+mod copy;
+pub use copy::{CopyError, CopyReport, COPY_SESSION};
 mod id_bits;
 #[cfg(any(test, debug_assertions))]
 mod invariants;

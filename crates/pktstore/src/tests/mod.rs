@@ -9,6 +9,7 @@
 //! store. This file holds what they share: seeds, the crash-tapping region, the model, and
 //! staging requests as the runtime would.
 
+mod copy;
 mod corruption;
 mod crash;
 mod full;

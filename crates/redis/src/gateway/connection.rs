@@ -219,6 +219,10 @@ impl ConnState {
                 .iter()
                 .any(|(at, watched, _)| *at == db && watched.as_slice() == key)
         };
+        if let Some(written) = written_keys(&full, args) {
+            // Its other keys are sources it only reads: Redis marks the destination alone.
+            return written.into_iter().any(names);
+        }
         match full.as_str() {
             "flushdb" => existed_in(&[db]),
             "flushall" => self.watched.iter().any(|(_, _, print)| !print.is_empty()),
@@ -688,6 +692,33 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The keys a write command writes, where it also names keys it only reads (whose watch
+/// Redis leaves alone): the destination of the `…STORE` commands, `PFMERGE`, `BITOP` and
+/// `COPY`, and `SORT`'s `STORE` key. `None` for the other commands (all their keys count).
+fn written_keys<'a>(full: &str, args: &'a [Vec<u8>]) -> Option<Vec<&'a [u8]>> {
+    let at = |index: usize| args.get(index).map(Vec::as_slice);
+    let after = |word: &[u8]| {
+        args.windows(2)
+            .rev()
+            .find(|pair| pair[0].eq_ignore_ascii_case(word))
+            .map(|pair| pair[1].as_slice())
+    };
+    let one = |key: Option<&'a [u8]>| Some(key.into_iter().collect());
+    match full {
+        "pfmerge" | "sunionstore" | "sinterstore" | "sdiffstore" | "zunionstore"
+        | "zinterstore" | "zdiffstore" | "zrangestore" | "geosearchstore" => one(at(1)),
+        "bitop" | "copy" => one(at(2)),
+        "sort" => one(after(b"STORE")),
+        "georadius" | "georadiusbymember" => Some(
+            [after(b"STORE"), after(b"STOREDIST")]
+                .into_iter()
+                .flatten()
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -799,6 +830,8 @@ mod tests {
                 (1, 1, 1),
                 vec![],
             ),
+            entry("pfmerge", -2, &["write"], (1, -1, 1), vec![]),
+            entry("sort", -2, &["write", "movablekeys"], (1, 1, 1), vec![]),
         ])))
         .unwrap()
     }
@@ -849,6 +882,28 @@ mod tests {
             "k as a value"
         );
         assert_eq!(exec_after_own(false, &["FLUSHDB"]), None);
+    }
+
+    #[test]
+    fn a_watched_key_a_write_only_reads_is_not_marked() {
+        let failed = Some(b"*-1\r\n".to_vec());
+        // The watched key as a source: Redis leaves it alone.
+        assert_eq!(exec_after_own(false, &["PFMERGE", "dest", "k"]), None);
+        assert_eq!(
+            exec_after_own(true, &["ZUNIONSTORE", "dest", "1", "k"]),
+            None
+        );
+        assert_eq!(exec_after_own(true, &["SORT", "k", "STORE", "dest"]), None);
+        // As the destination: marked.
+        assert_eq!(exec_after_own(false, &["PFMERGE", "k", "src"]), failed);
+        assert_eq!(
+            exec_after_own(false, &["ZUNIONSTORE", "k", "1", "src"]),
+            failed
+        );
+        assert_eq!(
+            exec_after_own(false, &["SORT", "src", "STORE", "k"]),
+            failed
+        );
     }
 
     #[test]

@@ -224,6 +224,14 @@ impl ConnState {
             return written.into_iter().any(names);
         }
         match full.as_str() {
+            // `LTRIM` of a missing key answers OK and marks nothing; of one that exists, it
+            // marks it even when nothing is trimmed. (A key made or removed since the watch
+            // moved its fingerprint: that EXEC fails anyway.)
+            "ltrim" => args.get(1).is_some_and(|key| {
+                self.watched.iter().any(|(at, watched, print)| {
+                    *at == db && watched.as_slice() == key.as_slice() && !print.is_empty()
+                })
+            }),
             "flushdb" => existed_in(&[db]),
             "flushall" => self.watched.iter().any(|(_, _, print)| !print.is_empty()),
             "swapdb" => {
@@ -831,6 +839,7 @@ mod tests {
                 vec![],
             ),
             entry("pfmerge", -2, &["write"], (1, -1, 1), vec![]),
+            entry("ltrim", 4, &["write"], (1, 1, 1), vec![]),
             entry("sort", -2, &["write", "movablekeys"], (1, 1, 1), vec![]),
         ])))
         .unwrap()
@@ -904,6 +913,9 @@ mod tests {
             exec_after_own(false, &["SORT", "src", "STORE", "k"]),
             failed
         );
+        // LTRIM of a missing key marks nothing; of one that existed, it marks it.
+        assert_eq!(exec_after_own(false, &["LTRIM", "k", "1", "1"]), None);
+        assert_eq!(exec_after_own(true, &["LTRIM", "k", "0", "-1"]), failed);
     }
 
     #[test]

@@ -19,7 +19,7 @@ fn set_request(key: &[u8], value: &[u8]) -> Vec<u8> {
 
 /// SETs of new keys by session 1 (from `seq` on), each committed, until one finds no room;
 /// returns the keys stored. `via_slots`: through received slots when there are any to lend.
-fn fill_store<R: PmRegion>(
+pub(super) fn fill_store<R: PmRegion>(
     store: &mut Store<R>,
     seq: &mut u32,
     value: &[u8],

@@ -4,9 +4,8 @@
 //! across crashes.
 
 use pmnet_pm::{PmRegion, SimRegion};
-use pmnet_store::{NoSpace, Reply, Request};
 
-use super::{config, region_len, try_stage, Tap};
+use super::{config, region_len, Tap};
 use crate::layout::{EngineKind, GROWTH_OFFSET};
 use crate::store::Store;
 
@@ -20,25 +19,10 @@ fn extended(region: &SimRegion, len: usize) -> SimRegion {
     longer
 }
 
-/// SETs of new keys by session 1 (from `seq` on), each committed, until one finds no room;
-/// the keys stored.
+/// SETs of new keys by session 1 until one finds no room (`full.rs`), through received slots
+/// while they can be lent; the keys stored.
 fn fill<R: PmRegion>(store: &mut Store<R>, seq: &mut u32, value: &[u8]) -> Vec<Vec<u8>> {
-    let mut stored = Vec::new();
-    loop {
-        *seq += 1;
-        let key = format!("k{seq}").into_bytes();
-        let request = Request::Set { key: &key, value }.to_bytes();
-        let result = try_stage(store, 1, *seq, &request, *seq % 2 == 0);
-        store.commit();
-        match result {
-            Ok(reply) => {
-                assert_eq!(reply, Reply::Ok.to_bytes());
-                stored.push(key);
-            }
-            Err(NoSpace) => return stored,
-        }
-        assert!(*seq < 100_000, "the store never filled");
-    }
+    super::full::fill_store(store, seq, value, true)
 }
 
 fn assert_holds<R: PmRegion>(store: &Store<R>, keys: &[Vec<u8>], value: &[u8], what: &str) {

@@ -439,17 +439,8 @@ impl MmapRegion {
     /// to make durable (a store's growth word).
     pub fn extend(path: &Path, len: usize, options: MmapOptions) -> Result<Self, PmError> {
         let flush = check_options(options)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|e| PmError::from_io(path, "open", e))?;
-        lock_exclusive(path, &file)?;
+        let (file, current) = open_locked(path)?;
         let len_u64 = len as u64;
-        let current = file
-            .metadata()
-            .map_err(|source| PmError::from_io(path, "stat", source))?
-            .len();
         let len_u64 = len_u64.max(current);
         check_len_mappable(path, len_u64)?;
         if len_u64 > current {
@@ -468,16 +459,7 @@ impl MmapRegion {
     /// Map the existing file at `path`, all of its length.
     pub fn open(path: &Path, options: MmapOptions) -> Result<Self, PmError> {
         let flush = check_options(options)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|e| PmError::from_io(path, "open", e))?;
-        lock_exclusive(path, &file)?;
-        let len_u64 = file
-            .metadata()
-            .map_err(|source| PmError::from_io(path, "stat", source))?
-            .len();
+        let (file, len_u64) = open_locked(path)?;
         if len_u64 == 0 {
             return Err(PmError::TooSmall {
                 path: path.to_path_buf(),
@@ -831,6 +813,21 @@ fn check_new_len(path: &Path, len: usize) -> Result<(), PmError> {
         });
     }
     check_len_mappable(path, len as u64)
+}
+
+/// The existing file at `path`, opened for reading and writing and locked, and its length.
+fn open_locked(path: &Path) -> Result<(File, u64), PmError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| PmError::from_io(path, "open", e))?;
+    lock_exclusive(path, &file)?;
+    let len = file
+        .metadata()
+        .map_err(|source| PmError::from_io(path, "stat", source))?
+        .len();
+    Ok((file, len))
 }
 
 fn check_len_mappable(path: &Path, len: u64) -> Result<(), PmError> {
